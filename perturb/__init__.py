@@ -1,0 +1,24 @@
+"""perturb: keyed, reproducible perturbations of medical images for VQA robustness.
+
+Importing the package is light: torch-based parts (``apply``, ``replay``, the catalog) load on
+first use, so the scorer (``perturb.score``) works without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perturb.engine import Record, apply, replay
+
+__all__ = ["Record", "__version__", "apply", "replay"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in {"apply", "replay", "Record"}:
+        from perturb import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'perturb' has no attribute {name!r}")

@@ -1,0 +1,52 @@
+"""The registry: each op is its spec (data, severity table) joined with its kernel and sampler.
+
+An op with a kernel but no spec, or a spec but no kernel, is an error at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from perturb.catalog.specs import OpSpec, load_specs
+from perturb.ops import registry as kernels
+
+
+@dataclass(frozen=True)
+class Op:
+    spec: OpSpec
+    entry: kernels.KernelEntry
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class UnknownOpError(KeyError, ValueError):
+    """An op name that is not in the catalog."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@lru_cache(maxsize=1)
+def all_ops() -> dict[str, Op]:
+    import perturb.ops  # noqa: F401  (registers every kernel)
+
+    specs = load_specs()
+    names = set(kernels.kernel_names())
+    missing_spec = sorted(names - set(specs))
+    missing_kernel = sorted(set(specs) - names)
+    if missing_spec or missing_kernel:
+        raise RuntimeError(
+            f"catalog and kernels disagree: kernels without a spec {missing_spec}, "
+            f"specs without a kernel {missing_kernel}"
+        )
+    return {name: Op(specs[name], kernels.get_kernel(name)) for name in sorted(specs)}
+
+
+def get_op(name: str) -> Op:
+    ops = all_ops()
+    if name not in ops:
+        raise UnknownOpError(f"unknown op {name!r}; valid ops: {', '.join(sorted(ops))}")
+    return ops[name]

@@ -1,0 +1,170 @@
+"""Op specifications and severity tables, loaded from the YAML files beside this module and
+validated at load: five levels, each range inside the parameter's bounds with lo <= hi, and
+monotone in the declared direction (midpoints strictly). Pure Python: no torch import."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SEVERITIES = (1, 2, 3, 4, 5)
+RISK_TAGS = frozenset(
+    {
+        "alters_color",
+        "moves_geometry",
+        "crops_border",
+        "black_fill",
+        "flips_laterality",
+        "occludes",
+        "adds_overlay",
+        "may_erase_small_findings",
+        "alters_intensity",
+    }
+)
+FAMILIES = frozenset({"blur", "glare", "noise", "color", "exposure", "jpeg", "geometry", "xray"})
+MODALITIES = frozenset({"endoscopy", "xray", "ct", "mri", "ultrasound", "pathology", "photo", "any"})
+TABLE_DIR = Path(__file__).parent
+
+
+class ParamTable(BaseModel):
+    """One parameter's range at each of the five severities."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    unit: str
+    direction: Literal["increasing", "decreasing", "constant"]
+    bounds: tuple[float, float]
+    levels: list[tuple[float, float]]
+    integer: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> ParamTable:
+        lo_b, hi_b = self.bounds
+        if len(self.levels) != len(SEVERITIES):
+            raise ValueError(f"needs exactly {len(SEVERITIES)} levels, got {len(self.levels)}")
+        for i, (lo, hi) in enumerate(self.levels, start=1):
+            if not lo <= hi:
+                raise ValueError(f"level {i}: lower end {lo} above upper end {hi}")
+            if lo < lo_b or hi > hi_b:
+                raise ValueError(f"level {i}: range [{lo}, {hi}] outside bounds [{lo_b}, {hi_b}]")
+        mids = [(lo + hi) / 2 for lo, hi in self.levels]
+        pairs = list(zip(self.levels, self.levels[1:], strict=False))
+        if self.direction == "increasing":
+            ok = all(a[0] <= b[0] and a[1] <= b[1] for a, b in pairs)
+            ok = ok and all(m1 < m2 for m1, m2 in zip(mids, mids[1:], strict=False))
+        elif self.direction == "decreasing":
+            ok = all(a[0] >= b[0] and a[1] >= b[1] for a, b in pairs)
+            ok = ok and all(m1 > m2 for m1, m2 in zip(mids, mids[1:], strict=False))
+        else:
+            ok = all(a == b for a, b in pairs)
+        if not ok:
+            raise ValueError(f"levels are not {self.direction}: {self.levels}")
+        return self
+
+
+class OpSpec(BaseModel):
+    """Registry entry metadata of one op."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    family: str
+    modalities: list[str]
+    description: str
+    risk_tags: list[str] = Field(default_factory=list)
+    differentiable: bool
+    channels: list[int] = Field(default_factory=lambda: [1, 3])
+    protects_border: bool = False
+    version: int = 1
+    params: dict[str, ParamTable]
+
+    @field_validator("family")
+    @classmethod
+    def _family(cls, v: str) -> str:
+        if v not in FAMILIES:
+            raise ValueError(f"unknown family {v!r}; known: {sorted(FAMILIES)}")
+        return v
+
+    @field_validator("modalities")
+    @classmethod
+    def _modalities(cls, v: list[str]) -> list[str]:
+        bad = set(v) - MODALITIES
+        if bad or not v:
+            raise ValueError(f"unknown modalities {sorted(bad)}; known: {sorted(MODALITIES)}")
+        return v
+
+    @field_validator("risk_tags")
+    @classmethod
+    def _tags(cls, v: list[str]) -> list[str]:
+        bad = set(v) - RISK_TAGS
+        if bad:
+            raise ValueError(f"unknown risk tags {sorted(bad)}; known: {sorted(RISK_TAGS)}")
+        return v
+
+    @field_validator("channels")
+    @classmethod
+    def _channels(cls, v: list[int]) -> list[int]:
+        if not v or set(v) - {1, 3}:
+            raise ValueError("channels must be a non-empty subset of [1, 3]")
+        return v
+
+    def level(self, severity: int) -> dict[str, tuple[float, float]]:
+        """Parameter ranges at ``severity`` (1..5), in table order."""
+        check_severity(severity)
+        return {name: table.levels[severity - 1] for name, table in self.params.items()}
+
+
+def check_severity(severity: object) -> int:
+    if isinstance(severity, bool) or not isinstance(severity, int) or severity not in SEVERITIES:
+        raise ValueError(f"severity must be an integer from 1 to 5, got {severity!r}")
+    return severity
+
+
+def load_table_file(path: Path) -> dict[str, OpSpec]:
+    """Load and validate one YAML catalog file; errors name the file and the op."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get("ops"), dict):
+        raise ValueError(f"{path}: expected a mapping with an 'ops' mapping at the top")
+    specs: dict[str, OpSpec] = {}
+    for name, body in raw["ops"].items():
+        try:
+            specs[name] = OpSpec(name=name, **body)
+        except Exception as exc:
+            raise ValueError(f"{path}: op {name!r}: {exc}") from exc
+    return specs
+
+
+@lru_cache(maxsize=1)
+def load_specs() -> dict[str, OpSpec]:
+    """Every op spec from every ``*.yaml`` file beside this module."""
+    specs: dict[str, OpSpec] = {}
+    for path in sorted(TABLE_DIR.glob("*.yaml")):
+        for name, spec in load_table_file(path).items():
+            if name in specs:
+                raise ValueError(f"{path}: op {name!r} is defined twice")
+            specs[name] = spec
+    return specs
+
+
+def op_names(modality: str | None = None) -> list[str]:
+    specs = load_specs()
+    return sorted(n for n, s in specs.items() if modality is None or modality in s.modalities)
+
+
+def get_spec(name: str) -> OpSpec:
+    specs = load_specs()
+    if name not in specs:
+        raise KeyError(f"unknown op {name!r}; valid ops: {', '.join(sorted(specs))}")
+    return specs[name]
+
+
+def op_risk_tags() -> dict[str, list[str]]:
+    """Label-risk tags of every op (used by the scorer)."""
+    return {name: list(spec.risk_tags) for name, spec in load_specs().items()}

@@ -1,0 +1,272 @@
+"""Apply ops to batches with keyed parameters, record what was applied, replay records.
+
+    out, records = perturb.apply(images, "gaussian_blur", severity=3, sample_keys=ids, seed=0)
+    again = perturb.replay(records, images)          # bit for bit on the same device
+
+A sample's parameters and noise fields depend only on (seed, sample key, op, severity,
+variant), never on the batch, so a sample's output is the same in any batch, order or process.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from perturb import __version__, rng
+from perturb.catalog.registry import Op, get_op
+from perturb.catalog.specs import check_severity
+from perturb.ops import backend as backends
+from perturb.ops.fov import border_mask
+from perturb.ops.jpeg import jpeg_backend
+
+SUPPORTED_DTYPES = {torch.float32: 1.0, torch.uint8: 255.0, torch.uint16: 65535.0}
+
+
+class InputError(ValueError):
+    """Bad input to an op; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """What was applied to one sample: enough to replay it exactly."""
+
+    op: str
+    op_version: int
+    severity: int
+    variant: int
+    seed: int
+    sample_key: str
+    key: str
+    params: dict[str, Any]
+    protect_border: bool
+    backend: str
+    device: str
+    perturb_version: str = __version__
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Record:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise InputError(f"record has unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> Record:
+        return cls.from_dict(json.loads(text))
+
+
+# ---------------------------------------------------------------------------------------------
+# Input validation
+
+
+def validate_images(images: object, op: Op | None = None) -> tuple[torch.Tensor, torch.dtype]:
+    """Check a BCHW batch and return it as float32 in [0, 1] with its original dtype."""
+    if not isinstance(images, torch.Tensor):
+        raise InputError(
+            f"images must be a torch.Tensor of shape (B, C, H, W), got {type(images).__name__}; "
+            "convert with torch.from_numpy(array).permute(0, 3, 1, 2) for NHWC arrays"
+        )
+    if images.ndim != 4:
+        hint = " (add a batch axis with images.unsqueeze(0))" if images.ndim == 3 else ""
+        raise InputError(f"images must have 4 dims (B, C, H, W), got shape {tuple(images.shape)}{hint}")
+    b, c, h, w = images.shape
+    if b == 0:
+        raise InputError("empty batch: pass at least one image (shape (B, C, H, W) with B >= 1)")
+    if c not in (1, 3):
+        hint = " (drop the alpha channel with images[:, :3])" if c == 4 else ""
+        raise InputError(f"images must have 1 or 3 channels, got {c}{hint}; layout is (B, C, H, W)")
+    if h < 2 or w < 2:
+        raise InputError(f"images must be at least 2x2 pixels, got {h}x{w}")
+    if op is not None and c not in op.spec.channels:
+        need = " or ".join(str(n) for n in op.spec.channels)
+        fix = "repeat the gray channel with images.expand(-1, 3, -1, -1)" if c == 1 else "convert to gray first"
+        raise InputError(f"op {op.name!r} needs {need}-channel images, got {c}; {fix}")
+    if images.dtype not in SUPPORTED_DTYPES:
+        raise InputError(
+            f"images dtype {images.dtype} is not supported; use float32 in [0, 1] "
+            "(images.float()), uint8 or uint16"
+        )
+    if images.dtype == torch.float32:
+        lo, hi = torch.aminmax(images)
+        lo_v, hi_v = float(lo), float(hi)
+        if not (np.isfinite(lo_v) and np.isfinite(hi_v)):
+            raise InputError("images contain NaN or inf; replace them (torch.nan_to_num) before perturbing")
+        if lo_v < 0.0 or hi_v > 1.0:
+            raise InputError(
+                f"float images must lie in [0, 1], got min {lo_v:.4g} and max {hi_v:.4g}; "
+                "scale them (e.g. images / 255) or clamp them"
+            )
+        return images, images.dtype
+    return images.to(torch.float32) / SUPPORTED_DTYPES[images.dtype], images.dtype
+
+
+def _restore_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.float32:
+        return x
+    scale = SUPPORTED_DTYPES[dtype]
+    return (x * scale).round_().clamp_(0, scale).to(dtype)
+
+
+def _per_sample(value: int | Sequence[int], n: int, name: str) -> list[int]:
+    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+        return [int(value)] * n
+    values = list(value)  # type: ignore[arg-type]
+    if len(values) != n:
+        raise InputError(f"{name} has {len(values)} entries for a batch of {n}; pass one per image or a single int")
+    return [int(v) for v in values]
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+
+
+def collate(params: Sequence[dict[str, Any]], device: torch.device) -> dict[str, torch.Tensor]:
+    """Stack per-sample parameter dicts into float32 tensors (B, ...); ragged lists are padded
+    with zeros (kernels treat zero entries of a list as absent)."""
+    out: dict[str, torch.Tensor] = {}
+    for name in params[0]:
+        arrays = [np.asarray(p[name], dtype=np.float64) for p in params]
+        shape = tuple(max(a.shape[d] if a.ndim > d else 0 for a in arrays) for d in range(arrays[0].ndim))
+        stacked = np.zeros((len(arrays), *shape), dtype=np.float64)
+        for i, a in enumerate(arrays):
+            stacked[(i, *tuple(slice(0, s) for s in a.shape))] = a
+        out[name] = torch.from_numpy(stacked.astype(np.float32)).to(device)
+    return out
+
+
+def sample_params(op: Op, key: int, severity: int) -> dict[str, Any]:
+    """Keyed host-side draw of one sample's parameters (JSON-able)."""
+    params = op.entry.sampler(rng.scalar_rng(key), op.spec.level(severity))
+    return json.loads(json.dumps(params))  # plain JSON types, exactly as a record stores them
+
+
+def make_record(
+    op: Op,
+    severity: int,
+    sample_key: str,
+    *,
+    seed: int,
+    variant: int,
+    protect_border: bool,
+    device: torch.device,
+    params: dict[str, Any] | None = None,
+) -> Record:
+    key = rng.derive_key(seed, sample_key, op.name, severity, variant)
+    if params is None:
+        params = sample_params(op, key, severity)
+    return Record(
+        op=op.name,
+        op_version=op.spec.version,
+        severity=severity,
+        variant=variant,
+        seed=seed,
+        sample_key=sample_key,
+        key=rng.key_to_hex(key),
+        params=params,
+        protect_border=protect_border,
+        backend=backends.resolve(device),
+        device=device.type,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
+    """Run one op over a float32 batch with the parameters in ``records`` (one per sample)."""
+    names = {r.op for r in records}
+    if len(names) != 1:
+        raise InputError(f"records of one call must share an op, got {sorted(names)}")
+    if len(records) != x.shape[0]:
+        raise InputError(f"{len(records)} records for a batch of {x.shape[0]} images")
+    op = get_op(records[0].op)
+    for r in records:
+        if r.op_version != op.spec.version:
+            raise InputError(
+                f"record of {r.op} v{r.op_version} cannot be replayed by v{op.spec.version}; "
+                "use the perturb version named in the record"
+            )
+    params = collate([r.params for r in records], x.device)
+    keys = [rng.key_from_hex(r.key) for r in records]
+    with torch.no_grad():
+        out = op.entry.kernel(x, params, keys)
+    protect = torch.tensor([r.protect_border for r in records], device=x.device)
+    if bool(protect.any()):
+        mask = border_mask(x) & protect.view(-1, 1, 1, 1)
+        out = torch.where(mask, x, out)
+    return out
+
+
+def apply(
+    images: torch.Tensor,
+    op: str,
+    severity: int | Sequence[int],
+    sample_keys: Sequence[str | int],
+    *,
+    seed: int = 0,
+    variant: int | Sequence[int] = 0,
+    protect_border: bool | None = None,
+) -> tuple[torch.Tensor, list[Record]]:
+    """Perturb a batch with ``op`` at ``severity`` (1..5) and return (images, records).
+
+    ``sample_keys`` names each image stably (e.g. its img_id); with ``seed``, ``op``,
+    severity and ``variant`` it fixes every random quantity of that sample. uint8 and uint16
+    batches come back in their dtype; float32 batches must lie in [0, 1].
+    ``protect_border`` (default: the op's spec) keeps the endoscope's dark frame untouched.
+    """
+    spec_op = get_op(op)
+    x, dtype = validate_images(images, spec_op)
+    n = x.shape[0]
+    if isinstance(sample_keys, str | bytes) or len(sample_keys) != n:
+        raise InputError(
+            f"sample_keys must be a sequence with one stable id per image ({n}), got {sample_keys!r:.80}"
+        )
+    severities = [check_severity(s) for s in _per_sample(severity, n, "severity")]
+    variants = _per_sample(variant, n, "variant")
+    protect = spec_op.spec.protects_border if protect_border is None else bool(protect_border)
+    records = [
+        make_record(
+            spec_op, s, str(k), seed=int(seed), variant=v, protect_border=protect, device=x.device
+        )
+        for k, s, v in zip(sample_keys, severities, variants, strict=True)
+    ]
+    if spec_op.name == "jpeg":
+        codec = jpeg_backend(x)
+        records = [Record(**{**r.to_dict(), "backend": codec}) for r in records]
+    out = run_records(x, records)
+    return _restore_dtype(out, dtype), records
+
+
+def replay(records: Record | dict | Sequence[Record | dict], images: torch.Tensor) -> torch.Tensor:
+    """Re-apply recorded ops: one record per image of ``images`` (CHW or BCHW), or a chain of
+    records applied in order to a single image."""
+    if isinstance(records, Record | dict):
+        records = [records]
+    recs = [r if isinstance(r, Record) else Record.from_dict(r) for r in records]
+    single = images.ndim == 3
+    batch = images.unsqueeze(0) if single else images
+    x, dtype = validate_images(batch)
+    if len(recs) == x.shape[0]:
+        out = torch.cat([run_records(x[i : i + 1], [r]) for i, r in enumerate(recs)])
+    elif x.shape[0] == 1:
+        out = x
+        for r in recs:
+            out = run_records(out, [r])
+    else:
+        raise InputError(f"{len(recs)} records for {x.shape[0]} images: pass one record per image")
+    out = _restore_dtype(out, dtype)
+    return out[0] if single else out

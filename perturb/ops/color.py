@@ -1,0 +1,115 @@
+"""Colour and tone: light-source cast, hue, saturation, brightness, contrast, gamma.
+
+* color_cast: von Kries per-channel gains in linear light (a different light source or a wrong
+  white balance). The gains lie on a circle of radius ``strength`` in the chromatic plane
+  orthogonal to grey, at a keyed angle, and keep Rec. 709 luminance constant.
+* hue_shift: rotation of the chroma plane of YIQ by ``degrees`` (keyed sign).
+* saturation: ``luma + s * (x - luma)``, s = 1 - amount (desaturate) or 1 + amount (keyed).
+* brightness: additive offset (keyed sign); contrast: scaling around the image's mean luma;
+  gamma: ``x ** exp(±log_gamma)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from perturb.ops._math import linear_to_srgb, luma, power, sample_mean, srgb_to_linear
+from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
+
+_LUMINANCE_709 = np.array([0.2126, 0.7152, 0.0722])
+
+
+def _b(p: torch.Tensor) -> torch.Tensor:
+    return p.view(-1, 1, 1, 1)
+
+
+def cast_gains(strength: float, angle: float) -> list[float]:
+    """Per-channel gains: a point at ``strength`` and ``angle`` on the chromatic plane, scaled
+    so luminance (Rec. 709) is unchanged."""
+    e1 = np.array([2.0, -1.0, -1.0]) / math.sqrt(6.0)
+    e2 = np.array([0.0, 1.0, -1.0]) / math.sqrt(2.0)
+    gains = 1.0 + strength * (math.cos(angle) * e1 + math.sin(angle) * e2)
+    gains = gains / float(_LUMINANCE_709 @ gains)
+    return [float(g) for g in gains]
+
+
+def _cast_sampler(rng: np.random.Generator, level: Level) -> Params:
+    strength = draw(rng, level["strength"])
+    angle = float(rng.uniform(0.0, 2.0 * math.pi))
+    return {"strength": strength, "angle": angle, "gains": cast_gains(strength, angle)}
+
+
+@register_kernel("color_cast", sampler=_cast_sampler)
+def color_cast(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    gains = p["gains"].view(-1, 3, 1, 1)
+    return linear_to_srgb(srgb_to_linear(x) * gains)
+
+
+def yiq_hue_matrix(degrees: float) -> np.ndarray:
+    """3x3 RGB->RGB matrix rotating hue by ``degrees`` in YIQ."""
+    to_yiq = np.array(
+        [[0.299, 0.587, 0.114], [0.595716, -0.274453, -0.321263], [0.211456, -0.522591, 0.311135]]
+    )
+    c, s = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
+    rot = np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
+    return np.linalg.inv(to_yiq) @ rot @ to_yiq
+
+
+def _mix(x: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
+    """Per-sample 3x3 colour matrix (B,3,3) applied to BCHW."""
+    m = matrices.view(-1, 3, 3, 1, 1)
+    r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
+    out = m[:, :, 0] * r + m[:, :, 1] * g + m[:, :, 2] * b
+    return out.clamp_(0.0, 1.0)
+
+
+def _hue_sampler(rng: np.random.Generator, level: Level) -> Params:
+    degrees = draw(rng, level["degrees"]) * draw_sign(rng)
+    return {"degrees": degrees, "matrix": yiq_hue_matrix(degrees).tolist()}
+
+
+@register_kernel("hue_shift", sampler=_hue_sampler)
+def hue_shift(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    return _mix(x, p["matrix"].view(-1, 3, 3))
+
+
+def _saturation_sampler(rng: np.random.Generator, level: Level) -> Params:
+    amount = draw(rng, level["amount"])
+    factor = 1.0 - amount if rng.random() < 0.5 else 1.0 + amount
+    return {"amount": amount, "factor": factor}
+
+
+@register_kernel("saturation", sampler=_saturation_sampler)
+def saturation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    y = luma(x)
+    return (y + _b(p["factor"]) * (x - y)).clamp_(0.0, 1.0)
+
+
+def _brightness_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {"delta": draw(rng, level["delta"]) * draw_sign(rng)}
+
+
+@register_kernel("brightness", sampler=_brightness_sampler)
+def brightness(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    return (x + _b(p["delta"])).clamp_(0.0, 1.0)
+
+
+@register_kernel("contrast")
+def contrast(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Scale around the mean luma of the image (of its field of view where a mask is known)."""
+    mean = sample_mean(luma(x))
+    return (mean + _b(p["factor"]) * (x - mean)).clamp_(0.0, 1.0)
+
+
+def _gamma_sampler(rng: np.random.Generator, level: Level) -> Params:
+    log_gamma = draw(rng, level["log_gamma"]) * draw_sign(rng)
+    return {"log_gamma": log_gamma, "gamma": math.exp(log_gamma)}
+
+
+@register_kernel("gamma", sampler=_gamma_sampler)
+def gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    return power(x.clamp(0.0, 1.0), _b(p["gamma"]))

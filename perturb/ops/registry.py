@@ -1,0 +1,64 @@
+"""Kernel registry: op name -> (kernel, sampler). Metadata and severity tables live in
+``perturb.catalog`` (data, no torch); ``perturb.catalog.registry`` joins the two."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+Params = dict[str, Any]
+Level = Mapping[str, tuple[float, float]]
+Kernel = Callable[[torch.Tensor, dict[str, torch.Tensor], Sequence[int]], torch.Tensor]
+Sampler = Callable[[np.random.Generator, Level], Params]
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    name: str
+    kernel: Kernel
+    sampler: Sampler
+
+
+_KERNELS: dict[str, KernelEntry] = {}
+
+
+def draw(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
+    """Uniform draw in [lo, hi] (the degenerate range returns lo without consuming a draw)."""
+    lo, hi = float(bounds[0]), float(bounds[1])
+    return lo if lo == hi else float(rng.uniform(lo, hi))
+
+
+def draw_int(rng: np.random.Generator, bounds: tuple[float, float]) -> int:
+    lo, hi = int(bounds[0]), int(bounds[1])
+    return lo if lo == hi else int(rng.integers(lo, hi + 1))
+
+
+def draw_sign(rng: np.random.Generator) -> float:
+    return 1.0 if rng.random() < 0.5 else -1.0
+
+
+def uniform_sampler(rng: np.random.Generator, level: Level) -> Params:
+    """Each table parameter drawn uniformly from its range, in table order."""
+    return {name: draw(rng, bounds) for name, bounds in level.items()}
+
+
+def register_kernel(name: str, sampler: Sampler = uniform_sampler) -> Callable[[Kernel], Kernel]:
+    def decorator(kernel: Kernel) -> Kernel:
+        if name in _KERNELS:
+            raise ValueError(f"kernel {name!r} registered twice")
+        _KERNELS[name] = KernelEntry(name, kernel, sampler)
+        return kernel
+
+    return decorator
+
+
+def get_kernel(name: str) -> KernelEntry:
+    return _KERNELS[name]
+
+
+def kernel_names() -> list[str]:
+    return sorted(_KERNELS)

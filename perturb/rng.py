@@ -1,0 +1,150 @@
+"""Keyed randomness: every random quantity derives from (seed, sample key, op, severity, variant).
+
+* ``derive_key`` hashes the canonical string ``seed|sample_key|op|severity|variant`` with
+  BLAKE2b into a 64-bit key. Python's ``hash()`` and global RNG state are never used.
+* ``scalar_rng`` builds a NumPy ``Generator`` (PCG64) from a key, for scalar parameters drawn on
+  the host.
+* ``uniform_field`` / ``normal_field`` are per-pixel fields: pure functions of (key, stream,
+  element index) computed with an integer hash. Integer arithmetic is exact, so a field is
+  identical on CPU (NumPy, uint32 wrap-around) and CUDA (torch int64 with masking), and
+  independent of batch size, position and order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_MULT = 0x045D9F3B  # odd constant < 2**31: products with 32-bit values fit in int64
+_NORMAL_LUT_BITS = 16
+
+
+def canonical(seed: int, sample_key: str, op: str, severity: int, variant: int) -> str:
+    """The canonical string that a key is the hash of."""
+    return f"{int(seed)}|{sample_key}|{op}|{int(severity)}|{int(variant)}"
+
+
+def derive_key(seed: int, sample_key: str, op: str, severity: int, variant: int = 0) -> int:
+    """Stable unsigned 64-bit key of (seed, sample key, op, severity, variant)."""
+    text = canonical(seed, sample_key, op, severity, variant)
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def sub_key(key: int, stream: str) -> int:
+    """Independent 64-bit key for a named stream (e.g. ``"noise"``) of a key."""
+    data = key.to_bytes(8, "little") + stream.encode("utf-8")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def scalar_rng(key: int) -> np.random.Generator:
+    """Host generator for scalar parameters of one sample."""
+    return np.random.Generator(np.random.PCG64(key))
+
+
+def key_to_hex(key: int) -> str:
+    return f"{key:016x}"
+
+
+def key_from_hex(text: str) -> int:
+    return int(text, 16)
+
+
+# --------------------------------------------------------------------------------------------
+# Counter-based integer hash (two rounds of a xorshift-multiply mixer with both key halves).
+
+
+def _hash_numpy(counter: np.ndarray, k0: int, k1: int) -> np.ndarray:
+    x = counter ^ np.uint32(k0)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(_MULT)
+    x ^= np.uint32(k1)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(_MULT)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(_MULT)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def _hash_torch(counter: torch.Tensor, k0: int, k1: int) -> torch.Tensor:
+    x = counter ^ k0
+    x = x ^ (x >> 16)
+    x = (x * _MULT) & _MASK32
+    x = x ^ k1
+    x = x ^ (x >> 16)
+    x = (x * _MULT) & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * _MULT) & _MASK32
+    return x ^ (x >> 16)
+
+
+def hash_bits(key: int, stream: str, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``n`` uniform 32-bit integers (as int64) for elements 0..n-1 of a keyed stream."""
+    k = sub_key(key, stream)
+    k0, k1 = k & _MASK32, (k >> 32) & _MASK32
+    device = torch.device(device)
+    if device.type == "cpu":
+        bits = _hash_numpy(np.arange(n, dtype=np.uint32), k0, k1)
+        return torch.from_numpy(bits.astype(np.int64))
+    counter = torch.arange(n, dtype=torch.int64, device=device)
+    return _hash_torch(counter, k0, k1)
+
+
+def uniform_field(
+    key: int, stream: str, shape: tuple[int, ...], device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Uniform float32 values in the open interval (0, 1), 24 bits of resolution."""
+    n = int(np.prod(shape))
+    k = sub_key(key, stream)
+    k0, k1 = k & _MASK32, (k >> 32) & _MASK32
+    device = torch.device(device)
+    if device.type == "cpu":
+        bits = _hash_numpy(np.arange(n, dtype=np.uint32), k0, k1)
+        u = (bits >> np.uint32(8)).astype(np.float32)
+        u *= np.float32(2.0**-24)
+        u += np.float32(2.0**-25)
+        return torch.from_numpy(u).reshape(shape)
+    bits = _hash_torch(torch.arange(n, dtype=torch.int64, device=device), k0, k1)
+    u = (bits >> 8).to(torch.float32) * (2.0**-24) + 2.0**-25
+    return u.reshape(shape)
+
+
+@lru_cache(maxsize=8)
+def _normal_lut(device: str) -> torch.Tensor:
+    levels = 1 << _NORMAL_LUT_BITS
+    p = (torch.arange(levels, dtype=torch.float64) + 0.5) / levels
+    return torch.special.ndtri(p).to(torch.float32).to(device)
+
+
+def normal_lut_numpy() -> np.ndarray:
+    return _normal_lut("cpu").numpy()
+
+
+def normal_field(
+    key: int, stream: str, shape: tuple[int, ...], device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Standard-normal float32 values: a 16-bit uniform through an inverse-CDF table.
+
+    One 32-bit hash gives two values (low and high half-words): element ``i < m`` takes the
+    low half of counter ``i``, element ``m + i`` the high half, with ``m = ceil(n / 2)``.
+    Values are capped at about ±4.4 σ by the table's resolution.
+    """
+    n = int(np.prod(shape))
+    m = (n + 1) // 2
+    k = sub_key(key, stream)
+    k0, k1 = k & _MASK32, (k >> 32) & _MASK32
+    device = torch.device(device)
+    if device.type == "cpu":
+        bits = _hash_numpy(np.arange(m, dtype=np.uint32), k0, k1)
+        idx = np.empty(2 * m, dtype=np.uint32)
+        np.bitwise_and(bits, np.uint32(0xFFFF), out=idx[:m])
+        np.right_shift(bits, np.uint32(16), out=idx[m:])
+        values = np.take(normal_lut_numpy(), idx[:n])
+        return torch.from_numpy(values).reshape(shape)
+    bits = _hash_torch(torch.arange(m, dtype=torch.int64, device=device), k0, k1)
+    idx = torch.cat([bits & 0xFFFF, bits >> 16])[:n]
+    return _normal_lut(str(device))[idx].reshape(shape)
