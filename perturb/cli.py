@@ -23,6 +23,7 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "perturb.catalog.command",
     "perturb.score.command",
+    "perturb.generate.command",
 ]
 
 for _module in COMMAND_MODULES:

@@ -24,6 +24,7 @@ from perturb.ops import backend as backends
 from perturb.ops.fov import border_mask
 from perturb.ops.jpeg import jpeg_backend
 
+SHARED_SEVERITY = 0
 SUPPORTED_DTYPES = {torch.float32: 1.0, torch.uint8: 255.0, torch.uint16: 65535.0}
 
 
@@ -74,6 +75,15 @@ class Record:
 
 def validate_images(images: object, op: Op | None = None) -> tuple[torch.Tensor, torch.dtype]:
     """Check a BCHW batch and return it as float32 in [0, 1] with its original dtype."""
+    dtype = check_images(images, op)
+    assert isinstance(images, torch.Tensor)
+    if dtype == torch.float32:
+        return images, dtype
+    return images.to(torch.float32) / SUPPORTED_DTYPES[dtype], dtype
+
+
+def check_images(images: object, op: Op | None = None) -> torch.dtype:
+    """Check a BCHW batch (float32 in [0, 1], uint8 or uint16) and return its dtype."""
     if not isinstance(images, torch.Tensor):
         raise InputError(
             f"images must be a torch.Tensor of shape (B, C, H, W), got {type(images).__name__}; "
@@ -109,8 +119,7 @@ def validate_images(images: object, op: Op | None = None) -> tuple[torch.Tensor,
                 f"float images must lie in [0, 1], got min {lo_v:.4g} and max {hi_v:.4g}; "
                 "scale them (e.g. images / 255) or clamp them"
             )
-        return images, images.dtype
-    return images.to(torch.float32) / SUPPORTED_DTYPES[images.dtype], images.dtype
+    return images.dtype
 
 
 def _restore_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -120,13 +129,22 @@ def _restore_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (x * scale).round_().clamp_(0, scale).to(dtype)
 
 
-def _per_sample(value: int | Sequence[int], n: int, name: str) -> list[int]:
-    if isinstance(value, int | np.integer) and not isinstance(value, bool):
-        return [int(value)] * n
-    values = list(value)  # type: ignore[arg-type]
-    if len(values) != n:
-        raise InputError(f"{name} has {len(values)} entries for a batch of {n}; pass one per image or a single int")
-    return [int(v) for v in values]
+def _per_sample(value: object, n: int, name: str) -> list[Any]:
+    """One value per sample from a scalar or a sequence of length ``n``."""
+    if isinstance(value, list | tuple | np.ndarray | torch.Tensor):
+        values = value.tolist() if isinstance(value, np.ndarray | torch.Tensor) else list(value)
+        if len(values) != n:
+            raise InputError(
+                f"{name} has {len(values)} entries for a batch of {n}; pass one per image or a single int"
+            )
+        return values
+    return [value] * n
+
+
+def _check_variant(variant: object) -> int:
+    if isinstance(variant, bool) or not isinstance(variant, int | np.integer) or variant < 0:
+        raise InputError(f"variant must be a non-negative integer, got {variant!r}")
+    return int(variant)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +182,10 @@ def make_record(
     device: torch.device,
     params: dict[str, Any] | None = None,
 ) -> Record:
-    key = rng.derive_key(seed, sample_key, op.name, severity, variant)
+    # Common random numbers across severities: the draw key leaves the severity out, so a
+    # sample's five severities are one perturbation at five strengths (same quantiles, same
+    # noise field, same glare placement). Severity curves are then monotone per sample.
+    key = rng.derive_key(seed, sample_key, op.name, SHARED_SEVERITY, variant)
     if params is None:
         params = sample_params(op, key, severity)
     return Record(
@@ -187,7 +208,12 @@ def make_record(
 
 
 def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
-    """Run one op over a float32 batch with the parameters in ``records`` (one per sample)."""
+    """Run one op over a batch with the parameters in ``records`` (one per sample).
+
+    ``x`` is float32 in [0, 1], uint8 or uint16 (BCHW); the result has the dtype of ``x``.
+    On the CPU (``opencv`` backend) an op's registered host path runs per sample on the
+    native dtype (uint8 stays uint8; uint16 goes through float32); otherwise, and on CUDA, the
+    torch kernel runs on float32 and integer batches are rounded back."""
     names = {r.op for r in records}
     if len(names) != 1:
         raise InputError(f"records of one call must share an op, got {sorted(names)}")
@@ -202,13 +228,23 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
             )
     params = collate([r.params for r in records], x.device)
     keys = [rng.key_from_hex(r.key) for r in records]
+    dtype = x.dtype
+    fast = backends.cpu_path(op.name) if backends.opencv_path(x) else None
+    if fast is not None:
+        flags = [bool(r.protect_border) for r in records]
+        if dtype == torch.uint16:
+            out = backends.run_cpu(fast, x.to(torch.float32) / SUPPORTED_DTYPES[dtype], params, keys, flags)
+            return _restore_dtype(out, dtype)
+        return backends.run_cpu(fast, x, params, keys, flags)
+    if dtype != torch.float32:
+        x = x.to(torch.float32) / SUPPORTED_DTYPES[dtype]
     with torch.no_grad():
         out = op.entry.kernel(x, params, keys)
     protect = torch.tensor([r.protect_border for r in records], device=x.device)
     if bool(protect.any()):
         mask = border_mask(x) & protect.view(-1, 1, 1, 1)
         out = torch.where(mask, x, out)
-    return out
+    return _restore_dtype(out, dtype)
 
 
 def apply(
@@ -229,14 +265,15 @@ def apply(
     ``protect_border`` (default: the op's spec) keeps the endoscope's dark frame untouched.
     """
     spec_op = get_op(op)
-    x, dtype = validate_images(images, spec_op)
+    check_images(images, spec_op)
+    x = images
     n = x.shape[0]
     if isinstance(sample_keys, str | bytes) or len(sample_keys) != n:
         raise InputError(
             f"sample_keys must be a sequence with one stable id per image ({n}), got {sample_keys!r:.80}"
         )
     severities = [check_severity(s) for s in _per_sample(severity, n, "severity")]
-    variants = _per_sample(variant, n, "variant")
+    variants = [_check_variant(v) for v in _per_sample(variant, n, "variant")]
     protect = spec_op.spec.protects_border if protect_border is None else bool(protect_border)
     records = [
         make_record(
@@ -247,8 +284,7 @@ def apply(
     if spec_op.name == "jpeg":
         codec = jpeg_backend(x)
         records = [Record(**{**r.to_dict(), "backend": codec}) for r in records]
-    out = run_records(x, records)
-    return _restore_dtype(out, dtype), records
+    return run_records(x, records), records
 
 
 def replay(records: Record | dict | Sequence[Record | dict], images: torch.Tensor) -> torch.Tensor:
@@ -259,7 +295,8 @@ def replay(records: Record | dict | Sequence[Record | dict], images: torch.Tenso
     recs = [r if isinstance(r, Record) else Record.from_dict(r) for r in records]
     single = images.ndim == 3
     batch = images.unsqueeze(0) if single else images
-    x, dtype = validate_images(batch)
+    check_images(batch)
+    x = batch
     if len(recs) == x.shape[0]:
         out = torch.cat([run_records(x[i : i + 1], [r]) for i, r in enumerate(recs)])
     elif x.shape[0] == 1:
@@ -268,5 +305,4 @@ def replay(records: Record | dict | Sequence[Record | dict], images: torch.Tenso
             out = run_records(out, [r])
     else:
         raise InputError(f"{len(recs)} records for {x.shape[0]} images: pass one record per image")
-    out = _restore_dtype(out, dtype)
     return out[0] if single else out

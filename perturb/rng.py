@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import hashlib
+import sys
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -29,7 +31,10 @@ def canonical(seed: int, sample_key: str, op: str, severity: int, variant: int) 
 
 
 def derive_key(seed: int, sample_key: str, op: str, severity: int, variant: int = 0) -> int:
-    """Stable unsigned 64-bit key of (seed, sample key, op, severity, variant)."""
+    """Stable unsigned 64-bit key of (seed, sample key, op, severity, variant).
+
+    The engine draws with ``severity=0`` (see ``perturb.engine.make_record``): the five
+    severities of a sample share their random numbers and differ only in the table's ranges."""
     text = canonical(seed, sample_key, op, severity, variant)
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
 
@@ -58,16 +63,77 @@ def key_from_hex(text: str) -> int:
 
 
 def _hash_numpy(counter: np.ndarray, k0: int, k1: int) -> np.ndarray:
-    x = counter ^ np.uint32(k0)
-    x ^= x >> np.uint32(16)
+    """The mixer on a uint32 array (a new array; ``counter`` is not modified). In-place ufuncs
+    with one scratch buffer: no temporaries, so no fresh pages to fault in per operation."""
+    x = np.bitwise_xor(counter, np.uint32(k0))
+    t = np.empty_like(x)
+    np.right_shift(x, np.uint32(16), out=t)
+    x ^= t
     x *= np.uint32(_MULT)
     x ^= np.uint32(k1)
-    x ^= x >> np.uint32(16)
+    np.right_shift(x, np.uint32(16), out=t)
+    x ^= t
     x *= np.uint32(_MULT)
-    x ^= x >> np.uint32(16)
+    np.right_shift(x, np.uint32(16), out=t)
+    x ^= t
     x *= np.uint32(_MULT)
-    x ^= x >> np.uint32(16)
+    np.right_shift(x, np.uint32(16), out=t)
+    x ^= t
     return x
+
+
+_COUNTER_LOCK = threading.Lock()
+_COUNTER: np.ndarray = np.arange(0, dtype=np.uint32)
+
+
+def _counter(n: int) -> np.ndarray:
+    """Read-only ``arange(n)`` as uint32 (a view of a cached, growing array)."""
+    global _COUNTER
+    counter = _COUNTER
+    if counter.shape[0] < n:
+        with _COUNTER_LOCK:
+            if _COUNTER.shape[0] < n:
+                grown = np.arange(max(n, 2 * _COUNTER.shape[0]), dtype=np.uint32)
+                grown.flags.writeable = False
+                _COUNTER = grown
+            counter = _COUNTER
+    return counter[:n]
+
+
+def _stream_halves(key: int, stream: str) -> tuple[int, int]:
+    k = sub_key(key, stream)
+    return k & _MASK32, (k >> 32) & _MASK32
+
+
+def hash_numpy(key: int, stream: str, n: int) -> np.ndarray:
+    """``n`` uniform uint32 values of a keyed stream, on the host (same bits as ``hash_bits``)."""
+    k0, k1 = _stream_halves(key, stream)
+    return _hash_numpy(_counter(n), k0, k1)
+
+
+def uniform_numpy(key: int, stream: str, n: int) -> np.ndarray:
+    """Host float32 twin of ``uniform_field`` (bit-identical values), flat."""
+    bits = hash_numpy(key, stream, n)
+    bits >>= np.uint32(8)
+    u = bits.astype(np.float32)
+    u *= np.float32(2.0**-24)
+    u += np.float32(2.0**-25)
+    return u
+
+
+def normal_numpy(key: int, stream: str, n: int, lut: np.ndarray | None = None) -> np.ndarray:
+    """Host float32 twin of ``normal_field`` (bit-identical values), flat. ``lut`` replaces the
+    inverse-CDF table, e.g. by ``sigma * table`` (float32) to get ``sigma * z`` in one gather."""
+    m = (n + 1) // 2
+    bits = hash_numpy(key, stream, m)
+    table = normal_lut_numpy() if lut is None else lut
+    if sys.byteorder == "little":  # half-words of counter i sit at [2i] (low) and [2i + 1] (high)
+        halves = bits.view(np.uint16).reshape(m, 2).T
+        return np.take(table, halves).reshape(-1)[:n]
+    idx = np.empty(2 * m, dtype=np.uint32)
+    np.bitwise_and(bits, np.uint32(0xFFFF), out=idx[:m])
+    np.right_shift(bits, np.uint32(16), out=idx[m:])
+    return np.take(table, idx[:n])
 
 
 def _hash_torch(counter: torch.Tensor, k0: int, k1: int) -> torch.Tensor:
@@ -88,8 +154,7 @@ def hash_bits(key: int, stream: str, n: int, device: torch.device | str = "cpu")
     k0, k1 = k & _MASK32, (k >> 32) & _MASK32
     device = torch.device(device)
     if device.type == "cpu":
-        bits = _hash_numpy(np.arange(n, dtype=np.uint32), k0, k1)
-        return torch.from_numpy(bits.astype(np.int64))
+        return torch.from_numpy(hash_numpy(key, stream, n).astype(np.int64))
     counter = torch.arange(n, dtype=torch.int64, device=device)
     return _hash_torch(counter, k0, k1)
 
@@ -103,11 +168,7 @@ def uniform_field(
     k0, k1 = k & _MASK32, (k >> 32) & _MASK32
     device = torch.device(device)
     if device.type == "cpu":
-        bits = _hash_numpy(np.arange(n, dtype=np.uint32), k0, k1)
-        u = (bits >> np.uint32(8)).astype(np.float32)
-        u *= np.float32(2.0**-24)
-        u += np.float32(2.0**-25)
-        return torch.from_numpy(u).reshape(shape)
+        return torch.from_numpy(uniform_numpy(key, stream, n)).reshape(shape)
     bits = _hash_torch(torch.arange(n, dtype=torch.int64, device=device), k0, k1)
     u = (bits >> 8).to(torch.float32) * (2.0**-24) + 2.0**-25
     return u.reshape(shape)
@@ -139,12 +200,7 @@ def normal_field(
     k0, k1 = k & _MASK32, (k >> 32) & _MASK32
     device = torch.device(device)
     if device.type == "cpu":
-        bits = _hash_numpy(np.arange(m, dtype=np.uint32), k0, k1)
-        idx = np.empty(2 * m, dtype=np.uint32)
-        np.bitwise_and(bits, np.uint32(0xFFFF), out=idx[:m])
-        np.right_shift(bits, np.uint32(16), out=idx[m:])
-        values = np.take(normal_lut_numpy(), idx[:n])
-        return torch.from_numpy(values).reshape(shape)
+        return torch.from_numpy(normal_numpy(key, stream, n)).reshape(shape)
     bits = _hash_torch(torch.arange(m, dtype=torch.int64, device=device), k0, k1)
     idx = torch.cat([bits & 0xFFFF, bits >> 16])[:n]
     return _normal_lut(str(device))[idx].reshape(shape)

@@ -2,19 +2,44 @@
 
 Both paths of an op agree within 1/255. ``use_backend("torch")`` forces the torch path on CPU
 too (tests use it to check the CUDA code path against the OpenCV one without a GPU).
+
+CPU fast paths
+--------------
+An op may register a per-sample host function with ``register_cpu(name)``:
+``fn(src, dst, params, key)`` reads one sample ``src`` (CHW NumPy, uint8 or float32 in [0, 1]),
+writes ``dst`` (same shape and dtype) and gets that sample's parameters (``params[name]`` is
+the sample's row of the collated float32 parameters) and key. The engine runs it through
+``run_cpu`` on the ``opencv`` backend: uint8 batches stay uint8 end to end (lookup tables,
+8-bit codecs and filters), float32 batches stay float32.
+
+A sample's output is computed from that sample alone, by the same sequence of calls whatever
+the batch, so it cannot depend on batch size, position, order or on how many samples run at
+once. Samples run on a small thread pool (OpenCV and NumPy release the GIL). While a batch
+runs, OpenCV's own threading is switched off (``cv2.setNumThreads(1)``, restored afterwards):
+the two levels would oversubscribe the cores, and a single-threaded OpenCV call computes each
+element the same way every time, so outputs cannot depend on OpenCV's thread count either.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Literal
 
+import cv2
+import numpy as np
 import torch
+
+from perturb.ops.fov import DARK_THRESHOLD
 
 Backend = Literal["auto", "opencv", "torch"]
 _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar("perturb_backend", default="auto")
+
+CpuFn = Callable[[np.ndarray, np.ndarray, dict[str, np.ndarray], int], None]
 
 
 @contextlib.contextmanager
@@ -47,7 +72,178 @@ def to_hwc(x: torch.Tensor) -> list:
 
 
 def from_hwc(images: list, like: torch.Tensor) -> torch.Tensor:
-    import numpy as np
-
     stacked = np.stack([a if a.ndim == 3 else a[..., None] for a in images])
     return torch.from_numpy(stacked).permute(0, 3, 1, 2).contiguous().to(like.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry of per-sample CPU fast paths
+
+_CPU_PATHS: dict[str, CpuFn] = {}
+
+
+def register_cpu(name: str) -> Callable[[CpuFn], CpuFn]:
+    """Register ``fn(src, dst, params, key)`` as the CPU fast path of op ``name``."""
+
+    def decorator(fn: CpuFn) -> CpuFn:
+        if name in _CPU_PATHS:
+            raise ValueError(f"CPU path of {name!r} registered twice")
+        _CPU_PATHS[name] = fn
+        return fn
+
+    return decorator
+
+
+def cpu_path(name: str) -> CpuFn | None:
+    return _CPU_PATHS.get(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The field-of-view mask on the host (same mask as perturb.ops.fov.border_mask)
+
+
+def _nondark_level(dtype: np.dtype) -> float:
+    """Smallest channel value that is not dark: for uint8, the first level v with
+    float32(v) / 255 >= 0.07 (the comparison the float path makes after dividing by 255)."""
+    if dtype == np.uint8:
+        levels = np.arange(256, dtype=np.float32) / np.float32(255.0)
+        return float(np.argmax(levels >= np.float32(DARK_THRESHOLD)))
+    return float(np.float32(DARK_THRESHOLD))
+
+
+_NONDARK = {np.dtype(np.uint8): _nondark_level(np.dtype(np.uint8)), np.dtype(np.float32): _nondark_level(np.dtype(np.float32))}
+
+
+def border_mask_numpy(src: np.ndarray) -> np.ndarray | None:
+    """uint8 (H, W) mask (1 = frame) of the dark frame of one CHW sample, or None where it is
+    empty; the same pixels as ``perturb.ops.fov.border_mask``.
+
+    Dark pixels (every channel below the threshold) reached by a straight dark run from the
+    left, right, top or bottom edge: a row's run from the left ends at its first non-dark
+    pixel, so the mask compares column and row indices with four run lengths per row/column."""
+    h, w = src.shape[-2:]
+    m = src[0]
+    for c in range(1, src.shape[0]):
+        m = cv2.max(m, src[c])
+    nondark = (m >= m.dtype.type(_NONDARK[m.dtype])).view(np.uint8)
+    across = cv2.transpose(nondark)
+    rows, cols = np.arange(h), np.arange(w)
+    # argmax on bool views (values are 0/1) stops at the first True of each row
+    left = nondark.view(np.bool_).argmax(axis=1)
+    right = (w - 1) - cv2.flip(nondark, 1).view(np.bool_).argmax(axis=1)
+    top = across.view(np.bool_).argmax(axis=1)
+    bottom = (h - 1) - cv2.flip(across, 1).view(np.bool_).argmax(axis=1)
+    row_dark = nondark[rows, left] == 0
+    col_dark = across[cols, top] == 0
+    left[row_dark], right[row_dark] = w, -1
+    top[col_dark], bottom[col_dark] = h, -1
+    if not (left.any() or top.any() or (right < w - 1).any() or (bottom < h - 1).any()):
+        return None
+    # outside [left, right] <=> (j - left) as uint16 > (right - left) as uint16, also for an
+    # all-dark row (left = w, right = -1: every j); likewise for columns.
+    col16, row16 = cols.astype(np.int16), rows.astype(np.int16)
+    off_row = np.subtract(col16[None, :], left.astype(np.int16)[:, None]).view(np.uint16)
+    mask = np.greater(off_row, (right - left).astype(np.uint16)[:, None])
+    off_col = np.subtract(row16[:, None], top.astype(np.int16)[None, :]).view(np.uint16)
+    mask |= np.greater(off_col, (bottom - top).astype(np.uint16)[None, :])
+    return mask.view(np.uint8)
+
+
+def keep_border(src: np.ndarray, dst: np.ndarray) -> None:
+    """Copy the dark frame of ``src`` back into ``dst`` (CHW, in place)."""
+    mask = border_mask_numpy(src)
+    if mask is None:
+        return
+    for c in range(src.shape[0]):
+        cv2.copyTo(src[c], mask, dst[c])
+
+
+# ---------------------------------------------------------------------------------------------
+# Running per-sample functions over a batch
+
+_POOL_LOCK = threading.Lock()
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_CV2_LOCK = threading.Lock()
+_CV2_USERS = 0
+_CV2_SAVED = 1
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The module's worker pool (re-created in a forked child, whose copy has no threads)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="perturb"))
+        return _POOL[1]
+
+
+def workers_for(n: int) -> int:
+    """How many samples run at once: at most the batch and torch's intra-op thread count (a
+    DataLoader worker, which sets torch to one thread, runs its samples inline)."""
+    return max(1, min(n, torch.get_num_threads(), os.cpu_count() or 1))
+
+
+@contextlib.contextmanager
+def _serial_opencv() -> Iterator[None]:
+    """OpenCV single-threaded while our pool runs (reference-counted across callers)."""
+    global _CV2_USERS, _CV2_SAVED
+    with _CV2_LOCK:
+        if _CV2_USERS == 0:
+            _CV2_SAVED = cv2.getNumThreads()
+            cv2.setNumThreads(1)
+        _CV2_USERS += 1
+    try:
+        yield
+    finally:
+        with _CV2_LOCK:
+            _CV2_USERS -= 1
+            if _CV2_USERS == 0:
+                cv2.setNumThreads(_CV2_SAVED)
+
+
+def map_samples(work: Callable[[int], None], n: int) -> None:
+    """Run ``work(i)`` for i in 0..n-1 on up to ``workers_for(n)`` threads."""
+    k = workers_for(n)
+    if k == 1:
+        with _serial_opencv():
+            for i in range(n):
+                work(i)
+        return
+    lock = threading.Lock()
+    indices = iter(range(n))
+
+    def drain() -> None:
+        while True:
+            with lock:
+                i = next(indices, None)
+            if i is None:
+                return
+            work(i)
+
+    with _serial_opencv():
+        futures: list[Future[None]] = [_pool().submit(drain) for _ in range(k)]
+        for f in futures:
+            f.result()
+
+
+def run_cpu(
+    fn: CpuFn,
+    x: torch.Tensor,
+    params: dict[str, torch.Tensor],
+    keys: Sequence[int],
+    protect: Sequence[bool],
+) -> torch.Tensor:
+    """Run a registered CPU path over a uint8 or float32 CPU batch (BCHW); same dtype out."""
+    if x.dtype not in (torch.uint8, torch.float32):
+        raise TypeError(f"CPU fast paths take uint8 or float32 batches, got {x.dtype}")
+    src = x.detach().contiguous().numpy()
+    dst = np.empty_like(src)
+    host = {name: value.detach().cpu().numpy() for name, value in params.items()}
+
+    def work(i: int) -> None:
+        fn(src[i], dst[i], {name: value[i] for name, value in host.items()}, int(keys[i]))
+        if protect[i]:
+            keep_border(src[i], dst[i])
+
+    map_samples(work, src.shape[0])
+    return torch.from_numpy(dst)

@@ -96,31 +96,63 @@ def _apply_per_sample(
     x: torch.Tensor, psfs: list[np.ndarray], separable: bool
 ) -> torch.Tensor:
     """Each sample with its own PSF: one call per sample, so a sample's result never depends on
-    the batch (kernel sizes differ between samples)."""
-    if backend.opencv_path(x):
-        images = backend.to_hwc(x)
-        out = []
-        for img, psf in zip(images, psfs, strict=True):
-            if separable:
-                out.append(cv2.sepFilter2D(img, cv2.CV_32F, psf, psf, borderType=cv2.BORDER_REFLECT_101))
-            else:
-                out.append(cv2.filter2D(img, cv2.CV_32F, psf, borderType=cv2.BORDER_REFLECT_101))
-        return backend.from_hwc(out, x).clamp_(0.0, 1.0)
+    the batch (kernel sizes differ between samples). The torch path (CUDA)."""
     conv = _sep_torch if separable else _conv_torch
     return torch.stack([conv(s, p) for s, p in zip(x, psfs, strict=True)]).clamp_(0.0, 1.0)
+
+
+def filter_sample(src: np.ndarray, dst: np.ndarray, psf: np.ndarray, separable: bool) -> None:
+    """OpenCV path of one CHW sample (uint8 or float32), plane by plane, reflected borders.
+
+    The filter runs in float32 (uint8 planes are read as 0..255; OpenCV's 8-bit-to-8-bit
+    filters would quantise the taps to 8 or 11 fractional bits, which can move a pixel by
+    more than a level) and the result is rounded (uint8) or clipped to [0, 1] (float32)."""
+    border = cv2.BORDER_REFLECT_101
+    for c in range(src.shape[0]):
+        if separable:
+            res = cv2.sepFilter2D(src[c], cv2.CV_32F, psf, psf, borderType=border)
+        else:
+            res = cv2.filter2D(src[c], cv2.CV_32F, psf, borderType=border)
+        if dst.dtype == np.uint8:
+            cv2.convertScaleAbs(res, dst[c])  # round half to even, saturate; res >= -1e-6
+        else:
+            np.clip(res, np.float32(0.0), np.float32(1.0), out=dst[c])
+
+
+def _host(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], fn: backend.CpuFn) -> torch.Tensor:
+    """The kernel called directly on a CPU float32 batch: the same host path as the engine's."""
+    return backend.run_cpu(fn, x, p, keys, [False] * x.shape[0])
+
+
+def _side(src: np.ndarray) -> int:
+    return int(min(src.shape[-2], src.shape[-1]))
+
+
+@backend.register_cpu("gaussian_blur")
+def gaussian_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    filter_sample(src, dst, gaussian_taps(float(p["sigma"]) * _side(src)), separable=True)
 
 
 @register_kernel("gaussian_blur")
 def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Gaussian PSF; ``sigma`` is a fraction of the shorter side."""
+    if backend.opencv_path(x):
+        return _host(x, p, keys, gaussian_blur_cpu)
     side = shorter_side(x)
     psfs = [gaussian_taps(float(s) * side) for s in p["sigma"].tolist()]
     return _apply_per_sample(x, psfs, separable=True)
 
 
+@backend.register_cpu("defocus_blur")
+def defocus_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    filter_sample(src, dst, disk_psf(float(p["radius"]) * _side(src)), separable=False)
+
+
 @register_kernel("defocus_blur")
 def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Uniform disk PSF; ``radius`` is a fraction of the shorter side."""
+    if backend.opencv_path(x):
+        return _host(x, p, keys, defocus_blur_cpu)
     side = shorter_side(x)
     psfs = [disk_psf(float(r) * side) for r in p["radius"].tolist()]
     return _apply_per_sample(x, psfs, separable=False)
@@ -130,9 +162,17 @@ def _motion_sampler(rng: np.random.Generator, level: dict) -> dict:
     return {"length": draw(rng, level["length"]), "angle": draw(rng, level["angle"])}
 
 
+@backend.register_cpu("motion_blur")
+def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    psf = line_psf(float(p["length"]) * _side(src), float(p["angle"]))
+    filter_sample(src, dst, psf, separable=False)
+
+
 @register_kernel("motion_blur", sampler=_motion_sampler)
 def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Line PSF of ``length`` (fraction of the shorter side) at ``angle`` degrees."""
+    if backend.opencv_path(x):
+        return _host(x, p, keys, motion_blur_cpu)
     side = shorter_side(x)
     psfs = [
         line_psf(float(length) * side, float(angle))

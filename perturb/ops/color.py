@@ -2,7 +2,8 @@
 
 * color_cast: von Kries per-channel gains in linear light (a different light source or a wrong
   white balance). The gains lie on a circle of radius ``strength`` in the chromatic plane
-  orthogonal to grey, at a keyed angle, and keep Rec. 709 luminance constant.
+  orthogonal to grey, at a keyed angle, normalised so a grey surface keeps its Rec. 709
+  luminance.
 * hue_shift: rotation of the chroma plane of YIQ by ``degrees`` (keyed sign).
 * saturation: ``luma + s * (x - luma)``, s = 1 - amount (desaturate) or 1 + amount (keyed).
 * brightness: additive offset (keyed sign); contrast: scaling around the image's mean luma;
@@ -14,10 +15,26 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import cv2
 import numpy as np
 import torch
 
-from perturb.ops._math import linear_to_srgb, luma, power, sample_mean, srgb_to_linear
+from perturb.ops import backend
+from perturb.ops._math import (
+    LEVELS_U8,
+    LUMA_REC601,
+    apply_luts,
+    linear_to_srgb,
+    linear_to_srgb_np,
+    luma,
+    lut_u8_from_kernel,
+    plane2d,
+    power,
+    sample_mean,
+    srgb_to_linear,
+    srgb_to_linear_np,
+    to_u8_levels,
+)
 from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
 
 _LUMINANCE_709 = np.array([0.2126, 0.7152, 0.0722])
@@ -113,3 +130,82 @@ def _gamma_sampler(rng: np.random.Generator, level: Level) -> Params:
 @register_kernel("gamma", sampler=_gamma_sampler)
 def gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     return power(x.clamp(0.0, 1.0), _b(p["gamma"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU fast paths (one sample). uint8: lookup tables built from the torch kernels on the 256
+# levels (exact) or OpenCV's 3x3 transform; float32: float32 NumPy/OpenCV arithmetic.
+
+
+def _mean_luma(src: np.ndarray) -> np.float32:
+    """Mean Rec. 601 luma of one CHW sample in [0, 1] (per-channel sums in float64)."""
+    scale = 255.0 if src.dtype == np.uint8 else 1.0
+    sums = [cv2.sumElems(src[c])[0] for c in range(src.shape[0])]
+    total = sums[0] if len(sums) == 1 else float(np.dot(LUMA_REC601, sums))
+    return np.float32(total / (src.shape[-2] * src.shape[-1]) / scale)
+
+
+@backend.register_cpu("color_cast")
+def color_cast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    if src.dtype == np.uint8:
+        apply_luts(src, dst, lut_u8_from_kernel(color_cast, src.shape[0], p, key))
+        return
+    lin = srgb_to_linear_np(src)
+    for c, gain in enumerate(np.asarray(p["gains"], dtype=np.float32)):
+        lin[c] *= gain
+    linear_to_srgb_np(lin, out=dst)
+
+
+def _transform(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> None:
+    """dst = clip(matrix @ rgb) per pixel with OpenCV's 3x3 transform (uint8: rounded and
+    saturated; float32: clipped to [0, 1])."""
+    m = np.asarray(matrix, dtype=np.float32).reshape(3, 3)
+    mixed = cv2.transform(cv2.merge([src[0], src[1], src[2]]), m)
+    if dst.dtype != np.uint8:
+        np.clip(mixed, np.float32(0.0), np.float32(1.0), out=mixed)
+    for c in range(3):
+        np.copyto(dst[c], mixed[..., c])
+
+
+@backend.register_cpu("hue_shift")
+def hue_shift_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    _transform(src, dst, p["matrix"])
+
+
+@backend.register_cpu("saturation")
+def saturation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    f = float(np.float32(p["factor"]))
+    weights = np.array(LUMA_REC601)
+    _transform(src, dst, (1.0 - f) * np.tile(weights, (3, 1)) + f * np.eye(3))
+
+
+@backend.register_cpu("brightness")
+def brightness_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    if src.dtype == np.uint8:
+        apply_luts(src, dst, lut_u8_from_kernel(brightness, 1, p, key)[0])
+        return
+    np.add(src, np.float32(p["delta"]), out=dst)
+    np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
+
+
+@backend.register_cpu("contrast")
+def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    mean = _mean_luma(src)
+    factor = np.float32(p["factor"])
+    if src.dtype == np.uint8:  # the kernel's formula on the 256 levels around this image's mean
+        levels, m = torch.from_numpy(LEVELS_U8), torch.tensor(mean)
+        lut = to_u8_levels((m + torch.tensor(factor) * (levels - m)).clamp_(0.0, 1.0))
+        apply_luts(src, dst, lut)
+        return
+    np.subtract(src, mean, out=dst)
+    dst *= factor
+    dst += mean
+    np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
+
+
+@backend.register_cpu("gamma")
+def gamma_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    if src.dtype == np.uint8:
+        apply_luts(src, dst, lut_u8_from_kernel(gamma, 1, p, key)[0])
+        return
+    cv2.pow(plane2d(src), float(np.float32(p["gamma"])), dst=plane2d(dst))

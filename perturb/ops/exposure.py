@@ -14,12 +14,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from perturb import rng
-from perturb.ops._math import linear_to_srgb, srgb_to_linear
+from perturb.ops import backend
+from perturb.ops._math import (
+    apply_luts,
+    linear_to_srgb,
+    linear_to_srgb_np,
+    linear_to_srgb_u8,
+    lut_u8_from_kernel,
+    srgb_to_linear,
+    srgb_to_linear_np,
+    srgb_to_linear_u8,
+)
 from perturb.ops.registry import Level, Params, draw, register_kernel
 
 HAZE_GRID = 6
@@ -91,6 +102,39 @@ def smooth_field(x: torch.Tensor, keys: Sequence[int], stream: str, grid: int) -
     return field.clamp_(-1.0, 1.0)
 
 
+def _cubic_weights(size_in: int, size_out: int) -> np.ndarray:
+    """(size_out, size_in) bicubic interpolation matrix (A = -0.75, align_corners=True, edge
+    indices clamped), the weights torch's ``upsample_bicubic2d`` applies."""
+    a = -0.75
+    scale = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+    real = np.arange(size_out, dtype=np.float64) * scale
+    base = np.floor(real)
+    t = real - base
+
+    def near(x: np.ndarray) -> np.ndarray:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: np.ndarray) -> np.ndarray:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    coeffs = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+    weights = np.zeros((size_out, size_in), dtype=np.float64)
+    rows = np.arange(size_out)
+    for j, coeff in enumerate(coeffs):
+        idx = np.clip(base.astype(np.int64) - 1 + j, 0, size_in - 1)
+        np.add.at(weights, (rows, idx), coeff)
+    return weights
+
+
+def smooth_field_np(key: int, stream: str, grid: int, h: int, w: int) -> np.ndarray:
+    """``smooth_field`` of one sample on the host (float64 separable bicubic, within float32
+    rounding of torch's), as float32 (H, W)."""
+    coarse = rng.uniform_numpy(key, stream, grid * grid).reshape(grid, grid).astype(np.float64)
+    coarse = coarse * 2.0 - 1.0
+    field = _cubic_weights(grid, h) @ coarse @ _cubic_weights(grid, w).T
+    return np.clip(field, -1.0, 1.0).astype(np.float32)
+
+
 @register_kernel("haze", sampler=_haze_sampler)
 def haze(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     t = (_b(p["transmission"]) * (1.0 + 0.15 * smooth_field(x, keys, "haze", HAZE_GRID))).clamp(0.0, 1.0)
@@ -98,3 +142,86 @@ def haze(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
     if x.shape[1] == 1:
         airlight = _b(p["airlight"])
     return (x * t + airlight * (1.0 - t)).clamp_(0.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU fast paths (one sample). uint8: exact lookup tables for the pointwise op; the radial ops
+# decode each level to linear light with a table, scale, and encode through a 16-bit table
+# (within one level). float32: float32 OpenCV/NumPy arithmetic (within 1e-6 of the kernels).
+
+
+def _radial_r2_np(h: int, w: int, cx: np.float32, cy: np.float32) -> np.ndarray:
+    """``radial_r2`` of one sample as float32 (H, W)."""
+    half_diag = np.float32(0.5 * float(np.hypot(h, w)))
+    dy = (np.arange(h, dtype=np.float32) + np.float32(0.5) - cy * np.float32(h)) / half_diag
+    dx = (np.arange(w, dtype=np.float32) + np.float32(0.5) - cx * np.float32(w)) / half_diag
+    return (dx * dx)[None, :] + (dy * dy)[:, None]
+
+
+def _falloff_np(h: int, w: int, p: dict[str, np.ndarray], strength: np.float32) -> np.ndarray:
+    r2 = _radial_r2_np(h, w, np.float32(p["cx"]), np.float32(p["cy"]))
+    r2 *= -strength
+    r2 += np.float32(1.0)
+    return np.maximum(r2, np.float32(0.0), out=r2)
+
+
+def _scale_in_linear(src: np.ndarray, dst: np.ndarray, scale: np.ndarray) -> None:
+    """dst = linear_to_srgb(srgb_to_linear(src) * scale) with a per-pixel (H, W) scale."""
+    if src.dtype == np.uint8:
+        table = srgb_to_linear_u8()
+        for c in range(src.shape[0]):
+            lin = cv2.LUT(src[c], table)
+            cv2.multiply(lin, scale, dst=lin)
+            linear_to_srgb_u8(lin, dst[c])
+        return
+    lin = srgb_to_linear_np(src)
+    lin *= scale
+    linear_to_srgb_np(lin, out=dst)
+
+
+@backend.register_cpu("overexposure")
+def overexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    if src.dtype == np.uint8:
+        apply_luts(src, dst, lut_u8_from_kernel(overexposure, 1, p, key)[0])
+        return
+    lin = srgb_to_linear_np(src)
+    lin *= np.float32(p["gain"])
+    linear_to_srgb_np(lin, out=dst)
+
+
+@backend.register_cpu("underexposure")
+def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    h, w = src.shape[-2:]
+    scale = _falloff_np(h, w, p, np.float32(p["falloff"]))
+    scale *= np.float32(p["gain"])
+    _scale_in_linear(src, dst, scale)
+
+
+@backend.register_cpu("vignetting")
+def vignetting_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    h, w = src.shape[-2:]
+    _scale_in_linear(src, dst, _falloff_np(h, w, p, np.float32(p["strength"])))
+
+
+@backend.register_cpu("haze")
+def haze_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    """I t + A (1 - t); the smooth field is the kernel's own (torch bicubic, per sample)."""
+    c_count, h, w = src.shape
+    field = smooth_field_np(key, "haze", HAZE_GRID, h, w)
+    field *= np.float32(0.15)
+    field += np.float32(1.0)
+    field *= np.float32(p["transmission"])
+    t = np.clip(field, np.float32(0.0), np.float32(1.0), out=field)
+    rest = np.float32(1.0) - t
+    airlight = np.float32(p["airlight"])
+    tint = np.asarray(p["tint"], dtype=np.float32)
+    for c in range(c_count):
+        a = airlight if c_count == 1 else airlight * tint[c]
+        if src.dtype == np.uint8:  # level units, rounded once
+            glow = rest * (a * np.float32(255.0))
+            lit = cv2.multiply(src[c], t, dtype=cv2.CV_32F)
+            cv2.add(lit, glow, dst=dst[c], dtype=cv2.CV_8U)
+        else:  # the kernel's order: x * t + a * (1 - t)
+            np.multiply(src[c], t, out=dst[c])
+            dst[c] += a * rest
+            np.clip(dst[c], np.float32(0.0), np.float32(1.0), out=dst[c])

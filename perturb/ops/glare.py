@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import cv2
 import numpy as np
 import torch
 
+from perturb.ops import backend
 from perturb.ops._math import shorter_side
 from perturb.ops.registry import Level, Params, draw, draw_int, register_kernel
 
@@ -101,3 +103,43 @@ def specular_glare(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[i
             illuminant = illuminant.new_ones(1, 1, 1, 1)
         out.append((x[i : i + 1] + field * illuminant).clamp_(0.0, 1.0))
     return torch.cat(out)
+
+
+def specular_field_np(h: int, w: int, centres: np.ndarray, sigmas: np.ndarray, amplitudes: np.ndarray, side: int) -> np.ndarray:
+    """``specular_field`` of one sample on the host in NumPy (float64, one (H, 2K) x (2K, W)
+    product; within float64 rounding of the torch field), as float32 (H, W). ``centres`` and
+    ``sigmas`` are (K, 2), ``amplitudes`` (K,), as float32 parameters."""
+    c, sg, a = centres.astype(np.float64), sigmas.astype(np.float64), amplitudes.astype(np.float64)
+    sx, sy = sg[:, 0] * side, sg[:, 1] * side
+
+    def profiles(size: int, centre: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+        d = (np.arange(size, dtype=np.float64) + 0.5)[:, None] - centre[None, :] * size
+        d /= np.maximum(sigma, 1e-3)[None, :]
+        d *= d
+        d *= -0.5
+        return np.exp(d, out=d)  # (size, K)
+
+    gx = np.concatenate([profiles(w, c[:, 0], sx), profiles(w, c[:, 0], sx * HALO_SCALE)], axis=1)
+    gy = np.concatenate([profiles(h, c[:, 1], sy), profiles(h, c[:, 1], sy * HALO_SCALE)], axis=1)
+    weights = np.concatenate([a, a * HALO_AMPLITUDE])
+    gx *= weights[None, :]
+    return (gy @ np.ascontiguousarray(gx.T)).astype(np.float32)
+
+
+@backend.register_cpu("specular_glare")
+def specular_glare_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    """One sample on the host: the specular field, added per channel (uint8 in level units and
+    rounded once; float32 as the kernel adds it)."""
+    c_count, h, w = src.shape
+    amplitudes = np.asarray(p["amplitudes"], dtype=np.float32)
+    k = int((amplitudes != 0).sum())
+    field = specular_field_np(h, w, np.asarray(p["centres"])[:k], np.asarray(p["sigmas"])[:k], amplitudes[:k], min(h, w))
+    illuminant = np.asarray(p["illuminant"], dtype=np.float32)
+    for c in range(c_count):
+        gain = np.float32(1.0) if c_count == 1 else illuminant[c]
+        if src.dtype == np.uint8:
+            cv2.addWeighted(src[c], 1.0, field, float(gain) * 255.0, 0.0, dst=dst[c], dtype=cv2.CV_8U)
+        else:
+            np.multiply(field, gain, out=dst[c])
+            dst[c] += src[c]
+            np.clip(dst[c], np.float32(0.0), np.float32(1.0), out=dst[c])

@@ -28,8 +28,7 @@ def opencv_roundtrip(image_u8: np.ndarray, quality: int) -> np.ndarray:
     """Encode and decode one HWC RGB (or HW gray) uint8 image at ``quality`` with libjpeg."""
     color = image_u8.ndim == 3
     bgr = cv2.cvtColor(image_u8, cv2.COLOR_RGB2BGR) if color else image_u8
-    params = [cv2.IMWRITE_JPEG_QUALITY, int(quality), cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420]
-    ok, buf = cv2.imencode(".jpg", bgr, params)
+    ok, buf = cv2.imencode(".jpg", bgr, _encode_params(quality))
     if not ok:
         raise RuntimeError("OpenCV failed to encode a JPEG")
     flag = cv2.IMREAD_COLOR if color else cv2.IMREAD_GRAYSCALE
@@ -62,11 +61,42 @@ def jpeg_backend(x: torch.Tensor) -> str:
     return "nvjpeg"
 
 
+def _encode_params(quality: int) -> list[int]:
+    return [cv2.IMWRITE_JPEG_QUALITY, int(quality), cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420]
+
+
+@backend.register_cpu("jpeg")
+def jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    """One CHW sample through libjpeg: planes are interleaved straight into BGR order for the
+    encoder and decoded straight to RGB (the same codec calls as ``opencv_roundtrip``)."""
+    quality = int(round(float(p["quality"])))
+    if src.dtype == np.uint8:
+        u8 = src
+    else:  # to_uint8: clamp, * 255, round half to even
+        u8 = np.empty(src.shape, dtype=np.uint8)
+        for c in range(src.shape[0]):
+            cv2.convertScaleAbs(src[c], u8[c], alpha=255.0)
+    color = src.shape[0] == 3
+    image = cv2.merge([u8[2], u8[1], u8[0]]) if color else u8[0]
+    ok, buf = cv2.imencode(".jpg", image, _encode_params(quality))
+    if not ok:
+        raise RuntimeError("OpenCV failed to encode a JPEG")
+    decoded = cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB if color else cv2.IMREAD_GRAYSCALE)
+    planes = [decoded[..., c] for c in range(3)] if color else [decoded]
+    for c, plane in enumerate(planes):
+        if dst.dtype == np.uint8:
+            np.copyto(dst[c], plane)
+        else:
+            np.divide(plane, np.float32(255.0), out=dst[c])
+
+
 @register_kernel("jpeg", sampler=_quality_sampler)
 def jpeg(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     qualities = [int(round(q)) for q in p["quality"].tolist()]
     if jpeg_backend(x) == "nvjpeg":
         return _roundtrip_cuda(x, qualities)
+    if x.device.type == "cpu":
+        return backend.run_cpu(jpeg_cpu, x, p, keys, [False] * x.shape[0])
     images = to_uint8(x.cpu()).permute(0, 2, 3, 1).numpy()
     out = [opencv_roundtrip(img[..., 0] if img.shape[-1] == 1 else img, q) for img, q in zip(images, qualities, strict=True)]
     stacked = np.stack([o if o.ndim == 3 else o[..., None] for o in out])

@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import cv2
+import numpy as np
 import torch
 
 from perturb import rng
-from perturb.ops._math import linear_to_srgb, srgb_to_linear
+from perturb.ops import backend
+from perturb.ops._math import (
+    LEVELS_U8,
+    linear_to_srgb,
+    plane2d,
+    srgb_to_linear,
+    srgb_to_linear_u8,
+    to_u8_levels,
+)
 from perturb.ops.registry import register_kernel
 
 POISSON_EXACT_BELOW = 16.0
@@ -89,3 +99,213 @@ def impulse_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     half = _b(p["amount"]) / 2
     out = torch.where(u < half, torch.zeros_like(x), x)
     return torch.where(u > 1 - half, torch.ones_like(x), out)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU fast paths (one sample, NumPy/OpenCV; fields from the same keyed hash as the kernels).
+# float32 samples give the kernels' values bit for bit where the kernel's arithmetic is
+# float32; uint8 samples are computed in level units and rounded once (within one level of
+# the torch path, which rounds the float result).
+
+
+def _scaled_normal_lut(scale: float) -> np.ndarray:
+    return rng.normal_lut_numpy() * np.float32(scale)
+
+
+@backend.register_cpu("gaussian_noise")
+def gaussian_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    sigma = np.float32(p["sigma"])
+    if src.dtype == np.uint8:
+        noise = rng.normal_numpy(key, "gaussian_noise", src.size, _scaled_normal_lut(sigma * np.float32(255.0)))
+        cv2.add(plane2d(src), noise.reshape(-1, src.shape[-1]), dst=plane2d(dst), dtype=cv2.CV_8U)
+        return
+    noise = rng.normal_numpy(key, "gaussian_noise", src.size, _scaled_normal_lut(sigma))  # sigma * z
+    np.add(src, noise.reshape(src.shape), out=dst)
+    np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
+
+
+@backend.register_cpu("speckle_noise")
+def speckle_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    sigma = np.float32(p["sigma"])
+    if src.dtype == np.uint8:
+        noise = rng.normal_numpy(key, "speckle_noise", src.size, _scaled_normal_lut(sigma))
+        grain = cv2.multiply(plane2d(src), noise.reshape(-1, src.shape[-1]), dtype=cv2.CV_32F)
+        cv2.add(plane2d(src), grain, dst=plane2d(dst), dtype=cv2.CV_8U)
+        return
+    z = rng.normal_numpy(key, "speckle_noise", src.size).reshape(src.shape)
+    t = src * sigma  # the kernel's order: x + (x * sigma) * z
+    t *= z
+    np.add(src, t, out=dst)
+    np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
+
+
+@backend.register_cpu("impulse_noise")
+def impulse_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    h, w = src.shape[-2:]
+    u = rng.uniform_numpy(key, "impulse_noise", h * w).reshape(h, w)
+    half = np.float32(p["amount"]) / np.float32(2.0)
+    pepper = u < half
+    salt = u > np.float32(1.0) - half
+    white = 255 if src.dtype == np.uint8 else 1.0
+    np.copyto(dst, src)
+    for c in range(src.shape[0]):
+        dst[c][pepper] = 0
+        dst[c][salt] = white
+
+
+def _poisson_small(lam: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Exact CDF inversion, as ``poisson_counts`` does it (float64, same recurrence), but each
+    element leaves the loop as soon as its count is known: the work is the sum of the counts
+    instead of ``POISSON_MAX_COUNT`` passes over every element."""
+    count = np.zeros(lam.shape[0], dtype=np.float32)
+    idx = np.arange(lam.shape[0])
+    term = np.exp(-lam)
+    cdf = term.copy()
+    for k in range(1, POISSON_MAX_COUNT + 1):
+        below = u > cdf
+        if not below.all():
+            idx, u, lam, term, cdf = idx[below], u[below], lam[below], term[below], cdf[below]
+        if idx.shape[0] == 0:
+            break
+        count[idx] += 1
+        term = term * lam / k
+        cdf = cdf + term
+    return count
+
+
+# The uniform field is u(m) = float32(m * 2^-24 + 2^-25) for m = hash >> 8 (perturb.rng), a
+# nondecreasing function of the 24-bit integer m. "u > C" is therefore "m >= t(C)" with the
+# integer threshold t(C) = #{m : u(m) <= C}; for one mean (one uint8 level) the exact
+# inversion count is #{j < POISSON_MAX_COUNT : m >= t(C_j)}, a step function of m.
+_M_BITS = 24
+_BUCKET_SHIFT = 14  # buckets of 2^14 consecutive m (1024 per level)
+
+
+def _u_of_m(m: np.ndarray) -> np.ndarray:
+    """u(m) exactly as perturb.rng computes it, as float64."""
+    u = m.astype(np.float32) * np.float32(2.0**-24)
+    u += np.float32(2.0**-25)
+    return u.astype(np.float64)
+
+
+def _m_thresholds(cdf: np.ndarray) -> np.ndarray:
+    """t(C) = #{m in [0, 2^24) : u(m) <= C} for float64 C (any shape), as int64."""
+    base = np.clip(np.floor(cdf * 2.0**_M_BITS).astype(np.int64) - 2, 0, (1 << _M_BITS) - 1)
+    t = base.copy()
+    for i in range(5):  # u(m) is within one step of (m + 0.5) / 2^24: five candidates suffice
+        cand = base + i
+        ok = (cand < (1 << _M_BITS)) & (_u_of_m(np.minimum(cand, (1 << _M_BITS) - 1)) <= cdf)
+        t += ok
+    return t
+
+
+def _level_cdfs(lam: np.ndarray) -> np.ndarray:
+    """The kernel's CDF values C_0..C_47 (float64 recurrence) for each mean in ``lam``."""
+    out = np.empty((lam.shape[0], POISSON_MAX_COUNT), dtype=np.float64)
+    term = torch.exp(-torch.from_numpy(lam)).numpy()
+    cdf = term.copy()
+    for k in range(1, POISSON_MAX_COUNT + 1):
+        out[:, k - 1] = cdf
+        term = term * lam / k
+        cdf = cdf + term
+    return out
+
+
+def _poisson_small_levels(mean_lut: np.ndarray, levels: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Exact inversion counts (float32) for pixels of uint8 ``levels`` whose means
+    ``mean_lut[levels]`` are below POISSON_EXACT_BELOW, from their 24-bit uniforms ``m``.
+
+    Per level: integer thresholds of its CDF and, per bucket of 2^14 values of m, the count at
+    both ends of the bucket; where they agree (almost everywhere) that is the count, elsewhere
+    a binary search in the level's thresholds."""
+    small_levels = np.flatnonzero(mean_lut < np.float32(POISSON_EXACT_BELOW))
+    row = np.full(256, -1, dtype=np.int64)
+    row[small_levels] = np.arange(small_levels.size)
+    thresholds = _m_thresholds(_level_cdfs(mean_lut[small_levels].astype(np.float64)))  # (L, 48)
+    buckets = 1 << (_M_BITS - _BUCKET_SHIFT)
+    starts = np.arange(buckets, dtype=np.int64) << _BUCKET_SHIFT
+    ends = starts + (1 << _BUCKET_SHIFT) - 1
+    lo = np.empty((small_levels.size, buckets), dtype=np.int16)
+    hi = np.empty_like(lo)
+    for r in range(small_levels.size):
+        lo[r] = np.searchsorted(thresholds[r], starts, side="right")
+        hi[r] = np.searchsorted(thresholds[r], ends, side="right")
+    cell = (m >> np.uint32(_BUCKET_SHIFT)).view(np.int32)
+    cell += np.take((row * buckets).astype(np.int32), levels)
+    count = np.take(lo.reshape(-1), cell)
+    unsure = np.flatnonzero(count != np.take(hi.reshape(-1), cell))
+    if unsure.size:
+        # one sorted key space: level row r owns [r * 2^25, r * 2^25 + 2^24]
+        offsets = np.arange(small_levels.size, dtype=np.int64)[:, None] << (_M_BITS + 1)
+        keys = row[levels[unsure]] * (1 << (_M_BITS + 1)) + m[unsure].astype(np.int64)
+        flat = (thresholds + offsets).reshape(-1)
+        found = np.searchsorted(flat, keys, side="right")
+        count[unsure] = found - row[levels[unsure]] * POISSON_MAX_COUNT
+    return count.astype(np.float32)
+
+
+def _shot_counts(
+    mean: np.ndarray, root: np.ndarray, key: int, levels: np.ndarray | None, mean_lut: np.ndarray | None
+) -> np.ndarray:
+    """Poisson counts (float32, flat) for float32 means ``mean`` with ``root = sqrt(mean)``: the
+    kernel's normal approximation and, below ``POISSON_EXACT_BELOW``, its exact inversion
+    (through per-level tables when the pixels are uint8 ``levels`` with means ``mean_lut``)."""
+    n = mean.size
+    z = rng.normal_numpy(key, "shot_noise/normal", n)
+    counts = root.reshape(-1) * z  # floor(mean + sqrt(mean) * z + 0.5), float32 like the kernel
+    counts += mean.reshape(-1)
+    counts += np.float32(0.5)
+    np.floor(counts, out=counts)
+    np.maximum(counts, np.float32(0.0), out=counts)
+    small = np.flatnonzero(mean.reshape(-1) < np.float32(POISSON_EXACT_BELOW))
+    if small.size == 0:
+        return counts
+    bits = rng.hash_numpy(key, "shot_noise/uniform", n)
+    if levels is not None and mean_lut is not None:
+        m = bits[small] >> np.uint32(8)
+        counts[small] = _poisson_small_levels(mean_lut, levels.reshape(-1)[small], m)
+    else:
+        u = _u_of_m(bits[small] >> np.uint32(8))
+        counts[small] = _poisson_small(mean.reshape(-1)[small].astype(np.float64), u)
+    return counts
+
+
+def _encode_counts(photons: np.float32, top: int) -> torch.Tensor:
+    """``linear_to_srgb(k / photons)`` for k = 0..top as the kernel computes it (float32)."""
+    k = torch.arange(top + 1, dtype=torch.float32)
+    return linear_to_srgb(k / torch.tensor(photons, dtype=torch.float32))
+
+
+def _as_levels(src: np.ndarray) -> np.ndarray | None:
+    """The uint8 levels of a float32 sample that holds only values v / 255 (a decoded 8-bit
+    image), else None. Such a sample goes through the exact per-level tables."""
+    levels = cv2.convertScaleAbs(plane2d(src), alpha=255.0).reshape(src.shape)
+    if not np.array_equal(LEVELS_U8[levels], src):
+        return None
+    return levels
+
+
+@backend.register_cpu("shot_noise")
+def shot_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    photons = np.float32(p["photons"])
+    levels = src if src.dtype == np.uint8 else _as_levels(src)
+    mean_lut = None
+    if levels is not None:
+        mean_lut = srgb_to_linear_u8() * photons  # the kernel's float32 mean of each level
+        mean = cv2.LUT(plane2d(levels), mean_lut)
+        root = cv2.LUT(plane2d(levels), np.sqrt(np.maximum(mean_lut, np.float32(0.0))))
+    else:  # srgb_to_linear in float64, rounded to float32, exactly as the kernel computes it
+        w = src.astype(np.float64)
+        high = np.power((np.maximum(w, 0.04045) + 0.055) / 1.055, 2.4)
+        mean = np.where(w <= 0.04045, w / 12.92, high).astype(np.float32)
+        mean *= photons
+        root = np.sqrt(np.maximum(mean, np.float32(0.0)))
+    counts = _shot_counts(mean, root, key, levels, mean_lut)
+    # counts never exceed this: z is capped near 4.4 and the exact inversion at POISSON_MAX_COUNT
+    top = max(int(photons + 4.5 * np.sqrt(photons) + 2), POISSON_MAX_COUNT)
+    np.minimum(counts, np.float32(top), out=counts)
+    idx = counts.astype(np.intp)
+    if src.dtype == np.uint8:
+        np.take(to_u8_levels(_encode_counts(photons, top)), idx, out=dst.reshape(-1))
+    else:
+        np.take(_encode_counts(photons, top).numpy(), idx, out=dst.reshape(-1))

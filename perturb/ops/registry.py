@@ -27,14 +27,16 @@ _KERNELS: dict[str, KernelEntry] = {}
 
 
 def draw(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
-    """Uniform draw in [lo, hi] (the degenerate range returns lo without consuming a draw)."""
+    """Uniform draw in [lo, hi] as ``lo + u (hi - lo)``: one uniform ``u`` per call whatever the
+    range, so the same generator gives the same quantile at every severity."""
     lo, hi = float(bounds[0]), float(bounds[1])
-    return lo if lo == hi else float(rng.uniform(lo, hi))
+    return lo + float(rng.random()) * (hi - lo)
 
 
 def draw_int(rng: np.random.Generator, bounds: tuple[float, float]) -> int:
+    """Uniform integer in [lo, hi], by quantile like ``draw``."""
     lo, hi = int(bounds[0]), int(bounds[1])
-    return lo if lo == hi else int(rng.integers(lo, hi + 1))
+    return min(hi, lo + int(float(rng.random()) * (hi - lo + 1)))
 
 
 def draw_sign(rng: np.random.Generator) -> float:

@@ -1,0 +1,86 @@
+"""``perturb catalog`` and ``perturb preview``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from perturb.catalog.specs import MODALITIES, load_specs
+
+err = Console(stderr=True)
+
+
+def catalog(
+    modality: Annotated[
+        str | None, typer.Option(help=f"Only ops for this modality ({', '.join(sorted(MODALITIES))}).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """List the registered ops with family, modalities, risk tags and severity tables."""
+    if modality is not None and modality not in MODALITIES:
+        err.print(f"[red]unknown modality {modality!r}[/]; choose one of: {', '.join(sorted(MODALITIES))}")
+        raise typer.Exit(2)
+    specs = [s for s in load_specs().values() if modality is None or modality in s.modalities]
+    if as_json:
+        typer.echo(json.dumps([s.model_dump() for s in specs], indent=2))
+        return
+    table = Table(title=f"perturb catalog ({len(specs)} ops)")
+    for col in ("op", "family", "modalities", "risk tags", "severity 1 → 5"):
+        table.add_column(col)
+    for s in specs:
+        levels = "; ".join(
+            f"{name} {t.levels[0][0]:g}…{t.levels[0][1]:g} → {t.levels[4][0]:g}…{t.levels[4][1]:g}"
+            for name, t in s.params.items()
+            if t.direction != "constant"
+        )
+        table.add_row(s.name, s.family, ",".join(s.modalities), ",".join(s.risk_tags), levels)
+    Console().print(table)
+
+
+def preview(
+    image: Annotated[
+        Path | None,
+        typer.Argument(help="Image to preview (PNG/JPEG, 8/16-bit, gray or RGB); default: a built-in phantom."),
+    ] = None,
+    op: Annotated[str | None, typer.Option(help="Only this op (default: every op that fits the image).")] = None,
+    out: Annotated[Path, typer.Option(help="Where to write the PNG grid.")] = Path("preview.png"),
+    seed: Annotated[int, typer.Option(help="Seed of the keyed randomness.")] = 0,
+) -> None:
+    """Write a labelled grid: the clean image and severities 1-5 of each op."""
+    from perturb.catalog.preview import preview_grid
+    from perturb.catalog.registry import UnknownOpError
+    from perturb.engine import InputError
+    from perturb.io.images import ImageDecodeError, encode_image, read_image, to_tensor, write_atomic
+
+    if image is None:
+        from perturb.phantoms import phantom_image
+
+        tensor, key = phantom_image("preview"), "phantom:preview"
+    else:
+        try:
+            tensor, key = to_tensor(read_image(image)), image.name
+        except ImageDecodeError as exc:
+            err.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from exc
+    if out.suffix.lower() != ".png":
+        err.print(f"[red]error:[/] --out must end in .png, got {out}")
+        raise typer.Exit(2)
+    try:
+        grid, skipped = preview_grid(tensor, [op] if op else None, sample_key=key, seed=seed)
+    except (UnknownOpError, InputError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    write_atomic(out, encode_image(grid, "png"))
+    if skipped:
+        err.print(f"skipped (need another channel count): {', '.join(skipped)}")
+    typer.echo(f"wrote {out} ({grid.shape[1]}x{grid.shape[0]})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("catalog")(catalog)
+    app.command("preview")(preview)

@@ -1,0 +1,64 @@
+"""A labelled grid of an image under ops: clean + severities 1..5, one row per op."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+import torch
+
+from perturb.catalog.registry import all_ops, get_op
+from perturb.engine import apply
+from perturb.io.images import from_tensor
+
+LABEL_HEIGHT = 22
+ROW_LABEL_WIDTH = 150
+
+
+def _thumb(x: torch.Tensor, width: int) -> np.ndarray:
+    img = from_tensor(x, np.uint8)
+    if img.ndim == 2:
+        img = np.repeat(img[..., None], 3, axis=2)
+    h = max(1, round(img.shape[0] * width / img.shape[1]))
+    return cv2.resize(img, (width, h), interpolation=cv2.INTER_AREA)
+
+
+def _label(canvas: np.ndarray, text: str, x: int, y: int) -> None:
+    cv2.putText(canvas, text, (x + 4, y + 16), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (20, 20, 20), 1, cv2.LINE_AA)
+
+
+def preview_grid(
+    image: torch.Tensor,
+    ops: Sequence[str] | None = None,
+    *,
+    sample_key: str = "preview",
+    seed: int = 0,
+    thumb_width: int = 224,
+) -> tuple[np.ndarray, list[str]]:
+    """RGB uint8 grid of ``image`` (CHW float32) under each op at severities 1..5, and the ops
+    skipped because they do not take the image's channel count."""
+    channels = image.shape[0]
+    if ops is None:
+        names = [n for n, op in all_ops().items() if channels in op.spec.channels]
+        skipped = [n for n, op in all_ops().items() if channels not in op.spec.channels]
+    else:
+        names, skipped = list(ops), []
+        for name in names:
+            get_op(name)  # unknown names fail here with the list of valid ones
+    batch = image.unsqueeze(0).expand(5, -1, -1, -1).contiguous()
+    clean = _thumb(image, thumb_width)
+    th, tw = clean.shape[:2]
+    rows = len(names)
+    canvas = np.full((LABEL_HEIGHT + rows * (th + LABEL_HEIGHT), ROW_LABEL_WIDTH + 6 * tw, 3), 255, np.uint8)
+    for col, title in enumerate(["clean", *[f"severity {s}" for s in range(1, 6)]]):
+        _label(canvas, title, ROW_LABEL_WIDTH + col * tw, 0)
+    for row, name in enumerate(names):
+        out, _ = apply(batch, name, [1, 2, 3, 4, 5], [sample_key] * 5, seed=seed)
+        y = LABEL_HEIGHT + row * (th + LABEL_HEIGHT)
+        _label(canvas, name, 0, y + th // 2 - 8)
+        cells = [clean, *[_thumb(o, thumb_width) for o in out]]
+        for col, cell in enumerate(cells):
+            x = ROW_LABEL_WIDTH + col * tw
+            canvas[y : y + th, x : x + tw] = cell
+    return canvas, skipped

@@ -1,0 +1,1 @@
+"""Image and dataset input/output."""

@@ -1,0 +1,316 @@
+"""Geometry: resized crop, rotation and translation, and the one-warp affine chain behind them.
+
+Coordinates are continuous: pixel ``(x, y)`` covers ``[x, x+1) x [y, y+1)`` and its centre is
+``(x + 0.5, y + 0.5)`` (PIL's and torchvision's convention). A geometric chain (e.g. crop ->
+resize -> rotate -> translate) is composed into ONE affine map from output coordinates to the
+coordinates of the readable source rectangle and resampled once (bicubic, a = -0.75):
+``cv2.warpAffine`` on CPU, ``torch.nn.functional.grid_sample`` on CUDA. Source taps outside the
+source rectangle clamp to its edge (as PIL's resize of a crop does); black fill lies exactly
+where the sequential chain would put it: a pixel is black when, at any fill step of the chain,
+its point falls outside that step's input image. Those regions are convex, so the mask is a span
+of columns per row, computed on the host in float64 and shared by both devices.
+
+OpenCV (5.x) evaluates float images at exact source positions with the a = -0.75 cubic, as
+``grid_sample`` does, so both paths agree to float rounding (~1e-5).
+
+Catalog ops (severity tables in ``perturb/catalog/geometry.yaml``):
+
+* ``resized_crop``: a crop of ``scale`` of the area with aspect ``exp(log_ratio)`` times the
+  image's, resized back to the image size (RandomResizedCrop-like): a zoom about a keyed point
+  of the central half of the frame (that point stays in place).
+* ``rotation``: rotation by a keyed signed angle about the centre, black corners.
+* ``translation``: an integer pixel shift of ``shift`` times the width/height along a keyed
+  direction, black fill (exact: no resampling).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from perturb.ops import backend
+from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
+
+
+@dataclass(frozen=True)
+class Warp:
+    """One sample's composed geometric chain.
+
+    ``matrix`` (2x3, float64) maps output continuous coordinates to continuous coordinates of
+    the source rectangle ``crop`` = (x0, y0, x1, y1) of the input image. ``constraints`` are rows
+    ``(a, b, c, lo, hi)``: an output point ``p`` is kept only if ``lo <= a p.x + b p.y + c < hi``
+    for every row, else it is black (fill 0).
+    """
+
+    matrix: np.ndarray
+    crop: tuple[int, int, int, int]
+    constraints: np.ndarray = field(default_factory=lambda: np.zeros((0, 5)))
+
+
+def _affine(matrix: np.ndarray) -> np.ndarray:
+    """2x3 -> 3x3 homogeneous."""
+    return np.vstack([np.asarray(matrix, dtype=np.float64), [0.0, 0.0, 1.0]])
+
+
+def inside_constraints(matrix: np.ndarray, width: float, height: float) -> np.ndarray:
+    """Rows stating that ``matrix @ p`` lies inside a ``width`` x ``height`` image."""
+    m = np.asarray(matrix, dtype=np.float64)
+    return np.array(
+        [
+            [m[0, 0], m[0, 1], m[0, 2], 0.0, float(width)],
+            [m[1, 0], m[1, 1], m[1, 2], 0.0, float(height)],
+        ]
+    )
+
+
+def rotation_matrix(angle_deg: float, width: int, height: int) -> np.ndarray:
+    """Output -> input map of a rotation by ``angle_deg`` counter-clockwise (as displayed, y
+    down) about the image centre, as PIL's ``Image.rotate`` and torchvision's ``rotate``."""
+    t = math.radians(angle_deg)
+    c, s = math.cos(t), math.sin(t)
+    cx, cy = width / 2.0, height / 2.0
+    return np.array([[c, -s, cx - c * cx + s * cy], [s, c, cy - s * cx - c * cy]])
+
+
+def translation_matrix(tx: float, ty: float) -> np.ndarray:
+    """Output -> input map of a shift by (tx, ty): content moves right/down for positive values."""
+    return np.array([[1.0, 0.0, -tx], [0.0, 1.0, -ty]])
+
+
+def resize_matrix(crop_w: int, crop_h: int, out_w: int, out_h: int) -> np.ndarray:
+    """Output -> crop map of resizing a ``crop_w`` x ``crop_h`` crop to ``out_w`` x ``out_h``."""
+    return np.array([[crop_w / out_w, 0.0, 0.0], [0.0, crop_h / out_h, 0.0]])
+
+
+def chain_warp(
+    size: tuple[int, int],
+    crop: tuple[int, int, int, int] | None = None,
+    steps: Sequence[np.ndarray] = (),
+) -> Warp:
+    """Compose ``crop`` (x0, y0, w, h) resized back to ``size`` = (W, H), followed by fill
+    ``steps`` (output -> input maps of images of size ``size``, in the order they are applied)."""
+    width, height = size
+    x0, y0, cw, ch = crop if crop is not None else (0, 0, width, height)
+    total = np.eye(3)
+    rows = []
+    for step in reversed(list(steps)):  # from the output back towards the source
+        total = _affine(step) @ total
+        rows.append(inside_constraints(total[:2], width, height))
+    total = _affine(resize_matrix(cw, ch, width, height)) @ total
+    constraints = np.vstack(rows) if rows else np.zeros((0, 5))
+    return Warp(total[:2].copy(), (x0, y0, x0 + cw, y0 + ch), constraints)
+
+
+def row_spans(constraints: np.ndarray, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per output row, the columns ``[lo, hi)`` whose centres satisfy every constraint."""
+    yc = np.arange(height, dtype=np.float64) + 0.5
+    lo = np.zeros(height, dtype=np.float64)
+    hi = np.full(height, float(width), dtype=np.float64)
+    for a, b, c, low, high in np.asarray(constraints, dtype=np.float64):
+        rest = b * yc + c
+        if abs(a) < 1e-12:
+            ok = (rest >= low) & (rest < high)
+            hi = np.where(ok, hi, 0.0)
+            continue
+        t1, t2 = (low - rest) / a, (high - rest) / a
+        if a > 0:  # x + 0.5 in [t1, t2)
+            first, stop = np.ceil(t1 - 0.5), np.ceil(t2 - 0.5)
+        else:  # x + 0.5 in (t2, t1]
+            first, stop = np.floor(t2 - 0.5) + 1.0, np.floor(t1 - 0.5) + 1.0
+        lo = np.maximum(lo, first)
+        hi = np.minimum(hi, stop)
+    lo = np.clip(lo, 0, width).astype(np.int64)
+    hi = np.clip(hi, 0, width).astype(np.int64)
+    return lo, np.maximum(hi, lo)
+
+
+def _index_matrix(warp: Warp) -> np.ndarray:
+    """The warp as OpenCV wants it: output pixel index -> source-crop pixel index."""
+    a = warp.matrix
+    b = a[:, 2] + 0.5 * (a[:, 0] + a[:, 1]) - 0.5
+    return np.concatenate([a[:, :2], b[:, None]], axis=1)
+
+
+def _warp_opencv(img: np.ndarray, warp: Warp, width: int, height: int) -> np.ndarray:
+    x0, y0, x1, y1 = warp.crop
+    src = img[y0:y1, x0:x1]
+    flags = cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP
+    return cv2.warpAffine(
+        src, _index_matrix(warp), (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE
+    )
+
+
+def source_positions(m: np.ndarray, width: int, height: int, device: torch.device) -> torch.Tensor:
+    """Source pixel-index positions (H, W, 2), float64, of every output pixel under the
+    index-coordinate map ``m`` (2x3)."""
+    x = torch.arange(width, dtype=torch.float64, device=device)
+    y = torch.arange(height, dtype=torch.float64, device=device)
+    px = m[0, 0] * x[None, :] + (m[0, 1] * y + m[0, 2])[:, None]
+    py = m[1, 0] * x[None, :] + (m[1, 1] * y + m[1, 2])[:, None]
+    return torch.stack([px, py], dim=-1)
+
+
+def _warp_torch(sample: torch.Tensor, warp: Warp, width: int, height: int) -> torch.Tensor:
+    x0, y0, x1, y1 = warp.crop
+    src = sample[:, y0:y1, x0:x1].unsqueeze(0)
+    cw, ch = x1 - x0, y1 - y0
+    pos = source_positions(_index_matrix(warp), width, height, sample.device)
+    gx = (pos[..., 0] + 0.5) * (2.0 / cw) - 1.0
+    gy = (pos[..., 1] + 0.5) * (2.0 / ch) - 1.0
+    grid = torch.stack([gx, gy], dim=-1).to(sample.dtype).unsqueeze(0)
+    out = F.grid_sample(src, grid, mode="bicubic", padding_mode="border", align_corners=False)
+    return out[0]
+
+
+def _mask_rows_numpy(img: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+    width = img.shape[1]
+    for y in np.flatnonzero((lo > 0) | (hi < width)):
+        img[y, : lo[y]] = 0.0
+        img[y, hi[y] :] = 0.0
+
+
+def _span_mask(lo: np.ndarray, hi: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
+    cols = torch.arange(width, device=device)
+    lo_t = torch.from_numpy(lo).to(device)[:, None]
+    hi_t = torch.from_numpy(hi).to(device)[:, None]
+    return (cols[None, :] >= lo_t) & (cols[None, :] < hi_t)
+
+
+def warp_array(img: np.ndarray, warp: Warp) -> np.ndarray:
+    """The OpenCV path for one HWC (or HW) float32 image in [0, 1]: same size out, bicubic,
+    clamped to [0, 1], black outside the warp's constraints."""
+    height, width = img.shape[:2]
+    res = _warp_opencv(img, warp, width, height)
+    np.clip(res, 0.0, 1.0, out=res)
+    if len(warp.constraints):
+        _mask_rows_numpy(res, *row_spans(warp.constraints, width, height))
+    return res
+
+
+def warp_batch(x: torch.Tensor, warps: Sequence[Warp]) -> torch.Tensor:
+    """Resample each sample of ``x`` (BCHW float32 in [0, 1]) through its ``Warp`` into an image
+    of the same size; bicubic, clamped to [0, 1], black outside each warp's constraints."""
+    height, width = x.shape[-2:]
+    if backend.opencv_path(x):
+        images = backend.to_hwc(x)
+        return backend.from_hwc(
+            [warp_array(img, warp) for img, warp in zip(images, warps, strict=True)], x
+        )
+    results = []
+    for sample, warp in zip(x, warps, strict=True):
+        res = _warp_torch(sample, warp, width, height).clamp_(0.0, 1.0)
+        if len(warp.constraints):
+            mask = _span_mask(*row_spans(warp.constraints, width, height), width, x.device)
+            res = res * mask.to(res.dtype)
+        results.append(res)
+    return torch.stack(results)
+
+
+def shift_batch(x: torch.Tensor, shifts: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """Integer shifts (tx, ty) with black fill: output(x, y) = input(x - tx, y - ty). Exact and
+    identical on every device."""
+    out = torch.zeros_like(x)
+    height, width = x.shape[-2:]
+    for i, (tx, ty) in enumerate(shifts):
+        if abs(tx) >= width or abs(ty) >= height:
+            continue
+        dst_y, src_y = (
+            slice(max(ty, 0), height + min(ty, 0)),
+            slice(max(-ty, 0), height - max(ty, 0)),
+        )
+        dst_x, src_x = slice(max(tx, 0), width + min(tx, 0)), slice(max(-tx, 0), width - max(tx, 0))
+        out[i, :, dst_y, dst_x] = x[i, :, src_y, src_x]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Catalog ops
+
+
+def crop_box(
+    width: int, height: int, scale: float, log_ratio: float, u: float, v: float
+) -> tuple[int, int, int, int]:
+    """(x0, y0, w, h) of a crop with ``scale`` of the area, aspect ``exp(log_ratio)`` times the
+    image's, clipped to the image, placed at quantiles (u, v) of the free range."""
+    r = math.exp(log_ratio)
+    w = min(width, max(1, round(width * math.sqrt(scale * r))))
+    h = min(height, max(1, round(height * math.sqrt(scale / r))))
+    x0 = min(width - w, int(u * (width - w + 1)))
+    y0 = min(height - h, int(v * (height - h + 1)))
+    return x0, y0, w, h
+
+
+ANCHOR_RANGE = (0.25, 0.75)  # the crop's fixed point stays in the central half of the frame
+
+
+def _crop_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {
+        "scale": draw(rng, level["scale"]),
+        "log_ratio": draw(rng, level["log_ratio"]),
+        "u": float(rng.uniform(*ANCHOR_RANGE)),
+        "v": float(rng.uniform(*ANCHOR_RANGE)),
+    }
+
+
+@register_kernel("resized_crop", sampler=_crop_sampler)
+def resized_crop(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Crop (``scale`` of the area, relative aspect ``exp(log_ratio)``, keyed position) resized
+    back to the input size, bicubic."""
+    height, width = x.shape[-2:]
+    warps = []
+    for s, lr, u, v in zip(*(p[k].tolist() for k in ("scale", "log_ratio", "u", "v")), strict=True):
+        box = crop_box(width, height, s, lr, u, v)
+        warps.append(chain_warp((width, height), box))
+    return warp_batch(x, warps)
+
+
+def _rotation_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {"degrees": draw(rng, level["degrees"]) * draw_sign(rng)}
+
+
+@register_kernel("rotation", sampler=_rotation_sampler)
+def rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Rotation by ``degrees`` (counter-clockwise positive) about the centre, black corners."""
+    height, width = x.shape[-2:]
+    warps = [
+        chain_warp((width, height), None, [rotation_matrix(d, width, height)])
+        for d in p["degrees"].tolist()
+    ]
+    return warp_batch(x, warps)
+
+
+def _translation_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {"shift": draw(rng, level["shift"]), "direction": float(rng.uniform(0.0, 360.0))}
+
+
+def translation_pixels(
+    width: int, height: int, shift: float, direction_deg: float
+) -> tuple[int, int]:
+    """Integer (tx, ty) of a shift by ``shift`` of the width/height along ``direction_deg``; at
+    least one pixel along the dominant axis, so the op always moves the image."""
+    t = math.radians(direction_deg)
+    fx, fy = shift * width * math.cos(t), shift * height * math.sin(t)
+    tx, ty = round(fx), round(fy)
+    if tx == 0 and ty == 0:
+        if abs(fx) >= abs(fy):
+            tx = 1 if fx >= 0 else -1
+        else:
+            ty = 1 if fy >= 0 else -1
+    return int(tx), int(ty)
+
+
+@register_kernel("translation", sampler=_translation_sampler)
+def translation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Integer shift by ``shift`` of the width/height along ``direction`` degrees, black fill."""
+    height, width = x.shape[-2:]
+    shifts = [
+        translation_pixels(width, height, s, d)
+        for s, d in zip(p["shift"].tolist(), p["direction"].tolist(), strict=True)
+    ]
+    return shift_batch(x, shifts)

@@ -1,0 +1,317 @@
+"""Each op against an independent implementation or the physics it claims.
+
+``REFERENCE_CHECKS`` maps every registered op to the test (``module::function``, or a function
+of this module) that checks it against a reference; the contract battery fails when an op has no
+entry or the named test does not exist.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+import pytest
+import scipy.ndimage
+import scipy.stats
+import torch
+
+import perturb
+from perturb.ops.backend import use_backend
+from perturb.ops.blur import disk_psf, gaussian_taps, line_psf
+from perturb.ops.fov import border_mask
+from tests.helpers import ENDOSCOPY, require_samples, sample_tensor, small_batch
+
+REFERENCE_CHECKS = {
+    "gaussian_blur": "test_gaussian_blur_matches_opencv_and_keeps_mean",
+    "defocus_blur": "test_disk_and_line_blur_match_scipy_and_keep_mean",
+    "motion_blur": "test_disk_and_line_blur_match_scipy_and_keep_mean",
+    "specular_glare": "test_glare_is_illuminant_coloured_clipped_and_spares_the_border",
+    "overexposure": "test_exposure_is_a_gain_in_linear_light",
+    "underexposure": "test_exposure_is_a_gain_in_linear_light",
+    "vignetting": "test_vignetting_follows_one_minus_a_r2",
+    "haze": "test_haze_follows_the_scattering_model",
+    "gaussian_noise": "test_gaussian_and_speckle_noise_statistics",
+    "speckle_noise": "test_gaussian_and_speckle_noise_statistics",
+    "shot_noise": "test_shot_noise_variance_is_proportional_to_signal",
+    "impulse_noise": "test_impulse_noise_fraction",
+    "color_cast": "test_color_cast_is_a_von_kries_gain_that_keeps_grey_luminance",
+    "hue_shift": "test_hue_shift_rotates_chroma_and_keeps_luma",
+    "saturation": "test_saturation_scales_chroma",
+    "brightness": "test_brightness_contrast_gamma_formulas",
+    "contrast": "test_brightness_contrast_gamma_formulas",
+    "gamma": "test_brightness_contrast_gamma_formulas",
+    "jpeg": "test_jpeg_is_byte_identical_to_opencv_libjpeg",
+    "resized_crop": "tests.generate.test_geometry_ops::test_resized_crop_equals_opencv_resize_of_the_crop",
+    "rotation": "tests.generate.test_geometry_ops::test_rotation_follows_pil_rotate",
+    "translation": "tests.generate.test_geometry_ops::test_translation_is_an_exact_shift_with_black_fill",
+}
+
+
+def _flat(value: float, h: int = 96, w: int = 128, c: int = 3) -> torch.Tensor:
+    return torch.full((1, c, h, w), value)
+
+
+def _real(i: int = 0, size: tuple[int, int] = (240, 320)) -> torch.Tensor:
+    require_samples()
+    img = sample_tensor(ENDOSCOPY[i])
+    arr = img.permute(1, 2, 0).numpy()
+    arr = cv2.resize(arr, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+    return torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0).clamp(0, 1).contiguous()
+
+
+def _srgb_to_linear(x: np.ndarray) -> np.ndarray:
+    return np.where(x <= 0.04045, x / 12.92, ((x + 0.055) / 1.055) ** 2.4)
+
+
+def _linear_to_srgb(x: np.ndarray) -> np.ndarray:
+    x = np.clip(x, 0, 1)
+    return np.where(x <= 0.0031308, 12.92 * x, 1.055 * x ** (1 / 2.4) - 0.055)
+
+
+@pytest.mark.parametrize("backend", ["opencv", "torch"])
+def test_gaussian_blur_matches_opencv_and_keeps_mean(backend: str) -> None:
+    x = _real(1)
+    with use_backend(backend):  # type: ignore[arg-type]
+        out, rec = perturb.apply(x, "gaussian_blur", 4, ["k"])
+    sigma_px = np.float32(rec[0].params["sigma"]) * min(x.shape[-2:])
+    radius = math.ceil(3 * float(sigma_px))
+    img = x[0].permute(1, 2, 0).numpy()
+    ref = cv2.GaussianBlur(img, (2 * radius + 1, 2 * radius + 1), float(sigma_px), borderType=cv2.BORDER_REFLECT_101)
+    assert np.abs(out[0].permute(1, 2, 0).numpy() - ref).max() < 2e-5
+    assert abs(float(out.mean()) / float(x.mean()) - 1) < 0.005
+    assert abs(gaussian_taps(3.0).sum() - 1) < 1e-6
+
+
+@pytest.mark.parametrize("op", ["defocus_blur", "motion_blur"])
+@pytest.mark.parametrize("backend", ["opencv", "torch"])
+def test_disk_and_line_blur_match_scipy_and_keep_mean(op: str, backend: str) -> None:
+    x = _real(2)
+    with use_backend(backend):  # type: ignore[arg-type]
+        out, rec = perturb.apply(x, op, 3, ["k"])
+    side = min(x.shape[-2:])
+    p = rec[0].params
+    if op == "defocus_blur":
+        psf = disk_psf(float(np.float32(p["radius"])) * side)
+    else:
+        psf = line_psf(float(np.float32(p["length"])) * side, float(np.float32(p["angle"])))
+    ref = np.stack(
+        [scipy.ndimage.correlate(x[0, c].double().numpy(), psf.astype(np.float64), mode="mirror") for c in range(3)]
+    )
+    assert np.abs(out[0].double().numpy() - np.clip(ref, 0, 1)).max() < 1e-4
+    assert abs(float(out.mean()) / float(x.mean()) - 1) < 0.005
+
+
+def test_psf_geometry() -> None:
+    disk = disk_psf(6.0)
+    assert abs(disk.sum() - 1) < 1e-6 and disk.shape == (13, 13)
+    yy, xx = np.mgrid[-6:7, -6:7]
+    assert disk[np.hypot(yy, xx) > 6.6].sum() == 0
+    line = line_psf(20.0, 30.0).astype(np.float64)
+    half = line.shape[0] // 2
+    ys, xs = np.mgrid[-half : half + 1, -half : half + 1]
+    cov = np.cov(np.stack([xs.ravel(), -ys.ravel()]), aweights=line.ravel())
+    evals, evecs = np.linalg.eigh(cov)
+    angle = math.degrees(math.atan2(evecs[1, -1], evecs[0, -1])) % 180
+    assert abs(angle - 30) < 1.0
+    assert math.sqrt(12 * evals[-1]) == pytest.approx(20.0, rel=0.05)  # uniform segment: var = L^2/12
+
+
+def test_glare_is_illuminant_coloured_clipped_and_spares_the_border() -> None:
+    require_samples()
+    for path in ENDOSCOPY[:6]:
+        x = sample_tensor(path).unsqueeze(0)
+        out, rec = perturb.apply(x, "specular_glare", 5, [path.name])
+        mask = border_mask(x)
+        assert mask.any(), f"{path.name}: expected a dark frame"
+        assert torch.equal(out[mask.expand_as(out)], x[mask.expand_as(x)]), "glare touched the dark border"
+        delta = out - x
+        assert float(delta.min()) >= 0.0, "specular reflection only adds light"
+        saturated = (out >= 1.0).all(1) & ~(x >= 1.0).all(1)
+        assert int(saturated.sum()) > 0, "severity 5 should create clipped cores"
+        illum = torch.tensor(rec[0].params["illuminant"]).view(3, 1)
+        unclipped = ((out < 0.999).all(1) & (delta.amin(1) > 0.01))[0]
+        d = delta[0][:, unclipped]
+        ratio = d / d.amax(0, keepdim=True)
+        expected = illum / illum.amax()
+        assert torch.allclose(ratio.median(1).values.view(3, 1), expected, atol=0.01)
+
+
+@pytest.mark.parametrize("op", ["overexposure", "underexposure"])
+def test_exposure_is_a_gain_in_linear_light(op: str) -> None:
+    x = torch.linspace(0.05, 0.95, 96 * 128 * 3).view(1, 3, 96, 128)
+    out, rec = perturb.apply(x, op, 3, ["k"], protect_border=False)
+    p = rec[0].params
+    lin = _srgb_to_linear(x.double().numpy())
+    gain = np.float32(p["gain"])
+    if op == "underexposure":
+        h, w = 96, 128
+        ys = (np.arange(h) + 0.5)[:, None]
+        xs = (np.arange(w) + 0.5)[None, :]
+        half = 0.5 * math.hypot(h, w)
+        r2 = ((xs - np.float32(p["cx"]) * w) / half) ** 2 + ((ys - np.float32(p["cy"]) * h) / half) ** 2
+        gain = gain * np.clip(1 - np.float32(p["falloff"]) * r2, 0, None)
+    ref = _linear_to_srgb(lin * gain)
+    assert np.abs(out.double().numpy() - ref).max() < 1e-5
+
+
+def test_vignetting_follows_one_minus_a_r2() -> None:
+    x = _flat(0.6)
+    out, rec = perturb.apply(x, "vignetting", 4, ["k"], protect_border=False)
+    p = rec[0].params
+    lin_in = _srgb_to_linear(np.array(0.6))
+    lin_out = _srgb_to_linear(out[0, 0].double().numpy())
+    ratio = lin_out / lin_in
+    h, w = out.shape[-2:]
+    cy, cx = int(p["cy"] * h), int(p["cx"] * w)
+    assert ratio[cy, cx] == pytest.approx(1.0, abs=2e-3)
+    half = 0.5 * math.hypot(h, w)
+    r2_corner = ((0.5 - p["cx"] * w) / half) ** 2 + ((0.5 - p["cy"] * h) / half) ** 2
+    assert ratio[0, 0] == pytest.approx(1 - p["strength"] * r2_corner, abs=2e-3)
+
+
+def test_haze_follows_the_scattering_model() -> None:
+    x = _flat(0.3)
+    out, rec = perturb.apply(x, "haze", 4, ["k"], protect_border=False)
+    p = rec[0].params
+    a = p["airlight"] * np.array(p["tint"]).reshape(3, 1, 1)
+    t = (out[0].double().numpy() - a) / (0.3 - a)  # I t + A (1 - t) solved for t
+    assert np.allclose(t, t[0:1], atol=1e-4), "one transmission for all channels"
+    assert float(t.mean()) == pytest.approx(p["transmission"], rel=0.05)
+    assert 0.0 < float(t.std()) < 0.1 * p["transmission"] + 1e-6, "smooth spatial variation"
+
+
+@pytest.mark.parametrize("op", ["gaussian_noise", "speckle_noise"])
+def test_gaussian_and_speckle_noise_statistics(op: str) -> None:
+    x = _flat(0.5, 256, 256)
+    out, rec = perturb.apply(x, op, 3, ["k"], protect_border=False)
+    sigma = rec[0].params["sigma"] * (0.5 if op == "speckle_noise" else 1.0)
+    z = ((out - x) / sigma).flatten().double().numpy()
+    assert abs(z.mean()) < 0.02 and z.std() == pytest.approx(1.0, rel=0.03)
+    assert scipy.stats.kstest(z[:20000], "norm").pvalue > 1e-3
+
+
+def test_shot_noise_variance_is_proportional_to_signal() -> None:
+    levels = [0.15, 0.3, 0.5, 0.7, 0.9]
+    x = torch.cat([_flat(v, 128, 128) for v in levels])
+    out, rec = perturb.apply(x, "shot_noise", 3, [f"k{i}" for i in range(len(levels))], protect_border=False)
+    photons = np.array([r.params["photons"] for r in rec], dtype=np.float32)
+    lin_in = _srgb_to_linear(np.array(levels))
+    lin_out = _srgb_to_linear(out.double().numpy()).reshape(len(levels), -1)
+    counts = lin_out * photons[:, None]
+    expected = lin_in * photons
+    assert np.allclose(counts.mean(1), expected, rtol=0.02)
+    assert np.allclose(counts.var(1), expected, rtol=0.06), "Poisson: variance equals the mean count"
+    # Low counts take the exact Poisson inversion: compare the distribution with scipy's.
+    dark = torch.full((1, 1, 200, 200), 0.02)
+    out_d, rec_d = perturb.apply(dark, "shot_noise", 5, ["dark"], protect_border=False)
+    lam = float(_srgb_to_linear(np.array(0.02))) * rec_d[0].params["photons"]
+    k = np.round(_srgb_to_linear(out_d.double().numpy()) * np.float32(rec_d[0].params["photons"])).ravel()
+    observed = np.bincount(k.astype(int), minlength=8)[:8] / k.size
+    assert np.allclose(observed, scipy.stats.poisson.pmf(np.arange(8), lam), atol=0.01)
+
+
+def test_impulse_noise_fraction() -> None:
+    x = _flat(0.5, 256, 256)
+    out, rec = perturb.apply(x, "impulse_noise", 5, ["k"], protect_border=False)
+    changed = (out != x).any(1)
+    assert float(changed.float().mean()) == pytest.approx(rec[0].params["amount"], rel=0.05)
+    values = out[:, :, changed[0]]
+    assert set(torch.unique(values).tolist()) <= {0.0, 1.0}
+    assert torch.equal(values[:, 0], values[:, 1]), "salt and pepper hit all channels of a pixel"
+
+
+def test_color_cast_is_a_von_kries_gain_that_keeps_grey_luminance() -> None:
+    x = _real(3)
+    out, rec = perturb.apply(x, "color_cast", 5, ["k"], protect_border=False)
+    gains = np.array(rec[0].params["gains"])
+    weights = np.array([0.2126, 0.7152, 0.0722])
+    assert float(weights @ gains) == pytest.approx(1.0, abs=1e-9)
+    assert np.linalg.norm(gains - 1) == pytest.approx(rec[0].params["strength"], rel=0.35)
+    lin_in = _srgb_to_linear(x[0].double().numpy())
+    lin_out = _srgb_to_linear(out[0].double().numpy())
+    ok = (lin_in > 0.02) & (lin_in * gains.reshape(3, 1, 1) < 0.98)
+    ratio = np.where(ok, lin_out / np.maximum(lin_in, 1e-9), np.nan)
+    assert np.allclose(np.nanmedian(ratio.reshape(3, -1), axis=1), gains, atol=1e-4)
+    grey = torch.linspace(0.05, 0.8, 64).view(1, 1, 1, 64).expand(1, 3, 4, 64).contiguous()
+    out_g, _ = perturb.apply(grey, "color_cast", 5, ["k"], protect_border=False)
+    y_in = np.tensordot(weights, _srgb_to_linear(grey[0].double().numpy()), 1)
+    y_out = np.tensordot(weights, _srgb_to_linear(out_g[0].double().numpy()), 1)
+    assert np.abs(y_out - y_in).max() < 1e-5
+
+
+def _yiq(x: np.ndarray) -> np.ndarray:
+    m = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+    return np.tensordot(m, x, 1)
+
+
+def test_hue_shift_rotates_chroma_and_keeps_luma() -> None:
+    x = _flat(0.0, 8, 8)
+    x[0, 0], x[0, 1], x[0, 2] = 0.6, 0.4, 0.35
+    out, rec = perturb.apply(x, "hue_shift", 4, ["k"], protect_border=False)
+    before, after = _yiq(x[0, :, 0, 0].double().numpy()), _yiq(out[0, :, 0, 0].double().numpy())
+    assert after[0] == pytest.approx(before[0], abs=2e-3)
+    angle = math.degrees(math.atan2(after[2], after[1]) - math.atan2(before[2], before[1]))
+    assert angle == pytest.approx(rec[0].params["degrees"], abs=0.5)
+    assert math.hypot(after[1], after[2]) == pytest.approx(math.hypot(before[1], before[2]), rel=0.01)
+
+
+def test_saturation_scales_chroma() -> None:
+    x = _real(4)
+    out, rec = perturb.apply(x, "saturation", 3, ["k"], protect_border=False)
+    f = rec[0].params["factor"]
+    y = (0.299 * x[:, 0] + 0.587 * x[:, 1] + 0.114 * x[:, 2]).unsqueeze(1)
+    ref = (y + np.float32(f) * (x - y)).clamp(0, 1)
+    assert float((out - ref).abs().max()) < 1e-6
+
+
+def test_brightness_contrast_gamma_formulas() -> None:
+    x = _real(5)
+    out, rec = perturb.apply(x, "brightness", 3, ["k"], protect_border=False)
+    assert torch.allclose(out, (x + np.float32(rec[0].params["delta"])).clamp(0, 1), atol=1e-6)
+    out, rec = perturb.apply(x, "contrast", 3, ["k"], protect_border=False)
+    xn = x.double().numpy()
+    mean = (0.299 * xn[:, 0] + 0.587 * xn[:, 1] + 0.114 * xn[:, 2]).mean()
+    ref = np.clip(mean + np.float32(rec[0].params["factor"]) * (xn - mean), 0, 1)
+    assert np.abs(out.double().numpy() - ref).max() < 1e-5
+    out, rec = perturb.apply(x, "gamma", 3, ["k"], protect_border=False)
+    ref = xn ** np.float32(rec[0].params["gamma"])
+    assert np.abs(out.double().numpy() - ref).max() < 1e-5
+
+
+def test_jpeg_is_byte_identical_to_opencv_libjpeg() -> None:
+    x = _real(6, (288, 384))
+    u8 = (x * 255).round().to(torch.uint8)
+    out, rec = perturb.apply(u8, "jpeg", 4, ["k"])
+    q = rec[0].params["quality"]
+    bgr = cv2.cvtColor(u8[0].permute(1, 2, 0).numpy(), cv2.COLOR_RGB2BGR)
+    ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, q])
+    ref = cv2.cvtColor(cv2.imdecode(buf, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    assert ok and np.array_equal(out[0].permute(1, 2, 0).numpy(), ref)
+    gray = u8[:, :1].contiguous()
+    out_g, rec_g = perturb.apply(gray, "jpeg", 2, ["g"])
+    ok, buf = cv2.imencode(".jpg", gray[0, 0].numpy(), [cv2.IMWRITE_JPEG_QUALITY, rec_g[0].params["quality"]])
+    assert np.array_equal(out_g[0, 0].numpy(), cv2.imdecode(buf, cv2.IMREAD_GRAYSCALE))
+
+
+def test_painting_ops_leave_the_border_untouched() -> None:
+    require_samples()
+    x = sample_tensor(ENDOSCOPY[0]).unsqueeze(0)
+    mask = border_mask(x).expand_as(x)
+    from perturb.catalog.registry import all_ops
+
+    for name, op in all_ops().items():
+        if not op.spec.protects_border or 3 not in op.spec.channels:
+            continue
+        out, _ = perturb.apply(x, name, 5, ["k"])
+        assert torch.equal(out[mask], x[mask]), f"{name} painted over the dark border"
+
+
+def test_border_mask_finds_frames_but_not_a_dark_lumen() -> None:
+    x = torch.full((1, 3, 100, 100), 0.5)
+    x[..., :, :10] = 0.0
+    x[..., 40:60, 40:60] = 0.0  # dark lumen inside the field of view
+    mask = border_mask(x)[0, 0]
+    assert mask[:, :10].all() and not mask[40:60, 40:60].any() and not mask[:, 10:40].any()
+    batch = small_batch(2)
+    assert border_mask(batch).shape == (2, 1, 40, 56)

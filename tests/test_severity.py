@@ -1,0 +1,135 @@
+"""Severity tables: validated at load, and monotone on real images (SSIM to clean strictly
+decreasing from severity 1 to 5 for every op on every sample in ../shared/samples/endoscopy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from skimage.metrics import structural_similarity
+
+import perturb
+from perturb.catalog.registry import all_ops
+from perturb.catalog.specs import load_specs, load_table_file
+from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
+
+
+def _gaussian_window(sigma: float = 1.5, radius: int = 5) -> torch.Tensor:
+    t = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    g = torch.exp(-0.5 * (t / sigma) ** 2)
+    return g / g.sum()
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Mean SSIM per sample (Wang et al. 2004; gaussian window sigma 1.5, K1 0.01, K2 0.03,
+    data range 1), over channels and valid pixels, like skimage with gaussian_weights=True."""
+    a, b = a.double(), b.double()
+    c = a.shape[1]
+    g = _gaussian_window()
+    k = g.numel()
+
+    def blur(x: torch.Tensor) -> torch.Tensor:
+        x = F.conv2d(x, g.view(1, 1, 1, k).expand(c, 1, 1, k), groups=c)
+        return F.conv2d(x, g.view(1, 1, k, 1).expand(c, 1, k, 1), groups=c)
+
+    mu_a, mu_b = blur(a), blur(b)
+    n = k * k  # skimage applies the sample-covariance correction only when asked; we do not
+    del n
+    var_a = blur(a * a) - mu_a**2
+    var_b = blur(b * b) - mu_b**2
+    cov = blur(a * b) - mu_a * mu_b
+    c1, c2 = 0.01**2, 0.03**2
+    s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2))
+    return s.mean(dim=(1, 2, 3))
+
+
+def test_our_ssim_matches_scikit_image() -> None:
+    require_samples()
+    x = sample_tensor(ENDOSCOPY[0])[:, :200, :300].unsqueeze(0)
+    y, _ = perturb.apply(x, "gaussian_noise", 3, ["k"])
+    ref = structural_similarity(
+        x[0].permute(1, 2, 0).double().numpy(),
+        y[0].permute(1, 2, 0).double().numpy(),
+        gaussian_weights=True,
+        sigma=1.5,
+        use_sample_covariance=False,
+        data_range=1.0,
+        channel_axis=2,
+    )
+    # skimage crops a border of the window radius before averaging; so does 'valid' conv here
+    assert float(ssim(x, y)[0]) == pytest.approx(ref, abs=2e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ENDOSCOPY, ids=[p.stem for p in ENDOSCOPY])
+def test_ssim_strictly_decreases_with_severity(path: Path) -> None:
+    clean = sample_tensor(path).unsqueeze(0)
+    batch = clean.expand(5, -1, -1, -1).contiguous()
+    failures = []
+    for name, op in all_ops().items():
+        if "endoscopy" not in op.spec.modalities:
+            continue
+        out, _ = perturb.apply(batch, name, [1, 2, 3, 4, 5], [path.name] * 5)
+        scores = ssim(batch, out).tolist()
+        if not all(a > b for a, b in zip(scores, scores[1:], strict=False)):
+            failures.append(f"{name}: {np.round(scores, 5).tolist()}")
+    assert not failures, "SSIM not strictly decreasing:\n" + "\n".join(failures)
+
+
+def test_catalog_has_the_endoscopy_families() -> None:
+    specs = load_specs()
+    endo = {n: s for n, s in specs.items() if "endoscopy" in s.modalities}
+    assert len(endo) >= 14
+    assert {"blur", "glare", "noise", "color", "jpeg", "exposure"} <= {s.family for s in endo.values()}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda t: t["levels"].pop(), "exactly 5 levels"),
+        (lambda t: t.__setitem__("levels", list(reversed(t["levels"]))), "not increasing"),
+        (lambda t: t["levels"].__setitem__(0, [0.01, 0.001]), "above upper end"),
+        (lambda t: t.__setitem__("bounds", [0.0, 0.001]), "outside bounds"),
+        (lambda t: t.__setitem__("colour", 1), "Extra inputs"),
+    ],
+)
+def test_bad_severity_tables_are_refused_naming_file_and_op(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    source = Path(perturb.__file__).parent / "catalog" / "endoscopy.yaml"
+    data = yaml.safe_load(source.read_text())
+    mutate(data["ops"]["gaussian_blur"]["params"]["sigma"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=message) as info:
+        load_table_file(bad)
+    assert "bad.yaml" in str(info.value) and "gaussian_blur" in str(info.value)
+
+
+def test_bad_op_metadata_is_refused(tmp_path: Path) -> None:
+    source = Path(perturb.__file__).parent / "catalog" / "endoscopy.yaml"
+    data = yaml.safe_load(source.read_text())
+    data["ops"]["jpeg"]["risk_tags"] = ["blurry"]
+    bad = tmp_path / "tags.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match="unknown risk tags"):
+        load_table_file(bad)
+
+
+def test_common_random_numbers_across_severities() -> None:
+    """A sample's severities share their draws: parameters move monotonically with severity."""
+    x = torch.rand(1, 3, 32, 32)
+    for name, op in all_ops().items():
+        if 3 not in op.spec.channels:
+            continue
+        records = [perturb.apply(x, name, s, ["k"])[1][0] for s in range(1, 6)]
+        assert len({r.key for r in records}) == 1, name
+        for pname, table in op.spec.params.items():
+            if table.direction == "constant" or pname not in records[0].params:
+                continue
+            values = [abs(r.params[pname]) for r in records]
+            pairs = list(zip(values, values[1:], strict=False))
+            ok = all(a <= b for a, b in pairs) if table.direction == "increasing" else all(a >= b for a, b in pairs)
+            assert ok, f"{name}.{pname}: {values}"
