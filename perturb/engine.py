@@ -160,7 +160,8 @@ def collate(params: Sequence[dict[str, Any]], device: torch.device) -> dict[str,
         shape = tuple(max(a.shape[d] if a.ndim > d else 0 for a in arrays) for d in range(arrays[0].ndim))
         stacked = np.zeros((len(arrays), *shape), dtype=np.float64)
         for i, a in enumerate(arrays):
-            stacked[(i, *tuple(slice(0, s) for s in a.shape))] = a
+            index: tuple[int | slice, ...] = (i, *(slice(0, s) for s in a.shape))
+            stacked[index] = a
         out[name] = torch.from_numpy(stacked.astype(np.float32)).to(device)
     return out
 

@@ -3,6 +3,7 @@ decreasing from severity 1 to 5 for every op on every sample in ../shared/sample
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,7 @@ def test_ssim_strictly_decreases_with_severity(path: Path) -> None:
             continue
         out, _ = perturb.apply(batch, name, [1, 2, 3, 4, 5], [path.name] * 5)
         scores = ssim(batch, out).tolist()
-        if not all(a > b for a, b in zip(scores, scores[1:], strict=False)):
+        if not all(a > b for a, b in itertools.pairwise(scores)):
             failures.append(f"{name}: {np.round(scores, 5).tolist()}")
     assert not failures, "SSIM not strictly decreasing:\n" + "\n".join(failures)
 
@@ -130,6 +131,6 @@ def test_common_random_numbers_across_severities() -> None:
             if table.direction == "constant" or pname not in records[0].params:
                 continue
             values = [abs(r.params[pname]) for r in records]
-            pairs = list(zip(values, values[1:], strict=False))
+            pairs = list(itertools.pairwise(values))
             ok = all(a <= b for a, b in pairs) if table.direction == "increasing" else all(a >= b for a, b in pairs)
             assert ok, f"{name}.{pname}: {values}"

@@ -1,6 +1,7 @@
 """Image decode/encode at the edges: 8/16-bit, gray/RGB, alpha dropped, safe pixel limit.
 
 Decoded arrays are HWC (or HW) uint8/uint16 in RGB order; tensors are CHW float32 in [0, 1].
+torch is imported only by the tensor converters, so decoding and hashing stay light.
 """
 
 from __future__ import annotations
@@ -8,10 +9,13 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_MAX_PIXELS = 64_000_000
 
@@ -84,6 +88,8 @@ def read_image(path: str | os.PathLike[str], *, max_pixels: int = DEFAULT_MAX_PI
 
 def to_tensor(img: np.ndarray) -> torch.Tensor:
     """HWC/HW uint8/uint16 array -> CHW float32 in [0, 1]."""
+    import torch
+
     scale = 65535.0 if img.dtype == np.uint16 else 255.0
     t = torch.from_numpy(np.ascontiguousarray(img).astype(np.float32) / np.float32(scale))
     return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1).contiguous()

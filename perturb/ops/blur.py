@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from perturb.ops import backend
 from perturb.ops._math import shorter_side
-from perturb.ops.registry import draw, register_kernel
+from perturb.ops.registry import Level, Params, draw, register_kernel
 
 
 def gaussian_taps(sigma_px: float) -> np.ndarray:
@@ -158,7 +158,7 @@ def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     return _apply_per_sample(x, psfs, separable=False)
 
 
-def _motion_sampler(rng: np.random.Generator, level: dict) -> dict:
+def _motion_sampler(rng: np.random.Generator, level: Level) -> Params:
     return {"length": draw(rng, level["length"]), "angle": draw(rng, level["angle"])}
 
 

@@ -1,0 +1,147 @@
+"""report.html: one self-contained page (inline CSS, inline PNG/JPEG, no script, no network).
+
+A Content-Security-Policy meta tag forbids every fetch except ``data:`` images, and all text
+from the inputs (questions, answers, file names) is HTML-escaped, so a prediction containing
+``<script>`` or ``</table>`` shows as text.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from perturb.report.content import Section, Table, build_sections
+from perturb.report.plots import render_plot
+
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;
+padding:0 1rem;color:#1b1b1b;line-height:1.4}
+table{border-collapse:collapse;margin:0.6rem 0 1.2rem;font-size:0.85rem}
+th,td{border:1px solid #ccc;padding:0.25rem 0.5rem;text-align:left;vertical-align:top}
+th{background:#f2f4f7}
+caption{caption-side:top;text-align:left;font-style:italic;padding-bottom:0.2rem}
+td.text{max-width:22rem;white-space:pre-wrap;word-break:break-word}
+figure{margin:0.5rem 0 1.5rem}
+img.plot{max-width:100%;border:1px solid #eee}
+img.thumb{width:128px;height:auto;display:block}
+nav ul{columns:2;font-size:0.9rem}
+p.problem{color:#a00}
+"""
+
+
+def esc(text: Any) -> str:
+    """HTML-escape any value's text."""
+    return html.escape(str(text), quote=True)
+
+
+def _table(t: Table, text_cols: set[int] | None = None) -> str:
+    text_cols = text_cols or set()
+    parts = [f'<table id="{esc(t.id)}">' if t.id else "<table>"]
+    if t.caption:
+        parts.append(f"<caption>{esc(t.caption)}</caption>")
+    parts.append(
+        "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in t.header) + "</tr></thead><tbody>"
+    )
+    for r in t.rows:
+        parts.append(
+            "<tr>"
+            + "".join(
+                f'<td class="text">{esc(c)}</td>' if i in text_cols else f"<td>{esc(c)}</td>"
+                for i, c in enumerate(r)
+            )
+            + "</tr>"
+        )
+    parts.append("</tbody></table>")
+    return "".join(parts)
+
+
+def thumbnail(path: str | None, size: int = 160) -> str | None:
+    """Base64 JPEG thumbnail of an image file, or None if it cannot be read."""
+    if not path:
+        return None
+    p = Path(path)
+    if not p.is_file():
+        return None
+    try:
+        from PIL import Image
+
+        with Image.open(p) as src:
+            im = src.convert("RGB")
+            im.thumbnail((size, size))
+            buf = io.BytesIO()
+            im.save(buf, format="JPEG", quality=80)
+    except Exception:
+        return None
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _img(b64: str | None, alt: str) -> str:
+    if b64 is None:
+        return '<span class="noimg">no image</span>'
+    return f'<img class="thumb" alt="{esc(alt)}" src="data:image/jpeg;base64,{b64}">'
+
+
+def _flips(s: Section, thumbs: bool) -> str:
+    with_imgs = thumbs and any(f.image_clean or f.image_perturbed for f in s.flips)
+    hdr = list(s.flip_header) + (["clean image", "perturbed image"] if with_imgs else [])
+    parts = [
+        f'<table id="{esc(s.id)}-table" class="flips"><thead><tr>'
+        + "".join(f"<th>{esc(h)}</th>" for h in hdr)
+        + "</tr></thead><tbody>"
+    ]
+    for f in s.flips:
+        row = "".join(f'<td class="text">{esc(c)}</td>' for c in f.cells)
+        if with_imgs:
+            row += f"<td>{_img(thumbnail(f.image_clean), 'clean image')}</td>"
+            row += f"<td>{_img(thumbnail(f.image_perturbed), 'perturbed image')}</td>"
+        parts.append(f"<tr>{row}</tr>")
+    parts.append("</tbody></table>")
+    return "".join(parts)
+
+
+def render_html(
+    scores: Mapping[str, Any], sections: list[Section] | None = None, thumbs: bool = True
+) -> str:
+    """The self-contained HTML report of a scores.json dict."""
+    sections = sections if sections is not None else build_sections(scores)
+    body = [
+        "<h1>Robustness report</h1>",
+        f"<p>perturb {esc(scores['versions'].get('perturb'))}, scored {esc(scores.get('timestamp'))}; "
+        f"primary metric <b>{esc(scores['config']['primary'])}</b>.</p>",
+        "<nav><ul>"
+        + "".join(f'<li><a href="#{esc(s.id)}">{esc(s.title)}</a></li>' for s in sections)
+        + "</ul></nav>",
+    ]
+    for s in sections:
+        lvl = min(max(s.level, 2), 4)
+        body.append(f'<section id="{esc(s.id)}"><h{lvl}>{esc(s.title)}</h{lvl}>')
+        for p in s.paragraphs:
+            cls = ' class="problem"' if p.startswith("Problem:") else ""
+            body.append(f"<p{cls}>{esc(p)}</p>")
+        for t in s.tables:
+            body.append(_table(t, text_cols={len(t.header) - 1} if t.id == "drops" else None))
+        for pid in s.plots:
+            png = render_plot(pid, scores)
+            if png is None:
+                continue
+            b64 = base64.b64encode(png).decode("ascii")
+            body.append(
+                f'<figure class="plot" data-plot="{esc(pid)}"><img class="plot" alt="{esc(pid)}" '
+                f'src="data:image/png;base64,{b64}"></figure>'
+            )
+        if s.flip_header and s.flips:
+            body.append(_flips(s, thumbs))
+        body.append("</section>")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>perturb robustness report</title><style>{STYLE}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>\n"
+    )

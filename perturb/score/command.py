@@ -1,0 +1,186 @@
+"""``perturb score``: the CLI face of :func:`perturb.score.score_runs` (no torch, lazy imports)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+_NAME = re.compile(r"^[A-Za-z0-9_.+\-]+$")
+
+
+def split_named(arg: str) -> tuple[str | None, str]:
+    """``NAME=PATH`` -> (NAME, PATH); a plain path (or one that exists as given) -> (None, PATH)."""
+    if "=" in arg and not Path(arg).exists():
+        name, _, path = arg.partition("=")
+        if _NAME.match(name) and path:
+            return name, path
+    return None, arg
+
+
+def _model_args(clean: list[str], perturbed: list[str]) -> tuple[Any, Any]:
+    from perturb.score.errors import InputError
+
+    cl = [split_named(a) for a in clean]
+    pl = [split_named(a) for a in perturbed]
+    if len(cl) == 1 and cl[0][0] is None:
+        if any(n is not None for n, _ in pl):
+            raise InputError("--perturbed NAME=P needs --clean NAME=P for the same model NAME")
+        return cl[0][1], [p for _, p in pl]
+    if any(n is None for n, _ in cl):
+        raise InputError(
+            "several --clean files: name each model, e.g. --clean modelA=a.jsonl --clean modelB=b.jsonl"
+        )
+    cmap: dict[str, str] = {}
+    for n, p in cl:
+        assert n is not None
+        if n in cmap:
+            raise InputError(f"--clean {n}=... given twice")
+        cmap[n] = p
+    pmap: dict[str, list[str]] = {}
+    for n, p in pl:
+        if n is None:
+            raise InputError(
+                f"--perturbed {p}: name its model, e.g. --perturbed {next(iter(cmap))}={p}"
+            )
+        pmap.setdefault(n, []).append(p)
+    return cmap, pmap
+
+
+def _reference_arg(reference: str | None) -> Any:
+    if reference is None:
+        return None
+    name, path = split_named(reference)
+    return {name: path} if name is not None else reference
+
+
+def run_score(
+    clean: list[str],
+    perturbed: list[str],
+    manifest: Path | None,
+    out: Path,
+    metrics: list[str] | None,
+    primary: str | None,
+    reference: str | None,
+    include_at_risk: bool,
+    bootstrap: int,
+    seed: int,
+    max_flips: int,
+) -> int:
+    """Run the scorer for CLI arguments; returns the exit code (0 ok, 1 problems, 2 input error)."""
+    from perturb.score.errors import InputError
+
+    try:
+        from perturb.score.api import score_runs
+
+        c, p = _model_args(clean, perturbed)
+        result = score_runs(
+            c,
+            p,
+            manifest=manifest,
+            out_dir=out,
+            metrics=metrics,
+            primary=primary,
+            reference=_reference_arg(reference),
+            include_at_risk=include_at_risk,
+            bootstrap=bootstrap,
+            seed=seed,
+            max_flips=max_flips,
+        )
+    except InputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    _print_summary(result.scores)
+    for prob in result.problems:
+        typer.echo(f"problem: {prob}", err=True)
+    for kind, path in result.files.items():
+        typer.echo(f"wrote {kind}: {path}")
+    return result.exit_code
+
+
+def _print_summary(scores: dict[str, Any]) -> None:
+    from perturb.report.content import build_sections
+
+    prim = scores["config"]["primary"]
+    for s in build_sections(scores):
+        if s.id.startswith("headline-") and s.tables:
+            t = s.tables[0]
+            typer.echo(f"{s.title} ({prim})")
+            keep = [0, 1, 3, 4, 5]
+            rows = [[t.header[i] for i in keep]] + [[r[i] for i in keep] for r in t.rows]
+            widths = [max(len(r[i]) for r in rows) for i in range(len(keep))]
+            for r in rows:
+                typer.echo("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``score`` command to the ``perturb`` app."""
+
+    @app.command("score")
+    def score(
+        clean: Annotated[
+            list[str], typer.Option("--clean", help="clean predictions: P or NAME=P per model")
+        ],
+        perturbed: Annotated[
+            list[str],
+            typer.Option("--perturbed", help="perturbed predictions (repeatable): P or NAME=P"),
+        ],
+        out: Annotated[
+            Path,
+            typer.Option("--out", help="output folder for scores.json, report.md, report.html"),
+        ],
+        manifest: Annotated[
+            Path | None,
+            typer.Option("--manifest", help="DIR/manifest.parquet of the perturbed split"),
+        ] = None,
+        metrics: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--metrics",
+                help="metrics or presets (default, upstream, all); comma-separated or repeated",
+            ),
+        ] = None,
+        primary: Annotated[
+            str | None, typer.Option("--primary", help="headline metric (default: from the data)")
+        ] = None,
+        reference: Annotated[
+            str | None,
+            typer.Option(
+                "--reference",
+                help="CE reference: NAME (a model in this run) or NAME=path/to/scores.json",
+            ),
+        ] = None,
+        include_at_risk: Annotated[
+            bool,
+            typer.Option("--include-at-risk", help="keep label-risk pairs in the headline gaps"),
+        ] = False,
+        bootstrap: Annotated[
+            int, typer.Option("--bootstrap", help="bootstrap resamples B (0: no CIs)")
+        ] = 1000,
+        seed: Annotated[int, typer.Option("--seed", help="bootstrap seed")] = 0,
+        max_flips: Annotated[
+            int, typer.Option("--max-flips", help="largest flips listed per model")
+        ] = 20,
+    ) -> None:
+        """Score clean vs perturbed predictions: paired gaps with CIs, report.md and report.html.
+
+        Exit codes: 0 ok, 1 rows were dropped (counted in scores.json), 2 usage or input error.
+        """
+        code = run_score(
+            clean,
+            perturbed,
+            manifest,
+            out,
+            metrics,
+            primary,
+            reference,
+            include_at_risk,
+            bootstrap,
+            seed,
+            max_flips,
+        )
+        sys.stdout.flush()
+        raise typer.Exit(code)

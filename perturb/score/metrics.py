@@ -1,0 +1,534 @@
+"""Per-item metrics and corpus-metric sufficient statistics.
+
+Definitions follow the Kvasir-VQA-x1 evaluation (``evaluation/compute_metrics.py`` upstream):
+
+* ``exact_match``: ``p.strip().lower() == r.strip().lower()`` (upstream's definition).
+* ``exact_match_tolerant``: equality after :func:`normalize_tolerant` (NFKC, lower case,
+  punctuation and articles removed, number words zero..twenty as digits, whitespace collapsed).
+* ``token_f1``: SQuAD-style token F1 on the tolerant normalisation.
+* ``rouge1`` / ``rouge2`` / ``rougeL``: rouge-score F-measure, no stemming (the defaults of the
+  ``evaluate`` wrapper upstream uses); the corpus value is the mean over items. Computed with a
+  vectorised exact LCS / n-gram overlap on rouge-score's own tokenizer.
+* ``bleu``: sacrebleu corpus BLEU (13a tokenizer, 4-grams, no smoothing: the definition of the
+  ``evaluate`` "bleu" metric upstream), reported as a fraction in [0, 1].
+* ``chrf`` (char order 6, word order 0, beta 2: upstream's "CHRF++" column is this, the
+  ``evaluate`` chrF default) and ``chrf++`` (word order 2), sacrebleu, as fractions (score / 100).
+  Corpus metrics are computed from summed per-item sufficient statistics, which is exactly how
+  sacrebleu computes a corpus score, so any subset or bootstrap resample is recomputed exactly.
+* ``mcq``: letter accuracy; the reference letter is a bare letter answer or the option whose text
+  matches the reference; the predicted letter comes from :func:`extract_letter`.
+* ``yesno``: accuracy on rows whose reference is yes/no.
+* ``box_iou``: IoU between the unions of ``<loc_x1_y1_x2_y2>`` boxes of prediction and reference
+  (rows whose reference has boxes; no predicted box gives 0).
+* ``judge``: LLM-judge aspect scores (``eval_json``); per row the mean over the row's
+  question classes that were scored; per class the aspect score itself (upstream's aggregation).
+
+All item metrics are floats in [0, 1], NaN where a metric does not apply to a row.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from perturb.score.bitseq import pair_stats
+from perturb.score.errors import InputError
+from perturb.score.readers import map_unique, obj_array
+from perturb.score.text import TokenTable, rouge_split, sequences_equal, tokenize, tolerant_tokens
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: how it aggregates and whether per-item values are 0/1."""
+
+    name: str
+    kind: Literal["item", "corpus"]
+    binary: bool
+    description: str
+    stats_width: int = 0
+
+
+METRICS: dict[str, MetricSpec] = {
+    m.name: m
+    for m in [
+        MetricSpec("exact_match", "item", True, "exact match, lower-cased and stripped (upstream)"),
+        MetricSpec(
+            "exact_match_tolerant", "item", True, "exact match after tolerant normalisation"
+        ),
+        MetricSpec("token_f1", "item", False, "SQuAD token F1 on tolerant normalisation"),
+        MetricSpec(
+            "rouge1", "item", False, "ROUGE-1 F (rouge-score, no stemming), mean over items"
+        ),
+        MetricSpec(
+            "rouge2", "item", False, "ROUGE-2 F (rouge-score, no stemming), mean over items"
+        ),
+        MetricSpec(
+            "rougeL", "item", False, "ROUGE-L F (rouge-score, no stemming), mean over items"
+        ),
+        MetricSpec("mcq", "item", True, "multiple-choice letter accuracy"),
+        MetricSpec("yesno", "item", True, "yes/no accuracy on yes/no references"),
+        MetricSpec("box_iou", "item", False, "IoU of <loc_x1_y1_x2_y2> box unions"),
+        MetricSpec("judge", "item", False, "LLM-judge aspect score (eval_json)"),
+        MetricSpec("bleu", "corpus", False, "corpus BLEU (sacrebleu 13a, no smoothing) / 100", 10),
+        MetricSpec("chrf", "corpus", False, "corpus chrF (sacrebleu, char 6, word 0) / 100", 18),
+        MetricSpec(
+            "chrf++", "corpus", False, "corpus chrF++ (sacrebleu, char 6, word 2) / 100", 24
+        ),
+    ]
+}
+DEFAULT_METRICS = (
+    "exact_match",
+    "exact_match_tolerant",
+    "token_f1",
+    "rouge1",
+    "rouge2",
+    "rougeL",
+    "mcq",
+    "yesno",
+    "box_iou",
+    "judge",
+)
+PRESETS: dict[str, tuple[str, ...]] = {
+    "default": DEFAULT_METRICS,
+    "upstream": ("exact_match", "rouge1", "rouge2", "rougeL", "bleu", "chrf"),
+    "all": tuple(METRICS),
+}
+
+
+def resolve_metrics(requested: Sequence[str] | None) -> list[str]:
+    """Expand presets and comma lists; raise :class:`InputError` on unknown names."""
+    if not requested:
+        return list(DEFAULT_METRICS)
+    out: list[str] = []
+    for item in requested:
+        for name in (p.strip() for p in str(item).split(",")):
+            if not name:
+                continue
+            names = PRESETS.get(name, (name,))
+            for n in names:
+                if n not in METRICS:
+                    raise InputError(
+                        f"unknown metric '{n}'. Choose from {', '.join(METRICS)} or a preset "
+                        f"({', '.join(PRESETS)})."
+                    )
+                if n not in out:
+                    out.append(n)
+    if not out:
+        raise InputError("--metrics is empty; name at least one metric")
+    return out
+
+
+# ----------------------------------------------------------------------------- normalisation
+
+
+def normalize_em(s: str) -> str:
+    """Upstream exact-match normalisation: stripped and lower-cased."""
+    return s.strip().lower()
+
+
+def normalize_tolerant(s: str) -> str:
+    """NFKC, lower case, punctuation and articles removed, number words as digits."""
+    return " ".join(tolerant_tokens(s))
+
+
+def rouge_tokens(s: str) -> tuple[str, ...]:
+    """rouge-score's default tokenizer without stemming."""
+    return tuple(rouge_split(s))
+
+
+# ----------------------------------------------------------------------------- letters, yes/no, boxes
+
+_LETTER_ONLY = re.compile(r"^\s*[\(\[]?\s*([A-Ja-j])\s*[\)\]]?\s*[.:)]?\s*$")
+_LETTER_CUE = re.compile(
+    r"\b(?:answer|option|choice)\s*(?:is|would be|:)?\s*[:\-]?\s*[\(\[]?([A-Ja-j])\b(?![\w'])",
+    re.IGNORECASE,
+)
+_LETTER_LEAD = re.compile(r"^\s*(?:\(([A-Ja-j])\)|\[([A-Ja-j])\]|([A-J])[.):](?:\s|$))")
+
+
+def extract_letter(pred: str, options: Mapping[str, str] | None = None) -> str | None:
+    """The option letter a free-text answer picks, or None.
+
+    Accepts ``"B"``, ``"(b)"``, ``"b."``, ``"Answer: B. Pneumonia"``, ``"The answer is (c)"``,
+    ``"C) text"`` and, with options, an answer equal to one option's text. A leading article
+    ("A polyp ...") is not a letter.
+    """
+    m = _LETTER_ONLY.match(pred)
+    if m:
+        return m.group(1).upper()
+    m = _LETTER_CUE.search(pred)
+    if m:
+        return m.group(1).upper()
+    m = _LETTER_LEAD.match(pred)
+    if m:
+        return next(g for g in m.groups() if g).upper()
+    if options:
+        p = normalize_tolerant(pred)
+        hits = [k for k, v in options.items() if normalize_tolerant(v) == p and p]
+        if len(hits) == 1:
+            return hits[0]
+    return None
+
+
+def reference_letter(ref: str, options: Mapping[str, str] | None) -> str | None:
+    """Correct letter of an MCQ row: a bare-letter reference (upper case unless the row has
+    options) or the option whose text matches the reference."""
+    m = _LETTER_ONLY.match(ref)
+    # without options only an upper-case letter counts (a lower-case "a" is an ordinary word)
+    if m and (m.group(1).upper() in options if options else m.group(1).isupper()):
+        return m.group(1).upper()
+    if options:
+        r = normalize_tolerant(ref)
+        hits = [k for k, v in options.items() if normalize_tolerant(v) == r and r]
+        if len(hits) == 1:
+            return hits[0]
+    return None
+
+
+def extract_yesno(pred: str) -> str | None:
+    """``yes``/``no`` from a free-text answer: the first word, else the only one present."""
+    toks = tolerant_tokens(pred)
+    if not toks:
+        return None
+    if toks[0] in ("yes", "no"):
+        return toks[0]
+    present = {t for t in toks if t in ("yes", "no")}
+    return present.pop() if len(present) == 1 else None
+
+
+_LOC = re.compile(r"<loc_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)>")
+
+
+def parse_boxes(text: str) -> list[tuple[float, float, float, float]]:
+    """Boxes ``(x1, y1, x2, y2)`` from ``<loc_x1_y1_x2_y2>`` tags (corners sorted)."""
+    out = []
+    for m in _LOC.finditer(text):
+        x1, y1, x2, y2 = (float(g) for g in m.groups())
+        out.append((min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2)))
+    return out
+
+
+def _union_area_grid(
+    xs: np.ndarray, ys: np.ndarray, boxes: Sequence[tuple[float, float, float, float]]
+) -> np.ndarray:
+    cover = np.zeros((len(ys) - 1, len(xs) - 1), dtype=bool)
+    for x1, y1, x2, y2 in boxes:
+        i0, i1 = np.searchsorted(xs, [x1, x2])
+        j0, j1 = np.searchsorted(ys, [y1, y2])
+        cover[j0:j1, i0:i1] = True
+    return cover
+
+
+def box_iou(
+    pred_boxes: Sequence[tuple[float, ...]], ref_boxes: Sequence[tuple[float, ...]]
+) -> float:
+    """IoU of the union of predicted boxes and the union of reference boxes (exact areas)."""
+    if not ref_boxes and not pred_boxes:
+        return 1.0
+    if not ref_boxes or not pred_boxes:
+        return 0.0
+    allb = list(pred_boxes) + list(ref_boxes)
+    xs = np.unique([b[0] for b in allb] + [b[2] for b in allb])
+    ys = np.unique([b[1] for b in allb] + [b[3] for b in allb])
+    if len(xs) < 2 or len(ys) < 2:
+        return 0.0
+    cell = np.outer(np.diff(ys), np.diff(xs))
+    a = _union_area_grid(xs, ys, pred_boxes)  # type: ignore[arg-type]
+    b = _union_area_grid(xs, ys, ref_boxes)  # type: ignore[arg-type]
+    union = float(cell[a | b].sum())
+    return float(cell[a & b].sum()) / union if union > 0 else 0.0
+
+
+# ----------------------------------------------------------------------------- vectorised item metrics
+
+
+def _fmeasure(p: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """rouge-score's ``fmeasure``: 2pr / (p + r), 0 when p + r = 0 (same float operations)."""
+    s = p + r
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f = 2 * p * r / s
+    return np.where(s > 0, f, 0.0)
+
+
+def _text_scores(
+    strings: np.ndarray, a: np.ndarray, b: np.ndarray, which: set[str]
+) -> tuple[dict[str, np.ndarray], TokenTable]:
+    """Text metrics of prediction rows ``a`` vs reference rows ``b`` of the unique ``strings``,
+    and the tolerant token table of ``strings``."""
+    out: dict[str, np.ndarray] = {}
+    if "exact_match" in which:
+        codes, _ = pd.factorize(obj_array([normalize_em(x) for x in strings]))
+        out["exact_match"] = (codes[a] == codes[b]).astype(np.float64)
+    rouge_t, tol_t = tokenize(strings)
+    if len(a) == 0:
+        return {m: np.zeros(0) for m in which}, tol_t
+    if "exact_match_tolerant" in which:
+        out["exact_match_tolerant"] = sequences_equal(tol_t, a, b).astype(np.float64)
+    if "token_f1" in which:
+        _, same = pair_stats(tol_t, a, b, want_lcs=False)
+        lp = tol_t.lengths[a].astype(np.float64)
+        lr = tol_t.lengths[b].astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            p = same / lp
+            r = same / lr
+            f1 = 2 * p * r / (p + r)
+        f1 = np.where(same > 0, f1, 0.0)
+        empty = (lp == 0) | (lr == 0)
+        out["token_f1"] = np.where(empty, ((lp == 0) & (lr == 0)).astype(np.float64), f1)
+    lp = rouge_t.lengths[a].astype(np.float64)
+    lr = rouge_t.lengths[b].astype(np.float64)
+    if "rougeL" in which or "rouge1" in which:
+        lcs, ovl = pair_stats(rouge_t, a, b, want_lcs="rougeL" in which)
+        if "rougeL" in which:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                f = _fmeasure(lcs / np.maximum(lp, 1), lcs / np.maximum(lr, 1))
+            out["rougeL"] = np.where((lp > 0) & (lr > 0), f, 0.0)
+        if "rouge1" in which:
+            out["rouge1"] = _fmeasure(ovl / np.maximum(lp, 1), ovl / np.maximum(lr, 1))
+    if "rouge2" in which:
+        _, ovl2 = pair_stats(rouge_t.bigrams(), a, b, want_lcs=False)
+        np_ = np.maximum(lp - 1, 0)
+        nr = np.maximum(lr - 1, 0)
+        out["rouge2"] = _fmeasure(ovl2 / np.maximum(np_, 1), ovl2 / np.maximum(nr, 1))
+    if "yesno" in which:
+        out["yesno"] = _yesno_scores(tol_t, a, b)
+    return out, tol_t
+
+
+def _yesno_scores(tol: TokenTable, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Yes/no accuracy where reference row ``b`` is exactly yes or no (NaN elsewhere).
+
+    The predicted answer is the first tolerant token if it is yes/no, else the only one of
+    yes/no that occurs (see :func:`extract_yesno`).
+    """
+    index = {t: i for i, t in enumerate(tol.vocab)}
+    yes, no = index.get("yes", -10), index.get("no", -10)
+    lens = tol.lengths
+    first = np.full(len(lens), -1, dtype=np.int64)
+    nz = lens > 0
+    first[nz] = tol.ids[tol.offsets[:-1][nz]]
+    row = np.repeat(np.arange(len(lens)), lens)
+    n_yes = np.bincount(row[tol.ids == yes], minlength=len(lens))
+    n_no = np.bincount(row[tol.ids == no], minlength=len(lens))
+    said = np.where(
+        (first == yes) | (first == no),
+        first,
+        np.where((n_yes > 0) & (n_no == 0), yes, np.where((n_no > 0) & (n_yes == 0), no, -1)),
+    )
+    ref_tok = np.where(lens == 1, first, -1)
+    is_yn = (ref_tok[b] == yes) | (ref_tok[b] == no)
+    return np.where(is_yn, (said[a] == ref_tok[b]).astype(np.float64), np.nan)
+
+
+def answers_differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Whether answers ``a[i]`` and ``b[i]`` differ after tolerant normalisation."""
+    strings, codes = _factorize_strings(np.concatenate([a, b]))
+    _, tol = tokenize(strings)
+    n = len(a)
+    return ~sequences_equal(tol, codes[:n], codes[n:])
+
+
+def _unique_pairs(pred: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct (pred, ref) pairs: (their preds, their refs, inverse index of each row)."""
+    pc, pu = pd.factorize(pd.Series(pred, dtype=object))
+    rc, ru = pd.factorize(pd.Series(ref, dtype=object))
+    nr = max(len(ru), 1)
+    uk, inv = np.unique(pc.astype(np.int64) * nr + rc, return_inverse=True)
+    return (
+        np.asarray(pu, dtype=object)[uk // nr],
+        np.asarray(ru, dtype=object)[uk % nr],
+        inv.reshape(-1),
+    )
+
+
+def _factorize_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    codes, uniq = pd.factorize(pd.Series(values, dtype=object))
+    return np.asarray(uniq, dtype=object), codes.astype(np.int64)
+
+
+TEXT_METRICS = (
+    "exact_match",
+    "exact_match_tolerant",
+    "token_f1",
+    "rouge1",
+    "rouge2",
+    "rougeL",
+    "yesno",
+)
+
+
+def compute_item_metrics(
+    pred: np.ndarray,
+    ref: np.ndarray,
+    metrics: Sequence[str],
+    options: np.ndarray | None = None,
+    judge: np.ndarray | None = None,
+    question_class: np.ndarray | None = None,
+    compare: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Per-row values of the requested item metrics (NaN where not applicable).
+
+    ``pred``/``ref`` are object arrays of str (``ref`` may hold None: text metrics are NaN
+    there). Text metrics are computed once per distinct (prediction, reference) pair, from one
+    batch tokenisation. With ``compare=(i, j)`` the result also holds ``"_answer_changed"``:
+    whether predictions ``pred[i[k]]`` and ``pred[j[k]]`` differ after tolerant normalisation.
+    """
+    n = len(pred)
+    out: dict[str, np.ndarray] = {}
+    wanted = [m for m in metrics if METRICS[m].kind == "item"]
+    text_metrics = [m for m in wanted if m in TEXT_METRICS]
+    has_ref = ~pd.isna(ref)
+    rows = np.flatnonzero(has_ref)
+    k = rows.size
+    strings, codes = _factorize_strings(np.concatenate([pred, ref[rows]]))
+    ns = max(len(strings), 1)
+    # score each distinct (prediction, reference) pair once
+    pairs_u, inv = np.unique(codes[rows] * ns + codes[n:], return_inverse=True)
+    vals, tol = _text_scores(strings, pairs_u // ns, pairs_u % ns, set(text_metrics))
+    for m in text_metrics:
+        full = np.full(n, np.nan)
+        if k:
+            full[rows] = vals[m][inv.reshape(-1)]
+        out[m] = full
+    if compare is not None:
+        out["_answer_changed"] = ~sequences_equal(tol, codes[compare[0]], codes[compare[1]])
+    if "mcq" in wanted:
+        v = np.full(n, np.nan)
+        opts = options if options is not None else np.full(n, None, dtype=object)
+        no_opts = pd.isna(opts)
+        # rows without options: the reference must be a bare letter (decided once per reference)
+        ref_letter = map_unique(
+            ref, lambda r: reference_letter(r, None) if isinstance(r, str) else None
+        )
+        rows = np.flatnonzero(no_opts & ~pd.isna(ref_letter))
+        if rows.size:
+            got = map_unique(
+                pred[rows], lambda p: extract_letter(p, None) if isinstance(p, str) else None
+            )
+            v[rows] = (got == ref_letter[rows]).astype(np.float64)
+        for i in np.flatnonzero(~no_opts & ~pd.isna(ref)):
+            letter = reference_letter(ref[i], opts[i])
+            if letter is not None:
+                v[i] = float(extract_letter(pred[i], opts[i]) == letter)
+        out["mcq"] = v
+    if "box_iou" in wanted:
+        v = np.full(n, np.nan)
+        has_box = map_unique(ref, lambda r: isinstance(r, str) and "<loc_" in r).astype(bool)
+        for i in np.flatnonzero(has_box):
+            r = ref[i]
+            if isinstance(r, str):
+                rb = parse_boxes(r)
+                if rb:
+                    v[i] = box_iou(parse_boxes(pred[i]), rb)
+        out["box_iou"] = v
+    if "judge" in wanted:
+        v = np.full(n, np.nan)
+        if judge is not None:
+            for i in np.flatnonzero(~pd.isna(judge)):
+                d = judge[i]
+                if not d:
+                    continue
+                classes = question_class[i] if question_class is not None else ()
+                scores = [d[c] for c in classes if c in d] if classes else list(d.values())
+                if scores:
+                    v[i] = float(np.mean(scores))
+        out["judge"] = v
+    return out
+
+
+def judge_class_scores(judge: np.ndarray, question_class: np.ndarray) -> list[dict[str, float]]:
+    """Per row, the judge score of each of its question classes that was scored."""
+    out: list[dict[str, float]] = []
+    if pd.isna(judge).all():
+        return [{} for _ in range(len(judge))]
+    for d, classes in zip(judge, question_class, strict=True):
+        if not d:
+            out.append({})
+            continue
+        out.append({c: d[c] for c in classes if c in d} if classes else dict(d))
+    return out
+
+
+# ----------------------------------------------------------------------------- corpus metrics
+
+
+def _sacre(name: str) -> Any:
+    from sacrebleu.metrics import BLEU, CHRF
+
+    if name == "bleu":
+        return BLEU(tokenize="13a", smooth_method="none", force=True)
+    if name == "chrf":
+        return CHRF(char_order=6, word_order=0, beta=2)
+    if name == "chrf++":
+        return CHRF(char_order=6, word_order=2, beta=2)
+    raise KeyError(name)
+
+
+def corpus_stats(pred: np.ndarray, ref: np.ndarray, name: str) -> np.ndarray:
+    """Per-row sacrebleu sufficient statistics of corpus metric ``name`` (int64, n x width).
+
+    Rows without a reference get zeros (they add nothing to any corpus). Statistics are computed
+    once per unique (prediction, reference) pair and reference n-grams once per unique reference,
+    with sacrebleu's own segment-statistics code.
+    """
+    spec = METRICS[name]
+    n = len(pred)
+    out = np.zeros((n, spec.stats_width), dtype=np.int64)
+    rows = np.flatnonzero(~pd.isna(ref))
+    if rows.size == 0:
+        return out
+    metric = _sacre(name)
+    up, ur, inv = _unique_pairs(pred[rows], ref[rows])
+    ref_info: dict[str, Any] = {}
+    stats = np.zeros((len(up), spec.stats_width), dtype=np.int64)
+    for k, (p, r) in enumerate(zip(up, ur, strict=True)):
+        info = ref_info.get(r)
+        if info is None:
+            info = metric._extract_reference_info([metric._preprocess_segment(r)])
+            ref_info[r] = info
+        stats[k] = metric._compute_segment_statistics(metric._preprocess_segment(p), info)
+    out[rows] = stats[inv]
+    return out
+
+
+def corpus_score(name: str, stats: np.ndarray) -> np.ndarray:
+    """Corpus score(s) in [0, 1] from summed statistics of shape (..., width); vectorised.
+
+    Matches sacrebleu's ``_compute_score_from_stats`` (/100) for BLEU without smoothing and chrF.
+    """
+    s = np.asarray(stats, dtype=np.float64)
+    if name == "bleu":
+        sys_len, ref_len = s[..., 0], s[..., 1]
+        correct, total = s[..., 2:6], s[..., 6:10]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bp = np.where(sys_len < ref_len, np.exp(1 - ref_len / sys_len), 1.0)
+            bp = np.where((sys_len < ref_len) & (sys_len <= 0), 0.0, bp)
+            prec = 100.0 * correct / total
+            logs = np.log(np.where(correct > 0, prec, 1.0))
+        ok = np.all(correct > 0, axis=-1)
+        score = bp * np.exp(logs.sum(axis=-1) / 4)
+        return np.where(ok, score, 0.0) / 100.0
+    if name in ("chrf", "chrf++"):
+        order = 6 + (2 if name == "chrf++" else 0)
+        factor = 4.0  # beta = 2
+        eps = 1e-16
+        trip = s.reshape(*s.shape[:-1], order, 3)
+        n_hyp, n_ref, n_match = trip[..., 0], trip[..., 1], trip[..., 2]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            prec = np.where(n_hyp > 0, n_match / n_hyp, eps)
+            rec = np.where(n_ref > 0, n_match / n_ref, eps)
+        eff = (n_hyp > 0) & (n_ref > 0)
+        k = eff.sum(axis=-1)
+        avg_p = np.where(eff, prec, 0.0).sum(axis=-1)
+        avg_r = np.where(eff, rec, 0.0).sum(axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            avg_p = np.where(k > 0, avg_p / k, 0.0)
+            avg_r = np.where(k > 0, avg_r / k, 0.0)
+            f = (1 + factor) * avg_p * avg_r / (factor * avg_p + avg_r)
+        return np.where(avg_p + avg_r > 0, 100 * f, 0.0) / 100.0
+    raise KeyError(name)

@@ -1,0 +1,414 @@
+"""Pair clean and perturbed predictions of one model.
+
+Pairing key: ``(img_id, question)`` plus ``variant`` when the clean side has variants. A
+perturbed row is identified by ``(img_id, question, perturbation, severity, variant)``; its
+perturbation / severity / variant come from the file or from the manifest (matched by image
+path). Duplicate keys and references that differ between the two sides are errors; unmatched
+rows and missing predictions are dropped and counted with reasons and first examples.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perturb.score.errors import InputError, examples
+from perturb.score.manifest import Manifest, match_rows
+from perturb.score.readers import ReadReport, map_unique, obj_array, object_frame
+from perturb.score.risk import catalog_risk_tags, classes_at_risk
+
+
+@dataclass
+class PairReport:
+    """Counts of one model's pairing: inputs, pairs, drops with reasons and examples."""
+
+    model: str
+    clean_rows: int = 0
+    perturbed_rows: int = 0
+    pairs: int = 0
+    clean_unpaired: int = 0
+    at_risk_pairs: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    drop_examples: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def drop(self, reason: str, items: Sequence[str], count: int | None = None) -> None:
+        """Count ``count`` (default ``len(items)``) drops and keep three examples."""
+        k = len(items) if count is None else count
+        if k == 0:
+            return
+        self.dropped[reason] += k
+        ex = self.drop_examples.setdefault(reason, [])
+        ex.extend(items[: max(0, 3 - len(ex))])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        return {
+            "model": self.model,
+            "clean_rows": self.clean_rows,
+            "perturbed_rows": self.perturbed_rows,
+            "pairs": self.pairs,
+            "at_risk_pairs": self.at_risk_pairs,
+            "clean_rows_without_perturbed_partner": self.clean_unpaired,
+            "dropped": dict(sorted(self.dropped.items())),
+            "drop_examples": {k: v for k, v in sorted(self.drop_examples.items())},
+            "notes": list(self.notes),
+        }
+
+
+def _where(df: pd.DataFrame, idx: np.ndarray, side: str) -> list[str]:
+    out = []
+    for i in idx[:3]:
+        src = df["_src"].iat[i]
+        word = df["_word"].iat[i]
+        out.append(
+            f"{src} {word} {df['_loc'].iat[i]} ({side}: img_id={df['img_id'].iat[i]!r}, "
+            f"question={str(df['question'].iat[i])[:60]!r})"
+        )
+    return out
+
+
+def _norm_ref(s: str) -> str:
+    return " ".join(s.split())
+
+
+def _codes(*cols: Sequence[Any]) -> list[np.ndarray]:
+    """Factorise aligned columns jointly across sides; returns codes per input column."""
+    lens = [len(c) for c in cols]
+    joined = np.concatenate([np.asarray(c, dtype=object) for c in cols])
+    codes, _ = pd.factorize(pd.Series(joined, dtype=object), use_na_sentinel=False)
+    out, start = [], 0
+    for n in lens:
+        out.append(codes[start : start + n].astype(np.int64))
+        start += n
+    return out
+
+
+def _int(a: pd.Series) -> np.ndarray:
+    return a.fillna(0).astype(np.int64).to_numpy()
+
+
+def prepare_perturbed(
+    frames: Sequence[tuple[pd.DataFrame, ReadReport, str]],
+    manifest: Manifest | None,
+    report: PairReport,
+) -> pd.DataFrame:
+    """Concatenate a model's perturbed runs and fill perturbation/severity/variant."""
+    parts = []
+    for df, rep, run in frames:
+        d = df.copy()
+        d["_run"] = run
+        d["_src"] = rep.source
+        d["_word"] = rep.loc_word
+        parts.append(d)
+    pert = pd.concat(parts, ignore_index=True)
+    pert["manifest_row"] = -1
+    if manifest is not None:
+        rows, reason = match_rows(
+            manifest,
+            pert["image_path"].to_numpy(),
+            pert["img_id"].to_numpy(),
+            pert["variant"].to_numpy(),
+        )
+        mt = manifest.table
+        hit = rows >= 0
+        has_file_pert = pert["perturbation"].notna().to_numpy()
+        # conflicts between file columns and the manifest
+        conflicts: list[str] = []
+        hi = np.flatnonzero(hit)
+        m_op = mt["op"].to_numpy()[rows[hi]]
+        m_sev = mt["severity"].to_numpy()[rows[hi]]
+        m_var = mt["variant"].to_numpy()[rows[hi]]
+        m_img = mt["img_id"].to_numpy()[rows[hi]]
+        f_op = pert["perturbation"].to_numpy()[hi]
+        f_sev = pert["severity"].to_numpy(dtype=float, na_value=np.nan)[hi]
+        f_var = pert["variant"].to_numpy(dtype=float, na_value=np.nan)[hi]
+        f_img = pert["img_id"].to_numpy()[hi]
+        bad = (
+            (pd.notna(f_op) & (f_op != m_op))
+            | (~np.isnan(f_sev) & (f_sev != m_sev))
+            | (~np.isnan(f_var) & (f_var != m_var))
+            | (f_img != m_img)
+        )
+        if bad.any():
+            for j in np.flatnonzero(bad)[:3]:
+                i = hi[j]
+                conflicts.append(
+                    f"{pert['_src'].iat[i]} {pert['_word'].iat[i]} {pert['_loc'].iat[i]}: file says "
+                    f"(img_id={f_img[j]!r}, perturbation={f_op[j]!r}, severity={f_sev[j]}, "
+                    f"variant={f_var[j]}), manifest row {rows[i]} says ({m_img[j]!r}, {m_op[j]!r}, "
+                    f"{m_sev[j]}, {m_var[j]})"
+                )
+            raise InputError(
+                f"{int(bad.sum())} perturbed rows disagree with the manifest {manifest.source}: "
+                f"{examples(conflicts)}. Use the manifest of the split these predictions were made "
+                "on, or drop the conflicting columns from the predictions."
+            )
+        pert.loc[hit, "perturbation"] = m_op
+        pert.loc[hit, "severity"] = m_sev
+        pert.loc[hit, "variant"] = m_var
+        pert.loc[hit, "manifest_row"] = rows[hit]
+        kept_unmatched = ~hit & has_file_pert
+        if kept_unmatched.any():
+            report.notes.append(
+                f"{int(kept_unmatched.sum())} perturbed rows not found in the manifest kept their "
+                "own perturbation column"
+            )
+        for why in ("no_manifest_match", "ambiguous_manifest_match"):
+            bad_rows = np.flatnonzero(~hit & ~has_file_pert & (reason == why))
+            report.drop(why, _where(pert, bad_rows, "perturbed"), count=len(bad_rows))
+        pert = pert[hit | has_file_pert].reset_index(drop=True)
+    missing = pert["perturbation"].isna().to_numpy()
+    if missing.any():
+        runs = sorted(set(pert.loc[missing, "_run"]))
+        report.notes.append(
+            f"{int(missing.sum())} perturbed rows carry no perturbation name (no column, no manifest "
+            f"match): named after their file ({', '.join(runs)})"
+        )
+        pert.loc[missing, "perturbation"] = pert.loc[missing, "_run"]
+    pert["severity"] = pert["severity"].fillna(0).astype(np.int64)
+    pert["variant"] = pert["variant"].fillna(0).astype(np.int64)
+    return pert
+
+
+def pair_model(
+    model: str,
+    clean: pd.DataFrame,
+    clean_report: ReadReport,
+    perturbed: Sequence[tuple[pd.DataFrame, ReadReport, str]],
+    manifest: Manifest | None = None,
+    risk_tags: Mapping[str, Sequence[str]] | None = None,
+    risk_map: Mapping[str, Sequence[str]] | None = None,
+) -> tuple[pd.DataFrame, PairReport]:
+    """Pair one model's clean rows with its perturbed rows; see the module docstring."""
+    report = PairReport(model=model, clean_rows=len(clean))
+    clean = clean.copy()
+    clean["_src"] = clean_report.source
+    clean["_word"] = clean_report.loc_word
+    pert = prepare_perturbed(perturbed, manifest, report)
+    report.perturbed_rows = sum(len(f) for f, _, _ in perturbed)
+    use_variant = bool(clean["variant"].notna().any())
+    c_var = _int(clean["variant"]) if use_variant else np.zeros(len(clean), np.int64)
+    p_var = pert["variant"].to_numpy(np.int64) if use_variant else np.zeros(len(pert), np.int64)
+    ci, pi = _codes(clean["img_id"], pert["img_id"])
+    cq, pq = _codes(clean["qkey"], pert["qkey"])
+    nq = int(max(cq.max(initial=0), pq.max(initial=0))) + 1
+    nv = int(max(c_var.max(initial=0), p_var.max(initial=0))) + 1
+    ckey = (ci * nq + cq) * nv + c_var
+    pkey = (pi * nq + pq) * nv + p_var
+    # duplicates
+    keyname = "(img_id, question" + (", variant)" if use_variant else ")")
+    uniq, _first, counts = np.unique(ckey, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        dup_keys = uniq[counts > 1]
+        rows = np.flatnonzero(np.isin(ckey, dup_keys[:3]))
+        raise InputError(
+            f"{clean_report.source}: {int((counts - 1)[counts > 1].sum())} duplicate clean rows with "
+            f"the same {keyname}: {examples(_where(clean, rows, 'clean'), 6)}. Keep one row per key "
+            "(or add a 'variant' column if the rows are different image variants)."
+        )
+    po = _codes(pert["perturbation"])[0]
+    psev = pert["severity"].to_numpy(np.int64)
+    pvar_full = pert["variant"].to_numpy(np.int64)
+    full = pd.DataFrame({"k": pkey, "o": po, "s": psev, "v": pvar_full})
+    dup = full.duplicated(keep=False).to_numpy()
+    if dup.any():
+        rows = np.flatnonzero(dup)
+        raise InputError(
+            f"{int(full.duplicated().sum())} duplicate perturbed rows with the same (img_id, question, "
+            f"perturbation, severity, variant): {examples(_where(pert, rows, 'perturbed'), 6)}. Each "
+            "perturbed image/question must appear once per model; split repeated runs into separate models."
+        )
+    index = pd.Index(ckey)
+    crow = index.get_indexer(pkey)
+    unmatched = np.flatnonzero(crow < 0)
+    if len(unmatched) == len(pert):
+        raise InputError(
+            f"model {model!r}: no perturbed row matches a clean row on {keyname}. First perturbed: "
+            f"{examples(_where(pert, np.arange(len(pert)), 'perturbed'), 2)}; first clean: "
+            f"{examples(_where(clean, np.arange(len(clean)), 'clean'), 2)}. Check that both files "
+            "come from the same questions and that img_id is the image file stem."
+        )
+    report.drop("no_clean_match", _where(pert, unmatched, "perturbed"), count=len(unmatched))
+    keep = crow >= 0
+    pert = pert[keep].reset_index(drop=True)
+    crow = crow[keep]
+    report.clean_unpaired = int(len(clean) - len(np.unique(crow)))
+
+    cpred = clean["prediction"].to_numpy(dtype=object)[crow]
+    ppred = pert["prediction"].to_numpy(dtype=object)
+    cj = clean["judge"].to_numpy(dtype=object)[crow]
+    pj = pert["judge"].to_numpy(dtype=object)
+    miss_c = pd.isna(cpred)
+    miss_p = pd.isna(ppred) & ~miss_c
+    report.drop(
+        "missing_prediction_clean", _where(clean, crow[miss_c], "clean"), count=int(miss_c.sum())
+    )
+    report.drop(
+        "missing_prediction_perturbed",
+        _where(pert, np.flatnonzero(miss_p), "perturbed"),
+        count=int(miss_p.sum()),
+    )
+    ok = ~miss_c & ~miss_p
+    # references: equal (up to whitespace) where both sides have one; else taken from either side
+    cref = clean["reference"].to_numpy(dtype=object)[crow]
+    pref = pert["reference"].to_numpy(dtype=object)
+    cn = map_unique(cref, lambda r: _norm_ref(r) if isinstance(r, str) else None)
+    pn = map_unique(pref, lambda r: _norm_ref(r) if isinstance(r, str) else None)
+    differ = ~pd.isna(cref) & ~pd.isna(pref) & (cn != pn)
+    if differ.any():
+        ex = [
+            f"{pert['_src'].iat[i]} {pert['_word'].iat[i]} {pert['_loc'].iat[i]}: clean reference "
+            f"{str(cref[i])[:50]!r} vs perturbed {str(pref[i])[:50]!r}"
+            for i in np.flatnonzero(differ)[:3]
+        ]
+        raise InputError(
+            f"model {model!r}: {int(differ.sum())} pairs have different reference answers on the two "
+            f"sides: {examples(ex)}. Both files must hold the same questions and answers; check that "
+            "they come from the same split and that the pairing key (img_id, question) is right."
+        )
+    ref = np.where(pd.isna(cref), pref, cref)
+    bad_ref = pd.isna(ref) & (pd.isna(cj) | pd.isna(pj)) & ok
+    report.drop(
+        "missing_reference",
+        _where(pert, np.flatnonzero(bad_ref), "perturbed"),
+        count=int(bad_ref.sum()),
+    )
+    ok &= ~bad_ref
+    pert = pert[ok].reset_index(drop=True)
+    crow = crow[ok]
+    ref = ref[ok]
+
+    def pick(col: str, empty: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        c = clean[col].to_numpy(dtype=object)[crow]
+        p = pert[col].to_numpy(dtype=object)
+        out = c.copy()
+        e = empty(c)
+        out[e] = p[e]
+        return out
+
+    no_class = lambda a: np.fromiter((not x for x in a), dtype=bool, count=len(a))  # noqa: E731
+    comp = pd.array(
+        np.where(
+            clean["complexity"].isna().to_numpy()[crow],
+            pert["complexity"].to_numpy(dtype=float, na_value=np.nan),
+            clean["complexity"].to_numpy(dtype=float, na_value=np.nan)[crow],
+        ),
+        dtype="Float64",
+    ).astype("Int64")
+    pairs = object_frame(
+        {
+            "model": np.full(len(pert), model, dtype=object),
+            "run": pert["_run"].to_numpy(dtype=object),
+            "perturbation": pert["perturbation"].to_numpy(dtype=object),
+            "severity": pert["severity"].to_numpy(np.int64),
+            "variant": pert["variant"].to_numpy(np.int64),
+            "img_id": pert["img_id"].to_numpy(dtype=object),
+            "question": clean["question"].to_numpy(dtype=object)[crow],
+            "reference": ref,
+            "complexity": comp,
+            "question_class": pick("question_class", no_class),
+            "options": pick("options", pd.isna),
+            "pred_clean": clean["prediction"].to_numpy(dtype=object)[crow],
+            "pred_pert": pert["prediction"].to_numpy(dtype=object),
+            "judge_clean": clean["judge"].to_numpy(dtype=object)[crow],
+            "judge_pert": pert["judge"].to_numpy(dtype=object),
+            "image_clean": clean["image_path"].to_numpy(dtype=object)[crow],
+            "image_pert": pert["image_path"].to_numpy(dtype=object),
+            "manifest_row": pert["manifest_row"].to_numpy(np.int64),
+            "clean_row": crow,
+        }
+    )
+    _add_risk(pairs, manifest, risk_tags, risk_map, report)
+    report.pairs = len(pairs)
+    report.at_risk_pairs = int(pairs["at_risk"].sum())
+    return pairs, report
+
+
+def _add_risk(
+    pairs: pd.DataFrame,
+    manifest: Manifest | None,
+    risk_tags: Mapping[str, Sequence[str]] | None,
+    risk_map: Mapping[str, Sequence[str]] | None,
+    report: PairReport,
+) -> None:
+    """Columns ``risk_tags`` (tuple), ``classes_at_risk`` (tuple) and ``at_risk`` (bool).
+
+    Tags come from the pair's manifest row when it has them, else from ``risk_tags`` for the op,
+    else from the catalog; ops with no known tags count as label-preserving (noted).
+    """
+    n = len(pairs)
+    tags = np.full(n, None, dtype=object)
+    mrow = pairs["manifest_row"].to_numpy(np.int64)
+    if manifest is not None and (mrow >= 0).any():
+        hit = np.flatnonzero(mrow >= 0)
+        tags[hit] = manifest.all_risk_tags()[mrow[hit]]
+    need = pd.isna(tags)
+    unknown_ops: set[str] = set()
+    if need.any():
+        catalog: dict[str, list[str]] | None = None
+
+        def op_tags(op: Any) -> tuple[str, ...] | None:
+            nonlocal catalog
+            if risk_tags is not None and op in risk_tags:
+                return tuple(risk_tags[op])
+            if catalog is None:
+                catalog = catalog_risk_tags()
+            t = catalog.get(op)
+            if t is None:
+                unknown_ops.add(str(op))
+            return tuple(t) if t is not None else ()
+
+        tags[need] = map_unique(pairs["perturbation"].to_numpy(dtype=object)[need], op_tags)
+    classes = pairs["question_class"].to_numpy(dtype=object)
+    tcode, tuniq = pd.factorize(tags)
+    ccode, cuniq = pd.factorize(classes)
+    combo = tcode.astype(np.int64) * max(len(cuniq), 1) + ccode
+    ucombo, inv = np.unique(combo, return_inverse=True)
+    risk_u = obj_array(
+        [
+            tuple(
+                classes_at_risk(
+                    tuniq[k // max(len(cuniq), 1)], cuniq[k % max(len(cuniq), 1)], risk_map
+                )
+            )
+            for k in ucombo
+        ]
+    )
+    risk_col = risk_u[inv.reshape(-1)]
+    pairs["risk_tags"] = tags
+    pairs["classes_at_risk"] = risk_col
+    pairs["at_risk"] = np.fromiter((bool(r) for r in risk_u), dtype=bool, count=len(risk_u))[
+        inv.reshape(-1)
+    ]
+    if unknown_ops:
+        report.notes.append(
+            "no risk tags known for perturbation(s) "
+            + ", ".join(sorted(unknown_ops))
+            + " (not in the manifest, the catalog or risk_tags): treated as label-preserving"
+        )
+    no_class = int(np.fromiter((not c for c in classes), dtype=bool, count=n).sum())
+    if no_class:
+        report.notes.append(
+            f"{no_class} pairs have no question_class: label risk cannot be checked"
+        )
+
+
+def resolve_image(path: str | None, bases: Sequence[Path]) -> Path | None:
+    """An existing file for ``path``: as given, or under one of ``bases``."""
+    if not isinstance(path, str) or not path:
+        return None
+    p = Path(path)
+    if p.is_absolute():
+        return p if p.is_file() else None
+    for base in bases:
+        q = base / p
+        if q.is_file():
+            return q
+    return p if p.is_file() else None

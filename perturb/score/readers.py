@@ -1,0 +1,698 @@
+"""Prediction readers: every supported format becomes one canonical table.
+
+Supported inputs (a path, a ``pandas.DataFrame`` or a list of dicts):
+
+* plain JSONL / CSV / TSV / parquet / JSON-array with ``img_id``, ``question``, a reference answer
+  (``answer``/``reference``/``labels``/...) and a ``prediction`` (or ``response``), plus optional
+  ``complexity``, ``question_class``, ``options``, ``perturbation``, ``severity``, ``variant``,
+  ``image``/``image_path`` and ``model``;
+* ms-swift inference JSONL (``messages`` [user, assistant], ``images`` [{"path"}] or [str],
+  ``response``, ``labels``): prediction = ``response`` (else the last assistant turn), question =
+  the last user turn without ``<image>`` tags, reference = ``labels``, img_id = image file stem;
+* Kvasir-VQA-x1 LLM-judge ``*_eval.json`` (list of rows with ``response``, ``answer``,
+  ``question_class`` and ``eval_json`` {aspect: {score, reason}});
+* a Hugging Face dataset folder (``datasets.save_to_disk``).
+
+Canonical columns: ``img_id``, ``question``, ``qkey`` (whitespace-normalised question used for
+pairing), ``reference``, ``prediction``, ``complexity``, ``question_class`` (tuple of str),
+``options`` (dict letter -> text or None), ``perturbation``, ``severity``, ``variant``,
+``image_path``, ``judge`` (dict aspect -> 0/1 or None), ``model`` and ``_loc`` (1-based line or
+row number in the source, for messages). Rows that cannot be used are dropped and counted with
+a reason in :class:`ReadReport`; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any, TypeAlias
+
+import numpy as np
+import pandas as pd
+
+from perturb.score.errors import InputError
+
+PredictionSource: TypeAlias = str | Path | pd.DataFrame | Sequence[Mapping[str, Any]]
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "prediction": ("prediction", "pred", "response", "model_answer", "output", "predicted_answer"),
+    "reference": (
+        "reference",
+        "answer",
+        "labels",
+        "label",
+        "ground_truth",
+        "gt_answer",
+        "gold",
+        "target",
+        "correct_answer",
+    ),
+    "img_id": ("img_id", "image_id"),
+    "question": ("question", "query", "prompt"),
+    "image_path": ("image_path", "img_path", "image", "images", "path", "file_name"),
+    "perturbation": ("perturbation", "op", "corruption"),
+    "severity": ("severity",),
+    "variant": ("variant",),
+    "complexity": ("complexity",),
+    "question_class": ("question_class", "question_classes"),
+    "options": ("options", "choices"),
+    "judge": ("eval_json",),
+    "model": ("model",),
+}
+REQUIRED_HELP = {
+    "prediction": "the model's answer",
+    "question": "the question text",
+    "img_id": "the image id (or an image path whose file stem is the id)",
+}
+CANONICAL = [
+    "img_id",
+    "question",
+    "qkey",
+    "reference",
+    "prediction",
+    "complexity",
+    "question_class",
+    "options",
+    "perturbation",
+    "severity",
+    "variant",
+    "image_path",
+    "judge",
+    "model",
+    "_loc",
+]
+_IMAGE_TAG = re.compile(r"<image>", re.IGNORECASE)
+_WS = re.compile(r"\s+")
+
+
+@dataclass
+class ReadReport:
+    """What happened to the rows of one input: counts, drops with reasons, coercions."""
+
+    source: str
+    format: str
+    rows_in: int = 0
+    rows_kept: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    drop_examples: dict[str, list[str]] = field(default_factory=dict)
+    coerced: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+    loc_word: str = "row"
+
+    def drop(self, reason: str, locs: Iterable[Any], what: str = "") -> None:
+        """Count dropped rows and keep the first few locations as examples."""
+        locs = list(locs)
+        if not locs:
+            return
+        self.dropped[reason] += len(locs)
+        ex = self.drop_examples.setdefault(reason, [])
+        for loc in locs[: max(0, 3 - len(ex))]:
+            ex.append(f"{self.source} {self.loc_word} {loc}{(': ' + what) if what else ''}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        return {
+            "source": self.source,
+            "format": self.format,
+            "rows_in": self.rows_in,
+            "rows_kept": self.rows_kept,
+            "dropped": dict(sorted(self.dropped.items())),
+            "drop_examples": {k: v for k, v in sorted(self.drop_examples.items())},
+            "coerced": dict(sorted(self.coerced.items())),
+            "notes": list(self.notes),
+        }
+
+
+# ----------------------------------------------------------------------------- raw loading
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with path.open("r", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(
+                    f"{path}: line {lineno}: malformed JSON ({exc.msg} at column {exc.colno}). "
+                    "Fix or remove that line; every non-blank line must be one JSON object."
+                ) from None
+            if not isinstance(obj, dict):
+                raise InputError(
+                    f"{path}: line {lineno}: expected a JSON object per line, got "
+                    f"{type(obj).__name__}. Write one {{...}} record per line."
+                )
+            obj["_loc"] = lineno
+            rows.append(obj)
+    return rows
+
+
+def _read_json(path: Path) -> tuple[list[dict[str, Any]], str]:
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        return [], "json"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # several JSON values: treat as JSON lines
+            return _read_jsonl(path), "jsonl"
+        raise InputError(
+            f"{path}: line {exc.lineno}: malformed JSON ({exc.msg} at column {exc.colno}). "
+            "Fix the file; it must hold a JSON list of row objects (or use JSON lines)."
+        ) from None
+    if isinstance(data, dict):
+        for key in ("rows", "data", "predictions", "records"):
+            if isinstance(data.get(key), list):
+                data = data[key]
+                break
+        else:
+            raise InputError(
+                f"{path}: expected a JSON list of row objects (or an object with a 'rows' list), "
+                f"got an object with keys {sorted(data)[:8]}."
+            )
+    if not isinstance(data, list):
+        raise InputError(f"{path}: expected a JSON list of row objects, got {type(data).__name__}.")
+    rows: list[dict[str, Any]] = []
+    for i, obj in enumerate(data, start=1):
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}: row {i}: expected a JSON object, got {type(obj).__name__}.")
+        rows.append({**obj, "_loc": i})
+    return rows, "json"
+
+
+def _read_hf(path: Path) -> pd.DataFrame:
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - datasets is a dependency
+        raise InputError(f"{path}: reading a dataset folder needs the 'datasets' package") from exc
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:
+        raise InputError(f"{path}: not a readable Hugging Face dataset folder ({exc})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if len(ds) != 1:
+            raise InputError(
+                f"{path}: dataset folder holds splits {sorted(ds)}; pass the folder of one split "
+                f"(e.g. {path}/{sorted(ds)[0]})."
+            )
+        ds = next(iter(ds.values()))
+    for name, feat in ds.features.items():
+        if isinstance(feat, datasets.Image):
+            ds = ds.cast_column(name, datasets.Image(decode=False))
+    df = ds.to_pandas()
+    assert isinstance(df, pd.DataFrame)
+    return df
+
+
+def load_raw(source: PredictionSource, label: str | None = None) -> tuple[pd.DataFrame, str, str]:
+    """Load ``source`` without interpretation; returns (frame, format, label)."""
+    if isinstance(source, pd.DataFrame):
+        df = source.copy()
+        df["_loc"] = np.arange(1, len(df) + 1)
+        return df, "dataframe", label or "dataframe"
+    if isinstance(source, (list, tuple)):
+        rows: list[dict[str, Any]] = []
+        for i, r in enumerate(source, start=1):
+            if not isinstance(r, Mapping):
+                raise InputError(f"{label or 'records'}: item {i} is not a dict")
+            rows.append({**r, "_loc": i})
+        return pd.DataFrame(rows), "records", label or "records"
+    if not isinstance(source, (str, Path)):
+        raise InputError(f"unsupported prediction source of type {type(source).__name__}")
+    path = Path(source)
+    label = label or str(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder. Check the path.")
+    if path.is_dir():
+        if any(
+            (path / n).exists() for n in ("dataset_info.json", "state.json", "dataset_dict.json")
+        ):
+            return _read_hf(path), "hf_dataset", label
+        raise InputError(
+            f"{path}: a folder but not a Hugging Face dataset (no dataset_info.json/state.json). "
+            "Pass a JSONL/CSV/parquet/JSON file or a datasets.save_to_disk folder."
+        )
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: the file is empty. Point to the predictions file.")
+    suffix = "".join(path.suffixes[-1:]).lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return pd.DataFrame(_read_jsonl(path)), "jsonl", label
+    if suffix == ".json":
+        rows, fmt = _read_json(path)
+        return pd.DataFrame(rows), fmt, label
+    if suffix in (".csv", ".tsv"):
+        try:
+            df = pd.read_csv(
+                path,
+                sep="\t" if suffix == ".tsv" else ",",
+                dtype=object,
+                keep_default_na=False,
+                na_values=[""],
+            )
+        except pd.errors.EmptyDataError:
+            raise InputError(
+                f"{path}: the file is empty (no header). Point to the predictions file."
+            ) from None
+        except pd.errors.ParserError as exc:
+            raise InputError(
+                f"{path}: malformed CSV ({exc}). Fix the quoting on that line."
+            ) from None
+        df["_loc"] = np.arange(2, len(df) + 2)  # file line number, header is line 1
+        return df, "csv", label
+    if suffix in (".parquet", ".pq"):
+        try:
+            df = pd.read_parquet(path)
+        except Exception as exc:
+            raise InputError(f"{path}: not a readable parquet file ({exc})") from None
+        df["_loc"] = np.arange(1, len(df) + 1)
+        return df, "parquet", label
+    raise InputError(
+        f"{path}: unknown file type '{suffix}'. Use .jsonl, .json, .csv, .tsv, .parquet or a "
+        "Hugging Face dataset folder."
+    )
+
+
+# ----------------------------------------------------------------------------- value coercion
+
+
+def obj_array(values: Iterable[Any]) -> np.ndarray:
+    """1-D object array holding ``values`` as they are (tuples and lists stay elements)."""
+    items = values if isinstance(values, list) else list(values)
+    return pd.Series(items, dtype=object).to_numpy() if items else np.empty(0, dtype=object)
+
+
+def object_frame(columns: Mapping[str, Any]) -> pd.DataFrame:
+    """DataFrame whose object-array columns stay Python objects (no string-dtype conversion)."""
+    return pd.DataFrame(
+        {
+            k: pd.Series(v, dtype=object) if isinstance(v, np.ndarray) and v.dtype == object else v
+            for k, v in columns.items()
+        }
+    )
+
+
+def map_unique(arr: np.ndarray, fn: Callable[[Any], Any]) -> np.ndarray:
+    """``fn`` applied once per distinct value of a column of strings/None (NA -> ``fn(None)``)."""
+    codes, uniq = pd.factorize(arr, use_na_sentinel=True)
+    mapped = obj_array([fn(u) for u in uniq] + [fn(None) if (codes < 0).any() else None])
+    return mapped[np.where(codes < 0, len(uniq), codes)]
+
+
+def _all_text(arr: np.ndarray) -> bool:
+    return pd.api.types.infer_dtype(arr, skipna=True) in ("string", "empty")
+
+
+def _is_missing(v: Any) -> bool:
+    if v is None:
+        return True
+    if isinstance(v, float) and math.isnan(v):
+        return True
+    return v is pd.NA or v is pd.NaT
+
+
+def _as_text(v: Any) -> tuple[str | None, str | None]:
+    """Text value of a cell: (text, coercion-kind) or (None, None/'invalid')."""
+    if isinstance(v, str):
+        return v, None
+    if _is_missing(v):
+        return None, None
+    if isinstance(v, (bool, np.bool_)):
+        return ("yes" if v else "no"), "bool"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v)), "number"
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        if math.isinf(f):
+            return None, "invalid"
+        return (str(int(f)) if f.is_integer() else repr(f)), "number"
+    return None, "invalid"
+
+
+def _text_column(values: np.ndarray, rep: ReadReport, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Coerce a column to str/None; returns (values, invalid-mask).
+
+    Numbers become their decimal text and booleans yes/no (counted in ``rep.coerced``); lists,
+    dicts and other objects are invalid.
+    """
+    arr = np.asarray(values, dtype=object)
+    invalid = np.zeros(len(arr), dtype=bool)
+    if _all_text(arr):
+        out = arr.copy()
+        out[pd.isna(arr)] = None
+        return out, invalid
+    out = np.empty(len(arr), dtype=object)
+    kinds: Counter[str] = Counter()
+    for i, v in enumerate(arr):
+        if type(v) is str:
+            out[i] = v
+            continue
+        t, kind = _as_text(v)
+        out[i] = t
+        if kind == "invalid":
+            invalid[i] = True
+        elif kind:
+            kinds[kind] += 1
+    for kind, n in kinds.items():
+        rep.coerced[f"{name}:{kind}_to_text"] += n
+    return out, invalid
+
+
+def _int_column(values: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Coerce to nullable ints: (values as float with NaN for missing, invalid-mask)."""
+    arr = np.asarray(values, dtype=object)
+    out = np.full(len(arr), np.nan)
+    invalid = np.zeros(len(arr), dtype=bool)
+    kind = pd.api.types.infer_dtype(arr, skipna=True)
+    if kind == "empty":
+        return out, invalid
+    if kind in ("integer", "floating", "mixed-integer-float"):
+        f = pd.to_numeric(pd.Series(arr), errors="coerce").to_numpy(dtype=np.float64)
+        bad = np.isfinite(f) & (f != np.round(f)) | np.isinf(f)
+        return np.where(bad, np.nan, f), bad
+    for i, v in enumerate(arr):
+        if _is_missing(v):
+            continue
+        if isinstance(v, (bool, np.bool_)):
+            invalid[i] = True
+            continue
+        try:
+            f = float(v.strip()) if isinstance(v, str) else float(v)
+        except (TypeError, ValueError):
+            if isinstance(v, str) and re.fullmatch(r"\s*[sS](\d+)\s*", v):
+                out[i] = float(re.fullmatch(r"\s*[sS](\d+)\s*", v).group(1))  # type: ignore[union-attr]
+                continue
+            if isinstance(v, str) and not v.strip():
+                continue
+            invalid[i] = True
+            continue
+        if math.isnan(f):
+            continue
+        if not f.is_integer():
+            invalid[i] = True
+            continue
+        out[i] = f
+    return out, invalid
+
+
+def _parse_jsonish(v: Any) -> Any:
+    if isinstance(v, str):
+        s = v.strip()
+        if s[:1] in "[{":
+            try:
+                return json.loads(s)
+            except json.JSONDecodeError:
+                return v
+    return v
+
+
+def _class_tuple(v: Any) -> tuple[str, ...]:
+    v = _parse_jsonish(v)
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    if isinstance(v, str):
+        parts = [p.strip() for p in re.split(r"[;,|]", v)]
+        return tuple(p for p in parts if p)
+    if isinstance(v, (list, tuple)):
+        return tuple(str(x).strip() for x in v if isinstance(x, str) and x.strip())
+    return ()
+
+
+_LETTERS = "ABCDEFGHIJ"
+
+
+def _options_dict(v: Any) -> dict[str, str] | None:
+    v = _parse_jsonish(v)
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    if isinstance(v, Mapping):
+        out = {}
+        for k, t in v.items():
+            if isinstance(k, str) and k.strip().upper()[:1] in _LETTERS and not _is_missing(t):
+                out[k.strip().upper()[:1]] = str(t)
+        return out or None
+    if isinstance(v, (list, tuple)):
+        out = {}
+        for i, t in enumerate(v[: len(_LETTERS)]):
+            if _is_missing(t):
+                continue
+            s = str(t)
+            m = re.match(r"^\s*\(?([A-Ja-j])[\).:]\s*(.*)$", s)
+            if m:
+                out[m.group(1).upper()] = m.group(2)
+            else:
+                out[_LETTERS[i]] = s
+        return out or None
+    return None
+
+
+def _judge_dict(v: Any) -> tuple[dict[str, float] | None, int]:
+    """Aspect scores from an ``eval_json`` cell; returns (scores or None, invalid-count)."""
+    v = _parse_jsonish(v)
+    if not isinstance(v, Mapping):
+        return None, 0
+    out: dict[str, float] = {}
+    bad = 0
+    for aspect, item in v.items():
+        score = item.get("score") if isinstance(item, Mapping) else item
+        if isinstance(score, str) and score.strip() in ("0", "1"):
+            score = int(score.strip())
+        if isinstance(score, (bool, np.bool_)):
+            score = int(score)
+        if isinstance(score, (int, float, np.integer, np.floating)) and float(score) in (0.0, 1.0):
+            out[str(aspect)] = float(score)
+        else:
+            bad += 1
+    return (out or None), bad
+
+
+def _path_of(v: Any) -> str | None:
+    """Image path from a cell: str, {"path": ...}, or a list of those (first one)."""
+    v = _parse_jsonish(v) if isinstance(v, str) and v.strip()[:1] == "[" else v
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    if isinstance(v, (list, tuple)):
+        v = v[0] if len(v) else None
+    if isinstance(v, Mapping):
+        v = v.get("path")
+    return v if isinstance(v, str) and v.strip() else None
+
+
+def image_stem(path: str) -> str:
+    """File stem of a posix or Windows path (``a/b/abc.jpg`` -> ``abc``)."""
+    name = PureWindowsPath(path).name if "\\" in path else PurePosixPath(path).name
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def question_key(q: str) -> str:
+    """Pairing form of a question: ``<image>`` tags removed, whitespace collapsed."""
+    return _WS.sub(" ", _IMAGE_TAG.sub(" ", q)).strip()
+
+
+# ----------------------------------------------------------------------------- ms-swift
+
+
+def _content_text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple, np.ndarray)):
+        parts = [
+            p.get("text", "")
+            for p in content
+            if isinstance(p, Mapping)
+            and p.get("type", "text") == "text"
+            and isinstance(p.get("text"), str)
+        ]
+        return "".join(parts) if parts else None
+    return None
+
+
+def _swift_columns(df: pd.DataFrame, rep: ReadReport) -> pd.DataFrame:
+    """Derive question / prediction / reference / image path from ms-swift records."""
+    questions: list[str | None] = []
+    preds: list[Any] = []
+    last_assistant: list[str | None] = []
+    for msgs in df["messages"].tolist():
+        msgs = _parse_jsonish(msgs)
+        if isinstance(msgs, np.ndarray):
+            msgs = msgs.tolist()
+        q = a = None
+        if isinstance(msgs, list):
+            for m in msgs:
+                if not isinstance(m, Mapping):
+                    continue
+                if m.get("role") == "user":
+                    q = _content_text(m.get("content"))
+                elif m.get("role") == "assistant":
+                    a = _content_text(m.get("content"))
+        questions.append(q)
+        last_assistant.append(a)
+    out = df.copy()
+    out["question"] = questions
+    has_response = "response" in df.columns
+    if has_response:
+        resp = df["response"].tolist()
+        preds = [r if not _is_missing(r) else a for r, a in zip(resp, last_assistant, strict=True)]
+    else:
+        preds = last_assistant
+        rep.notes.append("ms-swift rows without 'response': prediction = last assistant turn")
+    out["prediction"] = preds
+    if "response" in out.columns:
+        out = out.drop(columns=["response"])
+    if "labels" in df.columns and "answer" not in df.columns:
+        out = out.rename(columns={"labels": "reference"})
+    if "images" in df.columns and "image_path" not in df.columns:
+        out = out.rename(columns={"images": "image_path"})
+    return out.drop(columns=["messages"])
+
+
+# ----------------------------------------------------------------------------- canonical table
+
+
+def _pick(columns: Iterable[str], name: str) -> str | None:
+    cols = {c.lower(): c for c in columns if isinstance(c, str)}
+    for alias in ALIASES[name]:
+        if alias in cols:
+            return cols[alias]
+    return None
+
+
+def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -> pd.DataFrame:
+    """Map a raw frame onto the canonical columns, coercing values and dropping unusable rows."""
+    if "messages" in raw.columns:
+        rep.format = f"{rep.format}:ms-swift"
+        raw = _swift_columns(raw, rep)
+    elif "eval_json" in raw.columns:
+        rep.format = f"{rep.format}:llm-judge"
+    n = len(raw)
+    rep.rows_in = n
+    if n == 0:
+        raise InputError(f"{rep.source}: no rows. Point to a file that holds predictions.")
+    locs = raw["_loc"].to_numpy() if "_loc" in raw.columns else np.arange(1, n + 1)
+    cols = {name: _pick(raw.columns, name) for name in ALIASES}
+    missing = [k for k in ("prediction", "question") if cols[k] is None]
+    if cols["img_id"] is None and cols["image_path"] is None:
+        missing.append("img_id")
+    if missing:
+        hints = "; ".join(
+            f"{k} ({REQUIRED_HELP[k]}): one of {', '.join(ALIASES[k])}"
+            + (" or an image path column" if k == "img_id" else "")
+            for k in missing
+        )
+        raise InputError(
+            f"{rep.source}: missing column(s) {', '.join(missing)}. Found columns "
+            f"{sorted(str(c) for c in raw.columns if c != '_loc')[:15]}. Add or rename: {hints}."
+        )
+    if cols["reference"] is None:
+        rep.notes.append("no reference-answer column; references must come from the other side")
+
+    def col(name: str) -> np.ndarray:
+        c = cols[name]
+        if c is None:
+            return np.full(n, None, dtype=object)
+        return raw[c].to_numpy(dtype=object)
+
+    drop = np.zeros(n, dtype=bool)
+
+    def drop_rows(mask: np.ndarray, reason: str) -> None:
+        mask = mask & ~drop
+        rep.drop(reason, locs[mask].tolist())
+        drop[mask] = True
+
+    pred, bad_pred = _text_column(col("prediction"), rep, "prediction")
+    drop_rows(bad_pred, "invalid_prediction_type")
+    ref, bad_ref = _text_column(col("reference"), rep, "reference")
+    drop_rows(bad_ref, "invalid_reference_type")
+    question, bad_q = _text_column(col("question"), rep, "question")
+    q_missing = map_unique(question, lambda q: q is None or not q.strip()).astype(bool)
+    drop_rows(bad_q | q_missing, "missing_question")
+
+    raw_paths = col("image_path")
+    paths = (
+        map_unique(raw_paths, _path_of)
+        if _all_text(raw_paths)
+        else obj_array([_path_of(v) for v in raw_paths])
+    )
+    img, bad_img = _text_column(col("img_id"), rep, "img_id")
+    img = map_unique(img, lambda i: i.strip() if isinstance(i, str) and i.strip() else None)
+    no_id = pd.isna(img)
+    if no_id.any():
+        img[no_id] = map_unique(paths[no_id], lambda p: image_stem(p) if p else None)
+    drop_rows(bad_img | pd.isna(img), "missing_img_id")
+
+    sev, bad_sev = _int_column(col("severity"))
+    drop_rows(bad_sev, "invalid_severity")
+    var, bad_var = _int_column(col("variant"))
+    drop_rows(bad_var, "invalid_variant")
+    comp, bad_comp = _int_column(col("complexity"))
+    if bad_comp.any():
+        rep.coerced["complexity:invalid_to_missing"] += int(bad_comp.sum())
+    pert, bad_pert = _text_column(col("perturbation"), rep, "perturbation")
+    drop_rows(bad_pert, "invalid_perturbation")
+    mdl, _ = _text_column(col("model"), rep, "model")
+    if model is not None:
+        mdl = np.full(n, model, dtype=object)
+
+    def parsed(name: str, fn: Callable[[Any], Any], empty: Any) -> np.ndarray:
+        if not cols[name]:
+            return obj_array([empty] * n)
+        values = col(name)
+        return map_unique(values, fn) if _all_text(values) else obj_array([fn(v) for v in values])
+
+    qclass = parsed("question_class", _class_tuple, ())
+    options = parsed("options", _options_dict, None)
+    judge = obj_array([None] * n)
+    if cols["judge"]:
+        bad_aspects = 0
+        jl = []
+        for v in col("judge"):
+            d, bad = _judge_dict(v)
+            jl.append(d)
+            bad_aspects += bad
+        judge = obj_array(jl)
+        if bad_aspects:
+            rep.coerced["judge:invalid_aspect_scores_ignored"] += bad_aspects
+        no_judge = int(sum(1 for d in jl if d is None))
+        if no_judge:
+            rep.notes.append(f"{no_judge} rows without usable eval_json scores (judge metric n/a)")
+
+    keep = ~drop
+    qk = map_unique(question, lambda q: question_key(q) if q is not None else None)
+    out = object_frame(
+        {
+            "img_id": img[keep],
+            "question": question[keep],
+            "qkey": qk[keep],
+            "reference": ref[keep],
+            "prediction": pred[keep],
+            "complexity": pd.array(comp[keep], dtype="Int64") if n else comp,
+            "question_class": qclass[keep],
+            "options": options[keep],
+            "perturbation": pert[keep],
+            "severity": pd.array(sev[keep], dtype="Int64"),
+            "variant": pd.array(var[keep], dtype="Int64"),
+            "image_path": paths[keep],
+            "judge": judge[keep],
+            "model": mdl[keep],
+            "_loc": locs[keep],
+        }
+    )
+    rep.rows_kept = len(out)
+    return out.reset_index(drop=True)
+
+
+def read_predictions(
+    source: PredictionSource, label: str | None = None, model: str | None = None
+) -> tuple[pd.DataFrame, ReadReport]:
+    """Read predictions from a path, DataFrame or list of dicts into the canonical table."""
+    raw, fmt, label = load_raw(source, label)
+    rep = ReadReport(source=label, format=fmt, loc_word="line" if fmt == "jsonl" else "row")
+    if len(raw) == 0:
+        raise InputError(f"{label}: no rows. Point to a file that holds predictions.")
+    return canonicalize(raw, rep, model=model), rep

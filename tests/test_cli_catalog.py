@@ -1,0 +1,74 @@
+"""``perturb catalog`` and ``perturb preview`` through the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+from typer.testing import CliRunner
+
+from perturb.cli import app
+from tests.helpers import ENDOSCOPY, XRAY, require_samples
+
+runner = CliRunner()
+
+
+def test_catalog_json_lists_the_endoscopy_ops() -> None:
+    result = runner.invoke(app, ["catalog", "--modality", "endoscopy", "--json"])
+    assert result.exit_code == 0, result.output
+    ops = json.loads(result.output)
+    assert len(ops) >= 14
+    entry = next(o for o in ops if o["name"] == "specular_glare")
+    assert entry["family"] == "glare" and len(entry["params"]["sigma"]["levels"]) == 5
+    assert "occludes" in entry["risk_tags"] and entry["protects_border"] is True
+
+
+def test_catalog_table_and_bad_modality() -> None:
+    result = runner.invoke(app, ["catalog"])
+    assert result.exit_code == 0 and "gaussian_blur" in result.output
+    bad = runner.invoke(app, ["catalog", "--modality", "mri-ish"])
+    assert bad.exit_code == 2 and "choose one of" in bad.output
+
+
+def test_preview_of_a_real_frame_writes_a_labelled_grid(tmp_path: Path) -> None:
+    require_samples()
+    out = tmp_path / "grid.png"
+    result = runner.invoke(app, ["preview", str(ENDOSCOPY[4]), "--op", "motion_blur", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    grid = cv2.imread(str(out))
+    assert grid is not None and grid.shape[1] == 150 + 6 * 224  # label column + clean + 5 severities
+
+
+def test_preview_of_a_16_bit_gray_image_skips_colour_ops(tmp_path: Path) -> None:
+    require_samples()
+    gray8 = cv2.imread(str(XRAY[0]), cv2.IMREAD_GRAYSCALE)
+    gray16 = (gray8.astype(np.uint16) * 257)[:256, :256]
+    src = tmp_path / "gray16.png"
+    cv2.imwrite(str(src), gray16)
+    out = tmp_path / "grid.png"
+    result = runner.invoke(app, ["preview", str(src), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "hue_shift" in result.output  # named among the skipped ops
+    assert cv2.imread(str(out)) is not None
+
+
+def test_preview_errors_name_the_fix(tmp_path: Path) -> None:
+    require_samples()
+    unknown = runner.invoke(app, ["preview", str(ENDOSCOPY[0]), "--op", "blurr", "--out", str(tmp_path / "a.png")])
+    assert unknown.exit_code == 2 and "valid ops" in unknown.output
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    result = runner.invoke(app, ["preview", str(empty), "--out", str(tmp_path / "b.png")])
+    assert result.exit_code == 2 and "empty file" in result.output
+    wrong = runner.invoke(app, ["preview", str(ENDOSCOPY[0]), "--out", str(tmp_path / "c.jpg")])
+    assert wrong.exit_code == 2 and ".png" in wrong.output
+    assert not (tmp_path / "a.png").exists() and not (tmp_path / "b.png").exists()
+
+
+def test_preview_without_an_image_uses_a_phantom(tmp_path: Path) -> None:
+    out = tmp_path / "phantom.png"
+    result = runner.invoke(app, ["preview", "--op", "specular_glare", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert cv2.imread(str(out)) is not None
