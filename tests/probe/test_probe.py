@@ -1,0 +1,115 @@
+"""The probe model: right on clean phantoms, wrong under strong perturbations, pixels only."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from perturb.phantoms import phantom_id, qa_rows, render
+from perturb.phantoms.endoscopy import Phantom, atomic_questions
+from perturb.probe import ProbeModel, classify, split_question
+
+N_IMAGES = 24
+# minimum accuracy on clean phantoms per question class (size classes sit on thresholds of
+# the drawn radius before its random stretch, so they are the hardest)
+CLEAN_THRESHOLDS: dict[str, float] = {
+    "polyp_count": 0.9,
+    "finding_count": 0.9,
+    "abnormality_presence": 0.9,
+    "finding_presence": 0.9,
+    "abnormality_color": 0.9,
+    "abnormality_location": 0.9,
+    "polyp_type": 0.85,
+    "polyp_size": 0.6,
+    "polyp_removal_status": 0.9,
+    "box_artifact_presence": 0.95,
+    "text_presence": 0.95,
+    "instrument_presence": 0.95,
+    "instrument_count": 0.95,
+    "procedure_type": 0.95,
+    "landmark_presence": 0.95,
+}
+
+
+@pytest.fixture(scope="module")
+def phantoms() -> list[Phantom]:
+    return [render(phantom_id(i)) for i in range(N_IMAGES)]
+
+
+def accuracy(images: list[np.ndarray], phantoms: list[Phantom]) -> dict[str, float]:
+    model = ProbeModel()
+    hits: dict[str, list[bool]] = defaultdict(list)
+    for image, ph in zip(images, phantoms, strict=True):
+        obs = model.observe(image)
+        for question, answer, cls in atomic_questions(ph.truth):
+            hits[cls].append(model.answer_observation(obs, question) == answer)
+            hits["all"].append(hits[cls][-1])
+    return {c: float(np.mean(v)) for c, v in hits.items()}
+
+
+def test_clean_accuracy_per_class(phantoms: list[Phantom]) -> None:
+    acc = accuracy([p.image for p in phantoms], phantoms)
+    low = {c: acc[c] for c, t in CLEAN_THRESHOLDS.items() if acc[c] < t}
+    assert not low, f"below threshold on clean phantoms: {low}"
+    assert acc["all"] >= 0.95
+
+
+def test_joined_questions_use_the_phantom_phrasing(phantoms: list[Phantom]) -> None:
+    model = ProbeModel()
+    rows = [r for i, p in enumerate(phantoms) for r in qa_rows(phantom_id(i), p.truth)]
+    hits = []
+    for r in rows:
+        assert all(classify(q) is not None for q in split_question(r["question"]))
+        pred = model.answer(phantoms[int(r["img_id"][-4:])].image, r["question"])
+        hits.append(pred == r["answer"])
+    by_complexity = {
+        k: np.mean([h for h, r in zip(hits, rows, strict=True) if r["complexity"] == k])
+        for k in (1, 2, 3)
+    }
+    assert min(by_complexity.values()) >= 0.85, by_complexity
+
+
+def test_answers_come_from_pixels() -> None:
+    model = ProbeModel()
+    black = np.zeros((320, 400, 3), np.uint8)
+    assert model.answer(black, "How many polyps are in the image?") == "0"
+    assert model.answer(black, "Is there text?") == "no"
+    assert model.answer(black, "What color is the abnormality?") == "none"
+    assert model.answer(black, "Is there a green/black box artefact?") == "no"
+    assert model.answer(black, "What is the weather?") == "unknown"
+    ph = render("phantom_0000")
+    blank_text = ph.image.copy()
+    blank_text[: int(0.1 * 320), : int(0.55 * 400)] = 0
+    if ph.truth.text is not None:
+        assert model.answer(ph.image, "Is there text?") == "yes"
+    assert model.answer(blank_text, "Is there text?") == "no"
+
+
+@pytest.mark.parametrize(
+    ("op", "classes"),
+    [
+        ("gaussian_blur", ("text_presence", "polyp_count", "polyp_size")),
+        ("gaussian_noise", ("polyp_count", "abnormality_color", "polyp_type")),
+        ("hue_shift", ("polyp_count", "abnormality_color")),
+        ("saturation", ("abnormality_color",)),
+        ("specular_glare", ("polyp_count", "abnormality_location")),
+    ],
+)
+def test_degrades_at_severity_5(phantoms: list[Phantom], op: str, classes: tuple[str, ...]) -> None:
+    import torch
+
+    import perturb
+
+    x = torch.from_numpy(np.stack([p.image for p in phantoms])).permute(0, 3, 1, 2).contiguous()
+    keys = [phantom_id(i) for i in range(len(phantoms))]
+    clean = accuracy([p.image for p in phantoms], phantoms)
+    mild_x, _ = perturb.apply(x, op, 1, keys, seed=0)
+    strong_x, _ = perturb.apply(x, op, 5, keys, seed=0)
+    mild = accuracy(list(mild_x.permute(0, 2, 3, 1).numpy()), phantoms)
+    strong = accuracy(list(strong_x.permute(0, 2, 3, 1).numpy()), phantoms)
+    assert strong["all"] <= clean["all"] - 0.1, (clean["all"], strong["all"])
+    assert mild["all"] >= strong["all"] + 0.05, (mild["all"], strong["all"])
+    for cls in classes:
+        assert strong[cls] <= clean[cls] - 0.15, (cls, clean[cls], strong[cls])
