@@ -96,7 +96,10 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
     if b == 0:
         raise InputError("empty batch: pass at least one image (shape (B, C, H, W) with B >= 1)")
     if c not in (1, 3):
-        hint = " (drop the alpha channel with images[:, :3])" if c == 4 else ""
+        hint = {
+            4: " (drop the alpha channel with images[:, :3])",
+            2: " (gray + alpha: drop the alpha channel with images[:, :1])",
+        }.get(c, "")
         raise InputError(f"images must have 1 or 3 channels, got {c}{hint}; layout is (B, C, H, W)")
     if h < 2 or w < 2:
         raise InputError(f"images must be at least 2x2 pixels, got {h}x{w}")

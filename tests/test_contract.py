@@ -155,8 +155,8 @@ def test_bad_inputs_raise_errors_that_name_the_fix(op: str) -> None:
         (x[:0], "empty batch"),
         (x[0], "unsqueeze"),
         (x.double(), "float32"),
-        (x * 2.0, "scale"),
-        (torch.where(x > 0.5, torch.full_like(x, float("nan")), x), "NaN"),
+        (x * 2.0 + 0.5, "scale"),
+        (torch.where(torch.rand_like(x) > 0.5, torch.full_like(x, float("nan")), x), "NaN"),
         (x.numpy(), "torch.Tensor"),
         (torch.cat([x, x[:, :1]], 1), "alpha"),
     ]

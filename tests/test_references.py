@@ -45,6 +45,20 @@ REFERENCE_CHECKS = {
     "resized_crop": "tests.generate.test_geometry_ops::test_resized_crop_equals_opencv_resize_of_the_crop",
     "rotation": "tests.generate.test_geometry_ops::test_rotation_follows_pil_rotate",
     "translation": "tests.generate.test_geometry_ops::test_translation_is_an_exact_shift_with_black_fill",
+    "xray_quantum_noise": "tests.xray.test_xray_ops::test_quantum_noise_variance_is_proportional_to_linear_signal_at_the_dose",
+    "xray_grid_lines": "tests.xray.test_xray_ops::test_grid_lines_multiply_linear_signal_and_alias",
+    "xray_scatter": "tests.xray.test_xray_ops::test_scatter_adds_a_wide_blur_of_the_linear_signal",
+    "xray_exposure": "tests.xray.test_xray_ops::test_exposure_is_a_gain_on_the_linear_signal",
+    "xray_heel_effect": "tests.xray.test_xray_ops::test_heel_effect_follows_one_minus_a_t2_towards_the_anode",
+    "xray_window_level": "tests.xray.test_xray_ops::test_window_level_is_dicom_voi_linear",
+    "xray_gamma": "tests.xray.test_xray_ops::test_gamma_bit_depth_and_monochrome1_formulas",
+    "xray_bit_depth": "tests.xray.test_xray_ops::test_gamma_bit_depth_and_monochrome1_formulas",
+    "xray_monochrome1": "tests.xray.test_xray_ops::test_gamma_bit_depth_and_monochrome1_formulas",
+    "xray_burned_text": "tests.xray.test_xray_ops::test_burned_text_is_in_the_corners_and_grows_by_lines",
+    "xray_laterality_marker": "tests.xray.test_xray_ops::test_laterality_marker_is_a_bright_letter_in_a_top_corner_square",
+    "xray_collimation": "tests.xray.test_xray_ops::test_collimation_borders_take_the_shutter_value_and_spare_the_field",
+    "xray_motion_blur": "tests.xray.test_xray_ops::test_motion_blur_is_a_line_psf_on_the_linear_signal",
+    "xray_jpeg": "tests.xray.test_xray_ops::test_xray_jpeg_is_byte_identical_to_opencv_libjpeg",
 }
 
 

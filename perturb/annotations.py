@@ -1,0 +1,199 @@
+"""Boxes and ``<loc_x1_y1_x2_y2>`` answer tags carried through the ops applied to an image.
+
+Geometric ops move annotations exactly as they move the pixels; every other op (photometric:
+noise, blur, X-ray artifacts, ...) passes them through untouched.
+
+Coordinates are continuous pixel coordinates (pixel ``(i, j)`` covers ``[i, i+1) x [j, j+1)``,
+the convention of ``perturb.ops.geometry``) in the ORIGINAL image's pixels: a box given for an
+``original_size`` image (e.g. the DICOM) whose pixels were resized to ``image_size`` before the
+op ran is scaled to the working image, moved with the op, and scaled back. A box becomes the
+axis-aligned bounding box of its four moved corners (a rotated box's enclosing box), clipped to
+the frame. Each result carries flags:
+
+* ``outside``: nothing of the box is left inside the frame (its clipped box is empty);
+* ``cut``: the part inside the frame is below ``min_visible`` of the moved box's area.
+
+Supported geometric ops: ``resized_crop``, ``rotation``, ``translation`` (perturb.ops.geometry)
+and flips named ``hflip`` / ``horizontal_flip`` / ``vflip`` / ``vertical_flip`` (a flip swaps
+left and right: questions about laterality follow the image).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from perturb.catalog.specs import load_specs
+from perturb.engine import Record
+from perturb.ops.geometry import crop_box, rotation_matrix, translation_pixels
+
+LOC_TAG = re.compile(r"<loc_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)>")
+HFLIPS = frozenset({"hflip", "horizontal_flip"})
+VFLIPS = frozenset({"vflip", "vertical_flip"})
+DEFAULT_MIN_VISIBLE = 0.5
+
+
+class AnnotationError(ValueError):
+    """An op whose effect on annotations is unknown, or a malformed box."""
+
+
+@dataclass(frozen=True)
+class BoxResult:
+    """A moved box (x1, y1, x2, y2) in original-pixel coordinates, clipped to the frame."""
+
+    box: tuple[float, float, float, float]
+    visible: float  # clipped area / moved area (1.0 when wholly inside)
+    flags: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def outside(self) -> bool:
+        return "outside" in self.flags
+
+
+def _f32(value: Any) -> float:
+    """A recorded parameter as the kernel saw it (collated to float32)."""
+    return float(np.float32(value))
+
+
+def _op_name(record: Record | Mapping[str, Any]) -> str:
+    return record.op if isinstance(record, Record) else str(record["op"])
+
+
+def _params(record: Record | Mapping[str, Any]) -> dict[str, Any]:
+    return dict(record.params if isinstance(record, Record) else record["params"])
+
+
+def is_geometric(op: str) -> bool:
+    if op in HFLIPS or op in VFLIPS:
+        return True
+    specs = load_specs()
+    if op not in specs:
+        raise AnnotationError(f"unknown op {op!r}: cannot tell how it moves annotations")
+    return specs[op].family == "geometry" or "moves_geometry" in specs[op].risk_tags
+
+
+def forward_matrix(record: Record | Mapping[str, Any], width: int, height: int) -> np.ndarray:
+    """3x3 map from input to output continuous coordinates of one op on a ``width`` x
+    ``height`` image (the identity for photometric ops)."""
+    op = _op_name(record)
+    p = _params(record)
+    if op in HFLIPS:
+        return np.array([[-1.0, 0.0, float(width)], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    if op in VFLIPS:
+        return np.array([[1.0, 0.0, 0.0], [0.0, -1.0, float(height)], [0.0, 0.0, 1.0]])
+    if not is_geometric(op):
+        return np.eye(3)
+    if op == "resized_crop":
+        x0, y0, w, h = crop_box(width, height, _f32(p["scale"]), _f32(p["log_ratio"]), _f32(p["u"]), _f32(p["v"]))
+        sx, sy = width / w, height / h
+        return np.array([[sx, 0.0, -x0 * sx], [0.0, sy, -y0 * sy], [0.0, 0.0, 1.0]])
+    if op == "rotation":
+        inverse = np.vstack([rotation_matrix(_f32(p["degrees"]), width, height), [0.0, 0.0, 1.0]])
+        return np.linalg.inv(inverse)
+    if op == "translation":
+        tx, ty = translation_pixels(width, height, _f32(p["shift"]), _f32(p["direction"]))
+        return np.array([[1.0, 0.0, float(tx)], [0.0, 1.0, float(ty)], [0.0, 0.0, 1.0]])
+    raise AnnotationError(f"geometric op {op!r} has no annotation transform; add one in perturb/annotations.py")
+
+
+def chain_matrix(records: Iterable[Record | Mapping[str, Any]], width: int, height: int) -> np.ndarray:
+    """Input -> output map of records applied in order (all on ``width`` x ``height`` images)."""
+    total = np.eye(3)
+    for record in records:
+        total = forward_matrix(record, width, height) @ total
+    return total
+
+
+def transform_boxes(
+    boxes: Sequence[Sequence[float]] | np.ndarray,
+    records: Record | Mapping[str, Any] | Sequence[Record | Mapping[str, Any]],
+    image_size: tuple[int, int],
+    original_size: tuple[float, float] | None = None,
+    *,
+    min_visible: float = DEFAULT_MIN_VISIBLE,
+) -> list[BoxResult]:
+    """Move boxes (x1, y1, x2, y2), in pixels of an ``original_size`` = (W0, H0) image (default:
+    ``image_size``), through ``records`` applied in order to an ``image_size`` = (W, H) image."""
+    recs = [records] if isinstance(records, Record | Mapping) else list(records)
+    width, height = image_size
+    w0, h0 = original_size if original_size is not None else (float(width), float(height))
+    scale = np.diag([width / w0, height / h0, 1.0])
+    total = np.linalg.inv(scale) @ chain_matrix(recs, width, height) @ scale
+    out = []
+    for box in np.asarray(boxes, dtype=np.float64).reshape(-1, 4):
+        x1, y1, x2, y2 = (float(v) for v in box)
+        if not (x2 >= x1 and y2 >= y1):
+            raise AnnotationError(f"box {box.tolist()} needs x1 <= x2 and y1 <= y2")
+        corners = np.array([[x1, x2, x2, x1], [y1, y1, y2, y2], [1.0, 1.0, 1.0, 1.0]])
+        moved = total @ corners
+        mx1, mx2 = float(moved[0].min()), float(moved[0].max())
+        my1, my2 = float(moved[1].min()), float(moved[1].max())
+        cx1, cx2 = min(max(mx1, 0.0), w0), min(max(mx2, 0.0), w0)
+        cy1, cy2 = min(max(my1, 0.0), h0), min(max(my2, 0.0), h0)
+        area = (mx2 - mx1) * (my2 - my1)
+        clipped = (cx2 - cx1) * (cy2 - cy1)
+        outside = mx2 <= 0.0 or my2 <= 0.0 or mx1 >= w0 or my1 >= h0
+        visible = 0.0 if outside else (clipped / area if area > 0 else 1.0)
+        flags: list[str] = []
+        if outside:
+            flags.append("outside")
+        elif visible < min_visible:
+            flags.append("cut")
+        out.append(BoxResult((cx1, cy1, cx2, cy2), visible, tuple(flags)))
+    return out
+
+
+def parse_loc_tags(text: str) -> list[tuple[float, float, float, float]]:
+    """The boxes of every ``<loc_x1_y1_x2_y2>`` tag in ``text``, in order."""
+    return [tuple(float(g) for g in m.groups()) for m in LOC_TAG.finditer(text)]  # type: ignore[misc]
+
+
+def transform_loc_text(
+    text: str,
+    records: Record | Mapping[str, Any] | Sequence[Record | Mapping[str, Any]],
+    image_size: tuple[int, int],
+    original_size: tuple[float, float] | None = None,
+    *,
+    min_visible: float = DEFAULT_MIN_VISIBLE,
+) -> tuple[str, list[BoxResult]]:
+    """Rewrite every loc tag of ``text`` with its moved, clipped box (rounded to whole original
+    pixels); returns the new text and one ``BoxResult`` per tag (flags included). Tags of boxes
+    that left the frame are kept, clipped to an empty box on the frame edge, and flagged."""
+    boxes = parse_loc_tags(text)
+    if not boxes:
+        return text, []
+    results = transform_boxes(boxes, records, image_size, original_size, min_visible=min_visible)
+    it = iter(results)
+
+    def replace(_: re.Match[str]) -> str:
+        r = next(it)
+        return "<loc_{}_{}_{}_{}>".format(*(round(v) for v in r.box))
+
+    return LOC_TAG.sub(replace, text), results
+
+
+def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
+    """Intersection over union of two (x1, y1, x2, y2) boxes."""
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+__all__ = [
+    "LOC_TAG",
+    "AnnotationError",
+    "BoxResult",
+    "box_iou",
+    "chain_matrix",
+    "forward_matrix",
+    "is_geometric",
+    "parse_loc_tags",
+    "transform_boxes",
+    "transform_loc_text",
+]

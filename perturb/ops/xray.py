@@ -1,0 +1,515 @@
+"""Projection-radiography (chest X-ray) artifacts. Single-channel (gray) images.
+
+Display model
+-------------
+An image holds MONOCHROME2 display values ``v`` in [0, 1] (white = attenuating). We assume the
+usual logarithmic "for presentation" transform of the detector signal: the linear detector
+signal (transmitted fluence, relative to the unattenuated beam) is
+
+    I = exp(-MU * v),   v = -ln(I) / MU,   MU = 4 (the display spans e^4 ~ 55:1 in fluence),
+
+so air behind the lungs (v ~ 0) receives the full beam and the densest white structures about
+2 % of it. Physical effects act on ``I`` (invert the display transform, perturb, re-apply,
+clip to [0, 1]); display-side effects (window/level, gamma, bit depth, inversion, burned-in
+text and markers, collimation shutters, JPEG) act on ``v``. 8- and 16-bit inputs keep their
+depth: the engine converts them to float32 and back, only ``xray_bit_depth`` and ``xray_jpeg``
+quantise by design.
+
+Ops (physics after Bushberg et al., The Essential Physics of Medical Imaging, 3rd ed., ch. 7-9;
+DICOM PS3.3 C.11.2 for VOI LINEAR windowing and C.7.6.3.1.2 for MONOCHROME1):
+
+* quantum noise: ``Poisson(f N0 I) + sigma_e z`` quanta, divided by ``f N0``: dose fraction
+  ``f`` of a full-dose ``N0`` quanta per pixel, plus electronic (read) noise ``sigma_e``.
+* grid lines: an anti-scatter grid of 40-80 lines/cm, ``I (1 - a s(x))``, point-sampled by
+  the detector so frequencies above Nyquist alias into a low-frequency moire pattern.
+* scatter haze (veiling glare): ``I + k (G * I)`` with a wide kernel (three box passes, a
+  gaussian of the given sigma to within half a pixel).
+* exposure (detector gain ``2^(+-stops)`` on ``I``), heel-effect gradient (``I (1 - a t^2)``
+  along the anode-cathode axis), motion blur (line PSF on ``I``).
+* window/level, gamma, bit depth (LSB truncation), MONOCHROME1 inversion, burned-in text, laterality marker,
+  collimation borders (white: unexposed film-like shutter, black: electronic shutter), JPEG.
+
+Sizes are fractions of the shorter side (grid frequency assumes that side spans ``FIELD_CM``),
+so a severity means the same at any resolution.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from perturb import rng
+from perturb.ops import backend, blur, jpeg
+from perturb.ops.noise import poisson_counts
+from perturb.ops.registry import Level, Params, draw, draw_int, draw_sign, register_kernel
+
+MU = 4.0  # display range in natural-log units of fluence
+FULL_DOSE_QUANTA = 10000.0  # N0: quanta per pixel of the unattenuated beam at full dose
+FIELD_CM = 35.0  # physical extent of the shorter image side, for the grid frequency
+PENUMBRA = 0.004  # collimator edge blur, fraction of the shorter side
+
+
+def _b(p: torch.Tensor) -> torch.Tensor:
+    return p.view(-1, 1, 1, 1)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """float64 everywhere: transcendental results then do not depend on chunking or device
+    beyond float64 rounding, which the final float32 rounding hides."""
+    return x.double()
+
+
+def to_linear(v: torch.Tensor) -> torch.Tensor:
+    """Display value -> relative fluence ``exp(-MU v)`` (float64)."""
+    return torch.exp(_wide(v) * -MU)
+
+
+def to_display(i: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Relative fluence (float64) -> display value ``-ln(I) / MU`` clipped to [0, 1]."""
+    v = torch.log(i.clamp_min(math.exp(-MU))) / -MU
+    return v.clamp_(0.0, 1.0).to(like.dtype)
+
+
+def scale_linear(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    """``to_display(to_linear(x) * gain)`` for a positive gain (field), evaluated as the exact
+    display-domain shift ``v - ln(gain) / MU`` (one log of the gain instead of an exp and a
+    log per pixel), clipped to [0, 1]."""
+    return (_wide(x) - torch.log(gain) / MU).clamp_(0.0, 1.0).to(x.dtype)
+
+
+def to_linear_np(v: np.ndarray) -> np.ndarray:
+    return np.exp(v.astype(np.float64) * -MU)
+
+
+def to_display_np(i: np.ndarray) -> np.ndarray:
+    v = np.log(np.maximum(i, math.exp(-MU))) / -MU
+    return np.clip(v, 0.0, 1.0).astype(np.float32)
+
+
+def _load(src: np.ndarray) -> np.ndarray:
+    """One CHW sample as float32 in [0, 1], as the engine converts it."""
+    if src.dtype == np.uint8:
+        return src.astype(np.float32) / np.float32(255.0)
+    return src
+
+
+def _store(res: np.ndarray, dst: np.ndarray) -> None:
+    if dst.dtype == np.uint8:
+        np.copyto(dst, np.clip(np.rint(res * np.float32(255.0)), 0, 255).astype(np.uint8))
+    else:
+        np.copyto(dst, res)
+
+
+def _coords(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixel-centre coordinates (1,1,H,1) and (1,1,1,W), float64, relative to the centre."""
+    h, w = x.shape[-2:]
+    ys = (torch.arange(h, device=x.device, dtype=torch.float64) + 0.5 - h / 2).view(1, 1, h, 1)
+    xs = (torch.arange(w, device=x.device, dtype=torch.float64) + 0.5 - w / 2).view(1, 1, 1, w)
+    return ys, xs
+
+
+def _side(x: torch.Tensor | np.ndarray) -> int:
+    return int(min(x.shape[-2], x.shape[-1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantum + electronic noise
+
+
+@register_kernel("xray_quantum_noise")
+def xray_quantum_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Reduced-dose acquisition: ``(Poisson(f N0 I) + sigma_e z) / (f N0)`` in linear fluence.
+    ``dose`` is the fraction ``f`` of the full dose ``N0 = FULL_DOSE_QUANTA`` quanta/pixel;
+    ``electronic`` the read-noise std in quanta. The variance in ``I`` is ``I / (f N0)`` plus
+    ``(sigma_e / (f N0))^2``."""
+    shape = tuple(x.shape[1:])
+    z = torch.stack([rng.normal_field(k, "xray_quantum/normal", shape, x.device) for k in keys])
+    u = torch.stack([rng.uniform_field(k, "xray_quantum/uniform", shape, x.device) for k in keys])
+    ze = torch.stack([rng.normal_field(k, "xray_quantum/electronic", shape, x.device) for k in keys])
+    quanta = _b(p["dose"]).double() * FULL_DOSE_QUANTA
+    mean = (to_linear(x) * quanta).float()
+    counts = poisson_counts(mean, z, u).double() + _b(p["electronic"]).double() * ze.double()
+    return to_display(counts / quanta, x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Anti-scatter grid lines
+
+
+def _grid_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "strength": draw(rng_, level["strength"]),
+        "lines_per_cm": draw(rng_, level["lines_per_cm"]),
+        "angle": draw(rng_, level["angle"]),
+        "phase": float(rng_.random()),
+        "vertical": float(rng_.random() < 0.5),
+    }
+
+
+def grid_pattern(h: int, w: int, p: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Lead-strip shadow ``s`` in [0, 1] (B,1,H,W, float64), point-sampled at pixel centres:
+    ``0.5 (1 + cos 2 pi (f u + phase))`` with ``f`` in cycles/pixel (above Nyquist it aliases)."""
+    side = min(h, w)
+    ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5 - h / 2).view(1, 1, h, 1)
+    xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5 - w / 2).view(1, 1, 1, w)
+    theta = torch.deg2rad(_b(p["angle"]).double()) + _b(p["vertical"]).double() * (math.pi / 2)
+    freq = _b(p["lines_per_cm"]).double() * (FIELD_CM / side)  # cycles per pixel
+    # phase = f (x cos t + y sin t) + phase0, split into a row term and a column term (each
+    # reduced mod 1) so that cos(a + b) = cos a cos b - sin a sin b costs two outer products.
+    a = xs * (freq * torch.cos(theta))
+    b = ys * (freq * torch.sin(theta)) + _b(p["phase"]).double()
+    a = (a - torch.floor(a)) * (2.0 * math.pi)
+    b = (b - torch.floor(b)) * (2.0 * math.pi)
+    return 0.5 * (1.0 + torch.cos(a) * torch.cos(b) - torch.sin(a) * torch.sin(b))
+
+
+@register_kernel("xray_grid_lines", sampler=_grid_sampler)
+def xray_grid_lines(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    s = grid_pattern(x.shape[-2], x.shape[-1], p, x.device)
+    return scale_linear(x, 1.0 - _b(p["strength"]).double() * s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scatter haze (veiling glare): I + k * (G_sigma * I), G = three box passes
+
+
+def box_radius(sigma_px: float, size: int) -> int:
+    """Radius r of a box (width 2r + 1) whose three-fold convolution has std ``sigma_px``
+    (variance of three boxes: (w^2 - 1) / 4), limited to ``size - 1`` for reflection."""
+    width = math.sqrt(4.0 * sigma_px * sigma_px + 1.0)
+    return max(1, min(round((width - 1.0) / 2.0), size - 1))
+
+
+def _box_torch(i: torch.Tensor, r: int, dim: int) -> torch.Tensor:
+    """Box mean of width 2r + 1 along ``dim`` (-1 or -2) of a (1,1,H,W) float64 tensor,
+    reflected borders (OpenCV BORDER_REFLECT_101), through a cumulative sum."""
+    pad = (r, r, 0, 0) if dim == -1 else (0, 0, r, r)
+    padded = F.pad(i, pad, mode="reflect")
+    c = torch.cumsum(padded, dim=dim)
+    zero = torch.zeros_like(c.narrow(dim, 0, 1))
+    c = torch.cat([zero, c], dim=dim)
+    n = i.shape[dim]
+    return (c.narrow(dim, 2 * r + 1, n) - c.narrow(dim, 0, n)) / (2 * r + 1)
+
+
+def _scatter_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"fraction": draw(rng_, level["fraction"]), "sigma": draw(rng_, level["sigma"])}
+
+
+@register_kernel("xray_scatter", sampler=_scatter_sampler)
+def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Scatter (and detector veiling glare) adds a wide blur of the primary fluence:
+    ``I + k (G_sigma * I)``; ``fraction`` k is the scatter-to-primary ratio, ``sigma`` a
+    fraction of the shorter side."""
+    out = []
+    side = _side(x)
+    for i in range(x.shape[0]):
+        lin = to_linear(x[i : i + 1])
+        r = box_radius(float(p["sigma"][i]) * side, min(x.shape[-2], x.shape[-1]))
+        g = lin
+        for _ in range(3):
+            g = _box_torch(_box_torch(g, r, -1), r, -2)
+        out.append(to_display(lin + float(p["fraction"][i]) * g, x))
+    return torch.cat(out)
+
+
+@backend.register_cpu("xray_scatter")
+def xray_scatter_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    v = _load(src)
+    r = box_radius(float(p["sigma"]) * _side(v), _side(v))
+    res = np.empty(v.shape, dtype=np.float32)
+    for c in range(v.shape[0]):
+        lin = to_linear_np(v[c])
+        g = lin
+        for _ in range(3):
+            g = cv2.blur(g, (2 * r + 1, 2 * r + 1), borderType=cv2.BORDER_REFLECT_101)
+        res[c] = to_display_np(lin + float(np.float32(p["fraction"])) * g)
+    _store(res, dst)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exposure, heel effect, window/level, gamma, bit depth, MONOCHROME1 (pointwise / smooth)
+
+
+def _exposure_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"stops": draw(rng_, level["stops"]) * draw_sign(rng_)}
+
+
+@register_kernel("xray_exposure", sampler=_exposure_sampler)
+def xray_exposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Detector gain ``2^stops`` on the linear signal (over- or under-exposure that the
+    processing failed to normalise): a display shift of ``-stops ln 2 / MU`` with clipping."""
+    return scale_linear(x, torch.pow(2.0, _b(p["stops"]).double()))
+
+
+def _heel_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "strength": draw(rng_, level["strength"]),
+        "angle": draw(rng_, level["angle"]),
+        "anode_top": float(rng_.random() < 0.5),
+    }
+
+
+@register_kernel("xray_heel_effect", sampler=_heel_sampler)
+def xray_heel_effect(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Anode heel effect: fluence ``I (1 - a t^2)``, t in [0, 1] from the cathode to the anode
+    side along an axis near the image's vertical (the patient's long axis)."""
+    h, w = x.shape[-2:]
+    ys, xs = _coords(x)
+    theta = torch.deg2rad(_b(p["angle"]).double())
+    # unit axis pointing towards the anode: up (-y) or down (+y), tilted by angle
+    sign = 1.0 - 2.0 * _b(p["anode_top"]).double()
+    proj = (ys * torch.cos(theta) + xs * torch.sin(theta)) * sign
+    half = 0.5 * math.hypot(h, w)
+    t = ((proj / half + 1.0) / 2.0).clamp(0.0, 1.0)
+    return scale_linear(x, 1.0 - _b(p["strength"]).double() * t * t)
+
+
+def _wl_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "center_shift": draw(rng_, level["center_shift"]) * draw_sign(rng_),
+        "width": draw(rng_, level["width"]),
+    }
+
+
+@register_kernel("xray_window_level", sampler=_wl_sampler)
+def xray_window_level(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """DICOM VOI LINEAR window (continuous form, PS3.3 C.11.2.1.2.1) with centre
+    ``0.5 + center_shift`` and ``width`` on the normalised display scale (the identity window
+    is centre 0.5, width 1): ``clip((v - c) / w + 0.5)``."""
+    c = 0.5 + _b(p["center_shift"])
+    return ((x - c) / _b(p["width"]) + 0.5).clamp_(0.0, 1.0)
+
+
+def _gamma_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"log2_gamma": draw(rng_, level["log2_gamma"]) * draw_sign(rng_)}
+
+
+@register_kernel("xray_gamma", sampler=_gamma_sampler)
+def xray_gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Display LUT gamma ``v^gamma`` with ``gamma = 2^log2_gamma`` (mismatched presentation LUT)."""
+    g = torch.pow(2.0, _b(p["log2_gamma"]).double())
+    return torch.pow(_wide(x), g).clamp_(0.0, 1.0).to(x.dtype)
+
+
+def _bits_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"bits": draw_int(rng_, level["bits"])}
+
+
+@register_kernel("xray_bit_depth", sampler=_bits_sampler)
+def xray_bit_depth(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Bit-depth reduction as a store that keeps only the top ``bits`` bits (a right shift):
+    ``min(floor(v 2^bits), 2^bits - 1) / 2^bits``. Truncation, not rounding: its downward bias
+    grows with every dropped bit, as for a real shift."""
+    q = torch.pow(2.0, _b(p["bits"]).double())
+    k = torch.minimum(torch.floor(_wide(x) * q), q - 1.0)
+    return (k / q).to(x.dtype)
+
+
+@register_kernel("xray_monochrome1")
+def xray_monochrome1(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """MONOCHROME1 read as MONOCHROME2: ``v + a (1 - 2 v)``. Severity 5 (a = 1) is the full
+    inversion that a viewer ignoring Photometric Interpretation shows; levels 1-4 are partial
+    contrast reversals (a misapplied inverting presentation LUT) so that severity is graded."""
+    return (x + _b(p["amount"]) * (1.0 - 2.0 * x)).clamp_(0.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Overlays rendered on the host (integer rasterisation, identical for CPU and CUDA)
+
+
+def _blend(x: torch.Tensor, masks: list[np.ndarray], values: list[np.ndarray]) -> torch.Tensor:
+    """``v (1 - m) + value m`` per sample with host-rendered float32 masks (H, W)."""
+    m = torch.from_numpy(np.stack(masks)[:, None]).to(x.device)
+    val = torch.from_numpy(np.stack(values)[:, None]).to(x.device)
+    return (x * (1.0 - m) + val * m).clamp_(0.0, 1.0)
+
+
+_WORDS = ("PORTABLE", "AP", "PA", "SUPINE", "ERECT", "CHEST", "ICU", "BEDSIDE", "INSP", "L-SIDE")
+
+
+def _text_lines(key: int, n: int) -> list[str]:
+    g = rng.scalar_rng(rng.sub_key(key, "xray_text"))
+    lines = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            lines.append(f"ID {int(g.integers(10**6, 10**7))}")
+        elif kind == 1:
+            lines.append(f"{int(g.integers(1, 29)):02d}/{int(g.integers(1, 13)):02d}/20{int(g.integers(10, 25))}")
+        elif kind == 2:
+            lines.append(f"{_WORDS[int(g.integers(len(_WORDS)))]} {_WORDS[int(g.integers(len(_WORDS)))]}")
+        else:
+            lines.append(f"{int(g.integers(70, 125))} kVp {float(g.integers(5, 50)) / 10:.1f} mAs")
+    return lines
+
+
+def text_mask(h: int, w: int, lines: list[str], height: float) -> np.ndarray:
+    """Anti-aliased mask (float32, H x W) of text lines stacked in the four corners in turn
+    (line i goes to corner i % 4, row i // 4); ``height`` is the cap height in pixels."""
+    canvas = np.zeros((h, w), dtype=np.uint8)
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    scale = max(height / 22.0, 0.1)  # SIMPLEX caps are about 22 px at scale 1
+    thick = max(1, round(height / 9.0))
+    margin = max(1, round(0.6 * height))
+    step = round(1.6 * height) + 1
+    for i, text in enumerate(lines):
+        corner, row = i % 4, i // 4
+        (tw, th), _ = cv2.getTextSize(text, font, scale, thick)
+        x0 = margin if corner in (0, 2) else w - margin - tw
+        y0 = margin + th + row * step if corner in (0, 1) else h - margin - row * step
+        cv2.putText(canvas, text, (int(x0), int(y0)), font, scale, 255, thick, cv2.LINE_AA)
+    return canvas.astype(np.float32) / np.float32(255.0)
+
+
+def _text_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "lines": draw_int(rng_, level["lines"]),
+        "height": draw(rng_, level["height"]),
+        "value": draw(rng_, level["value"]),
+    }
+
+
+@register_kernel("xray_burned_text", sampler=_text_sampler)
+def xray_burned_text(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Burned-in annotation text (ID, date, projection, technique) in the corners; ``lines``
+    grows with severity and the first lines of a sample are the same at every severity."""
+    h, w = x.shape[-2:]
+    side = min(h, w)
+    masks, values = [], []
+    for i, k in enumerate(keys):
+        n = round(float(p["lines"][i]))
+        masks.append(text_mask(h, w, _text_lines(int(k), n), float(p["height"][i]) * side))
+        values.append(np.full((h, w), float(p["value"][i]), dtype=np.float32))
+    return _blend(x, masks, values)
+
+
+def marker_mask(h: int, w: int, letter: str, size: float, right_corner: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A lead laterality marker: a square of ``size`` px anchored at a top corner (margin 3 %
+    of the shorter side), a faint holder (0.35) with a bright outline and the letter (1.0).
+    Returns (mask, value) float32 images."""
+    side = min(h, w)
+    margin = round(0.03 * side)
+    s = max(2, round(size))
+    x0 = w - margin - s if right_corner else margin
+    y0 = margin
+    mask = np.zeros((h, w), dtype=np.float32)
+    value = np.ones((h, w), dtype=np.float32)
+    mask[y0 : y0 + s, x0 : x0 + s] = 0.35
+    glyph = np.zeros((h, w), dtype=np.uint8)
+    thick = max(1, round(s / 12.0))
+    cv2.rectangle(glyph, (x0, y0), (x0 + s - 1, y0 + s - 1), 255, thick, cv2.LINE_AA)
+    scale = max(0.7 * s / 22.0, 0.1)
+    (tw, th), _ = cv2.getTextSize(letter, cv2.FONT_HERSHEY_DUPLEX, scale, max(1, 2 * thick))
+    org = (x0 + (s - tw) // 2, y0 + (s + th) // 2)
+    cv2.putText(glyph, letter, org, cv2.FONT_HERSHEY_DUPLEX, scale, 255, max(1, 2 * thick), cv2.LINE_AA)
+    inside = (slice(y0, y0 + s), slice(x0, x0 + s))  # the marker never leaves its square
+    np.maximum(mask[inside], glyph[inside].astype(np.float32) / np.float32(255.0), out=mask[inside])
+    return mask, value
+
+
+def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "size": draw(rng_, level["size"]),
+        "letter_r": float(rng_.random() < 0.5),
+        "right_corner": float(rng_.random() < 0.5),
+    }
+
+
+@register_kernel("xray_laterality_marker", sampler=_marker_sampler)
+def xray_laterality_marker(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """A radiopaque "L"/"R" marker in a top corner; the letter is keyed and need not match the
+    anatomy (a wrong or misplaced marker is the failure mode it probes)."""
+    h, w = x.shape[-2:]
+    side = min(h, w)
+    masks, values = [], []
+    for i in range(x.shape[0]):
+        letter = "R" if float(p["letter_r"][i]) > 0.5 else "L"
+        m, v = marker_mask(h, w, letter, float(p["size"][i]) * side, float(p["right_corner"][i]) > 0.5)
+        masks.append(m)
+        values.append(v)
+    return _blend(x, masks, values)
+
+
+def collimation_mask(h: int, w: int, left: float, right: float, top: float, bottom: float) -> np.ndarray:
+    """Shutter mask (float32, H x W): 1 outside the open field, a linear penumbra of
+    ``PENUMBRA`` x shorter side at each blade edge. Blade positions are fractions of the
+    width (left/right) and height (top/bottom)."""
+    pen = max(PENUMBRA * min(h, w), 1.0)
+    xs = np.arange(w, dtype=np.float64) + 0.5
+    ys = np.arange(h, dtype=np.float64) + 0.5
+
+    def ramp(d: np.ndarray) -> np.ndarray:  # d: signed distance into the shutter, px
+        return np.clip(0.5 + d / pen, 0.0, 1.0)
+
+    mx = np.maximum(ramp(left * w - xs), ramp(xs - (1.0 - right) * w))
+    my = np.maximum(ramp(top * h - ys), ramp(ys - (1.0 - bottom) * h))
+    return np.maximum(mx[None, :], my[:, None]).astype(np.float32)
+
+
+def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "left": draw(rng_, level["left"]),
+        "right": draw(rng_, level["right"]),
+        "top": draw(rng_, level["top"]),
+        "bottom": draw(rng_, level["bottom"]),
+        "white": float(rng_.random() < 0.5),
+    }
+
+
+@register_kernel("xray_collimation", sampler=_collimation_sampler)
+def xray_collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Collimator shutters: borders of keyed width per side, white (unexposed, MONOCHROME2)
+    or black (electronic shutter), with a soft penumbra."""
+    h, w = x.shape[-2:]
+    masks, values = [], []
+    for i in range(x.shape[0]):
+        masks.append(
+            collimation_mask(h, w, float(p["left"][i]), float(p["right"][i]), float(p["top"][i]), float(p["bottom"][i]))
+        )
+        values.append(np.full((h, w), float(p["white"][i]), dtype=np.float32))
+    return _blend(x, masks, values)
+
+
+# ---------------------------------------------------------------------------------------------
+# Motion blur (linear domain) and JPEG (shared codec path)
+
+
+def _motion_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"length": draw(rng_, level["length"]), "angle": draw(rng_, level["angle"])}
+
+
+@register_kernel("xray_motion_blur", sampler=_motion_sampler)
+def xray_motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Patient motion during the exposure: a line PSF (perturb.ops.blur.line_psf) applied to
+    the linear fluence, which is what the detector integrates."""
+    side = _side(x)
+    out = []
+    for i in range(x.shape[0]):
+        psf = blur.line_psf(float(p["length"][i]) * side, float(p["angle"][i]))
+        lin = to_linear(x[i]).float()
+        out.append(to_display(blur._conv_torch(lin, psf).double(), x))
+    return torch.stack(out)
+
+
+@backend.register_cpu("xray_motion_blur")
+def xray_motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    v = _load(src)
+    psf = blur.line_psf(float(p["length"]) * _side(v), float(p["angle"]))
+    lin = to_linear_np(v).astype(np.float32)
+    blurred = np.empty_like(lin)
+    blur.filter_sample(lin, blurred, psf, separable=False)
+    _store(to_display_np(blurred), dst)
+
+
+def _quality_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"quality": draw_int(rng_, level["quality"])}
+
+
+register_kernel("xray_jpeg", sampler=_quality_sampler)(jpeg.jpeg)
+backend.register_cpu("xray_jpeg")(jpeg.jpeg_cpu)

@@ -1,0 +1,281 @@
+"""X-ray ops against independent computations (NumPy/SciPy/OpenCV) and the physics they claim.
+
+Each test recomputes an op from its recorded parameters with the display model of
+perturb/ops/xray.py (I = exp(-MU v)) written out again here, not imported from the kernels.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import scipy.ndimage
+import scipy.stats
+import torch
+
+import perturb
+from perturb.engine import Record
+from perturb.ops.backend import use_backend
+from perturb.ops.blur import line_psf
+from tests.helpers import XRAY, sample_tensor
+
+MU = 4.0
+N0 = 10000.0
+
+
+def _lin(v: np.ndarray) -> np.ndarray:
+    return np.exp(-MU * v.astype(np.float64))
+
+
+def _disp(i: np.ndarray) -> np.ndarray:
+    return np.clip(-np.log(np.maximum(i, math.exp(-MU))) / MU, 0.0, 1.0)
+
+
+def _real(size: int = 256, index: int = 2) -> torch.Tensor:
+    """A real chest X-ray resized (for the reference computations only) to size x size."""
+    img = sample_tensor(XRAY[index])[0].numpy()
+    small = cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA)
+    return torch.from_numpy(small).clamp(0, 1).view(1, 1, size, size).contiguous()
+
+
+def _with_params(x: torch.Tensor, op: str, severity: int, params: dict[str, Any], key: str = "k") -> tuple[torch.Tensor, Record]:
+    """Run ``op`` with explicit parameters (through the engine's replay)."""
+    _, records = perturb.apply(x, op, severity, [key])
+    rec = Record(**{**records[0].to_dict(), "params": {**records[0].params, **params}})
+    return perturb.replay([rec], x), rec
+
+
+def _np(x: torch.Tensor) -> np.ndarray:
+    return x[0, 0].double().numpy()
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantum noise
+
+
+def test_quantum_noise_variance_is_proportional_to_linear_signal_at_the_dose() -> None:
+    """Var(I') = I / (f N0) + (sigma_e / (f N0))^2 and E[I'] = I on flat fields."""
+    values = [0.1, 0.25, 0.4, 0.55]
+    x = torch.cat([torch.full((1, 1, 160, 160), v) for v in values])
+    for dose in (0.2, 0.05):
+        out, records = perturb.apply(x, "xray_quantum_noise", 2, [f"flat{i}" for i in range(len(values))])
+        records = [Record(**{**r.to_dict(), "params": {"dose": dose, "electronic": 3.0}}) for r in records]
+        out = perturb.replay(records, x)
+        ratios = []
+        for i, v in enumerate(values):
+            signal = math.exp(-MU * v)
+            noisy = _lin(out[i, 0].double().numpy())
+            quanta = np.float32(dose) * N0
+            expected = signal / quanta + (3.0 / quanta) ** 2
+            assert abs(noisy.mean() / signal - 1) < 0.01
+            ratios.append(noisy.var() / expected)
+        assert all(abs(r - 1) < 0.05 for r in ratios), ratios
+        # proportional: the quantum part per unit signal is the same at every level
+        assert max(ratios) / min(ratios) < 1.08
+
+
+def test_quantum_noise_is_poisson_at_low_counts() -> None:
+    """Below the normal-approximation threshold the counts follow the Poisson pmf."""
+    v = 0.55  # I = 0.11; at dose 0.008 the mean is 8.9 quanta, all above the display floor
+    x = torch.full((1, 1, 200, 200), v)
+    out, _ = _with_params(x, "xray_quantum_noise", 5, {"dose": 0.008, "electronic": 0.0})
+    quanta = float(np.float32(0.008)) * N0
+    counts = np.rint(_lin(_np(out)) * quanta)
+    lam = math.exp(-MU * v) * quanta
+    counts = counts[counts >= 2]  # the display floor exp(-MU) clips counts below ~1.5
+    k = np.arange(2, 25)
+    pmf = scipy.stats.poisson.pmf(k, lam)
+    observed = np.array([(counts == kk).mean() for kk in k]) * (1 - scipy.stats.poisson.cdf(1, lam))
+    assert np.abs(observed - pmf).max() < 0.01
+
+
+# ---------------------------------------------------------------------------------------------
+# Grid lines
+
+
+def test_grid_lines_multiply_linear_signal_and_alias() -> None:
+    x = _real(256)
+    params = {"strength": 0.3, "lines_per_cm": 60.0, "angle": 0.0, "phase": 0.25, "vertical": 0.0}
+    out, _ = _with_params(x, "xray_grid_lines", 5, params)
+    w = 256
+    f = 60.0 * 35.0 / 256  # cycles per pixel: far above Nyquist (0.5)
+    xs = np.arange(w) + 0.5 - w / 2
+    s = 0.5 * (1 + np.cos(2 * np.pi * (f * xs + 0.25)))
+    ref = _disp(_lin(_np(x)) * (1 - 0.3 * s)[None, :])
+    assert np.abs(_np(out) - ref).max() < 2e-6
+    # the shadow, sampled at pixel centres, shows up at the aliased frequency |f - round(f)|
+    ratio = _lin(_np(out)) / _lin(_np(x))
+    spectrum = np.abs(np.fft.rfft(ratio.mean(axis=0) - ratio.mean()))
+    alias = abs(f - round(f))
+    assert abs(np.argmax(spectrum) / w - alias) <= 1.0 / w
+
+
+# ---------------------------------------------------------------------------------------------
+# Scatter
+
+
+@pytest.mark.parametrize("backend", ["opencv", "torch"])
+def test_scatter_adds_a_wide_blur_of_the_linear_signal(backend: str) -> None:
+    x = _real(192)
+    with use_backend(backend):  # type: ignore[arg-type]
+        out, _ = _with_params(x, "xray_scatter", 4, {"fraction": 1.2, "sigma": 0.1})
+    sigma_px = float(np.float32(0.1)) * 192
+    r = max(1, round((math.sqrt(4 * sigma_px**2 + 1) - 1) / 2))
+    lin = _lin(_np(x))
+    g = lin
+    for _ in range(3):  # scipy 'mirror' is OpenCV's BORDER_REFLECT_101
+        g = scipy.ndimage.uniform_filter(g, size=2 * r + 1, mode="mirror")
+    ref = _disp(lin + float(np.float32(1.2)) * g)
+    assert np.abs(_np(out) - ref).max() < 1e-4
+    # the three-box kernel has the requested std within half a pixel
+    box = np.ones(2 * r + 1) / (2 * r + 1)
+    k = np.convolve(np.convolve(box, box), box)
+    t = np.arange(k.size) - k.size // 2
+    assert abs(math.sqrt((k * t * t).sum()) - sigma_px) <= 0.5
+    # contrast in the linear domain drops: std / mean of I falls
+    lo = _lin(_np(out))
+    assert lo.std() / lo.mean() < lin.std() / lin.mean()
+
+
+# ---------------------------------------------------------------------------------------------
+# Pointwise display-domain and linear-domain ops
+
+
+def test_exposure_is_a_gain_on_the_linear_signal() -> None:
+    x = _real(128)
+    for stops in (-1.2, 0.7):
+        out, _ = _with_params(x, "xray_exposure", 3, {"stops": stops})
+        ref = _disp(_lin(_np(x)) * 2.0 ** float(np.float32(stops)))
+        assert np.abs(_np(out) - ref).max() < 2e-6
+
+
+def test_heel_effect_follows_one_minus_a_t2_towards_the_anode() -> None:
+    x = _real(128)
+    out, _ = _with_params(x, "xray_heel_effect", 4, {"strength": 0.5, "angle": 0.0, "anode_top": 1.0})
+    h = w = 128
+    ys = np.arange(h) + 0.5 - h / 2
+    t = np.clip((-ys / (0.5 * math.hypot(h, w)) + 1) / 2, 0, 1)
+    ref = _disp(_lin(_np(x)) * (1 - 0.5 * t * t)[:, None])
+    assert np.abs(_np(out) - ref).max() < 2e-6
+    gain = _lin(_np(out))[:, 64] / _lin(_np(x))[:, 64]
+    unclipped = _np(out)[:, 64] < 1.0
+    assert np.all(np.diff(gain[unclipped]) >= -1e-9)  # fluence rises from the anode (top) down
+
+
+def test_window_level_is_dicom_voi_linear() -> None:
+    x = _real(128)
+    out, _ = _with_params(x, "xray_window_level", 3, {"center_shift": -0.1, "width": 0.6})
+    c, w = 0.5 + float(np.float32(-0.1)), float(np.float32(0.6))
+    ref = np.clip((_np(x) - c) / w + 0.5, 0, 1)
+    assert np.abs(_np(out) - ref).max() < 1e-6
+
+
+def test_gamma_bit_depth_and_monochrome1_formulas() -> None:
+    x = _real(128)
+    v = _np(x)
+    out, _ = _with_params(x, "xray_gamma", 3, {"log2_gamma": -0.5})
+    assert np.abs(_np(out) - v ** (2.0 ** float(np.float32(-0.5)))).max() < 1e-6
+    for bits in (7, 4, 3):
+        out, _ = _with_params(x, "xray_bit_depth", 3, {"bits": bits})
+        q = 2**bits  # the top bits of each value, as a right shift keeps them
+        assert np.abs(_np(out) - np.minimum(np.floor(v.astype(np.float32) * q), q - 1) / q).max() < 1e-6
+        assert len(np.unique(_np(out))) <= 2**bits
+    out5, _ = perturb.apply(x, "xray_monochrome1", 5, ["k"])
+    assert np.abs(_np(out5) - (1 - v)).max() < 1e-6
+    out2, _ = perturb.apply(x, "xray_monochrome1", 2, ["k"])
+    assert np.abs(_np(out2) - (v + 0.4 * (1 - 2 * v))).max() < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# Overlays
+
+
+def test_burned_text_is_in_the_corners_and_grows_by_lines() -> None:
+    x = _real(256)
+    changed = []
+    for severity in range(1, 6):
+        out, rec = perturb.apply(x, "xray_burned_text", severity, ["k"])
+        diff = np.abs(_np(out) - _np(x)) > 1e-7
+        changed.append(diff)
+        rows = np.nonzero(diff)[0]
+        # text stays in bands along the top and bottom edges
+        assert np.all((rows < 256 * 0.25) | (rows > 256 * 0.75))
+        # where the mask is full, the pixel takes the text value
+        value = float(np.float32(rec[0].params["value"]))
+        assert np.isclose(_np(out), value, atol=1e-6).sum() > 0
+    for a, b in itertools.pairwise(changed):
+        assert not (a & ~b).any() and b.sum() > a.sum()  # a superset at each severity
+
+
+def test_laterality_marker_is_a_bright_letter_in_a_top_corner_square() -> None:
+    x = _real(256)
+    for right in (0.0, 1.0):
+        out, _ = _with_params(x, "xray_laterality_marker", 3, {"size": 0.1, "right_corner": right, "letter_r": 1.0})
+        diff = np.abs(_np(out) - _np(x)) > 1e-7
+        rows, cols = np.nonzero(diff)
+        margin, s = round(0.03 * 256), round(float(np.float32(0.1)) * 256)
+        x0 = 256 - margin - s if right else margin
+        assert rows.min() >= margin and rows.max() < margin + s
+        assert cols.min() >= x0 and cols.max() < x0 + s
+        assert (np.abs(_np(out) - 1.0) < 1e-6).sum() > s  # the radiopaque letter and frame
+
+
+def test_collimation_borders_take_the_shutter_value_and_spare_the_field() -> None:
+    x = _real(200)
+    params = {"left": 0.1, "right": 0.05, "top": 0.15, "bottom": 0.2}
+    for white in (0.0, 1.0):
+        out, _ = _with_params(x, "xray_collimation", 4, {**params, "white": white})
+        o, v = _np(out), _np(x)
+        assert np.all(o[:, :19] == white) and np.all(o[:, -9:] == white)
+        assert np.all(o[:29, :] == white) and np.all(o[-39:, :] == white)
+        assert np.array_equal(o[32:-42, 22:-12], v[32:-42, 22:-12].astype(np.float32).astype(np.float64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Motion blur and JPEG
+
+
+@pytest.mark.parametrize("backend", ["opencv", "torch"])
+def test_motion_blur_is_a_line_psf_on_the_linear_signal(backend: str) -> None:
+    x = _real(160)
+    with use_backend(backend):  # type: ignore[arg-type]
+        out, _ = _with_params(x, "xray_motion_blur", 4, {"length": 0.05, "angle": 30.0})
+    psf = line_psf(float(np.float32(0.05)) * 160, float(np.float32(30.0)))
+    lin = _lin(_np(x))
+    ref = _disp(scipy.ndimage.correlate(lin, psf.astype(np.float64), mode="mirror"))
+    assert np.abs(_np(out) - ref).max() < 1e-4
+    assert abs(_lin(_np(out)).mean() / lin.mean() - 1) < 0.01  # the PSF keeps the fluence
+
+
+def test_xray_jpeg_is_byte_identical_to_opencv_libjpeg() -> None:
+    x = _real(256)
+    out, rec = perturb.apply(x, "xray_jpeg", 4, ["k"])
+    u8 = np.clip(np.rint(_np(x) * 255), 0, 255).astype(np.uint8)
+    q = int(rec[0].params["quality"])
+    ok, buf = cv2.imencode(".jpg", u8, [cv2.IMWRITE_JPEG_QUALITY, q])
+    assert ok
+    ref = cv2.imdecode(buf, cv2.IMREAD_GRAYSCALE)
+    assert ref is not None
+    assert np.array_equal(np.rint(_np(out) * 255).astype(np.uint8), ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# 16-bit
+
+
+@pytest.mark.parametrize(
+    "op",
+    ["xray_quantum_noise", "xray_scatter", "xray_exposure", "xray_window_level", "xray_gamma", "xray_heel_effect", "xray_motion_blur", "xray_grid_lines"],
+)
+def test_16_bit_in_16_bit_out_with_more_than_8_bit_levels(op: str) -> None:
+    x = _real(128)
+    u16 = (x * 65535).round().to(torch.uint16)
+    out, _ = perturb.apply(u16, op, 3, ["k"])
+    assert out.dtype == torch.uint16
+    values = out.to(torch.int32)
+    assert bool(((values % 257) != 0).any()), "quantised to 8 bits"
+    assert len(torch.unique(values)) > 256
