@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "perturb.catalog.command",
     "perturb.score.command",
     "perturb.generate.command",
+    "perturb.demo.command",
 ]
 
 for _module in COMMAND_MODULES:

@@ -55,7 +55,13 @@ def preview(
     from perturb.catalog.preview import preview_grid
     from perturb.catalog.registry import UnknownOpError
     from perturb.engine import InputError
-    from perturb.io.images import ImageDecodeError, encode_image, read_image, to_tensor, write_atomic
+    from perturb.io.images import (
+        ImageDecodeError,
+        encode_image,
+        read_image,
+        to_tensor,
+        write_atomic,
+    )
 
     if image is None:
         from perturb.phantoms import phantom_image

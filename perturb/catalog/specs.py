@@ -4,6 +4,7 @@ monotone in the declared direction (midpoints strictly). Pure Python: no torch i
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -55,10 +56,10 @@ class ParamTable(BaseModel):
         pairs = list(zip(self.levels, self.levels[1:], strict=False))
         if self.direction == "increasing":
             ok = all(a[0] <= b[0] and a[1] <= b[1] for a, b in pairs)
-            ok = ok and all(m1 < m2 for m1, m2 in zip(mids, mids[1:], strict=False))
+            ok = ok and all(m1 < m2 for m1, m2 in itertools.pairwise(mids))
         elif self.direction == "decreasing":
             ok = all(a[0] >= b[0] and a[1] >= b[1] for a, b in pairs)
-            ok = ok and all(m1 > m2 for m1, m2 in zip(mids, mids[1:], strict=False))
+            ok = ok and all(m1 > m2 for m1, m2 in itertools.pairwise(mids))
         else:
             ok = all(a == b for a, b in pairs)
         if not ok:

@@ -1,0 +1,31 @@
+"""Generation of perturbed test splits: suite config -> keyed jobs -> images + manifest.
+
+perturb generate kvasir-vqa-x1-transformed --out runs/track2     # built-in phantoms
+perturb verify runs/track2
+
+from perturb.generate import generate_split
+summary = generate_split("endoscopy-artifacts", "runs/artifacts", dataset="SimulaMet/Kvasir-VQA-x1")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perturb.generate.runner import RunSummary
+    from perturb.generate.suite import Suite
+
+__all__ = ["generate_split"]
+
+
+def generate_split(config: str | Path | Suite, out: str | Path, **options: Any) -> RunSummary:
+    """Run a suite (a YAML path, a name in configs/, or a ``Suite``) into ``out``; ``options``
+    are those of ``perturb.generate.runner.RunOptions`` (dataset, split, limit, batch_size,
+    workers, device, seed, max_pixels, image_column, embed_images, progress, builtin_images)."""
+    from perturb.generate.runner import RunOptions, generate
+    from perturb.generate.suite import Suite, load_suite
+
+    suite = config if isinstance(config, Suite) else load_suite(config)
+    options.setdefault("progress", False)
+    return generate(suite, RunOptions(out=Path(out), **options))

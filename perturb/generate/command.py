@@ -1,0 +1,159 @@
+"""``perturb generate`` and ``perturb verify``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from perturb.io.images import DEFAULT_MAX_PIXELS
+
+err = Console(stderr=True)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def generate(
+    config: Annotated[
+        str,
+        typer.Argument(
+            help="Suite YAML, or the name of one in configs/ (e.g. kvasir-vqa-x1-transformed)."
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Output folder (created; a re-run resumes it).")
+    ],
+    dataset: Annotated[
+        str | None,
+        typer.Option(
+            help="Hub id, save_to_disk folder, parquet/JSONL file, or image folder. Default: built-in phantoms (offline)."
+        ),
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="Split to use (default: test, or the only one).")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Only the first N unique images (all their QA rows).")
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option(help="Images per batch (outputs do not depend on it).")
+    ] = 8,
+    workers: Annotated[
+        int, typer.Option(help="Worker processes (outputs do not depend on it).")
+    ] = 1,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the keys (default: the suite's).")
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option(help="Exit 1 when any row, image or output failed.")
+    ] = False,
+    max_pixels: Annotated[
+        int, typer.Option(help="Refuse images with more pixels (decompression-bomb guard).")
+    ] = DEFAULT_MAX_PIXELS,
+    image_column: Annotated[
+        str | None,
+        typer.Option(help="Image column of the input (default: image, or a path column)."),
+    ] = None,
+    embed_images: Annotated[
+        bool,
+        typer.Option(
+            help="Store image bytes inside DIR/dataset (self-contained) instead of paths to DIR's files."
+        ),
+    ] = False,
+    builtin_images: Annotated[
+        int | None, typer.Option(help="Phantoms in the built-in sample (no --dataset).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Generate a perturbed split: images, manifest.parquet, errors.jsonl, dataset/."""
+    from perturb.generate.runner import RunError, RunOptions
+    from perturb.generate.runner import generate as run
+    from perturb.generate.suite import SuiteError, load_suite
+
+    try:
+        suite = load_suite(config)
+        summary = run(
+            suite,
+            RunOptions(
+                out=out,
+                dataset=dataset,
+                split=split,
+                limit=limit,
+                batch_size=batch_size,
+                workers=workers,
+                device=device,
+                seed=seed,
+                strict=strict,
+                max_pixels=max_pixels,
+                image_column=image_column,
+                embed_images=embed_images,
+                progress=not quiet,
+                builtin_images=builtin_images,
+            ),
+        )
+    except (SuiteError, RunError) as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(summary.to_dict(), indent=2))
+    else:
+        s = summary
+        lines = [
+            f"suite {s.suite} on {s.input} ({s.device})",
+            f"input rows {s.input_rows} ({s.rows_without_id} without img_id), unique images {s.images}, selected {s.images_selected}"
+            + (f", unsafe img_ids encoded {s.unsafe_ids}" if s.unsafe_ids else ""),
+            f"images decoded {s.images_ok}, failed {s.images_failed}",
+            f"outputs expected {s.outputs_expected}: already present {s.outputs_existing}, written {s.outputs_written}, failed {s.output_errors}",
+            f"manifest rows {s.manifest_rows}, dataset rows {s.dataset_rows}, errors {s.errors} (errors.jsonl)",
+            f"{s.seconds:.1f} s, {s.images_per_second:.1f} images/s, output {_size(s.output_bytes)} in {out}",
+        ]
+        for line in lines:
+            typer.echo(line)
+    if summary.errors and strict:
+        raise typer.Exit(1)
+
+
+def verify(
+    directory: Annotated[
+        Path, typer.Argument(metavar="DIR", help="Output folder of `perturb generate`.")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Re-hash every manifest file; report missing, corrupt and extra files (exit 1 if any)."""
+    from perturb.generate.verify import VerifyError
+    from perturb.generate.verify import verify as check
+
+    try:
+        report = check(directory)
+    except VerifyError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for kind in ("missing", "corrupt", "extra", "unsafe"):
+            for rel in getattr(report, kind):
+                typer.echo(f"{kind}: {rel}")
+        status = "ok" if report.ok else "problems found"
+        typer.echo(
+            f"{status}: {report.checked} files checked, {len(report.missing)} missing, "
+            f"{len(report.corrupt)} corrupt, {len(report.extra)} extra"
+        )
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate")(generate)
+    app.command("verify")(verify)

@@ -1,0 +1,106 @@
+"""Encoding outputs and the manifest row schema."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import cv2
+import numpy as np
+import pyarrow as pa
+import torch
+
+from perturb.generate.suite import OutputSpec
+from perturb.io.images import from_tensor
+
+# The scorer relies on these names and types (perturb/score/manifest.py).
+MANIFEST_SCHEMA = pa.schema(
+    [
+        ("img_id", pa.string()),
+        ("suite", pa.string()),
+        ("op", pa.string()),
+        ("severity", pa.int64()),
+        ("variant", pa.int64()),
+        ("seed", pa.int64()),
+        ("key", pa.string()),
+        ("params", pa.string()),
+        ("risk_tags", pa.string()),
+        ("path", pa.string()),
+        ("sha256", pa.string()),
+        ("width", pa.int64()),
+        ("height", pa.int64()),
+        ("perturb_version", pa.string()),
+        # extras
+        ("file_id", pa.string()),
+        ("op_version", pa.int64()),
+        ("channels", pa.int64()),
+        ("bit_depth", pa.int64()),
+        ("format", pa.string()),
+        ("encoding", pa.string()),
+        ("size_bytes", pa.int64()),
+        ("device", pa.string()),
+        ("record", pa.string()),
+    ]
+)
+MANIFEST_COLUMNS = tuple(MANIFEST_SCHEMA.names)
+
+
+def output_array(x: torch.Tensor, spec: OutputSpec, bit_depth: int) -> np.ndarray:
+    """CHW float32 -> HWC/HW array at the depth the format keeps (16-bit only for PNG)."""
+    dtype = np.uint16 if (spec.format == "png" and bit_depth == 16) else np.uint8
+    return from_tensor(x, dtype)
+
+
+def quantize(img: np.ndarray, spec: OutputSpec, bit_depth: int) -> np.ndarray:
+    """HWC / HW float32 in [0, 1] -> the output depth; the same values as ``output_array``."""
+    sixteen = spec.format == "png" and bit_depth == 16
+    dtype: type[np.unsignedinteger] = np.uint16 if sixteen else np.uint8
+    scale = np.float32(65535.0 if sixteen else 255.0)
+    out = np.clip(img, 0.0, 1.0) * scale
+    return np.rint(out, out=out).astype(dtype)
+
+
+def encode(img: np.ndarray, spec: OutputSpec) -> bytes:
+    """Encode with the suite's settings: PNG (lossless, 8/16-bit) or JPEG (8-bit, 4:2:0)."""
+    bgr = cv2.cvtColor(img, cv2.COLOR_RGB2BGR) if img.ndim == 3 else img
+    if spec.format == "png":
+        ok, buf = cv2.imencode(
+            ".png", bgr, [cv2.IMWRITE_PNG_COMPRESSION, int(spec.png_compression)]
+        )
+    else:
+        params = [
+            cv2.IMWRITE_JPEG_QUALITY,
+            int(spec.jpeg_quality),
+            cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
+            cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
+        ]
+        ok, buf = cv2.imencode(".jpg", bgr, params)
+    if not ok:
+        raise RuntimeError(f"OpenCV failed to encode {spec.format}")
+    return buf.tobytes()
+
+
+def encoding_json(spec: OutputSpec) -> str:
+    """The encoder settings of an output (manifest column ``encoding``)."""
+    if spec.format == "png":
+        return json.dumps(
+            {"format": "png", "png_compression": spec.png_compression}, sort_keys=True
+        )
+    return json.dumps(
+        {"format": "jpg", "jpeg_quality": spec.jpeg_quality, "subsampling": "4:2:0"}, sort_keys=True
+    )
+
+
+def spec_from_encoding(text: str) -> OutputSpec:
+    data = json.loads(text)
+    if data["format"] == "png":
+        return OutputSpec.model_validate(
+            {"layout": "{img_id}", "format": "png", "png_compression": data["png_compression"]}
+        )
+    return OutputSpec.model_validate(
+        {"layout": "{img_id}", "format": "jpg", "jpeg_quality": data["jpeg_quality"]}
+    )
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,574 @@
+"""``perturb generate``: suite x dataset -> images, manifest.parquet, errors.jsonl, dataset/.
+
+Layout of DIR::
+
+    <layout paths>          the images (written atomically: temp file + rename)
+    manifest.parquet        one row per output image (see ``perturb.generate.output``)
+    errors.jsonl            rows/images/outputs that failed, with the reason
+    dataset/                HF dataset of the perturbed QA rows (datasets.load_from_disk)
+    summary.json            counts and throughput of the last run
+    .perturb/               settings, journal and lock of the run (resume state)
+
+Resume: every finished output is appended to ``.perturb/journal.jsonl`` after its file has
+been renamed into place, so after a kill at any moment a re-run skips what the journal lists
+(and whose file is still there with its size) and makes only the rest; the manifest is rebuilt
+from the journal, sorted, so it is the same whatever was interrupted. A run refuses a DIR made
+with other settings (suite, seed, input) and a DIR that is not a perturb output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from perturb import __version__
+from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
+from perturb.generate.output import MANIFEST_COLUMNS, MANIFEST_SCHEMA
+from perturb.generate.suite import Suite, Task
+from perturb.generate.worker import (
+    ChunkResult,
+    ImageJob,
+    WorkerConfig,
+    default_threads,
+    process_chunk,
+)
+from perturb.io.images import DEFAULT_MAX_PIXELS, write_atomic
+
+STATE_DIR = ".perturb"
+RESERVED = ("manifest.parquet", "errors.jsonl", "summary.json", "dataset", STATE_DIR)
+
+
+class RunError(ValueError):
+    """A run that cannot start (usage or input problem): exit code 2."""
+
+
+@dataclass
+class RunOptions:
+    out: Path
+    dataset: str | None = None
+    split: str | None = None
+    limit: int | None = None
+    batch_size: int = 8
+    workers: int = 1
+    device: str = "auto"
+    seed: int | None = None
+    strict: bool = False
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    image_column: str | None = None
+    embed_images: bool = False
+    progress: bool = True
+    builtin_images: int | None = None
+
+
+@dataclass
+class RunSummary:
+    suite: str
+    input: str
+    device: str
+    input_rows: int = 0
+    rows_without_id: int = 0
+    images: int = 0
+    images_selected: int = 0
+    images_ok: int = 0
+    images_failed: int = 0
+    outputs_expected: int = 0
+    outputs_existing: int = 0
+    outputs_written: int = 0
+    output_errors: int = 0
+    manifest_rows: int = 0
+    dataset_rows: int = 0
+    errors: int = 0
+    output_bytes: int = 0
+    seconds: float = 0.0
+    images_per_second: float = 0.0
+    unsafe_ids: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _crash_point(stage: str, count: int = 0) -> None:
+    """Test hook: ``PERTURB_CRASH_AT=stage[:n]`` kills the process (SIGKILL) at that point, to
+    test resume after a kill at precise moments."""
+    spec = os.environ.get("PERTURB_CRASH_AT")
+    if not spec:
+        return
+    name, _, n = spec.partition(":")
+    if name == stage and count >= int(n or 0):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output folder state
+
+
+def _task_key(row: dict[str, Any]) -> tuple[str, str, int, int]:
+    return (str(row["img_id"]), str(row["op"]), int(row["severity"]), int(row["variant"]))
+
+
+class OutputDir:
+    """DIR with its lock, settings, journal and stale-temp cleanup."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.state = root / STATE_DIR
+        self.journal_path = self.state / "journal.jsonl"
+        self._lock: Any = None
+
+    def prepare(self, settings: dict[str, Any]) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise RunError(f"--out {self.root} exists and is not a folder")
+        fresh = not (self.state / "settings.json").exists()
+        if fresh and self.root.exists() and any(self.root.iterdir()):
+            raise RunError(
+                f"--out {self.root} is not empty and holds no perturb run; choose a new or empty folder"
+            )
+        self.state.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.state / "lock", "w")  # noqa: SIM115  (held for the run)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise RunError(f"another `perturb generate` is writing to {self.root}") from None
+        path = self.state / "settings.json"
+        if path.exists():
+            old = json.loads(path.read_text())
+            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+            if diff:
+                details = "; ".join(
+                    f"{k}: {old.get(k)!r} then, {settings.get(k)!r} now" for k in diff
+                )
+                raise RunError(
+                    f"--out {self.root} was generated with other settings ({details}); use another --out"
+                )
+        else:
+            write_atomic(path, json.dumps(settings, indent=2, sort_keys=True).encode())
+        self._clean_stale()
+
+    def _clean_stale(self) -> None:
+        """Remove temp files of interrupted atomic writes and dataset builds."""
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            if Path(dirpath) == self.root:
+                dirnames[:] = [d for d in dirnames if d != "dataset"]
+            for name in filenames:
+                if name.startswith(".") and name.endswith(".part"):
+                    (Path(dirpath) / name).unlink(missing_ok=True)
+        for name in ("dataset.tmp", "dataset.old"):
+            shutil.rmtree(self.state / name, ignore_errors=True)
+
+    def load_journal(self) -> dict[tuple[str, str, int, int], dict[str, Any]]:
+        """Rows of finished outputs (later lines win); rewrites the journal without a torn
+        last line so appends start on a fresh line."""
+        rows: dict[tuple[str, str, int, int], dict[str, Any]] = {}
+        if not self.journal_path.exists():
+            return rows
+        raw = self.journal_path.read_bytes()
+        for line in raw.split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # torn by a kill
+            if isinstance(row, dict) and set(MANIFEST_COLUMNS) <= set(row):
+                rows[_task_key(row)] = row
+        if raw and not raw.endswith(b"\n"):
+            self.rewrite_journal(rows.values())
+        return rows
+
+    def rewrite_journal(self, rows: Any) -> None:
+        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+        write_atomic(self.journal_path, text.encode())
+
+    @contextlib.contextmanager
+    def journal(self) -> Iterator[Any]:
+        with open(self.journal_path, "a", encoding="utf-8") as fh:
+            yield fh
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+def _append(fh: Any, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+# ---------------------------------------------------------------------------------------------
+# Finishing: manifest, errors, dataset
+
+
+def manifest_table(rows: list[dict[str, Any]]) -> pa.Table:
+    ordered = sorted(rows, key=_task_key)
+    columns = {name: [r[name] for r in ordered] for name in MANIFEST_COLUMNS}
+    return pa.table(columns, schema=MANIFEST_SCHEMA)
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    write_atomic(path, sink.getvalue().to_pybytes())
+
+
+def _perturbation_columns(input_columns: list[str]) -> dict[str, str]:
+    names = [
+        "suite",
+        "op",
+        "severity",
+        "variant",
+        "seed",
+        "key",
+        "params",
+        "risk_tags",
+        "path",
+        "sha256",
+        "width",
+        "height",
+        "perturb_version",
+    ]
+    return {n: (f"perturb_{n}" if n in input_columns or n == "image" else n) for n in names}
+
+
+def build_dataset(out: Path, inp: Any, manifest: pa.Table, embed: bool) -> int:
+    """Write DIR/dataset: each perturbed image joined with every QA row of its img_id."""
+    import datasets
+
+    table = inp.table_without_image()
+    rows_of: dict[str, list[int]] = {}
+    for i, img_id in enumerate(inp.row_ids()):
+        if img_id is not None:
+            rows_of.setdefault(img_id, []).append(i)
+    take: list[int] = []
+    out_idx: list[int] = []
+    ids = manifest.column("img_id").to_pylist()
+    for m, img_id in enumerate(ids):
+        for r in rows_of.get(img_id, []):
+            take.append(r)
+            out_idx.append(m)
+    joined = table.take(pa.array(take, type=pa.int64()))
+    names = _perturbation_columns(list(table.column_names))
+    picked = manifest.take(pa.array(out_idx, type=pa.int64()))
+    paths = picked.column("path").to_pylist()
+    root = out.resolve()
+    image_bytes = [(root / p).read_bytes() for p in paths] if embed else [None] * len(paths)
+    image = pa.StructArray.from_arrays(
+        [
+            pa.array(image_bytes, type=pa.binary()),
+            pa.array([str(root / p) for p in paths], type=pa.string()),
+        ],
+        names=["bytes", "path"],
+    )
+    features = dict(inp.features_without_image())
+    arrays = list(joined.columns)
+    fields = list(joined.column_names)
+    arrays.append(image)
+    fields.append("image")
+    features["image"] = datasets.Image()
+    for src, dst in names.items():
+        col = picked.column(src)
+        arrays.append(col)
+        fields.append(dst)
+        features[dst] = (
+            datasets.Value("int64") if pa.types.is_integer(col.type) else datasets.Value("string")
+        )
+    feats = datasets.Features(features)
+    result = pa.Table.from_arrays(arrays, names=fields).cast(feats.arrow_schema)
+    ds = datasets.Dataset(
+        datasets.table.InMemoryTable(result), info=datasets.DatasetInfo(features=feats)
+    )
+    state = out / STATE_DIR
+    tmp, old, final = state / "dataset.tmp", state / "dataset.old", out / "dataset"
+    shutil.rmtree(tmp, ignore_errors=True)
+    was_enabled = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.utils.logging.disable_progress_bar()
+    try:
+        ds.save_to_disk(str(tmp))
+    finally:
+        if was_enabled:
+            datasets.utils.logging.enable_progress_bar()
+    _crash_point("dataset")
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return len(ds)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def _resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RunError("--device cuda: no CUDA GPU is available here; use --device cpu or auto")
+    if name not in ("cpu", "cuda"):
+        raise RunError(f"--device must be auto, cpu or cuda, got {name!r}")
+    return name
+
+
+class _Progress:
+    """rich progress bar with images/s (outputs per second), or nothing."""
+
+    def __init__(self, enabled: bool, total: int, label: str) -> None:
+        self.enabled = enabled and total > 0
+        self.start = time.perf_counter()
+        self.done = 0
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]:>8.1f} images/s"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
+            self._task = self._bar.add_task(label, total=total, rate=0.0)
+            self._bar.start()
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.enabled:
+            rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+            self._bar.update(self._task, advance=n, rate=rate)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._bar.stop()
+
+
+def generate(suite: Suite, options: RunOptions) -> RunSummary:
+    """Run ``suite`` over the input and write DIR; returns the summary. Raises RunError for
+    problems that stop the run before it starts."""
+    from perturb.io.datasets import DatasetError, open_input
+
+    device = _resolve_device(options.device)
+    if options.batch_size < 1:
+        raise RunError(f"--batch-size must be at least 1, got {options.batch_size}")
+    if options.workers < 1:
+        raise RunError(f"--workers must be at least 1, got {options.workers}")
+    if options.limit is not None and options.limit < 0:
+        raise RunError(f"--limit must be non-negative, got {options.limit}")
+    if options.max_pixels < 4:
+        raise RunError(f"--max-pixels must be at least 4, got {options.max_pixels}")
+    seed = suite.seed if options.seed is None else options.seed
+    try:
+        inp = open_input(
+            options.dataset,
+            options.split,
+            image_column=options.image_column,
+            builtin_images=options.builtin_images,
+        )
+    except DatasetError as exc:
+        raise RunError(str(exc)) from None
+
+    out = Path(options.out)
+    settings = {
+        "suite": suite.suite,
+        "suite_fingerprint": suite.fingerprint(),
+        "seed": seed,
+        "input": inp.fingerprint,
+        "perturb_version": __version__,
+    }
+    folder = OutputDir(out)
+    folder.prepare(settings)
+    try:
+        return _run(suite, options, inp, folder, seed, device)
+    finally:
+        folder.release()
+
+
+def _run(
+    suite: Suite, options: RunOptions, inp: Any, folder: OutputDir, seed: int, device: str
+) -> RunSummary:
+    started = time.perf_counter()
+    out = folder.root
+    summary = RunSummary(suite=suite.suite, input=inp.source, device=device)
+    done = folder.load_journal()
+    groups, empty_rows = inp.groups()
+    summary.input_rows = len(inp)
+    summary.rows_without_id = len(empty_rows)
+    summary.images = len(groups)
+    selected = groups if options.limit is None else groups[: options.limit]
+    summary.images_selected = len(selected)
+    tasks = suite.tasks()
+    errors: list[dict[str, Any]] = [
+        {
+            "img_id": None,
+            "file_id": None,
+            "stage": "id",
+            "op": None,
+            "severity": None,
+            "variant": None,
+            "qa_rows": 1,
+            "reason": f"input row {r}: empty img_id",
+        }
+        for r in empty_rows
+    ]
+    # what is missing
+    pending: list[tuple[Any, str, list[tuple[Task, str]]]] = []
+    for group in selected:
+        file_id = safe_stem(group.img_id)
+        if file_id != group.img_id:
+            summary.unsafe_ids += 1
+        missing: list[tuple[Task, str]] = []
+        for task in tasks:
+            rel = task.path(suite, file_id)
+            row = done.get((group.img_id, task.op, task.severity, task.variant))
+            if row is not None:
+                try:
+                    target = resolve_inside(out, rel)
+                    if target.is_file() and target.stat().st_size == int(row["size_bytes"]):
+                        summary.outputs_existing += 1
+                        continue
+                except (UnsafePathError, OSError):
+                    pass
+            missing.append((task, rel))
+        summary.outputs_expected += len(tasks)
+        if missing:
+            pending.append((group, file_id, missing))
+    cfg = WorkerConfig(
+        suite=suite.model_dump(mode="json"),
+        seed=seed,
+        device=device,
+        max_pixels=options.max_pixels,
+        out=str(out),
+        threads=default_threads(options.workers),
+    )
+    progress = _Progress(options.progress, sum(len(m) for _, _, m in pending), f"{suite.suite}")
+    written = 0
+
+    def jobs_of(
+        batch: list[tuple[Any, str, list[tuple[Task, str]]]],
+    ) -> tuple[list[ImageJob], list[dict[str, Any]]]:
+        from perturb.io.datasets import ImageFetchError
+
+        jobs, errs = [], []
+        for group, file_id, missing in batch:
+            try:
+                data = inp.image_bytes(group.rows[0])
+            except ImageFetchError as exc:
+                errs.append(
+                    {
+                        "img_id": group.img_id,
+                        "file_id": file_id,
+                        "stage": "read",
+                        "op": None,
+                        "severity": None,
+                        "variant": None,
+                        "qa_rows": len(group.rows),
+                        "reason": str(exc),
+                    }
+                )
+                continue
+            jobs.append(ImageJob(group.img_id, file_id, data, missing, qa_rows=len(group.rows)))
+        return jobs, errs
+
+    def fetch(batch: list[tuple[Any, str, list[tuple[Task, str]]]]) -> tuple[list[ImageJob], int]:
+        """Jobs of a batch with their bytes; images that cannot be read become errors."""
+        jobs, errs = jobs_of(batch)
+        errors.extend(errs)
+        summary.images_failed += len(errs)
+        failed = {e["img_id"] for e in errs}
+        progress.advance(sum(len(m) for g, _, m in batch if g.img_id in failed))
+        return jobs, sum(len(j.tasks) for j in jobs)
+
+    def take(result: ChunkResult, fh: Any, tasks: int) -> None:
+        nonlocal written
+        _append(fh, result.rows)
+        for row in result.rows:
+            done[_task_key(row)] = row
+        written += len(result.rows)
+        _crash_point("journal", written)
+        errors.extend(result.errors)
+        summary.images_ok += result.images_ok
+        summary.images_failed += result.images_failed
+        summary.output_errors += sum(1 for e in result.errors if e["stage"] in ("perturb", "write"))
+        progress.advance(tasks)  # written, failed, or of an image that did not decode
+
+    batches = [
+        pending[i : i + options.batch_size] for i in range(0, len(pending), options.batch_size)
+    ]
+    try:
+        with folder.journal() as fh:
+            if options.workers <= 1:
+                for batch in batches:
+                    jobs, n_tasks = fetch(batch)
+                    take(process_chunk(cfg, jobs), fh, n_tasks)
+            else:
+                ctx = get_context("spawn")
+                with ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx) as pool:
+                    in_flight: dict[Future[ChunkResult], int] = {}
+                    queue = list(reversed(batches))
+                    while True:
+                        while queue and len(in_flight) < 2 * options.workers:
+                            jobs, n_tasks = fetch(queue.pop())
+                            in_flight[pool.submit(process_chunk, cfg, jobs)] = n_tasks
+                        if not in_flight:
+                            break
+                        finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                        for fut in finished:
+                            take(fut.result(), fh, in_flight.pop(fut))
+    finally:
+        progress.close()
+    summary.outputs_written = written
+    # finish: manifest from everything done in DIR, errors of this run, dataset
+    manifest = manifest_table(list(done.values()))
+    _crash_point("manifest")
+    write_parquet_atomic(manifest, out / "manifest.parquet")
+    errors.sort(
+        key=lambda e: json.dumps(
+            [
+                e["img_id"] or "",
+                e["op"] or "",
+                e["severity"] or 0,
+                e["variant"] or 0,
+                e["stage"],
+                e["reason"],
+            ]
+        )
+    )
+    write_atomic(
+        out / "errors.jsonl", "".join(json.dumps(e, sort_keys=True) + "\n" for e in errors).encode()
+    )
+    summary.manifest_rows = manifest.num_rows
+    summary.dataset_rows = build_dataset(out, inp, manifest, options.embed_images)
+    summary.errors = len(errors)
+    summary.output_bytes = int(sum(manifest.column("size_bytes").to_pylist()))
+    summary.seconds = time.perf_counter() - started
+    summary.images_per_second = written / summary.seconds if summary.seconds > 0 else 0.0
+    write_atomic(out / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
+    return summary

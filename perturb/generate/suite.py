@@ -1,0 +1,312 @@
+"""Suites: YAML files naming what to generate per image, validated at load.
+
+    suite: endoscopy-artifacts
+    description: every endoscopy op at severities 1-5
+    seed: 0
+    jobs:
+      - ops: all              # or a list of op names
+        modality: endoscopy   # with ``all``: the ops tagged with this modality
+        severities: [1, 2, 3, 4, 5]
+    output:
+      layout: "{op}/s{severity}/{img_id}.{ext}"
+      format: png             # png (lossless, 8/16-bit) or jpg
+      png_compression: 1
+
+A job is either catalog ops x severities x variants, or a composite (``composite:
+kvasir_transformed``) x variants. ``variants: 0`` means one output with variant 0 (unused);
+``variants: n`` means variants 1..n. Errors name the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from perturb.catalog.specs import MODALITIES, SEVERITIES, get_spec, load_specs, op_names
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+LAYOUT_FIELDS = frozenset({"suite", "op", "severity", "variant", "img_id", "ext"})
+COMPOSITES = ("kvasir_transformed",)
+
+
+class SuiteError(ValueError):
+    """A suite file that cannot be used; the message names the file and the field."""
+
+
+class OpsJob(BaseModel):
+    """Catalog ops x severities x variants."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ops: list[str] | Literal["all"]
+    modality: str | None = None
+    severities: list[int] = Field(default_factory=lambda: list(SEVERITIES))
+    variants: int = Field(0, ge=0, le=1000)
+
+    @field_validator("modality")
+    @classmethod
+    def _modality(cls, v: str | None) -> str | None:
+        if v is not None and v not in MODALITIES:
+            raise ValueError(f"unknown modality {v!r}; known: {sorted(MODALITIES)}")
+        return v
+
+    @field_validator("severities")
+    @classmethod
+    def _severities(cls, v: list[int]) -> list[int]:
+        bad = [s for s in v if isinstance(s, bool) or s not in SEVERITIES]
+        if bad or not v:
+            raise ValueError(f"severities must be a non-empty list of integers 1..5, got {v}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"severities repeat: {v}")
+        return v
+
+    @field_validator("ops")
+    @classmethod
+    def _ops(cls, v: list[str] | str) -> list[str] | str:
+        if v == "all":
+            return v
+        if not v:
+            raise ValueError("ops is empty: name at least one op, or 'all'")
+        known = load_specs()
+        unknown = [name for name in v if name not in known]
+        if unknown:
+            raise ValueError(f"unknown op(s) {unknown}; valid ops: {', '.join(sorted(known))}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"ops repeat: {v}")
+        return v
+
+    def op_list(self) -> list[str]:
+        if self.ops == "all":
+            return op_names(self.modality)
+        return list(self.ops)
+
+
+class TransformedParams(BaseModel):
+    """Ranges of the kvasir_transformed composite (defaults: the upstream recipe)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scale: tuple[float, float] = (0.9, 1.0)
+    ratio: tuple[float, float] = (0.95, 1.05)
+    degrees: tuple[float, float] = (-10.0, 10.0)
+    translate: tuple[float, float] = (0.1, 0.1)
+    brightness: tuple[float, float] = (0.8, 1.2)
+    contrast: tuple[float, float] = (0.8, 1.2)
+    interpolation: Literal["bicubic"] = "bicubic"
+    fill: Literal[0] = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> TransformedParams:
+        from perturb.generate.transformed import TransformedSpec
+
+        TransformedSpec(**self.ranges())  # raises ValueError with the reason
+        return self
+
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        return {
+            k: getattr(self, k)
+            for k in ("scale", "ratio", "degrees", "translate", "brightness", "contrast")
+        }
+
+
+class CompositeJob(BaseModel):
+    """A composite chain x variants."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    composite: Literal["kvasir_transformed"]
+    variants: int = Field(10, ge=0, le=1000)
+    params: TransformedParams = Field(default_factory=TransformedParams)
+
+
+def _job_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "composite" if "composite" in value else "ops"
+    return "composite" if isinstance(value, CompositeJob) else "ops"
+
+
+Job = Annotated[
+    Annotated[OpsJob, Tag("ops")] | Annotated[CompositeJob, Tag("composite")],
+    Discriminator(_job_kind),
+]
+
+
+class OutputSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    layout: str
+    format: Literal["png", "jpg"] = "png"
+    jpeg_quality: int = Field(95, ge=1, le=100)
+    png_compression: int = Field(1, ge=0, le=9)
+
+    @field_validator("layout")
+    @classmethod
+    def _layout(cls, v: str) -> str:
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
+        except ValueError as exc:
+            raise ValueError(f"not a valid template: {exc}") from None
+        unknown = names - LAYOUT_FIELDS
+        if unknown:
+            raise ValueError(
+                f"unknown placeholder(s) {sorted(unknown)}; allowed: {sorted(LAYOUT_FIELDS)}"
+            )
+        if "img_id" not in names:
+            raise ValueError("layout must contain {img_id}")
+        if v.startswith(("/", "\\")) or ".." in v.replace("{", "").split("/") or "\\" in v:
+            raise ValueError("layout must be a relative path with '/' separators and no '..'")
+        return v
+
+    @property
+    def ext(self) -> str:
+        return self.format
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    seed: int = 0
+    jobs: list[Job]
+    output: OutputSpec
+
+    @model_validator(mode="after")
+    def _distinct_paths(self) -> Suite:
+        if not self.jobs:
+            raise ValueError("jobs: name at least one job")
+        paths: dict[str, Task] = {}
+        for task in self.tasks():
+            path = task.path(self, "x")
+            if path in paths:
+                raise ValueError(
+                    f"output.layout {self.output.layout!r} gives the same path {path!r} to "
+                    f"{paths[path].label()} and {task.label()}; add {{op}}, {{severity}} or {{variant}}"
+                )
+            paths[path] = task
+        return self
+
+    def tasks(self) -> list[Task]:
+        """Every (op, severity, variant) this suite makes from one image."""
+        out: list[Task] = []
+        for job in self.jobs:
+            variants = list(range(1, job.variants + 1)) if job.variants else [0]
+            if isinstance(job, CompositeJob):
+                out += [Task(job.composite, 0, v, composite=True) for v in variants]
+            else:
+                out += [
+                    Task(op, s, v) for op in job.op_list() for s in job.severities for v in variants
+                ]
+        return out
+
+    def composite_params(self, name: str) -> TransformedParams:
+        for job in self.jobs:
+            if isinstance(job, CompositeJob) and job.composite == name:
+                return job.params
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes outputs: the suite (less its description), the
+        resolved tasks and the versions of their ops."""
+        from perturb.generate.transformed import VERSION
+
+        body = self.model_dump(mode="json", exclude={"description"})
+        body["resolved"] = [
+            [t.op, t.severity, t.variant, VERSION if t.composite else get_spec(t.op).version]
+            for t in self.tasks()
+        ]
+        text = json.dumps(body, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One output of one image."""
+
+    op: str
+    severity: int
+    variant: int
+    composite: bool = False
+
+    def path(self, suite: Suite, file_id: str) -> str:
+        return suite.output.layout.format(
+            suite=suite.suite,
+            op=self.op,
+            severity=self.severity,
+            variant=self.variant,
+            img_id=file_id,
+            ext=suite.output.ext,
+        )
+
+    def label(self) -> str:
+        return f"{self.op} severity {self.severity} variant {self.variant}"
+
+    def risk_tags(self) -> list[str]:
+        if self.composite:
+            from perturb.generate.transformed import RISK_TAGS
+
+            return list(RISK_TAGS)
+        return list(get_spec(self.op).risk_tags)
+
+
+def _format_error(path: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        parts = list(err["loc"])
+        if len(parts) > 2 and parts[0] == "jobs" and parts[2] in ("ops", "composite"):
+            del parts[2]  # the union tag
+        loc = ".".join(str(p) for p in parts)
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: field {loc}: {msg}" if loc else f"{path}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_suite(data: Any, source: str = "<suite>") -> Suite:
+    if not isinstance(data, dict):
+        raise SuiteError(f"{source}: expected a mapping at the top (suite, jobs, output)")
+    jobs = data.get("jobs")
+    if isinstance(jobs, list):
+        # pick the job kind by its key so errors talk about the right model
+        for i, job in enumerate(jobs):
+            if not isinstance(job, dict) or ("ops" in job) == ("composite" in job):
+                raise SuiteError(
+                    f"{source}: field jobs.{i}: each job needs exactly one of 'ops' or 'composite'"
+                )
+    try:
+        return Suite.model_validate(data)
+    except ValidationError as exc:
+        raise SuiteError(_format_error(source, exc)) from None
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Load and validate a suite YAML; a bare name (e.g. ``endoscopy-artifacts``) is looked up
+    in ./configs/, then in the repository's configs/ folder."""
+    p = Path(path)
+    if not p.exists() and not p.suffix and p.name == str(path):
+        for folder in (Path.cwd() / "configs", CONFIG_DIR):
+            if (folder / f"{p.name}.yaml").is_file():
+                p = folder / f"{p.name}.yaml"
+                break
+    if not p.is_file():
+        raise SuiteError(f"{path}: suite file not found")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"{p}: not valid YAML: {exc}") from None
+    return parse_suite(data, str(p))

@@ -1,0 +1,101 @@
+"""``perturb verify DIR``: every manifest file exists with its sha256, and nothing else is there.
+
+Files that belong to the run but are not images (manifest.parquet, errors.jsonl, summary.json,
+dataset/, .perturb/) are not extras. A leftover ``.<name>.part`` temp file of an interrupted
+write is an extra until a re-run of ``perturb generate`` removes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from perturb.generate.naming import UnsafePathError, resolve_inside
+from perturb.generate.runner import RESERVED
+
+
+class VerifyError(ValueError):
+    """DIR cannot be checked at all (no folder, no readable manifest): exit code 2."""
+
+
+@dataclass
+class VerifyReport:
+    checked: int = 0
+    missing: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    unsafe: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.corrupt or self.extra or self.unsafe)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ok": self.ok,
+            "checked": self.checked,
+            "missing": self.missing,
+            "corrupt": self.corrupt,
+            "extra": self.extra,
+            "unsafe": self.unsafe,
+        }
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify(root: str | os.PathLike[str]) -> VerifyReport:
+    """Re-hash every file of ``root``'s manifest and look for files it does not list."""
+    out = Path(root)
+    if not out.is_dir():
+        raise VerifyError(f"{out}: no such folder")
+    manifest = out / "manifest.parquet"
+    if not manifest.is_file():
+        raise VerifyError(
+            f"{out}: no manifest.parquet (not a `perturb generate` output, or the run never finished)"
+        )
+    try:
+        table = pq.read_table(manifest, columns=["path", "sha256"])
+    except Exception as exc:
+        raise VerifyError(f"{manifest}: not a readable manifest: {exc}") from None
+    report = VerifyReport()
+    listed: set[str] = set()
+    for rel, digest in zip(
+        table.column("path").to_pylist(), table.column("sha256").to_pylist(), strict=True
+    ):
+        report.checked += 1
+        try:
+            target = resolve_inside(out, rel)
+        except UnsafePathError:
+            report.unsafe.append(rel)
+            continue
+        listed.add(rel)
+        if not target.is_file():
+            report.missing.append(rel)
+        elif _sha256(target) != digest:
+            report.corrupt.append(rel)
+    for dirpath, dirnames, filenames in os.walk(out):
+        here = Path(dirpath)
+        if here == out:
+            dirnames[:] = [d for d in dirnames if d not in RESERVED]
+            filenames = [f for f in filenames if f not in RESERVED]
+        for name in filenames:
+            rel = (here / name).relative_to(out).as_posix()
+            if rel not in listed:
+                report.extra.append(rel)
+        for d in dirnames:  # symlinked folders are not followed by os.walk: report them
+            if (here / d).is_symlink():
+                report.extra.append((here / d).relative_to(out).as_posix())
+    report.missing.sort()
+    report.corrupt.sort()
+    report.extra.sort()
+    return report

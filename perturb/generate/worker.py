@@ -1,0 +1,289 @@
+"""The job function: decode a chunk of images, run every missing (op, severity, variant) on it,
+encode and write the outputs atomically, return their manifest rows and the errors.
+
+Every engine (in-process, process pool; later Ray Data) calls ``process_chunk``. A sample's
+bytes depend only on its image, its img_id and the suite: never on the chunk, batch, worker,
+order or process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from perturb import __version__
+from perturb.generate import transformed
+from perturb.generate.naming import resolve_inside
+from perturb.generate.output import encode, encoding_json, quantize, sha256
+from perturb.generate.suite import Suite, Task, parse_suite
+from perturb.io.images import ImageDecodeError, decode_image, to_tensor, write_atomic
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every chunk of one run shares (picklable)."""
+
+    suite: dict[str, Any]
+    seed: int
+    device: str
+    max_pixels: int
+    out: str
+    threads: int | None = None
+
+
+@dataclass
+class ImageJob:
+    """One unique image and the outputs still missing for it."""
+
+    img_id: str
+    file_id: str
+    data: bytes
+    tasks: list[tuple[Task, str]]  # (task, relative path)
+    qa_rows: int = 0
+
+
+@dataclass
+class ChunkResult:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    images_ok: int = 0
+    images_failed: int = 0
+
+
+@lru_cache(maxsize=4)
+def _suite(text: str) -> Suite:
+    return parse_suite(json.loads(text), "<suite>")
+
+
+_THREADS_SET = False
+
+
+def _set_threads(threads: int | None) -> None:
+    global _THREADS_SET
+    if threads is None or _THREADS_SET:
+        return
+    import cv2
+
+    torch.set_num_threads(threads)
+    cv2.setNumThreads(threads)
+    _THREADS_SET = True
+
+
+def error_row(job: ImageJob, stage: str, reason: str, task: Task | None = None) -> dict[str, Any]:
+    return {
+        "img_id": job.img_id,
+        "file_id": job.file_id,
+        "stage": stage,
+        "op": task.op if task else None,
+        "severity": task.severity if task else None,
+        "variant": task.variant if task else None,
+        "qa_rows": job.qa_rows,
+        "reason": reason,
+    }
+
+
+@dataclass
+class _Decoded:
+    job: ImageJob
+    arr: np.ndarray  # HWC / HW, uint8 or uint16, as decoded
+    _x: torch.Tensor | None = None
+    _f: np.ndarray | None = None
+
+    @property
+    def bit_depth(self) -> int:
+        return 16 if self.arr.dtype == np.uint16 else 8
+
+    @property
+    def x(self) -> torch.Tensor:
+        """CHW float32 in [0, 1]."""
+        if self._x is None:
+            self._x = to_tensor(self.arr)
+        return self._x
+
+    def float_array(self) -> np.ndarray:
+        """HWC / HW float32 in [0, 1], the same values as ``x`` (computed once, read-only)."""
+        if self._f is None:
+            scale = np.float32(65535.0 if self.arr.dtype == np.uint16 else 255.0)
+            self._f = self.arr.astype(np.float32) / scale
+            self._f.flags.writeable = False
+        return self._f
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.arr.shape)
+
+
+def _run_task(
+    task: Task, batch: list[_Decoded], suite: Suite, seed: int, device: torch.device
+) -> tuple[list[np.ndarray], list[dict[str, Any]], int]:
+    """Run one task on images of one shape; returns float32 HWC/HW outputs, per-sample
+    (key, params, record, op_version) and the channel count."""
+    ids = [d.job.img_id for d in batch]
+    if task.composite:
+        spec = transformed.TransformedSpec(**suite.composite_params(task.op).ranges())
+        height, width = batch[0].arr.shape[:2]
+        infos, params = [], []
+        for img_id in ids:
+            key = transformed.track_key(seed, img_id, task.variant)
+            p = transformed.sample_params(key, width, height, spec)
+            params.append(p)
+            record = {"composite": task.op, "version": transformed.VERSION, "params": p}
+            infos.append(
+                {
+                    "key": f"{key:016x}",
+                    "params": p,
+                    "record": record,
+                    "op_version": transformed.VERSION,
+                }
+            )
+        channels = 1 if batch[0].arr.ndim == 2 else batch[0].arr.shape[2]
+        if device.type == "cpu":
+            return (
+                [
+                    transformed.transformed_array(d.float_array(), p)
+                    for d, p in zip(batch, params, strict=True)
+                ],
+                infos,
+                channels,
+            )
+        y = transformed.apply_transformed(torch.stack([d.x for d in batch]).to(device), params)
+        return _to_arrays(y), infos, channels
+    from perturb.catalog.registry import get_op
+    from perturb.engine import apply
+
+    op = get_op(task.op)
+    x = torch.stack([d.x for d in batch]).to(device)
+    if x.shape[1] not in op.spec.channels:
+        x = x.expand(-1, 3, -1, -1).contiguous()  # gray frame, colour op: treated as RGB
+    out, records = apply(x, task.op, task.severity, ids, seed=seed, variant=task.variant)
+    infos = [
+        {"key": r.key, "params": r.params, "record": r.to_dict(), "op_version": r.op_version}
+        for r in records
+    ]
+    return _to_arrays(out), infos, x.shape[1]
+
+
+def _to_arrays(y: torch.Tensor) -> list[np.ndarray]:
+    arr = y.detach().cpu().permute(0, 2, 3, 1).numpy()
+    return [a[..., 0] if a.shape[-1] == 1 else a for a in arr]
+
+
+def _write_output(
+    d: _Decoded,
+    task: Task,
+    rel: str,
+    y: np.ndarray,
+    info: dict[str, Any],
+    suite: Suite,
+    cfg: WorkerConfig,
+    channels: int,
+) -> dict[str, Any]:
+    img = quantize(y, suite.output, d.bit_depth)
+    data = encode(img, suite.output)
+    target = resolve_inside(Path(cfg.out), rel)
+    write_atomic(target, data)
+    return {
+        "img_id": d.job.img_id,
+        "suite": suite.suite,
+        "op": task.op,
+        "severity": task.severity,
+        "variant": task.variant,
+        "seed": cfg.seed,
+        "key": info["key"],
+        "params": json.dumps(info["params"], sort_keys=True),
+        "risk_tags": json.dumps(task.risk_tags()),
+        "path": rel,
+        "sha256": sha256(data),
+        "width": int(img.shape[1]),
+        "height": int(img.shape[0]),
+        "perturb_version": __version__,
+        "file_id": d.job.file_id,
+        "op_version": int(info["op_version"]),
+        "channels": channels,
+        "bit_depth": 16 if img.dtype == np.uint16 else 8,
+        "format": suite.output.format,
+        "encoding": encoding_json(suite.output),
+        "size_bytes": len(data),
+        "device": cfg.device,
+        "record": json.dumps(info["record"], sort_keys=True),
+    }
+
+
+def process_chunk(cfg: WorkerConfig, jobs: list[ImageJob]) -> ChunkResult:
+    """Decode ``jobs``' images, run their missing tasks, write the outputs; never raises for a
+    bad image or a failing op (those become error rows)."""
+    _set_threads(cfg.threads)
+    suite = _suite(json.dumps(cfg.suite, sort_keys=True))
+    device = torch.device(cfg.device)
+    result = ChunkResult()
+    decoded: list[_Decoded] = []
+    for job in jobs:
+        try:
+            arr = decode_image(job.data, max_pixels=cfg.max_pixels, source=f"img_id {job.img_id!r}")
+            if min(arr.shape[:2]) < 2:
+                raise ImageDecodeError(
+                    f"img_id {job.img_id!r}: {arr.shape[1]}x{arr.shape[0]} is too small (at least 2x2)"
+                )
+        except ImageDecodeError as exc:
+            result.errors.append(error_row(job, "decode", str(exc)))
+            result.images_failed += 1
+            continue
+        decoded.append(_Decoded(job, arr))
+        result.images_ok += 1
+    # group by task, then by shape, keeping a deterministic order
+    by_task: dict[Task, list[tuple[_Decoded, str]]] = defaultdict(list)
+    for d in decoded:
+        for task, rel in d.job.tasks:
+            by_task[task].append((d, rel))
+    for task, items in by_task.items():
+        by_shape: dict[tuple[int, ...], list[tuple[_Decoded, str]]] = defaultdict(list)
+        for d, rel in items:
+            by_shape[d.shape].append((d, rel))
+        for group in by_shape.values():
+            _run_group(task, group, suite, cfg, device, result)
+    return result
+
+
+def _run_group(
+    task: Task,
+    group: list[tuple[_Decoded, str]],
+    suite: Suite,
+    cfg: WorkerConfig,
+    device: torch.device,
+    result: ChunkResult,
+) -> None:
+    try:
+        out, infos, channels = _run_task(task, [d for d, _ in group], suite, cfg.seed, device)
+    except Exception as exc:
+        if len(group) > 1:  # find the sample that fails: the others still get their outputs
+            for item in group:
+                _run_group(task, [item], suite, cfg, device, result)
+            return
+        result.errors.append(
+            error_row(group[0][0].job, "perturb", f"{type(exc).__name__}: {exc}", task)
+        )
+        return
+    for (d, rel), y, info in zip(group, out, infos, strict=True):
+        try:
+            result.rows.append(_write_output(d, task, rel, y, info, suite, cfg, channels))
+        except Exception as exc:
+            result.errors.append(error_row(d.job, "write", f"{type(exc).__name__}: {exc}", task))
+
+
+def default_threads(workers: int) -> int | None:
+    """Threads per worker process: one when several processes share the cores."""
+    return 1 if workers > 1 else None
+
+
+def cpu_count() -> int:
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )

@@ -1,0 +1,308 @@
+"""Input datasets through Hugging Face ``datasets``.
+
+``open_input(source, split)`` accepts
+
+* ``None``: the built-in phantom sample (``perturb.phantoms.builtin_dataset``), offline;
+* a hub id such as ``SimulaMet/Kvasir-VQA-x1`` (``datasets.load_dataset``);
+* a ``save_to_disk`` folder (a Dataset or a DatasetDict);
+* a parquet / JSON Lines / CSV file, with an image column (HF Image struct or raw bytes) or a
+  column of image paths (relative to the file's folder);
+* a folder: parquet/JSONL files (e.g. a local copy of a hub repo) or images (``imagefolder``).
+
+Images are never decoded here: the image column is read as encoded bytes (``Image(decode=
+False)``) and decoded later by ``perturb.io.images.decode_image``, with its checks (pixel limit,
+8/16-bit, alpha, CMYK). QA rows are many per image: ``InputDataset.images()`` groups rows by
+img_id, keeping the first row's image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+
+ID_COLUMN = "img_id"
+PATH_COLUMNS = ("image_path", "path", "file_name", "filename", "file", "image_file")
+TABLE_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+DEFAULT_SPLIT = "test"
+
+
+class DatasetError(ValueError):
+    """An input that cannot be opened; the message says why and what to pass instead."""
+
+
+class ImageFetchError(ValueError):
+    """One row's image cannot be read (missing file, empty cell)."""
+
+
+@dataclass
+class ImageGroup:
+    """One unique image: its id, the input rows that share it, and where its bytes are."""
+
+    img_id: str
+    rows: list[int]
+
+
+@dataclass
+class InputDataset:
+    """An opened input: rows, the image column, ids, and where relative image paths start."""
+
+    ds: datasets.Dataset
+    image_column: str
+    id_column: str | None
+    source: str
+    fingerprint: str
+    base_dir: Path | None = None
+    _ids: list[str | None] | None = field(default=None, repr=False)
+    _images: datasets.Dataset | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.ds.column_names)
+
+    def row_ids(self) -> list[str | None]:
+        """img_id of every row (None where the id cell is empty)."""
+        if self._ids is None:
+            if self.id_column is not None:
+                self._ids = [
+                    None if v is None or str(v) == "" else str(v) for v in self.ds[self.id_column]
+                ]
+            else:
+                self._ids = [self._derived_id(i) for i in range(len(self.ds))]
+        return self._ids
+
+    def _derived_id(self, row: int) -> str:
+        value = self._cell(row)
+        path = (
+            value.get("path")
+            if isinstance(value, dict)
+            else value
+            if isinstance(value, str)
+            else None
+        )
+        if path:
+            return Path(str(path)).stem
+        return f"row-{row}"
+
+    def _cell(self, row: int) -> Any:
+        if self._images is None:
+            self._images = self.ds.select_columns([self.image_column])
+        return self._images[row][self.image_column]
+
+    def groups(self) -> tuple[list[ImageGroup], list[int]]:
+        """Unique images in order of first appearance, and rows whose img_id is empty."""
+        order: dict[str, ImageGroup] = {}
+        empty: list[int] = []
+        for i, img_id in enumerate(self.row_ids()):
+            if img_id is None:
+                empty.append(i)
+                continue
+            group = order.get(img_id)
+            if group is None:
+                order[img_id] = ImageGroup(img_id, [i])
+            else:
+                group.rows.append(i)
+        return list(order.values()), empty
+
+    def image_bytes(self, row: int) -> bytes:
+        """Encoded bytes of ``row``'s image (not decoded)."""
+        value = self._cell(row)
+        if isinstance(value, dict):
+            data, path = value.get("bytes"), value.get("path")
+            if data:
+                return bytes(data)
+            if data is not None and not path:
+                return b""  # an empty image cell: the decoder reports it
+            if path:
+                return self._read_path(str(path))
+            raise ImageFetchError(f"row {row}: the image cell holds neither bytes nor a path")
+        if isinstance(value, bytes | bytearray | memoryview):
+            return bytes(value)
+        if isinstance(value, str) and value:
+            return self._read_path(value)
+        raise ImageFetchError(
+            f"row {row}: no image in column {self.image_column!r} (got {type(value).__name__})"
+        )
+
+    def _read_path(self, path: str) -> bytes:
+        p = Path(path)
+        if not p.is_absolute() and self.base_dir is not None:
+            p = self.base_dir / p
+        try:
+            return p.read_bytes()
+        except OSError as exc:
+            raise ImageFetchError(f"cannot read image file {p}: {exc.strerror or exc}") from None
+
+    def table_without_image(self) -> pa.Table:
+        """The rows' other columns as an Arrow table (row order kept)."""
+        rest = self.ds.remove_columns([self.image_column])
+        table = rest.with_format("arrow")[:]
+        assert isinstance(table, pa.Table)
+        return table
+
+    def features_without_image(self) -> datasets.Features:
+        return datasets.Features(
+            {k: v for k, v in self.ds.features.items() if k != self.image_column}
+        )
+
+    def images(self) -> Iterator[tuple[ImageGroup, bytes | Exception]]:
+        """Each unique image with its bytes, or the error that kept them from being read."""
+        groups, _ = self.groups()
+        for group in groups:
+            try:
+                yield group, self.image_bytes(group.rows[0])
+            except ImageFetchError as exc:
+                yield group, exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening
+
+
+def _pick_split(
+    dd: datasets.DatasetDict, split: str | None, source: str
+) -> tuple[datasets.Dataset, str]:
+    names = list(dd.keys())
+    if split is not None:
+        if split not in dd:
+            raise DatasetError(
+                f"{source}: no split {split!r}; available splits: {', '.join(names)}"
+            )
+        return dd[split], split
+    if DEFAULT_SPLIT in dd:
+        return dd[DEFAULT_SPLIT], DEFAULT_SPLIT
+    if len(names) == 1:
+        return dd[names[0]], names[0]
+    raise DatasetError(f"{source}: several splits ({', '.join(names)}); choose one with --split")
+
+
+def _as_dataset(obj: Any, split: str | None, source: str) -> tuple[datasets.Dataset, str | None]:
+    if isinstance(obj, datasets.DatasetDict):
+        return _pick_split(obj, split, source)
+    if isinstance(obj, datasets.Dataset):
+        return obj, split
+    raise DatasetError(f"{source}: not a map-style dataset (got {type(obj).__name__})")
+
+
+def _find_image_column(ds: datasets.Dataset, image_column: str | None, source: str) -> str:
+    cols = list(ds.column_names)
+    if image_column is not None:
+        if image_column not in cols:
+            raise DatasetError(f"{source}: no column {image_column!r}; columns: {', '.join(cols)}")
+        return image_column
+    if "image" in cols:
+        return "image"
+    for name, feature in ds.features.items():
+        if isinstance(feature, datasets.Image):
+            return name
+    for name in PATH_COLUMNS:
+        if name in cols:
+            return name
+    raise DatasetError(
+        f"{source}: no image column; expected 'image' (HF Image or bytes) or one of "
+        f"{', '.join(PATH_COLUMNS)} (file paths); columns: {', '.join(cols)}. Name it with --image-column"
+    )
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    parts = text.split("/")
+    return (
+        len(parts) == 2
+        and all(parts)
+        and not text.startswith((".", "~"))
+        and not any(text.endswith(s) for s in TABLE_SUFFIXES)
+    )
+
+
+def _load_local(path: Path, split: str | None) -> tuple[datasets.Dataset, str | None, Path | None]:
+    source = str(path)
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+            ds, used = _as_dataset(datasets.load_from_disk(str(path)), split, source)
+            return ds, used, path
+        obj = datasets.load_dataset(str(path))
+        ds, used = _as_dataset(obj, split, source)
+        return ds, used, path
+    builder = TABLE_SUFFIXES.get(path.suffix.lower())
+    if path.suffix.lower() == ".arrow":
+        return datasets.Dataset.from_file(str(path)), split, path.parent
+    if builder is None:
+        raise DatasetError(
+            f"{source}: unsupported file type {path.suffix!r}; pass a parquet, .jsonl, .json or .csv "
+            "file, a save_to_disk folder, an image folder or a hub id"
+        )
+    ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+    return ds, split, path.parent
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """No progress bars from ``datasets`` while loading (the run has its own)."""
+    enabled = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            datasets.utils.logging.enable_progress_bar()
+
+
+def open_input(
+    source: str | os.PathLike[str] | None,
+    split: str | None = None,
+    *,
+    image_column: str | None = None,
+    id_column: str = ID_COLUMN,
+    builtin_images: int | None = None,
+) -> InputDataset:
+    """Open an input dataset (see the module docstring for what ``source`` may be)."""
+    with _quiet():
+        ds, label, fingerprint, base_dir = _load(source, split, builtin_images)
+        column = _find_image_column(ds, image_column, label)
+        feature = ds.features.get(column)
+        if isinstance(feature, datasets.Image) and feature.decode:
+            ds = ds.cast_column(column, datasets.Image(decode=False))
+    ids = id_column if id_column in ds.column_names else None
+    return InputDataset(ds, column, ids, label, fingerprint, base_dir)
+
+
+def _load(
+    source: str | os.PathLike[str] | None, split: str | None, builtin_images: int | None
+) -> tuple[datasets.Dataset, str, str, Path | None]:
+    """(dataset, label, fingerprint, folder that relative image paths start from)."""
+    if source is None:
+        from perturb.phantoms import BUILTIN_IMAGES, builtin_dataset
+
+        n = BUILTIN_IMAGES if builtin_images is None else builtin_images
+        return builtin_dataset(n), "built-in phantoms", f"builtin:{n}", None
+    text = os.fspath(source)
+    path = Path(text).expanduser()
+    try:
+        if path.exists():
+            ds, used, base_dir = _load_local(path, split)
+            return ds, str(path), f"local:{path.resolve()}:{used}", base_dir
+        if _looks_like_hub_id(text):
+            obj = datasets.load_dataset(text, split=split or DEFAULT_SPLIT)
+            ds, used = _as_dataset(obj, split, text)
+            return ds, text, f"hub:{text}:{used or split or DEFAULT_SPLIT}", None
+    except DatasetError:
+        raise
+    except Exception as exc:  # datasets raises many types (network, format, schema)
+        hint = (
+            ""
+            if path.exists()
+            else " (offline? pass a local path, or omit --dataset for the built-in sample)"
+        )
+        raise DatasetError(
+            f"{text}: cannot load the dataset: {type(exc).__name__}: {exc}{hint}"
+        ) from None
+    raise DatasetError(f"{text}: no such file or folder (and not a hub id of the form owner/name)")

@@ -1,0 +1,175 @@
+"""Suite YAML validation (errors name the file and the field), the shipped suites, and safe file
+names for img_ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from perturb.catalog.specs import op_names
+from perturb.generate.naming import MAX_STEM, UnsafePathError, resolve_inside, safe_stem
+from perturb.generate.suite import SuiteError, load_suite, parse_suite
+from tests.generate.conftest import REPO
+
+GOOD = {
+    "suite": "s",
+    "jobs": [{"ops": ["gaussian_blur"]}],
+    "output": {"layout": "{op}/s{severity}/{img_id}.{ext}"},
+}
+
+
+def test_shipped_suites() -> None:
+    track = load_suite(REPO / "configs/kvasir-vqa-x1-transformed.yaml")
+    tasks = track.tasks()
+    assert [t.variant for t in tasks] == list(range(1, 11)) and {t.op for t in tasks} == {
+        "kvasir_transformed"
+    }
+    assert {t.severity for t in tasks} == {0}
+    assert track.output.format == "jpg" and track.output.jpeg_quality == 75
+    assert tasks[0].path(track, "abc") == "variant_1/abc.jpg"
+    params = track.composite_params("kvasir_transformed")
+    assert (
+        params.scale == (0.9, 1.0)
+        and params.ratio == (0.95, 1.05)
+        and params.degrees == (-10.0, 10.0)
+    )
+    assert (
+        params.translate == (0.1, 0.1)
+        and params.brightness == (0.8, 1.2)
+        and params.contrast == (0.8, 1.2)
+    )
+    artifacts = load_suite("endoscopy-artifacts")  # a bare name resolves in configs/
+    ops = {t.op for t in artifacts.tasks()}
+    assert ops == set(op_names("endoscopy")) and {"rotation", "translation", "resized_crop"} <= ops
+    assert len(artifacts.tasks()) == 5 * len(ops) and artifacts.output.format == "png"
+    assert artifacts.tasks()[0].path(artifacts, "i") == f"{sorted(ops)[0]}/s1/i.png"
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        ({"jobs": [{"ops": ["gausian_blur"]}]}, "jobs.0.ops", "unknown op"),
+        ({"jobs": [{"ops": ["gaussian_blur"], "severities": [0, 6]}]}, "jobs.0.severities", "1..5"),
+        (
+            {"jobs": [{"ops": ["gaussian_blur"], "severity": [1]}]},
+            "jobs.0.severity",
+            "Extra inputs",
+        ),
+        (
+            {"jobs": [{"composite": "kvasir_transformed", "params": {"degrees": [10, -10]}}]},
+            "jobs.0.params",
+            "above",
+        ),
+        ({"jobs": [{"composite": "other"}]}, "jobs.0.composite", "kvasir_transformed"),
+        ({"jobs": [{"ops": "all", "modality": "mri2"}]}, "jobs.0.modality", "unknown modality"),
+        ({"output": {"layout": "{op}/{img_id}.{ext}"}}, "", "same path"),
+        ({"output": {"layout": "../{op}/s{severity}/{img_id}.{ext}"}}, "output.layout", "no '..'"),
+        (
+            {"output": {"layout": "{op}/s{severity}/{name}.{ext}"}},
+            "output.layout",
+            "unknown placeholder",
+        ),
+        ({"output": {"layout": "{op}/s{severity}/x.{ext}"}}, "output.layout", "{img_id}"),
+        (
+            {"output": {"layout": "{op}/s{severity}/{img_id}.{ext}", "format": "gif"}},
+            "output.format",
+            "png",
+        ),
+        ({"output": None}, "output", ""),
+        ({"suite": "has space"}, "suite", "pattern"),
+        ({"seeds": 3}, "seeds", "Extra inputs"),
+    ],
+)
+def test_invalid_suites_name_the_file_and_the_field(change: dict, field: str, message: str) -> None:
+    data = {**GOOD, **change}
+    with pytest.raises(SuiteError) as info:
+        parse_suite(data, "suites/x.yaml")
+    text = str(info.value)
+    assert text.startswith("suites/x.yaml: ")
+    if field:
+        assert f"field {field}" in text, text
+    assert message in text, text
+
+
+def test_missing_field_and_bad_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("suite: s\njobs:\n  - ops: [gaussian_blur]\n")
+    with pytest.raises(SuiteError, match=r"s\.yaml: field output: Field required"):
+        load_suite(path)
+    path.write_text("suite: [unclosed\n")
+    with pytest.raises(SuiteError, match="not valid YAML"):
+        load_suite(path)
+    with pytest.raises(SuiteError, match="not found"):
+        load_suite(tmp_path / "none.yaml")
+    path.write_text(
+        "suite: s\njobs:\n  - {ops: [gaussian_blur], composite: kvasir_transformed}\noutput: {layout: '{img_id}'}\n"
+    )
+    with pytest.raises(SuiteError, match="exactly one of 'ops' or 'composite'"):
+        load_suite(path)
+
+
+def test_fingerprint_follows_what_changes_outputs() -> None:
+    a = parse_suite(GOOD)
+    assert a.fingerprint() == parse_suite({**GOOD, "description": "other words"}).fingerprint()
+    assert a.fingerprint() != parse_suite({**GOOD, "seed": 1}).fingerprint()
+    assert (
+        a.fingerprint()
+        != parse_suite(
+            {**GOOD, "jobs": [{"ops": ["gaussian_blur"], "severities": [1, 2]}]}
+        ).fingerprint()
+    )
+
+
+@pytest.mark.parametrize(
+    ("img_id", "expected"),
+    [
+        ("cl8k2u1pm1dw3083203g9ax4a", "cl8k2u1pm1dw3083203g9ax4a"),
+        ("../x", "%2E.%2Fx"),
+        ("a/b", "a%2Fb"),
+        ("nul\x00", "nul%00"),
+        ("", "%empty"),
+        (".", "%2E"),
+        ("..", "%2E."),
+        ("50%", "50%25"),
+        ("ü", "%C3%BC"),
+        ("a\\b", "a%5Cb"),
+    ],
+)
+def test_safe_stem(img_id: str, expected: str) -> None:
+    assert safe_stem(img_id) == expected
+
+
+def test_long_ids_are_shortened_with_a_hash() -> None:
+    a, b = "x" * 500, "x" * 499 + "y"
+    assert len(safe_stem(a)) <= MAX_STEM and safe_stem(a) != safe_stem(b) and "~" in safe_stem(a)
+    assert safe_stem("%" * 300).count("~") == 1 and len(safe_stem("%" * 300)) <= MAX_STEM
+
+
+@given(st.lists(st.text(max_size=30), unique=True, max_size=30))
+def test_safe_stems_are_distinct_single_components(ids: list[str]) -> None:
+    stems = [safe_stem(i) for i in ids]
+    assert len(set(stems)) == len(stems)
+    for s in stems:
+        assert (
+            s
+            and "/" not in s
+            and "\\" not in s
+            and "\x00" not in s
+            and s not in (".", "..")
+            and not s.startswith(".")
+        )
+
+
+def test_resolve_inside_refuses_escapes(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    root.mkdir()
+    assert resolve_inside(root, "a/b.png") == (root / "a" / "b.png").resolve()
+    for bad in ("../x.png", "/etc/x", "a/../../x", "a//b", "a\\b", "a/\x00"):
+        with pytest.raises(UnsafePathError):
+            resolve_inside(root, bad)
+    (root / "link").symlink_to(tmp_path)
+    with pytest.raises(UnsafePathError, match="outside"):
+        resolve_inside(root, "link/x.png")
