@@ -8,7 +8,7 @@ float64 and round to float32, which makes the float32 result independent of the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 
 import cv2
@@ -76,12 +76,7 @@ def shorter_side(x: torch.Tensor) -> int:
 # thread chunks), so float64 is not needed for determinism.
 
 LEVELS_U8 = np.arange(256, dtype=np.float32) / np.float32(255.0)  # what u8 / 255 gives in torch
-
-
-def level_ramp(channels: int) -> torch.Tensor:
-    """The 256 uint8 levels as a float32 (1, C, 1, 256) batch, exactly as the engine converts a
-    uint8 batch to float32; a pointwise torch kernel run on it gives each level's output."""
-    return torch.from_numpy(LEVELS_U8).view(1, 1, 1, 256).expand(1, channels, 1, 256).contiguous()
+LEVELS_U8.flags.writeable = False
 
 
 def to_u8_levels(x: torch.Tensor) -> np.ndarray:
@@ -125,36 +120,70 @@ def _srgb_u8_of_linear16() -> np.ndarray:
     """uint8 sRGB level of each 16-bit linear value k / 65535 (float64 evaluation)."""
     lin = np.arange(65536, dtype=np.float64) / 65535.0
     enc = np.where(lin <= 0.0031308, 12.92 * lin, 1.055 * lin ** (1.0 / 2.4) - 0.055)
-    return np.clip(np.rint(enc * 255.0), 0, 255).astype(np.uint8)
+    table = np.clip(np.rint(enc * 255.0), 0, 255).astype(np.uint8)
+    table.flags.writeable = False
+    return table
 
 
 def linear_to_srgb_u8(lin: np.ndarray, out: np.ndarray) -> None:
     """Encode float32 linear values to uint8 sRGB levels into ``out``: the value is rounded to
     16 bits (error <= 7.7e-6 in linear light, <= 0.03 of a level after encoding) and looked up."""
-    idx = cv2.multiply(plane2d(lin), 65535.0, dtype=cv2.CV_16U)  # rounds, saturates
+    idx = cv2.multiply(plane2d(lin), 65535.0, dtype=cv2.CV_16U)  # type: ignore[call-overload]  # rounds, saturates
     np.take(_srgb_u8_of_linear16(), idx, out=plane2d(out))
 
 
 @lru_cache(maxsize=1)
 def srgb_to_linear_u8() -> np.ndarray:
     """float32 linear value of each uint8 level, as the torch path computes it."""
-    return srgb_to_linear(torch.from_numpy(LEVELS_U8)).numpy().copy()
-
-
-def lut_u8_from_kernel(
-    kernel: Callable[[torch.Tensor, dict[str, torch.Tensor], Sequence[int]], torch.Tensor],
-    channels: int,
-    p: dict[str, np.ndarray],
-    key: int,
-) -> np.ndarray:
-    """(C, 256) uint8 table of a pointwise per-channel kernel for one sample: the torch kernel
-    evaluated on the 256 levels and rounded as the engine rounds, so a lookup gives exactly
-    the torch path's uint8 result."""
-    params = {name: torch.from_numpy(np.asarray(value, dtype=np.float32)[None]) for name, value in p.items()}
-    return to_u8_levels(kernel(level_ramp(channels), params, [key]))[0, :, 0]
+    table = srgb_to_linear(torch.tensor(LEVELS_U8)).numpy().copy()
+    table.flags.writeable = False
+    return table
 
 
 def apply_luts(src: np.ndarray, dst: np.ndarray, luts: np.ndarray) -> None:
-    """Per-channel 8-bit lookup (``luts`` is (C, 256) or (256,)), plane by plane."""
+    """Per-channel 8-bit lookup (``luts`` is (C, 256), or (256,) for every channel)."""
+    if luts.ndim == 1:
+        cv2.LUT(plane2d(src), luts, dst=plane2d(dst))
+        return
     for c in range(src.shape[0]):
-        cv2.LUT(src[c], luts[c] if luts.ndim == 2 else luts, dst=dst[c])
+        cv2.LUT(src[c], luts[c], dst=dst[c])
+
+
+def split_into(hwc: np.ndarray, dst: np.ndarray) -> None:
+    """Deinterleave an (H, W, C) array into the planes of ``dst`` (C, H, W) with OpenCV's split,
+    which writes straight into the given planes (copied over when a build does not)."""
+    planes = [dst[c] for c in range(dst.shape[0])]
+    out = cv2.split(hwc, planes)
+    for c, plane in enumerate(out):
+        if plane.ctypes.data != planes[c].ctypes.data:
+            np.copyto(planes[c], plane)
+
+
+def linear_gain_table_u8(gain: np.float32) -> np.ndarray:
+    """uint8 result of ``linear_to_srgb(srgb_to_linear(v / 255) * gain)`` for the 256 levels v,
+    the kernels' arithmetic (float32 linear values and product, float64 encoding) rounded as the
+    engine rounds."""
+    lin = srgb_to_linear_u8() * np.float32(gain)
+    w = np.clip(lin.astype(np.float64), 0.0, 1.0)
+    enc = np.where(w <= 0.0031308, w * 12.92, 1.055 * np.power(np.maximum(w, 0.0031308), 1.0 / 2.4) - 0.055)
+    return np.clip(np.rint(enc.astype(np.float32) * np.float32(255.0)), 0, 255).astype(np.uint8)
+
+
+def gain_in_linear_u8(src: np.ndarray, dst: np.ndarray, gains: Sequence[float]) -> None:
+    """uint8 ``linear_to_srgb(srgb_to_linear(x) * gain_c)`` per channel (within one level).
+
+    Away from the sRGB curve's linear foot this is affine in the encoded value:
+    ``1.055 (g lin)^(1/2.4) - 0.055 = k (x + 0.055) - 0.055`` with ``k = g^(1/2.4)``, clipped.
+    So each plane is one saturating OpenCV transform ``k x + 255 * 0.055 (k - 1)``, used when it
+    is within one level of the exact table on all 256 levels (checked per sample); otherwise
+    the exact table."""
+    for c in range(src.shape[0]):
+        gain = np.float32(gains[c] if len(gains) > 1 else gains[0])
+        table = linear_gain_table_u8(gain)
+        k = float(gain) ** (1.0 / 2.4)
+        affine = np.array([[k, 255.0 * 0.055 * (k - 1.0)]], dtype=np.float32)
+        levels = np.arange(256, dtype=np.uint8)[None, :]
+        if int(np.abs(cv2.transform(levels, affine)[0].astype(np.int16) - table).max()) <= 1:
+            cv2.transform(src[c], affine, dst=dst[c])
+        else:
+            cv2.LUT(src[c], table, dst=dst[c])

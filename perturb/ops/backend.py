@@ -26,8 +26,10 @@ import contextlib
 import contextvars
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import lru_cache
 from typing import Literal
 
 import cv2
@@ -120,7 +122,7 @@ def border_mask_numpy(src: np.ndarray) -> np.ndarray | None:
 
     Dark pixels (every channel below the threshold) reached by a straight dark run from the
     left, right, top or bottom edge: a row's run from the left ends at its first non-dark
-    pixel, so the mask compares column and row indices with four run lengths per row/column."""
+    pixel, so the mask is the union of four runs per row/column, found with ``argmax``."""
     h, w = src.shape[-2:]
     m = src[0]
     for c in range(1, src.shape[0]):
@@ -139,14 +141,25 @@ def border_mask_numpy(src: np.ndarray) -> np.ndarray | None:
     top[col_dark], bottom[col_dark] = h, -1
     if not (left.any() or top.any() or (right < w - 1).any() or (bottom < h - 1).any()):
         return None
-    # outside [left, right] <=> (j - left) as uint16 > (right - left) as uint16, also for an
-    # all-dark row (left = w, right = -1: every j); likewise for columns.
-    col16, row16 = cols.astype(np.int16), rows.astype(np.int16)
-    off_row = np.subtract(col16[None, :], left.astype(np.int16)[:, None]).view(np.uint16)
-    mask = np.greater(off_row, (right - left).astype(np.uint16)[:, None])
-    off_col = np.subtract(row16[:, None], top.astype(np.int16)[None, :]).view(np.uint16)
-    mask |= np.greater(off_col, (bottom - top).astype(np.uint16)[None, :])
-    return mask.view(np.uint8)
+    before_w, from_w = _run_tables(w)
+    mask = np.take(before_w, left, axis=0)  # j < left
+    cv2.bitwise_or(mask, np.take(from_w, right + 1, axis=0), dst=mask)  # j > right
+    before_h, from_h = _run_tables(h)
+    across_mask = np.take(before_h, top, axis=0)  # i < top, laid out (W, H)
+    cv2.bitwise_or(across_mask, np.take(from_h, bottom + 1, axis=0), dst=across_mask)
+    cv2.bitwise_or(mask, cv2.transpose(across_mask), dst=mask)
+    return mask
+
+
+@lru_cache(maxsize=8)
+def _run_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two (n + 1, n) uint8 tables: row k of the first is 1 at j < k, of the second at j >= k.
+    Gathering rows builds a mask of runs from the edges at copy speed."""
+    before = (np.arange(n)[None, :] < np.arange(n + 1)[:, None]).astype(np.uint8)
+    after = 1 - before
+    before.flags.writeable = False
+    after.flags.writeable = False
+    return before, after
 
 
 def keep_border(src: np.ndarray, dst: np.ndarray) -> None:
@@ -161,6 +174,7 @@ def keep_border(src: np.ndarray, dst: np.ndarray) -> None:
 # ---------------------------------------------------------------------------------------------
 # Running per-sample functions over a batch
 
+_CPUS = os.cpu_count() or 1
 _POOL_LOCK = threading.Lock()
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
 _CV2_LOCK = threading.Lock()
@@ -173,14 +187,14 @@ def _pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL[0] != os.getpid():
-            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="perturb"))
+            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=_CPUS, thread_name_prefix="perturb"))
         return _POOL[1]
 
 
 def workers_for(n: int) -> int:
     """How many samples run at once: at most the batch and torch's intra-op thread count (a
     DataLoader worker, which sets torch to one thread, runs its samples inline)."""
-    return max(1, min(n, torch.get_num_threads(), os.cpu_count() or 1))
+    return max(1, min(n, torch.get_num_threads(), _CPUS))
 
 
 @contextlib.contextmanager
@@ -226,6 +240,50 @@ def map_samples(work: Callable[[int], None], n: int) -> None:
             f.result()
 
 
+class _OutputBuffers:
+    """Recycles the memory of large batch outputs.
+
+    A fresh 40 MB (uint8) or 160 MB (float32) output costs more to fault in and zero than a
+    lookup-table op costs to compute. Outputs are views of pooled buffers; when the last
+    reference to a view goes (the returned tensor and everything made from it), a finaliser
+    puts its buffer back for the next batch of the same size. At most ``PER_SIZE`` buffers per
+    size and ``MAX_BYTES`` in all are kept."""
+
+    MIN_BYTES = 4 << 20
+    MAX_BYTES = 768 << 20
+    PER_SIZE = 2
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # a finaliser may run inside a locked section
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._bytes = 0
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if nbytes < self.MIN_BYTES or nbytes > self.MAX_BYTES // 2:
+            return np.empty(shape, dtype)
+        with self._lock:
+            free = self._free.get(nbytes)
+            buf = free.pop() if free else None
+            if buf is not None:
+                self._bytes -= nbytes
+        if buf is None:
+            buf = np.empty(nbytes, dtype=np.uint8)
+        view = buf.view(dtype).reshape(shape)
+        weakref.finalize(view, self._release, buf)
+        return view
+
+    def _release(self, buf: np.ndarray) -> None:
+        with self._lock:
+            free = self._free.setdefault(buf.nbytes, [])
+            if len(free) < self.PER_SIZE and self._bytes + buf.nbytes <= self.MAX_BYTES:
+                free.append(buf)
+                self._bytes += buf.nbytes
+
+
+_OUTPUTS = _OutputBuffers()
+
+
 def run_cpu(
     fn: CpuFn,
     x: torch.Tensor,
@@ -237,7 +295,7 @@ def run_cpu(
     if x.dtype not in (torch.uint8, torch.float32):
         raise TypeError(f"CPU fast paths take uint8 or float32 batches, got {x.dtype}")
     src = x.detach().contiguous().numpy()
-    dst = np.empty_like(src)
+    dst = _OUTPUTS.empty(src.shape, src.dtype)
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}
 
     def work(i: int) -> None:

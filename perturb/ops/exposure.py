@@ -22,11 +22,10 @@ import torch.nn.functional as F
 from perturb import rng
 from perturb.ops import backend
 from perturb.ops._math import (
-    apply_luts,
+    gain_in_linear_u8,
     linear_to_srgb,
     linear_to_srgb_np,
     linear_to_srgb_u8,
-    lut_u8_from_kernel,
     srgb_to_linear,
     srgb_to_linear_np,
     srgb_to_linear_u8,
@@ -182,7 +181,7 @@ def _scale_in_linear(src: np.ndarray, dst: np.ndarray, scale: np.ndarray) -> Non
 @backend.register_cpu("overexposure")
 def overexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     if src.dtype == np.uint8:
-        apply_luts(src, dst, lut_u8_from_kernel(overexposure, 1, p, key)[0])
+        gain_in_linear_u8(src, dst, [float(np.float32(p["gain"]))])
         return
     lin = srgb_to_linear_np(src)
     lin *= np.float32(p["gain"])

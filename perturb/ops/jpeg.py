@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from perturb.ops import backend
+from perturb.ops._math import split_into
 from perturb.ops.registry import Level, Params, draw_int, register_kernel
 
 
@@ -33,6 +34,8 @@ def opencv_roundtrip(image_u8: np.ndarray, quality: int) -> np.ndarray:
         raise RuntimeError("OpenCV failed to encode a JPEG")
     flag = cv2.IMREAD_COLOR if color else cv2.IMREAD_GRAYSCALE
     decoded = cv2.imdecode(buf, flag)
+    if decoded is None:
+        raise RuntimeError("OpenCV failed to decode its own JPEG")
     return cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB) if color else decoded
 
 
@@ -69,7 +72,7 @@ def _encode_params(quality: int) -> list[int]:
 def jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     """One CHW sample through libjpeg: planes are interleaved straight into BGR order for the
     encoder and decoded straight to RGB (the same codec calls as ``opencv_roundtrip``)."""
-    quality = int(round(float(p["quality"])))
+    quality = round(float(p["quality"]))
     if src.dtype == np.uint8:
         u8 = src
     else:  # to_uint8: clamp, * 255, round half to even
@@ -82,17 +85,22 @@ def jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: in
     if not ok:
         raise RuntimeError("OpenCV failed to encode a JPEG")
     decoded = cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB if color else cv2.IMREAD_GRAYSCALE)
+    if decoded is None:
+        raise RuntimeError("OpenCV failed to decode its own JPEG")
+    if dst.dtype == np.uint8:
+        if color:
+            split_into(decoded, dst)
+        else:
+            np.copyto(dst[0], decoded)
+        return
     planes = [decoded[..., c] for c in range(3)] if color else [decoded]
     for c, plane in enumerate(planes):
-        if dst.dtype == np.uint8:
-            np.copyto(dst[c], plane)
-        else:
-            np.divide(plane, np.float32(255.0), out=dst[c])
+        np.divide(plane, np.float32(255.0), out=dst[c])
 
 
 @register_kernel("jpeg", sampler=_quality_sampler)
 def jpeg(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    qualities = [int(round(q)) for q in p["quality"].tolist()]
+    qualities = [round(q) for q in p["quality"].tolist()]
     if jpeg_backend(x) == "nvjpeg":
         return _roundtrip_cuda(x, qualities)
     if x.device.type == "cpu":

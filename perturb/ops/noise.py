@@ -108,7 +108,7 @@ def impulse_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
 # the torch path, which rounds the float result).
 
 
-def _scaled_normal_lut(scale: float) -> np.ndarray:
+def _scaled_normal_lut(scale: np.float32) -> np.ndarray:
     return rng.normal_lut_numpy() * np.float32(scale)
 
 
@@ -276,6 +276,14 @@ def _encode_counts(photons: np.float32, top: int) -> torch.Tensor:
     return linear_to_srgb(k / torch.tensor(photons, dtype=torch.float32))
 
 
+def _torch_sqrt(values: np.ndarray) -> np.ndarray:
+    """``sqrt(max(v, 0))`` in float32 as torch computes it on the CPU. torch's float32 sqrt is
+    not always the correctly rounded one NumPy gives (an ulp off for about 1 value in 6), and
+    ``floor(mean + sqrt(mean) z + 0.5)`` can land on the other integer by an ulp, so the
+    count must take torch's own root to match the torch path."""
+    return torch.from_numpy(np.maximum(values, np.float32(0.0))).sqrt().numpy()
+
+
 def _as_levels(src: np.ndarray) -> np.ndarray | None:
     """The uint8 levels of a float32 sample that holds only values v / 255 (a decoded 8-bit
     image), else None. Such a sample goes through the exact per-level tables."""
@@ -293,13 +301,12 @@ def shot_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
     if levels is not None:
         mean_lut = srgb_to_linear_u8() * photons  # the kernel's float32 mean of each level
         mean = cv2.LUT(plane2d(levels), mean_lut)
-        root = cv2.LUT(plane2d(levels), np.sqrt(np.maximum(mean_lut, np.float32(0.0))))
+        root = cv2.LUT(plane2d(levels), _torch_sqrt(mean_lut))
     else:  # srgb_to_linear in float64, rounded to float32, exactly as the kernel computes it
         w = src.astype(np.float64)
         high = np.power((np.maximum(w, 0.04045) + 0.055) / 1.055, 2.4)
-        mean = np.where(w <= 0.04045, w / 12.92, high).astype(np.float32)
-        mean *= photons
-        root = np.sqrt(np.maximum(mean, np.float32(0.0)))
+        mean = np.multiply(np.where(w <= 0.04045, w / 12.92, high).astype(np.float32), photons)
+        root = _torch_sqrt(mean)
     counts = _shot_counts(mean, root, key, levels, mean_lut)
     # counts never exceed this: z is capped near 4.4 and the exact inversion at POISSON_MAX_COUNT
     top = max(int(photons + 4.5 * np.sqrt(photons) + 2), POISSON_MAX_COUNT)
