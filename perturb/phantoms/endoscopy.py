@@ -23,6 +23,7 @@ import cv2
 import numpy as np
 
 from perturb import rng as keyed
+from perturb.kvasir import QUESTION_CLASSES  # noqa: F401  (re-exported)
 
 DEFAULT_SIZE = (400, 320)  # (width, height)
 ROWS = ("upper", "center", "lower")
@@ -33,26 +34,6 @@ POLYP_COLORS: dict[str, tuple[float, float, float]] = {
     "white": (0.93, 0.88, 0.80),
 }
 POLYP_TYPES = ("paris is", "paris ip", "paris iia")
-QUESTION_CLASSES = (
-    "procedure_type",
-    "text_presence",
-    "polyp_removal_status",
-    "box_artifact_presence",
-    "instrument_count",
-    "finding_count",
-    "polyp_type",
-    "polyp_size",
-    "instrument_location",
-    "instrument_presence",
-    "abnormality_location",
-    "polyp_count",
-    "abnormality_color",
-    "abnormality_presence",
-    "landmark_location",
-    "landmark_presence",
-    "finding_presence",
-    "landmark_color",
-)
 
 
 def grid_cell(row: int, col: int) -> str:

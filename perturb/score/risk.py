@@ -17,26 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from functools import lru_cache
 
-KVASIR_CLASSES = (
-    "procedure_type",
-    "text_presence",
-    "polyp_removal_status",
-    "box_artifact_presence",
-    "instrument_count",
-    "finding_count",
-    "polyp_type",
-    "polyp_size",
-    "instrument_location",
-    "instrument_presence",
-    "abnormality_location",
-    "polyp_count",
-    "abnormality_color",
-    "abnormality_presence",
-    "landmark_location",
-    "landmark_presence",
-    "finding_presence",
-    "landmark_color",
-)
+from perturb.kvasir import QUESTION_CLASSES
+
+KVASIR_CLASSES = QUESTION_CLASSES
 
 _GEOMETRY = ("*_location", "*_count", "text_presence", "box_artifact_presence", "polyp_size")
 _PRESENCE = ("*_presence",)
