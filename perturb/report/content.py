@@ -111,6 +111,36 @@ def headline_rows(model: Mapping[str, Any], metric: str, binary: bool) -> list[l
     return rows
 
 
+def _breakdown_section(
+    cells: Mapping[str, Any],
+    metric: str,
+    label: str,
+    title: str,
+    anchor: str,
+    table_id: str,
+    caption: str = "",
+) -> Section:
+    """One breakdown table (rows: clean, perturbed, delta of ``metric`` per key)."""
+    section = Section(title, anchor, level=3)
+    rows = []
+    for key, cell in sorted(cells.items()):
+        m = cell["metrics"].get(metric)
+        if m:
+            rows.append(
+                [
+                    key,
+                    str(m["n"]),
+                    est(m["clean"]),
+                    est(m["perturbed"]),
+                    est(m["delta"], signed=True),
+                ]
+            )
+    section.tables.append(
+        Table([label, "n", "clean", "perturbed", "delta (pp)"], rows, id=table_id, caption=caption)
+    )
+    return section
+
+
 def build_sections(scores: Mapping[str, Any]) -> list[Section]:
     """All report sections for a scores.json dict."""
     cfg = scores["config"]
@@ -282,54 +312,29 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
 
         qc = model.get("by_question_class") or {}
         if qc.get(ALL):
-            q = Section(f"By question class: {mname}", f"class-{mi}", level=3)
-            rows = []
-            for k, cell in sorted(qc[ALL].items()):
-                m = cell["metrics"].get(prim)
-                if m:
-                    rows.append(
-                        [
-                            k,
-                            str(m["n"]),
-                            est(m["clean"]),
-                            est(m["perturbed"]),
-                            est(m["delta"], signed=True),
-                        ]
-                    )
-            q.tables.append(
-                Table(
-                    ["question class", "n", "clean", "perturbed", "delta (pp)"],
-                    rows,
-                    id=f"class-table-{mi}",
-                    caption="All perturbations pooled",
-                )
+            q = _breakdown_section(
+                qc[ALL],
+                prim,
+                "question class",
+                f"By question class: {mname}",
+                f"class-{mi}",
+                f"class-table-{mi}",
+                caption="All perturbations pooled",
             )
             q.plots.append(f"class_bars:{mname}")
             out.append(q)
         cx = model.get("by_complexity") or {}
         if cx.get(ALL):
-            q = Section(f"By complexity: {mname}", f"complexity-{mi}", level=3)
-            rows = []
-            for k, cell in sorted(cx[ALL].items()):
-                m = cell["metrics"].get(prim)
-                if m:
-                    rows.append(
-                        [
-                            k,
-                            str(m["n"]),
-                            est(m["clean"]),
-                            est(m["perturbed"]),
-                            est(m["delta"], signed=True),
-                        ]
-                    )
-            q.tables.append(
-                Table(
-                    ["complexity", "n", "clean", "perturbed", "delta (pp)"],
-                    rows,
-                    id=f"complexity-table-{mi}",
+            out.append(
+                _breakdown_section(
+                    cx[ALL],
+                    prim,
+                    "complexity",
+                    f"By complexity: {mname}",
+                    f"complexity-{mi}",
+                    f"complexity-table-{mi}",
                 )
             )
-            out.append(q)
         risk = model.get("at_risk") or {}
         rq = risk.get("by_question_class") or {}
         if rq:
