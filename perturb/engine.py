@@ -185,13 +185,20 @@ def make_record(
     protect_border: bool,
     device: torch.device,
     params: dict[str, Any] | None = None,
+    param_key: str | None = None,
 ) -> Record:
     # Common random numbers across severities: the draw key leaves the severity out, so a
     # sample's five severities are one perturbation at five strengths (same quantiles, same
     # noise field, same glare placement). Severity curves are then monotone per sample.
     key = rng.derive_key(seed, sample_key, op.name, SHARED_SEVERITY, variant)
+    extra: dict[str, Any] = {}
     if params is None:
-        params = sample_params(op, key, severity)
+        draw = key
+        if param_key is not None and param_key != sample_key:
+            # scalar parameters shared by every image of a group (e.g. the views of a study)
+            draw = rng.derive_key(seed, param_key, op.name, SHARED_SEVERITY, variant)
+            extra["param_key"] = param_key
+        params = sample_params(op, draw, severity)
     return Record(
         op=op.name,
         op_version=op.spec.version,
@@ -204,6 +211,7 @@ def make_record(
         protect_border=protect_border,
         backend=backends.resolve(device),
         device=device.type,
+        extra=extra,
     )
 
 
@@ -260,6 +268,7 @@ def apply(
     seed: int = 0,
     variant: int | Sequence[int] = 0,
     protect_border: bool | None = None,
+    param_keys: Sequence[str | int] | None = None,
 ) -> tuple[torch.Tensor, list[Record]]:
     """Perturb a batch with ``op`` at ``severity`` (1..5) and return (images, records).
 
@@ -267,6 +276,9 @@ def apply(
     severity and ``variant`` it fixes every random quantity of that sample. uint8 and uint16
     batches come back in their dtype; float32 batches must lie in [0, 1].
     ``protect_border`` (default: the op's spec) keeps the endoscope's dark frame untouched.
+    ``param_keys`` (default: ``sample_keys``) key the scalar parameters alone: images with one
+    param key (e.g. the views of one study) share their parameters, while per-pixel fields still
+    follow each image's own sample key; the record keeps the param key in ``extra``.
     """
     spec_op = get_op(op)
     check_images(images, spec_op)
@@ -279,11 +291,21 @@ def apply(
     severities = [check_severity(s) for s in _per_sample(severity, n, "severity")]
     variants = [_check_variant(v) for v in _per_sample(variant, n, "variant")]
     protect = spec_op.spec.protects_border if protect_border is None else bool(protect_border)
+    if param_keys is not None and (isinstance(param_keys, str | bytes) or len(param_keys) != n):
+        raise InputError(f"param_keys must be a sequence with one key per image ({n}), got {param_keys!r:.80}")
+    groups = [str(k) for k in (sample_keys if param_keys is None else param_keys)]
     records = [
         make_record(
-            spec_op, s, str(k), seed=int(seed), variant=v, protect_border=protect, device=x.device
+            spec_op,
+            s,
+            str(k),
+            seed=int(seed),
+            variant=v,
+            protect_border=protect,
+            device=x.device,
+            param_key=g,
         )
-        for k, s, v in zip(sample_keys, severities, variants, strict=True)
+        for k, s, v, g in zip(sample_keys, severities, variants, groups, strict=True)
     ]
     if spec_op.name == "jpeg":
         codec = jpeg_backend(x)

@@ -7,6 +7,9 @@
       - ops: all              # or a list of op names
         modality: endoscopy   # with ``all``: the ops tagged with this modality
         severities: [1, 2, 3, 4, 5]
+    input:                    # optional: a radiology dataset adapter (perturb.io.adapters)
+      adapter: rexvqa         # vindr-cxr-vqa | rexvqa | medthinkvqa
+      images: null            # folder the dataset's image paths start from (or --images)
     output:
       layout: "{op}/s{severity}/{img_id}.{ext}"
       format: png             # png (lossless, 8/16-bit) or jpg
@@ -15,6 +18,11 @@
 A job is either catalog ops x severities x variants, or a composite (``composite:
 kvasir_transformed``) x variants. ``variants: 0`` means one output with variant 0 (unused);
 ``variants: n`` means variants 1..n. Errors name the file and the field.
+
+``modality: from_image`` picks ops per image from the input's ``modality`` column (multi-
+modality datasets such as MedThinkVQA): with ``ops: all`` every op tagged with the image's
+modality, with a list of ops those of the list tagged with it. An image whose modality has no
+op in the job gets no output from that job.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from perturb.catalog.specs import MODALITIES, SEVERITIES, get_spec, load_specs, 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 LAYOUT_FIELDS = frozenset({"suite", "op", "severity", "variant", "img_id", "ext"})
 COMPOSITES = ("kvasir_transformed",)
+FROM_IMAGE = "from_image"
 
 
 class SuiteError(ValueError):
@@ -62,8 +71,10 @@ class OpsJob(BaseModel):
     @field_validator("modality")
     @classmethod
     def _modality(cls, v: str | None) -> str | None:
-        if v is not None and v not in MODALITIES:
-            raise ValueError(f"unknown modality {v!r}; known: {sorted(MODALITIES)}")
+        if v is not None and v not in MODALITIES and v != FROM_IMAGE:
+            raise ValueError(
+                f"unknown modality {v!r}; known: {sorted(MODALITIES)} or {FROM_IMAGE!r}"
+            )
         return v
 
     @field_validator("severities")
@@ -91,7 +102,14 @@ class OpsJob(BaseModel):
             raise ValueError(f"ops repeat: {v}")
         return v
 
-    def op_list(self) -> list[str]:
+    def op_list(self, image_modality: str | None = None) -> list[str]:
+        """The job's ops; with ``modality: from_image``, those of ``image_modality`` (None:
+        every op the job can pick, for validation and fingerprints)."""
+        if self.modality == FROM_IMAGE:
+            if image_modality is None:
+                return op_names() if self.ops == "all" else list(self.ops)
+            allowed = op_names(image_modality)
+            return allowed if self.ops == "all" else [o for o in self.ops if o in allowed]
         if self.ops == "all":
             return op_names(self.modality)
         return list(self.ops)
@@ -178,6 +196,17 @@ class OutputSpec(BaseModel):
         return self.format
 
 
+class InputSpec(BaseModel):
+    """Which dataset adapter reads the input (``perturb.io.adapters``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    adapter: Literal["vindr-cxr-vqa", "rexvqa", "medthinkvqa"]
+    images: str | None = None
+    keep_leaking_fields: bool = False
+    min_visible: float = Field(0.5, gt=0.0, le=1.0)
+
+
 class Suite(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -186,6 +215,7 @@ class Suite(BaseModel):
     seed: int = 0
     jobs: list[Job]
     output: OutputSpec
+    input: InputSpec | None = None
 
     @model_validator(mode="after")
     def _distinct_paths(self) -> Suite:
@@ -202,8 +232,9 @@ class Suite(BaseModel):
             paths[path] = task
         return self
 
-    def tasks(self) -> list[Task]:
-        """Every (op, severity, variant) this suite makes from one image."""
+    def tasks(self, image_modality: str | None = None) -> list[Task]:
+        """Every (op, severity, variant) this suite makes from one image (of
+        ``image_modality``, for jobs with ``modality: from_image``)."""
         out: list[Task] = []
         for job in self.jobs:
             variants = list(range(1, job.variants + 1)) if job.variants else [0]
@@ -211,9 +242,29 @@ class Suite(BaseModel):
                 out += [Task(job.composite, 0, v, composite=True) for v in variants]
             else:
                 out += [
-                    Task(op, s, v) for op in job.op_list() for s in job.severities for v in variants
+                    Task(op, s, v)
+                    for op in job.op_list(image_modality)
+                    for s in job.severities
+                    for v in variants
                 ]
         return out
+
+    @property
+    def per_image_modality(self) -> bool:
+        """Whether some job picks its ops from each image's modality."""
+        return any(isinstance(j, OpsJob) and j.modality == FROM_IMAGE for j in self.jobs)
+
+    def data_modality(self) -> str:
+        """Modality of the built-in default data: ``xray`` when every op is an X-ray op,
+        else ``endoscopy``."""
+        tasks = self.tasks()
+        if (
+            not self.per_image_modality
+            and tasks
+            and all(not t.composite and "xray" in get_spec(t.op).modalities for t in tasks)
+        ):
+            return "xray"
+        return "endoscopy"
 
     def composite_params(self, name: str) -> TransformedParams:
         for job in self.jobs:
