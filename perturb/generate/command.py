@@ -73,6 +73,12 @@ def generate(
     builtin_images: Annotated[
         int | None, typer.Option(help="Phantoms in the built-in sample (no --dataset).")
     ] = None,
+    images: Annotated[
+        str | None,
+        typer.Option(
+            help="Image folder of a dataset adapter input (suites with input.adapter: VinDr-CXR-VQA, ReXVQA, MedThinkVQA)."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -100,6 +106,7 @@ def generate(
                 embed_images=embed_images,
                 progress=not quiet,
                 builtin_images=builtin_images,
+                images=images,
             ),
         )
     except (SuiteError, RunError) as exc:

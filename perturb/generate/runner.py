@@ -72,6 +72,7 @@ class RunOptions:
     embed_images: bool = False
     progress: bool = True
     builtin_images: int | None = None
+    images: str | None = None  # image folder of an adapter input (suite input.images)
 
 
 @dataclass
@@ -266,6 +267,12 @@ def build_dataset(out: Path, inp: Any, manifest: pa.Table, embed: bool) -> int:
     joined = table.take(pa.array(take, type=pa.int64()))
     names = _perturbation_columns(list(table.column_names))
     picked = manifest.take(pa.array(out_idx, type=pa.int64()))
+    features = dict(inp.features_without_image())
+    if getattr(inp, "annotations", None) is not None:
+        from perturb.generate.annotate import move_annotations
+
+        joined, added = move_annotations(joined, picked, inp.annotations)
+        features.update(added)
     paths = picked.column("path").to_pylist()
     root = out.resolve()
     image_bytes = [(root / p).read_bytes() for p in paths] if embed else [None] * len(paths)
@@ -276,7 +283,6 @@ def build_dataset(out: Path, inp: Any, manifest: pa.Table, embed: bool) -> int:
         ],
         names=["bytes", "path"],
     )
-    features = dict(inp.features_without_image())
     arrays = list(joined.columns)
     fields = list(joined.column_names)
     arrays.append(image)
@@ -386,14 +392,38 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         raise RunError(f"--max-pixels must be at least 4, got {options.max_pixels}")
     seed = suite.seed if options.seed is None else options.seed
     try:
-        inp = open_input(
-            options.dataset,
-            options.split,
-            image_column=options.image_column,
-            builtin_images=options.builtin_images,
-        )
+        if suite.input is not None:
+            from perturb.io.adapters import open_adapter
+
+            inp = open_adapter(
+                suite.input.adapter,
+                options.dataset,
+                images=options.images or suite.input.images,
+                split=options.split,
+                keep_leaking_fields=suite.input.keep_leaking_fields,
+                min_visible=suite.input.min_visible,
+            )
+        elif options.images is not None:
+            raise RunError(
+                "--images is for dataset adapters: use a suite with an input.adapter section "
+                "(e.g. configs/rexvqa.yaml), or pass the images with --dataset"
+            )
+        else:
+            inp = open_input(
+                options.dataset,
+                options.split,
+                image_column=options.image_column,
+                builtin_images=options.builtin_images,
+                builtin_modality=suite.data_modality(),
+            )
     except DatasetError as exc:
         raise RunError(str(exc)) from None
+    if suite.per_image_modality and inp.modality_column is None:
+        raise RunError(
+            f"suite {suite.suite} picks ops by each image's modality (modality: from_image) but "
+            f"{inp.source} has no modality column; use a dataset adapter that gives one "
+            "(e.g. input.adapter: medthinkvqa) or name a modality in the suite's jobs"
+        )
 
     out = Path(options.out)
     settings = {
@@ -424,7 +454,7 @@ def _run(
     summary.images = len(groups)
     selected = groups if options.limit is None else groups[: options.limit]
     summary.images_selected = len(selected)
-    tasks = suite.tasks()
+    all_tasks = suite.tasks()
     errors: list[dict[str, Any]] = [
         {
             "img_id": None,
@@ -445,6 +475,7 @@ def _run(
         if file_id != group.img_id:
             summary.unsafe_ids += 1
         missing: list[tuple[Task, str]] = []
+        tasks = suite.tasks(inp.modality(group)) if suite.per_image_modality else all_tasks
         for task in tasks:
             rel = task.path(suite, file_id)
             row = done.get((group.img_id, task.op, task.severity, task.variant))
@@ -494,7 +525,12 @@ def _run(
                     }
                 )
                 continue
-            jobs.append(ImageJob(group.img_id, file_id, data, missing, qa_rows=len(group.rows)))
+            param_key = inp.sample_key(group) if inp.sample_key_column else None
+            jobs.append(
+                ImageJob(
+                    group.img_id, file_id, data, missing, qa_rows=len(group.rows), param_key=param_key
+                )
+            )
         return jobs, errs
 
     def fetch(batch: list[tuple[Any, str, list[tuple[Task, str]]]]) -> tuple[list[ImageJob], int]:

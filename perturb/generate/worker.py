@@ -48,6 +48,7 @@ class ImageJob:
     data: bytes
     tasks: list[tuple[Task, str]]  # (task, relative path)
     qa_rows: int = 0
+    param_key: str | None = None  # sample (study, case) whose images share scalar parameters
 
 
 @dataclass
@@ -161,14 +162,43 @@ def _run_task(
 
     op = get_op(task.op)
     x = torch.stack([d.x for d in batch]).to(device)
-    if x.shape[1] not in op.spec.channels:
+    groups = [d.job.param_key or d.job.img_id for d in batch]
+    if x.shape[1] not in op.spec.channels and x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1).contiguous()  # gray frame, colour op: treated as RGB
-    out, records = apply(x, task.op, task.severity, ids, seed=seed, variant=task.variant)
+    if x.shape[1] not in op.spec.channels:  # colour image, gray-only op: each channel alike
+        out, records = _per_channel(x, task, ids, groups, seed)
+    else:
+        out, records = apply(
+            x, task.op, task.severity, ids, seed=seed, variant=task.variant, param_keys=groups
+        )
     infos = [
         {"key": r.key, "params": r.params, "record": r.to_dict(), "op_version": r.op_version}
         for r in records
     ]
     return _to_arrays(out), infos, x.shape[1]
+
+
+def _per_channel(
+    x: torch.Tensor, task: Task, ids: list[str], groups: list[str], seed: int
+) -> tuple[torch.Tensor, list[Any]]:
+    """A 1-channel op on colour images: every channel with the image's key, so the channels
+    get the same parameters and fields (a gray image stored as RGB stays gray)."""
+    from perturb.engine import Record, apply
+
+    b, c, h, w = x.shape
+    out, records = apply(
+        x.reshape(b * c, 1, h, w),
+        task.op,
+        task.severity,
+        [k for k in ids for _ in range(c)],
+        seed=seed,
+        variant=task.variant,
+        param_keys=[g for g in groups for _ in range(c)],
+    )
+    firsts = [
+        Record(**{**r.to_dict(), "extra": {**r.extra, "per_channel": True}}) for r in records[::c]
+    ]
+    return out.reshape(b, c, h, w), firsts
 
 
 def _to_arrays(y: torch.Tensor) -> list[np.ndarray]:

@@ -41,6 +41,17 @@ class ImageFetchError(ValueError):
     """One row's image cannot be read (missing file, empty cell)."""
 
 
+@dataclass(frozen=True)
+class Annotations:
+    """Columns whose ``<loc_x1_y1_x2_y2>`` tags follow the image through geometric ops, and the
+    optional columns giving the original size the boxes are in (default: the image's size)."""
+
+    text_columns: tuple[str, ...]
+    width_column: str | None = None
+    height_column: str | None = None
+    min_visible: float = 0.5
+
+
 @dataclass
 class ImageGroup:
     """One unique image: its id, the input rows that share it, and where its bytes are."""
@@ -59,8 +70,12 @@ class InputDataset:
     source: str
     fingerprint: str
     base_dir: Path | None = None
+    sample_key_column: str | None = None  # rows of one sample (study, case) share parameters
+    modality_column: str | None = None  # per-image modality (``modality: from_image`` suites)
+    annotations: Annotations | None = None  # loc-tag columns moved with geometric ops
     _ids: list[str | None] | None = field(default=None, repr=False)
     _images: datasets.Dataset | None = field(default=None, repr=False)
+    _columns: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.ds)
@@ -97,6 +112,22 @@ class InputDataset:
         if self._images is None:
             self._images = self.ds.select_columns([self.image_column])
         return self._images[row][self.image_column]
+
+    def _first(self, column: str | None, group: ImageGroup) -> str | None:
+        if column is None:
+            return None
+        if column not in self._columns:
+            self._columns[column] = list(self.ds.select_columns([column])[column])
+        value = self._columns[column][group.rows[0]]
+        return None if value is None or str(value) == "" else str(value)
+
+    def sample_key(self, group: ImageGroup) -> str:
+        """The key of the sample an image belongs to (its study or case; else its img_id)."""
+        return self._first(self.sample_key_column, group) or group.img_id
+
+    def modality(self, group: ImageGroup) -> str | None:
+        """The image's modality (None when the input has no modality column)."""
+        return self._first(self.modality_column, group)
 
     def groups(self) -> tuple[list[ImageGroup], list[int]]:
         """Unique images in order of first appearance, and rows whose img_id is empty."""
@@ -263,8 +294,14 @@ def open_input(
     image_column: str | None = None,
     id_column: str = ID_COLUMN,
     builtin_images: int | None = None,
+    builtin_modality: str = "endoscopy",
 ) -> InputDataset:
-    """Open an input dataset (see the module docstring for what ``source`` may be)."""
+    """Open an input dataset (see the module docstring for what ``source`` may be);
+    ``builtin_modality`` picks the built-in phantoms (endoscopy or xray) when ``source`` is None."""
+    if source is None and builtin_modality == "xray":
+        from perturb.phantoms.xray import builtin_xray_input
+
+        return builtin_xray_input(builtin_images)
     with _quiet():
         ds, label, fingerprint, base_dir = _load(source, split, builtin_images)
         column = _find_image_column(ds, image_column, label)

@@ -1,0 +1,178 @@
+"""MedThinkVQA (HF ``bio-nlp-umass/MedThinkVQA``): multi-image, multi-modality diagnosis MCQ.
+
+Upstream schema: parquet (``train.parquet``, ``test.parquet``) or JSON Lines, one row per case
+with ``title`` ("Case number N"), ``CLINICAL_HISTORY``, ``image_count``, ``options`` (dict
+A-E), ``correct_answer`` (a letter) and per image ``image_NN_{id,path,caption,modality,
+sub_modality}`` for NN = 01..49, paths like ``images/caseN/<id>.jpg``; modalities CT, MRI,
+X-ray, US, pathology, photo, endoscopy, ...
+
+One case is one sample. Rows are image-level: one per (case, image), with ``img_id`` =
+``<case>_<image id>``, ``sample_key`` = the case (``caseN``), ``view`` / ``n_views``,
+``image_modality`` / ``image_sub_modality`` as given and ``modality`` normalised to the
+catalog's names (unknown labels become ``any``: generic ops only), so a suite with
+``modality: from_image`` gives each image ops of its own modality. Scalar parameters are drawn
+per case, pixel fields per image (as for ReXVQA studies).
+
+Fields that give the answer away are left out unless ``keep_leaking_fields`` is set: the image
+captions and every case field about findings, summaries, diagnoses, discussion or reasoning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from perturb.io.adapters._common import (
+    IMAGE_PATH,
+    MODALITY,
+    N_VIEWS,
+    SAMPLE_KEY,
+    VIEW,
+    build_input,
+    check_found,
+    find_image,
+    image_root,
+    is_leaking,
+    locate,
+    normalize_modality,
+    pick_files,
+)
+from perturb.io.datasets import DEFAULT_SPLIT, DatasetError, InputDataset, _quiet
+
+HUB_ID = "bio-nlp-umass/MedThinkVQA"
+MAX_IMAGES = 49
+IMAGE_FIELD = re.compile(r"^image_(\d{2})_(.+)$")
+LEAKING = (
+    r"caption",
+    r"finding",
+    r"summary",
+    r"diagnos",
+    r"discussion",
+    r"ddx",
+    r"rationale",
+    r"reason",
+    r"explanation",
+    r"impression",
+    r"twi",
+)
+REQUIRED = ("options", "correct_answer")
+
+
+def _load_cases(
+    source: str | os.PathLike[str] | None, split: str | None
+) -> tuple[datasets.Dataset, Path | None, str]:
+    """The case table and the folder image paths start from (None for the hub)."""
+    label = str(source or HUB_ID)
+    text = HUB_ID if source is None else os.fspath(source)
+    local = Path(text).expanduser()
+    try:
+        with _quiet():
+            if not local.exists():
+                located = locate(text, HUB_ID, ["*.parquet", "*.jsonl"])
+                if located.is_dir():
+                    local = located
+                else:  # pragma: no cover - locate returns a folder or raises
+                    raise DatasetError(f"{label}: cannot locate the dataset")
+            files = pick_files(local, (".parquet", ".jsonl"), split, label)
+            builder = "parquet" if files[0].suffix.lower() == ".parquet" else "json"
+            ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+    except DatasetError:
+        raise
+    except Exception as exc:  # datasets raises many types
+        raise DatasetError(f"{label}: cannot load: {type(exc).__name__}: {exc}") from None
+    base = local if local.is_dir() else local.parent
+    return ds, base, f"{local.resolve()}:{split or DEFAULT_SPLIT}"
+
+
+def case_id(case: dict[str, Any], index: int) -> str:
+    """``caseN`` from the image paths' folder, else from an id field or the title."""
+    for n in range(1, MAX_IMAGES + 1):
+        path = case.get(f"image_{n:02d}_path")
+        if path:
+            parent = Path(str(path)).parent.name
+            if parent and parent != "images":
+                return parent
+            break
+    for name in ("case_id", "id"):
+        if case.get(name) not in (None, ""):
+            return str(case[name])
+    digits = re.findall(r"\d+", str(case.get("title") or ""))
+    return f"case{digits[0]}" if digits else f"row{index}"
+
+
+def _cell(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, list) else value
+
+
+def open_medthinkvqa(
+    source: str | os.PathLike[str] | None = None,
+    *,
+    images: str | os.PathLike[str] | None = None,
+    split: str | None = None,
+    keep_leaking_fields: bool = False,
+    min_visible: float = 0.5,
+) -> InputDataset:
+    """Open MedThinkVQA (``source``: hub id, folder or parquet/JSONL file; ``images``: the
+    folder the ``image_NN_path`` entries start from, default the dataset's folder)."""
+    del min_visible  # no boxes in MedThinkVQA
+    label = str(source or HUB_ID)
+    ds, base, where = _load_cases(source, split)
+    missing = [f for f in REQUIRED if f not in ds.column_names]
+    if missing or not any(IMAGE_FIELD.match(c) for c in ds.column_names):
+        raise DatasetError(
+            f"{label}: not in the MedThinkVQA schema: lacks {', '.join(missing) or 'image_NN_* fields'} "
+            f"(columns: {', '.join(ds.column_names[:12])})"
+        )
+    root = image_root(images, base, label)
+    rows: list[dict[str, Any]] = []
+    wanted: dict[str, Path] = {}
+    for index, case in enumerate(ds):
+        key = case_id(case, index)
+        kept = {
+            k: _cell(v)
+            for k, v in case.items()
+            if not IMAGE_FIELD.match(k) and (keep_leaking_fields or not is_leaking(k, LEAKING))
+        }
+        views = [
+            n for n in range(1, MAX_IMAGES + 1) if case.get(f"image_{n:02d}_path") not in (None, "")
+        ]
+        for view, n in enumerate(views):
+            field = {
+                m.group(2): v
+                for k, v in case.items()
+                if (m := IMAGE_FIELD.match(k)) and int(m.group(1)) == n
+            }
+            target = find_image(root, str(field["path"]))
+            image_id = str(field.get("id") or Path(str(field["path"])).stem)
+            img_id = f"{key}_{image_id}"
+            wanted[img_id] = target
+            row = {
+                "case_id": key,
+                **kept,
+                "img_id": img_id,
+                SAMPLE_KEY: key,
+                VIEW: view,
+                N_VIEWS: len(views),
+                "image_id": image_id,
+                "image_modality": field.get("modality"),
+                "image_sub_modality": field.get("sub_modality"),
+                MODALITY: normalize_modality(field.get("modality")),
+                IMAGE_PATH: str(target),
+            }
+            if keep_leaking_fields:
+                row["image_caption"] = field.get("caption")
+            rows.append(row)
+    first = next(iter(wanted.values()), None)
+    check_found(wanted.values(), root, label, str(first) if first else "-")
+    return build_input(
+        rows,
+        label=label,
+        fingerprint=f"medthinkvqa:{where}:{root.resolve()}:{keep_leaking_fields}",
+        base_dir=root,
+        modality=True,
+    )

@@ -1,0 +1,152 @@
+"""VinDr-CXR-VQA (HF ``Dangindev/VinDR-CXR-VQA``): JSON per image, images supplied separately.
+
+Upstream schema: one object per image, ``{"image_id", "num_questions", <list of items>}``, each
+item ``{"question", "answer", "reason", "type", "difficulty", "gt_finding", "gt_location"}``
+with ``type`` one of Where/What/Is_there/How_many/Which/Yes_No; answers (and reasons) hold
+``<loc_x1_y1_x2_y2>`` tags and ``gt_location`` is such a tag (or empty), in the original VinDr-CXR
+DICOM pixels. The source may be a folder of per-image ``.json`` files, one JSON file holding a
+list of the objects, a JSON Lines file, or the hub id (downloaded with ``huggingface_hub``).
+
+Images come from VinDr-CXR (PhysioNet) and are converted from DICOM by the user: ``images`` is a
+folder searched recursively for ``<image_id>.png`` (or .jpg/.tif). Boxes are in original pixels:
+keep the images at their DICOM size, or give the original size per image as ``width`` /
+``height`` in the JSON objects (then the images may be resized copies).
+
+One row per question: ``img_id`` = ``sample_key`` = image_id, ``view`` 0, ``n_views`` 1,
+``modality`` xray, the item's fields, ``orig_width`` / ``orig_height`` and ``image_path``.
+Geometric ops rewrite the loc tags of ``answer``, ``reason`` and ``gt_location`` in the output
+dataset (see ``perturb.generate.annotate``); photometric ops leave them as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from perturb.io.adapters._common import (
+    IMAGE_PATH,
+    IMAGE_SUFFIXES,
+    MODALITY,
+    N_VIEWS,
+    SAMPLE_KEY,
+    VIEW,
+    build_input,
+    check_found,
+    image_root,
+    locate,
+    pick_files,
+)
+from perturb.io.datasets import Annotations, DatasetError, InputDataset
+
+HUB_ID = "Dangindev/VinDR-CXR-VQA"
+LOC_COLUMNS = ("answer", "reason", "gt_location")
+ITEM_KEYS = ("items", "vqa", "qa_pairs", "questions")
+
+
+def _objects(path: Path) -> list[dict[str, Any]]:
+    """The per-image objects of one .json / .jsonl file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix.lower() == ".jsonl":
+            data: Any = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            data = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"{path}: not a readable JSON file: {exc}") from None
+    if isinstance(data, dict) and "image_id" not in data:
+        nested = [v for v in data.values() if isinstance(v, list)]
+        data = nested[0] if len(nested) == 1 else data
+    objects = data if isinstance(data, list) else [data]
+    for obj in objects:
+        if not isinstance(obj, dict) or "image_id" not in obj:
+            raise DatasetError(
+                f"{path}: not in the VinDr-CXR-VQA schema: expected objects with 'image_id' and a "
+                f"list of question items (got {type(obj).__name__} with keys "
+                f"{sorted(obj)[:8] if isinstance(obj, dict) else '-'})"
+            )
+    return objects
+
+
+def _items(obj: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    for key in ITEM_KEYS:
+        if isinstance(obj.get(key), list):
+            return list(obj[key])
+    lists = [v for v in obj.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
+    if len(lists) == 1 and "question" in lists[0][0]:
+        return list(lists[0])
+    raise DatasetError(
+        f"{path}: image {obj['image_id']!r} has no list of question items "
+        f"(expected one of {', '.join(ITEM_KEYS)} with question/answer objects)"
+    )
+
+
+def _index_images(root: Path) -> dict[str, Path]:
+    """Image files under ``root`` by stem (the first in sorted order wins)."""
+    index: dict[str, Path] = {}
+    for p in sorted(root.rglob("*")):
+        if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file():
+            index.setdefault(p.stem, p.resolve())
+    return index
+
+
+def _cell(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
+
+
+def open_vindr(
+    source: str | os.PathLike[str] | None = None,
+    *,
+    images: str | os.PathLike[str] | None = None,
+    split: str | None = None,
+    min_visible: float = 0.5,
+    keep_leaking_fields: bool = False,
+) -> InputDataset:
+    """Open VinDr-CXR-VQA (``source``: hub id, folder or file; ``images``: the PNG folder).
+    ``keep_leaking_fields`` is accepted for a uniform API: no field here gives answers away
+    beyond the QA pair itself."""
+    del keep_leaking_fields
+    located = locate(source, HUB_ID, ["*.json", "*.jsonl", "**/*.json", "**/*.jsonl"])
+    label = str(source or HUB_ID)
+    files = pick_files(located, (".json", ".jsonl"), split, label)
+    root = image_root(images, None, label)
+    index = _index_images(root)
+    rows: list[dict[str, Any]] = []
+    wanted: list[Path] = []
+    for path in files:
+        for obj in _objects(path):
+            image_id = str(obj["image_id"])
+            image = index.get(image_id)
+            target = image if image is not None else (root / f"{image_id}.png")
+            wanted.append(target)
+            for qa_idx, item in enumerate(_items(obj, path)):
+                if not isinstance(item, dict) or "question" not in item:
+                    raise DatasetError(
+                        f"{path}: image {image_id!r} item {qa_idx} is not a question object"
+                    )
+                row = {k: _cell(v) for k, v in item.items()}
+                row.update(
+                    {
+                        "img_id": image_id,
+                        SAMPLE_KEY: image_id,
+                        VIEW: 0,
+                        N_VIEWS: 1,
+                        MODALITY: "xray",
+                        "qa_idx": qa_idx,
+                        "orig_width": obj.get("width"),
+                        "orig_height": obj.get("height"),
+                        IMAGE_PATH: str(target),
+                    }
+                )
+                for column in LOC_COLUMNS:
+                    row.setdefault(column, "")
+                rows.append(row)
+    check_found(wanted, root, label, f"{wanted[0].stem}.png" if wanted else "-")
+    return build_input(
+        rows,
+        label=label,
+        fingerprint=f"vindr-cxr-vqa:{Path(located).resolve()}:{split}:{root.resolve()}",
+        base_dir=root,
+        annotations=Annotations(LOC_COLUMNS, "orig_width", "orig_height", min_visible),
+    )
