@@ -81,9 +81,14 @@ def _lung(
 
 
 def render(
-    key: str | int, size: tuple[int, int] = XRAY_SIZE, *, bit_depth: int = 16
+    key: str | int,
+    size: tuple[int, int] = XRAY_SIZE,
+    *,
+    bit_depth: int = 16,
+    nodule: bool | None = None,
 ) -> XrayPhantom:
-    """The chest phantom of ``key`` at ``size`` = (width, height)."""
+    """The chest phantom of ``key`` at ``size`` = (width, height); ``nodule`` forces the
+    nodule in or out (the rest of the film stays the same)."""
     w, h = size
     gen = _generator(key)
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32) + 0.5
@@ -120,15 +125,15 @@ def render(
     atten += 0.22 * cv2.GaussianBlur(ribs, (0, 0), sigmaX=max(0.8, w * 0.003)) * body
     # nodule
     nodule_box = nodule_side = nodule_zone = None
-    if gen.random() < 0.6:
-        right = bool(gen.random() < 0.5)
-        cx0, top, half, bottom = (
-            (rcx, rtop, rhalf, rbottom) if right else (lcx, ltop, lhalf, lbottom)
-        )
-        zone = int(gen.integers(0, 3))
-        cy = top + (bottom - top) * (zone + gen.uniform(0.35, 0.65)) / 3.0
-        cx = cx0 + half * gen.uniform(-0.3, 0.3) * (1.0 if zone else 0.5)
-        r = min(w, h) * gen.uniform(0.03, 0.05)
+    drawn = bool(gen.random() < 0.6)  # drawn always, so forcing it keeps the rest of the film
+    present = drawn if nodule is None else nodule
+    right = bool(gen.random() < 0.5)
+    cx0, top, half, bottom = (rcx, rtop, rhalf, rbottom) if right else (lcx, ltop, lhalf, lbottom)
+    zone = int(gen.integers(0, 3))
+    cy = top + (bottom - top) * (zone + gen.uniform(0.35, 0.65)) / 3.0
+    cx = cx0 + half * gen.uniform(-0.3, 0.3) * (1.0 if zone else 0.5)
+    r = min(w, h) * gen.uniform(0.03, 0.05)
+    if present:
         atten += 0.45 * _ellipse(xx, yy, cx, cy, r, r)
         nodule_box = (
             math.floor(cx - r),
