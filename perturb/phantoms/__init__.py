@@ -58,16 +58,10 @@ def builtin_rows(
 ) -> list[dict[str, Any]]:
     """QA rows of ``n_images`` phantoms in the Kvasir-VQA-x1 schema, each with its phantom's
     PNG as ``image`` = {"bytes", "path"} (the form of an HF ``Image`` cell)."""
-    from perturb.io.images import encode_image
+    from perturb.phantoms._rows import phantom_rows
 
-    rows: list[dict[str, Any]] = []
-    for i in range(n_images):
-        img_id = phantom_id(i)
-        phantom = render(img_id, size)
-        png = encode_image(phantom.image, "png")
-        for row in qa_rows(img_id, phantom.truth):
-            rows.append({"image": {"bytes": png, "path": f"{img_id}.png"}, **row})
-    return rows
+    ids = [phantom_id(i) for i in range(n_images)]
+    return phantom_rows(ids, lambda img_id: render(img_id, size), qa_rows)
 
 
 def builtin_dataset(

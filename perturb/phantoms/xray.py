@@ -224,16 +224,10 @@ def xray_id(index: int) -> str:
 
 def builtin_xray_rows(n_images: int, size: tuple[int, int] = XRAY_SIZE) -> list[dict[str, Any]]:
     """QA rows of ``n_images`` chest phantoms, each with its 16-bit PNG as ``image``."""
-    from perturb.io.images import encode_image
+    from perturb.phantoms._rows import phantom_rows
 
-    rows: list[dict[str, Any]] = []
-    for i in range(n_images):
-        img_id = xray_id(i)
-        phantom = render(img_id, size)
-        png = encode_image(phantom.image, "png")
-        for row in qa_rows(img_id, phantom.truth):
-            rows.append({"image": {"bytes": png, "path": f"{img_id}.png"}, **row})
-    return rows
+    ids = [xray_id(i) for i in range(n_images)]
+    return phantom_rows(ids, lambda img_id: render(img_id, size), qa_rows)
 
 
 def builtin_xray_input(

@@ -3,9 +3,10 @@ folder, image-level rows, modality names and answer-leaking fields."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,23 @@ def normalize_modality(name: str | None) -> str:
 def is_leaking(name: str, patterns: Sequence[str]) -> bool:
     """Whether a field name matches one of the (case-insensitive) leak patterns."""
     return any(re.search(p, name, flags=re.IGNORECASE) for p in patterns)
+
+
+def kept_fields(
+    record: dict[str, Any],
+    *,
+    leaking: Sequence[str] = (),
+    keep_leaking: bool = False,
+    skip: Callable[[str], bool] = lambda name: False,
+    as_json: tuple[type, ...] = (dict, list),
+) -> dict[str, Any]:
+    """A record's fields less the skipped and (unless ``keep_leaking``) the leaking ones;
+    values of the ``as_json`` types become JSON text, so rows of one dataset share a schema."""
+    return {
+        k: json.dumps(v, sort_keys=True) if isinstance(v, as_json) else v
+        for k, v in record.items()
+        if not skip(k) and (keep_leaking or not is_leaking(k, leaking))
+    }
 
 
 def locate(source: str | os.PathLike[str] | None, hub_id: str, patterns: list[str]) -> Path:
@@ -150,13 +168,13 @@ def image_root(images: str | os.PathLike[str] | None, default: Path | None, labe
     return root
 
 
-def check_found(paths: Iterable[Path], root: Path, label: str, example: str) -> None:
+def check_found(paths: Iterable[Path], root: Path, label: str) -> None:
     """Refuse an input none of whose images exist (a wrong --images); single missing files
     become per-image errors of the run instead."""
     paths = list(paths)
     if paths and not any(p.is_file() for p in paths):
         raise DatasetError(
-            f"{label}: none of the {len(paths)} images was found under {root} (e.g. {example}); "
+            f"{label}: none of the {len(paths)} images was found under {root} (e.g. {paths[0]}); "
             "point --images at the folder the dataset's image paths start from"
         )
 

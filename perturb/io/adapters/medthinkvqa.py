@@ -19,7 +19,6 @@ captions and every case field about findings, summaries, diagnoses, discussion o
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -37,7 +36,7 @@ from perturb.io.adapters._common import (
     check_found,
     find_image,
     image_root,
-    is_leaking,
+    kept_fields,
     locate,
     normalize_modality,
     pick_files,
@@ -105,10 +104,6 @@ def case_id(case: dict[str, Any], index: int) -> str:
     return f"case{digits[0]}" if digits else f"row{index}"
 
 
-def _cell(value: Any) -> Any:
-    return json.dumps(value, sort_keys=True) if isinstance(value, list) else value
-
-
 def open_medthinkvqa(
     source: str | os.PathLike[str] | None = None,
     *,
@@ -133,11 +128,13 @@ def open_medthinkvqa(
     wanted: dict[str, Path] = {}
     for index, case in enumerate(ds):
         key = case_id(case, index)
-        kept = {
-            k: _cell(v)
-            for k, v in case.items()
-            if not IMAGE_FIELD.match(k) and (keep_leaking_fields or not is_leaking(k, LEAKING))
-        }
+        kept = kept_fields(
+            case,
+            leaking=LEAKING,
+            keep_leaking=keep_leaking_fields,
+            skip=lambda name: IMAGE_FIELD.match(name) is not None,
+            as_json=(list,),  # options stay a dict A-E
+        )
         views = [
             n for n in range(1, MAX_IMAGES + 1) if case.get(f"image_{n:02d}_path") not in (None, "")
         ]
@@ -167,8 +164,7 @@ def open_medthinkvqa(
             if keep_leaking_fields:
                 row["image_caption"] = field.get("caption")
             rows.append(row)
-    first = next(iter(wanted.values()), None)
-    check_found(wanted.values(), root, label, str(first) if first else "-")
+    check_found(wanted.values(), root, label)
     return build_input(
         rows,
         label=label,

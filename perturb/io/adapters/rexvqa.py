@@ -37,7 +37,7 @@ from perturb.io.adapters._common import (
     check_found,
     find_image,
     image_root,
-    is_leaking,
+    kept_fields,
     locate,
     pick_files,
     relative_image_path,
@@ -89,10 +89,6 @@ def _paths(rec: dict[str, Any]) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in (value or [])]
 
 
-def _cell(value: Any) -> Any:
-    return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
-
-
 def open_rexvqa(
     source: str | os.PathLike[str] | None = None,
     *,
@@ -115,11 +111,13 @@ def open_rexvqa(
             paths = _paths(rec)
             if not paths:
                 raise DatasetError(f"{path}: question {qid!r} has an empty ImagePath list")
-            kept = {
-                k: _cell(v)
-                for k, v in rec.items()
-                if k != "ImagePath" and (keep_leaking_fields or not is_leaking(k, LEAKING))
-            }
+            kept = kept_fields(
+                rec,
+                leaking=LEAKING,
+                keep_leaking=keep_leaking_fields,
+                skip=lambda name: name == "ImagePath",
+                as_json=(dict,),  # options stay a list of strings
+            )
             key = study_key(qid, rec)
             for view, image in enumerate(paths):
                 target = find_image(root, image)
@@ -138,8 +136,7 @@ def open_rexvqa(
                         IMAGE_PATH: str(target),
                     }
                 )
-    first = next(iter(wanted.values()), None)
-    check_found(wanted.values(), root, label, str(first) if first else "-")
+    check_found(wanted.values(), root, label)
     return build_input(
         rows,
         label=label,

@@ -35,6 +35,7 @@ from perturb.io.adapters._common import (
     build_input,
     check_found,
     image_root,
+    kept_fields,
     locate,
     pick_files,
 )
@@ -91,10 +92,6 @@ def _index_images(root: Path) -> dict[str, Path]:
     return index
 
 
-def _cell(value: Any) -> Any:
-    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
-
-
 def open_vindr(
     source: str | os.PathLike[str] | None = None,
     *,
@@ -125,7 +122,7 @@ def open_vindr(
                     raise DatasetError(
                         f"{path}: image {image_id!r} item {qa_idx} is not a question object"
                     )
-                row = {k: _cell(v) for k, v in item.items()}
+                row = kept_fields(item)
                 row.update(
                     {
                         "img_id": image_id,
@@ -142,7 +139,7 @@ def open_vindr(
                 for column in LOC_COLUMNS:
                     row.setdefault(column, "")
                 rows.append(row)
-    check_found(wanted, root, label, f"{wanted[0].stem}.png" if wanted else "-")
+    check_found(wanted, root, label)
     return build_input(
         rows,
         label=label,
