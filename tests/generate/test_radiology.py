@@ -190,3 +190,20 @@ def test_xray_artifacts_runs_offline_and_verifies(tmp_path: Path) -> None:
     assert verified.exit_code == 0, verified.output
     ds = datasets.load_from_disk(str(out / "dataset"))
     assert {"type", "gt_location", "loc_flags"} <= set(ds.column_names)
+
+
+def test_cli_adapter_suite_with_images(tmp_path: Path) -> None:
+    fx = make_rexvqa(tmp_path)
+    suite = tmp_path / "rex.yaml"
+    suite.write_text(
+        "suite: rex-mini\njobs:\n  - ops: [xray_gamma]\n    severities: [2]\n"
+        "input:\n  adapter: rexvqa\noutput:\n  layout: '{op}/{img_id}.{ext}'\n"
+    )
+    out = tmp_path / "out"
+    args = ["generate", str(suite), "--dataset", str(fx.json_file), "--out", str(out), "--quiet"]
+    bad = runner.invoke(app, [*args, "--images", str(tmp_path / "missing")])
+    assert bad.exit_code == 2 and "--images" in bad.output and not out.exists()
+    ok = runner.invoke(app, [*args, "--images", str(fx.images), "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["outputs_written"] == 3
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0

@@ -232,3 +232,29 @@ def test_normalize_modality(label: str | None, expected: str) -> None:
 def test_relative_image_path() -> None:
     assert common.relative_image_path("../../a/./b/c.png") == "a/b/c.png"
     assert common.relative_image_path("a\\b.png") == "a/b.png"
+
+
+def test_vindr_dicom_folder_asks_for_png(tmp_path: Path) -> None:
+    fx = make_vindr(tmp_path)
+    dicoms = tmp_path / "dicom"
+    dicoms.mkdir()
+    (dicoms / "a1b2c3d4e5.dicom").write_bytes(b"DICM")
+    with pytest.raises(DatasetError, match=r"DICOM files but no PNGs: convert"):
+        open_adapter("vindr-cxr-vqa", fx.data, images=dicoms)
+
+
+def test_medthinkvqa_hub_branch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub id goes through huggingface_hub (a parquet snapshot) and datasets' parquet
+    loader; the download is replaced by the local copy in the hub's layout."""
+    import huggingface_hub
+
+    folder = make_medthinkvqa(tmp_path)
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo_id, repo_type, allow_patterns: (
+            str(folder) if repo_id == adapters.medthinkvqa.HUB_ID else ""
+        ),
+    )
+    inp = open_adapter("medthinkvqa", split="test")
+    assert len(inp) == 5 and inp.fingerprint.startswith("medthinkvqa:")

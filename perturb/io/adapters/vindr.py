@@ -139,6 +139,13 @@ def open_vindr(
                 for column in LOC_COLUMNS:
                     row.setdefault(column, "")
                 rows.append(row)
+    if not any(p.is_file() for p in wanted) and any(root.rglob("*.dicom")) | any(
+        root.rglob("*.dcm")
+    ):
+        raise DatasetError(
+            f"{label}: {root} holds DICOM files but no PNGs: convert them to 16-bit PNG named "
+            "<image_id>.png (keeping the DICOM size, so boxes stay in place) and pass that folder"
+        )
     check_found(wanted, root, label)
     return build_input(
         rows,
