@@ -17,7 +17,7 @@ def test_group_shares_parameters_not_fields() -> None:
     assert recs[0].params == recs[1].params and recs[0].key != recs[1].key
     assert recs[0].extra == {"param_key": "s1"}
     assert not torch.equal(out[0], out[1])  # same image, same sigma, other noise field
-    alone, solo = apply(x[:1], "gaussian_noise", 3, ["s1"], seed=4)
+    _, solo = apply(x[:1], "gaussian_noise", 3, ["s1"], seed=4)
     assert solo[0].params == recs[0].params  # the group's draw is the draw of its key
     assert torch.equal(replay(recs, x), out)
     plain, plain_recs = apply(x[:1], "gaussian_noise", 3, ["s1-v0"], seed=4)
