@@ -21,7 +21,7 @@ from perturb.generate.runner import RunError
 from perturb.generate.suite import load_suite, parse_suite
 from perturb.io.datasets import Annotations
 from perturb.io.images import read_image
-from tests.generate.conftest import manifest_rows, run
+from tests.generate.conftest import REPO, manifest_rows, run
 from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 
 runner = CliRunner()
@@ -121,8 +121,6 @@ def test_rexvqa_views_share_parameters_not_noise(tmp_path: Path) -> None:
 
 def test_medthinkvqa_ops_follow_each_images_modality(tmp_path: Path) -> None:
     folder = make_medthinkvqa(tmp_path)
-    suite = load_suite("configs/medthinkvqa.yaml")
-    assert suite.per_image_modality
     suite = _suite([{"ops": "all", "modality": "from_image", "severities": [3]}], "medthinkvqa")
     out = tmp_path / "out"
     summary = run(suite, out, folder)
@@ -158,9 +156,26 @@ def test_per_image_modality_needs_a_modality_column(tmp_path: Path, small_input:
 
 
 def test_default_data_follows_the_suite_modality() -> None:
-    assert load_suite("configs/xray-artifacts.yaml").data_modality() == "xray"
-    assert load_suite("configs/endoscopy-artifacts.yaml").data_modality() == "endoscopy"
-    assert load_suite("configs/kvasir-vqa-x1-transformed.yaml").data_modality() == "endoscopy"
+    assert load_suite(REPO / "configs/xray-artifacts.yaml").data_modality() == "xray"
+    assert load_suite(REPO / "configs/endoscopy-artifacts.yaml").data_modality() == "endoscopy"
+    transformed = load_suite(REPO / "configs/kvasir-vqa-x1-transformed.yaml")
+    assert transformed.data_modality() == "endoscopy"
+
+
+@pytest.mark.parametrize(
+    ("name", "adapter"),
+    [("vindr-cxr-vqa", "vindr-cxr-vqa"), ("rexvqa", "rexvqa"), ("medthinkvqa", "medthinkvqa")],
+)
+def test_radiology_configs(name: str, adapter: str) -> None:
+    suite = load_suite(REPO / f"configs/{name}.yaml")
+    assert suite.input is not None and suite.input.adapter == adapter
+    assert suite.per_image_modality == (name == "medthinkvqa")
+    ops = {t.op for t in suite.tasks("xray")}
+    assert set(op_names("xray")) <= ops
+    xa = load_suite(REPO / "configs/xray-artifacts.yaml")
+    assert {(t.op, t.severity) for t in xa.tasks()} == {
+        (op, s) for op in op_names("xray") for s in range(1, 6)
+    }
 
 
 def test_xray_artifacts_runs_offline_and_verifies(tmp_path: Path) -> None:
@@ -169,7 +184,7 @@ def test_xray_artifacts_runs_offline_and_verifies(tmp_path: Path) -> None:
         app,
         [
             "generate",
-            "configs/xray-artifacts.yaml",
+            str(REPO / "configs/xray-artifacts.yaml"),
             "--out",
             str(out),
             "--builtin-images",
