@@ -72,3 +72,15 @@ def test_preview_without_an_image_uses_a_phantom(tmp_path: Path) -> None:
     result = runner.invoke(app, ["preview", "--op", "specular_glare", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert cv2.imread(str(out)) is not None
+
+
+def test_preview_of_an_xray_op_without_an_image_uses_a_chest_phantom(tmp_path: Path) -> None:
+    from perturb.catalog.preview import LABEL_HEIGHT
+    from perturb.phantoms.xray import XRAY_SIZE
+
+    out = tmp_path / "chest.png"
+    result = runner.invoke(app, ["preview", "--op", "xray_grid_lines", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    grid = cv2.imread(str(out), cv2.IMREAD_UNCHANGED)
+    thumb = grid.shape[0] - 2 * LABEL_HEIGHT  # one row of 224-px-wide portrait tiles
+    assert thumb == round(224 * XRAY_SIZE[1] / XRAY_SIZE[0])

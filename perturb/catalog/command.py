@@ -63,7 +63,11 @@ def preview(
         write_atomic,
     )
 
-    if image is None:
+    if image is None and op is not None and _xray_only(op):
+        from perturb.phantoms.xray import render
+
+        tensor, key = to_tensor(render("preview").image), "xray-phantom:preview"
+    elif image is None:
         from perturb.phantoms import phantom_image
 
         tensor, key = phantom_image("preview"), "phantom:preview"
@@ -85,6 +89,14 @@ def preview(
     if skipped:
         err.print(f"skipped (need another channel count): {', '.join(skipped)}")
     typer.echo(f"wrote {out} ({grid.shape[1]}x{grid.shape[0]})")
+
+
+def _xray_only(op: str) -> bool:
+    """Whether ``op`` is an X-ray op (previewed on a chest phantom when no image is given)."""
+    from perturb.catalog.specs import load_specs
+
+    spec = load_specs().get(op)
+    return spec is not None and "xray" in spec.modalities and "endoscopy" not in spec.modalities
 
 
 def register(app: typer.Typer) -> None:
