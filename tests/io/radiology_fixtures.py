@@ -113,8 +113,8 @@ def rex_relpath(study: str, n: int) -> str:
 
 
 def make_rexvqa(root: Path, *, identical_views: bool = True) -> RexFixture:
-    """Study A (two views, two questions) and study B (one view, one question). The two views
-    of A have the same pixels when ``identical_views``."""
+    """Study A (two views; one question on both, one on the second only) and study B (one
+    view, one question). The two views of A have the same pixels when ``identical_views``."""
     images = root / "ReXGradient-160K"
     rng = np.random.default_rng(7)
     base = (rng.random((96, 80)) * 40000 + 10000).astype(np.uint16)
@@ -147,7 +147,7 @@ def make_rexvqa(root: Path, *, identical_views: bool = True) -> RexFixture:
             "question": "Is there a pleural effusion?",
             "options": ["A. Yes", "B. No"],
             "correct_answer": "B",
-            "ImagePath": paths["A"],
+            "ImagePath": paths["A"][1:],  # the lateral view only
         },
         "q-b-1": {
             **common,
@@ -161,9 +161,7 @@ def make_rexvqa(root: Path, *, identical_views: bool = True) -> RexFixture:
     meta.mkdir(parents=True)
     (meta / "test_vqa_data.json").write_text(json.dumps(data))
     (meta / "train_vqa_data.json").write_text(json.dumps({"q-t": data["q-b-1"]}))
-    return RexFixture(
-        meta / "test_vqa_data.json", images, "deid_png/GRDN11/studies/1.2.11/series/3.4/instances"
-    )
+    return RexFixture(meta / "test_vqa_data.json", images, "deid_png/GRDN11/studies/1.2.11")
 
 
 MED_MODALITIES = {  # case -> [(image id, modality label, sub-modality)]

@@ -110,7 +110,7 @@ def test_hub_branch_reads_the_snapshot(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
     assert len(open_adapter("vindr-cxr-vqa", images=fx.images)) == 6
-    assert len(open_adapter("rexvqa", images=rex.images)) == 5
+    assert len(open_adapter("rexvqa", images=rex.images)) == 4
     assert asked == [adapters.vindr.HUB_ID, adapters.rexvqa.HUB_ID]
 
 
@@ -127,7 +127,7 @@ def test_rexvqa_study_is_one_sample_and_reports_are_left_out(tmp_path: Path) -> 
     fx = make_rexvqa(tmp_path)
     inp = open_adapter("rexvqa", fx.json_file.parent, images=fx.images)  # folder: test split
     rows = _rows(inp)
-    assert len(rows) == 5  # q-a-1 and q-a-2 over two views, q-b-1 over one
+    assert len(rows) == 4  # q-a-1 over two views, q-a-2 and q-b-1 over one
     leak = {"Findings", "Impression", "correct_answer_explanation"}
     assert not leak & set(inp.columns)
     a = [r for r in rows if r["question_id"] == "q-a-1"]
@@ -136,7 +136,9 @@ def test_rexvqa_study_is_one_sample_and_reports_are_left_out(tmp_path: Path) -> 
     assert len({r["img_id"] for r in a}) == 2
     groups, _ = inp.groups()
     assert len(groups) == 3  # an image in two questions is one image
-    assert all(len(g.rows) == (2 if "GRDN11" in g.img_id else 1) for g in groups)
+    assert sorted(len(g.rows) for g in groups) == [1, 1, 2]  # the lateral view is in two
+    a2 = [r for r in rows if r["question_id"] == "q-a-2"]
+    assert [r["sample_key"] for r in a2] == [fx.study_a] and a2[0]["img_id"] == a[1]["img_id"]
     assert {inp.sample_key(g) for g in groups} == {fx.study_a, fx.study_a.replace("11", "22")}
     assert {r["correct_answer"] for r in rows} == {"A", "B"}
     kept = open_adapter("rexvqa", fx.json_file, images=fx.images, keep_leaking_fields=True)

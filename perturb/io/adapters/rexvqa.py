@@ -9,7 +9,8 @@ its file name, e.g. ``test_vqa_data.json``), or the hub id (downloaded with hugg
 One study is one sample. Rows are image-level: one per (question, view), with ``img_id`` the
 view's image path (without suffix; the same image in several questions is perturbed once and
 joined to each), ``sample_key`` the study (the ``study_id`` / ``StudyInstanceUid`` field when
-present, else the folder shared by the study's images, else the question id), ``view`` and
+present, else the ``.../studies/<uid>`` folder of the images, else the folder they share, else
+the question id: the same for every question on the study, whichever views it uses), ``view`` and
 ``n_views``. The generator draws an op's scalar parameters from the sample key, so every view
 of a study gets the same dose, window, rotation, ...; per-pixel fields (noise, grid phase) come
 from each view's own img_id, so views never share a noise realisation (two exposures). A
@@ -70,18 +71,23 @@ def _records(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def study_key(qid: str, rec: dict[str, Any]) -> str:
-    """The study a question is about (see the module docstring)."""
+    """The study a question is about (see the module docstring): a study field, else the
+    ``.../studies/<uid>`` folder of its images (DICOM-style layout), else the folder its images
+    share, else the question id."""
     for name in STUDY_FIELDS:
         if rec.get(name):
             return str(rec[name])
-    paths = [relative_image_path(str(p)) for p in _paths(rec)]
-    if paths:
-        common = os.path.commonpath([str(Path(p).parent) for p in paths]) if len(paths) > 1 else ""
-        if common and common != ".":
-            return common
-        if len(paths) == 1:
-            return str(Path(paths[0]).parent)
-    return qid
+    folders = set()
+    for path in _paths(rec):
+        parts = relative_image_path(path).split("/")[:-1]
+        if "studies" in parts[:-1]:
+            parts = parts[: parts.index("studies") + 2]
+        folders.add("/".join(parts))
+    if len(folders) > 1:
+        common = os.path.commonpath(sorted(folders))
+        return common if common not in ("", ".") else qid
+    folder = next(iter(folders), "")
+    return folder or qid
 
 
 def _paths(rec: dict[str, Any]) -> list[str]:
