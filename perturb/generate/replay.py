@@ -24,7 +24,11 @@ def replay_row(row: dict[str, Any], image: torch.Tensor) -> torch.Tensor:
 
     if int(row.get("channels", x.shape[1])) == 3 and x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1).contiguous()
-    return replay([Record.from_dict(record)], x)[0]
+    rec = Record.from_dict(record)
+    if rec.extra.get("per_channel"):  # a gray-only op run on each channel of a colour image
+        c, h, w = x.shape[1:]
+        return replay([rec] * c, x.reshape(c, 1, h, w)).reshape(c, h, w)
+    return replay([rec], x)[0]
 
 
 def replay_bytes(row: dict[str, Any], image: torch.Tensor) -> bytes:

@@ -4,6 +4,7 @@ MedThinkVQA ops per image modality, and the offline xray-artifacts run with veri
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ from perturb.annotations import box_iou, parse_loc_tags
 from perturb.catalog.specs import op_names
 from perturb.cli import app
 from perturb.generate.annotate import move_row
+from perturb.generate.replay import replay_bytes
 from perturb.generate.runner import RunError
 from perturb.generate.suite import load_suite, parse_suite
 from perturb.io.datasets import Annotations
-from perturb.io.images import read_image
+from perturb.io.images import read_image, to_tensor
 from tests.generate.conftest import REPO, manifest_rows, run
 from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 
@@ -138,6 +140,12 @@ def test_medthinkvqa_ops_follow_each_images_modality(tmp_path: Path) -> None:
     # the colour teaching-file X-ray went through the gray ops channel by channel
     xr = next(r for r in rows if r["img_id"] == "case10001_xr01")
     assert xr["channels"] == 3 and json.loads(xr["record"])["extra"]["per_channel"] is True
+    # every output replays from its clean image and record to the same bytes
+    for r in rows:
+        if r["img_id"] in ("case10001_xr01", "case10002_mr01"):
+            case, image_id = r["img_id"].split("_")
+            clean = to_tensor(read_image(folder / "images" / case / f"{image_id}.jpg"))
+            assert hashlib.sha256(replay_bytes(r, clean)).hexdigest() == r["sha256"], r["op"]
     # one case, one parameter draw: the CT and the X-ray share nothing but the case key
     records = [json.loads(r["record"]) for r in rows if r["img_id"].startswith("case10001")]
     assert {rec["extra"].get("param_key") for rec in records} == {"case10001"}
