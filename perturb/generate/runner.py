@@ -475,7 +475,8 @@ def _run(
         if file_id != group.img_id:
             summary.unsafe_ids += 1
         missing: list[tuple[Task, str]] = []
-        tasks = suite.tasks(inp.modality(group)) if suite.per_image_modality else all_tasks
+        modality = inp.modality(group) or "any"  # no label: the generic ops
+        tasks = suite.tasks(modality) if suite.per_image_modality else all_tasks
         for task in tasks:
             rel = task.path(suite, file_id)
             row = done.get((group.img_id, task.op, task.severity, task.variant))
