@@ -23,7 +23,7 @@ small_finding   nodules, calcification, granuloma, pneumothorax, fractures (subt
 presence        is there / yes-no presence of a finding
 finding         what / which finding
 count           how many
-size            size, measurement, enlargement, cardiothoracic ratio (geometry)
+size            size, measurement, enlargement, cardiomegaly, cardiothoracic ratio
 negation        ReXVQA negation assessment
 diagnosis       differential or most likely diagnosis
 =============== ===========================================================================
@@ -113,7 +113,15 @@ KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "size",
         _words(
-            "size", "measure\\w*", "diameter", "enlarge\\w*", "cardiothoracic", "ratio", "cm", "mm"
+            "size",
+            "measure\\w*",
+            "diameter",
+            "enlarge\\w*",
+            "cardiomegaly",
+            "cardiothoracic",
+            "ratio",
+            "cm",
+            "mm",
         ),
     ),
     ("diagnosis", _words("diagnos[ie]s", "most likely")),
