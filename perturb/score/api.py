@@ -236,7 +236,8 @@ def score_runs(
         bootstrap: resamples B of the paired cluster bootstrap (0 disables CIs).
         seed: bootstrap seed (recorded).
         level: confidence level of the intervals.
-        risk_tags: op -> risk tags, for ops the manifest does not describe (overrides the catalog).
+        risk_tags: op -> risk tags, for ops the manifest does not describe (overrides the catalog,
+            its severity-dependent tags included).
         risk_map: risk tag -> question-class patterns (default :data:`perturb.score.risk.TAG_CLASSES`).
         max_flips: number of largest correct -> wrong flips listed per model.
         write_report: also write report.md / report.html when ``out_dir`` is set.

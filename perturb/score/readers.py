@@ -11,13 +11,23 @@ Supported inputs (a path, a ``pandas.DataFrame`` or a list of dicts):
   the last user turn without ``<image>`` tags, reference = ``labels``, img_id = image file stem;
 * Kvasir-VQA-x1 LLM-judge ``*_eval.json`` (list of rows with ``response``, ``answer``,
   ``question_class`` and ``eval_json`` {aspect: {score, reason}});
-* a Hugging Face dataset folder (``datasets.save_to_disk``).
+* a Hugging Face dataset folder (``datasets.save_to_disk``);
+* radiology sets (the dataset's own rows with a ``prediction``/``model_answer``/``response``):
+  ReXVQA's JSON object keyed by question id (``{question_id: {question, options ["A. ..."],
+  correct_answer, task_name, category, study_id, ImagePath [...]}}``: paired by question id,
+  sample = the study); MedThinkVQA rows (``image_NN_path`` slots, options dict, correct_answer:
+  sample and question = the case folder, see :func:`_medthink_columns`); VinDr-CXR-VQA rows
+  (``image_id``, ``question``, ``answer`` with ``<loc_...>`` tags, ``type``, ``gt_location``).
+  Without an id column a row with several images is keyed by their common folder
+  (:func:`sample_id_of_paths`): the study or case, not an image, is the sample.
 
 Canonical columns: ``img_id``, ``question``, ``qkey`` (whitespace-normalised question used for
-pairing), ``reference``, ``prediction``, ``complexity``, ``question_class`` (tuple of str),
-``options`` (dict letter -> text or None), ``perturbation``, ``severity``, ``variant``,
-``image_path``, ``judge`` (dict aspect -> 0/1 or None), ``model`` and ``_loc`` (1-based line or
-row number in the source, for messages). Rows that cannot be used are dropped and counted with
+pairing, or ``id:<question_id>`` when the rows carry a question id), ``reference``,
+``prediction``, ``complexity``, ``question_class`` (tuple of str; radiology rows without one get
+the classes of :mod:`perturb.radiology`), ``options`` (dict letter -> text or None),
+``perturbation``, ``severity``, ``variant``, ``image_path`` (the first image), ``judge`` (dict
+aspect -> 0/1 or None), ``model``, ``ref_boxes`` (reference boxes from ``gt_location`` or None)
+and ``_loc`` (1-based line or row number in the source, for messages). Rows that cannot be used are dropped and counted with
 a reason in :class:`ReadReport`; nothing is dropped silently.
 """
 
