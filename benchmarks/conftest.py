@@ -45,6 +45,7 @@ REFERENCE = {
 }
 
 _LOAD: dict[str, list[float]] = {}
+_GIT: dict[str, Any] = {}
 
 
 def _cpu_model() -> str:
@@ -107,7 +108,7 @@ def environment() -> dict[str, Any]:
             "scikit-image": _version("scikit-image"),
             "pillow": _version("pillow"),
         },
-        "git": _git(),
+        "git": dict(_GIT) or _git(),
     }
 
 
@@ -119,6 +120,7 @@ def _session(config: pytest.Config) -> Any:
 def pytest_sessionstart(session: pytest.Session) -> None:
     if hasattr(os, "getloadavg"):
         _LOAD["start"] = list(os.getloadavg())
+    _GIT.update(_git())  # the code measured (the run itself rewrites tracked results files)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
