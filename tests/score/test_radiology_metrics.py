@@ -237,3 +237,28 @@ def test_unparseable_answers_are_wrong_and_flagged() -> None:
     out = compute_item_metrics(pred, ref, ["mcq"], options=opts)
     assert out["mcq"].tolist() == [1.0, 0.0, 0.0, 0.0]
     assert out["_mcq_unparsed"].tolist() == [False, True, False, False]
+
+
+WORDS = ["nodule", "right", "upper", "lobe", "effusion", "left", "base", "no", "the", "a", "mass"]
+tag = st.builds(
+    lambda a, b: f"<loc_{a}_{b}_{a + 5}_{b + 5}>", st.integers(0, 99), st.integers(0, 99)
+)
+answer = st.lists(st.one_of(st.sampled_from(WORDS), tag), min_size=1, max_size=8).map(" ".join)
+
+
+@settings(max_examples=80, deadline=None)
+@given(answer, answer)
+def test_answer_f1_properties(pred: str, ref: str) -> None:
+    grounded_ref = ref + " <loc_1_1_2_2>"  # a grounded row either way
+    both = compute_item_metrics(
+        obj_array([pred, grounded_ref]),
+        obj_array([grounded_ref, pred + " <loc_3_3_4_4>"]),
+        ["answer_f1"],
+    )["answer_f1"]
+    assert 0.0 <= both[0] <= 1.0
+    assert both[0] == pytest.approx(both[1])  # symmetric in prediction and reference
+    assert both[0] == pytest.approx(squad_f1(strip_loc_tags(pred), strip_loc_tags(ref)))
+    same = compute_item_metrics(
+        obj_array([strip_loc_tags(grounded_ref)]), obj_array([grounded_ref]), ["answer_f1"]
+    )["answer_f1"]
+    assert same[0] == 1.0  # loc tags never count
