@@ -8,6 +8,10 @@ Only runs that include ``bench_ops.py`` are touched (its benchmarks carry ``suit
 * At the end of an enabled run, ``ops-<tag>-summary.json`` (img/s per op and implementation,
   the fastest peer and our ratio to it, per op and per reference family) and ``ops-<tag>.md``
   (the same as a table) are written beside it.
+
+Runs of ``bench_xray.py`` (``suite="xray"``) get the same treatment under ``xray-<tag>.json``,
+``xray-<tag>-summary.json`` and ``xray-<tag>.md`` (tag: ``PERTURB_BENCH_TAG``, else
+``PERTURB_BENCH_DEVICE``, else ``cpu``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pytest
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 TAG = os.environ.get("PERTURB_BENCH_TAG", "cpu")
+XRAY_TAG = os.environ.get("PERTURB_BENCH_TAG", os.environ.get("PERTURB_BENCH_DEVICE", "cpu"))
 OURS = ("perturb-u8", "perturb-f32", "perturb-u8-noborder")
 
 # The issue's reference numbers (img/s of the fastest peer, measured on a 2-core CPU machine).
@@ -40,6 +45,7 @@ REFERENCE = {
 }
 
 _LOAD: dict[str, list[float]] = {}
+_GIT: dict[str, Any] = {}
 
 
 def _cpu_model() -> str:
@@ -102,7 +108,7 @@ def environment() -> dict[str, Any]:
             "scikit-image": _version("scikit-image"),
             "pillow": _version("pillow"),
         },
-        "git": _git(),
+        "git": dict(_GIT) or _git(),
     }
 
 
@@ -114,6 +120,7 @@ def _session(config: pytest.Config) -> Any:
 def pytest_sessionstart(session: pytest.Session) -> None:
     if hasattr(os, "getloadavg"):
         _LOAD["start"] = list(os.getloadavg())
+    _GIT.update(_git())  # the code measured (the run itself rewrites tracked results files)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -121,26 +128,31 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     bs = _session(session.config)
     if bs is None or bs.json:
         return
-    if any(Path(str(item.fspath)).name == "bench_ops.py" for item in session.items):
+    names = {Path(str(item.fspath)).name for item in session.items}
+    if "bench_ops.py" in names:
         RESULTS.mkdir(parents=True, exist_ok=True)
         bs.json = RESULTS / f"ops-{TAG}.json"
+    elif "bench_xray.py" in names:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        bs.json = RESULTS / f"xray-{XRAY_TAG}.json"
 
 
 def pytest_benchmark_update_json(
     config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]
 ) -> None:
     if any(
-        b.get("extra_info", {}).get("suite") == "ops" for b in output_json.get("benchmarks", [])
+        b.get("extra_info", {}).get("suite") in ("ops", "xray")
+        for b in output_json.get("benchmarks", [])
     ):
         output_json["perturb_environment"] = environment()
 
 
-def summarise(benchmarks: list[Any]) -> dict[str, Any]:
-    """img/s (32 / median round) per op and implementation, fastest peer and our ratios."""
+def collect_rates(benchmarks: list[Any], suite: str) -> dict[str, dict[str, Any]]:
+    """Per op of ``suite``: img/s (images / median round, best pass) per implementation."""
     ops: dict[str, dict[str, Any]] = {}
     for bench in benchmarks:
         info = bench.extra_info
-        if not bench.stats or info.get("suite") != "ops":
+        if not bench.stats or info.get("suite") != suite:
             continue
         entry = ops.setdefault(
             info["op"],
@@ -165,6 +177,14 @@ def summarise(benchmarks: list[Any]) -> dict[str, Any]:
             entry["img_per_s_best_round"].get(impl, 0.0), info["images"] / best
         )
         entry["rounds"][impl] = entry["rounds"].get(impl, 0) + int(bench.stats.rounds)
+        if info.get("no_peer"):
+            entry["no_peer"] = info["no_peer"]
+    return ops
+
+
+def summarise(benchmarks: list[Any]) -> dict[str, Any]:
+    """img/s (32 / median round) per op and implementation, fastest peer and our ratios."""
+    ops = collect_rates(benchmarks, "ops")
     for entry in ops.values():
         rates = entry["img_per_s"]
         peers = {k: v for k, v in rates.items() if k not in OURS}
@@ -276,11 +296,104 @@ def markdown(summary: dict[str, Any], env: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+XRAY_OURS = ("perturb-u16", "perturb-f32")
+
+
+def summarise_xray(benchmarks: list[Any]) -> dict[str, Any]:
+    """X-ray suite: img/s per op and implementation, fastest peer, ours / fastest peer."""
+    ops = collect_rates(benchmarks, "xray")
+    for entry in ops.values():
+        rates = entry["img_per_s"]
+        peers = {k: v for k, v in rates.items() if k not in XRAY_OURS}
+        best = max(peers, key=peers.__getitem__) if peers else None
+        entry["fastest_peer"] = best
+        entry["fastest_peer_img_per_s"] = peers[best] if best else None
+        for impl, label in (("perturb-u16", "ratio_u16"), ("perturb-f32", "ratio_f32")):
+            entry[label] = rates[impl] / peers[best] if best and impl in rates else None
+    return {"ops": ops}
+
+
+def markdown_xray(summary: dict[str, Any], env: dict[str, Any], size: int, batch: int) -> str:
+    ops = summary["ops"]
+    peers = sorted({k for e in ops.values() for k in e["img_per_s"] if k not in XRAY_OURS})
+    dev, ver = env["device"], env["versions"]
+    lines = [
+        f"# perturb X-ray op throughput ({XRAY_TAG})",
+        "",
+        f"img/s at {size}x{size} 16-bit gray, batch {batch} ({batch} / median round). "
+        f"{dev['cpu_model']}, {dev['cpu_cores']} cores"
+        + (f", GPU {dev['gpu']}" if dev["gpu"] else "")
+        + f"; load average at start {dev['load_average_start']}, end {dev['load_average_end']}"
+        " (a shared machine: other processes' load lands on whichever row is running).",
+        "Versions: "
+        + ", ".join(f"{k} {v}" for k, v in ver.items() if v)
+        + f"; commit {env['git']['commit']}"
+        + (" (dirty)" if env["git"]["dirty"] else "")
+        + ".",
+        "",
+        "Inputs: perturb-u16 a uint16 (B,1,H,W) tensor, perturb-f32 the same as float32; "
+        "albumentations float32 HxW arrays in [0, 1] (its way to keep 16-bit depth); "
+        "imagecorruptions uint8 HxW arrays (its only depth). Ratio = perturb-u16 / fastest peer.",
+        "",
+        "| op | perturb u16 | perturb f32 | "
+        + " | ".join(peers)
+        + " | fastest peer | ratio u16 | ratio f32 |",
+        "|---|---:|---:|" + "---:|" * len(peers) + "---|---:|---:|",
+    ]
+    for name in sorted(ops):
+        e = ops[name]
+        r = e["img_per_s"]
+        cells = [_fmt(r.get(impl)) for impl in XRAY_OURS] + [_fmt(r.get(p)) for p in peers]
+        ratios = [f"{e[k]:.2f}" if e[k] is not None else "—" for k in ("ratio_u16", "ratio_f32")]
+        lines.append(
+            f"| {name} | "
+            + " | ".join(cells)
+            + f" | {e['fastest_peer'] or '—'} | "
+            + " | ".join(ratios)
+            + " |"
+        )
+    lines += ["", "Settings per op (ops without a peer say why):", ""]
+    lines += [
+        f"- {n}: {ops[n]['setting'] or ''}"
+        + (f"no peer: {ops[n]['no_peer']}" if ops[n].get("no_peer") else "")
+        for n in sorted(ops)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_xray_summary(bs: Any) -> None:
+    """``xray-<tag>-summary.json`` and ``xray-<tag>.md`` beside the JSON of an X-ray run."""
+    summary = summarise_xray(bs.benchmarks)
+    if not summary["ops"]:
+        return
+    first = next(b.extra_info for b in bs.benchmarks if b.extra_info.get("suite") == "xray")
+    env = environment()
+    target = Path(bs.json) if bs.json else RESULTS / f"xray-{XRAY_TAG}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stem = target.with_suffix("")
+    size, batch = int(first["height"]), int(first["images"])
+    out = {
+        "benchmark_json": target.name,
+        "images_per_batch": batch,
+        "height": size,
+        "width": int(first["width"]),
+        "input": "uint16 gray (perturb-u16)",
+        "statistic": f"{batch} / median round (best pass when repeated)",
+        "repeats": int(os.environ.get("PERTURB_BENCH_REPEATS", "1")),
+        "comparison_input": "perturb-u16",
+        **env,
+        **summary,
+    }
+    Path(f"{stem}-summary.json").write_text(json.dumps(out, indent=2, sort_keys=False) + "\n")
+    Path(f"{stem}.md").write_text(markdown_xray(summary, env, size, batch))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     bs = _session(session.config)
     if bs is None or not bs.benchmarks:
         return
+    write_xray_summary(bs)
     summary = summarise(bs.benchmarks)
     if not summary["ops"]:
         return

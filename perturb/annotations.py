@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from perturb.boxes import LOC_TAG, box_iou, parse_loc_tags
 from perturb.catalog.specs import load_specs
 from perturb.engine import Record
 from perturb.ops.geometry import crop_box, rotation_matrix, translation_pixels
 
-LOC_TAG = re.compile(r"<loc_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)>")
 HFLIPS = frozenset({"hflip", "horizontal_flip"})
 VFLIPS = frozenset({"vflip", "vertical_flip"})
 DEFAULT_MIN_VISIBLE = 0.5
@@ -147,11 +147,6 @@ def transform_boxes(
     return out
 
 
-def parse_loc_tags(text: str) -> list[tuple[float, float, float, float]]:
-    """The boxes of every ``<loc_x1_y1_x2_y2>`` tag in ``text``, in order."""
-    return [tuple(float(g) for g in m.groups()) for m in LOC_TAG.finditer(text)]  # type: ignore[misc]
-
-
 def transform_loc_text(
     text: str,
     records: Record | Mapping[str, Any] | Sequence[Record | Mapping[str, Any]],
@@ -174,15 +169,6 @@ def transform_loc_text(
         return "<loc_{}_{}_{}_{}>".format(*(round(v) for v in r.box))
 
     return LOC_TAG.sub(replace, text), results
-
-
-def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
-    """Intersection over union of two (x1, y1, x2, y2) boxes."""
-    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
 
 
 __all__ = [

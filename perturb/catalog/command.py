@@ -10,9 +10,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from perturb.catalog.specs import MODALITIES, load_specs
+from perturb.catalog.specs import MODALITIES, OpSpec, load_specs
 
 err = Console(stderr=True)
+
+
+def _tags(spec: OpSpec) -> str:
+    """Risk tags, severity-dependent ones as ``tag@s+``."""
+    return ",".join([*spec.risk_tags, *(f"{t}@{s}+" for t, s in spec.risk_from_severity.items())])
 
 
 def catalog(
@@ -38,7 +43,7 @@ def catalog(
             for name, t in s.params.items()
             if t.direction != "constant"
         )
-        table.add_row(s.name, s.family, ",".join(s.modalities), ",".join(s.risk_tags), levels)
+        table.add_row(s.name, s.family, ",".join(s.modalities), _tags(s), levels)
     Console().print(table)
 
 

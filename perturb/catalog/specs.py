@@ -77,6 +77,8 @@ class OpSpec(BaseModel):
     modalities: list[str]
     description: str
     risk_tags: list[str] = Field(default_factory=list)
+    # tags that apply from a severity on (e.g. {may_erase_small_findings: 4}: severities 4 and 5)
+    risk_from_severity: dict[str, int] = Field(default_factory=dict)
     differentiable: bool
     channels: list[int] = Field(default_factory=lambda: [1, 3])
     protects_border: bool = False
@@ -105,6 +107,34 @@ class OpSpec(BaseModel):
         if bad:
             raise ValueError(f"unknown risk tags {sorted(bad)}; known: {sorted(RISK_TAGS)}")
         return v
+
+    @model_validator(mode="after")
+    def _severity_tags(self) -> OpSpec:
+        bad = set(self.risk_from_severity) - RISK_TAGS
+        if bad:
+            raise ValueError(
+                f"risk_from_severity: unknown risk tags {sorted(bad)}; known: {sorted(RISK_TAGS)}"
+            )
+        both = set(self.risk_from_severity) & set(self.risk_tags)
+        if both:
+            raise ValueError(
+                f"risk_from_severity: {sorted(both)} already in risk_tags (every severity); "
+                "list a tag in one of the two"
+            )
+        for tag, sev in self.risk_from_severity.items():
+            if isinstance(sev, bool) or sev not in SEVERITIES[1:]:
+                raise ValueError(
+                    f"risk_from_severity: {tag}: first severity must be an integer 2..5 "
+                    f"(1 means every severity: put the tag in risk_tags), got {sev!r}"
+                )
+        return self
+
+    def risk_tags_at(self, severity: int) -> list[str]:
+        """Risk tags at ``severity``: ``risk_tags`` plus the severity-dependent ones reached."""
+        check_severity(severity)
+        return list(self.risk_tags) + [
+            t for t, s in self.risk_from_severity.items() if severity >= s
+        ]
 
     @field_validator("channels")
     @classmethod
@@ -167,5 +197,10 @@ def get_spec(name: str) -> OpSpec:
 
 
 def op_risk_tags() -> dict[str, list[str]]:
-    """Label-risk tags of every op (used by the scorer)."""
+    """Label-risk tags of every op at every severity (used by the scorer)."""
     return {name: list(spec.risk_tags) for name, spec in load_specs().items()}
+
+
+def op_severity_risk() -> dict[str, dict[str, int]]:
+    """Severity-dependent risk tags of every op that has some: op -> {tag: first severity}."""
+    return {n: dict(s.risk_from_severity) for n, s in load_specs().items() if s.risk_from_severity}

@@ -236,7 +236,8 @@ def score_runs(
         bootstrap: resamples B of the paired cluster bootstrap (0 disables CIs).
         seed: bootstrap seed (recorded).
         level: confidence level of the intervals.
-        risk_tags: op -> risk tags, for ops the manifest does not describe (overrides the catalog).
+        risk_tags: op -> risk tags, for ops the manifest does not describe (overrides the catalog,
+            its severity-dependent tags included).
         risk_map: risk tag -> question-class patterns (default :data:`perturb.score.risk.TAG_CLASSES`).
         max_flips: number of largest correct -> wrong flips listed per model.
         write_report: also write report.md / report.html when ``out_dir`` is set.
@@ -324,6 +325,7 @@ def score_runs(
     corpus_req = [m for m in requested if METRICS[m].kind == "corpus"]
     mdata: list[ModelData] = []
     applicable: Counter[str] = Counter()
+    unparsed: dict[str, dict[str, Any]] = {}
     for mname in models:
         pairs = paired[mname]
         n = len(pairs)
@@ -333,6 +335,7 @@ def score_runs(
         first[inv[::-1]] = np.arange(n)[::-1]
         ref = pairs["reference"].to_numpy(dtype=object)
         opts = pairs["options"].to_numpy(dtype=object)
+        rbox = pairs["ref_boxes"].to_numpy(dtype=object)
         qcls = pairs["question_class"].to_numpy(dtype=object)
         cpred = pairs["pred_clean"].to_numpy(dtype=object)
         ppred = pairs["pred_pert"].to_numpy(dtype=object)
@@ -349,9 +352,12 @@ def score_runs(
             judge=np.concatenate([jc[first], jp]),
             question_class=np.concatenate([qcls[first], qcls]),
             compare=(inv, len(first) + np.arange(n)),
+            ref_boxes=np.concatenate([rbox[first], rbox]),
         )
         changed = vals.pop("_answer_changed")
         k = len(first)
+        if "_mcq_unparsed" in vals:
+            unparsed[mname] = _unparsed_summary(pairs, vals.pop("_mcq_unparsed"), first, k)
         mc = {m: v[:k][inv] for m, v in vals.items()}
         mp = {m: v[k:] for m, v in vals.items()}
         sc: dict[str, np.ndarray] = {}
@@ -411,6 +417,12 @@ def score_runs(
                 + ", ".join(f"{k}={v}" for k, v in sorted(prep.dropped.items()))
             )
     notes = []
+    for mname, u in unparsed.items():
+        if u["clean"] or u["perturbed"]:
+            notes.append(
+                f"model {mname!r}: {u['clean']} clean and {u['perturbed']} perturbed MCQ answers "
+                "had no recognisable option letter and count as wrong (mcq_unparsed in scores.json)"
+            )
     if 0 < bootstrap < 1000:
         notes.append(f"bootstrap B={bootstrap} < 1000: intervals are rough")
     counts = {
@@ -459,6 +471,7 @@ def score_runs(
         "reading": read_reports,
         "pairing": {m: p.to_dict() for m, p in pair_reports.items()},
         "counts": counts,
+        "mcq_unparsed": unparsed,
         "problems": problems,
         "notes": notes,
         **sections,
@@ -467,6 +480,40 @@ def score_runs(
     if out_dir is not None:
         write_outputs(result, Path(out_dir), write_report=write_report)
     return result
+
+
+def _unparsed_summary(
+    pairs: pd.DataFrame, unparsed: np.ndarray, first: np.ndarray, k: int
+) -> dict[str, Any]:
+    """MCQ answers without a recognisable letter: counts (clean rows once, perturbed per pair),
+    per perturbation, and a few examples."""
+    uc, up = unparsed[:k], unparsed[k:]
+    pert = pairs["perturbation"].to_numpy(dtype=object)
+    by_pert = Counter(str(p) for p in pert[up])
+    examples = [
+        {
+            "side": "clean",
+            "img_id": pairs["img_id"].iat[int(i)],
+            "prediction": pairs["pred_clean"].iat[int(i)],
+        }
+        for i in first[uc][:3]
+    ] + [
+        {
+            "side": "perturbed",
+            "perturbation": pert[int(i)],
+            "img_id": pairs["img_id"].iat[int(i)],
+            "prediction": pairs["pred_pert"].iat[int(i)],
+        }
+        for i in np.flatnonzero(up)[:3]
+    ]
+    return {
+        "clean": int(uc.sum()),
+        "clean_rows": int(k),
+        "perturbed": int(up.sum()),
+        "perturbed_rows": len(up),
+        "perturbed_by_perturbation": dict(sorted(by_pert.items())),
+        "examples": [{**e, "prediction": str(e["prediction"])[:200]} for e in examples],
+    }
 
 
 def _image_resolver(

@@ -16,10 +16,18 @@ Definitions follow the Kvasir-VQA-x1 evaluation (``evaluation/compute_metrics.py
   Corpus metrics are computed from summed per-item sufficient statistics, which is exactly how
   sacrebleu computes a corpus score, so any subset or bootstrap resample is recomputed exactly.
 * ``mcq``: letter accuracy; the reference letter is a bare letter answer or the option whose text
-  matches the reference; the predicted letter comes from :func:`extract_letter`.
+  matches the reference; the predicted letter comes from :func:`extract_letter`. An answer with
+  no recognisable letter counts as wrong and is counted (``mcq_unparsed`` in scores.json).
+* ``answer_f1``: SQuAD-style token F1 (the tolerant normalisation above) between the answer
+  texts with their ``<loc_...>`` tags removed, on grounded rows (the reference has loc tags or
+  reference boxes, e.g. VinDr-CXR-VQA).
 * ``yesno``: accuracy on rows whose reference is yes/no.
 * ``box_iou``: IoU between the unions of ``<loc_x1_y1_x2_y2>`` boxes of prediction and reference
-  (rows whose reference has boxes; no predicted box gives 0).
+  (rows whose reference has boxes; no predicted box gives 0). Reference boxes come from the
+  row's ``ref_boxes`` (e.g. VinDr ``gt_location``) when given, else from the reference's tags.
+* ``box_miou``: best one-to-one match (Hungarian, maximal summed IoU) between predicted and
+  reference boxes, summed IoU / max(#predicted, #reference): missed and extra boxes both count.
+* ``box_hit50``: fraction of reference boxes whose matched prediction has IoU >= 0.5.
 * ``judge``: LLM-judge aspect scores (``eval_json``); per row the mean over the row's
   question classes that were scored; per class the aspect score itself (upstream's aggregation).
 
@@ -29,13 +37,21 @@ All item metrics are floats in [0, 1], NaN where a metric does not apply to a ro
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
+from perturb.boxes import (
+    Box,
+    hit_rate,
+    matched_mean_iou,
+    parse_loc_tags,
+    sort_corners,
+    strip_loc_tags,
+)
 from perturb.score.bitseq import pair_stats
 from perturb.score.errors import InputError
 from perturb.score.readers import map_unique, obj_array
@@ -73,6 +89,11 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec("mcq", "item", True, "multiple-choice letter accuracy"),
         MetricSpec("yesno", "item", True, "yes/no accuracy on yes/no references"),
         MetricSpec("box_iou", "item", False, "IoU of <loc_x1_y1_x2_y2> box unions"),
+        MetricSpec("box_miou", "item", False, "one-to-one matched box IoU / max(#pred, #ref)"),
+        MetricSpec("box_hit50", "item", False, "reference boxes hit at IoU >= 0.5 (fraction)"),
+        MetricSpec(
+            "answer_f1", "item", False, "token F1 without <loc_...> tags (grounded answers)"
+        ),
         MetricSpec("judge", "item", False, "LLM-judge aspect score (eval_json)"),
         MetricSpec("bleu", "corpus", False, "corpus BLEU (sacrebleu 13a, no smoothing) / 100", 10),
         MetricSpec("chrf", "corpus", False, "corpus chrF (sacrebleu, char 6, word 0) / 100", 18),
@@ -91,12 +112,18 @@ DEFAULT_METRICS = (
     "mcq",
     "yesno",
     "box_iou",
+    "box_miou",
+    "box_hit50",
+    "answer_f1",
     "judge",
 )
 PRESETS: dict[str, tuple[str, ...]] = {
     "default": DEFAULT_METRICS,
     "upstream": ("exact_match", "rouge1", "rouge2", "rougeL", "bleu", "chrf"),
     "all": tuple(METRICS),
+    # VinDr-CXR-VQA (answer text + boxes) and the MCQ sets (ReXVQA, MedThinkVQA)
+    "grounded": ("answer_f1", "box_iou", "box_miou", "box_hit50", "yesno"),
+    "mcq": ("mcq",),
 }
 
 
@@ -144,34 +171,55 @@ def rouge_tokens(s: str) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------- letters, yes/no, boxes
 
 _LETTER_ONLY = re.compile(r"^\s*[\(\[]?\s*([A-Ja-j])\s*[\)\]]?\s*[.:)]?\s*$")
+# "answer: B", "the correct option is (c)", "choice - D": an upper-case letter, or a lower-case
+# one that is bracketed or ends the clause (so "the answer is a pleural effusion" is no letter)
 _LETTER_CUE = re.compile(
-    r"\b(?:answer|option|choice)\s*(?:is|would be|:)?\s*[:\-]?\s*[\(\[]?([A-Ja-j])\b(?![\w'])",
-    re.IGNORECASE,
+    r"\b(?i:answer|option|choice)\s*(?i:is|would be|:)?\s*[:\-]?\s*"
+    r"(?:[\(\[]([A-Ja-j])[\)\]]|([A-J])\b(?![\w'])|([a-j])(?=\s*(?:[.):,;]|$)))"
 )
 _LETTER_LEAD = re.compile(r"^\s*(?:\(([A-Ja-j])\)|\[([A-Ja-j])\]|([A-J])[.):](?:\s|$))")
+_MARKUP = re.compile(r"[*_`#]+")
+
+
+def _option_in_text(pred: str, options: Mapping[str, str]) -> str | None:
+    """The one option whose (tolerantly normalised) text the answer equals or contains as whole
+    words; with several contained, the one whose text contains all the others (else None)."""
+    p = normalize_tolerant(pred)
+    if not p:
+        return None
+    texts = {k: normalize_tolerant(v) for k, v in options.items()}
+    equal = [k for k, t in texts.items() if t and t == p]
+    if len(equal) == 1:
+        return equal[0]
+    padded = f" {p} "
+    hits = [k for k, t in texts.items() if t and f" {t} " in padded]
+    if len(hits) == 1:
+        return hits[0]
+    covering = [k for k in hits if all(texts[j] in texts[k] for j in hits)]
+    return covering[0] if len(covering) == 1 else None
 
 
 def extract_letter(pred: str, options: Mapping[str, str] | None = None) -> str | None:
-    """The option letter a free-text answer picks, or None.
+    """The option letter a free-text answer picks, or None (unparseable).
 
-    Accepts ``"B"``, ``"(b)"``, ``"b."``, ``"Answer: B. Pneumonia"``, ``"The answer is (c)"``,
-    ``"C) text"`` and, with options, an answer equal to one option's text. A leading article
-    ("A polyp ...") is not a letter.
+    In order: a bare letter (``"B"``, ``"(b)"``, ``"b."``); a cue (``"Answer: B"``, ``"The
+    answer is (c)"``, ``"option D"``); a leading letter (``"B. Pleural effusion"``, ``"C) text"``);
+    with options, the answer's text equal to one option or containing exactly one option's text
+    as whole words. Markdown emphasis is ignored. A leading article ("A polyp ...") is not a
+    letter, nor is "the answer is a ...".
     """
+    pred = _MARKUP.sub("", pred)
     m = _LETTER_ONLY.match(pred)
     if m:
         return m.group(1).upper()
     m = _LETTER_CUE.search(pred)
     if m:
-        return m.group(1).upper()
+        return next(g for g in m.groups() if g).upper()
     m = _LETTER_LEAD.match(pred)
     if m:
         return next(g for g in m.groups() if g).upper()
     if options:
-        p = normalize_tolerant(pred)
-        hits = [k for k, v in options.items() if normalize_tolerant(v) == p and p]
-        if len(hits) == 1:
-            return hits[0]
+        return _option_in_text(pred, options)
     return None
 
 
@@ -201,16 +249,9 @@ def extract_yesno(pred: str) -> str | None:
     return present.pop() if len(present) == 1 else None
 
 
-_LOC = re.compile(r"<loc_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)_(-?\d+(?:\.\d+)?)>")
-
-
-def parse_boxes(text: str) -> list[tuple[float, float, float, float]]:
+def parse_boxes(text: str) -> list[Box]:
     """Boxes ``(x1, y1, x2, y2)`` from ``<loc_x1_y1_x2_y2>`` tags (corners sorted)."""
-    out = []
-    for m in _LOC.finditer(text):
-        x1, y1, x2, y2 = (float(g) for g in m.groups())
-        out.append((min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2)))
-    return out
+    return [sort_corners(b) for b in parse_loc_tags(text)]
 
 
 def _union_area_grid(
@@ -370,6 +411,7 @@ def compute_item_metrics(
     judge: np.ndarray | None = None,
     question_class: np.ndarray | None = None,
     compare: tuple[np.ndarray, np.ndarray] | None = None,
+    ref_boxes: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Per-row values of the requested item metrics (NaN where not applicable).
 
@@ -377,6 +419,9 @@ def compute_item_metrics(
     there). Text metrics are computed once per distinct (prediction, reference) pair, from one
     batch tokenisation. With ``compare=(i, j)`` the result also holds ``"_answer_changed"``:
     whether predictions ``pred[i[k]]`` and ``pred[j[k]]`` differ after tolerant normalisation.
+    ``ref_boxes`` (per row a tuple of (x1, y1, x2, y2) or None) gives reference boxes that
+    replace the reference's loc tags. With ``mcq`` the result holds ``"_mcq_unparsed"``: rows
+    where mcq applies and the prediction has no recognisable letter.
     """
     n = len(pred)
     out: dict[str, np.ndarray] = {}
@@ -411,21 +456,33 @@ def compute_item_metrics(
                 pred[rows], lambda p: extract_letter(p, None) if isinstance(p, str) else None
             )
             v[rows] = (got == ref_letter[rows]).astype(np.float64)
+        unparsed = np.zeros(n, dtype=bool)
+        if rows.size:
+            unparsed[rows] = pd.isna(got)
         for i in np.flatnonzero(~no_opts & ~pd.isna(ref)):
             letter = reference_letter(ref[i], opts[i])
             if letter is not None:
-                v[i] = float(extract_letter(pred[i], opts[i]) == letter)
+                said = extract_letter(pred[i], opts[i])
+                v[i] = float(said == letter)
+                unparsed[i] = said is None
         out["mcq"] = v
-    if "box_iou" in wanted:
-        v = np.full(n, np.nan)
-        has_box = map_unique(ref, lambda r: isinstance(r, str) and "<loc_" in r).astype(bool)
-        for i in np.flatnonzero(has_box):
-            r = ref[i]
-            if isinstance(r, str):
-                rb = parse_boxes(r)
-                if rb:
-                    v[i] = box_iou(parse_boxes(pred[i]), rb)
-        out["box_iou"] = v
+        out["_mcq_unparsed"] = unparsed
+    box_metrics = [m for m in ("box_iou", "box_miou", "box_hit50") if m in wanted]
+    refb = _reference_boxes(ref, ref_boxes) if box_metrics or "answer_f1" in wanted else None
+    if box_metrics and refb is not None:
+        fns: dict[str, Callable[[Any, Any], float]] = {
+            "box_iou": box_iou,
+            "box_miou": matched_mean_iou,
+            "box_hit50": hit_rate,
+        }
+        vals_b: dict[str, np.ndarray] = {m: np.full(n, np.nan) for m in box_metrics}
+        pred_boxes = map_unique(pred, lambda p: parse_boxes(p) if isinstance(p, str) else [])
+        for i in np.flatnonzero(~pd.isna(refb)):
+            for m in box_metrics:
+                vals_b[m][i] = fns[m](pred_boxes[i], refb[i])
+        out.update(vals_b)
+    if "answer_f1" in wanted and refb is not None:
+        out["answer_f1"] = _answer_f1(pred, ref, ~pd.isna(refb) & has_ref)
     if "judge" in wanted:
         v = np.full(n, np.nan)
         if judge is not None:
@@ -439,6 +496,35 @@ def compute_item_metrics(
                     v[i] = float(np.mean(scores))
         out["judge"] = v
     return out
+
+
+def _reference_boxes(ref: np.ndarray, ref_boxes: np.ndarray | None) -> np.ndarray:
+    """Per row its reference boxes (a non-empty list) or None: ``ref_boxes`` where given, else
+    the loc tags of the reference text."""
+    from_text = map_unique(
+        ref, lambda r: (parse_boxes(r) or None) if isinstance(r, str) and "<loc_" in r else None
+    )
+    if ref_boxes is None:
+        return from_text
+    given = np.fromiter((bool(b) for b in ref_boxes), dtype=bool, count=len(ref_boxes))
+    out = from_text.copy()
+    out[given] = obj_array([[sort_corners(b) for b in ref_boxes[i]] for i in np.flatnonzero(given)])
+    return out
+
+
+def _answer_f1(pred: np.ndarray, ref: np.ndarray, rows_mask: np.ndarray) -> np.ndarray:
+    """Token F1 of ``pred`` vs ``ref`` with loc tags removed, on ``rows_mask`` (NaN elsewhere)."""
+    v = np.full(len(pred), np.nan)
+    rows = np.flatnonzero(rows_mask)
+    if not rows.size:
+        return v
+    strings, codes = _factorize_strings(np.concatenate([pred[rows], ref[rows]]))
+    stripped = obj_array([strip_loc_tags(x) if isinstance(x, str) else "" for x in strings])
+    k, ns = rows.size, max(len(strings), 1)
+    pairs_u, inv = np.unique(codes[:k] * ns + codes[k:], return_inverse=True)
+    vals, _ = _text_scores(stripped, pairs_u // ns, pairs_u % ns, {"token_f1"})
+    v[rows] = vals["token_f1"][inv.reshape(-1)]
+    return v
 
 
 def judge_class_scores(judge: np.ndarray, question_class: np.ndarray) -> list[dict[str, float]]:

@@ -21,7 +21,12 @@ import pandas as pd
 from perturb.score.errors import InputError, examples
 from perturb.score.manifest import Manifest, match_rows
 from perturb.score.readers import ReadReport, map_unique, obj_array, object_frame
-from perturb.score.risk import catalog_risk_tags, classes_at_risk
+from perturb.score.risk import (
+    catalog_risk_tags,
+    catalog_severity_risk,
+    classes_at_risk,
+    tags_at_severity,
+)
 
 
 @dataclass
@@ -315,6 +320,9 @@ def pair_model(
             "complexity": comp,
             "question_class": pick("question_class", no_class),
             "options": pick("options", pd.isna),
+            "ref_boxes": pick("ref_boxes", pd.isna)
+            if "ref_boxes" in clean.columns and "ref_boxes" in pert.columns
+            else np.full(len(pert), None, dtype=object),
             "pred_clean": clean["prediction"].to_numpy(dtype=object)[crow],
             "pred_pert": pert["prediction"].to_numpy(dtype=object),
             "judge_clean": clean["judge"].to_numpy(dtype=object)[crow],
@@ -341,7 +349,8 @@ def _add_risk(
     """Columns ``risk_tags`` (tuple), ``classes_at_risk`` (tuple) and ``at_risk`` (bool).
 
     Tags come from the pair's manifest row when it has them, else from ``risk_tags`` for the op,
-    else from the catalog; ops with no known tags count as label-preserving (noted).
+    else from the catalog; ops with no known tags count as label-preserving (noted). The
+    catalog's severity-dependent tags (``risk_from_severity``) are added at the pair's severity.
     """
     n = len(pairs)
     tags = np.full(n, None, dtype=object)
@@ -366,6 +375,16 @@ def _add_risk(
             return tuple(t) if t is not None else ()
 
         tags[need] = map_unique(pairs["perturbation"].to_numpy(dtype=object)[need], op_tags)
+    # severity-dependent tags of catalog ops (unless risk_tags overrides the op)
+    by_sev = catalog_severity_risk()
+    ops = pairs["perturbation"].to_numpy(dtype=object)
+    sevs = pairs["severity"].to_numpy(np.int64)
+    for op, table in by_sev.items():
+        if risk_tags is not None and op in risk_tags:
+            continue
+        rows = np.flatnonzero((ops == op) & (sevs >= min(table.values())))
+        for i in rows:
+            tags[i] = tags_at_severity(tuple(tags[i] or ()), table, int(sevs[i]))
     classes = pairs["question_class"].to_numpy(dtype=object)
     tcode, tuniq = pd.factorize(tags)
     ccode, cuniq = pd.factorize(classes)

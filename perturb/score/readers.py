@@ -11,13 +11,23 @@ Supported inputs (a path, a ``pandas.DataFrame`` or a list of dicts):
   the last user turn without ``<image>`` tags, reference = ``labels``, img_id = image file stem;
 * Kvasir-VQA-x1 LLM-judge ``*_eval.json`` (list of rows with ``response``, ``answer``,
   ``question_class`` and ``eval_json`` {aspect: {score, reason}});
-* a Hugging Face dataset folder (``datasets.save_to_disk``).
+* a Hugging Face dataset folder (``datasets.save_to_disk``);
+* radiology sets (the dataset's own rows with a ``prediction``/``model_answer``/``response``):
+  ReXVQA's JSON object keyed by question id (``{question_id: {question, options ["A. ..."],
+  correct_answer, task_name, category, study_id, ImagePath [...]}}``: paired by question id,
+  sample = the study); MedThinkVQA rows (``image_NN_path`` slots, options dict, correct_answer:
+  sample and question = the case folder, see :func:`_medthink_columns`); VinDr-CXR-VQA rows
+  (``image_id``, ``question``, ``answer`` with ``<loc_...>`` tags, ``type``, ``gt_location``).
+  Without an id column a row with several images is keyed by their common folder
+  (:func:`sample_id_of_paths`): the study or case, not an image, is the sample.
 
 Canonical columns: ``img_id``, ``question``, ``qkey`` (whitespace-normalised question used for
-pairing), ``reference``, ``prediction``, ``complexity``, ``question_class`` (tuple of str),
-``options`` (dict letter -> text or None), ``perturbation``, ``severity``, ``variant``,
-``image_path``, ``judge`` (dict aspect -> 0/1 or None), ``model`` and ``_loc`` (1-based line or
-row number in the source, for messages). Rows that cannot be used are dropped and counted with
+pairing, or ``id:<question_id>`` when the rows carry a question id), ``reference``,
+``prediction``, ``complexity``, ``question_class`` (tuple of str; radiology rows without one get
+the classes of :mod:`perturb.radiology`), ``options`` (dict letter -> text or None),
+``perturbation``, ``severity``, ``variant``, ``image_path`` (the first image), ``judge`` (dict
+aspect -> 0/1 or None), ``model``, ``ref_boxes`` (reference boxes from ``gt_location`` or None)
+and ``_loc`` (1-based line or row number in the source, for messages). Rows that cannot be used are dropped and counted with
 a reason in :class:`ReadReport`; nothing is dropped silently.
 """
 
@@ -35,6 +45,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import pandas as pd
 
+from perturb.boxes import parse_loc_tags, sort_corners
 from perturb.score.errors import InputError
 
 PredictionSource: TypeAlias = str | Path | pd.DataFrame | Sequence[Mapping[str, Any]]
@@ -52,9 +63,23 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "target",
         "correct_answer",
     ),
-    "img_id": ("img_id", "image_id"),
+    "img_id": ("img_id", "image_id", "study_id", "case_id", "studyinstanceuid"),
     "question": ("question", "query", "prompt"),
-    "image_path": ("image_path", "img_path", "image", "images", "path", "file_name"),
+    "question_id": ("question_id", "qid"),
+    "image_path": (
+        "image_path",
+        "img_path",
+        "image",
+        "images",
+        "imagepath",
+        "image_paths",
+        "path",
+        "file_name",
+    ),
+    "ref_boxes": ("gt_location", "gt_locations", "gt_boxes", "ref_boxes", "reference_boxes"),
+    "vindr_type": ("type",),
+    "task_name": ("task_name",),
+    "category": ("category",),
     "perturbation": ("perturbation", "op", "corruption"),
     "severity": ("severity",),
     "variant": ("variant",),
@@ -69,6 +94,8 @@ REQUIRED_HELP = {
     "question": "the question text",
     "img_id": "the image id (or an image path whose file stem is the id)",
 }
+# columns that mark a radiology input: rows without question_class get radiology classes
+RADIOLOGY_HINTS = ("ref_boxes", "vindr_type", "task_name", "category", "options")
 CANONICAL = [
     "img_id",
     "question",
@@ -84,6 +111,7 @@ CANONICAL = [
     "image_path",
     "judge",
     "model",
+    "ref_boxes",
     "_loc",
 ]
 _IMAGE_TAG = re.compile(r"<image>", re.IGNORECASE)
@@ -173,9 +201,17 @@ def _read_json(path: Path) -> tuple[list[dict[str, Any]], str]:
                 data = data[key]
                 break
         else:
+            if data and all(isinstance(v, dict) for v in data.values()):
+                # ReXVQA style: {question_id: {question, options, correct_answer, ...}}
+                keyed = [
+                    {"question_id": str(k), **v, "_loc": i}
+                    for i, (k, v) in enumerate(data.items(), start=1)
+                ]
+                return keyed, "json:keyed"
             raise InputError(
-                f"{path}: expected a JSON list of row objects (or an object with a 'rows' list), "
-                f"got an object with keys {sorted(data)[:8]}."
+                f"{path}: expected a JSON list of row objects, an object with a 'rows' list or "
+                f"an object of row objects keyed by question id, got an object with keys "
+                f"{sorted(data)[:8]}."
             )
     if not isinstance(data, list):
         raise InputError(f"{path}: expected a JSON list of row objects, got {type(data).__name__}.")
@@ -484,6 +520,103 @@ def _path_of(v: Any) -> str | None:
     return v if isinstance(v, str) and v.strip() else None
 
 
+def _paths_of(v: Any) -> list[str]:
+    """Every image path of a cell: str, {"path": ...}, or a list of those."""
+    v = _parse_jsonish(v) if isinstance(v, str) and v.strip()[:1] == "[" else v
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    items = v if isinstance(v, (list, tuple)) else [v]
+    out = []
+    for item in items:
+        p = item.get("path") if isinstance(item, Mapping) else item
+        if isinstance(p, str) and p.strip():
+            out.append(p)
+    return out
+
+
+def _posix(path: str) -> PurePosixPath:
+    return PurePosixPath(path.replace("\\", "/"))
+
+
+def sample_id_of_paths(v: Any) -> str | None:
+    """Sample id from image path(s): one image -> its file stem; several (one study or case) ->
+    their deepest common folder (as written), so the study, not an image, is the sample."""
+    paths = _paths_of(v)
+    if not paths:
+        return None
+    if len(set(paths)) == 1:
+        return image_stem(paths[0])
+    parents = [_posix(p).parent.parts for p in paths]
+    common: list[str] = []
+    for parts in zip(*parents, strict=False):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return "/".join(common) if common else "|".join(sorted(image_stem(p) for p in paths))
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, (bool, np.bool_)) or _is_missing(v):
+        return None
+    if isinstance(v, (int, float, np.integer, np.floating)):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    if isinstance(v, str):
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+        return f if math.isfinite(f) else None
+    return None
+
+
+_BOX_KEYS = (
+    ("x_min", "y_min", "x_max", "y_max"),
+    ("x1", "y1", "x2", "y2"),
+    ("xmin", "ymin", "xmax", "ymax"),
+)
+
+
+def boxes_of(v: Any) -> list[tuple[float, float, float, float]] | None:
+    """Reference boxes from a cell: ``[x1, y1, x2, y2]``, a list of those, ``{x_min, y_min,
+    x_max, y_max}`` (or x1..y2 / xmin..ymax) dicts, their JSON text, or loc-tag text. None when
+    the cell holds no box; raises ValueError on a malformed one."""
+    if isinstance(v, str):
+        if "<loc_" in v:
+            return [sort_corners(b) for b in parse_loc_tags(v)] or None
+        v = _parse_jsonish(v)
+        if isinstance(v, str):
+            if v.strip():
+                raise ValueError(f"not a box: {v[:40]!r}")
+            return None
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    if not isinstance(v, (list, tuple, Mapping)) and _is_missing(v):
+        return None
+    if isinstance(v, Mapping):
+        v = [v]
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"not a box: {v!r:.40}")
+    if not v:
+        return None
+    if all(_num(x) is not None for x in v):
+        v = [v]
+    out = []
+    for b in v:
+        if isinstance(b, np.ndarray):
+            b = b.tolist()
+        if isinstance(b, Mapping):
+            keys = next((ks for ks in _BOX_KEYS if all(k in b for k in ks)), None)
+            if keys is None:
+                raise ValueError(f"box dict needs keys {_BOX_KEYS[0]}: {sorted(b)}")
+            b = [b[k] for k in keys]
+        nums = [_num(x) for x in b] if isinstance(b, (list, tuple)) else []
+        if len(nums) != 4 or any(x is None for x in nums):
+            raise ValueError(f"a box needs 4 numbers x1, y1, x2, y2: {b!r:.60}")
+        out.append(sort_corners(nums))  # type: ignore[arg-type]
+    return out or None
+
+
 def image_stem(path: str) -> str:
     """File stem of a posix or Windows path (``a/b/abc.jpg`` -> ``abc``)."""
     name = PureWindowsPath(path).name if "\\" in path else PurePosixPath(path).name
@@ -552,6 +685,38 @@ def _swift_columns(df: pd.DataFrame, rep: ReadReport) -> pd.DataFrame:
     return out.drop(columns=["messages"])
 
 
+# ----------------------------------------------------------------------------- MedThinkVQA
+
+_SLOT = re.compile(r"^image_(\d{2})_path$", re.IGNORECASE)
+MEDTHINK_QUESTION = "What is the most likely diagnosis?"
+
+
+def _medthink_columns(df: pd.DataFrame, slots: list[str], rep: ReadReport) -> pd.DataFrame:
+    """MedThinkVQA rows (``image_NN_path`` slots): the case is the sample and the question.
+
+    image_path = the list of the row's image paths; img_id and question_id = the case folder
+    (``images/caseXXXXX/<id>.jpg`` -> ``caseXXXXX``) unless the row names them; question = the
+    set's task (:data:`MEDTHINK_QUESTION`) unless a question column exists.
+    """
+    out = df.copy()
+    paths = [
+        [p for p in (row[c] for c in slots) if isinstance(p, str) and p.strip()]
+        for _, row in df[slots].iterrows()
+    ]
+    cols = {c.lower() for c in df.columns if isinstance(c, str)}
+    if not cols & {"image_path", "images", "imagepath", "image_paths"}:
+        out["image_paths"] = pd.Series(paths, dtype=object, index=df.index)
+    case = [_posix(p[0]).parent.name if p else None for p in paths]
+    if not cols & set(ALIASES["img_id"]):
+        out["case_id"] = case
+    if not cols & set(ALIASES["question_id"]):
+        out["question_id"] = case
+    if not cols & set(ALIASES["question"]):
+        out["question"] = MEDTHINK_QUESTION
+        rep.notes.append(f"MedThinkVQA rows: question = {MEDTHINK_QUESTION!r}, paired by case")
+    return out.drop(columns=slots)
+
+
 # ----------------------------------------------------------------------------- canonical table
 
 
@@ -570,12 +735,21 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
         raw = _swift_columns(raw, rep)
     elif "eval_json" in raw.columns:
         rep.format = f"{rep.format}:llm-judge"
+    slots = sorted(c for c in raw.columns if isinstance(c, str) and _SLOT.match(c))
+    dataset = None
+    if slots:
+        rep.format = f"{rep.format}:medthinkvqa"
+        dataset = "medthinkvqa"
+        raw = _medthink_columns(raw, slots, rep)
     n = len(raw)
     rep.rows_in = n
     if n == 0:
         raise InputError(f"{rep.source}: no rows. Point to a file that holds predictions.")
     locs = raw["_loc"].to_numpy() if "_loc" in raw.columns else np.arange(1, n + 1)
     cols = {name: _pick(raw.columns, name) for name in ALIASES}
+    if cols["question"] is None and cols["question_id"] is not None:
+        cols["question"] = cols["question_id"]  # an id-keyed MCQ set: the id stands for the text
+        rep.notes.append("no question column: the question id stands for the question text")
     missing = [k for k in ("prediction", "question") if cols[k] is None]
     if cols["img_id"] is None and cols["image_path"] is None:
         missing.append("img_id")
@@ -623,7 +797,12 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
     img = map_unique(img, lambda i: i.strip() if isinstance(i, str) and i.strip() else None)
     no_id = pd.isna(img)
     if no_id.any():
-        img[no_id] = map_unique(paths[no_id], lambda p: image_stem(p) if p else None)
+        from_paths = raw_paths[no_id]
+        img[no_id] = (
+            map_unique(from_paths, sample_id_of_paths)
+            if _all_text(from_paths)
+            else obj_array([sample_id_of_paths(v) for v in from_paths])
+        )
     drop_rows(bad_img | pd.isna(img), "missing_img_id")
 
     sev, bad_sev = _int_column(col("severity"))
@@ -647,6 +826,24 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
 
     qclass = parsed("question_class", _class_tuple, ())
     options = parsed("options", _options_dict, None)
+    ref_boxes = obj_array([None] * n)
+    if cols["ref_boxes"]:
+        bad_boxes = 0
+        rb = []
+        for v in col("ref_boxes"):
+            try:
+                rb.append(boxes_of(v))
+            except ValueError:
+                rb.append(None)
+                bad_boxes += 1
+        ref_boxes = obj_array(rb)
+        if bad_boxes:
+            rep.coerced["ref_boxes:malformed_ignored"] += bad_boxes
+    radiology = dataset is not None or any(cols[h] for h in RADIOLOGY_HINTS)
+    if not radiology and cols["reference"]:
+        radiology = bool(map_unique(ref, lambda r: isinstance(r, str) and "<loc_" in r).any())
+    if radiology:
+        qclass = _radiology_classes(qclass, question, options, col, cols, dataset, rep)
     judge = obj_array([None] * n)
     if cols["judge"]:
         bad_aspects = 0
@@ -664,6 +861,10 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
 
     keep = ~drop
     qk = map_unique(question, lambda q: question_key(q) if q is not None else None)
+    if cols["question_id"]:
+        qid, _ = _text_column(col("question_id"), rep, "question_id")
+        has_qid = ~pd.isna(qid)
+        qk[has_qid] = obj_array([f"id:{q}" for q in qid[has_qid]])
     out = object_frame(
         {
             "img_id": img[keep],
@@ -680,11 +881,61 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
             "image_path": paths[keep],
             "judge": judge[keep],
             "model": mdl[keep],
+            "ref_boxes": ref_boxes[keep],
             "_loc": locs[keep],
         }
     )
     rep.rows_kept = len(out)
     return out.reset_index(drop=True)
+
+
+def _radiology_classes(
+    qclass: np.ndarray,
+    question: np.ndarray,
+    options: np.ndarray,
+    col: Callable[[str], np.ndarray],
+    cols: Mapping[str, str | None],
+    dataset: str | None,
+    rep: ReadReport,
+) -> np.ndarray:
+    """Rows without question_class get radiology classes (:mod:`perturb.radiology`) from the
+    dataset's fields (VinDr ``type``, ReXVQA ``task_name``/``category``) and keyword rules."""
+    from perturb.radiology import question_classes
+
+    need = np.fromiter((not c for c in qclass), dtype=bool, count=len(qclass))
+    if not need.any():
+        return qclass
+
+    def text(name: str) -> np.ndarray:
+        vals = col(name)
+        return obj_array([v if isinstance(v, str) else None for v in vals])
+
+    vt, tn, cat = text("vindr_type"), text("task_name"), text("category")
+    out = qclass.copy()
+    cache: dict[tuple[Any, ...], tuple[str, ...]] = {}
+    for i in np.flatnonzero(need):
+        opts = options[i]
+        key = (question[i], vt[i], tn[i], cat[i], tuple(opts.values()) if opts else None)
+        got = cache.get(key)
+        if got is None:
+            got = question_classes(
+                question[i],
+                vindr_type=vt[i],
+                task_name=tn[i],
+                category=cat[i],
+                options=opts,
+                dataset=dataset,
+            )
+            cache[key] = got
+        out[i] = got
+    rep.notes.append(
+        f"{int(need.sum())} rows without question_class: radiology classes from "
+        + ", ".join(
+            [f"{cols[h]!r}" for h in ("vindr_type", "task_name", "category") if cols[h]]
+            + ["keyword rules on the question and options (perturb.radiology)"]
+        )
+    )
+    return out
 
 
 def read_predictions(

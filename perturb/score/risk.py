@@ -8,7 +8,17 @@ headline gaps unless ``include_at_risk`` is set.
 
 The mapping is data (:data:`TAG_CLASSES`): class patterns in ``fnmatch`` syntax, so
 ``*_location`` covers every location class of any dataset. It covers all 18 Kvasir-VQA-x1
-question classes (see :data:`KVASIR_CLASSES`).
+question classes (see :data:`KVASIR_CLASSES`) and the radiology classes of
+:mod:`perturb.radiology` (:data:`RADIOLOGY_CLASSES`):
+
+* flips -> laterality and location questions (the anatomy swaps sides in the image);
+* collimation, crops and other geometry -> apices and costophrenic angles (cut at the frame
+  edge), geometry also -> size (aspect changes);
+* markers and burned-in text -> marker questions;
+* heavy noise / blur / compression -> small findings, only from the severity an op's spec names
+  (``risk_from_severity`` in the catalog, e.g. X-ray quantum noise at severities 4-5).
+
+Severity-dependent tags are resolved per pair (op, severity) by :func:`tags_at_severity`.
 """
 
 from __future__ import annotations
@@ -17,27 +27,33 @@ from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from functools import lru_cache
 
+from perturb import radiology
 from perturb.kvasir import QUESTION_CLASSES
 
 KVASIR_CLASSES = QUESTION_CLASSES
+RADIOLOGY_CLASSES = radiology.QUESTION_CLASSES
 
 _GEOMETRY = ("*_location", "*_count", "text_presence", "box_artifact_presence", "polyp_size")
 _PRESENCE = ("*_presence",)
+# radiology (perturb.radiology): what leaves the frame at its edges, and overlays
+_EDGES = ("apex", "costophrenic")
 
 TAG_CLASSES: dict[str, tuple[str, ...]] = {
     "alters_color": ("abnormality_color", "landmark_color", "*_color"),
-    "moves_geometry": _GEOMETRY,
-    "crops_border": _GEOMETRY,
+    "moves_geometry": (*_GEOMETRY, *_EDGES, "size"),
+    "crops_border": (*_GEOMETRY, *_EDGES),
     "black_fill": ("box_artifact_presence",),
-    "occludes": _PRESENCE,
-    "adds_overlay": _PRESENCE,
-    "flips_laterality": ("*_location",),
-    # blur / heavy noise can wipe out small polyps: counts and finding presence may change
+    "occludes": (*_PRESENCE, "marker"),
+    "adds_overlay": (*_PRESENCE, "marker"),
+    "flips_laterality": ("*_location", "laterality", "location"),
+    # blur / heavy noise can wipe out small polyps or nodules: counts and finding presence may
+    # change
     "may_erase_small_findings": (
         "finding_count",
         "polyp_count",
         "abnormality_presence",
         "finding_presence",
+        "small_finding",
     ),
     # brightness / contrast changes leave Kvasir's answers intact
     "alters_intensity": (),
@@ -51,6 +67,27 @@ def classes_at_risk(
     table = TAG_CLASSES if mapping is None else mapping
     patterns = [p for t in tags for p in table.get(t, ())]
     return [c for c in classes if any(fnmatchcase(c, p) for p in patterns)]
+
+
+def tags_at_severity(
+    tags: Sequence[str], from_severity: Mapping[str, int] | None, severity: int
+) -> tuple[str, ...]:
+    """``tags`` plus the severity-dependent tags reached at ``severity`` (0 = unknown: none)."""
+    extra = [t for t, s in (from_severity or {}).items() if severity >= s and t not in tags]
+    return (*tags, *sorted(extra))
+
+
+@lru_cache(maxsize=1)
+def catalog_severity_risk() -> dict[str, dict[str, int]]:
+    """op -> {tag: first severity} of the catalog's severity-dependent risk tags (no torch)."""
+    try:
+        from perturb.catalog.specs import op_severity_risk
+    except ImportError:  # pragma: no cover - catalog missing in a stripped install
+        return {}
+    try:
+        return op_severity_risk()
+    except Exception:  # pragma: no cover - a broken catalog must not stop scoring
+        return {}
 
 
 @lru_cache(maxsize=1)

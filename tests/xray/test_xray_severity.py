@@ -35,7 +35,7 @@ def test_cli_lists_the_xray_ops() -> None:
     assert result.exit_code == 0, result.output
     ops = json.loads(result.output)
     assert len(ops) >= 12 and all(o["family"] == "xray" for o in ops)
-    tags = {t for o in ops for t in o["risk_tags"]}
+    tags = {t for o in ops for t in [*o["risk_tags"], *o["risk_from_severity"]]}
     assert {"adds_overlay", "crops_border", "may_erase_small_findings"} <= tags
 
 
