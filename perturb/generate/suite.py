@@ -313,7 +313,7 @@ class Task:
             from perturb.generate.transformed import RISK_TAGS
 
             return list(RISK_TAGS)
-        return list(get_spec(self.op).risk_tags)
+        return get_spec(self.op).risk_tags_at(self.severity)
 
 
 def _format_error(path: str, exc: ValidationError) -> str:

@@ -209,6 +209,9 @@ def test_xray_artifacts_runs_offline_and_verifies(tmp_path: Path) -> None:
     rows = manifest_rows(out)
     assert {r["img_id"] for r in rows} == {"cxr_phantom_0000"}
     assert {(r["channels"], r["bit_depth"]) for r in rows} == {(1, 16)}
+    # severity-dependent risk: the dose reduction flags small findings only from severity 4 on
+    dose = {r["severity"]: json.loads(r["risk_tags"]) for r in rows if r["op"] == "xray_quantum_noise"}
+    assert [("may_erase_small_findings" in dose[s]) for s in range(1, 6)] == [False] * 3 + [True] * 2
     verified = runner.invoke(app, ["verify", str(out)])
     assert verified.exit_code == 0, verified.output
     ds = datasets.load_from_disk(str(out / "dataset"))
