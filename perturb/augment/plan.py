@@ -206,5 +206,18 @@ def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torc
             if out is images:
                 out = images.clone()
             sel = torch.tensor(idx, device=out.device)
-            out[sel] = engine.run_records(out.index_select(0, sel), records)
+            put_rows(out, sel, engine.run_records(out.index_select(0, sel), records))
     return out
+
+
+# torch has no index_put for these dtypes; a same-size signed view carries the bits unchanged
+_BIT_VIEWS = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def put_rows(out: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
+    """``out[rows] = values`` for every dtype (uint16 included)."""
+    view = _BIT_VIEWS.get(out.dtype)
+    if view is None:
+        out[rows] = values
+    else:
+        out.view(view)[rows] = values.view(view)

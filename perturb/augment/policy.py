@@ -189,7 +189,7 @@ class HeldOut(BaseModel):
             try:
                 suite = load_suite(_suite_path(name, base_dir))
             except SuiteError as exc:
-                raise ValueError(f"suites: {exc}") from None
+                raise ValueError(f"held_out.suites: {exc}") from None
             ops: set[str] = set()
             for task in suite.tasks():
                 ops.update(COMPOSITE_OPS.get(task.op, (task.op,)) if task.composite else (task.op,))

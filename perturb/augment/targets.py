@@ -17,6 +17,7 @@ import torch
 
 from perturb import engine
 from perturb.annotations import is_geometric, transform_boxes
+from perturb.augment.plan import put_rows
 from perturb.engine import InputError, Record
 from perturb.ops.geometry import warp_label_maps
 
@@ -79,5 +80,5 @@ def move_masks(masks: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torch.
             sel = torch.tensor(idx, device=m.device)
             if out is m:
                 out = m.clone()
-            out[sel] = warp_label_maps(op, out.index_select(0, sel), params)
+            put_rows(out, sel, warp_label_maps(op, out.index_select(0, sel), params))
     return out[:, 0] if masks.ndim == 3 else out
