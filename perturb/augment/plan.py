@@ -205,19 +205,26 @@ def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torc
                 continue
             if out is images:
                 out = images.clone()
-            sel = torch.tensor(idx, device=out.device)
-            put_rows(out, sel, engine.run_records(out.index_select(0, sel), records))
+            put_rows(out, idx, engine.run_records(take_rows(out, idx), records))
     return out
 
 
-# torch has no index_put for these dtypes; a same-size signed view carries the bits unchanged
-_BIT_VIEWS = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+def _host(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and not x.requires_grad
 
 
-def put_rows(out: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
-    """``out[rows] = values`` for every dtype (uint16 included)."""
-    view = _BIT_VIEWS.get(out.dtype)
-    if view is None:
-        out[rows] = values
-    else:
-        out.view(view)[rows] = values.view(view)
+def take_rows(x: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """``x[rows]`` as a new batch. On the CPU through NumPy: torch's CPU gather/stack of
+    uint8 batches runs an order of magnitude slower than a memory copy."""
+    if _host(x):
+        return torch.from_numpy(x.numpy()[list(rows)])
+    return x.index_select(0, torch.tensor(list(rows), device=x.device))
+
+
+def put_rows(out: torch.Tensor, rows: Sequence[int], values: torch.Tensor) -> None:
+    """``out[rows] = values`` in place (every dtype, uint16 included)."""
+    if _host(out) and _host(values):
+        out.numpy()[list(rows)] = values.numpy()
+        return
+    for j, i in enumerate(rows):  # torch has no index_put for uint16
+        out[i].copy_(values[j])

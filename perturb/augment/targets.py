@@ -17,7 +17,7 @@ import torch
 
 from perturb import engine
 from perturb.annotations import is_geometric, transform_boxes
-from perturb.augment.plan import put_rows
+from perturb.augment.plan import put_rows, take_rows
 from perturb.engine import InputError, Record
 from perturb.ops.geometry import warp_label_maps
 
@@ -77,8 +77,7 @@ def move_masks(masks: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torch.
                 groups.setdefault(plan[position].op, []).append(i)
         for op, idx in groups.items():
             params = engine.collate([plans[i][position].params for i in idx], m.device)
-            sel = torch.tensor(idx, device=m.device)
             if out is m:
                 out = m.clone()
-            put_rows(out, sel, warp_label_maps(op, out.index_select(0, sel), params))
+            put_rows(out, idx, warp_label_maps(op, take_rows(out, idx), params))
     return out[:, 0] if masks.ndim == 3 else out

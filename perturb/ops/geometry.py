@@ -338,18 +338,21 @@ def translation_shifts(p: dict[str, torch.Tensor], width: int, height: int) -> l
 # half to even), so the bytes are identical while the conversions stay per sample and in cache.
 
 
+_U8_LEVELS = np.arange(256, dtype=np.float32) / np.float32(255.0)  # the engine's u8 -> float32
+
+
 def _warp_sample(src: np.ndarray, dst: np.ndarray, warp: Warp) -> None:
-    hwc = src.transpose(1, 2, 0) if src.shape[0] > 1 else src[0]
-    img = np.ascontiguousarray(hwc, dtype=np.float32)
-    if src.dtype == np.uint8:
-        img /= np.float32(255.0)
+    channels = src.shape[0]
+    hwc = cv2.merge(list(src)) if channels > 1 else np.ascontiguousarray(src[0])
+    img = cv2.LUT(hwc, _U8_LEVELS) if src.dtype == np.uint8 else hwc
     res = warp_array(img, warp)
-    res = res[None] if res.ndim == 2 else res.transpose(2, 0, 1)
-    if dst.dtype == np.uint8:
-        res = res * np.float32(255.0)
-        np.rint(res, out=res)
-        np.clip(res, 0.0, 255.0, out=res)
-    dst[...] = res
+    if dst.dtype == np.uint8:  # round(255 x) half to even, as the engine rounds; x is in [0, 1]
+        res = cv2.convertScaleAbs(res, alpha=255.0)
+    if channels > 1:
+        for c, plane in enumerate(cv2.split(res)):
+            dst[c] = plane
+    else:
+        dst[0] = res
 
 
 @backend.register_cpu("resized_crop")
