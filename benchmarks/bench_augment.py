@@ -15,6 +15,8 @@ Rows (``extra_info.impl``):
   (the peers do not protect the endoscope's frame), planning included;
 * ``perturb-u8-border``: the same with brightness's default field-of-view protection;
 * ``perturb-f32``: float32 BCHW in [0, 1];
+* ``perturb-u8-preplanned``: ``perturb-u8`` with the plans made beforehand
+  (``forward(..., plans=)``; in training the DataLoader's workers make them): kernels only;
 * ``perturb-plan``: only the host-side keyed plans of the 64 samples (no pixels): the floor
   that planning sets on throughput on any device;
 * ``kornia`` and ``albumentations``.
@@ -37,10 +39,14 @@ import pytest
 import torch
 
 from perturb.augment import Augment, load_policy, plan_batch
+from tests.helpers import DEVICES  # cpu, and cuda (skipped with the reason when absent)
 
 BATCH = 64
 SIZE = 448
 SECONDS = float(os.environ.get("PERTURB_BENCH_SECONDS", "3"))
+# Passes over all implementations, interleaved; the summary keeps each one's best pass (median
+# of its rounds), which evens out other processes' load on a shared machine.
+REPEATS = int(os.environ.get("PERTURB_BENCH_REPEATS", "1"))
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "endoscopy"
 POLICY = {
     "policy": "bench-2op",
@@ -49,16 +55,6 @@ POLICY = {
     "probability": 1.0,
     "severity": 3,
 }
-DEVICES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param(
-        "cuda",
-        id="cuda",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine"),
-    ),
-]
-
-
 def frames() -> list[np.ndarray]:
     """64 uint8 HWC RGB frames at 448x448 from the shared endoscopy samples (centre square,
     area resize; later copies mirrored so they differ)."""
@@ -102,6 +98,23 @@ def ours(device: str, dtype: torch.dtype, protect: bool) -> Callable[[], Any]:
 
     def run() -> torch.Tensor:
         out = augment(x, indices, epoch=next(epoch))
+        assert isinstance(out, torch.Tensor)
+        _sync(device)
+        return out
+
+    return run
+
+
+def preplanned(device: str) -> Callable[[], Any]:
+    """Kernels only: the batch's plans made beforehand (as DataLoader workers can make them)."""
+    _, u8 = inputs()
+    x = u8.to(device)
+    augment = Augment(load_policy({**POLICY, "protect_border": False}), seed=0)
+    indices = list(range(BATCH))
+    plans = augment.plan(indices, channels=3, device=device)
+
+    def run() -> torch.Tensor:
+        out = augment(x, indices, plans=plans)
         assert isinstance(out, torch.Tensor)
         _sync(device)
         return out
@@ -153,6 +166,7 @@ IMPLS: dict[str, Callable[[str], Callable[[], Any]]] = {
     "perturb-u8": lambda d: ours(d, torch.uint8, False),
     "perturb-u8-border": lambda d: ours(d, torch.uint8, True),
     "perturb-f32": lambda d: ours(d, torch.float32, False),
+    "perturb-u8-preplanned": preplanned,
     "perturb-plan": plans_only,
     "kornia": kornia_peer,
     "albumentations": albumentations_peer,
@@ -161,12 +175,22 @@ IMPLS: dict[str, Callable[[str], Callable[[], Any]]] = {
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("impl", list(IMPLS))
-def test_augment_overhead(benchmark: Any, impl: str, device: str) -> None:
+@pytest.mark.parametrize("repeat", range(REPEATS), ids=lambda r: f"pass{r}")
+def test_augment_overhead(benchmark: Any, impl: str, device: str, repeat: int) -> None:
     fn = IMPLS[impl](device)
     fn()  # warm-up (thread pools, kernels, CUDA context)
     benchmark.group = f"augment 2-op policy, batch {BATCH} at {SIZE}x{SIZE}, {device}"
     benchmark.extra_info.update(
-        {"suite": "augment", "impl": impl, "device": device, "images": BATCH, "height": SIZE, "width": SIZE}
+        {
+            "suite": "augment",
+            "impl": impl,
+            "device": device,
+            "pass": repeat,
+            "images": BATCH,
+            "height": SIZE,
+            "width": SIZE,
+            "policy": POLICY,
+        }
     )
     benchmark.pedantic(fn, rounds=max(3, int(SECONDS / _once(fn))), iterations=1)
 

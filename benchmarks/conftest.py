@@ -219,10 +219,11 @@ def summarise_augment(benchmarks: list[Any]) -> dict[str, Any]:
         info = bench.extra_info
         if not bench.stats or info.get("suite") != "augment":
             continue
-        median = float(bench.stats.median)
+        median, impl = float(bench.stats.median), info["impl"]
         row = devices.setdefault(info["device"], {"img_per_s": {}, "ms_per_batch": {}})
-        row["img_per_s"][info["impl"]] = info["images"] / median
-        row["ms_per_batch"][info["impl"]] = 1000.0 * median
+        if impl not in row["ms_per_batch"] or 1000.0 * median < row["ms_per_batch"][impl]:
+            row["img_per_s"][impl] = info["images"] / median  # best pass when repeated
+            row["ms_per_batch"][impl] = 1000.0 * median
     for row in devices.values():
         peers = {k: v for k, v in row["img_per_s"].items() if not k.startswith("perturb")}
         best = max(peers, key=peers.__getitem__) if peers else None

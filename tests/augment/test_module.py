@@ -17,7 +17,14 @@ from tests.helpers import small_batch
 POLICY = load_policy(
     {
         "policy": "mixed",
-        "ops": ["rotation", "resized_crop", "contrast", "gaussian_noise", "color_cast", "gaussian_blur"],
+        "ops": [
+            "rotation",
+            "resized_crop",
+            "contrast",
+            "gaussian_noise",
+            "color_cast",
+            "gaussian_blur",
+        ],
         "num_ops": [1, 2],
         "probability": 0.9,
         "strength": [1.0, 3.0],
@@ -73,7 +80,9 @@ def test_same_pixels_for_any_workers_batch_size_and_order(
     augment = Augment(POLICY, seed=5)
     augment.set_epoch(3)
     order = torch.Generator().manual_seed(batch_size)  # the loader's own shuffling, not ours
-    loader = DataLoader(Frames(), batch_size=batch_size, shuffle=True, generator=order, num_workers=workers)
+    loader = DataLoader(
+        Frames(), batch_size=batch_size, shuffle=True, generator=order, num_workers=workers
+    )
     got = _run(loader, augment)
     assert sorted(got) == list(range(N))
     assert all(torch.equal(got[i], reference[i]) for i in range(N))
@@ -146,5 +155,45 @@ def test_module_on_each_device(device: str) -> None:
     assert isinstance(out, AugmentResult) and isinstance(ref, AugmentResult)
     assert out.images.device.type == device and out.images.dtype == torch.uint8
     assert out.records is not None and ref.records is not None
-    assert [[(r.op, r.params) for r in p] for p in out.records] == [[(r.op, r.params) for r in p] for p in ref.records]
+    assert [[(r.op, r.params) for r in p] for p in out.records] == [
+        [(r.op, r.params) for r in p] for p in ref.records
+    ]
     assert all(r.device == device for p in out.records for r in p)
+
+
+def _plan_in_worker(
+    batch: list[tuple[torch.Tensor, int]], augment: Augment
+) -> tuple[torch.Tensor, list[int], list]:
+    images = torch.stack([b[0] for b in batch])
+    indices = [b[1] for b in batch]
+    return images, indices, augment.plan(indices, channels=images.shape[1])
+
+
+def test_plans_made_in_workers_give_the_same_pixels(reference: dict[int, torch.Tensor]) -> None:
+    """Host-side planning can run in the DataLoader's workers (collate_fn); forward(plans=)
+    then only runs the kernels."""
+    import functools
+
+    augment = Augment(POLICY, seed=5, epoch=3)
+    collate = functools.partial(_plan_in_worker, augment=augment)
+    loader = DataLoader(
+        Frames(),
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(1),
+    )
+    seen = 0
+    for images, indices, plans in loader:
+        out = augment(images, indices, plans=plans)
+        assert isinstance(out, torch.Tensor)
+        for image, i in zip(out, indices, strict=True):
+            assert torch.equal(image, reference[i])
+            seen += 1
+    assert seen == N
+    plans = augment.plan([0, 1], channels=3)
+    with pytest.raises(InputError, match="do not belong to this batch"):
+        augment(Frames().images[:2], [1, 0], plans=plans)
+    with pytest.raises(InputError, match="one plan per image"):
+        augment(Frames().images[:2], [0, 1], plans=plans[:1])
