@@ -2,8 +2,10 @@
 
 Geometric ops move them exactly as the pixels move; photometric ops pass them through.
 
-* Boxes: ``perturb.annotations.transform_boxes`` (the enclosing box of the moved corners,
-  clipped to the frame) per sample.
+* Boxes: ``perturb.annotations.transform_boxes`` (the enclosing box of the corners moved by
+  the chain's composed map, clipped to the frame once at the end: a part pushed out of the
+  frame by one op and brought back by a later one counts as visible, though its pixels are
+  black fill) per sample.
 * Masks: the same warps as the image kernels (``perturb.ops.geometry.warp_label_maps``),
   sampled at the nearest pixel so labels stay labels, 0 where the image is black fill.
 """

@@ -10,6 +10,8 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perturb.augment import Augment, apply_plans, load_policy, plan_batch
 from perturb.augment.targets import move_boxes, move_masks
@@ -172,3 +174,23 @@ def test_target_errors() -> None:
     augment = Augment(load_policy({"ops": ["rotation"]}))
     with pytest.raises(InputError, match="resize them to the images first"):
         augment(torch.zeros(2, 3, H, W), [0, 1], masks=torch.zeros(2, H + 1, W))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    x1=st.floats(0, W - 2), y1=st.floats(0, H - 2), bw=st.floats(1, W), bh=st.floats(1, H),
+    index=st.integers(0, 10**6), severity=st.integers(1, 5),
+)
+def test_moved_boxes_stay_in_frame_and_shifts_are_exact(
+    x1: float, y1: float, bw: float, bh: float, index: int, severity: int
+) -> None:
+    box = (x1, y1, min(x1 + bw, W), min(y1 + bh, H))
+    policy = load_policy({"ops": ["rotation", "resized_crop", "translation"], "num_ops": [1, 3], "severity": severity})
+    plans = plan_batch(policy, seed=1, epoch=0, indices=[index])
+    moved = move_boxes([[box]], plans, (W, H))[0][0].tolist()
+    assert 0 <= moved[0] <= moved[2] <= W and 0 <= moved[1] <= moved[3] <= H
+    if [r.op for r in plans[0]] == ["translation"]:
+        p = plans[0][0].params
+        tx, ty = translation_pixels(W, H, float(np.float32(p["shift"])), float(np.float32(p["direction"])))
+        want = [min(max(v + d, 0.0), lim) for v, d, lim in zip(box, (tx, ty, tx, ty), (W, H, W, H), strict=True)]
+        assert np.allclose(moved, want, atol=1e-4)
