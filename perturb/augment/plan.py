@@ -19,7 +19,6 @@ DataLoader worker or the device.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -118,9 +117,7 @@ def plan_sample(
     count = _quantile_int(u_count, lo, hi)
     chosen: list[OpEntry] = []
     for _ in range(count):
-        weights = np.cumsum([e.weight for e in pool])
-        pick = int(np.searchsorted(weights, float(g.random()) * weights[-1], side="right"))
-        chosen.append(pool.pop(min(pick, len(pool) - 1)))
+        chosen.append(pool.pop(_weighted_pick([e.weight for e in pool], float(g.random()))))
     dev = torch.device(device)
     records = []
     for position, entry in enumerate(chosen):
@@ -128,7 +125,7 @@ def plan_sample(
         kind, (a, b) = policy.scale(entry)
         u = float(g.random())
         extra: dict[str, Any] = {"policy": policy.policy, "epoch": int(epoch), "index": int(index), "position": position}
-        params = None
+        level = None
         if kind == "severity":
             severity = _quantile_int(u, int(a), int(b))
         else:
@@ -136,13 +133,25 @@ def plan_sample(
             severity = nearest_severity(strength)
             extra["strength"] = strength
             level = strength_level(op.spec, strength)
-            params = engine.sample_params(op, engine.param_key(seed, key, op.name, variant), level)
         protect = op.spec.protects_border if policy.protect_border is None else policy.protect_border
-        record = engine.make_record(
-            op, severity, key, seed=seed, variant=variant, protect_border=protect, device=dev, params=params
+        records.append(
+            engine.make_record(
+                op, severity, key, seed=seed, variant=variant, protect_border=protect, device=dev,
+                level=level, extra=extra,
+            )
         )
-        records.append(dataclasses.replace(record, extra=extra))
     return records
+
+
+def _weighted_pick(weights: list[float], u: float) -> int:
+    """The index whose cumulative-weight interval holds ``u`` times the total weight."""
+    target = u * sum(weights)
+    total = 0.0
+    for i, w in enumerate(weights):
+        total += w
+        if target < total:
+            return i
+    return len(weights) - 1
 
 
 def plan_batch(
