@@ -1,6 +1,8 @@
 """Benchmark session hooks.
 
-Only runs that include ``bench_ops.py`` are touched (its benchmarks carry ``suite="ops"``):
+Runs that include ``bench_ops.py`` (benchmarks with ``suite="ops"``) or ``bench_augment.py``
+(``suite="augment"``: JSON ``augment-<tag>.json`` and ``augment-<tag>-summary.json`` with img/s
+per device and implementation) are touched:
 
 * The pytest-benchmark JSON goes to ``benchmarks/results/ops-<tag>.json`` unless
   ``--benchmark-json`` names another path (tag: ``PERTURB_BENCH_TAG``, default ``cpu``), with
@@ -124,24 +126,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Default JSON path when the run includes bench_ops.py (other suites here keep theirs)."""
+    """Default JSON path of the ops, X-ray and augment suites (other suites here keep theirs)."""
     bs = _session(session.config)
     if bs is None or bs.json:
         return
     names = {Path(str(item.fspath)).name for item in session.items}
-    if "bench_ops.py" in names:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        bs.json = RESULTS / f"ops-{TAG}.json"
-    elif "bench_xray.py" in names:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        bs.json = RESULTS / f"xray-{XRAY_TAG}.json"
+    for bench, name in (
+        ("bench_ops.py", f"ops-{TAG}"),
+        ("bench_xray.py", f"xray-{XRAY_TAG}"),
+        ("bench_augment.py", f"augment-{TAG}"),
+    ):
+        if bench in names:
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            bs.json = RESULTS / f"{name}.json"
+            return
 
 
 def pytest_benchmark_update_json(
     config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]
 ) -> None:
     if any(
-        b.get("extra_info", {}).get("suite") in ("ops", "xray")
+        b.get("extra_info", {}).get("suite") in ("ops", "xray", "augment")
         for b in output_json.get("benchmarks", [])
     ):
         output_json["perturb_environment"] = environment()
@@ -223,6 +228,29 @@ def summarise(benchmarks: list[Any]) -> dict[str, Any]:
         row["min_ratio_u8"] = min(ratios) if ratios else None
         row["meets_target"] = bool(ratios) and min(ratios) >= 1.0
     return {"ops": ops, "families": families}
+
+
+def summarise_augment(benchmarks: list[Any]) -> dict[str, Any]:
+    """bench_augment.py: img/s and ms per batch per device and implementation, and each
+    implementation's ratio to the fastest peer (kornia, albumentations) on that device."""
+    devices: dict[str, Any] = {}
+    for bench in benchmarks:
+        info = bench.extra_info
+        if not bench.stats or info.get("suite") != "augment":
+            continue
+        median, impl = float(bench.stats.median), info["impl"]
+        row = devices.setdefault(info["device"], {"img_per_s": {}, "ms_per_batch": {}})
+        if impl not in row["ms_per_batch"] or 1000.0 * median < row["ms_per_batch"][impl]:
+            row["img_per_s"][impl] = info["images"] / median  # best pass when repeated
+            row["ms_per_batch"][impl] = 1000.0 * median
+    for row in devices.values():
+        peers = {k: v for k, v in row["img_per_s"].items() if not k.startswith("perturb")}
+        best = max(peers, key=peers.__getitem__) if peers else None
+        row["fastest_peer"] = best
+        row["ratio_to_fastest_peer"] = {
+            k: v / peers[best] for k, v in row["img_per_s"].items() if best and k.startswith("perturb")
+        }
+    return devices
 
 
 def _fmt(value: float | None) -> str:
@@ -394,6 +422,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if bs is None or not bs.benchmarks:
         return
     write_xray_summary(bs)
+    augment = summarise_augment(bs.benchmarks)
+    if augment:
+        target = Path(bs.json) if bs.json else RESULTS / f"augment-{TAG}.json"
+        out = {"benchmark_json": target.name, "statistic": "images / median round", **environment()}
+        out["devices"] = augment
+        target.parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{target.with_suffix('')}-summary.json").write_text(json.dumps(out, indent=2) + "\n")
     summary = summarise(bs.benchmarks)
     if not summary["ops"]:
         return

@@ -10,7 +10,7 @@ variant), never on the batch, so a sample's output is the same in any batch, ord
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -169,9 +169,20 @@ def collate(params: Sequence[dict[str, Any]], device: torch.device) -> dict[str,
     return out
 
 
-def sample_params(op: Op, key: int, severity: int) -> dict[str, Any]:
-    """Keyed host-side draw of one sample's parameters (JSON-able)."""
-    params = op.entry.sampler(rng.scalar_rng(key), op.spec.level(severity))
+def draw_key(seed: int, sample_key: str, op: str, variant: int) -> int:
+    """The key a sample's parameters and fields are drawn with.
+
+    Common random numbers across severities: the key leaves the severity out, so a sample's
+    five severities are one perturbation at five strengths (same quantiles, same noise field,
+    same glare placement). Severity curves are then monotone per sample."""
+    return rng.derive_key(seed, sample_key, op, SHARED_SEVERITY, variant)
+
+
+def sample_params(op: Op, key: int, severity: int | Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+    """Keyed host-side draw of one sample's parameters (JSON-able) at ``severity`` (1..5) or
+    from explicit per-parameter ranges (e.g. interpolated between two severities)."""
+    level = op.spec.level(severity) if isinstance(severity, int) else severity
+    params = op.entry.sampler(rng.scalar_rng(key), level)
     return json.loads(json.dumps(params))  # plain JSON types, exactly as a record stores them
 
 
@@ -186,19 +197,21 @@ def make_record(
     device: torch.device,
     params: dict[str, Any] | None = None,
     param_key: str | None = None,
+    level: Mapping[str, tuple[float, float]] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Record:
-    # Common random numbers across severities: the draw key leaves the severity out, so a
-    # sample's five severities are one perturbation at five strengths (same quantiles, same
-    # noise field, same glare placement). Severity curves are then monotone per sample.
-    key = rng.derive_key(seed, sample_key, op.name, SHARED_SEVERITY, variant)
-    extra: dict[str, Any] = {}
+    """The record of ``op`` on one sample; its parameters are drawn at ``severity`` (or from the
+    explicit ranges ``level``) unless ``params`` are given. They are drawn under the sample's key,
+    or under ``param_key``'s when given: scalar parameters shared by every image of a group (e.g.
+    the views of a study), while per-pixel fields still follow the sample's own key."""
+    key = draw_key(seed, sample_key, op.name, variant)
+    extra = {} if extra is None else dict(extra)
     if params is None:
         draw = key
         if param_key is not None and param_key != sample_key:
-            # scalar parameters shared by every image of a group (e.g. the views of a study)
-            draw = rng.derive_key(seed, param_key, op.name, SHARED_SEVERITY, variant)
+            draw = draw_key(seed, param_key, op.name, variant)
             extra["param_key"] = param_key
-        params = sample_params(op, draw, severity)
+        params = sample_params(op, draw, severity if level is None else level)
     return Record(
         op=op.name,
         op_version=op.spec.version,

@@ -1,0 +1,199 @@
+"""The Augment module: reproducible whatever the DataLoader workers, batch size and order;
+records for logging; eval() is the identity; inputs checked with messages naming the fix."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import perturb
+from perturb.augment import Augment, AugmentResult, apply_plans, load_policy, plan_batch
+from perturb.engine import InputError
+from tests.helpers import small_batch
+
+POLICY = load_policy(
+    {
+        "policy": "mixed",
+        "ops": [
+            "rotation",
+            "resized_crop",
+            "contrast",
+            "gaussian_noise",
+            "color_cast",
+            "gaussian_blur",
+        ],
+        "num_ops": [1, 2],
+        "probability": 0.9,
+        "strength": [1.0, 3.0],
+    }
+)
+N = 10
+
+
+class Frames(Dataset):
+    """A tiny dataset of uint8 frames; ``augment`` set: each item is augmented in the worker."""
+
+    def __init__(self, augment: Augment | None = None) -> None:
+        self.images = (small_batch(N, 32, 40) * 255).round().to(torch.uint8)
+        self.augment = augment
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        image = self.images[i]
+        if self.augment is not None:
+            out = self.augment(image.unsqueeze(0), [i])
+            assert isinstance(out, torch.Tensor)
+            image = out[0]
+        return image, i
+
+
+def _run(loader: DataLoader, augment: Augment | None) -> dict[int, torch.Tensor]:
+    got: dict[int, torch.Tensor] = {}
+    for images, indices in loader:
+        if augment is not None:
+            images = augment(images, indices)
+        for image, i in zip(images, indices.tolist(), strict=True):
+            got[i] = image
+    return got
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[int, torch.Tensor]:
+    """Epoch 3 of seed 5, one whole batch in the main process."""
+    data = Frames()
+    augment = Augment(POLICY, seed=5, epoch=3)
+    out = augment(data.images, list(range(N)))
+    assert isinstance(out, torch.Tensor)
+    return dict(enumerate(out))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_same_pixels_for_any_workers_batch_size_and_order(
+    reference: dict[int, torch.Tensor], workers: int, batch_size: int
+) -> None:
+    augment = Augment(POLICY, seed=5)
+    augment.set_epoch(3)
+    order = torch.Generator().manual_seed(batch_size)  # the loader's own shuffling, not ours
+    loader = DataLoader(
+        Frames(), batch_size=batch_size, shuffle=True, generator=order, num_workers=workers
+    )
+    got = _run(loader, augment)
+    assert sorted(got) == list(range(N))
+    assert all(torch.equal(got[i], reference[i]) for i in range(N))
+
+
+def test_same_pixels_when_augmenting_inside_workers(reference: dict[int, torch.Tensor]) -> None:
+    augment = Augment(POLICY, seed=5, epoch=3)
+    loader = DataLoader(Frames(pickle.loads(pickle.dumps(augment))), batch_size=3, num_workers=2)
+    got = _run(loader, None)
+    assert all(torch.equal(got[i], reference[i]) for i in range(N))
+
+
+def test_epochs_and_seeds_change_the_draws(reference: dict[int, torch.Tensor]) -> None:
+    images = Frames().images
+    for augment in (Augment(POLICY, seed=5, epoch=4), Augment(POLICY, seed=6, epoch=3)):
+        out = augment(images, list(range(N)))
+        assert isinstance(out, torch.Tensor)
+        assert sum(not torch.equal(out[i], reference[i]) for i in range(N)) >= N // 2
+    again = Augment(POLICY, seed=5)(images, list(range(N)), epoch=3)
+    assert isinstance(again, torch.Tensor)
+    assert all(torch.equal(again[i], reference[i]) for i in range(N))
+
+
+def test_records_replay_and_match_the_plans() -> None:
+    images = Frames().images
+    augment = Augment("augment-endoscopy", seed=2, return_records=True)
+    out = augment(images, torch.arange(N))
+    assert isinstance(out, AugmentResult) and out.boxes is None and out.masks is None
+    assert out.records == plan_batch(augment.policy, seed=2, epoch=0, indices=range(N), channels=3)
+    assert torch.equal(out.images, apply_plans(images, out.records))
+    for i, chain in enumerate(out.records):
+        replayed = perturb.replay([r.to_dict() for r in chain], images[i]) if chain else images[i]
+        assert torch.equal(replayed, out.images[i])
+
+
+def test_eval_mode_is_identity_and_gray_batches_skip_colour_ops() -> None:
+    images = Frames().images
+    augment = Augment(POLICY, seed=1, return_records=True).eval()
+    out = augment(images, list(range(N)))
+    assert isinstance(out, AugmentResult)
+    assert torch.equal(out.images, images) and out.records == [[] for _ in range(N)]
+    gray = images[:, :1].contiguous()
+    res = augment.train()(gray, list(range(N)))
+    assert isinstance(res, AugmentResult) and res.images.shape == gray.shape
+    assert res.records is not None and all(r.op != "color_cast" for p in res.records for r in p)
+
+
+def test_module_input_errors() -> None:
+    augment = Augment(POLICY)
+    x = torch.zeros(2, 3, 16, 16)
+    with pytest.raises(InputError, match="one dataset index per image"):
+        augment(x, [0])
+    with pytest.raises(InputError, match="non-negative integer"):
+        augment(x, [0, -1])
+    with pytest.raises(InputError, match="unsqueeze"):
+        augment(x[0], [0])
+    with pytest.raises(InputError, match="sequence or tensor"):
+        augment(x, 3)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="non-negative integer"):
+        augment.set_epoch(-1)
+    assert "mixed" in repr(augment) and perturb.Augment is Augment
+
+
+def test_module_on_each_device(device: str) -> None:
+    """Same records on every device; the batch stays on its device and keeps its dtype."""
+    images = Frames().images
+    augment = Augment(POLICY, seed=3, return_records=True)
+    out = augment(images.to(device), list(range(N)))
+    ref = augment(images, list(range(N)))
+    assert isinstance(out, AugmentResult) and isinstance(ref, AugmentResult)
+    assert out.images.device.type == device and out.images.dtype == torch.uint8
+    assert out.records is not None and ref.records is not None
+    assert [[(r.op, r.params) for r in p] for p in out.records] == [
+        [(r.op, r.params) for r in p] for p in ref.records
+    ]
+    assert all(r.device == device for p in out.records for r in p)
+
+
+def _plan_in_worker(
+    batch: list[tuple[torch.Tensor, int]], augment: Augment
+) -> tuple[torch.Tensor, list[int], list]:
+    images = torch.stack([b[0] for b in batch])
+    indices = [b[1] for b in batch]
+    return images, indices, augment.plan(indices, channels=images.shape[1])
+
+
+def test_plans_made_in_workers_give_the_same_pixels(reference: dict[int, torch.Tensor]) -> None:
+    """Host-side planning can run in the DataLoader's workers (collate_fn); forward(plans=)
+    then only runs the kernels."""
+    import functools
+
+    augment = Augment(POLICY, seed=5, epoch=3)
+    collate = functools.partial(_plan_in_worker, augment=augment)
+    loader = DataLoader(
+        Frames(),
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(1),
+    )
+    seen = 0
+    for images, indices, plans in loader:
+        out = augment(images, indices, plans=plans)
+        assert isinstance(out, torch.Tensor)
+        for image, i in zip(out, indices, strict=True):
+            assert torch.equal(image, reference[i])
+            seen += 1
+    assert seen == N
+    plans = augment.plan([0, 1], channels=3)
+    with pytest.raises(InputError, match="do not belong to this batch"):
+        augment(Frames().images[:2], [1, 0], plans=plans)
+    with pytest.raises(InputError, match="one plan per image"):
+        augment(Frames().images[:2], [0, 1], plans=plans[:1])
