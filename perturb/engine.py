@@ -10,7 +10,7 @@ variant), never on the batch, so a sample's output is the same in any batch, ord
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -169,9 +169,20 @@ def collate(params: Sequence[dict[str, Any]], device: torch.device) -> dict[str,
     return out
 
 
-def sample_params(op: Op, key: int, severity: int) -> dict[str, Any]:
-    """Keyed host-side draw of one sample's parameters (JSON-able)."""
-    params = op.entry.sampler(rng.scalar_rng(key), op.spec.level(severity))
+def param_key(seed: int, sample_key: str, op: str, variant: int) -> int:
+    """The key a sample's parameters and fields are drawn with.
+
+    Common random numbers across severities: the key leaves the severity out, so a sample's
+    five severities are one perturbation at five strengths (same quantiles, same noise field,
+    same glare placement). Severity curves are then monotone per sample."""
+    return rng.derive_key(seed, sample_key, op, SHARED_SEVERITY, variant)
+
+
+def sample_params(op: Op, key: int, severity: int | Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+    """Keyed host-side draw of one sample's parameters (JSON-able) at ``severity`` (1..5) or
+    from explicit per-parameter ranges (e.g. interpolated between two severities)."""
+    level = op.spec.level(severity) if isinstance(severity, int) else severity
+    params = op.entry.sampler(rng.scalar_rng(key), level)
     return json.loads(json.dumps(params))  # plain JSON types, exactly as a record stores them
 
 
@@ -186,10 +197,7 @@ def make_record(
     device: torch.device,
     params: dict[str, Any] | None = None,
 ) -> Record:
-    # Common random numbers across severities: the draw key leaves the severity out, so a
-    # sample's five severities are one perturbation at five strengths (same quantiles, same
-    # noise field, same glare placement). Severity curves are then monotone per sample.
-    key = rng.derive_key(seed, sample_key, op.name, SHARED_SEVERITY, variant)
+    key = param_key(seed, sample_key, op.name, variant)
     if params is None:
         params = sample_params(op, key, severity)
     return Record(

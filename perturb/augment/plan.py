@@ -1,0 +1,210 @@
+"""Per-sample augmentation plans: which ops, in which order, how strong, with which parameters.
+
+A plan is a pure function of (policy, seed, epoch, sample index[, variant]):
+
+1. The plan generator is keyed by ``derive_key(seed, sample_key(epoch, index), "augment.plan",
+   0, variant)``; it decides whether the sample is augmented (``probability``), how many ops
+   (``num_ops``), which ops in which order (weighted draws without repetition) and each op's
+   severity or continuous strength.
+2. Each op's parameters come from the engine's keyed sampler under the engine's own key
+   ``param_key(seed, sample_key(epoch, index), op, variant)``, exactly as ``perturb.apply``
+   draws them; a continuous strength ``s`` draws from the severity table interpolated
+   linearly between levels ``floor(s)`` and ``ceil(s)`` (at an integer ``s`` the table's own
+   level, so strength 3.0 gives the parameters of severity 3).
+
+The result is a list of ``perturb.engine.Record``: ``perturb.replay(records, image)`` on one
+image reproduces ``apply_plans`` bit for bit. Nothing depends on the batch, the order, the
+DataLoader worker or the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from perturb import engine, rng
+from perturb.augment.policy import OpEntry, Policy, supports_modality
+from perturb.catalog.registry import get_op
+from perturb.catalog.specs import OpSpec
+from perturb.engine import InputError, Record
+
+PLAN_STREAM = "augment.plan"
+
+
+def _check_index(value: object, name: str) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise InputError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def sample_key(epoch: int, index: int) -> str:
+    """The engine sample key of dataset item ``index`` in ``epoch``: ``e<epoch>/i<index>``."""
+    return f"e{_check_index(epoch, 'epoch')}/i{_check_index(index, 'index')}"
+
+
+def strength_level(spec: OpSpec, strength: float) -> dict[str, tuple[float, float]]:
+    """The op's parameter ranges at a continuous ``strength`` in [1, 5]: each range's ends
+    interpolated linearly between the two neighbouring severity levels (integer parameters
+    rounded to whole numbers)."""
+    if not (isinstance(strength, int | float) and 1.0 <= strength <= 5.0):
+        raise InputError(f"strength must be a number in [1, 5], got {strength!r}")
+    low = min(math.floor(strength), 4)
+    frac = float(strength) - low
+    level: dict[str, tuple[float, float]] = {}
+    for name, table in spec.params.items():
+        a, b = table.levels[low - 1], table.levels[low]
+        lo = a[0] + frac * (b[0] - a[0]) if frac else a[0]
+        hi = a[1] + frac * (b[1] - a[1]) if frac else a[1]
+        if table.integer:
+            lo, hi = float(round(lo)), float(round(hi))
+        level[name] = (lo, hi)
+    return level
+
+
+def nearest_severity(strength: float) -> int:
+    """The integer severity a strength is recorded under (round half up)."""
+    return min(5, max(1, math.floor(strength + 0.5)))
+
+
+def _candidates(policy: Policy, modality: str | None, channels: int | None) -> list[OpEntry]:
+    pool = list(policy.ops)
+    if modality is not None:
+        pool = [e for e in pool if supports_modality(e.spec, modality)]
+    if channels is not None:
+        if channels not in (1, 3):
+            raise InputError(f"channels must be 1 or 3, got {channels!r}")
+        pool = [e for e in pool if channels in e.spec.channels]
+    return pool
+
+
+def _quantile_int(u: float, lo: int, hi: int) -> int:
+    return lo + min(int(u * (hi - lo + 1)), hi - lo)
+
+
+def plan_sample(
+    policy: Policy,
+    *,
+    seed: int,
+    epoch: int,
+    index: int,
+    modality: str | None = None,
+    channels: int | None = None,
+    variant: int = 0,
+    device: torch.device | str = "cpu",
+) -> list[Record]:
+    """The ordered chain of records for one sample (empty when it is not augmented).
+
+    ``modality`` / ``channels`` restrict the draw to the policy's ops that support them (e.g.
+    ``channels=1`` leaves out colour ops for gray images); ``variant`` gives independent
+    draws of the same sample in the same epoch (e.g. two views). ``device`` only fills the
+    records' ``device``/``backend`` fields."""
+    key = sample_key(epoch, index)
+    variant = _check_index(variant, "variant")
+    seed = int(seed)
+    g = rng.scalar_rng(rng.derive_key(seed, key, PLAN_STREAM, 0, variant))
+    u_apply, u_count = float(g.random()), float(g.random())
+    if u_apply >= policy.probability:
+        return []
+    pool = _candidates(policy, modality, channels)
+    hi = min(policy.num_ops[1], len(pool))
+    lo = min(policy.num_ops[0], hi)
+    count = _quantile_int(u_count, lo, hi)
+    chosen: list[OpEntry] = []
+    for _ in range(count):
+        weights = np.cumsum([e.weight for e in pool])
+        pick = int(np.searchsorted(weights, float(g.random()) * weights[-1], side="right"))
+        chosen.append(pool.pop(min(pick, len(pool) - 1)))
+    dev = torch.device(device)
+    records = []
+    for position, entry in enumerate(chosen):
+        op = get_op(entry.op)
+        kind, (a, b) = policy.scale(entry)
+        u = float(g.random())
+        extra: dict[str, Any] = {"policy": policy.policy, "epoch": int(epoch), "index": int(index), "position": position}
+        params = None
+        if kind == "severity":
+            severity = _quantile_int(u, int(a), int(b))
+        else:
+            strength = a + u * (b - a)
+            severity = nearest_severity(strength)
+            extra["strength"] = strength
+            level = strength_level(op.spec, strength)
+            params = engine.sample_params(op, engine.param_key(seed, key, op.name, variant), level)
+        protect = op.spec.protects_border if policy.protect_border is None else policy.protect_border
+        record = engine.make_record(
+            op, severity, key, seed=seed, variant=variant, protect_border=protect, device=dev, params=params
+        )
+        records.append(dataclasses.replace(record, extra=extra))
+    return records
+
+
+def plan_batch(
+    policy: Policy,
+    *,
+    seed: int,
+    epoch: int,
+    indices: Sequence[int] | torch.Tensor | np.ndarray,
+    modality: str | None = None,
+    channels: int | None = None,
+    variant: int = 0,
+    device: torch.device | str = "cpu",
+) -> list[list[Record]]:
+    """``plan_sample`` for each dataset index of a batch."""
+    if isinstance(indices, torch.Tensor | np.ndarray):
+        indices = indices.reshape(-1).tolist()
+    return [
+        plan_sample(
+            policy,
+            seed=seed,
+            epoch=epoch,
+            index=i,
+            modality=modality,
+            channels=channels,
+            variant=variant,
+            device=device,
+        )
+        for i in indices
+    ]
+
+
+def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torch.Tensor:
+    """Run each sample's chain over a BCHW batch (float32 in [0, 1], uint8 or uint16; same
+    dtype out). At each chain position the samples that share an op run together through
+    ``perturb.engine.run_records`` (the batched kernel); a sample's output depends only on its
+    own image and records. The input tensor is not modified."""
+    engine.check_images(images)
+    if len(plans) != images.shape[0]:
+        raise InputError(f"{len(plans)} plans for a batch of {images.shape[0]} images: pass one plan per image")
+    channels = images.shape[1]
+    for plan in plans:
+        for r in plan:
+            spec = get_op(r.op).spec
+            if channels not in spec.channels:
+                raise InputError(
+                    f"op {r.op!r} needs {' or '.join(map(str, spec.channels))}-channel images, got "
+                    f"{channels}; plan with channels={channels} so such ops are left out"
+                )
+    out = images
+    depth = max((len(p) for p in plans), default=0)
+    for position in range(depth):
+        groups: dict[str, list[int]] = {}
+        for i, plan in enumerate(plans):
+            if position < len(plan):
+                groups.setdefault(plan[position].op, []).append(i)
+        for idx in groups.values():
+            records = [plans[i][position] for i in idx]
+            if len(idx) == out.shape[0]:
+                out = engine.run_records(out, records)
+                continue
+            if out is images:
+                out = images.clone()
+            sel = torch.tensor(idx, device=out.device)
+            out[sel] = engine.run_records(out.index_select(0, sel), records)
+    return out
