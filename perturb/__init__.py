@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
+    from perturb.augment import Augment
     from perturb.engine import Record, apply, replay
 
-__all__ = ["Record", "__version__", "apply", "replay"]
+__all__ = ["Augment", "Record", "__version__", "apply", "replay"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from perturb import engine
 
         return getattr(engine, name)
+    if name == "Augment":
+        from perturb.augment.module import Augment
+
+        return Augment
     raise AttributeError(f"module 'perturb' has no attribute {name!r}")

@@ -264,11 +264,16 @@ def resized_crop(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     """Crop (``scale`` of the area, relative aspect ``exp(log_ratio)``, keyed position) resized
     back to the input size, bicubic."""
     height, width = x.shape[-2:]
+    return warp_batch(x, crop_warps(p, width, height))
+
+
+def crop_warps(p: dict[str, torch.Tensor], width: int, height: int) -> list[Warp]:
+    """One ``Warp`` per sample of collated ``resized_crop`` parameters."""
     warps = []
     for s, lr, u, v in zip(*(p[k].tolist() for k in ("scale", "log_ratio", "u", "v")), strict=True):
         box = crop_box(width, height, s, lr, u, v)
         warps.append(chain_warp((width, height), box))
-    return warp_batch(x, warps)
+    return warps
 
 
 def _rotation_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -279,11 +284,15 @@ def _rotation_sampler(rng: np.random.Generator, level: Level) -> Params:
 def rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Rotation by ``degrees`` (counter-clockwise positive) about the centre, black corners."""
     height, width = x.shape[-2:]
-    warps = [
+    return warp_batch(x, rotation_warps(p, width, height))
+
+
+def rotation_warps(p: dict[str, torch.Tensor], width: int, height: int) -> list[Warp]:
+    """One ``Warp`` per sample of collated ``rotation`` parameters."""
+    return [
         chain_warp((width, height), None, [rotation_matrix(d, width, height)])
         for d in p["degrees"].tolist()
     ]
-    return warp_batch(x, warps)
 
 
 def _translation_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -310,8 +319,49 @@ def translation_pixels(
 def translation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Integer shift by ``shift`` of the width/height along ``direction`` degrees, black fill."""
     height, width = x.shape[-2:]
-    shifts = [
+    return shift_batch(x, translation_shifts(p, width, height))
+
+
+def translation_shifts(p: dict[str, torch.Tensor], width: int, height: int) -> list[tuple[int, int]]:
+    """Integer (tx, ty) per sample of collated ``translation`` parameters."""
+    return [
         translation_pixels(width, height, s, d)
         for s, d in zip(p["shift"].tolist(), p["direction"].tolist(), strict=True)
     ]
-    return shift_batch(x, shifts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Label maps (segmentation masks) through the same geometry
+
+
+def nearest_warp_batch(m: torch.Tensor, warps: Sequence[Warp]) -> torch.Tensor:
+    """Label-map twin of ``warp_batch``: each sample of ``m`` (B, C, H, W, any dtype) is read
+    at the same source positions as the image kernel reads, taking the nearest pixel (ties
+    round up) instead of the bicubic mix, clamped to the source rectangle, and set to 0
+    outside the warp's constraints (where the image turns black). Exact on every device."""
+    height, width = m.shape[-2:]
+    out = []
+    for sample, warp in zip(m, warps, strict=True):
+        x0, y0, x1, y1 = warp.crop
+        pos = source_positions(_index_matrix(warp), width, height, m.device)
+        ix = torch.floor(pos[..., 0] + 0.5).long().clamp_(0, x1 - x0 - 1) + x0
+        iy = torch.floor(pos[..., 1] + 0.5).long().clamp_(0, y1 - y0 - 1) + y0
+        res = sample[:, iy, ix]
+        if len(warp.constraints):
+            keep = _span_mask(*row_spans(warp.constraints, width, height), width, m.device)
+            res = torch.where(keep, res, torch.zeros((), dtype=res.dtype, device=res.device))
+        out.append(res)
+    return torch.stack(out)
+
+
+def warp_label_maps(op: str, m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Move label maps ``m`` (B, C, H, W, any dtype) by geometric ``op`` with the collated
+    parameters ``p`` the image kernel got: nearest sampling, 0 where the image is black."""
+    height, width = m.shape[-2:]
+    if op == "translation":
+        return shift_batch(m, translation_shifts(p, width, height))
+    if op == "resized_crop":
+        return nearest_warp_batch(m, crop_warps(p, width, height))
+    if op == "rotation":
+        return nearest_warp_batch(m, rotation_warps(p, width, height))
+    raise ValueError(f"geometric op {op!r} has no label-map warp; add one in perturb/ops/geometry.py")
