@@ -48,6 +48,7 @@ with ``torch.from_dlpack`` is the same zero-copy exchange on both devices.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -64,6 +65,7 @@ from perturb.augment.plan import apply_plans, plan_sample
 from perturb.augment.policy import Policy, load_policy
 from perturb.engine import InputError, Record
 from perturb.ops.geometry import translation_pixels
+from perturb.ops.jpeg import jpeg_backend
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 SIGNATURES = {b"\xff\xd8\xff": "JPEG", b"\x89PNG\r\n\x1a\n": "PNG"}
@@ -257,22 +259,25 @@ class Planner:
     ):
         self.policy, self.seed, self.channels = policy, int(seed), channels
         self.modality, self.variant, self.device = modality, variant, device
+        # what ``Augment`` records for JPEG on this device (the codec that runs there)
+        self.jpeg_codec = jpeg_backend(torch.empty((1, channels, 2, 2), device=device))
         self._plan = lru_cache(maxsize=1 << 14)(self._plan_uncached)
 
     def _plan_uncached(self, epoch: int, index: int) -> tuple[Record, ...]:
         if index < 0:
             return ()
+        plan = plan_sample(
+            self.policy,
+            seed=self.seed,
+            epoch=epoch,
+            index=index,
+            modality=self.modality,
+            channels=self.channels,
+            variant=self.variant,
+            device=self.device,
+        )
         return tuple(
-            plan_sample(
-                self.policy,
-                seed=self.seed,
-                epoch=epoch,
-                index=index,
-                modality=self.modality,
-                channels=self.channels,
-                variant=self.variant,
-                device=self.device,
-            )
+            dataclasses.replace(r, backend=self.jpeg_codec) if r.op == "jpeg" else r for r in plan
         )
 
     def plans(self, epochs: Sequence[int], indices: Sequence[int]) -> list[tuple[Record, ...]]:
@@ -379,7 +384,11 @@ def _device(device: str) -> str:
 
 
 def _norm(values: float | Sequence[float], channels: int, name: str) -> list[float]:
-    vals = [float(values)] * channels if isinstance(values, int | float) else [float(v) for v in values]
+    vals = (
+        [float(values)] * channels
+        if isinstance(values, int | float)
+        else [float(v) for v in values]
+    )
     if len(vals) not in (1, channels):
         raise InputError(f"{name} needs 1 or {channels} values, got {len(vals)}")
     if name == "std" and min(vals) <= 0:
@@ -425,11 +434,15 @@ def build_pipeline(
     if channels not in (1, 3):
         raise InputError(f"channels must be 1 (gray) or 3 (RGB), got {channels!r}")
     if batch_size < 1 or num_threads < 1:
-        raise InputError(f"batch_size and num_threads must be >= 1, got {batch_size}, {num_threads}")
+        raise InputError(
+            f"batch_size and num_threads must be >= 1, got {batch_size}, {num_threads}"
+        )
     if not (0 <= shard_id < num_shards):
         raise InputError(f"shard_id must lie in 0..num_shards-1, got {shard_id} of {num_shards}")
     if dev == "gpu" and not torch.cuda.is_available():
-        raise InputError("device='gpu' needs a CUDA GPU and a CUDA build of torch; use device='cpu'")
+        raise InputError(
+            "device='gpu' needs a CUDA GPU and a CUDA build of torch; use device='cpu'"
+        )
     mean_v, std_v = _norm(mean, channels, "mean"), _norm(std, channels, "std")
     images_in = image_source(source, image_column=image_column)
     if len(images_in) == 0:
@@ -552,7 +565,11 @@ class DaliLoader:
             keep = indices >= 0
             images = out["images"]
             if not bool(keep.all()):
-                images, indices, epochs = images[keep.to(images.device)], indices[keep], epochs[keep]
+                images, indices, epochs = (
+                    images[keep.to(images.device)],
+                    indices[keep],
+                    epochs[keep],
+                )
             if indices.numel() == 0:
                 continue
             records = None
