@@ -27,7 +27,7 @@ from perturb.augment.dali import (
     image_source,
 )
 from perturb.engine import InputError
-from tests.helpers import DEVICES, ENDOSCOPY, require_samples
+from tests.helpers import DEVICES, ENDOSCOPY, XRAY, require_samples
 
 SIZE = (72, 96)  # small frames keep the suite fast; the benchmark runs 448x448
 N = 10  # 10 items in batches of 4: the last batch is padded
@@ -165,6 +165,28 @@ def test_native_translation_equals_torch_kernel() -> None:
         assert torch.equal(outs[0][key][0], outs[1][key][0]), key
     black = [(outs[0][k][0] == 0).all(dim=0).float().mean().item() for k in outs[0]]
     assert min(black) > 0.05  # shifts of 14-18 % uncover black fill
+
+
+def test_gray_png_xray_policy() -> None:
+    """8-bit gray PNGs decoded as 1 channel, the X-ray policy's ops: equal to the module too."""
+    require_samples()
+    files = XRAY[:4]
+    clean = _collect(dali_loader(files, None, size=SIZE, batch_size=4, channels=1), 1)
+    aug = _collect(
+        dali_loader(
+            files, "augment-xray", seed=2, size=SIZE, batch_size=4, channels=1, return_records=True
+        ),
+        1,
+    )
+    module = Augment("augment-xray", seed=2, return_records=True)
+    batch = torch.stack([_u8(clean[(0, i)][0]) for i in range(4)])
+    assert batch.shape == (4, 1, *SIZE)
+    result = module(batch, list(range(4)), epoch=0)
+    assert any(result.records)
+    for i in range(4):
+        image, records = aug[(0, i)]
+        assert records == result.records[i]
+        assert torch.equal(_u8(image), result.images[i]), [r.op for r in records]
 
 
 def test_keyed_epoch_order() -> None:
