@@ -264,3 +264,20 @@ def test_gpu_pipeline_matches_torch_module_on_cuda(device: str, clean: dict) -> 
         assert records == result.records[i]
         diff = (_u8(image).int() - result.images[i].cpu().int()).abs().max().item()
         assert diff <= 1, (i, diff)
+
+
+def test_readme_example_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The README's DALI example, run from the repo root (at 64x64 instead of 448 for speed)."""
+    require_samples()
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "README.md").read_text()
+    section = text.split("## Training input with NVIDIA DALI", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "size=448" in code and "(3, 448, 448)" in code
+    code = code.replace("size=448", "size=64").replace("(3, 448, 448)", "(3, 64, 64)")
+    monkeypatch.chdir(root)
+    exec(compile(code, "README.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 * -(-len(ENDOSCOPY) // 8)  # batches of 8 over two epochs
