@@ -30,14 +30,22 @@ The pipeline (``build_pipeline``):
      as ``fn.slice(start=(-ty, -tx), shape=(H, W), out_of_bounds_policy="pad",
      fill_values=0)``, bit-identical on every device.
 
-   DALI ops that were checked and not used: ``fn.flip`` (the catalog has no flip op);
-   ``fn.rotate`` / ``fn.warp_affine`` (another cubic filter and pixel-centre convention than
-   perturb's single bicubic warp, and no inside-the-frame constraints); ``fn.brightness_contrast``,
-   ``fn.hue``, ``fn.saturation``, ``fn.hsv`` (the catalog's painting ops leave the endoscope's
-   dark frame untouched through a field-of-view mask DALI does not compute; DALI's contrast
-   centre is a given value, not the image's mean Rec. 601 luma; its hue/saturation use its own
-   YIQ constants); ``fn.noise.*`` and ``fn.jpeg_compression_distortion`` (other random fields
-   and encoder settings than the catalog's counter-hash fields and libjpeg-turbo call).
+   DALI ops that were checked and not used (DALI 2.4):
+
+   * ``fn.flip``: the catalog has no flip op (flips swap laterality, see the X-ray policy);
+   * ``fn.rotate`` / ``fn.warp_affine``: nearest or linear interpolation only (INTERP_CUBIC is
+     refused), where ``rotation`` and ``resized_crop`` resample once bicubically and black out
+     what leaves the frame through exact inside-the-frame spans;
+   * ``fn.brightness_contrast``: ``brightness_shift`` is the catalog's ``x + delta``, but
+     brightness, contrast and the other painting ops leave the endoscope's dark frame untouched
+     through a field-of-view mask that DALI does not compute, and DALI's contrast centre is a
+     given value, not the image's mean Rec. 601 luma;
+   * ``fn.hue`` / ``fn.saturation`` / ``fn.hsv``: a rotation / scaling about the neutral grey
+     axis in RGB, where ``hue_shift`` rotates the YIQ chroma plane and ``saturation`` scales
+     around Rec. 601 luma;
+   * ``fn.noise.*`` and ``fn.jpeg_compression_distortion``: DALI's own random generator and
+     encoder settings, not the catalog's counter-hash fields and libjpeg-turbo 4:2:0 call.
+
 5. ``fn.crop_mirror_normalize``: float32, ``(x / 255 - mean) / std`` (``mean=0, std=1`` by
    default: values in [0, 1]), CHW.
 
@@ -527,6 +535,7 @@ def build_pipeline(
     pipe = pipeline()
     pipe.build()
     pipe.perturb_planner = planner  # the loader's records come from the same plans
+    pipe.perturb_batches = feeder.samples // batch_size  # per epoch, for len(loader)
     return pipe
 
 
@@ -547,7 +556,9 @@ class DaliBatch:
 
 class DaliLoader:
     """A PyTorch iterator over a pipeline from ``build_pipeline``: each ``for`` loop is one
-    epoch (``first_epoch``, then +1 per pass); padding of the last batch is dropped."""
+    epoch (``first_epoch``, then +1 per pass) and must run to its end (a loop left early
+    continues the same epoch); padding of the last batch is dropped. ``len()`` is the number
+    of batches per epoch."""
 
     def __init__(self, pipeline: Any, *, return_records: bool = False):
         require_dali()
@@ -557,6 +568,9 @@ class DaliLoader:
         self.planner: Planner | None = getattr(pipeline, "perturb_planner", None)
         self.return_records = return_records
         self._iterator = DALIGenericIterator(pipeline, list(OUTPUTS), auto_reset=True)
+
+    def __len__(self) -> int:
+        return int(getattr(self.pipeline, "perturb_batches", len(self._iterator)))
 
     def __iter__(self) -> Iterator[DaliBatch]:
         for (out,) in self._iterator:

@@ -140,6 +140,7 @@ def test_same_outputs_for_other_batch_size_order_and_shards(augmented: dict) -> 
             num_shards=2,
             first_epoch=1,
         )
+        assert len(loader) == 2  # 5 items per shard in batches of 3
         got = _collect(loader, 1)
         assert len(got) == N // 2 and not set(got) & set(seen)
         seen.update({k: v[0] for k, v in got.items()})
