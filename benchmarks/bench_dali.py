@@ -20,6 +20,9 @@ one epoch over the items (a new epoch each round: new keyed draws, nothing cache
   ``THREADS`` workers, stacked to a uint8 BCHW tensor, normalised in torch;
 * ``torch-augment-2op``: the same plus ``perturb.Augment`` with the 2-op policy.
 
+``test_interleaved_rounds`` runs the five rows once each per round, in turn, so that on a
+shared machine they see the same load (the summary's ``interleaved`` entry).
+
 ``cpu`` runs DALI's CPU pipeline (``num_threads=THREADS``); ``cuda`` (skipped without a GPU)
 decodes with DALI's "mixed" nvJPEG decoder and runs the kernels on the GPU, the torch rows
 moving the uint8 batch to the GPU before augmenting. At the end of the module a summary (img/s
@@ -34,7 +37,6 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +47,12 @@ import torch
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install -e '.[dali]')")
 
+import nvidia.dali
+
 from benchmarks.conftest import RESULTS, TAG, environment
 from perturb.augment import Augment, load_policy
 from perturb.augment.dali import dali_loader
+from tests.helpers import DEVICES
 
 BATCH = 64
 SIZE = 448
@@ -65,17 +70,8 @@ POLICY_2OP = load_policy(
     }
 )
 POLICIES = {"2op": POLICY_2OP, "endoscopy": load_policy("augment-endoscopy")}
-DEVICES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param(
-        "cuda",
-        id="cuda",
-        marks=pytest.mark.skipif(
-            not torch.cuda.is_available(), reason="no CUDA GPU on this machine"
-        ),
-    ),
-]
 _RESULTS: dict[str, dict[str, dict[str, float]]] = {}  # device -> statistic -> impl -> img/s
+_INTERLEAVED: dict[str, dict[str, dict[str, float]]] = {}
 
 
 def _files() -> list[Path]:
@@ -167,11 +163,38 @@ def test_decode_augment_throughput(benchmark: Any, device: str, impl: str) -> No
         rates.setdefault("best", {})[impl] = ITEMS / float(stats.min)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_interleaved_rounds(benchmark: Any, device: str) -> None:
+    """Every row once per round, in turn, so that on a shared machine the rows see the same
+    load; pytest-benchmark times the whole round, the rows' own times go to extra_info and
+    the summary (``interleaved``)."""
+    runs = {impl: make(device) for impl, make in CASES.items()}
+    for run in runs.values():
+        assert run() == ITEMS  # warm-up
+    times: dict[str, list[float]] = {impl: [] for impl in runs}
+
+    def round_of_all() -> None:
+        for impl, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[impl].append(time.perf_counter() - start)
+
+    benchmark.group = f"dali-{device}-interleaved"
+    benchmark.extra_info.update(
+        suite="dali", device=device, impl="interleaved", images=ITEMS, batch=BATCH, seconds=times
+    )
+    benchmark.pedantic(round_of_all, rounds=ROUNDS, iterations=1, warmup_rounds=0)
+    _INTERLEAVED[device] = {
+        "img_per_s": {k: ITEMS / float(np.median(v)) for k, v in times.items()},
+        "img_per_s_best_round": {k: ITEMS / min(v) for k, v in times.items()},
+    }
+
+
 @pytest.fixture(scope="module", autouse=True)
 def summary() -> Iterator[None]:
     start = time.time()
     yield
-    if not _RESULTS:
+    if not _RESULTS and not _INTERLEAVED:
         return
     devices: dict[str, Any] = {}
     for device, by_stat in _RESULTS.items():
@@ -192,8 +215,10 @@ def summary() -> Iterator[None]:
                 {k: v / torch_rate for k, v in rates.items()} if torch_rate else {}
             ),
         }
+    for device, rows in _INTERLEAVED.items():
+        devices.setdefault(device, {})["interleaved"] = rows
     env = environment()
-    env["versions"]["nvidia-dali"] = metadata.version("nvidia-dali-cuda120")
+    env["versions"]["nvidia-dali"] = nvidia.dali.__version__
     out = {
         "statistic": f"{ITEMS} images / median round (one epoch of {ITEMS} items per round)",
         "batch": BATCH,

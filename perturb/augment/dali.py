@@ -567,12 +567,25 @@ class DaliLoader:
         self.pipeline = pipeline
         self.planner: Planner | None = getattr(pipeline, "perturb_planner", None)
         self.return_records = return_records
-        self._iterator = DALIGenericIterator(pipeline, list(OUTPUTS), auto_reset=True)
+        # No work before the first pass, and the next epoch starts when the next pass does
+        # (not in the background at the end of this one).
+        self._iterator = DALIGenericIterator(
+            pipeline, list(OUTPUTS), auto_reset=False, prepare_first_batch=False
+        )
+        self._ended = False
 
     def __len__(self) -> int:
-        return int(getattr(self.pipeline, "perturb_batches", len(self._iterator)))
+        batches = getattr(self.pipeline, "perturb_batches", None)
+        if batches is None:
+            raise TypeError(
+                "batches per epoch unknown: the pipeline was not made by build_pipeline"
+            )
+        return int(batches)
 
     def __iter__(self) -> Iterator[DaliBatch]:
+        if self._ended:
+            self._iterator.reset()
+            self._ended = False
         for (out,) in self._iterator:
             indices = out["indices"].reshape(-1).cpu()
             epochs = out["epochs"].reshape(-1).cpu()
@@ -591,6 +604,7 @@ class DaliLoader:
                 plans = self.planner.plans(epochs.tolist(), indices.tolist())
                 records = [list(p) for p in plans]
             yield DaliBatch(images, indices, int(epochs[0]), records)
+        self._ended = True
 
 
 def dali_loader(
