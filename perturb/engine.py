@@ -196,10 +196,14 @@ def make_record(
     protect_border: bool,
     device: torch.device,
     params: dict[str, Any] | None = None,
+    level: Mapping[str, tuple[float, float]] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Record:
+    """The record of ``op`` on one sample; its parameters are drawn under the sample's key at
+    ``severity`` (or from the explicit ranges ``level``) unless ``params`` are given."""
     key = param_key(seed, sample_key, op.name, variant)
     if params is None:
-        params = sample_params(op, key, severity)
+        params = sample_params(op, key, severity if level is None else level)
     return Record(
         op=op.name,
         op_version=op.spec.version,
@@ -212,6 +216,7 @@ def make_record(
         protect_border=protect_border,
         backend=backends.resolve(device),
         device=device.type,
+        extra={} if extra is None else extra,
     )
 
 

@@ -122,20 +122,29 @@ class Augment(torch.nn.Module):
         epoch: int | None = None,
         boxes: BoxesIn | None = None,
         masks: torch.Tensor | None = None,
+        plans: Sequence[Sequence[Record]] | None = None,
     ) -> torch.Tensor | AugmentResult:
+        """Augment ``images`` (BCHW) whose dataset indices are ``indices``.
+
+        ``plans``: chains made beforehand by ``self.plan(indices, channels=C)`` (e.g. in the
+        DataLoader's workers, so host-side planning overlaps the GPU); they must be this
+        module's plans of these indices."""
         if not isinstance(images, torch.Tensor) or images.ndim != 4:
             shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
             raise InputError(f"images must be a BCHW tensor, got {shape}; add a batch axis with unsqueeze(0)")
         n = images.shape[0]
         idx = _indices(indices, n)
-        if self.training:
-            plans = self.plan(idx, epoch=epoch, channels=images.shape[1], device=images.device)
+        chains: list[list[Record]]
+        if not self.training:
+            chains = [[] for _ in range(n)]
+        elif plans is None:
+            chains = self.plan(idx, epoch=epoch, channels=images.shape[1], device=images.device)
         else:
-            plans = [[] for _ in range(n)]
-        if any(r.op == "jpeg" for p in plans for r in p):
+            chains = self._check_plans(plans, idx)
+        if any(r.op == "jpeg" for p in chains for r in p):
             codec = jpeg_backend(images)
-            plans = [[dataclasses.replace(r, backend=codec) if r.op == "jpeg" else r for r in p] for p in plans]
-        out = apply_plans(images, plans)
+            chains = [[dataclasses.replace(r, backend=codec) if r.op == "jpeg" else r for r in p] for p in chains]
+        out = apply_plans(images, chains)
         if boxes is None and masks is None and not self.return_records:
             return out
         height, width = images.shape[-2:]
@@ -146,10 +155,24 @@ class Augment(torch.nn.Module):
             )
         return AugmentResult(
             images=out,
-            boxes=None if boxes is None else move_boxes(boxes, plans, (width, height)),
-            masks=None if masks is None else move_masks(masks, plans),
-            records=plans if self.return_records else None,
+            boxes=None if boxes is None else move_boxes(boxes, chains, (width, height)),
+            masks=None if masks is None else move_masks(masks, chains),
+            records=chains if self.return_records else None,
         )
+
+    def _check_plans(self, plans: Sequence[Sequence[Record]], indices: list[int]) -> list[list[Record]]:
+        chains = [list(p) for p in plans]
+        if len(chains) != len(indices):
+            raise InputError(f"plans has {len(chains)} entries for a batch of {len(indices)}: pass one plan per image")
+        for i, chain in zip(indices, chains, strict=True):
+            for r in chain:
+                if r.seed != self.seed or r.extra.get("index") != i or r.extra.get("policy") != self.policy.policy:
+                    raise InputError(
+                        f"plans do not belong to this batch: a record of index {r.extra.get('index')} "
+                        f"(seed {r.seed}, policy {r.extra.get('policy')!r}) for index {i}; make them "
+                        "with this module's plan(indices) in the same order as the images"
+                    )
+        return chains
 
     def extra_repr(self) -> str:
         return f"policy={self.policy.policy!r}, seed={self.seed}, epoch={self.epoch}, ops={self.policy.op_names()}"

@@ -19,7 +19,6 @@ DataLoader worker or the device.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -118,9 +117,7 @@ def plan_sample(
     count = _quantile_int(u_count, lo, hi)
     chosen: list[OpEntry] = []
     for _ in range(count):
-        weights = np.cumsum([e.weight for e in pool])
-        pick = int(np.searchsorted(weights, float(g.random()) * weights[-1], side="right"))
-        chosen.append(pool.pop(min(pick, len(pool) - 1)))
+        chosen.append(pool.pop(_weighted_pick([e.weight for e in pool], float(g.random()))))
     dev = torch.device(device)
     records = []
     for position, entry in enumerate(chosen):
@@ -128,7 +125,7 @@ def plan_sample(
         kind, (a, b) = policy.scale(entry)
         u = float(g.random())
         extra: dict[str, Any] = {"policy": policy.policy, "epoch": int(epoch), "index": int(index), "position": position}
-        params = None
+        level = None
         if kind == "severity":
             severity = _quantile_int(u, int(a), int(b))
         else:
@@ -136,13 +133,25 @@ def plan_sample(
             severity = nearest_severity(strength)
             extra["strength"] = strength
             level = strength_level(op.spec, strength)
-            params = engine.sample_params(op, engine.param_key(seed, key, op.name, variant), level)
         protect = op.spec.protects_border if policy.protect_border is None else policy.protect_border
-        record = engine.make_record(
-            op, severity, key, seed=seed, variant=variant, protect_border=protect, device=dev, params=params
+        records.append(
+            engine.make_record(
+                op, severity, key, seed=seed, variant=variant, protect_border=protect, device=dev,
+                level=level, extra=extra,
+            )
         )
-        records.append(dataclasses.replace(record, extra=extra))
     return records
+
+
+def _weighted_pick(weights: list[float], u: float) -> int:
+    """The index whose cumulative-weight interval holds ``u`` times the total weight."""
+    target = u * sum(weights)
+    total = 0.0
+    for i, w in enumerate(weights):
+        total += w
+        if target < total:
+            return i
+    return len(weights) - 1
 
 
 def plan_batch(
@@ -205,6 +214,26 @@ def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torc
                 continue
             if out is images:
                 out = images.clone()
-            sel = torch.tensor(idx, device=out.device)
-            out[sel] = engine.run_records(out.index_select(0, sel), records)
+            put_rows(out, idx, engine.run_records(take_rows(out, idx), records))
     return out
+
+
+def _host(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and not x.requires_grad
+
+
+def take_rows(x: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """``x[rows]`` as a new batch. On the CPU through NumPy: torch's CPU gather/stack of
+    uint8 batches runs an order of magnitude slower than a memory copy."""
+    if _host(x):
+        return torch.from_numpy(x.numpy()[list(rows)])
+    return x.index_select(0, torch.tensor(list(rows), device=x.device))
+
+
+def put_rows(out: torch.Tensor, rows: Sequence[int], values: torch.Tensor) -> None:
+    """``out[rows] = values`` in place (every dtype, uint16 included)."""
+    if _host(out) and _host(values):
+        out.numpy()[list(rows)] = values.numpy()
+        return
+    for j, i in enumerate(rows):  # torch has no index_put for uint16
+        out[i].copy_(values[j])

@@ -29,7 +29,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
 from pydantic import (
@@ -42,7 +42,16 @@ from pydantic import (
     model_validator,
 )
 
-from perturb.catalog.specs import FAMILIES, MODALITIES, SEVERITIES, OpSpec, get_spec, load_specs
+from perturb.catalog.specs import (
+    FAMILIES,
+    MODALITIES,
+    SEVERITIES,
+    OpSpec,
+    check_members,
+    check_op_names,
+    get_spec,
+    load_specs,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 STRENGTH_RANGE = (1.0, 5.0)
@@ -61,44 +70,37 @@ class OverlapWarning(UserWarning):
     """A policy trains on held-out ops because it sets ``allow_overlap: true``."""
 
 
-def _int_range(value: Any, name: str, lo_bound: int, hi_bound: int) -> tuple[int, int]:
-    """An int or an inclusive [lo, hi] of ints inside [lo_bound, hi_bound]."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer or [lo, hi], got {value!r}")
-    if isinstance(value, int):
-        lo = hi = value
+def _pair(value: Any, name: str, bounds: tuple[float, float], integer: bool) -> tuple[float, float]:
+    """A number or an inclusive [lo, hi] pair inside ``bounds`` (ints only when ``integer``)."""
+    kind = "integer" if integer else "number"
+    types: tuple[type, ...] = (int,) if integer else (int, float)
+    lo: float
+    hi: float
+    if isinstance(value, types) and not isinstance(value, bool):
+        lo = hi = cast(float, value)
     elif isinstance(value, list | tuple) and len(value) == 2 and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
+        isinstance(v, types) and not isinstance(v, bool) for v in value
     ):
-        lo, hi = int(value[0]), int(value[1])
+        lo, hi = value[0], value[1]
     else:
-        raise ValueError(f"{name} must be an integer or a pair [lo, hi] of integers, got {value!r}")
-    if lo > hi:
-        raise ValueError(f"{name} [{lo}, {hi}]: lower end above upper end; write [{hi}, {lo}]")
-    if lo < lo_bound or hi > hi_bound:
-        raise ValueError(f"{name} [{lo}, {hi}] must lie within {lo_bound}..{hi_bound}")
-    return lo, hi
-
-
-def _float_range(value: Any, name: str, lo_bound: float, hi_bound: float) -> tuple[float, float]:
-    """A number or an inclusive [lo, hi] of numbers inside [lo_bound, hi_bound]."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number or [lo, hi], got {value!r}")
-    if isinstance(value, int | float):
-        lo = hi = float(value)
-    elif isinstance(value, list | tuple) and len(value) == 2 and all(
-        isinstance(v, int | float) and not isinstance(v, bool) for v in value
-    ):
-        lo, hi = float(value[0]), float(value[1])
-    else:
-        raise ValueError(f"{name} must be a number or a pair [lo, hi] of numbers, got {value!r}")
+        raise ValueError(f"{name} must be an {kind} or a pair [lo, hi] of {kind}s, got {value!r}")
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise ValueError(f"{name} must be finite, got {value!r}")
     if lo > hi:
         raise ValueError(f"{name} [{lo}, {hi}]: lower end above upper end; write [{hi}, {lo}]")
-    if lo < lo_bound or hi > hi_bound:
-        raise ValueError(f"{name} [{lo}, {hi}] must lie within [{lo_bound}, {hi_bound}]")
+    if lo < bounds[0] or hi > bounds[1]:
+        raise ValueError(f"{name} [{lo}, {hi}] must lie within [{bounds[0]}, {bounds[1]}]")
     return lo, hi
+
+
+def _int_range(value: Any, name: str, lo_bound: int, hi_bound: int) -> tuple[int, int]:
+    lo, hi = _pair(value, name, (lo_bound, hi_bound), integer=True)
+    return int(lo), int(hi)
+
+
+def _float_range(value: Any, name: str, lo_bound: float, hi_bound: float) -> tuple[float, float]:
+    lo, hi = _pair(value, name, (lo_bound, hi_bound), integer=False)
+    return float(lo), float(hi)
 
 
 def _severity(value: Any) -> tuple[int, int] | None:
@@ -126,10 +128,7 @@ class OpEntry(BaseModel):
     @field_validator("op")
     @classmethod
     def _op(cls, v: str) -> str:
-        known = load_specs()
-        if v not in known:
-            raise ValueError(f"unknown op {v!r}; valid ops: {', '.join(sorted(known))}")
-        return v
+        return check_op_names([v])[0]
 
     @field_validator("weight")
     @classmethod
@@ -162,22 +161,8 @@ class HeldOut(BaseModel):
     ops: list[str] = Field(default_factory=list)
     match: Literal["op", "family"] = "op"
 
-    @field_validator("families")
-    @classmethod
-    def _families(cls, v: list[str]) -> list[str]:
-        bad = sorted(set(v) - FAMILIES)
-        if bad:
-            raise ValueError(f"unknown families {bad}; known: {sorted(FAMILIES)}")
-        return v
-
-    @field_validator("ops")
-    @classmethod
-    def _ops(cls, v: list[str]) -> list[str]:
-        known = load_specs()
-        bad = [name for name in v if name not in known]
-        if bad:
-            raise ValueError(f"unknown op(s) {bad}; valid ops: {', '.join(sorted(known))}")
-        return v
+    _families = field_validator("families")(lambda cls, v: check_members(v, FAMILIES, "families"))
+    _ops = field_validator("ops")(lambda cls, v: check_op_names(v))
 
     def resolve(self, base_dir: Path | None = None) -> dict[str, str]:
         """Every held-out op, each with the reason it is held out."""
@@ -189,7 +174,7 @@ class HeldOut(BaseModel):
             try:
                 suite = load_suite(_suite_path(name, base_dir))
             except SuiteError as exc:
-                raise ValueError(f"suites: {exc}") from None
+                raise ValueError(f"held_out.suites: {exc}") from None
             ops: set[str] = set()
             for task in suite.tasks():
                 ops.update(COMPOSITE_OPS.get(task.op, (task.op,)) if task.composite else (task.op,))
@@ -266,9 +251,7 @@ class Policy(BaseModel):
     @field_validator("modality")
     @classmethod
     def _modality(cls, v: str | None) -> str | None:
-        if v is not None and v not in MODALITIES:
-            raise ValueError(f"unknown modality {v!r}; known: {sorted(MODALITIES)}")
-        return v
+        return None if v is None else check_members([v], MODALITIES, "modality")[0]
 
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> Policy:

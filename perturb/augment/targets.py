@@ -2,8 +2,10 @@
 
 Geometric ops move them exactly as the pixels move; photometric ops pass them through.
 
-* Boxes: ``perturb.annotations.transform_boxes`` (the enclosing box of the moved corners,
-  clipped to the frame) per sample.
+* Boxes: ``perturb.annotations.transform_boxes`` (the enclosing box of the corners moved by
+  the chain's composed map, clipped to the frame once at the end: a part pushed out of the
+  frame by one op and brought back by a later one counts as visible, though its pixels are
+  black fill) per sample.
 * Masks: the same warps as the image kernels (``perturb.ops.geometry.warp_label_maps``),
   sampled at the nearest pixel so labels stay labels, 0 where the image is black fill.
 """
@@ -17,6 +19,7 @@ import torch
 
 from perturb import engine
 from perturb.annotations import is_geometric, transform_boxes
+from perturb.augment.plan import put_rows, take_rows
 from perturb.engine import InputError, Record
 from perturb.ops.geometry import warp_label_maps
 
@@ -76,8 +79,7 @@ def move_masks(masks: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torch.
                 groups.setdefault(plan[position].op, []).append(i)
         for op, idx in groups.items():
             params = engine.collate([plans[i][position].params for i in idx], m.device)
-            sel = torch.tensor(idx, device=m.device)
             if out is m:
                 out = m.clone()
-            out[sel] = warp_label_maps(op, out.index_select(0, sel), params)
+            put_rows(out, idx, warp_label_maps(op, take_rows(out, idx), params))
     return out[:, 0] if masks.ndim == 3 else out

@@ -101,10 +101,7 @@ class OpSpec(BaseModel):
     @field_validator("risk_tags")
     @classmethod
     def _tags(cls, v: list[str]) -> list[str]:
-        bad = set(v) - RISK_TAGS
-        if bad:
-            raise ValueError(f"unknown risk tags {sorted(bad)}; known: {sorted(RISK_TAGS)}")
-        return v
+        return check_members(v, RISK_TAGS, "risk tags")
 
     @field_validator("channels")
     @classmethod
@@ -117,6 +114,23 @@ class OpSpec(BaseModel):
         """Parameter ranges at ``severity`` (1..5), in table order."""
         check_severity(severity)
         return {name: table.levels[severity - 1] for name, table in self.params.items()}
+
+
+def check_members(values: list[str], known: frozenset[str], what: str) -> list[str]:
+    """``values`` if each is in ``known``, else a ValueError listing the unknown and known ones."""
+    bad = sorted(set(values) - known)
+    if bad:
+        raise ValueError(f"unknown {what} {bad}; known: {sorted(known)}")
+    return values
+
+
+def check_op_names(names: list[str]) -> list[str]:
+    """``names`` if each is a catalog op, else a ValueError listing the valid ops."""
+    known = load_specs()
+    bad = [name for name in names if name not in known]
+    if bad:
+        raise ValueError(f"unknown op(s) {bad}; valid ops: {', '.join(sorted(known))}")
+    return names
 
 
 def check_severity(severity: object) -> int:

@@ -38,7 +38,7 @@ from pydantic import (
     model_validator,
 )
 
-from perturb.catalog.specs import MODALITIES, SEVERITIES, get_spec, load_specs, op_names
+from perturb.catalog.specs import MODALITIES, SEVERITIES, check_op_names, get_spec, op_names
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 LAYOUT_FIELDS = frozenset({"suite", "op", "severity", "variant", "img_id", "ext"})
@@ -83,10 +83,7 @@ class OpsJob(BaseModel):
             return v
         if not v:
             raise ValueError("ops is empty: name at least one op, or 'all'")
-        known = load_specs()
-        unknown = [name for name in v if name not in known]
-        if unknown:
-            raise ValueError(f"unknown op(s) {unknown}; valid ops: {', '.join(sorted(known))}")
+        check_op_names(list(v))
         if len(set(v)) != len(v):
             raise ValueError(f"ops repeat: {v}")
         return v

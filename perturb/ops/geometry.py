@@ -267,13 +267,14 @@ def resized_crop(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     return warp_batch(x, crop_warps(p, width, height))
 
 
+def crop_warp(width: int, height: int, scale: float, log_ratio: float, u: float, v: float) -> Warp:
+    return chain_warp((width, height), crop_box(width, height, scale, log_ratio, u, v))
+
+
 def crop_warps(p: dict[str, torch.Tensor], width: int, height: int) -> list[Warp]:
     """One ``Warp`` per sample of collated ``resized_crop`` parameters."""
-    warps = []
-    for s, lr, u, v in zip(*(p[k].tolist() for k in ("scale", "log_ratio", "u", "v")), strict=True):
-        box = crop_box(width, height, s, lr, u, v)
-        warps.append(chain_warp((width, height), box))
-    return warps
+    columns = (p[k].tolist() for k in ("scale", "log_ratio", "u", "v"))
+    return [crop_warp(width, height, *row) for row in zip(*columns, strict=True)]
 
 
 def _rotation_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -287,12 +288,13 @@ def rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -
     return warp_batch(x, rotation_warps(p, width, height))
 
 
+def rotation_warp(width: int, height: int, degrees: float) -> Warp:
+    return chain_warp((width, height), None, [rotation_matrix(degrees, width, height)])
+
+
 def rotation_warps(p: dict[str, torch.Tensor], width: int, height: int) -> list[Warp]:
     """One ``Warp`` per sample of collated ``rotation`` parameters."""
-    return [
-        chain_warp((width, height), None, [rotation_matrix(d, width, height)])
-        for d in p["degrees"].tolist()
-    ]
+    return [rotation_warp(width, height, d) for d in p["degrees"].tolist()]
 
 
 def _translation_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -327,6 +329,54 @@ def translation_shifts(p: dict[str, torch.Tensor], width: int, height: int) -> l
     return [
         translation_pixels(width, height, s, d)
         for s, d in zip(p["shift"].tolist(), p["direction"].tolist(), strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU fast paths: one sample at a time on the engine's thread pool, the same float32 arithmetic
+# as the batched OpenCV path above (uint8 -> float32 / 255, warp, clip, black fill, rounded back
+# half to even), so the bytes are identical while the conversions stay per sample and in cache.
+
+
+_U8_LEVELS = np.arange(256, dtype=np.float32) / np.float32(255.0)  # the engine's u8 -> float32
+
+
+def _warp_sample(src: np.ndarray, dst: np.ndarray, warp: Warp) -> None:
+    channels = src.shape[0]
+    hwc = cv2.merge(list(src)) if channels > 1 else np.ascontiguousarray(src[0])
+    img = cv2.LUT(hwc, _U8_LEVELS) if src.dtype == np.uint8 else hwc
+    res = warp_array(img, warp)
+    if dst.dtype == np.uint8:  # round(255 x) half to even, as the engine rounds; x is in [0, 1]
+        res = cv2.convertScaleAbs(res, alpha=255.0)
+    if channels > 1:
+        for c, plane in enumerate(cv2.split(res)):
+            dst[c] = plane
+    else:
+        dst[0] = res
+
+
+@backend.register_cpu("resized_crop")
+def resized_crop_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    height, width = src.shape[-2:]
+    args = (float(p[k]) for k in ("scale", "log_ratio", "u", "v"))
+    _warp_sample(src, dst, crop_warp(width, height, *args))
+
+
+@backend.register_cpu("rotation")
+def rotation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    height, width = src.shape[-2:]
+    _warp_sample(src, dst, rotation_warp(width, height, float(p["degrees"])))
+
+
+@backend.register_cpu("translation")
+def translation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    height, width = src.shape[-2:]
+    tx, ty = translation_pixels(width, height, float(p["shift"]), float(p["direction"]))
+    dst[...] = 0
+    if abs(tx) >= width or abs(ty) >= height:
+        return
+    dst[:, max(ty, 0) : height + min(ty, 0), max(tx, 0) : width + min(tx, 0)] = src[
+        :, max(-ty, 0) : height - max(ty, 0), max(-tx, 0) : width - max(tx, 0)
     ]
 
 

@@ -32,7 +32,7 @@ from tests.helpers import DEVICES, ENDOSCOPY, XRAY, require_samples
 SIZE = (72, 96)  # small frames keep the suite fast; the benchmark runs 448x448
 N = 10  # 10 items in batches of 4: the last batch is padded
 SEED = 7
-# Chains of 1-3 ops over geometry (incl. translation, the native op) and colour/exposure ops.
+# Chains of 1-3 ops: geometry (incl. translation, the native op), colour/exposure, noise, JPEG.
 POLICY = load_policy(
     {
         "policy": "dali-test",
@@ -45,6 +45,7 @@ POLICY = load_policy(
             "hue_shift",
             "vignetting",
             "gaussian_noise",
+            "jpeg",
         ],
         "num_ops": [1, 3],
         "probability": 0.75,
@@ -101,7 +102,7 @@ def test_records_are_the_torch_modules(augmented: dict) -> None:
         assert records == module.plan([index], epoch=epoch, channels=3)[0]
         assert records == list(plan_sample(POLICY, seed=SEED, epoch=epoch, index=index, channels=3))
     ops = {r.op for _, recs in augmented.values() for r in recs}
-    assert "translation" in ops and len(ops) >= 6, ops  # the native op and torch ops both ran
+    assert {"translation", "jpeg"} <= ops and len(ops) >= 6, ops  # native and torch ops ran
     assert any(len(recs) == 3 for _, recs in augmented.values())
     assert any(not recs for _, recs in augmented.values())  # probability 0.75: some untouched
 
