@@ -222,6 +222,19 @@ def test_sources_bytes_and_folder(tmp_path: Path) -> None:
     assert check_format(blobs[0], "x") == "JPEG"
 
 
+def test_hf_dataset_source_by_row() -> None:
+    """A datasets.Dataset with an Image column: rows are the dataset indices, bytes undecoded."""
+    import datasets
+
+    files = _files()[:3]
+    ds = datasets.Dataset.from_dict({"image": [str(p) for p in files], "label": [0, 1, 2]})
+    ds = ds.cast_column("image", datasets.Image())
+    source = image_source(ds)
+    assert len(source) == 3 and source.read(2) == files[2].read_bytes()
+    (batch,) = list(dali_loader(ds, None, size=SIZE, batch_size=4))
+    assert batch.indices.tolist() == [0, 1, 2]
+
+
 def test_bad_inputs_name_the_fix(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"1 of 2 image files do not exist .*fix the paths"):
         build_pipeline([_files()[0], tmp_path / "missing.jpg"], None)
