@@ -147,7 +147,17 @@ def _files_source(paths: Sequence[str | os.PathLike[str]]) -> ImageSource:
             f"{len(missing)} of {len(files)} image files do not exist (e.g. {shown}); fix the "
             f"paths or leave them out (relative paths start at {Path.cwd()})"
         )
-    return ImageSource(lambda i: files[i].read_bytes(), lambda i: str(files[i]), len(files))
+
+    def read(i: int) -> bytes:
+        try:
+            return files[i].read_bytes()
+        except OSError as exc:
+            raise InputError(
+                f"cannot read image file {files[i]}: {exc.strerror or exc}; check that it is "
+                "still there and readable"
+            ) from None
+
+    return ImageSource(read, lambda i: str(files[i]), len(files))
 
 
 def image_source(source: Any, *, image_column: str | None = None) -> ImageSource:
@@ -181,7 +191,9 @@ def image_source(source: Any, *, image_column: str | None = None) -> ImageSource
     if isinstance(source, InputDataset):
         ds = source
         return ImageSource(ds.image_bytes, lambda i: f"{ds.source} row {i}", len(ds))
-    if isinstance(source, Sequence) and source:
+    if isinstance(source, Sequence) and not source:
+        raise InputError("the image list is empty: pass at least one JPEG/PNG path or bytes")
+    if isinstance(source, Sequence):
         items = list(source)
         if all(isinstance(x, bytes | bytearray | memoryview) for x in items):
             blobs = [bytes(x) for x in items]

@@ -248,6 +248,14 @@ def test_bad_inputs_name_the_fix(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     with pytest.raises(InputError, match="empty image"):
         list(dali_loader([empty], None, size=SIZE, batch_size=1))
+    with pytest.raises(InputError, match="the image list is empty"):
+        build_pipeline([], None)
+    gone = tmp_path / "gone.jpg"
+    gone.write_bytes(_files()[0].read_bytes())
+    loader = dali_loader([gone], None, size=SIZE, batch_size=1)
+    gone.unlink()  # removed after the pipeline was built
+    with pytest.raises(InputError, match=r"cannot read image file .*gone.jpg.*still there"):
+        list(loader)
     with pytest.raises(InputError, match="size must be"):
         build_pipeline(_files(), None, size=(1, 5))
     with pytest.raises(InputError, match="shard_id"):
