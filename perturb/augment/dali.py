@@ -25,10 +25,18 @@ The pipeline (``build_pipeline``):
    * through the torch kernels (``apply_plans``) in ``fn.dl_tensor_python_function`` over
      DLPack (zero-copy in, on the pipeline's device), or
    * through a DALI op where that op reproduces the catalog kernel exactly (``NATIVE_OPS``).
-     Only **translation** qualifies: the catalog's integer shift ``(tx, ty) =
-     translation_pixels(W, H, shift, direction)`` with black fill is the same data movement
-     as ``fn.slice(start=(-ty, -tx), shape=(H, W), out_of_bounds_policy="pad",
-     fill_values=0)``, bit-identical on every device.
+     Two qualify:
+
+     - **translation**: the catalog's integer shift ``(tx, ty) = translation_pixels(W, H,
+       shift, direction)`` with black fill is the same data movement as ``fn.slice(start=
+       (-ty, -tx), shape=(H, W), out_of_bounds_policy="pad", fill_values=0)``, bit-identical
+       on every device;
+     - **brightness**, only for records with ``protect_border`` False (a policy with
+       ``protect_border: false``): the catalog's ``clamp(x + delta, 0, 1)`` on uint8 is the
+       engine's table ``rint(clip(k / 255 + delta, 0, 1) * 255)``, which DALI's arithmetic
+       ops compute in the same float32 steps (checked equal on all 256 levels). With the
+       border protected (the op's default) the field-of-view mask is needed, so the torch
+       kernel runs.
 
    DALI ops that were checked and not used (DALI 2.4):
 
@@ -36,10 +44,10 @@ The pipeline (``build_pipeline``):
    * ``fn.rotate`` / ``fn.warp_affine``: nearest or linear interpolation only (INTERP_CUBIC is
      refused), where ``rotation`` and ``resized_crop`` resample once bicubically and black out
      what leaves the frame through exact inside-the-frame spans;
-   * ``fn.brightness_contrast``: ``brightness_shift`` is the catalog's ``x + delta``, but
-     brightness, contrast and the other painting ops leave the endoscope's dark frame untouched
-     through a field-of-view mask that DALI does not compute, and DALI's contrast centre is a
-     given value, not the image's mean Rec. 601 luma;
+   * ``fn.brightness_contrast``: the painting ops (contrast, gamma, colour, exposure, ...)
+     leave the endoscope's dark frame untouched by default through a field-of-view mask that
+     DALI does not compute, and DALI's contrast centre is a given value, not the image's mean
+     Rec. 601 luma;
    * ``fn.hue`` / ``fn.saturation`` / ``fn.hsv``: a rotation / scaling about the neutral grey
      axis in RGB, where ``hue_shift`` rotates the YIQ chroma plane and ``saturation`` scales
      around Rec. 601 luma;
@@ -90,6 +98,7 @@ def require_dali() -> Any:
     try:
         import nvidia.dali as dali
         import nvidia.dali.fn
+        import nvidia.dali.math
         import nvidia.dali.plugin.pytorch
         import nvidia.dali.types  # noqa: F401
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -304,14 +313,21 @@ class Planner:
         return [self._plan(int(e), int(i)) for e, i in zip(epochs, indices, strict=True)]
 
 
+def _always(_: Any) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class NativeOp:
     """A catalog op that a DALI op reproduces exactly: its per-sample argument (identity when
-    the sample does not run it) and the DALI call."""
+    the sample does not run it), the DALI call, which records it takes (``accepts``) and
+    whether a policy can produce any (``usable``: else the graph leaves the op out)."""
 
     name: str
     params: Callable[[Record | None, int, int], np.ndarray]
     build: Callable[[Any, Any, int, int], Any]
+    accepts: Callable[[Record], bool] = _always
+    usable: Callable[[Policy], bool] = _always
 
 
 def _translation_start(record: Record | None, height: int, width: int) -> np.ndarray:
@@ -333,8 +349,30 @@ def _translation_slice(images: Any, start: Any, height: int, width: int) -> Any:
     )
 
 
+def _brightness_delta(record: Record | None, height: int, width: int) -> np.ndarray:
+    return np.array([0.0 if record is None else record.params["delta"]], dtype=np.float32)
+
+
+def _brightness_add(images: Any, delta: Any, height: int, width: int) -> Any:
+    """uint8 -> float32 ``x / 255 + delta`` clamped to [0, 1] -> ``* 255`` rounded to uint8:
+    the engine's uint8 brightness (its table on the 256 levels), in the same float32 steps."""
+    dali = require_dali()
+    fn: Any = dali.fn
+    x = fn.cast(images, dtype=dali.types.FLOAT) / 255.0
+    x = dali.math.clamp(x + delta, 0.0, 1.0) * 255.0
+    return fn.cast(x, dtype=dali.types.UINT8)
+
+
 NATIVE_OPS: dict[str, NativeOp] = {
     "translation": NativeOp("translation", _translation_start, _translation_slice),
+    # only where the field of view is not protected (policy ``protect_border: false``)
+    "brightness": NativeOp(
+        "brightness",
+        _brightness_delta,
+        _brightness_add,
+        accepts=lambda r: not r.protect_border,
+        usable=lambda policy: policy.protect_border is False,
+    ),
 }
 
 
@@ -346,12 +384,16 @@ class _TorchStage:
     """Chain position ``position`` of each sample through the torch kernels (``apply_plans``),
     except records a native DALI op runs; HWC uint8 DLPack samples in and out."""
 
-    def __init__(self, planner: Planner, position: int, native: frozenset[str], cuda: bool):
-        self.planner, self.position, self.native, self.cuda = planner, position, native, cuda
+    def __init__(self, planner: Planner, position: int, natives: Sequence[NativeOp], cuda: bool):
+        self.planner, self.position, self.cuda = planner, position, cuda
+        self.natives = {op.name: op for op in natives}
 
     def step(self, plan: Sequence[Record]) -> list[Record]:
         k = self.position
-        return [plan[k]] if k < len(plan) and plan[k].op not in self.native else []
+        if k >= len(plan):
+            return []
+        native = self.natives.get(plan[k].op)
+        return [] if native is not None and native.accepts(plan[k]) else [plan[k]]
 
     def __call__(self, images: Sequence[Any], indices: Sequence[Any], epochs: Sequence[Any]) -> Any:
         batch = torch.stack([torch.from_dlpack(x) for x in images])  # B, H, W, C
@@ -378,7 +420,10 @@ class _NativeArgs:
         plans = self.planner.plans(_values(epochs), _values(indices))
         out: list[list[Any]] = []
         for op in self.ops:
-            records = [p[k] if k < len(p) and p[k].op == op.name else None for p in plans]
+            records = [
+                p[k] if k < len(p) and p[k].op == op.name and op.accepts(p[k]) else None
+                for p in plans
+            ]
             args = [op.params(r, self.height, self.width) for r in records]
             out.append([torch.utils.dlpack.to_dlpack(torch.from_numpy(a)) for a in args])
         return tuple(out)
@@ -512,14 +557,17 @@ def build_pipeline(
         images = fn.resize(images, resize_x=width, resize_y=height)
         if pol is not None and planner is not None:
             names = {e.op for e in pol.ops}
-            natives = [op for name, op in NATIVE_OPS.items() if native_ops and name in names]
-            native_names = frozenset(op.name for op in natives)
+            natives = [
+                op
+                for name, op in NATIVE_OPS.items()
+                if native_ops and name in names and op.usable(pol)
+            ]
             on_dev = (indices.gpu(), epochs.gpu()) if dev == "gpu" else (indices, epochs)
             for position in range(pol.num_ops[1]):
                 images = fn.dl_tensor_python_function(
                     images,
                     *on_dev,
-                    function=_TorchStage(planner, position, native_names, dev == "gpu"),
+                    function=_TorchStage(planner, position, natives, dev == "gpu"),
                     batch_processing=True,
                     num_outputs=1,
                     device=dev,

@@ -150,23 +150,40 @@ def test_same_outputs_for_other_batch_size_order_and_shards(augmented: dict) -> 
         assert torch.equal(image, augmented[key][0]), key
 
 
-def test_native_translation_equals_torch_kernel() -> None:
-    """translation through DALI's fn.slice and through the torch kernel: the same bytes."""
+def test_native_ops_equal_torch_kernels() -> None:
+    """translation (DALI's fn.slice) and unprotected brightness (DALI arithmetic) give the
+    same bytes as the torch kernels; with the border protected brightness is not native."""
     policy = load_policy(
-        {"policy": "shift", "ops": ["translation"], "num_ops": 1, "strength": [4.0, 5.0]}
+        {
+            "policy": "native",
+            "ops": ["translation", "brightness", "contrast"],
+            "num_ops": [1, 3],
+            "strength": [4.0, 5.0],
+            "protect_border": False,
+        }
     )
-    assert "translation" in NATIVE_OPS
+    assert {"translation", "brightness"} <= set(NATIVE_OPS)
+    assert NATIVE_OPS["brightness"].usable(policy) and not NATIVE_OPS["brightness"].usable(POLICY)
     outs = []
     for native in (True, False):
         loader = dali_loader(
-            _files()[:4], policy, seed=1, size=SIZE, batch_size=4, native_ops=native
+            _files(),
+            policy,
+            seed=1,
+            size=SIZE,
+            batch_size=4,
+            native_ops=native,
+            return_records=True,
         )
         outs.append(_collect(loader, 1))
     assert outs[0].keys() == outs[1].keys()
     for key in outs[0]:
-        assert torch.equal(outs[0][key][0], outs[1][key][0]), key
+        assert torch.equal(outs[0][key][0], outs[1][key][0]), (key, outs[0][key][1])
+    records = [r for _, recs in outs[0].values() for r in recs]
+    assert {r.op for r in records} == {"translation", "brightness", "contrast"}
+    assert not any(r.protect_border for r in records)
     black = [(outs[0][k][0] == 0).all(dim=0).float().mean().item() for k in outs[0]]
-    assert min(black) > 0.05  # shifts of 14-18 % uncover black fill
+    assert max(black) > 0.05  # shifts of 14-18 % uncover black fill
 
 
 def test_gray_png_xray_policy() -> None:
