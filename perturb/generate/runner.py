@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from perturb import __version__
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
 from perturb.generate.output import MANIFEST_COLUMNS, MANIFEST_SCHEMA
+from perturb.generate.shard import Shard, ShardError, parse_shard
 from perturb.generate.suite import Suite, Task
 from perturb.generate.worker import (
     ChunkResult,
@@ -72,6 +73,16 @@ class RunOptions:
     embed_images: bool = False
     progress: bool = True
     builtin_images: int | None = None
+    engine: str = "local"  # local (in-process / process pool) or ray (Ray Data)
+    shard: str | Shard | None = None  # "I/N": only the images of part I of N
+    ray_address: str | None = None  # None: a local Ray; "auto" or host:port: that cluster
+    gpus_per_worker: float | None = None  # None: 1 where the cluster has GPUs, else 0
+    concurrency: int | None = None  # Ray workers (default: the cluster's CPUs or GPUs)
+    max_retries: int = 2  # Ray: rounds that re-run images whose worker died or failed
+
+
+# (group, file_id, missing (task, relative path)): one image still to make
+Pending = tuple[Any, str, list[tuple[Task, str]]]
 
 
 @dataclass
@@ -96,6 +107,11 @@ class RunSummary:
     seconds: float = 0.0
     images_per_second: float = 0.0
     unsafe_ids: int = 0
+    engine: str = "local"
+    shard: str | None = None
+    images_in_other_shards: int = 0
+    retries: int = 0  # images re-submitted after a worker died or failed (Ray engine)
+    worker_failures: int = 0  # failed worker calls seen (died, or raised), before retries
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -222,6 +238,25 @@ def manifest_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.table(columns, schema=MANIFEST_SCHEMA)
 
 
+def write_errors(out: Path, errors: list[dict[str, Any]]) -> None:
+    """DIR/errors.jsonl, one JSON object a line, in a deterministic order."""
+    errors.sort(
+        key=lambda e: json.dumps(
+            [
+                e["img_id"] or "",
+                e["op"] or "",
+                e["severity"] or 0,
+                e["variant"] or 0,
+                e["stage"],
+                e["reason"],
+            ]
+        )
+    )
+    write_atomic(
+        out / "errors.jsonl", "".join(json.dumps(e, sort_keys=True) + "\n" for e in errors).encode()
+    )
+
+
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
@@ -294,6 +329,13 @@ def build_dataset(out: Path, inp: Any, manifest: pa.Table, embed: bool) -> int:
     ds = datasets.Dataset(
         datasets.table.InMemoryTable(result), info=datasets.DatasetInfo(features=feats)
     )
+    return save_dataset(out, ds)
+
+
+def save_dataset(out: Path, ds: Any) -> int:
+    """Write ``ds`` as DIR/dataset, replacing the old one only once the new one is complete."""
+    import datasets
+
     state = out / STATE_DIR
     tmp, old, final = state / "dataset.tmp", state / "dataset.old", out / "dataset"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -375,7 +417,10 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
     problems that stop the run before it starts."""
     from perturb.io.datasets import DatasetError, open_input
 
-    device = _resolve_device(options.device)
+    if options.engine not in ("local", "ray"):
+        raise RunError(f"--engine must be local or ray, got {options.engine!r}")
+    if options.engine == "local":
+        device = _resolve_device(options.device)
     if options.batch_size < 1:
         raise RunError(f"--batch-size must be at least 1, got {options.batch_size}")
     if options.workers < 1:
@@ -384,6 +429,14 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         raise RunError(f"--limit must be non-negative, got {options.limit}")
     if options.max_pixels < 4:
         raise RunError(f"--max-pixels must be at least 4, got {options.max_pixels}")
+    if options.max_retries < 0:
+        raise RunError(f"--max-retries must be non-negative, got {options.max_retries}")
+    try:
+        shard = (
+            options.shard if isinstance(options.shard, Shard) else parse_shard(options.shard)
+        )
+    except ShardError as exc:
+        raise RunError(str(exc)) from None
     seed = suite.seed if options.seed is None else options.seed
     try:
         inp = open_input(
@@ -403,26 +456,78 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         "input": inp.fingerprint,
         "perturb_version": __version__,
     }
+    if shard is not None:  # absent for a whole run, so whole runs made before shards resume
+        settings["shard"] = str(shard)
     folder = OutputDir(out)
-    folder.prepare(settings)
     try:
-        return _run(suite, options, inp, folder, seed, device)
+        if options.engine == "ray":
+            from perturb.generate.ray_engine import connect
+
+            device = connect(options)
+        folder.prepare(settings)
+        return _run(suite, options, inp, folder, seed, device, shard)
     finally:
         folder.release()
+        if options.engine == "ray":
+            from perturb.generate.ray_engine import disconnect
+
+            disconnect()
+
+
+def read_jobs(inp: Any, batch: list[Pending]) -> tuple[list[ImageJob], list[dict[str, Any]]]:
+    """Jobs of a batch with their image bytes; images that cannot be read become error rows."""
+    from perturb.io.datasets import ImageFetchError
+
+    jobs, errs = [], []
+    for group, file_id, missing in batch:
+        try:
+            data = inp.image_bytes(group.rows[0])
+        except ImageFetchError as exc:
+            errs.append(
+                {
+                    "img_id": group.img_id,
+                    "file_id": file_id,
+                    "stage": "read",
+                    "op": None,
+                    "severity": None,
+                    "variant": None,
+                    "qa_rows": len(group.rows),
+                    "reason": str(exc),
+                }
+            )
+            continue
+        jobs.append(ImageJob(group.img_id, file_id, data, missing, qa_rows=len(group.rows)))
+    return jobs, errs
 
 
 def _run(
-    suite: Suite, options: RunOptions, inp: Any, folder: OutputDir, seed: int, device: str
+    suite: Suite,
+    options: RunOptions,
+    inp: Any,
+    folder: OutputDir,
+    seed: int,
+    device: str,
+    shard: Shard | None,
 ) -> RunSummary:
     started = time.perf_counter()
     out = folder.root
-    summary = RunSummary(suite=suite.suite, input=inp.source, device=device)
+    summary = RunSummary(
+        suite=suite.suite,
+        input=inp.source,
+        device=device,
+        engine=options.engine,
+        shard=None if shard is None else str(shard),
+    )
     done = folder.load_journal()
     groups, empty_rows = inp.groups()
     summary.input_rows = len(inp)
     summary.rows_without_id = len(empty_rows)
     summary.images = len(groups)
     selected = groups if options.limit is None else groups[: options.limit]
+    if shard is not None:
+        kept = [g for g in selected if shard.holds(g.img_id)]
+        summary.images_in_other_shards = len(selected) - len(kept)
+        selected = kept
     summary.images_selected = len(selected)
     tasks = suite.tasks()
     errors: list[dict[str, Any]] = [
@@ -437,9 +542,10 @@ def _run(
             "reason": f"input row {r}: empty img_id",
         }
         for r in empty_rows
+        if shard is None or shard.index == 0  # reported once over the shards of a run
     ]
     # what is missing
-    pending: list[tuple[Any, str, list[tuple[Task, str]]]] = []
+    pending: list[Pending] = []
     for group in selected:
         file_id = safe_stem(group.img_id)
         if file_id != group.img_id:
@@ -471,42 +577,18 @@ def _run(
     progress = _Progress(options.progress, sum(len(m) for _, _, m in pending), f"{suite.suite}")
     written = 0
 
-    def jobs_of(
-        batch: list[tuple[Any, str, list[tuple[Task, str]]]],
-    ) -> tuple[list[ImageJob], list[dict[str, Any]]]:
-        from perturb.io.datasets import ImageFetchError
-
-        jobs, errs = [], []
-        for group, file_id, missing in batch:
-            try:
-                data = inp.image_bytes(group.rows[0])
-            except ImageFetchError as exc:
-                errs.append(
-                    {
-                        "img_id": group.img_id,
-                        "file_id": file_id,
-                        "stage": "read",
-                        "op": None,
-                        "severity": None,
-                        "variant": None,
-                        "qa_rows": len(group.rows),
-                        "reason": str(exc),
-                    }
-                )
-                continue
-            jobs.append(ImageJob(group.img_id, file_id, data, missing, qa_rows=len(group.rows)))
-        return jobs, errs
-
-    def fetch(batch: list[tuple[Any, str, list[tuple[Task, str]]]]) -> tuple[list[ImageJob], int]:
+    def fetch(batch: list[Pending]) -> tuple[list[ImageJob], int]:
         """Jobs of a batch with their bytes; images that cannot be read become errors."""
-        jobs, errs = jobs_of(batch)
+        jobs, errs = read_jobs(inp, batch)
         errors.extend(errs)
         summary.images_failed += len(errs)
         failed = {e["img_id"] for e in errs}
         progress.advance(sum(len(m) for g, _, m in batch if g.img_id in failed))
         return jobs, sum(len(j.tasks) for j in jobs)
 
-    def take(result: ChunkResult, fh: Any, tasks: int) -> None:
+    fh: Any = None
+
+    def take(result: ChunkResult, tasks: int) -> None:
         nonlocal written
         _append(fh, result.rows)
         for row in result.rows:
@@ -524,10 +606,19 @@ def _run(
     ]
     try:
         with folder.journal() as fh:
-            if options.workers <= 1:
+            if options.engine == "ray":
+                from perturb.generate.ray_engine import run_ray
+
+                stats = run_ray(cfg, options, inp, batches, take)
+                errors.extend(stats.errors)
+                summary.images_failed += stats.images_lost
+                summary.retries = stats.retries
+                summary.worker_failures = stats.failures
+                progress.advance(sum(len(e) for e in stats.lost_tasks))
+            elif options.workers <= 1:
                 for batch in batches:
                     jobs, n_tasks = fetch(batch)
-                    take(process_chunk(cfg, jobs), fh, n_tasks)
+                    take(process_chunk(cfg, jobs), n_tasks)
             else:
                 ctx = get_context("spawn")
                 with ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx) as pool:
@@ -541,7 +632,7 @@ def _run(
                             break
                         finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                         for fut in finished:
-                            take(fut.result(), fh, in_flight.pop(fut))
+                            take(fut.result(), in_flight.pop(fut))
     finally:
         progress.close()
     summary.outputs_written = written
@@ -549,21 +640,7 @@ def _run(
     manifest = manifest_table(list(done.values()))
     _crash_point("manifest")
     write_parquet_atomic(manifest, out / "manifest.parquet")
-    errors.sort(
-        key=lambda e: json.dumps(
-            [
-                e["img_id"] or "",
-                e["op"] or "",
-                e["severity"] or 0,
-                e["variant"] or 0,
-                e["stage"],
-                e["reason"],
-            ]
-        )
-    )
-    write_atomic(
-        out / "errors.jsonl", "".join(json.dumps(e, sort_keys=True) + "\n" for e in errors).encode()
-    )
+    write_errors(out, errors)
     summary.manifest_rows = manifest.num_rows
     summary.dataset_rows = build_dataset(out, inp, manifest, options.embed_images)
     summary.errors = len(errors)
