@@ -30,7 +30,7 @@ class Shard:
     def __post_init__(self) -> None:
         if self.count < 1 or not 0 <= self.index < self.count:
             raise ShardError(
-                f"--shard {self.index}/{self.count}: I must be 0..N-1 and N at least 1 "
+                f"--shard {self.index}/{self.count}: expected I/N with I in 0..N-1 and N at least 1 "
                 "(e.g. --shard 0/4 ... --shard 3/4)"
             )
 
