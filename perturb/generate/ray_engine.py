@@ -294,7 +294,10 @@ def run_ray(
         results = ray.data.from_arrow([_descriptors(g) for g in groups]).map_batches(
             GenerateWorker,
             batch_size=size,
-            compute=ActorPoolStrategy(size=min(p.workers, len(groups))),
+            # one batch in flight per worker: a worker that dies takes only its own batch along
+            compute=ActorPoolStrategy(
+                size=min(p.workers, len(groups)), max_tasks_in_flight_per_actor=1
+            ),
             fn_constructor_kwargs={"cfg": cfg, "source": source, "crash_at": crash_at},
             num_cpus=1,
             num_gpus=p.gpus or None,
