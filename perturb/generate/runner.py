@@ -112,6 +112,7 @@ class RunSummary:
     images_in_other_shards: int = 0
     retries: int = 0  # images re-submitted after a worker died or failed (Ray engine)
     worker_failures: int = 0  # failed worker calls seen (died, or raised), before retries
+    seconds_to_first_output: float | None = None  # start-up: planning, workers, first batch
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -590,6 +591,8 @@ def _run(
 
     def take(result: ChunkResult, tasks: int) -> None:
         nonlocal written
+        if summary.seconds_to_first_output is None and result.rows:
+            summary.seconds_to_first_output = time.perf_counter() - started
         _append(fh, result.rows)
         for row in result.rows:
             done[_task_key(row)] = row
