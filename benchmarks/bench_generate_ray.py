@@ -126,7 +126,7 @@ def _timed_run(benchmark: Any, out: Path, **options: Any) -> dict[str, Any]:
     and one over a single image (start-up + 10 outputs)."""
     files = _images()
     start = time.perf_counter()
-    small = _generate(out / "one", limit=1, **options)
+    _generate(out / "one", limit=1, **options)
     t_one = time.perf_counter() - start
     timing: dict[str, Any] = {}
 
