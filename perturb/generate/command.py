@@ -200,11 +200,12 @@ def merge_manifests(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Join the folders of `perturb generate --shard I/N` runs into one run's folder."""
-    from perturb.generate.merge import MergeError, merge_parts
+    from perturb.generate.merge import merge_parts
+    from perturb.generate.runner import RunError
 
     try:
         summary = merge_parts(list(parts), out)
-    except MergeError as exc:
+    except RunError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     if as_json:

@@ -27,6 +27,7 @@ from perturb.generate.runner import (
     STATE_DIR,
     RunError,
     manifest_table,
+    output_path,
     save_dataset,
     write_errors,
     write_parquet_atomic,
@@ -194,10 +195,10 @@ def merge_parts(part_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[
     """Merge the shard folders ``part_dirs`` into ``out`` (see the module docstring)."""
     if not part_dirs:
         raise MergeError("no parts given: pass the --out folders of the shard runs")
-    parts = [_open_part(Path(p)) for p in part_dirs]
+    parts = [_open_part(output_path(p)) for p in part_dirs]
     parts.sort(key=lambda p: p.shard[0])
     settings, n = _check_parts(parts)
-    out_dir = Path(out)
+    out_dir = output_path(out)
     _check_out(out_dir, parts)
     rows: list[dict[str, Any]] = []
     for part in parts:

@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -55,6 +56,25 @@ RESERVED = ("manifest.parquet", "errors.jsonl", "summary.json", "dataset", STATE
 
 class RunError(ValueError):
     """A run that cannot start (usage or input problem): exit code 2."""
+
+
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)")
+
+
+def output_path(out: str | os.PathLike[str]) -> Path:
+    """DIR as a local path: a path, or a ``file://`` URL. Other URLs (s3://, gs://, ...) are
+    refused with the ways to get there."""
+    text = os.fspath(out)
+    m = _URL.fullmatch(text)
+    if m is None:
+        return Path(text)
+    if m.group(1).lower() == "file":
+        return Path("/" + m.group(2))
+    raise RunError(
+        f"--out {text}: {m.group(1)}:// is not written directly; pass a path that every worker "
+        "sees: mount the bucket on every node (s3fs, gcsfuse, blobfuse, ...) and give its path, "
+        "or generate into a local folder and copy it (e.g. `aws s3 sync DIR s3://...`)"
+    )
 
 
 @dataclass
@@ -438,6 +458,7 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         )
     except ShardError as exc:
         raise RunError(str(exc)) from None
+    out = output_path(options.out)
     seed = suite.seed if options.seed is None else options.seed
     try:
         inp = open_input(
@@ -449,7 +470,6 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
     except DatasetError as exc:
         raise RunError(str(exc)) from None
 
-    out = Path(options.out)
     settings = {
         "suite": suite.suite,
         "suite_fingerprint": suite.fingerprint(),

@@ -185,3 +185,17 @@ def test_shards_cover_any_id_list_once(ids: list[str]) -> None:
     n = 3
     parts = [[i for i in ids if Shard(k, n).holds(i)] for k in range(n)]
     assert sorted(x for p in parts for x in p) == sorted(ids)
+
+
+def test_file_urls_are_paths_and_other_urls_name_the_way(
+    tmp_path: Path, tiny_parts: dict[str, Path]
+) -> None:
+    out = tmp_path / "merged"
+    parts = [f"file://{tiny_parts['s0']}", f"file://{tiny_parts['s1']}"]
+    result = runner.invoke(app, ["merge-manifests", *parts, "--out", f"file://{out}"])
+    assert result.exit_code == 0, result.output
+    assert verify(out).ok
+    result = runner.invoke(
+        app, ["generate", "kvasir-vqa-x1-transformed", "--out", "s3://bucket/run", "--quiet"]
+    )
+    assert result.exit_code == 2 and "mount the bucket" in " ".join(result.output.split())
