@@ -28,20 +28,13 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.bench_generate import ENDOSCOPY, RESULTS, _commit, _device, _images, _versions
+from benchmarks.bench_generate import ENDOSCOPY, RESULTS, _device, _images, _versions, merge_results
+from tests.helpers import DEVICES
 
 REPO = Path(__file__).resolve().parents[1]
 TRACK = "kvasir-vqa-x1-transformed"
 ARTIFACTS = "endoscopy-artifacts"
 ARTIFACT_IMAGES = 2
-DEVICES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param(
-        "cuda",
-        id="cuda",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine"),
-    ),
-]
 
 
 def _load() -> list[float] | None:
@@ -57,11 +50,7 @@ def results() -> Iterator[dict[str, Any]]:
         return
     device = _device()
     path = RESULTS / f"generate-ray-{device['kind']}.json"
-    stamp = {"commit": _commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    merged: dict[str, Any] = {}
-    if path.exists():  # a run of some of the benchmarks updates their entries only
-        merged = json.loads(path.read_text()).get("results", {})
-    merged.update({k: {**v, **stamp} for k, v in data.items()})
+    stamp, merged = merge_results(path, data)
     one, two = merged.get("ray_cpu_w1"), merged.get("ray_cpu_w2")
     scaling: dict[str, Any] = {}
     if one and two:
