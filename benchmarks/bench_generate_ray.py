@@ -111,8 +111,9 @@ def _generate(out: Path, limit: int | None = None, **options: Any) -> Any:
 
 
 def _timed_run(benchmark: Any, out: Path, **options: Any) -> dict[str, Any]:
-    """One engine run over all images (its rate, and its rate after the first batch came back),
-    and one over a single image (start-up + 10 outputs)."""
+    """One engine run over all images (its rate, and its rate after the workers' first batches
+    came back: the steady state without start-up), and one over a single image (start-up + 10
+    outputs)."""
     files = _images()
     start = time.perf_counter()
     _generate(out / "one", limit=1, **options)
@@ -132,8 +133,12 @@ def _timed_run(benchmark: Any, out: Path, **options: Any) -> dict[str, Any]:
     n = summary.outputs_written
     first = summary.seconds_to_first_output
     # after the first batch is back: the rate once the workers are up
-    first_batch = int(options.get("batch_size", 8)) * 10  # outputs of the first batch
-    steady = (n - first_batch) / (summary.seconds - first) if first and n > first_batch else None
+    # outputs of every worker's first batch, which arrive together after start-up
+    workers = int(options.get("concurrency") or options.get("workers") or 1)
+    first_batches = int(options.get("batch_size", 8)) * 10 * workers
+    steady = (
+        (n - first_batches) / (summary.seconds - first) if first and n > first_batches else None
+    )
     return {
         "outputs": n,
         "images": len(files),
