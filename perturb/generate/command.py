@@ -30,7 +30,11 @@ def generate(
         ),
     ],
     out: Annotated[
-        Path, typer.Option("--out", help="Output folder (created; a re-run resumes it).")
+        str,
+        typer.Option(
+            "--out",
+            help="Output folder (created; a re-run resumes it), or a file-system URL (s3://..., memory://...).",
+        ),
     ],
     dataset: Annotated[
         str | None,
@@ -163,7 +167,8 @@ def generate(
 
 def verify(
     directory: Annotated[
-        Path, typer.Argument(metavar="DIR", help="Output folder of `perturb generate`.")
+        str,
+        typer.Argument(metavar="DIR", help="Output folder (or URL) of `perturb generate`."),
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:

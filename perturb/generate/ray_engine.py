@@ -183,12 +183,19 @@ def _crash_hook(spec: str | None, img_ids: list[str]) -> None:
 class GenerateWorker:
     """Ray Data stateful worker: the input and the suite's ops are loaded once per worker."""
 
-    def __init__(self, cfg: WorkerConfig, source: InputSource, crash_at: str | None = None):
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        source: InputSource,
+        crash_at: str | None = None,
+        url: str | None = None,
+    ):
         from perturb.catalog.registry import get_op
         from perturb.generate.suite import parse_suite
 
         self.cfg = cfg
         self.crash_at = crash_at
+        self.url = url
         self.inp = source.open()
         suite = parse_suite(cfg.suite)
         self.tasks = {(t.op, t.severity, t.variant): t for t in suite.tasks()}
@@ -213,7 +220,12 @@ class GenerateWorker:
                 )
             ]
             jobs, read_errors = read_jobs(self.inp, pending)
-            result = process_chunk(self.cfg, jobs)
+            if self.url is None:
+                result = process_chunk(self.cfg, jobs)
+            else:  # outputs to a URL: write to scratch, then copy
+                from perturb.generate.store import publish_chunk
+
+                result = publish_chunk(self.cfg, jobs, self.url)
         except Exception as exc:  # the driver re-runs these images, then reports them
             return _reply(ids, ChunkResult(), 0, f"{type(exc).__name__}: {exc}")
         result.errors = read_errors + result.errors
@@ -259,6 +271,7 @@ def run_ray(
     inp: Any,
     batches: list[list[Any]],
     take: Callable[[ChunkResult, int], None],
+    url: str | None = None,
 ) -> RayStats:
     """Run the pending images (``batches`` of the local engine's plan) on Ray Data; every
     result goes to ``take`` (the runner's journal) as it arrives."""
@@ -298,7 +311,7 @@ def run_ray(
             compute=ActorPoolStrategy(
                 size=min(p.workers, len(groups)), max_tasks_in_flight_per_actor=1
             ),
-            fn_constructor_kwargs={"cfg": cfg, "source": source, "crash_at": crash_at},
+            fn_constructor_kwargs={"cfg": cfg, "source": source, "crash_at": crash_at, "url": url},
             num_cpus=1,
             num_gpus=p.gpus or None,
             max_restarts=4 * (options.max_retries + 1),

@@ -26,9 +26,10 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
+from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -61,25 +62,27 @@ class RunError(ValueError):
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)")
 
 
+def output_url(out: str | os.PathLike[str]) -> str | None:
+    """``out`` when it is a file-system URL other than ``file://`` (s3://, memory://, ...)."""
+    text = os.fspath(out)
+    m = _URL.fullmatch(text)
+    return text if m is not None and m.group(1).lower() != "file" else None
+
+
 def output_path(out: str | os.PathLike[str]) -> Path:
-    """DIR as a local path: a path, or a ``file://`` URL. Other URLs (s3://, gs://, ...) are
-    refused with the ways to get there."""
+    """A local folder: a path, or a ``file://`` URL (other URLs: see ``output_url``)."""
     text = os.fspath(out)
     m = _URL.fullmatch(text)
     if m is None:
         return Path(text)
     if m.group(1).lower() == "file":
         return Path("/" + m.group(2))
-    raise RunError(
-        f"--out {text}: {m.group(1)}:// is not written directly; pass a path that every worker "
-        "sees: mount the bucket on every node (s3fs, gcsfuse, blobfuse, ...) and give its path, "
-        "or generate into a local folder and copy it (e.g. `aws s3 sync DIR s3://...`)"
-    )
+    raise RunError(f"{text}: a path or a file:// URL is needed here")
 
 
 @dataclass
 class RunOptions:
-    out: Path
+    out: Path | str  # a folder, or a file-system URL (perturb.generate.store)
     dataset: str | None = None
     split: str | None = None
     limit: int | None = None
@@ -240,6 +243,64 @@ class OutputDir:
             self._lock.close()
             self._lock = None
 
+    url: str | None = None  # where the outputs go when it is not ``root`` (see RemoteOutputDir)
+
+    def size_of(self, rel: str) -> int | None:
+        """Size of the output ``rel``, or None when it is not there."""
+        try:
+            target = resolve_inside(self.root, rel)
+            return target.stat().st_size if target.is_file() else None
+        except (UnsafePathError, OSError):
+            return None
+
+    def read_output(self, rel: str) -> bytes:
+        return resolve_inside(self.root, rel).read_bytes()
+
+    def publish(self) -> None:
+        """Copy the run's files to where the outputs are (nothing to do for a local DIR)."""
+
+
+class RemoteOutputDir(OutputDir):
+    """DIR at a file-system URL: state and run files in a local staging folder, outputs at the
+    URL (``perturb.generate.store``)."""
+
+    def __init__(self, url: str) -> None:
+        from perturb.generate.store import RemoteDir, StoreError, open_fs, staging_folder
+
+        try:
+            open_fs(url)
+        except StoreError as exc:
+            raise RunError(str(exc)) from None
+        super().__init__(staging_folder(url))
+        self.url = url
+        self.remote = RemoteDir(url)
+        self._sizes: dict[str, int] | None = None
+
+    def prepare(self, settings: dict[str, Any]) -> None:
+        if not (self.state / "settings.json").exists():  # start from what the URL holds
+            for name in ("settings.json", "journal.jsonl"):
+                data = self.remote.read(f"{STATE_DIR}/{name}")
+                if data is not None:
+                    write_atomic(self.state / name, data)
+        super().prepare(settings)
+
+    def size_of(self, rel: str) -> int | None:
+        if self._sizes is None:
+            self._sizes = self.remote.sizes()
+        return self._sizes.get(rel)
+
+    def read_output(self, rel: str) -> bytes:
+        data = self.remote.read(rel)
+        if data is None:
+            raise FileNotFoundError(f"{self.url}/{rel}")
+        return data
+
+    def publish(self) -> None:
+        for name in ("manifest.parquet", "errors.jsonl", "dataset", "summary.json"):
+            self.remote.upload(self.root / name, name)
+        for name in ("settings.json", "journal.jsonl"):
+            self.remote.upload(self.state / name, f"{STATE_DIR}/{name}")
+
 
 def _append(fh: Any, rows: list[dict[str, Any]]) -> None:
     if not rows:
@@ -303,8 +364,11 @@ def _perturbation_columns(input_columns: list[str]) -> dict[str, str]:
     return {n: (f"perturb_{n}" if n in input_columns or n == "image" else n) for n in names}
 
 
-def build_dataset(out: Path, inp: Any, manifest: pa.Table, embed: bool) -> int:
-    """Write DIR/dataset: each perturbed image joined with every QA row of its img_id."""
+def build_dataset(
+    out: Path, inp: Any, manifest: pa.Table, embed: bool, folder: OutputDir | None = None
+) -> int:
+    """Write DIR/dataset: each perturbed image joined with every QA row of its img_id (the
+    image bytes read through ``folder`` when the outputs are at a URL)."""
     import datasets
 
     table = inp.table_without_image()
@@ -324,7 +388,10 @@ def build_dataset(out: Path, inp: Any, manifest: pa.Table, embed: bool) -> int:
     picked = manifest.take(pa.array(out_idx, type=pa.int64()))
     paths = picked.column("path").to_pylist()
     root = out.resolve()
-    image_bytes = [(root / p).read_bytes() for p in paths] if embed else [None] * len(paths)
+    if folder is not None and folder.url is not None:
+        image_bytes: list[bytes | None] = [folder.read_output(p) for p in paths]
+    else:
+        image_bytes = [(root / p).read_bytes() for p in paths] if embed else [None] * len(paths)
     image = pa.StructArray.from_arrays(
         [
             pa.array(image_bytes, type=pa.binary()),
@@ -458,7 +525,8 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         )
     except ShardError as exc:
         raise RunError(str(exc)) from None
-    out = output_path(options.out)
+    url = output_url(options.out)
+    out = None if url else output_path(options.out)
     seed = suite.seed if options.seed is None else options.seed
     try:
         inp = open_input(
@@ -479,7 +547,7 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
     }
     if shard is not None:  # absent for a whole run, so whole runs made before shards resume
         settings["shard"] = str(shard)
-    folder = OutputDir(out)
+    folder = RemoteOutputDir(url) if url else OutputDir(out or Path())
     try:
         if options.engine == "ray":
             from perturb.generate.ray_engine import connect
@@ -575,14 +643,9 @@ def _run(
         for task in tasks:
             rel = task.path(suite, file_id)
             row = done.get((group.img_id, task.op, task.severity, task.variant))
-            if row is not None:
-                try:
-                    target = resolve_inside(out, rel)
-                    if target.is_file() and target.stat().st_size == int(row["size_bytes"]):
-                        summary.outputs_existing += 1
-                        continue
-                except (UnsafePathError, OSError):
-                    pass
+            if row is not None and folder.size_of(rel) == int(row["size_bytes"]):
+                summary.outputs_existing += 1
+                continue
             missing.append((task, rel))
         summary.outputs_expected += len(tasks)
         if missing:
@@ -627,12 +690,17 @@ def _run(
     batches = [
         pending[i : i + options.batch_size] for i in range(0, len(pending), options.batch_size)
     ]
+    job: Callable[[WorkerConfig, list[ImageJob]], ChunkResult] = process_chunk
+    if folder.url is not None:  # outputs to a URL: write to scratch, then copy
+        from perturb.generate.store import publish_chunk
+
+        job = partial(publish_chunk, url=folder.url)
     try:
         with folder.journal() as fh:
             if options.engine == "ray":
                 from perturb.generate.ray_engine import run_ray
 
-                stats = run_ray(cfg, options, inp, batches, take)
+                stats = run_ray(cfg, options, inp, batches, take, url=folder.url)
                 errors.extend(stats.errors)
                 summary.images_failed += stats.images_lost
                 summary.retries = stats.retries
@@ -641,7 +709,7 @@ def _run(
             elif options.workers <= 1:
                 for batch in batches:
                     jobs, n_tasks = fetch(batch)
-                    take(process_chunk(cfg, jobs), n_tasks)
+                    take(job(cfg, jobs), n_tasks)
             else:
                 ctx = get_context("spawn")
                 with ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx) as pool:
@@ -650,7 +718,7 @@ def _run(
                     while True:
                         while queue and len(in_flight) < 2 * options.workers:
                             jobs, n_tasks = fetch(queue.pop())
-                            in_flight[pool.submit(process_chunk, cfg, jobs)] = n_tasks
+                            in_flight[pool.submit(job, cfg, jobs)] = n_tasks
                         if not in_flight:
                             break
                         finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
@@ -665,10 +733,11 @@ def _run(
     write_parquet_atomic(manifest, out / "manifest.parquet")
     write_errors(out, errors)
     summary.manifest_rows = manifest.num_rows
-    summary.dataset_rows = build_dataset(out, inp, manifest, options.embed_images)
+    summary.dataset_rows = build_dataset(out, inp, manifest, options.embed_images, folder)
     summary.errors = len(errors)
     summary.output_bytes = int(sum(manifest.column("size_bytes").to_pylist()))
     summary.seconds = time.perf_counter() - started
     summary.images_per_second = written / summary.seconds if summary.seconds > 0 else 0.0
     write_atomic(out / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
+    folder.publish()
     return summary

@@ -68,6 +68,26 @@ def test_shards_made_by_both_engines_merge_to_the_single_run(
     assert_same_run(out, reference_run)
 
 
+def test_ray_workers_write_to_a_file_system_url(
+    ray_cluster: str,
+    tmp_path: Path,
+    small_input: Path,
+    mini_suite: Suite,
+    reference_run: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """local:// goes through the file-system route (workers write to scratch and copy to the
+    URL, the driver stages and uploads the manifest and dataset), into a folder we can read."""
+    from perturb.generate.verify import verify
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the driver's staging folder
+    out = tmp_path / "out"
+    summary = run(mini_suite, f"local://{out}", small_input, engine="ray", batch_size=3)
+    assert summary.outputs_written == 66 and (tmp_path / "cache" / "perturb").is_dir()
+    assert_same_run(out, reference_run)
+    assert verify(f"local://{out}").ok
+
+
 def test_a_worker_killed_once_is_retried_and_reported(
     ray_cluster: str,
     tmp_path: Path,
