@@ -15,8 +15,8 @@ function (``perturb.generate.worker.process_chunk``) as the local engine, on a R
   verify`` are those of the local engine. A sample's bytes depend only on its image and key, so
   outputs are the same whatever the worker count, batch size or scheduling order.
 * Failures: a batch whose worker died or raised is not fatal (``max_errored_blocks=-1``); after
-  each pass, the images that did not come back run again, one image per batch, for at most
-  ``max_retries`` more passes (dead workers are restarted by Ray, a bounded number of times).
+  each pass, the images that did not come back run again, each image as its own Ray task (so a
+  crashing image cannot take another along), for at most ``max_retries`` more passes.
   Images still missing after that land in errors.jsonl (stage ``worker``) with their img_id; the
   summary reports ``retries`` and ``worker_failures``.
 """
@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -233,6 +234,18 @@ class GenerateWorker:
         return _reply(ids, result, sum(len(m) for _, _, m in pending), "")
 
 
+_CACHED: dict[str, GenerateWorker] = {}
+
+
+def _isolated(batch: dict[str, Any], **state: Any) -> dict[str, list[Any]]:
+    """A retry-pass task: the process's GenerateWorker for this run (made once), on one batch."""
+    key = repr(sorted(state.items()))
+    worker = _CACHED.get(key)
+    if worker is None:
+        worker = _CACHED[key] = GenerateWorker(**state)
+    return worker(batch)
+
+
 def _reply(ids: list[str], result: ChunkResult, tasks: int, failure: str) -> dict[str, list[Any]]:
     return {
         "img_ids": [json.dumps(ids)],
@@ -304,19 +317,34 @@ def run_ray(
             stats.retries += len(remaining)
             size = 1  # isolate the image that kills its worker
         groups = [remaining[i : i + size] for i in range(0, len(remaining), size)]
-        results = ray.data.from_arrow([_descriptors(g) for g in groups]).map_batches(
-            GenerateWorker,
-            batch_size=size,
-            # one batch in flight per worker: a worker that dies takes only its own batch along
-            compute=ActorPoolStrategy(
-                size=min(p.workers, len(groups)), max_tasks_in_flight_per_actor=1
-            ),
-            fn_constructor_kwargs={"cfg": cfg, "source": source, "crash_at": crash_at, "url": url},
-            num_cpus=1,
-            num_gpus=p.gpus or None,
-            max_restarts=4 * (options.max_retries + 1),
-            max_task_retries=0,
-        )
+        descriptors = ray.data.from_arrow([_descriptors(g) for g in groups])
+        state = {"cfg": cfg, "source": source, "crash_at": crash_at, "url": url}
+        with warnings.catch_warnings():  # max_restarts & co. have no named parameter yet
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+            if attempt == 0:  # stateful workers, one batch in flight each
+                results = descriptors.map_batches(
+                    GenerateWorker,
+                    batch_size=size,
+                    compute=ActorPoolStrategy(
+                        size=min(p.workers, len(groups)), max_tasks_in_flight_per_actor=1
+                    ),
+                    fn_constructor_kwargs=state,
+                    num_cpus=1,
+                    num_gpus=p.gpus or None,
+                    # a dead worker is replaced, not restarted in place; what it held runs in
+                    # the next pass: retries are counted and bounded here
+                    max_restarts=0,
+                    max_task_retries=0,
+                )
+            else:  # each image its own task: a crashing image cannot take another one along
+                results = descriptors.map_batches(
+                    _isolated,
+                    batch_size=1,
+                    fn_kwargs=state,
+                    num_cpus=1,
+                    num_gpus=p.gpus or None,
+                    max_retries=0,
+                )
         returned: set[str] = set()
         raised: set[str] = set()
         for row in results.iter_rows():
