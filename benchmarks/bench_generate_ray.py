@@ -152,14 +152,34 @@ def _timed_run(benchmark: Any, out: Path, **options: Any) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(("workers", "threads"), [(1, 1), (2, 1), (1, None)])
 def test_ray_cpu_workers(
-    benchmark: Any, results: dict[str, Any], ray_local: None, tmp_path: Path, workers: int
+    benchmark: Any,
+    results: dict[str, Any],
+    ray_local: None,
+    tmp_path: Path,
+    workers: int,
+    threads: int | None,
 ) -> None:
+    """1 and 2 single-threaded workers (the scaling pair), and 1 worker with every core's
+    threads (the default for one worker)."""
     row = _timed_run(
-        benchmark, tmp_path, engine="ray", concurrency=workers, gpus_per_worker=0, batch_size=4
+        benchmark,
+        tmp_path,
+        engine="ray",
+        concurrency=workers,
+        gpus_per_worker=0,
+        batch_size=4,
+        threads=threads,
     )
-    results[f"ray_cpu_w{workers}"] = {**row, "engine": "ray", "workers": workers, "batch_size": 4}
+    name = f"ray_cpu_w{workers}" + ("" if threads else "_all_threads")
+    results[name] = {
+        **row,
+        "engine": "ray",
+        "workers": workers,
+        "threads_per_worker": threads or os.cpu_count(),
+        "batch_size": 4,
+    }
 
 
 def test_local_engine_beside(benchmark: Any, results: dict[str, Any], tmp_path: Path) -> None:

@@ -297,7 +297,8 @@ def run_ray(
     ctx.enable_progress_bars = False  # the run has its own progress bar
     ctx.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    cfg = replace(cfg, device=p.device, threads=default_threads(p.workers) if not p.gpus else None)
+    threads = options.threads or (default_threads(p.workers) if not p.gpus else None)
+    cfg = replace(cfg, device=p.device, threads=threads)
     dataset = options.dataset
     if dataset is not None and Path(dataset).exists():
         dataset = str(Path(dataset).resolve())  # workers may start in another folder

@@ -102,6 +102,7 @@ class RunOptions:
     gpus_per_worker: float | None = None  # None: 1 where the cluster has GPUs, else 0
     concurrency: int | None = None  # Ray workers (default: the cluster's CPUs or GPUs)
     max_retries: int = 2  # Ray: rounds that re-run images whose worker died or failed
+    threads: int | None = None  # torch/OpenCV threads per worker (default: 1 when several)
 
 
 # (group, file_id, missing (task, relative path)): one image still to make
@@ -656,7 +657,7 @@ def _run(
         device=device,
         max_pixels=options.max_pixels,
         out=str(out),
-        threads=default_threads(options.workers),
+        threads=options.threads or default_threads(options.workers),
     )
     progress = _Progress(options.progress, sum(len(m) for _, _, m in pending), f"{suite.suite}")
     written = 0
