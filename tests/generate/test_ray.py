@@ -101,7 +101,8 @@ def test_a_worker_killed_once_is_retried_and_reported(
     out = tmp_path / "out"
     summary = run(mini_suite, out, small_input, engine="ray", batch_size=3, concurrency=2)
     assert marker.exists()  # the worker did die
-    assert summary.worker_failures >= 1 and 1 <= summary.retries <= 3
+    # the dead worker's batch (3 images), and at most the batch Ray Data had queued for it
+    assert summary.worker_failures >= 1 and 3 <= summary.retries <= 6
     assert summary.errors == 0
     assert_same_run(out, reference_run)
     recorded = json.loads((out / "summary.json").read_text())
