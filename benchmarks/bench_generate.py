@@ -101,6 +101,17 @@ def _commit() -> str:
         return "unknown"
 
 
+def merge_results(path: Path, data: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """(commit/date stamp, the results already in ``path`` updated with ``data``, stamped): a
+    run of some of the benchmarks updates their entries only."""
+    stamp = {"commit": _commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    merged: dict[str, Any] = {}
+    if path.exists():
+        merged = json.loads(path.read_text()).get("results", {})
+    merged.update({k: {**v, **stamp} for k, v in data.items()})
+    return stamp, merged
+
+
 @pytest.fixture(scope="module")
 def results() -> Iterator[dict[str, Any]]:
     data: dict[str, Any] = {}
@@ -109,11 +120,7 @@ def results() -> Iterator[dict[str, Any]]:
         return
     device = _device()
     path = RESULTS / f"generate-{device['kind']}.json"
-    stamp = {"commit": _commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    merged: dict[str, Any] = {}
-    if path.exists():  # a run of some of the benchmarks updates their entries only
-        merged = json.loads(path.read_text()).get("results", {})
-    merged.update({k: {**v, **stamp} for k, v in data.items()})
+    stamp, merged = merge_results(path, data)
     ref = merged.get("track_pil_reference", {}).get("images_per_second")
     for name in ("track_perturb_w1", "track_perturb_w2"):
         if ref and name in merged:

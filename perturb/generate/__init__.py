@@ -2,6 +2,9 @@
 
 perturb generate kvasir-vqa-x1-transformed --out runs/track2     # built-in phantoms
 perturb verify runs/track2
+perturb generate endoscopy-artifacts --out runs/art --engine ray          # Ray Data, same bytes
+perturb generate endoscopy-artifacts --out runs/art-0 --shard 0/2         # half of the images
+perturb merge-manifests runs/art-0 runs/art-1 --out runs/art-all          # shards -> one run
 
 from perturb.generate import generate_split
 summary = generate_split("endoscopy-artifacts", "runs/artifacts", dataset="SimulaMet/Kvasir-VQA-x1")
@@ -22,7 +25,8 @@ __all__ = ["generate_split"]
 def generate_split(config: str | Path | Suite, out: str | Path, **options: Any) -> RunSummary:
     """Run a suite (a YAML path, a name in configs/, or a ``Suite``) into ``out``; ``options``
     are those of ``perturb.generate.runner.RunOptions`` (dataset, split, limit, batch_size,
-    workers, device, seed, max_pixels, image_column, embed_images, progress, builtin_images)."""
+    workers, device, seed, max_pixels, image_column, embed_images, progress, builtin_images,
+    engine, shard, ray_address, gpus_per_worker, concurrency, max_retries)."""
     from perturb.generate.runner import RunOptions, generate
     from perturb.generate.suite import Suite, load_suite
 

@@ -30,7 +30,11 @@ def generate(
         ),
     ],
     out: Annotated[
-        Path, typer.Option("--out", help="Output folder (created; a re-run resumes it).")
+        str,
+        typer.Option(
+            "--out",
+            help="Output folder (created; a re-run resumes it), or a file-system URL (s3://..., memory://...).",
+        ),
     ],
     dataset: Annotated[
         str | None,
@@ -79,6 +83,33 @@ def generate(
             help="Image folder of a dataset adapter input (suites with input.adapter: VinDr-CXR-VQA, ReXVQA, MedThinkVQA)."
         ),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="local (in-process / --workers processes) or ray (Ray Data; outputs are the same)."
+        ),
+    ] = "local",
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="I/N: only part I (0..N-1) of the images, by a stable hash of img_id; join the parts with `perturb merge-manifests`."
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="Ray cluster to join (auto or host:port); default: start a local Ray."),
+    ] = None,
+    gpus_per_worker: Annotated[
+        float | None,
+        typer.Option(help="GPUs per Ray worker (default: 1 if the cluster has GPUs, else 0)."),
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(help="Ray workers (default: the cluster's CPUs, or GPUs / --gpus-per-worker)."),
+    ] = None,
+    max_retries: Annotated[
+        int, typer.Option(help="Ray: passes that re-run images whose worker died or failed.")
+    ] = 2,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -107,6 +138,12 @@ def generate(
                 progress=not quiet,
                 builtin_images=builtin_images,
                 images=images,
+                engine=engine,
+                shard=shard,
+                ray_address=ray_address,
+                gpus_per_worker=gpus_per_worker,
+                concurrency=concurrency,
+                max_retries=max_retries,
             ),
         )
     except (SuiteError, RunError) as exc:
@@ -117,7 +154,9 @@ def generate(
     else:
         s = summary
         lines = [
-            f"suite {s.suite} on {s.input} ({s.device})",
+            f"suite {s.suite} on {s.input} ({s.device}, engine {s.engine}"
+            + (f", shard {s.shard}: {s.images_in_other_shards} images in other shards" if s.shard else "")
+            + ")",
             f"input rows {s.input_rows} ({s.rows_without_id} without img_id), unique images {s.images}, selected {s.images_selected}"
             + (f", unsafe img_ids encoded {s.unsafe_ids}" if s.unsafe_ids else ""),
             f"images decoded {s.images_ok}, failed {s.images_failed}",
@@ -125,6 +164,8 @@ def generate(
             f"manifest rows {s.manifest_rows}, dataset rows {s.dataset_rows}, errors {s.errors} (errors.jsonl)",
             f"{s.seconds:.1f} s, {s.images_per_second:.1f} images/s, output {_size(s.output_bytes)} in {out}",
         ]
+        if s.retries or s.worker_failures:
+            lines.append(f"worker failures {s.worker_failures}, images retried {s.retries}")
         for line in lines:
             typer.echo(line)
     if summary.errors and strict:
@@ -133,7 +174,8 @@ def generate(
 
 def verify(
     directory: Annotated[
-        Path, typer.Argument(metavar="DIR", help="Output folder of `perturb generate`.")
+        str,
+        typer.Argument(metavar="DIR", help="Output folder (or URL) of `perturb generate`."),
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -161,6 +203,33 @@ def verify(
         raise typer.Exit(1)
 
 
+def merge_manifests(
+    parts: Annotated[
+        list[Path],
+        typer.Argument(metavar="PART_DIR...", help="--out folders of the shard runs (all N)."),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="New or empty folder for the merged run.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Join the folders of `perturb generate --shard I/N` runs into one run's folder."""
+    from perturb.generate.merge import merge_parts
+    from perturb.generate.runner import RunError
+
+    try:
+        summary = merge_parts(list(parts), out)
+    except RunError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(summary.to_dict(), indent=2))
+    else:
+        typer.echo(
+            f"merged {summary.shards} shards: manifest rows {summary.manifest_rows}, dataset rows "
+            f"{summary.dataset_rows}, errors {summary.errors}, output {_size(summary.output_bytes)} in {out}"
+        )
+
+
 def register(app: typer.Typer) -> None:
     app.command("generate")(generate)
     app.command("verify")(verify)
+    app.command("merge-manifests")(merge_manifests)

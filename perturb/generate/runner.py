@@ -22,12 +22,14 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
+from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ import pyarrow.parquet as pq
 from perturb import __version__
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
 from perturb.generate.output import MANIFEST_COLUMNS, MANIFEST_SCHEMA
+from perturb.generate.shard import Shard, ShardError, parse_shard
 from perturb.generate.suite import Suite, Task
 from perturb.generate.worker import (
     ChunkResult,
@@ -56,9 +59,30 @@ class RunError(ValueError):
     """A run that cannot start (usage or input problem): exit code 2."""
 
 
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)")
+
+
+def output_url(out: str | os.PathLike[str]) -> str | None:
+    """``out`` when it is a file-system URL other than ``file://`` (s3://, memory://, ...)."""
+    text = os.fspath(out)
+    m = _URL.fullmatch(text)
+    return text if m is not None and m.group(1).lower() != "file" else None
+
+
+def output_path(out: str | os.PathLike[str]) -> Path:
+    """A local folder: a path, or a ``file://`` URL (other URLs: see ``output_url``)."""
+    text = os.fspath(out)
+    m = _URL.fullmatch(text)
+    if m is None:
+        return Path(text)
+    if m.group(1).lower() == "file":
+        return Path("/" + m.group(2))
+    raise RunError(f"{text}: a path or a file:// URL is needed here")
+
+
 @dataclass
 class RunOptions:
-    out: Path
+    out: Path | str  # a folder, or a file-system URL (perturb.generate.store)
     dataset: str | None = None
     split: str | None = None
     limit: int | None = None
@@ -73,6 +97,17 @@ class RunOptions:
     progress: bool = True
     builtin_images: int | None = None
     images: str | None = None  # image folder of an adapter input (suite input.images)
+    engine: str = "local"  # local (in-process / process pool) or ray (Ray Data)
+    shard: str | Shard | None = None  # "I/N": only the images of part I of N
+    ray_address: str | None = None  # None: a local Ray; "auto" or host:port: that cluster
+    gpus_per_worker: float | None = None  # None: 1 where the cluster has GPUs, else 0
+    concurrency: int | None = None  # Ray workers (default: the cluster's CPUs or GPUs)
+    max_retries: int = 2  # Ray: rounds that re-run images whose worker died or failed
+    threads: int | None = None  # torch/OpenCV threads per worker (default: 1 when several)
+
+
+# (group, file_id, missing (task, relative path)): one image still to make
+Pending = tuple[Any, str, list[tuple[Task, str]]]
 
 
 @dataclass
@@ -97,6 +132,12 @@ class RunSummary:
     seconds: float = 0.0
     images_per_second: float = 0.0
     unsafe_ids: int = 0
+    engine: str = "local"
+    shard: str | None = None
+    images_in_other_shards: int = 0
+    retries: int = 0  # images re-submitted after a worker died or failed (Ray engine)
+    worker_failures: int = 0  # failed worker calls seen (died, or raised), before retries
+    seconds_to_first_output: float | None = None  # start-up: planning, workers, first batch
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,6 +245,64 @@ class OutputDir:
             self._lock.close()
             self._lock = None
 
+    url: str | None = None  # where the outputs go when it is not ``root`` (see RemoteOutputDir)
+
+    def size_of(self, rel: str) -> int | None:
+        """Size of the output ``rel``, or None when it is not there."""
+        try:
+            target = resolve_inside(self.root, rel)
+            return target.stat().st_size if target.is_file() else None
+        except (UnsafePathError, OSError):
+            return None
+
+    def read_output(self, rel: str) -> bytes:
+        return resolve_inside(self.root, rel).read_bytes()
+
+    def publish(self) -> None:
+        """Copy the run's files to where the outputs are (nothing to do for a local DIR)."""
+
+
+class RemoteOutputDir(OutputDir):
+    """DIR at a file-system URL: state and run files in a local staging folder, outputs at the
+    URL (``perturb.generate.store``)."""
+
+    def __init__(self, url: str) -> None:
+        from perturb.generate.store import RemoteDir, StoreError, open_fs, staging_folder
+
+        try:
+            open_fs(url)
+        except StoreError as exc:
+            raise RunError(str(exc)) from None
+        super().__init__(staging_folder(url))
+        self.url = url
+        self.remote = RemoteDir(url)
+        self._sizes: dict[str, int] | None = None
+
+    def prepare(self, settings: dict[str, Any]) -> None:
+        if not (self.state / "settings.json").exists():  # start from what the URL holds
+            for name in ("settings.json", "journal.jsonl"):
+                data = self.remote.read(f"{STATE_DIR}/{name}")
+                if data is not None:
+                    write_atomic(self.state / name, data)
+        super().prepare(settings)
+
+    def size_of(self, rel: str) -> int | None:
+        if self._sizes is None:
+            self._sizes = self.remote.sizes()
+        return self._sizes.get(rel)
+
+    def read_output(self, rel: str) -> bytes:
+        data = self.remote.read(rel)
+        if data is None:
+            raise FileNotFoundError(f"{self.url}/{rel}")
+        return data
+
+    def publish(self) -> None:
+        for name in ("manifest.parquet", "errors.jsonl", "dataset", "summary.json"):
+            self.remote.upload(self.root / name, name)
+        for name in ("settings.json", "journal.jsonl"):
+            self.remote.upload(self.state / name, f"{STATE_DIR}/{name}")
+
 
 def _append(fh: Any, rows: list[dict[str, Any]]) -> None:
     if not rows:
@@ -221,6 +320,25 @@ def manifest_table(rows: list[dict[str, Any]]) -> pa.Table:
     ordered = sorted(rows, key=_task_key)
     columns = {name: [r[name] for r in ordered] for name in MANIFEST_COLUMNS}
     return pa.table(columns, schema=MANIFEST_SCHEMA)
+
+
+def write_errors(out: Path, errors: list[dict[str, Any]]) -> None:
+    """DIR/errors.jsonl, one JSON object a line, in a deterministic order."""
+    errors.sort(
+        key=lambda e: json.dumps(
+            [
+                e["img_id"] or "",
+                e["op"] or "",
+                e["severity"] or 0,
+                e["variant"] or 0,
+                e["stage"],
+                e["reason"],
+            ]
+        )
+    )
+    write_atomic(
+        out / "errors.jsonl", "".join(json.dumps(e, sort_keys=True) + "\n" for e in errors).encode()
+    )
 
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
@@ -248,8 +366,11 @@ def _perturbation_columns(input_columns: list[str]) -> dict[str, str]:
     return {n: (f"perturb_{n}" if n in input_columns or n == "image" else n) for n in names}
 
 
-def build_dataset(out: Path, inp: Any, manifest: pa.Table, embed: bool) -> int:
-    """Write DIR/dataset: each perturbed image joined with every QA row of its img_id."""
+def build_dataset(
+    out: Path, inp: Any, manifest: pa.Table, embed: bool, folder: OutputDir | None = None
+) -> int:
+    """Write DIR/dataset: each perturbed image joined with every QA row of its img_id (the
+    image bytes read through ``folder`` when the outputs are at a URL)."""
     import datasets
 
     table = inp.table_without_image()
@@ -275,7 +396,10 @@ def build_dataset(out: Path, inp: Any, manifest: pa.Table, embed: bool) -> int:
         features.update(added)
     paths = picked.column("path").to_pylist()
     root = out.resolve()
-    image_bytes = [(root / p).read_bytes() for p in paths] if embed else [None] * len(paths)
+    if folder is not None and folder.url is not None:
+        image_bytes: list[bytes | None] = [folder.read_output(p) for p in paths]
+    else:
+        image_bytes = [(root / p).read_bytes() for p in paths] if embed else [None] * len(paths)
     image = pa.StructArray.from_arrays(
         [
             pa.array(image_bytes, type=pa.binary()),
@@ -300,6 +424,13 @@ def build_dataset(out: Path, inp: Any, manifest: pa.Table, embed: bool) -> int:
     ds = datasets.Dataset(
         datasets.table.InMemoryTable(result), info=datasets.DatasetInfo(features=feats)
     )
+    return save_dataset(out, ds)
+
+
+def save_dataset(out: Path, ds: Any) -> int:
+    """Write ``ds`` as DIR/dataset, replacing the old one only once the new one is complete."""
+    import datasets
+
     state = out / STATE_DIR
     tmp, old, final = state / "dataset.tmp", state / "dataset.old", out / "dataset"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -379,9 +510,12 @@ class _Progress:
 def generate(suite: Suite, options: RunOptions) -> RunSummary:
     """Run ``suite`` over the input and write DIR; returns the summary. Raises RunError for
     problems that stop the run before it starts."""
-    from perturb.io.datasets import DatasetError, open_input
+    from perturb.io.datasets import DatasetError
 
-    device = _resolve_device(options.device)
+    if options.engine not in ("local", "ray"):
+        raise RunError(f"--engine must be local or ray, got {options.engine!r}")
+    if options.engine == "local":
+        device = _resolve_device(options.device)
     if options.batch_size < 1:
         raise RunError(f"--batch-size must be at least 1, got {options.batch_size}")
     if options.workers < 1:
@@ -390,32 +524,21 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         raise RunError(f"--limit must be non-negative, got {options.limit}")
     if options.max_pixels < 4:
         raise RunError(f"--max-pixels must be at least 4, got {options.max_pixels}")
+    if options.max_retries < 0:
+        raise RunError(f"--max-retries must be non-negative, got {options.max_retries}")
+    try:
+        shard = (
+            options.shard if isinstance(options.shard, Shard) else parse_shard(options.shard)
+        )
+    except ShardError as exc:
+        raise RunError(str(exc)) from None
+    url = output_url(options.out)
+    out = None if url else output_path(options.out)
     seed = suite.seed if options.seed is None else options.seed
     try:
-        if suite.input is not None:
-            from perturb.io.adapters import open_adapter
-
-            inp = open_adapter(
-                suite.input.adapter,
-                options.dataset,
-                images=options.images or suite.input.images,
-                split=options.split,
-                keep_leaking_fields=suite.input.keep_leaking_fields,
-                min_visible=suite.input.min_visible,
-            )
-        elif options.images is not None:
-            raise RunError(
-                "--images is for dataset adapters: use a suite with an input.adapter section "
-                "(e.g. configs/rexvqa.yaml), or pass the images with --dataset"
-            )
-        else:
-            inp = open_input(
-                options.dataset,
-                options.split,
-                image_column=options.image_column,
-                builtin_images=options.builtin_images,
-                builtin_modality=suite.data_modality(),
-            )
+        inp = open_run_input(
+            suite, options.dataset, options.split, options.image_column, options.builtin_images, options.images
+        )
     except DatasetError as exc:
         raise RunError(str(exc)) from None
     if suite.per_image_modality and inp.modality_column is None:
@@ -425,7 +548,6 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
             "(e.g. input.adapter: medthinkvqa) or name a modality in the suite's jobs"
         )
 
-    out = Path(options.out)
     settings = {
         "suite": suite.suite,
         "suite_fingerprint": suite.fingerprint(),
@@ -433,26 +555,119 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         "input": inp.fingerprint,
         "perturb_version": __version__,
     }
-    folder = OutputDir(out)
-    folder.prepare(settings)
+    if shard is not None:  # absent for a whole run, so whole runs made before shards resume
+        settings["shard"] = str(shard)
+    folder = RemoteOutputDir(url) if url else OutputDir(out or Path())
     try:
-        return _run(suite, options, inp, folder, seed, device)
+        if options.engine == "ray":
+            from perturb.generate.ray_engine import connect
+
+            device = connect(options)
+        folder.prepare(settings)
+        return _run(suite, options, inp, folder, seed, device, shard)
     finally:
         folder.release()
+        if options.engine == "ray":
+            from perturb.generate.ray_engine import disconnect
+
+            disconnect()
+
+
+
+def open_run_input(
+    suite: Suite,
+    dataset: str | None,
+    split: str | None,
+    image_column: str | None,
+    builtin_images: int | None,
+    images: str | None,
+) -> Any:
+    """The input of a run, opened the same way by the driver and by every engine's workers:
+    through the suite's dataset adapter, or ``open_input`` (built-in data of the suite's
+    modality when no dataset is given). Raises ``DatasetError`` or ``RunError``."""
+    from perturb.io.datasets import open_input
+
+    if suite.input is not None:
+        from perturb.io.adapters import open_adapter
+
+        return open_adapter(
+            suite.input.adapter,
+            dataset,
+            images=images or suite.input.images,
+            split=split,
+            keep_leaking_fields=suite.input.keep_leaking_fields,
+            min_visible=suite.input.min_visible,
+        )
+    if images is not None:
+        raise RunError(
+            "--images is for dataset adapters: use a suite with an input.adapter section "
+            "(e.g. configs/rexvqa.yaml), or pass the images with --dataset"
+        )
+    return open_input(
+        dataset,
+        split,
+        image_column=image_column,
+        builtin_images=builtin_images,
+        builtin_modality=suite.data_modality(),
+    )
+
+def read_jobs(inp: Any, batch: list[Pending]) -> tuple[list[ImageJob], list[dict[str, Any]]]:
+    """Jobs of a batch with their image bytes; images that cannot be read become error rows."""
+    from perturb.io.datasets import ImageFetchError
+
+    jobs, errs = [], []
+    for group, file_id, missing in batch:
+        try:
+            data = inp.image_bytes(group.rows[0])
+        except ImageFetchError as exc:
+            errs.append(
+                {
+                    "img_id": group.img_id,
+                    "file_id": file_id,
+                    "stage": "read",
+                    "op": None,
+                    "severity": None,
+                    "variant": None,
+                    "qa_rows": len(group.rows),
+                    "reason": str(exc),
+                }
+            )
+            continue
+        param_key = inp.sample_key(group) if inp.sample_key_column else None
+        jobs.append(
+            ImageJob(group.img_id, file_id, data, missing, qa_rows=len(group.rows), param_key=param_key)
+        )
+    return jobs, errs
 
 
 def _run(
-    suite: Suite, options: RunOptions, inp: Any, folder: OutputDir, seed: int, device: str
+    suite: Suite,
+    options: RunOptions,
+    inp: Any,
+    folder: OutputDir,
+    seed: int,
+    device: str,
+    shard: Shard | None,
 ) -> RunSummary:
     started = time.perf_counter()
     out = folder.root
-    summary = RunSummary(suite=suite.suite, input=inp.source, device=device)
+    summary = RunSummary(
+        suite=suite.suite,
+        input=inp.source,
+        device=device,
+        engine=options.engine,
+        shard=None if shard is None else str(shard),
+    )
     done = folder.load_journal()
     groups, empty_rows = inp.groups()
     summary.input_rows = len(inp)
     summary.rows_without_id = len(empty_rows)
     summary.images = len(groups)
     selected = groups if options.limit is None else groups[: options.limit]
+    if shard is not None:
+        kept = [g for g in selected if shard.holds(g.img_id)]
+        summary.images_in_other_shards = len(selected) - len(kept)
+        selected = kept
     summary.images_selected = len(selected)
     all_tasks = suite.tasks()
     errors: list[dict[str, Any]] = [
@@ -467,9 +682,10 @@ def _run(
             "reason": f"input row {r}: empty img_id",
         }
         for r in empty_rows
+        if shard is None or shard.index == 0  # reported once over the shards of a run
     ]
     # what is missing
-    pending: list[tuple[Any, str, list[tuple[Task, str]]]] = []
+    pending: list[Pending] = []
     for group in selected:
         file_id = safe_stem(group.img_id)
         if file_id != group.img_id:
@@ -480,14 +696,9 @@ def _run(
         for task in tasks:
             rel = task.path(suite, file_id)
             row = done.get((group.img_id, task.op, task.severity, task.variant))
-            if row is not None:
-                try:
-                    target = resolve_inside(out, rel)
-                    if target.is_file() and target.stat().st_size == int(row["size_bytes"]):
-                        summary.outputs_existing += 1
-                        continue
-                except (UnsafePathError, OSError):
-                    pass
+            if row is not None and folder.size_of(rel) == int(row["size_bytes"]):
+                summary.outputs_existing += 1
+                continue
             missing.append((task, rel))
         summary.outputs_expected += len(tasks)
         if missing:
@@ -498,53 +709,26 @@ def _run(
         device=device,
         max_pixels=options.max_pixels,
         out=str(out),
-        threads=default_threads(options.workers),
+        threads=options.threads or default_threads(options.workers),
     )
     progress = _Progress(options.progress, sum(len(m) for _, _, m in pending), f"{suite.suite}")
     written = 0
 
-    def jobs_of(
-        batch: list[tuple[Any, str, list[tuple[Task, str]]]],
-    ) -> tuple[list[ImageJob], list[dict[str, Any]]]:
-        from perturb.io.datasets import ImageFetchError
-
-        jobs, errs = [], []
-        for group, file_id, missing in batch:
-            try:
-                data = inp.image_bytes(group.rows[0])
-            except ImageFetchError as exc:
-                errs.append(
-                    {
-                        "img_id": group.img_id,
-                        "file_id": file_id,
-                        "stage": "read",
-                        "op": None,
-                        "severity": None,
-                        "variant": None,
-                        "qa_rows": len(group.rows),
-                        "reason": str(exc),
-                    }
-                )
-                continue
-            param_key = inp.sample_key(group) if inp.sample_key_column else None
-            jobs.append(
-                ImageJob(
-                    group.img_id, file_id, data, missing, qa_rows=len(group.rows), param_key=param_key
-                )
-            )
-        return jobs, errs
-
-    def fetch(batch: list[tuple[Any, str, list[tuple[Task, str]]]]) -> tuple[list[ImageJob], int]:
+    def fetch(batch: list[Pending]) -> tuple[list[ImageJob], int]:
         """Jobs of a batch with their bytes; images that cannot be read become errors."""
-        jobs, errs = jobs_of(batch)
+        jobs, errs = read_jobs(inp, batch)
         errors.extend(errs)
         summary.images_failed += len(errs)
         failed = {e["img_id"] for e in errs}
         progress.advance(sum(len(m) for g, _, m in batch if g.img_id in failed))
         return jobs, sum(len(j.tasks) for j in jobs)
 
-    def take(result: ChunkResult, fh: Any, tasks: int) -> None:
+    fh: Any = None
+
+    def take(result: ChunkResult, tasks: int) -> None:
         nonlocal written
+        if summary.seconds_to_first_output is None and result.rows:
+            summary.seconds_to_first_output = time.perf_counter() - started
         _append(fh, result.rows)
         for row in result.rows:
             done[_task_key(row)] = row
@@ -559,12 +743,26 @@ def _run(
     batches = [
         pending[i : i + options.batch_size] for i in range(0, len(pending), options.batch_size)
     ]
+    job: Callable[[WorkerConfig, list[ImageJob]], ChunkResult] = process_chunk
+    if folder.url is not None:  # outputs to a URL: write to scratch, then copy
+        from perturb.generate.store import publish_chunk
+
+        job = partial(publish_chunk, url=folder.url)
     try:
         with folder.journal() as fh:
-            if options.workers <= 1:
+            if options.engine == "ray":
+                from perturb.generate.ray_engine import run_ray
+
+                stats = run_ray(cfg, options, inp, batches, take, url=folder.url)
+                errors.extend(stats.errors)
+                summary.images_failed += stats.images_lost
+                summary.retries = stats.retries
+                summary.worker_failures = stats.failures
+                progress.advance(sum(len(e) for e in stats.lost_tasks))
+            elif options.workers <= 1:
                 for batch in batches:
                     jobs, n_tasks = fetch(batch)
-                    take(process_chunk(cfg, jobs), fh, n_tasks)
+                    take(job(cfg, jobs), n_tasks)
             else:
                 ctx = get_context("spawn")
                 with ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx) as pool:
@@ -573,12 +771,12 @@ def _run(
                     while True:
                         while queue and len(in_flight) < 2 * options.workers:
                             jobs, n_tasks = fetch(queue.pop())
-                            in_flight[pool.submit(process_chunk, cfg, jobs)] = n_tasks
+                            in_flight[pool.submit(job, cfg, jobs)] = n_tasks
                         if not in_flight:
                             break
                         finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                         for fut in finished:
-                            take(fut.result(), fh, in_flight.pop(fut))
+                            take(fut.result(), in_flight.pop(fut))
     finally:
         progress.close()
     summary.outputs_written = written
@@ -586,26 +784,13 @@ def _run(
     manifest = manifest_table(list(done.values()))
     _crash_point("manifest")
     write_parquet_atomic(manifest, out / "manifest.parquet")
-    errors.sort(
-        key=lambda e: json.dumps(
-            [
-                e["img_id"] or "",
-                e["op"] or "",
-                e["severity"] or 0,
-                e["variant"] or 0,
-                e["stage"],
-                e["reason"],
-            ]
-        )
-    )
-    write_atomic(
-        out / "errors.jsonl", "".join(json.dumps(e, sort_keys=True) + "\n" for e in errors).encode()
-    )
+    write_errors(out, errors)
     summary.manifest_rows = manifest.num_rows
-    summary.dataset_rows = build_dataset(out, inp, manifest, options.embed_images)
+    summary.dataset_rows = build_dataset(out, inp, manifest, options.embed_images, folder)
     summary.errors = len(errors)
     summary.output_bytes = int(sum(manifest.column("size_bytes").to_pylist()))
     summary.seconds = time.perf_counter() - started
     summary.images_per_second = written / summary.seconds if summary.seconds > 0 else 0.0
     write_atomic(out / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
+    folder.publish()
     return summary

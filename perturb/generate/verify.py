@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from perturb.generate.naming import UnsafePathError, resolve_inside
-from perturb.generate.runner import RESERVED
+from perturb.generate.runner import RESERVED, output_path, output_url
 
 
 class VerifyError(ValueError):
@@ -53,9 +53,45 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _verify_url(url: str) -> VerifyReport:
+    """``verify`` for an output at a file-system URL (``perturb.generate.store``)."""
+    import pyarrow as pa
+
+    from perturb.generate.store import RemoteDir, StoreError
+
+    remote = RemoteDir(url)
+    try:
+        data = remote.read("manifest.parquet")
+        sizes = remote.sizes()
+    except (StoreError, OSError) as exc:
+        raise VerifyError(f"{url}: cannot be read: {exc}") from None
+    if data is None:
+        raise VerifyError(f"{url}: no manifest.parquet (not a `perturb generate` output, or the run never finished)")
+    table = pq.read_table(pa.BufferReader(data), columns=["path", "sha256"])
+    report = VerifyReport()
+    listed = set()
+    for rel, digest in zip(
+        table.column("path").to_pylist(), table.column("sha256").to_pylist(), strict=True
+    ):
+        report.checked += 1
+        listed.add(rel)
+        blob = remote.read(rel) if rel in sizes else None
+        if blob is None:
+            report.missing.append(rel)
+        elif hashlib.sha256(blob).hexdigest() != digest:
+            report.corrupt.append(rel)
+    report.extra = [r for r in sizes if r.split("/")[0] not in RESERVED and r not in listed]
+    for items in (report.missing, report.corrupt, report.extra):
+        items.sort()
+    return report
+
+
 def verify(root: str | os.PathLike[str]) -> VerifyReport:
     """Re-hash every file of ``root``'s manifest and look for files it does not list."""
-    out = Path(root)
+    url = output_url(root)
+    if url is not None:
+        return _verify_url(url)
+    out = output_path(root)
     if not out.is_dir():
         raise VerifyError(f"{out}: no such folder")
     manifest = out / "manifest.parquet"

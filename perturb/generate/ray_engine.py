@@ -1,0 +1,385 @@
+"""The Ray Data engine of ``perturb generate --engine ray``: the same keyed jobs and the same job
+function (``perturb.generate.worker.process_chunk``) as the local engine, on a Ray cluster.
+
+* The driver plans exactly as the local engine (what is missing from the journal, shards,
+  ``--limit``) and hands Ray Data a table of small job descriptors (img_id, file stem, input
+  rows, missing outputs): no image bytes pass through the driver.
+* ``map_batches`` runs ``GenerateWorker``, a stateful callable class: each worker opens the input
+  once through ``datasets`` (Arrow, memory-mapped; the input must be at the same path on every
+  node, or be a hub id / the built-in phantoms), loads the suite and its ops on its device (one
+  GPU per worker where the cluster has GPUs, ``num_gpus=G``; CPU workers otherwise), reads its
+  images' bytes, and calls ``process_chunk``, which writes the outputs atomically into DIR (a
+  local or shared path that every worker sees).
+* Results stream back to the driver, which appends them to DIR's journal as the local engine
+  does: the manifest, errors.jsonl, dataset/, resume after a kill of the driver and ``perturb
+  verify`` are those of the local engine. A sample's bytes depend only on its image and key, so
+  outputs are the same whatever the worker count, batch size or scheduling order.
+* Failures: a batch whose worker died or raised is not fatal (``max_errored_blocks=-1``); after
+  each pass, the images that did not come back run again, each image as its own Ray task (so a
+  crashing image cannot take another along), for at most ``max_retries`` more passes.
+  Images still missing after that land in errors.jsonl (stage ``worker``) with their img_id; the
+  summary reports ``retries`` and ``worker_failures``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from perturb.catalog.specs import MODALITIES
+from perturb.generate.worker import ChunkResult, WorkerConfig, default_threads, process_chunk
+
+RAY_MISSING = (
+    'the Ray engine needs Ray Data, which is not installed: pip install "perturb-medvqa[ray]" '
+    "(or use --engine local)"
+)
+_OWNED = {"ray": False}  # whether this process started the Ray instance it uses
+
+
+def import_ray() -> Any:
+    """``ray`` with Ray Data, or a RunError that names the install command."""
+    from perturb.generate.runner import RunError
+
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise RunError(RAY_MISSING) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Resources per worker and the number of workers."""
+
+    gpus: float
+    workers: int
+    device: str
+
+
+def connect(options: Any) -> str:
+    """Start or join Ray (``options.ray_address``: None starts a local instance, ``auto`` or
+    host:port joins a cluster) and return the workers' device."""
+    return plan(options).device
+
+
+def _init(address: str | None) -> Any:
+    from perturb.generate.runner import RunError
+
+    ray = import_ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
+        except ConnectionError as exc:
+            raise RunError(
+                f"--ray-address {address}: cannot reach a Ray cluster ({exc}); start one with "
+                "`ray start --head`, or leave --ray-address out to start a local Ray"
+            ) from None
+        _OWNED["ray"] = address is None
+    return ray
+
+
+def plan(options: Any) -> Plan:
+    """Workers and GPUs per worker from the options and the cluster's resources."""
+    from perturb.generate.runner import RunError
+
+    ray = _init(options.ray_address)
+    resources = ray.cluster_resources()
+    cluster_gpus = float(resources.get("GPU", 0.0))
+    cluster_cpus = float(resources.get("CPU", 1.0))
+    if options.device not in ("auto", "cpu", "cuda"):
+        raise RunError(f"--device must be auto, cpu or cuda, got {options.device!r}")
+    gpus = options.gpus_per_worker
+    if gpus is None:
+        gpus = 1.0 if cluster_gpus > 0 and options.device != "cpu" else 0.0
+    if gpus < 0:
+        raise RunError(f"--gpus-per-worker must be non-negative, got {gpus}")
+    if gpus > 0 and options.device == "cpu":
+        raise RunError("--gpus-per-worker > 0 with --device cpu: leave one of them out")
+    if gpus > cluster_gpus:
+        raise RunError(
+            f"--gpus-per-worker {gpus:g}: the Ray cluster has {cluster_gpus:g} GPU(s); "
+            "use --gpus-per-worker 0 for CPU workers"
+        )
+    if options.device == "cuda" and gpus == 0:
+        raise RunError(
+            "--device cuda: the Ray cluster has no GPU; use --device cpu or auto, or join a GPU cluster"
+        )
+    workers = options.concurrency
+    if workers is None:
+        workers = max(1, int(cluster_gpus // gpus) if gpus > 0 else int(cluster_cpus))
+    if workers < 1:
+        raise RunError(f"--concurrency must be at least 1, got {workers}")
+    return Plan(gpus=float(gpus), workers=int(workers), device="cuda" if gpus > 0 else "cpu")
+
+
+def disconnect() -> None:
+    """Shut down the Ray instance this process started (a joined cluster stays up)."""
+    if _OWNED["ray"]:
+        import ray
+
+        ray.shutdown()
+        _OWNED["ray"] = False
+
+
+@dataclass(frozen=True)
+class InputSource:
+    """How a worker re-opens the input (as the driver did, ``runner.open_run_input``) and what
+    it must see."""
+
+    dataset: str | None
+    split: str | None
+    image_column: str | None
+    builtin_images: int | None
+    images: str | None
+    fingerprint: str
+    rows: int
+
+    def open(self, suite: Any) -> Any:
+        from perturb.generate.runner import open_run_input
+
+        inp = open_run_input(
+            suite, self.dataset, self.split, self.image_column, self.builtin_images, self.images
+        )
+        if inp.fingerprint != self.fingerprint or len(inp) != self.rows:
+            raise RuntimeError(
+                f"this worker sees another input ({inp.fingerprint}, {len(inp)} rows) than the "
+                f"driver ({self.fingerprint}, {self.rows} rows): the input must be at the same "
+                "path on every node"
+            )
+        return inp
+
+
+def _crash_hook(spec: str | None, img_ids: list[str]) -> None:
+    """Test hook: ``PERTURB_CRASH_AT=ray-worker:IMG_ID`` kills (SIGKILL) the worker process
+    whenever a batch holds IMG_ID; ``ray-worker-once:IMG_ID:MARKER`` only while the file MARKER
+    does not exist (it is created first), so the retry succeeds."""
+    if not spec or not spec.startswith("ray-worker"):
+        return
+    kind, _, rest = spec.partition(":")
+    img_id, _, marker = rest.partition(":")
+    if img_id not in img_ids:
+        return
+    if kind == "ray-worker-once":
+        if Path(marker).exists():
+            return
+        Path(marker).touch()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class GenerateWorker:
+    """Ray Data stateful worker: the input and the suite's ops are loaded once per worker."""
+
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        source: InputSource,
+        crash_at: str | None = None,
+        url: str | None = None,
+    ):
+        from perturb.catalog.registry import get_op
+        from perturb.generate.suite import parse_suite
+
+        self.cfg = cfg
+        self.crash_at = crash_at
+        self.url = url
+        suite = parse_suite(cfg.suite)
+        self.inp = source.open(suite)
+        modalities = sorted(MODALITIES) if suite.per_image_modality else [None]
+        self.tasks = {(t.op, t.severity, t.variant): t for m in modalities for t in suite.tasks(m)}
+        for name in {t.op for t in self.tasks.values() if not t.composite}:
+            get_op(name)  # the catalog's ops for this worker, loaded before the first batch
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
+        from perturb.generate.runner import read_jobs
+        from perturb.io.datasets import ImageGroup
+
+        ids = [str(v) for v in batch["img_id"]]
+        _crash_hook(self.crash_at, ids)
+        try:
+            pending = [
+                (
+                    ImageGroup(img_id, json.loads(rows)),
+                    str(file_id),
+                    [(self.tasks[(op, s, v)], rel) for op, s, v, rel in json.loads(tasks)],
+                )
+                for img_id, file_id, rows, tasks in zip(
+                    ids, batch["file_id"], batch["rows"], batch["tasks"], strict=True
+                )
+            ]
+            jobs, read_errors = read_jobs(self.inp, pending)
+            if self.url is None:
+                result = process_chunk(self.cfg, jobs)
+            else:  # outputs to a URL: write to scratch, then copy
+                from perturb.generate.store import publish_chunk
+
+                result = publish_chunk(self.cfg, jobs, self.url)
+        except Exception as exc:  # the driver re-runs these images, then reports them
+            return _reply(ids, ChunkResult(), 0, f"{type(exc).__name__}: {exc}")
+        result.errors = read_errors + result.errors
+        result.images_failed += len(read_errors)
+        return _reply(ids, result, sum(len(m) for _, _, m in pending), "")
+
+
+_CACHED: dict[str, GenerateWorker] = {}
+
+
+def _isolated(batch: dict[str, Any], **state: Any) -> dict[str, list[Any]]:
+    """A retry-pass task: the process's GenerateWorker for this run (made once), on one batch."""
+    key = repr(sorted(state.items()))
+    worker = _CACHED.get(key)
+    if worker is None:
+        worker = _CACHED[key] = GenerateWorker(**state)
+    return worker(batch)
+
+
+def _reply(ids: list[str], result: ChunkResult, tasks: int, failure: str) -> dict[str, list[Any]]:
+    return {
+        "img_ids": [json.dumps(ids)],
+        "result": [json.dumps(asdict(result))],
+        "tasks": [tasks],
+        "failure": [failure],
+    }
+
+
+def _descriptors(batch: list[Any]) -> pa.Table:
+    return pa.table(
+        {
+            "img_id": [g.img_id for g, _, _ in batch],
+            "file_id": [f for _, f, _ in batch],
+            "rows": [json.dumps(g.rows) for g, _, _ in batch],
+            "tasks": [
+                json.dumps([[t.op, t.severity, t.variant, rel] for t, rel in missing])
+                for _, _, missing in batch
+            ],
+        }
+    )
+
+
+@dataclass
+class RayStats:
+    retries: int = 0
+    failures: int = 0
+    images_lost: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    lost_tasks: list[list[Any]] = field(default_factory=list)
+
+
+def run_ray(
+    cfg: WorkerConfig,
+    options: Any,
+    inp: Any,
+    batches: list[list[Any]],
+    take: Callable[[ChunkResult, int], None],
+    url: str | None = None,
+) -> RayStats:
+    """Run the pending images (``batches`` of the local engine's plan) on Ray Data; every
+    result goes to ``take`` (the runner's journal) as it arrives."""
+    ray = import_ray()
+    from ray.data import ActorPoolStrategy, DataContext
+
+    p = plan(options)
+    ctx = DataContext.get_current()
+    ctx.max_errored_blocks = -1  # a failed batch is re-run by the next pass, not fatal
+    ctx.enable_progress_bars = False  # the run has its own progress bar
+    ctx.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    threads = options.threads or (default_threads(p.workers) if not p.gpus else None)
+    cfg = replace(cfg, device=p.device, threads=threads)
+    dataset = options.dataset
+    if dataset is not None and Path(dataset).exists():
+        dataset = str(Path(dataset).resolve())  # workers may start in another folder
+    images = options.images
+    if images is not None and Path(images).exists():
+        images = str(Path(images).resolve())
+    source = InputSource(
+        dataset, options.split, options.image_column, options.builtin_images, images,
+        inp.fingerprint, len(inp),
+    )  # fmt: skip
+    crash_at = os.environ.get("PERTURB_CRASH_AT")
+    stats = RayStats()
+    remaining = [item for batch in batches for item in batch]
+    reasons: dict[str, str] = {}
+    size = options.batch_size
+    for attempt in range(options.max_retries + 1):
+        if not remaining:
+            break
+        if attempt:
+            stats.retries += len(remaining)
+            size = 1  # isolate the image that kills its worker
+        groups = [remaining[i : i + size] for i in range(0, len(remaining), size)]
+        descriptors = ray.data.from_arrow([_descriptors(g) for g in groups])
+        state = {"cfg": cfg, "source": source, "crash_at": crash_at, "url": url}
+        with warnings.catch_warnings():  # max_restarts & co. have no named parameter yet
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+            if attempt == 0:  # stateful workers, one batch in flight each
+                results = descriptors.map_batches(
+                    GenerateWorker,
+                    batch_size=size,
+                    compute=ActorPoolStrategy(
+                        size=min(p.workers, len(groups)), max_tasks_in_flight_per_actor=1
+                    ),
+                    fn_constructor_kwargs=state,
+                    num_cpus=1,
+                    num_gpus=p.gpus or None,
+                    # a dead worker is replaced, not restarted in place; what it held runs in
+                    # the next pass: retries are counted and bounded here
+                    max_restarts=0,
+                    max_task_retries=0,
+                )
+            else:  # each image its own task: a crashing image cannot take another one along
+                results = descriptors.map_batches(
+                    _isolated,
+                    batch_size=1,
+                    fn_kwargs=state,
+                    num_cpus=1,
+                    num_gpus=p.gpus or None,
+                    max_retries=0,
+                )
+        returned: set[str] = set()
+        raised: set[str] = set()
+        for row in results.iter_rows():
+            ids = json.loads(row["img_ids"])
+            if row["failure"]:
+                stats.failures += 1
+                reasons.update(dict.fromkeys(ids, str(row["failure"])))
+                raised.update(ids)
+                continue
+            take(ChunkResult(**json.loads(row["result"])), int(row["tasks"]))
+            returned.update(ids)
+        died = {g[0].img_id for g in remaining} - returned - raised
+        for img_id in died:
+            reasons[img_id] = "the worker process died"
+        stats.failures += sum(1 for g in groups if any(it[0].img_id in died for it in g))
+        remaining = [item for item in remaining if item[0].img_id not in returned]
+    for group, file_id, missing in remaining:
+        stats.images_lost += 1
+        stats.lost_tasks.append(missing)
+        stats.errors.append(
+            {
+                "img_id": group.img_id,
+                "file_id": file_id,
+                "stage": "worker",
+                "op": None,
+                "severity": None,
+                "variant": None,
+                "qa_rows": len(group.rows),
+                "reason": f"failed on {options.max_retries + 1} attempt(s): "
+                + reasons.get(group.img_id, "no result"),
+            }
+        )
+    return stats
