@@ -186,3 +186,30 @@ def test_missing_ray_names_the_install_command(
     )  # fmt: skip
     assert result.exit_code == 2 and "--engine must be local or ray" in result.output
 
+
+
+def test_ray_engine_runs_adapter_suites_with_per_image_modality(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    """Workers open the input as the driver does (the suite's dataset adapter, its sample keys
+    and each image's modality): a MedThinkVQA case on Ray equals the local engine's run."""
+    from perturb.generate.suite import parse_suite
+    from tests.io.radiology_fixtures import make_medthinkvqa
+
+    folder = make_medthinkvqa(tmp_path)
+    suite = parse_suite(
+        {
+            "suite": "medthink-ray",
+            "seed": 5,
+            "input": {"adapter": "medthinkvqa"},
+            "jobs": [{"ops": "all", "modality": "from_image", "severities": [2]}],
+            "output": {"layout": "{op}/s{severity}/{img_id}.{ext}", "format": "png"},
+        },
+        "test",
+    )
+    local = tmp_path / "local"
+    assert run(suite, local, folder).errors == 0, (local / "errors.jsonl").read_text()
+    out = tmp_path / "ray"
+    summary = run(suite, out, folder, engine="ray", concurrency=2, batch_size=2)
+    assert summary.errors == 0 and summary.worker_failures == 0, (out / "errors.jsonl").read_text()
+    assert_same_run(out, local)
