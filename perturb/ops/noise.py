@@ -153,7 +153,7 @@ def impulse_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
         dst[c][salt] = white
 
 
-def _poisson_small(lam: np.ndarray, u: np.ndarray) -> np.ndarray:
+def poisson_small(lam: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Exact CDF inversion, as ``poisson_counts`` does it (float64, same recurrence), but each
     element leaves the loop as soon as its count is known: the work is the sum of the counts
     instead of ``POISSON_MAX_COUNT`` passes over every element."""
@@ -266,7 +266,7 @@ def _shot_counts(
         counts[small] = _poisson_small_levels(mean_lut, levels.reshape(-1)[small], m)
     else:
         u = _u_of_m(bits[small] >> np.uint32(8))
-        counts[small] = _poisson_small(mean.reshape(-1)[small].astype(np.float64), u)
+        counts[small] = poisson_small(mean.reshape(-1)[small].astype(np.float64), u)
     return counts
 
 

@@ -12,8 +12,12 @@ so air behind the lungs (v ~ 0) receives the full beam and the densest white str
 2 % of it. Physical effects act on ``I`` (invert the display transform, perturb, re-apply,
 clip to [0, 1]); display-side effects (window/level, gamma, bit depth, inversion, burned-in
 text and markers, collimation shutters, JPEG) act on ``v``. 8- and 16-bit inputs keep their
-depth: the engine converts them to float32 and back, only ``xray_bit_depth`` and ``xray_jpeg``
-quantise by design.
+depth (only ``xray_bit_depth`` and ``xray_jpeg`` quantise by design): the result is the float32
+result rounded back. On the CPU every op has a per-sample host path that reads uint8/uint16
+natively and gives that same result: pointwise ops as one table of all 256 / 65,536 levels
+(the kernel itself evaluated on the levels), heel effect and grid lines as a float64 display
+shift field, overlays blended inside their mask's bounding box, quantum noise with perturb.rng's
+NumPy twins of its fields; scatter, motion blur and JPEG use OpenCV (within 1/255 of torch).
 
 Ops (physics after Bushberg et al., The Essential Physics of Medical Imaging, 3rd ed., ch. 7-9;
 DICOM PS3.3 C.11.2 for VOI LINEAR windowing and C.7.6.3.1.2 for MONOCHROME1):
@@ -45,8 +49,8 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend, blur, jpeg
-from perturb.ops.noise import poisson_counts
-from perturb.ops.registry import Level, Params, draw, draw_int, draw_sign, register_kernel
+from perturb.ops.noise import POISSON_EXACT_BELOW, poisson_counts, poisson_small
+from perturb.ops.registry import Kernel, Level, Params, draw, draw_int, draw_sign, register_kernel
 
 MU = 4.0  # display range in natural-log units of fluence
 FULL_DOSE_QUANTA = 10000.0  # N0: quanta per pixel of the unattenuated beam at full dose
@@ -91,18 +95,74 @@ def to_display_np(i: np.ndarray) -> np.ndarray:
     return np.clip(v, 0.0, 1.0).astype(np.float32)
 
 
-def _load(src: np.ndarray) -> np.ndarray:
-    """One CHW sample as float32 in [0, 1], as the engine converts it."""
-    if src.dtype == np.uint8:
-        return src.astype(np.float32) / np.float32(255.0)
-    return src
+_load = backend.load_float
+_store = backend.store_float
+_NATIVE = (np.uint8, np.uint16, np.float32)
+_INTEGER = (np.uint8, np.uint16)
 
 
-def _store(res: np.ndarray, dst: np.ndarray) -> None:
-    if dst.dtype == np.uint8:
-        np.copyto(dst, np.clip(np.rint(res * np.float32(255.0)), 0, 255).astype(np.uint8))
-    else:
-        np.copyto(dst, res)
+def _linear_np(src: np.ndarray) -> np.ndarray:
+    """``to_linear_np`` of one sample's float32 values; integer levels go through a table of
+    the same values (one exp per level instead of one per pixel)."""
+    if src.dtype == np.float32:
+        return to_linear_np(src)
+    return np.take(to_linear_np(backend.levels(src.dtype)), src)
+
+
+def _host_params(p: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """One sample's host parameter row as the (1, ...) float32 tensors a kernel takes."""
+    return {name: torch.from_numpy(np.ascontiguousarray(value)[None]) for name, value in p.items()}
+
+
+def _apply_shift(src: np.ndarray, dst: np.ndarray, shift: np.ndarray) -> None:
+    """``scale_linear`` on the host: ``clip(v - shift)`` in float64, rounded to float32 and
+    stored in ``dst``'s dtype; ``shift`` (H, W float64) is ``ln(gain) / MU``."""
+    table = backend.levels(src.dtype).astype(np.float64) if src.dtype != np.float32 else None
+    for c in range(src.shape[0]):
+        v = src[c].astype(np.float64) if table is None else np.take(table, src[c])
+        np.subtract(v, shift, out=v)
+        np.clip(v, 0.0, 1.0, out=v)
+        _store(v.astype(np.float32), dst[c])
+
+
+def _blend_np(src: np.ndarray, dst: np.ndarray, mask: np.ndarray, value: float) -> None:
+    """``_blend`` of one sample on the host: float32 ``v (1 - m) + value m`` inside the bounding
+    box of the mask; outside it ``m = 0`` and the result is ``v`` itself (every level of an
+    integer sample rounds back to itself), so those pixels are copied."""
+    np.copyto(dst, src)
+    rows = np.flatnonzero(mask.any(axis=1))
+    if rows.size == 0:
+        return
+    cols = np.flatnonzero(mask.any(axis=0))
+    box = (slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1))
+    m = mask[box]
+    keep = np.float32(1.0) - m
+    paint = np.float32(value) * m
+    for c in range(src.shape[0]):
+        out = _load(src[c][box]) * keep
+        out += paint
+        np.clip(out, np.float32(0.0), np.float32(1.0), out=out)
+        _store(out, dst[c][box])
+
+
+def _register_lut(name: str, kernel: Kernel) -> None:
+    """A pointwise op's CPU path for integer samples: the op's own kernel evaluated once per
+    sample on every level (256 or 65,536 values), rounded as the engine rounds, then one gather.
+    float32 batches keep the torch kernel."""
+
+    def lut_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+        values = torch.from_numpy(backend.levels(src.dtype).copy()).view(1, 1, 1, -1)
+        with torch.no_grad():
+            out = kernel(values, _host_params(p), [key]).reshape(-1).numpy()
+        table = np.empty(out.shape, dtype=src.dtype)
+        _store(out, table)
+        for c in range(src.shape[0]):
+            if src.dtype == np.uint8:
+                cv2.LUT(src[c], table, dst=dst[c])
+            else:
+                np.take(table, src[c], out=dst[c])
+
+    backend.register_cpu(name, dtypes=_INTEGER)(lut_cpu)
 
 
 def _coords(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,6 +197,37 @@ def xray_quantum_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequen
     return to_display(counts / quanta, x)
 
 
+@backend.register_cpu("xray_quantum_noise", dtypes=_NATIVE)
+def xray_quantum_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    """The kernel per sample on the host with the same fields (perturb.rng's NumPy twins) and
+    operations in the same order; the mean ``f N0 I`` and its root are per-level tables for
+    integer samples (the kernel's own torch expressions, evaluated on every level)."""
+    n = src.size
+    quanta = float(np.float32(p["dose"])) * FULL_DOSE_QUANTA
+    if src.dtype == np.float32:
+        mean_t = (to_linear(torch.from_numpy(src.reshape(-1))) * quanta).float()
+        mean, root = mean_t.numpy(), mean_t.clamp_min(0).sqrt().numpy()
+    else:
+        lut_t = (to_linear(torch.from_numpy(backend.levels(src.dtype).copy())) * quanta).float()
+        flat = src.reshape(-1)
+        mean = np.take(lut_t.numpy(), flat)
+        root = np.take(lut_t.clamp_min(0).sqrt().numpy(), flat)
+    counts = root * rng.normal_numpy(key, "xray_quantum/normal", n)  # floor(mean + root z + 0.5)
+    counts += mean
+    counts += np.float32(0.5)
+    np.floor(counts, out=counts)
+    np.maximum(counts, np.float32(0.0), out=counts)
+    small = np.flatnonzero(mean < np.float32(POISSON_EXACT_BELOW))
+    if small.size:
+        u = rng.uniform_numpy(key, "xray_quantum/uniform", n)[small].astype(np.float64)
+        counts[small] = poisson_small(mean[small].astype(np.float64), u)
+    total = counts.astype(np.float64)
+    total += float(np.float32(p["electronic"])) * rng.normal_numpy(key, "xray_quantum/electronic", n).astype(np.float64)
+    total /= quanta
+    out = to_display(torch.from_numpy(total), torch.empty(0)).numpy()
+    _store(out.reshape(src.shape), dst)
+
+
 # ---------------------------------------------------------------------------------------------
 # Anti-scatter grid lines
 
@@ -168,10 +259,20 @@ def grid_pattern(h: int, w: int, p: dict[str, torch.Tensor], device: torch.devic
     return 0.5 * (1.0 + torch.cos(a) * torch.cos(b) - torch.sin(a) * torch.sin(b))
 
 
+def grid_gain(h: int, w: int, p: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Transmitted fraction ``1 - a s`` of the grid (B,1,H,W, float64)."""
+    return 1.0 - _b(p["strength"]).double() * grid_pattern(h, w, p, device)
+
+
 @register_kernel("xray_grid_lines", sampler=_grid_sampler)
 def xray_grid_lines(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    s = grid_pattern(x.shape[-2], x.shape[-1], p, x.device)
-    return scale_linear(x, 1.0 - _b(p["strength"]).double() * s)
+    return scale_linear(x, grid_gain(x.shape[-2], x.shape[-1], p, x.device))
+
+
+@backend.register_cpu("xray_grid_lines", dtypes=_NATIVE)
+def xray_grid_lines_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    gain = grid_gain(src.shape[-2], src.shape[-1], _host_params(p), torch.device("cpu"))
+    _apply_shift(src, dst, (torch.log(gain) / MU)[0, 0].numpy())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,13 +319,12 @@ def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     return torch.cat(out)
 
 
-@backend.register_cpu("xray_scatter")
+@backend.register_cpu("xray_scatter", dtypes=_NATIVE)
 def xray_scatter_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    v = _load(src)
-    r = box_radius(float(p["sigma"]) * _side(v), _side(v))
-    res = np.empty(v.shape, dtype=np.float32)
-    for c in range(v.shape[0]):
-        lin = to_linear_np(v[c])
+    r = box_radius(float(p["sigma"]) * _side(src), _side(src))
+    res = np.empty(src.shape, dtype=np.float32)
+    for c in range(src.shape[0]):
+        lin = _linear_np(src[c])
         g = lin
         for _ in range(3):
             g = cv2.blur(g, (2 * r + 1, 2 * r + 1), borderType=cv2.BORDER_REFLECT_101)
@@ -255,10 +355,9 @@ def _heel_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
-@register_kernel("xray_heel_effect", sampler=_heel_sampler)
-def xray_heel_effect(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Anode heel effect: fluence ``I (1 - a t^2)``, t in [0, 1] from the cathode to the anode
-    side along an axis near the image's vertical (the patient's long axis)."""
+def heel_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Transmitted fraction ``1 - a t^2`` of the heel effect over ``x``'s pixel grid
+    (B,1,H,W, float64)."""
     h, w = x.shape[-2:]
     ys, xs = _coords(x)
     theta = torch.deg2rad(_b(p["angle"]).double())
@@ -267,7 +366,20 @@ def xray_heel_effect(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     proj = (ys * torch.cos(theta) + xs * torch.sin(theta)) * sign
     half = 0.5 * math.hypot(h, w)
     t = ((proj / half + 1.0) / 2.0).clamp(0.0, 1.0)
-    return scale_linear(x, 1.0 - _b(p["strength"]).double() * t * t)
+    return 1.0 - _b(p["strength"]).double() * t * t
+
+
+@register_kernel("xray_heel_effect", sampler=_heel_sampler)
+def xray_heel_effect(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Anode heel effect: fluence ``I (1 - a t^2)``, t in [0, 1] from the cathode to the anode
+    side along an axis near the image's vertical (the patient's long axis)."""
+    return scale_linear(x, heel_gain(x, p))
+
+
+@backend.register_cpu("xray_heel_effect", dtypes=_NATIVE)
+def xray_heel_effect_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    gain = heel_gain(torch.empty(src.shape[-2:]), _host_params(p))
+    _apply_shift(src, dst, (torch.log(gain) / MU)[0, 0].numpy())
 
 
 def _wl_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -389,6 +501,13 @@ def xray_burned_text(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     return _blend(x, masks, values)
 
 
+@backend.register_cpu("xray_burned_text", dtypes=_NATIVE)
+def xray_burned_text_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    h, w = src.shape[-2:]
+    lines = _text_lines(key, round(float(p["lines"])))
+    _blend_np(src, dst, text_mask(h, w, lines, float(p["height"]) * min(h, w)), float(p["value"]))
+
+
 def marker_mask(h: int, w: int, letter: str, size: float, right_corner: bool) -> tuple[np.ndarray, np.ndarray]:
     """A lead laterality marker: a square of ``size`` px anchored at a top corner (margin 3 %
     of the shorter side), a faint holder (0.35) with a bright outline and the letter (1.0).
@@ -436,6 +555,14 @@ def xray_laterality_marker(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Se
     return _blend(x, masks, values)
 
 
+@backend.register_cpu("xray_laterality_marker", dtypes=_NATIVE)
+def xray_laterality_marker_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    h, w = src.shape[-2:]
+    letter = "R" if float(p["letter_r"]) > 0.5 else "L"
+    mask, _ = marker_mask(h, w, letter, float(p["size"]) * min(h, w), float(p["right_corner"]) > 0.5)
+    _blend_np(src, dst, mask, 1.0)  # the marker's value image is all ones
+
+
 def collimation_mask(h: int, w: int, left: float, right: float, top: float, bottom: float) -> np.ndarray:
     """Shutter mask (float32, H x W): 1 outside the open field, a linear penumbra of
     ``PENUMBRA`` x shorter side at each blade edge. Blade positions are fractions of the
@@ -476,6 +603,13 @@ def xray_collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     return _blend(x, masks, values)
 
 
+@backend.register_cpu("xray_collimation", dtypes=_NATIVE)
+def xray_collimation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    h, w = src.shape[-2:]
+    sides = (float(p[s]) for s in ("left", "right", "top", "bottom"))
+    _blend_np(src, dst, collimation_mask(h, w, *sides), float(p["white"]))
+
+
 # ---------------------------------------------------------------------------------------------
 # Motion blur (linear domain) and JPEG (shared codec path)
 
@@ -497,11 +631,10 @@ def xray_motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     return torch.stack(out)
 
 
-@backend.register_cpu("xray_motion_blur")
+@backend.register_cpu("xray_motion_blur", dtypes=_NATIVE)
 def xray_motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    v = _load(src)
-    psf = blur.line_psf(float(p["length"]) * _side(v), float(p["angle"]))
-    lin = to_linear_np(v).astype(np.float32)
+    psf = blur.line_psf(float(p["length"]) * _side(src), float(p["angle"]))
+    lin = _linear_np(src).astype(np.float32)
     blurred = np.empty_like(lin)
     blur.filter_sample(lin, blurred, psf, separable=False)
     _store(to_display_np(blurred), dst)
@@ -513,3 +646,13 @@ def _quality_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 register_kernel("xray_jpeg", sampler=_quality_sampler)(jpeg.jpeg)
 backend.register_cpu("xray_jpeg")(jpeg.jpeg_cpu)
+
+
+for _name, _kernel in (
+    ("xray_exposure", xray_exposure),
+    ("xray_window_level", xray_window_level),
+    ("xray_gamma", xray_gamma),
+    ("xray_bit_depth", xray_bit_depth),
+    ("xray_monochrome1", xray_monochrome1),
+):
+    _register_lut(_name, _kernel)
