@@ -125,24 +125,42 @@ def _apply_shift(src: np.ndarray, dst: np.ndarray, shift: np.ndarray) -> None:
         _store(v.astype(np.float32), dst[c])
 
 
-def _blend_np(src: np.ndarray, dst: np.ndarray, mask: np.ndarray, value: float) -> None:
-    """``_blend`` of one sample on the host: float32 ``v (1 - m) + value m`` inside the bounding
-    box of the mask; outside it ``m = 0`` and the result is ``v`` itself (every level of an
-    integer sample rounds back to itself), so those pixels are copied."""
+Box = tuple[slice, slice]
+
+
+def _quadrant_boxes(mask: np.ndarray) -> list[Box]:
+    """Bounding boxes of the mask's nonzero pixels in each quadrant (text sits in the corners)."""
+    h, w = mask.shape
+    boxes = []
+    for rows in (slice(0, h // 2), slice(h // 2, h)):
+        for cols in (slice(0, w // 2), slice(w // 2, w)):
+            part = mask[rows, cols]
+            r = np.flatnonzero(part.any(axis=1))
+            if r.size:
+                c = np.flatnonzero(part.any(axis=0))
+                boxes.append(
+                    (
+                        slice(rows.start + int(r[0]), rows.start + int(r[-1]) + 1),
+                        slice(cols.start + int(c[0]), cols.start + int(c[-1]) + 1),
+                    )
+                )
+    return boxes
+
+
+def _blend_np(src: np.ndarray, dst: np.ndarray, mask: np.ndarray, value: float, boxes: list[Box]) -> None:
+    """``_blend`` of one sample on the host: float32 ``v (1 - m) + value m`` inside ``boxes``
+    (disjoint, covering every nonzero of the mask); elsewhere ``m = 0`` and the result is ``v``
+    itself (every level of an integer sample rounds back to itself), so those pixels are copied."""
     np.copyto(dst, src)
-    rows = np.flatnonzero(mask.any(axis=1))
-    if rows.size == 0:
-        return
-    cols = np.flatnonzero(mask.any(axis=0))
-    box = (slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1))
-    m = mask[box]
-    keep = np.float32(1.0) - m
-    paint = np.float32(value) * m
-    for c in range(src.shape[0]):
-        out = _load(src[c][box]) * keep
-        out += paint
-        np.clip(out, np.float32(0.0), np.float32(1.0), out=out)
-        _store(out, dst[c][box])
+    for box in boxes:
+        m = mask[box]
+        keep = np.float32(1.0) - m
+        paint = np.float32(value) * m
+        for c in range(src.shape[0]):
+            out = _load(src[c][box]) * keep
+            out += paint
+            np.clip(out, np.float32(0.0), np.float32(1.0), out=out)
+            _store(out, dst[c][box])
 
 
 def _register_lut(name: str, kernel: Kernel) -> None:
@@ -256,12 +274,13 @@ def grid_pattern(h: int, w: int, p: dict[str, torch.Tensor], device: torch.devic
     b = ys * (freq * torch.sin(theta)) + _b(p["phase"]).double()
     a = (a - torch.floor(a)) * (2.0 * math.pi)
     b = (b - torch.floor(b)) * (2.0 * math.pi)
-    return 0.5 * (1.0 + torch.cos(a) * torch.cos(b) - torch.sin(a) * torch.sin(b))
+    s = torch.cos(a) * torch.cos(b)  # ((1 + cos a cos b) - sin a sin b) * 0.5, in place
+    return s.add_(1.0).sub_(torch.sin(a) * torch.sin(b)).mul_(0.5)
 
 
 def grid_gain(h: int, w: int, p: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
     """Transmitted fraction ``1 - a s`` of the grid (B,1,H,W, float64)."""
-    return 1.0 - _b(p["strength"]).double() * grid_pattern(h, w, p, device)
+    return grid_pattern(h, w, p, device).mul_(_b(p["strength"]).double()).neg_().add_(1.0)
 
 
 @register_kernel("xray_grid_lines", sampler=_grid_sampler)
@@ -272,7 +291,7 @@ def xray_grid_lines(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[
 @backend.register_cpu("xray_grid_lines", dtypes=_NATIVE)
 def xray_grid_lines_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     gain = grid_gain(src.shape[-2], src.shape[-1], _host_params(p), torch.device("cpu"))
-    _apply_shift(src, dst, (torch.log(gain) / MU)[0, 0].numpy())
+    _apply_shift(src, dst, gain.log_().div_(MU)[0, 0].numpy())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,10 +382,12 @@ def heel_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     theta = torch.deg2rad(_b(p["angle"]).double())
     # unit axis pointing towards the anode: up (-y) or down (+y), tilted by angle
     sign = 1.0 - 2.0 * _b(p["anode_top"]).double()
-    proj = (ys * torch.cos(theta) + xs * torch.sin(theta)) * sign
+    # in-place steps (the same operations in the same order as written out in the docstring
+    # formula, one full-size buffer fewer per step)
+    t = (ys * torch.cos(theta) + xs * torch.sin(theta)).mul_(sign)  # projection on the axis
     half = 0.5 * math.hypot(h, w)
-    t = ((proj / half + 1.0) / 2.0).clamp(0.0, 1.0)
-    return 1.0 - _b(p["strength"]).double() * t * t
+    t.div_(half).add_(1.0).div_(2.0).clamp_(0.0, 1.0)
+    return (t * _b(p["strength"]).double()).mul_(t).neg_().add_(1.0)  # 1 - (a t) t
 
 
 @register_kernel("xray_heel_effect", sampler=_heel_sampler)
@@ -379,7 +400,7 @@ def xray_heel_effect(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 @backend.register_cpu("xray_heel_effect", dtypes=_NATIVE)
 def xray_heel_effect_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     gain = heel_gain(torch.empty(src.shape[-2:]), _host_params(p))
-    _apply_shift(src, dst, (torch.log(gain) / MU)[0, 0].numpy())
+    _apply_shift(src, dst, gain.log_().div_(MU)[0, 0].numpy())
 
 
 def _wl_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -505,7 +526,8 @@ def xray_burned_text(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 def xray_burned_text_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     h, w = src.shape[-2:]
     lines = _text_lines(key, round(float(p["lines"])))
-    _blend_np(src, dst, text_mask(h, w, lines, float(p["height"]) * min(h, w)), float(p["value"]))
+    mask = text_mask(h, w, lines, float(p["height"]) * min(h, w))
+    _blend_np(src, dst, mask, float(p["value"]), _quadrant_boxes(mask))
 
 
 def marker_mask(h: int, w: int, letter: str, size: float, right_corner: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -560,7 +582,7 @@ def xray_laterality_marker_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np
     h, w = src.shape[-2:]
     letter = "R" if float(p["letter_r"]) > 0.5 else "L"
     mask, _ = marker_mask(h, w, letter, float(p["size"]) * min(h, w), float(p["right_corner"]) > 0.5)
-    _blend_np(src, dst, mask, 1.0)  # the marker's value image is all ones
+    _blend_np(src, dst, mask, 1.0, _quadrant_boxes(mask))  # the marker's value image is all ones
 
 
 def collimation_mask(h: int, w: int, left: float, right: float, top: float, bottom: float) -> np.ndarray:
@@ -606,8 +628,16 @@ def xray_collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 @backend.register_cpu("xray_collimation", dtypes=_NATIVE)
 def xray_collimation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     h, w = src.shape[-2:]
-    sides = (float(p[s]) for s in ("left", "right", "top", "bottom"))
-    _blend_np(src, dst, collimation_mask(h, w, *sides), float(p["white"]))
+    mask = collimation_mask(h, w, *(float(p[s]) for s in ("left", "right", "top", "bottom")))
+    # the open field is the rectangle of rows and columns whose edge profile is zero
+    rows, cols = np.flatnonzero(mask[:, w // 2] == 0), np.flatnonzero(mask[h // 2] == 0)
+    if rows.size == 0 or cols.size == 0:
+        boxes = [(slice(0, h), slice(0, w))]
+    else:
+        r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+        boxes = [(slice(0, r0), slice(0, w)), (slice(r1, h), slice(0, w))]
+        boxes += [(slice(r0, r1), slice(0, c0)), (slice(r0, r1), slice(c1, w))]
+    _blend_np(src, dst, mask, float(p["white"]), boxes)
 
 
 # ---------------------------------------------------------------------------------------------
