@@ -49,7 +49,12 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend, blur, jpeg
-from perturb.ops.noise import POISSON_EXACT_BELOW, poisson_counts, poisson_small
+from perturb.ops.noise import (
+    POISSON_EXACT_BELOW,
+    poisson_counts,
+    poisson_small,
+    poisson_small_by_level,
+)
 from perturb.ops.registry import Kernel, Level, Params, draw, draw_int, draw_sign, register_kernel
 
 MU = 4.0  # display range in natural-log units of fluence
@@ -222,12 +227,12 @@ def xray_quantum_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.nda
     integer samples (the kernel's own torch expressions, evaluated on every level)."""
     n = src.size
     quanta = float(np.float32(p["dose"])) * FULL_DOSE_QUANTA
+    flat = src.reshape(-1)
     if src.dtype == np.float32:
-        mean_t = (to_linear(torch.from_numpy(src.reshape(-1))) * quanta).float()
+        mean_t = (to_linear(torch.from_numpy(flat)) * quanta).float()
         mean, root = mean_t.numpy(), mean_t.clamp_min(0).sqrt().numpy()
     else:
         lut_t = (to_linear(torch.from_numpy(backend.levels(src.dtype).copy())) * quanta).float()
-        flat = src.reshape(-1)
         mean = np.take(lut_t.numpy(), flat)
         root = np.take(lut_t.clamp_min(0).sqrt().numpy(), flat)
     counts = root * rng.normal_numpy(key, "xray_quantum/normal", n)  # floor(mean + root z + 0.5)
@@ -238,7 +243,10 @@ def xray_quantum_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.nda
     small = np.flatnonzero(mean < np.float32(POISSON_EXACT_BELOW))
     if small.size:
         u = rng.uniform_numpy(key, "xray_quantum/uniform", n)[small].astype(np.float64)
-        counts[small] = poisson_small(mean[small].astype(np.float64), u)
+        if src.dtype == np.float32:
+            counts[small] = poisson_small(mean[small].astype(np.float64), u)
+        else:
+            counts[small] = poisson_small_by_level(lut_t.numpy(), flat[small], u)
     total = counts.astype(np.float64)
     total += float(np.float32(p["electronic"])) * rng.normal_numpy(key, "xray_quantum/electronic", n).astype(np.float64)
     total /= quanta

@@ -12,6 +12,7 @@ import torch
 import perturb
 from perturb.ops import backend
 from perturb.ops.backend import use_backend
+from perturb.ops.noise import POISSON_EXACT_BELOW, poisson_small, poisson_small_by_level
 from tests.xray.test_xray_ops import _real
 
 # ops whose host path repeats the kernel's operations exactly (the others, scatter, motion blur
@@ -143,3 +144,19 @@ def test_16_bit_gain_fields_match_float64_formulas(op: str) -> None:
     diff = np.abs(out[0, 0].numpy().astype(np.float64) - expected)
     assert diff.max() <= 1.0
     assert (diff > 0).mean() < NEAR_TIES
+
+
+def test_poisson_inversion_by_level_matches_the_per_pixel_walk() -> None:
+    """The binary search in per-level CDF rows gives the kernel's walk counts (``poisson_small``,
+    the same recurrence per pixel), including means near 0 and near the exact-inversion limit,
+    uniforms at both ends (counts 0 and far in the upper tail)."""
+    g = np.random.default_rng(3)
+    mean_lut = np.concatenate([[0.0, 1e-6], np.linspace(0.01, POISSON_EXACT_BELOW, 1000, endpoint=False)])
+    mean_lut = mean_lut.astype(np.float32)
+    levels = g.integers(0, mean_lut.size, 200_000).astype(np.uint16)
+    u = g.random(levels.size)
+    u[:50], u[50:100] = 1e-12, 1.0 - 1e-12
+    expected = poisson_small(mean_lut[levels].astype(np.float64), u)
+    got = poisson_small_by_level(mean_lut, levels, u)
+    assert np.array_equal(got, expected)
+    assert expected.max() >= 30 and expected.min() == 0
