@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 import cv2
 import numpy as np
@@ -683,7 +684,29 @@ def _quality_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 
 register_kernel("xray_jpeg", sampler=_quality_sampler)(jpeg.jpeg)
-backend.register_cpu("xray_jpeg")(jpeg.jpeg_cpu)
+
+
+@lru_cache(maxsize=1)
+def _u16_codec_tables() -> tuple[np.ndarray, np.ndarray]:
+    """uint16 level -> the 8-bit level the codec path gives its float32 value (clamp, * 255,
+    round half to even), and 8-bit level -> the uint16 level its float32 ``q / 255`` rounds to."""
+    to_u8 = cv2.convertScaleAbs(backend.levels(np.dtype(np.uint16)).reshape(1, -1), alpha=255.0).reshape(-1)
+    to_u16 = np.empty(256, dtype=np.uint16)
+    _store(backend.levels(np.dtype(np.uint8)), to_u16)
+    return to_u8, to_u16
+
+
+@backend.register_cpu("xray_jpeg", dtypes=_NATIVE)
+def xray_jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    """``jpeg.jpeg_cpu``; a uint16 sample goes to and from the codec's 8 bits by two tables
+    (the same levels as its float32 route)."""
+    if src.dtype != np.uint16:
+        jpeg.jpeg_cpu(src, dst, p, key)
+        return
+    to_u8, to_u16 = _u16_codec_tables()
+    decoded = np.empty(src.shape, dtype=np.uint8)
+    jpeg.jpeg_cpu(np.take(to_u8, src), decoded, p, key)
+    np.take(to_u16, decoded, out=dst)
 
 
 for _name, _kernel in (

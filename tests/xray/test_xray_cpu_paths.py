@@ -72,7 +72,7 @@ def test_lookup_paths_take_integer_batches_only() -> None:
         assert backend.cpu_path(op, torch.float32) is None
         path = backend.cpu_path(op, torch.uint16)
         assert path is not None and np.dtype(np.uint16) in path[1]
-    path = backend.cpu_path("xray_jpeg", torch.uint16)
+    path = backend.cpu_path("jpeg", torch.uint16)  # the generic codec path: float32 and uint8 only
     assert path is not None and np.dtype(np.uint16) not in path[1]
     x = torch.zeros(1, 1, 4, 4, dtype=torch.uint16)
     with pytest.raises(TypeError, match=r"takes \[.uint8.\] batches, got uint16"):
