@@ -243,7 +243,7 @@ def xray_quantum_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.nda
     np.maximum(counts, np.float32(0.0), out=counts)
     small = np.flatnonzero(mean < np.float32(POISSON_EXACT_BELOW))
     if small.size:
-        u = rng.uniform_numpy(key, "xray_quantum/uniform", n)[small].astype(np.float64)
+        u = rng.uniform_numpy_at(key, "xray_quantum/uniform", small).astype(np.float64)
         if src.dtype == np.float32:
             counts[small] = poisson_small(mean[small].astype(np.float64), u)
         else:

@@ -8,8 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import perturb
+from perturb import rng
 from perturb.ops import backend
 from perturb.ops.backend import use_backend
 from perturb.ops.noise import POISSON_EXACT_BELOW, poisson_small, poisson_small_by_level
@@ -160,3 +163,17 @@ def test_poisson_inversion_by_level_matches_the_per_pixel_walk() -> None:
     got = poisson_small_by_level(mean_lut, levels, u)
     assert np.array_equal(got, expected)
     assert expected.max() >= 30 and expected.min() == 0
+
+
+@given(
+    key=st.integers(0, 2**64 - 1),
+    n=st.integers(1, 5000),
+    picks=st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=1, max_size=40),
+)
+@settings(max_examples=30, deadline=None)
+def test_uniform_field_at_selected_elements(key: int, n: int, picks: list[float]) -> None:
+    """The quantum-noise path draws its uniforms only where the mean needs exact inversion:
+    the values there are the field's (the torch field, flattened)."""
+    index = np.unique((np.asarray(picks) * n).astype(np.int64))
+    full = rng.uniform_field(key, "xray_quantum/uniform", (n,)).numpy()
+    assert np.array_equal(rng.uniform_numpy_at(key, "xray_quantum/uniform", index), full[index])
