@@ -237,8 +237,9 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
 
     ``x`` is float32 in [0, 1], uint8 or uint16 (BCHW); the result has the dtype of ``x``.
     On the CPU (``opencv`` backend) an op's registered host path runs per sample on the
-    native dtype (uint8 stays uint8; uint16 goes through float32); otherwise, and on CUDA, the
-    torch kernel runs on float32 and integer batches are rounded back."""
+    native dtype (uint8 stays uint8; uint16 stays uint16 where the path reads it, else each
+    sample goes through float32); otherwise, and on CUDA, the torch kernel runs on float32 and
+    integer batches are rounded back."""
     names = {r.op for r in records}
     if len(names) != 1:
         raise InputError(f"records of one call must share an op, got {sorted(names)}")
@@ -254,13 +255,10 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
     params = collate([r.params for r in records], x.device)
     keys = [rng.key_from_hex(r.key) for r in records]
     dtype = x.dtype
-    fast = backends.cpu_path(op.name) if backends.opencv_path(x) else None
+    fast = backends.cpu_path(op.name, dtype) if backends.opencv_path(x) else None
     if fast is not None:
         flags = [bool(r.protect_border) for r in records]
-        if dtype == torch.uint16:
-            out = backends.run_cpu(fast, x.to(torch.float32) / SUPPORTED_DTYPES[dtype], params, keys, flags)
-            return _restore_dtype(out, dtype)
-        return backends.run_cpu(fast, x, params, keys, flags)
+        return backends.run_cpu(fast[0], x, params, keys, flags, native=fast[1])
     if dtype != torch.float32:
         x = x.to(torch.float32) / SUPPORTED_DTYPES[dtype]
     with torch.no_grad():

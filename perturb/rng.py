@@ -113,7 +113,17 @@ def hash_numpy(key: int, stream: str, n: int) -> np.ndarray:
 
 def uniform_numpy(key: int, stream: str, n: int) -> np.ndarray:
     """Host float32 twin of ``uniform_field`` (bit-identical values), flat."""
-    bits = hash_numpy(key, stream, n)
+    return _uniform_of_bits(hash_numpy(key, stream, n))
+
+
+def uniform_numpy_at(key: int, stream: str, index: np.ndarray) -> np.ndarray:
+    """``uniform_numpy(key, stream, n)[index]`` for flat indices below 2^32, computed at those
+    elements only (the hash is counter-based)."""
+    k0, k1 = _stream_halves(key, stream)
+    return _uniform_of_bits(_hash_numpy(np.asarray(index).astype(np.uint32), k0, k1))
+
+
+def _uniform_of_bits(bits: np.ndarray) -> np.ndarray:
     bits >>= np.uint32(8)
     u = bits.astype(np.float32)
     u *= np.float32(2.0**-24)

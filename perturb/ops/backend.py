@@ -6,11 +6,14 @@ too (tests use it to check the CUDA code path against the OpenCV one without a G
 CPU fast paths
 --------------
 An op may register a per-sample host function with ``register_cpu(name)``:
-``fn(src, dst, params, key)`` reads one sample ``src`` (CHW NumPy, uint8 or float32 in [0, 1]),
-writes ``dst`` (same shape and dtype) and gets that sample's parameters (``params[name]`` is
-the sample's row of the collated float32 parameters) and key. The engine runs it through
-``run_cpu`` on the ``opencv`` backend: uint8 batches stay uint8 end to end (lookup tables,
-8-bit codecs and filters), float32 batches stay float32.
+``fn(src, dst, params, key)`` reads one sample ``src`` (CHW NumPy, uint8, uint16 or float32 in
+[0, 1]), writes ``dst`` (same shape and dtype) and gets that sample's parameters (``params[name]``
+is the sample's row of the collated float32 parameters) and key. ``dtypes`` names the sample
+dtypes ``fn`` reads natively (default uint8 and float32). The engine runs it through ``run_cpu``
+on the ``opencv`` backend: a batch of a native dtype stays in it end to end (lookup tables,
+8-bit codecs and filters); a uint16 batch for a path without native uint16 goes through float32
+one sample at a time (``x / 65535`` in, rounded back), as the torch path converts it; a dtype
+the path does not take at all (e.g. float32 for a lookup-table path) runs the torch kernel.
 
 A sample's output is computed from that sample alone, by the same sequence of calls whatever
 the batch, so it cannot depend on batch size, position, order or on how many samples run at
@@ -27,7 +30,7 @@ import contextvars
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from typing import Literal
@@ -42,6 +45,9 @@ Backend = Literal["auto", "opencv", "torch"]
 _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar("perturb_backend", default="auto")
 
 CpuFn = Callable[[np.ndarray, np.ndarray, dict[str, np.ndarray], int], None]
+NATIVE_DEFAULT: tuple[type, ...] = (np.uint8, np.float32)
+_NATIVE_DEFAULT = frozenset(np.dtype(d) for d in NATIVE_DEFAULT)
+_TOPS = {np.dtype(np.uint8): 255, np.dtype(np.uint16): 65535}
 
 
 @contextlib.contextmanager
@@ -81,23 +87,66 @@ def from_hwc(images: list, like: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Registry of per-sample CPU fast paths
 
-_CPU_PATHS: dict[str, CpuFn] = {}
+_CPU_PATHS: dict[str, tuple[CpuFn, frozenset[np.dtype]]] = {}
 
 
-def register_cpu(name: str) -> Callable[[CpuFn], CpuFn]:
-    """Register ``fn(src, dst, params, key)`` as the CPU fast path of op ``name``."""
+def register_cpu(name: str, dtypes: Sequence[type] = NATIVE_DEFAULT) -> Callable[[CpuFn], CpuFn]:
+    """Register ``fn(src, dst, params, key)`` as the CPU fast path of op ``name``; ``dtypes``
+    are the sample dtypes it reads natively."""
 
     def decorator(fn: CpuFn) -> CpuFn:
         if name in _CPU_PATHS:
             raise ValueError(f"CPU path of {name!r} registered twice")
-        _CPU_PATHS[name] = fn
+        _CPU_PATHS[name] = (fn, frozenset(np.dtype(d) for d in dtypes))
         return fn
 
     return decorator
 
 
-def cpu_path(name: str) -> CpuFn | None:
-    return _CPU_PATHS.get(name)
+def cpu_path(name: str, dtype: torch.dtype) -> tuple[CpuFn, frozenset[np.dtype]] | None:
+    """The fast path of ``name`` and its native dtypes if it takes a ``dtype`` batch (uint16
+    also through float32), else None."""
+    path = _CPU_PATHS.get(name)
+    if path is None:
+        return None
+    native = path[1]
+    want = np.dtype(_NUMPY_OF[dtype])
+    if want in native or (want == np.uint16 and np.dtype(np.float32) in native):
+        return path
+    return None
+
+
+_NUMPY_OF = {torch.uint8: np.uint8, torch.uint16: np.uint16, torch.float32: np.float32}
+
+
+@lru_cache(maxsize=4)
+def levels(dtype: np.dtype) -> np.ndarray:
+    """float32 value of every level of an integer dtype, as the engine converts a batch
+    (``x.to(float32) / 255`` or ``/ 65535``); read-only."""
+    top = _TOPS[np.dtype(dtype)]
+    table = (torch.arange(top + 1, dtype=torch.float32) / float(top)).numpy()
+    table.flags.writeable = False
+    return table
+
+
+def load_float(src: np.ndarray) -> np.ndarray:
+    """A sample as float32 in [0, 1] (integer levels through ``levels``)."""
+    if src.dtype == np.float32:
+        return src
+    return np.take(levels(src.dtype), src)
+
+
+def store_float(res: np.ndarray, dst: np.ndarray) -> None:
+    """Write a float32 result in [0, 1] to ``dst`` in its dtype, rounded as the engine rounds
+    (``round(x * top)`` half to even, clipped)."""
+    if dst.dtype == np.float32:
+        np.copyto(dst, res)
+        return
+    top = _TOPS[dst.dtype]
+    scaled = res * np.float32(top)
+    np.rint(scaled, out=scaled)
+    np.clip(scaled, 0, top, out=scaled)
+    np.copyto(dst, scaled, casting="unsafe")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,15 +154,14 @@ def cpu_path(name: str) -> CpuFn | None:
 
 
 def _nondark_level(dtype: np.dtype) -> float:
-    """Smallest channel value that is not dark: for uint8, the first level v with
-    float32(v) / 255 >= 0.07 (the comparison the float path makes after dividing by 255)."""
-    if dtype == np.uint8:
-        levels = np.arange(256, dtype=np.float32) / np.float32(255.0)
-        return float(np.argmax(levels >= np.float32(DARK_THRESHOLD)))
+    """Smallest channel value that is not dark: for uint8 (uint16), the first level v with
+    float32(v) / 255 (65535) >= 0.07 (the comparison the float path makes after dividing)."""
+    if dtype in _TOPS:
+        return float(np.argmax(levels(dtype) >= np.float32(DARK_THRESHOLD)))
     return float(np.float32(DARK_THRESHOLD))
 
 
-_NONDARK = {np.dtype(np.uint8): _nondark_level(np.dtype(np.uint8)), np.dtype(np.float32): _nondark_level(np.dtype(np.float32))}
+_NONDARK = {np.dtype(d): _nondark_level(np.dtype(d)) for d in (np.uint8, np.uint16, np.float32)}
 
 
 def border_mask_numpy(src: np.ndarray) -> np.ndarray | None:
@@ -284,17 +332,37 @@ class _OutputBuffers:
 _OUTPUTS = _OutputBuffers()
 
 
+def _via_float32(fn: CpuFn) -> CpuFn:
+    """``fn`` (float32 samples) on a uint16 sample: converted in and rounded back with the
+    engine's own torch operations, so the result is the one of a float32 batch."""
+
+    def run(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+        x = torch.from_numpy(src).to(torch.float32) / 65535.0
+        out = torch.empty_like(x)
+        fn(x.numpy(), out.numpy(), p, key)
+        dst[...] = (out * 65535.0).round_().clamp_(0, 65535).to(torch.uint16).numpy()
+
+    return run
+
+
 def run_cpu(
     fn: CpuFn,
     x: torch.Tensor,
     params: dict[str, torch.Tensor],
     keys: Sequence[int],
     protect: Sequence[bool],
+    native: Collection[np.dtype] = _NATIVE_DEFAULT,
 ) -> torch.Tensor:
-    """Run a registered CPU path over a uint8 or float32 CPU batch (BCHW); same dtype out."""
-    if x.dtype not in (torch.uint8, torch.float32):
-        raise TypeError(f"CPU fast paths take uint8 or float32 batches, got {x.dtype}")
+    """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
+    out. ``native`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
+    per sample."""
+    if x.dtype not in _NUMPY_OF:
+        raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
     src = x.detach().contiguous().numpy()
+    if src.dtype not in native:
+        if src.dtype != np.uint16 or np.dtype(np.float32) not in native:
+            raise TypeError(f"this CPU path takes {sorted(str(d) for d in native)} batches, got {src.dtype}")
+        fn = _via_float32(fn)
     dst = _OUTPUTS.empty(src.shape, src.dtype)
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}
 

@@ -153,7 +153,7 @@ def impulse_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
         dst[c][salt] = white
 
 
-def _poisson_small(lam: np.ndarray, u: np.ndarray) -> np.ndarray:
+def poisson_small(lam: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Exact CDF inversion, as ``poisson_counts`` does it (float64, same recurrence), but each
     element leaves the loop as soon as its count is known: the work is the sum of the counts
     instead of ``POISSON_MAX_COUNT`` passes over every element."""
@@ -199,7 +199,7 @@ def _m_thresholds(cdf: np.ndarray) -> np.ndarray:
     return t
 
 
-def _level_cdfs(lam: np.ndarray) -> np.ndarray:
+def level_cdfs(lam: np.ndarray) -> np.ndarray:
     """The kernel's CDF values C_0..C_47 (float64 recurrence) for each mean in ``lam``."""
     out = np.empty((lam.shape[0], POISSON_MAX_COUNT), dtype=np.float64)
     term = torch.exp(-torch.from_numpy(lam)).numpy()
@@ -209,6 +209,27 @@ def _level_cdfs(lam: np.ndarray) -> np.ndarray:
         term = term * lam / k
         cdf = cdf + term
     return out
+
+
+def poisson_small_by_level(mean_lut: np.ndarray, levels: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Exact inversion counts (float32) for pixels of integer ``levels`` whose means
+    ``mean_lut[levels]`` are all below POISSON_EXACT_BELOW, from their float64 uniforms ``u``.
+
+    The kernel's count is #{j < POISSON_MAX_COUNT : u > C_j} with the float64 CDF recurrence
+    C_j of the pixel's mean; C is nondecreasing, so the count is the number of C_j below u,
+    found by a branch-free binary search in the level's row of CDFs (computed once per level
+    present, by ``level_cdfs``) instead of a walk of up to POISSON_MAX_COUNT steps per pixel."""
+    used = np.flatnonzero(np.bincount(levels, minlength=mean_lut.size))
+    row = np.zeros(mean_lut.size, dtype=np.intp)
+    row[used] = np.arange(used.size)
+    flat = level_cdfs(mean_lut[used].astype(np.float64)).reshape(-1)
+    start = np.take(row * POISSON_MAX_COUNT - 1, levels)  # flat index of C_{c-1} is start + c
+    count = np.zeros(levels.size, dtype=np.intp)
+    for shift in reversed(range(POISSON_MAX_COUNT.bit_length())):  # steps 32, 16, ..., 1
+        cand = np.minimum(count + (1 << shift), POISSON_MAX_COUNT)
+        below = np.take(flat, start + cand) < u  # C_{cand - 1} < u: cand values lie below u
+        count = np.where(below, cand, count)
+    return count.astype(np.float32)
 
 
 def _poisson_small_levels(mean_lut: np.ndarray, levels: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -221,7 +242,7 @@ def _poisson_small_levels(mean_lut: np.ndarray, levels: np.ndarray, m: np.ndarra
     small_levels = np.flatnonzero(mean_lut < np.float32(POISSON_EXACT_BELOW))
     row = np.full(256, -1, dtype=np.int64)
     row[small_levels] = np.arange(small_levels.size)
-    thresholds = _m_thresholds(_level_cdfs(mean_lut[small_levels].astype(np.float64)))  # (L, 48)
+    thresholds = _m_thresholds(level_cdfs(mean_lut[small_levels].astype(np.float64)))  # (L, 48)
     buckets = 1 << (_M_BITS - _BUCKET_SHIFT)
     starts = np.arange(buckets, dtype=np.int64) << _BUCKET_SHIFT
     ends = starts + (1 << _BUCKET_SHIFT) - 1
@@ -266,7 +287,7 @@ def _shot_counts(
         counts[small] = _poisson_small_levels(mean_lut, levels.reshape(-1)[small], m)
     else:
         u = _u_of_m(bits[small] >> np.uint32(8))
-        counts[small] = _poisson_small(mean.reshape(-1)[small].astype(np.float64), u)
+        counts[small] = poisson_small(mean.reshape(-1)[small].astype(np.float64), u)
     return counts
 
 

@@ -12,8 +12,12 @@ so air behind the lungs (v ~ 0) receives the full beam and the densest white str
 2 % of it. Physical effects act on ``I`` (invert the display transform, perturb, re-apply,
 clip to [0, 1]); display-side effects (window/level, gamma, bit depth, inversion, burned-in
 text and markers, collimation shutters, JPEG) act on ``v``. 8- and 16-bit inputs keep their
-depth: the engine converts them to float32 and back, only ``xray_bit_depth`` and ``xray_jpeg``
-quantise by design.
+depth (only ``xray_bit_depth`` and ``xray_jpeg`` quantise by design): the result is the float32
+result rounded back. On the CPU every op has a per-sample host path that reads uint8/uint16
+natively and gives that same result: pointwise ops as one table of all 256 / 65,536 levels
+(the kernel itself evaluated on the levels), heel effect and grid lines as a float64 display
+shift field, overlays blended inside their mask's bounding box, quantum noise with perturb.rng's
+NumPy twins of its fields; scatter, motion blur and JPEG use OpenCV (within 1/255 of torch).
 
 Ops (physics after Bushberg et al., The Essential Physics of Medical Imaging, 3rd ed., ch. 7-9;
 DICOM PS3.3 C.11.2 for VOI LINEAR windowing and C.7.6.3.1.2 for MONOCHROME1):
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 import cv2
 import numpy as np
@@ -45,8 +50,13 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend, blur, jpeg
-from perturb.ops.noise import poisson_counts
-from perturb.ops.registry import Level, Params, draw, draw_int, draw_sign, register_kernel
+from perturb.ops.noise import (
+    POISSON_EXACT_BELOW,
+    poisson_counts,
+    poisson_small,
+    poisson_small_by_level,
+)
+from perturb.ops.registry import Kernel, Level, Params, draw, draw_int, draw_sign, register_kernel
 
 MU = 4.0  # display range in natural-log units of fluence
 FULL_DOSE_QUANTA = 10000.0  # N0: quanta per pixel of the unattenuated beam at full dose
@@ -91,18 +101,92 @@ def to_display_np(i: np.ndarray) -> np.ndarray:
     return np.clip(v, 0.0, 1.0).astype(np.float32)
 
 
-def _load(src: np.ndarray) -> np.ndarray:
-    """One CHW sample as float32 in [0, 1], as the engine converts it."""
-    if src.dtype == np.uint8:
-        return src.astype(np.float32) / np.float32(255.0)
-    return src
+_load = backend.load_float
+_store = backend.store_float
+_NATIVE = (np.uint8, np.uint16, np.float32)
+_INTEGER = (np.uint8, np.uint16)
 
 
-def _store(res: np.ndarray, dst: np.ndarray) -> None:
-    if dst.dtype == np.uint8:
-        np.copyto(dst, np.clip(np.rint(res * np.float32(255.0)), 0, 255).astype(np.uint8))
-    else:
-        np.copyto(dst, res)
+def _linear_np(src: np.ndarray) -> np.ndarray:
+    """``to_linear_np`` of one sample's float32 values; integer levels go through a table of
+    the same values (one exp per level instead of one per pixel)."""
+    if src.dtype == np.float32:
+        return to_linear_np(src)
+    return np.take(to_linear_np(backend.levels(src.dtype)), src)
+
+
+def _host_params(p: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """One sample's host parameter row as the (1, ...) float32 tensors a kernel takes."""
+    return {name: torch.from_numpy(np.ascontiguousarray(value)[None]) for name, value in p.items()}
+
+
+def _apply_shift(src: np.ndarray, dst: np.ndarray, shift: np.ndarray) -> None:
+    """``scale_linear`` on the host: ``clip(v - shift)`` in float64, rounded to float32 and
+    stored in ``dst``'s dtype; ``shift`` (H, W float64) is ``ln(gain) / MU``."""
+    table = backend.levels(src.dtype).astype(np.float64) if src.dtype != np.float32 else None
+    for c in range(src.shape[0]):
+        v = src[c].astype(np.float64) if table is None else np.take(table, src[c])
+        np.subtract(v, shift, out=v)
+        np.clip(v, 0.0, 1.0, out=v)
+        _store(v.astype(np.float32), dst[c])
+
+
+Box = tuple[slice, slice]
+
+
+def _quadrant_boxes(mask: np.ndarray) -> list[Box]:
+    """Bounding boxes of the mask's nonzero pixels in each quadrant (text sits in the corners)."""
+    h, w = mask.shape
+    boxes = []
+    for rows in (slice(0, h // 2), slice(h // 2, h)):
+        for cols in (slice(0, w // 2), slice(w // 2, w)):
+            part = mask[rows, cols]
+            r = np.flatnonzero(part.any(axis=1))
+            if r.size:
+                c = np.flatnonzero(part.any(axis=0))
+                boxes.append(
+                    (
+                        slice(rows.start + int(r[0]), rows.start + int(r[-1]) + 1),
+                        slice(cols.start + int(c[0]), cols.start + int(c[-1]) + 1),
+                    )
+                )
+    return boxes
+
+
+def _blend_np(src: np.ndarray, dst: np.ndarray, mask: np.ndarray, value: float, boxes: list[Box]) -> None:
+    """``_blend`` of one sample on the host: float32 ``v (1 - m) + value m`` inside ``boxes``
+    (disjoint, covering every nonzero of the mask); elsewhere ``m = 0`` and the result is ``v``
+    itself (every level of an integer sample rounds back to itself), so those pixels are copied."""
+    np.copyto(dst, src)
+    for box in boxes:
+        m = mask[box]
+        keep = np.float32(1.0) - m
+        paint = np.float32(value) * m
+        for c in range(src.shape[0]):
+            out = _load(src[c][box]) * keep
+            out += paint
+            np.clip(out, np.float32(0.0), np.float32(1.0), out=out)
+            _store(out, dst[c][box])
+
+
+def _register_lut(name: str, kernel: Kernel) -> None:
+    """A pointwise op's CPU path for integer samples: the op's own kernel evaluated once per
+    sample on every level (256 or 65,536 values), rounded as the engine rounds, then one gather.
+    float32 batches keep the torch kernel."""
+
+    def lut_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+        values = torch.from_numpy(backend.levels(src.dtype).copy()).view(1, 1, 1, -1)
+        with torch.no_grad():
+            out = kernel(values, _host_params(p), [key]).reshape(-1).numpy()
+        table = np.empty(out.shape, dtype=src.dtype)
+        _store(out, table)
+        for c in range(src.shape[0]):
+            if src.dtype == np.uint8:
+                cv2.LUT(src[c], table, dst=dst[c])
+            else:
+                np.take(table, src[c], out=dst[c])
+
+    backend.register_cpu(name, dtypes=_INTEGER)(lut_cpu)
 
 
 def _coords(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,6 +221,40 @@ def xray_quantum_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequen
     return to_display(counts / quanta, x)
 
 
+@backend.register_cpu("xray_quantum_noise", dtypes=_NATIVE)
+def xray_quantum_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    """The kernel per sample on the host with the same fields (perturb.rng's NumPy twins) and
+    operations in the same order; the mean ``f N0 I`` and its root are per-level tables for
+    integer samples (the kernel's own torch expressions, evaluated on every level)."""
+    n = src.size
+    quanta = float(np.float32(p["dose"])) * FULL_DOSE_QUANTA
+    flat = src.reshape(-1)
+    if src.dtype == np.float32:
+        mean_t = (to_linear(torch.from_numpy(flat)) * quanta).float()
+        mean, root = mean_t.numpy(), mean_t.clamp_min(0).sqrt().numpy()
+    else:
+        lut_t = (to_linear(torch.from_numpy(backend.levels(src.dtype).copy())) * quanta).float()
+        mean = np.take(lut_t.numpy(), flat)
+        root = np.take(lut_t.clamp_min(0).sqrt().numpy(), flat)
+    counts = root * rng.normal_numpy(key, "xray_quantum/normal", n)  # floor(mean + root z + 0.5)
+    counts += mean
+    counts += np.float32(0.5)
+    np.floor(counts, out=counts)
+    np.maximum(counts, np.float32(0.0), out=counts)
+    small = np.flatnonzero(mean < np.float32(POISSON_EXACT_BELOW))
+    if small.size:
+        u = rng.uniform_numpy_at(key, "xray_quantum/uniform", small).astype(np.float64)
+        if src.dtype == np.float32:
+            counts[small] = poisson_small(mean[small].astype(np.float64), u)
+        else:
+            counts[small] = poisson_small_by_level(lut_t.numpy(), flat[small], u)
+    total = counts.astype(np.float64)
+    total += float(np.float32(p["electronic"])) * rng.normal_numpy(key, "xray_quantum/electronic", n).astype(np.float64)
+    total /= quanta
+    out = to_display(torch.from_numpy(total), torch.empty(0)).numpy()
+    _store(out.reshape(src.shape), dst)
+
+
 # ---------------------------------------------------------------------------------------------
 # Anti-scatter grid lines
 
@@ -165,13 +283,24 @@ def grid_pattern(h: int, w: int, p: dict[str, torch.Tensor], device: torch.devic
     b = ys * (freq * torch.sin(theta)) + _b(p["phase"]).double()
     a = (a - torch.floor(a)) * (2.0 * math.pi)
     b = (b - torch.floor(b)) * (2.0 * math.pi)
-    return 0.5 * (1.0 + torch.cos(a) * torch.cos(b) - torch.sin(a) * torch.sin(b))
+    s = torch.cos(a) * torch.cos(b)  # ((1 + cos a cos b) - sin a sin b) * 0.5, in place
+    return s.add_(1.0).sub_(torch.sin(a) * torch.sin(b)).mul_(0.5)
+
+
+def grid_gain(h: int, w: int, p: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Transmitted fraction ``1 - a s`` of the grid (B,1,H,W, float64)."""
+    return grid_pattern(h, w, p, device).mul_(_b(p["strength"]).double()).neg_().add_(1.0)
 
 
 @register_kernel("xray_grid_lines", sampler=_grid_sampler)
 def xray_grid_lines(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    s = grid_pattern(x.shape[-2], x.shape[-1], p, x.device)
-    return scale_linear(x, 1.0 - _b(p["strength"]).double() * s)
+    return scale_linear(x, grid_gain(x.shape[-2], x.shape[-1], p, x.device))
+
+
+@backend.register_cpu("xray_grid_lines", dtypes=_NATIVE)
+def xray_grid_lines_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    gain = grid_gain(src.shape[-2], src.shape[-1], _host_params(p), torch.device("cpu"))
+    _apply_shift(src, dst, gain.log_().div_(MU)[0, 0].numpy())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,13 +347,12 @@ def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     return torch.cat(out)
 
 
-@backend.register_cpu("xray_scatter")
+@backend.register_cpu("xray_scatter", dtypes=_NATIVE)
 def xray_scatter_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    v = _load(src)
-    r = box_radius(float(p["sigma"]) * _side(v), _side(v))
-    res = np.empty(v.shape, dtype=np.float32)
-    for c in range(v.shape[0]):
-        lin = to_linear_np(v[c])
+    r = box_radius(float(p["sigma"]) * _side(src), _side(src))
+    res = np.empty(src.shape, dtype=np.float32)
+    for c in range(src.shape[0]):
+        lin = _linear_np(src[c])
         g = lin
         for _ in range(3):
             g = cv2.blur(g, (2 * r + 1, 2 * r + 1), borderType=cv2.BORDER_REFLECT_101)
@@ -255,19 +383,33 @@ def _heel_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
-@register_kernel("xray_heel_effect", sampler=_heel_sampler)
-def xray_heel_effect(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Anode heel effect: fluence ``I (1 - a t^2)``, t in [0, 1] from the cathode to the anode
-    side along an axis near the image's vertical (the patient's long axis)."""
+def heel_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Transmitted fraction ``1 - a t^2`` of the heel effect over ``x``'s pixel grid
+    (B,1,H,W, float64)."""
     h, w = x.shape[-2:]
     ys, xs = _coords(x)
     theta = torch.deg2rad(_b(p["angle"]).double())
     # unit axis pointing towards the anode: up (-y) or down (+y), tilted by angle
     sign = 1.0 - 2.0 * _b(p["anode_top"]).double()
-    proj = (ys * torch.cos(theta) + xs * torch.sin(theta)) * sign
+    # in-place steps (the same operations in the same order as written out in the docstring
+    # formula, one full-size buffer fewer per step)
+    t = (ys * torch.cos(theta) + xs * torch.sin(theta)).mul_(sign)  # projection on the axis
     half = 0.5 * math.hypot(h, w)
-    t = ((proj / half + 1.0) / 2.0).clamp(0.0, 1.0)
-    return scale_linear(x, 1.0 - _b(p["strength"]).double() * t * t)
+    t.div_(half).add_(1.0).div_(2.0).clamp_(0.0, 1.0)
+    return (t * _b(p["strength"]).double()).mul_(t).neg_().add_(1.0)  # 1 - (a t) t
+
+
+@register_kernel("xray_heel_effect", sampler=_heel_sampler)
+def xray_heel_effect(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Anode heel effect: fluence ``I (1 - a t^2)``, t in [0, 1] from the cathode to the anode
+    side along an axis near the image's vertical (the patient's long axis)."""
+    return scale_linear(x, heel_gain(x, p))
+
+
+@backend.register_cpu("xray_heel_effect", dtypes=_NATIVE)
+def xray_heel_effect_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    gain = heel_gain(torch.empty(src.shape[-2:]), _host_params(p))
+    _apply_shift(src, dst, gain.log_().div_(MU)[0, 0].numpy())
 
 
 def _wl_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -389,6 +531,14 @@ def xray_burned_text(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     return _blend(x, masks, values)
 
 
+@backend.register_cpu("xray_burned_text", dtypes=_NATIVE)
+def xray_burned_text_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    h, w = src.shape[-2:]
+    lines = _text_lines(key, round(float(p["lines"])))
+    mask = text_mask(h, w, lines, float(p["height"]) * min(h, w))
+    _blend_np(src, dst, mask, float(p["value"]), _quadrant_boxes(mask))
+
+
 def marker_mask(h: int, w: int, letter: str, size: float, right_corner: bool) -> tuple[np.ndarray, np.ndarray]:
     """A lead laterality marker: a square of ``size`` px anchored at a top corner (margin 3 %
     of the shorter side), a faint holder (0.35) with a bright outline and the letter (1.0).
@@ -436,6 +586,14 @@ def xray_laterality_marker(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Se
     return _blend(x, masks, values)
 
 
+@backend.register_cpu("xray_laterality_marker", dtypes=_NATIVE)
+def xray_laterality_marker_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    h, w = src.shape[-2:]
+    letter = "R" if float(p["letter_r"]) > 0.5 else "L"
+    mask, _ = marker_mask(h, w, letter, float(p["size"]) * min(h, w), float(p["right_corner"]) > 0.5)
+    _blend_np(src, dst, mask, 1.0, _quadrant_boxes(mask))  # the marker's value image is all ones
+
+
 def collimation_mask(h: int, w: int, left: float, right: float, top: float, bottom: float) -> np.ndarray:
     """Shutter mask (float32, H x W): 1 outside the open field, a linear penumbra of
     ``PENUMBRA`` x shorter side at each blade edge. Blade positions are fractions of the
@@ -476,6 +634,21 @@ def xray_collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     return _blend(x, masks, values)
 
 
+@backend.register_cpu("xray_collimation", dtypes=_NATIVE)
+def xray_collimation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    h, w = src.shape[-2:]
+    mask = collimation_mask(h, w, *(float(p[s]) for s in ("left", "right", "top", "bottom")))
+    # the open field is the rectangle of rows and columns whose edge profile is zero
+    rows, cols = np.flatnonzero(mask[:, w // 2] == 0), np.flatnonzero(mask[h // 2] == 0)
+    if rows.size == 0 or cols.size == 0:
+        boxes = [(slice(0, h), slice(0, w))]
+    else:
+        r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+        boxes = [(slice(0, r0), slice(0, w)), (slice(r1, h), slice(0, w))]
+        boxes += [(slice(r0, r1), slice(0, c0)), (slice(r0, r1), slice(c1, w))]
+    _blend_np(src, dst, mask, float(p["white"]), boxes)
+
+
 # ---------------------------------------------------------------------------------------------
 # Motion blur (linear domain) and JPEG (shared codec path)
 
@@ -497,11 +670,10 @@ def xray_motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     return torch.stack(out)
 
 
-@backend.register_cpu("xray_motion_blur")
+@backend.register_cpu("xray_motion_blur", dtypes=_NATIVE)
 def xray_motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    v = _load(src)
-    psf = blur.line_psf(float(p["length"]) * _side(v), float(p["angle"]))
-    lin = to_linear_np(v).astype(np.float32)
+    psf = blur.line_psf(float(p["length"]) * _side(src), float(p["angle"]))
+    lin = _linear_np(src).astype(np.float32)
     blurred = np.empty_like(lin)
     blur.filter_sample(lin, blurred, psf, separable=False)
     _store(to_display_np(blurred), dst)
@@ -512,4 +684,36 @@ def _quality_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 
 register_kernel("xray_jpeg", sampler=_quality_sampler)(jpeg.jpeg)
-backend.register_cpu("xray_jpeg")(jpeg.jpeg_cpu)
+
+
+@lru_cache(maxsize=1)
+def _u16_codec_tables() -> tuple[np.ndarray, np.ndarray]:
+    """uint16 level -> the 8-bit level the codec path gives its float32 value (clamp, * 255,
+    round half to even), and 8-bit level -> the uint16 level its float32 ``q / 255`` rounds to."""
+    to_u8 = cv2.convertScaleAbs(backend.levels(np.dtype(np.uint16)).reshape(1, -1), alpha=255.0).reshape(-1)
+    to_u16 = np.empty(256, dtype=np.uint16)
+    _store(backend.levels(np.dtype(np.uint8)), to_u16)
+    return to_u8, to_u16
+
+
+@backend.register_cpu("xray_jpeg", dtypes=_NATIVE)
+def xray_jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    """``jpeg.jpeg_cpu``; a uint16 sample goes to and from the codec's 8 bits by two tables
+    (the same levels as its float32 route)."""
+    if src.dtype != np.uint16:
+        jpeg.jpeg_cpu(src, dst, p, key)
+        return
+    to_u8, to_u16 = _u16_codec_tables()
+    decoded = np.empty(src.shape, dtype=np.uint8)
+    jpeg.jpeg_cpu(np.take(to_u8, src), decoded, p, key)
+    np.take(to_u16, decoded, out=dst)
+
+
+for _name, _kernel in (
+    ("xray_exposure", xray_exposure),
+    ("xray_window_level", xray_window_level),
+    ("xray_gamma", xray_gamma),
+    ("xray_bit_depth", xray_bit_depth),
+    ("xray_monochrome1", xray_monochrome1),
+):
+    _register_lut(_name, _kernel)
