@@ -197,3 +197,25 @@ def test_plans_made_in_workers_give_the_same_pixels(reference: dict[int, torch.T
         augment(Frames().images[:2], [1, 0], plans=plans)
     with pytest.raises(InputError, match="one plan per image"):
         augment(Frames().images[:2], [0, 1], plans=plans[:1])
+
+
+def test_plans_of_another_epoch_or_variant_are_refused() -> None:
+    """Plans made by a copy of the module that missed set_epoch (persistent DataLoader workers)
+    would silently repeat an old epoch's augmentations: forward(plans=) refuses them."""
+    augment = Augment(POLICY, seed=5, epoch=3)
+    images = Frames().images[:4]
+    stale = augment.plan([0, 1, 2, 3], channels=3)
+    assert any(stale), "no sample augmented: the check below would not run"
+    augment.set_epoch(4)
+    with pytest.raises(InputError, match="set_epoch"):
+        augment(images, [0, 1, 2, 3], plans=stale)
+    with pytest.raises(InputError, match="set_epoch"):
+        augment(images, [0, 1, 2, 3], epoch=2, plans=stale)
+    fresh = augment.plan([0, 1, 2, 3], channels=3)
+    assert torch.equal(augment(images, [0, 1, 2, 3], plans=fresh), augment(images, [0, 1, 2, 3]))
+    assert torch.equal(
+        augment(images, [0, 1, 2, 3], epoch=3, plans=stale), augment(images, [0, 1, 2, 3], epoch=3)
+    )
+    other = Augment(POLICY, seed=5, epoch=4, variant=1)
+    with pytest.raises(InputError, match="set_epoch"):
+        other(images, [0, 1, 2, 3], plans=fresh)
