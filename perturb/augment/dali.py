@@ -64,7 +64,6 @@ with ``torch.from_dlpack`` is the same zero-copy exchange on both devices.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -79,7 +78,7 @@ import torch
 from perturb import rng
 from perturb.augment.plan import apply_plans, plan_sample
 from perturb.augment.policy import Policy, load_policy
-from perturb.engine import InputError, Record
+from perturb.engine import InputError, Record, with_jpeg_codec
 from perturb.ops.geometry import translation_pixels
 from perturb.ops.jpeg import jpeg_backend
 
@@ -305,9 +304,7 @@ class Planner:
             variant=self.variant,
             device=self.device,
         )
-        return tuple(
-            dataclasses.replace(r, backend=self.jpeg_codec) if r.op == "jpeg" else r for r in plan
-        )
+        return tuple(with_jpeg_codec(plan, self.jpeg_codec))
 
     def plans(self, epochs: Sequence[int], indices: Sequence[int]) -> list[tuple[Record, ...]]:
         return [self._plan(int(e), int(i)) for e, i in zip(epochs, indices, strict=True)]

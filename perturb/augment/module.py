@@ -13,7 +13,6 @@ batch size, sampling order or device. ``eval()`` turns augmentation off (identit
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -24,7 +23,7 @@ import torch
 from perturb.augment.plan import _check_index, apply_plans, plan_batch
 from perturb.augment.policy import Policy, load_policy
 from perturb.augment.targets import BoxesIn, move_boxes, move_masks
-from perturb.engine import InputError, Record
+from perturb.engine import InputError, Record, with_jpeg_codec
 from perturb.ops.jpeg import jpeg_backend
 
 
@@ -143,7 +142,7 @@ class Augment(torch.nn.Module):
             chains = self._check_plans(plans, idx, self.epoch if epoch is None else epoch)
         if any(r.op == "jpeg" for p in chains for r in p):
             codec = jpeg_backend(images)
-            chains = [[dataclasses.replace(r, backend=codec) if r.op == "jpeg" else r for r in p] for p in chains]
+            chains = [with_jpeg_codec(p, codec) for p in chains]
         out = apply_plans(images, chains)
         if boxes is None and masks is None and not self.return_records:
             return out
