@@ -59,8 +59,10 @@ def strength_level(spec: OpSpec, strength: float) -> dict[str, tuple[float, floa
     level: dict[str, tuple[float, float]] = {}
     for name, table in spec.params.items():
         a, b = table.levels[low - 1], table.levels[low]
-        lo = a[0] + frac * (b[0] - a[0]) if frac else a[0]
-        hi = a[1] + frac * (b[1] - a[1]) if frac else a[1]
+        if frac in (0.0, 1.0):  # an integer strength: that severity's level exactly
+            lo, hi = a if frac == 0.0 else b  # (a + 1.0 * (b - a) can miss b by an ulp)
+        else:
+            lo, hi = a[0] + frac * (b[0] - a[0]), a[1] + frac * (b[1] - a[1])
         if table.integer:
             lo, hi = float(round(lo)), float(round(hi))
         level[name] = (lo, hi)
