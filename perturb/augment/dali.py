@@ -509,6 +509,11 @@ def build_pipeline(
     images_in = image_source(source, image_column=image_column)
     if len(images_in) == 0:
         raise InputError("the image source is empty: pass at least one image")
+    if len(images_in) < num_shards:
+        raise InputError(
+            f"{len(images_in)} image(s) for {num_shards} shards: every shard needs at least one "
+            "image; use at most as many shards as images"
+        )
     pol = None if policy is None else load_policy(policy)
     feeder = _Feeder(
         images_in,
