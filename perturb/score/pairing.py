@@ -382,9 +382,13 @@ def _add_risk(
     for op, table in by_sev.items():
         if risk_tags is not None and op in risk_tags:
             continue
-        rows = np.flatnonzero((ops == op) & (sevs >= min(table.values())))
-        for i in rows:
-            tags[i] = tags_at_severity(tuple(tags[i] or ()), table, int(sevs[i]))
+        of_op = ops == op
+        for sev in range(min(table.values()), 6):
+            rows = np.flatnonzero(of_op & (sevs == sev))
+            if rows.size:  # once per distinct tag tuple, not per row
+                tags[rows] = map_unique(
+                    tags[rows], lambda t, s=sev, tb=table: tags_at_severity(tuple(t or ()), tb, s)
+                )
     classes = pairs["question_class"].to_numpy(dtype=object)
     tcode, tuniq = pd.factorize(tags)
     ccode, cuniq = pd.factorize(classes)
