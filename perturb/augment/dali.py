@@ -76,7 +76,7 @@ import numpy as np
 import torch
 
 from perturb import rng
-from perturb.augment.plan import apply_plans, plan_sample
+from perturb.augment.plan import apply_plans, check_modality, plan_sample
 from perturb.augment.policy import Policy, load_policy
 from perturb.engine import InputError, Record, with_jpeg_codec
 from perturb.ops.geometry import translation_pixels
@@ -286,7 +286,7 @@ class Planner:
         device: str = "cpu",
     ):
         self.policy, self.seed, self.channels = policy, int(seed), channels
-        self.modality, self.variant, self.device = modality, variant, device
+        self.modality, self.variant, self.device = check_modality(modality), variant, device
         # what ``Augment`` records for JPEG on this device (the codec that runs there)
         self.jpeg_codec = jpeg_backend(torch.empty((1, channels, 2, 2), device=device))
         self._plan = lru_cache(maxsize=1 << 14)(self._plan_uncached)

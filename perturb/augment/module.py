@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from perturb.augment.plan import _check_index, apply_plans, plan_batch
+from perturb.augment.plan import _check_index, apply_plans, check_modality, plan_batch
 from perturb.augment.policy import Policy, load_policy
 from perturb.augment.targets import BoxesIn, move_boxes, move_masks
 from perturb.engine import InputError, Record, with_jpeg_codec
@@ -87,7 +87,7 @@ class Augment(torch.nn.Module):
         self.return_records = bool(return_records)
         self.epoch = _check_index(epoch, "epoch")
         self.variant = _check_index(variant, "variant")
-        self.modality = modality
+        self.modality = check_modality(modality)
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the next samples for ``epoch`` (call at the start of each epoch)."""

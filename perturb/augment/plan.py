@@ -29,7 +29,7 @@ import torch
 from perturb import engine, rng
 from perturb.augment.policy import OpEntry, Policy, supports_modality
 from perturb.catalog.registry import get_op
-from perturb.catalog.specs import OpSpec
+from perturb.catalog.specs import MODALITIES, OpSpec
 from perturb.engine import InputError, Record
 
 PLAN_STREAM = "augment.plan"
@@ -74,6 +74,13 @@ def nearest_severity(strength: float) -> int:
     return min(5, max(1, math.floor(strength + 0.5)))
 
 
+def check_modality(modality: str | None) -> str | None:
+    """``modality`` if it is a catalog modality (or None), else an InputError listing them."""
+    if modality is not None and modality not in MODALITIES:
+        raise InputError(f"unknown modality {modality!r}; known: {', '.join(sorted(MODALITIES))}")
+    return modality
+
+
 def _candidates(policy: Policy, modality: str | None, channels: int | None) -> list[OpEntry]:
     pool = list(policy.ops)
     if modality is not None:
@@ -108,6 +115,7 @@ def plan_sample(
     records' ``device``/``backend`` fields."""
     key = sample_key(epoch, index)
     variant = _check_index(variant, "variant")
+    check_modality(modality)
     seed = int(seed)
     g = rng.scalar_rng(rng.derive_key(seed, key, PLAN_STREAM, 0, variant))
     u_apply, u_count = float(g.random()), float(g.random())

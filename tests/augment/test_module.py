@@ -219,3 +219,12 @@ def test_plans_of_another_epoch_or_variant_are_refused() -> None:
     other = Augment(POLICY, seed=5, epoch=4, variant=1)
     with pytest.raises(InputError, match="set_epoch"):
         other(images, [0, 1, 2, 3], plans=fresh)
+
+
+def test_unknown_modality_is_refused() -> None:
+    """A misspelt modality would silently keep only the policy's generic ('any') ops."""
+    with pytest.raises(InputError, match=r"unknown modality 'endoscopie'; known: .*endoscopy"):
+        Augment(POLICY, modality="endoscopie")
+    with pytest.raises(InputError, match="unknown modality"):
+        plan_batch(POLICY, seed=0, epoch=0, indices=[0], modality="x-ray")
+    assert Augment(POLICY, modality="endoscopy").modality == "endoscopy"
