@@ -187,21 +187,30 @@ def collect_rates(benchmarks: list[Any], suite: str) -> dict[str, dict[str, Any]
     return ops
 
 
+def add_peer_ratios(entry: dict[str, Any], ours: dict[str, str]) -> None:
+    """Set an op entry's fastest peer (every implementation not in ``ours``), its img/s, and
+    for each of ``ours`` (implementation -> field name) img/s over the fastest peer's."""
+    rates = entry["img_per_s"]
+    peers = {k: v for k, v in rates.items() if k not in ours}
+    best = max(peers, key=peers.__getitem__) if peers else None
+    entry["fastest_peer"] = best
+    entry["fastest_peer_img_per_s"] = peers[best] if best else None
+    for impl, label in ours.items():
+        entry[label] = rates[impl] / peers[best] if best and impl in rates else None
+
+
 def summarise(benchmarks: list[Any]) -> dict[str, Any]:
     """img/s (32 / median round) per op and implementation, fastest peer and our ratios."""
     ops = collect_rates(benchmarks, "ops")
     for entry in ops.values():
-        rates = entry["img_per_s"]
-        peers = {k: v for k, v in rates.items() if k not in OURS}
-        best = max(peers, key=peers.__getitem__) if peers else None
-        entry["fastest_peer"] = best
-        entry["fastest_peer_img_per_s"] = peers[best] if best else None
-        for impl, label in (
-            ("perturb-u8", "ratio_u8"),
-            ("perturb-f32", "ratio_f32"),
-            ("perturb-u8-noborder", "ratio_u8_noborder"),
-        ):
-            entry[label] = rates[impl] / peers[best] if best and impl in rates else None
+        add_peer_ratios(
+            entry,
+            {
+                "perturb-u8": "ratio_u8",
+                "perturb-f32": "ratio_f32",
+                "perturb-u8-noborder": "ratio_u8_noborder",
+            },
+        )
         fastest = entry["img_per_s_best_round"]
         peers_best = {k: v for k, v in fastest.items() if k not in OURS}
         top = max(peers_best, key=peers_best.__getitem__) if peers_best else None
@@ -331,13 +340,7 @@ def summarise_xray(benchmarks: list[Any]) -> dict[str, Any]:
     """X-ray suite: img/s per op and implementation, fastest peer, ours / fastest peer."""
     ops = collect_rates(benchmarks, "xray")
     for entry in ops.values():
-        rates = entry["img_per_s"]
-        peers = {k: v for k, v in rates.items() if k not in XRAY_OURS}
-        best = max(peers, key=peers.__getitem__) if peers else None
-        entry["fastest_peer"] = best
-        entry["fastest_peer_img_per_s"] = peers[best] if best else None
-        for impl, label in (("perturb-u16", "ratio_u16"), ("perturb-f32", "ratio_f32")):
-            entry[label] = rates[impl] / peers[best] if best and impl in rates else None
+        add_peer_ratios(entry, {"perturb-u16": "ratio_u16", "perturb-f32": "ratio_f32"})
     return {"ops": ops}
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from perturb.boxes import LOC_TAG, box_iou, parse_loc_tags
+from perturb.boxes import LOC_TAG, box_iou, loc_tag, parse_loc_tags
 from perturb.catalog.specs import load_specs
 from perturb.engine import Record
 from perturb.ops.geometry import crop_box, rotation_matrix, translation_pixels
@@ -166,7 +166,7 @@ def transform_loc_text(
 
     def replace(_: re.Match[str]) -> str:
         r = next(it)
-        return "<loc_{}_{}_{}_{}>".format(*(round(v) for v in r.box))
+        return loc_tag(r.box)
 
     return LOC_TAG.sub(replace, text), results
 

@@ -24,6 +24,11 @@ def parse_loc_tags(text: str) -> list[Box]:
     return [tuple(float(g) for g in m.groups()) for m in LOC_TAG.finditer(text)]  # type: ignore[misc]
 
 
+def loc_tag(box: Sequence[float]) -> str:
+    """The ``<loc_x1_y1_x2_y2>`` tag of ``box``, rounded to whole pixels."""
+    return "<loc_{}_{}_{}_{}>".format(*(round(v) for v in box))
+
+
 def sort_corners(box: Sequence[float]) -> Box:
     """``box`` with x1 <= x2 and y1 <= y2."""
     x1, y1, x2, y2 = (float(v) for v in box)
@@ -104,6 +109,7 @@ __all__ = [
     "box_iou",
     "hit_rate",
     "iou_matrix",
+    "loc_tag",
     "match_boxes",
     "matched_mean_iou",
     "parse_loc_tags",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -319,9 +319,14 @@ def apply(
         for k, s, v, g in zip(sample_keys, severities, variants, groups, strict=True)
     ]
     if spec_op.name == "jpeg":
-        codec = jpeg_backend(x)
-        records = [Record(**{**r.to_dict(), "backend": codec}) for r in records]
+        records = with_jpeg_codec(records, jpeg_backend(x))
     return run_records(x, records), records
+
+
+def with_jpeg_codec(records: Sequence[Record], codec: str) -> list[Record]:
+    """``records`` with each JPEG record's ``backend`` set to ``codec`` (the codec that runs
+    where the images are, see ``perturb.ops.jpeg.jpeg_backend``)."""
+    return [replace(r, backend=codec) if r.op == "jpeg" else r for r in records]
 
 
 def replay(records: Record | dict | Sequence[Record | dict], images: torch.Tensor) -> torch.Tensor:

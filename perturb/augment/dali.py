@@ -64,7 +64,6 @@ with ``torch.from_dlpack`` is the same zero-copy exchange on both devices.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -77,9 +76,9 @@ import numpy as np
 import torch
 
 from perturb import rng
-from perturb.augment.plan import apply_plans, plan_sample
+from perturb.augment.plan import apply_plans, check_modality, plan_sample
 from perturb.augment.policy import Policy, load_policy
-from perturb.engine import InputError, Record
+from perturb.engine import InputError, Record, with_jpeg_codec
 from perturb.ops.geometry import translation_pixels
 from perturb.ops.jpeg import jpeg_backend
 
@@ -184,6 +183,16 @@ def image_source(source: Any, *, image_column: str | None = None) -> ImageSource
                 raise InputError(f"{folder}: no {'/'.join(IMAGE_SUFFIXES)} files in this folder")
             return _files_source(files)
         return _files_source([folder])
+    if isinstance(source, Sequence) and not source:
+        raise InputError("the image list is empty: pass at least one JPEG/PNG path or bytes")
+    if isinstance(source, Sequence):
+        items = list(source)
+        if all(isinstance(x, bytes | bytearray | memoryview) for x in items):
+            blobs = [bytes(x) for x in items]
+            return ImageSource(lambda i: blobs[i], lambda i: f"image {i}", len(blobs))
+        if all(isinstance(x, str | os.PathLike) for x in items):
+            return _files_source(items)
+    # datasets (~1.4 s to import) only for dataset sources
     from perturb.io.datasets import InputDataset
 
     if not isinstance(source, InputDataset):
@@ -200,15 +209,6 @@ def image_source(source: Any, *, image_column: str | None = None) -> ImageSource
     if isinstance(source, InputDataset):
         ds = source
         return ImageSource(ds.image_bytes, lambda i: f"{ds.source} row {i}", len(ds))
-    if isinstance(source, Sequence) and not source:
-        raise InputError("the image list is empty: pass at least one JPEG/PNG path or bytes")
-    if isinstance(source, Sequence):
-        items = list(source)
-        if all(isinstance(x, bytes | bytearray | memoryview) for x in items):
-            blobs = [bytes(x) for x in items]
-            return ImageSource(lambda i: blobs[i], lambda i: f"image {i}", len(blobs))
-        if all(isinstance(x, str | os.PathLike) for x in items):
-            return _files_source(items)
     raise InputError(
         f"cannot read images from {type(source).__name__}: pass a folder, a list of JPEG/PNG "
         "paths or encoded bytes, perturb.io.datasets.open_input(...) or a datasets.Dataset"
@@ -287,7 +287,7 @@ class Planner:
         device: str = "cpu",
     ):
         self.policy, self.seed, self.channels = policy, int(seed), channels
-        self.modality, self.variant, self.device = modality, variant, device
+        self.modality, self.variant, self.device = check_modality(modality), variant, device
         # what ``Augment`` records for JPEG on this device (the codec that runs there)
         self.jpeg_codec = jpeg_backend(torch.empty((1, channels, 2, 2), device=device))
         self._plan = lru_cache(maxsize=1 << 14)(self._plan_uncached)
@@ -305,9 +305,7 @@ class Planner:
             variant=self.variant,
             device=self.device,
         )
-        return tuple(
-            dataclasses.replace(r, backend=self.jpeg_codec) if r.op == "jpeg" else r for r in plan
-        )
+        return tuple(with_jpeg_codec(plan, self.jpeg_codec))
 
     def plans(self, epochs: Sequence[int], indices: Sequence[int]) -> list[tuple[Record, ...]]:
         return [self._plan(int(e), int(i)) for e, i in zip(epochs, indices, strict=True)]
@@ -512,6 +510,11 @@ def build_pipeline(
     images_in = image_source(source, image_column=image_column)
     if len(images_in) == 0:
         raise InputError("the image source is empty: pass at least one image")
+    if len(images_in) < num_shards:
+        raise InputError(
+            f"{len(images_in)} image(s) for {num_shards} shards: every shard needs at least one "
+            "image; use at most as many shards as images"
+        )
     pol = None if policy is None else load_policy(policy)
     feeder = _Feeder(
         images_in,

@@ -13,7 +13,6 @@ batch size, sampling order or device. ``eval()`` turns augmentation off (identit
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -21,10 +20,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from perturb.augment.plan import _check_index, apply_plans, plan_batch
+from perturb.augment.plan import _check_index, apply_plans, check_modality, plan_batch
 from perturb.augment.policy import Policy, load_policy
 from perturb.augment.targets import BoxesIn, move_boxes, move_masks
-from perturb.engine import InputError, Record
+from perturb.engine import InputError, Record, with_jpeg_codec
 from perturb.ops.jpeg import jpeg_backend
 
 
@@ -88,7 +87,7 @@ class Augment(torch.nn.Module):
         self.return_records = bool(return_records)
         self.epoch = _check_index(epoch, "epoch")
         self.variant = _check_index(variant, "variant")
-        self.modality = modality
+        self.modality = check_modality(modality)
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the next samples for ``epoch`` (call at the start of each epoch)."""
@@ -140,10 +139,10 @@ class Augment(torch.nn.Module):
         elif plans is None:
             chains = self.plan(idx, epoch=epoch, channels=images.shape[1], device=images.device)
         else:
-            chains = self._check_plans(plans, idx)
+            chains = self._check_plans(plans, idx, self.epoch if epoch is None else epoch)
         if any(r.op == "jpeg" for p in chains for r in p):
             codec = jpeg_backend(images)
-            chains = [[dataclasses.replace(r, backend=codec) if r.op == "jpeg" else r for r in p] for p in chains]
+            chains = [with_jpeg_codec(p, codec) for p in chains]
         out = apply_plans(images, chains)
         if boxes is None and masks is None and not self.return_records:
             return out
@@ -160,17 +159,41 @@ class Augment(torch.nn.Module):
             records=chains if self.return_records else None,
         )
 
-    def _check_plans(self, plans: Sequence[Sequence[Record]], indices: list[int]) -> list[list[Record]]:
+    def _check_plans(
+        self, plans: Sequence[Sequence[Record]], indices: list[int], epoch: int
+    ) -> list[list[Record]]:
+        """``plans`` if each record is this module's (seed, policy, variant) draw for its image's
+        index at ``epoch``: plans made in DataLoader workers whose copy of the module missed a
+        ``set_epoch`` (persistent workers) would otherwise repeat an old epoch's draws."""
         chains = [list(p) for p in plans]
         if len(chains) != len(indices):
             raise InputError(f"plans has {len(chains)} entries for a batch of {len(indices)}: pass one plan per image")
+        want = {
+            "seed": self.seed,
+            "policy": self.policy.policy,
+            "epoch": epoch,
+            "variant": self.variant,
+        }
         for i, chain in zip(indices, chains, strict=True):
             for r in chain:
-                if r.seed != self.seed or r.extra.get("index") != i or r.extra.get("policy") != self.policy.policy:
+                got = {
+                    "seed": r.seed,
+                    "policy": r.extra.get("policy"),
+                    "epoch": r.extra.get("epoch"),
+                    "variant": r.variant,
+                }
+                if r.extra.get("index") != i:
                     raise InputError(
                         f"plans do not belong to this batch: a record of index {r.extra.get('index')} "
-                        f"(seed {r.seed}, policy {r.extra.get('policy')!r}) for index {i}; make them "
-                        "with this module's plan(indices) in the same order as the images"
+                        f"for index {i}; make them with this module's plan(indices) in the same "
+                        "order as the images"
+                    )
+                if got != want:
+                    raise InputError(
+                        f"plans do not belong to this batch: a record made with {got} for a module "
+                        f"at {want}; make them with this module's plan(indices) after set_epoch "
+                        "(DataLoader workers keep the module as it was when they started: with "
+                        "persistent_workers pass the epoch to plan(indices, epoch=...))"
                     )
         return chains
 

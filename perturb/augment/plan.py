@@ -29,7 +29,7 @@ import torch
 from perturb import engine, rng
 from perturb.augment.policy import OpEntry, Policy, supports_modality
 from perturb.catalog.registry import get_op
-from perturb.catalog.specs import OpSpec
+from perturb.catalog.specs import MODALITIES, OpSpec
 from perturb.engine import InputError, Record
 
 PLAN_STREAM = "augment.plan"
@@ -59,8 +59,10 @@ def strength_level(spec: OpSpec, strength: float) -> dict[str, tuple[float, floa
     level: dict[str, tuple[float, float]] = {}
     for name, table in spec.params.items():
         a, b = table.levels[low - 1], table.levels[low]
-        lo = a[0] + frac * (b[0] - a[0]) if frac else a[0]
-        hi = a[1] + frac * (b[1] - a[1]) if frac else a[1]
+        if frac in (0.0, 1.0):  # an integer strength: that severity's level exactly
+            lo, hi = a if frac == 0.0 else b  # (a + 1.0 * (b - a) can miss b by an ulp)
+        else:
+            lo, hi = a[0] + frac * (b[0] - a[0]), a[1] + frac * (b[1] - a[1])
         if table.integer:
             lo, hi = float(round(lo)), float(round(hi))
         level[name] = (lo, hi)
@@ -70,6 +72,13 @@ def strength_level(spec: OpSpec, strength: float) -> dict[str, tuple[float, floa
 def nearest_severity(strength: float) -> int:
     """The integer severity a strength is recorded under (round half up)."""
     return min(5, max(1, math.floor(strength + 0.5)))
+
+
+def check_modality(modality: str | None) -> str | None:
+    """``modality`` if it is a catalog modality (or None), else an InputError listing them."""
+    if modality is not None and modality not in MODALITIES:
+        raise InputError(f"unknown modality {modality!r}; known: {', '.join(sorted(MODALITIES))}")
+    return modality
 
 
 def _candidates(policy: Policy, modality: str | None, channels: int | None) -> list[OpEntry]:
@@ -106,6 +115,7 @@ def plan_sample(
     records' ``device``/``backend`` fields."""
     key = sample_key(epoch, index)
     variant = _check_index(variant, "variant")
+    check_modality(modality)
     seed = int(seed)
     g = rng.scalar_rng(rng.derive_key(seed, key, PLAN_STREAM, 0, variant))
     u_apply, u_count = float(g.random()), float(g.random())

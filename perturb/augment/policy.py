@@ -52,8 +52,8 @@ from perturb.catalog.specs import (
     get_spec,
     load_specs,
 )
+from perturb.generate.suite import CONFIG_DIR, find_config
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 STRENGTH_RANGE = (1.0, 5.0)
 DEFAULT_SEVERITY = (1, 3)
 # Suite composites and the catalog ops that make the same kind of change.
@@ -353,11 +353,9 @@ def find_policy(source: str | Path) -> Path:
     p = Path(source)
     if p.is_file():
         return p
-    if not p.suffix and p.name == str(source):
-        for folder in (Path.cwd() / "configs", CONFIG_DIR):
-            for name in (f"{p.name}.yaml", f"augment-{p.name}.yaml"):
-                if (folder / name).is_file():
-                    return folder / name
+    found = find_config(source, ("{}", "augment-{}"))
+    if found is not None:
+        return found
     raise PolicyError(
         f"{source}: policy file not found; pass a YAML path, a name in configs/ "
         "(e.g. augment-endoscopy) or a mapping"

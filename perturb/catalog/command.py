@@ -98,8 +98,6 @@ def preview(
 
 def _xray_only(op: str) -> bool:
     """Whether ``op`` is an X-ray op (previewed on a chest phantom when no image is given)."""
-    from perturb.catalog.specs import load_specs
-
     spec = load_specs().get(op)
     return spec is not None and "xray" in spec.modalities and "endoscopy" not in spec.modalities
 

@@ -81,10 +81,11 @@ def move_annotations(
     heights = picked.column("height").to_pylist()
     new_text: dict[str, list[Any]] = {c: [r.get(c) for r in rows] for c in columns}
     flags_col, detail_col = [], []
+    last: tuple[str | None, dict[str, Any]] = (None, {})
     for i, row in enumerate(rows):
-        texts, detail = move_row(
-            row, json.loads(records[i]), ops[i], (int(widths[i]), int(heights[i])), ann
-        )
+        if records[i] != last[0]:  # an output's QA rows are consecutive: parse its record once
+            last = (records[i], json.loads(records[i]))
+        texts, detail = move_row(row, last[1], ops[i], (int(widths[i]), int(heights[i])), ann)
         for column, text in texts.items():
             new_text[column][i] = text
         flags = sorted({f for d in detail for f in d["flags"]})

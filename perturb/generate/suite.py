@@ -342,15 +342,26 @@ def parse_suite(data: Any, source: str = "<suite>") -> Suite:
         raise SuiteError(_format_error(source, exc)) from None
 
 
+def find_config(name: str | Path, stems: tuple[str, ...] = ("{}",)) -> Path | None:
+    """The YAML a bare config name (no folder, no suffix) stands for: ``<stem>.yaml`` for each
+    stem pattern (``{}`` is the name) in ./configs/, then in the repository's configs/."""
+    p = Path(name)
+    if p.suffix or p.name != str(name):
+        return None
+    for folder in (Path.cwd() / "configs", CONFIG_DIR):
+        for stem in stems:
+            candidate = folder / f"{stem.format(p.name)}.yaml"
+            if candidate.is_file():
+                return candidate
+    return None
+
+
 def load_suite(path: str | Path) -> Suite:
     """Load and validate a suite YAML; a bare name (e.g. ``endoscopy-artifacts``) is looked up
     in ./configs/, then in the repository's configs/ folder."""
     p = Path(path)
-    if not p.exists() and not p.suffix and p.name == str(path):
-        for folder in (Path.cwd() / "configs", CONFIG_DIR):
-            if (folder / f"{p.name}.yaml").is_file():
-                p = folder / f"{p.name}.yaml"
-                break
+    if not p.exists():
+        p = find_config(path) or p
     if not p.is_file():
         raise SuiteError(f"{path}: suite file not found")
     try:

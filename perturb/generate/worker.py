@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -183,7 +183,7 @@ def _per_channel(
 ) -> tuple[torch.Tensor, list[Any]]:
     """A 1-channel op on colour images: every channel with the image's key, so the channels
     get the same parameters and fields (a gray image stored as RGB stays gray)."""
-    from perturb.engine import Record, apply
+    from perturb.engine import apply
 
     b, c, h, w = x.shape
     out, records = apply(
@@ -195,9 +195,7 @@ def _per_channel(
         variant=task.variant,
         param_keys=[g for g in groups for _ in range(c)],
     )
-    firsts = [
-        Record(**{**r.to_dict(), "extra": {**r.extra, "per_channel": True}}) for r in records[::c]
-    ]
+    firsts = [replace(r, extra={**r.extra, "per_channel": True}) for r in records[::c]]
     return out.reshape(b, c, h, w), firsts
 
 

@@ -213,20 +213,28 @@ def warp_batch(x: torch.Tensor, warps: Sequence[Warp]) -> torch.Tensor:
     return torch.stack(results)
 
 
+def shift_slices(
+    tx: int, ty: int, width: int, height: int
+) -> tuple[tuple[slice, slice], tuple[slice, slice]] | None:
+    """(destination, source) (rows, columns) slices of an integer shift (tx, ty) of a
+    ``width`` x ``height`` image; None when nothing stays in the frame."""
+    if abs(tx) >= width or abs(ty) >= height:
+        return None
+    dst = (slice(max(ty, 0), height + min(ty, 0)), slice(max(tx, 0), width + min(tx, 0)))
+    src = (slice(max(-ty, 0), height - max(ty, 0)), slice(max(-tx, 0), width - max(tx, 0)))
+    return dst, src
+
+
 def shift_batch(x: torch.Tensor, shifts: Sequence[tuple[int, int]]) -> torch.Tensor:
     """Integer shifts (tx, ty) with black fill: output(x, y) = input(x - tx, y - ty). Exact and
     identical on every device."""
     out = torch.zeros_like(x)
     height, width = x.shape[-2:]
     for i, (tx, ty) in enumerate(shifts):
-        if abs(tx) >= width or abs(ty) >= height:
-            continue
-        dst_y, src_y = (
-            slice(max(ty, 0), height + min(ty, 0)),
-            slice(max(-ty, 0), height - max(ty, 0)),
-        )
-        dst_x, src_x = slice(max(tx, 0), width + min(tx, 0)), slice(max(-tx, 0), width - max(tx, 0))
-        out[i, :, dst_y, dst_x] = x[i, :, src_y, src_x]
+        spans = shift_slices(tx, ty, width, height)
+        if spans is not None:
+            (dst_y, dst_x), (src_y, src_x) = spans
+            out[i, :, dst_y, dst_x] = x[i, :, src_y, src_x]
     return out
 
 
@@ -373,11 +381,10 @@ def translation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], 
     height, width = src.shape[-2:]
     tx, ty = translation_pixels(width, height, float(p["shift"]), float(p["direction"]))
     dst[...] = 0
-    if abs(tx) >= width or abs(ty) >= height:
-        return
-    dst[:, max(ty, 0) : height + min(ty, 0), max(tx, 0) : width + min(tx, 0)] = src[
-        :, max(-ty, 0) : height - max(ty, 0), max(-tx, 0) : width - max(tx, 0)
-    ]
+    spans = shift_slices(tx, ty, width, height)
+    if spans is not None:
+        (dst_y, dst_x), (src_y, src_x) = spans
+        dst[:, dst_y, dst_x] = src[:, src_y, src_x]
 
 
 # ---------------------------------------------------------------------------------------------

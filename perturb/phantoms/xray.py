@@ -25,6 +25,7 @@ import cv2
 import numpy as np
 
 from perturb import rng as keyed
+from perturb.boxes import loc_tag
 
 if TYPE_CHECKING:  # pragma: no cover
     from perturb.io.datasets import InputDataset
@@ -176,10 +177,6 @@ def render(
     image = np.rint(np.clip(display, 0.0, 1.0) * peak).astype(dtype)
     truth = XrayTruth(w, h, nodule_box, nodule_side, nodule_zone, marker, marker_box)
     return XrayPhantom(image, truth)
-
-
-def loc_tag(box: tuple[float, float, float, float]) -> str:
-    return "<loc_{}_{}_{}_{}>".format(*(round(v) for v in box))
 
 
 def qa_rows(img_id: str, truth: XrayTruth) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +340,12 @@ def pair_model(
     return pairs, report
 
 
+def _tags_at(
+    tags: Sequence[str] | None, table: Mapping[str, int], severity: int
+) -> tuple[str, ...]:
+    return tags_at_severity(tuple(tags or ()), table, severity)
+
+
 def _add_risk(
     pairs: pd.DataFrame,
     manifest: Manifest | None,
@@ -382,9 +389,11 @@ def _add_risk(
     for op, table in by_sev.items():
         if risk_tags is not None and op in risk_tags:
             continue
-        rows = np.flatnonzero((ops == op) & (sevs >= min(table.values())))
-        for i in rows:
-            tags[i] = tags_at_severity(tuple(tags[i] or ()), table, int(sevs[i]))
+        of_op = ops == op
+        for sev in range(min(table.values()), 6):
+            rows = np.flatnonzero(of_op & (sevs == sev))
+            if rows.size:  # once per distinct tag tuple, not per row
+                tags[rows] = map_unique(tags[rows], partial(_tags_at, table=table, severity=sev))
     classes = pairs["question_class"].to_numpy(dtype=object)
     tcode, tuniq = pd.factorize(tags)
     ccode, cuniq = pd.factorize(classes)

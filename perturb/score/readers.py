@@ -700,8 +700,8 @@ def _medthink_columns(df: pd.DataFrame, slots: list[str], rep: ReadReport) -> pd
     """
     out = df.copy()
     paths = [
-        [p for p in (row[c] for c in slots) if isinstance(p, str) and p.strip()]
-        for _, row in df[slots].iterrows()
+        [p for p in row if isinstance(p, str) and p.strip()]
+        for row in df[slots].to_numpy(dtype=object)
     ]
     cols = {c.lower() for c in df.columns if isinstance(c, str)}
     if not cols & {"image_path", "images", "imagepath", "image_paths"}:

@@ -277,6 +277,8 @@ def test_bad_inputs_name_the_fix(tmp_path: Path) -> None:
         build_pipeline(_files(), None, size=(1, 5))
     with pytest.raises(InputError, match="shard_id"):
         build_pipeline(_files(), None, shard_id=2, num_shards=2)
+    with pytest.raises(InputError, match="every shard needs at least one image"):
+        build_pipeline(_files()[:1], None, shard_id=1, num_shards=2)  # an empty shard
     with pytest.raises(InputError, match="cannot read images from int"):
         build_pipeline(3, None)
     if not torch.cuda.is_available():

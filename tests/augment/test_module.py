@@ -197,3 +197,34 @@ def test_plans_made_in_workers_give_the_same_pixels(reference: dict[int, torch.T
         augment(Frames().images[:2], [1, 0], plans=plans)
     with pytest.raises(InputError, match="one plan per image"):
         augment(Frames().images[:2], [0, 1], plans=plans[:1])
+
+
+def test_plans_of_another_epoch_or_variant_are_refused() -> None:
+    """Plans made by a copy of the module that missed set_epoch (persistent DataLoader workers)
+    would silently repeat an old epoch's augmentations: forward(plans=) refuses them."""
+    augment = Augment(POLICY, seed=5, epoch=3)
+    images = Frames().images[:4]
+    stale = augment.plan([0, 1, 2, 3], channels=3)
+    assert any(stale), "no sample augmented: the check below would not run"
+    augment.set_epoch(4)
+    with pytest.raises(InputError, match="set_epoch"):
+        augment(images, [0, 1, 2, 3], plans=stale)
+    with pytest.raises(InputError, match="set_epoch"):
+        augment(images, [0, 1, 2, 3], epoch=2, plans=stale)
+    fresh = augment.plan([0, 1, 2, 3], channels=3)
+    assert torch.equal(augment(images, [0, 1, 2, 3], plans=fresh), augment(images, [0, 1, 2, 3]))
+    assert torch.equal(
+        augment(images, [0, 1, 2, 3], epoch=3, plans=stale), augment(images, [0, 1, 2, 3], epoch=3)
+    )
+    other = Augment(POLICY, seed=5, epoch=4, variant=1)
+    with pytest.raises(InputError, match="set_epoch"):
+        other(images, [0, 1, 2, 3], plans=fresh)
+
+
+def test_unknown_modality_is_refused() -> None:
+    """A misspelt modality would silently keep only the policy's generic ('any') ops."""
+    with pytest.raises(InputError, match=r"unknown modality 'endoscopie'; known: .*endoscopy"):
+        Augment(POLICY, modality="endoscopie")
+    with pytest.raises(InputError, match="unknown modality"):
+        plan_batch(POLICY, seed=0, epoch=0, indices=[0], modality="x-ray")
+    assert Augment(POLICY, modality="endoscopy").modality == "endoscopy"

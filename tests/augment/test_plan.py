@@ -232,3 +232,20 @@ def test_devices_agree(device: str, batch: torch.Tensor) -> None:
         # JPEG codecs differ between devices; compare the other chains
         keep = [i for i, p in enumerate(plans) if all(r.op != "jpeg" for r in p)]
         assert (out[keep] - ref[keep]).abs().max() <= 1 / 255 + 1e-6
+
+
+def test_integer_strength_is_the_table_level_exactly() -> None:
+    """Strength k gives severity k's ranges bit for bit, also at k = 5 where the interpolation
+    a + 1.0 * (b - a) misses b by an ulp for some tables (here 0.195 -> 0.737)."""
+    from perturb.catalog.specs import ParamTable
+
+    table = ParamTable(
+        unit="fraction",
+        direction="increasing",
+        bounds=(0.0, 1.0),
+        levels=[(0.1, 0.15), (0.15, 0.2), (0.18, 0.3), (0.195, 0.4), (0.737, 0.8)],
+    )
+    assert 0.195 + 1.0 * (0.737 - 0.195) != 0.737  # the case this test is about
+    spec = get_spec("gaussian_blur").model_copy(update={"params": {"sigma": table}})
+    for severity in range(1, 6):
+        assert strength_level(spec, float(severity)) == {"sigma": table.levels[severity - 1]}

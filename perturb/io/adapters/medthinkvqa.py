@@ -67,16 +67,9 @@ def _load_cases(
 ) -> tuple[datasets.Dataset, Path | None, str]:
     """The case table and the folder image paths start from (None for the hub)."""
     label = str(source or HUB_ID)
-    text = HUB_ID if source is None else os.fspath(source)
-    local = Path(text).expanduser()
+    local = locate(source, HUB_ID, ["*.parquet", "*.jsonl"])  # the path, or a hub snapshot
     try:
         with _quiet():
-            if not local.exists():
-                located = locate(text, HUB_ID, ["*.parquet", "*.jsonl"])
-                if located.is_dir():
-                    local = located
-                else:  # pragma: no cover - locate returns a folder or raises
-                    raise DatasetError(f"{label}: cannot locate the dataset")
             files = pick_files(local, (".parquet", ".jsonl"), split, label)
             builder = "parquet" if files[0].suffix.lower() == ".parquet" else "json"
             ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")

@@ -139,8 +139,8 @@ def open_vindr(
                 for column in LOC_COLUMNS:
                     row.setdefault(column, "")
                 rows.append(row)
-    if not any(p.is_file() for p in wanted) and any(root.rglob("*.dicom")) | any(
-        root.rglob("*.dcm")
+    if not any(p.is_file() for p in wanted) and any(
+        p.suffix.lower() in (".dcm", ".dicom") for p in root.rglob("*")
     ):
         raise DatasetError(
             f"{label}: {root} holds DICOM files but no PNGs: convert them to 16-bit PNG named "
