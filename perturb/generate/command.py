@@ -110,6 +110,12 @@ def generate(
     max_retries: Annotated[
         int, typer.Option(help="Ray: passes that re-run images whose worker died or failed.")
     ] = 2,
+    stall_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Ray: seconds a pass may go without a result before it is stopped and its images retried (0: no limit)."
+        ),
+    ] = 600.0,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -144,6 +150,7 @@ def generate(
                 gpus_per_worker=gpus_per_worker,
                 concurrency=concurrency,
                 max_retries=max_retries,
+                stall_timeout=stall_timeout,
             ),
         )
     except (SuiteError, RunError) as exc:
@@ -164,8 +171,10 @@ def generate(
             f"manifest rows {s.manifest_rows}, dataset rows {s.dataset_rows}, errors {s.errors} (errors.jsonl)",
             f"{s.seconds:.1f} s, {s.images_per_second:.1f} images/s, output {_size(s.output_bytes)} in {out}",
         ]
-        if s.retries or s.worker_failures:
-            lines.append(f"worker failures {s.worker_failures}, images retried {s.retries}")
+        if s.retries or s.worker_failures or s.stalls:
+            lines.append(
+                f"worker failures {s.worker_failures}, images retried {s.retries}, stalled passes {s.stalls}"
+            )
         for line in lines:
             typer.echo(line)
     if summary.errors and strict:

@@ -19,6 +19,9 @@ function (``perturb.generate.worker.process_chunk``) as the local engine, on a R
   crashing image cannot take another along), for at most ``max_retries`` more passes.
   Images still missing after that land in errors.jsonl (stage ``worker``) with their img_id; the
   summary reports ``retries`` and ``worker_failures``.
+* Stalls: a pass from which no result arrives for ``stall_timeout`` seconds is stopped (its Ray
+  Data execution shut down: tasks cancelled, actors killed); what came back is kept, the rest
+  goes to the next pass as above, and the summary counts ``stalls``.
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
+import threading
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -167,7 +173,8 @@ class InputSource:
 def _crash_hook(spec: str | None, img_ids: list[str]) -> None:
     """Test hook: ``PERTURB_CRASH_AT=ray-worker:IMG_ID`` kills (SIGKILL) the worker process
     whenever a batch holds IMG_ID; ``ray-worker-once:IMG_ID:MARKER`` only while the file MARKER
-    does not exist (it is created first), so the retry succeeds."""
+    does not exist (it is created first), so the retry succeeds; ``ray-worker-sleep:IMG_ID``
+    hangs the worker (sleeps an hour) instead."""
     if not spec or not spec.startswith("ray-worker"):
         return
     kind, _, rest = spec.partition(":")
@@ -178,6 +185,9 @@ def _crash_hook(spec: str | None, img_ids: list[str]) -> None:
         if Path(marker).exists():
             return
         Path(marker).touch()
+    if kind == "ray-worker-sleep":
+        time.sleep(3600)
+        return
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -270,10 +280,66 @@ def _descriptors(batch: list[Any]) -> pa.Table:
     )
 
 
+class _Stalled(Exception):
+    """No result arrived for the stall timeout; the pass's execution was shut down."""
+
+
+def _rows(results: Any, stall_timeout: float | None) -> Iterator[dict[str, Any]]:
+    """The rows of the Ray Dataset ``results`` as they arrive. With a stall timeout, they are
+    read in a thread; when none arrives for ``stall_timeout`` seconds the execution is shut down
+    (its tasks cancelled, its actors killed), the rows that came meanwhile are still yielded, and
+    ``_Stalled`` is raised."""
+    if not stall_timeout:
+        yield from results.iter_rows()
+        return
+    executors: list[Any] = []
+    create = getattr(results, "_create_executor", None)
+    if create is not None:  # Ray Data keeps its executor only after the first batch: catch it
+
+        def capture() -> Any:
+            executors.append(create())
+            return executors[-1]
+
+        results._create_executor = capture
+    arrived: queue.Queue[Any] = queue.Queue()
+    end = object()
+
+    def pump() -> None:
+        try:
+            for row in results.iter_rows():
+                arrived.put(row)
+        except BaseException as exc:  # handed to the driver's thread, raised there
+            arrived.put(exc)
+        finally:
+            arrived.put(end)
+
+    thread = threading.Thread(target=pump, name="perturb-ray-results", daemon=True)
+    thread.start()
+    while True:
+        try:
+            item = arrived.get(timeout=stall_timeout)
+        except queue.Empty:
+            break
+        if item is end:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+    for executor in executors:
+        executor.shutdown(force=True)
+    thread.join(timeout=30)
+    while not arrived.empty():  # results that came in before the execution stopped
+        item = arrived.get_nowait()
+        if isinstance(item, dict):
+            yield item
+    raise _Stalled
+
+
 @dataclass
 class RayStats:
     retries: int = 0
     failures: int = 0
+    stalls: int = 0
     images_lost: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
     lost_tasks: list[list[Any]] = field(default_factory=list)
@@ -352,18 +418,26 @@ def run_ray(
                 )
         returned: set[str] = set()
         raised: set[str] = set()
-        for row in results.iter_rows():
-            ids = json.loads(row["img_ids"])
-            if row["failure"]:
-                stats.failures += 1
-                reasons.update(dict.fromkeys(ids, str(row["failure"])))
-                raised.update(ids)
-                continue
-            take(ChunkResult(**json.loads(row["result"])), int(row["tasks"]))
-            returned.update(ids)
+        lost = "the worker process died"
+        try:
+            for row in _rows(results, options.stall_timeout):
+                ids = json.loads(row["img_ids"])
+                if row["failure"]:
+                    stats.failures += 1
+                    reasons.update(dict.fromkeys(ids, str(row["failure"])))
+                    raised.update(ids)
+                    continue
+                take(ChunkResult(**json.loads(row["result"])), int(row["tasks"]))
+                returned.update(ids)
+        except _Stalled:
+            stats.stalls += 1
+            lost = (
+                f"stalled: no result for {options.stall_timeout:g} s, the pass was stopped "
+                "(raise --stall-timeout if an image needs longer)"
+            )
         died = {g[0].img_id for g in remaining} - returned - raised
         for img_id in died:
-            reasons[img_id] = "the worker process died"
+            reasons[img_id] = lost
         stats.failures += sum(1 for g in groups if any(it[0].img_id in died for it in g))
         remaining = [item for item in remaining if item[0].img_id not in returned]
     for group, file_id, missing in remaining:

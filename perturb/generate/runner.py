@@ -103,6 +103,7 @@ class RunOptions:
     gpus_per_worker: float | None = None  # None: 1 where the cluster has GPUs, else 0
     concurrency: int | None = None  # Ray workers (default: the cluster's CPUs or GPUs)
     max_retries: int = 2  # Ray: rounds that re-run images whose worker died or failed
+    stall_timeout: float | None = 600.0  # Ray: stop a pass after this long without a result
     threads: int | None = None  # torch/OpenCV threads per worker (default: 1 when several)
 
 
@@ -137,6 +138,7 @@ class RunSummary:
     images_in_other_shards: int = 0
     retries: int = 0  # images re-submitted after a worker died or failed (Ray engine)
     worker_failures: int = 0  # failed worker calls seen (died, or raised), before retries
+    stalls: int = 0  # Ray passes stopped after --stall-timeout seconds without a result
     seconds_to_first_output: float | None = None  # start-up: planning, workers, first batch
 
     def to_dict(self) -> dict[str, Any]:
@@ -526,6 +528,11 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         raise RunError(f"--max-pixels must be at least 4, got {options.max_pixels}")
     if options.max_retries < 0:
         raise RunError(f"--max-retries must be non-negative, got {options.max_retries}")
+    if options.stall_timeout is not None and not options.stall_timeout >= 0:
+        raise RunError(
+            f"--stall-timeout must be a number of seconds >= 0 (0 turns the guard off), "
+            f"got {options.stall_timeout}"
+        )
     try:
         shard = (
             options.shard if isinstance(options.shard, Shard) else parse_shard(options.shard)
@@ -758,6 +765,7 @@ def _run(
                 summary.images_failed += stats.images_lost
                 summary.retries = stats.retries
                 summary.worker_failures = stats.failures
+                summary.stalls = stats.stalls
                 progress.advance(sum(len(e) for e in stats.lost_tasks))
             elif options.workers <= 1:
                 for batch in batches:

@@ -131,6 +131,50 @@ def test_an_image_that_always_kills_its_worker_loses_only_its_rows(
     assert digests(out) == want
 
 
+def test_a_stalled_worker_is_stopped_retried_and_reported(
+    ray_cluster: str,
+    tmp_path: Path,
+    small_input: Path,
+    mini_suite: Suite,
+    reference_run: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker hangs (sleeps an hour) on one image: each pass is stopped after --stall-timeout
+    seconds without a result, the hung image's batch mate comes back on the retry pass, and
+    the hung image is reported; everything else is the local engine's run."""
+    monkeypatch.setenv("PERTURB_CRASH_AT", "ray-worker-sleep:phantom_0002")
+    out = tmp_path / "out"
+    summary = run(
+        mini_suite, out, small_input, engine="ray", batch_size=2, concurrency=2,
+        max_retries=1, stall_timeout=12,
+    )  # fmt: skip
+    assert summary.stalls == 2 and summary.images_failed == 1 and summary.retries >= 2
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert [(e["img_id"], e["stage"]) for e in errors] == [("phantom_0002", "worker")]
+    assert "stalled" in errors[0]["reason"] and "--stall-timeout" in errors[0]["reason"]
+    expected = [r for r in manifest_rows(reference_run) if r["img_id"] != "phantom_0002"]
+    assert manifest_rows(out) == expected
+    want = {k: v for k, v in digests(reference_run).items() if "phantom_0002" not in k}
+    assert digests(out) == want
+    assert json.loads((out / "summary.json").read_text())["stalls"] == 2
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan")])
+def test_a_negative_stall_timeout_is_a_usage_error(
+    tmp_path: Path, small_input: Path, mini_suite: Suite, value: float
+) -> None:
+    """Checked before Ray starts (no cluster needed), nothing written."""
+    with pytest.raises(RunError, match=r"--stall-timeout must be .* >= 0 \(0 turns the guard off\)"):
+        run(mini_suite, tmp_path / "out", small_input, engine="ray", stall_timeout=value)
+    assert not (tmp_path / "out").exists()
+    result = runner.invoke(
+        app,
+        ["generate", "kvasir-vqa-x1-transformed", "--out", str(tmp_path / "o2"), "--engine",
+         "ray", "--stall-timeout", "-5", "--quiet"],
+    )  # fmt: skip
+    assert result.exit_code == 2 and "--stall-timeout must be" in " ".join(result.output.split())
+
+
 def test_driver_killed_then_resumed_to_the_same_run(
     ray_cluster: str, tmp_path: Path, small_input: Path, mini_suite: Suite, reference_run: Path
 ) -> None:
