@@ -164,7 +164,8 @@ def test_a_negative_stall_timeout_is_a_usage_error(
     tmp_path: Path, small_input: Path, mini_suite: Suite, value: float
 ) -> None:
     """Checked before Ray starts (no cluster needed), nothing written."""
-    with pytest.raises(RunError, match=r"--stall-timeout must be .* >= 0 \(0 turns the guard off\)"):
+    fix = r"--stall-timeout must be .* >= 0 \(0 turns the guard off\)"
+    with pytest.raises(RunError, match=fix):
         run(mini_suite, tmp_path / "out", small_input, engine="ray", stall_timeout=value)
     assert not (tmp_path / "out").exists()
     result = runner.invoke(
