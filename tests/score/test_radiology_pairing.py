@@ -1,6 +1,7 @@
 """Clean and perturbed radiology predictions pair in ``perturb score`` when made the way a user
 makes them: ms-swift rows (``images`` paths, question, response, labels, no study or case id)
-for the clean split with the dataset's own image paths, and for the perturbed split from the
+generated ``dataset/`` rows (their output image paths, one prompt per question, op, severity);
+VinDr-CXR-VQA rows (one image each) pair by image id.
 generated ``dataset/`` rows (their output image paths, one prompt per question, op, severity)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from perturb.generate.suite import parse_suite
 from perturb.score import score_runs
 from perturb.score.readers import read_predictions
 from tests.generate.conftest import run
-from tests.io.radiology_fixtures import MED_MODALITIES, make_medthinkvqa, make_rexvqa
+from tests.io.radiology_fixtures import MED_MODALITIES, make_medthinkvqa, make_rexvqa, make_vindr
 
 
 @pytest.fixture(autouse=True)
@@ -138,3 +139,16 @@ def test_medthinkvqa_cases_pair_and_cluster(tmp_path: Path) -> None:
         df, _ = read_predictions(path)
         assert sorted(df["img_id"]) == ["case10001", "case10002"]
     _assert_paired(c, p, out, 2, 2, {"case10001", "case10002"})
+
+
+def test_vindr_images_pair(tmp_path: Path) -> None:
+    fx = make_vindr(tmp_path)
+    out = tmp_path / "gen"
+    _generate("vindr-cxr-vqa", fx.data, out, ["xray_gamma"], str(fx.images))
+    ds = datasets.load_from_disk(str(out / "dataset"))
+    clean = [
+        _swift([str(fx.images / f"{r['img_id']}.png")], r["question"], r["answer"]) for r in ds
+    ]
+    pert = [_swift([str(out / r["path"])], r["question"], r["answer"]) for r in ds]
+    c, p = _write(tmp_path / "clean.jsonl", clean), _write(tmp_path / "pert.jsonl", pert)
+    _assert_paired(c, p, out, 6, 6, {"a1b2c3d4e5", "f6e5d4c3b2"})
