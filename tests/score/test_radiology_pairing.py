@@ -1,8 +1,8 @@
 """Clean and perturbed radiology predictions pair in ``perturb score`` when made the way a user
 makes them: ms-swift rows (``images`` paths, question, response, labels, no study or case id)
-generated ``dataset/`` rows (their output image paths, one prompt per question, op, severity);
-VinDr-CXR-VQA rows (one image each) pair by image id.
-generated ``dataset/`` rows (their output image paths, one prompt per question, op, severity)."""
+for the clean split with the dataset's own image paths, and for the perturbed split from the
+generated ``dataset/`` rows (their output image paths, one prompt per question, op, severity).
+ReXVQA rows cluster by study, MedThinkVQA rows by case, VinDr-CXR-VQA rows by image id."""
 
 from __future__ import annotations
 
