@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perturb.radiology import sample_of_image_paths
 from perturb.score.errors import InputError, examples
 from perturb.score.manifest import Manifest, match_rows
 from perturb.score.readers import ReadReport, map_unique, obj_array, object_frame
@@ -162,6 +163,14 @@ def prepare_perturbed(
                 f"{examples(conflicts)}. Use the manifest of the split these predictions were made "
                 "on, or drop the conflicting columns from the predictions."
             )
+        # a generated file name cut to MAX_STEM loses the path a study is read from: the
+        # manifest's img_id of the row's (first) image still names it
+        derived = from_path[hi]
+        if derived.any():
+            ids = pert["img_id"].to_numpy(dtype=object, copy=True)
+            for j in np.flatnonzero(derived):
+                ids[hi[j]] = sample_of_image_paths([str(m_img[j])]) or ids[hi[j]]
+            pert["img_id"] = ids
         pert.loc[hit, "perturbation"] = m_op
         pert.loc[hit, "severity"] = m_sev
         pert.loc[hit, "variant"] = m_var

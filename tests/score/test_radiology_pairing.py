@@ -12,13 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
 import pytest
 
 from perturb.generate.suite import parse_suite
 from perturb.score import score_runs
 from perturb.score.readers import read_predictions
 from tests.generate.conftest import run
-from tests.io.radiology_fixtures import MED_MODALITIES, make_medthinkvqa, make_rexvqa, make_vindr
+from tests.io.radiology_fixtures import (
+    MED_MODALITIES,
+    make_medthinkvqa,
+    make_rexvqa,
+    make_vindr,
+    write_png,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -152,3 +159,46 @@ def test_vindr_images_pair(tmp_path: Path) -> None:
     pert = [_swift([str(out / r["path"])], r["question"], r["answer"]) for r in ds]
     c, p = _write(tmp_path / "clean.jsonl", clean), _write(tmp_path / "pert.jsonl", pert)
     _assert_paired(c, p, out, 6, 6, {"a1b2c3d4e5", "f6e5d4c3b2"})
+
+
+def test_rexvqa_long_uids_pair_through_the_manifest(tmp_path: Path) -> None:
+    """Real study / series / instance uids make img_ids longer than a file name may be: the
+    generated name is cut and hashed, and the study comes from the manifest's img_id."""
+    uid = "1.2.826.0.1.3680043.8.498." + "1" * 38
+    rels = [
+        f"../deid_png/GRDN0123abcd/GRDN0123abcd_0001/studies/{uid}/series/{uid}9/instances/{uid}{n}.png"
+        for n in (1, 2)
+    ]
+    images = tmp_path / "png"
+    for n, rel in enumerate(rels):
+        write_png(images / rel.removeprefix("../"), np.full((40, 48), 90 + 60 * n, np.uint8))
+    gt = {
+        "q1": {
+            "question": "Is there an effusion?",
+            "options": ["A. Yes", "B. No"],
+            "correct_answer": "B",
+            "ImagePath": rels,
+        },
+        "q2": {
+            "question": "Is the heart enlarged?",
+            "options": ["A. Yes", "B. No"],
+            "correct_answer": "A",
+            "ImagePath": rels[1:],
+        },
+    }
+    (tmp_path / "test_vqa_data.json").write_text(json.dumps(gt))
+    out = tmp_path / "gen"
+    _generate("rexvqa", tmp_path / "test_vqa_data.json", out, ["xray_gamma"], str(images))
+    clean = [
+        _swift(
+            [str(images / p.removeprefix("../")) for p in rec["ImagePath"]], rec["question"], "A"
+        )
+        for rec in gt.values()
+    ]
+    pert = []
+    for (qid, *_), rows in _perturbed_prompts(out, "question_id").items():
+        rows.sort(key=lambda r: r["view"])
+        assert all("~" in r["path"] for r in rows)  # cut names: the path alone loses the study
+        pert.append(_swift([str(out / r["path"]) for r in rows], gt[qid]["question"], "A"))
+    c, p = _write(tmp_path / "clean.jsonl", clean), _write(tmp_path / "pert.jsonl", pert)
+    _assert_paired(c, p, out, 2, 2, {f"studies/{uid}"})
