@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from urllib.parse import unquote
 
 QUESTION_CLASSES = (
     "laterality",
@@ -156,3 +157,48 @@ def question_classes(
     blob = " \n ".join(str(t) for t in texts)
     found.update(cls for cls, pattern in KEYWORDS if pattern.search(blob))
     return tuple(c for c in QUESTION_CLASSES if c in found)
+
+
+# ----------------------------------------------------------------------------- samples of images
+
+_CASE = re.compile(r"^(case\d+)(?:_|$)", re.IGNORECASE)
+
+
+def image_path_parts(path: str) -> list[str]:
+    """The components of an image path, '/'-separated, with the file name's percent-encoding
+    undone: ``perturb generate`` writes an img_id ``a/b/x`` as ``a%2Fb%2Fx.png``
+    (:func:`perturb.generate.naming.safe_stem`), so clean and generated paths of one image end
+    in the same components."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    if parts and "%" in parts[-1]:
+        parts[-1:] = [p for p in unquote(parts[-1]).split("/") if p not in ("", ".")]
+    return parts
+
+
+def study_folder(parts: list[str]) -> int | None:
+    """Index of the ``studies`` folder of a DICOM-style image path (``.../studies/<uid>/...``,
+    the uid a folder, not the file), or None: the study is ``parts[i:i + 2]``."""
+    for i in range(len(parts) - 3, -1, -1):
+        if parts[i] == "studies":
+            return i
+    return None
+
+
+def sample_of_image_paths(paths: Iterable[str]) -> str | None:
+    """The radiology sample of a row's image paths, the same for the dataset's own paths and
+    for the outputs ``perturb generate`` wrote from them (any output folder and layout):
+    ``studies/<uid>`` (ReXVQA / DICOM-style study folders) when every path names the same
+    study, else the MedThinkVQA case ``caseN`` (the images' ``caseN`` folder, or a ``caseN_``
+    file-name prefix: the adapter's img_id) when every path names the same case; else None."""
+    found: set[str] = set()
+    for path in paths:
+        parts = image_path_parts(path)
+        i = study_folder(parts)
+        if i is not None:
+            found.add(f"studies/{parts[i + 1]}")
+            continue
+        case = next((m.group(1) for p in parts[-2:] if (m := _CASE.match(p))), None)
+        if case is None:
+            return None
+        found.add(case)
+    return found.pop() if len(found) == 1 else None

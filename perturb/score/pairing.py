@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perturb.radiology import sample_of_image_paths
 from perturb.score.errors import InputError, examples
 from perturb.score.manifest import Manifest, match_rows
 from perturb.score.readers import ReadReport, map_unique, obj_array, object_frame
@@ -136,11 +137,17 @@ def prepare_perturbed(
         f_sev = pert["severity"].to_numpy(dtype=float, na_value=np.nan)[hi]
         f_var = pert["variant"].to_numpy(dtype=float, na_value=np.nan)[hi]
         f_img = pert["img_id"].to_numpy()[hi]
+        from_path = (
+            pert["_id_from_path"].fillna(False).to_numpy(dtype=bool)
+            if "_id_from_path" in pert.columns
+            else np.zeros(len(pert), dtype=bool)
+        )
         bad = (
             (pd.notna(f_op) & (f_op != m_op))
             | (~np.isnan(f_sev) & (f_sev != m_sev))
             | (~np.isnan(f_var) & (f_var != m_var))
-            | (f_img != m_img)
+            # an img_id derived from several images' paths names their study or case
+            | ((f_img != m_img) & ~from_path[hi])
         )
         if bad.any():
             for j in np.flatnonzero(bad)[:3]:
@@ -156,6 +163,14 @@ def prepare_perturbed(
                 f"{examples(conflicts)}. Use the manifest of the split these predictions were made "
                 "on, or drop the conflicting columns from the predictions."
             )
+        # a generated file name cut to MAX_STEM loses the path a study is read from: the
+        # manifest's img_id of the row's (first) image still names it
+        derived = from_path[hi]
+        if derived.any():
+            ids = pert["img_id"].to_numpy(dtype=object, copy=True)
+            for j in np.flatnonzero(derived):
+                ids[hi[j]] = sample_of_image_paths([str(m_img[j])]) or ids[hi[j]]
+            pert["img_id"] = ids
         pert.loc[hit, "perturbation"] = m_op
         pert.loc[hit, "severity"] = m_sev
         pert.loc[hit, "variant"] = m_var

@@ -27,7 +27,8 @@ pairing, or ``id:<question_id>`` when the rows carry a question id), ``reference
 the classes of :mod:`perturb.radiology`), ``options`` (dict letter -> text or None),
 ``perturbation``, ``severity``, ``variant``, ``image_path`` (the first image), ``judge`` (dict
 aspect -> 0/1 or None), ``model``, ``ref_boxes`` (reference boxes from ``gt_location`` or None)
-and ``_loc`` (1-based line or row number in the source, for messages). Rows that cannot be used are dropped and counted with
+``_loc`` (1-based line or row number in the source, for messages) and ``_id_from_path``
+(img_id derived from the image paths: a sample, not necessarily the manifest's image). Rows that cannot be used are dropped and counted with
 a reason in :class:`ReadReport`; nothing is dropped silently.
 """
 
@@ -46,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from perturb.boxes import parse_loc_tags, sort_corners
+from perturb.radiology import image_path_parts, sample_of_image_paths
 from perturb.score.errors import InputError
 
 PredictionSource: TypeAlias = str | Path | pd.DataFrame | Sequence[Mapping[str, Any]]
@@ -113,6 +115,7 @@ CANONICAL = [
     "model",
     "ref_boxes",
     "_loc",
+    "_id_from_path",
 ]
 _IMAGE_TAG = re.compile(r"<image>", re.IGNORECASE)
 _WS = re.compile(r"\s+")
@@ -539,20 +542,27 @@ def _posix(path: str) -> PurePosixPath:
 
 
 def sample_id_of_paths(v: Any) -> str | None:
-    """Sample id from image path(s): one image -> its file stem; several (one study or case) ->
-    their deepest common folder (as written), so the study, not an image, is the sample."""
+    """Sample id from image path(s), the same for clean images and the outputs ``perturb
+    generate`` wrote from them: a radiology study or case
+    (:func:`perturb.radiology.sample_of_image_paths`: ``studies/<uid>``, ``caseN``); else one
+    image -> its file stem (an encoded generated name decoded); several -> their deepest common
+    folder (as written), so the study, not an image, is the sample."""
     paths = _paths_of(v)
     if not paths:
         return None
+    sample = sample_of_image_paths(paths)
+    if sample is not None:
+        return sample
     if len(set(paths)) == 1:
-        return image_stem(paths[0])
+        names = image_path_parts(paths[0])
+        return image_stem(names[-1]) if names else None
     parents = [_posix(p).parent.parts for p in paths]
     common: list[str] = []
     for parts in zip(*parents, strict=False):
         if len(set(parts)) != 1:
             break
         common.append(parts[0])
-    return "/".join(common) if common else "|".join(sorted(image_stem(p) for p in paths))
+    return str(PurePosixPath(*common)) if common else "|".join(sorted(image_stem(p) for p in paths))
 
 
 def _num(v: Any) -> float | None:
@@ -883,6 +893,7 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
             "model": mdl[keep],
             "ref_boxes": ref_boxes[keep],
             "_loc": locs[keep],
+            "_id_from_path": no_id[keep],
         }
     )
     rep.rows_kept = len(out)

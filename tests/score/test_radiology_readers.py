@@ -186,6 +186,14 @@ def test_sample_id_of_paths() -> None:
     assert sample_id_of_paths(["s/1/x.png", "s/1/y.png"]) == "s/1"
     assert sample_id_of_paths(["x.png", "y.png"]) == "x|y"
     assert sample_id_of_paths([]) is None
+    # a generated output names the clean image's sample: decoded file name, study, case
+    assert sample_id_of_paths("out/jpeg/s2/a%2Fb%2Fimg7.png") == "img7"
+    study = "../png/P1/studies/1.2.3/series/4/instances/5.6.png"
+    made = "/o/rotation/s1/png%2FP1%2Fstudies%2F1.2.3%2Fseries%2F4%2Finstances%2F5.6.png"
+    assert sample_id_of_paths(study) == sample_id_of_paths([made]) == "studies/1.2.3"
+    assert sample_id_of_paths(["i/case7/a.jpg", "i/case7/b.jpg"]) == "case7"
+    assert sample_id_of_paths(["o/blur/s3/case7_a.png", "o/blur/s3/case7_b.png"]) == "case7"
+    assert sample_id_of_paths(["o/case7_a.png", "o/case8_b.png"]) == "o"  # two cases: no case
 
 
 def test_cli_scores_rexvqa_files(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from perturb.io.adapters._common import (
     relative_image_path,
 )
 from perturb.io.datasets import DatasetError, InputDataset
+from perturb.radiology import study_folder
 
 HUB_ID = "rajpurkarlab/ReXVQA"
 LEAKING = (r"finding", r"impression", r"explanation", r"report")
@@ -79,10 +80,9 @@ def study_key(qid: str, rec: dict[str, Any]) -> str:
             return str(rec[name])
     folders = set()
     for path in _paths(rec):
-        parts = relative_image_path(path).split("/")[:-1]
-        if "studies" in parts[:-1]:
-            parts = parts[: parts.index("studies") + 2]
-        folders.add("/".join(parts))
+        parts = relative_image_path(path).split("/")
+        i = study_folder(parts)  # the rule the scorer keys predictions by
+        folders.add("/".join(parts[: i + 2] if i is not None else parts[:-1]))
     if len(folders) > 1:
         common = os.path.commonpath(sorted(folders))
         return common if common not in ("", ".") else qid
