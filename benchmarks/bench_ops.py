@@ -42,7 +42,7 @@ import pytest
 import torch
 
 import perturb
-from perturb import engine
+from benchmarks.overrides import apply_with_overrides
 from perturb.catalog.registry import all_ops, get_op
 
 warnings.filterwarnings("ignore", category=UserWarning)  # pkg_resources / albumentations notices
@@ -415,27 +415,7 @@ def ours(name: str, x: torch.Tensor, protect_border: bool | None = None) -> Call
     protect = op.spec.protects_border if protect_border is None else protect_border
     if not case.overrides:
         return lambda: perturb.apply(x, name, case.severity, KEYS, protect_border=protect)
-    sampled = [r.params for r in perturb.apply(x, name, case.severity, KEYS)[1]]
-    params = [{**p, **case.overrides} for p in sampled]
-
-    def run() -> Any:
-        engine.check_images(x, op)
-        records = [
-            engine.make_record(
-                op,
-                case.severity,
-                key,
-                seed=0,
-                variant=0,
-                protect_border=protect,
-                device=x.device,
-                params=p,
-            )
-            for key, p in zip(KEYS, params, strict=True)
-        ]
-        return engine.run_records(x, records), records
-
-    return run
+    return apply_with_overrides(x, name, case.severity, case.overrides, KEYS, protect)
 
 
 def _rounds(fn: Callable[[], Any]) -> int:

@@ -44,8 +44,8 @@ import pytest
 import torch
 
 import perturb
-from perturb import engine
-from perturb.catalog.registry import all_ops, get_op
+from benchmarks.overrides import apply_with_overrides
+from perturb.catalog.registry import all_ops
 
 warnings.filterwarnings("ignore", category=UserWarning)  # pkg_resources / albumentations notices
 
@@ -267,7 +267,6 @@ def _sync(x: torch.Tensor) -> None:
 def ours(name: str, x: torch.Tensor) -> Callable[[], Any]:
     """``perturb.apply`` at the case's severity, or the same steps with the case's overrides."""
     case = CASES.get(name, Case())
-    op = get_op(name)
     if not case.overrides:
 
         def plain() -> Any:
@@ -276,29 +275,9 @@ def ours(name: str, x: torch.Tensor) -> Callable[[], Any]:
             return out
 
         return plain
-    sampled = [r.params for r in perturb.apply(x, name, case.severity, KEYS)[1]]
-    params = [{**p, **case.overrides} for p in sampled]
-
-    def run() -> Any:
-        engine.check_images(x, op)
-        records = [
-            engine.make_record(
-                op,
-                case.severity,
-                key,
-                seed=0,
-                variant=0,
-                protect_border=False,
-                device=x.device,
-                params=p,
-            )
-            for key, p in zip(KEYS, params, strict=True)
-        ]
-        out = engine.run_records(x, records)
-        _sync(x)
-        return out, records
-
-    return run
+    return apply_with_overrides(
+        x, name, case.severity, case.overrides, KEYS, False, sync=lambda: _sync(x)
+    )
 
 
 def _rounds(fn: Callable[[], Any]) -> int:
