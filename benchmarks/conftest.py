@@ -268,21 +268,30 @@ def _fmt(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
-def markdown(summary: dict[str, Any], env: dict[str, Any]) -> str:
-    ops = summary["ops"]
-    peers = sorted({k for e in ops.values() for k in e["img_per_s"] if k not in OURS})
+def _machine_lines(env: dict[str, Any], what: str, load_note: str = "") -> list[str]:
+    """The results tables' first lines: what was measured, on which machine and load, with
+    which versions and commit."""
     dev, ver = env["device"], env["versions"]
-    lines = [
-        f"# perturb op throughput ({TAG})",
-        "",
-        f"img/s at 720x576 RGB, batch 32 (32 / median round). {dev['cpu_model']}, {dev['cpu_cores']} cores"
+    return [
+        f"{what} {dev['cpu_model']}, {dev['cpu_cores']} cores"
         + (f", GPU {dev['gpu']}" if dev["gpu"] else "")
-        + f"; load average at start {dev['load_average_start']}, end {dev['load_average_end']}.",
+        + f"; load average at start {dev['load_average_start']}, end {dev['load_average_end']}"
+        + f"{load_note}.",
         "Versions: "
         + ", ".join(f"{k} {v}" for k, v in ver.items() if v)
         + f"; commit {env['git']['commit']}"
         + (" (dirty)" if env["git"]["dirty"] else "")
         + ".",
+    ]
+
+
+def markdown(summary: dict[str, Any], env: dict[str, Any]) -> str:
+    ops = summary["ops"]
+    peers = sorted({k for e in ops.values() for k in e["img_per_s"] if k not in OURS})
+    lines = [
+        f"# perturb op throughput ({TAG})",
+        "",
+        *_machine_lines(env, "img/s at 720x576 RGB, batch 32 (32 / median round)."),
         "",
         "Ratios are ours / fastest peer; the comparison uses **perturb-u8** (uint8 BCHW in and out, "
         "as decoded images), the peers' native inputs being uint8 (albumentations, imagecorruptions) "
@@ -347,20 +356,14 @@ def summarise_xray(benchmarks: list[Any]) -> dict[str, Any]:
 def markdown_xray(summary: dict[str, Any], env: dict[str, Any], size: int, batch: int) -> str:
     ops = summary["ops"]
     peers = sorted({k for e in ops.values() for k in e["img_per_s"] if k not in XRAY_OURS})
-    dev, ver = env["device"], env["versions"]
     lines = [
         f"# perturb X-ray op throughput ({XRAY_TAG})",
         "",
-        f"img/s at {size}x{size} 16-bit gray, batch {batch} ({batch} / median round). "
-        f"{dev['cpu_model']}, {dev['cpu_cores']} cores"
-        + (f", GPU {dev['gpu']}" if dev["gpu"] else "")
-        + f"; load average at start {dev['load_average_start']}, end {dev['load_average_end']}"
-        " (a shared machine: other processes' load lands on whichever row is running).",
-        "Versions: "
-        + ", ".join(f"{k} {v}" for k, v in ver.items() if v)
-        + f"; commit {env['git']['commit']}"
-        + (" (dirty)" if env["git"]["dirty"] else "")
-        + ".",
+        *_machine_lines(
+            env,
+            f"img/s at {size}x{size} 16-bit gray, batch {batch} ({batch} / median round).",
+            " (a shared machine: other processes' load lands on whichever row is running)",
+        ),
         "",
         "Inputs: perturb-u16 a uint16 (B,1,H,W) tensor, perturb-f32 the same as float32; "
         "albumentations float32 HxW arrays in [0, 1] (its way to keep 16-bit depth); "
