@@ -16,7 +16,8 @@ Definitions follow the Kvasir-VQA-x1 evaluation (``evaluation/compute_metrics.py
   Corpus metrics are computed from summed per-item sufficient statistics, which is exactly how
   sacrebleu computes a corpus score, so any subset or bootstrap resample is recomputed exactly.
 * ``mcq``: letter accuracy; the reference letter is a bare letter answer or the option whose text
-  matches the reference; the predicted letter comes from :func:`extract_letter`. An answer with
+  matches the reference; the predicted letter comes from :func:`extract_letter`
+  (:mod:`perturb.score.answers`: explicit final answers first, ``<think>`` ignored). An answer with
   no recognisable letter counts as wrong and is counted (``mcq_unparsed`` in scores.json).
 * ``answer_f1``: SQuAD-style token F1 (the tolerant normalisation above) between the answer
   texts with their ``<loc_...>`` tags removed, on grounded rows (the reference has loc tags or
@@ -52,6 +53,9 @@ from perturb.boxes import (
     sort_corners,
     strip_loc_tags,
 )
+
+# the one MCQ answer extractor (re-exported: callers import it from here too)
+from perturb.score.answers import extract_letter as extract_letter
 from perturb.score.bitseq import pair_stats
 from perturb.score.errors import InputError
 from perturb.score.readers import map_unique, obj_array
@@ -171,56 +175,6 @@ def rouge_tokens(s: str) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------- letters, yes/no, boxes
 
 _LETTER_ONLY = re.compile(r"^\s*[\(\[]?\s*([A-Ja-j])\s*[\)\]]?\s*[.:)]?\s*$")
-# "answer: B", "the correct option is (c)", "choice - D": an upper-case letter, or a lower-case
-# one that is bracketed or ends the clause (so "the answer is a pleural effusion" is no letter)
-_LETTER_CUE = re.compile(
-    r"\b(?i:answer|option|choice)\s*(?i:is|would be|:)?\s*[:\-]?\s*"
-    r"(?:[\(\[]([A-Ja-j])[\)\]]|([A-J])\b(?![\w'])|([a-j])(?=\s*(?:[.):,;]|$)))"
-)
-_LETTER_LEAD = re.compile(r"^\s*(?:\(([A-Ja-j])\)|\[([A-Ja-j])\]|([A-J])[.):](?:\s|$))")
-_MARKUP = re.compile(r"[*_`#]+")
-
-
-def _option_in_text(pred: str, options: Mapping[str, str]) -> str | None:
-    """The one option whose (tolerantly normalised) text the answer equals or contains as whole
-    words; with several contained, the one whose text contains all the others (else None)."""
-    p = normalize_tolerant(pred)
-    if not p:
-        return None
-    texts = {k: normalize_tolerant(v) for k, v in options.items()}
-    equal = [k for k, t in texts.items() if t and t == p]
-    if len(equal) == 1:
-        return equal[0]
-    padded = f" {p} "
-    hits = [k for k, t in texts.items() if t and f" {t} " in padded]
-    if len(hits) == 1:
-        return hits[0]
-    covering = [k for k in hits if all(texts[j] in texts[k] for j in hits)]
-    return covering[0] if len(covering) == 1 else None
-
-
-def extract_letter(pred: str, options: Mapping[str, str] | None = None) -> str | None:
-    """The option letter a free-text answer picks, or None (unparseable).
-
-    In order: a bare letter (``"B"``, ``"(b)"``, ``"b."``); a cue (``"Answer: B"``, ``"The
-    answer is (c)"``, ``"option D"``); a leading letter (``"B. Pleural effusion"``, ``"C) text"``);
-    with options, the answer's text equal to one option or containing exactly one option's text
-    as whole words. Markdown emphasis is ignored. A leading article ("A polyp ...") is not a
-    letter, nor is "the answer is a ...".
-    """
-    pred = _MARKUP.sub("", pred)
-    m = _LETTER_ONLY.match(pred)
-    if m:
-        return m.group(1).upper()
-    m = _LETTER_CUE.search(pred)
-    if m:
-        return next(g for g in m.groups() if g).upper()
-    m = _LETTER_LEAD.match(pred)
-    if m:
-        return next(g for g in m.groups() if g).upper()
-    if options:
-        return _option_in_text(pred, options)
-    return None
 
 
 def reference_letter(ref: str, options: Mapping[str, str] | None) -> str | None:
@@ -236,6 +190,7 @@ def reference_letter(ref: str, options: Mapping[str, str] | None) -> str | None:
         if len(hits) == 1:
             return hits[0]
     return None
+
 
 
 def extract_yesno(pred: str) -> str | None:
