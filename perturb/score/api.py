@@ -334,8 +334,11 @@ def score_runs(
         first = np.zeros(len(uc), dtype=np.int64)
         first[inv[::-1]] = np.arange(n)[::-1]
         ref = pairs["reference"].to_numpy(dtype=object)
+        # each side against its own reference: geometric ops move the perturbed side's boxes
+        ref_p = pairs["reference_perturbed"].to_numpy(dtype=object)
         opts = pairs["options"].to_numpy(dtype=object)
         rbox = pairs["ref_boxes"].to_numpy(dtype=object)
+        rbox_p = pairs["ref_boxes_perturbed"].to_numpy(dtype=object)
         qcls = pairs["question_class"].to_numpy(dtype=object)
         cpred = pairs["pred_clean"].to_numpy(dtype=object)
         ppred = pairs["pred_pert"].to_numpy(dtype=object)
@@ -343,7 +346,7 @@ def score_runs(
         jp = pairs["judge_pert"].to_numpy(dtype=object)
         # clean side once per clean row, perturbed side per pair
         both_pred = np.concatenate([cpred[first], ppred])
-        both_ref = np.concatenate([ref[first], ref])
+        both_ref = np.concatenate([ref[first], ref_p])
         vals = compute_item_metrics(
             both_pred,
             both_ref,
@@ -352,7 +355,7 @@ def score_runs(
             judge=np.concatenate([jc[first], jp]),
             question_class=np.concatenate([qcls[first], qcls]),
             compare=(inv, len(first) + np.arange(n)),
-            ref_boxes=np.concatenate([rbox[first], rbox]),
+            ref_boxes=np.concatenate([rbox[first], rbox_p]),
         )
         changed = vals.pop("_answer_changed")
         k = len(first)

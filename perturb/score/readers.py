@@ -53,7 +53,17 @@ from perturb.score.errors import InputError
 PredictionSource: TypeAlias = str | Path | pd.DataFrame | Sequence[Mapping[str, Any]]
 
 ALIASES: dict[str, tuple[str, ...]] = {
-    "prediction": ("prediction", "pred", "response", "model_answer", "output", "predicted_answer"),
+    # raw answers before extracted ones: the scorer reads the letter itself (score.answers)
+    "prediction": (
+        "prediction",
+        "pred",
+        "model_answer",
+        "response",
+        "model_response",
+        "output",
+        "predicted_answer",
+        "final_answer",
+    ),
     "reference": (
         "reference",
         "answer",
@@ -65,7 +75,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "target",
         "correct_answer",
     ),
-    "img_id": ("img_id", "image_id", "study_id", "case_id", "studyinstanceuid"),
+    "img_id": ("img_id", "image_id", "case_id"),
+    # the sample (bootstrap cluster) when no img_id names it: never matched to the manifest
+    "sample": ("study_id", "studyinstanceuid", "sample_key"),
+    "qa_idx": ("qa_idx", "item_index"),
+    "error": ("error",),
     "question": ("question", "query", "prompt"),
     "question_id": ("question_id", "qid"),
     "image_path": (
@@ -102,6 +116,7 @@ CANONICAL = [
     "img_id",
     "question",
     "qkey",
+    "qid",
     "reference",
     "prediction",
     "complexity",
@@ -111,6 +126,7 @@ CANONICAL = [
     "severity",
     "variant",
     "image_path",
+    "_paths",
     "judge",
     "model",
     "ref_boxes",
@@ -198,6 +214,8 @@ def _read_json(path: Path) -> tuple[list[dict[str, Any]], str]:
             f"{path}: line {exc.lineno}: malformed JSON ({exc.msg} at column {exc.colno}). "
             "Fix the file; it must hold a JSON list of row objects (or use JSON lines)."
         ) from None
+    if isinstance(data, dict) and "image_id" in data:  # one VinDr-CXR-VQA image object
+        data = [data]
     if isinstance(data, dict):
         for key in ("rows", "data", "predictions", "records"):
             if isinstance(data.get(key), list):
@@ -206,8 +224,15 @@ def _read_json(path: Path) -> tuple[list[dict[str, Any]], str]:
         else:
             if data and all(isinstance(v, dict) for v in data.values()):
                 # ReXVQA style: {question_id: {question, options, correct_answer, ...}}
+                # the outer key is the question's id; an inner ``question_id`` (ReXVQA
+                # inference results: study + task, shared by questions of one task on one
+                # study) is kept as ``inner_question_id``
                 keyed = [
-                    {"question_id": str(k), **v, "_loc": i}
+                    {
+                        **{("inner_question_id" if f == "question_id" else f): x for f, x in v.items()},
+                        "question_id": str(k),
+                        "_loc": i,
+                    }
                     for i, (k, v) in enumerate(data.items(), start=1)
                 ]
                 return keyed, "json:keyed"
@@ -716,15 +741,72 @@ def _medthink_columns(df: pd.DataFrame, slots: list[str], rep: ReadReport) -> pd
     cols = {c.lower() for c in df.columns if isinstance(c, str)}
     if not cols & {"image_path", "images", "imagepath", "image_paths"}:
         out["image_paths"] = pd.Series(paths, dtype=object, index=df.index)
-    case = [_posix(p[0]).parent.name if p else None for p in paths]
-    if not cols & set(ALIASES["img_id"]):
-        out["case_id"] = case
+    title_col = next((c for c in df.columns if isinstance(c, str) and c.lower() == "title"), None)
+    titles = df[title_col].tolist() if title_col is not None else [None] * len(df)
+    case = [_case_of(p, t) for p, t in zip(paths, titles, strict=True)]
+    if not cols & (set(ALIASES["img_id"]) | set(ALIASES["sample"])):
+        out["sample_key"] = case  # a sample, not a manifest image (whose id is caseN_<image>)
     if not cols & set(ALIASES["question_id"]):
         out["question_id"] = case
     if not cols & set(ALIASES["question"]):
         out["question"] = MEDTHINK_QUESTION
         rep.notes.append(f"MedThinkVQA rows: question = {MEDTHINK_QUESTION!r}, paired by case")
     return out.drop(columns=slots)
+
+
+def _case_of(paths: list[str], title: Any) -> str | None:
+    """A MedThinkVQA case id: the case every image path names (``images/caseN/<id>.jpg``, or a
+    generated ``caseN_<id>`` file: any of the case's images may be the perturbed one), else
+    the title ("Case number N"), else the first image's folder."""
+    sample = sample_of_image_paths(paths) if paths else None
+    if sample is not None:
+        return sample
+    digits = re.findall(r"\d+", title) if isinstance(title, str) else []
+    if digits:
+        return f"case{digits[0]}"
+    return _posix(paths[0]).parent.name if paths else None
+
+
+# ----------------------------------------------------------------------------- VinDr nested
+
+ITEM_KEYS = ("vqa", "items", "qa_pairs", "questions")
+
+
+def _nested_item_column(raw: pd.DataFrame) -> str | None:
+    """The column of per-image question lists (VinDr-CXR-VQA ``{"image_id", "vqa": [...]}``)."""
+    cols = {c.lower(): c for c in raw.columns if isinstance(c, str)}
+    if "image_id" not in cols:
+        return None
+    for key in ITEM_KEYS:
+        c = cols.get(key)
+        if c is None:
+            continue
+        first = next((v for v in raw[c] if isinstance(v, (list, np.ndarray)) and len(v)), None)
+        if first is not None and isinstance(first[0], Mapping):
+            return c
+    return None
+
+
+def _explode_items(raw: pd.DataFrame, column: str, rep: ReadReport) -> pd.DataFrame:
+    """One row per question item, with its image's fields and ``qa_idx`` (the item's index in
+    the image's list: the dataset's own question identity)."""
+    rows: list[dict[str, Any]] = []
+    for rec in raw.to_dict("records"):
+        items = rec.pop(column)
+        rec.pop("num_questions", None)
+        loc = rec.pop("_loc", None)
+        if isinstance(items, np.ndarray):
+            items = items.tolist()
+        for idx, item in enumerate(items if isinstance(items, list) else []):
+            if isinstance(item, Mapping):
+                rows.append({**rec, **item, "qa_idx": idx, "_loc": f"{loc}.{idx + 1}"})
+    rep.format = f"{rep.format}:vindr-nested"
+    rep.notes.append(
+        f"VinDr-CXR-VQA image objects: {len(raw)} images, {len(rows)} question items "
+        "(paired by image_id and item index)"
+    )
+    rep.loc_word = "image.item"
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------- canonical table
@@ -745,6 +827,9 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
         raw = _swift_columns(raw, rep)
     elif "eval_json" in raw.columns:
         rep.format = f"{rep.format}:llm-judge"
+    nested = _nested_item_column(raw)
+    if nested is not None:
+        raw = _explode_items(raw, nested, rep)
     slots = sorted(c for c in raw.columns if isinstance(c, str) and _SLOT.match(c))
     dataset = None
     if slots:
@@ -761,7 +846,7 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
         cols["question"] = cols["question_id"]  # an id-keyed MCQ set: the id stands for the text
         rep.notes.append("no question column: the question id stands for the question text")
     missing = [k for k in ("prediction", "question") if cols[k] is None]
-    if cols["img_id"] is None and cols["image_path"] is None:
+    if not any(cols[k] for k in ("img_id", "image_path", "sample", "question_id")):
         missing.append("img_id")
     if missing:
         hints = "; ".join(
@@ -791,6 +876,20 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
 
     pred, bad_pred = _text_column(col("prediction"), rep, "prediction")
     drop_rows(bad_pred, "invalid_prediction_type")
+    if cols["error"]:
+        err = col("error")
+        failed = np.fromiter(
+            ((isinstance(e, str) and bool(e.strip())) or (isinstance(e, dict) and bool(e)) for e in err),
+            dtype=bool,
+            count=n,
+        ) & pd.isna(pred)  # a failed inference: an error and no answer (a judge's error keeps it)
+        for i in np.flatnonzero(failed)[:3]:
+            rep.drop_examples.setdefault("inference_error", []).append(
+                f"{rep.source} {rep.loc_word} {locs[i]}: {str(err[i])[:80]}"
+            )
+        failed &= ~drop
+        rep.dropped["inference_error"] += int(failed.sum())
+        drop[failed] = True
     ref, bad_ref = _text_column(col("reference"), rep, "reference")
     drop_rows(bad_ref, "invalid_reference_type")
     question, bad_q = _text_column(col("question"), rep, "question")
@@ -805,14 +904,25 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
     )
     img, bad_img = _text_column(col("img_id"), rep, "img_id")
     img = map_unique(img, lambda i: i.strip() if isinstance(i, str) and i.strip() else None)
+    # without an image id: the sample is a study field (ReXVQA study_id / StudyInstanceUid),
+    # else the study or case the image paths name, else the question id
+    # (``_id_from_path``: this img_id names a sample, not a manifest image)
     no_id = pd.isna(img)
-    if no_id.any():
-        from_paths = raw_paths[no_id]
-        img[no_id] = (
+    if cols["sample"] and no_id.any():
+        vals, _ = _text_column(col("sample"), rep, "sample")
+        img[no_id] = vals[no_id]
+    still = pd.isna(img)
+    if still.any():
+        from_paths = raw_paths[still]
+        img[still] = (
             map_unique(from_paths, sample_id_of_paths)
             if _all_text(from_paths)
             else obj_array([sample_id_of_paths(v) for v in from_paths])
         )
+    still = pd.isna(img)
+    if cols["question_id"] and still.any():
+        vals, _ = _text_column(col("question_id"), rep, "question_id")
+        img[still] = vals[still]
     drop_rows(bad_img | pd.isna(img), "missing_img_id")
 
     sev, bad_sev = _int_column(col("severity"))
@@ -871,15 +981,30 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
 
     keep = ~drop
     qk = map_unique(question, lambda q: question_key(q) if q is not None else None)
+    # the dataset's own question identity: question id (ReXVQA key, MedThinkVQA case), else
+    # image id + item index (VinDr-CXR-VQA)
+    qid = obj_array([None] * n)
     if cols["question_id"]:
         qid, _ = _text_column(col("question_id"), rep, "question_id")
         has_qid = ~pd.isna(qid)
         qk[has_qid] = obj_array([f"id:{q}" for q in qid[has_qid]])
+    elif cols["qa_idx"] and cols["img_id"]:
+        idx, bad_idx = _int_column(col("qa_idx"))
+        ok_idx = ~np.isnan(idx) & ~bad_idx & ~pd.isna(img)
+        qid[ok_idx] = obj_array(
+            [f"{i}#{int(k)}" for i, k in zip(img[ok_idx], idx[ok_idx], strict=True)]
+        )
+    all_paths = (
+        obj_array([tuple(_paths_of(v)) for v in raw_paths])
+        if cols["image_path"]
+        else obj_array([()] * n)
+    )
     out = object_frame(
         {
             "img_id": img[keep],
             "question": question[keep],
             "qkey": qk[keep],
+            "qid": qid[keep],
             "reference": ref[keep],
             "prediction": pred[keep],
             "complexity": pd.array(comp[keep], dtype="Int64") if n else comp,
@@ -889,6 +1014,7 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
             "severity": pd.array(sev[keep], dtype="Int64"),
             "variant": pd.array(var[keep], dtype="Int64"),
             "image_path": paths[keep],
+            "_paths": all_paths[keep],
             "judge": judge[keep],
             "model": mdl[keep],
             "ref_boxes": ref_boxes[keep],
