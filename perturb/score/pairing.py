@@ -417,7 +417,8 @@ def pair_model(
             "perturbation": pert["perturbation"].to_numpy(dtype=object),
             "severity": pert["severity"].to_numpy(np.int64),
             "variant": pert["variant"].to_numpy(np.int64),
-            "img_id": pert["img_id"].to_numpy(dtype=object),
+            # the clean row's sample (equal to the perturbed one's unless paired by qid)
+            "img_id": clean["img_id"].to_numpy(dtype=object)[crow],
             "question": clean["question"].to_numpy(dtype=object)[crow],
             "reference": ref,
             "reference_perturbed": ref_p,
