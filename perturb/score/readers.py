@@ -983,7 +983,7 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
     qk = map_unique(question, lambda q: question_key(q) if q is not None else None)
     # the dataset's own question identity: question id (ReXVQA key, MedThinkVQA case), else
     # image id + item index (VinDr-CXR-VQA)
-    qid = obj_array([None] * n)
+    qid = np.full(n, None, dtype=object)
     if cols["question_id"]:
         qid, _ = _text_column(col("question_id"), rep, "question_id")
         has_qid = ~pd.isna(qid)

@@ -14,6 +14,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+import pandas as pd
 import pytest
 
 from perturb.generate.suite import parse_suite
@@ -135,7 +136,11 @@ def _rex_perturbed_files(rex: dict[str, Any], fmt: str) -> list[Path]:
         if fmt == "dataset":
             row["prediction"] = answer
         else:  # public inference results: inner question_id = study + task
-            row = {"question_id": f"{rec['study_id']}_{rec['task_name']}", **row, "model_response": answer}
+            row = {
+                "question_id": f"{rec['study_id']}_{rec['task_name']}",
+                **row,
+                "model_response": answer,
+            }
         by_op[f"{op}_s{sev}"][qid] = row
     for name, rows in by_op.items():
         p = rex["root"] / f"pert_{fmt}_{name}.json"
@@ -145,7 +150,10 @@ def _rex_perturbed_files(rex: dict[str, Any], fmt: str) -> list[Path]:
 
 
 def test_rexvqa_dataset_rows_plus_prediction(rex: dict[str, Any], tmp_path: Path) -> None:
-    clean = {qid: {**rec, "prediction": _rex_clean_answer(rec["correct_answer"])} for qid, rec in rex["gt"].items()}
+    clean = {
+        qid: {**rec, "prediction": _rex_clean_answer(rec["correct_answer"])}
+        for qid, rec in rex["gt"].items()
+    }
     (tmp_path / "clean.json").write_text(json.dumps(clean))
     pert = _rex_perturbed_files(rex, "dataset")
     result = score_runs(
@@ -177,7 +185,14 @@ def test_rexvqa_inference_results_with_errors_via_cli(rex: dict[str, Any], tmp_p
     cmd = [sys.executable, "-m", "perturb.cli", "score", "--clean", str(tmp_path / "clean.json")]
     for p in pert:
         cmd += ["--perturbed", str(p)]
-    cmd += ["--manifest", str(rex["out"] / "manifest.parquet"), "--out", str(out), "--bootstrap", "200"]
+    cmd += [
+        "--manifest",
+        str(rex["out"] / "manifest.parquet"),
+        "--out",
+        str(out),
+        "--bootstrap",
+        "200",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     scores = json.loads((out / "scores.json").read_text())
     clean_read = next(r for r in scores["reading"] if r["role"] == "clean")
@@ -191,3 +206,220 @@ def test_rexvqa_inference_results_with_errors_via_cli(rex: dict[str, Any], tmp_p
     assert mcq["clean"]["estimate"] == pytest.approx(1.0)
     assert mcq["perturbed"]["estimate"] == pytest.approx(0.6)
     assert mcq["delta"]["estimate"] == pytest.approx(-0.4)  # the true gap, with its sign
+
+
+# ----------------------------------------------------------------------------- MedThinkVQA
+
+
+@pytest.fixture(scope="module")
+def med(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The fixture's two cases (case10001: CT, X-ray, endoscopy; case10002: MRI, nuclear
+    medicine) with each image's own ops: xray_gamma touches only case10001's SECOND image,
+    gaussian_blur every non-X-ray image."""
+    root = tmp_path_factory.mktemp("med")
+    folder = make_medthinkvqa(root)
+    out = root / "gen"
+    _generate("medthinkvqa", folder, out, ["xray_gamma", "gaussian_blur"], modality="from_image")
+    cases = pd.read_parquet(folder / "test.parquet").to_dict("records")
+    return {"root": root, "folder": folder, "out": out, "cases": cases}
+
+
+def _submission(case: dict[str, Any], letter: str) -> dict[str, Any]:
+    """The official submission row: every original field plus prediction,
+    prediction_rationale and prediction_twi."""
+    return {
+        **case,
+        "prediction": letter,
+        "prediction_rationale": "Appendicitis (A) and colitis (C) were considered and rejected.",
+        "prediction_twi": f"<think>A? C?</think><answer>{letter}</answer>",
+    }
+
+
+MED_CLEAN = {"case10001": "B", "case10002": "D"}  # case10002 is wrong on the clean images
+MED_PERT = {  # (op, case) -> answer
+    ("xray_gamma", "case10001"): "B",
+    ("gaussian_blur", "case10001"): "A",
+    ("gaussian_blur", "case10002"): "D",
+}
+
+
+def test_medthinkvqa_official_submission(med: dict[str, Any], tmp_path: Path) -> None:
+    def case_of(c: dict[str, Any]) -> str:
+        return "case" + c["title"].split()[-1]
+
+    clean = [_submission(c, MED_CLEAN[case_of(c)]) for c in med["cases"]]
+    # perturbed submissions: the case's rows with the generated images in their slots (the
+    # images an op did not touch keep their clean path)
+    made = defaultdict(dict)
+    for row in datasets.load_from_disk(str(med["out"] / "dataset")):
+        made[(row["op"], row["case_id"])][row["image_id"]] = str(med["out"] / row["path"])
+    pert = []
+    for c in med["cases"]:
+        for op in ("xray_gamma", "gaussian_blur"):
+            outputs = made.get((op, case_of(c)))
+            if not outputs:
+                continue  # the op touched none of the case's images
+            row = dict(c)
+            for n in range(1, 50):
+                image_id = row.get(f"image_{n:02d}_id")
+                if image_id in outputs:
+                    row[f"image_{n:02d}_path"] = outputs[image_id]
+            pert.append(_submission(row, MED_PERT[(op, case_of(c))]))
+    assert len(pert) == 3
+    first_untouched = [p for p in pert if not str(p["image_01_path"]).startswith(str(med["out"]))]
+    assert len(first_untouched) == 1  # xray_gamma on case10001: only its 2nd image changed
+    c_path, p_path = tmp_path / "clean.jsonl", tmp_path / "pert.jsonl"
+    pd.DataFrame(clean).to_json(c_path, orient="records", lines=True)
+    pd.DataFrame(pert).to_json(p_path, orient="records", lines=True)
+    result = score_runs(c_path, p_path, manifest=med["out"], bootstrap=200, write_report=False)
+    _all_paired(result, 3)
+    assert _delta(result, "mcq", "xray_gamma") == pytest.approx((1.0, 1.0, 0.0))
+    assert _delta(result, "mcq", "gaussian_blur") == pytest.approx((0.5, 0.0, -0.5))
+    (pairs,) = result.pairs.values()
+    assert set(pairs["img_id"]) == {"case10001", "case10002"}  # one case = one cluster
+
+
+def test_medthinkvqa_hub_folder_with_both_files(med: dict[str, Any], tmp_path: Path) -> None:
+    """The hub's folder holds test.parquet and test.jsonl: one is read, the label says which."""
+    from perturb.io.adapters import open_medthinkvqa
+
+    folder = med["folder"]
+    pd.read_parquet(folder / "test.parquet").to_json(
+        folder / "test.jsonl", orient="records", lines=True
+    )
+    try:
+        inp = open_medthinkvqa(folder)
+        assert len(inp) == 5  # each image once, not twice
+        assert "test.parquet" in inp.source and "test.jsonl not read" in inp.source
+    finally:
+        (folder / "test.jsonl").unlink()
+
+
+# ----------------------------------------------------------------------------- VinDr-CXR-VQA
+
+
+@pytest.fixture(scope="module")
+def vindr(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The fixture's two test images (one a half-size PNG with its DICOM size in the JSON),
+    generated under rotation (moves the boxes) and xray_gamma (leaves them)."""
+    root = tmp_path_factory.mktemp("vindr")
+    fx = make_vindr(root)
+    out = root / "gen"
+    _generate(
+        "vindr-cxr-vqa", fx.data / "test", out, ["rotation", "xray_gamma"], images=str(fx.images)
+    )
+    objects = [json.loads(p.read_text()) for p in sorted((fx.data / "test").glob("*.json"))]
+    return {"root": root, "fx": fx, "out": out, "objects": objects}
+
+
+def _shifted(answer: str) -> str:
+    """The answer with its box moved right by half its width (IoU 1/3 with the original)."""
+    from perturb.boxes import parse_loc_tags
+
+    (x1, y1, x2, y2), *_ = parse_loc_tags(answer)
+    w = (x2 - x1) / 2
+    return f"Right mid lung <loc_{x1 + w:g}_{y1:g}_{x2 + w:g}_{y2:g}>."
+
+
+def _vindr_prediction(item: dict[str, Any], op: str | None, image_id: str) -> str:
+    if op == "xray_gamma" and image_id == "a1b2c3d4e5" and item["type"] == "Where":
+        return _shifted(item["answer"])
+    # the (moved, for rotation) reference itself, with its box where the text has none
+    return (
+        item["answer"] if "<loc_" in item["answer"] else f"{item['answer']} {item['gt_location']}"
+    )
+
+
+def test_vindr_nested_files_and_moved_boxes(vindr: dict[str, Any], tmp_path: Path) -> None:
+    clean = [
+        {
+            **{k: v for k, v in obj.items() if k != "items"},
+            "vqa": [
+                {**it, "prediction": _vindr_prediction(it, None, obj["image_id"])}
+                for it in obj["items"]
+            ],
+        }
+        for obj in vindr["objects"]
+    ]
+    (tmp_path / "clean.json").write_text(json.dumps(clean))
+    # perturbed: one image object per output, its items as generate wrote them (rotation moved
+    # the answer's and gt_location's boxes), a prediction per item, the output image's path
+    pert = []
+    for (image_id, op, _, _), rows in _rows_by(vindr["out"], "img_id").items():
+        keep = ("question", "answer", "reason", "type", "difficulty", "gt_finding", "gt_location")
+        pert.append(
+            {
+                "image_id": image_id,
+                "image_path": str(vindr["out"] / rows[0]["path"]),
+                "vqa": [
+                    {**{k: r[k] for k in keep}, "prediction": _vindr_prediction(r, op, image_id)}
+                    for r in rows
+                ],
+            }
+        )
+    assert any(
+        p["vqa"][0]["gt_location"] != o["items"][0]["gt_location"]
+        for p in pert
+        for o in vindr["objects"]
+        if p["image_id"] == o["image_id"]
+    )  # rotation moved the boxes
+    (tmp_path / "pert.json").write_text(json.dumps(pert))
+    result = score_runs(
+        tmp_path / "clean.json",
+        tmp_path / "pert.json",
+        manifest=vindr["out"],
+        bootstrap=200,
+        write_report=False,
+    )
+    _all_paired(result, 12)  # 2 images x 3 items x 2 ops
+    # a model that answers the moved boxes exactly loses nothing under rotation
+    assert _delta(result, "box_iou", "rotation") == pytest.approx((1.0, 1.0, 0.0))
+    # one of the six items (a1b2c3d4e5's "where") answered with IoU 1/3
+    assert _delta(result, "box_iou", "xray_gamma") == pytest.approx((1.0, 8 / 9, -1 / 9))
+    (pairs,) = result.pairs.values()
+    assert set(pairs["img_id"]) == {"a1b2c3d4e5", "f6e5d4c3b2"}
+
+
+def test_vindr_generated_rows_and_unmoved_reference(vindr: dict[str, Any], tmp_path: Path) -> None:
+    """Generate's own flat rows (DIR/dataset + prediction) pair by image id and item index; a
+    perturbed file without the moved reference is never scored against the unmoved boxes."""
+    clean = [
+        {
+            **it,
+            "image_id": obj["image_id"],
+            "qa_idx": i,
+            "prediction": _vindr_prediction(it, None, ""),
+        }
+        for obj in vindr["objects"]
+        for i, it in enumerate(obj["items"])
+    ]
+    ds = datasets.load_from_disk(str(vindr["out"] / "dataset")).remove_columns("image")
+    flat = [{**r, "prediction": _vindr_prediction(r, None, "")} for r in ds]
+    c, p = tmp_path / "clean.jsonl", tmp_path / "pert.jsonl"
+    pd.DataFrame(clean).to_json(c, orient="records", lines=True)
+    pd.DataFrame(flat).to_json(p, orient="records", lines=True)
+    result = score_runs(c, p, manifest=vindr["out"], bootstrap=0, write_report=False)
+    _all_paired(result, 12)
+    assert _delta(result, "box_iou", "rotation") == pytest.approx((1.0, 1.0, 0.0))
+    # predictions only (no answer / gt_location): rotation's grounded items are dropped, named
+    bare = [{k: r[k] for k in ("img_id", "qa_idx", "question", "path", "prediction")} for r in flat]
+    pd.DataFrame(bare).to_json(p, orient="records", lines=True)
+    result = score_runs(c, p, manifest=vindr["out"], bootstrap=0, write_report=False)
+    (pairing,) = result.scores["pairing"].values()
+    assert pairing["dropped"] == {"geometric_without_moved_reference": 6}, pairing
+    assert pairing["pairs"] == 6  # xray_gamma's items keep the clean (unmoved) reference
+    assert _delta(result, "box_iou", "xray_gamma") == pytest.approx((1.0, 1.0, 0.0))
+
+
+def test_vindr_boxes_outside_the_image_name_the_fix(tmp_path: Path) -> None:
+    """Boxes in DICOM pixels on a resized PNG without the original size: an error, not a clamp."""
+    from perturb.io.adapters import open_vindr
+    from perturb.io.datasets import DatasetError
+
+    fx = make_vindr(tmp_path)
+    path = fx.data / "test" / "f6e5d4c3b2.json"
+    obj = json.loads(path.read_text())
+    del obj["width"], obj["height"]
+    path.write_text(json.dumps(obj))
+    with pytest.raises(DatasetError, match="'width' and 'height'"):
+        open_vindr(fx.data / "test", images=fx.images)

@@ -62,6 +62,9 @@ LEAKING = (
     r"answer_text|answer_idx|label",
 )
 REQUIRED = ("options", "correct_answer")
+# the fields that hold the answer: the scorer's reference, never part of a prompt (every other
+# text field of the adapter's rows is free of the answer: tests/io/test_adapter_leaks.py)
+ANSWER_FIELDS = ("correct_answer",)
 
 
 def _load_cases(

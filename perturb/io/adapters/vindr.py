@@ -49,6 +49,9 @@ from perturb.io.datasets import Annotations, DatasetError, InputDataset
 HUB_ID = "Dangindev/VinDR-CXR-VQA"
 LOC_COLUMNS = ("answer", "reason", "gt_location")
 ITEM_KEYS = ("items", "vqa", "qa_pairs", "questions")
+# the fields that hold the answer: the scorer's reference, never part of a prompt (every other
+# text field of the adapter's rows is free of the answer: tests/io/test_adapter_leaks.py)
+ANSWER_FIELDS = ("answer", "reason", "gt_finding", "gt_location")
 
 
 def _objects(path: Path) -> list[dict[str, Any]]:
