@@ -13,7 +13,8 @@ in this order:
    ones and over every other mention: ``<answer>X</answer>``, ``\\boxed{X}``, JSON
    ``"answer"``/``"final_answer"``/``"choice"`` values, and cue phrases followed by the
    answer: "Answer: X", "Final answer: X", "The (correct|best|final) answer is (X)", "The
-   correct option is X", "I choose X", "X is the correct answer", and their Spanish, French,
+   correct option is X", "I choose X", "X is the correct answer", "option X fits best", and
+   their Spanish, French,
    German, Italian, Portuguese, Russian, Chinese, Japanese and Korean equivalents.
 3. Without an explicit answer: the whole answer when it is a letter form (``B``, ``(b)``,
    ``B. text``, ``C) text``), else its last non-empty line when that is one.
@@ -80,8 +81,10 @@ _CHOOSE = re.compile(
 )
 # "B is the correct answer", "Option (C) is correct", "(D) is the best option"
 _LETTER_FIRST = re.compile(
-    r"(?<![\w])(?:option\s+|choice\s+)?[\(\[]?(?P<letter>[A-J])[\)\]]?\s+is\s+(?:the\s+)?"
-    r"(?:correct|right|best|most\s+likely)(?:\s+(?:answer|option|choice|diagnosis))?\b",
+    r"(?<![\w])(?:option\s+|choice\s+)?[\(\[]?(?P<letter>[A-J])[\)\]]?\s+"
+    r"(?:(?:is|seems|appears)\s+(?:to\s+be\s+)?(?:the\s+)?"
+    r"(?:correct|right|best|most\s+(?:likely|appropriate))"
+    r"(?:\s+(?:answer|option|choice|diagnosis))?|fits\s+best)\b",
     re.IGNORECASE,
 )
 # a letter at the start of an answer segment

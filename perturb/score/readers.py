@@ -12,20 +12,27 @@ Supported inputs (a path, a ``pandas.DataFrame`` or a list of dicts):
 * Kvasir-VQA-x1 LLM-judge ``*_eval.json`` (list of rows with ``response``, ``answer``,
   ``question_class`` and ``eval_json`` {aspect: {score, reason}});
 * a Hugging Face dataset folder (``datasets.save_to_disk``);
-* radiology sets (the dataset's own rows with a ``prediction``/``model_answer``/``response``):
-  ReXVQA's JSON object keyed by question id (``{question_id: {question, options ["A. ..."],
-  correct_answer, task_name, category, study_id, ImagePath [...]}}``: paired by question id,
-  sample = the study); MedThinkVQA rows (``image_NN_path`` slots, options dict, correct_answer:
-  sample and question = the case folder, see :func:`_medthink_columns`); VinDr-CXR-VQA rows
-  (``image_id``, ``question``, ``answer`` with ``<loc_...>`` tags, ``type``, ``gt_location``).
-  Without an id column a row with several images is keyed by their common folder
-  (:func:`sample_id_of_paths`): the study or case, not an image, is the sample.
+* radiology sets, the datasets' own rows with a prediction (``prediction``, ``model_answer``,
+  ``response``, ``model_response``, ``final_answer``, ...; rows with an ``error`` and no
+  answer are dropped as ``inference_error``): ReXVQA's JSON keyed by question id (``{key:
+  {question, options ["A. ..."], correct_answer, task_name, category, study_id, ImagePath
+  [...]}}``; the outer key is the question id, an inner ``question_id`` is kept as
+  ``inner_question_id``; the study fields are the sample, never an image id); MedThinkVQA rows
+  and official submissions (``image_NN_path`` slots, options dict, correct_answer: the case is
+  sample and question, see :func:`_medthink_columns`); VinDr-CXR-VQA image objects
+  (``{"image_id", "vqa": [items]}``, one row per item with ``qa_idx``) and flat rows
+  (``image_id``, ``qa_idx``, ``question``, ``answer`` with ``<loc_...>`` tags, ``type``,
+  ``gt_location``). Without an id column a row with several images is keyed by their common
+  folder (:func:`sample_id_of_paths`): the study or case, not an image, is the sample.
 
 Canonical columns: ``img_id``, ``question``, ``qkey`` (whitespace-normalised question used for
-pairing, or ``id:<question_id>`` when the rows carry a question id), ``reference``,
+pairing, or ``id:<question_id>`` when the rows carry a question id), ``qid`` (the dataset's own
+question identity: question id, MedThinkVQA case, VinDr ``image_id#qa_idx``; None without),
+``reference``,
 ``prediction``, ``complexity``, ``question_class`` (tuple of str; radiology rows without one get
 the classes of :mod:`perturb.radiology`), ``options`` (dict letter -> text or None),
-``perturbation``, ``severity``, ``variant``, ``image_path`` (the first image), ``judge`` (dict
+``perturbation``, ``severity``, ``variant``, ``image_path`` (the first image), ``_paths`` (all
+of the row's image paths), ``judge`` (dict
 aspect -> 0/1 or None), ``model``, ``ref_boxes`` (reference boxes from ``gt_location`` or None)
 ``_loc`` (1-based line or row number in the source, for messages) and ``_id_from_path``
 (img_id derived from the image paths: a sample, not necessarily the manifest's image). Rows that cannot be used are dropped and counted with
