@@ -90,7 +90,7 @@ def _load_cases(
     base = local if local.is_dir() else local.parent
     read = ", ".join(f.name for f in files)
     if skipped:
-        read += f"; {', '.join(f.name for f in skipped)} not read (the same split)"
+        read += f"; {', '.join(f.name for f in skipped)} not read: the same split"
     return ds, base, f"{local.resolve()}:{split or DEFAULT_SPLIT}", read
 
 
