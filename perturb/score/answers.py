@@ -13,7 +13,8 @@ in this order:
    ones and over every other mention: ``<answer>X</answer>``, ``\\boxed{X}``, JSON
    ``"answer"``/``"final_answer"``/``"choice"`` values, and cue phrases followed by the
    answer: "Answer: X", "Final answer: X", "The (correct|best|final) answer is (X)", "The
-   correct option is X", "I choose X", "X is the correct answer", "option X fits best", and
+   correct option is X", "I choose X", "X is the correct answer", "option X fits best", "So
+   X." (a letter only), and
    their Spanish, French,
    German, Italian, Portuguese, Russian, Chinese, Japanese and Korean equivalents.
 3. Without an explicit answer: the whole answer when it is a letter form (``B``, ``(b)``,
@@ -64,7 +65,8 @@ _CUE_WORDS = (
     r"|resposta(?:\s+correta)?|ответ|правильный\s+ответ"
 )
 _CONNECT = (
-    r"(?:\s*(?:(?:is|was|would\s+be|should\s+be|will\s+be|es|est|ist|è|é)(?!\w)|=|:|：|-|–|—)"
+    r"(?:\s*(?:(?:is|was|(?:would|should|will|might|may|must)\s+be|(?:seems|appears)\s+to\s+be|"
+    r"es|est|ist|è|é)(?!\w)|=|:|：|-|–|—)"
     r"(?:\s+(?:therefore|thus|likely|probably|clearly|definitely|most\s+likely|option|choice|"
     r"letter|la|le|die|der|el|the))*\s*[:：]?\s*)"
 )
@@ -78,6 +80,14 @@ _CHOOSE = re.compile(
     r"(?<![\w])(?:I(?:'d|\s+would|\s+will)?\s+(?:choose|select|pick|go\s+with)|"
     r"(?:choose|select|pick)\s*:)\s*(?:option|choice|answer)?\s*(?P<seg>[^\n]*)",
     re.IGNORECASE,
+)
+# "So B.", "Therefore, (C)": a conclusion naming a letter (a letter only, never option text)
+_CONCLUDE = re.compile(
+    r"(?<![\w])(?:so|thus|therefore|hence)\s*,?\s+(?:it(?:'s|\s+is)\s+)?(?P<seg>[^\n]*)",
+    re.IGNORECASE,
+)
+_BARE_LETTER = re.compile(
+    r"^\s*(?:(?i:the\s+answer\s+is|option|choice|answer)\s+)?[\(\[]?([A-J])[\)\]]?\s*[.!。]?\s*$"
 )
 # "B is the correct answer", "Option (C) is correct", "(D) is the best option"
 _LETTER_FIRST = re.compile(
@@ -217,11 +227,17 @@ def _explicit(
         found.append((m.start(), "cue", m.group("seg")))
     for m in _CHOOSE.finditer(text):
         found.append((m.start(), "choose", m.group("seg")))
+    for m in _CONCLUDE.finditer(text):
+        found.append((m.start(), "conclusion", m.group("seg")))
     for m in _LETTER_FIRST.finditer(text):
         found.append((m.start(), "letter_is_correct", f"({m.group('letter')})"))
     for _, form, seg in sorted(found, key=lambda f: f[0], reverse=True):
         seg = seg.split("</answer>")[0] if form != "answer_tag" else seg
-        letter = _read_segment(seg, options)
+        if form == "conclusion":  # "So B." names B; "Thus, C is excluded." names nothing
+            bare = _BARE_LETTER.match(seg)
+            letter = bare.group(1) if bare else None
+        else:
+            letter = _read_segment(seg, options)
         if letter:
             return letter, form
     return None
