@@ -165,6 +165,11 @@ def test_rexvqa_dataset_rows_plus_prediction(rex: dict[str, Any], tmp_path: Path
     (pairs,) = result.pairs.values()
     assert set(pairs["img_id"]) == {"GRDNA-study", "GRDNB-study"}  # study = bootstrap cluster
     assert result.scores["mcq_unparsed"][next(iter(result.pairs))]["perturbed"] == 0
+    # without the manifest the question ids still pair every row (cut file names do not
+    # matter); the perturbation is named after its file
+    bare = score_runs(tmp_path / "clean.json", pert, bootstrap=0, write_report=False)
+    _all_paired(bare, 20)
+    assert _delta(bare, "mcq", "pert_dataset_xray_gamma_s3") == pytest.approx((1.0, 0.6, -0.4))
 
 
 def test_rexvqa_inference_results_with_errors_via_cli(rex: dict[str, Any], tmp_path: Path) -> None:
