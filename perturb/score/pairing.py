@@ -376,7 +376,10 @@ def pair_model(
         raise InputError(
             f"model {model!r}: {int(differ.sum())} pairs have different reference answers on the two "
             f"sides: {examples(ex)}. Both files must hold the same questions and answers; check that "
-            "they come from the same split and that the pairing key (img_id, question) is right."
+            f"they come from the same split and that the pairing key {keyname} is right. Under an "
+            "op that moves the image (rotation, crop, flip) the perturbed side's moved boxes are "
+            "its reference: pass --manifest (or a perturbation column naming the op) so the "
+            "scorer knows the op moves geometry."
         )
     ref = np.where(pd.isna(cref), pref, cref)
     ref_p = np.where(pd.isna(pref), cref, pref)

@@ -19,6 +19,7 @@ import pytest
 
 from perturb.generate.suite import parse_suite
 from perturb.score import score_runs
+from perturb.score.errors import InputError
 from tests.generate.conftest import run
 from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 
@@ -406,6 +407,19 @@ def test_vindr_generated_rows_and_unmoved_reference(vindr: dict[str, Any], tmp_p
     result = score_runs(c, p, manifest=vindr["out"], bootstrap=0, write_report=False)
     _all_paired(result, 12)
     assert _delta(result, "box_iou", "rotation") == pytest.approx((1.0, 1.0, 0.0))
+    # without the manifest the rows' own op column says which op moved the boxes ...
+    bare_result = score_runs(c, p, bootstrap=0, write_report=False)
+    _all_paired(bare_result, 12)
+    assert _delta(bare_result, "box_iou", "rotation") == pytest.approx((1.0, 1.0, 0.0))
+    # ... and with no op known the differing (moved) references are an error naming the fix
+    rot = [
+        {k: v for k, v in r.items() if k not in ("op", "severity", "path")}
+        for r in flat
+        if r["op"] == "rotation"
+    ]
+    pd.DataFrame(rot).to_json(p, orient="records", lines=True)
+    with pytest.raises(InputError, match="--manifest"):
+        score_runs(c, p, bootstrap=0, write_report=False)
     # predictions only (no answer / gt_location): rotation's grounded items are dropped, named
     bare = [{k: r[k] for k in ("img_id", "qa_idx", "question", "path", "prediction")} for r in flat]
     pd.DataFrame(bare).to_json(p, orient="records", lines=True)
