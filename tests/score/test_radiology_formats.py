@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from perturb.generate.suite import parse_suite
+from perturb.io.adapters.native import write_native
 from perturb.score import score_runs
 from perturb.score.errors import InputError
 from tests.generate.conftest import run
@@ -44,16 +45,6 @@ def _generate(adapter: str, source: Path, out: Path, ops: list[str], **kw: Any) 
     )
     summary = run(suite, out, source, images=images)
     assert summary.errors == 0, (out / "errors.jsonl").read_text()
-
-
-def _rows_by(out: Path, key: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
-    """Generated dataset rows grouped by (key, op, severity, variant), views in order."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for row in datasets.load_from_disk(str(out / "dataset")):
-        groups[(row[key], row["op"], row["severity"], row["variant"])].append(row)
-    for rows in groups.values():
-        rows.sort(key=lambda r: (r.get("view", 0), r.get("qa_idx", 0)))
-    return groups
 
 
 def _delta(result: Any, metric: str, op: str) -> tuple[float, float, float]:
@@ -118,34 +109,31 @@ def rex(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     data.write_text(json.dumps(gt))
     out = root / "gen"
     _generate("rexvqa", data, out, ["xray_gamma", "rotation"], images=str(fx.images))
-    return {"root": root, "gt": gt, "out": out, "groups": _rows_by(out, "question_id")}
+    return {"root": root, "gt": gt, "out": out}
 
 
 def _rex_perturbed_files(rex: dict[str, Any], fmt: str) -> list[Path]:
-    """One ReXVQA JSON per (op, severity): the question's rows with the generated images as
-    ImagePath and the model's answer; under xray_gamma questions 0-3 are answered wrong."""
+    """The generated split in ReXVQA's own format (one JSON per op and severity, written by
+    write_native) with the model's answers added as inference code adds them; under
+    xray_gamma questions 0-3 are answered wrong."""
     files = []
-    by_op: dict[str, dict[str, Any]] = defaultdict(dict)
-    for (qid, op, sev, _), rows in rex["groups"].items():
-        rec = rex["gt"][qid]
-        wrong = op == "xray_gamma" and int(qid[-2:]) < 4
-        answer = (_rex_wrong_answer if wrong else _rex_clean_answer)(rec["correct_answer"])
-        row = {
-            **rec,
-            "ImagePath": [str(rex["out"] / r["path"]) for r in rows],
-        }
-        if fmt == "dataset":
-            row["prediction"] = answer
-        else:  # public inference results: inner question_id = study + task
-            row = {
-                "question_id": f"{rec['study_id']}_{rec['task_name']}",
-                **row,
-                "model_response": answer,
-            }
-        by_op[f"{op}_s{sev}"][qid] = row
-    for name, rows in by_op.items():
-        p = rex["root"] / f"pert_{fmt}_{name}.json"
-        p.write_text(json.dumps(rows))
+    for native in write_native(rex["out"], "rexvqa", rex["root"] / f"native_{fmt}"):
+        op = native.stem.split("_s")[0]
+        data = json.loads(native.read_text())
+        assert set(data) == set(rex["gt"]) and all("Findings" not in r for r in data.values())
+        for qid, row in data.items():
+            wrong = op == "xray_gamma" and int(qid[-2:]) < 4
+            answer = (_rex_wrong_answer if wrong else _rex_clean_answer)(row["correct_answer"])
+            if fmt == "dataset":
+                row["prediction"] = answer
+            else:  # public inference results: inner question_id = study + task
+                data[qid] = {
+                    "question_id": f"{row['study_id']}_{row['task_name']}",
+                    **row,
+                    "model_response": answer,
+                }
+        p = rex["root"] / f"pert_{fmt}_{native.stem}.json"
+        p.write_text(json.dumps(data))
         files.append(p)
     return files
 
@@ -170,7 +158,7 @@ def test_rexvqa_dataset_rows_plus_prediction(rex: dict[str, Any], tmp_path: Path
     # matter); the perturbation is named after its file
     bare = score_runs(tmp_path / "clean.json", pert, bootstrap=0, write_report=False)
     _all_paired(bare, 20)
-    assert _delta(bare, "mcq", "pert_dataset_xray_gamma_s3") == pytest.approx((1.0, 0.6, -0.4))
+    assert _delta(bare, "mcq", "pert_dataset_xray_gamma_s3_v0") == pytest.approx((1.0, 0.6, -0.4))
 
 
 def test_rexvqa_inference_results_with_errors_via_cli(rex: dict[str, Any], tmp_path: Path) -> None:
@@ -285,6 +273,31 @@ def test_medthinkvqa_official_submission(med: dict[str, Any], tmp_path: Path) ->
     assert set(pairs["img_id"]) == {"case10001", "case10002"}  # one case = one cluster
 
 
+def test_medthinkvqa_native_export(med: dict[str, Any], tmp_path: Path) -> None:
+    """write_native gives the cases in MedThinkVQA's own rows (generated images in the slots
+    the op changed, no leaking fields); with predictions added they score like the
+    hand-made submission."""
+    clean = [_submission(c, MED_CLEAN["case" + c["title"].split()[-1]]) for c in med["cases"]]
+    c_path = tmp_path / "clean.jsonl"
+    pd.DataFrame(clean).to_json(c_path, orient="records", lines=True)
+    pert = []
+    for native in write_native(
+        med["out"], "medthinkvqa", tmp_path / "native", source=med["folder"]
+    ):
+        op = native.stem.split("_s")[0]
+        rows = [json.loads(line) for line in native.read_text().splitlines()]
+        assert all(not any("icd" in k.lower() or "caption" in k for k in r) for r in rows)
+        with native.open("w") as fh:
+            for r in rows:
+                case = "case" + r["title"].split()[-1]
+                fh.write(json.dumps(_submission(r, MED_PERT[(op, case)])) + "\n")
+        pert.append(native)
+    result = score_runs(c_path, pert, manifest=med["out"], bootstrap=0, write_report=False)
+    _all_paired(result, 3)
+    assert _delta(result, "mcq", "gaussian_blur") == pytest.approx((0.5, 0.0, -0.5))
+    assert _delta(result, "mcq", "xray_gamma") == pytest.approx((1.0, 1.0, 0.0))
+
+
 def test_medthinkvqa_hub_folder_with_both_files(med: dict[str, Any], tmp_path: Path) -> None:
     """The hub's folder holds test.parquet and test.jsonl: one is read, the label says which."""
     from perturb.io.adapters import open_medthinkvqa
@@ -348,34 +361,23 @@ def test_vindr_nested_files_and_moved_boxes(vindr: dict[str, Any], tmp_path: Pat
         for obj in vindr["objects"]
     ]
     (tmp_path / "clean.json").write_text(json.dumps(clean))
-    # perturbed: one image object per output, its items as generate wrote them (rotation moved
-    # the answer's and gt_location's boxes), a prediction per item, the output image's path
+    # perturbed: the split in VinDr's own format (write_native: one file per op, an image
+    # object per output with its path, items as generate wrote them: rotation moved the
+    # answer's and gt_location's boxes) with a prediction per item
     pert = []
-    for (image_id, op, _, _), rows in _rows_by(vindr["out"], "img_id").items():
-        keep = ("question", "answer", "reason", "type", "difficulty", "gt_finding", "gt_location")
-        pert.append(
-            {
-                "image_id": image_id,
-                "image_path": str(vindr["out"] / rows[0]["path"]),
-                "vqa": [
-                    {**{k: r[k] for k in keep}, "prediction": _vindr_prediction(r, op, image_id)}
-                    for r in rows
-                ],
-            }
-        )
-    assert any(
-        p["vqa"][0]["gt_location"] != o["items"][0]["gt_location"]
-        for p in pert
-        for o in vindr["objects"]
-        if p["image_id"] == o["image_id"]
-    )  # rotation moved the boxes
-    (tmp_path / "pert.json").write_text(json.dumps(pert))
+    for native in write_native(vindr["out"], "vindr-cxr-vqa", tmp_path / "native"):
+        op = native.stem.split("_s")[0]
+        objects = json.loads(native.read_text())
+        for obj in objects:
+            for item in obj["vqa"]:
+                item["prediction"] = _vindr_prediction(item, op, obj["image_id"])
+            moved = next(o for o in vindr["objects"] if o["image_id"] == obj["image_id"])
+            if op == "rotation":
+                assert obj["vqa"][0]["gt_location"] != moved["items"][0]["gt_location"]
+        native.write_text(json.dumps(objects))
+        pert.append(native)
     result = score_runs(
-        tmp_path / "clean.json",
-        tmp_path / "pert.json",
-        manifest=vindr["out"],
-        bootstrap=200,
-        write_report=False,
+        tmp_path / "clean.json", pert, manifest=vindr["out"], bootstrap=200, write_report=False
     )
     _all_paired(result, 12)  # 2 images x 3 items x 2 ops
     # a model that answers the moved boxes exactly loses nothing under rotation
