@@ -1,7 +1,8 @@
 """Pair clean and perturbed predictions of one model.
 
 Pairing key: the dataset's own question identity ``qid`` when every row of both sides has one
-(ReXVQA question id, MedThinkVQA case, VinDr-CXR-VQA image id + item index; the bootstrap
+and it is unique on the clean side (ReXVQA question id, MedThinkVQA case, VinDr-CXR-VQA image
+id + item index; the bootstrap
 cluster is then the clean row's img_id: study, case, image), else ``(img_id, question)``; plus
 ``variant`` when the clean side has variants. A multi-image row (a study, a case) matches the
 manifest through any of its image paths: a case whose first image the op left alone pairs
@@ -267,6 +268,9 @@ def pair_model(
         and "qid" in pert.columns
         and len(pert) > 0
         and bool(clean["qid"].notna().all() and pert["qid"].notna().all())
+        # an id that repeats on the clean side names a question template, not a question:
+        # pair on (img_id, question id) as before
+        and not pd.DataFrame({"q": clean["qid"].to_numpy(), "v": c_var}).duplicated().any()
     )
     if use_qid:  # the dataset's own question identity
         ci, pi = np.zeros(len(clean), np.int64), np.zeros(len(pert), np.int64)
