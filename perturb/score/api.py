@@ -425,6 +425,8 @@ def score_runs(
             notes.append(
                 f"model {mname!r}: {u['clean']} clean and {u['perturbed']} perturbed MCQ answers "
                 "had no recognisable option letter and count as wrong (mcq_unparsed in scores.json)"
+                + "; e.g. "
+                + "; ".join(f"{e['side']}: {e['prediction'][:80]!r}" for e in u["examples"][:2])
             )
     if 0 < bootstrap < 1000:
         notes.append(f"bootstrap B={bootstrap} < 1000: intervals are rough")

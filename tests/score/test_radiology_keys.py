@@ -113,3 +113,25 @@ def test_vindr_nested_object_reads_one_row_per_item(tmp_path: Path) -> None:
     assert df["qid"].tolist() == ["img1#0", "img1#1"]
     assert df["ref_boxes"].tolist() == [[(1.0, 2.0, 30.0, 40.0)], [(5.0, 5.0, 9.0, 9.0)]]
     assert "vindr-nested" in rep.format
+
+
+def test_unparsed_answers_are_counted_and_shown() -> None:
+    rows = [
+        {
+            "img_id": "s1",
+            "question_id": f"q{i}",
+            "question": "Q?",
+            "options": ["A. Yes", "B. No"],
+            "correct_answer": "A",
+            "prediction": "A",
+        }
+        for i in range(3)
+    ]
+    pert = [
+        {**r, "perturbation": "blur", "severity": 1, "prediction": "I cannot tell."} for r in rows
+    ]
+    result = score_runs(rows, pert, bootstrap=0, write_report=False)
+    unparsed = result.scores["mcq_unparsed"]["model"]
+    assert (unparsed["clean"], unparsed["perturbed"]) == (0, 3)
+    assert unparsed["examples"][0]["prediction"] == "I cannot tell."
+    assert any("'I cannot tell.'" in n for n in result.scores["notes"])  # shown in the report
