@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perturb.score.answers import extract_choice, strip_reasoning
 from perturb.score.metrics import compute_item_metrics
@@ -74,3 +76,46 @@ def test_rejected_options_do_not_invert_the_gap() -> None:
     ref = obj_array(["B"] * 10)
     v = compute_item_metrics(pred, ref, ["mcq"], options=obj_array([opts] * 10))["mcq"]
     assert v[:5].mean() == 1.0 and v[5:].mean() == 0.6
+
+
+PARSED = [c for c in CORPUS if c["expected"] is not None and "</think>" not in c["text"]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(PARSED),
+    st.sampled_from("ABCDE"),
+    st.sampled_from(
+        [
+            "<think>The answer is {X}. Option {X} fits.</think>\n",
+            "<think>\nLet me weigh option ({X}) first... Final answer: {X}?\n</think>",
+            "<reasoning>{X}</reasoning>",
+        ]
+    ),
+)
+def test_reasoning_before_the_answer_never_changes_it(case: dict, other: str, block: str) -> None:
+    """Any letter said inside a reasoning block ahead of the answer is ignored."""
+    text = block.format(X=other) + case["text"]
+    assert extract_choice(text, case["options"]).letter == case["expected"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from("ABCD"),
+    st.sampled_from("ABCD"),
+    st.sampled_from(
+        [
+            "Answer: {L}",
+            "The answer is ({L}).",
+            "<answer>{L}</answer>",
+            "\\boxed{{{L}}}",
+            '{{"answer": "{L}"}}',
+        ]
+    ),
+)
+def test_a_later_explicit_answer_wins(first: str, last: str, form: str) -> None:
+    opts = {"A": "Pneumonia", "B": "Pleural effusion", "C": "Pneumothorax", "D": "Normal"}
+    text = f"The answer is {first}.\nOn second look, option {first} is wrong.\n" + form.format(
+        L=last
+    )
+    assert extract_choice(text, opts).letter == last
