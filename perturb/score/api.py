@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import json
 import math
 import platform
@@ -24,8 +25,10 @@ from perturb.score.analysis import (
     load_reference_scores,
 )
 from perturb.score.errors import InputError
+from perturb.score.headline import choose_headline
 from perturb.score.manifest import Manifest, load_manifest
 from perturb.score.metrics import (
+    FREE_TEXT_METRICS,
     METRICS,
     compute_item_metrics,
     corpus_stats,
@@ -208,7 +211,7 @@ def score_runs(
     metrics: Sequence[str] | None = None,
     primary: str | None = None,
     reference: str | Mapping[str, str | Path | Mapping[str, Any] | None] | None = None,
-    include_at_risk: bool = False,
+    include_at_risk: bool | None = None,
     bootstrap: int = 1000,
     seed: int = 0,
     level: float = 0.95,
@@ -231,8 +234,10 @@ def score_runs(
             from the data: mcq, yes/no, box IoU, judge, then ROUGE-L).
         reference: CE reference: the name of a model scored in this call, or
             ``{name: path/to/scores.json}`` (a previous run; ``{name: None}`` = this run's model).
-        include_at_risk: keep pairs whose question class is at risk under their perturbation in
-            the headline (they are always reported separately too).
+        include_at_risk: True: the headline uses all pairs; False: only label-safe pairs (whose
+            question class is not at risk under their perturbation); None (default): label-safe
+            pairs when there are enough of them (:mod:`perturb.score.headline`), else all pairs
+            with a warning. Both pooled results are always reported, and at-risk pairs separately.
         bootstrap: resamples B of the paired cluster bootstrap (0 disables CIs).
         seed: bootstrap seed (recorded).
         level: confidence level of the intervals.
@@ -320,6 +325,9 @@ def score_runs(
         paired[mname] = pairs
         pair_reports[mname] = prep
 
+    if metrics is None and all(_free_text(p) for p in paired.values()):
+        # as upstream: BLEU, chrF and METEOR with ROUGE on free-text answers
+        requested += [m for m in FREE_TEXT_METRICS if m not in requested]
     # per-pair metrics
     item_req = [m for m in requested if METRICS[m].kind == "item"]
     corpus_req = [m for m in requested if METRICS[m].kind == "corpus"]
@@ -390,6 +398,13 @@ def score_runs(
             )
         )
     n_pairs = sum(len(p) for p in paired.values())
+    decision = choose_headline(paired.values(), include_at_risk)
+    if decision["headline_pairs"] == 0:
+        raise InputError(
+            f"--exclude-at-risk leaves no pairs: all {n_pairs} pairs are label-risk "
+            f"({', '.join(list(decision['at_risk_by_class'])[:4])}); drop --exclude-at-risk"
+        )
+    include = decision["uses"] == "all_pairs"
     used_item = [m for m in item_req if applicable[m] > 0]
     used_corpus = [m for m in corpus_req if applicable[m] > 0]
     not_applicable = {m: "applies to no pair" for m in requested if applicable[m] == 0}
@@ -402,7 +417,7 @@ def score_runs(
         used_item,
         used_corpus,
         prim,
-        include_at_risk=include_at_risk,
+        include_at_risk=include,
         n_boot=bootstrap,
         seed=seed,
         level=level,
@@ -433,10 +448,9 @@ def score_runs(
         "dropped_while_pairing": sum(sum(p.dropped.values()) for p in pair_reports.values()),
         "pairs": n_pairs,
         "at_risk_pairs": sum(p.at_risk_pairs for p in pair_reports.values()),
-        "headline_pairs": n_pairs
-        if include_at_risk
-        else n_pairs - sum(p.at_risk_pairs for p in pair_reports.values()),
+        "headline_pairs": decision["headline_pairs"],
     }
+    warnings = [decision["warning"]] if decision["warning"] else []
     scores: dict[str, Any] = {
         "schema": SCHEMA,
         "timestamp": timestamp or datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
@@ -453,7 +467,8 @@ def score_runs(
                 "level": level,
                 "method": "paired cluster bootstrap, percentile interval",
             },
-            "include_at_risk": include_at_risk,
+            "include_at_risk": include,
+            "include_at_risk_requested": include_at_risk,
             "reference": ref_scores.name if ref_scores else None,
             "risk_map": {k: list(v) for k, v in (risk_map or TAG_CLASSES).items()},
             "delta": "perturbed - clean (negative = worse under perturbation)",
@@ -471,6 +486,8 @@ def score_runs(
         "reading": read_reports,
         "pairing": {m: p.to_dict() for m, p in pair_reports.items()},
         "counts": counts,
+        "headline": decision,
+        "warnings": warnings,
         "mcq_unparsed": unparsed,
         "problems": problems,
         "notes": notes,
@@ -480,6 +497,24 @@ def score_runs(
     if out_dir is not None:
         write_outputs(result, Path(out_dir), write_report=write_report)
     return result
+
+
+_SHORT_ANSWER = re.compile(r"^\s*(?:[(\[]?[A-Ja-j][)\].:]?|yes|no)\W*$", re.IGNORECASE)
+
+
+def _free_text(pairs: pd.DataFrame) -> bool:
+    """Whether most references are free text: not MCQ (options), not a bare letter or yes/no,
+    without ``<loc_...>`` boxes."""
+    ref = pairs["reference"].to_numpy(dtype=object)
+    has = ~pd.isna(ref)
+    if not has.any():
+        return False
+    opts = ~pd.isna(pairs["options"].to_numpy(dtype=object))
+    refs = pd.Series(ref[has & ~opts], dtype=object).drop_duplicates()
+    free = refs.map(lambda r: not _SHORT_ANSWER.match(r) and "<loc_" not in r)
+    return int(free.sum()) * 2 >= int(has.sum() if len(refs) == 0 else len(refs)) and bool(
+        len(refs)
+    )
 
 
 def _unparsed_summary(

@@ -65,7 +65,7 @@ def run_score(
     metrics: list[str] | None,
     primary: str | None,
     reference: str | None,
-    include_at_risk: bool,
+    include_at_risk: bool | None,
     bootstrap: int,
     seed: int,
     max_flips: int,
@@ -154,9 +154,14 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         include_at_risk: Annotated[
-            bool,
-            typer.Option("--include-at-risk", help="keep label-risk pairs in the headline gaps"),
-        ] = False,
+            bool | None,
+            typer.Option(
+                "--include-at-risk/--exclude-at-risk",
+                help="headline on all pairs / only label-safe pairs (default: label-safe when "
+                "there are enough, else all pairs with a warning)",
+                show_default=False,
+            ),
+        ] = None,
         bootstrap: Annotated[
             int, typer.Option("--bootstrap", help="bootstrap resamples B (0: no CIs)")
         ] = 1000,

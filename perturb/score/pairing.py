@@ -245,6 +245,7 @@ def pair_model(
             f"{int(full.duplicated().sum())} duplicate perturbed rows with the same (img_id, question, "
             f"perturbation, severity, variant): {examples(_where(pert, rows, 'perturbed'), 6)}. Each "
             "perturbed image/question must appear once per model; split repeated runs into separate models."
+            + _manifest_hint(manifest, pert)
         )
     index = pd.Index(ckey)
     crow = index.get_indexer(pkey)
@@ -441,6 +442,18 @@ def _add_risk(
         report.notes.append(
             f"{no_class} pairs have no question_class: label risk cannot be checked"
         )
+
+
+def _manifest_hint(manifest: Manifest | None, pert: pd.DataFrame) -> str:
+    """Why perturbed rows may look duplicated: no manifest to tell their perturbation apart."""
+    if manifest is not None:
+        return ""
+    ops = pert["perturbation"].nunique(dropna=True)
+    return (
+        f" No --manifest was given, so the rows' perturbation/severity come only from the files "
+        f"({ops} distinct perturbation value(s)); pass --manifest DIR/manifest.parquet (written by "
+        "`perturb generate`) so each row is matched to the output it was predicted on."
+    )
 
 
 def resolve_image(path: str | None, bases: Sequence[Path]) -> Path | None:
