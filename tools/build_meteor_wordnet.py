@@ -18,15 +18,53 @@ import zipfile
 from pathlib import Path
 
 POS = ("noun", "verb", "adj", "adv")
-LEXNAMES = (
-    "adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute "
-    "noun.body noun.cognition noun.communication noun.event noun.feeling noun.food noun.group "
-    "noun.location noun.motive noun.object noun.person noun.phenomenon noun.plant "
-    "noun.possession noun.process noun.quantity noun.relation noun.shape noun.state "
-    "noun.substance noun.time verb.body verb.change verb.cognition verb.communication "
-    "verb.competition verb.consumption verb.contact verb.creation verb.emotion verb.motion "
-    "verb.perception verb.possession verb.social verb.stative verb.weather adj.ppl"
-).split()
+LEXNAMES = [
+    "adj.all",
+    "adj.pert",
+    "adv.all",
+    "noun.Tops",
+    "noun.act",
+    "noun.animal",
+    "noun.artifact",
+    "noun.attribute",
+    "noun.body",
+    "noun.cognition",
+    "noun.communication",
+    "noun.event",
+    "noun.feeling",
+    "noun.food",
+    "noun.group",
+    "noun.location",
+    "noun.motive",
+    "noun.object",
+    "noun.person",
+    "noun.phenomenon",
+    "noun.plant",
+    "noun.possession",
+    "noun.process",
+    "noun.quantity",
+    "noun.relation",
+    "noun.shape",
+    "noun.state",
+    "noun.substance",
+    "noun.time",
+    "verb.body",
+    "verb.change",
+    "verb.cognition",
+    "verb.communication",
+    "verb.competition",
+    "verb.consumption",
+    "verb.contact",
+    "verb.creation",
+    "verb.emotion",
+    "verb.motion",
+    "verb.perception",
+    "verb.possession",
+    "verb.social",
+    "verb.stative",
+    "verb.weather",
+    "adj.ppl",
+]
 LEX_POS = {"adj": 3, "adv": 4, "noun": 1, "verb": 2}
 
 
@@ -51,9 +89,7 @@ def strip_data(text: str) -> tuple[str, dict[int, int]]:
         parsed.append((line, [cols[0], cols[1], cols[2], cols[3], *words], keep))
 
     def render(head: list[str], ptrs: list[list[str]], remap: dict[int, int] | None) -> str:
-        pt = [
-            f"{q[0]} {(remap[int(q[1])] if remap else 0):08d} {q[2]} {q[3]}" for q in ptrs
-        ]
+        pt = [f"{q[0]} {(remap[int(q[1])] if remap else 0):08d} {q[2]} {q[3]}" for q in ptrs]
         off = f"{(remap[int(head[0])] if remap else 0):08d}"
         return " ".join([off, *head[1:], f"{len(ptrs):03d}", *pt]) + " | \n"
 

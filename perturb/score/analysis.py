@@ -290,9 +290,14 @@ def analyze(
     level: float = 0.95,
     reference: ReferenceScores | None = None,
     max_flips: int = 20,
+    extra_binary: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run every paired comparison; returns the ``models`` / ``effective_robustness`` sections."""
-    binary = [m for m in item_metrics if METRICS[m].binary]
+    """Run every paired comparison; returns the ``models`` / ``effective_robustness`` sections.
+
+    ``extra_binary``: metrics whose values are all 0/1 in this run (e.g. an LLM judge scoring
+    0/1), which then get flip rates and McNemar tests like the always-binary metrics.
+    """
+    binary = [m for m in item_metrics if METRICS[m].binary or m in extra_binary]
     layout = Layout(list(item_metrics), binary, list(corpus_metrics))
     cons_layout = Layout(list(item_metrics), binary, [])
     # global cluster universe: img_id across models

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import re
 import json
 import math
 import platform
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +24,7 @@ from perturb.score.analysis import (
     analyze,
     load_reference_scores,
 )
+from perturb.score.coverage import manifest_coverage
 from perturb.score.errors import InputError
 from perturb.score.headline import choose_headline
 from perturb.score.manifest import Manifest, load_manifest
@@ -181,7 +182,8 @@ def _split_by_model(df: pd.DataFrame, model: str, named: bool) -> dict[str, pd.D
 
 def _choose_primary(
     primary: str | None, applicable: dict[str, int], n_pairs: int, requested: list[str]
-) -> str:
+) -> tuple[str, str]:
+    """The headline metric and why it was chosen."""
     if primary is not None:
         if primary not in METRICS:
             raise InputError(
@@ -192,13 +194,20 @@ def _choose_primary(
                 f"primary metric '{primary}' applies to no pair (or is not in --metrics); applicable: "
                 f"{', '.join(m for m, n in applicable.items() if n) or 'none'}"
             )
-        return primary
+        return primary, "chosen with --primary"
+    order = ", ".join(PRIMARY_ORDER)
     for m in PRIMARY_ORDER:
         if m in requested and applicable.get(m, 0) >= max(1, n_pairs // 2):
-            return m
+            return m, (
+                f"first of ({order}) that applies to at least half of the pairs "
+                f"({applicable[m]} of {n_pairs}); --primary fixes it across runs"
+            )
     for m in requested:
         if applicable.get(m, 0):
-            return m
+            return m, (
+                f"no metric of ({order}) applies to half of the pairs; first applicable metric "
+                f"({applicable[m]} of {n_pairs} pairs); --primary fixes it across runs"
+            )
     raise InputError("no metric applies to any pair: check that the files hold reference answers")
 
 
@@ -220,6 +229,8 @@ def score_runs(
     max_flips: int = 20,
     write_report: bool = True,
     timestamp: str | None = None,
+    dataset: str | Path | None = None,
+    dataset_split: str | None = None,
 ) -> ScoreResult:
     """Score clean vs perturbed predictions of one or more models.
 
@@ -248,6 +259,10 @@ def score_runs(
         write_report: also write report.md / report.html when ``out_dir`` is set.
         timestamp: ISO timestamp to record (default: now, UTC); the only field that differs
             between reruns on the same inputs.
+        dataset: the evaluated dataset (hub id, ``save_to_disk`` folder, parquet/JSONL): fills
+            missing ``complexity`` / ``question_class`` by (img_id, question) and gives the clean
+            images of the flip gallery (:mod:`perturb.score.dataset_join`).
+        dataset_split: split of ``dataset`` (default: as ``perturb generate``).
     """
     if bootstrap < 0:
         raise InputError("--bootstrap must be >= 0")
@@ -301,6 +316,25 @@ def score_runs(
             run = _run_name(src, f"perturbed{j + 1}" if len(srcs) > 1 else "perturbed")
             for mname, part in _split_by_model(df, model, named).items():
                 pert_tabs.setdefault(mname, []).append((part, rep, run))
+    ds_info = None
+    ds_join: dict[str, Any] | None = None
+    if dataset is not None:
+        from perturb.score.dataset_join import join_dataset, load_dataset_info
+
+        ds_info = load_dataset_info(str(dataset), dataset_split)
+        totals: Counter[str] = Counter()
+        for mname, (cdf, crep) in list(clean_tabs.items()):
+            cdf, jst = join_dataset(cdf, ds_info)
+            clean_tabs[mname] = (cdf, crep)
+            totals.update(jst)
+        for mname, lst in pert_tabs.items():
+            new = []
+            for pdf, prep_, run in lst:
+                pdf, jst = join_dataset(pdf, ds_info)
+                new.append((pdf, prep_, run))
+                totals.update(jst)
+            pert_tabs[mname] = new
+        ds_join = {"source": ds_info.source, "split": dataset_split, **dict(totals)}
     models = sorted(set(clean_tabs) | set(pert_tabs))
     lonely = sorted(set(clean_tabs) ^ set(pert_tabs))
     if lonely:
@@ -382,7 +416,9 @@ def score_runs(
         for m in item_req:
             pairs[f"{m}_clean"] = mc[m]
             pairs[f"{m}_perturbed"] = mp[m]
-        resolver = _image_resolver(pairs, man, bases)
+        resolver = _image_resolver(
+            pairs, man, bases, ds_info, Path(out_dir) if out_dir is not None else None
+        )
         mdata.append(
             ModelData(
                 name=mname,
@@ -408,9 +444,19 @@ def score_runs(
     used_item = [m for m in item_req if applicable[m] > 0]
     used_corpus = [m for m in corpus_req if applicable[m] > 0]
     not_applicable = {m: "applies to no pair" for m in requested if applicable[m] == 0}
-    prim = _choose_primary(primary, {m: applicable[m] for m in requested}, n_pairs, requested)
+    prim, prim_reason = _choose_primary(
+        primary, {m: applicable[m] for m in requested}, n_pairs, requested
+    )
 
     ref_scores = _resolve_reference(reference, models, prim)
+    # a metric whose every value is 0 or 1 here (an LLM judge scoring 0/1) is binary
+    extra_binary = [
+        m
+        for m in used_item
+        if not METRICS[m].binary
+        and all(_all_binary(md.mc[m]) and _all_binary(md.mp[m]) for md in mdata)
+        and m == "judge"
+    ]
 
     sections = analyze(
         mdata,
@@ -423,6 +469,7 @@ def score_runs(
         level=level,
         reference=ref_scores,
         max_flips=max_flips,
+        extra_binary=extra_binary,
     )
     problems = list(read_problems)
     for mname, prep in pair_reports.items():
@@ -451,6 +498,15 @@ def score_runs(
         "headline_pairs": decision["headline_pairs"],
     }
     warnings = [decision["warning"]] if decision["warning"] else []
+    coverage = manifest_coverage(man, paired) if man is not None else None
+    if coverage is not None:
+        warnings += coverage.pop("warnings")
+    if ds_join is not None and ds_join["rows"] and ds_join["matched"] < 0.9 * ds_join["rows"]:
+        warnings.append(
+            f"--dataset {ds_join['source']}: only {ds_join['matched']} of {ds_join['rows']} "
+            "prediction rows match a dataset row on (img_id, question); complexity and class "
+            "breakdowns cover the matched rows only (check the split with --dataset-split)"
+        )
     scores: dict[str, Any] = {
         "schema": SCHEMA,
         "timestamp": timestamp or datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
@@ -460,6 +516,7 @@ def score_runs(
             "metrics_requested": requested,
             "metrics_not_applicable": not_applicable,
             "primary": prim,
+            "primary_reason": prim_reason,
             "bootstrap": {
                 "resamples": bootstrap,
                 "seed": seed,
@@ -477,7 +534,7 @@ def score_runs(
         "metric_definitions": {
             m: {
                 "kind": METRICS[m].kind,
-                "binary": METRICS[m].binary,
+                "binary": METRICS[m].binary or m in extra_binary,
                 "description": METRICS[m].description,
             }
             for m in used_item + used_corpus
@@ -487,6 +544,8 @@ def score_runs(
         "pairing": {m: p.to_dict() for m, p in pair_reports.items()},
         "counts": counts,
         "headline": decision,
+        "coverage": coverage,
+        "dataset": ds_join,
         "warnings": warnings,
         "mcq_unparsed": unparsed,
         "problems": problems,
@@ -500,6 +559,12 @@ def score_runs(
 
 
 _SHORT_ANSWER = re.compile(r"^\s*(?:[(\[]?[A-Ja-j][)\].:]?|yes|no)\W*$", re.IGNORECASE)
+
+
+def _all_binary(v: np.ndarray) -> bool:
+    """Whether every defined value is 0 or 1 (and at least one is defined)."""
+    x = v[~np.isnan(v)]
+    return bool(x.size) and bool(np.isin(x, (0.0, 1.0)).all())
 
 
 def _free_text(pairs: pd.DataFrame) -> bool:
@@ -552,12 +617,39 @@ def _unparsed_summary(
 
 
 def _image_resolver(
-    pairs: pd.DataFrame, man: Manifest | None, bases: list[Path]
+    pairs: pd.DataFrame,
+    man: Manifest | None,
+    bases: list[Path],
+    ds_info: Any = None,
+    out_dir: Path | None = None,
 ) -> Callable[[int], tuple[str | None, str | None]]:
-    """Finds the clean and perturbed image files of pair ``i`` (for thumbnails)."""
+    """Finds the clean and perturbed image files of pair ``i`` (for thumbnails).
+
+    The clean image: its path as given or under the input folders, else by file name under
+    them, else (with ``--dataset``) the dataset's image of the img_id, copied to
+    ``out_dir/flip_images/``.
+    """
+
+    def clean_image(i: int) -> Path | None:
+        raw = pairs["image_clean"].iat[i]
+        c = resolve_image(raw, bases)
+        if c is None and isinstance(raw, str) and raw:
+            c = resolve_image(Path(raw.replace("\\", "/")).name, bases)
+        if c is None and ds_info is not None and out_dir is not None:
+            img_id = str(pairs["img_id"].iat[i])
+            got = ds_info.image_bytes(img_id)
+            if got is not None:
+                data, suffix = got
+                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", img_id)[:120]
+                dest = out_dir / "flip_images" / f"clean_{safe}{suffix}"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if not dest.is_file():
+                    dest.write_bytes(data)
+                c = dest
+        return c
 
     def resolve(i: int) -> tuple[str | None, str | None]:
-        c = resolve_image(pairs["image_clean"].iat[i], bases)
+        c = clean_image(i)
         p: Path | None = None
         mrow = int(pairs["manifest_row"].iat[i])
         if man is not None and mrow >= 0 and man.root is not None:

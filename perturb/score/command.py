@@ -69,6 +69,8 @@ def run_score(
     bootstrap: int,
     seed: int,
     max_flips: int,
+    dataset: str | None = None,
+    dataset_split: str | None = None,
 ) -> int:
     """Run the scorer for CLI arguments; returns the exit code (0 ok, 1 problems, 2 input error)."""
     from perturb.score.errors import InputError
@@ -89,6 +91,8 @@ def run_score(
             bootstrap=bootstrap,
             seed=seed,
             max_flips=max_flips,
+            dataset=dataset,
+            dataset_split=dataset_split,
         )
     except InputError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -96,6 +100,8 @@ def run_score(
     _print_summary(result.scores)
     for prob in result.problems:
         typer.echo(f"problem: {prob}", err=True)
+    for warn in result.scores.get("warnings", []):
+        typer.echo(f"warning: {warn}", err=True)
     for kind, path in result.files.items():
         typer.echo(f"wrote {kind}: {path}")
     return result.exit_code
@@ -169,6 +175,17 @@ def register(app: typer.Typer) -> None:
         max_flips: Annotated[
             int, typer.Option("--max-flips", help="largest flips listed per model")
         ] = 20,
+        dataset: Annotated[
+            str | None,
+            typer.Option(
+                "--dataset",
+                help="dataset the predictions come from (hub id, save_to_disk folder, parquet): "
+                "adds complexity and question classes by (img_id, question), clean thumbnails",
+            ),
+        ] = None,
+        dataset_split: Annotated[
+            str | None, typer.Option("--dataset-split", help="split of --dataset")
+        ] = None,
     ) -> None:
         """Score clean vs perturbed predictions: paired gaps with CIs, report.md and report.html.
 
@@ -186,6 +203,8 @@ def register(app: typer.Typer) -> None:
             bootstrap,
             seed,
             max_flips,
+            dataset,
+            dataset_split,
         )
         sys.stdout.flush()
         raise typer.Exit(code)

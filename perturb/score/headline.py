@@ -21,9 +21,7 @@ MIN_SAFE_PAIRS = 30
 MIN_SAFE_SHARE = 0.25
 
 
-def choose_headline(
-    pairs: Iterable[pd.DataFrame], include_at_risk: bool | None
-) -> dict[str, Any]:
+def choose_headline(pairs: Iterable[pd.DataFrame], include_at_risk: bool | None) -> dict[str, Any]:
     """The headline decision, its counts and reasons (the ``headline`` section of scores.json).
 
     ``include_at_risk``: True forces all pairs, False forces label-safe pairs, None decides:

@@ -38,7 +38,7 @@ def wordnet() -> Any:
 
     from perturb.score.errors import InputError
 
-    class _Reader(WordNetCorpusReader):  # type: ignore[misc]
+    class _Reader(WordNetCorpusReader):
         def map_wn(self, version: str = "wordnet") -> None:
             # the data is WordNet 3.0 itself: no mapping to 3.0 (for multilingual data) needed,
             # and building one would look for nltk's downloadable copy

@@ -89,9 +89,7 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec(
             "rougeL", "item", False, "ROUGE-L F (rouge-score, no stemming), mean over items"
         ),
-        MetricSpec(
-            "meteor", "item", False, "METEOR (nltk, packaged WordNet 3.0), mean over items"
-        ),
+        MetricSpec("meteor", "item", False, "METEOR (nltk, packaged WordNet 3.0), mean over items"),
         MetricSpec("mcq", "item", True, "multiple-choice letter accuracy"),
         MetricSpec("yesno", "item", True, "yes/no accuracy on yes/no references"),
         MetricSpec("box_iou", "item", False, "IoU of <loc_x1_y1_x2_y2> box unions"),
