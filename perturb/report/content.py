@@ -83,10 +83,31 @@ def _sig(d: Mapping[str, Any] | None) -> bool:
     return bool(lo > 0 or hi < 0)
 
 
+def by_gap(cells: Mapping[str, Any] | None, metric: str) -> list[tuple[str, Any]]:
+    """``(key, cell)`` items sorted by the delta of ``metric``, most negative first (cells
+    without it last, by key)."""
+
+    def key(item: tuple[str, Any]) -> tuple[float, str]:
+        m = ((item[1] or {}).get("metrics") or {}).get(metric)
+        d = m["delta"]["estimate"] if m else None
+        return (d if d is not None else float("inf"), str(item[0]))
+
+    return sorted((cells or {}).items(), key=key)
+
+
+def pooled_cells(model: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The headline's pooled cell, then both pooled pair sets (all pairs, label-safe)."""
+    return [
+        (ALL, model.get("overall")),
+        ("(all pairs)", model.get("overall_all_pairs")),
+        ("(label-safe pairs)", model.get("overall_label_safe")),
+    ]
+
+
 def headline_rows(model: Mapping[str, Any], metric: str, binary: bool) -> list[list[str]]:
-    """Headline rows (pooled first, then each perturbation) for ``metric``."""
+    """Headline rows (pooled first, then each perturbation by gap) for ``metric``."""
     rows = []
-    cells = [(ALL, model.get("overall")), *sorted((model.get("by_perturbation") or {}).items())]
+    cells = [*pooled_cells(model), *by_gap(model.get("by_perturbation"), metric)]
     for name, cell in cells:
         if not cell or metric not in cell["metrics"]:
             continue
@@ -123,7 +144,7 @@ def _breakdown_section(
     """One breakdown table (rows: clean, perturbed, delta of ``metric`` per key)."""
     section = Section(title, anchor, level=3)
     rows = []
-    for key, cell in sorted(cells.items()):
+    for key, cell in by_gap(cells, metric):
         m = cell["metrics"].get(metric)
         if m:
             rows.append(
@@ -147,7 +168,9 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
     prim = cfg["primary"]
     defs = scores.get("metric_definitions", {})
     binary = bool(defs.get(prim, {}).get("binary"))
-    out: list[Section] = []
+    from perturb.report.glance import glance_section
+
+    out: list[Section] = [glance_section(scores)]
     s = Section("Summary", "summary")
     c = scores["counts"]
     s.paragraphs.append(
@@ -161,11 +184,14 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
         f"pairs {c['pairs']}; dropped while reading {c['dropped_while_reading']}, while pairing "
         f"{c['dropped_while_pairing']}; label-risk pairs {c['at_risk_pairs']} "
         + (
-            "(included in the headline)."
+            "(included in the headline; the label-safe pooled row shows them left out)."
             if cfg["include_at_risk"]
-            else "(reported separately, left out of the headline)."
+            else "(reported separately, left out of the headline; the all-pairs pooled row "
+            "shows them included)."
         )
     )
+    if cfg.get("primary_reason"):
+        s.paragraphs.append(f"Why {prim}: {cfg['primary_reason']}.")
     for p in scores.get("problems", []):
         s.paragraphs.append(f"Problem: {p}")
     for p in scores.get("notes", []):
@@ -207,8 +233,8 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
         metrics = cfg["metrics"]
         rows = []
         for name, cell in [
-            (ALL, model.get("overall")),
-            *sorted((model.get("by_perturbation") or {}).items()),
+            *pooled_cells(model),
+            *by_gap(model.get("by_perturbation"), prim),
         ]:
             if cell:
                 rows.append(
@@ -223,14 +249,20 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
                 caption="Delta of every metric (pp)",
             )
         )
-        sec.plots.append(f"delta_bars:{mname}")
+        if mi > 0:  # the first model's bars are on the first screen
+            sec.plots.append(f"delta_bars:{mname}")
         out.append(sec)
 
         sev = Section(f"Perturbation x severity: {mname}", f"severity-{mi}", level=3)
         bps = model.get("by_perturbation_severity") or {}
         all_sev = sorted({int(k) for d in bps.values() for k in d}, key=int)
         rows = []
-        for p, d in sorted(bps.items()):
+        order = [p for p, _ in by_gap(model.get("by_perturbation"), prim)]
+        order += [p for p in sorted(bps) if p not in order]
+        for p in order:
+            if p not in bps:
+                continue
+            d = bps[p]
             rows.append(
                 [p]
                 + [
@@ -289,7 +321,7 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
                 f"(k = {wk['k']['min']}..{wk['k']['max']}); for binary metrics this is consensus: all k correct."
             )
             rows = []
-            for p, cell in sorted(wk["by_perturbation"].items()):
+            for p, cell in by_gap(wk["by_perturbation"], prim):
                 m = cell["metrics"].get(prim)
                 if m:
                     rows.append(
@@ -401,6 +433,10 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
             out.append(e)
         flips = model.get("flips") or []
         f = Section(f"Largest correct -> wrong flips: {mname}", f"flips-{mi}", level=3)
+        f.paragraphs.append(
+            "Chosen across perturbations: each perturbation in turn (largest mean drop first) "
+            "gives its largest remaining drop, one image per perturbation and turn."
+        )
         f.flip_header = [
             "perturbation",
             "severity",
@@ -449,6 +485,41 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
     else:
         e.paragraphs.append(f"Not computed: {er.get('reason', 'n/a')}.")
     out.append(e)
+    cov = scores.get("coverage")
+    if cov:
+        cs = Section("Coverage of the manifest", "coverage")
+        cs.paragraphs.append(
+            f"Manifest outputs with / without scored predictions ({cov['outputs']} outputs); "
+            "a share under 90% is a warning at the top."
+        )
+        for mname, cm in sorted(cov["models"].items()):
+            rows = [
+                [
+                    k,
+                    str(v["with"]),
+                    str(v["without"]),
+                    pct(v["with"] / max(v["with"] + v["without"], 1)),
+                ]
+                for k, v in cm["by_perturbation_severity"].items()
+            ]
+            rows.insert(
+                0,
+                [
+                    "(all)",
+                    str(cm["with_predictions"]),
+                    str(cm["without_predictions"]),
+                    pct(cm["share"]),
+                ],
+            )
+            cs.tables.append(
+                Table(
+                    ["perturbation/severity", "with predictions", "without", "covered %"],
+                    rows,
+                    id=f"coverage-{mname}",
+                    caption=f"Coverage: {mname}",
+                )
+            )
+        out.append(cs)
     d = Section("Pairing details", "pairing")
     rows = []
     for mname, p in sorted(scores.get("pairing", {}).items()):

@@ -543,6 +543,7 @@ def score_runs(
         "reading": read_reports,
         "pairing": {m: p.to_dict() for m, p in pair_reports.items()},
         "counts": counts,
+        "tested": _tested(paired, man, coverage),
         "headline": decision,
         "coverage": coverage,
         "dataset": ds_join,
@@ -559,6 +560,30 @@ def score_runs(
 
 
 _SHORT_ANSWER = re.compile(r"^\s*(?:[(\[]?[A-Ja-j][)\].:]?|yes|no)\W*$", re.IGNORECASE)
+
+
+def _tested(
+    paired: Mapping[str, pd.DataFrame], man: Manifest | None, coverage: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What was tested, for the report's first screen."""
+    ids: set[Any] = set()
+    perts: set[Any] = set()
+    for p in paired.values():
+        ids.update(p["img_id"].tolist())
+        perts.update(p["perturbation"].tolist())
+    suites: list[str] = []
+    if man is not None and "suite" in man.table.columns:
+        suites = sorted({str(s) for s in man.table["suite"].dropna().unique()})
+    share = None
+    if coverage is not None and coverage["models"]:
+        share = min(m["share"] for m in coverage["models"].values())
+    return {
+        "models": sorted(paired),
+        "suites": suites,
+        "images": len(ids),
+        "perturbations": len(perts),
+        "coverage": share,
+    }
 
 
 def _all_binary(v: np.ndarray) -> bool:
