@@ -162,6 +162,66 @@ def _breakdown_section(
     return section
 
 
+def _calibration_section(cal: Mapping[str, Any], mname: str, mi: int) -> Section:
+    """ECE and overconfidence, clean vs perturbed, per perturbation and severity."""
+    sec = Section(f"Calibration under perturbation: {mname}", f"calibration-{mi}", level=3)
+    sec.paragraphs.append(
+        f"Confidence vs correctness ({cal['metric']}) on the headline pairs: ECE with "
+        f"{cal['bins']} equal-width bins and overconfidence (mean confidence - accuracy), in "
+        "percent; shifts are perturbed - clean with paired cluster-bootstrap CIs. A positive "
+        "shift: the model stays confident while it gets worse."
+    )
+    ops = sorted(
+        (cal.get("by_perturbation") or {}).items(),
+        key=lambda kv: (-kv[1]["delta_ece"]["estimate"], kv[0]),
+    )
+    items = [(ALL, cal["overall"]), *ops]
+    rows = [
+        [
+            str(k),
+            str(c["n_pairs"]),
+            pct(c["clean"]["ece"]),
+            pct(c["perturbed"]["ece"]),
+            est(c["delta_ece"], signed=True),
+            pct(c["clean"]["overconfidence"], signed=True),
+            pct(c["perturbed"]["overconfidence"], signed=True),
+            est(c["delta_overconfidence"], signed=True),
+        ]
+        for k, c in items
+    ]
+    sec.tables.append(
+        Table(
+            [
+                "perturbation",
+                "n",
+                "ECE clean",
+                "ECE perturbed",
+                "ECE shift (pp)",
+                "overconf. clean",
+                "overconf. perturbed",
+                "overconf. shift (pp)",
+            ],
+            rows,
+            id=f"calibration-table-{mi}",
+        )
+    )
+    bps = cal.get("by_perturbation_severity") or {}
+    sevs = sorted({int(x) for d in bps.values() for x in d})
+    if sevs:
+        sec.tables.append(
+            Table(
+                ["perturbation"] + [f"s{x}" for x in sevs],
+                [
+                    [p] + [est(d.get(str(x), {}).get("delta_ece"), signed=True) for x in sevs]
+                    for p, d in ((k, bps[k]) for k, _ in items[1:] if k in bps)
+                ],
+                id=f"calibration-severity-{mi}",
+                caption="ECE shift (pp) by severity",
+            )
+        )
+    return sec
+
+
 def build_sections(scores: Mapping[str, Any]) -> list[Section]:
     """All report sections for a scores.json dict."""
     cfg = scores["config"]
@@ -431,6 +491,9 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
                 )
             )
             out.append(e)
+        cal = model.get("calibration")
+        if cal:
+            out.append(_calibration_section(cal, mname, mi))
         flips = model.get("flips") or []
         f = Section(f"Largest correct -> wrong flips: {mname}", f"flips-{mi}", level=3)
         f.paragraphs.append(

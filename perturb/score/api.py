@@ -471,6 +471,7 @@ def score_runs(
         max_flips=max_flips,
         extra_binary=extra_binary,
     )
+    _add_calibration(sections, mdata, prim, extra_binary, include, bootstrap, seed, level)
     problems = list(read_problems)
     for mname, prep in pair_reports.items():
         if prep.dropped:
@@ -560,6 +561,42 @@ def score_runs(
 
 
 _SHORT_ANSWER = re.compile(r"^\s*(?:[(\[]?[A-Ja-j][)\].:]?|yes|no)\W*$", re.IGNORECASE)
+
+
+def _add_calibration(
+    sections: dict[str, Any],
+    mdata: Sequence[ModelData],
+    prim: str,
+    extra_binary: Sequence[str],
+    include: bool,
+    bootstrap: int,
+    seed: int,
+    level: float,
+) -> None:
+    """Each model's ``calibration`` section when its predictions carry confidences.
+
+    Correctness is the primary metric when it is 0/1, else the first 0/1 metric scored
+    (tolerant exact match, exact match, yes/no, MCQ)."""
+    from perturb.score.calibration import calibration_cells
+
+    for md in mdata:
+        pairs = md.pairs
+        if not (
+            np.isfinite(pairs["conf_clean"].to_numpy(dtype=np.float64)).any()
+            and np.isfinite(pairs["conf_pert"].to_numpy(dtype=np.float64)).any()
+        ):
+            continue
+        choices = [prim] if (METRICS[prim].binary or prim in extra_binary) else []
+        choices += ["exact_match_tolerant", "exact_match", "yesno", "mcq"]
+        metric = next((m for m in choices if m in md.mc), None)
+        if metric is None:
+            continue
+        head = np.ones(len(pairs), dtype=bool) if include else ~pairs["at_risk"].to_numpy(bool)
+        cal = calibration_cells(
+            pairs, md.mc[metric], md.mp[metric], head, metric, bootstrap, seed, level
+        )
+        if cal is not None:
+            sections["models"][md.name]["calibration"] = cal
 
 
 def _tested(

@@ -348,6 +348,8 @@ def pair_model(
             "image_pert": pert["image_path"].to_numpy(dtype=object),
             "manifest_row": pert["manifest_row"].to_numpy(np.int64),
             "clean_row": crow,
+            "conf_clean": _floats(clean, "confidence")[crow],
+            "conf_pert": _floats(pert, "confidence"),
         }
     )
     _add_risk(pairs, manifest, risk_tags, risk_map, report)
@@ -442,6 +444,13 @@ def _add_risk(
         report.notes.append(
             f"{no_class} pairs have no question_class: label risk cannot be checked"
         )
+
+
+def _floats(df: pd.DataFrame, col: str) -> np.ndarray:
+    """Float column ``col`` of ``df`` (NaN when the column is absent)."""
+    if col not in df.columns:
+        return np.full(len(df), np.nan)
+    return pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
 
 
 def _manifest_hint(manifest: Manifest | None, pert: pd.DataFrame) -> str:

@@ -90,6 +90,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "options": ("options", "choices"),
     "judge": ("eval_json",),
     "model": ("model",),
+    "confidence": ("confidence", "logprobs"),
 }
 REQUIRED_HELP = {
     "prediction": "the model's answer",
@@ -114,6 +115,7 @@ CANONICAL = [
     "judge",
     "model",
     "ref_boxes",
+    "confidence",
     "_loc",
     "_id_from_path",
 ]
@@ -882,6 +884,11 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
         if no_judge:
             rep.notes.append(f"{no_judge} rows without usable eval_json scores (judge metric n/a)")
 
+    confidence = np.full(n, np.nan)
+    if cols["confidence"]:
+        from perturb.score.calibration import confidence_column
+
+        confidence = confidence_column(col("confidence"), rep.source, locs)
     keep = ~drop
     qk = map_unique(question, lambda q: question_key(q) if q is not None else None)
     if cols["question_id"]:
@@ -905,6 +912,7 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
             "judge": judge[keep],
             "model": mdl[keep],
             "ref_boxes": ref_boxes[keep],
+            "confidence": confidence[keep],
             "_loc": locs[keep],
             "_id_from_path": no_id[keep],
         }

@@ -302,3 +302,53 @@ def test_dataset_join_gives_complexity_and_class_breakdowns_and_clean_images(
     flips = model["flips"]
     assert flips and all(f["image_clean"] for f in flips)
     assert Path(flips[0]["image_clean"]).parent == out / "flip_images"
+
+
+def _ece(conf: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
+    """Reference ECE, written out per bin (Guo et al. 2017)."""
+    total = 0.0
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        m = (conf >= lo) & ((conf < hi) if b < bins - 1 else (conf <= hi))
+        if m.any():
+            total += m.sum() / len(conf) * abs(y[m].mean() - conf[m].mean())
+    return total
+
+
+def test_calibration_under_perturbation_from_confidence_and_logprobs(tmp_path: Path) -> None:
+    c, p, m = make_predictions(n_images=30, questions_per_image=2, seed=7)
+    rng = np.random.default_rng(0)
+    c["confidence"] = rng.uniform(0.5, 1.0, len(c))
+    # perturbed side as ms-swift logprobs: two tokens whose probabilities multiply
+    pc = rng.uniform(0.3, 1.0, len(p))
+    p["logprobs"] = [
+        json.dumps({"content": [{"token": "a", "logprob": float(np.log(x) / 2)}] * 2}) for x in pc
+    ]
+    r = score_runs(c, p, manifest=m, bootstrap=200, out_dir=tmp_path)
+    model = r.scores["models"]["model"]
+    cal = model["calibration"]
+    pairs = r.pairs["model"]
+    metric = cal["metric"]
+    head = ~pairs["at_risk"].to_numpy(bool)
+    yc = pairs[f"{metric}_clean"].to_numpy()[head]
+    yp = pairs[f"{metric}_perturbed"].to_numpy()[head]
+    confc = pairs["conf_clean"].to_numpy()[head]
+    confp = pairs["conf_pert"].to_numpy()[head]
+    assert np.allclose(np.sort(pairs["conf_pert"].to_numpy()), np.sort(pc))
+    ov = cal["overall"]
+    assert ov["clean"]["ece"] == pytest.approx(_ece(confc, yc), abs=1e-9)
+    assert ov["perturbed"]["ece"] == pytest.approx(_ece(confp, yp), abs=1e-9)
+    assert ov["perturbed"]["overconfidence"] == pytest.approx(confp.mean() - yp.mean())
+    d = ov["delta_ece"]
+    assert d["estimate"] == pytest.approx(_ece(confp, yp) - _ece(confc, yc))
+    assert d["ci"][0] <= d["estimate"] <= d["ci"][1]
+    assert set(cal["by_perturbation_severity"]["gaussian_blur"]) == {"1", "2", "3", "4", "5"}
+    assert "Calibration under perturbation: model" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, '{"content": [{"logprob": 0.5}]}'])
+def test_bad_confidence_is_an_error_naming_the_row(bad: object) -> None:
+    clean, pert = _free_text_rows(3)
+    pert[1]["confidence"] = bad
+    with pytest.raises(InputError, match=r"row 2: confidence/logprobs"):
+        score_runs(clean, pert, bootstrap=0, write_report=False)
