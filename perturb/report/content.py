@@ -104,6 +104,12 @@ def pooled_cells(model: Mapping[str, Any]) -> list[tuple[str, Any]]:
     ]
 
 
+def _ausc_key(curve: Mapping[str, Any], metric: str) -> float:
+    d = (curve.get(metric) or {}).get("delta_ausc") or {}
+    v = d.get("estimate")
+    return float(v) if v is not None else float("inf")
+
+
 def headline_rows(model: Mapping[str, Any], metric: str, binary: bool) -> list[list[str]]:
     """Headline rows (pooled first, then each perturbation by gap) for ``metric``."""
     rows = []
@@ -342,7 +348,7 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
         )
         curves = model.get("severity_curves") or {}
         crow = []
-        for p, cm in sorted(curves.items()):
+        for p, cm in sorted(curves.items(), key=lambda kv: (_ausc_key(kv[1], prim), kv[0])):
             cc = cm.get(prim)
             if cc:
                 crow.append(
@@ -498,7 +504,7 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
         f = Section(f"Largest correct -> wrong flips: {mname}", f"flips-{mi}", level=3)
         f.paragraphs.append(
             "Chosen across perturbations: each perturbation in turn (largest mean drop first) "
-            "gives its largest remaining drop, one image per perturbation and turn."
+            "gives its largest remaining drop, on an image not shown yet where it has one."
         )
         f.flip_header = [
             "perturbation",

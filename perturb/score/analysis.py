@@ -594,8 +594,9 @@ def _flips(
     """The largest drops of ``primary`` among the headline pairs, chosen across perturbations.
 
     Perturbations take turns (the one with the most negative mean delta first), each giving its
-    largest remaining drop, so a run where every flip is 100 -> 0 still shows every op's worst
-    case rather than the first ops in alphabetical order.
+    largest remaining drop on an image not shown yet where it has one, so a run where every flip
+    is 100 -> 0 still shows every op's worst case on varied images rather than the first ops in
+    alphabetical order.
     """
     pairs = md.pairs
     c = md.mc[primary]
@@ -627,13 +628,25 @@ def _flips(
             "q": pairs["question"].to_numpy(dtype=object)[cand],
         }
     ).sort_values(["d", "d2", "s", "p", "img", "q", "v"], kind="stable")
-    # one image per op and turn: the same image under one op repeats less
+    # one image per op (the same image under one op would repeat), then ops take turns, each
+    # preferring an image not shown yet
     df = df.drop_duplicates(["p", "img"], keep="first")
-    df["turn"] = df.groupby("p", sort=False).cumcount()
-    df["gap"] = df["p"].map(op_gap).astype(np.float64)
-    df = df.sort_values(["turn", "gap", "p"], kind="stable")
+    queues = {op: list(g["i"]) for op, g in df.groupby("p", sort=False)}
+    img_of = dict(zip(df["i"], df["img"], strict=True))
+    order = sorted(queues, key=lambda op: (float(op_gap.get(op, 0.0)), str(op)))
+    chosen: list[int] = []
+    shown: set[Any] = set()
+    while len(chosen) < max_flips and any(queues.values()):
+        for op in order:
+            q = queues[op]
+            if not q or len(chosen) >= max_flips:
+                continue
+            k = next((j for j, i in enumerate(q) if img_of[i] not in shown), 0)
+            i = q.pop(k)
+            chosen.append(i)
+            shown.add(img_of[i])
     out = []
-    for i in df["i"].to_numpy()[:max_flips]:
+    for i in chosen:
         row = pairs.iloc[int(i)]
         img_c, img_p = md.images(int(i)) if md.images is not None else (None, None)
         out.append(

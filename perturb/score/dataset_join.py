@@ -33,7 +33,7 @@ class DatasetInfo:
     def image_bytes(self, img_id: str) -> tuple[bytes, str] | None:
         """Encoded bytes of the dataset image of ``img_id`` and a file suffix, or None."""
         row = self.image_rows.get(str(img_id))
-        if row is None:
+        if row is None or not self._input.image_column:
             return None
         cell = self._input._cell(row)
         data: bytes | None = None
@@ -64,14 +64,16 @@ def load_dataset_info(source: str, split: str | None = None) -> DatasetInfo:
     try:
         inp = open_input(source, split)
     except DatasetError as exc:
-        raise InputError(f"--dataset {exc}") from None
+        if "no image column" not in str(exc):
+            raise InputError(f"--dataset {exc}") from None
+        inp = _without_images(source, split)  # the join needs no images; thumbnails then none
     cols = inp.columns
     if "question" not in cols:
         raise InputError(
             f"--dataset {source}: no 'question' column (columns: {', '.join(cols)}); the join "
             "needs img_id and question"
         )
-    ids = inp.row_ids()
+    ids = inp.row_ids() if inp.image_column else _ids(inp)
     ds = inp.ds
     questions = list(ds["question"])
     comp = list(ds["complexity"]) if "complexity" in cols else [None] * len(ids)
@@ -93,6 +95,25 @@ def load_dataset_info(source: str, split: str | None = None) -> DatasetInfo:
             image_rows[iid] = i
     df = df.dropna(subset=["img_id", "qkey"]).drop_duplicates(["img_id", "qkey"], keep="first")
     return DatasetInfo(inp.source, df.set_index(["img_id", "qkey"]), image_rows, inp)
+
+
+def _without_images(source: str, split: str | None) -> Any:
+    """An ``InputDataset`` over a dataset without an image column (the join needs none)."""
+    from perturb.io.datasets import DatasetError, InputDataset, _load, _quiet
+
+    try:
+        with _quiet():
+            ds, label, fingerprint, base_dir = _load(source, split, None)
+    except DatasetError as exc:
+        raise InputError(f"--dataset {exc}") from None
+    ids = "img_id" if "img_id" in ds.column_names else None
+    return InputDataset(ds, "", ids, label, fingerprint, base_dir)
+
+
+def _ids(inp: Any) -> list[str | None]:
+    if inp.id_column is None:
+        raise InputError(f"--dataset {inp.source}: no img_id column and no images to derive it")
+    return [None if v is None or str(v) == "" else str(v) for v in inp.ds[inp.id_column]]
 
 
 def _classes(v: Any) -> tuple[str, ...]:

@@ -352,3 +352,25 @@ def test_bad_confidence_is_an_error_naming_the_row(bad: object) -> None:
     pert[1]["confidence"] = bad
     with pytest.raises(InputError, match=r"row 2: confidence/logprobs"):
         score_runs(clean, pert, bootstrap=0, write_report=False)
+
+
+def test_flips_are_chosen_across_ops_by_gap_on_varied_images() -> None:
+    ops = {"zeta_op": 0.9, "alpha_op": 0.1, "mid_op": 0.5, "beta_op": 0.3}
+    c, p, m = make_predictions(
+        n_images=40,
+        questions_per_image=2,
+        perturbations=ops,
+        seed=1,
+        risk_tags={k: [] for k in ops},
+    )
+    r = score_runs(c, p, manifest=m, bootstrap=0, write_report=False, max_flips=8)
+    model = r.scores["models"]["model"]
+    prim = r.scores["config"]["primary"]
+    flips = model["flips"]
+    first = [f["perturbation"] for f in flips[:4]]
+    by_gap = sorted(
+        ops, key=lambda o: model["by_perturbation"][o]["metrics"][prim]["delta"]["estimate"]
+    )
+    assert first == by_gap  # every op once, largest mean drop first (not alphabetical)
+    assert len({f["img_id"] for f in flips}) == len(flips)  # no image shown twice
+    assert all(f["clean"] > f["perturbed"] for f in flips)
