@@ -134,7 +134,7 @@ def glance_section(scores: Mapping[str, Any]) -> Section:
     s.paragraphs.append(
         f"Tested: {', '.join(t.get('models', []))}; suite {', '.join(t.get('suites') or ['-'])}; "
         f"{t.get('images', '-')} images, {scores['counts']['pairs']} pairs over "
-        f"{t.get('perturbations', '-')} perturbations{cov_txt}."
+        f"{t.get('perturbations', '-')} perturbation(s){cov_txt}."
     )
     uses = "all pairs" if head.get("uses") == "all_pairs" else "label-safe pairs"
     s.paragraphs.append(
@@ -143,7 +143,11 @@ def glance_section(scores: Mapping[str, Any]) -> Section:
     )
     for name, model in sorted(scores["models"].items()):
         lead = f"{name}: " if len(scores["models"]) > 1 else ""
-        s.paragraphs.append("Takeaway: " + lead + takeaway(model, prim))
+        line = takeaway(model, prim)
+        safe = ((model.get("overall_label_safe") or {}).get("metrics") or {}).get(prim)
+        if head.get("uses") == "all_pairs" and safe:
+            line += f" Label-safe pairs only: {est(safe['delta'], signed=True)} pp overall."
+        s.paragraphs.append("Takeaway: " + lead + line)
     for w in scores.get("warnings", []):
         s.paragraphs.append(f"Warning: {w}")
     sw = sample_warning(scores)

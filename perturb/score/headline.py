@@ -54,8 +54,8 @@ def choose_headline(pairs: Iterable[pd.DataFrame], include_at_risk: bool | None)
     warning = None
     if at_risk and use_all:
         why = (
-            f"only {safe} label-safe pairs (fewer than {MIN_SAFE_PAIRS} or "
-            f"{MIN_SAFE_SHARE:.0%} of all)"
+            f"only {safe} label-safe pairs ({safe / n:.0%} of all; a label-safe headline needs "
+            f"at least {MIN_SAFE_PAIRS} and {MIN_SAFE_SHARE:.0%})"
             if how == "auto"
             else "--include-at-risk"
         )
