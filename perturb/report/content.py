@@ -258,6 +258,10 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
     )
     if cfg.get("primary_reason"):
         s.paragraphs.append(f"Why {prim}: {cfg['primary_reason']}.")
+    if scores.get("rouge_upstream"):
+        from perturb.score.upstream_rouge import describe
+
+        s.paragraphs.append(describe(scores["rouge_upstream"]))
     for p in scores.get("problems", []):
         s.paragraphs.append(f"Problem: {p}")
     for p in scores.get("notes", []):

@@ -231,6 +231,7 @@ def score_runs(
     timestamp: str | None = None,
     dataset: str | Path | None = None,
     dataset_split: str | None = None,
+    rouge_upstream: bool = False,
 ) -> ScoreResult:
     """Score clean vs perturbed predictions of one or more models.
 
@@ -263,6 +264,8 @@ def score_runs(
             missing ``complexity`` / ``question_class`` by (img_id, question) and gives the clean
             images of the flip gallery (:mod:`perturb.score.dataset_join`).
         dataset_split: split of ``dataset`` (default: as ``perturb generate``).
+        rouge_upstream: also report ROUGE as upstream does (median of 1000 bootstrap means,
+            :mod:`perturb.score.upstream_rouge`) next to the exact means.
     """
     if bootstrap < 0:
         raise InputError("--bootstrap must be >= 0")
@@ -472,6 +475,10 @@ def score_runs(
         extra_binary=extra_binary,
     )
     _add_calibration(sections, mdata, prim, extra_binary, include, bootstrap, seed, level)
+    if rouge_upstream:
+        from perturb.score.upstream_rouge import upstream_rouge
+
+        sections["rouge_upstream"] = upstream_rouge(mdata, used_item, seed)
     problems = list(read_problems)
     for mname, prep in pair_reports.items():
         if prep.dropped:

@@ -71,6 +71,7 @@ def run_score(
     max_flips: int,
     dataset: str | None = None,
     dataset_split: str | None = None,
+    rouge_upstream: bool = False,
 ) -> int:
     """Run the scorer for CLI arguments; returns the exit code (0 ok, 1 problems, 2 input error)."""
     from perturb.score.errors import InputError
@@ -93,6 +94,7 @@ def run_score(
             max_flips=max_flips,
             dataset=dataset,
             dataset_split=dataset_split,
+            rouge_upstream=rouge_upstream,
         )
     except InputError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -186,6 +188,13 @@ def register(app: typer.Typer) -> None:
         dataset_split: Annotated[
             str | None, typer.Option("--dataset-split", help="split of --dataset")
         ] = None,
+        rouge_upstream: Annotated[
+            bool,
+            typer.Option(
+                "--rouge-upstream",
+                help="also report ROUGE as upstream does (median of 1000 bootstrap means)",
+            ),
+        ] = False,
     ) -> None:
         """Score clean vs perturbed predictions: paired gaps with CIs, report.md and report.html.
 
@@ -205,6 +214,7 @@ def register(app: typer.Typer) -> None:
             max_flips,
             dataset,
             dataset_split,
+            rouge_upstream,
         )
         sys.stdout.flush()
         raise typer.Exit(code)

@@ -374,3 +374,22 @@ def test_flips_are_chosen_across_ops_by_gap_on_varied_images() -> None:
     assert first == by_gap  # every op once, largest mean drop first (not alphabetical)
     assert len({f["img_id"] for f in flips}) == len(flips)  # no image shown twice
     assert all(f["clean"] > f["perturbed"] for f in flips)
+
+
+def test_rouge_upstream_is_rouge_score_bootstrap_mid() -> None:
+    from rouge_score import rouge_scorer, scoring
+
+    clean, pert = _free_text_rows(10)
+    r = score_runs(clean, pert, bootstrap=0, write_report=False, rouge_upstream=True, seed=3)
+    got = r.scores["rouge_upstream"]["model"]["rougeL"]
+    sc = rouge_scorer.RougeScorer(["rougeL"])
+    agg = scoring.BootstrapAggregator()
+    for c, p in zip(clean, pert, strict=True):
+        agg.add_scores(sc.score(c["answer"], p["prediction"]))
+    np.random.seed(3)
+    want = agg.aggregate()["rougeL"].mid.fmeasure
+    assert got["perturbed"]["upstream_mid"] == pytest.approx(want, rel=1e-9)
+    exact = r.scores["models"]["model"]["overall"]["metrics"]["rougeL"]["perturbed"]["estimate"]
+    assert got["perturbed"]["mean"] == pytest.approx(exact, rel=1e-5)
+    again = score_runs(clean, pert, bootstrap=0, write_report=False, rouge_upstream=True, seed=3)
+    assert again.scores["rouge_upstream"] == r.scores["rouge_upstream"]  # seeded: reruns agree
