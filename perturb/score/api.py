@@ -362,7 +362,8 @@ def score_runs(
         paired[mname] = pairs
         pair_reports[mname] = prep
 
-    if metrics is None and all(_free_text(p) for p in paired.values()):
+    default_set = metrics is None or [str(m).strip() for m in metrics] == ["default"]
+    if default_set and all(_free_text(p) for p in paired.values()):
         # as upstream: BLEU, chrF and METEOR with ROUGE on free-text answers
         requested += [m for m in FREE_TEXT_METRICS if m not in requested]
     # per-pair metrics

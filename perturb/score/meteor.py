@@ -63,6 +63,26 @@ def tokens(text: str) -> list[str]:
     return list(word_tokenize(text, preserve_line=True))
 
 
+class _CachedStemmer:
+    """A stemmer whose ``stem`` is memoised (nltk's METEOR stems every word of every pair)."""
+
+    def __init__(self, stemmer: Any) -> None:
+        self._stem = lru_cache(maxsize=1 << 16)(stemmer.stem)
+
+    def stem(self, word: str) -> str:
+        return str(self._stem(word))
+
+
+class _CachedWordNet:
+    """The WordNet reader with ``synsets(word)`` memoised (same synsets, looked up once)."""
+
+    def __init__(self, reader: Any) -> None:
+        self._synsets = lru_cache(maxsize=1 << 16)(lambda w: tuple(reader.synsets(w)))
+
+    def synsets(self, word: str) -> list[Any]:
+        return list(self._synsets(word))
+
+
 def meteor_scores(pred: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """Per-row METEOR of ``pred[i]`` vs ``ref[i]`` (NaN where the reference is missing).
 
@@ -74,8 +94,8 @@ def meteor_scores(pred: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
     n = len(pred)
     out = np.full(n, np.nan)
-    wn = None
-    stemmer = PorterStemmer()
+    wn: _CachedWordNet | None = None
+    stemmer = _CachedStemmer(PorterStemmer())
     cache: dict[tuple[str, str], float] = {}
     tok: dict[str, list[str]] = {}
     for i in range(n):
@@ -87,7 +107,7 @@ def meteor_scores(pred: np.ndarray, ref: np.ndarray) -> np.ndarray:
         v = cache.get(key)
         if v is None:
             if wn is None:
-                wn = wordnet()
+                wn = _CachedWordNet(wordnet())
             tp = tok.get(p)
             if tp is None:
                 tp = tok[p] = tokens(p)
