@@ -31,6 +31,7 @@ from perturb.score.manifest import Manifest, load_manifest
 from perturb.score.metrics import (
     FREE_TEXT_METRICS,
     METRICS,
+    PRECOMPUTED_METRICS,
     compute_item_metrics,
     corpus_stats,
     judge_class_scores,
@@ -366,6 +367,16 @@ def score_runs(
     if default_set and all(_free_text(p) for p in paired.values()):
         # as upstream: BLEU, chrF and METEOR with ROUGE on free-text answers
         requested += [m for m in FREE_TEXT_METRICS if m not in requested]
+    if default_set:
+        requested += [
+            m
+            for m in PRECOMPUTED_METRICS
+            if m not in requested
+            and any(
+                np.isfinite(p[f"{m}_given_clean"].to_numpy(np.float64)).any()
+                for p in paired.values()
+            )
+        ]
     # per-pair metrics
     item_req = [m for m in requested if METRICS[m].kind == "item"]
     corpus_req = [m for m in requested if METRICS[m].kind == "corpus"]
@@ -406,6 +417,10 @@ def score_runs(
             unparsed[mname] = _unparsed_summary(pairs, vals.pop("_mcq_unparsed"), first, k)
         mc = {m: v[:k][inv] for m, v in vals.items()}
         mp = {m: v[k:] for m, v in vals.items()}
+        for m in PRECOMPUTED_METRICS:
+            if m in item_req:  # given per item in the files, not computed
+                mc[m] = pairs[f"{m}_given_clean"].to_numpy(np.float64)
+                mp[m] = pairs[f"{m}_given_pert"].to_numpy(np.float64)
         sc: dict[str, np.ndarray] = {}
         sp: dict[str, np.ndarray] = {}
         for m in corpus_req:

@@ -31,6 +31,9 @@ Definitions follow the Kvasir-VQA-x1 evaluation (``evaluation/compute_metrics.py
 * ``box_miou``: best one-to-one match (Hungarian, maximal summed IoU) between predicted and
   reference boxes, summed IoU / max(#predicted, #reference): missed and extra boxes both count.
 * ``box_hit50``: fraction of reference boxes whose matched prediction has IoU >= 0.5.
+* ``bleurt`` / ``bertscore``: not computed (they need model weights); per-item values given in
+  the prediction files' ``bleurt`` / ``bertscore`` (or ``bertscore_f1``) columns are compared
+  like any other item metric.
 * ``judge``: LLM-judge aspect scores (``eval_json``); per row the mean over the row's
   question classes that were scored; per class the aspect score itself (upstream's aggregation).
 
@@ -99,6 +102,10 @@ METRICS: dict[str, MetricSpec] = {
             "answer_f1", "item", False, "token F1 without <loc_...> tags (grounded answers)"
         ),
         MetricSpec("judge", "item", False, "LLM-judge aspect score (eval_json)"),
+        MetricSpec("bleurt", "item", False, "BLEURT, precomputed per item (column 'bleurt')"),
+        MetricSpec(
+            "bertscore", "item", False, "BERTScore F1, precomputed per item (column 'bertscore')"
+        ),
         MetricSpec("bleu", "corpus", False, "corpus BLEU (sacrebleu 13a, no smoothing) / 100", 10),
         MetricSpec("chrf", "corpus", False, "corpus chrF (sacrebleu, char 6, word 0) / 100", 18),
         MetricSpec(
@@ -121,6 +128,9 @@ DEFAULT_METRICS = (
     "answer_f1",
     "judge",
 )
+# model-based metrics perturb does not compute (they need model weights): per-item values read
+# from the prediction files' columns of these names, added to the default set when present
+PRECOMPUTED_METRICS = ("bleurt", "bertscore")
 # corpus and slower text metrics added to the default set when the answers are free text
 FREE_TEXT_METRICS = ("meteor", "bleu", "chrf")
 PRESETS: dict[str, tuple[str, ...]] = {

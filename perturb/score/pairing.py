@@ -350,6 +350,10 @@ def pair_model(
             "clean_row": crow,
             "conf_clean": _floats(clean, "confidence")[crow],
             "conf_pert": _floats(pert, "confidence"),
+            "bleurt_given_clean": _floats(clean, "bleurt")[crow],
+            "bleurt_given_pert": _floats(pert, "bleurt"),
+            "bertscore_given_clean": _floats(clean, "bertscore")[crow],
+            "bertscore_given_pert": _floats(pert, "bertscore"),
         }
     )
     _add_risk(pairs, manifest, risk_tags, risk_map, report)

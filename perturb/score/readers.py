@@ -91,6 +91,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "judge": ("eval_json",),
     "model": ("model",),
     "confidence": ("confidence", "logprobs"),
+    "bleurt": ("bleurt",),
+    "bertscore": ("bertscore", "bertscore_f1", "bert_score"),
 }
 REQUIRED_HELP = {
     "prediction": "the model's answer",
@@ -116,6 +118,8 @@ CANONICAL = [
     "model",
     "ref_boxes",
     "confidence",
+    "bleurt",
+    "bertscore",
     "_loc",
     "_id_from_path",
 ]
@@ -889,6 +893,16 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
         from perturb.score.calibration import confidence_column
 
         confidence = confidence_column(col("confidence"), rep.source, locs)
+    precomputed = {}
+    for name in ("bleurt", "bertscore"):
+        v = pd.to_numeric(pd.Series(col(name), dtype=object), errors="coerce")
+        bad = v.isna().to_numpy() & ~pd.isna(col(name))
+        if bad.any():
+            raise InputError(
+                f"{rep.source}: row {locs[int(np.flatnonzero(bad)[0])]}: {name} value "
+                f"{col(name)[int(np.flatnonzero(bad)[0])]!r} is not a number"
+            )
+        precomputed[name] = v.to_numpy(dtype=np.float64, na_value=np.nan)
     keep = ~drop
     qk = map_unique(question, lambda q: question_key(q) if q is not None else None)
     if cols["question_id"]:
@@ -913,6 +927,8 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
             "model": mdl[keep],
             "ref_boxes": ref_boxes[keep],
             "confidence": confidence[keep],
+            "bleurt": precomputed["bleurt"][keep],
+            "bertscore": precomputed["bertscore"][keep],
             "_loc": locs[keep],
             "_id_from_path": no_id[keep],
         }

@@ -393,3 +393,25 @@ def test_rouge_upstream_is_rouge_score_bootstrap_mid() -> None:
     assert got["perturbed"]["mean"] == pytest.approx(exact, rel=1e-5)
     again = score_runs(clean, pert, bootstrap=0, write_report=False, rouge_upstream=True, seed=3)
     assert again.scores["rouge_upstream"] == r.scores["rouge_upstream"]  # seeded: reruns agree
+
+
+def test_precomputed_bleurt_and_bertscore_columns_are_compared_per_item() -> None:
+    clean, pert = _free_text_rows(8)
+    for k, (c, p) in enumerate(zip(clean, pert, strict=True)):
+        c["bleurt"], p["bleurt"] = 0.5 + 0.05 * k, 0.4 + 0.01 * k
+        c["bertscore_f1"], p["bertscore_f1"] = "0.9", 0.8
+    r = score_runs(clean, pert, bootstrap=0, write_report=False)
+    om = r.scores["models"]["model"]["overall"]["metrics"]
+    assert om["bleurt"]["clean"]["estimate"] == pytest.approx(
+        np.mean([0.5 + 0.05 * k for k in range(8)])
+    )
+    assert om["bleurt"]["delta"]["estimate"] == pytest.approx(
+        np.mean([0.4 + 0.01 * k - 0.5 - 0.05 * k for k in range(8)])
+    )
+    assert om["bertscore"]["delta"]["estimate"] == pytest.approx(-0.1)
+    # absent columns: not in the default set
+    plain = score_runs(*_free_text_rows(8), bootstrap=0, write_report=False)
+    assert "bleurt" not in plain.scores["config"]["metrics"]
+    pert[3]["bleurt"] = "n/a"
+    with pytest.raises(InputError, match=r"row 4: bleurt value 'n/a' is not a number"):
+        score_runs(clean, pert, bootstrap=0, write_report=False)
