@@ -148,6 +148,16 @@ def glance_section(scores: Mapping[str, Any]) -> Section:
         if head.get("uses") == "all_pairs" and safe:
             line += f" Label-safe pairs only: {est(safe['delta'], signed=True)} pp overall."
         s.paragraphs.append("Takeaway: " + lead + line)
+    for name, model in sorted(scores["models"].items()):
+        cal = (model.get("calibration") or {}).get("overall")
+        if cal:
+            lead = f"{name}: " if len(scores["models"]) > 1 else ""
+            s.paragraphs.append(
+                f"Calibration: {lead}ECE {pct(cal['clean']['ece'])} clean -> "
+                f"{pct(cal['perturbed']['ece'])} perturbed (shift "
+                f"{est(cal['delta_ece'], signed=True)} pp); overconfidence shift "
+                f"{est(cal['delta_overconfidence'], signed=True)} pp."
+            )
     for w in scores.get("warnings", []):
         s.paragraphs.append(f"Warning: {w}")
     sw = sample_warning(scores)
