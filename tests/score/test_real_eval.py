@@ -345,7 +345,7 @@ def test_calibration_under_perturbation_from_confidence_and_logprobs(tmp_path: P
     assert set(cal["by_perturbation_severity"]["gaussian_blur"]) == {"1", "2", "3", "4", "5"}
     md = (tmp_path / "report.md").read_text()
     assert "Calibration under perturbation: model" in md
-    assert f"Calibration: ECE {100 * ov['clean']['ece']:.1f} clean -> " in md
+    assert f"Calibration: ECE {100 * ov['clean']['ece']:.1f} clean -&gt; " in md
 
 
 @pytest.mark.parametrize("bad", [1.5, -0.1, '{"content": [{"logprob": 0.5}]}'])
