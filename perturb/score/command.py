@@ -122,6 +122,10 @@ def _print_summary(scores: dict[str, Any]) -> None:
             widths = [max(len(r[i]) for r in rows) for i in range(len(keep))]
             for r in rows:
                 typer.echo("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    from perturb.report.glance import takeaway
+
+    for name, model in sorted(scores["models"].items()):
+        typer.echo(f"takeaway ({name}): {takeaway(model, prim)}")
 
 
 def register(app: typer.Typer) -> None:

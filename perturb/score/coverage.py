@@ -19,7 +19,11 @@ MIN_COVERAGE = 0.90
 
 
 def manifest_coverage(man: Manifest, paired: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
-    """Per model: manifest outputs with / without a scored pair, overall and per (op, severity)."""
+    """Per model: manifest outputs with / without predictions, overall and per (op, severity).
+
+    An output counts as "with predictions" when at least one of its perturbed rows was scored
+    (matched to the output and paired with a clean row).
+    """
     table = man.table
     n = len(table)
     ops = table["op"].astype(str).to_numpy()
