@@ -363,7 +363,7 @@ def score_runs(
         paired[mname] = pairs
         pair_reports[mname] = prep
 
-    default_set = metrics is None or [str(m).strip() for m in metrics] == ["default"]
+    default_set = metrics is None  # the explicit preset "default" leaves the extras out
     if default_set and all(_free_text(p) for p in paired.values()):
         # as upstream: BLEU, chrF and METEOR with ROUGE on free-text answers
         requested += [m for m in FREE_TEXT_METRICS if m not in requested]

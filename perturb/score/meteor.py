@@ -73,14 +73,52 @@ class _CachedStemmer:
         return str(self._stem(word))
 
 
+class _Name:
+    """A lemma stand-in: nltk's METEOR only calls ``name()``."""
+
+    __slots__ = ("_n",)
+
+    def __init__(self, name: str) -> None:
+        self._n = name
+
+    def name(self) -> str:
+        return self._n
+
+
+class _Synonyms:
+    """One synset stand-in holding every distinct lemma name of a word's synsets."""
+
+    __slots__ = ("_lemmas",)
+
+    def __init__(self, names: list[str]) -> None:
+        self._lemmas = [_Name(n) for n in names]
+
+    def lemmas(self) -> list[_Name]:
+        return self._lemmas
+
+
 class _CachedWordNet:
-    """The WordNet reader with ``synsets(word)`` memoised (same synsets, looked up once)."""
+    """The WordNet reader as nltk's METEOR uses it, memoised per word.
+
+    METEOR builds, per hypothesis word, the set of lemma names (without ``_``) of the word's
+    synsets. ``synsets(word)`` here returns one stand-in synset with those names, each once, so
+    the set is the same and is built from a short list (a word's synsets repeat names).
+    """
 
     def __init__(self, reader: Any) -> None:
-        self._synsets = lru_cache(maxsize=1 << 16)(lambda w: tuple(reader.synsets(w)))
+        def names(word: str) -> list[_Synonyms]:
+            seen = dict.fromkeys(
+                lemma.name()
+                for synset in reader.synsets(word)
+                for lemma in synset.lemmas()
+                if "_" not in lemma.name()
+            )
+            return [_Synonyms(list(seen))] if seen else []
 
-    def synsets(self, word: str) -> list[Any]:
-        return list(self._synsets(word))
+        self._synsets = lru_cache(maxsize=1 << 17)(names)
+
+    def synsets(self, word: str) -> list[_Synonyms]:
+        return self._synsets(word)
 
 
 def meteor_scores(pred: np.ndarray, ref: np.ndarray) -> np.ndarray:
