@@ -653,18 +653,18 @@ def _all_binary(v: np.ndarray) -> bool:
 
 
 def _free_text(pairs: pd.DataFrame) -> bool:
-    """Whether most references are free text: not MCQ (options), not a bare letter or yes/no,
-    without ``<loc_...>`` boxes."""
+    """Whether at least half of the pairs with a reference have a free-text one: no options
+    (MCQ), not a bare letter or yes/no, no ``<loc_...>`` boxes."""
     ref = pairs["reference"].to_numpy(dtype=object)
     has = ~pd.isna(ref)
     if not has.any():
         return False
-    opts = ~pd.isna(pairs["options"].to_numpy(dtype=object))
-    refs = pd.Series(ref[has & ~opts], dtype=object).drop_duplicates()
-    free = refs.map(lambda r: not _SHORT_ANSWER.match(r) and "<loc_" not in r)
-    return int(free.sum()) * 2 >= int(has.sum() if len(refs) == 0 else len(refs)) and bool(
-        len(refs)
+    codes, uniq = pd.factorize(pd.Series(ref[has], dtype=object))
+    free_u = np.fromiter(
+        (not _SHORT_ANSWER.match(r) and "<loc_" not in r for r in uniq), dtype=bool, count=len(uniq)
     )
+    no_opts = pd.isna(pairs["options"].to_numpy(dtype=object))[has]
+    return int((free_u[codes] & no_opts).sum()) * 2 >= int(has.sum())
 
 
 def _unparsed_summary(
