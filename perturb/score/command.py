@@ -65,10 +65,13 @@ def run_score(
     metrics: list[str] | None,
     primary: str | None,
     reference: str | None,
-    include_at_risk: bool,
+    include_at_risk: bool | None,
     bootstrap: int,
     seed: int,
     max_flips: int,
+    dataset: str | None = None,
+    dataset_split: str | None = None,
+    rouge_upstream: bool = False,
 ) -> int:
     """Run the scorer for CLI arguments; returns the exit code (0 ok, 1 problems, 2 input error)."""
     from perturb.score.errors import InputError
@@ -89,6 +92,9 @@ def run_score(
             bootstrap=bootstrap,
             seed=seed,
             max_flips=max_flips,
+            dataset=dataset,
+            dataset_split=dataset_split,
+            rouge_upstream=rouge_upstream,
         )
     except InputError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -96,6 +102,8 @@ def run_score(
     _print_summary(result.scores)
     for prob in result.problems:
         typer.echo(f"problem: {prob}", err=True)
+    for warn in result.scores.get("warnings", []):
+        typer.echo(f"warning: {warn}", err=True)
     for kind, path in result.files.items():
         typer.echo(f"wrote {kind}: {path}")
     return result.exit_code
@@ -114,6 +122,10 @@ def _print_summary(scores: dict[str, Any]) -> None:
             widths = [max(len(r[i]) for r in rows) for i in range(len(keep))]
             for r in rows:
                 typer.echo("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    from perturb.report.glance import takeaway
+
+    for name, model in sorted(scores["models"].items()):
+        typer.echo(f"takeaway ({name}): {takeaway(model, prim)}")
 
 
 def register(app: typer.Typer) -> None:
@@ -154,9 +166,14 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         include_at_risk: Annotated[
-            bool,
-            typer.Option("--include-at-risk", help="keep label-risk pairs in the headline gaps"),
-        ] = False,
+            bool | None,
+            typer.Option(
+                "--include-at-risk/--exclude-at-risk",
+                help="headline on all pairs / only label-safe pairs (default: label-safe when "
+                "there are enough, else all pairs with a warning)",
+                show_default=False,
+            ),
+        ] = None,
         bootstrap: Annotated[
             int, typer.Option("--bootstrap", help="bootstrap resamples B (0: no CIs)")
         ] = 1000,
@@ -164,6 +181,24 @@ def register(app: typer.Typer) -> None:
         max_flips: Annotated[
             int, typer.Option("--max-flips", help="largest flips listed per model")
         ] = 20,
+        dataset: Annotated[
+            str | None,
+            typer.Option(
+                "--dataset",
+                help="dataset the predictions come from (hub id, save_to_disk folder, parquet): "
+                "adds complexity and question classes by (img_id, question), clean thumbnails",
+            ),
+        ] = None,
+        dataset_split: Annotated[
+            str | None, typer.Option("--dataset-split", help="split of --dataset")
+        ] = None,
+        rouge_upstream: Annotated[
+            bool,
+            typer.Option(
+                "--rouge-upstream",
+                help="also report ROUGE as upstream does (median of 1000 bootstrap means)",
+            ),
+        ] = False,
     ) -> None:
         """Score clean vs perturbed predictions: paired gaps with CIs, report.md and report.html.
 
@@ -181,6 +216,9 @@ def register(app: typer.Typer) -> None:
             bootstrap,
             seed,
             max_flips,
+            dataset,
+            dataset_split,
+            rouge_upstream,
         )
         sys.stdout.flush()
         raise typer.Exit(code)

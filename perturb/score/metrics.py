@@ -15,6 +15,9 @@ Definitions follow the Kvasir-VQA-x1 evaluation (``evaluation/compute_metrics.py
   ``evaluate`` chrF default) and ``chrf++`` (word order 2), sacrebleu, as fractions (score / 100).
   Corpus metrics are computed from summed per-item sufficient statistics, which is exactly how
   sacrebleu computes a corpus score, so any subset or bootstrap resample is recomputed exactly.
+* ``meteor``: nltk's ``single_meteor_score`` (alpha 0.9, beta 3, gamma 0.5) with the WordNet 3.0
+  data shipped in the package (offline), mean over items, as upstream (see
+  :mod:`perturb.score.meteor` for the one tokenisation difference).
 * ``mcq``: letter accuracy; the reference letter is a bare letter answer or the option whose text
   matches the reference; the predicted letter comes from :func:`extract_letter`
   (:mod:`perturb.score.answers`: explicit final answers first, ``<think>`` ignored). An answer with
@@ -29,6 +32,9 @@ Definitions follow the Kvasir-VQA-x1 evaluation (``evaluation/compute_metrics.py
 * ``box_miou``: best one-to-one match (Hungarian, maximal summed IoU) between predicted and
   reference boxes, summed IoU / max(#predicted, #reference): missed and extra boxes both count.
 * ``box_hit50``: fraction of reference boxes whose matched prediction has IoU >= 0.5.
+* ``bleurt`` / ``bertscore``: not computed (they need model weights); per-item values given in
+  the prediction files' ``bleurt`` / ``bertscore`` (or ``bertscore_f1``) columns are compared
+  like any other item metric.
 * ``judge``: LLM-judge aspect scores (``eval_json``); per row the mean over the row's
   question classes that were scored; per class the aspect score itself (upstream's aggregation).
 
@@ -90,6 +96,7 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec(
             "rougeL", "item", False, "ROUGE-L F (rouge-score, no stemming), mean over items"
         ),
+        MetricSpec("meteor", "item", False, "METEOR (nltk, packaged WordNet 3.0), mean over items"),
         MetricSpec("mcq", "item", True, "multiple-choice letter accuracy"),
         MetricSpec("yesno", "item", True, "yes/no accuracy on yes/no references"),
         MetricSpec("box_iou", "item", False, "IoU of <loc_x1_y1_x2_y2> box unions"),
@@ -99,6 +106,10 @@ METRICS: dict[str, MetricSpec] = {
             "answer_f1", "item", False, "token F1 without <loc_...> tags (grounded answers)"
         ),
         MetricSpec("judge", "item", False, "LLM-judge aspect score (eval_json)"),
+        MetricSpec("bleurt", "item", False, "BLEURT, precomputed per item (column 'bleurt')"),
+        MetricSpec(
+            "bertscore", "item", False, "BERTScore F1, precomputed per item (column 'bertscore')"
+        ),
         MetricSpec("bleu", "corpus", False, "corpus BLEU (sacrebleu 13a, no smoothing) / 100", 10),
         MetricSpec("chrf", "corpus", False, "corpus chrF (sacrebleu, char 6, word 0) / 100", 18),
         MetricSpec(
@@ -121,9 +132,14 @@ DEFAULT_METRICS = (
     "answer_f1",
     "judge",
 )
+# model-based metrics perturb does not compute (they need model weights): per-item values read
+# from the prediction files' columns of these names, added to the default set when present
+PRECOMPUTED_METRICS = ("bleurt", "bertscore")
+# corpus and slower text metrics added to the default set when the answers are free text
+FREE_TEXT_METRICS = ("meteor", "bleu", "chrf")
 PRESETS: dict[str, tuple[str, ...]] = {
     "default": DEFAULT_METRICS,
-    "upstream": ("exact_match", "rouge1", "rouge2", "rougeL", "bleu", "chrf"),
+    "upstream": ("exact_match", "rouge1", "rouge2", "rougeL", "meteor", "bleu", "chrf"),
     "all": tuple(METRICS),
     # VinDr-CXR-VQA (answer text + boxes) and the MCQ sets (ReXVQA, MedThinkVQA)
     "grounded": ("answer_f1", "box_iou", "box_miou", "box_hit50", "yesno"),
@@ -397,6 +413,10 @@ def compute_item_metrics(
         out[m] = full
     if compare is not None:
         out["_answer_changed"] = ~sequences_equal(tol, codes[compare[0]], codes[compare[1]])
+    if "meteor" in wanted:
+        from perturb.score.meteor import meteor_scores
+
+        out["meteor"] = meteor_scores(pred, ref)
     if "mcq" in wanted:
         v = np.full(n, np.nan)
         opts = options if options is not None else np.full(n, None, dtype=object)

@@ -307,6 +307,7 @@ def pair_model(
             f"{int(full.duplicated().sum())} duplicate perturbed rows with the same {keyname[:-1]}, "
             f"perturbation, severity, variant): {examples(_where(pert, rows, 'perturbed'), 6)}. Each "
             "perturbed image/question must appear once per model; split repeated runs into separate models."
+            + _manifest_hint(manifest, pert)
         )
     index = pd.Index(ckey)
     crow = index.get_indexer(pkey)
@@ -442,6 +443,12 @@ def pair_model(
             "image_pert": pert["image_path"].to_numpy(dtype=object),
             "manifest_row": pert["manifest_row"].to_numpy(np.int64),
             "clean_row": crow,
+            "conf_clean": _floats(clean, "confidence")[crow],
+            "conf_pert": _floats(pert, "confidence"),
+            "bleurt_given_clean": _floats(clean, "bleurt")[crow],
+            "bleurt_given_pert": _floats(pert, "bleurt"),
+            "bertscore_given_clean": _floats(clean, "bertscore")[crow],
+            "bertscore_given_pert": _floats(pert, "bertscore"),
         }
     )
     _add_risk(pairs, manifest, risk_tags, risk_map, report)
@@ -570,6 +577,25 @@ def _add_risk(
         report.notes.append(
             f"{no_class} pairs have no question_class: label risk cannot be checked"
         )
+
+
+def _floats(df: pd.DataFrame, col: str) -> np.ndarray:
+    """Float column ``col`` of ``df`` (NaN when the column is absent)."""
+    if col not in df.columns:
+        return np.full(len(df), np.nan)
+    return pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _manifest_hint(manifest: Manifest | None, pert: pd.DataFrame) -> str:
+    """Why perturbed rows may look duplicated: no manifest to tell their perturbation apart."""
+    if manifest is not None:
+        return ""
+    ops = pert["perturbation"].nunique(dropna=True)
+    return (
+        f" No --manifest was given, so the rows' perturbation/severity come only from the files "
+        f"({ops} distinct perturbation value(s)); pass --manifest DIR/manifest.parquet (written by "
+        "`perturb generate`) so each row is matched to the output it was predicted on."
+    )
 
 
 def resolve_image(path: str | None, bases: Sequence[Path]) -> Path | None:

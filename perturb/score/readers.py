@@ -111,6 +111,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "options": ("options", "choices"),
     "judge": ("eval_json",),
     "model": ("model",),
+    "confidence": ("confidence", "logprobs"),
+    "bleurt": ("bleurt",),
+    "bertscore": ("bertscore", "bertscore_f1", "bert_score"),
 }
 REQUIRED_HELP = {
     "prediction": "the model's answer",
@@ -137,6 +140,9 @@ CANONICAL = [
     "judge",
     "model",
     "ref_boxes",
+    "confidence",
+    "bleurt",
+    "bertscore",
     "_loc",
     "_id_from_path",
 ]
@@ -523,23 +529,35 @@ def _options_dict(v: Any) -> dict[str, str] | None:
     return None
 
 
-def _judge_dict(v: Any) -> tuple[dict[str, float] | None, int]:
-    """Aspect scores from an ``eval_json`` cell; returns (scores or None, invalid-count)."""
+def _judge_dict(v: Any) -> tuple[dict[str, float] | None, list[str]]:
+    """Aspect scores from an ``eval_json`` cell: (scores or None, the invalid aspect scores).
+
+    A score is a number in [0, 1] (``"1"`` and ``true`` count as 1); a null score means "not
+    scored"; anything else (5, -1, "yes") is invalid and named in the second value.
+    """
     v = _parse_jsonish(v)
     if not isinstance(v, Mapping):
-        return None, 0
+        return None, []
     out: dict[str, float] = {}
-    bad = 0
+    bad: list[str] = []
     for aspect, item in v.items():
         score = item.get("score") if isinstance(item, Mapping) else item
-        if isinstance(score, str) and score.strip() in ("0", "1"):
-            score = int(score.strip())
+        if score is None:
+            continue
         if isinstance(score, (bool, np.bool_)):
             score = int(score)
-        if isinstance(score, (int, float, np.integer, np.floating)) and float(score) in (0.0, 1.0):
-            out[str(aspect)] = float(score)
+        x: float | None = None
+        if isinstance(score, str):
+            try:
+                x = float(score.strip())
+            except ValueError:
+                x = None
+        elif isinstance(score, (int, float, np.integer, np.floating)):
+            x = float(score)
+        if x is not None and 0.0 <= x <= 1.0:
+            out[str(aspect)] = x
         else:
-            bad += 1
+            bad.append(f"{aspect}={score!r}")
     return (out or None), bad
 
 
@@ -973,19 +991,35 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
         qclass = _radiology_classes(qclass, question, options, col, cols, dataset, rep)
     judge = obj_array([None] * n)
     if cols["judge"]:
-        bad_aspects = 0
         jl = []
-        for v in col("judge"):
+        for i, v in enumerate(col("judge")):
             d, bad = _judge_dict(v)
+            if bad:
+                raise InputError(
+                    f"{rep.source}: row {i + 1}: LLM-judge score {', '.join(bad)} in eval_json is "
+                    "not a number in [0, 1]; fix or drop that row (scores are 0/1, or a fraction)"
+                )
             jl.append(d)
-            bad_aspects += bad
         judge = obj_array(jl)
-        if bad_aspects:
-            rep.coerced["judge:invalid_aspect_scores_ignored"] += bad_aspects
         no_judge = int(sum(1 for d in jl if d is None))
         if no_judge:
             rep.notes.append(f"{no_judge} rows without usable eval_json scores (judge metric n/a)")
 
+    confidence = np.full(n, np.nan)
+    if cols["confidence"]:
+        from perturb.score.calibration import confidence_column
+
+        confidence = confidence_column(col("confidence"), rep.source, locs)
+    precomputed = {}
+    for name in ("bleurt", "bertscore"):
+        v = pd.to_numeric(pd.Series(col(name), dtype=object), errors="coerce")
+        bad = v.isna().to_numpy() & ~pd.isna(col(name))
+        if bad.any():
+            raise InputError(
+                f"{rep.source}: row {locs[int(np.flatnonzero(bad)[0])]}: {name} value "
+                f"{col(name)[int(np.flatnonzero(bad)[0])]!r} is not a number"
+            )
+        precomputed[name] = v.to_numpy(dtype=np.float64, na_value=np.nan)
     keep = ~drop
     qk = map_unique(question, lambda q: question_key(q) if q is not None else None)
     # the dataset's own question identity: question id (ReXVQA key, MedThinkVQA case), else
@@ -1025,6 +1059,9 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
             "judge": judge[keep],
             "model": mdl[keep],
             "ref_boxes": ref_boxes[keep],
+            "confidence": confidence[keep],
+            "bleurt": precomputed["bleurt"][keep],
+            "bertscore": precomputed["bertscore"][keep],
             "_loc": locs[keep],
             "_id_from_path": no_id[keep],
         }
