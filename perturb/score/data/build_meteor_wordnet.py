@@ -8,7 +8,7 @@ index file and the licence text is stored as LICENSE.
 
 Usage (source: a WordNet 3.0 ``dict`` folder, e.g. Debian's wordnet-base, /usr/share/wordnet)::
 
-    python tools/build_meteor_wordnet.py /usr/share/wordnet perturb/score/data/wordnet_meteor.zip
+    python perturb/score/data/build_meteor_wordnet.py /usr/share/wordnet perturb/score/data/wordnet_meteor.zip
 """
 
 from __future__ import annotations
