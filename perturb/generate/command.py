@@ -116,6 +116,18 @@ def generate(
             help="Ray: seconds a pass may go without a result before it is stopped and its images retried (0: no limit)."
         ),
     ] = 600.0,
+    id_from: Annotated[
+        str,
+        typer.Option(
+            help="img_id of inputs without an img_id column: stem (file name without suffix) or path (relative to the dataset folder; use when stems collide)."
+        ),
+    ] = "stem",
+    cache_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="Where `datasets` caches a file or hub input (default: DIR/.perturb/cache, nothing written outside --out)."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -151,6 +163,8 @@ def generate(
                 concurrency=concurrency,
                 max_retries=max_retries,
                 stall_timeout=stall_timeout,
+                id_from=id_from,
+                cache_dir=cache_dir,
             ),
         )
     except (SuiteError, RunError) as exc:

@@ -40,6 +40,8 @@ MANIFEST_SCHEMA = pa.schema(
         ("size_bytes", pa.int64()),
         ("device", pa.string()),
         ("record", pa.string()),
+        ("input_sha256", pa.string()),  # sha256 of the input image file the output was made from
+        ("orientation", pa.int64()),  # EXIF orientation applied when decoding it (1: none)
     ]
 )
 MANIFEST_COLUMNS = tuple(MANIFEST_SCHEMA.names)

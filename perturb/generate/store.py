@@ -91,6 +91,13 @@ class RemoteDir:
         with fs.open_output_stream(path) as fh:
             fh.write(data)
 
+    def delete(self, rel: str) -> None:
+        """Remove ``rel`` under DIR (nothing when it is not there)."""
+        fs, _ = open_fs(self.url)
+        path = self._path(rel)
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            fs.delete_file(path)
+
     def upload(self, local: Path, rel: str) -> None:
         """A local file, or every file of a local folder, to ``rel`` under DIR."""
         if local.is_file():
