@@ -202,7 +202,11 @@ class OutputDir:
         path = self.state / "settings.json"
         if path.exists():
             old = read_settings(path)
-            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+            diff = sorted(
+                k
+                for k in set(old) | set(settings)
+                if k != "limit" and old.get(k) != settings.get(k)
+            )
             if diff:
                 details = "; ".join(
                     f"{k}: {old.get(k)!r} then, {settings.get(k)!r} now" for k in diff
@@ -210,6 +214,16 @@ class OutputDir:
                 raise RunError(
                     f"--out {self.root} was generated with other settings ({details}); use another --out"
                 )
+            before, now = old.get("limit"), settings.get("limit")
+            if before != now:
+                if now is not None and (before is None or now < before):
+                    held = "every image (no --limit)" if before is None else f"the first {before} images"
+                    raise RunError(
+                        f"--out {self.root} holds {held}; a re-run with --limit {now} would keep "
+                        f"stale rows: pass {'no --limit' if before is None else f'--limit {before} or more (or none)'}, "
+                        "or use another --out"
+                    )
+                write_atomic(path, json.dumps(settings, indent=2, sort_keys=True).encode())
         else:
             write_atomic(path, json.dumps(settings, indent=2, sort_keys=True).encode())
         self._clean_stale()
@@ -551,7 +565,8 @@ def save_dataset(out: Path, ds: Any) -> int:
     was_enabled = datasets.utils.logging.is_progress_bar_enabled()
     datasets.utils.logging.disable_progress_bar()
     try:
-        ds.save_to_disk(str(tmp))
+        # one shard even when empty: a 0-row dataset saved with no data file cannot be loaded
+        ds.save_to_disk(str(tmp), num_shards=1 if len(ds) == 0 else None)
     finally:
         if was_enabled:
             datasets.utils.logging.enable_progress_bar()
@@ -689,7 +704,7 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
     }
     if shard is not None:  # absent for a whole run, so whole runs made before shards resume
         settings["shard"] = str(shard)
-    if options.limit is not None:  # a re-run with another --limit would keep stale rows
+    if options.limit is not None:  # a re-run may extend it, never shrink it (stale rows)
         settings["limit"] = options.limit
     if options.id_from != "stem":
         settings["id_from"] = options.id_from
