@@ -332,10 +332,10 @@ class RemoteOutputDir(OutputDir):
     URL (``perturb.generate.store``)."""
 
     def __init__(self, url: str) -> None:
-        from perturb.generate.store import RemoteDir, StoreError, open_fs, staging_folder
+        from perturb.generate.store import RemoteDir, StoreError, probe, staging_folder
 
         try:
-            open_fs(url)
+            probe(url)
         except StoreError as exc:
             raise RunError(str(exc)) from None
         super().__init__(staging_folder(url))

@@ -55,6 +55,44 @@ def open_fs(url: str) -> tuple[pafs.FileSystem, str]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(ffs)), str(path).rstrip("/")
 
 
+DEFAULT_TIMEOUT = 30.0  # seconds a URL may take to answer its first listing
+
+
+def probe(url: str, timeout: float | None = None) -> None:
+    """Open ``url``'s file system and list its base, within ``timeout`` seconds (default
+    ``PERTURB_FS_TIMEOUT`` or 30): StoreError naming the cause when it fails or does not answer
+    (no network, no credentials, a metadata server that never replies)."""
+    import threading
+
+    limit = float(os.environ.get("PERTURB_FS_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
+    outcome: list[BaseException | None] = []
+
+    def attempt() -> None:
+        try:
+            fs, base = open_fs(url)
+            fs.get_file_info(base)
+            outcome.append(None)
+        except BaseException as exc:  # reported to the caller below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, name="perturb-fs-probe", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if not outcome:
+        raise StoreError(
+            f"{url}: no answer within {limit:.0f} s (no network, or no credentials for this "
+            "store?); check access, or raise PERTURB_FS_TIMEOUT"
+        )
+    exc = outcome[0]
+    if isinstance(exc, StoreError):
+        raise exc
+    if exc is not None:
+        raise StoreError(
+            f"{url}: cannot be reached ({type(exc).__name__}: {str(exc).splitlines()[0]:.300}); "
+            "check the network, the bucket name and your credentials"
+        )
+
+
 @dataclass(frozen=True)
 class RemoteDir:
     """DIR at ``url``: relative paths in, bytes out."""

@@ -61,10 +61,11 @@ def _verify_url(url: str) -> VerifyReport:
     """``verify`` for an output at a file-system URL (``perturb.generate.store``)."""
     import pyarrow as pa
 
-    from perturb.generate.store import RemoteDir, StoreError
+    from perturb.generate.store import RemoteDir, StoreError, probe
 
     remote = RemoteDir(url)
     try:
+        probe(url)
         data = remote.read("manifest.parquet")
         sizes = remote.sizes()
     except (StoreError, OSError) as exc:
