@@ -46,7 +46,10 @@ def params_problem(spec: OpSpec, params: Any) -> str | None:
     if not isinstance(params, dict):
         return f"params must be a JSON object, got {type(params).__name__}"
     for name, value in params.items():
-        if isinstance(value, str):
+        table = spec.params.get(name)
+        if table is None and name.endswith("s"):
+            table = spec.params.get(name[:-1])
+        if isinstance(value, str) and table is None:
             continue
         numbers = _numbers(value)
         if numbers is None:
@@ -55,9 +58,6 @@ def params_problem(spec: OpSpec, params: Any) -> str | None:
             return f"parameter {name!r} has {len(numbers)} values (at most {MAX_LIST})"
         if not all(math.isfinite(x) for x in numbers):
             return f"parameter {name!r} is not finite ({value!r:.60})"
-        table = spec.params.get(name)
-        if table is None and name.endswith("s"):
-            table = spec.params.get(name[:-1])
         if table is None:
             continue
         lo, hi = table.bounds

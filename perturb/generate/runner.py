@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perturb import __version__
+from perturb.generate.lifeline import die_with_parent
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
 from perturb.generate.output import MANIFEST_COLUMNS, MANIFEST_SCHEMA
 from perturb.generate.shard import Shard, ShardError, parse_shard
@@ -53,7 +54,6 @@ from perturb.generate.worker import (
     ImageJob,
     WorkerConfig,
     default_threads,
-    die_with_parent,
     process_chunk,
 )
 from perturb.io.images import DEFAULT_MAX_PIXELS, write_atomic

@@ -312,34 +312,6 @@ def _run_group(
             result.errors.append(error_row(d.job, "write", f"{type(exc).__name__}: {exc}", task))
 
 
-def die_with_parent(parent: int) -> None:
-    """Pool-worker initializer: the worker ends when the driver ``parent`` dies, even by
-    SIGKILL (Linux: PR_SET_PDEATHSIG; elsewhere a watchdog thread polls the parent's pid)."""
-    import signal
-    import sys
-    import threading
-    import time
-
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # died before the guard was set
-        os._exit(1)
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="perturb-parent-watch", daemon=True).start()
-
-
 def default_threads(workers: int) -> int | None:
     """Threads per worker process: one when several processes share the cores."""
     return 1 if workers > 1 else None
