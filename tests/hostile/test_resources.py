@@ -241,3 +241,27 @@ def test_pool_workers_die_with_a_killed_driver(tmp_path: Path) -> None:
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+def test_track_replay_refuses_a_forged_size_or_crop() -> None:
+    import json
+
+    import torch
+
+    from perturb.generate import transformed
+    from perturb.generate.replay import replay_row
+
+    params = transformed.sample_params(7, 64, 48, transformed.TransformedSpec())
+    x = torch.rand(3, 48, 64)
+    row = {"record": json.dumps({"composite": transformed.NAME, "params": params})}
+    assert replay_row(row, x).shape == (3, 48, 64)
+    for forge, why in (
+        (lambda p: p.__setitem__("size", [100_000, 100_000]), "size"),
+        (lambda p: p["steps"][0].__setitem__("height", 10_000), "resized_crop"),
+        (lambda p: p["steps"][1].__setitem__("angle", float("nan")), "angle"),
+    ):
+        forged = json.loads(json.dumps(params))
+        forge(forged)
+        bad = {"record": json.dumps({"composite": transformed.NAME, "params": forged})}
+        with pytest.raises(ValueError, match=why):
+            replay_row(bad, x)
