@@ -767,15 +767,17 @@ def open_run_input(
 
     if suite.input is not None:
         from perturb.io.adapters import open_adapter
+        from perturb.io.datasets import using_cache
 
-        return open_adapter(
-            suite.input.adapter,
-            dataset,
-            images=images or suite.input.images,
-            split=split,
-            keep_leaking_fields=suite.input.keep_leaking_fields,
-            min_visible=suite.input.min_visible,
-        )
+        with using_cache(cache_dir):
+            return open_adapter(
+                suite.input.adapter,
+                dataset,
+                images=images or suite.input.images,
+                split=split,
+                keep_leaking_fields=suite.input.keep_leaking_fields,
+                min_visible=suite.input.min_visible,
+            )
     if images is not None:
         raise RunError(
             "--images is for dataset adapters: use a suite with an input.adapter section "

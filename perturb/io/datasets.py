@@ -18,6 +18,7 @@ img_id, keeping the first row's image.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -327,8 +328,24 @@ def _looks_like_hub_id(text: str) -> bool:
     )
 
 
-def _cache_kw(cache_dir: str | None) -> dict[str, str]:
-    return {} if cache_dir is None else {"cache_dir": cache_dir}
+_CACHE_DIR: contextvars.ContextVar[str | None] = contextvars.ContextVar("cache_dir", default=None)
+
+
+def _cache_kw(cache_dir: str | None = None) -> dict[str, str]:
+    """``cache_dir=`` for ``datasets.load_dataset``: the one given, else the one set around an
+    adapter's load by ``using_cache``, else nothing (the ``datasets`` default)."""
+    folder = cache_dir if cache_dir is not None else _CACHE_DIR.get()
+    return {} if folder is None else {"cache_dir": folder}
+
+
+@contextlib.contextmanager
+def using_cache(cache_dir: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Within the block, adapters' ``load_dataset`` calls cache under ``cache_dir``."""
+    token = _CACHE_DIR.set(None if cache_dir is None else os.fspath(cache_dir))
+    try:
+        yield
+    finally:
+        _CACHE_DIR.reset(token)
 
 
 def _load_local(
