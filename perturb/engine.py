@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from perturb import __version__, rng
+from perturb.catalog.bounds import params_problem
 from perturb.catalog.registry import Op, get_op
 from perturb.catalog.specs import check_severity
 from perturb.ops import backend as backends
@@ -247,6 +248,9 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
         raise InputError(f"{len(records)} records for a batch of {x.shape[0]} images")
     op = get_op(records[0].op)
     for r in records:
+        problem = params_problem(op.spec, r.params)
+        if problem is not None:
+            raise InputError(f"record of {r.op} ({r.sample_key!r:.60}): {problem}; not replayed")
         if r.op_version != op.spec.version:
             raise InputError(
                 f"record of {r.op} v{r.op_version} cannot be replayed by v{op.spec.version}; "

@@ -40,9 +40,12 @@ MANIFEST_SCHEMA = pa.schema(
         ("size_bytes", pa.int64()),
         ("device", pa.string()),
         ("record", pa.string()),
+        ("input_sha256", pa.string()),  # sha256 of the input image file the output was made from
+        ("orientation", pa.int64()),  # EXIF orientation applied when decoding it (1: none)
     ]
 )
 MANIFEST_COLUMNS = tuple(MANIFEST_SCHEMA.names)
+JPEG_MAX_SIDE = 65500  # the JPEG format's limit (libjpeg)
 
 
 def output_array(x: torch.Tensor, spec: OutputSpec, bit_depth: int) -> np.ndarray:
@@ -68,6 +71,11 @@ def encode(img: np.ndarray, spec: OutputSpec) -> bytes:
             ".png", bgr, [cv2.IMWRITE_PNG_COMPRESSION, int(spec.png_compression)]
         )
     else:
+        if max(img.shape[:2]) > JPEG_MAX_SIDE:
+            raise ValueError(
+                f"JPEG sides are at most {JPEG_MAX_SIDE} pixels, this image is "
+                f"{img.shape[1]}x{img.shape[0]}; use output.format: png for it"
+            )
         params = [
             cv2.IMWRITE_JPEG_QUALITY,
             int(spec.jpeg_quality),

@@ -24,7 +24,7 @@ from perturb.generate import transformed
 from perturb.generate.naming import resolve_inside
 from perturb.generate.output import encode, encoding_json, quantize, sha256
 from perturb.generate.suite import Suite, Task, parse_suite
-from perturb.io.images import ImageDecodeError, decode_image, to_tensor, write_atomic
+from perturb.io.images import ImageDecodeError, decode_image_info, to_tensor, write_atomic
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class ImageJob:
     tasks: list[tuple[Task, str]]  # (task, relative path)
     qa_rows: int = 0
     param_key: str | None = None  # sample (study, case) whose images share scalar parameters
+    input_sha256: str | None = None  # of ``data``, recorded in each output's manifest row
 
 
 @dataclass
@@ -95,6 +96,7 @@ def error_row(job: ImageJob, stage: str, reason: str, task: Task | None = None) 
 class _Decoded:
     job: ImageJob
     arr: np.ndarray  # HWC / HW, uint8 or uint16, as decoded
+    orientation: int = 1  # EXIF orientation applied by the decoder
     _x: torch.Tensor | None = None
     _f: np.ndarray | None = None
 
@@ -242,6 +244,8 @@ def _write_output(
         "size_bytes": len(data),
         "device": cfg.device,
         "record": json.dumps(info["record"], sort_keys=True),
+        "input_sha256": d.job.input_sha256 or sha256(d.job.data),
+        "orientation": d.orientation,
     }
 
 
@@ -255,7 +259,9 @@ def process_chunk(cfg: WorkerConfig, jobs: list[ImageJob]) -> ChunkResult:
     decoded: list[_Decoded] = []
     for job in jobs:
         try:
-            arr = decode_image(job.data, max_pixels=cfg.max_pixels, source=f"img_id {job.img_id!r}")
+            arr, orientation = decode_image_info(
+                job.data, max_pixels=cfg.max_pixels, source=f"img_id {job.img_id!r}"
+            )
             if min(arr.shape[:2]) < 2:
                 raise ImageDecodeError(
                     f"img_id {job.img_id!r}: {arr.shape[1]}x{arr.shape[0]} is too small (at least 2x2)"
@@ -264,7 +270,7 @@ def process_chunk(cfg: WorkerConfig, jobs: list[ImageJob]) -> ChunkResult:
             result.errors.append(error_row(job, "decode", str(exc)))
             result.images_failed += 1
             continue
-        decoded.append(_Decoded(job, arr))
+        decoded.append(_Decoded(job, arr, orientation))
         result.images_ok += 1
     # group by task, then by shape, keeping a deterministic order
     by_task: dict[Task, list[tuple[_Decoded, str]]] = defaultdict(list)

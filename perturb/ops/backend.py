@@ -189,14 +189,26 @@ def border_mask_numpy(src: np.ndarray) -> np.ndarray | None:
     top[col_dark], bottom[col_dark] = h, -1
     if not (left.any() or top.any() or (right < w - 1).any() or (bottom < h - 1).any()):
         return None
-    before_w, from_w = _run_tables(w)
-    mask = np.take(before_w, left, axis=0)  # j < left
-    cv2.bitwise_or(mask, np.take(from_w, right + 1, axis=0), dst=mask)  # j > right
-    before_h, from_h = _run_tables(h)
-    across_mask = np.take(before_h, top, axis=0)  # i < top, laid out (W, H)
-    cv2.bitwise_or(across_mask, np.take(from_h, bottom + 1, axis=0), dst=across_mask)
+    mask = _runs(left, right + 1, w)  # j < left or j > right
+    across_mask = _runs(top, bottom + 1, h)  # i < top or i > bottom, laid out (W, H)
     cv2.bitwise_or(mask, cv2.transpose(across_mask), dst=mask)
     return mask
+
+
+_TABLE_MAX = 2048  # longest side whose run tables are cached (two (n + 1, n) uint8 tables)
+
+
+def _runs(before: np.ndarray, start: np.ndarray, n: int) -> np.ndarray:
+    """(len(before), n) uint8 mask: 1 at j < before[i] or j >= start[i]. Short sides gather rows
+    of cached tables (copy speed); longer ones compare, so memory stays proportional to the
+    image whatever its aspect ratio (a (n + 1, n) table of a 100000-pixel side is 10 GB)."""
+    if n <= _TABLE_MAX:
+        before_n, from_n = _run_tables(n)
+        mask = np.take(before_n, before, axis=0)
+        cv2.bitwise_or(mask, np.take(from_n, start, axis=0), dst=mask)
+        return mask
+    j = np.arange(n)
+    return ((j[None, :] < before[:, None]) | (j[None, :] >= start[:, None])).view(np.uint8)
 
 
 @lru_cache(maxsize=8)

@@ -79,6 +79,7 @@ def run_score(
     try:
         from perturb.score.api import score_runs
 
+        _check_args(out, bootstrap, seed, max_flips)
         c, p = _model_args(clean, perturbed)
         result = score_runs(
             c,
@@ -99,6 +100,23 @@ def run_score(
     except InputError as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2
+    except UnicodeDecodeError as exc:  # a CSV/TSV in another encoding (JSON is checked itself)
+        typer.echo(
+            f"error: an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+            "re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)",
+            err=True,
+        )
+        return 2
+    except RecursionError:
+        typer.echo("error: an input holds values nested too deeply to read; write flat rows", err=True)
+        return 2
+    except OSError as exc:
+        typer.echo(
+            f"error: {exc.filename or out}: {exc.strerror or exc}; check the paths, free space, "
+            "or choose a writable --out folder",
+            err=True,
+        )
+        return 2
     _print_summary(result.scores)
     for prob in result.problems:
         typer.echo(f"problem: {prob}", err=True)
@@ -107,6 +125,26 @@ def run_score(
     for kind, path in result.files.items():
         typer.echo(f"wrote {kind}: {path}")
     return result.exit_code
+
+
+MAX_BOOTSTRAP = 100_000  # more resamples than this change no reported digit
+
+
+def _check_args(out: Path, bootstrap: int, seed: int, max_flips: int) -> None:
+    """Arguments that would fail late (or take unbounded memory): InputError up front."""
+    from perturb.score.errors import InputError
+
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; --out names a folder (scores.json, report.md, report.html go inside)")
+    if not 0 <= bootstrap <= MAX_BOOTSTRAP:
+        raise InputError(
+            f"--bootstrap must be between 0 (no CIs) and {MAX_BOOTSTRAP}, got {bootstrap}; "
+            "1000-10000 resamples give stable 95% CIs"
+        )
+    if not 0 <= seed < 2**63:
+        raise InputError(f"--seed must be an integer from 0 to 2**63-1, got {seed}")
+    if max_flips < 0:
+        raise InputError(f"--max-flips must be non-negative, got {max_flips}")
 
 
 def _print_summary(scores: dict[str, Any]) -> None:

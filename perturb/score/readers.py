@@ -191,35 +191,69 @@ class ReadReport:
 # ----------------------------------------------------------------------------- raw loading
 
 
+_BOMS = (
+    (b"\xef\xbb\xbf", "utf-8-sig"),
+    (b"\xff\xfe\x00\x00", "utf-32"),
+    (b"\x00\x00\xfe\xff", "utf-32"),
+    (b"\xff\xfe", "utf-16"),
+    (b"\xfe\xff", "utf-16"),
+)
+
+
+def read_text(path: Path) -> str:
+    """A prediction file's text: UTF-8, or UTF-16/32 and UTF-8 with a byte-order mark;
+    anything else (latin-1, cp1252) is an InputError naming the fix."""
+    data = path.read_bytes()
+    encoding = next((enc for bom, enc in _BOMS if data.startswith(bom)), "utf-8")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{path}: not {encoding.upper()} text (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}); re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"
+        ) from None
+
+
+def _loads(text: str, where: str) -> Any:
+    """json.loads with a clear error for nesting deeper than Python's recursion limit."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InputError(
+            f"{where}: JSON nested too deeply to read; rows must be flat objects (a nested "
+            "value a few levels deep at most)"
+        ) from None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with path.open("r", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(
-                    f"{path}: line {lineno}: malformed JSON ({exc.msg} at column {exc.colno}). "
-                    "Fix or remove that line; every non-blank line must be one JSON object."
-                ) from None
-            if not isinstance(obj, dict):
-                raise InputError(
-                    f"{path}: line {lineno}: expected a JSON object per line, got "
-                    f"{type(obj).__name__}. Write one {{...}} record per line."
-                )
-            obj["_loc"] = lineno
-            rows.append(obj)
+    text = read_text(path).replace("\r\n", "\n").replace("\r", "\n")  # as text-mode reading
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = _loads(line, f"{path}: line {lineno}")
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                f"{path}: line {lineno}: malformed JSON ({exc.msg} at column {exc.colno}). "
+                "Fix or remove that line; every non-blank line must be one JSON object."
+            ) from None
+        if not isinstance(obj, dict):
+            raise InputError(
+                f"{path}: line {lineno}: expected a JSON object per line, got "
+                f"{type(obj).__name__}. Write one {{...}} record per line."
+            )
+        obj["_loc"] = lineno
+        rows.append(obj)
     return rows
 
 
 def _read_json(path: Path) -> tuple[list[dict[str, Any]], str]:
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     if not text.strip():
         return [], "json"
     try:
-        data = json.loads(text)
+        data = _loads(text, str(path))
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # several JSON values: treat as JSON lines
             return _read_jsonl(path), "jsonl"
@@ -451,7 +485,8 @@ def _int_column(values: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, np.ndar
         return out, invalid
     if kind in ("integer", "floating", "mixed-integer-float"):
         f = pd.to_numeric(pd.Series(arr), errors="coerce").to_numpy(dtype=np.float64)
-        bad = np.isfinite(f) & (f != np.round(f)) | np.isinf(f)
+        # beyond 2**53 a float is no exact integer (and 1e300 fits no int64)
+        bad = np.isfinite(f) & ((f != np.round(f)) | (np.abs(f) > 2**53)) | np.isinf(f)
         return np.where(bad, np.nan, f), bad
     for i, v in enumerate(arr):
         if _is_missing(v):
@@ -471,7 +506,7 @@ def _int_column(values: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, np.ndar
             continue
         if math.isnan(f):
             continue
-        if not f.is_integer():
+        if not f.is_integer() or abs(f) > 2**53:
             invalid[i] = True
             continue
         out[i] = f

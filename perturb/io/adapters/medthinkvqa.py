@@ -41,7 +41,7 @@ from perturb.io.adapters._common import (
     normalize_modality,
     pick_files,
 )
-from perturb.io.datasets import DEFAULT_SPLIT, DatasetError, InputDataset, _quiet
+from perturb.io.datasets import DEFAULT_SPLIT, DatasetError, InputDataset, _cache_kw, _quiet
 
 HUB_ID = "bio-nlp-umass/MedThinkVQA"
 MAX_IMAGES = 49
@@ -82,7 +82,9 @@ def _load_cases(
             skipped = [f for f in files if f.suffix.lower() != ".parquet"] if parquet else []
             files = parquet or files
             builder = "parquet" if files[0].suffix.lower() == ".parquet" else "json"
-            ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+            ds = datasets.load_dataset(
+                builder, data_files=[str(f) for f in files], split="train", **_cache_kw()
+            )
     except DatasetError:
         raise
     except Exception as exc:  # datasets raises many types
