@@ -1,7 +1,15 @@
-"""Test helpers: the real samples beside the repo (../shared/samples), devices, small batches."""
+"""Test helpers: the real sample images, devices, small batches.
+
+Real-image tests read ``SAMPLES``: ``$PERTURB_SAMPLES_DIR`` when set, else the project's
+shared samples beside the repo (``../shared/samples``, 21 endoscopy frames and 18 chest
+X-rays) when present, else the few real images shipped in ``tests/data`` (8 PolypGen frames, 5
+NIH chest X-rays; ATTRIBUTION.md there), so a clone with nothing beside it passes its tests.
+``PERTURB_SAMPLES_DIR=tests/data`` runs the suite as such a clone does (CI does, once).
+"""
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -11,7 +19,19 @@ import torch
 
 from perturb.io.images import read_image, to_tensor
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+SHARED_SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+BUNDLED_SAMPLES = Path(__file__).resolve().parent / "data"
+
+
+def samples_dir() -> Path:
+    """The folder of real images the tests use (see the module docstring)."""
+    chosen = os.environ.get("PERTURB_SAMPLES_DIR")
+    if chosen:
+        return Path(chosen).resolve()
+    return SHARED_SAMPLES if (SHARED_SAMPLES / "endoscopy").is_dir() else BUNDLED_SAMPLES
+
+
+SAMPLES = samples_dir()
 ENDOSCOPY = sorted((SAMPLES / "endoscopy").glob("*.jpg"))
 XRAY = sorted((SAMPLES / "xray").glob("*.png"))
 
@@ -27,7 +47,10 @@ DEVICES = [
 
 def require_samples() -> None:
     if not ENDOSCOPY:
-        pytest.fail(f"sample images not found under {SAMPLES}: the repo expects ../shared/samples beside it")
+        pytest.fail(
+            f"sample images not found under {SAMPLES}: tests/data ships them, or set "
+            "PERTURB_SAMPLES_DIR to a folder with endoscopy/*.jpg and xray/*.png"
+        )
 
 
 @lru_cache(maxsize=64)

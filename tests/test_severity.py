@@ -1,5 +1,5 @@
 """Severity tables: validated at load, and monotone on real images (SSIM to clean strictly
-decreasing from severity 1 to 5 for every op on every sample in ../shared/samples/endoscopy)."""
+decreasing from severity 1 to 5 for every op on every real endoscopy sample, tests.helpers.SAMPLES)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """X-ray severity tables on the real samples: SSIM to clean strictly decreasing from severity 1
-to 5 for every X-ray op on every image of ../shared/samples/xray (full 1024 x 1024 resolution;
+to 5 for every X-ray op on every real X-ray sample (tests.helpers.SAMPLES; full 1024 x 1024;
 RGBA PNGs decode to gray)."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import perturb
 from perturb.catalog.registry import all_ops
 from perturb.catalog.specs import op_names
 from perturb.cli import app
-from tests.helpers import XRAY, sample_tensor
+from tests.helpers import SAMPLES, XRAY, sample_tensor
 from tests.test_severity import ssim
 
 XRAY_OPS = [name for name, op in all_ops().items() if "xray" in op.spec.modalities]
 
 
 def test_samples_and_catalog() -> None:
-    assert len(XRAY) >= 1, "X-ray samples not found under ../shared/samples/xray"
+    assert len(XRAY) >= 1, f"X-ray samples not found under {SAMPLES}/xray"
     assert len(op_names("xray")) >= 12
     for name in XRAY_OPS:
         assert all_ops()[name].spec.channels == [1]
