@@ -13,6 +13,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -56,6 +57,18 @@ def require_samples() -> None:
 @lru_cache(maxsize=64)
 def sample_tensor(path: Path) -> torch.Tensor:
     return to_tensor(read_image(path))
+
+
+def downscaled(image: torch.Tensor, max_side: int) -> torch.Tensor:
+    """``image`` (CHW float) shrunk with area averaging (OpenCV INTER_AREA) so that its longer
+    side is at most ``max_side``; smaller images come back as they are."""
+    c, h, w = image.shape
+    scale = max_side / max(h, w)
+    if scale >= 1:
+        return image
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    small = cv2.resize(image.permute(1, 2, 0).numpy(), size, interpolation=cv2.INTER_AREA)
+    return torch.from_numpy(small.reshape(size[1], size[0], c)).permute(2, 0, 1).clamp(0, 1).contiguous()
 
 
 def small_batch(n: int, h: int = 40, w: int = 56, channels: int = 3) -> torch.Tensor:
