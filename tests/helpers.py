@@ -59,16 +59,19 @@ def sample_tensor(path: Path) -> torch.Tensor:
     return to_tensor(read_image(path))
 
 
-def downscaled(image: torch.Tensor, max_side: int) -> torch.Tensor:
+def downscaled(image: torch.Tensor, max_side: int, levels: int = 255) -> torch.Tensor:
     """``image`` (CHW float) shrunk with area averaging (OpenCV INTER_AREA) so that its longer
-    side is at most ``max_side``; smaller images come back as they are."""
+    side is at most ``max_side``, then put back on the grid of ``levels`` (8-bit by default,
+    like the sample files), as a resized image saved to disk would be: ops that model bit depth
+    or compression then see stored values. Smaller images come back as they are."""
     c, h, w = image.shape
     scale = max_side / max(h, w)
     if scale >= 1:
         return image
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
     small = cv2.resize(image.permute(1, 2, 0).numpy(), size, interpolation=cv2.INTER_AREA)
-    return torch.from_numpy(small.reshape(size[1], size[0], c)).permute(2, 0, 1).clamp(0, 1).contiguous()
+    small = np.clip(np.round(small * levels), 0, levels) / levels
+    return torch.from_numpy(small.reshape(size[1], size[0], c)).permute(2, 0, 1).float().contiguous()
 
 
 def small_batch(n: int, h: int = 40, w: int = 56, channels: int = 3) -> torch.Tensor:

@@ -21,9 +21,9 @@ from tests.helpers import ENDOSCOPY, downscaled, require_samples, sample_tensor
 
 WIDE_BORDER = 0.15  # fraction of the frame
 # The SSIM checks run on each frame shrunk to this longer side (INTER_AREA): the ops' sizes are
-# fractions of the shorter side, so a severity means the same at 512 px, and the checks take a
+# fractions of the shorter side, so a severity means the same at 640 px, and the checks take a
 # few seconds per frame instead of half a minute (the samples already range from 384 to 1920 px).
-SSIM_MAX_SIDE = 512
+SSIM_MAX_SIDE = 640
 
 
 def _gaussian_window(sigma: float = 1.5, radius: int = 5) -> np.ndarray:

@@ -10,7 +10,6 @@ import typer
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.padding import Padding
 
     from perturb.catalog.specs import OpSpec
 
@@ -74,10 +73,14 @@ def catalog(
         for s in specs:
             console.print()
             console.print(f"[bold]{s.name}[/]", soft_wrap=True)
+            details = f"family {s.family}; modalities {', '.join(s.modalities)}; risk {_tags(s) or '-'}"
+            console.print(_indented(details, console.width), markup=False, highlight=False, soft_wrap=True)
             console.print(
-                _indented(f"family {s.family}; modalities {', '.join(s.modalities)}; risk {_tags(s) or '-'}")
+                _indented(f"severity 1 → 5: {_levels(s)}", console.width),
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
             )
-            console.print(_indented(f"severity 1 → 5: {_levels(s)}"))
         return
     from rich.table import Table
 
@@ -90,12 +93,14 @@ def catalog(
     console.print(table)
 
 
-def _indented(text: str, indent: int = 2) -> Padding:
-    """``text`` wrapped at the console width with every line indented."""
-    from rich.padding import Padding
-    from rich.text import Text
+def _indented(text: str, width: int, indent: int = 2) -> str:
+    """``text`` wrapped to ``width`` columns with every line indented (long words folded)."""
+    import textwrap
 
-    return Padding(Text(text, overflow="fold"), (0, 0, 0, indent), expand=False)
+    pad = " " * indent
+    return textwrap.fill(
+        text, max(width, indent + 20), initial_indent=pad, subsequent_indent=pad, break_on_hyphens=False
+    )
 
 
 def _print_suites(as_json: bool) -> None:
@@ -115,7 +120,7 @@ def _print_suites(as_json: bool) -> None:
         for c in configs:
             if c.kind == kind:
                 console.print(f"  [bold]{c.name}[/]", soft_wrap=True)
-                console.print(_indented(c.description, 6))
+                console.print(_indented(c.description, console.width, 6), markup=False, soft_wrap=True)
 
 
 def preview(

@@ -1,5 +1,5 @@
 """X-ray severity tables on the real samples: SSIM to clean strictly decreasing from severity 1
-to 5 for every X-ray op on every real X-ray sample (tests.helpers.SAMPLES; shrunk to 512 px,
+to 5 for every X-ray op on every real X-ray sample (tests.helpers.SAMPLES; shrunk to 640 px,
 see tests.test_severity.SSIM_MAX_SIDE; RGBA PNGs decode to gray)."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_cli_lists_the_xray_ops() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", XRAY, ids=[p.stem for p in XRAY])
 def test_xray_ssim_strictly_decreases_with_severity(path: Path) -> None:
-    clean = downscaled(sample_tensor(path), SSIM_MAX_SIDE)  # 1024 -> 512 px: see SSIM_MAX_SIDE
+    clean = downscaled(sample_tensor(path), SSIM_MAX_SIDE)  # NIH 1024 -> 640 px, see SSIM_MAX_SIDE
     assert clean.shape[0] == 1, "X-ray samples decode to one gray channel"
     batch = clean.unsqueeze(0).expand(5, -1, -1, -1).contiguous()
     failures = []
