@@ -217,3 +217,30 @@ def test_write_atomic_follows_the_umask(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "a" / "y.bin").stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "a").stat().st_mode) == 0o755
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["x.bin", "y.bin"]  # no .part left
+
+
+# ---------------------------------------------------------------------------------------------
+# the real images shipped for a clone with nothing beside it
+
+
+def test_shipped_test_images_are_few_permissive_and_attributed() -> None:
+    import csv
+    import hashlib
+
+    data = REPO / "tests" / "data"
+    images = sorted(p for p in data.rglob("*") if p.suffix in {".jpg", ".png"})
+    endoscopy = [p for p in images if p.parent.name == "endoscopy"]
+    xray = [p for p in images if p.parent.name == "xray"]
+    assert len(endoscopy) >= 10 and len(xray) >= 5  # tests/augment/test_dali.py uses 10 files
+    assert all(p.name.startswith("polypgen_") for p in endoscopy)  # CC BY 4.0, no Kvasir-SEG
+    assert all(p.name.startswith("nih_") for p in xray)  # NIH ChestX-ray14
+    assert sum(p.stat().st_size for p in data.rglob("*") if p.is_file()) <= 4_000_000
+    attribution = (data / "ATTRIBUTION.md").read_text()
+    for p in images:
+        rel = p.relative_to(data).as_posix()
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        assert f"| `{rel}` | github.com/" in attribution, rel
+        assert f"| `{rel}` | " in attribution and f"| `{digest}` |" in attribution, rel
+    with (data / "xray" / "boxes.csv").open() as f:
+        boxed = {row["file"] for row in csv.DictReader(f)}
+    assert boxed == {p.name for p in xray}
