@@ -83,6 +83,8 @@ def test_a_wrong_name_lists_the_known_ones() -> None:
         assert name in str(suite_error.value)
     for name in builtin_names("policy"):
         assert name in str(policy_error.value)
+    with pytest.raises(SuiteError, match="a training policy"):
+        load_suite("augment-endoscopy")
     result = runner.invoke(app, ["generate", "xray-artefacts", "--out", "never-made"])
     assert result.exit_code == 2
     text = " ".join(result.output.split())

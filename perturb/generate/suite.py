@@ -356,4 +356,8 @@ def load_suite(path: str | Path) -> Suite:
         data = yaml.safe_load(p.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{p}: not valid YAML: {exc}") from None
+    if isinstance(data, dict) and "policy" in data and "suite" not in data:
+        raise SuiteError(
+            f"{p}: a training policy (for perturb.Augment), not a suite. {known_names_hint('suite')}"
+        )
     return parse_suite(data, str(p))
