@@ -48,7 +48,7 @@ def test_xray_ssim_strictly_decreases_with_severity(path: Path) -> None:
     failures = []
     for name in XRAY_OPS:
         out, _ = perturb.apply(batch, name, [1, 2, 3, 4, 5], [path.name] * 5)
-        scores = ssim(batch, out).tolist()
+        scores = ssim(clean.unsqueeze(0), out).tolist()
         if not all(a > b for a, b in itertools.pairwise(scores)):
             failures.append(f"{name}: {np.round(scores, 5).tolist()}")
     assert not failures, "SSIM not strictly decreasing:\n" + "\n".join(failures)
