@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from perturb.io.images import DEFAULT_MAX_PIXELS
+from perturb.io import DEFAULT_MAX_PIXELS
 
 err = Console(stderr=True)
 
@@ -26,7 +26,8 @@ def generate(
     config: Annotated[
         str,
         typer.Argument(
-            help="Suite YAML, or the name of one in configs/ (e.g. kvasir-vqa-x1-transformed)."
+            help="Suite YAML, or a built-in suite name (e.g. kvasir-vqa-x1-transformed; "
+            "list them with perturb catalog --suites)."
         ),
     ],
     out: Annotated[

@@ -781,7 +781,7 @@ def open_run_input(
     if images is not None:
         raise RunError(
             "--images is for dataset adapters: use a suite with an input.adapter section "
-            "(e.g. configs/rexvqa.yaml), or pass the images with --dataset"
+            "(e.g. the built-in rexvqa), or pass the images with --dataset"
         )
     return open_input(
         dataset,

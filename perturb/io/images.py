@@ -7,7 +7,7 @@ torch is imported only by the tensor converters, so decoding and hashing stay li
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -17,7 +17,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-DEFAULT_MAX_PIXELS = 64_000_000
+from perturb.io import DEFAULT_MAX_PIXELS
 
 
 class ImageDecodeError(ValueError):
@@ -256,10 +256,17 @@ def encode_image(img: np.ndarray, fmt: str = "png", *, jpeg_quality: int = 95) -
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename, so
-    no partial file ever stands under the final name."""
+    no partial file ever stands under the final name. The file's mode follows the umask (0644
+    under umask 022), like any file the user creates; ``tempfile.mkstemp`` would make it 0600."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    while True:
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.part"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            break
+        except FileExistsError:  # pragma: no cover - 48 random bits
+            continue
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -267,5 +274,5 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise

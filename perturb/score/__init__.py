@@ -9,11 +9,28 @@ See :func:`perturb.score.api.score_runs`; the CLI is ``perturb score``.
 
 from __future__ import annotations
 
-from perturb.score.api import ScoreResult, score_runs, write_outputs
-from perturb.score.errors import InputError
-from perturb.score.metrics import DEFAULT_METRICS, METRICS, PRESETS
-from perturb.score.readers import read_predictions
-from perturb.score.single import evaluate_predictions
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perturb.score.api import ScoreResult, score_runs, write_outputs
+    from perturb.score.errors import InputError
+    from perturb.score.metrics import DEFAULT_METRICS, METRICS, PRESETS
+    from perturb.score.readers import read_predictions
+    from perturb.score.single import evaluate_predictions
+
+# loaded on first use, so ``perturb --help`` (which imports perturb.score.command) skips pandas
+_LAZY = {
+    "DEFAULT_METRICS": "perturb.score.metrics",
+    "METRICS": "perturb.score.metrics",
+    "PRESETS": "perturb.score.metrics",
+    "InputError": "perturb.score.errors",
+    "ScoreResult": "perturb.score.api",
+    "evaluate_predictions": "perturb.score.single",
+    "read_predictions": "perturb.score.readers",
+    "score_runs": "perturb.score.api",
+    "write_outputs": "perturb.score.api",
+}
 
 __all__ = [
     "DEFAULT_METRICS",
@@ -26,3 +43,9 @@ __all__ = [
     "score_runs",
     "write_outputs",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'perturb.score' has no attribute {name!r}")

@@ -253,6 +253,9 @@ def test_motion_blur_is_a_line_psf_on_the_linear_signal(backend: str) -> None:
 
 def test_xray_jpeg_is_byte_identical_to_opencv_libjpeg() -> None:
     x = _real(256)
+    # stored 8-bit values, as a decoded file has: the resize leaves values between the levels,
+    # where float32 (the op) and float64 (np.rint below) can round a tie differently
+    x = (x * 255).round() / 255
     out, rec = perturb.apply(x, "xray_jpeg", 4, ["k"])
     u8 = np.clip(np.rint(_np(x) * 255), 0, 255).astype(np.uint8)
     q = int(rec[0].params["quality"])

@@ -1,6 +1,6 @@
 """X-ray severity tables on the real samples: SSIM to clean strictly decreasing from severity 1
-to 5 for every X-ray op on every image of ../shared/samples/xray (full 1024 x 1024 resolution;
-RGBA PNGs decode to gray)."""
+to 5 for every X-ray op on every real X-ray sample (tests.helpers.SAMPLES; shrunk to 640 px,
+see tests.test_severity.SSIM_MAX_SIDE; RGBA PNGs decode to gray)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ import perturb
 from perturb.catalog.registry import all_ops
 from perturb.catalog.specs import op_names
 from perturb.cli import app
-from tests.helpers import XRAY, sample_tensor
-from tests.test_severity import ssim
+from tests.helpers import SAMPLES, XRAY, downscaled, sample_tensor
+from tests.test_severity import SSIM_MAX_SIDE, ssim
 
 XRAY_OPS = [name for name, op in all_ops().items() if "xray" in op.spec.modalities]
 
 
 def test_samples_and_catalog() -> None:
-    assert len(XRAY) >= 1, "X-ray samples not found under ../shared/samples/xray"
+    assert len(XRAY) >= 1, f"X-ray samples not found under {SAMPLES}/xray"
     assert len(op_names("xray")) >= 12
     for name in XRAY_OPS:
         assert all_ops()[name].spec.channels == [1]
@@ -42,13 +42,13 @@ def test_cli_lists_the_xray_ops() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", XRAY, ids=[p.stem for p in XRAY])
 def test_xray_ssim_strictly_decreases_with_severity(path: Path) -> None:
-    clean = sample_tensor(path)
+    clean = downscaled(sample_tensor(path), SSIM_MAX_SIDE)  # NIH 1024 -> 640 px, see SSIM_MAX_SIDE
     assert clean.shape[0] == 1, "X-ray samples decode to one gray channel"
     batch = clean.unsqueeze(0).expand(5, -1, -1, -1).contiguous()
     failures = []
     for name in XRAY_OPS:
         out, _ = perturb.apply(batch, name, [1, 2, 3, 4, 5], [path.name] * 5)
-        scores = ssim(batch, out).tolist()
+        scores = ssim(clean.unsqueeze(0), out).tolist()
         if not all(a > b for a, b in itertools.pairwise(scores)):
             failures.append(f"{name}: {np.round(scores, 5).tolist()}")
     assert not failures, "SSIM not strictly decreasing:\n" + "\n".join(failures)
