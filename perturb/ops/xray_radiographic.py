@@ -23,7 +23,7 @@ appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004))
   technique's. Attenuation coefficients scale roughly as ``kVp^-n`` (``n = KVP_EXPONENT``), so
   the line integrals become ``m = (kVp/kVp0)^-n`` times larger (``v' = m v``: under-penetration
   raises contrast, whites out the mediastinum and hides the spine behind the heart;
-  over-penetration flattens and darkens the film); the quanta reaching the detector change with
+  over-penetration flattens and darkens the film; the op claims lower contrast); the quanta reaching the detector change with
   the transmission and the tube output (``~ kVp^2`` at fixed mAs), and the added quantum noise
   is the difference between the new and the old noise variance (never negative).
 * ``xray_support_devices``: ECG electrodes and leads, central venous catheter, endotracheal and
@@ -57,9 +57,9 @@ from perturb import rng
 from perturb.ops.registry import Level, Params, draw, draw_int, draw_sign, register_kernel
 from perturb.ops.xray import (
     FIELD_CM,
+    FULL_DOSE_QUANTA,
     MU,
     REFERENCE_SIDE,
-    FULL_DOSE_QUANTA,
     _b,
     _box_torch,
     _coords,
@@ -78,7 +78,7 @@ KVP_EXPONENT = 1.2  # effective mu ~ kVp^-n over the diagnostic range (soft tiss
 
 
 def _frac_px(value: float, size: int) -> int:
-    return int(round(value * size))
+    return round(value * size)
 
 
 def _add_attenuation(x: torch.Tensor, maps: list[np.ndarray]) -> torch.Tensor:
@@ -161,7 +161,7 @@ def _rotation_sampler(rng_: np.random.Generator, level: Level) -> Params:
 def warp_homography(sample: torch.Tensor, inverse: np.ndarray) -> torch.Tensor:
     """Resample one CHW sample through the output -> input homography ``inverse`` (continuous
     pixel coordinates): bicubic (a = -0.75, ``grid_sample``), black outside the film."""
-    c, h, w = sample.shape
+    _c, h, w = sample.shape
     ys = torch.arange(h, dtype=torch.float64, device=sample.device) + 0.5
     xs = torch.arange(w, dtype=torch.float64, device=sample.device) + 0.5
     m = torch.from_numpy(inverse).to(sample.device)
@@ -222,7 +222,8 @@ def xray_under_penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Se
 @register_kernel("xray_over_penetration", sampler=_kvp_sampler)
 def xray_over_penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Too high a tube voltage (``kvp_ratio`` > 1): flat, dark, gray film; lower contrast (the
-    op claims it); the noise falls, so nothing is added (see ``penetration``)."""
+    op claims it); the noise falls, but in the lungs less than the contrast does, so a little is
+    added there (see ``penetration``)."""
     return penetration(x, p, keys, "xray_over_penetration/noise")
 
 
@@ -238,7 +239,7 @@ def _ecg_electrode(total: np.ndarray, g: np.random.Generator, side: int, cx: flo
     h, w = total.shape
     r = max(2, _frac_px(0.02, side))
     canvas = _canvas(h, w)
-    centre = (int(round(cx * w)), int(round(cy * h)))
+    centre = (round(cx * w), round(cy * h))
     cv2.circle(canvas, centre, r, 255, max(1, _frac_px(0.004, side)), cv2.LINE_AA)
     _accumulate(total, canvas, 0.10 * opacity)  # foam pad rim with its gel disc
     canvas = _canvas(h, w)
@@ -548,7 +549,7 @@ def xray_double_exposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequ
         lin = to_linear(x[i])
         d = float(p["shift"][i]) * side
         a = float(p["angle"][i])
-        second = shifted_clamped(lin, int(round(d * math.cos(a))), int(round(d * math.sin(a))))
+        second = shifted_clamped(lin, round(d * math.cos(a)), round(d * math.sin(a)))
         wgt = float(p["weight"][i])
         out.append(to_display((lin + wgt * second) / (1.0 + wgt), x))
     return torch.stack(out)
