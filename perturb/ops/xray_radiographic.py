@@ -158,9 +158,10 @@ def _rotation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
-def warp_homography(sample: torch.Tensor, inverse: np.ndarray) -> torch.Tensor:
-    """Resample one CHW sample through the output -> input homography ``inverse`` (continuous
-    pixel coordinates): bicubic (a = -0.75, ``grid_sample``), black outside the film."""
+def warp_homography(sample: torch.Tensor, inverse: np.ndarray, mode: str = "bicubic") -> torch.Tensor:
+    """Resample one CHW float sample through the output -> input homography ``inverse``
+    (continuous pixel coordinates): bicubic (a = -0.75, ``grid_sample``) or ``nearest`` (label
+    maps), 0 outside the film."""
     _c, h, w = sample.shape
     ys = torch.arange(h, dtype=torch.float64, device=sample.device) + 0.5
     xs = torch.arange(w, dtype=torch.float64, device=sample.device) + 0.5
@@ -170,8 +171,20 @@ def warp_homography(sample: torch.Tensor, inverse: np.ndarray) -> torch.Tensor:
     py = (m[1, 0] * xs[None, :] + m[1, 1] * ys[:, None] + m[1, 2]) / den
     inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
     grid = torch.stack([px * (2.0 / w) - 1.0, py * (2.0 / h) - 1.0], dim=-1).to(sample.dtype)
-    out = F.grid_sample(sample[None], grid[None], mode="bicubic", padding_mode="border", align_corners=False)[0]
-    return (out * inside.to(out.dtype)).clamp_(0.0, 1.0)
+    out = F.grid_sample(sample[None], grid[None], mode=mode, padding_mode="border", align_corners=False)[0]
+    out = out * inside.to(out.dtype)
+    return out.clamp_(0.0, 1.0) if mode == "bicubic" else out
+
+
+def rotation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Label maps (B, C, H, W, any dtype) moved as ``xray_patient_rotation`` moves the image:
+    nearest sampling, 0 where the film is uncovered."""
+    h, w = m.shape[-2:]
+    out = []
+    for i in range(m.shape[0]):
+        fwd = forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
+        out.append(warp_homography(m[i].to(torch.float64), np.linalg.inv(fwd), mode="nearest").to(m.dtype))
+    return torch.stack(out) if out else m.clone()
 
 
 @register_kernel("xray_patient_rotation", sampler=_rotation_sampler)

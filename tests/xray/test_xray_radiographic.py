@@ -303,3 +303,19 @@ NEW_OPS = [
     "xray_edge_enhancement",
     "xray_double_exposure",
 ]
+
+
+def test_patient_rotation_moves_label_maps_with_the_image() -> None:
+    """A mask drawn where a bright square is stays on the square after the rotation
+    (perturb.augment.targets.move_masks, nearest sampling)."""
+    from perturb.augment.targets import move_masks
+
+    x = torch.zeros(1, 1, 120, 160)
+    x[..., 40:60, 30:50] = 1.0
+    mask = (x[:, 0] > 0.5).to(torch.uint8)
+    out, records = perturb.apply(x, "xray_patient_rotation", 5, ["m"])
+    moved = move_masks(mask, [records])
+    assert moved.dtype == torch.uint8 and moved.shape == mask.shape
+    bright = out[0, 0] > 0.5
+    overlap = (bright & (moved[0] > 0)).sum() / bright.sum()
+    assert float(overlap) > 0.9
