@@ -33,7 +33,7 @@ def _field_alpha(key: str) -> np.ndarray:
         gh, gw = desc["grid"]
         canvas = np.zeros((gh, gw), np.float32)
         cv2.fillPoly(canvas, [np.asarray(desc["field"], np.int32)], 1.0)
-        canvas = cv2.GaussianBlur(canvas, (0, 0), FEATHER_GRID_PX, borderType=cv2.BORDER_CONSTANT)
+        canvas = cv2.GaussianBlur(canvas, (0, 0), FEATHER_GRID_PX, borderType=cv2.BORDER_REPLICATE)
         out = np.asarray(cv2.resize(canvas, (w, h), interpolation=cv2.INTER_LINEAR), dtype=np.float32)
         # exact 0 and 1 away from the edge: rescale so 1/512 -> 0 and 1 - 1/512 -> 1, then clip
         out -= np.float32(1.0 / 512)
@@ -103,7 +103,8 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> Non
     for c in range(src.shape[0]):
         s, d = src[c, y0:y1, x0:x1], dst[c, y0:y1, x0:x1]
         if partial.any():
-            mixed = d[partial].astype(np.float32) * a[partial] + s[partial].astype(np.float32) * (1.0 - a[partial])
+            base = s[partial].astype(np.float32)
+            mixed = base + a[partial] * (d[partial].astype(np.float32) - base)
             if d.dtype == np.float32:
                 d[partial] = mixed
             else:
