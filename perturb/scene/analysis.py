@@ -116,7 +116,7 @@ def _black_boxes(v: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, i
         x0, y0, x1, y1 = _rect(stats[i])
         area = int(stats[i, cv2.CC_STAT_AREA])
         w, h = x1 - x0, y1 - y0
-        if area >= area_min and area >= 0.85 * w * h and min(w, h) >= 4:
+        if area >= area_min and area >= 0.95 * w * h and min(w, h) >= 4:
             boxes.append((x0, y0, x1, y1))
     return boxes
 
