@@ -302,6 +302,7 @@ NEW_OPS = [
     "xray_grid_cutoff",
     "xray_edge_enhancement",
     "xray_double_exposure",
+    "xray_cardiac_motion",
 ]
 
 
@@ -319,3 +320,23 @@ def test_patient_rotation_moves_label_maps_with_the_image() -> None:
     bright = out[0, 0] > 0.5
     overlap = (bright & (moved[0] > 0)).sum() / bright.sum()
     assert float(overlap) > 0.9
+
+
+def test_cardiac_motion_blurs_the_heart_border_laterally_and_spares_the_apices() -> None:
+    """Against SciPy: the box blur of the linear signal along x (heart) and y (domes), blended
+    with the masks written out again here; the lung apices (top corners) stay untouched."""
+    h, w = 200, 220
+    x = _real(220)[..., :h, :]
+    out, _ = _with_params(x, "xray_cardiac_motion", 4, {"length": 0.03})
+    r = max(1, round(float(np.float32(0.03)) * h / 2))
+    lin = _lin(_np(x))
+    bx = scipy.ndimage.uniform_filter1d(lin, 2 * r + 1, axis=1, mode="mirror")
+    by = scipy.ndimage.uniform_filter1d(lin, 2 * r + 1, axis=0, mode="mirror")
+    ys = ((np.arange(h) + 0.5) / h)[:, None]
+    xs = ((np.arange(w) + 0.5) / w)[None, :]
+    heart = np.exp(-0.5 * (((xs - 0.64) / 0.1) ** 2 + ((ys - 0.55) / 0.14) ** 2))
+    across = np.exp(-0.5 * (np.clip(np.abs(xs - 0.5) - 0.35, 0, None) / 0.04) ** 2)
+    domes = np.exp(-0.5 * ((ys - 0.72) / 0.05) ** 2) * across
+    ref = _disp(lin + heart * (bx - lin) + domes * (by - lin))
+    assert np.abs(_np(out) - ref).max() < 2e-6
+    assert np.abs(_np(out) - _np(x))[: h // 6, : w // 6].max() < 1e-3
