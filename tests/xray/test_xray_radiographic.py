@@ -246,9 +246,7 @@ def test_double_exposure_adds_the_shifted_fluence() -> None:
 LOWERS_CONTRAST = {
     "xray_scatter": "scatter adds a veiling haze",
     "xray_over_penetration": "a high tube voltage flattens the film",
-    "xray_window_level": "a wrong window can clip away part of the range",
     "xray_gamma": "a gamma above 1 compresses the dark range",
-    "xray_collimation": "shutters replace anatomy with a flat border",
     "xray_exposure": "a wrong detector gain clips one end of the range",
 }
 CONTRAST_FILMS = [p for p in XRAY if p.stem in ("nih_00000284_000", "nih_00022084_000", "mhh_covid_48c4542c")]
