@@ -46,6 +46,10 @@ appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004))
   diaphragm domes vertically; a box (line) PSF of ``length`` on the linear fluence, weighted by
   smooth masks at the usual places of the left ventricle and the domes (``motion_masks``), the
   rest of the film sharp.
+* ``xray_skin_fold``: a fold of skin trapped between the patient's back and the detector (supine
+  and portable films): the doubled skin adds attenuation that ends in a sharp curvilinear edge
+  over the lateral lung and fades away from it, the classic pneumothorax mimic (lung markings
+  continue across it).
 """
 
 from __future__ import annotations
@@ -608,4 +612,43 @@ def xray_cardiac_motion(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Seque
         along_x = _box_torch(lin, min(r, w - 1), -1)
         along_y = _box_torch(lin, min(r, h - 1), -2)
         out.append(to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x))
+    return torch.cat(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Skin fold
+
+
+def _fold_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "density": draw(rng_, level["density"]),
+        "position": draw(rng_, level["position"]),
+        "curvature": draw(rng_, level["curvature"]),
+        "right_side": float(rng_.random() < 0.5),
+    }
+
+
+def fold_attenuation(h: int, w: int, p: dict[str, torch.Tensor], i: int, device: torch.device) -> torch.Tensor:
+    """Display-unit attenuation (1,1,H,W float64) of one sample's skin fold. The edge runs down
+    the lateral lung at ``position`` (fraction of the width from the film's side) bowing
+    outwards by ``curvature`` at mid-height; on its lateral side the added density is
+    ``density exp(-d / (0.04 side))`` at distance ``d`` from the edge (one-pixel anti-aliased
+    edge), tapered to zero at 15 % and 85 % of the height."""
+    side = min(h, w)
+    ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5).view(1, 1, h, 1)
+    xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5).view(1, 1, 1, w)
+    t = ys / h
+    edge = (float(p["position"][i]) + float(p["curvature"][i]) * (1.0 - ((t - 0.5) / 0.35) ** 2)) * w
+    right = float(p["right_side"][i]) > 0.5
+    d = (xs - (w - edge)) if right else (edge - xs)  # distance beyond the edge, towards the side
+    inside = (d + 0.5).clamp(0.0, 1.0)
+    taper = torch.sin(((t - 0.15) / 0.7).clamp(0.0, 1.0) * math.pi).clamp(min=0.0)
+    return float(p["density"][i]) * inside * torch.exp(-d.clamp(min=0.0) / (0.04 * side)) * taper
+
+
+@register_kernel("xray_skin_fold", sampler=_fold_sampler)
+def xray_skin_fold(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """A skin fold as added attenuation with a sharp edge (see ``fold_attenuation``)."""
+    h, w = x.shape[-2:]
+    out = [(_wide(x[i : i + 1]) + fold_attenuation(h, w, p, i, x.device)).clamp_(0.0, 1.0).to(x.dtype) for i in range(x.shape[0])]
     return torch.cat(out)

@@ -301,6 +301,7 @@ NEW_OPS = [
     "xray_edge_enhancement",
     "xray_double_exposure",
     "xray_cardiac_motion",
+    "xray_skin_fold",
 ]
 
 
@@ -338,3 +339,23 @@ def test_cardiac_motion_blurs_the_heart_border_laterally_and_spares_the_apices()
     ref = _disp(lin + heart * (bx - lin) + domes * (by - lin))
     assert np.abs(_np(out) - ref).max() < 2e-6
     assert np.abs(_np(out) - _np(x))[: h // 6, : w // 6].max() < 1e-3
+
+
+def test_skin_fold_is_a_sharp_edge_with_density_fading_laterally() -> None:
+    """On a flat field: zero medial to the edge, a jump of ``density`` at it (within a pixel),
+    decaying as exp(-d / (0.04 side)) towards the film's side; the fold runs vertically over
+    the middle of the film and fades at its ends."""
+    h, w = 200, 240
+    x = torch.full((1, 1, h, w), 0.4)
+    params = {"density": 0.08, "position": 0.15, "curvature": 0.0, "right_side": 0.0}
+    out, _ = _with_params(x, "xray_skin_fold", 5, params)
+    added = _np(out) - _np(x)
+    row = added[h // 2]
+    edge = float(np.float32(0.15)) * w
+    cols = np.arange(w) + 0.5
+    d = edge - cols
+    taper = math.sin(math.pi * ((h // 2 + 0.5) / h - 0.15) / 0.7)
+    expected = float(np.float32(0.08)) * np.clip(d + 0.5, 0, 1) * np.exp(-np.clip(d, 0, None) / (0.04 * h)) * taper
+    assert np.abs(row - expected).max() < 1e-6
+    assert np.all(added[:, int(edge) + 2 :] == 0.0)  # medial side untouched
+    assert added[int(0.1 * h)].max() == 0.0 and added[int(0.9 * h)].max() == 0.0
