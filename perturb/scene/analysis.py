@@ -106,7 +106,8 @@ def _scope_boxes(small: np.ndarray) -> list[tuple[int, int, int, int]]:
 
 
 def _black_boxes(v: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, int]]:
-    """Pure-black axis-aligned rectangles that cut into the field's hull (anonymisation boxes)."""
+    """Pure-black axis-aligned rectangles that cut into the field's hull (anonymisation boxes):
+    black regions inside the hull that fill their bounding box (as far as it lies in the hull)."""
     black = ((v <= BLACK_LEVEL) & hull.astype(bool)).astype(np.uint8)
     black = cv2.morphologyEx(black, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
     n, _, stats = _components(black)
@@ -116,7 +117,8 @@ def _black_boxes(v: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, i
         x0, y0, x1, y1 = _rect(stats[i])
         area = int(stats[i, cv2.CC_STAT_AREA])
         w, h = x1 - x0, y1 - y0
-        if area >= area_min and area >= 0.95 * w * h and min(w, h) >= 4:
+        inside = int(hull[y0:y1, x0:x1].sum())  # the box as far as the hull shows it
+        if area >= area_min and area >= 0.92 * inside and min(w, h) >= 4:
             boxes.append((x0, y0, x1, y1))
     return boxes
 

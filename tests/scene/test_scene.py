@@ -77,14 +77,14 @@ def test_known_overlays_on_real_frames(name: str, kind: str) -> None:
     img = frame(name)
     if img is None:
         pytest.skip(f"{name} is not in this sample set")
-    small, s = small_frame(name, 360)
+    _small, s = small_frame(name, 360)
     assert kind in {k for *_, k in s.overlays}, f"{name}: no {kind} among {s.overlays}"
     # overlays sit on top: the field's tissue is not swallowed by an overlay
     assert (s.tissue >= 1).sum() > 0.8 * (s.field >= 1).sum()
 
 
 def test_real_fields_are_smooth_connected_and_keep_dark_tissue() -> None:
-    for name, img in require_frames():
+    for name, _img in require_frames():
         small, s = small_frame(name, 288)
         field = s.field >= 0.5
         n, _ = cv2.connectedComponents(field.astype(np.uint8))
@@ -120,7 +120,7 @@ def test_records_carry_the_scene_and_replay_bit_for_bit() -> None:
 
 
 def test_downscaled_frame_keeps_its_scene() -> None:
-    name, img = require_frames()[-1]
+    _name, img = require_frames()[-1]
     a = perturb.scene(downscale(img, 360)).field
     b = cv2.resize(perturb.scene(img).field, (a.shape[1], a.shape[0]), interpolation=cv2.INTER_AREA)
     assert np.abs(a - b).mean() < 0.02
