@@ -45,6 +45,7 @@ COMMAND_MODULES = [
     "perturb.score.command",
     "perturb.generate.command",
     "perturb.demo.command",
+    "perturb.calibrate.command",
 ]
 
 for _module in COMMAND_MODULES:

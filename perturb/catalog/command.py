@@ -131,9 +131,18 @@ def preview(
     op: Annotated[str | None, typer.Option(help="Only this op (default: every op that fits the image).")] = None,
     out: Annotated[Path, typer.Option(help="Where to write the PNG grid.")] = Path("preview.png"),
     seed: Annotated[int, typer.Option(help="Seed of the keyed randomness.")] = 0,
+    scene: Annotated[
+        bool,
+        typer.Option(
+            "--scene",
+            help="Show the scene model instead: field of view, on-screen overlays, highlights "
+            "(what tissue-layer ops change and what they leave alone).",
+        ),
+    ] = False,
 ) -> None:
-    """Write a labelled grid: the clean image and severities 1-5 of each op."""
-    from perturb.catalog.preview import preview_grid
+    """Write a labelled grid: the clean image and severities 1-5 of each op (or, with --scene,
+    the image's scene masks)."""
+    from perturb.catalog.preview import preview_grid, scene_panel
     from perturb.catalog.registry import UnknownOpError
     from perturb.engine import InputError
     from perturb.io.images import (
@@ -161,6 +170,10 @@ def preview(
     if out.suffix.lower() != ".png":
         _err().print(f"[red]error:[/] --out must end in .png, got {out}")
         raise typer.Exit(2)
+    if scene:
+        write_atomic(out, encode_image(scene_panel(tensor), "png"))
+        typer.echo(f"wrote {out} (scene)")
+        return
     try:
         grid, skipped = preview_grid(tensor, [op] if op else None, sample_key=key, seed=seed)
     except (UnknownOpError, InputError) as exc:
