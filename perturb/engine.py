@@ -21,8 +21,10 @@ from perturb import __version__, rng
 from perturb.catalog.registry import Op, get_op
 from perturb.catalog.specs import check_severity
 from perturb.ops import backend as backends
-from perturb.ops.fov import border_mask
 from perturb.ops.jpeg import jpeg_backend
+from perturb.scene import Scene
+from perturb.scene import masks as scene_masks
+from perturb.scene.analysis import analyse
 
 SHARED_SEVERITY = 0
 SUPPORTED_DTYPES = {torch.float32: 1.0, torch.uint8: 255.0, torch.uint16: 65535.0}
@@ -254,20 +256,51 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
             )
     params = collate([r.params for r in records], x.device)
     keys = [rng.key_from_hex(r.key) for r in records]
+    scenes = [record_scene(r, x[i]) if r.protect_border else None for i, r in enumerate(records)]
     dtype = x.dtype
     fast = backends.cpu_path(op.name, dtype) if backends.opencv_path(x) else None
     if fast is not None:
-        flags = [bool(r.protect_border) for r in records]
-        return backends.run_cpu(fast[0], x, params, keys, flags, native=fast[1])
+        return backends.run_cpu(
+            fast[0], x, params, keys, scenes, native=fast[1], uses_scene=backends.cpu_uses_scene(op.name)
+        )
     if dtype != torch.float32:
         x = x.to(torch.float32) / SUPPORTED_DTYPES[dtype]
     with torch.no_grad():
-        out = op.entry.kernel(x, params, keys)
-    protect = torch.tensor([r.protect_border for r in records], device=x.device)
-    if bool(protect.any()):
-        mask = border_mask(x) & protect.view(-1, 1, 1, 1)
-        out = torch.where(mask, x, out)
+        if op.entry.uses_scene:
+            out = op.entry.kernel(x, params, keys, scenes=scenes)
+        else:
+            out = op.entry.kernel(x, params, keys)
+    if any(s is not None for s in scenes):
+        out = compose_tissue(x, out, scenes)
     return _restore_dtype(out, dtype)
+
+
+def record_scene(record: Record, image: torch.Tensor) -> Scene:
+    """The scene a tissue-layer record composites with: the descriptor it stores
+    (``extra["scene"]``, written by ``apply`` from the clean input), else the scene of
+    ``image`` (CHW), analysed now."""
+    desc = record.extra.get("scene")
+    h, w = image.shape[-2:]
+    if desc is not None:
+        scene = Scene.from_descriptor(desc)
+        if scene.size != (h, w):
+            raise InputError(
+                f"record's scene is for a {scene.size[0]}x{scene.size[1]} image, got {h}x{w}; "
+                "replay records on the images they were made from"
+            )
+        return scene
+    return Scene(analyse(image))
+
+
+def compose_tissue(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
+    """``out`` where the tissue layer shows, ``x`` elsewhere (float32 BCHW): the surround and
+    the on-screen overlays keep their input pixels; samples without a scene keep ``out``."""
+    alphas = [
+        torch.ones(x.shape[-2:]) if s is None else torch.from_numpy(scene_masks.tissue_alpha(s.descriptor).copy())
+        for s in scenes
+    ]
+    a = torch.stack(alphas).unsqueeze(1).to(x.device)
+    return out * a + x * (1.0 - a)
 
 
 def apply(
@@ -286,7 +319,9 @@ def apply(
     ``sample_keys`` names each image stably (e.g. its img_id); with ``seed``, ``op``,
     severity and ``variant`` it fixes every random quantity of that sample. uint8 and uint16
     batches come back in their dtype; float32 batches must lie in [0, 1].
-    ``protect_border`` (default: the op's spec) keeps the endoscope's dark frame untouched.
+    ``protect_border`` (default: the op's spec): the op acts on the tissue layer of an
+    endoscopy frame (``perturb.scene``): inside the field of view, with the dark surround and
+    the on-screen overlays kept as they are; each record stores the scene's descriptor.
     ``param_keys`` (default: ``sample_keys``) key the scalar parameters alone: images with one
     param key (e.g. the views of one study) share their parameters, while per-pixel fields still
     follow each image's own sample key; the record keeps the param key in ``extra``.
@@ -318,6 +353,10 @@ def apply(
         )
         for k, s, v, g in zip(sample_keys, severities, variants, groups, strict=True)
     ]
+    if protect:  # the scene of each clean input, recorded so replay composites identically
+        records = [
+            replace(r, extra={**r.extra, "scene": analyse(x[i])}) for i, r in enumerate(records)
+        ]
     if spec_op.name == "jpeg":
         records = with_jpeg_codec(records, jpeg_backend(x))
     return run_records(x, records), records

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import cached_property
+from typing import Any
 
 import cv2
 import numpy as np
@@ -20,30 +22,65 @@ import torch
 from perturb import rng
 from perturb.ops import backend
 from perturb.ops._math import linear_to_srgb_np, srgb_to_linear_np
-from perturb.ops.fov import DARK_THRESHOLD
 from perturb.ops.registry import Sampler, register_kernel, uniform_sampler
 
-SampleFn = Callable[[np.ndarray, dict[str, np.ndarray], int], np.ndarray]
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+DARK_LEVEL = 0.07  # a channel value below this is dark (the surround of the field of view)
+
+
+class View:
+    """Where an op may act on one frame: ``field`` (bool, H x W) is the field of view (for
+    geometry: centre, radius), ``tissue`` (bool) the field minus on-screen overlays (where
+    effects are drawn). Taken from the engine's ``perturb.scene.Scene`` when there is one, else
+    estimated from the pixels (``tissue_mask``); computed on first use."""
+
+    def __init__(self, img: np.ndarray, scene: Any | None = None) -> None:
+        self._img = img
+        self._scene = scene if scene is not None and tuple(scene.size) == tuple(img.shape[-2:]) else None
+
+    @cached_property
+    def field(self) -> np.ndarray:
+        if self._scene is None:
+            return tissue_mask(self._img)
+        return np.asarray(self._scene.field) > 0.5
+
+    @cached_property
+    def tissue(self) -> np.ndarray:
+        if self._scene is None:
+            return self.field
+        return self.field & ~np.asarray(self._scene.overlay, dtype=bool)
+
+
+SampleFn = Callable[[np.ndarray, dict[str, np.ndarray], int, View], np.ndarray]
 
 
 def host_op(name: str, sampler: Sampler = uniform_sampler) -> Callable[[SampleFn], SampleFn]:
-    """Register ``fn(img, params, key) -> out`` (CHW float32 in [0, 1] in and out, one sample) as
-    op ``name``: its CPU path (float32 natively; uint8 and uint16 batches go through float32) and
-    its torch kernel (the same host function on every device)."""
+    """Register ``fn(img, params, key, view) -> out`` (CHW float32 in [0, 1] in and out, one
+    sample) as op ``name``: its CPU path (float32 natively; uint8 and uint16 batches go through
+    float32) and its torch kernel (the same host function on every device: a CUDA batch is
+    copied to the host and back). Both take the engine's scenes."""
 
     def decorator(fn: SampleFn) -> SampleFn:
-        @backend.register_cpu(name, dtypes=(np.float32,))
-        def cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-            res = fn(np.ascontiguousarray(src, dtype=np.float32), p, key)
+        @backend.register_cpu(name, dtypes=(np.float32,), uses_scene=True)
+        def cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
+            img = np.ascontiguousarray(src, dtype=np.float32)
+            res = fn(img, p, key, View(img, scene))
             np.clip(res, np.float32(0.0), np.float32(1.0), out=dst)
 
-        @register_kernel(name, sampler=sampler)
-        def kernel(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-            host = x.detach().to("cpu", torch.float32)
-            params = {k: v.detach().cpu() for k, v in p.items()}
-            out = backend.run_cpu(cpu, host, params, keys, [False] * x.shape[0], native=(np.dtype(np.float32),))
-            return out.to(x.device)
+        @register_kernel(name, sampler=sampler, uses_scene=True)
+        def kernel(
+            x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
+        ) -> torch.Tensor:
+            src = x.detach().to("cpu", torch.float32).contiguous().numpy()
+            dst = np.empty_like(src)
+            host = {k: v.detach().cpu().numpy() for k, v in p.items()}
+            per_sample = list(scenes) if scenes is not None else [None] * len(src)
+
+            def work(i: int) -> None:
+                cpu(src[i], dst[i], {k: v[i] for k, v in host.items()}, int(keys[i]), scene=per_sample[i])
+
+            backend.map_samples(work, len(src))
+            return torch.from_numpy(dst).to(x.device)
 
         kernel.__doc__ = fn.__doc__
         return fn
@@ -92,9 +129,9 @@ def to_display(lin: np.ndarray) -> np.ndarray:
     return linear_to_srgb_np(np.ascontiguousarray(lin, dtype=np.float32))
 
 
-def dark_frame(img: np.ndarray, threshold: float = DARK_THRESHOLD) -> np.ndarray:
-    """Bool (H, W): the endoscope's dark frame, as ``perturb.ops.fov.border_mask`` finds it
-    (dark runs from an image edge)."""
+def dark_frame(img: np.ndarray, threshold: float = DARK_LEVEL) -> np.ndarray:
+    """Bool (H, W): the endoscope's dark frame: pixels darker than ``threshold`` in every
+    channel reached by a straight dark run from an image edge."""
     dark = (img.max(axis=0) < threshold).astype(np.uint8)
     left = np.minimum.accumulate(dark, axis=1)
     right = np.minimum.accumulate(dark[:, ::-1], axis=1)[:, ::-1]
@@ -104,14 +141,15 @@ def dark_frame(img: np.ndarray, threshold: float = DARK_THRESHOLD) -> np.ndarray
 
 
 def tissue_mask(img: np.ndarray) -> np.ndarray:
-    """Bool (H, W): the tissue seen through the optics. The frame's level is read on the image's
+    """Bool (H, W): the tissue seen through the optics, estimated from the pixels when the
+    engine gives no scene (``perturb.scene`` is the reference model). The frame's level is read on the image's
     outer rows and columns (some processors draw a dark grey, noisy surround); pixels up to 0.06
     above it that reach an image edge are frame; of the rest, after an opening that cuts thin
     links, the largest connected region is the field (burned-in text, icons and boxes drawn on
     the frame are separate regions and left out)."""
     peak = img.max(axis=0)
     edges = np.concatenate([peak[0], peak[-1], peak[:, 0], peak[:, -1]])
-    threshold = max(DARK_THRESHOLD, float(np.median(edges)) + 0.06)
+    threshold = max(DARK_LEVEL, float(np.median(edges)) + 0.06)
     field = (~dark_frame(img, threshold)).astype(np.uint8)
     radius = max(1, min(img.shape[-2:]) // 200)
     disk = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * radius + 1, 2 * radius + 1))

@@ -86,12 +86,12 @@ def smoke_optical_depth(key: int, h: int, w: int, p: dict[str, np.ndarray]) -> n
 
 
 @_host.host_op("surgical_smoke", sampler=_smoke_sampler)
-def surgical_smoke(img: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+def surgical_smoke(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Wispy cautery smoke: I t + A (1 - t) in linear light, t = exp(-tau) over a turbulent
     drifting plume; airlight lit by the scope, forward-scatter blur (module docstring)."""
     c, h, w = img.shape
     scale = min(h, w)
-    tissue = _host.tissue_mask(img)
+    tissue = view.tissue
     tau = smoke_optical_depth(key, h, w, p) * _host.soft_mask(tissue, 0.01 * scale)
     t = np.exp(-tau).astype(np.float32)
     lin = _host.to_linear(img)
@@ -163,12 +163,12 @@ def render_bubble(lin: np.ndarray, out: np.ndarray, cx: float, cy: float, r: flo
 
 
 @_host.host_op("bubbles", sampler=_bubble_sampler)
-def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Clusters of thin-film bubbles: refracted tissue, Fresnel rim, dark refraction line and a
     clipped specular spot (module docstring)."""
     _c, h, w = img.shape
     scale = min(h, w)
-    tissue = _host.tissue_mask(img)
+    tissue = view.tissue
     lin = _host.to_linear(img)
     out = lin.copy()
     rows = np.asarray(p["bubbles"], dtype=np.float64).reshape(-1, 3)
@@ -232,12 +232,12 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
 
 
 @_host.host_op("fluid_occlusion", sampler=_fluid_sampler)
-def fluid_occlusion(img: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+def fluid_occlusion(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Fluid, stool or blood pooled over ``coverage`` of the field: Beer-Lambert absorption,
     turbid in-scattering, bright meniscus (module docstring)."""
     c, h, w = img.shape
     scale = min(h, w)
-    tissue = _host.tissue_mask(img)
+    tissue = view.tissue
     pool = pool_mask(key, tissue, float(p["coverage"]), float(p["side"]))
     if not pool.any():
         return img.copy()

@@ -85,11 +85,11 @@ def surface_normals(lum: np.ndarray, key: int, relief: float, scale: int) -> tup
 
 
 @_host.host_op("specular_glare", sampler=_glare_sampler)
-def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Blinn-Phong highlights of a light at the camera on a surface from shading, inverse-square
     fall-off, sensor clipping and a short bloom (module docstring)."""
     scale = _host.side(img)
-    tissue = _host.tissue_mask(img)
+    tissue = view.tissue
     lin = _host.to_linear(img)
     lum = _host.luma(lin)
     n_dot_v, inv_d2 = surface_normals(lum, key, float(p["relief"]), scale)

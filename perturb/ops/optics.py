@@ -53,13 +53,13 @@ def _fog_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 
 @_host.host_op("lens_fog", sampler=_fog_sampler)
-def lens_fog(img: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+def lens_fog(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Condensation veil: forward-scatter blur plus scattered light, growing from the rim with
     patchy density (module docstring)."""
     _c, h, w = img.shape
     scale = min(h, w)
-    tissue = _host.tissue_mask(img)
-    cx, cy, radius = _host.field_geometry(tissue)
+    tissue = view.tissue
+    cx, cy, radius = _host.field_geometry(view.field)
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
     rho = np.sqrt((xs - cx) ** 2 + (ys - cy) ** 2) / np.float32(radius)
     reach = float(p["reach"])  # how far in from the rim the film extends at full density
@@ -131,13 +131,13 @@ def render_drop(src: np.ndarray, out: np.ndarray, cx: float, cy: float, r: float
 
 
 @_host.host_op("lens_droplets", sampler=_droplet_sampler)
-def lens_droplets(img: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+def lens_droplets(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Water drops on the lens: refracted, defocused tissue inside each drop, dark rim, small
     reflex (module docstring)."""
     _c, h, w = img.shape
     scale = min(h, w)
-    tissue = _host.tissue_mask(img)
-    cx, cy, radius = _host.field_geometry(tissue)
+    tissue = view.tissue
+    cx, cy, radius = _host.field_geometry(view.field)
     lin = _host.to_linear(img)
     out = lin.copy()
     rows = np.asarray(p["drops"], dtype=np.float64).reshape(-1, 4)
@@ -166,14 +166,14 @@ def channel_scale_maps(h: int, w: int, cx: float, cy: float, magnification: floa
 
 
 @_host.host_op("chromatic_aberration", sampler=_ca_sampler)
-def chromatic_aberration(img: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+def chromatic_aberration(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Red scaled by ``1 + shift``, blue by ``1 - shift`` about the field's centre (``shift`` is
     the fringe width at the field's radius, as a fraction of that radius)."""
     c, h, w = img.shape
     if c == 1:
         return img.copy()
-    tissue = _host.tissue_mask(img)
-    cx, cy, _ = _host.field_geometry(tissue)
+    tissue = view.tissue
+    cx, cy, _ = _host.field_geometry(view.field)
     k = float(p["shift"])
     out = img.copy()
     for channel, m in ((0, 1.0 + k), (2, 1.0 - k)):
@@ -231,7 +231,7 @@ def distortion_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.n
 
 
 @_host.host_op("lens_distortion", sampler=_distortion_sampler)
-def lens_distortion(img: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+def lens_distortion(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Radial distortion change ``rho -> rho (1 + k rho^2) / (1 + k)`` about the image centre,
     bicubic, black where the source lies outside the image (module docstring)."""
     _c, h, w = img.shape

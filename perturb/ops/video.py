@@ -56,11 +56,11 @@ def displaced(img: np.ndarray, dx: float, dy: float) -> np.ndarray:
 
 
 @_host.host_op("interlacing", sampler=_interlace_sampler)
-def interlacing(img: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+def interlacing(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Two fields ``shift`` apart (combing) plus a recursive-filter ghost (module docstring)."""
     _c, h, w = img.shape
     scale = min(h, w)
-    tissue = _host.tissue_mask(img)
+    tissue = view.tissue
     step = float(p["shift"]) * scale
     angle = float(p["direction"])
     dx, dy = step * math.cos(angle), step * math.sin(angle)
@@ -201,7 +201,7 @@ def lost_macroblocks(key: int, rows: int, cols: int, loss: float) -> np.ndarray:
 
 
 @_host.host_op("video_macroblocking", sampler=_macroblock_sampler)
-def video_macroblocking(img: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+def video_macroblocking(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """H.264-style 4x4 DCT quantisation at ``qp`` (4:2:0 chroma) and lost slices concealed from
     a displaced previous frame (module docstring)."""
     c, h, w = img.shape

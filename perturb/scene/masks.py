@@ -1,0 +1,112 @@
+"""Masks rebuilt from a scene descriptor (deterministic: the same descriptor gives the same
+bytes), and the composite of a perturbed tissue layer back into the frame."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+import cv2
+import numpy as np
+
+FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
+
+
+def _key(desc: dict[str, Any]) -> str:
+    return json.dumps(desc, sort_keys=True)
+
+
+def field_alpha(desc: dict[str, Any]) -> np.ndarray:
+    """float32 (H, W) in [0, 1]: 1 inside the field of view, 0 in the surround, a smooth
+    anti-aliased edge (read-only, cached)."""
+    return _field_alpha(_key(desc))
+
+
+@lru_cache(maxsize=6)
+def _field_alpha(key: str) -> np.ndarray:
+    desc = json.loads(key)
+    h, w = desc["size"]
+    if desc.get("full"):
+        out = np.ones((h, w), np.float32)
+    else:
+        gh, gw = desc["grid"]
+        canvas = np.zeros((gh, gw), np.float32)
+        cv2.fillPoly(canvas, [np.asarray(desc["field"], np.int32)], 1.0)
+        canvas = cv2.GaussianBlur(canvas, (0, 0), FEATHER_GRID_PX, borderType=cv2.BORDER_CONSTANT)
+        out = np.asarray(cv2.resize(canvas, (w, h), interpolation=cv2.INTER_LINEAR), dtype=np.float32)
+        # exact 0 and 1 away from the edge: rescale so 1/512 -> 0 and 1 - 1/512 -> 1, then clip
+        out -= np.float32(1.0 / 512)
+        out *= np.float32(1.0 / (1.0 - 2.0 / 512))
+        np.clip(out, 0.0, 1.0, out=out)
+    out.flags.writeable = False
+    return out
+
+
+def overlay_mask(desc: dict[str, Any]) -> np.ndarray:
+    """bool (H, W): on-screen overlays (text, icons, scope boxes, insets, black boxes)."""
+    return _overlay_mask(_key(desc))
+
+
+@lru_cache(maxsize=6)
+def _overlay_mask(key: str) -> np.ndarray:
+    desc = json.loads(key)
+    h, w = desc["size"]
+    out = np.zeros((h, w), bool)
+    for x0, y0, x1, y1, _kind in desc["overlays"]:
+        out[y0:y1, x0:x1] = True
+    out.flags.writeable = False
+    return out
+
+
+def tissue_alpha(desc: dict[str, Any]) -> np.ndarray:
+    """float32 (H, W): where a perturbation of the tissue layer shows, the field of view minus
+    the overlays (read-only, cached)."""
+    return _tissue_alpha(_key(desc))
+
+
+@lru_cache(maxsize=6)
+def _tissue_alpha(key: str) -> np.ndarray:
+    desc = json.loads(key)
+    alpha = field_alpha(desc).copy()
+    alpha[overlay_mask(desc)] = 0.0
+    alpha.flags.writeable = False
+    return alpha
+
+
+def bbox(desc: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1) of the field of view in image pixels (outside it nothing changes)."""
+    x0, y0, x1, y1 = desc["bbox"]
+    return int(x0), int(y0), int(x1), int(y1)
+
+
+def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None:
+    """In place: ``dst`` (CHW, the perturbed sample) becomes ``alpha * dst + (1 - alpha) * src``
+    with the tissue alpha of ``desc``; pixels with alpha 0 are ``src`` exactly, alpha 1
+    ``dst`` exactly."""
+    alpha = tissue_alpha(desc)
+    if alpha.shape != src.shape[-2:]:
+        raise ValueError(f"scene of size {alpha.shape} does not fit an image of size {src.shape[-2:]}")
+    x0, y0, x1, y1 = bbox(desc)
+    # outside the bbox: the source
+    if y0 > 0:
+        dst[:, :y0] = src[:, :y0]
+    if y1 < dst.shape[1]:
+        dst[:, y1:] = src[:, y1:]
+    if x0 > 0:
+        dst[:, y0:y1, :x0] = src[:, y0:y1, :x0]
+    if x1 < dst.shape[2]:
+        dst[:, y0:y1, x1:] = src[:, y0:y1, x1:]
+    a = alpha[y0:y1, x0:x1]
+    partial = (a < 1.0) & (a > 0.0)
+    zero = a == 0.0
+    for c in range(src.shape[0]):
+        s, d = src[c, y0:y1, x0:x1], dst[c, y0:y1, x0:x1]
+        if partial.any():
+            mixed = d[partial].astype(np.float32) * a[partial] + s[partial].astype(np.float32) * (1.0 - a[partial])
+            if d.dtype == np.float32:
+                d[partial] = mixed
+            else:
+                top = 255.0 if d.dtype == np.uint8 else 65535.0
+                d[partial] = np.clip(np.rint(mixed), 0, top).astype(d.dtype)
+        d[zero] = s[zero]
