@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "perturb.score.command",
     "perturb.generate.command",
     "perturb.demo.command",
+    "perturb.calibrate.command",
 ]
 
 for _module in COMMAND_MODULES:

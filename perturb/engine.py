@@ -257,11 +257,39 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
     params = collate([r.params for r in records], x.device)
     keys = [rng.key_from_hex(r.key) for r in records]
     scenes = [record_scene(r, x[i]) if r.protect_border else None for i, r in enumerate(records)]
+    if op.spec.spatial and any(s is not None for s in scenes):
+        x_in = extend_tissue(x, scenes)
+        out = _run_kernel(op, x_in, params, keys, scenes)
+        return _compose_into(x, out, scenes)
+    return _run_kernel(op, x, params, keys, scenes, compose=True)
+
+
+def _run_kernel(
+    op: Op,
+    x: torch.Tensor,
+    params: dict[str, torch.Tensor],
+    keys: Sequence[int],
+    scenes: Sequence[Scene | None],
+    compose: bool = False,
+) -> torch.Tensor:
+    """The op's CPU path or torch kernel on ``x`` (its dtype out); ``compose``: composited
+    into ``x`` as the tissue layer of the samples that have a scene."""
     dtype = x.dtype
+    if not compose:
+        scenes_for_compose: Sequence[Scene | None] = [None] * len(scenes)
+    else:
+        scenes_for_compose = scenes
     fast = backends.cpu_path(op.name, dtype) if backends.opencv_path(x) else None
     if fast is not None:
         return backends.run_cpu(
-            fast[0], x, params, keys, scenes, native=fast[1], uses_scene=backends.cpu_uses_scene(op.name)
+            fast[0],
+            x,
+            params,
+            keys,
+            scenes_for_compose,
+            native=fast[1],
+            uses_scene=backends.cpu_uses_scene(op.name),
+            kernel_scenes=scenes,
         )
     if dtype != torch.float32:
         x = x.to(torch.float32) / SUPPORTED_DTYPES[dtype]
@@ -270,9 +298,39 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
             out = op.entry.kernel(x, params, keys, scenes=scenes)
         else:
             out = op.entry.kernel(x, params, keys)
-    if any(s is not None for s in scenes):
-        out = compose_tissue(x, out, scenes)
+    if any(s is not None for s in scenes_for_compose):
+        out = compose_tissue(x, out, scenes_for_compose)
     return _restore_dtype(out, dtype)
+
+
+def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
+    """``x`` with each scene's surround and overlays replaced by a smooth extension of its
+    tissue (``perturb.scene.masks.extend_tissue``), for spatial (PSF) ops."""
+    host = x.detach().cpu()
+    rows = []
+    for i, s in enumerate(scenes):
+        img = host[i].permute(1, 2, 0).numpy()
+        if s is not None:
+            img = scene_masks.extend_tissue(np.ascontiguousarray(img[..., 0] if img.shape[-1] == 1 else img), s.descriptor)
+            if img.ndim == 2:
+                img = img[..., None]
+        rows.append(torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1))
+    return torch.stack(rows).to(x.device)
+
+
+def _compose_into(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
+    """``out`` (dtype of ``x``) composited into ``x`` as the tissue layer of each scene."""
+    dtype = x.dtype
+    if x.device.type == "cpu":
+        src = x.detach().contiguous().numpy()
+        dst = out.detach().contiguous().numpy().copy()
+        for i, s in enumerate(scenes):
+            if s is not None:
+                scene_masks.compose_numpy(src[i], dst[i], s.descriptor)
+        return torch.from_numpy(dst)
+    xf = x.to(torch.float32) / SUPPORTED_DTYPES[dtype] if dtype != torch.float32 else x
+    of = out.to(torch.float32) / SUPPORTED_DTYPES[dtype] if dtype != torch.float32 else out
+    return _restore_dtype(compose_tissue(xf, of, scenes), dtype)
 
 
 def record_scene(record: Record, image: torch.Tensor) -> Scene:
@@ -313,6 +371,7 @@ def apply(
     variant: int | Sequence[int] = 0,
     protect_border: bool | None = None,
     param_keys: Sequence[str | int] | None = None,
+    scenes: Sequence[Any] | None = None,
 ) -> tuple[torch.Tensor, list[Record]]:
     """Perturb a batch with ``op`` at ``severity`` (1..5) and return (images, records).
 
@@ -325,6 +384,8 @@ def apply(
     ``param_keys`` (default: ``sample_keys``) key the scalar parameters alone: images with one
     param key (e.g. the views of one study) share their parameters, while per-pixel fields still
     follow each image's own sample key; the record keeps the param key in ``extra``.
+    ``scenes`` (one ``perturb.scene.Scene`` or descriptor per image) reuses scenes already
+    computed for these images instead of analysing each input again.
     """
     spec_op = get_op(op)
     check_images(images, spec_op)
@@ -354,9 +415,13 @@ def apply(
         for k, s, v, g in zip(sample_keys, severities, variants, groups, strict=True)
     ]
     if protect:  # the scene of each clean input, recorded so replay composites identically
-        records = [
-            replace(r, extra={**r.extra, "scene": analyse(x[i])}) for i, r in enumerate(records)
+        if scenes is not None and len(scenes) != n:
+            raise InputError(f"scenes has {len(scenes)} entries for a batch of {n}; pass one per image")
+        descs = [
+            analyse(x[i]) if scenes is None else getattr(scenes[i], "descriptor", scenes[i])
+            for i in range(n)
         ]
+        records = [replace(r, extra={**r.extra, "scene": d}) for r, d in zip(records, descs, strict=True)]
     if spec_op.name == "jpeg":
         records = with_jpeg_codec(records, jpeg_backend(x))
     return run_records(x, records), records

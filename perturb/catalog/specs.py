@@ -92,6 +92,9 @@ class Calibration(BaseModel):
     sev5: tuple[float, float] | None = None
     monotone: Literal["increasing", "decreasing"] | None = None
     resolution_invariant: bool = True
+    # measure at the stored resolution instead of at a 448 px shorter side (e.g. a codec,
+    # whose artifacts live at the stored resolution)
+    at_stored_size: bool = False
     note: str = ""
 
     @field_validator("metric")
@@ -159,6 +162,9 @@ class OpSpec(BaseModel):
     # True: the op acts on the tissue layer of an endoscopy frame (inside the field of view, under
     # the on-screen overlays; perturb.scene); False: on the whole frame (codec, geometry, X-ray)
     protects_border: bool = False
+    # the kernel mixes neighbouring pixels (a PSF): a tissue-layer op then runs on the frame with
+    # its surround and overlays replaced by a smooth extension of the tissue (perturb.scene)
+    spatial: bool = False
     version: int = 1
     params: dict[str, ParamTable]
     calibration: Calibration | None = None

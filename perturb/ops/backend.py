@@ -293,11 +293,14 @@ def run_cpu(
     scenes: Sequence[Any | None],
     native: Collection[np.dtype] = _NATIVE_DEFAULT,
     uses_scene: bool = False,
+    kernel_scenes: Sequence[Any | None] | None = None,
 ) -> torch.Tensor:
     """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
     out. ``native`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
     per sample. ``scenes`` (one ``perturb.scene.Scene`` or None per sample): where given, the
-    result is composited back as the tissue layer (field of view, under the overlays)."""
+    result is composited back as the tissue layer (field of view, under the overlays).
+    ``kernel_scenes`` (default ``scenes``): what a ``uses_scene`` path receives."""
+    given = scenes if kernel_scenes is None else kernel_scenes
     if x.dtype not in _NUMPY_OF:
         raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
     src = x.detach().contiguous().numpy()
@@ -311,7 +314,7 @@ def run_cpu(
     def work(i: int) -> None:
         p = {name: value[i] for name, value in host.items()}
         if uses_scene:
-            fn(src[i], dst[i], p, int(keys[i]), scene=scenes[i])
+            fn(src[i], dst[i], p, int(keys[i]), scene=given[i])
         else:
             fn(src[i], dst[i], p, int(keys[i]))
         scene = scenes[i]

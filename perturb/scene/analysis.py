@@ -29,7 +29,8 @@ import numpy as np
 SCENE_VERSION = 1
 GRID_SHORT = 360  # analysis grid: shorter side in pixels
 DARK_LEVEL = 24  # max channel (8-bit) below which a pixel may belong to the surround
-BLACK_LEVEL = 8  # anonymisation boxes are drawn in pure black
+BLACK_LEVEL = 8
+OVERLAY_LEVEL = 60  # text, icons and insets outside the field are at least this bright  # anonymisation boxes are drawn in pure black
 MIN_FIELD_FRACTION = 0.05  # below this the image is treated as having no dark surround
 HIGHLIGHT_LEVEL = 0.92  # min channel above this inside the field: specular highlight
 
@@ -149,8 +150,12 @@ def analyse(image: Any) -> dict[str, Any]:
     for x0, y0, x1, y1 in scope:
         to_image((x0, y0, x1, y1), "scope_box")
         bright[max(0, y0 - 1) : y1 + 1, max(0, x0 - 1) : x1 + 1] = 0
-    # close small gaps so glyphs next to the field do not split it, then the largest component
-    n, labels, stats = _components(bright)
+    # thin bright structures (glyph strokes, icon outlines) touching the field are cut off by an
+    # opening, then the largest component is the field
+    stroke = max(2, round(0.012 * min(gh, gw)))
+    opener = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * stroke + 1, 2 * stroke + 1))
+    core = cv2.morphologyEx(bright, cv2.MORPH_OPEN, opener)
+    n, labels, stats = _components(core)
     if n <= 1:
         return _full_frame(h, w, gh, gw, overlays)
     areas = stats[1:, cv2.CC_STAT_AREA]
@@ -158,9 +163,6 @@ def analyse(image: Any) -> dict[str, Any]:
     if areas[main - 1] < MIN_FIELD_FRACTION * gh * gw:
         return _full_frame(h, w, gh, gw, overlays)
     field = (labels == main).astype(np.uint8)
-    for i in range(1, n):
-        if i != main and stats[i, cv2.CC_STAT_AREA] >= 2:
-            to_image(_rect(stats[i]), "glyph_or_inset")
     radius = max(1, round(0.01 * min(gh, gw)))
     kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * radius + 1, 2 * radius + 1))
     field = cv2.morphologyEx(field, cv2.MORPH_CLOSE, kernel)
@@ -171,17 +173,19 @@ def analyse(image: Any) -> dict[str, Any]:
     cv2.fillPoly(hull_mask, [poly.astype(np.int32)], 1)
     for box in _black_boxes(v, hull_mask):
         to_image(box, "black_box")
-    # glyph components inside the hull are tissue (e.g. a small bright island): keep only outside
-    kept: list[list[Any]] = []
-    for ov in overlays:
-        x0, y0, x1, y1, kind = ov
-        if kind == "glyph_or_inset":
-            gx0, gy0 = int(x0 / sx), int(y0 / sy)
-            gx1, gy1 = max(gx0 + 1, int(np.ceil(x1 / sx))), max(gy0 + 1, int(np.ceil(y1 / sy)))
-            if hull_mask[gy0:gy1, gx0:gx1].mean() > 0.5:
-                continue
-            kind = "inset" if (x1 - x0) * (y1 - y0) > 0.004 * h * w else "glyph"
-        kept.append([x0, y0, x1, y1, kind])
+    # bright things outside the field's hull (and off its soft edge): text, icons, insets
+    near = cv2.dilate(hull_mask, np.ones((5, 5), np.uint8))
+    outside = ((v >= OVERLAY_LEVEL) & (near == 0)).astype(np.uint8)
+    n_out, _, stats_out = _components(outside)
+    for i in range(1, n_out):
+        if stats_out[i, cv2.CC_STAT_AREA] < 2:
+            continue
+        x0, y0, x1, y1 = _rect(stats_out[i])
+        if hull_mask[y0:y1, x0:x1].mean() > 0.2:  # a rectangle reaching into the field: leave it
+            continue
+        big = (x1 - x0) * (y1 - y0) * sx * sy > 0.004 * h * w
+        to_image((x0, y0, x1, y1), "inset" if big else "glyph")
+    kept = overlays
     fx, fy, fw, fh = cv2.boundingRect(poly.astype(np.int32))
     bbox = [
         max(0, int(np.floor((fx - 2) * sx))),

@@ -110,3 +110,31 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> Non
                 top = 255.0 if d.dtype == np.uint8 else 65535.0
                 d[partial] = np.clip(np.rint(mixed), 0, top).astype(d.dtype)
         d[zero] = s[zero]
+
+
+def extend_tissue(img: np.ndarray, desc: dict[str, Any]) -> np.ndarray:
+    """HWC (or HW) image of ``img``'s dtype: the tissue as it is, and outside it (surround,
+    overlays) a smooth extension of the nearby tissue, so a spatial filter (blur) applied
+    afterwards does not pull the dark surround or the overlays into the field's edge. The
+    extension is a normalised convolution on the analysis grid (wide gaussian), upsampled."""
+    h, w = img.shape[:2]
+    gh, gw = desc["grid"]
+    alpha = tissue_alpha(desc)
+    if float(alpha.min()) >= 1.0:
+        return img
+    top = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}.get(img.dtype, 1.0)
+    f = img.astype(np.float32) / np.float32(top)
+    small = cv2.resize(f, (gw, gh), interpolation=cv2.INTER_AREA)
+    weight = cv2.resize(alpha, (gw, gh), interpolation=cv2.INTER_AREA)
+    weight = (weight >= 0.999).astype(np.float32)
+    sigma = 0.04 * min(gh, gw)
+    den = cv2.GaussianBlur(weight, (0, 0), sigma)
+    num = cv2.GaussianBlur(small * (weight if small.ndim == 2 else weight[..., None]), (0, 0), sigma)
+    den = np.maximum(den, 1e-6)
+    fill = num / (den if num.ndim == 2 else den[..., None])
+    fill = cv2.resize(fill.astype(np.float32), (w, h), interpolation=cv2.INTER_LINEAR)
+    a = alpha if f.ndim == 2 else alpha[..., None]
+    out = f * a + fill * (1.0 - a)
+    if top == 1.0:
+        return out.astype(img.dtype)
+    return np.clip(np.rint(out * np.float32(top)), 0, top).astype(img.dtype)
