@@ -21,7 +21,7 @@ def test_catalog_json_lists_the_endoscopy_ops() -> None:
     ops = json.loads(result.output)
     assert len(ops) >= 14
     entry = next(o for o in ops if o["name"] == "specular_glare")
-    assert entry["family"] == "glare" and len(entry["params"]["sigma"]["levels"]) == 5
+    assert entry["family"] == "glare" and len(entry["params"]["wetness"]["levels"]) == 5
     assert "occludes" in entry["risk_tags"] and entry["protects_border"] is True
 
 

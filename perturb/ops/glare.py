@@ -35,9 +35,9 @@ from perturb.ops import _host
 from perturb.ops.registry import Level, Params, draw
 
 FOCAL = 0.5  # focal length, fraction of the shorter side (wide-angle endoscope optics)
-SHADING_SIGMA = 0.008  # smoothing of the luminance before shape from shading (shorter side)
+SHADING_SIGMA = 0.015  # smoothing of the luminance before shape from shading (shorter side)
 IRRADIANCE_SIGMA = 0.03  # large-scale illumination (distance fall-off cue)
-RELIEF_CELL = 0.012  # micro-relief scale (shorter side)
+RELIEF_CELL = 0.018  # micro-relief scale (shorter side)
 OPTICS_SIGMA = 0.0015  # lens point-spread function (shorter side)
 BLOOM_SIGMA = 0.0015  # blooming spread (shorter side)
 BLOOM_GAIN = 0.6
