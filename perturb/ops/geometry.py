@@ -411,6 +411,23 @@ def nearest_warp_batch(m: torch.Tensor, warps: Sequence[Warp]) -> torch.Tensor:
     return torch.stack(out)
 
 
+def nearest_remap_batch(m: torch.Tensor, ks: Sequence[float], width: int, height: int) -> torch.Tensor:
+    """Label maps through ``lens_distortion`` (coefficient ``k`` per sample): each output pixel
+    takes the source pixel nearest to where the image kernel reads it, 0 where that lies outside
+    the image (where the image turns black)."""
+    from perturb.ops.optics import distortion_maps
+
+    out = []
+    for sample, k in zip(m, ks, strict=True):
+        map_x, map_y = distortion_maps(float(k), width, height)
+        ix = torch.from_numpy(np.floor(map_x.astype(np.float64) + 0.5)).long().to(m.device)
+        iy = torch.from_numpy(np.floor(map_y.astype(np.float64) + 0.5)).long().to(m.device)
+        keep = (ix >= 0) & (ix < width) & (iy >= 0) & (iy < height)
+        res = sample[:, iy.clamp(0, height - 1), ix.clamp(0, width - 1)]
+        out.append(torch.where(keep, res, torch.zeros((), dtype=res.dtype, device=res.device)))
+    return torch.stack(out)
+
+
 def warp_label_maps(op: str, m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     """Move label maps ``m`` (B, C, H, W, any dtype) by geometric ``op`` with the collated
     parameters ``p`` the image kernel got: nearest sampling, 0 where the image is black."""
@@ -421,4 +438,6 @@ def warp_label_maps(op: str, m: torch.Tensor, p: dict[str, torch.Tensor]) -> tor
         return nearest_warp_batch(m, crop_warps(p, width, height))
     if op == "rotation":
         return nearest_warp_batch(m, rotation_warps(p, width, height))
+    if op == "lens_distortion":
+        return nearest_remap_batch(m, p["k"].tolist(), width, height)
     raise ValueError(f"geometric op {op!r} has no label-map warp; add one in perturb/ops/geometry.py")
