@@ -15,7 +15,8 @@ the frame. Each result carries flags:
 
 Supported geometric ops: ``resized_crop``, ``rotation``, ``translation`` (perturb.ops.geometry),
 ``lens_distortion`` (perturb.ops.optics: not affine, so a box becomes the bounding box of its
-moved outline, sampled at ``OUTLINE_POINTS`` points per side) and flips named ``hflip`` / ``horizontal_flip`` / ``vflip`` / ``vertical_flip`` (a flip swaps
+moved outline, sampled at ``OUTLINE_POINTS`` points per side), ``xray_patient_rotation`` (a homography: the box's corners are mapped projectively)
+and flips named ``hflip`` / ``horizontal_flip`` / ``vflip`` / ``vertical_flip`` (a flip swaps
 left and right: questions about laterality follow the image).
 """
 
@@ -33,6 +34,7 @@ from perturb.catalog.specs import load_specs
 from perturb.engine import Record
 from perturb.ops.geometry import crop_box, rotation_matrix, translation_pixels
 from perturb.ops.optics import distortion_forward
+from perturb.ops.xray_radiographic import forward_homography
 
 HFLIPS = frozenset({"hflip", "horizontal_flip"})
 VFLIPS = frozenset({"vflip", "vertical_flip"})
@@ -101,6 +103,8 @@ def forward_matrix(record: Record | Mapping[str, Any], width: int, height: int) 
     if op == "translation":
         tx, ty = translation_pixels(width, height, _f32(p["shift"]), _f32(p["direction"]))
         return np.array([[1.0, 0.0, float(tx)], [0.0, 1.0, float(ty)], [0.0, 0.0, 1.0]])
+    if op == "xray_patient_rotation":
+        return forward_homography(_f32(p["degrees"]), _f32(p["pivot"]), width, height)
     raise AnnotationError(f"geometric op {op!r} has no annotation transform; add one in perturb/annotations.py")
 
 
@@ -112,7 +116,8 @@ def forward_points(
         x, y = distortion_forward(points[:, 0], points[:, 1], _f32(_params(record)["k"]), width, height)
         return np.stack([x, y], axis=1)
     m = forward_matrix(record, width, height)
-    return points @ m[:2, :2].T + m[:2, 2]
+    moved = points @ m[:2, :2].T + m[:2, 2]
+    return moved / (points @ m[2, :2] + m[2, 2])[:, None]  # projective ops divide; affine: / 1
 
 
 def _outline(x1: float, y1: float, x2: float, y2: float) -> np.ndarray:
@@ -160,6 +165,7 @@ def transform_boxes(
         if affine:
             corners = np.array([[x1, x2, x2, x1], [y1, y1, y2, y2], [1.0, 1.0, 1.0, 1.0]])
             moved = total @ corners
+            moved = moved[:2] / moved[2]  # projective ops (patient rotation) divide; affine: / 1
         else:  # through each op in the working image's pixels, then back to original pixels
             pts = _outline(x1, y1, x2, y2) * [width / w0, height / h0]
             for record in recs:

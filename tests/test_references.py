@@ -61,12 +61,21 @@ REFERENCE_CHECKS = {
     "xray_window_level": "tests.xray.test_xray_ops::test_window_level_is_dicom_voi_linear",
     "xray_gamma": "tests.xray.test_xray_ops::test_gamma_bit_depth_and_monochrome1_formulas",
     "xray_bit_depth": "tests.xray.test_xray_ops::test_gamma_bit_depth_and_monochrome1_formulas",
-    "xray_monochrome1": "tests.xray.test_xray_ops::test_gamma_bit_depth_and_monochrome1_formulas",
+    "xray_monochrome1": "tests.xray.test_xray_ops::test_monochrome1_is_a_full_inversion_whose_window_is_mis_set_more_with_severity",
     "xray_burned_text": "tests.xray.test_xray_ops::test_burned_text_is_in_the_corners_and_grows_by_lines",
     "xray_laterality_marker": "tests.xray.test_xray_ops::test_laterality_marker_is_a_bright_letter_in_a_top_corner_square",
     "xray_collimation": "tests.xray.test_xray_ops::test_collimation_borders_take_the_shutter_value_and_spare_the_field",
     "xray_motion_blur": "tests.xray.test_xray_ops::test_motion_blur_is_a_line_psf_on_the_linear_signal",
     "xray_jpeg": "tests.xray.test_xray_ops::test_xray_jpeg_is_byte_identical_to_opencv_libjpeg",
+    "xray_patient_rotation": "tests.xray.test_xray_radiographic::test_patient_rotation_is_the_projection_of_the_rotated_coronal_plane",
+    "xray_under_penetration": "tests.xray.test_xray_radiographic::test_penetration_scales_the_attenuation_and_adds_the_missing_noise",
+    "xray_over_penetration": "tests.xray.test_xray_radiographic::test_penetration_scales_the_attenuation_and_adds_the_missing_noise",
+    "xray_support_devices": "tests.xray.test_xray_radiographic::test_attenuating_objects_add_to_the_display_value_and_accumulate_with_severity",
+    "xray_foreign_objects": "tests.xray.test_xray_radiographic::test_attenuating_objects_add_to_the_display_value_and_accumulate_with_severity",
+    "xray_detector_defects": "tests.xray.test_xray_radiographic::test_detector_defects_dead_pixels_lines_and_tile_seam",
+    "xray_grid_cutoff": "tests.xray.test_xray_radiographic::test_grid_cutoff_is_a_lateral_fluence_fall_off",
+    "xray_edge_enhancement": "tests.xray.test_xray_radiographic::test_edge_enhancement_is_an_unsharp_mask_with_overshoot",
+    "xray_double_exposure": "tests.xray.test_xray_radiographic::test_double_exposure_adds_the_shifted_fluence",
 }
 
 

@@ -24,6 +24,8 @@ RISK_TAGS = frozenset(
         "adds_overlay",
         "may_erase_small_findings",
         "alters_intensity",
+        "adds_devices",
+        "alters_projection",
     }
 )
 FAMILIES = frozenset(

@@ -18,6 +18,7 @@ from perturb.ops import (  # noqa: F401  (registration)
     optics,
     video,
     xray,
+    xray_radiographic,
 )
 from perturb.ops.registry import KernelEntry, get_kernel, kernel_names
 

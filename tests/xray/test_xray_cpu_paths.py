@@ -99,10 +99,10 @@ def _pointwise_reference(op: str, v: np.ndarray, p: dict[str, float]) -> np.ndar
     if op == "xray_gamma":
         return v ** (2.0 ** p["log2_gamma"])
     if op == "xray_bit_depth":
-        q = 2.0 ** p["bits"]
-        return np.minimum(np.floor(v * q), q - 1.0) / q
+        top = round(2.0 ** p["bits"]) - 1.0
+        return np.round(v * top) / top
     assert op == "xray_monochrome1"
-    return v + p["amount"] * (1.0 - 2.0 * v)
+    return (1.0 - v - (0.5 + p["center_shift"])) / p["width"] + 0.5
 
 
 @pytest.mark.parametrize(
