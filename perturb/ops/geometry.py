@@ -4,7 +4,7 @@ Coordinates are continuous: pixel ``(x, y)`` covers ``[x, x+1) x [y, y+1)`` and 
 ``(x + 0.5, y + 0.5)`` (PIL's and torchvision's convention). A geometric chain (e.g. crop ->
 resize -> rotate -> translate) is composed into ONE affine map from output coordinates to the
 coordinates of the readable source rectangle and resampled once (bicubic, a = -0.75):
-``cv2.warpAffine`` on CPU, ``torch.nn.functional.grid_sample`` on CUDA. Source taps outside the
+``cv2.warpAffine`` on CPU, Kornia's ``warp_affine`` (bicubic ``grid_sample``) on CUDA. Source taps outside the
 source rectangle clamp to its edge (as PIL's resize of a crop does); black fill lies exactly
 where the sequential chain would put it: a pixel is black when, at any fill step of the chain,
 its point falls outside that step's input image. Those regions are convex, so the mask is a span
@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import cv2
+import kornia
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from perturb.ops import backend
 from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
@@ -158,14 +158,17 @@ def source_positions(m: np.ndarray, width: int, height: int, device: torch.devic
 
 
 def _warp_torch(sample: torch.Tensor, warp: Warp, width: int, height: int) -> torch.Tensor:
+    """One sample through Kornia's ``warp_affine`` (bicubic ``grid_sample``, a = -0.75, border
+    clamped), given the forward map (source-crop pixel index -> output pixel index) that Kornia
+    inverts. The inverse is taken on the host in float64, so the sampled positions are those of
+    ``cv2.warpAffine`` with ``WARP_INVERSE_MAP`` up to float32 grid rounding."""
     x0, y0, x1, y1 = warp.crop
     src = sample[:, y0:y1, x0:x1].unsqueeze(0)
-    cw, ch = x1 - x0, y1 - y0
-    pos = source_positions(_index_matrix(warp), width, height, sample.device)
-    gx = (pos[..., 0] + 0.5) * (2.0 / cw) - 1.0
-    gy = (pos[..., 1] + 0.5) * (2.0 / ch) - 1.0
-    grid = torch.stack([gx, gy], dim=-1).to(sample.dtype).unsqueeze(0)
-    out = F.grid_sample(src, grid, mode="bicubic", padding_mode="border", align_corners=False)
+    forward = np.linalg.inv(_affine(_index_matrix(warp)))[:2]
+    matrix = torch.from_numpy(forward).to(sample.device, sample.dtype).unsqueeze(0)
+    out = kornia.geometry.transform.warp_affine(
+        src, matrix, (height, width), mode="bicubic", padding_mode="border", align_corners=True
+    )
     return out[0]
 
 
