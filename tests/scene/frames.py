@@ -71,8 +71,8 @@ def frames_with_overlays(limit: int = 3) -> list[str]:
     """Names of frames whose scene finds on-screen overlays next to or over the field, and a dark
     surround (the cases the contract is about), at most ``limit``."""
     picked = []
-    for name, img in require_frames():
-        small, s = small_frame(name)
+    for name, _img in require_frames():
+        _small, s = small_frame(name)
         if s.overlay.any() and (s.field == 0).mean() > 0.1:
             picked.append(name)
         if len(picked) == limit:

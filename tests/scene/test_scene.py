@@ -71,20 +71,31 @@ def test_scene_is_deterministic_and_rebuilt_from_its_descriptor() -> None:
         ("polypgen_EndoCV2021_C5_50000198.jpg", "inset"),
         ("polypgen_EndoCV2021_C6_0100032.jpg", "black_box"),
         ("polypgen_C3_EndoCV2021_00327.jpg", "glyph"),
+        ("hyperkvasir_seg_cju0qkwl35piu0993l0dewei2.jpg", "text"),  # burned-in text over the tissue
     ],
 )
 def test_known_overlays_on_real_frames(name: str, kind: str) -> None:
     img = frame(name)
     if img is None:
         pytest.skip(f"{name} is not in this sample set")
-    small, s = small_frame(name, 360)
+    _small, s = small_frame(name, 360)
     assert kind in {k for *_, k in s.overlays}, f"{name}: no {kind} among {s.overlays}"
     # overlays sit on top: the field's tissue is not swallowed by an overlay
     assert (s.tissue >= 1).sum() > 0.8 * (s.field >= 1).sum()
 
 
+def test_no_text_found_in_highlight_rich_frames() -> None:
+    """Specular streaks are not taken for burned-in text (frames with many highlights and no text)."""
+    for name in ("polypgen_176OLCV1_100H0889.jpg", "polypgen_33_endocv2021_positive_958.jpg"):
+        if frame(name) is None:
+            continue
+        _small, s = small_frame(name, 360)
+        text = [o for o in s.overlays if o[4] == "text" and s.field[o[1] : o[3], o[0] : o[2]].mean() > 0.5]
+        assert not text, f"{name}: specular streaks taken for text: {text}"
+
+
 def test_real_fields_are_smooth_connected_and_keep_dark_tissue() -> None:
-    for name, img in require_frames():
+    for name, _img in require_frames():
         small, s = small_frame(name, 288)
         field = s.field >= 0.5
         n, _ = cv2.connectedComponents(field.astype(np.uint8))
@@ -120,7 +131,7 @@ def test_records_carry_the_scene_and_replay_bit_for_bit() -> None:
 
 
 def test_downscaled_frame_keeps_its_scene() -> None:
-    name, img = require_frames()[-1]
+    _name, img = require_frames()[-1]
     a = perturb.scene(downscale(img, 360)).field
     b = cv2.resize(perturb.scene(img).field, (a.shape[1], a.shape[0]), interpolation=cv2.INTER_AREA)
     assert np.abs(a - b).mean() < 0.02
