@@ -291,16 +291,16 @@ def _run_kernel(
             uses_scene=backends.cpu_uses_scene(op.name),
             kernel_scenes=scenes,
         )
-    if dtype != torch.float32:
-        x = x.to(torch.float32) / SUPPORTED_DTYPES[dtype]
+    xf = x.to(torch.float32) / SUPPORTED_DTYPES[dtype] if dtype != torch.float32 else x
     with torch.no_grad():
         if op.entry.uses_scene:
-            out = op.entry.kernel(x, params, keys, scenes=scenes)
+            out = op.entry.kernel(xf, params, keys, scenes=scenes)
         else:
-            out = op.entry.kernel(x, params, keys)
+            out = op.entry.kernel(xf, params, keys)
+    out = _restore_dtype(out, dtype)
     if any(s is not None for s in scenes_for_compose):
         out = compose_tissue(x, out, scenes_for_compose)
-    return _restore_dtype(out, dtype)
+    return out
 
 
 def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
@@ -316,21 +316,6 @@ def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tens
                 img = img[..., None]
         rows.append(torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1))
     return torch.stack(rows).to(x.device)
-
-
-def _compose_into(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
-    """``out`` (dtype of ``x``) composited into ``x`` as the tissue layer of each scene."""
-    dtype = x.dtype
-    if x.device.type == "cpu":
-        src = x.detach().contiguous().numpy()
-        dst = out.detach().contiguous().numpy().copy()
-        for i, s in enumerate(scenes):
-            if s is not None:
-                scene_masks.compose_numpy(src[i], dst[i], s.descriptor)
-        return torch.from_numpy(dst)
-    xf = x.to(torch.float32) / SUPPORTED_DTYPES[dtype] if dtype != torch.float32 else x
-    of = out.to(torch.float32) / SUPPORTED_DTYPES[dtype] if dtype != torch.float32 else out
-    return _restore_dtype(compose_tissue(xf, of, scenes), dtype)
 
 
 def record_scene(record: Record, image: torch.Tensor) -> Scene:
@@ -351,14 +336,33 @@ def record_scene(record: Record, image: torch.Tensor) -> Scene:
 
 
 def compose_tissue(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
-    """``out`` where the tissue layer shows, ``x`` elsewhere (float32 BCHW): the surround and
-    the on-screen overlays keep their input pixels; samples without a scene keep ``out``."""
+    """``out`` where the tissue layer shows, ``x`` elsewhere (BCHW, both of one dtype): the
+    surround and the on-screen overlays keep their input pixels; samples without a scene keep
+    ``out``. Partial alpha mixes ``x + a (out - x)`` in float32 (integer levels rounded half to
+    even), the arithmetic of ``perturb.scene.masks.compose_numpy``."""
     alphas = [
         torch.ones(x.shape[-2:]) if s is None else torch.from_numpy(scene_masks.tissue_alpha(s.descriptor).copy())
         for s in scenes
     ]
     a = torch.stack(alphas).unsqueeze(1).to(x.device)
-    return out * a + x * (1.0 - a)
+    if x.dtype == torch.float32:
+        mixed = x + a * (out - x)
+    else:
+        xf, of = x.to(torch.float32), out.to(torch.float32)
+        mixed = (xf + a * (of - xf)).round_().clamp_(0, SUPPORTED_DTYPES[x.dtype]).to(x.dtype)
+    return torch.where(a >= 1.0, out, mixed)
+
+
+def _compose_into(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
+    """``out`` (dtype of ``x``) composited into ``x`` as the tissue layer of each scene."""
+    if x.device.type == "cpu":
+        src = x.detach().contiguous().numpy()
+        dst = out.detach().contiguous().numpy().copy()
+        for i, s in enumerate(scenes):
+            if s is not None:
+                scene_masks.compose_numpy(src[i], dst[i], s.descriptor)
+        return torch.from_numpy(dst)
+    return compose_tissue(x, out, scenes)
 
 
 def apply(

@@ -16,7 +16,6 @@ from skimage.metrics import structural_similarity
 import perturb
 from perturb.catalog.registry import all_ops
 from perturb.catalog.specs import load_specs, load_table_file
-from perturb.ops.fov import border_mask
 from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
 
 WIDE_BORDER = 0.15  # fraction of the frame
@@ -80,8 +79,9 @@ def test_ssim_strictly_decreases_with_severity(path: Path) -> None:
     # Frames with a wide dark border are scored over the field of view: in a flat black frame
     # SSIM's tiny-variance terms turn JPEG's last-bit block noise into large, erratic swings
     # that say nothing about the image. Frames with little border are scored whole.
-    border = border_mask(batch)
-    fov = ~border if float(border.float().mean()) >= WIDE_BORDER else None
+    field = torch.from_numpy(perturb.scene(clean[0]).field >= 0.999)
+    border = ~field
+    fov = field.view(1, 1, *field.shape).expand(5, -1, -1, -1) if float(border.float().mean()) >= WIDE_BORDER else None
     failures = []
     for name, op in all_ops().items():
         if "endoscopy" not in op.spec.modalities:

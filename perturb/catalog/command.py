@@ -64,10 +64,18 @@ def preview(
     crop_at: Annotated[
         str, typer.Option(help="Centre of the crops as X,Y fractions of the width and height.")
     ] = "0.5,0.5",
+    scene: Annotated[
+        bool,
+        typer.Option(
+            "--scene",
+            help="Show the scene model instead: field of view, on-screen overlays, highlights "
+            "(what tissue-layer ops change and what they leave alone).",
+        ),
+    ] = False,
 ) -> None:
     """Write a labelled grid: the clean image and severities 1-5 of each op, with full-resolution
-    crops under the thumbnails."""
-    from perturb.catalog.preview import preview_grid
+    crops under the thumbnails (or, with --scene, the image's scene masks)."""
+    from perturb.catalog.preview import preview_grid, scene_panel
     from perturb.catalog.registry import UnknownOpError
     from perturb.engine import InputError
     from perturb.io.images import (
@@ -95,6 +103,10 @@ def preview(
     if out.suffix.lower() != ".png":
         err.print(f"[red]error:[/] --out must end in .png, got {out}")
         raise typer.Exit(2)
+    if scene:
+        write_atomic(out, encode_image(scene_panel(tensor), "png"))
+        typer.echo(f"wrote {out} (scene)")
+        return
     try:
         cx, cy = (float(v) for v in crop_at.split(","))
         if not (0.0 <= cx <= 1.0 and 0.0 <= cy <= 1.0):

@@ -145,18 +145,14 @@ def _run_task(
                     "op_version": transformed.VERSION,
                 }
             )
-        channels = 1 if batch[0].arr.ndim == 2 else batch[0].arr.shape[2]
+        # upstream works on PIL RGB images and saves RGB JPEGs: a frame whose three channels
+        # happen to be equal (decoded as gray) still comes out with three channels
         if device.type == "cpu":
-            return (
-                [
-                    transformed.transformed_array(d.float_array(), p)
-                    for d, p in zip(batch, params, strict=True)
-                ],
-                infos,
-                channels,
-            )
-        y = transformed.apply_transformed(torch.stack([d.x for d in batch]).to(device), params)
-        return _to_arrays(y), infos, channels
+            outs = [transformed.transformed_array(d.float_array(), p) for d, p in zip(batch, params, strict=True)]
+        else:
+            y = transformed.apply_transformed(torch.stack([d.x for d in batch]).to(device), params)
+            outs = _to_arrays(y)
+        return [np.repeat(o[..., None], 3, axis=2) if o.ndim == 2 else o for o in outs], infos, 3
     from perturb.catalog.registry import get_op
     from perturb.engine import apply
 

@@ -106,7 +106,8 @@ def _scope_boxes(small: np.ndarray) -> list[tuple[int, int, int, int]]:
 
 
 def _black_boxes(v: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, int]]:
-    """Pure-black axis-aligned rectangles that cut into the field's hull (anonymisation boxes)."""
+    """Pure-black axis-aligned rectangles that cut into the field's hull (anonymisation boxes):
+    black regions inside the hull that fill their bounding box (as far as it lies in the hull)."""
     black = ((v <= BLACK_LEVEL) & hull.astype(bool)).astype(np.uint8)
     black = cv2.morphologyEx(black, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
     n, _, stats = _components(black)
@@ -116,9 +117,34 @@ def _black_boxes(v: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, i
         x0, y0, x1, y1 = _rect(stats[i])
         area = int(stats[i, cv2.CC_STAT_AREA])
         w, h = x1 - x0, y1 - y0
-        if area >= area_min and area >= 0.85 * w * h and min(w, h) >= 4:
+        inside = int(hull[y0:y1, x0:x1].sum())  # the box as far as the hull shows it
+        if area >= area_min and area >= 0.92 * inside and min(w, h) >= 4:
             boxes.append((x0, y0, x1, y1))
     return boxes
+
+
+def _text_lines(small: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Burned-in text over the tissue or the surround: rows of thin bright strokes (white
+    top-hat), merged along the row, that stand in a left-aligned block of at least two lines
+    (patient data, time, scope settings). Specular streaks rarely stack left-aligned."""
+    gray = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
+    short = min(gray.shape)
+    k = max(3, round(0.02 * short)) | 1
+    tophat = cv2.morphologyEx(gray, cv2.MORPH_TOPHAT, cv2.getStructuringElement(cv2.MORPH_RECT, (k, k)))
+    strokes = ((tophat > 50) & (gray > 150)).astype(np.uint8)
+    joiner = cv2.getStructuringElement(cv2.MORPH_RECT, (max(3, round(0.03 * short)), 1))
+    rows = cv2.morphologyEx(strokes, cv2.MORPH_CLOSE, joiner)
+    n, _, stats = _components(rows)
+    lines = []
+    for i in range(1, n):
+        x, y, w, h, area = (int(v) for v in stats[i])
+        if 0.01 * short <= h <= 0.05 * short and w >= 3 * h and w >= 0.05 * short and area >= 0.25 * w * h:
+            lines.append((x, y, x + w, y + h))
+    return [
+        a
+        for a in lines
+        if any(b is not a and abs(b[0] - a[0]) <= 0.02 * short and abs(b[1] - a[1]) <= 4 * max(a[3] - a[1], b[3] - b[1]) for b in lines)
+    ]
 
 
 def analyse(image: Any) -> dict[str, Any]:
@@ -173,6 +199,8 @@ def analyse(image: Any) -> dict[str, Any]:
     cv2.fillPoly(hull_mask, [poly.astype(np.int32)], 1)
     for box in _black_boxes(v, hull_mask):
         to_image(box, "black_box")
+    for line in _text_lines(small):
+        to_image(line, "text")
     # bright things outside the field's hull (and off its soft edge): text, icons, insets
     near = cv2.dilate(hull_mask, np.ones((5, 5), np.uint8))
     outside = ((v >= OVERLAY_LEVEL) & (near == 0)).astype(np.uint8)

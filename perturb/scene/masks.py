@@ -33,7 +33,7 @@ def _field_alpha(key: str) -> np.ndarray:
         gh, gw = desc["grid"]
         canvas = np.zeros((gh, gw), np.float32)
         cv2.fillPoly(canvas, [np.asarray(desc["field"], np.int32)], 1.0)
-        canvas = cv2.GaussianBlur(canvas, (0, 0), FEATHER_GRID_PX, borderType=cv2.BORDER_CONSTANT)
+        canvas = cv2.GaussianBlur(canvas, (0, 0), FEATHER_GRID_PX, borderType=cv2.BORDER_REPLICATE)
         out = np.asarray(cv2.resize(canvas, (w, h), interpolation=cv2.INTER_LINEAR), dtype=np.float32)
         # exact 0 and 1 away from the edge: rescale so 1/512 -> 0 and 1 - 1/512 -> 1, then clip
         out -= np.float32(1.0 / 512)
@@ -103,7 +103,8 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> Non
     for c in range(src.shape[0]):
         s, d = src[c, y0:y1, x0:x1], dst[c, y0:y1, x0:x1]
         if partial.any():
-            mixed = d[partial].astype(np.float32) * a[partial] + s[partial].astype(np.float32) * (1.0 - a[partial])
+            base = s[partial].astype(np.float32)
+            mixed = base + a[partial] * (d[partial].astype(np.float32) - base)
             if d.dtype == np.float32:
                 d[partial] = mixed
             else:
@@ -120,21 +121,34 @@ def extend_tissue(img: np.ndarray, desc: dict[str, Any]) -> np.ndarray:
     h, w = img.shape[:2]
     gh, gw = desc["grid"]
     alpha = tissue_alpha(desc)
-    if float(alpha.min()) >= 1.0:
+    idx = _outside_index(_key(desc))
+    if idx.size == 0:
         return img
     top = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}.get(img.dtype, 1.0)
-    f = img.astype(np.float32) / np.float32(top)
-    small = cv2.resize(f, (gw, gh), interpolation=cv2.INTER_AREA)
+    small = cv2.resize(img, (gw, gh), interpolation=cv2.INTER_AREA).astype(np.float32) / np.float32(top)
     weight = cv2.resize(alpha, (gw, gh), interpolation=cv2.INTER_AREA)
     weight = (weight >= 0.999).astype(np.float32)
     sigma = 0.04 * min(gh, gw)
-    den = cv2.GaussianBlur(weight, (0, 0), sigma)
+    den = np.maximum(cv2.GaussianBlur(weight, (0, 0), sigma), 1e-6)
     num = cv2.GaussianBlur(small * (weight if small.ndim == 2 else weight[..., None]), (0, 0), sigma)
-    den = np.maximum(den, 1e-6)
-    fill = num / (den if num.ndim == 2 else den[..., None])
-    fill = cv2.resize(fill.astype(np.float32), (w, h), interpolation=cv2.INTER_LINEAR)
-    a = alpha if f.ndim == 2 else alpha[..., None]
-    out = f * a + fill * (1.0 - a)
+    fill = (num / (den if num.ndim == 2 else den[..., None])).astype(np.float32)
+    full = np.asarray(cv2.resize(fill, (w, h), interpolation=cv2.INTER_LINEAR), np.float32)
+    channels = 1 if img.ndim == 2 else img.shape[2]
+    out = img.copy()
+    flat_out = out.reshape(-1, channels)
+    a = alpha.reshape(-1)[idx][:, None]
+    src = img.reshape(-1, channels)[idx].astype(np.float32) / np.float32(top)
+    mixed = src * a + full.reshape(-1, channels)[idx] * (1.0 - a)
     if top == 1.0:
-        return out.astype(img.dtype)
-    return np.clip(np.rint(out * np.float32(top)), 0, top).astype(img.dtype)
+        flat_out[idx] = mixed.astype(img.dtype)
+    else:
+        flat_out[idx] = np.clip(np.rint(mixed * np.float32(top)), 0, top).astype(img.dtype)
+    return out
+
+
+@lru_cache(maxsize=6)
+def _outside_index(key: str) -> np.ndarray:
+    """Flat indices of the pixels whose tissue alpha is below one (read-only, cached)."""
+    out = np.flatnonzero(tissue_alpha(json.loads(key)) < 1.0)
+    out.flags.writeable = False
+    return out

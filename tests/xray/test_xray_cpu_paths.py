@@ -79,7 +79,7 @@ def test_lookup_paths_take_integer_batches_only() -> None:
     assert path is not None and np.dtype(np.uint16) not in path[1]
     x = torch.zeros(1, 1, 4, 4, dtype=torch.uint16)
     with pytest.raises(TypeError, match=r"takes \[.uint8.\] batches, got uint16"):
-        backend.run_cpu(path[0], x, {}, [0], [False], native={np.dtype(np.uint8)})
+        backend.run_cpu(path[0], x, {}, [0], [None], native={np.dtype(np.uint8)})
 
 
 def _levels16(x: torch.Tensor) -> np.ndarray:
