@@ -19,7 +19,7 @@ import torch
 import perturb
 from perturb.ops.backend import use_backend
 from perturb.ops.blur import disk_psf, gaussian_taps, line_psf
-from tests.helpers import ENDOSCOPY, require_samples, sample_tensor, small_batch
+from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
 
 REFERENCE_CHECKS = {
     "gaussian_blur": "test_gaussian_blur_matches_opencv_and_keeps_mean",
