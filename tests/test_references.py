@@ -76,6 +76,8 @@ REFERENCE_CHECKS = {
     "xray_grid_cutoff": "tests.xray.test_xray_radiographic::test_grid_cutoff_is_a_lateral_fluence_fall_off",
     "xray_edge_enhancement": "tests.xray.test_xray_radiographic::test_edge_enhancement_is_an_unsharp_mask_with_overshoot",
     "xray_double_exposure": "tests.xray.test_xray_radiographic::test_double_exposure_adds_the_shifted_fluence",
+    "xray_cardiac_motion": "tests.xray.test_xray_radiographic::test_cardiac_motion_blurs_the_heart_border_laterally_and_spares_the_apices",
+    "xray_skin_fold": "tests.xray.test_xray_radiographic::test_skin_fold_is_a_sharp_edge_with_density_fading_laterally",
 }
 
 

@@ -29,6 +29,8 @@ GALLERY = {
     "xray_grid_cutoff": "nih_00009745_000",
     "xray_edge_enhancement": "nih_00022084_000",
     "xray_double_exposure": "nih_00026911_000",
+    "xray_cardiac_motion": "nih_00013911_000",
+    "xray_skin_fold": "nih_00000493_000",
     "xray_monochrome1": "nih_00002578_000",
     "xray_quantum_noise": "nih_00015649_000",
     "xray_bit_depth": "nih_00008386_000",

@@ -28,18 +28,19 @@ INVARIANCE_MIN_SHORT = 1000
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
-def default_sample_dir() -> Path | None:
-    """Real endoscopy frames to calibrate on: ``$PERTURB_SAMPLES/endoscopy`` (or the folder
-    itself), else ``../shared/samples/endoscopy`` beside the repository, else the repository's
-    ``tests/data/endoscopy``; None when none holds an image."""
+def default_sample_dir(modality: str = "endoscopy") -> Path | None:
+    """Real images of ``modality`` (endoscopy frames, chest films for xray) to calibrate on:
+    ``$PERTURB_SAMPLES/<modality>`` (or the folder itself), else ``../shared/samples/<modality>``
+    beside the repository, else the repository's ``tests/data/<modality>``; None when none holds
+    an image."""
     import os
 
     repo = Path(__file__).resolve().parents[2]
     candidates = []
     env = os.environ.get("PERTURB_SAMPLES")
     if env:
-        candidates += [Path(env) / "endoscopy", Path(env)]
-    candidates += [repo.parent / "shared" / "samples" / "endoscopy", repo / "tests" / "data" / "endoscopy"]
+        candidates += [Path(env) / modality, Path(env)]
+    candidates += [repo.parent / "shared" / "samples" / modality, repo / "tests" / "data" / modality]
     for c in candidates:
         if c.is_dir() and any(p.suffix.lower() in IMAGE_SUFFIXES for p in c.iterdir()):
             return c
@@ -94,12 +95,20 @@ def calibrated_ops(modality: str = "endoscopy", names: Sequence[str] | None = No
 
 
 def _perturb(img: np.ndarray, op: str, severities: list[int], key: str, scene: Any) -> list[np.ndarray]:
+    """``op`` at ``severities`` on an HWC RGB image; a gray-only op (X-ray) runs on the first
+    channel (gray films are loaded as three equal channels) and its result is replicated back."""
+    from perturb.catalog.registry import get_op
     from perturb.engine import apply
 
     x = torch.from_numpy(img).permute(2, 0, 1).unsqueeze(0)
+    gray = 3 not in get_op(op).spec.channels
+    if gray:
+        x = x[:, :1]
     batch = x.expand(len(severities), -1, -1, -1).contiguous()
     out, _ = apply(batch, op, severities, [key] * len(severities), scenes=[scene] * len(severities))
-    return [o.permute(1, 2, 0).numpy() for o in out]
+    if gray:
+        out = out.expand(-1, 3, -1, -1)
+    return [np.ascontiguousarray(o.permute(1, 2, 0).numpy()) for o in out]
 
 
 def measure(
@@ -109,14 +118,17 @@ def measure(
     keys: int = 2,
     invariance: bool = True,
     log: Callable[[str], None] = lambda _msg: None,
+    modality: str = "endoscopy",
 ) -> list[OpResult]:
-    """Measure ``specs`` on ``images`` (see the module docstring)."""
+    """Measure ``specs`` on ``images`` (see the module docstring). Endoscopy frames get their
+    scene (scores inside the tissue layer); other modalities (chest films) have none and are
+    scored over the whole image."""
     from perturb.scene import scene as scene_of
 
     prepared = []
     for name, img in images:
-        s = scene_of(img)
-        prepared.append((name, img, s, Reference.of(img, s.tissue)))
+        s = scene_of(img) if modality == "endoscopy" else None
+        prepared.append((name, img, s, Reference.of(img, s.tissue if s is not None else None)))
     stored: dict[str, Reference] = {}
     results = []
     for spec in specs:
@@ -128,7 +140,7 @@ def measure(
             ref = view_ref
             if cal.at_stored_size:
                 if name not in stored:
-                    stored[name] = Reference.of(img, s.tissue, short=None)
+                    stored[name] = Reference.of(img, s.tissue if s is not None else None, short=None)
                 ref = stored[name]
             for k in range(keys):
                 outs = _perturb(img, spec.name, list(SEVERITIES), f"{name}#{k}", s)
@@ -170,7 +182,7 @@ def invariance_gaps(prepared: Sequence[tuple[str, np.ndarray, Any, Reference]], 
             continue
         big = _perturb(img, op, [INVARIANCE_SEVERITY], f"{name}#inv", s)[0]
         small = resize_short(img, MEASURE_SHORT)
-        after = _perturb(small, op, [INVARIANCE_SEVERITY], f"{name}#inv", scene_of(small))[0]
+        after = _perturb(small, op, [INVARIANCE_SEVERITY], f"{name}#inv", scene_of(small) if s is not None else None)[0]
         gaps.append(abs(ref.score("field_ssim", big) - ref.score("field_ssim", after)))
     return gaps
 

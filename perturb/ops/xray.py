@@ -22,15 +22,21 @@ NumPy twins of its fields; scatter, motion blur and JPEG use OpenCV (within 1/25
 Ops (physics after Bushberg et al., The Essential Physics of Medical Imaging, 3rd ed., ch. 7-9;
 DICOM PS3.3 C.11.2 for VOI LINEAR windowing and C.7.6.3.1.2 for MONOCHROME1):
 
-* quantum noise: ``Poisson(f N0 I) + sigma_e z`` quanta, divided by ``f N0``: dose fraction
-  ``f`` of a full-dose ``N0`` quanta per pixel, plus electronic (read) noise ``sigma_e``.
+* quantum noise: ``Poisson(Q I) + sigma_e z`` quanta, divided by ``Q = f N0 (1024/side)^2``:
+  dose fraction ``f`` of a full-dose ``N0`` quanta per pixel of a 1024 px film (scaled by the
+  pixel area), plus electronic (read) noise ``sigma_e``; the signal is floored at half a
+  quantum and shown through a film-like presentation curve (identity between TOE and SHOULDER,
+  tanh toe and shoulder), so noise beyond the clean film's range compresses into the last gray
+  levels instead of clipping to white "snow".
 * grid lines: an anti-scatter grid of 40-80 lines/cm, ``I (1 - a s(x))``, point-sampled by
   the detector so frequencies above Nyquist alias into a low-frequency moire pattern.
 * scatter haze (veiling glare): ``I + k (G * I)`` with a wide kernel (three box passes, a
   gaussian of the given sigma to within half a pixel).
 * exposure (detector gain ``2^(+-stops)`` on ``I``), heel-effect gradient (``I (1 - a t^2)``
   along the anode-cathode axis), motion blur (line PSF on ``I``).
-* window/level, gamma, bit depth (LSB truncation), MONOCHROME1 inversion, burned-in text, laterality marker,
+* window/level, gamma, too few gray levels (``round(2^bits)`` levels, nearest), MONOCHROME1
+  shown as MONOCHROME2 (full inversion through a mis-set window), burned-in text (one
+  annotation set per film), laterality marker,
   collimation borders (white: unexposed film-like shutter, black: electronic shutter), JPEG.
 
 Sizes are fractions of the shorter side (grid frequency assumes that side spans ``FIELD_CM``),

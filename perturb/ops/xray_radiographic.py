@@ -41,6 +41,15 @@ appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004))
   detector adds the fluences ``(I + w I(x - d)) / (1 + w)``.
 * ``xray_foreign_objects``: radiopaque things on the patient: clothing buttons, bra hooks and
   snaps, a necklace with a pendant, hair clips, earrings.
+* ``xray_cardiac_motion``: the heart and the diaphragm move during a long exposure (portable
+  films, a patient who cannot hold the breath): the left heart border blurs laterally and the
+  diaphragm domes vertically; a box (line) PSF of ``length`` on the linear fluence, weighted by
+  smooth masks at the usual places of the left ventricle and the domes (``motion_masks``), the
+  rest of the film sharp.
+* ``xray_skin_fold``: a fold of skin trapped between the patient's back and the detector (supine
+  and portable films): the doubled skin adds attenuation that ends in a sharp curvilinear edge
+  over the lateral lung and fades away from it, the classic pneumothorax mimic (lung markings
+  continue across it).
 """
 
 from __future__ import annotations
@@ -566,3 +575,80 @@ def xray_double_exposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequ
         wgt = float(p["weight"][i])
         out.append(to_display((lin + wgt * second) / (1.0 + wgt), x))
     return torch.stack(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cardiac and diaphragmatic motion
+
+
+def motion_masks(h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights (1,1,H,W float64) of the moving regions of a centred PA chest film: the left
+    heart border (image right of the midline, a gaussian blob at (0.64 w, 0.55 h), sigmas 0.1 w
+    and 0.14 h) and the diaphragm domes (a band at 0.72 h, sigma 0.05 h, across 0.15-0.85 w
+    with gaussian shoulders)."""
+    ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5).view(1, 1, h, 1) / h
+    xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5).view(1, 1, 1, w) / w
+    heart = torch.exp(-0.5 * (((xs - 0.64) / 0.1) ** 2 + ((ys - 0.55) / 0.14) ** 2))
+    across = torch.exp(-0.5 * ((xs - 0.5).abs().sub(0.35).clamp(min=0.0) / 0.04) ** 2)
+    domes = torch.exp(-0.5 * ((ys - 0.72) / 0.05) ** 2) * across
+    return heart, domes
+
+
+def _cardiac_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"length": draw(rng_, level["length"])}
+
+
+@register_kernel("xray_cardiac_motion", sampler=_cardiac_sampler)
+def xray_cardiac_motion(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """``I + M_heart (B_x * I - I) + M_domes (B_y * I - I)`` with box PSFs of ``length``
+    (fraction of the shorter side) along x (heart) and y (diaphragm), see ``motion_masks``."""
+    h, w = x.shape[-2:]
+    side = _side(x)
+    heart, domes = motion_masks(h, w, x.device)
+    out = []
+    for i in range(x.shape[0]):
+        lin = to_linear(x[i : i + 1])
+        r = max(1, round(float(p["length"][i]) * side / 2.0))
+        along_x = _box_torch(lin, min(r, w - 1), -1)
+        along_y = _box_torch(lin, min(r, h - 1), -2)
+        out.append(to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x))
+    return torch.cat(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Skin fold
+
+
+def _fold_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "density": draw(rng_, level["density"]),
+        "position": draw(rng_, level["position"]),
+        "curvature": draw(rng_, level["curvature"]),
+        "right_side": float(rng_.random() < 0.5),
+    }
+
+
+def fold_attenuation(h: int, w: int, p: dict[str, torch.Tensor], i: int, device: torch.device) -> torch.Tensor:
+    """Display-unit attenuation (1,1,H,W float64) of one sample's skin fold. The edge runs down
+    the lateral lung at ``position`` (fraction of the width from the film's side) bowing
+    outwards by ``curvature`` at mid-height; on its lateral side the added density is
+    ``density exp(-d / (0.04 side))`` at distance ``d`` from the edge (one-pixel anti-aliased
+    edge), tapered to zero at 15 % and 85 % of the height."""
+    side = min(h, w)
+    ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5).view(1, 1, h, 1)
+    xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5).view(1, 1, 1, w)
+    t = ys / h
+    edge = (float(p["position"][i]) + float(p["curvature"][i]) * (1.0 - ((t - 0.5) / 0.35) ** 2)) * w
+    right = float(p["right_side"][i]) > 0.5
+    d = (xs - (w - edge)) if right else (edge - xs)  # distance beyond the edge, towards the side
+    inside = (d + 0.5).clamp(0.0, 1.0)
+    taper = torch.sin(((t - 0.15) / 0.7).clamp(0.0, 1.0) * math.pi).clamp(min=0.0)
+    return float(p["density"][i]) * inside * torch.exp(-d.clamp(min=0.0) / (0.04 * side)) * taper
+
+
+@register_kernel("xray_skin_fold", sampler=_fold_sampler)
+def xray_skin_fold(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """A skin fold as added attenuation with a sharp edge (see ``fold_attenuation``)."""
+    h, w = x.shape[-2:]
+    out = [(_wide(x[i : i + 1]) + fold_attenuation(h, w, p, i, x.device)).clamp_(0.0, 1.0).to(x.dtype) for i in range(x.shape[0])]
+    return torch.cat(out)

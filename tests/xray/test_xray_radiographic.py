@@ -246,9 +246,7 @@ def test_double_exposure_adds_the_shifted_fluence() -> None:
 LOWERS_CONTRAST = {
     "xray_scatter": "scatter adds a veiling haze",
     "xray_over_penetration": "a high tube voltage flattens the film",
-    "xray_window_level": "a wrong window can clip away part of the range",
     "xray_gamma": "a gamma above 1 compresses the dark range",
-    "xray_collimation": "shutters replace anatomy with a flat border",
     "xray_exposure": "a wrong detector gain clips one end of the range",
 }
 CONTRAST_FILMS = [p for p in XRAY if p.stem in ("nih_00000284_000", "nih_00022084_000", "mhh_covid_48c4542c")]
@@ -302,6 +300,8 @@ NEW_OPS = [
     "xray_grid_cutoff",
     "xray_edge_enhancement",
     "xray_double_exposure",
+    "xray_cardiac_motion",
+    "xray_skin_fold",
 ]
 
 
@@ -319,3 +319,43 @@ def test_patient_rotation_moves_label_maps_with_the_image() -> None:
     bright = out[0, 0] > 0.5
     overlap = (bright & (moved[0] > 0)).sum() / bright.sum()
     assert float(overlap) > 0.9
+
+
+def test_cardiac_motion_blurs_the_heart_border_laterally_and_spares_the_apices() -> None:
+    """Against SciPy: the box blur of the linear signal along x (heart) and y (domes), blended
+    with the masks written out again here; the lung apices (top corners) stay untouched."""
+    h, w = 200, 220
+    x = _real(220)[..., :h, :]
+    out, _ = _with_params(x, "xray_cardiac_motion", 4, {"length": 0.03})
+    r = max(1, round(float(np.float32(0.03)) * h / 2))
+    lin = _lin(_np(x))
+    bx = scipy.ndimage.uniform_filter1d(lin, 2 * r + 1, axis=1, mode="mirror")
+    by = scipy.ndimage.uniform_filter1d(lin, 2 * r + 1, axis=0, mode="mirror")
+    ys = ((np.arange(h) + 0.5) / h)[:, None]
+    xs = ((np.arange(w) + 0.5) / w)[None, :]
+    heart = np.exp(-0.5 * (((xs - 0.64) / 0.1) ** 2 + ((ys - 0.55) / 0.14) ** 2))
+    across = np.exp(-0.5 * (np.clip(np.abs(xs - 0.5) - 0.35, 0, None) / 0.04) ** 2)
+    domes = np.exp(-0.5 * ((ys - 0.72) / 0.05) ** 2) * across
+    ref = _disp(lin + heart * (bx - lin) + domes * (by - lin))
+    assert np.abs(_np(out) - ref).max() < 2e-6
+    assert np.abs(_np(out) - _np(x))[: h // 6, : w // 6].max() < 1e-3
+
+
+def test_skin_fold_is_a_sharp_edge_with_density_fading_laterally() -> None:
+    """On a flat field: zero medial to the edge, a jump of ``density`` at it (within a pixel),
+    decaying as exp(-d / (0.04 side)) towards the film's side; the fold runs vertically over
+    the middle of the film and fades at its ends."""
+    h, w = 200, 240
+    x = torch.full((1, 1, h, w), 0.4)
+    params = {"density": 0.08, "position": 0.15, "curvature": 0.0, "right_side": 0.0}
+    out, _ = _with_params(x, "xray_skin_fold", 5, params)
+    added = _np(out) - _np(x)
+    row = added[h // 2]
+    edge = float(np.float32(0.15)) * w
+    cols = np.arange(w) + 0.5
+    d = edge - cols
+    taper = math.sin(math.pi * ((h // 2 + 0.5) / h - 0.15) / 0.7)
+    expected = float(np.float32(0.08)) * np.clip(d + 0.5, 0, 1) * np.exp(-np.clip(d, 0, None) / (0.04 * h)) * taper
+    assert np.abs(row - expected).max() < 1e-6
+    assert np.all(added[:, int(edge) + 2 :] == 0.0)  # medial side untouched
+    assert added[int(0.1 * h)].max() == 0.0 and added[int(0.9 * h)].max() == 0.0
