@@ -8,7 +8,9 @@
 # Options: --device cuda|cpu, --skip-install, --skip-tests, --out DIR, --ops a,b (bench.py's),
 # --skip ops,jpeg,generate,augment (bench.py's sections).
 # Environment: PYTHON (default python), PERTURB_GPU_WHEELS (default benchmarks/gpu/wheels: the
-# wheels to install from, offline), PERTURB_GPU_TEST_TIMEOUT (pytest per-test timeout, default 900).
+# wheels to install from, offline), PERTURB_GPU_TEST_TIMEOUT (pytest per-test timeout, default 900),
+# PERTURB_GPU_SKIP_PYTEST_BENCH (non-empty: skip step 4, the pytest-benchmark suites on CUDA),
+# PERTURB_JPEG_CODEC (auto|nvimgcodec|nvjpeg|opencv: the JPEG codec on CUDA).
 # Exit status: 0 when the tests passed and every benchmark section ran, 1 otherwise, 2 on bad usage.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,7 +30,7 @@ while [ $# -gt 0 ]; do
     --skip-install) INSTALL=0; shift ;;
     --skip-tests) TESTS=0; shift ;;
     --ops|--skip) BENCH_ARGS+=("$1" "${2:-}"); shift 2 ;;
-    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -148,5 +150,17 @@ TESTS_JSON=()
 [ -f "$WORK/tests.json" ] && TESTS_JSON=(--tests "$WORK/tests.json")
 "$PY" benchmarks/gpu/bench.py --device "$DEVICE" "${SMOKE[@]}" --tag "$TAG" --out "$OUT" \
   --peers-install "$WORK/install.json" "${TESTS_JSON[@]}" "${BENCH_ARGS[@]}" || status=1
+# ---- 4. (CUDA only) the existing device-parametrized benchmarks on the GPU: Augment and DALI
+# beside kornia (results/augment-cuda*.json, results/dali-cuda*.json) and the X-ray ops at
+# 1024x1024 uint16 (results/xray-cuda*.json). A failure here is reported, not fatal.
+if [ "$DEVICE" = cuda ] && [ -z "${PERTURB_GPU_SKIP_PYTEST_BENCH:-}" ]; then
+  echo "== pytest-benchmark suites on CUDA"
+  PERTURB_BENCH_TAG=cuda "$PY" -m pytest benchmarks/bench_augment.py benchmarks/bench_dali.py \
+    --benchmark-enable -k cuda -q -p no:randomly -p no:cacheprovider 2>&1 | tail -15 \
+    || echo "augment/DALI benchmarks failed (see above)" >&2
+  PERTURB_BENCH_TAG=cuda PERTURB_BENCH_DEVICE=cuda "$PY" -m pytest benchmarks/bench_xray.py \
+    --benchmark-enable -q -p no:randomly -p no:cacheprovider 2>&1 | tail -15 \
+    || echo "X-ray benchmarks failed (see above)" >&2
+fi
 echo "== done: $OUT/gpu-$TAG.json (exit $status)"
 exit "$status"
