@@ -15,7 +15,6 @@ import math
 from collections.abc import Sequence
 
 import cv2
-import kornia
 import numpy as np
 import torch
 
@@ -82,12 +81,16 @@ def _crop_psf(psf: np.ndarray, sample: torch.Tensor) -> torch.Tensor:
 def _conv_torch(sample: torch.Tensor, psf: np.ndarray) -> torch.Tensor:
     """2-D correlation of one CHW sample with a (k, k) PSF, reflected borders: Kornia's
     ``filter2d`` (OpenCV's ``filter2D`` with BORDER_REFLECT_101 computes the same sums)."""
+    import kornia  # lazily: only the torch path needs it
+
     return kornia.filters.filter2d(sample.unsqueeze(0), _crop_psf(psf, sample), border_type="reflect")[0]
 
 
 def _sep_torch(sample: torch.Tensor, taps: np.ndarray) -> torch.Tensor:
     """Separable filter of one CHW sample (rows, then columns), reflected borders: Kornia's
     ``filter2d_separable`` (OpenCV's ``sepFilter2D`` computes the same sums)."""
+    import kornia  # lazily: only the torch path needs it
+
     k = _crop_psf(taps[None, :], sample)[0]  # (1, k), cropped along its length only
     return kornia.filters.filter2d_separable(sample.unsqueeze(0), k, k, border_type="reflect")[0]
 
@@ -137,6 +140,8 @@ def gaussian_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
 def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Gaussian PSF; ``sigma`` is a fraction of the shorter side. Torch path: Kornia's
     ``gaussian_blur2d`` at the CPU path's window (radius ceil(3 sigma))."""
+    import kornia  # lazily: only the torch path needs it
+
     if backend.opencv_path(x):
         return _host(x, p, keys, gaussian_blur_cpu)
     side = shorter_side(x)

@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import cv2
-import kornia
 import numpy as np
 import torch
 
@@ -123,6 +122,8 @@ def _brightness_sampler(rng: np.random.Generator, level: Level) -> Params:
 @register_kernel("brightness", sampler=_brightness_sampler)
 def brightness(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Torch path: Kornia's ``adjust_brightness`` (the same sum and clip, bit for bit)."""
+    import kornia  # lazily: only the torch path needs it
+
     return kornia.enhance.adjust_brightness(x, p["delta"].to(x.dtype))
 
 
@@ -169,6 +170,8 @@ def _gamma_sampler(rng: np.random.Generator, level: Level) -> Params:
 def gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Torch path: Kornia's ``adjust_gamma`` (float32 pow; the CPU path's uint8 tables use float64
     pow, and no level rounds differently over gammas 0.5-2)."""
+    import kornia  # lazily: only the torch path needs it
+
     return kornia.enhance.adjust_gamma(x.clamp(0.0, 1.0), p["gamma"].to(x.dtype))
 
 

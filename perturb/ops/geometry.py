@@ -11,7 +11,8 @@ its point falls outside that step's input image. Those regions are convex, so th
 of columns per row, computed on the host in float64 and shared by both devices.
 
 OpenCV (5.x) evaluates float images at exact source positions with the a = -0.75 cubic, as
-``grid_sample`` does, so both paths agree to float rounding (~1e-5).
+``grid_sample`` does, so both paths agree to float rounding (<= 1e-4; 0.013/255 measured on
+the endoscopy samples at 288x384).
 
 Catalog ops (severity tables in ``perturb/catalog/geometry.yaml``):
 
@@ -31,7 +32,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import cv2
-import kornia
 import numpy as np
 import torch
 
@@ -162,6 +162,8 @@ def _warp_torch(sample: torch.Tensor, warp: Warp, width: int, height: int) -> to
     clamped), given the forward map (source-crop pixel index -> output pixel index) that Kornia
     inverts. The inverse is taken on the host in float64, so the sampled positions are those of
     ``cv2.warpAffine`` with ``WARP_INVERSE_MAP`` up to float32 grid rounding."""
+    import kornia  # lazily: only the torch path needs it
+
     x0, y0, x1, y1 = warp.crop
     src = sample[:, y0:y1, x0:x1].unsqueeze(0)
     forward = np.linalg.inv(_affine(_index_matrix(warp)))[:2]
