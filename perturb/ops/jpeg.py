@@ -50,6 +50,7 @@ def opencv_roundtrip(image_u8: np.ndarray, quality: int) -> np.ndarray:
 
 
 CODECS = ("nvimgcodec", "nvjpeg", "opencv")
+JPEG_OPS = frozenset({"jpeg", "xray_jpeg"})  # ops whose kernel is ``jpeg``: their records name the codec
 
 
 def _cuda_codec_available() -> bool:

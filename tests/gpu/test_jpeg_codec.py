@@ -138,3 +138,11 @@ def test_device_codec_is_named_and_close_to_libjpeg() -> None:
     assert {r.backend for r in records} == {_device_codec()}
     cpu, _ = perturb.apply(x, "jpeg", 3, list("abcd"))
     assert float((out.cpu() - cpu).abs().max()) <= 1.0 / 255.0 + 1e-6
+
+
+def test_xray_jpeg_records_name_the_codec_too() -> None:
+    """xray_jpeg runs the same kernel (and so the same device codec): its records say which."""
+    x = small_batch(2, channels=1)
+    with use_backend("torch"):
+        _, records = perturb.apply(x, "xray_jpeg", 3, ["a", "b"])
+    assert {r.backend for r in records} == {"opencv"}
