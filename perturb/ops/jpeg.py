@@ -89,26 +89,41 @@ def select_codec(on_cuda: bool, available: dict[str, bool], forced: str = "auto"
     return next(c for c in CODECS if c == "opencv" or available.get(c, False))
 
 
+def nvimgcodec_encode(nvimg: Any, encoder: Any, images: list[Any], qualities: list[int], channels: int) -> list[Any]:
+    """JPEG code streams of HWC uint8 ``images`` (CUDA tensors, or NumPy arrays for a host
+    encoder) at ``qualities``, 4:2:0 (gray: one plane); samples of equal quality are encoded
+    as one batch; the streams come back in the order of ``images``."""
+    subsampling = nvimg.ChromaSubsampling.CSS_420 if channels == 3 else nvimg.ChromaSubsampling.CSS_GRAY
+    streams: list[Any] = [None] * len(images)
+    for quality in sorted(set(qualities)):
+        idx = [i for i, q in enumerate(qualities) if q == quality]
+        params = nvimg.EncodeParams(
+            quality_type=nvimg.QualityType.QUALITY, quality_value=float(quality), chroma_subsampling=subsampling
+        )
+        encoded = encoder.encode([nvimg.as_image(images[i]) for i in idx], "jpeg", params=params)
+        for i, stream in zip(idx, encoded, strict=True):
+            if stream is None:
+                raise RuntimeError(f"nvImageCodec failed to encode a JPEG at quality {quality}")
+            streams[i] = stream
+    return streams
+
+
 def _roundtrip_nvimgcodec(x: torch.Tensor, qualities: list[int]) -> torch.Tensor:
-    """Encode and decode on the device with nvImageCodec (nvJPEG): samples of equal quality go
-    as one batch; the decoded images stay on the device (no host copy of pixels)."""
+    """Encode and decode on the device with nvImageCodec (nvJPEG); the decoded images stay on
+    the device (no host copy of pixels)."""
     coders = _nvimgcodec_coders(x.device.index or 0)
     if coders is None:
         raise RuntimeError("nvImageCodec is not available on this device")
     nvimg, (encoder, decoder) = coders
     channels = x.shape[1]
     hwc = to_uint8(x).permute(0, 2, 3, 1).contiguous()
-    subsampling = nvimg.ChromaSubsampling.CSS_420 if channels == 3 else nvimg.ChromaSubsampling.CSS_GRAY
+    streams = nvimgcodec_encode(nvimg, encoder, list(hwc), qualities, channels)
     out = torch.empty_like(hwc)
-    for quality in sorted(set(qualities)):
-        idx = [i for i, q in enumerate(qualities) if q == quality]
-        params = nvimg.EncodeParams(
-            quality_type=nvimg.QualityType.QUALITY, quality_value=float(quality), chroma_subsampling=subsampling
-        )
-        streams = encoder.encode([nvimg.as_image(hwc[i]) for i in idx], "jpeg", params)
-        for i, image in zip(idx, decoder.decode(streams), strict=True):
-            decoded = torch.as_tensor(image, device=x.device)
-            out[i] = decoded[..., :channels] if decoded.shape[-1] != channels else decoded
+    for i, image in enumerate(decoder.decode(streams)):
+        if image is None:
+            raise RuntimeError("nvImageCodec failed to decode its own JPEG")
+        decoded = torch.as_tensor(image, device=x.device)
+        out[i] = decoded[..., :channels] if decoded.shape[-1] != channels else decoded
     return out.permute(0, 3, 1, 2).to(x.dtype) / 255.0
 
 

@@ -117,11 +117,8 @@ def test_nvimgcodec_files_match_libjpeg(quality: int) -> None:
     nvimg, (encoder, decoder) = jpeg_ops._nvimgcodec_coders(0)  # type: ignore[misc]
     x = small_batch(1, 96, 128)
     hwc = (x[0] * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous().cuda()
-    params = nvimg.EncodeParams(
-        quality_type=nvimg.QualityType.QUALITY, quality_value=float(quality), chroma_subsampling=nvimg.ChromaSubsampling.CSS_420
-    )
-    stream = encoder.encode(nvimg.as_image(hwc), "jpeg", params)
-    data = bytes(np.asarray(stream.cpu() if hasattr(stream, "cpu") else stream))
+    (stream,) = jpeg_ops.nvimgcodec_encode(nvimg, encoder, [hwc], [quality], 3)
+    data = bytes(stream)
     tables, sampling = header(data)
     assert tables[0] == ijg_table(LUMA, quality) and tables[1] == ijg_table(CHROMA, quality)
     assert sampling == [(2, 2), (1, 1), (1, 1)]
@@ -146,3 +143,32 @@ def test_xray_jpeg_records_name_the_codec_too() -> None:
     with use_backend("torch"):
         _, records = perturb.apply(x, "xray_jpeg", 3, ["a", "b"])
     assert {r.backend for r in records} == {"opencv"}
+
+
+@pytest.mark.parametrize("quality", [20, 75])
+def test_nvimgcodec_encoder_call_writes_ijg_tables_at_420(quality: int) -> None:
+    """The encoder call of the device path (``nvimgcodec_encode``), run with nvImageCodec's host
+    encoder (its decoder needs a GPU): keyword parameters, batching by quality, order kept, the
+    IJG tables at 4:2:0 (gray: one component), and libjpeg reads every stream."""
+    try:
+        import nvidia.nvimgcodec as nvimg
+
+        encoder = nvimg.Encoder(device_id=nvimg.NVIMGCODEC_DEVICE_CPU_ONLY)
+    except Exception as exc:  # the package is optional (pip install nvidia-nvimgcodec-cu12)
+        pytest.skip(f"nvImageCodec's host encoder is not usable here: {exc}")
+    x = small_batch(3, 64, 96)
+    rgb = [np.ascontiguousarray((s * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for s in x]
+    qualities = [quality, 90, quality]
+    streams = jpeg_ops.nvimgcodec_encode(nvimg, encoder, rgb, qualities, 3)
+    for image, q, stream in zip(rgb, qualities, streams, strict=True):
+        data = bytes(stream)
+        tables, sampling = header(data)
+        assert tables[0] == ijg_table(LUMA, q) and tables[1] == ijg_table(CHROMA, q)
+        assert sampling == [(2, 2), (1, 1), (1, 1)]
+        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB)
+        reference = jpeg_ops.opencv_roundtrip(image, q)
+        assert np.abs(decoded.astype(int) - reference.astype(int)).max() <= 1
+    gray = [np.ascontiguousarray(rgb[0][..., :1])]
+    (stream,) = jpeg_ops.nvimgcodec_encode(nvimg, encoder, gray, [quality], 1)
+    tables, sampling = header(bytes(stream))
+    assert sampling == [(1, 1)] and tables[0] == ijg_table(LUMA, quality)
