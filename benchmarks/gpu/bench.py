@@ -500,14 +500,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tag", default="", help="results name (default: cuda, or cpu-smoke)")
     ap.add_argument("--tests", type=Path, default=None, help="JSON of the test run to include")
     ap.add_argument("--peers-install", type=Path, default=None, help="JSON of run.sh's install step")
+    ap.add_argument("--seconds", type=float, default=None, help="time per row (default 2, smoke 0)")
+    ap.add_argument("--sizes", default="", help="WxH list, e.g. 720x576 (default 720x576,1920x1080; smoke 96x72)")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: ops,jpeg,generate,augment")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda needs a CUDA GPU and a CUDA build of torch; use --device cpu")
     smoke = args.smoke
-    args.sizes = SMOKE_SIZES if smoke else FULL_SIZES
+    try:
+        sizes = [tuple(int(v) for v in item.lower().split("x")) for item in args.sizes.split(",") if item]
+    except ValueError:
+        sizes = [()]
+    if any(len(size) != 2 or min(size) < 8 for size in sizes):
+        ap.error(f"--sizes takes WxH items of at least 8x8, e.g. 720x576,1920x1080; got {args.sizes!r}")
+    args.sizes = sizes or (SMOKE_SIZES if smoke else FULL_SIZES)
     args.batch = 4 if smoke else 64
-    args.seconds = 0.0 if smoke else 2.0
+    args.seconds = args.seconds if args.seconds is not None else (0.0 if smoke else 2.0)
     args.warmup = 1 if smoke else 3
     args.min_iters = 1 if smoke else 5
     args.generate_images = 1 if smoke else 64

@@ -5,8 +5,8 @@
 #   bash benchmarks/gpu/run.sh                 # --device cuda: the full run
 #   bash benchmarks/gpu/run.sh --device cpu    # CPU smoke run (tiny sizes, < 3 min on 2 cores; CI)
 #
-# Options: --device cuda|cpu, --skip-install, --skip-tests, --out DIR, --ops a,b (bench.py's),
-# --skip ops,jpeg,generate,augment (bench.py's sections).
+# Options: --device cuda|cpu, --skip-install, --skip-tests, --out DIR; passed to bench.py:
+# --ops a,b, --skip ops,jpeg,generate,augment (sections), --seconds S (per row), --sizes WxH,...
 # Environment: PYTHON (default python), PERTURB_GPU_WHEELS (default benchmarks/gpu/wheels: the
 # wheels to install from, offline), PERTURB_GPU_TEST_TIMEOUT (pytest per-test timeout, default 900),
 # PERTURB_GPU_SKIP_PYTEST_BENCH (non-empty: skip step 4, the pytest-benchmark suites on CUDA),
@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=${2:-}; shift 2 ;;
     --skip-install) INSTALL=0; shift ;;
     --skip-tests) TESTS=0; shift ;;
-    --ops|--skip) BENCH_ARGS+=("$1" "${2:-}"); shift 2 ;;
+    --ops|--skip|--seconds|--sizes) BENCH_ARGS+=("$1" "${2:-}"); shift 2 ;;
     -h|--help) sed -n '2,/^set /p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
