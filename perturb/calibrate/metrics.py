@@ -36,16 +36,17 @@ def luma(rgb: np.ndarray) -> np.ndarray:
 
 
 def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per-pixel SSIM of two float32 single-channel images in [0, 1]."""
+    """Per-pixel SSIM of two single-channel images in [0, 1], moments filtered in float64 (the
+    variances are small differences of large terms)."""
 
     def blur(z: np.ndarray) -> np.ndarray:
         return np.asarray(cv2.GaussianBlur(z, (11, 11), SSIM_SIGMA, borderType=cv2.BORDER_REFLECT), np.float64)
 
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    mu_a, mu_b = blur(a), blur(b)
-    saa = blur((a64 * a64).astype(np.float32)) - mu_a * mu_a
-    sbb = blur((b64 * b64).astype(np.float32)) - mu_b * mu_b
-    sab = blur((a64 * b64).astype(np.float32)) - mu_a * mu_b
+    mu_a, mu_b = blur(a64), blur(b64)
+    saa = blur(a64 * a64) - mu_a * mu_a
+    sbb = blur(b64 * b64) - mu_b * mu_b
+    sab = blur(a64 * b64) - mu_a * mu_b
     num = (2 * mu_a * mu_b + _C1) * (2 * sab + _C2)
     den = (mu_a**2 + mu_b**2 + _C1) * (saa + sbb + _C2)
     return num / den
