@@ -152,14 +152,14 @@ def _run_task(
         if device.type == "cpu":
             outs = [transformed.transformed_array(d.float_array(), p) for d, p in zip(batch, params, strict=True)]
         else:
-            y = transformed.apply_transformed(torch.stack([d.x for d in batch]).to(device), params)
+            y = transformed.apply_transformed(to_device([d.x for d in batch], device), params)
             outs = _to_arrays(y)
         return [np.repeat(o[..., None], 3, axis=2) if o.ndim == 2 else o for o in outs], infos, 3
     from perturb.catalog.registry import get_op
     from perturb.engine import apply
 
     op = get_op(task.op)
-    x = torch.stack([d.x for d in batch]).to(device)
+    x = to_device([d.x for d in batch], device)
     groups = [d.job.param_key or d.job.img_id for d in batch]
     if x.shape[1] not in op.spec.channels and x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1).contiguous()  # gray frame, colour op: treated as RGB
@@ -195,6 +195,15 @@ def _per_channel(
     )
     firsts = [replace(r, extra={**r.extra, "per_channel": True}) for r in records[::c]]
     return out.reshape(b, c, h, w), firsts
+
+
+def to_device(images: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The decoded batch on ``device``: on CUDA through pinned (page-locked) host memory, so
+    the copy is one DMA transfer that does not stage through pageable memory."""
+    x = torch.stack(images)
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
 
 
 def _to_arrays(y: torch.Tensor) -> list[np.ndarray]:
