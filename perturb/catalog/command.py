@@ -188,7 +188,7 @@ def preview(
         if not (0.0 <= cx <= 1.0 and 0.0 <= cy <= 1.0):
             raise ValueError
     except ValueError:
-        err.print(f"[red]error:[/] --crop-at takes two fractions X,Y in [0, 1], e.g. 0.5,0.5; got {crop_at!r}")
+        _err().print(f"[red]error:[/] --crop-at takes two fractions X,Y in [0, 1], e.g. 0.5,0.5; got {crop_at!r}")
         raise typer.Exit(2) from None
     try:
         grid, skipped = preview_grid(
