@@ -19,7 +19,7 @@ import torch
 import perturb
 from perturb.ops.backend import use_backend
 from perturb.ops.blur import disk_psf, gaussian_taps, line_psf
-from tests.helpers import ENDOSCOPY, require_samples, sample_tensor, small_batch
+from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
 
 REFERENCE_CHECKS = {
     "gaussian_blur": "test_gaussian_blur_matches_opencv_and_keeps_mean",
@@ -136,7 +136,7 @@ def test_glare_is_illuminant_coloured_clipped_and_spares_the_border() -> None:
         x = sample_tensor(path).unsqueeze(0)
         out, rec = perturb.apply(x, "specular_glare", 5, [path.name])
         s = perturb.scene(x[0])
-        mask = torch.from_numpy((s.tissue == 0.0)).view(1, 1, *s.tissue.shape)
+        mask = torch.from_numpy(s.tissue == 0.0).view(1, 1, *s.tissue.shape)
         assert mask.any(), f"{path.name}: expected a dark frame"
         assert torch.equal(out[mask.expand_as(out)], x[mask.expand_as(x)]), "glare touched the dark border"
         delta = out - x
