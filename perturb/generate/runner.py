@@ -349,106 +349,21 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     write_atomic(path, sink.getvalue().to_pybytes())
 
 
-def _perturbation_columns(input_columns: list[str]) -> dict[str, str]:
-    names = [
-        "suite",
-        "op",
-        "severity",
-        "variant",
-        "seed",
-        "key",
-        "params",
-        "risk_tags",
-        "path",
-        "sha256",
-        "width",
-        "height",
-        "perturb_version",
-    ]
-    return {n: (f"perturb_{n}" if n in input_columns or n == "image" else n) for n in names}
-
-
 def build_dataset(
     out: Path, inp: Any, manifest: pa.Table, embed: bool, folder: OutputDir | None = None
 ) -> int:
-    """Write DIR/dataset: each perturbed image joined with every QA row of its img_id (the
-    image bytes read through ``folder`` when the outputs are at a URL)."""
-    import datasets
+    """Write DIR/dataset (``perturb.generate.dataset``): QA rows with paths to DIR's files;
+    with ``embed`` also the outputs' bytes, once each (read through ``folder`` at a URL)."""
+    from perturb.generate.dataset import build_dataset as build
 
-    table = inp.table_without_image()
-    rows_of: dict[str, list[int]] = {}
-    for i, img_id in enumerate(inp.row_ids()):
-        if img_id is not None:
-            rows_of.setdefault(img_id, []).append(i)
-    take: list[int] = []
-    out_idx: list[int] = []
-    ids = manifest.column("img_id").to_pylist()
-    for m, img_id in enumerate(ids):
-        for r in rows_of.get(img_id, []):
-            take.append(r)
-            out_idx.append(m)
-    joined = table.take(pa.array(take, type=pa.int64()))
-    names = _perturbation_columns(list(table.column_names))
-    picked = manifest.take(pa.array(out_idx, type=pa.int64()))
-    features = dict(inp.features_without_image())
-    if getattr(inp, "annotations", None) is not None:
-        from perturb.generate.annotate import move_annotations
-
-        joined, added = move_annotations(joined, picked, inp.annotations)
-        features.update(added)
-    paths = picked.column("path").to_pylist()
-    root = out.resolve()
-    if folder is not None and folder.url is not None:
-        image_bytes: list[bytes | None] = [folder.read_output(p) for p in paths]
-    else:
-        image_bytes = [(root / p).read_bytes() for p in paths] if embed else [None] * len(paths)
-    image = pa.StructArray.from_arrays(
-        [
-            pa.array(image_bytes, type=pa.binary()),
-            pa.array([str(root / p) for p in paths], type=pa.string()),
-        ],
-        names=["bytes", "path"],
-    )
-    arrays = list(joined.columns)
-    fields = list(joined.column_names)
-    arrays.append(image)
-    fields.append("image")
-    features["image"] = datasets.Image()
-    for src, dst in names.items():
-        col = picked.column(src)
-        arrays.append(col)
-        fields.append(dst)
-        features[dst] = (
-            datasets.Value("int64") if pa.types.is_integer(col.type) else datasets.Value("string")
-        )
-    feats = datasets.Features(features)
-    result = pa.Table.from_arrays(arrays, names=fields).cast(feats.arrow_schema)
-    ds = datasets.Dataset(
-        datasets.table.InMemoryTable(result), info=datasets.DatasetInfo(features=feats)
-    )
-    return save_dataset(out, ds)
+    read = folder.read_output if folder is not None and folder.url is not None else None
+    return build(out, inp, manifest, embed, read)
 
 
-def save_dataset(out: Path, ds: Any) -> int:
-    """Write ``ds`` as DIR/dataset, replacing the old one only once the new one is complete."""
-    import datasets
+def save_dataset(out: Path, ds: Any, images: Any = None) -> int:
+    from perturb.generate.dataset import save_dataset as save
 
-    state = out / STATE_DIR
-    tmp, old, final = state / "dataset.tmp", state / "dataset.old", out / "dataset"
-    shutil.rmtree(tmp, ignore_errors=True)
-    was_enabled = datasets.utils.logging.is_progress_bar_enabled()
-    datasets.utils.logging.disable_progress_bar()
-    try:
-        ds.save_to_disk(str(tmp))
-    finally:
-        if was_enabled:
-            datasets.utils.logging.enable_progress_bar()
-    _crash_point("dataset")
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-    return len(ds)
+    return save(out, ds, images)
 
 
 # ---------------------------------------------------------------------------------------------
