@@ -60,13 +60,35 @@ def quantize(img: np.ndarray, spec: OutputSpec, bit_depth: int) -> np.ndarray:
     return np.rint(out, out=out).astype(dtype)
 
 
+_PNG_FILTERS = {
+    "none": cv2.IMWRITE_PNG_FILTER_NONE,
+    "sub": cv2.IMWRITE_PNG_FILTER_SUB,
+    "up": cv2.IMWRITE_PNG_FILTER_UP,
+    "avg": cv2.IMWRITE_PNG_FILTER_AVG,
+    "paeth": cv2.IMWRITE_PNG_FILTER_PAETH,
+}
+_PNG_STRATEGIES = {
+    "filtered": cv2.IMWRITE_PNG_STRATEGY_FILTERED,
+    "huffman": cv2.IMWRITE_PNG_STRATEGY_HUFFMAN_ONLY,
+    "rle": cv2.IMWRITE_PNG_STRATEGY_RLE,
+}
+
+
 def encode(img: np.ndarray, spec: OutputSpec) -> bytes:
-    """Encode with the suite's settings: PNG (lossless, 8/16-bit) or JPEG (8-bit, 4:2:0)."""
-    bgr = cv2.cvtColor(img, cv2.COLOR_RGB2BGR) if img.ndim == 3 else img
+    """Encode an RGB / gray array with the suite's settings: PNG (lossless, 8/16-bit) or
+    JPEG (8-bit, 4:2:0)."""
+    return encode_bgr(cv2.cvtColor(img, cv2.COLOR_RGB2BGR) if img.ndim == 3 else img, spec)
+
+
+def encode_bgr(bgr: np.ndarray, spec: OutputSpec) -> bytes:
+    """``encode`` of an array already in OpenCV's BGR channel order (or gray)."""
     if spec.format == "png":
-        ok, buf = cv2.imencode(
-            ".png", bgr, [cv2.IMWRITE_PNG_COMPRESSION, int(spec.png_compression)]
-        )
+        params = [cv2.IMWRITE_PNG_COMPRESSION, int(spec.png_compression)]
+        if spec.png_filter != "default":
+            params += [cv2.IMWRITE_PNG_FILTER, _PNG_FILTERS[spec.png_filter]]
+        if spec.png_strategy != "default":
+            params += [cv2.IMWRITE_PNG_STRATEGY, _PNG_STRATEGIES[spec.png_strategy]]
+        ok, buf = cv2.imencode(".png", bgr, params)
     else:
         params = [
             cv2.IMWRITE_JPEG_QUALITY,
@@ -81,11 +103,15 @@ def encode(img: np.ndarray, spec: OutputSpec) -> bytes:
 
 
 def encoding_json(spec: OutputSpec) -> str:
-    """The encoder settings of an output (manifest column ``encoding``)."""
+    """The encoder settings of an output (manifest column ``encoding``); PNG filter and
+    strategy only where they are not libpng's defaults (rows made before they existed)."""
     if spec.format == "png":
-        return json.dumps(
-            {"format": "png", "png_compression": spec.png_compression}, sort_keys=True
-        )
+        data: dict[str, object] = {"format": "png", "png_compression": spec.png_compression}
+        if spec.png_filter != "default":
+            data["png_filter"] = spec.png_filter
+        if spec.png_strategy != "default":
+            data["png_strategy"] = spec.png_strategy
+        return json.dumps(data, sort_keys=True)
     return json.dumps(
         {"format": "jpg", "jpeg_quality": spec.jpeg_quality, "subsampling": "4:2:0"}, sort_keys=True
     )
@@ -95,7 +121,13 @@ def spec_from_encoding(text: str) -> OutputSpec:
     data = json.loads(text)
     if data["format"] == "png":
         return OutputSpec.model_validate(
-            {"layout": "{img_id}", "format": "png", "png_compression": data["png_compression"]}
+            {
+                "layout": "{img_id}",
+                "format": "png",
+                "png_compression": data["png_compression"],
+                "png_filter": data.get("png_filter", "default"),
+                "png_strategy": data.get("png_strategy", "default"),
+            }
         )
     return OutputSpec.model_validate(
         {"layout": "{img_id}", "format": "jpg", "jpeg_quality": data["jpeg_quality"]}

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from perturb import __version__
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
 from perturb.generate.output import MANIFEST_COLUMNS, MANIFEST_SCHEMA
+from perturb.generate.progress import Progress, ProgressCallback, pool_ticks, space_problem
 from perturb.generate.shard import Shard, ShardError, parse_shard
 from perturb.generate.suite import Suite, Task
 from perturb.generate.worker import (
@@ -47,7 +48,9 @@ from perturb.generate.worker import (
     ImageJob,
     WorkerConfig,
     default_threads,
+    init_ticks,
     process_chunk,
+    run_with_ticks,
 )
 from perturb.io.images import DEFAULT_MAX_PIXELS, write_atomic
 
@@ -105,6 +108,9 @@ class RunOptions:
     max_retries: int = 2  # Ray: rounds that re-run images whose worker died or failed
     stall_timeout: float | None = 600.0  # Ray: stop a pass after this long without a result
     threads: int | None = None  # torch/OpenCV threads per worker (default: 1 when several)
+    dry_run: bool = False  # print the plan (perturb.generate.plan), write nothing
+    on_progress: ProgressCallback | None = None  # (outputs done, outputs to do), per output
+    check_space: bool = True  # stop after the first chunk when the estimate exceeds free space
 
 
 # (group, file_id, missing (task, relative path)): one image still to make
@@ -140,6 +146,10 @@ class RunSummary:
     worker_failures: int = 0  # failed worker calls seen (died, or raised), before retries
     stalls: int = 0  # Ray passes stopped after --stall-timeout seconds without a result
     seconds_to_first_output: float | None = None  # start-up: planning, workers, first batch
+    outputs_per_second: float = 0.0  # outputs written / wall time (images_per_second: the same)
+    bytes_written: int = 0  # bytes of the outputs written by this run
+    estimated_bytes: int | None = None  # disk estimate after the first chunk (this run's rest)
+    plan: dict[str, Any] | None = None  # --dry-run: perturb.generate.plan.Plan, nothing written
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -382,48 +392,6 @@ def _resolve_device(name: str) -> str:
     return name
 
 
-class _Progress:
-    """rich progress bar with images/s (outputs per second), or nothing."""
-
-    def __init__(self, enabled: bool, total: int, label: str) -> None:
-        self.enabled = enabled and total > 0
-        self.start = time.perf_counter()
-        self.done = 0
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._bar = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]:>8.1f} images/s"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-                transient=False,
-            )
-            self._task = self._bar.add_task(label, total=total, rate=0.0)
-            self._bar.start()
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        if self.enabled:
-            rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-            self._bar.update(self._task, advance=n, rate=rate)
-
-    def close(self) -> None:
-        if self.enabled:
-            self._bar.stop()
-
-
 def generate(suite: Suite, options: RunOptions) -> RunSummary:
     """Run ``suite`` over the input and write DIR; returns the summary. Raises RunError for
     problems that stop the run before it starts."""
@@ -479,6 +447,22 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
     }
     if shard is not None:  # absent for a whole run, so whole runs made before shards resume
         settings["shard"] = str(shard)
+    if options.dry_run:  # the plan, measured on the first image; nothing written in DIR
+        from perturb.generate.plan import plan_run
+
+        device = _resolve_device(options.device if options.engine == "local" else "cpu")
+        plan = plan_run(suite, inp, options, seed, device, shard, out)
+        return RunSummary(
+            suite=suite.suite,
+            input=inp.source,
+            device=device,
+            engine=options.engine,
+            images=plan.images,
+            images_selected=plan.images_selected,
+            outputs_expected=plan.outputs,
+            estimated_bytes=plan.estimated_bytes,
+            plan=plan.to_dict(),
+        )
     folder = RemoteOutputDir(url) if url else OutputDir(out or Path())
     try:
         if options.engine == "ray":
@@ -633,7 +617,8 @@ def _run(
         out=str(out),
         threads=options.threads or default_threads(options.workers),
     )
-    progress = _Progress(options.progress, sum(len(m) for _, _, m in pending), f"{suite.suite}")
+    to_do = sum(len(m) for _, _, m in pending)
+    progress = Progress(options.progress, to_do, suite.suite, options.on_progress)
     written = 0
 
     def fetch(batch: list[Pending]) -> tuple[list[ImageJob], int]:
@@ -647,10 +632,12 @@ def _run(
 
     fh: Any = None
 
-    def take(result: ChunkResult, tasks: int) -> None:
+    def take(result: ChunkResult, tasks: int, chunk: int | None = None) -> None:
         nonlocal written
-        if summary.seconds_to_first_output is None and result.rows:
+        first = summary.seconds_to_first_output is None and bool(result.rows)
+        if first:
             summary.seconds_to_first_output = time.perf_counter() - started
+        summary.bytes_written += sum(int(r["size_bytes"]) for r in result.rows)
         _append(fh, result.rows)
         for row in result.rows:
             done[_task_key(row)] = row
@@ -660,12 +647,35 @@ def _run(
         summary.images_ok += result.images_ok
         summary.images_failed += result.images_failed
         summary.output_errors += sum(1 for e in result.errors if e["stage"] in ("perturb", "write"))
-        progress.advance(tasks)  # written, failed, or of an image that did not decode
+        if chunk is None:
+            progress.advance(tasks)  # written, failed, or of an image that did not decode
+        else:
+            progress.finish(chunk, tasks)
+        if first:  # journaled first: a stop here keeps the chunk
+            check_space(result, tasks)
+
+    def check_space(result: ChunkResult, tasks: int) -> None:
+        """After the first chunk: the rest of the run x the chunk's mean output size against
+        the free space (exit 2 before the disk fills; a re-run resumes)."""
+        mean = sum(int(r["size_bytes"]) for r in result.rows) / len(result.rows)
+        rest = max(0, to_do - tasks)
+        line, too_big = space_problem(
+            out, rest, mean, options.embed_images and folder.url is None
+        )
+        summary.estimated_bytes = int(rest * mean)
+        progress.note(line)
+        if too_big and options.check_space and folder.url is None:
+            raise RunError(
+                f"--out {out}: not enough free disk space: {line}. Free space, choose an --out "
+                "on a larger disk, make fewer outputs (--limit, --shard I/N) or smaller ones "
+                "(output.format: jpg in the suite); the outputs made so far are kept and a "
+                "re-run resumes"
+            )
 
     batches = [
         pending[i : i + options.batch_size] for i in range(0, len(pending), options.batch_size)
     ]
-    job: Callable[[WorkerConfig, list[ImageJob]], ChunkResult] = process_chunk
+    job: Callable[..., ChunkResult] = process_chunk
     if folder.url is not None:  # outputs to a URL: write to scratch, then copy
         from perturb.generate.store import publish_chunk
 
@@ -683,23 +693,33 @@ def _run(
                 summary.stalls = stats.stalls
                 progress.advance(sum(len(e) for e in stats.lost_tasks))
             elif options.workers <= 1:
-                for batch in batches:
+                for chunk, batch in enumerate(batches):
                     jobs, n_tasks = fetch(batch)
-                    take(job(cfg, jobs), n_tasks)
+                    take(job(cfg, jobs, on_output=partial(progress.tick, chunk)), n_tasks, chunk)
             else:
                 ctx = get_context("spawn")
-                with ProcessPoolExecutor(max_workers=options.workers, mp_context=ctx) as pool:
-                    in_flight: dict[Future[ChunkResult], int] = {}
-                    queue = list(reversed(batches))
+                with (
+                    pool_ticks(progress, ctx) as ticks,
+                    ProcessPoolExecutor(
+                        max_workers=options.workers,
+                        mp_context=ctx,
+                        initializer=init_ticks,
+                        initargs=(ticks,),
+                    ) as pool,
+                ):
+                    in_flight: dict[Future[ChunkResult], tuple[int, int]] = {}
+                    queue = list(reversed(list(enumerate(batches))))
                     while True:
                         while queue and len(in_flight) < 2 * options.workers:
-                            jobs, n_tasks = fetch(queue.pop())
-                            in_flight[pool.submit(job, cfg, jobs)] = n_tasks
+                            chunk, batch = queue.pop()
+                            jobs, n_tasks = fetch(batch)
+                            fut = pool.submit(run_with_ticks, job, cfg, jobs, chunk)
+                            in_flight[fut] = (n_tasks, chunk)
                         if not in_flight:
                             break
                         finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                         for fut in finished:
-                            take(fut.result(), in_flight.pop(fut))
+                            take(fut.result(), *in_flight.pop(fut))
     finally:
         progress.close()
     summary.outputs_written = written
@@ -714,6 +734,7 @@ def _run(
     summary.output_bytes = int(sum(manifest.column("size_bytes").to_pylist()))
     summary.seconds = time.perf_counter() - started
     summary.images_per_second = written / summary.seconds if summary.seconds > 0 else 0.0
+    summary.outputs_per_second = summary.images_per_second
     write_atomic(out / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
     folder.publish()
     return summary

@@ -29,9 +29,7 @@ QA_PER_IMAGE = 6  # the small input: 6 phantoms x 6 QA rows
 
 
 def _size(folder: Path) -> int:
-    return sum(
-        (Path(d) / f).stat().st_size for d, _, files in os.walk(folder) for f in files
-    )
+    return sum((Path(d) / f).stat().st_size for d, _, files in os.walk(folder) for f in files)
 
 
 def _image_features(ds: Any) -> list[str]:
