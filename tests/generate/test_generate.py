@@ -66,7 +66,8 @@ def test_readme_command_on_the_builtin_default_offline(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "written 160" in result.output and "images/s" in result.output
+    assert "written 160" in result.output and "outputs/s" in result.output
+    assert "160 outputs written, 0 errors" in result.output and "MB written in" in result.output
     for v in range(1, 11):
         files = sorted(p.name for p in (out / f"variant_{v}").iterdir())
         assert files == [f"phantom_{i:04d}.jpg" for i in range(16)]
