@@ -162,7 +162,7 @@ def _perturb_run(config: str, out: Path, workers: int, limit: int | None = None)
     from perturb.generate.runner import RunOptions, generate
     from perturb.generate.suite import load_suite
 
-    suite = load_suite(REPO / "configs" / f"{config}.yaml")
+    suite = load_suite(config)  # a built-in suite name
     shutil.rmtree(out, ignore_errors=True)
     options = RunOptions(
         out=out, dataset=str(ENDOSCOPY), workers=workers, batch_size=4, limit=limit, progress=False

@@ -104,7 +104,7 @@ def _generate(out: Path, limit: int | None = None, **options: Any) -> Any:
     from perturb.generate.suite import load_suite
 
     shutil.rmtree(out, ignore_errors=True)
-    suite = load_suite(REPO / "configs" / f"{TRACK}.yaml")
+    suite = load_suite(TRACK)  # a built-in suite name
     return generate(
         suite, RunOptions(out=out, dataset=str(ENDOSCOPY), limit=limit, progress=False, **options)
     )
@@ -207,7 +207,7 @@ def _stages(config: str, files: list[Path], device: str, out: Path) -> dict[str,
     from perturb.generate.worker import ImageJob, _Decoded, _run_task
     from perturb.io.images import decode_image, write_atomic
 
-    suite = load_suite(REPO / "configs" / f"{config}.yaml")
+    suite = load_suite(config)  # a built-in suite name
     tasks = suite.tasks()
     dev = torch.device(device)
     t = {"read": 0.0, "decode": 0.0, "perturb": 0.0, "encode": 0.0, "write": 0.0}

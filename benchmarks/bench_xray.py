@@ -200,7 +200,8 @@ CASES: dict[str, Case] = {
         peers={"albumentations": albu(lambda: _a().RandomGamma(gamma_limit=(150, 150), p=1))},
     ),
     "xray_bit_depth": Case(
-        setting="5 bits (severity 3); peer: albumentations Posterize to 5 bits",
+        overrides={"bits": 5.0},
+        setting="32 levels (bits 5, override); peer: albumentations Posterize to 5 bits",
         peers={"albumentations": albu(lambda: _a().Posterize(num_bits=5, p=1))},
     ),
     "xray_burned_text": Case(
@@ -210,11 +211,12 @@ CASES: dict[str, Case] = {
     "xray_collimation": Case(no_peer="no library models collimator shutters with penumbra"),
     "xray_monochrome1": Case(
         severity=5,
-        setting="full inversion (severity 5); peer: albumentations InvertImg",
+        overrides={"center_shift": 0.0, "width": 1.0},
+        setting="full inversion, identity window (override); peer: albumentations InvertImg",
         peers={"albumentations": albu(lambda: _a().InvertImg(p=1))},
     ),
     "xray_heel_effect": Case(
-        setting="fluence 1 - 0.33..0.4 t^2 along the long axis (severity 3); peer: albumentations "
+        setting="fluence 1 - 0.29..0.34 t^2 along the long axis (severity 3); peer: albumentations "
         "linear illumination gradient, intensity 0.2",
         peers={
             "albumentations": albu(

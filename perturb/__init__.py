@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from perturb.augment import Augment
     from perturb.engine import Record, apply, replay
 
-__all__ = ["Augment", "Record", "__version__", "apply", "replay"]
+__all__ = ["Augment", "Record", "__version__", "apply", "replay", "scene"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +22,10 @@ def __getattr__(name: str) -> Any:
         from perturb import engine
 
         return getattr(engine, name)
+    if name == "scene":
+        import importlib
+
+        return importlib.import_module("perturb.scene")
     if name == "Augment":
         from perturb.augment.module import Augment
 

@@ -13,7 +13,8 @@ the frame. Each result carries flags:
 * ``outside``: nothing of the box is left inside the frame (its clipped box is empty);
 * ``cut``: the part inside the frame is below ``min_visible`` of the moved box's area.
 
-Supported geometric ops: ``resized_crop``, ``rotation``, ``translation`` (perturb.ops.geometry)
+Supported geometric ops: ``resized_crop``, ``rotation``, ``translation`` (perturb.ops.geometry),
+``xray_patient_rotation`` (a homography: the box's corners are mapped projectively)
 and flips named ``hflip`` / ``horizontal_flip`` / ``vflip`` / ``vertical_flip`` (a flip swaps
 left and right: questions about laterality follow the image).
 """
@@ -31,6 +32,7 @@ from perturb.boxes import LOC_TAG, box_iou, loc_tag, parse_loc_tags
 from perturb.catalog.specs import load_specs
 from perturb.engine import Record
 from perturb.ops.geometry import crop_box, rotation_matrix, translation_pixels
+from perturb.ops.xray_radiographic import forward_homography
 
 HFLIPS = frozenset({"hflip", "horizontal_flip"})
 VFLIPS = frozenset({"vflip", "vertical_flip"})
@@ -97,6 +99,8 @@ def forward_matrix(record: Record | Mapping[str, Any], width: int, height: int) 
     if op == "translation":
         tx, ty = translation_pixels(width, height, _f32(p["shift"]), _f32(p["direction"]))
         return np.array([[1.0, 0.0, float(tx)], [0.0, 1.0, float(ty)], [0.0, 0.0, 1.0]])
+    if op == "xray_patient_rotation":
+        return forward_homography(_f32(p["degrees"]), _f32(p["pivot"]), width, height)
     raise AnnotationError(f"geometric op {op!r} has no annotation transform; add one in perturb/annotations.py")
 
 
@@ -130,6 +134,7 @@ def transform_boxes(
             raise AnnotationError(f"box {box.tolist()} needs x1 <= x2 and y1 <= y2")
         corners = np.array([[x1, x2, x2, x1], [y1, y1, y2, y2], [1.0, 1.0, 1.0, 1.0]])
         moved = total @ corners
+        moved = moved[:2] / moved[2]  # projective ops (patient rotation) divide; affine: / 1
         mx1, mx2 = float(moved[0].min()), float(moved[0].max())
         my1, my2 = float(moved[1].min()), float(moved[1].max())
         cx1, cx2 = min(max(mx1, 0.0), w0), min(max(mx2, 0.0), w0)

@@ -2,8 +2,10 @@
 
 Exit codes: 0 ok, 1 problems found / failures, 2 usage or input errors.
 Each sub-package that adds commands exposes ``register(app)`` in its ``command`` module and is
-listed in ``COMMAND_MODULES``; heavy imports (torch) happen inside the commands, so
-``perturb score`` never imports torch.
+listed in ``COMMAND_MODULES``; heavy imports (torch, pandas, scipy, cv2) happen inside the
+commands, so ``perturb --help`` stays fast and ``perturb score`` never imports torch. Help is
+click's plain layout (flags show as ``--json``, ``--quiet / --no-quiet``), which also spares
+importing typer's rich help renderer.
 """
 
 from __future__ import annotations
@@ -18,13 +20,32 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from perturb import __version__
+
+        typer.echo(f"perturb {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Realistic, keyed, reproducible perturbations of medical images for VQA robustness."""
 
 COMMAND_MODULES = [
     "perturb.catalog.command",
     "perturb.score.command",
     "perturb.generate.command",
     "perturb.demo.command",
+    "perturb.calibrate.command",
 ]
 
 for _module in COMMAND_MODULES:

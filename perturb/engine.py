@@ -18,11 +18,14 @@ import numpy as np
 import torch
 
 from perturb import __version__, rng
+from perturb.catalog.bounds import params_problem
 from perturb.catalog.registry import Op, get_op
 from perturb.catalog.specs import check_severity
 from perturb.ops import backend as backends
-from perturb.ops.fov import border_mask
 from perturb.ops.jpeg import jpeg_backend
+from perturb.scene import Scene
+from perturb.scene import masks as scene_masks
+from perturb.scene.analysis import analyse
 
 SHARED_SEVERITY = 0
 SUPPORTED_DTYPES = {torch.float32: 1.0, torch.uint8: 255.0, torch.uint16: 65535.0}
@@ -247,6 +250,9 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
         raise InputError(f"{len(records)} records for a batch of {x.shape[0]} images")
     op = get_op(records[0].op)
     for r in records:
+        problem = params_problem(op.spec, r.params)
+        if problem is not None:
+            raise InputError(f"record of {r.op} ({r.sample_key!r:.60}): {problem}; not replayed")
         if r.op_version != op.spec.version:
             raise InputError(
                 f"record of {r.op} v{r.op_version} cannot be replayed by v{op.spec.version}; "
@@ -254,20 +260,113 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
             )
     params = collate([r.params for r in records], x.device)
     keys = [rng.key_from_hex(r.key) for r in records]
+    scenes = [record_scene(r, x[i]) if r.protect_border else None for i, r in enumerate(records)]
+    if op.spec.spatial and any(s is not None for s in scenes):
+        x_in = extend_tissue(x, scenes)
+        out = _run_kernel(op, x_in, params, keys, scenes)
+        return _compose_into(x, out, scenes)
+    return _run_kernel(op, x, params, keys, scenes, compose=True)
+
+
+def _run_kernel(
+    op: Op,
+    x: torch.Tensor,
+    params: dict[str, torch.Tensor],
+    keys: Sequence[int],
+    scenes: Sequence[Scene | None],
+    compose: bool = False,
+) -> torch.Tensor:
+    """The op's CPU path or torch kernel on ``x`` (its dtype out); ``compose``: composited
+    into ``x`` as the tissue layer of the samples that have a scene."""
     dtype = x.dtype
+    if not compose:
+        scenes_for_compose: Sequence[Scene | None] = [None] * len(scenes)
+    else:
+        scenes_for_compose = scenes
     fast = backends.cpu_path(op.name, dtype) if backends.opencv_path(x) else None
     if fast is not None:
-        flags = [bool(r.protect_border) for r in records]
-        return backends.run_cpu(fast[0], x, params, keys, flags, native=fast[1])
-    if dtype != torch.float32:
-        x = x.to(torch.float32) / SUPPORTED_DTYPES[dtype]
+        return backends.run_cpu(
+            fast[0],
+            x,
+            params,
+            keys,
+            scenes_for_compose,
+            native=fast[1],
+            uses_scene=backends.cpu_uses_scene(op.name),
+            kernel_scenes=scenes,
+        )
+    xf = x.to(torch.float32) / SUPPORTED_DTYPES[dtype] if dtype != torch.float32 else x
     with torch.no_grad():
-        out = op.entry.kernel(x, params, keys)
-    protect = torch.tensor([r.protect_border for r in records], device=x.device)
-    if bool(protect.any()):
-        mask = border_mask(x) & protect.view(-1, 1, 1, 1)
-        out = torch.where(mask, x, out)
-    return _restore_dtype(out, dtype)
+        if op.entry.uses_scene:
+            out = op.entry.kernel(xf, params, keys, scenes=scenes)
+        else:
+            out = op.entry.kernel(xf, params, keys)
+    out = _restore_dtype(out, dtype)
+    if any(s is not None for s in scenes_for_compose):
+        out = compose_tissue(x, out, scenes_for_compose)
+    return out
+
+
+def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
+    """``x`` with each scene's surround and overlays replaced by a smooth extension of its
+    tissue (``perturb.scene.masks.extend_tissue``), for spatial (PSF) ops."""
+    host = x.detach().cpu()
+    rows = []
+    for i, s in enumerate(scenes):
+        img = host[i].permute(1, 2, 0).numpy()
+        if s is not None:
+            img = scene_masks.extend_tissue(np.ascontiguousarray(img[..., 0] if img.shape[-1] == 1 else img), s.descriptor)
+            if img.ndim == 2:
+                img = img[..., None]
+        rows.append(torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1))
+    return torch.stack(rows).to(x.device)
+
+
+def record_scene(record: Record, image: torch.Tensor) -> Scene:
+    """The scene a tissue-layer record composites with: the descriptor it stores
+    (``extra["scene"]``, written by ``apply`` from the clean input), else the scene of
+    ``image`` (CHW), analysed now."""
+    desc = record.extra.get("scene")
+    h, w = image.shape[-2:]
+    if desc is not None:
+        scene = Scene.from_descriptor(desc)
+        if scene.size != (h, w):
+            raise InputError(
+                f"record's scene is for a {scene.size[0]}x{scene.size[1]} image, got {h}x{w}; "
+                "replay records on the images they were made from"
+            )
+        return scene
+    return Scene(analyse(image))
+
+
+def compose_tissue(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
+    """``out`` where the tissue layer shows, ``x`` elsewhere (BCHW, both of one dtype): the
+    surround and the on-screen overlays keep their input pixels; samples without a scene keep
+    ``out``. Partial alpha mixes ``x + a (out - x)`` in float32 (integer levels rounded half to
+    even), the arithmetic of ``perturb.scene.masks.compose_numpy``."""
+    alphas = [
+        torch.ones(x.shape[-2:]) if s is None else torch.from_numpy(scene_masks.tissue_alpha(s.descriptor).copy())
+        for s in scenes
+    ]
+    a = torch.stack(alphas).unsqueeze(1).to(x.device)
+    if x.dtype == torch.float32:
+        mixed = x + a * (out - x)
+    else:
+        xf, of = x.to(torch.float32), out.to(torch.float32)
+        mixed = (xf + a * (of - xf)).round_().clamp_(0, SUPPORTED_DTYPES[x.dtype]).to(x.dtype)
+    return torch.where(a >= 1.0, out, mixed)
+
+
+def _compose_into(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
+    """``out`` (dtype of ``x``) composited into ``x`` as the tissue layer of each scene."""
+    if x.device.type == "cpu":
+        src = x.detach().contiguous().numpy()
+        dst = out.detach().contiguous().numpy().copy()
+        for i, s in enumerate(scenes):
+            if s is not None:
+                scene_masks.compose_numpy(src[i], dst[i], s.descriptor)
+        return torch.from_numpy(dst)
+    return compose_tissue(x, out, scenes)
 
 
 def apply(
@@ -280,16 +379,21 @@ def apply(
     variant: int | Sequence[int] = 0,
     protect_border: bool | None = None,
     param_keys: Sequence[str | int] | None = None,
+    scenes: Sequence[Any] | None = None,
 ) -> tuple[torch.Tensor, list[Record]]:
     """Perturb a batch with ``op`` at ``severity`` (1..5) and return (images, records).
 
     ``sample_keys`` names each image stably (e.g. its img_id); with ``seed``, ``op``,
     severity and ``variant`` it fixes every random quantity of that sample. uint8 and uint16
     batches come back in their dtype; float32 batches must lie in [0, 1].
-    ``protect_border`` (default: the op's spec) keeps the endoscope's dark frame untouched.
+    ``protect_border`` (default: the op's spec): the op acts on the tissue layer of an
+    endoscopy frame (``perturb.scene``): inside the field of view, with the dark surround and
+    the on-screen overlays kept as they are; each record stores the scene's descriptor.
     ``param_keys`` (default: ``sample_keys``) key the scalar parameters alone: images with one
     param key (e.g. the views of one study) share their parameters, while per-pixel fields still
     follow each image's own sample key; the record keeps the param key in ``extra``.
+    ``scenes`` (one ``perturb.scene.Scene`` or descriptor per image) reuses scenes already
+    computed for these images instead of analysing each input again.
     """
     spec_op = get_op(op)
     check_images(images, spec_op)
@@ -318,6 +422,14 @@ def apply(
         )
         for k, s, v, g in zip(sample_keys, severities, variants, groups, strict=True)
     ]
+    if protect:  # the scene of each clean input, recorded so replay composites identically
+        if scenes is not None and len(scenes) != n:
+            raise InputError(f"scenes has {len(scenes)} entries for a batch of {n}; pass one per image")
+        descs = [
+            analyse(x[i]) if scenes is None else getattr(scenes[i], "descriptor", scenes[i])
+            for i in range(n)
+        ]
+        records = [replace(r, extra={**r.extra, "scene": d}) for r, d in zip(records, descs, strict=True)]
     if spec_op.name == "jpeg":
         records = with_jpeg_codec(records, jpeg_backend(x))
     return run_records(x, records), records

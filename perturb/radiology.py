@@ -26,6 +26,10 @@ count           how many
 size            size, measurement, enlargement, cardiomegaly, cardiothoracic ratio
 negation        ReXVQA negation assessment
 diagnosis       differential or most likely diagnosis
+device          support devices and foreign bodies: tubes, lines, catheters, pacemakers, ECG
+                leads, clips, "foreign body" (added by device and object overlays)
+mediastinum     mediastinal shift or widening, tracheal deviation, midline structures (a rotated
+                patient shifts them)
 =============== ===========================================================================
 
 The names carry no ``_location`` / ``_count`` / ``_presence`` suffix on purpose: the Kvasir
@@ -52,6 +56,8 @@ QUESTION_CLASSES = (
     "size",
     "negation",
     "diagnosis",
+    "device",
+    "mediastinum",
 )
 
 # VinDr-CXR-VQA item ``type`` (lower-cased, spaces and hyphens as underscores)
@@ -126,6 +132,47 @@ KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         ),
     ),
     ("diagnosis", _words("diagnos[ie]s", "most likely")),
+    (
+        "device",
+        _words(
+            "tubes?",
+            "(?:central|venous|arterial|picc|midline|jugular|subclavian) lines?",
+            "lines? (?:and|or) tubes?",
+            "catheters?",
+            "cvc",
+            "picc",
+            "ports?",
+            "pacemakers?",
+            "pacers?",
+            "icd",
+            "(?:pacing|pacemaker|ecg|ekg) leads?",
+            "electrodes?",
+            "ecg",
+            "ekg",
+            "drains?",
+            "(?:support|medical) devices?",
+            "devices?",
+            "foreign bod(?:y|ies)",
+            "wires?",
+            "clips?",
+            "sternotomy",
+            "endotracheal",
+            "nasogastric",
+            "ett",
+            "ng tube",
+        ),
+    ),
+    (
+        "mediastinum",
+        _words(
+            "mediastin\\w*",
+            "trache\\w*",
+            "midline",
+            "shift(?:ed)?",
+            "deviat\\w*",
+            "rotat\\w*",
+        ),
+    ),
 )
 
 

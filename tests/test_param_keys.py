@@ -15,14 +15,14 @@ def test_group_shares_parameters_not_fields() -> None:
         x, "gaussian_noise", 3, ["s1-v0", "s1-v1", "s2-v0"], seed=4, param_keys=["s1", "s1", "s2"]
     )
     assert recs[0].params == recs[1].params and recs[0].key != recs[1].key
-    assert recs[0].extra == {"param_key": "s1"}
+    assert recs[0].extra["param_key"] == "s1" and set(recs[0].extra) == {"param_key", "scene"}
     assert not torch.equal(out[0], out[1])  # same image, same sigma, other noise field
     _, solo = apply(x[:1], "gaussian_noise", 3, ["s1"], seed=4)
     assert solo[0].params == recs[0].params  # the group's draw is the draw of its key
     assert torch.equal(replay(recs, x), out)
     plain, plain_recs = apply(x[:1], "gaussian_noise", 3, ["s1-v0"], seed=4)
     same, same_recs = apply(x[:1], "gaussian_noise", 3, ["s1-v0"], seed=4, param_keys=["s1-v0"])
-    assert torch.equal(plain, same) and plain_recs == same_recs and same_recs[0].extra == {}
+    assert torch.equal(plain, same) and plain_recs == same_recs and set(same_recs[0].extra) == {"scene"}
 
 
 def test_param_keys_length_is_checked() -> None:

@@ -1,7 +1,7 @@
 """Training-time augmentation from the catalog: policies, keyed per-sample plans, a torch module.
 
     from perturb.augment import Augment
-    augment = Augment("augment-endoscopy", seed=0)     # a policy in configs/, a YAML path or a Policy
+    augment = Augment("augment-endoscopy", seed=0)     # a built-in policy, a YAML path or a Policy
     augment.set_epoch(epoch)
     images = augment(images, indices)                   # indices: the samples' dataset indices
 

@@ -52,7 +52,7 @@ from perturb.catalog.specs import (
     get_spec,
     load_specs,
 )
-from perturb.generate.suite import CONFIG_DIR, find_config
+from perturb.configs import CONFIG_DIR, find_config, known_names_hint
 
 STRENGTH_RANGE = (1.0, 5.0)
 DEFAULT_SEVERITY = (1, 3)
@@ -194,14 +194,14 @@ class HeldOut(BaseModel):
 
 def _suite_path(name: str, base_dir: Path | None) -> str | Path:
     """A suite reference as load_suite takes it: a path as given, else relative to the policy
-    file's folder, else relative to the repository root."""
+    file's folder, else relative to the package (``configs/<name>.yaml`` names a built-in)."""
     p = Path(name)
     if p.is_absolute() or p.is_file():
         return name
     for folder in (base_dir, CONFIG_DIR.parent):
         if folder is not None and (folder / p).is_file():
             return folder / p
-    return name  # a bare suite name: load_suite looks in configs/
+    return name  # a bare suite name: load_suite looks in ./configs/, then the built-ins
 
 
 def _ops_before(value: Any) -> Any:
@@ -349,7 +349,7 @@ def parse_policy(data: Any, source: str = "<policy>", base_dir: Path | None = No
 
 
 def find_policy(source: str | Path) -> Path:
-    """A policy file: an existing path, else a bare name in ./configs/ or the repo's configs/."""
+    """A policy file: an existing path, else a bare name in ./configs/ or a built-in policy."""
     p = Path(source)
     if p.is_file():
         return p
@@ -357,13 +357,13 @@ def find_policy(source: str | Path) -> Path:
     if found is not None:
         return found
     raise PolicyError(
-        f"{source}: policy file not found; pass a YAML path, a name in configs/ "
-        "(e.g. augment-endoscopy) or a mapping"
+        f"{source}: policy file not found; pass a YAML path, a mapping or a name. "
+        f"{known_names_hint('policy')}"
     )
 
 
 def load_policy(source: str | Path | Mapping[str, Any] | Policy) -> Policy:
-    """A validated policy from a YAML path, a name in configs/ (e.g. ``augment-endoscopy``) or a
+    """A validated policy from a YAML path, a built-in name (e.g. ``augment-endoscopy``) or a
     mapping. Suites named in ``held_out`` resolve relative to the policy file first."""
     if isinstance(source, Policy):
         return source

@@ -4,47 +4,123 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from perturb.catalog.specs import MODALITIES, OpSpec, load_specs
+if TYPE_CHECKING:
+    from rich.console import Console
 
-err = Console(stderr=True)
+    from perturb.catalog.specs import OpSpec
+
+# kept literal so `perturb --help` does not import the specs (pydantic, yaml); a test checks it
+# against perturb.catalog.specs.MODALITIES
+MODALITY_NAMES = ("any", "ct", "endoscopy", "mri", "pathology", "photo", "ultrasound", "xray")
+# below this console width the table gives way to one block per op, so names are never cut
+TABLE_MIN_WIDTH = 110
+
+
+def _err() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 def _tags(spec: OpSpec) -> str:
     """Risk tags, severity-dependent ones as ``tag@s+``."""
-    return ",".join([*spec.risk_tags, *(f"{t}@{s}+" for t, s in spec.risk_from_severity.items())])
+    return ", ".join([*spec.risk_tags, *(f"{t}@{s}+" for t, s in spec.risk_from_severity.items())])
+
+
+def _levels(spec: OpSpec) -> str:
+    """Each non-constant parameter's severity-1 and severity-5 ranges."""
+    return "; ".join(
+        f"{name} {t.levels[0][0]:g}…{t.levels[0][1]:g} → {t.levels[4][0]:g}…{t.levels[4][1]:g}"
+        for name, t in spec.params.items()
+        if t.direction != "constant"
+    )
 
 
 def catalog(
     modality: Annotated[
-        str | None, typer.Option(help=f"Only ops for this modality ({', '.join(sorted(MODALITIES))}).")
+        str | None, typer.Option(help=f"Only ops for this modality ({', '.join(MODALITY_NAMES)}).")
     ] = None,
+    suites: Annotated[
+        bool, typer.Option("--suites", help="List the built-in suites and policies instead of the ops.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """List the registered ops with family, modalities, risk tags and severity tables."""
+    """List the registered ops with family, modalities, risk tags and severity tables
+    (--suites: the built-in suites and policies)."""
+    from rich.console import Console
+
+    if suites:
+        _print_suites(as_json)
+        return
+    from perturb.catalog.specs import MODALITIES, load_specs
+
     if modality is not None and modality not in MODALITIES:
-        err.print(f"[red]unknown modality {modality!r}[/]; choose one of: {', '.join(sorted(MODALITIES))}")
+        _err().print(f"[red]unknown modality {modality!r}[/]; choose one of: {', '.join(sorted(MODALITIES))}")
         raise typer.Exit(2)
     specs = [s for s in load_specs().values() if modality is None or modality in s.modalities]
     if as_json:
         typer.echo(json.dumps([s.model_dump() for s in specs], indent=2))
         return
-    table = Table(title=f"perturb catalog ({len(specs)} ops)")
-    for col in ("op", "family", "modalities", "risk tags", "severity 1 → 5"):
-        table.add_column(col)
+    console = Console()
+    title = f"perturb catalog ({len(specs)} ops)"
+    if console.width < TABLE_MIN_WIDTH:
+        # narrow terminal: the name on its own line, the rest wrapped below it
+        console.print(title, soft_wrap=True)
+        for s in specs:
+            console.print()
+            console.print(f"[bold]{s.name}[/]", soft_wrap=True)
+            details = f"family {s.family}; modalities {', '.join(s.modalities)}; risk {_tags(s) or '-'}"
+            console.print(_indented(details, console.width), markup=False, highlight=False, soft_wrap=True)
+            console.print(
+                _indented(f"severity 1 → 5: {_levels(s)}", console.width),
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+        return
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("op", no_wrap=True, min_width=max(len(s.name) for s in specs))
+    for col in ("family", "modalities", "risk tags", "severity 1 → 5"):
+        table.add_column(col, overflow="fold")
     for s in specs:
-        levels = "; ".join(
-            f"{name} {t.levels[0][0]:g}…{t.levels[0][1]:g} → {t.levels[4][0]:g}…{t.levels[4][1]:g}"
-            for name, t in s.params.items()
-            if t.direction != "constant"
-        )
-        table.add_row(s.name, s.family, ",".join(s.modalities), _tags(s), levels)
-    Console().print(table)
+        table.add_row(s.name, s.family, ", ".join(s.modalities), _tags(s), _levels(s))
+    console.print(table)
+
+
+def _indented(text: str, width: int, indent: int = 2) -> str:
+    """``text`` wrapped to ``width`` columns with every line indented (long words folded)."""
+    import textwrap
+
+    pad = " " * indent
+    return textwrap.fill(
+        text, max(width, indent + 20), initial_indent=pad, subsequent_indent=pad, break_on_hyphens=False
+    )
+
+
+def _print_suites(as_json: bool) -> None:
+    """The built-in suites and policies: name, kind, description."""
+    from rich.console import Console
+
+    from perturb.configs import builtin_configs
+
+    configs = builtin_configs()
+    if as_json:
+        rows = [{"name": c.name, "kind": c.kind, "description": c.description} for c in configs]
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    console = Console()
+    for kind, title in (("suite", "suites (perturb generate NAME)"), ("policy", "policies (Augment(NAME))")):
+        console.print(f"[bold]built-in {title}[/]", soft_wrap=True)
+        for c in configs:
+            if c.kind == kind:
+                console.print(f"  [bold]{c.name}[/]", soft_wrap=True)
+                console.print(_indented(c.description, console.width, 6), markup=False, soft_wrap=True)
 
 
 def preview(
@@ -55,9 +131,18 @@ def preview(
     op: Annotated[str | None, typer.Option(help="Only this op (default: every op that fits the image).")] = None,
     out: Annotated[Path, typer.Option(help="Where to write the PNG grid.")] = Path("preview.png"),
     seed: Annotated[int, typer.Option(help="Seed of the keyed randomness.")] = 0,
+    scene: Annotated[
+        bool,
+        typer.Option(
+            "--scene",
+            help="Show the scene model instead: field of view, on-screen overlays, highlights "
+            "(what tissue-layer ops change and what they leave alone).",
+        ),
+    ] = False,
 ) -> None:
-    """Write a labelled grid: the clean image and severities 1-5 of each op."""
-    from perturb.catalog.preview import preview_grid
+    """Write a labelled grid: the clean image and severities 1-5 of each op (or, with --scene,
+    the image's scene masks)."""
+    from perturb.catalog.preview import preview_grid, scene_panel
     from perturb.catalog.registry import UnknownOpError
     from perturb.engine import InputError
     from perturb.io.images import (
@@ -80,24 +165,30 @@ def preview(
         try:
             tensor, key = to_tensor(read_image(image)), image.name
         except ImageDecodeError as exc:
-            err.print(f"[red]error:[/] {exc}")
+            _err().print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from exc
     if out.suffix.lower() != ".png":
-        err.print(f"[red]error:[/] --out must end in .png, got {out}")
+        _err().print(f"[red]error:[/] --out must end in .png, got {out}")
         raise typer.Exit(2)
+    if scene:
+        write_atomic(out, encode_image(scene_panel(tensor), "png"))
+        typer.echo(f"wrote {out} (scene)")
+        return
     try:
         grid, skipped = preview_grid(tensor, [op] if op else None, sample_key=key, seed=seed)
     except (UnknownOpError, InputError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        _err().print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     write_atomic(out, encode_image(grid, "png"))
     if skipped:
-        err.print(f"skipped (need another channel count): {', '.join(skipped)}")
+        _err().print(f"skipped (need another channel count): {', '.join(skipped)}")
     typer.echo(f"wrote {out} ({grid.shape[1]}x{grid.shape[0]})")
 
 
 def _xray_only(op: str) -> bool:
     """Whether ``op`` is an X-ray op (previewed on a chest phantom when no image is given)."""
+    from perturb.catalog.specs import load_specs
+
     spec = load_specs().get(op)
     return spec is not None and "xray" in spec.modalities and "endoscopy" not in spec.modalities
 

@@ -62,3 +62,37 @@ def preview_grid(
             x = ROW_LABEL_WIDTH + col * tw
             canvas[y : y + th, x : x + tw] = cell
     return canvas, skipped
+
+
+def scene_panel(image: torch.Tensor, width: int = 640) -> np.ndarray:
+    """RGB uint8 panel of the scene model on ``image`` (CHW): the frame, the field of view
+    (surround tinted blue, aperture edge in white), the overlays (yellow boxes with their kind)
+    and the specular highlights (green), side by side with the plain frame."""
+    from perturb.scene import scene
+
+    img = from_tensor(image, np.uint8)
+    if img.ndim == 2:
+        img = np.repeat(img[..., None], 3, axis=2)
+    s = scene(img)
+    vis = img.astype(np.float32)
+    vis[..., 2] += (1.0 - s.field) * 110.0
+    vis[..., :2] *= (0.45 + 0.55 * s.field)[..., None]
+    vis[s.highlight] = (0, 255, 0)
+    vis = np.clip(vis, 0, 255).astype(np.uint8)
+    edge = ((s.field > 0.02) & (s.field < 0.98)).astype(np.uint8)
+    vis[cv2.dilate(edge, np.ones((3, 3), np.uint8)) > 0] = (255, 255, 255)
+    scale = width / img.shape[1]
+    left = cv2.resize(img, (width, max(1, round(img.shape[0] * scale))), interpolation=cv2.INTER_AREA)
+    right = cv2.resize(vis, (left.shape[1], left.shape[0]), interpolation=cv2.INTER_AREA)
+    for x0, y0, x1, y1, kind in s.overlays:
+        p0 = (round(x0 * scale), round(y0 * scale))
+        p1 = (round(x1 * scale), round(y1 * scale))
+        cv2.rectangle(right, p0, p1, (255, 220, 0), 1)
+        if kind != "glyph":
+            cv2.putText(right, kind, (p0[0] + 2, p0[1] + 12), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 220, 0), 1, cv2.LINE_AA)
+    canvas = np.full((left.shape[0] + LABEL_HEIGHT, 2 * left.shape[1], 3), 255, np.uint8)
+    canvas[LABEL_HEIGHT:, : left.shape[1]] = left
+    canvas[LABEL_HEIGHT:, left.shape[1] :] = right
+    _label(canvas, "frame", 0, 0)
+    _label(canvas, "scene: surround (blue), edge (white), overlays (yellow), highlights (green)", left.shape[1], 0)
+    return canvas

@@ -24,11 +24,18 @@ RISK_TAGS = frozenset(
         "adds_overlay",
         "may_erase_small_findings",
         "alters_intensity",
+        "adds_devices",
+        "alters_projection",
     }
 )
 FAMILIES = frozenset({"blur", "glare", "noise", "color", "exposure", "jpeg", "geometry", "xray"})
 MODALITIES = frozenset({"endoscopy", "xray", "ct", "mri", "ultrasound", "pathology", "photo", "any"})
 TABLE_DIR = Path(__file__).parent
+# Calibration metrics (perturb.calibrate measures them between clean and perturbed images):
+# field_ssim: SSIM of luma inside the endoscope's field of view (scene model), at a 448 px
+# shorter side; ssim: SSIM of luma over the whole image at that size; delta_e: mean CIE76
+# colour difference (CIELAB, D65) inside the field; delta_e_whole: over the whole image.
+METRICS = frozenset({"field_ssim", "ssim", "delta_e", "delta_e_whole"})
 
 
 class ParamTable(BaseModel):
@@ -67,6 +74,77 @@ class ParamTable(BaseModel):
         return self
 
 
+class Calibration(BaseModel):
+    """Declared targets of an op's severity table, measured by ``perturb calibrate`` on real
+    images: the mean of ``metric`` over images and keys at each severity.
+
+    Either ``bands`` (one [low, high] per severity) or ``sev1`` (band at severity 1) and
+    ``sev5`` (band at severity 5, e.g. [0, 0.80] for "at most 0.80"); ``monotone`` asks the
+    five means to be strictly increasing or decreasing. ``resolution_invariant`` says whether
+    the op's severity means the same after resizing (``false`` with a ``note`` for e.g. JPEG,
+    whose blocks live at the stored resolution)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str
+    bands: list[tuple[float, float]] | None = None
+    sev1: tuple[float, float] | None = None
+    sev5: tuple[float, float] | None = None
+    monotone: Literal["increasing", "decreasing"] | None = None
+    resolution_invariant: bool = True
+    # measure at the stored resolution instead of at a 448 px shorter side (e.g. a codec,
+    # whose artifacts live at the stored resolution)
+    at_stored_size: bool = False
+    note: str = ""
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        if v not in METRICS:
+            raise ValueError(f"unknown calibration metric {v!r}; known: {sorted(METRICS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> Calibration:
+        if self.bands is not None:
+            if self.sev1 is not None or self.sev5 is not None:
+                raise ValueError("give either bands or sev1/sev5, not both")
+            if len(self.bands) != len(SEVERITIES):
+                raise ValueError(f"bands needs {len(SEVERITIES)} [low, high] pairs, got {len(self.bands)}")
+        elif self.sev1 is None and self.sev5 is None and self.monotone is None:
+            raise ValueError("declare bands, or sev1/sev5 bands, or a monotone direction")
+        for name, band in self.band_items():
+            if not band[0] <= band[1]:
+                raise ValueError(f"{name}: lower end {band[0]} above upper end {band[1]}")
+        return self
+
+    def band_items(self) -> list[tuple[str, tuple[float, float]]]:
+        if self.bands is not None:
+            return [(f"severity {i}", b) for i, b in enumerate(self.bands, start=1)]
+        items = [("severity 1", self.sev1), ("severity 5", self.sev5)]
+        return [(n, b) for n, b in items if b is not None]
+
+    def band(self, severity: int) -> tuple[float, float] | None:
+        """The declared band at ``severity`` (None where only monotonicity is asked)."""
+        check_severity(severity)
+        if self.bands is not None:
+            return self.bands[severity - 1]
+        return {1: self.sev1, 5: self.sev5}.get(severity)
+
+    def violations(self, means: list[float]) -> list[str]:
+        """What is wrong with the five measured means (empty list: within the targets)."""
+        problems = []
+        for sev, m in zip(SEVERITIES, means, strict=True):
+            b = self.band(sev)
+            if b is not None and not b[0] <= m <= b[1]:
+                problems.append(f"severity {sev}: {self.metric} {m:.3f} outside [{b[0]}, {b[1]}]")
+        if self.monotone == "decreasing" and not all(a > b for a, b in itertools.pairwise(means)):
+            problems.append(f"{self.metric} not strictly decreasing: {[round(m, 3) for m in means]}")
+        if self.monotone == "increasing" and not all(a < b for a, b in itertools.pairwise(means)):
+            problems.append(f"{self.metric} not strictly increasing: {[round(m, 3) for m in means]}")
+        return problems
+
+
 class OpSpec(BaseModel):
     """Registry entry metadata of one op."""
 
@@ -81,9 +159,15 @@ class OpSpec(BaseModel):
     risk_from_severity: dict[str, int] = Field(default_factory=dict)
     differentiable: bool
     channels: list[int] = Field(default_factory=lambda: [1, 3])
+    # True: the op acts on the tissue layer of an endoscopy frame (inside the field of view, under
+    # the on-screen overlays; perturb.scene); False: on the whole frame (codec, geometry, X-ray)
     protects_border: bool = False
+    # the kernel mixes neighbouring pixels (a PSF): a tissue-layer op then runs on the frame with
+    # its surround and overlays replaced by a smooth extension of the tissue (perturb.scene)
+    spatial: bool = False
     version: int = 1
     params: dict[str, ParamTable]
+    calibration: Calibration | None = None
 
     @field_validator("family")
     @classmethod
@@ -177,9 +261,27 @@ def load_table_file(path: Path) -> dict[str, OpSpec]:
         raise ValueError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("ops"), dict):
         raise ValueError(f"{path}: expected a mapping with an 'ops' mapping at the top")
+    presets = raw.get("calibration_targets", {}) or {}
+    if not isinstance(presets, dict):
+        raise ValueError(f"{path}: calibration_targets must map a name to a calibration mapping")
     specs: dict[str, OpSpec] = {}
     for name, body in raw["ops"].items():
         try:
+            target = body.get("calibration") if isinstance(body, dict) else None
+            if isinstance(target, str):  # a named preset from the file's calibration_targets
+                if target not in presets:
+                    raise ValueError(
+                        f"calibration {target!r} is not in the file's calibration_targets {sorted(presets)}"
+                    )
+                body = {**body, "calibration": presets[target]}
+            elif isinstance(target, dict) and isinstance(target.get("preset"), str):
+                preset = target["preset"]  # a preset with some fields overridden
+                if preset not in presets:
+                    raise ValueError(
+                        f"calibration preset {preset!r} is not in the file's calibration_targets {sorted(presets)}"
+                    )
+                merged = {**presets[preset], **{k: v for k, v in target.items() if k != "preset"}}
+                body = {**body, "calibration": merged}
             specs[name] = OpSpec(name=name, **body)
         except Exception as exc:
             raise ValueError(f"{path}: op {name!r}: {exc}") from exc

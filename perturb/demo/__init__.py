@@ -7,6 +7,18 @@
 
 from __future__ import annotations
 
-from perturb.demo.run import DEMO_OPS, DEMO_SEVERITIES, DemoError, DemoResult, run_demo
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perturb.demo.run import DEMO_OPS, DEMO_SEVERITIES, DemoError, DemoResult, run_demo
 
 __all__ = ["DEMO_OPS", "DEMO_SEVERITIES", "DemoError", "DemoResult", "run_demo"]
+
+
+def __getattr__(name: str) -> Any:
+    # loaded on first use, so ``perturb --help`` (which imports perturb.demo.command) stays light
+    if name in __all__:
+        from perturb.demo import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'perturb.demo' has no attribute {name!r}")

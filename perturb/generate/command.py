@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from perturb.io.images import DEFAULT_MAX_PIXELS
+from perturb.io import DEFAULT_MAX_PIXELS
 
 err = Console(stderr=True)
 
@@ -26,7 +26,8 @@ def generate(
     config: Annotated[
         str,
         typer.Argument(
-            help="Suite YAML, or the name of one in configs/ (e.g. kvasir-vqa-x1-transformed)."
+            help="Suite YAML, or a built-in suite name (e.g. kvasir-vqa-x1-transformed; "
+            "list them with perturb catalog --suites)."
         ),
     ],
     out: Annotated[
@@ -122,6 +123,18 @@ def generate(
             help="Print the plan (images, outputs, estimated size and time, measured on the first image) and write nothing."
         ),
     ] = False,
+    id_from: Annotated[
+        str,
+        typer.Option(
+            help="img_id of inputs without an img_id column: stem (file name without suffix) or path (relative to the dataset folder; use when stems collide)."
+        ),
+    ] = "stem",
+    cache_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="Where `datasets` caches a file or hub input (default: DIR/.perturb/cache, nothing written outside --out)."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -158,6 +171,8 @@ def generate(
                 max_retries=max_retries,
                 stall_timeout=stall_timeout,
                 dry_run=dry_run,
+                id_from=id_from,
+                cache_dir=cache_dir,
             ),
         )
     except (SuiteError, RunError) as exc:
@@ -212,13 +227,18 @@ def verify(
     except VerifyError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(2) from None
+    except OSError as exc:
+        err.print(f"error: {exc.filename or directory}: cannot be read: {exc.strerror or exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
         for kind in ("missing", "corrupt", "extra", "unsafe"):
             for rel in getattr(report, kind):
                 typer.echo(f"{kind}: {rel}")
-        status = "ok" if report.ok else "problems found"
+        if report.unfinished:
+            typer.echo(f"unfinished: {report.unfinished}")
+        status = "ok" if report.ok else "unfinished" if report.unfinished else "problems found"
         typer.echo(
             f"{status}: {report.checked} files checked, {len(report.missing)} missing, "
             f"{len(report.corrupt)} corrupt, {len(report.extra)} extra"
@@ -243,6 +263,13 @@ def merge_manifests(
         summary = merge_parts(list(parts), out)
     except RunError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    except OSError as exc:  # read-only or full --out, unreadable part file
+        err.print(
+            f"error: {exc.filename or out}: {exc.strerror or exc}; free space or choose a writable --out",
+            markup=False,
+            highlight=False,
+        )
         raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=2))

@@ -144,7 +144,8 @@ def _save(ds: Any, folder: Path) -> None:
     was_enabled = datasets.utils.logging.is_progress_bar_enabled()
     datasets.utils.logging.disable_progress_bar()
     try:
-        ds.save_to_disk(str(folder))
+        # one shard even when empty: a 0-row dataset saved with no data file cannot be loaded
+        ds.save_to_disk(str(folder), num_shards=1 if len(ds) == 0 else None)
     finally:
         if was_enabled:
             datasets.utils.logging.enable_progress_bar()

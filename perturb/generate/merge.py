@@ -25,13 +25,16 @@ import pyarrow.parquet as pq
 from perturb.generate.naming import UnsafePathError, resolve_inside
 from perturb.generate.runner import (
     STATE_DIR,
+    UNFINISHED,
     RunError,
     manifest_table,
     output_path,
+    read_settings,
     save_dataset,
     write_errors,
     write_parquet_atomic,
 )
+from perturb.generate.shard import ShardError, parse_shard
 from perturb.io.images import write_atomic
 
 # summary counts that add up over the parts
@@ -82,22 +85,44 @@ def _open_part(root: Path) -> _Part:
         raise MergeError(f"{root}: no such folder; pass the --out folders of the shard runs")
     if not settings_path.is_file():
         raise MergeError(f"{root}: not a `perturb generate` output (no {STATE_DIR}/settings.json)")
-    settings = json.loads(settings_path.read_text())
+    try:
+        settings = read_settings(settings_path)
+    except RunError as exc:
+        raise MergeError(str(exc)) from None
     spec = settings.get("shard")
     if spec is None:
         raise MergeError(
             f"{root}: a whole run, not a shard; merge the folders of `perturb generate --shard I/N` runs"
         )
-    index, _, count = str(spec).partition("/")
-    manifest = root / "manifest.parquet"
-    if not manifest.is_file():
+    try:
+        shard = parse_shard(str(spec))
+        assert shard is not None
+    except (ShardError, AssertionError):
         raise MergeError(
-            f"{root}: no manifest.parquet: shard {spec} did not finish; re-run its "
+            f"{settings_path}: shard {spec!r:.60} is not I/N; this part's state is corrupt: "
+            "re-generate it in a new --out"
+        ) from None
+    manifest = root / "manifest.parquet"
+    if not manifest.is_file() or (root / STATE_DIR / UNFINISHED).exists():
+        raise MergeError(
+            f"{root}: shard {spec} did not finish; re-run its "
             f"`perturb generate ... --shard {spec} --out {root}` (it resumes) and merge again"
         )
     summary_path = root / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    return _Part(root, settings, (int(index), int(count)), pq.read_table(manifest), summary)
+    try:
+        summary = json.loads(summary_path.read_bytes()) if summary_path.is_file() else {}
+        table = pq.read_table(manifest)
+    except (OSError, ValueError, RecursionError, pa.ArrowException) as exc:
+        raise MergeError(
+            f"{root}: unreadable summary.json or manifest.parquet ({type(exc).__name__}: {exc!s:.200}); "
+            f"re-run its `perturb generate ... --shard {spec} --out {root}` and merge again"
+        ) from None
+    if not isinstance(summary, dict):
+        summary = {}
+    missing = [c for c in ("path", "sha256", "img_id", "op", "severity", "variant", "size_bytes") if c not in table.column_names]
+    if missing:
+        raise MergeError(f"{manifest}: not a perturb manifest (no {', '.join(missing)} column)")
+    return _Part(root, settings, (shard.index, shard.count), table, summary)
 
 
 def _check_parts(parts: list[_Part]) -> tuple[dict[str, Any], int]:
@@ -169,7 +194,20 @@ def _errors(part: _Part) -> list[dict[str, Any]]:
     path = part.root / "errors.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            row = None
+        if not isinstance(row, dict) or not {"img_id", "stage", "reason"} <= set(row):
+            raise MergeError(
+                f"{path} line {number}: not an error row; re-run that shard to rewrite errors.jsonl"
+            )
+        rows.append(row)
+    return rows
 
 
 def _dataset(parts: list[_Part], order: dict[str, int]) -> tuple[Any, Any]:
@@ -185,8 +223,14 @@ def _dataset(parts: list[_Part], order: dict[str, int]) -> tuple[Any, Any]:
         folder = part.root / "dataset"
         if not folder.is_dir():
             raise MergeError(f"{part.root}: no dataset/ folder; re-run that shard (it resumes)")
-        loaded.append(datasets.load_from_disk(str(folder)))
-        images.append(load_images(folder))
+        try:
+            loaded.append(datasets.load_from_disk(str(folder)))
+            images.append(load_images(folder))
+        except Exception as exc:  # datasets raises many types for a broken folder
+            raise MergeError(
+                f"{part.root}: its dataset/ cannot be loaded ({type(exc).__name__}: {exc!s:.200}); "
+                "re-run that shard (it resumes and rebuilds dataset/)"
+            ) from None
     column = path_column(list(loaded[0].column_names))
     keys = [order[rel] for ds in loaded for rel in ds[column]]
     merged = datasets.concatenate_datasets(loaded)

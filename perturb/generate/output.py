@@ -42,9 +42,12 @@ MANIFEST_SCHEMA = pa.schema(
         ("size_bytes", pa.int64()),
         ("device", pa.string()),
         ("record", pa.string()),
+        ("input_sha256", pa.string()),  # sha256 of the input image file the output was made from
+        ("orientation", pa.int64()),  # EXIF orientation applied when decoding it (1: none)
     ]
 )
 MANIFEST_COLUMNS = tuple(MANIFEST_SCHEMA.names)
+JPEG_MAX_SIDE = 65500  # the JPEG format's limit (libjpeg)
 
 
 def output_array(x: torch.Tensor, spec: OutputSpec, bit_depth: int) -> np.ndarray:
@@ -125,6 +128,11 @@ def encode_bgr(bgr: np.ndarray, spec: OutputSpec) -> bytes:
             params += [cv2.IMWRITE_PNG_STRATEGY, _PNG_STRATEGIES[spec.png_strategy]]
         ok, buf = cv2.imencode(".png", bgr, params)
     else:
+        if max(bgr.shape[:2]) > JPEG_MAX_SIDE:
+            raise ValueError(
+                f"JPEG sides are at most {JPEG_MAX_SIDE} pixels, this image is "
+                f"{bgr.shape[1]}x{bgr.shape[0]}; use output.format: png for it"
+            )
         params = [
             cv2.IMWRITE_JPEG_QUALITY,
             int(spec.jpeg_quality),

@@ -154,13 +154,16 @@ class InputSource:
     images: str | None
     fingerprint: str
     rows: int
+    id_from: str = "stem"
+    cache_dir: str | None = None
 
     def open(self, suite: Any) -> Any:
         from perturb.generate.runner import open_run_input
 
         inp = open_run_input(
-            suite, self.dataset, self.split, self.image_column, self.builtin_images, self.images
-        )
+            suite, self.dataset, self.split, self.image_column, self.builtin_images, self.images,
+            id_from=self.id_from, cache_dir=self.cache_dir,
+        )  # fmt: skip
         if inp.fingerprint != self.fingerprint or len(inp) != self.rows:
             raise RuntimeError(
                 f"this worker sees another input ({inp.fingerprint}, {len(inp)} rows) than the "
@@ -374,7 +377,7 @@ def run_ray(
         images = str(Path(images).resolve())
     source = InputSource(
         dataset, options.split, options.image_column, options.builtin_images, images,
-        inp.fingerprint, len(inp),
+        inp.fingerprint, len(inp), options.id_from, options.cache_dir,
     )  # fmt: skip
     crash_at = os.environ.get("PERTURB_CRASH_AT")
     stats = RayStats()

@@ -11,15 +11,21 @@ Layout of DIR::
 
 Resume: every finished output is appended to ``.perturb/journal.jsonl`` after its file has
 been renamed into place, so after a kill at any moment a re-run skips what the journal lists
-(and whose file is still there with its size) and makes only the rest; the manifest is rebuilt
-from the journal, sorted, so it is the same whatever was interrupted. A run refuses a DIR made
-with other settings (suite, seed, input) and a DIR that is not a perturb output.
+and makes only the rest; the manifest is rebuilt from the journal, sorted, so it is the same
+whatever was interrupted. Resume trusts nothing it did not check: journal rows are validated
+(types, paths inside DIR; a corrupt line stops the run with the fix), an output is adopted only
+when its file's sha256 is the journal's and its input image's sha256 is the one it was made
+from (an input changed in place is perturbed again). A run refuses a DIR made with other
+settings (suite, seed, input, --limit, --id-from), a DIR that is not a perturb output, and a DIR
+inside a folder input. ``.perturb/unfinished`` stands while a run is under way (``perturb
+verify`` reports such a DIR as unfinished).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -28,7 +34,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
@@ -38,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perturb import __version__
+from perturb.generate.lifeline import start_pool_worker
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
 from perturb.generate.output import MANIFEST_COLUMNS, MANIFEST_SCHEMA
 from perturb.generate.progress import Progress, ProgressCallback, pool_ticks, space_problem
@@ -48,7 +55,6 @@ from perturb.generate.worker import (
     ImageJob,
     WorkerConfig,
     default_threads,
-    init_ticks,
     process_chunk,
     run_with_ticks,
 )
@@ -56,6 +62,9 @@ from perturb.io.images import DEFAULT_MAX_PIXELS, write_atomic
 
 STATE_DIR = ".perturb"
 RESERVED = ("manifest.parquet", "errors.jsonl", "summary.json", "dataset", STATE_DIR)
+UNFINISHED = "unfinished"  # marker in .perturb/ while a run is under way
+CACHE = "cache"  # .perturb/cache: the ``datasets`` cache of the input (unless --cache-dir)
+MAX_SEED = 2**63 - 1  # seeds are stored as int64 (manifest, records)
 
 
 class RunError(ValueError):
@@ -111,6 +120,8 @@ class RunOptions:
     dry_run: bool = False  # print the plan (perturb.generate.plan), write nothing
     on_progress: ProgressCallback | None = None  # (outputs done, outputs to do), per output
     check_space: bool = True  # stop after the first chunk when the estimate exceeds free space
+    id_from: str = "stem"  # img_id of inputs without an img_id column: file stem or path
+    cache_dir: str | None = None  # ``datasets`` cache of the input (default DIR/.perturb/cache)
 
 
 # (group, file_id, missing (task, relative path)): one image still to make
@@ -187,7 +198,7 @@ class OutputDir:
         if self.root.exists() and not self.root.is_dir():
             raise RunError(f"--out {self.root} exists and is not a folder")
         fresh = not (self.state / "settings.json").exists()
-        if fresh and self.root.exists() and any(self.root.iterdir()):
+        if fresh and self.root.exists() and any(not self._only_cache(p) for p in self.root.iterdir()):
             raise RunError(
                 f"--out {self.root} is not empty and holds no perturb run; choose a new or empty folder"
             )
@@ -199,8 +210,12 @@ class OutputDir:
             raise RunError(f"another `perturb generate` is writing to {self.root}") from None
         path = self.state / "settings.json"
         if path.exists():
-            old = json.loads(path.read_text())
-            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+            old = read_settings(path)
+            diff = sorted(
+                k
+                for k in set(old) | set(settings)
+                if k != "limit" and old.get(k) != settings.get(k)
+            )
             if diff:
                 details = "; ".join(
                     f"{k}: {old.get(k)!r} then, {settings.get(k)!r} now" for k in diff
@@ -208,9 +223,25 @@ class OutputDir:
                 raise RunError(
                     f"--out {self.root} was generated with other settings ({details}); use another --out"
                 )
+            before, now = old.get("limit"), settings.get("limit")
+            if before != now:
+                if now is not None and (before is None or now < before):
+                    held = "every image (no --limit)" if before is None else f"the first {before} images"
+                    raise RunError(
+                        f"--out {self.root} holds {held}; a re-run with --limit {now} would keep "
+                        f"stale rows: pass {'no --limit' if before is None else f'--limit {before} or more (or none)'}, "
+                        "or use another --out"
+                    )
+                write_atomic(path, json.dumps(settings, indent=2, sort_keys=True).encode())
         else:
             write_atomic(path, json.dumps(settings, indent=2, sort_keys=True).encode())
         self._clean_stale()
+
+    def _only_cache(self, entry: Path) -> bool:
+        """``entry`` is .perturb holding nothing but the input cache (made while opening it)."""
+        return entry.name == STATE_DIR and entry.is_dir() and all(
+            c.name == CACHE for c in entry.iterdir()
+        )
 
     def _clean_stale(self) -> None:
         """Remove temp files of interrupted atomic writes and dataset builds."""
@@ -230,18 +261,35 @@ class OutputDir:
         if not self.journal_path.exists():
             return rows
         raw = self.journal_path.read_bytes()
-        for line in raw.split(b"\n"):
+        lines = raw.split(b"\n")
+        torn = bool(raw) and not raw.endswith(b"\n")  # the last line was cut by a kill
+        for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
+            problem = None
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # torn by a kill
-            if isinstance(row, dict) and set(MANIFEST_COLUMNS) <= set(row):
-                rows[_task_key(row)] = row
-        if raw and not raw.endswith(b"\n"):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                row, problem = None, "not a JSON object"
+            if problem is None:
+                problem = journal_row_problem(row, self.root)
+            if problem is not None:
+                if torn and number == len(lines):
+                    continue
+                raise RunError(
+                    f"{self.journal_path} line {number}: {problem}: the resume journal is corrupt; "
+                    f"delete that file to re-make every output of {self.root} (or use another --out)"
+                )
+            rows[_task_key(row)] = row
+        if torn:
             self.rewrite_journal(rows.values())
         return rows
+
+    def mark_unfinished(self) -> None:
+        write_atomic(self.state / UNFINISHED, b"a perturb generate run is under way or was stopped\n")
+
+    def mark_finished(self) -> None:
+        (self.state / UNFINISHED).unlink(missing_ok=True)
 
     def rewrite_journal(self, rows: Any) -> None:
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
@@ -270,6 +318,20 @@ class OutputDir:
     def read_output(self, rel: str) -> bytes:
         return resolve_inside(self.root, rel).read_bytes()
 
+    def digest_of(self, rel: str) -> str | None:
+        """sha256 of the output ``rel``, or None when it is not there (or not a file)."""
+        try:
+            target = resolve_inside(self.root, rel)
+            if not target.is_file():
+                return None
+            h = hashlib.sha256()
+            with open(target, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            return h.hexdigest()
+        except (UnsafePathError, OSError):
+            return None
+
     def publish(self) -> None:
         """Copy the run's files to where the outputs are (nothing to do for a local DIR)."""
 
@@ -279,10 +341,10 @@ class RemoteOutputDir(OutputDir):
     URL (``perturb.generate.store``)."""
 
     def __init__(self, url: str) -> None:
-        from perturb.generate.store import RemoteDir, StoreError, open_fs, staging_folder
+        from perturb.generate.store import RemoteDir, StoreError, probe, staging_folder
 
         try:
-            open_fs(url)
+            probe(url)
         except StoreError as exc:
             raise RunError(str(exc)) from None
         super().__init__(staging_folder(url))
@@ -309,11 +371,74 @@ class RemoteOutputDir(OutputDir):
             raise FileNotFoundError(f"{self.url}/{rel}")
         return data
 
+    def digest_of(self, rel: str) -> str | None:
+        if self.size_of(rel) is None:
+            return None
+        try:
+            data = self.remote.read(rel)
+        except OSError:
+            return None
+        return None if data is None else hashlib.sha256(data).hexdigest()
+
     def publish(self) -> None:
         for name in ("manifest.parquet", "errors.jsonl", "dataset", "summary.json"):
             self.remote.upload(self.root / name, name)
         for name in ("settings.json", "journal.jsonl"):
             self.remote.upload(self.state / name, f"{STATE_DIR}/{name}")
+
+    def mark_unfinished(self) -> None:
+        super().mark_unfinished()
+        self.remote.write(f"{STATE_DIR}/{UNFINISHED}", b"a perturb generate run is under way or was stopped\n")
+
+    def mark_finished(self) -> None:
+        super().mark_finished()
+        self.remote.delete(f"{STATE_DIR}/{UNFINISHED}")
+
+
+_INT_COLUMNS = frozenset(f.name for f in MANIFEST_SCHEMA if pa.types.is_integer(f.type))
+OPTIONAL_COLUMNS = ("input_sha256", "orientation")  # absent from journals of older versions
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def journal_row_problem(row: Any, root: Path) -> str | None:
+    """Why a journal row cannot be trusted (None when it can): every manifest column with its
+    type, a sha256 of 64 hex digits, a path inside DIR."""
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    missing = [c for c in MANIFEST_COLUMNS if c not in row and c not in OPTIONAL_COLUMNS]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    for name in MANIFEST_COLUMNS:
+        value = row.get(name)
+        if name in OPTIONAL_COLUMNS and value is None:
+            continue
+        if name in _INT_COLUMNS:
+            if type(value) is not int or not -(2**63) <= value < 2**63:
+                return f"{name} is {value!r:.40}, not a 64-bit integer"
+        elif not isinstance(value, str):
+            return f"{name} is {value!r:.40}, not a string"
+    if not _HEX64.fullmatch(row["sha256"]):
+        return f"sha256 {row['sha256']!r:.80} is not 64 hex digits"
+    try:
+        resolve_inside(root, row["path"])
+    except UnsafePathError as exc:
+        return str(exc)
+    return None
+
+
+def read_settings(path: Path) -> dict[str, Any]:
+    """DIR/.perturb/settings.json, or RunError saying how to recover from a corrupt one."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        data = exc
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        why = f"{type(data).__name__}: {data}" if isinstance(data, Exception) else "not a JSON object"
+        raise RunError(
+            f"{path}: unreadable run settings ({why:.200}); this folder's state is corrupt: "
+            f"start again in a new --out (or delete {path.parent.parent} and re-run)"
+        )
+    return data
 
 
 def _append(fh: Any, rows: list[dict[str, Any]]) -> None:
@@ -330,7 +455,7 @@ def _append(fh: Any, rows: list[dict[str, Any]]) -> None:
 
 def manifest_table(rows: list[dict[str, Any]]) -> pa.Table:
     ordered = sorted(rows, key=_task_key)
-    columns = {name: [r[name] for r in ordered] for name in MANIFEST_COLUMNS}
+    columns = {name: [r.get(name) for r in ordered] for name in MANIFEST_COLUMNS}
     return pa.table(columns, schema=MANIFEST_SCHEMA)
 
 
@@ -425,10 +550,23 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
     url = output_url(options.out)
     out = None if url else output_path(options.out)
     seed = suite.seed if options.seed is None else options.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise RunError(f"--seed must be an integer from 0 to 2**63-1 = {MAX_SEED}, got {seed}")
+    if options.id_from not in ("stem", "path"):
+        raise RunError(f"--id-from must be stem or path, got {options.id_from!r}")
+    if out is not None:
+        _refuse_out_inside_input(out, options.dataset)
+    if options.cache_dir is None:
+        from perturb.generate.store import staging_folder
+
+        state = (out if out is not None else staging_folder(url or "")) / STATE_DIR
+        options = replace(options, cache_dir=str(state / CACHE))
     try:
         inp = open_run_input(
-            suite, options.dataset, options.split, options.image_column, options.builtin_images, options.images
-        )
+            suite, options.dataset, options.split, options.image_column, options.builtin_images,
+            options.images, id_from=options.id_from, cache_dir=options.cache_dir,
+        )  # fmt: skip
+        inp.row_ids()  # ids checked (colliding derived ids refused) before anything is written
     except DatasetError as exc:
         raise RunError(str(exc)) from None
     if suite.per_image_modality and inp.modality_column is None:
@@ -447,6 +585,10 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
     }
     if shard is not None:  # absent for a whole run, so whole runs made before shards resume
         settings["shard"] = str(shard)
+    if options.limit is not None:  # a re-run may extend it, never shrink it (stale rows)
+        settings["limit"] = options.limit
+    if options.id_from != "stem":
+        settings["id_from"] = options.id_from
     if options.dry_run:  # the plan, measured on the first image; nothing written in DIR
         from perturb.generate.plan import plan_run
 
@@ -470,7 +612,16 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
 
             device = connect(options)
         folder.prepare(settings)
-        return _run(suite, options, inp, folder, seed, device, shard)
+        folder.mark_unfinished()
+        summary = _run(suite, options, inp, folder, seed, device, shard)
+        folder.mark_finished()
+        return summary
+    except OSError as exc:  # read-only or full DIR, vanished folder, ...
+        where = exc.filename or folder.url or folder.root
+        raise RunError(
+            f"cannot write the run's files ({where}): {exc.strerror or exc}; free space or choose a "
+            "writable --out, then re-run (finished outputs are kept)"
+        ) from None
     finally:
         folder.release()
         if options.engine == "ray":
@@ -478,6 +629,20 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
 
             disconnect()
 
+
+def _refuse_out_inside_input(out: Path, dataset: str | None) -> None:
+    """A DIR inside a folder input would be read back as input images on the next run."""
+    if dataset is None or output_url(dataset) is not None:
+        return
+    source = Path(dataset).expanduser()
+    if not source.is_dir():
+        return
+    src, target = source.resolve(), out.expanduser().resolve()
+    if target == src or src in target.parents:
+        raise RunError(
+            f"--out {out} is inside the input folder {dataset}: its images would be read as input "
+            "on the next run; choose an --out outside the input folder"
+        )
 
 
 def open_run_input(
@@ -487,6 +652,9 @@ def open_run_input(
     image_column: str | None,
     builtin_images: int | None,
     images: str | None,
+    *,
+    id_from: str = "stem",
+    cache_dir: str | None = None,
 ) -> Any:
     """The input of a run, opened the same way by the driver and by every engine's workers:
     through the suite's dataset adapter, or ``open_input`` (built-in data of the suite's
@@ -495,19 +663,21 @@ def open_run_input(
 
     if suite.input is not None:
         from perturb.io.adapters import open_adapter
+        from perturb.io.datasets import using_cache
 
-        return open_adapter(
-            suite.input.adapter,
-            dataset,
-            images=images or suite.input.images,
-            split=split,
-            keep_leaking_fields=suite.input.keep_leaking_fields,
-            min_visible=suite.input.min_visible,
-        )
+        with using_cache(cache_dir):
+            return open_adapter(
+                suite.input.adapter,
+                dataset,
+                images=images or suite.input.images,
+                split=split,
+                keep_leaking_fields=suite.input.keep_leaking_fields,
+                min_visible=suite.input.min_visible,
+            )
     if images is not None:
         raise RunError(
             "--images is for dataset adapters: use a suite with an input.adapter section "
-            "(e.g. configs/rexvqa.yaml), or pass the images with --dataset"
+            "(e.g. the built-in rexvqa), or pass the images with --dataset"
         )
     return open_input(
         dataset,
@@ -515,7 +685,10 @@ def open_run_input(
         image_column=image_column,
         builtin_images=builtin_images,
         builtin_modality=suite.data_modality(),
+        id_from=id_from,
+        cache_dir=cache_dir,
     )
+
 
 def read_jobs(inp: Any, batch: list[Pending]) -> tuple[list[ImageJob], list[dict[str, Any]]]:
     """Jobs of a batch with their image bytes; images that cannot be read become error rows."""
@@ -524,7 +697,7 @@ def read_jobs(inp: Any, batch: list[Pending]) -> tuple[list[ImageJob], list[dict
     jobs, errs = [], []
     for group, file_id, missing in batch:
         try:
-            data = inp.image_bytes(group.rows[0])
+            data = group_image(inp, group)
         except ImageFetchError as exc:
             errs.append(
                 {
@@ -541,9 +714,19 @@ def read_jobs(inp: Any, batch: list[Pending]) -> tuple[list[ImageJob], list[dict
             continue
         param_key = inp.sample_key(group) if inp.sample_key_column else None
         jobs.append(
-            ImageJob(group.img_id, file_id, data, missing, qa_rows=len(group.rows), param_key=param_key)
-        )
+            ImageJob(
+                group.img_id, file_id, data, missing, qa_rows=len(group.rows),
+                param_key=param_key, input_sha256=hashlib.sha256(data).hexdigest(),
+            )
+        )  # fmt: skip
     return jobs, errs
+
+
+def group_image(inp: Any, group: Any) -> bytes:
+    """The bytes of one unique image, every row of its img_id checked to carry the same image."""
+    if hasattr(inp, "group_bytes"):
+        return bytes(inp.group_bytes(group))
+    return bytes(inp.image_bytes(group.rows[0]))
 
 
 def _run(
@@ -590,8 +773,12 @@ def _run(
         for r in empty_rows
         if shard is None or shard.index == 0  # reported once over the shards of a run
     ]
-    # what is missing
+    # what is missing: an output is kept only when its file and its input are the ones the
+    # journal row was made with (sha256 of both), at the path this run would write
+    from perturb.io.datasets import ImageFetchError
+
     pending: list[Pending] = []
+    wanted: set[tuple[str, str, int, int]] = set()
     for group in selected:
         file_id = safe_stem(group.img_id)
         if file_id != group.img_id:
@@ -599,12 +786,23 @@ def _run(
         missing: list[tuple[Task, str]] = []
         modality = inp.modality(group) or "any"  # no label: the generic ops
         tasks = suite.tasks(modality) if suite.per_image_modality else all_tasks
+        input_digest: str | None = None
         for task in tasks:
             rel = task.path(suite, file_id)
-            row = done.get((group.img_id, task.op, task.severity, task.variant))
-            if row is not None and folder.size_of(rel) == int(row["size_bytes"]):
-                summary.outputs_existing += 1
-                continue
+            key = (group.img_id, task.op, task.severity, task.variant)
+            wanted.add(key)
+            row = done.get(key)
+            if row is not None and row["path"] == rel:
+                if input_digest is None:
+                    try:
+                        input_digest = hashlib.sha256(group_image(inp, group)).hexdigest()
+                    except ImageFetchError:
+                        input_digest = ""  # unreadable now: re-made, and the error reported
+                if row.get("input_sha256") == input_digest and folder.digest_of(rel) == row["sha256"]:
+                    summary.outputs_existing += 1
+                    continue
+            if row is not None:
+                del done[key]  # stale: not trusted, re-made below
             missing.append((task, rel))
         summary.outputs_expected += len(tasks)
         if missing:
@@ -703,8 +901,8 @@ def _run(
                     ProcessPoolExecutor(
                         max_workers=options.workers,
                         mp_context=ctx,
-                        initializer=init_ticks,
-                        initargs=(ticks,),
+                        initializer=start_pool_worker,
+                        initargs=(os.getpid(), ticks),
                     ) as pool,
                 ):
                     in_flight: dict[Future[ChunkResult], tuple[int, int]] = {}
@@ -724,7 +922,7 @@ def _run(
         progress.close()
     summary.outputs_written = written
     # finish: manifest from everything done in DIR, errors of this run, dataset
-    manifest = manifest_table(list(done.values()))
+    manifest = manifest_table([r for k, r in done.items() if k in wanted])
     _crash_point("manifest")
     write_parquet_atomic(manifest, out / "manifest.parquet")
     write_errors(out, errors)

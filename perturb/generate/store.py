@@ -61,6 +61,44 @@ def open_fs(url: str) -> tuple[pafs.FileSystem, str]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(ffs)), str(path).rstrip("/")
 
 
+DEFAULT_TIMEOUT = 30.0  # seconds a URL may take to answer its first listing
+
+
+def probe(url: str, timeout: float | None = None) -> None:
+    """Open ``url``'s file system and list its base, within ``timeout`` seconds (default
+    ``PERTURB_FS_TIMEOUT`` or 30): StoreError naming the cause when it fails or does not answer
+    (no network, no credentials, a metadata server that never replies)."""
+    import threading
+
+    limit = float(os.environ.get("PERTURB_FS_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
+    outcome: list[BaseException | None] = []
+
+    def attempt() -> None:
+        try:
+            fs, base = open_fs(url)
+            fs.get_file_info(base)
+            outcome.append(None)
+        except BaseException as exc:  # reported to the caller below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, name="perturb-fs-probe", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if not outcome:
+        raise StoreError(
+            f"{url}: no answer within {limit:.0f} s (no network, or no credentials for this "
+            "store?); check access, or raise PERTURB_FS_TIMEOUT"
+        )
+    exc = outcome[0]
+    if isinstance(exc, StoreError):
+        raise exc
+    if exc is not None:
+        raise StoreError(
+            f"{url}: cannot be reached ({type(exc).__name__}: {str(exc).splitlines()[0]:.300}); "
+            "check the network, the bucket name and your credentials"
+        )
+
+
 @dataclass(frozen=True)
 class RemoteDir:
     """DIR at ``url``: relative paths in, bytes out."""
@@ -96,6 +134,13 @@ class RemoteDir:
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         with fs.open_output_stream(path) as fh:
             fh.write(data)
+
+    def delete(self, rel: str) -> None:
+        """Remove ``rel`` under DIR (nothing when it is not there)."""
+        fs, _ = open_fs(self.url)
+        path = self._path(rel)
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            fs.delete_file(path)
 
     def upload(self, local: Path, rel: str) -> None:
         """A local file, or every file of a local folder, to ``rel`` under DIR."""

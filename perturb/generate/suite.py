@@ -47,8 +47,8 @@ from pydantic import (
 )
 
 from perturb.catalog.specs import MODALITIES, SEVERITIES, check_op_names, get_spec, op_names
+from perturb.configs import find_config, known_names_hint
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 LAYOUT_FIELDS = frozenset({"suite", "op", "severity", "variant", "img_id", "ext"})
 COMPOSITES = ("kvasir_transformed",)
 FROM_IMAGE = "from_image"
@@ -361,30 +361,22 @@ def parse_suite(data: Any, source: str = "<suite>") -> Suite:
         raise SuiteError(_format_error(source, exc)) from None
 
 
-def find_config(name: str | Path, stems: tuple[str, ...] = ("{}",)) -> Path | None:
-    """The YAML a bare config name (no folder, no suffix) stands for: ``<stem>.yaml`` for each
-    stem pattern (``{}`` is the name) in ./configs/, then in the repository's configs/."""
-    p = Path(name)
-    if p.suffix or p.name != str(name):
-        return None
-    for folder in (Path.cwd() / "configs", CONFIG_DIR):
-        for stem in stems:
-            candidate = folder / f"{stem.format(p.name)}.yaml"
-            if candidate.is_file():
-                return candidate
-    return None
-
-
 def load_suite(path: str | Path) -> Suite:
     """Load and validate a suite YAML; a bare name (e.g. ``endoscopy-artifacts``) is looked up
-    in ./configs/, then in the repository's configs/ folder."""
+    in ./configs/, then among the built-in suites (perturb/configs/)."""
     p = Path(path)
     if not p.exists():
         p = find_config(path) or p
     if not p.is_file():
-        raise SuiteError(f"{path}: suite file not found")
+        raise SuiteError(
+            f"{path}: suite file not found; pass a YAML path or a name. {known_names_hint('suite')}"
+        )
     try:
         data = yaml.safe_load(p.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{p}: not valid YAML: {exc}") from None
+    if isinstance(data, dict) and "policy" in data and "suite" not in data:
+        raise SuiteError(
+            f"{p}: a training policy (for perturb.Augment), not a suite. {known_names_hint('suite')}"
+        )
     return parse_suite(data, str(p))

@@ -2,7 +2,9 @@
 
 Files that belong to the run but are not images (manifest.parquet, errors.jsonl, summary.json,
 dataset/, .perturb/) are not extras. A leftover ``.<name>.part`` temp file of an interrupted
-write is an extra until a re-run of ``perturb generate`` removes it.
+write is an extra until a re-run of ``perturb generate`` removes it. A run that never finished
+(``.perturb/unfinished`` still there, or no summary.json or dataset/) is reported as unfinished:
+its manifest may be an older run's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from perturb.generate.naming import UnsafePathError, resolve_inside
-from perturb.generate.runner import RESERVED, output_path, output_url
+from perturb.generate.runner import RESERVED, STATE_DIR, UNFINISHED, output_path, output_url
 
 
 class VerifyError(ValueError):
@@ -29,10 +31,11 @@ class VerifyReport:
     corrupt: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
     unsafe: list[str] = field(default_factory=list)
+    unfinished: str | None = None  # why the run looks unfinished
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.corrupt or self.extra or self.unsafe)
+        return not (self.missing or self.corrupt or self.extra or self.unsafe or self.unfinished)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -42,6 +45,7 @@ class VerifyReport:
             "corrupt": self.corrupt,
             "extra": self.extra,
             "unsafe": self.unsafe,
+            "unfinished": self.unfinished,
         }
 
 
@@ -57,10 +61,11 @@ def _verify_url(url: str) -> VerifyReport:
     """``verify`` for an output at a file-system URL (``perturb.generate.store``)."""
     import pyarrow as pa
 
-    from perturb.generate.store import RemoteDir, StoreError
+    from perturb.generate.store import RemoteDir, StoreError, probe
 
     remote = RemoteDir(url)
     try:
+        probe(url)
         data = remote.read("manifest.parquet")
         sizes = remote.sizes()
     except (StoreError, OSError) as exc:
@@ -81,6 +86,11 @@ def _verify_url(url: str) -> VerifyReport:
         elif hashlib.sha256(blob).hexdigest() != digest:
             report.corrupt.append(rel)
     report.extra = [r for r in sizes if r.split("/")[0] not in RESERVED and r not in listed]
+    report.unfinished = _unfinished(
+        f"{STATE_DIR}/{UNFINISHED}" in sizes,
+        "summary.json" in sizes,
+        any(r.startswith("dataset/") for r in sizes),
+    )
     for items in (report.missing, report.corrupt, report.extra):
         items.sort()
     return report
@@ -134,4 +144,18 @@ def verify(root: str | os.PathLike[str]) -> VerifyReport:
     report.missing.sort()
     report.corrupt.sort()
     report.extra.sort()
+    report.unfinished = _unfinished(
+        (out / STATE_DIR / UNFINISHED).exists(),
+        (out / "summary.json").is_file(),
+        (out / "dataset").is_dir(),
+    )
     return report
+
+
+def _unfinished(marker: bool, summary: bool, dataset: bool) -> str | None:
+    if marker:
+        return "a `perturb generate` run on it was stopped before the end; re-run it (it resumes)"
+    if not summary or not dataset:
+        missing = " and ".join(n for n, ok in (("summary.json", summary), ("dataset/", dataset)) if not ok)
+        return f"no {missing}: the run did not finish; re-run `perturb generate` on it (it resumes)"
+    return None

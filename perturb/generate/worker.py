@@ -26,7 +26,13 @@ from perturb.generate import transformed
 from perturb.generate.naming import resolve_inside
 from perturb.generate.output import encode_bgr, encoding_json, quantize, sha256
 from perturb.generate.suite import Suite, Task, parse_suite
-from perturb.io.images import ImageDecodeError, decode_image, fsync_path, to_tensor, write_atomic
+from perturb.io.images import (
+    ImageDecodeError,
+    decode_image_info,
+    fsync_path,
+    to_tensor,
+    write_atomic,
+)
 
 OnOutput = Callable[[int], None]  # called with n after n more outputs are written or failed
 
@@ -53,6 +59,7 @@ class ImageJob:
     tasks: list[tuple[Task, str]]  # (task, relative path)
     qa_rows: int = 0
     param_key: str | None = None  # sample (study, case) whose images share scalar parameters
+    input_sha256: str | None = None  # of ``data``, recorded in each output's manifest row
 
 
 @dataclass
@@ -99,6 +106,7 @@ def error_row(job: ImageJob, stage: str, reason: str, task: Task | None = None) 
 class _Decoded:
     job: ImageJob
     arr: np.ndarray  # HWC / HW, uint8 or uint16, as decoded
+    orientation: int = 1  # EXIF orientation applied by the decoder
     _x: torch.Tensor | None = None
     _f: np.ndarray | None = None
 
@@ -165,18 +173,16 @@ def _run_task(
                     "op_version": transformed.VERSION,
                 }
             )
-        channels = 1 if batch[0].arr.ndim == 2 else batch[0].arr.shape[2]
+        # upstream works on PIL RGB images and saves RGB JPEGs: a frame whose three channels
+        # happen to be equal (decoded as gray) still comes out with three channels
         if device.type == "cpu":
-            return (
-                [
-                    transformed.transformed_array(d.float_array(), p)
-                    for d, p in zip(batch, params, strict=True)
-                ],
-                infos,
-                channels,
-            )
-        y = transformed.apply_transformed(_stacked(batch, device, cache), params)
-        return _to_arrays(y), infos, channels
+            outs = [
+                transformed.transformed_array(d.float_array(), p)
+                for d, p in zip(batch, params, strict=True)
+            ]
+        else:
+            outs = _to_arrays(transformed.apply_transformed(_stacked(batch, device, cache), params))
+        return [np.repeat(o[..., None], 3, axis=2) if o.ndim == 2 else o for o in outs], infos, 3
     from perturb.catalog.registry import get_op
     from perturb.engine import apply
 
@@ -262,6 +268,8 @@ def _write_output(
         "size_bytes": len(data),
         "device": cfg.device,
         "record": json.dumps(info["record"], sort_keys=True),
+        "input_sha256": d.job.input_sha256 or sha256(d.job.data),
+        "orientation": d.orientation,
         "_target": str(target),  # popped by _Writer, which fsyncs it
     }
 
@@ -332,7 +340,7 @@ def process_chunk(
         decoded: list[_Decoded] = []
         for job in jobs:
             try:
-                arr = decode_image(
+                arr, orientation = decode_image_info(
                     job.data, max_pixels=cfg.max_pixels, source=f"img_id {job.img_id!r}"
                 )
                 if min(arr.shape[:2]) < 2:
@@ -343,7 +351,7 @@ def process_chunk(
                 writer.error(error_row(job, "decode", str(exc)), len(job.tasks))
                 result.images_failed += 1
                 continue
-            decoded.append(_Decoded(job, arr))
+            decoded.append(_Decoded(job, arr, orientation))
             result.images_ok += 1
         # group by task, then by shape, keeping a deterministic order
         by_task: dict[Task, list[tuple[_Decoded, str]]] = defaultdict(list)

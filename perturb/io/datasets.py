@@ -18,6 +18,7 @@ img_id, keeping the first row's image.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ ID_COLUMN = "img_id"
 PATH_COLUMNS = ("image_path", "path", "file_name", "filename", "file", "image_file")
 TABLE_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 DEFAULT_SPLIT = "test"
+ID_SOURCES = ("stem", "path")
+DEFAULT_MAX_FILE_BYTES = 512 * 1024 * 1024
 
 
 class DatasetError(ValueError):
@@ -73,6 +76,8 @@ class InputDataset:
     sample_key_column: str | None = None  # rows of one sample (study, case) share parameters
     modality_column: str | None = None  # per-image modality (``modality: from_image`` suites)
     annotations: Annotations | None = None  # loc-tag columns moved with geometric ops
+    id_from: str = "stem"  # without an img_id column: the image path's stem, or its whole path
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     _ids: list[str | None] | None = field(default=None, repr=False)
     _images: datasets.Dataset | None = field(default=None, repr=False)
     _columns: dict[str, list[Any]] = field(default_factory=dict, repr=False)
@@ -92,10 +97,10 @@ class InputDataset:
                     None if v is None or str(v) == "" else str(v) for v in self.ds[self.id_column]
                 ]
             else:
-                self._ids = [self._derived_id(i) for i in range(len(self.ds))]
+                self._ids = self._derived_ids()
         return self._ids
 
-    def _derived_id(self, row: int) -> str:
+    def _cell_path(self, row: int) -> str | None:
         value = self._cell(row)
         path = (
             value.get("path")
@@ -104,9 +109,51 @@ class InputDataset:
             if isinstance(value, str)
             else None
         )
-        if path:
-            return Path(str(path)).stem
-        return f"row-{row}"
+        return str(path) if path else None
+
+    def _relative(self, path: str) -> str:
+        """``path`` relative to the dataset's folder (posix, normalised), else as given."""
+        p = Path(os.path.normpath(path))
+        if self.base_dir is not None and p.is_absolute():
+            with contextlib.suppress(ValueError):
+                return p.relative_to(Path(os.path.normpath(self.base_dir.resolve()))).as_posix()
+            with contextlib.suppress(ValueError):
+                return p.relative_to(Path(os.path.normpath(self.base_dir.absolute()))).as_posix()
+        return p.as_posix()
+
+    def _derived_ids(self) -> list[str | None]:
+        """img_ids from the image paths (no img_id column): the file stem, or with ``id_from
+        == "path"`` the path relative to the dataset folder. Distinct files that would share an
+        id are refused (DatasetError listing them): never merged into one image."""
+        ids: list[str | None] = []
+        files_of: dict[str, set[str]] = {}
+        for row in range(len(self.ds)):
+            path = self._cell_path(row)
+            if path is None:
+                ids.append(f"row-{row}")
+                continue
+            rel = self._relative(path)
+            img_id = rel if self.id_from == "path" else Path(rel).stem
+            files_of.setdefault(img_id, set()).add(rel)
+            ids.append(img_id)
+        clashes = {k: sorted(v) for k, v in files_of.items() if len(v) > 1}
+        if clashes:
+            shown = "; ".join(
+                f"{k!r}: {', '.join(v[:4])}{' ...' if len(v) > 4 else ''}"
+                for k, v in list(clashes.items())[:10]
+            )
+            more = f" (and {len(clashes) - 10} more)" if len(clashes) > 10 else ""
+            hint = (
+                "pass --id-from path (img_id = the path relative to the dataset folder)"
+                if self.id_from != "path"
+                else "give the rows an img_id column"
+            )
+            raise DatasetError(
+                f"{self.source}: {len(clashes)} img_id(s) would name several different image files "
+                f"(img_id from the file {'path' if self.id_from == 'path' else 'stem'}): "
+                f"{shown}{more}; {hint}"
+            )
+        return ids
 
     def _cell(self, row: int) -> Any:
         if self._images is None:
@@ -164,14 +211,41 @@ class InputDataset:
             f"row {row}: no image in column {self.image_column!r} (got {type(value).__name__})"
         )
 
+    def group_bytes(self, group: ImageGroup) -> bytes:
+        """The image of ``group``: its first row's bytes, after checking that every other row
+        of the group carries the same image (same file path, or equal bytes). Rows that share
+        an img_id but carry different images raise ImageFetchError naming both rows."""
+        first = group.rows[0]
+        data = self.image_bytes(first)
+        if len(group.rows) == 1:
+            return data
+        first_path = self._cell_path(first) if self._plain_path(first) else None
+        for row in group.rows[1:]:
+            if first_path is not None and self._plain_path(row) and self._cell_path(row) == first_path:
+                continue  # the same file named again
+            if self.image_bytes(row) != data:
+                raise ImageFetchError(
+                    f"img_id {group.img_id!r}: input rows {first} and {row} carry different images; "
+                    "give each image its own img_id (or fix the rows), so no QA row is paired with "
+                    "another image's perturbation"
+                )
+        return data
+
+    def _plain_path(self, row: int) -> bool:
+        """The row's image is a file path (no embedded bytes)."""
+        value = self._cell(row)
+        return isinstance(value, str) or (isinstance(value, dict) and not value.get("bytes"))
+
     def _read_path(self, path: str) -> bytes:
+        from perturb.io.images import ImageDecodeError, read_file_bytes
+
         p = Path(path)
         if not p.is_absolute() and self.base_dir is not None:
             p = self.base_dir / p
         try:
-            return p.read_bytes()
-        except OSError as exc:
-            raise ImageFetchError(f"cannot read image file {p}: {exc.strerror or exc}") from None
+            return read_file_bytes(p, max_bytes=self.max_file_bytes)
+        except ImageDecodeError as exc:
+            raise ImageFetchError(f"image file {exc}") from None
 
     def table_without_image(self) -> pa.Table:
         """The rows' other columns as an Arrow table (row order kept)."""
@@ -190,7 +264,7 @@ class InputDataset:
         groups, _ = self.groups()
         for group in groups:
             try:
-                yield group, self.image_bytes(group.rows[0])
+                yield group, self.group_bytes(group)
             except ImageFetchError as exc:
                 yield group, exc
 
@@ -254,13 +328,35 @@ def _looks_like_hub_id(text: str) -> bool:
     )
 
 
-def _load_local(path: Path, split: str | None) -> tuple[datasets.Dataset, str | None, Path | None]:
+_CACHE_DIR: contextvars.ContextVar[str | None] = contextvars.ContextVar("cache_dir", default=None)
+
+
+def _cache_kw(cache_dir: str | None = None) -> dict[str, str]:
+    """``cache_dir=`` for ``datasets.load_dataset``: the one given, else the one set around an
+    adapter's load by ``using_cache``, else nothing (the ``datasets`` default)."""
+    folder = cache_dir if cache_dir is not None else _CACHE_DIR.get()
+    return {} if folder is None else {"cache_dir": folder}
+
+
+@contextlib.contextmanager
+def using_cache(cache_dir: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Within the block, adapters' ``load_dataset`` calls cache under ``cache_dir``."""
+    token = _CACHE_DIR.set(None if cache_dir is None else os.fspath(cache_dir))
+    try:
+        yield
+    finally:
+        _CACHE_DIR.reset(token)
+
+
+def _load_local(
+    path: Path, split: str | None, cache_dir: str | None = None
+) -> tuple[datasets.Dataset, str | None, Path | None]:
     source = str(path)
     if path.is_dir():
         if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
             ds, used = _as_dataset(datasets.load_from_disk(str(path)), split, source)
             return ds, used, path
-        obj = datasets.load_dataset(str(path))
+        obj = datasets.load_dataset(str(path), **_cache_kw(cache_dir))
         ds, used = _as_dataset(obj, split, source)
         return ds, used, path
     builder = TABLE_SUFFIXES.get(path.suffix.lower())
@@ -271,7 +367,7 @@ def _load_local(path: Path, split: str | None) -> tuple[datasets.Dataset, str | 
             f"{source}: unsupported file type {path.suffix!r}; pass a parquet, .jsonl, .json or .csv "
             "file, a save_to_disk folder, an image folder or a hub id"
         )
-    ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+    ds = datasets.load_dataset(builder, data_files=str(path), split="train", **_cache_kw(cache_dir))
     return ds, split, path.parent
 
 
@@ -295,25 +391,36 @@ def open_input(
     id_column: str = ID_COLUMN,
     builtin_images: int | None = None,
     builtin_modality: str = "endoscopy",
+    id_from: str = "stem",
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> InputDataset:
     """Open an input dataset (see the module docstring for what ``source`` may be);
-    ``builtin_modality`` picks the built-in phantoms (endoscopy or xray) when ``source`` is None."""
+    ``builtin_modality`` picks the built-in phantoms (endoscopy or xray) when ``source`` is None.
+    Without an img_id column, ``id_from`` derives ids from the image file's stem (``stem``) or
+    its path relative to the dataset folder (``path``). ``cache_dir``: where ``datasets`` keeps
+    its Arrow copy of a file or hub input (default: its own cache in the home folder)."""
+    if id_from not in ID_SOURCES:
+        raise DatasetError(f"--id-from must be one of {', '.join(ID_SOURCES)}, got {id_from!r}")
     if source is None and builtin_modality == "xray":
         from perturb.phantoms.xray import builtin_xray_input
 
         return builtin_xray_input(builtin_images)
     with _quiet():
-        ds, label, fingerprint, base_dir = _load(source, split, builtin_images)
+        cache = None if cache_dir is None else os.fspath(cache_dir)
+        ds, label, fingerprint, base_dir = _load(source, split, builtin_images, cache)
         column = _find_image_column(ds, image_column, label)
         feature = ds.features.get(column)
         if isinstance(feature, datasets.Image) and feature.decode:
             ds = ds.cast_column(column, datasets.Image(decode=False))
     ids = id_column if id_column in ds.column_names else None
-    return InputDataset(ds, column, ids, label, fingerprint, base_dir)
+    return InputDataset(ds, column, ids, label, fingerprint, base_dir, id_from=id_from)
 
 
 def _load(
-    source: str | os.PathLike[str] | None, split: str | None, builtin_images: int | None
+    source: str | os.PathLike[str] | None,
+    split: str | None,
+    builtin_images: int | None,
+    cache_dir: str | None = None,
 ) -> tuple[datasets.Dataset, str, str, Path | None]:
     """(dataset, label, fingerprint, folder that relative image paths start from)."""
     if source is None:
@@ -325,10 +432,10 @@ def _load(
     path = Path(text).expanduser()
     try:
         if path.exists():
-            ds, used, base_dir = _load_local(path, split)
+            ds, used, base_dir = _load_local(path, split, cache_dir)
             return ds, str(path), f"local:{path.resolve()}:{used}", base_dir
         if _looks_like_hub_id(text):
-            obj = datasets.load_dataset(text, split=split or DEFAULT_SPLIT)
+            obj = datasets.load_dataset(text, split=split or DEFAULT_SPLIT, **_cache_kw(cache_dir))
             ds, used = _as_dataset(obj, split, text)
             return ds, text, f"hub:{text}:{used or split or DEFAULT_SPLIT}", None
     except DatasetError:

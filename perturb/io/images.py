@@ -7,9 +7,9 @@ torch is imported only by the tensor converters, so decoding and hashing stay li
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import cv2
 import numpy as np
@@ -17,11 +17,49 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-DEFAULT_MAX_PIXELS = 64_000_000
+from perturb.io import DEFAULT_MAX_PIXELS
 
 
 class ImageDecodeError(ValueError):
     """An image that cannot be decoded (the message says why)."""
+
+
+DEFAULT_MAX_FILE_BYTES = 512 * 1024 * 1024  # an image file larger than this is refused unread
+
+# EXIF orientation (tag 0x0112) -> the array operation PIL.ImageOps.exif_transpose applies
+_ORIENTATION_TAG = 0x0112
+
+
+def _orient(img: np.ndarray, orientation: int) -> np.ndarray:
+    """``img`` (HW or HWC) as ``PIL.ImageOps.exif_transpose`` shows it for ``orientation``."""
+    if orientation == 2:  # mirrored
+        return img[:, ::-1]
+    if orientation == 3:  # rotated 180
+        return img[::-1, ::-1]
+    if orientation == 4:  # mirrored vertically
+        return img[::-1]
+    if orientation == 5:  # transposed (main diagonal)
+        return img.swapaxes(0, 1)
+    if orientation == 6:  # stored rotated 90 counter-clockwise: turn it 90 clockwise
+        return np.rot90(img, -1)
+    if orientation == 7:  # transversed (anti-diagonal)
+        return np.rot90(img, 2).swapaxes(0, 1)
+    if orientation == 8:  # stored rotated 90 clockwise: turn it 90 counter-clockwise
+        return np.rot90(img, 1)
+    return img
+
+
+class HeaderInfo(NamedTuple):
+    """What the header tells: size, and EXIF orientation (1..8; 1 when absent)."""
+
+    width: int
+    height: int
+    orientation: int
+    format: str = ""
+
+
+SUPPORTED_FORMATS = "PNG, JPEG, WebP, TIFF, BMP, GIF, PNM"
+_PIL_FORMATS = {"PNG", "JPEG", "MPO", "WEBP", "TIFF", "BMP", "DIB", "GIF", "PPM", "JPEG2000"}
 
 
 def _header_size(data: bytes) -> tuple[int, int] | None:
@@ -47,19 +85,62 @@ def _header_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, source: str = "image") -> np.ndarray:
-    """Decode encoded bytes to RGB (HWC) or gray (HW), keeping 8 or 16 bits; alpha is dropped
-    and CMYK is converted by the codec. Raises ImageDecodeError with the reason."""
+def read_header(data: bytes, *, source: str = "image") -> HeaderInfo:
+    """Width, height and EXIF orientation from the file's header, without decoding pixels
+    (PIL reads headers lazily). Raises ImageDecodeError for a format we do not decode."""
+    import io
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            saved = Image.MAX_IMAGE_PIXELS
+            Image.MAX_IMAGE_PIXELS = None  # our own limit applies, after this call
+            try:
+                with Image.open(io.BytesIO(data)) as im:
+                    fmt = str(im.format)
+                    width, height = im.size
+                    try:
+                        raw = im.getexif().get(_ORIENTATION_TAG)
+                    except Exception:  # a broken EXIF block: no orientation, like datasets
+                        raw = None
+            finally:
+                Image.MAX_IMAGE_PIXELS = saved
+    except Exception as exc:
+        size = _header_size(data)  # PNG/JPEG that PIL refuses (e.g. a bad CRC): OpenCV decides
+        if size is not None:
+            return HeaderInfo(size[0], size[1], 1, "PNG" if data[:1] == b"\x89" else "JPEG")
+        raise ImageDecodeError(
+            f"{source}: not a decodable image (truncated or unknown format: {type(exc).__name__}); "
+            f"supported formats: {SUPPORTED_FORMATS}"
+        ) from None
+    if fmt not in _PIL_FORMATS:
+        raise ImageDecodeError(
+            f"{source}: image format {fmt} is not supported; convert it to one of {SUPPORTED_FORMATS}"
+        )
+    orientation = raw if isinstance(raw, int) and 1 <= raw <= 8 else 1
+    return HeaderInfo(int(width), int(height), orientation, fmt)
+
+
+def decode_image_info(
+    data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, source: str = "image"
+) -> tuple[np.ndarray, int]:
+    """``decode_image`` and the EXIF orientation it applied (1: none)."""
     if not data:
         raise ImageDecodeError(f"{source}: empty file (0 bytes)")
-    size = _header_size(data)
-    if size is not None and size[0] * size[1] > max_pixels:
+    header = read_header(data, source=source)
+    if header.width * header.height > max_pixels:
         raise ImageDecodeError(
-            f"{source}: {size[0]}x{size[1]} = {size[0] * size[1]} pixels is above the limit of "
-            f"{max_pixels} (decompression-bomb guard); raise it with --max-pixels if intended"
+            f"{source}: {header.width}x{header.height} = {header.width * header.height} pixels is "
+            f"above the limit of {max_pixels} (decompression-bomb guard); raise it with "
+            "--max-pixels if intended"
         )
     buf = np.frombuffer(data, dtype=np.uint8)
-    img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+    img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)  # ignores EXIF orientation
+    if img is None:
+        img = _decode_pil(data)
     if img is None:
         raise ImageDecodeError(f"{source}: not a decodable image (truncated or unknown format)")
     if img.shape[0] * img.shape[1] > max_pixels:
@@ -74,16 +155,67 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, source: s
         img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         if np.array_equal(img[..., 0], img[..., 1]) and np.array_equal(img[..., 1], img[..., 2]):
             img = img[..., 0]  # stored as RGB(A) but gray (e.g. chest X-ray PNGs)
-    return np.ascontiguousarray(img)
+    if header.format != "TIFF":  # OpenCV's TIFF reader applies the orientation itself
+        img = _orient(img, header.orientation)
+    return np.ascontiguousarray(img), header.orientation
+
+
+def _decode_pil(data: bytes) -> np.ndarray | None:
+    """Formats OpenCV was built without (GIF): the first frame through PIL, as BGR(A)/gray."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.seek(0)
+            rgb = np.asarray(im.convert("RGBA" if "A" in im.mode or "transparency" in im.info else "RGB"))
+    except Exception:
+        return None
+    code = cv2.COLOR_RGBA2BGRA if rgb.shape[2] == 4 else cv2.COLOR_RGB2BGR
+    return cv2.cvtColor(rgb, code)
+
+
+def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, source: str = "image") -> np.ndarray:
+    """Decode encoded bytes to RGB (HWC) or gray (HW), keeping 8 or 16 bits; alpha is dropped,
+    CMYK is converted by the codec, and EXIF orientation is applied as ``datasets`` (PIL's
+    ``ImageOps.exif_transpose``) applies it, so outputs line up with the clean split. The size
+    is read from the header and checked against ``max_pixels`` before any pixel is decoded.
+    Raises ImageDecodeError with the reason."""
+    return decode_image_info(data, max_pixels=max_pixels, source=source)[0]
+
+
+def read_file_bytes(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; FIFOs, devices and sockets are
+    refused without opening them (a FIFO would block, /dev/zero never ends)."""
+    import stat
+
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        raise ImageDecodeError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "folder" if stat.S_ISDIR(st.st_mode) else "FIFO, device or socket"
+        raise ImageDecodeError(f"{p}: not a regular file ({kind}); pass an image file")
+    if st.st_size > max_bytes:
+        raise ImageDecodeError(
+            f"{p}: {st.st_size} bytes is above the file size limit of {max_bytes} bytes; "
+            "shrink or re-encode the image"
+        )
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise ImageDecodeError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise ImageDecodeError(f"{p}: grew above the file size limit of {max_bytes} bytes while read")
+    return data
 
 
 def read_image(path: str | os.PathLike[str], *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise ImageDecodeError(f"{p}: cannot read: {exc.strerror}") from exc
-    return decode_image(data, max_pixels=max_pixels, source=str(p))
+    return decode_image(read_file_bytes(p), max_pixels=max_pixels, source=str(p))
 
 
 def to_tensor(img: np.ndarray) -> torch.Tensor:
@@ -124,11 +256,18 @@ def encode_image(img: np.ndarray, fmt: str = "png", *, jpeg_quality: int = 95) -
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, *, sync: bool = True) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename, so
-    no partial file ever stands under the final name; ``sync=False`` leaves the fsync to the
-    caller (``fsync_paths``, once per chunk of outputs)."""
+    no partial file ever stands under the final name. The file's mode follows the umask (0644
+    under umask 022), like any file the user creates; ``tempfile.mkstemp`` would make it 0600.
+    ``sync=False`` leaves the fsync to the caller (``fsync_path``, once per chunk of outputs)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    while True:
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.part"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            break
+        except FileExistsError:  # pragma: no cover - 48 random bits
+            continue
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -137,7 +276,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, sync: bool = True
                 os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -33,18 +33,18 @@ import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 import cv2
 import numpy as np
 import torch
 
-from perturb.ops.fov import DARK_THRESHOLD
+from perturb.scene.masks import compose_numpy
 
 Backend = Literal["auto", "opencv", "torch"]
 _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar("perturb_backend", default="auto")
 
-CpuFn = Callable[[np.ndarray, np.ndarray, dict[str, np.ndarray], int], None]
+CpuFn = Callable[..., None]  # fn(src, dst, params, key) or fn(src, dst, params, key, scene=...)
 NATIVE_DEFAULT: tuple[type, ...] = (np.uint8, np.float32)
 _NATIVE_DEFAULT = frozenset(np.dtype(d) for d in NATIVE_DEFAULT)
 _TOPS = {np.dtype(np.uint8): 255, np.dtype(np.uint16): 65535}
@@ -88,19 +88,29 @@ def from_hwc(images: list, like: torch.Tensor) -> torch.Tensor:
 # Registry of per-sample CPU fast paths
 
 _CPU_PATHS: dict[str, tuple[CpuFn, frozenset[np.dtype]]] = {}
+_USES_SCENE: set[str] = set()
 
 
-def register_cpu(name: str, dtypes: Sequence[type] = NATIVE_DEFAULT) -> Callable[[CpuFn], CpuFn]:
+def register_cpu(
+    name: str, dtypes: Sequence[type] = NATIVE_DEFAULT, *, uses_scene: bool = False
+) -> Callable[[CpuFn], CpuFn]:
     """Register ``fn(src, dst, params, key)`` as the CPU fast path of op ``name``; ``dtypes``
-    are the sample dtypes it reads natively."""
+    are the sample dtypes it reads natively. ``uses_scene``: ``fn`` also takes ``scene=`` (the
+    sample's ``perturb.scene.Scene`` or None)."""
 
     def decorator(fn: CpuFn) -> CpuFn:
         if name in _CPU_PATHS:
             raise ValueError(f"CPU path of {name!r} registered twice")
         _CPU_PATHS[name] = (fn, frozenset(np.dtype(d) for d in dtypes))
+        if uses_scene:
+            _USES_SCENE.add(name)
         return fn
 
     return decorator
+
+
+def cpu_uses_scene(name: str) -> bool:
+    return name in _USES_SCENE
 
 
 def cpu_path(name: str, dtype: torch.dtype) -> tuple[CpuFn, frozenset[np.dtype]] | None:
@@ -147,76 +157,6 @@ def store_float(res: np.ndarray, dst: np.ndarray) -> None:
     np.rint(scaled, out=scaled)
     np.clip(scaled, 0, top, out=scaled)
     np.copyto(dst, scaled, casting="unsafe")
-
-
-# ---------------------------------------------------------------------------------------------
-# The field-of-view mask on the host (same mask as perturb.ops.fov.border_mask)
-
-
-def _nondark_level(dtype: np.dtype) -> float:
-    """Smallest channel value that is not dark: for uint8 (uint16), the first level v with
-    float32(v) / 255 (65535) >= 0.07 (the comparison the float path makes after dividing)."""
-    if dtype in _TOPS:
-        return float(np.argmax(levels(dtype) >= np.float32(DARK_THRESHOLD)))
-    return float(np.float32(DARK_THRESHOLD))
-
-
-_NONDARK = {np.dtype(d): _nondark_level(np.dtype(d)) for d in (np.uint8, np.uint16, np.float32)}
-
-
-def border_mask_numpy(src: np.ndarray) -> np.ndarray | None:
-    """uint8 (H, W) mask (1 = frame) of the dark frame of one CHW sample, or None where it is
-    empty; the same pixels as ``perturb.ops.fov.border_mask``.
-
-    Dark pixels (every channel below the threshold) reached by a straight dark run from the
-    left, right, top or bottom edge: a row's run from the left ends at its first non-dark
-    pixel, so the mask is the union of four runs per row/column, found with ``argmax``."""
-    h, w = src.shape[-2:]
-    m = src[0]
-    for c in range(1, src.shape[0]):
-        m = cv2.max(m, src[c])
-    nondark = (m >= m.dtype.type(_NONDARK[m.dtype])).view(np.uint8)
-    across = cv2.transpose(nondark)
-    rows, cols = np.arange(h), np.arange(w)
-    # argmax on bool views (values are 0/1) stops at the first True of each row
-    left = nondark.view(np.bool_).argmax(axis=1)
-    right = (w - 1) - cv2.flip(nondark, 1).view(np.bool_).argmax(axis=1)
-    top = across.view(np.bool_).argmax(axis=1)
-    bottom = (h - 1) - cv2.flip(across, 1).view(np.bool_).argmax(axis=1)
-    row_dark = nondark[rows, left] == 0
-    col_dark = across[cols, top] == 0
-    left[row_dark], right[row_dark] = w, -1
-    top[col_dark], bottom[col_dark] = h, -1
-    if not (left.any() or top.any() or (right < w - 1).any() or (bottom < h - 1).any()):
-        return None
-    before_w, from_w = _run_tables(w)
-    mask = np.take(before_w, left, axis=0)  # j < left
-    cv2.bitwise_or(mask, np.take(from_w, right + 1, axis=0), dst=mask)  # j > right
-    before_h, from_h = _run_tables(h)
-    across_mask = np.take(before_h, top, axis=0)  # i < top, laid out (W, H)
-    cv2.bitwise_or(across_mask, np.take(from_h, bottom + 1, axis=0), dst=across_mask)
-    cv2.bitwise_or(mask, cv2.transpose(across_mask), dst=mask)
-    return mask
-
-
-@lru_cache(maxsize=8)
-def _run_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two (n + 1, n) uint8 tables: row k of the first is 1 at j < k, of the second at j >= k.
-    Gathering rows builds a mask of runs from the edges at copy speed."""
-    before = (np.arange(n)[None, :] < np.arange(n + 1)[:, None]).astype(np.uint8)
-    after = 1 - before
-    before.flags.writeable = False
-    after.flags.writeable = False
-    return before, after
-
-
-def keep_border(src: np.ndarray, dst: np.ndarray) -> None:
-    """Copy the dark frame of ``src`` back into ``dst`` (CHW, in place)."""
-    mask = border_mask_numpy(src)
-    if mask is None:
-        return
-    for c in range(src.shape[0]):
-        cv2.copyTo(src[c], mask, dst[c])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,10 +276,10 @@ def _via_float32(fn: CpuFn) -> CpuFn:
     """``fn`` (float32 samples) on a uint16 sample: converted in and rounded back with the
     engine's own torch operations, so the result is the one of a float32 batch."""
 
-    def run(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    def run(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, **kw: Any) -> None:
         x = torch.from_numpy(src).to(torch.float32) / 65535.0
         out = torch.empty_like(x)
-        fn(x.numpy(), out.numpy(), p, key)
+        fn(x.numpy(), out.numpy(), p, key, **kw)
         dst[...] = (out * 65535.0).round_().clamp_(0, 65535).to(torch.uint16).numpy()
 
     return run
@@ -350,12 +290,17 @@ def run_cpu(
     x: torch.Tensor,
     params: dict[str, torch.Tensor],
     keys: Sequence[int],
-    protect: Sequence[bool],
+    scenes: Sequence[Any | None],
     native: Collection[np.dtype] = _NATIVE_DEFAULT,
+    uses_scene: bool = False,
+    kernel_scenes: Sequence[Any | None] | None = None,
 ) -> torch.Tensor:
     """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
     out. ``native`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
-    per sample."""
+    per sample. ``scenes`` (one ``perturb.scene.Scene`` or None per sample): where given, the
+    result is composited back as the tissue layer (field of view, under the overlays).
+    ``kernel_scenes`` (default ``scenes``): what a ``uses_scene`` path receives."""
+    given = scenes if kernel_scenes is None else kernel_scenes
     if x.dtype not in _NUMPY_OF:
         raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
     src = x.detach().contiguous().numpy()
@@ -367,9 +312,14 @@ def run_cpu(
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}
 
     def work(i: int) -> None:
-        fn(src[i], dst[i], {name: value[i] for name, value in host.items()}, int(keys[i]))
-        if protect[i]:
-            keep_border(src[i], dst[i])
+        p = {name: value[i] for name, value in host.items()}
+        if uses_scene:
+            fn(src[i], dst[i], p, int(keys[i]), scene=given[i])
+        else:
+            fn(src[i], dst[i], p, int(keys[i]))
+        scene = scenes[i]
+        if scene is not None:
+            compose_numpy(src[i], dst[i], scene.descriptor)
 
     map_samples(work, src.shape[0])
     return torch.from_numpy(dst)

@@ -121,7 +121,7 @@ def filter_sample(src: np.ndarray, dst: np.ndarray, psf: np.ndarray, separable: 
 
 def _host(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], fn: backend.CpuFn) -> torch.Tensor:
     """The kernel called directly on a CPU float32 batch: the same host path as the engine's."""
-    return backend.run_cpu(fn, x, p, keys, [False] * x.shape[0])
+    return backend.run_cpu(fn, x, p, keys, [None] * x.shape[0])
 
 
 def _side(src: np.ndarray) -> int:

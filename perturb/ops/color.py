@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import cv2
 import numpy as np
@@ -115,11 +116,38 @@ def brightness(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
     return (x + _b(p["delta"])).clamp_(0.0, 1.0)
 
 
-@register_kernel("contrast")
-def contrast(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Scale around the mean luma of the image (of its field of view where a mask is known)."""
-    mean = sample_mean(luma(x))
+def tissue_weight(scene: Any) -> np.ndarray | None:
+    """The tissue alpha (H, W) of a sample's scene (field of view minus overlays), or None for
+    the whole image. A scene whose tissue is empty counts as absent."""
+    if scene is None:
+        return None
+    from perturb.scene.masks import tissue_alpha
+
+    alpha = tissue_alpha(scene.descriptor)
+    return alpha if float(alpha.max()) > 0.0 else None
+
+
+@register_kernel("contrast", uses_scene=True)
+def contrast(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
+) -> torch.Tensor:
+    """Scale around the mean luma of the tissue (field of view minus overlays, from the scene;
+    the whole image without one)."""
+    y = luma(x)
+    means = []
+    for i in range(x.shape[0]):
+        weight = tissue_weight(scenes[i]) if scenes is not None else None
+        if weight is None:
+            means.append(sample_mean(y[i : i + 1]))
+        else:
+            means.append(torch.tensor(_weighted_mean(y[i, 0].cpu().numpy(), weight), dtype=x.dtype).view(1, 1, 1, 1))
+    mean = torch.cat(means).to(x.device)
     return (mean + _b(p["factor"]) * (x - mean)).clamp_(0.0, 1.0)
+
+
+def _weighted_mean(y: np.ndarray, weight: np.ndarray) -> np.float32:
+    """float64 mean of the float32 plane ``y`` weighted by ``weight``, as float32."""
+    return np.float32(float((y.astype(np.float64) * weight).sum()) / float(weight.astype(np.float64).sum()))
 
 
 def _gamma_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -204,9 +232,17 @@ def brightness_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
 
-@backend.register_cpu("contrast")
-def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    mean = _mean_luma(src)
+@backend.register_cpu("contrast", uses_scene=True)
+def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
+    weight = tissue_weight(scene)
+    if weight is None:
+        mean = _mean_luma(src)
+    else:  # the kernel's luma of the float32 sample, weighted
+        f = backend.load_float(src)
+        y = f[0] if f.shape[0] == 1 else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
+        if f.shape[0] == 3:
+            y = y + f[2] * np.float32(LUMA_REC601[2])
+        mean = _weighted_mean(y, weight)
     factor = np.float32(p["factor"])
     if src.dtype == np.uint8:
         # round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x + 255 mean (1 -

@@ -3,8 +3,9 @@
 * overexposure: gain > 1 with sensor clipping (auto-exposure lag, light too close).
 * underexposure: gain < 1 with radial light fall-off ``1 - falloff * r^2`` (the light source
   cannot fill a distant lumen).
-* vignetting: ``I * (1 - strength * r^2)``, r = distance from a keyed centre near the image
-  centre, normalised by the half-diagonal.
+* vignetting: ``I * (1 - strength * r^2)``, r = distance from a keyed centre near the centre of
+  the field of view (scene model), normalised by the field's radius (the whole image without a
+  scene).
 * haze: surgical smoke / fogged lens, the atmospheric scattering model
   ``I * t + A * (1 - t)`` with a smooth keyed transmission field around ``transmission`` and a
   near-white airlight A (He et al., Single Image Haze Removal Using Dark Channel Prior, 2009).
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import cv2
 import numpy as np
@@ -78,9 +80,44 @@ def _vignetting_sampler(rng_: np.random.Generator, level: Level) -> Params:
     return {"strength": draw(rng_, level["strength"]), **_centre(rng_)}
 
 
-@register_kernel("vignetting", sampler=_vignetting_sampler)
-def vignetting(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    return linear_to_srgb(srgb_to_linear(x) * _falloff(x, p, p["strength"]))
+def field_frame(h: int, w: int, scene: Any) -> tuple[float, float, float, float]:
+    """(x0, y0, width, height) of the image circle a radial fall-off is centred in: the field of
+    view's bounding box from the scene, else the whole image."""
+    if scene is None:
+        return 0.0, 0.0, float(w), float(h)
+    x0, y0, x1, y1 = scene.bbox
+    return float(x0), float(y0), float(x1 - x0), float(y1 - y0)
+
+
+def field_falloff_np(h: int, w: int, cx: float, cy: float, strength: float, scene: Any) -> np.ndarray:
+    """float32 (H, W) ``max(0, 1 - strength r^2)``, r = distance from the keyed centre (fractions
+    of the field box) over the field's radius (the RMS of its half sides), so the fall-off
+    reaches ``1 - strength`` at the aperture's edge whatever the frame's layout."""
+    fx, fy, fw, fh = field_frame(h, w, scene)
+    radius = 0.5 * float(np.sqrt(0.5 * (fw * fw + fh * fh)))
+    dy = (np.arange(h, dtype=np.float64) + 0.5 - (fy + cy * fh)) / radius
+    dx = (np.arange(w, dtype=np.float64) + 0.5 - (fx + cx * fw)) / radius
+    r2 = (dx * dx)[None, :] + (dy * dy)[:, None]
+    return np.maximum(1.0 - strength * r2, 0.0).astype(np.float32)
+
+
+@register_kernel("vignetting", sampler=_vignetting_sampler, uses_scene=True)
+def vignetting(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
+) -> torch.Tensor:
+    """Radial fall-off of light over the field of view (cos^4 law, ~ 1 - a r^2) in linear light."""
+    h, w = x.shape[-2:]
+    scales = [
+        torch.from_numpy(
+            field_falloff_np(
+                h, w, float(p["cx"][i]), float(p["cy"][i]), float(p["strength"][i]),
+                None if scenes is None else scenes[i],
+            )
+        )
+        for i in range(x.shape[0])
+    ]
+    scale = torch.stack(scales).unsqueeze(1).to(x.device)
+    return linear_to_srgb(srgb_to_linear(x) * scale)
 
 
 def _haze_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -196,10 +233,11 @@ def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
     _scale_in_linear(src, dst, scale)
 
 
-@backend.register_cpu("vignetting")
-def vignetting_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+@backend.register_cpu("vignetting", uses_scene=True)
+def vignetting_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
     h, w = src.shape[-2:]
-    _scale_in_linear(src, dst, _falloff_np(h, w, p, np.float32(p["strength"])))
+    scale = field_falloff_np(h, w, float(p["cx"]), float(p["cy"]), float(p["strength"]), scene)
+    _scale_in_linear(src, dst, scale)
 
 
 @backend.register_cpu("haze")

@@ -421,4 +421,9 @@ def warp_label_maps(op: str, m: torch.Tensor, p: dict[str, torch.Tensor]) -> tor
         return nearest_warp_batch(m, crop_warps(p, width, height))
     if op == "rotation":
         return nearest_warp_batch(m, rotation_warps(p, width, height))
+    if op == "xray_patient_rotation":
+        # imported here: geometry stays free of the X-ray modules at import time
+        from perturb.ops.xray_radiographic import rotation_label_maps
+
+        return rotation_label_maps(m, p)
     raise ValueError(f"geometric op {op!r} has no label-map warp; add one in perturb/ops/geometry.py")

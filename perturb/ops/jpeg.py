@@ -104,7 +104,7 @@ def jpeg(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
     if jpeg_backend(x) == "nvjpeg":
         return _roundtrip_cuda(x, qualities)
     if x.device.type == "cpu":
-        return backend.run_cpu(jpeg_cpu, x, p, keys, [False] * x.shape[0])
+        return backend.run_cpu(jpeg_cpu, x, p, keys, [None] * x.shape[0])
     images = to_uint8(x.cpu()).permute(0, 2, 3, 1).numpy()
     out = [opencv_roundtrip(img[..., 0] if img.shape[-1] == 1 else img, q) for img, q in zip(images, qualities, strict=True)]
     stacked = np.stack([o if o.ndim == 3 else o[..., None] for o in out])

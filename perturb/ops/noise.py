@@ -1,4 +1,7 @@
-"""Sensor and transmission noise. Every field is a keyed per-pixel function (perturb.rng).
+"""Sensor and transmission noise. Every field is a keyed per-pixel function (perturb.rng),
+drawn on the grain grid of the frame (``GRAIN_CELLS`` cells across the shorter side, see
+perturb.ops.grain): on a larger frame the model runs on the frame averaged to that grid and its
+residual is upsampled bicubically, as demosaicing and the processor's scaler spread sensor noise.
 
 * gaussian: additive read noise, ``x + sigma * z`` (display domain).
 * shot: photon (Poisson) noise in linear light: ``Poisson(N * lin) / N`` for a full-well of
@@ -26,6 +29,7 @@ from perturb.ops._math import (
     srgb_to_linear_u8,
     to_u8_levels,
 )
+from perturb.ops.grain import grain_cpu, grain_kernel
 from perturb.ops.registry import register_kernel
 
 POISSON_EXACT_BELOW = 16.0
@@ -47,13 +51,11 @@ def _b(p: torch.Tensor) -> torch.Tensor:
     return p.view(-1, 1, 1, 1)
 
 
-@register_kernel("gaussian_noise")
 def gaussian_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     z = _per_sample_normal(x, keys, "gaussian_noise")
     return (x + _b(p["sigma"]) * z).clamp_(0.0, 1.0)
 
 
-@register_kernel("speckle_noise")
 def speckle_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     z = _per_sample_normal(x, keys, "speckle_noise")
     return (x + x * _b(p["sigma"]) * z).clamp_(0.0, 1.0)
@@ -82,7 +84,6 @@ def poisson_counts(mean: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torc
     return out
 
 
-@register_kernel("shot_noise")
 def shot_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     photons = _b(p["photons"])
     mean = srgb_to_linear(x) * photons
@@ -92,7 +93,6 @@ def shot_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
     return linear_to_srgb(counts / photons)
 
 
-@register_kernel("impulse_noise")
 def impulse_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     h, w = x.shape[-2:]
     u = _per_sample_uniform(x, keys, "impulse_noise", (1, h, w))
@@ -112,7 +112,6 @@ def _scaled_normal_lut(scale: np.float32) -> np.ndarray:
     return rng.normal_lut_numpy() * np.float32(scale)
 
 
-@backend.register_cpu("gaussian_noise")
 def gaussian_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     sigma = np.float32(p["sigma"])
     if src.dtype == np.uint8:
@@ -124,7 +123,6 @@ def gaussian_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
 
-@backend.register_cpu("speckle_noise")
 def speckle_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     sigma = np.float32(p["sigma"])
     if src.dtype == np.uint8:
@@ -139,7 +137,6 @@ def speckle_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
 
-@backend.register_cpu("impulse_noise")
 def impulse_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     h, w = src.shape[-2:]
     u = rng.uniform_numpy(key, "impulse_noise", h * w).reshape(h, w)
@@ -314,7 +311,6 @@ def _as_levels(src: np.ndarray) -> np.ndarray | None:
     return levels
 
 
-@backend.register_cpu("shot_noise")
 def shot_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     photons = np.float32(p["photons"])
     levels = src if src.dtype == np.uint8 else _as_levels(src)
@@ -337,3 +333,15 @@ def shot_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
         np.take(to_u8_levels(_encode_counts(photons, top)), idx, out=dst.reshape(-1))
     else:
         np.take(_encode_counts(photons, top).numpy(), idx, out=dst.reshape(-1))
+
+
+# Registration: each model runs on the grain grid of the frame (perturb.ops.grain), so its grain
+# is a fixed fraction of the shorter side.
+for _name, _kernel, _cpu in (
+    ("gaussian_noise", gaussian_noise, gaussian_noise_cpu),
+    ("speckle_noise", speckle_noise, speckle_noise_cpu),
+    ("shot_noise", shot_noise, shot_noise_cpu),
+    ("impulse_noise", impulse_noise, impulse_noise_cpu),
+):
+    register_kernel(_name)(grain_kernel(_kernel))
+    backend.register_cpu(_name)(grain_cpu(_cpu))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,15 +12,20 @@ import torch
 
 Params = dict[str, Any]
 Level = Mapping[str, tuple[float, float]]
-Kernel = Callable[[torch.Tensor, dict[str, torch.Tensor], Sequence[int]], torch.Tensor]
+Kernel = Callable[..., torch.Tensor]  # (x, params, keys) or (x, params, keys, scenes=...)
 Sampler = Callable[[np.random.Generator, Level], Params]
 
 
 @dataclass(frozen=True)
 class KernelEntry:
+    """An op's torch kernel and keyed sampler. ``uses_scene``: the kernel also takes
+    ``scenes=`` (one ``perturb.scene.Scene`` or None per sample: the frame's field of view and
+    overlays, for tissue-layer ops of endoscopy frames)."""
+
     name: str
     kernel: Kernel
     sampler: Sampler
+    uses_scene: bool = False
 
 
 _KERNELS: dict[str, KernelEntry] = {}
@@ -48,11 +53,16 @@ def uniform_sampler(rng: np.random.Generator, level: Level) -> Params:
     return {name: draw(rng, bounds) for name, bounds in level.items()}
 
 
-def register_kernel(name: str, sampler: Sampler = uniform_sampler) -> Callable[[Kernel], Kernel]:
+def register_kernel(
+    name: str, sampler: Sampler = uniform_sampler, *, uses_scene: bool = False
+) -> Callable[[Kernel], Kernel]:
+    """Register ``kernel(x, params, keys)`` (with ``uses_scene``: ``kernel(x, params, keys,
+    scenes=...)``) and its sampler under ``name``."""
+
     def decorator(kernel: Kernel) -> Kernel:
         if name in _KERNELS:
             raise ValueError(f"kernel {name!r} registered twice")
-        _KERNELS[name] = KernelEntry(name, kernel, sampler)
+        _KERNELS[name] = KernelEntry(name, kernel, sampler, uses_scene)
         return kernel
 
     return decorator

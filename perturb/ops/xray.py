@@ -22,15 +22,21 @@ NumPy twins of its fields; scatter, motion blur and JPEG use OpenCV (within 1/25
 Ops (physics after Bushberg et al., The Essential Physics of Medical Imaging, 3rd ed., ch. 7-9;
 DICOM PS3.3 C.11.2 for VOI LINEAR windowing and C.7.6.3.1.2 for MONOCHROME1):
 
-* quantum noise: ``Poisson(f N0 I) + sigma_e z`` quanta, divided by ``f N0``: dose fraction
-  ``f`` of a full-dose ``N0`` quanta per pixel, plus electronic (read) noise ``sigma_e``.
+* quantum noise: ``Poisson(Q I) + sigma_e z`` quanta, divided by ``Q = f N0 (1024/side)^2``:
+  dose fraction ``f`` of a full-dose ``N0`` quanta per pixel of a 1024 px film (scaled by the
+  pixel area), plus electronic (read) noise ``sigma_e``; the signal is floored at half a
+  quantum and shown through a film-like presentation curve (identity between TOE and SHOULDER,
+  tanh toe and shoulder), so noise beyond the clean film's range compresses into the last gray
+  levels instead of clipping to white "snow".
 * grid lines: an anti-scatter grid of 40-80 lines/cm, ``I (1 - a s(x))``, point-sampled by
   the detector so frequencies above Nyquist alias into a low-frequency moire pattern.
 * scatter haze (veiling glare): ``I + k (G * I)`` with a wide kernel (three box passes, a
   gaussian of the given sigma to within half a pixel).
 * exposure (detector gain ``2^(+-stops)`` on ``I``), heel-effect gradient (``I (1 - a t^2)``
   along the anode-cathode axis), motion blur (line PSF on ``I``).
-* window/level, gamma, bit depth (LSB truncation), MONOCHROME1 inversion, burned-in text, laterality marker,
+* window/level, gamma, too few gray levels (``round(2^bits)`` levels, nearest), MONOCHROME1
+  shown as MONOCHROME2 (full inversion through a mis-set window), burned-in text (one
+  annotation set per film), laterality marker,
   collimation borders (white: unexposed film-like shutter, black: electronic shutter), JPEG.
 
 Sizes are fractions of the shorter side (grid frequency assumes that side spans ``FIELD_CM``),
@@ -59,7 +65,8 @@ from perturb.ops.noise import (
 from perturb.ops.registry import Kernel, Level, Params, draw, draw_int, draw_sign, register_kernel
 
 MU = 4.0  # display range in natural-log units of fluence
-FULL_DOSE_QUANTA = 10000.0  # N0: quanta per pixel of the unattenuated beam at full dose
+FULL_DOSE_QUANTA = 10000.0  # N0: quanta per pixel of the unattenuated beam at full dose ...
+REFERENCE_SIDE = 1024.0  # ... for a pixel of a film whose shorter side has this many pixels
 FIELD_CM = 35.0  # physical extent of the shorter image side, for the grid frequency
 PENUMBRA = 0.004  # collimator edge blur, fraction of the shorter side
 
@@ -205,35 +212,87 @@ def _side(x: torch.Tensor | np.ndarray) -> int:
 # Quantum + electronic noise
 
 
+def pixel_quanta(dose: float | torch.Tensor, side: int) -> float | torch.Tensor:
+    """Quanta per pixel of the unattenuated beam at dose fraction ``dose``: ``f N0`` for a pixel
+    of a ``REFERENCE_SIDE`` film, scaled by the pixel's area ``(REFERENCE_SIDE / side)^2`` (the
+    detector area is fixed, so a film of fewer, larger pixels collects more quanta per pixel and
+    a severity means the same noise after resizing)."""
+    return dose * FULL_DOSE_QUANTA * (REFERENCE_SIDE / side) ** 2
+
+
+SIGNAL_FLOOR = 0.5  # quanta: the offset-corrected detector signal is clamped here before the log
+SHOULDER = 0.8  # display value where the presentation curve's shoulder starts (white end)
+TOE = 0.1  # ... and where its toe ends (black end)
+
+
+def curve_to_log(v: torch.Tensor) -> torch.Tensor:
+    """Display value -> log exposure ``u`` (float64) through the inverse of the presentation
+    curve ``curve_to_display``: identity on [TOE, SHOULDER], ``atanh`` in the toe and shoulder.
+    Pure white and pure black (no exposure information) stay at the ends (+-1 of tanh is cut at
+    1 - 1e-12)."""
+    v = _wide(v)
+    hi = (v - SHOULDER) / (1.0 - SHOULDER)
+    lo = (TOE - v) / TOE
+    lim = 1.0 - 1e-12
+    u = torch.where(hi > 0, SHOULDER + (1.0 - SHOULDER) * torch.atanh(hi.clamp(max=lim)), v)
+    return torch.where(lo > 0, TOE - TOE * torch.atanh(lo.clamp(max=lim)), u)
+
+
+def curve_to_display(u: torch.Tensor) -> torch.Tensor:
+    """Log exposure ``u`` -> display value: a film-like characteristic curve, linear (identity)
+    between TOE and SHOULDER with tanh toe and shoulder (C1 at the joins) that approach black
+    and white without reaching them, so a noisy signal beyond the clean film's range is
+    compressed into the last levels instead of clipping to pure white or black."""
+    hi = (u - SHOULDER) / (1.0 - SHOULDER)
+    lo = (TOE - u) / TOE
+    v = torch.where(hi > 0, SHOULDER + (1.0 - SHOULDER) * torch.tanh(hi.clamp(min=0)), u)
+    return torch.where(lo > 0, TOE - TOE * torch.tanh(lo.clamp(min=0)), v)
+
+
 @register_kernel("xray_quantum_noise")
 def xray_quantum_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Reduced-dose acquisition: ``(Poisson(f N0 I) + sigma_e z) / (f N0)`` in linear fluence.
-    ``dose`` is the fraction ``f`` of the full dose ``N0 = FULL_DOSE_QUANTA`` quanta/pixel;
-    ``electronic`` the read-noise std in quanta. The variance in ``I`` is ``I / (f N0)`` plus
-    ``(sigma_e / (f N0))^2``."""
+    """Reduced-dose acquisition: ``(Poisson(Q I) + sigma_e z) / Q`` in linear fluence with
+    ``Q = pixel_quanta(f, side)``: ``dose`` is the fraction ``f`` of the full dose of
+    ``N0 = FULL_DOSE_QUANTA`` quanta per reference pixel; ``electronic`` the read-noise std in
+    quanta. The variance in ``I`` is ``I / Q`` plus ``(sigma_e / Q)^2``. The detector is linear
+    (counts) and the presentation log is re-applied to the noisy counts; the doses of the table
+    stay where a real AEC-limited low-dose chest film goes (down to about 1/16 of the dose), so the
+    mottle never turns the dense mediastinum into white snow."""
     shape = tuple(x.shape[1:])
     z = torch.stack([rng.normal_field(k, "xray_quantum/normal", shape, x.device) for k in keys])
     u = torch.stack([rng.uniform_field(k, "xray_quantum/uniform", shape, x.device) for k in keys])
     ze = torch.stack([rng.normal_field(k, "xray_quantum/electronic", shape, x.device) for k in keys])
-    quanta = _b(p["dose"]).double() * FULL_DOSE_QUANTA
-    mean = (to_linear(x) * quanta).float()
-    counts = poisson_counts(mean, z, u).double() + _b(p["electronic"]).double() * ze.double()
-    return to_display(counts / quanta, x)
+    quanta = pixel_quanta(_b(p["dose"]).double(), _side(x))
+    mean = (detector_signal(x) * quanta).float()
+    read = _b(p["electronic"]).double() * (REFERENCE_SIDE / _side(x))
+    counts = poisson_counts(mean, z, u).double() + read * ze.double()
+    return presented(counts.clamp_(min=SIGNAL_FLOOR) / quanta, x)
+
+
+def detector_signal(v: torch.Tensor) -> torch.Tensor:
+    """Display value -> linear detector signal (float64) through the presentation curve."""
+    return torch.exp(curve_to_log(v) * -MU)
+
+
+def presented(i: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Linear detector signal (float64) -> display value through the presentation curve."""
+    u = torch.log(i.clamp_min(1e-300)) / -MU
+    return curve_to_display(u).clamp_(0.0, 1.0).to(like.dtype)
 
 
 @backend.register_cpu("xray_quantum_noise", dtypes=_NATIVE)
 def xray_quantum_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     """The kernel per sample on the host with the same fields (perturb.rng's NumPy twins) and
-    operations in the same order; the mean ``f N0 I`` and its root are per-level tables for
+    operations in the same order; the mean ``Q I`` and its root are per-level tables for
     integer samples (the kernel's own torch expressions, evaluated on every level)."""
     n = src.size
-    quanta = float(np.float32(p["dose"])) * FULL_DOSE_QUANTA
+    quanta = float(pixel_quanta(torch.tensor(float(np.float32(p["dose"])), dtype=torch.float64), _side(src)))
     flat = src.reshape(-1)
     if src.dtype == np.float32:
-        mean_t = (to_linear(torch.from_numpy(flat)) * quanta).float()
+        mean_t = (detector_signal(torch.from_numpy(flat)) * quanta).float()
         mean, root = mean_t.numpy(), mean_t.clamp_min(0).sqrt().numpy()
     else:
-        lut_t = (to_linear(torch.from_numpy(backend.levels(src.dtype).copy())) * quanta).float()
+        lut_t = (detector_signal(torch.from_numpy(backend.levels(src.dtype).copy())) * quanta).float()
         mean = np.take(lut_t.numpy(), flat)
         root = np.take(lut_t.clamp_min(0).sqrt().numpy(), flat)
     counts = root * rng.normal_numpy(key, "xray_quantum/normal", n)  # floor(mean + root z + 0.5)
@@ -249,9 +308,11 @@ def xray_quantum_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.nda
         else:
             counts[small] = poisson_small_by_level(lut_t.numpy(), flat[small], u)
     total = counts.astype(np.float64)
-    total += float(np.float32(p["electronic"])) * rng.normal_numpy(key, "xray_quantum/electronic", n).astype(np.float64)
+    read = float(np.float32(p["electronic"])) * (REFERENCE_SIDE / _side(src))
+    total += read * rng.normal_numpy(key, "xray_quantum/electronic", n).astype(np.float64)
+    np.maximum(total, SIGNAL_FLOOR, out=total)
     total /= quanta
-    out = to_display(torch.from_numpy(total), torch.empty(0)).numpy()
+    out = presented(torch.from_numpy(total), torch.empty(0)).numpy()
     _store(out.reshape(src.shape), dst)
 
 
@@ -440,25 +501,35 @@ def xray_gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
 
 
 def _bits_sampler(rng_: np.random.Generator, level: Level) -> Params:
-    return {"bits": draw_int(rng_, level["bits"])}
+    return {"bits": draw(rng_, level["bits"])}
 
 
 @register_kernel("xray_bit_depth", sampler=_bits_sampler)
 def xray_bit_depth(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Bit-depth reduction as a store that keeps only the top ``bits`` bits (a right shift):
-    ``min(floor(v 2^bits), 2^bits - 1) / 2^bits``. Truncation, not rounding: its downward bias
-    grows with every dropped bit, as for a real shift."""
-    q = torch.pow(2.0, _b(p["bits"]).double())
-    k = torch.minimum(torch.floor(_wide(x) * q), q - 1.0)
-    return (k / q).to(x.dtype)
+    """Too few gray levels in the display pipeline: the display range re-quantised to
+    ``L = round(2^bits)`` evenly spaced levels, ``round(v (L - 1)) / (L - 1)`` (a LUT stage or
+    store with an effective depth of ``bits``; non-integer ``bits`` grade the severity between
+    whole bits). Nearest-level rounding keeps black, white and the mean brightness."""
+    top = torch.round(torch.pow(2.0, _b(p["bits"]).double())) - 1.0
+    return (torch.round(_wide(x) * top) / top).clamp_(0.0, 1.0).to(x.dtype)
 
 
-@register_kernel("xray_monochrome1")
+def _monochrome1_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "center_shift": draw(rng_, level["center_shift"]) * draw_sign(rng_),
+        "width": draw(rng_, level["width"]),
+    }
+
+
+@register_kernel("xray_monochrome1", sampler=_monochrome1_sampler)
 def xray_monochrome1(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """MONOCHROME1 read as MONOCHROME2: ``v + a (1 - 2 v)``. Severity 5 (a = 1) is the full
-    inversion that a viewer ignoring Photometric Interpretation shows; levels 1-4 are partial
-    contrast reversals (a misapplied inverting presentation LUT) so that severity is graded."""
-    return (x + _b(p["amount"]) * (1.0 - 2.0 * x)).clamp_(0.0, 1.0)
+    """MONOCHROME1 pixel data shown as MONOCHROME2 (DICOM PS3.3 C.7.6.3.1.2: in MONOCHROME1 the
+    minimum value is white): the full inversion ``1 - v`` at every severity, seen through the
+    VOI LINEAR window the viewer took for it, which is mis-set by more with severity (centre
+    ``0.5 + center_shift``, ``width``): ``clip((1 - v - c) / w + 0.5)``. Contrast is never lost;
+    a narrower window raises it and clips the ends."""
+    c = 0.5 + _b(p["center_shift"])
+    return ((1.0 - x - c) / _b(p["width"]) + 0.5).clamp_(0.0, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,23 +543,34 @@ def _blend(x: torch.Tensor, masks: list[np.ndarray], values: list[np.ndarray]) -
     return (x * (1.0 - m) + val * m).clamp_(0.0, 1.0)
 
 
-_WORDS = ("PORTABLE", "AP", "PA", "SUPINE", "ERECT", "CHEST", "ICU", "BEDSIDE", "INSP", "L-SIDE")
+_PROJECTIONS = ("PA ERECT", "AP SUPINE", "AP ERECT", "AP SITTING", "PA INSP", "AP PORTABLE")
+_SITES = ("ICU", "ED", "WARD 4", "OR", "BEDSIDE", "CLINIC")
 
 
 def _text_lines(key: int, n: int) -> list[str]:
+    """The burned-in annotation set of one film: at most one line of each kind (patient id,
+    date, time, projection, technique, site, accession number, distance), the same values at
+    every severity; ``n`` lines are its first ``n`` (at most 8)."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_text"))
-    lines = []
-    for i in range(n):
-        kind = i % 4
-        if kind == 0:
-            lines.append(f"ID {int(g.integers(10**6, 10**7))}")
-        elif kind == 1:
-            lines.append(f"{int(g.integers(1, 29)):02d}/{int(g.integers(1, 13)):02d}/20{int(g.integers(10, 25))}")
-        elif kind == 2:
-            lines.append(f"{_WORDS[int(g.integers(len(_WORDS)))]} {_WORDS[int(g.integers(len(_WORDS)))]}")
-        else:
-            lines.append(f"{int(g.integers(70, 125))} kVp {float(g.integers(5, 50)) / 10:.1f} mAs")
-    return lines
+    patient = int(g.integers(10**6, 10**7))
+    day, month, year = int(g.integers(1, 29)), int(g.integers(1, 13)), int(g.integers(10, 25))
+    hour, minute = int(g.integers(0, 24)), int(g.integers(0, 60))
+    projection = _PROJECTIONS[int(g.integers(len(_PROJECTIONS)))]
+    kvp, mas = int(g.integers(70, 125)), float(g.integers(5, 50)) / 10
+    site = _SITES[int(g.integers(len(_SITES)))]
+    accession = int(g.integers(10**7, 10**8))
+    sid = (100, 150, 180)[int(g.integers(3))]
+    lines = [
+        f"ID {patient}",
+        f"{day:02d}/{month:02d}/20{year}",
+        projection,
+        f"{kvp} kVp {mas:.1f} mAs",
+        f"{hour:02d}:{minute:02d}",
+        site,
+        f"ACC {accession}",
+        f"SID {sid} cm",
+    ]
+    return lines[: max(0, min(n, len(lines)))]
 
 
 def text_mask(h: int, w: int, lines: list[str], height: float) -> np.ndarray:

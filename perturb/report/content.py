@@ -83,10 +83,37 @@ def _sig(d: Mapping[str, Any] | None) -> bool:
     return bool(lo > 0 or hi < 0)
 
 
+def by_gap(cells: Mapping[str, Any] | None, metric: str) -> list[tuple[str, Any]]:
+    """``(key, cell)`` items sorted by the delta of ``metric``, most negative first (cells
+    without it last, by key)."""
+
+    def key(item: tuple[str, Any]) -> tuple[float, str]:
+        m = ((item[1] or {}).get("metrics") or {}).get(metric)
+        d = m["delta"]["estimate"] if m else None
+        return (d if d is not None else float("inf"), str(item[0]))
+
+    return sorted((cells or {}).items(), key=key)
+
+
+def pooled_cells(model: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The headline's pooled cell, then both pooled pair sets (all pairs, label-safe)."""
+    return [
+        (ALL, model.get("overall")),
+        ("(all pairs)", model.get("overall_all_pairs")),
+        ("(label-safe pairs)", model.get("overall_label_safe")),
+    ]
+
+
+def _ausc_key(curve: Mapping[str, Any], metric: str) -> float:
+    d = (curve.get(metric) or {}).get("delta_ausc") or {}
+    v = d.get("estimate")
+    return float(v) if v is not None else float("inf")
+
+
 def headline_rows(model: Mapping[str, Any], metric: str, binary: bool) -> list[list[str]]:
-    """Headline rows (pooled first, then each perturbation) for ``metric``."""
+    """Headline rows (pooled first, then each perturbation by gap) for ``metric``."""
     rows = []
-    cells = [(ALL, model.get("overall")), *sorted((model.get("by_perturbation") or {}).items())]
+    cells = [*pooled_cells(model), *by_gap(model.get("by_perturbation"), metric)]
     for name, cell in cells:
         if not cell or metric not in cell["metrics"]:
             continue
@@ -123,7 +150,7 @@ def _breakdown_section(
     """One breakdown table (rows: clean, perturbed, delta of ``metric`` per key)."""
     section = Section(title, anchor, level=3)
     rows = []
-    for key, cell in sorted(cells.items()):
+    for key, cell in by_gap(cells, metric):
         m = cell["metrics"].get(metric)
         if m:
             rows.append(
@@ -141,13 +168,75 @@ def _breakdown_section(
     return section
 
 
+def _calibration_section(cal: Mapping[str, Any], mname: str, mi: int) -> Section:
+    """ECE and overconfidence, clean vs perturbed, per perturbation and severity."""
+    sec = Section(f"Calibration under perturbation: {mname}", f"calibration-{mi}", level=3)
+    sec.paragraphs.append(
+        f"Confidence vs correctness ({cal['metric']}) on the headline pairs: ECE with "
+        f"{cal['bins']} equal-width bins and overconfidence (mean confidence - accuracy), in "
+        "percent; shifts are perturbed - clean with paired cluster-bootstrap CIs. A positive "
+        "shift: the model stays confident while it gets worse."
+    )
+    ops = sorted(
+        (cal.get("by_perturbation") or {}).items(),
+        key=lambda kv: (-kv[1]["delta_ece"]["estimate"], kv[0]),
+    )
+    items = [(ALL, cal["overall"]), *ops]
+    rows = [
+        [
+            str(k),
+            str(c["n_pairs"]),
+            pct(c["clean"]["ece"]),
+            pct(c["perturbed"]["ece"]),
+            est(c["delta_ece"], signed=True),
+            pct(c["clean"]["overconfidence"], signed=True),
+            pct(c["perturbed"]["overconfidence"], signed=True),
+            est(c["delta_overconfidence"], signed=True),
+        ]
+        for k, c in items
+    ]
+    sec.tables.append(
+        Table(
+            [
+                "perturbation",
+                "n",
+                "ECE clean",
+                "ECE perturbed",
+                "ECE shift (pp)",
+                "overconf. clean",
+                "overconf. perturbed",
+                "overconf. shift (pp)",
+            ],
+            rows,
+            id=f"calibration-table-{mi}",
+        )
+    )
+    bps = cal.get("by_perturbation_severity") or {}
+    sevs = sorted({int(x) for d in bps.values() for x in d})
+    if sevs:
+        sec.tables.append(
+            Table(
+                ["perturbation"] + [f"s{x}" for x in sevs],
+                [
+                    [p] + [est(d.get(str(x), {}).get("delta_ece"), signed=True) for x in sevs]
+                    for p, d in ((k, bps[k]) for k, _ in items[1:] if k in bps)
+                ],
+                id=f"calibration-severity-{mi}",
+                caption="ECE shift (pp) by severity",
+            )
+        )
+    return sec
+
+
 def build_sections(scores: Mapping[str, Any]) -> list[Section]:
     """All report sections for a scores.json dict."""
     cfg = scores["config"]
     prim = cfg["primary"]
     defs = scores.get("metric_definitions", {})
     binary = bool(defs.get(prim, {}).get("binary"))
-    out: list[Section] = []
+    from perturb.report.glance import glance_section
+
+    out: list[Section] = [glance_section(scores)]
     s = Section("Summary", "summary")
     c = scores["counts"]
     s.paragraphs.append(
@@ -161,11 +250,18 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
         f"pairs {c['pairs']}; dropped while reading {c['dropped_while_reading']}, while pairing "
         f"{c['dropped_while_pairing']}; label-risk pairs {c['at_risk_pairs']} "
         + (
-            "(included in the headline)."
+            "(included in the headline; the label-safe pooled row shows them left out)."
             if cfg["include_at_risk"]
-            else "(reported separately, left out of the headline)."
+            else "(reported separately, left out of the headline; the all-pairs pooled row "
+            "shows them included)."
         )
     )
+    if cfg.get("primary_reason"):
+        s.paragraphs.append(f"Why {prim}: {cfg['primary_reason']}.")
+    if scores.get("rouge_upstream"):
+        from perturb.score.upstream_rouge import describe
+
+        s.paragraphs.append(describe(scores["rouge_upstream"]))
     for p in scores.get("problems", []):
         s.paragraphs.append(f"Problem: {p}")
     for p in scores.get("notes", []):
@@ -207,8 +303,8 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
         metrics = cfg["metrics"]
         rows = []
         for name, cell in [
-            (ALL, model.get("overall")),
-            *sorted((model.get("by_perturbation") or {}).items()),
+            *pooled_cells(model),
+            *by_gap(model.get("by_perturbation"), prim),
         ]:
             if cell:
                 rows.append(
@@ -223,14 +319,20 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
                 caption="Delta of every metric (pp)",
             )
         )
-        sec.plots.append(f"delta_bars:{mname}")
+        if mi > 0:  # the first model's bars are on the first screen
+            sec.plots.append(f"delta_bars:{mname}")
         out.append(sec)
 
         sev = Section(f"Perturbation x severity: {mname}", f"severity-{mi}", level=3)
         bps = model.get("by_perturbation_severity") or {}
         all_sev = sorted({int(k) for d in bps.values() for k in d}, key=int)
         rows = []
-        for p, d in sorted(bps.items()):
+        order = [p for p, _ in by_gap(model.get("by_perturbation"), prim)]
+        order += [p for p in sorted(bps) if p not in order]
+        for p in order:
+            if p not in bps:
+                continue
+            d = bps[p]
             rows.append(
                 [p]
                 + [
@@ -250,7 +352,7 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
         )
         curves = model.get("severity_curves") or {}
         crow = []
-        for p, cm in sorted(curves.items()):
+        for p, cm in sorted(curves.items(), key=lambda kv: (_ausc_key(kv[1], prim), kv[0])):
             cc = cm.get(prim)
             if cc:
                 crow.append(
@@ -289,7 +391,7 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
                 f"(k = {wk['k']['min']}..{wk['k']['max']}); for binary metrics this is consensus: all k correct."
             )
             rows = []
-            for p, cell in sorted(wk["by_perturbation"].items()):
+            for p, cell in by_gap(wk["by_perturbation"], prim):
                 m = cell["metrics"].get(prim)
                 if m:
                     rows.append(
@@ -399,8 +501,15 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
                 )
             )
             out.append(e)
+        cal = model.get("calibration")
+        if cal:
+            out.append(_calibration_section(cal, mname, mi))
         flips = model.get("flips") or []
         f = Section(f"Largest correct -> wrong flips: {mname}", f"flips-{mi}", level=3)
+        f.paragraphs.append(
+            "Chosen across perturbations: each perturbation in turn (largest mean drop first) "
+            "gives its largest remaining drop, on an image not shown yet where it has one."
+        )
         f.flip_header = [
             "perturbation",
             "severity",
@@ -449,6 +558,41 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
     else:
         e.paragraphs.append(f"Not computed: {er.get('reason', 'n/a')}.")
     out.append(e)
+    cov = scores.get("coverage")
+    if cov:
+        cs = Section("Coverage of the manifest", "coverage")
+        cs.paragraphs.append(
+            f"Manifest outputs with / without scored predictions ({cov['outputs']} outputs); "
+            "a share under 90% is a warning at the top."
+        )
+        for mname, cm in sorted(cov["models"].items()):
+            rows = [
+                [
+                    k,
+                    str(v["with"]),
+                    str(v["without"]),
+                    pct(v["with"] / max(v["with"] + v["without"], 1)),
+                ]
+                for k, v in cm["by_perturbation_severity"].items()
+            ]
+            rows.insert(
+                0,
+                [
+                    "(all)",
+                    str(cm["with_predictions"]),
+                    str(cm["without_predictions"]),
+                    pct(cm["share"]),
+                ],
+            )
+            cs.tables.append(
+                Table(
+                    ["perturbation/severity", "with predictions", "without", "covered %"],
+                    rows,
+                    id=f"coverage-{mname}",
+                    caption=f"Coverage: {mname}",
+                )
+            )
+        out.append(cs)
     d = Section("Pairing details", "pairing")
     rows = []
     for mname, p in sorted(scores.get("pairing", {}).items()):

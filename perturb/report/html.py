@@ -31,6 +31,12 @@ img.plot{max-width:100%;border:1px solid #eee}
 img.thumb{width:128px;height:auto;display:block}
 nav ul{columns:2;font-size:0.9rem}
 p.problem{color:#a00}
+p.warning{background:#fff4e5;border-left:4px solid #e67e22;padding:0.3rem 0.6rem}
+p.takeaway{font-size:1.15rem;font-weight:600}
+p.tested{font-size:1.05rem}
+div.pair{display:flex;gap:4px}
+span.noimg{display:inline-block;width:128px;font-size:0.75rem;color:#777}
+section#glance{border:1px solid #ddd;border-radius:6px;padding:0.2rem 1rem;background:#fafbfc}
 """
 
 
@@ -80,25 +86,35 @@ def thumbnail(path: str | None, size: int = 160) -> str | None:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _img(b64: str | None, alt: str) -> str:
+def _img(b64: str | None, alt: str, missing: str) -> str:
     if b64 is None:
-        return '<span class="noimg">no image</span>'
+        return f'<span class="noimg">{esc(missing)}</span>'
     return f'<img class="thumb" alt="{esc(alt)}" src="data:image/jpeg;base64,{b64}">'
 
 
+NO_CLEAN = "clean image not found: pass --dataset, or score where the clean paths resolve"
+NO_PERT = "perturbed image not found: pass --manifest with the generated split"
+
+
 def _flips(s: Section, thumbs: bool) -> str:
+    """The flip gallery: clean and perturbed image side by side, then the row's text."""
     with_imgs = thumbs and any(f.image_clean or f.image_perturbed for f in s.flips)
-    hdr = list(s.flip_header) + (["clean image", "perturbed image"] if with_imgs else [])
+    hdr = (["clean | perturbed image"] if with_imgs else []) + list(s.flip_header)
     parts = [
         f'<table id="{esc(s.id)}-table" class="flips"><thead><tr>'
         + "".join(f"<th>{esc(h)}</th>" for h in hdr)
         + "</tr></thead><tbody>"
     ]
     for f in s.flips:
-        row = "".join(f'<td class="text">{esc(c)}</td>' for c in f.cells)
+        row = ""
         if with_imgs:
-            row += f"<td>{_img(thumbnail(f.image_clean), 'clean image')}</td>"
-            row += f"<td>{_img(thumbnail(f.image_perturbed), 'perturbed image')}</td>"
+            row += (
+                '<td class="pair"><div class="pair">'
+                f"{_img(thumbnail(f.image_clean), 'clean image', NO_CLEAN)}"
+                f"{_img(thumbnail(f.image_perturbed), 'perturbed image', NO_PERT)}"
+                "</div></td>"
+            )
+        row += "".join(f'<td class="text">{esc(c)}</td>' for c in f.cells)
         parts.append(f"<tr>{row}</tr>")
     parts.append("</tbody></table>")
     return "".join(parts)
@@ -113,15 +129,32 @@ def render_html(
         "<h1>Robustness report</h1>",
         f"<p>perturb {esc(scores['versions'].get('perturb'))}, scored {esc(scores.get('timestamp'))}; "
         f"primary metric <b>{esc(scores['config']['primary'])}</b>.</p>",
+    ]
+    nav = (
         "<nav><ul>"
         + "".join(f'<li><a href="#{esc(s.id)}">{esc(s.title)}</a></li>' for s in sections)
-        + "</ul></nav>",
-    ]
-    for s in sections:
+        + "</ul></nav>"
+    )
+    for k, s in enumerate(sections):
+        if k == 1 or (k == 0 and s.id != "glance"):
+            body.append(nav)
         lvl = min(max(s.level, 2), 4)
         body.append(f'<section id="{esc(s.id)}"><h{lvl}>{esc(s.title)}</h{lvl}>')
         for p in s.paragraphs:
-            cls = ' class="problem"' if p.startswith("Problem:") else ""
+            kind = next(
+                (
+                    c
+                    for pre, c in (
+                        ("Problem:", "problem"),
+                        ("Warning:", "warning"),
+                        ("Takeaway:", "takeaway"),
+                        ("Tested:", "tested"),
+                    )
+                    if p.startswith(pre)
+                ),
+                None,
+            )
+            cls = f' class="{kind}"' if kind else ""
             body.append(f"<p{cls}>{esc(p)}</p>")
         for t in s.tables:
             body.append(_table(t, text_cols={len(t.header) - 1} if t.id == "drops" else None))

@@ -66,9 +66,15 @@ def _hbars(
     return _png(fig)
 
 
+def _by_gap(cells: Mapping[str, Any], metric: str) -> list[tuple[str, Any]]:
+    from perturb.report.content import by_gap
+
+    return by_gap(cells, metric)
+
+
 def delta_bars(model: Mapping[str, Any], metric: str) -> bytes | None:
-    """Delta of ``metric`` per perturbation with 95% CI."""
-    cells = [(ALL, model.get("overall")), *sorted((model.get("by_perturbation") or {}).items())]
+    """Delta of ``metric`` per perturbation with 95% CI, largest drop first."""
+    cells = [(ALL, model.get("overall")), *_by_gap(model.get("by_perturbation") or {}, metric)]
     labels, vals = [], []
     for name, cell in cells:
         if cell and metric in cell["metrics"]:
@@ -82,10 +88,10 @@ def delta_bars(model: Mapping[str, Any], metric: str) -> bytes | None:
 
 
 def class_bars(model: Mapping[str, Any], metric: str) -> bytes | None:
-    """Delta of ``metric`` per question class (all perturbations pooled)."""
+    """Delta of ``metric`` per question class (all perturbations pooled), largest drop first."""
     d = (model.get("by_question_class") or {}).get(ALL) or {}
     labels, vals = [], []
-    for k, cell in sorted(d.items()):
+    for k, cell in _by_gap(d, metric):
         if metric in cell["metrics"]:
             labels.append(k)
             vals.append(_ci(cell["metrics"][metric]["delta"]))
@@ -99,7 +105,8 @@ def class_bars(model: Mapping[str, Any], metric: str) -> bytes | None:
 def heatmap(model: Mapping[str, Any], metric: str) -> bytes | None:
     """Perturbation x severity heatmap of the delta of ``metric``."""
     bps = model.get("by_perturbation_severity") or {}
-    perts = sorted(bps)
+    perts = [p for p, _ in _by_gap(model.get("by_perturbation") or {}, metric) if p in bps]
+    perts += [p for p in sorted(bps) if p not in perts]
     sevs = sorted({int(s) for d in bps.values() for s in d})
     if not perts or not sevs:
         return None
@@ -135,26 +142,41 @@ def heatmap(model: Mapping[str, Any], metric: str) -> bytes | None:
 
 
 def curves(model: Mapping[str, Any], metric: str) -> bytes | None:
-    """Score of ``metric`` against severity per perturbation, clean at 0, with 95% CI bands."""
+    """Small multiples: one panel per perturbation (largest drop first), score of ``metric``
+    against severity (clean at 0) with its 95% CI band; shared y axis."""
     sc = model.get("severity_curves") or {}
-    series = [(p, c[metric]) for p, c in sorted(sc.items()) if metric in c]
+    order = [p for p, _ in _by_gap(model.get("by_perturbation") or {}, metric) if p in sc]
+    order += [p for p in sorted(sc) if p not in order]
+    series = [(p, sc[p][metric]) for p in order if metric in sc[p]]
     if not series:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for p, cur in series:
+    ncol = min(4, len(series))
+    nrow = -(-len(series) // ncol)
+    fig, axes = plt.subplots(
+        nrow, ncol, figsize=(2.6 * ncol, 2.1 * nrow + 0.6), sharex=True, sharey=True, squeeze=False
+    )
+    for ax, (p, cur) in zip(axes.flat, series, strict=False):
         x = [0, *list(cur["severities"])]
         pts = [_ci(cur["clean"])] + [_ci(v) for v in cur["perturbed"]]
         e = np.array([v[0] for v in pts])
         lo = np.array([v[1] for v in pts])
         hi = np.array([v[2] for v in pts])
-        (line,) = ax.plot(x, e, marker="o", label=p)
-        ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("severity (0 = clean)")
-    ax.set_ylabel(f"{metric} (%)")
-    ax.set_title(f"{metric} vs severity (95% CI bands)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        ax.plot(x, e, marker="o", color="#1f4e79", lw=1.5, ms=3)
+        ax.fill_between(x, lo, hi, color="#1f4e79", alpha=0.18)
+        ax.axhline(e[0], color="#888", lw=0.8, ls="--")
+        d = e[-1] - e[0]
+        ax.set_title(f"{p}  ({d:+.1f} pp at s{x[-1]})", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(series) :]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("severity (0 = clean)", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(f"{metric} (%)", fontsize=8)
+    fig.suptitle(f"{metric} vs severity, one panel per perturbation (95% CI bands)", fontsize=10)
+    fig.tight_layout()
     return _png(fig)
 
 

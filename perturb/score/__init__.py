@@ -19,26 +19,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from perturb.score.readers import read_predictions
     from perturb.score.single import evaluate_predictions
 
-# imported on first use: `perturb generate` (whose CLI module registers `score` too) then does
-# not pay for scipy and pandas at start-up
+# loaded on first use, so ``perturb --help`` (which imports perturb.score.command) skips pandas
 _LAZY = {
-    "ScoreResult": "api",
-    "score_runs": "api",
-    "write_outputs": "api",
-    "InputError": "errors",
-    "DEFAULT_METRICS": "metrics",
-    "METRICS": "metrics",
-    "PRESETS": "metrics",
-    "read_predictions": "readers",
-    "evaluate_predictions": "single",
+    "DEFAULT_METRICS": "perturb.score.metrics",
+    "METRICS": "perturb.score.metrics",
+    "PRESETS": "perturb.score.metrics",
+    "InputError": "perturb.score.errors",
+    "ScoreResult": "perturb.score.api",
+    "evaluate_predictions": "perturb.score.single",
+    "read_predictions": "perturb.score.readers",
+    "score_runs": "perturb.score.api",
+    "write_outputs": "perturb.score.api",
 }
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'perturb.score' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"perturb.score.{module}"), name)
 
 __all__ = [
     "DEFAULT_METRICS",
@@ -51,3 +43,9 @@ __all__ = [
     "score_runs",
     "write_outputs",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'perturb.score' has no attribute {name!r}")

@@ -290,9 +290,14 @@ def analyze(
     level: float = 0.95,
     reference: ReferenceScores | None = None,
     max_flips: int = 20,
+    extra_binary: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run every paired comparison; returns the ``models`` / ``effective_robustness`` sections."""
-    binary = [m for m in item_metrics if METRICS[m].binary]
+    """Run every paired comparison; returns the ``models`` / ``effective_robustness`` sections.
+
+    ``extra_binary``: metrics whose values are all 0/1 in this run (e.g. an LLM judge scoring
+    0/1), which then get flip rates and McNemar tests like the always-binary metrics.
+    """
+    binary = [m for m in item_metrics if METRICS[m].binary or m in extra_binary]
     layout = Layout(list(item_metrics), binary, list(corpus_metrics))
     cons_layout = Layout(list(item_metrics), binary, [])
     # global cluster universe: img_id across models
@@ -361,6 +366,9 @@ def _add_model_cells(
 
     info: dict[str, Any] = {}
     add("overall", [np.full(n, ALL, dtype=object)], head)
+    # both pair sets, whatever the headline uses
+    add("overall_all_pairs", [np.full(n, ALL, dtype=object)], np.ones(n, dtype=bool))
+    add("overall_label_safe", [np.full(n, ALL, dtype=object)], ~at_risk)
     info["perturbations"] = [lab[0] for lab in add("perturbation", [pert], head)]
     info["pert_sev"] = add("perturbation_severity", [pert, sev], head)
     comp_mask = head & np.array([c is not None for c in comp])
@@ -408,6 +416,7 @@ def _add_model_cells(
             V[rr],
             cluster[rr],
         )
+    info["include_at_risk"] = include_at_risk
     # worst-of-k over variants (consensus for binary metrics)
     info["k"] = _add_consensus(md, cons_layout, engine, cluster, changed, head)
     return info
@@ -486,6 +495,9 @@ def _model_section(
     sec: dict[str, Any] = {}
     overall = _cells(engine, name, "overall")
     sec["overall"] = summarize(overall[(ALL,)], layout, acc) if overall else None
+    for part in ("overall_all_pairs", "overall_label_safe"):
+        cells = _cells(engine, name, part)
+        sec[part] = summarize(cells[(ALL,)], layout, acc) if cells else None
     sec["by_perturbation"] = {
         k[0]: summarize(c, layout, acc) for k, c in _cells(engine, name, "perturbation").items()
     }
@@ -513,7 +525,7 @@ def _model_section(
         risk["by_question_class"].setdefault(p, {})[q] = summarize(c, layout, acc)
     sec["at_risk"] = risk
     sec["severity_curves"] = _severity_curves(name, engine, layout, acc)
-    sec["flips"] = _flips(md, primary, max_flips)
+    sec["flips"] = _flips(md, primary, max_flips, info["include_at_risk"])
     return sec
 
 
@@ -576,11 +588,22 @@ def unwrap_slots(obj: Any) -> Any:
     return obj
 
 
-def _flips(md: ModelData, primary: str, max_flips: int) -> list[dict[str, Any]]:
+def _flips(
+    md: ModelData, primary: str, max_flips: int, include_at_risk: bool = False
+) -> list[dict[str, Any]]:
+    """The largest drops of ``primary`` among the headline pairs, chosen across perturbations.
+
+    Perturbations take turns (the one with the most negative mean delta first), each giving its
+    largest remaining drop on an image not shown yet where it has one, so a run where every flip
+    is 100 -> 0 still shows every op's worst case on varied images rather than the first ops in
+    alphabetical order.
+    """
     pairs = md.pairs
     c = md.mc[primary]
     p = md.mp[primary]
-    head = ~pairs["at_risk"].to_numpy(dtype=bool)
+    head = np.ones(len(pairs), dtype=bool)
+    if not include_at_risk:
+        head = ~pairs["at_risk"].to_numpy(dtype=bool)
     drop = c - p
     cand = np.flatnonzero(head & np.isfinite(drop) & (drop > 0))
     if cand.size == 0:
@@ -590,20 +613,40 @@ def _flips(md: ModelData, primary: str, max_flips: int) -> list[dict[str, Any]]:
         if m != primary and m in md.mc:
             second = md.mc[m] - md.mp[m]
             break
+    pert = pairs["perturbation"].to_numpy(dtype=object)
+    ok = head & np.isfinite(drop)
+    op_gap = pd.Series(-drop[ok]).groupby(pert[ok]).mean()
     df = pd.DataFrame(
         {
             "i": cand,
             "d": -drop[cand],
             "d2": -(np.nan_to_num(second[cand]) if second is not None else np.zeros(cand.size)),
-            "p": pairs["perturbation"].to_numpy(dtype=object)[cand],
-            "s": pairs["severity"].to_numpy(np.int64)[cand],
+            "p": pert[cand],
+            "s": -pairs["severity"].to_numpy(np.int64)[cand],
             "v": pairs["variant"].to_numpy(np.int64)[cand],
             "img": pairs["img_id"].to_numpy(dtype=object)[cand],
             "q": pairs["question"].to_numpy(dtype=object)[cand],
         }
-    ).sort_values(["d", "d2", "p", "s", "img", "q", "v"], kind="stable")
+    ).sort_values(["d", "d2", "s", "p", "img", "q", "v"], kind="stable")
+    # one image per op (the same image under one op would repeat), then ops take turns, each
+    # preferring an image not shown yet
+    df = df.drop_duplicates(["p", "img"], keep="first")
+    queues = {op: list(g["i"]) for op, g in df.groupby("p", sort=False)}
+    img_of = dict(zip(df["i"], df["img"], strict=True))
+    order = sorted(queues, key=lambda op: (float(op_gap.get(op, 0.0)), str(op)))
+    chosen: list[int] = []
+    shown: set[Any] = set()
+    while len(chosen) < max_flips and any(queues.values()):
+        for op in order:
+            q = queues[op]
+            if not q or len(chosen) >= max_flips:
+                continue
+            k = next((j for j, i in enumerate(q) if img_of[i] not in shown), 0)
+            i = q.pop(k)
+            chosen.append(i)
+            shown.add(img_of[i])
     out = []
-    for i in df["i"].to_numpy()[:max_flips]:
+    for i in chosen:
         row = pairs.iloc[int(i)]
         img_c, img_p = md.images(int(i)) if md.images is not None else (None, None)
         out.append(

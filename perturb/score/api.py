@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import platform
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,10 +24,14 @@ from perturb.score.analysis import (
     analyze,
     load_reference_scores,
 )
+from perturb.score.coverage import manifest_coverage
 from perturb.score.errors import InputError
+from perturb.score.headline import choose_headline
 from perturb.score.manifest import Manifest, load_manifest
 from perturb.score.metrics import (
+    FREE_TEXT_METRICS,
     METRICS,
+    PRECOMPUTED_METRICS,
     compute_item_metrics,
     corpus_stats,
     judge_class_scores,
@@ -178,7 +183,8 @@ def _split_by_model(df: pd.DataFrame, model: str, named: bool) -> dict[str, pd.D
 
 def _choose_primary(
     primary: str | None, applicable: dict[str, int], n_pairs: int, requested: list[str]
-) -> str:
+) -> tuple[str, str]:
+    """The headline metric and why it was chosen."""
     if primary is not None:
         if primary not in METRICS:
             raise InputError(
@@ -189,13 +195,20 @@ def _choose_primary(
                 f"primary metric '{primary}' applies to no pair (or is not in --metrics); applicable: "
                 f"{', '.join(m for m, n in applicable.items() if n) or 'none'}"
             )
-        return primary
+        return primary, "chosen with --primary"
+    order = ", ".join(PRIMARY_ORDER)
     for m in PRIMARY_ORDER:
         if m in requested and applicable.get(m, 0) >= max(1, n_pairs // 2):
-            return m
+            return m, (
+                f"first of ({order}) that applies to at least half of the pairs "
+                f"({applicable[m]} of {n_pairs}); --primary fixes it across runs"
+            )
     for m in requested:
         if applicable.get(m, 0):
-            return m
+            return m, (
+                f"no metric of ({order}) applies to half of the pairs; first applicable metric "
+                f"({applicable[m]} of {n_pairs} pairs); --primary fixes it across runs"
+            )
     raise InputError("no metric applies to any pair: check that the files hold reference answers")
 
 
@@ -208,7 +221,7 @@ def score_runs(
     metrics: Sequence[str] | None = None,
     primary: str | None = None,
     reference: str | Mapping[str, str | Path | Mapping[str, Any] | None] | None = None,
-    include_at_risk: bool = False,
+    include_at_risk: bool | None = None,
     bootstrap: int = 1000,
     seed: int = 0,
     level: float = 0.95,
@@ -217,6 +230,9 @@ def score_runs(
     max_flips: int = 20,
     write_report: bool = True,
     timestamp: str | None = None,
+    dataset: str | Path | None = None,
+    dataset_split: str | None = None,
+    rouge_upstream: bool = False,
 ) -> ScoreResult:
     """Score clean vs perturbed predictions of one or more models.
 
@@ -231,8 +247,10 @@ def score_runs(
             from the data: mcq, yes/no, box IoU, judge, then ROUGE-L).
         reference: CE reference: the name of a model scored in this call, or
             ``{name: path/to/scores.json}`` (a previous run; ``{name: None}`` = this run's model).
-        include_at_risk: keep pairs whose question class is at risk under their perturbation in
-            the headline (they are always reported separately too).
+        include_at_risk: True: the headline uses all pairs; False: only label-safe pairs (whose
+            question class is not at risk under their perturbation); None (default): label-safe
+            pairs when there are enough of them (:mod:`perturb.score.headline`), else all pairs
+            with a warning. Both pooled results are always reported, and at-risk pairs separately.
         bootstrap: resamples B of the paired cluster bootstrap (0 disables CIs).
         seed: bootstrap seed (recorded).
         level: confidence level of the intervals.
@@ -243,6 +261,12 @@ def score_runs(
         write_report: also write report.md / report.html when ``out_dir`` is set.
         timestamp: ISO timestamp to record (default: now, UTC); the only field that differs
             between reruns on the same inputs.
+        dataset: the evaluated dataset (hub id, ``save_to_disk`` folder, parquet/JSONL): fills
+            missing ``complexity`` / ``question_class`` by (img_id, question) and gives the clean
+            images of the flip gallery (:mod:`perturb.score.dataset_join`).
+        dataset_split: split of ``dataset`` (default: as ``perturb generate``).
+        rouge_upstream: also report ROUGE as upstream does (median of 1000 bootstrap means,
+            :mod:`perturb.score.upstream_rouge`) next to the exact means.
     """
     if bootstrap < 0:
         raise InputError("--bootstrap must be >= 0")
@@ -296,6 +320,25 @@ def score_runs(
             run = _run_name(src, f"perturbed{j + 1}" if len(srcs) > 1 else "perturbed")
             for mname, part in _split_by_model(df, model, named).items():
                 pert_tabs.setdefault(mname, []).append((part, rep, run))
+    ds_info = None
+    ds_join: dict[str, Any] | None = None
+    if dataset is not None:
+        from perturb.score.dataset_join import join_dataset, load_dataset_info
+
+        ds_info = load_dataset_info(str(dataset), dataset_split)
+        totals: Counter[str] = Counter()
+        for mname, (cdf, crep) in list(clean_tabs.items()):
+            cdf, jst = join_dataset(cdf, ds_info)
+            clean_tabs[mname] = (cdf, crep)
+            totals.update(jst)
+        for mname, lst in pert_tabs.items():
+            new = []
+            for pdf, prep_, run in lst:
+                pdf, jst = join_dataset(pdf, ds_info)
+                new.append((pdf, prep_, run))
+                totals.update(jst)
+            pert_tabs[mname] = new
+        ds_join = {"source": ds_info.source, "split": dataset_split, **dict(totals)}
     models = sorted(set(clean_tabs) | set(pert_tabs))
     lonely = sorted(set(clean_tabs) ^ set(pert_tabs))
     if lonely:
@@ -320,6 +363,20 @@ def score_runs(
         paired[mname] = pairs
         pair_reports[mname] = prep
 
+    default_set = metrics is None  # the explicit preset "default" leaves the extras out
+    if default_set and all(_free_text(p) for p in paired.values()):
+        # as upstream: BLEU, chrF and METEOR with ROUGE on free-text answers
+        requested += [m for m in FREE_TEXT_METRICS if m not in requested]
+    if default_set:
+        requested += [
+            m
+            for m in PRECOMPUTED_METRICS
+            if m not in requested
+            and any(
+                np.isfinite(p[f"{m}_given_clean"].to_numpy(np.float64)).any()
+                for p in paired.values()
+            )
+        ]
     # per-pair metrics
     item_req = [m for m in requested if METRICS[m].kind == "item"]
     corpus_req = [m for m in requested if METRICS[m].kind == "corpus"]
@@ -334,8 +391,11 @@ def score_runs(
         first = np.zeros(len(uc), dtype=np.int64)
         first[inv[::-1]] = np.arange(n)[::-1]
         ref = pairs["reference"].to_numpy(dtype=object)
+        # each side against its own reference: geometric ops move the perturbed side's boxes
+        ref_p = pairs["reference_perturbed"].to_numpy(dtype=object)
         opts = pairs["options"].to_numpy(dtype=object)
         rbox = pairs["ref_boxes"].to_numpy(dtype=object)
+        rbox_p = pairs["ref_boxes_perturbed"].to_numpy(dtype=object)
         qcls = pairs["question_class"].to_numpy(dtype=object)
         cpred = pairs["pred_clean"].to_numpy(dtype=object)
         ppred = pairs["pred_pert"].to_numpy(dtype=object)
@@ -343,7 +403,7 @@ def score_runs(
         jp = pairs["judge_pert"].to_numpy(dtype=object)
         # clean side once per clean row, perturbed side per pair
         both_pred = np.concatenate([cpred[first], ppred])
-        both_ref = np.concatenate([ref[first], ref])
+        both_ref = np.concatenate([ref[first], ref_p])
         vals = compute_item_metrics(
             both_pred,
             both_ref,
@@ -352,7 +412,7 @@ def score_runs(
             judge=np.concatenate([jc[first], jp]),
             question_class=np.concatenate([qcls[first], qcls]),
             compare=(inv, len(first) + np.arange(n)),
-            ref_boxes=np.concatenate([rbox[first], rbox]),
+            ref_boxes=np.concatenate([rbox[first], rbox_p]),
         )
         changed = vals.pop("_answer_changed")
         k = len(first)
@@ -360,6 +420,10 @@ def score_runs(
             unparsed[mname] = _unparsed_summary(pairs, vals.pop("_mcq_unparsed"), first, k)
         mc = {m: v[:k][inv] for m, v in vals.items()}
         mp = {m: v[k:] for m, v in vals.items()}
+        for m in PRECOMPUTED_METRICS:
+            if m in item_req:  # given per item in the files, not computed
+                mc[m] = pairs[f"{m}_given_clean"].to_numpy(np.float64)
+                mp[m] = pairs[f"{m}_given_pert"].to_numpy(np.float64)
         sc: dict[str, np.ndarray] = {}
         sp: dict[str, np.ndarray] = {}
         for m in corpus_req:
@@ -374,7 +438,9 @@ def score_runs(
         for m in item_req:
             pairs[f"{m}_clean"] = mc[m]
             pairs[f"{m}_perturbed"] = mp[m]
-        resolver = _image_resolver(pairs, man, bases)
+        resolver = _image_resolver(
+            pairs, man, bases, ds_info, Path(out_dir) if out_dir is not None else None
+        )
         mdata.append(
             ModelData(
                 name=mname,
@@ -390,25 +456,48 @@ def score_runs(
             )
         )
     n_pairs = sum(len(p) for p in paired.values())
+    decision = choose_headline(paired.values(), include_at_risk)
+    if decision["headline_pairs"] == 0:
+        raise InputError(
+            f"--exclude-at-risk leaves no pairs: all {n_pairs} pairs are label-risk "
+            f"({', '.join(list(decision['at_risk_by_class'])[:4])}); drop --exclude-at-risk"
+        )
+    include = decision["uses"] == "all_pairs"
     used_item = [m for m in item_req if applicable[m] > 0]
     used_corpus = [m for m in corpus_req if applicable[m] > 0]
     not_applicable = {m: "applies to no pair" for m in requested if applicable[m] == 0}
-    prim = _choose_primary(primary, {m: applicable[m] for m in requested}, n_pairs, requested)
+    prim, prim_reason = _choose_primary(
+        primary, {m: applicable[m] for m in requested}, n_pairs, requested
+    )
 
     ref_scores = _resolve_reference(reference, models, prim)
+    # a metric whose every value is 0 or 1 here (an LLM judge scoring 0/1) is binary
+    extra_binary = [
+        m
+        for m in used_item
+        if not METRICS[m].binary
+        and all(_all_binary(md.mc[m]) and _all_binary(md.mp[m]) for md in mdata)
+        and m == "judge"
+    ]
 
     sections = analyze(
         mdata,
         used_item,
         used_corpus,
         prim,
-        include_at_risk=include_at_risk,
+        include_at_risk=include,
         n_boot=bootstrap,
         seed=seed,
         level=level,
         reference=ref_scores,
         max_flips=max_flips,
+        extra_binary=extra_binary,
     )
+    _add_calibration(sections, mdata, prim, extra_binary, include, bootstrap, seed, level)
+    if rouge_upstream:
+        from perturb.score.upstream_rouge import upstream_rouge
+
+        sections["rouge_upstream"] = upstream_rouge(mdata, used_item, seed)
     problems = list(read_problems)
     for mname, prep in pair_reports.items():
         if prep.dropped:
@@ -422,6 +511,8 @@ def score_runs(
             notes.append(
                 f"model {mname!r}: {u['clean']} clean and {u['perturbed']} perturbed MCQ answers "
                 "had no recognisable option letter and count as wrong (mcq_unparsed in scores.json)"
+                + "; e.g. "
+                + "; ".join(f"{e['side']}: {e['prediction'][:80]!r}" for e in u["examples"][:2])
             )
     if 0 < bootstrap < 1000:
         notes.append(f"bootstrap B={bootstrap} < 1000: intervals are rough")
@@ -433,10 +524,18 @@ def score_runs(
         "dropped_while_pairing": sum(sum(p.dropped.values()) for p in pair_reports.values()),
         "pairs": n_pairs,
         "at_risk_pairs": sum(p.at_risk_pairs for p in pair_reports.values()),
-        "headline_pairs": n_pairs
-        if include_at_risk
-        else n_pairs - sum(p.at_risk_pairs for p in pair_reports.values()),
+        "headline_pairs": decision["headline_pairs"],
     }
+    warnings = [decision["warning"]] if decision["warning"] else []
+    coverage = manifest_coverage(man, paired) if man is not None else None
+    if coverage is not None:
+        warnings += coverage.pop("warnings")
+    if ds_join is not None and ds_join["rows"] and ds_join["matched"] < 0.9 * ds_join["rows"]:
+        warnings.append(
+            f"--dataset {ds_join['source']}: only {ds_join['matched']} of {ds_join['rows']} "
+            "prediction rows match a dataset row on (img_id, question); complexity and class "
+            "breakdowns cover the matched rows only (check the split with --dataset-split)"
+        )
     scores: dict[str, Any] = {
         "schema": SCHEMA,
         "timestamp": timestamp or datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
@@ -446,6 +545,7 @@ def score_runs(
             "metrics_requested": requested,
             "metrics_not_applicable": not_applicable,
             "primary": prim,
+            "primary_reason": prim_reason,
             "bootstrap": {
                 "resamples": bootstrap,
                 "seed": seed,
@@ -453,7 +553,8 @@ def score_runs(
                 "level": level,
                 "method": "paired cluster bootstrap, percentile interval",
             },
-            "include_at_risk": include_at_risk,
+            "include_at_risk": include,
+            "include_at_risk_requested": include_at_risk,
             "reference": ref_scores.name if ref_scores else None,
             "risk_map": {k: list(v) for k, v in (risk_map or TAG_CLASSES).items()},
             "delta": "perturbed - clean (negative = worse under perturbation)",
@@ -462,7 +563,7 @@ def score_runs(
         "metric_definitions": {
             m: {
                 "kind": METRICS[m].kind,
-                "binary": METRICS[m].binary,
+                "binary": METRICS[m].binary or m in extra_binary,
                 "description": METRICS[m].description,
             }
             for m in used_item + used_corpus
@@ -471,6 +572,11 @@ def score_runs(
         "reading": read_reports,
         "pairing": {m: p.to_dict() for m, p in pair_reports.items()},
         "counts": counts,
+        "tested": _tested(paired, man, coverage),
+        "headline": decision,
+        "coverage": coverage,
+        "dataset": ds_join,
+        "warnings": warnings,
         "mcq_unparsed": unparsed,
         "problems": problems,
         "notes": notes,
@@ -480,6 +586,90 @@ def score_runs(
     if out_dir is not None:
         write_outputs(result, Path(out_dir), write_report=write_report)
     return result
+
+
+_SHORT_ANSWER = re.compile(r"^\s*(?:[(\[]?[A-Ja-j][)\].:]?|yes|no)\W*$", re.IGNORECASE)
+
+
+def _add_calibration(
+    sections: dict[str, Any],
+    mdata: Sequence[ModelData],
+    prim: str,
+    extra_binary: Sequence[str],
+    include: bool,
+    bootstrap: int,
+    seed: int,
+    level: float,
+) -> None:
+    """Each model's ``calibration`` section when its predictions carry confidences.
+
+    Correctness is the primary metric when it is 0/1, else the first 0/1 metric scored
+    (tolerant exact match, exact match, yes/no, MCQ)."""
+    from perturb.score.calibration import calibration_cells
+
+    for md in mdata:
+        pairs = md.pairs
+        if not (
+            np.isfinite(pairs["conf_clean"].to_numpy(dtype=np.float64)).any()
+            and np.isfinite(pairs["conf_pert"].to_numpy(dtype=np.float64)).any()
+        ):
+            continue
+        choices = [prim] if (METRICS[prim].binary or prim in extra_binary) else []
+        choices += ["exact_match_tolerant", "exact_match", "yesno", "mcq"]
+        metric = next((m for m in choices if m in md.mc), None)
+        if metric is None:
+            continue
+        head = np.ones(len(pairs), dtype=bool) if include else ~pairs["at_risk"].to_numpy(bool)
+        cal = calibration_cells(
+            pairs, md.mc[metric], md.mp[metric], head, metric, bootstrap, seed, level
+        )
+        if cal is not None:
+            sections["models"][md.name]["calibration"] = cal
+
+
+def _tested(
+    paired: Mapping[str, pd.DataFrame], man: Manifest | None, coverage: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What was tested, for the report's first screen."""
+    ids: set[Any] = set()
+    perts: set[Any] = set()
+    for p in paired.values():
+        ids.update(p["img_id"].tolist())
+        perts.update(p["perturbation"].tolist())
+    suites: list[str] = []
+    if man is not None and "suite" in man.table.columns:
+        suites = sorted({str(s) for s in man.table["suite"].dropna().unique()})
+    share = None
+    if coverage is not None and coverage["models"]:
+        share = min(m["share"] for m in coverage["models"].values())
+    return {
+        "models": sorted(paired),
+        "suites": suites,
+        "images": len(ids),
+        "perturbations": len(perts),
+        "coverage": share,
+    }
+
+
+def _all_binary(v: np.ndarray) -> bool:
+    """Whether every defined value is 0 or 1 (and at least one is defined)."""
+    x = v[~np.isnan(v)]
+    return bool(x.size) and bool(np.isin(x, (0.0, 1.0)).all())
+
+
+def _free_text(pairs: pd.DataFrame) -> bool:
+    """Whether at least half of the pairs with a reference have a free-text one: no options
+    (MCQ), not a bare letter or yes/no, no ``<loc_...>`` boxes."""
+    ref = pairs["reference"].to_numpy(dtype=object)
+    has = ~pd.isna(ref)
+    if not has.any():
+        return False
+    codes, uniq = pd.factorize(pd.Series(ref[has], dtype=object))
+    free_u = np.fromiter(
+        (not _SHORT_ANSWER.match(r) and "<loc_" not in r for r in uniq), dtype=bool, count=len(uniq)
+    )
+    no_opts = pd.isna(pairs["options"].to_numpy(dtype=object))[has]
+    return int((free_u[codes] & no_opts).sum()) * 2 >= int(has.sum())
 
 
 def _unparsed_summary(
@@ -517,12 +707,39 @@ def _unparsed_summary(
 
 
 def _image_resolver(
-    pairs: pd.DataFrame, man: Manifest | None, bases: list[Path]
+    pairs: pd.DataFrame,
+    man: Manifest | None,
+    bases: list[Path],
+    ds_info: Any = None,
+    out_dir: Path | None = None,
 ) -> Callable[[int], tuple[str | None, str | None]]:
-    """Finds the clean and perturbed image files of pair ``i`` (for thumbnails)."""
+    """Finds the clean and perturbed image files of pair ``i`` (for thumbnails).
+
+    The clean image: its path as given or under the input folders, else by file name under
+    them, else (with ``--dataset``) the dataset's image of the img_id, copied to
+    ``out_dir/flip_images/``.
+    """
+
+    def clean_image(i: int) -> Path | None:
+        raw = pairs["image_clean"].iat[i]
+        c = resolve_image(raw, bases)
+        if c is None and isinstance(raw, str) and raw:
+            c = resolve_image(Path(raw.replace("\\", "/")).name, bases)
+        if c is None and ds_info is not None and out_dir is not None:
+            img_id = str(pairs["img_id"].iat[i])
+            got = ds_info.image_bytes(img_id)
+            if got is not None:
+                data, suffix = got
+                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", img_id)[:120]
+                dest = out_dir / "flip_images" / f"clean_{safe}{suffix}"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if not dest.is_file():
+                    dest.write_bytes(data)
+                c = dest
+        return c
 
     def resolve(i: int) -> tuple[str | None, str | None]:
-        c = resolve_image(pairs["image_clean"].iat[i], bases)
+        c = clean_image(i)
         p: Path | None = None
         mrow = int(pairs["manifest_row"].iat[i])
         if man is not None and mrow >= 0 and man.root is not None:

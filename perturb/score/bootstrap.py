@@ -31,6 +31,33 @@ _DENSE_BUDGET = 1 << 24  # entries of one stacked per-cluster block (128 MiB in 
 _W_CHUNK = 128
 
 
+MEMORY_BUDGET = 2 << 30  # bytes the resamples may take (PERTURB_BOOTSTRAP_MAX_BYTES overrides)
+
+
+def memory_estimate(n_boot: int, n_clusters: int, width: int) -> int:
+    """Bytes the bootstrap holds at its peak: the draw counts (uint16, then a uint8 copy), the
+    resampled totals of every cell (float64) and one dense block."""
+    block = min(width, max(_DENSE_BUDGET // max(n_clusters, 1), 1))
+    return n_boot * (3 * n_clusters + 8 * width + 8 * block)
+
+
+def check_memory(n_boot: int, n_clusters: int, width: int) -> None:
+    """InputError when the resamples would take more than the budget, with the estimate."""
+    import os
+
+    from perturb.score.errors import InputError
+
+    budget = int(os.environ.get("PERTURB_BOOTSTRAP_MAX_BYTES", MEMORY_BUDGET))
+    need = memory_estimate(n_boot, n_clusters, width)
+    if need > budget:
+        fit = max(budget // max(need // n_boot, 1), 1)
+        raise InputError(
+            f"--bootstrap {n_boot} over {n_clusters} image clusters and {width} statistics needs "
+            f"about {need / 2**30:.1f} GiB (budget {budget / 2**30:.1f} GiB); use --bootstrap "
+            f"{min(fit, 10000)} or fewer (or raise PERTURB_BOOTSTRAP_MAX_BYTES)"
+        )
+
+
 @lru_cache(maxsize=2)
 def resample_counts(n_clusters: int, n_boot: int, seed: int) -> np.ndarray:
     """Cluster draw counts of each resample, shape (n_boot, n_clusters), uint8 or uint16.
@@ -108,6 +135,7 @@ class CellEngine:
         """Compute every cell's resampled totals (B x k)."""
         if self.n_boot <= 0 or not self.cells:
             return
+        check_memory(self.n_boot, self.n_clusters, sum(s.shape[1] for _, s in self._sums.values()))
         W = resample_counts(self.n_clusters, self.n_boot, self.seed)
         keys = list(self._sums)
         block: list[tuple[Hashable, ...]] = []

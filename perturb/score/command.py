@@ -65,10 +65,13 @@ def run_score(
     metrics: list[str] | None,
     primary: str | None,
     reference: str | None,
-    include_at_risk: bool,
+    include_at_risk: bool | None,
     bootstrap: int,
     seed: int,
     max_flips: int,
+    dataset: str | None = None,
+    dataset_split: str | None = None,
+    rouge_upstream: bool = False,
 ) -> int:
     """Run the scorer for CLI arguments; returns the exit code (0 ok, 1 problems, 2 input error)."""
     from perturb.score.errors import InputError
@@ -76,6 +79,7 @@ def run_score(
     try:
         from perturb.score.api import score_runs
 
+        _check_args(out, bootstrap, seed, max_flips)
         c, p = _model_args(clean, perturbed)
         result = score_runs(
             c,
@@ -89,16 +93,58 @@ def run_score(
             bootstrap=bootstrap,
             seed=seed,
             max_flips=max_flips,
+            dataset=dataset,
+            dataset_split=dataset_split,
+            rouge_upstream=rouge_upstream,
         )
     except InputError as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2
+    except UnicodeDecodeError as exc:  # a CSV/TSV in another encoding (JSON is checked itself)
+        typer.echo(
+            f"error: an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+            "re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)",
+            err=True,
+        )
+        return 2
+    except RecursionError:
+        typer.echo("error: an input holds values nested too deeply to read; write flat rows", err=True)
+        return 2
+    except OSError as exc:
+        typer.echo(
+            f"error: {exc.filename or out}: {exc.strerror or exc}; check the paths, free space, "
+            "or choose a writable --out folder",
+            err=True,
+        )
+        return 2
     _print_summary(result.scores)
     for prob in result.problems:
         typer.echo(f"problem: {prob}", err=True)
+    for warn in result.scores.get("warnings", []):
+        typer.echo(f"warning: {warn}", err=True)
     for kind, path in result.files.items():
         typer.echo(f"wrote {kind}: {path}")
     return result.exit_code
+
+
+MAX_BOOTSTRAP = 100_000  # more resamples than this change no reported digit
+
+
+def _check_args(out: Path, bootstrap: int, seed: int, max_flips: int) -> None:
+    """Arguments that would fail late (or take unbounded memory): InputError up front."""
+    from perturb.score.errors import InputError
+
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; --out names a folder (scores.json, report.md, report.html go inside)")
+    if not 0 <= bootstrap <= MAX_BOOTSTRAP:
+        raise InputError(
+            f"--bootstrap must be between 0 (no CIs) and {MAX_BOOTSTRAP}, got {bootstrap}; "
+            "1000-10000 resamples give stable 95% CIs"
+        )
+    if not 0 <= seed < 2**63:
+        raise InputError(f"--seed must be an integer from 0 to 2**63-1, got {seed}")
+    if max_flips < 0:
+        raise InputError(f"--max-flips must be non-negative, got {max_flips}")
 
 
 def _print_summary(scores: dict[str, Any]) -> None:
@@ -114,6 +160,10 @@ def _print_summary(scores: dict[str, Any]) -> None:
             widths = [max(len(r[i]) for r in rows) for i in range(len(keep))]
             for r in rows:
                 typer.echo("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    from perturb.report.glance import takeaway
+
+    for name, model in sorted(scores["models"].items()):
+        typer.echo(f"takeaway ({name}): {takeaway(model, prim)}")
 
 
 def register(app: typer.Typer) -> None:
@@ -154,9 +204,14 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         include_at_risk: Annotated[
-            bool,
-            typer.Option("--include-at-risk", help="keep label-risk pairs in the headline gaps"),
-        ] = False,
+            bool | None,
+            typer.Option(
+                "--include-at-risk/--exclude-at-risk",
+                help="headline on all pairs / only label-safe pairs (default: label-safe when "
+                "there are enough, else all pairs with a warning)",
+                show_default=False,
+            ),
+        ] = None,
         bootstrap: Annotated[
             int, typer.Option("--bootstrap", help="bootstrap resamples B (0: no CIs)")
         ] = 1000,
@@ -164,6 +219,24 @@ def register(app: typer.Typer) -> None:
         max_flips: Annotated[
             int, typer.Option("--max-flips", help="largest flips listed per model")
         ] = 20,
+        dataset: Annotated[
+            str | None,
+            typer.Option(
+                "--dataset",
+                help="dataset the predictions come from (hub id, save_to_disk folder, parquet): "
+                "adds complexity and question classes by (img_id, question), clean thumbnails",
+            ),
+        ] = None,
+        dataset_split: Annotated[
+            str | None, typer.Option("--dataset-split", help="split of --dataset")
+        ] = None,
+        rouge_upstream: Annotated[
+            bool,
+            typer.Option(
+                "--rouge-upstream",
+                help="also report ROUGE as upstream does (median of 1000 bootstrap means)",
+            ),
+        ] = False,
     ) -> None:
         """Score clean vs perturbed predictions: paired gaps with CIs, report.md and report.html.
 
@@ -181,6 +254,9 @@ def register(app: typer.Typer) -> None:
             bootstrap,
             seed,
             max_flips,
+            dataset,
+            dataset_split,
+            rouge_upstream,
         )
         sys.stdout.flush()
         raise typer.Exit(code)

@@ -15,8 +15,12 @@ Definitions follow the Kvasir-VQA-x1 evaluation (``evaluation/compute_metrics.py
   ``evaluate`` chrF default) and ``chrf++`` (word order 2), sacrebleu, as fractions (score / 100).
   Corpus metrics are computed from summed per-item sufficient statistics, which is exactly how
   sacrebleu computes a corpus score, so any subset or bootstrap resample is recomputed exactly.
+* ``meteor``: nltk's ``single_meteor_score`` (alpha 0.9, beta 3, gamma 0.5) with the WordNet 3.0
+  data shipped in the package (offline), mean over items, as upstream (see
+  :mod:`perturb.score.meteor` for the one tokenisation difference).
 * ``mcq``: letter accuracy; the reference letter is a bare letter answer or the option whose text
-  matches the reference; the predicted letter comes from :func:`extract_letter`. An answer with
+  matches the reference; the predicted letter comes from :func:`extract_letter`
+  (:mod:`perturb.score.answers`: explicit final answers first, ``<think>`` ignored). An answer with
   no recognisable letter counts as wrong and is counted (``mcq_unparsed`` in scores.json).
 * ``answer_f1``: SQuAD-style token F1 (the tolerant normalisation above) between the answer
   texts with their ``<loc_...>`` tags removed, on grounded rows (the reference has loc tags or
@@ -28,6 +32,9 @@ Definitions follow the Kvasir-VQA-x1 evaluation (``evaluation/compute_metrics.py
 * ``box_miou``: best one-to-one match (Hungarian, maximal summed IoU) between predicted and
   reference boxes, summed IoU / max(#predicted, #reference): missed and extra boxes both count.
 * ``box_hit50``: fraction of reference boxes whose matched prediction has IoU >= 0.5.
+* ``bleurt`` / ``bertscore``: not computed (they need model weights); per-item values given in
+  the prediction files' ``bleurt`` / ``bertscore`` (or ``bertscore_f1``) columns are compared
+  like any other item metric.
 * ``judge``: LLM-judge aspect scores (``eval_json``); per row the mean over the row's
   question classes that were scored; per class the aspect score itself (upstream's aggregation).
 
@@ -52,6 +59,9 @@ from perturb.boxes import (
     sort_corners,
     strip_loc_tags,
 )
+
+# the one MCQ answer extractor (re-exported: callers import it from here too)
+from perturb.score.answers import extract_letter as extract_letter
 from perturb.score.bitseq import pair_stats
 from perturb.score.errors import InputError
 from perturb.score.readers import map_unique, obj_array
@@ -86,6 +96,7 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec(
             "rougeL", "item", False, "ROUGE-L F (rouge-score, no stemming), mean over items"
         ),
+        MetricSpec("meteor", "item", False, "METEOR (nltk, packaged WordNet 3.0), mean over items"),
         MetricSpec("mcq", "item", True, "multiple-choice letter accuracy"),
         MetricSpec("yesno", "item", True, "yes/no accuracy on yes/no references"),
         MetricSpec("box_iou", "item", False, "IoU of <loc_x1_y1_x2_y2> box unions"),
@@ -95,6 +106,10 @@ METRICS: dict[str, MetricSpec] = {
             "answer_f1", "item", False, "token F1 without <loc_...> tags (grounded answers)"
         ),
         MetricSpec("judge", "item", False, "LLM-judge aspect score (eval_json)"),
+        MetricSpec("bleurt", "item", False, "BLEURT, precomputed per item (column 'bleurt')"),
+        MetricSpec(
+            "bertscore", "item", False, "BERTScore F1, precomputed per item (column 'bertscore')"
+        ),
         MetricSpec("bleu", "corpus", False, "corpus BLEU (sacrebleu 13a, no smoothing) / 100", 10),
         MetricSpec("chrf", "corpus", False, "corpus chrF (sacrebleu, char 6, word 0) / 100", 18),
         MetricSpec(
@@ -117,9 +132,14 @@ DEFAULT_METRICS = (
     "answer_f1",
     "judge",
 )
+# model-based metrics perturb does not compute (they need model weights): per-item values read
+# from the prediction files' columns of these names, added to the default set when present
+PRECOMPUTED_METRICS = ("bleurt", "bertscore")
+# corpus and slower text metrics added to the default set when the answers are free text
+FREE_TEXT_METRICS = ("meteor", "bleu", "chrf")
 PRESETS: dict[str, tuple[str, ...]] = {
     "default": DEFAULT_METRICS,
-    "upstream": ("exact_match", "rouge1", "rouge2", "rougeL", "bleu", "chrf"),
+    "upstream": ("exact_match", "rouge1", "rouge2", "rougeL", "meteor", "bleu", "chrf"),
     "all": tuple(METRICS),
     # VinDr-CXR-VQA (answer text + boxes) and the MCQ sets (ReXVQA, MedThinkVQA)
     "grounded": ("answer_f1", "box_iou", "box_miou", "box_hit50", "yesno"),
@@ -171,56 +191,6 @@ def rouge_tokens(s: str) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------- letters, yes/no, boxes
 
 _LETTER_ONLY = re.compile(r"^\s*[\(\[]?\s*([A-Ja-j])\s*[\)\]]?\s*[.:)]?\s*$")
-# "answer: B", "the correct option is (c)", "choice - D": an upper-case letter, or a lower-case
-# one that is bracketed or ends the clause (so "the answer is a pleural effusion" is no letter)
-_LETTER_CUE = re.compile(
-    r"\b(?i:answer|option|choice)\s*(?i:is|would be|:)?\s*[:\-]?\s*"
-    r"(?:[\(\[]([A-Ja-j])[\)\]]|([A-J])\b(?![\w'])|([a-j])(?=\s*(?:[.):,;]|$)))"
-)
-_LETTER_LEAD = re.compile(r"^\s*(?:\(([A-Ja-j])\)|\[([A-Ja-j])\]|([A-J])[.):](?:\s|$))")
-_MARKUP = re.compile(r"[*_`#]+")
-
-
-def _option_in_text(pred: str, options: Mapping[str, str]) -> str | None:
-    """The one option whose (tolerantly normalised) text the answer equals or contains as whole
-    words; with several contained, the one whose text contains all the others (else None)."""
-    p = normalize_tolerant(pred)
-    if not p:
-        return None
-    texts = {k: normalize_tolerant(v) for k, v in options.items()}
-    equal = [k for k, t in texts.items() if t and t == p]
-    if len(equal) == 1:
-        return equal[0]
-    padded = f" {p} "
-    hits = [k for k, t in texts.items() if t and f" {t} " in padded]
-    if len(hits) == 1:
-        return hits[0]
-    covering = [k for k in hits if all(texts[j] in texts[k] for j in hits)]
-    return covering[0] if len(covering) == 1 else None
-
-
-def extract_letter(pred: str, options: Mapping[str, str] | None = None) -> str | None:
-    """The option letter a free-text answer picks, or None (unparseable).
-
-    In order: a bare letter (``"B"``, ``"(b)"``, ``"b."``); a cue (``"Answer: B"``, ``"The
-    answer is (c)"``, ``"option D"``); a leading letter (``"B. Pleural effusion"``, ``"C) text"``);
-    with options, the answer's text equal to one option or containing exactly one option's text
-    as whole words. Markdown emphasis is ignored. A leading article ("A polyp ...") is not a
-    letter, nor is "the answer is a ...".
-    """
-    pred = _MARKUP.sub("", pred)
-    m = _LETTER_ONLY.match(pred)
-    if m:
-        return m.group(1).upper()
-    m = _LETTER_CUE.search(pred)
-    if m:
-        return next(g for g in m.groups() if g).upper()
-    m = _LETTER_LEAD.match(pred)
-    if m:
-        return next(g for g in m.groups() if g).upper()
-    if options:
-        return _option_in_text(pred, options)
-    return None
 
 
 def reference_letter(ref: str, options: Mapping[str, str] | None) -> str | None:
@@ -236,6 +206,7 @@ def reference_letter(ref: str, options: Mapping[str, str] | None) -> str | None:
         if len(hits) == 1:
             return hits[0]
     return None
+
 
 
 def extract_yesno(pred: str) -> str | None:
@@ -442,6 +413,10 @@ def compute_item_metrics(
         out[m] = full
     if compare is not None:
         out["_answer_changed"] = ~sequences_equal(tol, codes[compare[0]], codes[compare[1]])
+    if "meteor" in wanted:
+        from perturb.score.meteor import meteor_scores
+
+        out["meteor"] = meteor_scores(pred, ref)
     if "mcq" in wanted:
         v = np.full(n, np.nan)
         opts = options if options is not None else np.full(n, None, dtype=object)

@@ -1,6 +1,19 @@
 """Pair clean and perturbed predictions of one model.
 
-Pairing key: ``(img_id, question)`` plus ``variant`` when the clean side has variants. A
+Pairing key: the dataset's own question identity ``qid`` when every row of both sides has one
+and it is unique on the clean side (ReXVQA question id, MedThinkVQA case, VinDr-CXR-VQA image
+id + item index; the bootstrap
+cluster is then the clean row's img_id: study, case, image), else ``(img_id, question)``; plus
+``variant`` when the clean side has variants. A multi-image row (a study, a case) matches the
+manifest through any of its image paths: a case whose first image the op left alone pairs
+through the image it changed.
+
+References: each side keeps its own (``reference`` / ``reference_perturbed``, ``ref_boxes`` /
+``ref_boxes_perturbed``). They must agree, except under ops that move the geometry
+(``moves_geometry`` / ``flips_laterality`` risk tags), where the perturbed side's moved boxes
+and ``<loc>`` tags (written by ``perturb generate``) are its reference; a geometric pair whose
+perturbed side has no reference while the clean one has boxes is dropped
+(``geometric_without_moved_reference``), never scored against the unmoved boxes. A
 perturbed row is identified by ``(img_id, question, perturbation, severity, variant)``; its
 perturbation / severity / variant come from the file or from the manifest (matched by image
 path). Duplicate keys and references that differ between the two sides are errors; unmatched
@@ -123,6 +136,7 @@ def prepare_perturbed(
             pert["img_id"].to_numpy(),
             pert["variant"].to_numpy(),
         )
+        _match_other_paths(manifest, pert, rows, reason)
         mt = manifest.table
         hit = rows >= 0
         has_file_pert = pert["perturbation"].notna().to_numpy()
@@ -198,6 +212,38 @@ def prepare_perturbed(
     return pert
 
 
+def _match_other_paths(
+    manifest: Manifest, pert: pd.DataFrame, rows: np.ndarray, reason: np.ndarray
+) -> None:
+    """Rows of several images whose first image is not in the manifest: match through their
+    other images (in place). A MedThinkVQA case under an op of one modality keeps its other
+    images clean."""
+    if "_paths" not in pert.columns:
+        return
+    todo = [
+        i
+        for i in np.flatnonzero(rows < 0)
+        if isinstance(pert["_paths"].iat[i], tuple) and len(pert["_paths"].iat[i]) > 1
+    ]
+    if not todo:
+        return
+    owner, paths = [], []
+    for i in todo:
+        for p in pert["_paths"].iat[i][1:]:
+            owner.append(i)
+            paths.append(p)
+    found, _ = match_rows(
+        manifest,
+        obj_array(paths),
+        np.full(len(paths), None, dtype=object),
+        np.full(len(paths), np.nan),
+    )
+    for i, hit in zip(owner, found, strict=True):
+        if rows[i] < 0 and hit >= 0:
+            rows[i] = hit
+            reason[i] = ""
+
+
 def pair_model(
     model: str,
     clean: pd.DataFrame,
@@ -217,14 +263,30 @@ def pair_model(
     use_variant = bool(clean["variant"].notna().any())
     c_var = _int(clean["variant"]) if use_variant else np.zeros(len(clean), np.int64)
     p_var = pert["variant"].to_numpy(np.int64) if use_variant else np.zeros(len(pert), np.int64)
-    ci, pi = _codes(clean["img_id"], pert["img_id"])
-    cq, pq = _codes(clean["qkey"], pert["qkey"])
+    use_qid = (
+        "qid" in clean.columns
+        and "qid" in pert.columns
+        and len(pert) > 0
+        and bool(clean["qid"].notna().all() and pert["qid"].notna().all())
+        # an id that repeats on the clean side names a question template, not a question:
+        # pair on (img_id, question id) as before
+        and not pd.DataFrame({"q": clean["qid"].to_numpy(), "v": c_var}).duplicated().any()
+    )
+    if use_qid:  # the dataset's own question identity
+        ci, pi = np.zeros(len(clean), np.int64), np.zeros(len(pert), np.int64)
+        cq, pq = _codes(clean["qid"], pert["qid"])
+        report.notes.append("paired by the dataset's question id (qid); cluster = clean img_id")
+    else:
+        ci, pi = _codes(clean["img_id"], pert["img_id"])
+        cq, pq = _codes(clean["qkey"], pert["qkey"])
     nq = int(max(cq.max(initial=0), pq.max(initial=0))) + 1
     nv = int(max(c_var.max(initial=0), p_var.max(initial=0))) + 1
     ckey = (ci * nq + cq) * nv + c_var
     pkey = (pi * nq + pq) * nv + p_var
     # duplicates
-    keyname = "(img_id, question" + (", variant)" if use_variant else ")")
+    keyname = ("(question id" if use_qid else "(img_id, question") + (
+        ", variant)" if use_variant else ")"
+    )
     uniq, _first, counts = np.unique(ckey, return_index=True, return_counts=True)
     if (counts > 1).any():
         dup_keys = uniq[counts > 1]
@@ -242,9 +304,10 @@ def pair_model(
     if dup.any():
         rows = np.flatnonzero(dup)
         raise InputError(
-            f"{int(full.duplicated().sum())} duplicate perturbed rows with the same (img_id, question, "
+            f"{int(full.duplicated().sum())} duplicate perturbed rows with the same {keyname[:-1]}, "
             f"perturbation, severity, variant): {examples(_where(pert, rows, 'perturbed'), 6)}. Each "
             "perturbed image/question must appear once per model; split repeated runs into separate models."
+            + _manifest_hint(manifest, pert)
         )
     index = pd.Index(ckey)
     crow = index.get_indexer(pkey)
@@ -277,12 +340,38 @@ def pair_model(
         count=int(miss_p.sum()),
     )
     ok = ~miss_c & ~miss_p
-    # references: equal (up to whitespace) where both sides have one; else taken from either side
+    # references: equal (up to whitespace) where both sides have one, except under geometric
+    # ops (the perturbed side's moved boxes are its reference); else taken from either side
     cref = clean["reference"].to_numpy(dtype=object)[crow]
     pref = pert["reference"].to_numpy(dtype=object)
     cn = map_unique(cref, lambda r: _norm_ref(r) if isinstance(r, str) else None)
     pn = map_unique(pref, lambda r: _norm_ref(r) if isinstance(r, str) else None)
-    differ = ~pd.isna(cref) & ~pd.isna(pref) & (cn != pn)
+    geometric = _geometric(pert, manifest, risk_tags)
+    differ = ~pd.isna(cref) & ~pd.isna(pref) & (cn != pn) & ~geometric
+    cbox = (
+        clean["ref_boxes"].to_numpy(dtype=object)[crow]
+        if "ref_boxes" in clean.columns
+        else np.full(len(pert), None, dtype=object)
+    )
+    pbox = (
+        pert["ref_boxes"].to_numpy(dtype=object)
+        if "ref_boxes" in pert.columns
+        else np.full(len(pert), None, dtype=object)
+    )
+    clean_has_boxes = ~pd.isna(cbox) | map_unique(
+        cref, lambda r: isinstance(r, str) and "<loc_" in r
+    ).astype(bool)
+    unmoved = geometric & clean_has_boxes & pd.isna(pref) & pd.isna(pbox) & ok
+    report.drop(
+        "geometric_without_moved_reference",
+        [
+            s + " (give the perturbed rows the moved answer / gt_location of perturb generate's "
+            "DIR/dataset rows)"
+            for s in _where(pert, np.flatnonzero(unmoved), "perturbed")
+        ],
+        count=int(unmoved.sum()),
+    )
+    ok &= ~unmoved
     if differ.any():
         ex = [
             f"{pert['_src'].iat[i]} {pert['_word'].iat[i]} {pert['_loc'].iat[i]}: clean reference "
@@ -292,9 +381,15 @@ def pair_model(
         raise InputError(
             f"model {model!r}: {int(differ.sum())} pairs have different reference answers on the two "
             f"sides: {examples(ex)}. Both files must hold the same questions and answers; check that "
-            "they come from the same split and that the pairing key (img_id, question) is right."
+            f"they come from the same split and that the pairing key {keyname} is right. Under an "
+            "op that moves the image (rotation, crop, flip) the perturbed side's moved boxes are "
+            "its reference: pass --manifest (or a perturbation column naming the op) so the "
+            "scorer knows the op moves geometry."
         )
     ref = np.where(pd.isna(cref), pref, cref)
+    ref_p = np.where(pd.isna(pref), cref, pref)
+    box_c = np.where(pd.isna(cbox), pbox, cbox)
+    box_p = np.where(pd.isna(pbox) & ~geometric, cbox, pbox)
     bad_ref = pd.isna(ref) & (pd.isna(cj) | pd.isna(pj)) & ok
     report.drop(
         "missing_reference",
@@ -304,7 +399,7 @@ def pair_model(
     ok &= ~bad_ref
     pert = pert[ok].reset_index(drop=True)
     crow = crow[ok]
-    ref = ref[ok]
+    ref, ref_p, box_c, box_p = ref[ok], ref_p[ok], box_c[ok], box_p[ok]
 
     def pick(col: str, empty: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         c = clean[col].to_numpy(dtype=object)[crow]
@@ -330,15 +425,16 @@ def pair_model(
             "perturbation": pert["perturbation"].to_numpy(dtype=object),
             "severity": pert["severity"].to_numpy(np.int64),
             "variant": pert["variant"].to_numpy(np.int64),
-            "img_id": pert["img_id"].to_numpy(dtype=object),
+            # the clean row's sample (equal to the perturbed one's unless paired by qid)
+            "img_id": clean["img_id"].to_numpy(dtype=object)[crow],
             "question": clean["question"].to_numpy(dtype=object)[crow],
             "reference": ref,
+            "reference_perturbed": ref_p,
             "complexity": comp,
             "question_class": pick("question_class", no_class),
             "options": pick("options", pd.isna),
-            "ref_boxes": pick("ref_boxes", pd.isna)
-            if "ref_boxes" in clean.columns and "ref_boxes" in pert.columns
-            else np.full(len(pert), None, dtype=object),
+            "ref_boxes": box_c,
+            "ref_boxes_perturbed": box_p,
             "pred_clean": clean["prediction"].to_numpy(dtype=object)[crow],
             "pred_pert": pert["prediction"].to_numpy(dtype=object),
             "judge_clean": clean["judge"].to_numpy(dtype=object)[crow],
@@ -347,12 +443,52 @@ def pair_model(
             "image_pert": pert["image_path"].to_numpy(dtype=object),
             "manifest_row": pert["manifest_row"].to_numpy(np.int64),
             "clean_row": crow,
+            "conf_clean": _floats(clean, "confidence")[crow],
+            "conf_pert": _floats(pert, "confidence"),
+            "bleurt_given_clean": _floats(clean, "bleurt")[crow],
+            "bleurt_given_pert": _floats(pert, "bleurt"),
+            "bertscore_given_clean": _floats(clean, "bertscore")[crow],
+            "bertscore_given_pert": _floats(pert, "bertscore"),
         }
     )
     _add_risk(pairs, manifest, risk_tags, risk_map, report)
     report.pairs = len(pairs)
     report.at_risk_pairs = int(pairs["at_risk"].sum())
     return pairs, report
+
+
+GEOMETRIC_TAGS = ("moves_geometry", "flips_laterality")
+
+
+def _geometric(
+    pert: pd.DataFrame, manifest: Manifest | None, risk_tags: Mapping[str, Sequence[str]] | None
+) -> np.ndarray:
+    """Whether each perturbed row's op moves the geometry (its manifest row's risk tags, else
+    ``risk_tags`` for the op, else the catalog's)."""
+    n = len(pert)
+    out = np.zeros(n, dtype=bool)
+    mrow = pert["manifest_row"].to_numpy(np.int64, copy=True)
+    if manifest is not None and (mrow >= 0).any():
+        all_tags = manifest.all_risk_tags()
+        for i in np.flatnonzero(mrow >= 0):
+            t = all_tags[mrow[i]]
+            if t is not None:
+                out[i] = any(g in t for g in GEOMETRIC_TAGS)
+                mrow[i] = -2  # decided
+    rest = np.flatnonzero(mrow != -2)
+    if rest.size:
+        catalog = catalog_risk_tags()
+
+        def op_geometric(op: Any) -> bool:
+            tags = (risk_tags or {}).get(op)
+            if tags is None:
+                tags = catalog.get(op) or ()
+            return any(g in tags for g in GEOMETRIC_TAGS)
+
+        out[rest] = map_unique(pert["perturbation"].to_numpy(dtype=object)[rest], op_geometric).astype(
+            bool
+        )
+    return out
 
 
 def _tags_at(
@@ -441,6 +577,25 @@ def _add_risk(
         report.notes.append(
             f"{no_class} pairs have no question_class: label risk cannot be checked"
         )
+
+
+def _floats(df: pd.DataFrame, col: str) -> np.ndarray:
+    """Float column ``col`` of ``df`` (NaN when the column is absent)."""
+    if col not in df.columns:
+        return np.full(len(df), np.nan)
+    return pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _manifest_hint(manifest: Manifest | None, pert: pd.DataFrame) -> str:
+    """Why perturbed rows may look duplicated: no manifest to tell their perturbation apart."""
+    if manifest is not None:
+        return ""
+    ops = pert["perturbation"].nunique(dropna=True)
+    return (
+        f" No --manifest was given, so the rows' perturbation/severity come only from the files "
+        f"({ops} distinct perturbation value(s)); pass --manifest DIR/manifest.parquet (written by "
+        "`perturb generate`) so each row is matched to the output it was predicted on."
+    )
 
 
 def resolve_image(path: str | None, bases: Sequence[Path]) -> Path | None:

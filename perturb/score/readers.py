@@ -12,20 +12,27 @@ Supported inputs (a path, a ``pandas.DataFrame`` or a list of dicts):
 * Kvasir-VQA-x1 LLM-judge ``*_eval.json`` (list of rows with ``response``, ``answer``,
   ``question_class`` and ``eval_json`` {aspect: {score, reason}});
 * a Hugging Face dataset folder (``datasets.save_to_disk``);
-* radiology sets (the dataset's own rows with a ``prediction``/``model_answer``/``response``):
-  ReXVQA's JSON object keyed by question id (``{question_id: {question, options ["A. ..."],
-  correct_answer, task_name, category, study_id, ImagePath [...]}}``: paired by question id,
-  sample = the study); MedThinkVQA rows (``image_NN_path`` slots, options dict, correct_answer:
-  sample and question = the case folder, see :func:`_medthink_columns`); VinDr-CXR-VQA rows
-  (``image_id``, ``question``, ``answer`` with ``<loc_...>`` tags, ``type``, ``gt_location``).
-  Without an id column a row with several images is keyed by their common folder
-  (:func:`sample_id_of_paths`): the study or case, not an image, is the sample.
+* radiology sets, the datasets' own rows with a prediction (``prediction``, ``model_answer``,
+  ``response``, ``model_response``, ``final_answer``, ...; rows with an ``error`` and no
+  answer are dropped as ``inference_error``): ReXVQA's JSON keyed by question id (``{key:
+  {question, options ["A. ..."], correct_answer, task_name, category, study_id, ImagePath
+  [...]}}``; the outer key is the question id, an inner ``question_id`` is kept as
+  ``inner_question_id``; the study fields are the sample, never an image id); MedThinkVQA rows
+  and official submissions (``image_NN_path`` slots, options dict, correct_answer: the case is
+  sample and question, see :func:`_medthink_columns`); VinDr-CXR-VQA image objects
+  (``{"image_id", "vqa": [items]}``, one row per item with ``qa_idx``) and flat rows
+  (``image_id``, ``qa_idx``, ``question``, ``answer`` with ``<loc_...>`` tags, ``type``,
+  ``gt_location``). Without an id column a row with several images is keyed by their common
+  folder (:func:`sample_id_of_paths`): the study or case, not an image, is the sample.
 
 Canonical columns: ``img_id``, ``question``, ``qkey`` (whitespace-normalised question used for
-pairing, or ``id:<question_id>`` when the rows carry a question id), ``reference``,
+pairing, or ``id:<question_id>`` when the rows carry a question id), ``qid`` (the dataset's own
+question identity: question id, MedThinkVQA case, VinDr ``image_id#qa_idx``; None without),
+``reference``,
 ``prediction``, ``complexity``, ``question_class`` (tuple of str; radiology rows without one get
 the classes of :mod:`perturb.radiology`), ``options`` (dict letter -> text or None),
-``perturbation``, ``severity``, ``variant``, ``image_path`` (the first image), ``judge`` (dict
+``perturbation``, ``severity``, ``variant``, ``image_path`` (the first image), ``_paths`` (all
+of the row's image paths), ``judge`` (dict
 aspect -> 0/1 or None), ``model``, ``ref_boxes`` (reference boxes from ``gt_location`` or None)
 ``_loc`` (1-based line or row number in the source, for messages) and ``_id_from_path``
 (img_id derived from the image paths: a sample, not necessarily the manifest's image). Rows that cannot be used are dropped and counted with
@@ -53,7 +60,17 @@ from perturb.score.errors import InputError
 PredictionSource: TypeAlias = str | Path | pd.DataFrame | Sequence[Mapping[str, Any]]
 
 ALIASES: dict[str, tuple[str, ...]] = {
-    "prediction": ("prediction", "pred", "response", "model_answer", "output", "predicted_answer"),
+    # raw answers before extracted ones: the scorer reads the letter itself (score.answers)
+    "prediction": (
+        "prediction",
+        "pred",
+        "model_answer",
+        "response",
+        "model_response",
+        "output",
+        "predicted_answer",
+        "final_answer",
+    ),
     "reference": (
         "reference",
         "answer",
@@ -65,7 +82,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "target",
         "correct_answer",
     ),
-    "img_id": ("img_id", "image_id", "study_id", "case_id", "studyinstanceuid"),
+    "img_id": ("img_id", "image_id", "case_id"),
+    # the sample (bootstrap cluster) when no img_id names it: never matched to the manifest
+    "sample": ("study_id", "studyinstanceuid", "sample_key"),
+    "qa_idx": ("qa_idx", "item_index"),
+    "error": ("error",),
     "question": ("question", "query", "prompt"),
     "question_id": ("question_id", "qid"),
     "image_path": (
@@ -90,6 +111,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "options": ("options", "choices"),
     "judge": ("eval_json",),
     "model": ("model",),
+    "confidence": ("confidence", "logprobs"),
+    "bleurt": ("bleurt",),
+    "bertscore": ("bertscore", "bertscore_f1", "bert_score"),
 }
 REQUIRED_HELP = {
     "prediction": "the model's answer",
@@ -102,6 +126,7 @@ CANONICAL = [
     "img_id",
     "question",
     "qkey",
+    "qid",
     "reference",
     "prediction",
     "complexity",
@@ -111,9 +136,13 @@ CANONICAL = [
     "severity",
     "variant",
     "image_path",
+    "_paths",
     "judge",
     "model",
     "ref_boxes",
+    "confidence",
+    "bleurt",
+    "bertscore",
     "_loc",
     "_id_from_path",
 ]
@@ -162,35 +191,69 @@ class ReadReport:
 # ----------------------------------------------------------------------------- raw loading
 
 
+_BOMS = (
+    (b"\xef\xbb\xbf", "utf-8-sig"),
+    (b"\xff\xfe\x00\x00", "utf-32"),
+    (b"\x00\x00\xfe\xff", "utf-32"),
+    (b"\xff\xfe", "utf-16"),
+    (b"\xfe\xff", "utf-16"),
+)
+
+
+def read_text(path: Path) -> str:
+    """A prediction file's text: UTF-8, or UTF-16/32 and UTF-8 with a byte-order mark;
+    anything else (latin-1, cp1252) is an InputError naming the fix."""
+    data = path.read_bytes()
+    encoding = next((enc for bom, enc in _BOMS if data.startswith(bom)), "utf-8")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{path}: not {encoding.upper()} text (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}); re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"
+        ) from None
+
+
+def _loads(text: str, where: str) -> Any:
+    """json.loads with a clear error for nesting deeper than Python's recursion limit."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InputError(
+            f"{where}: JSON nested too deeply to read; rows must be flat objects (a nested "
+            "value a few levels deep at most)"
+        ) from None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with path.open("r", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(
-                    f"{path}: line {lineno}: malformed JSON ({exc.msg} at column {exc.colno}). "
-                    "Fix or remove that line; every non-blank line must be one JSON object."
-                ) from None
-            if not isinstance(obj, dict):
-                raise InputError(
-                    f"{path}: line {lineno}: expected a JSON object per line, got "
-                    f"{type(obj).__name__}. Write one {{...}} record per line."
-                )
-            obj["_loc"] = lineno
-            rows.append(obj)
+    text = read_text(path).replace("\r\n", "\n").replace("\r", "\n")  # as text-mode reading
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = _loads(line, f"{path}: line {lineno}")
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                f"{path}: line {lineno}: malformed JSON ({exc.msg} at column {exc.colno}). "
+                "Fix or remove that line; every non-blank line must be one JSON object."
+            ) from None
+        if not isinstance(obj, dict):
+            raise InputError(
+                f"{path}: line {lineno}: expected a JSON object per line, got "
+                f"{type(obj).__name__}. Write one {{...}} record per line."
+            )
+        obj["_loc"] = lineno
+        rows.append(obj)
     return rows
 
 
 def _read_json(path: Path) -> tuple[list[dict[str, Any]], str]:
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     if not text.strip():
         return [], "json"
     try:
-        data = json.loads(text)
+        data = _loads(text, str(path))
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # several JSON values: treat as JSON lines
             return _read_jsonl(path), "jsonl"
@@ -198,6 +261,8 @@ def _read_json(path: Path) -> tuple[list[dict[str, Any]], str]:
             f"{path}: line {exc.lineno}: malformed JSON ({exc.msg} at column {exc.colno}). "
             "Fix the file; it must hold a JSON list of row objects (or use JSON lines)."
         ) from None
+    if isinstance(data, dict) and "image_id" in data:  # one VinDr-CXR-VQA image object
+        data = [data]
     if isinstance(data, dict):
         for key in ("rows", "data", "predictions", "records"):
             if isinstance(data.get(key), list):
@@ -206,8 +271,15 @@ def _read_json(path: Path) -> tuple[list[dict[str, Any]], str]:
         else:
             if data and all(isinstance(v, dict) for v in data.values()):
                 # ReXVQA style: {question_id: {question, options, correct_answer, ...}}
+                # the outer key is the question's id; an inner ``question_id`` (ReXVQA
+                # inference results: study + task, shared by questions of one task on one
+                # study) is kept as ``inner_question_id``
                 keyed = [
-                    {"question_id": str(k), **v, "_loc": i}
+                    {
+                        **{("inner_question_id" if f == "question_id" else f): x for f, x in v.items()},
+                        "question_id": str(k),
+                        "_loc": i,
+                    }
                     for i, (k, v) in enumerate(data.items(), start=1)
                 ]
                 return keyed, "json:keyed"
@@ -413,7 +485,8 @@ def _int_column(values: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, np.ndar
         return out, invalid
     if kind in ("integer", "floating", "mixed-integer-float"):
         f = pd.to_numeric(pd.Series(arr), errors="coerce").to_numpy(dtype=np.float64)
-        bad = np.isfinite(f) & (f != np.round(f)) | np.isinf(f)
+        # beyond 2**53 a float is no exact integer (and 1e300 fits no int64)
+        bad = np.isfinite(f) & ((f != np.round(f)) | (np.abs(f) > 2**53)) | np.isinf(f)
         return np.where(bad, np.nan, f), bad
     for i, v in enumerate(arr):
         if _is_missing(v):
@@ -433,7 +506,7 @@ def _int_column(values: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, np.ndar
             continue
         if math.isnan(f):
             continue
-        if not f.is_integer():
+        if not f.is_integer() or abs(f) > 2**53:
             invalid[i] = True
             continue
         out[i] = f
@@ -491,23 +564,35 @@ def _options_dict(v: Any) -> dict[str, str] | None:
     return None
 
 
-def _judge_dict(v: Any) -> tuple[dict[str, float] | None, int]:
-    """Aspect scores from an ``eval_json`` cell; returns (scores or None, invalid-count)."""
+def _judge_dict(v: Any) -> tuple[dict[str, float] | None, list[str]]:
+    """Aspect scores from an ``eval_json`` cell: (scores or None, the invalid aspect scores).
+
+    A score is a number in [0, 1] (``"1"`` and ``true`` count as 1); a null score means "not
+    scored"; anything else (5, -1, "yes") is invalid and named in the second value.
+    """
     v = _parse_jsonish(v)
     if not isinstance(v, Mapping):
-        return None, 0
+        return None, []
     out: dict[str, float] = {}
-    bad = 0
+    bad: list[str] = []
     for aspect, item in v.items():
         score = item.get("score") if isinstance(item, Mapping) else item
-        if isinstance(score, str) and score.strip() in ("0", "1"):
-            score = int(score.strip())
+        if score is None:
+            continue
         if isinstance(score, (bool, np.bool_)):
             score = int(score)
-        if isinstance(score, (int, float, np.integer, np.floating)) and float(score) in (0.0, 1.0):
-            out[str(aspect)] = float(score)
+        x: float | None = None
+        if isinstance(score, str):
+            try:
+                x = float(score.strip())
+            except ValueError:
+                x = None
+        elif isinstance(score, (int, float, np.integer, np.floating)):
+            x = float(score)
+        if x is not None and 0.0 <= x <= 1.0:
+            out[str(aspect)] = x
         else:
-            bad += 1
+            bad.append(f"{aspect}={score!r}")
     return (out or None), bad
 
 
@@ -716,15 +801,72 @@ def _medthink_columns(df: pd.DataFrame, slots: list[str], rep: ReadReport) -> pd
     cols = {c.lower() for c in df.columns if isinstance(c, str)}
     if not cols & {"image_path", "images", "imagepath", "image_paths"}:
         out["image_paths"] = pd.Series(paths, dtype=object, index=df.index)
-    case = [_posix(p[0]).parent.name if p else None for p in paths]
-    if not cols & set(ALIASES["img_id"]):
-        out["case_id"] = case
+    title_col = next((c for c in df.columns if isinstance(c, str) and c.lower() == "title"), None)
+    titles = df[title_col].tolist() if title_col is not None else [None] * len(df)
+    case = [_case_of(p, t) for p, t in zip(paths, titles, strict=True)]
+    if not cols & (set(ALIASES["img_id"]) | set(ALIASES["sample"])):
+        out["sample_key"] = case  # a sample, not a manifest image (whose id is caseN_<image>)
     if not cols & set(ALIASES["question_id"]):
         out["question_id"] = case
     if not cols & set(ALIASES["question"]):
         out["question"] = MEDTHINK_QUESTION
         rep.notes.append(f"MedThinkVQA rows: question = {MEDTHINK_QUESTION!r}, paired by case")
     return out.drop(columns=slots)
+
+
+def _case_of(paths: list[str], title: Any) -> str | None:
+    """A MedThinkVQA case id: the case every image path names (``images/caseN/<id>.jpg``, or a
+    generated ``caseN_<id>`` file: any of the case's images may be the perturbed one), else
+    the title ("Case number N"), else the first image's folder."""
+    sample = sample_of_image_paths(paths) if paths else None
+    if sample is not None:
+        return sample
+    digits = re.findall(r"\d+", title) if isinstance(title, str) else []
+    if digits:
+        return f"case{digits[0]}"
+    return _posix(paths[0]).parent.name if paths else None
+
+
+# ----------------------------------------------------------------------------- VinDr nested
+
+ITEM_KEYS = ("vqa", "items", "qa_pairs", "questions")
+
+
+def _nested_item_column(raw: pd.DataFrame) -> str | None:
+    """The column of per-image question lists (VinDr-CXR-VQA ``{"image_id", "vqa": [...]}``)."""
+    cols = {c.lower(): c for c in raw.columns if isinstance(c, str)}
+    if "image_id" not in cols:
+        return None
+    for key in ITEM_KEYS:
+        c = cols.get(key)
+        if c is None:
+            continue
+        first = next((v for v in raw[c] if isinstance(v, (list, np.ndarray)) and len(v)), None)
+        if first is not None and isinstance(first[0], Mapping):
+            return c
+    return None
+
+
+def _explode_items(raw: pd.DataFrame, column: str, rep: ReadReport) -> pd.DataFrame:
+    """One row per question item, with its image's fields and ``qa_idx`` (the item's index in
+    the image's list: the dataset's own question identity)."""
+    rows: list[dict[str, Any]] = []
+    for rec in raw.to_dict("records"):
+        items = rec.pop(column)
+        rec.pop("num_questions", None)
+        loc = rec.pop("_loc", None)
+        if isinstance(items, np.ndarray):
+            items = items.tolist()
+        for idx, item in enumerate(items if isinstance(items, list) else []):
+            if isinstance(item, Mapping):
+                rows.append({**rec, **item, "qa_idx": idx, "_loc": f"{loc}.{idx + 1}"})
+    rep.format = f"{rep.format}:vindr-nested"
+    rep.notes.append(
+        f"VinDr-CXR-VQA image objects: {len(raw)} images, {len(rows)} question items "
+        "(paired by image_id and item index)"
+    )
+    rep.loc_word = "image.item"
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------- canonical table
@@ -745,6 +887,9 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
         raw = _swift_columns(raw, rep)
     elif "eval_json" in raw.columns:
         rep.format = f"{rep.format}:llm-judge"
+    nested = _nested_item_column(raw)
+    if nested is not None:
+        raw = _explode_items(raw, nested, rep)
     slots = sorted(c for c in raw.columns if isinstance(c, str) and _SLOT.match(c))
     dataset = None
     if slots:
@@ -761,7 +906,7 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
         cols["question"] = cols["question_id"]  # an id-keyed MCQ set: the id stands for the text
         rep.notes.append("no question column: the question id stands for the question text")
     missing = [k for k in ("prediction", "question") if cols[k] is None]
-    if cols["img_id"] is None and cols["image_path"] is None:
+    if not any(cols[k] for k in ("img_id", "image_path", "sample", "question_id")):
         missing.append("img_id")
     if missing:
         hints = "; ".join(
@@ -791,6 +936,20 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
 
     pred, bad_pred = _text_column(col("prediction"), rep, "prediction")
     drop_rows(bad_pred, "invalid_prediction_type")
+    if cols["error"]:
+        err = col("error")
+        failed = np.fromiter(
+            ((isinstance(e, str) and bool(e.strip())) or (isinstance(e, dict) and bool(e)) for e in err),
+            dtype=bool,
+            count=n,
+        ) & pd.isna(pred)  # a failed inference: an error and no answer (a judge's error keeps it)
+        for i in np.flatnonzero(failed)[:3]:
+            rep.drop_examples.setdefault("inference_error", []).append(
+                f"{rep.source} {rep.loc_word} {locs[i]}: {str(err[i])[:80]}"
+            )
+        failed &= ~drop
+        rep.dropped["inference_error"] += int(failed.sum())
+        drop[failed] = True
     ref, bad_ref = _text_column(col("reference"), rep, "reference")
     drop_rows(bad_ref, "invalid_reference_type")
     question, bad_q = _text_column(col("question"), rep, "question")
@@ -805,14 +964,25 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
     )
     img, bad_img = _text_column(col("img_id"), rep, "img_id")
     img = map_unique(img, lambda i: i.strip() if isinstance(i, str) and i.strip() else None)
+    # without an image id: the sample is a study field (ReXVQA study_id / StudyInstanceUid),
+    # else the study or case the image paths name, else the question id
+    # (``_id_from_path``: this img_id names a sample, not a manifest image)
     no_id = pd.isna(img)
-    if no_id.any():
-        from_paths = raw_paths[no_id]
-        img[no_id] = (
+    if cols["sample"] and no_id.any():
+        vals, _ = _text_column(col("sample"), rep, "sample")
+        img[no_id] = vals[no_id]
+    still = pd.isna(img)
+    if still.any():
+        from_paths = raw_paths[still]
+        img[still] = (
             map_unique(from_paths, sample_id_of_paths)
             if _all_text(from_paths)
             else obj_array([sample_id_of_paths(v) for v in from_paths])
         )
+    still = pd.isna(img)
+    if cols["question_id"] and still.any():
+        vals, _ = _text_column(col("question_id"), rep, "question_id")
+        img[still] = vals[still]
     drop_rows(bad_img | pd.isna(img), "missing_img_id")
 
     sev, bad_sev = _int_column(col("severity"))
@@ -856,30 +1026,61 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
         qclass = _radiology_classes(qclass, question, options, col, cols, dataset, rep)
     judge = obj_array([None] * n)
     if cols["judge"]:
-        bad_aspects = 0
         jl = []
-        for v in col("judge"):
+        for i, v in enumerate(col("judge")):
             d, bad = _judge_dict(v)
+            if bad:
+                raise InputError(
+                    f"{rep.source}: row {i + 1}: LLM-judge score {', '.join(bad)} in eval_json is "
+                    "not a number in [0, 1]; fix or drop that row (scores are 0/1, or a fraction)"
+                )
             jl.append(d)
-            bad_aspects += bad
         judge = obj_array(jl)
-        if bad_aspects:
-            rep.coerced["judge:invalid_aspect_scores_ignored"] += bad_aspects
         no_judge = int(sum(1 for d in jl if d is None))
         if no_judge:
             rep.notes.append(f"{no_judge} rows without usable eval_json scores (judge metric n/a)")
 
+    confidence = np.full(n, np.nan)
+    if cols["confidence"]:
+        from perturb.score.calibration import confidence_column
+
+        confidence = confidence_column(col("confidence"), rep.source, locs)
+    precomputed = {}
+    for name in ("bleurt", "bertscore"):
+        v = pd.to_numeric(pd.Series(col(name), dtype=object), errors="coerce")
+        bad = v.isna().to_numpy() & ~pd.isna(col(name))
+        if bad.any():
+            raise InputError(
+                f"{rep.source}: row {locs[int(np.flatnonzero(bad)[0])]}: {name} value "
+                f"{col(name)[int(np.flatnonzero(bad)[0])]!r} is not a number"
+            )
+        precomputed[name] = v.to_numpy(dtype=np.float64, na_value=np.nan)
     keep = ~drop
     qk = map_unique(question, lambda q: question_key(q) if q is not None else None)
+    # the dataset's own question identity: question id (ReXVQA key, MedThinkVQA case), else
+    # image id + item index (VinDr-CXR-VQA)
+    qid = np.full(n, None, dtype=object)
     if cols["question_id"]:
         qid, _ = _text_column(col("question_id"), rep, "question_id")
         has_qid = ~pd.isna(qid)
         qk[has_qid] = obj_array([f"id:{q}" for q in qid[has_qid]])
+    elif cols["qa_idx"] and cols["img_id"]:
+        idx, bad_idx = _int_column(col("qa_idx"))
+        ok_idx = ~np.isnan(idx) & ~bad_idx & ~pd.isna(img)
+        qid[ok_idx] = obj_array(
+            [f"{i}#{int(k)}" for i, k in zip(img[ok_idx], idx[ok_idx], strict=True)]
+        )
+    all_paths = (
+        obj_array([tuple(_paths_of(v)) for v in raw_paths])
+        if cols["image_path"]
+        else obj_array([()] * n)
+    )
     out = object_frame(
         {
             "img_id": img[keep],
             "question": question[keep],
             "qkey": qk[keep],
+            "qid": qid[keep],
             "reference": ref[keep],
             "prediction": pred[keep],
             "complexity": pd.array(comp[keep], dtype="Int64") if n else comp,
@@ -889,9 +1090,13 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
             "severity": pd.array(sev[keep], dtype="Int64"),
             "variant": pd.array(var[keep], dtype="Int64"),
             "image_path": paths[keep],
+            "_paths": all_paths[keep],
             "judge": judge[keep],
             "model": mdl[keep],
             "ref_boxes": ref_boxes[keep],
+            "confidence": confidence[keep],
+            "bleurt": precomputed["bleurt"][keep],
+            "bertscore": precomputed["bertscore"][keep],
             "_loc": locs[keep],
             "_id_from_path": no_id[keep],
         }

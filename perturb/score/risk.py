@@ -15,6 +15,10 @@ question classes (see :data:`KVASIR_CLASSES`) and the radiology classes of
 * collimation, crops and other geometry -> apices and costophrenic angles (cut at the frame
   edge), geometry also -> size (aspect changes);
 * markers and burned-in text -> marker questions;
+* added support devices and foreign objects (``adds_devices``) -> device questions ("is the
+  endotracheal tube well placed?", "is there a foreign body?");
+* a rotated projection (``alters_projection``) -> mediastinal shift, laterality (the side turned
+  away looks more lucent), location and size (the cardiothoracic ratio changes);
 * heavy noise / blur / compression -> small findings, only from the severity an op's spec names
   (``risk_from_severity`` in the catalog, e.g. X-ray quantum noise at severities 4-5).
 
@@ -57,6 +61,10 @@ TAG_CLASSES: dict[str, tuple[str, ...]] = {
     ),
     # brightness / contrast changes leave Kvasir's answers intact
     "alters_intensity": (),
+    # radiology: devices drawn on the film answer "is there a tube / line / pacemaker"
+    "adds_devices": ("device",),
+    # a rotated patient: mediastinal shift, lucency asymmetry, positions, cardiothoracic ratio
+    "alters_projection": ("mediastinum", "laterality", "location", "size"),
 }
 
 

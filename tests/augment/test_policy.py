@@ -11,6 +11,7 @@ import yaml
 
 from perturb.augment import OverlapWarning, Policy, PolicyError, load_policy
 from perturb.catalog.specs import load_specs
+from perturb.configs import CONFIG_DIR
 from perturb.generate.suite import load_suite
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +24,7 @@ def _policy(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("name", ["augment-endoscopy", "augment-xray"])
 def test_shipped_policies_load_by_name_and_path(name: str) -> None:
     by_name = load_policy(name)
-    by_path = load_policy(REPO / "configs" / f"{name}.yaml")
+    by_path = load_policy(CONFIG_DIR / f"{name}.yaml")
     assert by_name == by_path and by_name.policy == name
     assert by_name.fingerprint() == by_path.fingerprint()
     assert by_name.held_out is not None and not by_name.allow_overlap

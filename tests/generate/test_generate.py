@@ -17,13 +17,14 @@ from typer.testing import CliRunner
 
 from perturb.catalog.specs import op_names
 from perturb.cli import app
+from perturb.configs import CONFIG_DIR
 from perturb.generate import load_generated
 from perturb.generate.output import MANIFEST_COLUMNS
 from perturb.generate.replay import replay_bytes
 from perturb.generate.suite import Suite, load_suite
 from perturb.io.datasets import open_input
 from perturb.io.images import decode_image, to_tensor
-from tests.generate.conftest import REPO, digests, manifest_rows, run
+from tests.generate.conftest import digests, manifest_rows, run
 
 runner = CliRunner()
 SCORER_COLUMNS = {
@@ -52,14 +53,14 @@ def _pil_q75_tables() -> dict[int, list[int]]:
 
 
 def test_readme_command_on_the_builtin_default_offline(tmp_path: Path) -> None:
-    """`perturb generate configs/kvasir-vqa-x1-transformed.yaml --out DIR`: no --dataset, no
+    """`perturb generate kvasir-vqa-x1-transformed.yaml --out DIR`: no --dataset, no
     network: 16 phantoms x 10 variants, JPEG q75 4:2:0, manifest, dataset, verify clean."""
     out = tmp_path / "track2"
     result = runner.invoke(
         app,
         [
             "generate",
-            str(REPO / "configs/kvasir-vqa-x1-transformed.yaml"),
+            str(CONFIG_DIR / "kvasir-vqa-x1-transformed.yaml"),
             "--out",
             str(out),
             "--quiet",
@@ -266,7 +267,7 @@ def test_full_catalog_at_small_size(tmp_path: Path) -> None:
 
     src = tmp_path / "one"
     builtin_dataset(1, size=(96, 80)).save_to_disk(str(src))
-    suite = load_suite(REPO / "configs/endoscopy-artifacts.yaml")
+    suite = load_suite(CONFIG_DIR / "endoscopy-artifacts.yaml")
     out = tmp_path / "artifacts"
     summary = run(suite, out, src)
     ops = op_names("endoscopy")

@@ -17,13 +17,14 @@ from typer.testing import CliRunner
 from perturb.annotations import box_iou, parse_loc_tags
 from perturb.catalog.specs import op_names
 from perturb.cli import app
+from perturb.configs import CONFIG_DIR
 from perturb.generate.annotate import move_row
 from perturb.generate.replay import replay_bytes
 from perturb.generate.runner import RunError
 from perturb.generate.suite import load_suite, parse_suite
 from perturb.io.datasets import Annotations
 from perturb.io.images import read_image, to_tensor
-from tests.generate.conftest import REPO, manifest_rows, run
+from tests.generate.conftest import manifest_rows, run
 from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 
 runner = CliRunner()
@@ -164,9 +165,9 @@ def test_per_image_modality_needs_a_modality_column(tmp_path: Path, small_input:
 
 
 def test_default_data_follows_the_suite_modality() -> None:
-    assert load_suite(REPO / "configs/xray-artifacts.yaml").data_modality() == "xray"
-    assert load_suite(REPO / "configs/endoscopy-artifacts.yaml").data_modality() == "endoscopy"
-    transformed = load_suite(REPO / "configs/kvasir-vqa-x1-transformed.yaml")
+    assert load_suite(CONFIG_DIR / "xray-artifacts.yaml").data_modality() == "xray"
+    assert load_suite(CONFIG_DIR / "endoscopy-artifacts.yaml").data_modality() == "endoscopy"
+    transformed = load_suite(CONFIG_DIR / "kvasir-vqa-x1-transformed.yaml")
     assert transformed.data_modality() == "endoscopy"
 
 
@@ -175,12 +176,12 @@ def test_default_data_follows_the_suite_modality() -> None:
     [("vindr-cxr-vqa", "vindr-cxr-vqa"), ("rexvqa", "rexvqa"), ("medthinkvqa", "medthinkvqa")],
 )
 def test_radiology_configs(name: str, adapter: str) -> None:
-    suite = load_suite(REPO / f"configs/{name}.yaml")
+    suite = load_suite(CONFIG_DIR / f"{name}.yaml")
     assert suite.input is not None and suite.input.adapter == adapter
     assert suite.per_image_modality == (name == "medthinkvqa")
     ops = {t.op for t in suite.tasks("xray")}
     assert set(op_names("xray")) <= ops
-    xa = load_suite(REPO / "configs/xray-artifacts.yaml")
+    xa = load_suite(CONFIG_DIR / "xray-artifacts.yaml")
     assert {(t.op, t.severity) for t in xa.tasks()} == {
         (op, s) for op in op_names("xray") for s in range(1, 6)
     }
@@ -192,7 +193,7 @@ def test_xray_artifacts_runs_offline_and_verifies(tmp_path: Path) -> None:
         app,
         [
             "generate",
-            str(REPO / "configs/xray-artifacts.yaml"),
+            str(CONFIG_DIR / "xray-artifacts.yaml"),
             "--out",
             str(out),
             "--builtin-images",

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perturb.cli import app
+from perturb.configs import CONFIG_DIR
 from perturb.generate.runner import RunError
 from perturb.generate.suite import Suite
 from tests.generate.conftest import REPO, digests, manifest_rows, run
@@ -208,7 +209,7 @@ def test_no_gpu_in_the_cluster_is_a_usage_error(
     out = tmp_path / "out"
     result = runner.invoke(
         app,
-        ["generate", str(REPO / "configs/kvasir-vqa-x1-transformed.yaml"), "--out", str(out),
+        ["generate", str(CONFIG_DIR / "kvasir-vqa-x1-transformed.yaml"), "--out", str(out),
          "--dataset", str(small_input), "--engine", "ray", "--gpus-per-worker", "1", "--quiet"],
     )  # fmt: skip
     assert result.exit_code == 2, result.output

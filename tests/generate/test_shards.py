@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from perturb.cli import app
+from perturb.configs import CONFIG_DIR
 from perturb.generate.merge import MergeError, merge_parts
 from perturb.generate.runner import RunError
 from perturb.generate.shard import Shard, ShardError, parse_shard, shard_of
@@ -174,7 +175,7 @@ def test_bad_shard_on_the_command_line_writes_nothing(tmp_path: Path, small_inpu
     out = tmp_path / "out"
     result = runner.invoke(
         app,
-        ["generate", str(REPO / "configs/kvasir-vqa-x1-transformed.yaml"), "--out", str(out),
+        ["generate", str(CONFIG_DIR / "kvasir-vqa-x1-transformed.yaml"), "--out", str(out),
          "--dataset", str(small_input), "--shard", "4/4", "--quiet"],
     )  # fmt: skip
     assert result.exit_code == 2 and "I in 0..N-1" in " ".join(result.output.split())

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perturb.catalog.specs import op_names
+from perturb.configs import CONFIG_DIR
 from perturb.generate.naming import MAX_STEM, UnsafePathError, resolve_inside, safe_stem
 from perturb.generate.suite import SuiteError, load_suite, parse_suite
-from tests.generate.conftest import REPO
 
 GOOD = {
     "suite": "s",
@@ -22,7 +22,7 @@ GOOD = {
 
 
 def test_shipped_suites() -> None:
-    track = load_suite(REPO / "configs/kvasir-vqa-x1-transformed.yaml")
+    track = load_suite(CONFIG_DIR / "kvasir-vqa-x1-transformed.yaml")
     tasks = track.tasks()
     assert [t.variant for t in tasks] == list(range(1, 11)) and {t.op for t in tasks} == {
         "kvasir_transformed"
@@ -41,7 +41,7 @@ def test_shipped_suites() -> None:
         and params.brightness == (0.8, 1.2)
         and params.contrast == (0.8, 1.2)
     )
-    artifacts = load_suite("endoscopy-artifacts")  # a bare name resolves in configs/
+    artifacts = load_suite("endoscopy-artifacts")  # a bare name resolves to the built-in suite
     ops = {t.op for t in artifacts.tasks()}
     assert ops == set(op_names("endoscopy")) and {"rotation", "translation", "resized_crop"} <= ops
     assert len(artifacts.tasks()) == 5 * len(ops) and artifacts.output.format == "png"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -302,3 +303,25 @@ def test_gray_and_wrong_size_and_bad_spec() -> None:
         transformed_array(np.zeros((61, 80), np.float32), p)
     with pytest.raises(ValueError, match="scale"):
         TransformedSpec(scale=(0.5, 1.5))
+
+
+def test_rgb_frame_with_equal_channels_stays_three_channel(tmp_path: Path) -> None:
+    """Upstream works on PIL RGB images and writes RGB JPEGs; a frame whose channels happen to
+    be equal (decoded as gray by perturb.io) must still come out with three channels."""
+    import datasets
+    from PIL import Image
+
+    from perturb.generate import generate_split
+    from perturb.phantoms import builtin_dataset
+
+    ds = builtin_dataset(1, size=(96, 64))
+    gray = Image.fromarray(np.asarray(ds[0]["image"].convert("L"))).convert("RGB")
+    ds = ds.cast_column("image", datasets.Image()).map(lambda row: {"image": gray})
+    src = tmp_path / "in"
+    ds.save_to_disk(str(src))
+    generate_split("kvasir-vqa-x1-transformed", tmp_path / "out", dataset=str(src), limit=1)
+    outputs = sorted((tmp_path / "out").rglob("*.jpg"))
+    assert outputs
+    for path in outputs:
+        with Image.open(path) as im:
+            assert im.mode == "RGB", f"{path.name}: {im.mode}"

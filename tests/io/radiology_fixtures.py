@@ -205,6 +205,9 @@ def make_medthinkvqa(root: Path, fmt: str = "parquet") -> Path:
             "correct_answer": "B",
             "DIAGNOSIS": "Diverticulitis",
             "DISCUSSION": "Typical diverticulitis with pericolic fat stranding.",
+            # the hub's ICD fields name the diagnosis
+            "ICD Category": "Diseases of the digestive system",
+            "ICD Block": "K57 Diverticular disease of intestine (diverticulitis)",
         }
         for n in range(1, 50):
             for part in ("id", "path", "caption", "modality", "sub_modality"):

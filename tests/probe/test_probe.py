@@ -88,16 +88,21 @@ def test_answers_come_from_pixels() -> None:
 
 
 @pytest.mark.parametrize(
-    ("op", "classes"),
+    ("op", "classes", "drop", "class_drop"),
     [
-        ("gaussian_blur", ("text_presence", "polyp_count", "polyp_size")),
-        ("gaussian_noise", ("polyp_count", "abnormality_color", "polyp_type")),
-        ("hue_shift", ("polyp_count", "abnormality_color")),
-        ("saturation", ("abnormality_color",)),
-        ("specular_glare", ("polyp_count", "abnormality_location")),
+        # burned-in text is an overlay drawn after the optics: blur leaves it readable; blur and
+        # noise act on the tissue layer only and are calibrated to field SSIM (issue 14): at
+        # severity 5 they cost the probe a little less than before
+        ("gaussian_blur", ("polyp_count", "polyp_size"), 0.1, 0.1),
+        ("gaussian_noise", ("polyp_count", "abnormality_color", "polyp_type"), 0.08, 0.1),
+        ("hue_shift", ("polyp_count", "abnormality_color"), 0.1, 0.15),
+        ("saturation", ("abnormality_color",), 0.1, 0.15),
+        ("specular_glare", ("polyp_count", "abnormality_location"), 0.1, 0.15),
     ],
 )
-def test_degrades_at_severity_5(phantoms: list[Phantom], op: str, classes: tuple[str, ...]) -> None:
+def test_degrades_at_severity_5(
+    phantoms: list[Phantom], op: str, classes: tuple[str, ...], drop: float, class_drop: float
+) -> None:
     import torch
 
     import perturb
@@ -109,7 +114,7 @@ def test_degrades_at_severity_5(phantoms: list[Phantom], op: str, classes: tuple
     strong_x, _ = perturb.apply(x, op, 5, keys, seed=0)
     mild = accuracy(list(mild_x.permute(0, 2, 3, 1).numpy()), phantoms)
     strong = accuracy(list(strong_x.permute(0, 2, 3, 1).numpy()), phantoms)
-    assert strong["all"] <= clean["all"] - 0.1, (clean["all"], strong["all"])
+    assert strong["all"] <= clean["all"] - drop, (clean["all"], strong["all"])
     assert mild["all"] >= strong["all"] + 0.05, (mild["all"], strong["all"])
     for cls in classes:
-        assert strong[cls] <= clean[cls] - 0.15, (cls, clean[cls], strong[cls])
+        assert strong[cls] <= clean[cls] - class_drop, (cls, clean[cls], strong[cls])

@@ -85,9 +85,12 @@ def test_report_renders_in_chromium(hostile_run: dict[str, Any], tmp_path: Path)
     assert "headline-table-0" in tables
     scores = hostile_run["scores"]
     n_perts = len(scores["models"]["model"]["by_perturbation"])
-    assert (
-        d.rows_in["headline-table-0"] == 1 + 1 + n_perts
-    )  # header, pooled row, one per perturbation
+    model = scores["models"]["model"]
+    pooled = sum(
+        model.get(k) is not None for k in ("overall", "overall_all_pairs", "overall_label_safe")
+    )
+    # header, the pooled rows (headline, all pairs, label-safe), one per perturbation
+    assert d.rows_in["headline-table-0"] == 1 + pooled + n_perts
     flips = scores["models"]["model"]["flips"]
     assert d.rows_in["flips-0-table"] == 1 + len(flips)  # hostile '</table>' text did not split it
     assert not any(t == "script" for t, _ in d.tags)

@@ -174,7 +174,23 @@ def test_risk_tags_from_mapping_and_manifest_override_and_unknown_ops() -> None:
     r = score_runs(
         clean, pert, bootstrap=0, write_report=False, risk_tags={"mystery_op": ["alters_color"]}
     )
-    assert r.pairs["model"]["at_risk"].all() and r.scores["models"]["model"]["overall"] is None
+    # every pair at risk: the headline falls back to all pairs and warns (never empty)
+    m = r.scores["models"]["model"]
+    assert r.pairs["model"]["at_risk"].all() and m["overall"]["n_pairs"] == 4
+    assert m["overall_label_safe"] is None and m["overall_all_pairs"]["n_pairs"] == 4
+    head = r.scores["headline"]
+    assert head["uses"] == "all_pairs" and head["at_risk_pairs"] == 4
+    assert "4 of 4 pairs (100%) are label-risk" in r.scores["warnings"][0]
+    assert "abnormality_color under mystery_op" in r.scores["warnings"][0]
+    with pytest.raises(InputError, match="--exclude-at-risk leaves no pairs"):
+        score_runs(
+            clean,
+            pert,
+            bootstrap=0,
+            write_report=False,
+            include_at_risk=False,
+            risk_tags={"mystery_op": ["alters_color"]},
+        )
     r2 = score_runs(clean, pert, bootstrap=0, write_report=False, risk_tags={"mystery_op": []})
     assert not r2.pairs["model"]["at_risk"].any()
     r3 = score_runs(clean, pert, bootstrap=0, write_report=False, risk_tags={})

@@ -13,6 +13,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from perturb.generate.suite import parse_suite
@@ -202,3 +203,12 @@ def test_rexvqa_long_uids_pair_through_the_manifest(tmp_path: Path) -> None:
         pert.append(_swift([str(out / r["path"]) for r in rows], gt[qid]["question"], "A"))
     c, p = _write(tmp_path / "clean.jsonl", clean), _write(tmp_path / "pert.jsonl", pert)
     _assert_paired(c, p, out, 2, 2, {f"studies/{uid}"})
+    # the manifest keeps the full ids the cut file names lost: image (record.sample_key) and
+    # study (record.extra.param_key)
+    records = [json.loads(r) for r in pq.read_table(out / "manifest.parquet")["record"].to_pylist()]
+    assert {r["sample_key"] for r in records} == {
+        str(Path(rel.removeprefix("../")).with_suffix("")) for rel in rels
+    }
+    assert {r["extra"]["param_key"] for r in records} == {
+        f"deid_png/GRDN0123abcd/GRDN0123abcd_0001/studies/{uid}"
+    }

@@ -243,7 +243,7 @@ def test_missing_columns_are_named_with_the_fix(tmp_path: Path) -> None:
         read_predictions(p)
     msg = str(exc.value)
     assert "missing column(s) prediction, question, img_id" in msg
-    assert "prediction, pred, response" in msg and "image path" in msg
+    assert "prediction, pred, model_answer, response, model_response" in msg and "image path" in msg
 
 
 def test_missing_path_and_plain_folder(tmp_path: Path) -> None:

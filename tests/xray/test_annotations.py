@@ -1,5 +1,5 @@
 """Boxes and loc tags through geometry (perturb.annotations) against an independent computation:
-each box of ../shared/samples/xray/boxes.csv is painted as a mask, the mask is warped by the
+each box of the samples' xray/boxes.csv (tests.helpers.SAMPLES) is painted as a mask, the mask is warped by the
 real op (same key, so the same parameters as the image), and the moved box must match the
 bounding box of the warped mask."""
 

@@ -79,7 +79,7 @@ def test_lookup_paths_take_integer_batches_only() -> None:
     assert path is not None and np.dtype(np.uint16) not in path[1]
     x = torch.zeros(1, 1, 4, 4, dtype=torch.uint16)
     with pytest.raises(TypeError, match=r"takes \[.uint8.\] batches, got uint16"):
-        backend.run_cpu(path[0], x, {}, [0], [False], native={np.dtype(np.uint8)})
+        backend.run_cpu(path[0], x, {}, [0], [None], native={np.dtype(np.uint8)})
 
 
 def _levels16(x: torch.Tensor) -> np.ndarray:
@@ -99,10 +99,10 @@ def _pointwise_reference(op: str, v: np.ndarray, p: dict[str, float]) -> np.ndar
     if op == "xray_gamma":
         return v ** (2.0 ** p["log2_gamma"])
     if op == "xray_bit_depth":
-        q = 2.0 ** p["bits"]
-        return np.minimum(np.floor(v * q), q - 1.0) / q
+        top = round(2.0 ** p["bits"]) - 1.0
+        return np.round(v * top) / top
     assert op == "xray_monochrome1"
-    return v + p["amount"] * (1.0 - 2.0 * v)
+    return (1.0 - v - (0.5 + p["center_shift"])) / p["width"] + 0.5
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ from perturb.io.adapters._common import (
     normalize_modality,
     pick_files,
 )
-from perturb.io.datasets import DEFAULT_SPLIT, DatasetError, InputDataset, _quiet
+from perturb.io.datasets import DEFAULT_SPLIT, DatasetError, InputDataset, _cache_kw, _quiet
 
 HUB_ID = "bio-nlp-umass/MedThinkVQA"
 MAX_IMAGES = 49
@@ -58,27 +58,42 @@ LEAKING = (
     r"explanation",
     r"impression",
     r"twi",
+    r"icd",  # ICD Category / ICD Block name the diagnosis
+    r"answer_text|answer_idx|label",
 )
 REQUIRED = ("options", "correct_answer")
+# the fields that hold the answer: the scorer's reference, never part of a prompt (every other
+# text field of the adapter's rows is free of the answer: tests/io/test_adapter_leaks.py)
+ANSWER_FIELDS = ("correct_answer",)
 
 
 def _load_cases(
     source: str | os.PathLike[str] | None, split: str | None
-) -> tuple[datasets.Dataset, Path | None, str]:
-    """The case table and the folder image paths start from (None for the hub)."""
+) -> tuple[datasets.Dataset, Path | None, str, str]:
+    """The case table, the folder image paths start from (None for the hub), a fingerprint
+    part and the file(s) read: the hub's folder holds each split as both parquet and JSON
+    Lines, and the parquet file is read (the other named as skipped)."""
     label = str(source or HUB_ID)
     local = locate(source, HUB_ID, ["*.parquet", "*.jsonl"])  # the path, or a hub snapshot
     try:
         with _quiet():
             files = pick_files(local, (".parquet", ".jsonl"), split, label)
+            parquet = [f for f in files if f.suffix.lower() == ".parquet"]
+            skipped = [f for f in files if f.suffix.lower() != ".parquet"] if parquet else []
+            files = parquet or files
             builder = "parquet" if files[0].suffix.lower() == ".parquet" else "json"
-            ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+            ds = datasets.load_dataset(
+                builder, data_files=[str(f) for f in files], split="train", **_cache_kw()
+            )
     except DatasetError:
         raise
     except Exception as exc:  # datasets raises many types
         raise DatasetError(f"{label}: cannot load: {type(exc).__name__}: {exc}") from None
     base = local if local.is_dir() else local.parent
-    return ds, base, f"{local.resolve()}:{split or DEFAULT_SPLIT}"
+    read = ", ".join(f.name for f in files)
+    if skipped:
+        read += f"; {', '.join(f.name for f in skipped)} not read: the same split"
+    return ds, base, f"{local.resolve()}:{split or DEFAULT_SPLIT}", read
 
 
 def case_id(case: dict[str, Any], index: int) -> str:
@@ -108,8 +123,8 @@ def open_medthinkvqa(
     """Open MedThinkVQA (``source``: hub id, folder or parquet/JSONL file; ``images``: the
     folder the ``image_NN_path`` entries start from, default the dataset's folder)."""
     del min_visible  # no boxes in MedThinkVQA
-    label = str(source or HUB_ID)
-    ds, base, where = _load_cases(source, split)
+    ds, base, where, read = _load_cases(source, split)
+    label = f"{source or HUB_ID} ({read})"
     missing = [f for f in REQUIRED if f not in ds.column_names]
     if missing or not any(IMAGE_FIELD.match(c) for c in ds.column_names):
         raise DatasetError(

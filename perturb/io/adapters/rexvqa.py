@@ -50,6 +50,9 @@ HUB_ID = "rajpurkarlab/ReXVQA"
 LEAKING = (r"finding", r"impression", r"explanation", r"report")
 STUDY_FIELDS = ("study_id", "StudyInstanceUid", "StudyInstanceUID", "study")
 REQUIRED = ("question", "options", "correct_answer", "ImagePath")
+# the fields that hold the answer: the scorer's reference, never part of a prompt (every other
+# text field of the adapter's rows is free of the answer: tests/io/test_adapter_leaks.py)
+ANSWER_FIELDS = ("correct_answer",)
 
 
 def _records(path: Path) -> dict[str, dict[str, Any]]:

@@ -12,6 +12,10 @@ folder searched recursively for ``<image_id>.png`` (or .jpg/.tif). Boxes are in 
 keep the images at their DICOM size, or give the original size per image as ``width`` /
 ``height`` in the JSON objects (then the images may be resized copies).
 
+Box coordinate space: the image object's ``width`` / ``height`` when given (the original
+DICOM size), else the supplied image's own size (read from its header). A box that reaches
+outside that frame is an error naming the fix (give ``width`` / ``height``), never clamped.
+
 One row per question: ``img_id`` = ``sample_key`` = image_id, ``view`` 0, ``n_views`` 1,
 ``modality`` xray, the item's fields, ``orig_width`` / ``orig_height`` and ``image_path``.
 Geometric ops rewrite the loc tags of ``answer``, ``reason`` and ``gt_location`` in the output
@@ -25,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from perturb.boxes import parse_loc_tags
 from perturb.io.adapters._common import (
     IMAGE_PATH,
     IMAGE_SUFFIXES,
@@ -44,6 +49,9 @@ from perturb.io.datasets import Annotations, DatasetError, InputDataset
 HUB_ID = "Dangindev/VinDR-CXR-VQA"
 LOC_COLUMNS = ("answer", "reason", "gt_location")
 ITEM_KEYS = ("items", "vqa", "qa_pairs", "questions")
+# the fields that hold the answer: the scorer's reference, never part of a prompt (every other
+# text field of the adapter's rows is free of the answer: tests/io/test_adapter_leaks.py)
+ANSWER_FIELDS = ("answer", "reason", "gt_finding", "gt_location")
 
 
 def _objects(path: Path) -> list[dict[str, Any]]:
@@ -92,6 +100,47 @@ def _index_images(root: Path) -> dict[str, Path]:
     return index
 
 
+BOX_TOLERANCE = 1.0  # pixels a box may reach past the frame (rounding in the source)
+
+
+def image_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) of an image file from its header, None when unreadable."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return int(im.size[0]), int(im.size[1])
+    except (OSError, ValueError):
+        return None
+
+
+def check_box_space(obj: dict[str, Any], image: Path | None, path: Path) -> None:
+    """Refuse boxes outside their declared frame (see the module docstring)."""
+    declared = obj.get("width"), obj.get("height")
+    if declared[0] and declared[1]:
+        size, space = (float(declared[0]), float(declared[1])), "the declared width x height"
+    else:
+        got = image_size(image) if image is not None else None
+        if image is None or got is None:
+            return
+        size, space = (float(got[0]), float(got[1])), f"the image {image.name}'s own size"
+    for item in _items(obj, path):
+        if not isinstance(item, dict):
+            continue
+        for column in LOC_COLUMNS:
+            text = item.get(column)
+            for box in parse_loc_tags(text) if isinstance(text, str) else []:
+                x1, y1, x2, y2 = box
+                if max(x1, x2) > size[0] + BOX_TOLERANCE or max(y1, y2) > size[1] + BOX_TOLERANCE:
+                    raise DatasetError(
+                        f"{path}: image {obj['image_id']!r}: box <loc_{x1:g}_{y1:g}_{x2:g}_{y2:g}> in "
+                        f"{column!r} lies outside {space} ({size[0]:g} x {size[1]:g}): the boxes "
+                        "are in the original DICOM pixels. Set the original size per image "
+                        "('width' and 'height' in its JSON object; the PNG may then be a resized "
+                        "copy) or supply the PNGs at the DICOM size."
+                    )
+
+
 def open_vindr(
     source: str | os.PathLike[str] | None = None,
     *,
@@ -117,6 +166,7 @@ def open_vindr(
             image = index.get(image_id)
             target = image if image is not None else (root / f"{image_id}.png")
             wanted.append(target)
+            check_box_space(obj, image, path)
             for qa_idx, item in enumerate(_items(obj, path)):
                 if not isinstance(item, dict) or "question" not in item:
                     raise DatasetError(

@@ -1,0 +1,654 @@
+"""Chest X-ray artifacts of the acquisition and of what lies on or in the patient.
+
+Display model and helpers of :mod:`perturb.ops.xray` (MONOCHROME2 display ``v``, linear fluence
+``I = exp(-MU v)``). Attenuating objects add to the display value (``v + mu t / MU``: the
+Beer-Lambert attenuation of an object is a factor on ``I``, a shift in ``v``). Every op is
+gray, 8- and 16-bit native in that the engine rounds the float32 result back to the input's
+depth; none quantises on its own. Positions of devices and objects are fractions of the film
+(chest films are centred on the thorax by positioning), sizes fractions of the shorter side.
+
+Ops (physics after Bushberg et al., The Essential Physics of Medical Imaging, 3rd ed., ch. 7-8;
+Hunter et al., "Medical devices on chest radiographs", RadioGraphics 24 (2004) for device
+appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004)):
+
+* ``xray_patient_rotation``: the patient turned about the long axis (oblique projection). The
+  thorax's mid-coronal plane, rotated by ``degrees`` about a vertical axis through the spine
+  and projected from a point source at ``SID_CM`` onto the detector: a 2-D homography
+  (foreshortening ``cos``, a lateral shift of the mediastinum away from the spine line, the
+  side turned towards the source magnified more than the other). A projection has no depth per
+  pixel, so the parallax between anterior and posterior structures (clavicle heads against
+  the spinous processes) is modelled only through that plane. Boxes and ``<loc>`` tags follow
+  (``forward_homography``).
+* ``xray_under_penetration`` / ``xray_over_penetration``: a tube voltage below / above the
+  technique's. Attenuation coefficients scale roughly as ``kVp^-n`` (``n = KVP_EXPONENT``), so
+  the line integrals become ``m = (kVp/kVp0)^-n`` times larger (``v' = m v``: under-penetration
+  raises contrast, whites out the mediastinum and hides the spine behind the heart;
+  over-penetration flattens and darkens the film; the op claims lower contrast); the quanta reaching the detector change with
+  the transmission and the tube output (``~ kVp^2`` at fixed mAs), and the added quantum noise
+  is the difference between the new and the old noise variance (never negative).
+* ``xray_support_devices``: ECG electrodes and leads, central venous catheter, endotracheal and
+  nasogastric tubes, pacemaker with its lead, drawn as attenuating objects in their usual
+  places (keyed jitter).
+* ``xray_detector_defects``: uncorrected flat-panel defects: dead (white) and hot (black)
+  pixels, dead lines (a row or column without signal, or with half gain), and the seam between
+  detector tiles with a gain mismatch across it.
+* ``xray_grid_cutoff``: a focused grid used off focus / upside down (transmission falling with
+  the lateral distance from the grid centre, both sides) or decentred (one side), as
+  ``1 - loss |x - c|`` on the fluence (Bushberg 7.5: lost fraction ~ ratio x |1/f0 - 1/f1|).
+* ``xray_edge_enhancement``: vendor unsharp-mask processing ``v + k (v - G_sigma * v)`` with a
+  wide kernel: rebound halos (overshoot and undershoot) along every edge.
+* ``xray_double_exposure``: the same plate exposed twice with the patient moved in between: the
+  detector adds the fluences ``(I + w I(x - d)) / (1 + w)``.
+* ``xray_foreign_objects``: radiopaque things on the patient: clothing buttons, bra hooks and
+  snaps, a necklace with a pendant, hair clips, earrings.
+* ``xray_cardiac_motion``: the heart and the diaphragm move during a long exposure (portable
+  films, a patient who cannot hold the breath): the left heart border blurs laterally and the
+  diaphragm domes vertically; a box (line) PSF of ``length`` on the linear fluence, weighted by
+  smooth masks at the usual places of the left ventricle and the domes (``motion_masks``), the
+  rest of the film sharp.
+* ``xray_skin_fold``: a fold of skin trapped between the patient's back and the detector (supine
+  and portable films): the doubled skin adds attenuation that ends in a sharp curvilinear edge
+  over the lateral lung and fades away from it, the classic pneumothorax mimic (lung markings
+  continue across it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from perturb import rng
+from perturb.ops.registry import Level, Params, draw, draw_int, draw_sign, register_kernel
+from perturb.ops.xray import (
+    FIELD_CM,
+    FULL_DOSE_QUANTA,
+    MU,
+    REFERENCE_SIDE,
+    _b,
+    _box_torch,
+    _coords,
+    _side,
+    _wide,
+    box_radius,
+    scale_linear,
+    to_display,
+    to_linear,
+)
+
+SID_CM = 180.0  # source-image distance of a PA chest film
+MIDPLANE_CM = 12.0  # height of the thorax's mid-coronal plane above the detector (PA)
+SPINE_CM = 5.0  # height of the rotation axis (the spine) above the detector
+KVP_EXPONENT = 1.2  # effective mu ~ kVp^-n over the diagnostic range (soft tissue and bone mixed)
+
+
+def _frac_px(value: float, size: int) -> int:
+    return round(value * size)
+
+
+def _add_attenuation(x: torch.Tensor, maps: list[np.ndarray]) -> torch.Tensor:
+    """``clip(v + a)`` per sample with host-rendered attenuation maps ``a`` (display units)."""
+    a = torch.from_numpy(np.stack(maps)[:, None]).to(x.device)
+    return (x + a).clamp_(0.0, 1.0)
+
+
+def _canvas(h: int, w: int) -> np.ndarray:
+    return np.zeros((h, w), dtype=np.uint8)
+
+
+def _accumulate(total: np.ndarray, canvas: np.ndarray, attenuation: float) -> None:
+    """``total += attenuation * canvas / 255`` where anything was drawn (float32)."""
+    total += canvas.astype(np.float32) * np.float32(attenuation / 255.0)
+
+
+def _curve(points: np.ndarray, n: int = 48) -> np.ndarray:
+    """A smooth polyline (Catmull-Rom through ``points``, (k, 2) float) as int32 (n, 1, 2)."""
+    pts = np.asarray(points, dtype=np.float64)
+    if len(pts) < 3:
+        return np.round(pts).astype(np.int32).reshape(-1, 1, 2)
+    padded = np.vstack([pts[0], pts, pts[-1]])
+    out = []
+    for i in range(1, len(padded) - 2):
+        p0, p1, p2, p3 = padded[i - 1], padded[i], padded[i + 1], padded[i + 2]
+        for t in np.linspace(0.0, 1.0, max(2, n // (len(pts) - 1)), endpoint=False):
+            t2, t3 = t * t, t * t * t
+            out.append(
+                0.5
+                * (
+                    2 * p1
+                    + (-p0 + p2) * t
+                    + (2 * p0 - 5 * p1 + 4 * p2 - p3) * t2
+                    + (-p0 + 3 * p1 - 3 * p2 + p3) * t3
+                )
+            )
+    out.append(pts[-1])
+    return np.round(np.array(out)).astype(np.int32).reshape(-1, 1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Patient rotation (oblique projection): a homography of the mid-coronal plane
+
+
+def forward_homography(degrees: float, pivot: float, width: int, height: int) -> np.ndarray:
+    """3x3 map from clean to rotated continuous pixel coordinates: the mid-coronal plane
+    rotated by ``degrees`` about a vertical axis through the spine at lateral position
+    ``pivot`` (fraction of the width from the centre) and at height ``SPINE_CM``, projected
+    from a point source ``SID_CM`` above the film centre. The shorter side spans ``FIELD_CM``."""
+    side = min(width, height)
+    cm = FIELD_CM / side  # cm per pixel
+    cx, cy = width / 2.0, height / 2.0
+    d, z0, zp = SID_CM, MIDPLANE_CM, SPINE_CM
+    xp = pivot * width * cm
+    c, s = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
+    # clean pixel -> (X, Y) on the plane (cm): undo the magnification d / (d - z0)
+    to_plane = np.array([[cm * (d - z0) / d, 0, -cx * cm * (d - z0) / d], [0, cm * (d - z0) / d, -cy * cm * (d - z0) / d], [0, 0, 1]])
+    # rotated position: X' = xp + (X - xp) c - (z0 - zp) s, Z' = zp + (X - xp) s + (z0 - zp) c
+    # projection: x = X' d / (d - Z'), y = Y d / (d - Z'): homogeneous (X' d, Y d, d - Z')
+    rot = np.array(
+        [
+            [c * d, 0.0, (xp - xp * c - (z0 - zp) * s) * d],
+            [0.0, d, 0.0],
+            [-s, 0.0, d - zp + xp * s - (z0 - zp) * c],
+        ]
+    )
+    to_pixels = np.array([[1 / cm, 0, cx], [0, 1 / cm, cy], [0, 0, 1]])
+    h = to_pixels @ rot @ to_plane
+    return h / h[2, 2]
+
+
+def _rotation_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "degrees": draw(rng_, level["degrees"]) * draw_sign(rng_),
+        "pivot": draw(rng_, level["pivot"]) * draw_sign(rng_),
+    }
+
+
+def warp_homography(sample: torch.Tensor, inverse: np.ndarray, mode: str = "bicubic") -> torch.Tensor:
+    """Resample one CHW float sample through the output -> input homography ``inverse``
+    (continuous pixel coordinates): bicubic (a = -0.75, ``grid_sample``) or ``nearest`` (label
+    maps), 0 outside the film."""
+    _c, h, w = sample.shape
+    ys = torch.arange(h, dtype=torch.float64, device=sample.device) + 0.5
+    xs = torch.arange(w, dtype=torch.float64, device=sample.device) + 0.5
+    m = torch.from_numpy(inverse).to(sample.device)
+    den = m[2, 0] * xs[None, :] + m[2, 1] * ys[:, None] + m[2, 2]
+    px = (m[0, 0] * xs[None, :] + m[0, 1] * ys[:, None] + m[0, 2]) / den
+    py = (m[1, 0] * xs[None, :] + m[1, 1] * ys[:, None] + m[1, 2]) / den
+    inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
+    grid = torch.stack([px * (2.0 / w) - 1.0, py * (2.0 / h) - 1.0], dim=-1).to(sample.dtype)
+    out = F.grid_sample(sample[None], grid[None], mode=mode, padding_mode="border", align_corners=False)[0]
+    out = out * inside.to(out.dtype)
+    return out.clamp_(0.0, 1.0) if mode == "bicubic" else out
+
+
+def rotation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Label maps (B, C, H, W, any dtype) moved as ``xray_patient_rotation`` moves the image:
+    nearest sampling, 0 where the film is uncovered."""
+    h, w = m.shape[-2:]
+    out = []
+    for i in range(m.shape[0]):
+        fwd = forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
+        out.append(warp_homography(m[i].to(torch.float64), np.linalg.inv(fwd), mode="nearest").to(m.dtype))
+    return torch.stack(out) if out else m.clone()
+
+
+@register_kernel("xray_patient_rotation", sampler=_rotation_sampler)
+def xray_patient_rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Oblique projection of a rotated patient (see the module docstring)."""
+    h, w = x.shape[-2:]
+    out = []
+    for i in range(x.shape[0]):
+        fwd = forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
+        out.append(warp_homography(x[i], np.linalg.inv(fwd)))
+    return torch.stack(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Under- and over-penetration (tube voltage): contrast and noise together
+
+
+def _kvp_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"kvp_ratio": draw(rng_, level["kvp_ratio"])}
+
+
+def penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], stream: str) -> torch.Tensor:
+    """``v' = m v`` with ``m = kvp_ratio^-KVP_EXPONENT``, plus the extra quantum noise: display
+    noise std ``1 / (MU sqrt(Q I))`` at full dose with ``Q = N0 ratio^2`` after and ``N0``
+    before; the old noise is scaled by ``m`` with the image, the new one is added as the
+    gaussian difference ``sqrt(max(s_new^2 - m^2 s_old^2, 0))``."""
+    ratio = _b(p["kvp_ratio"]).double()
+    m = torch.pow(ratio, -KVP_EXPONENT)
+    v = _wide(x)
+    q_old = FULL_DOSE_QUANTA * (REFERENCE_SIDE / _side(x)) ** 2
+    q_new = q_old * ratio * ratio
+    v_new = v * m
+    var_old = torch.exp(v * MU) / (MU * MU * q_old)
+    var_new = torch.exp(v_new * MU) / (MU * MU * q_new)
+    extra = (var_new - m * m * var_old).clamp_(min=0.0).sqrt_()
+    shape = tuple(x.shape[1:])
+    z = torch.stack([rng.normal_field(k, stream, shape, x.device) for k in keys]).double()
+    return (v_new + extra * z).clamp_(0.0, 1.0).to(x.dtype)
+
+
+@register_kernel("xray_under_penetration", sampler=_kvp_sampler)
+def xray_under_penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Too low a tube voltage (``kvp_ratio`` < 1): more contrast, white mediastinum, more noise
+    behind the dense parts (see ``penetration``)."""
+    return penetration(x, p, keys, "xray_under_penetration/noise")
+
+
+@register_kernel("xray_over_penetration", sampler=_kvp_sampler)
+def xray_over_penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Too high a tube voltage (``kvp_ratio`` > 1): flat, dark, gray film; lower contrast (the
+    op claims it); the noise falls, but in the lungs less than the contrast does, so a little is
+    added there (see ``penetration``)."""
+    return penetration(x, p, keys, "xray_over_penetration/noise")
+
+
+# ---------------------------------------------------------------------------------------------
+# Support devices
+
+
+def _level_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"items": draw_int(rng_, level["items"]), "opacity": draw(rng_, level["opacity"])}
+
+
+def _ecg_electrode(total: np.ndarray, g: np.random.Generator, side: int, cx: float, cy: float, edge: tuple[float, float], opacity: float) -> None:
+    h, w = total.shape
+    r = max(2, _frac_px(0.02, side))
+    canvas = _canvas(h, w)
+    centre = (round(cx * w), round(cy * h))
+    cv2.circle(canvas, centre, r, 255, max(1, _frac_px(0.004, side)), cv2.LINE_AA)
+    _accumulate(total, canvas, 0.10 * opacity)  # foam pad rim with its gel disc
+    canvas = _canvas(h, w)
+    cv2.circle(canvas, centre, max(1, _frac_px(0.006, side)), 255, -1, cv2.LINE_AA)
+    _accumulate(total, canvas, 0.35 * opacity)  # metal snap
+    canvas = _canvas(h, w)
+    mid = (cx + edge[0]) / 2 + g.uniform(-0.06, 0.06), (cy + edge[1]) / 2 + g.uniform(-0.06, 0.06)
+    pts = np.array([[cx * w, cy * h], [mid[0] * w, mid[1] * h], [edge[0] * w, edge[1] * h]])
+    cv2.polylines(canvas, [_curve(pts)], False, 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
+    _accumulate(total, canvas, 0.08 * opacity)  # lead wire (copper in insulation)
+
+
+def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndarray:
+    """Attenuation (display units, float32 H x W) of the first ``items`` devices of this film's
+    keyed set, in clinical order: two ECG electrodes, two more, a right internal jugular
+    central venous catheter, an endotracheal tube, a nasogastric tube, a left pectoral
+    pacemaker with its right-ventricular lead. Positions are jittered per film, the same at
+    every severity."""
+    g = rng.scalar_rng(rng.sub_key(key, "xray_support_devices"))
+    side = min(h, w)
+    total = np.zeros((h, w), dtype=np.float32)
+    j = [g.uniform(-0.03, 0.03, size=2) for _ in range(8)]  # one jitter per item, always drawn
+    electrodes = [
+        ((0.18, 0.12), (0.0, 0.05)),
+        ((0.82, 0.12), (1.0, 0.05)),
+        ((0.15, 0.78), (0.0, 0.95)),
+        ((0.85, 0.8), (1.0, 0.95)),
+    ]
+    for i in range(min(items, 4)):
+        (ex, ey), edge = electrodes[i]
+        _ecg_electrode(total, g, side, ex + j[i][0], ey + j[i][1], edge, opacity)
+    thin = max(1, _frac_px(0.004, side))
+    if items >= 5:  # CVC: right IJ (image left) down the brachiocephalic vein to the SVC
+        canvas = _canvas(h, w)
+        pts = np.array([[0.36, 0.0], [0.38, 0.12], [0.44, 0.22], [0.47 + j[4][0] / 3, 0.32 + j[4][1]]])
+        cv2.polylines(canvas, [_curve(pts * [w, h])], False, 255, thin, cv2.LINE_AA)
+        _accumulate(total, canvas, 0.16 * opacity)
+    if items >= 6:  # ET tube: two walls and a radiopaque stripe, tip above the carina
+        canvas = _canvas(h, w)
+        tip = 0.22 + j[5][1]
+        half = 0.008
+        for dx in (-half, half):
+            cv2.line(canvas, (int((0.5 + dx) * w), 0), (int((0.5 + dx) * w), int(tip * h)), 255, thin, cv2.LINE_AA)
+        _accumulate(total, canvas, 0.06 * opacity)
+        canvas = _canvas(h, w)
+        cv2.line(canvas, (int((0.5 - half) * w), 0), (int((0.5 - half) * w), int(tip * h)), 255, thin, cv2.LINE_AA)
+        _accumulate(total, canvas, 0.14 * opacity)
+    if items >= 7:  # NG tube: midline down the oesophagus, across to the gastric fundus
+        canvas = _canvas(h, w)
+        pts = np.array([[0.5, 0.0], [0.49, 0.3], [0.5, 0.6], [0.56, 0.82], [0.64 + j[6][0], 0.9 + j[6][1] / 2]])
+        cv2.polylines(canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.006, side)), cv2.LINE_AA)
+        _accumulate(total, canvas, 0.16 * opacity)
+    if items >= 8:  # pacemaker: left pectoral generator, lead to the right-ventricular apex
+        canvas = _canvas(h, w)
+        gx, gy = 0.74 + j[7][0], 0.17 + j[7][1]
+        cv2.ellipse(canvas, (int(gx * w), int(gy * h)), (_frac_px(0.05, side), _frac_px(0.035, side)), 15, 0, 360, 255, -1, cv2.LINE_AA)
+        _accumulate(total, canvas, 0.55 * opacity)  # titanium can with battery
+        canvas = _canvas(h, w)
+        pts = np.array([[gx - 0.04, gy], [0.6, 0.16], [0.5, 0.24], [0.47, 0.4], [0.55, 0.55], [0.62, 0.6]])
+        cv2.polylines(canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.005, side)), cv2.LINE_AA)
+        _accumulate(total, canvas, 0.3 * opacity)
+    return total
+
+
+@register_kernel("xray_support_devices", sampler=_level_sampler)
+def xray_support_devices(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Support devices as attenuating objects (see ``devices_map``)."""
+    h, w = x.shape[-2:]
+    maps = [devices_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i])) for i, k in enumerate(keys)]
+    return _add_attenuation(x, maps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Foreign objects on the patient
+
+
+def _button(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> None:
+    h, w = total.shape
+    r = max(2, _frac_px(0.013, side))
+    canvas = _canvas(h, w)
+    cv2.circle(canvas, (cx, cy), r, 255, -1, cv2.LINE_AA)
+    hole = max(1, r // 4)
+    for dx, dy in ((-1, -1), (1, -1), (-1, 1), (1, 1)):
+        cv2.circle(canvas, (cx + dx * r // 3, cy + dy * r // 3), hole, 0, -1, cv2.LINE_AA)
+    _accumulate(total, canvas, 0.2 * opacity)
+
+
+def _hooks(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> None:
+    h, w = total.shape
+    canvas = _canvas(h, w)
+    a, b = max(2, _frac_px(0.012, side)), max(1, _frac_px(0.004, side))
+    for dy in (-2 * b, 2 * b):
+        cv2.rectangle(canvas, (cx - a, cy + dy - b), (cx + a, cy + dy + b), 255, -1, cv2.LINE_AA)
+    _accumulate(total, canvas, 0.5 * opacity)
+
+
+def _necklace(total: np.ndarray, g: np.random.Generator, side: int, opacity: float) -> None:
+    h, w = total.shape
+    canvas = _canvas(h, w)
+    depth = g.uniform(0.16, 0.26)
+    bead = max(1, _frac_px(0.004, side))
+    for t in np.linspace(-1.0, 1.0, 41):
+        x = 0.5 + 0.17 * t
+        y = depth * (1 - t * t) + 0.02
+        cv2.circle(canvas, (int(x * w), int(y * h)), bead, 255, -1, cv2.LINE_AA)
+    cv2.circle(canvas, (int(0.5 * w), int((depth + 0.045) * h)), max(2, _frac_px(0.012, side)), 255, -1, cv2.LINE_AA)
+    _accumulate(total, canvas, 0.6 * opacity)
+
+
+def _hair_clip(total: np.ndarray, side: int, cx: int, cy: int, angle: float, opacity: float) -> None:
+    h, w = total.shape
+    canvas = _canvas(h, w)
+    length, gap = _frac_px(0.07, side), max(2, _frac_px(0.006, side))
+    c, s = math.cos(angle), math.sin(angle)
+    for off in (-gap, gap):
+        p0 = (int(cx - off * s), int(cy + off * c))
+        p1 = (int(cx + length * c - off * s), int(cy + length * s + off * c))
+        cv2.line(canvas, p0, p1, 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
+    cv2.ellipse(canvas, (cx, cy), (gap, gap), math.degrees(angle) + 90, 0, 180, 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
+    _accumulate(total, canvas, 0.7 * opacity)
+
+
+def _earring(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> None:
+    h, w = total.shape
+    canvas = _canvas(h, w)
+    cv2.circle(canvas, (cx, cy), max(2, _frac_px(0.01, side)), 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
+    _accumulate(total, canvas, 0.7 * opacity)
+
+
+def objects_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndarray:
+    """Attenuation (display units, float32 H x W) of this film's first ``items`` foreign
+    objects, in a keyed order drawn from: a button line of a shirt or gown (each button one
+    item), bra hooks, a necklace with a pendant, hair clips, an earring. The same objects in the
+    same places at every severity."""
+    g = rng.scalar_rng(rng.sub_key(key, "xray_foreign_objects"))
+    side = min(h, w)
+    total = np.zeros((h, w), dtype=np.float32)
+    column = g.uniform(0.44, 0.56)
+    kinds = ["button", "necklace", "button", "hooks", "clip", "button", "earring", "button"]
+    order = [0, *(1 + g.permutation(len(kinds) - 1))]  # a button first, then a keyed order
+    jitter = g.uniform(-0.02, 0.02, size=(len(kinds), 2))
+    buttons = 0
+    for n, idx in enumerate(order[:items]):
+        kind = kinds[idx]
+        jx, jy = jitter[n]
+        if kind == "button":
+            _button(total, side, int((column + jx / 3) * w), int((0.3 + 0.14 * buttons) * h), opacity)
+            buttons += 1
+        elif kind == "hooks":
+            _hooks(total, side, int((0.5 + jx) * w), int((0.62 + jy) * h), opacity)
+        elif kind == "necklace":
+            _necklace(total, g, side, opacity)
+        elif kind == "clip":
+            _hair_clip(total, side, int((0.25 + jx) * w), int((0.03 + abs(jy)) * h), 0.3 + jx * 10, opacity)
+        else:
+            _earring(total, side, int((0.2 + jx) * w), int((0.1 + jy) * h), opacity)
+    return total
+
+
+@register_kernel("xray_foreign_objects", sampler=_level_sampler)
+def xray_foreign_objects(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Radiopaque objects on the patient (see ``objects_map``)."""
+    h, w = x.shape[-2:]
+    maps = [objects_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i])) for i, k in enumerate(keys)]
+    return _add_attenuation(x, maps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Detector defects
+
+
+def _defects_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "dead_fraction": draw(rng_, level["dead_fraction"]),
+        "lines": draw_int(rng_, level["lines"]),
+        "seam_gain": draw(rng_, level["seam_gain"]) * draw_sign(rng_),
+    }
+
+
+def defect_lines(key: int, h: int, w: int, n: int) -> list[tuple[bool, int, bool]]:
+    """The film's first ``n`` dead lines: (is a column, index, dead rather than half gain)."""
+    g = rng.scalar_rng(rng.sub_key(key, "xray_detector_defects/lines"))
+    out = []
+    for _ in range(8):
+        column = bool(g.random() < 0.6)
+        index = int(g.integers(0, w if column else h))
+        out.append((column, index, bool(g.random() < 0.5)))
+    return out[:n]
+
+
+@register_kernel("xray_detector_defects", sampler=_defects_sampler)
+def xray_detector_defects(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Uncorrected flat-panel defects. The panel is two tiles side by side with a seam at the
+    centre column: the right tile's gain is ``1 + seam_gain`` (a display step of
+    ``-ln(1 + g) / MU``) and the seam column has no signal. Dead lines: a row or column with no
+    signal (white) or half gain. Dead pixels: a keyed ``dead_fraction`` of pixels, half without
+    signal (white), half saturated (hot, black)."""
+    h, w = x.shape[-2:]
+    out = []
+    for i, k in enumerate(keys):
+        v = _wide(x[i])
+        seam = w // 2
+        step = math.log1p(float(p["seam_gain"][i])) / MU
+        v = torch.cat([v[..., :seam], v[..., seam:] - step], dim=-1)
+        v[..., seam] = 1.0
+        for column, index, dead in defect_lines(int(k), h, w, round(float(p["lines"][i]))):
+            line = v[..., index] if column else v[..., index, :]
+            line.copy_(torch.ones_like(line) if dead else line + math.log(2.0) / MU)
+        u = rng.uniform_field(int(k), "xray_detector_defects/pixels", tuple(x.shape[1:]), x.device).double()
+        frac = float(p["dead_fraction"][i])
+        v = torch.where(u < frac / 2, torch.ones_like(v), v)
+        v = torch.where((u >= frac / 2) & (u < frac), torch.zeros_like(v), v)
+        out.append(v.clamp_(0.0, 1.0).to(x.dtype))
+    return torch.stack(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grid cut-off
+
+
+def _cutoff_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "loss": draw(rng_, level["loss"]),
+        "centre": draw(rng_, level["centre"]) * draw_sign(rng_),
+        "decentred": float(rng_.random() < 0.35),
+    }
+
+
+def cutoff_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Transmitted fraction (B,1,1,W float64) of a misused focused grid with vertical lead
+    strips, ``u`` the lateral position in [-1, 1]: off focus / upside down
+    ``1 - loss |u - centre|`` (both sides), decentred ``1 - loss (u - centre + 1) / 2``
+    (one side); at least 0.05."""
+    _, xs = _coords(x)
+    u = xs / (x.shape[-1] / 2.0)
+    c = _b(p["centre"]).double()
+    both = (u - c).abs()
+    one = ((u - c) + 1.0) / 2.0
+    dec = _b(p["decentred"]).double()
+    shape = both * (1.0 - dec) + one * dec
+    return (1.0 - _b(p["loss"]).double() * shape).clamp_(min=0.05)
+
+
+@register_kernel("xray_grid_cutoff", sampler=_cutoff_sampler)
+def xray_grid_cutoff(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Grid cut-off: lateral density fall-off on the fluence (see ``cutoff_gain``)."""
+    return scale_linear(x, cutoff_gain(x, p))
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge enhancement (unsharp mask)
+
+
+def _unsharp_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"amount": draw(rng_, level["amount"]), "sigma": draw(rng_, level["sigma"])}
+
+
+def box_gaussian(v: torch.Tensor, sigma_px: float) -> torch.Tensor:
+    """Three box passes per axis (a gaussian of ``sigma_px`` to within half a pixel), reflected
+    borders, float64 cumulative sums (exact summation order on every device)."""
+    r = box_radius(sigma_px, min(v.shape[-2], v.shape[-1]))
+    g = v
+    for _ in range(3):
+        g = _box_torch(_box_torch(g, r, -1), r, -2)
+    return g
+
+
+@register_kernel("xray_edge_enhancement", sampler=_unsharp_sampler)
+def xray_edge_enhancement(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Unsharp masking of the display image, ``v + amount (v - G_sigma * v)`` (``sigma`` a
+    fraction of the shorter side): overshoot on the bright side of every edge, undershoot on
+    the dark side (the rebound halo around the heart, diaphragm and devices)."""
+    side = _side(x)
+    out = []
+    for i in range(x.shape[0]):
+        v = _wide(x[i : i + 1])
+        low = box_gaussian(v, float(p["sigma"][i]) * side)
+        out.append((v + float(p["amount"][i]) * (v - low)).clamp_(0.0, 1.0).to(x.dtype))
+    return torch.cat(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Double exposure
+
+
+def _double_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    angle = float(rng_.random()) * 2.0 * math.pi
+    return {"weight": draw(rng_, level["weight"]), "shift": draw(rng_, level["shift"]), "angle": angle}
+
+
+def shifted_clamped(v: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
+    """``v(x - dx, y - dy)`` with edge replication (the second exposure of the same field)."""
+    h, w = v.shape[-2:]
+    cols = (torch.arange(w, device=v.device) - dx).clamp_(0, w - 1)
+    rows = (torch.arange(h, device=v.device) - dy).clamp_(0, h - 1)
+    return v.index_select(-1, cols).index_select(-2, rows)
+
+
+@register_kernel("xray_double_exposure", sampler=_double_sampler)
+def xray_double_exposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """The plate integrates two exposures, the second ``weight`` as strong and shifted by
+    ``shift`` (fraction of the shorter side) along ``angle``; the processing renormalises the
+    sum: ``I' = (I + w I(x - d)) / (1 + w)``."""
+    side = _side(x)
+    out = []
+    for i in range(x.shape[0]):
+        lin = to_linear(x[i])
+        d = float(p["shift"][i]) * side
+        a = float(p["angle"][i])
+        second = shifted_clamped(lin, round(d * math.cos(a)), round(d * math.sin(a)))
+        wgt = float(p["weight"][i])
+        out.append(to_display((lin + wgt * second) / (1.0 + wgt), x))
+    return torch.stack(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cardiac and diaphragmatic motion
+
+
+def motion_masks(h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights (1,1,H,W float64) of the moving regions of a centred PA chest film: the left
+    heart border (image right of the midline, a gaussian blob at (0.64 w, 0.55 h), sigmas 0.1 w
+    and 0.14 h) and the diaphragm domes (a band at 0.72 h, sigma 0.05 h, across 0.15-0.85 w
+    with gaussian shoulders)."""
+    ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5).view(1, 1, h, 1) / h
+    xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5).view(1, 1, 1, w) / w
+    heart = torch.exp(-0.5 * (((xs - 0.64) / 0.1) ** 2 + ((ys - 0.55) / 0.14) ** 2))
+    across = torch.exp(-0.5 * ((xs - 0.5).abs().sub(0.35).clamp(min=0.0) / 0.04) ** 2)
+    domes = torch.exp(-0.5 * ((ys - 0.72) / 0.05) ** 2) * across
+    return heart, domes
+
+
+def _cardiac_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"length": draw(rng_, level["length"])}
+
+
+@register_kernel("xray_cardiac_motion", sampler=_cardiac_sampler)
+def xray_cardiac_motion(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """``I + M_heart (B_x * I - I) + M_domes (B_y * I - I)`` with box PSFs of ``length``
+    (fraction of the shorter side) along x (heart) and y (diaphragm), see ``motion_masks``."""
+    h, w = x.shape[-2:]
+    side = _side(x)
+    heart, domes = motion_masks(h, w, x.device)
+    out = []
+    for i in range(x.shape[0]):
+        lin = to_linear(x[i : i + 1])
+        r = max(1, round(float(p["length"][i]) * side / 2.0))
+        along_x = _box_torch(lin, min(r, w - 1), -1)
+        along_y = _box_torch(lin, min(r, h - 1), -2)
+        out.append(to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x))
+    return torch.cat(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Skin fold
+
+
+def _fold_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "density": draw(rng_, level["density"]),
+        "position": draw(rng_, level["position"]),
+        "curvature": draw(rng_, level["curvature"]),
+        "right_side": float(rng_.random() < 0.5),
+    }
+
+
+def fold_attenuation(h: int, w: int, p: dict[str, torch.Tensor], i: int, device: torch.device) -> torch.Tensor:
+    """Display-unit attenuation (1,1,H,W float64) of one sample's skin fold. The edge runs down
+    the lateral lung at ``position`` (fraction of the width from the film's side) bowing
+    outwards by ``curvature`` at mid-height; on its lateral side the added density is
+    ``density exp(-d / (0.04 side))`` at distance ``d`` from the edge (one-pixel anti-aliased
+    edge), tapered to zero at 15 % and 85 % of the height."""
+    side = min(h, w)
+    ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5).view(1, 1, h, 1)
+    xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5).view(1, 1, 1, w)
+    t = ys / h
+    edge = (float(p["position"][i]) + float(p["curvature"][i]) * (1.0 - ((t - 0.5) / 0.35) ** 2)) * w
+    right = float(p["right_side"][i]) > 0.5
+    d = (xs - (w - edge)) if right else (edge - xs)  # distance beyond the edge, towards the side
+    inside = (d + 0.5).clamp(0.0, 1.0)
+    taper = torch.sin(((t - 0.15) / 0.7).clamp(0.0, 1.0) * math.pi).clamp(min=0.0)
+    return float(p["density"][i]) * inside * torch.exp(-d.clamp(min=0.0) / (0.04 * side)) * taper
+
+
+@register_kernel("xray_skin_fold", sampler=_fold_sampler)
+def xray_skin_fold(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """A skin fold as added attenuation with a sharp edge (see ``fold_attenuation``)."""
+    h, w = x.shape[-2:]
+    out = [(_wide(x[i : i + 1]) + fold_attenuation(h, w, p, i, x.device)).clamp_(0.0, 1.0).to(x.dtype) for i in range(x.shape[0])]
+    return torch.cat(out)

@@ -1,0 +1,93 @@
+"""Scene model of an endoscopy frame: field of view, on-screen overlays, highlights.
+
+    s = perturb.scene(image)          # HWC NumPy or CHW tensor; computed once per image
+    s.field        # float32 (H, W) alpha of the field of view (smooth, anti-aliased edge)
+    s.overlay      # bool (H, W): text, icons, scope-position box, picture-in-picture, black boxes
+    s.highlight    # bool (H, W): specular highlights inside the field
+    s.tissue       # float32 (H, W): field minus overlays, where tissue-layer ops show
+    s.bbox         # (x0, y0, x1, y1) of the field
+    s.descriptor   # compact JSON-able dict; Scene.from_descriptor rebuilds the masks exactly
+
+The engine stores the descriptor in each record of a tissue-layer op (``record.extra["scene"]``)
+so replay rebuilds the same masks without re-analysing the (possibly already perturbed) input.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from perturb.scene import masks
+from perturb.scene.analysis import SCENE_VERSION, analyse, highlight_mask, to_hwc_u8
+
+__all__ = ["SCENE_VERSION", "Scene", "analyse", "scene"]
+
+
+@dataclass(frozen=True)
+class Scene:
+    """The scene of one image; masks are rebuilt from ``descriptor`` (cached)."""
+
+    descriptor: dict[str, Any]
+    highlight_: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_descriptor(cls, descriptor: dict[str, Any]) -> Scene:
+        if not isinstance(descriptor, dict) or descriptor.get("version") != SCENE_VERSION:
+            raise ValueError(
+                f"scene descriptor of version {descriptor.get('version') if isinstance(descriptor, dict) else None}"
+                f" cannot be read by scene version {SCENE_VERSION}; use the perturb version named in the record"
+            )
+        return cls(descriptor)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        h, w = self.descriptor["size"]
+        return int(h), int(w)
+
+    @property
+    def field(self) -> np.ndarray:
+        return masks.field_alpha(self.descriptor)
+
+    @property
+    def overlay(self) -> np.ndarray:
+        return masks.overlay_mask(self.descriptor)
+
+    @property
+    def tissue(self) -> np.ndarray:
+        return masks.tissue_alpha(self.descriptor)
+
+    @property
+    def highlight(self) -> np.ndarray:
+        if self.highlight_ is None:
+            raise ValueError("highlight mask is only known for a scene computed from its image (perturb.scene(image))")
+        return self.highlight_
+
+    @property
+    def bbox(self) -> tuple[int, int, int, int]:
+        return masks.bbox(self.descriptor)
+
+    @property
+    def overlays(self) -> list[tuple[int, int, int, int, str]]:
+        return [(int(a), int(b), int(c), int(d), str(k)) for a, b, c, d, k in self.descriptor["overlays"]]
+
+
+def scene(image: Any) -> Scene:
+    """The scene of one image (HW/HWC NumPy uint8/uint16/float in [0, 1], or a CHW torch tensor).
+    A pure function of the pixels."""
+    rgb = to_hwc_u8(image)
+    desc = analyse(rgb)
+    return Scene(desc, highlight_mask(rgb, masks.field_alpha(desc)))
+
+
+class _CallableModule(types.ModuleType):
+    """``perturb.scene`` is this package and also callable: ``perturb.scene(image)``."""
+
+    def __call__(self, image: Any) -> Scene:
+        return scene(image)
+
+
+sys.modules[__name__].__class__ = _CallableModule

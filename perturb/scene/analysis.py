@@ -1,0 +1,253 @@
+"""Per-image scene analysis of an endoscopy frame: the three layers of the imaging chain.
+
+A video endoscope's frame is composed by its processor in three layers: the tissue as the optics
+and sensor saw it, cut to the field of view (a circular or octagonal aperture with a soft edge);
+the dark surround; and on-screen overlays drawn digitally afterwards (burned-in text and icons,
+the green scope-position box, picture-in-picture insets) plus black anonymisation boxes added by
+the data curators. ``analyse`` recovers them once per image on a downscaled copy (OpenCV, CPU):
+
+1. surround: dark pixels (max channel below ``DARK_LEVEL``, median-filtered) connected to the
+   image edge;
+2. overlays: saturated flat green/blue rectangles (scope-position box), bright components outside
+   the largest one (text, icons, picture-in-picture), black flat rectangles cut into the field
+   (anonymisation boxes);
+3. field: the largest remaining bright component, closed over glyphs, and its convex hull (the
+   aperture is convex, so a dark lumen touching the edge or a black box cutting it stays tissue).
+
+The result is a compact JSON descriptor (polygon on the analysis grid, overlay rectangles in
+image pixels); ``perturb.scene.masks`` rebuilds the masks from it deterministically, so a record
+that stores the descriptor replays bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cv2
+import numpy as np
+
+SCENE_VERSION = 1
+GRID_SHORT = 360  # analysis grid: shorter side in pixels
+DARK_LEVEL = 24  # max channel (8-bit) below which a pixel may belong to the surround
+BLACK_LEVEL = 8
+OVERLAY_LEVEL = 60  # text, icons and insets outside the field are at least this bright  # anonymisation boxes are drawn in pure black
+MIN_FIELD_FRACTION = 0.05  # below this the image is treated as having no dark surround
+HIGHLIGHT_LEVEL = 0.92  # min channel above this inside the field: specular highlight
+
+
+def to_hwc_u8(image: Any) -> np.ndarray:
+    """An image as HWC uint8 RGB (gray repeated): NumPy HW/HWC (uint8, uint16, float in [0, 1]) or
+    a torch CHW tensor (float32 in [0, 1], uint8 or uint16)."""
+    arr: np.ndarray
+    if hasattr(image, "detach"):  # torch tensor, CHW
+        t = image.detach()
+        if t.ndim != 3:
+            raise ValueError(f"scene() takes one image (C, H, W), got shape {tuple(t.shape)}")
+        arr = t.cpu().permute(1, 2, 0).numpy()
+    else:
+        arr = np.asarray(image)
+    if arr.ndim == 2:
+        arr = arr[..., None]
+    if arr.ndim != 3 or arr.shape[-1] not in (1, 3):
+        raise ValueError(f"scene() takes an (H, W), (H, W, 1|3) or (1|3, H, W) image, got shape {arr.shape}")
+    if arr.dtype == np.uint16:
+        arr = (arr >> 8).astype(np.uint8)
+    elif arr.dtype != np.uint8:
+        arr = np.clip(np.rint(arr.astype(np.float32) * 255.0), 0, 255).astype(np.uint8)
+    if arr.shape[-1] == 1:
+        arr = np.repeat(arr, 3, axis=2)
+    return np.ascontiguousarray(arr)
+
+
+def grid_size(h: int, w: int) -> tuple[int, int]:
+    """(gh, gw) of the analysis grid: shorter side ``GRID_SHORT`` (never upsampled)."""
+    scale = min(1.0, GRID_SHORT / min(h, w))
+    return max(2, round(h * scale)), max(2, round(w * scale))
+
+
+def _components(mask: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    return n, labels, stats
+
+
+def _edge_connected(mask: np.ndarray) -> np.ndarray:
+    """Pixels of ``mask`` connected to the image edge."""
+    n, labels, _ = _components(mask)
+    edge = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
+    keep = np.zeros(n, dtype=bool)
+    keep[edge] = True
+    keep[0] = False
+    return keep[labels] & mask.astype(bool)
+
+
+def _rect(stats_row: np.ndarray) -> tuple[int, int, int, int]:
+    x, y, w, h = (int(v) for v in stats_row[:4])
+    return x, y, x + w, y + h
+
+
+def _scope_boxes(small: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Saturated, flat, green-to-blue rectangles (scope-position / shape display boxes) on the grid."""
+    hsv = cv2.cvtColor(small, cv2.COLOR_RGB2HSV)
+    hue, sat, val = hsv[..., 0], hsv[..., 1], hsv[..., 2]
+    colour = (hue >= 38) & (hue <= 135) & (sat >= 100) & (val >= 70)
+    grad = cv2.morphologyEx(cv2.cvtColor(small, cv2.COLOR_RGB2GRAY), cv2.MORPH_GRADIENT, np.ones((3, 3), np.uint8))
+    flat = grad <= 24
+    cand = cv2.morphologyEx((colour & flat).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+    cand = cv2.morphologyEx(cand, cv2.MORPH_CLOSE, np.ones((5, 5), np.uint8))
+    n, _, stats = _components(cand)
+    area_min = 0.002 * small.shape[0] * small.shape[1]
+    boxes = []
+    for i in range(1, n):
+        x0, y0, x1, y1 = _rect(stats[i])
+        area = int(stats[i, cv2.CC_STAT_AREA])
+        if area >= area_min and area >= 0.8 * (x1 - x0) * (y1 - y0) and min(x1 - x0, y1 - y0) >= 6:
+            boxes.append((x0, y0, x1, y1))
+    return boxes
+
+
+def _black_boxes(v: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Pure-black axis-aligned rectangles that cut into the field's hull (anonymisation boxes):
+    black regions inside the hull that fill their bounding box (as far as it lies in the hull)."""
+    black = ((v <= BLACK_LEVEL) & hull.astype(bool)).astype(np.uint8)
+    black = cv2.morphologyEx(black, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+    n, _, stats = _components(black)
+    area_min = 0.001 * v.shape[0] * v.shape[1]
+    boxes = []
+    for i in range(1, n):
+        x0, y0, x1, y1 = _rect(stats[i])
+        area = int(stats[i, cv2.CC_STAT_AREA])
+        w, h = x1 - x0, y1 - y0
+        inside = int(hull[y0:y1, x0:x1].sum())  # the box as far as the hull shows it
+        if area >= area_min and area >= 0.92 * inside and min(w, h) >= 4:
+            boxes.append((x0, y0, x1, y1))
+    return boxes
+
+
+def _text_lines(small: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Burned-in text over the tissue or the surround: rows of thin bright strokes (white
+    top-hat), merged along the row, that stand in a left-aligned block of at least two lines
+    (patient data, time, scope settings). Specular streaks rarely stack left-aligned."""
+    gray = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
+    short = min(gray.shape)
+    k = max(3, round(0.02 * short)) | 1
+    tophat = cv2.morphologyEx(gray, cv2.MORPH_TOPHAT, cv2.getStructuringElement(cv2.MORPH_RECT, (k, k)))
+    strokes = ((tophat > 50) & (gray > 150)).astype(np.uint8)
+    joiner = cv2.getStructuringElement(cv2.MORPH_RECT, (max(3, round(0.03 * short)), 1))
+    rows = cv2.morphologyEx(strokes, cv2.MORPH_CLOSE, joiner)
+    n, _, stats = _components(rows)
+    lines = []
+    for i in range(1, n):
+        x, y, w, h, area = (int(v) for v in stats[i])
+        if 0.01 * short <= h <= 0.05 * short and w >= 3 * h and w >= 0.05 * short and area >= 0.25 * w * h:
+            lines.append((x, y, x + w, y + h))
+    return [
+        a
+        for a in lines
+        if any(b is not a and abs(b[0] - a[0]) <= 0.02 * short and abs(b[1] - a[1]) <= 4 * max(a[3] - a[1], b[3] - b[1]) for b in lines)
+    ]
+
+
+def analyse(image: Any) -> dict[str, Any]:
+    """The scene descriptor of one image (see the module docstring); JSON-able, deterministic."""
+    rgb = to_hwc_u8(image)
+    h, w = rgb.shape[:2]
+    gh, gw = grid_size(h, w)
+    small = cv2.resize(rgb, (gw, gh), interpolation=cv2.INTER_AREA) if (gh, gw) != (h, w) else rgb
+    sx, sy = w / gw, h / gh
+    v = cv2.medianBlur(cv2.max(cv2.max(small[..., 0], small[..., 1]), small[..., 2]), 3)
+    dark = v < DARK_LEVEL
+    surround = _edge_connected(dark)
+    overlays: list[list[Any]] = []
+
+    def to_image(box: tuple[int, int, int, int], kind: str, pad: int = 1) -> None:
+        x0, y0, x1, y1 = box
+        overlays.append(
+            [
+                max(0, int(np.floor((x0 - pad) * sx))),
+                max(0, int(np.floor((y0 - pad) * sy))),
+                min(w, int(np.ceil((x1 + pad) * sx))),
+                min(h, int(np.ceil((y1 + pad) * sy))),
+                kind,
+            ]
+        )
+
+    scope = _scope_boxes(small)
+    bright = (~surround).astype(np.uint8)
+    for x0, y0, x1, y1 in scope:
+        to_image((x0, y0, x1, y1), "scope_box")
+        bright[max(0, y0 - 1) : y1 + 1, max(0, x0 - 1) : x1 + 1] = 0
+    # thin bright structures (glyph strokes, icon outlines) touching the field are cut off by an
+    # opening, then the largest component is the field
+    stroke = max(2, round(0.012 * min(gh, gw)))
+    opener = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * stroke + 1, 2 * stroke + 1))
+    core = cv2.morphologyEx(bright, cv2.MORPH_OPEN, opener)
+    n, labels, stats = _components(core)
+    if n <= 1:
+        return _full_frame(h, w, gh, gw, overlays)
+    areas = stats[1:, cv2.CC_STAT_AREA]
+    main = 1 + int(np.argmax(areas))
+    if areas[main - 1] < MIN_FIELD_FRACTION * gh * gw:
+        return _full_frame(h, w, gh, gw, overlays)
+    field = (labels == main).astype(np.uint8)
+    radius = max(1, round(0.01 * min(gh, gw)))
+    kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * radius + 1, 2 * radius + 1))
+    field = cv2.morphologyEx(field, cv2.MORPH_CLOSE, kernel)
+    contours, _ = cv2.findContours(field, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    hull = cv2.convexHull(np.concatenate(contours))
+    poly = cv2.approxPolyDP(hull, 0.5, True).reshape(-1, 2)
+    hull_mask = np.zeros((gh, gw), np.uint8)
+    cv2.fillPoly(hull_mask, [poly.astype(np.int32)], 1)
+    for box in _black_boxes(v, hull_mask):
+        to_image(box, "black_box")
+    for line in _text_lines(small):
+        to_image(line, "text")
+    # bright things outside the field's hull (and off its soft edge): text, icons, insets
+    near = cv2.dilate(hull_mask, np.ones((5, 5), np.uint8))
+    outside = ((v >= OVERLAY_LEVEL) & (near == 0)).astype(np.uint8)
+    n_out, _, stats_out = _components(outside)
+    for i in range(1, n_out):
+        if stats_out[i, cv2.CC_STAT_AREA] < 2:
+            continue
+        x0, y0, x1, y1 = _rect(stats_out[i])
+        if hull_mask[y0:y1, x0:x1].mean() > 0.2:  # a rectangle reaching into the field: leave it
+            continue
+        big = (x1 - x0) * (y1 - y0) * sx * sy > 0.004 * h * w
+        to_image((x0, y0, x1, y1), "inset" if big else "glyph")
+    kept = overlays
+    fx, fy, fw, fh = cv2.boundingRect(poly.astype(np.int32))
+    bbox = [
+        max(0, int(np.floor((fx - 2) * sx))),
+        max(0, int(np.floor((fy - 2) * sy))),
+        min(w, int(np.ceil((fx + fw + 2) * sx))),
+        min(h, int(np.ceil((fy + fh + 2) * sy))),
+    ]
+    return {
+        "version": SCENE_VERSION,
+        "size": [h, w],
+        "grid": [gh, gw],
+        "field": [[int(x), int(y)] for x, y in poly],
+        "bbox": bbox,
+        "overlays": kept,
+    }
+
+
+def _full_frame(h: int, w: int, gh: int, gw: int, overlays: list[list[Any]]) -> dict[str, Any]:
+    """Descriptor of a frame without a detectable dark surround: the field is the whole image."""
+    return {
+        "version": SCENE_VERSION,
+        "size": [h, w],
+        "grid": [gh, gw],
+        "field": [[0, 0], [gw - 1, 0], [gw - 1, gh - 1], [0, gh - 1]],
+        "full": True,
+        "bbox": [0, 0, w, h],
+        "overlays": overlays,
+    }
+
+
+def highlight_mask(rgb: np.ndarray, field: np.ndarray) -> np.ndarray:
+    """Bool (H, W): specular highlights (near-white, every channel above ``HIGHLIGHT_LEVEL``)
+    inside the field."""
+    low = cv2.min(cv2.min(rgb[..., 0], rgb[..., 1]), rgb[..., 2])
+    white = np.greater_equal(low, round(HIGHLIGHT_LEVEL * 255))
+    white &= field > 0.5
+    return white

@@ -1,0 +1,361 @@
+"""The radiographic X-ray ops (perturb/ops/xray_radiographic.py) against the physics they claim,
+recomputed here with NumPy/SciPy from the recorded parameters (display model I = exp(-4 v)),
+and the contrast of every X-ray op on real films."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import scipy.ndimage
+import torch
+
+import perturb
+from perturb.annotations import transform_boxes
+from perturb.catalog.registry import all_ops
+from perturb.engine import Record
+from tests.helpers import XRAY, sample_tensor
+from tests.xray.test_xray_ops import _disp, _lin, _np, _real, _with_params
+
+MU = 4.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Patient rotation
+
+
+def _project_rotated(x_px: float, y_px: float, degrees: float, pivot: float, w: int, h: int) -> tuple[float, float]:
+    """Ray-trace one clean film point: back onto the mid-coronal plane (12 cm above the
+    detector, source at 180 cm), rotate the plane about the vertical axis through the spine
+    (5 cm up, ``pivot`` of the width off centre), project again. Written out in 3-D."""
+    cm = 35.0 / min(w, h)
+    sid, z0, zs = 180.0, 12.0, 5.0
+    xs, ys = (x_px - w / 2) * cm, (y_px - h / 2) * cm  # on the detector
+    point = np.array([xs * (sid - z0) / sid, ys * (sid - z0) / sid, z0])  # on the plane
+    axis = np.array([pivot * w * cm, 0.0, zs])
+    t = math.radians(degrees)
+    rot = np.array([[math.cos(t), 0, -math.sin(t)], [0, 1, 0], [math.sin(t), 0, math.cos(t)]])
+    p = axis + rot @ (point - axis)
+    scale = sid / (sid - p[2])
+    return p[0] * scale / cm + w / 2, p[1] * scale / cm + h / 2
+
+
+def test_patient_rotation_is_the_projection_of_the_rotated_coronal_plane() -> None:
+    """A bright dot lands where the 3-D ray trace puts it, and a box around it moves with it
+    (``perturb.annotations``)."""
+    h, w = 200, 240
+    x = torch.zeros(1, 1, h, w)
+    dot = (70.0, 120.0)
+    cv2.circle(x[0, 0].numpy(), (70, 120), 3, 1.0, -1)
+    for degrees in (-12.0, 8.0):
+        out, rec = _with_params(x, "xray_patient_rotation", 4, {"degrees": degrees, "pivot": 0.02})
+        o = _np(out)
+        ys, xs = np.nonzero(o > 0.3)
+        weights = o[ys, xs]
+        centroid = ((xs + 0.5) * weights).sum() / weights.sum(), ((ys + 0.5) * weights).sum() / weights.sum()
+        expected = _project_rotated(dot[0] + 0.5, dot[1] + 0.5, float(np.float32(degrees)), float(np.float32(0.02)), w, h)
+        assert abs(centroid[0] - expected[0]) < 0.6 and abs(centroid[1] - expected[1]) < 0.6
+        box = transform_boxes([[dot[0] - 3.5, dot[1] - 3.5, dot[0] + 4.5, dot[1] + 4.5]], rec, (w, h))[0].box
+        assert box[0] < centroid[0] < box[2] and box[1] < centroid[1] < box[3]
+        # the side turned away from the source is foreshortened: the film narrows by ~cos
+        corners = [_project_rotated(px, h / 2, degrees, 0.02, w, h)[0] for px in (0.0, w)]
+        assert (corners[1] - corners[0]) / w < 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Penetration (kVp)
+
+
+@pytest.mark.parametrize("op,ratio", [("xray_under_penetration", 0.8), ("xray_over_penetration", 1.45)])
+def test_penetration_scales_the_attenuation_and_adds_the_missing_noise(op: str, ratio: float) -> None:
+    """Flat fields: mean ``m v`` with ``m = ratio^-1.2``; the added noise variance is
+    ``e^(4 m v) / (16 Q r^2) - m^2 e^(4 v) / (16 Q)`` (zero where negative), Q = N0 (1024/side)^2."""
+    side = 128
+    r = float(np.float32(ratio))
+    m = r**-1.2
+    q = 10000.0 * (1024.0 / side) ** 2
+    for v in (0.1, 0.5, 0.7):
+        x = torch.full((1, 1, side, side), v)
+        out, _ = _with_params(x, op, 3, {"kvp_ratio": ratio}, key=f"flat{v}")
+        o = _np(out)
+        var = math.exp(MU * m * v) / (MU * MU * q * r * r) - m * m * math.exp(MU * v) / (MU * MU * q)
+        assert abs(o.mean() - m * v) < 2e-4
+        if var > 0:
+            assert abs(o.var() / var - 1) < 0.08
+        else:
+            assert o.std() < 1e-6
+    # under-penetration raises the contrast, over-penetration lowers it (the op claims it)
+    film = _real(192)
+    out, _ = _with_params(film, op, 3, {"kvp_ratio": ratio})
+    assert (_np(out).std() > _np(film).std()) == (ratio < 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Support devices and foreign objects
+
+
+@pytest.mark.parametrize("op", ["xray_support_devices", "xray_foreign_objects"])
+def test_attenuating_objects_add_to_the_display_value_and_accumulate_with_severity(op: str) -> None:
+    """Beer-Lambert: an object multiplies the fluence, so it adds to ``v`` (``out - v`` is the
+    same map on a dark and a mid-gray film where nothing clips), and each severity's objects are
+    a superset of the previous one's."""
+    maps = []
+    for severity in range(1, 6):
+        dark, _ = perturb.apply(torch.full((1, 1, 160, 200), 0.1), op, severity, ["film"])
+        mid, _ = perturb.apply(torch.full((1, 1, 160, 200), 0.3), op, severity, ["film"])
+        added = _np(dark) - 0.1
+        unclipped = _np(mid) < 1.0
+        assert np.abs((_np(mid) - 0.3)[unclipped] - added[unclipped]).max() < 1e-6
+        assert added.min() > -1e-6
+        maps.append(added)
+    for a, b in itertools.pairwise(maps):
+        assert np.all(b >= a - 1e-6) and b.sum() > a.sum()
+
+
+def test_support_devices_sit_where_clinical_devices_go() -> None:
+    """ECG electrodes first (periphery), the endotracheal tube in the upper midline from
+    severity 4, the pacemaker generator (the densest object) in the upper image-right
+    (patient-left) quadrant at severity 5 only."""
+    h, w = 400, 400
+    base = torch.full((1, 1, h, w), 0.2)
+    outs = [_np(perturb.apply(base, "xray_support_devices", s, ["film"])[0]) - 0.2 for s in range(1, 6)]
+    centre_strip = (slice(0, int(0.15 * h)), slice(int(0.46 * w), int(0.54 * w)))
+    assert outs[2][centre_strip].max() < 0.01 < outs[3][centre_strip].max()
+    pacer = outs[4] - outs[3]
+    ys, xs = np.nonzero(pacer > 0.3)
+    assert len(ys) > 0 and ys.max() < 0.35 * h and xs.min() > 0.55 * w
+    assert (outs[3] > 0.3).sum() < 0.2 * len(ys)
+
+
+# ---------------------------------------------------------------------------------------------
+# Detector defects
+
+
+def test_detector_defects_dead_pixels_lines_and_tile_seam() -> None:
+    """On a flat field: the dead/hot pixel count is binomial(dead_fraction); the seam column is
+    white and the right tile is shifted by -ln(1 + g) / 4; each dead line is white or shifted by
+    ln 2 / 4 (half gain)."""
+    h, w = 300, 320
+    x = torch.full((1, 1, h, w), 0.5)
+    params = {"dead_fraction": 0.004, "lines": 0.0, "seam_gain": 0.1}
+    out, _ = _with_params(x, "xray_detector_defects", 5, params)
+    o = _np(out)
+    g = float(np.float32(0.1))
+    left, right = o[:, : w // 2], o[:, w // 2 + 1 :]
+    step = math.log1p(g) / MU
+    seam = o[:, w // 2]
+    assert np.all((seam == 1.0) | (seam == 0.0)) and (seam == 1.0).mean() > 0.95  # hot pixels may sit on it
+    stuck = (o == 0.0) | (o == 1.0)
+    stuck[:, w // 2] = False
+    n = stuck.size - h
+    expected = float(np.float32(0.004)) * n
+    assert abs(stuck.sum() - expected) < 4 * math.sqrt(expected)
+    assert np.median(left) == pytest.approx(0.5, abs=1e-6)
+    assert np.median(right) == pytest.approx(0.5 - step, abs=1e-6)
+    base = _np(_with_params(x, "xray_detector_defects", 5, {**params, "dead_fraction": 0.0})[0])
+    lined = _np(_with_params(x, "xray_detector_defects", 5, {**params, "lines": 4.0, "dead_fraction": 0.0})[0])
+    changed = np.abs(lined - base) > 1e-6
+    rows = np.nonzero(changed.mean(axis=1) > 0.9)[0]
+    cols = np.nonzero(changed.mean(axis=0) > 0.9)[0]
+    assert 1 <= len(rows) + len(cols) <= 4
+    lines = np.zeros_like(changed)
+    lines[rows, :] = True
+    lines[:, cols] = True
+    assert not (changed & ~lines).any()  # nothing changes off the dead lines
+    for r in rows:  # a dead line is white; a half-gain line is shifted by ln 2 / 4
+        d = (lined - base)[r, changed[r]]
+        assert np.all(lined[r, changed[r]] == 1.0) or np.allclose(d[lined[r, changed[r]] < 1], math.log(2.0) / MU, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grid cut-off
+
+
+@pytest.mark.parametrize("decentred", [0.0, 1.0])
+def test_grid_cutoff_is_a_lateral_fluence_fall_off(decentred: float) -> None:
+    x = _real(160)
+    params = {"loss": 0.5, "centre": 0.1, "decentred": decentred}
+    out, _ = _with_params(x, "xray_grid_cutoff", 4, params)
+    w = 160
+    u = (np.arange(w) + 0.5 - w / 2) / (w / 2)
+    c, loss = float(np.float32(0.1)), float(np.float32(0.5))
+    shape = ((u - c) + 1) / 2 if decentred else np.abs(u - c)
+    gain = np.maximum(1 - loss * shape, 0.05)
+    ref = _disp(_lin(_np(x)) * gain[None, :])
+    assert np.abs(_np(out) - ref).max() < 2e-6
+    ratio = (_lin(_np(out)) / _lin(_np(x))).mean(axis=0)
+    if decentred:
+        assert np.all(np.diff(ratio[_np(out).max(axis=0) < 1]) <= 1e-9)  # one-sided
+    else:
+        assert ratio[0] < ratio[int((c + 1) * w / 2)] > ratio[-1]  # both sides fall off
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge enhancement
+
+
+def test_edge_enhancement_is_an_unsharp_mask_with_overshoot() -> None:
+    """``v + k (v - G * v)`` against SciPy's three box passes (mirror = OpenCV reflect-101);
+    a step edge overshoots on its bright side and undershoots on its dark side by
+    ``k (step / 2)`` at the edge."""
+    side = 200
+    x = torch.full((1, 1, side, side), 0.3)
+    x[..., :, side // 2 :] = 0.6
+    out, _ = _with_params(x, "xray_edge_enhancement", 4, {"amount": 1.5, "sigma": 0.03})
+    sigma = float(np.float32(0.03)) * side
+    r = max(1, round((math.sqrt(4 * sigma * sigma + 1) - 1) / 2))
+    low = _np(x)
+    for _ in range(3):
+        low = scipy.ndimage.uniform_filter(low, size=2 * r + 1, mode="mirror")
+    k = float(np.float32(1.5))
+    ref = np.clip(_np(x) + k * (_np(x) - low), 0, 1)
+    o = _np(out)
+    assert np.abs(o - ref).max() < 1e-5
+    row = o[side // 2]
+    assert row.max() > 0.6 + 0.4 * k * 0.15 and row.min() < 0.3 - 0.4 * k * 0.15
+    assert np.argmax(row) >= side // 2 > np.argmin(row)  # overshoot bright side, undershoot dark
+
+
+# ---------------------------------------------------------------------------------------------
+# Double exposure
+
+
+def test_double_exposure_adds_the_shifted_fluence() -> None:
+    x = _real(160)
+    angle = 0.6
+    out, _ = _with_params(x, "xray_double_exposure", 4, {"weight": 0.4, "shift": 0.05, "angle": angle})
+    d = float(np.float32(0.05)) * 160
+    a = float(np.float32(angle))
+    dx, dy = round(d * math.cos(a)), round(d * math.sin(a))
+    lin = _lin(_np(x))
+    rows = np.clip(np.arange(160) - dy, 0, 159)
+    cols = np.clip(np.arange(160) - dx, 0, 159)
+    wgt = float(np.float32(0.4))
+    ref = _disp((lin + wgt * lin[rows][:, cols]) / (1 + wgt))
+    assert np.abs(_np(out) - ref).max() < 2e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# Contrast on real films
+
+# ops that claim to lower the contrast (their description says so), with the reason
+LOWERS_CONTRAST = {
+    "xray_scatter": "scatter adds a veiling haze",
+    "xray_over_penetration": "a high tube voltage flattens the film",
+    "xray_gamma": "a gamma above 1 compresses the dark range",
+    "xray_exposure": "a wrong detector gain clips one end of the range",
+}
+CONTRAST_FILMS = [p for p in XRAY if p.stem in ("nih_00000284_000", "nih_00022084_000", "mhh_covid_48c4542c")]
+
+
+def _small(path: Any, side: int = 256) -> torch.Tensor:
+    img = sample_tensor(path)[0].numpy()
+    small = cv2.resize(img, (side, side), interpolation=cv2.INTER_AREA)
+    return torch.from_numpy(small).clamp(0, 1).view(1, 1, side, side)
+
+
+def test_every_xray_op_keeps_at_least_0_8_of_the_films_contrast() -> None:
+    """RMS contrast (std of the display values) at every severity on three sample films,
+    downscaled to 256 px: at least 0.8 of the clean film's unless the op claims to lower it."""
+    assert len(CONTRAST_FILMS) == 3
+    ops = [n for n, op in all_ops().items() if "xray" in op.spec.modalities]
+    claims = set(LOWERS_CONTRAST) & set(ops)
+    assert claims == set(LOWERS_CONTRAST), "LOWERS_CONTRAST names ops that are not X-ray ops"
+    failures = []
+    for path in CONTRAST_FILMS:
+        clean = _small(path)
+        batch = clean.expand(5, -1, -1, -1).contiguous()
+        for name in ops:
+            if name in LOWERS_CONTRAST:
+                continue
+            out, _ = perturb.apply(batch, name, [1, 2, 3, 4, 5], [path.name] * 5)
+            ratios = (out.flatten(1).std(1) / clean.std()).tolist()
+            if min(ratios) < 0.8:
+                failures.append(f"{path.stem} {name}: {np.round(ratios, 3).tolist()}")
+    assert not failures, "contrast below 0.8 of the clean film:\n" + "\n".join(failures)
+
+
+def test_records_of_the_new_ops_replay_bit_for_bit_on_16_bit_films() -> None:
+    x = (_real(96) * 65535).round().to(torch.uint16)
+    names = [n for n in all_ops() if n.startswith("xray_") and all_ops()[n].spec.version == 1 and n in NEW_OPS]
+    assert sorted(names) == sorted(NEW_OPS)
+    for name in names:
+        out, records = perturb.apply(x, name, 4, ["k16"])
+        again = perturb.replay([Record(**r.to_dict()) for r in records], x)
+        assert out.dtype == torch.uint16 and torch.equal(out, again)
+        assert len(torch.unique(out)) > 256, f"{name} lost the 16-bit levels"
+
+
+NEW_OPS = [
+    "xray_patient_rotation",
+    "xray_under_penetration",
+    "xray_over_penetration",
+    "xray_support_devices",
+    "xray_foreign_objects",
+    "xray_detector_defects",
+    "xray_grid_cutoff",
+    "xray_edge_enhancement",
+    "xray_double_exposure",
+    "xray_cardiac_motion",
+    "xray_skin_fold",
+]
+
+
+def test_patient_rotation_moves_label_maps_with_the_image() -> None:
+    """A mask drawn where a bright square is stays on the square after the rotation
+    (perturb.augment.targets.move_masks, nearest sampling)."""
+    from perturb.augment.targets import move_masks
+
+    x = torch.zeros(1, 1, 120, 160)
+    x[..., 40:60, 30:50] = 1.0
+    mask = (x[:, 0] > 0.5).to(torch.uint8)
+    out, records = perturb.apply(x, "xray_patient_rotation", 5, ["m"])
+    moved = move_masks(mask, [records])
+    assert moved.dtype == torch.uint8 and moved.shape == mask.shape
+    bright = out[0, 0] > 0.5
+    overlap = (bright & (moved[0] > 0)).sum() / bright.sum()
+    assert float(overlap) > 0.9
+
+
+def test_cardiac_motion_blurs_the_heart_border_laterally_and_spares_the_apices() -> None:
+    """Against SciPy: the box blur of the linear signal along x (heart) and y (domes), blended
+    with the masks written out again here; the lung apices (top corners) stay untouched."""
+    h, w = 200, 220
+    x = _real(220)[..., :h, :]
+    out, _ = _with_params(x, "xray_cardiac_motion", 4, {"length": 0.03})
+    r = max(1, round(float(np.float32(0.03)) * h / 2))
+    lin = _lin(_np(x))
+    bx = scipy.ndimage.uniform_filter1d(lin, 2 * r + 1, axis=1, mode="mirror")
+    by = scipy.ndimage.uniform_filter1d(lin, 2 * r + 1, axis=0, mode="mirror")
+    ys = ((np.arange(h) + 0.5) / h)[:, None]
+    xs = ((np.arange(w) + 0.5) / w)[None, :]
+    heart = np.exp(-0.5 * (((xs - 0.64) / 0.1) ** 2 + ((ys - 0.55) / 0.14) ** 2))
+    across = np.exp(-0.5 * (np.clip(np.abs(xs - 0.5) - 0.35, 0, None) / 0.04) ** 2)
+    domes = np.exp(-0.5 * ((ys - 0.72) / 0.05) ** 2) * across
+    ref = _disp(lin + heart * (bx - lin) + domes * (by - lin))
+    assert np.abs(_np(out) - ref).max() < 2e-6
+    assert np.abs(_np(out) - _np(x))[: h // 6, : w // 6].max() < 1e-3
+
+
+def test_skin_fold_is_a_sharp_edge_with_density_fading_laterally() -> None:
+    """On a flat field: zero medial to the edge, a jump of ``density`` at it (within a pixel),
+    decaying as exp(-d / (0.04 side)) towards the film's side; the fold runs vertically over
+    the middle of the film and fades at its ends."""
+    h, w = 200, 240
+    x = torch.full((1, 1, h, w), 0.4)
+    params = {"density": 0.08, "position": 0.15, "curvature": 0.0, "right_side": 0.0}
+    out, _ = _with_params(x, "xray_skin_fold", 5, params)
+    added = _np(out) - _np(x)
+    row = added[h // 2]
+    edge = float(np.float32(0.15)) * w
+    cols = np.arange(w) + 0.5
+    d = edge - cols
+    taper = math.sin(math.pi * ((h // 2 + 0.5) / h - 0.15) / 0.7)
+    expected = float(np.float32(0.08)) * np.clip(d + 0.5, 0, 1) * np.exp(-np.clip(d, 0, None) / (0.04 * h)) * taper
+    assert np.abs(row - expected).max() < 1e-6
+    assert np.all(added[:, int(edge) + 2 :] == 0.0)  # medial side untouched
+    assert added[int(0.1 * h)].max() == 0.0 and added[int(0.9 * h)].max() == 0.0
