@@ -192,6 +192,9 @@ def load_generated(path: str | os.PathLike[str]) -> Any:
     ds = datasets.load_from_disk(str(dataset_dir))
     col = path_column(list(ds.column_names))
     rels = ds[col]
+    if not rels:  # a run with no outputs: an empty image column (add_column cannot type it)
+        features = datasets.Features({**ds.features, "image": datasets.Image()})
+        return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
     if all((base / r).is_file() for r in set(rels)):
         files = [str(base / r) for r in rels]
         return ds.add_column("image", files).cast_column("image", datasets.Image())

@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -556,7 +557,11 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         raise RunError(f"--id-from must be stem or path, got {options.id_from!r}")
     if out is not None:
         _refuse_out_inside_input(out, options.dataset)
-    if options.cache_dir is None:
+    dry_run_cache: tempfile.TemporaryDirectory[str] | None = None
+    if options.cache_dir is None and options.dry_run:  # nothing written in DIR
+        dry_run_cache = tempfile.TemporaryDirectory(prefix="perturb-dry-run-cache-")
+        options = replace(options, cache_dir=dry_run_cache.name)
+    elif options.cache_dir is None:
         from perturb.generate.store import staging_folder
 
         state = (out if out is not None else staging_folder(url or "")) / STATE_DIR
@@ -593,7 +598,11 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         from perturb.generate.plan import plan_run
 
         device = _resolve_device(options.device if options.engine == "local" else "cpu")
-        plan = plan_run(suite, inp, options, seed, device, shard, out)
+        try:
+            plan = plan_run(suite, inp, options, seed, device, shard, out)
+        finally:
+            if dry_run_cache is not None:
+                dry_run_cache.cleanup()
         return RunSummary(
             suite=suite.suite,
             input=inp.source,

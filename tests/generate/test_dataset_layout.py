@@ -113,3 +113,25 @@ def test_shards_merge_in_both_modes(tmp_path: Path, small_input: Path, embed: bo
         assert load_generated(tmp_path / "merged")[3]["image"].size == (128, 96)
     else:
         assert not (tmp_path / "merged" / "dataset" / "images").exists()
+
+
+@pytest.mark.parametrize("embed", [False, True])
+def test_an_empty_shard_loads_and_merges_in_both_modes(
+    tmp_path: Path, small_input: Path, embed: bool
+) -> None:
+    """A shard of 1 image over 2 shards: one part has 0 outputs; its dataset/ (and with
+    --embed-images its dataset/images) loads, also through load_generated, and merges."""
+    suite = parse_suite(SUITE, "paths")
+    parts = [tmp_path / f"p{i}" for i in range(2)]
+    summaries = [
+        run(suite, part, small_input, embed_images=embed, shard=f"{i}/2", limit=1)
+        for i, part in enumerate(parts)
+    ]
+    empty = next(p for p, s in zip(parts, summaries, strict=True) if s.manifest_rows == 0)
+    loaded = load_generated(empty)
+    assert len(loaded) == 0 and _image_features(loaded) == ["image"]
+    assert (empty / "dataset" / "images").exists() == embed
+    merge_parts(list(parts), tmp_path / "merged")
+    merged = load_generated(tmp_path / "merged")
+    assert len(merged) == 4 * QA_PER_IMAGE
+    assert merged[0]["image"].size == (128, 96)

@@ -143,3 +143,19 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, small_input:
     assert plan["estimated_seconds"] > 0 and not out.exists()
     real = run(parse_suite(SUITE, "prog"), tmp_path / "real", small_input, limit=2)
     assert plan["estimated_bytes"] == pytest.approx(real.output_bytes, rel=0.5)
+
+
+def test_dry_run_of_a_file_input_leaves_no_cache_in_dir(tmp_path: Path) -> None:
+    """A parquet input is cached by ``datasets`` (under DIR/.perturb/cache in a real run); the
+    dry run's cache is a temporary folder, so DIR is still not made."""
+    from perturb.phantoms import builtin_dataset
+
+    table = tmp_path / "rows.parquet"
+    builtin_dataset(1, size=(64, 64)).to_parquet(str(table))
+    suite_file = tmp_path / "prog.yaml"
+    suite_file.write_text(json.dumps(SUITE))
+    out = tmp_path / "never"
+    args = ["generate", str(suite_file), "--out", str(out), "--dataset", str(table), "--dry-run"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "images 1 of 1" in result.output and not out.exists()
