@@ -113,3 +113,14 @@ def test_isal_outputs_replay_to_their_bytes(tmp_path: Path, small_input: Path) -
     assert len(rows) == 4 and all('"png_encoder": "isal"' in r["encoding"] for r in rows)
     for row in rows:
         assert hashlib.sha256(replay_bytes(row, clean[row["img_id"]])).hexdigest() == row["sha256"]
+
+
+def test_a_jpeg_side_over_the_format_limit_names_png() -> None:
+    """The side check of main's ``encode`` survives i18's ``encode_bgr`` (an error naming the
+    limit and output.format: png, not a NameError)."""
+    from perturb.generate.output import JPEG_MAX_SIDE, encode_bgr
+
+    wide = np.zeros((2, JPEG_MAX_SIDE + 1, 3), np.uint8)
+    for fn in (encode, encode_bgr):
+        with pytest.raises(ValueError, match=r"output\.format: png"):
+            fn(wide, _spec(format="jpg", jpeg_quality=90))
