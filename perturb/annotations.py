@@ -14,7 +14,8 @@ the frame. Each result carries flags:
 * ``cut``: the part inside the frame is below ``min_visible`` of the moved box's area.
 
 Supported geometric ops: ``resized_crop``, ``rotation``, ``translation`` (perturb.ops.geometry),
-``xray_patient_rotation`` (a homography: the box's corners are mapped projectively)
+``lens_distortion`` (perturb.ops.optics: not affine, so a box becomes the bounding box of its
+moved outline, sampled at ``OUTLINE_POINTS`` points per side), ``xray_patient_rotation`` (a homography: the box's corners are mapped projectively)
 and flips named ``hflip`` / ``horizontal_flip`` / ``vflip`` / ``vertical_flip`` (a flip swaps
 left and right: questions about laterality follow the image).
 """
@@ -32,11 +33,14 @@ from perturb.boxes import LOC_TAG, box_iou, loc_tag, parse_loc_tags
 from perturb.catalog.specs import load_specs
 from perturb.engine import Record
 from perturb.ops.geometry import crop_box, rotation_matrix, translation_pixels
+from perturb.ops.optics import distortion_forward
 from perturb.ops.xray_radiographic import forward_homography
 
 HFLIPS = frozenset({"hflip", "horizontal_flip"})
 VFLIPS = frozenset({"vflip", "vertical_flip"})
 DEFAULT_MIN_VISIBLE = 0.5
+NON_AFFINE = frozenset({"lens_distortion"})
+OUTLINE_POINTS = 64
 
 
 class AnnotationError(ValueError):
@@ -104,6 +108,31 @@ def forward_matrix(record: Record | Mapping[str, Any], width: int, height: int) 
     raise AnnotationError(f"geometric op {op!r} has no annotation transform; add one in perturb/annotations.py")
 
 
+def forward_points(
+    record: Record | Mapping[str, Any], points: np.ndarray, width: int, height: int
+) -> np.ndarray:
+    """Move (N, 2) continuous points through one op on a ``width`` x ``height`` image."""
+    if _op_name(record) == "lens_distortion":
+        x, y = distortion_forward(points[:, 0], points[:, 1], _f32(_params(record)["k"]), width, height)
+        return np.stack([x, y], axis=1)
+    m = forward_matrix(record, width, height)
+    moved = points @ m[:2, :2].T + m[:2, 2]
+    return moved / (points @ m[2, :2] + m[2, 2])[:, None]  # projective ops divide; affine: / 1
+
+
+def _outline(x1: float, y1: float, x2: float, y2: float) -> np.ndarray:
+    t = np.linspace(0.0, 1.0, OUTLINE_POINTS)
+    xs, ys = x1 + (x2 - x1) * t, y1 + (y2 - y1) * t
+    return np.concatenate(
+        [
+            np.stack([xs, np.full_like(t, y1)], 1),
+            np.stack([xs, np.full_like(t, y2)], 1),
+            np.stack([np.full_like(t, x1), ys], 1),
+            np.stack([np.full_like(t, x2), ys], 1),
+        ]
+    )
+
+
 def chain_matrix(records: Iterable[Record | Mapping[str, Any]], width: int, height: int) -> np.ndarray:
     """Input -> output map of records applied in order (all on ``width`` x ``height`` images)."""
     total = np.eye(3)
@@ -126,15 +155,22 @@ def transform_boxes(
     width, height = image_size
     w0, h0 = original_size if original_size is not None else (float(width), float(height))
     scale = np.diag([width / w0, height / h0, 1.0])
-    total = np.linalg.inv(scale) @ chain_matrix(recs, width, height) @ scale
+    affine = not any(_op_name(r) in NON_AFFINE for r in recs)
+    total = np.linalg.inv(scale) @ chain_matrix(recs, width, height) @ scale if affine else np.eye(3)
     out = []
     for box in np.asarray(boxes, dtype=np.float64).reshape(-1, 4):
         x1, y1, x2, y2 = (float(v) for v in box)
         if not (x2 >= x1 and y2 >= y1):
             raise AnnotationError(f"box {box.tolist()} needs x1 <= x2 and y1 <= y2")
-        corners = np.array([[x1, x2, x2, x1], [y1, y1, y2, y2], [1.0, 1.0, 1.0, 1.0]])
-        moved = total @ corners
-        moved = moved[:2] / moved[2]  # projective ops (patient rotation) divide; affine: / 1
+        if affine:
+            corners = np.array([[x1, x2, x2, x1], [y1, y1, y2, y2], [1.0, 1.0, 1.0, 1.0]])
+            moved = total @ corners
+            moved = moved[:2] / moved[2]  # projective ops (patient rotation) divide; affine: / 1
+        else:  # through each op in the working image's pixels, then back to original pixels
+            pts = _outline(x1, y1, x2, y2) * [width / w0, height / h0]
+            for record in recs:
+                pts = forward_points(record, pts, width, height)
+            moved = (pts / [width / w0, height / h0]).T
         mx1, mx2 = float(moved[0].min()), float(moved[0].max())
         my1, my2 = float(moved[1].min()), float(moved[1].max())
         cx1, cx2 = min(max(mx1, 0.0), w0), min(max(mx2, 0.0), w0)
@@ -183,6 +219,7 @@ __all__ = [
     "box_iou",
     "chain_matrix",
     "forward_matrix",
+    "forward_points",
     "is_geometric",
     "parse_loc_tags",
     "transform_boxes",

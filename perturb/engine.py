@@ -22,7 +22,7 @@ from perturb.catalog.bounds import params_problem
 from perturb.catalog.registry import Op, get_op
 from perturb.catalog.specs import check_severity
 from perturb.ops import backend as backends
-from perturb.ops.jpeg import jpeg_backend
+from perturb.ops.jpeg import JPEG_OPS, jpeg_backend
 from perturb.scene import Scene
 from perturb.scene import masks as scene_masks
 from perturb.scene.analysis import analyse
@@ -430,7 +430,7 @@ def apply(
             for i in range(n)
         ]
         records = [replace(r, extra={**r.extra, "scene": d}) for r, d in zip(records, descs, strict=True)]
-    if spec_op.name == "jpeg":
+    if spec_op.name in JPEG_OPS:
         records = with_jpeg_codec(records, jpeg_backend(x))
     return run_records(x, records), records
 
@@ -438,7 +438,7 @@ def apply(
 def with_jpeg_codec(records: Sequence[Record], codec: str) -> list[Record]:
     """``records`` with each JPEG record's ``backend`` set to ``codec`` (the codec that runs
     where the images are, see ``perturb.ops.jpeg.jpeg_backend``)."""
-    return [replace(r, backend=codec) if r.op == "jpeg" else r for r in records]
+    return [replace(r, backend=codec) if r.op in JPEG_OPS else r for r in records]
 
 
 def replay(records: Record | dict | Sequence[Record | dict], images: torch.Tensor) -> torch.Tensor:

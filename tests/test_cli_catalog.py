@@ -21,7 +21,7 @@ def test_catalog_json_lists_the_endoscopy_ops() -> None:
     ops = json.loads(result.output)
     assert len(ops) >= 14
     entry = next(o for o in ops if o["name"] == "specular_glare")
-    assert entry["family"] == "glare" and len(entry["params"]["sigma"]["levels"]) == 5
+    assert entry["family"] == "glare" and len(entry["params"]["wetness"]["levels"]) == 5
     assert "occludes" in entry["risk_tags"] and entry["protects_border"] is True
 
 
@@ -79,8 +79,31 @@ def test_preview_of_an_xray_op_without_an_image_uses_a_chest_phantom(tmp_path: P
     from perturb.phantoms.xray import XRAY_SIZE
 
     out = tmp_path / "chest.png"
-    result = runner.invoke(app, ["preview", "--op", "xray_grid_lines", "--out", str(out)])
+    result = runner.invoke(app, ["preview", "--op", "xray_grid_lines", "--no-crop", "--out", str(out)])
     assert result.exit_code == 0, result.output
     grid = cv2.imread(str(out), cv2.IMREAD_UNCHANGED)
-    thumb = grid.shape[0] - 2 * LABEL_HEIGHT  # one row of 224-px-wide portrait tiles
+    thumb = grid.shape[0] - 2 * LABEL_HEIGHT  # one row of 224-px-wide portrait tiles (no crop row)
     assert thumb == round(224 * XRAY_SIZE[1] / XRAY_SIZE[0])
+
+
+def test_preview_size_and_full_resolution_crop_panel(tmp_path: Path) -> None:
+    """``--size`` sets the thumbnail width; the crop row holds the image's own pixels (1:1)."""
+    from perturb.catalog.preview import LABEL_HEIGHT, ROW_LABEL_WIDTH
+    from perturb.io.images import read_image
+
+    require_samples()
+    out = tmp_path / "grid.png"
+    args = ["preview", str(ENDOSCOPY[4]), "--op", "gaussian_noise", "--size", "160", "--crop-at", "0.5,0.5"]
+    result = runner.invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    grid = cv2.imread(str(out))[..., ::-1]
+    assert grid.shape[1] == ROW_LABEL_WIDTH + 6 * 160
+    src = read_image(ENDOSCOPY[4])
+    th = round(src.shape[0] * 160 / src.shape[1])
+    assert grid.shape[0] == LABEL_HEIGHT + 2 * (th + LABEL_HEIGHT)
+    crop = grid[LABEL_HEIGHT + th + LABEL_HEIGHT : LABEL_HEIGHT + 2 * th + LABEL_HEIGHT, ROW_LABEL_WIDTH : ROW_LABEL_WIDTH + 160]
+    y0 = round(0.5 * src.shape[0] - th / 2)
+    x0 = round(0.5 * src.shape[1] - 80)
+    assert np.array_equal(crop, src[y0 : y0 + th, x0 : x0 + 160]), "the crop is the clean image at full resolution"
+    bad = runner.invoke(app, [*args[:-2], "--crop-at", "2,0", "--out", str(tmp_path / "bad.png")])
+    assert bad.exit_code == 2 and "fractions" in bad.output

@@ -131,6 +131,15 @@ def preview(
     op: Annotated[str | None, typer.Option(help="Only this op (default: every op that fits the image).")] = None,
     out: Annotated[Path, typer.Option(help="Where to write the PNG grid.")] = Path("preview.png"),
     seed: Annotated[int, typer.Option(help="Seed of the keyed randomness.")] = 0,
+    size: Annotated[
+        int, typer.Option(min=16, max=4096, help="Width of each thumbnail in pixels (larger shows noise and fine lines).")
+    ] = 224,
+    crop: Annotated[
+        bool, typer.Option("--crop/--no-crop", help="Add a row of full-resolution crops (1 image px per grid px) under each op.")
+    ] = True,
+    crop_at: Annotated[
+        str, typer.Option(help="Centre of the crops as X,Y fractions of the width and height.")
+    ] = "0.5,0.5",
     scene: Annotated[
         bool,
         typer.Option(
@@ -140,8 +149,8 @@ def preview(
         ),
     ] = False,
 ) -> None:
-    """Write a labelled grid: the clean image and severities 1-5 of each op (or, with --scene,
-    the image's scene masks)."""
+    """Write a labelled grid: the clean image and severities 1-5 of each op, with full-resolution
+    crops under the thumbnails (or, with --scene, the image's scene masks)."""
     from perturb.catalog.preview import preview_grid, scene_panel
     from perturb.catalog.registry import UnknownOpError
     from perturb.engine import InputError
@@ -175,7 +184,16 @@ def preview(
         typer.echo(f"wrote {out} (scene)")
         return
     try:
-        grid, skipped = preview_grid(tensor, [op] if op else None, sample_key=key, seed=seed)
+        cx, cy = (float(v) for v in crop_at.split(","))
+        if not (0.0 <= cx <= 1.0 and 0.0 <= cy <= 1.0):
+            raise ValueError
+    except ValueError:
+        _err().print(f"[red]error:[/] --crop-at takes two fractions X,Y in [0, 1], e.g. 0.5,0.5; got {crop_at!r}")
+        raise typer.Exit(2) from None
+    try:
+        grid, skipped = preview_grid(
+            tensor, [op] if op else None, sample_key=key, seed=seed, thumb_width=size, crop=crop, crop_centre=(cx, cy)
+        )
     except (UnknownOpError, InputError) as exc:
         _err().print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc

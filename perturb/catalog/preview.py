@@ -1,4 +1,6 @@
-"""A labelled grid of an image under ops: clean + severities 1..5, one row per op."""
+"""A labelled grid of an image under ops: clean + severities 1..5, one row per op of thumbnails
+(``thumb_width`` px wide) and, with ``crop``, a second row of full-resolution crops (one image
+pixel per grid pixel) of the same size, where noise, grid lines and fringes stay visible."""
 
 from __future__ import annotations
 
@@ -24,6 +26,21 @@ def _thumb(x: torch.Tensor, width: int) -> np.ndarray:
     return cv2.resize(img, (width, h), interpolation=cv2.INTER_AREA)
 
 
+def _crop(x: torch.Tensor, width: int, height: int, centre: tuple[float, float]) -> np.ndarray:
+    """A ``width`` x ``height`` crop at full resolution around ``centre`` (fractions of the
+    image), moved inside the image and padded white where the image is smaller."""
+    img = from_tensor(x, np.uint8)
+    if img.ndim == 2:
+        img = np.repeat(img[..., None], 3, axis=2)
+    h, w = img.shape[:2]
+    cw, ch = min(width, w), min(height, h)
+    x0 = min(max(0, round(centre[0] * w - cw / 2)), w - cw)
+    y0 = min(max(0, round(centre[1] * h - ch / 2)), h - ch)
+    cell = np.full((height, width, 3), 255, np.uint8)
+    cell[:ch, :cw] = img[y0 : y0 + ch, x0 : x0 + cw]
+    return cell
+
+
 def _label(canvas: np.ndarray, text: str, x: int, y: int) -> None:
     cv2.putText(canvas, text, (x + 4, y + 16), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (20, 20, 20), 1, cv2.LINE_AA)
 
@@ -35,9 +52,15 @@ def preview_grid(
     sample_key: str = "preview",
     seed: int = 0,
     thumb_width: int = 224,
+    crop: bool = False,
+    crop_centre: tuple[float, float] = (0.5, 0.5),
 ) -> tuple[np.ndarray, list[str]]:
     """RGB uint8 grid of ``image`` (CHW float32) under each op at severities 1..5, and the ops
-    skipped because they do not take the image's channel count."""
+    skipped because they do not take the image's channel count. ``crop`` adds, under each op's
+    thumbnails, full-resolution crops of the same size around ``crop_centre`` (fractions of the
+    width and height)."""
+    if thumb_width < 16:
+        raise ValueError(f"thumbnail width must be at least 16 px, got {thumb_width}")
     channels = image.shape[0]
     if ops is None:
         names = [n for n, op in all_ops().items() if channels in op.spec.channels]
@@ -49,18 +72,25 @@ def preview_grid(
     batch = image.unsqueeze(0).expand(5, -1, -1, -1).contiguous()
     clean = _thumb(image, thumb_width)
     th, tw = clean.shape[:2]
-    rows = len(names)
+    per_op = 2 if crop else 1
+    rows = len(names) * per_op
     canvas = np.full((LABEL_HEIGHT + rows * (th + LABEL_HEIGHT), ROW_LABEL_WIDTH + 6 * tw, 3), 255, np.uint8)
     for col, title in enumerate(["clean", *[f"severity {s}" for s in range(1, 6)]]):
         _label(canvas, title, ROW_LABEL_WIDTH + col * tw, 0)
     for row, name in enumerate(names):
         out, _ = apply(batch, name, [1, 2, 3, 4, 5], [sample_key] * 5, seed=seed)
-        y = LABEL_HEIGHT + row * (th + LABEL_HEIGHT)
+        y = LABEL_HEIGHT + row * per_op * (th + LABEL_HEIGHT)
         _label(canvas, name, 0, y + th // 2 - 8)
-        cells = [clean, *[_thumb(o, thumb_width) for o in out]]
-        for col, cell in enumerate(cells):
-            x = ROW_LABEL_WIDTH + col * tw
-            canvas[y : y + th, x : x + tw] = cell
+        panels = [[clean, *[_thumb(o, thumb_width) for o in out]]]
+        if crop:
+            full = [image, *out]
+            panels.append([_crop(c, tw, th, crop_centre) for c in full])
+            _label(canvas, "1:1 crop", 0, y + th + LABEL_HEIGHT + th // 2 - 8)
+        for k, cells in enumerate(panels):
+            yk = y + k * (th + LABEL_HEIGHT)
+            for col, cell in enumerate(cells):
+                x = ROW_LABEL_WIDTH + col * tw
+                canvas[yk : yk + th, x : x + tw] = cell
     return canvas, skipped
 
 

@@ -28,7 +28,9 @@ RISK_TAGS = frozenset(
         "alters_projection",
     }
 )
-FAMILIES = frozenset({"blur", "glare", "noise", "color", "exposure", "jpeg", "geometry", "xray"})
+FAMILIES = frozenset(
+    {"blur", "glare", "noise", "color", "exposure", "jpeg", "geometry", "xray", "occlusion", "optics", "video"}
+)
 MODALITIES = frozenset({"endoscopy", "xray", "ct", "mri", "ultrasound", "pathology", "photo", "any"})
 TABLE_DIR = Path(__file__).parent
 # Calibration metrics (perturb.calibrate measures them between clean and perturbed images):

@@ -6,7 +6,20 @@ evaluate keyed per-pixel fields), and returns a new tensor of the same shape. Ke
 randomness and never mutate their input. Importing this package registers every kernel.
 """
 
-from perturb.ops import blur, color, exposure, geometry, glare, jpeg, noise, xray, xray_radiographic  # noqa: F401  (registration)
+from perturb.ops import (  # noqa: F401  (registration)
+    blur,
+    clinical,
+    color,
+    exposure,
+    geometry,
+    glare,
+    jpeg,
+    noise,
+    optics,
+    video,
+    xray,
+    xray_radiographic,
+)
 from perturb.ops.registry import KernelEntry, get_kernel, kernel_names
 
 __all__ = ["KernelEntry", "get_kernel", "kernel_names"]

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from perturb.ops import backend
 from perturb.ops._math import shorter_side
@@ -69,27 +68,31 @@ def _clamp_radius(radius: int, x: torch.Tensor) -> int:
     return max(0, min(radius, x.shape[-2] - 1, x.shape[-1] - 1))
 
 
-def _conv_torch(sample: torch.Tensor, psf: np.ndarray) -> torch.Tensor:
-    """2-D convolution of one CHW sample with a (k, k) PSF, reflected borders."""
-    c = sample.shape[0]
+def _crop_psf(psf: np.ndarray, sample: torch.Tensor) -> torch.Tensor:
+    """The PSF as a (1, kh, kw) tensor on the sample's device, cropped to what a reflected
+    border allows on a tiny image (radius < side) and renormalised."""
     kh, kw = psf.shape
     ph, pw = _clamp_radius(kh // 2, sample), _clamp_radius(kw // 2, sample)
     weight = torch.from_numpy(psf).to(sample.device)
     weight = weight[kh // 2 - ph : kh // 2 + ph + 1, kw // 2 - pw : kw // 2 + pw + 1]
-    weight = (weight / weight.sum()).expand(c, 1, -1, -1)
-    padded = F.pad(sample.unsqueeze(0), (pw, pw, ph, ph), mode="reflect")
-    return F.conv2d(padded, weight, groups=c)[0]
+    return (weight / weight.sum()).unsqueeze(0)
+
+
+def _conv_torch(sample: torch.Tensor, psf: np.ndarray) -> torch.Tensor:
+    """2-D correlation of one CHW sample with a (k, k) PSF, reflected borders: Kornia's
+    ``filter2d`` (OpenCV's ``filter2D`` with BORDER_REFLECT_101 computes the same sums)."""
+    import kornia  # lazily: only the torch path needs it
+
+    return kornia.filters.filter2d(sample.unsqueeze(0), _crop_psf(psf, sample), border_type="reflect")[0]
 
 
 def _sep_torch(sample: torch.Tensor, taps: np.ndarray) -> torch.Tensor:
-    c = sample.shape[0]
-    r = _clamp_radius(len(taps) // 2, sample)
-    k = torch.from_numpy(taps[len(taps) // 2 - r : len(taps) // 2 + r + 1]).to(sample.device)
-    k = k / k.sum()
-    out = F.pad(sample.unsqueeze(0), (r, r, r, r), mode="reflect")
-    out = F.conv2d(out, k.view(1, 1, 1, -1).expand(c, 1, 1, -1), groups=c)
-    out = F.conv2d(out, k.view(1, 1, -1, 1).expand(c, 1, -1, 1), groups=c)
-    return out[0]
+    """Separable filter of one CHW sample (rows, then columns), reflected borders: Kornia's
+    ``filter2d_separable`` (OpenCV's ``sepFilter2D`` computes the same sums)."""
+    import kornia  # lazily: only the torch path needs it
+
+    k = _crop_psf(taps[None, :], sample)[0]  # (1, k), cropped along its length only
+    return kornia.filters.filter2d_separable(sample.unsqueeze(0), k, k, border_type="reflect")[0]
 
 
 def _apply_per_sample(
@@ -135,12 +138,23 @@ def gaussian_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
 
 @register_kernel("gaussian_blur")
 def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Gaussian PSF; ``sigma`` is a fraction of the shorter side."""
+    """Gaussian PSF; ``sigma`` is a fraction of the shorter side. Torch path: Kornia's
+    ``gaussian_blur2d`` at the CPU path's window (radius ceil(3 sigma))."""
+    import kornia  # lazily: only the torch path needs it
+
     if backend.opencv_path(x):
         return _host(x, p, keys, gaussian_blur_cpu)
     side = shorter_side(x)
-    psfs = [gaussian_taps(float(s) * side) for s in p["sigma"].tolist()]
-    return _apply_per_sample(x, psfs, separable=True)
+    out = []
+    for sample, sigma in zip(x, p["sigma"].tolist(), strict=True):
+        sigma_px = max(float(sigma) * side, 1e-6)
+        # the taps of gaussian_taps (radius ceil(3 sigma), cropped on tiny images), from Kornia
+        size = 2 * _clamp_radius(len(gaussian_taps(sigma_px)) // 2, sample) + 1
+        blurred = kornia.filters.gaussian_blur2d(
+            sample.unsqueeze(0), (size, size), (sigma_px, sigma_px), border_type="reflect"
+        )
+        out.append(blurred[0])
+    return torch.stack(out).clamp_(0.0, 1.0)
 
 
 @backend.register_cpu("defocus_blur")
@@ -150,7 +164,8 @@ def defocus_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray],
 
 @register_kernel("defocus_blur")
 def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Uniform disk PSF; ``radius`` is a fraction of the shorter side."""
+    """Uniform disk PSF; ``radius`` is a fraction of the shorter side. Torch path: Kornia's
+    ``filter2d`` with our own PSF (``disk_psf``): Kornia has no anti-aliased disk kernel."""
     if backend.opencv_path(x):
         return _host(x, p, keys, defocus_blur_cpu)
     side = shorter_side(x)
@@ -170,7 +185,11 @@ def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], 
 
 @register_kernel("motion_blur", sampler=_motion_sampler)
 def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Line PSF of ``length`` (fraction of the shorter side) at ``angle`` degrees."""
+    """Line PSF of ``length`` (fraction of the shorter side) at ``angle`` degrees. Torch path:
+    Kornia's ``filter2d`` with our own PSF (``line_psf``): Kornia's ``get_motion_kernel2d``
+    draws an odd-sized line and rotates it with a bilinear warp, so its length is quantised to
+    odd pixel counts and its taps differ from a sub-pixel segment (and from the OpenCV path,
+    which uses ``line_psf``) by far more than 1/255 at short lengths."""
     if backend.opencv_path(x):
         return _host(x, p, keys, motion_blur_cpu)
     side = shorter_side(x)

@@ -8,6 +8,15 @@
 * saturation: ``luma + s * (x - luma)``, s = 1 - amount (desaturate) or 1 + amount (keyed).
 * brightness: additive offset (keyed sign); contrast: scaling around the image's mean luma;
   gamma: ``x ** exp(±log_gamma)``.
+
+Torch path and Kornia: brightness runs on ``kornia.enhance.adjust_brightness`` (identical),
+gamma on ``kornia.enhance.adjust_gamma``. The others keep their own torch kernels because Kornia
+computes something else: its ``adjust_hue`` / ``adjust_saturation`` work in HSV (ours rotate
+YIQ chroma and mix with Rec. 601 luma, as the OpenCV path's 3x3 ``cv2.transform``), its
+``adjust_contrast`` scales around 0 (ours around the tissue's mean luma). color_cast's sRGB
+decode/encode (``perturb.ops._math``) is the formula of ``kornia.color.rgb_to_linear_rgb`` but in
+float64, and the CPU path's uint8 tables of several ops are built from it: moving it to Kornia's
+float32 is not done yet (it may move CPU bytes, which needs op version bumps).
 """
 
 from __future__ import annotations
@@ -30,7 +39,6 @@ from perturb.ops._math import (
     linear_to_srgb_np,
     luma,
     plane2d,
-    power,
     sample_mean,
     split_into,
     srgb_to_linear,
@@ -113,7 +121,10 @@ def _brightness_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("brightness", sampler=_brightness_sampler)
 def brightness(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    return (x + _b(p["delta"])).clamp_(0.0, 1.0)
+    """Torch path: Kornia's ``adjust_brightness`` (the same sum and clip, bit for bit)."""
+    import kornia  # lazily: only the torch path needs it
+
+    return kornia.enhance.adjust_brightness(x, p["delta"].to(x.dtype))
 
 
 def tissue_weight(scene: Any) -> np.ndarray | None:
@@ -157,7 +168,11 @@ def _gamma_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("gamma", sampler=_gamma_sampler)
 def gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    return power(x.clamp(0.0, 1.0), _b(p["gamma"]))
+    """Torch path: Kornia's ``adjust_gamma`` (float32 pow; the CPU path's uint8 tables use float64
+    pow, and no level rounds differently over gammas 0.5-2)."""
+    import kornia  # lazily: only the torch path needs it
+
+    return kornia.enhance.adjust_gamma(x.clamp(0.0, 1.0), p["gamma"].to(x.dtype))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,12 +1,22 @@
 """JPEG loss through a real codec: libjpeg(-turbo) via OpenCV on CPU; on CUDA, nvJPEG through
-torchvision.io when torchvision with CUDA JPEG support is importable, else the CPU codec (the
-record's backend says which ran). Chroma subsampling 4:2:0, baseline, as most encoders default.
-Never a differentiable approximation: that would be a different op, for training only.
+nvImageCodec (``nvidia-nvimgcodec-cu12/-cu13``) when it is importable and opens the device,
+else nvJPEG through torchvision.io when torchvision with CUDA JPEG support is importable, else
+the CPU codec on a host copy. The record's ``jpeg_codec`` names which ran (``nvimgcodec``,
+``nvjpeg``, ``opencv``). Chroma subsampling 4:2:0 (gray: one plane), baseline, quality on the
+IJG scale, which both libjpeg and nvJPEG apply to the Annex K tables. Never a differentiable
+approximation: that would be a different op, for training only.
+
+``PERTURB_JPEG_CODEC`` (``auto``, ``nvimgcodec``, ``nvjpeg``, ``opencv``) forces a codec on CUDA
+(``auto``, the default, takes the first available in that order); a forced codec that is not
+available falls back along the same order, and the record says what ran.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
 
 import cv2
 import numpy as np
@@ -39,12 +49,82 @@ def opencv_roundtrip(image_u8: np.ndarray, quality: int) -> np.ndarray:
     return cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB) if color else decoded
 
 
+CODECS = ("nvimgcodec", "nvjpeg", "opencv")
+JPEG_OPS = frozenset({"jpeg", "xray_jpeg"})  # ops whose kernel is ``jpeg``: their records name the codec
+
+
 def _cuda_codec_available() -> bool:
     try:
         import torchvision.io  # noqa: F401
     except Exception:
         return False
     return torch.cuda.is_available()
+
+
+@lru_cache(maxsize=8)
+def _nvimgcodec_coders(device_index: int) -> tuple[Any, Any] | None:
+    """(module, encoder, decoder) of nvImageCodec on CUDA device ``device_index``, or None where
+    the package is missing or cannot open the device."""
+    try:
+        import nvidia.nvimgcodec as nvimg
+
+        return nvimg, (nvimg.Encoder(device_id=device_index), nvimg.Decoder(device_id=device_index))
+    except Exception:
+        return None
+
+
+def _nvimgcodec_available(device_index: int) -> bool:
+    return torch.cuda.is_available() and _nvimgcodec_coders(device_index) is not None
+
+
+def select_codec(on_cuda: bool, available: dict[str, bool], forced: str = "auto") -> str:
+    """The codec for a batch: ``opencv`` off CUDA; on CUDA ``forced`` if available, else the
+    first available of ``CODECS`` (``opencv`` always is)."""
+    if forced not in ("auto", *CODECS):
+        raise ValueError(f"PERTURB_JPEG_CODEC must be auto, {', '.join(CODECS)}; got {forced!r}")
+    if not on_cuda:
+        return "opencv"
+    if forced != "auto" and (forced == "opencv" or available.get(forced, False)):
+        return forced
+    return next(c for c in CODECS if c == "opencv" or available.get(c, False))
+
+
+def nvimgcodec_encode(nvimg: Any, encoder: Any, images: list[Any], qualities: list[int], channels: int) -> list[Any]:
+    """JPEG code streams of HWC uint8 ``images`` (CUDA tensors, or NumPy arrays for a host
+    encoder) at ``qualities``, 4:2:0 (gray: one plane); samples of equal quality are encoded
+    as one batch; the streams come back in the order of ``images``."""
+    subsampling = nvimg.ChromaSubsampling.CSS_420 if channels == 3 else nvimg.ChromaSubsampling.CSS_GRAY
+    streams: list[Any] = [None] * len(images)
+    for quality in sorted(set(qualities)):
+        idx = [i for i, q in enumerate(qualities) if q == quality]
+        params = nvimg.EncodeParams(
+            quality_type=nvimg.QualityType.QUALITY, quality_value=float(quality), chroma_subsampling=subsampling
+        )
+        encoded = encoder.encode([nvimg.as_image(images[i]) for i in idx], "jpeg", params=params)
+        for i, stream in zip(idx, encoded, strict=True):
+            if stream is None:
+                raise RuntimeError(f"nvImageCodec failed to encode a JPEG at quality {quality}")
+            streams[i] = stream
+    return streams
+
+
+def _roundtrip_nvimgcodec(x: torch.Tensor, qualities: list[int]) -> torch.Tensor:
+    """Encode and decode on the device with nvImageCodec (nvJPEG); the decoded images stay on
+    the device (no host copy of pixels)."""
+    coders = _nvimgcodec_coders(x.device.index or 0)
+    if coders is None:
+        raise RuntimeError("nvImageCodec is not available on this device")
+    nvimg, (encoder, decoder) = coders
+    channels = x.shape[1]
+    hwc = to_uint8(x).permute(0, 2, 3, 1).contiguous()
+    streams = nvimgcodec_encode(nvimg, encoder, list(hwc), qualities, channels)
+    out = torch.empty_like(hwc)
+    for i, image in enumerate(decoder.decode(streams)):
+        if image is None:
+            raise RuntimeError("nvImageCodec failed to decode its own JPEG")
+        decoded = torch.as_tensor(image, device=x.device)
+        out[i] = decoded[..., :channels] if decoded.shape[-1] != channels else decoded
+    return out.permute(0, 3, 1, 2).to(x.dtype) / 255.0
 
 
 def _roundtrip_cuda(x: torch.Tensor, qualities: list[int]) -> torch.Tensor:
@@ -59,9 +139,12 @@ def _roundtrip_cuda(x: torch.Tensor, qualities: list[int]) -> torch.Tensor:
 
 
 def jpeg_backend(x: torch.Tensor) -> str:
-    if backend.opencv_path(x) or not (x.is_cuda and _cuda_codec_available()):
+    """The codec that runs for the batch ``x`` (recorded as ``jpeg_codec``)."""
+    on_cuda = x.is_cuda and not backend.opencv_path(x)
+    if not on_cuda:
         return "opencv"
-    return "nvjpeg"
+    available = {"nvimgcodec": _nvimgcodec_available(x.device.index or 0), "nvjpeg": _cuda_codec_available()}
+    return select_codec(True, available, os.environ.get("PERTURB_JPEG_CODEC", "auto"))
 
 
 def _encode_params(quality: int) -> list[int]:
@@ -101,7 +184,10 @@ def jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: in
 @register_kernel("jpeg", sampler=_quality_sampler)
 def jpeg(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     qualities = [round(q) for q in p["quality"].tolist()]
-    if jpeg_backend(x) == "nvjpeg":
+    codec = jpeg_backend(x)
+    if codec == "nvimgcodec":
+        return _roundtrip_nvimgcodec(x, qualities)
+    if codec == "nvjpeg":
         return _roundtrip_cuda(x, qualities)
     if x.device.type == "cpu":
         return backend.run_cpu(jpeg_cpu, x, p, keys, [None] * x.shape[0])

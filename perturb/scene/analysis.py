@@ -21,6 +21,10 @@ that stores the descriptor replays bit for bit.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import cv2
@@ -147,9 +151,31 @@ def _text_lines(small: np.ndarray) -> list[tuple[int, int, int, int]]:
     ]
 
 
+_CACHE: OrderedDict[bytes, str] = OrderedDict()
+_CACHE_SIZE = 32
+_CACHE_LOCK = threading.Lock()
+
+
 def analyse(image: Any) -> dict[str, Any]:
-    """The scene descriptor of one image (see the module docstring); JSON-able, deterministic."""
+    """The scene descriptor of one image (see the module docstring); JSON-able, deterministic.
+    Recent results are cached by a digest of the pixels (the same frame at five severities, or
+    under several ops, is analysed once)."""
     rgb = to_hwc_u8(image)
+    digest = hashlib.blake2b(rgb.data, digest_size=16, person=str(rgb.shape).encode()[:16]).digest()
+    with _CACHE_LOCK:
+        hit = _CACHE.get(digest)
+        if hit is not None:
+            _CACHE.move_to_end(digest)
+            return dict(json.loads(hit))
+    desc = _analyse(rgb)
+    with _CACHE_LOCK:
+        _CACHE[digest] = json.dumps(desc)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return desc
+
+
+def _analyse(rgb: np.ndarray) -> dict[str, Any]:
     h, w = rgb.shape[:2]
     gh, gw = grid_size(h, w)
     small = cv2.resize(rgb, (gw, gh), interpolation=cv2.INTER_AREA) if (gh, gw) != (h, w) else rgb

@@ -286,7 +286,8 @@ def test_bad_inputs_name_the_fix(tmp_path: Path) -> None:
             build_pipeline(_files(), None, device="gpu")
 
 
-@pytest.mark.parametrize("device", [d for d in DEVICES if d.id == "cuda"])
+@pytest.mark.cuda
+@pytest.mark.parametrize("device", [d for d in DEVICES if d.id == "cuda"])  # skips without a GPU, saying so
 def test_gpu_pipeline_matches_torch_module_on_cuda(device: str, clean: dict) -> None:
     """Mixed (nvJPEG) decoding differs from the CPU decoder by a few levels, so the reference
     is the GPU pipeline's own clean output; the torch module runs on CUDA; within 1/255."""

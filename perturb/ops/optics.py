@@ -1,0 +1,244 @@
+"""The endoscope's distal optics: condensation, water drops, lateral colour and distortion.
+
+These act on the tissue seen through the lens, inside the field of view (the dark frame and what
+is drawn on it stay untouched); radii are measured from the field's centre in units of the
+field's radius (a disk of the field's area), so a severity means the same on round, octagonal
+and letterboxed fields.
+
+* ``lens_fog``: condensation on the cold distal lens when it enters the warm, humid colon. The
+  film is a layer of droplets much smaller than a pixel: Mie scattering redistributes part of the
+  light of each point over a wide forward lobe (a veiling glare ``I' = (1 - s) I + s (G * I)``
+  with a wide gaussian ``G``) and adds a veil of scattered light, so contrast falls and the image
+  looks milky. The film forms first at the lens rim (the coldest part), so the scattered fraction
+  ``s`` grows with the radius, patchy (keyed noise). (Forward scattering by droplets and the
+  veiling-glare model: e.g. Narasimhan & Nayar, IJCV 48, 2002.)
+* ``lens_droplets``: water drops on the lens (after rinsing). A drop is a plano-convex liquid
+  lens sitting far inside the focal distance of the camera: the tissue behind it is seen
+  through it displaced and minified towards the drop's centre (a bulge of the sampling
+  positions), out of focus (the drop's surface is not in the focal plane: a gaussian blur), with
+  a dark rim where the steep contact-angle edge refracts light out of the aperture and a small
+  bright reflex of the light at the lens.
+* ``chromatic_aberration``: lateral colour. The lens's magnification depends on the wavelength,
+  so the red and blue images are scaled about the optical axis by ``1 +- k`` relative to green:
+  colour fringes whose width ``k r`` grows linearly with the radius (Hecht, Optics, ch. 6.3).
+* ``lens_distortion``: a change of the wide-angle lens's radial distortion (Brown-Conrady model,
+  Brown 1966): an output point at normalised radius ``rho`` shows the tissue at radius
+  ``rho (1 + k rho^2) / (1 + k)`` (radius 1 stays), barrel-like (more fisheye) for ``k > 0``
+  and pincushion-like for ``k < 0``. A geometric op: boxes and masks move with it
+  (``perturb.annotations``, ``perturb.ops.geometry.warp_label_maps``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+
+from perturb.ops import _host
+from perturb.ops.registry import Level, Params, draw, draw_int, draw_sign
+
+# ---------------------------------------------------------------------------------------------
+# Lens fog
+
+FOG_SIGMA = 0.06  # width of the forward-scatter lobe (shorter side)
+
+
+def _fog_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {
+        "fog": draw(rng, level["fog"]),
+        "veil": float(rng.uniform(0.5, 0.8)),
+        "reach": float(rng.uniform(0.35, 0.6)),
+    }
+
+
+@_host.host_op("lens_fog", sampler=_fog_sampler)
+def lens_fog(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+    """Condensation veil: forward-scatter blur plus scattered light, growing from the rim with
+    patchy density (module docstring)."""
+    _c, h, w = img.shape
+    scale = min(h, w)
+    tissue = view.tissue
+    cx, cy, radius = _host.field_geometry(view.field)
+    ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
+    rho = np.sqrt((xs - cx) ** 2 + (ys - cy) ** 2) / np.float32(radius)
+    reach = float(p["reach"])  # how far in from the rim the film extends at full density
+    grow = np.clip((rho - (1.0 - reach) * 0.6) / reach, 0.0, 1.0)
+    patches = 0.6 + 0.4 * _host.fractal_noise(key, "fog-patches", h, w, 0.2 * scale, 3)
+    s = np.clip(np.float32(p["fog"]) * (0.5 + 0.5 * grow) * patches, 0.0, 0.97).astype(np.float32)
+    lin = _host.to_linear(img)
+    inside = tissue.astype(np.float32)
+    # the scattered light stays within the field: normalised blur of the field's light only
+    weight = _host.gauss(inside, FOG_SIGMA * scale) + 1e-6
+    spread = _host.per_channel(lin * inside[None], lambda z: _host.gauss(z, FOG_SIGMA * scale)) / weight[None]
+    veil = np.float32(p["veil"]) * float(_host.luma(lin)[tissue].mean() if tissue.any() else 0.2)
+    scattered = spread * 0.8 + veil * 0.6
+    out = lin * (1.0 - s[None]) + scattered * s[None]
+    res = _host.to_display(out)
+    res[:, ~tissue] = img[:, ~tissue]
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Water droplets on the lens
+
+DROP_BULGE = 0.4  # how strongly a drop pulls the sampling positions to its centre
+DROP_BLUR = 0.08  # defocus blur inside a drop, fraction of its radius
+DROP_EDGE = 0.15  # width of the drop's defocused outline, fraction of its radius
+
+
+def _droplet_sampler(rng: np.random.Generator, level: Level) -> Params:
+    count = draw_int(rng, level["count"])
+    radius = draw(rng, level["radius"])
+    drops = []
+    for _ in range(count):
+        r_field = 0.95 * math.sqrt(float(rng.uniform()))  # uniform over the field's disk
+        phi = float(rng.uniform(0.0, 2.0 * math.pi))
+        drops.append([r_field * math.cos(phi), r_field * math.sin(phi), radius * float(np.exp(rng.normal(0.0, 0.35))), float(rng.uniform(0.75, 1.0))])
+    return {"count": count, "radius": radius, "drops": drops}
+
+
+def render_drop(src: np.ndarray, out: np.ndarray, cx: float, cy: float, r: float, aspect: float) -> None:
+    """One drop of radius ``r`` px (ellipse of ``aspect``) at (cx, cy) px: refracted, defocused
+    tissue read from ``src`` (CHW linear), dark rim and reflex, drawn onto ``out``."""
+    _c, h, w = src.shape
+    x0, x1 = max(0, int(cx - r - 3)), min(w, int(cx + r + 4))
+    y0, y1 = max(0, int(cy - r - 3)), min(h, int(cy + r + 4))
+    if x0 >= x1 or y0 >= y1 or r < 2.0:
+        return
+    ys, xs = np.mgrid[y0:y1, x0:x1].astype(np.float32)
+    dx, dy = xs + 0.5 - cx, (ys + 0.5 - cy) / np.float32(aspect)
+    rho = np.sqrt(dx * dx + dy * dy) / np.float32(r)
+    # the drop sits on the lens, far from the focal plane: its outline is soft
+    cover = np.clip((1.0 - rho) / DROP_EDGE + 0.5, 0.0, 1.0)
+    cover = cover * cover * (3.0 - 2.0 * cover)
+    if not cover.any():
+        return
+    inner = np.minimum(rho, 1.0)
+    # a plano-convex drop: the sampling positions bulge towards the centre (minified view)
+    pull = 1.0 - DROP_BULGE * np.sqrt(1.0 - inner * inner)
+    pad = math.ceil(3 * DROP_BLUR * r) + 2
+    bx0, bx1, by0, by1 = max(0, x0 - pad - int(r)), min(w, x1 + pad + int(r)), max(0, y0 - pad - int(r)), min(h, y1 + pad + int(r))
+    patch = _host.per_channel(src[:, by0:by1, bx0:bx1], lambda z: _host.gauss(z, DROP_BLUR * r))
+    mx = (cx + dx * pull - 0.5 - bx0).astype(np.float32)
+    my = (cy + dy * np.float32(aspect) * pull - 0.5 - by0).astype(np.float32)
+    seen = _host.sample_bilinear(patch, mx, my)
+    rim = 1.0 - 0.3 * np.exp(-0.5 * ((rho - 0.9) / 0.08) ** 2)  # light refracted out at the edge
+    reflex = 0.25 * np.exp(-0.5 * (((dx / r) + 0.3) ** 2 + ((dy / r) + 0.3) ** 2) / 0.1**2)
+    drop = seen * 1.05 * rim + reflex
+    region = out[:, y0:y1, x0:x1]
+    region[...] = region * (1.0 - cover) + drop * cover
+
+
+@_host.host_op("lens_droplets", sampler=_droplet_sampler)
+def lens_droplets(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+    """Water drops on the lens: refracted, defocused tissue inside each drop, dark rim, small
+    reflex (module docstring)."""
+    _c, h, w = img.shape
+    scale = min(h, w)
+    tissue = view.tissue
+    cx, cy, radius = _host.field_geometry(view.field)
+    lin = _host.to_linear(img)
+    out = lin.copy()
+    rows = np.asarray(p["drops"], dtype=np.float64).reshape(-1, 4)
+    for ux, uy, dr, aspect in rows[rows[:, 2] > 0].tolist():
+        render_drop(lin, out, cx + ux * radius, cy + uy * radius, dr * scale, aspect)
+    res = _host.to_display(np.clip(out, 0.0, 1.0))
+    res[:, ~tissue] = img[:, ~tissue]
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Lateral chromatic aberration
+
+
+def _ca_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {"shift": draw(rng, level["shift"]) * draw_sign(rng)}
+
+
+def channel_scale_maps(h: int, w: int, cx: float, cy: float, magnification: float) -> tuple[np.ndarray, np.ndarray]:
+    """Source pixel-index maps of an image magnified by ``magnification`` about (cx, cy) px."""
+    xs = (np.arange(w, dtype=np.float64) + 0.5 - cx) / magnification + cx - 0.5
+    ys = (np.arange(h, dtype=np.float64) + 0.5 - cy) / magnification + cy - 0.5
+    map_x = np.broadcast_to(xs[None, :], (h, w)).astype(np.float32)
+    map_y = np.broadcast_to(ys[:, None], (h, w)).astype(np.float32)
+    return map_x, map_y
+
+
+@_host.host_op("chromatic_aberration", sampler=_ca_sampler)
+def chromatic_aberration(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+    """Red scaled by ``1 + shift``, blue by ``1 - shift`` about the field's centre (``shift`` is
+    the fringe width at the field's radius, as a fraction of that radius)."""
+    c, h, w = img.shape
+    if c == 1:
+        return img.copy()
+    tissue = view.tissue
+    cx, cy, _ = _host.field_geometry(view.field)
+    k = float(p["shift"])
+    out = img.copy()
+    for channel, m in ((0, 1.0 + k), (2, 1.0 - k)):
+        map_x, map_y = channel_scale_maps(h, w, cx, cy, m)
+        out[channel] = cv2.remap(img[channel], map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
+    out[:, ~tissue] = img[:, ~tissue]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Radial distortion (geometric)
+
+
+def _distortion_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {"k": draw(rng, level["k"]) * draw_sign(rng)}
+
+
+def distortion_frame(width: int, height: int) -> tuple[float, float, float]:
+    """(cx, cy, R): the optical centre (image centre) and the unit radius (half the shorter side)
+    of ``lens_distortion``, in continuous pixel coordinates. The frame depends on the image size
+    alone, so boxes and masks move exactly as the pixels."""
+    return width / 2.0, height / 2.0, min(width, height) / 2.0
+
+
+def distortion_source(x: np.ndarray, y: np.ndarray, k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """Continuous source coordinates of output points (x, y): radius ``rho`` reads ``rho (1 + k
+    rho^2) / (1 + k)``."""
+    cx, cy, radius = distortion_frame(width, height)
+    u, v = (x - cx) / radius, (y - cy) / radius
+    factor = (1.0 + k * (u * u + v * v)) / (1.0 + k)
+    return cx + u * factor * radius, cy + v * factor * radius
+
+
+def distortion_forward(x: np.ndarray, y: np.ndarray, k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """Output coordinates of source points (x, y): the inverse of ``distortion_source``, solved
+    for the radius by Newton's method (the map is monotone for ``k > -1 / (3 rho^2)``)."""
+    cx, cy, radius = distortion_frame(width, height)
+    u, v = (np.asarray(x, np.float64) - cx) / radius, (np.asarray(y, np.float64) - cy) / radius
+    s = np.sqrt(u * u + v * v)
+    rho = s.copy()
+    for _ in range(30):
+        f = rho * (1.0 + k * rho * rho) / (1.0 + k) - s
+        df = (1.0 + 3.0 * k * rho * rho) / (1.0 + k)
+        rho = np.maximum(rho - f / np.maximum(df, 1e-9), 0.0)
+    ratio = np.where(s > 1e-12, rho / np.maximum(s, 1e-12), 1.0 + k)
+    return cx + u * ratio * radius, cy + v * ratio * radius
+
+
+def distortion_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """Source pixel-index maps (float32, H x W) of every output pixel."""
+    xs = np.arange(width, dtype=np.float64)[None, :] + 0.5
+    ys = np.arange(height, dtype=np.float64)[:, None] + 0.5
+    sx, sy = distortion_source(np.broadcast_to(xs, (height, width)), np.broadcast_to(ys, (height, width)), k, width, height)
+    return (sx - 0.5).astype(np.float32), (sy - 0.5).astype(np.float32)
+
+
+@_host.host_op("lens_distortion", sampler=_distortion_sampler)
+def lens_distortion(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+    """Radial distortion change ``rho -> rho (1 + k rho^2) / (1 + k)`` about the image centre,
+    bicubic, black where the source lies outside the image (module docstring)."""
+    _c, h, w = img.shape
+    map_x, map_y = distortion_maps(float(p["k"]), w, h)
+    return np.stack(
+        [
+            cv2.remap(np.ascontiguousarray(plane), map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
+            for plane in img
+        ]
+    ).astype(np.float32)

@@ -1,0 +1,238 @@
+"""The video chain: interlaced capture with scope motion, and H.264 macroblock artifacts.
+
+* ``interlacing``: many endoscopy towers and recorders still carry interlaced video (1080i,
+  576i/480i): a frame is two fields exposed 1/50 or 1/60 s apart, the odd lines one field later.
+  When the scope moves between the fields the second field shows the scene displaced by the
+  motion vector, and a frame grabbed from the interlaced signal combs along edges. Frame-recursive
+  noise reduction in the processor adds a faint ghost of the previous frame (displaced twice as
+  far). Output: even lines from the frame, odd lines from the frame displaced by ``shift`` along
+  a keyed direction (the field order is keyed too), plus ``ghost`` of the frame displaced by two
+  shifts. Acts on the tissue; the frame and what is drawn on it stay as they are.
+* ``video_macroblocking``: a frame of an H.264/AVC recording (ITU-T H.264, Richardson, "The
+  H.264 Advanced Video Compression Standard", 2010). Luma and 4:2:0 chroma are coded as 4x4
+  transform blocks; the core transform is a scaled integer approximation of the 4x4 DCT, so with
+  the standard's post-scaling the coefficients equal the orthonormal 4x4 DCT's, quantised with
+  step ``Qstep(QP) = 0.625 * 2^(QP / 6)`` (doubling every 6 QP, in 8-bit levels) and the
+  reference encoder's dead-zone rounding offset 1/3 (intra). Each 16x16 macroblock is coded in
+  Intra16x16 DC mode: predicted by the mean of the decoded pixels above and to its left, so under
+  coarse quantisation flat areas become smeared blocks of their neighbours' level and detail is
+  lost; a simplified in-loop deblocking filter then softens the 4x4 edges. Lost slices (runs of macroblocks in raster order, e.g. from a dropped network
+  packet or a damaged file) are concealed as decoders do, by copying the co-located macroblocks of
+  the previous frame, here the frame displaced by the keyed scope motion: misplaced blocks. The
+  codec acts on the whole recorded frame (frame and overlays included).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+
+from perturb import rng
+from perturb.ops import _host
+from perturb.ops.registry import Level, Params, draw
+
+# ---------------------------------------------------------------------------------------------
+# Interlacing
+
+
+def _interlace_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {
+        "shift": draw(rng, level["shift"]),
+        "ghost": draw(rng, level["ghost"]),
+        "direction": float(rng.uniform(0.0, 2.0 * math.pi)),
+        "odd_first": float(rng.integers(0, 2)),
+    }
+
+
+def displaced(img: np.ndarray, dx: float, dy: float) -> np.ndarray:
+    """``img`` (CHW) moved by (dx, dy) px, bilinear, edges replicated."""
+    matrix = np.array([[1.0, 0.0, dx], [0.0, 1.0, dy]], dtype=np.float64)
+    h, w = img.shape[-2:]
+    return np.stack(
+        [cv2.warpAffine(np.ascontiguousarray(c), matrix, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE) for c in img]
+    ).astype(np.float32)
+
+
+@_host.host_op("interlacing", sampler=_interlace_sampler)
+def interlacing(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+    """Two fields ``shift`` apart (combing) plus a recursive-filter ghost (module docstring)."""
+    _c, h, w = img.shape
+    scale = min(h, w)
+    tissue = view.tissue
+    step = float(p["shift"]) * scale
+    angle = float(p["direction"])
+    dx, dy = step * math.cos(angle), step * math.sin(angle)
+    later = displaced(img, dx, dy)
+    frame = img.copy()
+    first = round(float(p["odd_first"]))
+    frame[:, 1 - first :: 2] = later[:, 1 - first :: 2]
+    ghost = np.float32(p["ghost"])
+    out = frame * (1.0 - ghost) + displaced(img, -dx, -dy) * ghost
+    out[:, ~tissue] = img[:, ~tissue]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# H.264 macroblocking
+
+MB = 16
+QSTEP_BASE = (0.625, 0.6875, 0.8125, 0.875, 1.0, 1.125)  # H.264 Qstep for QP 0..5
+DEADZONE = 1.0 / 3.0  # reference encoder's intra rounding offset
+
+
+# H.264 Table 8-15: chroma QP for luma QP 30..51 (equal below 30)
+CHROMA_QP = (29, 30, 31, 32, 32, 33, 34, 34, 35, 35, 36, 36, 37, 37, 37, 38, 38, 38, 39, 39, 39, 39)
+
+
+def chroma_qp(qp: float) -> float:
+    """Chroma QP of a (fractional) luma QP, interpolated in H.264's Table 8-15."""
+    if qp < 30:
+        return qp
+    lo = min(math.floor(qp), 51)
+    frac = qp - lo
+    at = CHROMA_QP[lo - 30]
+    nxt = CHROMA_QP[min(lo + 1, 51) - 30]
+    return at + (nxt - at) * frac
+
+
+def qstep(qp: float) -> float:
+    """H.264 quantiser step (8-bit levels) of a (possibly fractional) QP: the table for QP % 6
+    doubled every 6 QP, interpolated between integer QPs."""
+    lo = math.floor(qp)
+    frac = qp - lo
+
+    def at(q: int) -> float:
+        return QSTEP_BASE[q % 6] * 2.0 ** (q // 6)
+
+    return at(lo) * (1.0 - frac) + at(lo + 1) * frac
+
+
+def dct4_matrix() -> np.ndarray:
+    """Orthonormal 4-point DCT-II matrix."""
+    n = 4
+    k = np.arange(n)[:, None]
+    i = np.arange(n)[None, :]
+    m = np.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
+    m[0] /= math.sqrt(2.0)
+    return m
+
+
+def quantise_plane(plane: np.ndarray, step: float, mb: int) -> np.ndarray:
+    """Code an (H, W) plane in 8-bit levels as H.264 Intra16x16 macroblocks of ``mb`` px: each
+    is predicted by the DC of the already decoded pixels above and to its left (128 at the frame's
+    top-left), and the residual is coded as 4x4 DCT blocks quantised with ``step`` (dead zone
+    1/3). The plane is padded to whole macroblocks by edge replication."""
+    h, w = plane.shape
+    padded = np.pad(plane.astype(np.float64), ((0, -h % mb), (0, -w % mb)), mode="edge")
+    hh, ww = padded.shape
+    d = dct4_matrix()
+    n4 = mb // 4
+    rec = np.zeros_like(padded)
+    for y0 in range(0, hh, mb):
+        for x0 in range(0, ww, mb):
+            neighbours = []
+            if y0:
+                neighbours.append(rec[y0 - 1, x0 : x0 + mb])
+            if x0:
+                neighbours.append(rec[y0 : y0 + mb, x0 - 1])
+            pred = float(np.mean(np.concatenate(neighbours))) if neighbours else 128.0
+            residual = padded[y0 : y0 + mb, x0 : x0 + mb] - pred
+            blocks = residual.reshape(n4, 4, n4, 4).transpose(0, 2, 1, 3)
+            coef = d @ blocks @ d.T
+            coef = np.sign(coef) * np.floor(np.abs(coef) / step + DEADZONE) * step
+            decoded = (d.T @ coef @ d).transpose(0, 2, 1, 3).reshape(mb, mb)
+            rec[y0 : y0 + mb, x0 : x0 + mb] = np.clip(decoded + pred, 0.0, 255.0)
+    return rec[:h, :w]
+
+
+def deblock_plane(plane: np.ndarray, qp: float) -> np.ndarray:
+    """H.264's in-loop deblocking filter, simplified: across every 4x4 block edge (vertical, then
+    horizontal) where the step is small enough to be a coding artifact (``|p0 - q0| < alpha``,
+    ``|p1 - p0| < beta``, ``|q1 - q0| < beta``), the edge pixels move towards each other by
+    ``((q0 - p0) 4 + (p1 - q1) + 4) / 8`` clipped to ``tc``. ``alpha``, ``beta`` and ``tc`` follow
+    the shape of the standard's tables (Tables 8-16, 8-17): ``alpha ~ 0.8 (2^(QP/6) - 1)``,
+    ``beta ~ QP / 2 - 7``, ``tc ~ alpha / 10 + 1`` (8-bit levels)."""
+    alpha = 0.8 * (2.0 ** (qp / 6.0) - 1.0)
+    beta = max(0.0, qp / 2.0 - 7.0)
+    tc = alpha / 10.0 + 1.0
+    out = plane.copy()
+    for axis in (1, 0):
+        view = out if axis == 1 else out.T
+        n = view.shape[1]
+        edges = np.arange(4, n - 1, 4)
+        if len(edges) == 0:
+            continue
+        p1, p0, q0, q1 = (view[:, edges + o] for o in (-2, -1, 0, 1))
+        active = (np.abs(p0 - q0) < alpha) & (np.abs(p1 - p0) < beta) & (np.abs(q1 - q0) < beta)
+        delta = np.clip(((q0 - p0) * 4.0 + (p1 - q1) + 4.0) / 8.0, -tc, tc) * active
+        view[:, edges - 1] = p0 + delta
+        view[:, edges] = q0 - delta
+    return out
+
+
+def _macroblock_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {
+        "qp": draw(rng, level["qp"]),
+        "loss": draw(rng, level["loss"]),
+        "motion": [float(rng.normal(0.0, 0.03)), float(rng.normal(0.0, 0.03))],
+        "slice_quantile": float(rng.uniform()),
+    }
+
+
+RGB_TO_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
+
+
+def lost_macroblocks(key: int, rows: int, cols: int, loss: float) -> np.ndarray:
+    """Bool (rows, cols): macroblocks of lost slices, runs of about a third of a macroblock row
+    in raster order starting at keyed macroblocks, covering about ``loss`` of the frame."""
+    total = rows * cols
+    if loss <= 0 or total == 0:
+        return np.zeros((rows, cols), dtype=bool)
+    run = max(1, cols // 3)
+    starts_u = rng.uniform_numpy(key, "mb-slices", total)
+    # a slice starts at a macroblock with probability loss / run, so about loss of them are lost
+    starts = np.flatnonzero(starts_u < loss / run)
+    lost = np.zeros(total, dtype=bool)
+    for s in starts:
+        lost[s : s + run] = True
+    return lost.reshape(rows, cols)
+
+
+@_host.host_op("video_macroblocking", sampler=_macroblock_sampler)
+def video_macroblocking(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+    """H.264-style 4x4 DCT quantisation at ``qp`` (4:2:0 chroma) and lost slices concealed from
+    a displaced previous frame (module docstring)."""
+    c, h, w = img.shape
+    scale = min(h, w)
+    step = qstep(float(p["qp"]))
+    levels = img.astype(np.float64) * 255.0
+    if c == 3:
+        ycc = np.tensordot(RGB_TO_YCC, levels, axes=1)
+        ycc[1:] += 128.0
+        y = deblock_plane(quantise_plane(ycc[0], step, MB), float(p["qp"]))
+        chroma = []
+        for plane in ycc[1:]:
+            small = cv2.resize(plane, ((w + 1) // 2, (h + 1) // 2), interpolation=cv2.INTER_AREA)
+            cqp = chroma_qp(float(p["qp"]))
+            coded = deblock_plane(quantise_plane(small, qstep(cqp), MB // 2), cqp)
+            chroma.append(cv2.resize(coded, (w, h), interpolation=cv2.INTER_LINEAR))
+        ycc = np.stack([y, chroma[0] - 128.0, chroma[1] - 128.0])
+        out = np.tensordot(np.linalg.inv(RGB_TO_YCC), ycc, axes=1)
+    else:
+        out = deblock_plane(quantise_plane(levels[0], step, MB), float(p["qp"]))[None]
+    out = np.clip(out / 255.0, 0.0, 1.0).astype(np.float32)
+    rows, cols = math.ceil(h / MB), math.ceil(w / MB)
+    lost = lost_macroblocks(key, rows, cols, float(p["loss"]))
+    if lost.any():
+        motion = np.asarray(p["motion"], dtype=np.float64) * scale
+        previous = np.stack(
+            [
+                cv2.warpAffine(np.ascontiguousarray(plane), np.array([[1.0, 0.0, motion[0]], [0.0, 1.0, motion[1]]]), (w, h), flags=cv2.INTER_NEAREST, borderMode=cv2.BORDER_REPLICATE)
+                for plane in out
+            ]
+        )
+        mask = np.repeat(np.repeat(lost, MB, axis=0), MB, axis=1)[:h, :w]
+        out[:, mask] = previous[:, mask]
+    return out

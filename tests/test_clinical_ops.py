@@ -1,0 +1,382 @@
+"""Physics of the endoscopy scene ops: specular glare (against the real highlights of the same
+frames), smoke, bubbles, fluid, lens fog and drops, chromatic aberration, lens distortion (boxes
+and masks follow), interlacing and H.264 macroblocking. Each op's kernel is checked against an
+independent computation (OpenCV, SciPy) or the physical law it claims; frames are downscaled so
+the file runs in seconds."""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+import pytest
+import scipy.fft
+import scipy.ndimage
+import torch
+
+import perturb
+from perturb import rng
+from perturb.annotations import transform_boxes
+from perturb.ops import _host
+from perturb.ops.clinical import (
+    FLUIDS,
+    fluid_occlusion,
+    pool_mask,
+    render_bubble,
+    smoke_optical_depth,
+    surgical_smoke,
+)
+from perturb.ops.geometry import warp_label_maps
+from perturb.ops.glare import surface_normals
+from perturb.ops.optics import (
+    chromatic_aberration,
+    distortion_forward,
+    distortion_source,
+    lens_distortion,
+    lens_fog,
+    render_drop,
+)
+from perturb.ops.video import (
+    dct4_matrix,
+    interlacing,
+    lost_macroblocks,
+    qstep,
+    quantise_plane,
+    video_macroblocking,
+)
+from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
+
+HIGHLIGHT_LEVEL = 0.85  # a highlight pixel: every channel at least this bright
+
+
+def _frame(i: int, scale: float) -> np.ndarray:
+    """Real frame ``i`` as CHW float32, resized by ``scale`` (area averaging)."""
+    require_samples()
+    img = sample_tensor(ENDOSCOPY[i]).permute(1, 2, 0).numpy()
+    img = cv2.resize(img, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+    return np.ascontiguousarray(np.clip(img, 0, 1).transpose(2, 0, 1), dtype=np.float32)
+
+
+def _flat(value: float, h: int = 120, w: int = 160) -> np.ndarray:
+    return np.full((3, h, w), value, dtype=np.float32)
+
+
+def _view(img: np.ndarray) -> _host.View:
+    return _host.View(img)
+
+
+def _lin(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return np.where(x <= 0.04045, x / 12.92, ((x + 0.055) / 1.055) ** 2.4)
+
+
+def _diameters(mask: np.ndarray, side: int) -> np.ndarray:
+    """Equivalent diameters (fraction of ``side``) of the 8-connected blobs of at least 2 px."""
+    _, _, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    areas = stats[1:, cv2.CC_STAT_AREA]
+    areas = areas[areas >= 2]
+    return 2.0 * np.sqrt(areas / math.pi) / side
+
+
+# ---------------------------------------------------------------------------------------------
+# Specular glare
+
+
+def test_glare_adds_illuminant_coloured_light_in_linear_light_on_tissue_only() -> None:
+    """Dichromatic model: the added light has the illuminant's colour (ratio of the linear
+    increments), only adds light, clips at severity 5, and leaves the frame and overlays as they
+    are (tissue-layer op through the scene model)."""
+    for i in (0, 3, 6, 10):
+        x = torch.from_numpy(_frame(i, 0.35)).unsqueeze(0)
+        out, rec = perturb.apply(x, "specular_glare", 5, [f"f{i}"])
+        scene = perturb.scene(x[0])
+        outside = torch.from_numpy(scene.tissue == 0)
+        assert torch.equal(out[0][:, outside], x[0][:, outside]), "glare touched the frame or an overlay"
+        assert float((out - x).min()) >= -1e-6, "specular reflection only adds light"
+        assert int(((out >= 0.999).all(1) & ~(x >= 0.999).all(1)).sum()) > 0, "no clipped cores"
+        inside = torch.from_numpy(scene.tissue == 1)
+        lin_delta = _lin(out[0].numpy()) - _lin(x[0].numpy())
+        unclipped = (out[0] < 0.98).all(0) & inside & torch.from_numpy(lin_delta.min(0) > 0.02)
+        ratio = lin_delta[:, unclipped.numpy()]
+        ratio = ratio / ratio.max(0, keepdims=True)
+        illum = np.asarray(rec[0].params["illuminant"])
+        assert np.allclose(np.median(ratio, axis=1), illum / illum.max(), atol=0.02)
+
+
+def test_shape_from_shading_finds_surfaces_facing_the_camera() -> None:
+    """A Lambertian sphere lit by a point light at the camera (I = cos(theta) / d^2): the
+    recovered N.V follows the true one (high at the centre facing the camera, low at the limb)."""
+    h = w = 241
+    f = 0.5 * min(h, w)
+    u = (np.arange(w) + 0.5 - w / 2) / f
+    v = (np.arange(h) + 0.5 - h / 2) / f
+    uu, vv = np.meshgrid(u, v)
+    ray = np.stack([uu, vv, np.ones_like(uu)])
+    ray /= np.linalg.norm(ray, axis=0)
+    centre, radius = np.array([0.0, 0.0, 3.0]), 1.2
+    b = ray[2] * centre[2]
+    disc = b * b - (centre @ centre - radius**2)
+    hit = disc > 0
+    t = np.where(hit, b - np.sqrt(np.maximum(disc, 0)), 10.0)
+    point = ray * t
+    normal = (point - centre[:, None, None]) / radius
+    cos_true = np.clip(-(normal * ray).sum(0), 0, 1)
+    lum = np.where(hit, cos_true / t**2, 0.0).astype(np.float32)
+    n_dot_v, inv_d2 = surface_normals(lum / lum.max(), key=0, relief=0.0, scale=min(h, w))
+    core = hit & (cos_true > 0.2)
+    corr = np.corrcoef(n_dot_v[core], cos_true[core])[0, 1]
+    assert corr > 0.8, corr
+    assert n_dot_v[h // 2, w // 2] > 0.97
+    assert inv_d2[h // 2, w // 2] > inv_d2[hit].mean(), "the 1/d^2 cue is largest where the surface is nearest"
+
+
+def test_glare_highlights_are_sized_like_the_real_ones_and_avoid_the_dark_lumen() -> None:
+    """On real frames (downscaled to half size): the new highlights' median and 90th-percentile
+    equivalent diameters are within 2x of the real highlights on the same frames, and at most 5 %
+    of the new highlight pixels lie in the darkest 15 % of the field (issue 15)."""
+    real, made = [], []
+    dark, total = 0, 0
+    for i in range(0, len(ENDOSCOPY), 2):
+        img = _frame(i, 0.5)
+        x = torch.from_numpy(img).unsqueeze(0)
+        tissue = perturb.scene(x[0]).tissue > 0.5
+        side = min(img.shape[1:])
+        before = (img.min(0) >= HIGHLIGHT_LEVEL) & tissue
+        real.extend(_diameters(before, side))
+        out, _ = perturb.apply(x.expand(2, -1, -1, -1).contiguous(), "specular_glare", [3, 5], [f"f{i}"] * 2)
+        lum = _host.luma(img)
+        dark_level = np.quantile(lum[tissue], 0.15)
+        for o in out.numpy():
+            new = (o.min(0) >= HIGHLIGHT_LEVEL) & ~before & tissue
+            made.extend(_diameters(new, side))
+            dark += int((new & (lum <= dark_level)).sum())
+            total += int(new.sum())
+    real_d, made_d = np.array(real), np.array(made)
+    for q in (0.5, 0.9):
+        ratio = np.quantile(made_d, q) / np.quantile(real_d, q)
+        assert 0.5 <= ratio <= 2.0, f"quantile {q}: op {np.quantile(made_d, q):.4f} vs real {np.quantile(real_d, q):.4f}"
+    assert total > 0 and dark / total <= 0.05, f"{dark / max(total, 1):.3f} of new highlight pixels in the dark lumen"
+
+
+# ---------------------------------------------------------------------------------------------
+# Smoke, bubbles, fluid
+
+
+def test_smoke_follows_koschmieder_with_a_wispy_optical_depth() -> None:
+    """On a flat frame (no blur, airlight lit uniformly): linear output = J t + A (1 - t) with
+    t = exp(-tau) of the op's optical depth; tau is patchy (not a uniform haze)."""
+    img = _flat(0.4)
+    p = {"density": np.float32(1.2), "spread": np.float32(0.3), "source": np.array([0.5, 0.5], np.float32),
+         "drift": np.float32(0.7), "airlight": np.float32(0.9), "tint": np.array([1.0, 0.98, 0.95], np.float32)}
+    out = surgical_smoke(img, p, 11, _view(img))
+    tau = smoke_optical_depth(11, 120, 160, p)
+    t = np.exp(-tau.astype(np.float64))
+    j = _lin(img[:, :1, :1])[:, 0, 0]
+    a = 0.9 * np.array([1.0, 0.98, 0.95])
+    expected = j[:, None, None] * t[None] + a[:, None, None] * (1 - t[None])
+    assert np.abs(_lin(out) - expected).max() < 2e-3
+    plume = tau > 0.1 * tau.max()
+    assert tau[plume].std() / tau[plume].mean() > 0.3, "smoke should be wispy, not uniform"
+
+
+def test_bubble_has_fresnel_rim_dark_refraction_line_and_specular_spot() -> None:
+    lin = np.full((3, 101, 101), 0.2, dtype=np.float32)
+    lin[:, :, 70:] = 0.3  # an edge at half the bubble's radius, to see the refraction
+    out = lin.copy()
+    render_bubble(lin, out, 50.5, 50.5, 40.0)
+    ys, xs = np.mgrid[0:101, 0:101] + 0.5
+    rho = np.hypot(xs - 50.5, ys - 50.5) / 40.0
+    lum = out.mean(0)
+    assert lum[50, 50] > 1.0, "specular spot of the light at the lens is clipped"
+    ring = lum[(rho > 0.95) & (rho < 0.99)].mean()
+    mid = lum[(rho > 0.5) & (rho < 0.6)].mean()
+    line = lum[(rho > 0.89) & (rho < 0.91)].mean()
+    assert ring > mid, "Fresnel: the film reflects more at grazing angles"
+    assert line < lum[(rho > 0.8) & (rho < 0.83)].mean(), "dark refraction line inside the rim"
+    # refraction magnifies: the edge at x = 70 (rho 0.5) is seen further out, where the dome's
+    # pull 1 - 0.25 cos(theta) maps the output back onto it (about x = 75.5)
+    edge = 62 + int(np.argmax(out[0, 50, 62:95] > 0.26))  # right of the specular spot
+    assert 74 <= edge <= 77, edge
+    assert np.array_equal(out[:, 0, :], lin[:, 0, :]), "outside the bubble nothing changes"
+
+
+def test_fluid_absorbs_by_beer_lambert_per_channel() -> None:
+    """Two flat frames under the same pool: the linear difference is the transmitted part,
+    (J1 - J2) exp(-mu_c d); deep in the pool d = opacity, so -log(T_c) / opacity = mu_c (blood
+    absorbs green and blue far more than red)."""
+    p = {"coverage": np.float32(0.35), "opacity": np.float32(1.5), "fluid": np.float32(2.0), "side": np.float32(1.0)}
+    a, b = _flat(0.3, 200, 240), _flat(0.7, 200, 240)
+    out_a = fluid_occlusion(a, p, 5, _view(a))
+    out_b = fluid_occlusion(b, p, 5, _view(b))
+    pool = pool_mask(5, np.ones((200, 240), bool), 0.35, 1.0)
+    assert abs(pool.mean() - 0.35) < 0.04, pool.mean()
+    deep = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5) > 0.08 * 200
+    trans = (_lin(out_b) - _lin(out_a))[:, deep] / (_lin(b) - _lin(a))[:, deep]
+    mu = -np.log(np.median(trans, axis=1)) / 1.5
+    assert np.allclose(mu, FLUIDS[2][0], rtol=0.05), mu
+    far = cv2.dilate(pool.astype(np.uint8), np.ones((9, 9), np.uint8)) == 0
+    assert np.abs(out_a[:, far] - a[:, far]).max() < 1e-5, "outside the pool nothing changes"
+
+
+# ---------------------------------------------------------------------------------------------
+# Lens: fog, drops, lateral colour, distortion
+
+
+def test_lens_fog_lowers_contrast_most_at_the_rim() -> None:
+    img = np.zeros((3, 240, 240), np.float32)
+    checks = ((np.indices((240, 240)) // 6).sum(0) % 2).astype(np.float32)
+    img[:] = 0.25 + 0.5 * checks
+    out = lens_fog(img, {"fog": np.float32(0.6), "veil": np.float32(0.6), "reach": np.float32(0.5)}, 3, _view(img))
+
+    def contrast(z: np.ndarray, sel: np.ndarray) -> float:
+        vals = z[1][sel]
+        return float(vals.std() / vals.mean())
+
+    rr = np.hypot(*(np.indices((240, 240)) + 0.5 - 120))
+    centre, rim = rr < 25, (rr > 100) & (rr < 115)
+    assert contrast(out, centre) < contrast(img, centre)
+    assert contrast(out, rim) < contrast(out, centre), "the film forms first at the cold rim"
+
+
+def test_drop_is_a_minifying_lens_with_a_dark_rim() -> None:
+    src = np.tile(np.linspace(0.1, 0.9, 200, dtype=np.float32), (3, 200, 1))
+    out = src.copy()
+    render_drop(src, out, 100.0, 100.0, 30.0, 1.0)
+    row = out[0, 100]
+    inside = slice(80, 121)
+    # the view through the drop is squeezed towards the centre: a flatter ramp inside
+    slope_in = np.polyfit(np.arange(80, 121), row[inside], 1)[0]
+    slope_out = np.polyfit(np.arange(0, 60), row[:60], 1)[0]
+    assert slope_in < 0.8 * slope_out
+    assert np.array_equal(out[:, :, :60], src[:, :, :60]), "outside the drop nothing changes"
+    assert out[0, 100, 128] < src[0, 100, 128], "dark rim"
+
+
+def test_chromatic_aberration_scales_red_and_blue_about_the_field_centre() -> None:
+    """Red equals an OpenCV affine scaling by 1 + k of the red plane about the field centre (an
+    independent warp), blue by 1 - k, green untouched; fringes grow linearly with radius."""
+    img = _frame(2, 0.3)
+    view = _view(img)
+    k = 0.01
+    out = chromatic_aberration(img, {"shift": np.float32(k)}, 0, view)
+    cx, cy, _ = _host.field_geometry(view.field)
+    for channel, m in ((0, 1 + k), (2, 1 - k)):
+        matrix = np.array([[m, 0, cx * (1 - m)], [0, m, cy * (1 - m)]])
+        matrix[:, 2] += 0.5 * (m - 1)  # pixel centres: x_out + 0.5 = m (x_in + 0.5 - cx) + cx
+        ref = cv2.warpAffine(img[channel], matrix, img.shape[:0:-1], flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
+        inner = view.tissue & (cv2.erode(view.tissue.astype(np.uint8), np.ones((9, 9))) > 0)
+        assert np.abs(out[channel][inner] - ref[inner]).max() < 0.02
+    assert np.array_equal(out[1], img[1])
+    # a dot at radius r appears k r further out in red
+    dot = np.zeros((3, 201, 201), np.float32)
+    dot[:, 100, 180] = 1.0
+    shifted = chromatic_aberration(dot, {"shift": np.float32(0.05)}, 0, _host.View(dot))
+    red_x = (shifted[0, 100] * np.arange(201)).sum() / shifted[0, 100].sum()
+    assert red_x + 0.5 - 100.5 == pytest.approx((180.5 - 100.5) * 1.05, abs=0.3)
+
+
+def test_lens_distortion_is_the_radial_model_and_moves_boxes_and_masks() -> None:
+    w, h = 160, 120
+    k = 0.05
+    xs, ys = np.meshgrid(np.linspace(1, w - 1, 17), np.linspace(1, h - 1, 13))
+    sx, sy = distortion_source(xs, ys, k, w, h)
+    bx, by = distortion_forward(sx, sy, k, w, h)
+    assert np.abs(bx - xs).max() < 1e-9 and np.abs(by - ys).max() < 1e-9, "forward inverts the source map"
+    rho = np.hypot(xs - w / 2, ys - h / 2) / (h / 2)
+    rho_s = np.hypot(sx - w / 2, sy - h / 2) / (h / 2)
+    assert np.allclose(rho_s, rho * (1 + k * rho**2) / (1 + k))
+    # against SciPy: bilinear reading at the model's source positions of a smooth image
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
+    smooth = (0.5 + 0.3 * np.sin(xx / 9.0) * np.cos(yy / 7.0)).astype(np.float32)
+    img = np.stack([smooth] * 3)
+    out = lens_distortion(img, {"k": np.float32(k)}, 0, _host.View(img))
+    sxx, syy = distortion_source(xx + 0.5, yy + 0.5, float(np.float32(k)), w, h)
+    ref = scipy.ndimage.map_coordinates(smooth.astype(np.float64), [syy - 0.5, sxx - 0.5], order=3, mode="nearest")
+    keep = (sxx > 2) & (sxx < w - 2) & (syy > 2) & (syy < h - 2)
+    assert np.abs(out[0][keep] - ref[keep]).max() < 0.01
+    # a box and its mask follow the pixels: the engine's record moves the box to where the mask goes
+    x = torch.from_numpy(img).unsqueeze(0)
+    _, rec = perturb.apply(x, "lens_distortion", 5, ["k"], protect_border=False)
+    mask = torch.zeros(1, 1, h, w, dtype=torch.uint8)
+    mask[0, 0, 10:40, 15:50] = 1
+    moved = warp_label_maps("lens_distortion", mask, {"k": torch.tensor([rec[0].params["k"]], dtype=torch.float32)})
+    ys_m, xs_m = np.nonzero(moved[0, 0].numpy())
+    box = transform_boxes([[15, 10, 50, 40]], rec[0], (w, h))[0].box
+    assert abs(box[0] - xs_m.min()) <= 1.5 and abs(box[2] - (xs_m.max() + 1)) <= 1.5
+    assert abs(box[1] - ys_m.min()) <= 1.5 and abs(box[3] - (ys_m.max() + 1)) <= 1.5
+
+
+# ---------------------------------------------------------------------------------------------
+# Video: interlacing, macroblocking
+
+
+def test_interlacing_takes_odd_lines_from_the_displaced_field_and_adds_a_ghost() -> None:
+    img = _frame(4, 0.25)
+    c, h, w = img.shape
+    p = {"shift": np.float32(0.02), "ghost": np.float32(0.0), "direction": np.float32(0.0), "odd_first": np.float32(0.0)}
+    view = _host.View(img, None)
+    out = interlacing(img, p, 0, view)
+    step = 0.02 * min(h, w)
+    later = np.stack([scipy.ndimage.shift(img[i].astype(np.float64), (0, step), order=1, mode="nearest") for i in range(c)])
+    t = view.tissue
+    assert np.array_equal(out[:, 0::2][:, t[0::2]], img[:, 0::2][:, t[0::2]]), "the first field is the frame"
+    odd = t[1::2] & (np.arange(w)[None, :] > step + 2)
+    assert np.abs(out[:, 1::2][:, odd] - later[:, 1::2][:, odd]).max() < 0.01
+    p["ghost"] = np.float32(0.2)
+    ghosted = interlacing(img, p, 0, view)
+    earlier = np.stack([scipy.ndimage.shift(img[i].astype(np.float64), (0, -step), order=1, mode="nearest") for i in range(c)])
+    keep = t & (np.arange(w)[None, :] < w - step - 2)
+    assert np.abs(ghosted[:, keep] - (0.8 * out[:, keep] + 0.2 * earlier[:, keep])).max() < 0.01
+
+
+def test_h264_qstep_and_4x4_transform_quantisation() -> None:
+    """Qstep is 1 at QP 4 and doubles every 6 QP (ITU-T H.264); a macroblock's residual is the
+    orthonormal 4x4 DCT (SciPy) quantised with the dead zone 1/3."""
+    assert qstep(4) == 1.0 and qstep(0) == 0.625
+    for q in range(0, 46):
+        assert qstep(q + 6) == pytest.approx(2 * qstep(q))
+    assert np.allclose(dct4_matrix() @ dct4_matrix().T, np.eye(4))
+    gen = np.random.default_rng(0)
+    plane = gen.uniform(0, 255, size=(16, 16))
+    step = qstep(30)
+    coded = quantise_plane(plane, step, 16)
+    res = plane - 128.0  # the frame's first macroblock is predicted by 128
+    expected = np.zeros_like(plane)
+    for by in range(0, 16, 4):
+        for bx in range(0, 16, 4):
+            coef = scipy.fft.dctn(res[by : by + 4, bx : bx + 4], norm="ortho")
+            q = np.sign(coef) * np.floor(np.abs(coef) / step + 1 / 3) * step
+            expected[by : by + 4, bx : bx + 4] = scipy.fft.idctn(q, norm="ortho") + 128.0
+    assert np.abs(coded - np.clip(expected, 0, 255)).max() < 1e-9
+
+
+def test_lost_slices_are_concealed_from_the_displaced_previous_frame() -> None:
+    img = _frame(5, 0.3)
+    _c, h, w = img.shape
+    shift = 8  # whole pixels, so the nearest-neighbour concealment copy is an exact roll
+    base = {"qp": np.float32(30.0), "motion": np.array([shift / min(h, w), 0.0], np.float32), "slice_quantile": np.float32(0.5)}
+    clean = video_macroblocking(img, {**base, "loss": np.float32(0.0)}, 9, _host.View(img))
+    lossy = video_macroblocking(img, {**base, "loss": np.float32(0.1)}, 9, _host.View(img))
+    lost = lost_macroblocks(9, math.ceil(h / 16), math.ceil(w / 16), 0.1)
+    assert 0.03 < lost.mean() < 0.25
+    mask = np.repeat(np.repeat(lost, 16, 0), 16, 1)[:h, :w]
+    assert np.array_equal(lossy[:, ~mask], clean[:, ~mask])
+    prev = np.roll(clean, shift, axis=2)
+    cols = np.arange(w)[None, :] >= shift + 1
+    sel = mask & cols
+    assert np.abs(lossy[:, sel] - prev[:, sel]).max() < 1e-6
+    assert rng.uniform_numpy(9, "mb-slices", 4).shape == (4,)
+
+
+def test_endoscopy_catalog_covers_the_clinical_artifacts() -> None:
+    from perturb.catalog.specs import load_specs
+
+    endo = {n: s for n, s in load_specs().items() if "endoscopy" in s.modalities}
+    assert len(endo) >= 30, sorted(endo)
+    new = {"surgical_smoke", "bubbles", "fluid_occlusion", "lens_fog", "lens_droplets", "interlacing",
+           "chromatic_aberration", "lens_distortion", "video_macroblocking"}
+    assert new <= set(endo)
+    assert "occludes" in endo["fluid_occlusion"].risk_tags
+    assert {"moves_geometry", "crops_border"} <= set(endo["lens_distortion"].risk_tags)
+    assert endo["specular_glare"].version == 2
