@@ -19,13 +19,13 @@ Writes benchmarks/results/generate-<device>.json with the device, versions and c
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import math
 import os
 import platform
-import random
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 VARIANTS = 10
 ARTIFACT_IMAGES = 3
+TRACK_IMAGES = 8
 
 
 def _images() -> list[Path]:
@@ -139,76 +140,19 @@ def results() -> Iterator[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The PIL reference of the upstream recipe
+# The references: standalone scripts beside this file
 
 
-def _torchvision_params(r: random.Random, width: int, height: int) -> dict[str, Any]:
-    """torchvision's get_params for RandomResizedCrop -> RandomRotation -> RandomAffine ->
-    ColorJitter with the upstream arguments."""
-    area, aspect = width * height, width / height
-    log_ratio = (math.log(aspect * 0.95), math.log(aspect * 1.05))
-    crop = (0, 0, height, width)
-    for _ in range(10):
-        target = area * r.uniform(0.9, 1.0)
-        ar = math.exp(r.uniform(*log_ratio))
-        w, h = round(math.sqrt(target * ar)), round(math.sqrt(target / ar))
-        if 0 < w <= width and 0 < h <= height:
-            crop = (r.randint(0, height - h), r.randint(0, width - w), h, w)
-            break
-    angle = r.uniform(-10, 10)
-    tx = round(r.uniform(-0.1 * width, 0.1 * width))
-    ty = round(r.uniform(-0.1 * height, 0.1 * height))
-    order = list(range(4))
-    r.shuffle(order)
-    return {
-        "crop": crop,
-        "angle": angle,
-        "tx": tx,
-        "ty": ty,
-        "order": order,
-        "b": r.uniform(0.8, 1.2),
-        "c": r.uniform(0.8, 1.2),
-    }
-
-
-def _pil_weak(img: Any, p: dict[str, Any]) -> Any:
-    from PIL import Image, ImageEnhance
-
-    width, height = img.size
-    i, j, h, w = p["crop"]
-    out = img.crop((j, i, j + w, i + h)).resize((width, height), Image.Resampling.BICUBIC)
-    out = out.rotate(p["angle"], Image.Resampling.BICUBIC, expand=False, fillcolor=0)
-    out = out.transform(
-        (width, height),
-        Image.Transform.AFFINE,
-        (1, 0, -p["tx"], 0, 1, -p["ty"]),
-        Image.Resampling.BICUBIC,
-        fillcolor=0,
-    )
-    for k in p["order"]:
-        if k == 0:
-            out = ImageEnhance.Brightness(out).enhance(p["b"])
-        elif k == 1:
-            out = ImageEnhance.Contrast(out).enhance(p["c"])
-    return out
+def _reference(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _pil_reference(files: list[Path], out: Path) -> int:
-    from PIL import Image
-
-    r = random.Random(42)
-    n = 0
-    for v in range(1, VARIANTS + 1):
-        (out / f"variant_{v}").mkdir(parents=True, exist_ok=True)
-    for path in files:
-        with Image.open(path) as im:
-            img = im.convert("RGB")
-        for v in range(1, VARIANTS + 1):
-            _pil_weak(img, _torchvision_params(r, *img.size)).save(
-                out / f"variant_{v}" / f"{path.stem}.jpg"
-            )
-            n += 1
-    return n
+    return int(_reference("ref_track_pil").pil_reference(files, out))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,4 +266,123 @@ def test_artifacts_perturb(benchmark: Any, results: dict[str, Any], tmp_path: Pa
         sum(_pixels(files)) * per_image,
         images=len(files),
         workers=2,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Side by side, CLI start-up included: each side is one process started from the shell
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _frames(tmp: Path, n: int) -> Path:
+    """The first ``n`` sample frames in a folder of their own (both sides read the same)."""
+    folder = tmp / f"frames{n}"
+    folder.mkdir()
+    for f in _images()[:n]:
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+def _timed(cmd: list[str]) -> tuple[float, str]:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # default threads
+    env["PYTHONPATH"] = str(REPO)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return time.perf_counter() - start, done.stdout
+
+
+def _size_of(folder: Path, suffix: str) -> int:
+    return sum(p.stat().st_size for p in folder.rglob(f"*{suffix}"))
+
+
+def _side_by_side(
+    results: dict[str, Any],
+    name: str,
+    frames: Path,
+    reference: str,
+    config: str,
+    ext: str,
+    tmp: Path,
+) -> None:
+    """Reference script and ``perturb generate`` (one process each), ``REPEATS`` times in
+    alternation; each side's best wall time is kept."""
+    repeats = int(os.environ.get("PERTURB_BENCH_REPEATS", "2"))
+    best: dict[str, float] = {}
+    info: dict[str, Any] = {"load_before": _load()}
+    for r in range(repeats):
+        ref_out, our_out = tmp / f"ref{r}", tmp / f"ours{r}"
+        seconds, stdout = _timed(
+            [sys.executable, str(Path(__file__).with_name(reference)), str(frames), str(ref_out)]
+        )
+        best["reference"] = min(best.get("reference", 1e9), seconds)
+        info["reference_outputs"] = int(stdout.strip().splitlines()[-1])
+        info["reference_bytes"] = _size_of(ref_out, ext)
+        seconds, stdout = _timed(
+            [
+                sys.executable,
+                "-m",
+                "perturb.cli",
+                "generate",
+                config,
+                "--dataset",
+                str(frames),
+                "--out",
+                str(our_out),
+                "--quiet",
+                "--json",
+            ]
+        )
+        best["perturb"] = min(best.get("perturb", 1e9), seconds)
+        summary = json.loads(stdout)
+        assert summary["errors"] == 0
+        info["perturb_outputs"] = summary["outputs_written"]
+        info["perturb_bytes"] = summary["bytes_written"]
+        info["perturb_dataset_bytes"] = sum(
+            p.stat().st_size for p in (our_out / "dataset").rglob("*") if p.is_file()
+        )
+        shutil.rmtree(ref_out)
+        shutil.rmtree(our_out)
+    info["load_after"] = _load()
+    ref_rate = info["reference_outputs"] / best["reference"]
+    our_rate = info["perturb_outputs"] / best["perturb"]
+    results[name] = {
+        "images": len(list(frames.iterdir())),
+        "repeats": repeats,
+        "reference_seconds": round(best["reference"], 2),
+        "perturb_seconds": round(best["perturb"], 2),
+        "reference_outputs_per_second": round(ref_rate, 2),
+        "perturb_outputs_per_second": round(our_rate, 2),
+        "ratio": round(our_rate / ref_rate, 2),
+        **info,
+    }
+
+
+def test_artifacts_side_by_side(results: dict[str, Any], tmp_path: Path) -> None:
+    """endoscopy-artifacts (22 ops x 5 severities, PNG) vs albumentations + OpenCV PNG."""
+    frames = _frames(tmp_path, ARTIFACT_IMAGES)
+    _side_by_side(
+        results,
+        "artifacts_vs_albumentations",
+        frames,
+        "ref_artifacts_albumentations.py",
+        "endoscopy-artifacts",
+        ".png",
+        tmp_path,
+    )
+
+
+def test_track_side_by_side(results: dict[str, Any], tmp_path: Path) -> None:
+    """kvasir-vqa-x1-transformed (10 variants, JPEG q75) vs the upstream recipe in PIL."""
+    frames = _frames(tmp_path, TRACK_IMAGES)
+    _side_by_side(
+        results,
+        "track_vs_pil",
+        frames,
+        "ref_track_pil.py",
+        "kvasir-vqa-x1-transformed",
+        ".jpg",
+        tmp_path,
     )

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from perturb.generate.runner import RunSummary
     from perturb.generate.suite import Suite
 
-__all__ = ["generate_split"]
+__all__ = ["generate_split", "load_generated"]
 
 
 def generate_split(config: str | Path | Suite, out: str | Path, **options: Any) -> RunSummary:
@@ -33,3 +33,11 @@ def generate_split(config: str | Path | Suite, out: str | Path, **options: Any) 
     suite = config if isinstance(config, Suite) else load_suite(config)
     options.setdefault("progress", False)
     return generate(suite, RunOptions(out=Path(out), **options))
+
+
+def load_generated(path: str | Path) -> Any:
+    """The QA rows of DIR/dataset with an ``image`` column of PIL images (see
+    ``perturb.generate.dataset``)."""
+    from perturb.generate.dataset import load_generated as load
+
+    return load(path)

@@ -117,6 +117,12 @@ def generate(
             help="Ray: seconds a pass may go without a result before it is stopped and its images retried (0: no limit)."
         ),
     ] = 600.0,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            help="Print the plan (images, outputs, estimated size and time, measured on the first image) and write nothing."
+        ),
+    ] = False,
     id_from: Annotated[
         str,
         typer.Option(
@@ -164,6 +170,7 @@ def generate(
                 concurrency=concurrency,
                 max_retries=max_retries,
                 stall_timeout=stall_timeout,
+                dry_run=dry_run,
                 id_from=id_from,
                 cache_dir=cache_dir,
             ),
@@ -172,7 +179,13 @@ def generate(
         err.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     if as_json:
-        typer.echo(json.dumps(summary.to_dict(), indent=2))
+        typer.echo(json.dumps(summary.plan or summary.to_dict(), indent=2))
+    elif summary.plan is not None:
+        from perturb.generate.plan import Plan
+
+        for line in Plan(**summary.plan).lines():
+            typer.echo(line)
+        return
     else:
         s = summary
         lines = [
@@ -184,7 +197,9 @@ def generate(
             f"images decoded {s.images_ok}, failed {s.images_failed}",
             f"outputs expected {s.outputs_expected}: already present {s.outputs_existing}, written {s.outputs_written}, failed {s.output_errors}",
             f"manifest rows {s.manifest_rows}, dataset rows {s.dataset_rows}, errors {s.errors} (errors.jsonl)",
-            f"{s.seconds:.1f} s, {s.images_per_second:.1f} images/s, output {_size(s.output_bytes)} in {out}",
+            f"done: {s.outputs_written} outputs written, {s.errors} errors, "
+            f"{s.bytes_written / 1e6:.1f} MB written in {s.seconds:.1f} s wall time "
+            f"({s.outputs_per_second:.1f} outputs/s); DIR holds {_size(s.output_bytes)} of outputs: {out}",
         ]
         if s.retries or s.worker_failures or s.stalls:
             lines.append(

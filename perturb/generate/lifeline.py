@@ -4,6 +4,7 @@ this before it imports torch, so a driver killed during start-up leaves no worke
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 def die_with_parent(parent: int) -> None:
@@ -32,3 +33,13 @@ def die_with_parent(parent: int) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="perturb-parent-watch", daemon=True).start()
+
+
+def start_pool_worker(parent: int, ticks: Any) -> None:
+    """Pool-worker initializer of ``perturb generate --workers N``: the guard against the
+    driver's death first, then (importing torch) per-output progress to the driver's ``ticks``
+    queue (``perturb.generate.worker.init_ticks``)."""
+    die_with_parent(parent)
+    from perturb.generate.worker import init_ticks
+
+    init_ticks(ticks)

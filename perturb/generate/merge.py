@@ -4,8 +4,8 @@
 Every part must be a finished run (manifest.parquet) made with the same settings (suite, seed,
 input, perturb version) and the parts must be the shards 0..N-1 of one N, each once. The merge
 copies every manifest file (checking its sha256), writes the manifest sorted by key (the same
-bytes as a single run's), the parts' errors, their dataset/ rows in the single run's order (image
-paths pointing into DIR), .perturb/ (settings and journal, so ``perturb generate`` on DIR with the
+bytes as a single run's), the parts' errors, their dataset/ rows in the single run's order (paths
+relative to DIR; embedded images too where the parts have them), .perturb/ (settings and journal, so ``perturb generate`` on DIR with the
 same settings has nothing left to do) and summary.json. Nothing is written outside DIR.
 """
 
@@ -210,29 +210,37 @@ def _errors(part: _Part) -> list[dict[str, Any]]:
     return rows
 
 
-def _dataset(parts: list[_Part], order: dict[str, int]) -> Any:
-    """The parts' dataset/ rows in the single run's order (``save_to_disk`` stores the image
-    bytes, so the rows do not depend on the part's folder)."""
+def _dataset(parts: list[_Part], order: dict[str, int]) -> tuple[Any, Any]:
+    """The parts' dataset/ rows in the single run's order (their paths are relative to the
+    part's folder, the same under DIR), and their embedded images (``--embed-images`` parts)
+    in manifest order, or None."""
     import datasets
 
-    loaded = []
+    from perturb.generate.dataset import load_images, path_column
+
+    loaded, images = [], []
     for part in parts:
         folder = part.root / "dataset"
         if not folder.is_dir():
             raise MergeError(f"{part.root}: no dataset/ folder; re-run that shard (it resumes)")
         try:
             loaded.append(datasets.load_from_disk(str(folder)))
+            images.append(load_images(folder))
         except Exception as exc:  # datasets raises many types for a broken folder
             raise MergeError(
                 f"{part.root}: its dataset/ cannot be loaded ({type(exc).__name__}: {exc!s:.200}); "
                 "re-run that shard (it resumes and rebuilds dataset/)"
             ) from None
-    # the output path column is perturb_path when the input has a column named path
-    column = "perturb_path" if "perturb_path" in loaded[0].column_names else "path"
+    column = path_column(list(loaded[0].column_names))
     keys = [order[rel] for ds in loaded for rel in ds[column]]
     merged = datasets.concatenate_datasets(loaded)
     ranks = sorted(range(len(keys)), key=keys.__getitem__)  # stable: input order kept per output
-    return merged.select(ranks)
+    if any(i is None for i in images):
+        return merged.select(ranks), None
+    embedded = datasets.concatenate_datasets(images)
+    rank = [order[rel] for rel in embedded["path"]]
+    by_order = sorted(range(len(rank)), key=rank.__getitem__)
+    return merged.select(ranks), embedded.select(by_order)
 
 
 def merge_parts(part_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[str]) -> MergeSummary:
@@ -285,10 +293,10 @@ def _write(
     errors = [e for part in parts for e in _errors(part)]
     write_errors(out_dir, errors)
     order = {r["path"]: i for i, r in enumerate(ordered)}
-    ds = _dataset(parts, order)
+    ds, images = _dataset(parts, order)
     summary = MergeSummary(parts=[str(p.root) for p in parts], shards=n)
     summary.manifest_rows = manifest.num_rows
-    summary.dataset_rows = save_dataset(out_dir, ds)
+    summary.dataset_rows = save_dataset(out_dir, ds, images)
     summary.errors = len(errors)
     summary.output_bytes = int(sum(manifest.column("size_bytes").to_pylist()))
     summary.counts = {k: sum(int(p.summary.get(k, 0)) for p in parts) for k in _SUMMED}

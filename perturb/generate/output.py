@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
+import zlib
 
 import cv2
 import numpy as np
@@ -63,18 +65,73 @@ def quantize(img: np.ndarray, spec: OutputSpec, bit_depth: int) -> np.ndarray:
     return np.rint(out, out=out).astype(dtype)
 
 
+_PNG_FILTERS = {
+    "none": cv2.IMWRITE_PNG_FILTER_NONE,
+    "sub": cv2.IMWRITE_PNG_FILTER_SUB,
+    "up": cv2.IMWRITE_PNG_FILTER_UP,
+    "avg": cv2.IMWRITE_PNG_FILTER_AVG,
+    "paeth": cv2.IMWRITE_PNG_FILTER_PAETH,
+}
+_PNG_STRATEGIES = {
+    "filtered": cv2.IMWRITE_PNG_STRATEGY_FILTERED,
+    "huffman": cv2.IMWRITE_PNG_STRATEGY_HUFFMAN_ONLY,
+    "rle": cv2.IMWRITE_PNG_STRATEGY_RLE,
+}
+
+
 def encode(img: np.ndarray, spec: OutputSpec) -> bytes:
-    """Encode with the suite's settings: PNG (lossless, 8/16-bit) or JPEG (8-bit, 4:2:0)."""
-    bgr = cv2.cvtColor(img, cv2.COLOR_RGB2BGR) if img.ndim == 3 else img
-    if spec.format == "png":
-        ok, buf = cv2.imencode(
-            ".png", bgr, [cv2.IMWRITE_PNG_COMPRESSION, int(spec.png_compression)]
-        )
+    """Encode an RGB / gray array with the suite's settings: PNG (lossless, 8/16-bit) or
+    JPEG (8-bit, 4:2:0)."""
+    return encode_bgr(cv2.cvtColor(img, cv2.COLOR_RGB2BGR) if img.ndim == 3 else img, spec)
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_isal(img: np.ndarray, level: int, up: bool) -> bytes:
+    """PNG of an RGB / gray, 8/16-bit array: every row with filter Up (or None), deflated by
+    ISA-L at ``level`` (0-3; higher levels are clamped to 3)."""
+    from isal import isal_zlib
+
+    h, w = img.shape[:2]
+    channels = 1 if img.ndim == 2 else img.shape[2]
+    depth = 16 if img.dtype == np.uint16 else 8
+    rows = np.ascontiguousarray(img, dtype=">u2" if depth == 16 else np.uint8).view(np.uint8)
+    rows = rows.reshape(h, -1)
+    data = np.empty((h, rows.shape[1] + 1), np.uint8)
+    data[:, 0] = 2 if up else 0
+    data[0, 1:] = rows[0]
+    if up:
+        np.subtract(rows[1:], rows[:-1], out=data[1:, 1:])  # modulo 256, as PNG's Up
     else:
-        if max(img.shape[:2]) > JPEG_MAX_SIDE:
+        data[1:, 1:] = rows[1:]
+    header = struct.pack(">IIBBBBB", w, h, depth, 0 if channels == 1 else 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", header)
+        + _png_chunk(b"IDAT", isal_zlib.compress(data.tobytes(), min(level, 3)))
+        + _png_chunk(b"IEND", b"")
+    )
+
+
+def encode_bgr(bgr: np.ndarray, spec: OutputSpec) -> bytes:
+    """``encode`` of an array already in OpenCV's BGR channel order (or gray)."""
+    if spec.format == "png" and spec.png_encoder == "isal":
+        rgb = bgr[..., ::-1] if bgr.ndim == 3 else bgr
+        return png_isal(rgb, int(spec.png_compression), spec.png_filter == "up")
+    if spec.format == "png":
+        params = [cv2.IMWRITE_PNG_COMPRESSION, int(spec.png_compression)]
+        if spec.png_filter != "default":
+            params += [cv2.IMWRITE_PNG_FILTER, _PNG_FILTERS[spec.png_filter]]
+        if spec.png_strategy != "default":
+            params += [cv2.IMWRITE_PNG_STRATEGY, _PNG_STRATEGIES[spec.png_strategy]]
+        ok, buf = cv2.imencode(".png", bgr, params)
+    else:
+        if max(bgr.shape[:2]) > JPEG_MAX_SIDE:
             raise ValueError(
                 f"JPEG sides are at most {JPEG_MAX_SIDE} pixels, this image is "
-                f"{img.shape[1]}x{img.shape[0]}; use output.format: png for it"
+                f"{bgr.shape[1]}x{bgr.shape[0]}; use output.format: png for it"
             )
         params = [
             cv2.IMWRITE_JPEG_QUALITY,
@@ -89,11 +146,17 @@ def encode(img: np.ndarray, spec: OutputSpec) -> bytes:
 
 
 def encoding_json(spec: OutputSpec) -> str:
-    """The encoder settings of an output (manifest column ``encoding``)."""
+    """The encoder settings of an output (manifest column ``encoding``); PNG filter and
+    strategy only where they are not libpng's defaults (rows made before they existed)."""
     if spec.format == "png":
-        return json.dumps(
-            {"format": "png", "png_compression": spec.png_compression}, sort_keys=True
-        )
+        data: dict[str, object] = {"format": "png", "png_compression": spec.png_compression}
+        if spec.png_filter != "default":
+            data["png_filter"] = spec.png_filter
+        if spec.png_encoder == "isal":
+            data["png_encoder"] = "isal"
+        elif spec.png_strategy != "default":
+            data["png_strategy"] = spec.png_strategy
+        return json.dumps(data, sort_keys=True)
     return json.dumps(
         {"format": "jpg", "jpeg_quality": spec.jpeg_quality, "subsampling": "4:2:0"}, sort_keys=True
     )
@@ -103,7 +166,14 @@ def spec_from_encoding(text: str) -> OutputSpec:
     data = json.loads(text)
     if data["format"] == "png":
         return OutputSpec.model_validate(
-            {"layout": "{img_id}", "format": "png", "png_compression": data["png_compression"]}
+            {
+                "layout": "{img_id}",
+                "format": "png",
+                "png_compression": data["png_compression"],
+                "png_filter": data.get("png_filter", "default"),
+                "png_strategy": data.get("png_strategy", "default"),
+                "png_encoder": data.get("png_encoder", "opencv"),
+            }
         )
     return OutputSpec.model_validate(
         {"layout": "{img_id}", "format": "jpg", "jpeg_quality": data["jpeg_quality"]}

@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -44,9 +45,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perturb import __version__
-from perturb.generate.lifeline import die_with_parent
+from perturb.generate.lifeline import start_pool_worker
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
 from perturb.generate.output import MANIFEST_COLUMNS, MANIFEST_SCHEMA
+from perturb.generate.progress import Progress, ProgressCallback, pool_ticks, space_problem
 from perturb.generate.shard import Shard, ShardError, parse_shard
 from perturb.generate.suite import Suite, Task
 from perturb.generate.worker import (
@@ -55,6 +57,7 @@ from perturb.generate.worker import (
     WorkerConfig,
     default_threads,
     process_chunk,
+    run_with_ticks,
 )
 from perturb.io.images import DEFAULT_MAX_PIXELS, write_atomic
 
@@ -115,6 +118,9 @@ class RunOptions:
     max_retries: int = 2  # Ray: rounds that re-run images whose worker died or failed
     stall_timeout: float | None = 600.0  # Ray: stop a pass after this long without a result
     threads: int | None = None  # torch/OpenCV threads per worker (default: 1 when several)
+    dry_run: bool = False  # print the plan (perturb.generate.plan), write nothing
+    on_progress: ProgressCallback | None = None  # (outputs done, outputs to do), per output
+    check_space: bool = True  # stop after the first chunk when the estimate exceeds free space
     id_from: str = "stem"  # img_id of inputs without an img_id column: file stem or path
     cache_dir: str | None = None  # ``datasets`` cache of the input (default DIR/.perturb/cache)
 
@@ -152,6 +158,10 @@ class RunSummary:
     worker_failures: int = 0  # failed worker calls seen (died, or raised), before retries
     stalls: int = 0  # Ray passes stopped after --stall-timeout seconds without a result
     seconds_to_first_output: float | None = None  # start-up: planning, workers, first batch
+    outputs_per_second: float = 0.0  # outputs written / wall time (images_per_second: the same)
+    bytes_written: int = 0  # bytes of the outputs written by this run
+    estimated_bytes: int | None = None  # disk estimate after the first chunk (this run's rest)
+    plan: dict[str, Any] | None = None  # --dry-run: perturb.generate.plan.Plan, nothing written
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -475,107 +485,21 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     write_atomic(path, sink.getvalue().to_pybytes())
 
 
-def _perturbation_columns(input_columns: list[str]) -> dict[str, str]:
-    names = [
-        "suite",
-        "op",
-        "severity",
-        "variant",
-        "seed",
-        "key",
-        "params",
-        "risk_tags",
-        "path",
-        "sha256",
-        "width",
-        "height",
-        "perturb_version",
-    ]
-    return {n: (f"perturb_{n}" if n in input_columns or n == "image" else n) for n in names}
-
-
 def build_dataset(
     out: Path, inp: Any, manifest: pa.Table, embed: bool, folder: OutputDir | None = None
 ) -> int:
-    """Write DIR/dataset: each perturbed image joined with every QA row of its img_id (the
-    image bytes read through ``folder`` when the outputs are at a URL)."""
-    import datasets
+    """Write DIR/dataset (``perturb.generate.dataset``): QA rows with paths to DIR's files;
+    with ``embed`` also the outputs' bytes, once each (read through ``folder`` at a URL)."""
+    from perturb.generate.dataset import build_dataset as build
 
-    table = inp.table_without_image()
-    rows_of: dict[str, list[int]] = {}
-    for i, img_id in enumerate(inp.row_ids()):
-        if img_id is not None:
-            rows_of.setdefault(img_id, []).append(i)
-    take: list[int] = []
-    out_idx: list[int] = []
-    ids = manifest.column("img_id").to_pylist()
-    for m, img_id in enumerate(ids):
-        for r in rows_of.get(img_id, []):
-            take.append(r)
-            out_idx.append(m)
-    joined = table.take(pa.array(take, type=pa.int64()))
-    names = _perturbation_columns(list(table.column_names))
-    picked = manifest.take(pa.array(out_idx, type=pa.int64()))
-    features = dict(inp.features_without_image())
-    if getattr(inp, "annotations", None) is not None:
-        from perturb.generate.annotate import move_annotations
-
-        joined, added = move_annotations(joined, picked, inp.annotations)
-        features.update(added)
-    paths = picked.column("path").to_pylist()
-    root = out.resolve()
-    if folder is not None and folder.url is not None:
-        image_bytes: list[bytes | None] = [folder.read_output(p) for p in paths]
-    else:
-        image_bytes = [(root / p).read_bytes() for p in paths] if embed else [None] * len(paths)
-    image = pa.StructArray.from_arrays(
-        [
-            pa.array(image_bytes, type=pa.binary()),
-            pa.array([str(root / p) for p in paths], type=pa.string()),
-        ],
-        names=["bytes", "path"],
-    )
-    arrays = list(joined.columns)
-    fields = list(joined.column_names)
-    arrays.append(image)
-    fields.append("image")
-    features["image"] = datasets.Image()
-    for src, dst in names.items():
-        col = picked.column(src)
-        arrays.append(col)
-        fields.append(dst)
-        features[dst] = (
-            datasets.Value("int64") if pa.types.is_integer(col.type) else datasets.Value("string")
-        )
-    feats = datasets.Features(features)
-    result = pa.Table.from_arrays(arrays, names=fields).cast(feats.arrow_schema)
-    ds = datasets.Dataset(
-        datasets.table.InMemoryTable(result), info=datasets.DatasetInfo(features=feats)
-    )
-    return save_dataset(out, ds)
+    read = folder.read_output if folder is not None and folder.url is not None else None
+    return build(out, inp, manifest, embed, read)
 
 
-def save_dataset(out: Path, ds: Any) -> int:
-    """Write ``ds`` as DIR/dataset, replacing the old one only once the new one is complete."""
-    import datasets
+def save_dataset(out: Path, ds: Any, images: Any = None) -> int:
+    from perturb.generate.dataset import save_dataset as save
 
-    state = out / STATE_DIR
-    tmp, old, final = state / "dataset.tmp", state / "dataset.old", out / "dataset"
-    shutil.rmtree(tmp, ignore_errors=True)
-    was_enabled = datasets.utils.logging.is_progress_bar_enabled()
-    datasets.utils.logging.disable_progress_bar()
-    try:
-        # one shard even when empty: a 0-row dataset saved with no data file cannot be loaded
-        ds.save_to_disk(str(tmp), num_shards=1 if len(ds) == 0 else None)
-    finally:
-        if was_enabled:
-            datasets.utils.logging.enable_progress_bar()
-    _crash_point("dataset")
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-    return len(ds)
+    return save(out, ds, images)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -592,48 +516,6 @@ def _resolve_device(name: str) -> str:
     if name not in ("cpu", "cuda"):
         raise RunError(f"--device must be auto, cpu or cuda, got {name!r}")
     return name
-
-
-class _Progress:
-    """rich progress bar with images/s (outputs per second), or nothing."""
-
-    def __init__(self, enabled: bool, total: int, label: str) -> None:
-        self.enabled = enabled and total > 0
-        self.start = time.perf_counter()
-        self.done = 0
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._bar = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]:>8.1f} images/s"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-                transient=False,
-            )
-            self._task = self._bar.add_task(label, total=total, rate=0.0)
-            self._bar.start()
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        if self.enabled:
-            rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-            self._bar.update(self._task, advance=n, rate=rate)
-
-    def close(self) -> None:
-        if self.enabled:
-            self._bar.stop()
 
 
 def generate(suite: Suite, options: RunOptions) -> RunSummary:
@@ -675,7 +557,11 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         raise RunError(f"--id-from must be stem or path, got {options.id_from!r}")
     if out is not None:
         _refuse_out_inside_input(out, options.dataset)
-    if options.cache_dir is None:
+    dry_run_cache: tempfile.TemporaryDirectory[str] | None = None
+    if options.cache_dir is None and options.dry_run:  # nothing written in DIR
+        dry_run_cache = tempfile.TemporaryDirectory(prefix="perturb-dry-run-cache-")
+        options = replace(options, cache_dir=dry_run_cache.name)
+    elif options.cache_dir is None:
         from perturb.generate.store import staging_folder
 
         state = (out if out is not None else staging_folder(url or "")) / STATE_DIR
@@ -708,6 +594,26 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         settings["limit"] = options.limit
     if options.id_from != "stem":
         settings["id_from"] = options.id_from
+    if options.dry_run:  # the plan, measured on the first image; nothing written in DIR
+        from perturb.generate.plan import plan_run
+
+        device = _resolve_device(options.device if options.engine == "local" else "cpu")
+        try:
+            plan = plan_run(suite, inp, options, seed, device, shard, out)
+        finally:
+            if dry_run_cache is not None:
+                dry_run_cache.cleanup()
+        return RunSummary(
+            suite=suite.suite,
+            input=inp.source,
+            device=device,
+            engine=options.engine,
+            images=plan.images,
+            images_selected=plan.images_selected,
+            outputs_expected=plan.outputs,
+            estimated_bytes=plan.estimated_bytes,
+            plan=plan.to_dict(),
+        )
     folder = RemoteOutputDir(url) if url else OutputDir(out or Path())
     try:
         if options.engine == "ray":
@@ -731,7 +637,6 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
             from perturb.generate.ray_engine import disconnect
 
             disconnect()
-
 
 
 def _refuse_out_inside_input(out: Path, dataset: str | None) -> None:
@@ -792,6 +697,7 @@ def open_run_input(
         id_from=id_from,
         cache_dir=cache_dir,
     )
+
 
 def read_jobs(inp: Any, batch: list[Pending]) -> tuple[list[ImageJob], list[dict[str, Any]]]:
     """Jobs of a batch with their image bytes; images that cannot be read become error rows."""
@@ -918,7 +824,8 @@ def _run(
         out=str(out),
         threads=options.threads or default_threads(options.workers),
     )
-    progress = _Progress(options.progress, sum(len(m) for _, _, m in pending), f"{suite.suite}")
+    to_do = sum(len(m) for _, _, m in pending)
+    progress = Progress(options.progress, to_do, suite.suite, options.on_progress)
     written = 0
 
     def fetch(batch: list[Pending]) -> tuple[list[ImageJob], int]:
@@ -932,10 +839,12 @@ def _run(
 
     fh: Any = None
 
-    def take(result: ChunkResult, tasks: int) -> None:
+    def take(result: ChunkResult, tasks: int, chunk: int | None = None) -> None:
         nonlocal written
-        if summary.seconds_to_first_output is None and result.rows:
+        first = summary.seconds_to_first_output is None and bool(result.rows)
+        if first:
             summary.seconds_to_first_output = time.perf_counter() - started
+        summary.bytes_written += sum(int(r["size_bytes"]) for r in result.rows)
         _append(fh, result.rows)
         for row in result.rows:
             done[_task_key(row)] = row
@@ -945,12 +854,35 @@ def _run(
         summary.images_ok += result.images_ok
         summary.images_failed += result.images_failed
         summary.output_errors += sum(1 for e in result.errors if e["stage"] in ("perturb", "write"))
-        progress.advance(tasks)  # written, failed, or of an image that did not decode
+        if chunk is None:
+            progress.advance(tasks)  # written, failed, or of an image that did not decode
+        else:
+            progress.finish(chunk, tasks)
+        if first:  # journaled first: a stop here keeps the chunk
+            check_space(result, tasks)
+
+    def check_space(result: ChunkResult, tasks: int) -> None:
+        """After the first chunk: the rest of the run x the chunk's mean output size against
+        the free space (exit 2 before the disk fills; a re-run resumes)."""
+        mean = sum(int(r["size_bytes"]) for r in result.rows) / len(result.rows)
+        rest = max(0, to_do - tasks)
+        line, too_big = space_problem(
+            out, rest, mean, options.embed_images and folder.url is None
+        )
+        summary.estimated_bytes = int(rest * mean)
+        progress.note(line)
+        if too_big and options.check_space and folder.url is None:
+            raise RunError(
+                f"--out {out}: not enough free disk space: {line}. Free space, choose an --out "
+                "on a larger disk, make fewer outputs (--limit, --shard I/N) or smaller ones "
+                "(output.format: jpg in the suite); the outputs made so far are kept and a "
+                "re-run resumes"
+            )
 
     batches = [
         pending[i : i + options.batch_size] for i in range(0, len(pending), options.batch_size)
     ]
-    job: Callable[[WorkerConfig, list[ImageJob]], ChunkResult] = process_chunk
+    job: Callable[..., ChunkResult] = process_chunk
     if folder.url is not None:  # outputs to a URL: write to scratch, then copy
         from perturb.generate.store import publish_chunk
 
@@ -968,28 +900,33 @@ def _run(
                 summary.stalls = stats.stalls
                 progress.advance(sum(len(e) for e in stats.lost_tasks))
             elif options.workers <= 1:
-                for batch in batches:
+                for chunk, batch in enumerate(batches):
                     jobs, n_tasks = fetch(batch)
-                    take(job(cfg, jobs), n_tasks)
+                    take(job(cfg, jobs, on_output=partial(progress.tick, chunk)), n_tasks, chunk)
             else:
                 ctx = get_context("spawn")
-                with ProcessPoolExecutor(
-                    max_workers=options.workers,
-                    mp_context=ctx,
-                    initializer=die_with_parent,
-                    initargs=(os.getpid(),),
-                ) as pool:
-                    in_flight: dict[Future[ChunkResult], int] = {}
-                    queue = list(reversed(batches))
+                with (
+                    pool_ticks(progress, ctx) as ticks,
+                    ProcessPoolExecutor(
+                        max_workers=options.workers,
+                        mp_context=ctx,
+                        initializer=start_pool_worker,
+                        initargs=(os.getpid(), ticks),
+                    ) as pool,
+                ):
+                    in_flight: dict[Future[ChunkResult], tuple[int, int]] = {}
+                    queue = list(reversed(list(enumerate(batches))))
                     while True:
                         while queue and len(in_flight) < 2 * options.workers:
-                            jobs, n_tasks = fetch(queue.pop())
-                            in_flight[pool.submit(job, cfg, jobs)] = n_tasks
+                            chunk, batch = queue.pop()
+                            jobs, n_tasks = fetch(batch)
+                            fut = pool.submit(run_with_ticks, job, cfg, jobs, chunk)
+                            in_flight[fut] = (n_tasks, chunk)
                         if not in_flight:
                             break
                         finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                         for fut in finished:
-                            take(fut.result(), in_flight.pop(fut))
+                            take(fut.result(), *in_flight.pop(fut))
     finally:
         progress.close()
     summary.outputs_written = written
@@ -1004,6 +941,7 @@ def _run(
     summary.output_bytes = int(sum(manifest.column("size_bytes").to_pylist()))
     summary.seconds = time.perf_counter() - started
     summary.images_per_second = written / summary.seconds if summary.seconds > 0 else 0.0
+    summary.outputs_per_second = summary.images_per_second
     write_atomic(out / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
     folder.publish()
     return summary

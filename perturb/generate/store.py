@@ -23,7 +23,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from perturb.generate.worker import ChunkResult, ImageJob, WorkerConfig, process_chunk
+from perturb.generate.worker import (
+    ChunkResult,
+    ImageJob,
+    OnOutput,
+    WorkerConfig,
+    process_chunk,
+)
 
 
 class StoreError(ValueError):
@@ -154,13 +160,15 @@ def staging_folder(url: str) -> Path:
     return root / "perturb" / "staging" / digest
 
 
-def publish_chunk(cfg: WorkerConfig, jobs: list[ImageJob], url: str) -> ChunkResult:
+def publish_chunk(
+    cfg: WorkerConfig, jobs: list[ImageJob], url: str, on_output: OnOutput | None = None
+) -> ChunkResult:
     """``process_chunk`` into a scratch folder, then each output to ``url``; an output that
     cannot be copied becomes an error row (stage ``write``) instead of a manifest row."""
     remote = RemoteDir(url)
     qa = {job.img_id: (job.file_id, job.qa_rows) for job in jobs}
     with tempfile.TemporaryDirectory(prefix="perturb-scratch-") as scratch:
-        result = process_chunk(replace(cfg, out=scratch), jobs)
+        result = process_chunk(replace(cfg, out=scratch), jobs, on_output)
         kept: list[dict[str, Any]] = []
         for row in result.rows:
             local = Path(scratch) / row["path"]

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections import defaultdict
+from collections import defaultdict, deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,17 @@ import torch
 from perturb import __version__
 from perturb.generate import transformed
 from perturb.generate.naming import resolve_inside
-from perturb.generate.output import encode, encoding_json, quantize, sha256
+from perturb.generate.output import encode_bgr, encoding_json, quantize, sha256
 from perturb.generate.suite import Suite, Task, parse_suite
-from perturb.io.images import ImageDecodeError, decode_image_info, to_tensor, write_atomic
+from perturb.io.images import (
+    ImageDecodeError,
+    decode_image_info,
+    fsync_path,
+    to_tensor,
+    write_atomic,
+)
+
+OnOutput = Callable[[int], None]  # called with n after n more outputs are written or failed
 
 
 @dataclass(frozen=True)
@@ -124,11 +134,27 @@ class _Decoded:
         return tuple(self.arr.shape)
 
 
+def _stacked(batch: list[_Decoded], device: torch.device, cache: dict[Any, torch.Tensor]) -> torch.Tensor:
+    """The batch as one BCHW tensor on ``device``, made once per chunk for all its tasks (ops
+    never write into their input)."""
+    key = tuple(id(d) for d in batch)
+    x = cache.get(key)
+    if x is None:
+        x = cache[key] = to_device([d.x for d in batch], device)
+    return x
+
+
 def _run_task(
-    task: Task, batch: list[_Decoded], suite: Suite, seed: int, device: torch.device
+    task: Task,
+    batch: list[_Decoded],
+    suite: Suite,
+    seed: int,
+    device: torch.device,
+    cache: dict[Any, torch.Tensor] | None = None,
 ) -> tuple[list[np.ndarray], list[dict[str, Any]], int]:
     """Run one task on images of one shape; returns float32 HWC/HW outputs, per-sample
     (key, params, record, op_version) and the channel count."""
+    cache = {} if cache is None else cache
     ids = [d.job.img_id for d in batch]
     if task.composite:
         spec = transformed.TransformedSpec(**suite.composite_params(task.op).ranges())
@@ -150,16 +176,18 @@ def _run_task(
         # upstream works on PIL RGB images and saves RGB JPEGs: a frame whose three channels
         # happen to be equal (decoded as gray) still comes out with three channels
         if device.type == "cpu":
-            outs = [transformed.transformed_array(d.float_array(), p) for d, p in zip(batch, params, strict=True)]
+            outs = [
+                transformed.transformed_array(d.float_array(), p)
+                for d, p in zip(batch, params, strict=True)
+            ]
         else:
-            y = transformed.apply_transformed(to_device([d.x for d in batch], device), params)
-            outs = _to_arrays(y)
+            outs = _to_arrays(transformed.apply_transformed(_stacked(batch, device, cache), params))
         return [np.repeat(o[..., None], 3, axis=2) if o.ndim == 2 else o for o in outs], infos, 3
     from perturb.catalog.registry import get_op
     from perturb.engine import apply
 
     op = get_op(task.op)
-    x = to_device([d.x for d in batch], device)
+    x = _stacked(batch, device, cache)
     groups = [d.job.param_key or d.job.img_id for d in batch]
     if x.shape[1] not in op.spec.channels and x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1).contiguous()  # gray frame, colour op: treated as RGB
@@ -221,10 +249,10 @@ def _write_output(
     cfg: WorkerConfig,
     channels: int,
 ) -> dict[str, Any]:
-    img = quantize(y, suite.output, d.bit_depth)
-    data = encode(img, suite.output)
+    img = quantize(y[..., ::-1] if y.ndim == 3 else y, suite.output, d.bit_depth)  # BGR
+    data = encode_bgr(img, suite.output)
     target = resolve_inside(Path(cfg.out), rel)
-    write_atomic(target, data)
+    write_atomic(target, data, sync=False)  # synced once per chunk (_Writer.close)
     return {
         "img_id": d.job.img_id,
         "suite": suite.suite,
@@ -251,43 +279,103 @@ def _write_output(
         "record": json.dumps(info["record"], sort_keys=True),
         "input_sha256": d.job.input_sha256 or sha256(d.job.data),
         "orientation": d.orientation,
+        "_target": str(target),  # popped by _Writer, which fsyncs it
     }
 
 
-def process_chunk(cfg: WorkerConfig, jobs: list[ImageJob]) -> ChunkResult:
+class _Writer:
+    """Encodes and writes outputs on a thread pool (OpenCV's encoders release the GIL) while
+    the ops run on the calling thread; at most ``2 x threads`` outputs wait in memory. Rows and
+    errors are kept in submission order; ``close`` fsyncs every written file and its folder,
+    so the journal row the driver appends after the chunk is the commit point."""
+
+    def __init__(self, result: ChunkResult, on_output: OnOutput | None, threads: int) -> None:
+        self.result = result
+        self.on_output = on_output
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="perturb-encode")
+        self.limit = 2 * threads
+        self.pending: deque[tuple[Future[dict[str, Any]], ImageJob, Task]] = deque()
+        self.written: list[Path] = []
+
+    def submit(self, job: ImageJob, task: Task, fn: Callable[[], dict[str, Any]]) -> None:
+        while len(self.pending) >= self.limit:
+            self._collect()
+        self.pending.append((self.pool.submit(fn), job, task))
+
+    def error(self, row: dict[str, Any], outputs: int = 1) -> None:
+        self.result.errors.append(row)
+        if self.on_output is not None and outputs:
+            self.on_output(outputs)
+
+    def _collect(self) -> None:
+        fut, job, task = self.pending.popleft()
+        try:
+            row = fut.result()
+        except Exception as exc:
+            self.error(error_row(job, "write", f"{type(exc).__name__}: {exc}", task))
+            return
+        self.result.rows.append(row)
+        self.written.append(Path(row.pop("_target")))
+        if self.on_output is not None:
+            self.on_output(1)
+
+    def close(self) -> None:
+        try:
+            while self.pending:
+                self._collect()
+            folders = {p.parent for p in self.written}
+            list(self.pool.map(fsync_path, [*self.written, *sorted(folders)]))
+        finally:
+            self.pool.shutdown(wait=True)
+
+
+def encode_threads(cfg: WorkerConfig) -> int:
+    """Encoder threads of a worker: its torch/OpenCV thread budget, else the cores."""
+    return max(1, cfg.threads or cpu_count())
+
+
+def process_chunk(
+    cfg: WorkerConfig, jobs: list[ImageJob], on_output: OnOutput | None = None
+) -> ChunkResult:
     """Decode ``jobs``' images, run their missing tasks, write the outputs; never raises for a
-    bad image or a failing op (those become error rows)."""
+    bad image or a failing op (those become error rows). ``on_output(n)`` is called (on this
+    thread) each time n more of the jobs' tasks are done, written or failed."""
     _set_threads(cfg.threads)
     suite = _suite(json.dumps(cfg.suite, sort_keys=True))
     device = torch.device(cfg.device)
     result = ChunkResult()
-    decoded: list[_Decoded] = []
-    for job in jobs:
-        try:
-            arr, orientation = decode_image_info(
-                job.data, max_pixels=cfg.max_pixels, source=f"img_id {job.img_id!r}"
-            )
-            if min(arr.shape[:2]) < 2:
-                raise ImageDecodeError(
-                    f"img_id {job.img_id!r}: {arr.shape[1]}x{arr.shape[0]} is too small (at least 2x2)"
+    writer = _Writer(result, on_output, encode_threads(cfg))
+    try:
+        decoded: list[_Decoded] = []
+        for job in jobs:
+            try:
+                arr, orientation = decode_image_info(
+                    job.data, max_pixels=cfg.max_pixels, source=f"img_id {job.img_id!r}"
                 )
-        except ImageDecodeError as exc:
-            result.errors.append(error_row(job, "decode", str(exc)))
-            result.images_failed += 1
-            continue
-        decoded.append(_Decoded(job, arr, orientation))
-        result.images_ok += 1
-    # group by task, then by shape, keeping a deterministic order
-    by_task: dict[Task, list[tuple[_Decoded, str]]] = defaultdict(list)
-    for d in decoded:
-        for task, rel in d.job.tasks:
-            by_task[task].append((d, rel))
-    for task, items in by_task.items():
-        by_shape: dict[tuple[int, ...], list[tuple[_Decoded, str]]] = defaultdict(list)
-        for d, rel in items:
-            by_shape[d.shape].append((d, rel))
-        for group in by_shape.values():
-            _run_group(task, group, suite, cfg, device, result)
+                if min(arr.shape[:2]) < 2:
+                    raise ImageDecodeError(
+                        f"img_id {job.img_id!r}: {arr.shape[1]}x{arr.shape[0]} is too small (at least 2x2)"
+                    )
+            except ImageDecodeError as exc:
+                writer.error(error_row(job, "decode", str(exc)), len(job.tasks))
+                result.images_failed += 1
+                continue
+            decoded.append(_Decoded(job, arr, orientation))
+            result.images_ok += 1
+        # group by task, then by shape, keeping a deterministic order
+        by_task: dict[Task, list[tuple[_Decoded, str]]] = defaultdict(list)
+        for d in decoded:
+            for task, rel in d.job.tasks:
+                by_task[task].append((d, rel))
+        cache: dict[Any, torch.Tensor] = {}
+        for task, items in by_task.items():
+            by_shape: dict[tuple[int, ...], list[tuple[_Decoded, str]]] = defaultdict(list)
+            for d, rel in items:
+                by_shape[d.shape].append((d, rel))
+            for group in by_shape.values():
+                _run_group(task, group, suite, cfg, device, writer, cache)
+    finally:
+        writer.close()
     return result
 
 
@@ -297,24 +385,45 @@ def _run_group(
     suite: Suite,
     cfg: WorkerConfig,
     device: torch.device,
-    result: ChunkResult,
+    writer: _Writer,
+    cache: dict[Any, torch.Tensor],
 ) -> None:
     try:
-        out, infos, channels = _run_task(task, [d for d, _ in group], suite, cfg.seed, device)
+        out, infos, channels = _run_task(
+            task, [d for d, _ in group], suite, cfg.seed, device, cache
+        )
     except Exception as exc:
         if len(group) > 1:  # find the sample that fails: the others still get their outputs
             for item in group:
-                _run_group(task, [item], suite, cfg, device, result)
+                _run_group(task, [item], suite, cfg, device, writer, cache)
             return
-        result.errors.append(
-            error_row(group[0][0].job, "perturb", f"{type(exc).__name__}: {exc}", task)
-        )
+        writer.error(error_row(group[0][0].job, "perturb", f"{type(exc).__name__}: {exc}", task))
         return
     for (d, rel), y, info in zip(group, out, infos, strict=True):
-        try:
-            result.rows.append(_write_output(d, task, rel, y, info, suite, cfg, channels))
-        except Exception as exc:
-            result.errors.append(error_row(d.job, "write", f"{type(exc).__name__}: {exc}", task))
+        writer.submit(
+            d.job,
+            task,
+            partial(_write_output, d, task, rel, y, info, suite, cfg, channels),
+        )
+
+
+_TICKS: Any = None  # a worker process's queue to the driver's progress bar
+
+
+def init_ticks(queue: Any) -> None:
+    """Process-pool initializer: per-output progress goes to ``queue`` as (chunk, n)."""
+    global _TICKS
+    _TICKS = queue
+
+
+def run_with_ticks(job: Callable[..., ChunkResult], cfg: WorkerConfig, jobs: list[ImageJob], chunk: int) -> ChunkResult:
+    """``job(cfg, jobs)`` in a pool worker, reporting each output to the driver's queue."""
+    queue = _TICKS
+    return job(cfg, jobs, on_output=None if queue is None else partial(_tick, queue, chunk))
+
+
+def _tick(queue: Any, chunk: int, n: int) -> None:
+    queue.put((chunk, n))
 
 
 def default_threads(workers: int) -> int | None:

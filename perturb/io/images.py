@@ -254,10 +254,11 @@ def encode_image(img: np.ndarray, fmt: str = "png", *, jpeg_quality: int = 95) -
     return buf.tobytes()
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, sync: bool = True) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename, so
     no partial file ever stands under the final name. The file's mode follows the umask (0644
-    under umask 022), like any file the user creates; ``tempfile.mkstemp`` would make it 0600."""
+    under umask 022), like any file the user creates; ``tempfile.mkstemp`` would make it 0600.
+    ``sync=False`` leaves the fsync to the caller (``fsync_path``, once per chunk of outputs)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     while True:
@@ -270,9 +271,19 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file's data, or a folder's entries (its renames), by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from perturb.catalog.specs import op_names
 from perturb.cli import app
 from perturb.configs import CONFIG_DIR
+from perturb.generate import load_generated
 from perturb.generate.output import MANIFEST_COLUMNS
 from perturb.generate.replay import replay_bytes
 from perturb.generate.suite import Suite, load_suite
@@ -66,7 +67,8 @@ def test_readme_command_on_the_builtin_default_offline(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "written 160" in result.output and "images/s" in result.output
+    assert "written 160" in result.output and "outputs/s" in result.output
+    assert "160 outputs written, 0 errors" in result.output and "MB written in" in result.output
     for v in range(1, 11):
         files = sorted(p.name for p in (out / f"variant_{v}").iterdir())
         assert files == [f"phantom_{i:04d}.jpg" for i in range(16)]
@@ -101,7 +103,7 @@ def test_readme_command_on_the_builtin_default_offline(tmp_path: Path) -> None:
     ]
     assert r["path"] == f"variant_{r['variant']}/{r['img_id']}.jpg"
     assert hashlib.sha256((out / r["path"]).read_bytes()).hexdigest() == r["sha256"]
-    ds = datasets.load_from_disk(str(out / "dataset"))
+    ds = load_generated(out)
     assert len(ds) == 16 * 6 * 10
     for col in (
         "img_id",
@@ -179,10 +181,9 @@ def test_every_manifest_row_replays_to_its_bytes(reference_run: Path, small_inpu
 def test_dataset_joins_every_qa_row_to_every_output(reference_run: Path) -> None:
     ds = datasets.load_from_disk(str(reference_run / "dataset"))
     assert len(ds) == 6 * 6 * 11  # images x QA rows x outputs
-    first = ds[0]
-    assert first["image"].size == (128, 96)
+    assert load_generated(reference_run)[0]["image"].size == (128, 96)
     by_path = {r["path"]: r for r in manifest_rows(reference_run)}
-    for r in ds.select(range(0, len(ds), 37)).remove_columns("image"):
+    for r in ds.select(range(0, len(ds), 37)):
         m = by_path[r["path"]]
         assert (r["img_id"], r["op"], r["severity"], r["variant"], r["sha256"]) == (
             m["img_id"],
@@ -290,6 +291,6 @@ def test_python_api_and_self_contained_dataset(tmp_path: Path, small_input: Path
         "kvasir-vqa-x1-transformed", tmp_path / "a", dataset=str(small_input), limit=1, embed_images=True
     )
     assert summary.outputs_written == 10 and summary.dataset_rows == 60
-    shutil.move(tmp_path / "a", tmp_path / "b")
-    ds = datasets.load_from_disk(str(tmp_path / "b" / "dataset"))
+    shutil.move(tmp_path / "a" / "dataset", tmp_path / "b")  # dataset/ alone, no image files
+    ds = load_generated(tmp_path / "b")
     assert ds[59]["image"].size == (128, 96)
