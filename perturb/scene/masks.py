@@ -12,6 +12,7 @@ import numpy as np
 
 FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
 GLYPH_LOW, GLYPH_HIGH = 24, 64  # 8-bit luma excess over the local background: no glyph .. full glyph
+GLYPH_FULL = 0.85  # full cover from this fraction of the median excess of the line's strong stroke pixels
 GLYPH_KERNEL = 0.6  # top-hat square side, as a fraction of the text box's height
 
 
@@ -115,15 +116,19 @@ def glyph_strokes(window: np.ndarray, desc: dict[str, Any], box: tuple[int, int,
     """float32 (y1 - y0, x1 - x0) in [0, 1]: how much of each pixel of a text box is glyph
     stroke, from ``window`` (CHW pixels of the clean image inside ``glyph_window(desc, box)``).
     The stroke's excess luma over the local background (white top-hat: the luma minus its
-    opening by a square of ``k``) ramps from 0 at ``GLYPH_LOW`` to 1 at ``GLYPH_HIGH`` levels, so
-    the anti-aliased edge of a stroke is a partial cover, as the processor drew it."""
+    opening by a square of ``k``) ramps from 0 at ``GLYPH_LOW`` levels to 1 at ``GLYPH_FULL`` of
+    the median excess of the line's strong pixels (at least ``GLYPH_HIGH``), so the anti-aliased
+    edge of a stroke is a partial cover in proportion, as the processor drew it."""
     wx0, wy0, _, _, k = glyph_window(desc, box)
     luma = _box_luma(window)
     square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
     tophat = cv2.morphologyEx(luma, cv2.MORPH_TOPHAT, square, borderType=cv2.BORDER_REPLICATE)
     x0, y0, x1, y1 = box
     excess = tophat[y0 - wy0 : y1 - wy0, x0 - wx0 : x1 - wx0].astype(np.float32)
-    cover = (excess - np.float32(GLYPH_LOW)) * np.float32(1.0 / (GLYPH_HIGH - GLYPH_LOW))
+    strong = excess[excess >= GLYPH_HIGH]
+    # a stroke's full excess: most of the line's strong stroke pixels reach it
+    full = max(float(GLYPH_HIGH), GLYPH_FULL * float(np.median(strong))) if strong.size else float(GLYPH_HIGH)
+    cover = (excess - np.float32(GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
     return np.clip(cover, np.float32(0.0), np.float32(1.0))
 
 
