@@ -341,12 +341,13 @@ def record_scene(record: Record, image: torch.Tensor) -> Scene:
 
 def compose_tissue(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
     """``out`` where the tissue layer shows, ``x`` elsewhere (BCHW, both of one dtype): the
-    surround and the on-screen overlays keep their input pixels; samples without a scene keep
+    surround and the on-screen overlays keep their input pixels (of a burned-in text line, its
+    glyph strokes: ``perturb.scene.masks.composite_alpha``); samples without a scene keep
     ``out``. Partial alpha mixes ``x + a (out - x)`` in float32 (integer levels rounded half to
     even), the arithmetic of ``perturb.scene.masks.compose_numpy``."""
     alphas = [
-        torch.ones(x.shape[-2:]) if s is None else torch.from_numpy(scene_masks.tissue_alpha(s.descriptor).copy())
-        for s in scenes
+        torch.ones(x.shape[-2:]) if s is None else torch.from_numpy(scene_masks.composite_alpha(s.descriptor, x[i]).copy())
+        for i, s in enumerate(scenes)
     ]
     a = torch.stack(alphas).unsqueeze(1).to(x.device)
     if x.dtype == torch.float32:

@@ -91,11 +91,11 @@ def test_glare_adds_illuminant_coloured_light_in_linear_light_on_tissue_only() -
         x = torch.from_numpy(_frame(i, 0.35)).unsqueeze(0)
         out, rec = perturb.apply(x, "specular_glare", 5, [f"f{i}"])
         scene = perturb.scene(x[0])
-        outside = torch.from_numpy(scene.tissue == 0)
+        outside = torch.from_numpy(scene.tissue_of(x[0]) == 0)
         assert torch.equal(out[0][:, outside], x[0][:, outside]), "glare touched the frame or an overlay"
         assert float((out - x).min()) >= -1e-6, "specular reflection only adds light"
         assert int(((out >= 0.999).all(1) & ~(x >= 0.999).all(1)).sum()) > 0, "no clipped cores"
-        inside = torch.from_numpy(scene.tissue == 1)
+        inside = torch.from_numpy(scene.tissue_of(x[0]) == 1)
         lin_delta = _lin(out[0].numpy()) - _lin(x[0].numpy())
         unclipped = (out[0] < 0.98).all(0) & inside & torch.from_numpy(lin_delta.min(0) > 0.02)
         ratio = lin_delta[:, unclipped.numpy()]

@@ -31,7 +31,7 @@ DARK_LEVEL = 0.07  # a channel value below this is dark (the surround of the fie
 class View:
     """Where an op may act on one frame: ``field`` (bool, H x W) is the field of view (for
     geometry: centre, radius), ``tissue`` (bool) the field minus on-screen overlays (where
-    effects are drawn). Taken from the engine's ``perturb.scene.Scene`` when there is one, else
+    effects are drawn; of a text line over the tissue only its glyph strokes are excluded). Taken from the engine's ``perturb.scene.Scene`` when there is one, else
     estimated from the pixels (``tissue_mask``); computed on first use."""
 
     def __init__(self, img: np.ndarray, scene: Any | None = None) -> None:
@@ -48,7 +48,9 @@ class View:
     def tissue(self) -> np.ndarray:
         if self._scene is None:
             return self.field
-        return self.field & ~np.asarray(self._scene.overlay, dtype=bool)
+        from perturb.scene.masks import overlay_of  # text lines: their glyph strokes alone
+
+        return self.field & ~overlay_of(self._scene.descriptor, self._img)
 
 
 SampleFn = Callable[[np.ndarray, dict[str, np.ndarray], int, View], np.ndarray]

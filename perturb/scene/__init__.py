@@ -4,7 +4,9 @@
     s.field        # float32 (H, W) alpha of the field of view (smooth, anti-aliased edge)
     s.overlay      # bool (H, W): text, icons, scope-position box, picture-in-picture, black boxes
     s.highlight    # bool (H, W): specular highlights inside the field
-    s.tissue       # float32 (H, W): field minus overlays, where tissue-layer ops show
+    s.tissue       # float32 (H, W): field minus overlays (whole rectangles)
+    s.tissue_of(image), s.overlay_of(image)  # the same where a text line over the tissue keeps
+                   #   only its glyph strokes: what the engine's composite uses (needs the clean image)
     s.bbox         # (x0, y0, x1, y1) of the field
     s.descriptor   # compact JSON-able dict; Scene.from_descriptor rebuilds the masks exactly
 
@@ -59,6 +61,22 @@ class Scene:
     @property
     def tissue(self) -> np.ndarray:
         return masks.tissue_alpha(self.descriptor)
+
+    def tissue_of(self, image: Any) -> np.ndarray:
+        """float32 (H, W): where a tissue-layer op shows in the composite of the clean ``image``
+        (HW/HWC NumPy or CHW tensor): ``tissue`` with text lines cut to their glyph strokes."""
+        return masks.composite_alpha(self.descriptor, self._chw(image))
+
+    def overlay_of(self, image: Any) -> np.ndarray:
+        """bool (H, W): the overlay pixels the composite keeps from the clean ``image``:
+        ``overlay`` with text lines cut to their glyph strokes."""
+        return masks.overlay_of(self.descriptor, self._chw(image))
+
+    def _chw(self, image: Any) -> np.ndarray:
+        chw = np.moveaxis(to_hwc_u8(image), -1, 0)
+        if chw.shape[-2:] != self.size:
+            raise ValueError(f"scene of size {self.size} does not fit an image of size {chw.shape[-2:]}")
+        return chw
 
     @property
     def highlight(self) -> np.ndarray:

@@ -30,7 +30,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-SCENE_VERSION = 1
+SCENE_VERSION = 2  # 2: text lines over the tissue keep only their glyph strokes in the composite
 GRID_SHORT = 360  # analysis grid: shorter side in pixels
 DARK_LEVEL = 24  # max channel (8-bit) below which a pixel may belong to the surround
 BLACK_LEVEL = 8

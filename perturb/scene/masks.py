@@ -11,6 +11,9 @@ import cv2
 import numpy as np
 
 FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
+GLYPH_LOW, GLYPH_HIGH = 24, 64  # 8-bit luma excess over the local background: no glyph .. full glyph
+GLYPH_FULL = 0.85  # full cover from this fraction of the median excess of the line's strong stroke pixels
+GLYPH_KERNEL = 0.6  # top-hat square side, as a fraction of the text box's height
 
 
 def _key(desc: dict[str, Any]) -> str:
@@ -80,13 +83,118 @@ def bbox(desc: dict[str, Any]) -> tuple[int, int, int, int]:
     return int(x0), int(y0), int(x1), int(y1)
 
 
+def _box_luma(crop: np.ndarray) -> np.ndarray:
+    """uint8 (h, w) BT.601 luma of a CHW crop (uint8, uint16, or float in [0, 1]), integer
+    arithmetic so every path gets the same bytes."""
+    if crop.dtype == np.uint8:
+        u8 = crop
+    elif crop.dtype == np.uint16:
+        u8 = (crop >> 8).astype(np.uint8)
+    else:
+        u8 = np.clip(np.rint(crop.astype(np.float32) * np.float32(255.0)), 0, 255).astype(np.uint8)
+    if u8.shape[0] == 1:
+        return np.ascontiguousarray(u8[0])
+    r, g, b = (u8[c].astype(np.uint32) for c in range(3))
+    return ((77 * r + 150 * g + 29 * b + 128) >> 8).astype(np.uint8)
+
+
+def text_boxes(desc: dict[str, Any]) -> list[tuple[int, int, int, int]]:
+    """(x0, y0, x1, y1) of the overlays of kind ``text`` (burned-in lines, possibly over tissue)."""
+    return [(int(a), int(b), int(c), int(d)) for a, b, c, d, k in desc["overlays"] if k == "text"]
+
+
+def glyph_window(desc: dict[str, Any], box: tuple[int, int, int, int]) -> tuple[int, int, int, int, int]:
+    """(x0, y0, x1, y1, k): the window around a text box that ``glyph_strokes`` reads (the box
+    padded by the top-hat size ``k``, clipped to the image)."""
+    h, w = desc["size"]
+    x0, y0, x1, y1 = box
+    k = max(3, round(GLYPH_KERNEL * (y1 - y0))) | 1
+    return max(0, x0 - k), max(0, y0 - k), min(w, x1 + k), min(h, y1 + k), k
+
+
+def glyph_strokes(window: np.ndarray, desc: dict[str, Any], box: tuple[int, int, int, int]) -> np.ndarray:
+    """float32 (y1 - y0, x1 - x0) in [0, 1]: how much of each pixel of a text box is glyph
+    stroke, from ``window`` (CHW pixels of the clean image inside ``glyph_window(desc, box)``).
+    The stroke's excess luma over the local background (white top-hat: the luma minus its
+    opening by a square of ``k``) ramps from 0 at ``GLYPH_LOW`` levels to 1 at ``GLYPH_FULL`` of
+    the median excess of the line's strong pixels (at least ``GLYPH_HIGH``), so the anti-aliased
+    edge of a stroke is a partial cover in proportion, as the processor drew it."""
+    wx0, wy0, _, _, k = glyph_window(desc, box)
+    luma = _box_luma(window)
+    square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
+    tophat = cv2.morphologyEx(luma, cv2.MORPH_TOPHAT, square, borderType=cv2.BORDER_REPLICATE)
+    x0, y0, x1, y1 = box
+    excess = tophat[y0 - wy0 : y1 - wy0, x0 - wx0 : x1 - wx0].astype(np.float32)
+    strong = excess[excess >= GLYPH_HIGH]
+    # a stroke's full excess: most of the line's strong stroke pixels reach it
+    full = max(float(GLYPH_HIGH), GLYPH_FULL * float(np.median(strong))) if strong.size else float(GLYPH_HIGH)
+    cover = (excess - np.float32(GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
+    return np.clip(cover, np.float32(0.0), np.float32(1.0))
+
+
+def _alpha_without_text(desc: dict[str, Any]) -> np.ndarray:
+    return _alpha_without_text_cached(_key(desc))
+
+
+@lru_cache(maxsize=6)
+def _alpha_without_text_cached(key: str) -> np.ndarray:
+    """The field alpha minus the overlays of every kind but ``text`` (read-only, cached)."""
+    desc = json.loads(key)
+    alpha = field_alpha(desc).copy()
+    for x0, y0, x1, y1, kind in desc["overlays"]:
+        if kind != "text":
+            alpha[y0:y1, x0:x1] = 0.0
+    alpha.flags.writeable = False
+    return alpha
+
+
+def composite_alpha(desc: dict[str, Any], image: Any) -> np.ndarray:
+    """float32 (H, W): where the perturbed tissue layer shows in the frame ``image`` (CHW, the
+    clean input: NumPy or torch, uint8/uint16/float in [0, 1]). The tissue alpha, except that a
+    burned-in text line keeps only its glyph strokes (``glyph_strokes``, a soft cover): a video processor draws
+    the characters over the tissue, so the tissue between and around them takes the op. Other
+    overlays stay whole rectangles. A deterministic function of the descriptor and the image;
+    read-only when there is no text (the cached tissue alpha)."""
+    boxes = text_boxes(desc)
+    if not boxes:
+        return tissue_alpha(desc)
+    alpha = _alpha_without_text(desc).copy()
+    for box in boxes:
+        wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
+        window = image[:, wy0:wy1, wx0:wx1]
+        if hasattr(window, "detach"):
+            window = window.detach().cpu().numpy()
+        x0, y0, x1, y1 = box
+        cut = alpha[y0:y1, x0:x1]
+        np.minimum(cut, np.float32(1.0) - glyph_strokes(np.asarray(window), desc, box), out=cut)
+    return alpha
+
+
+def overlay_of(desc: dict[str, Any], image: Any) -> np.ndarray:
+    """bool (H, W): the overlay pixels the composite keeps exactly from the clean ``image`` (CHW):
+    the overlay rectangles, except that a text line counts only where its glyph strokes
+    (``glyph_strokes``) cover a pixel fully (their anti-aliased edges are partial mixes)."""
+    out = overlay_mask(desc).copy()
+    for box in text_boxes(desc):
+        wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
+        window = image[:, wy0:wy1, wx0:wx1]
+        if hasattr(window, "detach"):
+            window = window.detach().cpu().numpy()
+        x0, y0, x1, y1 = box
+        out[y0:y1, x0:x1] = glyph_strokes(np.asarray(window), desc, box) >= 1.0
+    for x0, y0, x1, y1, kind in desc["overlays"]:  # other kinds win where boxes overlap
+        if kind != "text":
+            out[y0:y1, x0:x1] = True
+    return out
+
+
 def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None:
     """In place: ``dst`` (CHW, the perturbed sample) becomes ``alpha * dst + (1 - alpha) * src``
-    with the tissue alpha of ``desc``; pixels with alpha 0 are ``src`` exactly, alpha 1
-    ``dst`` exactly."""
-    alpha = tissue_alpha(desc)
-    if alpha.shape != src.shape[-2:]:
-        raise ValueError(f"scene of size {alpha.shape} does not fit an image of size {src.shape[-2:]}")
+    with ``composite_alpha(desc, src)`` (the tissue alpha; glyph strokes only of text lines);
+    pixels with alpha 0 are ``src`` exactly, alpha 1 ``dst`` exactly."""
+    if tuple(desc["size"]) != tuple(src.shape[-2:]):
+        raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
+    alpha = composite_alpha(desc, src)
     x0, y0, x1, y1 = bbox(desc)
     # outside the bbox: the source
     if y0 > 0:
@@ -115,13 +223,17 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> Non
 
 def extend_tissue(img: np.ndarray, desc: dict[str, Any]) -> np.ndarray:
     """HWC (or HW) image of ``img``'s dtype: the tissue as it is, and outside it (surround,
-    overlays) a smooth extension of the nearby tissue, so a spatial filter (blur) applied
+    overlays, the glyph strokes of text lines) a smooth extension of the nearby tissue, so a spatial filter (blur) applied
     afterwards does not pull the dark surround or the overlays into the field's edge. The
     extension is a normalised convolution on the analysis grid (wide gaussian), upsampled."""
     h, w = img.shape[:2]
     gh, gw = desc["grid"]
-    alpha = tissue_alpha(desc)
-    idx = _outside_index(_key(desc))
+    if text_boxes(desc):  # text lines: only their glyph strokes are replaced
+        alpha = composite_alpha(desc, img[None] if img.ndim == 2 else np.moveaxis(img, -1, 0))
+        idx = np.flatnonzero(alpha < 1.0)
+    else:
+        alpha = tissue_alpha(desc)
+        idx = _outside_index(_key(desc))
     if idx.size == 0:
         return img
     top = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}.get(img.dtype, 1.0)

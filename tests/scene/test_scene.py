@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import cv2
@@ -135,3 +136,70 @@ def test_downscaled_frame_keeps_its_scene() -> None:
     a = perturb.scene(downscale(img, 360)).field
     b = cv2.resize(perturb.scene(img).field, (a.shape[1], a.shape[0]), interpolation=cv2.INTER_AREA)
     assert np.abs(a - b).mean() < 0.02
+
+
+def _text_over_tissue() -> tuple[np.ndarray, np.ndarray]:
+    """A textured octagonal frame (480x640) with three left-aligned white text lines drawn over
+    the tissue, and the bool mask of the drawn glyph cores (every channel at 250 or more)."""
+    rng = np.random.default_rng(7)
+    alpha = fov_mask(640, 480, "octagon", 0.03)
+    tissue = np.array([170, 80, 70], np.float32) + rng.normal(0, 6, (480, 640, 1)).astype(np.float32)
+    tissue = cv2.GaussianBlur(tissue, (0, 0), 2.0)
+    img = np.clip(tissue * alpha[..., None], 0, 255).astype(np.uint8)
+    for row, line in enumerate(("15/03/2012", "<00:05:02>", "CVP:1")):
+        cv2.putText(img, line, (150, 200 + 30 * row), cv2.FONT_HERSHEY_SIMPLEX, 0.8, (255, 255, 255), 2, cv2.LINE_AA)
+    return img, img.min(axis=2) >= 250
+
+
+def test_text_over_tissue_keeps_only_its_glyph_strokes() -> None:
+    img, glyphs = _text_over_tissue()
+    s = perturb.scene(img)
+    boxes = [o for o in s.overlays if o[4] == "text"]
+    assert len(boxes) >= 2, f"text lines over the tissue not found: {s.overlays}"
+    x = torch.from_numpy(img).permute(2, 0, 1).unsqueeze(0).contiguous()
+    out, recs = perturb.apply(x, "haze", 5, ["t"])
+    got = out[0].permute(1, 2, 0).numpy()
+    changed = np.abs(got.astype(int) - img.astype(int)).max(axis=2)
+    assert (changed[glyphs] == 0).all(), "the glyph strokes are drawn over the processed tissue, unchanged"
+    in_boxes = np.zeros(glyphs.shape, bool)
+    for x0, y0, x1, y1, _ in boxes:
+        in_boxes[y0:y1, x0:x1] = True
+    near_glyph = cv2.dilate(((img.max(axis=2) > 200) | glyphs).astype(np.uint8), np.ones((5, 5), np.uint8)).astype(bool)
+    between = in_boxes & ~near_glyph & (s.field >= 1)
+    assert between.sum() > 500
+    assert (changed[between] > 10).mean() > 0.95, "the tissue between and around the glyphs takes the op"
+    # the masks the scene exposes agree with the composite
+    assert (s.overlay_of(img)[glyphs]).all() and not s.overlay_of(img)[between].any()
+    assert np.array_equal(s.tissue_of(img), perturb.scene.masks.composite_alpha(s.descriptor, x[0]))
+    assert (s.tissue[between] == 0).all() and (s.tissue_of(img)[between] == 1).all()
+    assert torch.equal(perturb.replay(recs, x), out)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.uint16, torch.float32])
+def test_text_composite_is_the_same_on_the_cpu_and_torch_paths(dtype: torch.dtype) -> None:
+    from perturb.engine import compose_tissue
+    from perturb.scene.masks import compose_numpy
+
+    img, _ = _text_over_tissue()
+    s = perturb.scene(img)
+    x = torch.from_numpy(img).permute(2, 0, 1).unsqueeze(0).contiguous()
+    gen = torch.Generator().manual_seed(1)
+    if dtype == torch.float32:
+        x = x.to(torch.float32) / 255.0
+        out = torch.rand(x.shape, generator=gen)
+    else:
+        top = 255 if dtype == torch.uint8 else 65535
+        x = (x.to(torch.int32) * (top // 255)).to(dtype)
+        out = (torch.rand(x.shape, generator=gen) * top).round().to(torch.int32).to(dtype)
+    dst = out[0].numpy().copy()
+    compose_numpy(x[0].numpy(), dst, s.descriptor)
+    assert torch.equal(compose_tissue(x, out, [s])[0], torch.from_numpy(dst))
+
+
+def test_records_of_the_old_scene_version_are_refused() -> None:
+    img, _ = _text_over_tissue()
+    x = torch.from_numpy(img).permute(2, 0, 1).unsqueeze(0).contiguous()
+    _, recs = perturb.apply(x, "haze", 3, ["t"])
+    old = dataclasses.replace(recs[0], extra={**recs[0].extra, "scene": {**recs[0].extra["scene"], "version": 1}})
+    with pytest.raises(ValueError, match="scene version"):
+        perturb.replay([old], x)
