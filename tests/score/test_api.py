@@ -136,6 +136,8 @@ def test_risk_tag_mapping_covers_the_issue_table() -> None:
         "landmark_location",
     }
     assert at_risk("alters_intensity") == set()
+    # the radiographic tags (chest X-ray devices, rotated projection) touch no Kvasir class
+    assert at_risk("adds_devices") == set() and at_risk("alters_projection") == set()
     assert set(TAG_CLASSES) == {
         "alters_color",
         "moves_geometry",
@@ -146,6 +148,8 @@ def test_risk_tag_mapping_covers_the_issue_table() -> None:
         "adds_overlay",
         "may_erase_small_findings",
         "alters_intensity",
+        "adds_devices",
+        "alters_projection",
     }
 
 
