@@ -44,7 +44,11 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-SAMPLES = REPO.parent / "shared" / "samples" / "endoscopy"
+# the shared sample frames beside the repository, else the real frames shipped in tests/data
+SAMPLES = next(
+    (d for d in (REPO.parent / "shared" / "samples" / "endoscopy", REPO / "tests" / "data" / "endoscopy") if any(d.glob("*.jpg"))),
+    REPO.parent / "shared" / "samples" / "endoscopy",
+)
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -133,7 +137,7 @@ def frames(width: int, height: int, n: int) -> torch.Tensor:
 
     files = sorted(SAMPLES.glob("*.jpg"))
     if not files:
-        raise SystemExit(f"no sample images under {SAMPLES}: the benchmark needs ../shared/samples beside the repo")
+        raise SystemExit(f"no sample images under {SAMPLES}: the benchmark needs ../shared/samples beside the repo or tests/data")
     out = []
     for i in range(n):
         bgr = cv2.imread(str(files[i % len(files)]), cv2.IMREAD_COLOR)

@@ -30,14 +30,14 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 def default_sample_dir(modality: str = "endoscopy") -> Path | None:
     """Real images of ``modality`` (endoscopy frames, chest films for xray) to calibrate on:
-    ``$PERTURB_SAMPLES/<modality>`` (or the folder itself), else ``../shared/samples/<modality>``
+    ``$PERTURB_SAMPLES/<modality>`` (or ``$PERTURB_SAMPLES_DIR``, the tests' variable; or the folder itself), else ``../shared/samples/<modality>``
     beside the repository, else the repository's ``tests/data/<modality>``; None when none holds
     an image."""
     import os
 
     repo = Path(__file__).resolve().parents[2]
     candidates = []
-    env = os.environ.get("PERTURB_SAMPLES")
+    env = os.environ.get("PERTURB_SAMPLES") or os.environ.get("PERTURB_SAMPLES_DIR")
     if env:
         candidates += [Path(env) / modality, Path(env)]
     candidates += [repo.parent / "shared" / "samples" / modality, repo / "tests" / "data" / modality]

@@ -53,11 +53,12 @@ def test_frame_and_overlays_untouched_and_field_affected(op: str) -> None:
         if op not in SPARSE:
             assert (changed[inner] >= 1).mean() >= 0.5, f"{op} on {name}: most of the field is unaffected"
             # where the op changes the tissue next to a text line, it changes the tissue between its
-            # glyphs too (a local op such as a smoke plume may not reach the text at all)
+            # glyphs too (a local op such as a smoke plume may not reach the text at all; a patchy
+            # one reaches part of it, so a fifth is asked: whole kept rectangles give none)
             between = (s.tissue_of(img) >= 1) & s.overlay & ~cv2.dilate(kept.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
             near = cv2.dilate(s.overlay.astype(np.uint8), np.ones((31, 31), np.uint8)).astype(bool) & inner
             if between.sum() >= 20 and (changed[near] >= 1).mean() >= 0.5:
-                assert (changed[between] >= 1).mean() >= 0.5, f"{op} on {name}: the tissue between text glyphs is unaffected"
+                assert (changed[between] >= 1).mean() >= 0.2, f"{op} on {name}: the tissue between text glyphs is unaffected"
 
 
 def test_haze_lifts_dark_lumen_inside_the_field() -> None:
@@ -74,7 +75,8 @@ def test_haze_lifts_dark_lumen_inside_the_field() -> None:
 
 
 def test_calibrated_bands_on_a_few_real_frames() -> None:
-    picked = [(n, downscale(img, 448)) for n, img in require_frames()[::5][:4]]
+    found = require_frames()
+    picked = [(n, downscale(img, 448)) for n, img in found[:: max(1, len(found) // 4)][:4]]
     results = measure(picked, calibrated_ops(), keys=1, invariance=False)
     problems = []
     for r in results:
