@@ -14,7 +14,7 @@ One run, one JSON (``benchmarks/results/gpu-<tag>.json``, tag ``cuda`` or ``cpu-
   under ``peers`` with the reason, never silently left out; a row that fails keeps its error.
 * ``generate``: end-to-end generation (decode, ops, encode, write, manifest) of the
   ``kvasir-vqa-x1-transformed`` (track 2) and ``endoscopy-artifacts`` suites, outputs/s.
-* ``augment``: ``perturb.Augment`` (configs/augment-endoscopy.yaml) per batch of 64 at 448x448,
+* ``augment``: ``perturb.Augment`` (the built-in augment-endoscopy policy) per batch of 64 at 448x448,
   ms per batch, with planning and with plans made beforehand.
 * ``jpeg_codec``: which JPEG codec the device path uses and its round-trip throughput.
 * environment: device name, driver, CUDA, versions of every library, commit, load average.
@@ -450,7 +450,7 @@ def bench_generate(args: argparse.Namespace) -> dict[str, Any]:
             cv2.imwrite(str(dataset / path.name), cv2.resize(image, SMOKE_SIZES[0], interpolation=cv2.INTER_AREA))
     try:
         for suite_name in ("kvasir-vqa-x1-transformed", "endoscopy-artifacts"):
-            suite = load_suite(REPO / "configs" / f"{suite_name}.yaml")
+            suite = load_suite(suite_name)  # a built-in suite, by name
             out = work / suite_name
             options = RunOptions(
                 out=out, dataset=str(dataset), limit=args.generate_images, batch_size=args.generate_batch,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from perturb.catalog.registry import all_ops
 from tests.helpers import require_samples
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +26,7 @@ def test_bench_smoke_writes_results(tmp_path: Path) -> None:
     require_samples()
     cmd = [
         sys.executable, str(REPO / "benchmarks/gpu/bench.py"), "--device", "cpu", "--smoke",
-        "--ops", "brightness,gaussian_blur,rotation", "--skip", "generate", "--out", str(tmp_path),
+        "--ops", "brightness,gaussian_blur,rotation", "--out", str(tmp_path),
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -45,7 +46,11 @@ def test_bench_smoke_writes_results(tmp_path: Path) -> None:
     assert data["peers"]["torchvision"] == "available" or data["peers"]["torchvision"].startswith("unavailable:")
     assert data["jpeg_codec"]["codec"] == "opencv" and data["jpeg_codec"]["images_per_second"] > 0
     assert data["augment"]["preplanned"]["ms_per_batch"] > 0
-    assert data["generate"] == "skipped (--skip)"
+    # end-to-end generation of both built-in suites (found by name, as a wheel install finds them)
+    gen = data["generate"]
+    assert gen["kvasir-vqa-x1-transformed"]["outputs"] == 10, gen
+    endoscopy_ops = sum("endoscopy" in op.spec.modalities for op in all_ops().values())
+    assert gen["endoscopy-artifacts"]["outputs"] == 5 * endoscopy_ops, gen
 
 
 @pytest.mark.parametrize(
