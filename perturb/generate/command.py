@@ -9,17 +9,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from perturb.generate.progress import human_size
 from perturb.io import DEFAULT_MAX_PIXELS
 
 err = Console(stderr=True)
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def generate(
@@ -199,7 +192,7 @@ def generate(
             f"manifest rows {s.manifest_rows}, dataset rows {s.dataset_rows}, errors {s.errors} (errors.jsonl)",
             f"done: {s.outputs_written} outputs written, {s.errors} errors, "
             f"{s.bytes_written / 1e6:.1f} MB written in {s.seconds:.1f} s wall time "
-            f"({s.outputs_per_second:.1f} outputs/s); DIR holds {_size(s.output_bytes)} of outputs: {out}",
+            f"({s.outputs_per_second:.1f} outputs/s); DIR holds {human_size(s.output_bytes)} of outputs: {out}",
         ]
         if s.retries or s.worker_failures or s.stalls:
             lines.append(
@@ -276,7 +269,7 @@ def merge_manifests(
     else:
         typer.echo(
             f"merged {summary.shards} shards: manifest rows {summary.manifest_rows}, dataset rows "
-            f"{summary.dataset_rows}, errors {summary.errors}, output {_size(summary.output_bytes)} in {out}"
+            f"{summary.dataset_rows}, errors {summary.errors}, output {human_size(summary.output_bytes)} in {out}"
         )
 
 
