@@ -1,0 +1,186 @@
+"""Digests of everything perturb writes for every built-in suite and augmentation policy.
+
+A refactor must not change one output byte. This module generates every built-in suite through
+the CLI on shipped sample images (tests/data: two PolypGen frames, one NIH film) and on the
+adapter fixtures, runs both augmentation policies on fixed tensors, and reduces each run to
+digests: the SHA-256 of every output file, of the manifest's record columns and of the
+``dataset/`` rows. ``tests/golden/outputs.json`` holds the digests of the current code;
+``test_outputs_identical.py`` compares against it.
+
+Refresh it only when an op's output is meant to change (and bump that op's version):
+
+    python -m tests.golden.outputs --write
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+GOLDEN = Path(__file__).with_name("outputs.json")
+ENDOSCOPY_FRAMES = ("polypgen_EndoCV2021_C5_50000138.jpg", "polypgen_EndoCV2021_C6_0100032.jpg")
+XRAY_FILMS = ("nih_00004296_000.png",)
+# manifest columns that describe what was made (not where or by which build)
+MANIFEST_COLUMNS = (
+    "img_id",
+    "op",
+    "severity",
+    "variant",
+    "key",
+    "params",
+    "risk_tags",
+    "path",
+    "sha256",
+    "record",
+)
+
+
+def _cli(*args: str) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "perturb.cli", *args], capture_output=True, text=True, env=env
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"perturb {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _run_digests(out: Path) -> dict[str, str]:
+    import datasets
+    import pandas as pd
+
+    manifest = pd.read_parquet(out / "manifest.parquet")
+    rows = manifest[[c for c in MANIFEST_COLUMNS if c in manifest.columns]]
+    rows = rows.sort_values(["img_id", "op", "severity", "variant"]).to_dict("records")
+    files = {
+        p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file()
+        and p.parts[len(out.parts)] not in ("dataset",)
+        and p.suffix in (".png", ".jpg", ".tif", ".tiff")
+    }
+    ds = datasets.load_from_disk(str(out / "dataset")).to_pandas()
+    ds = ds[sorted(ds.columns)]
+    return {
+        "files": _digest(files),
+        "n_files": str(len(files)),
+        "manifest": _digest(rows),
+        "n_manifest": str(len(rows)),
+        "dataset": _digest(ds.to_dict("records")),
+        "n_dataset": str(len(ds)),
+    }
+
+
+def _copy(names: tuple[str, ...], sub: str, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copyfile(DATA / sub / name, dest / name)
+    return dest
+
+
+def _suite(name: str, *extra: str) -> Callable[[Path], dict[str, str]]:
+    def make(tmp: Path) -> dict[str, str]:
+        out = tmp / f"out-{name}"
+        _cli("generate", name, "--out", str(out), *extra)
+        return _run_digests(out)
+
+    return make
+
+
+def _image_suite(name: str, names: tuple[str, ...], sub: str) -> Callable[[Path], dict[str, str]]:
+    def make(tmp: Path) -> dict[str, str]:
+        folder = _copy(names, sub, tmp / f"in-{name}")
+        return _suite(name, "--dataset", str(folder))(tmp)
+
+    return make
+
+
+def _adapter_suite(name: str) -> Callable[[Path], dict[str, str]]:
+    def make(tmp: Path) -> dict[str, str]:
+        from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
+
+        root = tmp / f"in-{name}"
+        if name == "vindr-cxr-vqa":
+            vindr = make_vindr(root)
+            args = ["--dataset", str(vindr.data), "--images", str(vindr.images)]
+        elif name == "rexvqa":
+            rex = make_rexvqa(root)
+            args = ["--dataset", str(rex.json_file), "--images", str(rex.images)]
+        else:
+            args = ["--dataset", str(make_medthinkvqa(root))]
+        return _suite(name, *args)(tmp)
+
+    return make
+
+
+def _augment(policy: str, channels: int) -> Callable[[Path], dict[str, str]]:
+    def make(tmp: Path) -> dict[str, str]:
+        import numpy as np
+        import torch
+
+        from perturb import Augment
+
+        gen = torch.Generator().manual_seed(7)
+        images = torch.rand(6, channels, 72, 96, generator=gen)
+        out = Augment(policy, seed=3)(images, list(range(6)))
+        arr = np.ascontiguousarray(out.numpy())
+        return {"tensor": hashlib.sha256(arr.tobytes()).hexdigest(), "shape": str(list(arr.shape))}
+
+    return make
+
+
+def _demo(tmp: Path) -> dict[str, str]:
+    """The demo's whole path (phantoms, generate, probe model, paired scoring): its scores."""
+    out = tmp / "demo"
+    _cli("demo", "--out", str(out))
+    scores = json.loads((out / "scores.json").read_text().replace(str(out), "<out>"))
+    for volatile in ("timestamp", "versions"):
+        scores.pop(volatile, None)
+    return {"scores": _digest(scores), "perturbed": _run_digests(out / "perturbed")["files"]}
+
+
+CASES: dict[str, Callable[[Path], dict[str, str]]] = {
+    "demo-scores": _demo,
+    "endoscopy-artifacts": _image_suite("endoscopy-artifacts", ENDOSCOPY_FRAMES, "endoscopy"),
+    "kvasir-vqa-x1-transformed": _image_suite(
+        "kvasir-vqa-x1-transformed", ENDOSCOPY_FRAMES, "endoscopy"
+    ),
+    "kvasir-vqa-x1-transformed-phantoms": _suite(
+        "kvasir-vqa-x1-transformed", "--builtin-images", "4"
+    ),
+    "xray-artifacts": _image_suite("xray-artifacts", XRAY_FILMS, "xray"),
+    "vindr-cxr-vqa": _adapter_suite("vindr-cxr-vqa"),
+    "rexvqa": _adapter_suite("rexvqa"),
+    "medthinkvqa": _adapter_suite("medthinkvqa"),
+    "augment-endoscopy": _augment("augment-endoscopy", 3),
+    "augment-xray": _augment("augment-xray", 1),
+}
+
+
+def compute(case: str) -> dict[str, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return CASES[case](Path(tmp))
+
+
+def main() -> None:
+    if "--write" not in sys.argv[1:]:
+        sys.exit("usage: python -m tests.golden.outputs --write")
+    digests = {case: compute(case) for case in CASES}
+    GOLDEN.write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""Every built-in suite and augmentation policy writes the bytes recorded in outputs.json.
+
+A refactor (renovation, speed work) must leave each output file, manifest record and dataset row
+as it was; a change meant to alter an op's pixels refreshes the digests (see outputs.py) in the
+same commit and bumps that op's version.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.golden.outputs import CASES, GOLDEN, compute
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_outputs_identical(case: str) -> None:
+    expected = json.loads(GOLDEN.read_text())[case]
+    assert compute(case) == expected, (
+        f"{case}: outputs differ from tests/golden/outputs.json; if the change is intended, "
+        "bump the op version and run `python -m tests.golden.outputs --write`"
+    )
