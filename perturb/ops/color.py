@@ -111,8 +111,13 @@ def _saturation_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("saturation", sampler=_saturation_sampler)
 def saturation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    y = luma(x)
-    return (y + _b(p["factor"]) * (x - y)).clamp_(0.0, 1.0)
+    """``luma + factor (x - luma)`` with Rec. 601 luma, clipped.
+
+    Kornia: ``kornia.enhance.adjust_saturation_with_gray_subtraction`` (the same blend with
+    Rec. 601 grey; a 1-channel batch is returned unchanged, as here)."""
+    import kornia  # lazily: only the torch path needs it
+
+    return kornia.enhance.adjust_saturation_with_gray_subtraction(x, p["factor"].to(x.dtype))
 
 
 def _brightness_sampler(rng: np.random.Generator, level: Level) -> Params:
