@@ -75,11 +75,14 @@ LUMA_REC601 = (0.299, 0.587, 0.114)
 
 
 def luma(x: torch.Tensor) -> torch.Tensor:
-    """Rec. 601 luma (B,1,H,W) of an RGB batch; a 1-channel batch is returned as is."""
+    """Rec. 601 luma (B,1,H,W) of an RGB batch; a 1-channel batch is returned as is.
+
+    Kornia: ``kornia.color.rgb_to_grayscale`` (the same weights, ``LUMA_REC601``)."""
     if x.shape[1] == 1:
         return x
-    r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
-    return r * LUMA_REC601[0] + g * LUMA_REC601[1] + b * LUMA_REC601[2]
+    import kornia  # lazily: only the torch path needs it
+
+    return kornia.color.rgb_to_grayscale(x)
 
 
 def shorter_side(x: torch.Tensor) -> int:
