@@ -489,11 +489,60 @@ def build_pipeline(
     CUDA (``device_id`` defaults to 0 there). ``native_ops=False`` runs every op through the
     torch kernels. See the module docstring for the graph."""
     dali = require_dali()
-    fn: Any = dali.fn
-    types: Any = dali.types
-
     dev = _device(device)
     height, width = _size(size)
+    _check_arguments(dev, channels, batch_size, num_threads, shard_id, num_shards)
+    mean_v, std_v = _norm(mean, channels, "mean"), _norm(std, channels, "std")
+    images_in = _checked_source(source, image_column, num_shards)
+    graph = _Graph(
+        dev=dev,
+        height=height,
+        width=width,
+        channels=channels,
+        mean=mean_v,
+        std=std_v,
+        feeder=_Feeder(
+            images_in,
+            batch_size,
+            seed=int(seed),
+            shuffle=shuffle,
+            first_epoch=int(first_epoch),
+            shard_id=shard_id,
+            num_shards=num_shards,
+        ),
+        policy=None if policy is None else load_policy(policy),
+        native_ops=native_ops,
+    )
+    if graph.policy is not None:
+        graph.planner = Planner(
+            graph.policy,
+            seed=seed,
+            channels=channels,
+            modality=modality,
+            variant=variant,
+            device="cuda" if dev == "gpu" else "cpu",
+        )
+
+    @dali.pipeline_def(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=(0 if device_id is None else device_id) if dev == "gpu" else None,
+        prefetch_queue_depth=prefetch_queue_depth,
+    )
+    def pipeline() -> tuple[Any, Any, Any]:
+        return graph.define(dali)
+
+    pipe = pipeline()
+    pipe.build()
+    pipe.perturb_planner = graph.planner  # the loader's records come from the same plans
+    pipe.perturb_batches = graph.feeder.samples // batch_size  # per epoch, for len(loader)
+    return pipe
+
+
+def _check_arguments(
+    dev: str, channels: int, batch_size: int, num_threads: int, shard_id: int, num_shards: int
+) -> None:
+    """``build_pipeline``'s scalar arguments, with the fix in each error."""
     if channels not in (1, 3):
         raise InputError(f"channels must be 1 (gray) or 3 (RGB), got {channels!r}")
     if batch_size < 1 or num_threads < 1:
@@ -506,7 +555,10 @@ def build_pipeline(
         raise InputError(
             "device='gpu' needs a CUDA GPU and a CUDA build of torch; use device='cpu'"
         )
-    mean_v, std_v = _norm(mean, channels, "mean"), _norm(std, channels, "std")
+
+
+def _checked_source(source: Any, image_column: str | None, num_shards: int) -> ImageSource:
+    """The image source, with at least one image per shard."""
     images_in = image_source(source, image_column=image_column)
     if len(images_in) == 0:
         raise InputError("the image source is empty: pass at least one image")
@@ -515,91 +567,84 @@ def build_pipeline(
             f"{len(images_in)} image(s) for {num_shards} shards: every shard needs at least one "
             "image; use at most as many shards as images"
         )
-    pol = None if policy is None else load_policy(policy)
-    feeder = _Feeder(
-        images_in,
-        batch_size,
-        seed=int(seed),
-        shuffle=shuffle,
-        first_epoch=int(first_epoch),
-        shard_id=shard_id,
-        num_shards=num_shards,
-    )
-    gpu_id = (0 if device_id is None else device_id) if dev == "gpu" else None
-    planner = (
-        None
-        if pol is None
-        else Planner(
-            pol,
-            seed=seed,
-            channels=channels,
-            modality=modality,
-            variant=variant,
-            device="cuda" if dev == "gpu" else "cpu",
-        )
-    )
+    return images_in
 
-    @dali.pipeline_def(
-        batch_size=batch_size,
-        num_threads=num_threads,
-        device_id=gpu_id,
-        prefetch_queue_depth=prefetch_queue_depth,
-    )
-    def pipeline() -> tuple[Any, Any, Any]:
+
+@dataclass
+class _Graph:
+    """What ``build_pipeline``'s DALI graph is made of; ``define`` adds its nodes (inside the
+    pipeline definition): source, decode, resize, one augmentation stage per op slot of the
+    policy, normalisation."""
+
+    dev: str
+    height: int
+    width: int
+    channels: int
+    mean: list[float]
+    std: list[float]
+    feeder: _Feeder
+    policy: Policy | None
+    native_ops: bool
+    planner: Planner | None = None
+
+    def define(self, dali: Any) -> tuple[Any, Any, Any]:
+        fn: Any = dali.fn
+        types: Any = dali.types
         encoded, indices, epochs = fn.external_source(
-            source=feeder,
+            source=self.feeder,
             num_outputs=3,
             batch=False,
             dtype=[types.UINT8, types.INT64, types.INT64],
         )
         images = fn.decoders.image(
             encoded,
-            device="mixed" if dev == "gpu" else "cpu",
-            output_type=types.RGB if channels == 3 else types.GRAY,
+            device="mixed" if self.dev == "gpu" else "cpu",
+            output_type=types.RGB if self.channels == 3 else types.GRAY,
         )
-        images = fn.resize(images, resize_x=width, resize_y=height)
-        if pol is not None and planner is not None:
-            names = {e.op for e in pol.ops}
-            natives = [
-                op
-                for name, op in NATIVE_OPS.items()
-                if native_ops and name in names and op.usable(pol)
-            ]
-            on_dev = (indices.gpu(), epochs.gpu()) if dev == "gpu" else (indices, epochs)
-            for position in range(pol.num_ops[1]):
-                images = fn.dl_tensor_python_function(
-                    images,
-                    *on_dev,
-                    function=_TorchStage(planner, position, natives, dev == "gpu"),
-                    batch_processing=True,
-                    num_outputs=1,
-                    device=dev,
-                )
-                if natives:
-                    args = fn.dl_tensor_python_function(
-                        indices,
-                        epochs,
-                        function=_NativeArgs(planner, position, natives, height, width),
-                        batch_processing=True,
-                        num_outputs=len(natives),
-                    )
-                    args = args if isinstance(args, list) else [args]
-                    for op, arg in zip(natives, args, strict=True):
-                        images = op.build(images, arg, height, width)
+        images = fn.resize(images, resize_x=self.width, resize_y=self.height)
+        if self.policy is not None and self.planner is not None:
+            images = self._augment(fn, images, indices, epochs, self.policy, self.planner)
         images = fn.crop_mirror_normalize(
             images,
             dtype=types.FLOAT,
             output_layout="CHW",
-            mean=[255.0 * m for m in mean_v],
-            std=[255.0 * s for s in std_v],
+            mean=[255.0 * m for m in self.mean],
+            std=[255.0 * s for s in self.std],
         )
         return images, indices, epochs
 
-    pipe = pipeline()
-    pipe.build()
-    pipe.perturb_planner = planner  # the loader's records come from the same plans
-    pipe.perturb_batches = feeder.samples // batch_size  # per epoch, for len(loader)
-    return pipe
+    def _augment(self, fn: Any, images: Any, indices: Any, epochs: Any, pol: Policy, planner: Planner) -> Any:
+        """One stage per op slot: the torch kernels (a DLPack python function on the
+        pipeline's device), then the slot's native DALI ops with their keyed arguments."""
+        names = {e.op for e in pol.ops}
+        natives = [
+            op
+            for name, op in NATIVE_OPS.items()
+            if self.native_ops and name in names and op.usable(pol)
+        ]
+        gpu = self.dev == "gpu"
+        on_dev = (indices.gpu(), epochs.gpu()) if gpu else (indices, epochs)
+        for position in range(pol.num_ops[1]):
+            images = fn.dl_tensor_python_function(
+                images,
+                *on_dev,
+                function=_TorchStage(planner, position, natives, gpu),
+                batch_processing=True,
+                num_outputs=1,
+                device=self.dev,
+            )
+            if natives:
+                args = fn.dl_tensor_python_function(
+                    indices,
+                    epochs,
+                    function=_NativeArgs(planner, position, natives, self.height, self.width),
+                    batch_processing=True,
+                    num_outputs=len(natives),
+                )
+                args = args if isinstance(args, list) else [args]
+                for op, arg in zip(natives, args, strict=True):
+                    images = op.build(images, arg, self.height, self.width)
+        return images
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,16 @@ def power(x: torch.Tensor, exponent: torch.Tensor | float) -> torch.Tensor:
 
 
 def srgb_to_linear(x: torch.Tensor) -> torch.Tensor:
-    """IEC 61966-2-1 sRGB decoding of values in [0, 1]."""
+    """IEC 61966-2-1 sRGB decoding of values in [0, 1].
+
+    Kornia: ``kornia.color.rgb_to_linear_rgb`` on CUDA for 3-channel batches (the same float32
+    formula); own kernel on CPU and for other channel counts, because Kornia's takes only 3
+    channels and computes in float32, whose CPU result moves with thread chunking (see the
+    module docstring), while the CPU paths' uint8 tables are built from this float64 result."""
+    if x.device.type != "cpu" and x.dim() >= 3 and x.shape[-3] == 3:
+        import kornia  # lazily: only the torch path needs it
+
+        return kornia.color.rgb_to_linear_rgb(x)
     w = _wide(x)
     low = w / 12.92
     high = torch.pow((w.clamp_min(0.04045) + 0.055) / 1.055, 2.4)
@@ -35,7 +44,14 @@ def srgb_to_linear(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_to_srgb(x: torch.Tensor) -> torch.Tensor:
-    """IEC 61966-2-1 sRGB encoding of linear values (clipped to [0, 1])."""
+    """IEC 61966-2-1 sRGB encoding of linear values (clipped to [0, 1]).
+
+    Kornia: ``kornia.color.linear_rgb_to_rgb`` on CUDA for 3-channel batches (clipped first);
+    own kernel on CPU and for other channel counts, for the reasons of ``srgb_to_linear``."""
+    if x.device.type != "cpu" and x.dim() >= 3 and x.shape[-3] == 3:
+        import kornia  # lazily: only the torch path needs it
+
+        return kornia.color.linear_rgb_to_rgb(x.clamp(0.0, 1.0))
     w = _wide(x).clamp(0.0, 1.0)
     low = w * 12.92
     high = 1.055 * torch.pow(w.clamp_min(0.0031308), 1.0 / 2.4) - 0.055
@@ -59,11 +75,14 @@ LUMA_REC601 = (0.299, 0.587, 0.114)
 
 
 def luma(x: torch.Tensor) -> torch.Tensor:
-    """Rec. 601 luma (B,1,H,W) of an RGB batch; a 1-channel batch is returned as is."""
+    """Rec. 601 luma (B,1,H,W) of an RGB batch; a 1-channel batch is returned as is.
+
+    Kornia: ``kornia.color.rgb_to_grayscale`` (the same weights, ``LUMA_REC601``)."""
     if x.shape[1] == 1:
         return x
-    r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
-    return r * LUMA_REC601[0] + g * LUMA_REC601[1] + b * LUMA_REC601[2]
+    import kornia  # lazily: only the torch path needs it
+
+    return kornia.color.rgb_to_grayscale(x)
 
 
 def shorter_side(x: torch.Tensor) -> int:

@@ -138,8 +138,9 @@ def gaussian_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
 
 @register_kernel("gaussian_blur")
 def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Gaussian PSF; ``sigma`` is a fraction of the shorter side. Torch path: Kornia's
-    ``gaussian_blur2d`` at the CPU path's window (radius ceil(3 sigma))."""
+    """Gaussian PSF; ``sigma`` is a fraction of the shorter side.
+
+    Kornia: ``kornia.filters.gaussian_blur2d`` at the CPU path's window (radius ceil(3 sigma))."""
     import kornia  # lazily: only the torch path needs it
 
     if backend.opencv_path(x):
@@ -164,8 +165,10 @@ def defocus_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray],
 
 @register_kernel("defocus_blur")
 def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Uniform disk PSF; ``radius`` is a fraction of the shorter side. Torch path: Kornia's
-    ``filter2d`` with our own PSF (``disk_psf``): Kornia has no anti-aliased disk kernel."""
+    """Uniform disk PSF; ``radius`` is a fraction of the shorter side.
+
+    Kornia: ``kornia.filters.filter2d`` with our own PSF (``disk_psf``): Kornia has no anti-aliased
+    disk kernel."""
     if backend.opencv_path(x):
         return _host(x, p, keys, defocus_blur_cpu)
     side = shorter_side(x)
@@ -185,11 +188,12 @@ def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], 
 
 @register_kernel("motion_blur", sampler=_motion_sampler)
 def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Line PSF of ``length`` (fraction of the shorter side) at ``angle`` degrees. Torch path:
-    Kornia's ``filter2d`` with our own PSF (``line_psf``): Kornia's ``get_motion_kernel2d``
-    draws an odd-sized line and rotates it with a bilinear warp, so its length is quantised to
-    odd pixel counts and its taps differ from a sub-pixel segment (and from the OpenCV path,
-    which uses ``line_psf``) by far more than 1/255 at short lengths."""
+    """Line PSF of ``length`` (fraction of the shorter side) at ``angle`` degrees.
+
+    Kornia: ``kornia.filters.filter2d`` with our own PSF (``line_psf``): Kornia's
+    ``get_motion_kernel2d`` draws an odd-sized line and rotates it with a bilinear warp, so its
+    length is quantised to odd pixel counts and its taps differ from a sub-pixel segment (and from
+    the OpenCV path, which uses ``line_psf``) by far more than 1/255 at short lengths."""
     if backend.opencv_path(x):
         return _host(x, p, keys, motion_blur_cpu)
     side = shorter_side(x)

@@ -71,6 +71,9 @@ def _cast_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("color_cast", sampler=_cast_sampler)
 def color_cast(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
+    ``perturb.ops._math``, which states when its own float64 kernel runs instead); the
+    per-channel gain is one multiply."""
     gains = p["gains"].view(-1, 3, 1, 1)
     return linear_to_srgb(srgb_to_linear(x) * gains)
 
@@ -100,6 +103,9 @@ def _hue_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("hue_shift", sampler=_hue_sampler)
 def hue_shift(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: own kernel, because Kornia's ``adjust_hue`` rotates the hue in HSV (hexcone) while
+    this op rotates the YIQ chroma plane (one 3x3 matrix, the OpenCV path's ``cv2.transform``):
+    a different image, not a rounding difference."""
     return _mix(x, p["matrix"].view(-1, 3, 3))
 
 
@@ -111,8 +117,13 @@ def _saturation_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("saturation", sampler=_saturation_sampler)
 def saturation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    y = luma(x)
-    return (y + _b(p["factor"]) * (x - y)).clamp_(0.0, 1.0)
+    """``luma + factor (x - luma)`` with Rec. 601 luma, clipped.
+
+    Kornia: ``kornia.enhance.adjust_saturation_with_gray_subtraction`` (the same blend with
+    Rec. 601 grey; a 1-channel batch is returned unchanged, as here)."""
+    import kornia  # lazily: only the torch path needs it
+
+    return kornia.enhance.adjust_saturation_with_gray_subtraction(x, p["factor"].to(x.dtype))
 
 
 def _brightness_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -121,7 +132,7 @@ def _brightness_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("brightness", sampler=_brightness_sampler)
 def brightness(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Torch path: Kornia's ``adjust_brightness`` (the same sum and clip, bit for bit)."""
+    """Kornia: ``kornia.enhance.adjust_brightness`` (the same sum and clip, bit for bit)."""
     import kornia  # lazily: only the torch path needs it
 
     return kornia.enhance.adjust_brightness(x, p["delta"].to(x.dtype))
@@ -143,7 +154,11 @@ def contrast(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
 ) -> torch.Tensor:
     """Scale around the mean luma of the tissue (field of view minus overlays, from the scene;
-    the whole image without one)."""
+    the whole image without one).
+
+    Kornia: own kernel, because Kornia's ``adjust_contrast`` scales around 0 and
+    ``adjust_contrast_with_mean_subtraction`` around the whole image's mean grey; this op scales
+    around the mean luma of the tissue (the scene's field of view minus overlays)."""
     y = luma(x)
     means = []
     for i in range(x.shape[0]):
@@ -168,8 +183,8 @@ def _gamma_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("gamma", sampler=_gamma_sampler)
 def gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Torch path: Kornia's ``adjust_gamma`` (float32 pow; the CPU path's uint8 tables use float64
-    pow, and no level rounds differently over gammas 0.5-2)."""
+    """Kornia: ``kornia.enhance.adjust_gamma`` (float32 pow; the CPU path's uint8 tables use
+    float64 pow, and no level rounds differently over gammas 0.5-2)."""
     import kornia  # lazily: only the torch path needs it
 
     return kornia.enhance.adjust_gamma(x.clamp(0.0, 1.0), p["gamma"].to(x.dtype))

@@ -63,6 +63,8 @@ def _falloff(x: torch.Tensor, p: dict[str, torch.Tensor], strength: torch.Tensor
 
 @register_kernel("overexposure")
 def overexposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
+    ``perturb.ops._math``); the gain is one multiply."""
     return linear_to_srgb(srgb_to_linear(x) * _b(p["gain"]))
 
 
@@ -72,6 +74,8 @@ def _under_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("underexposure", sampler=_under_sampler)
 def underexposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
+    ``perturb.ops._math``); the scale is one multiply."""
     scale = _b(p["gain"]) * _falloff(x, p, p["falloff"])
     return linear_to_srgb(srgb_to_linear(x) * scale)
 
@@ -105,7 +109,10 @@ def field_falloff_np(h: int, w: int, cx: float, cy: float, strength: float, scen
 def vignetting(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
 ) -> torch.Tensor:
-    """Radial fall-off of light over the field of view (cos^4 law, ~ 1 - a r^2) in linear light."""
+    """Radial fall-off of light over the field of view (cos^4 law, ~ 1 - a r^2) in linear light.
+
+    Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
+    ``perturb.ops._math``); own fall-off field (no Kornia equivalent of a field-of-view cos^4 law)."""
     h, w = x.shape[-2:]
     scales = [
         torch.from_numpy(
@@ -173,6 +180,9 @@ def smooth_field_np(key: int, stream: str, grid: int, h: int, w: int) -> np.ndar
 
 @register_kernel("haze", sampler=_haze_sampler)
 def haze(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: own kernel: no Kornia equivalent of a keyed transmission field with airlight; the
+    field's bicubic upsampling is ``F.interpolate``, which ``kornia.geometry.transform.resize``
+    would only wrap."""
     t = (_b(p["transmission"]) * (1.0 + 0.15 * smooth_field(x, keys, "haze", HAZE_GRID))).clamp(0.0, 1.0)
     airlight = _b(p["airlight"]) * p["tint"].view(-1, 3, 1, 1)[:, : x.shape[1]]
     if x.shape[1] == 1:

@@ -275,7 +275,9 @@ def _crop_sampler(rng: np.random.Generator, level: Level) -> Params:
 @register_kernel("resized_crop", sampler=_crop_sampler)
 def resized_crop(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Crop (``scale`` of the area, relative aspect ``exp(log_ratio)``, keyed position) resized
-    back to the input size, bicubic."""
+    back to the input size, bicubic.
+
+    Kornia: ``kornia.geometry.transform.warp_affine`` (through ``warp_batch``)."""
     height, width = x.shape[-2:]
     return warp_batch(x, crop_warps(p, width, height))
 
@@ -296,7 +298,9 @@ def _rotation_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("rotation", sampler=_rotation_sampler)
 def rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Rotation by ``degrees`` (counter-clockwise positive) about the centre, black corners."""
+    """Rotation by ``degrees`` (counter-clockwise positive) about the centre, black corners.
+
+    Kornia: ``kornia.geometry.transform.warp_affine`` (through ``warp_batch``)."""
     height, width = x.shape[-2:]
     return warp_batch(x, rotation_warps(p, width, height))
 
@@ -332,7 +336,10 @@ def translation_pixels(
 
 @register_kernel("translation", sampler=_translation_sampler)
 def translation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Integer shift by ``shift`` of the width/height along ``direction`` degrees, black fill."""
+    """Integer shift by ``shift`` of the width/height along ``direction`` degrees, black fill.
+
+    Kornia: own kernel, because an integer shift is a copy of slices (exact, no arithmetic);
+    Kornia's ``translate`` resamples every pixel through ``grid_sample``."""
     height, width = x.shape[-2:]
     return shift_batch(x, translation_shifts(p, width, height))
 

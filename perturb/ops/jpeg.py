@@ -183,6 +183,10 @@ def jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: in
 
 @register_kernel("jpeg", sampler=_quality_sampler)
 def jpeg(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: own kernel, because Kornia's ``jpeg_codec_differentiable`` is a differentiable
+    approximation (smooth rounding, its own colour conversion and chroma resampling) that writes
+    no file; libjpeg's decoded pixels and the output files need a real codec (nvImageCodec or
+    torchvision on CUDA, OpenCV's libjpeg-turbo on CPU)."""
     qualities = [round(q) for q in p["quality"].tolist()]
     codec = jpeg_backend(x)
     if codec == "nvimgcodec":

@@ -52,11 +52,17 @@ def _b(p: torch.Tensor) -> torch.Tensor:
 
 
 def gaussian_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: own kernel: Kornia's noise augmentations draw from torch's global generator, this
+    op's normal field is keyed (``perturb.rng``) so records replay bit for bit; the rest is one
+    multiply-add."""
     z = _per_sample_normal(x, keys, "gaussian_noise")
     return (x + _b(p["sigma"]) * z).clamp_(0.0, 1.0)
 
 
 def speckle_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: own kernel: Kornia's noise augmentations draw from torch's global generator, this
+    op's normal field is keyed (``perturb.rng``) so records replay bit for bit; the rest is one
+    multiply-add."""
     z = _per_sample_normal(x, keys, "speckle_noise")
     return (x + x * _b(p["sigma"]) * z).clamp_(0.0, 1.0)
 
@@ -85,6 +91,8 @@ def poisson_counts(mean: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torc
 
 
 def shot_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: own kernel: Kornia has no Poisson (photon) noise in linear light, and its random ops
+    are not keyed; the sRGB decode/encode is ``perturb.ops._math`` (Kornia on CUDA)."""
     photons = _b(p["photons"])
     mean = srgb_to_linear(x) * photons
     z = _per_sample_normal(x, keys, "shot_noise/normal")
@@ -94,6 +102,8 @@ def shot_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
 
 
 def impulse_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: own kernel: Kornia's ``RandomSaltAndPepperNoise`` draws from torch's global
+    generator; this op's uniform field is keyed (``perturb.rng``) so records replay bit for bit."""
     h, w = x.shape[-2:]
     u = _per_sample_uniform(x, keys, "impulse_noise", (1, h, w))
     half = _b(p["amount"]) / 2

@@ -257,7 +257,10 @@ def xray_quantum_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequen
     quanta. The variance in ``I`` is ``I / Q`` plus ``(sigma_e / Q)^2``. The detector is linear
     (counts) and the presentation log is re-applied to the noisy counts; the doses of the table
     stay where a real AEC-limited low-dose chest film goes (down to about 1/16 of the dose), so the
-    mottle never turns the dense mediastinum into white snow."""
+    mottle never turns the dense mediastinum into white snow.
+
+    Kornia: own kernel: Kornia has no Poisson-plus-electronic detector noise, and its random ops are
+    not keyed (``perturb.rng`` fields replay bit for bit)."""
     shape = tuple(x.shape[1:])
     z = torch.stack([rng.normal_field(k, "xray_quantum/normal", shape, x.device) for k in keys])
     u = torch.stack([rng.uniform_field(k, "xray_quantum/uniform", shape, x.device) for k in keys])
@@ -355,6 +358,8 @@ def grid_gain(h: int, w: int, p: dict[str, torch.Tensor], device: torch.device) 
 
 @register_kernel("xray_grid_lines", sampler=_grid_sampler)
 def xray_grid_lines(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Kornia: own kernel: no Kornia equivalent (an analytic anti-scatter grid pattern multiplied
+    on the fluence)."""
     return scale_linear(x, grid_gain(x.shape[-2], x.shape[-1], p, x.device))
 
 
@@ -395,7 +400,12 @@ def _scatter_sampler(rng_: np.random.Generator, level: Level) -> Params:
 def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Scatter (and detector veiling glare) adds a wide blur of the primary fluence:
     ``I + k (G_sigma * I)``; ``fraction`` k is the scatter-to-primary ratio, ``sigma`` a
-    fraction of the shorter side."""
+    fraction of the shorter side.
+
+    Kornia: own kernel, because Kornia's ``box_blur`` convolves a (2r + 1)-tap kernel
+    per axis (O(r) per pixel; r is about sigma, 6-12 % of the shorter side here) while
+    ``_box_torch`` is a float64 cumulative sum (O(1) per pixel, the same values within 1e-14):
+    one pass pair at r = 60 on a 512x512 CPU plane took 24 ms here, Kornia's 807 ms."""
     out = []
     side = _side(x)
     for i in range(x.shape[0]):
@@ -432,7 +442,10 @@ def _exposure_sampler(rng_: np.random.Generator, level: Level) -> Params:
 @register_kernel("xray_exposure", sampler=_exposure_sampler)
 def xray_exposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Detector gain ``2^stops`` on the linear signal (over- or under-exposure that the
-    processing failed to normalise): a display shift of ``-stops ln 2 / MU`` with clipping."""
+    processing failed to normalise): a display shift of ``-stops ln 2 / MU`` with clipping.
+
+    Kornia: own kernel: no Kornia equivalent (a gain on the linear fluence is a clipped shift of the
+    log display value, one elementwise pass)."""
     return scale_linear(x, torch.pow(2.0, _b(p["stops"]).double()))
 
 
@@ -463,7 +476,9 @@ def heel_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
 @register_kernel("xray_heel_effect", sampler=_heel_sampler)
 def xray_heel_effect(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Anode heel effect: fluence ``I (1 - a t^2)``, t in [0, 1] from the cathode to the anode
-    side along an axis near the image's vertical (the patient's long axis)."""
+    side along an axis near the image's vertical (the patient's long axis).
+
+    Kornia: own kernel: no Kornia equivalent (an analytic gain field along the anode axis)."""
     return scale_linear(x, heel_gain(x, p))
 
 
@@ -484,7 +499,9 @@ def _wl_sampler(rng_: np.random.Generator, level: Level) -> Params:
 def xray_window_level(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """DICOM VOI LINEAR window (continuous form, PS3.3 C.11.2.1.2.1) with centre
     ``0.5 + center_shift`` and ``width`` on the normalised display scale (the identity window
-    is centre 0.5, width 1): ``clip((v - c) / w + 0.5)``."""
+    is centre 0.5, width 1): ``clip((v - c) / w + 0.5)``.
+
+    Kornia: own kernel: Kornia has no DICOM VOI window; the window is one fused affine map and clip."""
     c = 0.5 + _b(p["center_shift"])
     return ((x - c) / _b(p["width"]) + 0.5).clamp_(0.0, 1.0)
 
@@ -495,7 +512,11 @@ def _gamma_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("xray_gamma", sampler=_gamma_sampler)
 def xray_gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Display LUT gamma ``v^gamma`` with ``gamma = 2^log2_gamma`` (mismatched presentation LUT)."""
+    """Display LUT gamma ``v^gamma`` with ``gamma = 2^log2_gamma`` (mismatched presentation LUT).
+
+    Kornia: own kernel, because its 8/16-bit CPU tables are this kernel evaluated on every level
+    and must equal it bit for bit (tests/xray/test_xray_cpu_paths.py); Kornia's ``adjust_gamma``
+    is a float32 pow, an ulp off the float64 one, which moves some 16-bit levels."""
     g = torch.pow(2.0, _b(p["log2_gamma"]).double())
     return torch.pow(_wide(x), g).clamp_(0.0, 1.0).to(x.dtype)
 
@@ -509,7 +530,10 @@ def xray_bit_depth(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[i
     """Too few gray levels in the display pipeline: the display range re-quantised to
     ``L = round(2^bits)`` evenly spaced levels, ``round(v (L - 1)) / (L - 1)`` (a LUT stage or
     store with an effective depth of ``bits``; non-integer ``bits`` grade the severity between
-    whole bits). Nearest-level rounding keeps black, white and the mean brightness."""
+    whole bits). Nearest-level rounding keeps black, white and the mean brightness.
+
+    Kornia: own kernel, because Kornia's ``posterize`` keeps the top integer bits (floor, whole bits
+    only) while this op rounds to ``round(2^bits)`` evenly spaced levels with fractional ``bits``."""
     top = torch.round(torch.pow(2.0, _b(p["bits"]).double())) - 1.0
     return (torch.round(_wide(x) * top) / top).clamp_(0.0, 1.0).to(x.dtype)
 
@@ -527,7 +551,10 @@ def xray_monochrome1(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     minimum value is white): the full inversion ``1 - v`` at every severity, seen through the
     VOI LINEAR window the viewer took for it, which is mis-set by more with severity (centre
     ``0.5 + center_shift``, ``width``): ``clip((1 - v - c) / w + 0.5)``. Contrast is never lost;
-    a narrower window raises it and clips the ends."""
+    a narrower window raises it and clips the ends.
+
+    Kornia: own kernel: Kornia has no DICOM VOI window; inversion and window are one fused affine
+    map and clip (``kornia.enhance.invert`` would only add a pass)."""
     c = 0.5 + _b(p["center_shift"])
     return ((1.0 - x - c) / _b(p["width"]) + 0.5).clamp_(0.0, 1.0)
 
@@ -602,7 +629,10 @@ def _text_sampler(rng_: np.random.Generator, level: Level) -> Params:
 @register_kernel("xray_burned_text", sampler=_text_sampler)
 def xray_burned_text(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Burned-in annotation text (ID, date, projection, technique) in the corners; ``lines``
-    grows with severity and the first lines of a sample are the same at every severity."""
+    grows with severity and the first lines of a sample are the same at every severity.
+
+    Kornia: own kernel: the glyph masks are rendered on the host (OpenCV text, identical on every
+    device) and blended in one pass; Kornia has no text rendering."""
     h, w = x.shape[-2:]
     side = min(h, w)
     masks, values = [], []
@@ -656,7 +686,10 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
 @register_kernel("xray_laterality_marker", sampler=_marker_sampler)
 def xray_laterality_marker(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """A radiopaque "L"/"R" marker in a top corner; the letter is keyed and need not match the
-    anatomy (a wrong or misplaced marker is the failure mode it probes)."""
+    anatomy (a wrong or misplaced marker is the failure mode it probes).
+
+    Kornia: own kernel: the marker mask is rendered on the host (identical on every device) and
+    blended in one pass; Kornia has no text rendering."""
     h, w = x.shape[-2:]
     side = min(h, w)
     masks, values = [], []
@@ -705,7 +738,10 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
 @register_kernel("xray_collimation", sampler=_collimation_sampler)
 def xray_collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Collimator shutters: borders of keyed width per side, white (unexposed, MONOCHROME2)
-    or black (electronic shutter), with a soft penumbra."""
+    or black (electronic shutter), with a soft penumbra.
+
+    Kornia: own kernel: no Kornia equivalent (a host-rendered shutter mask with penumbra, blended in
+    one pass)."""
     h, w = x.shape[-2:]
     masks, values = [], []
     for i in range(x.shape[0]):
@@ -742,7 +778,10 @@ def _motion_sampler(rng_: np.random.Generator, level: Level) -> Params:
 @register_kernel("xray_motion_blur", sampler=_motion_sampler)
 def xray_motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Patient motion during the exposure: a line PSF (perturb.ops.blur.line_psf) applied to
-    the linear fluence, which is what the detector integrates."""
+    the linear fluence, which is what the detector integrates.
+
+    Kornia: ``kornia.filters.filter2d`` with ``perturb.ops.blur.line_psf`` (through
+    ``blur._conv_torch``; see ``motion_blur`` for why not Kornia's motion kernel)."""
     side = _side(x)
     out = []
     for i in range(x.shape[0]):

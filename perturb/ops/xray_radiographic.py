@@ -63,6 +63,7 @@ import torch
 import torch.nn.functional as F
 
 from perturb import rng
+from perturb.ops import backend
 from perturb.ops.registry import Level, Params, draw, draw_int, draw_sign, register_kernel
 from perturb.ops.xray import (
     FIELD_CM,
@@ -167,17 +168,24 @@ def _rotation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
+def _source_positions(inverse: np.ndarray, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (H, W) source positions (continuous pixel coordinates) of every output pixel
+    centre under the output -> input homography ``inverse``."""
+    ys = torch.arange(h, dtype=torch.float64, device=device) + 0.5
+    xs = torch.arange(w, dtype=torch.float64, device=device) + 0.5
+    m = torch.from_numpy(inverse).to(device)
+    den = m[2, 0] * xs[None, :] + m[2, 1] * ys[:, None] + m[2, 2]
+    px = (m[0, 0] * xs[None, :] + m[0, 1] * ys[:, None] + m[0, 2]) / den
+    py = (m[1, 0] * xs[None, :] + m[1, 1] * ys[:, None] + m[1, 2]) / den
+    return px, py
+
+
 def warp_homography(sample: torch.Tensor, inverse: np.ndarray, mode: str = "bicubic") -> torch.Tensor:
     """Resample one CHW float sample through the output -> input homography ``inverse``
     (continuous pixel coordinates): bicubic (a = -0.75, ``grid_sample``) or ``nearest`` (label
     maps), 0 outside the film."""
     _c, h, w = sample.shape
-    ys = torch.arange(h, dtype=torch.float64, device=sample.device) + 0.5
-    xs = torch.arange(w, dtype=torch.float64, device=sample.device) + 0.5
-    m = torch.from_numpy(inverse).to(sample.device)
-    den = m[2, 0] * xs[None, :] + m[2, 1] * ys[:, None] + m[2, 2]
-    px = (m[0, 0] * xs[None, :] + m[0, 1] * ys[:, None] + m[0, 2]) / den
-    py = (m[1, 0] * xs[None, :] + m[1, 1] * ys[:, None] + m[1, 2]) / den
+    px, py = _source_positions(inverse, h, w, sample.device)
     inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
     grid = torch.stack([px * (2.0 / w) - 1.0, py * (2.0 / h) - 1.0], dim=-1).to(sample.dtype)
     out = F.grid_sample(sample[None], grid[None], mode=mode, padding_mode="border", align_corners=False)[0]
@@ -198,13 +206,39 @@ def rotation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Te
 
 @register_kernel("xray_patient_rotation", sampler=_rotation_sampler)
 def xray_patient_rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Oblique projection of a rotated patient (see the module docstring)."""
+    """Oblique projection of a rotated patient (see the module docstring).
+
+    Kornia: ``kornia.geometry.transform.warp_perspective`` on the torch path (bicubic; within
+    8e-5 of the reference, 2-3x faster on CPU); the CPU path (there is no OpenCV one) keeps
+    ``warp_homography``'s float64 sampling grid, whose bytes the golden outputs pin."""
     h, w = x.shape[-2:]
     out = []
+    on_torch_path = not backend.opencv_path(x)
     for i in range(x.shape[0]):
         fwd = forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
-        out.append(warp_homography(x[i], np.linalg.inv(fwd)))
+        if on_torch_path:
+            out.append(_warp_homography_kornia(x[i], fwd))
+        else:
+            out.append(warp_homography(x[i], np.linalg.inv(fwd)))
     return torch.stack(out)
+
+
+def _warp_homography_kornia(sample: torch.Tensor, forward: np.ndarray) -> torch.Tensor:
+    """``warp_homography`` through Kornia: ``forward`` (input -> output, continuous pixel
+    coordinates) moved to pixel-index coordinates (centres at integers), bicubic with border
+    padding, then 0 outside the film (the same float64 test as ``warp_homography``)."""
+    import kornia  # lazily: only the torch path needs it
+
+    _c, h, w = sample.shape
+    to_index = np.array([[1.0, 0.0, -0.5], [0.0, 1.0, -0.5], [0.0, 0.0, 1.0]])
+    from_index = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
+    matrix = torch.from_numpy(to_index @ forward @ from_index).to(sample.device, sample.dtype)
+    out = kornia.geometry.transform.warp_perspective(
+        sample[None], matrix[None], (h, w), mode="bicubic", padding_mode="border", align_corners=True
+    )[0]
+    px, py = _source_positions(np.linalg.inv(forward), h, w, sample.device)
+    inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
+    return (out * inside.to(out.dtype)).clamp_(0.0, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +271,9 @@ def penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 @register_kernel("xray_under_penetration", sampler=_kvp_sampler)
 def xray_under_penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Too low a tube voltage (``kvp_ratio`` < 1): more contrast, white mediastinum, more noise
-    behind the dense parts (see ``penetration``)."""
+    behind the dense parts (see ``penetration``).
+
+    Kornia: own kernel: no Kornia equivalent (kVp-scaled attenuation and keyed quantum noise)."""
     return penetration(x, p, keys, "xray_under_penetration/noise")
 
 
@@ -245,7 +281,9 @@ def xray_under_penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Se
 def xray_over_penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Too high a tube voltage (``kvp_ratio`` > 1): flat, dark, gray film; lower contrast (the
     op claims it); the noise falls, but in the lungs less than the contrast does, so a little is
-    added there (see ``penetration``)."""
+    added there (see ``penetration``).
+
+    Kornia: own kernel: no Kornia equivalent (kVp-scaled attenuation and keyed quantum noise)."""
     return penetration(x, p, keys, "xray_over_penetration/noise")
 
 
@@ -328,7 +366,10 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
 
 @register_kernel("xray_support_devices", sampler=_level_sampler)
 def xray_support_devices(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Support devices as attenuating objects (see ``devices_map``)."""
+    """Support devices as attenuating objects (see ``devices_map``).
+
+    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation map added to the display
+    value)."""
     h, w = x.shape[-2:]
     maps = [devices_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i])) for i, k in enumerate(keys)]
     return _add_attenuation(x, maps)
@@ -423,7 +464,10 @@ def objects_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
 
 @register_kernel("xray_foreign_objects", sampler=_level_sampler)
 def xray_foreign_objects(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Radiopaque objects on the patient (see ``objects_map``)."""
+    """Radiopaque objects on the patient (see ``objects_map``).
+
+    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation map added to the display
+    value)."""
     h, w = x.shape[-2:]
     maps = [objects_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i])) for i, k in enumerate(keys)]
     return _add_attenuation(x, maps)
@@ -458,7 +502,9 @@ def xray_detector_defects(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Seq
     centre column: the right tile's gain is ``1 + seam_gain`` (a display step of
     ``-ln(1 + g) / MU``) and the seam column has no signal. Dead lines: a row or column with no
     signal (white) or half gain. Dead pixels: a keyed ``dead_fraction`` of pixels, half without
-    signal (white), half saturated (hot, black)."""
+    signal (white), half saturated (hot, black).
+
+    Kornia: own kernel: no Kornia equivalent (keyed dead lines and tile seams)."""
     h, w = x.shape[-2:]
     out = []
     for i, k in enumerate(keys):
@@ -507,7 +553,9 @@ def cutoff_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
 
 @register_kernel("xray_grid_cutoff", sampler=_cutoff_sampler)
 def xray_grid_cutoff(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Grid cut-off: lateral density fall-off on the fluence (see ``cutoff_gain``)."""
+    """Grid cut-off: lateral density fall-off on the fluence (see ``cutoff_gain``).
+
+    Kornia: own kernel: no Kornia equivalent (an analytic lateral fall-off of the fluence)."""
     return scale_linear(x, cutoff_gain(x, p))
 
 
@@ -533,7 +581,12 @@ def box_gaussian(v: torch.Tensor, sigma_px: float) -> torch.Tensor:
 def xray_edge_enhancement(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Unsharp masking of the display image, ``v + amount (v - G_sigma * v)`` (``sigma`` a
     fraction of the shorter side): overshoot on the bright side of every edge, undershoot on
-    the dark side (the rebound halo around the heart, diaphragm and devices)."""
+    the dark side (the rebound halo around the heart, diaphragm and devices).
+
+    Kornia: own kernel, because Kornia's ``unsharp_mask`` blurs with ``gaussian_blur2d`` (O(sigma)
+    taps per pixel) while this op's low-pass is three box passes through ``_box_torch`` cumulative
+    sums (O(1) per pixel; see ``xray_scatter`` for the measured speed) and is also the CPU path,
+    whose bytes the golden outputs pin."""
     side = _side(x)
     out = []
     for i in range(x.shape[0]):
@@ -564,7 +617,10 @@ def shifted_clamped(v: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
 def xray_double_exposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """The plate integrates two exposures, the second ``weight`` as strong and shifted by
     ``shift`` (fraction of the shorter side) along ``angle``; the processing renormalises the
-    sum: ``I' = (I + w I(x - d)) / (1 + w)``."""
+    sum: ``I' = (I + w I(x - d)) / (1 + w)``.
+
+    Kornia: own kernel, because the second exposure is an integer shift with edge replication (an
+    index gather, exact); Kornia's ``translate`` resamples every pixel through ``grid_sample``."""
     side = _side(x)
     out = []
     for i in range(x.shape[0]):
@@ -601,7 +657,10 @@ def _cardiac_sampler(rng_: np.random.Generator, level: Level) -> Params:
 @register_kernel("xray_cardiac_motion", sampler=_cardiac_sampler)
 def xray_cardiac_motion(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """``I + M_heart (B_x * I - I) + M_domes (B_y * I - I)`` with box PSFs of ``length``
-    (fraction of the shorter side) along x (heart) and y (diaphragm), see ``motion_masks``."""
+    (fraction of the shorter side) along x (heart) and y (diaphragm), see ``motion_masks``.
+
+    Kornia: own kernel, because its box PSFs along one axis are ``_box_torch`` cumulative sums (O(1)
+    per pixel); Kornia's ``box_blur`` is O(length) per pixel (see ``xray_scatter``)."""
     h, w = x.shape[-2:]
     side = _side(x)
     heart, domes = motion_masks(h, w, x.device)
@@ -648,7 +707,10 @@ def fold_attenuation(h: int, w: int, p: dict[str, torch.Tensor], i: int, device:
 
 @register_kernel("xray_skin_fold", sampler=_fold_sampler)
 def xray_skin_fold(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """A skin fold as added attenuation with a sharp edge (see ``fold_attenuation``)."""
+    """A skin fold as added attenuation with a sharp edge (see ``fold_attenuation``).
+
+    Kornia: own kernel: no Kornia equivalent (an analytic attenuation edge added to the display
+    value)."""
     h, w = x.shape[-2:]
     out = [(_wide(x[i : i + 1]) + fold_attenuation(h, w, p, i, x.device)).clamp_(0.0, 1.0).to(x.dtype) for i in range(x.shape[0])]
     return torch.cat(out)
