@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -106,13 +107,17 @@ def _runner(op: str, path: str) -> tuple[Run, str, torch.dtype]:
     return _torch_kernel(op, "opencv" if path == "opencv" else "torch"), "cpu", torch.float32
 
 
-def _global_state() -> tuple[torch.Tensor, tuple, tuple]:
-    return torch.get_rng_state().clone(), np.random.get_state(), random.getstate()
+GlobalState = tuple[torch.Tensor, dict[str, Any], tuple[Any, ...]]
 
 
-def _same_state(a: tuple[torch.Tensor, tuple, tuple], b: tuple[torch.Tensor, tuple, tuple]) -> bool:
-    np_a, np_b = a[1], b[1]
-    numpy_same = np_a[0] == np_b[0] and np.array_equal(np_a[1], np_b[1]) and np_a[2:] == np_b[2:]
+def _global_state() -> GlobalState:
+    """torch's CPU generator, NumPy's legacy global generator and Python's ``random``."""
+    return torch.get_rng_state().clone(), np.random.get_state(legacy=False), random.getstate()
+
+
+def _same_state(a: GlobalState, b: GlobalState) -> bool:
+    np_a, np_b = a[1]["state"], b[1]["state"]
+    numpy_same = np.array_equal(np_a["key"], np_b["key"]) and np_a["pos"] == np_b["pos"]
     return bool(torch.equal(a[0], b[0]) and numpy_same and a[2] == b[2])
 
 
