@@ -497,7 +497,7 @@ def _gamma_sampler(rng_: np.random.Generator, level: Level) -> Params:
 def xray_gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Display LUT gamma ``v^gamma`` with ``gamma = 2^log2_gamma`` (mismatched presentation LUT)."""
     g = torch.pow(2.0, _b(p["log2_gamma"]).double())
-    return torch.pow(_wide(x), g).clamp_(0.0, 1.0).to(x.dtype)
+    return torch.pow(_wide(x), g).clamp(0.0, 1.0).to(x.dtype)
 
 
 def _bits_sampler(rng_: np.random.Generator, level: Level) -> Params:
