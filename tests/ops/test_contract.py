@@ -2,6 +2,8 @@
 
 A new op is covered automatically; ``test_every_op_has_a_reference_check`` additionally makes
 its author name the independent reference/physics test of the op in tests/ops/test_references.py.
+The same contract on the bare kernels (no engine) is tests/ops/test_kernels.py; the gradients
+of the ops declared differentiable are checked in tests/ops/test_gradcheck.py.
 """
 
 from __future__ import annotations

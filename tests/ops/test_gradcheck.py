@@ -16,10 +16,17 @@ from perturb.ops.backend import use_backend
 from perturb.ops.registry import get_kernel
 
 DIFFERENTIABLE = sorted(name for name, op in all_ops().items() if op.spec.differentiable)
+# Ops whose torch kernel computes in float32 inside (float64 in and out): their finite
+# differences carry float32 rounding (~1e-7 / eps), so they are checked with a larger step and
+# looser tolerances. Everything else is checked at gradcheck's float64 precision.
+FLOAT32_INSIDE = {"xray_motion_blur"}  # the line-PSF convolution of the linear fluence
+STRICT = (1e-6, 1e-5, 1e-3)  # finite-difference step, absolute and relative tolerance
+LOOSE = (1e-4, 1e-3, 1e-2)
 
 
 def test_the_field_is_declared_by_some_ops_and_not_by_others() -> None:
     assert DIFFERENTIABLE and len(DIFFERENTIABLE) < len(all_ops())
+    assert set(DIFFERENTIABLE) >= FLOAT32_INSIDE
 
 
 @pytest.mark.parametrize("op", DIFFERENTIABLE)
@@ -44,4 +51,5 @@ def test_gradients_match_finite_differences(op: str) -> None:
     out = kernel(x)
     assert out.dtype == torch.float64, f"{op} turned a float64 batch into {out.dtype}"
     assert out.requires_grad, f"{op}'s output is cut off from the autograd graph"
-    assert torch.autograd.gradcheck(kernel, (x,), eps=1e-4, atol=1e-3, rtol=1e-2)
+    eps, atol, rtol = LOOSE if op in FLOAT32_INSIDE else STRICT
+    assert torch.autograd.gradcheck(kernel, (x,), eps=eps, atol=atol, rtol=rtol)
