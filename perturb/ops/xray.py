@@ -518,7 +518,7 @@ def xray_gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
     and must equal it bit for bit (tests/xray/test_xray_cpu_paths.py); Kornia's ``adjust_gamma``
     is a float32 pow, an ulp off the float64 one, which moves some 16-bit levels."""
     g = torch.pow(2.0, _b(p["log2_gamma"]).double())
-    return torch.pow(_wide(x), g).clamp_(0.0, 1.0).to(x.dtype)
+    return torch.pow(_wide(x), g).clamp(0.0, 1.0).to(x.dtype)
 
 
 def _bits_sampler(rng_: np.random.Generator, level: Level) -> Params:

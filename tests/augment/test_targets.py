@@ -60,7 +60,7 @@ def test_boxes_match_the_warped_painted_box(op: str, severity: int, painted: tor
 
 # lens_distortion is left out here: a tissue-layer op, it keeps the dark surround of the painted
 # frame (the scene's surround) while the mask moves everywhere; its masks are checked against its
-# boxes in tests/test_clinical_ops.py
+# boxes in tests/ops/test_clinical_ops.py
 @pytest.mark.parametrize("op", ["resized_crop", "rotation", "translation"])
 @pytest.mark.parametrize("severity", [2, 5])
 def test_masks_agree_with_the_image_kernel(op: str, severity: int, painted: torch.Tensor) -> None:

@@ -19,7 +19,7 @@ from perturb.ops.noise import POISSON_EXACT_BELOW, poisson_small, poisson_small_
 from tests.xray.test_xray_ops import _real
 
 # ops whose host path repeats the kernel's operations exactly (the others, scatter, motion blur
-# and JPEG, use OpenCV filters/codecs and agree within 1/255: tests/test_contract.py)
+# and JPEG, use OpenCV filters/codecs and agree within 1/255: tests/ops/test_contract.py)
 EXACT = [
     "xray_bit_depth",
     "xray_burned_text",

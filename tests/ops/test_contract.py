@@ -1,7 +1,9 @@
 """The kernel contract, run over every registered op.
 
 A new op is covered automatically; ``test_every_op_has_a_reference_check`` additionally makes
-its author name the independent reference/physics test of the op in tests/test_references.py.
+its author name the independent reference/physics test of the op in tests/ops/test_references.py.
+The same contract on the bare kernels (no engine) is tests/ops/test_kernels.py; the gradients
+of the ops declared differentiable are checked in tests/ops/test_gradcheck.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from perturb.catalog.registry import all_ops, get_op
 from perturb.engine import InputError, Record
 from perturb.ops.backend import use_backend
 from tests.helpers import small_batch
-from tests.test_references import REFERENCE_CHECKS
+from tests.ops.test_references import REFERENCE_CHECKS
 
 OPS = sorted(all_ops())
 
@@ -33,12 +35,12 @@ def _keys(n: int) -> list[str]:
 
 def test_every_op_has_a_reference_check() -> None:
     missing = sorted(set(OPS) - set(REFERENCE_CHECKS))
-    assert not missing, f"ops without an entry in tests/test_references.py REFERENCE_CHECKS: {missing}"
+    assert not missing, f"ops without an entry in tests/ops/test_references.py REFERENCE_CHECKS: {missing}"
     extra = sorted(set(REFERENCE_CHECKS) - set(OPS))
     assert not extra, f"REFERENCE_CHECKS names ops that are not registered: {extra}"
     for op, target in REFERENCE_CHECKS.items():
         module_name, _, function = target.rpartition("::")
-        module = importlib.import_module(module_name or "tests.test_references")
+        module = importlib.import_module(module_name or "tests.ops.test_references")
         assert callable(getattr(module, function, None)), f"{op}: reference test {target} does not exist"
 
 

@@ -1,0 +1,1 @@
+"""Tests of the catalog: severity tables and the catalog/preview commands."""
