@@ -21,6 +21,7 @@ from perturb import __version__, rng
 from perturb.catalog.bounds import params_problem
 from perturb.catalog.registry import Op, get_op
 from perturb.catalog.specs import check_severity
+from perturb.errors import InputError
 from perturb.ops import backend as backends
 from perturb.ops.jpeg import JPEG_OPS, jpeg_backend
 from perturb.scene import Scene
@@ -29,10 +30,6 @@ from perturb.scene.analysis import analyse
 
 SHARED_SEVERITY = 0
 SUPPORTED_DTYPES = {torch.float32: 1.0, torch.uint8: 255.0, torch.uint16: 65535.0}
-
-
-class InputError(ValueError):
-    """Bad input to an op; the message names the fix."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import torch
 
 import perturb
 from perturb.catalog.registry import all_ops, get_op
-from perturb.engine import InputError, Record
+from perturb.engine import Record
+from perturb.errors import InputError
 from perturb.ops.backend import use_backend
 from tests.helpers import small_batch
 from tests.test_references import REFERENCE_CHECKS

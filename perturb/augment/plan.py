@@ -30,7 +30,8 @@ from perturb import engine, rng
 from perturb.augment.policy import OpEntry, Policy, supports_modality
 from perturb.catalog.registry import get_op
 from perturb.catalog.specs import MODALITIES, OpSpec
-from perturb.engine import InputError, Record
+from perturb.engine import Record
+from perturb.errors import InputError
 
 PLAN_STREAM = "augment.plan"
 

@@ -53,6 +53,7 @@ from perturb.catalog.specs import (
     load_specs,
 )
 from perturb.configs import CONFIG_DIR, find_config, known_names_hint
+from perturb.errors import InputError
 
 STRENGTH_RANGE = (1.0, 5.0)
 DEFAULT_SEVERITY = (1, 3)
@@ -62,7 +63,7 @@ COMPOSITE_OPS: dict[str, tuple[str, ...]] = {
 }
 
 
-class PolicyError(ValueError):
+class PolicyError(InputError):
     """A policy that cannot be used; the message names the field and the fix."""
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from perturb.catalog.specs import OpSpec, load_specs
+from perturb.errors import UnknownNameError
 from perturb.ops import registry as kernels
 
 
@@ -22,11 +23,8 @@ class Op:
         return self.spec.name
 
 
-class UnknownOpError(KeyError, ValueError):
+class UnknownOpError(UnknownNameError, ValueError):
     """An op name that is not in the catalog."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 @lru_cache(maxsize=1)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perturb.errors import InputError
 from perturb.probe import NAME, ProbeModel
 
 BASE_SUITE = "endoscopy-artifacts"
@@ -52,7 +53,7 @@ MARKER = "demo.json"
 Log = Callable[[str], None]
 
 
-class DemoError(ValueError):
+class DemoError(InputError):
     """The demo cannot run (e.g. DIR holds something else): exit code 2."""
 
 

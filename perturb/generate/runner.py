@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perturb import __version__
+from perturb.errors import InputError
 from perturb.generate.lifeline import start_pool_worker
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
 from perturb.generate.output import MANIFEST_COLUMNS, MANIFEST_SCHEMA
@@ -68,7 +69,7 @@ CACHE = "cache"  # .perturb/cache: the ``datasets`` cache of the input (unless -
 MAX_SEED = 2**63 - 1  # seeds are stored as int64 (manifest, records)
 
 
-class RunError(ValueError):
+class RunError(InputError):
     """A run that cannot start (usage or input problem): exit code 2."""
 
 

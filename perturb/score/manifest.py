@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perturb.score.errors import InputError
+from perturb.errors import InputError
 
 MANIFEST_COLUMNS = ("img_id", "op", "severity", "variant", "path")
 _AMBIGUOUS = -1
