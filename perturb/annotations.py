@@ -31,7 +31,7 @@ import numpy as np
 
 from perturb.boxes import LOC_TAG, box_iou, loc_tag, parse_loc_tags
 from perturb.catalog.specs import load_specs
-from perturb.engine import Record
+from perturb.contracts.record import Record
 from perturb.errors import InputError
 from perturb.ops.geometry import crop_box, rotation_matrix, translation_pixels
 from perturb.ops.optics import distortion_forward

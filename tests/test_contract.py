@@ -14,7 +14,7 @@ import torch
 
 import perturb
 from perturb.catalog.registry import all_ops, get_op
-from perturb.engine import Record
+from perturb.contracts.record import Record
 from perturb.errors import InputError
 from perturb.ops.backend import use_backend
 from tests.helpers import small_batch

@@ -78,7 +78,8 @@ import torch
 from perturb import rng
 from perturb.augment.plan import apply_plans, check_modality, plan_sample
 from perturb.augment.policy import Policy, load_policy
-from perturb.engine import Record, with_jpeg_codec
+from perturb.contracts.record import Record
+from perturb.engine import with_jpeg_codec
 from perturb.errors import InputError, PerturbError
 from perturb.ops.geometry import translation_pixels
 from perturb.ops.jpeg import jpeg_backend

@@ -45,13 +45,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perturb import __version__
+from perturb.contracts.manifest import MANIFEST_COLUMNS
+from perturb.contracts.suite import Suite, Task
 from perturb.errors import InputError
 from perturb.generate.lifeline import start_pool_worker
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
-from perturb.generate.output import MANIFEST_COLUMNS, MANIFEST_SCHEMA
+from perturb.generate.output import MANIFEST_SCHEMA
 from perturb.generate.progress import Progress, ProgressCallback, pool_ticks, space_problem
 from perturb.generate.shard import Shard, ShardError, parse_shard
-from perturb.generate.suite import Suite, Task
 from perturb.generate.worker import (
     ChunkResult,
     ImageJob,

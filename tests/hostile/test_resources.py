@@ -128,7 +128,7 @@ def test_every_op_on_extreme_aspect_ratios_stays_under_2_gb(tmp_path: Path) -> N
     code = f"""
 import resource
 from perturb.generate.runner import RunOptions, generate
-from perturb.generate.suite import parse_suite
+from perturb.suites import parse_suite
 suite = parse_suite({{"suite": "all5", "seed": 0, "jobs": [
     {{"ops": "all", "modality": "endoscopy", "severities": [5]}},
     {{"ops": "all", "modality": "xray", "severities": [5]}}],

@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 
 from perturb.errors import InputError
-from perturb.generate.suite import parse_suite
 from perturb.io.adapters.native import write_native
 from perturb.score import score_runs
+from perturb.suites import parse_suite
 from tests.generate.conftest import run
 from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 
