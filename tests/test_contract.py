@@ -177,5 +177,5 @@ def test_bad_inputs_raise_errors_that_name_the_fix(op: str) -> None:
 
 def test_unknown_op_lists_the_valid_ones() -> None:
     x = small_batch(1)
-    with pytest.raises(KeyError, match=r"valid ops: .*gaussian_blur"):
+    with pytest.raises(KeyError, match=r"did you mean gaussian_blur.*valid: .*gaussian_blur"):
         perturb.apply(x, "gausian_blur", 1, ["a"])
