@@ -7,7 +7,8 @@
 * :mod:`~perturb.contracts.suite`: the suite model (jobs, output settings, tasks), validated
   against an op catalog the caller passes in.
 
-Nothing here imports torch or NumPy, nor any room above (catalog, ops, engine, generate): only
-:mod:`perturb.errors` and :mod:`perturb.registry`. A test imports it in a fresh interpreter and
-checks that torch stays unloaded.
+Nothing here imports torch, NumPy or OpenCV, nor any room above (catalog, ops, engine,
+generate): only :mod:`perturb.errors` (and pydantic for the suite model; pyarrow only inside
+``manifest.arrow_schema``). A test imports each module in a fresh interpreter and checks that
+torch stays unloaded.
 """
