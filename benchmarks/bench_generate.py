@@ -160,7 +160,7 @@ def _pil_reference(files: list[Path], out: Path) -> int:
 
 def _perturb_run(config: str, out: Path, workers: int, limit: int | None = None) -> Any:
     from perturb.generate.runner import RunOptions, generate
-    from perturb.generate.suite import load_suite
+    from perturb.suites import load_suite
 
     suite = load_suite(config)  # a built-in suite name
     shutil.rmtree(out, ignore_errors=True)

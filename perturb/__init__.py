@@ -12,13 +12,18 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
     from perturb.augment import Augment
-    from perturb.engine import Record, apply, replay
+    from perturb.contracts.record import Record
+    from perturb.engine import apply, replay
 
 __all__ = ["Augment", "Record", "__version__", "apply", "replay", "scene"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in {"apply", "replay", "Record"}:
+    if name == "Record":
+        from perturb.contracts.record import Record
+
+        return Record
+    if name in {"apply", "replay"}:
         from perturb import engine
 
         return getattr(engine, name)

@@ -31,7 +31,8 @@ import numpy as np
 
 from perturb.boxes import LOC_TAG, box_iou, loc_tag, parse_loc_tags
 from perturb.catalog.specs import load_specs
-from perturb.engine import Record
+from perturb.contracts.record import Record
+from perturb.errors import InputError
 from perturb.ops.geometry import crop_box, rotation_matrix, translation_pixels
 from perturb.ops.optics import distortion_forward
 from perturb.ops.xray_radiographic import forward_homography
@@ -43,7 +44,7 @@ NON_AFFINE = frozenset({"lens_distortion"})
 OUTLINE_POINTS = 64
 
 
-class AnnotationError(ValueError):
+class AnnotationError(InputError):
     """An op whose effect on annotations is unknown, or a malformed box."""
 
 

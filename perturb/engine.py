@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from perturb import __version__, rng
+from perturb import rng
 from perturb.catalog.bounds import params_problem
 from perturb.catalog.registry import Op, get_op
 from perturb.catalog.specs import check_severity
+from perturb.contracts.record import Record
+from perturb.errors import InputError
 from perturb.ops import backend as backends
 from perturb.ops.jpeg import JPEG_OPS, jpeg_backend
 from perturb.scene import Scene
@@ -29,47 +31,6 @@ from perturb.scene.analysis import analyse
 
 SHARED_SEVERITY = 0
 SUPPORTED_DTYPES = {torch.float32: 1.0, torch.uint8: 255.0, torch.uint16: 65535.0}
-
-
-class InputError(ValueError):
-    """Bad input to an op; the message names the fix."""
-
-
-@dataclass(frozen=True)
-class Record:
-    """What was applied to one sample: enough to replay it exactly."""
-
-    op: str
-    op_version: int
-    severity: int
-    variant: int
-    seed: int
-    sample_key: str
-    key: str
-    params: dict[str, Any]
-    protect_border: bool
-    backend: str
-    device: str
-    perturb_version: str = __version__
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Record:
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(data) - known
-        if unknown:
-            raise InputError(f"record has unknown fields {sorted(unknown)}")
-        return cls(**data)
-
-    @classmethod
-    def from_json(cls, text: str) -> Record:
-        return cls.from_dict(json.loads(text))
 
 
 # ---------------------------------------------------------------------------------------------

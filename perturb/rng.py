@@ -1,7 +1,9 @@
 """Keyed randomness: every random quantity derives from (seed, sample key, op, severity, variant).
 
 * ``derive_key`` hashes the canonical string ``seed|sample_key|op|severity|variant`` with
-  BLAKE2b into a 64-bit key. Python's ``hash()`` and global RNG state are never used.
+  BLAKE2b into a 64-bit key. Python's ``hash()`` and global RNG state are never used. The key
+  functions (``canonical``, ``derive_key``, ``sub_key``, ``key_to_hex``, ``key_from_hex``) live in
+  the torch-free :mod:`perturb.contracts.keys`; this module re-exports them beside the streams.
 * ``scalar_rng`` builds a NumPy ``Generator`` (PCG64) from a key, for scalar parameters drawn on
   the host.
 * ``uniform_field`` / ``normal_field`` are per-pixel fields: pure functions of (key, stream,
@@ -12,7 +14,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import threading
 from functools import lru_cache
@@ -20,42 +21,33 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from perturb.contracts.keys import canonical, derive_key, key_from_hex, key_to_hex, sub_key
+
 _MASK32 = 0xFFFFFFFF
 _MULT = 0x045D9F3B  # odd constant < 2**31: products with 32-bit values fit in int64
 _NORMAL_LUT_BITS = 16
 
-
-def canonical(seed: int, sample_key: str, op: str, severity: int, variant: int) -> str:
-    """The canonical string that a key is the hash of."""
-    return f"{int(seed)}|{sample_key}|{op}|{int(severity)}|{int(variant)}"
-
-
-def derive_key(seed: int, sample_key: str, op: str, severity: int, variant: int = 0) -> int:
-    """Stable unsigned 64-bit key of (seed, sample key, op, severity, variant).
-
-    The engine draws with ``severity=0`` (see ``perturb.engine.make_record``): the five
-    severities of a sample share their random numbers and differ only in the table's ranges."""
-    text = canonical(seed, sample_key, op, severity, variant)
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
-
-
-def sub_key(key: int, stream: str) -> int:
-    """Independent 64-bit key for a named stream (e.g. ``"noise"``) of a key."""
-    data = key.to_bytes(8, "little") + stream.encode("utf-8")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+__all__ = [
+    "canonical",
+    "derive_key",
+    "hash_bits",
+    "hash_numpy",
+    "key_from_hex",
+    "key_to_hex",
+    "normal_field",
+    "normal_lut_numpy",
+    "normal_numpy",
+    "scalar_rng",
+    "sub_key",
+    "uniform_field",
+    "uniform_numpy",
+    "uniform_numpy_at",
+]
 
 
 def scalar_rng(key: int) -> np.random.Generator:
     """Host generator for scalar parameters of one sample."""
     return np.random.Generator(np.random.PCG64(key))
-
-
-def key_to_hex(key: int) -> str:
-    return f"{key:016x}"
-
-
-def key_from_hex(text: str) -> int:
-    return int(text, 16)
 
 
 # --------------------------------------------------------------------------------------------

@@ -435,7 +435,7 @@ def bench_jpeg_codec(args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_generate(args: argparse.Namespace) -> dict[str, Any]:
     from perturb.generate.runner import RunOptions, generate
-    from perturb.generate.suite import load_suite
+    from perturb.suites import load_suite
 
     results: dict[str, Any] = {}
     work = Path(tempfile.mkdtemp(prefix="perturb-gpu-bench-"))

@@ -78,7 +78,9 @@ import torch
 from perturb import rng
 from perturb.augment.plan import apply_plans, check_modality, plan_sample
 from perturb.augment.policy import Policy, load_policy
-from perturb.engine import InputError, Record, with_jpeg_codec
+from perturb.contracts.record import Record
+from perturb.engine import with_jpeg_codec
+from perturb.errors import InputError, PerturbError
 from perturb.ops.geometry import translation_pixels
 from perturb.ops.jpeg import jpeg_backend
 
@@ -88,7 +90,7 @@ SHUFFLE_STREAM = "augment.dali.shuffle"
 OUTPUTS = ("images", "indices", "epochs")
 
 
-class DaliUnavailableError(ImportError):
+class DaliUnavailableError(PerturbError, ImportError):
     """NVIDIA DALI is not installed (or cannot load)."""
 
 

@@ -23,7 +23,9 @@ import torch
 from perturb.augment.plan import _check_index, apply_plans, check_modality, plan_batch
 from perturb.augment.policy import Policy, load_policy
 from perturb.augment.targets import BoxesIn, move_boxes, move_masks
-from perturb.engine import InputError, Record, with_jpeg_codec
+from perturb.contracts.record import Record
+from perturb.engine import with_jpeg_codec
+from perturb.errors import InputError
 from perturb.ops.jpeg import JPEG_OPS, jpeg_backend
 
 

@@ -12,7 +12,7 @@ A plan is a pure function of (policy, seed, epoch, sample index[, variant]):
    linearly between levels ``floor(s)`` and ``ceil(s)`` (at an integer ``s`` the table's own
    level, so strength 3.0 gives the parameters of severity 3).
 
-The result is a list of ``perturb.engine.Record``: ``perturb.replay(records, image)`` on one
+The result is a list of ``perturb.contracts.record.Record``: ``perturb.replay(records, image)`` on one
 image reproduces ``apply_plans`` bit for bit. Nothing depends on the batch, the order, the
 DataLoader worker or the device.
 """
@@ -30,7 +30,8 @@ from perturb import engine, rng
 from perturb.augment.policy import OpEntry, Policy, supports_modality
 from perturb.catalog.registry import get_op
 from perturb.catalog.specs import MODALITIES, OpSpec
-from perturb.engine import InputError, Record
+from perturb.contracts.record import Record
+from perturb.errors import InputError
 
 PLAN_STREAM = "augment.plan"
 

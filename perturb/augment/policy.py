@@ -11,7 +11,7 @@
     strength: [1.0, 3.0]         # continuous strength in [1, 5] (interpolates the severity tables)
     # severity: [1, 3]           # ... or integer severities (one of the two; default severity [1, 3])
     held_out:                    # evaluation the training ops must not overlap (AugMix-style)
-      suites: [endoscopy-artifacts]   # suite names or paths (perturb.generate.suite.load_suite)
+      suites: [endoscopy-artifacts]   # suite names or paths (perturb.suites.load_suite)
       families: [blur, noise]          # every op of these families
       ops: [jpeg]
       match: op                  # suites: 'op' holds out their ops, 'family' their ops' families
@@ -53,6 +53,7 @@ from perturb.catalog.specs import (
     load_specs,
 )
 from perturb.configs import CONFIG_DIR, find_config, known_names_hint
+from perturb.errors import InputError
 
 STRENGTH_RANGE = (1.0, 5.0)
 DEFAULT_SEVERITY = (1, 3)
@@ -62,7 +63,7 @@ COMPOSITE_OPS: dict[str, tuple[str, ...]] = {
 }
 
 
-class PolicyError(ValueError):
+class PolicyError(InputError):
     """A policy that cannot be used; the message names the field and the fix."""
 
 
@@ -166,7 +167,8 @@ class HeldOut(BaseModel):
 
     def resolve(self, base_dir: Path | None = None) -> dict[str, str]:
         """Every held-out op, each with the reason it is held out."""
-        from perturb.generate.suite import SuiteError, load_suite
+        from perturb.contracts.suite import SuiteError
+        from perturb.suites import load_suite
 
         specs = load_specs()
         held: dict[str, str] = {}

@@ -20,7 +20,8 @@ import torch
 from perturb import engine
 from perturb.annotations import is_geometric, transform_boxes
 from perturb.augment.plan import put_rows, take_rows
-from perturb.engine import InputError, Record
+from perturb.contracts.record import Record
+from perturb.errors import InputError
 from perturb.ops.geometry import warp_label_maps
 
 BoxesIn = Sequence[Sequence[Sequence[float]] | np.ndarray | torch.Tensor]

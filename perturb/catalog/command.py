@@ -153,7 +153,7 @@ def preview(
     crops under the thumbnails (or, with --scene, the image's scene masks)."""
     from perturb.catalog.preview import preview_grid, scene_panel
     from perturb.catalog.registry import UnknownOpError
-    from perturb.engine import InputError
+    from perturb.errors import InputError
     from perturb.io.images import (
         ImageDecodeError,
         encode_image,

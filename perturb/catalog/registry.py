@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from perturb.catalog.specs import OpSpec, load_specs
+from perturb.errors import UnknownNameError
 from perturb.ops import registry as kernels
+from perturb.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -22,15 +24,13 @@ class Op:
         return self.spec.name
 
 
-class UnknownOpError(KeyError, ValueError):
+class UnknownOpError(UnknownNameError, ValueError):
     """An op name that is not in the catalog."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 @lru_cache(maxsize=1)
-def all_ops() -> dict[str, Op]:
+def op_registry() -> Registry[Op]:
+    """Every op (catalog spec joined with its kernel), by name in sorted order."""
     import perturb.ops  # noqa: F401  (registers every kernel)
 
     specs = load_specs()
@@ -42,11 +42,17 @@ def all_ops() -> dict[str, Op]:
             f"catalog and kernels disagree: kernels without a spec {missing_spec}, "
             f"specs without a kernel {missing_kernel}"
         )
-    return {name: Op(specs[name], kernels.get_kernel(name)) for name in sorted(specs)}
+    ops: Registry[Op] = Registry("op", error=UnknownOpError)
+    for name in sorted(specs):
+        ops.add(name, Op(specs[name], kernels.get_kernel(name)))
+    return ops
+
+
+@lru_cache(maxsize=1)
+def all_ops() -> dict[str, Op]:
+    """Every op by name, sorted."""
+    return dict(op_registry().items())
 
 
 def get_op(name: str) -> Op:
-    ops = all_ops()
-    if name not in ops:
-        raise UnknownOpError(f"unknown op {name!r}; valid ops: {', '.join(sorted(ops))}")
-    return ops[name]
+    return op_registry().get(name)

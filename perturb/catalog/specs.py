@@ -12,7 +12,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SEVERITIES = (1, 2, 3, 4, 5)
+from perturb.contracts.suite import SEVERITIES
+
 RISK_TAGS = frozenset(
     {
         "alters_color",

@@ -34,7 +34,7 @@ def demo(
     """Run the whole job offline: generate perturbed splits of the built-in phantoms, answer
     their questions with the shipped probe model, score clean vs perturbed, write the report."""
     from perturb.demo.run import DEMO_OPS, DemoError, run_demo
-    from perturb.score import InputError
+    from perturb.errors import InputError
 
     op_list = tuple(o.strip() for o in ops.split(",") if o.strip()) if ops else DEMO_OPS
     try:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perturb.errors import InputError
 from perturb.probe import NAME, ProbeModel
 
 BASE_SUITE = "endoscopy-artifacts"
@@ -52,7 +53,7 @@ MARKER = "demo.json"
 Log = Callable[[str], None]
 
 
-class DemoError(ValueError):
+class DemoError(InputError):
     """The demo cannot run (e.g. DIR holds something else): exit code 2."""
 
 
@@ -73,7 +74,7 @@ def demo_suite(
     ops: tuple[str, ...] = DEMO_OPS, severities: tuple[int, ...] = DEMO_SEVERITIES
 ) -> Any:
     """The endoscopy-artifacts suite restricted to ``ops`` x ``severities`` (same output spec)."""
-    from perturb.generate.suite import load_suite, parse_suite
+    from perturb.suites import load_suite, parse_suite
 
     base = load_suite(BASE_SUITE)
     data = {
@@ -151,9 +152,9 @@ def generate_perturbed(
 ) -> Any:
     """Run the demo suite on the built-in phantoms into ``out/perturbed`` (resumes a previous
     run with the same settings; a previous demo run with other settings is replaced)."""
+    from perturb.contracts.suite import SuiteError
     from perturb.generate import generate_split
     from perturb.generate.runner import RunError
-    from perturb.generate.suite import SuiteError
 
     target = out / "perturbed"
     try:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from perturb.contracts.suite import Suite
     from perturb.generate.runner import RunSummary
-    from perturb.generate.suite import Suite
 
 __all__ = ["generate_split", "load_generated"]
 
@@ -27,8 +27,9 @@ def generate_split(config: str | Path | Suite, out: str | Path, **options: Any) 
     are those of ``perturb.generate.runner.RunOptions`` (dataset, split, limit, batch_size,
     workers, device, seed, max_pixels, image_column, embed_images, progress, builtin_images,
     engine, shard, ray_address, gpus_per_worker, concurrency, max_retries)."""
+    from perturb.contracts.suite import Suite
     from perturb.generate.runner import RunOptions, generate
-    from perturb.generate.suite import Suite, load_suite
+    from perturb.suites import load_suite
 
     suite = config if isinstance(config, Suite) else load_suite(config)
     options.setdefault("progress", False)

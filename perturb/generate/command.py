@@ -132,9 +132,10 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Generate a perturbed split: images, manifest.parquet, errors.jsonl, dataset/."""
+    from perturb.contracts.suite import SuiteError
     from perturb.generate.runner import RunError, RunOptions
     from perturb.generate.runner import generate as run
-    from perturb.generate.suite import SuiteError, load_suite
+    from perturb.suites import load_suite
 
     try:
         suite = load_suite(config)

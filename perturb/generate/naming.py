@@ -14,12 +14,14 @@ import hashlib
 import re
 from pathlib import Path
 
+from perturb.errors import InputError
+
 MAX_STEM = 120
 _PLAIN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 _SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 
-class UnsafePathError(ValueError):
+class UnsafePathError(InputError):
     """A path that would leave the output folder."""
 
 

@@ -1,4 +1,4 @@
-"""Encoding outputs and the manifest row schema."""
+"""Encoding outputs; the manifest's Arrow schema (its columns: :mod:`perturb.contracts.manifest`)."""
 
 from __future__ import annotations
 
@@ -9,44 +9,13 @@ import zlib
 
 import cv2
 import numpy as np
-import pyarrow as pa
 import torch
 
-from perturb.generate.suite import OutputSpec
+from perturb.contracts.manifest import arrow_schema
+from perturb.contracts.suite import OutputSpec
 from perturb.io.images import from_tensor
 
-# The scorer relies on these names and types (perturb/score/manifest.py).
-MANIFEST_SCHEMA = pa.schema(
-    [
-        ("img_id", pa.string()),
-        ("suite", pa.string()),
-        ("op", pa.string()),
-        ("severity", pa.int64()),
-        ("variant", pa.int64()),
-        ("seed", pa.int64()),
-        ("key", pa.string()),
-        ("params", pa.string()),
-        ("risk_tags", pa.string()),
-        ("path", pa.string()),
-        ("sha256", pa.string()),
-        ("width", pa.int64()),
-        ("height", pa.int64()),
-        ("perturb_version", pa.string()),
-        # extras
-        ("file_id", pa.string()),
-        ("op_version", pa.int64()),
-        ("channels", pa.int64()),
-        ("bit_depth", pa.int64()),
-        ("format", pa.string()),
-        ("encoding", pa.string()),
-        ("size_bytes", pa.int64()),
-        ("device", pa.string()),
-        ("record", pa.string()),
-        ("input_sha256", pa.string()),  # sha256 of the input image file the output was made from
-        ("orientation", pa.int64()),  # EXIF orientation applied when decoding it (1: none)
-    ]
-)
-MANIFEST_COLUMNS = tuple(MANIFEST_SCHEMA.names)
+MANIFEST_SCHEMA = arrow_schema()  # columns: perturb.contracts.manifest
 JPEG_MAX_SIDE = 65500  # the JPEG format's limit (libjpeg)
 
 

@@ -205,7 +205,7 @@ class GenerateWorker:
         url: str | None = None,
     ):
         from perturb.catalog.registry import get_op
-        from perturb.generate.suite import parse_suite
+        from perturb.suites import parse_suite
 
         self.cfg = cfg
         self.crash_at = crash_at

@@ -45,12 +45,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perturb import __version__
+from perturb.contracts.manifest import MANIFEST_COLUMNS
+from perturb.contracts.suite import Suite, Task
+from perturb.errors import InputError
 from perturb.generate.lifeline import start_pool_worker
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
-from perturb.generate.output import MANIFEST_COLUMNS, MANIFEST_SCHEMA
+from perturb.generate.output import MANIFEST_SCHEMA
 from perturb.generate.progress import Progress, ProgressCallback, pool_ticks, space_problem
 from perturb.generate.shard import Shard, ShardError, parse_shard
-from perturb.generate.suite import Suite, Task
 from perturb.generate.worker import (
     ChunkResult,
     ImageJob,
@@ -68,7 +70,7 @@ CACHE = "cache"  # .perturb/cache: the ``datasets`` cache of the input (unless -
 MAX_SEED = 2**63 - 1  # seeds are stored as int64 (manifest, records)
 
 
-class RunError(ValueError):
+class RunError(InputError):
     """A run that cannot start (usage or input problem): exit code 2."""
 
 

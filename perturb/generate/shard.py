@@ -13,10 +13,12 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from perturb.errors import InputError
+
 _SPEC = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 
 
-class ShardError(ValueError):
+class ShardError(InputError):
     """A ``--shard`` value that cannot be used; the message shows the expected form."""
 
 

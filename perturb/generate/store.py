@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from perturb.errors import InputError
 from perturb.generate.worker import (
     ChunkResult,
     ImageJob,
@@ -32,7 +33,7 @@ from perturb.generate.worker import (
 )
 
 
-class StoreError(ValueError):
+class StoreError(InputError):
     """A URL with no usable file system; the message names the package to install."""
 
 

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from perturb.errors import InputError
 from perturb.generate.naming import UnsafePathError, resolve_inside
 from perturb.generate.runner import RESERVED, STATE_DIR, UNFINISHED, output_path, output_url
 
 
-class VerifyError(ValueError):
+class VerifyError(InputError):
     """DIR cannot be checked at all (no folder, no readable manifest): exit code 2."""
 
 

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from perturb import __version__
+from perturb.contracts.suite import Suite, Task
 from perturb.generate import transformed
 from perturb.generate.naming import resolve_inside
 from perturb.generate.output import encode_bgr, encoding_json, quantize, sha256
-from perturb.generate.suite import Suite, Task, parse_suite
 from perturb.io.images import (
     ImageDecodeError,
     decode_image_info,
@@ -33,6 +33,7 @@ from perturb.io.images import (
     to_tensor,
     write_atomic,
 )
+from perturb.suites import parse_suite
 
 OnOutput = Callable[[int], None]  # called with n after n more outputs are written or failed
 
@@ -262,7 +263,7 @@ def _write_output(
         "seed": cfg.seed,
         "key": info["key"],
         "params": json.dumps(info["params"], sort_keys=True),
-        "risk_tags": json.dumps(task.risk_tags()),
+        "risk_tags": json.dumps(suite.risk_tags(task)),
         "path": rel,
         "sha256": sha256(data),
         "width": int(img.shape[1]),

@@ -28,6 +28,8 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
+from perturb.errors import InputError
+
 ID_COLUMN = "img_id"
 PATH_COLUMNS = ("image_path", "path", "file_name", "filename", "file", "image_file")
 TABLE_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
@@ -36,11 +38,11 @@ ID_SOURCES = ("stem", "path")
 DEFAULT_MAX_FILE_BYTES = 512 * 1024 * 1024
 
 
-class DatasetError(ValueError):
+class DatasetError(InputError):
     """An input that cannot be opened; the message says why and what to pass instead."""
 
 
-class ImageFetchError(ValueError):
+class ImageFetchError(InputError):
     """One row's image cannot be read (missing file, empty cell)."""
 
 

@@ -17,10 +17,11 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+from perturb.errors import InputError
 from perturb.io import DEFAULT_MAX_PIXELS
 
 
-class ImageDecodeError(ValueError):
+class ImageDecodeError(InputError):
     """An image that cannot be decoded (the message says why)."""
 
 

@@ -32,6 +32,7 @@ import threading
 import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -39,6 +40,7 @@ import cv2
 import numpy as np
 import torch
 
+from perturb.registry import Registry
 from perturb.scene.masks import compose_numpy
 
 Backend = Literal["auto", "opencv", "torch"]
@@ -87,8 +89,18 @@ def from_hwc(images: list, like: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Registry of per-sample CPU fast paths
 
-_CPU_PATHS: dict[str, tuple[CpuFn, frozenset[np.dtype]]] = {}
-_USES_SCENE: set[str] = set()
+
+@dataclass(frozen=True)
+class CpuPath:
+    """An op's per-sample CPU fast path ``fn(src, dst, params, key)``, the sample dtypes it
+    reads natively, and whether it also takes ``scene=``."""
+
+    fn: CpuFn
+    native_dtypes: frozenset[np.dtype]
+    uses_scene: bool = False
+
+
+CPU_PATHS: Registry[CpuPath] = Registry("CPU path")
 
 
 def register_cpu(
@@ -99,30 +111,26 @@ def register_cpu(
     sample's ``perturb.scene.Scene`` or None)."""
 
     def decorator(fn: CpuFn) -> CpuFn:
-        if name in _CPU_PATHS:
-            raise ValueError(f"CPU path of {name!r} registered twice")
-        _CPU_PATHS[name] = (fn, frozenset(np.dtype(d) for d in dtypes))
-        if uses_scene:
-            _USES_SCENE.add(name)
+        CPU_PATHS.add(name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene))
         return fn
 
     return decorator
 
 
 def cpu_uses_scene(name: str) -> bool:
-    return name in _USES_SCENE
+    return name in CPU_PATHS and CPU_PATHS.get(name).uses_scene
 
 
 def cpu_path(name: str, dtype: torch.dtype) -> tuple[CpuFn, frozenset[np.dtype]] | None:
     """The fast path of ``name`` and its native dtypes if it takes a ``dtype`` batch (uint16
     also through float32), else None."""
-    path = _CPU_PATHS.get(name)
-    if path is None:
+    if name not in CPU_PATHS:
         return None
-    native = path[1]
+    path = CPU_PATHS.get(name)
+    native = path.native_dtypes
     want = np.dtype(_NUMPY_OF[dtype])
     if want in native or (want == np.uint16 and np.dtype(np.float32) in native):
-        return path
+        return path.fn, native
     return None
 
 

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from perturb.registry import Registry
+
 Params = dict[str, Any]
 Level = Mapping[str, tuple[float, float]]
 Kernel = Callable[..., torch.Tensor]  # (x, params, keys) or (x, params, keys, scenes=...)
@@ -28,7 +30,7 @@ class KernelEntry:
     uses_scene: bool = False
 
 
-_KERNELS: dict[str, KernelEntry] = {}
+KERNELS: Registry[KernelEntry] = Registry("kernel")
 
 
 def draw(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
@@ -60,17 +62,15 @@ def register_kernel(
     scenes=...)``) and its sampler under ``name``."""
 
     def decorator(kernel: Kernel) -> Kernel:
-        if name in _KERNELS:
-            raise ValueError(f"kernel {name!r} registered twice")
-        _KERNELS[name] = KernelEntry(name, kernel, sampler, uses_scene)
+        KERNELS.add(name, KernelEntry(name, kernel, sampler, uses_scene))
         return kernel
 
     return decorator
 
 
 def get_kernel(name: str) -> KernelEntry:
-    return _KERNELS[name]
+    return KERNELS.get(name)
 
 
 def kernel_names() -> list[str]:
-    return sorted(_KERNELS)
+    return sorted(KERNELS)

@@ -13,8 +13,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from perturb.errors import InputError
     from perturb.score.api import ScoreResult, score_runs, write_outputs
-    from perturb.score.errors import InputError
     from perturb.score.metrics import DEFAULT_METRICS, METRICS, PRESETS
     from perturb.score.readers import read_predictions
     from perturb.score.single import evaluate_predictions
@@ -24,7 +24,7 @@ _LAZY = {
     "DEFAULT_METRICS": "perturb.score.metrics",
     "METRICS": "perturb.score.metrics",
     "PRESETS": "perturb.score.metrics",
-    "InputError": "perturb.score.errors",
+    "InputError": "perturb.errors",
     "ScoreResult": "perturb.score.api",
     "evaluate_predictions": "perturb.score.single",
     "read_predictions": "perturb.score.readers",

@@ -815,7 +815,7 @@ def load_reference_scores(
     scores: Mapping[str, Any], name: str, model: str | None, metric: str, source: str
 ) -> ReferenceScores:
     """Reference errors for CE from a previous run's scores.json content."""
-    from perturb.score.errors import InputError
+    from perturb.errors import InputError
 
     models = scores.get("models")
     if not isinstance(models, Mapping) or not models:

@@ -17,6 +17,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import pandas as pd
 
+from perturb.errors import InputError
 from perturb.score.analysis import (
     PRIMARY_ORDER,
     ModelData,
@@ -25,7 +26,6 @@ from perturb.score.analysis import (
     load_reference_scores,
 )
 from perturb.score.coverage import manifest_coverage
-from perturb.score.errors import InputError
 from perturb.score.headline import choose_headline
 from perturb.score.manifest import Manifest, load_manifest
 from perturb.score.metrics import (

@@ -45,7 +45,7 @@ def check_memory(n_boot: int, n_clusters: int, width: int) -> None:
     """InputError when the resamples would take more than the budget, with the estimate."""
     import os
 
-    from perturb.score.errors import InputError
+    from perturb.errors import InputError
 
     budget = int(os.environ.get("PERTURB_BOOTSTRAP_MAX_BYTES", MEMORY_BUDGET))
     need = memory_estimate(n_boot, n_clusters, width)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perturb.score.errors import InputError
+from perturb.errors import InputError
 
 N_BINS = 10
 

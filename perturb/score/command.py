@@ -22,7 +22,7 @@ def split_named(arg: str) -> tuple[str | None, str]:
 
 
 def _model_args(clean: list[str], perturbed: list[str]) -> tuple[Any, Any]:
-    from perturb.score.errors import InputError
+    from perturb.errors import InputError
 
     cl = [split_named(a) for a in clean]
     pl = [split_named(a) for a in perturbed]
@@ -74,7 +74,7 @@ def run_score(
     rouge_upstream: bool = False,
 ) -> int:
     """Run the scorer for CLI arguments; returns the exit code (0 ok, 1 problems, 2 input error)."""
-    from perturb.score.errors import InputError
+    from perturb.errors import InputError
 
     try:
         from perturb.score.api import score_runs
@@ -132,7 +132,7 @@ MAX_BOOTSTRAP = 100_000  # more resamples than this change no reported digit
 
 def _check_args(out: Path, bootstrap: int, seed: int, max_flips: int) -> None:
     """Arguments that would fail late (or take unbounded memory): InputError up front."""
-    from perturb.score.errors import InputError
+    from perturb.errors import InputError
 
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; --out names a folder (scores.json, report.md, report.html go inside)")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perturb.score.errors import InputError
+from perturb.errors import InputError
 from perturb.score.readers import obj_array, question_key
 
 

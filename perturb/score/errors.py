@@ -1,15 +1,6 @@
-"""Errors raised by the scorer. ``InputError`` means bad usage or input (CLI exit code 2)."""
+"""Helpers for the scorer's error messages (its errors are :class:`perturb.errors.InputError`)."""
 
 from __future__ import annotations
-
-
-class InputError(ValueError):
-    """A usage or input problem the user must fix; the message says what and how.
-
-    The CLI prints the message and exits with code 2; nothing is written.
-    """
-
-    exit_code = 2
 
 
 def examples(items: list[str], limit: int = 3) -> str:

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perturb.score.errors import InputError
+from perturb.contracts.manifest import SCORER_COLUMNS
+from perturb.errors import InputError
 
-MANIFEST_COLUMNS = ("img_id", "op", "severity", "variant", "path")
 _AMBIGUOUS = -1
 
 
@@ -90,7 +90,7 @@ def load_manifest(source: str | Path | pd.DataFrame) -> Manifest:
         except Exception as exc:
             raise InputError(f"{path}: not a readable parquet manifest ({exc})") from None
         root, label = path.parent, str(path)
-    missing = [c for c in MANIFEST_COLUMNS if c not in table.columns]
+    missing = [c for c in SCORER_COLUMNS if c not in table.columns]
     if missing:
         raise InputError(
             f"{label}: manifest lacks column(s) {missing}; found {sorted(map(str, table.columns))}. "

@@ -36,7 +36,7 @@ def wordnet() -> Any:
     import nltk.data
     from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
-    from perturb.score.errors import InputError
+    from perturb.errors import InputError
 
     class _Reader(WordNetCorpusReader):
         def map_wn(self, version: str = "wordnet") -> None:

@@ -59,11 +59,11 @@ from perturb.boxes import (
     sort_corners,
     strip_loc_tags,
 )
+from perturb.errors import InputError
 
 # the one MCQ answer extractor (re-exported: callers import it from here too)
 from perturb.score.answers import extract_letter as extract_letter
 from perturb.score.bitseq import pair_stats
-from perturb.score.errors import InputError
 from perturb.score.readers import map_unique, obj_array
 from perturb.score.text import TokenTable, rouge_split, sequences_equal, tokenize, tolerant_tokens
 

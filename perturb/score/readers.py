@@ -54,8 +54,8 @@ import numpy as np
 import pandas as pd
 
 from perturb.boxes import parse_loc_tags, sort_corners
+from perturb.errors import InputError
 from perturb.radiology import image_path_parts, sample_of_image_paths
-from perturb.score.errors import InputError
 
 PredictionSource: TypeAlias = str | Path | pd.DataFrame | Sequence[Mapping[str, Any]]
 

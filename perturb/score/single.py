@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perturb.score.errors import InputError
+from perturb.errors import InputError
 from perturb.score.metrics import (
     METRICS,
     compute_item_metrics,

@@ -26,7 +26,7 @@ from perturb.augment.dali import (
     epoch_order,
     image_source,
 )
-from perturb.engine import InputError
+from perturb.errors import InputError
 from tests.helpers import DEVICES, ENDOSCOPY, XRAY, require_samples
 
 SIZE = (72, 96)  # small frames keep the suite fast; the benchmark runs 448x448

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import perturb
 from perturb.augment import Augment, AugmentResult, apply_plans, load_policy, plan_batch
-from perturb.engine import InputError
+from perturb.errors import InputError
 from tests.helpers import small_batch
 
 POLICY = load_policy(

@@ -18,7 +18,8 @@ from perturb.augment import apply_plans, load_policy, plan_batch, plan_sample, s
 from perturb.augment.plan import strength_level
 from perturb.catalog.registry import get_op
 from perturb.catalog.specs import get_spec, op_names
-from perturb.engine import InputError, Record
+from perturb.contracts.record import Record
+from perturb.errors import InputError
 from tests.helpers import small_batch
 
 # Every endoscopy op (noise fields, glare, JPEG, geometry, colour): the widest coverage.

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from perturb.augment import Augment, apply_plans, load_policy, plan_batch
 from perturb.augment.targets import move_boxes, move_masks
 from perturb.catalog.specs import get_spec
-from perturb.engine import InputError
+from perturb.errors import InputError
 from perturb.ops.geometry import crop_box, translation_pixels
 
 H, W = 72, 96

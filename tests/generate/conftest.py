@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from perturb.contracts.suite import Suite
 from perturb.generate.runner import RESERVED, RunOptions, RunSummary, generate
-from perturb.generate.suite import Suite, parse_suite
+from perturb.suites import parse_suite
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL_SIZE = (128, 96)

@@ -16,7 +16,7 @@ from PIL import Image
 
 from perturb.generate import load_generated
 from perturb.generate.merge import merge_parts
-from perturb.generate.suite import parse_suite
+from perturb.suites import parse_suite
 from tests.generate.conftest import manifest_rows, run
 
 SUITE: dict[str, Any] = {

@@ -21,9 +21,9 @@ from perturb.configs import CONFIG_DIR
 from perturb.generate.annotate import move_row
 from perturb.generate.replay import replay_bytes
 from perturb.generate.runner import RunError
-from perturb.generate.suite import load_suite, parse_suite
 from perturb.io.datasets import Annotations
 from perturb.io.images import read_image, to_tensor
+from perturb.suites import load_suite, parse_suite
 from tests.generate.conftest import manifest_rows, run
 from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 

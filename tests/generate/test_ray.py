@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from perturb.cli import app
 from perturb.configs import CONFIG_DIR
+from perturb.contracts.suite import Suite
 from perturb.generate.runner import RunError
-from perturb.generate.suite import Suite
 from tests.generate.conftest import REPO, digests, manifest_rows, run
 from tests.generate.test_shards import assert_same_run
 
@@ -239,7 +239,7 @@ def test_ray_engine_runs_adapter_suites_with_per_image_modality(
 ) -> None:
     """Workers open the input as the driver does (the suite's dataset adapter, its sample keys
     and each image's modality): a MedThinkVQA case on Ray equals the local engine's run."""
-    from perturb.generate.suite import parse_suite
+    from perturb.suites import parse_suite
     from tests.io.radiology_fixtures import make_medthinkvqa
 
     folder = make_medthinkvqa(tmp_path)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from perturb.generate.suite import Suite
+from perturb.contracts.suite import Suite
 from perturb.generate.verify import verify
 from tests.generate.conftest import digests, run
 

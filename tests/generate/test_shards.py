@@ -21,11 +21,12 @@ from typer.testing import CliRunner
 
 from perturb.cli import app
 from perturb.configs import CONFIG_DIR
+from perturb.contracts.suite import Suite
 from perturb.generate.merge import MergeError, merge_parts
 from perturb.generate.runner import RunError
 from perturb.generate.shard import Shard, ShardError, parse_shard, shard_of
-from perturb.generate.suite import Suite, parse_suite
 from perturb.generate.verify import verify
+from perturb.suites import parse_suite
 from tests.generate.conftest import REPO, digests, run
 
 runner = CliRunner()

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from perturb.catalog.specs import op_names
 from perturb.configs import CONFIG_DIR
+from perturb.contracts.suite import SuiteError
 from perturb.generate.naming import MAX_STEM, UnsafePathError, resolve_inside, safe_stem
-from perturb.generate.suite import SuiteError, load_suite, parse_suite
+from perturb.suites import load_suite, parse_suite
 
 GOOD = {
     "suite": "s",

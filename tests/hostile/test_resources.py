@@ -128,7 +128,7 @@ def test_every_op_on_extreme_aspect_ratios_stays_under_2_gb(tmp_path: Path) -> N
     code = f"""
 import resource
 from perturb.generate.runner import RunOptions, generate
-from perturb.generate.suite import parse_suite
+from perturb.suites import parse_suite
 suite = parse_suite({{"suite": "all5", "seed": 0, "jobs": [
     {{"ops": "all", "modality": "endoscopy", "severities": [5]}},
     {{"ops": "all", "modality": "xray", "severities": [5]}}],
@@ -148,7 +148,8 @@ print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 def test_replay_checks_parameters_against_the_op_bounds() -> None:
     import torch
 
-    from perturb.engine import InputError, apply, replay
+    from perturb.engine import apply, replay
+    from perturb.errors import InputError
 
     x = torch.rand(1, 3, 32, 32)
     y, (record,) = apply(x, "gaussian_blur", 3, ["a"])
@@ -161,8 +162,8 @@ def test_replay_checks_parameters_against_the_op_bounds() -> None:
 
 
 def test_bootstrap_memory_is_estimated_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perturb.errors import InputError
     from perturb.score.bootstrap import check_memory, memory_estimate
-    from perturb.score.errors import InputError
 
     assert memory_estimate(1000, 6500, 2000) < 0.2 * GB  # a Kvasir-sized run fits
     with pytest.raises(InputError, match=r"GiB.*--bootstrap \d+ or fewer"):

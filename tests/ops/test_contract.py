@@ -16,7 +16,8 @@ import torch
 
 import perturb
 from perturb.catalog.registry import all_ops, get_op
-from perturb.engine import InputError, Record
+from perturb.contracts.record import Record
+from perturb.errors import InputError
 from perturb.ops.backend import use_backend
 from tests.helpers import small_batch
 from tests.ops.test_references import REFERENCE_CHECKS
@@ -178,5 +179,5 @@ def test_bad_inputs_raise_errors_that_name_the_fix(op: str) -> None:
 
 def test_unknown_op_lists_the_valid_ones() -> None:
     x = small_batch(1)
-    with pytest.raises(KeyError, match=r"valid ops: .*gaussian_blur"):
+    with pytest.raises(KeyError, match=r"did you mean gaussian_blur.*valid: .*gaussian_blur"):
         perturb.apply(x, "gausian_blur", 1, ["a"])

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perturb.engine import InputError, apply, replay
+from perturb.engine import apply, replay
+from perturb.errors import InputError
 
 
 def test_group_shares_parameters_not_fields() -> None:

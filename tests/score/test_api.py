@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import sacrebleu
 
-from perturb.score import InputError, evaluate_predictions, score_runs
+from perturb.errors import InputError
+from perturb.score import evaluate_predictions, score_runs
 from perturb.score.risk import KVASIR_CLASSES, TAG_CLASSES, classes_at_risk
 from perturb.score.synthetic import make_predictions
 

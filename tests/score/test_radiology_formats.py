@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perturb.generate.suite import parse_suite
+from perturb.errors import InputError
 from perturb.io.adapters.native import write_native
 from perturb.score import score_runs
-from perturb.score.errors import InputError
+from perturb.suites import parse_suite
 from tests.generate.conftest import run
 from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from perturb.generate.suite import parse_suite
 from perturb.score import score_runs
 from perturb.score.readers import read_predictions
+from perturb.suites import parse_suite
 from tests.generate.conftest import run
 from tests.io.radiology_fixtures import (
     MED_MODALITIES,

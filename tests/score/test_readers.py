@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perturb.score.errors import InputError
+from perturb.errors import InputError
 from perturb.score.readers import read_predictions
 
 ROWS = [

@@ -17,7 +17,8 @@ from nltk.stem.porter import PorterStemmer
 from nltk.tokenize import word_tokenize
 from nltk.translate.meteor_score import single_meteor_score
 
-from perturb.score import InputError, score_runs
+from perturb.errors import InputError
+from perturb.score import score_runs
 from perturb.score.meteor import DATA, meteor_scores, wordnet
 from perturb.score.synthetic import make_predictions
 

@@ -18,7 +18,7 @@ import scipy.stats
 import torch
 
 import perturb
-from perturb.engine import Record
+from perturb.contracts.record import Record
 from perturb.ops.backend import use_backend
 from perturb.ops.blur import line_psf
 from tests.helpers import XRAY, sample_tensor

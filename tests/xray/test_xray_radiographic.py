@@ -17,7 +17,7 @@ import torch
 import perturb
 from perturb.annotations import transform_boxes
 from perturb.catalog.registry import all_ops
-from perturb.engine import Record
+from perturb.contracts.record import Record
 from tests.helpers import XRAY, sample_tensor
 from tests.xray.test_xray_ops import _disp, _lin, _np, _real, _with_params
 

@@ -1,4 +1,4 @@
-"""Suites: YAML files naming what to generate per image, validated at load.
+"""The suite model: what to generate per image, validated against an op catalog.
 
     suite: endoscopy-artifacts
     description: every endoscopy op at severities 1-5
@@ -23,6 +23,10 @@ kvasir_transformed``) x variants. ``variants: 0`` means one output with variant 
 modality datasets such as MedThinkVQA): with ``ops: all`` every op tagged with the image's
 modality, with a list of ops those of the list tagged with it. An image whose modality has no
 op in the job gets no output from that job.
+
+The model knows no op itself: :func:`parse_suite` takes a :class:`SuiteCatalog` (the op names,
+modalities, versions and risk tags, and the composites' checks) and the parsed suite keeps it.
+:mod:`perturb.suites` binds the built-in catalog and reads suite files.
 """
 
 from __future__ import annotations
@@ -30,32 +34,73 @@ from __future__ import annotations
 import hashlib
 import json
 import string
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from perturb.catalog.specs import MODALITIES, SEVERITIES, check_op_names, get_spec, op_names
-from perturb.configs import find_config, known_names_hint
+from perturb.errors import InputError
 
 LAYOUT_FIELDS = frozenset({"suite", "op", "severity", "variant", "img_id", "ext"})
 COMPOSITES = ("kvasir_transformed",)
 FROM_IMAGE = "from_image"
+SEVERITIES = (1, 2, 3, 4, 5)
 
 
-class SuiteError(ValueError):
+class SuiteError(InputError):
     """A suite file that cannot be used; the message names the file and the field."""
+
+
+class SuiteCatalog(Protocol):
+    """What a suite needs to know of the ops and composites it names."""
+
+    @property
+    def modalities(self) -> frozenset[str]: ...
+
+    def check_op_names(self, names: list[str]) -> object:
+        """Raise a ValueError listing the valid ops when a name is not an op."""
+        ...
+
+    def op_names(self, modality: str | None = None) -> list[str]:
+        """Every op (tagged with ``modality``, when given), sorted."""
+        ...
+
+    def op_version(self, op: str) -> int: ...
+
+    def op_modalities(self, op: str) -> Collection[str]: ...
+
+    def risk_tags(self, op: str, severity: int) -> list[str]: ...
+
+    def check_composite(self, name: str, ranges: Mapping[str, tuple[float, float]]) -> None:
+        """Raise a ValueError saying why ``ranges`` cannot drive composite ``name``."""
+        ...
+
+    def composite_version(self, name: str) -> int: ...
+
+    def composite_risk_tags(self, name: str) -> list[str]: ...
+
+
+CATALOG_KEY = "catalog"  # the validation-context entry holding the SuiteCatalog
+_NO_CATALOG = "a suite is checked against an op catalog: use perturb.suites.parse_suite"
+
+
+def _context_catalog(info: ValidationInfo) -> SuiteCatalog:
+    catalog: SuiteCatalog | None = (info.context or {}).get(CATALOG_KEY)
+    if catalog is None:
+        raise ValueError(_NO_CATALOG)
+    return catalog
 
 
 class OpsJob(BaseModel):
@@ -70,10 +115,11 @@ class OpsJob(BaseModel):
 
     @field_validator("modality")
     @classmethod
-    def _modality(cls, v: str | None) -> str | None:
-        if v is not None and v not in MODALITIES and v != FROM_IMAGE:
+    def _modality(cls, v: str | None, info: ValidationInfo) -> str | None:
+        modalities = _context_catalog(info).modalities
+        if v is not None and v not in modalities and v != FROM_IMAGE:
             raise ValueError(
-                f"unknown modality {v!r}; known: {sorted(MODALITIES)} or {FROM_IMAGE!r}"
+                f"unknown modality {v!r}; known: {sorted(modalities)} or {FROM_IMAGE!r}"
             )
         return v
 
@@ -89,26 +135,26 @@ class OpsJob(BaseModel):
 
     @field_validator("ops")
     @classmethod
-    def _ops(cls, v: list[str] | str) -> list[str] | str:
+    def _ops(cls, v: list[str] | str, info: ValidationInfo) -> list[str] | str:
         if v == "all":
             return v
         if not v:
             raise ValueError("ops is empty: name at least one op, or 'all'")
-        check_op_names(list(v))
+        _context_catalog(info).check_op_names(list(v))
         if len(set(v)) != len(v):
             raise ValueError(f"ops repeat: {v}")
         return v
 
-    def op_list(self, image_modality: str | None = None) -> list[str]:
+    def op_list(self, catalog: SuiteCatalog, image_modality: str | None = None) -> list[str]:
         """The job's ops; with ``modality: from_image``, those of ``image_modality`` (None:
         every op the job can pick, for validation and fingerprints)."""
         if self.modality == FROM_IMAGE:
             if image_modality is None:
-                return op_names() if self.ops == "all" else list(self.ops)
-            allowed = op_names(image_modality)
+                return catalog.op_names() if self.ops == "all" else list(self.ops)
+            allowed = catalog.op_names(image_modality)
             return allowed if self.ops == "all" else [o for o in self.ops if o in allowed]
         if self.ops == "all":
-            return op_names(self.modality)
+            return catalog.op_names(self.modality)
         return list(self.ops)
 
 
@@ -127,10 +173,8 @@ class TransformedParams(BaseModel):
     fill: Literal[0] = 0
 
     @model_validator(mode="after")
-    def _check(self) -> TransformedParams:
-        from perturb.generate.transformed import TransformedSpec
-
-        TransformedSpec(**self.ranges())  # raises ValueError with the reason
+    def _check(self, info: ValidationInfo) -> TransformedParams:
+        _context_catalog(info).check_composite("kvasir_transformed", self.ranges())
         return self
 
     def ranges(self) -> dict[str, tuple[float, float]]:
@@ -147,7 +191,7 @@ class CompositeJob(BaseModel):
 
     composite: Literal["kvasir_transformed"]
     variants: int = Field(10, ge=0, le=1000)
-    params: TransformedParams = Field(default_factory=TransformedParams)
+    params: TransformedParams = Field(default_factory=TransformedParams.model_construct)
 
 
 def _job_kind(value: Any) -> str:
@@ -232,9 +276,11 @@ class Suite(BaseModel):
     jobs: list[Job]
     output: OutputSpec
     input: InputSpec | None = None
+    _catalog: SuiteCatalog | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _distinct_paths(self) -> Suite:
+    def _distinct_paths(self, info: ValidationInfo) -> Suite:
+        self._catalog = _context_catalog(info)
         if not self.jobs:
             raise ValueError("jobs: name at least one job")
         paths: dict[str, Task] = {}
@@ -248,6 +294,13 @@ class Suite(BaseModel):
             paths[path] = task
         return self
 
+    @property
+    def catalog(self) -> SuiteCatalog:
+        """The op catalog this suite was checked against."""
+        if self._catalog is None:
+            raise ValueError(_NO_CATALOG)
+        return self._catalog
+
     def tasks(self, image_modality: str | None = None) -> list[Task]:
         """Every (op, severity, variant) this suite makes from one image (of
         ``image_modality``, for jobs with ``modality: from_image``)."""
@@ -259,7 +312,7 @@ class Suite(BaseModel):
             else:
                 out += [
                     Task(op, s, v)
-                    for op in job.op_list(image_modality)
+                    for op in job.op_list(self.catalog, image_modality)
                     for s in job.severities
                     for v in variants
                 ]
@@ -277,7 +330,7 @@ class Suite(BaseModel):
         if (
             not self.per_image_modality
             and tasks
-            and all(not t.composite and "xray" in get_spec(t.op).modalities for t in tasks)
+            and all(not t.composite and "xray" in self.catalog.op_modalities(t.op) for t in tasks)
         ):
             return "xray"
         return "endoscopy"
@@ -291,15 +344,25 @@ class Suite(BaseModel):
     def fingerprint(self) -> str:
         """Hash of everything that changes outputs: the suite (less its description), the
         resolved tasks and the versions of their ops."""
-        from perturb.generate.transformed import VERSION
-
+        catalog = self.catalog
         body = self.model_dump(mode="json", exclude={"description"})
         body["resolved"] = [
-            [t.op, t.severity, t.variant, VERSION if t.composite else get_spec(t.op).version]
+            [
+                t.op,
+                t.severity,
+                t.variant,
+                catalog.composite_version(t.op) if t.composite else catalog.op_version(t.op),
+            ]
             for t in self.tasks()
         ]
         text = json.dumps(body, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def risk_tags(self, task: Task) -> list[str]:
+        """The label-risk tags of one of this suite's outputs."""
+        if task.composite:
+            return self.catalog.composite_risk_tags(task.op)
+        return self.catalog.risk_tags(task.op, task.severity)
 
 
 @dataclass(frozen=True)
@@ -324,13 +387,6 @@ class Task:
     def label(self) -> str:
         return f"{self.op} severity {self.severity} variant {self.variant}"
 
-    def risk_tags(self) -> list[str]:
-        if self.composite:
-            from perturb.generate.transformed import RISK_TAGS
-
-            return list(RISK_TAGS)
-        return get_spec(self.op).risk_tags_at(self.severity)
-
 
 def _format_error(path: str, exc: ValidationError) -> str:
     lines = []
@@ -344,7 +400,9 @@ def _format_error(path: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_suite(data: Any, source: str = "<suite>") -> Suite:
+def parse_suite(data: Any, catalog: SuiteCatalog, source: str = "<suite>") -> Suite:
+    """A validated :class:`Suite` of ``data`` (a mapping, e.g. parsed YAML), its ops checked
+    against ``catalog``; errors name ``source`` and the field."""
     if not isinstance(data, dict):
         raise SuiteError(f"{source}: expected a mapping at the top (suite, jobs, output)")
     jobs = data.get("jobs")
@@ -356,27 +414,6 @@ def parse_suite(data: Any, source: str = "<suite>") -> Suite:
                     f"{source}: field jobs.{i}: each job needs exactly one of 'ops' or 'composite'"
                 )
     try:
-        return Suite.model_validate(data)
+        return Suite.model_validate(data, context={CATALOG_KEY: catalog})
     except ValidationError as exc:
         raise SuiteError(_format_error(source, exc)) from None
-
-
-def load_suite(path: str | Path) -> Suite:
-    """Load and validate a suite YAML; a bare name (e.g. ``endoscopy-artifacts``) is looked up
-    in ./configs/, then among the built-in suites (perturb/configs/)."""
-    p = Path(path)
-    if not p.exists():
-        p = find_config(path) or p
-    if not p.is_file():
-        raise SuiteError(
-            f"{path}: suite file not found; pass a YAML path or a name. {known_names_hint('suite')}"
-        )
-    try:
-        data = yaml.safe_load(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise SuiteError(f"{p}: not valid YAML: {exc}") from None
-    if isinstance(data, dict) and "policy" in data and "suite" not in data:
-        raise SuiteError(
-            f"{p}: a training policy (for perturb.Augment), not a suite. {known_names_hint('suite')}"
-        )
-    return parse_suite(data, str(p))

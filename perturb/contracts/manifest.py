@@ -1,0 +1,56 @@
+"""The manifest's columns: one row per output file (``manifest.parquet`` of a run).
+
+Names and Arrow types as data, so the writer (``perturb.generate``) and the readers
+(``perturb.score``, the tests) share one definition without importing pyarrow here;
+:func:`arrow_schema` builds the ``pyarrow`` schema for whoever writes or checks the file.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
+ColumnType = Literal["string", "int64"]
+
+# The scorer relies on these names and types (perturb/score/manifest.py).
+MANIFEST_FIELDS: tuple[tuple[str, ColumnType], ...] = (
+    ("img_id", "string"),
+    ("suite", "string"),
+    ("op", "string"),
+    ("severity", "int64"),
+    ("variant", "int64"),
+    ("seed", "int64"),
+    ("key", "string"),
+    ("params", "string"),
+    ("risk_tags", "string"),
+    ("path", "string"),
+    ("sha256", "string"),
+    ("width", "int64"),
+    ("height", "int64"),
+    ("perturb_version", "string"),
+    # extras
+    ("file_id", "string"),
+    ("op_version", "int64"),
+    ("channels", "int64"),
+    ("bit_depth", "int64"),
+    ("format", "string"),
+    ("encoding", "string"),
+    ("size_bytes", "int64"),
+    ("device", "string"),
+    ("record", "string"),
+    ("input_sha256", "string"),  # sha256 of the input image file the output was made from
+    ("orientation", "int64"),  # EXIF orientation applied when decoding it (1: none)
+)
+MANIFEST_COLUMNS: tuple[str, ...] = tuple(name for name, _ in MANIFEST_FIELDS)
+INT_COLUMNS: frozenset[str] = frozenset(name for name, kind in MANIFEST_FIELDS if kind == "int64")
+# the columns the scorer needs to pair predictions with outputs
+SCORER_COLUMNS: tuple[str, ...] = ("img_id", "op", "severity", "variant", "path")
+
+
+def arrow_schema() -> pa.Schema:
+    """The manifest's ``pyarrow`` schema (column order as written)."""
+    import pyarrow as pa
+
+    return pa.schema([(name, getattr(pa, kind)()) for name, kind in MANIFEST_FIELDS])
