@@ -19,8 +19,8 @@ import perturb
 from perturb.catalog.registry import all_ops
 from perturb.catalog.specs import op_names
 from perturb.cli import app
-from tests.helpers import SAMPLES, XRAY, sample_tensor
 from tests.catalog.test_severity import ssim
+from tests.helpers import SAMPLES, XRAY, sample_tensor
 
 XRAY_OPS = [name for name, op in all_ops().items() if "xray" in op.spec.modalities]
 # Ops whose severity is not graded by SSIM to the clean film, with the test that grades them:
