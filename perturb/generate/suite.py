@@ -7,7 +7,7 @@
       - ops: all              # or a list of op names
         modality: endoscopy   # with ``all``: the ops tagged with this modality
         severities: [1, 2, 3, 4, 5]
-    input:                    # optional: a radiology dataset adapter (perturb.io.adapters)
+    input:                    # optional: a radiology dataset adapter (perturb.datasets)
       adapter: rexvqa         # vindr-cxr-vqa | rexvqa | medthinkvqa
       images: null            # folder the dataset's image paths start from (or --images)
     output:
@@ -128,7 +128,7 @@ class TransformedParams(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> TransformedParams:
-        from perturb.generate.transformed import TransformedSpec
+        from perturb.datasets.kvasir_vqa_x1.transform import TransformedSpec
 
         TransformedSpec(**self.ranges())  # raises ValueError with the reason
         return self
@@ -213,7 +213,7 @@ class OutputSpec(BaseModel):
 
 
 class InputSpec(BaseModel):
-    """Which dataset adapter reads the input (``perturb.io.adapters``)."""
+    """Which dataset adapter reads the input (``perturb.datasets``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -291,7 +291,7 @@ class Suite(BaseModel):
     def fingerprint(self) -> str:
         """Hash of everything that changes outputs: the suite (less its description), the
         resolved tasks and the versions of their ops."""
-        from perturb.generate.transformed import VERSION
+        from perturb.datasets.kvasir_vqa_x1.transform import VERSION
 
         body = self.model_dump(mode="json", exclude={"description"})
         body["resolved"] = [
@@ -326,7 +326,7 @@ class Task:
 
     def risk_tags(self) -> list[str]:
         if self.composite:
-            from perturb.generate.transformed import RISK_TAGS
+            from perturb.datasets.kvasir_vqa_x1.transform import RISK_TAGS
 
             return list(RISK_TAGS)
         return get_spec(self.op).risk_tags_at(self.severity)

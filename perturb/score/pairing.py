@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perturb.radiology import sample_of_image_paths
+from perturb.datasets.radiology import sample_of_image_paths
 from perturb.score.errors import InputError, examples
 from perturb.score.manifest import Manifest, match_rows
 from perturb.score.readers import ReadReport, map_unique, obj_array, object_frame

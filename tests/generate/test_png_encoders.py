@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from perturb.datasets import open_input
 from perturb.generate.output import encode, encoding_json, spec_from_encoding
 from perturb.generate.replay import replay_bytes
 from perturb.generate.suite import OutputSpec, SuiteError, parse_suite
-from perturb.io.datasets import open_input
 from perturb.io.images import decode_image, to_tensor
 from tests.generate.conftest import manifest_rows, run
 

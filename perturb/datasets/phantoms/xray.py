@@ -221,7 +221,7 @@ def xray_id(index: int) -> str:
 
 def builtin_xray_rows(n_images: int, size: tuple[int, int] = XRAY_SIZE) -> list[dict[str, Any]]:
     """QA rows of ``n_images`` chest phantoms, each with its 16-bit PNG as ``image``."""
-    from perturb.phantoms._rows import phantom_rows
+    from perturb.datasets.phantoms._rows import phantom_rows
 
     ids = [xray_id(i) for i in range(n_images)]
     return phantom_rows(ids, lambda img_id: render(img_id, size), qa_rows)
@@ -233,8 +233,8 @@ def builtin_xray_input(
     """The built-in X-ray sample as an input whose loc tags follow geometric ops."""
     import datasets
 
+    from perturb.datasets.phantoms import BUILTIN_IMAGES
     from perturb.io.datasets import Annotations, InputDataset, _quiet
-    from perturb.phantoms import BUILTIN_IMAGES
 
     n = BUILTIN_IMAGES if n_images is None else n_images
     features = datasets.Features(

@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from perturb.io.adapters._common import IMAGE_PATH, MODALITY, N_VIEWS, SAMPLE_KEY, VIEW, find_image
+from perturb.datasets._adapter import IMAGE_PATH, MODALITY, N_VIEWS, SAMPLE_KEY, VIEW, find_image
 from perturb.io.datasets import DatasetError
 
 # columns generate and the adapters add to a QA row: not part of the dataset's own records
@@ -132,8 +132,8 @@ def write_medthinkvqa(
     out: Path, dest: Path, source: str | os.PathLike[str], images: str | os.PathLike[str] | None
 ) -> list[Path]:
     """MedThinkVQA files (see the module docstring); ``source`` as given to generate."""
-    from perturb.io.adapters._common import is_leaking
-    from perturb.io.adapters.medthinkvqa import LEAKING, MAX_IMAGES, _load_cases, case_id
+    from perturb.datasets._adapter import is_leaking
+    from perturb.datasets.medthinkvqa.adapter import LEAKING, MAX_IMAGES, _load_cases, case_id
 
     ds, base, _, _ = _load_cases(source, None)
     root = Path(images) if images is not None else base
