@@ -63,6 +63,7 @@ QUESTION_CLASSES = (
     "mediastinum",
 )
 
+
 def _words(*patterns: str) -> re.Pattern[str]:
     return re.compile(r"\b(?:" + "|".join(patterns) + r")\b", re.IGNORECASE)
 

@@ -220,7 +220,11 @@ class InputDataset:
             return data
         first_path = self._cell_path(first) if self._plain_path(first) else None
         for row in group.rows[1:]:
-            if first_path is not None and self._plain_path(row) and self._cell_path(row) == first_path:
+            if (
+                first_path is not None
+                and self._plain_path(row)
+                and self._cell_path(row) == first_path
+            ):
                 continue  # the same file named again
             if self.image_bytes(row) != data:
                 raise ImageFetchError(
@@ -401,7 +405,12 @@ def open_input(
         cache = None if cache_dir is None else os.fspath(cache_dir)
         ds, label, fingerprint, base_dir = load_table(source, split, cache)
     return input_from_dataset(
-        ds, label, fingerprint, base_dir, image_column=image_column, id_column=id_column,
+        ds,
+        label,
+        fingerprint,
+        base_dir,
+        image_column=image_column,
+        id_column=id_column,
         id_from=id_from,
     )
 

@@ -280,7 +280,10 @@ def _read_json(path: Path) -> tuple[list[dict[str, Any]], str]:
                 # study) is kept as ``inner_question_id``
                 keyed = [
                     {
-                        **{("inner_question_id" if f == "question_id" else f): x for f, x in v.items()},
+                        **{
+                            ("inner_question_id" if f == "question_id" else f): x
+                            for f, x in v.items()
+                        },
                         "question_id": str(k),
                         "_loc": i,
                     }
@@ -891,7 +894,10 @@ def _drop_failed_inference(rows: _Rows, pred: np.ndarray) -> None:
         return
     err = rows.col("error")
     failed = np.fromiter(
-        ((isinstance(e, str) and bool(e.strip())) or (isinstance(e, dict) and bool(e)) for e in err),
+        (
+            (isinstance(e, str) and bool(e.strip())) or (isinstance(e, dict) and bool(e))
+            for e in err
+        ),
         dtype=bool,
         count=rows.n,
     ) & pd.isna(pred)

@@ -56,7 +56,7 @@ def test_kvasir_composite_is_the_track2_transform() -> None:
 def test_score_risk_table_is_the_rooms_tables_merged() -> None:
     from perturb.score.risk import TAG_CLASSES
 
-    assert TAG_CLASSES == label_risk()
+    assert label_risk() == TAG_CLASSES
     assert TAG_CLASSES["moves_geometry"] == (
         "*_location",
         "*_count",
