@@ -34,6 +34,7 @@ class DatasetEntry:
     prediction_hints: tuple[str, ...] = ()  # prediction columns that mark this dataset's rows
     sample_key: str = "img_id"  # what a sample is (the generator's key for shared parameters)
     composites: Mapping[str, str] = field(default_factory=dict)  # name -> "module:name"
+    native_writer: str | None = None  # "module:function" writing a generated split back
 
     def open(self, *args: Any, **kwargs: Any) -> Any:
         """Open the dataset with its opener (see the opener's own arguments)."""

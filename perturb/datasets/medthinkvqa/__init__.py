@@ -22,6 +22,7 @@ DATASET = DatasetEntry(
     question_classes=radiology.QUESTION_CLASSES,
     label_risk=radiology.LABEL_RISK,
     adapter=True,
+    native_writer="perturb.datasets.medthinkvqa.native:write_medthinkvqa",
     prediction_hints=("image_01_path", "options"),
     sample_key="the case (caseN): sample and question",
 )

@@ -37,6 +37,7 @@ DATASET = DatasetEntry(
     question_classes=radiology.QUESTION_CLASSES,
     label_risk=radiology.LABEL_RISK,
     adapter=True,
+    native_writer="perturb.datasets.rexvqa.native:write_rexvqa",
     # JSON keyed by question id, ``task_name`` / ``category`` / ``options`` columns
     prediction_hints=("task_name", "category", "options"),
     sample_key="the study (study field, studies/<uid> folder, shared folder, else question id)",

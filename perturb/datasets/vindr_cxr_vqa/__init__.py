@@ -37,6 +37,7 @@ DATASET = DatasetEntry(
     question_classes=radiology.QUESTION_CLASSES,
     label_risk=radiology.LABEL_RISK,
     adapter=True,
+    native_writer="perturb.datasets.vindr_cxr_vqa.native:write_vindr",
     # ``type`` and ``gt_location`` columns, answers with ``<loc_...>`` tags, image objects
     prediction_hints=("type", "gt_location", "vqa"),
     sample_key="image_id (one image per sample); question identity image_id#qa_idx",
