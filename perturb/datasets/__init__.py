@@ -3,17 +3,22 @@
 =================  ====================================================================
 kvasir-vqa-x1      :mod:`perturb.datasets.kvasir_vqa_x1` (+ ``.transform``: the track-2
                    composite)
-vindr-cxr-vqa      :mod:`perturb.datasets.vindr_cxr_vqa` (+ ``.adapter``, ``.predictions``)
-rexvqa             :mod:`perturb.datasets.rexvqa` (+ ``.adapter``)
-medthinkvqa        :mod:`perturb.datasets.medthinkvqa` (+ ``.adapter``, ``.predictions``)
+vindr-cxr-vqa      :mod:`perturb.datasets.vindr_cxr_vqa` (+ ``.adapter``, ``.predictions``,
+                   ``.native``)
+rexvqa             :mod:`perturb.datasets.rexvqa` (+ ``.adapter``, ``.native``)
+medthinkvqa        :mod:`perturb.datasets.medthinkvqa` (+ ``.adapter``, ``.predictions``,
+                   ``.native``)
 phantoms           :mod:`perturb.datasets.phantoms` (built-in synthetic data)
 =================  ====================================================================
 
 Each room's package module is light and torch-free (the scorer reads it): its schema facts,
 question classes, label-risk mapping, prediction-format hints and sample-key rule, as one
-:class:`DatasetEntry` (``DATASET``). Its input adapter and composites load on use. What the
-radiology sets share is :mod:`perturb.datasets.radiology`; adapters' common helpers are
-:mod:`perturb.datasets._adapter`. Adding a dataset: a room and one line below.
+:class:`DatasetEntry` (``DATASET``). Its input adapter, native writer and composites load on
+use. What the radiology sets share is :mod:`perturb.datasets.radiology` (vocabulary, keyword
+rules, label risk, sample paths) and :mod:`perturb.datasets.questions` (a row's classes);
+adapters' common helpers are :mod:`perturb.datasets._adapter`, the native writers'
+:mod:`perturb.datasets._native`; :mod:`perturb.datasets.native` writes a generated split back
+in its dataset's format. Adding a dataset: a room and one line below.
 
     from perturb.datasets import open_adapter, open_input
     inp = open_adapter("rexvqa", "rexvqa/test_vqa_data.json", images="ReXGradient-160K/")

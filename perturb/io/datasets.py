@@ -1,4 +1,5 @@
-"""Input datasets through Hugging Face ``datasets``.
+"""Input tables through Hugging Face ``datasets``, whatever the dataset (the datasets' own
+knowledge, and the built-in phantoms, live in ``perturb.datasets``).
 
 ``open_input(source, split)`` accepts
 
