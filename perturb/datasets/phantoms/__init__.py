@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from perturb.datasets import kvasir_vqa_x1, radiology
 from perturb.datasets._entry import DatasetEntry, merge_label_risk
+from perturb.datasets.phantoms._sizes import BUILTIN_IMAGES, DEFAULT_SIZE
 
 if TYPE_CHECKING:  # pragma: no cover
     import datasets
@@ -23,8 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from perturb.io.datasets import InputDataset
 
-BUILTIN_IMAGES = 16
-DEFAULT_SIZE = (400, 320)  # (width, height) of the endoscopy phantoms
 
 __all__ = [
     "BUILTIN_IMAGES",

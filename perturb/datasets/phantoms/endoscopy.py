@@ -24,7 +24,7 @@ import numpy as np
 
 from perturb import rng as keyed
 from perturb.datasets.kvasir_vqa_x1 import QUESTION_CLASSES  # noqa: F401  (re-exported)
-from perturb.datasets.phantoms import DEFAULT_SIZE
+from perturb.datasets.phantoms._sizes import DEFAULT_SIZE
 
 ROWS = ("upper", "center", "lower")
 COLS = ("left", "center", "right")

@@ -264,7 +264,7 @@ def builtin_xray_input(
     """The built-in X-ray sample as an input whose loc tags follow geometric ops."""
     import datasets
 
-    from perturb.datasets.phantoms import BUILTIN_IMAGES
+    from perturb.datasets.phantoms._sizes import BUILTIN_IMAGES
     from perturb.io.datasets import Annotations, InputDataset, _quiet
 
     n = BUILTIN_IMAGES if n_images is None else n_images
