@@ -42,17 +42,17 @@ class BuiltinCatalog:
         return specs.get_spec(op).risk_tags_at(severity)
 
     def check_composite(self, name: str, ranges: Mapping[str, tuple[float, float]]) -> None:
-        from perturb.generate.transformed import TransformedSpec
+        from perturb.datasets.kvasir_vqa_x1.transform import TransformedSpec
 
         TransformedSpec(**ranges)  # raises ValueError with the reason
 
     def composite_version(self, name: str) -> int:
-        from perturb.generate.transformed import VERSION
+        from perturb.datasets.kvasir_vqa_x1.transform import VERSION
 
         return VERSION
 
     def composite_risk_tags(self, name: str) -> list[str]:
-        from perturb.generate.transformed import RISK_TAGS
+        from perturb.datasets.kvasir_vqa_x1.transform import RISK_TAGS
 
         return list(RISK_TAGS)
 

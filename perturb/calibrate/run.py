@@ -52,7 +52,7 @@ def load_images(folder: Path | None, limit: int | None = None) -> list[tuple[str
     from perturb.io.images import from_tensor, read_image
 
     if folder is None:
-        from perturb.phantoms import phantom_image
+        from perturb.datasets.phantoms import phantom_image
 
         n = limit or 4
         return [(f"phantom-{i}", from_tensor(phantom_image(f"calibrate-{i}", (640, 480)), np.uint8)) for i in range(n)]

@@ -163,11 +163,11 @@ def preview(
     )
 
     if image is None and op is not None and _xray_only(op):
-        from perturb.phantoms.xray import render
+        from perturb.datasets.phantoms.xray import render
 
         tensor, key = to_tensor(render("preview").image), "xray-phantom:preview"
     elif image is None:
-        from perturb.phantoms import phantom_image
+        from perturb.datasets.phantoms import phantom_image
 
         tensor, key = phantom_image("preview"), "phantom:preview"
     else:

@@ -7,7 +7,7 @@
       - ops: all              # or a list of op names
         modality: endoscopy   # with ``all``: the ops tagged with this modality
         severities: [1, 2, 3, 4, 5]
-    input:                    # optional: a radiology dataset adapter (perturb.io.adapters)
+    input:                    # optional: a radiology dataset adapter (perturb.datasets)
       adapter: rexvqa         # vindr-cxr-vqa | rexvqa | medthinkvqa
       images: null            # folder the dataset's image paths start from (or --images)
     output:
@@ -257,7 +257,7 @@ class OutputSpec(BaseModel):
 
 
 class InputSpec(BaseModel):
-    """Which dataset adapter reads the input (``perturb.io.adapters``)."""
+    """Which dataset adapter reads the input (``perturb.datasets``)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from perturb.generate import transformed
+from perturb.datasets.kvasir_vqa_x1 import transform as transformed
 from perturb.generate.output import encode, quantize, spec_from_encoding
 
 

@@ -670,10 +670,10 @@ def open_run_input(
     """The input of a run, opened the same way by the driver and by every engine's workers:
     through the suite's dataset adapter, or ``open_input`` (built-in data of the suite's
     modality when no dataset is given). Raises ``DatasetError`` or ``RunError``."""
-    from perturb.io.datasets import open_input
+    from perturb.datasets import open_input
 
     if suite.input is not None:
-        from perturb.io.adapters import open_adapter
+        from perturb.datasets import open_adapter
         from perturb.io.datasets import using_cache
 
         with using_cache(cache_dir):

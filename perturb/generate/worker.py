@@ -23,7 +23,7 @@ import torch
 
 from perturb import __version__
 from perturb.contracts.suite import Suite, Task
-from perturb.generate import transformed
+from perturb.datasets.kvasir_vqa_x1 import transform as transformed
 from perturb.generate.naming import resolve_inside
 from perturb.generate.output import encode_bgr, encoding_json, quantize, sha256
 from perturb.io.images import (

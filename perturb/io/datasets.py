@@ -1,8 +1,8 @@
-"""Input datasets through Hugging Face ``datasets``.
+"""Input tables through Hugging Face ``datasets``, whatever the dataset (the datasets' own
+knowledge, and the built-in phantoms, live in ``perturb.datasets``).
 
 ``open_input(source, split)`` accepts
 
-* ``None``: the built-in phantom sample (``perturb.phantoms.builtin_dataset``), offline;
 * a hub id such as ``SimulaMet/Kvasir-VQA-x1`` (``datasets.load_dataset``);
 * a ``save_to_disk`` folder (a Dataset or a DatasetDict);
 * a parquet / JSON Lines / CSV file, with an image column (HF Image struct or raw bytes) or a
@@ -223,7 +223,11 @@ class InputDataset:
             return data
         first_path = self._cell_path(first) if self._plain_path(first) else None
         for row in group.rows[1:]:
-            if first_path is not None and self._plain_path(row) and self._cell_path(row) == first_path:
+            if (
+                first_path is not None
+                and self._plain_path(row)
+                and self._cell_path(row) == first_path
+            ):
                 continue  # the same file named again
             if self.image_bytes(row) != data:
                 raise ImageFetchError(
@@ -386,30 +390,52 @@ def _quiet() -> Iterator[None]:
 
 
 def open_input(
-    source: str | os.PathLike[str] | None,
+    source: str | os.PathLike[str],
     split: str | None = None,
     *,
     image_column: str | None = None,
     id_column: str = ID_COLUMN,
-    builtin_images: int | None = None,
-    builtin_modality: str = "endoscopy",
     id_from: str = "stem",
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> InputDataset:
-    """Open an input dataset (see the module docstring for what ``source`` may be);
-    ``builtin_modality`` picks the built-in phantoms (endoscopy or xray) when ``source`` is None.
+    """Open an input dataset (see the module docstring for what ``source`` may be).
     Without an img_id column, ``id_from`` derives ids from the image file's stem (``stem``) or
     its path relative to the dataset folder (``path``). ``cache_dir``: where ``datasets`` keeps
-    its Arrow copy of a file or hub input (default: its own cache in the home folder)."""
-    if id_from not in ID_SOURCES:
-        raise DatasetError(f"--id-from must be one of {', '.join(ID_SOURCES)}, got {id_from!r}")
-    if source is None and builtin_modality == "xray":
-        from perturb.phantoms.xray import builtin_xray_input
-
-        return builtin_xray_input(builtin_images)
+    its Arrow copy of a file or hub input (default: its own cache in the home folder). The
+    built-in data (no source) is a dataset of its own: ``perturb.datasets.open_input``."""
+    check_id_from(id_from)
     with _quiet():
         cache = None if cache_dir is None else os.fspath(cache_dir)
-        ds, label, fingerprint, base_dir = _load(source, split, builtin_images, cache)
+        ds, label, fingerprint, base_dir = load_table(source, split, cache)
+    return input_from_dataset(
+        ds,
+        label,
+        fingerprint,
+        base_dir,
+        image_column=image_column,
+        id_column=id_column,
+        id_from=id_from,
+    )
+
+
+def check_id_from(id_from: str) -> None:
+    if id_from not in ID_SOURCES:
+        raise DatasetError(f"--id-from must be one of {', '.join(ID_SOURCES)}, got {id_from!r}")
+
+
+def input_from_dataset(
+    ds: datasets.Dataset,
+    label: str,
+    fingerprint: str,
+    base_dir: Path | None,
+    *,
+    image_column: str | None = None,
+    id_column: str = ID_COLUMN,
+    id_from: str = "stem",
+) -> InputDataset:
+    """An ``InputDataset`` over a loaded table: its image column found (or ``image_column``)
+    and read as encoded bytes."""
+    with _quiet():
         column = _find_image_column(ds, image_column, label)
         feature = ds.features.get(column)
         if isinstance(feature, datasets.Image) and feature.decode:
@@ -418,18 +444,12 @@ def open_input(
     return InputDataset(ds, column, ids, label, fingerprint, base_dir, id_from=id_from)
 
 
-def _load(
-    source: str | os.PathLike[str] | None,
+def load_table(
+    source: str | os.PathLike[str],
     split: str | None,
-    builtin_images: int | None,
     cache_dir: str | None = None,
 ) -> tuple[datasets.Dataset, str, str, Path | None]:
     """(dataset, label, fingerprint, folder that relative image paths start from)."""
-    if source is None:
-        from perturb.phantoms import BUILTIN_IMAGES, builtin_dataset
-
-        n = BUILTIN_IMAGES if builtin_images is None else builtin_images
-        return builtin_dataset(n), "built-in phantoms", f"builtin:{n}", None
     text = os.fspath(source)
     path = Path(text).expanduser()
     try:

@@ -78,7 +78,21 @@ def _header_size(data: bytes) -> tuple[int, int] | None:
                 i += 2
                 continue
             length = int.from_bytes(data[i + 2 : i + 4], "big")
-            if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
+            if marker in (
+                0xC0,
+                0xC1,
+                0xC2,
+                0xC3,
+                0xC5,
+                0xC6,
+                0xC7,
+                0xC9,
+                0xCA,
+                0xCB,
+                0xCD,
+                0xCE,
+                0xCF,
+            ):
                 h = int.from_bytes(data[i + 5 : i + 7], "big")
                 w = int.from_bytes(data[i + 7 : i + 9], "big")
                 return w, h
@@ -145,9 +159,13 @@ def decode_image_info(
     if img is None:
         raise ImageDecodeError(f"{source}: not a decodable image (truncated or unknown format)")
     if img.shape[0] * img.shape[1] > max_pixels:
-        raise ImageDecodeError(f"{source}: {img.shape[1]}x{img.shape[0]} pixels is above the limit of {max_pixels}")
+        raise ImageDecodeError(
+            f"{source}: {img.shape[1]}x{img.shape[0]} pixels is above the limit of {max_pixels}"
+        )
     if img.dtype not in (np.uint8, np.uint16):
-        raise ImageDecodeError(f"{source}: unsupported sample type {img.dtype}; use 8- or 16-bit images")
+        raise ImageDecodeError(
+            f"{source}: unsupported sample type {img.dtype}; use 8- or 16-bit images"
+        )
     if img.ndim == 3 and img.shape[2] == 1:
         img = img[..., 0]
     if img.ndim == 3:
@@ -170,14 +188,18 @@ def _decode_pil(data: bytes) -> np.ndarray | None:
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.seek(0)
-            rgb = np.asarray(im.convert("RGBA" if "A" in im.mode or "transparency" in im.info else "RGB"))
+            rgb = np.asarray(
+                im.convert("RGBA" if "A" in im.mode or "transparency" in im.info else "RGB")
+            )
     except Exception:
         return None
     code = cv2.COLOR_RGBA2BGRA if rgb.shape[2] == 4 else cv2.COLOR_RGB2BGR
     return cv2.cvtColor(rgb, code)
 
 
-def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, source: str = "image") -> np.ndarray:
+def decode_image(
+    data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, source: str = "image"
+) -> np.ndarray:
     """Decode encoded bytes to RGB (HWC) or gray (HW), keeping 8 or 16 bits; alpha is dropped,
     CMYK is converted by the codec, and EXIF orientation is applied as ``datasets`` (PIL's
     ``ImageOps.exif_transpose``) applies it, so outputs line up with the clean split. The size
@@ -186,7 +208,9 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, source: s
     return decode_image_info(data, max_pixels=max_pixels, source=source)[0]
 
 
-def read_file_bytes(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
+def read_file_bytes(
+    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> bytes:
     """The bytes of a regular file of at most ``max_bytes``; FIFOs, devices and sockets are
     refused without opening them (a FIFO would block, /dev/zero never ends)."""
     import stat
@@ -210,7 +234,9 @@ def read_file_bytes(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MA
     except OSError as exc:
         raise ImageDecodeError(f"{p}: cannot read: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
-        raise ImageDecodeError(f"{p}: grew above the file size limit of {max_bytes} bytes while read")
+        raise ImageDecodeError(
+            f"{p}: grew above the file size limit of {max_bytes} bytes while read"
+        )
     return data
 
 
@@ -246,7 +272,12 @@ def encode_image(img: np.ndarray, fmt: str = "png", *, jpeg_quality: int = 95) -
         ok, buf = cv2.imencode(
             ".jpg",
             bgr,
-            [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality), cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420],
+            [
+                cv2.IMWRITE_JPEG_QUALITY,
+                int(jpeg_quality),
+                cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
+                cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
+            ],
         )
     else:
         raise ValueError(f"unknown image format {fmt!r}; use 'png' or 'jpg'")
@@ -265,7 +296,9 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, sync: bool = True
     while True:
         tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.part"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666
+            )
             break
         except FileExistsError:  # pragma: no cover - 48 random bits
             continue

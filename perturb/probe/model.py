@@ -50,7 +50,7 @@ ANSWERS: dict[str, Callable[[Observation], str]] = {
 class ProbeModel:
     """A small classic-vision VQA model for endoscopy phantoms (no weights, no network).
 
-    >>> from perturb.phantoms import render
+    >>> from perturb.datasets.phantoms.endoscopy import render
     >>> ProbeModel().answer(render("phantom_0000").image, "Is there text?") in ("yes", "no")
     True
     """

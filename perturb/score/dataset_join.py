@@ -99,11 +99,11 @@ def load_dataset_info(source: str, split: str | None = None) -> DatasetInfo:
 
 def _without_images(source: str, split: str | None) -> Any:
     """An ``InputDataset`` over a dataset without an image column (the join needs none)."""
-    from perturb.io.datasets import DatasetError, InputDataset, _load, _quiet
+    from perturb.io.datasets import DatasetError, InputDataset, _quiet, load_table
 
     try:
         with _quiet():
-            ds, label, fingerprint, base_dir = _load(source, split, None)
+            ds, label, fingerprint, base_dir = load_table(source, split)
     except DatasetError as exc:
         raise InputError(f"--dataset {exc}") from None
     ids = "img_id" if "img_id" in ds.column_names else None

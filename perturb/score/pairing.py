@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perturb.datasets.radiology import sample_of_image_paths
 from perturb.errors import InputError
-from perturb.radiology import sample_of_image_paths
 from perturb.score.errors import examples
 from perturb.score.manifest import Manifest, match_rows
 from perturb.score.readers import ReadReport, map_unique, obj_array, object_frame

@@ -19,7 +19,7 @@ Supported inputs (a path, a ``pandas.DataFrame`` or a list of dicts):
   [...]}}``; the outer key is the question id, an inner ``question_id`` is kept as
   ``inner_question_id``; the study fields are the sample, never an image id); MedThinkVQA rows
   and official submissions (``image_NN_path`` slots, options dict, correct_answer: the case is
-  sample and question, see :func:`_medthink_columns`); VinDr-CXR-VQA image objects
+  sample and question, see :func:`perturb.datasets.medthinkvqa.predictions.medthink_columns`); VinDr-CXR-VQA image objects
   (``{"image_id", "vqa": [items]}``, one row per item with ``qa_idx``) and flat rows
   (``image_id``, ``qa_idx``, ``question``, ``answer`` with ``<loc_...>`` tags, ``type``,
   ``gt_location``). Without an id column a row with several images is keyed by their common
@@ -30,7 +30,7 @@ pairing, or ``id:<question_id>`` when the rows carry a question id), ``qid`` (th
 question identity: question id, MedThinkVQA case, VinDr ``image_id#qa_idx``; None without),
 ``reference``,
 ``prediction``, ``complexity``, ``question_class`` (tuple of str; radiology rows without one get
-the classes of :mod:`perturb.radiology`), ``options`` (dict letter -> text or None),
+the classes of :mod:`perturb.datasets.radiology`), ``options`` (dict letter -> text or None),
 ``perturbation``, ``severity``, ``variant``, ``image_path`` (the first image), ``_paths`` (all
 of the row's image paths), ``judge`` (dict
 aspect -> 0/1 or None), ``model``, ``ref_boxes`` (reference boxes from ``gt_location`` or None)
@@ -54,8 +54,12 @@ import numpy as np
 import pandas as pd
 
 from perturb.boxes import parse_loc_tags, sort_corners
+from perturb.datasets import medthinkvqa
+from perturb.datasets.medthinkvqa import predictions as medthink_predictions
+from perturb.datasets.questions import question_classes
+from perturb.datasets.radiology import image_path_parts, sample_of_image_paths
+from perturb.datasets.vindr_cxr_vqa import predictions as vindr_predictions
 from perturb.errors import InputError
-from perturb.radiology import image_path_parts, sample_of_image_paths
 
 PredictionSource: TypeAlias = str | Path | pd.DataFrame | Sequence[Mapping[str, Any]]
 
@@ -276,7 +280,10 @@ def _read_json(path: Path) -> tuple[list[dict[str, Any]], str]:
                 # study) is kept as ``inner_question_id``
                 keyed = [
                     {
-                        **{("inner_question_id" if f == "question_id" else f): x for f, x in v.items()},
+                        **{
+                            ("inner_question_id" if f == "question_id" else f): x
+                            for f, x in v.items()
+                        },
                         "question_id": str(k),
                         "_loc": i,
                     }
@@ -629,7 +636,7 @@ def _posix(path: str) -> PurePosixPath:
 def sample_id_of_paths(v: Any) -> str | None:
     """Sample id from image path(s), the same for clean images and the outputs ``perturb
     generate`` wrote from them: a radiology study or case
-    (:func:`perturb.radiology.sample_of_image_paths`: ``studies/<uid>``, ``caseN``); else one
+    (:func:`perturb.datasets.radiology.sample_of_image_paths`: ``studies/<uid>``, ``caseN``); else one
     image -> its file stem (an encoded generated name decoded); several -> their deepest common
     folder (as written), so the study, not an image, is the sample."""
     paths = _paths_of(v)
@@ -780,95 +787,6 @@ def _swift_columns(df: pd.DataFrame, rep: ReadReport) -> pd.DataFrame:
     return out.drop(columns=["messages"])
 
 
-# ----------------------------------------------------------------------------- MedThinkVQA
-
-_SLOT = re.compile(r"^image_(\d{2})_path$", re.IGNORECASE)
-MEDTHINK_QUESTION = "What is the most likely diagnosis?"
-
-
-def _medthink_columns(df: pd.DataFrame, slots: list[str], rep: ReadReport) -> pd.DataFrame:
-    """MedThinkVQA rows (``image_NN_path`` slots): the case is the sample and the question.
-
-    image_path = the list of the row's image paths; img_id and question_id = the case folder
-    (``images/caseXXXXX/<id>.jpg`` -> ``caseXXXXX``) unless the row names them; question = the
-    set's task (:data:`MEDTHINK_QUESTION`) unless a question column exists.
-    """
-    out = df.copy()
-    paths = [
-        [p for p in row if isinstance(p, str) and p.strip()]
-        for row in df[slots].to_numpy(dtype=object)
-    ]
-    cols = {c.lower() for c in df.columns if isinstance(c, str)}
-    if not cols & {"image_path", "images", "imagepath", "image_paths"}:
-        out["image_paths"] = pd.Series(paths, dtype=object, index=df.index)
-    title_col = next((c for c in df.columns if isinstance(c, str) and c.lower() == "title"), None)
-    titles = df[title_col].tolist() if title_col is not None else [None] * len(df)
-    case = [_case_of(p, t) for p, t in zip(paths, titles, strict=True)]
-    if not cols & (set(ALIASES["img_id"]) | set(ALIASES["sample"])):
-        out["sample_key"] = case  # a sample, not a manifest image (whose id is caseN_<image>)
-    if not cols & set(ALIASES["question_id"]):
-        out["question_id"] = case
-    if not cols & set(ALIASES["question"]):
-        out["question"] = MEDTHINK_QUESTION
-        rep.notes.append(f"MedThinkVQA rows: question = {MEDTHINK_QUESTION!r}, paired by case")
-    return out.drop(columns=slots)
-
-
-def _case_of(paths: list[str], title: Any) -> str | None:
-    """A MedThinkVQA case id: the case every image path names (``images/caseN/<id>.jpg``, or a
-    generated ``caseN_<id>`` file: any of the case's images may be the perturbed one), else
-    the title ("Case number N"), else the first image's folder."""
-    sample = sample_of_image_paths(paths) if paths else None
-    if sample is not None:
-        return sample
-    digits = re.findall(r"\d+", title) if isinstance(title, str) else []
-    if digits:
-        return f"case{digits[0]}"
-    return _posix(paths[0]).parent.name if paths else None
-
-
-# ----------------------------------------------------------------------------- VinDr nested
-
-ITEM_KEYS = ("vqa", "items", "qa_pairs", "questions")
-
-
-def _nested_item_column(raw: pd.DataFrame) -> str | None:
-    """The column of per-image question lists (VinDr-CXR-VQA ``{"image_id", "vqa": [...]}``)."""
-    cols = {c.lower(): c for c in raw.columns if isinstance(c, str)}
-    if "image_id" not in cols:
-        return None
-    for key in ITEM_KEYS:
-        c = cols.get(key)
-        if c is None:
-            continue
-        first = next((v for v in raw[c] if isinstance(v, (list, np.ndarray)) and len(v)), None)
-        if first is not None and isinstance(first[0], Mapping):
-            return c
-    return None
-
-
-def _explode_items(raw: pd.DataFrame, column: str, rep: ReadReport) -> pd.DataFrame:
-    """One row per question item, with its image's fields and ``qa_idx`` (the item's index in
-    the image's list: the dataset's own question identity)."""
-    rows: list[dict[str, Any]] = []
-    for rec in raw.to_dict("records"):
-        items = rec.pop(column)
-        rec.pop("num_questions", None)
-        loc = rec.pop("_loc", None)
-        if isinstance(items, np.ndarray):
-            items = items.tolist()
-        for idx, item in enumerate(items if isinstance(items, list) else []):
-            if isinstance(item, Mapping):
-                rows.append({**rec, **item, "qa_idx": idx, "_loc": f"{loc}.{idx + 1}"})
-    rep.format = f"{rep.format}:vindr-nested"
-    rep.notes.append(
-        f"VinDr-CXR-VQA image objects: {len(raw)} images, {len(rows)} question items "
-        "(paired by image_id and item index)"
-    )
-    rep.loc_word = "image.item"
-    return pd.DataFrame(rows)
-
-
 # ----------------------------------------------------------------------------- canonical table
 
 
@@ -880,27 +798,39 @@ def _pick(columns: Iterable[str], name: str) -> str | None:
     return None
 
 
-def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -> pd.DataFrame:
-    """Map a raw frame onto the canonical columns, coercing values and dropping unusable rows."""
+def _unwrap_formats(raw: pd.DataFrame, rep: ReadReport) -> tuple[pd.DataFrame, str | None]:
+    """Tool and dataset formats (ms-swift, LLM judge, VinDr image objects, MedThinkVQA slots)
+    turned into flat rows; returns them and the dataset name when the rows name it."""
     if "messages" in raw.columns:
         rep.format = f"{rep.format}:ms-swift"
         raw = _swift_columns(raw, rep)
     elif "eval_json" in raw.columns:
         rep.format = f"{rep.format}:llm-judge"
-    nested = _nested_item_column(raw)
+    nested = vindr_predictions.nested_item_column(raw)
     if nested is not None:
-        raw = _explode_items(raw, nested, rep)
-    slots = sorted(c for c in raw.columns if isinstance(c, str) and _SLOT.match(c))
-    dataset = None
-    if slots:
-        rep.format = f"{rep.format}:medthinkvqa"
-        dataset = "medthinkvqa"
-        raw = _medthink_columns(raw, slots, rep)
-    n = len(raw)
-    rep.rows_in = n
-    if n == 0:
-        raise InputError(f"{rep.source}: no rows. Point to a file that holds predictions.")
-    locs = raw["_loc"].to_numpy() if "_loc" in raw.columns else np.arange(1, n + 1)
+        raw, note = vindr_predictions.explode_items(raw, nested)
+        rep.format = f"{rep.format}:vindr-nested"
+        rep.notes.append(note)
+        rep.loc_word = "image.item"
+    slots = medthink_predictions.slot_columns(raw.columns)
+    if not slots:
+        return raw, None
+    rep.format = f"{rep.format}:medthinkvqa"
+    names = {c.lower() for c in raw.columns if isinstance(c, str)}
+    raw, notes = medthink_predictions.medthink_columns(
+        raw,
+        slots,
+        has_id=bool(names & (set(ALIASES["img_id"]) | set(ALIASES["sample"]))),
+        has_question_id=bool(names & set(ALIASES["question_id"])),
+        has_question=bool(names & set(ALIASES["question"])),
+    )
+    rep.notes.extend(notes)
+    return raw, medthinkvqa.DATASET.name
+
+
+def _columns(raw: pd.DataFrame, rep: ReadReport) -> dict[str, str | None]:
+    """Canonical name -> the raw column holding it; an InputError naming the fix when a
+    required one is missing."""
     cols = {name: _pick(raw.columns, name) for name in ALIASES}
     if cols["question"] is None and cols["question_id"] is not None:
         cols["question"] = cols["question_id"]  # an id-keyed MCQ set: the id stands for the text
@@ -920,56 +850,83 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
         )
     if cols["reference"] is None:
         rep.notes.append("no reference-answer column; references must come from the other side")
+    return cols
 
-    def col(name: str) -> np.ndarray:
-        c = cols[name]
+
+@dataclass
+class _Rows:
+    """A raw frame being canonicalised: its columns by canonical name and the rows dropped."""
+
+    raw: pd.DataFrame
+    cols: dict[str, str | None]
+    rep: ReadReport
+    locs: np.ndarray
+    drop: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.raw)
+
+    def col(self, name: str) -> np.ndarray:
+        c = self.cols[name]
         if c is None:
-            return np.full(n, None, dtype=object)
-        return raw[c].to_numpy(dtype=object)
+            return np.full(self.n, None, dtype=object)
+        return self.raw[c].to_numpy(dtype=object)
 
-    drop = np.zeros(n, dtype=bool)
+    def text(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        return _text_column(self.col(name), self.rep, name)
 
-    def drop_rows(mask: np.ndarray, reason: str) -> None:
-        mask = mask & ~drop
-        rep.drop(reason, locs[mask].tolist())
-        drop[mask] = True
+    def drop_rows(self, mask: np.ndarray, reason: str) -> None:
+        mask = mask & ~self.drop
+        self.rep.drop(reason, self.locs[mask].tolist())
+        self.drop[mask] = True
 
-    pred, bad_pred = _text_column(col("prediction"), rep, "prediction")
-    drop_rows(bad_pred, "invalid_prediction_type")
-    if cols["error"]:
-        err = col("error")
-        failed = np.fromiter(
-            ((isinstance(e, str) and bool(e.strip())) or (isinstance(e, dict) and bool(e)) for e in err),
-            dtype=bool,
-            count=n,
-        ) & pd.isna(pred)  # a failed inference: an error and no answer (a judge's error keeps it)
-        for i in np.flatnonzero(failed)[:3]:
-            rep.drop_examples.setdefault("inference_error", []).append(
-                f"{rep.source} {rep.loc_word} {locs[i]}: {str(err[i])[:80]}"
-            )
-        failed &= ~drop
-        rep.dropped["inference_error"] += int(failed.sum())
-        drop[failed] = True
-    ref, bad_ref = _text_column(col("reference"), rep, "reference")
-    drop_rows(bad_ref, "invalid_reference_type")
-    question, bad_q = _text_column(col("question"), rep, "question")
-    q_missing = map_unique(question, lambda q: q is None or not q.strip()).astype(bool)
-    drop_rows(bad_q | q_missing, "missing_question")
+    def parsed(self, name: str, fn: Callable[[Any], Any], empty: Any) -> np.ndarray:
+        if not self.cols[name]:
+            return obj_array([empty] * self.n)
+        values = self.col(name)
+        return map_unique(values, fn) if _all_text(values) else obj_array([fn(v) for v in values])
 
-    raw_paths = col("image_path")
+
+def _drop_failed_inference(rows: _Rows, pred: np.ndarray) -> None:
+    """Drop rows with an inference error and no answer (a judge's error keeps the row)."""
+    if not rows.cols["error"]:
+        return
+    err = rows.col("error")
+    failed = np.fromiter(
+        (
+            (isinstance(e, str) and bool(e.strip())) or (isinstance(e, dict) and bool(e))
+            for e in err
+        ),
+        dtype=bool,
+        count=rows.n,
+    ) & pd.isna(pred)
+    rep = rows.rep
+    for i in np.flatnonzero(failed)[:3]:
+        rep.drop_examples.setdefault("inference_error", []).append(
+            f"{rep.source} {rep.loc_word} {rows.locs[i]}: {str(err[i])[:80]}"
+        )
+    failed &= ~rows.drop
+    rep.dropped["inference_error"] += int(failed.sum())
+    rows.drop[failed] = True
+
+
+def _image_ids(rows: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(img_id, first image path, every image path, img_id-not-given mask); rows without an
+    id are dropped. Without an image id the sample is a study field (ReXVQA study_id /
+    StudyInstanceUid), else the study or case the image paths name, else the question id
+    (``_id_from_path``: this img_id names a sample, not a manifest image)."""
+    raw_paths = rows.col("image_path")
     paths = (
         map_unique(raw_paths, _path_of)
         if _all_text(raw_paths)
         else obj_array([_path_of(v) for v in raw_paths])
     )
-    img, bad_img = _text_column(col("img_id"), rep, "img_id")
+    img, bad_img = rows.text("img_id")
     img = map_unique(img, lambda i: i.strip() if isinstance(i, str) and i.strip() else None)
-    # without an image id: the sample is a study field (ReXVQA study_id / StudyInstanceUid),
-    # else the study or case the image paths name, else the question id
-    # (``_id_from_path``: this img_id names a sample, not a manifest image)
     no_id = pd.isna(img)
-    if cols["sample"] and no_id.any():
-        vals, _ = _text_column(col("sample"), rep, "sample")
+    if rows.cols["sample"] and no_id.any():
+        vals, _ = rows.text("sample")
         img[no_id] = vals[no_id]
     still = pd.isna(img)
     if still.any():
@@ -980,101 +937,137 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
             else obj_array([sample_id_of_paths(v) for v in from_paths])
         )
     still = pd.isna(img)
-    if cols["question_id"] and still.any():
-        vals, _ = _text_column(col("question_id"), rep, "question_id")
+    if rows.cols["question_id"] and still.any():
+        vals, _ = rows.text("question_id")
         img[still] = vals[still]
-    drop_rows(bad_img | pd.isna(img), "missing_img_id")
+    rows.drop_rows(bad_img | pd.isna(img), "missing_img_id")
+    all_paths = (
+        obj_array([tuple(_paths_of(v)) for v in raw_paths])
+        if rows.cols["image_path"]
+        else obj_array([()] * rows.n)
+    )
+    return img, paths, all_paths, no_id
 
-    sev, bad_sev = _int_column(col("severity"))
-    drop_rows(bad_sev, "invalid_severity")
-    var, bad_var = _int_column(col("variant"))
-    drop_rows(bad_var, "invalid_variant")
-    comp, bad_comp = _int_column(col("complexity"))
-    if bad_comp.any():
-        rep.coerced["complexity:invalid_to_missing"] += int(bad_comp.sum())
-    pert, bad_pert = _text_column(col("perturbation"), rep, "perturbation")
-    drop_rows(bad_pert, "invalid_perturbation")
-    mdl, _ = _text_column(col("model"), rep, "model")
-    if model is not None:
-        mdl = np.full(n, model, dtype=object)
 
-    def parsed(name: str, fn: Callable[[Any], Any], empty: Any) -> np.ndarray:
-        if not cols[name]:
-            return obj_array([empty] * n)
-        values = col(name)
-        return map_unique(values, fn) if _all_text(values) else obj_array([fn(v) for v in values])
+def _ref_boxes(rows: _Rows) -> np.ndarray:
+    """Reference boxes per row (None where a cell holds none or a malformed one, counted)."""
+    if not rows.cols["ref_boxes"]:
+        return obj_array([None] * rows.n)
+    bad_boxes = 0
+    rb = []
+    for v in rows.col("ref_boxes"):
+        try:
+            rb.append(boxes_of(v))
+        except ValueError:
+            rb.append(None)
+            bad_boxes += 1
+    if bad_boxes:
+        rows.rep.coerced["ref_boxes:malformed_ignored"] += bad_boxes
+    return obj_array(rb)
 
-    qclass = parsed("question_class", _class_tuple, ())
-    options = parsed("options", _options_dict, None)
-    ref_boxes = obj_array([None] * n)
-    if cols["ref_boxes"]:
-        bad_boxes = 0
-        rb = []
-        for v in col("ref_boxes"):
-            try:
-                rb.append(boxes_of(v))
-            except ValueError:
-                rb.append(None)
-                bad_boxes += 1
-        ref_boxes = obj_array(rb)
-        if bad_boxes:
-            rep.coerced["ref_boxes:malformed_ignored"] += bad_boxes
-    radiology = dataset is not None or any(cols[h] for h in RADIOLOGY_HINTS)
-    if not radiology and cols["reference"]:
-        radiology = bool(map_unique(ref, lambda r: isinstance(r, str) and "<loc_" in r).any())
-    if radiology:
-        qclass = _radiology_classes(qclass, question, options, col, cols, dataset, rep)
-    judge = obj_array([None] * n)
-    if cols["judge"]:
-        jl = []
-        for i, v in enumerate(col("judge")):
-            d, bad = _judge_dict(v)
-            if bad:
-                raise InputError(
-                    f"{rep.source}: row {i + 1}: LLM-judge score {', '.join(bad)} in eval_json is "
-                    "not a number in [0, 1]; fix or drop that row (scores are 0/1, or a fraction)"
-                )
-            jl.append(d)
-        judge = obj_array(jl)
-        no_judge = int(sum(1 for d in jl if d is None))
-        if no_judge:
-            rep.notes.append(f"{no_judge} rows without usable eval_json scores (judge metric n/a)")
 
-    confidence = np.full(n, np.nan)
-    if cols["confidence"]:
+def _judge_scores(rows: _Rows) -> np.ndarray:
+    """LLM-judge aspect scores per row (None without); an invalid score is an InputError."""
+    if not rows.cols["judge"]:
+        return obj_array([None] * rows.n)
+    jl = []
+    for i, v in enumerate(rows.col("judge")):
+        d, bad = _judge_dict(v)
+        if bad:
+            raise InputError(
+                f"{rows.rep.source}: row {i + 1}: LLM-judge score {', '.join(bad)} in eval_json "
+                "is not a number in [0, 1]; fix or drop that row (scores are 0/1, or a fraction)"
+            )
+        jl.append(d)
+    no_judge = int(sum(1 for d in jl if d is None))
+    if no_judge:
+        rows.rep.notes.append(f"{no_judge} rows without usable eval_json scores (judge metric n/a)")
+    return obj_array(jl)
+
+
+def _precomputed_scores(rows: _Rows) -> dict[str, np.ndarray]:
+    """Confidence and precomputed BLEURT / BERTScore columns as floats (NaN where missing)."""
+    out = {"confidence": np.full(rows.n, np.nan)}
+    if rows.cols["confidence"]:
         from perturb.score.calibration import confidence_column
 
-        confidence = confidence_column(col("confidence"), rep.source, locs)
-    precomputed = {}
+        out["confidence"] = confidence_column(rows.col("confidence"), rows.rep.source, rows.locs)
     for name in ("bleurt", "bertscore"):
-        v = pd.to_numeric(pd.Series(col(name), dtype=object), errors="coerce")
-        bad = v.isna().to_numpy() & ~pd.isna(col(name))
+        values = rows.col(name)
+        v = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
+        bad = v.isna().to_numpy() & ~pd.isna(values)
         if bad.any():
+            first = int(np.flatnonzero(bad)[0])
             raise InputError(
-                f"{rep.source}: row {locs[int(np.flatnonzero(bad)[0])]}: {name} value "
-                f"{col(name)[int(np.flatnonzero(bad)[0])]!r} is not a number"
+                f"{rows.rep.source}: row {rows.locs[first]}: {name} value "
+                f"{values[first]!r} is not a number"
             )
-        precomputed[name] = v.to_numpy(dtype=np.float64, na_value=np.nan)
-    keep = ~drop
+        out[name] = v.to_numpy(dtype=np.float64, na_value=np.nan)
+    return out
+
+
+def _question_ids(
+    rows: _Rows, question: np.ndarray, img: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(pairing key, the dataset's own question identity): question id (ReXVQA key,
+    MedThinkVQA case), else image id + item index (VinDr-CXR-VQA)."""
     qk = map_unique(question, lambda q: question_key(q) if q is not None else None)
-    # the dataset's own question identity: question id (ReXVQA key, MedThinkVQA case), else
-    # image id + item index (VinDr-CXR-VQA)
-    qid = np.full(n, None, dtype=object)
-    if cols["question_id"]:
-        qid, _ = _text_column(col("question_id"), rep, "question_id")
+    qid = np.full(rows.n, None, dtype=object)
+    if rows.cols["question_id"]:
+        qid, _ = rows.text("question_id")
         has_qid = ~pd.isna(qid)
         qk[has_qid] = obj_array([f"id:{q}" for q in qid[has_qid]])
-    elif cols["qa_idx"] and cols["img_id"]:
-        idx, bad_idx = _int_column(col("qa_idx"))
+    elif rows.cols["qa_idx"] and rows.cols["img_id"]:
+        idx, bad_idx = _int_column(rows.col("qa_idx"))
         ok_idx = ~np.isnan(idx) & ~bad_idx & ~pd.isna(img)
         qid[ok_idx] = obj_array(
             [f"{i}#{int(k)}" for i, k in zip(img[ok_idx], idx[ok_idx], strict=True)]
         )
-    all_paths = (
-        obj_array([tuple(_paths_of(v)) for v in raw_paths])
-        if cols["image_path"]
-        else obj_array([()] * n)
-    )
+    return qk, qid
+
+
+def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -> pd.DataFrame:
+    """Map a raw frame onto the canonical columns, coercing values and dropping unusable rows."""
+    raw, dataset = _unwrap_formats(raw, rep)
+    n = len(raw)
+    rep.rows_in = n
+    if n == 0:
+        raise InputError(f"{rep.source}: no rows. Point to a file that holds predictions.")
+    locs = raw["_loc"].to_numpy() if "_loc" in raw.columns else np.arange(1, n + 1)
+    rows = _Rows(raw, _columns(raw, rep), rep, locs, np.zeros(n, dtype=bool))
+
+    pred, bad_pred = rows.text("prediction")
+    rows.drop_rows(bad_pred, "invalid_prediction_type")
+    _drop_failed_inference(rows, pred)
+    ref, bad_ref = rows.text("reference")
+    rows.drop_rows(bad_ref, "invalid_reference_type")
+    question, bad_q = rows.text("question")
+    q_missing = map_unique(question, lambda q: q is None or not q.strip()).astype(bool)
+    rows.drop_rows(bad_q | q_missing, "missing_question")
+    img, paths, all_paths, no_id = _image_ids(rows)
+
+    sev, bad_sev = _int_column(rows.col("severity"))
+    rows.drop_rows(bad_sev, "invalid_severity")
+    var, bad_var = _int_column(rows.col("variant"))
+    rows.drop_rows(bad_var, "invalid_variant")
+    comp, bad_comp = _int_column(rows.col("complexity"))
+    if bad_comp.any():
+        rep.coerced["complexity:invalid_to_missing"] += int(bad_comp.sum())
+    pert, bad_pert = rows.text("perturbation")
+    rows.drop_rows(bad_pert, "invalid_perturbation")
+    mdl, _ = rows.text("model")
+    if model is not None:
+        mdl = np.full(n, model, dtype=object)
+
+    qclass = rows.parsed("question_class", _class_tuple, ())
+    options = rows.parsed("options", _options_dict, None)
+    ref_boxes = _ref_boxes(rows)
+    if _is_radiology(rows, dataset, ref):
+        qclass = _radiology_classes(qclass, question, options, rows, dataset)
+    judge = _judge_scores(rows)
+    scores = _precomputed_scores(rows)
+    qk, qid = _question_ids(rows, question, img)
+    keep = ~rows.drop
     out = object_frame(
         {
             "img_id": img[keep],
@@ -1094,9 +1087,9 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
             "judge": judge[keep],
             "model": mdl[keep],
             "ref_boxes": ref_boxes[keep],
-            "confidence": confidence[keep],
-            "bleurt": precomputed["bleurt"][keep],
-            "bertscore": precomputed["bertscore"][keep],
+            "confidence": scores["confidence"][keep],
+            "bleurt": scores["bleurt"][keep],
+            "bertscore": scores["bertscore"][keep],
             "_loc": locs[keep],
             "_id_from_path": no_id[keep],
         }
@@ -1105,25 +1098,32 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
     return out.reset_index(drop=True)
 
 
+def _is_radiology(rows: _Rows, dataset: str | None, ref: np.ndarray) -> bool:
+    """Radiology rows (their question classes come from the radiology rules): a dataset named
+    by the format, a radiology hint column, or references with ``<loc_...>`` tags."""
+    if dataset is not None or any(rows.cols[h] for h in RADIOLOGY_HINTS):
+        return True
+    if not rows.cols["reference"]:
+        return False
+    return bool(map_unique(ref, lambda r: isinstance(r, str) and "<loc_" in r).any())
+
+
 def _radiology_classes(
     qclass: np.ndarray,
     question: np.ndarray,
     options: np.ndarray,
-    col: Callable[[str], np.ndarray],
-    cols: Mapping[str, str | None],
+    rows: _Rows,
     dataset: str | None,
-    rep: ReadReport,
 ) -> np.ndarray:
-    """Rows without question_class get radiology classes (:mod:`perturb.radiology`) from the
-    dataset's fields (VinDr ``type``, ReXVQA ``task_name``/``category``) and keyword rules."""
-    from perturb.radiology import question_classes
-
+    """Rows without question_class get radiology classes (:mod:`perturb.datasets.questions`)
+    from the dataset's fields (VinDr ``type``, ReXVQA ``task_name``/``category``) and keyword
+    rules."""
     need = np.fromiter((not c for c in qclass), dtype=bool, count=len(qclass))
     if not need.any():
         return qclass
 
     def text(name: str) -> np.ndarray:
-        vals = col(name)
+        vals = rows.col(name)
         return obj_array([v if isinstance(v, str) else None for v in vals])
 
     vt, tn, cat = text("vindr_type"), text("task_name"), text("category")
@@ -1144,11 +1144,12 @@ def _radiology_classes(
             )
             cache[key] = got
         out[i] = got
-    rep.notes.append(
+    cols = rows.cols
+    rows.rep.notes.append(
         f"{int(need.sum())} rows without question_class: radiology classes from "
         + ", ".join(
             [f"{cols[h]!r}" for h in ("vindr_type", "task_name", "category") if cols[h]]
-            + ["keyword rules on the question and options (perturb.radiology)"]
+            + ["keyword rules on the question and options (perturb.datasets.radiology)"]
         )
     )
     return out

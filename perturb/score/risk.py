@@ -6,10 +6,10 @@ can look like the black box artefact, an overlay or occluder can add or hide an 
 whose question class is at risk under their op are reported separately and left out of the
 headline gaps unless ``include_at_risk`` is set.
 
-The mapping is data (:data:`TAG_CLASSES`): class patterns in ``fnmatch`` syntax, so
-``*_location`` covers every location class of any dataset. It covers all 18 Kvasir-VQA-x1
-question classes (see :data:`KVASIR_CLASSES`) and the radiology classes of
-:mod:`perturb.radiology` (:data:`RADIOLOGY_CLASSES`):
+The mapping is data (:data:`TAG_CLASSES`, merged from each dataset room's ``LABEL_RISK``):
+class patterns in ``fnmatch`` syntax, so ``*_location`` covers every location class of any
+dataset. It covers all 18 Kvasir-VQA-x1 question classes (see :data:`KVASIR_CLASSES`) and the
+radiology classes of :mod:`perturb.datasets.radiology` (:data:`RADIOLOGY_CLASSES`):
 
 * flips -> laterality and location questions (the anatomy swaps sides in the image);
 * collimation, crops and other geometry -> apices and costophrenic angles (cut at the frame
@@ -31,41 +31,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from functools import lru_cache
 
-from perturb import radiology
-from perturb.kvasir import QUESTION_CLASSES
+from perturb.datasets import kvasir_vqa_x1, label_risk, radiology
 
-KVASIR_CLASSES = QUESTION_CLASSES
+KVASIR_CLASSES = kvasir_vqa_x1.QUESTION_CLASSES
 RADIOLOGY_CLASSES = radiology.QUESTION_CLASSES
 
-_GEOMETRY = ("*_location", "*_count", "text_presence", "box_artifact_presence", "polyp_size")
-_PRESENCE = ("*_presence",)
-# radiology (perturb.radiology): what leaves the frame at its edges, and overlays
-_EDGES = ("apex", "costophrenic")
-
-TAG_CLASSES: dict[str, tuple[str, ...]] = {
-    "alters_color": ("abnormality_color", "landmark_color", "*_color"),
-    "moves_geometry": (*_GEOMETRY, *_EDGES, "size"),
-    "crops_border": (*_GEOMETRY, *_EDGES),
-    "black_fill": ("box_artifact_presence",),
-    "occludes": (*_PRESENCE, "marker"),
-    "adds_overlay": (*_PRESENCE, "marker"),
-    "flips_laterality": ("*_location", "laterality", "location"),
-    # blur / heavy noise can wipe out small polyps or nodules: counts and finding presence may
-    # change
-    "may_erase_small_findings": (
-        "finding_count",
-        "polyp_count",
-        "abnormality_presence",
-        "finding_presence",
-        "small_finding",
-    ),
-    # brightness / contrast changes leave Kvasir's answers intact
-    "alters_intensity": (),
-    # radiology: devices drawn on the film answer "is there a tube / line / pacemaker"
-    "adds_devices": ("device",),
-    # a rotated patient: mediastinal shift, lucency asymmetry, positions, cardiothoracic ratio
-    "alters_projection": ("mediastinum", "laterality", "location", "size"),
-}
+# risk tag -> class patterns: every dataset's own table (its room's ``LABEL_RISK``), merged in
+# registry order
+TAG_CLASSES: dict[str, tuple[str, ...]] = label_risk()
 
 
 def classes_at_risk(

@@ -76,7 +76,7 @@ def test_preview_without_an_image_uses_a_phantom(tmp_path: Path) -> None:
 
 def test_preview_of_an_xray_op_without_an_image_uses_a_chest_phantom(tmp_path: Path) -> None:
     from perturb.catalog.preview import LABEL_HEIGHT
-    from perturb.phantoms.xray import XRAY_SIZE
+    from perturb.datasets.phantoms.xray import XRAY_SIZE
 
     out = tmp_path / "chest.png"
     result = runner.invoke(app, ["preview", "--op", "xray_grid_lines", "--no-crop", "--out", str(out)])

@@ -40,7 +40,7 @@ def _offline_hf(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def small_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """save_to_disk folder of 6 small phantoms in the Kvasir-VQA-x1 schema (36 QA rows)."""
-    from perturb.phantoms import builtin_dataset
+    from perturb.datasets.phantoms import builtin_dataset
 
     path = tmp_path_factory.mktemp("input") / "phantoms"
     builtin_dataset(6, size=SMALL_SIZE).save_to_disk(str(path))

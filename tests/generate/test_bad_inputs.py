@@ -18,8 +18,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from perturb.cli import app
+from perturb.datasets.phantoms.endoscopy import render
 from perturb.generate.naming import safe_stem
-from perturb.phantoms.endoscopy import render
 from tests.generate.conftest import manifest_rows
 
 runner = CliRunner()

@@ -20,9 +20,9 @@ from perturb.cli import app
 from perturb.configs import CONFIG_DIR
 from perturb.contracts.manifest import MANIFEST_COLUMNS
 from perturb.contracts.suite import Suite
+from perturb.datasets import open_input
 from perturb.generate import load_generated
 from perturb.generate.replay import replay_bytes
-from perturb.io.datasets import open_input
 from perturb.io.images import decode_image, to_tensor
 from perturb.suites import load_suite
 from tests.generate.conftest import digests, manifest_rows, run
@@ -264,7 +264,7 @@ def test_refuses_other_settings_foreign_folders_and_bad_arguments(
 
 def test_full_catalog_at_small_size(tmp_path: Path) -> None:
     """endoscopy-artifacts: every endoscopy op x severities 1-5 on one small phantom."""
-    from perturb.phantoms import builtin_dataset
+    from perturb.datasets.phantoms import builtin_dataset
 
     src = tmp_path / "one"
     builtin_dataset(1, size=(96, 80)).save_to_disk(str(src))

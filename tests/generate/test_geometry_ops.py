@@ -14,6 +14,7 @@ from PIL import Image
 
 import perturb
 from perturb.catalog.specs import get_spec
+from perturb.datasets.phantoms.endoscopy import render
 from perturb.ops.backend import use_backend
 from perturb.ops.geometry import (
     chain_warp,
@@ -24,7 +25,6 @@ from perturb.ops.geometry import (
     translation_pixels,
     warp_batch,
 )
-from perturb.phantoms.endoscopy import render
 from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
 
 

@@ -16,9 +16,9 @@ import pytest
 from PIL import Image
 
 from perturb.contracts.suite import OutputSpec, SuiteError
+from perturb.datasets import open_input
 from perturb.generate.output import encode, encoding_json, spec_from_encoding
 from perturb.generate.replay import replay_bytes
-from perturb.io.datasets import open_input
 from perturb.io.images import decode_image, to_tensor
 from perturb.suites import parse_suite
 from tests.generate.conftest import manifest_rows, run

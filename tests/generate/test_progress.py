@@ -11,11 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from perturb.cli import app
+from perturb.datasets import open_input
 from perturb.generate import progress as progress_module
 from perturb.generate.progress import Progress
 from perturb.generate.runner import read_jobs
 from perturb.generate.worker import WorkerConfig, process_chunk
-from perturb.io.datasets import open_input
 from perturb.suites import parse_suite
 from tests.generate.conftest import run
 
@@ -148,7 +148,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, small_input:
 def test_dry_run_of_a_file_input_leaves_no_cache_in_dir(tmp_path: Path) -> None:
     """A parquet input is cached by ``datasets`` (under DIR/.perturb/cache in a real run); the
     dry run's cache is a temporary folder, so DIR is still not made."""
-    from perturb.phantoms import builtin_dataset
+    from perturb.datasets.phantoms import builtin_dataset
 
     table = tmp_path / "rows.parquet"
     builtin_dataset(1, size=(64, 64)).to_parquet(str(table))

@@ -16,15 +16,15 @@ import scipy.stats
 import torch
 from PIL import Image, ImageEnhance
 
-from perturb.generate.transformed import (
+from perturb.datasets.kvasir_vqa_x1.transform import (
     TransformedSpec,
     apply_transformed,
     sample_params,
     track_key,
     transformed_array,
 )
+from perturb.datasets.phantoms.endoscopy import render
 from perturb.ops.backend import use_backend
-from perturb.phantoms.endoscopy import render
 
 SIZES = [(622, 529), (1920, 1080)]  # (W, H): a HyperKvasir frame and a 16:9 frame
 N = 3000
@@ -311,8 +311,8 @@ def test_rgb_frame_with_equal_channels_stays_three_channel(tmp_path: Path) -> No
     import datasets
     from PIL import Image
 
+    from perturb.datasets.phantoms import builtin_dataset
     from perturb.generate import generate_split
-    from perturb.phantoms import builtin_dataset
 
     ds = builtin_dataset(1, size=(96, 64))
     gray = Image.fromarray(np.asarray(ds[0]["image"].convert("L"))).convert("RGB")

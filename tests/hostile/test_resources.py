@@ -107,7 +107,8 @@ def test_a_file_above_the_size_cap_is_refused_unread(tmp_path: Path) -> None:
 def test_the_dataset_reader_refuses_devices(tmp_path: Path) -> None:
     import datasets
 
-    from perturb.io.datasets import ImageFetchError, open_input
+    from perturb.datasets import open_input
+    from perturb.io.datasets import ImageFetchError
 
     table = tmp_path / "rows.parquet"
     datasets.Dataset.from_dict({"img_id": ["z"], "image_path": ["/dev/zero"]}).to_parquet(str(table))
@@ -229,7 +230,7 @@ def test_track_replay_refuses_a_forged_size_or_crop() -> None:
 
     import torch
 
-    from perturb.generate import transformed
+    from perturb.datasets.kvasir_vqa_x1 import transform as transformed
     from perturb.generate.replay import replay_row
 
     params = transformed.sample_params(7, 64, 48, transformed.TransformedSpec())

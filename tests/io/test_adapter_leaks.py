@@ -12,14 +12,12 @@ from typing import Any
 
 import pytest
 
-from perturb.io.adapters import (
-    medthinkvqa,
-    open_medthinkvqa,
-    open_rexvqa,
-    open_vindr,
-    rexvqa,
-    vindr,
-)
+from perturb.datasets.medthinkvqa import adapter as medthinkvqa
+from perturb.datasets.medthinkvqa.adapter import open_medthinkvqa
+from perturb.datasets.rexvqa import adapter as rexvqa
+from perturb.datasets.rexvqa.adapter import open_rexvqa
+from perturb.datasets.vindr_cxr_vqa import adapter as vindr
+from perturb.datasets.vindr_cxr_vqa.adapter import open_vindr
 from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 
 CHOICES = "options"  # the choices are the prompt's; they hold the answer among the others

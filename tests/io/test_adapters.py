@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from perturb.io import adapters
-from perturb.io.adapters import _common as common
-from perturb.io.adapters import normalize_modality, open_adapter
-from perturb.io.datasets import DatasetError, ImageFetchError
+from perturb.datasets import _adapter as common
+from perturb.datasets import medthinkvqa, open_adapter, rexvqa, vindr_cxr_vqa
+from perturb.datasets._adapter import normalize_modality
+from perturb.io.datasets import DatasetError, ImageFetchError, InputDataset
 from perturb.io.images import decode_image
 from tests.io.radiology_fixtures import (
     MED_MODALITIES,
@@ -28,7 +28,7 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-def _rows(inp: adapters.InputDataset) -> list[dict]:
+def _rows(inp: InputDataset) -> list[dict]:
     return inp.table_without_image().to_pylist()
 
 
@@ -103,7 +103,7 @@ def test_hub_branch_reads_the_snapshot(tmp_path: Path, monkeypatch: pytest.Monke
         asked.append(repo_id)
         assert repo_type == "dataset"
         return str(
-            {adapters.vindr.HUB_ID: fx.data, adapters.rexvqa.HUB_ID: rex.json_file.parent.parent}[
+            {vindr_cxr_vqa.HUB_ID: fx.data, rexvqa.HUB_ID: rex.json_file.parent.parent}[
                 repo_id
             ]
         )
@@ -111,7 +111,7 @@ def test_hub_branch_reads_the_snapshot(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
     assert len(open_adapter("vindr-cxr-vqa", images=fx.images)) == 6
     assert len(open_adapter("rexvqa", images=rex.images)) == 4
-    assert asked == [adapters.vindr.HUB_ID, adapters.rexvqa.HUB_ID]
+    assert asked == [vindr_cxr_vqa.HUB_ID, rexvqa.HUB_ID]
 
 
 def test_hub_offline_error_names_the_fix(tmp_path: Path) -> None:
@@ -255,7 +255,7 @@ def test_medthinkvqa_hub_branch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         huggingface_hub,
         "snapshot_download",
         lambda repo_id, repo_type, allow_patterns: (
-            str(folder) if repo_id == adapters.medthinkvqa.HUB_ID else ""
+            str(folder) if repo_id == medthinkvqa.HUB_ID else ""
         ),
     )
     inp = open_adapter("medthinkvqa", split="test")

@@ -11,11 +11,12 @@ import datasets
 import numpy as np
 import pytest
 
+from perturb.datasets import open_input
+from perturb.datasets.phantoms import builtin_dataset
+from perturb.datasets.phantoms.endoscopy import render
 from perturb.io import datasets as adapters
-from perturb.io.datasets import DatasetError, ImageFetchError, open_input
+from perturb.io.datasets import DatasetError, ImageFetchError
 from perturb.io.images import decode_image
-from perturb.phantoms import builtin_dataset
-from perturb.phantoms.endoscopy import render
 
 SIZE = (96, 72)
 

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from perturb.phantoms import (
+from perturb.datasets.phantoms import builtin_dataset, phantom_id, phantom_image
+from perturb.datasets.phantoms.endoscopy import (
+    POLYP_COLORS,
     QUESTION_CLASSES,
-    builtin_dataset,
-    phantom_id,
-    phantom_image,
+    cell_of,
+    fov_mask,
     qa_rows,
     render,
 )
-from perturb.phantoms.endoscopy import POLYP_COLORS, cell_of, fov_mask
 
 KEYS = [phantom_id(i) for i in range(24)]
 

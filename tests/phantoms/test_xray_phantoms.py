@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from perturb.annotations import parse_loc_tags
+from perturb.datasets.phantoms.xray import XRAY_SIZE, builtin_xray_input, render
 from perturb.io.images import decode_image
-from perturb.phantoms.xray import XRAY_SIZE, builtin_xray_input, render
 
 KEYS = [f"cxr_phantom_{i:04d}" for i in range(12)]
 

@@ -7,8 +7,8 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from perturb.phantoms import phantom_id, qa_rows, render
-from perturb.phantoms.endoscopy import Phantom, atomic_questions
+from perturb.datasets.phantoms import phantom_id
+from perturb.datasets.phantoms.endoscopy import Phantom, atomic_questions, qa_rows, render
 from perturb.probe import ProbeModel, classify, split_question
 
 N_IMAGES = 24

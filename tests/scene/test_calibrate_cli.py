@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from perturb.calibrate.metrics import Reference, luma, ssim_map
 from perturb.catalog.specs import Calibration
 from perturb.cli import app
-from perturb.phantoms.endoscopy import render
+from perturb.datasets.phantoms.endoscopy import render
 
 runner = CliRunner()
 

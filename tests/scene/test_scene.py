@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import perturb
-from perturb.phantoms.endoscopy import fov_mask, render
+from perturb.datasets.phantoms.endoscopy import fov_mask, render
 from perturb.scene import Scene
 from tests.scene.frames import downscale, frame, require_frames, small_frame
 

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from perturb.datasets.native import write_native
 from perturb.errors import InputError
-from perturb.io.adapters.native import write_native
 from perturb.score import score_runs
 from perturb.suites import parse_suite
 from tests.generate.conftest import run
@@ -300,7 +300,7 @@ def test_medthinkvqa_native_export(med: dict[str, Any], tmp_path: Path) -> None:
 
 def test_medthinkvqa_hub_folder_with_both_files(med: dict[str, Any], tmp_path: Path) -> None:
     """The hub's folder holds test.parquet and test.jsonl: one is read, the label says which."""
-    from perturb.io.adapters import open_medthinkvqa
+    from perturb.datasets.medthinkvqa.adapter import open_medthinkvqa
 
     folder = med["folder"]
     pd.read_parquet(folder / "test.parquet").to_json(
@@ -434,7 +434,7 @@ def test_vindr_generated_rows_and_unmoved_reference(vindr: dict[str, Any], tmp_p
 
 def test_vindr_boxes_outside_the_image_name_the_fix(tmp_path: Path) -> None:
     """Boxes in DICOM pixels on a resized PNG without the original size: an error, not a clamp."""
-    from perturb.io.adapters import open_vindr
+    from perturb.datasets.vindr_cxr_vqa.adapter import open_vindr
     from perturb.io.datasets import DatasetError
 
     fx = make_vindr(tmp_path)

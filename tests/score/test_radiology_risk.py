@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from perturb.catalog.specs import get_spec, load_table_file, op_severity_risk
-from perturb.radiology import QUESTION_CLASSES, question_classes
+from perturb.datasets.questions import question_classes
+from perturb.datasets.radiology import QUESTION_CLASSES
 from perturb.score import score_runs
 from perturb.score.risk import TAG_CLASSES, classes_at_risk, tags_at_severity
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perturb.catalog.specs import get_spec
-from perturb.radiology import question_classes
+from perturb.datasets.questions import question_classes
 from perturb.score.risk import classes_at_risk
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import datasets
 
-from perturb.io.adapters._common import (
+from perturb.datasets._adapter import (
     IMAGE_PATH,
     MODALITY,
     N_VIEWS,
@@ -41,9 +41,9 @@ from perturb.io.adapters._common import (
     normalize_modality,
     pick_files,
 )
+from perturb.datasets.medthinkvqa import HUB_ID
 from perturb.io.datasets import DEFAULT_SPLIT, DatasetError, InputDataset, _cache_kw, _quiet
 
-HUB_ID = "bio-nlp-umass/MedThinkVQA"
 MAX_IMAGES = 49
 IMAGE_FIELD = re.compile(r"^image_(\d{2})_(.+)$")
 LEAKING = (

@@ -1,12 +1,15 @@
-"""Question classes of the radiology VQA sets (VinDr-CXR-VQA, ReXVQA, MedThinkVQA) for the
-scorer's label-risk check. Pure Python: the scorer imports it without torch.
+"""What the radiology VQA sets (VinDr-CXR-VQA, ReXVQA, MedThinkVQA) share: the question-class
+vocabulary and keyword rules of the scorer's label-risk check, their label-risk mapping and the
+sample rules of image paths. Pure Python: the scorer imports it without torch.
 
 None of the three sets labels questions with the classes a perturbation can put at risk, so a
 row's classes are the union of
 
-* its dataset's own field, mapped: VinDr-CXR-VQA ``type`` (:data:`VINDR_TYPES`), ReXVQA
-  ``task_name`` (:data:`REXVQA_TASKS`, matched by keyword), MedThinkVQA rows are diagnosis
-  questions (``diagnosis``);
+* its dataset's own field, mapped by the dataset's room: VinDr-CXR-VQA ``type``
+  (:data:`perturb.datasets.vindr_cxr_vqa.VINDR_TYPES`), ReXVQA ``task_name``
+  (:data:`perturb.datasets.rexvqa.REXVQA_TASKS`, matched by keyword), MedThinkVQA rows are
+  diagnosis questions (``diagnosis``); :func:`perturb.datasets.questions.question_classes`
+  takes the union;
 * keyword rules (:data:`KEYWORDS`, whole-word, case-insensitive) on the question text, the
   ReXVQA ``category`` and the option texts (so "Where is the effusion? A. Left base ..." is a
   laterality and costophrenic question too).
@@ -33,14 +36,14 @@ mediastinum     mediastinal shift or widening, tracheal deviation, midline struc
 =============== ===========================================================================
 
 The names carry no ``_location`` / ``_count`` / ``_presence`` suffix on purpose: the Kvasir
-patterns of :data:`perturb.score.risk.TAG_CLASSES` (``*_location``, ...) stay Kvasir's and the
-radiology risks are listed class by class.
+patterns of :data:`perturb.datasets.kvasir_vqa_x1.LABEL_RISK` (``*_location``, ...) stay
+Kvasir's and the radiology risks (:data:`LABEL_RISK`) are listed class by class.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from urllib.parse import unquote
 
 QUESTION_CLASSES = (
@@ -58,26 +61,6 @@ QUESTION_CLASSES = (
     "diagnosis",
     "device",
     "mediastinum",
-)
-
-# VinDr-CXR-VQA item ``type`` (lower-cased, spaces and hyphens as underscores)
-VINDR_TYPES: dict[str, tuple[str, ...]] = {
-    "where": ("location",),
-    "what": ("finding",),
-    "which": ("finding",),
-    "is_there": ("presence",),
-    "yes_no": ("presence",),
-    "how_many": ("count",),
-}
-
-# ReXVQA ``task_name``: (keyword, class), matched case-insensitively anywhere in the name
-REXVQA_TASKS: tuple[tuple[str, str], ...] = (
-    ("presence", "presence"),
-    ("locat", "location"),
-    ("negat", "negation"),
-    ("differential", "diagnosis"),
-    ("diagnos", "diagnosis"),
-    ("geometr", "size"),
 )
 
 
@@ -176,34 +159,31 @@ KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
-def _norm_type(v: str) -> str:
-    return re.sub(r"[\s\-]+", "_", v.strip().lower())
+def norm_type(value: str) -> str:
+    """A dataset's question-type label lower-cased, spaces and hyphens as underscores."""
+    return re.sub(r"[\s\-]+", "_", value.strip().lower())
 
 
-def question_classes(
-    question: str | None = None,
-    *,
-    vindr_type: str | None = None,
-    task_name: str | None = None,
-    category: str | None = None,
-    options: Mapping[str, str] | Iterable[str] | None = None,
-    dataset: str | None = None,
-) -> tuple[str, ...]:
-    """Radiology question classes of one row (see the module docstring), in vocabulary order."""
-    found: set[str] = set()
-    if vindr_type:
-        found.update(VINDR_TYPES.get(_norm_type(vindr_type), ()))
-    if task_name:
-        low = task_name.lower()
-        found.update(cls for key, cls in REXVQA_TASKS if key in low)
-    if dataset == "medthinkvqa":
-        found.add("diagnosis")
-    texts = [t for t in (question, category) if t]
-    if options:
-        texts += list(options.values()) if isinstance(options, Mapping) else list(options)
+def keyword_classes(texts: Iterable[object]) -> set[str]:
+    """The classes whose keyword rules (:data:`KEYWORDS`) match any of ``texts``."""
     blob = " \n ".join(str(t) for t in texts)
-    found.update(cls for cls, pattern in KEYWORDS if pattern.search(blob))
-    return tuple(c for c in QUESTION_CLASSES if c in found)
+    return {cls for cls, pattern in KEYWORDS if pattern.search(blob)}
+
+
+# risk tag -> radiology classes it puts at risk (see perturb.score.risk)
+_EDGES = ("apex", "costophrenic")  # what leaves the frame at its edges
+LABEL_RISK: dict[str, tuple[str, ...]] = {
+    "moves_geometry": (*_EDGES, "size"),
+    "crops_border": _EDGES,
+    "occludes": ("marker",),
+    "adds_overlay": ("marker",),
+    "flips_laterality": ("laterality", "location"),
+    "may_erase_small_findings": ("small_finding",),
+    # devices drawn on the film answer "is there a tube / line / pacemaker"
+    "adds_devices": ("device",),
+    # a rotated patient: mediastinal shift, lucency asymmetry, positions, cardiothoracic ratio
+    "alters_projection": ("mediastinum", "laterality", "location", "size"),
+}
 
 
 # ----------------------------------------------------------------------------- samples of images

@@ -23,9 +23,9 @@ import cv2
 import numpy as np
 
 from perturb import rng as keyed
-from perturb.kvasir import QUESTION_CLASSES  # noqa: F401  (re-exported)
+from perturb.datasets.kvasir_vqa_x1 import QUESTION_CLASSES  # noqa: F401  (re-exported)
+from perturb.datasets.phantoms._sizes import DEFAULT_SIZE
 
-DEFAULT_SIZE = (400, 320)  # (width, height)
 ROWS = ("upper", "center", "lower")
 COLS = ("left", "center", "right")
 POLYP_COLORS: dict[str, tuple[float, float, float]] = {

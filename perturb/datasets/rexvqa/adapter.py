@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from perturb.io.adapters._common import (
+from perturb.datasets._adapter import (
     IMAGE_PATH,
     MODALITY,
     N_VIEWS,
@@ -43,10 +43,10 @@ from perturb.io.adapters._common import (
     pick_files,
     relative_image_path,
 )
+from perturb.datasets.radiology import study_folder
+from perturb.datasets.rexvqa import HUB_ID
 from perturb.io.datasets import DatasetError, InputDataset
-from perturb.radiology import study_folder
 
-HUB_ID = "rajpurkarlab/ReXVQA"
 LEAKING = (r"finding", r"impression", r"explanation", r"report")
 STUDY_FIELDS = ("study_id", "StudyInstanceUid", "StudyInstanceUID", "study")
 REQUIRED = ("question", "options", "correct_answer", "ImagePath")

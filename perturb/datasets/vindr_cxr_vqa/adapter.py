@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from perturb.boxes import parse_loc_tags
-from perturb.io.adapters._common import (
+from perturb.datasets._adapter import (
     IMAGE_PATH,
     IMAGE_SUFFIXES,
     MODALITY,
@@ -44,9 +44,9 @@ from perturb.io.adapters._common import (
     locate,
     pick_files,
 )
+from perturb.datasets.vindr_cxr_vqa import HUB_ID
 from perturb.io.datasets import Annotations, DatasetError, InputDataset
 
-HUB_ID = "Dangindev/VinDR-CXR-VQA"
 LOC_COLUMNS = ("answer", "reason", "gt_location")
 ITEM_KEYS = ("items", "vqa", "qa_pairs", "questions")
 # the fields that hold the answer: the scorer's reference, never part of a prompt (every other

@@ -81,22 +81,18 @@ def _lung(
     return mask, (cx, top, half, bottom)
 
 
-def render(
-    key: str | int,
-    size: tuple[int, int] = XRAY_SIZE,
-    *,
-    bit_depth: int = 16,
-    nodule: bool | None = None,
-) -> XrayPhantom:
-    """The chest phantom of ``key`` at ``size`` = (width, height); ``nodule`` forces the
-    nodule in or out (the rest of the film stays the same)."""
-    w, h = size
-    gen = _generator(key)
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32) + 0.5
+_Lung = tuple[float, float, float, float]  # cx, top, half-width, bottom
+
+
+def _anatomy(
+    xx: np.ndarray, yy: np.ndarray, w: int, h: int, gen: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, _Lung, _Lung]:
+    """Attenuation of body, lungs, mediastinum, heart, diaphragm, ribs and clavicles; returns it,
+    the two lung masks summed and each lung's (cx, top, half-width, bottom)."""
     body = _ellipse(xx, yy, w * 0.5, h * 0.52, w * gen.uniform(0.44, 0.48), h * 0.62)
     atten = 1.2 * body
-    right_lung, (rcx, rtop, rhalf, rbottom) = _lung(xx, yy, w, h, -1.0, gen)
-    left_lung, (lcx, ltop, lhalf, lbottom) = _lung(xx, yy, w, h, 1.0, gen)
+    right_lung, right = _lung(xx, yy, w, h, -1.0, gen)
+    left_lung, left = _lung(xx, yy, w, h, 1.0, gen)
     atten -= 0.75 * (right_lung + left_lung)
     # mediastinum and spine, heart bulging to the image's right (patient's left)
     spine = np.exp(-(((xx - w * 0.5) / (w * 0.05)) ** 2)) * body
@@ -106,16 +102,23 @@ def render(
     )
     atten += 0.5 * heart * (left_lung + 0.3)
     # diaphragm domes: abdomen below a curve under each lung
-    for cx, bottom in ((rcx, rbottom), (lcx, lbottom)):
+    for cx, bottom in ((right[0], right[3]), (left[0], left[3])):
         dome = bottom - h * 0.05 + ((xx - cx) / (w * 0.25)) ** 2 * h * 0.04
         below = 0.5 * (1.0 + np.tanh((yy - dome) / (h * 0.012)))
         atten += 0.55 * below * (np.abs(xx - cx) < w * 0.24) * body
-    # posterior ribs: curved bands descending laterally, and the clavicles
+    ribs = _ribs(xx, yy, w, h, right, left)
+    atten += 0.22 * cv2.GaussianBlur(ribs, (0, 0), sigmaX=max(0.8, w * 0.003)) * body
+    return atten, right_lung + left_lung, right, left
+
+
+def _ribs(xx: np.ndarray, yy: np.ndarray, w: int, h: int, right: _Lung, left: _Lung) -> np.ndarray:
+    """Posterior ribs (curved bands descending laterally) and the clavicles, unblurred."""
+    rcx, rtop, _, rbottom = right
     ribs = np.zeros((h, w), np.float32)
     n_ribs = 9
     for i in range(n_ribs):
         y0 = rtop + (rbottom - rtop) * (i + 0.4) / n_ribs
-        for cx, sign in ((rcx, -1.0), (lcx, 1.0)):
+        for cx, sign in ((rcx, -1.0), (left[0], 1.0)):
             curve = y0 + ((xx - w * 0.5) / (w * 0.3)) ** 2 * h * 0.05
             band = np.exp(-(((yy - curve) / (h * 0.008)) ** 2))
             side_ok = ((xx - w * 0.5) * sign > w * 0.03) & ((xx - cx) * sign < w * 0.2)
@@ -123,36 +126,28 @@ def render(
     clav_y = rtop + h * 0.02
     clav = np.exp(-(((yy - clav_y - np.abs(xx - w * 0.5) * -0.12) / (h * 0.009)) ** 2))
     ribs += clav * (np.abs(xx - w * 0.5) < w * 0.32) * (np.abs(xx - w * 0.5) > w * 0.04)
-    atten += 0.22 * cv2.GaussianBlur(ribs, (0, 0), sigmaX=max(0.8, w * 0.003)) * body
-    # nodule
-    nodule_box = nodule_side = nodule_zone = None
-    drawn = bool(gen.random() < 0.6)  # drawn always, so forcing it keeps the rest of the film
-    present = drawn if nodule is None else nodule
+    return ribs
+
+
+def _nodule(
+    gen: np.random.Generator, w: int, h: int, right_lung: _Lung, left_lung: _Lung
+) -> tuple[bool, bool, int, float, float, float]:
+    """The nodule's draw (always made, so forcing it in or out keeps the rest of the film):
+    (drawn, in the right lung, zone index, cx, cy, radius)."""
+    drawn = bool(gen.random() < 0.6)
     right = bool(gen.random() < 0.5)
-    cx0, top, half, bottom = (rcx, rtop, rhalf, rbottom) if right else (lcx, ltop, lhalf, lbottom)
+    cx0, top, half, bottom = right_lung if right else left_lung
     zone = int(gen.integers(0, 3))
     cy = top + (bottom - top) * (zone + gen.uniform(0.35, 0.65)) / 3.0
     cx = cx0 + half * gen.uniform(-0.3, 0.3) * (1.0 if zone else 0.5)
     r = min(w, h) * gen.uniform(0.03, 0.05)
-    if present:
-        atten += 0.45 * _ellipse(xx, yy, cx, cy, r, r)
-        nodule_box = (
-            math.floor(cx - r),
-            math.floor(cy - r),
-            math.ceil(cx + r),
-            math.ceil(cy + r),
-        )
-        nodule_side = "right" if right else "left"
-        nodule_zone = ZONES[zone]
-    # fine texture (vessels, noise of the anatomy), then the display: log of transmission
-    coarse = gen.standard_normal((h // 4 + 1, w // 4 + 1)).astype(np.float32)
-    tex = cv2.resize(cv2.GaussianBlur(coarse, (0, 0), 1.0), (w, h), interpolation=cv2.INTER_CUBIC)
-    atten += 0.03 * tex * (right_lung + left_lung)
-    atten = np.clip(atten, 0.0, None)
-    transmission = np.exp(-2.2 * atten)
-    display = np.clip(-np.log(np.maximum(transmission, 1e-4)) / 4.0, 0.0, 1.0)
-    display = 0.04 + 0.9 * display
-    # lead laterality marker, burned in at a top corner
+    return drawn, right, zone, cx, cy, r
+
+
+def _burn_marker(
+    display: np.ndarray, gen: np.random.Generator, w: int, h: int
+) -> tuple[np.ndarray, str, tuple[int, int, int, int]]:
+    """A lead laterality marker burned in at a top corner: (display, letter, its box)."""
     marker = "R" if gen.random() < 0.5 else "L"
     scale = min(w, h) / 220.0
     (tw, th), _ = cv2.getTextSize(marker, cv2.FONT_HERSHEY_SIMPLEX, scale, max(1, round(2 * scale)))
@@ -171,7 +166,43 @@ def render(
         cv2.LINE_AA,
     )
     display = np.maximum(display, ink.astype(np.float32) * (0.98 / 255.0))
-    marker_box = (x0, y0 - th, x0 + tw, y0 + 2)
+    return display, marker, (x0, y0 - th, x0 + tw, y0 + 2)
+
+
+def render(
+    key: str | int,
+    size: tuple[int, int] = XRAY_SIZE,
+    *,
+    bit_depth: int = 16,
+    nodule: bool | None = None,
+) -> XrayPhantom:
+    """The chest phantom of ``key`` at ``size`` = (width, height); ``nodule`` forces the
+    nodule in or out (the rest of the film stays the same)."""
+    w, h = size
+    gen = _generator(key)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32) + 0.5
+    atten, lungs, right_lung, left_lung = _anatomy(xx, yy, w, h, gen)
+    drawn, right, zone, cx, cy, r = _nodule(gen, w, h, right_lung, left_lung)
+    nodule_box = nodule_side = nodule_zone = None
+    if drawn if nodule is None else nodule:
+        atten += 0.45 * _ellipse(xx, yy, cx, cy, r, r)
+        nodule_box = (
+            math.floor(cx - r),
+            math.floor(cy - r),
+            math.ceil(cx + r),
+            math.ceil(cy + r),
+        )
+        nodule_side = "right" if right else "left"
+        nodule_zone = ZONES[zone]
+    # fine texture (vessels, noise of the anatomy), then the display: log of transmission
+    coarse = gen.standard_normal((h // 4 + 1, w // 4 + 1)).astype(np.float32)
+    tex = cv2.resize(cv2.GaussianBlur(coarse, (0, 0), 1.0), (w, h), interpolation=cv2.INTER_CUBIC)
+    atten += 0.03 * tex * lungs
+    atten = np.clip(atten, 0.0, None)
+    transmission = np.exp(-2.2 * atten)
+    display = np.clip(-np.log(np.maximum(transmission, 1e-4)) / 4.0, 0.0, 1.0)
+    display = 0.04 + 0.9 * display
+    display, marker, marker_box = _burn_marker(display, gen, w, h)
     peak = 65535.0 if bit_depth == 16 else 255.0
     dtype = np.uint16 if bit_depth == 16 else np.uint8
     image = np.rint(np.clip(display, 0.0, 1.0) * peak).astype(dtype)
@@ -221,7 +252,7 @@ def xray_id(index: int) -> str:
 
 def builtin_xray_rows(n_images: int, size: tuple[int, int] = XRAY_SIZE) -> list[dict[str, Any]]:
     """QA rows of ``n_images`` chest phantoms, each with its 16-bit PNG as ``image``."""
-    from perturb.phantoms._rows import phantom_rows
+    from perturb.datasets.phantoms._rows import phantom_rows
 
     ids = [xray_id(i) for i in range(n_images)]
     return phantom_rows(ids, lambda img_id: render(img_id, size), qa_rows)
@@ -233,8 +264,8 @@ def builtin_xray_input(
     """The built-in X-ray sample as an input whose loc tags follow geometric ops."""
     import datasets
 
+    from perturb.datasets.phantoms._sizes import BUILTIN_IMAGES
     from perturb.io.datasets import Annotations, InputDataset, _quiet
-    from perturb.phantoms import BUILTIN_IMAGES
 
     n = BUILTIN_IMAGES if n_images is None else n_images
     features = datasets.Features(

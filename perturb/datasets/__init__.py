@@ -1,0 +1,137 @@
+"""The datasets, one room each, behind one registry.
+
+=================  ====================================================================
+kvasir-vqa-x1      :mod:`perturb.datasets.kvasir_vqa_x1` (+ ``.transform``: the track-2
+                   composite)
+vindr-cxr-vqa      :mod:`perturb.datasets.vindr_cxr_vqa` (+ ``.adapter``, ``.predictions``,
+                   ``.native``)
+rexvqa             :mod:`perturb.datasets.rexvqa` (+ ``.adapter``, ``.native``)
+medthinkvqa        :mod:`perturb.datasets.medthinkvqa` (+ ``.adapter``, ``.predictions``,
+                   ``.native``)
+phantoms           :mod:`perturb.datasets.phantoms` (built-in synthetic data)
+=================  ====================================================================
+
+Each room's package module is light and torch-free (the scorer reads it): its schema facts,
+question classes, label-risk mapping, prediction-format hints and sample-key rule, as one
+:class:`DatasetEntry` (``DATASET``). Its input adapter, native writer and composites load on
+use. What the radiology sets share is :mod:`perturb.datasets.radiology` (vocabulary, keyword
+rules, label risk, sample paths) and :mod:`perturb.datasets.questions` (a row's classes);
+adapters' common helpers are :mod:`perturb.datasets._adapter`, the native writers'
+:mod:`perturb.datasets._native`; :mod:`perturb.datasets.native` writes a generated split back
+in its dataset's format. Adding a dataset: a room and one line below.
+
+    from perturb.datasets import open_adapter, open_input
+    inp = open_adapter("rexvqa", "rexvqa/test_vqa_data.json", images="ReXGradient-160K/")
+    builtin = open_input(None)            # the built-in phantoms
+
+An adapter returns a ``perturb.io.datasets.InputDataset`` whose rows carry
+
+* ``img_id``: one image (the manifest's key); ``image_path``: its file;
+* ``sample_key``: the sample the image belongs to (VinDr image, ReXVQA study, MedThinkVQA
+  case): the generator draws scalar parameters from it, so a sample's images share them;
+* ``view`` / ``n_views``: the image's position in its sample and the sample's image count;
+* ``modality``: the catalog modality (``xray``, ``ct``, ``mri``, ``ultrasound``, ``pathology``,
+  ``photo``, ``endoscopy`` or ``any``) for suites with ``modality: from_image``;
+* the dataset's question fields, less those that give the answer away (unless
+  ``keep_leaking_fields``).
+
+Suites name their adapter in an ``input:`` section (``adapter``, ``images``); ``perturb
+generate --dataset SRC --images DIR`` supplies the source and the image folder.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from perturb.datasets import kvasir_vqa_x1, medthinkvqa, phantoms, rexvqa, vindr_cxr_vqa
+from perturb.datasets._entry import DatasetEntry, merge_label_risk, resolve
+from perturb.registry import Registry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perturb.io.datasets import InputDataset
+
+DATASETS: Registry[DatasetEntry] = Registry("dataset")
+for _room in (kvasir_vqa_x1, vindr_cxr_vqa, rexvqa, medthinkvqa, phantoms):
+    DATASETS.add(_room.DATASET.name, _room.DATASET)
+
+
+def adapters() -> list[str]:
+    """Names a suite's ``input.adapter`` may take."""
+    return [name for name, entry in DATASETS.items() if entry.adapter]
+
+
+def label_risk() -> dict[str, tuple[str, ...]]:
+    """Risk tag -> question-class patterns of every dataset, in registry order."""
+    return merge_label_risk(*(entry.label_risk for _, entry in DATASETS.items()))
+
+
+def open_adapter(
+    name: str,
+    source: str | os.PathLike[str] | None = None,
+    *,
+    images: str | os.PathLike[str] | None = None,
+    split: str | None = None,
+    keep_leaking_fields: bool = False,
+    min_visible: float = 0.5,
+) -> InputDataset:
+    """Open ``source`` (default: the dataset's hub id) with the adapter of dataset ``name``."""
+    from perturb.io.datasets import DatasetError
+
+    entry = DATASETS.get(name) if name in DATASETS else None
+    if entry is None or not entry.adapter:
+        raise DatasetError(f"unknown adapter {name!r}; known: {', '.join(sorted(adapters()))}")
+    return entry.open(
+        source,
+        images=images,
+        split=split,
+        keep_leaking_fields=keep_leaking_fields,
+        min_visible=min_visible,
+    )
+
+
+def open_input(
+    source: str | os.PathLike[str] | None,
+    split: str | None = None,
+    *,
+    image_column: str | None = None,
+    id_column: str = "img_id",
+    builtin_images: int | None = None,
+    builtin_modality: str = "endoscopy",
+    id_from: str = "stem",
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> InputDataset:
+    """A run's input: ``source`` read by :func:`perturb.io.datasets.open_input` (hub id, folder,
+    table file), or with no source the built-in phantoms of ``builtin_modality`` (endoscopy or
+    xray; ``builtin_images`` of them)."""
+    from perturb.io.datasets import check_id_from
+    from perturb.io.datasets import open_input as open_table
+
+    check_id_from(id_from)
+    if source is None:
+        return phantoms.open_builtin(
+            builtin_images,
+            builtin_modality,
+            image_column=image_column,
+            id_column=id_column,
+            id_from=id_from,
+        )
+    return open_table(
+        source,
+        split,
+        image_column=image_column,
+        id_column=id_column,
+        id_from=id_from,
+        cache_dir=cache_dir,
+    )
+
+
+__all__ = [
+    "DATASETS",
+    "DatasetEntry",
+    "adapters",
+    "label_risk",
+    "open_adapter",
+    "open_input",
+    "resolve",
+]
