@@ -259,14 +259,14 @@ class ModelData:
 
     name: str
     pairs: pd.DataFrame
-    mc: dict[str, np.ndarray]
-    mp: dict[str, np.ndarray]
-    sc: dict[str, np.ndarray]
-    sp: dict[str, np.ndarray]
-    judge_cls_c: list[dict[str, float]]
-    judge_cls_p: list[dict[str, float]]
+    item_clean: dict[str, np.ndarray]  # per-item metric -> clean value of each pair
+    item_perturbed: dict[str, np.ndarray]  # per-item metric -> perturbed value of each pair
+    corpus_stats_clean: dict[str, np.ndarray]  # corpus metric -> clean sufficient statistics
+    corpus_stats_perturbed: dict[str, np.ndarray]  # corpus metric -> perturbed statistics
+    judge_by_class_clean: list[dict[str, float]]  # per pair: question class -> judge score
+    judge_by_class_perturbed: list[dict[str, float]]
     images: Callable[[int], tuple[str | None, str | None]] | None = None
-    changed: np.ndarray | None = None
+    answer_changed: np.ndarray | None = None  # 1.0 where the perturbed answer differs
 
 
 @dataclass
@@ -344,9 +344,9 @@ def _add_model_cells(
     n = len(pairs)
     name = md.name
     cluster = id_index.get_indexer(pairs["img_id"].to_numpy(dtype=object))
-    changed = md.changed if md.changed is not None else _changed(md)
+    changed = md.answer_changed if md.answer_changed is not None else _changed(md)
     has_ref = (~pd.isna(pairs["reference"].to_numpy(dtype=object))).astype(np.float64)
-    V = layout.fill(changed, md.mc, md.mp, md.sc, md.sp, has_ref)
+    V = layout.fill(changed, md.item_clean, md.item_perturbed, md.corpus_stats_clean, md.corpus_stats_perturbed, has_ref)
     at_risk = pairs["at_risk"].to_numpy(dtype=bool)
     head = np.ones(n, dtype=bool) if include_at_risk else ~at_risk
     pert = pairs["perturbation"].to_numpy(dtype=object)
@@ -383,10 +383,10 @@ def _add_model_cells(
         VX = V[ridx]
         if "judge" in layout.item:
             jc = np.array(
-                [md.judge_cls_c[i].get(c, np.nan) for i, c in zip(ridx, classes, strict=True)]
+                [md.judge_by_class_clean[i].get(c, np.nan) for i, c in zip(ridx, classes, strict=True)]
             )
             jp = np.array(
-                [md.judge_cls_p[i].get(c, np.nan) for i, c in zip(ridx, classes, strict=True)]
+                [md.judge_by_class_perturbed[i].get(c, np.nan) for i, c in zip(ridx, classes, strict=True)]
             )
             ok = ~np.isnan(jc) & ~np.isnan(jp)
             VX[:, layout.cols["judge:n"].start] = ok
@@ -454,11 +454,11 @@ def _add_consensus(
     mc: dict[str, np.ndarray] = {}
     mp: dict[str, np.ndarray] = {}
     for m in layout.item:
-        c = md.mc[m][rows]
-        p = md.mp[m][rows]
+        c = md.item_clean[m][rows]
+        p = md.item_perturbed[m][rows]
         okc = np.minimum.reduceat(~np.isnan(c), starts)
         okp = np.minimum.reduceat(~np.isnan(p), starts)
-        cmin = md.mc[m][first]
+        cmin = md.item_clean[m][first]
         pmin = np.minimum.reduceat(np.where(np.isnan(p), np.inf, p), starts)
         valid = okc & okp
         mc[m] = np.where(valid, cmin, np.nan)
@@ -599,8 +599,8 @@ def _flips(
     alphabetical order.
     """
     pairs = md.pairs
-    c = md.mc[primary]
-    p = md.mp[primary]
+    c = md.item_clean[primary]
+    p = md.item_perturbed[primary]
     head = np.ones(len(pairs), dtype=bool)
     if not include_at_risk:
         head = ~pairs["at_risk"].to_numpy(dtype=bool)
@@ -610,8 +610,8 @@ def _flips(
         return []
     second = None
     for m in ("token_f1", "rougeL", "exact_match_tolerant"):
-        if m != primary and m in md.mc:
-            second = md.mc[m] - md.mp[m]
+        if m != primary and m in md.item_clean:
+            second = md.item_clean[m] - md.item_perturbed[m]
             break
     pert = pairs["perturbation"].to_numpy(dtype=object)
     ok = head & np.isfinite(drop)
