@@ -49,7 +49,13 @@ def r6(x: Any) -> float | None:
 
 @dataclass
 class Layout:
-    """Column layout of the per-pair value matrix that cells sum."""
+    """Column layout of the per-pair value matrix that cells sum.
+
+    Per item metric: ``m:n`` (1 where defined on both sides), ``m:clean``, ``m:perturbed``
+    (the values), and for binary metrics ``m:correct_to_wrong`` / ``m:wrong_to_correct`` (flip
+    indicators); per corpus metric ``m:n`` and its sufficient statistics ``m:clean`` /
+    ``m:perturbed`` (``stats_width`` columns each).
+    """
 
     item: list[str]
     binary: list[str]
@@ -66,71 +72,80 @@ class Layout:
         add("changed")
         for m in self.item:
             add(f"{m}:n")
-            add(f"{m}:c")
-            add(f"{m}:p")
+            add(f"{m}:clean")
+            add(f"{m}:perturbed")
             if m in self.binary:
-                add(f"{m}:b")
-                add(f"{m}:w")
+                add(f"{m}:correct_to_wrong")
+                add(f"{m}:wrong_to_correct")
         for m in self.corpus:
             w = METRICS[m].stats_width
             add(f"{m}:n")
-            add(f"{m}:c", w)
-            add(f"{m}:p", w)
+            add(f"{m}:clean", w)
+            add(f"{m}:perturbed", w)
+
+    def col(self, name: str) -> int:
+        """Index of the one-wide column ``name``."""
+        return self.cols[name].start
 
     def fill(
         self,
         changed: np.ndarray,
-        mc: Mapping[str, np.ndarray],
-        mp: Mapping[str, np.ndarray],
-        sc: Mapping[str, np.ndarray] | None = None,
-        sp: Mapping[str, np.ndarray] | None = None,
+        item_clean: Mapping[str, np.ndarray],
+        item_perturbed: Mapping[str, np.ndarray],
+        corpus_clean: Mapping[str, np.ndarray] | None = None,
+        corpus_perturbed: Mapping[str, np.ndarray] | None = None,
         has_ref: np.ndarray | None = None,
     ) -> np.ndarray:
         """Value matrix (rows x width) from per-pair clean/perturbed metric values."""
         n = len(changed)
-        V = np.zeros((n, self.width), dtype=np.float64)
-        V[:, self.cols["rows"]] = 1.0
-        V[:, self.cols["changed"].start] = changed
+        values = np.zeros((n, self.width), dtype=np.float64)
+        values[:, self.cols["rows"]] = 1.0
+        values[:, self.col("changed")] = changed
         for m in self.item:
-            c, p = mc[m], mp[m]
+            c, p = item_clean[m], item_perturbed[m]
             ok = ~np.isnan(c) & ~np.isnan(p)
-            V[:, self.cols[f"{m}:n"].start] = ok
-            V[:, self.cols[f"{m}:c"].start] = np.where(ok, c, 0.0)
-            V[:, self.cols[f"{m}:p"].start] = np.where(ok, p, 0.0)
+            values[:, self.col(f"{m}:n")] = ok
+            values[:, self.col(f"{m}:clean")] = np.where(ok, c, 0.0)
+            values[:, self.col(f"{m}:perturbed")] = np.where(ok, p, 0.0)
             if m in self.binary:
-                V[:, self.cols[f"{m}:b"].start] = ok & (c == 1) & (p == 0)
-                V[:, self.cols[f"{m}:w"].start] = ok & (c == 0) & (p == 1)
+                values[:, self.col(f"{m}:correct_to_wrong")] = ok & (c == 1) & (p == 0)
+                values[:, self.col(f"{m}:wrong_to_correct")] = ok & (c == 0) & (p == 1)
         for m in self.corpus:
-            assert sc is not None and sp is not None and has_ref is not None
-            V[:, self.cols[f"{m}:n"].start] = has_ref
-            V[:, self.cols[f"{m}:c"]] = sc[m]
-            V[:, self.cols[f"{m}:p"]] = sp[m]
-        return V
+            assert corpus_clean is not None and corpus_perturbed is not None and has_ref is not None
+            values[:, self.col(f"{m}:n")] = has_ref
+            values[:, self.cols[f"{m}:clean"]] = corpus_clean[m]
+            values[:, self.cols[f"{m}:perturbed"]] = corpus_perturbed[m]
+        return values
 
     def side(self, cell: Cell, m: str, side: str) -> tuple[float, np.ndarray | None]:
-        """Score of metric ``m`` on ``side`` ('c' clean, 'p' perturbed): point and resamples."""
-        P, Bt = cell.point, cell.boot
+        """Score of metric ``m`` on ``side`` ('clean' or 'perturbed'): point and resamples."""
+        point, boot = cell.point, cell.boot
+        n_col = self.col(f"{m}:n")
         if m in self.corpus:
-            sl = self.cols[f"{m}:{side}"]
-            pt = float(corpus_score(m, P[sl])) if P[self.cols[f"{m}:n"]][0] > 0 else math.nan
-            if Bt is None:
+            stats = self.cols[f"{m}:{side}"]
+            pt = float(corpus_score(m, point[stats])) if point[n_col] > 0 else math.nan
+            if boot is None:
                 return pt, None
-            bt = np.where(Bt[:, self.cols[f"{m}:n"].start] > 0, corpus_score(m, Bt[:, sl]), np.nan)
-            return pt, bt
-        n = P[self.cols[f"{m}:n"].start]
-        s = P[self.cols[f"{m}:{side}"].start]
-        pt = s / n if n > 0 else math.nan
-        if Bt is None:
-            return pt, None
-        nb = Bt[:, self.cols[f"{m}:n"].start]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return pt, np.where(
-                nb > 0, Bt[:, self.cols[f"{m}:{side}"].start] / np.where(nb > 0, nb, 1), np.nan
-            )
+            return pt, np.where(boot[:, n_col] > 0, corpus_score(m, boot[:, stats]), np.nan)
+        return _ratio(point, boot, self.col(f"{m}:{side}"), n_col)
 
     def n(self, cell: Cell, m: str) -> int:
         """Number of pairs on which metric ``m`` is defined in ``cell``."""
-        return round(cell.point[self.cols[f"{m}:n"].start])
+        return round(cell.point[self.col(f"{m}:n")])
+
+
+def _ratio(
+    point: np.ndarray, boot: np.ndarray | None, num: int, den: int
+) -> tuple[float, np.ndarray | None]:
+    """Column ``num`` over column ``den`` of a cell's sums: point and resamples (NaN where the
+    denominator is 0)."""
+    n = point[den]
+    pt = point[num] / n if n > 0 else math.nan
+    if boot is None:
+        return pt, None
+    nb = boot[:, den]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return pt, np.where(nb > 0, boot[:, num] / np.where(nb > 0, nb, 1), np.nan)
 
 
 class _CI:
@@ -161,24 +176,20 @@ class _CI:
 def summarize(cell: Cell, layout: Layout, acc: _CI) -> dict[str, Any]:
     """Per-metric clean / perturbed / delta / relative drop / flips / McNemar of one cell."""
     out: dict[str, Any] = {"n_pairs": cell.n_rows, "n_clusters": cell.n_clusters, "metrics": {}}
-    P, Bt = cell.point, cell.boot
-    rows = P[layout.cols["rows"].start]
-    ch = P[layout.cols["changed"].start]
-    ch_b = None
-    if Bt is not None:
-        rb = Bt[:, layout.cols["rows"].start]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ch_b = np.where(
-                rb > 0, Bt[:, layout.cols["changed"].start] / np.where(rb > 0, rb, 1), np.nan
-            )
-    acc.add(out, "answer_changed_rate", ch / rows if rows else math.nan, ch_b)
+    point, boot = cell.point, cell.boot
+    rows = point[layout.col("rows")]
+    changed = point[layout.col("changed")]
+    changed_boot = None
+    if boot is not None:
+        _, changed_boot = _ratio(point, boot, layout.col("changed"), layout.col("rows"))
+    acc.add(out, "answer_changed_rate", changed / rows if rows else math.nan, changed_boot)
     for m in layout.item + layout.corpus:
         n = layout.n(cell, m)
         if n == 0:
             continue
         d: dict[str, Any] = {"n": n}
-        c, cb = layout.side(cell, m, "c")
-        p, pb = layout.side(cell, m, "p")
+        c, cb = layout.side(cell, m, "clean")
+        p, pb = layout.side(cell, m, "perturbed")
         acc.add(d, "clean", c, cb)
         acc.add(d, "perturbed", p, pb)
         acc.add(d, "delta", p - c, None if cb is None or pb is None else pb - cb)
@@ -191,20 +202,19 @@ def summarize(cell: Cell, layout: Layout, acc: _CI) -> dict[str, Any]:
             )
         acc.add(d, "relative_drop", rd, rdb)
         if m in layout.binary:
-            b = P[layout.cols[f"{m}:b"].start]
-            w = P[layout.cols[f"{m}:w"].start]
-            bb = wb = None
-            if Bt is not None:
-                nb = Bt[:, layout.cols[f"{m}:n"].start]
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    safe = np.where(nb > 0, nb, 1)
-                    bb = np.where(nb > 0, Bt[:, layout.cols[f"{m}:b"].start] / safe, np.nan)
-                    wb = np.where(nb > 0, Bt[:, layout.cols[f"{m}:w"].start] / safe, np.nan)
-            acc.add(d, "flip_correct_to_wrong", b / n, bb)
-            acc.add(d, "flip_wrong_to_correct", w / n, wb)
+            n_col = layout.col(f"{m}:n")
+            lost_col = layout.col(f"{m}:correct_to_wrong")
+            gained_col = layout.col(f"{m}:wrong_to_correct")
+            lost, gained = point[lost_col], point[gained_col]
+            lost_boot = gained_boot = None
+            if boot is not None:
+                _, lost_boot = _ratio(point, boot, lost_col, n_col)
+                _, gained_boot = _ratio(point, boot, gained_col, n_col)
+            acc.add(d, "flip_correct_to_wrong", lost / n, lost_boot)
+            acc.add(d, "flip_wrong_to_correct", gained / n, gained_boot)
             d["mcnemar"] = {
                 k: (r6(v) if isinstance(v, float) else v)
-                for k, v in mcnemar(round(b), round(w)).items()
+                for k, v in mcnemar(round(lost), round(gained)).items()
             }
         out["metrics"][m] = d
     return out
@@ -340,86 +350,126 @@ def _add_model_cells(
     id_index: pd.Index,
     include_at_risk: bool,
 ) -> dict[str, Any]:
+    """Register every cell of one model with the engine; returns what the sections need
+    (perturbations, perturbation x severity labels, worst-of-k's k)."""
     pairs = md.pairs
     n = len(pairs)
-    name = md.name
-    cluster = id_index.get_indexer(pairs["img_id"].to_numpy(dtype=object))
     changed = md.answer_changed if md.answer_changed is not None else _changed(md)
     has_ref = (~pd.isna(pairs["reference"].to_numpy(dtype=object))).astype(np.float64)
-    V = layout.fill(changed, md.item_clean, md.item_perturbed, md.corpus_stats_clean, md.corpus_stats_perturbed, has_ref)
+    values = layout.fill(
+        changed,
+        md.item_clean,
+        md.item_perturbed,
+        md.corpus_stats_clean,
+        md.corpus_stats_perturbed,
+        has_ref,
+    )
+    cells = _ModelCells(
+        md.name, engine, values, id_index.get_indexer(pairs["img_id"].to_numpy(dtype=object))
+    )
     at_risk = pairs["at_risk"].to_numpy(dtype=bool)
     head = np.ones(n, dtype=bool) if include_at_risk else ~at_risk
     pert = pairs["perturbation"].to_numpy(dtype=object)
     sev = pairs["severity"].to_numpy(np.int64)
-    comp = pairs["complexity"].to_numpy(dtype=object, na_value=None)
-
-    def add(
-        part: str,
-        cols: Sequence[np.ndarray],
-        mask: np.ndarray,
-        values: np.ndarray = V,
-        clus: np.ndarray = cluster,
-    ) -> list[tuple[Any, ...]]:
-        codes, labels = group_codes(cols, mask)
-        engine.add([(name, part, *lab) for lab in labels], codes, clus, values)
-        return labels
-
+    complexity = pairs["complexity"].to_numpy(dtype=object, na_value=None)
+    everything = np.full(n, ALL, dtype=object)
     info: dict[str, Any] = {}
-    add("overall", [np.full(n, ALL, dtype=object)], head)
+    cells.add("overall", [everything], head)
     # both pair sets, whatever the headline uses
-    add("overall_all_pairs", [np.full(n, ALL, dtype=object)], np.ones(n, dtype=bool))
-    add("overall_label_safe", [np.full(n, ALL, dtype=object)], ~at_risk)
-    info["perturbations"] = [lab[0] for lab in add("perturbation", [pert], head)]
-    info["pert_sev"] = add("perturbation_severity", [pert, sev], head)
-    comp_mask = head & np.array([c is not None for c in comp])
-    add("complexity", [np.full(n, ALL, dtype=object), comp], comp_mask)
-    add("perturbation_complexity", [pert, comp], comp_mask)
-    # question classes: one exploded row per (pair, class); judge uses the class's own score
-    qc = pairs["question_class"].to_numpy(dtype=object)
-    lens = np.fromiter((len(q) for q in qc), dtype=np.int64, count=n)
-    ridx = np.repeat(np.arange(n), lens)
-    if ridx.size:
-        classes = np.array([c for q in qc for c in q], dtype=object)
-        VX = V[ridx]
-        if "judge" in layout.item:
-            jc = np.array(
-                [md.judge_by_class_clean[i].get(c, np.nan) for i, c in zip(ridx, classes, strict=True)]
-            )
-            jp = np.array(
-                [md.judge_by_class_perturbed[i].get(c, np.nan) for i, c in zip(ridx, classes, strict=True)]
-            )
-            ok = ~np.isnan(jc) & ~np.isnan(jp)
-            VX[:, layout.cols["judge:n"].start] = ok
-            VX[:, layout.cols["judge:c"].start] = np.where(ok, jc, 0)
-            VX[:, layout.cols["judge:p"].start] = np.where(ok, jp, 0)
-        hx = head[ridx]
-        add(
-            "question_class",
-            [np.full(ridx.size, ALL, dtype=object), classes],
-            hx,
-            VX,
-            cluster[ridx],
-        )
-        add("perturbation_question_class", [pert[ridx], classes], hx, VX, cluster[ridx])
-        del VX
+    cells.add("overall_all_pairs", [everything], np.ones(n, dtype=bool))
+    cells.add("overall_label_safe", [everything], ~at_risk)
+    info["perturbations"] = [lab[0] for lab in cells.add("perturbation", [pert], head)]
+    info["pert_sev"] = cells.add("perturbation_severity", [pert, sev], head)
+    with_complexity = head & np.array([c is not None for c in complexity])
+    cells.add("complexity", [everything, complexity], with_complexity)
+    cells.add("perturbation_complexity", [pert, complexity], with_complexity)
+    _add_question_class_cells(md, layout, cells, head)
     # at-risk pairs, reported separately: per perturbation, and per class at risk
-    add("at_risk_perturbation", [pert], at_risk)
-    rc = pairs["classes_at_risk"].to_numpy(dtype=object)
-    rl = np.fromiter((len(q) for q in rc), dtype=np.int64, count=n)
-    rr = np.repeat(np.arange(n), rl)
-    if rr.size:
-        rcl = np.array([c for q in rc for c in q], dtype=object)
-        add(
+    cells.add("at_risk_perturbation", [pert], at_risk)
+    pair_of, risk_class = _explode(pairs["classes_at_risk"].to_numpy(dtype=object))
+    if pair_of.size:
+        cells.add(
             "at_risk_question_class",
-            [pert[rr], rcl],
-            np.ones(rr.size, dtype=bool),
-            V[rr],
-            cluster[rr],
+            [pert[pair_of], risk_class],
+            np.ones(pair_of.size, dtype=bool),
+            values[pair_of],
+            cells.cluster[pair_of],
         )
     info["include_at_risk"] = include_at_risk
     # worst-of-k over variants (consensus for binary metrics)
-    info["k"] = _add_consensus(md, cons_layout, engine, cluster, changed, head)
+    info["k"] = _add_consensus(md, cons_layout, engine, cells.cluster, changed, head)
     return info
+
+
+@dataclass
+class _ModelCells:
+    """Adds one model's cells to the engine: rows grouped by label columns."""
+
+    model: str
+    engine: CellEngine
+    values: np.ndarray  # per-pair value matrix (Layout.fill)
+    cluster: np.ndarray  # per pair: index of its img_id among all models' img_ids
+
+    def add(
+        self,
+        part: str,
+        cols: Sequence[np.ndarray],
+        mask: np.ndarray,
+        values: np.ndarray | None = None,
+        cluster: np.ndarray | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """Cells ``(model, part, *labels)`` of the masked rows, one per distinct label tuple
+        of ``cols``; returns the labels. ``values`` / ``cluster`` replace the pairs' own for
+        exploded rows."""
+        codes, labels = group_codes(cols, mask)
+        self.engine.add(
+            [(self.model, part, *lab) for lab in labels],
+            codes,
+            self.cluster if cluster is None else cluster,
+            self.values if values is None else values,
+        )
+        return labels
+
+
+def _explode(per_pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One row per (pair, item) of per-pair tuples: the pair index of each row and the item."""
+    lengths = np.fromiter((len(q) for q in per_pair), dtype=np.int64, count=len(per_pair))
+    pair_of = np.repeat(np.arange(len(per_pair)), lengths)
+    return pair_of, np.array([c for q in per_pair for c in q], dtype=object)
+
+
+def _add_question_class_cells(
+    md: ModelData, layout: Layout, cells: _ModelCells, head: np.ndarray
+) -> None:
+    """Cells per question class (pooled and per perturbation): one exploded row per
+    (pair, class); the judge metric uses the class's own score."""
+    pair_of, classes = _explode(md.pairs["question_class"].to_numpy(dtype=object))
+    if not pair_of.size:
+        return
+    values = cells.values[pair_of]
+    if "judge" in layout.item:
+        judge_clean = np.array(
+            [
+                md.judge_by_class_clean[i].get(c, np.nan)
+                for i, c in zip(pair_of, classes, strict=True)
+            ]
+        )
+        judge_pert = np.array(
+            [
+                md.judge_by_class_perturbed[i].get(c, np.nan)
+                for i, c in zip(pair_of, classes, strict=True)
+            ]
+        )
+        ok = ~np.isnan(judge_clean) & ~np.isnan(judge_pert)
+        values[:, layout.col("judge:n")] = ok
+        values[:, layout.col("judge:clean")] = np.where(ok, judge_clean, 0)
+        values[:, layout.col("judge:perturbed")] = np.where(ok, judge_pert, 0)
+    in_head = head[pair_of]
+    cluster = cells.cluster[pair_of]
+    pert = md.pairs["perturbation"].to_numpy(dtype=object)
+    everything = np.full(pair_of.size, ALL, dtype=object)
+    cells.add("question_class", [everything, classes], in_head, values, cluster)
+    cells.add("perturbation_question_class", [pert[pair_of], classes], in_head, values, cluster)
 
 
 def _add_consensus(
@@ -430,50 +480,51 @@ def _add_consensus(
     changed: np.ndarray,
     head: np.ndarray,
 ) -> dict[str, int]:
+    """Worst-of-k cells: each (perturbation, severity, image, question) unit counts once with
+    its worst variant (its clean side is the same for every variant). Returns k's range."""
     pairs = md.pairs
     idx = np.flatnonzero(head)
     if idx.size == 0:
         return {"min": 0, "max": 0}
     df = pd.DataFrame(
         {
-            "p": pairs["perturbation"].to_numpy(dtype=object)[idx],
-            "s": pairs["severity"].to_numpy(np.int64)[idx],
-            "i": pairs["img_id"].to_numpy(dtype=object)[idx],
-            "q": pairs["question"].to_numpy(dtype=object)[idx],
+            "perturbation": pairs["perturbation"].to_numpy(dtype=object)[idx],
+            "severity": pairs["severity"].to_numpy(np.int64)[idx],
+            "img_id": pairs["img_id"].to_numpy(dtype=object)[idx],
+            "question": pairs["question"].to_numpy(dtype=object)[idx],
         }
     )
-    unit = df.groupby(["p", "s", "i", "q"], sort=True).ngroup().to_numpy()
+    unit = df.groupby(list(df.columns), sort=True).ngroup().to_numpy()
     order = np.argsort(unit, kind="stable")
-    u = unit[order]
-    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
-    k = np.diff(np.r_[starts, len(u)])
+    sorted_units = unit[order]
+    starts = np.flatnonzero(np.r_[True, sorted_units[1:] != sorted_units[:-1]])
+    k = np.diff(np.r_[starts, len(sorted_units)])
     if k.max(initial=0) <= 1:
         return {"min": int(k.min(initial=0)), "max": int(k.max(initial=0))}
     rows = idx[order]
     first = rows[starts]
-    mc: dict[str, np.ndarray] = {}
-    mp: dict[str, np.ndarray] = {}
+    unit_clean: dict[str, np.ndarray] = {}
+    unit_worst: dict[str, np.ndarray] = {}
     for m in layout.item:
-        c = md.item_clean[m][rows]
-        p = md.item_perturbed[m][rows]
-        okc = np.minimum.reduceat(~np.isnan(c), starts)
-        okp = np.minimum.reduceat(~np.isnan(p), starts)
-        cmin = md.item_clean[m][first]
-        pmin = np.minimum.reduceat(np.where(np.isnan(p), np.inf, p), starts)
-        valid = okc & okp
-        mc[m] = np.where(valid, cmin, np.nan)
-        mp[m] = np.where(valid, pmin, np.nan)
-    ch = np.maximum.reduceat(changed[rows], starts)
-    V = layout.fill(ch, mc, mp)
-    pert = pairs["perturbation"].to_numpy(dtype=object)[first]
-    sev = pairs["severity"].to_numpy(np.int64)[first]
+        clean = md.item_clean[m][rows]
+        pert = md.item_perturbed[m][rows]
+        clean_ok = np.minimum.reduceat(~np.isnan(clean), starts)
+        pert_ok = np.minimum.reduceat(~np.isnan(pert), starts)
+        worst = np.minimum.reduceat(np.where(np.isnan(pert), np.inf, pert), starts)
+        valid = clean_ok & pert_ok
+        unit_clean[m] = np.where(valid, md.item_clean[m][first], np.nan)
+        unit_worst[m] = np.where(valid, worst, np.nan)
+    any_changed = np.maximum.reduceat(changed[rows], starts)
+    values = layout.fill(any_changed, unit_clean, unit_worst)
+    unit_pert = pairs["perturbation"].to_numpy(dtype=object)[first]
+    unit_sev = pairs["severity"].to_numpy(np.int64)[first]
     ones = np.ones(len(first), dtype=bool)
     for part, cols in (
-        ("worst_of_k_perturbation", [pert]),
-        ("worst_of_k_perturbation_severity", [pert, sev]),
+        ("worst_of_k_perturbation", [unit_pert]),
+        ("worst_of_k_perturbation_severity", [unit_pert, unit_sev]),
     ):
         codes, labels = group_codes(cols, ones)
-        engine.add([(md.name, part, *lab) for lab in labels], codes, cluster[first], V)
+        engine.add([(md.name, part, *lab) for lab in labels], codes, cluster[first], values)
     return {"min": int(k.min()), "max": int(k.max())}
 
 
@@ -544,8 +595,8 @@ def _severity_curves(name: str, engine: CellEngine, layout: Layout, acc: _CI) ->
             cells = [ps[(p, s)] for s in sevs]
             if any(layout.n(c, m) == 0 for c in cells):
                 continue
-            c_pt, c_bt = layout.side(pc, m, "c")
-            pts = [layout.side(c, m, "p") for c in cells]
+            c_pt, c_bt = layout.side(pc, m, "clean")
+            pts = [layout.side(c, m, "perturbed") for c in cells]
             y_pt = np.array([v for v, _ in pts])
             y_bt = (
                 np.stack([b for _, b in pts if b is not None], axis=1)
@@ -686,8 +737,8 @@ def _series(engine: CellEngine, layout: Layout, name: str, p: str, m: str) -> di
             and s >= 1
             and layout.n(c, m)
         ):
-            sev[s] = layout.side(c, m, "p")
-    return {"clean": layout.side(pc, m, "c"), "sev": sev}
+            sev[s] = layout.side(c, m, "perturbed")
+    return {"clean": layout.side(pc, m, "clean"), "sev": sev}
 
 
 def _corruption_error(
@@ -795,8 +846,8 @@ def _effective_robustness(
         cells = [engine.cells.get((nm, part, *key)) for nm in names]
         if any(c is None or layout.n(c, m) == 0 for c in cells):
             continue
-        cs = [layout.side(c, m, "c") for c in cells]  # type: ignore[arg-type]
-        ps = [layout.side(c, m, "p") for c in cells]  # type: ignore[arg-type]
+        cs = [layout.side(c, m, "clean") for c in cells]  # type: ignore[arg-type]
+        ps = [layout.side(c, m, "perturbed") for c in cells]  # type: ignore[arg-type]
         cpt = np.array([v for v, _ in cs])
         ppt = np.array([v for v, _ in ps])
         er_pt = effective_robustness(cpt, ppt)
