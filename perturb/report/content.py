@@ -58,12 +58,14 @@ def est(d: Mapping[str, Any] | None, signed: bool = False, scale: bool = True) -
     """``estimate [lo, hi]`` of an estimate/CI dict."""
     if not d:
         return "-"
-    f = (lambda v: pct(v, signed)) if scale else (lambda v: "-" if v is None else f"{float(v):.3f}")
-    s = f(d.get("estimate"))
+    fmt = (
+        (lambda v: pct(v, signed)) if scale else (lambda v: "-" if v is None else f"{float(v):.3f}")
+    )
+    text = fmt(d.get("estimate"))
     ci = d.get("ci")
     if ci and ci[0] is not None and ci[1] is not None:
-        s += f" [{f(ci[0])}, {f(ci[1])}]"
-    return s
+        text += f" [{fmt(ci[0])}, {fmt(ci[1])}]"
+    return text
 
 
 def pval(p: Any) -> str:
@@ -76,8 +78,9 @@ def pval(p: Any) -> str:
     return f"{p:.3g}" if p >= 1e-3 else f"{p:.1e}"
 
 
-def _sig(d: Mapping[str, Any] | None) -> bool:
-    if not d or not d.get("ci") or d["ci"][0] is None:
+def excludes_zero(d: Mapping[str, Any] | None) -> bool:
+    """Whether an estimate/CI dict's interval excludes 0 (a significant gap)."""
+    if not d or not d.get("ci") or d["ci"][0] is None or d["ci"][1] is None:
         return False
     lo, hi = d["ci"]
     return bool(lo > 0 or hi < 0)
@@ -117,21 +120,22 @@ def headline_rows(model: Mapping[str, Any], metric: str, binary: bool) -> list[l
     for name, cell in cells:
         if not cell or metric not in cell["metrics"]:
             continue
-        m = cell["metrics"][metric]
+        cell_scores = cell["metrics"][metric]
         row = [
             str(name),
-            str(m["n"]),
+            str(cell_scores["n"]),
             str(cell["n_clusters"]),
-            est(m["clean"]),
-            est(m["perturbed"]),
-            est(m["delta"], signed=True) + (" *" if _sig(m["delta"]) else ""),
-            est(m.get("relative_drop")),
+            est(cell_scores["clean"]),
+            est(cell_scores["perturbed"]),
+            est(cell_scores["delta"], signed=True)
+            + (" *" if excludes_zero(cell_scores["delta"]) else ""),
+            est(cell_scores.get("relative_drop")),
         ]
         if binary:
             row += [
-                pct(m["flip_correct_to_wrong"]["estimate"]),
-                pct(m["flip_wrong_to_correct"]["estimate"]),
-                f"{pval(m['mcnemar']['p_exact'])} / {pval(m['mcnemar']['p_mid'])}",
+                pct(cell_scores["flip_correct_to_wrong"]["estimate"]),
+                pct(cell_scores["flip_wrong_to_correct"]["estimate"]),
+                f"{pval(cell_scores['mcnemar']['p_exact'])} / {pval(cell_scores['mcnemar']['p_mid'])}",
             ]
         row.append(pct(cell["answer_changed_rate"]["estimate"]))
         rows.append(row)
@@ -151,15 +155,15 @@ def _breakdown_section(
     section = Section(title, anchor, level=3)
     rows = []
     for key, cell in by_gap(cells, metric):
-        m = cell["metrics"].get(metric)
-        if m:
+        cell_scores = cell["metrics"].get(metric)
+        if cell_scores:
             rows.append(
                 [
                     key,
-                    str(m["n"]),
-                    est(m["clean"]),
-                    est(m["perturbed"]),
-                    est(m["delta"], signed=True),
+                    str(cell_scores["n"]),
+                    est(cell_scores["clean"]),
+                    est(cell_scores["perturbed"]),
+                    est(cell_scores["delta"], signed=True),
                 ]
             )
     section.tables.append(
@@ -168,20 +172,20 @@ def _breakdown_section(
     return section
 
 
-def _calibration_section(cal: Mapping[str, Any], mname: str, mi: int) -> Section:
+def _calibration_section(cal: Mapping[str, Any], mname: str, index: int) -> Section:
     """ECE and overconfidence, clean vs perturbed, per perturbation and severity."""
-    sec = Section(f"Calibration under perturbation: {mname}", f"calibration-{mi}", level=3)
-    sec.paragraphs.append(
+    section = Section(f"Calibration under perturbation: {mname}", f"calibration-{index}", level=3)
+    section.paragraphs.append(
         f"Confidence vs correctness ({cal['metric']}) on the headline pairs: ECE with "
         f"{cal['bins']} equal-width bins and overconfidence (mean confidence - accuracy), in "
         "percent; shifts are perturbed - clean with paired cluster-bootstrap CIs. A positive "
         "shift: the model stays confident while it gets worse."
     )
-    ops = sorted(
+    by_op = sorted(
         (cal.get("by_perturbation") or {}).items(),
         key=lambda kv: (-kv[1]["delta_ece"]["estimate"], kv[0]),
     )
-    items = [(ALL, cal["overall"]), *ops]
+    items = [(ALL, cal["overall"]), *by_op]
     rows = [
         [
             str(k),
@@ -195,7 +199,7 @@ def _calibration_section(cal: Mapping[str, Any], mname: str, mi: int) -> Section
         ]
         for k, c in items
     ]
-    sec.tables.append(
+    section.tables.append(
         Table(
             [
                 "perturbation",
@@ -208,24 +212,24 @@ def _calibration_section(cal: Mapping[str, Any], mname: str, mi: int) -> Section
                 "overconf. shift (pp)",
             ],
             rows,
-            id=f"calibration-table-{mi}",
+            id=f"calibration-table-{index}",
         )
     )
-    bps = cal.get("by_perturbation_severity") or {}
-    sevs = sorted({int(x) for d in bps.values() for x in d})
+    by_severity = cal.get("by_perturbation_severity") or {}
+    sevs = sorted({int(x) for d in by_severity.values() for x in d})
     if sevs:
-        sec.tables.append(
+        section.tables.append(
             Table(
                 ["perturbation"] + [f"s{x}" for x in sevs],
                 [
                     [p] + [est(d.get(str(x), {}).get("delta_ece"), signed=True) for x in sevs]
-                    for p, d in ((k, bps[k]) for k, _ in items[1:] if k in bps)
+                    for p, d in ((k, by_severity[k]) for k, _ in items[1:] if k in by_severity)
                 ],
-                id=f"calibration-severity-{mi}",
+                id=f"calibration-severity-{index}",
                 caption="ECE shift (pp) by severity",
             )
         )
-    return sec
+    return section
 
 
 def build_sections(scores: Mapping[str, Any]) -> list[Section]:
