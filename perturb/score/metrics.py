@@ -267,48 +267,55 @@ def _fmeasure(p: np.ndarray, r: np.ndarray) -> np.ndarray:
 
 
 def _text_scores(
-    strings: np.ndarray, a: np.ndarray, b: np.ndarray, which: set[str]
+    strings: np.ndarray, pred_rows: np.ndarray, ref_rows: np.ndarray, which: set[str]
 ) -> tuple[dict[str, np.ndarray], TokenTable]:
-    """Text metrics of prediction rows ``a`` vs reference rows ``b`` of the unique ``strings``,
-    and the tolerant token table of ``strings``."""
+    """Text metrics of prediction rows ``pred_rows`` vs reference rows ``ref_rows`` of the
+    unique ``strings``, and the tolerant token table of ``strings``."""
     out: dict[str, np.ndarray] = {}
     if "exact_match" in which:
         codes, _ = pd.factorize(obj_array([normalize_em(x) for x in strings]))
-        out["exact_match"] = (codes[a] == codes[b]).astype(np.float64)
-    rouge_t, tol_t = tokenize(strings)
-    if len(a) == 0:
-        return {m: np.zeros(0) for m in which}, tol_t
+        out["exact_match"] = (codes[pred_rows] == codes[ref_rows]).astype(np.float64)
+    rouge_tokens, tolerant = tokenize(strings)
+    if len(pred_rows) == 0:
+        return {m: np.zeros(0) for m in which}, tolerant
     if "exact_match_tolerant" in which:
-        out["exact_match_tolerant"] = sequences_equal(tol_t, a, b).astype(np.float64)
+        out["exact_match_tolerant"] = sequences_equal(tolerant, pred_rows, ref_rows).astype(
+            np.float64
+        )
     if "token_f1" in which:
-        _, same = pair_stats(tol_t, a, b, want_lcs=False)
-        lp = tol_t.lengths[a].astype(np.float64)
-        lr = tol_t.lengths[b].astype(np.float64)
+        _, same = pair_stats(tolerant, pred_rows, ref_rows, want_lcs=False)
+        pred_len = tolerant.lengths[pred_rows].astype(np.float64)
+        ref_len = tolerant.lengths[ref_rows].astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
-            p = same / lp
-            r = same / lr
-            f1 = 2 * p * r / (p + r)
+            precision = same / pred_len
+            recall = same / ref_len
+            f1 = 2 * precision * recall / (precision + recall)
         f1 = np.where(same > 0, f1, 0.0)
-        empty = (lp == 0) | (lr == 0)
-        out["token_f1"] = np.where(empty, ((lp == 0) & (lr == 0)).astype(np.float64), f1)
-    lp = rouge_t.lengths[a].astype(np.float64)
-    lr = rouge_t.lengths[b].astype(np.float64)
+        empty = (pred_len == 0) | (ref_len == 0)
+        out["token_f1"] = np.where(empty, ((pred_len == 0) & (ref_len == 0)).astype(np.float64), f1)
+    pred_len = rouge_tokens.lengths[pred_rows].astype(np.float64)
+    ref_len = rouge_tokens.lengths[ref_rows].astype(np.float64)
     if "rougeL" in which or "rouge1" in which:
-        lcs, ovl = pair_stats(rouge_t, a, b, want_lcs="rougeL" in which)
+        lcs, overlap = pair_stats(rouge_tokens, pred_rows, ref_rows, want_lcs="rougeL" in which)
         if "rougeL" in which:
             with np.errstate(invalid="ignore", divide="ignore"):
-                f = _fmeasure(lcs / np.maximum(lp, 1), lcs / np.maximum(lr, 1))
-            out["rougeL"] = np.where((lp > 0) & (lr > 0), f, 0.0)
+                f = _fmeasure(lcs / np.maximum(pred_len, 1), lcs / np.maximum(ref_len, 1))
+            out["rougeL"] = np.where((pred_len > 0) & (ref_len > 0), f, 0.0)
         if "rouge1" in which:
-            out["rouge1"] = _fmeasure(ovl / np.maximum(lp, 1), ovl / np.maximum(lr, 1))
+            out["rouge1"] = _fmeasure(
+                overlap / np.maximum(pred_len, 1), overlap / np.maximum(ref_len, 1)
+            )
     if "rouge2" in which:
-        _, ovl2 = pair_stats(rouge_t.bigrams(), a, b, want_lcs=False)
-        np_ = np.maximum(lp - 1, 0)
-        nr = np.maximum(lr - 1, 0)
-        out["rouge2"] = _fmeasure(ovl2 / np.maximum(np_, 1), ovl2 / np.maximum(nr, 1))
+        _, bigram_overlap = pair_stats(rouge_tokens.bigrams(), pred_rows, ref_rows, want_lcs=False)
+        pred_bigrams = np.maximum(pred_len - 1, 0)
+        ref_bigrams = np.maximum(ref_len - 1, 0)
+        out["rouge2"] = _fmeasure(
+            bigram_overlap / np.maximum(pred_bigrams, 1),
+            bigram_overlap / np.maximum(ref_bigrams, 1),
+        )
     if "yesno" in which:
-        out["yesno"] = _yesno_scores(tol_t, a, b)
-    return out, tol_t
+        out["yesno"] = _yesno_scores(tolerant, pred_rows, ref_rows)
+    return out, tolerant
 
 
 def _yesno_scores(tol: TokenTable, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -346,13 +353,15 @@ def answers_differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _unique_pairs(pred: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct (pred, ref) pairs: (their preds, their refs, inverse index of each row)."""
-    pc, pu = pd.factorize(pd.Series(pred, dtype=object))
-    rc, ru = pd.factorize(pd.Series(ref, dtype=object))
-    nr = max(len(ru), 1)
-    uk, inv = np.unique(pc.astype(np.int64) * nr + rc, return_inverse=True)
+    pred_codes, pred_uniq = pd.factorize(pd.Series(pred, dtype=object))
+    ref_codes, ref_uniq = pd.factorize(pd.Series(ref, dtype=object))
+    n_refs = max(len(ref_uniq), 1)
+    pair_keys, inv = np.unique(
+        pred_codes.astype(np.int64) * n_refs + ref_codes, return_inverse=True
+    )
     return (
-        np.asarray(pu, dtype=object)[uk // nr],
-        np.asarray(ru, dtype=object)[uk % nr],
+        np.asarray(pred_uniq, dtype=object)[pair_keys // n_refs],
+        np.asarray(ref_uniq, dtype=object)[pair_keys % n_refs],
         inv.reshape(-1),
     )
 
