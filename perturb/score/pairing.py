@@ -573,15 +573,15 @@ def _geometric(
     ``risk_tags`` for the op, else the catalog's)."""
     n = len(pert)
     out = np.zeros(n, dtype=bool)
-    mrow = pert["manifest_row"].to_numpy(np.int64, copy=True)
-    if manifest is not None and (mrow >= 0).any():
+    manifest_row = pert["manifest_row"].to_numpy(np.int64, copy=True)
+    if manifest is not None and (manifest_row >= 0).any():
         all_tags = manifest.all_risk_tags()
-        for i in np.flatnonzero(mrow >= 0):
-            t = all_tags[mrow[i]]
-            if t is not None:
-                out[i] = any(g in t for g in GEOMETRIC_TAGS)
-                mrow[i] = -2  # decided
-    rest = np.flatnonzero(mrow != -2)
+        for i in np.flatnonzero(manifest_row >= 0):
+            row_tags = all_tags[manifest_row[i]]
+            if row_tags is not None:
+                out[i] = any(g in row_tags for g in GEOMETRIC_TAGS)
+                manifest_row[i] = -2  # decided
+    rest = np.flatnonzero(manifest_row != -2)
     if rest.size:
         catalog = catalog_risk_tags()
 
@@ -618,10 +618,10 @@ def _add_risk(
     """
     n = len(pairs)
     tags = np.full(n, None, dtype=object)
-    mrow = pairs["manifest_row"].to_numpy(np.int64)
-    if manifest is not None and (mrow >= 0).any():
-        hit = np.flatnonzero(mrow >= 0)
-        tags[hit] = manifest.all_risk_tags()[mrow[hit]]
+    manifest_row = pairs["manifest_row"].to_numpy(np.int64)
+    if manifest is not None and (manifest_row >= 0).any():
+        hit = np.flatnonzero(manifest_row >= 0)
+        tags[hit] = manifest.all_risk_tags()[manifest_row[hit]]
     need = pd.isna(tags)
     unknown_ops: set[str] = set()
     if need.any():
@@ -633,45 +633,16 @@ def _add_risk(
                 return tuple(risk_tags[op])
             if catalog is None:
                 catalog = catalog_risk_tags()
-            t = catalog.get(op)
-            if t is None:
+            known = catalog.get(op)
+            if known is None:
                 unknown_ops.add(str(op))
-            return tuple(t) if t is not None else ()
+            return tuple(known) if known is not None else ()
 
         tags[need] = map_unique(pairs["perturbation"].to_numpy(dtype=object)[need], op_tags)
-    # severity-dependent tags of catalog ops (unless risk_tags overrides the op)
-    by_sev = catalog_severity_risk()
-    ops = pairs["perturbation"].to_numpy(dtype=object)
-    sevs = pairs["severity"].to_numpy(np.int64)
-    for op, table in by_sev.items():
-        if risk_tags is not None and op in risk_tags:
-            continue
-        of_op = ops == op
-        for sev in range(min(table.values()), 6):
-            rows = np.flatnonzero(of_op & (sevs == sev))
-            if rows.size:  # once per distinct tag tuple, not per row
-                tags[rows] = map_unique(tags[rows], partial(_tags_at, table=table, severity=sev))
+    _add_severity_tags(pairs, tags, risk_tags)
     classes = pairs["question_class"].to_numpy(dtype=object)
-    tcode, tuniq = pd.factorize(tags)
-    ccode, cuniq = pd.factorize(classes)
-    combo = tcode.astype(np.int64) * max(len(cuniq), 1) + ccode
-    ucombo, inv = np.unique(combo, return_inverse=True)
-    risk_u = obj_array(
-        [
-            tuple(
-                classes_at_risk(
-                    tuniq[k // max(len(cuniq), 1)], cuniq[k % max(len(cuniq), 1)], risk_map
-                )
-            )
-            for k in ucombo
-        ]
-    )
-    risk_col = risk_u[inv.reshape(-1)]
     pairs["risk_tags"] = tags
-    pairs["classes_at_risk"] = risk_col
-    pairs["at_risk"] = np.fromiter((bool(r) for r in risk_u), dtype=bool, count=len(risk_u))[
-        inv.reshape(-1)
-    ]
+    pairs["classes_at_risk"], pairs["at_risk"] = _classes_at_risk(tags, classes, risk_map)
     if unknown_ops:
         report.notes.append(
             "no risk tags known for perturbation(s) "
@@ -683,6 +654,45 @@ def _add_risk(
         report.notes.append(
             f"{no_class} pairs have no question_class: label risk cannot be checked"
         )
+
+
+def _add_severity_tags(
+    pairs: pd.DataFrame, tags: np.ndarray, risk_tags: Mapping[str, Sequence[str]] | None
+) -> None:
+    """Add the severity-dependent tags of catalog ops to ``tags`` in place (unless
+    ``risk_tags`` overrides the op)."""
+    ops = pairs["perturbation"].to_numpy(dtype=object)
+    sevs = pairs["severity"].to_numpy(np.int64)
+    for op, table in catalog_severity_risk().items():
+        if risk_tags is not None and op in risk_tags:
+            continue
+        of_op = ops == op
+        for sev in range(min(table.values()), 6):
+            rows = np.flatnonzero(of_op & (sevs == sev))
+            if rows.size:  # once per distinct tag tuple, not per row
+                tags[rows] = map_unique(tags[rows], partial(_tags_at, table=table, severity=sev))
+
+
+def _classes_at_risk(
+    tags: np.ndarray, classes: np.ndarray, risk_map: Mapping[str, Sequence[str]] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair: the question classes its tags put at risk (tuple), and whether any is;
+    decided once per distinct (tags, classes) combination."""
+    tag_code, tag_uniq = pd.factorize(tags)
+    class_code, class_uniq = pd.factorize(classes)
+    n_classes = max(len(class_uniq), 1)
+    combo = tag_code.astype(np.int64) * n_classes + class_code
+    combos, inv = np.unique(combo, return_inverse=True)
+    at_risk_of_combo = obj_array(
+        [
+            tuple(classes_at_risk(tag_uniq[k // n_classes], class_uniq[k % n_classes], risk_map))
+            for k in combos
+        ]
+    )
+    flag_of_combo = np.fromiter(
+        (bool(r) for r in at_risk_of_combo), dtype=bool, count=len(at_risk_of_combo)
+    )
+    return at_risk_of_combo[inv.reshape(-1)], flag_of_combo[inv.reshape(-1)]
 
 
 def _floats(df: pd.DataFrame, col: str) -> np.ndarray:
