@@ -875,16 +875,16 @@ def _unparsed_summary(
 ) -> dict[str, Any]:
     """MCQ answers without a recognisable letter: counts (clean rows once, perturbed per pair),
     per perturbation, and a few examples."""
-    uc, up = unparsed[:k], unparsed[k:]
+    clean_unparsed, pert_unparsed = unparsed[:k], unparsed[k:]
     pert = pairs["perturbation"].to_numpy(dtype=object)
-    by_pert = Counter(str(p) for p in pert[up])
+    by_pert = Counter(str(p) for p in pert[pert_unparsed])
     examples = [
         {
             "side": "clean",
             "img_id": pairs["img_id"].iat[int(i)],
             "prediction": pairs["pred_clean"].iat[int(i)],
         }
-        for i in first[uc][:3]
+        for i in first[clean_unparsed][:3]
     ] + [
         {
             "side": "perturbed",
@@ -892,13 +892,13 @@ def _unparsed_summary(
             "img_id": pairs["img_id"].iat[int(i)],
             "prediction": pairs["pred_pert"].iat[int(i)],
         }
-        for i in np.flatnonzero(up)[:3]
+        for i in np.flatnonzero(pert_unparsed)[:3]
     ]
     return {
-        "clean": int(uc.sum()),
+        "clean": int(clean_unparsed.sum()),
         "clean_rows": int(k),
-        "perturbed": int(up.sum()),
-        "perturbed_rows": len(up),
+        "perturbed": int(pert_unparsed.sum()),
+        "perturbed_rows": len(pert_unparsed),
         "perturbed_by_perturbation": dict(sorted(by_pert.items())),
         "examples": [{**e, "prediction": str(e["prediction"])[:200]} for e in examples],
     }
@@ -920,10 +920,10 @@ def _image_resolver(
 
     def clean_image(i: int) -> Path | None:
         raw = pairs["image_clean"].iat[i]
-        c = resolve_image(raw, bases)
-        if c is None and isinstance(raw, str) and raw:
-            c = resolve_image(Path(raw.replace("\\", "/")).name, bases)
-        if c is None and ds_info is not None and out_dir is not None:
+        clean = resolve_image(raw, bases)
+        if clean is None and isinstance(raw, str) and raw:
+            clean = resolve_image(Path(raw.replace("\\", "/")).name, bases)
+        if clean is None and ds_info is not None and out_dir is not None:
             img_id = str(pairs["img_id"].iat[i])
             got = ds_info.image_bytes(img_id)
             if got is not None:
@@ -933,19 +933,19 @@ def _image_resolver(
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 if not dest.is_file():
                     dest.write_bytes(data)
-                c = dest
-        return c
+                clean = dest
+        return clean
 
     def resolve(i: int) -> tuple[str | None, str | None]:
-        c = clean_image(i)
-        p: Path | None = None
-        mrow = int(pairs["manifest_row"].iat[i])
-        if man is not None and mrow >= 0 and man.root is not None:
-            cand = man.root / str(man.table["path"].iat[mrow])
-            p = cand if cand.is_file() else None
-        if p is None:
-            p = resolve_image(pairs["image_pert"].iat[i], bases)
-        return (str(c) if c else None), (str(p) if p else None)
+        clean = clean_image(i)
+        pert: Path | None = None
+        manifest_row = int(pairs["manifest_row"].iat[i])
+        if man is not None and manifest_row >= 0 and man.root is not None:
+            candidate = man.root / str(man.table["path"].iat[manifest_row])
+            pert = candidate if candidate.is_file() else None
+        if pert is None:
+            pert = resolve_image(pairs["image_pert"].iat[i], bases)
+        return (str(clean) if clean else None), (str(pert) if pert else None)
 
     return resolve
 
