@@ -50,11 +50,13 @@ print(len(c), len(p))
 _RUN = """
 import json, resource, sys, time
 t0 = time.perf_counter()
+from perturb.report import write_reports
 from perturb.score import score_runs
 d = sys.argv[1]
 t1 = time.perf_counter()
 r = score_runs(d + "/clean.parquet", [d + "/perturbed.parquet"], manifest=d + "/manifest.parquet",
-               out_dir=d + "/out", bootstrap={boot}, seed=0, metrics=["default"])
+               out_dir=d + "/out", bootstrap={boot}, seed=0, metrics=["default"],
+               report_writer=write_reports)
 t2 = time.perf_counter()
 print(json.dumps({{"import_s": t1 - t0, "score_s": t2 - t1, "pairs": r.scores["counts"]["pairs"],
                   "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

@@ -235,6 +235,7 @@ def run_demo(
     """Run the demo into ``out``: clean + perturbed phantom splits, probe predictions, scores
     and report. ``seed`` keys the perturbations and seeds the bootstrap; ``ops`` and
     ``severities`` pick the part of the endoscopy-artifacts suite to run."""
+    from perturb.report import write_reports
     from perturb.score import score_runs
 
     if images < 1:
@@ -281,6 +282,7 @@ def run_demo(
         perturbed={NAME: [pert_path]},
         manifest=root / "perturbed" / "manifest.parquet",
         out_dir=root,
+        report_writer=write_reports,
         bootstrap=bootstrap,
         seed=seed,
         timestamp=timestamp,

@@ -58,12 +58,14 @@ def est(d: Mapping[str, Any] | None, signed: bool = False, scale: bool = True) -
     """``estimate [lo, hi]`` of an estimate/CI dict."""
     if not d:
         return "-"
-    f = (lambda v: pct(v, signed)) if scale else (lambda v: "-" if v is None else f"{float(v):.3f}")
-    s = f(d.get("estimate"))
+    fmt = (
+        (lambda v: pct(v, signed)) if scale else (lambda v: "-" if v is None else f"{float(v):.3f}")
+    )
+    text = fmt(d.get("estimate"))
     ci = d.get("ci")
     if ci and ci[0] is not None and ci[1] is not None:
-        s += f" [{f(ci[0])}, {f(ci[1])}]"
-    return s
+        text += f" [{fmt(ci[0])}, {fmt(ci[1])}]"
+    return text
 
 
 def pval(p: Any) -> str:
@@ -76,8 +78,9 @@ def pval(p: Any) -> str:
     return f"{p:.3g}" if p >= 1e-3 else f"{p:.1e}"
 
 
-def _sig(d: Mapping[str, Any] | None) -> bool:
-    if not d or not d.get("ci") or d["ci"][0] is None:
+def excludes_zero(d: Mapping[str, Any] | None) -> bool:
+    """Whether an estimate/CI dict's interval excludes 0 (a significant gap)."""
+    if not d or not d.get("ci") or d["ci"][0] is None or d["ci"][1] is None:
         return False
     lo, hi = d["ci"]
     return bool(lo > 0 or hi < 0)
@@ -117,21 +120,22 @@ def headline_rows(model: Mapping[str, Any], metric: str, binary: bool) -> list[l
     for name, cell in cells:
         if not cell or metric not in cell["metrics"]:
             continue
-        m = cell["metrics"][metric]
+        cell_scores = cell["metrics"][metric]
         row = [
             str(name),
-            str(m["n"]),
+            str(cell_scores["n"]),
             str(cell["n_clusters"]),
-            est(m["clean"]),
-            est(m["perturbed"]),
-            est(m["delta"], signed=True) + (" *" if _sig(m["delta"]) else ""),
-            est(m.get("relative_drop")),
+            est(cell_scores["clean"]),
+            est(cell_scores["perturbed"]),
+            est(cell_scores["delta"], signed=True)
+            + (" *" if excludes_zero(cell_scores["delta"]) else ""),
+            est(cell_scores.get("relative_drop")),
         ]
         if binary:
             row += [
-                pct(m["flip_correct_to_wrong"]["estimate"]),
-                pct(m["flip_wrong_to_correct"]["estimate"]),
-                f"{pval(m['mcnemar']['p_exact'])} / {pval(m['mcnemar']['p_mid'])}",
+                pct(cell_scores["flip_correct_to_wrong"]["estimate"]),
+                pct(cell_scores["flip_wrong_to_correct"]["estimate"]),
+                f"{pval(cell_scores['mcnemar']['p_exact'])} / {pval(cell_scores['mcnemar']['p_mid'])}",
             ]
         row.append(pct(cell["answer_changed_rate"]["estimate"]))
         rows.append(row)
@@ -151,15 +155,15 @@ def _breakdown_section(
     section = Section(title, anchor, level=3)
     rows = []
     for key, cell in by_gap(cells, metric):
-        m = cell["metrics"].get(metric)
-        if m:
+        cell_scores = cell["metrics"].get(metric)
+        if cell_scores:
             rows.append(
                 [
                     key,
-                    str(m["n"]),
-                    est(m["clean"]),
-                    est(m["perturbed"]),
-                    est(m["delta"], signed=True),
+                    str(cell_scores["n"]),
+                    est(cell_scores["clean"]),
+                    est(cell_scores["perturbed"]),
+                    est(cell_scores["delta"], signed=True),
                 ]
             )
     section.tables.append(
@@ -168,20 +172,20 @@ def _breakdown_section(
     return section
 
 
-def _calibration_section(cal: Mapping[str, Any], mname: str, mi: int) -> Section:
+def _calibration_section(cal: Mapping[str, Any], mname: str, index: int) -> Section:
     """ECE and overconfidence, clean vs perturbed, per perturbation and severity."""
-    sec = Section(f"Calibration under perturbation: {mname}", f"calibration-{mi}", level=3)
-    sec.paragraphs.append(
+    section = Section(f"Calibration under perturbation: {mname}", f"calibration-{index}", level=3)
+    section.paragraphs.append(
         f"Confidence vs correctness ({cal['metric']}) on the headline pairs: ECE with "
         f"{cal['bins']} equal-width bins and overconfidence (mean confidence - accuracy), in "
         "percent; shifts are perturbed - clean with paired cluster-bootstrap CIs. A positive "
         "shift: the model stays confident while it gets worse."
     )
-    ops = sorted(
+    by_op = sorted(
         (cal.get("by_perturbation") or {}).items(),
         key=lambda kv: (-kv[1]["delta_ece"]["estimate"], kv[0]),
     )
-    items = [(ALL, cal["overall"]), *ops]
+    items = [(ALL, cal["overall"]), *by_op]
     rows = [
         [
             str(k),
@@ -195,7 +199,7 @@ def _calibration_section(cal: Mapping[str, Any], mname: str, mi: int) -> Section
         ]
         for k, c in items
     ]
-    sec.tables.append(
+    section.tables.append(
         Table(
             [
                 "perturbation",
@@ -208,47 +212,66 @@ def _calibration_section(cal: Mapping[str, Any], mname: str, mi: int) -> Section
                 "overconf. shift (pp)",
             ],
             rows,
-            id=f"calibration-table-{mi}",
+            id=f"calibration-table-{index}",
         )
     )
-    bps = cal.get("by_perturbation_severity") or {}
-    sevs = sorted({int(x) for d in bps.values() for x in d})
+    by_severity = cal.get("by_perturbation_severity") or {}
+    sevs = sorted({int(x) for d in by_severity.values() for x in d})
     if sevs:
-        sec.tables.append(
+        section.tables.append(
             Table(
                 ["perturbation"] + [f"s{x}" for x in sevs],
                 [
                     [p] + [est(d.get(str(x), {}).get("delta_ece"), signed=True) for x in sevs]
-                    for p, d in ((k, bps[k]) for k, _ in items[1:] if k in bps)
+                    for p, d in ((k, by_severity[k]) for k, _ in items[1:] if k in by_severity)
                 ],
-                id=f"calibration-severity-{mi}",
+                id=f"calibration-severity-{index}",
                 caption="ECE shift (pp) by severity",
             )
         )
-    return sec
+    return section
 
 
 def build_sections(scores: Mapping[str, Any]) -> list[Section]:
     """All report sections for a scores.json dict."""
+    from perturb.report.glance import glance_section
+
+    out: list[Section] = [glance_section(scores), _summary_section(scores)]
+    for index, (mname, model) in enumerate(sorted(scores["models"].items())):
+        out += _model_sections(scores, mname, model, index)
+    out.append(_effective_robustness_section(scores.get("effective_robustness") or {}))
+    coverage = scores.get("coverage")
+    if coverage:
+        out.append(_coverage_section(coverage))
+    out.append(_pairing_section(scores))
+    return out
+
+
+def _primary(scores: Mapping[str, Any]) -> tuple[str, bool]:
+    """The primary metric and whether it is binary (0/1) in this run."""
+    prim = scores["config"]["primary"]
+    defs = scores.get("metric_definitions", {})
+    return prim, bool(defs.get(prim, {}).get("binary"))
+
+
+def _summary_section(scores: Mapping[str, Any]) -> Section:
+    """How the run scored, the row counts, problems and notes, and the inputs table."""
     cfg = scores["config"]
     prim = cfg["primary"]
     defs = scores.get("metric_definitions", {})
-    binary = bool(defs.get(prim, {}).get("binary"))
-    from perturb.report.glance import glance_section
-
-    out: list[Section] = [glance_section(scores)]
-    s = Section("Summary", "summary")
-    c = scores["counts"]
-    s.paragraphs.append(
+    section = Section("Summary", "summary")
+    counts = scores["counts"]
+    section.paragraphs.append(
         f"Primary metric: {prim} ({defs.get(prim, {}).get('description', '')}). "
         f"Delta = perturbed - clean in percentage points; * marks a 95% CI that excludes 0. "
         f"CIs: paired cluster bootstrap over img_id, B = {cfg['bootstrap']['resamples']}, "
         f"seed {cfg['bootstrap']['seed']}, level {cfg['bootstrap']['level']}."
     )
-    s.paragraphs.append(
-        f"Input rows {c['input_rows']} (clean {c['clean_rows']}, perturbed {c['perturbed_rows']}); "
-        f"pairs {c['pairs']}; dropped while reading {c['dropped_while_reading']}, while pairing "
-        f"{c['dropped_while_pairing']}; label-risk pairs {c['at_risk_pairs']} "
+    section.paragraphs.append(
+        f"Input rows {counts['input_rows']} (clean {counts['clean_rows']}, perturbed "
+        f"{counts['perturbed_rows']}); pairs {counts['pairs']}; dropped while reading "
+        f"{counts['dropped_while_reading']}, while pairing {counts['dropped_while_pairing']}; "
+        f"label-risk pairs {counts['at_risk_pairs']} "
         + (
             "(included in the headline; the label-safe pooled row shows them left out)."
             if cfg["include_at_risk"]
@@ -257,16 +280,16 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
         )
     )
     if cfg.get("primary_reason"):
-        s.paragraphs.append(f"Why {prim}: {cfg['primary_reason']}.")
+        section.paragraphs.append(f"Why {prim}: {cfg['primary_reason']}.")
     if scores.get("rouge_upstream"):
         from perturb.score.upstream_rouge import describe
 
-        s.paragraphs.append(describe(scores["rouge_upstream"]))
-    for p in scores.get("problems", []):
-        s.paragraphs.append(f"Problem: {p}")
-    for p in scores.get("notes", []):
-        s.paragraphs.append(f"Note: {p}")
-    s.tables.append(
+        section.paragraphs.append(describe(scores["rouge_upstream"]))
+    for problem in scores.get("problems", []):
+        section.paragraphs.append(f"Problem: {problem}")
+    for note in scores.get("notes", []):
+        section.paragraphs.append(f"Note: {note}")
+    section.tables.append(
         Table(
             ["role", "model", "source", "format", "rows", "kept", "dropped"],
             [
@@ -285,327 +308,382 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
             caption="Inputs",
         )
     )
-    out.append(s)
-    hdr = ["perturbation", "n", "images", "clean", "perturbed", "delta (pp)", "relative drop %"]
-    if binary:
-        hdr += ["correct->wrong %", "wrong->correct %", "McNemar p exact / mid"]
-    hdr.append("answer changed %")
-    for mi, (mname, model) in enumerate(sorted(scores["models"].items())):
-        sec = Section(f"Headline: {mname}", f"headline-{mi}")
-        sec.tables.append(
-            Table(
-                hdr,
-                headline_rows(model, prim, binary),
-                id=f"headline-table-{mi}",
-                caption=f"{prim} by perturbation (pooled over severities)",
-            )
-        )
-        metrics = cfg["metrics"]
-        rows = []
-        for name, cell in [
-            *pooled_cells(model),
-            *by_gap(model.get("by_perturbation"), prim),
-        ]:
-            if cell:
-                rows.append(
-                    [str(name)]
-                    + [est(cell["metrics"].get(m, {}).get("delta"), signed=True) for m in metrics]
-                )
-        sec.tables.append(
-            Table(
-                ["perturbation"] + [f"{m} delta" for m in metrics],
-                rows,
-                id=f"all-metrics-{mi}",
-                caption="Delta of every metric (pp)",
-            )
-        )
-        if mi > 0:  # the first model's bars are on the first screen
-            sec.plots.append(f"delta_bars:{mname}")
-        out.append(sec)
+    return section
 
-        sev = Section(f"Perturbation x severity: {mname}", f"severity-{mi}", level=3)
-        bps = model.get("by_perturbation_severity") or {}
-        all_sev = sorted({int(k) for d in bps.values() for k in d}, key=int)
-        rows = []
-        order = [p for p, _ in by_gap(model.get("by_perturbation"), prim)]
-        order += [p for p in sorted(bps) if p not in order]
-        for p in order:
-            if p not in bps:
-                continue
-            d = bps[p]
+
+def _model_sections(
+    scores: Mapping[str, Any], mname: str, model: Mapping[str, Any], index: int
+) -> list[Section]:
+    """One model's sections: headline, severity, worst of k, breakdowns, label risk, CE,
+    calibration and flips (those without data left out)."""
+    prim, _ = _primary(scores)
+    out = [
+        _headline_section(scores, mname, model, index),
+        _severity_section(prim, mname, model, index),
+    ]
+    worst_of_k = model.get("worst_of_k") or {}
+    if worst_of_k.get("by_perturbation"):
+        out.append(_worst_of_k_section(worst_of_k, prim, mname, index))
+    by_class = model.get("by_question_class") or {}
+    if by_class.get(ALL):
+        section = _breakdown_section(
+            by_class[ALL],
+            prim,
+            "question class",
+            f"By question class: {mname}",
+            f"class-{index}",
+            f"class-table-{index}",
+            caption="All perturbations pooled",
+        )
+        section.plots.append(f"class_bars:{mname}")
+        out.append(section)
+    by_complexity = model.get("by_complexity") or {}
+    if by_complexity.get(ALL):
+        out.append(
+            _breakdown_section(
+                by_complexity[ALL],
+                prim,
+                "complexity",
+                f"By complexity: {mname}",
+                f"complexity-{index}",
+                f"complexity-table-{index}",
+            )
+        )
+    risk_by_class = (model.get("at_risk") or {}).get("by_question_class") or {}
+    if risk_by_class:
+        include = bool(scores["config"]["include_at_risk"])
+        out.append(_label_risk_section(risk_by_class, prim, include, mname, index))
+    corruption_error = model.get("corruption_error")
+    if corruption_error and corruption_error.get("by_perturbation"):
+        out.append(_corruption_error_section(corruption_error, mname, index))
+    calibration = model.get("calibration")
+    if calibration:
+        out.append(_calibration_section(calibration, mname, index))
+    out.append(_flips_section(model.get("flips") or [], prim, mname, index))
+    return out
+
+
+def _headline_section(
+    scores: Mapping[str, Any], mname: str, model: Mapping[str, Any], index: int
+) -> Section:
+    """The primary metric per perturbation, and the delta of every metric."""
+    prim, binary = _primary(scores)
+    header = ["perturbation", "n", "images", "clean", "perturbed", "delta (pp)", "relative drop %"]
+    if binary:
+        header += ["correct->wrong %", "wrong->correct %", "McNemar p exact / mid"]
+    header.append("answer changed %")
+    section = Section(f"Headline: {mname}", f"headline-{index}")
+    section.tables.append(
+        Table(
+            header,
+            headline_rows(model, prim, binary),
+            id=f"headline-table-{index}",
+            caption=f"{prim} by perturbation (pooled over severities)",
+        )
+    )
+    metrics = scores["config"]["metrics"]
+    rows = []
+    for name, cell in [*pooled_cells(model), *by_gap(model.get("by_perturbation"), prim)]:
+        if cell:
             rows.append(
-                [p]
-                + [
-                    est(
-                        d.get(str(k), {}).get("metrics", {}).get(prim, {}).get("delta"), signed=True
-                    )
-                    for k in all_sev
+                [str(name)]
+                + [est(cell["metrics"].get(m, {}).get("delta"), signed=True) for m in metrics]
+            )
+    section.tables.append(
+        Table(
+            ["perturbation"] + [f"{m} delta" for m in metrics],
+            rows,
+            id=f"all-metrics-{index}",
+            caption="Delta of every metric (pp)",
+        )
+    )
+    if index > 0:  # the first model's bars are on the first screen
+        section.plots.append(f"delta_bars:{mname}")
+    return section
+
+
+def _severity_section(prim: str, mname: str, model: Mapping[str, Any], index: int) -> Section:
+    """The primary metric's delta per perturbation x severity, and the severity curves' areas."""
+    section = Section(f"Perturbation x severity: {mname}", f"severity-{index}", level=3)
+    by_severity = model.get("by_perturbation_severity") or {}
+    severities = sorted({int(k) for d in by_severity.values() for k in d}, key=int)
+    order = [p for p, _ in by_gap(model.get("by_perturbation"), prim)]
+    order += [p for p in sorted(by_severity) if p not in order]
+    rows = []
+    for pert in order:
+        if pert not in by_severity:
+            continue
+        cells = by_severity[pert]
+        rows.append(
+            [pert]
+            + [
+                est(
+                    cells.get(str(k), {}).get("metrics", {}).get(prim, {}).get("delta"), signed=True
+                )
+                for k in severities
+            ]
+        )
+    section.tables.append(
+        Table(
+            ["perturbation"] + [f"s{k}" for k in severities],
+            rows,
+            id=f"severity-table-{index}",
+            caption=f"{prim} delta (pp) by severity",
+        )
+    )
+    curves = model.get("severity_curves") or {}
+    curve_rows = []
+    for pert, by_metric in sorted(curves.items(), key=lambda kv: (_ausc_key(kv[1], prim), kv[0])):
+        curve = by_metric.get(prim)
+        if curve:
+            curve_rows.append(
+                [
+                    pert,
+                    ", ".join(map(str, curve["severities"])),
+                    est(curve["clean"]),
+                    est(curve["ausc"]),
+                    est(curve["delta_ausc"], signed=True),
                 ]
             )
-        sev.tables.append(
+    if curve_rows:
+        section.tables.append(
             Table(
-                ["perturbation"] + [f"s{k}" for k in all_sev],
-                rows,
-                id=f"severity-table-{mi}",
-                caption=f"{prim} delta (pp) by severity",
+                [
+                    "perturbation",
+                    "severities",
+                    "clean",
+                    "area under severity curve",
+                    "area minus clean (pp)",
+                ],
+                curve_rows,
+                id=f"ausc-{index}",
+                caption="Area under the severity curve (mean level from severity 0 to max)",
             )
         )
-        curves = model.get("severity_curves") or {}
-        crow = []
-        for p, cm in sorted(curves.items(), key=lambda kv: (_ausc_key(kv[1], prim), kv[0])):
-            cc = cm.get(prim)
-            if cc:
-                crow.append(
+    if by_severity:
+        section.plots += [f"heatmap:{mname}", f"curves:{mname}"]
+    return section
+
+
+def _worst_of_k_section(
+    worst_of_k: Mapping[str, Any], prim: str, mname: str, index: int
+) -> Section:
+    """Each unit scored by its worst variant."""
+    section = Section(f"Worst of k variants: {mname}", f"worstk-{index}", level=3)
+    section.paragraphs.append(
+        f"Each (image, question, perturbation, severity) counts once with its worst variant "
+        f"(k = {worst_of_k['k']['min']}..{worst_of_k['k']['max']}); for binary metrics this is "
+        "consensus: all k correct."
+    )
+    rows = []
+    for pert, cell in by_gap(worst_of_k["by_perturbation"], prim):
+        m = cell["metrics"].get(prim)
+        if m:
+            rows.append(
+                [
+                    pert,
+                    str(m["n"]),
+                    est(m["clean"]),
+                    est(m["perturbed"]),
+                    est(m["delta"], signed=True),
+                ]
+            )
+    section.tables.append(
+        Table(
+            ["perturbation", "units", "clean", "worst of k", "delta (pp)"],
+            rows,
+            id=f"worstk-table-{index}",
+        )
+    )
+    return section
+
+
+def _label_risk_section(
+    risk_by_class: Mapping[str, Any], prim: str, include_at_risk: bool, mname: str, index: int
+) -> Section:
+    """Pairs whose reference answer the perturbation may change, per perturbation and class."""
+    section = Section(f"Label-risk pairs: {mname}", f"risk-{index}", level=3)
+    section.paragraphs.append(
+        "These pairs ask about something the perturbation may change in the image itself "
+        "(e.g. colour under a colour shift, location under a shift or crop), so the reference "
+        "answer may no longer hold. They are "
+        + ("included in" if include_at_risk else "left out of")
+        + " the headline."
+    )
+    rows = []
+    for pert, by_class in sorted(risk_by_class.items()):
+        for question_class, cell in sorted(by_class.items()):
+            m = cell["metrics"].get(prim)
+            if m:
+                rows.append(
                     [
-                        p,
-                        ", ".join(map(str, cc["severities"])),
-                        est(cc["clean"]),
-                        est(cc["ausc"]),
-                        est(cc["delta_ausc"], signed=True),
+                        pert,
+                        question_class,
+                        str(m["n"]),
+                        est(m["clean"]),
+                        est(m["perturbed"]),
+                        est(m["delta"], signed=True),
                     ]
                 )
-        if crow:
-            sev.tables.append(
-                Table(
-                    [
-                        "perturbation",
-                        "severities",
-                        "clean",
-                        "area under severity curve",
-                        "area minus clean (pp)",
-                    ],
-                    crow,
-                    id=f"ausc-{mi}",
-                    caption="Area under the severity curve (mean level from severity 0 to max)",
-                )
-            )
-        if bps:
-            sev.plots += [f"heatmap:{mname}", f"curves:{mname}"]
-        out.append(sev)
-
-        wk = model.get("worst_of_k") or {}
-        if wk.get("by_perturbation"):
-            w = Section(f"Worst of k variants: {mname}", f"worstk-{mi}", level=3)
-            w.paragraphs.append(
-                f"Each (image, question, perturbation, severity) counts once with its worst variant "
-                f"(k = {wk['k']['min']}..{wk['k']['max']}); for binary metrics this is consensus: all k correct."
-            )
-            rows = []
-            for p, cell in by_gap(wk["by_perturbation"], prim):
-                m = cell["metrics"].get(prim)
-                if m:
-                    rows.append(
-                        [
-                            p,
-                            str(m["n"]),
-                            est(m["clean"]),
-                            est(m["perturbed"]),
-                            est(m["delta"], signed=True),
-                        ]
-                    )
-            w.tables.append(
-                Table(
-                    ["perturbation", "units", "clean", "worst of k", "delta (pp)"],
-                    rows,
-                    id=f"worstk-table-{mi}",
-                )
-            )
-            out.append(w)
-
-        qc = model.get("by_question_class") or {}
-        if qc.get(ALL):
-            q = _breakdown_section(
-                qc[ALL],
-                prim,
-                "question class",
-                f"By question class: {mname}",
-                f"class-{mi}",
-                f"class-table-{mi}",
-                caption="All perturbations pooled",
-            )
-            q.plots.append(f"class_bars:{mname}")
-            out.append(q)
-        cx = model.get("by_complexity") or {}
-        if cx.get(ALL):
-            out.append(
-                _breakdown_section(
-                    cx[ALL],
-                    prim,
-                    "complexity",
-                    f"By complexity: {mname}",
-                    f"complexity-{mi}",
-                    f"complexity-table-{mi}",
-                )
-            )
-        risk = model.get("at_risk") or {}
-        rq = risk.get("by_question_class") or {}
-        if rq:
-            r = Section(f"Label-risk pairs: {mname}", f"risk-{mi}", level=3)
-            r.paragraphs.append(
-                "These pairs ask about something the perturbation may change in the image itself "
-                "(e.g. colour under a colour shift, location under a shift or crop), so the reference "
-                "answer may no longer hold. They are "
-                + ("included in" if cfg["include_at_risk"] else "left out of")
-                + " the headline."
-            )
-            rows = []
-            for p, d in sorted(rq.items()):
-                for k, cell in sorted(d.items()):
-                    m = cell["metrics"].get(prim)
-                    if m:
-                        rows.append(
-                            [
-                                p,
-                                k,
-                                str(m["n"]),
-                                est(m["clean"]),
-                                est(m["perturbed"]),
-                                est(m["delta"], signed=True),
-                            ]
-                        )
-            r.tables.append(
-                Table(
-                    ["perturbation", "class at risk", "n", "clean", "perturbed", "delta (pp)"],
-                    rows,
-                    id=f"risk-table-{mi}",
-                )
-            )
-            out.append(r)
-        ce = model.get("corruption_error")
-        if ce and ce.get("by_perturbation"):
-            e = Section(f"Corruption error vs {ce['reference']}: {mname}", f"ce-{mi}", level=3)
-            e.paragraphs.append(
-                "CE = sum over severities of E / sum of the reference's E (E = 1 - score); relative CE "
-                "subtracts each model's clean error first. Below 1: more robust than the reference."
-            )
-            rows = [
-                [
-                    p,
-                    ", ".join(map(str, d["severities"])),
-                    est(d["ce"], scale=False),
-                    est(d["relative_ce"], scale=False),
-                ]
-                for p, d in sorted(ce["by_perturbation"].items())
-            ]
-            rows.append(
-                [
-                    "mean (mCE)",
-                    "",
-                    est(ce.get("mce"), scale=False),
-                    est(ce.get("relative_mce"), scale=False),
-                ]
-            )
-            e.tables.append(
-                Table(
-                    ["perturbation", "severities", "CE", "relative CE"], rows, id=f"ce-table-{mi}"
-                )
-            )
-            out.append(e)
-        cal = model.get("calibration")
-        if cal:
-            out.append(_calibration_section(cal, mname, mi))
-        flips = model.get("flips") or []
-        f = Section(f"Largest correct -> wrong flips: {mname}", f"flips-{mi}", level=3)
-        f.paragraphs.append(
-            "Chosen across perturbations: each perturbation in turn (largest mean drop first) "
-            "gives its largest remaining drop, on an image not shown yet where it has one."
+    section.tables.append(
+        Table(
+            ["perturbation", "class at risk", "n", "clean", "perturbed", "delta (pp)"],
+            rows,
+            id=f"risk-table-{index}",
         )
-        f.flip_header = [
-            "perturbation",
-            "severity",
-            "variant",
-            "img_id",
-            "question",
-            "reference",
-            "clean answer",
-            "perturbed answer",
-            f"{prim} clean -> perturbed",
+    )
+    return section
+
+
+def _corruption_error_section(
+    corruption_error: Mapping[str, Any], mname: str, index: int
+) -> Section:
+    """CE and relative CE per perturbation, and their means, against the reference model."""
+    ce = corruption_error
+    section = Section(f"Corruption error vs {ce['reference']}: {mname}", f"ce-{index}", level=3)
+    section.paragraphs.append(
+        "CE = sum over severities of E / sum of the reference's E (E = 1 - score); relative CE "
+        "subtracts each model's clean error first. Below 1: more robust than the reference."
+    )
+    rows = [
+        [
+            pert,
+            ", ".join(map(str, d["severities"])),
+            est(d["ce"], scale=False),
+            est(d["relative_ce"], scale=False),
         ]
-        for fl in flips:
-            f.flips.append(
-                Flip(
-                    [
-                        str(fl["perturbation"]),
-                        str(fl["severity"]),
-                        str(fl["variant"]),
-                        str(fl["img_id"]),
-                        str(fl["question"]),
-                        str(fl["reference"]),
-                        str(fl["prediction_clean"]),
-                        str(fl["prediction_perturbed"]),
-                        f"{pct(fl['clean'])} -> {pct(fl['perturbed'])}",
-                    ],
-                    fl.get("image_clean"),
-                    fl.get("image_perturbed"),
-                )
+        for pert, d in sorted(ce["by_perturbation"].items())
+    ]
+    rows.append(
+        [
+            "mean (mCE)",
+            "",
+            est(ce.get("mce"), scale=False),
+            est(ce.get("relative_mce"), scale=False),
+        ]
+    )
+    section.tables.append(
+        Table(["perturbation", "severities", "CE", "relative CE"], rows, id=f"ce-table-{index}")
+    )
+    return section
+
+
+def _flips_section(
+    flips: Sequence[Mapping[str, Any]], prim: str, mname: str, index: int
+) -> Section:
+    """The largest correct -> wrong flips, with their images."""
+    section = Section(f"Largest correct -> wrong flips: {mname}", f"flips-{index}", level=3)
+    section.paragraphs.append(
+        "Chosen across perturbations: each perturbation in turn (largest mean drop first) "
+        "gives its largest remaining drop, on an image not shown yet where it has one."
+    )
+    section.flip_header = [
+        "perturbation",
+        "severity",
+        "variant",
+        "img_id",
+        "question",
+        "reference",
+        "clean answer",
+        "perturbed answer",
+        f"{prim} clean -> perturbed",
+    ]
+    for flip in flips:
+        section.flips.append(
+            Flip(
+                [
+                    str(flip["perturbation"]),
+                    str(flip["severity"]),
+                    str(flip["variant"]),
+                    str(flip["img_id"]),
+                    str(flip["question"]),
+                    str(flip["reference"]),
+                    str(flip["prediction_clean"]),
+                    str(flip["prediction_perturbed"]),
+                    f"{pct(flip['clean'])} -> {pct(flip['perturbed'])}",
+                ],
+                flip.get("image_clean"),
+                flip.get("image_perturbed"),
             )
-        if not flips:
-            f.paragraphs.append("No correct -> wrong flips among the headline pairs.")
-        out.append(f)
-    er = scores.get("effective_robustness") or {}
-    e = Section("Effective robustness", "effective-robustness")
+        )
+    if not flips:
+        section.paragraphs.append("No correct -> wrong flips among the headline pairs.")
+    return section
+
+
+def _effective_robustness_section(er: Mapping[str, Any]) -> Section:
+    """Perturbed score above or below the clean-to-perturbed trend across models."""
+    section = Section("Effective robustness", "effective-robustness")
     if er.get("computed"):
-        e.paragraphs.append(
+        section.paragraphs.append(
             f"Perturbed {er['metric']} minus the value predicted from clean {er['metric']} by a "
             "logit-linear fit across the scored models (Taori et al. 2020); positive = more robust than the trend."
         )
         names = er["models"]
         rows = [
-            [p] + [est(d.get(n), signed=True) for n in names]
-            for p, d in er["by_perturbation"].items()
+            [pert] + [est(d.get(n), signed=True) for n in names]
+            for pert, d in er["by_perturbation"].items()
         ]
-        e.tables.append(Table(["perturbation", *list(names)], rows, id="er-table"))
+        section.tables.append(Table(["perturbation", *list(names)], rows, id="er-table"))
     else:
-        e.paragraphs.append(f"Not computed: {er.get('reason', 'n/a')}.")
-    out.append(e)
-    cov = scores.get("coverage")
-    if cov:
-        cs = Section("Coverage of the manifest", "coverage")
-        cs.paragraphs.append(
-            f"Manifest outputs with / without scored predictions ({cov['outputs']} outputs); "
-            "a share under 90% is a warning at the top."
-        )
-        for mname, cm in sorted(cov["models"].items()):
-            rows = [
-                [
-                    k,
-                    str(v["with"]),
-                    str(v["without"]),
-                    pct(v["with"] / max(v["with"] + v["without"], 1)),
-                ]
-                for k, v in cm["by_perturbation_severity"].items()
+        section.paragraphs.append(f"Not computed: {er.get('reason', 'n/a')}.")
+    return section
+
+
+def _coverage_section(coverage: Mapping[str, Any]) -> Section:
+    """Manifest outputs with and without scored predictions, per model."""
+    section = Section("Coverage of the manifest", "coverage")
+    section.paragraphs.append(
+        f"Manifest outputs with / without scored predictions ({coverage['outputs']} outputs); "
+        "a share under 90% is a warning at the top."
+    )
+    for mname, cm in sorted(coverage["models"].items()):
+        rows = [
+            [
+                k,
+                str(v["with"]),
+                str(v["without"]),
+                pct(v["with"] / max(v["with"] + v["without"], 1)),
             ]
-            rows.insert(
-                0,
-                [
-                    "(all)",
-                    str(cm["with_predictions"]),
-                    str(cm["without_predictions"]),
-                    pct(cm["share"]),
-                ],
+            for k, v in cm["by_perturbation_severity"].items()
+        ]
+        rows.insert(
+            0,
+            [
+                "(all)",
+                str(cm["with_predictions"]),
+                str(cm["without_predictions"]),
+                pct(cm["share"]),
+            ],
+        )
+        section.tables.append(
+            Table(
+                ["perturbation/severity", "with predictions", "without", "covered %"],
+                rows,
+                id=f"coverage-{mname}",
+                caption=f"Coverage: {mname}",
             )
-            cs.tables.append(
-                Table(
-                    ["perturbation/severity", "with predictions", "without", "covered %"],
-                    rows,
-                    id=f"coverage-{mname}",
-                    caption=f"Coverage: {mname}",
-                )
-            )
-        out.append(cs)
-    d = Section("Pairing details", "pairing")
+        )
+    return section
+
+
+def _pairing_section(scores: Mapping[str, Any]) -> Section:
+    """Rows dropped while reading and pairing, with examples; pairing notes."""
+    section = Section("Pairing details", "pairing")
     rows = []
-    for mname, p in sorted(scores.get("pairing", {}).items()):
-        for reason, n in p["dropped"].items():
-            rows.append([mname, reason, str(n), "; ".join(p["drop_examples"].get(reason, []))])
-        for note in p.get("notes", []):
-            d.paragraphs.append(f"{mname}: {note}")
+    for mname, pairing in sorted(scores.get("pairing", {}).items()):
+        for reason, n in pairing["dropped"].items():
+            rows.append(
+                [mname, reason, str(n), "; ".join(pairing["drop_examples"].get(reason, []))]
+            )
+        for note in pairing.get("notes", []):
+            section.paragraphs.append(f"{mname}: {note}")
     for r in scores.get("reading", []):
         for reason, n in r["dropped"].items():
             rows.append(
                 [r["source"], reason, str(n), "; ".join(r["drop_examples"].get(reason, []))]
             )
-    d.tables.append(
+    section.tables.append(
         Table(
             ["model / source", "reason", "rows", "first examples"],
             rows,
@@ -613,8 +691,7 @@ def build_sections(scores: Mapping[str, Any]) -> list[Section]:
             caption="Dropped rows",
         )
     )
-    out.append(d)
-    return out
+    return section
 
 
 def plot_ids(sections: Sequence[Section]) -> list[str]:

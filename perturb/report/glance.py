@@ -10,45 +10,42 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from perturb.report.content import Section, Table, est, pct
+from perturb.report.content import Section, Table, est, excludes_zero, pct
 
 SMALL_SAMPLE_IMAGES = 100
 WIDE_CI_PP = 10.0
 
 
-def _sig(d: Mapping[str, Any] | None) -> bool:
-    if not d or not d.get("ci") or d["ci"][0] is None or d["ci"][1] is None:
-        return False
-    lo, hi = d["ci"]
-    return bool(lo > 0 or hi < 0)
-
-
 def gaps(model: Mapping[str, Any], metric: str) -> list[tuple[str, Mapping[str, Any]]]:
     """(perturbation, metric cell) sorted by delta, most negative first."""
     out = []
-    for p, cell in (model.get("by_perturbation") or {}).items():
-        m = (cell or {}).get("metrics", {}).get(metric)
-        if m and m["delta"]["estimate"] is not None:
-            out.append((p, m))
-    return sorted(out, key=lambda t: (t[1]["delta"]["estimate"], t[0]))
+    for pert, cell in (model.get("by_perturbation") or {}).items():
+        scores = (cell or {}).get("metrics", {}).get(metric)
+        if scores and scores["delta"]["estimate"] is not None:
+            out.append((pert, scores))
+    return sorted(out, key=lambda item: (item[1]["delta"]["estimate"], item[0]))
 
 
 def takeaway(model: Mapping[str, Any], metric: str, k: int = 3) -> str:
     """One line: the ``k`` largest significant drops of ``metric`` (or that there are none)."""
-    sig = [
-        (p, m) for p, m in gaps(model, metric) if _sig(m["delta"]) and m["delta"]["estimate"] < 0
+    drops = [
+        (pert, scores)
+        for pert, scores in gaps(model, metric)
+        if excludes_zero(scores["delta"]) and scores["delta"]["estimate"] < 0
     ]
-    if not sig:
-        g = gaps(model, metric)
-        if not g:
+    if not drops:
+        all_gaps = gaps(model, metric)
+        if not all_gaps:
             return f"No per-perturbation {metric} gaps."
-        p, m = g[0]
+        pert, scores = all_gaps[0]
         return (
-            f"No significant drop of {metric} (95% CI); largest: {p} "
-            f"{pct(m['delta']['estimate'], signed=True)} pp."
+            f"No significant drop of {metric} (95% CI); largest: {pert} "
+            f"{pct(scores['delta']['estimate'], signed=True)} pp."
         )
-    parts = [f"{p} {pct(m['delta']['estimate'], signed=True)} pp" for p, m in sig[:k]]
-    more = f" ({len(sig) - k} more significant)" if len(sig) > k else ""
+    parts = [
+        f"{pert} {pct(scores['delta']['estimate'], signed=True)} pp" for pert, scores in drops[:k]
+    ]
+    more = f" ({len(drops) - k} more significant)" if len(drops) > k else ""
     return f"Worst ({metric}): " + ", ".join(parts) + more + "."
 
 
@@ -58,17 +55,17 @@ def sample_warning(scores: Mapping[str, Any]) -> str | None:
     n_img = scores.get("tested", {}).get("images")
     widths = []
     for model in scores["models"].values():
-        for _, m in gaps(model, prim):
-            ci = m["delta"].get("ci")
+        for _, scores_of_op in gaps(model, prim):
+            ci = scores_of_op["delta"].get("ci")
             if ci and ci[0] is not None and ci[1] is not None:
                 widths.append(100 * (ci[1] - ci[0]))
     widths.sort()
-    med = widths[len(widths) // 2] if widths else None
+    median = widths[len(widths) // 2] if widths else None
     parts = []
     if n_img is not None and n_img < SMALL_SAMPLE_IMAGES:
         parts.append(f"only {n_img} images (< {SMALL_SAMPLE_IMAGES})")
-    if med is not None and med > WIDE_CI_PP:
-        parts.append(f"median 95% CI width of the per-perturbation gaps {med:.1f} pp")
+    if median is not None and median > WIDE_CI_PP:
+        parts.append(f"median 95% CI width of the per-perturbation gaps {median:.1f} pp")
     if not parts:
         return None
     return (
@@ -86,24 +83,28 @@ def leaderboard(scores: Mapping[str, Any]) -> Table:
     er_all = (er.get("by_perturbation") or {}).get("(all)", {}) if er.get("computed") else {}
     rows = []
     for name, model in scores["models"].items():
-        m = ((model.get("overall") or {}).get("metrics") or {}).get(prim)
-        if not m:
+        overall = ((model.get("overall") or {}).get("metrics") or {}).get(prim)
+        if not overall:
             continue
-        g = gaps(model, prim)
-        worst = f"{g[0][0]} {est(g[0][1]['delta'], signed=True)}" if g else "-"
+        model_gaps = gaps(model, prim)
+        worst = (
+            f"{model_gaps[0][0]} {est(model_gaps[0][1]['delta'], signed=True)}"
+            if model_gaps
+            else "-"
+        )
         row = [
             name,
-            est(m["clean"]),
-            est(m["perturbed"]),
-            est(m["delta"], signed=True) + (" *" if _sig(m["delta"]) else ""),
-            est(m.get("relative_drop")),
+            est(overall["clean"]),
+            est(overall["perturbed"]),
+            est(overall["delta"], signed=True) + (" *" if excludes_zero(overall["delta"]) else ""),
+            est(overall.get("relative_drop")),
             worst,
         ]
         if er_all:
             row.append(est(er_all.get(name), signed=True))
-        rows.append((m["perturbed"]["estimate"] or 0.0, name, row))
-    rows.sort(key=lambda t: (-t[0], t[1]))
-    hdr = [
+        rows.append((overall["perturbed"]["estimate"] or 0.0, name, row))
+    rows.sort(key=lambda item: (-item[0], item[1]))
+    header = [
         "rank",
         "model",
         "clean",
@@ -113,9 +114,9 @@ def leaderboard(scores: Mapping[str, Any]) -> Table:
         "worst perturbation",
     ]
     if er_all:
-        hdr.append("effective robustness (pp)")
+        header.append("effective robustness (pp)")
     return Table(
-        hdr,
+        header,
         [[str(i + 1), *r] for i, (_, _, r) in enumerate(rows)],
         id="leaderboard",
         caption=f"{prim}, headline pairs, ranked by perturbed score; * 95% CI excludes 0",
@@ -126,18 +127,19 @@ def glance_section(scores: Mapping[str, Any]) -> Section:
     """The first screen of the report."""
     cfg = scores["config"]
     prim = cfg["primary"]
-    t = scores.get("tested", {})
+    tested = scores.get("tested", {})
     head = scores.get("headline") or {}
-    s = Section("At a glance", "glance")
-    cov = t.get("coverage")
-    cov_txt = f"; coverage {cov:.0%} of manifest outputs" if cov is not None else ""
-    s.paragraphs.append(
-        f"Tested: {', '.join(t.get('models', []))}; suite {', '.join(t.get('suites') or ['-'])}; "
-        f"{t.get('images', '-')} images, {scores['counts']['pairs']} pairs over "
-        f"{t.get('perturbations', '-')} perturbation(s){cov_txt}."
+    section = Section("At a glance", "glance")
+    coverage = tested.get("coverage")
+    coverage_text = f"; coverage {coverage:.0%} of manifest outputs" if coverage is not None else ""
+    section.paragraphs.append(
+        f"Tested: {', '.join(tested.get('models', []))}; "
+        f"suite {', '.join(tested.get('suites') or ['-'])}; "
+        f"{tested.get('images', '-')} images, {scores['counts']['pairs']} pairs over "
+        f"{tested.get('perturbations', '-')} perturbation(s){coverage_text}."
     )
     uses = "all pairs" if head.get("uses") == "all_pairs" else "label-safe pairs"
-    s.paragraphs.append(
+    section.paragraphs.append(
         f"Headline: {prim} on {uses} ({head.get('headline_pairs', '-')} pairs; "
         f"{head.get('at_risk_pairs', 0)} label-risk). Metric: {cfg.get('primary_reason', '')}."
     )
@@ -147,24 +149,24 @@ def glance_section(scores: Mapping[str, Any]) -> Section:
         safe = ((model.get("overall_label_safe") or {}).get("metrics") or {}).get(prim)
         if head.get("uses") == "all_pairs" and safe:
             line += f" Label-safe pairs only: {est(safe['delta'], signed=True)} pp overall."
-        s.paragraphs.append("Takeaway: " + lead + line)
+        section.paragraphs.append("Takeaway: " + lead + line)
     for name, model in sorted(scores["models"].items()):
         cal = (model.get("calibration") or {}).get("overall")
         if cal:
             lead = f"{name}: " if len(scores["models"]) > 1 else ""
-            s.paragraphs.append(
+            section.paragraphs.append(
                 f"Calibration: {lead}ECE {pct(cal['clean']['ece'])} clean -> "
                 f"{pct(cal['perturbed']['ece'])} perturbed (shift "
                 f"{est(cal['delta_ece'], signed=True)} pp); overconfidence shift "
                 f"{est(cal['delta_overconfidence'], signed=True)} pp."
             )
-    for w in scores.get("warnings", []):
-        s.paragraphs.append(f"Warning: {w}")
-    sw = sample_warning(scores)
-    if sw:
-        s.paragraphs.append(f"Warning: {sw}")
-    s.tables.append(leaderboard(scores))
+    for warning in scores.get("warnings", []):
+        section.paragraphs.append(f"Warning: {warning}")
+    small_sample = sample_warning(scores)
+    if small_sample:
+        section.paragraphs.append(f"Warning: {small_sample}")
+    section.tables.append(leaderboard(scores))
     first = sorted(scores["models"])[0] if scores["models"] else None
     if first is not None:
-        s.plots.append(f"delta_bars:{first}")
-    return s
+        section.plots.append(f"delta_bars:{first}")
+    return section

@@ -70,17 +70,17 @@ def thumbnail(path: str | None, size: int = 160) -> str | None:
     """Base64 JPEG thumbnail of an image file, or None if it cannot be read."""
     if not path:
         return None
-    p = Path(path)
-    if not p.is_file():
+    file = Path(path)
+    if not file.is_file():
         return None
     try:
         from PIL import Image
 
-        with Image.open(p) as src:
-            im = src.convert("RGB")
-            im.thumbnail((size, size))
+        with Image.open(file) as src:
+            image = src.convert("RGB")
+            image.thumbnail((size, size))
             buf = io.BytesIO()
-            im.save(buf, format="JPEG", quality=80)
+            image.save(buf, format="JPEG", quality=80)
     except Exception:
         return None
     return base64.b64encode(buf.getvalue()).decode("ascii")
@@ -96,25 +96,25 @@ NO_CLEAN = "clean image not found: pass --dataset, or score where the clean path
 NO_PERT = "perturbed image not found: pass --manifest with the generated split"
 
 
-def _flips(s: Section, thumbs: bool) -> str:
+def _flips(section: Section, thumbs: bool) -> str:
     """The flip gallery: clean and perturbed image side by side, then the row's text."""
-    with_imgs = thumbs and any(f.image_clean or f.image_perturbed for f in s.flips)
-    hdr = (["clean | perturbed image"] if with_imgs else []) + list(s.flip_header)
+    with_imgs = thumbs and any(flip.image_clean or flip.image_perturbed for flip in section.flips)
+    header = (["clean | perturbed image"] if with_imgs else []) + list(section.flip_header)
     parts = [
-        f'<table id="{esc(s.id)}-table" class="flips"><thead><tr>'
-        + "".join(f"<th>{esc(h)}</th>" for h in hdr)
+        f'<table id="{esc(section.id)}-table" class="flips"><thead><tr>'
+        + "".join(f"<th>{esc(h)}</th>" for h in header)
         + "</tr></thead><tbody>"
     ]
-    for f in s.flips:
+    for flip in section.flips:
         row = ""
         if with_imgs:
             row += (
                 '<td class="pair"><div class="pair">'
-                f"{_img(thumbnail(f.image_clean), 'clean image', NO_CLEAN)}"
-                f"{_img(thumbnail(f.image_perturbed), 'perturbed image', NO_PERT)}"
+                f"{_img(thumbnail(flip.image_clean), 'clean image', NO_CLEAN)}"
+                f"{_img(thumbnail(flip.image_perturbed), 'perturbed image', NO_PERT)}"
                 "</div></td>"
             )
-        row += "".join(f'<td class="text">{esc(c)}</td>' for c in f.cells)
+        row += "".join(f'<td class="text">{esc(c)}</td>' for c in flip.cells)
         parts.append(f"<tr>{row}</tr>")
     parts.append("</tbody></table>")
     return "".join(parts)
@@ -132,15 +132,18 @@ def render_html(
     ]
     nav = (
         "<nav><ul>"
-        + "".join(f'<li><a href="#{esc(s.id)}">{esc(s.title)}</a></li>' for s in sections)
+        + "".join(
+            f'<li><a href="#{esc(section.id)}">{esc(section.title)}</a></li>'
+            for section in sections
+        )
         + "</ul></nav>"
     )
-    for k, s in enumerate(sections):
-        if k == 1 or (k == 0 and s.id != "glance"):
+    for index, section in enumerate(sections):
+        if index == 1 or (index == 0 and section.id != "glance"):
             body.append(nav)
-        lvl = min(max(s.level, 2), 4)
-        body.append(f'<section id="{esc(s.id)}"><h{lvl}>{esc(s.title)}</h{lvl}>')
-        for p in s.paragraphs:
+        level = min(max(section.level, 2), 4)
+        body.append(f'<section id="{esc(section.id)}"><h{level}>{esc(section.title)}</h{level}>')
+        for paragraph in section.paragraphs:
             kind = next(
                 (
                     c
@@ -150,25 +153,26 @@ def render_html(
                         ("Takeaway:", "takeaway"),
                         ("Tested:", "tested"),
                     )
-                    if p.startswith(pre)
+                    if paragraph.startswith(pre)
                 ),
                 None,
             )
-            cls = f' class="{kind}"' if kind else ""
-            body.append(f"<p{cls}>{esc(p)}</p>")
-        for t in s.tables:
-            body.append(_table(t, text_cols={len(t.header) - 1} if t.id == "drops" else None))
-        for pid in s.plots:
-            png = render_plot(pid, scores)
+            class_attr = f' class="{kind}"' if kind else ""
+            body.append(f"<p{class_attr}>{esc(paragraph)}</p>")
+        for table in section.tables:
+            drops_text = {len(table.header) - 1} if table.id == "drops" else None
+            body.append(_table(table, text_cols=drops_text))
+        for plot_id in section.plots:
+            png = render_plot(plot_id, scores)
             if png is None:
                 continue
             b64 = base64.b64encode(png).decode("ascii")
             body.append(
-                f'<figure class="plot" data-plot="{esc(pid)}"><img class="plot" alt="{esc(pid)}" '
+                f'<figure class="plot" data-plot="{esc(plot_id)}"><img class="plot" alt="{esc(plot_id)}" '
                 f'src="data:image/png;base64,{b64}"></figure>'
             )
-        if s.flip_header and s.flips:
-            body.append(_flips(s, thumbs))
+        if section.flip_header and section.flips:
+            body.append(_flips(section, thumbs))
         body.append("</section>")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -28,30 +28,31 @@ def _png(fig: Any) -> bytes:
 
 
 def _ci(d: Mapping[str, Any] | None) -> tuple[float, float, float]:
+    """Estimate, lower and upper bound of an estimate/CI dict, in percent (NaN when missing)."""
     if not d or d.get("estimate") is None:
         return np.nan, np.nan, np.nan
-    e = 100 * float(d["estimate"])
+    estimate = 100 * float(d["estimate"])
     ci = d.get("ci") or [None, None]
-    lo = 100 * float(ci[0]) if ci[0] is not None else e
-    hi = 100 * float(ci[1]) if ci[1] is not None else e
-    return e, lo, hi
+    lo = 100 * float(ci[0]) if ci[0] is not None else estimate
+    hi = 100 * float(ci[1]) if ci[1] is not None else estimate
+    return estimate, lo, hi
 
 
 def _hbars(
-    labels: list[str], vals: list[tuple[float, float, float]], title: str, xlabel: str
+    labels: list[str], intervals: list[tuple[float, float, float]], title: str, xlabel: str
 ) -> bytes:
     plt = _plt()
-    e = np.array([v[0] for v in vals])
-    lo = np.array([v[1] for v in vals])
-    hi = np.array([v[2] for v in vals])
+    estimates = np.array([v[0] for v in intervals])
+    lo = np.array([v[1] for v in intervals])
+    hi = np.array([v[2] for v in intervals])
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) + 1.2))
     y = np.arange(len(labels))
-    colors = ["#c0392b" if v < 0 else "#2e86c1" for v in np.nan_to_num(e)]
-    ax.barh(y, np.nan_to_num(e), color=colors, alpha=0.8)
+    colors = ["#c0392b" if v < 0 else "#2e86c1" for v in np.nan_to_num(estimates)]
+    ax.barh(y, np.nan_to_num(estimates), color=colors, alpha=0.8)
     ax.errorbar(
-        np.nan_to_num(e),
+        np.nan_to_num(estimates),
         y,
-        xerr=[np.nan_to_num(e - lo), np.nan_to_num(hi - e)],
+        xerr=[np.nan_to_num(estimates - lo), np.nan_to_num(hi - estimates)],
         fmt="none",
         ecolor="black",
         capsize=3,
@@ -89,11 +90,11 @@ def delta_bars(model: Mapping[str, Any], metric: str) -> bytes | None:
 
 def class_bars(model: Mapping[str, Any], metric: str) -> bytes | None:
     """Delta of ``metric`` per question class (all perturbations pooled), largest drop first."""
-    d = (model.get("by_question_class") or {}).get(ALL) or {}
+    by_class = (model.get("by_question_class") or {}).get(ALL) or {}
     labels, vals = [], []
-    for k, cell in _by_gap(d, metric):
+    for question_class, cell in _by_gap(by_class, metric):
         if metric in cell["metrics"]:
-            labels.append(k)
+            labels.append(question_class)
             vals.append(_ci(cell["metrics"][metric]["delta"]))
     if not labels:
         return None
@@ -104,31 +105,31 @@ def class_bars(model: Mapping[str, Any], metric: str) -> bytes | None:
 
 def heatmap(model: Mapping[str, Any], metric: str) -> bytes | None:
     """Perturbation x severity heatmap of the delta of ``metric``."""
-    bps = model.get("by_perturbation_severity") or {}
-    perts = [p for p, _ in _by_gap(model.get("by_perturbation") or {}, metric) if p in bps]
-    perts += [p for p in sorted(bps) if p not in perts]
-    sevs = sorted({int(s) for d in bps.values() for s in d})
+    by_severity = model.get("by_perturbation_severity") or {}
+    perts = [p for p, _ in _by_gap(model.get("by_perturbation") or {}, metric) if p in by_severity]
+    perts += [p for p in sorted(by_severity) if p not in perts]
+    sevs = sorted({int(s) for d in by_severity.values() for s in d})
     if not perts or not sevs:
         return None
-    M = np.full((len(perts), len(sevs)), np.nan)
+    deltas = np.full((len(perts), len(sevs)), np.nan)
     for i, p in enumerate(perts):
         for j, s in enumerate(sevs):
-            m = bps[p].get(str(s), {}).get("metrics", {}).get(metric)
-            if m and m["delta"]["estimate"] is not None:
-                M[i, j] = 100 * m["delta"]["estimate"]
+            scores = by_severity[p].get(str(s), {}).get("metrics", {}).get(metric)
+            if scores and scores["delta"]["estimate"] is not None:
+                deltas[i, j] = 100 * scores["delta"]["estimate"]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(1.1 * len(sevs) + 3, 0.5 * len(perts) + 1.5))
-    lim = float(np.nanmax(np.abs(M))) if np.isfinite(M).any() else 1.0
+    lim = float(np.nanmax(np.abs(deltas))) if np.isfinite(deltas).any() else 1.0
     lim = max(lim, 1e-6)
-    im = ax.imshow(M, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    im = ax.imshow(deltas, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
     for i in range(len(perts)):
         for j in range(len(sevs)):
-            if np.isfinite(M[i, j]):
-                dark = abs(M[i, j]) > 0.6 * lim
+            if np.isfinite(deltas[i, j]):
+                dark = abs(deltas[i, j]) > 0.6 * lim
                 ax.text(
                     j,
                     i,
-                    f"{M[i, j]:+.1f}",
+                    f"{deltas[i, j]:+.1f}",
                     ha="center",
                     va="center",
                     fontsize=8,
@@ -144,10 +145,12 @@ def heatmap(model: Mapping[str, Any], metric: str) -> bytes | None:
 def curves(model: Mapping[str, Any], metric: str) -> bytes | None:
     """Small multiples: one panel per perturbation (largest drop first), score of ``metric``
     against severity (clean at 0) with its 95% CI band; shared y axis."""
-    sc = model.get("severity_curves") or {}
-    order = [p for p, _ in _by_gap(model.get("by_perturbation") or {}, metric) if p in sc]
-    order += [p for p in sorted(sc) if p not in order]
-    series = [(p, sc[p][metric]) for p in order if metric in sc[p]]
+    severity_curves = model.get("severity_curves") or {}
+    order = [
+        p for p, _ in _by_gap(model.get("by_perturbation") or {}, metric) if p in severity_curves
+    ]
+    order += [p for p in sorted(severity_curves) if p not in order]
+    series = [(p, severity_curves[p][metric]) for p in order if metric in severity_curves[p]]
     if not series:
         return None
     plt = _plt()
@@ -156,17 +159,17 @@ def curves(model: Mapping[str, Any], metric: str) -> bytes | None:
     fig, axes = plt.subplots(
         nrow, ncol, figsize=(2.6 * ncol, 2.1 * nrow + 0.6), sharex=True, sharey=True, squeeze=False
     )
-    for ax, (p, cur) in zip(axes.flat, series, strict=False):
-        x = [0, *list(cur["severities"])]
-        pts = [_ci(cur["clean"])] + [_ci(v) for v in cur["perturbed"]]
-        e = np.array([v[0] for v in pts])
+    for ax, (p, curve) in zip(axes.flat, series, strict=False):
+        x = [0, *list(curve["severities"])]
+        pts = [_ci(curve["clean"])] + [_ci(v) for v in curve["perturbed"]]
+        levels = np.array([v[0] for v in pts])
         lo = np.array([v[1] for v in pts])
         hi = np.array([v[2] for v in pts])
-        ax.plot(x, e, marker="o", color="#1f4e79", lw=1.5, ms=3)
+        ax.plot(x, levels, marker="o", color="#1f4e79", lw=1.5, ms=3)
         ax.fill_between(x, lo, hi, color="#1f4e79", alpha=0.18)
-        ax.axhline(e[0], color="#888", lw=0.8, ls="--")
-        d = e[-1] - e[0]
-        ax.set_title(f"{p}  ({d:+.1f} pp at s{x[-1]})", fontsize=8)
+        ax.axhline(levels[0], color="#888", lw=0.8, ls="--")
+        change = levels[-1] - levels[0]
+        ax.set_title(f"{p}  ({change:+.1f} pp at s{x[-1]})", fontsize=8)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(series) :]:
@@ -191,7 +194,7 @@ PLOTTERS = {
 def render_plot(plot_id: str, scores: Mapping[str, Any]) -> bytes | None:
     """PNG of plot ``kind:model`` (None when there is nothing to draw)."""
     kind, _, model = plot_id.partition(":")
-    m = scores["models"].get(model)
-    if m is None:
+    model_scores = scores["models"].get(model)
+    if model_scores is None:
         return None
-    return PLOTTERS[kind](m, scores["config"]["primary"])
+    return PLOTTERS[kind](model_scores, scores["config"]["primary"])

@@ -1,10 +1,14 @@
 """Paired clean-vs-perturbed scoring of medical VQA predictions (no torch).
 
+>>> from perturb.report import write_reports
 >>> from perturb.score import score_runs
->>> result = score_runs(clean="clean.jsonl", perturbed=["blur.jsonl"], out_dir="out")  # doctest: +SKIP
+>>> result = score_runs(
+...     clean="clean.jsonl", perturbed=["blur.jsonl"], out_dir="out", report_writer=write_reports
+... )  # doctest: +SKIP
 >>> result.scores["models"]["model"]["overall"]["metrics"]["rougeL"]["delta"]  # doctest: +SKIP
 
-See :func:`perturb.score.api.score_runs`; the CLI is ``perturb score``.
+See :func:`perturb.score.api.score_runs`; the CLI is ``perturb score``. Scoring never imports
+:mod:`perturb.report` (report depends on score); the reports are written through ``report_writer``.
 """
 
 from __future__ import annotations

@@ -49,7 +49,13 @@ def r6(x: Any) -> float | None:
 
 @dataclass
 class Layout:
-    """Column layout of the per-pair value matrix that cells sum."""
+    """Column layout of the per-pair value matrix that cells sum.
+
+    Per item metric: ``m:n`` (1 where defined on both sides), ``m:clean``, ``m:perturbed``
+    (the values), and for binary metrics ``m:correct_to_wrong`` / ``m:wrong_to_correct`` (flip
+    indicators); per corpus metric ``m:n`` and its sufficient statistics ``m:clean`` /
+    ``m:perturbed`` (``stats_width`` columns each).
+    """
 
     item: list[str]
     binary: list[str]
@@ -66,74 +72,83 @@ class Layout:
         add("changed")
         for m in self.item:
             add(f"{m}:n")
-            add(f"{m}:c")
-            add(f"{m}:p")
+            add(f"{m}:clean")
+            add(f"{m}:perturbed")
             if m in self.binary:
-                add(f"{m}:b")
-                add(f"{m}:w")
+                add(f"{m}:correct_to_wrong")
+                add(f"{m}:wrong_to_correct")
         for m in self.corpus:
             w = METRICS[m].stats_width
             add(f"{m}:n")
-            add(f"{m}:c", w)
-            add(f"{m}:p", w)
+            add(f"{m}:clean", w)
+            add(f"{m}:perturbed", w)
+
+    def col(self, name: str) -> int:
+        """Index of the one-wide column ``name``."""
+        return self.cols[name].start
 
     def fill(
         self,
         changed: np.ndarray,
-        mc: Mapping[str, np.ndarray],
-        mp: Mapping[str, np.ndarray],
-        sc: Mapping[str, np.ndarray] | None = None,
-        sp: Mapping[str, np.ndarray] | None = None,
+        item_clean: Mapping[str, np.ndarray],
+        item_perturbed: Mapping[str, np.ndarray],
+        corpus_clean: Mapping[str, np.ndarray] | None = None,
+        corpus_perturbed: Mapping[str, np.ndarray] | None = None,
         has_ref: np.ndarray | None = None,
     ) -> np.ndarray:
         """Value matrix (rows x width) from per-pair clean/perturbed metric values."""
         n = len(changed)
-        V = np.zeros((n, self.width), dtype=np.float64)
-        V[:, self.cols["rows"]] = 1.0
-        V[:, self.cols["changed"].start] = changed
+        values = np.zeros((n, self.width), dtype=np.float64)
+        values[:, self.cols["rows"]] = 1.0
+        values[:, self.col("changed")] = changed
         for m in self.item:
-            c, p = mc[m], mp[m]
+            c, p = item_clean[m], item_perturbed[m]
             ok = ~np.isnan(c) & ~np.isnan(p)
-            V[:, self.cols[f"{m}:n"].start] = ok
-            V[:, self.cols[f"{m}:c"].start] = np.where(ok, c, 0.0)
-            V[:, self.cols[f"{m}:p"].start] = np.where(ok, p, 0.0)
+            values[:, self.col(f"{m}:n")] = ok
+            values[:, self.col(f"{m}:clean")] = np.where(ok, c, 0.0)
+            values[:, self.col(f"{m}:perturbed")] = np.where(ok, p, 0.0)
             if m in self.binary:
-                V[:, self.cols[f"{m}:b"].start] = ok & (c == 1) & (p == 0)
-                V[:, self.cols[f"{m}:w"].start] = ok & (c == 0) & (p == 1)
+                values[:, self.col(f"{m}:correct_to_wrong")] = ok & (c == 1) & (p == 0)
+                values[:, self.col(f"{m}:wrong_to_correct")] = ok & (c == 0) & (p == 1)
         for m in self.corpus:
-            assert sc is not None and sp is not None and has_ref is not None
-            V[:, self.cols[f"{m}:n"].start] = has_ref
-            V[:, self.cols[f"{m}:c"]] = sc[m]
-            V[:, self.cols[f"{m}:p"]] = sp[m]
-        return V
+            assert corpus_clean is not None and corpus_perturbed is not None and has_ref is not None
+            values[:, self.col(f"{m}:n")] = has_ref
+            values[:, self.cols[f"{m}:clean"]] = corpus_clean[m]
+            values[:, self.cols[f"{m}:perturbed"]] = corpus_perturbed[m]
+        return values
 
     def side(self, cell: Cell, m: str, side: str) -> tuple[float, np.ndarray | None]:
-        """Score of metric ``m`` on ``side`` ('c' clean, 'p' perturbed): point and resamples."""
-        P, Bt = cell.point, cell.boot
+        """Score of metric ``m`` on ``side`` ('clean' or 'perturbed'): point and resamples."""
+        point, boot = cell.point, cell.boot
+        n_col = self.col(f"{m}:n")
         if m in self.corpus:
-            sl = self.cols[f"{m}:{side}"]
-            pt = float(corpus_score(m, P[sl])) if P[self.cols[f"{m}:n"]][0] > 0 else math.nan
-            if Bt is None:
+            stats = self.cols[f"{m}:{side}"]
+            pt = float(corpus_score(m, point[stats])) if point[n_col] > 0 else math.nan
+            if boot is None:
                 return pt, None
-            bt = np.where(Bt[:, self.cols[f"{m}:n"].start] > 0, corpus_score(m, Bt[:, sl]), np.nan)
-            return pt, bt
-        n = P[self.cols[f"{m}:n"].start]
-        s = P[self.cols[f"{m}:{side}"].start]
-        pt = s / n if n > 0 else math.nan
-        if Bt is None:
-            return pt, None
-        nb = Bt[:, self.cols[f"{m}:n"].start]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return pt, np.where(
-                nb > 0, Bt[:, self.cols[f"{m}:{side}"].start] / np.where(nb > 0, nb, 1), np.nan
-            )
+            return pt, np.where(boot[:, n_col] > 0, corpus_score(m, boot[:, stats]), np.nan)
+        return _ratio(point, boot, self.col(f"{m}:{side}"), n_col)
 
     def n(self, cell: Cell, m: str) -> int:
         """Number of pairs on which metric ``m`` is defined in ``cell``."""
-        return round(cell.point[self.cols[f"{m}:n"].start])
+        return round(cell.point[self.col(f"{m}:n")])
 
 
-class _CI:
+def _ratio(
+    point: np.ndarray, boot: np.ndarray | None, num: int, den: int
+) -> tuple[float, np.ndarray | None]:
+    """Column ``num`` over column ``den`` of a cell's sums: point and resamples (NaN where the
+    denominator is 0)."""
+    n = point[den]
+    pt = point[num] / n if n > 0 else math.nan
+    if boot is None:
+        return pt, None
+    nb = boot[:, den]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return pt, np.where(nb > 0, boot[:, num] / np.where(nb > 0, nb, 1), np.nan)
+
+
+class _IntervalBatch:
     """Collects (target, key, point, resamples) and fills estimate + CI in batches."""
 
     def __init__(self, level: float):
@@ -158,30 +173,26 @@ class _CI:
         self.items = []
 
 
-def summarize(cell: Cell, layout: Layout, acc: _CI) -> dict[str, Any]:
+def summarize(cell: Cell, layout: Layout, intervals: _IntervalBatch) -> dict[str, Any]:
     """Per-metric clean / perturbed / delta / relative drop / flips / McNemar of one cell."""
     out: dict[str, Any] = {"n_pairs": cell.n_rows, "n_clusters": cell.n_clusters, "metrics": {}}
-    P, Bt = cell.point, cell.boot
-    rows = P[layout.cols["rows"].start]
-    ch = P[layout.cols["changed"].start]
-    ch_b = None
-    if Bt is not None:
-        rb = Bt[:, layout.cols["rows"].start]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ch_b = np.where(
-                rb > 0, Bt[:, layout.cols["changed"].start] / np.where(rb > 0, rb, 1), np.nan
-            )
-    acc.add(out, "answer_changed_rate", ch / rows if rows else math.nan, ch_b)
+    point, boot = cell.point, cell.boot
+    rows = point[layout.col("rows")]
+    changed = point[layout.col("changed")]
+    changed_boot = None
+    if boot is not None:
+        _, changed_boot = _ratio(point, boot, layout.col("changed"), layout.col("rows"))
+    intervals.add(out, "answer_changed_rate", changed / rows if rows else math.nan, changed_boot)
     for m in layout.item + layout.corpus:
         n = layout.n(cell, m)
         if n == 0:
             continue
         d: dict[str, Any] = {"n": n}
-        c, cb = layout.side(cell, m, "c")
-        p, pb = layout.side(cell, m, "p")
-        acc.add(d, "clean", c, cb)
-        acc.add(d, "perturbed", p, pb)
-        acc.add(d, "delta", p - c, None if cb is None or pb is None else pb - cb)
+        c, cb = layout.side(cell, m, "clean")
+        p, pb = layout.side(cell, m, "perturbed")
+        intervals.add(d, "clean", c, cb)
+        intervals.add(d, "perturbed", p, pb)
+        intervals.add(d, "delta", p - c, None if cb is None or pb is None else pb - cb)
         with np.errstate(invalid="ignore", divide="ignore"):
             rd = (c - p) / c if c else math.nan
             rdb = (
@@ -189,22 +200,21 @@ def summarize(cell: Cell, layout: Layout, acc: _CI) -> dict[str, Any]:
                 if cb is None or pb is None
                 else np.where(cb != 0, (cb - pb) / np.where(cb != 0, cb, 1), np.nan)
             )
-        acc.add(d, "relative_drop", rd, rdb)
+        intervals.add(d, "relative_drop", rd, rdb)
         if m in layout.binary:
-            b = P[layout.cols[f"{m}:b"].start]
-            w = P[layout.cols[f"{m}:w"].start]
-            bb = wb = None
-            if Bt is not None:
-                nb = Bt[:, layout.cols[f"{m}:n"].start]
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    safe = np.where(nb > 0, nb, 1)
-                    bb = np.where(nb > 0, Bt[:, layout.cols[f"{m}:b"].start] / safe, np.nan)
-                    wb = np.where(nb > 0, Bt[:, layout.cols[f"{m}:w"].start] / safe, np.nan)
-            acc.add(d, "flip_correct_to_wrong", b / n, bb)
-            acc.add(d, "flip_wrong_to_correct", w / n, wb)
+            n_col = layout.col(f"{m}:n")
+            lost_col = layout.col(f"{m}:correct_to_wrong")
+            gained_col = layout.col(f"{m}:wrong_to_correct")
+            lost, gained = point[lost_col], point[gained_col]
+            lost_boot = gained_boot = None
+            if boot is not None:
+                _, lost_boot = _ratio(point, boot, lost_col, n_col)
+                _, gained_boot = _ratio(point, boot, gained_col, n_col)
+            intervals.add(d, "flip_correct_to_wrong", lost / n, lost_boot)
+            intervals.add(d, "flip_wrong_to_correct", gained / n, gained_boot)
             d["mcnemar"] = {
                 k: (r6(v) if isinstance(v, float) else v)
-                for k, v in mcnemar(round(b), round(w)).items()
+                for k, v in mcnemar(round(lost), round(gained)).items()
             }
         out["metrics"][m] = d
     return out
@@ -259,14 +269,14 @@ class ModelData:
 
     name: str
     pairs: pd.DataFrame
-    mc: dict[str, np.ndarray]
-    mp: dict[str, np.ndarray]
-    sc: dict[str, np.ndarray]
-    sp: dict[str, np.ndarray]
-    judge_cls_c: list[dict[str, float]]
-    judge_cls_p: list[dict[str, float]]
+    item_clean: dict[str, np.ndarray]  # per-item metric -> clean value of each pair
+    item_perturbed: dict[str, np.ndarray]  # per-item metric -> perturbed value of each pair
+    corpus_stats_clean: dict[str, np.ndarray]  # corpus metric -> clean sufficient statistics
+    corpus_stats_perturbed: dict[str, np.ndarray]  # corpus metric -> perturbed statistics
+    judge_by_class_clean: list[dict[str, float]]  # per pair: question class -> judge score
+    judge_by_class_perturbed: list[dict[str, float]]
     images: Callable[[int], tuple[str | None, str | None]] | None = None
-    changed: np.ndarray | None = None
+    answer_changed: np.ndarray | None = None  # 1.0 where the perturbed answer differs
 
 
 @dataclass
@@ -309,20 +319,20 @@ def analyze(
     for md in models:
         meta[md.name] = _add_model_cells(md, layout, cons_layout, engine, id_index, include_at_risk)
     engine.run()
-    acc = _CI(level)
+    intervals = _IntervalBatch(level)
     out: dict[str, Any] = {}
     for md in models:
         out[md.name] = _model_section(
-            md, meta[md.name], layout, cons_layout, engine, acc, primary, max_flips
+            md, meta[md.name], layout, cons_layout, engine, intervals, primary, max_flips
         )
     ce_ref = reference
     if ce_ref is not None:
         for md in models:
             out[md.name]["corruption_error"] = _corruption_error(
-                md.name, meta, engine, layout, primary, ce_ref, acc
+                md.name, meta, engine, layout, primary, ce_ref, intervals
             )
-    er = _effective_robustness([md.name for md in models], meta, engine, layout, primary, acc)
-    acc.flush()
+    er = _effective_robustness([md.name for md in models], meta, engine, layout, primary, intervals)
+    intervals.flush()
     return unwrap_slots({"models": out, "effective_robustness": er})
 
 
@@ -340,86 +350,126 @@ def _add_model_cells(
     id_index: pd.Index,
     include_at_risk: bool,
 ) -> dict[str, Any]:
+    """Register every cell of one model with the engine; returns what the sections need
+    (perturbations, perturbation x severity labels, worst-of-k's k)."""
     pairs = md.pairs
     n = len(pairs)
-    name = md.name
-    cluster = id_index.get_indexer(pairs["img_id"].to_numpy(dtype=object))
-    changed = md.changed if md.changed is not None else _changed(md)
+    changed = md.answer_changed if md.answer_changed is not None else _changed(md)
     has_ref = (~pd.isna(pairs["reference"].to_numpy(dtype=object))).astype(np.float64)
-    V = layout.fill(changed, md.mc, md.mp, md.sc, md.sp, has_ref)
+    values = layout.fill(
+        changed,
+        md.item_clean,
+        md.item_perturbed,
+        md.corpus_stats_clean,
+        md.corpus_stats_perturbed,
+        has_ref,
+    )
+    cells = _ModelCells(
+        md.name, engine, values, id_index.get_indexer(pairs["img_id"].to_numpy(dtype=object))
+    )
     at_risk = pairs["at_risk"].to_numpy(dtype=bool)
     head = np.ones(n, dtype=bool) if include_at_risk else ~at_risk
     pert = pairs["perturbation"].to_numpy(dtype=object)
     sev = pairs["severity"].to_numpy(np.int64)
-    comp = pairs["complexity"].to_numpy(dtype=object, na_value=None)
-
-    def add(
-        part: str,
-        cols: Sequence[np.ndarray],
-        mask: np.ndarray,
-        values: np.ndarray = V,
-        clus: np.ndarray = cluster,
-    ) -> list[tuple[Any, ...]]:
-        codes, labels = group_codes(cols, mask)
-        engine.add([(name, part, *lab) for lab in labels], codes, clus, values)
-        return labels
-
+    complexity = pairs["complexity"].to_numpy(dtype=object, na_value=None)
+    everything = np.full(n, ALL, dtype=object)
     info: dict[str, Any] = {}
-    add("overall", [np.full(n, ALL, dtype=object)], head)
+    cells.add("overall", [everything], head)
     # both pair sets, whatever the headline uses
-    add("overall_all_pairs", [np.full(n, ALL, dtype=object)], np.ones(n, dtype=bool))
-    add("overall_label_safe", [np.full(n, ALL, dtype=object)], ~at_risk)
-    info["perturbations"] = [lab[0] for lab in add("perturbation", [pert], head)]
-    info["pert_sev"] = add("perturbation_severity", [pert, sev], head)
-    comp_mask = head & np.array([c is not None for c in comp])
-    add("complexity", [np.full(n, ALL, dtype=object), comp], comp_mask)
-    add("perturbation_complexity", [pert, comp], comp_mask)
-    # question classes: one exploded row per (pair, class); judge uses the class's own score
-    qc = pairs["question_class"].to_numpy(dtype=object)
-    lens = np.fromiter((len(q) for q in qc), dtype=np.int64, count=n)
-    ridx = np.repeat(np.arange(n), lens)
-    if ridx.size:
-        classes = np.array([c for q in qc for c in q], dtype=object)
-        VX = V[ridx]
-        if "judge" in layout.item:
-            jc = np.array(
-                [md.judge_cls_c[i].get(c, np.nan) for i, c in zip(ridx, classes, strict=True)]
-            )
-            jp = np.array(
-                [md.judge_cls_p[i].get(c, np.nan) for i, c in zip(ridx, classes, strict=True)]
-            )
-            ok = ~np.isnan(jc) & ~np.isnan(jp)
-            VX[:, layout.cols["judge:n"].start] = ok
-            VX[:, layout.cols["judge:c"].start] = np.where(ok, jc, 0)
-            VX[:, layout.cols["judge:p"].start] = np.where(ok, jp, 0)
-        hx = head[ridx]
-        add(
-            "question_class",
-            [np.full(ridx.size, ALL, dtype=object), classes],
-            hx,
-            VX,
-            cluster[ridx],
-        )
-        add("perturbation_question_class", [pert[ridx], classes], hx, VX, cluster[ridx])
-        del VX
+    cells.add("overall_all_pairs", [everything], np.ones(n, dtype=bool))
+    cells.add("overall_label_safe", [everything], ~at_risk)
+    info["perturbations"] = [lab[0] for lab in cells.add("perturbation", [pert], head)]
+    info["pert_sev"] = cells.add("perturbation_severity", [pert, sev], head)
+    with_complexity = head & np.array([c is not None for c in complexity])
+    cells.add("complexity", [everything, complexity], with_complexity)
+    cells.add("perturbation_complexity", [pert, complexity], with_complexity)
+    _add_question_class_cells(md, layout, cells, head)
     # at-risk pairs, reported separately: per perturbation, and per class at risk
-    add("at_risk_perturbation", [pert], at_risk)
-    rc = pairs["classes_at_risk"].to_numpy(dtype=object)
-    rl = np.fromiter((len(q) for q in rc), dtype=np.int64, count=n)
-    rr = np.repeat(np.arange(n), rl)
-    if rr.size:
-        rcl = np.array([c for q in rc for c in q], dtype=object)
-        add(
+    cells.add("at_risk_perturbation", [pert], at_risk)
+    pair_of, risk_class = _explode(pairs["classes_at_risk"].to_numpy(dtype=object))
+    if pair_of.size:
+        cells.add(
             "at_risk_question_class",
-            [pert[rr], rcl],
-            np.ones(rr.size, dtype=bool),
-            V[rr],
-            cluster[rr],
+            [pert[pair_of], risk_class],
+            np.ones(pair_of.size, dtype=bool),
+            values[pair_of],
+            cells.cluster[pair_of],
         )
     info["include_at_risk"] = include_at_risk
     # worst-of-k over variants (consensus for binary metrics)
-    info["k"] = _add_consensus(md, cons_layout, engine, cluster, changed, head)
+    info["k"] = _add_consensus(md, cons_layout, engine, cells.cluster, changed, head)
     return info
+
+
+@dataclass
+class _ModelCells:
+    """Adds one model's cells to the engine: rows grouped by label columns."""
+
+    model: str
+    engine: CellEngine
+    values: np.ndarray  # per-pair value matrix (Layout.fill)
+    cluster: np.ndarray  # per pair: index of its img_id among all models' img_ids
+
+    def add(
+        self,
+        part: str,
+        cols: Sequence[np.ndarray],
+        mask: np.ndarray,
+        values: np.ndarray | None = None,
+        cluster: np.ndarray | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """Cells ``(model, part, *labels)`` of the masked rows, one per distinct label tuple
+        of ``cols``; returns the labels. ``values`` / ``cluster`` replace the pairs' own for
+        exploded rows."""
+        codes, labels = group_codes(cols, mask)
+        self.engine.add(
+            [(self.model, part, *lab) for lab in labels],
+            codes,
+            self.cluster if cluster is None else cluster,
+            self.values if values is None else values,
+        )
+        return labels
+
+
+def _explode(per_pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One row per (pair, item) of per-pair tuples: the pair index of each row and the item."""
+    lengths = np.fromiter((len(q) for q in per_pair), dtype=np.int64, count=len(per_pair))
+    pair_of = np.repeat(np.arange(len(per_pair)), lengths)
+    return pair_of, np.array([c for q in per_pair for c in q], dtype=object)
+
+
+def _add_question_class_cells(
+    md: ModelData, layout: Layout, cells: _ModelCells, head: np.ndarray
+) -> None:
+    """Cells per question class (pooled and per perturbation): one exploded row per
+    (pair, class); the judge metric uses the class's own score."""
+    pair_of, classes = _explode(md.pairs["question_class"].to_numpy(dtype=object))
+    if not pair_of.size:
+        return
+    values = cells.values[pair_of]
+    if "judge" in layout.item:
+        judge_clean = np.array(
+            [
+                md.judge_by_class_clean[i].get(c, np.nan)
+                for i, c in zip(pair_of, classes, strict=True)
+            ]
+        )
+        judge_pert = np.array(
+            [
+                md.judge_by_class_perturbed[i].get(c, np.nan)
+                for i, c in zip(pair_of, classes, strict=True)
+            ]
+        )
+        ok = ~np.isnan(judge_clean) & ~np.isnan(judge_pert)
+        values[:, layout.col("judge:n")] = ok
+        values[:, layout.col("judge:clean")] = np.where(ok, judge_clean, 0)
+        values[:, layout.col("judge:perturbed")] = np.where(ok, judge_pert, 0)
+    in_head = head[pair_of]
+    cluster = cells.cluster[pair_of]
+    pert = md.pairs["perturbation"].to_numpy(dtype=object)
+    everything = np.full(pair_of.size, ALL, dtype=object)
+    cells.add("question_class", [everything, classes], in_head, values, cluster)
+    cells.add("perturbation_question_class", [pert[pair_of], classes], in_head, values, cluster)
 
 
 def _add_consensus(
@@ -430,50 +480,51 @@ def _add_consensus(
     changed: np.ndarray,
     head: np.ndarray,
 ) -> dict[str, int]:
+    """Worst-of-k cells: each (perturbation, severity, image, question) unit counts once with
+    its worst variant (its clean side is the same for every variant). Returns k's range."""
     pairs = md.pairs
     idx = np.flatnonzero(head)
     if idx.size == 0:
         return {"min": 0, "max": 0}
     df = pd.DataFrame(
         {
-            "p": pairs["perturbation"].to_numpy(dtype=object)[idx],
-            "s": pairs["severity"].to_numpy(np.int64)[idx],
-            "i": pairs["img_id"].to_numpy(dtype=object)[idx],
-            "q": pairs["question"].to_numpy(dtype=object)[idx],
+            "perturbation": pairs["perturbation"].to_numpy(dtype=object)[idx],
+            "severity": pairs["severity"].to_numpy(np.int64)[idx],
+            "img_id": pairs["img_id"].to_numpy(dtype=object)[idx],
+            "question": pairs["question"].to_numpy(dtype=object)[idx],
         }
     )
-    unit = df.groupby(["p", "s", "i", "q"], sort=True).ngroup().to_numpy()
+    unit = df.groupby(list(df.columns), sort=True).ngroup().to_numpy()
     order = np.argsort(unit, kind="stable")
-    u = unit[order]
-    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
-    k = np.diff(np.r_[starts, len(u)])
+    sorted_units = unit[order]
+    starts = np.flatnonzero(np.r_[True, sorted_units[1:] != sorted_units[:-1]])
+    k = np.diff(np.r_[starts, len(sorted_units)])
     if k.max(initial=0) <= 1:
         return {"min": int(k.min(initial=0)), "max": int(k.max(initial=0))}
     rows = idx[order]
     first = rows[starts]
-    mc: dict[str, np.ndarray] = {}
-    mp: dict[str, np.ndarray] = {}
+    unit_clean: dict[str, np.ndarray] = {}
+    unit_worst: dict[str, np.ndarray] = {}
     for m in layout.item:
-        c = md.mc[m][rows]
-        p = md.mp[m][rows]
-        okc = np.minimum.reduceat(~np.isnan(c), starts)
-        okp = np.minimum.reduceat(~np.isnan(p), starts)
-        cmin = md.mc[m][first]
-        pmin = np.minimum.reduceat(np.where(np.isnan(p), np.inf, p), starts)
-        valid = okc & okp
-        mc[m] = np.where(valid, cmin, np.nan)
-        mp[m] = np.where(valid, pmin, np.nan)
-    ch = np.maximum.reduceat(changed[rows], starts)
-    V = layout.fill(ch, mc, mp)
-    pert = pairs["perturbation"].to_numpy(dtype=object)[first]
-    sev = pairs["severity"].to_numpy(np.int64)[first]
+        clean = md.item_clean[m][rows]
+        pert = md.item_perturbed[m][rows]
+        clean_ok = np.minimum.reduceat(~np.isnan(clean), starts)
+        pert_ok = np.minimum.reduceat(~np.isnan(pert), starts)
+        worst = np.minimum.reduceat(np.where(np.isnan(pert), np.inf, pert), starts)
+        valid = clean_ok & pert_ok
+        unit_clean[m] = np.where(valid, md.item_clean[m][first], np.nan)
+        unit_worst[m] = np.where(valid, worst, np.nan)
+    any_changed = np.maximum.reduceat(changed[rows], starts)
+    values = layout.fill(any_changed, unit_clean, unit_worst)
+    unit_pert = pairs["perturbation"].to_numpy(dtype=object)[first]
+    unit_sev = pairs["severity"].to_numpy(np.int64)[first]
     ones = np.ones(len(first), dtype=bool)
     for part, cols in (
-        ("worst_of_k_perturbation", [pert]),
-        ("worst_of_k_perturbation_severity", [pert, sev]),
+        ("worst_of_k_perturbation", [unit_pert]),
+        ("worst_of_k_perturbation_severity", [unit_pert, unit_sev]),
     ):
         codes, labels = group_codes(cols, ones)
-        engine.add([(md.name, part, *lab) for lab in labels], codes, cluster[first], V)
+        engine.add([(md.name, part, *lab) for lab in labels], codes, cluster[first], values)
     return {"min": int(k.min()), "max": int(k.max())}
 
 
@@ -487,94 +538,125 @@ def _model_section(
     layout: Layout,
     cons_layout: Layout,
     engine: CellEngine,
-    acc: _CI,
+    intervals: _IntervalBatch,
     primary: str,
     max_flips: int,
 ) -> dict[str, Any]:
     name = md.name
-    sec: dict[str, Any] = {}
+
+    def summary(cell: Cell, cell_layout: Layout = layout) -> dict[str, Any]:
+        return summarize(cell, cell_layout, intervals)
+
+    section: dict[str, Any] = {}
     overall = _cells(engine, name, "overall")
-    sec["overall"] = summarize(overall[(ALL,)], layout, acc) if overall else None
+    section["overall"] = summary(overall[(ALL,)]) if overall else None
     for part in ("overall_all_pairs", "overall_label_safe"):
         cells = _cells(engine, name, part)
-        sec[part] = summarize(cells[(ALL,)], layout, acc) if cells else None
-    sec["by_perturbation"] = {
-        k[0]: summarize(c, layout, acc) for k, c in _cells(engine, name, "perturbation").items()
+        section[part] = summary(cells[(ALL,)]) if cells else None
+    section["by_perturbation"] = {
+        key[0]: summary(cell) for key, cell in _cells(engine, name, "perturbation").items()
     }
     nested: dict[str, dict[str, Any]] = {}
-    for (p, s), c in _cells(engine, name, "perturbation_severity").items():
-        nested.setdefault(p, {})[str(s)] = summarize(c, layout, acc)
-    sec["by_perturbation_severity"] = nested
+    for (pert, sev), cell in _cells(engine, name, "perturbation_severity").items():
+        nested.setdefault(pert, {})[str(sev)] = summary(cell)
+    section["by_perturbation_severity"] = nested
     for part, key in (("complexity", "by_complexity"), ("question_class", "by_question_class")):
-        d: dict[str, dict[str, Any]] = {}
-        for (p, v), c in _cells(engine, name, part).items():
-            d.setdefault(p, {})[str(v)] = summarize(c, layout, acc)
-        for (p, v), c in _cells(engine, name, f"perturbation_{part}").items():
-            d.setdefault(p, {})[str(v)] = summarize(c, layout, acc)
-        sec[key] = d
-    cons: dict[str, Any] = {"k": info["k"], "by_perturbation": {}, "by_perturbation_severity": {}}
-    for (p,), c in _cells(engine, name, "worst_of_k_perturbation").items():
-        cons["by_perturbation"][p] = summarize(c, cons_layout, acc)
-    for (p, s), c in _cells(engine, name, "worst_of_k_perturbation_severity").items():
-        cons["by_perturbation_severity"].setdefault(p, {})[str(s)] = summarize(c, cons_layout, acc)
-    sec["worst_of_k"] = cons
+        by_group: dict[str, dict[str, Any]] = {}
+        for (group, value), cell in _cells(engine, name, part).items():
+            by_group.setdefault(group, {})[str(value)] = summary(cell)
+        for (group, value), cell in _cells(engine, name, f"perturbation_{part}").items():
+            by_group.setdefault(group, {})[str(value)] = summary(cell)
+        section[key] = by_group
+    worst_of_k: dict[str, Any] = {
+        "k": info["k"],
+        "by_perturbation": {},
+        "by_perturbation_severity": {},
+    }
+    for (pert,), cell in _cells(engine, name, "worst_of_k_perturbation").items():
+        worst_of_k["by_perturbation"][pert] = summary(cell, cons_layout)
+    for (pert, sev), cell in _cells(engine, name, "worst_of_k_perturbation_severity").items():
+        worst_of_k["by_perturbation_severity"].setdefault(pert, {})[str(sev)] = summary(
+            cell, cons_layout
+        )
+    section["worst_of_k"] = worst_of_k
     risk: dict[str, Any] = {"by_perturbation": {}, "by_question_class": {}}
-    for (p,), c in _cells(engine, name, "at_risk_perturbation").items():
-        risk["by_perturbation"][p] = summarize(c, layout, acc)
-    for (p, q), c in _cells(engine, name, "at_risk_question_class").items():
-        risk["by_question_class"].setdefault(p, {})[q] = summarize(c, layout, acc)
-    sec["at_risk"] = risk
-    sec["severity_curves"] = _severity_curves(name, engine, layout, acc)
-    sec["flips"] = _flips(md, primary, max_flips, info["include_at_risk"])
-    return sec
+    for (pert,), cell in _cells(engine, name, "at_risk_perturbation").items():
+        risk["by_perturbation"][pert] = summary(cell)
+    for (pert, question_class), cell in _cells(engine, name, "at_risk_question_class").items():
+        risk["by_question_class"].setdefault(pert, {})[question_class] = summary(cell)
+    section["at_risk"] = risk
+    section["severity_curves"] = _severity_curves(name, engine, layout, intervals)
+    section["flips"] = _flips(md, primary, max_flips, info["include_at_risk"])
+    return section
 
 
-def _severity_curves(name: str, engine: CellEngine, layout: Layout, acc: _CI) -> dict[str, Any]:
-    per_p = _cells(engine, name, "perturbation")
-    ps = _cells(engine, name, "perturbation_severity")
+def _severity_curves(
+    name: str, engine: CellEngine, layout: Layout, intervals: _IntervalBatch
+) -> dict[str, Any]:
+    """Per perturbation and metric: the perturbed score and delta at each severity, and the
+    area under the severity curve."""
+    per_pert = _cells(engine, name, "perturbation")
+    per_pert_sev = _cells(engine, name, "perturbation_severity")
     out: dict[str, Any] = {}
-    for (p,), pc in per_p.items():
-        sevs = sorted(s for (q, s) in ps if q == p and s >= 1)
+    for (pert,), pooled in per_pert.items():
+        sevs = sorted(s for (q, s) in per_pert_sev if q == pert and s >= 1)
         if not sevs:
             continue
         curves: dict[str, Any] = {}
         for m in layout.item + layout.corpus:
-            if layout.n(pc, m) == 0:
+            if layout.n(pooled, m) == 0:
                 continue
-            cells = [ps[(p, s)] for s in sevs]
+            cells = [per_pert_sev[(pert, s)] for s in sevs]
             if any(layout.n(c, m) == 0 for c in cells):
                 continue
-            c_pt, c_bt = layout.side(pc, m, "c")
-            pts = [layout.side(c, m, "p") for c in cells]
-            y_pt = np.array([v for v, _ in pts])
-            y_bt = (
-                np.stack([b for _, b in pts if b is not None], axis=1)
-                if c_bt is not None and all(b is not None for _, b in pts)
-                else None
-            )
-            cur: dict[str, Any] = {"severities": sevs, "perturbed": [], "delta": []}
-            acc.add(cur, "clean", c_pt, c_bt)
-            for j in range(len(sevs)):
-                slot: dict[str, Any] = {}
-                acc.add(slot, "v", float(y_pt[j]), None if y_bt is None else y_bt[:, j])
-                cur["perturbed"].append(slot)
-                dslot: dict[str, Any] = {}
-                acc.add(
-                    dslot, "v", float(y_pt[j] - c_pt), None if y_bt is None else y_bt[:, j] - c_bt
-                )
-                cur["delta"].append(dslot)
-            sev_arr = np.array(sevs, dtype=np.float64)
-            a_pt = float(area_under_severity_curve(np.array(c_pt), y_pt, sev_arr))
-            a_bt = (
-                area_under_severity_curve(c_bt, y_bt, sev_arr)
-                if (y_bt is not None and c_bt is not None)
-                else None
-            )
-            acc.add(cur, "ausc", a_pt, a_bt)
-            acc.add(cur, "delta_ausc", a_pt - c_pt, None if a_bt is None else a_bt - c_bt)
-            curves[m] = cur
-        out[p] = curves
+            curves[m] = _severity_curve(layout, pooled, cells, m, sevs, intervals)
+        out[pert] = curves
     return out
+
+
+def _severity_curve(
+    layout: Layout,
+    pooled: Cell,
+    cells: Sequence[Cell],
+    m: str,
+    sevs: list[int],
+    intervals: _IntervalBatch,
+) -> dict[str, Any]:
+    """One metric's curve over the severity cells ``cells`` (clean level from ``pooled``)."""
+    clean_pt, clean_boot = layout.side(pooled, m, "clean")
+    per_sev = [layout.side(c, m, "perturbed") for c in cells]
+    y_pt = np.array([v for v, _ in per_sev])
+    y_boot = (
+        np.stack([b for _, b in per_sev if b is not None], axis=1)
+        if clean_boot is not None and all(b is not None for _, b in per_sev)
+        else None
+    )
+    curve: dict[str, Any] = {"severities": sevs, "perturbed": [], "delta": []}
+    intervals.add(curve, "clean", clean_pt, clean_boot)
+    for j in range(len(sevs)):
+        slot: dict[str, Any] = {}
+        intervals.add(slot, "v", float(y_pt[j]), None if y_boot is None else y_boot[:, j])
+        curve["perturbed"].append(slot)
+        delta_slot: dict[str, Any] = {}
+        intervals.add(
+            delta_slot,
+            "v",
+            float(y_pt[j] - clean_pt),
+            None if y_boot is None else y_boot[:, j] - clean_boot,
+        )
+        curve["delta"].append(delta_slot)
+    sev_arr = np.array(sevs, dtype=np.float64)
+    area = float(area_under_severity_curve(np.array(clean_pt), y_pt, sev_arr))
+    area_boot = (
+        area_under_severity_curve(clean_boot, y_boot, sev_arr)
+        if (y_boot is not None and clean_boot is not None)
+        else None
+    )
+    intervals.add(curve, "ausc", area, area_boot)
+    intervals.add(
+        curve, "delta_ausc", area - clean_pt, None if area_boot is None else area_boot - clean_boot
+    )
+    return curve
 
 
 def unwrap_slots(obj: Any) -> Any:
@@ -599,52 +681,13 @@ def _flips(
     alphabetical order.
     """
     pairs = md.pairs
-    c = md.mc[primary]
-    p = md.mp[primary]
+    clean = md.item_clean[primary]
+    pert_vals = md.item_perturbed[primary]
     head = np.ones(len(pairs), dtype=bool)
     if not include_at_risk:
         head = ~pairs["at_risk"].to_numpy(dtype=bool)
-    drop = c - p
-    cand = np.flatnonzero(head & np.isfinite(drop) & (drop > 0))
-    if cand.size == 0:
-        return []
-    second = None
-    for m in ("token_f1", "rougeL", "exact_match_tolerant"):
-        if m != primary and m in md.mc:
-            second = md.mc[m] - md.mp[m]
-            break
-    pert = pairs["perturbation"].to_numpy(dtype=object)
-    ok = head & np.isfinite(drop)
-    op_gap = pd.Series(-drop[ok]).groupby(pert[ok]).mean()
-    df = pd.DataFrame(
-        {
-            "i": cand,
-            "d": -drop[cand],
-            "d2": -(np.nan_to_num(second[cand]) if second is not None else np.zeros(cand.size)),
-            "p": pert[cand],
-            "s": -pairs["severity"].to_numpy(np.int64)[cand],
-            "v": pairs["variant"].to_numpy(np.int64)[cand],
-            "img": pairs["img_id"].to_numpy(dtype=object)[cand],
-            "q": pairs["question"].to_numpy(dtype=object)[cand],
-        }
-    ).sort_values(["d", "d2", "s", "p", "img", "q", "v"], kind="stable")
-    # one image per op (the same image under one op would repeat), then ops take turns, each
-    # preferring an image not shown yet
-    df = df.drop_duplicates(["p", "img"], keep="first")
-    queues = {op: list(g["i"]) for op, g in df.groupby("p", sort=False)}
-    img_of = dict(zip(df["i"], df["img"], strict=True))
-    order = sorted(queues, key=lambda op: (float(op_gap.get(op, 0.0)), str(op)))
-    chosen: list[int] = []
-    shown: set[Any] = set()
-    while len(chosen) < max_flips and any(queues.values()):
-        for op in order:
-            q = queues[op]
-            if not q or len(chosen) >= max_flips:
-                continue
-            k = next((j for j, i in enumerate(q) if img_of[i] not in shown), 0)
-            i = q.pop(k)
-            chosen.append(i)
-            shown.add(img_of[i])
+    drop = clean - pert_vals
+    chosen = _choose_flips(md, primary, max_flips, head, drop)
     out = []
     for i in chosen:
         row = pairs.iloc[int(i)]
@@ -660,8 +703,8 @@ def _flips(
                 "prediction_clean": row["pred_clean"],
                 "prediction_perturbed": row["pred_pert"],
                 "metric": primary,
-                "clean": r6(c[i]),
-                "perturbed": r6(p[i]),
+                "clean": r6(clean[i]),
+                "perturbed": r6(pert_vals[i]),
                 "image_clean": img_c,
                 "image_perturbed": img_p,
             }
@@ -669,25 +712,110 @@ def _flips(
     return out
 
 
+def _choose_flips(
+    md: ModelData, primary: str, max_flips: int, head: np.ndarray, drop: np.ndarray
+) -> list[int]:
+    """Pair indices of the flips to show, in order (see :func:`_flips`)."""
+    pairs = md.pairs
+    candidates = np.flatnonzero(head & np.isfinite(drop) & (drop > 0))
+    if candidates.size == 0:
+        return []
+    second = None  # tie-break: the drop of a graded text metric
+    for m in ("token_f1", "rougeL", "exact_match_tolerant"):
+        if m != primary and m in md.item_clean:
+            second = md.item_clean[m] - md.item_perturbed[m]
+            break
+    pert = pairs["perturbation"].to_numpy(dtype=object)
+    ok = head & np.isfinite(drop)
+    op_gap = pd.Series(-drop[ok]).groupby(pert[ok]).mean()
+    df = pd.DataFrame(
+        {
+            "pair": candidates,
+            "gain": -drop[candidates],
+            "second_gain": -(
+                np.nan_to_num(second[candidates])
+                if second is not None
+                else np.zeros(candidates.size)
+            ),
+            "op": pert[candidates],
+            "minus_severity": -pairs["severity"].to_numpy(np.int64)[candidates],
+            "variant": pairs["variant"].to_numpy(np.int64)[candidates],
+            "img": pairs["img_id"].to_numpy(dtype=object)[candidates],
+            "question": pairs["question"].to_numpy(dtype=object)[candidates],
+        }
+    ).sort_values(
+        ["gain", "second_gain", "minus_severity", "op", "img", "question", "variant"],
+        kind="stable",
+    )
+    # one image per op (the same image under one op would repeat), then ops take turns, each
+    # preferring an image not shown yet
+    df = df.drop_duplicates(["op", "img"], keep="first")
+    queues = {op: list(g["pair"]) for op, g in df.groupby("op", sort=False)}
+    img_of = dict(zip(df["pair"], df["img"], strict=True))
+    order = sorted(queues, key=lambda op: (float(op_gap.get(op, 0.0)), str(op)))
+    chosen: list[int] = []
+    shown: set[Any] = set()
+    while len(chosen) < max_flips and any(queues.values()):
+        for op in order:
+            queue = queues[op]
+            if not queue or len(chosen) >= max_flips:
+                continue
+            k = next((j for j, i in enumerate(queue) if img_of[i] not in shown), 0)
+            i = queue.pop(k)
+            chosen.append(i)
+            shown.add(img_of[i])
+    return chosen
+
+
 # ----------------------------------------------------------------------------- CE and ER
 
 
-def _series(engine: CellEngine, layout: Layout, name: str, p: str, m: str) -> dict[str, Any] | None:
+def _series(
+    engine: CellEngine, layout: Layout, name: str, pert: str, m: str
+) -> dict[str, Any] | None:
     """Clean and per-severity perturbed scores (point, resamples) of one model/perturbation."""
-    pc = engine.cells.get((name, "perturbation", p))
-    if pc is None or layout.n(pc, m) == 0:
+    pooled = engine.cells.get((name, "perturbation", pert))
+    if pooled is None or layout.n(pooled, m) == 0:
         return None
     sev = {}
-    for key, c in engine.cells.items():
+    for key, cell in engine.cells.items():
         s = key[3] if len(key) > 3 else None
         if (
-            key[:3] == (name, "perturbation_severity", p)
+            key[:3] == (name, "perturbation_severity", pert)
             and isinstance(s, int)
             and s >= 1
-            and layout.n(c, m)
+            and layout.n(cell, m)
         ):
-            sev[s] = layout.side(c, m, "p")
-    return {"clean": layout.side(pc, m, "c"), "sev": sev}
+            sev[s] = layout.side(cell, m, "perturbed")
+    return {"clean": layout.side(pooled, m, "clean"), "sev": sev}
+
+
+def _reference_series(
+    engine: CellEngine, layout: Layout, ref: ReferenceScores, pert: str, m: str
+) -> dict[str, Any] | None:
+    """The reference's series of one perturbation: from this run, or from its scores.json
+    (points only)."""
+    if ref.model is not None:
+        return _series(engine, layout, ref.model, pert, m)
+    vals = (ref.values or {}).get(pert)
+    if vals is None:
+        return None
+    return {
+        "clean": (vals["clean"], None),
+        "sev": {int(s): (v, None) for s, v in vals["sev"].items()},
+    }
+
+
+def _errors(
+    series: dict[str, Any], sevs: list[int]
+) -> tuple[np.ndarray, np.ndarray | None, float, np.ndarray | None]:
+    """Errors E = 1 - score at ``sevs`` and clean: (points, resamples, clean point, clean
+    resamples)."""
+    pts = np.array([1 - series["sev"][s][0] for s in sevs])
+    boots = [series["sev"][s][1] for s in sevs]
+    boot = None if any(b is None for b in boots) else 1 - np.stack(boots, axis=1)
+    clean_pt, clean_boot = series["clean"]
+    return pts, boot, 1 - clean_pt, (None if clean_boot is None else 1 - clean_boot)
 
 
 def _corruption_error(
@@ -697,7 +825,7 @@ def _corruption_error(
     layout: Layout,
     m: str,
     ref: ReferenceScores,
-    acc: _CI,
+    intervals: _IntervalBatch,
 ) -> dict[str, Any]:
     """ImageNet-C CE = sum_s E_s / sum_s E_s(ref); relative CE subtracts clean errors.
 
@@ -705,71 +833,68 @@ def _corruption_error(
     mCE / relative mCE average the perturbations.
     """
     out: dict[str, Any] = {"reference": ref.name, "metric": m, "by_perturbation": {}}
-    ce_pts, ce_bts, rce_pts, rce_bts = [], [], [], []
-    for p in meta[name]["perturbations"]:
-        mine = _series(engine, layout, name, p, m)
+    ce_pts, ce_boots, rce_pts, rce_boots = [], [], [], []
+    for pert in meta[name]["perturbations"]:
+        mine = _series(engine, layout, name, pert, m)
         if mine is None:
             continue
-        if ref.model is not None:
-            theirs = _series(engine, layout, ref.model, p, m)
-        else:
-            vals = (ref.values or {}).get(p)
-            theirs = (
-                None
-                if vals is None
-                else {
-                    "clean": (vals["clean"], None),
-                    "sev": {int(s): (v, None) for s, v in vals["sev"].items()},
-                }
-            )
+        theirs = _reference_series(engine, layout, ref, pert, m)
         if theirs is None:
             continue
         sevs = sorted(set(mine["sev"]) & set(theirs["sev"]))
         if not sevs:
             continue
-
-        def errs(
-            series: dict[str, Any], sevs: list[int] = sevs
-        ) -> tuple[np.ndarray, np.ndarray | None, float, np.ndarray | None]:
-            pts = np.array([1 - series["sev"][s][0] for s in sevs])
-            bts = [series["sev"][s][1] for s in sevs]
-            bt = None if any(b is None for b in bts) else 1 - np.stack(bts, axis=1)
-            cpt, cbt = series["clean"]
-            return pts, bt, 1 - cpt, (None if cbt is None else 1 - cbt)
-
-        e, eb, e0, e0b = errs(mine)
-        r, rb, r0, r0b = errs(theirs)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ce = e.sum() / r.sum() if r.sum() > 0 else math.nan
-            rden = (r - r0).sum()
-            rce = (e - e0).sum() / rden if rden > 0 else math.nan
-            ce_b = rce_b = None
-            if eb is not None:
-                rs = rb.sum(axis=1) if rb is not None else np.full(eb.shape[0], r.sum())
-                ce_b = np.where(rs > 0, eb.sum(axis=1) / np.where(rs > 0, rs, 1), np.nan)
-                if e0b is not None:
-                    rdb = (
-                        (rb - r0b[:, None]).sum(axis=1)
-                        if (rb is not None and r0b is not None)
-                        else np.full(eb.shape[0], rden)
-                    )
-                    rce_b = np.where(
-                        rdb > 0, (eb - e0b[:, None]).sum(axis=1) / np.where(rdb > 0, rdb, 1), np.nan
-                    )
+        ce, ce_boot, rce, rce_boot = _ce_of(_errors(mine, sevs), _errors(theirs, sevs))
         d: dict[str, Any] = {"severities": sevs}
-        acc.add(d, "ce", ce, ce_b)
-        acc.add(d, "relative_ce", rce, rce_b)
-        out["by_perturbation"][p] = d
+        intervals.add(d, "ce", ce, ce_boot)
+        intervals.add(d, "relative_ce", rce, rce_boot)
+        out["by_perturbation"][pert] = d
         ce_pts.append(ce)
         rce_pts.append(rce)
-        ce_bts.append(ce_b)
-        rce_bts.append(rce_b)
+        ce_boots.append(ce_boot)
+        rce_boots.append(rce_boot)
     if ce_pts:
-        mb = _mean_cols(ce_bts)
-        rmb = _mean_cols(rce_bts)
-        acc.add(out, "mce", float(np.mean(ce_pts)), mb)
-        acc.add(out, "relative_mce", float(np.mean(rce_pts)), rmb)
+        intervals.add(out, "mce", float(np.mean(ce_pts)), _mean_cols(ce_boots))
+        intervals.add(out, "relative_mce", float(np.mean(rce_pts)), _mean_cols(rce_boots))
     return out
+
+
+_Errors = tuple[np.ndarray, np.ndarray | None, float, np.ndarray | None]
+
+
+def _ce_of(
+    mine: _Errors, theirs: _Errors
+) -> tuple[float, np.ndarray | None, float, np.ndarray | None]:
+    """CE and relative CE of one perturbation (points and resamples) from both models' errors."""
+    err, err_boot, clean_err, clean_err_boot = mine
+    ref_err, ref_boot, ref_clean, ref_clean_boot = theirs
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ce = err.sum() / ref_err.sum() if ref_err.sum() > 0 else math.nan
+        rel_den = (ref_err - ref_clean).sum()
+        rce = (err - clean_err).sum() / rel_den if rel_den > 0 else math.nan
+        ce_boot = rce_boot = None
+        if err_boot is not None:
+            ref_sum = (
+                ref_boot.sum(axis=1)
+                if ref_boot is not None
+                else np.full(err_boot.shape[0], ref_err.sum())
+            )
+            ce_boot = np.where(
+                ref_sum > 0, err_boot.sum(axis=1) / np.where(ref_sum > 0, ref_sum, 1), np.nan
+            )
+            if clean_err_boot is not None:
+                rel_den_boot = (
+                    (ref_boot - ref_clean_boot[:, None]).sum(axis=1)
+                    if (ref_boot is not None and ref_clean_boot is not None)
+                    else np.full(err_boot.shape[0], rel_den)
+                )
+                rce_boot = np.where(
+                    rel_den_boot > 0,
+                    (err_boot - clean_err_boot[:, None]).sum(axis=1)
+                    / np.where(rel_den_boot > 0, rel_den_boot, 1),
+                    np.nan,
+                )
+    return ce, ce_boot, rce, rce_boot
 
 
 def _mean_cols(arrays: list[np.ndarray | None]) -> np.ndarray | None:
@@ -780,33 +905,43 @@ def _mean_cols(arrays: list[np.ndarray | None]) -> np.ndarray | None:
 
 
 def _effective_robustness(
-    names: list[str], meta: dict[str, Any], engine: CellEngine, layout: Layout, m: str, acc: _CI
+    names: list[str],
+    meta: dict[str, Any],
+    engine: CellEngine,
+    layout: Layout,
+    m: str,
+    intervals: _IntervalBatch,
 ) -> dict[str, Any]:
+    """Effective robustness of each model, pooled and per perturbation all models share."""
     if len(names) < 3:
         return {"computed": False, "reason": f"needs scores of at least 3 models, got {len(names)}"}
     if m not in layout.item + layout.corpus:
         return {"computed": False, "reason": f"metric {m} not available"}
     out: dict[str, Any] = {"computed": True, "metric": m, "models": names, "by_perturbation": {}}
     common = set(meta[names[0]]["perturbations"])
-    for nm in names[1:]:
-        common &= set(meta[nm]["perturbations"])
+    for other in names[1:]:
+        common &= set(meta[other]["perturbations"])
     groups = [(ALL, "overall", (ALL,))] + [(p, "perturbation", (p,)) for p in sorted(common)]
     for label, part, key in groups:
-        cells = [engine.cells.get((nm, part, *key)) for nm in names]
+        cells = [engine.cells.get((model, part, *key)) for model in names]
         if any(c is None or layout.n(c, m) == 0 for c in cells):
             continue
-        cs = [layout.side(c, m, "c") for c in cells]  # type: ignore[arg-type]
-        ps = [layout.side(c, m, "p") for c in cells]  # type: ignore[arg-type]
-        cpt = np.array([v for v, _ in cs])
-        ppt = np.array([v for v, _ in ps])
-        er_pt = effective_robustness(cpt, ppt)
-        have_b = all(b is not None for _, b in cs + ps)
-        cb = [b for _, b in cs if b is not None]
-        pb = [b for _, b in ps if b is not None]
-        er_bt = effective_robustness(np.stack(cb, axis=1), np.stack(pb, axis=1)) if have_b else None
+        clean = [layout.side(c, m, "clean") for c in cells]  # type: ignore[arg-type]
+        pert = [layout.side(c, m, "perturbed") for c in cells]  # type: ignore[arg-type]
+        er_pt = effective_robustness(
+            np.array([v for v, _ in clean]), np.array([v for v, _ in pert])
+        )
+        have_boot = all(b is not None for _, b in clean + pert)
+        clean_boot = [b for _, b in clean if b is not None]
+        pert_boot = [b for _, b in pert if b is not None]
+        er_boot = (
+            effective_robustness(np.stack(clean_boot, axis=1), np.stack(pert_boot, axis=1))
+            if have_boot
+            else None
+        )
         d: dict[str, Any] = {}
-        for j, nm in enumerate(names):
-            acc.add(d, nm, float(er_pt[j]), None if er_bt is None else er_bt[:, j])
+        for j, model in enumerate(names):
+            intervals.add(d, model, float(er_pt[j]), None if er_boot is None else er_boot[:, j])
         out["by_perturbation"][label] = d
     return out
 
@@ -825,19 +960,21 @@ def load_reference_scores(
         raise InputError(
             f"{source}: holds models {sorted(models)}; name the one to use: --reference {sorted(models)[0]}={source}"
         )
-    sec = models[key]
+    model_scores = models[key]
     values: dict[str, dict[str, Any]] = {}
-    for p, by_sev in (sec.get("by_perturbation_severity") or {}).items():
-        pc = (sec.get("by_perturbation") or {}).get(p, {}).get("metrics", {}).get(metric)
-        if not pc:
+    for pert, by_sev in (model_scores.get("by_perturbation_severity") or {}).items():
+        pooled = (
+            (model_scores.get("by_perturbation") or {}).get(pert, {}).get("metrics", {}).get(metric)
+        )
+        if not pooled:
             continue
         sev = {}
         for s, cell in by_sev.items():
-            mm = cell.get("metrics", {}).get(metric)
-            if mm and int(s) >= 1 and mm["perturbed"]["estimate"] is not None:
-                sev[int(s)] = float(mm["perturbed"]["estimate"])
-        if sev and pc["clean"]["estimate"] is not None:
-            values[p] = {"clean": float(pc["clean"]["estimate"]), "sev": sev}
+            at_sev = cell.get("metrics", {}).get(metric)
+            if at_sev and int(s) >= 1 and at_sev["perturbed"]["estimate"] is not None:
+                sev[int(s)] = float(at_sev["perturbed"]["estimate"])
+        if sev and pooled["clean"]["estimate"] is not None:
+            values[pert] = {"clean": float(pooled["clean"]["estimate"]), "sev": sev}
     if not values:
         raise InputError(
             f"{source}: no per-severity '{metric}' scores for model {key!r}; score the reference with "

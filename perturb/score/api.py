@@ -1,4 +1,5 @@
-"""``score_runs``: read, pair, measure, compare; write scores.json and the reports."""
+"""``score_runs``: read, pair, measure, compare; write scores.json (and the reports through an
+injected writer: scoring never imports :mod:`perturb.report`)."""
 
 from __future__ import annotations
 
@@ -212,6 +213,11 @@ def _choose_primary(
     raise InputError("no metric applies to any pair: check that the files hold reference answers")
 
 
+ReportWriter: TypeAlias = Callable[[Mapping[str, Any], Path], Mapping[str, Path]]
+"""Writes the human-readable reports of a scores dict into a folder; returns the files by kind
+(``perturb.report.write_reports``: the CLI and the demo pass it, so scoring never imports report)."""
+
+
 def score_runs(
     clean: PredictionSource | Mapping[str, PredictionSource],
     perturbed: PerturbedArg | Mapping[str, PerturbedArg],
@@ -228,7 +234,7 @@ def score_runs(
     risk_tags: Mapping[str, Sequence[str]] | None = None,
     risk_map: Mapping[str, Sequence[str]] | None = None,
     max_flips: int = 20,
-    write_report: bool = True,
+    report_writer: ReportWriter | None = None,
     timestamp: str | None = None,
     dataset: str | Path | None = None,
     dataset_split: str | None = None,
@@ -241,7 +247,8 @@ def score_runs(
         perturbed: perturbed predictions (one or several sources), or ``{model: sources}``.
         manifest: ``DIR/manifest.parquet`` of the perturbed split (or a DataFrame): fills
             perturbation / severity / variant / risk tags by image path, and thumbnails.
-        out_dir: where to write scores.json, report.md and report.html (None: write nothing).
+        out_dir: where to write scores.json (and the reports, see ``report_writer``; None: write
+            nothing).
         metrics: metric names or presets (``default``, ``upstream``, ``all``).
         primary: the metric of the headline, heatmap, curves, CE, ER and flips (default: chosen
             from the data: mcq, yes/no, box IoU, judge, then ROUGE-L).
@@ -258,7 +265,8 @@ def score_runs(
             its severity-dependent tags included).
         risk_map: risk tag -> question-class patterns (default :data:`perturb.score.risk.TAG_CLASSES`).
         max_flips: number of largest correct -> wrong flips listed per model.
-        write_report: also write report.md / report.html when ``out_dir`` is set.
+        report_writer: writes report.md / report.html next to scores.json when ``out_dir`` is
+            set (pass ``perturb.report.write_reports``; None: scores.json only).
         timestamp: ISO timestamp to record (default: now, UTC); the only field that differs
             between reruns on the same inputs.
         dataset: the evaluated dataset (hub id, ``save_to_disk`` folder, parquet/JSONL): fills
@@ -273,21 +281,94 @@ def score_runs(
     if not 0.5 <= level < 1:
         raise InputError("confidence level must be in [0.5, 1)")
     requested = resolve_metrics(metrics)
-    cmap, pmap = _as_model_map(clean, perturbed)
-    named = isinstance(clean, Mapping)
+    clean_by_model, perturbed_by_model = _as_model_map(clean, perturbed)
     man: Manifest | None = load_manifest(manifest) if manifest is not None else None
-    read_reports: list[dict[str, Any]] = []
-    inputs: list[dict[str, Any]] = []
-    bases: list[Path] = []
-    clean_tabs: dict[str, tuple[pd.DataFrame, ReadReport]] = {}
-    pert_tabs: dict[str, list[tuple[pd.DataFrame, ReadReport, str]]] = {}
-    read_problems: list[str] = []
+    inputs = _read_inputs(clean_by_model, perturbed_by_model, named=isinstance(clean, Mapping))
+    dataset_info, dataset_join = _join_dataset(inputs, dataset, dataset_split)
+    models = inputs.model_names()
+    if man is not None and man.root is not None:
+        inputs.bases.append(man.root)
+    inputs.bases.append(Path.cwd())
+    paired, pair_reports = _pair_models(inputs, models, man, risk_tags, risk_map)
+    if metrics is None:  # the explicit preset "default" leaves the extras out
+        requested += _default_extras(requested, paired)
+    measured = _measure_models(
+        paired,
+        requested,
+        _ImageSources(
+            man, inputs.bases, dataset_info, Path(out_dir) if out_dir is not None else None
+        ),
+    )
+    choice = _choose_scoring(
+        measured, paired, requested, primary, include_at_risk, reference, models
+    )
+    sections = analyze(
+        measured.models,
+        choice.used_item,
+        choice.used_corpus,
+        choice.primary,
+        include_at_risk=choice.include_at_risk,
+        n_boot=bootstrap,
+        seed=seed,
+        level=level,
+        reference=choice.reference,
+        max_flips=max_flips,
+        extra_binary=choice.extra_binary,
+    )
+    _add_calibration(sections, measured.models, choice, bootstrap, seed, level)
+    if rouge_upstream:
+        from perturb.score.upstream_rouge import upstream_rouge
 
-    def note_read(rep: ReadReport, role: str, model: str, src: PredictionSource) -> None:
+        sections["rouge_upstream"] = upstream_rouge(measured.models, choice.used_item, seed)
+    problems = inputs.problems + _pairing_problems(pair_reports)
+    coverage = manifest_coverage(man, paired) if man is not None else None
+    scores: dict[str, Any] = {
+        "schema": SCHEMA,
+        "timestamp": timestamp or datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
+        "versions": _versions(),
+        "config": _config(choice, requested, include_at_risk, bootstrap, seed, level, risk_map),
+        "metric_definitions": _metric_definitions(choice),
+        "inputs": inputs.inputs,
+        "reading": inputs.read_reports,
+        "pairing": {m: p.to_dict() for m, p in pair_reports.items()},
+        "counts": _counts(inputs.read_reports, pair_reports, paired, choice.headline),
+        "tested": _tested(paired, man, coverage),
+        "headline": choice.headline,
+        "coverage": coverage,
+        "dataset": dataset_join,
+        "warnings": _warnings(choice.headline, coverage, dataset_join),
+        "mcq_unparsed": measured.unparsed,
+        "problems": problems,
+        "notes": _notes(measured.unparsed, bootstrap),
+        **sections,
+    }
+    result = ScoreResult(scores=_clean_json(scores), pairs=paired, problems=problems)
+    if out_dir is not None:
+        write_outputs(result, Path(out_dir), report_writer=report_writer)
+    return result
+
+
+CleanTable: TypeAlias = tuple[pd.DataFrame, ReadReport]
+PerturbedTable: TypeAlias = tuple[pd.DataFrame, ReadReport, str]  # (rows, how read, run name)
+
+
+@dataclass
+class _Inputs:
+    """The prediction files as read, per model, and what reading them found."""
+
+    clean: dict[str, CleanTable] = field(default_factory=dict)
+    perturbed: dict[str, list[PerturbedTable]] = field(default_factory=dict)
+    read_reports: list[dict[str, Any]] = field(default_factory=list)
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # scores.json "inputs"
+    bases: list[Path] = field(default_factory=list)  # folders to find images under
+    problems: list[str] = field(default_factory=list)
+
+    def note_read(self, rep: ReadReport, role: str, model: str, src: PredictionSource) -> None:
+        """Record one read file: its report, its identity (sha256) and its folder."""
         d = rep.to_dict()
         d.update(role=role, model=model)
-        read_reports.append(d)
-        inputs.append(
+        self.read_reports.append(d)
+        self.inputs.append(
             {
                 "role": role,
                 "model": model,
@@ -298,163 +379,252 @@ def score_runs(
         )
         if isinstance(src, (str, Path)):
             p = Path(src)
-            bases.append(p if p.is_dir() else p.parent)
+            self.bases.append(p if p.is_dir() else p.parent)
         if rep.dropped:
-            read_problems.append(
+            self.problems.append(
                 f"{rep.source}: {sum(rep.dropped.values())} rows dropped while reading "
                 + ", ".join(f"{k}={v}" for k, v in sorted(rep.dropped.items()))
             )
 
-    for model, src in cmap.items():
+    def model_names(self) -> list[str]:
+        """Every model, sorted; InputError when a model has only one side."""
+        lonely = sorted(set(self.clean) ^ set(self.perturbed))
+        if lonely:
+            raise InputError(
+                f"model(s) {lonely} (from the files' 'model' column) have only clean or only perturbed rows"
+            )
+        return sorted(set(self.clean) | set(self.perturbed))
+
+
+def _read_inputs(
+    clean_by_model: Mapping[str, PredictionSource],
+    perturbed_by_model: Mapping[str, list[PredictionSource]],
+    named: bool,
+) -> _Inputs:
+    """Read every prediction file, split by the 'model' column unless the model was named."""
+    inputs = _Inputs()
+    for model, src in clean_by_model.items():
         df, rep = read_predictions(src, label=_label(src, f"clean[{model}]"))
-        note_read(rep, "clean", model, src)
+        inputs.note_read(rep, "clean", model, src)
         for mname, part in _split_by_model(df, model, named).items():
-            if mname in clean_tabs:
+            if mname in inputs.clean:
                 raise InputError(f"model {mname!r} has clean predictions in two inputs")
-            clean_tabs[mname] = (part, rep)
-    for model, srcs in pmap.items():
+            inputs.clean[mname] = (part, rep)
+    for model, srcs in perturbed_by_model.items():
         for j, src in enumerate(srcs):
             label = _label(src, f"perturbed[{model}][{j}]")
             df, rep = read_predictions(src, label=label)
-            note_read(rep, "perturbed", model, src)
+            inputs.note_read(rep, "perturbed", model, src)
             run = _run_name(src, f"perturbed{j + 1}" if len(srcs) > 1 else "perturbed")
             for mname, part in _split_by_model(df, model, named).items():
-                pert_tabs.setdefault(mname, []).append((part, rep, run))
-    ds_info = None
-    ds_join: dict[str, Any] | None = None
-    if dataset is not None:
-        from perturb.score.dataset_join import join_dataset, load_dataset_info
+                inputs.perturbed.setdefault(mname, []).append((part, rep, run))
+    return inputs
 
-        ds_info = load_dataset_info(str(dataset), dataset_split)
-        totals: Counter[str] = Counter()
-        for mname, (cdf, crep) in list(clean_tabs.items()):
-            cdf, jst = join_dataset(cdf, ds_info)
-            clean_tabs[mname] = (cdf, crep)
-            totals.update(jst)
-        for mname, lst in pert_tabs.items():
-            new = []
-            for pdf, prep_, run in lst:
-                pdf, jst = join_dataset(pdf, ds_info)
-                new.append((pdf, prep_, run))
-                totals.update(jst)
-            pert_tabs[mname] = new
-        ds_join = {"source": ds_info.source, "split": dataset_split, **dict(totals)}
-    models = sorted(set(clean_tabs) | set(pert_tabs))
-    lonely = sorted(set(clean_tabs) ^ set(pert_tabs))
-    if lonely:
-        raise InputError(
-            f"model(s) {lonely} (from the files' 'model' column) have only clean or only perturbed rows"
-        )
-    if man is not None and man.root is not None:
-        bases.append(man.root)
-    bases.append(Path.cwd())
 
-    # pair every model
+def _join_dataset(
+    inputs: _Inputs, dataset: str | Path | None, dataset_split: str | None
+) -> tuple[Any, dict[str, Any] | None]:
+    """With ``--dataset``: fill the tables' missing fields from it (in place); its info and
+    the join counts for scores.json."""
+    if dataset is None:
+        return None, None
+    from perturb.score.dataset_join import join_dataset, load_dataset_info
+
+    info = load_dataset_info(str(dataset), dataset_split)
+    totals: Counter[str] = Counter()
+    for mname, (clean_rows, clean_read) in list(inputs.clean.items()):
+        clean_rows, joined = join_dataset(clean_rows, info)
+        inputs.clean[mname] = (clean_rows, clean_read)
+        totals.update(joined)
+    for mname, tables in inputs.perturbed.items():
+        new = []
+        for pert_rows, pert_read, run in tables:
+            pert_rows, joined = join_dataset(pert_rows, info)
+            new.append((pert_rows, pert_read, run))
+            totals.update(joined)
+        inputs.perturbed[mname] = new
+    return info, {"source": info.source, "split": dataset_split, **dict(totals)}
+
+
+def _pair_models(
+    inputs: _Inputs,
+    models: Sequence[str],
+    man: Manifest | None,
+    risk_tags: Mapping[str, Sequence[str]] | None,
+    risk_map: Mapping[str, Sequence[str]] | None,
+) -> tuple[dict[str, pd.DataFrame], dict[str, PairReport]]:
+    """Each model's pairs and pairing report; InputError for a model left with no pair."""
     paired: dict[str, pd.DataFrame] = {}
     pair_reports: dict[str, PairReport] = {}
     for mname in models:
-        cdf, crep = clean_tabs[mname]
-        pairs, prep = pair_model(mname, cdf, crep, pert_tabs[mname], man, risk_tags, risk_map)
+        clean_rows, clean_read = inputs.clean[mname]
+        pairs, report = pair_model(
+            mname, clean_rows, clean_read, inputs.perturbed[mname], man, risk_tags, risk_map
+        )
         if len(pairs) == 0:
             raise InputError(
-                f"model {mname!r}: no usable pairs after dropping rows ({dict(prep.dropped)}); "
-                f"examples: {prep.drop_examples}"
+                f"model {mname!r}: no usable pairs after dropping rows ({dict(report.dropped)}); "
+                f"examples: {report.drop_examples}"
             )
         paired[mname] = pairs
-        pair_reports[mname] = prep
+        pair_reports[mname] = report
+    return paired, pair_reports
 
-    default_set = metrics is None  # the explicit preset "default" leaves the extras out
-    if default_set and all(_free_text(p) for p in paired.values()):
-        # as upstream: BLEU, chrF and METEOR with ROUGE on free-text answers
-        requested += [m for m in FREE_TEXT_METRICS if m not in requested]
-    if default_set:
-        requested += [
-            m
-            for m in PRECOMPUTED_METRICS
-            if m not in requested
-            and any(
-                np.isfinite(p[f"{m}_given_clean"].to_numpy(np.float64)).any()
-                for p in paired.values()
-            )
-        ]
-    # per-pair metrics
-    item_req = [m for m in requested if METRICS[m].kind == "item"]
-    corpus_req = [m for m in requested if METRICS[m].kind == "corpus"]
-    mdata: list[ModelData] = []
-    applicable: Counter[str] = Counter()
-    unparsed: dict[str, dict[str, Any]] = {}
-    for mname in models:
-        pairs = paired[mname]
-        n = len(pairs)
-        crow = pairs["clean_row"].to_numpy()
-        uc, inv = np.unique(crow, return_inverse=True)
-        first = np.zeros(len(uc), dtype=np.int64)
-        first[inv[::-1]] = np.arange(n)[::-1]
-        ref = pairs["reference"].to_numpy(dtype=object)
-        # each side against its own reference: geometric ops move the perturbed side's boxes
-        ref_p = pairs["reference_perturbed"].to_numpy(dtype=object)
-        opts = pairs["options"].to_numpy(dtype=object)
-        rbox = pairs["ref_boxes"].to_numpy(dtype=object)
-        rbox_p = pairs["ref_boxes_perturbed"].to_numpy(dtype=object)
-        qcls = pairs["question_class"].to_numpy(dtype=object)
-        cpred = pairs["pred_clean"].to_numpy(dtype=object)
-        ppred = pairs["pred_pert"].to_numpy(dtype=object)
-        jc = pairs["judge_clean"].to_numpy(dtype=object)
-        jp = pairs["judge_pert"].to_numpy(dtype=object)
-        # clean side once per clean row, perturbed side per pair
-        both_pred = np.concatenate([cpred[first], ppred])
-        both_ref = np.concatenate([ref[first], ref_p])
-        vals = compute_item_metrics(
-            both_pred,
-            both_ref,
-            item_req,
-            options=np.concatenate([opts[first], opts]),
-            judge=np.concatenate([jc[first], jp]),
-            question_class=np.concatenate([qcls[first], qcls]),
-            compare=(inv, len(first) + np.arange(n)),
-            ref_boxes=np.concatenate([rbox[first], rbox_p]),
+
+def _default_extras(requested: Sequence[str], paired: Mapping[str, pd.DataFrame]) -> list[str]:
+    """Metrics the default set adds: as upstream, BLEU, chrF and METEOR with ROUGE on free-text
+    answers; precomputed per-item scores that the files carry."""
+    extras: list[str] = []
+    if all(_free_text(p) for p in paired.values()):
+        extras += [m for m in FREE_TEXT_METRICS if m not in requested]
+    extras += [
+        m
+        for m in PRECOMPUTED_METRICS
+        if m not in requested
+        and any(
+            np.isfinite(p[f"{m}_given_clean"].to_numpy(np.float64)).any() for p in paired.values()
         )
-        changed = vals.pop("_answer_changed")
-        k = len(first)
-        if "_mcq_unparsed" in vals:
-            unparsed[mname] = _unparsed_summary(pairs, vals.pop("_mcq_unparsed"), first, k)
-        mc = {m: v[:k][inv] for m, v in vals.items()}
-        mp = {m: v[k:] for m, v in vals.items()}
-        for m in PRECOMPUTED_METRICS:
-            if m in item_req:  # given per item in the files, not computed
-                mc[m] = pairs[f"{m}_given_clean"].to_numpy(np.float64)
-                mp[m] = pairs[f"{m}_given_pert"].to_numpy(np.float64)
-        sc: dict[str, np.ndarray] = {}
-        sp: dict[str, np.ndarray] = {}
-        for m in corpus_req:
-            st = corpus_stats(both_pred, both_ref, m)
-            sc[m] = st[:k][inv]
-            sp[m] = st[k:]
-        for m in item_req:
-            applicable[m] += int((~np.isnan(mc[m]) & ~np.isnan(mp[m])).sum())
-        has_ref = int((~pd.isna(ref)).sum())
-        for m in corpus_req:
-            applicable[m] += has_ref
-        for m in item_req:
-            pairs[f"{m}_clean"] = mc[m]
-            pairs[f"{m}_perturbed"] = mp[m]
-        resolver = _image_resolver(
-            pairs, man, bases, ds_info, Path(out_dir) if out_dir is not None else None
-        )
-        mdata.append(
-            ModelData(
-                name=mname,
-                pairs=pairs,
-                mc=mc,
-                mp=mp,
-                sc=sc,
-                sp=sp,
-                judge_cls_c=judge_class_scores(jc, qcls),
-                judge_cls_p=judge_class_scores(jp, qcls),
-                images=resolver,
-                changed=changed.astype(np.float64),
-            )
-        )
+    ]
+    return extras
+
+
+@dataclass
+class _ImageSources:
+    """Where thumbnails' image files are looked for (see :func:`_image_resolver`)."""
+
+    manifest: Manifest | None
+    bases: list[Path]
+    dataset_info: Any
+    out_dir: Path | None
+
+
+@dataclass
+class _Measured:
+    """Per-pair metric values of every model and what they apply to."""
+
+    models: list[ModelData]
+    item_metrics: list[str]
+    corpus_metrics: list[str]
+    applicable: Counter[str]  # metric -> pairs it applies to, over all models
+    unparsed: dict[str, dict[str, Any]]  # model -> MCQ answers without an option letter
+
+
+def _measure_models(
+    paired: Mapping[str, pd.DataFrame], requested: Sequence[str], images: _ImageSources
+) -> _Measured:
+    """Compute every requested metric on every model's pairs (adds ``<metric>_clean`` /
+    ``<metric>_perturbed`` columns to the pairs)."""
+    measured = _Measured(
+        models=[],
+        item_metrics=[m for m in requested if METRICS[m].kind == "item"],
+        corpus_metrics=[m for m in requested if METRICS[m].kind == "corpus"],
+        applicable=Counter(),
+        unparsed={},
+    )
+    for mname, pairs in paired.items():
+        measured.models.append(_measure_model(mname, pairs, measured, images))
+    return measured
+
+
+def _measure_model(
+    mname: str, pairs: pd.DataFrame, measured: _Measured, images: _ImageSources
+) -> ModelData:
+    """One model's metric values: the clean side once per clean row, the perturbed side per
+    pair, each against its own reference (geometric ops move the perturbed side's boxes)."""
+    n = len(pairs)
+    clean_row = pairs["clean_row"].to_numpy()
+    unique_clean, pair_to_clean = np.unique(clean_row, return_inverse=True)
+    first = np.zeros(len(unique_clean), dtype=np.int64)  # first pair of each clean row
+    first[pair_to_clean[::-1]] = np.arange(n)[::-1]
+    k = len(first)
+
+    def both(clean_col: str, pert_col: str) -> np.ndarray:
+        """Clean values (once per clean row) followed by perturbed values (per pair)."""
+        clean_vals = pairs[clean_col].to_numpy(dtype=object)[first]
+        return np.concatenate([clean_vals, pairs[pert_col].to_numpy(dtype=object)])
+
+    preds = both("pred_clean", "pred_pert")
+    refs = both("reference", "reference_perturbed")
+    question_class = pairs["question_class"].to_numpy(dtype=object)
+    judge_clean = pairs["judge_clean"].to_numpy(dtype=object)
+    judge_pert = pairs["judge_pert"].to_numpy(dtype=object)
+    item_metrics = measured.item_metrics
+    vals = compute_item_metrics(
+        preds,
+        refs,
+        item_metrics,
+        options=both("options", "options"),
+        judge=np.concatenate([judge_clean[first], judge_pert]),
+        question_class=np.concatenate([question_class[first], question_class]),
+        compare=(pair_to_clean, k + np.arange(n)),
+        ref_boxes=both("ref_boxes", "ref_boxes_perturbed"),
+    )
+    changed = vals.pop("_answer_changed")
+    if "_mcq_unparsed" in vals:
+        measured.unparsed[mname] = _unparsed_summary(pairs, vals.pop("_mcq_unparsed"), first, k)
+    item_clean = {m: v[:k][pair_to_clean] for m, v in vals.items()}
+    item_pert = {m: v[k:] for m, v in vals.items()}
+    for m in PRECOMPUTED_METRICS:
+        if m in item_metrics:  # given per item in the files, not computed
+            item_clean[m] = pairs[f"{m}_given_clean"].to_numpy(np.float64)
+            item_pert[m] = pairs[f"{m}_given_pert"].to_numpy(np.float64)
+    corpus_clean: dict[str, np.ndarray] = {}
+    corpus_pert: dict[str, np.ndarray] = {}
+    for m in measured.corpus_metrics:
+        stats = corpus_stats(preds, refs, m)
+        corpus_clean[m] = stats[:k][pair_to_clean]
+        corpus_pert[m] = stats[k:]
+    for m in item_metrics:
+        measured.applicable[m] += int((~np.isnan(item_clean[m]) & ~np.isnan(item_pert[m])).sum())
+    has_ref = int((~pd.isna(pairs["reference"].to_numpy(dtype=object))).sum())
+    for m in measured.corpus_metrics:
+        measured.applicable[m] += has_ref
+    for m in item_metrics:
+        pairs[f"{m}_clean"] = item_clean[m]
+        pairs[f"{m}_perturbed"] = item_pert[m]
+    return ModelData(
+        name=mname,
+        pairs=pairs,
+        item_clean=item_clean,
+        item_perturbed=item_pert,
+        corpus_stats_clean=corpus_clean,
+        corpus_stats_perturbed=corpus_pert,
+        judge_by_class_clean=judge_class_scores(judge_clean, question_class),
+        judge_by_class_perturbed=judge_class_scores(judge_pert, question_class),
+        images=_image_resolver(
+            pairs, images.manifest, images.bases, images.dataset_info, images.out_dir
+        ),
+        answer_changed=changed.astype(np.float64),
+    )
+
+
+@dataclass
+class _ScoringChoice:
+    """What the analysis uses: metrics that apply, the primary metric, headline pairs, CE
+    reference."""
+
+    used_item: list[str]
+    used_corpus: list[str]
+    not_applicable: dict[str, str]
+    primary: str
+    primary_reason: str
+    headline: dict[str, Any]  # choose_headline's decision
+    include_at_risk: bool
+    reference: ReferenceScores | None
+    extra_binary: list[str]  # metrics binary in this run though not by definition
+
+
+def _choose_scoring(
+    measured: _Measured,
+    paired: Mapping[str, pd.DataFrame],
+    requested: Sequence[str],
+    primary: str | None,
+    include_at_risk: bool | None,
+    reference: str | Mapping[str, str | Path | Mapping[str, Any] | None] | None,
+    models: list[str],
+) -> _ScoringChoice:
+    """Headline pairs, applicable metrics, the primary metric and the CE reference."""
+    applicable = measured.applicable
     n_pairs = sum(len(p) for p in paired.values())
     decision = choose_headline(paired.values(), include_at_risk)
     if decision["headline_pairs"] == 0:
@@ -462,49 +632,93 @@ def score_runs(
             f"--exclude-at-risk leaves no pairs: all {n_pairs} pairs are label-risk "
             f"({', '.join(list(decision['at_risk_by_class'])[:4])}); drop --exclude-at-risk"
         )
-    include = decision["uses"] == "all_pairs"
-    used_item = [m for m in item_req if applicable[m] > 0]
-    used_corpus = [m for m in corpus_req if applicable[m] > 0]
-    not_applicable = {m: "applies to no pair" for m in requested if applicable[m] == 0}
+    used_item = [m for m in measured.item_metrics if applicable[m] > 0]
     prim, prim_reason = _choose_primary(
-        primary, {m: applicable[m] for m in requested}, n_pairs, requested
+        primary, {m: applicable[m] for m in requested}, n_pairs, list(requested)
     )
-
     ref_scores = _resolve_reference(reference, models, prim)
     # a metric whose every value is 0 or 1 here (an LLM judge scoring 0/1) is binary
     extra_binary = [
         m
         for m in used_item
         if not METRICS[m].binary
-        and all(_all_binary(md.mc[m]) and _all_binary(md.mp[m]) for md in mdata)
+        and all(
+            _all_binary(md.item_clean[m]) and _all_binary(md.item_perturbed[m])
+            for md in measured.models
+        )
         and m == "judge"
     ]
-
-    sections = analyze(
-        mdata,
-        used_item,
-        used_corpus,
-        prim,
-        include_at_risk=include,
-        n_boot=bootstrap,
-        seed=seed,
-        level=level,
+    return _ScoringChoice(
+        used_item=used_item,
+        used_corpus=[m for m in measured.corpus_metrics if applicable[m] > 0],
+        not_applicable={m: "applies to no pair" for m in requested if applicable[m] == 0},
+        primary=prim,
+        primary_reason=prim_reason,
+        headline=decision,
+        include_at_risk=decision["uses"] == "all_pairs",
         reference=ref_scores,
-        max_flips=max_flips,
         extra_binary=extra_binary,
     )
-    _add_calibration(sections, mdata, prim, extra_binary, include, bootstrap, seed, level)
-    if rouge_upstream:
-        from perturb.score.upstream_rouge import upstream_rouge
 
-        sections["rouge_upstream"] = upstream_rouge(mdata, used_item, seed)
-    problems = list(read_problems)
-    for mname, prep in pair_reports.items():
-        if prep.dropped:
+
+def _config(
+    choice: _ScoringChoice,
+    requested: Sequence[str],
+    include_at_risk: bool | None,
+    bootstrap: int,
+    seed: int,
+    level: float,
+    risk_map: Mapping[str, Sequence[str]] | None,
+) -> dict[str, Any]:
+    """scores.json "config": how this run scored."""
+    return {
+        "metrics": choice.used_item + choice.used_corpus,
+        "metrics_requested": list(requested),
+        "metrics_not_applicable": choice.not_applicable,
+        "primary": choice.primary,
+        "primary_reason": choice.primary_reason,
+        "bootstrap": {
+            "resamples": bootstrap,
+            "seed": seed,
+            "cluster": "img_id",
+            "level": level,
+            "method": "paired cluster bootstrap, percentile interval",
+        },
+        "include_at_risk": choice.include_at_risk,
+        "include_at_risk_requested": include_at_risk,
+        "reference": choice.reference.name if choice.reference else None,
+        "risk_map": {k: list(v) for k, v in (risk_map or TAG_CLASSES).items()},
+        "delta": "perturbed - clean (negative = worse under perturbation)",
+        "relative_drop": "(clean - perturbed) / clean",
+    }
+
+
+def _metric_definitions(choice: _ScoringChoice) -> dict[str, dict[str, Any]]:
+    """scores.json "metric_definitions" of the metrics used."""
+    return {
+        m: {
+            "kind": METRICS[m].kind,
+            "binary": METRICS[m].binary or m in choice.extra_binary,
+            "description": METRICS[m].description,
+        }
+        for m in choice.used_item + choice.used_corpus
+    }
+
+
+def _pairing_problems(pair_reports: Mapping[str, PairReport]) -> list[str]:
+    """One problem line per model that lost rows while pairing."""
+    problems = []
+    for mname, report in pair_reports.items():
+        if report.dropped:
             problems.append(
-                f"model {mname!r}: {sum(prep.dropped.values())} rows dropped while pairing "
-                + ", ".join(f"{k}={v}" for k, v in sorted(prep.dropped.items()))
+                f"model {mname!r}: {sum(report.dropped.values())} rows dropped while pairing "
+                + ", ".join(f"{k}={v}" for k, v in sorted(report.dropped.items()))
             )
+    return problems
+
+
+def _notes(unparsed: Mapping[str, dict[str, Any]], bootstrap: int) -> list[str]:
+    """scores.json "notes": unparsed MCQ answers and rough intervals."""
     notes = []
     for mname, u in unparsed.items():
         if u["clean"] or u["perturbed"]:
@@ -516,76 +730,50 @@ def score_runs(
             )
     if 0 < bootstrap < 1000:
         notes.append(f"bootstrap B={bootstrap} < 1000: intervals are rough")
-    counts = {
+    return notes
+
+
+def _counts(
+    read_reports: Sequence[Mapping[str, Any]],
+    pair_reports: Mapping[str, PairReport],
+    paired: Mapping[str, pd.DataFrame],
+    decision: Mapping[str, Any],
+) -> dict[str, int]:
+    """scores.json "counts": rows in, rows dropped, pairs."""
+    return {
         "input_rows": sum(r["rows_in"] for r in read_reports),
         "clean_rows": sum(r["rows_in"] for r in read_reports if r["role"] == "clean"),
         "perturbed_rows": sum(r["rows_in"] for r in read_reports if r["role"] == "perturbed"),
         "dropped_while_reading": sum(sum(r["dropped"].values()) for r in read_reports),
         "dropped_while_pairing": sum(sum(p.dropped.values()) for p in pair_reports.values()),
-        "pairs": n_pairs,
+        "pairs": sum(len(p) for p in paired.values()),
         "at_risk_pairs": sum(p.at_risk_pairs for p in pair_reports.values()),
         "headline_pairs": decision["headline_pairs"],
     }
+
+
+def _warnings(
+    decision: Mapping[str, Any],
+    coverage: dict[str, Any] | None,
+    dataset_join: Mapping[str, Any] | None,
+) -> list[str]:
+    """scores.json "warnings": the headline's, the manifest coverage's (popped from it) and a
+    poor ``--dataset`` match."""
     warnings = [decision["warning"]] if decision["warning"] else []
-    coverage = manifest_coverage(man, paired) if man is not None else None
     if coverage is not None:
         warnings += coverage.pop("warnings")
-    if ds_join is not None and ds_join["rows"] and ds_join["matched"] < 0.9 * ds_join["rows"]:
+    if (
+        dataset_join is not None
+        and dataset_join["rows"]
+        and dataset_join["matched"] < 0.9 * dataset_join["rows"]
+    ):
         warnings.append(
-            f"--dataset {ds_join['source']}: only {ds_join['matched']} of {ds_join['rows']} "
-            "prediction rows match a dataset row on (img_id, question); complexity and class "
-            "breakdowns cover the matched rows only (check the split with --dataset-split)"
+            f"--dataset {dataset_join['source']}: only {dataset_join['matched']} of "
+            f"{dataset_join['rows']} prediction rows match a dataset row on (img_id, question); "
+            "complexity and class breakdowns cover the matched rows only (check the split with "
+            "--dataset-split)"
         )
-    scores: dict[str, Any] = {
-        "schema": SCHEMA,
-        "timestamp": timestamp or datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
-        "versions": _versions(),
-        "config": {
-            "metrics": used_item + used_corpus,
-            "metrics_requested": requested,
-            "metrics_not_applicable": not_applicable,
-            "primary": prim,
-            "primary_reason": prim_reason,
-            "bootstrap": {
-                "resamples": bootstrap,
-                "seed": seed,
-                "cluster": "img_id",
-                "level": level,
-                "method": "paired cluster bootstrap, percentile interval",
-            },
-            "include_at_risk": include,
-            "include_at_risk_requested": include_at_risk,
-            "reference": ref_scores.name if ref_scores else None,
-            "risk_map": {k: list(v) for k, v in (risk_map or TAG_CLASSES).items()},
-            "delta": "perturbed - clean (negative = worse under perturbation)",
-            "relative_drop": "(clean - perturbed) / clean",
-        },
-        "metric_definitions": {
-            m: {
-                "kind": METRICS[m].kind,
-                "binary": METRICS[m].binary or m in extra_binary,
-                "description": METRICS[m].description,
-            }
-            for m in used_item + used_corpus
-        },
-        "inputs": inputs,
-        "reading": read_reports,
-        "pairing": {m: p.to_dict() for m, p in pair_reports.items()},
-        "counts": counts,
-        "tested": _tested(paired, man, coverage),
-        "headline": decision,
-        "coverage": coverage,
-        "dataset": ds_join,
-        "warnings": warnings,
-        "mcq_unparsed": unparsed,
-        "problems": problems,
-        "notes": notes,
-        **sections,
-    }
-    result = ScoreResult(scores=_clean_json(scores), pairs=paired, problems=problems)
-    if out_dir is not None:
-        write_outputs(result, Path(out_dir), write_report=write_report)
-    return result
+    return warnings
 
 
 _SHORT_ANSWER = re.compile(r"^\s*(?:[(\[]?[A-Ja-j][)\].:]?|yes|no)\W*$", re.IGNORECASE)
@@ -593,10 +781,8 @@ _SHORT_ANSWER = re.compile(r"^\s*(?:[(\[]?[A-Ja-j][)\].:]?|yes|no)\W*$", re.IGNO
 
 def _add_calibration(
     sections: dict[str, Any],
-    mdata: Sequence[ModelData],
-    prim: str,
-    extra_binary: Sequence[str],
-    include: bool,
+    models: Sequence[ModelData],
+    choice: _ScoringChoice,
     bootstrap: int,
     seed: int,
     level: float,
@@ -607,21 +793,33 @@ def _add_calibration(
     (tolerant exact match, exact match, yes/no, MCQ)."""
     from perturb.score.calibration import calibration_cells
 
-    for md in mdata:
+    prim = choice.primary
+    for md in models:
         pairs = md.pairs
         if not (
             np.isfinite(pairs["conf_clean"].to_numpy(dtype=np.float64)).any()
             and np.isfinite(pairs["conf_pert"].to_numpy(dtype=np.float64)).any()
         ):
             continue
-        choices = [prim] if (METRICS[prim].binary or prim in extra_binary) else []
+        choices = [prim] if (METRICS[prim].binary or prim in choice.extra_binary) else []
         choices += ["exact_match_tolerant", "exact_match", "yesno", "mcq"]
-        metric = next((m for m in choices if m in md.mc), None)
+        metric = next((m for m in choices if m in md.item_clean), None)
         if metric is None:
             continue
-        head = np.ones(len(pairs), dtype=bool) if include else ~pairs["at_risk"].to_numpy(bool)
+        head = (
+            np.ones(len(pairs), dtype=bool)
+            if choice.include_at_risk
+            else ~pairs["at_risk"].to_numpy(bool)
+        )
         cal = calibration_cells(
-            pairs, md.mc[metric], md.mp[metric], head, metric, bootstrap, seed, level
+            pairs,
+            md.item_clean[metric],
+            md.item_perturbed[metric],
+            head,
+            metric,
+            bootstrap,
+            seed,
+            level,
         )
         if cal is not None:
             sections["models"][md.name]["calibration"] = cal
@@ -677,16 +875,16 @@ def _unparsed_summary(
 ) -> dict[str, Any]:
     """MCQ answers without a recognisable letter: counts (clean rows once, perturbed per pair),
     per perturbation, and a few examples."""
-    uc, up = unparsed[:k], unparsed[k:]
+    clean_unparsed, pert_unparsed = unparsed[:k], unparsed[k:]
     pert = pairs["perturbation"].to_numpy(dtype=object)
-    by_pert = Counter(str(p) for p in pert[up])
+    by_pert = Counter(str(p) for p in pert[pert_unparsed])
     examples = [
         {
             "side": "clean",
             "img_id": pairs["img_id"].iat[int(i)],
             "prediction": pairs["pred_clean"].iat[int(i)],
         }
-        for i in first[uc][:3]
+        for i in first[clean_unparsed][:3]
     ] + [
         {
             "side": "perturbed",
@@ -694,13 +892,13 @@ def _unparsed_summary(
             "img_id": pairs["img_id"].iat[int(i)],
             "prediction": pairs["pred_pert"].iat[int(i)],
         }
-        for i in np.flatnonzero(up)[:3]
+        for i in np.flatnonzero(pert_unparsed)[:3]
     ]
     return {
-        "clean": int(uc.sum()),
+        "clean": int(clean_unparsed.sum()),
         "clean_rows": int(k),
-        "perturbed": int(up.sum()),
-        "perturbed_rows": len(up),
+        "perturbed": int(pert_unparsed.sum()),
+        "perturbed_rows": len(pert_unparsed),
         "perturbed_by_perturbation": dict(sorted(by_pert.items())),
         "examples": [{**e, "prediction": str(e["prediction"])[:200]} for e in examples],
     }
@@ -722,10 +920,10 @@ def _image_resolver(
 
     def clean_image(i: int) -> Path | None:
         raw = pairs["image_clean"].iat[i]
-        c = resolve_image(raw, bases)
-        if c is None and isinstance(raw, str) and raw:
-            c = resolve_image(Path(raw.replace("\\", "/")).name, bases)
-        if c is None and ds_info is not None and out_dir is not None:
+        clean = resolve_image(raw, bases)
+        if clean is None and isinstance(raw, str) and raw:
+            clean = resolve_image(Path(raw.replace("\\", "/")).name, bases)
+        if clean is None and ds_info is not None and out_dir is not None:
             img_id = str(pairs["img_id"].iat[i])
             got = ds_info.image_bytes(img_id)
             if got is not None:
@@ -735,19 +933,19 @@ def _image_resolver(
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 if not dest.is_file():
                     dest.write_bytes(data)
-                c = dest
-        return c
+                clean = dest
+        return clean
 
     def resolve(i: int) -> tuple[str | None, str | None]:
-        c = clean_image(i)
-        p: Path | None = None
-        mrow = int(pairs["manifest_row"].iat[i])
-        if man is not None and mrow >= 0 and man.root is not None:
-            cand = man.root / str(man.table["path"].iat[mrow])
-            p = cand if cand.is_file() else None
-        if p is None:
-            p = resolve_image(pairs["image_pert"].iat[i], bases)
-        return (str(c) if c else None), (str(p) if p else None)
+        clean = clean_image(i)
+        pert: Path | None = None
+        manifest_row = int(pairs["manifest_row"].iat[i])
+        if man is not None and manifest_row >= 0 and man.root is not None:
+            candidate = man.root / str(man.table["path"].iat[manifest_row])
+            pert = candidate if candidate.is_file() else None
+        if pert is None:
+            pert = resolve_image(pairs["image_pert"].iat[i], bases)
+        return (str(clean) if clean else None), (str(pert) if pert else None)
 
     return resolve
 
@@ -786,14 +984,14 @@ def _resolve_reference(
     return load_reference_scores(data, name, name, primary, str(path))
 
 
-def write_outputs(result: ScoreResult, out_dir: Path, write_report: bool = True) -> None:
-    """Write scores.json (and report.md / report.html) into ``out_dir``."""
+def write_outputs(
+    result: ScoreResult, out_dir: Path, report_writer: ReportWriter | None = None
+) -> None:
+    """Write scores.json (and, through ``report_writer``, the reports) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "scores.json"
     path.write_text(result.to_json(), encoding="utf-8")
     result.out_dir = out_dir
     result.files["scores"] = path
-    if write_report:
-        from perturb.report import write_reports
-
-        result.files.update(write_reports(result.scores, out_dir))
+    if report_writer is not None:
+        result.files.update(report_writer(result.scores, out_dir))

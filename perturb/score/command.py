@@ -77,6 +77,7 @@ def run_score(
     from perturb.errors import InputError
 
     try:
+        from perturb.report import write_reports
         from perturb.score.api import score_runs
 
         _check_args(out, bootstrap, seed, max_flips)
@@ -96,6 +97,7 @@ def run_score(
             dataset=dataset,
             dataset_split=dataset_split,
             rouge_upstream=rouge_upstream,
+            report_writer=write_reports,
         )
     except InputError as exc:
         typer.echo(f"error: {exc}", err=True)

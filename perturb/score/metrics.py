@@ -208,7 +208,6 @@ def reference_letter(ref: str, options: Mapping[str, str] | None) -> str | None:
     return None
 
 
-
 def extract_yesno(pred: str) -> str | None:
     """``yes``/``no`` from a free-text answer: the first word, else the only one present."""
     toks = tolerant_tokens(pred)
@@ -268,48 +267,55 @@ def _fmeasure(p: np.ndarray, r: np.ndarray) -> np.ndarray:
 
 
 def _text_scores(
-    strings: np.ndarray, a: np.ndarray, b: np.ndarray, which: set[str]
+    strings: np.ndarray, pred_rows: np.ndarray, ref_rows: np.ndarray, which: set[str]
 ) -> tuple[dict[str, np.ndarray], TokenTable]:
-    """Text metrics of prediction rows ``a`` vs reference rows ``b`` of the unique ``strings``,
-    and the tolerant token table of ``strings``."""
+    """Text metrics of prediction rows ``pred_rows`` vs reference rows ``ref_rows`` of the
+    unique ``strings``, and the tolerant token table of ``strings``."""
     out: dict[str, np.ndarray] = {}
     if "exact_match" in which:
         codes, _ = pd.factorize(obj_array([normalize_em(x) for x in strings]))
-        out["exact_match"] = (codes[a] == codes[b]).astype(np.float64)
-    rouge_t, tol_t = tokenize(strings)
-    if len(a) == 0:
-        return {m: np.zeros(0) for m in which}, tol_t
+        out["exact_match"] = (codes[pred_rows] == codes[ref_rows]).astype(np.float64)
+    rouge_tokens, tolerant = tokenize(strings)
+    if len(pred_rows) == 0:
+        return {m: np.zeros(0) for m in which}, tolerant
     if "exact_match_tolerant" in which:
-        out["exact_match_tolerant"] = sequences_equal(tol_t, a, b).astype(np.float64)
+        out["exact_match_tolerant"] = sequences_equal(tolerant, pred_rows, ref_rows).astype(
+            np.float64
+        )
     if "token_f1" in which:
-        _, same = pair_stats(tol_t, a, b, want_lcs=False)
-        lp = tol_t.lengths[a].astype(np.float64)
-        lr = tol_t.lengths[b].astype(np.float64)
+        _, same = pair_stats(tolerant, pred_rows, ref_rows, want_lcs=False)
+        pred_len = tolerant.lengths[pred_rows].astype(np.float64)
+        ref_len = tolerant.lengths[ref_rows].astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
-            p = same / lp
-            r = same / lr
-            f1 = 2 * p * r / (p + r)
+            precision = same / pred_len
+            recall = same / ref_len
+            f1 = 2 * precision * recall / (precision + recall)
         f1 = np.where(same > 0, f1, 0.0)
-        empty = (lp == 0) | (lr == 0)
-        out["token_f1"] = np.where(empty, ((lp == 0) & (lr == 0)).astype(np.float64), f1)
-    lp = rouge_t.lengths[a].astype(np.float64)
-    lr = rouge_t.lengths[b].astype(np.float64)
+        empty = (pred_len == 0) | (ref_len == 0)
+        out["token_f1"] = np.where(empty, ((pred_len == 0) & (ref_len == 0)).astype(np.float64), f1)
+    pred_len = rouge_tokens.lengths[pred_rows].astype(np.float64)
+    ref_len = rouge_tokens.lengths[ref_rows].astype(np.float64)
     if "rougeL" in which or "rouge1" in which:
-        lcs, ovl = pair_stats(rouge_t, a, b, want_lcs="rougeL" in which)
+        lcs, overlap = pair_stats(rouge_tokens, pred_rows, ref_rows, want_lcs="rougeL" in which)
         if "rougeL" in which:
             with np.errstate(invalid="ignore", divide="ignore"):
-                f = _fmeasure(lcs / np.maximum(lp, 1), lcs / np.maximum(lr, 1))
-            out["rougeL"] = np.where((lp > 0) & (lr > 0), f, 0.0)
+                f = _fmeasure(lcs / np.maximum(pred_len, 1), lcs / np.maximum(ref_len, 1))
+            out["rougeL"] = np.where((pred_len > 0) & (ref_len > 0), f, 0.0)
         if "rouge1" in which:
-            out["rouge1"] = _fmeasure(ovl / np.maximum(lp, 1), ovl / np.maximum(lr, 1))
+            out["rouge1"] = _fmeasure(
+                overlap / np.maximum(pred_len, 1), overlap / np.maximum(ref_len, 1)
+            )
     if "rouge2" in which:
-        _, ovl2 = pair_stats(rouge_t.bigrams(), a, b, want_lcs=False)
-        np_ = np.maximum(lp - 1, 0)
-        nr = np.maximum(lr - 1, 0)
-        out["rouge2"] = _fmeasure(ovl2 / np.maximum(np_, 1), ovl2 / np.maximum(nr, 1))
+        _, bigram_overlap = pair_stats(rouge_tokens.bigrams(), pred_rows, ref_rows, want_lcs=False)
+        pred_bigrams = np.maximum(pred_len - 1, 0)
+        ref_bigrams = np.maximum(ref_len - 1, 0)
+        out["rouge2"] = _fmeasure(
+            bigram_overlap / np.maximum(pred_bigrams, 1),
+            bigram_overlap / np.maximum(ref_bigrams, 1),
+        )
     if "yesno" in which:
-        out["yesno"] = _yesno_scores(tol_t, a, b)
-    return out, tol_t
+        out["yesno"] = _yesno_scores(tolerant, pred_rows, ref_rows)
+    return out, tolerant
 
 
 def _yesno_scores(tol: TokenTable, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -347,13 +353,15 @@ def answers_differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _unique_pairs(pred: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct (pred, ref) pairs: (their preds, their refs, inverse index of each row)."""
-    pc, pu = pd.factorize(pd.Series(pred, dtype=object))
-    rc, ru = pd.factorize(pd.Series(ref, dtype=object))
-    nr = max(len(ru), 1)
-    uk, inv = np.unique(pc.astype(np.int64) * nr + rc, return_inverse=True)
+    pred_codes, pred_uniq = pd.factorize(pd.Series(pred, dtype=object))
+    ref_codes, ref_uniq = pd.factorize(pd.Series(ref, dtype=object))
+    n_refs = max(len(ref_uniq), 1)
+    pair_keys, inv = np.unique(
+        pred_codes.astype(np.int64) * n_refs + ref_codes, return_inverse=True
+    )
     return (
-        np.asarray(pu, dtype=object)[uk // nr],
-        np.asarray(ru, dtype=object)[uk % nr],
+        np.asarray(pred_uniq, dtype=object)[pair_keys // n_refs],
+        np.asarray(ref_uniq, dtype=object)[pair_keys % n_refs],
         inv.reshape(-1),
     )
 
@@ -395,82 +403,118 @@ def compute_item_metrics(
     where mcq applies and the prediction has no recognisable letter.
     """
     n = len(pred)
-    out: dict[str, np.ndarray] = {}
     wanted = [m for m in metrics if METRICS[m].kind == "item"]
-    text_metrics = [m for m in wanted if m in TEXT_METRICS]
-    has_ref = ~pd.isna(ref)
-    rows = np.flatnonzero(has_ref)
-    k = rows.size
-    strings, codes = _factorize_strings(np.concatenate([pred, ref[rows]]))
-    ns = max(len(strings), 1)
-    # score each distinct (prediction, reference) pair once
-    pairs_u, inv = np.unique(codes[rows] * ns + codes[n:], return_inverse=True)
-    vals, tol = _text_scores(strings, pairs_u // ns, pairs_u % ns, set(text_metrics))
-    for m in text_metrics:
-        full = np.full(n, np.nan)
-        if k:
-            full[rows] = vals[m][inv.reshape(-1)]
-        out[m] = full
-    if compare is not None:
-        out["_answer_changed"] = ~sequences_equal(tol, codes[compare[0]], codes[compare[1]])
+    out = _text_metric_values(pred, ref, [m for m in wanted if m in TEXT_METRICS], compare)
     if "meteor" in wanted:
         from perturb.score.meteor import meteor_scores
 
         out["meteor"] = meteor_scores(pred, ref)
     if "mcq" in wanted:
-        v = np.full(n, np.nan)
-        opts = options if options is not None else np.full(n, None, dtype=object)
-        no_opts = pd.isna(opts)
-        # rows without options: the reference must be a bare letter (decided once per reference)
-        ref_letter = map_unique(
-            ref, lambda r: reference_letter(r, None) if isinstance(r, str) else None
-        )
-        rows = np.flatnonzero(no_opts & ~pd.isna(ref_letter))
-        if rows.size:
-            got = map_unique(
-                pred[rows], lambda p: extract_letter(p, None) if isinstance(p, str) else None
-            )
-            v[rows] = (got == ref_letter[rows]).astype(np.float64)
-        unparsed = np.zeros(n, dtype=bool)
-        if rows.size:
-            unparsed[rows] = pd.isna(got)
-        for i in np.flatnonzero(~no_opts & ~pd.isna(ref)):
-            letter = reference_letter(ref[i], opts[i])
-            if letter is not None:
-                said = extract_letter(pred[i], opts[i])
-                v[i] = float(said == letter)
-                unparsed[i] = said is None
-        out["mcq"] = v
-        out["_mcq_unparsed"] = unparsed
+        out["mcq"], out["_mcq_unparsed"] = _mcq_values(pred, ref, options)
     box_metrics = [m for m in ("box_iou", "box_miou", "box_hit50") if m in wanted]
-    refb = _reference_boxes(ref, ref_boxes) if box_metrics or "answer_f1" in wanted else None
-    if box_metrics and refb is not None:
-        fns: dict[str, Callable[[Any, Any], float]] = {
-            "box_iou": box_iou,
-            "box_miou": matched_mean_iou,
-            "box_hit50": hit_rate,
-        }
-        vals_b: dict[str, np.ndarray] = {m: np.full(n, np.nan) for m in box_metrics}
-        pred_boxes = map_unique(pred, lambda p: parse_boxes(p) if isinstance(p, str) else [])
-        for i in np.flatnonzero(~pd.isna(refb)):
-            for m in box_metrics:
-                vals_b[m][i] = fns[m](pred_boxes[i], refb[i])
-        out.update(vals_b)
-    if "answer_f1" in wanted and refb is not None:
-        out["answer_f1"] = _answer_f1(pred, ref, ~pd.isna(refb) & has_ref)
+    boxes = _reference_boxes(ref, ref_boxes) if box_metrics or "answer_f1" in wanted else None
+    if box_metrics and boxes is not None:
+        out.update(_box_values(pred, boxes, box_metrics))
+    if "answer_f1" in wanted and boxes is not None:
+        out["answer_f1"] = _answer_f1(pred, ref, ~pd.isna(boxes) & ~pd.isna(ref))
     if "judge" in wanted:
-        v = np.full(n, np.nan)
-        if judge is not None:
-            for i in np.flatnonzero(~pd.isna(judge)):
-                d = judge[i]
-                if not d:
-                    continue
-                classes = question_class[i] if question_class is not None else ()
-                scores = [d[c] for c in classes if c in d] if classes else list(d.values())
-                if scores:
-                    v[i] = float(np.mean(scores))
-        out["judge"] = v
+        out["judge"] = _judge_values(n, judge, question_class)
     return out
+
+
+def _text_metric_values(
+    pred: np.ndarray,
+    ref: np.ndarray,
+    text_metrics: Sequence[str],
+    compare: tuple[np.ndarray, np.ndarray] | None,
+) -> dict[str, np.ndarray]:
+    """The text metrics (and ``_answer_changed`` with ``compare``), each distinct
+    (prediction, reference) pair scored once."""
+    n = len(pred)
+    out: dict[str, np.ndarray] = {}
+    rows = np.flatnonzero(~pd.isna(ref))
+    strings, codes = _factorize_strings(np.concatenate([pred, ref[rows]]))
+    n_strings = max(len(strings), 1)
+    pairs_u, inv = np.unique(codes[rows] * n_strings + codes[n:], return_inverse=True)
+    vals, tol = _text_scores(strings, pairs_u // n_strings, pairs_u % n_strings, set(text_metrics))
+    for m in text_metrics:
+        full = np.full(n, np.nan)
+        if rows.size:
+            full[rows] = vals[m][inv.reshape(-1)]
+        out[m] = full
+    if compare is not None:
+        out["_answer_changed"] = ~sequences_equal(tol, codes[compare[0]], codes[compare[1]])
+    return out
+
+
+def _mcq_values(
+    pred: np.ndarray, ref: np.ndarray, options: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """MCQ correctness per row (NaN where the reference names no option) and whether the
+    prediction had no recognisable letter."""
+    n = len(pred)
+    v = np.full(n, np.nan)
+    opts = options if options is not None else np.full(n, None, dtype=object)
+    no_opts = pd.isna(opts)
+    # rows without options: the reference must be a bare letter (decided once per reference)
+    ref_letter = map_unique(
+        ref, lambda r: reference_letter(r, None) if isinstance(r, str) else None
+    )
+    rows = np.flatnonzero(no_opts & ~pd.isna(ref_letter))
+    unparsed = np.zeros(n, dtype=bool)
+    if rows.size:
+        got = map_unique(
+            pred[rows], lambda p: extract_letter(p, None) if isinstance(p, str) else None
+        )
+        v[rows] = (got == ref_letter[rows]).astype(np.float64)
+        unparsed[rows] = pd.isna(got)
+    for i in np.flatnonzero(~no_opts & ~pd.isna(ref)):
+        letter = reference_letter(ref[i], opts[i])
+        if letter is not None:
+            said = extract_letter(pred[i], opts[i])
+            v[i] = float(said == letter)
+            unparsed[i] = said is None
+    return v, unparsed
+
+
+_BOX_METRICS: dict[str, Callable[[Any, Any], float]] = {
+    "box_iou": box_iou,
+    "box_miou": matched_mean_iou,
+    "box_hit50": hit_rate,
+}
+
+
+def _box_values(
+    pred: np.ndarray, ref_boxes: np.ndarray, box_metrics: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Box metrics of the boxes parsed from each prediction against the reference boxes."""
+    vals = {m: np.full(len(pred), np.nan) for m in box_metrics}
+    pred_boxes = map_unique(pred, lambda p: parse_boxes(p) if isinstance(p, str) else [])
+    for i in np.flatnonzero(~pd.isna(ref_boxes)):
+        for m in box_metrics:
+            vals[m][i] = _BOX_METRICS[m](pred_boxes[i], ref_boxes[i])
+    return vals
+
+
+def _judge_values(
+    n: int, judge: np.ndarray | None, question_class: np.ndarray | None
+) -> np.ndarray:
+    """Judge score per row: the mean over the row's question classes the judge scored (all
+    its scores when the row has no class)."""
+    v = np.full(n, np.nan)
+    if judge is None:
+        return v
+    for i in np.flatnonzero(~pd.isna(judge)):
+        by_class = judge[i]
+        if not by_class:
+            continue
+        classes = question_class[i] if question_class is not None else ()
+        scores = (
+            [by_class[c] for c in classes if c in by_class] if classes else list(by_class.values())
+        )
+        if scores:
+            v[i] = float(np.mean(scores))
+    return v
 
 
 def _reference_boxes(ref: np.ndarray, ref_boxes: np.ndarray | None) -> np.ndarray:

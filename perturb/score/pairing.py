@@ -131,75 +131,7 @@ def prepare_perturbed(
     pert = pd.concat(parts, ignore_index=True)
     pert["manifest_row"] = -1
     if manifest is not None:
-        rows, reason = match_rows(
-            manifest,
-            pert["image_path"].to_numpy(),
-            pert["img_id"].to_numpy(),
-            pert["variant"].to_numpy(),
-        )
-        _match_other_paths(manifest, pert, rows, reason)
-        mt = manifest.table
-        hit = rows >= 0
-        has_file_pert = pert["perturbation"].notna().to_numpy()
-        # conflicts between file columns and the manifest
-        conflicts: list[str] = []
-        hi = np.flatnonzero(hit)
-        m_op = mt["op"].to_numpy()[rows[hi]]
-        m_sev = mt["severity"].to_numpy()[rows[hi]]
-        m_var = mt["variant"].to_numpy()[rows[hi]]
-        m_img = mt["img_id"].to_numpy()[rows[hi]]
-        f_op = pert["perturbation"].to_numpy()[hi]
-        f_sev = pert["severity"].to_numpy(dtype=float, na_value=np.nan)[hi]
-        f_var = pert["variant"].to_numpy(dtype=float, na_value=np.nan)[hi]
-        f_img = pert["img_id"].to_numpy()[hi]
-        from_path = (
-            pert["_id_from_path"].fillna(False).to_numpy(dtype=bool)
-            if "_id_from_path" in pert.columns
-            else np.zeros(len(pert), dtype=bool)
-        )
-        bad = (
-            (pd.notna(f_op) & (f_op != m_op))
-            | (~np.isnan(f_sev) & (f_sev != m_sev))
-            | (~np.isnan(f_var) & (f_var != m_var))
-            # an img_id derived from several images' paths names their study or case
-            | ((f_img != m_img) & ~from_path[hi])
-        )
-        if bad.any():
-            for j in np.flatnonzero(bad)[:3]:
-                i = hi[j]
-                conflicts.append(
-                    f"{pert['_src'].iat[i]} {pert['_word'].iat[i]} {pert['_loc'].iat[i]}: file says "
-                    f"(img_id={f_img[j]!r}, perturbation={f_op[j]!r}, severity={f_sev[j]}, "
-                    f"variant={f_var[j]}), manifest row {rows[i]} says ({m_img[j]!r}, {m_op[j]!r}, "
-                    f"{m_sev[j]}, {m_var[j]})"
-                )
-            raise InputError(
-                f"{int(bad.sum())} perturbed rows disagree with the manifest {manifest.source}: "
-                f"{examples(conflicts)}. Use the manifest of the split these predictions were made "
-                "on, or drop the conflicting columns from the predictions."
-            )
-        # a generated file name cut to MAX_STEM loses the path a study is read from: the
-        # manifest's img_id of the row's (first) image still names it
-        derived = from_path[hi]
-        if derived.any():
-            ids = pert["img_id"].to_numpy(dtype=object, copy=True)
-            for j in np.flatnonzero(derived):
-                ids[hi[j]] = sample_of_image_paths([str(m_img[j])]) or ids[hi[j]]
-            pert["img_id"] = ids
-        pert.loc[hit, "perturbation"] = m_op
-        pert.loc[hit, "severity"] = m_sev
-        pert.loc[hit, "variant"] = m_var
-        pert.loc[hit, "manifest_row"] = rows[hit]
-        kept_unmatched = ~hit & has_file_pert
-        if kept_unmatched.any():
-            report.notes.append(
-                f"{int(kept_unmatched.sum())} perturbed rows not found in the manifest kept their "
-                "own perturbation column"
-            )
-        for why in ("no_manifest_match", "ambiguous_manifest_match"):
-            bad_rows = np.flatnonzero(~hit & ~has_file_pert & (reason == why))
-            report.drop(why, _where(pert, bad_rows, "perturbed"), count=len(bad_rows))
-        pert = pert[hit | has_file_pert].reset_index(drop=True)
+        pert = _fill_from_manifest(pert, manifest, report)
     missing = pert["perturbation"].isna().to_numpy()
     if missing.any():
         runs = sorted(set(pert.loc[missing, "_run"]))
@@ -211,6 +143,106 @@ def prepare_perturbed(
     pert["severity"] = pert["severity"].fillna(0).astype(np.int64)
     pert["variant"] = pert["variant"].fillna(0).astype(np.int64)
     return pert
+
+
+def _fill_from_manifest(pert: pd.DataFrame, manifest: Manifest, report: PairReport) -> pd.DataFrame:
+    """Match perturbed rows to manifest rows by image path and take their op, severity, variant
+    (and the study/case img_id); rows matched neither way are dropped and counted."""
+    rows, reason = match_rows(
+        manifest,
+        pert["image_path"].to_numpy(),
+        pert["img_id"].to_numpy(),
+        pert["variant"].to_numpy(),
+    )
+    _match_other_paths(manifest, pert, rows, reason)
+    table = manifest.table
+    hit = rows >= 0
+    has_file_pert = pert["perturbation"].notna().to_numpy()
+    hit_idx = np.flatnonzero(hit)
+    from_manifest = _ManifestFields(
+        op=table["op"].to_numpy()[rows[hit_idx]],
+        severity=table["severity"].to_numpy()[rows[hit_idx]],
+        variant=table["variant"].to_numpy()[rows[hit_idx]],
+        img_id=table["img_id"].to_numpy()[rows[hit_idx]],
+    )
+    id_from_path = (
+        pert["_id_from_path"].fillna(False).to_numpy(dtype=bool)
+        if "_id_from_path" in pert.columns
+        else np.zeros(len(pert), dtype=bool)
+    )
+    _check_manifest_conflicts(pert, manifest, rows, hit_idx, from_manifest, id_from_path)
+    # a generated file name cut to MAX_STEM loses the path a study is read from: the
+    # manifest's img_id of the row's (first) image still names it
+    derived = id_from_path[hit_idx]
+    if derived.any():
+        ids = pert["img_id"].to_numpy(dtype=object, copy=True)
+        for j in np.flatnonzero(derived):
+            ids[hit_idx[j]] = (
+                sample_of_image_paths([str(from_manifest.img_id[j])]) or ids[hit_idx[j]]
+            )
+        pert["img_id"] = ids
+    pert.loc[hit, "perturbation"] = from_manifest.op
+    pert.loc[hit, "severity"] = from_manifest.severity
+    pert.loc[hit, "variant"] = from_manifest.variant
+    pert.loc[hit, "manifest_row"] = rows[hit]
+    kept_unmatched = ~hit & has_file_pert
+    if kept_unmatched.any():
+        report.notes.append(
+            f"{int(kept_unmatched.sum())} perturbed rows not found in the manifest kept their "
+            "own perturbation column"
+        )
+    for why in ("no_manifest_match", "ambiguous_manifest_match"):
+        bad_rows = np.flatnonzero(~hit & ~has_file_pert & (reason == why))
+        report.drop(why, _where(pert, bad_rows, "perturbed"), count=len(bad_rows))
+    return pert[hit | has_file_pert].reset_index(drop=True)
+
+
+@dataclass
+class _ManifestFields:
+    """The manifest's op, severity, variant and img_id of the matched perturbed rows."""
+
+    op: np.ndarray
+    severity: np.ndarray
+    variant: np.ndarray
+    img_id: np.ndarray
+
+
+def _check_manifest_conflicts(
+    pert: pd.DataFrame,
+    manifest: Manifest,
+    rows: np.ndarray,
+    hit_idx: np.ndarray,
+    from_manifest: _ManifestFields,
+    id_from_path: np.ndarray,
+) -> None:
+    """InputError when a matched row's own columns disagree with its manifest row."""
+    file_op = pert["perturbation"].to_numpy()[hit_idx]
+    file_sev = pert["severity"].to_numpy(dtype=float, na_value=np.nan)[hit_idx]
+    file_var = pert["variant"].to_numpy(dtype=float, na_value=np.nan)[hit_idx]
+    file_img = pert["img_id"].to_numpy()[hit_idx]
+    bad = (
+        (pd.notna(file_op) & (file_op != from_manifest.op))
+        | (~np.isnan(file_sev) & (file_sev != from_manifest.severity))
+        | (~np.isnan(file_var) & (file_var != from_manifest.variant))
+        # an img_id derived from several images' paths names their study or case
+        | ((file_img != from_manifest.img_id) & ~id_from_path[hit_idx])
+    )
+    if not bad.any():
+        return
+    conflicts: list[str] = []
+    for j in np.flatnonzero(bad)[:3]:
+        i = hit_idx[j]
+        conflicts.append(
+            f"{pert['_src'].iat[i]} {pert['_word'].iat[i]} {pert['_loc'].iat[i]}: file says "
+            f"(img_id={file_img[j]!r}, perturbation={file_op[j]!r}, severity={file_sev[j]}, "
+            f"variant={file_var[j]}), manifest row {rows[i]} says ({from_manifest.img_id[j]!r}, "
+            f"{from_manifest.op[j]!r}, {from_manifest.severity[j]}, {from_manifest.variant[j]})"
+        )
+    raise InputError(
+        f"{int(bad.sum())} perturbed rows disagree with the manifest {manifest.source}: "
+        f"{examples(conflicts)}. Use the manifest of the split these predictions were made "
+        "on, or drop the conflicting columns from the predictions."
+    )
 
 
 def _match_other_paths(
@@ -261,9 +293,48 @@ def pair_model(
     clean["_word"] = clean_report.loc_word
     pert = prepare_perturbed(perturbed, manifest, report)
     report.perturbed_rows = sum(len(f) for f, _, _ in perturbed)
+    keys = _pairing_keys(clean, pert, report)
+    _check_duplicates(clean, pert, keys, clean_report.source, manifest)
+    clean_row = pd.Index(keys.clean).get_indexer(keys.perturbed)
+    unmatched = np.flatnonzero(clean_row < 0)
+    if len(unmatched) == len(pert):
+        raise InputError(
+            f"model {model!r}: no perturbed row matches a clean row on {keys.name}. First perturbed: "
+            f"{examples(_where(pert, np.arange(len(pert)), 'perturbed'), 2)}; first clean: "
+            f"{examples(_where(clean, np.arange(len(clean)), 'clean'), 2)}. Check that both files "
+            "come from the same questions and that img_id is the image file stem."
+        )
+    report.drop("no_clean_match", _where(pert, unmatched, "perturbed"), count=len(unmatched))
+    keep = clean_row >= 0
+    pert = pert[keep].reset_index(drop=True)
+    clean_row = clean_row[keep]
+    report.clean_unpaired = int(len(clean) - len(np.unique(clean_row)))
+    ok = _with_predictions(clean, pert, clean_row, report)
+    refs = _references(model, clean, pert, clean_row, ok, keys.name, manifest, risk_tags, report)
+    pert = pert[refs.ok].reset_index(drop=True)
+    clean_row = clean_row[refs.ok]
+    pairs = _pairs_frame(model, clean, pert, clean_row, refs)
+    _add_risk(pairs, manifest, risk_tags, risk_map, report)
+    report.pairs = len(pairs)
+    report.at_risk_pairs = int(pairs["at_risk"].sum())
+    return pairs, report
+
+
+@dataclass
+class _PairingKeys:
+    """One integer key per clean row and per perturbed row; equal keys pair."""
+
+    clean: np.ndarray
+    perturbed: np.ndarray
+    name: str  # the key's fields, for messages: "(img_id, question, variant)"
+
+
+def _pairing_keys(clean: pd.DataFrame, pert: pd.DataFrame, report: PairReport) -> _PairingKeys:
+    """Keys on the dataset's question id when both sides have a unique one, else on
+    (img_id, question); with the variant when the clean side has variants."""
     use_variant = bool(clean["variant"].notna().any())
-    c_var = _int(clean["variant"]) if use_variant else np.zeros(len(clean), np.int64)
-    p_var = pert["variant"].to_numpy(np.int64) if use_variant else np.zeros(len(pert), np.int64)
+    clean_var = _int(clean["variant"]) if use_variant else np.zeros(len(clean), np.int64)
+    pert_var = pert["variant"].to_numpy(np.int64) if use_variant else np.zeros(len(pert), np.int64)
     use_qid = (
         "qid" in clean.columns
         and "qid" in pert.columns
@@ -271,98 +342,123 @@ def pair_model(
         and bool(clean["qid"].notna().all() and pert["qid"].notna().all())
         # an id that repeats on the clean side names a question template, not a question:
         # pair on (img_id, question id) as before
-        and not pd.DataFrame({"q": clean["qid"].to_numpy(), "v": c_var}).duplicated().any()
+        and not pd.DataFrame({"q": clean["qid"].to_numpy(), "v": clean_var}).duplicated().any()
     )
     if use_qid:  # the dataset's own question identity
-        ci, pi = np.zeros(len(clean), np.int64), np.zeros(len(pert), np.int64)
-        cq, pq = _codes(clean["qid"], pert["qid"])
+        clean_img, pert_img = np.zeros(len(clean), np.int64), np.zeros(len(pert), np.int64)
+        clean_q, pert_q = _codes(clean["qid"], pert["qid"])
         report.notes.append("paired by the dataset's question id (qid); cluster = clean img_id")
     else:
-        ci, pi = _codes(clean["img_id"], pert["img_id"])
-        cq, pq = _codes(clean["qkey"], pert["qkey"])
-    nq = int(max(cq.max(initial=0), pq.max(initial=0))) + 1
-    nv = int(max(c_var.max(initial=0), p_var.max(initial=0))) + 1
-    ckey = (ci * nq + cq) * nv + c_var
-    pkey = (pi * nq + pq) * nv + p_var
-    # duplicates
-    keyname = ("(question id" if use_qid else "(img_id, question") + (
-        ", variant)" if use_variant else ")"
+        clean_img, pert_img = _codes(clean["img_id"], pert["img_id"])
+        clean_q, pert_q = _codes(clean["qkey"], pert["qkey"])
+    n_questions = int(max(clean_q.max(initial=0), pert_q.max(initial=0))) + 1
+    n_variants = int(max(clean_var.max(initial=0), pert_var.max(initial=0))) + 1
+    return _PairingKeys(
+        clean=(clean_img * n_questions + clean_q) * n_variants + clean_var,
+        perturbed=(pert_img * n_questions + pert_q) * n_variants + pert_var,
+        name=("(question id" if use_qid else "(img_id, question")
+        + (", variant)" if use_variant else ")"),
     )
-    uniq, _first, counts = np.unique(ckey, return_index=True, return_counts=True)
+
+
+def _check_duplicates(
+    clean: pd.DataFrame,
+    pert: pd.DataFrame,
+    keys: _PairingKeys,
+    clean_source: str,
+    manifest: Manifest | None,
+) -> None:
+    """InputError for clean rows sharing a key, or perturbed rows sharing a key, perturbation,
+    severity and variant."""
+    uniq, counts = np.unique(keys.clean, return_counts=True)
     if (counts > 1).any():
         dup_keys = uniq[counts > 1]
-        rows = np.flatnonzero(np.isin(ckey, dup_keys[:3]))
+        rows = np.flatnonzero(np.isin(keys.clean, dup_keys[:3]))
         raise InputError(
-            f"{clean_report.source}: {int((counts - 1)[counts > 1].sum())} duplicate clean rows with "
-            f"the same {keyname}: {examples(_where(clean, rows, 'clean'), 6)}. Keep one row per key "
+            f"{clean_source}: {int((counts - 1)[counts > 1].sum())} duplicate clean rows with "
+            f"the same {keys.name}: {examples(_where(clean, rows, 'clean'), 6)}. Keep one row per key "
             "(or add a 'variant' column if the rows are different image variants)."
         )
-    po = _codes(pert["perturbation"])[0]
-    psev = pert["severity"].to_numpy(np.int64)
-    pvar_full = pert["variant"].to_numpy(np.int64)
-    full = pd.DataFrame({"k": pkey, "o": po, "s": psev, "v": pvar_full})
+    full = pd.DataFrame(
+        {
+            "key": keys.perturbed,
+            "op": _codes(pert["perturbation"])[0],
+            "severity": pert["severity"].to_numpy(np.int64),
+            "variant": pert["variant"].to_numpy(np.int64),
+        }
+    )
     dup = full.duplicated(keep=False).to_numpy()
     if dup.any():
         rows = np.flatnonzero(dup)
         raise InputError(
-            f"{int(full.duplicated().sum())} duplicate perturbed rows with the same {keyname[:-1]}, "
+            f"{int(full.duplicated().sum())} duplicate perturbed rows with the same {keys.name[:-1]}, "
             f"perturbation, severity, variant): {examples(_where(pert, rows, 'perturbed'), 6)}. Each "
             "perturbed image/question must appear once per model; split repeated runs into separate models."
             + _manifest_hint(manifest, pert)
         )
-    index = pd.Index(ckey)
-    crow = index.get_indexer(pkey)
-    unmatched = np.flatnonzero(crow < 0)
-    if len(unmatched) == len(pert):
-        raise InputError(
-            f"model {model!r}: no perturbed row matches a clean row on {keyname}. First perturbed: "
-            f"{examples(_where(pert, np.arange(len(pert)), 'perturbed'), 2)}; first clean: "
-            f"{examples(_where(clean, np.arange(len(clean)), 'clean'), 2)}. Check that both files "
-            "come from the same questions and that img_id is the image file stem."
-        )
-    report.drop("no_clean_match", _where(pert, unmatched, "perturbed"), count=len(unmatched))
-    keep = crow >= 0
-    pert = pert[keep].reset_index(drop=True)
-    crow = crow[keep]
-    report.clean_unpaired = int(len(clean) - len(np.unique(crow)))
 
-    cpred = clean["prediction"].to_numpy(dtype=object)[crow]
-    ppred = pert["prediction"].to_numpy(dtype=object)
-    cj = clean["judge"].to_numpy(dtype=object)[crow]
-    pj = pert["judge"].to_numpy(dtype=object)
-    miss_c = pd.isna(cpred)
-    miss_p = pd.isna(ppred) & ~miss_c
+
+def _with_predictions(
+    clean: pd.DataFrame, pert: pd.DataFrame, clean_row: np.ndarray, report: PairReport
+) -> np.ndarray:
+    """Pairs with a prediction on both sides (the others dropped and counted)."""
+    missing_clean = pd.isna(clean["prediction"].to_numpy(dtype=object)[clean_row])
+    missing_pert = pd.isna(pert["prediction"].to_numpy(dtype=object)) & ~missing_clean
     report.drop(
-        "missing_prediction_clean", _where(clean, crow[miss_c], "clean"), count=int(miss_c.sum())
+        "missing_prediction_clean",
+        _where(clean, clean_row[missing_clean], "clean"),
+        count=int(missing_clean.sum()),
     )
     report.drop(
         "missing_prediction_perturbed",
-        _where(pert, np.flatnonzero(miss_p), "perturbed"),
-        count=int(miss_p.sum()),
+        _where(pert, np.flatnonzero(missing_pert), "perturbed"),
+        count=int(missing_pert.sum()),
     )
-    ok = ~miss_c & ~miss_p
-    # references: equal (up to whitespace) where both sides have one, except under geometric
-    # ops (the perturbed side's moved boxes are its reference); else taken from either side
-    cref = clean["reference"].to_numpy(dtype=object)[crow]
-    pref = pert["reference"].to_numpy(dtype=object)
-    cn = map_unique(cref, lambda r: _norm_ref(r) if isinstance(r, str) else None)
-    pn = map_unique(pref, lambda r: _norm_ref(r) if isinstance(r, str) else None)
+    return ~missing_clean & ~missing_pert
+
+
+@dataclass
+class _References:
+    """Each pair's references, clean and perturbed side, and which pairs are kept."""
+
+    clean: np.ndarray
+    perturbed: np.ndarray
+    boxes_clean: np.ndarray
+    boxes_perturbed: np.ndarray
+    ok: np.ndarray
+
+
+def _references(
+    model: str,
+    clean: pd.DataFrame,
+    pert: pd.DataFrame,
+    clean_row: np.ndarray,
+    ok: np.ndarray,
+    key_name: str,
+    manifest: Manifest | None,
+    risk_tags: Mapping[str, Sequence[str]] | None,
+    report: PairReport,
+) -> _References:
+    """References equal (up to whitespace) where both sides have one, except under geometric
+    ops (the perturbed side's moved boxes are its reference); else taken from either side.
+    Pairs without a usable reference are dropped and counted."""
+    ref_clean = clean["reference"].to_numpy(dtype=object)[clean_row]
+    ref_pert = pert["reference"].to_numpy(dtype=object)
+    norm_clean = map_unique(ref_clean, lambda r: _norm_ref(r) if isinstance(r, str) else None)
+    norm_pert = map_unique(ref_pert, lambda r: _norm_ref(r) if isinstance(r, str) else None)
     geometric = _geometric(pert, manifest, risk_tags)
-    differ = ~pd.isna(cref) & ~pd.isna(pref) & (cn != pn) & ~geometric
-    cbox = (
-        clean["ref_boxes"].to_numpy(dtype=object)[crow]
+    differ = ~pd.isna(ref_clean) & ~pd.isna(ref_pert) & (norm_clean != norm_pert) & ~geometric
+    none = np.full(len(pert), None, dtype=object)
+    box_clean = (
+        clean["ref_boxes"].to_numpy(dtype=object)[clean_row]
         if "ref_boxes" in clean.columns
-        else np.full(len(pert), None, dtype=object)
+        else none
     )
-    pbox = (
-        pert["ref_boxes"].to_numpy(dtype=object)
-        if "ref_boxes" in pert.columns
-        else np.full(len(pert), None, dtype=object)
-    )
-    clean_has_boxes = ~pd.isna(cbox) | map_unique(
-        cref, lambda r: isinstance(r, str) and "<loc_" in r
+    box_pert = pert["ref_boxes"].to_numpy(dtype=object) if "ref_boxes" in pert.columns else none
+    clean_has_boxes = ~pd.isna(box_clean) | map_unique(
+        ref_clean, lambda r: isinstance(r, str) and "<loc_" in r
     ).astype(bool)
-    unmoved = geometric & clean_has_boxes & pd.isna(pref) & pd.isna(pbox) & ok
+    unmoved = geometric & clean_has_boxes & pd.isna(ref_pert) & pd.isna(box_pert) & ok
     report.drop(
         "geometric_without_moved_reference",
         [
@@ -372,90 +468,100 @@ def pair_model(
         ],
         count=int(unmoved.sum()),
     )
-    ok &= ~unmoved
+    ok = ok & ~unmoved
     if differ.any():
         ex = [
             f"{pert['_src'].iat[i]} {pert['_word'].iat[i]} {pert['_loc'].iat[i]}: clean reference "
-            f"{str(cref[i])[:50]!r} vs perturbed {str(pref[i])[:50]!r}"
+            f"{str(ref_clean[i])[:50]!r} vs perturbed {str(ref_pert[i])[:50]!r}"
             for i in np.flatnonzero(differ)[:3]
         ]
         raise InputError(
             f"model {model!r}: {int(differ.sum())} pairs have different reference answers on the two "
             f"sides: {examples(ex)}. Both files must hold the same questions and answers; check that "
-            f"they come from the same split and that the pairing key {keyname} is right. Under an "
+            f"they come from the same split and that the pairing key {key_name} is right. Under an "
             "op that moves the image (rotation, crop, flip) the perturbed side's moved boxes are "
             "its reference: pass --manifest (or a perturbation column naming the op) so the "
             "scorer knows the op moves geometry."
         )
-    ref = np.where(pd.isna(cref), pref, cref)
-    ref_p = np.where(pd.isna(pref), cref, pref)
-    box_c = np.where(pd.isna(cbox), pbox, cbox)
-    box_p = np.where(pd.isna(pbox) & ~geometric, cbox, pbox)
-    bad_ref = pd.isna(ref) & (pd.isna(cj) | pd.isna(pj)) & ok
+    ref = np.where(pd.isna(ref_clean), ref_pert, ref_clean)
+    judge_clean = clean["judge"].to_numpy(dtype=object)[clean_row]
+    judge_pert = pert["judge"].to_numpy(dtype=object)
+    bad_ref = pd.isna(ref) & (pd.isna(judge_clean) | pd.isna(judge_pert)) & ok
     report.drop(
         "missing_reference",
         _where(pert, np.flatnonzero(bad_ref), "perturbed"),
         count=int(bad_ref.sum()),
     )
     ok &= ~bad_ref
-    pert = pert[ok].reset_index(drop=True)
-    crow = crow[ok]
-    ref, ref_p, box_c, box_p = ref[ok], ref_p[ok], box_c[ok], box_p[ok]
+    return _References(
+        clean=ref[ok],
+        perturbed=np.where(pd.isna(ref_pert), ref_clean, ref_pert)[ok],
+        boxes_clean=np.where(pd.isna(box_clean), box_pert, box_clean)[ok],
+        boxes_perturbed=np.where(pd.isna(box_pert) & ~geometric, box_clean, box_pert)[ok],
+        ok=ok,
+    )
+
+
+def _pairs_frame(
+    model: str, clean: pd.DataFrame, pert: pd.DataFrame, clean_row: np.ndarray, refs: _References
+) -> pd.DataFrame:
+    """The paired table: one row per kept pair, clean columns taken at ``clean_row``."""
+
+    def clean_col(col: str) -> np.ndarray:
+        return clean[col].to_numpy(dtype=object)[clean_row]
+
+    def pert_col(col: str) -> np.ndarray:
+        return pert[col].to_numpy(dtype=object)
 
     def pick(col: str, empty: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        c = clean[col].to_numpy(dtype=object)[crow]
-        p = pert[col].to_numpy(dtype=object)
-        out = c.copy()
-        e = empty(c)
-        out[e] = p[e]
+        """The clean side's value, the perturbed side's where the clean one is empty."""
+        out = clean_col(col).copy()
+        e = empty(out)
+        out[e] = pert_col(col)[e]
         return out
 
     no_class = lambda a: np.fromiter((not x for x in a), dtype=bool, count=len(a))  # noqa: E731
-    comp = pd.array(
+    complexity = pd.array(
         np.where(
-            clean["complexity"].isna().to_numpy()[crow],
+            clean["complexity"].isna().to_numpy()[clean_row],
             pert["complexity"].to_numpy(dtype=float, na_value=np.nan),
-            clean["complexity"].to_numpy(dtype=float, na_value=np.nan)[crow],
+            clean["complexity"].to_numpy(dtype=float, na_value=np.nan)[clean_row],
         ),
         dtype="Float64",
     ).astype("Int64")
-    pairs = object_frame(
+    return object_frame(
         {
             "model": np.full(len(pert), model, dtype=object),
-            "run": pert["_run"].to_numpy(dtype=object),
-            "perturbation": pert["perturbation"].to_numpy(dtype=object),
+            "run": pert_col("_run"),
+            "perturbation": pert_col("perturbation"),
             "severity": pert["severity"].to_numpy(np.int64),
             "variant": pert["variant"].to_numpy(np.int64),
             # the clean row's sample (equal to the perturbed one's unless paired by qid)
-            "img_id": clean["img_id"].to_numpy(dtype=object)[crow],
-            "question": clean["question"].to_numpy(dtype=object)[crow],
-            "reference": ref,
-            "reference_perturbed": ref_p,
-            "complexity": comp,
+            "img_id": clean_col("img_id"),
+            "question": clean_col("question"),
+            "reference": refs.clean,
+            "reference_perturbed": refs.perturbed,
+            "complexity": complexity,
             "question_class": pick("question_class", no_class),
             "options": pick("options", pd.isna),
-            "ref_boxes": box_c,
-            "ref_boxes_perturbed": box_p,
-            "pred_clean": clean["prediction"].to_numpy(dtype=object)[crow],
-            "pred_pert": pert["prediction"].to_numpy(dtype=object),
-            "judge_clean": clean["judge"].to_numpy(dtype=object)[crow],
-            "judge_pert": pert["judge"].to_numpy(dtype=object),
-            "image_clean": clean["image_path"].to_numpy(dtype=object)[crow],
-            "image_pert": pert["image_path"].to_numpy(dtype=object),
+            "ref_boxes": refs.boxes_clean,
+            "ref_boxes_perturbed": refs.boxes_perturbed,
+            "pred_clean": clean_col("prediction"),
+            "pred_pert": pert_col("prediction"),
+            "judge_clean": clean_col("judge"),
+            "judge_pert": pert_col("judge"),
+            "image_clean": clean_col("image_path"),
+            "image_pert": pert_col("image_path"),
             "manifest_row": pert["manifest_row"].to_numpy(np.int64),
-            "clean_row": crow,
-            "conf_clean": _floats(clean, "confidence")[crow],
+            "clean_row": clean_row,
+            "conf_clean": _floats(clean, "confidence")[clean_row],
             "conf_pert": _floats(pert, "confidence"),
-            "bleurt_given_clean": _floats(clean, "bleurt")[crow],
+            "bleurt_given_clean": _floats(clean, "bleurt")[clean_row],
             "bleurt_given_pert": _floats(pert, "bleurt"),
-            "bertscore_given_clean": _floats(clean, "bertscore")[crow],
+            "bertscore_given_clean": _floats(clean, "bertscore")[clean_row],
             "bertscore_given_pert": _floats(pert, "bertscore"),
         }
     )
-    _add_risk(pairs, manifest, risk_tags, risk_map, report)
-    report.pairs = len(pairs)
-    report.at_risk_pairs = int(pairs["at_risk"].sum())
-    return pairs, report
 
 
 GEOMETRIC_TAGS = ("moves_geometry", "flips_laterality")
@@ -468,15 +574,15 @@ def _geometric(
     ``risk_tags`` for the op, else the catalog's)."""
     n = len(pert)
     out = np.zeros(n, dtype=bool)
-    mrow = pert["manifest_row"].to_numpy(np.int64, copy=True)
-    if manifest is not None and (mrow >= 0).any():
+    manifest_row = pert["manifest_row"].to_numpy(np.int64, copy=True)
+    if manifest is not None and (manifest_row >= 0).any():
         all_tags = manifest.all_risk_tags()
-        for i in np.flatnonzero(mrow >= 0):
-            t = all_tags[mrow[i]]
-            if t is not None:
-                out[i] = any(g in t for g in GEOMETRIC_TAGS)
-                mrow[i] = -2  # decided
-    rest = np.flatnonzero(mrow != -2)
+        for i in np.flatnonzero(manifest_row >= 0):
+            row_tags = all_tags[manifest_row[i]]
+            if row_tags is not None:
+                out[i] = any(g in row_tags for g in GEOMETRIC_TAGS)
+                manifest_row[i] = -2  # decided
+    rest = np.flatnonzero(manifest_row != -2)
     if rest.size:
         catalog = catalog_risk_tags()
 
@@ -486,9 +592,9 @@ def _geometric(
                 tags = catalog.get(op) or ()
             return any(g in tags for g in GEOMETRIC_TAGS)
 
-        out[rest] = map_unique(pert["perturbation"].to_numpy(dtype=object)[rest], op_geometric).astype(
-            bool
-        )
+        out[rest] = map_unique(
+            pert["perturbation"].to_numpy(dtype=object)[rest], op_geometric
+        ).astype(bool)
     return out
 
 
@@ -513,10 +619,10 @@ def _add_risk(
     """
     n = len(pairs)
     tags = np.full(n, None, dtype=object)
-    mrow = pairs["manifest_row"].to_numpy(np.int64)
-    if manifest is not None and (mrow >= 0).any():
-        hit = np.flatnonzero(mrow >= 0)
-        tags[hit] = manifest.all_risk_tags()[mrow[hit]]
+    manifest_row = pairs["manifest_row"].to_numpy(np.int64)
+    if manifest is not None and (manifest_row >= 0).any():
+        hit = np.flatnonzero(manifest_row >= 0)
+        tags[hit] = manifest.all_risk_tags()[manifest_row[hit]]
     need = pd.isna(tags)
     unknown_ops: set[str] = set()
     if need.any():
@@ -528,45 +634,16 @@ def _add_risk(
                 return tuple(risk_tags[op])
             if catalog is None:
                 catalog = catalog_risk_tags()
-            t = catalog.get(op)
-            if t is None:
+            known = catalog.get(op)
+            if known is None:
                 unknown_ops.add(str(op))
-            return tuple(t) if t is not None else ()
+            return tuple(known) if known is not None else ()
 
         tags[need] = map_unique(pairs["perturbation"].to_numpy(dtype=object)[need], op_tags)
-    # severity-dependent tags of catalog ops (unless risk_tags overrides the op)
-    by_sev = catalog_severity_risk()
-    ops = pairs["perturbation"].to_numpy(dtype=object)
-    sevs = pairs["severity"].to_numpy(np.int64)
-    for op, table in by_sev.items():
-        if risk_tags is not None and op in risk_tags:
-            continue
-        of_op = ops == op
-        for sev in range(min(table.values()), 6):
-            rows = np.flatnonzero(of_op & (sevs == sev))
-            if rows.size:  # once per distinct tag tuple, not per row
-                tags[rows] = map_unique(tags[rows], partial(_tags_at, table=table, severity=sev))
+    _add_severity_tags(pairs, tags, risk_tags)
     classes = pairs["question_class"].to_numpy(dtype=object)
-    tcode, tuniq = pd.factorize(tags)
-    ccode, cuniq = pd.factorize(classes)
-    combo = tcode.astype(np.int64) * max(len(cuniq), 1) + ccode
-    ucombo, inv = np.unique(combo, return_inverse=True)
-    risk_u = obj_array(
-        [
-            tuple(
-                classes_at_risk(
-                    tuniq[k // max(len(cuniq), 1)], cuniq[k % max(len(cuniq), 1)], risk_map
-                )
-            )
-            for k in ucombo
-        ]
-    )
-    risk_col = risk_u[inv.reshape(-1)]
     pairs["risk_tags"] = tags
-    pairs["classes_at_risk"] = risk_col
-    pairs["at_risk"] = np.fromiter((bool(r) for r in risk_u), dtype=bool, count=len(risk_u))[
-        inv.reshape(-1)
-    ]
+    pairs["classes_at_risk"], pairs["at_risk"] = _classes_at_risk(tags, classes, risk_map)
     if unknown_ops:
         report.notes.append(
             "no risk tags known for perturbation(s) "
@@ -578,6 +655,45 @@ def _add_risk(
         report.notes.append(
             f"{no_class} pairs have no question_class: label risk cannot be checked"
         )
+
+
+def _add_severity_tags(
+    pairs: pd.DataFrame, tags: np.ndarray, risk_tags: Mapping[str, Sequence[str]] | None
+) -> None:
+    """Add the severity-dependent tags of catalog ops to ``tags`` in place (unless
+    ``risk_tags`` overrides the op)."""
+    ops = pairs["perturbation"].to_numpy(dtype=object)
+    sevs = pairs["severity"].to_numpy(np.int64)
+    for op, table in catalog_severity_risk().items():
+        if risk_tags is not None and op in risk_tags:
+            continue
+        of_op = ops == op
+        for sev in range(min(table.values()), 6):
+            rows = np.flatnonzero(of_op & (sevs == sev))
+            if rows.size:  # once per distinct tag tuple, not per row
+                tags[rows] = map_unique(tags[rows], partial(_tags_at, table=table, severity=sev))
+
+
+def _classes_at_risk(
+    tags: np.ndarray, classes: np.ndarray, risk_map: Mapping[str, Sequence[str]] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair: the question classes its tags put at risk (tuple), and whether any is;
+    decided once per distinct (tags, classes) combination."""
+    tag_code, tag_uniq = pd.factorize(tags)
+    class_code, class_uniq = pd.factorize(classes)
+    n_classes = max(len(class_uniq), 1)
+    combo = tag_code.astype(np.int64) * n_classes + class_code
+    combos, inv = np.unique(combo, return_inverse=True)
+    at_risk_of_combo = obj_array(
+        [
+            tuple(classes_at_risk(tag_uniq[k // n_classes], class_uniq[k % n_classes], risk_map))
+            for k in combos
+        ]
+    )
+    flag_of_combo = np.fromiter(
+        (bool(r) for r in at_risk_of_combo), dtype=bool, count=len(at_risk_of_combo)
+    )
+    return at_risk_of_combo[inv.reshape(-1)], flag_of_combo[inv.reshape(-1)]
 
 
 def _floats(df: pd.DataFrame, col: str) -> np.ndarray:

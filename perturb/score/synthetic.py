@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -127,96 +128,134 @@ def make_predictions(
     Perturbed rows carry image paths ``{path_prefix}/{op}/s{sev}/v{variant}/{img_id}.png`` and no
     perturbation columns, so they must be matched through the manifest.
     """
+    from scipy.special import ndtr
+
     rng = np.random.default_rng(seed)
     ops = dict(perturbations or {"gaussian_blur": 0.25, "color_shift": 0.1})
     tags = dict(risk_tags or DEFAULT_RISK)
     img_ids = np.array([f"img{i:06d}" for i in range(n_images)], dtype=object)
     effect = rng.normal(0.0, image_sd, n_images)
-    nt = len(TEMPLATES)
-    if questions_per_image > nt:
-        raise ValueError(f"questions_per_image must be <= {nt}")
-    q_of = np.stack([rng.permutation(nt)[:questions_per_image] for _ in range(n_images)])
-    rows_img = np.repeat(np.arange(n_images), questions_per_image)
-    rows_q = q_of.reshape(-1)
-    n = len(rows_img)
-    answers = [t[2] for t in TEMPLATES]
-    ans_idx = np.array([rng.integers(0, len(answers[q])) for q in rows_q])
-    ref = np.array([answers[q][a] for q, a in zip(rows_q, ans_idx, strict=True)], dtype=object)
-    wrong = np.array(
-        [
-            answers[q][(a + 1 + rng.integers(0, len(answers[q]) - 1)) % len(answers[q])]
-            for q, a in zip(rows_q, ans_idx, strict=True)
-        ],
-        dtype=object,
-    )
-    questions = np.array([TEMPLATES[q][0] for q in rows_q], dtype=object)
-    classes = [[TEMPLATES[q][1]] for q in rows_q]
-    latent = rng.normal(size=n)
-    logit_clean = base_logit + effect[rows_img]
+    qa = _questions(rng, n_images, questions_per_image)
+    latent = rng.normal(size=len(qa.image))
+    logit_clean = base_logit + effect[qa.image]
     # correct iff latent-based uniform < p; sharing the latent couples clean and perturbed
-    from scipy.special import ndtr
-
-    u = ndtr(latent)
-    clean_ok = u < _expit(logit_clean)
-
-    def say(ans: np.ndarray) -> np.ndarray:
-        if not free_text:
-            return ans
-        k = rng.integers(3, 15, len(ans))
-        w = rng.integers(0, len(_WORDS), (len(ans), 15))
-        return np.array(
-            [" ".join([*(_WORDS[j] for j in w[i, : k[i]]), "so", a]) for i, a in enumerate(ans)],
-            dtype=object,
-        )
-
+    clean_ok = ndtr(latent) < _expit(logit_clean)
     clean = pd.DataFrame(
         {
-            "img_id": img_ids[rows_img],
-            "question": questions,
-            "answer": ref,
-            "prediction": say(np.where(clean_ok, ref, wrong)),
-            "question_class": [json.dumps(c) for c in classes],
-            "complexity": 1 + (rows_q % 3),
+            "img_id": img_ids[qa.image],
+            "question": qa.question,
+            "answer": qa.reference,
+            "prediction": _say(rng, np.where(clean_ok, qa.reference, qa.wrong), free_text),
+            "question_class": [json.dumps([TEMPLATES[t][1]]) for t in qa.template],
+            "complexity": 1 + (qa.template % 3),
         }
     )
-    prows, mrows = [], []
+    perturbed, manifest = [], []
     for op, drop in ops.items():
         for s in severities:
             for v in range(1, variants + 1):
-                noise = rng.normal(0.0, 0.5, n)
-                u2 = ndtr((latent + noise) / np.sqrt(1.25))
-                ok = u2 < _expit(logit_clean - drop * s)
+                noise = rng.normal(0.0, 0.5, len(qa.image))
+                ok = ndtr((latent + noise) / np.sqrt(1.25)) < _expit(logit_clean - drop * s)
                 rel = [f"{op}/s{s}/v{v}/{img_ids[i]}.png" for i in range(n_images)]
-                paths = np.array([f"{path_prefix}/{rel[i]}" for i in rows_img], dtype=object)
-                prows.append(
+                perturbed.append(
                     pd.DataFrame(
                         {
-                            "img_id": img_ids[rows_img],
-                            "question": questions,
-                            "answer": ref,
-                            "prediction": say(np.where(ok, ref, wrong)),
-                            "image": paths,
+                            "img_id": img_ids[qa.image],
+                            "question": qa.question,
+                            "answer": qa.reference,
+                            "prediction": _say(
+                                rng, np.where(ok, qa.reference, qa.wrong), free_text
+                            ),
+                            "image": np.array(
+                                [f"{path_prefix}/{rel[i]}" for i in qa.image], dtype=object
+                            ),
                         }
                     )
                 )
-                mrows.append(
-                    pd.DataFrame(
-                        {
-                            "img_id": img_ids,
-                            "suite": "synthetic",
-                            "op": op,
-                            "severity": s,
-                            "variant": v,
-                            "seed": seed,
-                            "key": [f"{i:016x}" for i in range(n_images)],
-                            "params": "{}",
-                            "risk_tags": json.dumps(list(tags.get(op, []))),
-                            "path": rel,
-                            "sha256": "",
-                            "width": 64,
-                            "height": 64,
-                            "perturb_version": "0",
-                        }
-                    )
-                )
-    return clean, pd.concat(prows, ignore_index=True), pd.concat(mrows, ignore_index=True)
+                manifest.append(_manifest_rows(img_ids, op, s, v, seed, tags.get(op, []), rel))
+    return clean, pd.concat(perturbed, ignore_index=True), pd.concat(manifest, ignore_index=True)
+
+
+@dataclass
+class _QA:
+    """One row per (image, question): its image index, template, question, answers."""
+
+    image: np.ndarray
+    template: np.ndarray
+    question: np.ndarray
+    reference: np.ndarray
+    wrong: np.ndarray  # another answer of the same class
+
+
+def _questions(rng: np.random.Generator, n_images: int, questions_per_image: int) -> _QA:
+    """Distinct templates per image, a reference answer and a wrong one per row."""
+    n_templates = len(TEMPLATES)
+    if questions_per_image > n_templates:
+        raise ValueError(f"questions_per_image must be <= {n_templates}")
+    per_image = np.stack(
+        [rng.permutation(n_templates)[:questions_per_image] for _ in range(n_images)]
+    )
+    template = per_image.reshape(-1)
+    answers = [t[2] for t in TEMPLATES]
+    answer_idx = np.array([rng.integers(0, len(answers[q])) for q in template])
+    wrong = np.array(
+        [
+            answers[q][(a + 1 + rng.integers(0, len(answers[q]) - 1)) % len(answers[q])]
+            for q, a in zip(template, answer_idx, strict=True)
+        ],
+        dtype=object,
+    )
+    return _QA(
+        image=np.repeat(np.arange(n_images), questions_per_image),
+        template=template,
+        question=np.array([TEMPLATES[q][0] for q in template], dtype=object),
+        reference=np.array(
+            [answers[q][a] for q, a in zip(template, answer_idx, strict=True)], dtype=object
+        ),
+        wrong=wrong,
+    )
+
+
+def _say(rng: np.random.Generator, answers: np.ndarray, free_text: bool) -> np.ndarray:
+    """The answers as given, or (``free_text``) each after a sentence of random words."""
+    if not free_text:
+        return answers
+    lengths = rng.integers(3, 15, len(answers))
+    words = rng.integers(0, len(_WORDS), (len(answers), 15))
+    return np.array(
+        [
+            " ".join([*(_WORDS[j] for j in words[i, : lengths[i]]), "so", a])
+            for i, a in enumerate(answers)
+        ],
+        dtype=object,
+    )
+
+
+def _manifest_rows(
+    img_ids: np.ndarray,
+    op: str,
+    severity: int,
+    variant: int,
+    seed: int,
+    risk_tags: Sequence[str],
+    rel_paths: list[str],
+) -> pd.DataFrame:
+    """Manifest rows of one (op, severity, variant) output set."""
+    return pd.DataFrame(
+        {
+            "img_id": img_ids,
+            "suite": "synthetic",
+            "op": op,
+            "severity": severity,
+            "variant": variant,
+            "seed": seed,
+            "key": [f"{i:016x}" for i in range(len(img_ids))],
+            "params": "{}",
+            "risk_tags": json.dumps(list(risk_tags)),
+            "path": rel_paths,
+            "sha256": "",
+            "width": 64,
+            "height": 64,
+            "perturb_version": "0",
+        }
+    )

@@ -48,10 +48,10 @@ def upstream_rouge(
         _, first = np.unique(pairs["clean_row"].to_numpy(), return_index=True)
         res: dict[str, Any] = {}
         for m in metrics:
-            if m not in ROUGE or m not in md.mc:
+            if m not in ROUGE or m not in md.item_clean:
                 continue
-            c = md.mc[m][first]
-            p = md.mp[m]
+            c = md.item_clean[m][first]
+            p = md.item_perturbed[m]
             c, p = c[~np.isnan(c)], p[~np.isnan(p)]
             if not c.size or not p.size:
                 continue

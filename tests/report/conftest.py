@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from perturb.report import write_reports
 from perturb.score import score_runs
 from perturb.score.synthetic import make_predictions
 
@@ -48,6 +49,7 @@ def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         p,
         manifest=data / "manifest.parquet",
         out_dir=root / "out",
+        report_writer=write_reports,
         bootstrap=200,
         include_at_risk=True,
         max_flips=12,

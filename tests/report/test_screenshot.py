@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from perturb.report import write_reports
 from perturb.score import score_runs
 from perturb.score.synthetic import make_predictions
 
@@ -72,6 +73,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         {"A": p, "B": p2},
         manifest=m,
         out_dir=root / "out",
+        report_writer=write_reports,
         bootstrap=200,
         timestamp="2026-01-01T00:00:00+00:00",
     )

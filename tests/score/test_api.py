@@ -31,7 +31,7 @@ def synth() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 @pytest.fixture(scope="module")
 def result(synth: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]) -> Any:
     c, p, m = synth
-    return score_runs(c, p, manifest=m, bootstrap=300, seed=1, write_report=False, timestamp="t")
+    return score_runs(c, p, manifest=m, bootstrap=300, seed=1, timestamp="t")
 
 
 def test_counts_pairs_and_config(result: Any, synth: Any) -> None:
@@ -105,7 +105,7 @@ def test_label_risk_pairs_are_excluded_and_reported(result: Any, synth: Any) -> 
         ]
     )
     c, p, m = synth
-    inc = score_runs(c, p, manifest=m, bootstrap=0, include_at_risk=True, write_report=False)
+    inc = score_runs(c, p, manifest=m, bootstrap=0, include_at_risk=True)
     assert inc.scores["models"]["model"]["overall"]["metrics"]["exact_match"]["n"] == len(pairs)
     assert inc.scores["counts"]["headline_pairs"] == len(pairs)
 
@@ -176,9 +176,7 @@ def _tiny(
 
 def test_risk_tags_from_mapping_and_manifest_override_and_unknown_ops() -> None:
     clean, pert = _tiny()
-    r = score_runs(
-        clean, pert, bootstrap=0, write_report=False, risk_tags={"mystery_op": ["alters_color"]}
-    )
+    r = score_runs(clean, pert, bootstrap=0, risk_tags={"mystery_op": ["alters_color"]})
     # every pair at risk: the headline falls back to all pairs and warns (never empty)
     m = r.scores["models"]["model"]
     assert r.pairs["model"]["at_risk"].all() and m["overall"]["n_pairs"] == 4
@@ -192,13 +190,12 @@ def test_risk_tags_from_mapping_and_manifest_override_and_unknown_ops() -> None:
             clean,
             pert,
             bootstrap=0,
-            write_report=False,
             include_at_risk=False,
             risk_tags={"mystery_op": ["alters_color"]},
         )
-    r2 = score_runs(clean, pert, bootstrap=0, write_report=False, risk_tags={"mystery_op": []})
+    r2 = score_runs(clean, pert, bootstrap=0, risk_tags={"mystery_op": []})
     assert not r2.pairs["model"]["at_risk"].any()
-    r3 = score_runs(clean, pert, bootstrap=0, write_report=False, risk_tags={})
+    r3 = score_runs(clean, pert, bootstrap=0, risk_tags={})
     assert any(
         "no risk tags known for perturbation(s) mystery_op" in n
         for n in r3.scores["pairing"]["model"]["notes"]
@@ -220,7 +217,6 @@ def test_risk_tags_from_mapping_and_manifest_override_and_unknown_ops() -> None:
         pert_paths,
         manifest=manifest,
         bootstrap=0,
-        write_report=False,
         risk_tags={"mystery_op": []},
     )
     assert r4.pairs["model"]["at_risk"].all()
@@ -275,7 +271,7 @@ def test_manifest_matching_by_path_suffix_and_by_id_variant() -> None:
             "image": "zzz/c.png",
         },  # no match
     ]
-    r = score_runs(clean, pert, manifest=manifest, bootstrap=0, write_report=False)
+    r = score_runs(clean, pert, manifest=manifest, bootstrap=0)
     got = r.pairs["model"][["img_id", "perturbation", "severity", "variant"]].values.tolist()
     assert got == [["a", "blur", 2, 1], ["a", "noise", 4, 2], ["b", "blur", 2, 1]]
     assert r.scores["pairing"]["model"]["dropped"] == {
@@ -307,7 +303,7 @@ def test_manifest_conflict_is_an_error() -> None:
         }
     ]
     with pytest.raises(InputError, match="disagree with the manifest"):
-        score_runs(clean, pert, manifest=manifest, bootstrap=0, write_report=False)
+        score_runs(clean, pert, manifest=manifest, bootstrap=0)
 
 
 def test_duplicate_keys_mismatched_references_and_unmatched_rows() -> None:
@@ -315,21 +311,21 @@ def test_duplicate_keys_mismatched_references_and_unmatched_rows() -> None:
     with pytest.raises(
         InputError, match="duplicate clean rows with the same \\(img_id, question\\)"
     ):
-        score_runs([*clean, clean[0]], pert, bootstrap=0, write_report=False)
+        score_runs([*clean, clean[0]], pert, bootstrap=0)
     with pytest.raises(InputError, match="duplicate perturbed rows"):
-        score_runs(clean, [*pert, pert[1]], bootstrap=0, write_report=False)
+        score_runs(clean, [*pert, pert[1]], bootstrap=0)
     bad = [dict(p) for p in pert]
     bad[2]["answer"] = "blue"
     with pytest.raises(
         InputError, match=r"1 pairs have different reference answers.*'red' vs perturbed 'blue'"
     ):
-        score_runs(clean, bad, bootstrap=0, write_report=False)
+        score_runs(clean, bad, bootstrap=0)
     # whitespace differences are not a mismatch
     ws = [dict(p) for p in pert]
     ws[0]["answer"] = " red "
-    assert score_runs(clean, ws, bootstrap=0, write_report=False).exit_code == 0
+    assert score_runs(clean, ws, bootstrap=0).exit_code == 0
     extra = [*pert, {**pert[0], "img_id": "zz"}]
-    r = score_runs(clean, extra, bootstrap=0, write_report=False)
+    r = score_runs(clean, extra, bootstrap=0)
     assert r.scores["pairing"]["model"]["dropped"] == {"no_clean_match": 1}
     assert "img_id='zz'" in r.scores["pairing"]["model"]["drop_examples"]["no_clean_match"][0]
     assert r.exit_code == 1
@@ -338,7 +334,6 @@ def test_duplicate_keys_mismatched_references_and_unmatched_rows() -> None:
             clean,
             [{**p, "img_id": f"other{k}"} for k, p in enumerate(pert)],
             bootstrap=0,
-            write_report=False,
         )
 
 
@@ -347,7 +342,7 @@ def test_missing_predictions_are_counted_drops() -> None:
     pert[1]["prediction"] = None
     pert[2]["prediction"] = float("nan")
     clean[3]["prediction"] = None
-    r = score_runs(clean, pert, bootstrap=0, write_report=False)
+    r = score_runs(clean, pert, bootstrap=0)
     d = r.scores["pairing"]["model"]["dropped"]
     assert d == {"missing_prediction_perturbed": 2, "missing_prediction_clean": 1}
     assert r.scores["counts"]["pairs"] == 1 and r.exit_code == 1
@@ -367,7 +362,6 @@ def test_rerun_gives_identical_scores_json(tmp_path: Path, synth: Any) -> None:
             manifest=tmp_path / "manifest.parquet",
             out_dir=tmp_path / f"out{k}",
             bootstrap=200,
-            write_report=False,
         )
         texts.append(json.loads((tmp_path / f"out{k}" / "scores.json").read_text()))
     # the timestamp is the only field allowed to differ
@@ -381,7 +375,6 @@ def test_rerun_gives_identical_scores_json(tmp_path: Path, synth: Any) -> None:
         manifest=m.iloc[::-1],
         out_dir=tmp_path / "shuffled",
         bootstrap=200,
-        write_report=False,
     )
     shuffled = json.loads((tmp_path / "shuffled" / "scores.json").read_text())
     assert shuffled["models"] == texts[0]["models"]
@@ -406,7 +399,7 @@ def test_worst_of_k_is_consensus_for_binary_metrics() -> None:
                     "variant": v,
                 }
             )
-    r = score_runs(clean, pert, bootstrap=0, write_report=False, risk_tags={"blur": []})
+    r = score_runs(clean, pert, bootstrap=0, risk_tags={"blur": []})
     s = r.scores["models"]["model"]
     assert _metric(s["by_perturbation"]["blur"], "exact_match", "perturbed") == pytest.approx(
         8 / 12
@@ -453,7 +446,6 @@ def test_corruption_error_in_run_and_from_a_scores_file(tmp_path: Path) -> None:
         reference="B",
         primary="exact_match",
         bootstrap=200,
-        write_report=False,
         risk_tags={"blur": []},
     )
     ce = r.scores["models"]["A"]["corruption_error"]
@@ -473,7 +465,6 @@ def test_corruption_error_in_run_and_from_a_scores_file(tmp_path: Path) -> None:
         out_dir=tmp_path / "refrun",
         primary="exact_match",
         bootstrap=0,
-        write_report=False,
         risk_tags={"blur": []},
     )
     r2 = score_runs(
@@ -482,17 +473,14 @@ def test_corruption_error_in_run_and_from_a_scores_file(tmp_path: Path) -> None:
         reference={"B": tmp_path / "refrun" / "scores.json"},
         primary="exact_match",
         bootstrap=100,
-        write_report=False,
         risk_tags={"blur": []},
     )
     ce2 = r2.scores["models"]["model"]["corruption_error"]
     assert ce2["reference"] == "B" and ce2["mce"]["estimate"] == pytest.approx(0.6)
     with pytest.raises(InputError, match="no model of that name"):
-        score_runs(ca, pa_, reference="nobody", bootstrap=0, write_report=False)
+        score_runs(ca, pa_, reference="nobody", bootstrap=0)
     with pytest.raises(InputError, match=r"no scores\.json there"):
-        score_runs(
-            ca, pa_, reference={"B": tmp_path / "missing.json"}, bootstrap=0, write_report=False
-        )
+        score_runs(ca, pa_, reference={"B": tmp_path / "missing.json"}, bootstrap=0)
 
 
 def test_effective_robustness_needs_three_models() -> None:
@@ -505,7 +493,6 @@ def test_effective_robustness_needs_three_models() -> None:
         {k: v[1] for k, v in runs.items()},
         primary="exact_match",
         bootstrap=200,
-        write_report=False,
         risk_tags={"blur": []},
     )
     er = r.scores["effective_robustness"]
@@ -517,7 +504,6 @@ def test_effective_robustness_needs_three_models() -> None:
         {k: runs[k][0] for k in "AB"},
         {k: runs[k][1] for k in "AB"},
         bootstrap=0,
-        write_report=False,
     )
     assert two.scores["effective_robustness"] == {
         "computed": False,
@@ -530,7 +516,7 @@ def test_models_from_a_model_column() -> None:
     cb, pb = _model_rows(0.5, {1: 0.5}, n=20)
     clean = [{**r, "model": "A"} for r in ca] + [{**r, "model": "B"} for r in cb]
     pert = [{**r, "model": "A"} for r in pa_] + [{**r, "model": "B"} for r in pb]
-    r = score_runs(clean, pert, bootstrap=0, write_report=False, risk_tags={"blur": []})
+    r = score_runs(clean, pert, bootstrap=0, risk_tags={"blur": []})
     assert sorted(r.scores["models"]) == ["A", "B"]
 
 
@@ -543,7 +529,6 @@ def test_corpus_metrics_in_cells_equal_sacrebleu(synth: Any) -> None:
         metrics=["exact_match", "bleu", "chrf"],
         include_at_risk=True,
         bootstrap=50,
-        write_report=False,
     )
     pairs = r.pairs["model"]
     blur = pairs[(pairs["perturbation"] == "gaussian_blur") & (pairs["severity"] == 5)]
@@ -656,7 +641,6 @@ def test_judge_scores_per_class_from_eval_json_files(tmp_path: Path) -> None:
         tmp_path / "clean_eval.json",
         [tmp_path / "blur_eval.json"],
         bootstrap=100,
-        write_report=False,
         risk_tags={"blur_eval": []},
     )
     s = r.scores["models"]["model"]

@@ -42,9 +42,11 @@ def test_imports_do_not_load_torch() -> None:
 
 def test_scoring_and_reporting_do_not_load_torch(tmp_path: Path) -> None:
     loaded, _ = _torch_after(
+        "from perturb.report import write_reports\n"
         "from perturb.score import score_runs\n"
         "from perturb.score.synthetic import make_predictions\n"
         "c, p, m = make_predictions(n_images=8, questions_per_image=2)\n"
-        f"score_runs(c, p, manifest=m, out_dir={str(tmp_path)!r}, bootstrap=50)"
+        f"score_runs(c, p, manifest=m, out_dir={str(tmp_path)!r}, bootstrap=50, "
+        "report_writer=write_reports)"
     )
     assert not loaded

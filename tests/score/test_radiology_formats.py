@@ -145,9 +145,7 @@ def test_rexvqa_dataset_rows_plus_prediction(rex: dict[str, Any], tmp_path: Path
     }
     (tmp_path / "clean.json").write_text(json.dumps(clean))
     pert = _rex_perturbed_files(rex, "dataset")
-    result = score_runs(
-        tmp_path / "clean.json", pert, manifest=rex["out"], bootstrap=200, write_report=False
-    )
+    result = score_runs(tmp_path / "clean.json", pert, manifest=rex["out"], bootstrap=200)
     _all_paired(result, 20)
     assert _delta(result, "mcq", "xray_gamma") == pytest.approx((1.0, 0.6, -0.4))
     assert _delta(result, "mcq", "rotation") == pytest.approx((1.0, 1.0, 0.0))
@@ -156,7 +154,7 @@ def test_rexvqa_dataset_rows_plus_prediction(rex: dict[str, Any], tmp_path: Path
     assert result.scores["mcq_unparsed"][next(iter(result.pairs))]["perturbed"] == 0
     # without the manifest the question ids still pair every row (cut file names do not
     # matter); the perturbation is named after its file
-    bare = score_runs(tmp_path / "clean.json", pert, bootstrap=0, write_report=False)
+    bare = score_runs(tmp_path / "clean.json", pert, bootstrap=0)
     _all_paired(bare, 20)
     assert _delta(bare, "mcq", "pert_dataset_xray_gamma_s3_v0") == pytest.approx((1.0, 0.6, -0.4))
 
@@ -265,7 +263,7 @@ def test_medthinkvqa_official_submission(med: dict[str, Any], tmp_path: Path) ->
     c_path, p_path = tmp_path / "clean.jsonl", tmp_path / "pert.jsonl"
     pd.DataFrame(clean).to_json(c_path, orient="records", lines=True)
     pd.DataFrame(pert).to_json(p_path, orient="records", lines=True)
-    result = score_runs(c_path, p_path, manifest=med["out"], bootstrap=200, write_report=False)
+    result = score_runs(c_path, p_path, manifest=med["out"], bootstrap=200)
     _all_paired(result, 3)
     assert _delta(result, "mcq", "xray_gamma") == pytest.approx((1.0, 1.0, 0.0))
     assert _delta(result, "mcq", "gaussian_blur") == pytest.approx((0.5, 0.0, -0.5))
@@ -292,7 +290,7 @@ def test_medthinkvqa_native_export(med: dict[str, Any], tmp_path: Path) -> None:
                 case = "case" + r["title"].split()[-1]
                 fh.write(json.dumps(_submission(r, MED_PERT[(op, case)])) + "\n")
         pert.append(native)
-    result = score_runs(c_path, pert, manifest=med["out"], bootstrap=0, write_report=False)
+    result = score_runs(c_path, pert, manifest=med["out"], bootstrap=0)
     _all_paired(result, 3)
     assert _delta(result, "mcq", "gaussian_blur") == pytest.approx((0.5, 0.0, -0.5))
     assert _delta(result, "mcq", "xray_gamma") == pytest.approx((1.0, 1.0, 0.0))
@@ -376,9 +374,7 @@ def test_vindr_nested_files_and_moved_boxes(vindr: dict[str, Any], tmp_path: Pat
                 assert obj["vqa"][0]["gt_location"] != moved["items"][0]["gt_location"]
         native.write_text(json.dumps(objects))
         pert.append(native)
-    result = score_runs(
-        tmp_path / "clean.json", pert, manifest=vindr["out"], bootstrap=200, write_report=False
-    )
+    result = score_runs(tmp_path / "clean.json", pert, manifest=vindr["out"], bootstrap=200)
     _all_paired(result, 12)  # 2 images x 3 items x 2 ops
     # a model that answers the moved boxes exactly loses nothing under rotation
     assert _delta(result, "box_iou", "rotation") == pytest.approx((1.0, 1.0, 0.0))
@@ -406,11 +402,11 @@ def test_vindr_generated_rows_and_unmoved_reference(vindr: dict[str, Any], tmp_p
     c, p = tmp_path / "clean.jsonl", tmp_path / "pert.jsonl"
     pd.DataFrame(clean).to_json(c, orient="records", lines=True)
     pd.DataFrame(flat).to_json(p, orient="records", lines=True)
-    result = score_runs(c, p, manifest=vindr["out"], bootstrap=0, write_report=False)
+    result = score_runs(c, p, manifest=vindr["out"], bootstrap=0)
     _all_paired(result, 12)
     assert _delta(result, "box_iou", "rotation") == pytest.approx((1.0, 1.0, 0.0))
     # without the manifest the rows' own op column says which op moved the boxes ...
-    bare_result = score_runs(c, p, bootstrap=0, write_report=False)
+    bare_result = score_runs(c, p, bootstrap=0)
     _all_paired(bare_result, 12)
     assert _delta(bare_result, "box_iou", "rotation") == pytest.approx((1.0, 1.0, 0.0))
     # ... and with no op known the differing (moved) references are an error naming the fix
@@ -421,11 +417,11 @@ def test_vindr_generated_rows_and_unmoved_reference(vindr: dict[str, Any], tmp_p
     ]
     pd.DataFrame(rot).to_json(p, orient="records", lines=True)
     with pytest.raises(InputError, match="--manifest"):
-        score_runs(c, p, bootstrap=0, write_report=False)
+        score_runs(c, p, bootstrap=0)
     # predictions only (no answer / gt_location): rotation's grounded items are dropped, named
     bare = [{k: r[k] for k in ("img_id", "qa_idx", "question", "path", "prediction")} for r in flat]
     pd.DataFrame(bare).to_json(p, orient="records", lines=True)
-    result = score_runs(c, p, manifest=vindr["out"], bootstrap=0, write_report=False)
+    result = score_runs(c, p, manifest=vindr["out"], bootstrap=0)
     (pairing,) = result.scores["pairing"].values()
     assert pairing["dropped"] == {"geometric_without_moved_reference": 6}, pairing
     assert pairing["pairs"] == 6  # xray_gamma's items keep the clean (unmoved) reference

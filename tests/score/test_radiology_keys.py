@@ -62,7 +62,7 @@ def test_rexvqa_pairs_by_question_id_and_keeps_the_sign(tmp_path: Path) -> None:
         perturbation="xray_gamma",
         severity=3,
     )
-    result = score_runs(clean, pert, bootstrap=0, write_report=False)
+    result = score_runs(clean, pert, bootstrap=0)
     (pairs,) = result.pairs.values()
     assert len(pairs) == 10
     assert pairs["mcq_clean"].mean() == 1.0 and pairs["mcq_perturbed"].mean() == 0.6
@@ -81,7 +81,7 @@ def test_repeated_question_ids_are_templates(tmp_path: Path) -> None:
         for img, p in (("a", "yes"), ("b", "no"))
     ]
     pert = [{**r, "perturbation": "blur", "severity": 2, "prediction": "yes"} for r in rows]
-    result = score_runs(rows, pert, bootstrap=0, write_report=False)
+    result = score_runs(rows, pert, bootstrap=0)
     (pairs,) = result.pairs.values()
     assert sorted(pairs["img_id"]) == ["a", "b"]
 
@@ -130,7 +130,7 @@ def test_unparsed_answers_are_counted_and_shown() -> None:
     pert = [
         {**r, "perturbation": "blur", "severity": 1, "prediction": "I cannot tell."} for r in rows
     ]
-    result = score_runs(rows, pert, bootstrap=0, write_report=False)
+    result = score_runs(rows, pert, bootstrap=0)
     unparsed = result.scores["mcq_unparsed"]["model"]
     assert (unparsed["clean"], unparsed["perturbed"]) == (0, 3)
     assert unparsed["examples"][0]["prediction"] == "I cannot tell."

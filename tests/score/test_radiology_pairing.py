@@ -82,9 +82,7 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
 def _assert_paired(
     clean: Path, pert: Path, out: Path, n_clean: int, n_pert: int, samples: set[str]
 ) -> None:
-    result = score_runs(
-        clean, pert, manifest=out / "manifest.parquet", bootstrap=0, write_report=False
-    )
+    result = score_runs(clean, pert, manifest=out / "manifest.parquet", bootstrap=0)
     (pairing,) = result.scores["pairing"].values()
     assert pairing["clean_rows"] == n_clean and pairing["perturbed_rows"] == n_pert
     assert pairing["pairs"] == n_pert and pairing["clean_rows_without_perturbed_partner"] == 0, (

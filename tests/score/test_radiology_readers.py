@@ -78,7 +78,7 @@ def test_rexvqa_scoring_counts_unparseable_answers(tmp_path: Path) -> None:
     }
     (tmp_path / "c.json").write_text(json.dumps(clean))
     (tmp_path / "p.json").write_text(json.dumps(pert))
-    res = score_runs(tmp_path / "c.json", tmp_path / "p.json", bootstrap=100, write_report=False)
+    res = score_runs(tmp_path / "c.json", tmp_path / "p.json", bootstrap=100)
     s = res.scores
     assert s["config"]["primary"] == "mcq"
     overall = s["models"]["model"]["overall"]["metrics"]["mcq"]
@@ -126,7 +126,7 @@ def test_medthinkvqa_case_is_the_sample(tmp_path: Path) -> None:
     assert df["qkey"].tolist() == ["id:case19254", "id:case20001"]
     assert df["question_class"].tolist() == [("diagnosis",), ("diagnosis",)]
     assert df["image_path"].iloc[0] == "images/case19254/im19254x1.jpg"
-    res = score_runs(path, path, bootstrap=0, write_report=False)  # same file: no change
+    res = score_runs(path, path, bootstrap=0)  # same file: no change
     pairs = res.pairs["model"]
     assert pairs["mcq_clean"].tolist() == [1.0, 0.0]
 
@@ -152,7 +152,7 @@ def test_vindr_boxes_and_grounding(tmp_path: Path) -> None:
                 "severity": 3 if i < 4 else 5,
             }
         )
-    res = score_runs(clean, pert, bootstrap=100, write_report=False)
+    res = score_runs(clean, pert, bootstrap=100)
     pairs = res.pairs["model"]
     assert pairs["answer_f1_clean"].tolist() == [1.0] * 8
     assert pairs["answer_f1_perturbed"].tolist() == [1.0] * 8  # loc tags do not count as words

@@ -158,11 +158,9 @@ def test_risk_tags_argument_overrides_the_catalog_severity_table() -> None:
         for i in range(4)
     ]
     pert = [{**r, "perturbation": "xray_quantum_noise", "severity": 5} for r in rows]
-    res = score_runs(rows, pert, bootstrap=0, write_report=False)
+    res = score_runs(rows, pert, bootstrap=0)
     pairs = res.pairs["model"]
     assert pairs["question_class"].tolist() == [("small_finding", "presence")] * 4
     assert pairs["at_risk"].all()
-    res = score_runs(
-        rows, pert, bootstrap=0, write_report=False, risk_tags={"xray_quantum_noise": []}
-    )
+    res = score_runs(rows, pert, bootstrap=0, risk_tags={"xray_quantum_noise": []})
     assert not res.pairs["model"]["at_risk"].any()

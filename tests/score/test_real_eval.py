@@ -18,6 +18,7 @@ from nltk.tokenize import word_tokenize
 from nltk.translate.meteor_score import single_meteor_score
 
 from perturb.errors import InputError
+from perturb.report import write_reports
 from perturb.score import score_runs
 from perturb.score.meteor import DATA, meteor_scores, wordnet
 from perturb.score.synthetic import make_predictions
@@ -128,7 +129,7 @@ def _free_text_rows(n: int = 6) -> tuple[list[dict], list[dict]]:
 
 def test_free_text_default_metrics_include_meteor_bleu_chrf() -> None:
     clean, pert = _free_text_rows()
-    r = score_runs(clean, pert, bootstrap=0, write_report=False)
+    r = score_runs(clean, pert, bootstrap=0)
     used = r.scores["config"]["metrics"]
     assert {"meteor", "bleu", "chrf", "rougeL", "rouge1", "rouge2"} <= set(used)
     m = r.scores["models"]["model"]["overall"]["metrics"]["meteor"]
@@ -159,7 +160,7 @@ def test_free_text_default_metrics_include_meteor_bleu_chrf() -> None:
     # MCQ-like short answers: no corpus metrics by default
     short = [{**c, "answer": "yes", "prediction": "yes"} for c in clean]
     shortp = [{**p, "answer": "yes", "prediction": "no"} for p in pert]
-    r2 = score_runs(short, shortp, bootstrap=0, write_report=False)
+    r2 = score_runs(short, shortp, bootstrap=0)
     assert "meteor" not in r2.scores["config"]["metrics"]
 
 
@@ -189,7 +190,7 @@ def _judge_rows(scores_c: list, scores_p: list) -> tuple[list[dict], list[dict]]
 
 def test_judge_scores_all_0_1_are_binary_with_mcnemar() -> None:
     clean, pert = _judge_rows([1, "1", 1, 1, 0, 1, 1, 1], ["0", 0, 0, 1, 1, 0, 0, 0])
-    r = score_runs(clean, pert, bootstrap=0, write_report=False, metrics=["judge"])
+    r = score_runs(clean, pert, bootstrap=0, metrics=["judge"])
     assert r.scores["metric_definitions"]["judge"]["binary"] is True
     mc = r.scores["models"]["model"]["overall"]["metrics"]["judge"]["mcnemar"]
     assert (mc["b"], mc["c"]) == (6, 1)
@@ -198,7 +199,7 @@ def test_judge_scores_all_0_1_are_binary_with_mcnemar() -> None:
     assert mc["p_exact"] == pytest.approx(binomtest(1, 7, 0.5).pvalue, rel=1e-5)
     # a fraction keeps the judge non-binary (no McNemar)
     clean2, pert2 = _judge_rows([1, 0.5], [0, 1])
-    r2 = score_runs(clean2, pert2, bootstrap=0, write_report=False, metrics=["judge"])
+    r2 = score_runs(clean2, pert2, bootstrap=0, metrics=["judge"])
     assert r2.scores["metric_definitions"]["judge"]["binary"] is False
     assert "mcnemar" not in r2.scores["models"]["model"]["overall"]["metrics"]["judge"]
 
@@ -207,7 +208,7 @@ def test_judge_scores_all_0_1_are_binary_with_mcnemar() -> None:
 def test_judge_out_of_range_is_an_error_naming_the_row(bad: object) -> None:
     clean, pert = _judge_rows([1, 1, 1], [0, bad, 1])
     with pytest.raises(InputError, match=r"row 2: LLM-judge score polyp_count="):
-        score_runs(clean, pert, bootstrap=0, write_report=False, metrics=["judge"])
+        score_runs(clean, pert, bootstrap=0, metrics=["judge"])
 
 
 def _risky_run() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -227,7 +228,7 @@ def _risky_run() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
 def test_headline_falls_back_to_all_pairs_and_flags_force_either_way() -> None:
     c, p, m = _risky_run()
-    r = score_runs(c, p, manifest=m, bootstrap=50, write_report=False)
+    r = score_runs(c, p, manifest=m, bootstrap=50)
     h = r.scores["headline"]
     assert h["uses"] == "all_pairs" and h["decided"] == "auto"
     assert h["at_risk_pairs"] == h["pairs"] - 2 and h["label_safe_pairs"] == 2
@@ -235,13 +236,13 @@ def test_headline_falls_back_to_all_pairs_and_flags_force_either_way() -> None:
     assert r.scores["models"]["model"]["overall_label_safe"]["n_pairs"] == 2
     w = r.scores["warnings"][0]
     assert "Headline uses ALL pairs" in w and "polyp_count under crop" in w
-    forced = score_runs(c, p, manifest=m, bootstrap=0, write_report=False, include_at_risk=False)
+    forced = score_runs(c, p, manifest=m, bootstrap=0, include_at_risk=False)
     assert forced.scores["headline"]["uses"] == "label_safe"
     assert forced.scores["models"]["model"]["overall"]["n_pairs"] == 2
     assert "too few" in forced.scores["warnings"][0]
     # enough label-safe pairs: the headline is label-safe, no warning
     c2, p2, m2 = make_predictions(n_images=20, questions_per_image=2, seed=3)
-    r2 = score_runs(c2, p2, manifest=m2, bootstrap=0, write_report=False)
+    r2 = score_runs(c2, p2, manifest=m2, bootstrap=0)
     assert r2.scores["headline"]["uses"] == "label_safe"
     assert not any("Headline" in w for w in r2.scores["warnings"])
 
@@ -250,13 +251,15 @@ def test_duplicate_rows_without_manifest_suggest_manifest() -> None:
     c, p, _ = make_predictions(n_images=4, questions_per_image=2, seed=0)
     p = p.assign(perturbation="unknown", severity=0)
     with pytest.raises(InputError, match=r"pass --manifest DIR/manifest\.parquet"):
-        score_runs(c, p, bootstrap=0, write_report=False)
+        score_runs(c, p, bootstrap=0)
 
 
 def test_coverage_warning_under_90_percent(tmp_path: Path) -> None:
     c, p, m = make_predictions(n_images=10, questions_per_image=2, seed=0)
     keep = p["image"].str.contains("/s1/")  # severity 1 only: 1 of 5 severities covered
-    r = score_runs(c, p[keep], manifest=m, bootstrap=0, out_dir=tmp_path)
+    r = score_runs(
+        c, p[keep], manifest=m, bootstrap=0, out_dir=tmp_path, report_writer=write_reports
+    )
     cov = r.scores["coverage"]["models"]["model"]
     assert cov["with_predictions"] == int((m["severity"] == 1).sum())
     assert cov["by_perturbation_severity"]["gaussian_blur/s3"] == {"with": 0, "without": 10}
@@ -290,7 +293,7 @@ def test_dataset_join_gives_complexity_and_class_breakdowns_and_clean_images(
     strip = ["complexity", "question_class"]
     c2 = c.drop(columns=strip).assign(question=lambda d: "<image>" + d["question"])
     p2 = p.drop(columns=[x for x in strip if x in p.columns])
-    without = score_runs(c2, p2, manifest=m, bootstrap=0, write_report=False)
+    without = score_runs(c2, p2, manifest=m, bootstrap=0)
     assert not without.scores["models"]["model"]["by_complexity"]
     out = tmp_path / "out"
     r = score_runs(
@@ -325,7 +328,7 @@ def test_calibration_under_perturbation_from_confidence_and_logprobs(tmp_path: P
     p["logprobs"] = [
         json.dumps({"content": [{"token": "a", "logprob": float(np.log(x) / 2)}] * 2}) for x in pc
     ]
-    r = score_runs(c, p, manifest=m, bootstrap=200, out_dir=tmp_path)
+    r = score_runs(c, p, manifest=m, bootstrap=200, out_dir=tmp_path, report_writer=write_reports)
     model = r.scores["models"]["model"]
     cal = model["calibration"]
     pairs = r.pairs["model"]
@@ -354,7 +357,7 @@ def test_bad_confidence_is_an_error_naming_the_row(bad: object) -> None:
     clean, pert = _free_text_rows(3)
     pert[1]["confidence"] = bad
     with pytest.raises(InputError, match=r"row 2: confidence/logprobs"):
-        score_runs(clean, pert, bootstrap=0, write_report=False)
+        score_runs(clean, pert, bootstrap=0)
 
 
 def test_flips_are_chosen_across_ops_by_gap_on_varied_images() -> None:
@@ -366,7 +369,7 @@ def test_flips_are_chosen_across_ops_by_gap_on_varied_images() -> None:
         seed=1,
         risk_tags={k: [] for k in ops},
     )
-    r = score_runs(c, p, manifest=m, bootstrap=0, write_report=False, max_flips=8)
+    r = score_runs(c, p, manifest=m, bootstrap=0, max_flips=8)
     model = r.scores["models"]["model"]
     prim = r.scores["config"]["primary"]
     flips = model["flips"]
@@ -383,7 +386,7 @@ def test_rouge_upstream_is_rouge_score_bootstrap_mid() -> None:
     from rouge_score import rouge_scorer, scoring
 
     clean, pert = _free_text_rows(10)
-    r = score_runs(clean, pert, bootstrap=0, write_report=False, rouge_upstream=True, seed=3)
+    r = score_runs(clean, pert, bootstrap=0, rouge_upstream=True, seed=3)
     got = r.scores["rouge_upstream"]["model"]["rougeL"]
     sc = rouge_scorer.RougeScorer(["rougeL"])
     agg = scoring.BootstrapAggregator()
@@ -394,7 +397,7 @@ def test_rouge_upstream_is_rouge_score_bootstrap_mid() -> None:
     assert got["perturbed"]["upstream_mid"] == pytest.approx(want, rel=1e-9)
     exact = r.scores["models"]["model"]["overall"]["metrics"]["rougeL"]["perturbed"]["estimate"]
     assert got["perturbed"]["mean"] == pytest.approx(exact, rel=1e-5)
-    again = score_runs(clean, pert, bootstrap=0, write_report=False, rouge_upstream=True, seed=3)
+    again = score_runs(clean, pert, bootstrap=0, rouge_upstream=True, seed=3)
     assert again.scores["rouge_upstream"] == r.scores["rouge_upstream"]  # seeded: reruns agree
 
 
@@ -403,7 +406,7 @@ def test_precomputed_bleurt_and_bertscore_columns_are_compared_per_item() -> Non
     for k, (c, p) in enumerate(zip(clean, pert, strict=True)):
         c["bleurt"], p["bleurt"] = 0.5 + 0.05 * k, 0.4 + 0.01 * k
         c["bertscore_f1"], p["bertscore_f1"] = "0.9", 0.8
-    r = score_runs(clean, pert, bootstrap=0, write_report=False)
+    r = score_runs(clean, pert, bootstrap=0)
     om = r.scores["models"]["model"]["overall"]["metrics"]
     assert om["bleurt"]["clean"]["estimate"] == pytest.approx(
         np.mean([0.5 + 0.05 * k for k in range(8)])
@@ -413,8 +416,8 @@ def test_precomputed_bleurt_and_bertscore_columns_are_compared_per_item() -> Non
     )
     assert om["bertscore"]["delta"]["estimate"] == pytest.approx(-0.1)
     # absent columns: not in the default set
-    plain = score_runs(*_free_text_rows(8), bootstrap=0, write_report=False)
+    plain = score_runs(*_free_text_rows(8), bootstrap=0)
     assert "bleurt" not in plain.scores["config"]["metrics"]
     pert[3]["bleurt"] = "n/a"
     with pytest.raises(InputError, match=r"row 4: bleurt value 'n/a' is not a number"):
-        score_runs(clean, pert, bootstrap=0, write_report=False)
+        score_runs(clean, pert, bootstrap=0)
