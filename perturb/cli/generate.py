@@ -13,7 +13,7 @@ from perturb.generate.progress import human_size
 from perturb.io import DEFAULT_MAX_PIXELS
 
 if TYPE_CHECKING:
-    from perturb.generate.runner import RunSummary
+    from perturb.generate.core import RunSummary
 
 
 def generate(
@@ -133,7 +133,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Generate a perturbed split: images, manifest.parquet, errors.jsonl, dataset/."""
-    from perturb.generate.runner import RunError, RunOptions
+    from perturb.generate.core import RunError, RunOptions
     from perturb.generate.runner import generate as run
     from perturb.generate.suite import SuiteError, load_suite
 
@@ -246,8 +246,8 @@ def merge_manifests(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Join the folders of `perturb generate --shard I/N` runs into one run's folder."""
+    from perturb.generate.core import RunError
     from perturb.generate.merge import merge_parts
-    from perturb.generate.runner import RunError
 
     try:
         with usage_errors(RunError):

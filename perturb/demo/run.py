@@ -152,7 +152,7 @@ def generate_perturbed(
     """Run the demo suite on the built-in phantoms into ``out/perturbed`` (resumes a previous
     run with the same settings; a previous demo run with other settings is replaced)."""
     from perturb.generate import generate_split
-    from perturb.generate.runner import RunError
+    from perturb.generate.core import RunError
     from perturb.generate.suite import SuiteError
 
     target = out / "perturbed"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from perturb.generate.runner import RunSummary
+    from perturb.generate.core import RunSummary
     from perturb.generate.suite import Suite
 
 __all__ = ["generate_split", "load_generated"]
@@ -24,10 +24,11 @@ __all__ = ["generate_split", "load_generated"]
 
 def generate_split(config: str | Path | Suite, out: str | Path, **options: Any) -> RunSummary:
     """Run a suite (a YAML path, a built-in suite name, or a ``Suite``) into ``out``; ``options``
-    are those of ``perturb.generate.runner.RunOptions`` (dataset, split, limit, batch_size,
+    are those of ``perturb.generate.core.RunOptions`` (dataset, split, limit, batch_size,
     workers, device, seed, max_pixels, image_column, embed_images, progress, builtin_images,
     engine, shard, ray_address, gpus_per_worker, concurrency, max_retries)."""
-    from perturb.generate.runner import RunOptions, generate
+    from perturb.generate.core import RunOptions
+    from perturb.generate.runner import generate
     from perturb.generate.suite import Suite, load_suite
 
     suite = config if isinstance(config, Suite) else load_suite(config)

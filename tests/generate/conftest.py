@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from perturb.generate.runner import RESERVED, RunOptions, RunSummary, generate
+from perturb.generate.core import RESERVED, RunOptions, RunSummary
+from perturb.generate.runner import generate
 from perturb.generate.suite import Suite, parse_suite
 
 REPO = Path(__file__).resolve().parents[2]
