@@ -57,8 +57,8 @@ def _interrupt(command: list[str], journal: Path, sig: int, rng: random.Random, 
             proc.wait()
     if sig == signal.SIGKILL:
         assert proc.returncode == -signal.SIGKILL, f"seed {seed}"
-    else:  # Ctrl-C: the run stops (click's "Aborted!", exit 1) without a traceback
-        assert proc.returncode != 0, f"seed {seed}"
+    else:  # Ctrl-C: the run stops with the shell's Ctrl-C status (128 + 2), no traceback
+        assert proc.returncode == 130, f"seed {seed}: exit {proc.returncode}"
         assert b"Traceback" not in stderr, f"seed {seed}: {stderr.decode()[-2000:]}"
 
 
