@@ -62,7 +62,6 @@ CACHE = "cache"  # .perturb/cache: the ``datasets`` cache of the input (unless -
 MAX_SEED = 2**63 - 1  # seeds are stored as int64 (manifest, records)
 
 
-
 class RunError(PerturbError, ValueError):
     """A run that cannot start (usage or input problem): exit code 2."""
 
@@ -93,6 +92,9 @@ def output_path(out: str | os.PathLike[str]) -> Path:
 
 @dataclass
 class RunOptions:
+    """Everything a run is asked to do (the ``perturb generate`` options, and hooks for
+    callers: progress, fault injection)."""
+
     out: Path | str  # a folder, or a file-system URL (perturb.generate.store)
     dataset: str | None = None
     split: str | None = None
@@ -136,6 +138,8 @@ Pending = tuple[Any, str, list[tuple[Task, str]]]
 
 @dataclass
 class RunSummary:
+    """Counts, sizes and timings of one run (DIR/summary.json)."""
+
     suite: str
     input: str
     device: str
