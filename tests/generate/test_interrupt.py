@@ -3,7 +3,7 @@ re-run: the outputs are those of an uninterrupted run (bytes and manifest), ever
 journal had committed is adopted ("already present"), and the work redone is at most one
 chunk (the chunk in flight when the signal came). #18 item 3.
 
-The points are random (a journal threshold and a delay inside the next chunk); the seed is in
+The points are random (2 or 3 chunks committed, then a random part of the next chunk); the seed is in
 every failure message, and ``PERTURB_TEST_SEED=N`` replays one."""
 
 from __future__ import annotations
@@ -36,18 +36,23 @@ def _committed(journal: Path) -> int:
 
 
 def _interrupt(command: list[str], journal: Path, sig: int, rng: random.Random, seed: int) -> None:
-    """Start ``command``, wait until a random number of chunks (1-3) is committed, sleep a
-    random part of a chunk, send ``sig``; the process must end by it."""
+    """Start ``command``; once 2 or 3 chunks are committed, wait a random fraction of the last
+    chunk's duration (so the signal lands inside the next chunk, wherever it is: ops, encode,
+    rename, fsync, journal), send ``sig``; the process must end by it."""
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    chunks, delay = rng.randint(1, 3), rng.uniform(0.0, 0.4)
+    chunks, fraction = rng.randint(2, 3), rng.uniform(0.0, 0.9)
     deadline = time.monotonic() + 120
+    reached: dict[int, float] = {}  # committed chunks -> when first seen
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if _committed(journal) >= chunks * PER_IMAGE:
-                break
-            time.sleep(0.01)
-        time.sleep(delay)
+        while time.monotonic() < deadline and proc.poll() is None and chunks not in reached:
+            now = time.monotonic()
+            for done in range(_committed(journal) // PER_IMAGE + 1):
+                reached.setdefault(done, now)
+            time.sleep(0.005)
+        assert chunks in reached, f"seed {seed}: the run ended before the signal"
+        last_chunk = reached[chunks] - reached.get(chunks - 1, reached[chunks])
+        time.sleep(fraction * last_chunk)
         assert proc.poll() is None, f"seed {seed}: the run ended before the signal"
         os.kill(proc.pid, sig)
         _, stderr = proc.communicate(timeout=60)
