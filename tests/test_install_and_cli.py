@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 import perturb
 from perturb.augment import PolicyError, load_policy
-from perturb.catalog.command import MODALITY_NAMES
 from perturb.catalog.specs import MODALITIES, load_specs
 from perturb.cli import app
+from perturb.cli.catalog import MODALITY_NAMES
 from perturb.configs import CONFIG_DIR, builtin_configs, builtin_names
 from perturb.contracts.suite import SuiteError
 from perturb.suites import load_suite

@@ -11,7 +11,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from perturb.catalog.preview import preview_grid
+from perturb.cli.preview_grid import preview_grid
 from perturb.io.images import read_image, to_tensor
 
 ROOT = Path(__file__).resolve().parents[2]

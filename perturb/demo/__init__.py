@@ -16,7 +16,7 @@ __all__ = ["DEMO_OPS", "DEMO_SEVERITIES", "DemoError", "DemoResult", "run_demo"]
 
 
 def __getattr__(name: str) -> Any:
-    # loaded on first use, so ``perturb --help`` (which imports perturb.demo.command) stays light
+    # loaded on first use, so ``perturb --help`` (which imports perturb.cli.demo) stays light
     if name in __all__:
         from perturb.demo import run
 

@@ -154,7 +154,7 @@ def generate_perturbed(
     run with the same settings; a previous demo run with other settings is replaced)."""
     from perturb.contracts.suite import SuiteError
     from perturb.generate import generate_split
-    from perturb.generate.runner import RunError
+    from perturb.generate.core import RunError
 
     target = out / "perturbed"
     try:
@@ -235,27 +235,13 @@ def run_demo(
     """Run the demo into ``out``: clean + perturbed phantom splits, probe predictions, scores
     and report. ``seed`` keys the perturbations and seeds the bootstrap; ``ops`` and
     ``severities`` pick the part of the endoscopy-artifacts suite to run."""
-    from perturb.report import write_reports
-    from perturb.score import score_runs
-
     if images < 1:
         raise DemoError(f"--images must be at least 1, got {images}")
     if bootstrap < 0:
         raise DemoError(f"bootstrap must be >= 0, got {bootstrap}")
     say: Log = log or (lambda _msg: None)
     root = Path(out)
-    _check_out(root)
-    root.mkdir(parents=True, exist_ok=True)
-    settings = {
-        "images": images,
-        "seed": seed,
-        "bootstrap": bootstrap,
-        "suite": SUITE_NAME,
-        "ops": list(ops),
-        "severities": list(severities),
-        "model": NAME,
-    }
-    (root / MARKER).write_text(json.dumps({"settings": settings}, indent=2) + "\n")
+    settings = _start(root, images, seed, bootstrap, ops, severities)
     seconds: dict[str, float] = {}
 
     t = time.perf_counter()
@@ -277,9 +263,55 @@ def run_demo(
 
     t = time.perf_counter()
     say(f"[4/4] scoring clean vs perturbed (paired bootstrap, B={bootstrap}, seed {seed})")
+    scores = _score(root, clean_path, pert_path, bootstrap, seed, timestamp)
+    seconds["score"] = time.perf_counter() - t
+    marker = {"settings": settings, "seconds": {k: round(v, 2) for k, v in seconds.items()}}
+    (root / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    return DemoResult(
+        out=root,
+        images=images,
+        perturbed_images=n_pert,
+        pairs=int(scores["counts"]["pairs"]),
+        seconds=seconds,
+        files=_files(root, clean_path, pert_path),
+        scores=scores,
+    )
+
+
+def _start(
+    root: Path,
+    images: int,
+    seed: int,
+    bootstrap: int,
+    ops: tuple[str, ...] | list[str],
+    severities: tuple[int, ...] | list[int],
+) -> dict[str, Any]:
+    """Check and create DIR, mark it as a demo's with its settings; returns the settings."""
+    _check_out(root)
+    root.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "images": images,
+        "seed": seed,
+        "bootstrap": bootstrap,
+        "suite": SUITE_NAME,
+        "ops": list(ops),
+        "severities": list(severities),
+        "model": NAME,
+    }
+    (root / MARKER).write_text(json.dumps({"settings": settings}, indent=2) + "\n")
+    return settings
+
+
+def _score(
+    root: Path, clean: Path, perturbed: Path, bootstrap: int, seed: int, timestamp: str | None
+) -> dict[str, Any]:
+    """``perturb score`` of the probe's predictions into DIR; returns scores.json's content."""
+    from perturb.report import write_reports
+    from perturb.score import score_runs
+
     result = score_runs(
-        clean={NAME: clean_path},
-        perturbed={NAME: [pert_path]},
+        clean={NAME: clean},
+        perturbed={NAME: [perturbed]},
         manifest=root / "perturbed" / "manifest.parquet",
         out_dir=root,
         report_writer=write_reports,
@@ -287,26 +319,19 @@ def run_demo(
         seed=seed,
         timestamp=timestamp,
     )
-    seconds["score"] = time.perf_counter() - t
-    marker = {"settings": settings, "seconds": {k: round(v, 2) for k, v in seconds.items()}}
-    (root / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-    files = {
+    return dict(result.scores)
+
+
+def _files(root: Path, clean: Path, perturbed: Path) -> dict[str, Path]:
+    """The files a demo leaves for the user, by kind."""
+    return {
         "report_html": root / "report.html",
         "report_md": root / "report.md",
         "scores": root / "scores.json",
-        "predictions_clean": clean_path,
-        "predictions_perturbed": pert_path,
+        "predictions_clean": clean,
+        "predictions_perturbed": perturbed,
         "manifest": root / "perturbed" / "manifest.parquet",
     }
-    return DemoResult(
-        out=root,
-        images=images,
-        perturbed_images=n_pert,
-        pairs=int(result.scores["counts"]["pairs"]),
-        seconds=seconds,
-        files=files,
-        scores=result.scores,
-    )
 
 
 def settings_of(result: DemoResult) -> dict[str, Any]:

@@ -17,18 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from perturb.contracts.suite import Suite
-    from perturb.generate.runner import RunSummary
+    from perturb.generate.core import RunSummary
 
 __all__ = ["generate_split", "load_generated"]
 
 
 def generate_split(config: str | Path | Suite, out: str | Path, **options: Any) -> RunSummary:
     """Run a suite (a YAML path, a built-in suite name, or a ``Suite``) into ``out``; ``options``
-    are those of ``perturb.generate.runner.RunOptions`` (dataset, split, limit, batch_size,
+    are those of ``perturb.generate.core.RunOptions`` (dataset, split, limit, batch_size,
     workers, device, seed, max_pixels, image_column, embed_images, progress, builtin_images,
     engine, shard, ray_address, gpus_per_worker, concurrency, max_retries)."""
     from perturb.contracts.suite import Suite
-    from perturb.generate.runner import RunOptions, generate
+    from perturb.generate.core import RunOptions
+    from perturb.generate.runner import generate
     from perturb.suites import load_suite
 
     suite = config if isinstance(config, Suite) else load_suite(config)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,14 +129,21 @@ def images_dataset(paths: list[str], read: Any) -> Any:
     )
 
 
-def build_dataset(out: Path, inp: Any, manifest: pa.Table, embed: bool, read: Any = None) -> int:
+def build_dataset(
+    out: Path,
+    inp: Any,
+    manifest: pa.Table,
+    embed: bool,
+    read: Any = None,
+    fault: Callable[[str, int | str], None] | None = None,
+) -> int:
     """Write DIR/dataset (and dataset/images with ``embed``); ``read(rel) -> bytes`` reads an
     output (default: DIR's file). Returns the number of QA rows."""
     images = None
     if embed:
         reader = read or (lambda rel: (out / rel).read_bytes())
         images = images_dataset(manifest.column("path").to_pylist(), reader)
-    return save_dataset(out, qa_dataset(inp, manifest), images)
+    return save_dataset(out, qa_dataset(inp, manifest), images, fault)
 
 
 def _save(ds: Any, folder: Path) -> None:
@@ -151,18 +159,20 @@ def _save(ds: Any, folder: Path) -> None:
             datasets.utils.logging.enable_progress_bar()
 
 
-def save_dataset(out: Path, ds: Any, images: Any = None) -> int:
+def save_dataset(
+    out: Path, ds: Any, images: Any = None, fault: Callable[[str, int | str], None] | None = None
+) -> int:
     """Write ``ds`` (and ``images`` into its ``images/``) as DIR/dataset, replacing the old one
-    only once the new one is complete."""
-    from perturb.generate.runner import _crash_point
-
+    only once the new one is complete (``fault("dataset", 0)``, a test hook, runs just before
+    the swap)."""
     state = out / STATE_DIR
     tmp, old, final = state / "dataset.tmp", state / "dataset.old", out / "dataset"
     shutil.rmtree(tmp, ignore_errors=True)
     _save(ds, tmp)
     if images is not None:
         _save(images, tmp / IMAGES)
-    _crash_point("dataset")
+    if fault is not None:
+        fault("dataset", 0)
     if final.exists():
         final.rename(old)
     tmp.rename(final)

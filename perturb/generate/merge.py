@@ -22,8 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from perturb.generate.naming import UnsafePathError, resolve_inside
-from perturb.generate.runner import (
+from perturb.generate.core import (
     STATE_DIR,
     UNFINISHED,
     RunError,
@@ -34,6 +33,7 @@ from perturb.generate.runner import (
     write_errors,
     write_parquet_atomic,
 )
+from perturb.generate.naming import UnsafePathError, resolve_inside
 from perturb.generate.shard import ShardError, parse_shard
 from perturb.io.images import write_atomic
 

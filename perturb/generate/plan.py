@@ -66,7 +66,7 @@ def plan_run(
     out: Path | None,
 ) -> Plan:
     """The plan of ``generate(suite, options)`` (see the module docstring)."""
-    from perturb.generate.runner import read_jobs
+    from perturb.generate.core import read_jobs
     from perturb.generate.worker import WorkerConfig, default_threads, process_chunk
 
     plan = Plan(suite=suite.suite, input=inp.source, device=device)

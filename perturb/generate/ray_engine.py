@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
-import signal
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -42,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 
 from perturb.catalog.specs import MODALITIES
+from perturb.generate.core import Fault, RunError, open_run_input, read_jobs
 from perturb.generate.worker import ChunkResult, WorkerConfig, default_threads, process_chunk
 
 RAY_MISSING = (
@@ -53,8 +51,6 @@ _OWNED = {"ray": False}  # whether this process started the Ray instance it uses
 
 def import_ray() -> Any:
     """``ray`` with Ray Data, or a RunError that names the install command."""
-    from perturb.generate.runner import RunError
-
     try:
         import ray
         import ray.data
@@ -79,8 +75,6 @@ def connect(options: Any) -> str:
 
 
 def _init(address: str | None) -> Any:
-    from perturb.generate.runner import RunError
-
     ray = import_ray()
     if not ray.is_initialized():
         try:
@@ -101,8 +95,6 @@ def _init(address: str | None) -> Any:
 
 def plan(options: Any) -> Plan:
     """Workers and GPUs per worker from the options and the cluster's resources."""
-    from perturb.generate.runner import RunError
-
     ray = _init(options.ray_address)
     resources = ray.cluster_resources()
     cluster_gpus = float(resources.get("GPU", 0.0))
@@ -144,7 +136,7 @@ def disconnect() -> None:
 
 @dataclass(frozen=True)
 class InputSource:
-    """How a worker re-opens the input (as the driver did, ``runner.open_run_input``) and what
+    """How a worker re-opens the input (as the driver did, ``core.open_run_input``) and what
     it must see."""
 
     dataset: str | None
@@ -158,8 +150,6 @@ class InputSource:
     cache_dir: str | None = None
 
     def open(self, suite: Any) -> Any:
-        from perturb.generate.runner import open_run_input
-
         inp = open_run_input(
             suite, self.dataset, self.split, self.image_column, self.builtin_images, self.images,
             id_from=self.id_from, cache_dir=self.cache_dir,
@@ -173,27 +163,6 @@ class InputSource:
         return inp
 
 
-def _crash_hook(spec: str | None, img_ids: list[str]) -> None:
-    """Test hook: ``PERTURB_CRASH_AT=ray-worker:IMG_ID`` kills (SIGKILL) the worker process
-    whenever a batch holds IMG_ID; ``ray-worker-once:IMG_ID:MARKER`` only while the file MARKER
-    does not exist (it is created first), so the retry succeeds; ``ray-worker-sleep:IMG_ID``
-    hangs the worker (sleeps an hour) instead."""
-    if not spec or not spec.startswith("ray-worker"):
-        return
-    kind, _, rest = spec.partition(":")
-    img_id, _, marker = rest.partition(":")
-    if img_id not in img_ids:
-        return
-    if kind == "ray-worker-once":
-        if Path(marker).exists():
-            return
-        Path(marker).touch()
-    if kind == "ray-worker-sleep":
-        time.sleep(3600)
-        return
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 class GenerateWorker:
     """Ray Data stateful worker: the input and the suite's ops are loaded once per worker."""
 
@@ -201,14 +170,14 @@ class GenerateWorker:
         self,
         cfg: WorkerConfig,
         source: InputSource,
-        crash_at: str | None = None,
+        fault: Fault | None = None,
         url: str | None = None,
     ):
         from perturb.catalog.registry import get_op
         from perturb.suites import parse_suite
 
         self.cfg = cfg
-        self.crash_at = crash_at
+        self.fault = fault  # tests: called with ("ray-worker", img_id) for each image of a batch
         self.url = url
         suite = parse_suite(cfg.suite)
         self.inp = source.open(suite)
@@ -218,11 +187,12 @@ class GenerateWorker:
             get_op(name)  # the catalog's ops for this worker, loaded before the first batch
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
-        from perturb.generate.runner import read_jobs
         from perturb.io.datasets import ImageGroup
 
         ids = [str(v) for v in batch["img_id"]]
-        _crash_hook(self.crash_at, ids)
+        for img_id in ids:
+            if self.fault is not None:
+                self.fault("ray-worker", img_id)
         try:
             pending = [
                 (
@@ -356,97 +326,136 @@ def run_ray(
     take: Callable[[ChunkResult, int], None],
     url: str | None = None,
 ) -> RayStats:
-    """Run the pending images (``batches`` of the local engine's plan) on Ray Data; every
-    result goes to ``take`` (the runner's journal) as it arrives."""
+    """Run the pending images (``batches`` of the driver's plan) on Ray Data; every result goes
+    to ``take`` (the journal's commit, ``perturb.generate.core.Commit.take``) as it arrives.
+    Images whose worker died, raised or stalled run again, one per task, for at most
+    ``options.max_retries`` more passes; those still missing become ``worker`` error rows."""
     ray = import_ray()
-    from ray.data import ActorPoolStrategy, DataContext
-
     p = plan(options)
-    ctx = DataContext.get_current()
-    ctx.max_errored_blocks = -1  # a failed batch is re-run by the next pass, not fatal
-    ctx.enable_progress_bars = False  # the run has its own progress bar
-    ctx.print_on_execution_start = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    _quiet_data_context()
     threads = options.threads or (default_threads(p.workers) if not p.gpus else None)
-    cfg = replace(cfg, device=p.device, threads=threads)
-    dataset = options.dataset
-    if dataset is not None and Path(dataset).exists():
-        dataset = str(Path(dataset).resolve())  # workers may start in another folder
-    images = options.images
-    if images is not None and Path(images).exists():
-        images = str(Path(images).resolve())
-    source = InputSource(
-        dataset, options.split, options.image_column, options.builtin_images, images,
-        inp.fingerprint, len(inp), options.id_from, options.cache_dir,
-    )  # fmt: skip
-    crash_at = os.environ.get("PERTURB_CRASH_AT")
+    state = {
+        "cfg": replace(cfg, device=p.device, threads=threads),
+        "source": _input_source(options, inp),
+        "fault": options.fault,
+        "url": url,
+    }
     stats = RayStats()
     remaining = [item for batch in batches for item in batch]
     reasons: dict[str, str] = {}
-    size = options.batch_size
     for attempt in range(options.max_retries + 1):
         if not remaining:
             break
         if attempt:
             stats.retries += len(remaining)
-            size = 1  # isolate the image that kills its worker
+        size = 1 if attempt else options.batch_size  # retries: isolate the image that kills
         groups = [remaining[i : i + size] for i in range(0, len(remaining), size)]
         descriptors = ray.data.from_arrow([_descriptors(g) for g in groups])
-        state = {"cfg": cfg, "source": source, "crash_at": crash_at, "url": url}
-        with warnings.catch_warnings():  # max_restarts & co. have no named parameter yet
-            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
-            if attempt == 0:  # stateful workers, one batch in flight each
-                results = descriptors.map_batches(
-                    GenerateWorker,
-                    batch_size=size,
-                    compute=ActorPoolStrategy(
-                        size=min(p.workers, len(groups)), max_tasks_in_flight_per_actor=1
-                    ),
-                    fn_constructor_kwargs=state,
-                    num_cpus=1,
-                    num_gpus=p.gpus or None,
-                    # a dead worker is replaced, not restarted in place; what it held runs in
-                    # the next pass: retries are counted and bounded here
-                    max_restarts=0,
-                    max_task_retries=0,
-                )
-            else:  # each image its own task: a crashing image cannot take another one along
-                results = descriptors.map_batches(
-                    _isolated,
-                    batch_size=1,
-                    fn_kwargs=state,
-                    num_cpus=1,
-                    num_gpus=p.gpus or None,
-                    max_retries=0,
-                )
-        returned: set[str] = set()
-        raised: set[str] = set()
-        lost = "the worker process died"
-        try:
-            for row in _rows(results, options.stall_timeout):
-                ids = json.loads(row["img_ids"])
-                if row["failure"]:
-                    stats.failures += 1
-                    reasons.update(dict.fromkeys(ids, str(row["failure"])))
-                    raised.update(ids)
-                    continue
-                take(ChunkResult(**json.loads(row["result"])), int(row["tasks"]))
-                returned.update(ids)
-        except _Stalled:
-            stats.stalls += 1
-            lost = (
-                f"stalled: no result for {options.stall_timeout:g} s, the pass was stopped "
-                "(raise --stall-timeout if an image needs longer)"
-            )
-        died = {g[0].img_id for g in remaining} - returned - raised
-        for img_id in died:
-            reasons[img_id] = lost
-        stats.failures += sum(1 for g in groups if any(it[0].img_id in died for it in g))
+        results = _map(descriptors, attempt, size, min(p.workers, len(groups)), p.gpus, state)
+        returned = _collect(results, options.stall_timeout, take, stats, reasons, remaining, groups)
         remaining = [item for item in remaining if item[0].img_id not in returned]
+    stats.errors.extend(_lost(remaining, stats, reasons, options.max_retries))
+    return stats
+
+
+def _quiet_data_context() -> None:
+    """Ray Data settings of a run: a failed batch is re-run by the next pass (not fatal), no
+    progress bars or start-up lines of its own (the run has its progress bar)."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    ctx.max_errored_blocks = -1
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
+def _input_source(options: Any, inp: Any) -> InputSource:
+    """How the workers re-open the driver's input: local paths made absolute (workers may
+    start in another folder)."""
+    dataset = options.dataset
+    if dataset is not None and Path(dataset).exists():
+        dataset = str(Path(dataset).resolve())
+    images = options.images
+    if images is not None and Path(images).exists():
+        images = str(Path(images).resolve())
+    return InputSource(
+        dataset, options.split, options.image_column, options.builtin_images, images,
+        inp.fingerprint, len(inp), options.id_from, options.cache_dir,
+    )  # fmt: skip
+
+
+def _map(descriptors: Any, attempt: int, size: int, workers: int, gpus: float, state: dict[str, Any]) -> Any:
+    """One pass: the first on stateful workers (one batch in flight each), retries with each
+    image as its own task (a crashing image cannot take another one along)."""
+    from ray.data import ActorPoolStrategy
+
+    with warnings.catch_warnings():  # max_restarts & co. have no named parameter yet
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        if attempt == 0:
+            return descriptors.map_batches(
+                GenerateWorker,
+                batch_size=size,
+                compute=ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
+                fn_constructor_kwargs=state,
+                num_cpus=1,
+                num_gpus=gpus or None,
+                # a dead worker is replaced, not restarted in place; what it held runs in the
+                # next pass: retries are counted and bounded here
+                max_restarts=0,
+                max_task_retries=0,
+            )
+        return descriptors.map_batches(
+            _isolated, batch_size=1, fn_kwargs=state, num_cpus=1, num_gpus=gpus or None, max_retries=0
+        )
+
+
+def _collect(
+    results: Any,
+    stall_timeout: float | None,
+    take: Callable[[ChunkResult, int], None],
+    stats: RayStats,
+    reasons: dict[str, str],
+    remaining: list[Any],
+    groups: list[list[Any]],
+) -> set[str]:
+    """Commit a pass's results as they arrive; record why the others failed (raised, died,
+    stalled). Returns the img_ids that came back."""
+    returned: set[str] = set()
+    raised: set[str] = set()
+    lost = "the worker process died"
+    try:
+        for row in _rows(results, stall_timeout):
+            ids = json.loads(row["img_ids"])
+            if row["failure"]:
+                stats.failures += 1
+                reasons.update(dict.fromkeys(ids, str(row["failure"])))
+                raised.update(ids)
+                continue
+            take(ChunkResult(**json.loads(row["result"])), int(row["tasks"]))
+            returned.update(ids)
+    except _Stalled:
+        stats.stalls += 1
+        lost = (
+            f"stalled: no result for {stall_timeout:g} s, the pass was stopped "
+            "(raise --stall-timeout if an image needs longer)"
+        )
+    died = {g[0].img_id for g in remaining} - returned - raised
+    for img_id in died:
+        reasons[img_id] = lost
+    stats.failures += sum(1 for g in groups if any(it[0].img_id in died for it in g))
+    return returned
+
+
+def _lost(
+    remaining: list[Any], stats: RayStats, reasons: dict[str, str], max_retries: int
+) -> list[dict[str, Any]]:
+    """Error rows (stage ``worker``) of the images still missing after every pass."""
+    errors = []
     for group, file_id, missing in remaining:
         stats.images_lost += 1
         stats.lost_tasks.append(missing)
-        stats.errors.append(
+        errors.append(
             {
                 "img_id": group.img_id,
                 "file_id": file_id,
@@ -455,8 +464,8 @@ def run_ray(
                 "severity": None,
                 "variant": None,
                 "qa_rows": len(group.rows),
-                "reason": f"failed on {options.max_retries + 1} attempt(s): "
+                "reason": f"failed on {max_retries + 1} attempt(s): "
                 + reasons.get(group.img_id, "no result"),
             }
         )
-    return stats
+    return errors

@@ -1,511 +1,52 @@
 """``perturb generate``: suite x dataset -> images, manifest.parquet, errors.jsonl, dataset/.
 
-Layout of DIR::
-
-    <layout paths>          the images (written atomically: temp file + rename)
-    manifest.parquet        one row per output image (see ``perturb.generate.output``)
-    errors.jsonl            rows/images/outputs that failed, with the reason
-    dataset/                HF dataset of the perturbed QA rows (datasets.load_from_disk)
-    summary.json            counts and throughput of the last run
-    .perturb/               settings, journal and lock of the run (resume state)
-
-Resume: every finished output is appended to ``.perturb/journal.jsonl`` after its file has
-been renamed into place, so after a kill at any moment a re-run skips what the journal lists
-and makes only the rest; the manifest is rebuilt from the journal, sorted, so it is the same
-whatever was interrupted. Resume trusts nothing it did not check: journal rows are validated
-(types, paths inside DIR; a corrupt line stops the run with the fix), an output is adopted only
-when its file's sha256 is the journal's and its input image's sha256 is the one it was made
-from (an input changed in place is perturbed again). A run refuses a DIR made with other
-settings (suite, seed, input, --limit, --id-from), a DIR that is not a perturb output, and a DIR
-inside a folder input. ``.perturb/unfinished`` stands while a run is under way (``perturb
-verify`` reports such a DIR as unfinished).
+The driver: it checks the options, opens the input, prepares DIR (settings, lock, journal),
+plans what is missing, hands the pending chunks to an engine (``perturb.generate.local`` or
+``perturb.generate.ray_engine``; both commit through ``perturb.generate.core``, where the
+layout of DIR and the resume rules are described), then writes the manifest, errors.jsonl,
+dataset/ and summary.json. A run refuses a DIR made with other settings (suite, seed, input,
+--limit, --id-from), a DIR that is not a perturb output, and a DIR inside a folder input.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import json
-import os
-import re
-import shutil
-import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, replace
-from functools import partial
-from multiprocessing import get_context
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from perturb import __version__
-from perturb.contracts.manifest import MANIFEST_COLUMNS
-from perturb.contracts.suite import Suite, Task
-from perturb.errors import InputError
-from perturb.generate.lifeline import start_pool_worker
-from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
-from perturb.generate.output import MANIFEST_SCHEMA
-from perturb.generate.progress import Progress, ProgressCallback, pool_ticks, space_problem
-from perturb.generate.shard import Shard, ShardError, parse_shard
-from perturb.generate.worker import (
-    ChunkResult,
-    ImageJob,
-    WorkerConfig,
-    default_threads,
-    process_chunk,
-    run_with_ticks,
+from perturb.contracts.suite import Suite
+from perturb.generate.core import (
+    CACHE,
+    MAX_SEED,
+    STATE_DIR,
+    Commit,
+    OutputDir,
+    Pending,
+    RemoteOutputDir,
+    RunError,
+    RunOptions,
+    RunSummary,
+    build_dataset,
+    fault_at,
+    manifest_table,
+    open_run_input,
+    output_path,
+    output_url,
+    plan_missing,
+    select_images,
+    write_errors,
+    write_parquet_atomic,
 )
-from perturb.io.images import DEFAULT_MAX_PIXELS, write_atomic
-
-STATE_DIR = ".perturb"
-RESERVED = ("manifest.parquet", "errors.jsonl", "summary.json", "dataset", STATE_DIR)
-UNFINISHED = "unfinished"  # marker in .perturb/ while a run is under way
-CACHE = "cache"  # .perturb/cache: the ``datasets`` cache of the input (unless --cache-dir)
-MAX_SEED = 2**63 - 1  # seeds are stored as int64 (manifest, records)
-
-
-class RunError(InputError):
-    """A run that cannot start (usage or input problem): exit code 2."""
-
-
-_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)")
-
-
-def output_url(out: str | os.PathLike[str]) -> str | None:
-    """``out`` when it is a file-system URL other than ``file://`` (s3://, memory://, ...)."""
-    text = os.fspath(out)
-    m = _URL.fullmatch(text)
-    return text if m is not None and m.group(1).lower() != "file" else None
-
-
-def output_path(out: str | os.PathLike[str]) -> Path:
-    """A local folder: a path, or a ``file://`` URL (other URLs: see ``output_url``)."""
-    text = os.fspath(out)
-    m = _URL.fullmatch(text)
-    if m is None:
-        return Path(text)
-    if m.group(1).lower() == "file":
-        return Path("/" + m.group(2))
-    raise RunError(f"{text}: a path or a file:// URL is needed here")
-
-
-@dataclass
-class RunOptions:
-    out: Path | str  # a folder, or a file-system URL (perturb.generate.store)
-    dataset: str | None = None
-    split: str | None = None
-    limit: int | None = None
-    batch_size: int = 8
-    workers: int = 1
-    device: str = "auto"
-    seed: int | None = None
-    strict: bool = False
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    image_column: str | None = None
-    embed_images: bool = False
-    progress: bool = True
-    builtin_images: int | None = None
-    images: str | None = None  # image folder of an adapter input (suite input.images)
-    engine: str = "local"  # local (in-process / process pool) or ray (Ray Data)
-    shard: str | Shard | None = None  # "I/N": only the images of part I of N
-    ray_address: str | None = None  # None: a local Ray; "auto" or host:port: that cluster
-    gpus_per_worker: float | None = None  # None: 1 where the cluster has GPUs, else 0
-    concurrency: int | None = None  # Ray workers (default: the cluster's CPUs or GPUs)
-    max_retries: int = 2  # Ray: rounds that re-run images whose worker died or failed
-    stall_timeout: float | None = 600.0  # Ray: stop a pass after this long without a result
-    threads: int | None = None  # torch/OpenCV threads per worker (default: 1 when several)
-    dry_run: bool = False  # print the plan (perturb.generate.plan), write nothing
-    on_progress: ProgressCallback | None = None  # (outputs done, outputs to do), per output
-    check_space: bool = True  # stop after the first chunk when the estimate exceeds free space
-    id_from: str = "stem"  # img_id of inputs without an img_id column: file stem or path
-    cache_dir: str | None = None  # ``datasets`` cache of the input (default DIR/.perturb/cache)
-
-
-# (group, file_id, missing (task, relative path)): one image still to make
-Pending = tuple[Any, str, list[tuple[Task, str]]]
-
-
-@dataclass
-class RunSummary:
-    suite: str
-    input: str
-    device: str
-    input_rows: int = 0
-    rows_without_id: int = 0
-    images: int = 0
-    images_selected: int = 0
-    images_ok: int = 0
-    images_failed: int = 0
-    outputs_expected: int = 0
-    outputs_existing: int = 0
-    outputs_written: int = 0
-    output_errors: int = 0
-    manifest_rows: int = 0
-    dataset_rows: int = 0
-    errors: int = 0
-    output_bytes: int = 0
-    seconds: float = 0.0
-    images_per_second: float = 0.0
-    unsafe_ids: int = 0
-    engine: str = "local"
-    shard: str | None = None
-    images_in_other_shards: int = 0
-    retries: int = 0  # images re-submitted after a worker died or failed (Ray engine)
-    worker_failures: int = 0  # failed worker calls seen (died, or raised), before retries
-    stalls: int = 0  # Ray passes stopped after --stall-timeout seconds without a result
-    seconds_to_first_output: float | None = None  # start-up: planning, workers, first batch
-    outputs_per_second: float = 0.0  # outputs written / wall time (images_per_second: the same)
-    bytes_written: int = 0  # bytes of the outputs written by this run
-    estimated_bytes: int | None = None  # disk estimate after the first chunk (this run's rest)
-    plan: dict[str, Any] | None = None  # --dry-run: perturb.generate.plan.Plan, nothing written
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _crash_point(stage: str, count: int = 0) -> None:
-    """Test hook: ``PERTURB_CRASH_AT=stage[:n]`` kills the process (SIGKILL) at that point, to
-    test resume after a kill at precise moments."""
-    spec = os.environ.get("PERTURB_CRASH_AT")
-    if not spec:
-        return
-    name, _, n = spec.partition(":")
-    if name == stage and count >= int(n or 0):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-# ---------------------------------------------------------------------------------------------
-# Output folder state
-
-
-def _task_key(row: dict[str, Any]) -> tuple[str, str, int, int]:
-    return (str(row["img_id"]), str(row["op"]), int(row["severity"]), int(row["variant"]))
-
-
-class OutputDir:
-    """DIR with its lock, settings, journal and stale-temp cleanup."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.state = root / STATE_DIR
-        self.journal_path = self.state / "journal.jsonl"
-        self._lock: Any = None
-
-    def prepare(self, settings: dict[str, Any]) -> None:
-        if self.root.exists() and not self.root.is_dir():
-            raise RunError(f"--out {self.root} exists and is not a folder")
-        fresh = not (self.state / "settings.json").exists()
-        if fresh and self.root.exists() and any(not self._only_cache(p) for p in self.root.iterdir()):
-            raise RunError(
-                f"--out {self.root} is not empty and holds no perturb run; choose a new or empty folder"
-            )
-        self.state.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.state / "lock", "w")  # noqa: SIM115  (held for the run)
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise RunError(f"another `perturb generate` is writing to {self.root}") from None
-        path = self.state / "settings.json"
-        if path.exists():
-            old = read_settings(path)
-            diff = sorted(
-                k
-                for k in set(old) | set(settings)
-                if k != "limit" and old.get(k) != settings.get(k)
-            )
-            if diff:
-                details = "; ".join(
-                    f"{k}: {old.get(k)!r} then, {settings.get(k)!r} now" for k in diff
-                )
-                raise RunError(
-                    f"--out {self.root} was generated with other settings ({details}); use another --out"
-                )
-            before, now = old.get("limit"), settings.get("limit")
-            if before != now:
-                if now is not None and (before is None or now < before):
-                    held = "every image (no --limit)" if before is None else f"the first {before} images"
-                    raise RunError(
-                        f"--out {self.root} holds {held}; a re-run with --limit {now} would keep "
-                        f"stale rows: pass {'no --limit' if before is None else f'--limit {before} or more (or none)'}, "
-                        "or use another --out"
-                    )
-                write_atomic(path, json.dumps(settings, indent=2, sort_keys=True).encode())
-        else:
-            write_atomic(path, json.dumps(settings, indent=2, sort_keys=True).encode())
-        self._clean_stale()
-
-    def _only_cache(self, entry: Path) -> bool:
-        """``entry`` is .perturb holding nothing but the input cache (made while opening it)."""
-        return entry.name == STATE_DIR and entry.is_dir() and all(
-            c.name == CACHE for c in entry.iterdir()
-        )
-
-    def _clean_stale(self) -> None:
-        """Remove temp files of interrupted atomic writes and dataset builds."""
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            if Path(dirpath) == self.root:
-                dirnames[:] = [d for d in dirnames if d != "dataset"]
-            for name in filenames:
-                if name.startswith(".") and name.endswith(".part"):
-                    (Path(dirpath) / name).unlink(missing_ok=True)
-        for name in ("dataset.tmp", "dataset.old"):
-            shutil.rmtree(self.state / name, ignore_errors=True)
-
-    def load_journal(self) -> dict[tuple[str, str, int, int], dict[str, Any]]:
-        """Rows of finished outputs (later lines win); rewrites the journal without a torn
-        last line so appends start on a fresh line."""
-        rows: dict[tuple[str, str, int, int], dict[str, Any]] = {}
-        if not self.journal_path.exists():
-            return rows
-        raw = self.journal_path.read_bytes()
-        lines = raw.split(b"\n")
-        torn = bool(raw) and not raw.endswith(b"\n")  # the last line was cut by a kill
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            problem = None
-            try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-                row, problem = None, "not a JSON object"
-            if problem is None:
-                problem = journal_row_problem(row, self.root)
-            if problem is not None:
-                if torn and number == len(lines):
-                    continue
-                raise RunError(
-                    f"{self.journal_path} line {number}: {problem}: the resume journal is corrupt; "
-                    f"delete that file to re-make every output of {self.root} (or use another --out)"
-                )
-            rows[_task_key(row)] = row
-        if torn:
-            self.rewrite_journal(rows.values())
-        return rows
-
-    def mark_unfinished(self) -> None:
-        write_atomic(self.state / UNFINISHED, b"a perturb generate run is under way or was stopped\n")
-
-    def mark_finished(self) -> None:
-        (self.state / UNFINISHED).unlink(missing_ok=True)
-
-    def rewrite_journal(self, rows: Any) -> None:
-        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-        write_atomic(self.journal_path, text.encode())
-
-    @contextlib.contextmanager
-    def journal(self) -> Iterator[Any]:
-        with open(self.journal_path, "a", encoding="utf-8") as fh:
-            yield fh
-
-    def release(self) -> None:
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
-
-    url: str | None = None  # where the outputs go when it is not ``root`` (see RemoteOutputDir)
-
-    def size_of(self, rel: str) -> int | None:
-        """Size of the output ``rel``, or None when it is not there."""
-        try:
-            target = resolve_inside(self.root, rel)
-            return target.stat().st_size if target.is_file() else None
-        except (UnsafePathError, OSError):
-            return None
-
-    def read_output(self, rel: str) -> bytes:
-        return resolve_inside(self.root, rel).read_bytes()
-
-    def digest_of(self, rel: str) -> str | None:
-        """sha256 of the output ``rel``, or None when it is not there (or not a file)."""
-        try:
-            target = resolve_inside(self.root, rel)
-            if not target.is_file():
-                return None
-            h = hashlib.sha256()
-            with open(target, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            return h.hexdigest()
-        except (UnsafePathError, OSError):
-            return None
-
-    def publish(self) -> None:
-        """Copy the run's files to where the outputs are (nothing to do for a local DIR)."""
-
-
-class RemoteOutputDir(OutputDir):
-    """DIR at a file-system URL: state and run files in a local staging folder, outputs at the
-    URL (``perturb.generate.store``)."""
-
-    def __init__(self, url: str) -> None:
-        from perturb.generate.store import RemoteDir, StoreError, probe, staging_folder
-
-        try:
-            probe(url)
-        except StoreError as exc:
-            raise RunError(str(exc)) from None
-        super().__init__(staging_folder(url))
-        self.url = url
-        self.remote = RemoteDir(url)
-        self._sizes: dict[str, int] | None = None
-
-    def prepare(self, settings: dict[str, Any]) -> None:
-        if not (self.state / "settings.json").exists():  # start from what the URL holds
-            for name in ("settings.json", "journal.jsonl"):
-                data = self.remote.read(f"{STATE_DIR}/{name}")
-                if data is not None:
-                    write_atomic(self.state / name, data)
-        super().prepare(settings)
-
-    def size_of(self, rel: str) -> int | None:
-        if self._sizes is None:
-            self._sizes = self.remote.sizes()
-        return self._sizes.get(rel)
-
-    def read_output(self, rel: str) -> bytes:
-        data = self.remote.read(rel)
-        if data is None:
-            raise FileNotFoundError(f"{self.url}/{rel}")
-        return data
-
-    def digest_of(self, rel: str) -> str | None:
-        if self.size_of(rel) is None:
-            return None
-        try:
-            data = self.remote.read(rel)
-        except OSError:
-            return None
-        return None if data is None else hashlib.sha256(data).hexdigest()
-
-    def publish(self) -> None:
-        for name in ("manifest.parquet", "errors.jsonl", "dataset", "summary.json"):
-            self.remote.upload(self.root / name, name)
-        for name in ("settings.json", "journal.jsonl"):
-            self.remote.upload(self.state / name, f"{STATE_DIR}/{name}")
-
-    def mark_unfinished(self) -> None:
-        super().mark_unfinished()
-        self.remote.write(f"{STATE_DIR}/{UNFINISHED}", b"a perturb generate run is under way or was stopped\n")
-
-    def mark_finished(self) -> None:
-        super().mark_finished()
-        self.remote.delete(f"{STATE_DIR}/{UNFINISHED}")
-
-
-_INT_COLUMNS = frozenset(f.name for f in MANIFEST_SCHEMA if pa.types.is_integer(f.type))
-OPTIONAL_COLUMNS = ("input_sha256", "orientation")  # absent from journals of older versions
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def journal_row_problem(row: Any, root: Path) -> str | None:
-    """Why a journal row cannot be trusted (None when it can): every manifest column with its
-    type, a sha256 of 64 hex digits, a path inside DIR."""
-    if not isinstance(row, dict):
-        return "not a JSON object"
-    missing = [c for c in MANIFEST_COLUMNS if c not in row and c not in OPTIONAL_COLUMNS]
-    if missing:
-        return f"missing {', '.join(missing)}"
-    for name in MANIFEST_COLUMNS:
-        value = row.get(name)
-        if name in OPTIONAL_COLUMNS and value is None:
-            continue
-        if name in _INT_COLUMNS:
-            if type(value) is not int or not -(2**63) <= value < 2**63:
-                return f"{name} is {value!r:.40}, not a 64-bit integer"
-        elif not isinstance(value, str):
-            return f"{name} is {value!r:.40}, not a string"
-    if not _HEX64.fullmatch(row["sha256"]):
-        return f"sha256 {row['sha256']!r:.80} is not 64 hex digits"
-    try:
-        resolve_inside(root, row["path"])
-    except UnsafePathError as exc:
-        return str(exc)
-    return None
-
-
-def read_settings(path: Path) -> dict[str, Any]:
-    """DIR/.perturb/settings.json, or RunError saying how to recover from a corrupt one."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError) as exc:
-        data = exc
-    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-        why = f"{type(data).__name__}: {data}" if isinstance(data, Exception) else "not a JSON object"
-        raise RunError(
-            f"{path}: unreadable run settings ({why:.200}); this folder's state is corrupt: "
-            f"start again in a new --out (or delete {path.parent.parent} and re-run)"
-        )
-    return data
-
-
-def _append(fh: Any, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-    fh.flush()
-    os.fsync(fh.fileno())
-
-
-# ---------------------------------------------------------------------------------------------
-# Finishing: manifest, errors, dataset
-
-
-def manifest_table(rows: list[dict[str, Any]]) -> pa.Table:
-    ordered = sorted(rows, key=_task_key)
-    columns = {name: [r.get(name) for r in ordered] for name in MANIFEST_COLUMNS}
-    return pa.table(columns, schema=MANIFEST_SCHEMA)
-
-
-def write_errors(out: Path, errors: list[dict[str, Any]]) -> None:
-    """DIR/errors.jsonl, one JSON object a line, in a deterministic order."""
-    errors.sort(
-        key=lambda e: json.dumps(
-            [
-                e["img_id"] or "",
-                e["op"] or "",
-                e["severity"] or 0,
-                e["variant"] or 0,
-                e["stage"],
-                e["reason"],
-            ]
-        )
-    )
-    write_atomic(
-        out / "errors.jsonl", "".join(json.dumps(e, sort_keys=True) + "\n" for e in errors).encode()
-    )
-
-
-def write_parquet_atomic(table: pa.Table, path: Path) -> None:
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
-    write_atomic(path, sink.getvalue().to_pybytes())
-
-
-def build_dataset(
-    out: Path, inp: Any, manifest: pa.Table, embed: bool, folder: OutputDir | None = None
-) -> int:
-    """Write DIR/dataset (``perturb.generate.dataset``): QA rows with paths to DIR's files;
-    with ``embed`` also the outputs' bytes, once each (read through ``folder`` at a URL)."""
-    from perturb.generate.dataset import build_dataset as build
-
-    read = folder.read_output if folder is not None and folder.url is not None else None
-    return build(out, inp, manifest, embed, read)
-
-
-def save_dataset(out: Path, ds: Any, images: Any = None) -> int:
-    from perturb.generate.dataset import save_dataset as save
-
-    return save(out, ds, images)
-
-
-# ---------------------------------------------------------------------------------------------
-# The run
+from perturb.generate.progress import Progress
+from perturb.generate.shard import Shard, ShardError, parse_shard
+from perturb.generate.worker import WorkerConfig, default_threads
+from perturb.io.images import write_atomic
+
+__all__ = ["RunError", "RunOptions", "RunSummary", "generate"]
 
 
 def _resolve_device(name: str) -> str:
@@ -523,12 +64,38 @@ def _resolve_device(name: str) -> str:
 def generate(suite: Suite, options: RunOptions) -> RunSummary:
     """Run ``suite`` over the input and write DIR; returns the summary. Raises RunError for
     problems that stop the run before it starts."""
-    from perturb.io.datasets import DatasetError
-
     if options.engine not in ("local", "ray"):
         raise RunError(f"--engine must be local or ray, got {options.engine!r}")
-    if options.engine == "local":
-        device = _resolve_device(options.device)
+    device = _resolve_device(options.device) if options.engine == "local" else ""
+    _check_numbers(options)
+    try:
+        shard = options.shard if isinstance(options.shard, Shard) else parse_shard(options.shard)
+    except ShardError as exc:
+        raise RunError(str(exc)) from None
+    url = output_url(options.out)
+    out = None if url else output_path(options.out)
+    seed = suite.seed if options.seed is None else options.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise RunError(f"--seed must be an integer from 0 to 2**63-1 = {MAX_SEED}, got {seed}")
+    if options.id_from not in ("stem", "path"):
+        raise RunError(f"--id-from must be stem or path, got {options.id_from!r}")
+    if out is not None:
+        _refuse_out_inside_input(out, options.dataset)
+    if options.dry_run:  # the plan, measured on the first image; nothing written in DIR
+        return _dry_run(suite, options, seed, shard, out)
+    if options.cache_dir is None:
+        from perturb.generate.store import staging_folder
+
+        state = (out if out is not None else staging_folder(url or "")) / STATE_DIR
+        options = replace(options, cache_dir=str(state / CACHE))
+    inp = _open_input(suite, options)
+    settings = _settings(suite, options, seed, inp, shard)
+    folder = RemoteOutputDir(url) if url else OutputDir(out or Path())
+    return _run_in(folder, settings, suite, options, inp, seed, device, shard)
+
+
+def _check_numbers(options: RunOptions) -> None:
+    """The numeric options, each with its valid range."""
     if options.batch_size < 1:
         raise RunError(f"--batch-size must be at least 1, got {options.batch_size}")
     if options.workers < 1:
@@ -544,36 +111,19 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
             f"--stall-timeout must be a number of seconds >= 0 (0 turns the guard off), "
             f"got {options.stall_timeout}"
         )
-    try:
-        shard = (
-            options.shard if isinstance(options.shard, Shard) else parse_shard(options.shard)
-        )
-    except ShardError as exc:
-        raise RunError(str(exc)) from None
-    url = output_url(options.out)
-    out = None if url else output_path(options.out)
-    seed = suite.seed if options.seed is None else options.seed
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise RunError(f"--seed must be an integer from 0 to 2**63-1 = {MAX_SEED}, got {seed}")
-    if options.id_from not in ("stem", "path"):
-        raise RunError(f"--id-from must be stem or path, got {options.id_from!r}")
-    if out is not None:
-        _refuse_out_inside_input(out, options.dataset)
-    dry_run_cache: tempfile.TemporaryDirectory[str] | None = None
-    if options.cache_dir is None and options.dry_run:  # nothing written in DIR
-        dry_run_cache = tempfile.TemporaryDirectory(prefix="perturb-dry-run-cache-")
-        options = replace(options, cache_dir=dry_run_cache.name)
-    elif options.cache_dir is None:
-        from perturb.generate.store import staging_folder
 
-        state = (out if out is not None else staging_folder(url or "")) / STATE_DIR
-        options = replace(options, cache_dir=str(state / CACHE))
+
+def _open_input(suite: Suite, options: RunOptions) -> Any:
+    """The run's input, its ids checked (colliding derived ids refused) before anything is
+    written, and a modality column where the suite picks ops by each image's modality."""
+    from perturb.io.datasets import DatasetError
+
     try:
         inp = open_run_input(
             suite, options.dataset, options.split, options.image_column, options.builtin_images,
             options.images, id_from=options.id_from, cache_dir=options.cache_dir,
         )  # fmt: skip
-        inp.row_ids()  # ids checked (colliding derived ids refused) before anything is written
+        inp.row_ids()
     except DatasetError as exc:
         raise RunError(str(exc)) from None
     if suite.per_image_modality and inp.modality_column is None:
@@ -582,8 +132,14 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
             f"{inp.source} has no modality column; use a dataset adapter that gives one "
             "(e.g. input.adapter: medthinkvqa) or name a modality in the suite's jobs"
         )
+    return inp
 
-    settings = {
+
+def _settings(
+    suite: Suite, options: RunOptions, seed: int, inp: Any, shard: Shard | None
+) -> dict[str, Any]:
+    """What a DIR is made with: a re-run with other settings is refused (``OutputDir.prepare``)."""
+    settings: dict[str, Any] = {
         "suite": suite.suite,
         "suite_fingerprint": suite.fingerprint(),
         "seed": seed,
@@ -596,27 +152,47 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         settings["limit"] = options.limit
     if options.id_from != "stem":
         settings["id_from"] = options.id_from
-    if options.dry_run:  # the plan, measured on the first image; nothing written in DIR
-        from perturb.generate.plan import plan_run
+    return settings
 
+
+def _dry_run(
+    suite: Suite, options: RunOptions, seed: int, shard: Shard | None, out: Path | None
+) -> RunSummary:
+    """``--dry-run``: the plan (``perturb.generate.plan``), the input cached in a temporary
+    folder unless --cache-dir names one; nothing written in DIR."""
+    from perturb.generate.plan import plan_run
+
+    with tempfile.TemporaryDirectory(prefix="perturb-dry-run-cache-") as cache:
+        if options.cache_dir is None:
+            options = replace(options, cache_dir=cache)
+        inp = _open_input(suite, options)
         device = _resolve_device(options.device if options.engine == "local" else "cpu")
-        try:
-            plan = plan_run(suite, inp, options, seed, device, shard, out)
-        finally:
-            if dry_run_cache is not None:
-                dry_run_cache.cleanup()
-        return RunSummary(
-            suite=suite.suite,
-            input=inp.source,
-            device=device,
-            engine=options.engine,
-            images=plan.images,
-            images_selected=plan.images_selected,
-            outputs_expected=plan.outputs,
-            estimated_bytes=plan.estimated_bytes,
-            plan=plan.to_dict(),
-        )
-    folder = RemoteOutputDir(url) if url else OutputDir(out or Path())
+        plan = plan_run(suite, inp, options, seed, device, shard, out)
+    return RunSummary(
+        suite=suite.suite,
+        input=inp.source,
+        device=device,
+        engine=options.engine,
+        images=plan.images,
+        images_selected=plan.images_selected,
+        outputs_expected=plan.outputs,
+        estimated_bytes=plan.estimated_bytes,
+        plan=plan.to_dict(),
+    )
+
+
+def _run_in(
+    folder: OutputDir,
+    settings: dict[str, Any],
+    suite: Suite,
+    options: RunOptions,
+    inp: Any,
+    seed: int,
+    device: str,
+    shard: Shard | None,
+) -> RunSummary:
+    """Prepare DIR (lock, settings), run, mark it finished; file-system errors become a
+    RunError that names the fix."""
     try:
         if options.engine == "ray":
             from perturb.generate.ray_engine import connect
@@ -656,90 +232,6 @@ def _refuse_out_inside_input(out: Path, dataset: str | None) -> None:
         )
 
 
-def open_run_input(
-    suite: Suite,
-    dataset: str | None,
-    split: str | None,
-    image_column: str | None,
-    builtin_images: int | None,
-    images: str | None,
-    *,
-    id_from: str = "stem",
-    cache_dir: str | None = None,
-) -> Any:
-    """The input of a run, opened the same way by the driver and by every engine's workers:
-    through the suite's dataset adapter, or ``open_input`` (built-in data of the suite's
-    modality when no dataset is given). Raises ``DatasetError`` or ``RunError``."""
-    from perturb.datasets import open_input
-
-    if suite.input is not None:
-        from perturb.datasets import open_adapter
-        from perturb.io.datasets import using_cache
-
-        with using_cache(cache_dir):
-            return open_adapter(
-                suite.input.adapter,
-                dataset,
-                images=images or suite.input.images,
-                split=split,
-                keep_leaking_fields=suite.input.keep_leaking_fields,
-                min_visible=suite.input.min_visible,
-            )
-    if images is not None:
-        raise RunError(
-            "--images is for dataset adapters: use a suite with an input.adapter section "
-            "(e.g. the built-in rexvqa), or pass the images with --dataset"
-        )
-    return open_input(
-        dataset,
-        split,
-        image_column=image_column,
-        builtin_images=builtin_images,
-        builtin_modality=suite.data_modality(),
-        id_from=id_from,
-        cache_dir=cache_dir,
-    )
-
-
-def read_jobs(inp: Any, batch: list[Pending]) -> tuple[list[ImageJob], list[dict[str, Any]]]:
-    """Jobs of a batch with their image bytes; images that cannot be read become error rows."""
-    from perturb.io.datasets import ImageFetchError
-
-    jobs, errs = [], []
-    for group, file_id, missing in batch:
-        try:
-            data = group_image(inp, group)
-        except ImageFetchError as exc:
-            errs.append(
-                {
-                    "img_id": group.img_id,
-                    "file_id": file_id,
-                    "stage": "read",
-                    "op": None,
-                    "severity": None,
-                    "variant": None,
-                    "qa_rows": len(group.rows),
-                    "reason": str(exc),
-                }
-            )
-            continue
-        param_key = inp.sample_key(group) if inp.sample_key_column else None
-        jobs.append(
-            ImageJob(
-                group.img_id, file_id, data, missing, qa_rows=len(group.rows),
-                param_key=param_key, input_sha256=hashlib.sha256(data).hexdigest(),
-            )
-        )  # fmt: skip
-    return jobs, errs
-
-
-def group_image(inp: Any, group: Any) -> bytes:
-    """The bytes of one unique image, every row of its img_id checked to carry the same image."""
-    if hasattr(inp, "group_bytes"):
-        return bytes(inp.group_bytes(group))
-    return bytes(inp.image_bytes(group.rows[0]))
-
-
 def _run(
     suite: Suite,
     options: RunOptions,
@@ -749,8 +241,8 @@ def _run(
     device: str,
     shard: Shard | None,
 ) -> RunSummary:
+    """Plan what is missing, make it on the chosen engine, then write the run's files."""
     started = time.perf_counter()
-    out = folder.root
     summary = RunSummary(
         suite=suite.suite,
         input=inp.source,
@@ -759,191 +251,76 @@ def _run(
         shard=None if shard is None else str(shard),
     )
     done = folder.load_journal()
-    groups, empty_rows = inp.groups()
-    summary.input_rows = len(inp)
-    summary.rows_without_id = len(empty_rows)
-    summary.images = len(groups)
-    selected = groups if options.limit is None else groups[: options.limit]
-    if shard is not None:
-        kept = [g for g in selected if shard.holds(g.img_id)]
-        summary.images_in_other_shards = len(selected) - len(kept)
-        selected = kept
-    summary.images_selected = len(selected)
-    all_tasks = suite.tasks()
-    errors: list[dict[str, Any]] = [
-        {
-            "img_id": None,
-            "file_id": None,
-            "stage": "id",
-            "op": None,
-            "severity": None,
-            "variant": None,
-            "qa_rows": 1,
-            "reason": f"input row {r}: empty img_id",
-        }
-        for r in empty_rows
-        if shard is None or shard.index == 0  # reported once over the shards of a run
-    ]
-    # what is missing: an output is kept only when its file and its input are the ones the
-    # journal row was made with (sha256 of both), at the path this run would write
-    from perturb.io.datasets import ImageFetchError
-
-    pending: list[Pending] = []
-    wanted: set[tuple[str, str, int, int]] = set()
-    for group in selected:
-        file_id = safe_stem(group.img_id)
-        if file_id != group.img_id:
-            summary.unsafe_ids += 1
-        missing: list[tuple[Task, str]] = []
-        modality = inp.modality(group) or "any"  # no label: the generic ops
-        tasks = suite.tasks(modality) if suite.per_image_modality else all_tasks
-        input_digest: str | None = None
-        for task in tasks:
-            rel = task.path(suite, file_id)
-            key = (group.img_id, task.op, task.severity, task.variant)
-            wanted.add(key)
-            row = done.get(key)
-            if row is not None and row["path"] == rel:
-                if input_digest is None:
-                    try:
-                        input_digest = hashlib.sha256(group_image(inp, group)).hexdigest()
-                    except ImageFetchError:
-                        input_digest = ""  # unreadable now: re-made, and the error reported
-                if row.get("input_sha256") == input_digest and folder.digest_of(rel) == row["sha256"]:
-                    summary.outputs_existing += 1
-                    continue
-            if row is not None:
-                del done[key]  # stale: not trusted, re-made below
-            missing.append((task, rel))
-        summary.outputs_expected += len(tasks)
-        if missing:
-            pending.append((group, file_id, missing))
+    selected, errors = select_images(inp, options.limit, shard, summary)
+    pending, wanted = plan_missing(suite, inp, selected, done, folder, summary)
     cfg = WorkerConfig(
         suite=suite.model_dump(mode="json"),
         seed=seed,
         device=device,
         max_pixels=options.max_pixels,
-        out=str(out),
+        out=str(folder.root),
         threads=options.threads or default_threads(options.workers),
     )
     to_do = sum(len(m) for _, _, m in pending)
     progress = Progress(options.progress, to_do, suite.suite, options.on_progress)
-    written = 0
-
-    def fetch(batch: list[Pending]) -> tuple[list[ImageJob], int]:
-        """Jobs of a batch with their bytes; images that cannot be read become errors."""
-        jobs, errs = read_jobs(inp, batch)
-        errors.extend(errs)
-        summary.images_failed += len(errs)
-        failed = {e["img_id"] for e in errs}
-        progress.advance(sum(len(m) for g, _, m in batch if g.img_id in failed))
-        return jobs, sum(len(j.tasks) for j in jobs)
-
-    fh: Any = None
-
-    def take(result: ChunkResult, tasks: int, chunk: int | None = None) -> None:
-        nonlocal written
-        first = summary.seconds_to_first_output is None and bool(result.rows)
-        if first:
-            summary.seconds_to_first_output = time.perf_counter() - started
-        summary.bytes_written += sum(int(r["size_bytes"]) for r in result.rows)
-        _append(fh, result.rows)
-        for row in result.rows:
-            done[_task_key(row)] = row
-        written += len(result.rows)
-        _crash_point("journal", written)
-        errors.extend(result.errors)
-        summary.images_ok += result.images_ok
-        summary.images_failed += result.images_failed
-        summary.output_errors += sum(1 for e in result.errors if e["stage"] in ("perturb", "write"))
-        if chunk is None:
-            progress.advance(tasks)  # written, failed, or of an image that did not decode
-        else:
-            progress.finish(chunk, tasks)
-        if first:  # journaled first: a stop here keeps the chunk
-            check_space(result, tasks)
-
-    def check_space(result: ChunkResult, tasks: int) -> None:
-        """After the first chunk: the rest of the run x the chunk's mean output size against
-        the free space (exit 2 before the disk fills; a re-run resumes)."""
-        mean = sum(int(r["size_bytes"]) for r in result.rows) / len(result.rows)
-        rest = max(0, to_do - tasks)
-        line, too_big = space_problem(
-            out, rest, mean, options.embed_images and folder.url is None
-        )
-        summary.estimated_bytes = int(rest * mean)
-        progress.note(line)
-        if too_big and options.check_space and folder.url is None:
-            raise RunError(
-                f"--out {out}: not enough free disk space: {line}. Free space, choose an --out "
-                "on a larger disk, make fewer outputs (--limit, --shard I/N) or smaller ones "
-                "(output.format: jpg in the suite); the outputs made so far are kept and a "
-                "re-run resumes"
-            )
-
+    commit = Commit(options, folder, summary, done, errors, progress, to_do, started)
     batches = [
         pending[i : i + options.batch_size] for i in range(0, len(pending), options.batch_size)
     ]
-    job: Callable[..., ChunkResult] = process_chunk
-    if folder.url is not None:  # outputs to a URL: write to scratch, then copy
-        from perturb.generate.store import publish_chunk
-
-        job = partial(publish_chunk, url=folder.url)
     try:
         with folder.journal() as fh:
-            if options.engine == "ray":
-                from perturb.generate.ray_engine import run_ray
-
-                stats = run_ray(cfg, options, inp, batches, take, url=folder.url)
-                errors.extend(stats.errors)
-                summary.images_failed += stats.images_lost
-                summary.retries = stats.retries
-                summary.worker_failures = stats.failures
-                summary.stalls = stats.stalls
-                progress.advance(sum(len(e) for e in stats.lost_tasks))
-            elif options.workers <= 1:
-                for chunk, batch in enumerate(batches):
-                    jobs, n_tasks = fetch(batch)
-                    take(job(cfg, jobs, on_output=partial(progress.tick, chunk)), n_tasks, chunk)
-            else:
-                ctx = get_context("spawn")
-                with (
-                    pool_ticks(progress, ctx) as ticks,
-                    ProcessPoolExecutor(
-                        max_workers=options.workers,
-                        mp_context=ctx,
-                        initializer=start_pool_worker,
-                        initargs=(os.getpid(), ticks),
-                    ) as pool,
-                ):
-                    in_flight: dict[Future[ChunkResult], tuple[int, int]] = {}
-                    queue = list(reversed(list(enumerate(batches))))
-                    while True:
-                        while queue and len(in_flight) < 2 * options.workers:
-                            chunk, batch = queue.pop()
-                            jobs, n_tasks = fetch(batch)
-                            fut = pool.submit(run_with_ticks, job, cfg, jobs, chunk)
-                            in_flight[fut] = (n_tasks, chunk)
-                        if not in_flight:
-                            break
-                        finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                        for fut in finished:
-                            take(fut.result(), *in_flight.pop(fut))
+            commit.journal = fh
+            _make(cfg, options, inp, batches, commit)
     finally:
         progress.close()
-    summary.outputs_written = written
-    # finish: manifest from everything done in DIR, errors of this run, dataset
-    manifest = manifest_table([r for k, r in done.items() if k in wanted])
-    _crash_point("manifest")
+    summary.outputs_written = commit.written
+    _finish(options, inp, folder, summary, [r for k, r in done.items() if k in wanted], errors)
+    summary.seconds = time.perf_counter() - started
+    summary.images_per_second = commit.written / summary.seconds if summary.seconds > 0 else 0.0
+    summary.outputs_per_second = summary.images_per_second
+    write_atomic(folder.root / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
+    folder.publish()
+    return summary
+
+
+def _make(
+    cfg: WorkerConfig, options: RunOptions, inp: Any, batches: list[list[Pending]], commit: Commit
+) -> None:
+    """The pending chunks on the chosen engine, each result committed as it arrives."""
+    if options.engine == "ray":
+        from perturb.generate.ray_engine import run_ray
+
+        stats = run_ray(cfg, options, inp, batches, commit.take, url=commit.folder.url)
+        summary = commit.summary
+        commit.errors.extend(stats.errors)
+        summary.images_failed += stats.images_lost
+        summary.retries = stats.retries
+        summary.worker_failures = stats.failures
+        summary.stalls = stats.stalls
+        commit.progress.advance(sum(len(e) for e in stats.lost_tasks))
+    else:
+        from perturb.generate.local import run_local
+
+        run_local(cfg, options.workers, inp, batches, commit, commit.folder.url)
+
+
+def _finish(
+    options: RunOptions,
+    inp: Any,
+    folder: OutputDir,
+    summary: RunSummary,
+    rows: list[dict[str, Any]],
+    errors: list[dict[str, Any]],
+) -> None:
+    """The manifest from everything done in DIR, the errors of this run, the dataset."""
+    out = folder.root
+    manifest = manifest_table(rows)
+    fault_at(options, "manifest")
     write_parquet_atomic(manifest, out / "manifest.parquet")
     write_errors(out, errors)
     summary.manifest_rows = manifest.num_rows
-    summary.dataset_rows = build_dataset(out, inp, manifest, options.embed_images, folder)
+    summary.dataset_rows = build_dataset(
+        out, inp, manifest, options.embed_images, folder, options.fault
+    )
     summary.errors = len(errors)
     summary.output_bytes = int(sum(manifest.column("size_bytes").to_pylist()))
-    summary.seconds = time.perf_counter() - started
-    summary.images_per_second = written / summary.seconds if summary.seconds > 0 else 0.0
-    summary.outputs_per_second = summary.images_per_second
-    write_atomic(out / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
-    folder.publish()
-    return summary

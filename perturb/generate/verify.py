@@ -17,8 +17,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from perturb.errors import InputError
+from perturb.generate.core import RESERVED, STATE_DIR, UNFINISHED, output_path, output_url
 from perturb.generate.naming import UnsafePathError, resolve_inside
-from perturb.generate.runner import RESERVED, STATE_DIR, UNFINISHED, output_path, output_url
 
 
 class VerifyError(InputError):

@@ -1,9 +1,9 @@
 """The job function: decode a chunk of images, run every missing (op, severity, variant) on it,
 encode and write the outputs atomically, return their manifest rows and the errors.
 
-Every engine (in-process, process pool; later Ray Data) calls ``process_chunk``. A sample's
-bytes depend only on its image, its img_id and the suite: never on the chunk, batch, worker,
-order or process.
+Every engine (in-process or a process pool: ``perturb.generate.local``; Ray Data:
+``perturb.generate.ray_engine``) calls ``process_chunk``. A sample's bytes depend only on its
+image, its img_id and the suite: never on the chunk, batch, worker, order or process.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from perturb.score.readers import read_predictions
     from perturb.score.single import evaluate_predictions
 
-# loaded on first use, so ``perturb --help`` (which imports perturb.score.command) skips pandas
+# loaded on first use, so ``perturb --help`` (which imports perturb.cli.score) skips pandas
 _LAZY = {
     "DEFAULT_METRICS": "perturb.score.metrics",
     "METRICS": "perturb.score.metrics",

@@ -75,7 +75,7 @@ def test_preview_without_an_image_uses_a_phantom(tmp_path: Path) -> None:
 
 
 def test_preview_of_an_xray_op_without_an_image_uses_a_chest_phantom(tmp_path: Path) -> None:
-    from perturb.catalog.preview import LABEL_HEIGHT
+    from perturb.cli.preview_grid import LABEL_HEIGHT
     from perturb.datasets.phantoms.xray import XRAY_SIZE
 
     out = tmp_path / "chest.png"
@@ -88,7 +88,7 @@ def test_preview_of_an_xray_op_without_an_image_uses_a_chest_phantom(tmp_path: P
 
 def test_preview_size_and_full_resolution_crop_panel(tmp_path: Path) -> None:
     """``--size`` sets the thumbnail width; the crop row holds the image's own pixels (1:1)."""
-    from perturb.catalog.preview import LABEL_HEIGHT, ROW_LABEL_WIDTH
+    from perturb.cli.preview_grid import LABEL_HEIGHT, ROW_LABEL_WIDTH
     from perturb.io.images import read_image
 
     require_samples()

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from perturb.contracts.suite import Suite
-from perturb.generate.runner import RESERVED, RunOptions, RunSummary, generate
+from perturb.generate.core import RESERVED, RunOptions, RunSummary
+from perturb.generate.runner import generate
 from perturb.suites import parse_suite
 
 REPO = Path(__file__).resolve().parents[2]

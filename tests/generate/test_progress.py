@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from perturb.cli import app
 from perturb.datasets import open_input
 from perturb.generate import progress as progress_module
+from perturb.generate.core import read_jobs
 from perturb.generate.progress import Progress
-from perturb.generate.runner import read_jobs
 from perturb.generate.worker import WorkerConfig, process_chunk
 from perturb.suites import parse_suite
 from tests.generate.conftest import run

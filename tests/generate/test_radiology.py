@@ -19,8 +19,8 @@ from perturb.catalog.specs import op_names
 from perturb.cli import app
 from perturb.configs import CONFIG_DIR
 from perturb.generate.annotate import move_row
+from perturb.generate.core import RunError
 from perturb.generate.replay import replay_bytes
-from perturb.generate.runner import RunError
 from perturb.io.datasets import Annotations
 from perturb.io.images import read_image, to_tensor
 from perturb.suites import load_suite, parse_suite

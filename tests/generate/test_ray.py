@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,9 @@ from typer.testing import CliRunner
 from perturb.cli import app
 from perturb.configs import CONFIG_DIR
 from perturb.contracts.suite import Suite
-from perturb.generate.runner import RunError
+from perturb.generate.core import RunError
 from tests.generate.conftest import REPO, digests, manifest_rows, run
+from tests.generate.faults import hang_worker_on, kill_worker_on, kill_worker_once
 from tests.generate.test_shards import assert_same_run
 
 runner = CliRunner()
@@ -95,12 +97,11 @@ def test_a_worker_killed_once_is_retried_and_reported(
     small_input: Path,
     mini_suite: Suite,
     reference_run: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     marker = tmp_path / "killed-once"
-    monkeypatch.setenv("PERTURB_CRASH_AT", f"ray-worker-once:phantom_0002:{marker}")
     out = tmp_path / "out"
-    summary = run(mini_suite, out, small_input, engine="ray", batch_size=3, concurrency=2)
+    fault = partial(kill_worker_once, "phantom_0002", str(marker))
+    summary = run(mini_suite, out, small_input, engine="ray", batch_size=3, concurrency=2, fault=fault)
     assert marker.exists()  # the worker did die
     # the dead worker's batch (3 images), and at most the batch Ray Data had queued for it
     assert summary.worker_failures >= 1 and 3 <= summary.retries <= 6
@@ -116,11 +117,10 @@ def test_an_image_that_always_kills_its_worker_loses_only_its_rows(
     small_input: Path,
     mini_suite: Suite,
     reference_run: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("PERTURB_CRASH_AT", "ray-worker:phantom_0002")
     out = tmp_path / "out"
-    summary = run(mini_suite, out, small_input, engine="ray", batch_size=2, max_retries=1)
+    fault = partial(kill_worker_on, "phantom_0002")
+    summary = run(mini_suite, out, small_input, engine="ray", batch_size=2, max_retries=1, fault=fault)
     # the bad image's batch mates come back on the retry pass; it fails twice and is reported
     assert summary.images_failed == 1 and summary.retries >= 1 and summary.worker_failures >= 2
     errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
@@ -138,16 +138,14 @@ def test_a_stalled_worker_is_stopped_retried_and_reported(
     small_input: Path,
     mini_suite: Suite,
     reference_run: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A worker hangs (sleeps an hour) on one image: each pass is stopped after --stall-timeout
     seconds without a result, the hung image's batch mate comes back on the retry pass, and
     the hung image is reported; everything else is the local engine's run."""
-    monkeypatch.setenv("PERTURB_CRASH_AT", "ray-worker-sleep:phantom_0002")
     out = tmp_path / "out"
     summary = run(
         mini_suite, out, small_input, engine="ray", batch_size=2, concurrency=2,
-        max_retries=1, stall_timeout=30,
+        max_retries=1, stall_timeout=30, fault=partial(hang_worker_on, "phantom_0002"),
     )  # fmt: skip  (30 s: on a loaded 2-core machine a healthy worker's first batch took > 12 s)
     assert summary.stalls == 2 and summary.images_failed == 1 and summary.retries >= 2
     errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
@@ -187,13 +185,15 @@ def test_driver_killed_then_resumed_to_the_same_run(
     suite_file = tmp_path / "mini.json"
     suite_file.write_text(json.dumps(MINI_SUITE))  # YAML is a superset of JSON
     out = tmp_path / "out"
-    env = {**os.environ, "PERTURB_CRASH_AT": "journal:12", "HF_DATASETS_OFFLINE": "1"}
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    options = {
+        "suite": str(suite_file), "out": str(out), "dataset": str(small_input), "engine": "ray",
+        "ray_address": ray_cluster, "batch_size": 1, "concurrency": 1,
+    }  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "perturb.cli", "generate", str(suite_file), "--out", str(out),
-         "--dataset", str(small_input), "--engine", "ray", "--ray-address", ray_cluster,
-         "--batch-size", "1", "--concurrency", "1", "--quiet"],
-        env=env, capture_output=True, timeout=300,
+        [sys.executable, "-m", "tests.generate.faults", json.dumps(options), "journal", "12"],
+        env=env, capture_output=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     done = (out / ".perturb" / "journal.jsonl").read_text().splitlines()

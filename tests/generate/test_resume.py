@@ -1,9 +1,10 @@
-"""Kill-and-resume: SIGKILL at precise moments (a test hook in the runner) and at an arbitrary
-moment from outside; a re-run makes only what is missing and ends with the same manifest and
+"""Kill-and-resume: SIGKILL at precise moments (an injected fault callback,
+``tests.generate.faults``) and at an arbitrary moment from outside; a re-run makes only what is missing and ends with the same manifest and
 bytes as an uninterrupted run."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -50,22 +51,23 @@ def _resume_and_compare(out: Path, reference: Path, small_input: Path, suite: Su
 
 @pytest.mark.parametrize(
     ("crash_at", "extra"),
-    [("journal:5", ["--batch-size", "2"]), ("manifest", []), ("dataset", ["--workers", "2"])],
+    [("journal:5", {"batch_size": 2}), ("manifest", {}), ("dataset", {"workers": 2})],
     ids=["after-5-outputs", "before-manifest", "before-dataset-swap"],
 )
 def test_killed_at_a_precise_moment_then_resumed(
     tmp_path: Path,
     crash_at: str,
-    extra: list[str],
+    extra: dict[str, int],
     mini_suite_file: Path,
     small_input: Path,
     reference_run: Path,
     mini_suite: Suite,
 ) -> None:
     out = tmp_path / "out"
+    options = {"suite": str(mini_suite_file), "out": str(out), "dataset": str(small_input), **extra}
     proc = subprocess.run(
-        _command(mini_suite_file, out, small_input, *extra),
-        env=_env(PERTURB_CRASH_AT=crash_at),
+        [sys.executable, "-m", "tests.generate.faults", json.dumps(options), *crash_at.split(":")],
+        env=_env(),
         capture_output=True,
         timeout=300,
     )

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from perturb.cli import app
 from perturb.configs import CONFIG_DIR
 from perturb.contracts.suite import Suite
+from perturb.generate.core import RunError
 from perturb.generate.merge import MergeError, merge_parts
-from perturb.generate.runner import RunError
 from perturb.generate.shard import Shard, ShardError, parse_shard, shard_of
 from perturb.generate.verify import verify
 from perturb.suites import parse_suite
@@ -200,7 +200,7 @@ def test_file_urls_are_paths(tmp_path: Path, tiny_parts: dict[str, Path]) -> Non
 
 
 def _url_digests(url: str) -> dict[str, str]:
-    from perturb.generate.runner import RESERVED
+    from perturb.generate.core import RESERVED
     from perturb.generate.store import RemoteDir
 
     remote = RemoteDir(url)

@@ -34,10 +34,10 @@ def _failing(code: int) -> Any:
 def test_a_read_only_output_folder_is_a_clear_error(
     tmp_path: Path, suite_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perturb.generate import runner
+    from perturb.generate import core
 
     folder = _folder(tmp_path)
-    monkeypatch.setattr(runner, "write_atomic", _failing(errno.EROFS))
+    monkeypatch.setattr(core, "write_atomic", _failing(errno.EROFS))
     usage_error(*generate(suite_file, folder, tmp_path / "out"), "writable --out")
 
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from perturb.cli import app
-from perturb.score.command import split_named
+from perturb.cli.score import split_named
 from perturb.score.synthetic import make_predictions
 
 runner = CliRunner()

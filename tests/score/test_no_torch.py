@@ -22,7 +22,7 @@ def _torch_after(code: str) -> tuple[bool, str]:
 
 
 def _command_modules() -> list[str]:
-    tree = ast.parse((Path(perturb.__file__).parent / "cli.py").read_text())
+    tree = ast.parse((Path(perturb.__file__).parent / "cli" / "__init__.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and any(
             getattr(t, "id", "") == "COMMAND_MODULES" for t in node.targets

@@ -9,6 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
+from perturb.cli._common import guarded
+from perturb.errors import PerturbError
+
 _NAME = re.compile(r"^[A-Za-z0-9_.+\-]+$")
 
 
@@ -99,26 +102,34 @@ def run_score(
             rouge_upstream=rouge_upstream,
             report_writer=write_reports,
         )
-    except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
+    except (PerturbError, InputError, UnicodeDecodeError, RecursionError, OSError) as exc:
+        typer.echo(f"error: {_input_problem(exc, out)}", err=True)
         return 2
-    except UnicodeDecodeError as exc:  # a CSV/TSV in another encoding (JSON is checked itself)
-        typer.echo(
-            f"error: an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); "
-            "re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)",
-            err=True,
+    _print_result(result)
+    return int(result.exit_code)
+
+
+def _input_problem(exc: Exception, out: Path) -> str:
+    """The message of an input error, with the fix for undecodable, too deeply nested or
+    unreadable (unwritable) files."""
+    if isinstance(exc, UnicodeDecodeError):  # a CSV/TSV in another encoding (JSON is checked itself)
+        return (
+            f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+            "re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"
         )
-        return 2
-    except RecursionError:
-        typer.echo("error: an input holds values nested too deeply to read; write flat rows", err=True)
-        return 2
-    except OSError as exc:
-        typer.echo(
-            f"error: {exc.filename or out}: {exc.strerror or exc}; check the paths, free space, "
-            "or choose a writable --out folder",
-            err=True,
+    if isinstance(exc, RecursionError):
+        return "an input holds values nested too deeply to read; write flat rows"
+    if isinstance(exc, OSError):
+        return (
+            f"{exc.filename or out}: {exc.strerror or exc}; check the paths, free space, "
+            "or choose a writable --out folder"
         )
-        return 2
+    return str(exc)
+
+
+def _print_result(result: Any) -> None:
+    """The headline tables and takeaways on stdout; problems and warnings on stderr; the
+    files written."""
     _print_summary(result.scores)
     for prob in result.problems:
         typer.echo(f"problem: {prob}", err=True)
@@ -126,7 +137,6 @@ def run_score(
         typer.echo(f"warning: {warn}", err=True)
     for kind, path in result.files.items():
         typer.echo(f"wrote {kind}: {path}")
-    return result.exit_code
 
 
 MAX_BOOTSTRAP = 100_000  # more resamples than this change no reported digit
@@ -168,97 +178,98 @@ def _print_summary(scores: dict[str, Any]) -> None:
         typer.echo(f"takeaway ({name}): {takeaway(model, prim)}")
 
 
+def score(
+    clean: Annotated[
+        list[str], typer.Option("--clean", help="clean predictions: P or NAME=P per model")
+    ],
+    perturbed: Annotated[
+        list[str],
+        typer.Option("--perturbed", help="perturbed predictions (repeatable): P or NAME=P"),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option("--out", help="output folder for scores.json, report.md, report.html"),
+    ],
+    manifest: Annotated[
+        Path | None,
+        typer.Option("--manifest", help="DIR/manifest.parquet of the perturbed split"),
+    ] = None,
+    metrics: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metrics",
+            help="metrics or presets (default, upstream, all); comma-separated or repeated",
+        ),
+    ] = None,
+    primary: Annotated[
+        str | None, typer.Option("--primary", help="headline metric (default: from the data)")
+    ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            "--reference",
+            help="CE reference: NAME (a model in this run) or NAME=path/to/scores.json",
+        ),
+    ] = None,
+    include_at_risk: Annotated[
+        bool | None,
+        typer.Option(
+            "--include-at-risk/--exclude-at-risk",
+            help="headline on all pairs / only label-safe pairs (default: label-safe when "
+            "there are enough, else all pairs with a warning)",
+            show_default=False,
+        ),
+    ] = None,
+    bootstrap: Annotated[
+        int, typer.Option("--bootstrap", help="bootstrap resamples B (0: no CIs)")
+    ] = 1000,
+    seed: Annotated[int, typer.Option("--seed", help="bootstrap seed")] = 0,
+    max_flips: Annotated[
+        int, typer.Option("--max-flips", help="largest flips listed per model")
+    ] = 20,
+    dataset: Annotated[
+        str | None,
+        typer.Option(
+            "--dataset",
+            help="dataset the predictions come from (hub id, save_to_disk folder, parquet): "
+            "adds complexity and question classes by (img_id, question), clean thumbnails",
+        ),
+    ] = None,
+    dataset_split: Annotated[
+        str | None, typer.Option("--dataset-split", help="split of --dataset")
+    ] = None,
+    rouge_upstream: Annotated[
+        bool,
+        typer.Option(
+            "--rouge-upstream",
+            help="also report ROUGE as upstream does (median of 1000 bootstrap means)",
+        ),
+    ] = False,
+) -> None:
+    """Score clean vs perturbed predictions: paired gaps with CIs, report.md and report.html.
+
+    Exit codes: 0 ok, 1 rows were dropped (counted in scores.json), 2 usage or input error.
+    """
+    code = run_score(
+        clean,
+        perturbed,
+        manifest,
+        out,
+        metrics,
+        primary,
+        reference,
+        include_at_risk,
+        bootstrap,
+        seed,
+        max_flips,
+        dataset,
+        dataset_split,
+        rouge_upstream,
+    )
+    sys.stdout.flush()
+    raise typer.Exit(code)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``score`` command to the ``perturb`` app."""
-
-    @app.command("score")
-    def score(
-        clean: Annotated[
-            list[str], typer.Option("--clean", help="clean predictions: P or NAME=P per model")
-        ],
-        perturbed: Annotated[
-            list[str],
-            typer.Option("--perturbed", help="perturbed predictions (repeatable): P or NAME=P"),
-        ],
-        out: Annotated[
-            Path,
-            typer.Option("--out", help="output folder for scores.json, report.md, report.html"),
-        ],
-        manifest: Annotated[
-            Path | None,
-            typer.Option("--manifest", help="DIR/manifest.parquet of the perturbed split"),
-        ] = None,
-        metrics: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--metrics",
-                help="metrics or presets (default, upstream, all); comma-separated or repeated",
-            ),
-        ] = None,
-        primary: Annotated[
-            str | None, typer.Option("--primary", help="headline metric (default: from the data)")
-        ] = None,
-        reference: Annotated[
-            str | None,
-            typer.Option(
-                "--reference",
-                help="CE reference: NAME (a model in this run) or NAME=path/to/scores.json",
-            ),
-        ] = None,
-        include_at_risk: Annotated[
-            bool | None,
-            typer.Option(
-                "--include-at-risk/--exclude-at-risk",
-                help="headline on all pairs / only label-safe pairs (default: label-safe when "
-                "there are enough, else all pairs with a warning)",
-                show_default=False,
-            ),
-        ] = None,
-        bootstrap: Annotated[
-            int, typer.Option("--bootstrap", help="bootstrap resamples B (0: no CIs)")
-        ] = 1000,
-        seed: Annotated[int, typer.Option("--seed", help="bootstrap seed")] = 0,
-        max_flips: Annotated[
-            int, typer.Option("--max-flips", help="largest flips listed per model")
-        ] = 20,
-        dataset: Annotated[
-            str | None,
-            typer.Option(
-                "--dataset",
-                help="dataset the predictions come from (hub id, save_to_disk folder, parquet): "
-                "adds complexity and question classes by (img_id, question), clean thumbnails",
-            ),
-        ] = None,
-        dataset_split: Annotated[
-            str | None, typer.Option("--dataset-split", help="split of --dataset")
-        ] = None,
-        rouge_upstream: Annotated[
-            bool,
-            typer.Option(
-                "--rouge-upstream",
-                help="also report ROUGE as upstream does (median of 1000 bootstrap means)",
-            ),
-        ] = False,
-    ) -> None:
-        """Score clean vs perturbed predictions: paired gaps with CIs, report.md and report.html.
-
-        Exit codes: 0 ok, 1 rows were dropped (counted in scores.json), 2 usage or input error.
-        """
-        code = run_score(
-            clean,
-            perturbed,
-            manifest,
-            out,
-            metrics,
-            primary,
-            reference,
-            include_at_risk,
-            bootstrap,
-            seed,
-            max_flips,
-            dataset,
-            dataset_split,
-            rouge_upstream,
-        )
-        sys.stdout.flush()
-        raise typer.Exit(code)
+    app.command("score")(guarded(score))

@@ -1,18 +1,19 @@
-"""``perturb generate`` and ``perturb verify``."""
+"""``perturb generate``, ``perturb verify`` and ``perturb merge-manifests``."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
+from perturb.cli._common import fail, guarded, usage_errors
 from perturb.generate.progress import human_size
 from perturb.io import DEFAULT_MAX_PIXELS
 
-err = Console(stderr=True)
+if TYPE_CHECKING:
+    from perturb.generate.core import RunSummary
 
 
 def generate(
@@ -133,45 +134,39 @@ def generate(
 ) -> None:
     """Generate a perturbed split: images, manifest.parquet, errors.jsonl, dataset/."""
     from perturb.contracts.suite import SuiteError
-    from perturb.generate.runner import RunError, RunOptions
+    from perturb.generate.core import RunError, RunOptions
     from perturb.generate.runner import generate as run
     from perturb.suites import load_suite
 
-    try:
-        suite = load_suite(config)
-        summary = run(
-            suite,
-            RunOptions(
-                out=out,
-                dataset=dataset,
-                split=split,
-                limit=limit,
-                batch_size=batch_size,
-                workers=workers,
-                device=device,
-                seed=seed,
-                strict=strict,
-                max_pixels=max_pixels,
-                image_column=image_column,
-                embed_images=embed_images,
-                progress=not quiet,
-                builtin_images=builtin_images,
-                images=images,
-                engine=engine,
-                shard=shard,
-                ray_address=ray_address,
-                gpus_per_worker=gpus_per_worker,
-                concurrency=concurrency,
-                max_retries=max_retries,
-                stall_timeout=stall_timeout,
-                dry_run=dry_run,
-                id_from=id_from,
-                cache_dir=cache_dir,
-            ),
-        )
-    except (SuiteError, RunError) as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+    options = RunOptions(
+        out=out,
+        dataset=dataset,
+        split=split,
+        limit=limit,
+        batch_size=batch_size,
+        workers=workers,
+        device=device,
+        seed=seed,
+        strict=strict,
+        max_pixels=max_pixels,
+        image_column=image_column,
+        embed_images=embed_images,
+        progress=not quiet,
+        builtin_images=builtin_images,
+        images=images,
+        engine=engine,
+        shard=shard,
+        ray_address=ray_address,
+        gpus_per_worker=gpus_per_worker,
+        concurrency=concurrency,
+        max_retries=max_retries,
+        stall_timeout=stall_timeout,
+        dry_run=dry_run,
+        id_from=id_from,
+        cache_dir=cache_dir,
+    )
+    with usage_errors(SuiteError, RunError):
+        summary = run(load_suite(config), options)
     if as_json:
         typer.echo(json.dumps(summary.plan or summary.to_dict(), indent=2))
     elif summary.plan is not None:
@@ -181,28 +176,33 @@ def generate(
             typer.echo(line)
         return
     else:
-        s = summary
-        lines = [
-            f"suite {s.suite} on {s.input} ({s.device}, engine {s.engine}"
-            + (f", shard {s.shard}: {s.images_in_other_shards} images in other shards" if s.shard else "")
-            + ")",
-            f"input rows {s.input_rows} ({s.rows_without_id} without img_id), unique images {s.images}, selected {s.images_selected}"
-            + (f", unsafe img_ids encoded {s.unsafe_ids}" if s.unsafe_ids else ""),
-            f"images decoded {s.images_ok}, failed {s.images_failed}",
-            f"outputs expected {s.outputs_expected}: already present {s.outputs_existing}, written {s.outputs_written}, failed {s.output_errors}",
-            f"manifest rows {s.manifest_rows}, dataset rows {s.dataset_rows}, errors {s.errors} (errors.jsonl)",
-            f"done: {s.outputs_written} outputs written, {s.errors} errors, "
-            f"{s.bytes_written / 1e6:.1f} MB written in {s.seconds:.1f} s wall time "
-            f"({s.outputs_per_second:.1f} outputs/s); DIR holds {human_size(s.output_bytes)} of outputs: {out}",
-        ]
-        if s.retries or s.worker_failures or s.stalls:
-            lines.append(
-                f"worker failures {s.worker_failures}, images retried {s.retries}, stalled passes {s.stalls}"
-            )
-        for line in lines:
+        for line in summary_lines(summary, out):
             typer.echo(line)
     if summary.errors and strict:
         raise typer.Exit(1)
+
+
+def summary_lines(s: RunSummary, out: str) -> list[str]:
+    """The end-of-run summary: input, outputs (already present / written / failed), errors,
+    bytes and speed."""
+    lines = [
+        f"suite {s.suite} on {s.input} ({s.device}, engine {s.engine}"
+        + (f", shard {s.shard}: {s.images_in_other_shards} images in other shards" if s.shard else "")
+        + ")",
+        f"input rows {s.input_rows} ({s.rows_without_id} without img_id), unique images {s.images}, selected {s.images_selected}"
+        + (f", unsafe img_ids encoded {s.unsafe_ids}" if s.unsafe_ids else ""),
+        f"images decoded {s.images_ok}, failed {s.images_failed}",
+        f"outputs expected {s.outputs_expected}: already present {s.outputs_existing}, written {s.outputs_written}, failed {s.output_errors}",
+        f"manifest rows {s.manifest_rows}, dataset rows {s.dataset_rows}, errors {s.errors} (errors.jsonl)",
+        f"done: {s.outputs_written} outputs written, {s.errors} errors, "
+        f"{s.bytes_written / 1e6:.1f} MB written in {s.seconds:.1f} s wall time "
+        f"({s.outputs_per_second:.1f} outputs/s); DIR holds {human_size(s.output_bytes)} of outputs: {out}",
+    ]
+    if s.retries or s.worker_failures or s.stalls:
+        lines.append(
+            f"worker failures {s.worker_failures}, images retried {s.retries}, stalled passes {s.stalls}"
+        )
+    return lines
 
 
 def verify(
@@ -217,13 +217,10 @@ def verify(
     from perturb.generate.verify import verify as check
 
     try:
-        report = check(directory)
-    except VerifyError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        with usage_errors(VerifyError):
+            report = check(directory)
     except OSError as exc:
-        err.print(f"error: {exc.filename or directory}: cannot be read: {exc.strerror or exc}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        fail(f"{exc.filename or directory}: cannot be read: {exc.strerror or exc}")
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -250,21 +247,14 @@ def merge_manifests(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Join the folders of `perturb generate --shard I/N` runs into one run's folder."""
+    from perturb.generate.core import RunError
     from perturb.generate.merge import merge_parts
-    from perturb.generate.runner import RunError
 
     try:
-        summary = merge_parts(list(parts), out)
-    except RunError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        with usage_errors(RunError):
+            summary = merge_parts(list(parts), out)
     except OSError as exc:  # read-only or full --out, unreadable part file
-        err.print(
-            f"error: {exc.filename or out}: {exc.strerror or exc}; free space or choose a writable --out",
-            markup=False,
-            highlight=False,
-        )
-        raise typer.Exit(2) from None
+        fail(f"{exc.filename or out}: {exc.strerror or exc}; free space or choose a writable --out")
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=2))
     else:
@@ -275,6 +265,7 @@ def merge_manifests(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("generate")(generate)
-    app.command("verify")(verify)
-    app.command("merge-manifests")(merge_manifests)
+    """Add ``generate``, ``verify`` and ``merge-manifests`` to the ``perturb`` app."""
+    app.command("generate")(guarded(generate))
+    app.command("verify")(guarded(verify))
+    app.command("merge-manifests")(guarded(merge_manifests))

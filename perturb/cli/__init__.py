@@ -1,11 +1,11 @@
-"""The ``perturb`` command line (typer).
+"""The ``perturb`` command line (typer): ``perturb.cli.app``, ``perturb.cli.main``.
 
-Exit codes: 0 ok, 1 problems found / failures, 2 usage or input errors.
-Each sub-package that adds commands exposes ``register(app)`` in its ``command`` module and is
-listed in ``COMMAND_MODULES``; heavy imports (torch, pandas, scipy, cv2) happen inside the
-commands, so ``perturb --help`` stays fast and ``perturb score`` never imports torch. Help is
-click's plain layout (flags show as ``--json``, ``--quiet / --no-quiet``), which also spares
-importing typer's rich help renderer.
+Exit codes: 0 ok, 1 problems found / failures, 2 usage or input errors (any
+``perturb.errors.PerturbError``: its message, no traceback).
+One module per command group (``COMMAND_MODULES``), each exposing ``register(app)``; heavy
+imports (torch, pandas, scipy, cv2) happen inside the commands, so ``perturb --help`` stays fast
+and ``perturb score`` never imports torch. Help is click's plain layout (flags show as
+``--json``, ``--quiet / --no-quiet``), which also spares importing typer's rich help renderer.
 """
 
 from __future__ import annotations
@@ -40,12 +40,14 @@ def _options(
 ) -> None:
     """Realistic, keyed, reproducible perturbations of medical images for VQA robustness."""
 
+
 COMMAND_MODULES = [
-    "perturb.catalog.command",
-    "perturb.score.command",
-    "perturb.generate.command",
-    "perturb.demo.command",
-    "perturb.calibrate.command",
+    "perturb.cli.catalog",
+    "perturb.cli.preview",
+    "perturb.cli.score",
+    "perturb.cli.generate",
+    "perturb.cli.demo",
+    "perturb.cli.calibrate",
 ]
 
 for _module in COMMAND_MODULES:
@@ -55,7 +57,3 @@ for _module in COMMAND_MODULES:
 def main() -> None:
     """Console-script entry point."""
     app()
-
-
-if __name__ == "__main__":
-    main()

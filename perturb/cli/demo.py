@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from perturb.cli._common import fail, guarded, usage_errors
+
 err = Console(stderr=True)
 
 
@@ -40,20 +42,16 @@ def demo(
     try:
         sev_list = tuple(int(s) for s in severities.split(",") if s.strip())
     except ValueError:
-        err.print(
-            f"error: --severities must be integers 1..5 separated by commas, got {severities!r}"
-        )
-        raise typer.Exit(2) from None
+        fail(f"--severities must be integers 1..5 separated by commas, got {severities!r}")
     if not op_list or not sev_list:
-        err.print("error: --ops and --severities must name at least one value each")
-        raise typer.Exit(2)
+        fail("--ops and --severities must name at least one value each")
     err.print(
         f"perturb demo: {images} phantoms x {len(op_list)} ops x severities "
         f"{list(sev_list)}, probe model, paired scoring -> {out}",
         markup=False,
         highlight=False,
     )
-    try:
+    with usage_errors(DemoError, InputError):
         result = run_demo(
             out,
             images=images,
@@ -64,9 +62,6 @@ def demo(
             progress=not quiet,
             log=lambda msg: err.print(msg, markup=False, highlight=False),
         )
-    except (DemoError, InputError) as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
     s = result.seconds
     typer.echo(
         f"{result.images} clean images, {result.perturbed_images} perturbed images, "
@@ -80,4 +75,4 @@ def demo(
 
 def register(app: typer.Typer) -> None:
     """Add ``demo`` to the CLI."""
-    app.command("demo")(demo)
+    app.command("demo")(guarded(demo))

@@ -1,4 +1,4 @@
-"""``perturb calibrate``."""
+"""``perturb calibrate``: measure calibrated ops on real images against their targets."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+
+from perturb.cli._common import fail, guarded
 
 err = Console(stderr=True)
 
@@ -37,22 +39,18 @@ def calibrate(
     from perturb.catalog.specs import load_specs
 
     if samples is not None and not samples.is_dir():
-        err.print(f"[red]error:[/] --samples {samples} is not a folder; pass a folder of PNG/JPEG frames")
-        raise typer.Exit(2)
+        fail(f"--samples {samples} is not a folder; pass a folder of PNG/JPEG frames")
     if modality not in ("endoscopy", "xray"):
-        err.print(f"[red]error:[/] --modality {modality!r}: use endoscopy or xray")
-        raise typer.Exit(2)
+        fail(f"--modality {modality!r}: use endoscopy or xray")
     known = load_specs()
     bad = [n for n in op or [] if n not in known or known[n].calibration is None]
     if bad:
         valid = sorted(n for n, s in known.items() if s.calibration is not None)
-        err.print(f"[red]error:[/] no calibrated op named {bad}; calibrated ops: {', '.join(valid)}")
-        raise typer.Exit(2)
+        fail(f"no calibrated op named {bad}; calibrated ops: {', '.join(valid)}")
     folder = samples if samples is not None else default_sample_dir(modality)
     images = load_images(folder, limit)
     if not images:
-        err.print(f"[red]error:[/] no PNG/JPEG images in {folder}")
-        raise typer.Exit(2)
+        fail(f"no PNG/JPEG images in {folder}")
     where = str(folder) if folder is not None else "built-in phantoms"
     err.print(f"calibrating on {len(images)} images from {where}")
     specs = calibrated_ops(modality, names=op)
@@ -69,4 +67,5 @@ def calibrate(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("calibrate")(calibrate)
+    """Add ``calibrate`` to the ``perturb`` app."""
+    app.command("calibrate")(guarded(calibrate))

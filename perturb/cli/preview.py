@@ -1,0 +1,110 @@
+"""``perturb preview``: a labelled grid of an image under ops (drawn by
+``perturb.cli.preview_grid``, imported when the command runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from perturb.cli._common import fail, guarded
+
+if TYPE_CHECKING:
+    import torch
+
+
+def preview(
+    image: Annotated[
+        Path | None,
+        typer.Argument(help="Image to preview (PNG/JPEG, 8/16-bit, gray or RGB); default: a built-in phantom."),
+    ] = None,
+    op: Annotated[str | None, typer.Option(help="Only this op (default: every op that fits the image).")] = None,
+    out: Annotated[Path, typer.Option(help="Where to write the PNG grid.")] = Path("preview.png"),
+    seed: Annotated[int, typer.Option(help="Seed of the keyed randomness.")] = 0,
+    size: Annotated[
+        int, typer.Option(min=16, max=4096, help="Width of each thumbnail in pixels (larger shows noise and fine lines).")
+    ] = 224,
+    crop: Annotated[
+        bool, typer.Option("--crop/--no-crop", help="Add a row of full-resolution crops (1 image px per grid px) under each op.")
+    ] = True,
+    crop_at: Annotated[
+        str, typer.Option(help="Centre of the crops as X,Y fractions of the width and height.")
+    ] = "0.5,0.5",
+    scene: Annotated[
+        bool,
+        typer.Option(
+            "--scene",
+            help="Show the scene model instead: field of view, on-screen overlays, highlights "
+            "(what tissue-layer ops change and what they leave alone).",
+        ),
+    ] = False,
+) -> None:
+    """Write a labelled grid: the clean image and severities 1-5 of each op, with full-resolution
+    crops under the thumbnails (or, with --scene, the image's scene masks)."""
+    from perturb.catalog.registry import UnknownOpError
+    from perturb.cli.preview_grid import preview_grid, scene_panel
+    from perturb.engine import InputError
+    from perturb.io.images import encode_image, write_atomic
+
+    tensor, key = _load(image, op)
+    if out.suffix.lower() != ".png":
+        fail(f"--out must end in .png, got {out}")
+    if scene:
+        write_atomic(out, encode_image(scene_panel(tensor), "png"))
+        typer.echo(f"wrote {out} (scene)")
+        return
+    centre = _crop_centre(crop_at)
+    try:
+        grid, skipped = preview_grid(
+            tensor, [op] if op else None, sample_key=key, seed=seed, thumb_width=size, crop=crop, crop_centre=centre
+        )
+    except (UnknownOpError, InputError) as exc:
+        fail(str(exc))
+    write_atomic(out, encode_image(grid, "png"))
+    if skipped:
+        typer.echo(f"skipped (need another channel count): {', '.join(skipped)}", err=True)
+    typer.echo(f"wrote {out} ({grid.shape[1]}x{grid.shape[0]})")
+
+
+def _load(image: Path | None, op: str | None) -> tuple[torch.Tensor, str]:
+    """The image to preview (CHW float) and its sample key: the file, else a built-in phantom
+    (a chest phantom for an X-ray op)."""
+    from perturb.io.images import ImageDecodeError, read_image, to_tensor
+
+    if image is None and op is not None and _xray_only(op):
+        from perturb.datasets.phantoms.xray import render
+
+        return to_tensor(render("preview").image), "xray-phantom:preview"
+    if image is None:
+        from perturb.datasets.phantoms import phantom_image
+
+        return phantom_image("preview"), "phantom:preview"
+    try:
+        return to_tensor(read_image(image)), image.name
+    except ImageDecodeError as exc:
+        fail(str(exc))
+
+
+def _crop_centre(crop_at: str) -> tuple[float, float]:
+    """``--crop-at X,Y`` as two fractions in [0, 1]."""
+    try:
+        cx, cy = (float(v) for v in crop_at.split(","))
+        if not (0.0 <= cx <= 1.0 and 0.0 <= cy <= 1.0):
+            raise ValueError
+    except ValueError:
+        fail(f"--crop-at takes two fractions X,Y in [0, 1], e.g. 0.5,0.5; got {crop_at!r}")
+    return cx, cy
+
+
+def _xray_only(op: str) -> bool:
+    """Whether ``op`` is an X-ray op (previewed on a chest phantom when no image is given)."""
+    from perturb.catalog.specs import load_specs
+
+    spec = load_specs().get(op)
+    return spec is not None and "xray" in spec.modalities and "endoscopy" not in spec.modalities
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``preview`` to the ``perturb`` app."""
+    app.command("preview")(guarded(preview))
