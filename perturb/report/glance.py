@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from perturb.report.content import Section, Table, est, excludes_zero, pct
+from perturb.report.document import Section, Table, est, excludes_zero, pct
 
 SMALL_SAMPLE_IMAGES = 100
 WIDE_CI_PP = 10.0

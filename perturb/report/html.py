@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from perturb.report.content import Section, Table, build_sections
+from perturb.report.content import build_sections
+from perturb.report.document import Section, Table
 from perturb.report.plots import render_plot
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"

@@ -6,7 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from perturb.report.content import Section, Table, build_sections
+from perturb.report.content import build_sections
+from perturb.report.document import Section, Table
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#])")
 

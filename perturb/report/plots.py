@@ -68,7 +68,7 @@ def _hbars(
 
 
 def _by_gap(cells: Mapping[str, Any], metric: str) -> list[tuple[str, Any]]:
-    from perturb.report.content import by_gap
+    from perturb.report.document import by_gap
 
     return by_gap(cells, metric)
 

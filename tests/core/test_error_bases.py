@@ -44,7 +44,7 @@ CLASSES = _error_classes()
 
 def test_the_scan_finds_the_known_errors() -> None:
     for name in (
-        "perturb.generate.runner.RunError",
+        "perturb.generate.core.RunError",
         "perturb.io.images.ImageDecodeError",
         "perturb.catalog.registry.UnknownOpError",
     ):
