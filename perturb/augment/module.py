@@ -23,8 +23,7 @@ import torch
 from perturb.augment.plan import _check_index, apply_plans, check_modality, plan_batch
 from perturb.augment.policy import Policy, load_policy
 from perturb.augment.targets import BoxesIn, move_boxes, move_masks
-from perturb.engine import InputError, Record, with_jpeg_codec
-from perturb.ops.jpeg import JPEG_OPS, jpeg_backend
+from perturb.engine import InputError, Record, with_codecs
 
 
 class AugmentResult(NamedTuple):
@@ -140,9 +139,7 @@ class Augment(torch.nn.Module):
             chains = self.plan(idx, epoch=epoch, channels=images.shape[1], device=images.device)
         else:
             chains = self._check_plans(plans, idx, self.epoch if epoch is None else epoch)
-        if any(r.op in JPEG_OPS for p in chains for r in p):
-            codec = jpeg_backend(images)
-            chains = [with_jpeg_codec(p, codec) for p in chains]
+        chains = [with_codecs(p, images) for p in chains]
         out = apply_plans(images, chains)
         if boxes is None and masks is None and not self.return_records:
             return out
