@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from perturb.registry import Registry
+
 Params = dict[str, Any]
 Level = Mapping[str, tuple[float, float]]
 Kernel = Callable[..., torch.Tensor]  # (x, params, keys) or (x, params, keys, scenes=...)
@@ -84,7 +86,7 @@ class KernelEntry:
 _KERNELS: dict[str, KernelEntry] = {}
 # transforms that records of other tools may name (e.g. a torchvision flip), not catalog ops:
 # annotations follow them too
-_FOREIGN_GEOMETRY: dict[str, Geometry] = {}
+FOREIGN_GEOMETRY: Registry[Geometry] = Registry("foreign geometry")
 
 
 def draw(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
@@ -122,7 +124,7 @@ def register_kernel(
     ``KernelEntry``) under ``name``."""
 
     def decorator(kernel: Kernel) -> Kernel:
-        if name in _KERNELS or name in _FOREIGN_GEOMETRY:
+        if name in _KERNELS or name in FOREIGN_GEOMETRY:
             raise ValueError(f"kernel {name!r} registered twice")
         _KERNELS[name] = KernelEntry(name, kernel, sampler, uses_scene, geometry, codec)
         return kernel
@@ -133,13 +135,13 @@ def register_kernel(
 def register_foreign_geometry(geometry: Geometry, *names: str) -> None:
     """``geometry`` for records that name a transform of another tool (not a catalog op)."""
     for name in names:
-        if name in _KERNELS or name in _FOREIGN_GEOMETRY:
-            raise ValueError(f"geometry of {name!r} registered twice")
-        _FOREIGN_GEOMETRY[name] = geometry
+        if name in _KERNELS:
+            raise ValueError(f"{name!r} is a kernel; its geometry goes with register_kernel")
+        FOREIGN_GEOMETRY.add(name, geometry)
 
 
 def foreign_geometry(name: str) -> Geometry | None:
-    return _FOREIGN_GEOMETRY.get(name)
+    return FOREIGN_GEOMETRY.get(name) if name in FOREIGN_GEOMETRY else None
 
 
 def get_kernel(name: str) -> KernelEntry:
