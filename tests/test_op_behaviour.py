@@ -51,19 +51,24 @@ def _about_ops(node: ast.AST) -> bool:
     return "op" in text or "name" in text
 
 
-def op_name_comparisons(source: str, names: set[str]) -> list[tuple[int, str]]:
-    """(line, name) of each comparison of an op name literal with an expression about ops in
-    ``source``: ``==``/``!=``, ``in``/``not in`` a literal collection, a ``match`` case, and
-    names bound to literal collections of op names (``JPEG_OPS = frozenset({...})``) then
-    compared."""
-    tree = ast.parse(source)
-    named_sets = {
+def op_name_sets(source: str, names: set[str]) -> set[str]:
+    """Names ``source`` binds to literal collections of op names (``JPEG_OPS = {...}``)."""
+    return {
         target.id
-        for node in ast.walk(tree)
+        for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.Assign)
         for target in node.targets
         if isinstance(target, ast.Name) and set(_literals(node.value)) & names
     }
+
+
+def op_name_comparisons(source: str, names: set[str], imported_sets: set[str] | None = None) -> list[tuple[int, str]]:
+    """(line, name) of each comparison of an op name literal with an expression about ops in
+    ``source``: ``==``/``!=``, ``in``/``not in`` a literal collection, a ``match`` case, and
+    names bound to literal collections of op names (``JPEG_OPS = frozenset({...})``, here or,
+    given in ``imported_sets``, in another module) then compared."""
+    tree = ast.parse(source)
+    named_sets = op_name_sets(source, names) | (imported_sets or set())
     hits: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
@@ -72,8 +77,9 @@ def op_name_comparisons(source: str, names: set[str]) -> list[tuple[int, str]]:
                 if not any(_about_ops(other) for j, other in enumerate(sides) if j != i):
                     continue
                 hits += [(node.lineno, v) for v in _literals(side) if v in names]
-                if isinstance(side, ast.Name) and side.id in named_sets:
-                    hits.append((node.lineno, side.id))
+                ref = side.id if isinstance(side, ast.Name) else side.attr if isinstance(side, ast.Attribute) else None
+                if ref in named_sets:
+                    hits.append((node.lineno, ref))
         elif isinstance(node, ast.Match) and _about_ops(node.subject):
             for case in node.cases:
                 for pattern in ast.walk(case.pattern):
@@ -95,7 +101,7 @@ def test_the_scanner_finds_name_branches() -> None:
         "        return 1\n"
         '    if r.op in ("jpeg", "other"):\n'
         "        return 2\n"
-        "    if r.op in JPEG_OPS:\n"
+        "    if r.op in jpeg.JPEG_OPS or r.op in CODECS:\n"
         "        return 3\n"
         "    match op:\n"
         '        case "xray_jpeg":\n'
@@ -104,17 +110,19 @@ def test_the_scanner_finds_name_branches() -> None:
         "        return 5\n"
         '    return {"rotation": 6}.get(op)\n'  # a lookup table is not a branch
     )
-    assert sorted(op_name_comparisons(source, names)) == [(3, "rotation"), (5, "jpeg"), (7, "JPEG_OPS"), (10, "xray_jpeg")]
+    found = op_name_comparisons(source, names, {"CODECS"})
+    assert sorted(found) == [(3, "rotation"), (5, "jpeg"), (7, "CODECS"), (7, "JPEG_OPS"), (10, "xray_jpeg")]
 
 
 def test_no_op_name_branches_outside_the_ops() -> None:
     names = _op_names()
+    sets = {n for path in PACKAGE.rglob("*.py") for n in op_name_sets(path.read_text(), names)}
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE.parent).as_posix()
         if rel.startswith("perturb/ops/") or any(fnmatch.fnmatch(rel, p) for p in COMPOSITE_VOCABULARY):
             continue
-        found += [f"{rel}:{line}: {name}" for line, name in op_name_comparisons(path.read_text(), names)]
+        found += [f"{rel}:{line}: {name}" for line, name in op_name_comparisons(path.read_text(), names, sets)]
     assert not found, "ask the op (perturb.catalog.registry.Op: geometry, codec) instead:\n" + "\n".join(found)
 
 
