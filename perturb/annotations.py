@@ -13,11 +13,14 @@ the frame. Each result carries flags:
 * ``outside``: nothing of the box is left inside the frame (its clipped box is empty);
 * ``cut``: the part inside the frame is below ``min_visible`` of the moved box's area.
 
-Supported geometric ops: ``resized_crop``, ``rotation``, ``translation`` (perturb.ops.geometry),
-``lens_distortion`` (perturb.ops.optics: not affine, so a box becomes the bounding box of its
-moved outline, sampled at ``OUTLINE_POINTS`` points per side), ``xray_patient_rotation`` (a homography: the box's corners are mapped projectively)
-and flips named ``hflip`` / ``horizontal_flip`` / ``vflip`` / ``vertical_flip`` (a flip swaps
-left and right: questions about laterality follow the image).
+Each geometric op says how it moves coordinates through the ``Geometry`` registered with its
+kernel (``perturb.catalog.registry.geometry_of``): a projective op (affine or a homography, e.g.
+``rotation``, ``xray_patient_rotation``) gives its forward matrix and a box's corners are mapped
+through the chain's composed matrix; an op that is not projective (``lens_distortion``) moves
+points, and a box becomes the bounding box of its moved outline, sampled at
+``OUTLINE_POINTS`` points per side. Flips named by other tools' records (``hflip``,
+``vertical_flip``, ...) register a geometry too (a flip swaps left and right: questions about
+laterality follow the image).
 """
 
 from __future__ import annotations
@@ -30,17 +33,12 @@ from typing import Any
 import numpy as np
 
 from perturb.boxes import LOC_TAG, box_iou, loc_tag, parse_loc_tags
-from perturb.catalog.specs import load_specs
+from perturb.catalog.registry import UnknownOpError, geometry_of
 from perturb.contracts.record import Record
 from perturb.errors import InputError
-from perturb.ops.geometry import crop_box, rotation_matrix, translation_pixels
-from perturb.ops.optics import distortion_forward
-from perturb.ops.xray_radiographic import forward_homography
+from perturb.ops.registry import Geometry
 
-HFLIPS = frozenset({"hflip", "horizontal_flip"})
-VFLIPS = frozenset({"vflip", "vertical_flip"})
 DEFAULT_MIN_VISIBLE = 0.5
-NON_AFFINE = frozenset({"lens_distortion"})
 OUTLINE_POINTS = 64
 
 
@@ -61,11 +59,6 @@ class BoxResult:
         return "outside" in self.flags
 
 
-def _f32(value: Any) -> float:
-    """A recorded parameter as the kernel saw it (collated to float32)."""
-    return float(np.float32(value))
-
-
 def _op_name(record: Record | Mapping[str, Any]) -> str:
     return record.op if isinstance(record, Record) else str(record["op"])
 
@@ -74,51 +67,38 @@ def _params(record: Record | Mapping[str, Any]) -> dict[str, Any]:
     return dict(record.params if isinstance(record, Record) else record["params"])
 
 
+def op_geometry(op: str) -> Geometry | None:
+    """How records of ``op`` move coordinates (None: they leave them in place)."""
+    try:
+        return geometry_of(op)
+    except UnknownOpError:
+        raise AnnotationError(f"unknown op {op!r}: cannot tell how it moves annotations") from None
+
+
 def is_geometric(op: str) -> bool:
-    if op in HFLIPS or op in VFLIPS:
-        return True
-    specs = load_specs()
-    if op not in specs:
-        raise AnnotationError(f"unknown op {op!r}: cannot tell how it moves annotations")
-    return specs[op].family == "geometry" or "moves_geometry" in specs[op].risk_tags
+    return op_geometry(op) is not None
 
 
 def forward_matrix(record: Record | Mapping[str, Any], width: int, height: int) -> np.ndarray:
     """3x3 map from input to output continuous coordinates of one op on a ``width`` x
     ``height`` image (the identity for photometric ops)."""
     op = _op_name(record)
-    p = _params(record)
-    if op in HFLIPS:
-        return np.array([[-1.0, 0.0, float(width)], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    if op in VFLIPS:
-        return np.array([[1.0, 0.0, 0.0], [0.0, -1.0, float(height)], [0.0, 0.0, 1.0]])
-    if not is_geometric(op):
+    geometry = op_geometry(op)
+    if geometry is None:
         return np.eye(3)
-    if op == "resized_crop":
-        x0, y0, w, h = crop_box(width, height, _f32(p["scale"]), _f32(p["log_ratio"]), _f32(p["u"]), _f32(p["v"]))
-        sx, sy = width / w, height / h
-        return np.array([[sx, 0.0, -x0 * sx], [0.0, sy, -y0 * sy], [0.0, 0.0, 1.0]])
-    if op == "rotation":
-        inverse = np.vstack([rotation_matrix(_f32(p["degrees"]), width, height), [0.0, 0.0, 1.0]])
-        return np.linalg.inv(inverse)
-    if op == "translation":
-        tx, ty = translation_pixels(width, height, _f32(p["shift"]), _f32(p["direction"]))
-        return np.array([[1.0, 0.0, float(tx)], [0.0, 1.0, float(ty)], [0.0, 0.0, 1.0]])
-    if op == "xray_patient_rotation":
-        return forward_homography(_f32(p["degrees"]), _f32(p["pivot"]), width, height)
-    raise AnnotationError(f"geometric op {op!r} has no annotation transform; add one in perturb/annotations.py")
+    if geometry.matrix is None:
+        raise AnnotationError(f"geometric op {op!r} is not projective: it has no matrix; move points with forward_points")
+    return geometry.matrix(_params(record), width, height)
 
 
 def forward_points(
     record: Record | Mapping[str, Any], points: np.ndarray, width: int, height: int
 ) -> np.ndarray:
     """Move (N, 2) continuous points through one op on a ``width`` x ``height`` image."""
-    if _op_name(record) == "lens_distortion":
-        x, y = distortion_forward(points[:, 0], points[:, 1], _f32(_params(record)["k"]), width, height)
-        return np.stack([x, y], axis=1)
-    m = forward_matrix(record, width, height)
-    moved = points @ m[:2, :2].T + m[:2, 2]
-    return moved / (points @ m[2, :2] + m[2, 2])[:, None]  # projective ops divide; affine: / 1
+    geometry = op_geometry(_op_name(record))
+    if geometry is None:
+        return np.asarray(points, dtype=np.float64)
+    return geometry.forward_points(_params(record), points, width, height)
 
 
 def _outline(x1: float, y1: float, x2: float, y2: float) -> np.ndarray:
@@ -156,7 +136,8 @@ def transform_boxes(
     width, height = image_size
     w0, h0 = original_size if original_size is not None else (float(width), float(height))
     scale = np.diag([width / w0, height / h0, 1.0])
-    affine = not any(_op_name(r) in NON_AFFINE for r in recs)
+    geometries = [op_geometry(_op_name(r)) for r in recs]
+    affine = all(g is None or g.projective for g in geometries)
     total = np.linalg.inv(scale) @ chain_matrix(recs, width, height) @ scale if affine else np.eye(3)
     out = []
     for box in np.asarray(boxes, dtype=np.float64).reshape(-1, 4):
@@ -222,6 +203,7 @@ __all__ = [
     "forward_matrix",
     "forward_points",
     "is_geometric",
+    "op_geometry",
     "parse_loc_tags",
     "transform_boxes",
     "transform_loc_text",

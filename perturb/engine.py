@@ -24,7 +24,6 @@ from perturb.catalog.specs import check_severity
 from perturb.contracts.record import Record
 from perturb.errors import InputError
 from perturb.ops import backend as backends
-from perturb.ops.jpeg import JPEG_OPS, jpeg_backend
 from perturb.scene import Scene
 from perturb.scene import masks as scene_masks
 from perturb.scene.analysis import analyse
@@ -392,15 +391,23 @@ def apply(
             for i in range(n)
         ]
         records = [replace(r, extra={**r.extra, "scene": d}) for r, d in zip(records, descs, strict=True)]
-    if spec_op.name in JPEG_OPS:
-        records = with_jpeg_codec(records, jpeg_backend(x))
+    records = with_codecs(records, x)
     return run_records(x, records), records
 
 
-def with_jpeg_codec(records: Sequence[Record], codec: str) -> list[Record]:
-    """``records`` with each JPEG record's ``backend`` set to ``codec`` (the codec that runs
-    where the images are, see ``perturb.ops.jpeg.jpeg_backend``)."""
-    return [replace(r, backend=codec) if r.op in JPEG_OPS else r for r in records]
+def with_codecs(records: Sequence[Record], images: torch.Tensor) -> list[Record]:
+    """``records`` with each codec op's record naming, as its ``backend``, the codec that runs
+    where ``images`` are (the op's registered ``codec``, e.g. ``perturb.ops.jpeg.jpeg_backend``);
+    other records as they are."""
+    codecs: dict[str, str | None] = {}
+    out = []
+    for r in records:
+        if r.op not in codecs:
+            codec = get_op(r.op).codec
+            codecs[r.op] = None if codec is None else codec(images)
+        name = codecs[r.op]
+        out.append(r if name is None else replace(r, backend=name))
+    return out
 
 
 def replay(records: Record | dict | Sequence[Record | dict], images: torch.Tensor) -> torch.Tensor:

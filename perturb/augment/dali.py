@@ -79,10 +79,9 @@ from perturb import rng
 from perturb.augment.plan import apply_plans, check_modality, plan_sample
 from perturb.augment.policy import Policy, load_policy
 from perturb.contracts.record import Record
-from perturb.engine import with_jpeg_codec
+from perturb.engine import with_codecs
 from perturb.errors import InputError, PerturbError
 from perturb.ops.geometry import translation_pixels
-from perturb.ops.jpeg import jpeg_backend
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 SIGNATURES = {b"\xff\xd8\xff": "JPEG", b"\x89PNG\r\n\x1a\n": "PNG"}
@@ -290,8 +289,8 @@ class Planner:
     ):
         self.policy, self.seed, self.channels = policy, int(seed), channels
         self.modality, self.variant, self.device = check_modality(modality), variant, device
-        # what ``Augment`` records for JPEG on this device (the codec that runs there)
-        self.jpeg_codec = jpeg_backend(torch.empty((1, channels, 2, 2), device=device))
+        # a batch on this device: codec ops record the codec that runs there, as in ``Augment``
+        self._probe = torch.empty((1, channels, 2, 2), device=device)
         self._plan = lru_cache(maxsize=1 << 14)(self._plan_uncached)
 
     def _plan_uncached(self, epoch: int, index: int) -> tuple[Record, ...]:
@@ -307,7 +306,7 @@ class Planner:
             variant=self.variant,
             device=self.device,
         )
-        return tuple(with_jpeg_codec(plan, self.jpeg_codec))
+        return tuple(with_codecs(plan, self._probe))
 
     def plans(self, epochs: Sequence[int], indices: Sequence[int]) -> list[tuple[Record, ...]]:
         return [self._plan(int(e), int(i)) for e, i in zip(epochs, indices, strict=True)]

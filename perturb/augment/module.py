@@ -24,9 +24,8 @@ from perturb.augment.plan import _check_index, apply_plans, check_modality, plan
 from perturb.augment.policy import Policy, load_policy
 from perturb.augment.targets import BoxesIn, move_boxes, move_masks
 from perturb.contracts.record import Record
-from perturb.engine import with_jpeg_codec
+from perturb.engine import with_codecs
 from perturb.errors import InputError
-from perturb.ops.jpeg import JPEG_OPS, jpeg_backend
 
 
 class AugmentResult(NamedTuple):
@@ -142,9 +141,7 @@ class Augment(torch.nn.Module):
             chains = self.plan(idx, epoch=epoch, channels=images.shape[1], device=images.device)
         else:
             chains = self._check_plans(plans, idx, self.epoch if epoch is None else epoch)
-        if any(r.op in JPEG_OPS for p in chains for r in p):
-            codec = jpeg_backend(images)
-            chains = [with_jpeg_codec(p, codec) for p in chains]
+        chains = [with_codecs(p, images) for p in chains]
         out = apply_plans(images, chains)
         if boxes is None and masks is None and not self.return_records:
             return out

@@ -43,10 +43,10 @@ from pydantic import (
 )
 
 from perturb.catalog.specs import (
-    FAMILIES,
     MODALITIES,
     SEVERITIES,
     OpSpec,
+    check_families,
     check_members,
     check_op_names,
     get_spec,
@@ -162,7 +162,7 @@ class HeldOut(BaseModel):
     ops: list[str] = Field(default_factory=list)
     match: Literal["op", "family"] = "op"
 
-    _families = field_validator("families")(lambda cls, v: check_members(v, FAMILIES, "families"))
+    _families = field_validator("families")(lambda cls, v: check_families(v))
     _ops = field_validator("ops")(lambda cls, v: check_op_names(v))
 
     def resolve(self, base_dir: Path | None = None) -> dict[str, str]:

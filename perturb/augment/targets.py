@@ -6,8 +6,9 @@ Geometric ops move them exactly as the pixels move; photometric ops pass them th
   the chain's composed map, clipped to the frame once at the end: a part pushed out of the
   frame by one op and brought back by a later one counts as visible, though its pixels are
   black fill) per sample.
-* Masks: the same warps as the image kernels (``perturb.ops.geometry.warp_label_maps``),
-  sampled at the nearest pixel so labels stay labels, 0 where the image is black fill.
+* Masks: each geometric op's registered label-map warp (``Geometry.label_maps``: the same
+  warps as its image kernel), sampled at the nearest pixel so labels stay labels, 0 where the
+  image is black fill.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ import numpy as np
 import torch
 
 from perturb import engine
-from perturb.annotations import is_geometric, transform_boxes
+from perturb.annotations import op_geometry, transform_boxes
 from perturb.augment.plan import put_rows, take_rows
 from perturb.contracts.record import Record
 from perturb.errors import InputError
-from perturb.ops.geometry import warp_label_maps
 
 BoxesIn = Sequence[Sequence[Sequence[float]] | np.ndarray | torch.Tensor]
 
@@ -76,11 +76,13 @@ def move_masks(masks: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torch.
     for position in range(depth):
         groups: dict[str, list[int]] = {}
         for i, plan in enumerate(plans):
-            if position < len(plan) and is_geometric(plan[position].op):
+            if position < len(plan) and op_geometry(plan[position].op) is not None:
                 groups.setdefault(plan[position].op, []).append(i)
         for op, idx in groups.items():
+            geometry = op_geometry(op)
+            assert geometry is not None
             params = engine.collate([plans[i][position].params for i in idx], m.device)
             if out is m:
                 out = m.clone()
-            put_rows(out, idx, warp_label_maps(op, take_rows(out, idx), params))
+            put_rows(out, idx, geometry.label_maps(take_rows(out, idx), params))
     return out[:, 0] if masks.ndim == 3 else out

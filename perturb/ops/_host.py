@@ -22,7 +22,7 @@ import torch
 from perturb import rng
 from perturb.ops import backend
 from perturb.ops._math import linear_to_srgb_np, srgb_to_linear_np
-from perturb.ops.registry import Sampler, register_kernel, uniform_sampler
+from perturb.ops.registry import Geometry, Sampler, register_kernel, uniform_sampler
 
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 DARK_LEVEL = 0.07  # a channel value below this is dark (the surround of the field of view)
@@ -56,11 +56,14 @@ class View:
 SampleFn = Callable[[np.ndarray, dict[str, np.ndarray], int, View], np.ndarray]
 
 
-def host_op(name: str, sampler: Sampler = uniform_sampler) -> Callable[[SampleFn], SampleFn]:
+def host_op(
+    name: str, sampler: Sampler = uniform_sampler, *, geometry: Geometry | None = None
+) -> Callable[[SampleFn], SampleFn]:
     """Register ``fn(img, params, key, view) -> out`` (CHW float32 in [0, 1] in and out, one
     sample) as op ``name``: its CPU path (float32 natively; uint8 and uint16 batches go through
     float32) and its torch kernel (the same host function on every device: a CUDA batch is
-    copied to the host and back). Both take the engine's scenes."""
+    copied to the host and back). Both take the engine's scenes. ``geometry``: how the op
+    moves coordinates (``perturb.ops.registry.Geometry``), for a geometric op."""
 
     def decorator(fn: SampleFn) -> SampleFn:
         @backend.register_cpu(name, dtypes=(np.float32,), uses_scene=True)
@@ -69,7 +72,7 @@ def host_op(name: str, sampler: Sampler = uniform_sampler) -> Callable[[SampleFn
             res = fn(img, p, key, View(img, scene))
             np.clip(res, np.float32(0.0), np.float32(1.0), out=dst)
 
-        @register_kernel(name, sampler=sampler, uses_scene=True)
+        @register_kernel(name, sampler=sampler, uses_scene=True, geometry=geometry)
         def kernel(
             x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
         ) -> torch.Tensor:

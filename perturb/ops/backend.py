@@ -86,6 +86,22 @@ def from_hwc(images: list, like: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(stacked).permute(0, 3, 1, 2).contiguous().to(like.dtype)
 
 
+def per_sample_hwc(
+    x: torch.Tensor,
+    host_fn: Callable[[np.ndarray, Any], np.ndarray],
+    items: Sequence[Any],
+    torch_fn: Callable[[torch.Tensor, Sequence[Any]], torch.Tensor],
+) -> torch.Tensor:
+    """A batch function with an OpenCV and a torch path (not an op: ops' paths are picked by
+    the engine through ``cpu_path``): on the ``opencv`` backend ``host_fn(image, item)`` on
+    each sample as an HWC float32 NumPy image with its item of ``items``, else
+    ``torch_fn(x, items)``."""
+    if not opencv_path(x):
+        return torch_fn(x, items)
+    images = to_hwc(x)
+    return from_hwc([host_fn(img, item) for img, item in zip(images, items, strict=True)], x)
+
+
 # ---------------------------------------------------------------------------------------------
 # Registry of per-sample CPU fast paths
 

@@ -122,11 +122,6 @@ def filter_sample(src: np.ndarray, dst: np.ndarray, psf: np.ndarray, separable: 
             np.clip(res, np.float32(0.0), np.float32(1.0), out=dst[c])
 
 
-def _host(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], fn: backend.CpuFn) -> torch.Tensor:
-    """The kernel called directly on a CPU float32 batch: the same host path as the engine's."""
-    return backend.run_cpu(fn, x, p, keys, [None] * x.shape[0])
-
-
 def _side(src: np.ndarray) -> int:
     return int(min(src.shape[-2], src.shape[-1]))
 
@@ -143,8 +138,6 @@ def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     Kornia: ``kornia.filters.gaussian_blur2d`` at the CPU path's window (radius ceil(3 sigma))."""
     import kornia  # lazily: only the torch path needs it
 
-    if backend.opencv_path(x):
-        return _host(x, p, keys, gaussian_blur_cpu)
     side = shorter_side(x)
     out = []
     for sample, sigma in zip(x, p["sigma"].tolist(), strict=True):
@@ -169,8 +162,6 @@ def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
 
     Kornia: ``kornia.filters.filter2d`` with our own PSF (``disk_psf``): Kornia has no anti-aliased
     disk kernel."""
-    if backend.opencv_path(x):
-        return _host(x, p, keys, defocus_blur_cpu)
     side = shorter_side(x)
     psfs = [disk_psf(float(r) * side) for r in p["radius"].tolist()]
     return _apply_per_sample(x, psfs, separable=False)
@@ -194,8 +185,6 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     ``get_motion_kernel2d`` draws an odd-sized line and rotates it with a bilinear warp, so its
     length is quantised to odd pixel counts and its taps differ from a sub-pixel segment (and from
     the OpenCV path, which uses ``line_psf``) by far more than 1/255 at short lengths."""
-    if backend.opencv_path(x):
-        return _host(x, p, keys, motion_blur_cpu)
     side = shorter_side(x)
     psfs = [
         line_psf(float(length) * side, float(angle))

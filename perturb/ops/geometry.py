@@ -23,20 +23,34 @@ Catalog ops (severity tables in ``perturb/catalog/geometry.yaml``):
 * ``rotation``: rotation by a keyed signed angle about the centre, black corners.
 * ``translation``: an integer pixel shift of ``shift`` times the width/height along a keyed
   direction, black fill (exact: no resampling).
+
+Each op registers its ``Geometry`` (forward matrix for boxes and ``<loc>`` tags, label-map warp
+for masks) with its kernel; flips named by other tools' records (``hflip``, ``vflip``, ...)
+register a geometry alone.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import cv2
 import numpy as np
 import torch
 
 from perturb.ops import backend
-from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
+from perturb.ops.registry import (
+    Geometry,
+    Level,
+    Params,
+    as_float32,
+    draw,
+    draw_sign,
+    register_foreign_geometry,
+    register_kernel,
+)
 
 
 @dataclass(frozen=True)
@@ -201,13 +215,15 @@ def warp_array(img: np.ndarray, warp: Warp) -> np.ndarray:
 
 def warp_batch(x: torch.Tensor, warps: Sequence[Warp]) -> torch.Tensor:
     """Resample each sample of ``x`` (BCHW float32 in [0, 1]) through its ``Warp`` into an image
-    of the same size; bicubic, clamped to [0, 1], black outside each warp's constraints."""
+    of the same size; bicubic, clamped to [0, 1], black outside each warp's constraints. The
+    backend picks the path (``perturb.ops.backend.per_sample_hwc``): ``warp_array`` per sample
+    (OpenCV) or ``warp_batch_torch``."""
+    return backend.per_sample_hwc(x, warp_array, warps, warp_batch_torch)
+
+
+def warp_batch_torch(x: torch.Tensor, warps: Sequence[Warp]) -> torch.Tensor:
+    """The torch path of ``warp_batch`` (Kornia's bicubic ``warp_affine``), on any device."""
     height, width = x.shape[-2:]
-    if backend.opencv_path(x):
-        images = backend.to_hwc(x)
-        return backend.from_hwc(
-            [warp_array(img, warp) for img, warp in zip(images, warps, strict=True)], x
-        )
     results = []
     for sample, warp in zip(x, warps, strict=True):
         res = _warp_torch(sample, warp, width, height).clamp_(0.0, 1.0)
@@ -272,14 +288,27 @@ def _crop_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
-@register_kernel("resized_crop", sampler=_crop_sampler)
+def _crop_matrix(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
+    """Forward map of ``resized_crop``: the crop box scaled back to the whole frame."""
+    args = (as_float32(p[k]) for k in ("scale", "log_ratio", "u", "v"))
+    x0, y0, w, h = crop_box(width, height, *args)
+    sx, sy = width / w, height / h
+    return np.array([[sx, 0.0, -x0 * sx], [0.0, sy, -y0 * sy], [0.0, 0.0, 1.0]])
+
+
+def _crop_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    height, width = m.shape[-2:]
+    return nearest_warp_batch(m, crop_warps(p, width, height))
+
+
+@register_kernel("resized_crop", sampler=_crop_sampler, geometry=Geometry(_crop_label_maps, matrix=_crop_matrix))
 def resized_crop(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Crop (``scale`` of the area, relative aspect ``exp(log_ratio)``, keyed position) resized
     back to the input size, bicubic.
 
     Kornia: ``kornia.geometry.transform.warp_affine`` (through ``warp_batch``)."""
     height, width = x.shape[-2:]
-    return warp_batch(x, crop_warps(p, width, height))
+    return warp_batch_torch(x, crop_warps(p, width, height))
 
 
 def crop_warp(width: int, height: int, scale: float, log_ratio: float, u: float, v: float) -> Warp:
@@ -296,13 +325,24 @@ def _rotation_sampler(rng: np.random.Generator, level: Level) -> Params:
     return {"degrees": draw(rng, level["degrees"]) * draw_sign(rng)}
 
 
-@register_kernel("rotation", sampler=_rotation_sampler)
+def _rotation_matrix(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
+    """Forward map of ``rotation``: the inverse of its output -> input map."""
+    inverse = np.vstack([rotation_matrix(as_float32(p["degrees"]), width, height), [0.0, 0.0, 1.0]])
+    return np.linalg.inv(inverse)
+
+
+def _rotation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    height, width = m.shape[-2:]
+    return nearest_warp_batch(m, rotation_warps(p, width, height))
+
+
+@register_kernel("rotation", sampler=_rotation_sampler, geometry=Geometry(_rotation_label_maps, matrix=_rotation_matrix))
 def rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Rotation by ``degrees`` (counter-clockwise positive) about the centre, black corners.
 
     Kornia: ``kornia.geometry.transform.warp_affine`` (through ``warp_batch``)."""
     height, width = x.shape[-2:]
-    return warp_batch(x, rotation_warps(p, width, height))
+    return warp_batch_torch(x, rotation_warps(p, width, height))
 
 
 def rotation_warp(width: int, height: int, degrees: float) -> Warp:
@@ -334,7 +374,22 @@ def translation_pixels(
     return int(tx), int(ty)
 
 
-@register_kernel("translation", sampler=_translation_sampler)
+def _translation_matrix(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
+    """Forward map of ``translation``: the integer shift."""
+    tx, ty = translation_pixels(width, height, as_float32(p["shift"]), as_float32(p["direction"]))
+    return np.array([[1.0, 0.0, float(tx)], [0.0, 1.0, float(ty)], [0.0, 0.0, 1.0]])
+
+
+def _translation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    height, width = m.shape[-2:]
+    return shift_batch(m, translation_shifts(p, width, height))
+
+
+@register_kernel(
+    "translation",
+    sampler=_translation_sampler,
+    geometry=Geometry(_translation_label_maps, matrix=_translation_matrix),
+)
 def translation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Integer shift by ``shift`` of the width/height along ``direction`` degrees, black fill.
 
@@ -423,38 +478,16 @@ def nearest_warp_batch(m: torch.Tensor, warps: Sequence[Warp]) -> torch.Tensor:
     return torch.stack(out)
 
 
-def nearest_remap_batch(m: torch.Tensor, ks: Sequence[float], width: int, height: int) -> torch.Tensor:
-    """Label maps through ``lens_distortion`` (coefficient ``k`` per sample): each output pixel
-    takes the source pixel nearest to where the image kernel reads it, 0 where that lies outside
-    the image (where the image turns black)."""
-    from perturb.ops.optics import distortion_maps
-
-    out = []
-    for sample, k in zip(m, ks, strict=True):
-        map_x, map_y = distortion_maps(float(k), width, height)
-        ix = torch.from_numpy(np.floor(map_x.astype(np.float64) + 0.5)).long().to(m.device)
-        iy = torch.from_numpy(np.floor(map_y.astype(np.float64) + 0.5)).long().to(m.device)
-        keep = (ix >= 0) & (ix < width) & (iy >= 0) & (iy < height)
-        res = sample[:, iy.clamp(0, height - 1), ix.clamp(0, width - 1)]
-        out.append(torch.where(keep, res, torch.zeros((), dtype=res.dtype, device=res.device)))
-    return torch.stack(out)
+# Flips named by other tools' records (not catalog ops): boxes, tags and masks follow them
 
 
-def warp_label_maps(op: str, m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Move label maps ``m`` (B, C, H, W, any dtype) by geometric ``op`` with the collated
-    parameters ``p`` the image kernel got: nearest sampling, 0 where the image is black."""
-    height, width = m.shape[-2:]
-    if op == "translation":
-        return shift_batch(m, translation_shifts(p, width, height))
-    if op == "resized_crop":
-        return nearest_warp_batch(m, crop_warps(p, width, height))
-    if op == "rotation":
-        return nearest_warp_batch(m, rotation_warps(p, width, height))
-    if op == "lens_distortion":
-        return nearest_remap_batch(m, p["k"].tolist(), width, height)
-    if op == "xray_patient_rotation":
-        # imported here: geometry stays free of the X-ray modules at import time
-        from perturb.ops.xray_radiographic import rotation_label_maps
+def _hflip_matrix(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
+    return np.array([[-1.0, 0.0, float(width)], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
 
-        return rotation_label_maps(m, p)
-    raise ValueError(f"geometric op {op!r} has no label-map warp; add one in perturb/ops/geometry.py")
+
+def _vflip_matrix(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
+    return np.array([[1.0, 0.0, 0.0], [0.0, -1.0, float(height)], [0.0, 0.0, 1.0]])
+
+
+register_foreign_geometry(Geometry(lambda m, p: m.flip(-1), matrix=_hflip_matrix), "hflip", "horizontal_flip")
+register_foreign_geometry(Geometry(lambda m, p: m.flip(-2), matrix=_vflip_matrix), "vflip", "vertical_flip")

@@ -1,7 +1,7 @@
 """JPEG loss through a real codec: libjpeg(-turbo) via OpenCV on CPU; on CUDA, nvJPEG through
 nvImageCodec (``nvidia-nvimgcodec-cu12/-cu13``) when it is importable and opens the device,
 else nvJPEG through torchvision.io when torchvision with CUDA JPEG support is importable, else
-the CPU codec on a host copy. The record's ``jpeg_codec`` names which ran (``nvimgcodec``,
+the CPU codec on a host copy. The record's ``backend`` names which ran (``nvimgcodec``,
 ``nvjpeg``, ``opencv``). Chroma subsampling 4:2:0 (gray: one plane), baseline, quality on the
 IJG scale, which both libjpeg and nvJPEG apply to the Annex K tables. Never a differentiable
 approximation: that would be a different op, for training only.
@@ -50,7 +50,6 @@ def opencv_roundtrip(image_u8: np.ndarray, quality: int) -> np.ndarray:
 
 
 CODECS = ("nvimgcodec", "nvjpeg", "opencv")
-JPEG_OPS = frozenset({"jpeg", "xray_jpeg"})  # ops whose kernel is ``jpeg``: their records name the codec
 
 
 def _cuda_codec_available() -> bool:
@@ -139,7 +138,8 @@ def _roundtrip_cuda(x: torch.Tensor, qualities: list[int]) -> torch.Tensor:
 
 
 def jpeg_backend(x: torch.Tensor) -> str:
-    """The codec that runs for the batch ``x`` (recorded as ``jpeg_codec``)."""
+    """The codec that runs for the batch ``x`` (the op's registered codec: records name it as
+    their ``backend``)."""
     on_cuda = x.is_cuda and not backend.opencv_path(x)
     if not on_cuda:
         return "opencv"
@@ -181,9 +181,13 @@ def jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: in
         np.divide(plane, np.float32(255.0), out=dst[c])
 
 
-@register_kernel("jpeg", sampler=_quality_sampler)
+@register_kernel("jpeg", sampler=_quality_sampler, codec=jpeg_backend)
 def jpeg(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Kornia: own kernel, because Kornia's ``jpeg_codec_differentiable`` is a differentiable
+    """Encode and decode at ``quality`` with the codec ``jpeg_backend`` names for ``x`` (the op's
+    registered codec: records name it as their backend); the host codec on a host copy where
+    no device codec runs.
+
+    Kornia: own kernel, because Kornia's ``jpeg_codec_differentiable`` is a differentiable
     approximation (smooth rounding, its own colour conversion and chroma resampling) that writes
     no file; libjpeg's decoded pixels and the output files need a real codec (nvImageCodec or
     torchvision on CUDA, OpenCV's libjpeg-turbo on CPU)."""
@@ -193,8 +197,6 @@ def jpeg(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
         return _roundtrip_nvimgcodec(x, qualities)
     if codec == "nvjpeg":
         return _roundtrip_cuda(x, qualities)
-    if x.device.type == "cpu":
-        return backend.run_cpu(jpeg_cpu, x, p, keys, [None] * x.shape[0])
     images = to_uint8(x.cpu()).permute(0, 2, 3, 1).numpy()
     out = [opencv_roundtrip(img[..., 0] if img.shape[-1] == 1 else img, q) for img, q in zip(images, qualities, strict=True)]
     stacked = np.stack([o if o.ndim == 3 else o[..., None] for o in out])

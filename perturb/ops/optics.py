@@ -25,18 +25,21 @@ and letterboxed fields.
   Brown 1966): an output point at normalised radius ``rho`` shows the tissue at radius
   ``rho (1 + k rho^2) / (1 + k)`` (radius 1 stays), barrel-like (more fisheye) for ``k > 0``
   and pincushion-like for ``k < 0``. A geometric op: boxes and masks move with it
-  (``perturb.annotations``, ``perturb.ops.geometry.warp_label_maps``).
+  (its registered ``Geometry``: ``perturb.annotations``, ``perturb.augment.targets``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import cv2
 import numpy as np
+import torch
 
 from perturb.ops import _host
-from perturb.ops.registry import Level, Params, draw, draw_int, draw_sign
+from perturb.ops.registry import Geometry, Level, Params, as_float32, draw, draw_int, draw_sign
 
 # ---------------------------------------------------------------------------------------------
 # Lens fog
@@ -230,7 +233,32 @@ def distortion_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.n
     return (sx - 0.5).astype(np.float32), (sy - 0.5).astype(np.float32)
 
 
-@_host.host_op("lens_distortion", sampler=_distortion_sampler)
+def _distortion_points(p: Mapping[str, Any], points: np.ndarray, width: int, height: int) -> np.ndarray:
+    x, y = distortion_forward(points[:, 0], points[:, 1], as_float32(p["k"]), width, height)
+    return np.stack([x, y], axis=1)
+
+
+def distortion_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Label maps (B, C, H, W, any dtype) through ``lens_distortion`` (collated ``k``): each
+    output pixel takes the source pixel nearest to where the image kernel reads it, 0 where that
+    lies outside the image (where the image turns black)."""
+    height, width = m.shape[-2:]
+    out = []
+    for sample, k in zip(m, p["k"].tolist(), strict=True):
+        map_x, map_y = distortion_maps(float(k), width, height)
+        ix = torch.from_numpy(np.floor(map_x.astype(np.float64) + 0.5)).long().to(m.device)
+        iy = torch.from_numpy(np.floor(map_y.astype(np.float64) + 0.5)).long().to(m.device)
+        keep = (ix >= 0) & (ix < width) & (iy >= 0) & (iy < height)
+        res = sample[:, iy.clamp(0, height - 1), ix.clamp(0, width - 1)]
+        out.append(torch.where(keep, res, torch.zeros((), dtype=res.dtype, device=res.device)))
+    return torch.stack(out)
+
+
+@_host.host_op(
+    "lens_distortion",
+    sampler=_distortion_sampler,
+    geometry=Geometry(distortion_label_maps, points=_distortion_points),
+)
 def lens_distortion(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Radial distortion change ``rho -> rho (1 + k rho^2) / (1 + k)`` about the image centre,
     bicubic, black where the source lies outside the image (module docstring)."""

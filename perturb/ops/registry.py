@@ -16,21 +16,77 @@ Params = dict[str, Any]
 Level = Mapping[str, tuple[float, float]]
 Kernel = Callable[..., torch.Tensor]  # (x, params, keys) or (x, params, keys, scenes=...)
 Sampler = Callable[[np.random.Generator, Level], Params]
+# (one sample's recorded parameters, width, height) -> 3x3 forward map (input -> output)
+MatrixFn = Callable[[Mapping[str, Any], int, int], np.ndarray]
+# (one sample's recorded parameters, (N, 2) points, width, height) -> moved (N, 2) points
+PointsFn = Callable[[Mapping[str, Any], np.ndarray, int, int], np.ndarray]
+# (label maps (B, C, H, W), collated parameters the image kernel got) -> moved label maps
+LabelMapFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+# (the batch an op runs on) -> name of the codec that runs there (recorded as the backend)
+CodecFn = Callable[[torch.Tensor], str]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a geometric op moves coordinates, so that boxes, ``<loc>`` tags and masks follow
+    the pixels. Coordinates are continuous pixel coordinates (pixel ``(i, j)`` covers
+    ``[i, i+1) x [j, j+1)``) of a ``width`` x ``height`` image; parameters are one sample's
+    as its record stores them (the functions round them to float32, as the kernel sees them).
+
+    * ``matrix``: the 3x3 forward map (input -> output) of a projective op (affine or a
+      homography); or
+    * ``points``: moves (N, 2) points, for an op that is not projective (a box then becomes
+      the bounding box of its moved outline);
+    * ``label_maps``: moves label maps (segmentation masks) as the image: nearest sampling,
+      0 where the image is black fill."""
+
+    label_maps: LabelMapFn
+    matrix: MatrixFn | None = None
+    points: PointsFn | None = None
+
+    def __post_init__(self) -> None:
+        if (self.matrix is None) == (self.points is None):
+            raise ValueError("a Geometry needs exactly one of matrix (projective ops) and points")
+
+    @property
+    def projective(self) -> bool:
+        return self.matrix is not None
+
+    def forward_points(self, params: Mapping[str, Any], points: np.ndarray, width: int, height: int) -> np.ndarray:
+        """(N, 2) continuous points moved by the op with ``params``."""
+        if self.points is not None:
+            return self.points(params, points, width, height)
+        assert self.matrix is not None
+        m = self.matrix(params, width, height)
+        moved = points @ m[:2, :2].T + m[:2, 2]
+        return moved / (points @ m[2, :2] + m[2, 2])[:, None]  # homographies divide; affine: / 1
+
+
+def as_float32(value: Any) -> float:
+    """A recorded parameter as the kernel sees it (collated to float32)."""
+    return float(np.float32(value))
 
 
 @dataclass(frozen=True)
 class KernelEntry:
-    """An op's torch kernel and keyed sampler. ``uses_scene``: the kernel also takes
+    """An op's torch kernel, keyed sampler and behaviour. ``uses_scene``: the kernel also takes
     ``scenes=`` (one ``perturb.scene.Scene`` or None per sample: the frame's field of view and
-    overlays, for tissue-layer ops of endoscopy frames)."""
+    overlays, for tissue-layer ops of endoscopy frames). ``geometry``: how the op moves
+    coordinates (None: it leaves them where they are). ``codec``: for a codec op, the name of
+    the codec that runs on a batch (its records name it as their backend)."""
 
     name: str
     kernel: Kernel
     sampler: Sampler
     uses_scene: bool = False
+    geometry: Geometry | None = None
+    codec: CodecFn | None = None
 
 
 KERNELS: Registry[KernelEntry] = Registry("kernel")
+# transforms that records of other tools may name (e.g. a torchvision flip), not catalog ops:
+# annotations follow them too
+FOREIGN_GEOMETRY: Registry[Geometry] = Registry("foreign geometry")
 
 
 def draw(rng: np.random.Generator, bounds: tuple[float, float]) -> float:
@@ -56,16 +112,36 @@ def uniform_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 
 def register_kernel(
-    name: str, sampler: Sampler = uniform_sampler, *, uses_scene: bool = False
+    name: str,
+    sampler: Sampler = uniform_sampler,
+    *,
+    uses_scene: bool = False,
+    geometry: Geometry | None = None,
+    codec: CodecFn | None = None,
 ) -> Callable[[Kernel], Kernel]:
     """Register ``kernel(x, params, keys)`` (with ``uses_scene``: ``kernel(x, params, keys,
-    scenes=...)``) and its sampler under ``name``."""
+    scenes=...)``), its sampler and its behaviour (``geometry``, ``codec``: see
+    ``KernelEntry``) under ``name``."""
 
     def decorator(kernel: Kernel) -> Kernel:
-        KERNELS.add(name, KernelEntry(name, kernel, sampler, uses_scene))
+        if name in FOREIGN_GEOMETRY:
+            raise ValueError(f"kernel {name!r} is registered as a foreign geometry")
+        KERNELS.add(name, KernelEntry(name, kernel, sampler, uses_scene, geometry, codec))
         return kernel
 
     return decorator
+
+
+def register_foreign_geometry(geometry: Geometry, *names: str) -> None:
+    """``geometry`` for records that name a transform of another tool (not a catalog op)."""
+    for name in names:
+        if name in KERNELS:
+            raise ValueError(f"{name!r} is a kernel; its geometry goes with register_kernel")
+        FOREIGN_GEOMETRY.add(name, geometry)
+
+
+def foreign_geometry(name: str) -> Geometry | None:
+    return FOREIGN_GEOMETRY.get(name) if name in FOREIGN_GEOMETRY else None
 
 
 def get_kernel(name: str) -> KernelEntry:

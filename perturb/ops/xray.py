@@ -804,7 +804,7 @@ def _quality_sampler(rng_: np.random.Generator, level: Level) -> Params:
     return {"quality": draw_int(rng_, level["quality"])}
 
 
-register_kernel("xray_jpeg", sampler=_quality_sampler)(jpeg.jpeg)
+register_kernel("xray_jpeg", sampler=_quality_sampler, codec=jpeg.jpeg_backend)(jpeg.jpeg)
 
 
 @lru_cache(maxsize=1)

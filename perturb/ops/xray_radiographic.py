@@ -18,7 +18,7 @@ appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004))
   side turned towards the source magnified more than the other). A projection has no depth per
   pixel, so the parallax between anterior and posterior structures (clavicle heads against
   the spinous processes) is modelled only through that plane. Boxes and ``<loc>`` tags follow
-  (``forward_homography``).
+  (``forward_homography``, registered as the op's ``Geometry``).
 * ``xray_under_penetration`` / ``xray_over_penetration``: a tube voltage below / above the
   technique's. Attenuation coefficients scale roughly as ``kVp^-n`` (``n = KVP_EXPONENT``), so
   the line integrals become ``m = (kVp/kVp0)^-n`` times larger (``v' = m v``: under-penetration
@@ -55,7 +55,8 @@ appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004))
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
@@ -64,7 +65,16 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend
-from perturb.ops.registry import Level, Params, draw, draw_int, draw_sign, register_kernel
+from perturb.ops.registry import (
+    Geometry,
+    Level,
+    Params,
+    as_float32,
+    draw,
+    draw_int,
+    draw_sign,
+    register_kernel,
+)
 from perturb.ops.xray import (
     FIELD_CM,
     FULL_DOSE_QUANTA,
@@ -204,7 +214,15 @@ def rotation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Te
     return torch.stack(out) if out else m.clone()
 
 
-@register_kernel("xray_patient_rotation", sampler=_rotation_sampler)
+def _rotation_homography(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
+    return forward_homography(as_float32(p["degrees"]), as_float32(p["pivot"]), width, height)
+
+
+@register_kernel(
+    "xray_patient_rotation",
+    sampler=_rotation_sampler,
+    geometry=Geometry(rotation_label_maps, matrix=_rotation_homography),
+)
 def xray_patient_rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Oblique projection of a rotated patient (see the module docstring).
 

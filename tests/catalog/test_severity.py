@@ -128,7 +128,7 @@ def test_catalog_has_the_endoscopy_families() -> None:
     specs = load_specs()
     endo = {n: s for n, s in specs.items() if "endoscopy" in s.modalities}
     assert len(endo) >= 14
-    assert {"blur", "glare", "noise", "color", "jpeg", "exposure"} <= {s.family for s in endo.values()}
+    assert {"blur", "glare", "noise", "color", "codec", "exposure"} <= {s.family for s in endo.values()}
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import torch
 import perturb
 from perturb import rng
 from perturb.annotations import transform_boxes
+from perturb.catalog.registry import get_op
 from perturb.ops import _host
 from perturb.ops.clinical import (
     FLUIDS,
@@ -27,7 +28,6 @@ from perturb.ops.clinical import (
     smoke_optical_depth,
     surgical_smoke,
 )
-from perturb.ops.geometry import warp_label_maps
 from perturb.ops.glare import surface_normals
 from perturb.ops.optics import (
     chromatic_aberration,
@@ -301,7 +301,9 @@ def test_lens_distortion_is_the_radial_model_and_moves_boxes_and_masks() -> None
     _, rec = perturb.apply(x, "lens_distortion", 5, ["k"], protect_border=False)
     mask = torch.zeros(1, 1, h, w, dtype=torch.uint8)
     mask[0, 0, 10:40, 15:50] = 1
-    moved = warp_label_maps("lens_distortion", mask, {"k": torch.tensor([rec[0].params["k"]], dtype=torch.float32)})
+    geometry = get_op("lens_distortion").geometry
+    assert geometry is not None
+    moved = geometry.label_maps(mask, {"k": torch.tensor([rec[0].params["k"]], dtype=torch.float32)})
     ys_m, xs_m = np.nonzero(moved[0, 0].numpy())
     box = transform_boxes([[15, 10, 50, 40]], rec[0], (w, h))[0].box
     assert abs(box[0] - xs_m.min()) <= 1.5 and abs(box[2] - (xs_m.max() + 1)) <= 1.5

@@ -106,7 +106,7 @@ def test_catalog_ops_put_the_issue_classes_at_risk() -> None:
 OP_YAML = """\
 ops:
   toy:
-    family: xray
+    family: noise
     modalities: [xray]
     description: toy
     risk_tags: {tags}
