@@ -34,7 +34,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import cv2
 import numpy as np
@@ -43,8 +43,11 @@ import torch
 from perturb.registry import Registry
 from perturb.scene.masks import compose_numpy
 
+R = TypeVar("R")
 Backend = Literal["auto", "opencv", "torch"]
-_BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar("perturb_backend", default="auto")
+_BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar(
+    "perturb_backend", default="auto"
+)
 
 CpuFn = Callable[..., None]  # fn(src, dst, params, key) or fn(src, dst, params, key, scene=...)
 NATIVE_DEFAULT: tuple[type, ...] = (np.uint8, np.float32)
@@ -73,6 +76,12 @@ def resolve(device: torch.device) -> Literal["opencv", "torch"]:
 
 def opencv_path(x: torch.Tensor) -> bool:
     return resolve(x.device) == "opencv"
+
+
+def by_path(x: torch.Tensor, host: Callable[[], R], device: Callable[[], R]) -> R:
+    """``host()`` where ``x`` takes the OpenCV/NumPy path, else ``device()`` (the torch path):
+    the one place a kernel with two implementations is dispatched."""
+    return host() if opencv_path(x) else device()
 
 
 def to_hwc(x: torch.Tensor) -> list:
@@ -199,7 +208,10 @@ def _pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL[0] != os.getpid():
-            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=_CPUS, thread_name_prefix="perturb"))
+            _POOL = (
+                os.getpid(),
+                ThreadPoolExecutor(max_workers=_CPUS, thread_name_prefix="perturb"),
+            )
         return _POOL[1]
 
 
@@ -300,7 +312,9 @@ def _via_float32(fn: CpuFn) -> CpuFn:
     """``fn`` (float32 samples) on a uint16 sample: converted in and rounded back with the
     engine's own torch operations, so the result is the one of a float32 batch."""
 
-    def run(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, **kw: Any) -> None:
+    def run(
+        src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, **kw: Any
+    ) -> None:
         x = torch.from_numpy(src).to(torch.float32) / 65535.0
         out = torch.empty_like(x)
         fn(x.numpy(), out.numpy(), p, key, **kw)
@@ -330,7 +344,9 @@ def run_cpu(
     src = x.detach().contiguous().numpy()
     if src.dtype not in native:
         if src.dtype != np.uint16 or np.dtype(np.float32) not in native:
-            raise TypeError(f"this CPU path takes {sorted(str(d) for d in native)} batches, got {src.dtype}")
+            raise TypeError(
+                f"this CPU path takes {sorted(str(d) for d in native)} batches, got {src.dtype}"
+            )
         fn = _via_float32(fn)
     dst = _OUTPUTS.empty(src.shape, src.dtype)
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}

@@ -156,7 +156,13 @@ def forward_homography(degrees: float, pivot: float, width: int, height: int) ->
     xp = pivot * width * cm
     c, s = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
     # clean pixel -> (X, Y) on the plane (cm): undo the magnification d / (d - z0)
-    to_plane = np.array([[cm * (d - z0) / d, 0, -cx * cm * (d - z0) / d], [0, cm * (d - z0) / d, -cy * cm * (d - z0) / d], [0, 0, 1]])
+    to_plane = np.array(
+        [
+            [cm * (d - z0) / d, 0, -cx * cm * (d - z0) / d],
+            [0, cm * (d - z0) / d, -cy * cm * (d - z0) / d],
+            [0, 0, 1],
+        ]
+    )
     # rotated position: X' = xp + (X - xp) c - (z0 - zp) s, Z' = zp + (X - xp) s + (z0 - zp) c
     # projection: x = X' d / (d - Z'), y = Y d / (d - Z'): homogeneous (X' d, Y d, d - Z')
     rot = np.array(
@@ -178,7 +184,9 @@ def _rotation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
-def _source_positions(inverse: np.ndarray, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _source_positions(
+    inverse: np.ndarray, h: int, w: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 (H, W) source positions (continuous pixel coordinates) of every output pixel
     centre under the output -> input homography ``inverse``."""
     ys = torch.arange(h, dtype=torch.float64, device=device) + 0.5
@@ -190,7 +198,9 @@ def _source_positions(inverse: np.ndarray, h: int, w: int, device: torch.device)
     return px, py
 
 
-def warp_homography(sample: torch.Tensor, inverse: np.ndarray, mode: str = "bicubic") -> torch.Tensor:
+def warp_homography(
+    sample: torch.Tensor, inverse: np.ndarray, mode: str = "bicubic"
+) -> torch.Tensor:
     """Resample one CHW float sample through the output -> input homography ``inverse``
     (continuous pixel coordinates): bicubic (a = -0.75, ``grid_sample``) or ``nearest`` (label
     maps), 0 outside the film."""
@@ -198,7 +208,9 @@ def warp_homography(sample: torch.Tensor, inverse: np.ndarray, mode: str = "bicu
     px, py = _source_positions(inverse, h, w, sample.device)
     inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
     grid = torch.stack([px * (2.0 / w) - 1.0, py * (2.0 / h) - 1.0], dim=-1).to(sample.dtype)
-    out = F.grid_sample(sample[None], grid[None], mode=mode, padding_mode="border", align_corners=False)[0]
+    out = F.grid_sample(
+        sample[None], grid[None], mode=mode, padding_mode="border", align_corners=False
+    )[0]
     out = out * inside.to(out.dtype)
     return out.clamp_(0.0, 1.0) if mode == "bicubic" else out
 
@@ -210,7 +222,9 @@ def rotation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Te
     out = []
     for i in range(m.shape[0]):
         fwd = forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
-        out.append(warp_homography(m[i].to(torch.float64), np.linalg.inv(fwd), mode="nearest").to(m.dtype))
+        out.append(
+            warp_homography(m[i].to(torch.float64), np.linalg.inv(fwd), mode="nearest").to(m.dtype)
+        )
     return torch.stack(out) if out else m.clone()
 
 
@@ -223,22 +237,28 @@ def _rotation_homography(p: Mapping[str, Any], width: int, height: int) -> np.nd
     sampler=_rotation_sampler,
     geometry=Geometry(rotation_label_maps, matrix=_rotation_homography),
 )
-def xray_patient_rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_patient_rotation(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Oblique projection of a rotated patient (see the module docstring).
 
     Kornia: ``kornia.geometry.transform.warp_perspective`` on the torch path (bicubic; within
     8e-5 of the reference, 2-3x faster on CPU); the CPU path (there is no OpenCV one) keeps
     ``warp_homography``'s float64 sampling grid, whose bytes the golden outputs pin."""
     h, w = x.shape[-2:]
-    out = []
-    on_torch_path = not backend.opencv_path(x)
-    for i in range(x.shape[0]):
-        fwd = forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
-        if on_torch_path:
-            out.append(_warp_homography_kornia(x[i], fwd))
-        else:
-            out.append(warp_homography(x[i], np.linalg.inv(fwd)))
-    return torch.stack(out)
+    forwards = [
+        forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
+        for i in range(x.shape[0])
+    ]
+    return backend.by_path(
+        x,
+        host=lambda: torch.stack(
+            [warp_homography(x[i], np.linalg.inv(f)) for i, f in enumerate(forwards)]
+        ),
+        device=lambda: torch.stack(
+            [_warp_homography_kornia(x[i], f) for i, f in enumerate(forwards)]
+        ),
+    )
 
 
 def _warp_homography_kornia(sample: torch.Tensor, forward: np.ndarray) -> torch.Tensor:
@@ -252,7 +272,12 @@ def _warp_homography_kornia(sample: torch.Tensor, forward: np.ndarray) -> torch.
     from_index = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
     matrix = torch.from_numpy(to_index @ forward @ from_index).to(sample.device, sample.dtype)
     out = kornia.geometry.transform.warp_perspective(
-        sample[None], matrix[None], (h, w), mode="bicubic", padding_mode="border", align_corners=True
+        sample[None],
+        matrix[None],
+        (h, w),
+        mode="bicubic",
+        padding_mode="border",
+        align_corners=True,
     )[0]
     px, py = _source_positions(np.linalg.inv(forward), h, w, sample.device)
     inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
@@ -267,7 +292,9 @@ def _kvp_sampler(rng_: np.random.Generator, level: Level) -> Params:
     return {"kvp_ratio": draw(rng_, level["kvp_ratio"])}
 
 
-def penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], stream: str) -> torch.Tensor:
+def penetration(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], stream: str
+) -> torch.Tensor:
     """``v' = m v`` with ``m = kvp_ratio^-KVP_EXPONENT``, plus the extra quantum noise: display
     noise std ``1 / (MU sqrt(Q I))`` at full dose with ``Q = N0 ratio^2`` after and ``N0``
     before; the old noise is scaled by ``m`` with the image, the new one is added as the
@@ -287,7 +314,9 @@ def penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 
 
 @register_kernel("xray_under_penetration", sampler=_kvp_sampler)
-def xray_under_penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_under_penetration(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Too low a tube voltage (``kvp_ratio`` < 1): more contrast, white mediastinum, more noise
     behind the dense parts (see ``penetration``).
 
@@ -296,7 +325,9 @@ def xray_under_penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Se
 
 
 @register_kernel("xray_over_penetration", sampler=_kvp_sampler)
-def xray_over_penetration(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_over_penetration(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Too high a tube voltage (``kvp_ratio`` > 1): flat, dark, gray film; lower contrast (the
     op claims it); the noise falls, but in the lungs less than the contrast does, so a little is
     added there (see ``penetration``).
@@ -313,7 +344,15 @@ def _level_sampler(rng_: np.random.Generator, level: Level) -> Params:
     return {"items": draw_int(rng_, level["items"]), "opacity": draw(rng_, level["opacity"])}
 
 
-def _ecg_electrode(total: np.ndarray, g: np.random.Generator, side: int, cx: float, cy: float, edge: tuple[float, float], opacity: float) -> None:
+def _ecg_electrode(
+    total: np.ndarray,
+    g: np.random.Generator,
+    side: int,
+    cx: float,
+    cy: float,
+    edge: tuple[float, float],
+    opacity: float,
+) -> None:
     h, w = total.shape
     r = max(2, _frac_px(0.02, side))
     canvas = _canvas(h, w)
@@ -352,7 +391,9 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
     thin = max(1, _frac_px(0.004, side))
     if items >= 5:  # CVC: right IJ (image left) down the brachiocephalic vein to the SVC
         canvas = _canvas(h, w)
-        pts = np.array([[0.36, 0.0], [0.38, 0.12], [0.44, 0.22], [0.47 + j[4][0] / 3, 0.32 + j[4][1]]])
+        pts = np.array(
+            [[0.36, 0.0], [0.38, 0.12], [0.44, 0.22], [0.47 + j[4][0] / 3, 0.32 + j[4][1]]]
+        )
         cv2.polylines(canvas, [_curve(pts * [w, h])], False, 255, thin, cv2.LINE_AA)
         _accumulate(total, canvas, 0.16 * opacity)
     if items >= 6:  # ET tube: two walls and a radiopaque stripe, tip above the carina
@@ -360,36 +401,73 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
         tip = 0.22 + j[5][1]
         half = 0.008
         for dx in (-half, half):
-            cv2.line(canvas, (int((0.5 + dx) * w), 0), (int((0.5 + dx) * w), int(tip * h)), 255, thin, cv2.LINE_AA)
+            cv2.line(
+                canvas,
+                (int((0.5 + dx) * w), 0),
+                (int((0.5 + dx) * w), int(tip * h)),
+                255,
+                thin,
+                cv2.LINE_AA,
+            )
         _accumulate(total, canvas, 0.06 * opacity)
         canvas = _canvas(h, w)
-        cv2.line(canvas, (int((0.5 - half) * w), 0), (int((0.5 - half) * w), int(tip * h)), 255, thin, cv2.LINE_AA)
+        cv2.line(
+            canvas,
+            (int((0.5 - half) * w), 0),
+            (int((0.5 - half) * w), int(tip * h)),
+            255,
+            thin,
+            cv2.LINE_AA,
+        )
         _accumulate(total, canvas, 0.14 * opacity)
     if items >= 7:  # NG tube: midline down the oesophagus, across to the gastric fundus
         canvas = _canvas(h, w)
-        pts = np.array([[0.5, 0.0], [0.49, 0.3], [0.5, 0.6], [0.56, 0.82], [0.64 + j[6][0], 0.9 + j[6][1] / 2]])
-        cv2.polylines(canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.006, side)), cv2.LINE_AA)
+        pts = np.array(
+            [[0.5, 0.0], [0.49, 0.3], [0.5, 0.6], [0.56, 0.82], [0.64 + j[6][0], 0.9 + j[6][1] / 2]]
+        )
+        cv2.polylines(
+            canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.006, side)), cv2.LINE_AA
+        )
         _accumulate(total, canvas, 0.16 * opacity)
     if items >= 8:  # pacemaker: left pectoral generator, lead to the right-ventricular apex
         canvas = _canvas(h, w)
         gx, gy = 0.74 + j[7][0], 0.17 + j[7][1]
-        cv2.ellipse(canvas, (int(gx * w), int(gy * h)), (_frac_px(0.05, side), _frac_px(0.035, side)), 15, 0, 360, 255, -1, cv2.LINE_AA)
+        cv2.ellipse(
+            canvas,
+            (int(gx * w), int(gy * h)),
+            (_frac_px(0.05, side), _frac_px(0.035, side)),
+            15,
+            0,
+            360,
+            255,
+            -1,
+            cv2.LINE_AA,
+        )
         _accumulate(total, canvas, 0.55 * opacity)  # titanium can with battery
         canvas = _canvas(h, w)
-        pts = np.array([[gx - 0.04, gy], [0.6, 0.16], [0.5, 0.24], [0.47, 0.4], [0.55, 0.55], [0.62, 0.6]])
-        cv2.polylines(canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.005, side)), cv2.LINE_AA)
+        pts = np.array(
+            [[gx - 0.04, gy], [0.6, 0.16], [0.5, 0.24], [0.47, 0.4], [0.55, 0.55], [0.62, 0.6]]
+        )
+        cv2.polylines(
+            canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.005, side)), cv2.LINE_AA
+        )
         _accumulate(total, canvas, 0.3 * opacity)
     return total
 
 
 @register_kernel("xray_support_devices", sampler=_level_sampler)
-def xray_support_devices(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_support_devices(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Support devices as attenuating objects (see ``devices_map``).
 
     Kornia: own kernel: no Kornia equivalent (host-drawn attenuation map added to the display
     value)."""
     h, w = x.shape[-2:]
-    maps = [devices_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i])) for i, k in enumerate(keys)]
+    maps = [
+        devices_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
+        for i, k in enumerate(keys)
+    ]
     return _add_attenuation(x, maps)
 
 
@@ -426,11 +504,20 @@ def _necklace(total: np.ndarray, g: np.random.Generator, side: int, opacity: flo
         x = 0.5 + 0.17 * t
         y = depth * (1 - t * t) + 0.02
         cv2.circle(canvas, (int(x * w), int(y * h)), bead, 255, -1, cv2.LINE_AA)
-    cv2.circle(canvas, (int(0.5 * w), int((depth + 0.045) * h)), max(2, _frac_px(0.012, side)), 255, -1, cv2.LINE_AA)
+    cv2.circle(
+        canvas,
+        (int(0.5 * w), int((depth + 0.045) * h)),
+        max(2, _frac_px(0.012, side)),
+        255,
+        -1,
+        cv2.LINE_AA,
+    )
     _accumulate(total, canvas, 0.6 * opacity)
 
 
-def _hair_clip(total: np.ndarray, side: int, cx: int, cy: int, angle: float, opacity: float) -> None:
+def _hair_clip(
+    total: np.ndarray, side: int, cx: int, cy: int, angle: float, opacity: float
+) -> None:
     h, w = total.shape
     canvas = _canvas(h, w)
     length, gap = _frac_px(0.07, side), max(2, _frac_px(0.006, side))
@@ -439,14 +526,31 @@ def _hair_clip(total: np.ndarray, side: int, cx: int, cy: int, angle: float, opa
         p0 = (int(cx - off * s), int(cy + off * c))
         p1 = (int(cx + length * c - off * s), int(cy + length * s + off * c))
         cv2.line(canvas, p0, p1, 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
-    cv2.ellipse(canvas, (cx, cy), (gap, gap), math.degrees(angle) + 90, 0, 180, 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
+    cv2.ellipse(
+        canvas,
+        (cx, cy),
+        (gap, gap),
+        math.degrees(angle) + 90,
+        0,
+        180,
+        255,
+        max(1, _frac_px(0.003, side)),
+        cv2.LINE_AA,
+    )
     _accumulate(total, canvas, 0.7 * opacity)
 
 
 def _earring(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> None:
     h, w = total.shape
     canvas = _canvas(h, w)
-    cv2.circle(canvas, (cx, cy), max(2, _frac_px(0.01, side)), 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
+    cv2.circle(
+        canvas,
+        (cx, cy),
+        max(2, _frac_px(0.01, side)),
+        255,
+        max(1, _frac_px(0.003, side)),
+        cv2.LINE_AA,
+    )
     _accumulate(total, canvas, 0.7 * opacity)
 
 
@@ -467,27 +571,36 @@ def objects_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
         kind = kinds[idx]
         jx, jy = jitter[n]
         if kind == "button":
-            _button(total, side, int((column + jx / 3) * w), int((0.3 + 0.14 * buttons) * h), opacity)
+            _button(
+                total, side, int((column + jx / 3) * w), int((0.3 + 0.14 * buttons) * h), opacity
+            )
             buttons += 1
         elif kind == "hooks":
             _hooks(total, side, int((0.5 + jx) * w), int((0.62 + jy) * h), opacity)
         elif kind == "necklace":
             _necklace(total, g, side, opacity)
         elif kind == "clip":
-            _hair_clip(total, side, int((0.25 + jx) * w), int((0.03 + abs(jy)) * h), 0.3 + jx * 10, opacity)
+            _hair_clip(
+                total, side, int((0.25 + jx) * w), int((0.03 + abs(jy)) * h), 0.3 + jx * 10, opacity
+            )
         else:
             _earring(total, side, int((0.2 + jx) * w), int((0.1 + jy) * h), opacity)
     return total
 
 
 @register_kernel("xray_foreign_objects", sampler=_level_sampler)
-def xray_foreign_objects(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_foreign_objects(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Radiopaque objects on the patient (see ``objects_map``).
 
     Kornia: own kernel: no Kornia equivalent (host-drawn attenuation map added to the display
     value)."""
     h, w = x.shape[-2:]
-    maps = [objects_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i])) for i, k in enumerate(keys)]
+    maps = [
+        objects_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
+        for i, k in enumerate(keys)
+    ]
     return _add_attenuation(x, maps)
 
 
@@ -515,7 +628,9 @@ def defect_lines(key: int, h: int, w: int, n: int) -> list[tuple[bool, int, bool
 
 
 @register_kernel("xray_detector_defects", sampler=_defects_sampler)
-def xray_detector_defects(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_detector_defects(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Uncorrected flat-panel defects. The panel is two tiles side by side with a seam at the
     centre column: the right tile's gain is ``1 + seam_gain`` (a display step of
     ``-ln(1 + g) / MU``) and the seam column has no signal. Dead lines: a row or column with no
@@ -534,7 +649,9 @@ def xray_detector_defects(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Seq
         for column, index, dead in defect_lines(int(k), h, w, round(float(p["lines"][i]))):
             line = v[..., index] if column else v[..., index, :]
             line.copy_(torch.ones_like(line) if dead else line + math.log(2.0) / MU)
-        u = rng.uniform_field(int(k), "xray_detector_defects/pixels", tuple(x.shape[1:]), x.device).double()
+        u = rng.uniform_field(
+            int(k), "xray_detector_defects/pixels", tuple(x.shape[1:]), x.device
+        ).double()
         frac = float(p["dead_fraction"][i])
         v = torch.where(u < frac / 2, torch.ones_like(v), v)
         v = torch.where((u >= frac / 2) & (u < frac), torch.zeros_like(v), v)
@@ -570,7 +687,9 @@ def cutoff_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @register_kernel("xray_grid_cutoff", sampler=_cutoff_sampler)
-def xray_grid_cutoff(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_grid_cutoff(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Grid cut-off: lateral density fall-off on the fluence (see ``cutoff_gain``).
 
     Kornia: own kernel: no Kornia equivalent (an analytic lateral fall-off of the fluence)."""
@@ -596,7 +715,9 @@ def box_gaussian(v: torch.Tensor, sigma_px: float) -> torch.Tensor:
 
 
 @register_kernel("xray_edge_enhancement", sampler=_unsharp_sampler)
-def xray_edge_enhancement(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_edge_enhancement(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Unsharp masking of the display image, ``v + amount (v - G_sigma * v)`` (``sigma`` a
     fraction of the shorter side): overshoot on the bright side of every edge, undershoot on
     the dark side (the rebound halo around the heart, diaphragm and devices).
@@ -620,7 +741,11 @@ def xray_edge_enhancement(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Seq
 
 def _double_sampler(rng_: np.random.Generator, level: Level) -> Params:
     angle = float(rng_.random()) * 2.0 * math.pi
-    return {"weight": draw(rng_, level["weight"]), "shift": draw(rng_, level["shift"]), "angle": angle}
+    return {
+        "weight": draw(rng_, level["weight"]),
+        "shift": draw(rng_, level["shift"]),
+        "angle": angle,
+    }
 
 
 def shifted_clamped(v: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
@@ -632,7 +757,9 @@ def shifted_clamped(v: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
 
 
 @register_kernel("xray_double_exposure", sampler=_double_sampler)
-def xray_double_exposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_double_exposure(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """The plate integrates two exposures, the second ``weight`` as strong and shifted by
     ``shift`` (fraction of the shorter side) along ``angle``; the processing renormalises the
     sum: ``I' = (I + w I(x - d)) / (1 + w)``.
@@ -673,7 +800,9 @@ def _cardiac_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 
 @register_kernel("xray_cardiac_motion", sampler=_cardiac_sampler)
-def xray_cardiac_motion(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_cardiac_motion(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """``I + M_heart (B_x * I - I) + M_domes (B_y * I - I)`` with box PSFs of ``length``
     (fraction of the shorter side) along x (heart) and y (diaphragm), see ``motion_masks``.
 
@@ -705,7 +834,9 @@ def _fold_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
-def fold_attenuation(h: int, w: int, p: dict[str, torch.Tensor], i: int, device: torch.device) -> torch.Tensor:
+def fold_attenuation(
+    h: int, w: int, p: dict[str, torch.Tensor], i: int, device: torch.device
+) -> torch.Tensor:
     """Display-unit attenuation (1,1,H,W float64) of one sample's skin fold. The edge runs down
     the lateral lung at ``position`` (fraction of the width from the film's side) bowing
     outwards by ``curvature`` at mid-height; on its lateral side the added density is
@@ -715,7 +846,9 @@ def fold_attenuation(h: int, w: int, p: dict[str, torch.Tensor], i: int, device:
     ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5).view(1, 1, h, 1)
     xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5).view(1, 1, 1, w)
     t = ys / h
-    edge = (float(p["position"][i]) + float(p["curvature"][i]) * (1.0 - ((t - 0.5) / 0.35) ** 2)) * w
+    edge = (
+        float(p["position"][i]) + float(p["curvature"][i]) * (1.0 - ((t - 0.5) / 0.35) ** 2)
+    ) * w
     right = float(p["right_side"][i]) > 0.5
     d = (xs - (w - edge)) if right else (edge - xs)  # distance beyond the edge, towards the side
     inside = (d + 0.5).clamp(0.0, 1.0)
@@ -724,11 +857,16 @@ def fold_attenuation(h: int, w: int, p: dict[str, torch.Tensor], i: int, device:
 
 
 @register_kernel("xray_skin_fold", sampler=_fold_sampler)
-def xray_skin_fold(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_skin_fold(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """A skin fold as added attenuation with a sharp edge (see ``fold_attenuation``).
 
     Kornia: own kernel: no Kornia equivalent (an analytic attenuation edge added to the display
     value)."""
     h, w = x.shape[-2:]
-    out = [(_wide(x[i : i + 1]) + fold_attenuation(h, w, p, i, x.device)).clamp_(0.0, 1.0).to(x.dtype) for i in range(x.shape[0])]
+    out = [
+        (_wide(x[i : i + 1]) + fold_attenuation(h, w, p, i, x.device)).clamp_(0.0, 1.0).to(x.dtype)
+        for i in range(x.shape[0])
+    ]
     return torch.cat(out)
