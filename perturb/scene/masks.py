@@ -4,6 +4,7 @@ bytes), and the composite of a perturbed tissue layer back into the frame."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -188,37 +189,118 @@ def overlay_of(desc: dict[str, Any], image: Any) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class _ComposePlan:
+    """What ``compose_numpy`` needs of a descriptor, precomputed once: ``keep`` (uint8 (H, W),
+    1 where the output is the source: outside the bbox, alpha 0), the flat indices ``part`` of
+    the pixels of partial alpha and their alpha ``part_alpha``, both outside ``text``: the
+    rectangle around the text lines inside the bbox (x0, y0, x1, y1), whose alpha depends on the
+    image and is composed separately, or None."""
+
+    keep: np.ndarray
+    part: np.ndarray
+    part_alpha: np.ndarray
+    text: tuple[int, int, int, int] | None
+
+
+@lru_cache(maxsize=64)
+def _compose_plan(key: str) -> _ComposePlan:
+    desc = json.loads(key)
+    h, w = desc["size"]
+    x0, y0, x1, y1 = bbox(desc)
+    boxes = text_boxes(desc)
+    static = _alpha_without_text_cached(key) if boxes else _tissue_alpha(key)
+    keep = np.ones((h, w), np.uint8)
+    a = static[y0:y1, x0:x1]
+    keep[y0:y1, x0:x1] = a == 0.0
+    partial = np.zeros((h, w), bool)
+    partial[y0:y1, x0:x1] = (a > 0.0) & (a < 1.0)
+    text = None
+    if boxes:
+        tx0, ty0 = max(x0, min(b[0] for b in boxes)), max(y0, min(b[1] for b in boxes))
+        tx1, ty1 = min(x1, max(b[2] for b in boxes)), min(y1, max(b[3] for b in boxes))
+        if tx1 > tx0 and ty1 > ty0:
+            text = (tx0, ty0, tx1, ty1)
+            keep[ty0:ty1, tx0:tx1] = 0
+            partial[ty0:ty1, tx0:tx1] = False
+    part = np.flatnonzero(partial)
+    part_alpha = static.reshape(-1)[part]
+    for arr in (keep, part, part_alpha):
+        arr.flags.writeable = False
+    return _ComposePlan(keep, part, part_alpha, text)
+
+
+def _mix(s: np.ndarray, d: np.ndarray, a: np.ndarray) -> None:
+    """In place, pixel by pixel (1-D or 2-D arrays of one plane): ``d`` becomes
+    ``s + a (d - s)`` in float32 where 0 < a < 1 (integers rounded half to even, clipped),
+    ``s`` where a is 0, and stays where a is 1."""
+    partial = (a < 1.0) & (a > 0.0)
+    if partial.any():
+        base = s[partial].astype(np.float32)
+        mixed = base + a[partial] * (d[partial].astype(np.float32) - base)
+        if d.dtype == np.float32:
+            d[partial] = mixed
+        else:
+            top = 255.0 if d.dtype == np.uint8 else 65535.0
+            d[partial] = np.clip(np.rint(mixed), 0, top).astype(d.dtype)
+    zero = a == 0.0
+    d[zero] = s[zero]
+
+
 def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None:
     """In place: ``dst`` (CHW, the perturbed sample) becomes ``alpha * dst + (1 - alpha) * src``
     with ``composite_alpha(desc, src)`` (the tissue alpha; glyph strokes only of text lines);
-    pixels with alpha 0 are ``src`` exactly, alpha 1 ``dst`` exactly."""
+    pixels with alpha 0 are ``src`` exactly, alpha 1 ``dst`` exactly. Work is per-descriptor
+    precomputed (``_compose_plan``): a masked copy of the source where alpha is 0 (outside the
+    field's bbox, the surround and the overlays), the blend only on the soft edge, and the
+    glyph cover only inside the rectangle of the text lines."""
     if tuple(desc["size"]) != tuple(src.shape[-2:]):
         raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
-    alpha = composite_alpha(desc, src)
-    x0, y0, x1, y1 = bbox(desc)
-    # outside the bbox: the source
-    if y0 > 0:
-        dst[:, :y0] = src[:, :y0]
-    if y1 < dst.shape[1]:
-        dst[:, y1:] = src[:, y1:]
-    if x0 > 0:
-        dst[:, y0:y1, :x0] = src[:, y0:y1, :x0]
-    if x1 < dst.shape[2]:
-        dst[:, y0:y1, x1:] = src[:, y0:y1, x1:]
-    a = alpha[y0:y1, x0:x1]
-    partial = (a < 1.0) & (a > 0.0)
-    zero = a == 0.0
-    for c in range(src.shape[0]):
-        s, d = src[c, y0:y1, x0:x1], dst[c, y0:y1, x0:x1]
-        if partial.any():
-            base = s[partial].astype(np.float32)
-            mixed = base + a[partial] * (d[partial].astype(np.float32) - base)
+    key = _key(desc)
+    plan = _compose_plan(key)
+    planes = src.shape[0]
+    fast = src.flags.c_contiguous and dst.flags.c_contiguous and src.dtype == dst.dtype
+    for c in range(planes):
+        s, d = src[c], dst[c]
+        if fast:
+            cv2.copyTo(s, plan.keep, d)  # in place: both planes are contiguous
+        else:
+            np.copyto(d, s, where=plan.keep.astype(bool))
+        if plan.part.size:
+            s_flat, d_flat = s.reshape(-1), d.reshape(-1)
+            base = s_flat[plan.part].astype(np.float32)
+            mixed = base + plan.part_alpha * (d_flat[plan.part].astype(np.float32) - base)
             if d.dtype == np.float32:
-                d[partial] = mixed
+                d_flat[plan.part] = mixed
             else:
                 top = 255.0 if d.dtype == np.uint8 else 65535.0
-                d[partial] = np.clip(np.rint(mixed), 0, top).astype(d.dtype)
-        d[zero] = s[zero]
+                d_flat[plan.part] = np.clip(np.rint(mixed), 0, top).astype(d.dtype)
+            if not fast:  # reshape made a copy
+                d[...] = d_flat.reshape(d.shape)
+    if plan.text is not None:
+        tx0, ty0, tx1, ty1 = plan.text
+        alpha = _text_alpha(desc, key, src, plan.text)
+        for c in range(planes):
+            _mix(src[c, ty0:ty1, tx0:tx1], dst[c, ty0:ty1, tx0:tx1], alpha)
+
+
+def _text_alpha(desc: dict[str, Any], key: str, image: Any, rect: tuple[int, int, int, int]) -> np.ndarray:
+    """``composite_alpha(desc, image)`` inside ``rect`` (x0, y0, x1, y1), computed there only."""
+    rx0, ry0, rx1, ry1 = rect
+    alpha = _alpha_without_text_cached(key)[ry0:ry1, rx0:rx1].copy()
+    for box in text_boxes(desc):
+        x0, y0, x1, y1 = box
+        cx0, cy0, cx1, cy1 = max(x0, rx0), max(y0, ry0), min(x1, rx1), min(y1, ry1)
+        if cx1 <= cx0 or cy1 <= cy0:
+            continue
+        wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
+        window = image[:, wy0:wy1, wx0:wx1]
+        if hasattr(window, "detach"):
+            window = window.detach().cpu().numpy()
+        cover = glyph_strokes(np.asarray(window), desc, box)[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0]
+        cut = alpha[cy0 - ry0 : cy1 - ry0, cx0 - rx0 : cx1 - rx0]
+        np.minimum(cut, np.float32(1.0) - cover, out=cut)
+    return alpha
 
 
 def extend_tissue(img: np.ndarray, desc: dict[str, Any]) -> np.ndarray:
