@@ -78,6 +78,16 @@ def _tissue_alpha(key: str) -> np.ndarray:
     return alpha
 
 
+def tissue_alpha_sum(desc: dict[str, Any]) -> float:
+    """The float64 sum of ``tissue_alpha(desc)`` (cached)."""
+    return _tissue_alpha_sum(_key(desc))
+
+
+@lru_cache(maxsize=64)
+def _tissue_alpha_sum(key: str) -> float:
+    return float(_tissue_alpha(key).astype(np.float64).sum())
+
+
 def bbox(desc: dict[str, Any]) -> tuple[int, int, int, int]:
     """(x0, y0, x1, y1) of the field of view in image pixels (outside it nothing changes)."""
     x0, y0, x1, y1 = desc["bbox"]
