@@ -281,7 +281,7 @@ def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key
             y = f[0] if f.shape[0] == 1 else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
             if f.shape[0] == 3:
                 y = y + f[2] * np.float32(LUMA_REC601[2])
-        total = float((y.astype(np.float64) * weight).sum())
+        total = float(np.multiply(y, weight, dtype=np.float64).sum())  # (y64 * weight).sum(), one pass fewer
         mean = np.float32(total / tissue_weight_sum(scene.descriptor))
     factor = np.float32(p["factor"])
     if src.dtype == np.uint8:
