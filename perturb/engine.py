@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 
@@ -270,16 +271,21 @@ def _run_kernel(
 def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
     """``x`` with each scene's surround and overlays replaced by a smooth extension of its
     tissue (``perturb.scene.masks.extend_tissue``), for spatial (PSF) ops."""
-    host = x.detach().cpu()
-    rows = []
+    host = x.detach().cpu().contiguous()
+    out = host.clone()
+    src, dst = host.numpy(), out.numpy()
     for i, s in enumerate(scenes):
-        img = host[i].permute(1, 2, 0).numpy()
-        if s is not None:
-            img = scene_masks.extend_tissue(np.ascontiguousarray(img[..., 0] if img.shape[-1] == 1 else img), s.descriptor)
-            if img.ndim == 2:
-                img = img[..., None]
-        rows.append(torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1))
-    return torch.stack(rows).to(x.device)
+        if s is None:
+            continue
+        # HWC in and out through OpenCV's (de)interleaving: plain copies of the same values
+        img = src[i, 0] if src.shape[1] == 1 else cv2.merge(list(src[i]))
+        ext = scene_masks.extend_tissue(img, s.descriptor)
+        if ext.ndim == 2:
+            dst[i, 0] = ext
+        else:
+            for c, plane in enumerate(cv2.split(ext)):
+                dst[i, c] = plane
+    return out.to(x.device)
 
 
 def record_scene(record: Record, image: torch.Tensor) -> Scene:

@@ -262,17 +262,42 @@ def brightness_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
 
+def _luma_u8(src: np.ndarray) -> np.ndarray:
+    """float32 (H, W): the kernel's luma ``w0 L[r] + w1 L[g] + w2 L[b]`` of a uint8 CHW sample
+    (``L`` the engine's float32 levels), each product looked up in a float32 table (OpenCV LUT),
+    the sums in the kernel's order: the same values as converting the sample first."""
+    lv = backend.levels(np.dtype(np.uint8))
+    if src.shape[0] == 1:
+        return np.asarray(cv2.LUT(src[0], lv))
+    t0, t1, t2 = (np.ascontiguousarray(lv * np.float32(w)) for w in LUMA_REC601)
+    y: np.ndarray = np.asarray(cv2.LUT(src[0], t0), dtype=np.float32)
+    np.add(y, cv2.LUT(src[1], t1), out=y)
+    np.add(y, cv2.LUT(src[2], t2), out=y)
+    return y
+
+
+def tissue_weight_sum(desc: dict[str, Any]) -> float:
+    """float64 sum of the tissue alpha of ``desc`` (cached)."""
+    from perturb.scene.masks import tissue_alpha_sum
+
+    return tissue_alpha_sum(desc)
+
+
 @backend.register_cpu("contrast", uses_scene=True)
 def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
     weight = tissue_weight(scene)
     if weight is None:
         mean = _mean_luma(src)
     else:  # the kernel's luma of the float32 sample, weighted
-        f = backend.load_float(src)
-        y = f[0] if f.shape[0] == 1 else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
-        if f.shape[0] == 3:
-            y = y + f[2] * np.float32(LUMA_REC601[2])
-        mean = _weighted_mean(y, weight)
+        if src.dtype == np.uint8:  # the same float32 products, read from 256-entry tables
+            y = _luma_u8(src)
+        else:
+            f = backend.load_float(src)
+            y = f[0] if f.shape[0] == 1 else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
+            if f.shape[0] == 3:
+                y = y + f[2] * np.float32(LUMA_REC601[2])
+        total = float(np.multiply(y, weight, dtype=np.float64).sum())  # (y64 * weight).sum(), one pass fewer
+        mean = np.float32(total / tissue_weight_sum(scene.descriptor))
     factor = np.float32(p["factor"])
     if src.dtype == np.uint8:
         # round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x + 255 mean (1 -

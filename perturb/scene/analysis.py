@@ -151,25 +151,55 @@ def _text_lines(small: np.ndarray) -> list[tuple[int, int, int, int]]:
     ]
 
 
-_CACHE: OrderedDict[bytes, str] = OrderedDict()
-_CACHE_SIZE = 32
+try:  # a fast non-cryptographic digest where installed (``datasets`` brings it), else BLAKE2
+    import xxhash
+
+    def _digest(buf: Any) -> bytes:
+        return bytes(xxhash.xxh3_128_digest(buf))
+
+except ImportError:  # pragma: no cover - depends on the environment
+
+    def _digest(buf: Any) -> bytes:
+        return hashlib.blake2b(buf, digest_size=16).digest()
+
+
+_CACHE: OrderedDict[tuple[str, tuple[int, ...], str, bytes], str] = OrderedDict()
+_CACHE_SIZE = 64
 _CACHE_LOCK = threading.Lock()
+
+
+def _pixels(image: Any) -> tuple[str, np.ndarray]:
+    """The pixels of ``image`` as a C-contiguous array without a copy where possible, with a
+    tag of their layout: a CPU torch tensor (CHW) as it is, a NumPy array as it is, anything
+    else converted by ``to_hwc_u8``."""
+    if hasattr(image, "detach"):
+        t = image.detach()
+        if t.device.type == "cpu" and t.is_contiguous() and t.ndim == 3 and str(t.dtype) in _NATIVE_TORCH:
+            return "chw", t.numpy()
+    elif isinstance(image, np.ndarray) and image.flags.c_contiguous and image.dtype in _NATIVE_NUMPY:
+        return "np", image
+    return "hwc", to_hwc_u8(image)
+
+
+_NATIVE_TORCH = frozenset({"torch.uint8", "torch.uint16", "torch.float32"})
+_NATIVE_NUMPY = frozenset({np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32)})
 
 
 def analyse(image: Any) -> dict[str, Any]:
     """The scene descriptor of one image (see the module docstring); JSON-able, deterministic.
-    Recent results are cached by a digest of the pixels (the same frame at five severities, or
-    under several ops, is analysed once)."""
-    rgb = to_hwc_u8(image)
-    digest = hashlib.blake2b(rgb.data, digest_size=16, person=str(rgb.shape).encode()[:16]).digest()
+    Recent results are cached by a digest of the pixels as given (the same frame at five
+    severities, or under several ops, is analysed once; a hit costs one pass of a fast hash
+    over the input, no conversion)."""
+    layout, arr = _pixels(image)
+    cache_key = (layout, tuple(arr.shape), str(arr.dtype), _digest(arr.data))
     with _CACHE_LOCK:
-        hit = _CACHE.get(digest)
+        hit = _CACHE.get(cache_key)
         if hit is not None:
-            _CACHE.move_to_end(digest)
+            _CACHE.move_to_end(cache_key)
             return dict(json.loads(hit))
-    desc = _analyse(rgb)
+    desc = _analyse(to_hwc_u8(image) if layout != "hwc" else arr)
     with _CACHE_LOCK:
-        _CACHE[digest] = json.dumps(desc)
+        _CACHE[cache_key] = json.dumps(desc)
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return desc

@@ -4,8 +4,12 @@ bytes), and the composite of a perturbed tissue layer back into the frame."""
 from __future__ import annotations
 
 import json
-from functools import lru_cache
-from typing import Any
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, fields, is_dataclass
+from functools import wraps
+from typing import Any, TypeVar, cast
 
 import cv2
 import numpy as np
@@ -20,13 +24,58 @@ def _key(desc: dict[str, Any]) -> str:
     return json.dumps(desc, sort_keys=True)
 
 
+# Masks of recent descriptors, kept within a byte budget (a batch of 32 frames at 720x576 fits;
+# fewer at full HD): the same frames under several ops or rounds rebuild nothing.
+_MEMO: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
+_MEMO_BUDGET = 320 << 20
+_MEMO_STATE = {"bytes": 0}
+_MEMO_LOCK = threading.Lock()
+_T = TypeVar("_T")
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, tuple):
+        return sum(_nbytes(v) for v in value) + 64
+    if is_dataclass(value):
+        return sum(_nbytes(getattr(value, f.name)) for f in fields(value)) + 64
+    return 64
+
+
+def _memo(fn: Callable[[str], _T]) -> Callable[[str], _T]:
+    """Cache ``fn(key)`` (a pure function of the descriptor key) in the shared budgeted LRU."""
+    name = fn.__qualname__
+
+    @wraps(fn)
+    def cached(key: str) -> _T:
+        slot = (name, key)
+        with _MEMO_LOCK:
+            hit = _MEMO.get(slot)
+            if hit is not None:
+                _MEMO.move_to_end(slot)
+                return cast(_T, hit[0])
+        value = fn(key)
+        size = _nbytes(value)
+        with _MEMO_LOCK:
+            if slot not in _MEMO:
+                _MEMO[slot] = (value, size)
+                _MEMO_STATE["bytes"] += size
+                while _MEMO_STATE["bytes"] > _MEMO_BUDGET and len(_MEMO) > 1:
+                    _, (_, freed) = _MEMO.popitem(last=False)
+                    _MEMO_STATE["bytes"] -= freed
+        return value
+
+    return cached
+
+
 def field_alpha(desc: dict[str, Any]) -> np.ndarray:
     """float32 (H, W) in [0, 1]: 1 inside the field of view, 0 in the surround, a smooth
     anti-aliased edge (read-only, cached)."""
     return _field_alpha(_key(desc))
 
 
-@lru_cache(maxsize=6)
+@_memo
 def _field_alpha(key: str) -> np.ndarray:
     desc = json.loads(key)
     h, w = desc["size"]
@@ -51,7 +100,7 @@ def overlay_mask(desc: dict[str, Any]) -> np.ndarray:
     return _overlay_mask(_key(desc))
 
 
-@lru_cache(maxsize=6)
+@_memo
 def _overlay_mask(key: str) -> np.ndarray:
     desc = json.loads(key)
     h, w = desc["size"]
@@ -68,13 +117,23 @@ def tissue_alpha(desc: dict[str, Any]) -> np.ndarray:
     return _tissue_alpha(_key(desc))
 
 
-@lru_cache(maxsize=6)
+@_memo
 def _tissue_alpha(key: str) -> np.ndarray:
     desc = json.loads(key)
     alpha = field_alpha(desc).copy()
     alpha[overlay_mask(desc)] = 0.0
     alpha.flags.writeable = False
     return alpha
+
+
+def tissue_alpha_sum(desc: dict[str, Any]) -> float:
+    """The float64 sum of ``tissue_alpha(desc)`` (cached)."""
+    return _tissue_alpha_sum(_key(desc))
+
+
+@_memo
+def _tissue_alpha_sum(key: str) -> float:
+    return float(_tissue_alpha(key).astype(np.float64).sum())
 
 
 def bbox(desc: dict[str, Any]) -> tuple[int, int, int, int]:
@@ -136,7 +195,7 @@ def _alpha_without_text(desc: dict[str, Any]) -> np.ndarray:
     return _alpha_without_text_cached(_key(desc))
 
 
-@lru_cache(maxsize=6)
+@_memo
 def _alpha_without_text_cached(key: str) -> np.ndarray:
     """The field alpha minus the overlays of every kind but ``text`` (read-only, cached)."""
     desc = json.loads(key)
@@ -188,37 +247,113 @@ def overlay_of(desc: dict[str, Any], image: Any) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class _ComposePlan:
+    """What ``compose_numpy`` needs of a descriptor, precomputed once: ``keep`` (uint8 (H, W),
+    1 where the output is the source: outside the bbox, alpha 0), the flat indices ``part`` of
+    the pixels of partial alpha and their alpha ``part_alpha``, both outside ``text``: the
+    rectangle around the text lines inside the bbox (x0, y0, x1, y1), whose alpha depends on the
+    image and is composed separately, or None."""
+
+    keep: np.ndarray
+    part: np.ndarray
+    part_alpha: np.ndarray
+    text: tuple[int, int, int, int] | None
+
+
+@_memo
+def _compose_plan(key: str) -> _ComposePlan:
+    desc = json.loads(key)
+    h, w = desc["size"]
+    x0, y0, x1, y1 = bbox(desc)
+    boxes = text_boxes(desc)
+    static = _alpha_without_text_cached(key) if boxes else _tissue_alpha(key)
+    keep = np.ones((h, w), np.uint8)
+    a = static[y0:y1, x0:x1]
+    keep[y0:y1, x0:x1] = a == 0.0
+    partial = np.zeros((h, w), bool)
+    partial[y0:y1, x0:x1] = (a > 0.0) & (a < 1.0)
+    text = None
+    if boxes:
+        tx0, ty0 = max(x0, min(b[0] for b in boxes)), max(y0, min(b[1] for b in boxes))
+        tx1, ty1 = min(x1, max(b[2] for b in boxes)), min(y1, max(b[3] for b in boxes))
+        if tx1 > tx0 and ty1 > ty0:
+            text = (tx0, ty0, tx1, ty1)  # alpha 0 there stays 0 under the glyph cover (a minimum)
+            partial[ty0:ty1, tx0:tx1] = False
+    part = np.flatnonzero(partial)
+    part_alpha = static.reshape(-1)[part]
+    for arr in (keep, part, part_alpha):
+        arr.flags.writeable = False
+    return _ComposePlan(keep, part, part_alpha, text)
+
+
 def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None:
     """In place: ``dst`` (CHW, the perturbed sample) becomes ``alpha * dst + (1 - alpha) * src``
     with ``composite_alpha(desc, src)`` (the tissue alpha; glyph strokes only of text lines);
-    pixels with alpha 0 are ``src`` exactly, alpha 1 ``dst`` exactly."""
+    pixels with alpha 0 are ``src`` exactly, alpha 1 ``dst`` exactly. Work is per-descriptor
+    precomputed (``_compose_plan``): a masked copy of the source where alpha is 0 (outside the
+    field's bbox, the surround and the overlays), the blend only on the soft edge, and the
+    glyph cover only inside the rectangle of the text lines."""
     if tuple(desc["size"]) != tuple(src.shape[-2:]):
         raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
-    alpha = composite_alpha(desc, src)
-    x0, y0, x1, y1 = bbox(desc)
-    # outside the bbox: the source
-    if y0 > 0:
-        dst[:, :y0] = src[:, :y0]
-    if y1 < dst.shape[1]:
-        dst[:, y1:] = src[:, y1:]
-    if x0 > 0:
-        dst[:, y0:y1, :x0] = src[:, y0:y1, :x0]
-    if x1 < dst.shape[2]:
-        dst[:, y0:y1, x1:] = src[:, y0:y1, x1:]
-    a = alpha[y0:y1, x0:x1]
-    partial = (a < 1.0) & (a > 0.0)
-    zero = a == 0.0
-    for c in range(src.shape[0]):
-        s, d = src[c, y0:y1, x0:x1], dst[c, y0:y1, x0:x1]
-        if partial.any():
-            base = s[partial].astype(np.float32)
-            mixed = base + a[partial] * (d[partial].astype(np.float32) - base)
+    key = _key(desc)
+    plan = _compose_plan(key)
+    planes = src.shape[0]
+    fast = src.flags.c_contiguous and dst.flags.c_contiguous and src.dtype == dst.dtype
+    for c in range(planes):
+        s, d = src[c], dst[c]
+        if fast:
+            cv2.copyTo(s, plan.keep, d)  # in place: both planes are contiguous
+        else:
+            np.copyto(d, s, where=plan.keep.astype(bool))
+        if plan.part.size:
+            s_flat, d_flat = s.reshape(-1), d.reshape(-1)
+            base = s_flat[plan.part].astype(np.float32)
+            mixed = base + plan.part_alpha * (d_flat[plan.part].astype(np.float32) - base)
             if d.dtype == np.float32:
-                d[partial] = mixed
+                d_flat[plan.part] = mixed
             else:
                 top = 255.0 if d.dtype == np.uint8 else 65535.0
-                d[partial] = np.clip(np.rint(mixed), 0, top).astype(d.dtype)
-        d[zero] = s[zero]
+                d_flat[plan.part] = np.clip(np.rint(mixed), 0, top).astype(d.dtype)
+            if not fast:  # reshape made a copy
+                d[...] = d_flat.reshape(d.shape)
+    if plan.text is not None:
+        tx0, ty0, tx1, ty1 = plan.text
+        alpha = _text_alpha(desc, key, src, plan.text)
+        static = _alpha_without_text_cached(key)[ty0:ty1, tx0:tx1]
+        # alpha 1 keeps ``dst``, static alpha 0 was copied above; the rest (glyph cover, soft
+        # edge) blends, where alpha 0 gives ``src`` exactly: base + 0 * (d - base) = base
+        rows, cols = np.nonzero((alpha < 1.0) & (static > 0.0))
+        if rows.size:
+            a = alpha[rows, cols]
+            for c in range(planes):
+                s, d = src[c, ty0:ty1, tx0:tx1], dst[c, ty0:ty1, tx0:tx1]
+                base = s[rows, cols].astype(np.float32)
+                mixed = base + a * (d[rows, cols].astype(np.float32) - base)
+                if d.dtype == np.float32:
+                    d[rows, cols] = mixed
+                else:
+                    top = 255.0 if d.dtype == np.uint8 else 65535.0
+                    d[rows, cols] = np.clip(np.rint(mixed), 0, top).astype(d.dtype)
+
+
+def _text_alpha(desc: dict[str, Any], key: str, image: Any, rect: tuple[int, int, int, int]) -> np.ndarray:
+    """``composite_alpha(desc, image)`` inside ``rect`` (x0, y0, x1, y1), computed there only."""
+    rx0, ry0, rx1, ry1 = rect
+    alpha = _alpha_without_text_cached(key)[ry0:ry1, rx0:rx1].copy()
+    for box in text_boxes(desc):
+        x0, y0, x1, y1 = box
+        cx0, cy0, cx1, cy1 = max(x0, rx0), max(y0, ry0), min(x1, rx1), min(y1, ry1)
+        if cx1 <= cx0 or cy1 <= cy0:
+            continue
+        wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
+        window = image[:, wy0:wy1, wx0:wx1]
+        if hasattr(window, "detach"):
+            window = window.detach().cpu().numpy()
+        cover = glyph_strokes(np.asarray(window), desc, box)[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0]
+        cut = alpha[cy0 - ry0 : cy1 - ry0, cx0 - rx0 : cx1 - rx0]
+        np.minimum(cut, np.float32(1.0) - cover, out=cut)
+    return alpha
 
 
 def extend_tissue(img: np.ndarray, desc: dict[str, Any]) -> np.ndarray:
@@ -238,10 +373,11 @@ def extend_tissue(img: np.ndarray, desc: dict[str, Any]) -> np.ndarray:
         return img
     top = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}.get(img.dtype, 1.0)
     small = cv2.resize(img, (gw, gh), interpolation=cv2.INTER_AREA).astype(np.float32) / np.float32(top)
-    weight = cv2.resize(alpha, (gw, gh), interpolation=cv2.INTER_AREA)
-    weight = (weight >= 0.999).astype(np.float32)
     sigma = 0.04 * min(gh, gw)
-    den = np.maximum(cv2.GaussianBlur(weight, (0, 0), sigma), 1e-6)
+    if text_boxes(desc):
+        weight, den = _extension_weight(alpha, gh, gw, sigma)
+    else:  # a function of the descriptor alone
+        weight, den = _extension_weight_cached(_key(desc))
     num = cv2.GaussianBlur(small * (weight if small.ndim == 2 else weight[..., None]), (0, 0), sigma)
     fill = (num / (den if num.ndim == 2 else den[..., None])).astype(np.float32)
     full = np.asarray(cv2.resize(fill, (w, h), interpolation=cv2.INTER_LINEAR), np.float32)
@@ -258,7 +394,26 @@ def extend_tissue(img: np.ndarray, desc: dict[str, Any]) -> np.ndarray:
     return out
 
 
-@lru_cache(maxsize=6)
+def _extension_weight(alpha: np.ndarray, gh: int, gw: int, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """(weight, den) of ``extend_tissue``'s normalised convolution on the (gh, gw) grid: the
+    pixels of full tissue alpha, and their gaussian-blurred sum (at least 1e-6)."""
+    weight = cv2.resize(alpha, (gw, gh), interpolation=cv2.INTER_AREA)
+    weight = (weight >= 0.999).astype(np.float32)
+    den = np.maximum(cv2.GaussianBlur(weight, (0, 0), sigma), 1e-6)
+    return weight, den
+
+
+@_memo
+def _extension_weight_cached(key: str) -> tuple[np.ndarray, np.ndarray]:
+    desc = json.loads(key)
+    gh, gw = desc["grid"]
+    weight, den = _extension_weight(_tissue_alpha(key), gh, gw, 0.04 * min(gh, gw))
+    weight.flags.writeable = False
+    den.flags.writeable = False
+    return weight, den
+
+
+@_memo
 def _outside_index(key: str) -> np.ndarray:
     """Flat indices of the pixels whose tissue alpha is below one (read-only, cached)."""
     out = np.flatnonzero(tissue_alpha(json.loads(key)) < 1.0)
