@@ -51,6 +51,11 @@ class BuiltinCatalog:
 
         return VERSION
 
+    def adapters(self) -> list[str]:
+        from perturb.datasets import adapters
+
+        return adapters()
+
     def composite_risk_tags(self, name: str) -> list[str]:
         from perturb.datasets.kvasir_vqa_x1.transform import RISK_TAGS
 

@@ -91,6 +91,10 @@ class SuiteCatalog(Protocol):
 
     def composite_risk_tags(self, name: str) -> list[str]: ...
 
+    def adapters(self) -> list[str]:
+        """Names of the dataset adapters an ``input:`` section may name."""
+        ...
+
 
 CATALOG_KEY = "catalog"  # the validation-context entry holding the SuiteCatalog
 _NO_CATALOG = "a suite is checked against an op catalog: use perturb.suites.parse_suite"
@@ -261,10 +265,18 @@ class InputSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    adapter: Literal["vindr-cxr-vqa", "rexvqa", "medthinkvqa"]
+    adapter: str
     images: str | None = None
     keep_leaking_fields: bool = False
     min_visible: float = Field(0.5, gt=0.0, le=1.0)
+
+    @field_validator("adapter")
+    @classmethod
+    def _known_adapter(cls, name: str, info: ValidationInfo) -> str:
+        known = _context_catalog(info).adapters()
+        if name not in known:
+            raise ValueError(f"unknown dataset adapter {name!r}; valid: {', '.join(known)}")
+        return name
 
 
 class Suite(BaseModel):

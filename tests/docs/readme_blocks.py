@@ -100,8 +100,14 @@ def _summary(path: Path) -> str:
     """First sentence of a module's (or package __init__'s) docstring."""
     target = path / "__init__.py" if path.is_dir() else path
     doc = ast.get_docstring(ast.parse(target.read_text())) or ""
-    first = " ".join(doc.strip().split("\n\n")[0].split())
-    first = re.split(r"(?<=[.:;])\s", first)[0].rstrip(".:;")
+    text = " ".join(doc.strip().split("\n\n")[0].split())
+    depth, end = 0, len(text)
+    for i, ch in enumerate(text):  # the first sentence: a stop outside parentheses
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and ch in ".:;" and (i + 1 == len(text) or text[i + 1] == " "):
+            end = i
+            break
+    first = text[:end]
     return first[:90] + ("..." if len(first) > 90 else "")
 
 
