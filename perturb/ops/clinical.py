@@ -33,6 +33,7 @@ import math
 import cv2
 import numpy as np
 
+from perturb.errors import InputError
 from perturb.ops import _host
 from perturb.ops.registry import Level, Params, draw, draw_int
 
@@ -55,6 +56,9 @@ def _smoke_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
+SMOKE_MAX_CANVAS = 4096 * 4096  # square noise canvas, pixels (64 MiB of float32)
+
+
 def smoke_optical_depth(key: int, h: int, w: int, p: dict[str, np.ndarray]) -> np.ndarray:
     """Optical depth (H, W) >= 0 of the plume: turbulent, drifting, around its source."""
     scale = min(h, w)
@@ -69,6 +73,12 @@ def smoke_optical_depth(key: int, h: int, w: int, p: dict[str, np.ndarray]) -> n
     across = -(xs - w / 2) * math.sin(ang) + (ys - h / 2) * math.cos(ang)
     # a square canvas holding the rotated frame with a margin for the warp
     size = math.ceil(math.hypot(h, w) + cell)
+    if size * size > max(4 * h * w, SMOKE_MAX_CANVAS):
+        # a 3 x 100000 strip would need a 100000^2 canvas (37 GiB): refuse before allocating
+        raise InputError(
+            f"surgical_smoke: a {w}x{h} image is too elongated for the plume's square canvas "
+            f"({size}x{size} px); crop or pad it to an aspect ratio below about 1:3.7"
+        )
     map_x = (size / 2 + along * 0.45 + 0.25 * cell * wx).astype(np.float32)
     map_y = (size / 2 + across + 0.25 * cell * wy).astype(np.float32)
     base = _host.fractal_noise(key, "smoke-density", size, size, cell, SMOKE_OCTAVES)

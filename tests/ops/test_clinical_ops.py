@@ -383,3 +383,14 @@ def test_endoscopy_catalog_covers_the_clinical_artifacts() -> None:
     assert "occludes" in endo["fluid_occlusion"].risk_tags
     assert {"moves_geometry", "crops_border"} <= set(endo["lens_distortion"].risk_tags)
     assert endo["specular_glare"].version == 2
+
+
+def test_smoke_refuses_a_strip_before_allocating_its_canvas() -> None:
+    """A 3 x 20000 strip would need a 20000^2 noise canvas (1.5 GiB): a clear error instead."""
+    from perturb.errors import InputError
+    from perturb.ops.clinical import smoke_optical_depth
+
+    params = {"drift": 0.3, "source": np.array([0.5, 0.5]), "spread": 0.3, "density": 1.0}
+    with pytest.raises(InputError, match="too elongated"):
+        smoke_optical_depth(1, 3, 20_000, params)
+    assert smoke_optical_depth(1, 90, 160, params).shape == (90, 160)  # ordinary frames pass
