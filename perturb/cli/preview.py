@@ -44,7 +44,7 @@ def preview(
     crops under the thumbnails (or, with --scene, the image's scene masks)."""
     from perturb.catalog.registry import UnknownOpError
     from perturb.cli.preview_grid import preview_grid, scene_panel
-    from perturb.engine import InputError
+    from perturb.errors import InputError
     from perturb.io.images import encode_image, write_atomic
 
     tensor, key = _load(image, op)
