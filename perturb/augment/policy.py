@@ -44,7 +44,6 @@ from pydantic import (
 
 from perturb.catalog.specs import (
     MODALITIES,
-    SEVERITIES,
     OpSpec,
     check_families,
     check_members,
@@ -53,6 +52,7 @@ from perturb.catalog.specs import (
     load_specs,
 )
 from perturb.configs import CONFIG_DIR, find_config, known_names_hint
+from perturb.contracts.suite import SEVERITIES
 from perturb.errors import InputError
 
 STRENGTH_RANGE = (1.0, 5.0)
