@@ -60,6 +60,9 @@ NAME = "kvasir_transformed"
 VERSION = 1
 RISK_TAGS = ["moves_geometry", "crops_border", "black_fill", "alters_intensity"]
 MAX_ATTEMPTS = 10
+# the catalog ops that make the same kinds of change (an Augment policy holding out this suite
+# holds them out)
+CATALOG_OPS = ("resized_crop", "rotation", "translation", "brightness", "contrast")
 
 
 @dataclass(frozen=True)
