@@ -159,7 +159,8 @@ def _pil_reference(files: list[Path], out: Path) -> int:
 
 
 def _perturb_run(config: str, out: Path, workers: int, limit: int | None = None) -> Any:
-    from perturb.generate.runner import RunOptions, generate
+    from perturb.generate.core import RunOptions
+    from perturb.generate.runner import generate
     from perturb.suites import load_suite
 
     suite = load_suite(config)  # a built-in suite name

@@ -100,7 +100,8 @@ def ray_local() -> Iterator[None]:
 
 
 def _generate(out: Path, limit: int | None = None, **options: Any) -> Any:
-    from perturb.generate.runner import RunOptions, generate
+    from perturb.generate.core import RunOptions
+    from perturb.generate.runner import generate
     from perturb.suites import load_suite
 
     shutil.rmtree(out, ignore_errors=True)

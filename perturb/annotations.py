@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from perturb.boxes import LOC_TAG, box_iou, loc_tag, parse_loc_tags
+from perturb.boxes import LOC_TAG, loc_tag, parse_loc_tags
 from perturb.catalog.registry import UnknownOpError, geometry_of
 from perturb.contracts.record import Record
 from perturb.errors import InputError
@@ -195,16 +195,13 @@ def transform_loc_text(
 
 
 __all__ = [
-    "LOC_TAG",
     "AnnotationError",
     "BoxResult",
-    "box_iou",
     "chain_matrix",
     "forward_matrix",
     "forward_points",
     "is_geometric",
     "op_geometry",
-    "parse_loc_tags",
     "transform_boxes",
     "transform_loc_text",
 ]

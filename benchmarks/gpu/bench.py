@@ -434,7 +434,8 @@ def bench_jpeg_codec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_generate(args: argparse.Namespace) -> dict[str, Any]:
-    from perturb.generate.runner import RunOptions, generate
+    from perturb.generate.core import RunOptions
+    from perturb.generate.runner import generate
     from perturb.suites import load_suite
 
     results: dict[str, Any] = {}

@@ -44,7 +44,6 @@ from pydantic import (
 
 from perturb.catalog.specs import (
     MODALITIES,
-    SEVERITIES,
     OpSpec,
     check_families,
     check_members,
@@ -53,14 +52,11 @@ from perturb.catalog.specs import (
     load_specs,
 )
 from perturb.configs import CONFIG_DIR, find_config, known_names_hint
+from perturb.contracts.suite import SEVERITIES
 from perturb.errors import InputError
 
 STRENGTH_RANGE = (1.0, 5.0)
 DEFAULT_SEVERITY = (1, 3)
-# Suite composites and the catalog ops that make the same kind of change.
-COMPOSITE_OPS: dict[str, tuple[str, ...]] = {
-    "kvasir_transformed": ("resized_crop", "rotation", "translation", "brightness", "contrast"),
-}
 
 
 class PolicyError(InputError):
@@ -168,7 +164,11 @@ class HeldOut(BaseModel):
     def resolve(self, base_dir: Path | None = None) -> dict[str, str]:
         """Every held-out op, each with the reason it is held out."""
         from perturb.contracts.suite import SuiteError
+        from perturb.datasets.kvasir_vqa_x1 import transform as kvasir_transformed
         from perturb.suites import load_suite
+
+        # each suite composite and the catalog ops that make the same kinds of change
+        composite_ops = {kvasir_transformed.NAME: kvasir_transformed.CATALOG_OPS}
 
         specs = load_specs()
         held: dict[str, str] = {}
@@ -179,7 +179,7 @@ class HeldOut(BaseModel):
                 raise ValueError(f"held_out.suites: {exc}") from None
             ops: set[str] = set()
             for task in suite.tasks():
-                ops.update(COMPOSITE_OPS.get(task.op, (task.op,)) if task.composite else (task.op,))
+                ops.update(composite_ops.get(task.op, (task.op,)) if task.composite else (task.op,))
             if self.match == "family":
                 fams = {specs[o].family for o in ops}
                 ops = {o for o, s in specs.items() if s.family in fams}

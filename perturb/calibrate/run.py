@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from perturb.calibrate.metrics import MEASURE_SHORT, Reference, resize_short
-from perturb.catalog.specs import SEVERITIES, OpSpec, load_specs
+from perturb.catalog.specs import OpSpec, load_specs
+from perturb.contracts.suite import SEVERITIES
 
 INVARIANCE_SEVERITY = 3
 INVARIANCE_TOLERANCE = 0.05

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -26,24 +25,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-@contextmanager
-def usage_errors(*types: type[BaseException]) -> Iterator[None]:
-    """Turn a ``PerturbError`` (and the listed older error classes, until every room's errors
-    derive from it) into its message and exit code 2."""
-    caught: tuple[type[BaseException], ...] = (PerturbError, *types)
-    try:
-        yield
-    except caught as exc:
-        fail(str(exc))
-
-
 def guarded(command: F) -> F:
     """``command`` with any ``PerturbError`` it lets through turned into exit code 2: the one
     place the CLI catches the error base (typer reads the signature through ``__wrapped__``)."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with usage_errors():
+        try:
             return command(*args, **kwargs)
+        except PerturbError as exc:
+            fail(str(exc))
 
     return run  # type: ignore[return-value]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from perturb.cli._common import fail, guarded, usage_errors
+from perturb.cli._common import fail, guarded
 
 err = Console(stderr=True)
 
@@ -35,8 +35,7 @@ def demo(
 ) -> None:
     """Run the whole job offline: generate perturbed splits of the built-in phantoms, answer
     their questions with the shipped probe model, score clean vs perturbed, write the report."""
-    from perturb.demo.run import DEMO_OPS, DemoError, run_demo
-    from perturb.errors import InputError
+    from perturb.demo.run import DEMO_OPS, run_demo
 
     op_list = tuple(o.strip() for o in ops.split(",") if o.strip()) if ops else DEMO_OPS
     try:
@@ -51,17 +50,16 @@ def demo(
         markup=False,
         highlight=False,
     )
-    with usage_errors(DemoError, InputError):
-        result = run_demo(
-            out,
-            images=images,
-            seed=seed,
-            bootstrap=bootstrap,
-            ops=op_list,
-            severities=sev_list,
-            progress=not quiet,
-            log=lambda msg: err.print(msg, markup=False, highlight=False),
-        )
+    result = run_demo(
+        out,
+        images=images,
+        seed=seed,
+        bootstrap=bootstrap,
+        ops=op_list,
+        severities=sev_list,
+        progress=not quiet,
+        log=lambda msg: err.print(msg, markup=False, highlight=False),
+    )
     s = result.seconds
     typer.echo(
         f"{result.images} clean images, {result.perturbed_images} perturbed images, "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from perturb.cli._common import fail, guarded, usage_errors
+from perturb.cli._common import fail, guarded
 from perturb.generate.progress import human_size
 from perturb.io import DEFAULT_MAX_PIXELS
 
@@ -133,8 +133,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Generate a perturbed split: images, manifest.parquet, errors.jsonl, dataset/."""
-    from perturb.contracts.suite import SuiteError
-    from perturb.generate.core import RunError, RunOptions
+    from perturb.generate.core import RunOptions
     from perturb.generate.runner import generate as run
     from perturb.suites import load_suite
 
@@ -165,8 +164,7 @@ def generate(
         id_from=id_from,
         cache_dir=cache_dir,
     )
-    with usage_errors(SuiteError, RunError):
-        summary = run(load_suite(config), options)
+    summary = run(load_suite(config), options)
     if as_json:
         typer.echo(json.dumps(summary.plan or summary.to_dict(), indent=2))
     elif summary.plan is not None:
@@ -213,12 +211,10 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Re-hash every manifest file; report missing, corrupt and extra files (exit 1 if any)."""
-    from perturb.generate.verify import VerifyError
     from perturb.generate.verify import verify as check
 
     try:
-        with usage_errors(VerifyError):
-            report = check(directory)
+        report = check(directory)
     except OSError as exc:
         fail(f"{exc.filename or directory}: cannot be read: {exc.strerror or exc}")
     if as_json:
@@ -247,12 +243,10 @@ def merge_manifests(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Join the folders of `perturb generate --shard I/N` runs into one run's folder."""
-    from perturb.generate.core import RunError
     from perturb.generate.merge import merge_parts
 
     try:
-        with usage_errors(RunError):
-            summary = merge_parts(list(parts), out)
+        summary = merge_parts(list(parts), out)
     except OSError as exc:  # read-only or full --out, unreadable part file
         fail(f"{exc.filename or out}: {exc.strerror or exc}; free space or choose a writable --out")
     if as_json:

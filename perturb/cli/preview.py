@@ -42,9 +42,7 @@ def preview(
 ) -> None:
     """Write a labelled grid: the clean image and severities 1-5 of each op, with full-resolution
     crops under the thumbnails (or, with --scene, the image's scene masks)."""
-    from perturb.catalog.registry import UnknownOpError
     from perturb.cli.preview_grid import preview_grid, scene_panel
-    from perturb.engine import InputError
     from perturb.io.images import encode_image, write_atomic
 
     tensor, key = _load(image, op)
@@ -55,12 +53,9 @@ def preview(
         typer.echo(f"wrote {out} (scene)")
         return
     centre = _crop_centre(crop_at)
-    try:
-        grid, skipped = preview_grid(
-            tensor, [op] if op else None, sample_key=key, seed=seed, thumb_width=size, crop=crop, crop_centre=centre
-        )
-    except (UnknownOpError, InputError) as exc:
-        fail(str(exc))
+    grid, skipped = preview_grid(
+        tensor, [op] if op else None, sample_key=key, seed=seed, thumb_width=size, crop=crop, crop_centre=centre
+    )
     write_atomic(out, encode_image(grid, "png"))
     if skipped:
         typer.echo(f"skipped (need another channel count): {', '.join(skipped)}", err=True)

@@ -77,8 +77,6 @@ def run_score(
     rouge_upstream: bool = False,
 ) -> int:
     """Run the scorer for CLI arguments; returns the exit code (0 ok, 1 problems, 2 input error)."""
-    from perturb.errors import InputError
-
     try:
         from perturb.report import write_reports
         from perturb.score.api import score_runs
@@ -102,7 +100,7 @@ def run_score(
             rouge_upstream=rouge_upstream,
             report_writer=write_reports,
         )
-    except (PerturbError, InputError, UnicodeDecodeError, RecursionError, OSError) as exc:
+    except (PerturbError, UnicodeDecodeError, RecursionError, OSError) as exc:
         typer.echo(f"error: {_input_problem(exc, out)}", err=True)
         return 2
     _print_result(result)

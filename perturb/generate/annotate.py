@@ -20,7 +20,8 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
-from perturb.annotations import is_geometric, parse_loc_tags, transform_loc_text
+from perturb.annotations import is_geometric, transform_loc_text
+from perturb.boxes import parse_loc_tags
 from perturb.io.datasets import Annotations
 
 

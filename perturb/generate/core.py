@@ -54,7 +54,8 @@ from perturb.generate.output import MANIFEST_SCHEMA
 from perturb.generate.progress import Progress, ProgressCallback, space_problem
 from perturb.generate.shard import Shard
 from perturb.generate.worker import ChunkResult, ImageJob
-from perturb.io.images import DEFAULT_MAX_PIXELS, write_atomic
+from perturb.io import DEFAULT_MAX_PIXELS
+from perturb.io.images import write_atomic
 
 STATE_DIR = ".perturb"
 RESERVED = ("manifest.parquet", "errors.jsonl", "summary.json", "dataset", STATE_DIR)

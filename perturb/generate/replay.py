@@ -19,7 +19,7 @@ def replay_row(row: dict[str, Any], image: torch.Tensor) -> torch.Tensor:
     if "composite" in record:
         if record["composite"] != transformed.NAME:
             raise ValueError(f"unknown composite {record['composite']!r}")
-        problem = composite_problem(record.get("params"), int(x.shape[-1]), int(x.shape[-2]))
+        problem = transformed.composite_problem(record.get("params"), int(x.shape[-1]), int(x.shape[-2]))
         if problem is not None:
             raise ValueError(f"record of {transformed.NAME}: {problem}; not replayed")
         return transformed.apply_transformed(x, [record["params"]])[0]
@@ -33,46 +33,6 @@ def replay_row(row: dict[str, Any], image: torch.Tensor) -> torch.Tensor:
         c, h, w = x.shape[1:]
         return replay([rec] * c, x.reshape(c, 1, h, w)).reshape(c, h, w)
     return replay([rec], x)[0]
-
-
-_STEP_LIMITS = {  # value bounds of each step's numbers (sizes are checked against the image)
-    "rotate": {"angle": 360.0},
-    "brightness": {"factor": 10.0},
-    "contrast": {"factor": 10.0},
-}
-
-
-def composite_problem(params: Any, width: int, height: int) -> str | None:
-    """Why a track record cannot be replayed on a ``width`` x ``height`` image (None if it can):
-    its size must be the image's, the crop inside it, shifts within it, factors and angles
-    finite and bounded, so a forged record cannot size buffers."""
-    import math
-
-    if not isinstance(params, dict) or not isinstance(params.get("steps"), list):
-        return "params must be an object with a steps list"
-    if params.get("size") != [width, height]:
-        return f"size {params.get('size')!r:.40} is not the image's [{width}, {height}]"
-    for step in params["steps"]:
-        if not isinstance(step, dict):
-            return "every step must be an object"
-        op = step.get("op")
-        for key, value in step.items():
-            if key in ("op", "fallback"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                return f"{op} {key} is {value!r:.40}, not a finite number"
-            bound = _STEP_LIMITS.get(str(op), {}).get(key)
-            if bound is not None and abs(value) > bound:
-                return f"{op} {key} = {value} is outside [-{bound}, {bound}]"
-        if op == "resized_crop":
-            top, left, h, w = (step.get(k, -1) for k in ("top", "left", "height", "width"))
-            inside = min(top, left) >= 0 and min(h, w) > 0
-            if not (inside and top + h <= height and left + w <= width):
-                return "resized_crop box is not inside the image"
-        shift = (abs(step.get("tx", 0)), abs(step.get("ty", 0)))
-        if op == "translate" and not (shift[0] <= width and shift[1] <= height):
-            return "translate moves the image beyond its size"
-    return None
 
 
 def replay_bytes(row: dict[str, Any], image: torch.Tensor) -> bytes:

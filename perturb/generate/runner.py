@@ -46,8 +46,6 @@ from perturb.generate.shard import Shard, ShardError, parse_shard
 from perturb.generate.worker import WorkerConfig, default_threads
 from perturb.io.images import write_atomic
 
-__all__ = ["RunError", "RunOptions", "RunSummary", "generate"]
-
 
 def _resolve_device(name: str) -> str:
     import torch

@@ -85,8 +85,14 @@ def luma(x: torch.Tensor) -> torch.Tensor:
     return kornia.color.rgb_to_grayscale(x)
 
 
-def shorter_side(x: torch.Tensor) -> int:
+def shorter_side(x: torch.Tensor | np.ndarray) -> int:
+    """The shorter of the last two dimensions (height, width) of an image or batch."""
     return int(min(x.shape[-2], x.shape[-1]))
+
+
+def per_sample(p: torch.Tensor) -> torch.Tensor:
+    """A per-sample parameter ``(B,)`` as ``(B, 1, 1, 1)``, to broadcast over a BCHW batch."""
+    return p.view(-1, 1, 1, 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -122,13 +122,9 @@ def filter_sample(src: np.ndarray, dst: np.ndarray, psf: np.ndarray, separable: 
             np.clip(res, np.float32(0.0), np.float32(1.0), out=dst[c])
 
 
-def _side(src: np.ndarray) -> int:
-    return int(min(src.shape[-2], src.shape[-1]))
-
-
 @backend.register_cpu("gaussian_blur")
 def gaussian_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    filter_sample(src, dst, gaussian_taps(float(p["sigma"]) * _side(src)), separable=True)
+    filter_sample(src, dst, gaussian_taps(float(p["sigma"]) * shorter_side(src)), separable=True)
 
 
 @register_kernel("gaussian_blur")
@@ -153,7 +149,7 @@ def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
 
 @backend.register_cpu("defocus_blur")
 def defocus_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    filter_sample(src, dst, disk_psf(float(p["radius"]) * _side(src)), separable=False)
+    filter_sample(src, dst, disk_psf(float(p["radius"]) * shorter_side(src)), separable=False)
 
 
 @register_kernel("defocus_blur")
@@ -173,7 +169,7 @@ def _motion_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @backend.register_cpu("motion_blur")
 def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    psf = line_psf(float(p["length"]) * _side(src), float(p["angle"]))
+    psf = line_psf(float(p["length"]) * shorter_side(src), float(p["angle"]))
     filter_sample(src, dst, psf, separable=False)
 
 

@@ -38,6 +38,7 @@ from perturb.ops._math import (
     linear_to_srgb,
     linear_to_srgb_np,
     luma,
+    per_sample,
     plane2d,
     sample_mean,
     split_into,
@@ -47,10 +48,6 @@ from perturb.ops._math import (
 from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
 
 _LUMINANCE_709 = np.array([0.2126, 0.7152, 0.0722])
-
-
-def _b(p: torch.Tensor) -> torch.Tensor:
-    return p.view(-1, 1, 1, 1)
 
 
 def cast_gains(strength: float, angle: float) -> list[float]:
@@ -168,7 +165,7 @@ def contrast(
         else:
             means.append(torch.tensor(_weighted_mean(y[i, 0].cpu().numpy(), weight), dtype=x.dtype).view(1, 1, 1, 1))
     mean = torch.cat(means).to(x.device)
-    return (mean + _b(p["factor"]) * (x - mean)).clamp_(0.0, 1.0)
+    return (mean + per_sample(p["factor"]) * (x - mean)).clamp_(0.0, 1.0)
 
 
 def _weighted_mean(y: np.ndarray, weight: np.ndarray) -> np.float32:

@@ -28,6 +28,7 @@ from perturb.ops._math import (
     linear_to_srgb,
     linear_to_srgb_np,
     linear_to_srgb_u8,
+    per_sample,
     srgb_to_linear,
     srgb_to_linear_np,
     srgb_to_linear_u8,
@@ -37,10 +38,6 @@ from perturb.ops.registry import Level, Params, draw, register_kernel
 HAZE_GRID = 6
 
 
-def _b(p: torch.Tensor) -> torch.Tensor:
-    return p.view(-1, 1, 1, 1)
-
-
 def radial_r2(x: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor) -> torch.Tensor:
     """Squared distance (B,1,H,W) from per-sample centres (fractions of width/height),
     normalised so a corner of a centred image is at r = 1."""
@@ -48,8 +45,8 @@ def radial_r2(x: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor) -> torch.Tens
     half_diag = 0.5 * float(np.hypot(h, w))
     ys = (torch.arange(h, device=x.device, dtype=x.dtype) + 0.5).view(1, 1, h, 1)
     xs = (torch.arange(w, device=x.device, dtype=x.dtype) + 0.5).view(1, 1, 1, w)
-    dy = (ys - _b(cy) * h) / half_diag
-    dx = (xs - _b(cx) * w) / half_diag
+    dy = (ys - per_sample(cy) * h) / half_diag
+    dx = (xs - per_sample(cx) * w) / half_diag
     return dx * dx + dy * dy
 
 
@@ -58,14 +55,14 @@ def _centre(rng_: np.random.Generator) -> dict[str, float]:
 
 
 def _falloff(x: torch.Tensor, p: dict[str, torch.Tensor], strength: torch.Tensor) -> torch.Tensor:
-    return (1.0 - _b(strength) * radial_r2(x, p["cx"], p["cy"])).clamp_min(0.0)
+    return (1.0 - per_sample(strength) * radial_r2(x, p["cx"], p["cy"])).clamp_min(0.0)
 
 
 @register_kernel("overexposure")
 def overexposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
     ``perturb.ops._math``); the gain is one multiply."""
-    return linear_to_srgb(srgb_to_linear(x) * _b(p["gain"]))
+    return linear_to_srgb(srgb_to_linear(x) * per_sample(p["gain"]))
 
 
 def _under_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -76,7 +73,7 @@ def _under_sampler(rng_: np.random.Generator, level: Level) -> Params:
 def underexposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
     ``perturb.ops._math``); the scale is one multiply."""
-    scale = _b(p["gain"]) * _falloff(x, p, p["falloff"])
+    scale = per_sample(p["gain"]) * _falloff(x, p, p["falloff"])
     return linear_to_srgb(srgb_to_linear(x) * scale)
 
 
@@ -183,10 +180,10 @@ def haze(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
     """Kornia: own kernel: no Kornia equivalent of a keyed transmission field with airlight; the
     field's bicubic upsampling is ``F.interpolate``, which ``kornia.geometry.transform.resize``
     would only wrap."""
-    t = (_b(p["transmission"]) * (1.0 + 0.15 * smooth_field(x, keys, "haze", HAZE_GRID))).clamp(0.0, 1.0)
-    airlight = _b(p["airlight"]) * p["tint"].view(-1, 3, 1, 1)[:, : x.shape[1]]
+    t = (per_sample(p["transmission"]) * (1.0 + 0.15 * smooth_field(x, keys, "haze", HAZE_GRID))).clamp(0.0, 1.0)
+    airlight = per_sample(p["airlight"]) * p["tint"].view(-1, 3, 1, 1)[:, : x.shape[1]]
     if x.shape[1] == 1:
-        airlight = _b(p["airlight"])
+        airlight = per_sample(p["airlight"])
     return (x * t + airlight * (1.0 - t)).clamp_(0.0, 1.0)
 
 

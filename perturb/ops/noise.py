@@ -24,6 +24,7 @@ from perturb.ops import backend
 from perturb.ops._math import (
     LEVELS_U8,
     linear_to_srgb,
+    per_sample,
     plane2d,
     srgb_to_linear,
     srgb_to_linear_u8,
@@ -47,16 +48,12 @@ def _per_sample_uniform(
     return torch.stack([rng.uniform_field(k, stream, shape, x.device) for k in keys])
 
 
-def _b(p: torch.Tensor) -> torch.Tensor:
-    return p.view(-1, 1, 1, 1)
-
-
 def gaussian_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Kornia: own kernel: Kornia's noise augmentations draw from torch's global generator, this
     op's normal field is keyed (``perturb.rng``) so records replay bit for bit; the rest is one
     multiply-add."""
     z = _per_sample_normal(x, keys, "gaussian_noise")
-    return (x + _b(p["sigma"]) * z).clamp_(0.0, 1.0)
+    return (x + per_sample(p["sigma"]) * z).clamp_(0.0, 1.0)
 
 
 def speckle_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
@@ -64,7 +61,7 @@ def speckle_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     op's normal field is keyed (``perturb.rng``) so records replay bit for bit; the rest is one
     multiply-add."""
     z = _per_sample_normal(x, keys, "speckle_noise")
-    return (x + x * _b(p["sigma"]) * z).clamp_(0.0, 1.0)
+    return (x + x * per_sample(p["sigma"]) * z).clamp_(0.0, 1.0)
 
 
 def poisson_counts(mean: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -93,7 +90,7 @@ def poisson_counts(mean: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torc
 def shot_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Kornia: own kernel: Kornia has no Poisson (photon) noise in linear light, and its random ops
     are not keyed; the sRGB decode/encode is ``perturb.ops._math`` (Kornia on CUDA)."""
-    photons = _b(p["photons"])
+    photons = per_sample(p["photons"])
     mean = srgb_to_linear(x) * photons
     z = _per_sample_normal(x, keys, "shot_noise/normal")
     u = _per_sample_uniform(x, keys, "shot_noise/uniform", tuple(x.shape[1:]))
@@ -106,7 +103,7 @@ def impulse_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     generator; this op's uniform field is keyed (``perturb.rng``) so records replay bit for bit."""
     h, w = x.shape[-2:]
     u = _per_sample_uniform(x, keys, "impulse_noise", (1, h, w))
-    half = _b(p["amount"]) / 2
+    half = per_sample(p["amount"]) / 2
     out = torch.where(u < half, torch.zeros_like(x), x)
     return torch.where(u > 1 - half, torch.ones_like(x), out)
 

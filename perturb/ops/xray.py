@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend, blur, jpeg
+from perturb.ops._math import per_sample, shorter_side
 from perturb.ops.noise import (
     POISSON_EXACT_BELOW,
     poisson_counts,
@@ -69,10 +70,6 @@ FULL_DOSE_QUANTA = 10000.0  # N0: quanta per pixel of the unattenuated beam at f
 REFERENCE_SIDE = 1024.0  # ... for a pixel of a film whose shorter side has this many pixels
 FIELD_CM = 35.0  # physical extent of the shorter image side, for the grid frequency
 PENUMBRA = 0.004  # collimator edge blur, fraction of the shorter side
-
-
-def _b(p: torch.Tensor) -> torch.Tensor:
-    return p.view(-1, 1, 1, 1)
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -204,10 +201,6 @@ def _coords(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ys, xs
 
 
-def _side(x: torch.Tensor | np.ndarray) -> int:
-    return int(min(x.shape[-2], x.shape[-1]))
-
-
 # ---------------------------------------------------------------------------------------------
 # Quantum + electronic noise
 
@@ -265,9 +258,9 @@ def xray_quantum_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequen
     z = torch.stack([rng.normal_field(k, "xray_quantum/normal", shape, x.device) for k in keys])
     u = torch.stack([rng.uniform_field(k, "xray_quantum/uniform", shape, x.device) for k in keys])
     ze = torch.stack([rng.normal_field(k, "xray_quantum/electronic", shape, x.device) for k in keys])
-    quanta = pixel_quanta(_b(p["dose"]).double(), _side(x))
+    quanta = pixel_quanta(per_sample(p["dose"]).double(), shorter_side(x))
     mean = (detector_signal(x) * quanta).float()
-    read = _b(p["electronic"]).double() * (REFERENCE_SIDE / _side(x))
+    read = per_sample(p["electronic"]).double() * (REFERENCE_SIDE / shorter_side(x))
     counts = poisson_counts(mean, z, u).double() + read * ze.double()
     return presented(counts.clamp_(min=SIGNAL_FLOOR) / quanta, x)
 
@@ -289,7 +282,7 @@ def xray_quantum_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.nda
     operations in the same order; the mean ``Q I`` and its root are per-level tables for
     integer samples (the kernel's own torch expressions, evaluated on every level)."""
     n = src.size
-    quanta = float(pixel_quanta(torch.tensor(float(np.float32(p["dose"])), dtype=torch.float64), _side(src)))
+    quanta = float(pixel_quanta(torch.tensor(float(np.float32(p["dose"])), dtype=torch.float64), shorter_side(src)))
     flat = src.reshape(-1)
     if src.dtype == np.float32:
         mean_t = (detector_signal(torch.from_numpy(flat)) * quanta).float()
@@ -311,7 +304,7 @@ def xray_quantum_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.nda
         else:
             counts[small] = poisson_small_by_level(lut_t.numpy(), flat[small], u)
     total = counts.astype(np.float64)
-    read = float(np.float32(p["electronic"])) * (REFERENCE_SIDE / _side(src))
+    read = float(np.float32(p["electronic"])) * (REFERENCE_SIDE / shorter_side(src))
     total += read * rng.normal_numpy(key, "xray_quantum/electronic", n).astype(np.float64)
     np.maximum(total, SIGNAL_FLOOR, out=total)
     total /= quanta
@@ -339,12 +332,12 @@ def grid_pattern(h: int, w: int, p: dict[str, torch.Tensor], device: torch.devic
     side = min(h, w)
     ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5 - h / 2).view(1, 1, h, 1)
     xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5 - w / 2).view(1, 1, 1, w)
-    theta = torch.deg2rad(_b(p["angle"]).double()) + _b(p["vertical"]).double() * (math.pi / 2)
-    freq = _b(p["lines_per_cm"]).double() * (FIELD_CM / side)  # cycles per pixel
+    theta = torch.deg2rad(per_sample(p["angle"]).double()) + per_sample(p["vertical"]).double() * (math.pi / 2)
+    freq = per_sample(p["lines_per_cm"]).double() * (FIELD_CM / side)  # cycles per pixel
     # phase = f (x cos t + y sin t) + phase0, split into a row term and a column term (each
     # reduced mod 1) so that cos(a + b) = cos a cos b - sin a sin b costs two outer products.
     a = xs * (freq * torch.cos(theta))
-    b = ys * (freq * torch.sin(theta)) + _b(p["phase"]).double()
+    b = ys * (freq * torch.sin(theta)) + per_sample(p["phase"]).double()
     a = (a - torch.floor(a)) * (2.0 * math.pi)
     b = (b - torch.floor(b)) * (2.0 * math.pi)
     s = torch.cos(a) * torch.cos(b)  # ((1 + cos a cos b) - sin a sin b) * 0.5, in place
@@ -353,7 +346,7 @@ def grid_pattern(h: int, w: int, p: dict[str, torch.Tensor], device: torch.devic
 
 def grid_gain(h: int, w: int, p: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
     """Transmitted fraction ``1 - a s`` of the grid (B,1,H,W, float64)."""
-    return grid_pattern(h, w, p, device).mul_(_b(p["strength"]).double()).neg_().add_(1.0)
+    return grid_pattern(h, w, p, device).mul_(per_sample(p["strength"]).double()).neg_().add_(1.0)
 
 
 @register_kernel("xray_grid_lines", sampler=_grid_sampler)
@@ -407,7 +400,7 @@ def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     ``_box_torch`` is a float64 cumulative sum (O(1) per pixel, the same values within 1e-14):
     one pass pair at r = 60 on a 512x512 CPU plane took 24 ms here, Kornia's 807 ms."""
     out = []
-    side = _side(x)
+    side = shorter_side(x)
     for i in range(x.shape[0]):
         lin = to_linear(x[i : i + 1])
         r = box_radius(float(p["sigma"][i]) * side, min(x.shape[-2], x.shape[-1]))
@@ -420,7 +413,7 @@ def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
 
 @backend.register_cpu("xray_scatter", dtypes=_NATIVE)
 def xray_scatter_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    r = box_radius(float(p["sigma"]) * _side(src), _side(src))
+    r = box_radius(float(p["sigma"]) * shorter_side(src), shorter_side(src))
     res = np.empty(src.shape, dtype=np.float32)
     for c in range(src.shape[0]):
         lin = _linear_np(src[c])
@@ -446,7 +439,7 @@ def xray_exposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
 
     Kornia: own kernel: no Kornia equivalent (a gain on the linear fluence is a clipped shift of the
     log display value, one elementwise pass)."""
-    return scale_linear(x, torch.pow(2.0, _b(p["stops"]).double()))
+    return scale_linear(x, torch.pow(2.0, per_sample(p["stops"]).double()))
 
 
 def _heel_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -462,15 +455,15 @@ def heel_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     (B,1,H,W, float64)."""
     h, w = x.shape[-2:]
     ys, xs = _coords(x)
-    theta = torch.deg2rad(_b(p["angle"]).double())
+    theta = torch.deg2rad(per_sample(p["angle"]).double())
     # unit axis pointing towards the anode: up (-y) or down (+y), tilted by angle
-    sign = 1.0 - 2.0 * _b(p["anode_top"]).double()
+    sign = 1.0 - 2.0 * per_sample(p["anode_top"]).double()
     # in-place steps (the same operations in the same order as written out in the docstring
     # formula, one full-size buffer fewer per step)
     t = (ys * torch.cos(theta) + xs * torch.sin(theta)).mul_(sign)  # projection on the axis
     half = 0.5 * math.hypot(h, w)
     t.div_(half).add_(1.0).div_(2.0).clamp_(0.0, 1.0)
-    return (t * _b(p["strength"]).double()).mul_(t).neg_().add_(1.0)  # 1 - (a t) t
+    return (t * per_sample(p["strength"]).double()).mul_(t).neg_().add_(1.0)  # 1 - (a t) t
 
 
 @register_kernel("xray_heel_effect", sampler=_heel_sampler)
@@ -502,8 +495,8 @@ def xray_window_level(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequenc
     is centre 0.5, width 1): ``clip((v - c) / w + 0.5)``.
 
     Kornia: own kernel: Kornia has no DICOM VOI window; the window is one fused affine map and clip."""
-    c = 0.5 + _b(p["center_shift"])
-    return ((x - c) / _b(p["width"]) + 0.5).clamp_(0.0, 1.0)
+    c = 0.5 + per_sample(p["center_shift"])
+    return ((x - c) / per_sample(p["width"]) + 0.5).clamp_(0.0, 1.0)
 
 
 def _gamma_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -517,7 +510,7 @@ def xray_gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
     Kornia: own kernel, because its 8/16-bit CPU tables are this kernel evaluated on every level
     and must equal it bit for bit (tests/xray/test_xray_cpu_paths.py); Kornia's ``adjust_gamma``
     is a float32 pow, an ulp off the float64 one, which moves some 16-bit levels."""
-    g = torch.pow(2.0, _b(p["log2_gamma"]).double())
+    g = torch.pow(2.0, per_sample(p["log2_gamma"]).double())
     return torch.pow(_wide(x), g).clamp(0.0, 1.0).to(x.dtype)
 
 
@@ -534,7 +527,7 @@ def xray_bit_depth(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[i
 
     Kornia: own kernel, because Kornia's ``posterize`` keeps the top integer bits (floor, whole bits
     only) while this op rounds to ``round(2^bits)`` evenly spaced levels with fractional ``bits``."""
-    top = torch.round(torch.pow(2.0, _b(p["bits"]).double())) - 1.0
+    top = torch.round(torch.pow(2.0, per_sample(p["bits"]).double())) - 1.0
     return (torch.round(_wide(x) * top) / top).clamp_(0.0, 1.0).to(x.dtype)
 
 
@@ -555,8 +548,8 @@ def xray_monochrome1(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 
     Kornia: own kernel: Kornia has no DICOM VOI window; inversion and window are one fused affine
     map and clip (``kornia.enhance.invert`` would only add a pass)."""
-    c = 0.5 + _b(p["center_shift"])
-    return ((1.0 - x - c) / _b(p["width"]) + 0.5).clamp_(0.0, 1.0)
+    c = 0.5 + per_sample(p["center_shift"])
+    return ((1.0 - x - c) / per_sample(p["width"]) + 0.5).clamp_(0.0, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -782,7 +775,7 @@ def xray_motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 
     Kornia: ``kornia.filters.filter2d`` with ``perturb.ops.blur.line_psf`` (through
     ``blur._conv_torch``; see ``motion_blur`` for why not Kornia's motion kernel)."""
-    side = _side(x)
+    side = shorter_side(x)
     out = []
     for i in range(x.shape[0]):
         psf = blur.line_psf(float(p["length"][i]) * side, float(p["angle"][i]))
@@ -793,7 +786,7 @@ def xray_motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 
 @backend.register_cpu("xray_motion_blur", dtypes=_NATIVE)
 def xray_motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    psf = blur.line_psf(float(p["length"]) * _side(src), float(p["angle"]))
+    psf = blur.line_psf(float(p["length"]) * shorter_side(src), float(p["angle"]))
     lin = _linear_np(src).astype(np.float32)
     blurred = np.empty_like(lin)
     blur.filter_sample(lin, blurred, psf, separable=False)

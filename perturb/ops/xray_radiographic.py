@@ -65,6 +65,7 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend
+from perturb.ops._math import per_sample, shorter_side
 from perturb.ops.registry import (
     Geometry,
     Level,
@@ -80,10 +81,8 @@ from perturb.ops.xray import (
     FULL_DOSE_QUANTA,
     MU,
     REFERENCE_SIDE,
-    _b,
     _box_torch,
     _coords,
-    _side,
     _wide,
     box_radius,
     scale_linear,
@@ -299,10 +298,10 @@ def penetration(
     noise std ``1 / (MU sqrt(Q I))`` at full dose with ``Q = N0 ratio^2`` after and ``N0``
     before; the old noise is scaled by ``m`` with the image, the new one is added as the
     gaussian difference ``sqrt(max(s_new^2 - m^2 s_old^2, 0))``."""
-    ratio = _b(p["kvp_ratio"]).double()
+    ratio = per_sample(p["kvp_ratio"]).double()
     m = torch.pow(ratio, -KVP_EXPONENT)
     v = _wide(x)
-    q_old = FULL_DOSE_QUANTA * (REFERENCE_SIDE / _side(x)) ** 2
+    q_old = FULL_DOSE_QUANTA * (REFERENCE_SIDE / shorter_side(x)) ** 2
     q_new = q_old * ratio * ratio
     v_new = v * m
     var_old = torch.exp(v * MU) / (MU * MU * q_old)
@@ -678,12 +677,12 @@ def cutoff_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     (one side); at least 0.05."""
     _, xs = _coords(x)
     u = xs / (x.shape[-1] / 2.0)
-    c = _b(p["centre"]).double()
+    c = per_sample(p["centre"]).double()
     both = (u - c).abs()
     one = ((u - c) + 1.0) / 2.0
-    dec = _b(p["decentred"]).double()
+    dec = per_sample(p["decentred"]).double()
     shape = both * (1.0 - dec) + one * dec
-    return (1.0 - _b(p["loss"]).double() * shape).clamp_(min=0.05)
+    return (1.0 - per_sample(p["loss"]).double() * shape).clamp_(min=0.05)
 
 
 @register_kernel("xray_grid_cutoff", sampler=_cutoff_sampler)
@@ -726,7 +725,7 @@ def xray_edge_enhancement(
     taps per pixel) while this op's low-pass is three box passes through ``_box_torch`` cumulative
     sums (O(1) per pixel; see ``xray_scatter`` for the measured speed) and is also the CPU path,
     whose bytes the golden outputs pin."""
-    side = _side(x)
+    side = shorter_side(x)
     out = []
     for i in range(x.shape[0]):
         v = _wide(x[i : i + 1])
@@ -766,7 +765,7 @@ def xray_double_exposure(
 
     Kornia: own kernel, because the second exposure is an integer shift with edge replication (an
     index gather, exact); Kornia's ``translate`` resamples every pixel through ``grid_sample``."""
-    side = _side(x)
+    side = shorter_side(x)
     out = []
     for i in range(x.shape[0]):
         lin = to_linear(x[i])
@@ -809,7 +808,7 @@ def xray_cardiac_motion(
     Kornia: own kernel, because its box PSFs along one axis are ``_box_torch`` cumulative sums (O(1)
     per pixel); Kornia's ``box_blur`` is O(length) per pixel (see ``xray_scatter``)."""
     h, w = x.shape[-2:]
-    side = _side(x)
+    side = shorter_side(x)
     heart, domes = motion_masks(h, w, x.device)
     out = []
     for i in range(x.shape[0]):

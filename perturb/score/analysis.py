@@ -34,7 +34,7 @@ ALL = "(all)"
 PRIMARY_ORDER = ("mcq", "yesno", "box_iou", "judge", "rougeL", "token_f1", "exact_match_tolerant")
 
 
-def r6(x: Any) -> float | None:
+def six_digits(x: Any) -> float | None:
     """A JSON number with 6 significant digits (None for NaN/inf)."""
     if x is None:
         return None
@@ -166,10 +166,10 @@ class _IntervalBatch:
             S = np.stack([it[3] for it in with_boot], axis=1)  # type: ignore[misc]
             lo, hi = percentile_ci(S, self.level)
             for (tgt, key, pt, _), a, b in zip(with_boot, lo, hi, strict=True):
-                tgt[key] = {"estimate": r6(pt), "ci": [r6(a), r6(b)]}
+                tgt[key] = {"estimate": six_digits(pt), "ci": [six_digits(a), six_digits(b)]}
         for tgt, key, pt, bt in self.items:
             if bt is None:
-                tgt[key] = {"estimate": r6(pt), "ci": None}
+                tgt[key] = {"estimate": six_digits(pt), "ci": None}
         self.items = []
 
 
@@ -213,7 +213,7 @@ def summarize(cell: Cell, layout: Layout, intervals: _IntervalBatch) -> dict[str
             intervals.add(d, "flip_correct_to_wrong", lost / n, lost_boot)
             intervals.add(d, "flip_wrong_to_correct", gained / n, gained_boot)
             d["mcnemar"] = {
-                k: (r6(v) if isinstance(v, float) else v)
+                k: (six_digits(v) if isinstance(v, float) else v)
                 for k, v in mcnemar(round(lost), round(gained)).items()
             }
         out["metrics"][m] = d
@@ -703,8 +703,8 @@ def _flips(
                 "prediction_clean": row["pred_clean"],
                 "prediction_perturbed": row["pred_pert"],
                 "metric": primary,
-                "clean": r6(clean[i]),
-                "perturbed": r6(pert_vals[i]),
+                "clean": six_digits(clean[i]),
+                "perturbed": six_digits(pert_vals[i]),
                 "image_clean": img_c,
                 "image_perturbed": img_p,
             }

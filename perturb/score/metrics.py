@@ -60,9 +60,7 @@ from perturb.boxes import (
     strip_loc_tags,
 )
 from perturb.errors import InputError
-
-# the one MCQ answer extractor (re-exported: callers import it from here too)
-from perturb.score.answers import extract_letter as extract_letter
+from perturb.score.answers import extract_letter
 from perturb.score.bitseq import pair_stats
 from perturb.score.readers import map_unique, obj_array
 from perturb.score.text import TokenTable, rouge_split, sequences_equal, tokenize, tolerant_tokens
@@ -235,7 +233,7 @@ def _union_area_grid(
     return cover
 
 
-def box_iou(
+def union_box_iou(
     pred_boxes: Sequence[tuple[float, ...]], ref_boxes: Sequence[tuple[float, ...]]
 ) -> float:
     """IoU of the union of predicted boxes and the union of reference boxes (exact areas)."""
@@ -478,7 +476,7 @@ def _mcq_values(
 
 
 _BOX_METRICS: dict[str, Callable[[Any, Any], float]] = {
-    "box_iou": box_iou,
+    "box_iou": union_box_iou,
     "box_miou": matched_mean_iou,
     "box_hit50": hit_rate,
 }

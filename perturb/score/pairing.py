@@ -34,7 +34,6 @@ import pandas as pd
 
 from perturb.datasets.radiology import sample_of_image_paths
 from perturb.errors import InputError
-from perturb.score.errors import examples
 from perturb.score.manifest import Manifest, match_rows
 from perturb.score.readers import ReadReport, map_unique, obj_array, object_frame
 from perturb.score.risk import (
@@ -43,6 +42,13 @@ from perturb.score.risk import (
     classes_at_risk,
     tags_at_severity,
 )
+
+
+def examples(items: list[str], limit: int = 3) -> str:
+    """Join the first ``limit`` example strings for an error message."""
+    shown = "; ".join(items[:limit])
+    more = f" (and {len(items) - limit} more)" if len(items) > limit else ""
+    return shown + more
 
 
 @dataclass

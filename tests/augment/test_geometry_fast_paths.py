@@ -9,11 +9,12 @@ import torch
 
 import perturb
 from perturb import engine
+from perturb.contracts.record import Record
 from perturb.ops import backend, geometry
 from tests.helpers import small_batch
 
 
-def _batched(op: str, x: torch.Tensor, records: list[engine.Record]) -> torch.Tensor:
+def _batched(op: str, x: torch.Tensor, records: list[Record]) -> torch.Tensor:
     """The op on the whole float32 batch at once (OpenCV warps; translation's exact shift),
     rounded back to the batch's dtype as the engine rounds."""
     scale = {torch.uint8: 255.0, torch.uint16: 65535.0}.get(x.dtype)

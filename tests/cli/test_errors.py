@@ -40,11 +40,11 @@ def test_other_exceptions_are_not_swallowed() -> None:
     assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
 
 
-def test_a_real_command_turns_an_unlisted_perturb_error_into_exit_2(
+def test_a_real_command_turns_a_perturb_error_into_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``generate`` names RunError and SuiteError; a PerturbError from elsewhere (any room,
-    once every error class derives from it) exits 2 the same way, nothing written."""
+    """``generate`` catches no error class itself: a PerturbError from any room (here an
+    InputError raised by the driver) exits 2 through the guard, nothing written."""
     from perturb.generate import runner as driver
 
     def refuse(*_: object, **__: object) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from perturb.annotations import box_iou, parse_loc_tags
+from perturb.boxes import box_iou, parse_loc_tags
 from perturb.catalog.specs import op_names
 from perturb.cli import app
 from perturb.configs import CONFIG_DIR

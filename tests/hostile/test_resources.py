@@ -128,7 +128,8 @@ def test_every_op_on_extreme_aspect_ratios_stays_under_2_gb(tmp_path: Path) -> N
     Image.fromarray(rng.integers(0, 255, (100_000, 3, 3), dtype=np.uint8)).save(folder / "tall.png")
     code = f"""
 import resource
-from perturb.generate.runner import RunOptions, generate
+from perturb.generate.core import RunOptions
+from perturb.generate.runner import generate
 from perturb.suites import parse_suite
 suite = parse_suite({{"suite": "all5", "seed": 0, "jobs": [
     {{"ops": "all", "modality": "endoscopy", "severities": [5]}},

@@ -25,7 +25,6 @@ PACKAGE = Path(perturb.__file__).parent
 # resized_crop, rotate, translate, brightness, contrast), which are the composite's own
 # vocabulary and not records of catalog ops; they live with the composite.
 COMPOSITE_VOCABULARY = {
-    "perturb/generate/replay.py": "validation of track-2 composite steps (composite_problem)",
     "perturb/datasets/kvasir*": "track-2 composite steps (the Kvasir-VQA-x1 room)",
 }
 FOREIGN_NAMES = ("hflip", "horizontal_flip", "vflip", "vertical_flip")

@@ -14,16 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rouge_score import rouge_scorer
 
+from perturb.score.answers import extract_letter
 from perturb.score.bitseq import lcs_dp, overlap_counter, pair_stats
 from perturb.score.metrics import (
-    box_iou,
     compute_item_metrics,
     corpus_score,
     corpus_stats,
-    extract_letter,
     extract_yesno,
     normalize_tolerant,
     parse_boxes,
+    union_box_iou,
 )
 from perturb.score.text import TokenTable, tokenize
 
@@ -279,13 +279,13 @@ def test_yesno_applies_only_to_yes_no_references() -> None:
 
 def test_box_iou_hand_checked() -> None:
     assert parse_boxes("at <loc_10_20_30_40> and <loc_5_5_1_1>") == [(10, 20, 30, 40), (1, 1, 5, 5)]
-    assert box_iou([(0, 0, 10, 10)], [(0, 0, 10, 10)]) == 1.0
-    assert box_iou([(0, 0, 10, 10)], [(20, 20, 30, 30)]) == 0.0
-    assert box_iou([(0, 0, 10, 10)], [(5, 0, 15, 10)]) == pytest.approx(50 / 150)
+    assert union_box_iou([(0, 0, 10, 10)], [(0, 0, 10, 10)]) == 1.0
+    assert union_box_iou([(0, 0, 10, 10)], [(20, 20, 30, 30)]) == 0.0
+    assert union_box_iou([(0, 0, 10, 10)], [(5, 0, 15, 10)]) == pytest.approx(50 / 150)
     # union of two predicted boxes covering the reference exactly
-    assert box_iou([(0, 0, 5, 10), (5, 0, 10, 10)], [(0, 0, 10, 10)]) == pytest.approx(1.0)
+    assert union_box_iou([(0, 0, 5, 10), (5, 0, 10, 10)], [(0, 0, 10, 10)]) == pytest.approx(1.0)
     # overlapping predicted boxes are not double counted: union 150, intersection with ref 100
-    assert box_iou([(0, 0, 10, 10), (5, 0, 15, 10)], [(0, 0, 10, 10)]) == pytest.approx(100 / 150)
+    assert union_box_iou([(0, 0, 10, 10), (5, 0, 15, 10)], [(0, 0, 10, 10)]) == pytest.approx(100 / 150)
     v = compute_item_metrics(
         _obj(["<loc_0_0_10_10>", "nothing", "x"]),
         _obj(["<loc_5_0_15_10>", "<loc_0_0_1_1>", "no box"]),

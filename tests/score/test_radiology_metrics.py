@@ -10,6 +10,7 @@ import itertools
 import re
 import string
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +26,8 @@ from perturb.boxes import (
     parse_loc_tags,
     strip_loc_tags,
 )
-from perturb.score.metrics import compute_item_metrics, extract_letter, reference_letter
+from perturb.score.answers import extract_letter
+from perturb.score.metrics import compute_item_metrics, reference_letter
 from perturb.score.readers import obj_array
 
 # ----------------------------------------------------------------------------- references
@@ -133,12 +135,26 @@ def test_loc_tags_parse_and_strip() -> None:
     assert strip_loc_tags("no tags") == "no tags"
 
 
-def test_annotations_reexports_the_torch_free_helpers() -> None:
-    import perturb.annotations as ann
+def test_box_helpers_have_one_definition() -> None:
+    """The torch-free box and <loc> helpers live in perturb.boxes only: no other module of the
+    package defines its own copy (the scorer's union IoU has its own name, union_box_iou)."""
+    import ast
+
+    import perturb
     import perturb.boxes as bx
 
-    assert ann.box_iou is bx.box_iou and ann.parse_loc_tags is bx.parse_loc_tags
-    assert ann.LOC_TAG is bx.LOC_TAG
+    helpers = {"LOC_TAG", "box_iou", "loc_tag", "parse_loc_tags", "strip_loc_tags"}
+    root = Path(perturb.__file__).parent
+    copies = []
+    for path in root.rglob("*.py"):
+        if path == Path(bx.__file__):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            names = [node.name] if isinstance(node, ast.FunctionDef) else []
+            if isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            copies += [f"{path.relative_to(root)}:{name}" for name in names if name in helpers]
+    assert copies == []
 
 
 # ----------------------------------------------------------------------------- item metrics

@@ -13,13 +13,8 @@ import pytest
 import torch
 
 import perturb
-from perturb.annotations import (
-    AnnotationError,
-    box_iou,
-    parse_loc_tags,
-    transform_boxes,
-    transform_loc_text,
-)
+from perturb.annotations import AnnotationError, transform_boxes, transform_loc_text
+from perturb.boxes import box_iou, parse_loc_tags
 from tests.helpers import SAMPLES, sample_tensor
 
 BOXES_CSV = SAMPLES / "xray" / "boxes.csv"

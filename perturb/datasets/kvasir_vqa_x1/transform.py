@@ -60,6 +60,9 @@ NAME = "kvasir_transformed"
 VERSION = 1
 RISK_TAGS = ["moves_geometry", "crops_border", "black_fill", "alters_intensity"]
 MAX_ATTEMPTS = 10
+# the catalog ops that make the same kinds of change (an Augment policy holding out this suite
+# holds them out)
+CATALOG_OPS = ("resized_crop", "rotation", "translation", "brightness", "contrast")
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,44 @@ def apply_transformed(x: torch.Tensor, params: Sequence[dict[str, Any]]) -> torc
     return torch.stack(
         [_color_torch(w, _jitter_steps(p)) for w, p in zip(warped, params, strict=True)]
     )
+
+
+_STEP_LIMITS = {  # value bounds of each step's numbers (sizes are checked against the image)
+    "rotate": {"angle": 360.0},
+    "brightness": {"factor": 10.0},
+    "contrast": {"factor": 10.0},
+}
+
+
+def composite_problem(params: Any, width: int, height: int) -> str | None:
+    """Why a track record cannot be replayed on a ``width`` x ``height`` image (None if it can):
+    its size must be the image's, the crop inside it, shifts within it, factors and angles
+    finite and bounded, so a forged record cannot size buffers."""
+    if not isinstance(params, dict) or not isinstance(params.get("steps"), list):
+        return "params must be an object with a steps list"
+    if params.get("size") != [width, height]:
+        return f"size {params.get('size')!r:.40} is not the image's [{width}, {height}]"
+    for step in params["steps"]:
+        if not isinstance(step, dict):
+            return "every step must be an object"
+        op = step.get("op")
+        for key, value in step.items():
+            if key in ("op", "fallback"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                return f"{op} {key} is {value!r:.40}, not a finite number"
+            bound = _STEP_LIMITS.get(str(op), {}).get(key)
+            if bound is not None and abs(value) > bound:
+                return f"{op} {key} = {value} is outside [-{bound}, {bound}]"
+        if op == "resized_crop":
+            top, left, h, w = (step.get(k, -1) for k in ("top", "left", "height", "width"))
+            inside = min(top, left) >= 0 and min(h, w) > 0
+            if not (inside and top + h <= height and left + w <= width):
+                return "resized_crop box is not inside the image"
+        shift = (abs(step.get("tx", 0)), abs(step.get("ty", 0)))
+        if op == "translate" and not (shift[0] <= width and shift[1] <= height):
+            return "translate moves the image beyond its size"
+    return None
 
 
 def track_key(seed: int, img_id: str, variant: int) -> int:

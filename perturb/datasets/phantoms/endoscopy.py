@@ -23,7 +23,6 @@ import cv2
 import numpy as np
 
 from perturb import rng as keyed
-from perturb.datasets.kvasir_vqa_x1 import QUESTION_CLASSES  # noqa: F401  (re-exported)
 from perturb.datasets.phantoms._sizes import DEFAULT_SIZE
 
 ROWS = ("upper", "center", "lower")

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from perturb.datasets.kvasir_vqa_x1 import QUESTION_CLASSES
 from perturb.datasets.phantoms import builtin_dataset, phantom_id, phantom_image
 from perturb.datasets.phantoms.endoscopy import (
     POLYP_COLORS,
-    QUESTION_CLASSES,
     cell_of,
     fov_mask,
     qa_rows,
