@@ -40,6 +40,7 @@ from perturb.ops._math import (
     luma,
     plane2d,
     sample_mean,
+    scratch,
     split_into,
     srgb_to_linear,
     srgb_to_linear_np,
@@ -265,14 +266,17 @@ def brightness_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
 def _luma_u8(src: np.ndarray) -> np.ndarray:
     """float32 (H, W): the kernel's luma ``w0 L[r] + w1 L[g] + w2 L[b]`` of a uint8 CHW sample
     (``L`` the engine's float32 levels), each product looked up in a float32 table (OpenCV LUT),
-    the sums in the kernel's order: the same values as converting the sample first."""
+    the sums in the kernel's order: the same values as converting the sample first. RGB: a
+    per-thread buffer, valid until the thread's next call."""
     lv = backend.levels(np.dtype(np.uint8))
     if src.shape[0] == 1:
         return np.asarray(cv2.LUT(src[0], lv))
     t0, t1, t2 = (np.ascontiguousarray(lv * np.float32(w)) for w in LUMA_REC601)
-    y: np.ndarray = np.asarray(cv2.LUT(src[0], t0), dtype=np.float32)
-    np.add(y, cv2.LUT(src[1], t1), out=y)
-    np.add(y, cv2.LUT(src[2], t2), out=y)
+    y = scratch("luma_u8", src.shape[1:], np.float32)  # per-thread buffers: no page faults
+    part = scratch("luma_u8_part", src.shape[1:], np.float32)
+    cv2.LUT(src[0], t0, dst=y)
+    np.add(y, cv2.LUT(src[1], t1, dst=part), out=y)
+    np.add(y, cv2.LUT(src[2], t2, dst=part), out=y)
     return y
 
 
@@ -296,7 +300,9 @@ def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key
             y = f[0] if f.shape[0] == 1 else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
             if f.shape[0] == 3:
                 y = y + f[2] * np.float32(LUMA_REC601[2])
-        total = float(np.multiply(y, weight, dtype=np.float64).sum())  # (y64 * weight).sum(), one pass fewer
+        # (y64 * weight).sum(), one pass fewer, into a reused buffer (the same pairwise sum)
+        product = scratch("contrast_product", y.shape, np.float64)
+        total = float(np.multiply(y, weight, out=product, dtype=np.float64).sum())
         mean = np.float32(total / tissue_weight_sum(scene.descriptor))
     factor = np.float32(p["factor"])
     if src.dtype == np.uint8:
