@@ -21,7 +21,10 @@ float32 is not done yet (it may move CPU bytes, which needs op version bumps).
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -287,23 +290,49 @@ def tissue_weight_sum(desc: dict[str, Any]) -> float:
     return tissue_alpha_sum(desc)
 
 
+# Tissue-weighted mean luma of recent frames, keyed by a digest of the sample's bytes and its
+# scene: the mean does not depend on the op's parameters, so a frame taken at several severities
+# or variants (or again in a later batch) computes it once.
+_MEANS: OrderedDict[tuple[bytes, str, tuple[int, ...], str], np.float32] = OrderedDict()
+_MEANS_SIZE = 1024
+_MEANS_LOCK = threading.Lock()
+
+
+def tissue_mean_luma(src: np.ndarray, scene: Any, weight: np.ndarray) -> np.float32:
+    """float32 mean of the kernel's luma of ``src`` (CHW) weighted by the tissue alpha
+    ``weight`` of ``scene``: a float64 sum of ``y * weight`` over the frame, over the float64 sum
+    of the weights (cached per sample bytes and scene)."""
+    from perturb.scene.analysis import _digest
+
+    slot = (_digest(np.ascontiguousarray(src)), src.dtype.str, tuple(src.shape), json.dumps(scene.descriptor, sort_keys=True))
+    with _MEANS_LOCK:
+        hit = _MEANS.get(slot)
+        if hit is not None:
+            _MEANS.move_to_end(slot)
+            return hit
+    if src.dtype == np.uint8:  # the same float32 products, read from 256-entry tables
+        y = _luma_u8(src)
+    else:
+        f = backend.load_float(src)
+        y = f[0] if f.shape[0] == 1 else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
+        if f.shape[0] == 3:
+            y = y + f[2] * np.float32(LUMA_REC601[2])
+    # (y64 * weight).sum(), one pass fewer, into a reused buffer (the same pairwise sum)
+    product = scratch("contrast_product", y.shape, np.float64)
+    total = float(np.multiply(y, weight, out=product, dtype=np.float64).sum())
+    mean = np.float32(total / tissue_weight_sum(scene.descriptor))
+    with _MEANS_LOCK:
+        _MEANS[slot] = mean
+        while len(_MEANS) > _MEANS_SIZE:
+            _MEANS.popitem(last=False)
+    return mean
+
+
 @backend.register_cpu("contrast", uses_scene=True)
 def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
     weight = tissue_weight(scene)
-    if weight is None:
-        mean = _mean_luma(src)
-    else:  # the kernel's luma of the float32 sample, weighted
-        if src.dtype == np.uint8:  # the same float32 products, read from 256-entry tables
-            y = _luma_u8(src)
-        else:
-            f = backend.load_float(src)
-            y = f[0] if f.shape[0] == 1 else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
-            if f.shape[0] == 3:
-                y = y + f[2] * np.float32(LUMA_REC601[2])
-        # (y64 * weight).sum(), one pass fewer, into a reused buffer (the same pairwise sum)
-        product = scratch("contrast_product", y.shape, np.float64)
-        total = float(np.multiply(y, weight, out=product, dtype=np.float64).sum())
-        mean = np.float32(total / tissue_weight_sum(scene.descriptor))
+    # the kernel's luma of the float32 sample: of the whole frame, or weighted by the tissue
+    mean = _mean_luma(src) if weight is None else tissue_mean_luma(src, scene, weight)
     factor = np.float32(p["factor"])
     if src.dtype == np.uint8:
         # round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x + 255 mean (1 -
