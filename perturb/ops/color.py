@@ -222,7 +222,9 @@ def _transform(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> None:
     """dst = clip(matrix @ rgb) per pixel with OpenCV's 3x3 transform (uint8: rounded and
     saturated; float32: clipped to [0, 1])."""
     m = np.asarray(matrix, dtype=np.float32).reshape(3, 3)
-    mixed = cv2.transform(cv2.merge([src[0], src[1], src[2]]), m)
+    hwc = (*src.shape[1:], 3)
+    merged = cv2.merge([src[0], src[1], src[2]], dst=scratch("transform_in", hwc, src.dtype))
+    mixed = cv2.transform(merged, m, dst=scratch("transform_out", hwc, src.dtype))
     if dst.dtype != np.uint8:
         np.clip(mixed, np.float32(0.0), np.float32(1.0), out=mixed)
     split_into(mixed, dst)
