@@ -21,7 +21,10 @@ float32 is not done yet (it may move CPU bytes, which needs op version bumps).
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +44,7 @@ from perturb.ops._math import (
     per_sample,
     plane2d,
     sample_mean,
+    scratch,
     split_into,
     srgb_to_linear,
     srgb_to_linear_np,
@@ -215,7 +219,9 @@ def _transform(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> None:
     """dst = clip(matrix @ rgb) per pixel with OpenCV's 3x3 transform (uint8: rounded and
     saturated; float32: clipped to [0, 1])."""
     m = np.asarray(matrix, dtype=np.float32).reshape(3, 3)
-    mixed = cv2.transform(cv2.merge([src[0], src[1], src[2]]), m)
+    hwc = (*src.shape[1:], 3)
+    merged = cv2.merge([src[0], src[1], src[2]], dst=scratch("transform_in", hwc, src.dtype))
+    mixed = cv2.transform(merged, m, dst=scratch("transform_out", hwc, src.dtype))
     if dst.dtype != np.uint8:
         np.clip(mixed, np.float32(0.0), np.float32(1.0), out=mixed)
     split_into(mixed, dst)
@@ -262,14 +268,17 @@ def brightness_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
 def _luma_u8(src: np.ndarray) -> np.ndarray:
     """float32 (H, W): the kernel's luma ``w0 L[r] + w1 L[g] + w2 L[b]`` of a uint8 CHW sample
     (``L`` the engine's float32 levels), each product looked up in a float32 table (OpenCV LUT),
-    the sums in the kernel's order: the same values as converting the sample first."""
+    the sums in the kernel's order: the same values as converting the sample first. RGB: a
+    per-thread buffer, valid until the thread's next call."""
     lv = backend.levels(np.dtype(np.uint8))
     if src.shape[0] == 1:
         return np.asarray(cv2.LUT(src[0], lv))
     t0, t1, t2 = (np.ascontiguousarray(lv * np.float32(w)) for w in LUMA_REC601)
-    y: np.ndarray = np.asarray(cv2.LUT(src[0], t0), dtype=np.float32)
-    np.add(y, cv2.LUT(src[1], t1), out=y)
-    np.add(y, cv2.LUT(src[2], t2), out=y)
+    y = scratch("luma_u8", src.shape[1:], np.float32)  # per-thread buffers: no page faults
+    part = scratch("luma_u8_part", src.shape[1:], np.float32)
+    cv2.LUT(src[0], t0, dst=y)
+    np.add(y, cv2.LUT(src[1], t1, dst=part), out=y)
+    np.add(y, cv2.LUT(src[2], t2, dst=part), out=y)
     return y
 
 
@@ -280,21 +289,49 @@ def tissue_weight_sum(desc: dict[str, Any]) -> float:
     return tissue_alpha_sum(desc)
 
 
+# Tissue-weighted mean luma of recent frames, keyed by a digest of the sample's bytes and its
+# scene: the mean does not depend on the op's parameters, so a frame taken at several severities
+# or variants (or again in a later batch) computes it once.
+_MEANS: OrderedDict[tuple[bytes, str, tuple[int, ...], str], np.float32] = OrderedDict()
+_MEANS_SIZE = 1024
+_MEANS_LOCK = threading.Lock()
+
+
+def tissue_mean_luma(src: np.ndarray, scene: Any, weight: np.ndarray) -> np.float32:
+    """float32 mean of the kernel's luma of ``src`` (CHW) weighted by the tissue alpha
+    ``weight`` of ``scene``: a float64 sum of ``y * weight`` over the frame, over the float64 sum
+    of the weights (cached per sample bytes and scene)."""
+    from perturb.scene.analysis import _digest
+
+    slot = (_digest(np.ascontiguousarray(src)), src.dtype.str, tuple(src.shape), json.dumps(scene.descriptor, sort_keys=True))
+    with _MEANS_LOCK:
+        hit = _MEANS.get(slot)
+        if hit is not None:
+            _MEANS.move_to_end(slot)
+            return hit
+    if src.dtype == np.uint8:  # the same float32 products, read from 256-entry tables
+        y = _luma_u8(src)
+    else:
+        f = backend.load_float(src)
+        y = f[0] if f.shape[0] == 1 else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
+        if f.shape[0] == 3:
+            y = y + f[2] * np.float32(LUMA_REC601[2])
+    # (y64 * weight).sum(), one pass fewer, into a reused buffer (the same pairwise sum)
+    product = scratch("contrast_product", y.shape, np.float64)
+    total = float(np.multiply(y, weight, out=product, dtype=np.float64).sum())
+    mean = np.float32(total / tissue_weight_sum(scene.descriptor))
+    with _MEANS_LOCK:
+        _MEANS[slot] = mean
+        while len(_MEANS) > _MEANS_SIZE:
+            _MEANS.popitem(last=False)
+    return mean
+
+
 @backend.register_cpu("contrast", uses_scene=True)
 def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
     weight = tissue_weight(scene)
-    if weight is None:
-        mean = _mean_luma(src)
-    else:  # the kernel's luma of the float32 sample, weighted
-        if src.dtype == np.uint8:  # the same float32 products, read from 256-entry tables
-            y = _luma_u8(src)
-        else:
-            f = backend.load_float(src)
-            y = f[0] if f.shape[0] == 1 else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
-            if f.shape[0] == 3:
-                y = y + f[2] * np.float32(LUMA_REC601[2])
-        total = float(np.multiply(y, weight, dtype=np.float64).sum())  # (y64 * weight).sum(), one pass fewer
-        mean = np.float32(total / tissue_weight_sum(scene.descriptor))
+    # the kernel's luma of the float32 sample: of the whole frame, or weighted by the tissue
+    mean = _mean_luma(src) if weight is None else tissue_mean_luma(src, scene, weight)
     factor = np.float32(p["factor"])
     if src.dtype == np.uint8:
         # round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x + 255 mean (1 -

@@ -29,6 +29,7 @@ from perturb.ops._math import (
     linear_to_srgb_np,
     linear_to_srgb_u8,
     per_sample,
+    scratch,
     srgb_to_linear,
     srgb_to_linear_np,
     srgb_to_linear_u8,
@@ -90,16 +91,40 @@ def field_frame(h: int, w: int, scene: Any) -> tuple[float, float, float, float]
     return float(x0), float(y0), float(x1 - x0), float(y1 - y0)
 
 
-def field_falloff_np(h: int, w: int, cx: float, cy: float, strength: float, scene: Any) -> np.ndarray:
+def field_falloff_np(
+    h: int,
+    w: int,
+    cx: float,
+    cy: float,
+    strength: float,
+    scene: Any,
+    out: np.ndarray | None = None,
+    box: tuple[int, int, int, int] | None = None,
+) -> np.ndarray:
     """float32 (H, W) ``max(0, 1 - strength r^2)``, r = distance from the keyed centre (fractions
     of the field box) over the field's radius (the RMS of its half sides), so the fall-off
-    reaches ``1 - strength`` at the aperture's edge whatever the frame's layout."""
+    reaches ``1 - strength`` at the aperture's edge whatever the frame's layout. Evaluated in
+    float64, a band of rows at a time (into ``out`` where given); ``box`` (x0, y0, x1, y1): only
+    that rectangle, the same values as there in the whole map."""
     fx, fy, fw, fh = field_frame(h, w, scene)
     radius = 0.5 * float(np.sqrt(0.5 * (fw * fw + fh * fh)))
+    bx0, by0, bx1, by1 = (0, 0, w, h) if box is None else box
     dy = (np.arange(h, dtype=np.float64) + 0.5 - (fy + cy * fh)) / radius
     dx = (np.arange(w, dtype=np.float64) + 0.5 - (fx + cx * fw)) / radius
-    r2 = (dx * dx)[None, :] + (dy * dy)[:, None]
-    return np.maximum(1.0 - strength * r2, 0.0).astype(np.float32)
+    dx2, dy2 = (dx * dx)[None, bx0:bx1], (dy * dy)[by0:by1, None]
+    bh, bw = by1 - by0, bx1 - bx0
+    res = np.empty((bh, bw), np.float32) if out is None else out
+    band = max(1, min(bh, (1 << 15) // max(bw, 1)))  # 256 KB of float64: stays in cache
+    work = scratch("field_falloff_np", (band, bw), np.float64)
+    for y0 in range(0, bh, band):
+        rows = min(band, bh - y0)
+        r2 = work[:rows]
+        np.add(dx2, dy2[y0 : y0 + rows], out=r2)
+        np.multiply(r2, -strength, out=r2)  # -(strength r^2): the same rounding, negated
+        np.add(r2, 1.0, out=r2)  # 1 - strength r^2
+        np.maximum(r2, 0.0, out=r2)
+        res[y0 : y0 + rows] = r2
+    return res
 
 
 @register_kernel("vignetting", sampler=_vignetting_sampler, uses_scene=True)
@@ -209,13 +234,21 @@ def _falloff_np(h: int, w: int, p: dict[str, np.ndarray], strength: np.float32) 
 
 
 def _scale_in_linear(src: np.ndarray, dst: np.ndarray, scale: np.ndarray) -> None:
-    """dst = linear_to_srgb(srgb_to_linear(src) * scale) with a per-pixel (H, W) scale."""
+    """dst = linear_to_srgb(srgb_to_linear(src) * scale) with a per-pixel (H, W) scale (CHW
+    planes, possibly views of a larger frame)."""
     if src.dtype == np.uint8:
         table = srgb_to_linear_u8()
+        lin = scratch("scale_in_linear", src.shape[1:], np.float32)
         for c in range(src.shape[0]):
-            lin = cv2.LUT(src[c], table)
+            cv2.LUT(src[c], table, dst=lin)
             cv2.multiply(lin, scale, dst=lin)
             linear_to_srgb_u8(lin, dst[c])
+        return
+    if not (src.flags.c_contiguous and dst.flags.c_contiguous):  # the float path reshapes
+        region = np.ascontiguousarray(src)
+        out = np.empty_like(region)
+        _scale_in_linear(region, out, scale)
+        dst[...] = out
         return
     lin = srgb_to_linear_np(src)
     lin *= scale
@@ -243,8 +276,20 @@ def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
 @backend.register_cpu("vignetting", uses_scene=True)
 def vignetting_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
     h, w = src.shape[-2:]
-    scale = field_falloff_np(h, w, float(p["cx"]), float(p["cy"]), float(p["strength"]), scene)
-    _scale_in_linear(src, dst, scale)
+    cx, cy, strength = float(p["cx"]), float(p["cy"]), float(p["strength"])
+    if scene is None:
+        scale = scratch("vignetting_scale", (h, w), np.float32)
+        _scale_in_linear(src, dst, field_falloff_np(h, w, cx, cy, strength, None, out=scale))
+        return
+    # a scene comes only with border protection, whose composite keeps the source outside the
+    # field's bbox: the fall-off is computed inside it, the rest copied from the source
+    x0, y0, x1, y1 = (int(v) for v in scene.bbox)
+    np.copyto(dst, src)
+    if x1 <= x0 or y1 <= y0:
+        return
+    scale = scratch("vignetting_scale", (y1 - y0, x1 - x0), np.float32)
+    field_falloff_np(h, w, cx, cy, strength, scene, out=scale, box=(x0, y0, x1, y1))
+    _scale_in_linear(src[:, y0:y1, x0:x1], dst[:, y0:y1, x0:x1], scale)
 
 
 @backend.register_cpu("haze")

@@ -259,6 +259,8 @@ class _ComposePlan:
     part: np.ndarray
     part_alpha: np.ndarray
     text: tuple[int, int, int, int] | None
+    part3: np.ndarray  # ``part`` in each plane of a CHW 3-plane sample (flat indices)
+    part_alpha3: np.ndarray
 
 
 @_memo
@@ -282,9 +284,11 @@ def _compose_plan(key: str) -> _ComposePlan:
             partial[ty0:ty1, tx0:tx1] = False
     part = np.flatnonzero(partial)
     part_alpha = static.reshape(-1)[part]
-    for arr in (keep, part, part_alpha):
+    part3 = np.concatenate([part + c * (h * w) for c in range(3)])
+    part_alpha3 = np.tile(part_alpha, 3)
+    for arr in (keep, part, part_alpha, part3, part_alpha3):
         arr.flags.writeable = False
-    return _ComposePlan(keep, part, part_alpha, text)
+    return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3)
 
 
 def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None:
@@ -306,35 +310,72 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> Non
             cv2.copyTo(s, plan.keep, d)  # in place: both planes are contiguous
         else:
             np.copyto(d, s, where=plan.keep.astype(bool))
-        if plan.part.size:
-            s_flat, d_flat = s.reshape(-1), d.reshape(-1)
-            base = s_flat[plan.part].astype(np.float32)
-            mixed = base + plan.part_alpha * (d_flat[plan.part].astype(np.float32) - base)
-            if d.dtype == np.float32:
-                d_flat[plan.part] = mixed
-            else:
-                top = 255.0 if d.dtype == np.uint8 else 65535.0
-                d_flat[plan.part] = np.clip(np.rint(mixed), 0, top).astype(d.dtype)
-            if not fast:  # reshape made a copy
-                d[...] = d_flat.reshape(d.shape)
+    if plan.part.size:
+        _blend_at(src, dst, *((plan.part3, plan.part_alpha3) if planes == 3 else (plan.part, plan.part_alpha)))
     if plan.text is not None:
-        tx0, ty0, tx1, ty1 = plan.text
-        alpha = _text_alpha(desc, key, src, plan.text)
-        static = _alpha_without_text_cached(key)[ty0:ty1, tx0:tx1]
         # alpha 1 keeps ``dst``, static alpha 0 was copied above; the rest (glyph cover, soft
         # edge) blends, where alpha 0 gives ``src`` exactly: base + 0 * (d - base) = base
-        rows, cols = np.nonzero((alpha < 1.0) & (static > 0.0))
-        if rows.size:
-            a = alpha[rows, cols]
-            for c in range(planes):
-                s, d = src[c, ty0:ty1, tx0:tx1], dst[c, ty0:ty1, tx0:tx1]
-                base = s[rows, cols].astype(np.float32)
-                mixed = base + a * (d[rows, cols].astype(np.float32) - base)
-                if d.dtype == np.float32:
-                    d[rows, cols] = mixed
-                else:
-                    top = 255.0 if d.dtype == np.uint8 else 65535.0
-                    d[rows, cols] = np.clip(np.rint(mixed), 0, top).astype(d.dtype)
+        index, alpha = _text_blend(desc, key, src, plan.text)
+        if index.size:
+            _blend_at(src, dst, index, alpha)
+
+
+def _blend_at(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.ndarray) -> None:
+    """In place: ``dst`` at the flat ``index`` (into CHW) becomes ``src + alpha (dst - src)`` in
+    float32, integer levels rounded half to even (1-D gathers: far faster than per plane)."""
+    s_flat = src.reshape(-1)
+    d_flat = dst.reshape(-1)
+    base = s_flat[index].astype(np.float32)
+    mixed = base + alpha * (d_flat[index].astype(np.float32) - base)
+    if dst.dtype == np.float32:
+        d_flat[index] = mixed
+    else:
+        top = 255.0 if dst.dtype == np.uint8 else 65535.0
+        d_flat[index] = np.clip(np.rint(mixed), 0, top).astype(dst.dtype)
+    if not np.shares_memory(d_flat, dst):  # reshape made a copy
+        dst[...] = d_flat.reshape(dst.shape)
+
+
+# Glyph covers of recent frames: keyed by the descriptor and a digest of the pixels the glyph
+# windows read, so the same frame under several ops or severities finds its text lines' cover.
+_TEXT_BLEND: OrderedDict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+_TEXT_BLEND_SIZE = 256
+_TEXT_BLEND_LOCK = threading.Lock()
+
+
+def _text_blend(
+    desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(flat index into CHW, alpha) of the pixels inside ``rect`` that ``compose_numpy``
+    blends there: composite alpha below 1 where the static alpha is above 0 (cached per
+    descriptor and glyph window pixels)."""
+    from perturb.scene.analysis import _digest
+
+    parts = [str(image.dtype).encode(), str(image.shape).encode()]
+    for box in text_boxes(desc):
+        wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
+        parts.append(_digest(np.ascontiguousarray(image[:, wy0:wy1, wx0:wx1])))
+    slot = (key, b"".join(parts))
+    with _TEXT_BLEND_LOCK:
+        hit = _TEXT_BLEND.get(slot)
+        if hit is not None:
+            _TEXT_BLEND.move_to_end(slot)
+            return hit
+    tx0, ty0, tx1, ty1 = rect
+    alpha = _text_alpha(desc, key, image, rect)
+    static = _alpha_without_text_cached(key)[ty0:ty1, tx0:tx1]
+    rows, cols = np.nonzero((alpha < 1.0) & (static > 0.0))
+    h, w = desc["size"]
+    flat = (rows + ty0) * int(w) + (cols + tx0)
+    planes = image.shape[0]
+    value = (np.concatenate([flat + c * (h * w) for c in range(planes)]), np.tile(alpha[rows, cols], planes))
+    for arr in value:
+        arr.flags.writeable = False
+    with _TEXT_BLEND_LOCK:
+        _TEXT_BLEND[slot] = value
+        while len(_TEXT_BLEND) > _TEXT_BLEND_SIZE:
+            _TEXT_BLEND.popitem(last=False)
+    return value
 
 
 def _text_alpha(desc: dict[str, Any], key: str, image: Any, rect: tuple[int, int, int, int]) -> np.ndarray:
