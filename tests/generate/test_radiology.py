@@ -24,8 +24,8 @@ from perturb.generate.replay import replay_bytes
 from perturb.io.datasets import Annotations
 from perturb.io.images import read_image, to_tensor
 from perturb.suites import load_suite, parse_suite
+from tests.datasets.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 from tests.generate.conftest import manifest_rows, run
-from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 
 runner = CliRunner()
 

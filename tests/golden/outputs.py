@@ -109,7 +109,7 @@ def _image_suite(name: str, names: tuple[str, ...], sub: str) -> Callable[[Path]
 
 def _adapter_suite(name: str) -> Callable[[Path], dict[str, str]]:
     def make(tmp: Path) -> dict[str, str]:
-        from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
+        from tests.datasets.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 
         root = tmp / f"in-{name}"
         if name == "vindr-cxr-vqa":

@@ -21,8 +21,8 @@ from perturb.datasets.native import write_native
 from perturb.errors import InputError
 from perturb.score import score_runs
 from perturb.suites import parse_suite
+from tests.datasets.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 from tests.generate.conftest import run
-from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 
 
 @pytest.fixture(autouse=True)

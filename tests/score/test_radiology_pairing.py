@@ -19,14 +19,14 @@ import pytest
 from perturb.score import score_runs
 from perturb.score.readers import read_predictions
 from perturb.suites import parse_suite
-from tests.generate.conftest import run
-from tests.io.radiology_fixtures import (
+from tests.datasets.radiology_fixtures import (
     MED_MODALITIES,
     make_medthinkvqa,
     make_rexvqa,
     make_vindr,
     write_png,
 )
+from tests.generate.conftest import run
 
 
 @pytest.fixture(autouse=True)

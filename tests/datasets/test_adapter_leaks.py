@@ -18,7 +18,7 @@ from perturb.datasets.rexvqa import adapter as rexvqa
 from perturb.datasets.rexvqa.adapter import open_rexvqa
 from perturb.datasets.vindr_cxr_vqa import adapter as vindr
 from perturb.datasets.vindr_cxr_vqa.adapter import open_vindr
-from tests.io.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
+from tests.datasets.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 
 CHOICES = "options"  # the choices are the prompt's; they hold the answer among the others
 

@@ -13,7 +13,7 @@ from perturb.datasets import medthinkvqa, open_adapter, rexvqa, vindr_cxr_vqa
 from perturb.datasets._adapter import normalize_modality
 from perturb.io.datasets import DatasetError, ImageFetchError, InputDataset
 from perturb.io.images import decode_image
-from tests.io.radiology_fixtures import (
+from tests.datasets.radiology_fixtures import (
     MED_MODALITIES,
     VINDR_SIZE,
     make_medthinkvqa,
