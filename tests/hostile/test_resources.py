@@ -138,7 +138,12 @@ suite = parse_suite({{"suite": "all5", "seed": 0, "jobs": [
 s = generate(suite, RunOptions(out={str(tmp_path / "out")!r}, dataset={str(folder)!r},
                                device="cpu", progress=False))
 print("written", s.outputs_written, "errors", s.errors)
-print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+# the child's own peak: VmHWM belongs to this process image (ru_maxrss survives exec and would
+# report the pytest parent's size at fork)
+import pathlib
+status = pathlib.Path("/proc/self/status")
+hwm = [l.split()[1] for l in status.read_text().splitlines() if l.startswith("VmHWM:")] if status.exists() else []
+print("maxrss_kb", hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
     result = run_python(code, limit_bytes=8 * GB, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
