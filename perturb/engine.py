@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
 
@@ -223,10 +222,17 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
     keys = [rng.key_from_hex(r.key) for r in records]
     scenes = [record_scene(r, x[i]) if r.protect_border else None for i, r in enumerate(records)]
     if op.spec.spatial and any(s is not None for s in scenes):
+        if _cpu_path(op, x) is not None:  # extended, filtered and composited per sample
+            return _run_kernel(op, x, params, keys, scenes, compose=True, extend=True)
         x_in = extend_tissue(x, scenes)
         out = _run_kernel(op, x_in, params, keys, scenes)
         return _compose_into(x, out, scenes)
     return _run_kernel(op, x, params, keys, scenes, compose=True)
+
+
+def _cpu_path(op: Op, x: torch.Tensor) -> tuple[Any, Any] | None:
+    """The op's registered host path for ``x``'s dtype where the batch takes the OpenCV path."""
+    return backends.cpu_path(op.name, x.dtype) if backends.opencv_path(x) else None
 
 
 def _run_kernel(
@@ -236,15 +242,18 @@ def _run_kernel(
     keys: Sequence[int],
     scenes: Sequence[Scene | None],
     compose: bool = False,
+    extend: bool = False,
 ) -> torch.Tensor:
     """The op's CPU path or torch kernel on ``x`` (its dtype out); ``compose``: composited
-    into ``x`` as the tissue layer of the samples that have a scene."""
+    into ``x`` as the tissue layer of the samples that have a scene; ``extend`` (CPU path
+    only): the path reads each such sample with its surround replaced by the extension of its
+    tissue (``perturb.scene.masks.extend_numpy``)."""
     dtype = x.dtype
     if not compose:
         scenes_for_compose: Sequence[Scene | None] = [None] * len(scenes)
     else:
         scenes_for_compose = scenes
-    fast = backends.cpu_path(op.name, dtype) if backends.opencv_path(x) else None
+    fast = _cpu_path(op, x)
     if fast is not None:
         return backends.run_cpu(
             fast[0],
@@ -255,7 +264,10 @@ def _run_kernel(
             native=fast[1],
             uses_scene=backends.cpu_uses_scene(op.name),
             kernel_scenes=scenes,
+            extend=extend,
         )
+    if extend:
+        raise ValueError("extend runs on the CPU path only")
     xf = x.to(torch.float32) / SUPPORTED_DTYPES[dtype] if dtype != torch.float32 else x
     with torch.no_grad():
         if op.entry.uses_scene:
@@ -270,21 +282,13 @@ def _run_kernel(
 
 def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
     """``x`` with each scene's surround and overlays replaced by a smooth extension of its
-    tissue (``perturb.scene.masks.extend_tissue``), for spatial (PSF) ops."""
+    tissue (``perturb.scene.masks.extend_numpy``), for spatial (PSF) ops."""
     host = x.detach().cpu().contiguous()
     out = host.clone()
     src, dst = host.numpy(), out.numpy()
     for i, s in enumerate(scenes):
-        if s is None:
-            continue
-        # HWC in and out through OpenCV's (de)interleaving: plain copies of the same values
-        img = src[i, 0] if src.shape[1] == 1 else cv2.merge(list(src[i]))
-        ext = scene_masks.extend_tissue(img, s.descriptor)
-        if ext.ndim == 2:
-            dst[i, 0] = ext
-        else:
-            for c, plane in enumerate(cv2.split(ext)):
-                dst[i, c] = plane
+        if s is not None:
+            scene_masks.extend_numpy(src[i], dst[i], s.descriptor)
     return out.to(x.device)
 
 

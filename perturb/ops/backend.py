@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from perturb.registry import Registry
-from perturb.scene.masks import compose_numpy
+from perturb.scene.masks import compose_numpy, extend_numpy
 
 R = TypeVar("R")
 Backend = Literal["auto", "opencv", "torch"]
@@ -326,6 +326,18 @@ def _via_float32(fn: CpuFn) -> CpuFn:
     return run
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A per-thread buffer of ``shape`` and ``dtype`` (reused: contents undefined)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.shape != shape or buf.dtype != dtype:
+        buf = np.empty(shape, dtype)
+        _SCRATCH.buf = buf
+    return buf
+
+
 def run_cpu(
     fn: CpuFn,
     x: torch.Tensor,
@@ -335,12 +347,16 @@ def run_cpu(
     native: Collection[np.dtype] = _NATIVE_DEFAULT,
     uses_scene: bool = False,
     kernel_scenes: Sequence[Any | None] | None = None,
+    extend: bool = False,
 ) -> torch.Tensor:
     """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
     out. ``native`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
     per sample. ``scenes`` (one ``perturb.scene.Scene`` or None per sample): where given, the
     result is composited back as the tissue layer (field of view, under the overlays).
-    ``kernel_scenes`` (default ``scenes``): what a ``uses_scene`` path receives."""
+    ``kernel_scenes`` (default ``scenes``): what a ``uses_scene`` path receives. ``extend``
+    (spatial ops): ``fn`` reads each sample that has a scene in ``scenes`` with its surround and
+    overlays replaced by a smooth extension of its tissue (``extend_numpy``, in a per-thread
+    scratch buffer), so its PSF does not pull them into the field's edge."""
     given = scenes if kernel_scenes is None else kernel_scenes
     if x.dtype not in _NUMPY_OF:
         raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
@@ -356,11 +372,15 @@ def run_cpu(
 
     def work(i: int) -> None:
         p = {name: value[i] for name, value in host.items()}
-        if uses_scene:
-            fn(src[i], dst[i], p, int(keys[i]), scene=given[i])
-        else:
-            fn(src[i], dst[i], p, int(keys[i]))
         scene = scenes[i]
+        sample = src[i]
+        if extend and scene is not None:
+            sample = _scratch(sample.shape, sample.dtype)
+            extend_numpy(src[i], sample, scene.descriptor)
+        if uses_scene:
+            fn(sample, dst[i], p, int(keys[i]), scene=given[i])
+        else:
+            fn(sample, dst[i], p, int(keys[i]))
         if scene is not None:
             compose_numpy(src[i], dst[i], scene.descriptor)
 
