@@ -8,7 +8,11 @@ by side. What each implementation gets:
   the peers uses this row**: albumentations and imagecorruptions take uint8 images too.
 * ``perturb-f32``: the same pixels as float32 BCHW in [0, 1], float32 out.
 * ``albumentations`` / ``imagecorruptions``: their native input, 32 uint8 HWC NumPy arrays in a
-  Python loop (one call per image, as a data loader makes them); uint8 out.
+  Python loop (one call per image, the outputs kept as a data loader's batch); uint8 out.
+* ``albumentations-freed``: the same calls with each output dropped before the next call, as
+  a loop that writes each image does. The allocator then reuses the memory just freed; kept,
+  every output lands on fresh pages and pays their page faults. Both are real ways to use it,
+  so both are peers: the fastest peer is the faster of them.
 * ``kornia``: float32 BCHW batch of 32 in one call (``kornia.augmentation``, ``p=1``; defocus
   has no kornia augmentation and uses ``kornia.filters.filter2d`` with imagecorruptions' disk).
 
@@ -19,7 +23,8 @@ that exact parameter (``OVERRIDES``) and the peers are set to it; other ops run 
 with the peers at the middle of that severity's range (``benchmarks/README.md``).
 
 Run (see benchmarks/README.md): ``pytest benchmarks/bench_ops.py --benchmark-enable``.
-Throughput is ``32 / median`` of the rounds; ``benchmarks/conftest.py`` writes the JSON, the
+Every round frees its outputs before it ends (``benchmarks.rounds.dropping``), so each round meets the
+allocator in the same state. Throughput is ``32 / median`` of the rounds; ``benchmarks/conftest.py`` writes the JSON, the
 summary and the table under ``benchmarks/results/``.
 """
 
@@ -43,6 +48,7 @@ import torch
 
 import perturb
 from benchmarks.overrides import apply_with_overrides
+from benchmarks.rounds import dropping
 from perturb.catalog.registry import all_ops, get_op
 
 warnings.filterwarnings("ignore", category=UserWarning)  # pkg_resources / albumentations notices
@@ -95,9 +101,31 @@ def load_inputs() -> Inputs:
 
 
 def albu(make: Callable[[], Any]) -> Factory:
+    """One call per image; the 32 outputs are kept until the round ends, as a loader's batch."""
+
     def factory(inputs: Inputs) -> Callable[[], Any]:
         transform = make()
         return lambda: [transform(image=img)["image"] for img in inputs.hwc]
+
+    factory.freed = albu_freed(make)  # type: ignore[attr-defined]
+    return factory
+
+
+def albu_freed(make: Callable[[], Any]) -> Factory:
+    """One call per image, each output dropped before the next call, as a writer loop does.
+
+    The allocator then hands the next call the memory just freed; in ``albu``'s pattern every
+    output lands on fresh pages, whose first touch costs a page fault (on this VM the LUT ops'
+    time is mostly that: ~0.7 ms a 720x576 frame kept, ~0.1 ms freed)."""
+
+    def factory(inputs: Inputs) -> Callable[[], Any]:
+        transform = make()
+
+        def run() -> None:
+            for img in inputs.hwc:
+                transform(image=img)  # the result dict and its image go before the next call
+
+        return run
 
     return factory
 
@@ -382,6 +410,7 @@ CASES: dict[str, Case] = {
 
 IMPLS = ("perturb-u8", "perturb-f32")
 NO_BORDER = "perturb-u8-noborder"  # same op with protect_border=False: what the border costs
+FREED = "-freed"  # suffix of a per-image peer's row run with each output dropped at once
 
 
 def _ops() -> list[str]:
@@ -402,7 +431,10 @@ def _cases() -> list[tuple[int, str, str]]:
         pairs += [(name, impl) for impl in IMPLS]
         if get_op(name).spec.protects_border:
             pairs.append((name, NO_BORDER))
-        pairs += [(name, peer) for peer in case.peers]
+        for peer, factory in case.peers.items():
+            pairs.append((name, peer))
+            if hasattr(factory, "freed"):
+                pairs.append((name, peer + FREED))
     return [(rep, name, impl) for rep in range(REPEATS) for name, impl in pairs]
 
 
@@ -430,7 +462,9 @@ def _input_kind(impl: str) -> str:
         return "uint8 BCHW tensor"
     if impl == "perturb-f32" or impl.startswith("kornia"):
         return "float32 BCHW tensor"
-    return "uint8 HWC arrays, one call per image"
+    if impl.endswith(FREED):
+        return "uint8 HWC arrays, one call per image, each output dropped before the next call"
+    return "uint8 HWC arrays, one call per image, outputs kept until the round ends"
 
 
 @pytest.fixture(scope="session")
@@ -447,8 +481,11 @@ def test_throughput(benchmark: Any, inputs: Inputs, rep: int, op: str, impl: str
         fn = ours(op, inputs.f32)
     elif impl == NO_BORDER:
         fn = ours(op, inputs.u8, protect_border=False)
+    elif impl.endswith(FREED):
+        fn = case.peers[impl.removesuffix(FREED)].freed(inputs)  # type: ignore[attr-defined]
     else:
         fn = case.peers[impl](inputs)
+    fn = dropping(fn)
     benchmark.group = op
     benchmark.extra_info.update(
         suite="ops",

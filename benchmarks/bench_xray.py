@@ -45,6 +45,7 @@ import torch
 
 import perturb
 from benchmarks.overrides import apply_with_overrides
+from benchmarks.rounds import dropping
 from perturb.catalog.registry import all_ops
 
 warnings.filterwarnings("ignore", category=UserWarning)  # pkg_resources / albumentations notices
@@ -329,4 +330,4 @@ def test_xray_throughput(benchmark: Any, inputs: Inputs, rep: int, op: str, impl
         setting=case.setting,
         no_peer=case.no_peer,
     )
-    benchmark.pedantic(fn, rounds=_rounds(fn), iterations=1, warmup_rounds=0)
+    benchmark.pedantic(dropping(fn), rounds=_rounds(fn), iterations=1, warmup_rounds=0)
