@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
 ColumnType = Literal["string", "int64"]
 
 # The scorer relies on these names and types (perturb/score/manifest.py).
-MANIFEST_FIELDS: tuple[tuple[str, ColumnType], ...] = (
+CORE_FIELDS: tuple[tuple[str, ColumnType], ...] = (
     ("img_id", "string"),
     ("suite", "string"),
     ("op", "string"),
@@ -30,7 +30,9 @@ MANIFEST_FIELDS: tuple[tuple[str, ColumnType], ...] = (
     ("width", "int64"),
     ("height", "int64"),
     ("perturb_version", "string"),
-    # extras
+)
+# what else a run records of each output
+EXTRA_FIELDS: tuple[tuple[str, ColumnType], ...] = (
     ("file_id", "string"),
     ("op_version", "int64"),
     ("channels", "int64"),
@@ -43,7 +45,11 @@ MANIFEST_FIELDS: tuple[tuple[str, ColumnType], ...] = (
     ("input_sha256", "string"),  # sha256 of the input image file the output was made from
     ("orientation", "int64"),  # EXIF orientation applied when decoding it (1: none)
 )
+MANIFEST_FIELDS: tuple[tuple[str, ColumnType], ...] = CORE_FIELDS + EXTRA_FIELDS
 MANIFEST_COLUMNS: tuple[str, ...] = tuple(name for name, _ in MANIFEST_FIELDS)
+# the perturbation's columns that a generated dataset row adds to its QA row, in manifest order:
+# the core ones but ``img_id`` (the QA row has it already)
+PERTURBATION_COLUMNS: tuple[str, ...] = tuple(name for name, _ in CORE_FIELDS if name != "img_id")
 INT_COLUMNS: frozenset[str] = frozenset(name for name, kind in MANIFEST_FIELDS if kind == "int64")
 # the columns the scorer needs to pair predictions with outputs
 SCORER_COLUMNS: tuple[str, ...] = ("img_id", "op", "severity", "variant", "path")

@@ -29,6 +29,12 @@ MODALITY = "modality"  # normalised: xray, ct, mri, ultrasound, pathology, photo
 IMAGE_PATH = "image_path"  # absolute path of the image file
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 
+
+def sample_columns(img_id: str, sample_key: str, view: int, n_views: int) -> dict[str, Any]:
+    """A row's image id and its place in its sample, in the column order every adapter writes."""
+    return {"img_id": img_id, SAMPLE_KEY: sample_key, VIEW: view, N_VIEWS: n_views}
+
+
 _MODALITY_ALIASES: tuple[tuple[str, str], ...] = (
     ("x-ray", "xray"),
     ("xray", "xray"),

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from perturb.contracts.manifest import PERTURBATION_COLUMNS
 from perturb.datasets._adapter import IMAGE_PATH, MODALITY, N_VIEWS, SAMPLE_KEY, VIEW
 from perturb.io.datasets import DatasetError
 
@@ -20,19 +21,7 @@ _ADDED = {
     IMAGE_PATH,
     "image_relpath",
     "image",
-    "suite",
-    "op",
-    "severity",
-    "variant",
-    "seed",
-    "key",
-    "params",
-    "risk_tags",
-    "path",
-    "sha256",
-    "width",
-    "height",
-    "perturb_version",
+    *PERTURBATION_COLUMNS,
     "loc_flags",
     "loc_detail",
     "qa_idx",

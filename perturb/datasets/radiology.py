@@ -1,6 +1,7 @@
 """What the radiology VQA sets (VinDr-CXR-VQA, ReXVQA, MedThinkVQA) share: the question-class
-vocabulary and keyword rules of the scorer's label-risk check, their label-risk mapping and the
-sample rules of image paths. Pure Python: the scorer imports it without torch.
+vocabulary and keyword rules of the scorer's label-risk check, their label-risk mapping, the
+shape of their registry entries (:func:`dataset_entry`) and the sample rules of image paths.
+Pure Python: the scorer imports it without torch.
 
 None of the three sets labels questions with the classes a perturbation can put at risk, so a
 row's classes are the union of
@@ -45,6 +46,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from urllib.parse import unquote
+
+from perturb.datasets._entry import DatasetEntry
 
 QUESTION_CLASSES = (
     "laterality",
@@ -184,6 +187,35 @@ LABEL_RISK: dict[str, tuple[str, ...]] = {
     # a rotated patient: mediastinal shift, lucency asymmetry, positions, cardiothoracic ratio
     "alters_projection": ("mediastinum", "laterality", "location", "size"),
 }
+
+
+def dataset_entry(
+    room: str,
+    reader: str,
+    *,
+    name: str,
+    title: str,
+    modality: str,
+    hub_id: str,
+    prediction_hints: tuple[str, ...],
+    sample_key: str,
+) -> DatasetEntry:
+    """The registry entry of the radiology set of room (package) ``room``: the shared
+    vocabulary and label risk, an adapter suites may name, ``<room>.adapter:open_<reader>``,
+    and a native writer, ``<room>.native:write_<reader>``."""
+    return DatasetEntry(
+        name=name,
+        title=title,
+        modality=modality,
+        hub_id=hub_id,
+        opener=f"{room}.adapter:open_{reader}",
+        question_classes=QUESTION_CLASSES,
+        label_risk=LABEL_RISK,
+        adapter=True,
+        native_writer=f"{room}.native:write_{reader}",
+        prediction_hints=prediction_hints,
+        sample_key=sample_key,
+    )
 
 
 # ----------------------------------------------------------------------------- samples of images

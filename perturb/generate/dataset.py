@@ -35,31 +35,17 @@ from typing import Any
 
 import pyarrow as pa
 
+from perturb.contracts.manifest import PERTURBATION_COLUMNS
+
 STATE_DIR = ".perturb"
 IMAGES = "images"  # dataset/images: the embedded outputs, one row each
-
-_PERTURBATION_COLUMNS = (
-    "suite",
-    "op",
-    "severity",
-    "variant",
-    "seed",
-    "key",
-    "params",
-    "risk_tags",
-    "path",
-    "sha256",
-    "width",
-    "height",
-    "perturb_version",
-)
 
 
 def perturbation_columns(input_columns: list[str]) -> dict[str, str]:
     """Manifest column -> dataset column (prefixed ``perturb_`` where the input has the name)."""
     return {
         n: (f"perturb_{n}" if n in input_columns or n == "image" else n)
-        for n in _PERTURBATION_COLUMNS
+        for n in PERTURBATION_COLUMNS
     }
 
 

@@ -58,6 +58,25 @@ def headline_rows(model: Mapping[str, Any], metric: str, binary: bool) -> list[l
     return rows
 
 
+def _delta_cells(metric_scores: Mapping[str, Any]) -> list[str]:
+    """One metric's n, clean, perturbed and delta (pp) cells."""
+    return [
+        str(metric_scores["n"]),
+        est(metric_scores["clean"]),
+        est(metric_scores["perturbed"]),
+        est(metric_scores["delta"], signed=True),
+    ]
+
+
+def _delta_rows(cells: Mapping[str, Any], metric: str) -> list[list[str]]:
+    """Per key with ``metric`` (largest drop first): the key and its :func:`_delta_cells`."""
+    return [
+        [key, *_delta_cells(cell["metrics"][metric])]
+        for key, cell in by_gap(cells, metric)
+        if cell["metrics"].get(metric)
+    ]
+
+
 def _breakdown_section(
     cells: Mapping[str, Any],
     metric: str,
@@ -69,22 +88,8 @@ def _breakdown_section(
 ) -> Section:
     """One breakdown table (rows: clean, perturbed, delta of ``metric`` per key)."""
     section = Section(title, anchor, level=3)
-    rows = []
-    for key, cell in by_gap(cells, metric):
-        cell_scores = cell["metrics"].get(metric)
-        if cell_scores:
-            rows.append(
-                [
-                    key,
-                    str(cell_scores["n"]),
-                    est(cell_scores["clean"]),
-                    est(cell_scores["perturbed"]),
-                    est(cell_scores["delta"], signed=True),
-                ]
-            )
-    section.tables.append(
-        Table([label, "n", "clean", "perturbed", "delta (pp)"], rows, id=table_id, caption=caption)
-    )
+    header = [label, "n", "clean", "perturbed", "delta (pp)"]
+    section.tables.append(Table(header, _delta_rows(cells, metric), id=table_id, caption=caption))
     return section
 
 
@@ -391,23 +396,10 @@ def _worst_of_k_section(
         f"(k = {worst_of_k['k']['min']}..{worst_of_k['k']['max']}); for binary metrics this is "
         "consensus: all k correct."
     )
-    rows = []
-    for pert, cell in by_gap(worst_of_k["by_perturbation"], prim):
-        m = cell["metrics"].get(prim)
-        if m:
-            rows.append(
-                [
-                    pert,
-                    str(m["n"]),
-                    est(m["clean"]),
-                    est(m["perturbed"]),
-                    est(m["delta"], signed=True),
-                ]
-            )
     section.tables.append(
         Table(
             ["perturbation", "units", "clean", "worst of k", "delta (pp)"],
-            rows,
+            _delta_rows(worst_of_k["by_perturbation"], prim),
             id=f"worstk-table-{index}",
         )
     )
@@ -426,21 +418,12 @@ def _label_risk_section(
         + ("included in" if include_at_risk else "left out of")
         + " the headline."
     )
-    rows = []
-    for pert, by_class in sorted(risk_by_class.items()):
-        for question_class, cell in sorted(by_class.items()):
-            m = cell["metrics"].get(prim)
-            if m:
-                rows.append(
-                    [
-                        pert,
-                        question_class,
-                        str(m["n"]),
-                        est(m["clean"]),
-                        est(m["perturbed"]),
-                        est(m["delta"], signed=True),
-                    ]
-                )
+    rows = [
+        [pert, question_class, *_delta_cells(cell["metrics"][prim])]
+        for pert, by_class in sorted(risk_by_class.items())
+        for question_class, cell in sorted(by_class.items())
+        if cell["metrics"].get(prim)
+    ]
     section.tables.append(
         Table(
             ["perturbation", "class at risk", "n", "clean", "perturbed", "delta (pp)"],

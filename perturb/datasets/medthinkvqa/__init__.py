@@ -8,21 +8,17 @@ slots) are read by :mod:`perturb.datasets.medthinkvqa.predictions`.
 from __future__ import annotations
 
 from perturb.datasets import radiology
-from perturb.datasets._entry import DatasetEntry
 
 HUB_ID = "bio-nlp-umass/MedThinkVQA"
 BASE_CLASSES = ("diagnosis",)  # every row is a diagnosis question
 
-DATASET = DatasetEntry(
+DATASET = radiology.dataset_entry(
+    __name__,
+    "medthinkvqa",
     name="medthinkvqa",
     title="MedThinkVQA",
     modality="any",
     hub_id=HUB_ID,
-    opener="perturb.datasets.medthinkvqa.adapter:open_medthinkvqa",
-    question_classes=radiology.QUESTION_CLASSES,
-    label_risk=radiology.LABEL_RISK,
-    adapter=True,
-    native_writer="perturb.datasets.medthinkvqa.native:write_medthinkvqa",
     prediction_hints=("image_01_path", "options"),
     sample_key="the case (caseN): sample and question",
 )

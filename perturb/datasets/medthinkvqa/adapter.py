@@ -29,9 +29,6 @@ import datasets
 from perturb.datasets._adapter import (
     IMAGE_PATH,
     MODALITY,
-    N_VIEWS,
-    SAMPLE_KEY,
-    VIEW,
     build_input,
     check_found,
     find_image,
@@ -40,6 +37,7 @@ from perturb.datasets._adapter import (
     locate,
     normalize_modality,
     pick_files,
+    sample_columns,
 )
 from perturb.datasets.medthinkvqa import HUB_ID
 from perturb.io.datasets import DEFAULT_SPLIT, DatasetError, InputDataset, _cache_kw, _quiet
@@ -159,10 +157,7 @@ def open_medthinkvqa(
             row = {
                 "case_id": key,
                 **kept,
-                "img_id": img_id,
-                SAMPLE_KEY: key,
-                VIEW: view,
-                N_VIEWS: len(views),
+                **sample_columns(img_id, key, view, len(views)),
                 "image_id": image_id,
                 "image_modality": field.get("modality"),
                 "image_sub_modality": field.get("sub_modality"),

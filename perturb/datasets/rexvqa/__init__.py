@@ -7,7 +7,6 @@ Pure Python (the scorer imports it without torch). The input adapter (schema, st
 from __future__ import annotations
 
 from perturb.datasets import radiology
-from perturb.datasets._entry import DatasetEntry
 
 HUB_ID = "rajpurkarlab/ReXVQA"
 
@@ -28,16 +27,13 @@ def task_classes(task_name: str) -> set[str]:
     return {cls for key, cls in REXVQA_TASKS if key in low}
 
 
-DATASET = DatasetEntry(
+DATASET = radiology.dataset_entry(
+    __name__,
+    "rexvqa",
     name="rexvqa",
     title="ReXVQA",
     modality="xray",
     hub_id=HUB_ID,
-    opener="perturb.datasets.rexvqa.adapter:open_rexvqa",
-    question_classes=radiology.QUESTION_CLASSES,
-    label_risk=radiology.LABEL_RISK,
-    adapter=True,
-    native_writer="perturb.datasets.rexvqa.native:write_rexvqa",
     # JSON keyed by question id, ``task_name`` / ``category`` / ``options`` columns
     prediction_hints=("task_name", "category", "options"),
     sample_key="the study (study field, studies/<uid> folder, shared folder, else question id)",

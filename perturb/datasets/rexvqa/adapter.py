@@ -31,9 +31,6 @@ from typing import Any
 from perturb.datasets._adapter import (
     IMAGE_PATH,
     MODALITY,
-    N_VIEWS,
-    SAMPLE_KEY,
-    VIEW,
     build_input,
     check_found,
     find_image,
@@ -42,6 +39,7 @@ from perturb.datasets._adapter import (
     locate,
     pick_files,
     relative_image_path,
+    sample_columns,
 )
 from perturb.datasets.radiology import study_folder
 from perturb.datasets.rexvqa import HUB_ID
@@ -136,10 +134,7 @@ def open_rexvqa(
                     {
                         "question_id": str(qid),
                         **kept,
-                        "img_id": img_id,
-                        SAMPLE_KEY: key,
-                        VIEW: view,
-                        N_VIEWS: len(paths),
+                        **sample_columns(img_id, key, view, len(paths)),
                         MODALITY: "xray",
                         "image_relpath": image,
                         IMAGE_PATH: str(target),

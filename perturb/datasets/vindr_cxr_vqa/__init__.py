@@ -8,7 +8,6 @@ image objects are read by :mod:`perturb.datasets.vindr_cxr_vqa.predictions`.
 from __future__ import annotations
 
 from perturb.datasets import radiology
-from perturb.datasets._entry import DatasetEntry
 
 HUB_ID = "Dangindev/VinDR-CXR-VQA"
 
@@ -28,16 +27,13 @@ def type_classes(vindr_type: str) -> tuple[str, ...]:
     return VINDR_TYPES.get(radiology.norm_type(vindr_type), ())
 
 
-DATASET = DatasetEntry(
+DATASET = radiology.dataset_entry(
+    __name__,
+    "vindr",
     name="vindr-cxr-vqa",
     title="VinDr-CXR-VQA",
     modality="xray",
     hub_id=HUB_ID,
-    opener="perturb.datasets.vindr_cxr_vqa.adapter:open_vindr",
-    question_classes=radiology.QUESTION_CLASSES,
-    label_risk=radiology.LABEL_RISK,
-    adapter=True,
-    native_writer="perturb.datasets.vindr_cxr_vqa.native:write_vindr",
     # ``type`` and ``gt_location`` columns, answers with ``<loc_...>`` tags, image objects
     prediction_hints=("type", "gt_location", "vqa"),
     sample_key="image_id (one image per sample); question identity image_id#qa_idx",

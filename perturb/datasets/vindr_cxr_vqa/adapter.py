@@ -34,15 +34,13 @@ from perturb.datasets._adapter import (
     IMAGE_PATH,
     IMAGE_SUFFIXES,
     MODALITY,
-    N_VIEWS,
-    SAMPLE_KEY,
-    VIEW,
     build_input,
     check_found,
     image_root,
     kept_fields,
     locate,
     pick_files,
+    sample_columns,
 )
 from perturb.datasets.vindr_cxr_vqa import HUB_ID
 from perturb.io.datasets import Annotations, DatasetError, InputDataset
@@ -175,10 +173,7 @@ def open_vindr(
                 row = kept_fields(item)
                 row.update(
                     {
-                        "img_id": image_id,
-                        SAMPLE_KEY: image_id,
-                        VIEW: 0,
-                        N_VIEWS: 1,
+                        **sample_columns(image_id, image_id, 0, 1),
                         MODALITY: "xray",
                         "qa_idx": qa_idx,
                         "orig_width": obj.get("width"),
