@@ -105,6 +105,21 @@ def _apply_per_sample(
     return torch.stack([conv(s, p) for s, p in zip(x, psfs, strict=True)]).clamp_(0.0, 1.0)
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, int]) -> np.ndarray:
+    """A per-thread float32 buffer of ``shape``, contents undefined: a view of memory kept
+    across samples (a fresh frame-sized array costs its page faults, as much as a small
+    filter), grown when a sample needs more."""
+    size = shape[0] * shape[1]
+    buf = getattr(_SCRATCH, name, None)
+    if buf is None or buf.size < size:
+        buf = np.empty(size, np.float32)
+        setattr(_SCRATCH, name, buf)
+    return buf[:size].reshape(shape)
+
+
 def filter_sample(src: np.ndarray, dst: np.ndarray, psf: np.ndarray, separable: bool) -> None:
     """OpenCV path of one CHW sample (uint8 or float32), plane by plane, reflected borders.
 
@@ -112,11 +127,12 @@ def filter_sample(src: np.ndarray, dst: np.ndarray, psf: np.ndarray, separable: 
     filters would quantise the taps to 8 or 11 fractional bits, which can move a pixel by
     more than a level) and the result is rounded (uint8) or clipped to [0, 1] (float32)."""
     border = cv2.BORDER_REFLECT_101
+    res = _scratch("acc", src.shape[1:])
     for c in range(src.shape[0]):
         if separable:
-            res = cv2.sepFilter2D(src[c], cv2.CV_32F, psf, psf, borderType=border)
+            cv2.sepFilter2D(src[c], cv2.CV_32F, psf, psf, dst=res, borderType=border)
         else:
-            res = cv2.filter2D(src[c], cv2.CV_32F, psf, borderType=border)
+            cv2.filter2D(src[c], cv2.CV_32F, psf, dst=res, borderType=border)
         if dst.dtype == np.uint8:
             cv2.convertScaleAbs(res, dst[c])  # round half to even, saturate; res >= -1e-6
         else:
@@ -158,21 +174,6 @@ def psf_blocks(psf: np.ndarray) -> list[tuple[int, int, np.ndarray]] | None:
     if transpose:
         return [(a, c, np.ascontiguousarray(psf[a : b + 1, c : d + 1])) for a, b, c, d in spans]
     return [(c, a, np.ascontiguousarray(psf[c : d + 1, a : b + 1])) for a, b, c, d in spans]
-
-
-_SCRATCH = threading.local()
-
-
-def _scratch(name: str, shape: tuple[int, int]) -> np.ndarray:
-    """A per-thread float32 buffer of ``shape``, contents undefined: a view of memory kept
-    across samples (a fresh frame-sized array costs its page faults, as much as a small
-    filter), grown when a sample needs more."""
-    size = shape[0] * shape[1]
-    buf = getattr(_SCRATCH, name, None)
-    if buf is None or buf.size < size:
-        buf = np.empty(size, np.float32)
-        setattr(_SCRATCH, name, buf)
-    return buf[:size].reshape(shape)
 
 
 def correlate_plane(
