@@ -108,11 +108,16 @@ def _apply_per_sample(
 _SCRATCH = threading.local()
 
 
+_SCRATCH_KEPT = 3 << 20  # floats (12 MB): a 1080p plane and its padding; larger ones are not kept
+
+
 def _scratch(name: str, shape: tuple[int, int]) -> np.ndarray:
     """A per-thread float32 buffer of ``shape``, contents undefined: a view of memory kept
     across samples (a fresh frame-sized array costs its page faults, as much as a small
-    filter), grown when a sample needs more."""
+    filter), grown when a sample needs more; above ``_SCRATCH_KEPT`` a fresh array."""
     size = shape[0] * shape[1]
+    if size > _SCRATCH_KEPT:
+        return np.empty(shape, np.float32)
     buf = getattr(_SCRATCH, name, None)
     if buf is None or buf.size < size:
         buf = np.empty(size, np.float32)
