@@ -12,6 +12,7 @@ ch. 5).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 
 import cv2
@@ -104,6 +105,26 @@ def _apply_per_sample(
     return torch.stack([conv(s, p) for s, p in zip(x, psfs, strict=True)]).clamp_(0.0, 1.0)
 
 
+_SCRATCH = threading.local()
+
+
+_SCRATCH_KEPT = 3 << 20  # floats (12 MB): a 1080p plane and its padding; larger ones are not kept
+
+
+def _scratch(name: str, shape: tuple[int, int]) -> np.ndarray:
+    """A per-thread float32 buffer of ``shape``, contents undefined: a view of memory kept
+    across samples (a fresh frame-sized array costs its page faults, as much as a small
+    filter), grown when a sample needs more; above ``_SCRATCH_KEPT`` a fresh array."""
+    size = shape[0] * shape[1]
+    if size > _SCRATCH_KEPT:
+        return np.empty(shape, np.float32)
+    buf = getattr(_SCRATCH, name, None)
+    if buf is None or buf.size < size:
+        buf = np.empty(size, np.float32)
+        setattr(_SCRATCH, name, buf)
+    return buf[:size].reshape(shape)
+
+
 def filter_sample(src: np.ndarray, dst: np.ndarray, psf: np.ndarray, separable: bool) -> None:
     """OpenCV path of one CHW sample (uint8 or float32), plane by plane, reflected borders.
 
@@ -111,11 +132,98 @@ def filter_sample(src: np.ndarray, dst: np.ndarray, psf: np.ndarray, separable: 
     filters would quantise the taps to 8 or 11 fractional bits, which can move a pixel by
     more than a level) and the result is rounded (uint8) or clipped to [0, 1] (float32)."""
     border = cv2.BORDER_REFLECT_101
+    res = _scratch("acc", src.shape[1:])
     for c in range(src.shape[0]):
         if separable:
-            res = cv2.sepFilter2D(src[c], cv2.CV_32F, psf, psf, borderType=border)
+            cv2.sepFilter2D(src[c], cv2.CV_32F, psf, psf, dst=res, borderType=border)
         else:
-            res = cv2.filter2D(src[c], cv2.CV_32F, psf, borderType=border)
+            cv2.filter2D(src[c], cv2.CV_32F, psf, dst=res, borderType=border)
+        if dst.dtype == np.uint8:
+            cv2.convertScaleAbs(res, dst[c])  # round half to even, saturate; res >= -1e-6
+        else:
+            np.clip(res, np.float32(0.0), np.float32(1.0), out=dst[c])
+
+
+# OpenCV's filter2D correlates directly (cost ~ the kernel's nonzero taps) below this kernel
+# area and through a DFT (cost ~ the image, whatever the taps) from 130 taps on; a sparse PSF
+# (a line) is applied as blocks under it, a dense one with many taps by the DFT.
+_DIRECT_AREA = 129
+_DIRECT_MAX_TAPS = 250  # beyond, the blocks' direct sums cost more than one DFT correlation
+
+
+def psf_blocks(psf: np.ndarray) -> list[tuple[int, int, np.ndarray]] | None:
+    """The PSF's nonzero taps as sub-kernels of at most ``_DIRECT_AREA`` taps, each with the
+    (row, column) of its top-left tap in the PSF, swept along the longer side of the taps'
+    bounding box; None where a PSF has more than ``_DIRECT_MAX_TAPS`` nonzero taps or a line
+    across the sweep longer than ``_DIRECT_AREA``."""
+    nonzero = psf != 0
+    if int(nonzero.sum()) > _DIRECT_MAX_TAPS:
+        return None
+    rows, cols = np.flatnonzero(nonzero.any(1)), np.flatnonzero(nonzero.any(0))
+    transpose = rows[-1] - rows[0] > cols[-1] - cols[0]
+    sweep = nonzero.T if transpose else nonzero
+    spans: list[list[int]] = []  # [first, last] along the sweep, [low, high] across it
+    for j in range(sweep.shape[1]):
+        across = np.flatnonzero(sweep[:, j])
+        if across.size == 0:
+            continue
+        if spans:
+            first, _, low, high = spans[-1]
+            low, high = min(low, int(across[0])), max(high, int(across[-1]))
+            if (j - first + 1) * (high - low + 1) <= _DIRECT_AREA:
+                spans[-1] = [first, j, low, high]
+                continue
+        if across[-1] - across[0] + 1 > _DIRECT_AREA:
+            return None
+        spans.append([j, j, int(across[0]), int(across[-1])])
+    if transpose:
+        return [(a, c, np.ascontiguousarray(psf[a : b + 1, c : d + 1])) for a, b, c, d in spans]
+    return [(c, a, np.ascontiguousarray(psf[c : d + 1, a : b + 1])) for a, b, c, d in spans]
+
+
+def correlate_plane(
+    plane: np.ndarray, psf: np.ndarray, blocks: list[tuple[int, int, np.ndarray]] | None
+) -> np.ndarray:
+    """float32 2-D correlation of one HW plane (uint8 or float32) with an odd-sized PSF centred
+    on each pixel, reflected borders (BORDER_REFLECT_101); the result is a per-thread buffer,
+    valid until the thread's next call.
+
+    With ``blocks`` (``psf_blocks``): the plane, read as float32 and padded by the PSF's radius,
+    is correlated with each block directly (anchored at its top-left tap, so the part kept reads
+    no extrapolated border) and the blocks' sums are added; else one ``filter2D`` of the
+    float32 plane with the whole PSF (OpenCV's DFT)."""
+    border = cv2.BORDER_REFLECT_101
+    h, w = plane.shape
+    if plane.dtype != np.float32:
+        as_float = _scratch("plane", (h, w))
+        np.copyto(as_float, plane)
+        plane = as_float
+    if blocks is None:
+        return cv2.filter2D(plane, cv2.CV_32F, psf, dst=_scratch("acc", (h, w)), borderType=border)
+    ry, rx = psf.shape[0] // 2, psf.shape[1] // 2
+    padded = _scratch("padded", (h + 2 * ry, w + 2 * rx))
+    cv2.copyMakeBorder(plane, ry, ry, rx, rx, border, dst=padded)
+    res = _scratch("res", (h + 2 * ry, w + 2 * rx))
+    acc = _scratch("acc", (h, w))
+    for i, (row, col, block) in enumerate(blocks):
+        # the whole padded plane (on an ROI OpenCV leaves its fast path); the part kept reads
+        # no extrapolated border
+        cv2.filter2D(padded, cv2.CV_32F, block, dst=res, anchor=(0, 0), borderType=border)
+        part = res[row : row + h, col : col + w]
+        if i == 0:
+            np.copyto(acc, part)
+        else:
+            cv2.add(acc, part, dst=acc)
+    return acc
+
+
+def correlate_sample(src: np.ndarray, dst: np.ndarray, psf: np.ndarray) -> None:
+    """One CHW sample (uint8 or float32) correlated with a 2-D PSF plane by plane
+    (``correlate_plane``, float32 sums), rounded half to even (uint8) or clipped to [0, 1]
+    (float32) into ``dst``."""
+    blocks = psf_blocks(psf)
+    for c in range(src.shape[0]):
+        res = correlate_plane(src[c], psf, blocks)
         if dst.dtype == np.uint8:
             cv2.convertScaleAbs(res, dst[c])  # round half to even, saturate; res >= -1e-6
         else:
@@ -149,7 +257,7 @@ def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
 
 @backend.register_cpu("defocus_blur")
 def defocus_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    filter_sample(src, dst, disk_psf(float(p["radius"]) * shorter_side(src)), separable=False)
+    correlate_sample(src, dst, disk_psf(float(p["radius"]) * shorter_side(src)))
 
 
 @register_kernel("defocus_blur")
@@ -169,8 +277,7 @@ def _motion_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @backend.register_cpu("motion_blur")
 def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    psf = line_psf(float(p["length"]) * shorter_side(src), float(p["angle"]))
-    filter_sample(src, dst, psf, separable=False)
+    correlate_sample(src, dst, line_psf(float(p["length"]) * shorter_side(src), float(p["angle"])))
 
 
 @register_kernel("motion_blur", sampler=_motion_sampler)

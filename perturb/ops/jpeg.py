@@ -14,6 +14,7 @@ available falls back along the same order, and the record says what ran.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -151,6 +152,19 @@ def _encode_params(quality: int) -> list[int]:
     return [cv2.IMWRITE_JPEG_QUALITY, int(quality), cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420]
 
 
+_BGR = threading.local()
+
+
+def _bgr_buffer(size: tuple[int, ...]) -> np.ndarray:
+    """A per-thread (H, W, 3) uint8 buffer for the encoder's interleaved input (a fresh one per
+    frame costs its page faults), contents undefined."""
+    buf = getattr(_BGR, "buf", None)
+    if buf is None or buf.shape[:2] != size:
+        buf = np.empty((*size, 3), np.uint8)
+        _BGR.buf = buf
+    return buf
+
+
 @backend.register_cpu("jpeg")
 def jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     """One CHW sample through libjpeg: planes are interleaved straight into BGR order for the
@@ -163,7 +177,7 @@ def jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: in
         for c in range(src.shape[0]):
             cv2.convertScaleAbs(src[c], u8[c], alpha=255.0)
     color = src.shape[0] == 3
-    image = cv2.merge([u8[2], u8[1], u8[0]]) if color else u8[0]
+    image = cv2.merge([u8[2], u8[1], u8[0]], _bgr_buffer(src.shape[1:])) if color else u8[0]
     ok, buf = cv2.imencode(".jpg", image, _encode_params(quality))
     if not ok:
         raise RuntimeError("OpenCV failed to encode a JPEG")
