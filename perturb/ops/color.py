@@ -41,6 +41,7 @@ from perturb.ops._math import (
     linear_to_srgb,
     linear_to_srgb_np,
     luma,
+    lut_u8,
     per_sample,
     plane2d,
     sample_mean,
@@ -247,19 +248,12 @@ def _u8_table(values: np.ndarray) -> np.ndarray:
 @backend.register_cpu("brightness")
 def brightness_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     delta = np.float32(p["delta"])
-    if src.dtype == np.uint8:
-        # the kernel's float32 arithmetic on the 256 levels; where the table is a saturated
-        # integer offset (all but measure-zero deltas) OpenCV's SIMD saturating add/subtract
-        # gives the same bytes several times faster than a lookup
-        table = _u8_table(np.clip(LEVELS_U8 + delta, np.float32(0.0), np.float32(1.0)))
-        offset = int(table[128]) - 128
-        if np.array_equal(table, np.clip(np.arange(256) + offset, 0, 255)):
-            if offset >= 0:
-                cv2.add(plane2d(src), offset, dst=plane2d(dst))  # type: ignore[call-overload]
-            else:
-                cv2.subtract(plane2d(src), -offset, dst=plane2d(dst))  # type: ignore[call-overload]
-        else:
-            apply_luts(src, dst, table)
+    if src.dtype == np.uint8:  # the kernel's float32 arithmetic on the 256 levels, one lookup
+        levels = LEVELS_U8 + delta
+        np.minimum(levels, np.float32(1.0), out=levels)
+        np.maximum(levels, np.float32(0.0), out=levels)
+        levels *= np.float32(255.0)
+        lut_u8(src, dst, np.rint(levels, out=levels).astype(np.uint8))  # in [0, 255]: no clip
         return
     np.add(src, np.float32(p["delta"]), out=dst)
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
