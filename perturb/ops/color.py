@@ -34,6 +34,7 @@ import torch
 
 from perturb.ops import backend
 from perturb.ops._math import (
+    LEVELS_ROW_U8,
     LEVELS_U8,
     LUMA_REC601,
     apply_luts,
@@ -329,9 +330,10 @@ def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key
     factor = np.float32(p["factor"])
     if src.dtype == np.uint8:
         # round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x + 255 mean (1 -
-        # factor)), saturated: one SIMD pass (within float rounding of the kernel's value)
+        # factor)), saturated (within float rounding of the kernel's value): OpenCV's
+        # convertScaleAbs, element-wise, so its result on the 256 levels is a table for the frame
         offset = float(np.float32(255.0) * mean) * (1.0 - float(factor))
-        cv2.convertScaleAbs(plane2d(src), plane2d(dst), alpha=float(factor), beta=offset)
+        lut_u8(src, dst, cv2.convertScaleAbs(LEVELS_ROW_U8, alpha=float(factor), beta=offset)[0])
         return
     np.subtract(src, mean, out=dst)
     dst *= factor
