@@ -146,10 +146,10 @@ def tissue_weight(scene: Any) -> np.ndarray | None:
     the whole image. A scene whose tissue is empty counts as absent."""
     if scene is None:
         return None
-    from perturb.scene.masks import tissue_alpha
+    from perturb.scene.masks import tissue_alpha, tissue_alpha_sum
 
-    alpha = tissue_alpha(scene.descriptor)
-    return alpha if float(alpha.max()) > 0.0 else None
+    # the alpha lies in [0, 1]: its (cached) sum is positive exactly where its maximum is
+    return tissue_alpha(scene.descriptor) if tissue_alpha_sum(scene.descriptor) > 0.0 else None
 
 
 @register_kernel("contrast", uses_scene=True)
@@ -292,18 +292,30 @@ _MEANS_SIZE = 1024
 _MEANS_LOCK = threading.Lock()
 
 
-def tissue_mean_luma(src: np.ndarray, scene: Any, weight: np.ndarray) -> np.float32:
-    """float32 mean of the kernel's luma of ``src`` (CHW) weighted by the tissue alpha
-    ``weight`` of ``scene``: a float64 sum of ``y * weight`` over the frame, over the float64 sum
-    of the weights (cached per sample bytes and scene)."""
+def _mean_slot(src: np.ndarray, scene: Any) -> tuple[bytes, str, tuple[int, ...], str]:
     from perturb.scene.analysis import _digest
 
-    slot = (_digest(np.ascontiguousarray(src)), src.dtype.str, tuple(src.shape), json.dumps(scene.descriptor, sort_keys=True))
+    return (_digest(np.ascontiguousarray(src)), src.dtype.str, tuple(src.shape), json.dumps(scene.descriptor, sort_keys=True))
+
+
+def _cached_mean(slot: tuple[bytes, str, tuple[int, ...], str]) -> np.float32 | None:
     with _MEANS_LOCK:
         hit = _MEANS.get(slot)
         if hit is not None:
             _MEANS.move_to_end(slot)
-            return hit
+        return hit
+
+
+def tissue_mean_luma(
+    src: np.ndarray, scene: Any, weight: np.ndarray, slot: tuple[bytes, str, tuple[int, ...], str] | None = None
+) -> np.float32:
+    """float32 mean of the kernel's luma of ``src`` (CHW) weighted by the tissue alpha
+    ``weight`` of ``scene``: a float64 sum of ``y * weight`` over the frame, over the float64 sum
+    of the weights (cached per sample bytes and scene; ``slot``: its cache key, if known)."""
+    slot = _mean_slot(src, scene) if slot is None else slot
+    hit = _cached_mean(slot)
+    if hit is not None:
+        return hit
     if src.dtype == np.uint8:  # the same float32 products, read from 256-entry tables
         y = _luma_u8(src)
     else:
@@ -324,9 +336,13 @@ def tissue_mean_luma(src: np.ndarray, scene: Any, weight: np.ndarray) -> np.floa
 
 @backend.register_cpu("contrast", uses_scene=True)
 def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
-    weight = tissue_weight(scene)
     # the kernel's luma of the float32 sample: of the whole frame, or weighted by the tissue
-    mean = _mean_luma(src) if weight is None else tissue_mean_luma(src, scene, weight)
+    # (a frame seen before: its cached mean, looked up before the tissue alpha is)
+    slot = None if scene is None else _mean_slot(src, scene)
+    mean = None if slot is None else _cached_mean(slot)
+    if mean is None:
+        weight = tissue_weight(scene)
+        mean = _mean_luma(src) if weight is None else tissue_mean_luma(src, scene, weight, slot)
     factor = np.float32(p["factor"])
     if src.dtype == np.uint8:
         # round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x + 255 mean (1 -

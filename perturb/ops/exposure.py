@@ -218,16 +218,18 @@ def haze(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
 # (within one level). float32: float32 OpenCV/NumPy arithmetic (within 1e-6 of the kernels).
 
 
-def _radial_r2_np(h: int, w: int, cx: np.float32, cy: np.float32) -> np.ndarray:
-    """``radial_r2`` of one sample as float32 (H, W)."""
+def _radial_r2_np(h: int, w: int, cx: np.float32, cy: np.float32, out: np.ndarray | None = None) -> np.ndarray:
+    """``radial_r2`` of one sample as float32 (H, W) (into ``out`` where given)."""
     half_diag = np.float32(0.5 * float(np.hypot(h, w)))
     dy = (np.arange(h, dtype=np.float32) + np.float32(0.5) - cy * np.float32(h)) / half_diag
     dx = (np.arange(w, dtype=np.float32) + np.float32(0.5) - cx * np.float32(w)) / half_diag
-    return (dx * dx)[None, :] + (dy * dy)[:, None]
+    return np.add((dx * dx)[None, :], (dy * dy)[:, None], out=out)
 
 
 def _falloff_np(h: int, w: int, p: dict[str, np.ndarray], strength: np.float32) -> np.ndarray:
-    r2 = _radial_r2_np(h, w, np.float32(p["cx"]), np.float32(p["cy"]))
+    """``_falloff`` of one sample as float32 (H, W), in a per-thread buffer (valid until the
+    thread's next call)."""
+    r2 = _radial_r2_np(h, w, np.float32(p["cx"]), np.float32(p["cy"]), out=scratch("falloff_np", (h, w), np.float32))
     r2 *= -strength
     r2 += np.float32(1.0)
     return np.maximum(r2, np.float32(0.0), out=r2)
