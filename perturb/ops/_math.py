@@ -176,7 +176,7 @@ def linear_to_srgb_u8(lin: np.ndarray, out: np.ndarray) -> None:
     flat = plane2d(lin)
     idx = scratch("linear_to_srgb_u8", flat.shape, np.uint16)
     cv2.multiply(flat, 65535.0, dst=idx, dtype=cv2.CV_16U)  # type: ignore[call-overload]  # rounds, saturates
-    np.take(_srgb_u8_of_linear16(), idx, out=plane2d(out))
+    np.take(_srgb_u8_of_linear16(), idx, out=plane2d(out), mode="wrap")  # never wraps: 65536 entries
 
 
 @lru_cache(maxsize=1)
@@ -248,10 +248,19 @@ def linear_gain_table_u8(gain: np.float32) -> np.ndarray:
     """uint8 result of ``linear_to_srgb(srgb_to_linear(v / 255) * gain)`` for the 256 levels v,
     the kernels' arithmetic (float32 linear values and product, float64 encoding) rounded as the
     engine rounds."""
-    lin = srgb_to_linear_u8() * np.float32(gain)
-    w = np.clip(lin.astype(np.float64), 0.0, 1.0)
-    enc = np.where(w <= 0.0031308, w * 12.92, 1.055 * np.power(np.maximum(w, 0.0031308), 1.0 / 2.4) - 0.055)
-    return np.clip(np.rint(enc.astype(np.float32) * np.float32(255.0)), 0, 255).astype(np.uint8)
+    # the float32 product, then in float64: clip to [0, 1]; 12.92 w at or below 0.0031308, else
+    # 1.055 w^(1/2.4) - 0.055; to float32, times 255, rounded half to even (in [0, 255] already)
+    w = np.multiply(srgb_to_linear_u8(), np.float32(gain)).astype(np.float64)
+    np.minimum(w, 1.0, out=w)
+    np.maximum(w, 0.0, out=w)
+    enc = np.maximum(w, 0.0031308)
+    np.power(enc, 1.0 / 2.4, out=enc)
+    enc *= 1.055
+    enc -= 0.055
+    np.copyto(enc, w * 12.92, where=w <= 0.0031308)
+    levels = enc.astype(np.float32)
+    levels *= np.float32(255.0)
+    return np.rint(levels, out=levels).astype(np.uint8)
 
 
 def gain_table_u8(gain: float) -> np.ndarray:
@@ -261,9 +270,7 @@ def gain_table_u8(gain: float) -> np.ndarray:
     k = float(g) ** (1.0 / 2.4)
     affine = np.array([[k, 255.0 * 0.055 * (k - 1.0)]], dtype=np.float32)
     transformed = cv2.transform(LEVELS_ROW_U8, affine)[0]
-    if int(np.abs(transformed.astype(np.int16) - table).max()) <= 1:
-        return np.ascontiguousarray(transformed)
-    return table
+    return transformed if int(cv2.absdiff(transformed, table).max()) <= 1 else table
 
 
 def gain_in_linear_u8(src: np.ndarray, dst: np.ndarray, gains: Sequence[float]) -> None:
