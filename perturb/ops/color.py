@@ -295,7 +295,9 @@ _MEANS_LOCK = threading.Lock()
 def _mean_slot(src: np.ndarray, scene: Any) -> tuple[bytes, str, tuple[int, ...], str]:
     from perturb.scene.analysis import _digest
 
-    return (_digest(np.ascontiguousarray(src)), src.dtype.str, tuple(src.shape), json.dumps(scene.descriptor, sort_keys=True))
+    # the descriptor's canonical text (sorted JSON), read from the scene where it keeps it
+    key = getattr(scene, "key", None) or json.dumps(scene.descriptor, sort_keys=True)
+    return (_digest(np.ascontiguousarray(src)), src.dtype.str, tuple(src.shape), key)
 
 
 def _cached_mean(slot: tuple[bytes, str, tuple[int, ...], str]) -> np.float32 | None:
