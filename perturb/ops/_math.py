@@ -205,6 +205,12 @@ def _translate() -> Callable[..., Any] | None:
     return translate if np.array_equal(out, table) else None
 
 
+def fast_lut() -> bool:
+    """Whether ``lut_u8`` runs on stringzilla; else on ``cv2.LUT``, ~8x slower, and a path whose
+    table has a cheaper OpenCV equivalent (a saturating add, scale, affine transform) uses that."""
+    return _translate() is not None
+
+
 def lut_u8(src: np.ndarray, dst: np.ndarray, table: np.ndarray) -> None:
     """``dst = table[src]`` for uint8 arrays of one shape and a (256,) uint8 table: one
     stringzilla pass over the whole array where available and both are contiguous (the same
@@ -263,14 +269,22 @@ def linear_gain_table_u8(gain: np.float32) -> np.ndarray:
     return np.rint(levels, out=levels).astype(np.uint8)
 
 
-def gain_table_u8(gain: float) -> np.ndarray:
-    """The 256-entry table of ``gain_in_linear_u8`` for one gain (see there)."""
+def _gain_affine(gain: float) -> tuple[np.ndarray, np.ndarray | None]:
+    """The table of ``gain_in_linear_u8`` for one gain, and the affine 1x2 matrix whose OpenCV
+    transform gives it (None where the table is the exact one)."""
     g = np.float32(gain)
     table = linear_gain_table_u8(g)
     k = float(g) ** (1.0 / 2.4)
     affine = np.array([[k, 255.0 * 0.055 * (k - 1.0)]], dtype=np.float32)
     transformed = cv2.transform(LEVELS_ROW_U8, affine)[0]
-    return transformed if int(cv2.absdiff(transformed, table).max()) <= 1 else table
+    if int(cv2.absdiff(transformed, table).max()) <= 1:
+        return transformed, affine
+    return table, None
+
+
+def gain_table_u8(gain: float) -> np.ndarray:
+    """The 256-entry table of ``gain_in_linear_u8`` for one gain (see there)."""
+    return _gain_affine(gain)[0]
 
 
 def gain_in_linear_u8(src: np.ndarray, dst: np.ndarray, gains: Sequence[float]) -> None:
@@ -280,10 +294,16 @@ def gain_in_linear_u8(src: np.ndarray, dst: np.ndarray, gains: Sequence[float]) 
     ``1.055 (g lin)^(1/2.4) - 0.055 = k (x + 0.055) - 0.055`` with ``k = g^(1/2.4)``, clipped.
     So each plane is OpenCV's saturating transform ``k x + 255 * 0.055 (k - 1)`` where that is
     within one level of the exact table on all 256 levels (checked per sample), otherwise the
-    exact table; either as a 256-entry lookup (the transform is element-wise, so its table on
-    the 256 levels gives its bytes)."""
-    if len(gains) == 1:
+    exact table. The transform is element-wise, so its table on the 256 levels gives its bytes:
+    with ``fast_lut`` every plane is one lookup, else the transform runs on the plane (faster
+    than OpenCV's LUT)."""
+    fast = fast_lut()
+    if len(gains) == 1 and fast:
         lut_u8(src, dst, gain_table_u8(gains[0]))
         return
     for c in range(src.shape[0]):
-        lut_u8(src[c], dst[c], gain_table_u8(gains[c]))
+        table, affine = _gain_affine(gains[c] if len(gains) > 1 else gains[0])
+        if affine is None or fast:
+            lut_u8(src[c], dst[c], table)
+        else:
+            cv2.transform(src[c], affine, dst=dst[c])

@@ -38,6 +38,7 @@ from perturb.ops._math import (
     LEVELS_U8,
     LUMA_REC601,
     apply_luts,
+    fast_lut,
     gain_in_linear_u8,
     linear_to_srgb,
     linear_to_srgb_np,
@@ -254,7 +255,16 @@ def brightness_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
         np.minimum(levels, np.float32(1.0), out=levels)
         np.maximum(levels, np.float32(0.0), out=levels)
         levels *= np.float32(255.0)
-        lut_u8(src, dst, np.rint(levels, out=levels).astype(np.uint8))  # in [0, 255]: no clip
+        table = np.rint(levels, out=levels).astype(np.uint8)  # in [0, 255]: no clip
+        if not fast_lut():  # a saturated integer offset (all but measure-zero deltas): cv2.add
+            offset = int(table[128]) - 128
+            if np.array_equal(table, np.clip(np.arange(256) + offset, 0, 255)):
+                if offset >= 0:
+                    cv2.add(plane2d(src), offset, dst=plane2d(dst))  # type: ignore[call-overload]
+                else:
+                    cv2.subtract(plane2d(src), -offset, dst=plane2d(dst))  # type: ignore[call-overload]
+                return
+        lut_u8(src, dst, table)
         return
     np.add(src, np.float32(p["delta"]), out=dst)
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
@@ -351,7 +361,10 @@ def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key
         # factor)), saturated (within float rounding of the kernel's value): OpenCV's
         # convertScaleAbs, element-wise, so its result on the 256 levels is a table for the frame
         offset = float(np.float32(255.0) * mean) * (1.0 - float(factor))
-        lut_u8(src, dst, cv2.convertScaleAbs(LEVELS_ROW_U8, alpha=float(factor), beta=offset)[0])
+        if fast_lut():
+            lut_u8(src, dst, cv2.convertScaleAbs(LEVELS_ROW_U8, alpha=float(factor), beta=offset)[0])
+        else:
+            cv2.convertScaleAbs(plane2d(src), plane2d(dst), alpha=float(factor), beta=offset)
         return
     np.subtract(src, mean, out=dst)
     dst *= factor

@@ -67,3 +67,22 @@ def test_gain_table_gives_the_transform_or_exact_bytes(gain: float) -> None:
     if not np.array_equal(table, exact):
         assert np.array_equal(table[plane], cv2.transform(plane, affine))
     assert np.array_equal(cv2.transform(LEVELS_ROW_U8, affine)[0][plane], cv2.transform(plane, affine))
+
+
+@pytest.mark.parametrize("op", ["brightness", "contrast", "gamma", "color_cast", "overexposure"])
+def test_ops_give_the_same_bytes_without_stringzilla(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without stringzilla the paths fall back to OpenCV (LUT, saturating add, convertScaleAbs,
+    affine transform): the same bytes at every severity."""
+    import torch
+
+    import perturb
+
+    x = torch.from_numpy(np.random.default_rng(4).integers(0, 256, (4, 3, 48, 64), dtype=np.uint8))
+    keys = [f"k{i}" for i in range(4)]
+    for severity in (1, 3, 5):
+        fast, _ = perturb.apply(x, op, severity, keys, protect_border=False)
+        with monkeypatch.context() as m:
+            m.setattr(_math, "_translate", lambda: None)
+            assert not _math.fast_lut()
+            slow, _ = perturb.apply(x, op, severity, keys, protect_border=False)
+        assert torch.equal(fast, slow), (op, severity)
