@@ -9,8 +9,9 @@ float64 and round to float32, which makes the float32 result independent of the 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import Any
 
 import cv2
 import numpy as np
@@ -103,6 +104,8 @@ def per_sample(p: torch.Tensor) -> torch.Tensor:
 
 LEVELS_U8 = np.arange(256, dtype=np.float32) / np.float32(255.0)  # what u8 / 255 gives in torch
 LEVELS_U8.flags.writeable = False
+LEVELS_ROW_U8 = np.arange(256, dtype=np.uint8)[None, :]  # the uint8 levels as a (1, 256) image
+LEVELS_ROW_U8.flags.writeable = False
 
 
 def to_u8_levels(x: torch.Tensor) -> np.ndarray:
@@ -173,7 +176,7 @@ def linear_to_srgb_u8(lin: np.ndarray, out: np.ndarray) -> None:
     flat = plane2d(lin)
     idx = scratch("linear_to_srgb_u8", flat.shape, np.uint16)
     cv2.multiply(flat, 65535.0, dst=idx, dtype=cv2.CV_16U)  # type: ignore[call-overload]  # rounds, saturates
-    np.take(_srgb_u8_of_linear16(), idx, out=plane2d(out))
+    np.take(_srgb_u8_of_linear16(), idx, out=plane2d(out), mode="wrap")  # never wraps: 65536 entries
 
 
 @lru_cache(maxsize=1)
@@ -184,13 +187,57 @@ def srgb_to_linear_u8() -> np.ndarray:
     return table
 
 
+@lru_cache(maxsize=1)
+def _translate() -> Callable[..., Any] | None:
+    """stringzilla's byte translation (a SIMD 256-entry lookup, about 8x ``cv2.LUT`` on one
+    core) where it is installed and writes into a given buffer (``out=``), else None."""
+    try:
+        import stringzilla
+    except ImportError:
+        return None
+    table = np.arange(255, -1, -1, dtype=np.uint8)
+    probe, out = np.arange(256, dtype=np.uint8), np.zeros(256, np.uint8)
+    try:
+        stringzilla.translate(probe.data, table.data, out=out.data)
+    except (TypeError, ValueError, BufferError):
+        return None
+    translate: Callable[..., Any] = stringzilla.translate
+    return translate if np.array_equal(out, table) else None
+
+
+def fast_lut() -> bool:
+    """Whether ``lut_u8`` runs on stringzilla; else on ``cv2.LUT``, ~8x slower, and a path whose
+    table has a cheaper OpenCV equivalent (a saturating add, scale, affine transform) uses that."""
+    return _translate() is not None
+
+
+def lut_u8(src: np.ndarray, dst: np.ndarray, table: np.ndarray) -> None:
+    """``dst = table[src]`` for uint8 arrays of one shape and a (256,) uint8 table: one
+    stringzilla pass over the whole array where available and both are contiguous (the same
+    bytes as a lookup by any other means), else ``cv2.LUT`` per plane."""
+    translate = _translate()
+    if translate is not None and src.flags.c_contiguous and dst.flags.c_contiguous:
+        lut = np.ascontiguousarray(table, dtype=np.uint8).data
+        flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
+        if flat_src.ctypes.data == flat_dst.ctypes.data:
+            translate(flat_dst.data, lut, inplace=True)
+        else:
+            translate(flat_src.data, lut, out=flat_dst.data)
+        return
+    if src.flags.c_contiguous and dst.flags.c_contiguous:
+        cv2.LUT(plane2d(src), table, dst=plane2d(dst))
+        return
+    for c in range(src.shape[0]):
+        cv2.LUT(src[c], table, dst=dst[c])
+
+
 def apply_luts(src: np.ndarray, dst: np.ndarray, luts: np.ndarray) -> None:
     """Per-channel 8-bit lookup (``luts`` is (C, 256), or (256,) for every channel)."""
     if luts.ndim == 1:
-        cv2.LUT(plane2d(src), luts, dst=plane2d(dst))
+        lut_u8(src, dst, luts)
         return
     for c in range(src.shape[0]):
-        cv2.LUT(src[c], luts[c], dst=dst[c])
+        lut_u8(src[c], dst[c], luts[c])
 
 
 def split_into(hwc: np.ndarray, dst: np.ndarray) -> None:
@@ -207,10 +254,37 @@ def linear_gain_table_u8(gain: np.float32) -> np.ndarray:
     """uint8 result of ``linear_to_srgb(srgb_to_linear(v / 255) * gain)`` for the 256 levels v,
     the kernels' arithmetic (float32 linear values and product, float64 encoding) rounded as the
     engine rounds."""
-    lin = srgb_to_linear_u8() * np.float32(gain)
-    w = np.clip(lin.astype(np.float64), 0.0, 1.0)
-    enc = np.where(w <= 0.0031308, w * 12.92, 1.055 * np.power(np.maximum(w, 0.0031308), 1.0 / 2.4) - 0.055)
-    return np.clip(np.rint(enc.astype(np.float32) * np.float32(255.0)), 0, 255).astype(np.uint8)
+    # the float32 product, then in float64: clip to [0, 1]; 12.92 w at or below 0.0031308, else
+    # 1.055 w^(1/2.4) - 0.055; to float32, times 255, rounded half to even (in [0, 255] already)
+    w = np.multiply(srgb_to_linear_u8(), np.float32(gain)).astype(np.float64)
+    np.minimum(w, 1.0, out=w)
+    np.maximum(w, 0.0, out=w)
+    enc = np.maximum(w, 0.0031308)
+    np.power(enc, 1.0 / 2.4, out=enc)
+    enc *= 1.055
+    enc -= 0.055
+    np.copyto(enc, w * 12.92, where=w <= 0.0031308)
+    levels = enc.astype(np.float32)
+    levels *= np.float32(255.0)
+    return np.rint(levels, out=levels).astype(np.uint8)
+
+
+def _gain_affine(gain: float) -> tuple[np.ndarray, np.ndarray | None]:
+    """The table of ``gain_in_linear_u8`` for one gain, and the affine 1x2 matrix whose OpenCV
+    transform gives it (None where the table is the exact one)."""
+    g = np.float32(gain)
+    table = linear_gain_table_u8(g)
+    k = float(g) ** (1.0 / 2.4)
+    affine = np.array([[k, 255.0 * 0.055 * (k - 1.0)]], dtype=np.float32)
+    transformed = cv2.transform(LEVELS_ROW_U8, affine)[0]
+    if int(cv2.absdiff(transformed, table).max()) <= 1:
+        return transformed, affine
+    return table, None
+
+
+def gain_table_u8(gain: float) -> np.ndarray:
+    """The 256-entry table of ``gain_in_linear_u8`` for one gain (see there)."""
+    return _gain_affine(gain)[0]
 
 
 def gain_in_linear_u8(src: np.ndarray, dst: np.ndarray, gains: Sequence[float]) -> None:
@@ -218,16 +292,18 @@ def gain_in_linear_u8(src: np.ndarray, dst: np.ndarray, gains: Sequence[float]) 
 
     Away from the sRGB curve's linear foot this is affine in the encoded value:
     ``1.055 (g lin)^(1/2.4) - 0.055 = k (x + 0.055) - 0.055`` with ``k = g^(1/2.4)``, clipped.
-    So each plane is one saturating OpenCV transform ``k x + 255 * 0.055 (k - 1)``, used when it
-    is within one level of the exact table on all 256 levels (checked per sample); otherwise
-    the exact table."""
+    So each plane is OpenCV's saturating transform ``k x + 255 * 0.055 (k - 1)`` where that is
+    within one level of the exact table on all 256 levels (checked per sample), otherwise the
+    exact table. The transform is element-wise, so its table on the 256 levels gives its bytes:
+    with ``fast_lut`` every plane is one lookup, else the transform runs on the plane (faster
+    than OpenCV's LUT)."""
+    fast = fast_lut()
+    if len(gains) == 1 and fast:
+        lut_u8(src, dst, gain_table_u8(gains[0]))
+        return
     for c in range(src.shape[0]):
-        gain = np.float32(gains[c] if len(gains) > 1 else gains[0])
-        table = linear_gain_table_u8(gain)
-        k = float(gain) ** (1.0 / 2.4)
-        affine = np.array([[k, 255.0 * 0.055 * (k - 1.0)]], dtype=np.float32)
-        levels = np.arange(256, dtype=np.uint8)[None, :]
-        if int(np.abs(cv2.transform(levels, affine)[0].astype(np.int16) - table).max()) <= 1:
-            cv2.transform(src[c], affine, dst=dst[c])
+        table, affine = _gain_affine(gains[c] if len(gains) > 1 else gains[0])
+        if affine is None or fast:
+            lut_u8(src[c], dst[c], table)
         else:
-            cv2.LUT(src[c], table, dst=dst[c])
+            cv2.transform(src[c], affine, dst=dst[c])

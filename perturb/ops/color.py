@@ -34,13 +34,16 @@ import torch
 
 from perturb.ops import backend
 from perturb.ops._math import (
+    LEVELS_ROW_U8,
     LEVELS_U8,
     LUMA_REC601,
     apply_luts,
+    fast_lut,
     gain_in_linear_u8,
     linear_to_srgb,
     linear_to_srgb_np,
     luma,
+    lut_u8,
     per_sample,
     plane2d,
     sample_mean,
@@ -144,10 +147,10 @@ def tissue_weight(scene: Any) -> np.ndarray | None:
     the whole image. A scene whose tissue is empty counts as absent."""
     if scene is None:
         return None
-    from perturb.scene.masks import tissue_alpha
+    from perturb.scene.masks import tissue_alpha, tissue_alpha_sum
 
-    alpha = tissue_alpha(scene.descriptor)
-    return alpha if float(alpha.max()) > 0.0 else None
+    # the alpha lies in [0, 1]: its (cached) sum is positive exactly where its maximum is
+    return tissue_alpha(scene.descriptor) if tissue_alpha_sum(scene.descriptor) > 0.0 else None
 
 
 @register_kernel("contrast", uses_scene=True)
@@ -247,19 +250,21 @@ def _u8_table(values: np.ndarray) -> np.ndarray:
 @backend.register_cpu("brightness")
 def brightness_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     delta = np.float32(p["delta"])
-    if src.dtype == np.uint8:
-        # the kernel's float32 arithmetic on the 256 levels; where the table is a saturated
-        # integer offset (all but measure-zero deltas) OpenCV's SIMD saturating add/subtract
-        # gives the same bytes several times faster than a lookup
-        table = _u8_table(np.clip(LEVELS_U8 + delta, np.float32(0.0), np.float32(1.0)))
-        offset = int(table[128]) - 128
-        if np.array_equal(table, np.clip(np.arange(256) + offset, 0, 255)):
-            if offset >= 0:
-                cv2.add(plane2d(src), offset, dst=plane2d(dst))  # type: ignore[call-overload]
-            else:
-                cv2.subtract(plane2d(src), -offset, dst=plane2d(dst))  # type: ignore[call-overload]
-        else:
-            apply_luts(src, dst, table)
+    if src.dtype == np.uint8:  # the kernel's float32 arithmetic on the 256 levels, one lookup
+        levels = LEVELS_U8 + delta
+        np.minimum(levels, np.float32(1.0), out=levels)
+        np.maximum(levels, np.float32(0.0), out=levels)
+        levels *= np.float32(255.0)
+        table = np.rint(levels, out=levels).astype(np.uint8)  # in [0, 255]: no clip
+        if not fast_lut():  # a saturated integer offset (all but measure-zero deltas): cv2.add
+            offset = int(table[128]) - 128
+            if np.array_equal(table, np.clip(np.arange(256) + offset, 0, 255)):
+                if offset >= 0:
+                    cv2.add(plane2d(src), offset, dst=plane2d(dst))  # type: ignore[call-overload]
+                else:
+                    cv2.subtract(plane2d(src), -offset, dst=plane2d(dst))  # type: ignore[call-overload]
+                return
+        lut_u8(src, dst, table)
         return
     np.add(src, np.float32(p["delta"]), out=dst)
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
@@ -297,18 +302,32 @@ _MEANS_SIZE = 1024
 _MEANS_LOCK = threading.Lock()
 
 
-def tissue_mean_luma(src: np.ndarray, scene: Any, weight: np.ndarray) -> np.float32:
-    """float32 mean of the kernel's luma of ``src`` (CHW) weighted by the tissue alpha
-    ``weight`` of ``scene``: a float64 sum of ``y * weight`` over the frame, over the float64 sum
-    of the weights (cached per sample bytes and scene)."""
+def _mean_slot(src: np.ndarray, scene: Any) -> tuple[bytes, str, tuple[int, ...], str]:
     from perturb.scene.analysis import _digest
 
-    slot = (_digest(np.ascontiguousarray(src)), src.dtype.str, tuple(src.shape), json.dumps(scene.descriptor, sort_keys=True))
+    # the descriptor's canonical text (sorted JSON), read from the scene where it keeps it
+    key = getattr(scene, "key", None) or json.dumps(scene.descriptor, sort_keys=True)
+    return (_digest(np.ascontiguousarray(src)), src.dtype.str, tuple(src.shape), key)
+
+
+def _cached_mean(slot: tuple[bytes, str, tuple[int, ...], str]) -> np.float32 | None:
     with _MEANS_LOCK:
         hit = _MEANS.get(slot)
         if hit is not None:
             _MEANS.move_to_end(slot)
-            return hit
+        return hit
+
+
+def tissue_mean_luma(
+    src: np.ndarray, scene: Any, weight: np.ndarray, slot: tuple[bytes, str, tuple[int, ...], str] | None = None
+) -> np.float32:
+    """float32 mean of the kernel's luma of ``src`` (CHW) weighted by the tissue alpha
+    ``weight`` of ``scene``: a float64 sum of ``y * weight`` over the frame, over the float64 sum
+    of the weights (cached per sample bytes and scene; ``slot``: its cache key, if known)."""
+    slot = _mean_slot(src, scene) if slot is None else slot
+    hit = _cached_mean(slot)
+    if hit is not None:
+        return hit
     if src.dtype == np.uint8:  # the same float32 products, read from 256-entry tables
         y = _luma_u8(src)
     else:
@@ -329,15 +348,23 @@ def tissue_mean_luma(src: np.ndarray, scene: Any, weight: np.ndarray) -> np.floa
 
 @backend.register_cpu("contrast", uses_scene=True)
 def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
-    weight = tissue_weight(scene)
     # the kernel's luma of the float32 sample: of the whole frame, or weighted by the tissue
-    mean = _mean_luma(src) if weight is None else tissue_mean_luma(src, scene, weight)
+    # (a frame seen before: its cached mean, looked up before the tissue alpha is)
+    slot = None if scene is None else _mean_slot(src, scene)
+    mean = None if slot is None else _cached_mean(slot)
+    if mean is None:
+        weight = tissue_weight(scene)
+        mean = _mean_luma(src) if weight is None else tissue_mean_luma(src, scene, weight, slot)
     factor = np.float32(p["factor"])
     if src.dtype == np.uint8:
         # round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x + 255 mean (1 -
-        # factor)), saturated: one SIMD pass (within float rounding of the kernel's value)
+        # factor)), saturated (within float rounding of the kernel's value): OpenCV's
+        # convertScaleAbs, element-wise, so its result on the 256 levels is a table for the frame
         offset = float(np.float32(255.0) * mean) * (1.0 - float(factor))
-        cv2.convertScaleAbs(plane2d(src), plane2d(dst), alpha=float(factor), beta=offset)
+        if fast_lut():
+            lut_u8(src, dst, cv2.convertScaleAbs(LEVELS_ROW_U8, alpha=float(factor), beta=offset)[0])
+        else:
+            cv2.convertScaleAbs(plane2d(src), plane2d(dst), alpha=float(factor), beta=offset)
         return
     np.subtract(src, mean, out=dst)
     dst *= factor

@@ -114,16 +114,29 @@ def field_falloff_np(
     dx2, dy2 = (dx * dx)[None, bx0:bx1], (dy * dy)[by0:by1, None]
     bh, bw = by1 - by0, bx1 - bx0
     res = np.empty((bh, bw), np.float32) if out is None else out
+    if bh == 0 or bw == 0:
+        return res
     band = max(1, min(bh, (1 << 15) // max(bw, 1)))  # 256 KB of float64: stays in cache
     work = scratch("field_falloff_np", (band, bw), np.float64)
+    rows_dx2 = scratch("field_falloff_np_dx2", (band, bw), np.float64)  # dx2 repeated: a plain add
+    rows_dx2[...] = dx2
     for y0 in range(0, bh, band):
         rows = min(band, bh - y0)
         r2 = work[:rows]
-        np.add(dx2, dy2[y0 : y0 + rows], out=r2)
+        np.add(rows_dx2[:rows], dy2[y0 : y0 + rows], out=r2)
         np.multiply(r2, -strength, out=r2)  # -(strength r^2): the same rounding, negated
         np.add(r2, 1.0, out=r2)  # 1 - strength r^2
-        np.maximum(r2, 0.0, out=r2)
         res[y0 : y0 + rows] = r2
+    # max(0, .) after the cast to float32 gives the same values (rounding is monotone, keeps 0,
+    # and 1 - strength r^2 is 0 or at least 2^-53 in magnitude: no -0). 1 - strength r^2 is
+    # monotone in r^2, and the rounded sums too, so its extremes are at the extreme sums: skip the
+    # pass where none is negative
+    ends = np.add(np.array([dx2.min(), dx2.max()]), np.array([dy2.min(), dy2.max()]))
+    if float(np.add(np.multiply(ends, -strength), 1.0).min()) < 0.0:
+        if res.flags.c_contiguous:  # OpenCV writes into the given array
+            cv2.max(res, 0.0, dst=res)  # type: ignore[call-overload]  # a scalar bound
+        else:
+            np.maximum(res, np.float32(0.0), out=res)
     return res
 
 
@@ -218,19 +231,36 @@ def haze(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
 # (within one level). float32: float32 OpenCV/NumPy arithmetic (within 1e-6 of the kernels).
 
 
-def _radial_r2_np(h: int, w: int, cx: np.float32, cy: np.float32) -> np.ndarray:
-    """``radial_r2`` of one sample as float32 (H, W)."""
+def _radial_terms(h: int, w: int, cx: np.float32, cy: np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """float32 squared x (W,) and y (H,) distances of ``radial_r2`` for one sample."""
     half_diag = np.float32(0.5 * float(np.hypot(h, w)))
     dy = (np.arange(h, dtype=np.float32) + np.float32(0.5) - cy * np.float32(h)) / half_diag
     dx = (np.arange(w, dtype=np.float32) + np.float32(0.5) - cx * np.float32(w)) / half_diag
-    return (dx * dx)[None, :] + (dy * dy)[:, None]
+    return dx * dx, dy * dy
+
+
+def _radial_r2_np(h: int, w: int, cx: np.float32, cy: np.float32, out: np.ndarray | None = None) -> np.ndarray:
+    """``radial_r2`` of one sample as float32 (H, W) (into ``out`` where given)."""
+    dx2, dy2 = _radial_terms(h, w, cx, cy)
+    return np.add(dx2[None, :], dy2[:, None], out=out)
 
 
 def _falloff_np(h: int, w: int, p: dict[str, np.ndarray], strength: np.float32) -> np.ndarray:
-    r2 = _radial_r2_np(h, w, np.float32(p["cx"]), np.float32(p["cy"]))
+    """``_falloff`` of one sample as float32 (H, W), in a per-thread buffer (valid until the
+    thread's next call)."""
+    dx2, dy2 = _radial_terms(h, w, np.float32(p["cx"]), np.float32(p["cy"]))
+    r2 = np.add(dx2[None, :], dy2[:, None], out=scratch("falloff_np", (h, w), np.float32))
     r2 *= -strength
     r2 += np.float32(1.0)
-    return np.maximum(r2, np.float32(0.0), out=r2)
+    # 1 - strength r^2 is monotone in r^2 and the rounded sums are monotone in their terms: its
+    # extremes are at the terms' extremes, so the clip is skipped where none is negative (and
+    # 1 + x is exactly 0 or at least 2^-24 in magnitude: OpenCV's max cannot meet a -0)
+    ends = np.array([dx2.min(), dx2.max()]) + np.array([dy2.min(), dy2.max()])
+    ends *= -strength
+    ends += np.float32(1.0)
+    if float(ends.min()) < 0.0:
+        cv2.max(r2, 0.0, dst=r2)  # type: ignore[call-overload]  # a scalar bound
+    return r2
 
 
 def _scale_in_linear(src: np.ndarray, dst: np.ndarray, scale: np.ndarray) -> None:

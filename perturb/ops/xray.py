@@ -56,7 +56,7 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend, blur, jpeg
-from perturb.ops._math import per_sample, shorter_side
+from perturb.ops._math import lut_u8, per_sample, shorter_side
 from perturb.ops.noise import (
     POISSON_EXACT_BELOW,
     poisson_counts,
@@ -184,11 +184,11 @@ def _register_lut(name: str, kernel: Kernel) -> None:
             out = kernel(values, _host_params(p), [key]).reshape(-1).numpy()
         table = np.empty(out.shape, dtype=src.dtype)
         _store(out, table)
+        if src.dtype == np.uint8:
+            lut_u8(src, dst, table)
+            return
         for c in range(src.shape[0]):
-            if src.dtype == np.uint8:
-                cv2.LUT(src[c], table, dst=dst[c])
-            else:
-                np.take(table, src[c], out=dst[c])
+            np.take(table, src[c], out=dst[c])
 
     backend.register_cpu(name, dtypes=_INTEGER)(lut_cpu)
 

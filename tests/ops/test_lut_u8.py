@@ -1,0 +1,88 @@
+"""The CPU paths' 8-bit lookup (``perturb.ops._math.lut_u8``): stringzilla's translation where
+installed, OpenCV's LUT otherwise; both must give NumPy's ``table[src]`` on every layout."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from perturb.ops import _math
+from perturb.ops._math import LEVELS_ROW_U8, gain_table_u8, lut_u8
+
+
+@pytest.fixture(params=["default", "opencv"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "opencv":
+        monkeypatch.setattr(_math, "_translate", lambda: None)
+    return str(request.param)
+
+
+def _case(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (3, 37, 53), dtype=np.uint8), rng.integers(0, 256, 256, dtype=np.uint8)
+
+
+def test_whole_sample_and_planes(backend: str) -> None:
+    src, table = _case(0)
+    dst = np.zeros_like(src)
+    lut_u8(src, dst, table)
+    assert np.array_equal(dst, table[src])
+    plane = np.zeros_like(src[1])
+    lut_u8(src[1], plane, table)
+    assert np.array_equal(plane, table[src[1]])
+
+
+def test_strided_views_and_in_place(backend: str) -> None:
+    src, table = _case(1)
+    dst = np.full_like(src, 7)
+    lut_u8(src[:, 3:20, 5:40], dst[:, 3:20, 5:40], table)  # a box of a frame: not contiguous
+    expected = np.full_like(src, 7)
+    expected[:, 3:20, 5:40] = table[src[:, 3:20, 5:40]]
+    assert np.array_equal(dst, expected)
+    work = src.copy()
+    lut_u8(work, work, table)
+    assert np.array_equal(work, table[src])
+
+
+def test_read_only_table_and_source(backend: str) -> None:
+    src, table = _case(2)
+    src.flags.writeable = False
+    table.flags.writeable = False
+    dst = np.empty_like(src)
+    lut_u8(src, dst, table)
+    assert np.array_equal(dst, table[src])
+
+
+@pytest.mark.parametrize("gain", [0.55, 0.8, 0.97, 1.0, 1.08, 1.6, 2.5])
+def test_gain_table_gives_the_transform_or_exact_bytes(gain: float) -> None:
+    """The table of one gain is either OpenCV's affine transform on the 256 levels (the bytes it
+    writes on any plane) or the exact linear-light table, and within one level of the latter."""
+    table = gain_table_u8(gain)
+    exact = _math.linear_gain_table_u8(np.float32(gain))
+    assert int(np.abs(table.astype(np.int16) - exact).max()) <= 1
+    k = float(np.float32(gain)) ** (1.0 / 2.4)
+    affine = np.array([[k, 255.0 * 0.055 * (k - 1.0)]], dtype=np.float32)
+    plane = np.random.default_rng(3).integers(0, 256, (41, 67), dtype=np.uint8)
+    if not np.array_equal(table, exact):
+        assert np.array_equal(table[plane], cv2.transform(plane, affine))
+    assert np.array_equal(cv2.transform(LEVELS_ROW_U8, affine)[0][plane], cv2.transform(plane, affine))
+
+
+@pytest.mark.parametrize("op", ["brightness", "contrast", "gamma", "color_cast", "overexposure"])
+def test_ops_give_the_same_bytes_without_stringzilla(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without stringzilla the paths fall back to OpenCV (LUT, saturating add, convertScaleAbs,
+    affine transform): the same bytes at every severity."""
+    import torch
+
+    import perturb
+
+    x = torch.from_numpy(np.random.default_rng(4).integers(0, 256, (4, 3, 48, 64), dtype=np.uint8))
+    keys = [f"k{i}" for i in range(4)]
+    for severity in (1, 3, 5):
+        fast, _ = perturb.apply(x, op, severity, keys, protect_border=False)
+        with monkeypatch.context() as m:
+            m.setattr(_math, "_translate", lambda: None)
+            assert not _math.fast_lut()
+            slow, _ = perturb.apply(x, op, severity, keys, protect_border=False)
+        assert torch.equal(fast, slow), (op, severity)
