@@ -125,7 +125,11 @@ def _area_down(full: np.ndarray, gh: int, gw: int, out: np.ndarray) -> None:
         for i in range(c):
             cv2.resize(full[i], (gw, gh), dst=out[i], interpolation=cv2.INTER_AREA)
         return
-    small = cv2.resize(cv2.merge(list(full)), (gw, gh), interpolation=cv2.INTER_AREA)
+    h, w = full.shape[1:]
+    merged = scratch("grain_area_in", (h, w, c), np.float32)
+    cv2.merge(list(full), dst=merged)
+    small = scratch("grain_area_out", (gh, gw, c), np.float32)
+    cv2.resize(merged, (gw, gh), dst=small, interpolation=cv2.INTER_AREA)
     split_into(small, out)
 
 
@@ -136,6 +140,15 @@ def _store_u8(res: np.ndarray, dst: np.ndarray) -> None:
     flat = plane2d(res)
     cv2.max(flat, 0.0, dst=flat)
     cv2.convertScaleAbs(flat, dst=plane2d(dst), alpha=255.0)
+
+
+def _load_float(src: np.ndarray) -> np.ndarray:
+    """``backend.load_float(src)``, a uint8 sample's into a per-thread scratch array."""
+    if src.dtype != np.uint8 or not src.flags.c_contiguous:
+        return backend.load_float(src)
+    full = scratch("grain_full", src.shape, np.float32)
+    cv2.LUT(plane2d(src), backend.levels(src.dtype), dst=plane2d(full))
+    return full
 
 
 def grain_cpu(pixel_fn: backend.CpuFn) -> backend.CpuFn:
@@ -149,7 +162,7 @@ def grain_cpu(pixel_fn: backend.CpuFn) -> backend.CpuFn:
             pixel_fn(src, dst, p, key, **kw)
             return
         gh, gw = grid
-        full = backend.load_float(src)
+        full = _load_float(src)
         small = scratch("grain_small", (c, gh, gw), np.float32)
         _area_down(full, gh, gw, small)
         np.clip(small, np.float32(0.0), np.float32(1.0), out=small)

@@ -138,9 +138,9 @@ def speckle_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
         cv2.add(plane2d(src), grain, dst=plane2d(dst), dtype=cv2.CV_8U)
         return
     z = rng.normal_numpy(key, "speckle_noise", src.size).reshape(src.shape)
-    t = src * sigma  # the kernel's order: x + (x * sigma) * z
-    t *= z
-    np.add(src, t, out=dst)
+    np.multiply(src, sigma, out=dst)  # the kernel's order: x + (x * sigma) * z
+    dst *= z
+    dst += src
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
 
@@ -150,11 +150,15 @@ def impulse_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
     half = np.float32(p["amount"]) / np.float32(2.0)
     pepper = u < half
     salt = u > np.float32(1.0) - half
-    white = 255 if src.dtype == np.uint8 else 1.0
+    if src.dtype == np.float32:  # x * keep + salt: x, 0 or 1 exactly
+        keep = np.logical_not(pepper | salt).astype(np.float32)
+        white = salt.astype(np.float32)
+        np.multiply(src, keep, out=dst)
+        dst += white
+        return
     np.copyto(dst, src)
-    for c in range(src.shape[0]):
-        dst[c][pepper] = 0
-        dst[c][salt] = white
+    np.copyto(dst, src.dtype.type(0), where=pepper)
+    np.copyto(dst, np.uint8(255), where=salt)
 
 
 def poisson_small(lam: np.ndarray, u: np.ndarray) -> np.ndarray:
