@@ -138,7 +138,7 @@ def _store_u8(res: np.ndarray, dst: np.ndarray) -> None:
     negative values to 0, then OpenCV's rounding (half to even) and saturation of 255 * x,
     which is the engine's ``round(255 * clip(x, 0, 1))``."""
     flat = plane2d(res)
-    cv2.max(flat, 0.0, dst=flat)
+    cv2.max(flat, 0.0, dst=flat)  # type: ignore[call-overload]  # a scalar bound
     cv2.convertScaleAbs(flat, dst=plane2d(dst), alpha=255.0)
 
 
