@@ -114,18 +114,28 @@ def grain_kernel(pixel_kernel: Callable[..., torch.Tensor]) -> Callable[..., tor
     return kernel
 
 
+@lru_cache(maxsize=16)
+def _interleaved_area_exact(c: int, h: int, w: int, gh: int, gw: int) -> bool:
+    """Whether OpenCV's INTER_AREA of a c-channel interleaved h x w image gives, bit for bit,
+    the per-plane results (checked once per shape on a seeded random probe)."""
+    probe = np.random.default_rng(0).random((c, h, w), dtype=np.float32)
+    planes = [cv2.resize(probe[i], (gw, gh), interpolation=cv2.INTER_AREA) for i in range(c)]
+    merged = cv2.resize(cv2.merge(list(probe)), (gw, gh), interpolation=cv2.INTER_AREA)
+    return bool(np.array_equal(np.stack(planes, axis=-1), merged.reshape(gh, gw, c)))
+
+
 def _area_down(full: np.ndarray, gh: int, gw: int, out: np.ndarray) -> None:
     """``out`` (C, gh, gw) = OpenCV's INTER_AREA of each plane of ``full`` (C, H, W), float32.
 
-    Up to 4 planes are resized as one interleaved image: OpenCV computes every channel of a
-    pixel with the same arithmetic as a single plane (the same weights, the same order), so
-    the values are the per-plane ones, at about half the cost of resizing plane by plane."""
-    c = full.shape[0]
-    if c == 1 or c > 4:
+    2 to 4 planes are resized as one interleaved image, at about half the cost of resizing
+    plane by plane: OpenCV computes each channel of a pixel with a single plane's weights in
+    the same order, so the values are the per-plane ones (``_interleaved_area_exact`` checks
+    it once per shape; plane by plane where it does not hold)."""
+    c, h, w = full.shape
+    if not 1 < c <= 4 or not _interleaved_area_exact(c, h, w, gh, gw):
         for i in range(c):
             cv2.resize(full[i], (gw, gh), dst=out[i], interpolation=cv2.INTER_AREA)
         return
-    h, w = full.shape[1:]
     merged = scratch("grain_area_in", (h, w, c), np.float32)
     cv2.merge(list(full), dst=merged)
     small = scratch("grain_area_out", (gh, gw, c), np.float32)
