@@ -161,6 +161,22 @@ def _load_float(src: np.ndarray) -> np.ndarray:
     return full
 
 
+def _add_residual(residual: np.ndarray, full: np.ndarray, dst: np.ndarray) -> None:
+    """``dst`` = the frame ``full`` plus the grid ``residual`` upsampled bicubically (times
+    ``gain``), clipped and stored in ``dst``'s dtype."""
+    c, h, w = full.shape
+    out = scratch("grain_out", (c, h, w), np.float32)
+    for i in range(c):
+        cv2.resize(residual[i], (w, h), dst=out[i], interpolation=cv2.INTER_CUBIC)
+    out *= np.float32(gain(h, w))
+    out += full
+    if dst.dtype == np.uint8 and dst.flags.c_contiguous:
+        _store_u8(out, dst)
+        return
+    np.clip(out, np.float32(0.0), np.float32(1.0), out=out)
+    backend.store_float(out, dst)
+
+
 def grain_cpu(pixel_fn: backend.CpuFn) -> backend.CpuFn:
     """The CPU fast path with grain relative to the shorter side, from its per-pixel form (which
     must read float32 samples)."""
@@ -179,16 +195,100 @@ def grain_cpu(pixel_fn: backend.CpuFn) -> backend.CpuFn:
         noisy = scratch("grain_noisy", (c, gh, gw), np.float32)
         pixel_fn(small, noisy, p, key, **kw)
         noisy -= small
-        out = scratch("grain_out", (c, h, w), np.float32)
-        for i in range(c):
-            cv2.resize(noisy[i], (w, h), dst=out[i], interpolation=cv2.INTER_CUBIC)
-        out *= np.float32(gain(h, w))
-        out += full
-        if dst.dtype == np.uint8 and dst.flags.c_contiguous:
-            _store_u8(out, dst)
+        _add_residual(noisy, full, dst)
+
+    fn.__doc__ = pixel_fn.__doc__
+    return fn
+
+
+@lru_cache(maxsize=16)
+def area_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """OpenCV's INTER_AREA weights along one axis as it applies them: (n_out, K) source indices
+    and float32 weights of each output, in its summation order (increasing source index),
+    padded with weight 0. Read from OpenCV itself: a column whose ones are ``period`` rows
+    apart, area-resized, gives each output's weight of each source row (at most one one falls
+    in an output's window)."""
+    period = min(n_in, 2 * int(np.ceil(n_in / n_out)) + 4)
+    comb = (np.arange(n_in)[:, None] % period == np.arange(period)[None, :]).astype(np.float32)
+    resized = cv2.resize(comb, (period, n_out), interpolation=cv2.INTER_AREA)  # (n_out, period)
+    weights = resized[:, np.arange(n_in) % period]  # (n_out, n_in), the window's weights and aliases
+    src = np.arange(n_in)[None, :]
+    out = np.arange(n_out)[:, None]
+    near = (src * n_out >= out * n_in - n_out) & (src * n_out < (out + 1) * n_in + n_out)  # window +- 1
+    weights = np.where(near, weights, np.float32(0.0))
+    width = int((weights > 0).sum(axis=1).max())
+    index = np.zeros((n_out, width), dtype=np.intp)
+    taps = np.zeros((n_out, width), dtype=np.float32)
+    for i in range(n_out):
+        sources = np.flatnonzero(weights[i] > 0)
+        index[i, :] = sources[0]
+        index[i, : sources.size] = sources
+        taps[i, : sources.size] = weights[i, sources]
+    for a in (index, taps):
+        a.flags.writeable = False
+    return index, taps
+
+
+def area_at(full: np.ndarray, gh: int, gw: int, cells: np.ndarray) -> np.ndarray:
+    """(C, n) values of OpenCV's INTER_AREA of ``full`` (C, H, W) to (gh, gw) at the flat grid
+    cells ``cells`` only, with its arithmetic: each source row's weighted sum across, then the
+    rows' weighted sum, float32 in OpenCV's order (``_area_at_exact`` checks it per shape)."""
+    c, h, w = full.shape
+    ys, xs = np.divmod(cells, gw)
+    rows, beta = area_taps(h, gh)
+    cols, alpha = area_taps(w, gw)
+    flat = (rows[ys][:, :, None] * w + cols[xs][:, None, :]).reshape(cells.size, rows.shape[1] * cols.shape[1])
+    values = np.take(full.reshape(c, -1), flat, axis=1).reshape(c, cells.size, rows.shape[1], cols.shape[1])
+    a = alpha[xs][None, :, None, :]
+    across = values[..., 0] * a[..., 0]
+    for k in range(1, cols.shape[1]):
+        across += values[..., k] * a[..., k]
+    b = beta[ys][None, :, :]
+    out = across[..., 0] * b[..., 0]
+    for k in range(1, rows.shape[1]):
+        out += across[..., k] * b[..., k]
+    return out
+
+
+@lru_cache(maxsize=16)
+def _area_at_exact(h: int, w: int, gh: int, gw: int) -> bool:
+    """Whether ``area_at`` gives OpenCV's INTER_AREA values bit for bit for this shape (every
+    cell of a seeded random probe)."""
+    probe = np.random.default_rng(1).random((1, h, w), dtype=np.float32)
+    expected = cv2.resize(probe[0], (gw, gh), interpolation=cv2.INTER_AREA).reshape(1, -1)
+    got = np.concatenate([area_at(probe, gh, gw, cells) for cells in np.array_split(np.arange(gh * gw), 16)], axis=1)
+    return bool(np.array_equal(got, expected))
+
+
+SitesFn = Callable[[int, int, dict[str, np.ndarray], int], tuple[np.ndarray, np.ndarray]]
+
+
+def grain_cpu_sites(pixel_fn: backend.CpuFn, sites_fn: SitesFn) -> backend.CpuFn:
+    """``grain_cpu(pixel_fn)`` for a model that sets some pixels to black or white (all
+    channels) and leaves the others as they are; ``sites_fn(h, w, params, key)`` gives those
+    pixels' flat indices (black, white; white wins where both), as ``pixel_fn`` sets them. The
+    residual on the grid is then zero but at those cells, so the frame's grid average is
+    computed there only (``area_at``): the same bytes as ``grain_cpu(pixel_fn)``."""
+    dense = grain_cpu(pixel_fn)
+
+    def fn(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, **kw: Any) -> None:
+        c, h, w = src.shape
+        grid = grid_shape(h, w)
+        if grid is None or not _area_at_exact(h, w, *grid):
+            dense(src, dst, p, key, **kw)
             return
-        np.clip(out, np.float32(0.0), np.float32(1.0), out=out)
-        backend.store_float(out, dst)
+        gh, gw = grid
+        full = _load_float(src)
+        black, white = sites_fn(gh, gw, p, key)
+        cells = np.concatenate([black, white])
+        small = area_at(full, gh, gw, cells)
+        np.clip(small, np.float32(0.0), np.float32(1.0), out=small)
+        residual = scratch("grain_noisy", (c, gh, gw), np.float32)
+        residual.fill(0.0)
+        flat = residual.reshape(c, -1)
+        flat[:, black] = np.float32(0.0) - small[:, : black.size]
+        flat[:, white] = np.float32(1.0) - small[:, black.size :]
+        _add_residual(residual, full, dst)
 
     fn.__doc__ = pixel_fn.__doc__
     return fn

@@ -52,7 +52,7 @@ def test_grain_fast_path_matches_per_plane_reference(name: str, shape: tuple[int
     if dtype == np.float32:
         src = backend.levels(np.dtype(np.uint8))[src]
     dst = np.empty_like(src)
-    fast = grain.grain_cpu(pixel_fn)
+    fast = backend.CPU_PATHS.get(name.removesuffix("_cpu")).fn  # the registered path
     for key in (3, 4):  # twice: the second call reuses the per-thread scratch buffers
         fast(src, dst, PARAMS[name], key)
         np.testing.assert_array_equal(dst, reference_grain(pixel_fn, src, PARAMS[name], key))
@@ -69,6 +69,17 @@ def test_store_u8_rounds_as_the_engine() -> None:
     backend.store_float(np.clip(values, np.float32(0.0), np.float32(1.0)), expected)
     got = np.empty(values.shape, np.uint8)
     grain._store_u8(values.copy(), got)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("amount", [0.0, 0.3, 1.0])
+def test_impulse_sparse_grain_path_at_extreme_amounts(amount: float) -> None:
+    """No site, many sites, every pixel a site: the same bytes as the dense grain path."""
+    src = np.random.default_rng(5).integers(0, 256, (3, 500, 640), dtype=np.uint8)
+    p = {"amount": np.float32(amount)}
+    got, expected = np.empty_like(src), np.empty_like(src)
+    backend.CPU_PATHS.get("impulse_noise").fn(src, got, p, 11)
+    grain.grain_cpu(noise.impulse_noise_cpu)(src, expected, p, 11)
     np.testing.assert_array_equal(got, expected)
 
 
