@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from perturb.ops import backend
+from perturb.ops._math import plane2d, scratch, split_into
 
 GRAIN_CELLS = 448
 
@@ -113,6 +114,69 @@ def grain_kernel(pixel_kernel: Callable[..., torch.Tensor]) -> Callable[..., tor
     return kernel
 
 
+@lru_cache(maxsize=16)
+def _interleaved_area_exact(c: int, h: int, w: int, gh: int, gw: int) -> bool:
+    """Whether OpenCV's INTER_AREA of a c-channel interleaved h x w image gives, bit for bit,
+    the per-plane results (checked once per shape on a seeded random probe)."""
+    probe = np.random.default_rng(0).random((c, h, w), dtype=np.float32)
+    planes = [cv2.resize(probe[i], (gw, gh), interpolation=cv2.INTER_AREA) for i in range(c)]
+    merged = cv2.resize(cv2.merge(list(probe)), (gw, gh), interpolation=cv2.INTER_AREA)
+    return bool(np.array_equal(np.stack(planes, axis=-1), merged.reshape(gh, gw, c)))
+
+
+def _area_down(full: np.ndarray, gh: int, gw: int, out: np.ndarray) -> None:
+    """``out`` (C, gh, gw) = OpenCV's INTER_AREA of each plane of ``full`` (C, H, W), float32.
+
+    2 to 4 planes are resized as one interleaved image, at about half the cost of resizing
+    plane by plane: OpenCV computes each channel of a pixel with a single plane's weights in
+    the same order, so the values are the per-plane ones (``_interleaved_area_exact`` checks
+    it once per shape; plane by plane where it does not hold)."""
+    c, h, w = full.shape
+    if not 1 < c <= 4 or not _interleaved_area_exact(c, h, w, gh, gw):
+        for i in range(c):
+            cv2.resize(full[i], (gw, gh), dst=out[i], interpolation=cv2.INTER_AREA)
+        return
+    merged = scratch("grain_area_in", (h, w, c), np.float32)
+    cv2.merge(list(full), dst=merged)
+    small = scratch("grain_area_out", (gh, gw, c), np.float32)
+    cv2.resize(merged, (gw, gh), dst=small, interpolation=cv2.INTER_AREA)
+    split_into(small, out)
+
+
+def _store_u8(res: np.ndarray, dst: np.ndarray) -> None:
+    """``backend.store_float(res, dst)`` for a contiguous uint8 ``dst``, overwriting ``res``:
+    negative values to 0, then OpenCV's rounding (half to even) and saturation of 255 * x,
+    which is the engine's ``round(255 * clip(x, 0, 1))``."""
+    flat = plane2d(res)
+    cv2.max(flat, 0.0, dst=flat)  # type: ignore[call-overload]  # a scalar bound
+    cv2.convertScaleAbs(flat, dst=plane2d(dst), alpha=255.0)
+
+
+def _load_float(src: np.ndarray) -> np.ndarray:
+    """``backend.load_float(src)``, a uint8 sample's into a per-thread scratch array."""
+    if src.dtype != np.uint8 or not src.flags.c_contiguous:
+        return backend.load_float(src)
+    full = scratch("grain_full", src.shape, np.float32)
+    cv2.LUT(plane2d(src), backend.levels(src.dtype), dst=plane2d(full))
+    return full
+
+
+def _add_residual(residual: np.ndarray, full: np.ndarray, dst: np.ndarray) -> None:
+    """``dst`` = the frame ``full`` plus the grid ``residual`` upsampled bicubically (times
+    ``gain``), clipped and stored in ``dst``'s dtype."""
+    c, h, w = full.shape
+    out = scratch("grain_out", (c, h, w), np.float32)
+    for i in range(c):
+        cv2.resize(residual[i], (w, h), dst=out[i], interpolation=cv2.INTER_CUBIC)
+    out *= np.float32(gain(h, w))
+    out += full
+    if dst.dtype == np.uint8 and dst.flags.c_contiguous:
+        _store_u8(out, dst)
+        return
+    np.clip(out, np.float32(0.0), np.float32(1.0), out=out)
+    backend.store_float(out, dst)
+
+
 def grain_cpu(pixel_fn: backend.CpuFn) -> backend.CpuFn:
     """The CPU fast path with grain relative to the shorter side, from its per-pixel form (which
     must read float32 samples)."""
@@ -124,19 +188,107 @@ def grain_cpu(pixel_fn: backend.CpuFn) -> backend.CpuFn:
             pixel_fn(src, dst, p, key, **kw)
             return
         gh, gw = grid
-        full = backend.load_float(src)
-        small = np.stack([cv2.resize(full[i], (gw, gh), interpolation=cv2.INTER_AREA) for i in range(c)])
+        full = _load_float(src)
+        small = scratch("grain_small", (c, gh, gw), np.float32)
+        _area_down(full, gh, gw, small)
         np.clip(small, np.float32(0.0), np.float32(1.0), out=small)
-        noisy = np.empty_like(small)
+        noisy = scratch("grain_noisy", (c, gh, gw), np.float32)
         pixel_fn(small, noisy, p, key, **kw)
         noisy -= small
-        out = np.empty((c, h, w), np.float32)
-        for i in range(c):
-            out[i] = cv2.resize(noisy[i], (w, h), interpolation=cv2.INTER_CUBIC)
-        out *= np.float32(gain(h, w))
-        out += full
-        np.clip(out, np.float32(0.0), np.float32(1.0), out=out)
-        backend.store_float(out, dst)
+        _add_residual(noisy, full, dst)
+
+    fn.__doc__ = pixel_fn.__doc__
+    return fn
+
+
+@lru_cache(maxsize=16)
+def area_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """OpenCV's INTER_AREA weights along one axis as it applies them: (n_out, K) source indices
+    and float32 weights of each output, in its summation order (increasing source index),
+    padded with weight 0. Read from OpenCV itself: a column whose ones are ``period`` rows
+    apart, area-resized, gives each output's weight of each source row (at most one one falls
+    in an output's window)."""
+    period = min(n_in, 2 * int(np.ceil(n_in / n_out)) + 4)
+    comb = (np.arange(n_in)[:, None] % period == np.arange(period)[None, :]).astype(np.float32)
+    resized = cv2.resize(comb, (period, n_out), interpolation=cv2.INTER_AREA)  # (n_out, period)
+    weights = resized[:, np.arange(n_in) % period]  # (n_out, n_in), the window's weights and aliases
+    src = np.arange(n_in)[None, :]
+    out = np.arange(n_out)[:, None]
+    near = (src * n_out >= out * n_in - n_out) & (src * n_out < (out + 1) * n_in + n_out)  # window +- 1
+    weights = np.where(near, weights, np.float32(0.0))
+    width = int((weights > 0).sum(axis=1).max())
+    index = np.zeros((n_out, width), dtype=np.intp)
+    taps = np.zeros((n_out, width), dtype=np.float32)
+    for i in range(n_out):
+        sources = np.flatnonzero(weights[i] > 0)
+        index[i, :] = sources[0]
+        index[i, : sources.size] = sources
+        taps[i, : sources.size] = weights[i, sources]
+    for a in (index, taps):
+        a.flags.writeable = False
+    return index, taps
+
+
+def area_at(full: np.ndarray, gh: int, gw: int, cells: np.ndarray) -> np.ndarray:
+    """(C, n) values of OpenCV's INTER_AREA of ``full`` (C, H, W) to (gh, gw) at the flat grid
+    cells ``cells`` only, with its arithmetic: each source row's weighted sum across, then the
+    rows' weighted sum, float32 in OpenCV's order (``_area_at_exact`` checks it per shape)."""
+    c, h, w = full.shape
+    ys, xs = np.divmod(cells, gw)
+    rows, beta = area_taps(h, gh)
+    cols, alpha = area_taps(w, gw)
+    flat = (rows[ys][:, :, None] * w + cols[xs][:, None, :]).reshape(cells.size, rows.shape[1] * cols.shape[1])
+    values = np.take(full.reshape(c, -1), flat, axis=1).reshape(c, cells.size, rows.shape[1], cols.shape[1])
+    a = alpha[xs][None, :, None, :]
+    across = values[..., 0] * a[..., 0]
+    for k in range(1, cols.shape[1]):
+        across += values[..., k] * a[..., k]
+    b = beta[ys][None, :, :]
+    out = across[..., 0] * b[..., 0]
+    for k in range(1, rows.shape[1]):
+        out += across[..., k] * b[..., k]
+    return out
+
+
+@lru_cache(maxsize=16)
+def _area_at_exact(h: int, w: int, gh: int, gw: int) -> bool:
+    """Whether ``area_at`` gives OpenCV's INTER_AREA values bit for bit for this shape (every
+    cell of a seeded random probe)."""
+    probe = np.random.default_rng(1).random((1, h, w), dtype=np.float32)
+    expected = cv2.resize(probe[0], (gw, gh), interpolation=cv2.INTER_AREA).reshape(1, -1)
+    got = np.concatenate([area_at(probe, gh, gw, cells) for cells in np.array_split(np.arange(gh * gw), 16)], axis=1)
+    return bool(np.array_equal(got, expected))
+
+
+SitesFn = Callable[[int, int, dict[str, np.ndarray], int], tuple[np.ndarray, np.ndarray]]
+
+
+def grain_cpu_sites(pixel_fn: backend.CpuFn, sites_fn: SitesFn) -> backend.CpuFn:
+    """``grain_cpu(pixel_fn)`` for a model that sets some pixels to black or white (all
+    channels) and leaves the others as they are; ``sites_fn(h, w, params, key)`` gives those
+    pixels' flat indices (black, white; white wins where both), as ``pixel_fn`` sets them. The
+    residual on the grid is then zero but at those cells, so the frame's grid average is
+    computed there only (``area_at``): the same bytes as ``grain_cpu(pixel_fn)``."""
+    dense = grain_cpu(pixel_fn)
+
+    def fn(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, **kw: Any) -> None:
+        c, h, w = src.shape
+        grid = grid_shape(h, w)
+        if grid is None or not _area_at_exact(h, w, *grid):
+            dense(src, dst, p, key, **kw)
+            return
+        gh, gw = grid
+        full = _load_float(src)
+        black, white = sites_fn(gh, gw, p, key)
+        cells = np.concatenate([black, white])
+        small = area_at(full, gh, gw, cells)
+        np.clip(small, np.float32(0.0), np.float32(1.0), out=small)
+        residual = scratch("grain_noisy", (c, gh, gw), np.float32)
+        residual.fill(0.0)
+        flat = residual.reshape(c, -1)
+        flat[:, black] = np.float32(0.0) - small[:, : black.size]
+        flat[:, white] = np.float32(1.0) - small[:, black.size :]
+        _add_residual(residual, full, dst)
 
     fn.__doc__ = pixel_fn.__doc__
     return fn

@@ -30,7 +30,7 @@ from perturb.ops._math import (
     srgb_to_linear_u8,
     to_u8_levels,
 )
-from perturb.ops.grain import grain_cpu, grain_kernel
+from perturb.ops.grain import grain_cpu, grain_cpu_sites, grain_kernel
 from perturb.ops.registry import register_kernel
 
 POISSON_EXACT_BELOW = 16.0
@@ -138,23 +138,36 @@ def speckle_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
         cv2.add(plane2d(src), grain, dst=plane2d(dst), dtype=cv2.CV_8U)
         return
     z = rng.normal_numpy(key, "speckle_noise", src.size).reshape(src.shape)
-    t = src * sigma  # the kernel's order: x + (x * sigma) * z
-    t *= z
-    np.add(src, t, out=dst)
+    np.multiply(src, sigma, out=dst)  # the kernel's order: x + (x * sigma) * z
+    dst *= z
+    dst += src
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
 
-def impulse_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    h, w = src.shape[-2:]
+def _impulse_masks(h: int, w: int, p: dict[str, np.ndarray], key: int) -> tuple[np.ndarray, np.ndarray]:
+    """(pepper, salt) boolean (h, w) masks of the kernel's uniform field."""
     u = rng.uniform_numpy(key, "impulse_noise", h * w).reshape(h, w)
     half = np.float32(p["amount"]) / np.float32(2.0)
-    pepper = u < half
-    salt = u > np.float32(1.0) - half
-    white = 255 if src.dtype == np.uint8 else 1.0
+    return u < half, u > np.float32(1.0) - half
+
+
+def impulse_sites(h: int, w: int, p: dict[str, np.ndarray], key: int) -> tuple[np.ndarray, np.ndarray]:
+    """Flat indices of the pixels ``impulse_noise_cpu`` sets to black and to white."""
+    pepper, salt = _impulse_masks(h, w, p, key)
+    return np.flatnonzero(pepper), np.flatnonzero(salt)
+
+
+def impulse_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    pepper, salt = _impulse_masks(src.shape[-2], src.shape[-1], p, key)
+    if src.dtype == np.float32:  # x * keep + salt: x, 0 or 1 exactly
+        keep = np.logical_not(pepper | salt).astype(np.float32)
+        white = salt.astype(np.float32)
+        np.multiply(src, keep, out=dst)
+        dst += white
+        return
     np.copyto(dst, src)
-    for c in range(src.shape[0]):
-        dst[c][pepper] = 0
-        dst[c][salt] = white
+    np.copyto(dst, src.dtype.type(0), where=pepper)
+    np.copyto(dst, np.uint8(255), where=salt)
 
 
 def poisson_small(lam: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -345,10 +358,10 @@ def shot_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
 # Registration: each model runs on the grain grid of the frame (perturb.ops.grain), so its grain
 # is a fixed fraction of the shorter side.
 for _name, _kernel, _cpu in (
-    ("gaussian_noise", gaussian_noise, gaussian_noise_cpu),
-    ("speckle_noise", speckle_noise, speckle_noise_cpu),
-    ("shot_noise", shot_noise, shot_noise_cpu),
-    ("impulse_noise", impulse_noise, impulse_noise_cpu),
+    ("gaussian_noise", gaussian_noise, grain_cpu(gaussian_noise_cpu)),
+    ("speckle_noise", speckle_noise, grain_cpu(speckle_noise_cpu)),
+    ("shot_noise", shot_noise, grain_cpu(shot_noise_cpu)),
+    ("impulse_noise", impulse_noise, grain_cpu_sites(impulse_noise_cpu, impulse_sites)),
 ):
     register_kernel(_name)(grain_kernel(_kernel))
-    backend.register_cpu(_name)(grain_cpu(_cpu))
+    backend.register_cpu(_name)(_cpu)
