@@ -19,12 +19,13 @@ from __future__ import annotations
 import sys
 import types
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from perturb.scene import masks
-from perturb.scene.analysis import SCENE_VERSION, analyse, highlight_mask, to_hwc_u8
+from perturb.scene.analysis import SCENE_VERSION, analyse, analysed, highlight_mask, to_hwc_u8
 
 __all__ = ["SCENE_VERSION", "Scene", "analyse", "scene"]
 
@@ -35,6 +36,19 @@ class Scene:
 
     descriptor: dict[str, Any]
     highlight_: np.ndarray | None = field(default=None, repr=False, compare=False)
+    key_: str | None = field(default=None, repr=False, compare=False)  # descriptor_key, if known
+
+    @classmethod
+    def of(cls, image: Any) -> Scene:
+        """The scene of one image as the engine composites it (``analyse``), without the highlight
+        mask; its descriptor may be shared with the analysis cache: read it, never change it."""
+        desc, _, key = analysed(image)
+        return cls(desc, key_=key)
+
+    @cached_property
+    def key(self) -> str:
+        """``masks.descriptor_key(descriptor)``: what the mask caches are keyed by (computed once)."""
+        return masks.descriptor_key(self.descriptor) if self.key_ is None else self.key_
 
     @classmethod
     def from_descriptor(cls, descriptor: dict[str, Any]) -> Scene:

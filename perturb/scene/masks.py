@@ -20,8 +20,12 @@ GLYPH_FULL = 0.85  # full cover from this fraction of the median excess of the l
 GLYPH_KERNEL = 0.6  # top-hat square side, as a fraction of the text box's height
 
 
-def _key(desc: dict[str, Any]) -> str:
+def descriptor_key(desc: dict[str, Any]) -> str:
+    """The canonical text of a descriptor (sorted JSON): what the mask caches are keyed by."""
     return json.dumps(desc, sort_keys=True)
+
+
+_key = descriptor_key
 
 
 # Masks of recent descriptors, kept within a byte budget (a batch of 32 frames at 720x576 fits;
@@ -291,16 +295,17 @@ def _compose_plan(key: str) -> _ComposePlan:
     return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3)
 
 
-def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None:
+def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
     """In place: ``dst`` (CHW, the perturbed sample) becomes ``alpha * dst + (1 - alpha) * src``
     with ``composite_alpha(desc, src)`` (the tissue alpha; glyph strokes only of text lines);
     pixels with alpha 0 are ``src`` exactly, alpha 1 ``dst`` exactly. Work is per-descriptor
     precomputed (``_compose_plan``): a masked copy of the source where alpha is 0 (outside the
     field's bbox, the surround and the overlays), the blend only on the soft edge, and the
-    glyph cover only inside the rectangle of the text lines."""
+    glyph cover only inside the rectangle of the text lines. ``key``: ``descriptor_key(desc)``
+    where the caller has it (e.g. ``Scene.key``)."""
     if tuple(desc["size"]) != tuple(src.shape[-2:]):
         raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
-    key = _key(desc)
+    key = _key(desc) if key is None else key
     plan = _compose_plan(key)
     planes = src.shape[0]
     fast = src.flags.c_contiguous and dst.flags.c_contiguous and src.dtype == dst.dtype
@@ -322,7 +327,28 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> Non
 
 def _blend_at(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.ndarray) -> None:
     """In place: ``dst`` at the flat ``index`` (into CHW) becomes ``src + alpha (dst - src)`` in
-    float32, integer levels rounded half to even (1-D gathers: far faster than per plane)."""
+    float32, integer levels rounded half to even (1-D gathers: far faster than per plane).
+    With ``alpha`` in [0, 1] the float32 result lies between the two levels (every step of it
+    rounds monotonically and both ends are exact), so no clip is needed before the cast."""
+    if src.dtype != dst.dtype or not (src.flags.c_contiguous and dst.flags.c_contiguous):
+        _blend_at_any(src, dst, index, alpha)
+        return
+    s_flat = src.reshape(-1)
+    d_flat = dst.reshape(-1)
+    base = s_flat[index].astype(np.float32, copy=False)
+    mixed = d_flat[index].astype(np.float32, copy=False)
+    mixed -= base
+    mixed *= alpha
+    mixed += base  # == base + alpha * (dst - base): float addition and product commute exactly
+    if dst.dtype == np.float32:
+        d_flat[index] = mixed
+    else:
+        np.rint(mixed, out=mixed)
+        d_flat[index] = mixed.astype(dst.dtype)
+
+
+def _blend_at_any(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.ndarray) -> None:
+    """``_blend_at`` for any layout and pair of dtypes (a reshape may copy)."""
     s_flat = src.reshape(-1)
     d_flat = dst.reshape(-1)
     base = s_flat[index].astype(np.float32)
@@ -465,7 +491,7 @@ def _extension_plan(key: str) -> _ExtensionPlan:
     return _ExtensionPlan((ch, cw), weight, inv_den, sigma, rect, keep, part, part_alpha, plan.text)
 
 
-def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None:
+def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
     """``dst`` (CHW, ``src``'s shape and dtype) becomes ``src`` (the clean sample) with its
     surround and overlays (of a text line, its glyph strokes) replaced by a smooth extension of
     the nearby tissue, ``alpha * src + (1 - alpha) * fill`` with the composite's alpha, so a
@@ -473,10 +499,10 @@ def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None
     overlays into the field's edge. ``fill`` is a normalised convolution of the tissue (a
     gaussian of ``EXT_SIGMA`` of the shorter side over the cells wholly inside the tissue) on a
     coarse grid (``EXT_GRID_SHORT`` cells, bilinear samples of ``src``), interpolated bilinearly; it is written only within
-    ``EXT_MARGIN`` of the field's bbox (beyond, ``src``)."""
+    ``EXT_MARGIN`` of the field's bbox (beyond, ``src``). ``key``: as in ``compose_numpy``."""
     if tuple(desc["size"]) != tuple(src.shape[-2:]):
         raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
-    key = _key(desc)
+    key = _key(desc) if key is None else key
     plan = _extension_plan(key)
     np.copyto(dst, src)
     if plan.rect is None:
