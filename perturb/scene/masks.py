@@ -364,17 +364,36 @@ def _blend_at_any(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np
 
 # Glyph covers of recent frames: keyed by the descriptor and a digest of the pixels the glyph
 # windows read, so the same frame under several ops or severities finds its text lines' cover.
-_TEXT_BLEND: OrderedDict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+_TEXT_BLEND: OrderedDict[tuple[str, bytes], _TextCover] = OrderedDict()
 _TEXT_BLEND_SIZE = 256
 _TEXT_BLEND_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _TextCover:
+    """The composite alpha of one image inside the rectangle of its text lines (``rect`` of
+    ``_ComposePlan.text``): ``flat`` (flat indices into one plane) of the pixels that blend
+    there, alpha below 1 where the static alpha is above 0, in raster order, their ``alpha``,
+    and both for every plane of the image (``index`` into CHW, ``index_alpha``)."""
+
+    flat: np.ndarray
+    alpha: np.ndarray
+    index: np.ndarray
+    index_alpha: np.ndarray
 
 
 def _text_blend(
     desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(flat index into CHW, alpha) of the pixels inside ``rect`` that ``compose_numpy``
-    blends there: composite alpha below 1 where the static alpha is above 0 (cached per
-    descriptor and glyph window pixels)."""
+    blends there (``_text_cover``)."""
+    cover = _text_cover(desc, key, image, rect)
+    return cover.index, cover.index_alpha
+
+
+def _text_cover(desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]) -> _TextCover:
+    """The ``_TextCover`` of ``image`` (CHW NumPy) inside ``rect`` (cached per descriptor and
+    glyph window pixels)."""
     from perturb.scene.analysis import _digest
 
     parts = [str(image.dtype).encode(), str(image.shape).encode()]
@@ -394,8 +413,11 @@ def _text_blend(
     h, w = desc["size"]
     flat = (rows + ty0) * int(w) + (cols + tx0)
     planes = image.shape[0]
-    value = (np.concatenate([flat + c * (h * w) for c in range(planes)]), np.tile(alpha[rows, cols], planes))
-    for arr in value:
+    values = alpha[rows, cols]
+    value = _TextCover(
+        flat, values, np.concatenate([flat + c * (h * w) for c in range(planes)]), np.tile(values, planes)
+    )
+    for arr in (value.flat, value.alpha, value.index, value.index_alpha):
         arr.flags.writeable = False
     with _TEXT_BLEND_LOCK:
         _TEXT_BLEND[slot] = value
@@ -507,15 +529,14 @@ def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: st
     np.copyto(dst, src)
     if plan.rect is None:
         return
+    out = dst if dst.flags.c_contiguous else np.empty_like(dst)  # written through flat views
+    if out is not dst:
+        np.copyto(out, src)
     h, w = src.shape[-2:]
     ch, cw = plan.size
     top = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}.get(src.dtype)
-    text_alpha = rows = cols = None
-    if plan.text is not None:
-        tx0, ty0, tx1, ty1 = plan.text
-        text_alpha = _text_alpha(desc, key, src, plan.text)
-        static = _alpha_without_text_cached(key)[ty0:ty1, tx0:tx1]
-        rows, cols = np.nonzero((text_alpha < 1.0) & (static > 0.0))
+    cover = None if plan.text is None else _text_cover(desc, key, src, plan.text)
+    x0, y0, x1, y1 = plan.rect
     for c in range(src.shape[0]):
         # bilinear samples (not area means): 15x cheaper, and the gaussian of EXT_SIGMA averages
         # some hundred of them, so the fill moves by about half a level (8-bit) on real frames
@@ -524,24 +545,29 @@ def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: st
         if top is not None:
             coarse = np.clip(np.rint(coarse), 0.0, top).astype(src.dtype)
         fill = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_LINEAR)
-        d = dst[c]
-        x0, y0, x1, y1 = plan.rect
+        d = out[c]
         cv2.copyTo(fill[y0:y1, x0:x1], plan.keep, d[y0:y1, x0:x1])
+        d_flat, s_flat, f_flat = d.reshape(-1), src[c].reshape(-1), fill.reshape(-1)
         if plan.part.size:
-            _blend(d.reshape(-1), src[c].reshape(-1), fill.reshape(-1), plan.part, plan.part_alpha, top)
-        if rows is not None and rows.size and text_alpha is not None and plan.text is not None:
-            tx0, ty0, tx1, ty1 = plan.text
-            s, f_, t_ = src[c, ty0:ty1, tx0:tx1], fill[ty0:ty1, tx0:tx1], d[ty0:ty1, tx0:tx1]
-            a = text_alpha[rows, cols]
-            base = f_[rows, cols].astype(np.float32)
-            mixed = base + a * (s[rows, cols].astype(np.float32) - base)
-            t_[rows, cols] = mixed if top is None else np.clip(np.rint(mixed), 0, top).astype(src.dtype)
+            _blend(d_flat, s_flat, f_flat, plan.part, plan.part_alpha, top)
+        if cover is not None and cover.flat.size:
+            _blend(d_flat, s_flat, f_flat, cover.flat, cover.alpha, top)
+    if out is not dst:
+        np.copyto(dst, out)
 
 
 def _blend(
     d: np.ndarray, s: np.ndarray, fill: np.ndarray, idx: np.ndarray, alpha: np.ndarray, top: float | None
 ) -> None:
-    """In place on flat planes: ``d[idx] = fill + alpha (s - fill)`` at ``idx`` (rounded, clipped for integers)."""
-    base = fill[idx].astype(np.float32)
-    mixed = base + alpha * (s[idx].astype(np.float32) - base)
-    d[idx] = mixed if top is None else np.clip(np.rint(mixed), 0, top).astype(d.dtype)
+    """In place on flat planes: ``d[idx] = fill + alpha (s - fill)`` at ``idx`` in float32 (integer
+    levels rounded half to even; as in ``_blend_at``, the mix lies between its two levels)."""
+    base = fill[idx].astype(np.float32, copy=False)
+    mixed = s[idx].astype(np.float32, copy=False)
+    mixed -= base
+    mixed *= alpha
+    mixed += base
+    if top is None:
+        d[idx] = mixed
+    else:
+        np.rint(mixed, out=mixed)
+        d[idx] = mixed.astype(d.dtype)
