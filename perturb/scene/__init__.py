@@ -19,7 +19,6 @@ from __future__ import annotations
 import sys
 import types
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -45,10 +44,13 @@ class Scene:
         desc, _, key = analysed(image)
         return cls(desc, key_=key)
 
-    @cached_property
+    @property
     def key(self) -> str:
         """``masks.descriptor_key(descriptor)``: what the mask caches are keyed by (computed once)."""
-        return masks.descriptor_key(self.descriptor) if self.key_ is None else self.key_
+        if self.key_ is None:
+            object.__setattr__(self, "key_", masks.descriptor_key(self.descriptor))  # a cache, not state
+        assert self.key_ is not None
+        return self.key_
 
     @classmethod
     def from_descriptor(cls, descriptor: dict[str, Any]) -> Scene:

@@ -198,7 +198,7 @@ def analysed(image: Any) -> tuple[dict[str, Any], str, str]:
     never change it; its JSON text, whose ``json.loads`` is what ``analyse`` returns; its
     ``perturb.scene.masks.descriptor_key``, the sorted JSON the mask caches are keyed by)."""
     layout, arr = _pixels(image)
-    cache_key = (layout, tuple(arr.shape), str(arr.dtype), _digest(arr.data))
+    cache_key = (layout, arr.shape, arr.dtype.str, _digest(arr.data))
     with _CACHE_LOCK:
         hit = _CACHE.get(cache_key)
         if hit is not None:

@@ -396,7 +396,7 @@ def _text_cover(desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[i
     glyph window pixels)."""
     from perturb.scene.analysis import _digest
 
-    parts = [str(image.dtype).encode(), str(image.shape).encode()]
+    parts = [image.dtype.str.encode(), str(image.shape).encode()]
     for box in text_boxes(desc):
         wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
         parts.append(_digest(np.ascontiguousarray(image[:, wy0:wy1, wx0:wx1])))
