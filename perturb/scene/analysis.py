@@ -155,6 +155,10 @@ try:  # a fast non-cryptographic digest where installed (``datasets`` brings it)
     import xxhash
 
     def _digest(buf: Any) -> bytes:
+        # the same digest either way; the streaming update releases the GIL (the one-shot call
+        # holds it), so the samples of a batch hash their frames in parallel on the worker pool
+        if memoryview(buf).nbytes >= 1 << 16:
+            return bytes(xxhash.xxh3_128(buf).digest())
         return bytes(xxhash.xxh3_128_digest(buf))
 
 except ImportError:  # pragma: no cover - depends on the environment
