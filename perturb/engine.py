@@ -454,7 +454,7 @@ def _analyse_batch(x: torch.Tensor) -> tuple[list[Scene | None], list[dict[str, 
 
     def work(i: int) -> None:
         desc, text, key = analysed(x[i])
-        scenes[i] = Scene(desc, key_=key)
+        scenes[i] = Scene.keyed(desc, key)
         descs[i] = json.loads(text)
 
     backends.map_samples(work, n)

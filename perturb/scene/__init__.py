@@ -35,14 +35,23 @@ class Scene:
 
     descriptor: dict[str, Any]
     highlight_: np.ndarray | None = field(default=None, repr=False, compare=False)
-    key_: str | None = field(default=None, repr=False, compare=False)  # descriptor_key, if known
+    # ``masks.descriptor_key(descriptor)`` once known; not an init field, so ``dataclasses.replace``
+    # with another descriptor cannot carry it over
+    key_: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def keyed(cls, descriptor: dict[str, Any], key: str) -> Scene:
+        """The scene of ``descriptor`` whose ``descriptor_key`` is already known (``key``)."""
+        scene = cls(descriptor)
+        object.__setattr__(scene, "key_", key)
+        return scene
 
     @classmethod
     def of(cls, image: Any) -> Scene:
         """The scene of one image as the engine composites it (``analyse``), without the highlight
         mask; its descriptor may be shared with the analysis cache: read it, never change it."""
         desc, _, key = analysed(image)
-        return cls(desc, key_=key)
+        return cls.keyed(desc, key)
 
     @property
     def key(self) -> str:

@@ -68,6 +68,8 @@ def test_scene_key_is_the_descriptor_key() -> None:
     assert Scene.of(chw).key == masks.descriptor_key(desc)
     assert Scene.from_descriptor(desc).key == masks.descriptor_key(desc)
     assert Scene.of(chw).descriptor == desc
+    other = {**desc, "overlays": []}
+    assert dataclasses.replace(Scene.of(chw), descriptor=other).key == masks.descriptor_key(other)
 
 
 def test_analysis_cache_hands_out_copies() -> None:
