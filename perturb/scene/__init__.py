@@ -31,7 +31,8 @@ __all__ = ["SCENE_VERSION", "Scene", "analyse", "scene"]
 
 @dataclass(frozen=True)
 class Scene:
-    """The scene of one image; masks are rebuilt from ``descriptor`` (cached)."""
+    """The scene of one image; masks are rebuilt from ``descriptor`` (cached, keyed once per
+    scene: treat ``descriptor`` as read-only)."""
 
     descriptor: dict[str, Any]
     highlight_: np.ndarray | None = field(default=None, repr=False, compare=False)
@@ -77,15 +78,15 @@ class Scene:
 
     @property
     def field(self) -> np.ndarray:
-        return masks.field_alpha(self.descriptor)
+        return masks._field_alpha(self.key)  # the cached masks of this descriptor, keyed once
 
     @property
     def overlay(self) -> np.ndarray:
-        return masks.overlay_mask(self.descriptor)
+        return masks._overlay_mask(self.key)  # the cached masks of this descriptor, keyed once
 
     @property
     def tissue(self) -> np.ndarray:
-        return masks.tissue_alpha(self.descriptor)
+        return masks._tissue_alpha(self.key)  # the cached masks of this descriptor, keyed once
 
     def tissue_of(self, image: Any) -> np.ndarray:
         """float32 (H, W): where a tissue-layer op shows in the composite of the clean ``image``
