@@ -240,14 +240,22 @@ class _RecordScenes(Sequence[Scene | None]):
     """The scene of each record (``record_scene``; None where it does not protect the border).
     Stored descriptors are read at once (a bad one fails before any work); a scene to analyse
     from its image is analysed where it is first asked for: on the CPU path, in the worker
-    that runs its sample, in parallel and while its pixels are in cache."""
+    that runs its sample, in parallel and while its pixels are in cache. ``record``: such a
+    record gets a copy of its descriptor (``extra["scene"]``) as it is analysed (``apply``)."""
 
-    def __init__(self, records: Sequence[Record], x: torch.Tensor) -> None:
-        self._records, self._x = records, x
+    def __init__(self, records: Sequence[Record], x: torch.Tensor, record: bool = False) -> None:
+        self._records, self._x, self._record = records, x, record
         self._scenes: list[Scene | None] = [
             record_scene(r, x[i]) if r.protect_border and "scene" in r.extra else None
             for i, r in enumerate(records)
         ]
+
+    def _analyse(self, i: int) -> Scene:
+        if not self._record:
+            return record_scene(self._records[i], self._x[i])
+        desc, text, key = analysed(self._x[i])
+        self._records[i].extra["scene"] = json.loads(text)  # the record's own dict (make_record's)
+        return Scene.keyed(desc, key)
 
     def __len__(self) -> int:
         return len(self._scenes)
@@ -261,7 +269,7 @@ class _RecordScenes(Sequence[Scene | None]):
             return [self[j] for j in range(*i.indices(len(self)))]
         scene = self._scenes[i]
         if scene is None and self._records[i].protect_border:
-            scene = self._scenes[i] = record_scene(self._records[i], self._x[i])
+            scene = self._scenes[i] = self._analyse(i)
         return scene
 
     def __iter__(self) -> Iterator[Scene | None]:
@@ -431,34 +439,21 @@ def apply(
         )
         for k, s, v, g in zip(sample_keys, severities, variants, groups, strict=True)
     ]
-    shared: list[Scene | None] | None = None
-    if protect:  # the scene of each clean input, recorded so replay composites identically
-        if scenes is not None and len(scenes) != n:
+    if protect and scenes is not None:  # scenes of the clean inputs, given
+        if len(scenes) != n:
             raise InputError(f"scenes has {len(scenes)} entries for a batch of {n}; pass one per image")
-        if scenes is None:
-            shared, descs = _analyse_batch(x)
-        else:
-            descs = [getattr(s, "descriptor", s) for s in scenes]
-        for r, d in zip(records, descs, strict=True):
-            r.extra["scene"] = d  # the record's own dict, made by make_record just now
+        for r, s in zip(records, scenes, strict=True):
+            r.extra["scene"] = getattr(s, "descriptor", s)  # the record's own dict, made by make_record
     records = with_codecs(records, x)
-    return _run_records(x, records, shared), records
-
-
-def _analyse_batch(x: torch.Tensor) -> tuple[list[Scene | None], list[dict[str, Any]]]:
-    """Each image's scene (its descriptor shared with the analysis cache) and a copy of its
-    descriptor for its record, analysed on the worker pool."""
-    n = x.shape[0]
-    scenes: list[Scene | None] = [None] * n
-    descs: list[dict[str, Any]] = [{}] * n
-
-    def work(i: int) -> None:
-        desc, text, key = analysed(x[i])
-        scenes[i] = Scene.keyed(desc, key)
-        descs[i] = json.loads(text)
-
-    backends.map_samples(work, n)
-    return scenes, descs
+    if not protect or scenes is not None:
+        return _run_records(x, records), records
+    # the scene of each clean input, analysed where its sample runs and recorded so replay
+    # composites identically; every record gets its scene, whatever the op's path asked for
+    found = _RecordScenes(records, x, record=True)
+    out = _run_records(x, records, found)
+    for _ in found:
+        pass
+    return out, records
 
 
 def with_codecs(records: Sequence[Record], images: torch.Tensor) -> list[Record]:
