@@ -541,9 +541,12 @@ def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: st
         # bilinear samples (not area means): 15x cheaper, and the gaussian of EXT_SIGMA averages
         # some hundred of them, so the fill moves by about half a level (8-bit) on real frames
         small = cv2.resize(src[c], (cw, ch), interpolation=cv2.INTER_LINEAR).astype(np.float32)
-        coarse = cv2.GaussianBlur(small * plan.weight, (0, 0), plan.sigma) * plan.inv_den
+        small *= plan.weight  # in place: the products of ``small * weight``
+        coarse = cv2.GaussianBlur(small, (0, 0), plan.sigma)
+        coarse *= plan.inv_den
         if top is not None:
-            coarse = np.clip(np.rint(coarse), 0.0, top).astype(src.dtype)
+            np.rint(coarse, out=coarse)
+            coarse = np.clip(coarse, 0.0, top, out=coarse).astype(src.dtype)
         fill = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_LINEAR)
         d = out[c]
         cv2.copyTo(fill[y0:y1, x0:x1], plan.keep, d[y0:y1, x0:x1])
