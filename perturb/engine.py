@@ -10,9 +10,9 @@ variant), never on the batch, so a sample's output is the same in any batch, ord
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from perturb.errors import InputError
 from perturb.ops import backend as backends
 from perturb.scene import Scene
 from perturb.scene import masks as scene_masks
-from perturb.scene.analysis import analyse
+from perturb.scene.analysis import analysed
 
 SHARED_SEVERITY = 0
 SUPPORTED_DTYPES = {torch.float32: 1.0, torch.uint8: 255.0, torch.uint16: 65535.0}
@@ -203,6 +203,11 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
     native dtype (uint8 stays uint8; uint16 stays uint16 where the path reads it, else each
     sample goes through float32); otherwise, and on CUDA, the torch kernel runs on float32 and
     integer batches are rounded back."""
+    return _run_records(x, records)
+
+
+def _run_records(x: torch.Tensor, records: Sequence[Record], scenes: Sequence[Scene | None] | None = None) -> torch.Tensor:
+    """``run_records``; ``scenes``: each record's scene where the caller has it (``apply``)."""
     names = {r.op for r in records}
     if len(names) != 1:
         raise InputError(f"records of one call must share an op, got {sorted(names)}")
@@ -220,14 +225,55 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
             )
     params = collate([r.params for r in records], x.device)
     keys = [rng.key_from_hex(r.key) for r in records]
-    scenes = [record_scene(r, x[i]) if r.protect_border else None for i, r in enumerate(records)]
-    if op.spec.spatial and any(s is not None for s in scenes):
+    if scenes is None:
+        scenes = _RecordScenes(records, x)
+    if op.spec.spatial and any(r.protect_border for r in records):
         if _cpu_path(op, x) is not None:  # extended, filtered and composited per sample
             return _run_kernel(op, x, params, keys, scenes, compose=True, extend=True)
         x_in = extend_tissue(x, scenes)
         out = _run_kernel(op, x_in, params, keys, scenes)
         return _compose_into(x, out, scenes)
     return _run_kernel(op, x, params, keys, scenes, compose=True)
+
+
+class _RecordScenes(Sequence[Scene | None]):
+    """The scene of each record (``record_scene``; None where it does not protect the border).
+    Stored descriptors are read at once (a bad one fails before any work); a scene to analyse
+    from its image is analysed where it is first asked for: on the CPU path, in the worker
+    that runs its sample, in parallel and while its pixels are in cache. ``record``: such a
+    record gets a copy of its descriptor (``extra["scene"]``) as it is analysed (``apply``)."""
+
+    def __init__(self, records: Sequence[Record], x: torch.Tensor, record: bool = False) -> None:
+        self._records, self._x, self._record = records, x, record
+        self._scenes: list[Scene | None] = [
+            record_scene(r, x[i]) if r.protect_border and "scene" in r.extra else None
+            for i, r in enumerate(records)
+        ]
+
+    def _analyse(self, i: int) -> Scene:
+        if not self._record:
+            return record_scene(self._records[i], self._x[i])
+        desc, text, key = analysed(self._x[i])
+        self._records[i].extra["scene"] = json.loads(text)  # the record's own dict (make_record's)
+        return Scene.keyed(desc, key)
+
+    def __len__(self) -> int:
+        return len(self._scenes)
+
+    @overload
+    def __getitem__(self, i: int) -> Scene | None: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Scene | None]: ...
+    def __getitem__(self, i: int | slice) -> Scene | Sequence[Scene | None] | None:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        scene = self._scenes[i]
+        if scene is None and self._records[i].protect_border:
+            scene = self._scenes[i] = self._analyse(i)
+        return scene
+
+    def __iter__(self) -> Iterator[Scene | None]:
+        return (self[i] for i in range(len(self)))
 
 
 def _cpu_path(op: Op, x: torch.Tensor) -> tuple[Any, Any] | None:
@@ -306,7 +352,7 @@ def record_scene(record: Record, image: torch.Tensor) -> Scene:
                 "replay records on the images they were made from"
             )
         return scene
-    return Scene(analyse(image))
+    return Scene.of(image)
 
 
 def compose_tissue(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
@@ -393,16 +439,21 @@ def apply(
         )
         for k, s, v, g in zip(sample_keys, severities, variants, groups, strict=True)
     ]
-    if protect:  # the scene of each clean input, recorded so replay composites identically
-        if scenes is not None and len(scenes) != n:
+    if protect and scenes is not None:  # scenes of the clean inputs, given
+        if len(scenes) != n:
             raise InputError(f"scenes has {len(scenes)} entries for a batch of {n}; pass one per image")
-        descs = [
-            analyse(x[i]) if scenes is None else getattr(scenes[i], "descriptor", scenes[i])
-            for i in range(n)
-        ]
-        records = [replace(r, extra={**r.extra, "scene": d}) for r, d in zip(records, descs, strict=True)]
+        for r, s in zip(records, scenes, strict=True):
+            r.extra["scene"] = getattr(s, "descriptor", s)  # the record's own dict, made by make_record
     records = with_codecs(records, x)
-    return run_records(x, records), records
+    if not protect or scenes is not None:
+        return _run_records(x, records), records
+    # the scene of each clean input, analysed where its sample runs and recorded so replay
+    # composites identically; every record gets its scene, whatever the op's path asked for
+    found = _RecordScenes(records, x, record=True)
+    out = _run_records(x, records, found)
+    for _ in found:
+        pass
+    return out, records
 
 
 def with_codecs(records: Sequence[Record], images: torch.Tensor) -> list[Record]:

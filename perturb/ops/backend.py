@@ -376,13 +376,13 @@ def run_cpu(
         sample = src[i]
         if extend and scene is not None:
             sample = _scratch(sample.shape, sample.dtype)
-            extend_numpy(src[i], sample, scene.descriptor)
+            extend_numpy(src[i], sample, scene.descriptor, getattr(scene, "key", None))
         if uses_scene:
             fn(sample, dst[i], p, int(keys[i]), scene=given[i])
         else:
             fn(sample, dst[i], p, int(keys[i]))
         if scene is not None:
-            compose_numpy(src[i], dst[i], scene.descriptor)
+            compose_numpy(src[i], dst[i], scene.descriptor, getattr(scene, "key", None))
 
     map_samples(work, src.shape[0])
     return torch.from_numpy(dst)

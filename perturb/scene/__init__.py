@@ -24,17 +24,43 @@ from typing import Any
 import numpy as np
 
 from perturb.scene import masks
-from perturb.scene.analysis import SCENE_VERSION, analyse, highlight_mask, to_hwc_u8
+from perturb.scene.analysis import SCENE_VERSION, analyse, analysed, highlight_mask, to_hwc_u8
 
 __all__ = ["SCENE_VERSION", "Scene", "analyse", "scene"]
 
 
 @dataclass(frozen=True)
 class Scene:
-    """The scene of one image; masks are rebuilt from ``descriptor`` (cached)."""
+    """The scene of one image; masks are rebuilt from ``descriptor`` (cached, keyed once per
+    scene: treat ``descriptor`` as read-only)."""
 
     descriptor: dict[str, Any]
     highlight_: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # ``masks.descriptor_key(descriptor)`` once known; not an init field, so ``dataclasses.replace``
+    # with another descriptor cannot carry it over
+    key_: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def keyed(cls, descriptor: dict[str, Any], key: str) -> Scene:
+        """The scene of ``descriptor`` whose ``descriptor_key`` is already known (``key``)."""
+        scene = cls(descriptor)
+        object.__setattr__(scene, "key_", key)
+        return scene
+
+    @classmethod
+    def of(cls, image: Any) -> Scene:
+        """The scene of one image as the engine composites it (``analyse``), without the highlight
+        mask; its descriptor may be shared with the analysis cache: read it, never change it."""
+        desc, _, key = analysed(image)
+        return cls.keyed(desc, key)
+
+    @property
+    def key(self) -> str:
+        """``masks.descriptor_key(descriptor)``: what the mask caches are keyed by (computed once)."""
+        if self.key_ is None:
+            object.__setattr__(self, "key_", masks.descriptor_key(self.descriptor))  # a cache, not state
+        assert self.key_ is not None
+        return self.key_
 
     @classmethod
     def from_descriptor(cls, descriptor: dict[str, Any]) -> Scene:
@@ -52,15 +78,15 @@ class Scene:
 
     @property
     def field(self) -> np.ndarray:
-        return masks.field_alpha(self.descriptor)
+        return masks._field_alpha(self.key)  # the cached masks of this descriptor, keyed once
 
     @property
     def overlay(self) -> np.ndarray:
-        return masks.overlay_mask(self.descriptor)
+        return masks._overlay_mask(self.key)  # the cached masks of this descriptor, keyed once
 
     @property
     def tissue(self) -> np.ndarray:
-        return masks.tissue_alpha(self.descriptor)
+        return masks._tissue_alpha(self.key)  # the cached masks of this descriptor, keyed once
 
     def tissue_of(self, image: Any) -> np.ndarray:
         """float32 (H, W): where a tissue-layer op shows in the composite of the clean ``image``

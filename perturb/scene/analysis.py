@@ -155,6 +155,10 @@ try:  # a fast non-cryptographic digest where installed (``datasets`` brings it)
     import xxhash
 
     def _digest(buf: Any) -> bytes:
+        # the same digest either way; the streaming update releases the GIL (the one-shot call
+        # holds it), so the samples of a batch hash their frames in parallel on the worker pool
+        if memoryview(buf).nbytes >= 1 << 16:
+            return bytes(xxhash.xxh3_128(buf).digest())
         return bytes(xxhash.xxh3_128_digest(buf))
 
 except ImportError:  # pragma: no cover - depends on the environment
@@ -163,7 +167,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         return hashlib.blake2b(buf, digest_size=16).digest()
 
 
-_CACHE: OrderedDict[tuple[str, tuple[int, ...], str, bytes], str] = OrderedDict()
+_CACHE: OrderedDict[tuple[str, tuple[int, ...], str, bytes], tuple[dict[str, Any], str, str]] = OrderedDict()
 _CACHE_SIZE = 64
 _CACHE_LOCK = threading.Lock()
 
@@ -190,19 +194,28 @@ def analyse(image: Any) -> dict[str, Any]:
     Recent results are cached by a digest of the pixels as given (the same frame at five
     severities, or under several ops, is analysed once; a hit costs one pass of a fast hash
     over the input, no conversion)."""
+    return dict(json.loads(analysed(image)[1]))
+
+
+def analysed(image: Any) -> tuple[dict[str, Any], str, str]:
+    """``analyse(image)`` as the cache holds it: (descriptor, shared with the cache: read it,
+    never change it; its JSON text, whose ``json.loads`` is what ``analyse`` returns; its
+    ``perturb.scene.masks.descriptor_key``, the sorted JSON the mask caches are keyed by)."""
     layout, arr = _pixels(image)
-    cache_key = (layout, tuple(arr.shape), str(arr.dtype), _digest(arr.data))
+    cache_key = (layout, arr.shape, arr.dtype.str, _digest(arr.data))
     with _CACHE_LOCK:
         hit = _CACHE.get(cache_key)
         if hit is not None:
             _CACHE.move_to_end(cache_key)
-            return dict(json.loads(hit))
+            return hit
     desc = _analyse(to_hwc_u8(image) if layout != "hwc" else arr)
+    text = json.dumps(desc)
+    value = (json.loads(text), text, json.dumps(desc, sort_keys=True))
     with _CACHE_LOCK:
-        _CACHE[cache_key] = json.dumps(desc)
+        _CACHE[cache_key] = value
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
-    return desc
+    return value
 
 
 def _analyse(rgb: np.ndarray) -> dict[str, Any]:

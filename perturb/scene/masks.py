@@ -20,8 +20,12 @@ GLYPH_FULL = 0.85  # full cover from this fraction of the median excess of the l
 GLYPH_KERNEL = 0.6  # top-hat square side, as a fraction of the text box's height
 
 
-def _key(desc: dict[str, Any]) -> str:
+def descriptor_key(desc: dict[str, Any]) -> str:
+    """The canonical text of a descriptor (sorted JSON): what the mask caches are keyed by."""
     return json.dumps(desc, sort_keys=True)
+
+
+_key = descriptor_key
 
 
 # Masks of recent descriptors, kept within a byte budget (a batch of 32 frames at 720x576 fits;
@@ -291,16 +295,17 @@ def _compose_plan(key: str) -> _ComposePlan:
     return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3)
 
 
-def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None:
+def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
     """In place: ``dst`` (CHW, the perturbed sample) becomes ``alpha * dst + (1 - alpha) * src``
     with ``composite_alpha(desc, src)`` (the tissue alpha; glyph strokes only of text lines);
     pixels with alpha 0 are ``src`` exactly, alpha 1 ``dst`` exactly. Work is per-descriptor
     precomputed (``_compose_plan``): a masked copy of the source where alpha is 0 (outside the
     field's bbox, the surround and the overlays), the blend only on the soft edge, and the
-    glyph cover only inside the rectangle of the text lines."""
+    glyph cover only inside the rectangle of the text lines. ``key``: ``descriptor_key(desc)``
+    where the caller has it (e.g. ``Scene.key``)."""
     if tuple(desc["size"]) != tuple(src.shape[-2:]):
         raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
-    key = _key(desc)
+    key = _key(desc) if key is None else key
     plan = _compose_plan(key)
     planes = src.shape[0]
     fast = src.flags.c_contiguous and dst.flags.c_contiguous and src.dtype == dst.dtype
@@ -322,7 +327,28 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> Non
 
 def _blend_at(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.ndarray) -> None:
     """In place: ``dst`` at the flat ``index`` (into CHW) becomes ``src + alpha (dst - src)`` in
-    float32, integer levels rounded half to even (1-D gathers: far faster than per plane)."""
+    float32, integer levels rounded half to even (1-D gathers: far faster than per plane).
+    With ``alpha`` in [0, 1] the float32 result lies between the two levels (every step of it
+    rounds monotonically and both ends are exact), so no clip is needed before the cast."""
+    if src.dtype != dst.dtype or not (src.flags.c_contiguous and dst.flags.c_contiguous):
+        _blend_at_any(src, dst, index, alpha)
+        return
+    s_flat = src.reshape(-1)
+    d_flat = dst.reshape(-1)
+    base = s_flat[index].astype(np.float32, copy=False)
+    mixed = d_flat[index].astype(np.float32, copy=False)
+    mixed -= base
+    mixed *= alpha
+    mixed += base  # == base + alpha * (dst - base): float addition and product commute exactly
+    if dst.dtype == np.float32:
+        d_flat[index] = mixed
+    else:
+        np.rint(mixed, out=mixed)
+        d_flat[index] = mixed.astype(dst.dtype)
+
+
+def _blend_at_any(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.ndarray) -> None:
+    """``_blend_at`` for any layout and pair of dtypes (a reshape may copy)."""
     s_flat = src.reshape(-1)
     d_flat = dst.reshape(-1)
     base = s_flat[index].astype(np.float32)
@@ -338,20 +364,39 @@ def _blend_at(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.nda
 
 # Glyph covers of recent frames: keyed by the descriptor and a digest of the pixels the glyph
 # windows read, so the same frame under several ops or severities finds its text lines' cover.
-_TEXT_BLEND: OrderedDict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+_TEXT_BLEND: OrderedDict[tuple[str, bytes], _TextCover] = OrderedDict()
 _TEXT_BLEND_SIZE = 256
 _TEXT_BLEND_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _TextCover:
+    """The composite alpha of one image inside the rectangle of its text lines (``rect`` of
+    ``_ComposePlan.text``): ``flat`` (flat indices into one plane) of the pixels that blend
+    there, alpha below 1 where the static alpha is above 0, in raster order, their ``alpha``,
+    and both for every plane of the image (``index`` into CHW, ``index_alpha``)."""
+
+    flat: np.ndarray
+    alpha: np.ndarray
+    index: np.ndarray
+    index_alpha: np.ndarray
 
 
 def _text_blend(
     desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(flat index into CHW, alpha) of the pixels inside ``rect`` that ``compose_numpy``
-    blends there: composite alpha below 1 where the static alpha is above 0 (cached per
-    descriptor and glyph window pixels)."""
+    blends there (``_text_cover``)."""
+    cover = _text_cover(desc, key, image, rect)
+    return cover.index, cover.index_alpha
+
+
+def _text_cover(desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]) -> _TextCover:
+    """The ``_TextCover`` of ``image`` (CHW NumPy) inside ``rect`` (cached per descriptor and
+    glyph window pixels)."""
     from perturb.scene.analysis import _digest
 
-    parts = [str(image.dtype).encode(), str(image.shape).encode()]
+    parts = [image.dtype.str.encode(), str(image.shape).encode()]
     for box in text_boxes(desc):
         wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
         parts.append(_digest(np.ascontiguousarray(image[:, wy0:wy1, wx0:wx1])))
@@ -368,8 +413,11 @@ def _text_blend(
     h, w = desc["size"]
     flat = (rows + ty0) * int(w) + (cols + tx0)
     planes = image.shape[0]
-    value = (np.concatenate([flat + c * (h * w) for c in range(planes)]), np.tile(alpha[rows, cols], planes))
-    for arr in value:
+    values = alpha[rows, cols]
+    value = _TextCover(
+        flat, values, np.concatenate([flat + c * (h * w) for c in range(planes)]), np.tile(values, planes)
+    )
+    for arr in (value.flat, value.alpha, value.index, value.index_alpha):
         arr.flags.writeable = False
     with _TEXT_BLEND_LOCK:
         _TEXT_BLEND[slot] = value
@@ -465,7 +513,7 @@ def _extension_plan(key: str) -> _ExtensionPlan:
     return _ExtensionPlan((ch, cw), weight, inv_den, sigma, rect, keep, part, part_alpha, plan.text)
 
 
-def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None:
+def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
     """``dst`` (CHW, ``src``'s shape and dtype) becomes ``src`` (the clean sample) with its
     surround and overlays (of a text line, its glyph strokes) replaced by a smooth extension of
     the nearby tissue, ``alpha * src + (1 - alpha) * fill`` with the composite's alpha, so a
@@ -473,49 +521,56 @@ def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> None
     overlays into the field's edge. ``fill`` is a normalised convolution of the tissue (a
     gaussian of ``EXT_SIGMA`` of the shorter side over the cells wholly inside the tissue) on a
     coarse grid (``EXT_GRID_SHORT`` cells, bilinear samples of ``src``), interpolated bilinearly; it is written only within
-    ``EXT_MARGIN`` of the field's bbox (beyond, ``src``)."""
+    ``EXT_MARGIN`` of the field's bbox (beyond, ``src``). ``key``: as in ``compose_numpy``."""
     if tuple(desc["size"]) != tuple(src.shape[-2:]):
         raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
-    key = _key(desc)
+    key = _key(desc) if key is None else key
     plan = _extension_plan(key)
     np.copyto(dst, src)
     if plan.rect is None:
         return
+    out = dst if dst.flags.c_contiguous else np.empty_like(dst)  # written through flat views
+    if out is not dst:
+        np.copyto(out, src)
     h, w = src.shape[-2:]
     ch, cw = plan.size
     top = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}.get(src.dtype)
-    text_alpha = rows = cols = None
-    if plan.text is not None:
-        tx0, ty0, tx1, ty1 = plan.text
-        text_alpha = _text_alpha(desc, key, src, plan.text)
-        static = _alpha_without_text_cached(key)[ty0:ty1, tx0:tx1]
-        rows, cols = np.nonzero((text_alpha < 1.0) & (static > 0.0))
+    cover = None if plan.text is None else _text_cover(desc, key, src, plan.text)
+    x0, y0, x1, y1 = plan.rect
     for c in range(src.shape[0]):
         # bilinear samples (not area means): 15x cheaper, and the gaussian of EXT_SIGMA averages
         # some hundred of them, so the fill moves by about half a level (8-bit) on real frames
         small = cv2.resize(src[c], (cw, ch), interpolation=cv2.INTER_LINEAR).astype(np.float32)
-        coarse = cv2.GaussianBlur(small * plan.weight, (0, 0), plan.sigma) * plan.inv_den
+        small *= plan.weight  # in place: the products of ``small * weight``
+        coarse = cv2.GaussianBlur(small, (0, 0), plan.sigma)
+        coarse *= plan.inv_den
         if top is not None:
-            coarse = np.clip(np.rint(coarse), 0.0, top).astype(src.dtype)
+            np.rint(coarse, out=coarse)
+            coarse = np.clip(coarse, 0.0, top, out=coarse).astype(src.dtype)
         fill = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_LINEAR)
-        d = dst[c]
-        x0, y0, x1, y1 = plan.rect
+        d = out[c]
         cv2.copyTo(fill[y0:y1, x0:x1], plan.keep, d[y0:y1, x0:x1])
+        d_flat, s_flat, f_flat = d.reshape(-1), src[c].reshape(-1), fill.reshape(-1)
         if plan.part.size:
-            _blend(d.reshape(-1), src[c].reshape(-1), fill.reshape(-1), plan.part, plan.part_alpha, top)
-        if rows is not None and rows.size and text_alpha is not None and plan.text is not None:
-            tx0, ty0, tx1, ty1 = plan.text
-            s, f_, t_ = src[c, ty0:ty1, tx0:tx1], fill[ty0:ty1, tx0:tx1], d[ty0:ty1, tx0:tx1]
-            a = text_alpha[rows, cols]
-            base = f_[rows, cols].astype(np.float32)
-            mixed = base + a * (s[rows, cols].astype(np.float32) - base)
-            t_[rows, cols] = mixed if top is None else np.clip(np.rint(mixed), 0, top).astype(src.dtype)
+            _blend(d_flat, s_flat, f_flat, plan.part, plan.part_alpha, top)
+        if cover is not None and cover.flat.size:
+            _blend(d_flat, s_flat, f_flat, cover.flat, cover.alpha, top)
+    if out is not dst:
+        np.copyto(dst, out)
 
 
 def _blend(
     d: np.ndarray, s: np.ndarray, fill: np.ndarray, idx: np.ndarray, alpha: np.ndarray, top: float | None
 ) -> None:
-    """In place on flat planes: ``d[idx] = fill + alpha (s - fill)`` at ``idx`` (rounded, clipped for integers)."""
-    base = fill[idx].astype(np.float32)
-    mixed = base + alpha * (s[idx].astype(np.float32) - base)
-    d[idx] = mixed if top is None else np.clip(np.rint(mixed), 0, top).astype(d.dtype)
+    """In place on flat planes: ``d[idx] = fill + alpha (s - fill)`` at ``idx`` in float32 (integer
+    levels rounded half to even; as in ``_blend_at``, the mix lies between its two levels)."""
+    base = fill[idx].astype(np.float32, copy=False)
+    mixed = s[idx].astype(np.float32, copy=False)
+    mixed -= base
+    mixed *= alpha
+    mixed += base
+    if top is None:
+        d[idx] = mixed
+    else:
+        np.rint(mixed, out=mixed)
+        d[idx] = mixed.astype(d.dtype)
