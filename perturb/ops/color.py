@@ -149,8 +149,11 @@ def tissue_weight(scene: Any) -> np.ndarray | None:
         return None
     from perturb.scene.masks import tissue_alpha, tissue_alpha_sum
 
+    key = getattr(scene, "key", None)  # the descriptor's canonical text, where the scene keeps it
     # the alpha lies in [0, 1]: its (cached) sum is positive exactly where its maximum is
-    return tissue_alpha(scene.descriptor) if tissue_alpha_sum(scene.descriptor) > 0.0 else None
+    if tissue_alpha_sum(scene.descriptor, key) > 0.0:
+        return tissue_alpha(scene.descriptor, key)
+    return None
 
 
 @register_kernel("contrast", uses_scene=True)

@@ -115,10 +115,10 @@ def _overlay_mask(key: str) -> np.ndarray:
     return out
 
 
-def tissue_alpha(desc: dict[str, Any]) -> np.ndarray:
+def tissue_alpha(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
     """float32 (H, W): where a perturbation of the tissue layer shows, the field of view minus
-    the overlays (read-only, cached)."""
-    return _tissue_alpha(_key(desc))
+    the overlays (read-only, cached). ``key``: ``descriptor_key(desc)`` where known."""
+    return _tissue_alpha(_key(desc) if key is None else key)
 
 
 @_memo
@@ -130,9 +130,9 @@ def _tissue_alpha(key: str) -> np.ndarray:
     return alpha
 
 
-def tissue_alpha_sum(desc: dict[str, Any]) -> float:
-    """The float64 sum of ``tissue_alpha(desc)`` (cached)."""
-    return _tissue_alpha_sum(_key(desc))
+def tissue_alpha_sum(desc: dict[str, Any], key: str | None = None) -> float:
+    """The float64 sum of ``tissue_alpha(desc)`` (cached). ``key``: as in ``tissue_alpha``."""
+    return _tissue_alpha_sum(_key(desc) if key is None else key)
 
 
 @_memo
