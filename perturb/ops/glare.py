@@ -84,7 +84,7 @@ def surface_normals(lum: np.ndarray, key: int, relief: float, scale: int) -> tup
     return n_dot_v.astype(np.float32), inv_d2
 
 
-@_host.host_op("specular_glare", sampler=_glare_sampler)
+@_host.host_op("specular_glare", sampler=_glare_sampler, dtypes=(np.uint8, np.float32))
 def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Blinn-Phong highlights of a light at the camera on a surface from shading, inverse-square
     fall-off, sensor clipping and a short bloom (module docstring)."""
