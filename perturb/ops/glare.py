@@ -29,6 +29,8 @@ about 0.5 % of the shorter side, 90th percentile under 2 %).
 
 from __future__ import annotations
 
+import math
+
 import cv2
 import numpy as np
 
@@ -43,6 +45,7 @@ OPTICS_SIGMA = 0.0015  # lens point-spread function (shorter side)
 BLOOM_SIGMA = 0.0015  # blooming spread (shorter side)
 BLOOM_GAIN = 0.6
 EDGE_FADE = 0.01  # highlights fade out within this distance of the field's edge
+LOBE_FLOOR = 1e-7  # a lobe below this is left out (its light stays under SPEC_FLOOR / 30)
 SPEC_FLOOR = 1e-5  # specular light (fraction of full well) that moves no 8-bit level (1/30 of the darkest step)
 
 
@@ -108,13 +111,19 @@ def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _h
     tissue = view.tissue
     lum = _host.luma(_host.to_linear(img))
     n_dot_v, inv_d2 = surface_normals(lum, key, float(p["relief"]), scale)
-    # (N . V)^shininess as exp(shininess ln(N . V))
-    lobe = cv2.log(np.maximum(n_dot_v, np.float32(1e-30), out=n_dot_v))
-    lobe *= np.float32(p["shininess"])
-    lobe = cv2.exp(lobe)
-    lobe *= inv_d2
-    lobe *= np.float32(p["wetness"])
-    lobe *= _host.soft_mask(tissue, EDGE_FADE * scale)
+    # wetness (N . V)^shininess / d^2, where the lobe reaches LOBE_FLOOR (zero elsewhere)
+    shininess = np.float32(p["shininess"])
+    facing = np.flatnonzero(n_dot_v.reshape(-1) > np.float32(math.exp(math.log(LOBE_FLOOR) / float(shininess))))
+    lobe = np.zeros(h * w, dtype=np.float32)
+    if facing.size:
+        log_lobe = np.asarray(cv2.log(n_dot_v.reshape(-1)[facing]), dtype=np.float32)
+        log_lobe *= shininess
+        lobe_at = np.asarray(cv2.exp(log_lobe), dtype=np.float32).reshape(-1)
+        lobe_at *= inv_d2.reshape(-1)[facing]
+        lobe_at *= np.float32(p["wetness"])
+        lobe_at *= _host.soft_mask(tissue, EDGE_FADE * scale).reshape(-1)[facing]
+        lobe[facing] = lobe_at
+    lobe = lobe.reshape(h, w)
     spec = _host.gauss(lobe, OPTICS_SIGMA * scale).reshape(-1)  # the lens PSF: hairline lobes stay below clipping
     illuminant = np.asarray(p["illuminant"], dtype=np.float32)
     gains = illuminant[:, None] if c == 3 else np.ones((1, 1), np.float32)
