@@ -59,13 +59,31 @@ def _glare_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
+def _quantile(a: np.ndarray, q: float) -> float:
+    """``np.quantile(a, q)`` (linear method: the same value), for a large array without
+    partitioning all of it: the two order statistics it interpolates are selected among the
+    values between two quantiles of a subsample (the whole array where they miss them)."""
+    flat = a.reshape(-1)
+    n = flat.size
+    virtual = n * q - q  # numpy's virtual index of the linear method
+    k = math.floor(virtual)
+    if n >= 1 << 14 and k + 1 < n:
+        lo, hi = np.quantile(flat[::16], [max(q - 0.01, 0.0), min(q + 0.01, 1.0)])
+        below = int(np.count_nonzero(flat < lo))
+        band = flat[(flat >= lo) & (flat <= hi)]
+        if below <= k and k + 1 < below + band.size:
+            pair = np.partition(band, [k - below, k + 1 - below])[[k - below, k + 1 - below]]
+            return float(np.quantile(pair, virtual - k))
+    return float(np.quantile(flat, q))
+
+
 def surface_normals(lum: np.ndarray, key: int, relief: float, scale: int) -> tuple[np.ndarray, np.ndarray]:
     """(N . V, 1/d^2) per pixel from the linear luminance (H, W) by shape from shading under a
     light at the camera, with a keyed micro-relief of relative amplitude ``relief``."""
     h, w = lum.shape
     f = FOCAL * scale
     irr = _host.gauss(lum, SHADING_SIGMA * scale)
-    ref = float(np.quantile(irr, 0.98)) + 1e-6
+    ref = _quantile(irr, 0.98) + 1e-6
     inv_d2 = np.clip(irr * np.float32(1.0 / ref), np.float32(1e-3), np.float32(1.0))
     d = cv2.sqrt(inv_d2)
     d = cv2.divide(1.0, d)
@@ -110,6 +128,7 @@ def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _h
     scale = _host.side(img)
     tissue = view.tissue
     lum = _host.luma(_host.to_linear(img))
+    flat = img.reshape(c, -1)
     n_dot_v, inv_d2 = surface_normals(lum, key, float(p["relief"]), scale)
     # wetness (N . V)^shininess / d^2, where the lobe reaches LOBE_FLOOR (zero elsewhere)
     shininess = np.float32(p["shininess"])
@@ -127,7 +146,6 @@ def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _h
     spec = _host.gauss(lobe, OPTICS_SIGMA * scale).reshape(-1)  # the lens PSF: hairline lobes stay below clipping
     illuminant = np.asarray(p["illuminant"], dtype=np.float32)
     gains = illuminant[:, None] if c == 3 else np.ones((1, 1), np.float32)
-    flat = img.reshape(c, -1)
     lit = np.flatnonzero(spec > np.float32(SPEC_FLOOR))  # where the light may clip
     raw = _linear_at(flat, lit)
     raw += spec[lit] * gains
