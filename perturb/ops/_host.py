@@ -57,20 +57,29 @@ SampleFn = Callable[[np.ndarray, dict[str, np.ndarray], int, View], np.ndarray]
 
 
 def host_op(
-    name: str, sampler: Sampler = uniform_sampler, *, geometry: Geometry | None = None
+    name: str,
+    sampler: Sampler = uniform_sampler,
+    *,
+    geometry: Geometry | None = None,
+    dtypes: Sequence[type] = (np.float32,),
 ) -> Callable[[SampleFn], SampleFn]:
     """Register ``fn(img, params, key, view) -> out`` (CHW float32 in [0, 1] in and out, one
-    sample) as op ``name``: its CPU path (float32 natively; uint8 and uint16 batches go through
-    float32) and its torch kernel (the same host function on every device: a CUDA batch is
-    copied to the host and back). Both take the engine's scenes. ``geometry``: how the op
-    moves coordinates (``perturb.ops.registry.Geometry``), for a geometric op."""
+    sample) as op ``name``: its CPU path and its torch kernel (the same host function on every
+    device: a CUDA batch is copied to the host and back). Both take the engine's scenes.
+    ``dtypes``: the batch dtypes the CPU path takes (float32, and uint8 where listed: a uint8
+    sample is read and rounded back per sample as the engine converts a batch; other integer
+    batches take the torch kernel). ``geometry``: how the op moves coordinates
+    (``perturb.ops.registry.Geometry``), for a geometric op."""
 
     def decorator(fn: SampleFn) -> SampleFn:
-        @backend.register_cpu(name, dtypes=(np.float32,), uses_scene=True)
+        @backend.register_cpu(name, dtypes=dtypes, uses_scene=True)
         def cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
-            img = np.ascontiguousarray(src, dtype=np.float32)
+            img = np.ascontiguousarray(backend.load_float(src), dtype=np.float32)
             res = fn(img, p, key, View(img, scene))
-            np.clip(res, np.float32(0.0), np.float32(1.0), out=dst)
+            if dst.dtype == np.float32:
+                np.clip(res, np.float32(0.0), np.float32(1.0), out=dst)
+            else:
+                backend.store_float(np.clip(res, np.float32(0.0), np.float32(1.0)), dst)
 
         @register_kernel(name, sampler=sampler, uses_scene=True, geometry=geometry)
         def kernel(

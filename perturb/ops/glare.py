@@ -29,6 +29,9 @@ about 0.5 % of the shorter side, 90th percentile under 2 %).
 
 from __future__ import annotations
 
+import math
+
+import cv2
 import numpy as np
 
 from perturb.ops import _host
@@ -42,6 +45,8 @@ OPTICS_SIGMA = 0.0015  # lens point-spread function (shorter side)
 BLOOM_SIGMA = 0.0015  # blooming spread (shorter side)
 BLOOM_GAIN = 0.6
 EDGE_FADE = 0.01  # highlights fade out within this distance of the field's edge
+LOBE_FLOOR = 1e-7  # a lobe below this is left out (its light stays under SPEC_FLOOR / 30)
+SPEC_FLOOR = 1e-5  # specular light (fraction of full well) that moves no 8-bit level (1/30 of the darkest step)
 
 
 def _glare_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -54,54 +59,105 @@ def _glare_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
+def _quantile(a: np.ndarray, q: float) -> float:
+    """``np.quantile(a, q)`` (linear method: the same value), for a large array without
+    partitioning all of it: the two order statistics it interpolates are selected among the
+    values between two quantiles of a subsample (the whole array where they miss them)."""
+    flat = a.reshape(-1)
+    n = flat.size
+    virtual = n * q - q  # numpy's virtual index of the linear method
+    k = math.floor(virtual)
+    if n >= 1 << 14 and k + 1 < n:
+        lo, hi = np.quantile(flat[::16], [max(q - 0.01, 0.0), min(q + 0.01, 1.0)])
+        below = int(np.count_nonzero(flat < lo))
+        band = flat[(flat >= lo) & (flat <= hi)]
+        if below <= k and k + 1 < below + band.size:
+            pair = np.partition(band, [k - below, k + 1 - below])[[k - below, k + 1 - below]]
+            return float(np.quantile(pair, virtual - k))
+    return float(np.quantile(flat, q))
+
+
 def surface_normals(lum: np.ndarray, key: int, relief: float, scale: int) -> tuple[np.ndarray, np.ndarray]:
     """(N . V, 1/d^2) per pixel from the linear luminance (H, W) by shape from shading under a
     light at the camera, with a keyed micro-relief of relative amplitude ``relief``."""
     h, w = lum.shape
     f = FOCAL * scale
     irr = _host.gauss(lum, SHADING_SIGMA * scale)
-    ref = float(np.quantile(irr, 0.98)) + 1e-6
-    inv_d2 = np.clip(irr / np.float32(ref), 1e-3, 1.0).astype(np.float32)
-    d = 1.0 / np.sqrt(inv_d2)
+    ref = _quantile(irr, 0.98) + 1e-6
+    inv_d2 = np.clip(irr * np.float32(1.0 / ref), np.float32(1e-3), np.float32(1.0))
+    d = cv2.sqrt(inv_d2)
+    d = cv2.divide(1.0, d)
     if relief > 0:
-        d = d * (1.0 + np.float32(relief) * _host.fractal_noise(key, "glare-relief", h, w, RELIEF_CELL * scale, 2))
-    d = d.astype(np.float32)
+        noise = _host.fractal_noise(key, "glare-relief", h, w, RELIEF_CELL * scale, 2)
+        noise *= np.float32(relief)
+        noise += np.float32(1.0)
+        d *= noise
     u = ((np.arange(w, dtype=np.float32) + 0.5 - w / 2) / f)[None, :]
     v = ((np.arange(h, dtype=np.float32) + 0.5 - h / 2) / f)[:, None]
     dy, dx = np.gradient(d)
-    du, dv = dx * f, dy * f  # derivatives per unit of normalised image coordinate
-    # P = d (u, v, 1); P_u = du (u, v, 1) + d (1, 0, 0); P_v = dv (u, v, 1) + d (0, 1, 0)
-    pu = (du * u + d, du * v, du)
-    pv = (dv * u, dv * v + d, dv)
-    nx = pu[1] * pv[2] - pu[2] * pv[1]
-    ny = pu[2] * pv[0] - pu[0] * pv[2]
-    nz = pu[0] * pv[1] - pu[1] * pv[0]
-    norm_n = np.sqrt(nx * nx + ny * ny + nz * nz) + 1e-12
-    norm_p = np.sqrt(u * u + v * v + 1.0)
-    # V = -P / |P| = -(u, v, 1) / |(u, v, 1)|; the normal facing the camera has N . V > 0
-    n_dot_v = -(nx * u + ny * v + nz) / (norm_n * norm_p)
-    n_dot_v = np.abs(n_dot_v)  # orientation of the cross product is arbitrary
-    return n_dot_v.astype(np.float32), inv_d2
+    du, dv = dx * np.float32(f), dy * np.float32(f)  # derivatives per unit of normalised image coordinate
+    # P = d q with q = (u, v, 1): P_u x P_v = d (-du, -dv, d + u du + v dv) and, V = -q / |q|,
+    # N . V = d / (|(-du, -dv, d + u du + v dv)| |q|) (the normal taken facing the camera)
+    t = du * u
+    t += dv * v
+    t += d
+    np.multiply(t, t, out=t)
+    np.multiply(du, du, out=du)
+    np.multiply(dv, dv, out=dv)
+    t += du
+    t += dv
+    norm = cv2.sqrt(t)
+    norm *= np.sqrt(u * u + v * v + np.float32(1.0))
+    n_dot_v = cv2.divide(d, norm)
+    return np.minimum(n_dot_v, np.float32(1.0), out=n_dot_v), inv_d2
 
 
-@_host.host_op("specular_glare", sampler=_glare_sampler)
+def _linear_at(flat: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Linear light (C, N) of the pixels ``index`` of a flattened (C, H*W) sRGB image."""
+    if index.size == 0:
+        return np.zeros((flat.shape[0], 0), dtype=np.float32)
+    return _host.to_linear(flat[:, index])
+
+
+@_host.host_op("specular_glare", sampler=_glare_sampler, dtypes=(np.uint8, np.float32))
 def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Blinn-Phong highlights of a light at the camera on a surface from shading, inverse-square
-    fall-off, sensor clipping and a short bloom (module docstring)."""
+    fall-off, sensor clipping and a short bloom (module docstring). Pixels whose specular light
+    stays under ``SPEC_FLOOR`` keep their input values."""
+    c, h, w = img.shape
     scale = _host.side(img)
     tissue = view.tissue
-    lin = _host.to_linear(img)
-    lum = _host.luma(lin)
+    lum = _host.luma(_host.to_linear(img))
+    flat = img.reshape(c, -1)
     n_dot_v, inv_d2 = surface_normals(lum, key, float(p["relief"]), scale)
-    lobe = np.power(n_dot_v, np.float32(p["shininess"]))
-    spec = np.float32(p["wetness"]) * lobe * inv_d2 * _host.soft_mask(tissue, EDGE_FADE * scale)
-    spec = _host.gauss(spec, OPTICS_SIGMA * scale)  # the lens PSF: hairline lobes stay below clipping
+    # wetness (N . V)^shininess / d^2, where the lobe reaches LOBE_FLOOR (zero elsewhere)
+    shininess = np.float32(p["shininess"])
+    facing = np.flatnonzero(n_dot_v.reshape(-1) > np.float32(math.exp(math.log(LOBE_FLOOR) / float(shininess))))
+    lobe = np.zeros(h * w, dtype=np.float32)
+    if facing.size:
+        log_lobe = np.asarray(cv2.log(n_dot_v.reshape(-1)[facing]), dtype=np.float32)
+        log_lobe *= shininess
+        lobe_at = np.asarray(cv2.exp(log_lobe), dtype=np.float32).reshape(-1)
+        lobe_at *= inv_d2.reshape(-1)[facing]
+        lobe_at *= np.float32(p["wetness"])
+        lobe_at *= _host.soft_mask(tissue, EDGE_FADE * scale).reshape(-1)[facing]
+        lobe[facing] = lobe_at
+    lobe = lobe.reshape(h, w)
+    spec = _host.gauss(lobe, OPTICS_SIGMA * scale).reshape(-1)  # the lens PSF: hairline lobes stay below clipping
     illuminant = np.asarray(p["illuminant"], dtype=np.float32)
-    gains = illuminant[:, None, None] if img.shape[0] == 3 else np.ones((1, 1, 1), np.float32)
-    raw = lin + spec[None] * gains
-    overflow = np.clip(raw.max(axis=0) - 1.0, 0.0, None).astype(np.float32)
-    bloom = _host.gauss(overflow, BLOOM_SIGMA * scale) * np.float32(BLOOM_GAIN)
-    out = np.clip(raw + bloom[None] * gains, 0.0, 1.0)
-    res = _host.to_display(out)
-    res[:, ~tissue] = img[:, ~tissue]
+    gains = illuminant[:, None] if c == 3 else np.ones((1, 1), np.float32)
+    lit = np.flatnonzero(spec > np.float32(SPEC_FLOOR))  # where the light may clip
+    raw = _linear_at(flat, lit)
+    raw += spec[lit] * gains
+    overflow = np.zeros(h * w, dtype=np.float32)
+    overflow[lit] = np.clip(raw.max(axis=0) - np.float32(1.0), np.float32(0.0), None)
+    bloom = _host.gauss(overflow.reshape(h, w), BLOOM_SIGMA * scale).reshape(-1)
+    bloom *= np.float32(BLOOM_GAIN)
+    bloom += spec
+    changed = np.flatnonzero((bloom > np.float32(SPEC_FLOOR)) & tissue.reshape(-1))
+    out = _linear_at(flat, changed)
+    out += bloom[changed] * gains
+    res = img.copy()
+    if changed.size:
+        res.reshape(c, -1)[:, changed] = _host.to_display(np.clip(out, np.float32(0.0), np.float32(1.0)))
     return res
