@@ -391,13 +391,22 @@ def overexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray],
     linear_to_srgb_np(lin, out=dst)
 
 
-@backend.register_cpu("underexposure")
-def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+@backend.register_cpu("underexposure", uses_scene=True)
+def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
+    """The scene (given only with border protection, whose composite keeps the source outside
+    the field's bbox) only bounds the uint8 work to that bbox; the fall-off is the kernel's,
+    centred in the whole image."""
     h, w = src.shape[-2:]
     if src.dtype == np.uint8:
+        x0, y0, x1, y1 = 0, 0, w, h
+        if scene is not None:
+            x0, y0, x1, y1 = (int(v) for v in scene.bbox)
+            np.copyto(dst, src)
+            if x1 <= x0 or y1 <= y0:
+                return
         dx2, dy2 = _radial_terms(h, w, np.float32(p["cx"]), np.float32(p["cy"]))
-        root = _root_field(dx2, dy2, float(np.float32(p["falloff"])))
-        _scale_in_linear_u8(src, dst, root, float(np.float32(p["gain"])))
+        root = _root_field(dx2[x0:x1], dy2[y0:y1], float(np.float32(p["falloff"])))
+        _scale_in_linear_u8(src[:, y0:y1, x0:x1], dst[:, y0:y1, x0:x1], root, float(np.float32(p["gain"])))
         return
     scale = _falloff_np(h, w, p, np.float32(p["falloff"]))
     scale *= np.float32(p["gain"])

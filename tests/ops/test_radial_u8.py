@@ -10,7 +10,7 @@ import torch
 
 import perturb
 from perturb.ops.backend import use_backend
-from perturb.ops.exposure import _root_field, _scale_in_linear_u8
+from perturb.ops.exposure import _root_field, _scale_in_linear_u8, underexposure_cpu, vignetting_cpu
 from tests.helpers import ENDOSCOPY, downscaled, require_samples, sample_tensor
 
 
@@ -91,3 +91,29 @@ def test_u8_path_within_one_level_of_the_torch_kernel(op: str, protect: bool) ->
         assert int(diff.max()) <= 1
         assert float((diff > 0).float().mean()) < 0.01
         assert not torch.equal(out, u8)
+
+
+@pytest.mark.parametrize("op", ["vignetting", "underexposure"])
+def test_a_scene_bounds_the_work_to_its_bbox(op: str) -> None:
+    """With a scene (border protection) the path computes the field's bbox only, the rest being
+    the source, which the composite keeps there anyway; underexposure's fall-off stays the
+    whole image's, so inside the bbox it is the scene-less result."""
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, 256, (3, 48, 64), dtype=np.uint8)
+    p = {name: np.float32(v) for name, v in {"cx": 0.48, "cy": 0.53, "gain": 0.4, "falloff": 0.5, "strength": 0.9}.items()}
+    fn = underexposure_cpu if op == "underexposure" else vignetting_cpu
+
+    class Scene:
+        bbox = (6, 4, 58, 45)
+
+    whole, boxed = np.zeros_like(src), np.zeros_like(src)
+    fn(src, whole, p, 0)
+    fn(src, boxed, p, 0, scene=Scene())
+    inside = (slice(None), slice(4, 45), slice(6, 58))
+    outside = np.ones(src.shape, bool)
+    outside[inside] = False
+    assert np.array_equal(boxed[outside], src[outside])
+    if op == "underexposure":
+        assert np.array_equal(boxed[inside], whole[inside])
+    else:  # vignetting's fall-off is normalised by the field box: only its bytes are the box's own
+        assert not np.array_equal(boxed[inside], src[inside])
