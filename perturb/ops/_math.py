@@ -161,25 +161,6 @@ def linear_to_srgb_np(y: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
 
 
 @lru_cache(maxsize=1)
-def _srgb_u8_of_linear16() -> np.ndarray:
-    """uint8 sRGB level of each 16-bit linear value k / 65535 (float64 evaluation)."""
-    lin = np.arange(65536, dtype=np.float64) / 65535.0
-    enc = np.where(lin <= 0.0031308, 12.92 * lin, 1.055 * lin ** (1.0 / 2.4) - 0.055)
-    table = np.clip(np.rint(enc * 255.0), 0, 255).astype(np.uint8)
-    table.flags.writeable = False
-    return table
-
-
-def linear_to_srgb_u8(lin: np.ndarray, out: np.ndarray) -> None:
-    """Encode float32 linear values to uint8 sRGB levels into ``out``: the value is rounded to
-    16 bits (error <= 7.7e-6 in linear light, <= 0.03 of a level after encoding) and looked up."""
-    flat = plane2d(lin)
-    idx = scratch("linear_to_srgb_u8", flat.shape, np.uint16)
-    cv2.multiply(flat, 65535.0, dst=idx, dtype=cv2.CV_16U)  # type: ignore[call-overload]  # rounds, saturates
-    np.take(_srgb_u8_of_linear16(), idx, out=plane2d(out), mode="wrap")  # never wraps: 65536 entries
-
-
-@lru_cache(maxsize=1)
 def srgb_to_linear_u8() -> np.ndarray:
     """float32 linear value of each uint8 level, as the torch path computes it."""
     table = srgb_to_linear(torch.tensor(LEVELS_U8)).numpy().copy()

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import cv2
@@ -27,7 +28,7 @@ from perturb.ops._math import (
     gain_in_linear_u8,
     linear_to_srgb,
     linear_to_srgb_np,
-    linear_to_srgb_u8,
+    lut_u8,
     per_sample,
     scratch,
     srgb_to_linear,
@@ -91,6 +92,19 @@ def field_frame(h: int, w: int, scene: Any) -> tuple[float, float, float, float]
     return float(x0), float(y0), float(x1 - x0), float(y1 - y0)
 
 
+def _field_terms(
+    h: int, w: int, cx: float, cy: float, scene: Any, box: tuple[int, int, int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """float64 squared distances (in field radii) of ``field_falloff_np``: of the columns (x0..x1)
+    and of the rows (y0..y1) of ``box``."""
+    fx, fy, fw, fh = field_frame(h, w, scene)
+    radius = 0.5 * float(np.sqrt(0.5 * (fw * fw + fh * fh)))
+    bx0, by0, bx1, by1 = box
+    dy = (np.arange(h, dtype=np.float64) + 0.5 - (fy + cy * fh)) / radius
+    dx = (np.arange(w, dtype=np.float64) + 0.5 - (fx + cx * fw)) / radius
+    return (dx * dx)[bx0:bx1], (dy * dy)[by0:by1]
+
+
 def field_falloff_np(
     h: int,
     w: int,
@@ -106,12 +120,9 @@ def field_falloff_np(
     reaches ``1 - strength`` at the aperture's edge whatever the frame's layout. Evaluated in
     float64, a band of rows at a time (into ``out`` where given); ``box`` (x0, y0, x1, y1): only
     that rectangle, the same values as there in the whole map."""
-    fx, fy, fw, fh = field_frame(h, w, scene)
-    radius = 0.5 * float(np.sqrt(0.5 * (fw * fw + fh * fh)))
     bx0, by0, bx1, by1 = (0, 0, w, h) if box is None else box
-    dy = (np.arange(h, dtype=np.float64) + 0.5 - (fy + cy * fh)) / radius
-    dx = (np.arange(w, dtype=np.float64) + 0.5 - (fx + cx * fw)) / radius
-    dx2, dy2 = (dx * dx)[None, bx0:bx1], (dy * dy)[by0:by1, None]
+    dx2_cols, dy2_rows = _field_terms(h, w, cx, cy, scene, (bx0, by0, bx1, by1))
+    dx2, dy2 = dx2_cols[None, :], dy2_rows[:, None]
     bh, bw = by1 - by0, bx1 - bx0
     res = np.empty((bh, bw), np.float32) if out is None else out
     if bh == 0 or bw == 0:
@@ -227,8 +238,8 @@ def haze(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
 
 # ---------------------------------------------------------------------------------------------
 # CPU fast paths (one sample). uint8: exact lookup tables for the pointwise op; the radial ops
-# decode each level to linear light with a table, scale, and encode through a 16-bit table
-# (within one level). float32: float32 OpenCV/NumPy arithmetic (within 1e-6 of the kernels).
+# scale in the encoded domain (within one level, see ``_ENCODED_ROOT``). float32: float32
+# OpenCV/NumPy arithmetic (within 1e-6 of the kernels).
 
 
 def _radial_terms(h: int, w: int, cx: np.float32, cy: np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -263,17 +274,102 @@ def _falloff_np(h: int, w: int, p: dict[str, np.ndarray], strength: np.float32) 
     return r2
 
 
+# uint8 radial path. With v = 255 * 1.055 * (lin * scale)^(1/2.4), the sRGB encoding of
+# lin * scale is exactly v - 255 * 0.055 levels above the curve's linear foot and
+# 255 * 12.92 * (v / (255 * 1.055))^2.4 on it; v = g(x) * root is the product of a per-level
+# table g(x) = 255 * 1.055 * lin(x)^(1/2.4) (which holds the decoding's own linear foot) and the
+# gain field's root = scale^(1/2.4). So each plane is a float32 lookup, one multiply, and two
+# OpenCV conversions to bytes: the affine level v - 14.025 (exact away from the foot) and v on a
+# fine grid (1 / _FINE_STEPS) indexing a table of the foot's levels.
+_ENCODED_ROOT = 255.0 * 1.055  # v of linear 1
+_ENCODED_OFFSET = 255.0 * 0.055  # level = v - _ENCODED_OFFSET above the foot
+# the affine level is used from 11 up (v > 24.525, above the foot's top, v = 24.34); below, the
+# fine index (saturating at 255 only above that) gives the level
+_AFFINE_FROM = 11
+_FINE_STEPS = 10.25  # fine index = round(v * _FINE_STEPS); 24.525 * 10.25 < 254.5
+
+
+def _srgb_encode_levels(lin: np.ndarray) -> np.ndarray:
+    """float64 sRGB encoding of linear values in [0, 1], in levels (0..255, unrounded)."""
+    enc = np.where(lin <= 0.0031308, 12.92 * lin, 1.055 * np.maximum(lin, 0.0031308) ** (1.0 / 2.4) - 0.055)
+    return enc * 255.0
+
+
+@lru_cache(maxsize=1)
+def _level_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(affine, fine) uint8 tables: the level is ``min(affine[a], fine[f])`` for the affine byte
+    a = |v - 14.025| and the fine byte f = round(v * _FINE_STEPS), both saturated. A byte a below
+    _AFFINE_FROM may be |v - 14.025| folded from v < 14.025, so it defers (255) to the fine table;
+    the fine table gives the exact level of its grid point where v may be at most 24.525 (the foot
+    and the affine bytes below 11) and defers (255) above."""
+    affine = np.arange(256, dtype=np.uint8)
+    affine[:_AFFINE_FROM] = 255
+    steps = np.arange(256, dtype=np.float64)
+    v = steps / _FINE_STEPS
+    levels = _srgb_encode_levels((v / _ENCODED_ROOT) ** 2.4)
+    fine = np.clip(np.rint(levels), 0, 255).astype(np.uint8)
+    fine[(steps - 0.5) / _FINE_STEPS >= _ENCODED_OFFSET + _AFFINE_FROM - 0.5] = 255
+    affine.flags.writeable = False
+    fine.flags.writeable = False
+    return affine, fine
+
+
+@lru_cache(maxsize=64)
+def _encoded_root_table(gain: float) -> np.ndarray:
+    """float32 g(x) = 255 * 1.055 * (lin(x) * gain)^(1/2.4) of the 256 levels x, lin the
+    kernels' float32 decoding (float64 evaluation)."""
+    lin = srgb_to_linear_u8().astype(np.float64) * gain
+    table = (_ENCODED_ROOT * lin ** (1.0 / 2.4)).astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
+# a fall-off this small or less leaves v = g(x) * root below 0.003, level 0 (fine byte 0)
+_ROOT_FLOOR = np.float32(1e-12)
+
+
+def _root_field(dx2: np.ndarray, dy2: np.ndarray, strength: float) -> np.ndarray:
+    """float32 (H, W) ``max(0, 1 - strength (dx2 + dy2))^(1/2.4)`` for squared distances of the
+    columns ``dx2`` (W,) and rows ``dy2`` (H,), in a per-thread buffer (valid until the thread's
+    next call): the fall-off ``(1 - strength dx2) + (-strength dy2)`` (float32, within an ulp of
+    the kernels' order of operations), its root by OpenCV's log and exp (within 1e-7)."""
+    cols = (1.0 - strength * dx2.astype(np.float64)).astype(np.float32)
+    rows = (-strength * dy2.astype(np.float64)).astype(np.float32)
+    field = scratch("radial_root", (rows.size, cols.size), np.float32)
+    # an outer sum: torch's broadcast add is ~3x NumPy's here (one rounding either way)
+    torch.add(torch.from_numpy(rows)[:, None], torch.from_numpy(cols)[None, :], out=torch.from_numpy(field))
+    # clipped not at 0 but at _ROOT_FLOOR, whose root sends every level to 0 too: OpenCV's log
+    # and exp take a slow path at log 0 = -inf (~8 ns a value)
+    if rows.size and cols.size and float(rows.min() + cols.min()) < _ROOT_FLOOR:  # the least sum
+        cv2.max(field, float(_ROOT_FLOOR), dst=field)  # type: ignore[call-overload]  # ~3x NumPy's
+    cv2.log(field, dst=field)
+    np.multiply(field, np.float32(1.0 / 2.4), out=field)
+    cv2.exp(field, dst=field)
+    return field
+
+
+def _scale_in_linear_u8(src: np.ndarray, dst: np.ndarray, root: np.ndarray, gain: float = 1.0) -> None:
+    """uint8 ``linear_to_srgb(srgb_to_linear(src) * gain * root^2.4)`` (CHW planes, possibly
+    views of a larger frame; ``root`` (H, W) float32), within one level of the kernels (see
+    the comment above ``_ENCODED_ROOT``)."""
+    table = _encoded_root_table(gain)
+    affine_table, fine_table = _level_tables()
+    v = scratch("radial_u8_v", root.shape, np.float32)
+    affine = scratch("radial_u8_affine", root.shape, np.uint8)
+    fine = scratch("radial_u8_fine", root.shape, np.uint8)
+    for c in range(src.shape[0]):
+        cv2.LUT(src[c], table, dst=v)
+        cv2.multiply(v, root, dst=v)
+        cv2.convertScaleAbs(v, dst=affine, alpha=1.0, beta=-_ENCODED_OFFSET)
+        cv2.convertScaleAbs(v, dst=fine, alpha=_FINE_STEPS)
+        lut_u8(affine, affine, affine_table)
+        lut_u8(fine, fine, fine_table)
+        cv2.min(affine, fine, dst=dst[c])
+
+
 def _scale_in_linear(src: np.ndarray, dst: np.ndarray, scale: np.ndarray) -> None:
-    """dst = linear_to_srgb(srgb_to_linear(src) * scale) with a per-pixel (H, W) scale (CHW
-    planes, possibly views of a larger frame)."""
-    if src.dtype == np.uint8:
-        table = srgb_to_linear_u8()
-        lin = scratch("scale_in_linear", src.shape[1:], np.float32)
-        for c in range(src.shape[0]):
-            cv2.LUT(src[c], table, dst=lin)
-            cv2.multiply(lin, scale, dst=lin)
-            linear_to_srgb_u8(lin, dst[c])
-        return
+    """float32 dst = linear_to_srgb(srgb_to_linear(src) * scale) with a per-pixel (H, W) scale
+    (CHW planes, possibly views of a larger frame)."""
     if not (src.flags.c_contiguous and dst.flags.c_contiguous):  # the float path reshapes
         region = np.ascontiguousarray(src)
         out = np.empty_like(region)
@@ -295,9 +391,23 @@ def overexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray],
     linear_to_srgb_np(lin, out=dst)
 
 
-@backend.register_cpu("underexposure")
-def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+@backend.register_cpu("underexposure", uses_scene=True)
+def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
+    """The scene (given only with border protection, whose composite keeps the source outside
+    the field's bbox) only bounds the uint8 work to that bbox; the fall-off is the kernel's,
+    centred in the whole image."""
     h, w = src.shape[-2:]
+    if src.dtype == np.uint8:
+        x0, y0, x1, y1 = 0, 0, w, h
+        if scene is not None:
+            x0, y0, x1, y1 = (int(v) for v in scene.bbox)
+            np.copyto(dst, src)
+            if x1 <= x0 or y1 <= y0:
+                return
+        dx2, dy2 = _radial_terms(h, w, np.float32(p["cx"]), np.float32(p["cy"]))
+        root = _root_field(dx2[x0:x1], dy2[y0:y1], float(np.float32(p["falloff"])))
+        _scale_in_linear_u8(src[:, y0:y1, x0:x1], dst[:, y0:y1, x0:x1], root, float(np.float32(p["gain"])))
+        return
     scale = _falloff_np(h, w, p, np.float32(p["falloff"]))
     scale *= np.float32(p["gain"])
     _scale_in_linear(src, dst, scale)
@@ -307,19 +417,22 @@ def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
 def vignetting_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
     h, w = src.shape[-2:]
     cx, cy, strength = float(p["cx"]), float(p["cy"]), float(p["strength"])
-    if scene is None:
-        scale = scratch("vignetting_scale", (h, w), np.float32)
-        _scale_in_linear(src, dst, field_falloff_np(h, w, cx, cy, strength, None, out=scale))
-        return
-    # a scene comes only with border protection, whose composite keeps the source outside the
-    # field's bbox: the fall-off is computed inside it, the rest copied from the source
-    x0, y0, x1, y1 = (int(v) for v in scene.bbox)
-    np.copyto(dst, src)
+    x0, y0, x1, y1 = 0, 0, w, h
+    if scene is not None:
+        # a scene comes only with border protection, whose composite keeps the source outside
+        # the field's bbox: the fall-off is computed inside it, the rest copied from the source
+        x0, y0, x1, y1 = (int(v) for v in scene.bbox)
+        np.copyto(dst, src)
+    box = (x0, y0, x1, y1)
     if x1 <= x0 or y1 <= y0:
         return
+    region_src, region_dst = src[:, y0:y1, x0:x1], dst[:, y0:y1, x0:x1]
+    if src.dtype == np.uint8:
+        _scale_in_linear_u8(region_src, region_dst, _root_field(*_field_terms(h, w, cx, cy, scene, box), strength))
+        return
     scale = scratch("vignetting_scale", (y1 - y0, x1 - x0), np.float32)
-    field_falloff_np(h, w, cx, cy, strength, scene, out=scale, box=(x0, y0, x1, y1))
-    _scale_in_linear(src[:, y0:y1, x0:x1], dst[:, y0:y1, x0:x1], scale)
+    field_falloff_np(h, w, cx, cy, strength, scene, out=scale, box=box)
+    _scale_in_linear(region_src, region_dst, scale)
 
 
 @backend.register_cpu("haze")
