@@ -36,7 +36,7 @@ def batches() -> list[tuple[str, torch.Tensor]]:
     assert spec is not None and spec.loader is not None
     bench = sys.modules["_bench_ops"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    out = [("bench8", bench.load_inputs().u8)]
+    out = [("bench32", bench.load_inputs().u8)]
     for f in sorted(REAL.glob("*.jpg"))[-4:]:
         img = cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB)
         out.append((f.stem, torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).unsqueeze(0).contiguous()))

@@ -1,4 +1,4 @@
-"""ms per frame of ``perturb.apply`` on the 8 bench frames (uint8, 720x576, border protected by
+"""ms per frame of ``perturb.apply`` on the bench frames (``load_inputs``: 32, uint8, 720x576, protected by
 the op's default), one thread, best of ROUNDS; ops from argv (comma separated)."""
 
 from __future__ import annotations
