@@ -95,7 +95,7 @@ def smoke_optical_depth(key: int, h: int, w: int, p: dict[str, np.ndarray]) -> n
     return (np.float32(p["density"]) * wisps * plume).astype(np.float32)
 
 
-@_host.host_op("surgical_smoke", sampler=_smoke_sampler)
+@_host.host_op("surgical_smoke", sampler=_smoke_sampler, dtypes=(np.uint8, np.float32))
 def surgical_smoke(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Wispy cautery smoke: I t + A (1 - t) in linear light, t = exp(-tau) over a turbulent
     drifting plume; airlight lit by the scope, forward-scatter blur (module docstring)."""
@@ -172,7 +172,7 @@ def render_bubble(lin: np.ndarray, out: np.ndarray, cx: float, cy: float, r: flo
     region[...] = region * (1.0 - cover) + film * cover
 
 
-@_host.host_op("bubbles", sampler=_bubble_sampler)
+@_host.host_op("bubbles", sampler=_bubble_sampler, dtypes=(np.uint8, np.float32))
 def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Clusters of thin-film bubbles: refracted tissue, Fresnel rim, dark refraction line and a
     clipped specular spot (module docstring)."""
@@ -241,7 +241,7 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
     return (pool | np.isin(labels, small)) & tissue
 
 
-@_host.host_op("fluid_occlusion", sampler=_fluid_sampler)
+@_host.host_op("fluid_occlusion", sampler=_fluid_sampler, dtypes=(np.uint8, np.float32))
 def fluid_occlusion(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Fluid, stool or blood pooled over ``coverage`` of the field: Beer-Lambert absorption,
     turbid in-scattering, bright meniscus (module docstring)."""

@@ -55,7 +55,7 @@ def _fog_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
-@_host.host_op("lens_fog", sampler=_fog_sampler)
+@_host.host_op("lens_fog", sampler=_fog_sampler, dtypes=(np.uint8, np.float32))
 def lens_fog(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Condensation veil: forward-scatter blur plus scattered light, growing from the rim with
     patchy density (module docstring)."""
@@ -133,7 +133,7 @@ def render_drop(src: np.ndarray, out: np.ndarray, cx: float, cy: float, r: float
     region[...] = region * (1.0 - cover) + drop * cover
 
 
-@_host.host_op("lens_droplets", sampler=_droplet_sampler)
+@_host.host_op("lens_droplets", sampler=_droplet_sampler, dtypes=(np.uint8, np.float32))
 def lens_droplets(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Water drops on the lens: refracted, defocused tissue inside each drop, dark rim, small
     reflex (module docstring)."""
@@ -168,7 +168,7 @@ def channel_scale_maps(h: int, w: int, cx: float, cy: float, magnification: floa
     return map_x, map_y
 
 
-@_host.host_op("chromatic_aberration", sampler=_ca_sampler)
+@_host.host_op("chromatic_aberration", sampler=_ca_sampler, dtypes=(np.uint8, np.float32))
 def chromatic_aberration(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Red scaled by ``1 + shift``, blue by ``1 - shift`` about the field's centre (``shift`` is
     the fringe width at the field's radius, as a fraction of that radius)."""
@@ -257,6 +257,7 @@ def distortion_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.
 @_host.host_op(
     "lens_distortion",
     sampler=_distortion_sampler,
+    dtypes=(np.uint8, np.float32),
     geometry=Geometry(distortion_label_maps, points=_distortion_points),
 )
 def lens_distortion(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:

@@ -55,7 +55,7 @@ def displaced(img: np.ndarray, dx: float, dy: float) -> np.ndarray:
     ).astype(np.float32)
 
 
-@_host.host_op("interlacing", sampler=_interlace_sampler)
+@_host.host_op("interlacing", sampler=_interlace_sampler, dtypes=(np.uint8, np.float32))
 def interlacing(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Two fields ``shift`` apart (combing) plus a recursive-filter ghost (module docstring)."""
     _c, h, w = img.shape
@@ -200,7 +200,7 @@ def lost_macroblocks(key: int, rows: int, cols: int, loss: float) -> np.ndarray:
     return lost.reshape(rows, cols)
 
 
-@_host.host_op("video_macroblocking", sampler=_macroblock_sampler)
+@_host.host_op("video_macroblocking", sampler=_macroblock_sampler, dtypes=(np.uint8, np.float32))
 def video_macroblocking(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """H.264-style 4x4 DCT quantisation at ``qp`` (4:2:0 chroma) and lost slices concealed from
     a displaced previous frame (module docstring)."""
