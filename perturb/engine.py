@@ -257,6 +257,11 @@ class _RecordScenes(Sequence[Scene | None]):
         self._records[i].extra["scene"] = json.loads(text)  # the record's own dict (make_record's)
         return Scene.keyed(desc, key)
 
+    def complete(self) -> None:
+        """Analyse every scene not yet asked for (each ``record`` then carries its scene)."""
+        for _ in self:
+            pass
+
     def __len__(self) -> int:
         return len(self._scenes)
 
@@ -451,8 +456,7 @@ def apply(
     # composites identically; every record gets its scene, whatever the op's path asked for
     found = _RecordScenes(records, x, record=True)
     out = _run_records(x, records, found)
-    for _ in found:
-        pass
+    found.complete()
     return out, records
 
 

@@ -21,7 +21,6 @@ float32 is not done yet (it may move CPU bytes, which needs op version bumps).
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections import OrderedDict
@@ -307,9 +306,10 @@ _MEANS_LOCK = threading.Lock()
 
 def _mean_slot(src: np.ndarray, scene: Any) -> tuple[bytes, str, tuple[int, ...], str]:
     from perturb.scene.analysis import _digest
+    from perturb.scene.masks import descriptor_key
 
-    # the descriptor's canonical text (sorted JSON), read from the scene where it keeps it
-    key = getattr(scene, "key", None) or json.dumps(scene.descriptor, sort_keys=True)
+    # the descriptor's canonical text, read from the scene where it keeps it
+    key = getattr(scene, "key", None) or descriptor_key(scene.descriptor)
     return (_digest(np.ascontiguousarray(src)), src.dtype.str, tuple(src.shape), key)
 
 

@@ -210,6 +210,7 @@ def analysed(image: Any) -> tuple[dict[str, Any], str, str]:
             return hit
     desc = _analyse(to_hwc_u8(image) if layout != "hwc" else arr)
     text = json.dumps(desc)
+    # the key is masks.descriptor_key's sorted JSON, written here: masks imports this module
     value = (json.loads(text), text, json.dumps(desc, sort_keys=True))
     with _CACHE_LOCK:
         _CACHE[cache_key] = value
