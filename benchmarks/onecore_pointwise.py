@@ -59,7 +59,7 @@ def measure(name: str, inputs: bench_ops.Inputs, rounds: int) -> dict[str, float
 
 
 def main() -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     cv2.setNumThreads(1)
     full = bench_ops.load_inputs()
     inputs = bench_ops.Inputs(

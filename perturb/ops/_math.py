@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any
 
 import cv2
 import numpy as np
@@ -169,43 +168,50 @@ def srgb_to_linear_u8() -> np.ndarray:
 
 
 @lru_cache(maxsize=1)
-def _translate() -> Callable[..., Any] | None:
-    """stringzilla's byte translation (a SIMD 256-entry lookup, about 8x ``cv2.LUT`` on one
-    core) where it is installed and writes into a given buffer (``out=``), else None."""
+def lookup_function() -> Callable[[int, int, int, int], None] | None:
+    """stringzilla's C ``sz_lookup(target, length, source, lut)`` (a SIMD 256-entry byte lookup,
+    about 5x ``cv2.LUT`` on one core) called through ctypes, which lets go of the GIL for the
+    call, so samples on the worker threads look up in parallel; None where stringzilla is not
+    installed, does not export it, or gives other bytes than a lookup on a probe."""
     try:
+        import ctypes
+
         import stringzilla
-    except ImportError:
+
+        symbol = ctypes.CDLL(stringzilla.__file__).sz_lookup
+    except (ImportError, OSError, AttributeError):
         return None
+    # addresses and the length as 64-bit integers (one register each in the C calling
+    # convention): so compiled callers (``perturb.scene.native``) can call it too
+    prototype = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64)
+    address = ctypes.cast(symbol, ctypes.c_void_p).value
+    if address is None:
+        return None
+    fn = prototype(address)
     table = np.arange(255, -1, -1, dtype=np.uint8)
-    probe, out = np.arange(256, dtype=np.uint8), np.zeros(256, np.uint8)
-    try:
-        stringzilla.translate(probe.data, table.data, out=out.data)
-    except (TypeError, ValueError, BufferError):
-        return None
-    translate: Callable[..., Any] = stringzilla.translate
-    return translate if np.array_equal(out, table) else None
+    probe = np.tile(np.arange(256, dtype=np.uint8), 67)  # past one SIMD block, with a tail
+    out = np.zeros_like(probe)
+    fn(out.ctypes.data, probe.size, probe.ctypes.data, table.ctypes.data)
+    return fn if np.array_equal(out, table[probe]) else None
 
 
 def fast_lut() -> bool:
-    """Whether ``lut_u8`` runs on stringzilla; else on ``cv2.LUT``, ~8x slower, and a path whose
+    """Whether ``lut_u8`` runs on stringzilla; else on ``cv2.LUT``, ~5x slower, and a path whose
     table has a cheaper OpenCV equivalent (a saturating add, scale, affine transform) uses that."""
-    return _translate() is not None
+    return lookup_function() is not None
 
 
 def lut_u8(src: np.ndarray, dst: np.ndarray, table: np.ndarray) -> None:
     """``dst = table[src]`` for uint8 arrays of one shape and a (256,) uint8 table: one
     stringzilla pass over the whole array where available and both are contiguous (the same
-    bytes as a lookup by any other means), else ``cv2.LUT`` per plane."""
-    translate = _translate()
-    if translate is not None and src.flags.c_contiguous and dst.flags.c_contiguous:
-        lut = np.ascontiguousarray(table, dtype=np.uint8).data
-        flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
-        if flat_src.ctypes.data == flat_dst.ctypes.data:
-            translate(flat_dst.data, lut, inplace=True)
-        else:
-            translate(flat_src.data, lut, out=flat_dst.data)
+    bytes as a lookup by any other means; the GIL is released), else ``cv2.LUT`` per plane."""
+    lookup = lookup_function()
+    contiguous = src.flags.c_contiguous and dst.flags.c_contiguous
+    if lookup is not None and contiguous and src.size:
+        lut = np.ascontiguousarray(table, dtype=np.uint8)
+        lookup(dst.ctypes.data, src.size, src.ctypes.data, lut.ctypes.data)
         return
-    if src.flags.c_contiguous and dst.flags.c_contiguous:
+    if contiguous:
         cv2.LUT(plane2d(src), table, dst=plane2d(dst))
         return
     for c in range(src.shape[0]):

@@ -40,8 +40,9 @@ import cv2
 import numpy as np
 import torch
 
+from perturb.ops import _math
 from perturb.registry import Registry
-from perturb.scene.masks import compose_numpy, extend_numpy
+from perturb.scene.masks import compose_lookup, compose_numpy, extend_numpy
 
 R = TypeVar("R")
 Backend = Literal["auto", "opencv", "torch"]
@@ -50,6 +51,7 @@ _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar(
 )
 
 CpuFn = Callable[..., None]  # fn(src, dst, params, key) or fn(src, dst, params, key, scene=...)
+TableFn = Callable[..., np.ndarray]  # table(src, params, key[, scene=...]) -> (256,) or (C, 256) uint8
 NATIVE_DEFAULT: tuple[type, ...] = (np.uint8, np.float32)
 _NATIVE_DEFAULT = frozenset(np.dtype(d) for d in NATIVE_DEFAULT)
 _TOPS = {np.dtype(np.uint8): 255, np.dtype(np.uint16): 65535}
@@ -123,20 +125,24 @@ class CpuPath:
     fn: CpuFn
     native_dtypes: frozenset[np.dtype]
     uses_scene: bool = False
+    table: TableFn | None = None
 
 
 CPU_PATHS: Registry[CpuPath] = Registry("CPU path")
 
 
 def register_cpu(
-    name: str, dtypes: Sequence[type] = NATIVE_DEFAULT, *, uses_scene: bool = False
+    name: str, dtypes: Sequence[type] = NATIVE_DEFAULT, *, uses_scene: bool = False, table: TableFn | None = None
 ) -> Callable[[CpuFn], CpuFn]:
     """Register ``fn(src, dst, params, key)`` as the CPU fast path of op ``name``; ``dtypes``
-    are the sample dtypes it reads natively. ``uses_scene``: ``fn`` also takes ``scene=`` (the
-    sample's ``perturb.scene.Scene`` or None)."""
+    are the sample dtypes it reads natively. ``uses_scene``: ``fn`` (and ``table``) also take
+    ``scene=`` (the sample's ``perturb.scene.Scene`` or None). ``table``: for an op whose
+    uint8 result is a per-level lookup, ``table(src, params, key)`` gives the (256,) or
+    (C, 256) uint8 table(s) ``fn`` applies to a uint8 sample; a border-protected sample is then
+    looked up and composited in one pass (``perturb.scene.masks.compose_lookup``)."""
 
     def decorator(fn: CpuFn) -> CpuFn:
-        CPU_PATHS.add(name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene))
+        CPU_PATHS.add(name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table))
         return fn
 
     return decorator
@@ -144,6 +150,11 @@ def register_cpu(
 
 def cpu_uses_scene(name: str) -> bool:
     return name in CPU_PATHS and CPU_PATHS.get(name).uses_scene
+
+
+def cpu_table(name: str) -> TableFn | None:
+    """The lookup-table function of ``name``'s CPU path (``register_cpu(table=...)``), or None."""
+    return CPU_PATHS.get(name).table if name in CPU_PATHS else None
 
 
 def cpu_path(name: str, dtype: torch.dtype) -> tuple[CpuFn, frozenset[np.dtype]] | None:
@@ -348,6 +359,7 @@ def run_cpu(
     uses_scene: bool = False,
     kernel_scenes: Sequence[Any | None] | None = None,
     extend: bool = False,
+    table: TableFn | None = None,
 ) -> torch.Tensor:
     """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
     out. ``native`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
@@ -356,7 +368,10 @@ def run_cpu(
     ``kernel_scenes`` (default ``scenes``): what a ``uses_scene`` path receives. ``extend``
     (spatial ops): ``fn`` reads each sample that has a scene in ``scenes`` with its surround and
     overlays replaced by a smooth extension of its tissue (``extend_numpy``, in a per-thread
-    scratch buffer), so its PSF does not pull them into the field's edge."""
+    scratch buffer), so its PSF does not pull them into the field's edge. ``table``
+    (``register_cpu(table=...)``): a uint8 sample with a scene in ``scenes`` is looked up and
+    composited in one pass where stringzilla's lookup and the compiled composite are available
+    (the same bytes as ``fn`` then the composite)."""
     given = scenes if kernel_scenes is None else kernel_scenes
     if x.dtype not in _NUMPY_OF:
         raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
@@ -370,10 +385,16 @@ def run_cpu(
     dst = _OUTPUTS.empty(src.shape, src.dtype)
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}
 
+    lookup = _math.lookup_function() if table is not None and src.dtype == np.uint8 and not extend else None
+
     def work(i: int) -> None:
         p = {name: value[i] for name, value in host.items()}
         scene = scenes[i]
         sample = src[i]
+        if lookup is not None and table is not None and scene is not None:
+            tables = table(sample, p, int(keys[i]), scene=given[i]) if uses_scene else table(sample, p, int(keys[i]))
+            if compose_lookup(sample, dst[i], tables, lookup, scene.descriptor, getattr(scene, "key", None)):
+                return
         if extend and scene is not None:
             sample = _scratch(sample.shape, sample.dtype)
             extend_numpy(src[i], sample, scene.descriptor, getattr(scene, "key", None))

@@ -39,6 +39,7 @@ from perturb.ops._math import (
     apply_luts,
     fast_lut,
     gain_in_linear_u8,
+    gain_table_u8,
     linear_to_srgb,
     linear_to_srgb_np,
     luma,
@@ -209,7 +210,12 @@ def _mean_luma(src: np.ndarray) -> np.float32:
     return np.float32(total / (src.shape[-2] * src.shape[-1]) / scale)
 
 
-@backend.register_cpu("color_cast")
+def _cast_tables(src: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+    """The per-plane uint8 tables of ``color_cast_cpu`` (where lookups are fast)."""
+    return np.stack([gain_table_u8(float(g)) for g in np.asarray(p["gains"], dtype=np.float32)])
+
+
+@backend.register_cpu("color_cast", table=_cast_tables)
 def color_cast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     if src.dtype == np.uint8:
         gain_in_linear_u8(src, dst, [float(g) for g in np.asarray(p["gains"], dtype=np.float32)])
@@ -249,15 +255,19 @@ def _u8_table(values: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(values * np.float32(255.0)), 0, 255).astype(np.uint8)
 
 
-@backend.register_cpu("brightness")
+def _brightness_table(src: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+    """The kernel's float32 arithmetic on the 256 levels, rounded: the uint8 table."""
+    levels = LEVELS_U8 + np.float32(p["delta"])
+    np.minimum(levels, np.float32(1.0), out=levels)
+    np.maximum(levels, np.float32(0.0), out=levels)
+    levels *= np.float32(255.0)
+    return np.rint(levels, out=levels).astype(np.uint8)  # in [0, 255]: no clip
+
+
+@backend.register_cpu("brightness", table=_brightness_table)
 def brightness_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    delta = np.float32(p["delta"])
-    if src.dtype == np.uint8:  # the kernel's float32 arithmetic on the 256 levels, one lookup
-        levels = LEVELS_U8 + delta
-        np.minimum(levels, np.float32(1.0), out=levels)
-        np.maximum(levels, np.float32(0.0), out=levels)
-        levels *= np.float32(255.0)
-        table = np.rint(levels, out=levels).astype(np.uint8)  # in [0, 255]: no clip
+    if src.dtype == np.uint8:  # one lookup
+        table = _brightness_table(src, p, key)
         if not fast_lut():  # a saturated integer offset (all but measure-zero deltas): cv2.add
             offset = int(table[128]) - 128
             if np.array_equal(table, np.clip(np.arange(256) + offset, 0, 255)):
@@ -349,36 +359,52 @@ def tissue_mean_luma(
     return mean
 
 
-@backend.register_cpu("contrast", uses_scene=True)
-def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
-    # the kernel's luma of the float32 sample: of the whole frame, or weighted by the tissue
-    # (a frame seen before: its cached mean, looked up before the tissue alpha is)
+def _contrast_mean(src: np.ndarray, scene: Any) -> np.float32:
+    """The kernel's mean luma of a sample: of the whole frame, or weighted by the tissue (a
+    frame seen before: its cached mean, looked up before the tissue alpha is)."""
     slot = None if scene is None else _mean_slot(src, scene)
     mean = None if slot is None else _cached_mean(slot)
     if mean is None:
         weight = tissue_weight(scene)
         mean = _mean_luma(src) if weight is None else tissue_mean_luma(src, scene, weight, slot)
-    factor = np.float32(p["factor"])
+    return mean
+
+
+def _contrast_table(src: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> np.ndarray:
+    """round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x + 255 mean (1 -
+    factor)), saturated (within float rounding of the kernel's value): OpenCV's
+    convertScaleAbs, element-wise, so its result on the 256 levels is the uint8 table."""
+    factor = float(np.float32(p["factor"]))
+    offset = float(np.float32(255.0) * _contrast_mean(src, scene)) * (1.0 - factor)
+    return np.asarray(cv2.convertScaleAbs(LEVELS_ROW_U8, alpha=factor, beta=offset)[0])
+
+
+@backend.register_cpu("contrast", uses_scene=True, table=_contrast_table)
+def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
     if src.dtype == np.uint8:
-        # round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x + 255 mean (1 -
-        # factor)), saturated (within float rounding of the kernel's value): OpenCV's
-        # convertScaleAbs, element-wise, so its result on the 256 levels is a table for the frame
-        offset = float(np.float32(255.0) * mean) * (1.0 - float(factor))
         if fast_lut():
-            lut_u8(src, dst, cv2.convertScaleAbs(LEVELS_ROW_U8, alpha=float(factor), beta=offset)[0])
+            lut_u8(src, dst, _contrast_table(src, p, key, scene))
         else:
-            cv2.convertScaleAbs(plane2d(src), plane2d(dst), alpha=float(factor), beta=offset)
+            factor = float(np.float32(p["factor"]))
+            offset = float(np.float32(255.0) * _contrast_mean(src, scene)) * (1.0 - factor)
+            cv2.convertScaleAbs(plane2d(src), plane2d(dst), alpha=factor, beta=offset)
         return
+    mean = _contrast_mean(src, scene)
     np.subtract(src, mean, out=dst)
-    dst *= factor
+    dst *= np.float32(p["factor"])
     dst += mean
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
 
-@backend.register_cpu("gamma")
+def _gamma_table(src: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+    """The kernel's float64 power on the 256 levels, rounded: the uint8 table."""
+    levels = LEVELS_U8.astype(np.float64) ** float(np.float32(p["gamma"]))
+    return _u8_table(levels.astype(np.float32))
+
+
+@backend.register_cpu("gamma", table=_gamma_table)
 def gamma_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    if src.dtype == np.uint8:  # the kernel's float64 power on the 256 levels, rounded
-        levels = LEVELS_U8.astype(np.float64) ** float(np.float32(p["gamma"]))
-        apply_luts(src, dst, _u8_table(levels.astype(np.float32)))
+    if src.dtype == np.uint8:
+        apply_luts(src, dst, _gamma_table(src, p, key))
         return
     cv2.pow(plane2d(src), float(np.float32(p["gamma"])), dst=plane2d(dst))

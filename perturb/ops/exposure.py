@@ -26,6 +26,7 @@ from perturb import rng
 from perturb.ops import backend
 from perturb.ops._math import (
     gain_in_linear_u8,
+    gain_table_u8,
     linear_to_srgb,
     linear_to_srgb_np,
     lut_u8,
@@ -381,7 +382,12 @@ def _scale_in_linear(src: np.ndarray, dst: np.ndarray, scale: np.ndarray) -> Non
     linear_to_srgb_np(lin, out=dst)
 
 
-@backend.register_cpu("overexposure")
+def _overexposure_table(src: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+    """The uint8 table of ``overexposure_cpu`` (where lookups are fast)."""
+    return gain_table_u8(float(np.float32(p["gain"])))
+
+
+@backend.register_cpu("overexposure", table=_overexposure_table)
 def overexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     if src.dtype == np.uint8:
         gain_in_linear_u8(src, dst, [float(np.float32(p["gain"]))])

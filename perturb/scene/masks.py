@@ -265,6 +265,8 @@ class _ComposePlan:
     text: tuple[int, int, int, int] | None
     part3: np.ndarray  # ``part`` in each plane of a CHW 3-plane sample (flat indices)
     part_alpha3: np.ndarray
+    keep_starts: np.ndarray  # ``keep`` as runs [start, stop) of flat indices into one plane
+    keep_stops: np.ndarray
 
 
 @_memo
@@ -290,9 +292,11 @@ def _compose_plan(key: str) -> _ComposePlan:
     part_alpha = static.reshape(-1)[part]
     part3 = np.concatenate([part + c * (h * w) for c in range(3)])
     part_alpha3 = np.tile(part_alpha, 3)
-    for arr in (keep, part, part_alpha, part3, part_alpha3):
+    edges = np.flatnonzero(np.diff(keep.reshape(-1), prepend=np.uint8(0), append=np.uint8(0)))
+    starts, stops = edges[0::2].astype(np.int64), edges[1::2].astype(np.int64)
+    for arr in (keep, part, part_alpha, part3, part_alpha3, starts, stops):
         arr.flags.writeable = False
-    return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3)
+    return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3, starts, stops)
 
 
 def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
@@ -309,20 +313,67 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: s
     plan = _compose_plan(key)
     planes = src.shape[0]
     fast = src.flags.c_contiguous and dst.flags.c_contiguous and src.dtype == dst.dtype
-    for c in range(planes):
-        s, d = src[c], dst[c]
-        if fast:
-            cv2.copyTo(s, plan.keep, d)  # in place: both planes are contiguous
-        else:
-            np.copyto(d, s, where=plan.keep.astype(bool))
-    if plan.part.size:
-        _blend_at(src, dst, *((plan.part3, plan.part_alpha3) if planes == 3 else (plan.part, plan.part_alpha)))
+    compiled = _compiled() if fast and src.dtype in _COMPILED_DTYPES else None
+    if compiled is not None:  # one pass per plane without the GIL; the same bytes
+        s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
+        compiled.compose(s_flat, d_flat, plan.keep_starts, plan.keep_stops, plan.part, plan.part_alpha, planes)
+    else:
+        for c in range(planes):
+            s, d = src[c], dst[c]
+            if fast:
+                cv2.copyTo(s, plan.keep, d)  # in place: both planes are contiguous
+            else:
+                np.copyto(d, s, where=plan.keep.astype(bool))
+        if plan.part.size:
+            _blend_at(src, dst, *((plan.part3, plan.part_alpha3) if planes == 3 else (plan.part, plan.part_alpha)))
     if plan.text is not None:
         # alpha 1 keeps ``dst``, static alpha 0 was copied above; the rest (glyph cover, soft
         # edge) blends, where alpha 0 gives ``src`` exactly: base + 0 * (d - base) = base
         index, alpha = _text_blend(desc, key, src, plan.text)
         if index.size:
-            _blend_at(src, dst, index, alpha)
+            if compiled is not None:
+                compiled.blend(src.reshape(-1), dst.reshape(-1), index, alpha)
+            else:
+                _blend_at(src, dst, index, alpha)
+
+
+def compose_lookup(
+    src: np.ndarray, dst: np.ndarray, tables: np.ndarray, lookup: Any, desc: dict[str, Any], key: str | None = None
+) -> bool:
+    """``dst[c] = tables[c][src[c]]`` (uint8 CHW; ``tables`` (256,) or (C, 256)) composited as
+    ``compose_numpy`` composites it, the same bytes, in one compiled pass that looks up a few
+    rows and composites them while they are in cache (``lookup``: a byte lookup that
+    ``perturb.scene.native.lookup_kernel`` takes). False, with nothing written, where that pass
+    is not available (no numba, other layouts or dtypes): the caller looks up and composites."""
+    if src.dtype != np.uint8 or dst.dtype != np.uint8 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
+        return False
+    if tuple(desc["size"]) != tuple(src.shape[-2:]):
+        raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
+    from perturb.scene.native import lookup_kernel
+
+    kernel = lookup_kernel(lookup)
+    if kernel is None:
+        return False
+    key = _key(desc) if key is None else key
+    plan = _compose_plan(key)
+    luts = np.ascontiguousarray(tables, dtype=np.uint8).reshape(-1, 256)
+    s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
+    kernel(s_flat, d_flat, luts, plan.keep_starts, plan.keep_stops, plan.part, plan.part_alpha, src.shape[0], lookup)
+    if plan.text is not None:
+        index, alpha = _text_blend(desc, key, src, plan.text)
+        if index.size:
+            _compiled().blend(s_flat, d_flat, index, alpha)
+    return True
+
+
+_COMPILED_DTYPES = frozenset({np.dtype(np.uint8), np.dtype(np.uint16)})
+
+
+def _compiled() -> Any:
+    """``perturb.scene.native.kernels()`` (None: the NumPy path), imported on first use."""
+    from perturb.scene.native import kernels
+
+    return kernels()
 
 
 def _blend_at(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.ndarray) -> None:

@@ -14,7 +14,7 @@ from perturb.ops._math import LEVELS_ROW_U8, gain_table_u8, lut_u8
 @pytest.fixture(params=["default", "opencv"])
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "opencv":
-        monkeypatch.setattr(_math, "_translate", lambda: None)
+        monkeypatch.setattr(_math, "lookup_function", lambda: None)
     return str(request.param)
 
 
@@ -82,7 +82,7 @@ def test_ops_give_the_same_bytes_without_stringzilla(op: str, monkeypatch: pytes
     for severity in (1, 3, 5):
         fast, _ = perturb.apply(x, op, severity, keys, protect_border=False)
         with monkeypatch.context() as m:
-            m.setattr(_math, "_translate", lambda: None)
+            m.setattr(_math, "lookup_function", lambda: None)
             assert not _math.fast_lut()
             slow, _ = perturb.apply(x, op, severity, keys, protect_border=False)
         assert torch.equal(fast, slow), (op, severity)

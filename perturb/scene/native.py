@@ -1,0 +1,188 @@
+"""Compiled loops of the composite (numba), for integer samples: one pass over each plane that
+copies the source back where the composite alpha is 0 and blends the soft edge, without the
+GIL, so the samples of a batch composite in parallel on the worker threads.
+
+They give the bytes of the NumPy path in ``perturb.scene.masks`` exactly: the same float32
+steps in the same order (``(dst - src) * alpha + src``, no fused multiply-add: numba compiles
+without fast-math), rounded half to even. ``kernels()`` is None where numba is not installed
+or compiles something else than that path on a probe; the NumPy path then runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """``compose(src, dst, starts, stops, part, alpha, planes)``: on flat C-contiguous CHW
+    integer samples, per plane, ``dst[a:b] = src[a:b]`` for each run [a, b) of ``starts`` /
+    ``stops`` (flat indices into one plane) and ``dst[i] = rint((dst[i] - src[i]) * alpha +
+    src[i])`` at the one-plane flat indices ``part``. ``blend(src, dst, index, alpha)``: the
+    blend alone at flat indices ``index`` into the whole sample."""
+
+    compose: Callable[..., None]
+    blend: Callable[..., None]
+    lookup_compose: Callable[..., None]
+
+
+def _build() -> Kernels | None:
+    try:
+        import numba
+    except ImportError:
+        return None
+
+    magic = np.float32(2.0**23)  # x + 2^23 - 2^23 rounds x in [0, 2^23) half to even, as rint
+
+    @numba.njit(nogil=True, cache=True, boundscheck=False)
+    def compose(
+        src: Any, dst: Any, starts: Any, stops: Any, part: Any, alpha: Any, planes: int
+    ) -> None:  # pragma: no cover - compiled
+        size = src.size // planes
+        for c in range(planes):
+            off = c * size
+            for r in range(starts.size):
+                a, b = off + starts[r], off + stops[r]
+                s, d = src[a:b], dst[a:b]  # a loop over views from 0: compiled as a block copy
+                for j in range(b - a):
+                    d[j] = s[j]
+            for k in range(part.size):
+                i = off + part[k]
+                base = np.float32(src[i])
+                mixed = (np.float32(dst[i]) - base) * alpha[k] + base
+                dst[i] = (mixed + magic) - magic
+
+    @numba.njit(nogil=True, cache=True, boundscheck=False)
+    def blend(src: Any, dst: Any, index: Any, alpha: Any) -> None:  # pragma: no cover - compiled
+        for k in range(index.size):
+            i = index[k]
+            base = np.float32(src[i])
+            mixed = (np.float32(dst[i]) - base) * alpha[k] + base
+            dst[i] = (mixed + magic) - magic
+
+    @numba.njit(nogil=True, cache=True, boundscheck=False)
+    def lookup_compose(
+        src: Any, dst: Any, tables: Any, starts: Any, stops: Any, part: Any, alpha: Any, planes: int, lookup: Any
+    ) -> None:  # pragma: no cover - compiled
+        size = src.size // planes
+        s_at, d_at = src.ctypes.data, dst.ctypes.data
+        for c in range(planes):
+            off = c * size
+            table = tables[c if tables.shape[0] > 1 else 0]
+            t_at = table.ctypes.data
+            pos = 0  # looked up or copied up to here
+            for r in range(starts.size):
+                lo, hi = starts[r], stops[r]
+                if lo > pos:
+                    lookup(d_at + off + pos, lo - pos, s_at + off + pos, t_at)
+                sv, dv = src[off + lo : off + hi], dst[off + lo : off + hi]
+                for j in range(hi - lo):
+                    dv[j] = sv[j]
+                pos = hi
+            if pos < size:
+                lookup(d_at + off + pos, size - pos, s_at + off + pos, t_at)
+            for k in range(part.size):  # the looked-up value read from the table
+                i = off + part[k]
+                value = src[i]
+                base = np.float32(value)
+                mixed = (np.float32(table[value]) - base) * alpha[k] + base
+                dst[i] = (mixed + magic) - magic
+
+    return Kernels(compose, blend, lookup_compose)
+
+
+def _reference(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.ndarray) -> None:
+    """The NumPy path's blend (``masks._blend_at``) on flat arrays."""
+    base = src[index].astype(np.float32)
+    mixed = dst[index].astype(np.float32)
+    mixed -= base
+    mixed *= alpha
+    mixed += base
+    dst[index] = np.rint(mixed).astype(dst.dtype)
+
+
+def _agrees(k: Kernels) -> bool:
+    """The kernels give the NumPy path's bytes on a probe: every pair of levels at alphas that
+    round at half levels and in between, and runs copied over."""
+    levels = np.arange(256, dtype=np.uint8)
+    src = np.repeat(levels, 256)
+    dst = np.tile(levels, 256)
+    rng = np.random.default_rng(0)
+    alpha = np.concatenate([np.full(src.size // 2, 0.5, np.float32), rng.random(src.size // 2, np.float32)])
+    index = np.arange(src.size, dtype=np.int64)
+    want = dst.copy()
+    _reference(src, want, index, alpha)
+    got = dst.copy()
+    k.blend(src, got, index, alpha)
+    two = np.stack([src, dst])  # two planes: runs and blends per plane
+    starts, stops = np.array([0, 40_000], np.int64), np.array([100, 50_000], np.int64)
+    part = np.arange(200, 20_000, 7, dtype=np.int64)
+    composed = two[1::-1].copy().reshape(-1)
+    k.compose(two.reshape(-1), composed, starts, stops, part, alpha[: part.size], 2)
+    expect = two[1::-1].copy()
+    for c in range(2):
+        for a, b in zip(starts, stops, strict=True):
+            expect[c, a:b] = two[c, a:b]
+        _reference(two[c], expect[c], part, alpha[: part.size])
+    return np.array_equal(got, want) and np.array_equal(composed, expect.reshape(-1))
+
+
+@lru_cache(maxsize=1)
+def kernels() -> Kernels | None:
+    """The compiled kernels (compiled or loaded from numba's cache on the first call), or None
+    where numba is missing or the probe disagrees with the NumPy path."""
+    k = _build()
+    if k is None:
+        return None
+    try:
+        ok = _agrees(k)
+    except Exception:  # a numba that cannot compile these loops: the NumPy path
+        return None
+    return k if ok else None
+
+
+def _lookup_agrees(k: Kernels, lookup: Any) -> bool:
+    """``lookup_compose`` with ``lookup`` gives a lookup followed by ``compose`` on a probe of
+    two planes with per-plane tables, runs at both ends and between, and blends between."""
+    rng = np.random.default_rng(1)
+    size = 3 * 8192 + 777
+    src = rng.integers(0, 256, 2 * size, dtype=np.uint8)
+    tables = rng.integers(0, 256, (2, 256), dtype=np.uint8)
+    starts = np.array([0, 8187, 16484, size - 3], np.int64)
+    stops = np.array([10, 16391, 16485, size], np.int64)
+    part = np.arange(11, size - 4, 13, dtype=np.int64)
+    inside = np.zeros(size, bool)
+    for a, b in zip(starts, stops, strict=True):
+        inside[a:b] = True
+    part = part[~inside[part]]  # as in a plan: the soft edge lies outside the copied runs
+    alpha = rng.random(part.size, dtype=np.float32)
+    want = np.concatenate([tables[0][src[:size]], tables[1][src[size:]]])
+    k.compose(src, want, starts, stops, part, alpha, 2)
+    got = np.zeros_like(src)
+    k.lookup_compose(src, got, tables, starts, stops, part, alpha, 2, lookup)
+    return bool(np.array_equal(got, want))
+
+
+_LOOKUPS: dict[int, tuple[Any, bool]] = {}  # id -> (the function, kept alive; agrees)
+
+
+def lookup_kernel(lookup: Any) -> Callable[..., None] | None:
+    """``kernels().lookup_compose`` where it agrees with a lookup and ``compose`` when given
+    ``lookup`` (checked once per function), else None."""
+    k = kernels()
+    if k is None:
+        return None
+    seen = _LOOKUPS.get(id(lookup))
+    if seen is None:
+        try:
+            ok = _lookup_agrees(k, lookup)
+        except Exception:  # cannot compile or call it: the two-step path
+            ok = False
+        seen = _LOOKUPS[id(lookup)] = (lookup, ok)
+    return k.lookup_compose if seen[1] else None
