@@ -256,14 +256,17 @@ def linear_gain_table_u8(gain: np.float32) -> np.ndarray:
     return np.rint(levels, out=levels).astype(np.uint8)
 
 
+@lru_cache(maxsize=1024)
 def _gain_affine(gain: float) -> tuple[np.ndarray, np.ndarray | None]:
     """The table of ``gain_in_linear_u8`` for one gain, and the affine 1x2 matrix whose OpenCV
-    transform gives it (None where the table is the exact one)."""
+    transform gives it (None where the table is the exact one); cached, read-only."""
     g = np.float32(gain)
     table = linear_gain_table_u8(g)
     k = float(g) ** (1.0 / 2.4)
     affine = np.array([[k, 255.0 * 0.055 * (k - 1.0)]], dtype=np.float32)
     transformed = cv2.transform(LEVELS_ROW_U8, affine)[0]
+    for arr in (table, transformed, affine):
+        arr.flags.writeable = False
     if int(cv2.absdiff(transformed, table).max()) <= 1:
         return transformed, affine
     return table, None

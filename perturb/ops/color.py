@@ -25,6 +25,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import cv2
@@ -257,11 +258,18 @@ def _u8_table(values: np.ndarray) -> np.ndarray:
 
 def _brightness_table(src: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
     """The kernel's float32 arithmetic on the 256 levels, rounded: the uint8 table."""
-    levels = LEVELS_U8 + np.float32(p["delta"])
+    return _brightness_table_of(float(np.float32(p["delta"])))
+
+
+@lru_cache(maxsize=1024)
+def _brightness_table_of(delta: float) -> np.ndarray:
+    levels = LEVELS_U8 + np.float32(delta)
     np.minimum(levels, np.float32(1.0), out=levels)
     np.maximum(levels, np.float32(0.0), out=levels)
     levels *= np.float32(255.0)
-    return np.rint(levels, out=levels).astype(np.uint8)  # in [0, 255]: no clip
+    table = np.rint(levels, out=levels).astype(np.uint8)  # in [0, 255]: no clip
+    table.flags.writeable = False
+    return table
 
 
 @backend.register_cpu("brightness", table=_brightness_table)
@@ -398,8 +406,14 @@ def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key
 
 def _gamma_table(src: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
     """The kernel's float64 power on the 256 levels, rounded: the uint8 table."""
-    levels = LEVELS_U8.astype(np.float64) ** float(np.float32(p["gamma"]))
-    return _u8_table(levels.astype(np.float32))
+    return _gamma_table_of(float(np.float32(p["gamma"])))
+
+
+@lru_cache(maxsize=1024)
+def _gamma_table_of(gamma: float) -> np.ndarray:
+    table = _u8_table((LEVELS_U8.astype(np.float64) ** gamma).astype(np.float32))
+    table.flags.writeable = False
+    return table
 
 
 @backend.register_cpu("gamma", table=_gamma_table)

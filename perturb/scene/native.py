@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 
-
 @dataclass(frozen=True)
 class Kernels:
     """``compose(src, dst, starts, stops, part, alpha, planes)``: on flat C-contiguous CHW
