@@ -26,7 +26,7 @@ from perturb.errors import InputError
 from perturb.ops import backend as backends
 from perturb.scene import Scene
 from perturb.scene import masks as scene_masks
-from perturb.scene.analysis import analysed
+from perturb.scene.analysis import analysed_with_digest
 
 SHARED_SEVERITY = 0
 SUPPORTED_DTYPES = {torch.float32: 1.0, torch.uint8: 255.0, torch.uint16: 65535.0}
@@ -251,11 +251,14 @@ class _RecordScenes(Sequence[Scene | None]):
         ]
 
     def _analyse(self, i: int) -> Scene:
-        if not self._record:
-            return record_scene(self._records[i], self._x[i])
-        desc, text, key = analysed(self._x[i])
-        self._records[i].extra["scene"] = json.loads(text)  # the record's own dict (make_record's)
-        return Scene.keyed(desc, key)
+        desc, text, key, digest = analysed_with_digest(self._x[i])
+        if self._record:
+            self._records[i].extra["scene"] = json.loads(text)  # the record's own dict (make_record's)
+        scene = Scene.keyed(desc, key)
+        # the digest of the very sample the CPU path runs (``x[i]``): per-frame caches (contrast's
+        # mean luma) key by it instead of hashing the frame again
+        object.__setattr__(scene, "pixels_", digest)
+        return scene
 
     def complete(self) -> None:
         """Analyse every scene not yet asked for (each ``record`` then carries its scene)."""

@@ -326,9 +326,11 @@ def _mean_slot(src: np.ndarray, scene: Any) -> tuple[bytes, str, tuple[int, ...]
     from perturb.scene.analysis import _digest
     from perturb.scene.masks import descriptor_key
 
-    # the descriptor's canonical text, read from the scene where it keeps it
+    # the descriptor's canonical text, read from the scene where it keeps it; the sample's
+    # digest, from the scene where the engine analysed it from this very sample
     key = getattr(scene, "key", None) or descriptor_key(scene.descriptor)
-    return (_digest(np.ascontiguousarray(src)), src.dtype.str, tuple(src.shape), key)
+    digest = getattr(scene, "pixels_", None) or _digest(np.ascontiguousarray(src))
+    return (digest, src.dtype.str, tuple(src.shape), key)
 
 
 def _cached_mean(slot: tuple[bytes, str, tuple[int, ...], str]) -> np.float32 | None:

@@ -39,6 +39,10 @@ class Scene:
     # ``masks.descriptor_key(descriptor)`` once known; not an init field, so ``dataclasses.replace``
     # with another descriptor cannot carry it over
     key_: str | None = field(default=None, init=False, repr=False, compare=False)
+    # digest of the exact pixels (CHW, own dtype) the engine analysed this scene from, set only
+    # by the engine on the scenes of the samples it runs (``perturb.engine``), never by the
+    # public constructors: a scene handed on to another image must not carry it
+    pixels_: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def keyed(cls, descriptor: dict[str, Any], key: str) -> Scene:

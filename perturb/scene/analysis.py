@@ -201,13 +201,22 @@ def analysed(image: Any) -> tuple[dict[str, Any], str, str]:
     """``analyse(image)`` as the cache holds it: (descriptor, shared with the cache: read it,
     never change it; its JSON text, whose ``json.loads`` is what ``analyse`` returns; its
     ``perturb.scene.masks.descriptor_key``, the sorted JSON the mask caches are keyed by)."""
+    return analysed_with_digest(image)[:3]
+
+
+def analysed_with_digest(image: Any) -> tuple[dict[str, Any], str, str, bytes | None]:
+    """``analysed(image)`` and the digest of ``image``'s bytes as given (a CHW tensor or NumPy
+    array of its own dtype, C-contiguous), which ``analysed`` keys its cache by; None where the
+    image was converted first (the digest is then not of its own bytes)."""
     layout, arr = _pixels(image)
-    cache_key = (layout, arr.shape, arr.dtype.str, _digest(arr.data))
+    digest = _digest(arr.data)
+    cache_key = (layout, arr.shape, arr.dtype.str, digest)
+    own = digest if layout != "hwc" else None
     with _CACHE_LOCK:
         hit = _CACHE.get(cache_key)
         if hit is not None:
             _CACHE.move_to_end(cache_key)
-            return hit
+            return (*hit, own)
     desc = _analyse(to_hwc_u8(image) if layout != "hwc" else arr)
     text = json.dumps(desc)
     # the key is masks.descriptor_key's sorted JSON, written here: masks imports this module
@@ -216,7 +225,7 @@ def analysed(image: Any) -> tuple[dict[str, Any], str, str]:
         _CACHE[cache_key] = value
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
-    return value
+    return (*value, own)
 
 
 def _analyse(rgb: np.ndarray) -> dict[str, Any]:

@@ -128,3 +128,34 @@ def test_compose_lookup_declines_what_it_cannot_do(numpy_only: None) -> None:
     table = np.arange(256, dtype=np.uint8)
     assert not masks.compose_lookup(src, dst, table, _math.lookup_function(), scene.descriptor)
     assert not dst.any()
+
+
+def test_only_the_engine_marks_a_scene_with_its_pixels_digest() -> None:
+    """A scene from the public constructors carries no pixel digest (handed on to another image
+    it would key that image's per-frame caches by the wrong frame); the engine's own scenes do,
+    and contrast's mean keyed by it gives the bytes of hashing the frame again."""
+    from perturb.ops import color
+    from perturb.scene import Scene
+
+    name = _frames()[0]
+    img, scene = small_frame(name)
+    assert scene.pixels_ is None
+    x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).contiguous()
+    assert Scene.of(x).pixels_ is None
+    batch = x[None].contiguous()
+    with_digest, _ = perturb.apply(batch, "contrast", 3, ["a"], protect_border=True)
+    color._MEANS.clear()
+    seen: list[object] = []
+    real_slot = color._mean_slot
+
+    def rehash(src: np.ndarray, s: object) -> object:
+        seen.append(getattr(s, "pixels_", None))
+        plain = Scene.keyed(s.descriptor, s.key)  # type: ignore[attr-defined]
+        return real_slot(src, plain)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(color, "_mean_slot", rehash):
+        rehashed, _ = perturb.apply(batch, "contrast", 3, ["a"], protect_border=True)
+    assert seen and all(isinstance(d, bytes) for d in seen), "the engine's scene carries the digest"
+    assert torch.equal(with_digest, rehashed)
