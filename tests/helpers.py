@@ -2,7 +2,7 @@
 
 Real-image tests read ``SAMPLES``: ``$PERTURB_SAMPLES_DIR`` when set, else the project's
 shared samples beside the repo (``../shared/samples``, 21 endoscopy frames and 18 chest
-X-rays) when present, else the few real images shipped in ``tests/data`` (10 PolypGen frames, 5
+X-rays) when present, else the few real images shipped in ``tests/data`` (11 PolypGen frames, 5
 NIH chest X-rays; ATTRIBUTION.md there), so a clone with nothing beside it passes its tests.
 ``PERTURB_SAMPLES_DIR=tests/data`` runs the suite as such a clone does (CI does, once).
 """

@@ -30,7 +30,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-SCENE_VERSION = 2  # 2: text lines over the tissue keep only their glyph strokes in the composite
+SCENE_VERSION = 3  # 2: text lines over the tissue keep only their glyph strokes in the composite;
+#   3: and their solid blocks (progress bars, a cursor) whole (masks.solid_blocks)
 GRID_SHORT = 360  # analysis grid: shorter side in pixels
 DARK_LEVEL = 24  # max channel (8-bit) below which a pixel may belong to the surround
 BLACK_LEVEL = 8

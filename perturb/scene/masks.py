@@ -18,6 +18,14 @@ FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pix
 GLYPH_LOW, GLYPH_HIGH = 24, 64  # 8-bit luma excess over the local background: no glyph .. full glyph
 GLYPH_FULL = 0.85  # full cover from this fraction of the median excess of the line's strong stroke pixels
 GLYPH_KERNEL = 0.6  # top-hat square side, as a fraction of the text box's height
+# Solid blocks of a text line (progress bars "■■■/■■■", a cursor): wider than a stroke, so the
+# top-hat misses their inside; drawn in the line's ink, so they are found by colour and shape.
+BLOCK_TOL = 32  # 8-bit luma at most this below the line's ink (the median luma of its strong strokes)
+BLOCK_CHROMA = 32  # max - min channel (8-bit) at most this: white or gray, not tissue colour
+BLOCK_SIDE = 0.3  # a block holds a square of this fraction of the text box's height; a stroke does not
+BLOCK_FILL = 0.9  # a block fills at least this fraction of its bounding rectangle
+BLOCK_EDGE = 64  # a block stands at least this many levels above the ring 3 px around it (a drawn
+#   edge; a specular highlight falls off softly)
 
 
 def descriptor_key(desc: dict[str, Any]) -> str:
@@ -146,15 +154,18 @@ def bbox(desc: dict[str, Any]) -> tuple[int, int, int, int]:
     return int(x0), int(y0), int(x1), int(y1)
 
 
-def _box_luma(crop: np.ndarray) -> np.ndarray:
-    """uint8 (h, w) BT.601 luma of a CHW crop (uint8, uint16, or float in [0, 1]), integer
-    arithmetic so every path gets the same bytes."""
+def _box_u8(crop: np.ndarray) -> np.ndarray:
+    """uint8 (C, h, w) of a CHW crop (uint8, uint16, or float in [0, 1]); the same bytes on every path."""
     if crop.dtype == np.uint8:
-        u8 = crop
-    elif crop.dtype == np.uint16:
-        u8 = (crop >> 8).astype(np.uint8)
-    else:
-        u8 = np.clip(np.rint(crop.astype(np.float32) * np.float32(255.0)), 0, 255).astype(np.uint8)
+        return crop
+    if crop.dtype == np.uint16:
+        return (crop >> 8).astype(np.uint8)
+    return np.clip(np.rint(crop.astype(np.float32) * np.float32(255.0)), 0, 255).astype(np.uint8)
+
+
+def _box_luma(u8: np.ndarray) -> np.ndarray:
+    """uint8 (h, w) BT.601 luma of a uint8 CHW crop, integer arithmetic so every path gets the
+    same bytes."""
     if u8.shape[0] == 1:
         return np.ascontiguousarray(u8[0])
     r, g, b = (u8[c].astype(np.uint32) for c in range(3))
@@ -181,18 +192,72 @@ def glyph_strokes(window: np.ndarray, desc: dict[str, Any], box: tuple[int, int,
     The stroke's excess luma over the local background (white top-hat: the luma minus its
     opening by a square of ``k``) ramps from 0 at ``GLYPH_LOW`` levels to 1 at ``GLYPH_FULL`` of
     the median excess of the line's strong pixels (at least ``GLYPH_HIGH``), so the anti-aliased
-    edge of a stroke is a partial cover in proportion, as the processor drew it."""
+    edge of a stroke is a partial cover in proportion, as the processor drew it. Solid blocks
+    of the line (``solid_blocks``) are covered whole."""
     wx0, wy0, _, _, k = glyph_window(desc, box)
-    luma = _box_luma(window)
+    u8 = _box_u8(window)
+    luma = _box_luma(u8)
     square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
     tophat = cv2.morphologyEx(luma, cv2.MORPH_TOPHAT, square, borderType=cv2.BORDER_REPLICATE)
     x0, y0, x1, y1 = box
-    excess = tophat[y0 - wy0 : y1 - wy0, x0 - wx0 : x1 - wx0].astype(np.float32)
-    strong = excess[excess >= GLYPH_HIGH]
+    inside = (slice(y0 - wy0, y1 - wy0), slice(x0 - wx0, x1 - wx0))
+    excess = tophat[inside].astype(np.float32)
+    is_strong = excess >= GLYPH_HIGH
+    strong = excess[is_strong]
     # a stroke's full excess: most of the line's strong stroke pixels reach it
     full = max(float(GLYPH_HIGH), GLYPH_FULL * float(np.median(strong))) if strong.size else float(GLYPH_HIGH)
     cover = (excess - np.float32(GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
-    return np.clip(cover, np.float32(0.0), np.float32(1.0))
+    np.clip(cover, np.float32(0.0), np.float32(1.0), out=cover)
+    if strong.size:
+        ink = int(np.median(luma[inside][is_strong]))
+        blocks = solid_blocks(u8, luma, (x0 - wx0, y0 - wy0, x1 - wx0, y1 - wy0), ink)
+        if blocks is not None:
+            np.maximum(cover, blocks[inside], out=cover)
+    return cover
+
+
+def solid_blocks(u8: np.ndarray, luma: np.ndarray, box: tuple[int, int, int, int], ink: int) -> np.ndarray | None:
+    """float32 (h, w) cover of the solid blocks of a text line in a glyph window (``u8``: its
+    uint8 CHW pixels, ``luma`` their luma; ``box``: the text box in window pixels; ``ink``: the
+    luma of the line's strokes), or None where it has none. A block is a region as bright as the
+    ink (at most ``BLOCK_TOL`` below), white or gray (``BLOCK_CHROMA``), that holds a square of
+    ``BLOCK_SIDE`` of the box height, fills ``BLOCK_FILL`` of its bounding rectangle, lies within
+    the box's rows and stands ``BLOCK_EDGE`` above the ring around it. It is covered whole; its
+    anti-aliased rim (2 px) ramps with the excess over the ring's median as a stroke's does."""
+    bx0, by0, bx1, by1 = box
+    side = max(3, round(BLOCK_SIDE * (by1 - by0))) | 1  # odd: an even square would shift the opening
+    if by1 - by0 < side or bx1 - bx0 < side:
+        return None
+    near = luma >= ink - BLOCK_TOL
+    if u8.shape[0] == 3:
+        near &= cv2.subtract(cv2.max(cv2.max(u8[0], u8[1]), u8[2]), cv2.min(cv2.min(u8[0], u8[1]), u8[2])) <= BLOCK_CHROMA
+    solid = cv2.morphologyEx(near.astype(np.uint8), cv2.MORPH_OPEN, np.ones((side, side), np.uint8))
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(solid, connectivity=4)
+    out: np.ndarray | None = None
+    h, w = luma.shape
+    for i in range(1, n):
+        x, y, bw, bh, area = (int(v) for v in stats[i])
+        if y < by0 or y + bh > by1 or area < BLOCK_FILL * bw * bh:
+            continue
+        cy0, cx0, cy1, cx1 = max(0, y - 3), max(0, x - 3), min(h, y + bh + 3), min(w, x + bw + 3)
+        block = labels[cy0:cy1, cx0:cx1] == i
+        rim = cv2.dilate(block.view(np.uint8), np.ones((5, 5), np.uint8)).view(bool)  # within 2 px
+        ring = cv2.dilate(block.view(np.uint8), np.ones((7, 7), np.uint8)).view(bool) & ~rim  # at 3 px
+        patch = luma[cy0:cy1, cx0:cx1]
+        if not ring.any():
+            continue
+        level, background = float(np.median(patch[block])), float(np.median(patch[ring]))
+        if level - background < BLOCK_EDGE:
+            continue
+        full = GLYPH_FULL * (level - background)
+        ramp = (patch.astype(np.float32) - np.float32(background + GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
+        np.clip(ramp, np.float32(0.0), np.float32(1.0), out=ramp)
+        ramp[~rim] = 0.0
+        ramp[block] = 1.0
+        if out is None:
+            out = np.zeros((h, w), np.float32)
+        np.maximum(out[cy0:cy1, cx0:cx1], ramp, out=out[cy0:cy1, cx0:cx1])
+    return out
 
 
 def _alpha_without_text(desc: dict[str, Any]) -> np.ndarray:

@@ -12,7 +12,7 @@ import torch
 
 import perturb
 from perturb.datasets.phantoms.endoscopy import fov_mask, render
-from perturb.scene import Scene
+from perturb.scene import SCENE_VERSION, Scene
 from tests.scene.frames import downscale, frame, require_frames, small_frame
 
 
@@ -200,6 +200,6 @@ def test_records_of_the_old_scene_version_are_refused() -> None:
     img, _ = _text_over_tissue()
     x = torch.from_numpy(img).permute(2, 0, 1).unsqueeze(0).contiguous()
     _, recs = perturb.apply(x, "haze", 3, ["t"])
-    old = dataclasses.replace(recs[0], extra={**recs[0].extra, "scene": {**recs[0].extra["scene"], "version": 1}})
+    old = dataclasses.replace(recs[0], extra={**recs[0].extra, "scene": {**recs[0].extra["scene"], "version": SCENE_VERSION - 1}})
     with pytest.raises(ValueError, match="scene version"):
         perturb.replay([old], x)
