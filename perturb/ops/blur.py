@@ -282,7 +282,10 @@ def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], 
 
 @register_kernel("motion_blur", sampler=_motion_sampler)
 def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Line PSF of ``length`` (fraction of the shorter side) at ``angle`` degrees.
+    """Line PSF of ``length`` (fraction of the shorter side) at ``angle`` degrees: the scene
+    sweeping across the sensor at a constant speed while the shutter is open (scope or patient
+    motion). The catalog's severity 1 is a 3-4 px smear at a 1080 px shorter side, at the edge
+    of noticeable; severity 5 about 50 px, a severe but plausible frame of fast withdrawal.
 
     Kornia: ``kornia.filters.filter2d`` with our own PSF (``line_psf``): Kornia's
     ``get_motion_kernel2d`` draws an odd-sized line and rotates it with a bilinear warp, so its
