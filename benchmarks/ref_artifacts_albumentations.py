@@ -33,13 +33,17 @@ def _vignette(strength: float) -> Callable[[np.ndarray], np.ndarray]:
     return apply
 
 
+MOTION_PX = (5, 9, 15, 29, 55)
+
+
 def transforms(k: int) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
     """op name -> callable at strength k (1..5)."""
     f = k / 5
     aug: dict[str, Any] = {
         "gaussian_blur": A.GaussianBlur(blur_limit=(0, 0), sigma_limit=(4 * f, 4 * f), p=1),
         "defocus_blur": A.Defocus(radius=(2 * k, 2 * k), alias_blur=(0.5, 0.5), p=1),
-        "motion_blur": A.MotionBlur(blur_limit=(8 * k + 1, 8 * k + 1), p=1),
+        # perturb's motion_blur v5 ladder at 1080p (3-4, 6-9, 13-16, 25-30, 49-59 px), odd sizes
+        "motion_blur": A.MotionBlur(blur_limit=(MOTION_PX[k - 1], MOTION_PX[k - 1]), p=1),
         "specular_glare": A.RandomSunFlare(num_flare_circles_range=(k, k + 2), p=1),
         "overexposure": A.RandomBrightnessContrast(
             brightness_limit=(0.2 * k, 0.2 * k), contrast_limit=0, p=1
