@@ -19,6 +19,7 @@ import torch
 
 import perturb
 from perturb.contracts.record import Record
+from perturb.ops import blur, xray
 from perturb.ops.backend import use_backend
 from perturb.ops.blur import line_psf
 from tests.helpers import XRAY, sample_tensor
@@ -307,6 +308,64 @@ def test_motion_blur_is_a_line_psf_on_the_linear_signal(backend: str) -> None:
     ref = _disp(scipy.ndimage.correlate(lin, psf.astype(np.float64), mode="mirror"))
     assert np.abs(_np(out) - ref).max() < 1e-4
     assert abs(_lin(_np(out)).mean() / lin.mean() - 1) < 0.01  # the PSF keeps the fluence
+
+
+_TOPS = {np.uint8: 255, np.uint16: 65535}
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+@pytest.mark.parametrize(
+    ("size", "length", "angle"),
+    [
+        ((160, 200), 0.005, 12.0),  # severity 1: one block of taps
+        ((160, 200), 0.045, 117.0),  # severity 5: several blocks
+        ((37, 29), 1.5, 61.0),  # beyond the catalog's bounds: the PSF wider than the image
+        ((150, 120), 0.8, 33.0),  # beyond the catalog's bounds: over 250 taps, OpenCV's DFT
+    ],
+)
+def test_motion_blur_host_path_matches_scipy_in_float64(
+    dtype: type, size: tuple[int, int], length: float, angle: float
+) -> None:
+    """The CPU path (``perturb.ops.blur``'s sparse-tap block correlation of the float32 linear
+    fluence) against SciPy's float64 correlation (``mirror`` = BORDER_REFLECT_101) of the same
+    linear values: float32 outputs within float32 error, integer ones within the rounding of the
+    float64 result plus that error."""
+    rng = np.random.default_rng(7)
+    src = cv2.resize(_np(_real(256)).astype(np.float32), size[::-1], interpolation=cv2.INTER_AREA)
+    src += rng.normal(0.0, 0.02, src.shape).astype(np.float32)  # texture at every pixel
+    psf = line_psf(float(np.float32(length)) * min(size), float(np.float32(angle)))  # as recorded
+    if dtype is np.float32:
+        x = np.clip(src, 0.0, 1.0)[None]
+        values = x[0].astype(np.float64)
+    else:
+        top = _TOPS[dtype]
+        x = np.clip(np.rint(src * top), 0, top).astype(dtype)[None]
+        values = x[0].astype(np.float32) / np.float32(top)  # the float32 levels perturb reads
+    ref = _disp(scipy.ndimage.correlate(_lin(values), psf.astype(np.float64), mode="mirror"))
+    out = np.empty_like(x)
+    xray.xray_motion_blur_cpu(x, out, {"length": np.float32(length), "angle": np.float32(angle)}, 0)
+    tol = 5e-7  # float32 sums, logs and rounding, in display units (seen: 1e-7)
+    if dtype is np.float32:
+        assert np.abs(out[0] - ref).max() < tol
+    else:
+        top = _TOPS[dtype]
+        assert np.abs(out[0] - ref * top).max() <= 0.5 + tol * top
+    assert (blur.psf_blocks(psf) is None) == (length == 0.8)  # both of the helper's paths ran
+
+
+def test_motion_blur_host_path_matches_scipy_on_a_stored_film() -> None:
+    """A stored 8-bit film at its native size (severity 1's line), as the CPU path reads it."""
+    film = cv2.imread(str(XRAY[-1]), cv2.IMREAD_GRAYSCALE)
+    assert film is not None
+    length, angle = 0.005, 48.0
+    psf = line_psf(float(np.float32(length)) * min(film.shape), float(np.float32(angle)))
+    values = film.astype(np.float32) / np.float32(255.0)
+    ref = _disp(scipy.ndimage.correlate(_lin(values), psf.astype(np.float64), mode="mirror")) * 255
+    out = np.empty_like(film[None])
+    params = {"length": np.float32(length), "angle": np.float32(angle)}
+    xray.xray_motion_blur_cpu(film[None], out, params, 0)
+    assert np.abs(out[0] - ref).max() <= 0.5 + 5e-7 * 255
+    assert np.mean(out[0] != film) > 0.05  # it blurred
 
 
 def test_xray_jpeg_is_byte_identical_to_opencv_libjpeg() -> None:
