@@ -422,6 +422,9 @@ def compose_lookup(
     key = _key(desc) if key is None else key
     plan = _compose_plan(key)
     luts = np.ascontiguousarray(tables, dtype=np.uint8).reshape(-1, 256)
+    if luts.flags.writeable:  # one argument type for numba whatever the op's table is
+        luts = luts.view()
+        luts.flags.writeable = False
     s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
     kernel(s_flat, d_flat, luts, plan.keep_starts, plan.keep_stops, plan.part, plan.part_alpha, src.shape[0], lookup)
     if plan.text is not None:

@@ -106,6 +106,17 @@ def _reference(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.nd
     dst[index] = np.rint(mixed).astype(dst.dtype)
 
 
+def _frozen(*arrays: np.ndarray) -> list[np.ndarray]:
+    """Read-only copies: the probes call the kernels with the argument types of the real calls
+    (the plans' read-only arrays), so numba compiles, or loads from its cache, one version."""
+    out = []
+    for a in arrays:
+        b = np.array(a)
+        b.flags.writeable = False
+        out.append(b)
+    return out
+
+
 def _agrees(k: Kernels) -> bool:
     """The kernels give the NumPy path's bytes on a probe: every pair of levels at alphas that
     round at half levels and in between, and runs copied over."""
@@ -118,12 +129,12 @@ def _agrees(k: Kernels) -> bool:
     want = dst.copy()
     _reference(src, want, index, alpha)
     got = dst.copy()
-    k.blend(src, got, index, alpha)
+    k.blend(src, got, *_frozen(index, alpha))
     two = np.stack([src, dst])  # two planes: runs and blends per plane
     starts, stops = np.array([0, 40_000], np.int64), np.array([100, 50_000], np.int64)
     part = np.arange(200, 20_000, 7, dtype=np.int64)
     composed = two[1::-1].copy().reshape(-1)
-    k.compose(two.reshape(-1), composed, starts, stops, part, alpha[: part.size], 2)
+    k.compose(two.reshape(-1), composed, *_frozen(starts, stops, part, alpha[: part.size]), 2)
     expect = two[1::-1].copy()
     for c in range(2):
         for a, b in zip(starts, stops, strict=True):
@@ -162,9 +173,9 @@ def _lookup_agrees(k: Kernels, lookup: Any) -> bool:
     part = part[~inside[part]]  # as in a plan: the soft edge lies outside the copied runs
     alpha = rng.random(part.size, dtype=np.float32)
     want = np.concatenate([tables[0][src[:size]], tables[1][src[size:]]])
-    k.compose(src, want, starts, stops, part, alpha, 2)
+    k.compose(src, want, *_frozen(starts, stops, part, alpha), 2)
     got = np.zeros_like(src)
-    k.lookup_compose(src, got, tables, starts, stops, part, alpha, 2, lookup)
+    k.lookup_compose(src, got, *_frozen(tables, starts, stops, part, alpha), 2, lookup)
     return bool(np.array_equal(got, want))
 
 
