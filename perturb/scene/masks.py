@@ -14,6 +14,8 @@ from typing import Any, TypeVar, cast
 import cv2
 import numpy as np
 
+from perturb.scene.native import runs_of
+
 FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
 GLYPH_LOW, GLYPH_HIGH = 24, 64  # 8-bit luma excess over the local background: no glyph .. full glyph
 GLYPH_FULL = 0.85  # full cover from this fraction of the median excess of the line's strong stroke pixels
@@ -332,6 +334,8 @@ class _ComposePlan:
     part_alpha3: np.ndarray
     keep_starts: np.ndarray  # ``keep`` as runs [start, stop) of flat indices into one plane
     keep_stops: np.ndarray
+    part_starts: np.ndarray  # ``part`` as runs [start, stop) (its alpha: ``part_alpha`` in order)
+    part_stops: np.ndarray
 
 
 @_memo
@@ -359,9 +363,10 @@ def _compose_plan(key: str) -> _ComposePlan:
     part_alpha3 = np.tile(part_alpha, 3)
     edges = np.flatnonzero(np.diff(keep.reshape(-1), prepend=np.uint8(0), append=np.uint8(0)))
     starts, stops = edges[0::2].astype(np.int64), edges[1::2].astype(np.int64)
-    for arr in (keep, part, part_alpha, part3, part_alpha3, starts, stops):
+    part_starts, part_stops = runs_of(part)
+    for arr in (keep, part, part_alpha, part3, part_alpha3, starts, stops, part_starts, part_stops):
         arr.flags.writeable = False
-    return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3, starts, stops)
+    return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3, starts, stops, part_starts, part_stops)
 
 
 def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
@@ -381,7 +386,9 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: s
     compiled = _compiled() if fast and src.dtype in _COMPILED_DTYPES else None
     if compiled is not None:  # one pass per plane without the GIL; the same bytes
         s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
-        compiled.compose(s_flat, d_flat, plan.keep_starts, plan.keep_stops, plan.part, plan.part_alpha, planes)
+        compiled.compose(
+            s_flat, d_flat, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha, planes
+        )
     else:
         for c in range(planes):
             s, d = src[c], dst[c]
@@ -426,7 +433,10 @@ def compose_lookup(
         luts = luts.view()
         luts.flags.writeable = False
     s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
-    kernel(s_flat, d_flat, luts, plan.keep_starts, plan.keep_stops, plan.part, plan.part_alpha, src.shape[0], lookup)
+    kernel(
+        s_flat, d_flat, luts, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha,
+        src.shape[0], lookup,
+    )
     if plan.text is not None:
         index, alpha = _text_blend(desc, key, src, plan.text)
         if index.size:

@@ -66,7 +66,7 @@ def test_compose_matches_numpy_on_random_planes(dtype: type) -> None:
     got = dst.copy()
     k = native.kernels()
     assert k is not None
-    k.compose(src.reshape(-1), got.reshape(-1), starts, stops, part, alpha, 3)
+    k.compose(src.reshape(-1), got.reshape(-1), starts, stops, *native.runs_of(part), alpha, 3)
     assert np.array_equal(got, want)
 
 
