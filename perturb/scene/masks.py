@@ -14,7 +14,7 @@ from typing import Any, TypeVar, cast
 import cv2
 import numpy as np
 
-from perturb.scene.native import runs_of
+from perturb.scene.native import kernels, lookup_kernel, runs_of
 
 FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
 GLYPH_LOW, GLYPH_HIGH = 24, 64  # 8-bit luma excess over the local background: no glyph .. full glyph
@@ -413,19 +413,19 @@ def compose_lookup(
     src: np.ndarray, dst: np.ndarray, tables: np.ndarray, lookup: Any, desc: dict[str, Any], key: str | None = None
 ) -> bool:
     """``dst[c] = tables[c][src[c]]`` (uint8 CHW; ``tables`` (256,) or (C, 256)) composited as
-    ``compose_numpy`` composites it, the same bytes, in one compiled pass that looks up a few
-    rows and composites them while they are in cache (``lookup``: a byte lookup that
-    ``perturb.scene.native.lookup_kernel`` takes). False, with nothing written, where that pass
+    ``compose_numpy`` composites it, the same bytes, in one compiled pass per plane that copies
+    the source's runs, looks up the rest and blends the soft edge while the plane is in cache
+    (``lookup``: a ctypes byte lookup that ``perturb.scene.native.lookup_kernel`` takes). False, with nothing written, where that pass
     is not available (no numba, other layouts or dtypes): the caller looks up and composites."""
     if src.dtype != np.uint8 or dst.dtype != np.uint8 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
         return False
     if tuple(desc["size"]) != tuple(src.shape[-2:]):
         raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
-    from perturb.scene.native import lookup_kernel
-
-    kernel = lookup_kernel(lookup)
-    if kernel is None:
+    compiled = _compiled()
+    found = None if compiled is None else lookup_kernel(lookup)
+    if found is None:
         return False
+    kernel, lookup_at = found
     key = _key(desc) if key is None else key
     plan = _compose_plan(key)
     luts = np.ascontiguousarray(tables, dtype=np.uint8).reshape(-1, 256)
@@ -435,12 +435,12 @@ def compose_lookup(
     s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
     kernel(
         s_flat, d_flat, luts, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha,
-        src.shape[0], lookup,
+        src.shape[0], lookup_at,
     )
     if plan.text is not None:
         index, alpha = _text_blend(desc, key, src, plan.text)
         if index.size:
-            _compiled().blend(s_flat, d_flat, index, alpha)
+            compiled.blend(s_flat, d_flat, index, alpha)
     return True
 
 
@@ -448,9 +448,7 @@ _COMPILED_DTYPES = frozenset({np.dtype(np.uint8), np.dtype(np.uint16)})
 
 
 def _compiled() -> Any:
-    """``perturb.scene.native.kernels()`` (None: the NumPy path), imported on first use."""
-    from perturb.scene.native import kernels
-
+    """``perturb.scene.native.kernels()`` (None: the NumPy path; tests replace this)."""
     return kernels()
 
 

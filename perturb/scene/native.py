@@ -20,12 +20,21 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Kernels:
-    """``compose(src, dst, starts, stops, part_starts, part_stops, alpha, planes)``: on flat
-    C-contiguous CHW integer samples, per plane, ``dst[a:b] = src[a:b]`` for each run [a, b) of
-    ``starts`` / ``stops`` (flat indices into one plane) and ``dst[i] = rint((dst[i] - src[i]) *
-    alpha + src[i])`` over the runs of ``part_starts`` / ``part_stops`` (``alpha``: one value per
-    pixel of those runs, in order). ``blend(src, dst, index, alpha)``: the
-    blend alone at flat indices ``index`` into the whole sample."""
+    """The compiled loops (``perturb.scene._compiled``), on flat C-contiguous CHW integer samples:
+
+    * ``compose(src, dst, starts, stops, part_starts, part_stops, alpha, planes)``: per plane,
+      ``dst[a:b] = src[a:b]`` for each run [a, b) of ``starts`` / ``stops`` (flat indices into
+      one plane) and ``dst[i] = rint((dst[i] - src[i]) * alpha + src[i])`` over the runs of
+      ``part_starts`` / ``part_stops`` (``alpha``: one value per pixel of those runs, in order);
+    * ``blend(src, dst, index, alpha)``: the blend alone at flat indices ``index`` into the
+      whole sample;
+    * ``lookup_compose(src, dst, tables, starts, stops, part_starts, part_stops, alpha, planes,
+      lookup_at)``: the bytes of uint8 ``dst = tables[c][src]`` then ``compose``, in one pass per
+      plane: the runs are copied, the pixels between them looked up, the soft edge blended (a
+      plane stays in the second-level cache from one step to the next); ``tables`` (T, 256)
+      uint8, T 1 (every plane) or ``planes``; ``lookup_at`` the address of a C function
+      ``(target, length, source, table)`` of byte addresses (stringzilla's ``sz_lookup``).
+    """
 
     compose: Callable[..., None]
     blend: Callable[..., None]
@@ -34,84 +43,10 @@ class Kernels:
 
 def _build() -> Kernels | None:
     try:
-        import numba
-    except ImportError:
+        from perturb.scene import _compiled
+    except ImportError:  # numba (or llvmlite) is not installed
         return None
-
-    magic = np.float32(2.0**23)  # x + 2^23 - 2^23 rounds x in [0, 2^23) half to even, as rint
-
-    @numba.njit(nogil=True, cache=True, boundscheck=False)
-    def blend_runs(
-        src: Any, dst: Any, part_starts: Any, part_stops: Any, alpha: Any, off: int
-    ) -> None:  # pragma: no cover - compiled
-        taken = 0  # alpha of the runs before this one
-        for r in range(part_starts.size):
-            a = off + part_starts[r]
-            n = part_stops[r] - part_starts[r]
-            sv, dv, av = src[a : a + n], dst[a : a + n], alpha[taken : taken + n]
-            for j in range(n):  # contiguous: compiled to vector instructions
-                base = np.float32(sv[j])
-                mixed = (np.float32(dv[j]) - base) * av[j] + base
-                dv[j] = (mixed + magic) - magic
-            taken += n
-
-    @numba.njit(nogil=True, cache=True, boundscheck=False)
-    def copy_runs(src: Any, dst: Any, starts: Any, stops: Any, off: int) -> None:  # pragma: no cover - compiled
-        for r in range(starts.size):
-            a, b = off + starts[r], off + stops[r]
-            sv, dv = src[a:b], dst[a:b]  # a loop over views from 0: compiled as a block copy
-            for j in range(b - a):
-                dv[j] = sv[j]
-
-    @numba.njit(nogil=True, cache=True, boundscheck=False)
-    def compose(
-        src: Any, dst: Any, starts: Any, stops: Any, part_starts: Any, part_stops: Any, alpha: Any, planes: int
-    ) -> None:  # pragma: no cover - compiled
-        size = src.size // planes
-        for c in range(planes):
-            copy_runs(src, dst, starts, stops, c * size)
-            blend_runs(src, dst, part_starts, part_stops, alpha, c * size)
-
-    @numba.njit(nogil=True, cache=True, boundscheck=False)
-    def blend(src: Any, dst: Any, index: Any, alpha: Any) -> None:  # pragma: no cover - compiled
-        for k in range(index.size):
-            i = index[k]
-            base = np.float32(src[i])
-            mixed = (np.float32(dst[i]) - base) * alpha[k] + base
-            dst[i] = (mixed + magic) - magic
-
-    @numba.njit(nogil=True, cache=True, boundscheck=False)
-    def lookup_compose(
-        src: Any,
-        dst: Any,
-        tables: Any,
-        starts: Any,
-        stops: Any,
-        part_starts: Any,
-        part_stops: Any,
-        alpha: Any,
-        planes: int,
-        lookup: Any,
-    ) -> None:  # pragma: no cover - compiled
-        size = src.size // planes
-        s_at, d_at = src.ctypes.data, dst.ctypes.data
-        for c in range(planes):
-            off = c * size
-            t_at = tables[c if tables.shape[0] > 1 else 0].ctypes.data
-            pos = 0  # looked up or copied up to here
-            for r in range(starts.size):
-                lo, hi = starts[r], stops[r]
-                if lo > pos:
-                    lookup(d_at + off + pos, lo - pos, s_at + off + pos, t_at)
-                sv, dv = src[off + lo : off + hi], dst[off + lo : off + hi]
-                for j in range(hi - lo):
-                    dv[j] = sv[j]
-                pos = hi
-            if pos < size:
-                lookup(d_at + off + pos, size - pos, s_at + off + pos, t_at)
-            blend_runs(src, dst, part_starts, part_stops, alpha, off)  # the soft edge: looked up
-
-    return Kernels(compose, blend, lookup_compose)
+    return Kernels(_compiled.compose, _compiled.blend, _compiled.lookup_compose)
 
 
 def _reference(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.ndarray) -> None:
@@ -152,7 +87,9 @@ def _agrees(k: Kernels) -> bool:
     src = np.repeat(levels, 256)
     dst = np.tile(levels, 256)
     rng = np.random.default_rng(0)
-    alpha = np.concatenate([np.full(src.size // 2, 0.5, np.float32), rng.random(src.size // 2, np.float32)])
+    alpha = np.concatenate(
+        [np.full(src.size // 2, 0.5, np.float32), rng.random(src.size // 2, np.float32)]
+    )
     index = np.arange(src.size, dtype=np.int64)
     want = dst.copy()
     _reference(src, want, index, alpha)
@@ -162,7 +99,9 @@ def _agrees(k: Kernels) -> bool:
     starts, stops = np.array([0, 40_000], np.int64), np.array([100, 50_000], np.int64)
     part = np.concatenate([np.arange(200, 20_000, 7), np.arange(30_000, 30_040)]).astype(np.int64)
     composed = two[1::-1].copy().reshape(-1)
-    k.compose(two.reshape(-1), composed, *_frozen(starts, stops, *runs_of(part), alpha[: part.size]), 2)
+    k.compose(
+        two.reshape(-1), composed, *_frozen(starts, stops, *runs_of(part), alpha[: part.size]), 2
+    )
     expect = two[1::-1].copy()
     for c in range(2):
         for a, b in zip(starts, stops, strict=True):
@@ -203,16 +142,28 @@ def _lookup_agrees(k: Kernels, lookup: Any) -> bool:
     want = np.concatenate([tables[0][src[:size]], tables[1][src[size:]]])
     k.compose(src, want, *_frozen(starts, stops, *runs_of(part), alpha), 2)
     got = np.zeros_like(src)
-    k.lookup_compose(src, got, *_frozen(tables, starts, stops, *runs_of(part), alpha), 2, lookup)
+    k.lookup_compose(
+        src, got, *_frozen(tables, starts, stops, *runs_of(part), alpha), 2, address_of(lookup)
+    )
     return bool(np.array_equal(got, want))
 
 
-_LOOKUPS: dict[int, tuple[Any, bool]] = {}  # id -> (the function, kept alive; agrees)
+_LOOKUPS: dict[int, tuple[Any, bool, int]] = {}  # id -> (the function, kept alive; agrees; address)
 
 
-def lookup_kernel(lookup: Any) -> Callable[..., None] | None:
-    """``kernels().lookup_compose`` where it agrees with a lookup and ``compose`` when given
-    ``lookup`` (checked once per function), else None."""
+def address_of(lookup: Any) -> int:
+    """The address of a ctypes function (what ``lookup_compose`` calls)."""
+    import ctypes
+
+    address = ctypes.cast(lookup, ctypes.c_void_p).value
+    if not address:
+        raise ValueError("a ctypes function with an address is needed")
+    return int(address)
+
+
+def lookup_kernel(lookup: Any) -> tuple[Callable[..., None], int] | None:
+    """``kernels().lookup_compose`` and the address of ``lookup`` (its last argument) where they
+    give a lookup followed by ``compose`` (checked once per function), else None."""
     k = kernels()
     if k is None:
         return None
@@ -222,5 +173,5 @@ def lookup_kernel(lookup: Any) -> Callable[..., None] | None:
             ok = _lookup_agrees(k, lookup)
         except Exception:  # cannot compile or call it: the two-step path
             ok = False
-        seen = _LOOKUPS[id(lookup)] = (lookup, ok)
-    return k.lookup_compose if seen[1] else None
+        seen = _LOOKUPS[id(lookup)] = (lookup, ok, address_of(lookup) if ok else 0)
+    return (k.lookup_compose, seen[2]) if seen[1] else None

@@ -1,0 +1,123 @@
+"""The numba kernels of ``perturb.scene.native`` (imported by it on first use: importing this
+module imports numba). Module-level functions, so numba's on-disk cache serves them to every
+process after the first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+
+def _typed_lookup_call(
+    typingctx: Any, address: Any, target: Any, length: Any, source: Any, table: Any
+) -> Any:
+    """Call the C function at ``address`` as ``void f(u64 target, u64 length, u64 source, u64
+    table)`` (stringzilla's ``sz_lookup``: byte addresses and a length, one register each):
+    a direct call, so the kernel's dispatch does not type a ctypes object on every call."""
+    sig = types.void(address, target, length, source, table)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        values = [
+            context.cast(builder, v, t, types.uint64)
+            for v, t in zip(args, signature.args, strict=True)
+        ]
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * 4)
+        fn = builder.inttoptr(values[0], fnty.as_pointer())
+        builder.call(fn, values[1:])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+call_lookup: Any = intrinsic(_typed_lookup_call)
+magic = np.float32(2.0**23)  # x + 2^23 - 2^23 rounds x in [0, 2^23) half to even, as rint
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def blend_runs(
+    src: Any, dst: Any, part_starts: Any, part_stops: Any, alpha: Any, off: int
+) -> None:  # pragma: no cover - compiled
+    taken = 0  # alpha of the runs before this one
+    for r in range(part_starts.size):
+        a = off + part_starts[r]
+        n = part_stops[r] - part_starts[r]
+        sv, dv, av = src[a : a + n], dst[a : a + n], alpha[taken : taken + n]
+        for j in range(n):  # contiguous: compiled to vector instructions
+            base = np.float32(sv[j])
+            mixed = (np.float32(dv[j]) - base) * av[j] + base
+            dv[j] = (mixed + magic) - magic
+        taken += n
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def copy_runs(
+    src: Any, dst: Any, starts: Any, stops: Any, off: int
+) -> None:  # pragma: no cover - compiled
+    for r in range(starts.size):
+        a, b = off + starts[r], off + stops[r]
+        sv, dv = src[a:b], dst[a:b]  # a loop over views from 0: compiled as a block copy
+        for j in range(b - a):
+            dv[j] = sv[j]
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def compose(
+    src: Any,
+    dst: Any,
+    starts: Any,
+    stops: Any,
+    part_starts: Any,
+    part_stops: Any,
+    alpha: Any,
+    planes: int,
+) -> None:  # pragma: no cover - compiled
+    size = src.size // planes
+    for c in range(planes):
+        copy_runs(src, dst, starts, stops, c * size)
+        blend_runs(src, dst, part_starts, part_stops, alpha, c * size)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def blend(src: Any, dst: Any, index: Any, alpha: Any) -> None:  # pragma: no cover - compiled
+    for k in range(index.size):
+        i = index[k]
+        base = np.float32(src[i])
+        mixed = (np.float32(dst[i]) - base) * alpha[k] + base
+        dst[i] = (mixed + magic) - magic
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def lookup_compose(
+    src: Any,
+    dst: Any,
+    tables: Any,
+    starts: Any,
+    stops: Any,
+    part_starts: Any,
+    part_stops: Any,
+    alpha: Any,
+    planes: int,
+    lookup_at: int,
+) -> None:  # pragma: no cover - compiled
+    size = src.size // planes
+    s_at, d_at = src.ctypes.data, dst.ctypes.data
+    for c in range(planes):
+        off = c * size
+        t_at = tables[c if tables.shape[0] > 1 else 0].ctypes.data
+        pos = 0  # looked up or copied up to here
+        for r in range(starts.size):
+            lo, hi = starts[r], stops[r]
+            if lo > pos:
+                call_lookup(lookup_at, d_at + off + pos, lo - pos, s_at + off + pos, t_at)
+            sv, dv = src[off + lo : off + hi], dst[off + lo : off + hi]
+            for j in range(hi - lo):
+                dv[j] = sv[j]
+            pos = hi
+        if pos < size:
+            call_lookup(lookup_at, d_at + off + pos, size - pos, s_at + off + pos, t_at)
+        blend_runs(src, dst, part_starts, part_stops, alpha, off)  # the soft edge: looked up
