@@ -204,7 +204,14 @@ def fast_lut() -> bool:
 def lut_u8(src: np.ndarray, dst: np.ndarray, table: np.ndarray) -> None:
     """``dst = table[src]`` for uint8 arrays of one shape and a (256,) uint8 table: one
     stringzilla pass over the whole array where available and both are contiguous (the same
-    bytes as a lookup by any other means; the GIL is released), else ``cv2.LUT`` per plane."""
+    bytes as a lookup by any other means; the GIL is released), else ``cv2.LUT`` per plane.
+    Other dtypes, shapes or table sizes raise ValueError: the C lookup reads and writes raw
+    memory, ``src.size`` bytes of each array and 256 of the table."""
+    if src.dtype != np.uint8 or dst.dtype != np.uint8 or src.shape != dst.shape or np.size(table) != 256:
+        raise ValueError(
+            f"lut_u8 takes uint8 arrays of one shape and a 256-entry table, got {src.dtype} {src.shape}, "
+            f"{dst.dtype} {dst.shape} and {np.size(table)} entries"
+        )
     lookup = lookup_function()
     contiguous = src.flags.c_contiguous and dst.flags.c_contiguous
     if lookup is not None and contiguous and src.size:

@@ -86,3 +86,22 @@ def test_ops_give_the_same_bytes_without_stringzilla(op: str, monkeypatch: pytes
             assert not _math.fast_lut()
             slow, _ = perturb.apply(x, op, severity, keys, protect_border=False)
         assert torch.equal(fast, slow), (op, severity)
+
+
+@pytest.mark.parametrize(
+    "src, dst, table",
+    [
+        (np.zeros(1000, np.uint16), np.zeros(1000, np.uint16), np.arange(256, dtype=np.uint8)),
+        (np.zeros(1000, np.uint8), np.zeros(999, np.uint8), np.arange(256, dtype=np.uint8)),
+        (np.zeros((2, 500), np.uint8), np.zeros(1000, np.uint8), np.arange(256, dtype=np.uint8)),
+        (np.zeros(1000, np.uint8), np.zeros(1000, np.uint8), np.arange(100, dtype=np.uint8)),
+    ],
+    ids=["uint16", "short-dst", "other-shape", "short-table"],
+)
+def test_misuse_raises_instead_of_touching_memory_it_does_not_own(
+    backend: str, src: np.ndarray, dst: np.ndarray, table: np.ndarray
+) -> None:
+    """The C lookup takes raw addresses and one length: a uint16 sample would be half looked up,
+    a shorter ``dst`` written past its end, a short table read past its end. They raise."""
+    with pytest.raises(ValueError, match="lut_u8 takes uint8 arrays of one shape"):
+        lut_u8(src, dst, table)
