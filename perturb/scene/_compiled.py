@@ -35,10 +35,21 @@ def _typed_lookup_call(
 
 
 call_lookup: Any = intrinsic(_typed_lookup_call)
+
+
+def _njit(fn: Any) -> Any:
+    """``numba.njit`` without the GIL or bounds checks, kept in numba's on-disk cache where numba
+    finds a writable folder for it, else compiled in memory in each process: for ``cache=True``
+    numba raises where it finds none (a read-only install whose user has no writable home and
+    no ``NUMBA_CACHE_DIR``), which would fail every border-protected op."""
+    try:
+        return numba.njit(nogil=True, cache=True, boundscheck=False)(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available for file ..."
+        return numba.njit(nogil=True, cache=False, boundscheck=False)(fn)
 magic = np.float32(2.0**23)  # x + 2^23 - 2^23 rounds x in [0, 2^23) half to even, as rint
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@_njit
 def blend_runs(
     src: Any, dst: Any, part_starts: Any, part_stops: Any, alpha: Any, off: int
 ) -> None:  # pragma: no cover - compiled
@@ -54,7 +65,7 @@ def blend_runs(
         taken += n
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@_njit
 def copy_runs(
     src: Any, dst: Any, starts: Any, stops: Any, off: int
 ) -> None:  # pragma: no cover - compiled
@@ -65,7 +76,7 @@ def copy_runs(
             dv[j] = sv[j]
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@_njit
 def compose(
     src: Any,
     dst: Any,
@@ -82,7 +93,7 @@ def compose(
         blend_runs(src, dst, part_starts, part_stops, alpha, c * size)
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@_njit
 def blend(src: Any, dst: Any, index: Any, alpha: Any) -> None:  # pragma: no cover - compiled
     for k in range(index.size):
         i = index[k]
@@ -91,7 +102,7 @@ def blend(src: Any, dst: Any, index: Any, alpha: Any) -> None:  # pragma: no cov
         dst[i] = (mixed + magic) - magic
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@_njit
 def lookup_compose(
     src: Any,
     dst: Any,

@@ -159,3 +159,23 @@ def test_only_the_engine_marks_a_scene_with_its_pixels_digest() -> None:
         rehashed, _ = perturb.apply(batch, "contrast", 3, ["a"], protect_border=True)
     assert seen and all(isinstance(d, bytes) for d in seen), "the engine's scene carries the digest"
     assert torch.equal(with_digest, rehashed)
+
+
+def test_kernels_compile_in_memory_where_numba_has_no_cache_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only install whose user has no writable home (nor ``NUMBA_CACHE_DIR``): numba finds
+    no folder for its on-disk cache and raises for ``cache=True`` when the kernels module is
+    imported. The kernels then compile in memory instead of failing every protected op."""
+    import importlib.util
+
+    from numba.core import caching
+
+    from perturb.scene import _compiled
+
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # renamed in numba 0.59
+    monkeypatch.delenv("NUMBA_CACHE_LOCATOR_CLASSES", raising=False)
+    monkeypatch.setattr(impl, "_locator_classes", [])  # what numba sees there: no folder at all
+    spec = importlib.util.spec_from_file_location("perturb_scene_compiled_uncached", _compiled.__file__)
+    assert spec is not None and spec.loader is not None
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)  # a fresh import of the kernels, not this process's
+    assert native._agrees(native.Kernels(fresh.compose, fresh.blend, fresh.lookup_compose))
