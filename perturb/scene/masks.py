@@ -416,11 +416,15 @@ def compose_lookup(
     ``compose_numpy`` composites it, the same bytes, in one compiled pass per plane that copies
     the source's runs, looks up the rest and blends the soft edge while the plane is in cache
     (``lookup``: a ctypes byte lookup that ``perturb.scene.native.lookup_kernel`` takes). False, with nothing written, where that pass
-    is not available (no numba, other layouts or dtypes): the caller looks up and composites."""
+    is not available (no numba, other layouts or dtypes, a number of tables other than 1 or C):
+    the caller looks up and composites."""
     if src.dtype != np.uint8 or dst.dtype != np.uint8 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
         return False
     if tuple(desc["size"]) != tuple(src.shape[-2:]):
         raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
+    luts = np.ascontiguousarray(tables, dtype=np.uint8).reshape(-1, 256)
+    if luts.shape[0] not in (1, src.shape[0]):  # the kernel reads table c for plane c, unchecked
+        return False
     compiled = _compiled()
     found = None if compiled is None else lookup_kernel(lookup)
     if found is None:
@@ -428,7 +432,6 @@ def compose_lookup(
     kernel, lookup_at = found
     key = _key(desc) if key is None else key
     plan = _compose_plan(key)
-    luts = np.ascontiguousarray(tables, dtype=np.uint8).reshape(-1, 256)
     if luts.flags.writeable:  # one argument type for numba whatever the op's table is
         luts = luts.view()
         luts.flags.writeable = False

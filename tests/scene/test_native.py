@@ -120,7 +120,8 @@ def test_protected_table_ops_without_stringzilla(op: str, monkeypatch: pytest.Mo
 
 
 def test_compose_lookup_declines_what_it_cannot_do(numpy_only: None) -> None:
-    """Without the kernel, or for other dtypes, ``compose_lookup`` writes nothing and says so."""
+    """Without the kernel ``compose_lookup`` writes nothing and says so (other dtypes, layouts
+    and table counts: ``test_compose_lookup_declines_other_dtypes_layouts_and_table_counts``)."""
     name = _frames()[0]
     img, scene = small_frame(name)
     src = np.ascontiguousarray(np.moveaxis(img, -1, 0))
@@ -179,3 +180,26 @@ def test_kernels_compile_in_memory_where_numba_has_no_cache_folder(monkeypatch: 
     fresh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fresh)  # a fresh import of the kernels, not this process's
     assert native._agrees(native.Kernels(fresh.compose, fresh.blend, fresh.lookup_compose))
+
+
+def test_compose_lookup_declines_other_dtypes_layouts_and_table_counts() -> None:
+    """With the kernel available: a uint16 or non-contiguous sample, or two tables for three
+    planes (the kernel would read a third table past the end), is declined, nothing written."""
+    name = _frames()[0]
+    img, scene = small_frame(name)
+    src = np.ascontiguousarray(np.moveaxis(img, -1, 0))
+    lookup = _math.lookup_function()
+    assert native.lookup_kernel(lookup) is not None
+    tables = np.tile(np.arange(256, dtype=np.uint8), (3, 1))
+    cases = [
+        (src.astype(np.uint16), tables),
+        (np.moveaxis(img, -1, 0), tables),  # a view of the HWC frame: not C-contiguous
+        (src, tables[:2]),
+    ]
+    for sample, luts in cases:
+        dst = np.zeros(sample.shape, sample.dtype)
+        assert not masks.compose_lookup(sample, dst, luts, lookup, scene.descriptor)
+        assert not dst.any()
+    dst = np.zeros_like(src)
+    assert masks.compose_lookup(src, dst, tables[:1], lookup, scene.descriptor)
+    assert masks.compose_lookup(src, dst, tables, lookup, scene.descriptor)
