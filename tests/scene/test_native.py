@@ -150,7 +150,11 @@ def test_only_the_engine_marks_a_scene_with_its_pixels_digest() -> None:
     real_slot = color._mean_slot
 
     def rehash(src: np.ndarray, s: object) -> object:
-        seen.append(getattr(s, "pixels_", None))
+        from perturb.scene.analysis import _digest
+
+        digest = getattr(s, "pixels_", None)
+        seen.append(digest)
+        assert digest == _digest(np.ascontiguousarray(src)), "the scene's digest is of this very sample"
         plain = Scene.keyed(s.descriptor, s.key)  # type: ignore[attr-defined]
         return real_slot(src, plain)
 
