@@ -34,14 +34,21 @@ def _vignette(strength: float) -> Callable[[np.ndarray], np.ndarray]:
 
 
 MOTION_PX = (5, 9, 15, 29, 55)
+GAUSS_SIGMA_PX = (1.0, 2.0, 4.0, 7.2, 14.0)
+DEFOCUS_RADIUS_PX = (2, 3, 7, 14, 28)
 
 
 def transforms(k: int) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
     """op name -> callable at strength k (1..5)."""
-    f = k / 5
     aug: dict[str, Any] = {
-        "gaussian_blur": A.GaussianBlur(blur_limit=(0, 0), sigma_limit=(4 * f, 4 * f), p=1),
-        "defocus_blur": A.Defocus(radius=(2 * k, 2 * k), alias_blur=(0.5, 0.5), p=1),
+        # perturb's gaussian_blur v4 and defocus_blur v5 ladders at 1080p (sigma 0.9-1.2 ... 13-15 px;
+        # radius 1.4-1.8 ... 26-30 px, whole pixels here)
+        "gaussian_blur": A.GaussianBlur(
+            blur_limit=(0, 0), sigma_limit=(GAUSS_SIGMA_PX[k - 1], GAUSS_SIGMA_PX[k - 1]), p=1
+        ),
+        "defocus_blur": A.Defocus(
+            radius=(DEFOCUS_RADIUS_PX[k - 1], DEFOCUS_RADIUS_PX[k - 1]), alias_blur=(0.5, 0.5), p=1
+        ),
         # perturb's motion_blur v5 ladder at 1080p (3-4, 6-9, 13-16, 25-30, 49-59 px), odd sizes
         "motion_blur": A.MotionBlur(blur_limit=(MOTION_PX[k - 1], MOTION_PX[k - 1]), p=1),
         "specular_glare": A.RandomSunFlare(num_flare_circles_range=(k, k + 2), p=1),

@@ -237,7 +237,10 @@ def gaussian_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
 
 @register_kernel("gaussian_blur")
 def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Gaussian PSF; ``sigma`` is a fraction of the shorter side.
+    """Gaussian PSF; ``sigma`` is a fraction of the shorter side: mild optical softness (a slight
+    focus error, a film on the lens) spreads each point into a smooth blob. The catalog's severity
+    1 is a sigma of about 1 px at a 1080 px shorter side, at the edge of noticeable; severity 5
+    about 14 px, a severe but plausible frame (a fogged or far-out-of-focus lens).
 
     Kornia: ``kornia.filters.gaussian_blur2d`` at the CPU path's window (radius ceil(3 sigma))."""
     import kornia  # lazily: only the torch path needs it
@@ -262,7 +265,10 @@ def defocus_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray],
 
 @register_kernel("defocus_blur")
 def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Uniform disk PSF; ``radius`` is a fraction of the shorter side.
+    """Uniform disk PSF; ``radius`` is a fraction of the shorter side: a lens focused off the
+    mucosa images each point as its circle of confusion. The catalog's severity 1 is a 1.4-1.8 px
+    radius at a 1080 px shorter side, at the edge of noticeable; severity 5 about 28 px, a severe
+    but plausible frame (the tip far too close to the wall).
 
     Kornia: ``kornia.filters.filter2d`` with our own PSF (``disk_psf``): Kornia has no anti-aliased
     disk kernel."""

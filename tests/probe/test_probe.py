@@ -88,20 +88,22 @@ def test_answers_come_from_pixels() -> None:
 
 
 @pytest.mark.parametrize(
-    ("op", "classes", "drop", "class_drop"),
+    ("op", "classes", "drop", "class_drop", "mild_gap"),
     [
         # burned-in text is an overlay drawn after the optics: blur leaves it readable; blur and
         # noise act on the tissue layer only and are calibrated to field SSIM (issue 14): at
-        # severity 5 they cost the probe a little less than before
-        ("gaussian_blur", ("polyp_count", "polyp_size"), 0.1, 0.1),
-        ("gaussian_noise", ("polyp_count", "abnormality_color", "polyp_type"), 0.08, 0.1),
-        ("hue_shift", ("polyp_count", "abnormality_color"), 0.1, 0.15),
-        ("saturation", ("abnormality_color",), 0.1, 0.15),
-        ("specular_glare", ("polyp_count", "abnormality_location"), 0.1, 0.15),
+        # severity 5 they cost the probe a little less than before. gaussian_blur v4's severity 5
+        # (a 13-15 px sigma at 1080p, was 26-29 px) blurs the polyp's outline enough to cost its
+        # size estimate (0.90 -> 0.74) but no longer its count: 0.99 -> 0.97 over all questions
+        ("gaussian_blur", ("polyp_size",), 0.02, 0.1, 0.02),
+        ("gaussian_noise", ("polyp_count", "abnormality_color", "polyp_type"), 0.08, 0.1, 0.05),
+        ("hue_shift", ("polyp_count", "abnormality_color"), 0.1, 0.15, 0.05),
+        ("saturation", ("abnormality_color",), 0.1, 0.15, 0.05),
+        ("specular_glare", ("polyp_count", "abnormality_location"), 0.1, 0.15, 0.05),
     ],
 )
 def test_degrades_at_severity_5(
-    phantoms: list[Phantom], op: str, classes: tuple[str, ...], drop: float, class_drop: float
+    phantoms: list[Phantom], op: str, classes: tuple[str, ...], drop: float, class_drop: float, mild_gap: float
 ) -> None:
     import torch
 
@@ -115,6 +117,6 @@ def test_degrades_at_severity_5(
     mild = accuracy(list(mild_x.permute(0, 2, 3, 1).numpy()), phantoms)
     strong = accuracy(list(strong_x.permute(0, 2, 3, 1).numpy()), phantoms)
     assert strong["all"] <= clean["all"] - drop, (clean["all"], strong["all"])
-    assert mild["all"] >= strong["all"] + 0.05, (mild["all"], strong["all"])
+    assert mild["all"] >= strong["all"] + mild_gap, (mild["all"], strong["all"])
     for cls in classes:
         assert strong[cls] <= clean[cls] - class_drop, (cls, clean[cls], strong[cls])
