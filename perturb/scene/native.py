@@ -1,6 +1,7 @@
-"""Compiled loops of the composite (numba), for integer samples: one pass over each plane that
-copies the source back where the composite alpha is 0 and blends the soft edge, without the
-GIL, so the samples of a batch composite in parallel on the worker threads.
+"""Compiled loops of the composite (numba, ``perturb.scene._compiled``), for integer samples: one
+pass over each plane that copies the source back where the composite alpha is 0 and blends the
+soft edge, without the GIL, so the samples of a batch composite in parallel on the worker
+threads; for lookup-table ops the same pass also looks the tissue up (``lookup_kernel``).
 
 They give the bytes of the NumPy path in ``perturb.scene.masks`` exactly: the same float32
 steps in the same order (``(dst - src) * alpha + src``, no fused multiply-add: numba compiles
@@ -128,7 +129,7 @@ def _lookup_agrees(k: Kernels, lookup: Any) -> bool:
     """``lookup_compose`` with ``lookup`` gives a lookup followed by ``compose`` on a probe of
     two planes with per-plane tables, runs at both ends and between, and blends between."""
     rng = np.random.default_rng(1)
-    size = 3 * 8192 + 777
+    size = 25_353  # odd: runs and blends at unaligned ends
     src = rng.integers(0, 256, 2 * size, dtype=np.uint8)
     tables = rng.integers(0, 256, (2, 256), dtype=np.uint8)
     starts = np.array([0, 8187, 16484, size - 3], np.int64)
