@@ -306,10 +306,25 @@ def correlate_sample_linear(src: np.ndarray, dst: np.ndarray, psf: np.ndarray) -
             srgb_to_linear_np(np.ascontiguousarray(src[c]), out=lin)
         res = correlate_plane(lin, psf, blocks)
         if dst.dtype == np.uint8:
-            enc = linear_to_srgb_np(res, out=lin)  # the decoded plane is no longer needed
-            cv2.convertScaleAbs(enc, dst[c], alpha=255.0)  # round half to even, saturate
+            encode_levels_u8(res, dst[c], work=lin)  # the decoded plane is no longer needed
         else:
             linear_to_srgb_np(res, out=dst[c])
+
+
+_FOOT = np.float32(0.0031308)  # the sRGB curve's linear foot: 12.92 y at or below
+
+
+def encode_levels_u8(lin: np.ndarray, dst: np.ndarray, work: np.ndarray) -> None:
+    """uint8 sRGB levels of a float32 HW plane of linear values (``work``: a float32 buffer of its
+    shape): ``255 (1.055 y^(1/2.4) - 0.055)`` by OpenCV's pow and one saturating, rounding
+    (half to even) conversion, and ``255 * 12.92 y`` where y is on the linear foot; within float
+    error of ``linear_to_srgb`` (a value at most 1e-6 outside [0, 1] saturates)."""
+    cv2.pow(lin, 1.0 / 2.4, dst=work)  # |y|: a sum of non-negative taps is at worst -1e-7
+    cv2.convertScaleAbs(work, dst, alpha=255.0 * 1.055, beta=-255.0 * 0.055)
+    foot = cv2.compare(lin, float(_FOOT), cv2.CMP_LE)  # type: ignore[call-overload]  # a scalar bound
+    if cv2.countNonZero(foot):
+        levels = cv2.convertScaleAbs(lin, alpha=255.0 * 12.92)
+        cv2.copyTo(levels, foot, dst)
 
 
 @backend.register_cpu("motion_blur")
