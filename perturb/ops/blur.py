@@ -6,8 +6,10 @@ OpenCV path (CPU) and the torch path (CUDA) use the same PSF taps.
 
 PSF models: defocus of a thin lens is a uniform disk (circle of confusion); linear camera motion
 during the exposure is a uniform line segment (e.g. Gonzalez & Woods, Digital Image Processing,
-ch. 5). motion_blur applies its PSF to linear light (sRGB decoded, convolved, re-encoded), where
-the sensor integrates it; gaussian_blur and defocus_blur still convolve the encoded values.
+ch. 5). defocus_blur and motion_blur apply their PSF to linear light (sRGB decoded, convolved,
+re-encoded): the lens spreads scene radiance and the sensor integrates it. gaussian_blur convolves
+the stored values: it also serves CT, MRI and ultrasound, whose values are no sRGB-encoded light
+(a CT window is linear in HU, where a smoothing kernel acts).
 """
 
 from __future__ import annotations
@@ -268,21 +270,25 @@ def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
 
 @backend.register_cpu("defocus_blur")
 def defocus_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    correlate_sample(src, dst, disk_psf(float(p["radius"]) * shorter_side(src)))
+    correlate_sample_linear(src, dst, disk_psf(float(p["radius"]) * shorter_side(src)))
 
 
 @register_kernel("defocus_blur")
 def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Uniform disk PSF; ``radius`` is a fraction of the shorter side: a lens focused off the
-    mucosa images each point as its circle of confusion. The catalog's severity 1 is a 1.4-1.8 px
-    radius at a 1080 px shorter side, at the edge of noticeable; severity 5 about 28 px, a severe
-    but plausible frame (the tip far too close to the wall).
+    mucosa images each point as its circle of confusion. The lens spreads scene radiance, so the
+    PSF acts in linear light: the sRGB frame (IEC 61966-2-1) is decoded, convolved and re-encoded,
+    and a defocused specular highlight spreads into a bright disk (in display values it would fade
+    to a grey one). The catalog's severity 1 is a 1.4-1.8 px radius at a 1080 px shorter side, at
+    the edge of noticeable; severity 5 about 28 px, a severe but plausible frame (the tip far too
+    close to the wall).
 
     Kornia: ``kornia.filters.filter2d`` with our own PSF (``disk_psf``): Kornia has no anti-aliased
-    disk kernel."""
+    disk kernel. The sRGB decoding and encoding: ``kornia.color`` on CUDA (through
+    ``perturb.ops._math``)."""
     side = shorter_side(x)
     psfs = [disk_psf(float(r) * side) for r in p["radius"].tolist()]
-    return _apply_per_sample(x, psfs, separable=False)
+    return linear_to_srgb(_apply_per_sample(srgb_to_linear(x), psfs, separable=False))
 
 
 def _motion_sampler(rng: np.random.Generator, level: Level) -> Params:
