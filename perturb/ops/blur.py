@@ -284,8 +284,8 @@ def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     close to the wall).
 
     Kornia: ``kornia.filters.filter2d`` with our own PSF (``disk_psf``): Kornia has no anti-aliased
-    disk kernel. The sRGB decoding and encoding: ``kornia.color`` on CUDA (through
-    ``perturb.ops._math``)."""
+    disk kernel. The sRGB decoding and encoding: ``kornia.color.rgb_to_linear_rgb`` /
+    ``linear_rgb_to_rgb`` on CUDA (through ``perturb.ops._math``)."""
     side = shorter_side(x)
     psfs = [disk_psf(float(r) * side) for r in p["radius"].tolist()]
     return linear_to_srgb(_apply_per_sample(srgb_to_linear(x), psfs, separable=False))
@@ -352,7 +352,8 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     ``get_motion_kernel2d`` draws an odd-sized line and rotates it with a bilinear warp, so its
     length is quantised to odd pixel counts and its taps differ from a sub-pixel segment (and from
     the OpenCV path, which uses ``line_psf``) by far more than 1/255 at short lengths. The sRGB
-    decoding and encoding: ``kornia.color`` on CUDA (through ``perturb.ops._math``)."""
+    decoding and encoding: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA
+    (through ``perturb.ops._math``)."""
     side = shorter_side(x)
     psfs = [
         line_psf(float(length) * side, float(angle))
