@@ -6,7 +6,10 @@ OpenCV path (CPU) and the torch path (CUDA) use the same PSF taps.
 
 PSF models: defocus of a thin lens is a uniform disk (circle of confusion); linear camera motion
 during the exposure is a uniform line segment (e.g. Gonzalez & Woods, Digital Image Processing,
-ch. 5).
+ch. 5). defocus_blur and motion_blur apply their PSF to linear light (sRGB decoded, convolved,
+re-encoded): the lens spreads scene radiance and the sensor integrates it. gaussian_blur convolves
+the stored values: it also serves CT, MRI and ultrasound, whose values are no sRGB-encoded light
+(a CT window is linear in HU, where a smoothing kernel acts).
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ import numpy as np
 import torch
 
 from perturb.ops import backend
-from perturb.ops._math import shorter_side
+from perturb.ops._math import (
+    linear_to_srgb,
+    linear_to_srgb_np,
+    shorter_side,
+    srgb_to_linear,
+    srgb_to_linear_np,
+    srgb_to_linear_u8,
+)
 from perturb.ops.registry import Level, Params, draw, register_kernel
 
 
@@ -260,46 +270,93 @@ def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
 
 @backend.register_cpu("defocus_blur")
 def defocus_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    correlate_sample(src, dst, disk_psf(float(p["radius"]) * shorter_side(src)))
+    correlate_sample_linear(src, dst, disk_psf(float(p["radius"]) * shorter_side(src)))
 
 
 @register_kernel("defocus_blur")
 def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Uniform disk PSF; ``radius`` is a fraction of the shorter side: a lens focused off the
-    mucosa images each point as its circle of confusion. The catalog's severity 1 is a 1.4-1.8 px
-    radius at a 1080 px shorter side, at the edge of noticeable; severity 5 about 28 px, a severe
-    but plausible frame (the tip far too close to the wall).
+    mucosa images each point as its circle of confusion. The lens spreads scene radiance, so the
+    PSF acts in linear light: the sRGB frame (IEC 61966-2-1) is decoded, convolved and re-encoded,
+    and a defocused specular highlight spreads into a bright disk (in display values it would fade
+    to a grey one). The catalog's severity 1 is a 1.4-1.8 px radius at a 1080 px shorter side, at
+    the edge of noticeable; severity 5 about 28 px, a severe but plausible frame (the tip far too
+    close to the wall).
 
     Kornia: ``kornia.filters.filter2d`` with our own PSF (``disk_psf``): Kornia has no anti-aliased
-    disk kernel."""
+    disk kernel. The sRGB decoding and encoding: ``kornia.color.rgb_to_linear_rgb`` /
+    ``linear_rgb_to_rgb`` on CUDA (through ``perturb.ops._math``)."""
     side = shorter_side(x)
     psfs = [disk_psf(float(r) * side) for r in p["radius"].tolist()]
-    return _apply_per_sample(x, psfs, separable=False)
+    return linear_to_srgb(_apply_per_sample(srgb_to_linear(x), psfs, separable=False))
 
 
 def _motion_sampler(rng: np.random.Generator, level: Level) -> Params:
     return {"length": draw(rng, level["length"]), "angle": draw(rng, level["angle"])}
 
 
+def correlate_sample_linear(src: np.ndarray, dst: np.ndarray, psf: np.ndarray) -> None:
+    """One CHW sample (uint8 or float32, sRGB-encoded) correlated with a 2-D PSF in linear light,
+    plane by plane: decoded (uint8: the exact float32 table of ``srgb_to_linear_u8``; float32:
+    ``srgb_to_linear_np``), correlated (``correlate_plane``, float32 sums), encoded
+    (``linear_to_srgb_np``, clipped to [0, 1]) and rounded once, half to even (uint8) into
+    ``dst``."""
+    blocks = psf_blocks(psf)
+    h, w = src.shape[1:]
+    lin = _scratch("linear", (h, w))
+    table = srgb_to_linear_u8() if src.dtype == np.uint8 else None
+    for c in range(src.shape[0]):
+        if table is not None:
+            cv2.LUT(src[c], table, dst=lin)  # uint8 levels -> their float32 linear values
+        else:
+            srgb_to_linear_np(np.ascontiguousarray(src[c]), out=lin)
+        res = correlate_plane(lin, psf, blocks)
+        if dst.dtype == np.uint8:
+            encode_levels_u8(res, dst[c], work=lin)  # the decoded plane is no longer needed
+        else:
+            linear_to_srgb_np(res, out=dst[c])
+
+
+_FOOT = np.float32(0.0031308)  # the sRGB curve's linear foot: 12.92 y at or below
+
+
+def encode_levels_u8(lin: np.ndarray, dst: np.ndarray, work: np.ndarray) -> None:
+    """uint8 sRGB levels of a float32 HW plane of linear values (``work``: a float32 buffer of its
+    shape): ``255 (1.055 y^(1/2.4) - 0.055)`` by OpenCV's pow and one saturating, rounding
+    (half to even) conversion, and ``255 * 12.92 y`` where y is on the linear foot; within float
+    error of ``linear_to_srgb`` (a value at most 1e-6 outside [0, 1] saturates)."""
+    cv2.pow(lin, 1.0 / 2.4, dst=work)  # |y|: a sum of non-negative taps is at worst -1e-7
+    cv2.convertScaleAbs(work, dst, alpha=255.0 * 1.055, beta=-255.0 * 0.055)
+    foot = cv2.compare(lin, float(_FOOT), cv2.CMP_LE)  # type: ignore[call-overload]  # a scalar bound
+    if cv2.countNonZero(foot):
+        levels = cv2.convertScaleAbs(lin, alpha=255.0 * 12.92)
+        cv2.copyTo(levels, foot, dst)
+
+
 @backend.register_cpu("motion_blur")
 def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    correlate_sample(src, dst, line_psf(float(p["length"]) * shorter_side(src), float(p["angle"])))
+    correlate_sample_linear(src, dst, line_psf(float(p["length"]) * shorter_side(src), float(p["angle"])))
 
 
 @register_kernel("motion_blur", sampler=_motion_sampler)
 def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Line PSF of ``length`` (fraction of the shorter side) at ``angle`` degrees: the scene
     sweeping across the sensor at a constant speed while the shutter is open (scope or patient
-    motion). The catalog's severity 1 is a 3-4 px smear at a 1080 px shorter side, at the edge
-    of noticeable; severity 5 about 50 px, a severe but plausible frame of fast withdrawal.
+    motion). The sensor integrates scene radiance, so the PSF acts in linear light: the sRGB
+    frame (IEC 61966-2-1) is decoded, convolved and re-encoded, and a smeared specular highlight
+    stays bright along its streak (in display values it would fade to a grey one). The catalog's
+    severity 1 is a 3-4 px smear at a 1080 px shorter side, at the edge of noticeable; severity 5
+    about 50 px, a severe but plausible frame of fast withdrawal.
 
     Kornia: ``kornia.filters.filter2d`` with our own PSF (``line_psf``): Kornia's
     ``get_motion_kernel2d`` draws an odd-sized line and rotates it with a bilinear warp, so its
     length is quantised to odd pixel counts and its taps differ from a sub-pixel segment (and from
-    the OpenCV path, which uses ``line_psf``) by far more than 1/255 at short lengths."""
+    the OpenCV path, which uses ``line_psf``) by far more than 1/255 at short lengths. The sRGB
+    decoding and encoding: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA
+    (through ``perturb.ops._math``)."""
     side = shorter_side(x)
     psfs = [
         line_psf(float(length) * side, float(angle))
         for length, angle in zip(p["length"].tolist(), p["angle"].tolist(), strict=True)
     ]
-    return _apply_per_sample(x, psfs, separable=False)
+    return linear_to_srgb(_apply_per_sample(srgb_to_linear(x), psfs, separable=False))

@@ -23,8 +23,8 @@ from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
 
 REFERENCE_CHECKS = {
     "gaussian_blur": "test_gaussian_blur_matches_opencv_and_keeps_mean",
-    "defocus_blur": "test_disk_and_line_blur_match_scipy_and_keep_mean",
-    "motion_blur": "test_disk_and_line_blur_match_scipy_and_keep_mean",
+    "defocus_blur": "test_disk_and_line_blur_act_on_linear_light",
+    "motion_blur": "test_disk_and_line_blur_act_on_linear_light",
     "specular_glare": "tests.ops.test_clinical_ops::test_glare_adds_illuminant_coloured_light_in_linear_light_on_tissue_only",
     "surgical_smoke": "tests.ops.test_clinical_ops::test_smoke_follows_koschmieder_with_a_wispy_optical_depth",
     "bubbles": "tests.ops.test_clinical_ops::test_bubble_has_fresnel_rim_dark_refraction_line_and_specular_spot",
@@ -116,23 +116,48 @@ def test_gaussian_blur_matches_opencv_and_keeps_mean(backend: str) -> None:
     assert abs(gaussian_taps(3.0).sum() - 1) < 1e-6
 
 
+def _psf_of(op: str, rec: perturb.Record, side: int) -> np.ndarray:
+    p = rec.params
+    if op == "defocus_blur":
+        return disk_psf(float(np.float32(p["radius"])) * side)
+    return line_psf(float(np.float32(p["length"])) * side, float(np.float32(p["angle"])))
+
+
+def _correlate_linear(display: np.ndarray, psf: np.ndarray) -> np.ndarray:
+    """SciPy's float64 correlation (``mirror`` = BORDER_REFLECT_101) of the decoded planes,
+    encoded back: the PSF acting on scene radiance."""
+    lin = _srgb_to_linear(display.astype(np.float64))
+    blurred = np.stack([scipy.ndimage.correlate(c, psf.astype(np.float64), mode="mirror") for c in lin])
+    return _linear_to_srgb(blurred)
+
+
 @pytest.mark.parametrize("op", ["defocus_blur", "motion_blur"])
 @pytest.mark.parametrize("backend", ["opencv", "torch"])
-def test_disk_and_line_blur_match_scipy_and_keep_mean(op: str, backend: str) -> None:
+def test_disk_and_line_blur_act_on_linear_light(op: str, backend: str) -> None:
+    """A real frame (float32) within float error of the float64 linear-light reference, its
+    linear mean kept; a saturated spot on a dark uint8 field within one level of it, and the
+    light it spreads brighter than a blur of the display values gives (energy conserved in
+    radiance: a smeared or defocused highlight stays bright)."""
     x = _real(2)
     with use_backend(backend):  # type: ignore[arg-type]
         out, rec = perturb.apply(x, op, 3, ["k"], protect_border=False)
-    side = min(x.shape[-2:])
-    p = rec[0].params
-    if op == "defocus_blur":
-        psf = disk_psf(float(np.float32(p["radius"])) * side)
-    else:
-        psf = line_psf(float(np.float32(p["length"])) * side, float(np.float32(p["angle"])))
-    ref = np.stack(
-        [scipy.ndimage.correlate(x[0, c].double().numpy(), psf.astype(np.float64), mode="mirror") for c in range(3)]
-    )
-    assert np.abs(out[0].double().numpy() - np.clip(ref, 0, 1)).max() < 1e-4
-    assert abs(float(out.mean()) / float(x.mean()) - 1) < 0.005
+    ref = _correlate_linear(x[0].numpy(), _psf_of(op, rec[0], min(x.shape[-2:])))
+    assert np.abs(out[0].double().numpy() - ref).max() < 1e-4
+    lin_in, lin_out = _srgb_to_linear(x.double().numpy()), _srgb_to_linear(out.double().numpy())
+    assert abs(float(lin_out.mean()) / float(lin_in.mean()) - 1) < 0.005
+
+    spot = np.full((3, 96, 128), 13, dtype=np.uint8)  # a dark field, 0.05 encoded
+    spot[:, 44:52, 60:68] = 255  # an 8 px saturated highlight
+    with use_backend(backend):  # type: ignore[arg-type]
+        spread, rec = perturb.apply(torch.from_numpy(spot)[None], op, 5, ["k"], protect_border=False)
+    psf = _psf_of(op, rec[0], 96)
+    got = spread[0].numpy().astype(np.float64)
+    assert np.abs(got - _correlate_linear(spot / 255.0, psf) * 255.0).max() <= 1.0
+    display_blur = np.stack([scipy.ndimage.correlate(c, psf.astype(np.float64), mode="mirror") for c in spot / 255.0])
+    lit = (display_blur * 255.0 > 13.5 + 5.0) & (spot < 255)  # lit by the highlight, outside it
+    assert lit.sum() > 50
+    assert (got[lit] >= display_blur[lit] * 255.0 - 0.5).all()
+    assert float(got[lit].mean()) > float(display_blur[lit].mean()) * 255.0 + 20.0
 
 
 def test_psf_geometry() -> None:
