@@ -380,12 +380,17 @@ def _contrast_mean(src: np.ndarray, scene: Any) -> np.float32:
     return mean
 
 
-def _contrast_table(src: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> np.ndarray:
-    """round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x + 255 mean (1 -
-    factor)), saturated (within float rounding of the kernel's value): OpenCV's
-    convertScaleAbs, element-wise, so its result on the 256 levels is the uint8 table."""
+def _contrast_affine(src: np.ndarray, p: dict[str, np.ndarray], scene: Any) -> tuple[float, float]:
+    """(factor, offset) of round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x +
+    255 mean (1 - factor)) on uint8 levels (within float rounding of the kernel's value)."""
     factor = float(np.float32(p["factor"]))
-    offset = float(np.float32(255.0) * _contrast_mean(src, scene)) * (1.0 - factor)
+    return factor, float(np.float32(255.0) * _contrast_mean(src, scene)) * (1.0 - factor)
+
+
+def _contrast_table(src: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> np.ndarray:
+    """``_contrast_affine`` saturated by OpenCV's convertScaleAbs, element-wise, so its result on
+    the 256 levels is the uint8 table."""
+    factor, offset = _contrast_affine(src, p, scene)
     return np.asarray(cv2.convertScaleAbs(LEVELS_ROW_U8, alpha=factor, beta=offset)[0])
 
 
@@ -395,8 +400,7 @@ def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key
         if fast_lut():
             lut_u8(src, dst, _contrast_table(src, p, key, scene))
         else:
-            factor = float(np.float32(p["factor"]))
-            offset = float(np.float32(255.0) * _contrast_mean(src, scene)) * (1.0 - factor)
+            factor, offset = _contrast_affine(src, p, scene)
             cv2.convertScaleAbs(plane2d(src), plane2d(dst), alpha=factor, beta=offset)
         return
     mean = _contrast_mean(src, scene)

@@ -46,7 +46,24 @@ def _njit(fn: Any) -> Any:
         return numba.njit(nogil=True, cache=True, boundscheck=False)(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available for file ..."
         return numba.njit(nogil=True, cache=False, boundscheck=False)(fn)
+
+
 magic = np.float32(2.0**23)  # x + 2^23 - 2^23 rounds x in [0, 2^23) half to even, as rint
+
+
+@_njit
+def mix(source: Any, perturbed: Any, alpha: Any) -> Any:  # pragma: no cover - compiled
+    """``rint((perturbed - source) * alpha + source)`` in float32, the NumPy path's steps."""
+    base = np.float32(source)
+    return ((np.float32(perturbed) - base) * alpha + base + magic) - magic
+
+
+@_njit
+def copy_span(src: Any, dst: Any, a: int, b: int) -> None:  # pragma: no cover - compiled
+    """``dst[a:b] = src[a:b]``: a loop over views from 0, compiled as a block copy."""
+    sv, dv = src[a:b], dst[a:b]
+    for j in range(b - a):
+        dv[j] = sv[j]
 
 
 @_njit
@@ -59,9 +76,7 @@ def blend_runs(
         n = part_stops[r] - part_starts[r]
         sv, dv, av = src[a : a + n], dst[a : a + n], alpha[taken : taken + n]
         for j in range(n):  # contiguous: compiled to vector instructions
-            base = np.float32(sv[j])
-            mixed = (np.float32(dv[j]) - base) * av[j] + base
-            dv[j] = (mixed + magic) - magic
+            dv[j] = mix(sv[j], dv[j], av[j])
         taken += n
 
 
@@ -70,10 +85,7 @@ def copy_runs(
     src: Any, dst: Any, starts: Any, stops: Any, off: int
 ) -> None:  # pragma: no cover - compiled
     for r in range(starts.size):
-        a, b = off + starts[r], off + stops[r]
-        sv, dv = src[a:b], dst[a:b]  # a loop over views from 0: compiled as a block copy
-        for j in range(b - a):
-            dv[j] = sv[j]
+        copy_span(src, dst, off + starts[r], off + stops[r])
 
 
 @_njit
@@ -97,9 +109,7 @@ def compose(
 def blend(src: Any, dst: Any, index: Any, alpha: Any) -> None:  # pragma: no cover - compiled
     for k in range(index.size):
         i = index[k]
-        base = np.float32(src[i])
-        mixed = (np.float32(dst[i]) - base) * alpha[k] + base
-        dst[i] = (mixed + magic) - magic
+        dst[i] = mix(src[i], dst[i], alpha[k])
 
 
 @_njit
@@ -125,9 +135,7 @@ def lookup_compose(
             lo, hi = starts[r], stops[r]
             if lo > pos:
                 call_lookup(lookup_at, d_at + off + pos, lo - pos, s_at + off + pos, t_at)
-            sv, dv = src[off + lo : off + hi], dst[off + lo : off + hi]
-            for j in range(hi - lo):
-                dv[j] = sv[j]
+            copy_span(src, dst, off + lo, off + hi)
             pos = hi
         if pos < size:
             call_lookup(lookup_at, d_at + off + pos, size - pos, s_at + off + pos, t_at)

@@ -369,6 +369,11 @@ def _compose_plan(key: str) -> _ComposePlan:
     return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3, starts, stops, part_starts, part_stops)
 
 
+def _check_size(desc: dict[str, Any], src: np.ndarray) -> None:
+    if tuple(desc["size"]) != tuple(src.shape[-2:]):
+        raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
+
+
 def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
     """In place: ``dst`` (CHW, the perturbed sample) becomes ``alpha * dst + (1 - alpha) * src``
     with ``composite_alpha(desc, src)`` (the tissue alpha; glyph strokes only of text lines);
@@ -377,8 +382,7 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: s
     field's bbox, the surround and the overlays), the blend only on the soft edge, and the
     glyph cover only inside the rectangle of the text lines. ``key``: ``descriptor_key(desc)``
     where the caller has it (e.g. ``Scene.key``)."""
-    if tuple(desc["size"]) != tuple(src.shape[-2:]):
-        raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
+    _check_size(desc, src)
     key = _key(desc) if key is None else key
     plan = _compose_plan(key)
     planes = src.shape[0]
@@ -420,8 +424,7 @@ def compose_lookup(
     the caller looks up and composites."""
     if src.dtype != np.uint8 or dst.dtype != np.uint8 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
         return False
-    if tuple(desc["size"]) != tuple(src.shape[-2:]):
-        raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
+    _check_size(desc, src)
     luts = np.ascontiguousarray(tables, dtype=np.uint8).reshape(-1, 256)
     if luts.shape[0] not in (1, src.shape[0]):  # the kernel reads table c for plane c, unchecked
         return False
@@ -652,8 +655,7 @@ def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: st
     gaussian of ``EXT_SIGMA`` of the shorter side over the cells wholly inside the tissue) on a
     coarse grid (``EXT_GRID_SHORT`` cells, bilinear samples of ``src``), interpolated bilinearly; it is written only within
     ``EXT_MARGIN`` of the field's bbox (beyond, ``src``). ``key``: as in ``compose_numpy``."""
-    if tuple(desc["size"]) != tuple(src.shape[-2:]):
-        raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
+    _check_size(desc, src)
     key = _key(desc) if key is None else key
     plan = _extension_plan(key)
     np.copyto(dst, src)
