@@ -145,8 +145,42 @@ def sample_params(op: Op, key: int, severity: int | Mapping[str, tuple[float, fl
     """Keyed host-side draw of one sample's parameters (JSON-able) at ``severity`` (1..5) or
     from explicit per-parameter ranges (e.g. interpolated between two severities)."""
     level = op.spec.level(severity) if isinstance(severity, int) else severity
-    params = op.entry.sampler(rng.scalar_rng(key), level)
-    return json.loads(json.dumps(params))  # plain JSON types, exactly as a record stores them
+    return as_json(op.entry.sampler(rng.scalar_rng(key), level))
+
+
+def as_json(value: Any) -> Any:
+    """``json.loads(json.dumps(value))`` (plain JSON types, exactly as a record stores them),
+    copied directly where ``value`` is dicts with string keys, lists, tuples, str, int, float
+    (NumPy float64 included: a float subclass), bool and None; anything else goes through
+    ``json``, which converts or rejects it as it always has."""
+    try:
+        return _plain(value)
+    except _NotPlain:
+        return json.loads(json.dumps(value))
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain(value: Any) -> Any:
+    kind = type(value)
+    if kind is float or kind is str or kind is bool or value is None:
+        return value
+    if kind is int:
+        return value
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                raise _NotPlain
+            out[k] = _plain(v)
+        return out
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float):  # np.float64 and other float subclasses: json writes their repr
+        return float(value)
+    raise _NotPlain
 
 
 def make_record(
