@@ -27,6 +27,7 @@ from perturb.ops import backend as backends
 from perturb.scene import Scene
 from perturb.scene import masks as scene_masks
 from perturb.scene.analysis import analysed_with_digest
+from perturb.scene.analysis import guess as guess_scene
 
 SHARED_SEVERITY = 0
 SUPPORTED_DTYPES = {torch.float32: 1.0, torch.uint8: 255.0, torch.uint16: 65535.0}
@@ -153,34 +154,31 @@ def as_json(value: Any) -> Any:
     copied directly where ``value`` is dicts with string keys, lists, tuples, str, int, float
     (NumPy float64 included: a float subclass), bool and None; anything else goes through
     ``json``, which converts or rejects it as it always has."""
-    try:
-        return _plain(value)
-    except _NotPlain:
-        return json.loads(json.dumps(value))
+    out = _plain(value)
+    return json.loads(json.dumps(value)) if out is _NOT_PLAIN else out
 
 
-class _NotPlain(Exception):
-    pass
+_NOT_PLAIN = object()  # what ``_plain`` returns for a value it leaves to ``json``
 
 
 def _plain(value: Any) -> Any:
     kind = type(value)
-    if kind is float or kind is str or kind is bool or value is None:
-        return value
-    if kind is int:
+    if kind is float or kind is str or kind is bool or kind is int or value is None:
         return value
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
-            if type(k) is not str:
-                raise _NotPlain
-            out[k] = _plain(v)
+            item = _plain(v)
+            if type(k) is not str or item is _NOT_PLAIN:
+                return _NOT_PLAIN
+            out[k] = item
         return out
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        items = [_plain(v) for v in value]
+        return _NOT_PLAIN if any(v is _NOT_PLAIN for v in items) else items
     if isinstance(value, float):  # np.float64 and other float subclasses: json writes their repr
         return float(value)
-    raise _NotPlain
+    return _NOT_PLAIN
 
 
 def make_record(
@@ -283,9 +281,13 @@ class _RecordScenes(Sequence[Scene | None]):
             record_scene(r, x[i]) if r.protect_border and "scene" in r.extra else None
             for i, r in enumerate(records)
         ]
+        self._texts: dict[int, str] = {}  # the descriptor text of each guessed scene
 
     def _analyse(self, i: int) -> Scene:
         desc, text, key, digest = analysed_with_digest(self._x[i])
+        return self._keep(i, desc, text, key, digest)
+
+    def _keep(self, i: int, desc: dict[str, Any], text: str, key: str, digest: bytes | None) -> Scene:
         if self._record:
             self._records[i].extra["scene"] = json.loads(text)  # the record's own dict (make_record's)
         scene = Scene.keyed(desc, key)
@@ -293,6 +295,26 @@ class _RecordScenes(Sequence[Scene | None]):
         # mean luma) key by it instead of hashing the frame again
         object.__setattr__(scene, "pixels_", digest)
         return scene
+
+    def guess(self, i: int) -> tuple[Scene, bytes] | None:
+        """For a sample whose scene is still to be analysed: the scene of the cached frame it
+        most likely is and that frame's digest (``perturb.scene.analysis.guess``), else None.
+        The caller takes the sample's own digest as it runs it and calls ``confirm`` where the
+        two agree; otherwise the sample is run again with ``self[i]``."""
+        if self._scenes[i] is not None or not self._records[i].protect_border:
+            return None
+        found = guess_scene(self._x[i])
+        if found is None:
+            return None
+        (desc, text, key), digest = found
+        scene = Scene.keyed(desc, key)
+        object.__setattr__(scene, "pixels_", digest)
+        self._texts[i] = text
+        return scene, digest
+
+    def confirm(self, i: int, scene: Scene) -> None:
+        """``scene`` (from ``guess``) is sample ``i``'s: its digest is the sample's own."""
+        self._scenes[i] = self._keep(i, scene.descriptor, self._texts.pop(i), scene.key, scene.pixels_)
 
     def complete(self) -> None:
         """Analyse every scene not yet asked for (each ``record`` then carries its scene)."""

@@ -54,7 +54,8 @@ def scalar_rng(key: int) -> np.random.Generator:
     words = seed_words() if 0 <= key < 1 << 64 else None
     if words is None:
         return np.random.Generator(np.random.PCG64(key))
-    return np.random.Generator(np.random.PCG64(_SeedWords(words(key & _MASK32, key >> 32))))
+    seq = _SeedWords(words(key & _MASK32, key >> 32))
+    return np.random.Generator(np.random.PCG64(seq))  # type: ignore[arg-type]  # any ISeedSequence
 
 
 class _SeedWords(ISeedSequence):

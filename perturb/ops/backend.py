@@ -42,7 +42,7 @@ import torch
 
 from perturb.ops import _math
 from perturb.registry import Registry
-from perturb.scene.masks import compose_lookup, compose_numpy, extend_numpy
+from perturb.scene.masks import compose_lookup, compose_lookup_hashed, compose_numpy, extend_numpy
 
 R = TypeVar("R")
 Backend = Literal["auto", "opencv", "torch"]
@@ -386,11 +386,23 @@ def run_cpu(
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}
 
     lookup = _math.lookup_function() if table is not None and src.dtype == np.uint8 and not extend else None
+    # a scene still to analyse is guessed from a fingerprint of its sample and the sample's digest
+    # taken in the lookup pass itself (one read of it from memory instead of two); a sample whose
+    # digest is not the guessed frame's runs again below, with its scene analysed
+    guess = getattr(scenes, "guess", None) if lookup is not None and not uses_scene and given is scenes else None
 
     def work(i: int) -> None:
         p = {name: value[i] for name, value in host.items()}
-        scene = scenes[i]
         sample = src[i]
+        if guess is not None and table is not None:
+            found = guess(i)
+            if found is not None:
+                scene, digest = found
+                tables = table(sample, p, int(keys[i]))
+                if compose_lookup_hashed(sample, dst[i], tables, lookup, scene.descriptor, scene.key) == digest:
+                    scenes.confirm(i, scene)  # type: ignore[attr-defined]
+                    return
+        scene = scenes[i]
         if lookup is not None and table is not None and scene is not None:
             tables = table(sample, p, int(keys[i]), scene=given[i]) if uses_scene else table(sample, p, int(keys[i]))
             if compose_lookup(sample, dst[i], tables, lookup, scene.descriptor, getattr(scene, "key", None)):

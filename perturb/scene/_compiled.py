@@ -37,6 +37,28 @@ def _typed_lookup_call(
 call_lookup: Any = intrinsic(_typed_lookup_call)
 
 
+def _typed_update_call(typingctx: Any, address: Any, state: Any, source: Any, length: Any) -> Any:
+    """Call the C function at ``address`` as ``int f(u64 state, u64 source, u64 length)``
+    (xxHash's ``XXH3_128bits_update``: a state's and the input's addresses and the input's
+    length); its error code is dropped (it fails only on a null state or input)."""
+    sig = types.void(address, state, source, length)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        values = [
+            context.cast(builder, v, t, types.uint64)
+            for v, t in zip(args, signature.args, strict=True)
+        ]
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(64)] * 3)
+        fn = builder.inttoptr(values[0], fnty.as_pointer())
+        builder.call(fn, values[1:])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+call_update: Any = intrinsic(_typed_update_call)
+
+
 def _njit(fn: Any) -> Any:
     """``numba.njit`` without the GIL or bounds checks, kept in numba's on-disk cache where numba
     finds a writable folder for it, else compiled in memory in each process: for ``cache=True``
@@ -124,6 +146,8 @@ def lookup_compose(
     alpha: Any,
     planes: int,
     lookup_at: int,
+    state_at: int,
+    update_at: int,
 ) -> None:  # pragma: no cover - compiled
     size = src.size // planes
     s_at, d_at = src.ctypes.data, dst.ctypes.data
@@ -140,3 +164,5 @@ def lookup_compose(
         if pos < size:
             call_lookup(lookup_at, d_at + off + pos, size - pos, s_at + off + pos, t_at)
         blend_runs(src, dst, part_starts, part_stops, alpha, off)  # the soft edge: looked up
+        if update_at != 0:  # the plane into the digest while it is still in cache
+            call_update(update_at, state_at, s_at + off, size)

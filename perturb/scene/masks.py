@@ -14,7 +14,7 @@ from typing import Any, TypeVar, cast
 import cv2
 import numpy as np
 
-from perturb.scene.native import kernels, lookup_kernel, runs_of
+from perturb.scene.native import kernels, lookup_kernel, runs_of, stream_hasher
 
 FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
 GLYPH_LOW, GLYPH_HIGH = 24, 64  # 8-bit luma excess over the local background: no glyph .. full glyph
@@ -422,6 +422,34 @@ def compose_lookup(
     (``lookup``: a ctypes byte lookup that ``perturb.scene.native.lookup_kernel`` takes). False, with nothing written, where that pass
     is not available (no numba, other layouts or dtypes, a number of tables other than 1 or C):
     the caller looks up and composites."""
+    return _lookup_pass(src, dst, tables, lookup, desc, key, None)
+
+
+def compose_lookup_hashed(
+    src: np.ndarray, dst: np.ndarray, tables: np.ndarray, lookup: Any, desc: dict[str, Any], key: str | None = None
+) -> bytes | None:
+    """``compose_lookup`` that also returns the digest of ``src``'s bytes (the one
+    ``perturb.scene.analysis`` keys its scenes by), taken in the same pass: each plane goes into
+    the digest as it is read. None, with nothing written, where that pass is not available."""
+    hasher = stream_hasher()
+    if hasher is None:
+        return None
+    state = hasher.state()
+    hasher.reset(state)
+    if not _lookup_pass(src, dst, tables, lookup, desc, key, (state, hasher.update_at)):
+        return None
+    return hasher.digest(state)
+
+
+def _lookup_pass(
+    src: np.ndarray,
+    dst: np.ndarray,
+    tables: np.ndarray,
+    lookup: Any,
+    desc: dict[str, Any],
+    key: str | None,
+    hashing: tuple[int, int] | None,
+) -> bool:
     if src.dtype != np.uint8 or dst.dtype != np.uint8 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
         return False
     _check_size(desc, src)
@@ -439,9 +467,10 @@ def compose_lookup(
         luts = luts.view()
         luts.flags.writeable = False
     s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
+    state_at, update_at = (0, 0) if hashing is None else hashing
     kernel(
         s_flat, d_flat, luts, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha,
-        src.shape[0], lookup_at,
+        src.shape[0], lookup_at, state_at, update_at,
     )
     if plan.text is not None:
         index, alpha = _text_blend(desc, key, src, plan.text)

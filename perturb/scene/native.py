@@ -34,7 +34,10 @@ class Kernels:
       plane: the runs are copied, the pixels between them looked up, the soft edge blended (a
       plane stays in the second-level cache from one step to the next); ``tables`` (T, 256)
       uint8, T 1 (every plane) or ``planes``; ``lookup_at`` the address of a C function
-      ``(target, length, source, table)`` of byte addresses (stringzilla's ``sz_lookup``).
+      ``(target, length, source, table)`` of byte addresses (stringzilla's ``sz_lookup``);
+      ``state_at, update_at`` (0, 0: no digest) an xxHash XXH3-128 state and the address of its
+      update function (``StreamHasher``): each plane of ``src`` goes into the digest just before
+      it is looked up, so the sample's digest costs no second read of it from memory.
     """
 
     compose: Callable[..., None]
@@ -144,7 +147,7 @@ def _lookup_agrees(k: Kernels, lookup: Any) -> bool:
     k.compose(src, want, *_frozen(starts, stops, *runs_of(part), alpha), 2)
     got = np.zeros_like(src)
     k.lookup_compose(
-        src, got, *_frozen(tables, starts, stops, *runs_of(part), alpha), 2, address_of(lookup)
+        src, got, *_frozen(tables, starts, stops, *runs_of(part), alpha), 2, address_of(lookup), 0, 0
     )
     return bool(np.array_equal(got, want))
 
@@ -176,3 +179,79 @@ def lookup_kernel(lookup: Any) -> tuple[Callable[..., None], int] | None:
             ok = False
         seen = _LOOKUPS[id(lookup)] = (lookup, ok, address_of(lookup) if ok else 0)
     return (k.lookup_compose, seen[2]) if seen[1] else None
+
+
+class StreamHasher:
+    """xxHash's streaming XXH3-128 from the ``xxhash`` package's own library, through ctypes:
+    the digest ``perturb.scene.analysis`` keys scenes by (``xxhash.xxh3_128(buf).digest()``,
+    big-endian high then low half), taken by ``lookup_compose`` plane by plane while it reads
+    them. ``state()`` is a per-thread state (``XXH3_createState``, kept for the thread's
+    life); ``reset(state)`` starts a digest, ``digest(state)`` ends it; ``update_at`` the
+    address of the update function (its runtime-dispatched SIMD variant where exported)."""
+
+    def __init__(self, library: Any) -> None:
+        import ctypes
+        import threading
+
+        class Hash128(ctypes.Structure):
+            _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+        self._create = library.XXH3_createState
+        self._create.restype, self._create.argtypes = ctypes.c_void_p, []
+        self._reset = library.XXH3_128bits_reset
+        self._reset.restype, self._reset.argtypes = ctypes.c_int, [ctypes.c_void_p]
+        self._digest = library.XXH3_128bits_digest
+        self._digest.restype, self._digest.argtypes = Hash128, [ctypes.c_void_p]
+        update = getattr(library, "XXH3_128bits_update_dispatch", None) or library.XXH3_128bits_update
+        update.restype = ctypes.c_int
+        update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        self._update = update
+        self.update_at = address_of(update)
+        self._local = threading.local()
+
+    def state(self) -> int:
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self._create()
+            if not state:
+                raise MemoryError("XXH3_createState returned no state")
+            self._local.state = state
+        return int(state)
+
+    def reset(self, state: int) -> None:
+        if self._reset(state) != 0:
+            raise RuntimeError("XXH3_128bits_reset failed")
+
+    def update(self, state: int, buf: np.ndarray) -> None:
+        self._update(state, buf.ctypes.data, buf.nbytes)
+
+    def digest(self, state: int) -> bytes:
+        h = self._digest(state)
+        return int(h.high64).to_bytes(8, "big") + int(h.low64).to_bytes(8, "big")
+
+
+def _hasher_agrees(hasher: StreamHasher) -> bool:
+    """Planes fed one by one give ``xxhash.xxh3_128`` of the whole buffer."""
+    import xxhash
+
+    buf = np.random.default_rng(2).integers(0, 256, 3 * 70_001, dtype=np.uint8)
+    state = hasher.state()
+    hasher.reset(state)
+    for plane in buf.reshape(3, -1):
+        hasher.update(state, plane)
+    return hasher.digest(state) == bytes(xxhash.xxh3_128(buf.tobytes()).digest())
+
+
+@lru_cache(maxsize=1)
+def stream_hasher() -> StreamHasher | None:
+    """The ``StreamHasher`` of the installed ``xxhash``, or None where it is not installed, its
+    library does not export the streaming functions, or they disagree with ``xxhash`` itself."""
+    try:
+        import ctypes
+
+        import xxhash._xxhash as library_module
+
+        hasher = StreamHasher(ctypes.CDLL(library_module.__file__))
+        return hasher if _hasher_agrees(hasher) else None
+    except Exception:  # no xxhash, another build of it, no such symbols: the separate digest
+        return None

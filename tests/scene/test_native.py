@@ -94,7 +94,13 @@ def test_engine_bytes_with_and_without_compiled_composite(op: str, monkeypatch: 
         fused.append(masks.compose_lookup(*args, **kwargs))  # type: ignore[arg-type]
         return fused[-1]
 
+    def hashed_spy(*args: object, **kwargs: object) -> bytes | None:
+        digest = masks.compose_lookup_hashed(*args, **kwargs)  # type: ignore[arg-type]
+        fused.append(digest is not None)
+        return digest
+
     monkeypatch.setattr(backend, "compose_lookup", spy)
+    monkeypatch.setattr(backend, "compose_lookup_hashed", hashed_spy)  # a frame seen before
     for severity in (1, 5):
         fused.clear()
         fast, _ = perturb.apply(x, op, severity, keys, protect_border=True)

@@ -1,0 +1,136 @@
+"""Guessed scenes on the lookup-table path: a frame seen before is recognised from a fingerprint
+of its middle, run with the remembered scene while its full digest is taken in the same pass,
+and kept only where that digest is the remembered frame's; otherwise it runs again with its own
+scene. The bytes and records are those of analysing every frame afresh."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import perturb
+from perturb import engine
+from perturb.ops import _math
+from perturb.scene import analysis, masks, native
+from tests.scene.frames import frames_with_overlays, small_frame
+
+pytest.importorskip("numba", reason="the fused lookup pass needs numba (a core dependency)")
+
+
+def _batch(limit: int = 3) -> torch.Tensor:
+    names = frames_with_overlays(limit=limit)
+    if not names:
+        pytest.skip("no real frame with overlays and a dark surround in the sample set")
+    frames = [torch.from_numpy(np.ascontiguousarray(small_frame(n)[0])).permute(2, 0, 1) for n in names]
+    h = min(f.shape[1] for f in frames)
+    w = min(f.shape[2] for f in frames)
+    return torch.stack([f[:, :h, :w].contiguous() for f in frames])
+
+
+@pytest.fixture
+def fresh_caches() -> None:
+    """No frame remembered from other tests."""
+    with analysis._CACHE_LOCK:
+        analysis._CACHE.clear()
+        analysis._PRINTS.clear()
+
+
+class _Spy:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.guessed: list[int] = []
+        self.confirmed: list[int] = []
+        guess, confirm = engine._RecordScenes.guess, engine._RecordScenes.confirm
+
+        def spy_guess(scenes: Any, i: int) -> Any:
+            found = guess(scenes, i)
+            if found is not None:
+                self.guessed.append(i)
+            return found
+
+        def spy_confirm(scenes: Any, i: int, scene: Any) -> None:
+            self.confirmed.append(i)
+            confirm(scenes, i, scene)
+
+        monkeypatch.setattr(engine._RecordScenes, "guess", spy_guess)
+        monkeypatch.setattr(engine._RecordScenes, "confirm", spy_confirm)
+
+
+def test_hasher_is_available_and_agrees() -> None:
+    hasher = native.stream_hasher()
+    assert hasher is not None, "xxhash is installed (datasets brings it): the streaming digest must load"
+    assert native._hasher_agrees(hasher)
+
+
+def test_hasher_probe_catches_a_wrong_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    hasher = native.stream_hasher()
+    assert hasher is not None
+    monkeypatch.setattr(hasher, "digest", lambda state: bytes(16))
+    assert not native._hasher_agrees(hasher)
+
+
+@pytest.mark.parametrize("name_index", [0, 1])
+def test_hashed_lookup_gives_the_digest_and_the_bytes(name_index: int) -> None:
+    x = _batch()
+    sample = x[name_index % x.shape[0]].numpy()
+    scene = perturb.scene(torch.from_numpy(sample))
+    table = np.clip(np.arange(256) * 1.3 - 20, 0, 255).astype(np.uint8)
+    lookup = _math.lookup_function()
+    plain = np.zeros_like(sample)
+    assert masks.compose_lookup(sample, plain, table, lookup, scene.descriptor)
+    hashed = np.zeros_like(sample)
+    digest = masks.compose_lookup_hashed(sample, hashed, table, lookup, scene.descriptor)
+    assert digest == analysis._digest(sample.data)
+    assert np.array_equal(hashed, plain)
+
+
+def test_unseen_frames_are_not_guessed(fresh_caches: None) -> None:
+    x = _batch()
+    assert all(analysis.guess(x[i]) is None for i in range(x.shape[0]))
+
+
+@pytest.mark.parametrize("op", ["brightness", "gamma", "color_cast"])
+def test_a_frame_seen_before_is_guessed_with_the_same_bytes_and_records(
+    op: str, fresh_caches: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = _batch()
+    keys = [f"k{i}" for i in range(x.shape[0])]
+    spy = _Spy(monkeypatch)
+    first, first_records = perturb.apply(x, op, 4, keys)
+    assert spy.guessed == []  # nothing remembered yet: every scene analysed
+    second, second_records = perturb.apply(x, op, 4, keys)
+    assert sorted(spy.confirmed) == list(range(x.shape[0]))
+    assert torch.equal(first, second)
+    assert [r.to_dict() for r in first_records] == [r.to_dict() for r in second_records]
+    assert torch.equal(perturb.replay(second_records, x), second)
+
+
+def test_a_wrong_guess_runs_the_frame_again_with_its_own_scene(
+    fresh_caches: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two frames that agree in the fingerprinted middle but differ elsewhere: the second is
+    guessed to be the first, its digest says otherwise, and it gets its own scene."""
+    x = _batch(limit=1)[:1]
+    other = x.clone()
+    other[:, :, :40, :] = 255 - other[:, :, :40, :]  # the top rows: the middle is untouched
+    assert analysis._fingerprint(other[0].numpy()) == analysis._fingerprint(x[0].numpy())
+    perturb.apply(x, "brightness", 5, ["a"])  # remembers x's scene and fingerprint
+    spy = _Spy(monkeypatch)
+    out, records = perturb.apply(other, "brightness", 5, ["a"])
+    assert spy.guessed == [0] and spy.confirmed == []
+    own = perturb.scene(other[0])
+    want, _ = perturb.apply(other, "brightness", 5, ["a"], scenes=[own])
+    assert torch.equal(out, want)
+    assert records[0].extra["scene"] == own.descriptor
+
+
+def test_contrast_does_not_guess(fresh_caches: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """contrast's table reads the frame's scene (its tissue mean): no guesses there."""
+    x = _batch()
+    keys = [f"k{i}" for i in range(x.shape[0])]
+    perturb.apply(x, "contrast", 3, keys)
+    spy = _Spy(monkeypatch)
+    perturb.apply(x, "contrast", 3, keys)
+    assert spy.guessed == []
