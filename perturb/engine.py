@@ -309,6 +309,7 @@ class _RecordScenes(Sequence[Scene | None]):
         (desc, text, key), digest = found
         scene = Scene.keyed(desc, key)
         object.__setattr__(scene, "pixels_", digest)
+        object.__setattr__(scene, "guessed_", True)
         self._texts[i] = text
         return scene, digest
 

@@ -51,7 +51,8 @@ _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar(
 )
 
 CpuFn = Callable[..., None]  # fn(src, dst, params, key) or fn(src, dst, params, key, scene=...)
-TableFn = Callable[..., np.ndarray]  # table(src, params, key[, scene=...]) -> (256,) or (C, 256) uint8
+# table(src, params, key[, scene=...]) -> (256,) or (C, 256) uint8; None: not from a guessed scene
+TableFn = Callable[..., np.ndarray | None]
 NATIVE_DEFAULT: tuple[type, ...] = (np.uint8, np.float32)
 _NATIVE_DEFAULT = frozenset(np.dtype(d) for d in NATIVE_DEFAULT)
 _TOPS = {np.dtype(np.uint8): 255, np.dtype(np.uint16): 65535}
@@ -389,23 +390,28 @@ def run_cpu(
     # a scene still to analyse is guessed from a fingerprint of its sample and the sample's digest
     # taken in the lookup pass itself (one read of it from memory instead of two); a sample whose
     # digest is not the guessed frame's runs again below, with its scene analysed
-    guess = getattr(scenes, "guess", None) if lookup is not None and not uses_scene and given is scenes else None
+    # (a table that reads the scene, e.g. contrast's tissue mean, may decline a guessed one: None)
+    guess = getattr(scenes, "guess", None) if lookup is not None and given is scenes else None
+
+    def tables_of(sample: np.ndarray, p: dict[str, np.ndarray], i: int, scene: Any) -> np.ndarray | None:
+        assert table is not None
+        return table(sample, p, int(keys[i]), scene=scene) if uses_scene else table(sample, p, int(keys[i]))
 
     def work(i: int) -> None:
         p = {name: value[i] for name, value in host.items()}
         sample = src[i]
-        if guess is not None and table is not None:
+        if guess is not None:
             found = guess(i)
-            if found is not None:
+            tables = None if found is None else tables_of(sample, p, i, found[0])
+            if found is not None and tables is not None:
                 scene, digest = found
-                tables = table(sample, p, int(keys[i]))
                 if compose_lookup_hashed(sample, dst[i], tables, lookup, scene.descriptor, scene.key) == digest:
                     scenes.confirm(i, scene)  # type: ignore[attr-defined]
                     return
         scene = scenes[i]
-        if lookup is not None and table is not None and scene is not None:
-            tables = table(sample, p, int(keys[i]), scene=given[i]) if uses_scene else table(sample, p, int(keys[i]))
-            if compose_lookup(sample, dst[i], tables, lookup, scene.descriptor, getattr(scene, "key", None)):
+        if lookup is not None and scene is not None:
+            tables = tables_of(sample, p, i, given[i])
+            if tables is not None and compose_lookup(sample, dst[i], tables, lookup, scene.descriptor, getattr(scene, "key", None)):
                 return
         if extend and scene is not None:
             sample = _scratch(sample.shape, sample.dtype)

@@ -387,9 +387,16 @@ def _contrast_affine(src: np.ndarray, p: dict[str, np.ndarray], scene: Any) -> t
     return factor, float(np.float32(255.0) * _contrast_mean(src, scene)) * (1.0 - factor)
 
 
-def _contrast_table(src: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> np.ndarray:
+def _contrast_table(src: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> np.ndarray | None:
     """``_contrast_affine`` saturated by OpenCV's convertScaleAbs, element-wise, so its result on
-    the 256 levels is the uint8 table."""
+    the 256 levels is the uint8 table. None for a guessed scene (``Scene.guessed_``) whose mean
+    is not cached: a mean computed now would be cached under a digest not yet checked."""
+    if getattr(scene, "guessed_", False) and _cached_mean(_mean_slot(src, scene)) is None:
+        return None
+    return _contrast_levels(src, p, scene)
+
+
+def _contrast_levels(src: np.ndarray, p: dict[str, np.ndarray], scene: Any) -> np.ndarray:
     factor, offset = _contrast_affine(src, p, scene)
     return np.asarray(cv2.convertScaleAbs(LEVELS_ROW_U8, alpha=factor, beta=offset)[0])
 
@@ -398,7 +405,7 @@ def _contrast_table(src: np.ndarray, p: dict[str, np.ndarray], key: int, scene: 
 def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
     if src.dtype == np.uint8:
         if fast_lut():
-            lut_u8(src, dst, _contrast_table(src, p, key, scene))
+            lut_u8(src, dst, _contrast_levels(src, p, scene))
         else:
             factor, offset = _contrast_affine(src, p, scene)
             cv2.convertScaleAbs(plane2d(src), plane2d(dst), alpha=factor, beta=offset)

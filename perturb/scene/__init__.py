@@ -43,6 +43,10 @@ class Scene:
     # by the engine on the scenes of the samples it runs (``perturb.engine``), never by the
     # public constructors: a scene handed on to another image must not carry it
     pixels_: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    # set by the engine on a scene guessed for a sample before the sample's digest is checked
+    # (``perturb.engine._RecordScenes.guess``): per-frame caches must not store what they
+    # compute under ``pixels_`` from such a scene
+    guessed_: bool = field(default=False, init=False, repr=False, compare=False)
 
     @classmethod
     def keyed(cls, descriptor: dict[str, Any], key: str) -> Scene:

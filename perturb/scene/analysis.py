@@ -247,7 +247,9 @@ def _fingerprint(arr: np.ndarray) -> int:
 def _remember_print(layout: str, arr: np.ndarray, digest: bytes) -> None:
     slot = (layout, arr.shape, arr.dtype.str, _fingerprint(arr))
     with _CACHE_LOCK:
-        _PRINTS[slot] = digest
+        seen = _PRINTS.get(slot)
+        # two frames with one fingerprint (a uniform middle): never guessed again (b"")
+        _PRINTS[slot] = digest if seen is None or seen == digest else b""
         _PRINTS.move_to_end(slot)
         while len(_PRINTS) > 4 * _CACHE_SIZE:
             _PRINTS.popitem(last=False)
@@ -264,8 +266,8 @@ def guess(image: Any) -> tuple[tuple[dict[str, Any], str, str], bytes] | None:
     slot = (layout, arr.shape, arr.dtype.str, _fingerprint(arr))
     with _CACHE_LOCK:
         digest = _PRINTS.get(slot)
-        hit = None if digest is None else _CACHE.get((layout, arr.shape, arr.dtype.str, digest))
-        if hit is None or digest is None:
+        hit = None if not digest else _CACHE.get((layout, arr.shape, arr.dtype.str, digest))
+        if hit is None or not digest:
             return None
         _CACHE.move_to_end((layout, arr.shape, arr.dtype.str, digest))
     return hit, digest

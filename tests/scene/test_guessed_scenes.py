@@ -33,9 +33,13 @@ def _batch(limit: int = 3) -> torch.Tensor:
 @pytest.fixture
 def fresh_caches() -> None:
     """No frame remembered from other tests."""
+    from perturb.ops import color
+
     with analysis._CACHE_LOCK:
         analysis._CACHE.clear()
         analysis._PRINTS.clear()
+    with color._MEANS_LOCK:
+        color._MEANS.clear()
 
 
 class _Spy:
@@ -124,13 +128,44 @@ def test_a_wrong_guess_runs_the_frame_again_with_its_own_scene(
     want, _ = perturb.apply(other, "brightness", 5, ["a"], scenes=[own])
     assert torch.equal(out, want)
     assert records[0].extra["scene"] == own.descriptor
+    # two frames share that fingerprint now: neither is guessed again
+    assert analysis.guess(x[0]) is None and analysis.guess(other[0]) is None
 
 
-def test_contrast_does_not_guess(fresh_caches: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """contrast's table reads the frame's scene (its tissue mean): no guesses there."""
+def test_contrast_guesses_once_its_mean_is_cached(fresh_caches: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """contrast's table reads the scene (its tissue mean): from a guessed scene it declines
+    until the frame's mean is cached under its checked digest, then the guess is used."""
+    from perturb.ops import color
+
     x = _batch()
     keys = [f"k{i}" for i in range(x.shape[0])]
-    perturb.apply(x, "contrast", 3, keys)
+    with color._MEANS_LOCK:
+        color._MEANS.clear()
+    perturb.apply(x, "brightness", 3, keys)  # frames and fingerprints remembered, no means
     spy = _Spy(monkeypatch)
-    perturb.apply(x, "contrast", 3, keys)
-    assert spy.guessed == []
+    first, _ = perturb.apply(x, "contrast", 3, keys)
+    assert sorted(spy.guessed) == list(range(x.shape[0])) and spy.confirmed == []  # declined
+    second, records = perturb.apply(x, "contrast", 3, keys)
+    assert sorted(spy.confirmed) == list(range(x.shape[0]))
+    assert torch.equal(first, second)
+    assert torch.equal(perturb.replay(records, x), second)
+    digests = {analysis._digest(x[i].numpy().data) for i in range(x.shape[0])}
+    assert {slot[0] for slot in color._MEANS} <= digests  # every mean under its own frame's digest
+
+
+def test_contrast_with_a_wrong_guess_gets_its_own_mean(fresh_caches: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from perturb.ops import color
+
+    x = _batch(limit=1)[:1]
+    other = x.clone()
+    other[:, :, :40, :] = 255 - other[:, :, :40, :]
+    perturb.apply(x, "contrast", 5, ["a"])  # x's scene, fingerprint and mean cached
+    spy = _Spy(monkeypatch)
+    out, records = perturb.apply(other, "contrast", 5, ["a"])
+    assert spy.guessed == [0] and spy.confirmed == []
+    own = perturb.scene(other[0])
+    want, _ = perturb.apply(other, "contrast", 5, ["a"], scenes=[own])
+    assert torch.equal(out, want)
+    assert records[0].extra["scene"] == own.descriptor
+    digests = {analysis._digest(t[0].numpy().data) for t in (x, other)}
+    assert {slot[0] for slot in color._MEANS} <= digests

@@ -104,7 +104,11 @@ def test_engine_bytes_with_and_without_compiled_composite(op: str, monkeypatch: 
     for severity in (1, 5):
         fused.clear()
         fast, _ = perturb.apply(x, op, severity, keys, protect_border=True)
-        assert fused == ([True] * x.shape[0] if op in TABLE_OPS else []), "the fused pass runs for table ops"
+        # every sample through a fused pass (a wrong guess adds a second, plain one)
+        if op in TABLE_OPS:
+            assert all(fused) and len(fused) >= x.shape[0], "the fused pass runs for table ops"
+        else:
+            assert fused == []
         with monkeypatch.context() as m:
             m.setattr(masks, "_compiled", lambda: None)
             m.setattr(masks, "lookup_kernel", lambda lookup: None)
