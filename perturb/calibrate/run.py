@@ -211,7 +211,7 @@ def _band_text(targets: dict[str, Any]) -> str:
 
 def to_markdown(results: Sequence[OpResult], meta: dict[str, Any]) -> str:
     lines = [
-        "# Calibration: endoscopy ops",
+        f"# Calibration: {meta.get('modality', 'endoscopy')} ops",
         "",
         f"Images: {meta['images']} from `{meta['samples']}`; keys per image: {meta['keys']}; "
         f"metrics at a {MEASURE_SHORT} px shorter side (perturb/calibrate/metrics.py). "

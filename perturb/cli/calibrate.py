@@ -56,7 +56,7 @@ def calibrate(
     specs = calibrated_ops(modality, names=op)
     typer.echo(f"{'op':16s} {'metric':10s} " + " ".join(f"{'s' + str(s):>7s}" for s in range(1, 6)) + "  resolution  status")
     results = measure(images, specs, keys=keys, invariance=invariance, log=typer.echo, modality=modality)
-    meta = {"samples": where, "images": len(images), "keys": keys}
+    meta = {"samples": where, "images": len(images), "keys": keys, "modality": modality}
     if out is not None:
         js, md = write_outputs(results, meta, out, f"calibration-{modality}")
         err.print(f"wrote {js} and {md}")

@@ -4,6 +4,8 @@ ops' declared bands (the full run on every sample film: `python -m perturb.cli c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import cv2
 import numpy as np
 from typer.testing import CliRunner
@@ -41,3 +43,18 @@ def test_measure_runs_gray_ops_on_films_and_checks_their_bands() -> None:
 def test_cli_rejects_an_unknown_modality() -> None:
     result = CliRunner().invoke(app, ["calibrate", "--modality", "ct"])
     assert result.exit_code == 2 and "use endoscopy or xray" in result.output
+
+
+def test_cli_report_is_titled_by_its_modality(tmp_path: Path) -> None:
+    """The written table names the modality it calibrated (it used to say endoscopy always)."""
+    films = tmp_path / "films"
+    films.mkdir()
+    src = XRAY[0]
+    img = cv2.imread(str(src), cv2.IMREAD_GRAYSCALE)
+    cv2.imwrite(str(films / "film.png"), cv2.resize(img, (256, 256), interpolation=cv2.INTER_AREA))
+    out = tmp_path / "out"
+    args = ["calibrate", "--modality", "xray", "--samples", str(films), "--op", "xray_edge_enhancement"]
+    result = CliRunner().invoke(app, [*args, "--keys", "1", "--no-invariance", "--out", str(out)])
+    assert result.exit_code in (0, 1), result.output
+    md = (out / "calibration-xray.md").read_text()
+    assert md.startswith("# Calibration: xray ops")
