@@ -377,6 +377,7 @@ def _run_kernel(
             kernel_scenes=scenes,
             extend=extend,
             table=backends.cpu_table(op.name),
+            matrix=backends.cpu_matrix(op.name),
         )
     if extend:
         raise ValueError("extend runs on the CPU path only")

@@ -42,7 +42,14 @@ import torch
 
 from perturb.ops import _math
 from perturb.registry import Registry
-from perturb.scene.masks import compose_lookup, compose_lookup_hashed, compose_numpy, extend_numpy
+from perturb.scene.masks import (
+    compose_lookup,
+    compose_lookup_hashed,
+    compose_numpy,
+    compose_transform,
+    compose_transform_hashed,
+    extend_numpy,
+)
 
 R = TypeVar("R")
 Backend = Literal["auto", "opencv", "torch"]
@@ -53,6 +60,7 @@ _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar(
 CpuFn = Callable[..., None]  # fn(src, dst, params, key) or fn(src, dst, params, key, scene=...)
 # table(src, params, key[, scene=...]) -> (256,) or (C, 256) uint8; None: not from a guessed scene
 TableFn = Callable[..., np.ndarray | None]
+MatrixFn = Callable[..., np.ndarray]  # matrix(src, params, key) -> (3, 3) float32
 NATIVE_DEFAULT: tuple[type, ...] = (np.uint8, np.float32)
 _NATIVE_DEFAULT = frozenset(np.dtype(d) for d in NATIVE_DEFAULT)
 _TOPS = {np.dtype(np.uint8): 255, np.dtype(np.uint16): 65535}
@@ -127,23 +135,32 @@ class CpuPath:
     native_dtypes: frozenset[np.dtype]
     uses_scene: bool = False
     table: TableFn | None = None
+    matrix: MatrixFn | None = None
 
 
 CPU_PATHS: Registry[CpuPath] = Registry("CPU path")
 
 
 def register_cpu(
-    name: str, dtypes: Sequence[type] = NATIVE_DEFAULT, *, uses_scene: bool = False, table: TableFn | None = None
+    name: str,
+    dtypes: Sequence[type] = NATIVE_DEFAULT,
+    *,
+    uses_scene: bool = False,
+    table: TableFn | None = None,
+    matrix: MatrixFn | None = None,
 ) -> Callable[[CpuFn], CpuFn]:
     """Register ``fn(src, dst, params, key)`` as the CPU fast path of op ``name``; ``dtypes``
     are the sample dtypes it reads natively. ``uses_scene``: ``fn`` (and ``table``) also take
     ``scene=`` (the sample's ``perturb.scene.Scene`` or None). ``table``: for an op whose
     uint8 result is a per-level lookup, ``table(src, params, key)`` gives the (256,) or
     (C, 256) uint8 table(s) ``fn`` applies to a uint8 sample; a border-protected sample is then
-    looked up and composited in one pass (``perturb.scene.masks.compose_lookup``)."""
+    looked up and composited in one pass (``perturb.scene.masks.compose_lookup``). ``matrix``:
+    for an op whose uint8 RGB result is ``cv2.transform`` with a 3x3 matrix,
+    ``matrix(src, params, key)`` gives that float32 matrix; a border-protected sample is then
+    transformed and composited in one pass (``perturb.scene.masks.compose_transform``)."""
 
     def decorator(fn: CpuFn) -> CpuFn:
-        CPU_PATHS.add(name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table))
+        CPU_PATHS.add(name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table, matrix))
         return fn
 
     return decorator
@@ -156,6 +173,11 @@ def cpu_uses_scene(name: str) -> bool:
 def cpu_table(name: str) -> TableFn | None:
     """The lookup-table function of ``name``'s CPU path (``register_cpu(table=...)``), or None."""
     return CPU_PATHS.get(name).table if name in CPU_PATHS else None
+
+
+def cpu_matrix(name: str) -> MatrixFn | None:
+    """The colour-matrix function of ``name``'s CPU path (``register_cpu(matrix=...)``), or None."""
+    return CPU_PATHS.get(name).matrix if name in CPU_PATHS else None
 
 
 def cpu_path(name: str, dtype: torch.dtype) -> tuple[CpuFn, frozenset[np.dtype]] | None:
@@ -361,6 +383,7 @@ def run_cpu(
     kernel_scenes: Sequence[Any | None] | None = None,
     extend: bool = False,
     table: TableFn | None = None,
+    matrix: MatrixFn | None = None,
 ) -> torch.Tensor:
     """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
     out. ``native`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
@@ -372,7 +395,8 @@ def run_cpu(
     scratch buffer), so its PSF does not pull them into the field's edge. ``table``
     (``register_cpu(table=...)``): a uint8 sample with a scene in ``scenes`` is looked up and
     composited in one pass where stringzilla's lookup and the compiled composite are available
-    (the same bytes as ``fn`` then the composite)."""
+    (the same bytes as ``fn`` then the composite); ``matrix`` (``register_cpu(matrix=...)``):
+    likewise, a uint8 RGB sample is transformed and composited in one compiled pass."""
     given = scenes if kernel_scenes is None else kernel_scenes
     if x.dtype not in _NUMPY_OF:
         raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
@@ -387,31 +411,46 @@ def run_cpu(
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}
 
     lookup = _math.lookup_function() if table is not None and src.dtype == np.uint8 and not extend else None
+    colours = matrix if matrix is not None and lookup is None and src.dtype == np.uint8 and not extend else None
     # a scene still to analyse is guessed from a fingerprint of its sample and the sample's digest
-    # taken in the lookup pass itself (one read of it from memory instead of two); a sample whose
-    # digest is not the guessed frame's runs again below, with its scene analysed
-    # (a table that reads the scene, e.g. contrast's tissue mean, may decline a guessed one: None)
-    guess = getattr(scenes, "guess", None) if lookup is not None and given is scenes else None
+    # taken in the fused pass itself (one read of it from memory instead of two); a sample whose
+    # digest is not the guessed frame's runs again below, with its scene analysed (a table that
+    # reads the scene, e.g. contrast's tissue mean, may decline a guessed one: None)
+    fusable = lookup is not None or colours is not None
+    guess = getattr(scenes, "guess", None) if fusable and given is scenes else None
 
-    def tables_of(sample: np.ndarray, p: dict[str, np.ndarray], i: int, scene: Any) -> np.ndarray | None:
-        assert table is not None
-        return table(sample, p, int(keys[i]), scene=scene) if uses_scene else table(sample, p, int(keys[i]))
+    def prepared(sample: np.ndarray, p: dict[str, np.ndarray], i: int, scene: Any) -> np.ndarray | None:
+        """The fused pass's tables or matrix for sample ``i``, or None."""
+        if lookup is not None and table is not None:
+            return table(sample, p, int(keys[i]), scene=scene) if uses_scene else table(sample, p, int(keys[i]))
+        assert colours is not None
+        return colours(sample, p, int(keys[i]))
+
+    def fused(sample: np.ndarray, out: np.ndarray, arg: np.ndarray, scene: Any, hashed: bool) -> bool | bytes | None:
+        key = getattr(scene, "key", None)
+        if lookup is not None:
+            if hashed:
+                return compose_lookup_hashed(sample, out, arg, lookup, scene.descriptor, key)
+            return compose_lookup(sample, out, arg, lookup, scene.descriptor, key)
+        if hashed:
+            return compose_transform_hashed(sample, out, arg, scene.descriptor, key)
+        return compose_transform(sample, out, arg, scene.descriptor, key)
 
     def work(i: int) -> None:
         p = {name: value[i] for name, value in host.items()}
         sample = src[i]
         if guess is not None:
             found = guess(i)
-            tables = None if found is None else tables_of(sample, p, i, found[0])
-            if found is not None and tables is not None:
+            arg = None if found is None else prepared(sample, p, i, found[0])
+            if found is not None and arg is not None:
                 scene, digest = found
-                if compose_lookup_hashed(sample, dst[i], tables, lookup, scene.descriptor, scene.key) == digest:
+                if fused(sample, dst[i], arg, scene, True) == digest:
                     scenes.confirm(i, scene)  # type: ignore[attr-defined]
                     return
         scene = scenes[i]
-        if lookup is not None and scene is not None:
-            tables = tables_of(sample, p, i, given[i])
-            if tables is not None and compose_lookup(sample, dst[i], tables, lookup, scene.descriptor, getattr(scene, "key", None)):
+        if fusable and scene is not None:
+            arg = prepared(sample, p, i, given[i])
+            if arg is not None and fused(sample, dst[i], arg, scene, False):
                 return
         if extend and scene is not None:
             sample = _scratch(sample.shape, sample.dtype)

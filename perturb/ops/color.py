@@ -229,8 +229,13 @@ def color_cast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
 
 def _transform(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> None:
     """dst = clip(matrix @ rgb) per pixel with OpenCV's 3x3 transform (uint8: rounded and
-    saturated; float32: clipped to [0, 1])."""
+    saturated; float32: clipped to [0, 1]). A uint8 RGB sample runs the compiled loop of the
+    same fixed-point arithmetic where it is available (``perturb.scene.native.transform_kernel``,
+    checked against OpenCV at first use): one pass over the planes instead of a merge, the
+    transform and a split."""
     m = np.asarray(matrix, dtype=np.float32).reshape(3, 3)
+    if src.dtype == np.uint8 and dst.dtype == np.uint8 and src.shape[0] == 3 and _transform_compiled(src, dst, m):
+        return
     hwc = (*src.shape[1:], 3)
     merged = cv2.merge([src[0], src[1], src[2]], dst=scratch("transform_in", hwc, src.dtype))
     mixed = cv2.transform(merged, m, dst=scratch("transform_out", hwc, src.dtype))
@@ -239,16 +244,45 @@ def _transform(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> None:
     split_into(mixed, dst)
 
 
-@backend.register_cpu("hue_shift")
+_NO_RUNS = np.zeros(0, np.int64)
+_NO_ALPHA = np.zeros(0, np.float32)
+_NO_RUNS.flags.writeable = False
+_NO_ALPHA.flags.writeable = False
+
+
+def _transform_compiled(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> bool:
+    from perturb.scene.native import matrix_steps, transform_kernel
+
+    kernel = transform_kernel()
+    steps = matrix_steps(matrix)
+    if kernel is None or steps is None or not (src.flags.c_contiguous and dst.flags.c_contiguous):
+        return False
+    if src.shape != dst.shape:
+        raise ValueError(f"source {src.shape} and output {dst.shape} differ in shape")
+    kernel(src.reshape(-1), dst.reshape(-1), steps, _NO_RUNS, _NO_RUNS, _NO_RUNS, _NO_RUNS, _NO_ALPHA, 0, 0)
+    return True
+
+
+def _hue_matrix(src: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+    """The 3x3 matrix ``hue_shift_cpu`` applies (float32)."""
+    return np.asarray(p["matrix"], dtype=np.float32).reshape(3, 3)
+
+
+@backend.register_cpu("hue_shift", matrix=_hue_matrix)
 def hue_shift_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    _transform(src, dst, p["matrix"])
+    _transform(src, dst, _hue_matrix(src, p, key))
 
 
-@backend.register_cpu("saturation")
-def saturation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+def _saturation_matrix(src: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
+    """The 3x3 matrix ``saturation_cpu`` applies (float32): ``f I + (1 - f)`` luma weights."""
     f = float(np.float32(p["factor"]))
     weights = np.array(LUMA_REC601)
-    _transform(src, dst, (1.0 - f) * np.tile(weights, (3, 1)) + f * np.eye(3))
+    return np.asarray((1.0 - f) * np.tile(weights, (3, 1)) + f * np.eye(3), dtype=np.float32)
+
+
+@backend.register_cpu("saturation", matrix=_saturation_matrix)
+def saturation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    _transform(src, dst, _saturation_matrix(src, p, key))
 
 
 def _u8_table(values: np.ndarray) -> np.ndarray:

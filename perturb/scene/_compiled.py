@@ -166,3 +166,57 @@ def lookup_compose(
         blend_runs(src, dst, part_starts, part_stops, alpha, off)  # the soft edge: looked up
         if update_at != 0:  # the plane into the digest while it is still in cache
             call_update(update_at, state_at, s_at + off, size)
+
+
+@_njit
+def transform_span(src: Any, dst: Any, m: Any, size: int, a: int, b: int) -> None:  # pragma: no cover - compiled
+    """OpenCV's uint8 3x3 colour transform of the pixels [a, b) of three CHW planes of ``size``:
+    ``dst[c] = saturate((sum_k m[c, k] src[k] + 512) >> 10)``, ``m`` the matrix in 1/1024 steps
+    (int64, ``rint(matrix * 1024)``): the exact integer arithmetic of ``cv2.transform``'s
+    fixed-point path for uint8 (coefficients below 32 in magnitude)."""
+    s0, s1, s2 = src[a:b], src[size + a : size + b], src[2 * size + a : 2 * size + b]
+    d0, d1, d2 = dst[a:b], dst[size + a : size + b], dst[2 * size + a : 2 * size + b]
+    m00, m01, m02 = m[0, 0], m[0, 1], m[0, 2]
+    m10, m11, m12 = m[1, 0], m[1, 1], m[1, 2]
+    m20, m21, m22 = m[2, 0], m[2, 1], m[2, 2]
+    for j in range(b - a):
+        r, g, bl = np.int64(s0[j]), np.int64(s1[j]), np.int64(s2[j])
+        d0[j] = min(max((m00 * r + m01 * g + m02 * bl + 512) >> 10, 0), 255)
+        d1[j] = min(max((m10 * r + m11 * g + m12 * bl + 512) >> 10, 0), 255)
+        d2[j] = min(max((m20 * r + m21 * g + m22 * bl + 512) >> 10, 0), 255)
+
+
+@_njit
+def transform_compose(
+    src: Any,
+    dst: Any,
+    m: Any,
+    starts: Any,
+    stops: Any,
+    part_starts: Any,
+    part_stops: Any,
+    alpha: Any,
+    state_at: int,
+    update_at: int,
+) -> None:  # pragma: no cover - compiled
+    """``transform_span`` over a flat 3-plane uint8 sample, composited in the same pass: the
+    runs ``starts`` / ``stops`` (flat indices into one plane) copied from ``src`` in every
+    plane, the pixels between them transformed, the soft edge blended (no runs: the whole sample
+    transformed); ``state_at, update_at`` as in ``lookup_compose`` (0, 0: no digest)."""
+    size = src.size // 3
+    pos = 0
+    for r in range(starts.size):
+        lo, hi = starts[r], stops[r]
+        if lo > pos:
+            transform_span(src, dst, m, size, pos, lo)
+        for c in range(3):
+            copy_span(src, dst, c * size + lo, c * size + hi)
+        pos = hi
+    if pos < size:
+        transform_span(src, dst, m, size, pos, size)
+    for c in range(3):
+        blend_runs(src, dst, part_starts, part_stops, alpha, c * size)
+    if update_at != 0:
+        s_at = src.ctypes.data
+        for c in range(3):
+            call_update(update_at, state_at, s_at + c * size, size)

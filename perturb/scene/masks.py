@@ -14,7 +14,14 @@ from typing import Any, TypeVar, cast
 import cv2
 import numpy as np
 
-from perturb.scene.native import kernels, lookup_kernel, runs_of, stream_hasher
+from perturb.scene.native import (
+    kernels,
+    lookup_kernel,
+    matrix_steps,
+    runs_of,
+    stream_hasher,
+    transform_kernel,
+)
 
 FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
 GLYPH_LOW, GLYPH_HIGH = 24, 64  # 8-bit luma excess over the local background: no glyph .. full glyph
@@ -430,15 +437,55 @@ def compose_lookup_hashed(
 ) -> bytes | None:
     """``compose_lookup`` that also returns the digest of ``src``'s bytes (the one
     ``perturb.scene.analysis`` keys its scenes by), taken in the same pass: each plane goes into
-    the digest as it is read. None, with nothing written, where that pass is not available."""
+    the digest while it is in cache. None, with nothing written, where that pass is not available."""
+    return _hashed(lambda hashing: _lookup_pass(src, dst, tables, lookup, desc, key, hashing))
+
+
+def compose_transform(
+    src: np.ndarray, dst: np.ndarray, matrix: np.ndarray, desc: dict[str, Any], key: str | None = None
+) -> bool:
+    """``dst = clip(matrix @ src)`` per pixel of a uint8 CHW RGB sample, with the bytes of
+    ``cv2.transform`` (its 10-bit fixed point), composited as ``compose_numpy`` composites it,
+    in one compiled pass (``perturb.scene.native.transform_kernel``): the source's runs copied,
+    the rest transformed, the soft edge blended. False, with nothing written, where that pass is
+    not available (no numba, other dtypes or channel counts, coefficients of 32 or more)."""
+    return _transform_pass(src, dst, matrix, desc, key, None)
+
+
+def compose_transform_hashed(
+    src: np.ndarray, dst: np.ndarray, matrix: np.ndarray, desc: dict[str, Any], key: str | None = None
+) -> bytes | None:
+    """``compose_transform`` that also returns the digest of ``src``'s bytes, taken in the same
+    pass (``compose_lookup_hashed``). None, with nothing written, where it is not available."""
+    return _hashed(lambda hashing: _transform_pass(src, dst, matrix, desc, key, hashing))
+
+
+def _hashed(run: Callable[[tuple[int, int]], bool]) -> bytes | None:
     hasher = stream_hasher()
     if hasher is None:
         return None
     state = hasher.state()
     hasher.reset(state)
-    if not _lookup_pass(src, dst, tables, lookup, desc, key, (state, hasher.update_at)):
+    if not run((state, hasher.update_at)):
         return None
     return hasher.digest(state)
+
+
+def _fusable(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> bool:
+    if src.dtype != np.uint8 or dst.dtype != np.uint8 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
+        return False
+    if src.shape != dst.shape:
+        raise ValueError(f"source {src.shape} and output {dst.shape} differ in shape")
+    _check_size(desc, src)
+    return True
+
+
+def _finish_text(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str, plan: _ComposePlan, compiled: Any) -> None:
+    """The glyph cover of the text lines, blended after a fused pass (as ``compose_numpy``)."""
+    if plan.text is not None:
+        index, alpha = _text_blend(desc, key, src, plan.text)
+        if index.size:
+            compiled.blend(src.reshape(-1), dst.reshape(-1), index, alpha)
 
 
 def _lookup_pass(
@@ -450,9 +497,8 @@ def _lookup_pass(
     key: str | None,
     hashing: tuple[int, int] | None,
 ) -> bool:
-    if src.dtype != np.uint8 or dst.dtype != np.uint8 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
+    if not _fusable(src, dst, desc):
         return False
-    _check_size(desc, src)
     luts = np.ascontiguousarray(tables, dtype=np.uint8).reshape(-1, 256)
     if luts.shape[0] not in (1, src.shape[0]):  # the kernel reads table c for plane c, unchecked
         return False
@@ -466,16 +512,38 @@ def _lookup_pass(
     if luts.flags.writeable:  # one argument type for numba whatever the op's table is
         luts = luts.view()
         luts.flags.writeable = False
-    s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
     state_at, update_at = (0, 0) if hashing is None else hashing
     kernel(
-        s_flat, d_flat, luts, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha,
-        src.shape[0], lookup_at, state_at, update_at,
+        src.reshape(-1), dst.reshape(-1), luts, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops,
+        plan.part_alpha, src.shape[0], lookup_at, state_at, update_at,
     )
-    if plan.text is not None:
-        index, alpha = _text_blend(desc, key, src, plan.text)
-        if index.size:
-            compiled.blend(s_flat, d_flat, index, alpha)
+    _finish_text(src, dst, desc, key, plan, compiled)
+    return True
+
+
+def _transform_pass(
+    src: np.ndarray,
+    dst: np.ndarray,
+    matrix: np.ndarray,
+    desc: dict[str, Any],
+    key: str | None,
+    hashing: tuple[int, int] | None,
+) -> bool:
+    if not _fusable(src, dst, desc) or src.ndim != 3 or src.shape[0] != 3:
+        return False
+    compiled = _compiled()
+    kernel = None if compiled is None else transform_kernel()
+    steps = matrix_steps(matrix)
+    if kernel is None or steps is None:
+        return False
+    key = _key(desc) if key is None else key
+    plan = _compose_plan(key)
+    state_at, update_at = (0, 0) if hashing is None else hashing
+    kernel(
+        src.reshape(-1), dst.reshape(-1), steps, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops,
+        plan.part_alpha, state_at, update_at,
+    )
+    _finish_text(src, dst, desc, key, plan, compiled)
     return True
 
 

@@ -260,3 +260,69 @@ def stream_hasher() -> StreamHasher | None:
         return hasher if _hasher_agrees(hasher) else None
     except Exception:  # no xxhash, another build of it, no such symbols: the separate digest
         return None
+
+
+MATRIX_STEPS = 1024  # cv2.transform's fixed-point unit for uint8 (10 bits)
+_MATRIX_LIMIT = 32.0  # cv2 takes the fixed-point path for coefficients below this in magnitude
+
+
+def matrix_steps(matrix: np.ndarray) -> np.ndarray | None:
+    """A 3x3 colour matrix in ``cv2.transform``'s uint8 fixed-point steps (int64, read-only:
+    ``rint(matrix * 1024)`` of its float32 values), or None where a coefficient is not finite
+    or too large for that path (OpenCV then computes in floating point)."""
+    m = np.asarray(matrix, dtype=np.float32).reshape(3, 3)
+    if not np.isfinite(m).all() or np.abs(m).max() >= _MATRIX_LIMIT:
+        return None
+    steps = np.rint(m.astype(np.float64) * MATRIX_STEPS).astype(np.int64)
+    steps.flags.writeable = False
+    return steps
+
+
+def _transform_agrees(kernel: Callable[..., None]) -> bool:
+    """``kernel`` (``transform_compose``) gives ``cv2.transform``'s bytes on random images of odd
+    widths (vector bodies and tails) with random matrices, and composites as ``compose`` does."""
+    import cv2
+
+    rng = np.random.default_rng(3)
+    empty_i, empty_f = _frozen(np.zeros(0, np.int64), np.zeros(0, np.float32))
+    for h, w, scale in ((7, 61, 1.0), (16, 33, 3.0), (5, 1029, 0.6), (1, 1, 2.0)):
+        img = rng.integers(0, 256, (3, h, w), dtype=np.uint8)
+        matrix = (rng.uniform(-1.0, 1.0, (3, 3)) * scale + np.eye(3)).astype(np.float32)
+        steps = matrix_steps(matrix)
+        if steps is None:
+            return False
+        want = np.ascontiguousarray(cv2.transform(np.ascontiguousarray(img.transpose(1, 2, 0)), matrix).transpose(2, 0, 1))
+        got = np.zeros_like(img)
+        kernel(img.reshape(-1), got.reshape(-1), steps, empty_i, empty_i, empty_i, empty_i, empty_f, 0, 0)
+        if not np.array_equal(got, want):
+            return False
+    k = kernels()
+    if k is None:
+        return False
+    img = rng.integers(0, 256, (3, 16, 33), dtype=np.uint8)  # runs at both ends and between
+    size = img.shape[1] * img.shape[2]
+    starts, stops = np.array([0, 300, size - 2], np.int64), np.array([10, 420, size], np.int64)
+    part = np.arange(11, 299, 3, dtype=np.int64)
+    alpha = rng.random(part.size, dtype=np.float32)
+    flat = img.reshape(-1)
+    expect = np.zeros_like(flat)
+    kernel(flat, expect, steps, empty_i, empty_i, empty_i, empty_i, empty_f, 0, 0)
+    k.compose(flat, expect, *_frozen(starts, stops, *runs_of(part), alpha), 3)
+    fused = np.zeros_like(flat)
+    kernel(flat, fused, steps, *_frozen(starts, stops, *runs_of(part), alpha), 0, 0)
+    return bool(np.array_equal(fused, expect))
+
+
+@lru_cache(maxsize=1)
+def transform_kernel() -> Callable[..., None] | None:
+    """``perturb.scene._compiled.transform_compose`` (``(src, dst, steps, starts, stops,
+    part_starts, part_stops, alpha, state_at, update_at)`` on flat 3-plane uint8 samples, the
+    bytes of ``cv2.transform`` then ``compose``), or None where numba is missing or the probe
+    against OpenCV disagrees (an OpenCV whose uint8 transform computes otherwise)."""
+    try:
+        from perturb.scene import _compiled
+
+        kernel: Callable[..., None] = _compiled.transform_compose
+        return kernel if _transform_agrees(kernel) else None
+    except Exception:  # no numba, or it cannot compile the loop: OpenCV's path
+        return None
