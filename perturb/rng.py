@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from numpy.random.bit_generator import ISeedSequence
+from numpy.random.bit_generator import ISpawnableSeedSequence
 
 from perturb._pcg_seed import seed_words
 from perturb.contracts.keys import canonical, derive_key, key_from_hex, key_to_hex, sub_key
@@ -54,22 +54,38 @@ def scalar_rng(key: int) -> np.random.Generator:
     words = seed_words() if 0 <= key < 1 << 64 else None
     if words is None:
         return np.random.Generator(np.random.PCG64(key))
-    seq = _SeedWords(words(key & _MASK32, key >> 32))
-    return np.random.Generator(np.random.PCG64(seq))  # type: ignore[arg-type]  # any ISeedSequence
+    seq = _SeedWords(words(key & _MASK32, key >> 32), key)
+    return np.random.Generator(np.random.PCG64(seq))
 
 
-class _SeedWords(ISeedSequence):
-    """A seed sequence whose words are already drawn (``np.random.SeedSequence(key)``'s)."""
+class _SeedWords(ISpawnableSeedSequence):
+    """A seed sequence whose words are already drawn (``np.random.SeedSequence(key)``'s); for
+    anything else (``Generator.spawn``, ``entropy``, ...) it is that SeedSequence, made on first
+    use, so the generator behaves as ``Generator(PCG64(key))`` does."""
 
-    __slots__ = ("_words",)
+    __slots__ = ("_key", "_seq", "_words")
 
-    def __init__(self, words: np.ndarray) -> None:
-        self._words = words
+    def __init__(self, words: np.ndarray, key: int) -> None:
+        self._words, self._key = words, key
+        self._seq: np.random.SeedSequence | None = None
 
     def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
         if n_words != self._words.size or np.dtype(dtype) != np.uint64:
             raise ValueError("these seed words serve PCG64 alone (4 x uint64)")
         return self._words
+
+    def _numpy(self) -> np.random.SeedSequence:
+        if self._seq is None:
+            self._seq = np.random.SeedSequence(self._key)
+        return self._seq
+
+    def spawn(self, n_children: int) -> list[Any]:  # NumPy's SeedSequences
+        return self._numpy().spawn(n_children)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # not set yet (e.g. while unpickling): no SeedSequence to ask
+            raise AttributeError(name)
+        return getattr(self._numpy(), name)
 
 
 # --------------------------------------------------------------------------------------------

@@ -414,24 +414,31 @@ def _contrast_mean(src: np.ndarray, scene: Any) -> np.float32:
     return mean
 
 
-def _contrast_affine(src: np.ndarray, p: dict[str, np.ndarray], scene: Any) -> tuple[float, float]:
+def _contrast_affine(
+    src: np.ndarray, p: dict[str, np.ndarray], scene: Any, mean: np.float32 | None = None
+) -> tuple[float, float]:
     """(factor, offset) of round(255 * (mean + factor * (x / 255 - mean))) = round(factor * x +
-    255 mean (1 - factor)) on uint8 levels (within float rounding of the kernel's value)."""
+    255 mean (1 - factor)) on uint8 levels (within float rounding of the kernel's value);
+    ``mean``: the sample's mean where the caller already has it."""
     factor = float(np.float32(p["factor"]))
-    return factor, float(np.float32(255.0) * _contrast_mean(src, scene)) * (1.0 - factor)
+    mean = _contrast_mean(src, scene) if mean is None else mean
+    return factor, float(np.float32(255.0) * mean) * (1.0 - factor)
 
 
 def _contrast_table(src: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> np.ndarray | None:
     """``_contrast_affine`` saturated by OpenCV's convertScaleAbs, element-wise, so its result on
     the 256 levels is the uint8 table. None for a guessed scene (``Scene.guessed_``) whose mean
-    is not cached: a mean computed now would be cached under a digest not yet checked."""
-    if getattr(scene, "guessed_", False) and _cached_mean(_mean_slot(src, scene)) is None:
-        return None
+    is not cached: a mean computed now would be cached under a digest not yet checked (the
+    cached mean is used as it was read: evicted by another worker before a second look, it
+    would be computed from this sample and cached under the guess)."""
+    if getattr(scene, "guessed_", False):
+        mean = _cached_mean(_mean_slot(src, scene))
+        return None if mean is None else _contrast_levels(src, p, scene, mean)
     return _contrast_levels(src, p, scene)
 
 
-def _contrast_levels(src: np.ndarray, p: dict[str, np.ndarray], scene: Any) -> np.ndarray:
-    factor, offset = _contrast_affine(src, p, scene)
+def _contrast_levels(src: np.ndarray, p: dict[str, np.ndarray], scene: Any, mean: np.float32 | None = None) -> np.ndarray:
+    factor, offset = _contrast_affine(src, p, scene, mean)
     return np.asarray(cv2.convertScaleAbs(LEVELS_ROW_U8, alpha=factor, beta=offset)[0])
 
 

@@ -59,7 +59,7 @@ def test_keys_outside_64_bits_take_numpys_path(key: int) -> None:
 
 
 def test_seed_words_refuse_other_requests() -> None:
-    words = rng._SeedWords(np.zeros(4, np.uint64))
+    words = rng._SeedWords(np.zeros(4, np.uint64), 0)
     with pytest.raises(ValueError):
         words.generate_state(4, np.uint32)
 
@@ -124,3 +124,15 @@ def test_as_json_defers_to_json_for_other_types(value: object) -> None:
             engine.as_json(value)
         return
     assert _same(engine.as_json(value), want)
+
+
+@pytest.mark.parametrize("key", [0, 0xFFFFFFFF, (1 << 64) - 1])
+def test_generator_spawns_and_shows_its_seed_sequence_as_numpys(key: int) -> None:
+    """``Generator.spawn`` and ``bit_generator.seed_seq`` work as on ``Generator(PCG64(key))``:
+    the children are NumPy's, a second spawn continues from the first."""
+    ours, theirs = rng.scalar_rng(key), _numpy_rng(key)
+    for n in (2, 1):
+        got, want = ours.spawn(n), theirs.spawn(n)
+        assert [g.bit_generator.state for g in got] == [g.bit_generator.state for g in want]
+    assert ours.bit_generator.seed_seq.entropy == theirs.bit_generator.seed_seq.entropy == key
+    assert ours.bit_generator.seed_seq.n_children_spawned == 3

@@ -169,3 +169,41 @@ def test_contrast_with_a_wrong_guess_gets_its_own_mean(fresh_caches: None, monke
     assert records[0].extra["scene"] == own.descriptor
     digests = {analysis._digest(t[0].numpy().data) for t in (x, other)}
     assert {slot[0] for slot in color._MEANS} <= digests
+
+
+def test_contrast_mean_evicted_after_the_check_is_not_cached_under_the_guess(
+    fresh_caches: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mean a guessed scene's table checks for may leave the cache before the table reads it
+    (the other worker fills the cache in between): the table must then use the mean it checked,
+    not compute one from this sample and cache it under the guessed frame's unchecked digest."""
+    from perturb.ops import color
+
+    x = _batch(limit=1)[:1]
+    other = x.clone()
+    other[:, 0] = 255 - other[:, 0]  # the red plane: x's fingerprint (the middle), another tissue mean
+    assert analysis._fingerprint(other[0].numpy()) == analysis._fingerprint(x[0].numpy())
+    want_x, _ = perturb.apply(x, "contrast", 5, ["a"])  # x's scene, fingerprint and mean cached
+    digest_x = analysis._digest(x[0].numpy().data)
+    (slot_x,) = [slot for slot in color._MEANS if slot[0] == digest_x]
+    mean_x = color._MEANS[slot_x]
+    cached_mean = color._cached_mean
+
+    def evicted_after_first_look(slot: Any) -> Any:
+        hit = cached_mean(slot)
+        if slot == slot_x:  # as if the other worker's inserts evicted it right after this look
+            with color._MEANS_LOCK:
+                color._MEANS.pop(slot, None)
+        return hit
+
+    monkeypatch.setattr(color, "_cached_mean", evicted_after_first_look)
+    spy = _Spy(monkeypatch)
+    out, _ = perturb.apply(other, "contrast", 5, ["a"])
+    assert spy.guessed == [0] and spy.confirmed == []
+    assert color._MEANS.get(slot_x, mean_x) == mean_x  # never another frame's mean under x's digest
+    monkeypatch.setattr(color, "_cached_mean", cached_mean)
+    own = perturb.scene(other[0])
+    want_other, _ = perturb.apply(other, "contrast", 5, ["a"], scenes=[own])
+    assert torch.equal(out, want_other)
+    again, _ = perturb.apply(x, "contrast", 5, ["a"])
+    assert torch.equal(again, want_x)
