@@ -70,9 +70,9 @@ class _SeedWords(ISpawnableSeedSequence):
         self._seq: np.random.SeedSequence | None = None
 
     def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
-        if n_words != self._words.size or np.dtype(dtype) != np.uint64:
-            raise ValueError("these seed words serve PCG64 alone (4 x uint64)")
-        return self._words
+        if n_words == self._words.size and np.dtype(dtype) == np.uint64:
+            return self._words
+        return self._numpy().generate_state(n_words, dtype)  # any other request: NumPy's
 
     def _numpy(self) -> np.random.SeedSequence:
         if self._seq is None:

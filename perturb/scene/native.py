@@ -150,7 +150,28 @@ def _lookup_agrees(k: Kernels, lookup: Any) -> bool:
     k.lookup_compose(
         src, got, *_frozen(tables, starts, stops, *runs_of(part), alpha), 2, address_of(lookup), 0, 0
     )
-    return bool(np.array_equal(got, want))
+    hashed = np.zeros_like(src)
+    digest_ok = _hashed_call_agrees(
+        src,
+        lambda state_at, update_at: k.lookup_compose(
+            src, hashed, *_frozen(tables, starts, stops, *runs_of(part), alpha), 2, address_of(lookup), state_at, update_at
+        ),
+    )
+    return bool(np.array_equal(got, want)) and bool(np.array_equal(hashed, want)) and digest_ok
+
+
+def _hashed_call_agrees(src: np.ndarray, call: Callable[[int, int], None]) -> bool:
+    """``call(state_at, update_at)``, a kernel asked to digest ``src`` as it runs, leaves the
+    digest ``xxhash.xxh3_128`` gives (True where no stream hasher is installed: nothing to ask)."""
+    hasher = stream_hasher()
+    if hasher is None:
+        return True
+    import xxhash
+
+    state = hasher.state()
+    hasher.reset(state)
+    call(state, hasher.update_at)
+    return hasher.digest(state) == bytes(xxhash.xxh3_128(src.tobytes()).digest())
 
 
 _LOOKUPS: dict[int, tuple[Any, bool, int]] = {}  # id -> (the function, kept alive; agrees; address)
@@ -310,7 +331,14 @@ def _transform_agrees(kernel: Callable[..., None]) -> bool:
     k.compose(flat, expect, *_frozen(starts, stops, *runs_of(part), alpha), 3)
     fused = np.zeros_like(flat)
     kernel(flat, fused, steps, *_frozen(starts, stops, *runs_of(part), alpha), 0, 0)
-    return bool(np.array_equal(fused, expect))
+    hashed = np.zeros_like(flat)
+    digest_ok = _hashed_call_agrees(
+        flat,
+        lambda state_at, update_at: kernel(
+            flat, hashed, steps, *_frozen(starts, stops, *runs_of(part), alpha), state_at, update_at
+        ),
+    )
+    return bool(np.array_equal(fused, expect)) and bool(np.array_equal(hashed, expect)) and digest_ok
 
 
 @lru_cache(maxsize=1)

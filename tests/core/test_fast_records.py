@@ -58,10 +58,12 @@ def test_keys_outside_64_bits_take_numpys_path(key: int) -> None:
     assert rng.scalar_rng(key).bit_generator.state == _numpy_rng(key).bit_generator.state
 
 
-def test_seed_words_refuse_other_requests() -> None:
-    words = rng._SeedWords(np.zeros(4, np.uint64), 0)
-    with pytest.raises(ValueError):
-        words.generate_state(4, np.uint32)
+def test_seed_words_answer_other_requests_as_numpy() -> None:
+    key = 0x9E3779B97F4A7C15
+    seq = rng.scalar_rng(key).bit_generator.seed_seq
+    want = np.random.SeedSequence(key)
+    assert np.array_equal(seq.generate_state(8), want.generate_state(8))
+    assert np.array_equal(seq.generate_state(3, np.uint64), want.generate_state(3, np.uint64))
 
 
 def test_words_differing_from_numpy_fail_the_probe() -> None:

@@ -146,3 +146,14 @@ def test_engine_runs_the_fused_pass_with_the_same_bytes(op: str, monkeypatch: py
         assert torch.equal(fast, plain), (op, severity)
         assert [r.to_dict() for r in records] == [r.to_dict() for r in plain_records]
         assert torch.equal(perturb.replay(records, x), fast)
+
+
+def test_probe_catches_a_kernel_that_does_not_digest() -> None:
+    """The probe also runs the kernel's digest: a kernel that skips it is not used."""
+    kernel = native.transform_kernel()
+    assert kernel is not None and native.stream_hasher() is not None
+
+    def forgetful(*args: Any) -> None:
+        kernel(*args[:-2], 0, 0)
+
+    assert not native._transform_agrees(forgetful)
