@@ -26,7 +26,7 @@ from perturb.errors import InputError
 from perturb.ops import backend as backends
 from perturb.scene import Scene
 from perturb.scene import masks as scene_masks
-from perturb.scene.analysis import analysed_with_digest
+from perturb.scene.analysis import analysed_with_digest, descriptor_copy
 from perturb.scene.analysis import guess as guess_scene
 
 SHARED_SEVERITY = 0
@@ -289,7 +289,7 @@ class _RecordScenes(Sequence[Scene | None]):
 
     def _keep(self, i: int, desc: dict[str, Any], text: str, key: str, digest: bytes | None) -> Scene:
         if self._record:
-            self._records[i].extra["scene"] = json.loads(text)  # the record's own dict (make_record's)
+            self._records[i].extra["scene"] = descriptor_copy(text)  # the record's own dict (make_record's)
         scene = Scene.keyed(desc, key)
         # the digest of the very sample the CPU path runs (``x[i]``): per-frame caches (contrast's
         # mean luma) key by it instead of hashing the frame again

@@ -207,8 +207,8 @@ class StreamHasher:
     """xxHash's streaming XXH3-128 from the ``xxhash`` package's own library, through ctypes:
     the digest ``perturb.scene.analysis`` keys scenes by (``xxhash.xxh3_128(buf).digest()``,
     big-endian high then low half), taken by ``lookup_compose`` plane by plane while it reads
-    them. ``state()`` is a per-thread state (``XXH3_createState``, kept for the thread's
-    life); ``reset(state)`` starts a digest, ``digest(state)`` ends it; ``update_at`` the
+    them. ``state()`` is a per-thread state (``XXH3_createState``, freed when the thread
+    ends); ``reset(state)`` starts a digest, ``digest(state)`` ends it; ``update_at`` the
     address of the update function (its runtime-dispatched SIMD variant where exported)."""
 
     def __init__(self, library: Any) -> None:
@@ -224,6 +224,8 @@ class StreamHasher:
         self._reset.restype, self._reset.argtypes = ctypes.c_int, [ctypes.c_void_p]
         self._digest = library.XXH3_128bits_digest
         self._digest.restype, self._digest.argtypes = Hash128, [ctypes.c_void_p]
+        self._free = library.XXH3_freeState
+        self._free.restype, self._free.argtypes = ctypes.c_int, [ctypes.c_void_p]
         update = getattr(library, "XXH3_128bits_update_dispatch", None) or library.XXH3_128bits_update
         update.restype = ctypes.c_int
         update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
@@ -232,13 +234,13 @@ class StreamHasher:
         self._local = threading.local()
 
     def state(self) -> int:
-        state = getattr(self._local, "state", None)
-        if state is None:
-            state = self._create()
-            if not state:
+        held = getattr(self._local, "state", None)
+        if held is None:
+            address = self._create()
+            if not address:
                 raise MemoryError("XXH3_createState returned no state")
-            self._local.state = state
-        return int(state)
+            held = self._local.state = _HeldState(int(address), self._free)
+        return held.address
 
     def reset(self, state: int) -> None:
         if self._reset(state) != 0:
@@ -250,6 +252,21 @@ class StreamHasher:
     def digest(self, state: int) -> bytes:
         h = self._digest(state)
         return int(h.high64).to_bytes(8, "big") + int(h.low64).to_bytes(8, "big")
+
+
+class _HeldState:
+    """A thread's XXH3 state, freed when the thread ends (its thread-local slot is cleared)."""
+
+    __slots__ = ("_free", "address")
+
+    def __init__(self, address: int, free: Callable[[int], int]) -> None:
+        self.address, self._free = address, free
+
+    def __del__(self) -> None:
+        try:  # noqa: SIM105 - no contextlib lookup: module globals may be gone at shutdown
+            self._free(self.address)
+        except Exception:  # pragma: no cover - interpreter shutdown: ctypes may be gone
+            pass
 
 
 def _hasher_agrees(hasher: StreamHasher) -> bool:

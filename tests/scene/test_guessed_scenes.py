@@ -5,6 +5,7 @@ scene. The bytes and records are those of analysing every frame afresh."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -207,3 +208,47 @@ def test_contrast_mean_evicted_after_the_check_is_not_cached_under_the_guess(
     assert torch.equal(out, want_other)
     again, _ = perturb.apply(x, "contrast", 5, ["a"])
     assert torch.equal(again, want_x)
+
+
+def test_descriptor_copies_are_fresh_json_equal_dicts() -> None:
+    x = _batch(limit=1)
+    _, text, _, _ = analysis.analysed_with_digest(x[0])
+    first = analysis.descriptor_copy(text)
+    assert first == json.loads(text) and _types(first) == _types(json.loads(text))
+    first["overlays"].append([0, 0, 1, 1, "text"])
+    first["bbox"][0] = -1
+    second = analysis.descriptor_copy(text)
+    assert second == json.loads(text)  # the first copy's changes did not reach the next
+
+
+def _types(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _types(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_types(v) for v in value]
+    return type(value)
+
+
+def test_a_threads_digest_state_is_freed_when_the_thread_ends() -> None:
+    import ctypes
+    import gc
+    import threading
+
+    import xxhash._xxhash as library
+
+    hasher = native.StreamHasher(ctypes.CDLL(library.__file__))
+    freed: list[int] = []
+    real_free = hasher._free
+
+    def spy(address: int) -> int:
+        freed.append(address)
+        return int(real_free(address))
+
+    hasher._free = spy  # type: ignore[assignment]
+    made: list[int] = []
+    worker = threading.Thread(target=lambda: made.append(hasher.state()))
+    worker.start()
+    worker.join()
+    del worker
+    gc.collect()
+    assert made and freed == made
