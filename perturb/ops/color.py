@@ -54,6 +54,7 @@ from perturb.ops._math import (
     srgb_to_linear_np,
 )
 from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
+from perturb.scene.native import transform_planes
 
 _LUMINANCE_709 = np.array([0.2126, 0.7152, 0.0722])
 
@@ -234,7 +235,7 @@ def _transform(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> None:
     checked against OpenCV at first use): one pass over the planes instead of a merge, the
     transform and a split."""
     m = np.asarray(matrix, dtype=np.float32).reshape(3, 3)
-    if src.dtype == np.uint8 and dst.dtype == np.uint8 and src.shape[0] == 3 and _transform_compiled(src, dst, m):
+    if src.dtype == np.uint8 and dst.dtype == np.uint8 and transform_planes(src, dst, m):
         return
     hwc = (*src.shape[1:], 3)
     merged = cv2.merge([src[0], src[1], src[2]], dst=scratch("transform_in", hwc, src.dtype))
@@ -242,25 +243,6 @@ def _transform(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> None:
     if dst.dtype != np.uint8:
         np.clip(mixed, np.float32(0.0), np.float32(1.0), out=mixed)
     split_into(mixed, dst)
-
-
-_NO_RUNS = np.zeros(0, np.int64)
-_NO_ALPHA = np.zeros(0, np.float32)
-_NO_RUNS.flags.writeable = False
-_NO_ALPHA.flags.writeable = False
-
-
-def _transform_compiled(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> bool:
-    from perturb.scene.native import matrix_steps, transform_kernel
-
-    kernel = transform_kernel()
-    steps = matrix_steps(matrix)
-    if kernel is None or steps is None or not (src.flags.c_contiguous and dst.flags.c_contiguous):
-        return False
-    if src.shape != dst.shape:
-        raise ValueError(f"source {src.shape} and output {dst.shape} differ in shape")
-    kernel(src.reshape(-1), dst.reshape(-1), steps, _NO_RUNS, _NO_RUNS, _NO_RUNS, _NO_RUNS, _NO_ALPHA, 0, 0)
-    return True
 
 
 def _hue_matrix(src: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:

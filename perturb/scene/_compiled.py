@@ -135,6 +135,13 @@ def blend(src: Any, dst: Any, index: Any, alpha: Any) -> None:  # pragma: no cov
 
 
 @_njit
+def digest_span(update_at: int, state_at: int, address: int, length: int) -> None:  # pragma: no cover - compiled
+    """Feed ``length`` bytes at ``address`` to the digest state (``update_at`` 0: no digest)."""
+    if update_at != 0:
+        call_update(update_at, state_at, address, length)
+
+
+@_njit
 def lookup_compose(
     src: Any,
     dst: Any,
@@ -164,8 +171,7 @@ def lookup_compose(
         if pos < size:
             call_lookup(lookup_at, d_at + off + pos, size - pos, s_at + off + pos, t_at)
         blend_runs(src, dst, part_starts, part_stops, alpha, off)  # the soft edge: looked up
-        if update_at != 0:  # the plane into the digest while it is still in cache
-            call_update(update_at, state_at, s_at + off, size)
+        digest_span(update_at, state_at, s_at + off, size)  # while the plane is in cache
 
 
 @_njit
@@ -216,7 +222,4 @@ def transform_compose(
         transform_span(src, dst, m, size, pos, size)
     for c in range(3):
         blend_runs(src, dst, part_starts, part_stops, alpha, c * size)
-    if update_at != 0:
-        s_at = src.ctypes.data
-        for c in range(3):
-            call_update(update_at, state_at, s_at + c * size, size)
+    digest_span(update_at, state_at, src.ctypes.data, src.size)

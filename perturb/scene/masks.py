@@ -429,7 +429,7 @@ def compose_lookup(
     (``lookup``: a ctypes byte lookup that ``perturb.scene.native.lookup_kernel`` takes). False, with nothing written, where that pass
     is not available (no numba, other layouts or dtypes, a number of tables other than 1 or C):
     the caller looks up and composites."""
-    return _lookup_pass(src, dst, tables, lookup, desc, key, None)
+    return _lookup_pass(src, dst, tables, lookup, desc, key, _NO_DIGEST)
 
 
 def compose_lookup_hashed(
@@ -449,7 +449,7 @@ def compose_transform(
     in one compiled pass (``perturb.scene.native.transform_kernel``): the source's runs copied,
     the rest transformed, the soft edge blended. False, with nothing written, where that pass is
     not available (no numba, other dtypes or channel counts, coefficients of 32 or more)."""
-    return _transform_pass(src, dst, matrix, desc, key, None)
+    return _transform_pass(src, dst, matrix, desc, key, _NO_DIGEST)
 
 
 def compose_transform_hashed(
@@ -480,12 +480,27 @@ def _fusable(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> bool:
     return True
 
 
-def _finish_text(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str, plan: _ComposePlan, compiled: Any) -> None:
-    """The glyph cover of the text lines, blended after a fused pass (as ``compose_numpy``)."""
+_NO_DIGEST = (0, 0)  # (state address, update function address): the pass takes no digest
+
+
+def _fused(
+    src: np.ndarray,
+    dst: np.ndarray,
+    desc: dict[str, Any],
+    key: str | None,
+    compiled: Any,
+    run: Callable[[np.ndarray, np.ndarray, _ComposePlan], None],
+) -> bool:
+    """``run(src_flat, dst_flat, plan)``, a compiled pass that perturbs and composites with the
+    descriptor's plan, then the glyph cover of its text lines (as ``compose_numpy``)."""
+    key = _key(desc) if key is None else key
+    plan = _compose_plan(key)
+    run(src.reshape(-1), dst.reshape(-1), plan)
     if plan.text is not None:
         index, alpha = _text_blend(desc, key, src, plan.text)
         if index.size:
             compiled.blend(src.reshape(-1), dst.reshape(-1), index, alpha)
+    return True
 
 
 def _lookup_pass(
@@ -495,7 +510,7 @@ def _lookup_pass(
     lookup: Any,
     desc: dict[str, Any],
     key: str | None,
-    hashing: tuple[int, int] | None,
+    hashing: tuple[int, int],
 ) -> bool:
     if not _fusable(src, dst, desc):
         return False
@@ -507,18 +522,17 @@ def _lookup_pass(
     if found is None:
         return False
     kernel, lookup_at = found
-    key = _key(desc) if key is None else key
-    plan = _compose_plan(key)
     if luts.flags.writeable:  # one argument type for numba whatever the op's table is
         luts = luts.view()
         luts.flags.writeable = False
-    state_at, update_at = (0, 0) if hashing is None else hashing
-    kernel(
-        src.reshape(-1), dst.reshape(-1), luts, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops,
-        plan.part_alpha, src.shape[0], lookup_at, state_at, update_at,
-    )
-    _finish_text(src, dst, desc, key, plan, compiled)
-    return True
+
+    def run(s: np.ndarray, d: np.ndarray, plan: _ComposePlan) -> None:
+        kernel(
+            s, d, luts, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha,
+            src.shape[0], lookup_at, *hashing,
+        )
+
+    return _fused(src, dst, desc, key, compiled, run)
 
 
 def _transform_pass(
@@ -527,7 +541,7 @@ def _transform_pass(
     matrix: np.ndarray,
     desc: dict[str, Any],
     key: str | None,
-    hashing: tuple[int, int] | None,
+    hashing: tuple[int, int],
 ) -> bool:
     if not _fusable(src, dst, desc) or src.ndim != 3 or src.shape[0] != 3:
         return False
@@ -536,15 +550,11 @@ def _transform_pass(
     steps = matrix_steps(matrix)
     if kernel is None or steps is None:
         return False
-    key = _key(desc) if key is None else key
-    plan = _compose_plan(key)
-    state_at, update_at = (0, 0) if hashing is None else hashing
-    kernel(
-        src.reshape(-1), dst.reshape(-1), steps, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops,
-        plan.part_alpha, state_at, update_at,
-    )
-    _finish_text(src, dst, desc, key, plan, compiled)
-    return True
+
+    def run(s: np.ndarray, d: np.ndarray, plan: _ComposePlan) -> None:
+        kernel(s, d, steps, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha, *hashing)
+
+    return _fused(src, dst, desc, key, compiled, run)
 
 
 _COMPILED_DTYPES = frozenset({np.dtype(np.uint8), np.dtype(np.uint16)})

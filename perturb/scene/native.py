@@ -316,13 +316,30 @@ def matrix_steps(matrix: np.ndarray) -> np.ndarray | None:
     return steps
 
 
+# no runs to copy and no soft edge: (starts, stops, part_starts, part_stops, alpha), read-only
+_NO_RUNS = tuple(_frozen(*[np.zeros(0, np.int64)] * 4, np.zeros(0, np.float32)))
+
+
+def transform_planes(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> bool:
+    """``dst = cv2.transform``'s uint8 result of ``matrix`` on the C-contiguous 3-plane CHW
+    sample ``src``, by the compiled loop (``transform_kernel``). False, with nothing written,
+    where the loop is not available or ``matrix`` leaves OpenCV's fixed-point path."""
+    kernel = transform_kernel()
+    steps = matrix_steps(matrix)
+    if kernel is None or steps is None or src.shape[0] != 3 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
+        return False
+    if src.shape != dst.shape or src.dtype != np.uint8 or dst.dtype != np.uint8:
+        raise ValueError(f"transform_planes takes uint8 samples of one shape, got {src.dtype} {src.shape} and {dst.dtype} {dst.shape}")
+    kernel(src.reshape(-1), dst.reshape(-1), steps, *_NO_RUNS, 0, 0)
+    return True
+
+
 def _transform_agrees(kernel: Callable[..., None]) -> bool:
     """``kernel`` (``transform_compose``) gives ``cv2.transform``'s bytes on random images of odd
     widths (vector bodies and tails) with random matrices, and composites as ``compose`` does."""
     import cv2
 
     rng = np.random.default_rng(3)
-    empty_i, empty_f = _frozen(np.zeros(0, np.int64), np.zeros(0, np.float32))
     for h, w, scale in ((7, 61, 1.0), (16, 33, 3.0), (5, 1029, 0.6), (1, 1, 2.0)):
         img = rng.integers(0, 256, (3, h, w), dtype=np.uint8)
         matrix = (rng.uniform(-1.0, 1.0, (3, 3)) * scale + np.eye(3)).astype(np.float32)
@@ -331,7 +348,7 @@ def _transform_agrees(kernel: Callable[..., None]) -> bool:
             return False
         want = np.ascontiguousarray(cv2.transform(np.ascontiguousarray(img.transpose(1, 2, 0)), matrix).transpose(2, 0, 1))
         got = np.zeros_like(img)
-        kernel(img.reshape(-1), got.reshape(-1), steps, empty_i, empty_i, empty_i, empty_i, empty_f, 0, 0)
+        kernel(img.reshape(-1), got.reshape(-1), steps, *_NO_RUNS, 0, 0)
         if not np.array_equal(got, want):
             return False
     k = kernels()
@@ -344,7 +361,7 @@ def _transform_agrees(kernel: Callable[..., None]) -> bool:
     alpha = rng.random(part.size, dtype=np.float32)
     flat = img.reshape(-1)
     expect = np.zeros_like(flat)
-    kernel(flat, expect, steps, empty_i, empty_i, empty_i, empty_i, empty_f, 0, 0)
+    kernel(flat, expect, steps, *_NO_RUNS, 0, 0)
     k.compose(flat, expect, *_frozen(starts, stops, *runs_of(part), alpha), 3)
     fused = np.zeros_like(flat)
     kernel(flat, fused, steps, *_frozen(starts, stops, *runs_of(part), alpha), 0, 0)

@@ -14,6 +14,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 
 import perturb
 from perturb.calibrate.run import default_sample_dir, load_images
@@ -78,3 +79,15 @@ def frames_with_overlays(limit: int = 3) -> list[str]:
         if len(picked) == limit:
             break
     return picked
+
+
+def overlay_batch(limit: int = 3) -> torch.Tensor:
+    """``frames_with_overlays(limit)`` downscaled (``small_frame``) as one uint8 BCHW batch,
+    cropped to their common size; skips where the sample set has none."""
+    names = frames_with_overlays(limit=limit)
+    if not names:
+        pytest.skip("no real frame with overlays and a dark surround in the sample set")
+    frames = [torch.from_numpy(np.ascontiguousarray(small_frame(n)[0])).permute(2, 0, 1) for n in names]
+    h = min(f.shape[1] for f in frames)
+    w = min(f.shape[2] for f in frames)
+    return torch.stack([f[:, :h, :w].contiguous() for f in frames])

@@ -16,19 +16,9 @@ import perturb
 from perturb import engine
 from perturb.ops import _math
 from perturb.scene import analysis, masks, native
-from tests.scene.frames import frames_with_overlays, small_frame
+from tests.scene.frames import overlay_batch
 
 pytest.importorskip("numba", reason="the fused lookup pass needs numba (a core dependency)")
-
-
-def _batch(limit: int = 3) -> torch.Tensor:
-    names = frames_with_overlays(limit=limit)
-    if not names:
-        pytest.skip("no real frame with overlays and a dark surround in the sample set")
-    frames = [torch.from_numpy(np.ascontiguousarray(small_frame(n)[0])).permute(2, 0, 1) for n in names]
-    h = min(f.shape[1] for f in frames)
-    w = min(f.shape[2] for f in frames)
-    return torch.stack([f[:, :h, :w].contiguous() for f in frames])
 
 
 @pytest.fixture
@@ -78,7 +68,7 @@ def test_hasher_probe_catches_a_wrong_digest(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize("name_index", [0, 1])
 def test_hashed_lookup_gives_the_digest_and_the_bytes(name_index: int) -> None:
-    x = _batch()
+    x = overlay_batch()
     sample = x[name_index % x.shape[0]].numpy()
     scene = perturb.scene(torch.from_numpy(sample))
     table = np.clip(np.arange(256) * 1.3 - 20, 0, 255).astype(np.uint8)
@@ -92,7 +82,7 @@ def test_hashed_lookup_gives_the_digest_and_the_bytes(name_index: int) -> None:
 
 
 def test_unseen_frames_are_not_guessed(fresh_caches: None) -> None:
-    x = _batch()
+    x = overlay_batch()
     assert all(analysis.guess(x[i]) is None for i in range(x.shape[0]))
 
 
@@ -100,7 +90,7 @@ def test_unseen_frames_are_not_guessed(fresh_caches: None) -> None:
 def test_a_frame_seen_before_is_guessed_with_the_same_bytes_and_records(
     op: str, fresh_caches: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    x = _batch()
+    x = overlay_batch()
     keys = [f"k{i}" for i in range(x.shape[0])]
     spy = _Spy(monkeypatch)
     first, first_records = perturb.apply(x, op, 4, keys)
@@ -112,23 +102,29 @@ def test_a_frame_seen_before_is_guessed_with_the_same_bytes_and_records(
     assert torch.equal(perturb.replay(second_records, x), second)
 
 
-def test_a_wrong_guess_runs_the_frame_again_with_its_own_scene(
-    fresh_caches: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _wrong_guess(op: str, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Two frames that agree in the fingerprinted middle but differ elsewhere: the second is
-    guessed to be the first, its digest says otherwise, and it gets its own scene."""
-    x = _batch(limit=1)[:1]
+    guessed to be the first (``op`` ran on it), its digest says otherwise, and it gets its own
+    scene and bytes. Returns both frames."""
+    x = overlay_batch(limit=1)[:1]
     other = x.clone()
     other[:, :, :40, :] = 255 - other[:, :, :40, :]  # the top rows: the middle is untouched
     assert analysis._fingerprint(other[0].numpy()) == analysis._fingerprint(x[0].numpy())
-    perturb.apply(x, "brightness", 5, ["a"])  # remembers x's scene and fingerprint
+    perturb.apply(x, op, 5, ["a"])  # remembers x's scene and fingerprint (and contrast's mean)
     spy = _Spy(monkeypatch)
-    out, records = perturb.apply(other, "brightness", 5, ["a"])
+    out, records = perturb.apply(other, op, 5, ["a"])
     assert spy.guessed == [0] and spy.confirmed == []
     own = perturb.scene(other[0])
-    want, _ = perturb.apply(other, "brightness", 5, ["a"], scenes=[own])
+    want, _ = perturb.apply(other, op, 5, ["a"], scenes=[own])
     assert torch.equal(out, want)
     assert records[0].extra["scene"] == own.descriptor
+    return x, other
+
+
+def test_a_wrong_guess_runs_the_frame_again_with_its_own_scene(
+    fresh_caches: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x, other = _wrong_guess("brightness", monkeypatch)
     # two frames share that fingerprint now: neither is guessed again
     assert analysis.guess(x[0]) is None and analysis.guess(other[0]) is None
 
@@ -138,7 +134,7 @@ def test_contrast_guesses_once_its_mean_is_cached(fresh_caches: None, monkeypatc
     until the frame's mean is cached under its checked digest, then the guess is used."""
     from perturb.ops import color
 
-    x = _batch()
+    x = overlay_batch()
     keys = [f"k{i}" for i in range(x.shape[0])]
     with color._MEANS_LOCK:
         color._MEANS.clear()
@@ -157,17 +153,7 @@ def test_contrast_guesses_once_its_mean_is_cached(fresh_caches: None, monkeypatc
 def test_contrast_with_a_wrong_guess_gets_its_own_mean(fresh_caches: None, monkeypatch: pytest.MonkeyPatch) -> None:
     from perturb.ops import color
 
-    x = _batch(limit=1)[:1]
-    other = x.clone()
-    other[:, :, :40, :] = 255 - other[:, :, :40, :]
-    perturb.apply(x, "contrast", 5, ["a"])  # x's scene, fingerprint and mean cached
-    spy = _Spy(monkeypatch)
-    out, records = perturb.apply(other, "contrast", 5, ["a"])
-    assert spy.guessed == [0] and spy.confirmed == []
-    own = perturb.scene(other[0])
-    want, _ = perturb.apply(other, "contrast", 5, ["a"], scenes=[own])
-    assert torch.equal(out, want)
-    assert records[0].extra["scene"] == own.descriptor
+    x, other = _wrong_guess("contrast", monkeypatch)
     digests = {analysis._digest(t[0].numpy().data) for t in (x, other)}
     assert {slot[0] for slot in color._MEANS} <= digests
 
@@ -180,7 +166,7 @@ def test_contrast_mean_evicted_after_the_check_is_not_cached_under_the_guess(
     not compute one from this sample and cache it under the guessed frame's unchecked digest."""
     from perturb.ops import color
 
-    x = _batch(limit=1)[:1]
+    x = overlay_batch(limit=1)[:1]
     other = x.clone()
     other[:, 0] = 255 - other[:, 0]  # the red plane: x's fingerprint (the middle), another tissue mean
     assert analysis._fingerprint(other[0].numpy()) == analysis._fingerprint(x[0].numpy())
@@ -211,7 +197,7 @@ def test_contrast_mean_evicted_after_the_check_is_not_cached_under_the_guess(
 
 
 def test_descriptor_copies_are_fresh_json_equal_dicts() -> None:
-    x = _batch(limit=1)
+    x = overlay_batch(limit=1)
     _, text, _, _ = analysis.analysed_with_digest(x[0])
     first = analysis.descriptor_copy(text)
     assert first == json.loads(text) and _types(first) == _types(json.loads(text))

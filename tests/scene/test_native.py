@@ -12,7 +12,7 @@ import torch
 import perturb
 from perturb.ops import _math, backend
 from perturb.scene import masks, native
-from tests.scene.frames import frames_with_overlays, small_frame
+from tests.scene.frames import frames_with_overlays, overlay_batch, small_frame
 
 pytest.importorskip("numba", reason="the compiled composite needs numba (a core dependency)")
 
@@ -81,12 +81,7 @@ def _frames() -> list[str]:
 def test_engine_bytes_with_and_without_compiled_composite(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Protected outputs on real frames (with text, overlays, a dark surround) are the same bytes
     through the compiled composite (fused with the lookup for table ops) and the NumPy one."""
-    batch = []
-    for name in _frames():
-        img, _scene = small_frame(name)
-        batch.append(torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1))
-    shape = min(tuple(b.shape) for b in batch)
-    x = torch.stack([b[:, : shape[1], : shape[2]].contiguous() for b in batch])
+    x = overlay_batch()
     keys = [f"f{i}" for i in range(x.shape[0])]
     fused: list[bool] = []
 

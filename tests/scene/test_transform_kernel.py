@@ -14,7 +14,7 @@ import torch
 import perturb
 from perturb.ops import backend, color
 from perturb.scene import masks, native
-from tests.scene.frames import frames_with_overlays, small_frame
+from tests.scene.frames import overlay_batch
 
 pytest.importorskip("numba", reason="the compiled transform needs numba (a core dependency)")
 
@@ -31,13 +31,8 @@ def _cv2(img_chw: np.ndarray, matrix: np.ndarray) -> np.ndarray:
 
 
 def _kernel(img: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    kernel = native.transform_kernel()
-    steps = native.matrix_steps(matrix)
-    assert kernel is not None and steps is not None
     out = np.zeros_like(img)
-    empty = native._frozen(np.zeros(0, np.int64))[0]
-    alpha = native._frozen(np.zeros(0, np.float32))[0]
-    kernel(img.reshape(-1), out.reshape(-1), steps, empty, empty, empty, empty, alpha, 0, 0)
+    assert native.transform_planes(img, out, matrix)
     return out
 
 
@@ -88,19 +83,9 @@ def test_large_coefficients_leave_the_compiled_path() -> None:
     assert np.array_equal(out, _cv2(img, matrix))
 
 
-def _frames() -> torch.Tensor:
-    names = frames_with_overlays(limit=3)
-    if not names:
-        pytest.skip("no real frame with overlays and a dark surround in the sample set")
-    frames = [torch.from_numpy(np.ascontiguousarray(small_frame(n)[0])).permute(2, 0, 1) for n in names]
-    h = min(f.shape[1] for f in frames)
-    w = min(f.shape[2] for f in frames)
-    return torch.stack([f[:, :h, :w].contiguous() for f in frames])
-
-
 @pytest.mark.parametrize("factor", [0.3, 1.6])
 def test_fused_pass_is_transform_then_composite(factor: float) -> None:
-    x = _frames()
+    x = overlay_batch()
     matrix = _saturation(factor)
     for i in range(x.shape[0]):
         sample = x[i].numpy()
@@ -120,7 +105,7 @@ def test_fused_pass_is_transform_then_composite(factor: float) -> None:
 
 @pytest.mark.parametrize("op", ["saturation", "hue_shift"])
 def test_engine_runs_the_fused_pass_with_the_same_bytes(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    x = _frames()
+    x = overlay_batch()
     keys = [f"t{i}" for i in range(x.shape[0])]
     calls: list[bool] = []
 
@@ -141,7 +126,7 @@ def test_engine_runs_the_fused_pass_with_the_same_bytes(op: str, monkeypatch: py
         assert calls and all(calls) and len(calls) >= x.shape[0]
         with monkeypatch.context() as m:  # OpenCV's transform and the NumPy composite
             m.setattr(masks, "_compiled", lambda: None)
-            m.setattr(color, "_transform_compiled", lambda src, dst, matrix: False)
+            m.setattr(color, "transform_planes", lambda src, dst, matrix: False)
             plain, plain_records = perturb.apply(x, op, severity, keys)
         assert torch.equal(fast, plain), (op, severity)
         assert [r.to_dict() for r in records] == [r.to_dict() for r in plain_records]
