@@ -140,6 +140,85 @@ def _curve(points: np.ndarray, n: int = 48) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
+# Batched torch-path helpers: keyed fields and box means for a whole batch in one pass
+
+
+def _mix_bits(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
+    """``perturb.rng``'s counter hash (two rounds of a xorshift-multiply mixer) on int64
+    tensors that broadcast: ``counter`` (1, n) against per-sample key halves (B, 1)."""
+    mask = 0xFFFFFFFF
+    mult = 0x045D9F3B
+    v = counter ^ k0
+    v = v ^ (v >> 16)
+    v = (v * mult) & mask
+    v = v ^ k1
+    v = v ^ (v >> 16)
+    v = (v * mult) & mask
+    v = v ^ (v >> 16)
+    v = (v * mult) & mask
+    return v ^ (v >> 16)
+
+
+def batch_bits(keys: Sequence[int], stream: str, n: int, device: torch.device) -> torch.Tensor:
+    """(B, n) uniform 32-bit integers (int64): row ``i`` is ``rng.hash_bits(keys[i], stream,
+    n)``, all rows in one pass. The stream keys are derived on the host from the host-side
+    keys (no device read)."""
+    halves = [
+        (k & 0xFFFFFFFF, (k >> 32) & 0xFFFFFFFF)
+        for k in (rng.sub_key(int(k), stream) for k in keys)
+    ]
+    k = torch.tensor(halves, dtype=torch.int64, device=device).view(-1, 2, 1)
+    counter = torch.arange(n, dtype=torch.int64, device=device).view(1, n)
+    return _mix_bits(counter, k[:, 0], k[:, 1])
+
+
+def batch_uniform(
+    keys: Sequence[int], stream: str, shape: tuple[int, ...], device: torch.device
+) -> torch.Tensor:
+    """(B, *shape) float32: row ``i`` is ``rng.uniform_field(keys[i], stream, shape)`` bit for
+    bit, the whole batch in one pass."""
+    bits = batch_bits(keys, stream, math.prod(shape), device)
+    u = (bits >> 8).to(torch.float32) * (2.0**-24) + 2.0**-25
+    return u.view(len(keys), *shape)
+
+
+def batch_normal(
+    keys: Sequence[int], stream: str, shape: tuple[int, ...], device: torch.device
+) -> torch.Tensor:
+    """(B, *shape) float32: row ``i`` is ``rng.normal_field(keys[i], stream, shape)`` bit for
+    bit (low half-words first, then the high ones, through the same inverse-CDF table)."""
+    n = math.prod(shape)
+    bits = batch_bits(keys, stream, (n + 1) // 2, device)
+    idx = torch.cat([bits & 0xFFFF, bits >> 16], dim=1)[:, :n]
+    return rng._normal_lut(str(device))[idx].view(len(keys), *shape)
+
+
+def box_mean(v: torch.Tensor, r: torch.Tensor, dim: int) -> torch.Tensor:
+    """Box mean of width ``2 r + 1`` along ``dim`` (-1 or -2) of a (B, C, H, W) float64 batch
+    with a per-sample radius ``r`` ((B,) int64, 0 <= r <= size - 1), reflected borders
+    (BORDER_REFLECT_101, as ``_box_torch``), from one cumulative sum ``P`` (``P[m]`` the sum
+    of the first ``m`` values): the window's in-range part ``P[min(j + r, n - 1) + 1] -
+    P[max(j - r, 0)]`` plus its reflected parts, ``P[k + 1] - P[1]`` for the ``k`` values
+    reflected at the start and ``P[n - 1] - P[n - 1 - k]`` for those at the end."""
+    n = v.shape[dim]
+    b = v.shape[0]
+    c = torch.cumsum(v, dim=dim)
+    prefix = torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c], dim=dim)  # n + 1 entries
+    j = torch.arange(n, device=v.device).view(1, n)
+    rr = r.view(b, 1)
+    lo, hi = j - rr, j + rr
+    shape = (b, 1, 1, n) if dim == -1 else (b, 1, n, 1)
+
+    def at(index: torch.Tensor) -> torch.Tensor:
+        return torch.take_along_dim(prefix, index.view(shape), dim=dim)
+
+    total = at(hi.clamp(max=n - 1) + 1) - at(lo.clamp(min=0))
+    total = total + (at((-lo).clamp(min=0) + 1) - prefix.narrow(dim, 1, 1))
+    total = total + (prefix.narrow(dim, n - 1, 1) - at(n - 1 - (hi - (n - 1)).clamp(min=0)))
+    return total / (2 * r + 1).to(v.dtype).view(b, 1, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------
 # Patient rotation (oblique projection): a homography of the mid-coronal plane
 
 
@@ -174,6 +253,70 @@ def forward_homography(degrees: float, pivot: float, width: int, height: int) ->
     to_pixels = np.array([[1 / cm, 0, cx], [0, 1 / cm, cy], [0, 0, 1]])
     h = to_pixels @ rot @ to_plane
     return h / h[2, 2]
+
+
+def forward_homographies(
+    degrees: torch.Tensor, pivot: torch.Tensor, width: int, height: int
+) -> torch.Tensor:
+    """``forward_homography`` of every sample at once: (B, 3, 3) float64 from (B,) tensors."""
+    side = min(width, height)
+    cm = FIELD_CM / side
+    cx, cy = width / 2.0, height / 2.0
+    d, z0, zp = SID_CM, MIDPLANE_CM, SPINE_CM
+    xp = pivot.double() * width * cm
+    angle = degrees.double() * (math.pi / 180.0)
+    c, s = torch.cos(angle), torch.sin(angle)
+    shrink = cm * (d - z0) / d
+    to_plane = torch.tensor(
+        [[shrink, 0.0, -cx * shrink], [0.0, shrink, -cy * shrink], [0.0, 0.0, 1.0]],
+        dtype=torch.float64,
+        device=degrees.device,
+    )
+    to_pixels = torch.tensor(
+        [[1 / cm, 0.0, cx], [0.0, 1 / cm, cy], [0.0, 0.0, 1.0]],
+        dtype=torch.float64,
+        device=degrees.device,
+    )
+    zero, one = torch.zeros_like(c), torch.ones_like(c)
+    rot = torch.stack(
+        [
+            c * d,
+            zero,
+            (xp - xp * c - (z0 - zp) * s) * d,
+            zero,
+            one * d,
+            zero,
+            -s,
+            zero,
+            d - zp + xp * s - (z0 - zp) * c,
+        ],
+        dim=-1,
+    ).view(-1, 3, 3)
+    h = to_pixels @ rot @ to_plane
+    return h / h[:, 2:3, 2:3]
+
+
+def _inverse3(m: torch.Tensor) -> torch.Tensor:
+    """Inverses of a (B, 3, 3) stack through the adjugate (elementwise: no solver, no sync)."""
+    a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
+    d, e, f = m[:, 1, 0], m[:, 1, 1], m[:, 1, 2]
+    g, h, i = m[:, 2, 0], m[:, 2, 1], m[:, 2, 2]
+    adj = torch.stack(
+        [
+            e * i - f * h,
+            c * h - b * i,
+            b * f - c * e,
+            f * g - d * i,
+            a * i - c * g,
+            c * d - a * f,
+            d * h - e * g,
+            b * g - a * h,
+            a * e - b * d,
+        ],
+        dim=-1,
+    ).view(-1, 3, 3)
+    det = a * adj[:, 0, 0] + b * adj[:, 1, 0] + c * adj[:, 2, 0]
+    return adj / det.view(-1, 1, 1)
 
 
 def _rotation_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -241,45 +384,53 @@ def xray_patient_rotation(
 ) -> torch.Tensor:
     """Oblique projection of a rotated patient (see the module docstring).
 
-    Kornia: ``kornia.geometry.transform.warp_perspective`` on the torch path (bicubic; within
-    8e-5 of the reference, 2-3x faster on CPU); the CPU path (there is no OpenCV one) keeps
-    ``warp_homography``'s float64 sampling grid, whose bytes the golden outputs pin."""
+    Kornia: ``kornia.geometry.transform.warp_perspective`` on the torch path, one call for
+    the batch with its (B, 3, 3) matrices (bicubic; within 8e-5 of the reference, 2-3x faster
+    on CPU); the CPU path (there is no OpenCV one) keeps ``warp_homography``'s float64 sampling
+    grid, whose bytes the golden outputs pin."""
     h, w = x.shape[-2:]
-    forwards = [
-        forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
-        for i in range(x.shape[0])
-    ]
+
+    def host() -> torch.Tensor:
+        forwards = [
+            forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
+            for i in range(x.shape[0])
+        ]
+        return torch.stack(
+            [warp_homography(x[i], np.linalg.inv(f)) for i, f in enumerate(forwards)]
+        )
+
     return backend.by_path(
         x,
-        host=lambda: torch.stack(
-            [warp_homography(x[i], np.linalg.inv(f)) for i, f in enumerate(forwards)]
-        ),
-        device=lambda: torch.stack(
-            [_warp_homography_kornia(x[i], f) for i, f in enumerate(forwards)]
+        host=host,
+        device=lambda: _warp_homographies_kornia(
+            x, forward_homographies(p["degrees"], p["pivot"], w, h)
         ),
     )
 
 
-def _warp_homography_kornia(sample: torch.Tensor, forward: np.ndarray) -> torch.Tensor:
-    """``warp_homography`` through Kornia: ``forward`` (input -> output, continuous pixel
-    coordinates) moved to pixel-index coordinates (centres at integers), bicubic with border
-    padding, then 0 outside the film (the same float64 test as ``warp_homography``)."""
+def _warp_homographies_kornia(x: torch.Tensor, forwards: torch.Tensor) -> torch.Tensor:
+    """``warp_homography`` of a batch through Kornia: ``forwards`` ((B, 3, 3) float64, input
+    -> output, continuous pixel coordinates) moved to pixel-index coordinates (centres at
+    integers), bicubic with border padding, then 0 outside the film (the same float64 test
+    as ``warp_homography``)."""
     import kornia  # lazily: only the torch path needs it
 
-    _c, h, w = sample.shape
-    to_index = np.array([[1.0, 0.0, -0.5], [0.0, 1.0, -0.5], [0.0, 0.0, 1.0]])
-    from_index = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
-    matrix = torch.from_numpy(to_index @ forward @ from_index).to(sample.device, sample.dtype)
+    b = x.shape[0]
+    h, w = x.shape[-2:]
+    shift = torch.eye(3, dtype=torch.float64, device=x.device)
+    to_index, from_index = shift.clone(), shift.clone()
+    to_index[:2, 2], from_index[:2, 2] = -0.5, 0.5
+    matrices = (to_index @ forwards @ from_index).to(x.dtype)
     out = kornia.geometry.transform.warp_perspective(
-        sample[None],
-        matrix[None],
-        (h, w),
-        mode="bicubic",
-        padding_mode="border",
-        align_corners=True,
-    )[0]
-    px, py = _source_positions(np.linalg.inv(forward), h, w, sample.device)
-    inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
+        x, matrices, (h, w), mode="bicubic", padding_mode="border", align_corners=True
+    )
+    m = _inverse3(forwards).view(b, 3, 3, 1, 1)
+    ys = (torch.arange(h, dtype=torch.float64, device=x.device) + 0.5).view(1, h, 1)
+    xs = (torch.arange(w, dtype=torch.float64, device=x.device) + 0.5).view(1, 1, w)
+    den = m[:, 2, 0] * xs + m[:, 2, 1] * ys + m[:, 2, 2]
+    px = (m[:, 0, 0] * xs + m[:, 0, 1] * ys + m[:, 0, 2]) / den
+    py = (m[:, 1, 0] * xs + m[:, 1, 1] * ys + m[:, 1, 2]) / den
+    inside = ((px >= 0) & (px < w) & (py >= 0) & (py < h)).view(b, 1, h, w)
     return (out * inside.to(out.dtype)).clamp_(0.0, 1.0)
 
 
@@ -308,7 +459,11 @@ def penetration(
     var_new = torch.exp(v_new * MU) / (MU * MU * q_new)
     extra = (var_new - m * m * var_old).clamp_(min=0.0).sqrt_()
     shape = tuple(x.shape[1:])
-    z = torch.stack([rng.normal_field(k, stream, shape, x.device) for k in keys]).double()
+    z = backend.by_path(
+        x,
+        host=lambda: torch.stack([rng.normal_field(k, stream, shape, x.device) for k in keys]),
+        device=lambda: batch_normal(keys, stream, shape, x.device),
+    ).double()
     return (v_new + extra * z).clamp_(0.0, 1.0).to(x.dtype)
 
 
@@ -637,6 +792,13 @@ def xray_detector_defects(
     signal (white), half saturated (hot, black).
 
     Kornia: own kernel: no Kornia equivalent (keyed dead lines and tile seams)."""
+    return backend.by_path(
+        x, host=lambda: _defects_host(x, p, keys), device=lambda: _defects_batched(x, p, keys)
+    )
+
+
+def _defects_host(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """The CPU path of ``xray_detector_defects``, one sample at a time (its bytes are pinned)."""
     h, w = x.shape[-2:]
     out = []
     for i, k in enumerate(keys):
@@ -656,6 +818,50 @@ def xray_detector_defects(
         v = torch.where((u >= frac / 2) & (u < frac), torch.zeros_like(v), v)
         out.append(v.clamp_(0.0, 1.0).to(x.dtype))
     return torch.stack(out)
+
+
+def _defects_batched(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
+    """``_defects_host`` for the whole batch at once. Each film's eight candidate dead lines
+    come from its key on the host (``defect_lines``) as a (B, 8) table; the first ``lines``
+    are valid. A pixel on any valid dead line is white; otherwise each half-gain line through
+    it adds ``ln 2 / MU`` (the host applies them one after the other: the same values, up to
+    float64 rounding where two half-gain lines cross)."""
+    b = x.shape[0]
+    h, w = x.shape[-2:]
+    dev = x.device
+    v = _wide(x)
+    seam = w // 2
+    cols = torch.arange(w, device=dev).view(1, 1, 1, w)
+    step = per_sample(torch.log1p(p["seam_gain"].double()) / MU)
+    v = torch.where(cols >= seam, v - step, v)
+    v = torch.where(cols == seam, torch.ones_like(v), v)
+    table = torch.tensor(
+        [[line for line in defect_lines(int(k), h, w, 8)] for k in keys],
+        dtype=torch.int64,
+        device=dev,
+    ).view(b, 8, 3)
+    valid = torch.arange(8, device=dev).view(1, 8) < torch.round(p["lines"]).view(b, 1)
+    column, index, dead = table[..., 0] > 0, table[..., 1], table[..., 2] > 0
+
+    def hits(is_axis: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, size) dead-line cover and half-gain line count along one axis."""
+        on = (valid & is_axis).unsqueeze(-1) & (
+            index.unsqueeze(-1) == torch.arange(size, device=dev).view(1, 1, size)
+        )
+        return (on & dead.unsqueeze(-1)).any(dim=1), (on & ~dead.unsqueeze(-1)).sum(dim=1)
+
+    dead_rows, half_rows = hits(~column, h)
+    dead_cols, half_cols = hits(column, w)
+    white = dead_rows.view(b, 1, h, 1) | dead_cols.view(b, 1, 1, w)
+    halves = half_rows.view(b, 1, h, 1) + half_cols.view(b, 1, 1, w)
+    v = torch.where(white, torch.ones_like(v), v + halves.to(v.dtype) * (math.log(2.0) / MU))
+    u = batch_uniform(keys, "xray_detector_defects/pixels", tuple(x.shape[1:]), dev).double()
+    frac = per_sample(p["dead_fraction"].double())
+    v = torch.where(u < frac / 2, torch.ones_like(v), v)
+    v = torch.where((u >= frac / 2) & (u < frac), torch.zeros_like(v), v)
+    return v.clamp_(0.0, 1.0).to(x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -724,14 +930,30 @@ def xray_edge_enhancement(
     Kornia: own kernel, because Kornia's ``unsharp_mask`` blurs with ``gaussian_blur2d`` (O(sigma)
     taps per pixel) while this op's low-pass is three box passes through ``_box_torch`` cumulative
     sums (O(1) per pixel; see ``xray_scatter`` for the measured speed) and is also the CPU path,
-    whose bytes the golden outputs pin."""
+    whose bytes the golden outputs pin. The torch path runs the whole batch at once with
+    per-sample radii (``box_mean``)."""
     side = shorter_side(x)
-    out = []
-    for i in range(x.shape[0]):
-        v = _wide(x[i : i + 1])
-        low = box_gaussian(v, float(p["sigma"][i]) * side)
-        out.append((v + float(p["amount"][i]) * (v - low)).clamp_(0.0, 1.0).to(x.dtype))
-    return torch.cat(out)
+
+    def host() -> torch.Tensor:
+        out = []
+        for i in range(x.shape[0]):
+            v = _wide(x[i : i + 1])
+            low = box_gaussian(v, float(p["sigma"][i]) * side)
+            out.append((v + float(p["amount"][i]) * (v - low)).clamp_(0.0, 1.0).to(x.dtype))
+        return torch.cat(out)
+
+    def device() -> torch.Tensor:
+        v = _wide(x)
+        sigma_px = p["sigma"].double() * side
+        width = torch.sqrt(4.0 * sigma_px * sigma_px + 1.0)  # as box_radius, per sample
+        r = torch.round((width - 1.0) / 2.0).clamp(1, side - 1).to(torch.int64)
+        low = v
+        for _ in range(3):
+            low = box_mean(box_mean(low, r, -1), r, -2)
+        amount = per_sample(p["amount"].double())
+        return (v + amount * (v - low)).clamp_(0.0, 1.0).to(x.dtype)
+
+    return backend.by_path(x, host=host, device=device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -766,15 +988,34 @@ def xray_double_exposure(
     Kornia: own kernel, because the second exposure is an integer shift with edge replication (an
     index gather, exact); Kornia's ``translate`` resamples every pixel through ``grid_sample``."""
     side = shorter_side(x)
-    out = []
-    for i in range(x.shape[0]):
-        lin = to_linear(x[i])
-        d = float(p["shift"][i]) * side
-        a = float(p["angle"][i])
-        second = shifted_clamped(lin, round(d * math.cos(a)), round(d * math.sin(a)))
-        wgt = float(p["weight"][i])
-        out.append(to_display((lin + wgt * second) / (1.0 + wgt), x))
-    return torch.stack(out)
+
+    def host() -> torch.Tensor:
+        out = []
+        for i in range(x.shape[0]):
+            lin = to_linear(x[i])
+            d = float(p["shift"][i]) * side
+            a = float(p["angle"][i])
+            second = shifted_clamped(lin, round(d * math.cos(a)), round(d * math.sin(a)))
+            wgt = float(p["weight"][i])
+            out.append(to_display((lin + wgt * second) / (1.0 + wgt), x))
+        return torch.stack(out)
+
+    def device() -> torch.Tensor:
+        b = x.shape[0]
+        h, w = x.shape[-2:]
+        lin = to_linear(x)
+        d = p["shift"].double() * side
+        a = p["angle"].double()
+        dx = torch.round(d * torch.cos(a)).to(torch.int64).view(b, 1)
+        dy = torch.round(d * torch.sin(a)).to(torch.int64).view(b, 1)
+        cols = (torch.arange(w, device=x.device).view(1, w) - dx).clamp_(0, w - 1)
+        rows = (torch.arange(h, device=x.device).view(1, h) - dy).clamp_(0, h - 1)
+        second = torch.take_along_dim(lin, cols.view(b, 1, 1, w), dim=-1)
+        second = torch.take_along_dim(second, rows.view(b, 1, h, 1), dim=-2)
+        wgt = per_sample(p["weight"].double())
+        return to_display((lin + wgt * second) / (1.0 + wgt), x)
+
+    return backend.by_path(x, host=host, device=device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -810,14 +1051,25 @@ def xray_cardiac_motion(
     h, w = x.shape[-2:]
     side = shorter_side(x)
     heart, domes = motion_masks(h, w, x.device)
-    out = []
-    for i in range(x.shape[0]):
-        lin = to_linear(x[i : i + 1])
-        r = max(1, round(float(p["length"][i]) * side / 2.0))
-        along_x = _box_torch(lin, min(r, w - 1), -1)
-        along_y = _box_torch(lin, min(r, h - 1), -2)
-        out.append(to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x))
-    return torch.cat(out)
+
+    def host() -> torch.Tensor:
+        out = []
+        for i in range(x.shape[0]):
+            lin = to_linear(x[i : i + 1])
+            r = max(1, round(float(p["length"][i]) * side / 2.0))
+            along_x = _box_torch(lin, min(r, w - 1), -1)
+            along_y = _box_torch(lin, min(r, h - 1), -2)
+            out.append(to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x))
+        return torch.cat(out)
+
+    def device() -> torch.Tensor:
+        lin = to_linear(x)
+        r = torch.round(p["length"].double() * side / 2.0).clamp(min=1).to(torch.int64)
+        along_x = box_mean(lin, r.clamp(max=w - 1), -1)
+        along_y = box_mean(lin, r.clamp(max=h - 1), -2)
+        return to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x)
+
+    return backend.by_path(x, host=host, device=device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -855,6 +1107,26 @@ def fold_attenuation(
     return float(p["density"][i]) * inside * torch.exp(-d.clamp(min=0.0) / (0.04 * side)) * taper
 
 
+def fold_attenuations(
+    h: int, w: int, p: dict[str, torch.Tensor], device: torch.device
+) -> torch.Tensor:
+    """``fold_attenuation`` of every sample at once, (B,1,H,W) float64: the same formula with
+    the parameters as (B,1,1,1) tensors (side chosen per sample by ``right_side``)."""
+    side = min(h, w)
+    ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5).view(1, 1, h, 1)
+    xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5).view(1, 1, 1, w)
+    t = ys / h
+    position = per_sample(p["position"].double())
+    curvature = per_sample(p["curvature"].double())
+    edge = (position + curvature * (1.0 - ((t - 0.5) / 0.35) ** 2)) * w
+    right = per_sample(p["right_side"]) > 0.5
+    d = torch.where(right, xs - (w - edge), edge - xs)
+    inside = (d + 0.5).clamp(0.0, 1.0)
+    taper = torch.sin(((t - 0.15) / 0.7).clamp(0.0, 1.0) * math.pi).clamp(min=0.0)
+    density = per_sample(p["density"].double())
+    return density * inside * torch.exp(-d.clamp(min=0.0) / (0.04 * side)) * taper
+
+
 @register_kernel("xray_skin_fold", sampler=_fold_sampler)
 def xray_skin_fold(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
@@ -864,8 +1136,17 @@ def xray_skin_fold(
     Kornia: own kernel: no Kornia equivalent (an analytic attenuation edge added to the display
     value)."""
     h, w = x.shape[-2:]
-    out = [
-        (_wide(x[i : i + 1]) + fold_attenuation(h, w, p, i, x.device)).clamp_(0.0, 1.0).to(x.dtype)
-        for i in range(x.shape[0])
-    ]
-    return torch.cat(out)
+    return backend.by_path(
+        x,
+        host=lambda: torch.cat(
+            [
+                (_wide(x[i : i + 1]) + fold_attenuation(h, w, p, i, x.device))
+                .clamp_(0.0, 1.0)
+                .to(x.dtype)
+                for i in range(x.shape[0])
+            ]
+        ),
+        device=lambda: (
+            (_wide(x) + fold_attenuations(h, w, p, x.device)).clamp_(0.0, 1.0).to(x.dtype)
+        ),
+    )
