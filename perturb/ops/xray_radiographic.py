@@ -115,6 +115,65 @@ def _accumulate(total: np.ndarray, canvas: np.ndarray, attenuation: float) -> No
     total += canvas.astype(np.float32) * np.float32(attenuation / 255.0)
 
 
+ITEMS = 8  # the most devices / foreign objects a film gets (the catalog's bound on ``items``)
+
+
+class _Layers:
+    """One film's drawn objects: uint8 canvases (255 = fully covered) in drawing order, each
+    with the item it belongs to and its attenuation at opacity 1 (display units). The items
+    come in a fixed order per film, so a film's first ``n`` items are the same at every
+    severity and every ``items`` count: drawing all of them once serves any ``items``."""
+
+    def __init__(self, h: int, w: int) -> None:
+        self.shape = (h, w)
+        self.item = 0
+        self.canvases: list[np.ndarray] = []
+        self.items: list[int] = []
+        self.attenuations: list[float] = []
+
+    def add(self, canvas: np.ndarray, attenuation: float) -> None:
+        self.canvases.append(canvas)
+        self.items.append(self.item)
+        self.attenuations.append(attenuation)
+
+    def total(self, opacity: float) -> np.ndarray:
+        """``sum attenuation * opacity * canvas / 255`` (float32, in drawing order)."""
+        total = np.zeros(self.shape, dtype=np.float32)
+        for canvas, attenuation in zip(self.canvases, self.attenuations, strict=True):
+            _accumulate(total, canvas, attenuation * opacity)
+        return total
+
+
+def _add_layers(x: torch.Tensor, p: dict[str, torch.Tensor], films: list[_Layers]) -> torch.Tensor:
+    """``clip(v + a)`` for the whole batch, ``a`` the sum of each film's canvases of its first
+    ``items`` items at its ``opacity`` (both (B,) tensors, never read back to the host). The
+    canvases are drawn on the host from the keys alone (the items and opacity select and
+    scale them); they travel as one (B, K, H, W) uint8 stack padded with empty canvases, and
+    are summed in drawing order in float32, the host's ``_Layers.total`` value for value."""
+    b = x.shape[0]
+    h, w = x.shape[-2:]
+    k = max((len(f.canvases) for f in films), default=0)
+    canvases = np.zeros((b, k, h, w), dtype=np.uint8)
+    items = np.full((b, k), ITEMS, dtype=np.int64)  # padding: never among the first ``items``
+    attenuations = np.zeros((b, k), dtype=np.float64)
+    for i, film in enumerate(films):
+        n = len(film.canvases)
+        if n:
+            canvases[i, :n] = np.stack(film.canvases)
+        items[i, :n] = film.items
+        attenuations[i, :n] = film.attenuations
+    dev = x.device
+    drawn = torch.from_numpy(canvases).to(dev)
+    chosen = torch.from_numpy(items).to(dev) < torch.round(p["items"]).view(b, 1)
+    opacity = p["opacity"].double().view(b, 1)
+    weights = ((torch.from_numpy(attenuations).to(dev) * opacity) / 255.0).to(torch.float32)
+    weights = weights * chosen.to(torch.float32)
+    total = torch.zeros(b, h, w, dtype=torch.float32, device=dev)
+    for j in range(k):  # k is the op's canvas count per film, not the batch size
+        total = total + drawn[:, j].to(torch.float32) * weights[:, j].view(b, 1, 1)
+    return (x + total.unsqueeze(1)).clamp_(0.0, 1.0)
+
+
 def _curve(points: np.ndarray, n: int = 48) -> np.ndarray:
     """A smooth polyline (Catmull-Rom through ``points``, (k, 2) float) as int32 (n, 1, 2)."""
     pts = np.asarray(points, dtype=np.float64)
@@ -499,39 +558,43 @@ def _level_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 
 def _ecg_electrode(
-    total: np.ndarray,
+    layers: _Layers,
     g: np.random.Generator,
     side: int,
     cx: float,
     cy: float,
     edge: tuple[float, float],
-    opacity: float,
 ) -> None:
-    h, w = total.shape
+    h, w = layers.shape
     r = max(2, _frac_px(0.02, side))
     canvas = _canvas(h, w)
     centre = (round(cx * w), round(cy * h))
     cv2.circle(canvas, centre, r, 255, max(1, _frac_px(0.004, side)), cv2.LINE_AA)
-    _accumulate(total, canvas, 0.10 * opacity)  # foam pad rim with its gel disc
+    layers.add(canvas, 0.10)  # foam pad rim with its gel disc
     canvas = _canvas(h, w)
     cv2.circle(canvas, centre, max(1, _frac_px(0.006, side)), 255, -1, cv2.LINE_AA)
-    _accumulate(total, canvas, 0.35 * opacity)  # metal snap
+    layers.add(canvas, 0.35)  # metal snap
     canvas = _canvas(h, w)
     mid = (cx + edge[0]) / 2 + g.uniform(-0.06, 0.06), (cy + edge[1]) / 2 + g.uniform(-0.06, 0.06)
     pts = np.array([[cx * w, cy * h], [mid[0] * w, mid[1] * h], [edge[0] * w, edge[1] * h]])
     cv2.polylines(canvas, [_curve(pts)], False, 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
-    _accumulate(total, canvas, 0.08 * opacity)  # lead wire (copper in insulation)
+    layers.add(canvas, 0.08)  # lead wire (copper in insulation)
 
 
 def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndarray:
     """Attenuation (display units, float32 H x W) of the first ``items`` devices of this film's
-    keyed set, in clinical order: two ECG electrodes, two more, a right internal jugular
+    keyed set at ``opacity`` (see ``device_layers``)."""
+    return device_layers(key, h, w, items).total(opacity)
+
+
+def device_layers(key: int, h: int, w: int, items: int) -> _Layers:
+    """The canvases of the first ``items`` devices of this film's keyed set, in clinical order: two ECG electrodes, two more, a right internal jugular
     central venous catheter, an endotracheal tube, a nasogastric tube, a left pectoral
     pacemaker with its right-ventricular lead. Positions are jittered per film, the same at
     every severity."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_support_devices"))
     side = min(h, w)
-    total = np.zeros((h, w), dtype=np.float32)
+    layers = _Layers(h, w)
     j = [g.uniform(-0.03, 0.03, size=2) for _ in range(8)]  # one jitter per item, always drawn
     electrodes = [
         ((0.18, 0.12), (0.0, 0.05)),
@@ -541,16 +604,19 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
     ]
     for i in range(min(items, 4)):
         (ex, ey), edge = electrodes[i]
-        _ecg_electrode(total, g, side, ex + j[i][0], ey + j[i][1], edge, opacity)
+        layers.item = i
+        _ecg_electrode(layers, g, side, ex + j[i][0], ey + j[i][1], edge)
     thin = max(1, _frac_px(0.004, side))
     if items >= 5:  # CVC: right IJ (image left) down the brachiocephalic vein to the SVC
+        layers.item = 4
         canvas = _canvas(h, w)
         pts = np.array(
             [[0.36, 0.0], [0.38, 0.12], [0.44, 0.22], [0.47 + j[4][0] / 3, 0.32 + j[4][1]]]
         )
         cv2.polylines(canvas, [_curve(pts * [w, h])], False, 255, thin, cv2.LINE_AA)
-        _accumulate(total, canvas, 0.16 * opacity)
+        layers.add(canvas, 0.16)
     if items >= 6:  # ET tube: two walls and a radiopaque stripe, tip above the carina
+        layers.item = 5
         canvas = _canvas(h, w)
         tip = 0.22 + j[5][1]
         half = 0.008
@@ -563,7 +629,7 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
                 thin,
                 cv2.LINE_AA,
             )
-        _accumulate(total, canvas, 0.06 * opacity)
+        layers.add(canvas, 0.06)
         canvas = _canvas(h, w)
         cv2.line(
             canvas,
@@ -573,8 +639,9 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
             thin,
             cv2.LINE_AA,
         )
-        _accumulate(total, canvas, 0.14 * opacity)
+        layers.add(canvas, 0.14)
     if items >= 7:  # NG tube: midline down the oesophagus, across to the gastric fundus
+        layers.item = 6
         canvas = _canvas(h, w)
         pts = np.array(
             [[0.5, 0.0], [0.49, 0.3], [0.5, 0.6], [0.56, 0.82], [0.64 + j[6][0], 0.9 + j[6][1] / 2]]
@@ -582,8 +649,9 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
         cv2.polylines(
             canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.006, side)), cv2.LINE_AA
         )
-        _accumulate(total, canvas, 0.16 * opacity)
+        layers.add(canvas, 0.16)
     if items >= 8:  # pacemaker: left pectoral generator, lead to the right-ventricular apex
+        layers.item = 7
         canvas = _canvas(h, w)
         gx, gy = 0.74 + j[7][0], 0.17 + j[7][1]
         cv2.ellipse(
@@ -597,7 +665,7 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
             -1,
             cv2.LINE_AA,
         )
-        _accumulate(total, canvas, 0.55 * opacity)  # titanium can with battery
+        layers.add(canvas, 0.55)  # titanium can with battery
         canvas = _canvas(h, w)
         pts = np.array(
             [[gx - 0.04, gy], [0.6, 0.16], [0.5, 0.24], [0.47, 0.4], [0.55, 0.55], [0.62, 0.6]]
@@ -605,8 +673,8 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
         cv2.polylines(
             canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.005, side)), cv2.LINE_AA
         )
-        _accumulate(total, canvas, 0.3 * opacity)
-    return total
+        layers.add(canvas, 0.3)
+    return layers
 
 
 @register_kernel("xray_support_devices", sampler=_level_sampler)
@@ -615,42 +683,48 @@ def xray_support_devices(
 ) -> torch.Tensor:
     """Support devices as attenuating objects (see ``devices_map``).
 
-    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation map added to the display
-    value)."""
+    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases added to the
+    display value)."""
     h, w = x.shape[-2:]
-    maps = [
-        devices_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
-        for i, k in enumerate(keys)
-    ]
-    return _add_attenuation(x, maps)
+    return backend.by_path(
+        x,
+        host=lambda: _add_attenuation(
+            x,
+            [
+                devices_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
+                for i, k in enumerate(keys)
+            ],
+        ),
+        device=lambda: _add_layers(x, p, [device_layers(int(k), h, w, ITEMS) for k in keys]),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Foreign objects on the patient
 
 
-def _button(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> None:
-    h, w = total.shape
+def _button(layers: _Layers, side: int, cx: int, cy: int) -> None:
+    h, w = layers.shape
     r = max(2, _frac_px(0.013, side))
     canvas = _canvas(h, w)
     cv2.circle(canvas, (cx, cy), r, 255, -1, cv2.LINE_AA)
     hole = max(1, r // 4)
     for dx, dy in ((-1, -1), (1, -1), (-1, 1), (1, 1)):
         cv2.circle(canvas, (cx + dx * r // 3, cy + dy * r // 3), hole, 0, -1, cv2.LINE_AA)
-    _accumulate(total, canvas, 0.2 * opacity)
+    layers.add(canvas, 0.2)
 
 
-def _hooks(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> None:
-    h, w = total.shape
+def _hooks(layers: _Layers, side: int, cx: int, cy: int) -> None:
+    h, w = layers.shape
     canvas = _canvas(h, w)
     a, b = max(2, _frac_px(0.012, side)), max(1, _frac_px(0.004, side))
     for dy in (-2 * b, 2 * b):
         cv2.rectangle(canvas, (cx - a, cy + dy - b), (cx + a, cy + dy + b), 255, -1, cv2.LINE_AA)
-    _accumulate(total, canvas, 0.5 * opacity)
+    layers.add(canvas, 0.5)
 
 
-def _necklace(total: np.ndarray, g: np.random.Generator, side: int, opacity: float) -> None:
-    h, w = total.shape
+def _necklace(layers: _Layers, g: np.random.Generator, side: int) -> None:
+    h, w = layers.shape
     canvas = _canvas(h, w)
     depth = g.uniform(0.16, 0.26)
     bead = max(1, _frac_px(0.004, side))
@@ -666,13 +740,11 @@ def _necklace(total: np.ndarray, g: np.random.Generator, side: int, opacity: flo
         -1,
         cv2.LINE_AA,
     )
-    _accumulate(total, canvas, 0.6 * opacity)
+    layers.add(canvas, 0.6)
 
 
-def _hair_clip(
-    total: np.ndarray, side: int, cx: int, cy: int, angle: float, opacity: float
-) -> None:
-    h, w = total.shape
+def _hair_clip(layers: _Layers, side: int, cx: int, cy: int, angle: float) -> None:
+    h, w = layers.shape
     canvas = _canvas(h, w)
     length, gap = _frac_px(0.07, side), max(2, _frac_px(0.006, side))
     c, s = math.cos(angle), math.sin(angle)
@@ -691,11 +763,11 @@ def _hair_clip(
         max(1, _frac_px(0.003, side)),
         cv2.LINE_AA,
     )
-    _accumulate(total, canvas, 0.7 * opacity)
+    layers.add(canvas, 0.7)
 
 
-def _earring(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> None:
-    h, w = total.shape
+def _earring(layers: _Layers, side: int, cx: int, cy: int) -> None:
+    h, w = layers.shape
     canvas = _canvas(h, w)
     cv2.circle(
         canvas,
@@ -705,17 +777,23 @@ def _earring(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> 
         max(1, _frac_px(0.003, side)),
         cv2.LINE_AA,
     )
-    _accumulate(total, canvas, 0.7 * opacity)
+    layers.add(canvas, 0.7)
 
 
 def objects_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndarray:
     """Attenuation (display units, float32 H x W) of this film's first ``items`` foreign
-    objects, in a keyed order drawn from: a button line of a shirt or gown (each button one
+    objects at ``opacity`` (see ``object_layers``)."""
+    return object_layers(key, h, w, items).total(opacity)
+
+
+def object_layers(key: int, h: int, w: int, items: int) -> _Layers:
+    """The canvases of this film's first ``items`` foreign objects, in a keyed order drawn
+    from: a button line of a shirt or gown (each button one
     item), bra hooks, a necklace with a pendant, hair clips, an earring. The same objects in the
     same places at every severity."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_foreign_objects"))
     side = min(h, w)
-    total = np.zeros((h, w), dtype=np.float32)
+    layers = _Layers(h, w)
     column = g.uniform(0.44, 0.56)
     kinds = ["button", "necklace", "button", "hooks", "clip", "button", "earring", "button"]
     order = [0, *(1 + g.permutation(len(kinds) - 1))]  # a button first, then a keyed order
@@ -724,22 +802,19 @@ def objects_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
     for n, idx in enumerate(order[:items]):
         kind = kinds[idx]
         jx, jy = jitter[n]
+        layers.item = n
         if kind == "button":
-            _button(
-                total, side, int((column + jx / 3) * w), int((0.3 + 0.14 * buttons) * h), opacity
-            )
+            _button(layers, side, int((column + jx / 3) * w), int((0.3 + 0.14 * buttons) * h))
             buttons += 1
         elif kind == "hooks":
-            _hooks(total, side, int((0.5 + jx) * w), int((0.62 + jy) * h), opacity)
+            _hooks(layers, side, int((0.5 + jx) * w), int((0.62 + jy) * h))
         elif kind == "necklace":
-            _necklace(total, g, side, opacity)
+            _necklace(layers, g, side)
         elif kind == "clip":
-            _hair_clip(
-                total, side, int((0.25 + jx) * w), int((0.03 + abs(jy)) * h), 0.3 + jx * 10, opacity
-            )
+            _hair_clip(layers, side, int((0.25 + jx) * w), int((0.03 + abs(jy)) * h), 0.3 + jx * 10)
         else:
-            _earring(total, side, int((0.2 + jx) * w), int((0.1 + jy) * h), opacity)
-    return total
+            _earring(layers, side, int((0.2 + jx) * w), int((0.1 + jy) * h))
+    return layers
 
 
 @register_kernel("xray_foreign_objects", sampler=_level_sampler)
@@ -748,14 +823,20 @@ def xray_foreign_objects(
 ) -> torch.Tensor:
     """Radiopaque objects on the patient (see ``objects_map``).
 
-    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation map added to the display
-    value)."""
+    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases added to the
+    display value)."""
     h, w = x.shape[-2:]
-    maps = [
-        objects_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
-        for i, k in enumerate(keys)
-    ]
-    return _add_attenuation(x, maps)
+    return backend.by_path(
+        x,
+        host=lambda: _add_attenuation(
+            x,
+            [
+                objects_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
+                for i, k in enumerate(keys)
+            ],
+        ),
+        device=lambda: _add_layers(x, p, [object_layers(int(k), h, w, ITEMS) for k in keys]),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
