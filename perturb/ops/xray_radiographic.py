@@ -50,6 +50,16 @@ appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004))
   and portable films): the doubled skin adds attenuation that ends in a sharp curvilinear edge
   over the lateral lung and fades away from it, the classic pneumothorax mimic (lung markings
   continue across it).
+
+Torch path (what runs on CUDA): each op is one batched computation over the batch, its
+per-sample parameters used as (B, ...) tensors and never read back to the host. Keyed fields
+come from ``batch_uniform`` / ``batch_normal`` (the rows are ``perturb.rng``'s per-sample fields
+bit for bit), box filters with per-sample radii from ``box_mean`` (one cumulative sum), the
+rotation from one ``warp_perspective`` call with (B, 3, 3) matrices. Devices and foreign objects
+are drawn with OpenCV's anti-aliased primitives; their canvases depend on the key alone, so
+they are drawn on the host from the (host-side) keys and selected and scaled on the device by
+the ``items`` and ``opacity`` tensors. The CPU path of every op is the per-sample code whose
+bytes the golden outputs pin; the torch path gives the same values (the rotation within 5e-5).
 """
 
 from __future__ import annotations
@@ -588,10 +598,10 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
 
 
 def device_layers(key: int, h: int, w: int, items: int) -> _Layers:
-    """The canvases of the first ``items`` devices of this film's keyed set, in clinical order: two ECG electrodes, two more, a right internal jugular
-    central venous catheter, an endotracheal tube, a nasogastric tube, a left pectoral
-    pacemaker with its right-ventricular lead. Positions are jittered per film, the same at
-    every severity."""
+    """The canvases of the first ``items`` devices of this film's keyed set, in clinical
+    order: two ECG electrodes, two more, a right internal jugular central venous catheter, an
+    endotracheal tube, a nasogastric tube, a left pectoral pacemaker with its
+    right-ventricular lead. Positions are jittered per film, the same at every severity."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_support_devices"))
     side = min(h, w)
     layers = _Layers(h, w)
