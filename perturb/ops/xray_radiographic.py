@@ -158,18 +158,18 @@ def _add_layers(x: torch.Tensor, p: dict[str, torch.Tensor], films: list[_Layers
     """``clip(v + a)`` for the whole batch, ``a`` the sum of each film's canvases of its first
     ``items`` items at its ``opacity`` (both (B,) tensors, never read back to the host). The
     canvases are drawn on the host from the keys alone (the items and opacity select and
-    scale them); they travel as one (B, K, H, W) uint8 stack padded with empty canvases, and
+    scale them); they travel as one (K, B, H, W) uint8 stack padded with empty canvases, and
     are summed in drawing order in float32, the host's ``_Layers.total`` value for value."""
     b = x.shape[0]
     h, w = x.shape[-2:]
     k = max((len(f.canvases) for f in films), default=0)
-    canvases = np.zeros((b, k, h, w), dtype=np.uint8)
+    canvases = np.zeros((k, b, h, w), dtype=np.uint8)
     items = np.full((b, k), ITEMS, dtype=np.int64)  # padding: never among the first ``items``
     attenuations = np.zeros((b, k), dtype=np.float64)
     for i, film in enumerate(films):
         n = len(film.canvases)
         if n:
-            canvases[i, :n] = np.stack(film.canvases)
+            canvases[:n, i] = np.stack(film.canvases)
         items[i, :n] = film.items
         attenuations[i, :n] = film.attenuations
     dev = x.device
@@ -180,7 +180,7 @@ def _add_layers(x: torch.Tensor, p: dict[str, torch.Tensor], films: list[_Layers
     weights = weights * chosen.to(torch.float32)
     total = torch.zeros(b, h, w, dtype=torch.float32, device=dev)
     for j in range(k):  # k is the op's canvas count per film, not the batch size
-        total = total + drawn[:, j].to(torch.float32) * weights[:, j].view(b, 1, 1)
+        total = total + drawn[j].to(torch.float32) * weights[:, j].view(b, 1, 1)
     return (x + total.unsqueeze(1)).clamp_(0.0, 1.0)
 
 
@@ -861,11 +861,14 @@ def _defects_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
+MAX_LINES = 8  # candidate dead lines drawn per film (the catalog's bound on ``lines``)
+
+
 def defect_lines(key: int, h: int, w: int, n: int) -> list[tuple[bool, int, bool]]:
     """The film's first ``n`` dead lines: (is a column, index, dead rather than half gain)."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_detector_defects/lines"))
     out = []
-    for _ in range(8):
+    for _ in range(MAX_LINES):
         column = bool(g.random() < 0.6)
         index = int(g.integers(0, w if column else h))
         out.append((column, index, bool(g.random() < 0.5)))
@@ -914,8 +917,8 @@ def _defects_host(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
 def _defects_batched(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
-    """``_defects_host`` for the whole batch at once. Each film's eight candidate dead lines
-    come from its key on the host (``defect_lines``) as a (B, 8) table; the first ``lines``
+    """``_defects_host`` for the whole batch at once. Each film's candidate dead lines come
+    from its key on the host (``defect_lines``) as a (B, MAX_LINES) table; the first ``lines``
     are valid. A pixel on any valid dead line is white; otherwise each half-gain line through
     it adds ``ln 2 / MU`` (the host applies them one after the other: the same values, up to
     float64 rounding where two half-gain lines cross)."""
@@ -929,11 +932,9 @@ def _defects_batched(
     v = torch.where(cols >= seam, v - step, v)
     v = torch.where(cols == seam, torch.ones_like(v), v)
     table = torch.tensor(
-        [[line for line in defect_lines(int(k), h, w, 8)] for k in keys],
-        dtype=torch.int64,
-        device=dev,
-    ).view(b, 8, 3)
-    valid = torch.arange(8, device=dev).view(1, 8) < torch.round(p["lines"]).view(b, 1)
+        [defect_lines(int(k), h, w, MAX_LINES) for k in keys], dtype=torch.int64, device=dev
+    ).view(b, MAX_LINES, 3)
+    valid = torch.arange(MAX_LINES, device=dev).view(1, -1) < torch.round(p["lines"]).view(b, 1)
     column, index, dead = table[..., 0] > 0, table[..., 1], table[..., 2] > 0
 
     def hits(is_axis: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
