@@ -39,21 +39,11 @@ NOT_YET_BATCHED: frozenset[str] = frozenset(
         "translation",
         "vignetting",
         "xray_burned_text",
-        "xray_cardiac_motion",
         "xray_collimation",
-        "xray_detector_defects",
-        "xray_double_exposure",
-        "xray_edge_enhancement",
-        "xray_foreign_objects",
         "xray_laterality_marker",
         "xray_motion_blur",
-        "xray_over_penetration",
-        "xray_patient_rotation",
         "xray_quantum_noise",
         "xray_scatter",
-        "xray_skin_fold",
-        "xray_support_devices",
-        "xray_under_penetration",
     }
 )
 
