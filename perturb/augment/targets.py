@@ -110,10 +110,6 @@ def _densified(poly: np.ndarray, step: float) -> np.ndarray:
     return np.concatenate(out)
 
 
-def _full_grid(gw: int, gh: int) -> list[list[int]]:
-    return [[0, 0], [gw - 1, 0], [gw - 1, gh - 1], [0, gh - 1]]
-
-
 def move_scene(
     descriptor: dict[str, Any], record: Record, width: int, height: int
 ) -> dict[str, Any]:
@@ -152,9 +148,7 @@ def move_scene(
     poly = cv2.approxPolyDP(poly, 0.5, True).reshape(-1, 2)
     corners = [(0.0, 0.0), (gw - 1.0, 0.0), (gw - 1.0, gh - 1.0), (0.0, gh - 1.0)]
     covers = all(cv2.pointPolygonTest(poly.reshape(-1, 1, 2), c, False) >= 0 for c in corners)
-    if descriptor.get("full") and covers:
-        out["field"] = _full_grid(gw, gh)
-    else:
+    if not (descriptor.get("full") and covers):  # a whole frame still covered keeps its field
         out.pop("full", None)
         out["field"] = [[int(x), int(y)] for x, y in poly]
     overlays = []

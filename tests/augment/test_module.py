@@ -121,7 +121,9 @@ def test_records_replay_and_match_the_plans() -> None:
     # the records are the plans, each border-protecting one with the scene it ran with
     assert [[_without_scene(r) for r in p] for p in out.records] == plans
     assert all(("scene" in r.extra) == r.protect_border for p in out.records for r in p)
-    assert any(r.protect_border for p in out.records for r in p), "no scene carried: nothing checked"
+    assert any(r.protect_border for p in out.records for r in p), (
+        "no scene carried: nothing checked"
+    )
     assert torch.equal(out.images, apply_plans(images, out.records))
     for i, chain in enumerate(out.records):
         replayed = perturb.replay([r.to_dict() for r in chain], images[i]) if chain else images[i]
