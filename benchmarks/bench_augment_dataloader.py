@@ -30,9 +30,14 @@ cross-check of the whole run including start-up) and peak RSS (``VmHWM`` of each
 on the 2-core machine this was written on); torch runs 1 thread per worker (DataLoader's
 default).
 
-Run from the repository root (keeps to about 1-2 minutes on 2 cores):
+Run from the repository root (about 2.5 minutes on 2 loaded cores):
 
-    python -m benchmarks.bench_augment_dataloader [--repeats 5] [--items 128] [--out PATH]
+    python -m benchmarks.bench_augment_dataloader [--repeats 3] [--items 128] [--out PATH]
+
+``--per-op`` instead times each op of the policy and each albumentations transform alone, one
+thread, on 32 such frames (CPU-ms per image; perturb through ``perturb.apply`` with the frames'
+scenes given, at severity 2), and writes ``results/augment-per-op-cpu.json``: what bounds the
+DataLoader ratio.
 """
 
 from __future__ import annotations
@@ -247,6 +252,45 @@ def _median(rows: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(r[key] for r in rows))
 
 
+PER_OP_OUT = OUT.with_name("augment-per-op-cpu.json")
+
+
+def per_op(files: list[str], rounds: int = 3) -> dict[str, Any]:
+    """CPU-ms per image of each policy op (``perturb.apply``, severity 2, scenes given, the CPU
+    path) and of each transform of ``albumentations_pipeline`` (per image), one thread."""
+    import perturb
+    from perturb.augment import load_policy
+    from perturb.scene import Scene
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    frames = [decode(files[i % len(files)]) for i in range(BATCH)]
+    x = torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2).contiguous()
+    scenes = [Scene.of(x[i]) for i in range(BATCH)]
+    keys = [f"frame{i}" for i in range(BATCH)]
+    ours = {}
+    for entry in load_policy(POLICY).ops:
+        perturb.apply(x, entry.op, 2, keys, scenes=scenes)  # warm
+        start = time.process_time()
+        for seed in range(rounds):
+            perturb.apply(x, entry.op, 2, keys, seed=seed + 1, scenes=scenes)
+        ours[entry.op] = {
+            "weight": entry.weight,
+            "cpu_ms_per_image": 1000 * (time.process_time() - start) / rounds / BATCH,
+        }
+    peer = {}
+    for i, transform in enumerate(albumentations_pipeline().transforms[0].transforms[0].transforms):
+        transform(image=frames[0])
+        start = time.process_time()
+        for _ in range(rounds):
+            for img in frames:
+                transform(image=img)
+        peer[f"{i:02d} {type(transform).__name__}"] = (
+            1000 * (time.process_time() - start) / rounds / BATCH
+        )
+    return {"perturb": ours, "albumentations": peer}
+
+
 def environment() -> dict[str, Any]:
     from benchmarks.conftest import environment as env
 
@@ -261,10 +305,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--repeats", type=int, default=int(os.environ.get("PERTURB_BENCH_REPEATS", "5"))
     )
     parser.add_argument("--items", type=int, default=128, help="dataset items per epoch")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--per-op", action="store_true", help="time each op alone (see the docstring)"
+    )
     args = parser.parse_args(argv)
     load_start = list(os.getloadavg())
     files = _files()
+    if args.per_op:
+        costs = {
+            "benchmark": "augment-per-op",
+            "policy": POLICY,
+            "size": SIZE,
+            "batch": BATCH,
+            "severity": 2,
+        }
+        costs.update(per_op(files))
+        costs["environment"] = environment()
+        costs["load_average_start"] = load_start
+        out = args.out or PER_OP_OUT
+        out.write_text(json.dumps(costs, indent=2) + "\n")
+        print(json.dumps({k: costs[k] for k in ("perturb", "albumentations")}, indent=2))
+        return costs
     kinds = ["decode", "perturb", "albumentations"]
     loaders = {k: make_loader(k, files, args.items) for k in kinds}
     warmup = {}
@@ -332,8 +394,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "note": "every worker of the run, start-up and warm-up epochs included (counted once they exit)",
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out = args.out or OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"summary": summary, "ratios": ratios}, indent=2))
     return result
 
