@@ -10,9 +10,9 @@ not the JPEG decoder (1920x1080 frames take 40-90 ms each to decode and resize h
 either augmentation; the warm-up epoch includes it).
 
 * ``decode``: no augmentation (the floor every pipeline pays);
-* ``perturb``: ``collate_fn`` stacks the uint8 batch and runs ``Augment("augment-endoscopy")``
-  on it (keyed per (seed, epoch, index); each border-protecting op composites into the frame's
-  scene, analysed once per source image and cached per worker);
+* ``perturb``: ``collate_fn`` stacks the uint8 batch and runs ``Augment("augment-endoscopy",
+  carry_scenes=True)`` on it (keyed per (seed, epoch, index); each border-protecting op
+  composites into the frame's scene, analysed once per source image and cached per worker);
 * ``albumentations``: each item through an ``A.Compose`` in ``__getitem__`` (how it is used),
   mirroring the policy: with probability 0.9, 1 to 3 of RandomResizedCrop (scale 0.88-0.97),
   Rotate (+-11 deg, bicubic, black), Affine translate (+-9 %), brightness, contrast, gamma,
@@ -184,7 +184,7 @@ def make_loader(kind: str, files: list[str], items: int) -> tuple[DataLoader, Ep
     if kind == "perturb":
         from perturb.augment import Augment
 
-        augment = Augment(POLICY, seed=0)
+        augment = Augment(POLICY, seed=0, carry_scenes=True)
     loader = DataLoader(
         Items(files, items, albumentations=kind == "albumentations"),
         batch_sampler=sampler,

@@ -11,11 +11,17 @@ seed, epoch, dataset index), so the run is reproducible whatever the DataLoader 
 batch size, sampling order or device. ``eval()`` turns augmentation off (identity).
 
 Border-protecting ops (colour, exposure, optics) act on the tissue layer of the frame's scene
-(``perturb.scene``). The scene of each source image is analysed once, cached per dataset index
-(``SceneCache``: checked against a digest of the pixels, so a changed image is analysed again)
-and carried through the sample's chain: crops and warps move it with the pixels
-(``perturb.augment.targets.move_scene``), and each protecting record stores the scene it runs
-with (``extra["scene"]``), so no intermediate image is analysed and ``replay`` reproduces it.
+(``perturb.scene``). By default the engine analyses the scene of the image each such op gets
+(an intermediate image of the chain included). With ``carry_scenes=True`` the scene of each
+source image is analysed once, cached per dataset index (``SceneCache``: checked against a
+digest of the pixels, so a changed image is analysed again) and carried through the sample's
+chain: crops and warps move it with the pixels (``perturb.augment.targets.move_scene``), and
+each protecting record stores the scene it runs with (``extra["scene"]``), so no intermediate
+image is analysed and ``replay`` reproduces it. About half the CPU time of the
+``augment-endoscopy`` policy goes away; the outputs differ from the default where an
+intermediate image's analysis differs from the carried scene (e.g. after ``vignetting`` darkens
+the corners, the analysis takes them for surround), which is why it is not yet the default:
+that would change the policy's pinned golden digests.
 """
 
 from __future__ import annotations
@@ -183,8 +189,10 @@ class Augment(torch.nn.Module):
     view). ``modality`` restricts the policy's ops per call of the module (e.g. a module for
     the X-ray part of a mixed dataset). Colour-only ops are left out for 1-channel batches.
 
-    ``scene_cache``: how many source images' scenes (``SceneCache``) this process keeps for
-    the border-protecting ops (0: none; the scene is still analysed once per forward).
+    ``carry_scenes``: analyse each source image's scene once and carry it through the chain
+    (see the module docstring) instead of analysing the input of each border-protecting op;
+    ``scene_cache``: how many source images' scenes (``SceneCache``) this process then keeps
+    (0: none; each source's scene is still analysed once per forward).
 
     ``forward(images, indices, *, epoch=None, boxes=None, masks=None)`` returns the augmented
     images alone when no targets are passed and ``return_records`` is False; otherwise an
@@ -200,9 +208,11 @@ class Augment(torch.nn.Module):
         epoch: int = 0,
         variant: int = 0,
         modality: str | None = None,
+        carry_scenes: bool = False,
         scene_cache: int = DEFAULT_SCENE_CACHE,
     ) -> None:
         super().__init__()
+        self.carry_scenes = bool(carry_scenes)
         self.scenes = SceneCache(scene_cache)
         self.policy = load_policy(policy)
         self.seed = int(seed)
@@ -267,7 +277,8 @@ class Augment(torch.nn.Module):
         else:
             chains = self._check_plans(plans, idx, self.epoch if epoch is None else epoch)
         chains = [with_codecs(p, images) for p in chains]
-        chains = carry_scenes(images, idx, chains, self.scenes)
+        if self.carry_scenes:
+            chains = carry_scenes(images, idx, chains, self.scenes)
         out = apply_plans(images, chains)
         if boxes is None and masks is None and not self.return_records:
             return out
@@ -325,4 +336,7 @@ class Augment(torch.nn.Module):
         return chains
 
     def extra_repr(self) -> str:
-        return f"policy={self.policy.policy!r}, seed={self.seed}, epoch={self.epoch}, ops={self.policy.op_names()}"
+        return (
+            f"policy={self.policy.policy!r}, seed={self.seed}, epoch={self.epoch}, "
+            f"carry_scenes={self.carry_scenes}, ops={self.policy.op_names()}"
+        )

@@ -230,6 +230,18 @@ def _affine_inverse(m: torch.Tensor) -> torch.Tensor:
     return torch.cat([inv, shift], dim=-1)
 
 
+_SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def _gather(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``x.gather(dim, index)`` for every dtype: torch's gather has no kernel for uint16/32/64,
+    so those are gathered as their signed twins of the same bytes (a copy moves bits only)."""
+    twin = _SIGNED_TWIN.get(x.dtype)
+    if twin is None:
+        return x.gather(dim, index)
+    return x.view(twin).gather(dim, index).view(x.dtype)
+
+
 def replicate_crops(x: torch.Tensor, crops: torch.Tensor) -> torch.Tensor:
     """Each sample of ``x`` with the pixels outside its crop (x0, y0, x1, y1) replaced by the
     crop's nearest edge pixel: the crop stays where it is and reads as if clamped at its own
@@ -239,8 +251,8 @@ def replicate_crops(x: torch.Tensor, crops: torch.Tensor) -> torch.Tensor:
     cols = torch.arange(width, device=x.device)
     iy = torch.minimum(torch.maximum(rows[None, :], crops[:, 1:2]), crops[:, 3:4] - 1)
     ix = torch.minimum(torch.maximum(cols[None, :], crops[:, 0:1]), crops[:, 2:3] - 1)
-    out = x.gather(2, iy[:, None, :, None].expand(bsz, channels, height, width))
-    return out.gather(3, ix[:, None, None, :].expand(bsz, channels, height, width))
+    out = _gather(x, 2, iy[:, None, :, None].expand(bsz, channels, height, width))
+    return _gather(out, 3, ix[:, None, None, :].expand(bsz, channels, height, width))
 
 
 def keep_mask(constraints: torch.Tensor, width: int, height: int) -> torch.Tensor:
@@ -512,7 +524,7 @@ def shift_torch(x: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
     ]
     rows = iy.clamp(0, height - 1)[:, None, :, None].expand(bsz, channels, height, width)
     cols = ix.clamp(0, width - 1)[:, None, None, :].expand(bsz, channels, height, width)
-    moved = x.gather(2, rows).gather(3, cols)
+    moved = _gather(_gather(x, 2, rows), 3, cols)
     return torch.where(keep, moved, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
@@ -635,11 +647,7 @@ def nearest_torch(
         + y0
     )
     flat = (iy * width + ix).reshape(bsz, 1, height * width).expand(bsz, channels, -1)
-    res = (
-        m.reshape(bsz, channels, height * width)
-        .gather(2, flat)
-        .reshape(bsz, channels, height, width)
-    )
+    res = _gather(m.reshape(bsz, channels, height * width), 2, flat).reshape(m.shape)
     if constraints is not None and constraints.shape[1]:
         keep = keep_mask(constraints, width, height)
         res = torch.where(keep, res, torch.zeros((), dtype=res.dtype, device=device))

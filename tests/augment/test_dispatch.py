@@ -38,7 +38,7 @@ def _dispatch(op: str, protect: bool | None, b: int) -> Dispatch:
     spec = {"policy": f"one-{op}", "ops": [op], "num_ops": 1, "probability": 1.0, "severity": 3}
     if protect is not None:
         spec["protect_border"] = protect
-    augment = Augment(load_policy(spec), seed=0)
+    augment = Augment(load_policy(spec), seed=0, carry_scenes=True)
     x = torch.rand(b, 3, 96, 128, generator=torch.Generator().manual_seed(7))
     indices = list(range(b))
     with use_backend("torch"):

@@ -4,7 +4,6 @@ records for logging; eval() is the identity; inputs checked with messages naming
 from __future__ import annotations
 
 import pickle
-from dataclasses import replace
 
 import pytest
 import torch
@@ -12,7 +11,6 @@ from torch.utils.data import DataLoader, Dataset
 
 import perturb
 from perturb.augment import Augment, AugmentResult, apply_plans, load_policy, plan_batch
-from perturb.contracts.record import Record
 from perturb.errors import InputError
 from tests.helpers import small_batch
 
@@ -108,22 +106,12 @@ def test_epochs_and_seeds_change_the_draws(reference: dict[int, torch.Tensor]) -
     assert all(torch.equal(again[i], reference[i]) for i in range(N))
 
 
-def _without_scene(record: Record) -> Record:
-    return replace(record, extra={k: v for k, v in record.extra.items() if k != "scene"})
-
-
 def test_records_replay_and_match_the_plans() -> None:
     images = Frames().images
     augment = Augment("augment-endoscopy", seed=2, return_records=True)
     out = augment(images, torch.arange(N))
     assert isinstance(out, AugmentResult) and out.boxes is None and out.masks is None
-    plans = plan_batch(augment.policy, seed=2, epoch=0, indices=range(N), channels=3)
-    # the records are the plans, each border-protecting one with the scene it ran with
-    assert [[_without_scene(r) for r in p] for p in out.records] == plans
-    assert all(("scene" in r.extra) == r.protect_border for p in out.records for r in p)
-    assert any(r.protect_border for p in out.records for r in p), (
-        "no scene carried: nothing checked"
-    )
+    assert out.records == plan_batch(augment.policy, seed=2, epoch=0, indices=range(N), channels=3)
     assert torch.equal(out.images, apply_plans(images, out.records))
     for i, chain in enumerate(out.records):
         replayed = perturb.replay([r.to_dict() for r in chain], images[i]) if chain else images[i]

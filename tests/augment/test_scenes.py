@@ -60,7 +60,7 @@ def analyses(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, ...]]]
 
 def test_each_source_image_is_analysed_once(analyses: list[tuple[int, ...]]) -> None:
     x = _frames(4, salt=11)
-    augment = Augment(CROP_THEN_COLOUR, seed=3, return_records=True)
+    augment = Augment(CROP_THEN_COLOUR, seed=3, return_records=True, carry_scenes=True)
     out = augment(x, [0, 1, 2, 3])
     assert isinstance(out, AugmentResult) and out.records is not None
     protecting = sum(r.protect_border for chain in out.records for r in chain)
@@ -78,11 +78,11 @@ def test_each_source_image_is_analysed_once(analyses: list[tuple[int, ...]]) -> 
 
 def test_changed_pixels_at_an_index_are_analysed_again() -> None:
     x = _frames(3, salt=12)
-    augment = Augment(CROP_THEN_COLOUR, seed=1)
+    augment = Augment(CROP_THEN_COLOUR, seed=1, carry_scenes=True)
     augment(x, [0, 1, 2])
     other = x.roll(1, 0).contiguous()  # other images under the same indices
     warm = augment(other, [0, 1, 2])
-    cold = Augment(CROP_THEN_COLOUR, seed=1, scene_cache=0)(other, [0, 1, 2])
+    cold = Augment(CROP_THEN_COLOUR, seed=1, carry_scenes=True, scene_cache=0)(other, [0, 1, 2])
     assert isinstance(warm, torch.Tensor) and isinstance(cold, torch.Tensor)
     assert torch.equal(warm, cold)
     assert augment.scenes.misses == 6
@@ -90,11 +90,11 @@ def test_changed_pixels_at_an_index_are_analysed_again() -> None:
 
 def test_outputs_do_not_depend_on_the_cache_or_the_batch() -> None:
     x = _frames(4, salt=13)
-    augment = Augment(CROP_THEN_COLOUR, seed=5)
+    augment = Augment(CROP_THEN_COLOUR, seed=5, carry_scenes=True)
     first = augment(x, [0, 1, 2, 3])
     again = augment(x, [0, 1, 2, 3])
     alone = torch.cat([augment(x[i : i + 1], [i]) for i in (2, 0, 3, 1)])[[1, 3, 0, 2]]
-    uncached = Augment(CROP_THEN_COLOUR, seed=5, scene_cache=0)(x, [0, 1, 2, 3])
+    uncached = Augment(CROP_THEN_COLOUR, seed=5, carry_scenes=True, scene_cache=0)(x, [0, 1, 2, 3])
     for other in (again, alone, uncached):
         assert isinstance(other, torch.Tensor) and torch.equal(first, other)
 
@@ -111,7 +111,7 @@ def test_where_the_scene_is_the_source_s_the_outputs_are_unchanged() -> None:
             "probability": 1.0,
         }
     )
-    augment = Augment(policy, seed=2, return_records=True)
+    augment = Augment(policy, seed=2, return_records=True, carry_scenes=True)
     out = augment(x, [0, 1, 2, 3])
     assert isinstance(out, AugmentResult) and out.records is not None
     bare = [
@@ -176,3 +176,35 @@ def test_ops_that_keep_the_frame_keep_the_scene() -> None:
     moved = Scene.from_descriptor(move_scene(source, bent, 176, 144))
     assert moved.descriptor != source
     assert _iou(moved.field > 0.5, Scene.of(out[0]).field > 0.5) > 0.95
+
+
+def test_carried_records_replay_and_are_the_plans() -> None:
+    """Each border-protecting record stores the scene it ran with: replay reproduces the sample
+    bit for bit from the records alone; apart from that scene the records are the plans."""
+    x = _frames(4, salt=16)
+    augment = Augment("augment-endoscopy", seed=2, return_records=True, carry_scenes=True)
+    out = augment(x, [0, 1, 2, 3])
+    assert isinstance(out, AugmentResult) and out.records is not None
+    plans = augment.plan([0, 1, 2, 3], channels=3)
+    bare = [
+        [replace(r, extra={k: v for k, v in r.extra.items() if k != "scene"}) for r in c]
+        for c in out.records
+    ]
+    assert bare == plans
+    assert all(("scene" in r.extra) == r.protect_border for c in out.records for r in c)
+    assert any(r.protect_border for c in out.records for r in c), (
+        "no scene carried: nothing checked"
+    )
+    for i, chain in enumerate(out.records):
+        replayed = perturb.replay([r.to_dict() for r in chain], x[i]) if chain else x[i]
+        assert torch.equal(replayed, out.images[i])
+
+
+def test_scenes_are_carried_only_when_asked() -> None:
+    """The default analyses each border-protecting op's input (the pinned golden behaviour)."""
+    x = _frames(2, salt=17)
+    default = Augment(CROP_THEN_COLOUR, seed=4, return_records=True)
+    out = default(x, [0, 1])
+    assert isinstance(out, AugmentResult) and out.records is not None
+    assert not any("scene" in r.extra for c in out.records for r in c) and len(default.scenes) == 0
+    assert torch.equal(out.images, apply_plans(x, out.records))
