@@ -316,6 +316,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         costs = {
             "benchmark": "augment-per-op",
             "policy": POLICY,
+            "carry_scenes": True,
             "size": SIZE,
             "batch": BATCH,
             "severity": 2,
