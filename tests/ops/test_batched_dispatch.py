@@ -26,10 +26,7 @@ GROWTH = 1.25
 NOT_YET_BATCHED: frozenset[str] = frozenset(
     {
         "contrast",
-        "defocus_blur",
-        "gaussian_blur",
         "haze",
-        "motion_blur",
         "resized_crop",
         "rotation",
         "translation",
