@@ -67,25 +67,42 @@ def speckle_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     return (x + x * per_sample(p["sigma"]) * z).clamp_(0.0, 1.0)
 
 
-def poisson_counts(mean: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def poisson_counts(
+    mean: torch.Tensor, z: torch.Tensor, u: torch.Tensor, compact: bool | None = None
+) -> torch.Tensor:
     """Poisson draws with the given means from a standard-normal field ``z`` (normal
     approximation, continuity-corrected) and a uniform field ``u`` (exact CDF inversion where
-    the mean is below ``POISSON_EXACT_BELOW``)."""
+    the mean is below ``POISSON_EXACT_BELOW``).
+
+    ``compact`` (default: on a CPU device) runs the inversion on the small means gathered
+    first; else on every element, the others' means replaced by 0 and their counts discarded:
+    no data-dependent shape, so no device read (CUDA). Each element's float64 recurrence is the
+    same either way, so are the counts."""
     approx = torch.floor(mean + mean.clamp_min(0).sqrt() * z + 0.5).clamp_min(0)
     small = mean < POISSON_EXACT_BELOW
-    # the inversion runs on every element (the others' means replaced by 0, their counts
-    # discarded): no data-dependent shapes, so no device read; each element's arithmetic is the
-    # float64 recurrence it had when the small ones were gathered first
+    if compact is None:
+        compact = mean.device.type == "cpu"
+    if compact:
+        counts = _inversion_counts(mean[small].double(), u.expand_as(mean)[small].double())
+        out = approx.clone()
+        out[small] = counts.to(out.dtype)
+        return out
     lam = torch.where(small, mean, torch.zeros_like(mean)).double()
-    uu = u.double().expand_as(lam)
+    count = _inversion_counts(lam, u.double().expand_as(lam))
+    return torch.where(small, count.to(approx.dtype), approx)
+
+
+def _inversion_counts(lam: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """#{k < POISSON_MAX_COUNT : u > C_k(lam)} elementwise, float64, with the CDF recurrence
+    C_0 = exp(-lam), C_k = C_{k-1} + term_{k-1} lam / k."""
     term = torch.exp(-lam)
     cdf = term.clone()
     count = torch.zeros_like(lam)
     for k in range(1, POISSON_MAX_COUNT + 1):
-        count.add_(torch.gt(uu, cdf))
+        count.add_(torch.gt(u, cdf))
         term.mul_(lam).div_(k)
         cdf.add_(term)
-    return torch.where(small, count.to(approx.dtype), approx)
+    return count
 
 
 def shot_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
