@@ -7,9 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import perturb
 from perturb import rng
 from perturb.ops import keyed_fields
+from perturb.ops.backend import use_backend
 from perturb.ops.noise import POISSON_EXACT_BELOW, poisson_counts
+from tests.dispatch_counts import counting
 
 KEYS = [rng.derive_key(3, f"img-{i}", "op", 0, v) for i, v in enumerate((0, 1, 2, 5))] + [
     0,
@@ -74,3 +77,19 @@ def test_poisson_counts_gathered_and_masked_agree() -> None:
             term = term * lam[i] / k
             cdf += term
         assert gathered[small][i].item() == count
+
+
+@pytest.mark.parametrize("op", ["gaussian_noise", "speckle_noise", "shot_noise", "impulse_noise"])
+def test_noise_on_the_grain_grid_is_one_batched_computation(op: str) -> None:
+    """A frame above the grain grid (perturb.ops.grain) takes the grid's down/up sampling: still
+    the same aten calls for 1 and 4 samples, and no host round trip."""
+    found = {}
+    for b in (1, 4):
+        x = torch.rand(b, 3, 460, 500, generator=torch.Generator().manual_seed(b))
+        keys = [f"grain-{i}" for i in range(b)]
+        with use_backend("torch"):
+            perturb.apply(x, op, 3, keys, protect_border=False)  # warm: lazy tables
+            with counting() as calls:
+                perturb.apply(x, op, 3, keys, protect_border=False)
+        found[b] = (calls.aten_calls, calls.host_calls)
+    assert found[1] == found[4] and found[1][1] == 0, found
