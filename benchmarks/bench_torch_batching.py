@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--severity", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument(
+        "--label", default="", help="free text recorded with the rows (e.g. a commit)"
+    )
     parser.add_argument("--out", type=Path, help="JSON file to write (printed either way)")
     args = parser.parse_args(argv)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
@@ -117,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "what": "per-sample time on the torch path (CPU), batch 1 vs batch "
         f"{args.batch}, {args.size}x{args.size} float32, severity {args.severity}, median of {args.repeats}",
+        "label": args.label,
+        "perturb": str(Path(perturb.__file__).parent),
         "cpu": cpu_model(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

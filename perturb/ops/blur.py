@@ -163,9 +163,11 @@ def line_psf_batch(
 
 # Direct sums cost the PSF's taps per pixel; an FFT correlation costs about the same at any PSF
 # size. On the CPU the direct grouped convolution stays: its per-sample sums do not depend on
-# the batch (MKL's batched FFT's do, by an ulp: measured), and at the supports of 128-448 px
-# frames it is as fast. On other devices (CUDA) a PSF of more taps than ``FFT_MIN_TAPS``
-# (flop count: a 2-D FFT round trip is a few hundred flops per pixel) is applied through the FFT.
+# the batch, MKL's batched FFT's do (by an ulp: measured). Measured on the CPU (one thread, ms
+# per sample, direct vs FFT): 128 px, disk K=15 4.0 vs 6.3, line K=23 7.4 vs 4.1; 448 px, disk
+# K=47 425 vs 48, line K=71 922 vs 43. The CPU's production path is OpenCV's; its torch path
+# serves tests and gradients. On other devices (CUDA) a PSF of more taps than ``FFT_MIN_TAPS``
+# (a flop count: a 2-D FFT round trip is a few hundred flops per pixel) goes through the FFT.
 FFT_MIN_TAPS = 1024
 
 
