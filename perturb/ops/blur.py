@@ -172,7 +172,7 @@ FFT_MIN_TAPS = 1024
 
 
 def use_fft(x: torch.Tensor, taps: int) -> bool:
-    """Whether a PSF of ``taps`` taps per pixel is applied to ``x`` by FFT (see ``FFT_MIN_TAPS``)."""
+    """Whether a PSF of ``taps`` taps per pixel is applied to ``x`` by FFT (``FFT_MIN_TAPS``)."""
     return x.device.type != "cpu" and taps > FFT_MIN_TAPS
 
 
@@ -356,7 +356,9 @@ def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     about 14 px, a severe but plausible frame (a fogged or far-out-of-focus lens).
 
     Kornia: ``kornia.filters.filter2d_separable`` with per-sample taps (``gaussian_taps_batch``:
-    the CPU path's window, radius ceil(3 sigma), on a support sized from ``SIGMA_BOUND``)."""
+    the CPU path's window, radius ceil(3 sigma), on a support sized from ``SIGMA_BOUND``); off
+    the CPU, a pair of more than ``FFT_MIN_TAPS`` taps as one 2-D FFT correlation
+    (``correlate_fft``, torch.fft)."""
     import kornia  # lazily: only the torch path needs it
 
     side = shorter_side(x)
@@ -382,8 +384,10 @@ def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     close to the wall).
 
     Kornia: ``kornia.filters.filter2d`` with our own per-sample PSFs (``disk_psf_batch``, the
-    taps of ``disk_psf``): Kornia has no anti-aliased disk kernel. The sRGB decoding and encoding: ``kornia.color.rgb_to_linear_rgb`` /
-    ``linear_rgb_to_rgb`` on CUDA (through ``perturb.ops._math``)."""
+    taps of ``disk_psf``): Kornia has no anti-aliased disk kernel; off the CPU, a PSF of more
+    than ``FFT_MIN_TAPS`` taps through ``correlate_fft`` (torch.fft). The sRGB decoding and
+    encoding: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
+    ``perturb.ops._math``)."""
     side = shorter_side(x)
     psfs = disk_psf_batch(p["radius"], side, _support(max(RADIUS_BOUND * side, 0.5), x))
     return linear_to_srgb(correlate_batch(srgb_to_linear(x), psfs))
@@ -449,12 +453,13 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     about 50 px, a severe but plausible frame of fast withdrawal.
 
     Kornia: ``kornia.filters.filter2d`` with our own per-sample PSFs (``line_psf_batch``, the
-    taps of ``line_psf``): Kornia's
-    ``get_motion_kernel2d`` draws an odd-sized line and rotates it with a bilinear warp, so its
-    length is quantised to odd pixel counts and its taps differ from a sub-pixel segment (and from
-    the OpenCV path, which uses ``line_psf``) by far more than 1/255 at short lengths. The sRGB
-    decoding and encoding: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA
-    (through ``perturb.ops._math``)."""
+    taps of ``line_psf``): Kornia's ``get_motion_kernel2d`` draws an odd-sized line and rotates
+    it with a bilinear warp, so its length is quantised to odd pixel counts and its taps differ
+    from a sub-pixel segment (and from the OpenCV path, which uses ``line_psf``) by far more than
+    1/255 at short lengths; off the CPU, a PSF of more than ``FFT_MIN_TAPS`` taps goes through
+    ``correlate_fft`` (torch.fft). The sRGB decoding and encoding:
+    ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
+    ``perturb.ops._math``)."""
     side = shorter_side(x)
     support = _support(LENGTH_BOUND * side / 2.0 + 1.0, x)
     psfs = line_psf_batch(p["length"], p["angle"], side, support)
