@@ -64,13 +64,24 @@ def _mix(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Ten
     return x ^ (x >> 16)
 
 
+def _on_host(device: torch.device, host: bool | None) -> bool:
+    """Whether a field is computed by NumPy (``host``; default: on a CPU device) rather than by
+    torch on ``device`` (what CUDA runs; ``host=False`` runs it on a CPU device too)."""
+    return device.type == "cpu" if host is None else host and device.type == "cpu"
+
+
 def hash_bits_batch(
-    keys: Sequence[int], stream: str, n: int, device: torch.device | str = "cpu"
+    keys: Sequence[int],
+    stream: str,
+    n: int,
+    device: torch.device | str = "cpu",
+    host: bool | None = None,
 ) -> torch.Tensor:
-    """(B, n) uniform 32-bit integers (int64): row b is ``rng.hash_bits(keys[b], stream, n)``."""
+    """(B, n) uniform 32-bit integers (int64): row b is ``rng.hash_bits(keys[b], stream, n)``.
+    ``host``: see ``_on_host``."""
     device = torch.device(device)
     halves = _stream_halves(keys, stream)
-    if device.type == "cpu":
+    if _on_host(device, host):
         return torch.from_numpy(_mix_numpy(n, halves).astype(np.int64))
     return _hash_torch(n, halves, device)
 
@@ -84,13 +95,18 @@ def _hash_torch(n: int, halves: np.ndarray, device: torch.device) -> torch.Tenso
 
 
 def uniform_fields(
-    keys: Sequence[int], stream: str, shape: tuple[int, ...], device: torch.device | str = "cpu"
+    keys: Sequence[int],
+    stream: str,
+    shape: tuple[int, ...],
+    device: torch.device | str = "cpu",
+    host: bool | None = None,
 ) -> torch.Tensor:
-    """(B, *shape) float32 uniforms in (0, 1): sample b's is ``rng.uniform_field(keys[b], ...)``."""
+    """(B, *shape) float32 uniforms in (0, 1): sample b's is ``rng.uniform_field(keys[b], ...)``.
+    ``host``: see ``_on_host``."""
     device = torch.device(device)
     n = _numel(shape)
     halves = _stream_halves(keys, stream)
-    if device.type == "cpu":
+    if _on_host(device, host):
         bits = _mix_numpy(n, halves)
         bits >>= np.uint32(8)
         u = bits.astype(np.float32)
@@ -116,22 +132,26 @@ def _normal_lut(device: str) -> torch.Tensor:
 
 
 def normal_fields(
-    keys: Sequence[int], stream: str, shape: tuple[int, ...], device: torch.device | str = "cpu"
+    keys: Sequence[int],
+    stream: str,
+    shape: tuple[int, ...],
+    device: torch.device | str = "cpu",
+    host: bool | None = None,
 ) -> torch.Tensor:
     """(B, *shape) float32 standard normals: sample b's is ``rng.normal_field(keys[b], ...)``
     (element i < m from the low half-word of counter i, element m + i from its high half,
-    m = ceil(n / 2), through the inverse-CDF table)."""
+    m = ceil(n / 2), through the inverse-CDF table). ``host``: see ``_on_host``."""
     device = torch.device(device)
     n = _numel(shape)
     m = (n + 1) // 2
     b = len(keys)
     halves = _stream_halves(keys, stream)
-    if device.type == "cpu" and sys.byteorder == "little":
+    if _on_host(device, host) and sys.byteorder == "little":
         # half-words of counter i sit at [2i] (low) and [2i + 1] (high) of each row
         words = _mix_numpy(m, halves).view(np.uint16).reshape(b, m, 2).transpose(0, 2, 1)
         z = np.take(_normal_lut_host(), words.reshape(b, 2 * m)[:, :n])
         return torch.from_numpy(z).reshape(b, *shape)
-    bits = hash_bits_batch(keys, stream, m, device)
+    bits = _hash_torch(m, halves, device)
     idx = torch.cat([bits & 0xFFFF, bits >> _NORMAL_LUT_BITS], dim=1)[:, :n]
     return _normal_lut(str(device))[idx].reshape(b, *shape)
 

@@ -22,10 +22,14 @@ KEYS = [rng.derive_key(3, f"img-{i}", "op", 0, v) for i, v in enumerate((0, 1, 2
 SHAPES = [(3, 7, 5), (1, 40, 56), (3, 1, 1), (2, 3), (1,)]
 
 
+@pytest.mark.parametrize("host", [None, False], ids=["numpy", "torch-arithmetic"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_batched_fields_equal_the_per_sample_fields(shape: tuple[int, ...]) -> None:
-    uniform = keyed_fields.uniform_fields(KEYS, "stream/u", shape)
-    normal = keyed_fields.normal_fields(KEYS, "stream/z", shape)
+def test_batched_fields_equal_the_per_sample_fields(
+    shape: tuple[int, ...], host: bool | None
+) -> None:
+    """NumPy's arithmetic (a CPU device) and torch's (forced here on the CPU: what CUDA runs)."""
+    uniform = keyed_fields.uniform_fields(KEYS, "stream/u", shape, host=host)
+    normal = keyed_fields.normal_fields(KEYS, "stream/z", shape, host=host)
     assert uniform.shape == normal.shape == (len(KEYS), *shape)
     assert uniform.dtype == normal.dtype == torch.float32
     for b, key in enumerate(KEYS):
@@ -37,8 +41,7 @@ def test_batched_fields_equal_the_per_sample_fields(shape: tuple[int, ...]) -> N
 def test_torch_hash_equals_the_numpy_hash(n: int) -> None:
     """The int64 torch arithmetic (what CUDA runs), evaluated on the CPU, gives the bits of the
     NumPy uint32 arithmetic and of perturb.rng."""
-    halves = keyed_fields._stream_halves(KEYS, "stream/h")
-    on_torch = keyed_fields._hash_torch(n, halves, torch.device("cpu"))
+    on_torch = keyed_fields.hash_bits_batch(KEYS, "stream/h", n, host=False)
     batched = keyed_fields.hash_bits_batch(KEYS, "stream/h", n)
     assert torch.equal(on_torch, batched)
     for b, key in enumerate(KEYS):
