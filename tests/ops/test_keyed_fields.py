@@ -9,7 +9,7 @@ import torch
 
 import perturb
 from perturb import rng
-from perturb.ops import keyed_fields
+from perturb.ops import keyed_fields, noise
 from perturb.ops.backend import use_backend
 from perturb.ops.noise import POISSON_EXACT_BELOW, poisson_counts
 from tests.dispatch_counts import counting
@@ -96,3 +96,22 @@ def test_noise_on_the_grain_grid_is_one_batched_computation(op: str) -> None:
                 perturb.apply(x, op, 3, keys, protect_border=False)
         found[b] = (calls.aten_calls, calls.host_calls)
     assert found[1] == found[4] and found[1][1] == 0, found
+
+
+@pytest.mark.parametrize("op", ["gaussian_noise", "speckle_noise", "shot_noise", "impulse_noise"])
+def test_noise_kernels_give_the_same_pixels_with_cudas_arithmetic(
+    op: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernels with their fields from torch's arithmetic and the Poisson inversion masked
+    (what a CUDA device runs), evaluated on the CPU: the same pixels as the CPU's torch path."""
+    x = torch.rand(3, 3, 24, 40, generator=torch.Generator().manual_seed(2))
+    keys = [f"cuda-{i}" for i in range(3)]
+    with use_backend("torch"):
+        expected, _ = perturb.apply(x, op, 5, keys, protect_border=False)
+        monkeypatch.setattr(keyed_fields, "_on_host", lambda device, host: False)
+        original = noise.poisson_counts
+        monkeypatch.setattr(
+            noise, "poisson_counts", lambda m, z, u: original(m, z, u, compact=False)
+        )
+        got, _ = perturb.apply(x, op, 5, keys, protect_border=False)
+    assert torch.equal(got, expected)
