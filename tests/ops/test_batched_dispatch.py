@@ -26,14 +26,7 @@ GROWTH = 1.25
 NOT_YET_BATCHED: frozenset[str] = frozenset(
     {
         "contrast",
-        "defocus_blur",
-        "gaussian_blur",
-        "gaussian_noise",
         "haze",
-        "impulse_noise",
-        "motion_blur",
-        "shot_noise",
-        "speckle_noise",
         "vignetting",
         "xray_burned_text",
         "xray_collimation",
@@ -64,6 +57,10 @@ HOST_BOUND: frozenset[str] = frozenset(
 # the border composite and scene analysis (``perturb.engine``) still work per sample: scene modes
 # of border-protecting ops are expected to fail until they are batched
 COMPOSITE_BATCHED = False
+# (op, mode) whose per-sample composite growth (one aten call per sample with scenes given) hides
+# under GROWTH beside a kernel of many calls: expected to fail, not strictly, until the composite is
+# batched
+COMPOSITE_GROWTH_HIDDEN: frozenset[tuple[str, str]] = frozenset({("motion_blur", "scenes-given")})
 MODES = ("kernel", "scenes-given", "scenes-analysed")
 
 
@@ -97,7 +94,10 @@ def _cases() -> list[object]:
                     pytest.mark.xfail(reason="torch kernel still loops over the batch", strict=True)
                 ]
             elif mode != "kernel" and get_op(op).spec.protects_border and not COMPOSITE_BATCHED:
-                marks = [pytest.mark.xfail(reason="border composite still per sample", strict=True)]
+                hidden = (op, mode) in COMPOSITE_GROWTH_HIDDEN
+                marks = [
+                    pytest.mark.xfail(reason="border composite still per sample", strict=not hidden)
+                ]
             cases.append(pytest.param(op, mode, marks=marks, id=f"{op}-{mode}"))
     return cases
 
