@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend, blur, jpeg
+from perturb.ops._fields import normal_fields, uniform_fields
 from perturb.ops._math import lut_u8, per_sample, shorter_side
 from perturb.ops.noise import (
     POISSON_EXACT_BELOW,
@@ -275,9 +276,9 @@ def xray_quantum_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequen
     Kornia: own kernel: Kornia has no Poisson-plus-electronic detector noise, and its random ops are
     not keyed (``perturb.rng`` fields replay bit for bit)."""
     shape = tuple(x.shape[1:])
-    z = torch.stack([rng.normal_field(k, "xray_quantum/normal", shape, x.device) for k in keys])
-    u = torch.stack([rng.uniform_field(k, "xray_quantum/uniform", shape, x.device) for k in keys])
-    ze = torch.stack([rng.normal_field(k, "xray_quantum/electronic", shape, x.device) for k in keys])
+    z = normal_fields(keys, "xray_quantum/normal", shape, x.device)  # each: the whole batch at once
+    u = uniform_fields(keys, "xray_quantum/uniform", shape, x.device)
+    ze = normal_fields(keys, "xray_quantum/electronic", shape, x.device)
     quanta = pixel_quanta(per_sample(p["dose"]).double(), shorter_side(x))
     mean = (detector_signal(x) * quanta).float()
     read = per_sample(p["electronic"]).double() * (REFERENCE_SIDE / shorter_side(x))
@@ -419,16 +420,39 @@ def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     per axis (O(r) per pixel; r is about sigma, 6-12 % of the shorter side here) while
     ``_box_torch`` is a float64 cumulative sum (O(1) per pixel, the same values within 1e-14):
     one pass pair at r = 60 on a 512x512 CPU plane took 24 ms here, Kornia's 807 ms."""
-    out = []
     side = shorter_side(x)
-    for i in range(x.shape[0]):
-        lin = to_linear(x[i : i + 1])
-        r = box_radius(float(p["sigma"][i]) * side, min(x.shape[-2], x.shape[-1]))
-        g = lin
-        for _ in range(3):
-            g = _box_torch(_box_torch(g, r, -1), r, -2)
-        out.append(to_display(lin + float(p["fraction"][i]) * g, x))
-    return torch.cat(out)
+    size = min(x.shape[-2], x.shape[-1])
+    lin = to_linear(x)
+    r = box_radii(per_sample(p["sigma"]).double() * side, size)
+    g = lin
+    for _ in range(3):
+        g = _box_batch(_box_batch(g, r, -1, size - 1), r, -2, size - 1)
+    return to_display(lin + per_sample(p["fraction"]).double() * g, x)
+
+
+def box_radii(sigma_px: torch.Tensor, size: int) -> torch.Tensor:
+    """``box_radius`` of each sample, (B,1,1,1) int64 from (B,1,1,1) float64 sigmas (the same
+    float64 square root and half-to-even rounding)."""
+    width = torch.sqrt(4.0 * sigma_px * sigma_px + 1.0)
+    return torch.round((width - 1.0) / 2.0).clamp_(1, size - 1).to(torch.int64)
+
+
+def _box_batch(i: torch.Tensor, r: torch.Tensor, dim: int, pad: int) -> torch.Tensor:
+    """``_box_torch`` of a (B,1,H,W) float64 batch with a radius per sample (``r``: (B,1,1,1)
+    int64, at most ``pad``): the batch is reflected by ``pad`` (a bound of every radius, so one
+    padding serves all), summed cumulatively once, and each sample's window sums are read at
+    its own offsets (two gathers)."""
+    widths = (0, 0, pad, pad) if dim == -2 else (pad, pad, 0, 0)
+    padded = F.pad(i, widths, mode="reflect")
+    c = torch.cumsum(padded, dim=dim)
+    c = torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c], dim=dim)
+    n = i.shape[dim]
+    shape = [1, 1, 1, 1]
+    shape[dim] = n
+    at = torch.arange(n, device=i.device).view(shape) + pad
+    hi = torch.take_along_dim(c, at + r + 1, dim=dim)
+    lo = torch.take_along_dim(c, at - r, dim=dim)
+    return (hi - lo) / (2 * r + 1).to(i.dtype)
 
 
 @backend.register_cpu("xray_scatter", dtypes=_NATIVE)
@@ -756,13 +780,28 @@ def xray_collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     Kornia: own kernel: no Kornia equivalent (a host-rendered shutter mask with penumbra, blended in
     one pass)."""
     h, w = x.shape[-2:]
-    masks, values = [], []
-    for i in range(x.shape[0]):
-        masks.append(
-            collimation_mask(h, w, float(p["left"][i]), float(p["right"][i]), float(p["top"][i]), float(p["bottom"][i]))
-        )
-        values.append(np.full((h, w), float(p["white"][i]), dtype=np.float32))
-    return _blend(x, masks, values)
+    mask = collimation_masks(h, w, p, x.device)
+    return (x * (1.0 - mask) + per_sample(p["white"]) * mask).clamp_(0.0, 1.0)
+
+
+def collimation_masks(
+    h: int, w: int, p: dict[str, torch.Tensor], device: torch.device
+) -> torch.Tensor:
+    """``collimation_mask`` of every sample at once, (B,1,H,W) float32: the same float64
+    operations on the (B,) blade positions (bit for bit)."""
+    pen = max(PENUMBRA * min(h, w), 1.0)
+    xs = (torch.arange(w, dtype=torch.float64, device=device) + 0.5).view(1, 1, 1, w)
+    ys = (torch.arange(h, dtype=torch.float64, device=device) + 0.5).view(1, 1, h, 1)
+
+    def ramp(d: torch.Tensor) -> torch.Tensor:  # d: signed distance into the shutter, px
+        return (0.5 + d / pen).clamp_(0.0, 1.0)
+
+    def blade(name: str) -> torch.Tensor:
+        return per_sample(p[name]).double()
+
+    mx = torch.maximum(ramp(blade("left") * w - xs), ramp(xs - (1.0 - blade("right")) * w))
+    my = torch.maximum(ramp(blade("top") * h - ys), ramp(ys - (1.0 - blade("bottom")) * h))
+    return torch.maximum(mx, my).to(torch.float32)
 
 
 @backend.register_cpu("xray_collimation", dtypes=_NATIVE)
@@ -795,13 +834,72 @@ def xray_motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 
     Kornia: ``kornia.filters.filter2d`` with ``perturb.ops.blur.line_psf`` (through
     ``blur._conv_torch``; see ``motion_blur`` for why not Kornia's motion kernel)."""
+    h, w = x.shape[-2:]
     side = shorter_side(x)
-    out = []
-    for i in range(x.shape[0]):
-        psf = blur.line_psf(float(p["length"][i]) * side, float(p["angle"][i]))
-        lin = to_linear(x[i]).float()
-        out.append(to_display(blur._conv_torch(lin, psf).double(), x))
-    return torch.stack(out)
+    # the longest PSF a recorded length can ask for (the catalog's bound, with room for the
+    # float32 rounding of a recorded value; a longer one given directly is cut to it), and its
+    # radius as ``blur._crop_psf`` crops it: one padding and one point list serve every sample
+    bound = MAX_MOTION_LENGTH * (1.0 + 1e-6)
+    most = max(bound * side, 1.0)
+    pad = min(side - 1, math.ceil(most / 2.0) + 1)
+    grid = (h + 2 * pad, w + 2 * pad)
+    length = p["length"].double().clamp(max=bound) * side
+    psf = line_psfs_wrapped(length, p["angle"].double(), grid, side - 1, most)
+    lin = F.pad(to_linear(x), (pad, pad, pad, pad), mode="reflect")
+    spectrum = torch.fft.rfft2(lin) * torch.conj(torch.fft.rfft2(psf.unsqueeze(1)))
+    out = torch.fft.irfft2(spectrum, s=grid)[..., pad : pad + h, pad : pad + w]
+    return to_display(out, x)
+
+
+MAX_MOTION_LENGTH = 0.15  # the catalog's upper bound of xray_motion_blur's length (shorter sides)
+_SPLAT_ONE = float(1 << 32)  # fixed-point unit of the PSF splat: integer sums, in any order
+
+
+def line_psfs_wrapped(
+    length_px: torch.Tensor,
+    angle_deg: torch.Tensor,
+    grid: tuple[int, int],
+    reach: int,
+    most: float,
+) -> torch.Tensor:
+    """``blur.line_psf`` of each sample (lengths ``length_px`` and angles ``angle_deg``, (B,)
+    float64), cropped to offsets of at most ``reach`` px and renormalised as ``blur._crop_psf``
+    does, laid out for a circular correlation over ``grid`` (offset ``(dy, dx)`` at
+    ``(dy mod gh, dx mod gw)``): (B, gh, gw) float64. ``most``: a bound of every length (px), which
+    sizes the point list (each sample's points beyond its own count weigh nothing). The same
+    points and bilinear weights as ``line_psf``; the splat sums fixed-point integers, so its
+    result does not depend on the order of the additions (exact on any device)."""
+    gh, gw = grid
+    device = length_px.device
+    length = length_px.clamp_min(1.0).view(-1, 1)
+    half = torch.ceil(length / 2.0) + 1.0
+    count = torch.clamp_min(torch.ceil(length * 4.0) + 1.0, 2.0)  # points of each sample
+    j = torch.arange(max(2, math.ceil(most * 4.0) + 1), dtype=torch.float64, device=device)
+    # numpy.linspace(-L / 2, L / 2, n): j * step + start, the last point exactly at the stop
+    t = j * (length / (count - 1.0)) + (-length / 2.0)
+    t = torch.where(j == count - 1.0, length / 2.0, t)
+    theta = angle_deg.view(-1, 1) * (math.pi / 180.0)
+    px = half + t * torch.cos(theta)
+    py = half - t * torch.sin(theta)
+    x0, y0 = torch.floor(px), torch.floor(py)
+    fx, fy = px - x0, py - y0
+    live = (j < count).to(torch.float64)
+    index, weight = [], []
+    for dx, dy, wt in (
+        (0, 0, (1 - fx) * (1 - fy)),
+        (1, 0, fx * (1 - fy)),
+        (0, 1, (1 - fx) * fy),
+        (1, 1, fx * fy),
+    ):
+        ox, oy = x0 + dx - half, y0 + dy - half  # offsets from the PSF's centre
+        inside = ((ox.abs() <= reach) & (oy.abs() <= reach)).to(torch.float64)
+        index.append(torch.remainder(oy, gh) * gw + torch.remainder(ox, gw))
+        weight.append(wt * live * inside)
+    taps = torch.round(torch.cat(weight, dim=1) * _SPLAT_ONE).to(torch.int64)
+    flat = torch.zeros(length.shape[0], gh * gw, dtype=torch.int64, device=device)
+    flat.scatter_add_(1, torch.cat(index, dim=1).to(torch.int64), taps)
+    psf = flat.to(torch.float64)
+    return (psf / psf.sum(dim=1, keepdim=True)).view(-1, gh, gw)
 
 
 @backend.register_cpu("xray_motion_blur", dtypes=_NATIVE)
