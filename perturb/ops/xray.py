@@ -421,12 +421,11 @@ def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     ``_box_torch`` is a float64 cumulative sum (O(1) per pixel, the same values within 1e-14):
     one pass pair at r = 60 on a 512x512 CPU plane took 24 ms here, Kornia's 807 ms."""
     side = shorter_side(x)
-    size = min(x.shape[-2], x.shape[-1])
     lin = to_linear(x)
-    r = box_radii(per_sample(p["sigma"]).double() * side, size)
+    r = box_radii(per_sample(p["sigma"]).double() * side, side)
     g = lin
     for _ in range(3):
-        g = _box_batch(_box_batch(g, r, -1, size - 1), r, -2, size - 1)
+        g = _box_batch(_box_batch(g, r, -1), r, -2)
     return to_display(lin + per_sample(p["fraction"]).double() * g, x)
 
 
@@ -437,22 +436,29 @@ def box_radii(sigma_px: torch.Tensor, size: int) -> torch.Tensor:
     return torch.round((width - 1.0) / 2.0).clamp_(1, size - 1).to(torch.int64)
 
 
-def _box_batch(i: torch.Tensor, r: torch.Tensor, dim: int, pad: int) -> torch.Tensor:
+def _box_batch(i: torch.Tensor, r: torch.Tensor, dim: int) -> torch.Tensor:
     """``_box_torch`` of a (B,1,H,W) float64 batch with a radius per sample (``r``: (B,1,1,1)
-    int64, at most ``pad``): the batch is reflected by ``pad`` (a bound of every radius, so one
-    padding serves all), summed cumulatively once, and each sample's window sums are read at
-    its own offsets (two gathers)."""
-    widths = (0, 0, pad, pad) if dim == -2 else (pad, pad, 0, 0)
-    padded = F.pad(i, widths, mode="reflect")
-    c = torch.cumsum(padded, dim=dim)
-    c = torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c], dim=dim)
+    int64, below the length along ``dim``): one cumulative sum of the batch, and each sample's
+    window sums read at its own offsets, the parts of a window past an edge read where
+    BORDER_REFLECT_101 takes them from (no padding, whatever the radii; the same sums as
+    ``_box_torch`` within float64 rounding)."""
     n = i.shape[dim]
+    c = torch.cumsum(i, dim=dim)
+    c = torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c], dim=dim)  # c[k]: sum of i[:k]
+    size = list(i.shape)
+
+    def at(index: torch.Tensor) -> torch.Tensor:  # c at per-sample offsets along dim
+        return torch.gather(c, dim, index.expand(size))
+
     shape = [1, 1, 1, 1]
     shape[dim] = n
-    at = torch.arange(n, device=i.device).view(shape) + pad
-    hi = torch.take_along_dim(c, at + r + 1, dim=dim)
-    lo = torch.take_along_dim(c, at - r, dim=dim)
-    return (hi - lo) / (2 * r + 1).to(i.dtype)
+    x = torch.arange(n, device=i.device).view(shape)
+    lo, hi = x - r, x + r
+    inside = at(hi.clamp(max=n - 1) + 1) - at(lo.clamp(min=0))
+    before = (-lo).clamp_(min=0)  # window elements before index 0: mirrored to 1 .. before
+    past = (hi - (n - 1)).clamp_(min=0)  # ... after index n - 1: mirrored to n-1-past .. n-2
+    mirrored = (at(before + 1) - c.narrow(dim, 1, 1)) + (c.narrow(dim, n - 1, 1) - at(n - 1 - past))
+    return (inside + mirrored) / (2 * r + 1).to(i.dtype)
 
 
 @backend.register_cpu("xray_scatter", dtypes=_NATIVE)
@@ -600,11 +606,19 @@ def xray_monochrome1(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 # Overlays rendered on the host (integer rasterisation, identical for CPU and CUDA)
 
 
-def _blend(x: torch.Tensor, masks: list[np.ndarray], values: list[np.ndarray]) -> torch.Tensor:
-    """``v (1 - m) + value m`` per sample with host-rendered float32 masks (H, W)."""
-    m = torch.from_numpy(np.stack(masks)[:, None]).to(x.device)
-    val = torch.from_numpy(np.stack(values)[:, None]).to(x.device)
-    return (x * (1.0 - m) + val * m).clamp_(0.0, 1.0)
+def _blend(x: torch.Tensor, masks: list[np.ndarray], value: torch.Tensor | float) -> torch.Tensor:
+    """``v (1 - m) + value m`` with one host-rendered float32 mask (H, W) per sample, uploaded
+    as one (B,1,H,W) stack; ``value``: (B,) per sample, or one number."""
+    m = torch.from_numpy(np.stack(masks)).unsqueeze(1).to(x.device)
+    paint = per_sample(value) if isinstance(value, torch.Tensor) else value
+    return (x * (1.0 - m) + paint * m).clamp_(0.0, 1.0)
+
+
+def _host_rows(p: dict[str, torch.Tensor], names: Sequence[str]) -> list[list[float]]:
+    """The named (B,) parameters as one host list per sample, read in one transfer: the overlay
+    ops rasterise with OpenCV on the host, which needs the values (one round trip per batch,
+    whatever its size)."""
+    return torch.stack([p[name] for name in names], dim=1).tolist()
 
 
 _PROJECTIONS = ("PA ERECT", "AP SUPINE", "AP ERECT", "AP SITTING", "PA INSP", "AP PORTABLE")
@@ -669,15 +683,17 @@ def xray_burned_text(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     grows with severity and the first lines of a sample are the same at every severity.
 
     Kornia: own kernel: the glyph masks are rendered on the host (OpenCV text, identical on every
-    device) and blended in one pass; Kornia has no text rendering."""
+    device, the CPU path's pixels bit for bit) from one read of the batch's parameters, and
+    blended in one pass; Kornia has no text rendering. A glyph bitmap scaled on the device would
+    not be OpenCV's anti-aliased strokes at the sample's continuous height."""
     h, w = x.shape[-2:]
     side = min(h, w)
-    masks, values = [], []
-    for i, k in enumerate(keys):
-        n = round(float(p["lines"][i]))
-        masks.append(text_mask(h, w, _text_lines(int(k), n), float(p["height"][i]) * side))
-        values.append(np.full((h, w), float(p["value"][i]), dtype=np.float32))
-    return _blend(x, masks, values)
+    rows = _host_rows(p, ("lines", "height"))
+    masks = [
+        text_mask(h, w, _text_lines(int(k), round(lines)), height * side)
+        for k, (lines, height) in zip(keys, rows, strict=True)
+    ]
+    return _blend(x, masks, p["value"])
 
 
 @backend.register_cpu("xray_burned_text", dtypes=_NATIVE)
@@ -725,17 +741,16 @@ def xray_laterality_marker(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Se
     """A radiopaque "L"/"R" marker in a top corner; the letter is keyed and need not match the
     anatomy (a wrong or misplaced marker is the failure mode it probes).
 
-    Kornia: own kernel: the marker mask is rendered on the host (identical on every device) and
-    blended in one pass; Kornia has no text rendering."""
+    Kornia: own kernel: the marker mask is rendered on the host (identical on every device, the
+    CPU path's pixels bit for bit) from one read of the batch's parameters, and blended in one
+    pass; Kornia has no text rendering."""
     h, w = x.shape[-2:]
     side = min(h, w)
-    masks, values = [], []
-    for i in range(x.shape[0]):
-        letter = "R" if float(p["letter_r"][i]) > 0.5 else "L"
-        m, v = marker_mask(h, w, letter, float(p["size"][i]) * side, float(p["right_corner"][i]) > 0.5)
-        masks.append(m)
-        values.append(v)
-    return _blend(x, masks, values)
+    masks = [
+        marker_mask(h, w, "R" if letter_r > 0.5 else "L", size * side, right > 0.5)[0]
+        for size, letter_r, right in _host_rows(p, ("size", "letter_r", "right_corner"))
+    ]
+    return _blend(x, masks, 1.0)  # the marker's value image is all ones
 
 
 @backend.register_cpu("xray_laterality_marker", dtypes=_NATIVE)

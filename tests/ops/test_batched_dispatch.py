@@ -35,13 +35,11 @@ NOT_YET_BATCHED: frozenset[str] = frozenset(
         "shot_noise",
         "speckle_noise",
         "translation",
-        "xray_burned_text",
         "xray_cardiac_motion",
         "xray_detector_defects",
         "xray_double_exposure",
         "xray_edge_enhancement",
         "xray_foreign_objects",
-        "xray_laterality_marker",
         "xray_over_penetration",
         "xray_patient_rotation",
         "xray_skin_fold",
@@ -51,8 +49,10 @@ NOT_YET_BATCHED: frozenset[str] = frozenset(
 )
 
 
-# ops whose torch kernel runs on the host (the batch copied to NumPy and back): on the torch path a
-# non-codec kernel makes no host round trip at all
+# ops whose torch kernel runs on the host (the batch copied to NumPy and back), or rasterises
+# with OpenCV from one read of the batch's parameters (the X-ray text and marker overlays, whose
+# CPU path's pixels the kernel matches bit for bit): on the torch path a non-codec kernel makes
+# no host round trip at all
 HOST_BOUND: frozenset[str] = frozenset(
     {
         "bubbles",
@@ -65,6 +65,8 @@ HOST_BOUND: frozenset[str] = frozenset(
         "specular_glare",
         "surgical_smoke",
         "video_macroblocking",
+        "xray_burned_text",
+        "xray_laterality_marker",
     }
 )
 # the border composite and scene analysis (``perturb.engine``) still work per sample: scene modes
