@@ -419,7 +419,9 @@ def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     Kornia: own kernel, because Kornia's ``box_blur`` convolves a (2r + 1)-tap kernel
     per axis (O(r) per pixel; r is about sigma, 6-12 % of the shorter side here) while
     ``_box_torch`` is a float64 cumulative sum (O(1) per pixel, the same values within 1e-14):
-    one pass pair at r = 60 on a 512x512 CPU plane took 24 ms here, Kornia's 807 ms."""
+    one pass pair at r = 60 on a 512x512 CPU plane took 24 ms here, Kornia's 807 ms (and
+    Kornia's kernel size is one per call, while the radius here is per sample). The batch runs
+    as one computation: ``_box_batch`` reads each sample's window sums at its own radius."""
     side = shorter_side(x)
     lin = to_linear(x)
     r = box_radii(per_sample(p["sigma"]).double() * side, side)
@@ -847,22 +849,23 @@ def xray_motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     """Patient motion during the exposure: a line PSF (perturb.ops.blur.line_psf) applied to
     the linear fluence, which is what the detector integrates.
 
-    Kornia: ``kornia.filters.filter2d`` with ``perturb.ops.blur.line_psf`` (through
-    ``blur._conv_torch``; see ``motion_blur`` for why not Kornia's motion kernel)."""
-    h, w = x.shape[-2:]
+    Kornia: ``kornia.filters.fft_conv`` (reflected borders) with per-sample PSFs, ``(B, K, K)``:
+    ``perturb.ops.blur.line_psf``'s (see ``motion_blur`` for why not Kornia's motion kernel),
+    built for the whole batch on the device (``line_psfs``) at one size, that of the longest
+    PSF a recorded length can ask for, which the FFT's cost barely feels (``filter2d`` would
+    sum about 25,000 taps a pixel at a 1024 px side)."""
+    import kornia  # lazily: only the torch path needs it
+
     side = shorter_side(x)
     # the longest PSF a recorded length can ask for (the catalog's bound, with room for the
     # float32 rounding of a recorded value; a longer one given directly is cut to it), and its
-    # radius as ``blur._crop_psf`` crops it: one padding and one point list serve every sample
+    # radius as ``blur._crop_psf`` crops it: one kernel size and one point list serve every sample
     bound = MAX_MOTION_LENGTH * (1.0 + 1e-6)
     most = max(bound * side, 1.0)
-    pad = min(side - 1, math.ceil(most / 2.0) + 1)
-    grid = (h + 2 * pad, w + 2 * pad)
+    radius = min(side - 1, math.ceil(most / 2.0) + 1)
     length = p["length"].double().clamp(max=bound) * side
-    psf = line_psfs_wrapped(length, p["angle"].double(), grid, side - 1, most)
-    lin = F.pad(to_linear(x), (pad, pad, pad, pad), mode="reflect")
-    spectrum = torch.fft.rfft2(lin) * torch.conj(torch.fft.rfft2(psf.unsqueeze(1)))
-    out = torch.fft.irfft2(spectrum, s=grid)[..., pad : pad + h, pad : pad + w]
+    psf = line_psfs(length, p["angle"].double(), radius, side - 1, most)
+    out = kornia.filters.fft_conv(to_linear(x), psf, border_type="reflect")
     return to_display(out, x)
 
 
@@ -870,21 +873,17 @@ MAX_MOTION_LENGTH = 0.15  # the catalog's upper bound of xray_motion_blur's leng
 _SPLAT_ONE = float(1 << 32)  # fixed-point unit of the PSF splat: integer sums, in any order
 
 
-def line_psfs_wrapped(
-    length_px: torch.Tensor,
-    angle_deg: torch.Tensor,
-    grid: tuple[int, int],
-    reach: int,
-    most: float,
+def line_psfs(
+    length_px: torch.Tensor, angle_deg: torch.Tensor, radius: int, reach: int, most: float
 ) -> torch.Tensor:
     """``blur.line_psf`` of each sample (lengths ``length_px`` and angles ``angle_deg``, (B,)
     float64), cropped to offsets of at most ``reach`` px and renormalised as ``blur._crop_psf``
-    does, laid out for a circular correlation over ``grid`` (offset ``(dy, dx)`` at
-    ``(dy mod gh, dx mod gw)``): (B, gh, gw) float64. ``most``: a bound of every length (px), which
-    sizes the point list (each sample's points beyond its own count weigh nothing). The same
-    points and bilinear weights as ``line_psf``; the splat sums fixed-point integers, so its
-    result does not depend on the order of the additions (exact on any device)."""
-    gh, gw = grid
+    does, centred in one (B, 2 radius + 1, 2 radius + 1) float64 stack (``radius``: at least
+    every sample's cropped radius). ``most``: a bound of every length (px), which sizes the point
+    list (each sample's points beyond its own count weigh nothing). The same points and bilinear
+    weights as ``line_psf``; the splat sums fixed-point integers, so its result does not depend
+    on the order of the additions (exact on any device)."""
+    size = 2 * radius + 1
     device = length_px.device
     length = length_px.clamp_min(1.0).view(-1, 1)
     half = torch.ceil(length / 2.0) + 1.0
@@ -898,7 +897,7 @@ def line_psfs_wrapped(
     py = half - t * torch.sin(theta)
     x0, y0 = torch.floor(px), torch.floor(py)
     fx, fy = px - x0, py - y0
-    live = (j < count).to(torch.float64)
+    live = j < count
     index, weight = [], []
     for dx, dy, wt in (
         (0, 0, (1 - fx) * (1 - fy)),
@@ -907,14 +906,14 @@ def line_psfs_wrapped(
         (1, 1, fx * fy),
     ):
         ox, oy = x0 + dx - half, y0 + dy - half  # offsets from the PSF's centre
-        inside = ((ox.abs() <= reach) & (oy.abs() <= reach)).to(torch.float64)
-        index.append(torch.remainder(oy, gh) * gw + torch.remainder(ox, gw))
-        weight.append(wt * live * inside)
+        kept = live & (ox.abs() <= reach) & (oy.abs() <= reach)
+        index.append(torch.where(kept, (oy + radius) * size + (ox + radius), 0.0))
+        weight.append(wt * kept.to(torch.float64))
     taps = torch.round(torch.cat(weight, dim=1) * _SPLAT_ONE).to(torch.int64)
-    flat = torch.zeros(length.shape[0], gh * gw, dtype=torch.int64, device=device)
+    flat = torch.zeros(length.shape[0], size * size, dtype=torch.int64, device=device)
     flat.scatter_add_(1, torch.cat(index, dim=1).to(torch.int64), taps)
     psf = flat.to(torch.float64)
-    return (psf / psf.sum(dim=1, keepdim=True)).view(-1, gh, gw)
+    return (psf / psf.sum(dim=1, keepdim=True)).view(-1, size, size)
 
 
 @backend.register_cpu("xray_motion_blur", dtypes=_NATIVE)

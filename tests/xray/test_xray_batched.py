@@ -51,27 +51,21 @@ def test_box_passes_with_radii_per_sample_are_the_per_sample_passes(h: int, w: i
                 assert float((out[b : b + 1] - ref).abs().max()) < 1e-13
 
 
-def _unwrapped(psf: torch.Tensor, radius: int) -> np.ndarray:
-    """The (2r + 1)^2 centre of a PSF laid out for circular correlation."""
-    rolled = torch.roll(psf, shifts=(radius, radius), dims=(0, 1))
-    return rolled[: 2 * radius + 1, : 2 * radius + 1].numpy()
-
-
 @pytest.mark.parametrize("side", [2, 3, 12, 96])
 def test_line_psfs_are_line_psf_cropped_as_the_per_sample_path(side: int) -> None:
     lengths = [0.0, 0.004, 0.05, 0.15]
     angles = [0.0, 33.3, 90.0, 179.0]
     most = max(xray.MAX_MOTION_LENGTH * side, 1.0)
-    grid = (side + 40, side + 41)
+    radius = side + 3  # larger than any cropped PSF: the rest stays zero
     length = torch.tensor(lengths, dtype=torch.float32).double() * side
     angle = torch.tensor(angles, dtype=torch.float32).double()
-    psfs = xray.line_psfs_wrapped(length, angle, grid, side - 1, most)
+    psfs = xray.line_psfs(length, angle, radius, side - 1, most)
+    assert psfs.shape == (4, 2 * radius + 1, 2 * radius + 1)
     for i in range(len(lengths)):
         ref = blur.line_psf(float(np.float32(lengths[i])) * side, float(np.float32(angles[i])))
-        sample = torch.zeros(1, side, side)
-        cropped = blur._crop_psf(ref, sample)[0].numpy().astype(np.float64)
+        cropped = blur._crop_psf(ref, torch.zeros(1, side, side))[0].numpy().astype(np.float64)
         r = cropped.shape[0] // 2
-        got = _unwrapped(psfs[i], r)
+        got = psfs[i, radius - r : radius + r + 1, radius - r : radius + r + 1].numpy()
         assert abs(float(psfs[i].sum()) - 1.0) < 1e-12
         assert np.abs(got - cropped).max() < 1e-6, (side, i)
         assert abs(float(got.sum()) - 1.0) < 1e-12  # no tap outside the crop
@@ -83,7 +77,13 @@ def test_motion_bound_is_the_catalogs() -> None:
 
 @pytest.mark.parametrize(
     "op",
-    ["xray_motion_blur", "xray_scatter", "xray_quantum_noise", "xray_collimation", "xray_burned_text"],
+    [
+        "xray_motion_blur",
+        "xray_scatter",
+        "xray_quantum_noise",
+        "xray_collimation",
+        "xray_burned_text",
+    ],
 )
 def test_a_sample_in_a_batch_is_the_sample_alone(op: str) -> None:
     gen = torch.Generator().manual_seed(3)
