@@ -21,6 +21,10 @@ once. Samples run on a small thread pool (OpenCV and NumPy release the GIL). Whi
 runs, OpenCV's own threading is switched off (``cv2.setNumThreads(1)``, restored afterwards):
 the two levels would oversubscribe the cores, and a single-threaded OpenCV call computes each
 element the same way every time, so outputs cannot depend on OpenCV's thread count either.
+
+Fork safety: a forked child (a DataLoader worker) resets the pool, locks and counters
+(``os.register_at_fork``) and never reconfigures OpenCV's thread pool, which it inherited from
+the parent without the threads (``cv2.setNumThreads`` there crashes the child).
 """
 
 from __future__ import annotations
@@ -44,10 +48,8 @@ from perturb.ops import _math
 from perturb.registry import Registry
 from perturb.scene.masks import (
     compose_lookup,
-    compose_lookup_hashed,
     compose_numpy,
     compose_transform,
-    compose_transform_hashed,
     extend_numpy,
 )
 
@@ -58,7 +60,7 @@ _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar(
 )
 
 CpuFn = Callable[..., None]  # fn(src, dst, params, key) or fn(src, dst, params, key, scene=...)
-# table(src, params, key[, scene=...]) -> (256,) or (C, 256) uint8; None: not from a guessed scene
+# table(src, params, key[, scene=...]) -> (256,) or (C, 256) uint8, or None: no table for it
 TableFn = Callable[..., np.ndarray | None]
 MatrixFn = Callable[..., np.ndarray]  # matrix(src, params, key) -> (3, 3) float32
 NATIVE_DEFAULT: tuple[type, ...] = (np.uint8, np.float32)
@@ -238,10 +240,28 @@ _POOL: tuple[int, ThreadPoolExecutor] | None = None
 _CV2_LOCK = threading.Lock()
 _CV2_USERS = 0
 _CV2_SAVED = 1
+# False in a forked child: OpenCV's thread pool was copied from the parent without its threads,
+# and reconfiguring it there (``cv2.setNumThreads``) crashes or hangs the child
+_CV2_OWN_PROCESS = True
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (e.g. a DataLoader worker) starts with no worker threads: the pool, its
+    locks (possibly held by a parent thread at the fork) and the OpenCV user count are reset,
+    and OpenCV's thread setting is left as the child inherited it."""
+    global _POOL, _POOL_LOCK, _CV2_LOCK, _CV2_USERS, _CV2_OWN_PROCESS
+    _POOL = None
+    _POOL_LOCK = threading.Lock()
+    _CV2_LOCK = threading.Lock()
+    _CV2_USERS = 0
+    _CV2_OWN_PROCESS = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The module's worker pool (re-created in a forked child, whose copy has no threads)."""
+    """The module's worker pool (made on first use; a forked child makes its own)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL[0] != os.getpid():
@@ -260,8 +280,13 @@ def workers_for(n: int) -> int:
 
 @contextlib.contextmanager
 def _serial_opencv() -> Iterator[None]:
-    """OpenCV single-threaded while our pool runs (reference-counted across callers)."""
+    """OpenCV single-threaded while our pool runs (reference-counted across callers). In a
+    forked child OpenCV's setting is not touched (see ``_after_fork_in_child``): its calls run
+    as the parent configured them, which gives the same bytes (OpenCV splits work by rows)."""
     global _CV2_USERS, _CV2_SAVED
+    if not _CV2_OWN_PROCESS:
+        yield
+        return
     with _CV2_LOCK:
         if _CV2_USERS == 0:
             _CV2_SAVED = cv2.getNumThreads()
@@ -412,46 +437,23 @@ def run_cpu(
 
     lookup = _math.lookup_function() if table is not None and src.dtype == np.uint8 and not extend else None
     colours = matrix if matrix is not None and lookup is None and src.dtype == np.uint8 and not extend else None
-    # a scene still to analyse is guessed from a fingerprint of its sample and the sample's digest
-    # taken in the fused pass itself (one read of it from memory instead of two); a sample whose
-    # digest is not the guessed frame's runs again below, with its scene analysed (a table that
-    # reads the scene, e.g. contrast's tissue mean, may decline a guessed one: None)
     fusable = lookup is not None or colours is not None
-    guess = getattr(scenes, "guess", None) if fusable and given is scenes else None
 
-    def prepared(sample: np.ndarray, p: dict[str, np.ndarray], i: int, scene: Any) -> np.ndarray | None:
-        """The fused pass's tables or matrix for sample ``i``, or None."""
-        if lookup is not None and table is not None:
-            return table(sample, p, int(keys[i]), scene=scene) if uses_scene else table(sample, p, int(keys[i]))
-        assert colours is not None
-        return colours(sample, p, int(keys[i]))
-
-    def fused(sample: np.ndarray, out: np.ndarray, arg: np.ndarray, scene: Any, hashed: bool) -> bool | bytes | None:
+    def fused(sample: np.ndarray, out: np.ndarray, p: dict[str, np.ndarray], i: int, scene: Any) -> bool:
+        """Sample ``i`` perturbed and composited in one compiled pass (False: not available)."""
         key = getattr(scene, "key", None)
-        if lookup is not None:
-            if hashed:
-                return compose_lookup_hashed(sample, out, arg, lookup, scene.descriptor, key)
-            return compose_lookup(sample, out, arg, lookup, scene.descriptor, key)
-        if hashed:
-            return compose_transform_hashed(sample, out, arg, scene.descriptor, key)
-        return compose_transform(sample, out, arg, scene.descriptor, key)
+        if lookup is not None and table is not None:
+            tables = table(sample, p, int(keys[i]), scene=given[i]) if uses_scene else table(sample, p, int(keys[i]))
+            return tables is not None and compose_lookup(sample, out, tables, lookup, scene.descriptor, key)
+        assert colours is not None
+        return compose_transform(sample, out, colours(sample, p, int(keys[i])), scene.descriptor, key)
 
     def work(i: int) -> None:
         p = {name: value[i] for name, value in host.items()}
         sample = src[i]
-        if guess is not None:
-            found = guess(i)
-            arg = None if found is None else prepared(sample, p, i, found[0])
-            if found is not None and arg is not None:
-                scene, digest = found
-                if fused(sample, dst[i], arg, scene, True) == digest:
-                    scenes.confirm(i, scene)  # type: ignore[attr-defined]
-                    return
         scene = scenes[i]
-        if fusable and scene is not None:
-            arg = prepared(sample, p, i, given[i])
-            if arg is not None and fused(sample, dst[i], arg, scene, False):
-                return
+        if fusable and scene is not None and fused(sample, dst[i], p, i, scene):
+            return
         if extend and scene is not None:
             sample = _scratch(sample.shape, sample.dtype)
             extend_numpy(src[i], sample, scene.descriptor, getattr(scene, "key", None))

@@ -3,6 +3,7 @@ bytes), and the composite of a perturbed tissue layer back into the frame."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections import OrderedDict
@@ -305,6 +306,16 @@ def composite_alpha(desc: dict[str, Any], image: Any) -> np.ndarray:
         cut = alpha[y0:y1, x0:x1]
         np.minimum(cut, np.float32(1.0) - glyph_strokes(np.asarray(window), desc, box), out=cut)
     return alpha
+
+
+def glyph_windows_bytes(desc: dict[str, Any], image: np.ndarray) -> bytes:
+    """A digest of the pixels of ``image`` (CHW NumPy) that the glyph cover of ``desc``'s text
+    lines reads (their ``glyph_window`` s): what a composite alpha with text depends on."""
+    digest = hashlib.blake2b(str(image.shape).encode(), digest_size=16)
+    for box in text_boxes(desc):
+        wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
+        digest.update(np.ascontiguousarray(image[:, wy0:wy1, wx0:wx1]).data)
+    return digest.digest()
 
 
 def overlay_of(desc: dict[str, Any], image: Any) -> np.ndarray:
@@ -714,27 +725,60 @@ class _ExtensionPlan:
 
 
 @_memo
-def _extension_plan(key: str) -> _ExtensionPlan:
+def _extension_need(key: str) -> np.ndarray:
+    """bool (H, W), read-only: the pixels ``extend_numpy`` may write (alpha below 1 within
+    ``EXT_MARGIN`` of the field's bbox, and the rectangle of the text lines)."""
     desc = json.loads(key)
     h, w = desc["size"]
-    short = min(h, w)
-    f = max(1.0, short / EXT_GRID_SHORT)
-    ch, cw = max(1, round(h / f)), max(1, round(w / f))
-    sigma = EXT_SIGMA * min(ch, cw)
-    cells = cv2.resize(_tissue_alpha(key), (cw, ch), interpolation=cv2.INTER_AREA)
-    weight = np.ascontiguousarray((cells >= 0.999).astype(np.float32))
-    inv_den = (1.0 / np.maximum(cv2.GaussianBlur(weight, (0, 0), sigma), 1e-6)).astype(np.float32)
-    plan = _compose_plan(key)
-    boxes = text_boxes(desc)
-    static = _alpha_without_text_cached(key) if boxes else _tissue_alpha(key)
-    margin = round(EXT_MARGIN * short)
+    static = _alpha_without_text_cached(key) if text_boxes(desc) else _tissue_alpha(key)
+    margin = round(EXT_MARGIN * min(h, w))
     bx0, by0, bx1, by1 = bbox(desc)
     rx0, ry0, rx1, ry1 = max(0, bx0 - margin), max(0, by0 - margin), min(w, bx1 + margin), min(h, by1 + margin)
     need = np.zeros((h, w), bool)
     need[ry0:ry1, rx0:rx1] = static[ry0:ry1, rx0:rx1] < 1.0
-    if plan.text is not None:
-        tx0, ty0, tx1, ty1 = plan.text
+    text = _compose_plan(key).text
+    if text is not None:
+        tx0, ty0, tx1, ty1 = text
         need[ty0:ty1, tx0:tx1] = True
+    need.flags.writeable = False
+    return need
+
+
+def extension_grid(h: int, w: int) -> tuple[tuple[int, int], float]:
+    """((ch, cw), sigma): the coarse grid of the tissue extension of an h x w image and its
+    gaussian's sigma in cells."""
+    f = max(1.0, min(h, w) / EXT_GRID_SHORT)
+    ch, cw = max(1, round(h / f)), max(1, round(w / f))
+    return (ch, cw), EXT_SIGMA * min(ch, cw)
+
+
+def extension_cells(desc: dict[str, Any], key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(weight, inv_den), float32 (ch, cw), read-only: the cells of the extension's coarse grid
+    wholly inside the tissue (the weight of its normalised convolution) and one over their
+    gaussian (``extension_grid``), as ``extend_numpy`` uses them."""
+    plan = _extension_plan(_key(desc) if key is None else key)
+    return plan.weight, plan.inv_den
+
+
+def extension_alpha(key: str, composite: np.ndarray) -> np.ndarray:
+    """float32 (H, W): the weight of the clean pixels in the tissue extension of the scene of
+    ``key`` (``composite``: its composite alpha with the clean image): the composite alpha where
+    ``extend_numpy`` writes, 1 elsewhere, so ``extended = fill + a (src - fill)`` (``src`` where
+    ``a`` is 1) is ``extend_numpy``'s result with any fill."""
+    return np.where(_extension_need(key), composite, np.float32(1.0)).astype(np.float32)
+
+
+@_memo
+def _extension_plan(key: str) -> _ExtensionPlan:
+    desc = json.loads(key)
+    h, w = desc["size"]
+    (ch, cw), sigma = extension_grid(h, w)
+    cells = cv2.resize(_tissue_alpha(key), (cw, ch), interpolation=cv2.INTER_AREA)
+    weight = np.ascontiguousarray((cells >= 0.999).astype(np.float32))
+    inv_den = (1.0 / np.maximum(cv2.GaussianBlur(weight, (0, 0), sigma), 1e-6)).astype(np.float32)
+    plan = _compose_plan(key)
+    static = _alpha_without_text_cached(key) if text_boxes(desc) else _tissue_alpha(key)
+    need = _extension_need(key)
     keep_all = static == 0.0
     rect, keep = None, np.zeros((0, 0), np.uint8)
     ys, xs = np.nonzero(need.any(axis=1))[0], np.nonzero(need.any(axis=0))[0]

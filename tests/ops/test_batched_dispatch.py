@@ -76,7 +76,7 @@ HOST_BOUND: frozenset[str] = frozenset(
 )
 # the border composite and scene analysis (``perturb.engine``) still work per sample: scene modes
 # of border-protecting ops are expected to fail until they are batched
-COMPOSITE_BATCHED = False
+COMPOSITE_BATCHED = True
 MODES = ("kernel", "scenes-given", "scenes-analysed")
 
 
