@@ -382,8 +382,6 @@ def _run_kernel(
             uses_scene=backends.cpu_uses_scene(op.name),
             kernel_scenes=scenes,
             extend=extend,
-            table=backends.cpu_table(op.name),
-            matrix=backends.cpu_matrix(op.name),
         )
     if extend:
         raise ValueError("extend runs on the CPU path only")

@@ -33,7 +33,6 @@ import contextlib
 import contextvars
 import os
 import threading
-import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,14 +43,8 @@ import cv2
 import numpy as np
 import torch
 
-from perturb.ops import _math
 from perturb.registry import Registry
-from perturb.scene.masks import (
-    compose_lookup,
-    compose_numpy,
-    compose_transform,
-    extend_numpy,
-)
+from perturb.scene.masks import compose_numpy, extend_numpy
 
 R = TypeVar("R")
 Backend = Literal["auto", "opencv", "torch"]
@@ -153,13 +146,10 @@ def register_cpu(
 ) -> Callable[[CpuFn], CpuFn]:
     """Register ``fn(src, dst, params, key)`` as the CPU fast path of op ``name``; ``dtypes``
     are the sample dtypes it reads natively. ``uses_scene``: ``fn`` (and ``table``) also take
-    ``scene=`` (the sample's ``perturb.scene.Scene`` or None). ``table``: for an op whose
-    uint8 result is a per-level lookup, ``table(src, params, key)`` gives the (256,) or
-    (C, 256) uint8 table(s) ``fn`` applies to a uint8 sample; a border-protected sample is then
-    looked up and composited in one pass (``perturb.scene.masks.compose_lookup``). ``matrix``:
-    for an op whose uint8 RGB result is ``cv2.transform`` with a 3x3 matrix,
-    ``matrix(src, params, key)`` gives that float32 matrix; a border-protected sample is then
-    transformed and composited in one pass (``perturb.scene.masks.compose_transform``)."""
+    ``scene=`` (the sample's ``perturb.scene.Scene`` or None). ``table`` / ``matrix``: how
+    ``fn``'s uint8 result is made (``table(src, params, key)``: the (256,) or (C, 256) lookup
+    tables; ``matrix(src, params, key)``: the 3x3 float32 ``cv2.transform`` matrix), kept on the
+    registration as a description; the engine runs ``fn`` and composites after it."""
 
     def decorator(fn: CpuFn) -> CpuFn:
         CPU_PATHS.add(name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table, matrix))
@@ -170,16 +160,6 @@ def register_cpu(
 
 def cpu_uses_scene(name: str) -> bool:
     return name in CPU_PATHS and CPU_PATHS.get(name).uses_scene
-
-
-def cpu_table(name: str) -> TableFn | None:
-    """The lookup-table function of ``name``'s CPU path (``register_cpu(table=...)``), or None."""
-    return CPU_PATHS.get(name).table if name in CPU_PATHS else None
-
-
-def cpu_matrix(name: str) -> MatrixFn | None:
-    """The colour-matrix function of ``name``'s CPU path (``register_cpu(matrix=...)``), or None."""
-    return CPU_PATHS.get(name).matrix if name in CPU_PATHS else None
 
 
 def cpu_path(name: str, dtype: torch.dtype) -> tuple[CpuFn, frozenset[np.dtype]] | None:
@@ -326,50 +306,6 @@ def map_samples(work: Callable[[int], None], n: int) -> None:
             f.result()
 
 
-class _OutputBuffers:
-    """Recycles the memory of large batch outputs.
-
-    A fresh 40 MB (uint8) or 160 MB (float32) output costs more to fault in and zero than a
-    lookup-table op costs to compute. Outputs are views of pooled buffers; when the last
-    reference to a view goes (the returned tensor and everything made from it), a finaliser
-    puts its buffer back for the next batch of the same size. At most ``PER_SIZE`` buffers per
-    size and ``MAX_BYTES`` in all are kept."""
-
-    MIN_BYTES = 4 << 20
-    MAX_BYTES = 768 << 20
-    PER_SIZE = 2
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()  # a finaliser may run inside a locked section
-        self._free: dict[int, list[np.ndarray]] = {}
-        self._bytes = 0
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        if nbytes < self.MIN_BYTES or nbytes > self.MAX_BYTES // 2:
-            return np.empty(shape, dtype)
-        with self._lock:
-            free = self._free.get(nbytes)
-            buf = free.pop() if free else None
-            if buf is not None:
-                self._bytes -= nbytes
-        if buf is None:
-            buf = np.empty(nbytes, dtype=np.uint8)
-        view = buf.view(dtype).reshape(shape)
-        weakref.finalize(view, self._release, buf)
-        return view
-
-    def _release(self, buf: np.ndarray) -> None:
-        with self._lock:
-            free = self._free.setdefault(buf.nbytes, [])
-            if len(free) < self.PER_SIZE and self._bytes + buf.nbytes <= self.MAX_BYTES:
-                free.append(buf)
-                self._bytes += buf.nbytes
-
-
-_OUTPUTS = _OutputBuffers()
-
-
 def _via_float32(fn: CpuFn) -> CpuFn:
     """``fn`` (float32 samples) on a uint16 sample: converted in and rounded back with the
     engine's own torch operations, so the result is the one of a float32 batch."""
@@ -407,8 +343,6 @@ def run_cpu(
     uses_scene: bool = False,
     kernel_scenes: Sequence[Any | None] | None = None,
     extend: bool = False,
-    table: TableFn | None = None,
-    matrix: MatrixFn | None = None,
 ) -> torch.Tensor:
     """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
     out. ``native`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
@@ -417,11 +351,7 @@ def run_cpu(
     ``kernel_scenes`` (default ``scenes``): what a ``uses_scene`` path receives. ``extend``
     (spatial ops): ``fn`` reads each sample that has a scene in ``scenes`` with its surround and
     overlays replaced by a smooth extension of its tissue (``extend_numpy``, in a per-thread
-    scratch buffer), so its PSF does not pull them into the field's edge. ``table``
-    (``register_cpu(table=...)``): a uint8 sample with a scene in ``scenes`` is looked up and
-    composited in one pass where stringzilla's lookup and the compiled composite are available
-    (the same bytes as ``fn`` then the composite); ``matrix`` (``register_cpu(matrix=...)``):
-    likewise, a uint8 RGB sample is transformed and composited in one compiled pass."""
+    scratch buffer), so its PSF does not pull them into the field's edge."""
     given = scenes if kernel_scenes is None else kernel_scenes
     if x.dtype not in _NUMPY_OF:
         raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
@@ -432,28 +362,13 @@ def run_cpu(
                 f"this CPU path takes {sorted(str(d) for d in native)} batches, got {src.dtype}"
             )
         fn = _via_float32(fn)
-    dst = _OUTPUTS.empty(src.shape, src.dtype)
+    dst = np.empty_like(src)
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}
-
-    lookup = _math.lookup_function() if table is not None and src.dtype == np.uint8 and not extend else None
-    colours = matrix if matrix is not None and lookup is None and src.dtype == np.uint8 and not extend else None
-    fusable = lookup is not None or colours is not None
-
-    def fused(sample: np.ndarray, out: np.ndarray, p: dict[str, np.ndarray], i: int, scene: Any) -> bool:
-        """Sample ``i`` perturbed and composited in one compiled pass (False: not available)."""
-        key = getattr(scene, "key", None)
-        if lookup is not None and table is not None:
-            tables = table(sample, p, int(keys[i]), scene=given[i]) if uses_scene else table(sample, p, int(keys[i]))
-            return tables is not None and compose_lookup(sample, out, tables, lookup, scene.descriptor, key)
-        assert colours is not None
-        return compose_transform(sample, out, colours(sample, p, int(keys[i])), scene.descriptor, key)
 
     def work(i: int) -> None:
         p = {name: value[i] for name, value in host.items()}
         sample = src[i]
         scene = scenes[i]
-        if fusable and scene is not None and fused(sample, dst[i], p, i, scene):
-            return
         if extend and scene is not None:
             sample = _scratch(sample.shape, sample.dtype)
             extend_numpy(src[i], sample, scene.descriptor, getattr(scene, "key", None))

@@ -15,15 +15,6 @@ from typing import Any, TypeVar, cast
 import cv2
 import numpy as np
 
-from perturb.scene.native import (
-    kernels,
-    lookup_kernel,
-    matrix_steps,
-    runs_of,
-    stream_hasher,
-    transform_kernel,
-)
-
 FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
 GLYPH_LOW, GLYPH_HIGH = 24, 64  # 8-bit luma excess over the local background: no glyph .. full glyph
 GLYPH_FULL = 0.85  # full cover from this fraction of the median excess of the line's strong stroke pixels
@@ -350,10 +341,6 @@ class _ComposePlan:
     text: tuple[int, int, int, int] | None
     part3: np.ndarray  # ``part`` in each plane of a CHW 3-plane sample (flat indices)
     part_alpha3: np.ndarray
-    keep_starts: np.ndarray  # ``keep`` as runs [start, stop) of flat indices into one plane
-    keep_stops: np.ndarray
-    part_starts: np.ndarray  # ``part`` as runs [start, stop) (its alpha: ``part_alpha`` in order)
-    part_stops: np.ndarray
 
 
 @_memo
@@ -379,12 +366,9 @@ def _compose_plan(key: str) -> _ComposePlan:
     part_alpha = static.reshape(-1)[part]
     part3 = np.concatenate([part + c * (h * w) for c in range(3)])
     part_alpha3 = np.tile(part_alpha, 3)
-    edges = np.flatnonzero(np.diff(keep.reshape(-1), prepend=np.uint8(0), append=np.uint8(0)))
-    starts, stops = edges[0::2].astype(np.int64), edges[1::2].astype(np.int64)
-    part_starts, part_stops = runs_of(part)
-    for arr in (keep, part, part_alpha, part3, part_alpha3, starts, stops, part_starts, part_stops):
+    for arr in (keep, part, part_alpha, part3, part_alpha3):
         arr.flags.writeable = False
-    return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3, starts, stops, part_starts, part_stops)
+    return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3)
 
 
 def _check_size(desc: dict[str, Any], src: np.ndarray) -> None:
@@ -405,175 +389,20 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: s
     plan = _compose_plan(key)
     planes = src.shape[0]
     fast = src.flags.c_contiguous and dst.flags.c_contiguous and src.dtype == dst.dtype
-    compiled = _compiled() if fast and src.dtype in _COMPILED_DTYPES else None
-    if compiled is not None:  # one pass per plane without the GIL; the same bytes
-        s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
-        compiled.compose(
-            s_flat, d_flat, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha, planes
-        )
-    else:
-        for c in range(planes):
-            s, d = src[c], dst[c]
-            if fast:
-                cv2.copyTo(s, plan.keep, d)  # in place: both planes are contiguous
-            else:
-                np.copyto(d, s, where=plan.keep.astype(bool))
-        if plan.part.size:
-            _blend_at(src, dst, *((plan.part3, plan.part_alpha3) if planes == 3 else (plan.part, plan.part_alpha)))
+    for c in range(planes):
+        s, d = src[c], dst[c]
+        if fast:
+            cv2.copyTo(s, plan.keep, d)  # in place: both planes are contiguous
+        else:
+            np.copyto(d, s, where=plan.keep.astype(bool))
+    if plan.part.size:
+        _blend_at(src, dst, *((plan.part3, plan.part_alpha3) if planes == 3 else (plan.part, plan.part_alpha)))
     if plan.text is not None:
         # alpha 1 keeps ``dst``, static alpha 0 was copied above; the rest (glyph cover, soft
         # edge) blends, where alpha 0 gives ``src`` exactly: base + 0 * (d - base) = base
         index, alpha = _text_blend(desc, key, src, plan.text)
         if index.size:
-            if compiled is not None:
-                compiled.blend(src.reshape(-1), dst.reshape(-1), index, alpha)
-            else:
-                _blend_at(src, dst, index, alpha)
-
-
-def compose_lookup(
-    src: np.ndarray, dst: np.ndarray, tables: np.ndarray, lookup: Any, desc: dict[str, Any], key: str | None = None
-) -> bool:
-    """``dst[c] = tables[c][src[c]]`` (uint8 CHW; ``tables`` (256,) or (C, 256)) composited as
-    ``compose_numpy`` composites it, the same bytes, in one compiled pass per plane that copies
-    the source's runs, looks up the rest and blends the soft edge while the plane is in cache
-    (``lookup``: a ctypes byte lookup that ``perturb.scene.native.lookup_kernel`` takes). False, with nothing written, where that pass
-    is not available (no numba, other layouts or dtypes, a number of tables other than 1 or C):
-    the caller looks up and composites."""
-    return _lookup_pass(src, dst, tables, lookup, desc, key, _NO_DIGEST)
-
-
-def compose_lookup_hashed(
-    src: np.ndarray, dst: np.ndarray, tables: np.ndarray, lookup: Any, desc: dict[str, Any], key: str | None = None
-) -> bytes | None:
-    """``compose_lookup`` that also returns the digest of ``src``'s bytes (the one
-    ``perturb.scene.analysis`` keys its scenes by), taken in the same pass: each plane goes into
-    the digest while it is in cache. None, with nothing written, where that pass is not available."""
-    return _hashed(lambda hashing: _lookup_pass(src, dst, tables, lookup, desc, key, hashing))
-
-
-def compose_transform(
-    src: np.ndarray, dst: np.ndarray, matrix: np.ndarray, desc: dict[str, Any], key: str | None = None
-) -> bool:
-    """``dst = clip(matrix @ src)`` per pixel of a uint8 CHW RGB sample, with the bytes of
-    ``cv2.transform`` (its 10-bit fixed point), composited as ``compose_numpy`` composites it,
-    in one compiled pass (``perturb.scene.native.transform_kernel``): the source's runs copied,
-    the rest transformed, the soft edge blended. False, with nothing written, where that pass is
-    not available (no numba, other dtypes or channel counts, coefficients of 32 or more)."""
-    return _transform_pass(src, dst, matrix, desc, key, _NO_DIGEST)
-
-
-def compose_transform_hashed(
-    src: np.ndarray, dst: np.ndarray, matrix: np.ndarray, desc: dict[str, Any], key: str | None = None
-) -> bytes | None:
-    """``compose_transform`` that also returns the digest of ``src``'s bytes, taken in the same
-    pass (``compose_lookup_hashed``). None, with nothing written, where it is not available."""
-    return _hashed(lambda hashing: _transform_pass(src, dst, matrix, desc, key, hashing))
-
-
-def _hashed(run: Callable[[tuple[int, int]], bool]) -> bytes | None:
-    hasher = stream_hasher()
-    if hasher is None:
-        return None
-    state = hasher.state()
-    hasher.reset(state)
-    if not run((state, hasher.update_at)):
-        return None
-    return hasher.digest(state)
-
-
-def _fusable(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> bool:
-    if src.dtype != np.uint8 or dst.dtype != np.uint8 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
-        return False
-    if src.shape != dst.shape:
-        raise ValueError(f"source {src.shape} and output {dst.shape} differ in shape")
-    _check_size(desc, src)
-    return True
-
-
-_NO_DIGEST = (0, 0)  # (state address, update function address): the pass takes no digest
-
-
-def _fused(
-    src: np.ndarray,
-    dst: np.ndarray,
-    desc: dict[str, Any],
-    key: str | None,
-    compiled: Any,
-    run: Callable[[np.ndarray, np.ndarray, _ComposePlan], None],
-) -> bool:
-    """``run(src_flat, dst_flat, plan)``, a compiled pass that perturbs and composites with the
-    descriptor's plan, then the glyph cover of its text lines (as ``compose_numpy``)."""
-    key = _key(desc) if key is None else key
-    plan = _compose_plan(key)
-    run(src.reshape(-1), dst.reshape(-1), plan)
-    if plan.text is not None:
-        index, alpha = _text_blend(desc, key, src, plan.text)
-        if index.size:
-            compiled.blend(src.reshape(-1), dst.reshape(-1), index, alpha)
-    return True
-
-
-def _lookup_pass(
-    src: np.ndarray,
-    dst: np.ndarray,
-    tables: np.ndarray,
-    lookup: Any,
-    desc: dict[str, Any],
-    key: str | None,
-    hashing: tuple[int, int],
-) -> bool:
-    if not _fusable(src, dst, desc):
-        return False
-    luts = np.ascontiguousarray(tables, dtype=np.uint8).reshape(-1, 256)
-    if luts.shape[0] not in (1, src.shape[0]):  # the kernel reads table c for plane c, unchecked
-        return False
-    compiled = _compiled()
-    found = None if compiled is None else lookup_kernel(lookup)
-    if found is None:
-        return False
-    kernel, lookup_at = found
-    if luts.flags.writeable:  # one argument type for numba whatever the op's table is
-        luts = luts.view()
-        luts.flags.writeable = False
-
-    def run(s: np.ndarray, d: np.ndarray, plan: _ComposePlan) -> None:
-        kernel(
-            s, d, luts, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha,
-            src.shape[0], lookup_at, *hashing,
-        )
-
-    return _fused(src, dst, desc, key, compiled, run)
-
-
-def _transform_pass(
-    src: np.ndarray,
-    dst: np.ndarray,
-    matrix: np.ndarray,
-    desc: dict[str, Any],
-    key: str | None,
-    hashing: tuple[int, int],
-) -> bool:
-    if not _fusable(src, dst, desc) or src.ndim != 3 or src.shape[0] != 3:
-        return False
-    compiled = _compiled()
-    kernel = None if compiled is None else transform_kernel()
-    steps = matrix_steps(matrix)
-    if kernel is None or steps is None:
-        return False
-
-    def run(s: np.ndarray, d: np.ndarray, plan: _ComposePlan) -> None:
-        kernel(s, d, steps, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha, *hashing)
-
-    return _fused(src, dst, desc, key, compiled, run)
-
-
-_COMPILED_DTYPES = frozenset({np.dtype(np.uint8), np.dtype(np.uint16)})
-
-
-def _compiled() -> Any:
-    """``perturb.scene.native.kernels()`` (None: the NumPy path; tests replace this)."""
-    return kernels()
+            _blend_at(src, dst, index, alpha)
 
 
 def _blend_at(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.ndarray) -> None:
@@ -645,13 +474,7 @@ def _text_blend(
 def _text_cover(desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]) -> _TextCover:
     """The ``_TextCover`` of ``image`` (CHW NumPy) inside ``rect`` (cached per descriptor and
     glyph window pixels)."""
-    from perturb.scene.analysis import _digest
-
-    parts = [image.dtype.str.encode(), str(image.shape).encode()]
-    for box in text_boxes(desc):
-        wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
-        parts.append(_digest(np.ascontiguousarray(image[:, wy0:wy1, wx0:wx1])))
-    slot = (key, b"".join(parts))
+    slot = (key, image.dtype.str.encode() + glyph_windows_bytes(desc, image))
     with _TEXT_BLEND_LOCK:
         hit = _TEXT_BLEND.get(slot)
         if hit is not None:

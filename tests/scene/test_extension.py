@@ -8,8 +8,11 @@ import numpy as np
 import torch
 
 import perturb
+from perturb import engine
+from perturb.ops.backend import use_backend
+from perturb.scene import Scene
 from perturb.scene.analysis import analyse
-from perturb.scene.masks import EXT_MARGIN, extend_numpy, tissue_alpha
+from perturb.scene.masks import EXT_MARGIN, extend_numpy, text_boxes, tissue_alpha
 
 H, W, R = 288, 360, 120
 
@@ -59,3 +62,41 @@ def test_protected_blur_has_no_dark_rim_and_keeps_the_surround() -> None:
     assert ring.sum() > 100
     drop = np.asarray([180, 120, 90])[:, None] - out[:, ring].astype(int)
     assert np.abs(drop).mean() < 3.0 and drop.max() < 12, f"dark rim: mean drop {drop.mean():.1f}"
+
+
+def _real_frames(n: int) -> list[torch.Tensor]:
+    """CHW uint8 real frames at 384x288, those with text lines first."""
+    from tests.scene.frames import require_frames
+
+    picked = [
+        torch.from_numpy(cv2.resize(img, (384, 288), interpolation=cv2.INTER_AREA)).permute(2, 0, 1).contiguous()
+        for _, img in require_frames()
+    ]
+    with_text = [x for x in picked if text_boxes(analyse(x))]
+    return (with_text + [x for x in picked if not text_boxes(analyse(x))])[:n]
+
+
+def test_device_extension_is_the_host_one_within_two_levels() -> None:
+    """``engine.extend_tissue`` (batched tensor ops, the torch path) gives ``extend_numpy``'s
+    extension: clean tissue exactly, the fill within two levels (float32 bilinear and gaussian
+    steps instead of OpenCV's)."""
+    frames = _real_frames(3)
+    x = torch.stack(frames)
+    scenes = [Scene.of(f) for f in frames]
+    got = engine.extend_tissue(x, [*scenes[:-1], None])  # a sample without a scene stays as it is
+    for i, (f, s) in enumerate(zip(frames[:-1], scenes[:-1], strict=True)):
+        want = np.empty_like(f.numpy())
+        extend_numpy(f.numpy(), want, s.descriptor)
+        diff = np.abs(got[i].numpy().astype(int) - want.astype(int))
+        assert diff.max() <= 2, f"frame {i}: fill differs by {diff.max()} levels"
+        tissue = s.composite_alpha(f.numpy()) >= 1.0
+        assert np.array_equal(got[i].numpy()[:, tissue], f.numpy()[:, tissue])
+    assert torch.equal(got[-1], x[-1])
+
+
+def test_protected_blur_on_the_torch_path_matches_the_cpu_path() -> None:
+    x = torch.stack(_real_frames(2))
+    cpu, records = perturb.apply(x, "gaussian_blur", 5, ["a", "b"])
+    with use_backend("torch"):
+        again = perturb.replay(records, x)
+    assert int((cpu.to(torch.int16) - again.to(torch.int16)).abs().max()) <= 1
