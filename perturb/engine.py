@@ -55,7 +55,9 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
         )
     if images.ndim != 4:
         hint = " (add a batch axis with images.unsqueeze(0))" if images.ndim == 3 else ""
-        raise InputError(f"images must have 4 dims (B, C, H, W), got shape {tuple(images.shape)}{hint}")
+        raise InputError(
+            f"images must have 4 dims (B, C, H, W), got shape {tuple(images.shape)}{hint}"
+        )
     b, c, h, w = images.shape
     if b == 0:
         raise InputError("empty batch: pass at least one image (shape (B, C, H, W) with B >= 1)")
@@ -69,7 +71,11 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
         raise InputError(f"images must be at least 2x2 pixels, got {h}x{w}")
     if op is not None and c not in op.spec.channels:
         need = " or ".join(str(n) for n in op.spec.channels)
-        fix = "repeat the gray channel with images.expand(-1, 3, -1, -1)" if c == 1 else "convert to gray first"
+        fix = (
+            "repeat the gray channel with images.expand(-1, 3, -1, -1)"
+            if c == 1
+            else "convert to gray first"
+        )
         raise InputError(f"op {op.name!r} needs {need}-channel images, got {c}; {fix}")
     if images.dtype not in SUPPORTED_DTYPES:
         raise InputError(
@@ -80,7 +86,9 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
         lo, hi = torch.aminmax(images)
         lo_v, hi_v = float(lo), float(hi)
         if not (np.isfinite(lo_v) and np.isfinite(hi_v)):
-            raise InputError("images contain NaN or inf; replace them (torch.nan_to_num) before perturbing")
+            raise InputError(
+                "images contain NaN or inf; replace them (torch.nan_to_num) before perturbing"
+            )
         if lo_v < 0.0 or hi_v > 1.0:
             raise InputError(
                 f"float images must lie in [0, 1], got min {lo_v:.4g} and max {hi_v:.4g}; "
@@ -124,7 +132,9 @@ def collate(params: Sequence[dict[str, Any]], device: torch.device) -> dict[str,
     out: dict[str, torch.Tensor] = {}
     for name in params[0]:
         arrays = [np.asarray(p[name], dtype=np.float64) for p in params]
-        shape = tuple(max(a.shape[d] if a.ndim > d else 0 for a in arrays) for d in range(arrays[0].ndim))
+        shape = tuple(
+            max(a.shape[d] if a.ndim > d else 0 for a in arrays) for d in range(arrays[0].ndim)
+        )
         stacked = np.zeros((len(arrays), *shape), dtype=np.float64)
         for i, a in enumerate(arrays):
             index: tuple[int | slice, ...] = (i, *(slice(0, s) for s in a.shape))
@@ -142,7 +152,9 @@ def draw_key(seed: int, sample_key: str, op: str, variant: int) -> int:
     return rng.derive_key(seed, sample_key, op, SHARED_SEVERITY, variant)
 
 
-def sample_params(op: Op, key: int, severity: int | Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+def sample_params(
+    op: Op, key: int, severity: int | Mapping[str, tuple[float, float]]
+) -> dict[str, Any]:
     """Keyed host-side draw of one sample's parameters (JSON-able) at ``severity`` (1..5) or
     from explicit per-parameter ranges (e.g. interpolated between two severities)."""
     level = op.spec.level(severity) if isinstance(severity, int) else severity
@@ -238,7 +250,9 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
     return _run_records(x, records)
 
 
-def _run_records(x: torch.Tensor, records: Sequence[Record], scenes: BatchScenes | None = None) -> torch.Tensor:
+def _run_records(
+    x: torch.Tensor, records: Sequence[Record], scenes: BatchScenes | None = None
+) -> torch.Tensor:
     """``run_records``; ``scenes``: the batch's scenes where the caller has them (``apply``)."""
     names = {r.op for r in records}
     if len(names) != 1:
@@ -294,7 +308,10 @@ class BatchScenes(Sequence[Scene | None]):
         for i, r in enumerate(records):
             found: Scene | None = None
             if r.protect_border and given is not None:
-                found = _fitting(given[i] if isinstance(given[i], Scene) else Scene.from_descriptor(given[i]), size)
+                found = _fitting(
+                    given[i] if isinstance(given[i], Scene) else Scene.from_descriptor(given[i]),
+                    size,
+                )
             elif r.protect_border and "scene" in r.extra:
                 found = _fitting(Scene.from_descriptor(r.extra["scene"]), size)
             self._scenes.append(found)
@@ -425,7 +442,9 @@ def _alphas(x: torch.Tensor, scenes: Sequence[Scene | None], kind: str) -> torch
     stack = np.ones((b, 1, h, w), np.float32)
     for i, s in enumerate(scenes):
         if s is not None:
-            stack[i, 0] = s.composite_alpha(host[i]) if kind == "composite" else s.extension_alpha(host[i])
+            stack[i, 0] = (
+                s.composite_alpha(host[i]) if kind == "composite" else s.extension_alpha(host[i])
+            )
     return torch.from_numpy(stack).to(x.device)
 
 
@@ -450,7 +469,9 @@ def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tens
     coarse = _gaussian_blur(small * weight, sigma) * inv_den
     if top is not None:
         coarse = coarse.round_().clamp_(0.0, top)
-    fill = torch.nn.functional.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False)
+    fill = torch.nn.functional.interpolate(
+        coarse, size=(h, w), mode="bilinear", align_corners=False
+    )
     if top is not None:
         fill = fill.round_()
     mixed = fill + alpha * (xf - fill)
@@ -486,7 +507,9 @@ def record_scene(record: Record, image: torch.Tensor) -> Scene:
     return Scene.of(image)
 
 
-def compose_tissue(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
+def compose_tissue(
+    x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]
+) -> torch.Tensor:
     """``out`` where the tissue layer shows, ``x`` elsewhere (BCHW, both of one dtype): the
     surround and the on-screen overlays keep their input pixels (of a burned-in text line, its
     glyph strokes: ``perturb.scene.masks.composite_alpha``); samples without a scene keep
@@ -543,7 +566,9 @@ def apply(
     variants = [_check_variant(v) for v in _per_sample(variant, n, "variant")]
     protect = spec_op.spec.protects_border if protect_border is None else bool(protect_border)
     if param_keys is not None and (isinstance(param_keys, str | bytes) or len(param_keys) != n):
-        raise InputError(f"param_keys must be a sequence with one key per image ({n}), got {param_keys!r:.80}")
+        raise InputError(
+            f"param_keys must be a sequence with one key per image ({n}), got {param_keys!r:.80}"
+        )
     groups = [str(k) for k in (sample_keys if param_keys is None else param_keys)]
     records = [
         make_record(

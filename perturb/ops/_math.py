@@ -176,7 +176,12 @@ def fast_lut() -> bool:
 def lut_u8(src: np.ndarray, dst: np.ndarray, table: np.ndarray) -> None:
     """``dst = table[src]`` for uint8 arrays of one shape and a (256,) uint8 table
     (``cv2.LUT``, over the whole array where both are contiguous, else per plane)."""
-    if src.dtype != np.uint8 or dst.dtype != np.uint8 or src.shape != dst.shape or np.size(table) != 256:
+    if (
+        src.dtype != np.uint8
+        or dst.dtype != np.uint8
+        or src.shape != dst.shape
+        or np.size(table) != 256
+    ):
         raise ValueError(
             f"lut_u8 takes uint8 arrays of one shape and a 256-entry table, got {src.dtype} {src.shape}, "
             f"{dst.dtype} {dst.shape} and {np.size(table)} entries"

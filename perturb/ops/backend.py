@@ -152,7 +152,9 @@ def register_cpu(
     registration as a description; the engine runs ``fn`` and composites after it."""
 
     def decorator(fn: CpuFn) -> CpuFn:
-        CPU_PATHS.add(name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table, matrix))
+        CPU_PATHS.add(
+            name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table, matrix)
+        )
         return fn
 
     return decorator
@@ -192,7 +194,9 @@ def load_float(src: np.ndarray) -> np.ndarray:
     """A sample as float32 in [0, 1] (integer levels through ``levels``)."""
     if src.dtype == np.float32:
         return src
-    if src.dtype == np.uint8 and src.ndim >= 2 and src.flags.c_contiguous:  # the same table, read by OpenCV
+    if (
+        src.dtype == np.uint8 and src.ndim >= 2 and src.flags.c_contiguous
+    ):  # the same table, read by OpenCV
         flat = src.reshape(-1, src.shape[-1])
         return np.asarray(cv2.LUT(flat, levels(src.dtype)), dtype=np.float32).reshape(src.shape)
     return np.take(levels(src.dtype), src)

@@ -82,13 +82,17 @@ class Scene:
         lines it is kept per content of their glyph windows (the only pixels it reads)."""
         if not masks.text_boxes(self.descriptor):
             return masks.tissue_alpha(self.descriptor, self.key)
-        return self._per_glyphs("composite", image, lambda: masks.composite_alpha(self.descriptor, image))
+        return self._per_glyphs(
+            "composite", image, lambda: masks.composite_alpha(self.descriptor, image)
+        )
 
     def extension_alpha(self, image: np.ndarray) -> np.ndarray:
         """float32 (H, W), read-only: the weight of the clean pixels in the tissue extension of
         spatial ops (``masks.extension_alpha``), computed once per image as ``composite_alpha``."""
         if not masks.text_boxes(self.descriptor):
-            return self._memo.setdefault("extension", masks.extension_alpha(self.key, self.composite_alpha(image)))
+            return self._memo.setdefault(
+                "extension", masks.extension_alpha(self.key, self.composite_alpha(image))
+            )
         return self._per_glyphs(
             "extension", image, lambda: masks.extension_alpha(self.key, self.composite_alpha(image))
         )
@@ -102,11 +106,12 @@ class Scene:
             held = compute()
             held.flags.writeable = False
             kept = [k for k in self._memo if isinstance(k, tuple) and k[0] == name]
-            for old in kept[: max(0, len(kept) - _GLYPH_SLOTS + 1)]:  # a scene reused on other images
+            for old in kept[
+                : max(0, len(kept) - _GLYPH_SLOTS + 1)
+            ]:  # a scene reused on other images
                 del self._memo[old]
             self._memo[slot] = held
         return np.asarray(held)
-
 
     @property
     def size(self) -> tuple[int, int]:
@@ -143,7 +148,9 @@ class Scene:
     @property
     def highlight(self) -> np.ndarray:
         if self.highlight_ is None:
-            raise ValueError("highlight mask is only known for a scene computed from its image (perturb.scene(image))")
+            raise ValueError(
+                "highlight mask is only known for a scene computed from its image (perturb.scene(image))"
+            )
         return self.highlight_
 
     @property
@@ -152,12 +159,17 @@ class Scene:
 
     @property
     def overlays(self) -> list[tuple[int, int, int, int, str]]:
-        return [(int(a), int(b), int(c), int(d), str(k)) for a, b, c, d, k in self.descriptor["overlays"]]
+        return [
+            (int(a), int(b), int(c), int(d), str(k))
+            for a, b, c, d, k in self.descriptor["overlays"]
+        ]
 
 
 def _check_fits(scene: Scene, chw: np.ndarray) -> None:
     if tuple(chw.shape[-2:]) != scene.size:
-        raise ValueError(f"scene of size {scene.size} does not fit an image of size {tuple(chw.shape[-2:])}")
+        raise ValueError(
+            f"scene of size {scene.size} does not fit an image of size {tuple(chw.shape[-2:])}"
+        )
 
 
 def scene(image: Any) -> Scene:

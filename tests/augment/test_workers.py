@@ -76,7 +76,9 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_dataloader_workers_augment_after_the_parent_used_opencv(context: str, tmp_path: Path) -> None:
+def test_dataloader_workers_augment_after_the_parent_used_opencv(
+    context: str, tmp_path: Path
+) -> None:
     script = tmp_path / "workers.py"
     script.write_text(SCRIPT)
     try:

@@ -107,7 +107,8 @@ def test_as_json_copies_rather_than_shares() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [{1: 0.5}, {"a": np.float32(0.5)}, {"a": np.int64(3)}, {"a": {"b": (np.float32(1.0),)}}]
+    "value",
+    [{1: 0.5}, {"a": np.float32(0.5)}, {"a": np.int64(3)}, {"a": {"b": (np.float32(1.0),)}}],
 )
 def test_as_json_defers_to_json_for_other_types(value: object) -> None:
     try:

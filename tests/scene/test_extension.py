@@ -58,7 +58,9 @@ def test_protected_blur_has_no_dark_rim_and_keeps_the_surround() -> None:
     assert (out[:, alpha == 0.0] == src[:, alpha == 0.0]).all(), "the surround keeps its pixels"
     # the tissue ring within 4 px of the edge: as bright as the flat tissue (a blur over the dark
     # surround would pull it down by tens of levels)
-    ring = (alpha >= 1.0) & (cv2.erode((alpha >= 1.0).astype(np.uint8), np.ones((9, 9), np.uint8)) == 0)
+    ring = (alpha >= 1.0) & (
+        cv2.erode((alpha >= 1.0).astype(np.uint8), np.ones((9, 9), np.uint8)) == 0
+    )
     assert ring.sum() > 100
     drop = np.asarray([180, 120, 90])[:, None] - out[:, ring].astype(int)
     assert np.abs(drop).mean() < 3.0 and drop.max() < 12, f"dark rim: mean drop {drop.mean():.1f}"
@@ -69,7 +71,9 @@ def _real_frames(n: int) -> list[torch.Tensor]:
     from tests.scene.frames import require_frames
 
     picked = [
-        torch.from_numpy(cv2.resize(img, (384, 288), interpolation=cv2.INTER_AREA)).permute(2, 0, 1).contiguous()
+        torch.from_numpy(cv2.resize(img, (384, 288), interpolation=cv2.INTER_AREA))
+        .permute(2, 0, 1)
+        .contiguous()
         for _, img in require_frames()
     ]
     with_text = [x for x in picked if text_boxes(analyse(x))]
