@@ -26,7 +26,6 @@ from perturb.contracts.record import Record
 from perturb.errors import InputError
 from perturb.ops import backend as backends
 from perturb.scene import Scene
-from perturb.scene import masks as scene_masks
 from perturb.scene.analysis import analysed
 
 SHARED_SEVERITY = 0
@@ -450,51 +449,24 @@ def _alphas(x: torch.Tensor, scenes: Sequence[Scene | None], kind: str) -> torch
 
 def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
     """``x`` with each scene's surround and overlays replaced by a smooth extension of its
-    tissue, for spatial (PSF) ops: ``perturb.scene.masks.extend_numpy`` as batched tensor ops on
-    ``x``'s device (the same coarse grid, weights and alpha; bilinear and gaussian steps in
-    float32, so values may differ from the host's by a level in the fill)."""
+    tissue (``perturb.scene.masks.extend_numpy``, the same bytes), for spatial (PSF) ops: each
+    image's fill and alpha are computed once on the host (``Scene.extension_fill`` and
+    ``Scene.extension_alpha``, from the batch's one host copy), uploaded as one batch each, and
+    blended in one batched step on ``x``'s device."""
     alpha = _alphas(x, scenes, "extension")
     if alpha is None:
         return x
-    b, _, h, w = x.shape
-    (ch, cw), sigma = scene_masks.extension_grid(h, w)
-    cells = np.ones((2, b, 1, ch, cw), np.float32)
+    host = _host_of(x, scenes)()
+    fills = np.empty(host.shape, host.dtype)
     for i, s in enumerate(scenes):
-        if s is not None:
-            cells[0, i, 0], cells[1, i, 0] = scene_masks.extension_cells(s.descriptor, s.key)
-    weight, inv_den = torch.from_numpy(cells).to(x.device)
-    top = None if x.dtype == torch.float32 else SUPPORTED_DTYPES[x.dtype]
+        fills[i] = host[i] if s is None else s.extension_fill(host[i])
+    fill = torch.from_numpy(fills).to(x.device).to(torch.float32)
     xf = x.to(torch.float32)
-    small = torch.nn.functional.interpolate(xf, size=(ch, cw), mode="bilinear", align_corners=False)
-    coarse = _gaussian_blur(small * weight, sigma) * inv_den
-    if top is not None:
-        coarse = coarse.round_().clamp_(0.0, top)
-    fill = torch.nn.functional.interpolate(
-        coarse, size=(h, w), mode="bilinear", align_corners=False
-    )
-    if top is not None:
-        fill = fill.round_()
-    mixed = fill + alpha * (xf - fill)
+    mixed = fill + alpha * (xf - fill)  # the host's (src - fill) * alpha + fill, exactly
     out = torch.where(alpha >= 1.0, xf, mixed)
-    if top is not None:
-        return out.round_().clamp_(0.0, top).to(x.dtype)
-    return out
-
-
-def _gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
-    """``cv2.GaussianBlur(x, (0, 0), sigma)`` of float32 planes (BCHW): OpenCV's kernel size for
-    float data (``round(8 sigma + 1) | 1``) and its default border (reflect-101), separable."""
-    size = int(np.floor(sigma * 8 + 1 + 0.5)) | 1
-    r = size // 2
-    taps = torch.exp(-((torch.arange(size, dtype=torch.float64) - r) ** 2) / (2 * sigma * sigma))
-    kernel = (taps / taps.sum()).to(torch.float32).to(x.device)
-    b, c, h, w = x.shape
-    planes = x.reshape(b * c, 1, h, w)
-    mode = "reflect" if r < min(h, w) else "replicate"
-    planes = torch.nn.functional.pad(planes, (r, r, r, r), mode=mode)
-    planes = torch.nn.functional.conv2d(planes, kernel.view(1, 1, 1, size))
-    planes = torch.nn.functional.conv2d(planes, kernel.view(1, 1, size, 1))
-    return planes.reshape(b, c, h, w)
+    if x.dtype == torch.float32:
+        return out
+    return out.round_().clamp_(0.0, SUPPORTED_DTYPES[x.dtype]).to(x.dtype)
 
 
 def record_scene(record: Record, image: torch.Tensor) -> Scene:

@@ -16,6 +16,7 @@ so replay rebuilds the same masks without re-analysing the (possibly already per
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import types
 from dataclasses import dataclass, field
@@ -97,10 +98,31 @@ class Scene:
             "extension", image, lambda: masks.extension_alpha(self.key, self.composite_alpha(image))
         )
 
+    def extension_fill(self, image: np.ndarray) -> np.ndarray:
+        """(C, H, W) of ``image``'s dtype, read-only: the fill of the tissue extension of the
+        clean ``image`` (``masks.extension_fill``), computed once per image: kept per content
+        of its coarse samples (``masks.extension_samples``, the only pixels it depends on)."""
+        _check_fits(self, image)
+        samples = masks.extension_samples(image, self.descriptor, self.key)
+        slot = (
+            "fill",
+            image.dtype.str,
+            hashlib.blake2b(samples.tobytes(), digest_size=16).digest(),
+        )
+        return self._keep(
+            slot, lambda: masks.extension_fill(samples, self.descriptor, image.dtype, self.key)
+        )
+
     def _per_glyphs(self, name: str, image: np.ndarray, compute: Any) -> np.ndarray:
         """``compute()`` kept under ``name`` and the bytes of ``image``'s glyph windows."""
         _check_fits(self, image)
         slot = (name, image.dtype.str, masks.glyph_windows_bytes(self.descriptor, image))
+        return self._keep(slot, compute)
+
+    def _keep(self, slot: tuple[str, str, bytes], compute: Any) -> np.ndarray:
+        """``compute()`` kept under ``slot`` (its name, dtype and a digest of what it reads),
+        at most ``_GLYPH_SLOTS`` per name (a scene used with other images)."""
+        name = slot[0]
         held = self._memo.get(slot)
         if held is None:
             held = compute()

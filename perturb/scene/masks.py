@@ -624,14 +624,6 @@ def extension_grid(h: int, w: int) -> tuple[tuple[int, int], float]:
     return (ch, cw), EXT_SIGMA * min(ch, cw)
 
 
-def extension_cells(desc: dict[str, Any], key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(weight, inv_den), float32 (ch, cw), read-only: the cells of the extension's coarse grid
-    wholly inside the tissue (the weight of its normalised convolution) and one over their
-    gaussian (``extension_grid``), as ``extend_numpy`` uses them."""
-    plan = _extension_plan(_key(desc) if key is None else key)
-    return plan.weight, plan.inv_den
-
-
 def extension_alpha(key: str, composite: np.ndarray) -> np.ndarray:
     """float32 (H, W): the weight of the clean pixels in the tissue extension of the scene of
     ``key`` (``composite``: its composite alpha with the clean image): the composite alpha where
@@ -689,22 +681,12 @@ def extend_numpy(
     out = dst if dst.flags.c_contiguous else np.empty_like(dst)  # written through flat views
     if out is not dst:
         np.copyto(out, src)
-    h, w = src.shape[-2:]
-    ch, cw = plan.size
-    top = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}.get(src.dtype)
+    top = _TOP.get(src.dtype)
     cover = None if plan.text is None else _text_cover(desc, key, src, plan.text)
     x0, y0, x1, y1 = plan.rect
+    fills = extension_fill(extension_samples(src, desc, key), desc, src.dtype, key)
     for c in range(src.shape[0]):
-        # bilinear samples (not area means): 15x cheaper, and the gaussian of EXT_SIGMA averages
-        # some hundred of them, so the fill moves by about half a level (8-bit) on real frames
-        small = cv2.resize(src[c], (cw, ch), interpolation=cv2.INTER_LINEAR).astype(np.float32)
-        small *= plan.weight  # in place: the products of ``small * weight``
-        coarse = cv2.GaussianBlur(small, (0, 0), plan.sigma)
-        coarse *= plan.inv_den
-        if top is not None:
-            np.rint(coarse, out=coarse)
-            coarse = np.clip(coarse, 0.0, top, out=coarse).astype(src.dtype)
-        fill = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_LINEAR)
+        fill = fills[c]
         d = out[c]
         cv2.copyTo(fill[y0:y1, x0:x1], plan.keep, d[y0:y1, x0:x1])
         d_flat, s_flat, f_flat = d.reshape(-1), src[c].reshape(-1), fill.reshape(-1)
@@ -714,6 +696,41 @@ def extend_numpy(
             _blend(d_flat, s_flat, f_flat, cover.flat, cover.alpha, top)
     if out is not dst:
         np.copyto(dst, out)
+
+
+_TOP = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}
+
+
+def extension_samples(src: np.ndarray, desc: dict[str, Any], key: str | None = None) -> np.ndarray:
+    """float32 (C, ch, cw): the bilinear samples of ``src`` (CHW) on the extension's coarse grid,
+    all of the image that its fill (``extension_fill``) depends on. Bilinear samples, not area
+    means: 15x cheaper, and the gaussian of ``EXT_SIGMA`` averages some hundred of them, so the
+    fill moves by about half a level (8-bit) on real frames."""
+    ch, cw = _extension_plan(_key(desc) if key is None else key).size
+    return np.stack(
+        [cv2.resize(plane, (cw, ch), interpolation=cv2.INTER_LINEAR) for plane in src]
+    ).astype(np.float32)
+
+
+def extension_fill(
+    samples: np.ndarray, desc: dict[str, Any], dtype: np.dtype, key: str | None = None
+) -> np.ndarray:
+    """(C, H, W) of ``dtype``: the tissue extension's fill from the coarse ``samples``
+    (``extension_samples``): their normalised convolution over the cells wholly inside the
+    tissue (integer levels rounded and clipped), interpolated bilinearly to the image size."""
+    plan = _extension_plan(_key(desc) if key is None else key)
+    h, w = desc["size"]
+    top = _TOP.get(np.dtype(dtype))
+    planes = []
+    for small in samples:
+        weighted = small * plan.weight
+        coarse = cv2.GaussianBlur(weighted, (0, 0), plan.sigma)
+        coarse *= plan.inv_den
+        if top is not None:
+            np.rint(coarse, out=coarse)
+            coarse = np.clip(coarse, 0.0, top, out=coarse).astype(dtype)
+        planes.append(cv2.resize(coarse, (int(w), int(h)), interpolation=cv2.INTER_LINEAR))
+    return np.stack(planes)
 
 
 def _blend(
