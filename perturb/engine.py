@@ -10,7 +10,8 @@ variant), never on the batch, so a sample's output is the same in any batch, ord
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, overload
 
@@ -25,9 +26,7 @@ from perturb.contracts.record import Record
 from perturb.errors import InputError
 from perturb.ops import backend as backends
 from perturb.scene import Scene
-from perturb.scene import masks as scene_masks
-from perturb.scene.analysis import analysed_with_digest, descriptor_copy
-from perturb.scene.analysis import guess as guess_scene
+from perturb.scene.analysis import analysed
 
 SHARED_SEVERITY = 0
 SUPPORTED_DTYPES = {torch.float32: 1.0, torch.uint8: 255.0, torch.uint16: 65535.0}
@@ -55,7 +54,9 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
         )
     if images.ndim != 4:
         hint = " (add a batch axis with images.unsqueeze(0))" if images.ndim == 3 else ""
-        raise InputError(f"images must have 4 dims (B, C, H, W), got shape {tuple(images.shape)}{hint}")
+        raise InputError(
+            f"images must have 4 dims (B, C, H, W), got shape {tuple(images.shape)}{hint}"
+        )
     b, c, h, w = images.shape
     if b == 0:
         raise InputError("empty batch: pass at least one image (shape (B, C, H, W) with B >= 1)")
@@ -69,7 +70,11 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
         raise InputError(f"images must be at least 2x2 pixels, got {h}x{w}")
     if op is not None and c not in op.spec.channels:
         need = " or ".join(str(n) for n in op.spec.channels)
-        fix = "repeat the gray channel with images.expand(-1, 3, -1, -1)" if c == 1 else "convert to gray first"
+        fix = (
+            "repeat the gray channel with images.expand(-1, 3, -1, -1)"
+            if c == 1
+            else "convert to gray first"
+        )
         raise InputError(f"op {op.name!r} needs {need}-channel images, got {c}; {fix}")
     if images.dtype not in SUPPORTED_DTYPES:
         raise InputError(
@@ -80,7 +85,9 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
         lo, hi = torch.aminmax(images)
         lo_v, hi_v = float(lo), float(hi)
         if not (np.isfinite(lo_v) and np.isfinite(hi_v)):
-            raise InputError("images contain NaN or inf; replace them (torch.nan_to_num) before perturbing")
+            raise InputError(
+                "images contain NaN or inf; replace them (torch.nan_to_num) before perturbing"
+            )
         if lo_v < 0.0 or hi_v > 1.0:
             raise InputError(
                 f"float images must lie in [0, 1], got min {lo_v:.4g} and max {hi_v:.4g}; "
@@ -124,7 +131,9 @@ def collate(params: Sequence[dict[str, Any]], device: torch.device) -> dict[str,
     out: dict[str, torch.Tensor] = {}
     for name in params[0]:
         arrays = [np.asarray(p[name], dtype=np.float64) for p in params]
-        shape = tuple(max(a.shape[d] if a.ndim > d else 0 for a in arrays) for d in range(arrays[0].ndim))
+        shape = tuple(
+            max(a.shape[d] if a.ndim > d else 0 for a in arrays) for d in range(arrays[0].ndim)
+        )
         stacked = np.zeros((len(arrays), *shape), dtype=np.float64)
         for i, a in enumerate(arrays):
             index: tuple[int | slice, ...] = (i, *(slice(0, s) for s in a.shape))
@@ -142,7 +151,9 @@ def draw_key(seed: int, sample_key: str, op: str, variant: int) -> int:
     return rng.derive_key(seed, sample_key, op, SHARED_SEVERITY, variant)
 
 
-def sample_params(op: Op, key: int, severity: int | Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+def sample_params(
+    op: Op, key: int, severity: int | Mapping[str, tuple[float, float]]
+) -> dict[str, Any]:
     """Keyed host-side draw of one sample's parameters (JSON-able) at ``severity`` (1..5) or
     from explicit per-parameter ranges (e.g. interpolated between two severities)."""
     level = op.spec.level(severity) if isinstance(severity, int) else severity
@@ -238,8 +249,10 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
     return _run_records(x, records)
 
 
-def _run_records(x: torch.Tensor, records: Sequence[Record], scenes: Sequence[Scene | None] | None = None) -> torch.Tensor:
-    """``run_records``; ``scenes``: each record's scene where the caller has it (``apply``)."""
+def _run_records(
+    x: torch.Tensor, records: Sequence[Record], scenes: BatchScenes | None = None
+) -> torch.Tensor:
+    """``run_records``; ``scenes``: the batch's scenes where the caller has them (``apply``)."""
     names = {r.op for r in records}
     if len(names) != 1:
         raise InputError(f"records of one call must share an op, got {sorted(names)}")
@@ -258,64 +271,68 @@ def _run_records(x: torch.Tensor, records: Sequence[Record], scenes: Sequence[Sc
     params = collate([r.params for r in records], x.device)
     keys = [rng.key_from_hex(r.key) for r in records]
     if scenes is None:
-        scenes = _RecordScenes(records, x)
+        scenes = BatchScenes(records, x)
     if op.spec.spatial and any(r.protect_border for r in records):
         if _cpu_path(op, x) is not None:  # extended, filtered and composited per sample
             return _run_kernel(op, x, params, keys, scenes, compose=True, extend=True)
         x_in = extend_tissue(x, scenes)
         out = _run_kernel(op, x_in, params, keys, scenes)
-        return _compose_into(x, out, scenes)
+        return compose_tissue(x, out, scenes)
     return _run_kernel(op, x, params, keys, scenes, compose=True)
 
 
-class _RecordScenes(Sequence[Scene | None]):
-    """The scene of each record (``record_scene``; None where it does not protect the border).
-    Stored descriptors are read at once (a bad one fails before any work); a scene to analyse
-    from its image is analysed where it is first asked for: on the CPU path, in the worker
-    that runs its sample, in parallel and while its pixels are in cache. ``record``: such a
-    record gets a copy of its descriptor (``extra["scene"]``) as it is analysed (``apply``)."""
+class BatchScenes(Sequence[Scene | None]):
+    """The scene of each record of a batch (None where it does not protect the border), and the
+    batch's clean pixels on the host (``host``), copied from the device once per batch: the
+    analysis of a scene and the glyph cover of its text lines read them there.
 
-    def __init__(self, records: Sequence[Record], x: torch.Tensor, record: bool = False) -> None:
+    Scenes come, in this order, from ``given`` (one ``Scene`` or descriptor per record, e.g. the
+    scenes generation computed once per source image), from the descriptor a record stores
+    (``extra["scene"]``), else from the analysis of the sample's clean pixels, made where the
+    scene is first asked for (on the CPU path: in the worker that runs the sample, while its
+    pixels are in cache). ``record``: each record gets its scene's descriptor as it is known."""
+
+    def __init__(
+        self,
+        records: Sequence[Record],
+        x: torch.Tensor,
+        given: Sequence[Any] | None = None,
+        record: bool = False,
+    ) -> None:
         self._records, self._x, self._record = records, x, record
-        self._scenes: list[Scene | None] = [
-            record_scene(r, x[i]) if r.protect_border and "scene" in r.extra else None
-            for i, r in enumerate(records)
-        ]
-        self._texts: dict[int, str] = {}  # the descriptor text of each guessed scene
+        self._host: np.ndarray | None = None
+        self._lock = threading.Lock()
+        size = (int(x.shape[-2]), int(x.shape[-1]))
+        self._scenes: list[Scene | None] = []
+        for i, r in enumerate(records):
+            found: Scene | None = None
+            if r.protect_border and given is not None:
+                found = _fitting(
+                    given[i] if isinstance(given[i], Scene) else Scene.from_descriptor(given[i]),
+                    size,
+                )
+            elif r.protect_border and "scene" in r.extra:
+                found = _fitting(Scene.from_descriptor(r.extra["scene"]), size)
+            self._scenes.append(found)
+        if record and given is not None:
+            for r, s in zip(records, self._scenes, strict=True):
+                if s is not None:
+                    r.extra["scene"] = s.descriptor  # the record's own dict, made by make_record
+
+    def host(self) -> np.ndarray:
+        """The batch as an (B, C, H, W) NumPy array of its dtype: one device-to-host transfer
+        per batch, made on first use (a view of a CPU batch)."""
+        if self._host is None:
+            with self._lock:
+                if self._host is None:
+                    self._host = self._x.detach().cpu().numpy()
+        return self._host
 
     def _analyse(self, i: int) -> Scene:
-        desc, text, key, digest = analysed_with_digest(self._x[i])
-        return self._keep(i, desc, text, key, digest)
-
-    def _keep(self, i: int, desc: dict[str, Any], text: str, key: str, digest: bytes | None) -> Scene:
+        desc, text, key = analysed(self.host()[i], chw=True)
         if self._record:
-            self._records[i].extra["scene"] = descriptor_copy(text)  # the record's own dict (make_record's)
-        scene = Scene.keyed(desc, key)
-        # the digest of the very sample the CPU path runs (``x[i]``): per-frame caches (contrast's
-        # mean luma) key by it instead of hashing the frame again
-        object.__setattr__(scene, "pixels_", digest)
-        return scene
-
-    def guess(self, i: int) -> tuple[Scene, bytes] | None:
-        """For a sample whose scene is still to be analysed: the scene of the cached frame it
-        most likely is and that frame's digest (``perturb.scene.analysis.guess``), else None.
-        The caller takes the sample's own digest as it runs it and calls ``confirm`` where the
-        two agree; otherwise the sample is run again with ``self[i]``."""
-        if self._scenes[i] is not None or not self._records[i].protect_border:
-            return None
-        found = guess_scene(self._x[i])
-        if found is None:
-            return None
-        (desc, text, key), digest = found
-        scene = Scene.keyed(desc, key)
-        object.__setattr__(scene, "pixels_", digest)
-        object.__setattr__(scene, "guessed_", True)
-        self._texts[i] = text
-        return scene, digest
-
-    def confirm(self, i: int, scene: Scene) -> None:
-        """``scene`` (from ``guess``) is sample ``i``'s: its digest is the sample's own."""
-        self._scenes[i] = self._keep(i, scene.descriptor, self._texts.pop(i), scene.key, scene.pixels_)
+            self._records[i].extra["scene"] = json.loads(text)  # the record's own copy
+        return Scene.keyed(desc, key)
 
     def complete(self) -> None:
         """Analyse every scene not yet asked for (each ``record`` then carries its scene)."""
@@ -341,6 +358,15 @@ class _RecordScenes(Sequence[Scene | None]):
         return (self[i] for i in range(len(self)))
 
 
+def _fitting(scene: Scene, size: tuple[int, int]) -> Scene:
+    if scene.size != size:
+        raise InputError(
+            f"record's scene is for a {scene.size[0]}x{scene.size[1]} image, got {size[0]}x{size[1]}; "
+            "replay records on the images they were made from"
+        )
+    return scene
+
+
 def _cpu_path(op: Op, x: torch.Tensor) -> tuple[Any, Any] | None:
     """The op's registered host path for ``x``'s dtype where the batch takes the OpenCV path."""
     return backends.cpu_path(op.name, x.dtype) if backends.opencv_path(x) else None
@@ -360,10 +386,6 @@ def _run_kernel(
     only): the path reads each such sample with its surround replaced by the extension of its
     tissue (``perturb.scene.masks.extend_numpy``)."""
     dtype = x.dtype
-    if not compose:
-        scenes_for_compose: Sequence[Scene | None] = [None] * len(scenes)
-    else:
-        scenes_for_compose = scenes
     fast = _cpu_path(op, x)
     if fast is not None:
         return backends.run_cpu(
@@ -371,13 +393,11 @@ def _run_kernel(
             x,
             params,
             keys,
-            scenes_for_compose,
+            scenes if compose else [None] * len(scenes),
             native=fast[1],
             uses_scene=backends.cpu_uses_scene(op.name),
             kernel_scenes=scenes,
             extend=extend,
-            table=backends.cpu_table(op.name),
-            matrix=backends.cpu_matrix(op.name),
         )
     if extend:
         raise ValueError("extend runs on the CPU path only")
@@ -388,21 +408,65 @@ def _run_kernel(
         else:
             out = op.entry.kernel(xf, params, keys)
     out = _restore_dtype(out, dtype)
-    if any(s is not None for s in scenes_for_compose):
-        out = compose_tissue(x, out, scenes_for_compose)
+    if compose:
+        out = compose_tissue(x, out, scenes)
     return out
+
+
+def _host_of(x: torch.Tensor, scenes: Sequence[Scene | None]) -> Callable[[], np.ndarray]:
+    """The batch's clean pixels on the host, copied at most once: ``scenes``' copy where it
+    holds one (``BatchScenes``), else ``x``'s, made on first use."""
+    if isinstance(scenes, BatchScenes):
+        return scenes.host
+    held: list[np.ndarray] = []
+
+    def host() -> np.ndarray:
+        if not held:
+            held.append(x.detach().cpu().numpy())
+        return held[0]
+
+    return host
+
+
+def _alphas(x: torch.Tensor, scenes: Sequence[Scene | None], kind: str) -> torch.Tensor | None:
+    """(B, 1, H, W) float32 on ``x``'s device: each scene's ``composite_alpha`` or
+    ``extension_alpha`` with its clean sample (1 without a scene), computed once per image
+    (``Scene`` keeps it) and uploaded in one transfer; None where no sample has a scene."""
+    if all(s is None for s in scenes):
+        return None
+    b, _, h, w = x.shape
+    # one copy of the batch whether or not a scene has text lines (the glyph cover reads the
+    # clean pixels): the transfers of a batch do not depend on what its frames show
+    host = _host_of(x, scenes)()
+    stack = np.ones((b, 1, h, w), np.float32)
+    for i, s in enumerate(scenes):
+        if s is not None:
+            stack[i, 0] = (
+                s.composite_alpha(host[i]) if kind == "composite" else s.extension_alpha(host[i])
+            )
+    return torch.from_numpy(stack).to(x.device)
 
 
 def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
     """``x`` with each scene's surround and overlays replaced by a smooth extension of its
-    tissue (``perturb.scene.masks.extend_numpy``), for spatial (PSF) ops."""
-    host = x.detach().cpu().contiguous()
-    out = host.clone()
-    src, dst = host.numpy(), out.numpy()
+    tissue (``perturb.scene.masks.extend_numpy``, the same bytes), for spatial (PSF) ops: each
+    image's fill and alpha are computed once on the host (``Scene.extension_fill`` and
+    ``Scene.extension_alpha``, from the batch's one host copy), uploaded as one batch each, and
+    blended in one batched step on ``x``'s device."""
+    alpha = _alphas(x, scenes, "extension")
+    if alpha is None:
+        return x
+    host = _host_of(x, scenes)()
+    fills = np.empty(host.shape, host.dtype)
     for i, s in enumerate(scenes):
-        if s is not None:
-            scene_masks.extend_numpy(src[i], dst[i], s.descriptor)
-    return out.to(x.device)
+        fills[i] = host[i] if s is None else s.extension_fill(host[i])
+    fill = torch.from_numpy(fills).to(x.device).to(torch.float32)
+    xf = x.to(torch.float32)
+    mixed = fill + alpha * (xf - fill)  # the host's (src - fill) * alpha + fill, exactly
+    out = torch.where(alpha >= 1.0, xf, mixed)
+    if x.dtype == torch.float32:
+        return out
+    return out.round_().clamp_(0.0, SUPPORTED_DTYPES[x.dtype]).to(x.dtype)
 
 
 def record_scene(record: Record, image: torch.Tensor) -> Scene:
@@ -410,47 +474,30 @@ def record_scene(record: Record, image: torch.Tensor) -> Scene:
     (``extra["scene"]``, written by ``apply`` from the clean input), else the scene of
     ``image`` (CHW), analysed now."""
     desc = record.extra.get("scene")
-    h, w = image.shape[-2:]
     if desc is not None:
-        scene = Scene.from_descriptor(desc)
-        if scene.size != (h, w):
-            raise InputError(
-                f"record's scene is for a {scene.size[0]}x{scene.size[1]} image, got {h}x{w}; "
-                "replay records on the images they were made from"
-            )
-        return scene
+        return _fitting(Scene.from_descriptor(desc), (int(image.shape[-2]), int(image.shape[-1])))
     return Scene.of(image)
 
 
-def compose_tissue(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
+def compose_tissue(
+    x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]
+) -> torch.Tensor:
     """``out`` where the tissue layer shows, ``x`` elsewhere (BCHW, both of one dtype): the
     surround and the on-screen overlays keep their input pixels (of a burned-in text line, its
     glyph strokes: ``perturb.scene.masks.composite_alpha``); samples without a scene keep
     ``out``. Partial alpha mixes ``x + a (out - x)`` in float32 (integer levels rounded half to
-    even), the arithmetic of ``perturb.scene.masks.compose_numpy``."""
-    alphas = [
-        torch.ones(x.shape[-2:]) if s is None else torch.from_numpy(scene_masks.composite_alpha(s.descriptor, x[i]).copy())
-        for i, s in enumerate(scenes)
-    ]
-    a = torch.stack(alphas).unsqueeze(1).to(x.device)
+    even), the arithmetic of ``perturb.scene.masks.compose_numpy``. One batched blend: the
+    alphas are computed once per image on the host (``Scene.composite_alpha``) and uploaded as
+    one (B, 1, H, W) tensor."""
+    a = _alphas(x, scenes, "composite")
+    if a is None:
+        return out
     if x.dtype == torch.float32:
         mixed = x + a * (out - x)
     else:
         xf, of = x.to(torch.float32), out.to(torch.float32)
         mixed = (xf + a * (of - xf)).round_().clamp_(0, SUPPORTED_DTYPES[x.dtype]).to(x.dtype)
     return torch.where(a >= 1.0, out, mixed)
-
-
-def _compose_into(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
-    """``out`` (dtype of ``x``) composited into ``x`` as the tissue layer of each scene."""
-    if x.device.type == "cpu":
-        src = x.detach().contiguous().numpy()
-        dst = out.detach().contiguous().numpy().copy()
-        for i, s in enumerate(scenes):
-            if s is not None:
-                scene_masks.compose_numpy(src[i], dst[i], s.descriptor)
-        return torch.from_numpy(dst)
-    return compose_tissue(x, out, scenes)
 
 
 def apply(
@@ -491,7 +538,9 @@ def apply(
     variants = [_check_variant(v) for v in _per_sample(variant, n, "variant")]
     protect = spec_op.spec.protects_border if protect_border is None else bool(protect_border)
     if param_keys is not None and (isinstance(param_keys, str | bytes) or len(param_keys) != n):
-        raise InputError(f"param_keys must be a sequence with one key per image ({n}), got {param_keys!r:.80}")
+        raise InputError(
+            f"param_keys must be a sequence with one key per image ({n}), got {param_keys!r:.80}"
+        )
     groups = [str(k) for k in (sample_keys if param_keys is None else param_keys)]
     records = [
         make_record(
@@ -506,17 +555,14 @@ def apply(
         )
         for k, s, v, g in zip(sample_keys, severities, variants, groups, strict=True)
     ]
-    if protect and scenes is not None:  # scenes of the clean inputs, given
-        if len(scenes) != n:
-            raise InputError(f"scenes has {len(scenes)} entries for a batch of {n}; pass one per image")
-        for r, s in zip(records, scenes, strict=True):
-            r.extra["scene"] = getattr(s, "descriptor", s)  # the record's own dict, made by make_record
+    if protect and scenes is not None and len(scenes) != n:
+        raise InputError(f"scenes has {len(scenes)} entries for a batch of {n}; pass one per image")
     records = with_codecs(records, x)
-    if not protect or scenes is not None:
+    if not protect:
         return _run_records(x, records), records
-    # the scene of each clean input, analysed where its sample runs and recorded so replay
-    # composites identically; every record gets its scene, whatever the op's path asked for
-    found = _RecordScenes(records, x, record=True)
+    # the scene of each clean input: given, or analysed where its sample runs; recorded so
+    # replay composites identically, whatever the op's path asked for
+    found = BatchScenes(records, x, given=scenes, record=True)
     out = _run_records(x, records, found)
     found.complete()
     return out, records

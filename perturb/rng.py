@@ -17,13 +17,10 @@ from __future__ import annotations
 import sys
 import threading
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 import torch
-from numpy.random.bit_generator import ISpawnableSeedSequence
 
-from perturb._pcg_seed import seed_words
 from perturb.contracts.keys import canonical, derive_key, key_from_hex, key_to_hex, sub_key
 
 _MASK32 = 0xFFFFFFFF
@@ -49,43 +46,9 @@ __all__ = [
 
 
 def scalar_rng(key: int) -> np.random.Generator:
-    """Host generator for scalar parameters of one sample: ``Generator(PCG64(key))``, its seed
-    words computed by ``perturb._pcg_seed`` where compiled (the same state, 8x faster)."""
-    words = seed_words() if 0 <= key < 1 << 64 else None
-    if words is None:
-        return np.random.Generator(np.random.PCG64(key))
-    seq = _SeedWords(words(key & _MASK32, key >> 32), key)
-    return np.random.Generator(np.random.PCG64(seq))
-
-
-class _SeedWords(ISpawnableSeedSequence):
-    """A seed sequence whose words are already drawn (``np.random.SeedSequence(key)``'s); for
-    anything else (``Generator.spawn``, ``entropy``, ...) it is that SeedSequence, made on first
-    use, so the generator behaves as ``Generator(PCG64(key))`` does."""
-
-    __slots__ = ("_key", "_seq", "_words")
-
-    def __init__(self, words: np.ndarray, key: int) -> None:
-        self._words, self._key = words, key
-        self._seq: np.random.SeedSequence | None = None
-
-    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
-        if n_words == self._words.size and np.dtype(dtype) == np.uint64:
-            return self._words
-        return self._numpy().generate_state(n_words, dtype)  # any other request: NumPy's
-
-    def _numpy(self) -> np.random.SeedSequence:
-        if self._seq is None:
-            self._seq = np.random.SeedSequence(self._key)
-        return self._seq
-
-    def spawn(self, n_children: int) -> list[Any]:  # NumPy's SeedSequences
-        return self._numpy().spawn(n_children)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # not set yet (e.g. while unpickling): no SeedSequence to ask
-            raise AttributeError(name)
-        return getattr(self._numpy(), name)
+    """Host generator for scalar parameters of one sample:
+    ``Generator(PCG64(SeedSequence(key)))``, NumPy's own seeding of a PCG64 from an integer."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key)))
 
 
 # --------------------------------------------------------------------------------------------

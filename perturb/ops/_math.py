@@ -9,7 +9,7 @@ float64 and round to float32, which makes the float32 result independent of the 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 
 import cv2
@@ -167,58 +167,26 @@ def srgb_to_linear_u8() -> np.ndarray:
     return table
 
 
-@lru_cache(maxsize=1)
-def lookup_function() -> Callable[[int, int, int, int], None] | None:
-    """stringzilla's C ``sz_lookup(target, length, source, lut)`` (a SIMD 256-entry byte lookup,
-    about 5x ``cv2.LUT`` on one core) called through ctypes, which lets go of the GIL for the
-    call, so samples on the worker threads look up in parallel; None where stringzilla is not
-    installed, does not export it, or gives other bytes than a lookup on a probe."""
-    try:
-        import ctypes
-
-        import stringzilla
-
-        symbol = ctypes.CDLL(stringzilla.__file__).sz_lookup
-    except (ImportError, OSError, AttributeError):
-        return None
-    # addresses and the length as 64-bit integers (one register each in the C calling
-    # convention): so compiled callers (``perturb.scene.native``) can call it too
-    prototype = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64)
-    address = ctypes.cast(symbol, ctypes.c_void_p).value
-    if address is None:
-        return None
-    fn = prototype(address)
-    table = np.arange(255, -1, -1, dtype=np.uint8)
-    probe = np.tile(np.arange(256, dtype=np.uint8), 67)  # past one SIMD block, with a tail
-    out = np.zeros_like(probe)
-    fn(out.ctypes.data, probe.size, probe.ctypes.data, table.ctypes.data)
-    return fn if np.array_equal(out, table[probe]) else None
-
-
 def fast_lut() -> bool:
-    """Whether ``lut_u8`` runs on stringzilla; else on ``cv2.LUT``, ~5x slower, and a path whose
-    table has a cheaper OpenCV equivalent (a saturating add, scale, affine transform) uses that."""
-    return lookup_function() is not None
+    """Whether ``lut_u8`` is faster than OpenCV's saturating arithmetic for a table that has an
+    OpenCV equivalent: never (it is ``cv2.LUT``); kept for the paths that ask."""
+    return False
 
 
 def lut_u8(src: np.ndarray, dst: np.ndarray, table: np.ndarray) -> None:
-    """``dst = table[src]`` for uint8 arrays of one shape and a (256,) uint8 table: one
-    stringzilla pass over the whole array where available and both are contiguous (the same
-    bytes as a lookup by any other means; the GIL is released), else ``cv2.LUT`` per plane.
-    Other dtypes, shapes or table sizes raise ValueError: the C lookup reads and writes raw
-    memory, ``src.size`` bytes of each array and 256 of the table."""
-    if src.dtype != np.uint8 or dst.dtype != np.uint8 or src.shape != dst.shape or np.size(table) != 256:
+    """``dst = table[src]`` for uint8 arrays of one shape and a (256,) uint8 table
+    (``cv2.LUT``, over the whole array where both are contiguous, else per plane)."""
+    if (
+        src.dtype != np.uint8
+        or dst.dtype != np.uint8
+        or src.shape != dst.shape
+        or np.size(table) != 256
+    ):
         raise ValueError(
             f"lut_u8 takes uint8 arrays of one shape and a 256-entry table, got {src.dtype} {src.shape}, "
             f"{dst.dtype} {dst.shape} and {np.size(table)} entries"
         )
-    lookup = lookup_function()
-    contiguous = src.flags.c_contiguous and dst.flags.c_contiguous
-    if lookup is not None and contiguous and src.size:
-        lut = np.ascontiguousarray(table, dtype=np.uint8)
-        lookup(dst.ctypes.data, src.size, src.ctypes.data, lut.ctypes.data)
-        return
-    if contiguous:
+    if src.flags.c_contiguous and dst.flags.c_contiguous:
         cv2.LUT(plane2d(src), table, dst=plane2d(dst))
         return
     for c in range(src.shape[0]):
@@ -291,16 +259,11 @@ def gain_in_linear_u8(src: np.ndarray, dst: np.ndarray, gains: Sequence[float]) 
     ``1.055 (g lin)^(1/2.4) - 0.055 = k (x + 0.055) - 0.055`` with ``k = g^(1/2.4)``, clipped.
     So each plane is OpenCV's saturating transform ``k x + 255 * 0.055 (k - 1)`` where that is
     within one level of the exact table on all 256 levels (checked per sample), otherwise the
-    exact table. The transform is element-wise, so its table on the 256 levels gives its bytes:
-    with ``fast_lut`` every plane is one lookup, else the transform runs on the plane (faster
-    than OpenCV's LUT)."""
-    fast = fast_lut()
-    if len(gains) == 1 and fast:
-        lut_u8(src, dst, gain_table_u8(gains[0]))
-        return
+    exact table. The transform is element-wise, so its table on the 256 levels gives its bytes;
+    the transform runs on the plane (faster than OpenCV's LUT)."""
     for c in range(src.shape[0]):
         table, affine = _gain_affine(gains[c] if len(gains) > 1 else gains[0])
-        if affine is None or fast:
+        if affine is None:
             lut_u8(src[c], dst[c], table)
         else:
             cv2.transform(src[c], affine, dst=dst[c])

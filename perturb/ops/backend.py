@@ -21,6 +21,10 @@ once. Samples run on a small thread pool (OpenCV and NumPy release the GIL). Whi
 runs, OpenCV's own threading is switched off (``cv2.setNumThreads(1)``, restored afterwards):
 the two levels would oversubscribe the cores, and a single-threaded OpenCV call computes each
 element the same way every time, so outputs cannot depend on OpenCV's thread count either.
+
+Fork safety: a forked child (a DataLoader worker) resets the pool, locks and counters
+(``os.register_at_fork``) and never reconfigures OpenCV's thread pool, which it inherited from
+the parent without the threads (``cv2.setNumThreads`` there crashes the child).
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ import contextlib
 import contextvars
 import os
 import threading
-import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,16 +43,8 @@ import cv2
 import numpy as np
 import torch
 
-from perturb.ops import _math
 from perturb.registry import Registry
-from perturb.scene.masks import (
-    compose_lookup,
-    compose_lookup_hashed,
-    compose_numpy,
-    compose_transform,
-    compose_transform_hashed,
-    extend_numpy,
-)
+from perturb.scene.masks import compose_numpy, extend_numpy
 
 R = TypeVar("R")
 Backend = Literal["auto", "opencv", "torch"]
@@ -58,7 +53,7 @@ _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar(
 )
 
 CpuFn = Callable[..., None]  # fn(src, dst, params, key) or fn(src, dst, params, key, scene=...)
-# table(src, params, key[, scene=...]) -> (256,) or (C, 256) uint8; None: not from a guessed scene
+# table(src, params, key[, scene=...]) -> (256,) or (C, 256) uint8, or None: no table for it
 TableFn = Callable[..., np.ndarray | None]
 MatrixFn = Callable[..., np.ndarray]  # matrix(src, params, key) -> (3, 3) float32
 NATIVE_DEFAULT: tuple[type, ...] = (np.uint8, np.float32)
@@ -151,16 +146,15 @@ def register_cpu(
 ) -> Callable[[CpuFn], CpuFn]:
     """Register ``fn(src, dst, params, key)`` as the CPU fast path of op ``name``; ``dtypes``
     are the sample dtypes it reads natively. ``uses_scene``: ``fn`` (and ``table``) also take
-    ``scene=`` (the sample's ``perturb.scene.Scene`` or None). ``table``: for an op whose
-    uint8 result is a per-level lookup, ``table(src, params, key)`` gives the (256,) or
-    (C, 256) uint8 table(s) ``fn`` applies to a uint8 sample; a border-protected sample is then
-    looked up and composited in one pass (``perturb.scene.masks.compose_lookup``). ``matrix``:
-    for an op whose uint8 RGB result is ``cv2.transform`` with a 3x3 matrix,
-    ``matrix(src, params, key)`` gives that float32 matrix; a border-protected sample is then
-    transformed and composited in one pass (``perturb.scene.masks.compose_transform``)."""
+    ``scene=`` (the sample's ``perturb.scene.Scene`` or None). ``table`` / ``matrix``: how
+    ``fn``'s uint8 result is made (``table(src, params, key)``: the (256,) or (C, 256) lookup
+    tables; ``matrix(src, params, key)``: the 3x3 float32 ``cv2.transform`` matrix), kept on the
+    registration as a description; the engine runs ``fn`` and composites after it."""
 
     def decorator(fn: CpuFn) -> CpuFn:
-        CPU_PATHS.add(name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table, matrix))
+        CPU_PATHS.add(
+            name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table, matrix)
+        )
         return fn
 
     return decorator
@@ -168,16 +162,6 @@ def register_cpu(
 
 def cpu_uses_scene(name: str) -> bool:
     return name in CPU_PATHS and CPU_PATHS.get(name).uses_scene
-
-
-def cpu_table(name: str) -> TableFn | None:
-    """The lookup-table function of ``name``'s CPU path (``register_cpu(table=...)``), or None."""
-    return CPU_PATHS.get(name).table if name in CPU_PATHS else None
-
-
-def cpu_matrix(name: str) -> MatrixFn | None:
-    """The colour-matrix function of ``name``'s CPU path (``register_cpu(matrix=...)``), or None."""
-    return CPU_PATHS.get(name).matrix if name in CPU_PATHS else None
 
 
 def cpu_path(name: str, dtype: torch.dtype) -> tuple[CpuFn, frozenset[np.dtype]] | None:
@@ -210,7 +194,9 @@ def load_float(src: np.ndarray) -> np.ndarray:
     """A sample as float32 in [0, 1] (integer levels through ``levels``)."""
     if src.dtype == np.float32:
         return src
-    if src.dtype == np.uint8 and src.ndim >= 2 and src.flags.c_contiguous:  # the same table, read by OpenCV
+    if (
+        src.dtype == np.uint8 and src.ndim >= 2 and src.flags.c_contiguous
+    ):  # the same table, read by OpenCV
         flat = src.reshape(-1, src.shape[-1])
         return np.asarray(cv2.LUT(flat, levels(src.dtype)), dtype=np.float32).reshape(src.shape)
     return np.take(levels(src.dtype), src)
@@ -238,10 +224,28 @@ _POOL: tuple[int, ThreadPoolExecutor] | None = None
 _CV2_LOCK = threading.Lock()
 _CV2_USERS = 0
 _CV2_SAVED = 1
+# False in a forked child: OpenCV's thread pool was copied from the parent without its threads,
+# and reconfiguring it there (``cv2.setNumThreads``) crashes or hangs the child
+_CV2_OWN_PROCESS = True
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (e.g. a DataLoader worker) starts with no worker threads: the pool, its
+    locks (possibly held by a parent thread at the fork) and the OpenCV user count are reset,
+    and OpenCV's thread setting is left as the child inherited it."""
+    global _POOL, _POOL_LOCK, _CV2_LOCK, _CV2_USERS, _CV2_OWN_PROCESS
+    _POOL = None
+    _POOL_LOCK = threading.Lock()
+    _CV2_LOCK = threading.Lock()
+    _CV2_USERS = 0
+    _CV2_OWN_PROCESS = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The module's worker pool (re-created in a forked child, whose copy has no threads)."""
+    """The module's worker pool (made on first use; a forked child makes its own)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL[0] != os.getpid():
@@ -260,8 +264,13 @@ def workers_for(n: int) -> int:
 
 @contextlib.contextmanager
 def _serial_opencv() -> Iterator[None]:
-    """OpenCV single-threaded while our pool runs (reference-counted across callers)."""
+    """OpenCV single-threaded while our pool runs (reference-counted across callers). In a
+    forked child OpenCV's setting is not touched (see ``_after_fork_in_child``): its calls run
+    as the parent configured them, which gives the same bytes (OpenCV splits work by rows)."""
     global _CV2_USERS, _CV2_SAVED
+    if not _CV2_OWN_PROCESS:
+        yield
+        return
     with _CV2_LOCK:
         if _CV2_USERS == 0:
             _CV2_SAVED = cv2.getNumThreads()
@@ -301,50 +310,6 @@ def map_samples(work: Callable[[int], None], n: int) -> None:
             f.result()
 
 
-class _OutputBuffers:
-    """Recycles the memory of large batch outputs.
-
-    A fresh 40 MB (uint8) or 160 MB (float32) output costs more to fault in and zero than a
-    lookup-table op costs to compute. Outputs are views of pooled buffers; when the last
-    reference to a view goes (the returned tensor and everything made from it), a finaliser
-    puts its buffer back for the next batch of the same size. At most ``PER_SIZE`` buffers per
-    size and ``MAX_BYTES`` in all are kept."""
-
-    MIN_BYTES = 4 << 20
-    MAX_BYTES = 768 << 20
-    PER_SIZE = 2
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()  # a finaliser may run inside a locked section
-        self._free: dict[int, list[np.ndarray]] = {}
-        self._bytes = 0
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        if nbytes < self.MIN_BYTES or nbytes > self.MAX_BYTES // 2:
-            return np.empty(shape, dtype)
-        with self._lock:
-            free = self._free.get(nbytes)
-            buf = free.pop() if free else None
-            if buf is not None:
-                self._bytes -= nbytes
-        if buf is None:
-            buf = np.empty(nbytes, dtype=np.uint8)
-        view = buf.view(dtype).reshape(shape)
-        weakref.finalize(view, self._release, buf)
-        return view
-
-    def _release(self, buf: np.ndarray) -> None:
-        with self._lock:
-            free = self._free.setdefault(buf.nbytes, [])
-            if len(free) < self.PER_SIZE and self._bytes + buf.nbytes <= self.MAX_BYTES:
-                free.append(buf)
-                self._bytes += buf.nbytes
-
-
-_OUTPUTS = _OutputBuffers()
-
-
 def _via_float32(fn: CpuFn) -> CpuFn:
     """``fn`` (float32 samples) on a uint16 sample: converted in and rounded back with the
     engine's own torch operations, so the result is the one of a float32 batch."""
@@ -382,8 +347,6 @@ def run_cpu(
     uses_scene: bool = False,
     kernel_scenes: Sequence[Any | None] | None = None,
     extend: bool = False,
-    table: TableFn | None = None,
-    matrix: MatrixFn | None = None,
 ) -> torch.Tensor:
     """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
     out. ``native`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
@@ -392,11 +355,7 @@ def run_cpu(
     ``kernel_scenes`` (default ``scenes``): what a ``uses_scene`` path receives. ``extend``
     (spatial ops): ``fn`` reads each sample that has a scene in ``scenes`` with its surround and
     overlays replaced by a smooth extension of its tissue (``extend_numpy``, in a per-thread
-    scratch buffer), so its PSF does not pull them into the field's edge. ``table``
-    (``register_cpu(table=...)``): a uint8 sample with a scene in ``scenes`` is looked up and
-    composited in one pass where stringzilla's lookup and the compiled composite are available
-    (the same bytes as ``fn`` then the composite); ``matrix`` (``register_cpu(matrix=...)``):
-    likewise, a uint8 RGB sample is transformed and composited in one compiled pass."""
+    scratch buffer), so its PSF does not pull them into the field's edge."""
     given = scenes if kernel_scenes is None else kernel_scenes
     if x.dtype not in _NUMPY_OF:
         raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
@@ -407,51 +366,13 @@ def run_cpu(
                 f"this CPU path takes {sorted(str(d) for d in native)} batches, got {src.dtype}"
             )
         fn = _via_float32(fn)
-    dst = _OUTPUTS.empty(src.shape, src.dtype)
+    dst = np.empty_like(src)
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}
-
-    lookup = _math.lookup_function() if table is not None and src.dtype == np.uint8 and not extend else None
-    colours = matrix if matrix is not None and lookup is None and src.dtype == np.uint8 and not extend else None
-    # a scene still to analyse is guessed from a fingerprint of its sample and the sample's digest
-    # taken in the fused pass itself (one read of it from memory instead of two); a sample whose
-    # digest is not the guessed frame's runs again below, with its scene analysed (a table that
-    # reads the scene, e.g. contrast's tissue mean, may decline a guessed one: None)
-    fusable = lookup is not None or colours is not None
-    guess = getattr(scenes, "guess", None) if fusable and given is scenes else None
-
-    def prepared(sample: np.ndarray, p: dict[str, np.ndarray], i: int, scene: Any) -> np.ndarray | None:
-        """The fused pass's tables or matrix for sample ``i``, or None."""
-        if lookup is not None and table is not None:
-            return table(sample, p, int(keys[i]), scene=scene) if uses_scene else table(sample, p, int(keys[i]))
-        assert colours is not None
-        return colours(sample, p, int(keys[i]))
-
-    def fused(sample: np.ndarray, out: np.ndarray, arg: np.ndarray, scene: Any, hashed: bool) -> bool | bytes | None:
-        key = getattr(scene, "key", None)
-        if lookup is not None:
-            if hashed:
-                return compose_lookup_hashed(sample, out, arg, lookup, scene.descriptor, key)
-            return compose_lookup(sample, out, arg, lookup, scene.descriptor, key)
-        if hashed:
-            return compose_transform_hashed(sample, out, arg, scene.descriptor, key)
-        return compose_transform(sample, out, arg, scene.descriptor, key)
 
     def work(i: int) -> None:
         p = {name: value[i] for name, value in host.items()}
         sample = src[i]
-        if guess is not None:
-            found = guess(i)
-            arg = None if found is None else prepared(sample, p, i, found[0])
-            if found is not None and arg is not None:
-                scene, digest = found
-                if fused(sample, dst[i], arg, scene, True) == digest:
-                    scenes.confirm(i, scene)  # type: ignore[attr-defined]
-                    return
         scene = scenes[i]
-        if fusable and scene is not None:
-            arg = prepared(sample, p, i, given[i])
-            if arg is not None and fused(sample, dst[i], arg, scene, False):
-                return
         if extend and scene is not None:
             sample = _scratch(sample.shape, sample.dtype)
             extend_numpy(src[i], sample, scene.descriptor, getattr(scene, "key", None))

@@ -16,6 +16,7 @@ so replay rebuilds the same masks without re-analysing the (possibly already per
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import types
 from dataclasses import dataclass, field
@@ -28,31 +29,28 @@ from perturb.scene.analysis import SCENE_VERSION, analyse, analysed, highlight_m
 
 __all__ = ["SCENE_VERSION", "Scene", "analyse", "scene"]
 
+_GLYPH_SLOTS = 4  # per-image values a scene keeps per name (the images it was used with)
+
 
 @dataclass(frozen=True)
 class Scene:
-    """The scene of one image; masks are rebuilt from ``descriptor`` (cached, keyed once per
-    scene: treat ``descriptor`` as read-only)."""
+    """The scene of one image; masks are rebuilt from ``descriptor`` (treat it as read-only).
+
+    A scene computes what it derives from its descriptor (and, for the composite of a text line,
+    from its clean image's pixels) once and keeps it in ``_memo``: the descriptor key, the
+    composite alpha the engine blends with, the extension alpha of spatial ops."""
 
     descriptor: dict[str, Any]
     highlight_: np.ndarray | None = field(default=None, repr=False, compare=False)
-    # ``masks.descriptor_key(descriptor)`` once known; not an init field, so ``dataclasses.replace``
-    # with another descriptor cannot carry it over
-    key_: str | None = field(default=None, init=False, repr=False, compare=False)
-    # digest of the exact pixels (CHW, own dtype) the engine analysed this scene from, set only
-    # by the engine on the scenes of the samples it runs (``perturb.engine``), never by the
-    # public constructors: a scene handed on to another image must not carry it
-    pixels_: bytes | None = field(default=None, init=False, repr=False, compare=False)
-    # set by the engine on a scene guessed for a sample before the sample's digest is checked
-    # (``perturb.engine._RecordScenes.guess``): per-frame caches must not store what they
-    # compute under ``pixels_`` from such a scene
-    guessed_: bool = field(default=False, init=False, repr=False, compare=False)
+    # values derived from the descriptor (and the clean image's glyph windows); not an init
+    # field, so ``dataclasses.replace`` with another descriptor starts afresh
+    _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def keyed(cls, descriptor: dict[str, Any], key: str) -> Scene:
         """The scene of ``descriptor`` whose ``descriptor_key`` is already known (``key``)."""
         scene = cls(descriptor)
-        object.__setattr__(scene, "key_", key)
+        scene._memo["key"] = key
         return scene
 
     @classmethod
@@ -65,10 +63,10 @@ class Scene:
     @property
     def key(self) -> str:
         """``masks.descriptor_key(descriptor)``: what the mask caches are keyed by (computed once)."""
-        if self.key_ is None:
-            object.__setattr__(self, "key_", masks.descriptor_key(self.descriptor))  # a cache, not state
-        assert self.key_ is not None
-        return self.key_
+        key = self._memo.get("key")
+        if key is None:
+            key = self._memo["key"] = masks.descriptor_key(self.descriptor)
+        return str(key)
 
     @classmethod
     def from_descriptor(cls, descriptor: dict[str, Any]) -> Scene:
@@ -78,6 +76,64 @@ class Scene:
                 f" cannot be read by scene version {SCENE_VERSION}; use the perturb version named in the record"
             )
         return cls(descriptor)
+
+    def composite_alpha(self, image: np.ndarray) -> np.ndarray:
+        """float32 (H, W), read-only: ``masks.composite_alpha`` of this scene with the clean
+        ``image`` (CHW NumPy, its own dtype), computed once per image: where the scene has text
+        lines it is kept per content of their glyph windows (the only pixels it reads)."""
+        if not masks.text_boxes(self.descriptor):
+            return masks.tissue_alpha(self.descriptor, self.key)
+        return self._per_glyphs(
+            "composite", image, lambda: masks.composite_alpha(self.descriptor, image)
+        )
+
+    def extension_alpha(self, image: np.ndarray) -> np.ndarray:
+        """float32 (H, W), read-only: the weight of the clean pixels in the tissue extension of
+        spatial ops (``masks.extension_alpha``), computed once per image as ``composite_alpha``."""
+        if not masks.text_boxes(self.descriptor):
+            return self._memo.setdefault(
+                "extension", masks.extension_alpha(self.key, self.composite_alpha(image))
+            )
+        return self._per_glyphs(
+            "extension", image, lambda: masks.extension_alpha(self.key, self.composite_alpha(image))
+        )
+
+    def extension_fill(self, image: np.ndarray) -> np.ndarray:
+        """(C, H, W) of ``image``'s dtype, read-only: the fill of the tissue extension of the
+        clean ``image`` (``masks.extension_fill``), computed once per image: kept per content
+        of its coarse samples (``masks.extension_samples``, the only pixels it depends on)."""
+        _check_fits(self, image)
+        samples = masks.extension_samples(image, self.descriptor, self.key)
+        slot = (
+            "fill",
+            image.dtype.str,
+            hashlib.blake2b(samples.tobytes(), digest_size=16).digest(),
+        )
+        return self._keep(
+            slot, lambda: masks.extension_fill(samples, self.descriptor, image.dtype, self.key)
+        )
+
+    def _per_glyphs(self, name: str, image: np.ndarray, compute: Any) -> np.ndarray:
+        """``compute()`` kept under ``name`` and the bytes of ``image``'s glyph windows."""
+        _check_fits(self, image)
+        slot = (name, image.dtype.str, masks.glyph_windows_bytes(self.descriptor, image))
+        return self._keep(slot, compute)
+
+    def _keep(self, slot: tuple[str, str, bytes], compute: Any) -> np.ndarray:
+        """``compute()`` kept under ``slot`` (its name, dtype and a digest of what it reads),
+        at most ``_GLYPH_SLOTS`` per name (a scene used with other images)."""
+        name = slot[0]
+        held = self._memo.get(slot)
+        if held is None:
+            held = compute()
+            held.flags.writeable = False
+            kept = [k for k in self._memo if isinstance(k, tuple) and k[0] == name]
+            for old in kept[
+                : max(0, len(kept) - _GLYPH_SLOTS + 1)
+            ]:  # a scene reused on other images
+                del self._memo[old]
+            self._memo[slot] = held
+        return np.asarray(held)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -108,14 +164,15 @@ class Scene:
 
     def _chw(self, image: Any) -> np.ndarray:
         chw = np.moveaxis(to_hwc_u8(image), -1, 0)
-        if chw.shape[-2:] != self.size:
-            raise ValueError(f"scene of size {self.size} does not fit an image of size {chw.shape[-2:]}")
+        _check_fits(self, chw)
         return chw
 
     @property
     def highlight(self) -> np.ndarray:
         if self.highlight_ is None:
-            raise ValueError("highlight mask is only known for a scene computed from its image (perturb.scene(image))")
+            raise ValueError(
+                "highlight mask is only known for a scene computed from its image (perturb.scene(image))"
+            )
         return self.highlight_
 
     @property
@@ -124,7 +181,17 @@ class Scene:
 
     @property
     def overlays(self) -> list[tuple[int, int, int, int, str]]:
-        return [(int(a), int(b), int(c), int(d), str(k)) for a, b, c, d, k in self.descriptor["overlays"]]
+        return [
+            (int(a), int(b), int(c), int(d), str(k))
+            for a, b, c, d, k in self.descriptor["overlays"]
+        ]
+
+
+def _check_fits(scene: Scene, chw: np.ndarray) -> None:
+    if tuple(chw.shape[-2:]) != scene.size:
+        raise ValueError(
+            f"scene of size {scene.size} does not fit an image of size {tuple(chw.shape[-2:])}"
+        )
 
 
 def scene(image: Any) -> Scene:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import marshal
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -55,7 +54,9 @@ def to_hwc_u8(image: Any) -> np.ndarray:
     if arr.ndim == 2:
         arr = arr[..., None]
     if arr.ndim != 3 or arr.shape[-1] not in (1, 3):
-        raise ValueError(f"scene() takes an (H, W), (H, W, 1|3) or (1|3, H, W) image, got shape {arr.shape}")
+        raise ValueError(
+            f"scene() takes an (H, W), (H, W, 1|3) or (1|3, H, W) image, got shape {arr.shape}"
+        )
     if arr.dtype == np.uint16:
         arr = (arr >> 8).astype(np.uint8)
     elif arr.dtype != np.uint8:
@@ -96,9 +97,13 @@ def _scope_boxes(small: np.ndarray) -> list[tuple[int, int, int, int]]:
     hsv = cv2.cvtColor(small, cv2.COLOR_RGB2HSV)
     hue, sat, val = hsv[..., 0], hsv[..., 1], hsv[..., 2]
     colour = (hue >= 38) & (hue <= 135) & (sat >= 100) & (val >= 70)
-    grad = cv2.morphologyEx(cv2.cvtColor(small, cv2.COLOR_RGB2GRAY), cv2.MORPH_GRADIENT, np.ones((3, 3), np.uint8))
+    grad = cv2.morphologyEx(
+        cv2.cvtColor(small, cv2.COLOR_RGB2GRAY), cv2.MORPH_GRADIENT, np.ones((3, 3), np.uint8)
+    )
     flat = grad <= 24
-    cand = cv2.morphologyEx((colour & flat).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+    cand = cv2.morphologyEx(
+        (colour & flat).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8)
+    )
     cand = cv2.morphologyEx(cand, cv2.MORPH_CLOSE, np.ones((5, 5), np.uint8))
     n, _, stats = _components(cand)
     area_min = 0.002 * small.shape[0] * small.shape[1]
@@ -136,7 +141,9 @@ def _text_lines(small: np.ndarray) -> list[tuple[int, int, int, int]]:
     gray = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
     short = min(gray.shape)
     k = max(3, round(0.02 * short)) | 1
-    tophat = cv2.morphologyEx(gray, cv2.MORPH_TOPHAT, cv2.getStructuringElement(cv2.MORPH_RECT, (k, k)))
+    tophat = cv2.morphologyEx(
+        gray, cv2.MORPH_TOPHAT, cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
+    )
     strokes = ((tophat > 50) & (gray > 150)).astype(np.uint8)
     joiner = cv2.getStructuringElement(cv2.MORPH_RECT, (max(3, round(0.03 * short)), 1))
     rows = cv2.morphologyEx(strokes, cv2.MORPH_CLOSE, joiner)
@@ -144,12 +151,22 @@ def _text_lines(small: np.ndarray) -> list[tuple[int, int, int, int]]:
     lines = []
     for i in range(1, n):
         x, y, w, h, area = (int(v) for v in stats[i])
-        if 0.01 * short <= h <= 0.05 * short and w >= 3 * h and w >= 0.05 * short and area >= 0.25 * w * h:
+        if (
+            0.01 * short <= h <= 0.05 * short
+            and w >= 3 * h
+            and w >= 0.05 * short
+            and area >= 0.25 * w * h
+        ):
             lines.append((x, y, x + w, y + h))
     return [
         a
         for a in lines
-        if any(b is not a and abs(b[0] - a[0]) <= 0.02 * short and abs(b[1] - a[1]) <= 4 * max(a[3] - a[1], b[3] - b[1]) for b in lines)
+        if any(
+            b is not a
+            and abs(b[0] - a[0]) <= 0.02 * short
+            and abs(b[1] - a[1]) <= 4 * max(a[3] - a[1], b[3] - b[1])
+            for b in lines
+        )
     ]
 
 
@@ -169,7 +186,9 @@ except ImportError:  # pragma: no cover - depends on the environment
         return hashlib.blake2b(buf, digest_size=16).digest()
 
 
-_CACHE: OrderedDict[tuple[str, tuple[int, ...], str, bytes], tuple[dict[str, Any], str, str]] = OrderedDict()
+_CACHE: OrderedDict[tuple[str, tuple[int, ...], str, bytes], tuple[dict[str, Any], str, str]] = (
+    OrderedDict()
+)
 _CACHE_SIZE = 64
 _CACHE_LOCK = threading.Lock()
 
@@ -180,9 +199,16 @@ def _pixels(image: Any) -> tuple[str, np.ndarray]:
     else converted by ``to_hwc_u8``."""
     if hasattr(image, "detach"):
         t = image.detach()
-        if t.device.type == "cpu" and t.is_contiguous() and t.ndim == 3 and str(t.dtype) in _NATIVE_TORCH:
+        if (
+            t.device.type == "cpu"
+            and t.is_contiguous()
+            and t.ndim == 3
+            and str(t.dtype) in _NATIVE_TORCH
+        ):
             return "chw", t.numpy()
-    elif isinstance(image, np.ndarray) and image.flags.c_contiguous and image.dtype in _NATIVE_NUMPY:
+    elif (
+        isinstance(image, np.ndarray) and image.flags.c_contiguous and image.dtype in _NATIVE_NUMPY
+    ):
         return "np", image
     return "hwc", to_hwc_u8(image)
 
@@ -199,29 +225,34 @@ def analyse(image: Any) -> dict[str, Any]:
     return dict(json.loads(analysed(image)[1]))
 
 
-def analysed(image: Any) -> tuple[dict[str, Any], str, str]:
+def analysed(image: Any, chw: bool = False) -> tuple[dict[str, Any], str, str]:
     """``analyse(image)`` as the cache holds it: (descriptor, shared with the cache: read it,
     never change it; its JSON text, whose ``json.loads`` is what ``analyse`` returns; its
-    ``perturb.scene.masks.descriptor_key``, the sorted JSON the mask caches are keyed by)."""
-    return analysed_with_digest(image)[:3]
-
-
-def analysed_with_digest(image: Any) -> tuple[dict[str, Any], str, str, bytes | None]:
-    """``analysed(image)`` and the digest of ``image``'s bytes as given (a CHW tensor or NumPy
-    array of its own dtype, C-contiguous), which ``analysed`` keys its cache by; None where the
-    image was converted first (the digest is then not of its own bytes)."""
-    layout, arr = _pixels(image)
-    digest = _digest(arr.data)
-    cache_key = (layout, arr.shape, arr.dtype.str, digest)
-    own = digest if layout != "hwc" else None
-    if own is not None:
-        _remember_print(layout, arr, digest)
+    ``perturb.scene.masks.descriptor_key``, the sorted JSON the mask caches are keyed by).
+    ``chw``: ``image`` is a CHW NumPy array (uint8, uint16 or float32 in [0, 1]), as the engine
+    holds a batch on the host; it shares the cache slot of the same pixels as a CPU tensor."""
+    if chw:
+        arr = np.ascontiguousarray(image)
+        layout = "chw"
+        if arr.dtype not in _NATIVE_NUMPY:
+            raise ValueError(
+                f"a CHW array to analyse must be uint8, uint16 or float32, got {arr.dtype}"
+            )
+    else:
+        layout, arr = _pixels(image)
+    cache_key = (layout, arr.shape, arr.dtype.str, _digest(arr.data))
     with _CACHE_LOCK:
         hit = _CACHE.get(cache_key)
         if hit is not None:
             _CACHE.move_to_end(cache_key)
-            return (*hit, own)
-    desc = _analyse(to_hwc_u8(image) if layout != "hwc" else arr)
+            return hit
+    if layout == "hwc":
+        rgb = arr
+    elif layout == "chw":
+        rgb = to_hwc_u8(np.moveaxis(arr, 0, -1))
+    else:
+        rgb = to_hwc_u8(image)
+    desc = _analyse(rgb)
     text = json.dumps(desc)
     # the key is masks.descriptor_key's sorted JSON, written here: masks imports this module
     value = (json.loads(text), text, json.dumps(desc, sort_keys=True))
@@ -229,68 +260,7 @@ def analysed_with_digest(image: Any) -> tuple[dict[str, Any], str, str, bytes | 
         _CACHE[cache_key] = value
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
-    return (*value, own)
-
-
-# A guess of which cached frame an image is, from a fingerprint of a few kilobytes at its middle:
-# the caller (``perturb.engine``'s lookup-table path) then takes the image's full digest in the
-# same pass that perturbs it, and keeps the result only where that digest is the guessed one.
-_PRINT_BYTES = 4096
-_PRINTS: OrderedDict[tuple[str, tuple[int, ...], str, int], bytes] = OrderedDict()
-
-
-def _fingerprint(arr: np.ndarray) -> int:
-    flat = arr.reshape(-1).view(np.uint8)
-    mid = max(0, flat.size // 2 - _PRINT_BYTES // 2)
-    return int.from_bytes(_digest(flat[mid : mid + _PRINT_BYTES])[:8], "little")
-
-
-def _remember_print(layout: str, arr: np.ndarray, digest: bytes) -> None:
-    slot = (layout, arr.shape, arr.dtype.str, _fingerprint(arr))
-    with _CACHE_LOCK:
-        seen = _PRINTS.get(slot)
-        # two frames with one fingerprint (a uniform middle): never guessed again (b"")
-        _PRINTS[slot] = digest if seen is None or seen == digest else b""
-        _PRINTS.move_to_end(slot)
-        while len(_PRINTS) > 4 * _CACHE_SIZE:
-            _PRINTS.popitem(last=False)
-
-
-def guess(image: Any) -> tuple[tuple[dict[str, Any], str, str], bytes] | None:
-    """The cached ``analysed`` value of the frame ``image`` (a CPU CHW tensor or NumPy array of
-    its own dtype, C-contiguous) most likely is, with that frame's digest, from a fingerprint of
-    its middle; None where no cached frame matches. A guess only: the caller must check that
-    ``image``'s digest is the one returned before it relies on the value."""
-    layout, arr = _pixels(image)
-    if layout == "hwc":
-        return None
-    slot = (layout, arr.shape, arr.dtype.str, _fingerprint(arr))
-    with _CACHE_LOCK:
-        digest = _PRINTS.get(slot)
-        hit = None if not digest else _CACHE.get((layout, arr.shape, arr.dtype.str, digest))
-        if hit is None or not digest:
-            return None
-        _CACHE.move_to_end((layout, arr.shape, arr.dtype.str, digest))
-        _PRINTS.move_to_end(slot)  # a frame in use keeps its fingerprint
-    return hit, digest
-
-
-_COPIES: OrderedDict[str, bytes] = OrderedDict()  # descriptor text -> its marshalled dict
-
-
-def descriptor_copy(text: str) -> dict[str, Any]:
-    """A fresh ``json.loads(text)`` of a cached descriptor's text (the same values and types),
-    made from its marshalled form: 2-3x faster, for the copy each record keeps of its scene."""
-    with _CACHE_LOCK:
-        blob = _COPIES.get(text)
-    if blob is None:
-        blob = marshal.dumps(json.loads(text))
-        with _CACHE_LOCK:
-            _COPIES[text] = blob
-            while len(_COPIES) > 4 * _CACHE_SIZE:
-                _COPIES.popitem(last=False)
-    copy: dict[str, Any] = marshal.loads(blob)  # new objects on every call
-    return copy
+    return value
 
 
 def _analyse(rgb: np.ndarray) -> dict[str, Any]:

@@ -3,6 +3,7 @@ bytes), and the composite of a perturbed tissue layer back into the frame."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections import OrderedDict
@@ -14,24 +15,19 @@ from typing import Any, TypeVar, cast
 import cv2
 import numpy as np
 
-from perturb.scene.native import (
-    kernels,
-    lookup_kernel,
-    matrix_steps,
-    runs_of,
-    stream_hasher,
-    transform_kernel,
-)
-
 FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
-GLYPH_LOW, GLYPH_HIGH = 24, 64  # 8-bit luma excess over the local background: no glyph .. full glyph
-GLYPH_FULL = 0.85  # full cover from this fraction of the median excess of the line's strong stroke pixels
+# 8-bit luma excess over the local background: no glyph .. full glyph
+GLYPH_LOW, GLYPH_HIGH = 24, 64
+# full cover from this fraction of the median excess of the line's strong stroke pixels
+GLYPH_FULL = 0.85
 GLYPH_KERNEL = 0.6  # top-hat square side, as a fraction of the text box's height
 # Solid blocks of a text line (progress bars "■■■/■■■", a cursor): wider than a stroke, so the
 # top-hat misses their inside; drawn in the line's ink, so they are found by colour and shape.
-BLOCK_TOL = 32  # 8-bit luma at most this below the line's ink (the median luma of its strong strokes)
+# 8-bit luma at most this below the line's ink (the median luma of its strong strokes)
+BLOCK_TOL = 32
 BLOCK_CHROMA = 32  # max - min channel (8-bit) at most this: white or gray, not tissue colour
-BLOCK_SIDE = 0.3  # a block holds a square of this fraction of the text box's height; a stroke does not
+# a block holds a square of this fraction of the text box's height; a stroke does not
+BLOCK_SIDE = 0.3
 BLOCK_FILL = 0.9  # a block fills at least this fraction of its bounding rectangle
 BLOCK_EDGE = 64  # a block stands at least this many levels above the ring 3 px around it (a drawn
 #   edge; a specular highlight falls off softly)
@@ -107,7 +103,9 @@ def _field_alpha(key: str) -> np.ndarray:
         canvas = np.zeros((gh, gw), np.float32)
         cv2.fillPoly(canvas, [np.asarray(desc["field"], np.int32)], 1.0)
         canvas = cv2.GaussianBlur(canvas, (0, 0), FEATHER_GRID_PX, borderType=cv2.BORDER_REPLICATE)
-        out = np.asarray(cv2.resize(canvas, (w, h), interpolation=cv2.INTER_LINEAR), dtype=np.float32)
+        out = np.asarray(
+            cv2.resize(canvas, (w, h), interpolation=cv2.INTER_LINEAR), dtype=np.float32
+        )
         # exact 0 and 1 away from the edge: rescale so 1/512 -> 0 and 1 - 1/512 -> 1, then clip
         out -= np.float32(1.0 / 512)
         out *= np.float32(1.0 / (1.0 - 2.0 / 512))
@@ -186,7 +184,9 @@ def text_boxes(desc: dict[str, Any]) -> list[tuple[int, int, int, int]]:
     return [(int(a), int(b), int(c), int(d)) for a, b, c, d, k in desc["overlays"] if k == "text"]
 
 
-def glyph_window(desc: dict[str, Any], box: tuple[int, int, int, int]) -> tuple[int, int, int, int, int]:
+def glyph_window(
+    desc: dict[str, Any], box: tuple[int, int, int, int]
+) -> tuple[int, int, int, int, int]:
     """(x0, y0, x1, y1, k): the window around a text box that ``glyph_strokes`` reads (the box
     padded by the top-hat size ``k``, clipped to the image)."""
     h, w = desc["size"]
@@ -195,7 +195,9 @@ def glyph_window(desc: dict[str, Any], box: tuple[int, int, int, int]) -> tuple[
     return max(0, x0 - k), max(0, y0 - k), min(w, x1 + k), min(h, y1 + k), k
 
 
-def glyph_strokes(window: np.ndarray, desc: dict[str, Any], box: tuple[int, int, int, int]) -> np.ndarray:
+def glyph_strokes(
+    window: np.ndarray, desc: dict[str, Any], box: tuple[int, int, int, int]
+) -> np.ndarray:
     """float32 (y1 - y0, x1 - x0) in [0, 1]: how much of each pixel of a text box is glyph
     stroke, from ``window`` (CHW pixels of the clean image inside ``glyph_window(desc, box)``).
     The stroke's excess luma over the local background (white top-hat: the luma minus its
@@ -214,7 +216,11 @@ def glyph_strokes(window: np.ndarray, desc: dict[str, Any], box: tuple[int, int,
     is_strong = excess >= GLYPH_HIGH
     strong = excess[is_strong]
     # a stroke's full excess: most of the line's strong stroke pixels reach it
-    full = max(float(GLYPH_HIGH), GLYPH_FULL * float(np.median(strong))) if strong.size else float(GLYPH_HIGH)
+    full = (
+        max(float(GLYPH_HIGH), GLYPH_FULL * float(np.median(strong)))
+        if strong.size
+        else float(GLYPH_HIGH)
+    )
     cover = (excess - np.float32(GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
     np.clip(cover, np.float32(0.0), np.float32(1.0), out=cover)
     if strong.size:
@@ -225,7 +231,9 @@ def glyph_strokes(window: np.ndarray, desc: dict[str, Any], box: tuple[int, int,
     return cover
 
 
-def solid_blocks(u8: np.ndarray, luma: np.ndarray, box: tuple[int, int, int, int], ink: int) -> np.ndarray | None:
+def solid_blocks(
+    u8: np.ndarray, luma: np.ndarray, box: tuple[int, int, int, int], ink: int
+) -> np.ndarray | None:
     """float32 (h, w) cover of the solid blocks of a text line in a glyph window (``u8``: its
     uint8 CHW pixels, ``luma`` their luma; ``box``: the text box in window pixels; ``ink``: the
     luma of the line's strokes), or None where it has none. A block is a region as bright as the
@@ -234,12 +242,19 @@ def solid_blocks(u8: np.ndarray, luma: np.ndarray, box: tuple[int, int, int, int
     the box's rows and stands ``BLOCK_EDGE`` above the ring around it. It is covered whole; its
     anti-aliased rim (2 px) ramps with the excess over the ring's median as a stroke's does."""
     bx0, by0, bx1, by1 = box
-    side = max(3, round(BLOCK_SIDE * (by1 - by0))) | 1  # odd: an even square would shift the opening
+    side = (
+        max(3, round(BLOCK_SIDE * (by1 - by0))) | 1
+    )  # odd: an even square would shift the opening
     if by1 - by0 < side or bx1 - bx0 < side:
         return None
     near = luma >= ink - BLOCK_TOL
     if u8.shape[0] == 3:
-        near &= cv2.subtract(cv2.max(cv2.max(u8[0], u8[1]), u8[2]), cv2.min(cv2.min(u8[0], u8[1]), u8[2])) <= BLOCK_CHROMA
+        near &= (
+            cv2.subtract(
+                cv2.max(cv2.max(u8[0], u8[1]), u8[2]), cv2.min(cv2.min(u8[0], u8[1]), u8[2])
+            )
+            <= BLOCK_CHROMA
+        )
     solid = cv2.morphologyEx(near.astype(np.uint8), cv2.MORPH_OPEN, np.ones((side, side), np.uint8))
     n, labels, stats, _ = cv2.connectedComponentsWithStats(solid, connectivity=4)
     out: np.ndarray | None = None
@@ -251,7 +266,9 @@ def solid_blocks(u8: np.ndarray, luma: np.ndarray, box: tuple[int, int, int, int
         cy0, cx0, cy1, cx1 = max(0, y - 3), max(0, x - 3), min(h, y + bh + 3), min(w, x + bw + 3)
         block = labels[cy0:cy1, cx0:cx1] == i
         rim = cv2.dilate(block.view(np.uint8), np.ones((5, 5), np.uint8)).view(bool)  # within 2 px
-        ring = cv2.dilate(block.view(np.uint8), np.ones((7, 7), np.uint8)).view(bool) & ~rim  # at 3 px
+        ring = (
+            cv2.dilate(block.view(np.uint8), np.ones((7, 7), np.uint8)).view(bool) & ~rim
+        )  # at 3 px
         patch = luma[cy0:cy1, cx0:cx1]
         if not ring.any():
             continue
@@ -259,7 +276,9 @@ def solid_blocks(u8: np.ndarray, luma: np.ndarray, box: tuple[int, int, int, int
         if level - background < BLOCK_EDGE:
             continue
         full = GLYPH_FULL * (level - background)
-        ramp = (patch.astype(np.float32) - np.float32(background + GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
+        ramp = (patch.astype(np.float32) - np.float32(background + GLYPH_LOW)) * np.float32(
+            1.0 / (full - GLYPH_LOW)
+        )
         np.clip(ramp, np.float32(0.0), np.float32(1.0), out=ramp)
         ramp[~rim] = 0.0
         ramp[block] = 1.0
@@ -307,6 +326,16 @@ def composite_alpha(desc: dict[str, Any], image: Any) -> np.ndarray:
     return alpha
 
 
+def glyph_windows_bytes(desc: dict[str, Any], image: np.ndarray) -> bytes:
+    """A digest of the pixels of ``image`` (CHW NumPy) that the glyph cover of ``desc``'s text
+    lines reads (their ``glyph_window`` s): what a composite alpha with text depends on."""
+    digest = hashlib.blake2b(str(image.shape).encode(), digest_size=16)
+    for box in text_boxes(desc):
+        wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
+        digest.update(np.ascontiguousarray(image[:, wy0:wy1, wx0:wx1]).data)
+    return digest.digest()
+
+
 def overlay_of(desc: dict[str, Any], image: Any) -> np.ndarray:
     """bool (H, W): the overlay pixels the composite keeps exactly from the clean ``image`` (CHW):
     the overlay rectangles, except that a text line counts only where its glyph strokes
@@ -339,10 +368,6 @@ class _ComposePlan:
     text: tuple[int, int, int, int] | None
     part3: np.ndarray  # ``part`` in each plane of a CHW 3-plane sample (flat indices)
     part_alpha3: np.ndarray
-    keep_starts: np.ndarray  # ``keep`` as runs [start, stop) of flat indices into one plane
-    keep_stops: np.ndarray
-    part_starts: np.ndarray  # ``part`` as runs [start, stop) (its alpha: ``part_alpha`` in order)
-    part_stops: np.ndarray
 
 
 @_memo
@@ -368,20 +393,21 @@ def _compose_plan(key: str) -> _ComposePlan:
     part_alpha = static.reshape(-1)[part]
     part3 = np.concatenate([part + c * (h * w) for c in range(3)])
     part_alpha3 = np.tile(part_alpha, 3)
-    edges = np.flatnonzero(np.diff(keep.reshape(-1), prepend=np.uint8(0), append=np.uint8(0)))
-    starts, stops = edges[0::2].astype(np.int64), edges[1::2].astype(np.int64)
-    part_starts, part_stops = runs_of(part)
-    for arr in (keep, part, part_alpha, part3, part_alpha3, starts, stops, part_starts, part_stops):
+    for arr in (keep, part, part_alpha, part3, part_alpha3):
         arr.flags.writeable = False
-    return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3, starts, stops, part_starts, part_stops)
+    return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3)
 
 
 def _check_size(desc: dict[str, Any], src: np.ndarray) -> None:
     if tuple(desc["size"]) != tuple(src.shape[-2:]):
-        raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
+        raise ValueError(
+            f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}"
+        )
 
 
-def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
+def compose_numpy(
+    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
+) -> None:
     """In place: ``dst`` (CHW, the perturbed sample) becomes ``alpha * dst + (1 - alpha) * src``
     with ``composite_alpha(desc, src)`` (the tissue alpha; glyph strokes only of text lines);
     pixels with alpha 0 are ``src`` exactly, alpha 1 ``dst`` exactly. Work is per-descriptor
@@ -394,175 +420,24 @@ def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: s
     plan = _compose_plan(key)
     planes = src.shape[0]
     fast = src.flags.c_contiguous and dst.flags.c_contiguous and src.dtype == dst.dtype
-    compiled = _compiled() if fast and src.dtype in _COMPILED_DTYPES else None
-    if compiled is not None:  # one pass per plane without the GIL; the same bytes
-        s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
-        compiled.compose(
-            s_flat, d_flat, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha, planes
+    for c in range(planes):
+        s, d = src[c], dst[c]
+        if fast:
+            cv2.copyTo(s, plan.keep, d)  # in place: both planes are contiguous
+        else:
+            np.copyto(d, s, where=plan.keep.astype(bool))
+    if plan.part.size:
+        _blend_at(
+            src,
+            dst,
+            *((plan.part3, plan.part_alpha3) if planes == 3 else (plan.part, plan.part_alpha)),
         )
-    else:
-        for c in range(planes):
-            s, d = src[c], dst[c]
-            if fast:
-                cv2.copyTo(s, plan.keep, d)  # in place: both planes are contiguous
-            else:
-                np.copyto(d, s, where=plan.keep.astype(bool))
-        if plan.part.size:
-            _blend_at(src, dst, *((plan.part3, plan.part_alpha3) if planes == 3 else (plan.part, plan.part_alpha)))
     if plan.text is not None:
         # alpha 1 keeps ``dst``, static alpha 0 was copied above; the rest (glyph cover, soft
         # edge) blends, where alpha 0 gives ``src`` exactly: base + 0 * (d - base) = base
         index, alpha = _text_blend(desc, key, src, plan.text)
         if index.size:
-            if compiled is not None:
-                compiled.blend(src.reshape(-1), dst.reshape(-1), index, alpha)
-            else:
-                _blend_at(src, dst, index, alpha)
-
-
-def compose_lookup(
-    src: np.ndarray, dst: np.ndarray, tables: np.ndarray, lookup: Any, desc: dict[str, Any], key: str | None = None
-) -> bool:
-    """``dst[c] = tables[c][src[c]]`` (uint8 CHW; ``tables`` (256,) or (C, 256)) composited as
-    ``compose_numpy`` composites it, the same bytes, in one compiled pass per plane that copies
-    the source's runs, looks up the rest and blends the soft edge while the plane is in cache
-    (``lookup``: a ctypes byte lookup that ``perturb.scene.native.lookup_kernel`` takes). False, with nothing written, where that pass
-    is not available (no numba, other layouts or dtypes, a number of tables other than 1 or C):
-    the caller looks up and composites."""
-    return _lookup_pass(src, dst, tables, lookup, desc, key, _NO_DIGEST)
-
-
-def compose_lookup_hashed(
-    src: np.ndarray, dst: np.ndarray, tables: np.ndarray, lookup: Any, desc: dict[str, Any], key: str | None = None
-) -> bytes | None:
-    """``compose_lookup`` that also returns the digest of ``src``'s bytes (the one
-    ``perturb.scene.analysis`` keys its scenes by), taken in the same pass: each plane goes into
-    the digest while it is in cache. None, with nothing written, where that pass is not available."""
-    return _hashed(lambda hashing: _lookup_pass(src, dst, tables, lookup, desc, key, hashing))
-
-
-def compose_transform(
-    src: np.ndarray, dst: np.ndarray, matrix: np.ndarray, desc: dict[str, Any], key: str | None = None
-) -> bool:
-    """``dst = clip(matrix @ src)`` per pixel of a uint8 CHW RGB sample, with the bytes of
-    ``cv2.transform`` (its 10-bit fixed point), composited as ``compose_numpy`` composites it,
-    in one compiled pass (``perturb.scene.native.transform_kernel``): the source's runs copied,
-    the rest transformed, the soft edge blended. False, with nothing written, where that pass is
-    not available (no numba, other dtypes or channel counts, coefficients of 32 or more)."""
-    return _transform_pass(src, dst, matrix, desc, key, _NO_DIGEST)
-
-
-def compose_transform_hashed(
-    src: np.ndarray, dst: np.ndarray, matrix: np.ndarray, desc: dict[str, Any], key: str | None = None
-) -> bytes | None:
-    """``compose_transform`` that also returns the digest of ``src``'s bytes, taken in the same
-    pass (``compose_lookup_hashed``). None, with nothing written, where it is not available."""
-    return _hashed(lambda hashing: _transform_pass(src, dst, matrix, desc, key, hashing))
-
-
-def _hashed(run: Callable[[tuple[int, int]], bool]) -> bytes | None:
-    hasher = stream_hasher()
-    if hasher is None:
-        return None
-    state = hasher.state()
-    hasher.reset(state)
-    if not run((state, hasher.update_at)):
-        return None
-    return hasher.digest(state)
-
-
-def _fusable(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> bool:
-    if src.dtype != np.uint8 or dst.dtype != np.uint8 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
-        return False
-    if src.shape != dst.shape:
-        raise ValueError(f"source {src.shape} and output {dst.shape} differ in shape")
-    _check_size(desc, src)
-    return True
-
-
-_NO_DIGEST = (0, 0)  # (state address, update function address): the pass takes no digest
-
-
-def _fused(
-    src: np.ndarray,
-    dst: np.ndarray,
-    desc: dict[str, Any],
-    key: str | None,
-    compiled: Any,
-    run: Callable[[np.ndarray, np.ndarray, _ComposePlan], None],
-) -> bool:
-    """``run(src_flat, dst_flat, plan)``, a compiled pass that perturbs and composites with the
-    descriptor's plan, then the glyph cover of its text lines (as ``compose_numpy``)."""
-    key = _key(desc) if key is None else key
-    plan = _compose_plan(key)
-    run(src.reshape(-1), dst.reshape(-1), plan)
-    if plan.text is not None:
-        index, alpha = _text_blend(desc, key, src, plan.text)
-        if index.size:
-            compiled.blend(src.reshape(-1), dst.reshape(-1), index, alpha)
-    return True
-
-
-def _lookup_pass(
-    src: np.ndarray,
-    dst: np.ndarray,
-    tables: np.ndarray,
-    lookup: Any,
-    desc: dict[str, Any],
-    key: str | None,
-    hashing: tuple[int, int],
-) -> bool:
-    if not _fusable(src, dst, desc):
-        return False
-    luts = np.ascontiguousarray(tables, dtype=np.uint8).reshape(-1, 256)
-    if luts.shape[0] not in (1, src.shape[0]):  # the kernel reads table c for plane c, unchecked
-        return False
-    compiled = _compiled()
-    found = None if compiled is None else lookup_kernel(lookup)
-    if found is None:
-        return False
-    kernel, lookup_at = found
-    if luts.flags.writeable:  # one argument type for numba whatever the op's table is
-        luts = luts.view()
-        luts.flags.writeable = False
-
-    def run(s: np.ndarray, d: np.ndarray, plan: _ComposePlan) -> None:
-        kernel(
-            s, d, luts, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha,
-            src.shape[0], lookup_at, *hashing,
-        )
-
-    return _fused(src, dst, desc, key, compiled, run)
-
-
-def _transform_pass(
-    src: np.ndarray,
-    dst: np.ndarray,
-    matrix: np.ndarray,
-    desc: dict[str, Any],
-    key: str | None,
-    hashing: tuple[int, int],
-) -> bool:
-    if not _fusable(src, dst, desc) or src.ndim != 3 or src.shape[0] != 3:
-        return False
-    compiled = _compiled()
-    kernel = None if compiled is None else transform_kernel()
-    steps = matrix_steps(matrix)
-    if kernel is None or steps is None:
-        return False
-
-    def run(s: np.ndarray, d: np.ndarray, plan: _ComposePlan) -> None:
-        kernel(s, d, steps, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha, *hashing)
-
-    return _fused(src, dst, desc, key, compiled, run)
-
-
-_COMPILED_DTYPES = frozenset({np.dtype(np.uint8), np.dtype(np.uint16)})
-
-
-def _compiled() -> Any:
-    """``perturb.scene.native.kernels()`` (None: the NumPy path; tests replace this)."""
-    return kernels()
+            _blend_at(src, dst, index, alpha)
 
 
 def _blend_at(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np.ndarray) -> None:
@@ -631,16 +506,12 @@ def _text_blend(
     return cover.index, cover.index_alpha
 
 
-def _text_cover(desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]) -> _TextCover:
+def _text_cover(
+    desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]
+) -> _TextCover:
     """The ``_TextCover`` of ``image`` (CHW NumPy) inside ``rect`` (cached per descriptor and
     glyph window pixels)."""
-    from perturb.scene.analysis import _digest
-
-    parts = [image.dtype.str.encode(), str(image.shape).encode()]
-    for box in text_boxes(desc):
-        wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
-        parts.append(_digest(np.ascontiguousarray(image[:, wy0:wy1, wx0:wx1])))
-    slot = (key, b"".join(parts))
+    slot = (key, image.dtype.str.encode() + glyph_windows_bytes(desc, image))
     with _TEXT_BLEND_LOCK:
         hit = _TEXT_BLEND.get(slot)
         if hit is not None:
@@ -655,7 +526,10 @@ def _text_cover(desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[i
     planes = image.shape[0]
     values = alpha[rows, cols]
     value = _TextCover(
-        flat, values, np.concatenate([flat + c * (h * w) for c in range(planes)]), np.tile(values, planes)
+        flat,
+        values,
+        np.concatenate([flat + c * (h * w) for c in range(planes)]),
+        np.tile(values, planes),
     )
     for arr in (value.flat, value.alpha, value.index, value.index_alpha):
         arr.flags.writeable = False
@@ -666,7 +540,9 @@ def _text_cover(desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[i
     return value
 
 
-def _text_alpha(desc: dict[str, Any], key: str, image: Any, rect: tuple[int, int, int, int]) -> np.ndarray:
+def _text_alpha(
+    desc: dict[str, Any], key: str, image: Any, rect: tuple[int, int, int, int]
+) -> np.ndarray:
     """``composite_alpha(desc, image)`` inside ``rect`` (x0, y0, x1, y1), computed there only."""
     rx0, ry0, rx1, ry1 = rect
     alpha = _alpha_without_text_cached(key)[ry0:ry1, rx0:rx1].copy()
@@ -679,7 +555,9 @@ def _text_alpha(desc: dict[str, Any], key: str, image: Any, rect: tuple[int, int
         window = image[:, wy0:wy1, wx0:wx1]
         if hasattr(window, "detach"):
             window = window.detach().cpu().numpy()
-        cover = glyph_strokes(np.asarray(window), desc, box)[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0]
+        cover = glyph_strokes(np.asarray(window), desc, box)[
+            cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0
+        ]
         cut = alpha[cy0 - ry0 : cy1 - ry0, cx0 - rx0 : cx1 - rx0]
         np.minimum(cut, np.float32(1.0) - cover, out=cut)
     return alpha
@@ -714,27 +592,57 @@ class _ExtensionPlan:
 
 
 @_memo
+def _extension_need(key: str) -> np.ndarray:
+    """bool (H, W), read-only: the pixels ``extend_numpy`` may write (alpha below 1 within
+    ``EXT_MARGIN`` of the field's bbox, and the rectangle of the text lines)."""
+    desc = json.loads(key)
+    h, w = desc["size"]
+    static = _alpha_without_text_cached(key) if text_boxes(desc) else _tissue_alpha(key)
+    margin = round(EXT_MARGIN * min(h, w))
+    bx0, by0, bx1, by1 = bbox(desc)
+    rx0, ry0, rx1, ry1 = (
+        max(0, bx0 - margin),
+        max(0, by0 - margin),
+        min(w, bx1 + margin),
+        min(h, by1 + margin),
+    )
+    need = np.zeros((h, w), bool)
+    need[ry0:ry1, rx0:rx1] = static[ry0:ry1, rx0:rx1] < 1.0
+    text = _compose_plan(key).text
+    if text is not None:
+        tx0, ty0, tx1, ty1 = text
+        need[ty0:ty1, tx0:tx1] = True
+    need.flags.writeable = False
+    return need
+
+
+def extension_grid(h: int, w: int) -> tuple[tuple[int, int], float]:
+    """((ch, cw), sigma): the coarse grid of the tissue extension of an h x w image and its
+    gaussian's sigma in cells."""
+    f = max(1.0, min(h, w) / EXT_GRID_SHORT)
+    ch, cw = max(1, round(h / f)), max(1, round(w / f))
+    return (ch, cw), EXT_SIGMA * min(ch, cw)
+
+
+def extension_alpha(key: str, composite: np.ndarray) -> np.ndarray:
+    """float32 (H, W): the weight of the clean pixels in the tissue extension of the scene of
+    ``key`` (``composite``: its composite alpha with the clean image): the composite alpha where
+    ``extend_numpy`` writes, 1 elsewhere, so ``extended = fill + a (src - fill)`` (``src`` where
+    ``a`` is 1) is ``extend_numpy``'s result with any fill."""
+    return np.where(_extension_need(key), composite, np.float32(1.0)).astype(np.float32)
+
+
+@_memo
 def _extension_plan(key: str) -> _ExtensionPlan:
     desc = json.loads(key)
     h, w = desc["size"]
-    short = min(h, w)
-    f = max(1.0, short / EXT_GRID_SHORT)
-    ch, cw = max(1, round(h / f)), max(1, round(w / f))
-    sigma = EXT_SIGMA * min(ch, cw)
+    (ch, cw), sigma = extension_grid(h, w)
     cells = cv2.resize(_tissue_alpha(key), (cw, ch), interpolation=cv2.INTER_AREA)
     weight = np.ascontiguousarray((cells >= 0.999).astype(np.float32))
     inv_den = (1.0 / np.maximum(cv2.GaussianBlur(weight, (0, 0), sigma), 1e-6)).astype(np.float32)
     plan = _compose_plan(key)
-    boxes = text_boxes(desc)
-    static = _alpha_without_text_cached(key) if boxes else _tissue_alpha(key)
-    margin = round(EXT_MARGIN * short)
-    bx0, by0, bx1, by1 = bbox(desc)
-    rx0, ry0, rx1, ry1 = max(0, bx0 - margin), max(0, by0 - margin), min(w, bx1 + margin), min(h, by1 + margin)
-    need = np.zeros((h, w), bool)
-    need[ry0:ry1, rx0:rx1] = static[ry0:ry1, rx0:rx1] < 1.0
-    if plan.text is not None:
-        tx0, ty0, tx1, ty1 = plan.text
-        need[ty0:ty1, tx0:tx1] = True
+    static = _alpha_without_text_cached(key) if text_boxes(desc) else _tissue_alpha(key)
+    need = _extension_need(key)
     keep_all = static == 0.0
     rect, keep = None, np.zeros((0, 0), np.uint8)
     ys, xs = np.nonzero(need.any(axis=1))[0], np.nonzero(need.any(axis=0))[0]
@@ -753,7 +661,9 @@ def _extension_plan(key: str) -> _ExtensionPlan:
     return _ExtensionPlan((ch, cw), weight, inv_den, sigma, rect, keep, part, part_alpha, plan.text)
 
 
-def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
+def extend_numpy(
+    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
+) -> None:
     """``dst`` (CHW, ``src``'s shape and dtype) becomes ``src`` (the clean sample) with its
     surround and overlays (of a text line, its glyph strokes) replaced by a smooth extension of
     the nearby tissue, ``alpha * src + (1 - alpha) * fill`` with the composite's alpha, so a
@@ -771,22 +681,12 @@ def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: st
     out = dst if dst.flags.c_contiguous else np.empty_like(dst)  # written through flat views
     if out is not dst:
         np.copyto(out, src)
-    h, w = src.shape[-2:]
-    ch, cw = plan.size
-    top = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}.get(src.dtype)
+    top = _TOP.get(src.dtype)
     cover = None if plan.text is None else _text_cover(desc, key, src, plan.text)
     x0, y0, x1, y1 = plan.rect
+    fills = extension_fill(extension_samples(src, desc, key), desc, src.dtype, key)
     for c in range(src.shape[0]):
-        # bilinear samples (not area means): 15x cheaper, and the gaussian of EXT_SIGMA averages
-        # some hundred of them, so the fill moves by about half a level (8-bit) on real frames
-        small = cv2.resize(src[c], (cw, ch), interpolation=cv2.INTER_LINEAR).astype(np.float32)
-        small *= plan.weight  # in place: the products of ``small * weight``
-        coarse = cv2.GaussianBlur(small, (0, 0), plan.sigma)
-        coarse *= plan.inv_den
-        if top is not None:
-            np.rint(coarse, out=coarse)
-            coarse = np.clip(coarse, 0.0, top, out=coarse).astype(src.dtype)
-        fill = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_LINEAR)
+        fill = fills[c]
         d = out[c]
         cv2.copyTo(fill[y0:y1, x0:x1], plan.keep, d[y0:y1, x0:x1])
         d_flat, s_flat, f_flat = d.reshape(-1), src[c].reshape(-1), fill.reshape(-1)
@@ -798,8 +698,48 @@ def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: st
         np.copyto(dst, out)
 
 
+_TOP = {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}
+
+
+def extension_samples(src: np.ndarray, desc: dict[str, Any], key: str | None = None) -> np.ndarray:
+    """float32 (C, ch, cw): the bilinear samples of ``src`` (CHW) on the extension's coarse grid,
+    all of the image that its fill (``extension_fill``) depends on. Bilinear samples, not area
+    means: 15x cheaper, and the gaussian of ``EXT_SIGMA`` averages some hundred of them, so the
+    fill moves by about half a level (8-bit) on real frames."""
+    ch, cw = _extension_plan(_key(desc) if key is None else key).size
+    return np.stack(
+        [cv2.resize(plane, (cw, ch), interpolation=cv2.INTER_LINEAR) for plane in src]
+    ).astype(np.float32)
+
+
+def extension_fill(
+    samples: np.ndarray, desc: dict[str, Any], dtype: np.dtype, key: str | None = None
+) -> np.ndarray:
+    """(C, H, W) of ``dtype``: the tissue extension's fill from the coarse ``samples``
+    (``extension_samples``): their normalised convolution over the cells wholly inside the
+    tissue (integer levels rounded and clipped), interpolated bilinearly to the image size."""
+    plan = _extension_plan(_key(desc) if key is None else key)
+    h, w = desc["size"]
+    top = _TOP.get(np.dtype(dtype))
+    planes = []
+    for small in samples:
+        weighted = small * plan.weight
+        coarse = cv2.GaussianBlur(weighted, (0, 0), plan.sigma)
+        coarse *= plan.inv_den
+        if top is not None:
+            np.rint(coarse, out=coarse)
+            coarse = np.clip(coarse, 0.0, top, out=coarse).astype(dtype)
+        planes.append(cv2.resize(coarse, (int(w), int(h)), interpolation=cv2.INTER_LINEAR))
+    return np.stack(planes)
+
+
 def _blend(
-    d: np.ndarray, s: np.ndarray, fill: np.ndarray, idx: np.ndarray, alpha: np.ndarray, top: float | None
+    d: np.ndarray,
+    s: np.ndarray,
+    fill: np.ndarray,
+    idx: np.ndarray,
+    alpha: np.ndarray,
+    top: float | None,
 ) -> None:
     """In place on flat planes: ``d[idx] = fill + alpha (s - fill)`` at ``idx`` in float32 (integer
     levels rounded half to even; as in ``_blend_at``, the mix lies between its two levels)."""

@@ -46,13 +46,6 @@ HOST_BOUND: frozenset[str] = frozenset(
         "xray_laterality_marker",
     }
 )
-# the border composite and scene analysis (``perturb.engine``) still work per sample: scene modes
-# of border-protecting ops are expected to fail until they are batched
-COMPOSITE_BATCHED = False
-# (op, mode) whose per-sample composite growth (one aten call per sample with scenes given) hides
-# under GROWTH beside a kernel of many calls: expected to fail, not strictly, until the composite is
-# batched
-COMPOSITE_GROWTH_HIDDEN: frozenset[tuple[str, str]] = frozenset({("motion_blur", "scenes-given")})
 MODES = ("kernel", "scenes-given", "scenes-analysed")
 
 
@@ -83,12 +76,10 @@ def _cases() -> list[object]:
             marks = []
             if op in NOT_YET_BATCHED or (mode == "kernel" and op in HOST_BOUND):
                 marks = [
-                    pytest.mark.xfail(reason="torch kernel still loops over the batch", strict=True)
-                ]
-            elif mode != "kernel" and get_op(op).spec.protects_border and not COMPOSITE_BATCHED:
-                hidden = (op, mode) in COMPOSITE_GROWTH_HIDDEN
-                marks = [
-                    pytest.mark.xfail(reason="border composite still per sample", strict=not hidden)
+                    pytest.mark.xfail(
+                        reason="torch kernel not yet one device-resident batched computation",
+                        strict=True,
+                    )
                 ]
             cases.append(pytest.param(op, mode, marks=marks, id=f"{op}-{mode}"))
     return cases

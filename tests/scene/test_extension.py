@@ -8,8 +8,11 @@ import numpy as np
 import torch
 
 import perturb
+from perturb import engine
+from perturb.ops.backend import use_backend
+from perturb.scene import Scene
 from perturb.scene.analysis import analyse
-from perturb.scene.masks import EXT_MARGIN, extend_numpy, tissue_alpha
+from perturb.scene.masks import EXT_MARGIN, extend_numpy, text_boxes, tissue_alpha
 
 H, W, R = 288, 360, 120
 
@@ -55,7 +58,55 @@ def test_protected_blur_has_no_dark_rim_and_keeps_the_surround() -> None:
     assert (out[:, alpha == 0.0] == src[:, alpha == 0.0]).all(), "the surround keeps its pixels"
     # the tissue ring within 4 px of the edge: as bright as the flat tissue (a blur over the dark
     # surround would pull it down by tens of levels)
-    ring = (alpha >= 1.0) & (cv2.erode((alpha >= 1.0).astype(np.uint8), np.ones((9, 9), np.uint8)) == 0)
+    ring = (alpha >= 1.0) & (
+        cv2.erode((alpha >= 1.0).astype(np.uint8), np.ones((9, 9), np.uint8)) == 0
+    )
     assert ring.sum() > 100
     drop = np.asarray([180, 120, 90])[:, None] - out[:, ring].astype(int)
     assert np.abs(drop).mean() < 3.0 and drop.max() < 12, f"dark rim: mean drop {drop.mean():.1f}"
+
+
+def _real_frames(n: int) -> list[torch.Tensor]:
+    """CHW uint8 real frames at 384x288, those with text lines first."""
+    from tests.scene.frames import require_frames
+
+    picked = [
+        torch.from_numpy(cv2.resize(img, (384, 288), interpolation=cv2.INTER_AREA))
+        .permute(2, 0, 1)
+        .contiguous()
+        for _, img in require_frames()
+    ]
+    with_text = [x for x in picked if text_boxes(analyse(x))]
+    return (with_text + [x for x in picked if not text_boxes(analyse(x))])[:n]
+
+
+def test_batched_extension_gives_the_host_bytes() -> None:
+    """``engine.extend_tissue`` (the torch path: fills and alphas computed once per image on
+    the host, one batched blend) gives ``extend_numpy``'s bytes; a sample without a scene stays
+    as it is; the fill is kept on the scene for the next op on the same image."""
+    frames = _real_frames(3)
+    x = torch.stack(frames)
+    scenes = [Scene.of(f) for f in frames]
+    got = engine.extend_tissue(x, [*scenes[:-1], None])
+    for i, (f, s) in enumerate(zip(frames[:-1], scenes[:-1], strict=True)):
+        want = np.empty_like(f.numpy())
+        extend_numpy(f.numpy(), want, s.descriptor)
+        assert np.array_equal(got[i].numpy(), want), f"frame {i}"
+        assert not np.array_equal(want, f.numpy()), f"frame {i}: nothing extended (nothing checked)"
+    assert torch.equal(got[-1], x[-1])
+    fill = scenes[0].extension_fill(frames[0].numpy())
+    assert scenes[0].extension_fill(frames[0].numpy()) is fill
+    floats = x.to(torch.float32) / 255.0
+    got_f = engine.extend_tissue(floats, scenes)
+    want_f = np.empty_like(floats[1].numpy())
+    extend_numpy(floats[1].numpy(), want_f, scenes[1].descriptor)
+    assert np.array_equal(got_f[1].numpy(), want_f)
+
+
+def test_protected_blur_on_the_torch_path_matches_the_cpu_path() -> None:
+    x = torch.stack(_real_frames(2))
+    cpu, records = perturb.apply(x, "gaussian_blur", 5, ["a", "b"])
+    with use_backend("torch"):
+        again = perturb.replay(records, x)
+    # the extension and the composite are the host's bytes; the blur itself may differ by a level
+    assert int((cpu.to(torch.int16) - again.to(torch.int16)).abs().max()) <= 1
