@@ -11,17 +11,15 @@ seed, epoch, dataset index), so the run is reproducible whatever the DataLoader 
 batch size, sampling order or device. ``eval()`` turns augmentation off (identity).
 
 Border-protecting ops (colour, exposure, optics) act on the tissue layer of the frame's scene
-(``perturb.scene``). By default the engine analyses the scene of the image each such op gets
-(an intermediate image of the chain included). With ``carry_scenes=True`` the scene of each
-source image is analysed once, cached per dataset index (``SceneCache``: checked against a
+(``perturb.scene``). The scene of each source image is analysed once, cached per dataset index (``SceneCache``: checked against a
 digest of the pixels, so a changed image is analysed again) and carried through the sample's
 chain: crops and warps move it with the pixels (``perturb.augment.targets.move_scene``), and
 each protecting record stores the scene it runs with (``extra["scene"]``), so no intermediate
-image is analysed and ``replay`` reproduces it. About half the CPU time of the
-``augment-endoscopy`` policy goes away; the outputs differ from the default where an
-intermediate image's analysis differs from the carried scene (e.g. after ``vignetting`` darkens
-the corners, the analysis takes them for surround), which is why it is not yet the default:
-that would change the policy's pinned golden digests.
+image is analysed and ``replay`` reproduces it. This is the scene model's own rule (the field
+of view and the overlays belong to the source frame, not to an intermediate image: re-analysing
+a vignetted frame would take its darkened corners for surround) and halves the CPU time of the
+``augment-endoscopy`` policy. ``carry_scenes=False`` analyses the input of each border-protecting
+op instead (the behaviour before 0.1.0's batched engine).
 """
 
 from __future__ import annotations
@@ -208,7 +206,7 @@ class Augment(torch.nn.Module):
         epoch: int = 0,
         variant: int = 0,
         modality: str | None = None,
-        carry_scenes: bool = False,
+        carry_scenes: bool = True,
         scene_cache: int = DEFAULT_SCENE_CACHE,
     ) -> None:
         super().__init__()

@@ -25,12 +25,7 @@ CASES = {
     "resized_crop": ("resized_crop", None, None),
     "translation": ("translation", None, None),
     "brightness-kernel": ("brightness", False, None),
-    "brightness-scene": (
-        "brightness",
-        None,
-        "the border composite (perturb.engine.compose_tissue) still builds each sample's alpha "
-        "on the host: batched on the engine branch (COMPOSITE_BATCHED)",
-    ),
+    "brightness-scene": ("brightness", None, None),
 }
 
 
