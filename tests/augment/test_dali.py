@@ -287,7 +287,9 @@ def test_bad_inputs_name_the_fix(tmp_path: Path) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("device", [d for d in DEVICES if d.id == "cuda"])  # skips without a GPU, saying so
+@pytest.mark.parametrize(
+    "device", [d for d in DEVICES if d.id == "cuda"]
+)  # skips without a GPU, saying so
 def test_gpu_pipeline_matches_torch_module_on_cuda(device: str, clean: dict) -> None:
     """Mixed (nvJPEG) decoding differs from the CPU decoder by a few levels, so the reference
     is the GPU pipeline's own clean output; the torch module runs on CUDA; within 1/255."""

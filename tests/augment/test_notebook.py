@@ -19,9 +19,14 @@ def test_train_tiny_classifier_notebook_runs(monkeypatch: pytest.MonkeyPatch) ->
     nb = nbformat.read(NOTEBOOK, as_version=4)
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     monkeypatch.setenv("PYTHONPATH", path)  # the kernel imports this checkout's perturb
-    NotebookClient(nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(REPO)}}).execute()
+    NotebookClient(
+        nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(REPO)}}
+    ).execute()
     text = "\n".join(
-        out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
+        out.get("text", "")
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
     )
     assert f"perturb from {REPO / 'perturb'}" in text
     assert "9 steps; loss" in text

@@ -72,7 +72,9 @@ def test_plan_is_a_pure_function_of_the_key() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.uint8, torch.uint16])
-def test_output_independent_of_batch_size_order_and_composition(batch: torch.Tensor, dtype: torch.dtype) -> None:
+def test_output_independent_of_batch_size_order_and_composition(
+    batch: torch.Tensor, dtype: torch.dtype
+) -> None:
     x = _as(batch, dtype)
     indices = list(range(100, 100 + N))
     plans = plan_batch(WIDE, seed=1, epoch=0, indices=indices)
@@ -127,7 +129,9 @@ def test_fractional_strength_interpolates_the_table(strength: float, index: int)
     the neighbouring severities, and inside the interpolated ranges."""
     for op in ("gaussian_blur", "overexposure", "jpeg", "underexposure"):
         spec = get_spec(op)
-        rec = plan_sample(load_policy({"ops": [op], "strength": strength}), seed=0, epoch=0, index=index)[0]
+        rec = plan_sample(
+            load_policy({"ops": [op], "strength": strength}), seed=0, epoch=0, index=index
+        )[0]
         level = strength_level(spec, strength)
         lo_s, hi_s = math.floor(strength), min(math.floor(strength) + 1, 5)
         key = engine.draw_key(0, rec.sample_key, op, 0)
@@ -144,7 +148,12 @@ def test_fractional_strength_interpolates_the_table(strength: float, index: int)
 
 def test_choice_frequencies_follow_weights_and_probability() -> None:
     policy = load_policy(
-        {"ops": {"rotation": 1, "contrast": 2, "brightness": 3}, "num_ops": 1, "probability": 0.4, "severity": [2, 4]}
+        {
+            "ops": {"rotation": 1, "contrast": 2, "brightness": 3},
+            "num_ops": 1,
+            "probability": 0.4,
+            "severity": [2, 4],
+        }
     )
     plans = plan_batch(policy, seed=0, epoch=0, indices=range(6000))
     augmented = [p for p in plans if p]
@@ -160,7 +169,9 @@ def test_choice_frequencies_follow_weights_and_probability() -> None:
 
 
 def test_num_ops_range_order_and_no_repeats() -> None:
-    policy = load_policy({"ops": ["rotation", "contrast", "brightness", "gamma"], "num_ops": [0, 4]})
+    policy = load_policy(
+        {"ops": ["rotation", "contrast", "brightness", "gamma"], "num_ops": [0, 4]}
+    )
     plans = plan_batch(policy, seed=2, epoch=0, indices=range(4000))
     lengths = Counter(len(p) for p in plans)
     assert set(lengths) == {0, 1, 2, 3, 4} and min(lengths.values()) > 650
@@ -171,14 +182,18 @@ def test_num_ops_range_order_and_no_repeats() -> None:
 
 
 def test_channels_and_modality_filter_the_draw() -> None:
-    policy = load_policy({"ops": ["color_cast", "hue_shift", "contrast", "specular_glare"], "num_ops": 2})
+    policy = load_policy(
+        {"ops": ["color_cast", "hue_shift", "contrast", "specular_glare"], "num_ops": 2}
+    )
     gray = plan_batch(policy, seed=0, epoch=0, indices=range(300), channels=1)
     assert {r.op for p in gray for r in p} == {"contrast", "specular_glare"}
     xray = plan_batch(policy, seed=0, epoch=0, indices=range(300), modality="xray")
     assert {r.op for p in xray for r in p} == {"contrast"}  # the only one tagged 'any'
     assert all(len(p) == 1 for p in xray)
     with pytest.raises(InputError, match="channels=1"):
-        apply_plans(small_batch(2, channels=1), plan_batch(policy, seed=0, epoch=0, indices=range(2)))
+        apply_plans(
+            small_batch(2, channels=1), plan_batch(policy, seed=0, epoch=0, indices=range(2))
+        )
 
 
 def test_apply_plans_errors(batch: torch.Tensor) -> None:
@@ -197,7 +212,9 @@ def test_apply_plans_errors(batch: torch.Tensor) -> None:
     extra=st.integers(0, 2),
     probability=st.floats(0.0, 1.0),
 )
-def test_plan_properties(seed: int, epoch: int, index: int, lo: int, extra: int, probability: float) -> None:
+def test_plan_properties(
+    seed: int, epoch: int, index: int, lo: int, extra: int, probability: float
+) -> None:
     hi = min(lo + extra, 5)
     policy = load_policy(
         {

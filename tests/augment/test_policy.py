@@ -41,7 +41,10 @@ def test_mapping_and_shorthands() -> None:
 
 
 BAD: list[tuple[dict[str, Any], list[str]]] = [
-    (_policy(ops=["blurr"]), ["field ops.0.op", "unknown op(s) ['blurr']", "valid ops:", "gaussian_blur"]),
+    (
+        _policy(ops=["blurr"]),
+        ["field ops.0.op", "unknown op(s) ['blurr']", "valid ops:", "gaussian_blur"],
+    ),
     (_policy(ops=[]), ["ops is empty"]),
     ({"policy": "t"}, ["field ops", "missing"]),
     (_policy(ops=["rotation", "rotation"]), ["listed more than once"]),
@@ -56,9 +59,15 @@ BAD: list[tuple[dict[str, Any], list[str]]] = [
     (_policy(severity=2, strength=2.0), ["severity or strength, not both"]),
     (_policy(ops=[{"op": "rotation", "severity": 2, "strength": 2.0}]), ["ops.0", "not both"]),
     (_policy(ops=[{"op": "rotation", "weight": 0}]), ["field ops.0.weight", "greater than 0"]),
-    (_policy(ops=[{"op": "rotation", "wieght": 2}]), ["field ops.0.wieght", "known fields: op, weight"]),
+    (
+        _policy(ops=[{"op": "rotation", "wieght": 2}]),
+        ["field ops.0.wieght", "known fields: op, weight"],
+    ),
     (_policy(modality="mri2"), ["field modality", "unknown modality"]),
-    (_policy(ops=["xray_jpeg", "rotation"], modality="endoscopy"), ["['xray_jpeg']", "modality 'endoscopy'"]),
+    (
+        _policy(ops=["xray_jpeg", "rotation"], modality="endoscopy"),
+        ["['xray_jpeg']", "modality 'endoscopy'"],
+    ),
     (_policy(colour=1), ["field colour", "known fields:"]),
     (_policy(held_out={"families": ["blurry"]}), ["field held_out.families", "unknown families"]),
     (_policy(held_out={"ops": ["nope"]}), ["field held_out.ops", "unknown op(s)"]),
@@ -101,7 +110,11 @@ def test_held_out_suite_refuses_every_overlapping_op() -> None:
 
 
 def test_explicit_allow_overlap_warns_and_loads() -> None:
-    data = {"ops": ["gaussian_blur", "rotation"], "held_out": "endoscopy-artifacts", "allow_overlap": True}
+    data = {
+        "ops": ["gaussian_blur", "rotation"],
+        "held_out": "endoscopy-artifacts",
+        "allow_overlap": True,
+    }
     with pytest.warns(OverlapWarning, match="gaussian_blur"):
         p = load_policy(data)
     assert p.op_names() == ["gaussian_blur", "rotation"]
@@ -124,7 +137,9 @@ def test_held_out_families_and_family_matching(tmp_path: Path) -> None:
         ok = load_policy({"ops": ["defocus_blur"], "held_out": {"suites": [str(path)]}})
     assert ok.op_names() == ["defocus_blur"]
     with pytest.raises(PolicyError, match=r"defocus_blur \(suite blur-eval\)"):
-        load_policy({"ops": ["defocus_blur"], "held_out": {"suites": [str(path)], "match": "family"}})
+        load_policy(
+            {"ops": ["defocus_blur"], "held_out": {"suites": [str(path)], "match": "family"}}
+        )
     assert specs["defocus_blur"].family == specs["gaussian_blur"].family
 
 
@@ -136,7 +151,13 @@ def test_held_out_composite_suite_holds_out_its_ops() -> None:
 def test_suite_relative_to_policy_file(tmp_path: Path) -> None:
     (tmp_path / "evals").mkdir()
     (tmp_path / "evals" / "mine.yaml").write_text(
-        yaml.safe_dump({"suite": "mine", "jobs": [{"ops": ["contrast"], "severities": [2]}], "output": {"layout": "{op}/{img_id}.{ext}"}})
+        yaml.safe_dump(
+            {
+                "suite": "mine",
+                "jobs": [{"ops": ["contrast"], "severities": [2]}],
+                "output": {"layout": "{op}/{img_id}.{ext}"},
+            }
+        )
     )
     pol = tmp_path / "pol.yaml"
     pol.write_text(yaml.safe_dump({"ops": ["contrast", "rotation"], "held_out": "evals/mine.yaml"}))

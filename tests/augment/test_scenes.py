@@ -200,10 +200,14 @@ def test_carried_records_replay_and_are_the_plans() -> None:
         assert torch.equal(replayed, out.images[i])
 
 
-def test_scenes_are_carried_only_when_asked() -> None:
-    """The default analyses each border-protecting op's input (the pinned golden behaviour)."""
+def test_scenes_are_carried_by_default_and_analysed_per_op_when_asked() -> None:
+    """The default carries each source's scene; ``carry_scenes=False`` analyses each
+    border-protecting op's input instead (and records no scene)."""
     x = _frames(2, salt=17)
-    default = Augment(CROP_THEN_COLOUR, seed=4, return_records=True)
+    carried = Augment(CROP_THEN_COLOUR, seed=4, return_records=True)(x, [0, 1])
+    assert isinstance(carried, AugmentResult) and carried.records is not None
+    assert any("scene" in r.extra for c in carried.records for r in c)
+    default = Augment(CROP_THEN_COLOUR, seed=4, return_records=True, carry_scenes=False)
     out = default(x, [0, 1])
     assert isinstance(out, AugmentResult) and out.records is not None
     assert not any("scene" in r.extra for c in out.records for r in c) and len(default.scenes) == 0

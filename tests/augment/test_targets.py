@@ -20,7 +20,12 @@ from perturb.errors import InputError
 from perturb.ops.geometry import crop_box, translation_pixels
 
 H, W = 72, 96
-BOXES = [(30.0, 20.0, 62.0, 50.0), (18.0, 26.0, 47.0, 41.0), (40.0, 15.0, 70.0, 55.0), (25.0, 30.0, 75.0, 45.0)]
+BOXES = [
+    (30.0, 20.0, 62.0, 50.0),
+    (18.0, 26.0, 47.0, 41.0),
+    (40.0, 15.0, 70.0, 55.0),
+    (25.0, 30.0, 75.0, 45.0),
+]
 
 
 def _paint(box: tuple[float, float, float, float]) -> torch.Tensor:
@@ -114,7 +119,9 @@ def test_translation_masks_are_exact_shifts(painted: torch.Tensor) -> None:
     assert moved.shape == masks.shape and moved.dtype == torch.int32
     for i, plan in enumerate(plans):
         p = plan[0].params
-        tx, ty = translation_pixels(W, H, float(np.float32(p["shift"])), float(np.float32(p["direction"])))
+        tx, ty = translation_pixels(
+            W, H, float(np.float32(p["shift"])), float(np.float32(p["direction"]))
+        )
         ref = np.zeros((H, W), dtype=np.int32)
         src = masks[i, 0].numpy()
         ys, xs = np.nonzero(src)
@@ -136,7 +143,9 @@ def test_photometric_ops_pass_targets_through(op: str, painted: torch.Tensor) ->
 def test_augment_chain_moves_targets_like_pixels() -> None:
     """A 3-op chain (two geometric ops in a random order, one photometric) through the module:
     boxes match the painted boxes warped by the same module call."""
-    policy = load_policy({"ops": ["rotation", "translation", "brightness"], "num_ops": 3, "severity": [1, 3]})
+    policy = load_policy(
+        {"ops": ["rotation", "translation", "brightness"], "num_ops": 3, "severity": [1, 3]}
+    )
     augment = Augment(policy, seed=4, return_records=True)
     images = torch.stack([_paint(b) for b in BOXES]).unsqueeze(1).expand(-1, 3, -1, -1).contiguous()
     masks = torch.stack([_paint(b) for b in BOXES]).to(torch.uint8)
@@ -156,7 +165,12 @@ def test_augment_chain_moves_targets_like_pixels() -> None:
 def test_boxes_leaving_the_frame_are_empty_and_many_boxes_per_image() -> None:
     policy = load_policy({"ops": ["translation"], "severity": 5})
     plans = plan_batch(policy, seed=0, epoch=0, indices=[0])
-    tx, ty = translation_pixels(W, H, float(np.float32(plans[0][0].params["shift"])), float(np.float32(plans[0][0].params["direction"])))
+    tx, ty = translation_pixels(
+        W,
+        H,
+        float(np.float32(plans[0][0].params["shift"])),
+        float(np.float32(plans[0][0].params["direction"])),
+    )
     edge = (0.0, 0.0, 3.0, 3.0) if tx < 0 or ty < 0 else (W - 3.0, H - 3.0, float(W), float(H))
     moved = move_boxes([[edge, BOXES[0], BOXES[1]]], plans, (W, H))[0]
     assert moved.shape == (3, 4)
@@ -181,19 +195,34 @@ def test_target_errors() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    x1=st.floats(0, W - 2), y1=st.floats(0, H - 2), bw=st.floats(1, W), bh=st.floats(1, H),
-    index=st.integers(0, 10**6), severity=st.integers(1, 5),
+    x1=st.floats(0, W - 2),
+    y1=st.floats(0, H - 2),
+    bw=st.floats(1, W),
+    bh=st.floats(1, H),
+    index=st.integers(0, 10**6),
+    severity=st.integers(1, 5),
 )
 def test_moved_boxes_stay_in_frame_and_shifts_are_exact(
     x1: float, y1: float, bw: float, bh: float, index: int, severity: int
 ) -> None:
     box = (x1, y1, min(x1 + bw, W), min(y1 + bh, H))
-    policy = load_policy({"ops": ["rotation", "resized_crop", "translation"], "num_ops": [1, 3], "severity": severity})
+    policy = load_policy(
+        {
+            "ops": ["rotation", "resized_crop", "translation"],
+            "num_ops": [1, 3],
+            "severity": severity,
+        }
+    )
     plans = plan_batch(policy, seed=1, epoch=0, indices=[index])
     moved = move_boxes([[box]], plans, (W, H))[0][0].tolist()
     assert 0 <= moved[0] <= moved[2] <= W and 0 <= moved[1] <= moved[3] <= H
     if [r.op for r in plans[0]] == ["translation"]:
         p = plans[0][0].params
-        tx, ty = translation_pixels(W, H, float(np.float32(p["shift"])), float(np.float32(p["direction"])))
-        want = [min(max(v + d, 0.0), lim) for v, d, lim in zip(box, (tx, ty, tx, ty), (W, H, W, H), strict=True)]
+        tx, ty = translation_pixels(
+            W, H, float(np.float32(p["shift"])), float(np.float32(p["direction"]))
+        )
+        want = [
+            min(max(v + d, 0.0), lim)
+            for v, d, lim in zip(box, (tx, ty, tx, ty), (W, H, W, H), strict=True)
+        ]
         assert np.allclose(moved, want, atol=1e-4)
