@@ -236,7 +236,7 @@ def lead_letter(segment: str, options: Mapping[str, str] | None = None) -> str |
         # "a pleural effusion", "A pleural effusion", "I think": an article or a pronoun,
         # unless that letter's own option text follows
         next_word = re.match(r"[^\W\d_]+", rest)
-        connective = bool(next_word) and next_word.group(0).lower() in _CONNECTIVES
+        connective = next_word is not None and next_word.group(0).lower() in _CONNECTIVES
         if (
             spaced
             and (raw.islower() or (raw in "AI" and rest[0].isalpha()))
