@@ -48,6 +48,7 @@ COMMAND_MODULES = [
     "perturb.cli.generate",
     "perturb.cli.demo",
     "perturb.cli.calibrate",
+    "perturb.cli.export",
 ]
 
 for _module in COMMAND_MODULES:

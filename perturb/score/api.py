@@ -28,7 +28,7 @@ from perturb.score.analysis import (
 )
 from perturb.score.coverage import manifest_coverage
 from perturb.score.headline import choose_headline
-from perturb.score.manifest import Manifest, load_manifest
+from perturb.score.manifest import Manifest, discover_manifest, load_manifest
 from perturb.score.metrics import (
     FREE_TEXT_METRICS,
     METRICS,
@@ -284,6 +284,8 @@ def score_runs(
     clean_by_model, perturbed_by_model = _as_model_map(clean, perturbed)
     man: Manifest | None = load_manifest(manifest) if manifest is not None else None
     inputs = _read_inputs(clean_by_model, perturbed_by_model, named=isinstance(clean, Mapping))
+    if man is None:
+        man = _found_manifest(inputs)
     dataset_info, dataset_join = _join_dataset(inputs, dataset, dataset_split)
     models = inputs.model_names()
     if man is not None and man.root is not None:
@@ -394,6 +396,30 @@ class _Inputs:
                 f"model(s) {lonely} (from the files' 'model' column) have only clean or only perturbed rows"
             )
         return sorted(set(self.clean) | set(self.perturbed))
+
+
+def _found_manifest(inputs: _Inputs) -> Manifest | None:
+    """The manifest of the generated split the perturbed images lie in (no --manifest given),
+    recorded in scores.json "inputs"; None when their paths lead to none."""
+    paths = (
+        p
+        for tables in inputs.perturbed.values()
+        for table, _rep, _run in tables
+        for p in table["image_path"].tolist()
+    )
+    found = discover_manifest(paths, [*inputs.bases, Path.cwd()])
+    if found is None:
+        return None
+    inputs.inputs.append(
+        {
+            "role": "manifest",
+            "model": None,
+            "source": str(found),
+            "format": "parquet (found beside the perturbed images)",
+            "sha256": _sha256(found),
+        }
+    )
+    return load_manifest(found)
 
 
 def _read_inputs(

@@ -783,6 +783,9 @@ def _swift_columns(df: pd.DataFrame, rep: ReadReport) -> pd.DataFrame:
         out = out.drop(columns=["response"])
     if "labels" in df.columns and "answer" not in df.columns:
         out = out.rename(columns={"labels": "reference"})
+    elif has_response and not ({"answer", "reference"} & set(df.columns)):
+        # the dataset row's assistant turn is the reference the model answered against
+        out["reference"] = last_assistant
     if "images" in df.columns and "image_path" not in df.columns:
         out = out.rename(columns={"images": "image_path"})
     return out.drop(columns=["messages"])
