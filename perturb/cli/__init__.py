@@ -49,6 +49,7 @@ COMMAND_MODULES = [
     "perturb.cli.demo",
     "perturb.cli.calibrate",
     "perturb.cli.export",
+    "perturb.cli.predict",
 ]
 
 for _module in COMMAND_MODULES:

@@ -911,7 +911,8 @@ def _drop_failed_inference(rows: _Rows, pred: np.ndarray) -> None:
             f"{rep.source} {rep.loc_word} {rows.locs[i]}: {str(err[i])[:80]}"
         )
     failed &= ~rows.drop
-    rep.dropped["inference_error"] += int(failed.sum())
+    if failed.any():  # a zero count would read as a problem in the report
+        rep.dropped["inference_error"] += int(failed.sum())
     rows.drop[failed] = True
 
 
