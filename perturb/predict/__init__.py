@@ -301,10 +301,11 @@ def _window(
 
 
 def default_out(split_dir: Path, model: str) -> Path:
-    """``<DIR>-predictions/<model>`` beside the split folder."""
+    """``<DIR>-predictions/<model>`` beside the split folder (the model name after its last
+    ``/``: ``Qwen/Qwen2.5-VL-7B-Instruct`` -> ``Qwen2.5-VL-7B-Instruct``)."""
     from perturb.generate.naming import safe_stem
 
-    return split_dir.parent / f"{split_dir.name}-predictions" / safe_stem(model)
+    return split_dir.parent / f"{split_dir.name}-predictions" / safe_stem(model.rsplit("/", 1)[-1])
 
 
 def predict_split(
