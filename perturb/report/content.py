@@ -328,6 +328,14 @@ def _severity_section(prim: str, mname: str, model: Mapping[str, Any], index: in
     section = Section(f"Perturbation x severity: {mname}", f"severity-{index}", level=3)
     by_severity = model.get("by_perturbation_severity") or {}
     severities = sorted({int(k) for d in by_severity.values() for k in d}, key=int)
+    if severities == [0]:  # a track of variants (Kvasir-VQA-x1 track 2): no severity axis
+        section.title = f"Variants: {mname}"
+        section.paragraphs.append(
+            "The perturbations of this split have variants, not severity levels, so there is "
+            "no severity table or curve; the gaps per perturbation are above and the "
+            "worst-of-k results below."
+        )
+        return section
     order = [p for p, _ in by_gap(model.get("by_perturbation"), prim)]
     order += [p for p in sorted(by_severity) if p not in order]
     rows = []
@@ -381,7 +389,7 @@ def _severity_section(prim: str, mname: str, model: Mapping[str, Any], index: in
                 caption="Area under the severity curve (mean level from severity 0 to max)",
             )
         )
-    if by_severity:
+    if by_severity and severities != [0]:
         section.plots += [f"heatmap:{mname}", f"curves:{mname}"]
     return section
 

@@ -431,8 +431,10 @@ def _read_inputs(
     inputs = _Inputs()
     for model, src in clean_by_model.items():
         df, rep = read_predictions(src, label=_label(src, f"clean[{model}]"))
-        inputs.note_read(rep, "clean", model, src)
-        for mname, part in _split_by_model(df, model, named).items():
+        parts = _split_by_model(df, model, named)
+        # the models as the report names them (a file's 'model' column over the default name)
+        inputs.note_read(rep, "clean", ", ".join(parts) or model, src)
+        for mname, part in parts.items():
             if mname in inputs.clean:
                 raise InputError(f"model {mname!r} has clean predictions in two inputs")
             inputs.clean[mname] = (part, rep)
@@ -440,9 +442,10 @@ def _read_inputs(
         for j, src in enumerate(srcs):
             label = _label(src, f"perturbed[{model}][{j}]")
             df, rep = read_predictions(src, label=label)
-            inputs.note_read(rep, "perturbed", model, src)
+            parts = _split_by_model(df, model, named)
+            inputs.note_read(rep, "perturbed", ", ".join(parts) or model, src)
             run = _run_name(src, f"perturbed{j + 1}" if len(srcs) > 1 else "perturbed")
-            for mname, part in _split_by_model(df, model, named).items():
+            for mname, part in parts.items():
                 inputs.perturbed.setdefault(mname, []).append((part, rep, run))
     return inputs
 
