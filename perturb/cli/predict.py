@@ -54,6 +54,14 @@ def predict(
     limit: Annotated[
         int | None, typer.Option("--limit", help="Only the first N clean and N perturbed rows.")
     ] = None,
+    controls: Annotated[
+        bool,
+        typer.Option(
+            "--controls",
+            help="Also ask each clean question with a blank grey image, another sample's "
+            "image and no image (OUT/controls.jsonl): does the model look at the image?",
+        ),
+    ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Send every (image, question) of a split to a chat-completions server; answers (and the
@@ -79,6 +87,7 @@ def predict(
         system=system,
         api_key=os.environ.get("PERTURB_API_KEY") or os.environ.get("OPENAI_API_KEY"),
         limit=limit,
+        controls=controls,
         progress=not quiet,
     )
     for note in result.notes:
@@ -92,9 +101,10 @@ def predict(
     for role, path in result.files.items():
         typer.echo(f"{role}: {path}")
     if "clean" in result.files and "perturbed" in result.files:
+        extra = f" --perturbed {result.files['controls']}" if "controls" in result.files else ""
         typer.echo(
             f"next: perturb score --clean {result.files['clean']} "
-            f"--perturbed {result.files['perturbed']} --out {result.out / 'scores'}"
+            f"--perturbed {result.files['perturbed']}{extra} --out {result.out / 'scores'}"
         )
     if result.failed:
         typer.echo("re-run the same command to retry the failed requests", err=True)

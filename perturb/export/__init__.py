@@ -50,6 +50,7 @@ SPLIT_COLUMNS = ("op", "severity", "variant")
 # the reference answer: free text (Kvasir, VinDr) or an option letter (ReXVQA, MedThinkVQA)
 ANSWER_COLUMNS = ("answer", "correct_answer")
 CLEAN_DIR = "clean"
+CONTROL_PREFIX = "control_"  # the controls' perturbation names (perturb predict --controls)
 EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "TIFF": "tif", "BMP": "bmp", "WEBP": "webp"}
 
 __all__ = [
@@ -116,7 +117,7 @@ class SplitRow:
     img_id: str
     question: str
     answer: Any
-    image: Path
+    image: Path | None  # None: a question asked with no image (the no-image control)
     op: str | None
     severity: int
     variant: int
@@ -124,7 +125,9 @@ class SplitRow:
 
     @property
     def role(self) -> str:
-        return "clean" if self.op is None else "perturbed"
+        if self.op is None:
+            return "clean"
+        return "controls" if self.op.startswith(CONTROL_PREFIX) else "perturbed"
 
 
 def _open_source(
@@ -399,7 +402,9 @@ def export_split(
     )
     absolute = fmt == "ms-swift" if absolute_paths is None else absolute_paths
 
-    def where(p: Path) -> str:
+    def where(p: Path | None) -> str:
+        if p is None:
+            return ""
         return str(p) if absolute else os.path.relpath(p, target).replace(os.sep, "/")
 
     result = ExportResult(out=target, format=fmt, notes=notes)

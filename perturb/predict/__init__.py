@@ -37,7 +37,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ def chat_url(endpoint: str) -> str:
 def row_id(row: SplitRow) -> str:
     """A stable id of one request: role, image, question and perturbation (resume key)."""
     parts = [row.role, row.img_id, row.question, str(row.op), str(row.severity), str(row.variant)]
-    parts.append(row.image.name)
+    parts.append(row.image.name if row.image is not None else "")
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=10).hexdigest()
 
 
@@ -87,15 +87,11 @@ def request_body(
     messages: list[dict[str, Any]] = []
     if system:
         messages.append({"role": "system", "content": system})
-    messages.append(
-        {
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": data_url(row.image)}},
-                {"type": "text", "text": prompt_of(row)},
-            ],
-        }
-    )
+    content: list[dict[str, Any]] = []
+    if row.image is not None:
+        content.append({"type": "image_url", "image_url": {"url": data_url(row.image)}})
+    content.append({"type": "text", "text": prompt_of(row)})
+    messages.append({"role": "user", "content": content})
     return {
         "model": model,
         "messages": messages,
@@ -260,7 +256,7 @@ def _rewrite(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
 
 
 def answer_record(
-    row: SplitRow, rid: str, answer: Answer, model: str, image: str
+    row: SplitRow, rid: str, answer: Answer, model: str, image: str | None
 ) -> dict[str, Any]:
     """One line of an answers file (the scorer's plain schema plus the raw response)."""
     return {
@@ -300,6 +296,45 @@ def _window(
             yield r, i, fut.result()
 
 
+CONTROLS = ("control_blank", "control_other_image", "control_no_image")
+BLANK_GREY = 128
+
+
+def control_rows(clean: list[SplitRow], folder: Path) -> list[SplitRow]:
+    """Each clean question three more times, to see whether the model looks at the image:
+    ``control_blank`` (a mid-grey image of the same size), ``control_other_image`` (the clean
+    image of another sample: the next one in a fixed hash order of the img_ids, never its own)
+    and ``control_no_image`` (the question alone). Grey images go to ``folder``."""
+    from PIL import Image
+
+    ids = sorted({r.img_id for r in clean}, key=lambda i: hashlib.blake2b(i.encode()).digest())
+    image_of = {r.img_id: r.image for r in clean}
+    other = {ids[k]: image_of[ids[(k + 1) % len(ids)]] for k in range(len(ids))}
+    folder.mkdir(parents=True, exist_ok=True)
+    blanks: dict[tuple[int, int], Path] = {}
+    out: list[SplitRow] = []
+    for r in clean:
+        assert r.image is not None
+        with Image.open(r.image) as im:
+            size = im.size
+        if size not in blanks:
+            blank = folder / f"blank_{size[0]}x{size[1]}.png"
+            if not blank.is_file():
+                Image.new("RGB", size, (BLANK_GREY,) * 3).save(blank)
+            blanks[size] = blank.resolve()
+        swapped = other[r.img_id] if len(ids) > 1 else None
+        images: dict[str, Path | None] = {
+            "control_blank": blanks[size],
+            "control_other_image": swapped,
+            "control_no_image": None,
+        }
+        for name in CONTROLS:
+            if name == "control_other_image" and swapped is None:
+                continue  # one image: no other study to show
+            out.append(replace(r, image=images[name], op=name, severity=0, variant=0))
+    return out
+
+
 def default_out(split_dir: Path, model: str) -> Path:
     """``<DIR>-predictions/<model>`` beside the split folder (the model name after its last
     ``/``: ``Qwen/Qwen2.5-VL-7B-Instruct`` -> ``Qwen2.5-VL-7B-Instruct``)."""
@@ -327,12 +362,14 @@ def predict_split(
     system: str | None = None,
     api_key: str | None = None,
     limit: int | None = None,
+    controls: bool = False,
     progress: bool = True,
     sleep: Callable[[float], None] = time.sleep,
 ) -> PredictResult:
     """Ask ``model`` at ``endpoint`` every question of a generated split (see the module
-    docstring); answers in ``OUT/clean.jsonl`` and ``OUT/perturbed.jsonl``. ``limit``: the
-    first N rows of each role only."""
+    docstring); answers in ``OUT/clean.jsonl`` and ``OUT/perturbed.jsonl`` (and
+    ``OUT/controls.jsonl`` with ``controls``: :func:`control_rows`). ``limit``: the first N rows
+    of each role only."""
     if concurrency < 1:
         raise InputError("--concurrency must be at least 1")
     if timeout <= 0:
@@ -352,10 +389,16 @@ def predict_split(
         builtin_modality=builtin_modality,
     )
     result = PredictResult(out=target, notes=notes)
-    by_role: dict[str, list[SplitRow]] = {"clean": [], "perturbed": []}
+    by_role: dict[str, list[SplitRow]] = {"clean": [], "perturbed": [], "controls": []}
     for r in rows:
         if limit is None or len(by_role[r.role]) < limit:
             by_role[r.role].append(r)
+    if controls:
+        if not by_role["clean"]:
+            raise InputError(
+                "--controls needs the clean rows: pass --dataset (or --builtin-images)"
+            )
+        by_role["controls"] = control_rows(by_role["clean"], target / "controls")
     todo: list[tuple[SplitRow, str]] = []
     handles = {}
     for role, items in by_role.items():
@@ -376,7 +419,9 @@ def predict_split(
                 done.add(i)
         handles[role] = path.open("a", encoding="utf-8")
 
-    def image_of(row: SplitRow) -> str:
+    def image_of(row: SplitRow) -> str | None:
+        if row.image is None:
+            return None
         return os.path.relpath(row.image, target).replace(os.sep, "/")
 
     def submit(row: SplitRow, rid: str) -> Future[Answer]:

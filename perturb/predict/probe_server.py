@@ -5,8 +5,8 @@ chat-completions endpoint on the loopback interface: what ``perturb demo`` and t
     with serve_probe() as base_url:                  # e.g. "http://127.0.0.1:41234/v1"
         predict_split("runs/demo", base_url, "probe", builtin_images=16)
 
-Only ``POST /v1/chat/completions`` with one user message holding an ``image_url`` part (a
-base64 ``data:`` URL) and a text part is served; anything else is a 400 / 404 with an
+Only ``POST /v1/chat/completions`` with a user message holding a text part and at most one
+``image_url`` part (a base64 ``data:`` URL) is served; anything else is a 400 / 404 with an
 OpenAI-style error body. ``fault`` (tests) may replace a response: it gets the request's number
 (1-based) and returns None (answer normally) or ``(status, body bytes)``, or sleeps first.
 """
@@ -30,8 +30,9 @@ def _error(status: int, message: str) -> tuple[int, bytes]:
     return status, json.dumps({"error": {"message": message, "code": status}}).encode()
 
 
-def _parts(body: Any) -> tuple[bytes, str]:
-    """(image bytes, question text) of a chat-completions request; ValueError if malformed."""
+def _parts(body: Any) -> tuple[bytes | None, str]:
+    """(image bytes or None, question text) of a chat-completions request; ValueError if
+    malformed."""
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list):
         raise ValueError("messages must be a list")
@@ -50,8 +51,8 @@ def _parts(body: Any) -> tuple[bytes, str]:
             image = base64.b64decode(data, validate=True)
         elif part.get("type") == "text":
             text = str(part.get("text", ""))
-    if image is None or text is None:
-        raise ValueError("one image_url part and one text part are needed")
+    if text is None:
+        raise ValueError("a text part is needed")
     return image, text
 
 
@@ -73,7 +74,7 @@ def completion(model: str, content: str) -> dict[str, Any]:
     }
 
 
-def _handler(answer: Callable[[bytes, str], str], model: str, fault: Fault | None) -> type:
+def _handler(answer: Callable[[bytes | None, str], str], model: str, fault: Fault | None) -> type:
     count = [0]
     lock = threading.Lock()
 
@@ -125,11 +126,17 @@ def _handler(answer: Callable[[bytes, str], str], model: str, fault: Fault | Non
     return Handler
 
 
-def probe_answer(image: bytes, question: str) -> str:
-    """The probe model's answer to ``question`` about the encoded ``image``."""
+NO_IMAGE_ANSWER = "I cannot answer without an image."
+
+
+def probe_answer(image: bytes | None, question: str) -> str:
+    """The probe model's answer to ``question`` about the encoded ``image`` (it cannot answer
+    without one)."""
     from perturb.io.images import decode_image
     from perturb.probe import ProbeModel
 
+    if image is None:
+        return NO_IMAGE_ANSWER
     return ProbeModel().answer(decode_image(image), question)
 
 
@@ -138,7 +145,7 @@ def serve_probe(
     *,
     port: int = 0,
     fault: Fault | None = None,
-    answer: Callable[[bytes, str], str] = probe_answer,
+    answer: Callable[[bytes | None, str], str] = probe_answer,
     model: str = "perturb-probe",
 ) -> Iterator[str]:
     """Serve ``answer`` (default: the probe model) on 127.0.0.1 in a thread; yields the base

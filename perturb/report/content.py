@@ -242,6 +242,8 @@ def _model_sections(
         _headline_section(scores, mname, model, index),
         _severity_section(prim, mname, model, index),
     ]
+    if (model.get("controls") or {}).get("by_control"):
+        out.append(_controls_section(model["controls"], mname, index))
     worst_of_k = model.get("worst_of_k") or {}
     if worst_of_k.get("by_perturbation"):
         out.append(_worst_of_k_section(worst_of_k, prim, mname, index))
@@ -320,6 +322,41 @@ def _headline_section(
     )
     if index > 0:  # the first model's bars are on the first screen
         section.plots.append(f"delta_bars:{mname}")
+    return section
+
+
+def _controls_section(controls: Mapping[str, Any], mname: str, index: int) -> Section:
+    """Per question class, the share of the clean score each control keeps."""
+    section = Section(f"Controls: {mname}", f"controls-{index}", level=3)
+    metric = controls.get("metric", "")
+    by_control = controls["by_control"]
+    names = sorted(by_control)
+    section.paragraphs.append(
+        f"Each clean question asked again with a blank grey image, another sample's image, or "
+        f"no image (control pairs are not in the gaps above). Retained = control {metric} / "
+        "clean; a class whose score survives without the image is not tested by perturbations."
+    )
+    classes = sorted(
+        {qc for cells in by_control.values() for qc in cells}, key=lambda c: (c != ALL, c)
+    )
+    rows = []
+    for qc in classes:
+        first: Mapping[str, Any] = next(
+            (by_control[n][qc] for n in names if qc in by_control[n]), {}
+        )
+        row = [qc, str(first.get("n", "-")), pct(first.get("clean"))]
+        for n in names:
+            cell = by_control[n].get(qc) or {}
+            row.append(pct(cell.get("retained")))
+        rows.append(row)
+    section.tables.append(
+        Table(
+            ["question class", "n", f"clean {metric} (%)"] + [f"retained %: {n}" for n in names],
+            rows,
+            id=f"controls-table-{index}",
+            caption=f"Share of the clean {metric} kept by each control",
+        )
+    )
     return section
 
 

@@ -26,6 +26,8 @@ from perturb.score.analysis import (
     analyze,
     load_reference_scores,
 )
+from perturb.score.controls import split_controls
+from perturb.score.controls import summarise as summarise_controls
 from perturb.score.coverage import manifest_coverage
 from perturb.score.headline import choose_headline
 from perturb.score.manifest import Manifest, discover_manifest, load_manifest
@@ -301,6 +303,7 @@ def score_runs(
             man, inputs.bases, dataset_info, Path(out_dir) if out_dir is not None else None
         ),
     )
+    paired, controls = _split_controls(measured, man, inputs.bases, dataset_info, out_dir)
     choice = _choose_scoring(
         measured, paired, requested, primary, include_at_risk, reference, models
     )
@@ -318,6 +321,10 @@ def score_runs(
         extra_binary=choice.extra_binary,
     )
     _add_calibration(sections, measured.models, choice, bootstrap, seed, level)
+    for mname, control_data in controls.items():
+        sections["models"][mname]["controls"] = summarise_controls(
+            control_data, choice.primary, choice.used_item
+        )
     if rouge_upstream:
         from perturb.score.upstream_rouge import upstream_rouge
 
@@ -553,6 +560,36 @@ def _measure_models(
     for mname, pairs in paired.items():
         measured.models.append(_measure_model(mname, pairs, measured, images))
     return measured
+
+
+def _split_controls(
+    measured: _Measured,
+    man: Manifest | None,
+    bases: list[Path],
+    dataset_info: Any,
+    out_dir: str | Path | None,
+) -> tuple[dict[str, pd.DataFrame], dict[str, ModelData]]:
+    """Take the control pairs (``control_*``, :mod:`perturb.score.controls`) out of every
+    model's measured pairs; (the remaining pairs per model, the control data per model)."""
+    out = Path(out_dir) if out_dir is not None else None
+
+    def resolver(pairs: pd.DataFrame) -> Callable[[int], tuple[str | None, str | None]]:
+        return _image_resolver(pairs, man, bases, dataset_info, out)
+
+    controls: dict[str, ModelData] = {}
+    kept: list[ModelData] = []
+    for md in measured.models:
+        rest, ctrl = split_controls(md, resolver)
+        if ctrl is not None:
+            if len(rest.pairs) == 0:
+                raise InputError(
+                    f"model {md.name!r}: only control pairs (control_*); pass the perturbed "
+                    "predictions too (--perturbed perturbed.jsonl --perturbed controls.jsonl)"
+                )
+            controls[md.name] = ctrl
+        kept.append(rest)
+    measured.models[:] = kept
+    return {md.name: md.pairs for md in kept}, controls
 
 
 def _measure_model(

@@ -226,7 +226,8 @@ def test_request_shape_and_concurrency_bound(split: Path, tmp_path: Path) -> Non
     in_flight = [0, 0]  # now, max
     lock = threading.Lock()
 
-    def answer(image: bytes, question: str) -> str:
+    def answer(image: bytes | None, question: str) -> str:
+        assert image is not None
         with lock:
             in_flight[0] += 1
             in_flight[1] = max(in_flight)
