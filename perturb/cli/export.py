@@ -15,7 +15,7 @@ def export(
     split_dir: Annotated[Path, typer.Argument(help="Folder written by `perturb generate --out`.")],
     fmt: Annotated[
         str,
-        typer.Option("--format", help="ms-swift, jsonl, parquet or hf."),
+        typer.Option("--format", help="ms-swift, jsonl, parquet, hf or hub."),
     ] = "ms-swift",
     out: Annotated[
         Path | None,
@@ -37,6 +37,13 @@ def export(
     builtin_modality: Annotated[
         str, typer.Option("--builtin-modality", help="endoscopy or xray phantoms.")
     ] = "endoscopy",
+    license_id: Annotated[
+        str | None,
+        typer.Option("--license", help="hub: the source's licence id (e.g. cc-by-nc-4.0)."),
+    ] = None,
+    attribution: Annotated[
+        str | None, typer.Option("--attribution", help="hub: who made the source dataset.")
+    ] = None,
     absolute_paths: Annotated[
         bool | None,
         typer.Option(
@@ -60,9 +67,19 @@ def export(
         builtin_images=builtin_images,
         builtin_modality=builtin_modality,
         absolute_paths=absolute_paths,
+        license_id=license_id,
+        attribution=attribution,
     )
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
+    if fmt == "hub":
+        parquet = sum(1 for k in result.files if k.endswith(".parquet"))
+        typer.echo(
+            f"hub: {result.out} ({result.rows['perturbed']} rows in {parquet} parquet files, "
+            "README.md, croissant.json); upload with `hf upload --repo-type dataset REPO "
+            f"{result.out}`"
+        )
+        return
     for role, path in result.files.items():
         rows = (
             ", ".join(f"{k} {v}" for k, v in result.rows.items())

@@ -11,7 +11,8 @@ rows joined with their outputs, no image bytes). Two ways on from there:
   (:data:`FORMATS`): ``ms-swift`` (the messages + images JSONL upstream feeds ``swift infer``),
   ``jsonl`` and ``parquet`` (one row per question: ``img_id, question, answer, image, op,
   severity, variant`` and the source's other columns), ``hf`` (a ``save_to_disk``
-  ``DatasetDict`` with ``clean`` and ``perturbed`` splits, images embedded). Every row carries
+  ``DatasetDict`` with ``clean`` and ``perturbed`` splits, images embedded), ``hub`` (the
+  perturbed rows as a Hub dataset repository: :mod:`perturb.export.hub`). Every row carries
   the keys the scorer pairs on (``img_id``, the question, ``perturbation``/``op``, ``severity``,
   ``variant``) and an image path inside the split, so ``perturb score`` pairs the predictions
   without ``--manifest`` (:func:`perturb.score.manifest.discover_manifest`).
@@ -35,7 +36,7 @@ from typing import Any
 from perturb.contracts.manifest import PERTURBATION_COLUMNS
 from perturb.errors import InputError
 
-FORMATS = ("ms-swift", "jsonl", "parquet", "hf")
+FORMATS = ("ms-swift", "jsonl", "parquet", "hf", "hub")
 # what upstream's Kvasir-VQA-x1 dataset holds, in its order (others follow as the source has them)
 UPSTREAM_COLUMNS = (
     "image",
@@ -377,6 +378,8 @@ def export_split(
     builtin_images: int | None = None,
     builtin_modality: str = "endoscopy",
     absolute_paths: bool | None = None,
+    license_id: str | None = None,
+    attribution: str | None = None,
 ) -> ExportResult:
     """Write a generated split for an inference run (see the module docstring): ``clean`` and
     ``perturbed`` files (or ``hf/`` with both splits) and the clean images under ``OUT``.
@@ -392,6 +395,18 @@ def export_split(
             "as extra files. Choose a folder outside it (default: <DIR>-<format>)."
         )
     target.mkdir(parents=True, exist_ok=True)
+    if fmt == "hub":  # the perturbed outputs as the Hub reads a dataset repository
+        from perturb.export.hub import export_hub
+
+        source = "builtin" if builtin_images is not None else (
+            None if dataset is None else os.fspath(dataset)
+        )  # fmt: skip
+        written, n_rows = export_hub(
+            root, target, source=source, license_id=license_id, attribution=attribution
+        )
+        hub = ExportResult(out=target, format=fmt, files=dict(written))
+        hub.rows["perturbed"] = n_rows
+        return hub
     rows, notes = split_rows(
         root,
         target / CLEAN_DIR,
