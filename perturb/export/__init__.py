@@ -402,7 +402,12 @@ def export_split(
             None if dataset is None else os.fspath(dataset)
         )  # fmt: skip
         written, n_rows = export_hub(
-            root, target, source=source, license_id=license_id, attribution=attribution
+            root,
+            target,
+            load_split(root),
+            source=source,
+            license_id=license_id,
+            attribution=attribution,
         )
         hub = ExportResult(out=target, format=fmt, files=dict(written))
         hub.rows["perturbed"] = n_rows

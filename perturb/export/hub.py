@@ -150,6 +150,7 @@ def _card(
 def export_hub(
     split_dir: str | os.PathLike[str],
     out: Path,
+    split: Any,
     *,
     source: str | None = None,
     license_id: str | None = None,
@@ -157,10 +158,9 @@ def export_hub(
     name: str | None = None,
 ) -> tuple[dict[str, Path], int]:
     """Write the Hub layout of a generated split into ``out`` (see the module docstring);
-    returns the files (card, Croissant file, every parquet file) and the number of rows."""
+    ``split`` is the split as ``perturb.load_split`` opens it. Returns the files (card,
+    Croissant file, every parquet file) and the number of rows."""
     import datasets
-
-    from perturb.export import load_split
 
     known = KNOWN_SOURCES.get(source or "", (None, None))
     license_id = license_id or known[0]
@@ -171,8 +171,7 @@ def export_hub(
             f"--attribution (known sources: {', '.join(KNOWN_SOURCES)})"
         )
     root = Path(split_dir).resolve()
-    ds = load_split(root)
-    ds = ds.cast_column("image", datasets.Image(decode=False))
+    ds = split.cast_column("image", datasets.Image(decode=False))
     table = ds.to_pandas()
     manifest = _manifest_fields(root)
     keys = list(zip(table["path"], strict=True))
