@@ -87,9 +87,7 @@ def forward_matrix(record: Record | Mapping[str, Any], width: int, height: int) 
     if geometry is None:
         return np.eye(3)
     if geometry.matrix is None:
-        raise AnnotationError(
-            f"geometric op {op!r} is not projective: it has no matrix; move points with forward_points"
-        )
+        raise AnnotationError(f"geometric op {op!r} is not projective: it has no matrix; move points with forward_points")
     return geometry.matrix(_params(record), width, height)
 
 
@@ -116,9 +114,7 @@ def _outline(x1: float, y1: float, x2: float, y2: float) -> np.ndarray:
     )
 
 
-def chain_matrix(
-    records: Iterable[Record | Mapping[str, Any]], width: int, height: int
-) -> np.ndarray:
+def chain_matrix(records: Iterable[Record | Mapping[str, Any]], width: int, height: int) -> np.ndarray:
     """Input -> output map of records applied in order (all on ``width`` x ``height`` images)."""
     total = np.eye(3)
     for record in records:
@@ -142,9 +138,7 @@ def transform_boxes(
     scale = np.diag([width / w0, height / h0, 1.0])
     geometries = [op_geometry(_op_name(r)) for r in recs]
     affine = all(g is None or g.projective for g in geometries)
-    total = (
-        np.linalg.inv(scale) @ chain_matrix(recs, width, height) @ scale if affine else np.eye(3)
-    )
+    total = np.linalg.inv(scale) @ chain_matrix(recs, width, height) @ scale if affine else np.eye(3)
     out = []
     for box in np.asarray(boxes, dtype=np.float64).reshape(-1, 4):
         x1, y1, x2, y2 = (float(v) for v in box)

@@ -55,9 +55,7 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
         )
     if images.ndim != 4:
         hint = " (add a batch axis with images.unsqueeze(0))" if images.ndim == 3 else ""
-        raise InputError(
-            f"images must have 4 dims (B, C, H, W), got shape {tuple(images.shape)}{hint}"
-        )
+        raise InputError(f"images must have 4 dims (B, C, H, W), got shape {tuple(images.shape)}{hint}")
     b, c, h, w = images.shape
     if b == 0:
         raise InputError("empty batch: pass at least one image (shape (B, C, H, W) with B >= 1)")
@@ -71,11 +69,7 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
         raise InputError(f"images must be at least 2x2 pixels, got {h}x{w}")
     if op is not None and c not in op.spec.channels:
         need = " or ".join(str(n) for n in op.spec.channels)
-        fix = (
-            "repeat the gray channel with images.expand(-1, 3, -1, -1)"
-            if c == 1
-            else "convert to gray first"
-        )
+        fix = "repeat the gray channel with images.expand(-1, 3, -1, -1)" if c == 1 else "convert to gray first"
         raise InputError(f"op {op.name!r} needs {need}-channel images, got {c}; {fix}")
     if images.dtype not in SUPPORTED_DTYPES:
         raise InputError(
@@ -86,9 +80,7 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
         lo, hi = torch.aminmax(images)
         lo_v, hi_v = float(lo), float(hi)
         if not (np.isfinite(lo_v) and np.isfinite(hi_v)):
-            raise InputError(
-                "images contain NaN or inf; replace them (torch.nan_to_num) before perturbing"
-            )
+            raise InputError("images contain NaN or inf; replace them (torch.nan_to_num) before perturbing")
         if lo_v < 0.0 or hi_v > 1.0:
             raise InputError(
                 f"float images must lie in [0, 1], got min {lo_v:.4g} and max {hi_v:.4g}; "
@@ -132,9 +124,7 @@ def collate(params: Sequence[dict[str, Any]], device: torch.device) -> dict[str,
     out: dict[str, torch.Tensor] = {}
     for name in params[0]:
         arrays = [np.asarray(p[name], dtype=np.float64) for p in params]
-        shape = tuple(
-            max(a.shape[d] if a.ndim > d else 0 for a in arrays) for d in range(arrays[0].ndim)
-        )
+        shape = tuple(max(a.shape[d] if a.ndim > d else 0 for a in arrays) for d in range(arrays[0].ndim))
         stacked = np.zeros((len(arrays), *shape), dtype=np.float64)
         for i, a in enumerate(arrays):
             index: tuple[int | slice, ...] = (i, *(slice(0, s) for s in a.shape))
@@ -152,9 +142,7 @@ def draw_key(seed: int, sample_key: str, op: str, variant: int) -> int:
     return rng.derive_key(seed, sample_key, op, SHARED_SEVERITY, variant)
 
 
-def sample_params(
-    op: Op, key: int, severity: int | Mapping[str, tuple[float, float]]
-) -> dict[str, Any]:
+def sample_params(op: Op, key: int, severity: int | Mapping[str, tuple[float, float]]) -> dict[str, Any]:
     """Keyed host-side draw of one sample's parameters (JSON-able) at ``severity`` (1..5) or
     from explicit per-parameter ranges (e.g. interpolated between two severities)."""
     level = op.spec.level(severity) if isinstance(severity, int) else severity
@@ -250,9 +238,7 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
     return _run_records(x, records)
 
 
-def _run_records(
-    x: torch.Tensor, records: Sequence[Record], scenes: Sequence[Scene | None] | None = None
-) -> torch.Tensor:
+def _run_records(x: torch.Tensor, records: Sequence[Record], scenes: Sequence[Scene | None] | None = None) -> torch.Tensor:
     """``run_records``; ``scenes``: each record's scene where the caller has it (``apply``)."""
     names = {r.op for r in records}
     if len(names) != 1:
@@ -301,13 +287,9 @@ class _RecordScenes(Sequence[Scene | None]):
         desc, text, key, digest = analysed_with_digest(self._x[i])
         return self._keep(i, desc, text, key, digest)
 
-    def _keep(
-        self, i: int, desc: dict[str, Any], text: str, key: str, digest: bytes | None
-    ) -> Scene:
+    def _keep(self, i: int, desc: dict[str, Any], text: str, key: str, digest: bytes | None) -> Scene:
         if self._record:
-            self._records[i].extra["scene"] = descriptor_copy(
-                text
-            )  # the record's own dict (make_record's)
+            self._records[i].extra["scene"] = descriptor_copy(text)  # the record's own dict (make_record's)
         scene = Scene.keyed(desc, key)
         # the digest of the very sample the CPU path runs (``x[i]``): per-frame caches (contrast's
         # mean luma) key by it instead of hashing the frame again
@@ -333,9 +315,7 @@ class _RecordScenes(Sequence[Scene | None]):
 
     def confirm(self, i: int, scene: Scene) -> None:
         """``scene`` (from ``guess``) is sample ``i``'s: its digest is the sample's own."""
-        self._scenes[i] = self._keep(
-            i, scene.descriptor, self._texts.pop(i), scene.key, scene.pixels_
-        )
+        self._scenes[i] = self._keep(i, scene.descriptor, self._texts.pop(i), scene.key, scene.pixels_)
 
     def complete(self) -> None:
         """Analyse every scene not yet asked for (each ``record`` then carries its scene)."""
@@ -442,18 +422,14 @@ def record_scene(record: Record, image: torch.Tensor) -> Scene:
     return Scene.of(image)
 
 
-def compose_tissue(
-    x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]
-) -> torch.Tensor:
+def compose_tissue(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
     """``out`` where the tissue layer shows, ``x`` elsewhere (BCHW, both of one dtype): the
     surround and the on-screen overlays keep their input pixels (of a burned-in text line, its
     glyph strokes: ``perturb.scene.masks.composite_alpha``); samples without a scene keep
     ``out``. Partial alpha mixes ``x + a (out - x)`` in float32 (integer levels rounded half to
     even), the arithmetic of ``perturb.scene.masks.compose_numpy``."""
     alphas = [
-        torch.ones(x.shape[-2:])
-        if s is None
-        else torch.from_numpy(scene_masks.composite_alpha(s.descriptor, x[i]).copy())
+        torch.ones(x.shape[-2:]) if s is None else torch.from_numpy(scene_masks.composite_alpha(s.descriptor, x[i]).copy())
         for i, s in enumerate(scenes)
     ]
     a = torch.stack(alphas).unsqueeze(1).to(x.device)
@@ -465,9 +441,7 @@ def compose_tissue(
     return torch.where(a >= 1.0, out, mixed)
 
 
-def _compose_into(
-    x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]
-) -> torch.Tensor:
+def _compose_into(x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
     """``out`` (dtype of ``x``) composited into ``x`` as the tissue layer of each scene."""
     if x.device.type == "cpu":
         src = x.detach().contiguous().numpy()
@@ -517,9 +491,7 @@ def apply(
     variants = [_check_variant(v) for v in _per_sample(variant, n, "variant")]
     protect = spec_op.spec.protects_border if protect_border is None else bool(protect_border)
     if param_keys is not None and (isinstance(param_keys, str | bytes) or len(param_keys) != n):
-        raise InputError(
-            f"param_keys must be a sequence with one key per image ({n}), got {param_keys!r:.80}"
-        )
+        raise InputError(f"param_keys must be a sequence with one key per image ({n}), got {param_keys!r:.80}")
     groups = [str(k) for k in (sample_keys if param_keys is None else param_keys)]
     records = [
         make_record(
@@ -536,13 +508,9 @@ def apply(
     ]
     if protect and scenes is not None:  # scenes of the clean inputs, given
         if len(scenes) != n:
-            raise InputError(
-                f"scenes has {len(scenes)} entries for a batch of {n}; pass one per image"
-            )
+            raise InputError(f"scenes has {len(scenes)} entries for a batch of {n}; pass one per image")
         for r, s in zip(records, scenes, strict=True):
-            r.extra["scene"] = getattr(
-                s, "descriptor", s
-            )  # the record's own dict, made by make_record
+            r.extra["scene"] = getattr(s, "descriptor", s)  # the record's own dict, made by make_record
     records = with_codecs(records, x)
     if not protect or scenes is not None:
         return _run_records(x, records), records

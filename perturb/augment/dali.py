@@ -614,9 +614,7 @@ class _Graph:
         )
         return images, indices, epochs
 
-    def _augment(
-        self, fn: Any, images: Any, indices: Any, epochs: Any, pol: Policy, planner: Planner
-    ) -> Any:
+    def _augment(self, fn: Any, images: Any, indices: Any, epochs: Any, pol: Policy, planner: Planner) -> Any:
         """One stage per op slot: the torch kernels (a DLPack python function on the
         pipeline's device), then the slot's native DALI ops with their keyed arguments."""
         names = {e.op for e in pol.ops}

@@ -55,9 +55,7 @@ def _indices(indices: object, n: int) -> list[int]:
             f"got {type(indices).__name__}"
         )
     if len(values) != n:
-        raise InputError(
-            f"indices has {len(values)} entries for a batch of {n}: pass one dataset index per image"
-        )
+        raise InputError(f"indices has {len(values)} entries for a batch of {n}: pass one dataset index per image")
     return [_check_index(v, "index") for v in values]
 
 
@@ -132,12 +130,8 @@ class Augment(torch.nn.Module):
         DataLoader's workers, so host-side planning overlaps the GPU); they must be this
         module's plans of these indices."""
         if not isinstance(images, torch.Tensor) or images.ndim != 4:
-            shape = (
-                tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
-            )
-            raise InputError(
-                f"images must be a BCHW tensor, got {shape}; add a batch axis with unsqueeze(0)"
-            )
+            shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+            raise InputError(f"images must be a BCHW tensor, got {shape}; add a batch axis with unsqueeze(0)")
         n = images.shape[0]
         idx = _indices(indices, n)
         chains: list[list[Record]]
@@ -172,9 +166,7 @@ class Augment(torch.nn.Module):
         ``set_epoch`` (persistent workers) would otherwise repeat an old epoch's draws."""
         chains = [list(p) for p in plans]
         if len(chains) != len(indices):
-            raise InputError(
-                f"plans has {len(chains)} entries for a batch of {len(indices)}: pass one plan per image"
-            )
+            raise InputError(f"plans has {len(chains)} entries for a batch of {len(indices)}: pass one plan per image")
         want = {
             "seed": self.seed,
             "policy": self.policy.policy,

@@ -135,12 +135,7 @@ def plan_sample(
         op = get_op(entry.op)
         kind, (a, b) = policy.scale(entry)
         u = float(g.random())
-        extra: dict[str, Any] = {
-            "policy": policy.policy,
-            "epoch": int(epoch),
-            "index": int(index),
-            "position": position,
-        }
+        extra: dict[str, Any] = {"policy": policy.policy, "epoch": int(epoch), "index": int(index), "position": position}
         level = None
         if kind == "severity":
             severity = _quantile_int(u, int(a), int(b))
@@ -149,20 +144,11 @@ def plan_sample(
             severity = nearest_severity(strength)
             extra["strength"] = strength
             level = strength_level(op.spec, strength)
-        protect = (
-            op.spec.protects_border if policy.protect_border is None else policy.protect_border
-        )
+        protect = op.spec.protects_border if policy.protect_border is None else policy.protect_border
         records.append(
             engine.make_record(
-                op,
-                severity,
-                key,
-                seed=seed,
-                variant=variant,
-                protect_border=protect,
-                device=dev,
-                level=level,
-                extra=extra,
+                op, severity, key, seed=seed, variant=variant, protect_border=protect, device=dev,
+                level=level, extra=extra,
             )
         )
     return records
@@ -215,9 +201,7 @@ def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torc
     own image and records. The input tensor is not modified."""
     engine.check_images(images)
     if len(plans) != images.shape[0]:
-        raise InputError(
-            f"{len(plans)} plans for a batch of {images.shape[0]} images: pass one plan per image"
-        )
+        raise InputError(f"{len(plans)} plans for a batch of {images.shape[0]} images: pass one plan per image")
     channels = images.shape[1]
     for plan in plans:
         for r in plan:

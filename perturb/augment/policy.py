@@ -75,10 +75,8 @@ def _pair(value: Any, name: str, bounds: tuple[float, float], integer: bool) -> 
     hi: float
     if isinstance(value, types) and not isinstance(value, bool):
         lo = hi = cast(float, value)
-    elif (
-        isinstance(value, list | tuple)
-        and len(value) == 2
-        and all(isinstance(v, types) and not isinstance(v, bool) for v in value)
+    elif isinstance(value, list | tuple) and len(value) == 2 and all(
+        isinstance(v, types) and not isinstance(v, bool) for v in value
     ):
         lo, hi = value[0], value[1]
     else:
@@ -334,13 +332,7 @@ def _format_error(source: str, exc: ValidationError) -> str:
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            model = (
-                HeldOut
-                if err["loc"][0] == "held_out"
-                else OpEntry
-                if err["loc"][0] == "ops"
-                else Policy
-            )
+            model = HeldOut if err["loc"][0] == "held_out" else OpEntry if err["loc"][0] == "ops" else Policy
             msg = f"unknown field; known fields: {', '.join(model.model_fields)}"
         lines.append(f"{source}: field {loc}: {msg}" if loc else f"{source}: {msg}")
     return "\n".join(lines)

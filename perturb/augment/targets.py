@@ -51,9 +51,7 @@ def move_boxes(
     batch) moved through its plan and clipped to the frame: float32 (N_i, 4) tensors. A box that
     left the frame comes back empty (zero width or height) on the frame edge."""
     if len(boxes) != len(plans):
-        raise InputError(
-            f"boxes has {len(boxes)} entries for a batch of {len(plans)}: pass one list per image"
-        )
+        raise InputError(f"boxes has {len(boxes)} entries for a batch of {len(plans)}: pass one list per image")
     out = []
     for i, (sample_boxes, plan) in enumerate(zip(boxes, plans, strict=True)):
         arr = _as_boxes(sample_boxes, i)

@@ -27,9 +27,7 @@ def resize_short(img: np.ndarray, short: int = MEASURE_SHORT) -> np.ndarray:
     s = short / min(h, w)
     if s >= 1.0:
         return img
-    return cv2.resize(
-        img, (max(1, round(w * s)), max(1, round(h * s))), interpolation=cv2.INTER_AREA
-    )
+    return cv2.resize(img, (max(1, round(w * s)), max(1, round(h * s))), interpolation=cv2.INTER_AREA)
 
 
 def luma(rgb: np.ndarray) -> np.ndarray:
@@ -42,9 +40,7 @@ def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     variances are small differences of large terms)."""
 
     def blur(z: np.ndarray) -> np.ndarray:
-        return np.asarray(
-            cv2.GaussianBlur(z, (11, 11), SSIM_SIGMA, borderType=cv2.BORDER_REFLECT), np.float64
-        )
+        return np.asarray(cv2.GaussianBlur(z, (11, 11), SSIM_SIGMA, borderType=cv2.BORDER_REFLECT), np.float64)
 
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     mu_a, mu_b = blur(a64), blur(b64)
@@ -71,9 +67,7 @@ class Reference:
     short: int | None = MEASURE_SHORT
 
     @classmethod
-    def of(
-        cls, clean: np.ndarray, tissue: np.ndarray | None, short: int | None = MEASURE_SHORT
-    ) -> Reference:
+    def of(cls, clean: np.ndarray, tissue: np.ndarray | None, short: int | None = MEASURE_SHORT) -> Reference:
         """``short`` None: measure at the stored size."""
         small = clean if short is None else resize_short(clean, short)
         h, w = small.shape[:2]
@@ -90,9 +84,7 @@ class Reference:
     def score(self, metric: str, perturbed: np.ndarray) -> float:
         small = perturbed if self.short is None else resize_short(perturbed, self.short)
         if small.shape != self.rgb.shape:
-            raise ValueError(
-                f"perturbed image of shape {perturbed.shape} does not match the clean one"
-            )
+            raise ValueError(f"perturbed image of shape {perturbed.shape} does not match the clean one")
         whole = metric in ("ssim", "delta_e_whole")
         mask = np.ones(self.mask.shape, bool) if whole else self.mask
         if metric in ("field_ssim", "ssim"):

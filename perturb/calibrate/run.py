@@ -41,10 +41,7 @@ def default_sample_dir(modality: str = "endoscopy") -> Path | None:
     env = os.environ.get("PERTURB_SAMPLES") or os.environ.get("PERTURB_SAMPLES_DIR")
     if env:
         candidates += [Path(env) / modality, Path(env)]
-    candidates += [
-        repo.parent / "shared" / "samples" / modality,
-        repo / "tests" / "data" / modality,
-    ]
+    candidates += [repo.parent / "shared" / "samples" / modality, repo / "tests" / "data" / modality]
     for c in candidates:
         if c.is_dir() and any(p.suffix.lower() in IMAGE_SUFFIXES for p in c.iterdir()):
             return c
@@ -59,10 +56,7 @@ def load_images(folder: Path | None, limit: int | None = None) -> list[tuple[str
         from perturb.datasets.phantoms import phantom_image
 
         n = limit or 4
-        return [
-            (f"phantom-{i}", from_tensor(phantom_image(f"calibrate-{i}", (640, 480)), np.uint8))
-            for i in range(n)
-        ]
+        return [(f"phantom-{i}", from_tensor(phantom_image(f"calibrate-{i}", (640, 480)), np.uint8)) for i in range(n)]
     paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if limit:
         paths = paths[:limit]
@@ -101,9 +95,7 @@ def calibrated_ops(modality: str = "endoscopy", names: Sequence[str] | None = No
     return [s for s in specs.values() if modality in s.modalities and s.calibration is not None]
 
 
-def _perturb(
-    img: np.ndarray, op: str, severities: list[int], key: str, scene: Any
-) -> list[np.ndarray]:
+def _perturb(img: np.ndarray, op: str, severities: list[int], key: str, scene: Any) -> list[np.ndarray]:
     """``op`` at ``severities`` on an HWC RGB image; a gray-only op (X-ray) runs on the first
     channel (gray films are loaded as three equal channels) and its result is replicated back."""
     from perturb.catalog.registry import get_op
@@ -149,9 +141,7 @@ def measure(
             ref = view_ref
             if cal.at_stored_size:
                 if name not in stored:
-                    stored[name] = Reference.of(
-                        img, s.tissue if s is not None else None, short=None
-                    )
+                    stored[name] = Reference.of(img, s.tissue if s is not None else None, short=None)
                 ref = stored[name]
             for k in range(keys):
                 outs = _perturb(img, spec.name, list(SEVERITIES), f"{name}#{k}", s)
@@ -182,9 +172,7 @@ def measure(
     return results
 
 
-def invariance_gaps(
-    prepared: Sequence[tuple[str, np.ndarray, Any, Reference]], op: str
-) -> list[float]:
+def invariance_gaps(prepared: Sequence[tuple[str, np.ndarray, Any, Reference]], op: str) -> list[float]:
     """|field SSIM(op on the stored frame, then resize) - field SSIM(resize, then op)| at severity
     3 for each frame whose shorter side is at least INVARIANCE_MIN_SHORT."""
     from perturb.scene import scene as scene_of
@@ -195,13 +183,7 @@ def invariance_gaps(
             continue
         big = _perturb(img, op, [INVARIANCE_SEVERITY], f"{name}#inv", s)[0]
         small = resize_short(img, MEASURE_SHORT)
-        after = _perturb(
-            small,
-            op,
-            [INVARIANCE_SEVERITY],
-            f"{name}#inv",
-            scene_of(small) if s is not None else None,
-        )[0]
+        after = _perturb(small, op, [INVARIANCE_SEVERITY], f"{name}#inv", scene_of(small) if s is not None else None)[0]
         gaps.append(abs(ref.score("field_ssim", big) - ref.score("field_ssim", after)))
     return gaps
 
@@ -209,11 +191,7 @@ def invariance_gaps(
 def _line(r: OpResult) -> str:
     inv = "-" if r.invariance is None else f"{r.invariance:.3f}"
     status = "ok" if r.ok else "FAIL: " + "; ".join(r.problems)
-    return (
-        f"{r.op:16s} {r.metric:10s} "
-        + " ".join(f"{m:7.3f}" for m in r.means)
-        + f"  inv {inv:>6s}  {status}"
-    )
+    return f"{r.op:16s} {r.metric:10s} " + " ".join(f"{m:7.3f}" for m in r.means) + f"  inv {inv:>6s}  {status}"
 
 
 def _band_text(targets: dict[str, Any]) -> str:
@@ -248,11 +226,7 @@ def to_markdown(results: Sequence[OpResult], meta: dict[str, Any]) -> str:
         cells = [f"{m:.3f}" for m in r.means]
         inv = "exempt" if r.invariance is None else f"{r.invariance:.3f}"
         status = "ok" if r.ok else "**FAIL** " + "; ".join(r.problems)
-        lines.append(
-            f"| {r.op} | {r.metric} | "
-            + " | ".join(cells)
-            + f" | {_band_text(r.targets)} | {inv} | {status} |"
-        )
+        lines.append(f"| {r.op} | {r.metric} | " + " | ".join(cells) + f" | {_band_text(r.targets)} | {inv} | {status} |")
     lines += ["", "Range over images and keys (min-max) per severity:", ""]
     for r in results:
         rng = ", ".join(f"{lo:.3f}-{hi:.3f}" for lo, hi in zip(r.lows, r.highs, strict=True))
@@ -260,9 +234,7 @@ def to_markdown(results: Sequence[OpResult], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(
-    results: Sequence[OpResult], meta: dict[str, Any], out: Path, stem: str
-) -> tuple[Path, Path]:
+def write_outputs(results: Sequence[OpResult], meta: dict[str, Any], out: Path, stem: str) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     js = out / f"{stem}.json"
     md = out / f"{stem}.md"

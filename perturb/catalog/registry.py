@@ -60,9 +60,7 @@ def op_registry() -> Registry[Op]:
     for name in sorted(specs):
         ops.add(name, Op(specs[name], kernels.get_kernel(name)))
     unsaid = sorted(
-        n
-        for n, op in ops.items()
-        if (op.geometry is not None) != ("moves_geometry" in op.spec.risk_tags)
+        n for n, op in ops.items() if (op.geometry is not None) != ("moves_geometry" in op.spec.risk_tags)
     )
     if unsaid:
         raise RuntimeError(

@@ -56,9 +56,7 @@ RENAMED_FAMILIES = {
         "or list the ops"
     ),
 }
-MODALITIES = frozenset(
-    {"endoscopy", "xray", "ct", "mri", "ultrasound", "pathology", "photo", "any"}
-)
+MODALITIES = frozenset({"endoscopy", "xray", "ct", "mri", "ultrasound", "pathology", "photo", "any"})
 TABLE_DIR = Path(__file__).parent
 # Calibration metrics (perturb.calibrate measures them between clean and perturbed images):
 # field_ssim: SSIM of luma inside the endoscope's field of view (scene model), at a 448 px
@@ -139,9 +137,7 @@ class Calibration(BaseModel):
             if self.sev1 is not None or self.sev5 is not None:
                 raise ValueError("give either bands or sev1/sev5, not both")
             if len(self.bands) != len(SEVERITIES):
-                raise ValueError(
-                    f"bands needs {len(SEVERITIES)} [low, high] pairs, got {len(self.bands)}"
-                )
+                raise ValueError(f"bands needs {len(SEVERITIES)} [low, high] pairs, got {len(self.bands)}")
         elif self.sev1 is None and self.sev5 is None and self.monotone is None:
             raise ValueError("declare bands, or sev1/sev5 bands, or a monotone direction")
         for name, band in self.band_items():
@@ -170,13 +166,9 @@ class Calibration(BaseModel):
             if b is not None and not b[0] <= m <= b[1]:
                 problems.append(f"severity {sev}: {self.metric} {m:.3f} outside [{b[0]}, {b[1]}]")
         if self.monotone == "decreasing" and not all(a > b for a, b in itertools.pairwise(means)):
-            problems.append(
-                f"{self.metric} not strictly decreasing: {[round(m, 3) for m in means]}"
-            )
+            problems.append(f"{self.metric} not strictly decreasing: {[round(m, 3) for m in means]}")
         if self.monotone == "increasing" and not all(a < b for a, b in itertools.pairwise(means)):
-            problems.append(
-                f"{self.metric} not strictly increasing: {[round(m, 3) for m in means]}"
-            )
+            problems.append(f"{self.metric} not strictly increasing: {[round(m, 3) for m in means]}")
         return problems
 
 

@@ -21,18 +21,12 @@ def calibrate(
             "beside the repo, tests/data/<modality>, else built-in phantoms)."
         ),
     ] = None,
-    op: Annotated[
-        list[str] | None, typer.Option(help="Only these ops (repeat the option).")
-    ] = None,
+    op: Annotated[list[str] | None, typer.Option(help="Only these ops (repeat the option).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Use at most this many images.")] = None,
     keys: Annotated[int, typer.Option(min=1, help="Keyed perturbations per image.")] = 2,
     invariance: Annotated[bool, typer.Option(help="Also measure resolution invariance.")] = True,
-    out: Annotated[
-        Path | None, typer.Option(help="Write calibration-<modality>.{json,md} here.")
-    ] = None,
-    modality: Annotated[
-        str, typer.Option(help="endoscopy or xray: which calibrated ops and sample folder.")
-    ] = "endoscopy",
+    out: Annotated[Path | None, typer.Option(help="Write calibration-<modality>.{json,md} here.")] = None,
+    modality: Annotated[str, typer.Option(help="endoscopy or xray: which calibrated ops and sample folder.")] = "endoscopy",
 ) -> None:
     """Measure every calibrated op of a modality on real images; exit 1 when an op leaves its targets."""
     from perturb.calibrate.run import (
@@ -60,23 +54,15 @@ def calibrate(
     where = str(folder) if folder is not None else "built-in phantoms"
     err.print(f"calibrating on {len(images)} images from {where}")
     specs = calibrated_ops(modality, names=op)
-    typer.echo(
-        f"{'op':16s} {'metric':10s} "
-        + " ".join(f"{'s' + str(s):>7s}" for s in range(1, 6))
-        + "  resolution  status"
-    )
-    results = measure(
-        images, specs, keys=keys, invariance=invariance, log=typer.echo, modality=modality
-    )
+    typer.echo(f"{'op':16s} {'metric':10s} " + " ".join(f"{'s' + str(s):>7s}" for s in range(1, 6)) + "  resolution  status")
+    results = measure(images, specs, keys=keys, invariance=invariance, log=typer.echo, modality=modality)
     meta = {"samples": where, "images": len(images), "keys": keys, "modality": modality}
     if out is not None:
         js, md = write_outputs(results, meta, out, f"calibration-{modality}")
         err.print(f"wrote {js} and {md}")
     failed = [r.op for r in results if not r.ok]
     if failed:
-        err.print(
-            f"[red]{len(failed)} op(s) outside their calibration targets:[/] {', '.join(failed)}"
-        )
+        err.print(f"[red]{len(failed)} op(s) outside their calibration targets:[/] {', '.join(failed)}")
         raise typer.Exit(1)
 
 

@@ -46,8 +46,7 @@ def catalog(
         str | None, typer.Option(help=f"Only ops for this modality ({', '.join(MODALITY_NAMES)}).")
     ] = None,
     suites: Annotated[
-        bool,
-        typer.Option("--suites", help="List the built-in suites and policies instead of the ops."),
+        bool, typer.Option("--suites", help="List the built-in suites and policies instead of the ops.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
@@ -61,9 +60,7 @@ def catalog(
     from perturb.catalog.specs import MODALITIES, load_specs
 
     if modality is not None and modality not in MODALITIES:
-        _err().print(
-            f"[red]unknown modality {modality!r}[/]; choose one of: {', '.join(sorted(MODALITIES))}"
-        )
+        _err().print(f"[red]unknown modality {modality!r}[/]; choose one of: {', '.join(sorted(MODALITIES))}")
         raise typer.Exit(2)
     specs = [s for s in load_specs().values() if modality is None or modality in s.modalities]
     if as_json:
@@ -77,12 +74,8 @@ def catalog(
         for s in specs:
             console.print()
             console.print(f"[bold]{s.name}[/]", soft_wrap=True)
-            details = (
-                f"family {s.family}; modalities {', '.join(s.modalities)}; risk {_tags(s) or '-'}"
-            )
-            console.print(
-                _indented(details, console.width), markup=False, highlight=False, soft_wrap=True
-            )
+            details = f"family {s.family}; modalities {', '.join(s.modalities)}; risk {_tags(s) or '-'}"
+            console.print(_indented(details, console.width), markup=False, highlight=False, soft_wrap=True)
             console.print(
                 _indented(f"severity 1 → 5: {_levels(s)}", console.width),
                 markup=False,
@@ -107,11 +100,7 @@ def _indented(text: str, width: int, indent: int = 2) -> str:
 
     pad = " " * indent
     return textwrap.fill(
-        text,
-        max(width, indent + 20),
-        initial_indent=pad,
-        subsequent_indent=pad,
-        break_on_hyphens=False,
+        text, max(width, indent + 20), initial_indent=pad, subsequent_indent=pad, break_on_hyphens=False
     )
 
 
@@ -127,17 +116,12 @@ def _print_suites(as_json: bool) -> None:
         typer.echo(json.dumps(rows, indent=2))
         return
     console = Console()
-    for kind, title in (
-        ("suite", "suites (perturb generate NAME)"),
-        ("policy", "policies (Augment(NAME))"),
-    ):
+    for kind, title in (("suite", "suites (perturb generate NAME)"), ("policy", "policies (Augment(NAME))")):
         console.print(f"[bold]built-in {title}[/]", soft_wrap=True)
         for c in configs:
             if c.kind == kind:
                 console.print(f"  [bold]{c.name}[/]", soft_wrap=True)
-                console.print(
-                    _indented(c.description, console.width, 6), markup=False, soft_wrap=True
-                )
+                console.print(_indented(c.description, console.width, 6), markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

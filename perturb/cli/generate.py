@@ -100,9 +100,7 @@ def generate(
     ] = None,
     concurrency: Annotated[
         int | None,
-        typer.Option(
-            help="Ray workers (default: the cluster's CPUs, or GPUs / --gpus-per-worker)."
-        ),
+        typer.Option(help="Ray workers (default: the cluster's CPUs, or GPUs / --gpus-per-worker)."),
     ] = None,
     max_retries: Annotated[
         int, typer.Option(help="Ray: passes that re-run images whose worker died or failed.")
@@ -187,11 +185,7 @@ def summary_lines(s: RunSummary, out: str) -> list[str]:
     bytes and speed."""
     lines = [
         f"suite {s.suite} on {s.input} ({s.device}, engine {s.engine}"
-        + (
-            f", shard {s.shard}: {s.images_in_other_shards} images in other shards"
-            if s.shard
-            else ""
-        )
+        + (f", shard {s.shard}: {s.images_in_other_shards} images in other shards" if s.shard else "")
         + ")",
         f"input rows {s.input_rows} ({s.rows_without_id} without img_id), unique images {s.images}, selected {s.images_selected}"
         + (f", unsafe img_ids encoded {s.unsafe_ids}" if s.unsafe_ids else ""),

@@ -17,29 +17,16 @@ if TYPE_CHECKING:
 def preview(
     image: Annotated[
         Path | None,
-        typer.Argument(
-            help="Image to preview (PNG/JPEG, 8/16-bit, gray or RGB); default: a built-in phantom."
-        ),
+        typer.Argument(help="Image to preview (PNG/JPEG, 8/16-bit, gray or RGB); default: a built-in phantom."),
     ] = None,
-    op: Annotated[
-        str | None, typer.Option(help="Only this op (default: every op that fits the image).")
-    ] = None,
+    op: Annotated[str | None, typer.Option(help="Only this op (default: every op that fits the image).")] = None,
     out: Annotated[Path, typer.Option(help="Where to write the PNG grid.")] = Path("preview.png"),
     seed: Annotated[int, typer.Option(help="Seed of the keyed randomness.")] = 0,
     size: Annotated[
-        int,
-        typer.Option(
-            min=16,
-            max=4096,
-            help="Width of each thumbnail in pixels (larger shows noise and fine lines).",
-        ),
+        int, typer.Option(min=16, max=4096, help="Width of each thumbnail in pixels (larger shows noise and fine lines).")
     ] = 224,
     crop: Annotated[
-        bool,
-        typer.Option(
-            "--crop/--no-crop",
-            help="Add a row of full-resolution crops (1 image px per grid px) under each op.",
-        ),
+        bool, typer.Option("--crop/--no-crop", help="Add a row of full-resolution crops (1 image px per grid px) under each op.")
     ] = True,
     crop_at: Annotated[
         str, typer.Option(help="Centre of the crops as X,Y fractions of the width and height.")
@@ -67,13 +54,7 @@ def preview(
         return
     centre = _crop_centre(crop_at)
     grid, skipped = preview_grid(
-        tensor,
-        [op] if op else None,
-        sample_key=key,
-        seed=seed,
-        thumb_width=size,
-        crop=crop,
-        crop_centre=centre,
+        tensor, [op] if op else None, sample_key=key, seed=seed, thumb_width=size, crop=crop, crop_centre=centre
     )
     write_atomic(out, encode_image(grid, "png"))
     if skipped:

@@ -42,9 +42,7 @@ def _crop(x: torch.Tensor, width: int, height: int, centre: tuple[float, float])
 
 
 def _label(canvas: np.ndarray, text: str, x: int, y: int) -> None:
-    cv2.putText(
-        canvas, text, (x + 4, y + 16), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (20, 20, 20), 1, cv2.LINE_AA
-    )
+    cv2.putText(canvas, text, (x + 4, y + 16), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (20, 20, 20), 1, cv2.LINE_AA)
 
 
 def preview_grid(
@@ -76,9 +74,7 @@ def preview_grid(
     th, tw = clean.shape[:2]
     per_op = 2 if crop else 1
     rows = len(names) * per_op
-    canvas = np.full(
-        (LABEL_HEIGHT + rows * (th + LABEL_HEIGHT), ROW_LABEL_WIDTH + 6 * tw, 3), 255, np.uint8
-    )
+    canvas = np.full((LABEL_HEIGHT + rows * (th + LABEL_HEIGHT), ROW_LABEL_WIDTH + 6 * tw, 3), 255, np.uint8)
     for col, title in enumerate(["clean", *[f"severity {s}" for s in range(1, 6)]]):
         _label(canvas, title, ROW_LABEL_WIDTH + col * tw, 0)
     for row, name in enumerate(names):
@@ -116,33 +112,17 @@ def scene_panel(image: torch.Tensor, width: int = 640) -> np.ndarray:
     edge = ((s.field > 0.02) & (s.field < 0.98)).astype(np.uint8)
     vis[cv2.dilate(edge, np.ones((3, 3), np.uint8)) > 0] = (255, 255, 255)
     scale = width / img.shape[1]
-    left = cv2.resize(
-        img, (width, max(1, round(img.shape[0] * scale))), interpolation=cv2.INTER_AREA
-    )
+    left = cv2.resize(img, (width, max(1, round(img.shape[0] * scale))), interpolation=cv2.INTER_AREA)
     right = cv2.resize(vis, (left.shape[1], left.shape[0]), interpolation=cv2.INTER_AREA)
     for x0, y0, x1, y1, kind in s.overlays:
         p0 = (round(x0 * scale), round(y0 * scale))
         p1 = (round(x1 * scale), round(y1 * scale))
         cv2.rectangle(right, p0, p1, (255, 220, 0), 1)
         if kind != "glyph":
-            cv2.putText(
-                right,
-                kind,
-                (p0[0] + 2, p0[1] + 12),
-                cv2.FONT_HERSHEY_SIMPLEX,
-                0.4,
-                (255, 220, 0),
-                1,
-                cv2.LINE_AA,
-            )
+            cv2.putText(right, kind, (p0[0] + 2, p0[1] + 12), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 220, 0), 1, cv2.LINE_AA)
     canvas = np.full((left.shape[0] + LABEL_HEIGHT, 2 * left.shape[1], 3), 255, np.uint8)
     canvas[LABEL_HEIGHT:, : left.shape[1]] = left
     canvas[LABEL_HEIGHT:, left.shape[1] :] = right
     _label(canvas, "frame", 0, 0)
-    _label(
-        canvas,
-        "scene: surround (blue), edge (white), overlays (yellow), highlights (green)",
-        left.shape[1],
-        0,
-    )
+    _label(canvas, "scene: surround (blue), edge (white), overlays (yellow), highlights (green)", left.shape[1], 0)
     return canvas

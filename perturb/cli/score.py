@@ -110,9 +110,7 @@ def run_score(
 def _input_problem(exc: Exception, out: Path) -> str:
     """The message of an input error, with the fix for undecodable, too deeply nested or
     unreadable (unwritable) files."""
-    if isinstance(
-        exc, UnicodeDecodeError
-    ):  # a CSV/TSV in another encoding (JSON is checked itself)
+    if isinstance(exc, UnicodeDecodeError):  # a CSV/TSV in another encoding (JSON is checked itself)
         return (
             f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); "
             "re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"
@@ -147,9 +145,7 @@ def _check_args(out: Path, bootstrap: int, seed: int, max_flips: int) -> None:
     from perturb.errors import InputError
 
     if out.exists() and not out.is_dir():
-        raise InputError(
-            f"--out {out} is a file; --out names a folder (scores.json, report.md, report.html go inside)"
-        )
+        raise InputError(f"--out {out} is a file; --out names a folder (scores.json, report.md, report.html go inside)")
     if not 0 <= bootstrap <= MAX_BOOTSTRAP:
         raise InputError(
             f"--bootstrap must be between 0 (no CIs) and {MAX_BOOTSTRAP}, got {bootstrap}; "

@@ -178,6 +178,7 @@ class RunSummary:
         return asdict(self)
 
 
+
 # ---------------------------------------------------------------------------------------------
 # Output folder state
 
@@ -199,11 +200,7 @@ class OutputDir:
         if self.root.exists() and not self.root.is_dir():
             raise RunError(f"--out {self.root} exists and is not a folder")
         fresh = not (self.state / "settings.json").exists()
-        if (
-            fresh
-            and self.root.exists()
-            and any(not self._only_cache(p) for p in self.root.iterdir())
-        ):
+        if fresh and self.root.exists() and any(not self._only_cache(p) for p in self.root.iterdir()):
             raise RunError(
                 f"--out {self.root} is not empty and holds no perturb run; choose a new or empty folder"
             )
@@ -231,11 +228,7 @@ class OutputDir:
             before, now = old.get("limit"), settings.get("limit")
             if before != now:
                 if now is not None and (before is None or now < before):
-                    held = (
-                        "every image (no --limit)"
-                        if before is None
-                        else f"the first {before} images"
-                    )
+                    held = "every image (no --limit)" if before is None else f"the first {before} images"
                     raise RunError(
                         f"--out {self.root} holds {held}; a re-run with --limit {now} would keep "
                         f"stale rows: pass {'no --limit' if before is None else f'--limit {before} or more (or none)'}, "
@@ -248,10 +241,8 @@ class OutputDir:
 
     def _only_cache(self, entry: Path) -> bool:
         """``entry`` is .perturb holding nothing but the input cache (made while opening it)."""
-        return (
-            entry.name == STATE_DIR
-            and entry.is_dir()
-            and all(c.name == CACHE for c in entry.iterdir())
+        return entry.name == STATE_DIR and entry.is_dir() and all(
+            c.name == CACHE for c in entry.iterdir()
         )
 
     def _clean_stale(self) -> None:
@@ -297,9 +288,7 @@ class OutputDir:
         return rows
 
     def mark_unfinished(self) -> None:
-        write_atomic(
-            self.state / UNFINISHED, b"a perturb generate run is under way or was stopped\n"
-        )
+        write_atomic(self.state / UNFINISHED, b"a perturb generate run is under way or was stopped\n")
 
     def mark_finished(self) -> None:
         (self.state / UNFINISHED).unlink(missing_ok=True)
@@ -401,9 +390,7 @@ class RemoteOutputDir(OutputDir):
 
     def mark_unfinished(self) -> None:
         super().mark_unfinished()
-        self.remote.write(
-            f"{STATE_DIR}/{UNFINISHED}", b"a perturb generate run is under way or was stopped\n"
-        )
+        self.remote.write(f"{STATE_DIR}/{UNFINISHED}", b"a perturb generate run is under way or was stopped\n")
 
     def mark_finished(self) -> None:
         super().mark_finished()
@@ -448,9 +435,7 @@ def read_settings(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError) as exc:
         data = exc
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-        why = (
-            f"{type(data).__name__}: {data}" if isinstance(data, Exception) else "not a JSON object"
-        )
+        why = f"{type(data).__name__}: {data}" if isinstance(data, Exception) else "not a JSON object"
         raise RunError(
             f"{path}: unreadable run settings ({why:.200}); this folder's state is corrupt: "
             f"start again in a new --out (or delete {path.parent.parent} and re-run)"
@@ -521,6 +506,7 @@ def save_dataset(out: Path, ds: Any, images: Any = None) -> int:
     from perturb.generate.dataset import save_dataset as save
 
     return save(out, ds, images)
+
 
 
 def open_run_input(
@@ -607,6 +593,8 @@ def group_image(inp: Any, group: Any) -> bytes:
     return bytes(inp.image_bytes(group.rows[0]))
 
 
+
+
 # ---------------------------------------------------------------------------------------------
 # Planning: what is missing
 
@@ -652,12 +640,7 @@ JournalRows = dict[tuple[str, str, int, int], dict[str, Any]]
 
 
 def plan_missing(
-    suite: Suite,
-    inp: Any,
-    selected: list[Any],
-    done: JournalRows,
-    folder: OutputDir,
-    summary: RunSummary,
+    suite: Suite, inp: Any, selected: list[Any], done: JournalRows, folder: OutputDir, summary: RunSummary
 ) -> tuple[list[Pending], set[tuple[str, str, int, int]]]:
     """What is missing, per image, and every output key this run wants. An output is kept only
     when its file and its input are the ones its journal row was made with (sha256 of both), at

@@ -27,21 +27,14 @@ def chunk_job(url: str | None) -> Callable[..., ChunkResult]:
 
 
 def run_local(
-    cfg: WorkerConfig,
-    workers: int,
-    inp: Any,
-    batches: list[list[Pending]],
-    commit: Commit,
-    url: str | None,
+    cfg: WorkerConfig, workers: int, inp: Any, batches: list[list[Pending]], commit: Commit, url: str | None
 ) -> None:
     """Run every chunk of ``batches``: in this process when ``workers`` is 1, else on a pool."""
     job = chunk_job(url)
     if workers <= 1:
         for chunk, batch in enumerate(batches):
             jobs, n_tasks = commit.read(inp, batch)
-            commit.take(
-                job(cfg, jobs, on_output=partial(commit.progress.tick, chunk)), n_tasks, chunk
-            )
+            commit.take(job(cfg, jobs, on_output=partial(commit.progress.tick, chunk)), n_tasks, chunk)
     else:
         _run_pool(cfg, workers, inp, batches, commit, job)
 

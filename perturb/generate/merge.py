@@ -119,11 +119,7 @@ def _open_part(root: Path) -> _Part:
         ) from None
     if not isinstance(summary, dict):
         summary = {}
-    missing = [
-        c
-        for c in ("path", "sha256", "img_id", "op", "severity", "variant", "size_bytes")
-        if c not in table.column_names
-    ]
+    missing = [c for c in ("path", "sha256", "img_id", "op", "severity", "variant", "size_bytes") if c not in table.column_names]
     if missing:
         raise MergeError(f"{manifest}: not a perturb manifest (no {', '.join(missing)} column)")
     return _Part(root, settings, (shard.index, shard.count), table, summary)
@@ -172,9 +168,7 @@ def _check_out(out: Path, parts: list[_Part]) -> None:
     for part in parts:
         root = part.root.resolve()
         if target == root or root in target.parents or target in root.parents:
-            raise MergeError(
-                f"--out {out} overlaps the part {part.root}; choose a folder outside it"
-            )
+            raise MergeError(f"--out {out} overlaps the part {part.root}; choose a folder outside it")
 
 
 def _copy(part: _Part, rel: str, digest: str, out: Path) -> None:
@@ -249,9 +243,7 @@ def _dataset(parts: list[_Part], order: dict[str, int]) -> tuple[Any, Any]:
     return merged.select(ranks), embedded.select(by_order)
 
 
-def merge_parts(
-    part_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[str]
-) -> MergeSummary:
+def merge_parts(part_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[str]) -> MergeSummary:
     """Merge the shard folders ``part_dirs`` into ``out`` (see the module docstring)."""
     if not part_dirs:
         raise MergeError("no parts given: pass the --out folders of the shard runs")

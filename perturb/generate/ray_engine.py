@@ -385,9 +385,7 @@ def _input_source(options: Any, inp: Any) -> InputSource:
     )  # fmt: skip
 
 
-def _map(
-    descriptors: Any, attempt: int, size: int, workers: int, gpus: float, state: dict[str, Any]
-) -> Any:
+def _map(descriptors: Any, attempt: int, size: int, workers: int, gpus: float, state: dict[str, Any]) -> Any:
     """One pass: the first on stateful workers (one batch in flight each), retries with each
     image as its own task (a crashing image cannot take another one along)."""
     from ray.data import ActorPoolStrategy
@@ -408,12 +406,7 @@ def _map(
                 max_task_retries=0,
             )
         return descriptors.map_batches(
-            _isolated,
-            batch_size=1,
-            fn_kwargs=state,
-            num_cpus=1,
-            num_gpus=gpus or None,
-            max_retries=0,
+            _isolated, batch_size=1, fn_kwargs=state, num_cpus=1, num_gpus=gpus or None, max_retries=0
         )
 
 

@@ -19,9 +19,7 @@ def replay_row(row: dict[str, Any], image: torch.Tensor) -> torch.Tensor:
     if "composite" in record:
         if record["composite"] != transformed.NAME:
             raise ValueError(f"unknown composite {record['composite']!r}")
-        problem = transformed.composite_problem(
-            record.get("params"), int(x.shape[-1]), int(x.shape[-2])
-        )
+        problem = transformed.composite_problem(record.get("params"), int(x.shape[-1]), int(x.shape[-2]))
         if problem is not None:
             raise ValueError(f"record of {transformed.NAME}: {problem}; not replayed")
         return transformed.apply_transformed(x, [record["params"]])[0]

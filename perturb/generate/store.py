@@ -71,9 +71,7 @@ def probe(url: str, timeout: float | None = None) -> None:
     (no network, no credentials, a metadata server that never replies)."""
     import threading
 
-    limit = (
-        float(os.environ.get("PERTURB_FS_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
-    )
+    limit = float(os.environ.get("PERTURB_FS_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
     outcome: list[BaseException | None] = []
 
     def attempt() -> None:

@@ -72,9 +72,7 @@ def _verify_url(url: str) -> VerifyReport:
     except (StoreError, OSError) as exc:
         raise VerifyError(f"{url}: cannot be read: {exc}") from None
     if data is None:
-        raise VerifyError(
-            f"{url}: no manifest.parquet (not a `perturb generate` output, or the run never finished)"
-        )
+        raise VerifyError(f"{url}: no manifest.parquet (not a `perturb generate` output, or the run never finished)")
     table = pq.read_table(pa.BufferReader(data), columns=["path", "sha256"])
     report = VerifyReport()
     listed = set()
@@ -159,8 +157,6 @@ def _unfinished(marker: bool, summary: bool, dataset: bool) -> str | None:
     if marker:
         return "a `perturb generate` run on it was stopped before the end; re-run it (it resumes)"
     if not summary or not dataset:
-        missing = " and ".join(
-            n for n, ok in (("summary.json", summary), ("dataset/", dataset)) if not ok
-        )
+        missing = " and ".join(n for n, ok in (("summary.json", summary), ("dataset/", dataset)) if not ok)
         return f"no {missing}: the run did not finish; re-run `perturb generate` on it (it resumes)"
     return None

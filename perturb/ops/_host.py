@@ -36,9 +36,7 @@ class View:
 
     def __init__(self, img: np.ndarray, scene: Any | None = None) -> None:
         self._img = img
-        self._scene = (
-            scene if scene is not None and tuple(scene.size) == tuple(img.shape[-2:]) else None
-        )
+        self._scene = scene if scene is not None and tuple(scene.size) == tuple(img.shape[-2:]) else None
 
     @cached_property
     def field(self) -> np.ndarray:
@@ -75,9 +73,7 @@ def host_op(
 
     def decorator(fn: SampleFn) -> SampleFn:
         @backend.register_cpu(name, dtypes=dtypes, uses_scene=True)
-        def cpu(
-            src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
-        ) -> None:
+        def cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
             img = np.ascontiguousarray(backend.load_float(src), dtype=np.float32)
             res = fn(img, p, key, View(img, scene))
             if dst.dtype == np.float32:
@@ -87,10 +83,7 @@ def host_op(
 
         @register_kernel(name, sampler=sampler, uses_scene=True, geometry=geometry)
         def kernel(
-            x: torch.Tensor,
-            p: dict[str, torch.Tensor],
-            keys: Sequence[int],
-            scenes: Sequence[Any] | None = None,
+            x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
         ) -> torch.Tensor:
             src = x.detach().to("cpu", torch.float32).contiguous().numpy()
             dst = np.empty_like(src)
@@ -98,13 +91,7 @@ def host_op(
             per_sample = list(scenes) if scenes is not None else [None] * len(src)
 
             def work(i: int) -> None:
-                cpu(
-                    src[i],
-                    dst[i],
-                    {k: v[i] for k, v in host.items()},
-                    int(keys[i]),
-                    scene=per_sample[i],
-                )
+                cpu(src[i], dst[i], {k: v[i] for k, v in host.items()}, int(keys[i]), scene=per_sample[i])
 
             backend.map_samples(work, len(src))
             return torch.from_numpy(dst).to(x.device)
@@ -138,9 +125,7 @@ def gauss(plane: np.ndarray, sigma_px: float) -> np.ndarray:
     h, w = plane.shape[:2]
     factor = int(max(1, sigma_px // 6))
     if factor > 1:
-        small = cv2.resize(
-            plane, (max(1, w // factor), max(1, h // factor)), interpolation=cv2.INTER_AREA
-        )
+        small = cv2.resize(plane, (max(1, w // factor), max(1, h // factor)), interpolation=cv2.INTER_AREA)
         res = cv2.GaussianBlur(small, (0, 0), sigma_px / factor, borderType=cv2.BORDER_REFLECT_101)
         return cv2.resize(res, (w, h), interpolation=cv2.INTER_LINEAR)
     return cv2.GaussianBlur(plane, (0, 0), sigma_px, borderType=cv2.BORDER_REFLECT_101)
@@ -217,17 +202,13 @@ def value_noise(key: int, stream: str, h: int, w: int, cell_px: float) -> np.nda
     (at least 2x2) interpolated bicubically."""
     cell = max(cell_px, 1.0)
     gh, gw = max(2, math.ceil(h / cell) + 1), max(2, math.ceil(w / cell) + 1)
-    coarse = rng.uniform_numpy(key, stream, gh * gw).reshape(gh, gw) * np.float32(2.0) - np.float32(
-        1.0
-    )
+    coarse = rng.uniform_numpy(key, stream, gh * gw).reshape(gh, gw) * np.float32(2.0) - np.float32(1.0)
     # the grid covers the image with a margin of one cell; sample at pixel centres
     big = cv2.resize(coarse, (round(gw * cell), round(gh * cell)), interpolation=cv2.INTER_CUBIC)
     return np.ascontiguousarray(big[:h, :w], dtype=np.float32)
 
 
-def fractal_noise(
-    key: int, stream: str, h: int, w: int, cell_px: float, octaves: int, gain: float = 0.5
-) -> np.ndarray:
+def fractal_noise(key: int, stream: str, h: int, w: int, cell_px: float, octaves: int, gain: float = 0.5) -> np.ndarray:
     """Sum of ``octaves`` value-noise layers, cells halving and amplitude times ``gain`` per
     octave, normalised to about [-1, 1] (turbulent structure of smoke and foam)."""
     total = np.zeros((h, w), dtype=np.float32)
@@ -240,13 +221,8 @@ def fractal_noise(
     return total / np.float32(norm)
 
 
-def sample_bilinear(
-    img: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, border: int = cv2.BORDER_REFLECT_101
-) -> np.ndarray:
+def sample_bilinear(img: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, border: int = cv2.BORDER_REFLECT_101) -> np.ndarray:
     """CHW image read at float32 pixel-index positions (H, W), bilinear."""
     return np.stack(
-        [
-            cv2.remap(np.ascontiguousarray(c), map_x, map_y, cv2.INTER_LINEAR, borderMode=border)
-            for c in img
-        ]
+        [cv2.remap(np.ascontiguousarray(c), map_x, map_y, cv2.INTER_LINEAR, borderMode=border) for c in img]
     ).astype(np.float32)

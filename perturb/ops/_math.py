@@ -183,9 +183,7 @@ def lookup_function() -> Callable[[int, int, int, int], None] | None:
         return None
     # addresses and the length as 64-bit integers (one register each in the C calling
     # convention): so compiled callers (``perturb.scene.native``) can call it too
-    prototype = ctypes.CFUNCTYPE(
-        None, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64
-    )
+    prototype = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64)
     address = ctypes.cast(symbol, ctypes.c_void_p).value
     if address is None:
         return None
@@ -209,12 +207,7 @@ def lut_u8(src: np.ndarray, dst: np.ndarray, table: np.ndarray) -> None:
     bytes as a lookup by any other means; the GIL is released), else ``cv2.LUT`` per plane.
     Other dtypes, shapes or table sizes raise ValueError: the C lookup reads and writes raw
     memory, ``src.size`` bytes of each array and 256 of the table."""
-    if (
-        src.dtype != np.uint8
-        or dst.dtype != np.uint8
-        or src.shape != dst.shape
-        or np.size(table) != 256
-    ):
+    if src.dtype != np.uint8 or dst.dtype != np.uint8 or src.shape != dst.shape or np.size(table) != 256:
         raise ValueError(
             f"lut_u8 takes uint8 arrays of one shape and a 256-entry table, got {src.dtype} {src.shape}, "
             f"{dst.dtype} {dst.shape} and {np.size(table)} entries"

@@ -160,9 +160,7 @@ def register_cpu(
     transformed and composited in one pass (``perturb.scene.masks.compose_transform``)."""
 
     def decorator(fn: CpuFn) -> CpuFn:
-        CPU_PATHS.add(
-            name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table, matrix)
-        )
+        CPU_PATHS.add(name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table, matrix))
         return fn
 
     return decorator
@@ -212,9 +210,7 @@ def load_float(src: np.ndarray) -> np.ndarray:
     """A sample as float32 in [0, 1] (integer levels through ``levels``)."""
     if src.dtype == np.float32:
         return src
-    if (
-        src.dtype == np.uint8 and src.ndim >= 2 and src.flags.c_contiguous
-    ):  # the same table, read by OpenCV
+    if src.dtype == np.uint8 and src.ndim >= 2 and src.flags.c_contiguous:  # the same table, read by OpenCV
         flat = src.reshape(-1, src.shape[-1])
         return np.asarray(cv2.LUT(flat, levels(src.dtype)), dtype=np.float32).reshape(src.shape)
     return np.take(levels(src.dtype), src)
@@ -414,16 +410,8 @@ def run_cpu(
     dst = _OUTPUTS.empty(src.shape, src.dtype)
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}
 
-    lookup = (
-        _math.lookup_function()
-        if table is not None and src.dtype == np.uint8 and not extend
-        else None
-    )
-    colours = (
-        matrix
-        if matrix is not None and lookup is None and src.dtype == np.uint8 and not extend
-        else None
-    )
+    lookup = _math.lookup_function() if table is not None and src.dtype == np.uint8 and not extend else None
+    colours = matrix if matrix is not None and lookup is None and src.dtype == np.uint8 and not extend else None
     # a scene still to analyse is guessed from a fingerprint of its sample and the sample's digest
     # taken in the fused pass itself (one read of it from memory instead of two); a sample whose
     # digest is not the guessed frame's runs again below, with its scene analysed (a table that
@@ -431,22 +419,14 @@ def run_cpu(
     fusable = lookup is not None or colours is not None
     guess = getattr(scenes, "guess", None) if fusable and given is scenes else None
 
-    def prepared(
-        sample: np.ndarray, p: dict[str, np.ndarray], i: int, scene: Any
-    ) -> np.ndarray | None:
+    def prepared(sample: np.ndarray, p: dict[str, np.ndarray], i: int, scene: Any) -> np.ndarray | None:
         """The fused pass's tables or matrix for sample ``i``, or None."""
         if lookup is not None and table is not None:
-            return (
-                table(sample, p, int(keys[i]), scene=scene)
-                if uses_scene
-                else table(sample, p, int(keys[i]))
-            )
+            return table(sample, p, int(keys[i]), scene=scene) if uses_scene else table(sample, p, int(keys[i]))
         assert colours is not None
         return colours(sample, p, int(keys[i]))
 
-    def fused(
-        sample: np.ndarray, out: np.ndarray, arg: np.ndarray, scene: Any, hashed: bool
-    ) -> bool | bytes | None:
+    def fused(sample: np.ndarray, out: np.ndarray, arg: np.ndarray, scene: Any, hashed: bool) -> bool | bytes | None:
         key = getattr(scene, "key", None)
         if lookup is not None:
             if hashed:

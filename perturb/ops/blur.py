@@ -94,9 +94,7 @@ def _conv_torch(sample: torch.Tensor, psf: np.ndarray) -> torch.Tensor:
     ``filter2d`` (OpenCV's ``filter2D`` with BORDER_REFLECT_101 computes the same sums)."""
     import kornia  # lazily: only the torch path needs it
 
-    return kornia.filters.filter2d(
-        sample.unsqueeze(0), _crop_psf(psf, sample), border_type="reflect"
-    )[0]
+    return kornia.filters.filter2d(sample.unsqueeze(0), _crop_psf(psf, sample), border_type="reflect")[0]
 
 
 def _sep_torch(sample: torch.Tensor, taps: np.ndarray) -> torch.Tensor:
@@ -108,7 +106,9 @@ def _sep_torch(sample: torch.Tensor, taps: np.ndarray) -> torch.Tensor:
     return kornia.filters.filter2d_separable(sample.unsqueeze(0), k, k, border_type="reflect")[0]
 
 
-def _apply_per_sample(x: torch.Tensor, psfs: list[np.ndarray], separable: bool) -> torch.Tensor:
+def _apply_per_sample(
+    x: torch.Tensor, psfs: list[np.ndarray], separable: bool
+) -> torch.Tensor:
     """Each sample with its own PSF: one call per sample, so a sample's result never depends on
     the batch (kernel sizes differ between samples). The torch path (CUDA)."""
     conv = _sep_torch if separable else _conv_torch
@@ -335,9 +335,7 @@ def encode_levels_u8(lin: np.ndarray, dst: np.ndarray, work: np.ndarray) -> None
 
 @backend.register_cpu("motion_blur")
 def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    correlate_sample_linear(
-        src, dst, line_psf(float(p["length"]) * shorter_side(src), float(p["angle"]))
-    )
+    correlate_sample_linear(src, dst, line_psf(float(p["length"]) * shorter_side(src), float(p["angle"])))
 
 
 @register_kernel("motion_blur", sampler=_motion_sampler)

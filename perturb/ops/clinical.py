@@ -52,11 +52,7 @@ def _smoke_sampler(rng: np.random.Generator, level: Level) -> Params:
         "source": [float(rng.uniform(0.25, 0.75)), float(rng.uniform(0.25, 0.75))],
         "drift": float(rng.uniform(0.0, 2.0 * math.pi)),
         "airlight": float(rng.uniform(0.8, 0.95)),
-        "tint": [
-            float(rng.uniform(0.96, 1.0)),
-            float(rng.uniform(0.95, 1.0)),
-            float(rng.uniform(0.9, 1.0)),
-        ],
+        "tint": [float(rng.uniform(0.96, 1.0)), float(rng.uniform(0.95, 1.0)), float(rng.uniform(0.9, 1.0))],
     }
 
 
@@ -94,21 +90,13 @@ def smoke_optical_depth(key: int, h: int, w: int, p: dict[str, np.ndarray]) -> n
     down = dx * math.cos(ang) + dy * math.sin(ang)
     side = -dx * math.sin(ang) + dy * math.cos(ang)
     reach = float(p["spread"]) * scale
-    plume = np.exp(
-        -0.5
-        * (
-            (side / (0.6 * reach + 0.35 * np.abs(down))) ** 2
-            + (np.minimum(down, 0) / (0.5 * reach)) ** 2
-        )
-    )
+    plume = np.exp(-0.5 * ((side / (0.6 * reach + 0.35 * np.abs(down))) ** 2 + (np.minimum(down, 0) / (0.5 * reach)) ** 2))
     plume = plume * np.exp(-np.maximum(down, 0) / (3.0 * reach))
     return (np.float32(p["density"]) * wisps * plume).astype(np.float32)
 
 
 @_host.host_op("surgical_smoke", sampler=_smoke_sampler, dtypes=(np.uint8, np.float32))
-def surgical_smoke(
-    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
-) -> np.ndarray:
+def surgical_smoke(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Wispy cautery smoke: I t + A (1 - t) in linear light, t = exp(-tau) over a turbulent
     drifting plume; airlight lit by the scope, forward-scatter blur (module docstring)."""
     c, h, w = img.shape
@@ -118,11 +106,7 @@ def surgical_smoke(
     t = np.exp(-tau).astype(np.float32)
     lin = _host.to_linear(img)
     lit = _host.gauss(_host.luma(lin), 0.05 * scale)
-    lit = (
-        np.clip(lit / (float(np.quantile(lit[tissue], 0.98)) + 1e-6), 0.0, 1.0)
-        if tissue.any()
-        else lit
-    )
+    lit = np.clip(lit / (float(np.quantile(lit[tissue], 0.98)) + 1e-6), 0.0, 1.0) if tissue.any() else lit
     tint = np.asarray(p["tint"], dtype=np.float32)[:c] if c == 3 else np.ones(1, np.float32)
     air = np.float32(p["airlight"]) * (0.3 + 0.7 * np.sqrt(lit))
     blurred = _host.per_channel(lin, lambda z: _host.gauss(z, SMOKE_BLUR * scale))
@@ -144,17 +128,13 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     count = draw_int(rng, level["count"])
     radius = draw(rng, level["radius"])
     clusters = max(1, 1 + count // 20)
-    centres = [
-        [float(rng.uniform(0.2, 0.8)), float(rng.uniform(0.2, 0.8))] for _ in range(clusters)
-    ]
+    centres = [[float(rng.uniform(0.2, 0.8)), float(rng.uniform(0.2, 0.8))] for _ in range(clusters)]
     bubbles: list[list[float]] = []
     for i in range(count):
         cx, cy = centres[i % clusters]
         spread = radius * (0.6 + 0.45 * math.sqrt(count / clusters))
         r = radius * float(np.exp(rng.normal(0.0, 0.45)))
-        bubbles.append(
-            [float(cx + rng.normal(0.0, spread)), float(cy + rng.normal(0.0, spread)), r]
-        )
+        bubbles.append([float(cx + rng.normal(0.0, spread)), float(cy + rng.normal(0.0, spread)), r])
     return {"count": count, "radius": radius, "bubbles": bubbles}
 
 
@@ -243,9 +223,7 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
     scale = min(h, w)
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
     cx, cy, radius = _host.field_geometry(tissue)
-    ramp = ((xs - cx) * math.cos(side_angle) + (ys - cy) * math.sin(side_angle)) / np.float32(
-        radius
-    )
+    ramp = ((xs - cx) * math.cos(side_angle) + (ys - cy) * math.sin(side_angle)) / np.float32(radius)
     level = ramp + 0.35 * _host.fractal_noise(key, "fluid-shape", h, w, 0.3 * scale, 2)
     values = level[tissue]
     if values.size == 0 or coverage <= 0:
@@ -264,9 +242,7 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
 
 
 @_host.host_op("fluid_occlusion", sampler=_fluid_sampler, dtypes=(np.uint8, np.float32))
-def fluid_occlusion(
-    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
-) -> np.ndarray:
+def fluid_occlusion(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Fluid, stool or blood pooled over ``coverage`` of the field: Beer-Lambert absorption,
     turbid in-scattering, bright meniscus (module docstring)."""
     c, h, w = img.shape
@@ -290,11 +266,7 @@ def fluid_occlusion(
     # light scattered back by the turbid fluid, lit by the scope (as bright as the mucosa there)
     # suspended particles make the turbidity patchy
     murk = 1.0 + 0.5 * _host.fractal_noise(key, "fluid-murk", h, w, 0.08 * scale, 4)
-    scatter = (
-        colour[:, None, None]
-        * (1.0 - np.exp(-0.8 * depth * murk))[None]
-        * (0.08 + 0.92 * lit[None])
-    )
+    scatter = colour[:, None, None] * (1.0 - np.exp(-0.8 * depth * murk))[None] * (0.08 + 0.92 * lit[None])
     scatter = scatter * murk[None]
     out = lin * trans + scatter
     # meniscus: a thin bright curve along the pool's edge (the fluid surface bends towards the lens)

@@ -160,10 +160,7 @@ def tissue_weight(scene: Any) -> np.ndarray | None:
 
 @register_kernel("contrast", uses_scene=True)
 def contrast(
-    x: torch.Tensor,
-    p: dict[str, torch.Tensor],
-    keys: Sequence[int],
-    scenes: Sequence[Any] | None = None,
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
 ) -> torch.Tensor:
     """Scale around the mean luma of the tissue (field of view minus overlays, from the scene;
     the whole image without one).
@@ -178,20 +175,14 @@ def contrast(
         if weight is None:
             means.append(sample_mean(y[i : i + 1]))
         else:
-            means.append(
-                torch.tensor(_weighted_mean(y[i, 0].cpu().numpy(), weight), dtype=x.dtype).view(
-                    1, 1, 1, 1
-                )
-            )
+            means.append(torch.tensor(_weighted_mean(y[i, 0].cpu().numpy(), weight), dtype=x.dtype).view(1, 1, 1, 1))
     mean = torch.cat(means).to(x.device)
     return (mean + per_sample(p["factor"]) * (x - mean)).clamp_(0.0, 1.0)
 
 
 def _weighted_mean(y: np.ndarray, weight: np.ndarray) -> np.float32:
     """float64 mean of the float32 plane ``y`` weighted by ``weight``, as float32."""
-    return np.float32(
-        float((y.astype(np.float64) * weight).sum()) / float(weight.astype(np.float64).sum())
-    )
+    return np.float32(float((y.astype(np.float64) * weight).sum()) / float(weight.astype(np.float64).sum()))
 
 
 def _gamma_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -367,10 +358,7 @@ def _cached_mean(slot: tuple[bytes, str, tuple[int, ...], str]) -> np.float32 | 
 
 
 def tissue_mean_luma(
-    src: np.ndarray,
-    scene: Any,
-    weight: np.ndarray,
-    slot: tuple[bytes, str, tuple[int, ...], str] | None = None,
+    src: np.ndarray, scene: Any, weight: np.ndarray, slot: tuple[bytes, str, tuple[int, ...], str] | None = None
 ) -> np.float32:
     """float32 mean of the kernel's luma of ``src`` (CHW) weighted by the tissue alpha
     ``weight`` of ``scene``: a float64 sum of ``y * weight`` over the frame, over the float64 sum
@@ -383,11 +371,7 @@ def tissue_mean_luma(
         y = _luma_u8(src)
     else:
         f = backend.load_float(src)
-        y = (
-            f[0]
-            if f.shape[0] == 1
-            else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
-        )
+        y = f[0] if f.shape[0] == 1 else f[0] * np.float32(LUMA_REC601[0]) + f[1] * np.float32(LUMA_REC601[1])
         if f.shape[0] == 3:
             y = y + f[2] * np.float32(LUMA_REC601[2])
     # (y64 * weight).sum(), one pass fewer, into a reused buffer (the same pairwise sum)
@@ -423,9 +407,7 @@ def _contrast_affine(
     return factor, float(np.float32(255.0) * mean) * (1.0 - factor)
 
 
-def _contrast_table(
-    src: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
-) -> np.ndarray | None:
+def _contrast_table(src: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> np.ndarray | None:
     """``_contrast_affine`` saturated by OpenCV's convertScaleAbs, element-wise, so its result on
     the 256 levels is the uint8 table. None for a guessed scene (``Scene.guessed_``) whose mean
     is not cached: a mean computed now would be cached under a digest not yet checked (the
@@ -437,17 +419,13 @@ def _contrast_table(
     return _contrast_levels(src, p, scene)
 
 
-def _contrast_levels(
-    src: np.ndarray, p: dict[str, np.ndarray], scene: Any, mean: np.float32 | None = None
-) -> np.ndarray:
+def _contrast_levels(src: np.ndarray, p: dict[str, np.ndarray], scene: Any, mean: np.float32 | None = None) -> np.ndarray:
     factor, offset = _contrast_affine(src, p, scene, mean)
     return np.asarray(cv2.convertScaleAbs(LEVELS_ROW_U8, alpha=factor, beta=offset)[0])
 
 
 @backend.register_cpu("contrast", uses_scene=True, table=_contrast_table)
-def contrast_cpu(
-    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
-) -> None:
+def contrast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
     if src.dtype == np.uint8:
         if fast_lut():
             lut_u8(src, dst, _contrast_levels(src, p, scene))

@@ -301,9 +301,7 @@ def _crop_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tenso
     return nearest_warp_batch(m, crop_warps(p, width, height))
 
 
-@register_kernel(
-    "resized_crop", sampler=_crop_sampler, geometry=Geometry(_crop_label_maps, matrix=_crop_matrix)
-)
+@register_kernel("resized_crop", sampler=_crop_sampler, geometry=Geometry(_crop_label_maps, matrix=_crop_matrix))
 def resized_crop(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Crop (``scale`` of the area, relative aspect ``exp(log_ratio)``, keyed position) resized
     back to the input size, bicubic.
@@ -338,11 +336,7 @@ def _rotation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.T
     return nearest_warp_batch(m, rotation_warps(p, width, height))
 
 
-@register_kernel(
-    "rotation",
-    sampler=_rotation_sampler,
-    geometry=Geometry(_rotation_label_maps, matrix=_rotation_matrix),
-)
+@register_kernel("rotation", sampler=_rotation_sampler, geometry=Geometry(_rotation_label_maps, matrix=_rotation_matrix))
 def rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Rotation by ``degrees`` (counter-clockwise positive) about the centre, black corners.
 
@@ -405,9 +399,7 @@ def translation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     return shift_batch(x, translation_shifts(p, width, height))
 
 
-def translation_shifts(
-    p: dict[str, torch.Tensor], width: int, height: int
-) -> list[tuple[int, int]]:
+def translation_shifts(p: dict[str, torch.Tensor], width: int, height: int) -> list[tuple[int, int]]:
     """Integer (tx, ty) per sample of collated ``translation`` parameters."""
     return [
         translation_pixels(width, height, s, d)
@@ -497,9 +489,5 @@ def _vflip_matrix(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
     return np.array([[1.0, 0.0, 0.0], [0.0, -1.0, float(height)], [0.0, 0.0, 1.0]])
 
 
-register_foreign_geometry(
-    Geometry(lambda m, p: m.flip(-1), matrix=_hflip_matrix), "hflip", "horizontal_flip"
-)
-register_foreign_geometry(
-    Geometry(lambda m, p: m.flip(-2), matrix=_vflip_matrix), "vflip", "vertical_flip"
-)
+register_foreign_geometry(Geometry(lambda m, p: m.flip(-1), matrix=_hflip_matrix), "hflip", "horizontal_flip")
+register_foreign_geometry(Geometry(lambda m, p: m.flip(-2), matrix=_vflip_matrix), "vflip", "vertical_flip")

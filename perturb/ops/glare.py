@@ -77,9 +77,7 @@ def _quantile(a: np.ndarray, q: float) -> float:
     return float(np.quantile(flat, q))
 
 
-def surface_normals(
-    lum: np.ndarray, key: int, relief: float, scale: int
-) -> tuple[np.ndarray, np.ndarray]:
+def surface_normals(lum: np.ndarray, key: int, relief: float, scale: int) -> tuple[np.ndarray, np.ndarray]:
     """(N . V, 1/d^2) per pixel from the linear luminance (H, W) by shape from shading under a
     light at the camera, with a keyed micro-relief of relative amplitude ``relief``."""
     h, w = lum.shape
@@ -97,10 +95,7 @@ def surface_normals(
     u = ((np.arange(w, dtype=np.float32) + 0.5 - w / 2) / f)[None, :]
     v = ((np.arange(h, dtype=np.float32) + 0.5 - h / 2) / f)[:, None]
     dy, dx = np.gradient(d)
-    du, dv = (
-        dx * np.float32(f),
-        dy * np.float32(f),
-    )  # derivatives per unit of normalised image coordinate
+    du, dv = dx * np.float32(f), dy * np.float32(f)  # derivatives per unit of normalised image coordinate
     # P = d q with q = (u, v, 1): P_u x P_v = d (-du, -dv, d + u du + v dv) and, V = -q / |q|,
     # N . V = d / (|(-du, -dv, d + u du + v dv)| |q|) (the normal taken facing the camera)
     t = du * u
@@ -125,9 +120,7 @@ def _linear_at(flat: np.ndarray, index: np.ndarray) -> np.ndarray:
 
 
 @_host.host_op("specular_glare", sampler=_glare_sampler, dtypes=(np.uint8, np.float32))
-def specular_glare(
-    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
-) -> np.ndarray:
+def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Blinn-Phong highlights of a light at the camera on a surface from shading, inverse-square
     fall-off, sensor clipping and a short bloom (module docstring). Pixels whose specular light
     stays under ``SPEC_FLOOR`` keep their input values."""
@@ -139,9 +132,7 @@ def specular_glare(
     n_dot_v, inv_d2 = surface_normals(lum, key, float(p["relief"]), scale)
     # wetness (N . V)^shininess / d^2, where the lobe reaches LOBE_FLOOR (zero elsewhere)
     shininess = np.float32(p["shininess"])
-    facing = np.flatnonzero(
-        n_dot_v.reshape(-1) > np.float32(math.exp(math.log(LOBE_FLOOR) / float(shininess)))
-    )
+    facing = np.flatnonzero(n_dot_v.reshape(-1) > np.float32(math.exp(math.log(LOBE_FLOOR) / float(shininess))))
     lobe = np.zeros(h * w, dtype=np.float32)
     if facing.size:
         log_lobe = np.asarray(cv2.log(n_dot_v.reshape(-1)[facing]), dtype=np.float32)
@@ -152,9 +143,7 @@ def specular_glare(
         lobe_at *= _host.soft_mask(tissue, EDGE_FADE * scale).reshape(-1)[facing]
         lobe[facing] = lobe_at
     lobe = lobe.reshape(h, w)
-    spec = _host.gauss(lobe, OPTICS_SIGMA * scale).reshape(
-        -1
-    )  # the lens PSF: hairline lobes stay below clipping
+    spec = _host.gauss(lobe, OPTICS_SIGMA * scale).reshape(-1)  # the lens PSF: hairline lobes stay below clipping
     illuminant = np.asarray(p["illuminant"], dtype=np.float32)
     gains = illuminant[:, None] if c == 3 else np.ones((1, 1), np.float32)
     lit = np.flatnonzero(spec > np.float32(SPEC_FLOOR))  # where the light may clip
@@ -170,7 +159,5 @@ def specular_glare(
     out += bloom[changed] * gains
     res = img.copy()
     if changed.size:
-        res.reshape(c, -1)[:, changed] = _host.to_display(
-            np.clip(out, np.float32(0.0), np.float32(1.0))
-        )
+        res.reshape(c, -1)[:, changed] = _host.to_display(np.clip(out, np.float32(0.0), np.float32(1.0)))
     return res

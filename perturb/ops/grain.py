@@ -100,9 +100,7 @@ def _down_torch(x: torch.Tensor, gh: int, gw: int) -> torch.Tensor:
 def grain_kernel(pixel_kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """A batched noise kernel with grain relative to the shorter side, from its per-pixel form."""
 
-    def kernel(
-        x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], **kw: Any
-    ) -> torch.Tensor:
+    def kernel(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], **kw: Any) -> torch.Tensor:
         h, w = x.shape[-2:]
         grid = grid_shape(h, w)
         if grid is None:
@@ -213,14 +211,10 @@ def area_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
     period = min(n_in, 2 * int(np.ceil(n_in / n_out)) + 4)
     comb = (np.arange(n_in)[:, None] % period == np.arange(period)[None, :]).astype(np.float32)
     resized = cv2.resize(comb, (period, n_out), interpolation=cv2.INTER_AREA)  # (n_out, period)
-    weights = resized[
-        :, np.arange(n_in) % period
-    ]  # (n_out, n_in), the window's weights and aliases
+    weights = resized[:, np.arange(n_in) % period]  # (n_out, n_in), the window's weights and aliases
     src = np.arange(n_in)[None, :]
     out = np.arange(n_out)[:, None]
-    near = (src * n_out >= out * n_in - n_out) & (
-        src * n_out < (out + 1) * n_in + n_out
-    )  # window +- 1
+    near = (src * n_out >= out * n_in - n_out) & (src * n_out < (out + 1) * n_in + n_out)  # window +- 1
     weights = np.where(near, weights, np.float32(0.0))
     width = int((weights > 0).sum(axis=1).max())
     index = np.zeros((n_out, width), dtype=np.intp)
@@ -243,12 +237,8 @@ def area_at(full: np.ndarray, gh: int, gw: int, cells: np.ndarray) -> np.ndarray
     ys, xs = np.divmod(cells, gw)
     rows, beta = area_taps(h, gh)
     cols, alpha = area_taps(w, gw)
-    flat = (rows[ys][:, :, None] * w + cols[xs][:, None, :]).reshape(
-        cells.size, rows.shape[1] * cols.shape[1]
-    )
-    values = np.take(full.reshape(c, -1), flat, axis=1).reshape(
-        c, cells.size, rows.shape[1], cols.shape[1]
-    )
+    flat = (rows[ys][:, :, None] * w + cols[xs][:, None, :]).reshape(cells.size, rows.shape[1] * cols.shape[1])
+    values = np.take(full.reshape(c, -1), flat, axis=1).reshape(c, cells.size, rows.shape[1], cols.shape[1])
     a = alpha[xs][None, :, None, :]
     across = values[..., 0] * a[..., 0]
     for k in range(1, cols.shape[1]):
@@ -266,9 +256,7 @@ def _area_at_exact(h: int, w: int, gh: int, gw: int) -> bool:
     cell of a seeded random probe)."""
     probe = np.random.default_rng(1).random((1, h, w), dtype=np.float32)
     expected = cv2.resize(probe[0], (gw, gh), interpolation=cv2.INTER_AREA).reshape(1, -1)
-    got = np.concatenate(
-        [area_at(probe, gh, gw, cells) for cells in np.array_split(np.arange(gh * gw), 16)], axis=1
-    )
+    got = np.concatenate([area_at(probe, gh, gw, cells) for cells in np.array_split(np.arange(gh * gw), 16)], axis=1)
     return bool(np.array_equal(got, expected))
 
 

@@ -89,22 +89,16 @@ def select_codec(on_cuda: bool, available: dict[str, bool], forced: str = "auto"
     return next(c for c in CODECS if c == "opencv" or available.get(c, False))
 
 
-def nvimgcodec_encode(
-    nvimg: Any, encoder: Any, images: list[Any], qualities: list[int], channels: int
-) -> list[Any]:
+def nvimgcodec_encode(nvimg: Any, encoder: Any, images: list[Any], qualities: list[int], channels: int) -> list[Any]:
     """JPEG code streams of HWC uint8 ``images`` (CUDA tensors, or NumPy arrays for a host
     encoder) at ``qualities``, 4:2:0 (gray: one plane); samples of equal quality are encoded
     as one batch; the streams come back in the order of ``images``."""
-    subsampling = (
-        nvimg.ChromaSubsampling.CSS_420 if channels == 3 else nvimg.ChromaSubsampling.CSS_GRAY
-    )
+    subsampling = nvimg.ChromaSubsampling.CSS_420 if channels == 3 else nvimg.ChromaSubsampling.CSS_GRAY
     streams: list[Any] = [None] * len(images)
     for quality in sorted(set(qualities)):
         idx = [i for i, q in enumerate(qualities) if q == quality]
         params = nvimg.EncodeParams(
-            quality_type=nvimg.QualityType.QUALITY,
-            quality_value=float(quality),
-            chroma_subsampling=subsampling,
+            quality_type=nvimg.QualityType.QUALITY, quality_value=float(quality), chroma_subsampling=subsampling
         )
         encoded = encoder.encode([nvimg.as_image(images[i]) for i in idx], "jpeg", params=params)
         for i, stream in zip(idx, encoded, strict=True):
@@ -150,20 +144,12 @@ def jpeg_backend(x: torch.Tensor) -> str:
     on_cuda = x.is_cuda and not backend.opencv_path(x)
     if not on_cuda:
         return "opencv"
-    available = {
-        "nvimgcodec": _nvimgcodec_available(x.device.index or 0),
-        "nvjpeg": _cuda_codec_available(),
-    }
+    available = {"nvimgcodec": _nvimgcodec_available(x.device.index or 0), "nvjpeg": _cuda_codec_available()}
     return select_codec(True, available, os.environ.get("PERTURB_JPEG_CODEC", "auto"))
 
 
 def _encode_params(quality: int) -> list[int]:
-    return [
-        cv2.IMWRITE_JPEG_QUALITY,
-        int(quality),
-        cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
-        cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
-    ]
+    return [cv2.IMWRITE_JPEG_QUALITY, int(quality), cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420]
 
 
 _BGR = threading.local()
@@ -226,10 +212,7 @@ def jpeg(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
     if codec == "nvjpeg":
         return _roundtrip_cuda(x, qualities)
     images = to_uint8(x.cpu()).permute(0, 2, 3, 1).numpy()
-    out = [
-        opencv_roundtrip(img[..., 0] if img.shape[-1] == 1 else img, q)
-        for img, q in zip(images, qualities, strict=True)
-    ]
+    out = [opencv_roundtrip(img[..., 0] if img.shape[-1] == 1 else img, q) for img, q in zip(images, qualities, strict=True)]
     stacked = np.stack([o if o.ndim == 3 else o[..., None] for o in out])
     result = torch.from_numpy(stacked).permute(0, 3, 1, 2).to(torch.float32) / 255.0
     return result.to(x.device)

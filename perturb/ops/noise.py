@@ -48,9 +48,7 @@ def _per_sample_uniform(
     return torch.stack([rng.uniform_field(k, stream, shape, x.device) for k in keys])
 
 
-def gaussian_noise(
-    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
-) -> torch.Tensor:
+def gaussian_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Kornia: own kernel: Kornia's noise augmentations draw from torch's global generator, this
     op's normal field is keyed (``perturb.rng``) so records replay bit for bit; the rest is one
     multiply-add."""
@@ -121,19 +119,13 @@ def _scaled_normal_lut(scale: np.float32) -> np.ndarray:
     return rng.normal_lut_numpy() * np.float32(scale)
 
 
-def gaussian_noise_cpu(
-    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
-) -> None:
+def gaussian_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     sigma = np.float32(p["sigma"])
     if src.dtype == np.uint8:
-        noise = rng.normal_numpy(
-            key, "gaussian_noise", src.size, _scaled_normal_lut(sigma * np.float32(255.0))
-        )
+        noise = rng.normal_numpy(key, "gaussian_noise", src.size, _scaled_normal_lut(sigma * np.float32(255.0)))
         cv2.add(plane2d(src), noise.reshape(-1, src.shape[-1]), dst=plane2d(dst), dtype=cv2.CV_8U)
         return
-    noise = rng.normal_numpy(
-        key, "gaussian_noise", src.size, _scaled_normal_lut(sigma)
-    )  # sigma * z
+    noise = rng.normal_numpy(key, "gaussian_noise", src.size, _scaled_normal_lut(sigma))  # sigma * z
     np.add(src, noise.reshape(src.shape), out=dst)
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
@@ -152,18 +144,14 @@ def speckle_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
 
-def _impulse_masks(
-    h: int, w: int, p: dict[str, np.ndarray], key: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _impulse_masks(h: int, w: int, p: dict[str, np.ndarray], key: int) -> tuple[np.ndarray, np.ndarray]:
     """(pepper, salt) boolean (h, w) masks of the kernel's uniform field."""
     u = rng.uniform_numpy(key, "impulse_noise", h * w).reshape(h, w)
     half = np.float32(p["amount"]) / np.float32(2.0)
     return u < half, u > np.float32(1.0) - half
 
 
-def impulse_sites(
-    h: int, w: int, p: dict[str, np.ndarray], key: int
-) -> tuple[np.ndarray, np.ndarray]:
+def impulse_sites(h: int, w: int, p: dict[str, np.ndarray], key: int) -> tuple[np.ndarray, np.ndarray]:
     """Flat indices of the pixels ``impulse_noise_cpu`` sets to black and to white."""
     pepper, salt = _impulse_masks(h, w, p, key)
     return np.flatnonzero(pepper), np.flatnonzero(salt)
@@ -295,11 +283,7 @@ def _poisson_small_levels(mean_lut: np.ndarray, levels: np.ndarray, m: np.ndarra
 
 
 def _shot_counts(
-    mean: np.ndarray,
-    root: np.ndarray,
-    key: int,
-    levels: np.ndarray | None,
-    mean_lut: np.ndarray | None,
+    mean: np.ndarray, root: np.ndarray, key: int, levels: np.ndarray | None, mean_lut: np.ndarray | None
 ) -> np.ndarray:
     """Poisson counts (float32, flat) for float32 means ``mean`` with ``root = sqrt(mean)``: the
     kernel's normal approximation and, below ``POISSON_EXACT_BELOW``, its exact inversion

@@ -52,9 +52,7 @@ class Geometry:
     def projective(self) -> bool:
         return self.matrix is not None
 
-    def forward_points(
-        self, params: Mapping[str, Any], points: np.ndarray, width: int, height: int
-    ) -> np.ndarray:
+    def forward_points(self, params: Mapping[str, Any], points: np.ndarray, width: int, height: int) -> np.ndarray:
         """(N, 2) continuous points moved by the op with ``params``."""
         if self.points is not None:
             return self.points(params, points, width, height)

@@ -51,23 +51,12 @@ def displaced(img: np.ndarray, dx: float, dy: float) -> np.ndarray:
     matrix = np.array([[1.0, 0.0, dx], [0.0, 1.0, dy]], dtype=np.float64)
     h, w = img.shape[-2:]
     return np.stack(
-        [
-            cv2.warpAffine(
-                np.ascontiguousarray(c),
-                matrix,
-                (w, h),
-                flags=cv2.INTER_LINEAR,
-                borderMode=cv2.BORDER_REPLICATE,
-            )
-            for c in img
-        ]
+        [cv2.warpAffine(np.ascontiguousarray(c), matrix, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE) for c in img]
     ).astype(np.float32)
 
 
 @_host.host_op("interlacing", sampler=_interlace_sampler, dtypes=(np.uint8, np.float32))
-def interlacing(
-    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
-) -> np.ndarray:
+def interlacing(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Two fields ``shift`` apart (combing) plus a recursive-filter ghost (module docstring)."""
     _c, h, w = img.shape
     scale = min(h, w)
@@ -192,9 +181,7 @@ def _macroblock_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
-RGB_TO_YCC = np.array(
-    [[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]]
-)
+RGB_TO_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
 
 
 def lost_macroblocks(key: int, rows: int, cols: int, loss: float) -> np.ndarray:
@@ -214,9 +201,7 @@ def lost_macroblocks(key: int, rows: int, cols: int, loss: float) -> np.ndarray:
 
 
 @_host.host_op("video_macroblocking", sampler=_macroblock_sampler, dtypes=(np.uint8, np.float32))
-def video_macroblocking(
-    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
-) -> np.ndarray:
+def video_macroblocking(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """H.264-style 4x4 DCT quantisation at ``qp`` (4:2:0 chroma) and lost slices concealed from
     a displaced previous frame (module docstring)."""
     c, h, w = img.shape
@@ -244,13 +229,7 @@ def video_macroblocking(
         motion = np.asarray(p["motion"], dtype=np.float64) * scale
         previous = np.stack(
             [
-                cv2.warpAffine(
-                    np.ascontiguousarray(plane),
-                    np.array([[1.0, 0.0, motion[0]], [0.0, 1.0, motion[1]]]),
-                    (w, h),
-                    flags=cv2.INTER_NEAREST,
-                    borderMode=cv2.BORDER_REPLICATE,
-                )
+                cv2.warpAffine(np.ascontiguousarray(plane), np.array([[1.0, 0.0, motion[0]], [0.0, 1.0, motion[1]]]), (w, h), flags=cv2.INTER_NEAREST, borderMode=cv2.BORDER_REPLICATE)
                 for plane in out
             ]
         )

@@ -66,9 +66,7 @@ class Scene:
     def key(self) -> str:
         """``masks.descriptor_key(descriptor)``: what the mask caches are keyed by (computed once)."""
         if self.key_ is None:
-            object.__setattr__(
-                self, "key_", masks.descriptor_key(self.descriptor)
-            )  # a cache, not state
+            object.__setattr__(self, "key_", masks.descriptor_key(self.descriptor))  # a cache, not state
         assert self.key_ is not None
         return self.key_
 
@@ -111,17 +109,13 @@ class Scene:
     def _chw(self, image: Any) -> np.ndarray:
         chw = np.moveaxis(to_hwc_u8(image), -1, 0)
         if chw.shape[-2:] != self.size:
-            raise ValueError(
-                f"scene of size {self.size} does not fit an image of size {chw.shape[-2:]}"
-            )
+            raise ValueError(f"scene of size {self.size} does not fit an image of size {chw.shape[-2:]}")
         return chw
 
     @property
     def highlight(self) -> np.ndarray:
         if self.highlight_ is None:
-            raise ValueError(
-                "highlight mask is only known for a scene computed from its image (perturb.scene(image))"
-            )
+            raise ValueError("highlight mask is only known for a scene computed from its image (perturb.scene(image))")
         return self.highlight_
 
     @property
@@ -130,10 +124,7 @@ class Scene:
 
     @property
     def overlays(self) -> list[tuple[int, int, int, int, str]]:
-        return [
-            (int(a), int(b), int(c), int(d), str(k))
-            for a, b, c, d, k in self.descriptor["overlays"]
-        ]
+        return [(int(a), int(b), int(c), int(d), str(k)) for a, b, c, d, k in self.descriptor["overlays"]]
 
 
 def scene(image: Any) -> Scene:

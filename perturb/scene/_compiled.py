@@ -135,9 +135,7 @@ def blend(src: Any, dst: Any, index: Any, alpha: Any) -> None:  # pragma: no cov
 
 
 @_njit
-def digest_span(
-    update_at: int, state_at: int, address: int, length: int
-) -> None:  # pragma: no cover - compiled
+def digest_span(update_at: int, state_at: int, address: int, length: int) -> None:  # pragma: no cover - compiled
     """Feed ``length`` bytes at ``address`` to the digest state (``update_at`` 0: no digest)."""
     if update_at != 0:
         call_update(update_at, state_at, address, length)
@@ -177,9 +175,7 @@ def lookup_compose(
 
 
 @_njit
-def transform_span(
-    src: Any, dst: Any, m: Any, size: int, a: int, b: int
-) -> None:  # pragma: no cover - compiled
+def transform_span(src: Any, dst: Any, m: Any, size: int, a: int, b: int) -> None:  # pragma: no cover - compiled
     """OpenCV's uint8 3x3 colour transform of the pixels [a, b) of three CHW planes of ``size``:
     ``dst[c] = saturate((sum_k m[c, k] src[k] + 512) >> 10)``, ``m`` the matrix in 1/1024 steps
     (int64, ``rint(matrix * 1024)``): the exact integer arithmetic of ``cv2.transform``'s

@@ -55,9 +55,7 @@ def to_hwc_u8(image: Any) -> np.ndarray:
     if arr.ndim == 2:
         arr = arr[..., None]
     if arr.ndim != 3 or arr.shape[-1] not in (1, 3):
-        raise ValueError(
-            f"scene() takes an (H, W), (H, W, 1|3) or (1|3, H, W) image, got shape {arr.shape}"
-        )
+        raise ValueError(f"scene() takes an (H, W), (H, W, 1|3) or (1|3, H, W) image, got shape {arr.shape}")
     if arr.dtype == np.uint16:
         arr = (arr >> 8).astype(np.uint8)
     elif arr.dtype != np.uint8:
@@ -98,13 +96,9 @@ def _scope_boxes(small: np.ndarray) -> list[tuple[int, int, int, int]]:
     hsv = cv2.cvtColor(small, cv2.COLOR_RGB2HSV)
     hue, sat, val = hsv[..., 0], hsv[..., 1], hsv[..., 2]
     colour = (hue >= 38) & (hue <= 135) & (sat >= 100) & (val >= 70)
-    grad = cv2.morphologyEx(
-        cv2.cvtColor(small, cv2.COLOR_RGB2GRAY), cv2.MORPH_GRADIENT, np.ones((3, 3), np.uint8)
-    )
+    grad = cv2.morphologyEx(cv2.cvtColor(small, cv2.COLOR_RGB2GRAY), cv2.MORPH_GRADIENT, np.ones((3, 3), np.uint8))
     flat = grad <= 24
-    cand = cv2.morphologyEx(
-        (colour & flat).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8)
-    )
+    cand = cv2.morphologyEx((colour & flat).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
     cand = cv2.morphologyEx(cand, cv2.MORPH_CLOSE, np.ones((5, 5), np.uint8))
     n, _, stats = _components(cand)
     area_min = 0.002 * small.shape[0] * small.shape[1]
@@ -142,9 +136,7 @@ def _text_lines(small: np.ndarray) -> list[tuple[int, int, int, int]]:
     gray = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
     short = min(gray.shape)
     k = max(3, round(0.02 * short)) | 1
-    tophat = cv2.morphologyEx(
-        gray, cv2.MORPH_TOPHAT, cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
-    )
+    tophat = cv2.morphologyEx(gray, cv2.MORPH_TOPHAT, cv2.getStructuringElement(cv2.MORPH_RECT, (k, k)))
     strokes = ((tophat > 50) & (gray > 150)).astype(np.uint8)
     joiner = cv2.getStructuringElement(cv2.MORPH_RECT, (max(3, round(0.03 * short)), 1))
     rows = cv2.morphologyEx(strokes, cv2.MORPH_CLOSE, joiner)
@@ -152,22 +144,12 @@ def _text_lines(small: np.ndarray) -> list[tuple[int, int, int, int]]:
     lines = []
     for i in range(1, n):
         x, y, w, h, area = (int(v) for v in stats[i])
-        if (
-            0.01 * short <= h <= 0.05 * short
-            and w >= 3 * h
-            and w >= 0.05 * short
-            and area >= 0.25 * w * h
-        ):
+        if 0.01 * short <= h <= 0.05 * short and w >= 3 * h and w >= 0.05 * short and area >= 0.25 * w * h:
             lines.append((x, y, x + w, y + h))
     return [
         a
         for a in lines
-        if any(
-            b is not a
-            and abs(b[0] - a[0]) <= 0.02 * short
-            and abs(b[1] - a[1]) <= 4 * max(a[3] - a[1], b[3] - b[1])
-            for b in lines
-        )
+        if any(b is not a and abs(b[0] - a[0]) <= 0.02 * short and abs(b[1] - a[1]) <= 4 * max(a[3] - a[1], b[3] - b[1]) for b in lines)
     ]
 
 
@@ -187,9 +169,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         return hashlib.blake2b(buf, digest_size=16).digest()
 
 
-_CACHE: OrderedDict[tuple[str, tuple[int, ...], str, bytes], tuple[dict[str, Any], str, str]] = (
-    OrderedDict()
-)
+_CACHE: OrderedDict[tuple[str, tuple[int, ...], str, bytes], tuple[dict[str, Any], str, str]] = OrderedDict()
 _CACHE_SIZE = 64
 _CACHE_LOCK = threading.Lock()
 
@@ -200,16 +180,9 @@ def _pixels(image: Any) -> tuple[str, np.ndarray]:
     else converted by ``to_hwc_u8``."""
     if hasattr(image, "detach"):
         t = image.detach()
-        if (
-            t.device.type == "cpu"
-            and t.is_contiguous()
-            and t.ndim == 3
-            and str(t.dtype) in _NATIVE_TORCH
-        ):
+        if t.device.type == "cpu" and t.is_contiguous() and t.ndim == 3 and str(t.dtype) in _NATIVE_TORCH:
             return "chw", t.numpy()
-    elif (
-        isinstance(image, np.ndarray) and image.flags.c_contiguous and image.dtype in _NATIVE_NUMPY
-    ):
+    elif isinstance(image, np.ndarray) and image.flags.c_contiguous and image.dtype in _NATIVE_NUMPY:
         return "np", image
     return "hwc", to_hwc_u8(image)
 

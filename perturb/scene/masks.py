@@ -24,23 +24,14 @@ from perturb.scene.native import (
 )
 
 FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
-GLYPH_LOW, GLYPH_HIGH = (
-    24,
-    64,
-)  # 8-bit luma excess over the local background: no glyph .. full glyph
-GLYPH_FULL = (
-    0.85  # full cover from this fraction of the median excess of the line's strong stroke pixels
-)
+GLYPH_LOW, GLYPH_HIGH = 24, 64  # 8-bit luma excess over the local background: no glyph .. full glyph
+GLYPH_FULL = 0.85  # full cover from this fraction of the median excess of the line's strong stroke pixels
 GLYPH_KERNEL = 0.6  # top-hat square side, as a fraction of the text box's height
 # Solid blocks of a text line (progress bars "■■■/■■■", a cursor): wider than a stroke, so the
 # top-hat misses their inside; drawn in the line's ink, so they are found by colour and shape.
-BLOCK_TOL = (
-    32  # 8-bit luma at most this below the line's ink (the median luma of its strong strokes)
-)
+BLOCK_TOL = 32  # 8-bit luma at most this below the line's ink (the median luma of its strong strokes)
 BLOCK_CHROMA = 32  # max - min channel (8-bit) at most this: white or gray, not tissue colour
-BLOCK_SIDE = (
-    0.3  # a block holds a square of this fraction of the text box's height; a stroke does not
-)
+BLOCK_SIDE = 0.3  # a block holds a square of this fraction of the text box's height; a stroke does not
 BLOCK_FILL = 0.9  # a block fills at least this fraction of its bounding rectangle
 BLOCK_EDGE = 64  # a block stands at least this many levels above the ring 3 px around it (a drawn
 #   edge; a specular highlight falls off softly)
@@ -116,9 +107,7 @@ def _field_alpha(key: str) -> np.ndarray:
         canvas = np.zeros((gh, gw), np.float32)
         cv2.fillPoly(canvas, [np.asarray(desc["field"], np.int32)], 1.0)
         canvas = cv2.GaussianBlur(canvas, (0, 0), FEATHER_GRID_PX, borderType=cv2.BORDER_REPLICATE)
-        out = np.asarray(
-            cv2.resize(canvas, (w, h), interpolation=cv2.INTER_LINEAR), dtype=np.float32
-        )
+        out = np.asarray(cv2.resize(canvas, (w, h), interpolation=cv2.INTER_LINEAR), dtype=np.float32)
         # exact 0 and 1 away from the edge: rescale so 1/512 -> 0 and 1 - 1/512 -> 1, then clip
         out -= np.float32(1.0 / 512)
         out *= np.float32(1.0 / (1.0 - 2.0 / 512))
@@ -197,9 +186,7 @@ def text_boxes(desc: dict[str, Any]) -> list[tuple[int, int, int, int]]:
     return [(int(a), int(b), int(c), int(d)) for a, b, c, d, k in desc["overlays"] if k == "text"]
 
 
-def glyph_window(
-    desc: dict[str, Any], box: tuple[int, int, int, int]
-) -> tuple[int, int, int, int, int]:
+def glyph_window(desc: dict[str, Any], box: tuple[int, int, int, int]) -> tuple[int, int, int, int, int]:
     """(x0, y0, x1, y1, k): the window around a text box that ``glyph_strokes`` reads (the box
     padded by the top-hat size ``k``, clipped to the image)."""
     h, w = desc["size"]
@@ -208,9 +195,7 @@ def glyph_window(
     return max(0, x0 - k), max(0, y0 - k), min(w, x1 + k), min(h, y1 + k), k
 
 
-def glyph_strokes(
-    window: np.ndarray, desc: dict[str, Any], box: tuple[int, int, int, int]
-) -> np.ndarray:
+def glyph_strokes(window: np.ndarray, desc: dict[str, Any], box: tuple[int, int, int, int]) -> np.ndarray:
     """float32 (y1 - y0, x1 - x0) in [0, 1]: how much of each pixel of a text box is glyph
     stroke, from ``window`` (CHW pixels of the clean image inside ``glyph_window(desc, box)``).
     The stroke's excess luma over the local background (white top-hat: the luma minus its
@@ -229,11 +214,7 @@ def glyph_strokes(
     is_strong = excess >= GLYPH_HIGH
     strong = excess[is_strong]
     # a stroke's full excess: most of the line's strong stroke pixels reach it
-    full = (
-        max(float(GLYPH_HIGH), GLYPH_FULL * float(np.median(strong)))
-        if strong.size
-        else float(GLYPH_HIGH)
-    )
+    full = max(float(GLYPH_HIGH), GLYPH_FULL * float(np.median(strong))) if strong.size else float(GLYPH_HIGH)
     cover = (excess - np.float32(GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
     np.clip(cover, np.float32(0.0), np.float32(1.0), out=cover)
     if strong.size:
@@ -244,9 +225,7 @@ def glyph_strokes(
     return cover
 
 
-def solid_blocks(
-    u8: np.ndarray, luma: np.ndarray, box: tuple[int, int, int, int], ink: int
-) -> np.ndarray | None:
+def solid_blocks(u8: np.ndarray, luma: np.ndarray, box: tuple[int, int, int, int], ink: int) -> np.ndarray | None:
     """float32 (h, w) cover of the solid blocks of a text line in a glyph window (``u8``: its
     uint8 CHW pixels, ``luma`` their luma; ``box``: the text box in window pixels; ``ink``: the
     luma of the line's strokes), or None where it has none. A block is a region as bright as the
@@ -255,19 +234,12 @@ def solid_blocks(
     the box's rows and stands ``BLOCK_EDGE`` above the ring around it. It is covered whole; its
     anti-aliased rim (2 px) ramps with the excess over the ring's median as a stroke's does."""
     bx0, by0, bx1, by1 = box
-    side = (
-        max(3, round(BLOCK_SIDE * (by1 - by0))) | 1
-    )  # odd: an even square would shift the opening
+    side = max(3, round(BLOCK_SIDE * (by1 - by0))) | 1  # odd: an even square would shift the opening
     if by1 - by0 < side or bx1 - bx0 < side:
         return None
     near = luma >= ink - BLOCK_TOL
     if u8.shape[0] == 3:
-        near &= (
-            cv2.subtract(
-                cv2.max(cv2.max(u8[0], u8[1]), u8[2]), cv2.min(cv2.min(u8[0], u8[1]), u8[2])
-            )
-            <= BLOCK_CHROMA
-        )
+        near &= cv2.subtract(cv2.max(cv2.max(u8[0], u8[1]), u8[2]), cv2.min(cv2.min(u8[0], u8[1]), u8[2])) <= BLOCK_CHROMA
     solid = cv2.morphologyEx(near.astype(np.uint8), cv2.MORPH_OPEN, np.ones((side, side), np.uint8))
     n, labels, stats, _ = cv2.connectedComponentsWithStats(solid, connectivity=4)
     out: np.ndarray | None = None
@@ -279,9 +251,7 @@ def solid_blocks(
         cy0, cx0, cy1, cx1 = max(0, y - 3), max(0, x - 3), min(h, y + bh + 3), min(w, x + bw + 3)
         block = labels[cy0:cy1, cx0:cx1] == i
         rim = cv2.dilate(block.view(np.uint8), np.ones((5, 5), np.uint8)).view(bool)  # within 2 px
-        ring = (
-            cv2.dilate(block.view(np.uint8), np.ones((7, 7), np.uint8)).view(bool) & ~rim
-        )  # at 3 px
+        ring = cv2.dilate(block.view(np.uint8), np.ones((7, 7), np.uint8)).view(bool) & ~rim  # at 3 px
         patch = luma[cy0:cy1, cx0:cx1]
         if not ring.any():
             continue
@@ -289,9 +259,7 @@ def solid_blocks(
         if level - background < BLOCK_EDGE:
             continue
         full = GLYPH_FULL * (level - background)
-        ramp = (patch.astype(np.float32) - np.float32(background + GLYPH_LOW)) * np.float32(
-            1.0 / (full - GLYPH_LOW)
-        )
+        ramp = (patch.astype(np.float32) - np.float32(background + GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
         np.clip(ramp, np.float32(0.0), np.float32(1.0), out=ramp)
         ramp[~rim] = 0.0
         ramp[block] = 1.0
@@ -405,21 +373,15 @@ def _compose_plan(key: str) -> _ComposePlan:
     part_starts, part_stops = runs_of(part)
     for arr in (keep, part, part_alpha, part3, part_alpha3, starts, stops, part_starts, part_stops):
         arr.flags.writeable = False
-    return _ComposePlan(
-        keep, part, part_alpha, text, part3, part_alpha3, starts, stops, part_starts, part_stops
-    )
+    return _ComposePlan(keep, part, part_alpha, text, part3, part_alpha3, starts, stops, part_starts, part_stops)
 
 
 def _check_size(desc: dict[str, Any], src: np.ndarray) -> None:
     if tuple(desc["size"]) != tuple(src.shape[-2:]):
-        raise ValueError(
-            f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}"
-        )
+        raise ValueError(f"scene of size {tuple(desc['size'])} does not fit an image of size {src.shape[-2:]}")
 
 
-def compose_numpy(
-    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
-) -> None:
+def compose_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
     """In place: ``dst`` (CHW, the perturbed sample) becomes ``alpha * dst + (1 - alpha) * src``
     with ``composite_alpha(desc, src)`` (the tissue alpha; glyph strokes only of text lines);
     pixels with alpha 0 are ``src`` exactly, alpha 1 ``dst`` exactly. Work is per-descriptor
@@ -436,14 +398,7 @@ def compose_numpy(
     if compiled is not None:  # one pass per plane without the GIL; the same bytes
         s_flat, d_flat = src.reshape(-1), dst.reshape(-1)
         compiled.compose(
-            s_flat,
-            d_flat,
-            plan.keep_starts,
-            plan.keep_stops,
-            plan.part_starts,
-            plan.part_stops,
-            plan.part_alpha,
-            planes,
+            s_flat, d_flat, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha, planes
         )
     else:
         for c in range(planes):
@@ -453,11 +408,7 @@ def compose_numpy(
             else:
                 np.copyto(d, s, where=plan.keep.astype(bool))
         if plan.part.size:
-            _blend_at(
-                src,
-                dst,
-                *((plan.part3, plan.part_alpha3) if planes == 3 else (plan.part, plan.part_alpha)),
-            )
+            _blend_at(src, dst, *((plan.part3, plan.part_alpha3) if planes == 3 else (plan.part, plan.part_alpha)))
     if plan.text is not None:
         # alpha 1 keeps ``dst``, static alpha 0 was copied above; the rest (glyph cover, soft
         # edge) blends, where alpha 0 gives ``src`` exactly: base + 0 * (d - base) = base
@@ -470,12 +421,7 @@ def compose_numpy(
 
 
 def compose_lookup(
-    src: np.ndarray,
-    dst: np.ndarray,
-    tables: np.ndarray,
-    lookup: Any,
-    desc: dict[str, Any],
-    key: str | None = None,
+    src: np.ndarray, dst: np.ndarray, tables: np.ndarray, lookup: Any, desc: dict[str, Any], key: str | None = None
 ) -> bool:
     """``dst[c] = tables[c][src[c]]`` (uint8 CHW; ``tables`` (256,) or (C, 256)) composited as
     ``compose_numpy`` composites it, the same bytes, in one compiled pass per plane that copies
@@ -487,12 +433,7 @@ def compose_lookup(
 
 
 def compose_lookup_hashed(
-    src: np.ndarray,
-    dst: np.ndarray,
-    tables: np.ndarray,
-    lookup: Any,
-    desc: dict[str, Any],
-    key: str | None = None,
+    src: np.ndarray, dst: np.ndarray, tables: np.ndarray, lookup: Any, desc: dict[str, Any], key: str | None = None
 ) -> bytes | None:
     """``compose_lookup`` that also returns the digest of ``src``'s bytes (the one
     ``perturb.scene.analysis`` keys its scenes by), taken in the same pass: each plane goes into
@@ -501,11 +442,7 @@ def compose_lookup_hashed(
 
 
 def compose_transform(
-    src: np.ndarray,
-    dst: np.ndarray,
-    matrix: np.ndarray,
-    desc: dict[str, Any],
-    key: str | None = None,
+    src: np.ndarray, dst: np.ndarray, matrix: np.ndarray, desc: dict[str, Any], key: str | None = None
 ) -> bool:
     """``dst = clip(matrix @ src)`` per pixel of a uint8 CHW RGB sample, with the bytes of
     ``cv2.transform`` (its 10-bit fixed point), composited as ``compose_numpy`` composites it,
@@ -516,11 +453,7 @@ def compose_transform(
 
 
 def compose_transform_hashed(
-    src: np.ndarray,
-    dst: np.ndarray,
-    matrix: np.ndarray,
-    desc: dict[str, Any],
-    key: str | None = None,
+    src: np.ndarray, dst: np.ndarray, matrix: np.ndarray, desc: dict[str, Any], key: str | None = None
 ) -> bytes | None:
     """``compose_transform`` that also returns the digest of ``src``'s bytes, taken in the same
     pass (``compose_lookup_hashed``). None, with nothing written, where it is not available."""
@@ -539,11 +472,7 @@ def _hashed(run: Callable[[tuple[int, int]], bool]) -> bytes | None:
 
 
 def _fusable(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any]) -> bool:
-    if (
-        src.dtype != np.uint8
-        or dst.dtype != np.uint8
-        or not (src.flags.c_contiguous and dst.flags.c_contiguous)
-    ):
+    if src.dtype != np.uint8 or dst.dtype != np.uint8 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
         return False
     if src.shape != dst.shape:
         raise ValueError(f"source {src.shape} and output {dst.shape} differ in shape")
@@ -599,17 +528,8 @@ def _lookup_pass(
 
     def run(s: np.ndarray, d: np.ndarray, plan: _ComposePlan) -> None:
         kernel(
-            s,
-            d,
-            luts,
-            plan.keep_starts,
-            plan.keep_stops,
-            plan.part_starts,
-            plan.part_stops,
-            plan.part_alpha,
-            src.shape[0],
-            lookup_at,
-            *hashing,
+            s, d, luts, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha,
+            src.shape[0], lookup_at, *hashing,
         )
 
     return _fused(src, dst, desc, key, compiled, run)
@@ -632,17 +552,7 @@ def _transform_pass(
         return False
 
     def run(s: np.ndarray, d: np.ndarray, plan: _ComposePlan) -> None:
-        kernel(
-            s,
-            d,
-            steps,
-            plan.keep_starts,
-            plan.keep_stops,
-            plan.part_starts,
-            plan.part_stops,
-            plan.part_alpha,
-            *hashing,
-        )
+        kernel(s, d, steps, plan.keep_starts, plan.keep_stops, plan.part_starts, plan.part_stops, plan.part_alpha, *hashing)
 
     return _fused(src, dst, desc, key, compiled, run)
 
@@ -721,9 +631,7 @@ def _text_blend(
     return cover.index, cover.index_alpha
 
 
-def _text_cover(
-    desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]
-) -> _TextCover:
+def _text_cover(desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]) -> _TextCover:
     """The ``_TextCover`` of ``image`` (CHW NumPy) inside ``rect`` (cached per descriptor and
     glyph window pixels)."""
     from perturb.scene.analysis import _digest
@@ -747,10 +655,7 @@ def _text_cover(
     planes = image.shape[0]
     values = alpha[rows, cols]
     value = _TextCover(
-        flat,
-        values,
-        np.concatenate([flat + c * (h * w) for c in range(planes)]),
-        np.tile(values, planes),
+        flat, values, np.concatenate([flat + c * (h * w) for c in range(planes)]), np.tile(values, planes)
     )
     for arr in (value.flat, value.alpha, value.index, value.index_alpha):
         arr.flags.writeable = False
@@ -761,9 +666,7 @@ def _text_cover(
     return value
 
 
-def _text_alpha(
-    desc: dict[str, Any], key: str, image: Any, rect: tuple[int, int, int, int]
-) -> np.ndarray:
+def _text_alpha(desc: dict[str, Any], key: str, image: Any, rect: tuple[int, int, int, int]) -> np.ndarray:
     """``composite_alpha(desc, image)`` inside ``rect`` (x0, y0, x1, y1), computed there only."""
     rx0, ry0, rx1, ry1 = rect
     alpha = _alpha_without_text_cached(key)[ry0:ry1, rx0:rx1].copy()
@@ -776,9 +679,7 @@ def _text_alpha(
         window = image[:, wy0:wy1, wx0:wx1]
         if hasattr(window, "detach"):
             window = window.detach().cpu().numpy()
-        cover = glyph_strokes(np.asarray(window), desc, box)[
-            cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0
-        ]
+        cover = glyph_strokes(np.asarray(window), desc, box)[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0]
         cut = alpha[cy0 - ry0 : cy1 - ry0, cx0 - rx0 : cx1 - rx0]
         np.minimum(cut, np.float32(1.0) - cover, out=cut)
     return alpha
@@ -828,12 +729,7 @@ def _extension_plan(key: str) -> _ExtensionPlan:
     static = _alpha_without_text_cached(key) if boxes else _tissue_alpha(key)
     margin = round(EXT_MARGIN * short)
     bx0, by0, bx1, by1 = bbox(desc)
-    rx0, ry0, rx1, ry1 = (
-        max(0, bx0 - margin),
-        max(0, by0 - margin),
-        min(w, bx1 + margin),
-        min(h, by1 + margin),
-    )
+    rx0, ry0, rx1, ry1 = max(0, bx0 - margin), max(0, by0 - margin), min(w, bx1 + margin), min(h, by1 + margin)
     need = np.zeros((h, w), bool)
     need[ry0:ry1, rx0:rx1] = static[ry0:ry1, rx0:rx1] < 1.0
     if plan.text is not None:
@@ -857,9 +753,7 @@ def _extension_plan(key: str) -> _ExtensionPlan:
     return _ExtensionPlan((ch, cw), weight, inv_den, sigma, rect, keep, part, part_alpha, plan.text)
 
 
-def extend_numpy(
-    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
-) -> None:
+def extend_numpy(src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None) -> None:
     """``dst`` (CHW, ``src``'s shape and dtype) becomes ``src`` (the clean sample) with its
     surround and overlays (of a text line, its glyph strokes) replaced by a smooth extension of
     the nearby tissue, ``alpha * src + (1 - alpha) * fill`` with the composite's alpha, so a
@@ -905,12 +799,7 @@ def extend_numpy(
 
 
 def _blend(
-    d: np.ndarray,
-    s: np.ndarray,
-    fill: np.ndarray,
-    idx: np.ndarray,
-    alpha: np.ndarray,
-    top: float | None,
+    d: np.ndarray, s: np.ndarray, fill: np.ndarray, idx: np.ndarray, alpha: np.ndarray, top: float | None
 ) -> None:
     """In place on flat planes: ``d[idx] = fill + alpha (s - fill)`` at ``idx`` in float32 (integer
     levels rounded half to even; as in ``_blend_at``, the mix lies between its two levels)."""

@@ -148,25 +148,13 @@ def _lookup_agrees(k: Kernels, lookup: Any) -> bool:
     k.compose(src, want, *_frozen(starts, stops, *runs_of(part), alpha), 2)
     got = np.zeros_like(src)
     k.lookup_compose(
-        src,
-        got,
-        *_frozen(tables, starts, stops, *runs_of(part), alpha),
-        2,
-        address_of(lookup),
-        0,
-        0,
+        src, got, *_frozen(tables, starts, stops, *runs_of(part), alpha), 2, address_of(lookup), 0, 0
     )
     hashed = np.zeros_like(src)
     digest_ok = _hashed_call_agrees(
         src,
         lambda state_at, update_at: k.lookup_compose(
-            src,
-            hashed,
-            *_frozen(tables, starts, stops, *runs_of(part), alpha),
-            2,
-            address_of(lookup),
-            state_at,
-            update_at,
+            src, hashed, *_frozen(tables, starts, stops, *runs_of(part), alpha), 2, address_of(lookup), state_at, update_at
         ),
     )
     return bool(np.array_equal(got, want)) and bool(np.array_equal(hashed, want)) and digest_ok
@@ -238,9 +226,7 @@ class StreamHasher:
         self._digest.restype, self._digest.argtypes = Hash128, [ctypes.c_void_p]
         self._free = library.XXH3_freeState
         self._free.restype, self._free.argtypes = ctypes.c_int, [ctypes.c_void_p]
-        update = (
-            getattr(library, "XXH3_128bits_update_dispatch", None) or library.XXH3_128bits_update
-        )
+        update = getattr(library, "XXH3_128bits_update_dispatch", None) or library.XXH3_128bits_update
         update.restype = ctypes.c_int
         update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
         self._update = update
@@ -340,17 +326,10 @@ def transform_planes(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> bo
     where the loop is not available or ``matrix`` leaves OpenCV's fixed-point path."""
     kernel = transform_kernel()
     steps = matrix_steps(matrix)
-    if (
-        kernel is None
-        or steps is None
-        or src.shape[0] != 3
-        or not (src.flags.c_contiguous and dst.flags.c_contiguous)
-    ):
+    if kernel is None or steps is None or src.shape[0] != 3 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
         return False
     if src.shape != dst.shape or src.dtype != np.uint8 or dst.dtype != np.uint8:
-        raise ValueError(
-            f"transform_planes takes uint8 samples of one shape, got {src.dtype} {src.shape} and {dst.dtype} {dst.shape}"
-        )
+        raise ValueError(f"transform_planes takes uint8 samples of one shape, got {src.dtype} {src.shape} and {dst.dtype} {dst.shape}")
     kernel(src.reshape(-1), dst.reshape(-1), steps, *_NO_RUNS, 0, 0)
     return True
 
@@ -367,9 +346,7 @@ def _transform_agrees(kernel: Callable[..., None]) -> bool:
         steps = matrix_steps(matrix)
         if steps is None:
             return False
-        want = np.ascontiguousarray(
-            cv2.transform(np.ascontiguousarray(img.transpose(1, 2, 0)), matrix).transpose(2, 0, 1)
-        )
+        want = np.ascontiguousarray(cv2.transform(np.ascontiguousarray(img.transpose(1, 2, 0)), matrix).transpose(2, 0, 1))
         got = np.zeros_like(img)
         kernel(img.reshape(-1), got.reshape(-1), steps, *_NO_RUNS, 0, 0)
         if not np.array_equal(got, want):
@@ -395,9 +372,7 @@ def _transform_agrees(kernel: Callable[..., None]) -> bool:
             flat, hashed, steps, *_frozen(starts, stops, *runs_of(part), alpha), state_at, update_at
         ),
     )
-    return (
-        bool(np.array_equal(fused, expect)) and bool(np.array_equal(hashed, expect)) and digest_ok
-    )
+    return bool(np.array_equal(fused, expect)) and bool(np.array_equal(hashed, expect)) and digest_ok
 
 
 @lru_cache(maxsize=1)

@@ -285,9 +285,7 @@ def test_box_iou_hand_checked() -> None:
     # union of two predicted boxes covering the reference exactly
     assert union_box_iou([(0, 0, 5, 10), (5, 0, 10, 10)], [(0, 0, 10, 10)]) == pytest.approx(1.0)
     # overlapping predicted boxes are not double counted: union 150, intersection with ref 100
-    assert union_box_iou([(0, 0, 10, 10), (5, 0, 15, 10)], [(0, 0, 10, 10)]) == pytest.approx(
-        100 / 150
-    )
+    assert union_box_iou([(0, 0, 10, 10), (5, 0, 15, 10)], [(0, 0, 10, 10)]) == pytest.approx(100 / 150)
     v = compute_item_metrics(
         _obj(["<loc_0_0_10_10>", "nothing", "x"]),
         _obj(["<loc_5_0_15_10>", "<loc_0_0_1_1>", "no box"]),
