@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import cached_property
-from typing import Any
+from functools import cached_property, partial
+from typing import Any, Literal
 
 import cv2
 import numpy as np
@@ -36,7 +36,9 @@ class View:
 
     def __init__(self, img: np.ndarray, scene: Any | None = None) -> None:
         self._img = img
-        self._scene = scene if scene is not None and tuple(scene.size) == tuple(img.shape[-2:]) else None
+        self._scene = (
+            scene if scene is not None and tuple(scene.size) == tuple(img.shape[-2:]) else None
+        )
 
     @cached_property
     def field(self) -> np.ndarray:
@@ -56,16 +58,25 @@ class View:
 SampleFn = Callable[[np.ndarray, dict[str, np.ndarray], int, View], np.ndarray]
 
 
+DeviceKernel = Callable[
+    [torch.Tensor, dict[str, torch.Tensor], Sequence[int], Sequence[Any] | None], torch.Tensor
+]
+# ops whose torch kernel is a batched computation of the model (the others run their host function)
+DEVICE_KERNELS: set[str] = set()
+
+
 def host_op(
     name: str,
     sampler: Sampler = uniform_sampler,
     *,
     geometry: Geometry | None = None,
     dtypes: Sequence[type] = (np.float32,),
+    device: DeviceKernel | None = None,
 ) -> Callable[[SampleFn], SampleFn]:
     """Register ``fn(img, params, key, view) -> out`` (CHW float32 in [0, 1] in and out, one
-    sample) as op ``name``: its CPU path and its torch kernel (the same host function on every
-    device: a CUDA batch is copied to the host and back). Both take the engine's scenes.
+    sample) as op ``name``'s CPU path, and its torch kernel: ``device(x, params, keys, scenes)``
+    (one batched computation of the same model) where given, else the host function itself (a
+    CUDA batch is copied to the host and back). Both take the engine's scenes.
     ``dtypes``: the batch dtypes the CPU path takes (float32, and uint8 where listed: a uint8
     sample is read and rounded back per sample as the engine converts a batch; other integer
     batches take the torch kernel). ``geometry``: how the op moves coordinates
@@ -73,7 +84,9 @@ def host_op(
 
     def decorator(fn: SampleFn) -> SampleFn:
         @backend.register_cpu(name, dtypes=dtypes, uses_scene=True)
-        def cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
+        def cpu(
+            src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
+        ) -> None:
             img = np.ascontiguousarray(backend.load_float(src), dtype=np.float32)
             res = fn(img, p, key, View(img, scene))
             if dst.dtype == np.float32:
@@ -81,9 +94,27 @@ def host_op(
             else:
                 backend.store_float(np.clip(res, np.float32(0.0), np.float32(1.0)), dst)
 
+        if device is not None:
+
+            def batched(
+                x: torch.Tensor,
+                p: dict[str, torch.Tensor],
+                keys: Sequence[int],
+                scenes: Sequence[Any] | None = None,
+            ) -> torch.Tensor:
+                return device(x, p, keys, scenes)
+
+            batched.__doc__ = fn.__doc__
+            register_kernel(name, sampler=sampler, uses_scene=True, geometry=geometry)(batched)
+            DEVICE_KERNELS.add(name)
+            return fn
+
         @register_kernel(name, sampler=sampler, uses_scene=True, geometry=geometry)
         def kernel(
-            x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
+            x: torch.Tensor,
+            p: dict[str, torch.Tensor],
+            keys: Sequence[int],
+            scenes: Sequence[Any] | None = None,
         ) -> torch.Tensor:
             src = x.detach().to("cpu", torch.float32).contiguous().numpy()
             dst = np.empty_like(src)
@@ -91,7 +122,13 @@ def host_op(
             per_sample = list(scenes) if scenes is not None else [None] * len(src)
 
             def work(i: int) -> None:
-                cpu(src[i], dst[i], {k: v[i] for k, v in host.items()}, int(keys[i]), scene=per_sample[i])
+                cpu(
+                    src[i],
+                    dst[i],
+                    {k: v[i] for k, v in host.items()},
+                    int(keys[i]),
+                    scene=per_sample[i],
+                )
 
             backend.map_samples(work, len(src))
             return torch.from_numpy(dst).to(x.device)
@@ -125,7 +162,9 @@ def gauss(plane: np.ndarray, sigma_px: float) -> np.ndarray:
     h, w = plane.shape[:2]
     factor = int(max(1, sigma_px // 6))
     if factor > 1:
-        small = cv2.resize(plane, (max(1, w // factor), max(1, h // factor)), interpolation=cv2.INTER_AREA)
+        small = cv2.resize(
+            plane, (max(1, w // factor), max(1, h // factor)), interpolation=cv2.INTER_AREA
+        )
         res = cv2.GaussianBlur(small, (0, 0), sigma_px / factor, borderType=cv2.BORDER_REFLECT_101)
         return cv2.resize(res, (w, h), interpolation=cv2.INTER_LINEAR)
     return cv2.GaussianBlur(plane, (0, 0), sigma_px, borderType=cv2.BORDER_REFLECT_101)
@@ -202,13 +241,17 @@ def value_noise(key: int, stream: str, h: int, w: int, cell_px: float) -> np.nda
     (at least 2x2) interpolated bicubically."""
     cell = max(cell_px, 1.0)
     gh, gw = max(2, math.ceil(h / cell) + 1), max(2, math.ceil(w / cell) + 1)
-    coarse = rng.uniform_numpy(key, stream, gh * gw).reshape(gh, gw) * np.float32(2.0) - np.float32(1.0)
+    coarse = rng.uniform_numpy(key, stream, gh * gw).reshape(gh, gw) * np.float32(2.0) - np.float32(
+        1.0
+    )
     # the grid covers the image with a margin of one cell; sample at pixel centres
     big = cv2.resize(coarse, (round(gw * cell), round(gh * cell)), interpolation=cv2.INTER_CUBIC)
     return np.ascontiguousarray(big[:h, :w], dtype=np.float32)
 
 
-def fractal_noise(key: int, stream: str, h: int, w: int, cell_px: float, octaves: int, gain: float = 0.5) -> np.ndarray:
+def fractal_noise(
+    key: int, stream: str, h: int, w: int, cell_px: float, octaves: int, gain: float = 0.5
+) -> np.ndarray:
     """Sum of ``octaves`` value-noise layers, cells halving and amplitude times ``gain`` per
     octave, normalised to about [-1, 1] (turbulent structure of smoke and foam)."""
     total = np.zeros((h, w), dtype=np.float32)
@@ -221,8 +264,240 @@ def fractal_noise(key: int, stream: str, h: int, w: int, cell_px: float, octaves
     return total / np.float32(norm)
 
 
-def sample_bilinear(img: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, border: int = cv2.BORDER_REFLECT_101) -> np.ndarray:
+def sample_bilinear(
+    img: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, border: int = cv2.BORDER_REFLECT_101
+) -> np.ndarray:
     """CHW image read at float32 pixel-index positions (H, W), bilinear."""
     return np.stack(
-        [cv2.remap(np.ascontiguousarray(c), map_x, map_y, cv2.INTER_LINEAR, borderMode=border) for c in img]
+        [
+            cv2.remap(np.ascontiguousarray(c), map_x, map_y, cv2.INTER_LINEAR, borderMode=border)
+            for c in img
+        ]
     ).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Torch building blocks of the batched kernels (the same model as the host functions above, one
+# set of tensor operations per batch: masks (B, 1, H, W), per-sample values (B,))
+
+Interp = Literal["linear", "cubic"]
+Border = Literal["reflect101", "replicate", "constant"]
+CUBIC_A = -0.75  # OpenCV's bicubic kernel
+ROUNDS = 6  # label-spreading rounds of ``_largest_component``
+
+
+def _morph_rows(radius: int) -> list[int]:
+    """Half widths of the rows of OpenCV's elliptic structuring element of ``radius``."""
+    element = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * radius + 1, 2 * radius + 1))
+    return [int(n) // 2 for n in element.sum(axis=1)]
+
+
+def _dilate(mask: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """Dilation of a float (B, 1, H, W) 0/1 mask by a symmetric element of row half-widths
+    ``rows`` (outside the image counts as 0, as OpenCV's default border for dilation)."""
+    r = len(rows) // 2
+    height = mask.shape[-2]
+    padded = torch.nn.functional.pad(mask, (0, 0, r, r))
+    out = torch.zeros_like(mask)
+    by_width: dict[int, torch.Tensor] = {}
+    for dy, half in enumerate(rows):
+        if half not in by_width:
+            by_width[half] = torch.nn.functional.max_pool2d(padded, (1, 2 * half + 1), 1, (0, half))
+        out = torch.maximum(out, by_width[half][:, :, dy : dy + height])
+    return out
+
+
+def _run_max(labels: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
+    """Each pixel of a (B, H, W) label map takes the largest label of its horizontal run of
+    ``inside`` pixels (one segment reduction over the whole batch)."""
+    b, h, w = labels.shape
+    start = inside.clone()
+    start[:, :, 1:] &= ~inside[:, :, :-1]
+    start[:, :, 0] = True  # a run never continues across rows (or samples)
+    run = torch.cumsum(start.view(-1).to(torch.int64), dim=0) - 1
+    best = torch.zeros(b * h * w, device=labels.device, dtype=labels.dtype)
+    best = best.scatter_reduce(0, run, labels.reshape(-1), reduce="amax")
+    return best[run].view(b, h, w) * inside
+
+
+def _largest_component(mask: torch.Tensor) -> torch.Tensor:
+    """The largest 8-connected region of a float (B, 1, H, W) 0/1 mask (bool; all true where
+    the mask is empty). Labels (pixel index + 1) spread for a fixed number of rounds (no host
+    sync to test convergence): each round takes the largest label along every horizontal and
+    vertical run, then of the 3x3 neighbours (diagonal links), then follows each label to the
+    label of the pixel it names (pointer jumping); a compact region of a frame is one label
+    after a few rounds. The label of the largest area wins."""
+    b, _, h, w = mask.shape
+    n = h * w
+    dtype = torch.float32 if b * n < 1 << 24 else torch.float64
+    m = mask[:, 0].to(dtype)
+    inside = m > 0
+    inside_t = inside.transpose(1, 2).contiguous()
+    labels = torch.arange(1, n + 1, device=mask.device, dtype=dtype).view(1, h, w) * m
+    for _ in range(ROUNDS):
+        labels = _run_max(labels, inside)
+        labels = _run_max(labels.transpose(1, 2).contiguous(), inside_t).transpose(1, 2)
+        labels = torch.nn.functional.max_pool2d(labels.unsqueeze(1), 3, 1, 1)[:, 0] * m
+        flat = labels.reshape(b, n)
+        flat = flat.gather(1, (flat.long() - 1).clamp_(min=0)) * m.view(b, n)
+        labels = flat.view(b, h, w)
+    index = labels.reshape(b, n).long()
+    area = torch.zeros(b, n + 1, device=mask.device, dtype=dtype).scatter_add_(
+        1, index, m.view(b, n)
+    )
+    area[:, 0] = -1.0
+    best = area.argmax(dim=1)
+    largest = (index == best[:, None]) & inside.view(b, n)
+    empty = ~inside.view(b, n).any(dim=1)
+    return torch.where(empty[:, None], torch.ones_like(largest), largest).view(b, 1, h, w)
+
+
+def estimate_tissue(x: torch.Tensor) -> torch.Tensor:
+    """bool (B, 1, H, W): ``tissue_mask`` of every sample of a batch (BCHW in [0, 1]), on its
+    device: the dark frame (threshold from the median of the outer rows and columns, straight
+    dark runs from an edge), an opening by OpenCV's elliptic element, the largest region."""
+    _b, _c, h, w = x.shape
+    peak = x.to(torch.float32).amax(dim=1)
+    edges = torch.cat([peak[:, 0], peak[:, -1], peak[:, :, 0], peak[:, :, -1]], dim=1)
+    ordered = edges.sort(dim=1).values
+    half = ordered.shape[1] // 2  # 2 (H + W) values: the median is the mean of the middle two
+    median = (ordered[:, half - 1] + ordered[:, half]) / 2.0
+    threshold = (median.to(torch.float64) + 0.06).clamp(min=DARK_LEVEL).to(torch.float32)
+    dark = (peak < threshold[:, None, None]).to(torch.float32)
+    frame = torch.maximum(
+        torch.maximum(dark.cummin(dim=2).values, dark.flip(2).cummin(dim=2).values.flip(2)),
+        torch.maximum(dark.cummin(dim=1).values, dark.flip(1).cummin(dim=1).values.flip(1)),
+    )
+    field = (1.0 - frame).unsqueeze(1)
+    rows = _morph_rows(max(1, min(h, w) // 200))
+    eroded = 1.0 - _dilate(1.0 - field, rows)
+    opened = _dilate(eroded, rows)
+    return _largest_component(opened)
+
+
+def _scene_masks(scene: Any, image: Callable[[], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(field, tissue) bool (H, W) of a sample with an engine scene, as ``View`` reads them:
+    the scene's cached field; its overlays, of a text line only the glyph strokes, read from
+    ``image()`` (the sample, CHW on the host), asked for only where the scene has text."""
+    from perturb.scene.masks import overlay_of, text_boxes
+
+    field = np.asarray(scene.field) > 0.5
+    if not text_boxes(scene.descriptor):
+        return field, field & ~np.asarray(scene.overlay)
+    return field, field & ~overlay_of(scene.descriptor, image())
+
+
+def view_masks(x: torch.Tensor, scenes: Sequence[Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(field, tissue): bool (B, 1, H, W) masks of ``View.field`` and ``View.tissue`` for every
+    sample: from its scene where the engine gives one of the image's size (built on the host
+    from the scene's cached masks, uploaded once per batch; where a scene has a text line, whose
+    glyph strokes are read from the pixels, the batch comes to the host once), else estimated
+    from the pixels on the device (``estimate_tissue``)."""
+    b, _c, h, w = x.shape
+    given = (
+        [None] * b
+        if scenes is None
+        else [s if s is not None and tuple(s.size) == (h, w) else None for s in scenes]
+    )
+    if all(s is None for s in given):
+        field = estimate_tissue(x)
+        return field, field
+    host: list[np.ndarray] = []
+
+    def image(i: int) -> np.ndarray:
+        if not host:
+            host.append(x.detach().to("cpu", torch.float32).numpy())
+        return host[0][i]
+
+    fields = np.ones((b, 1, h, w), dtype=bool)
+    tissues = np.ones((b, 1, h, w), dtype=bool)
+    for i, s in enumerate(given):
+        if s is not None:
+            fields[i, 0], tissues[i, 0] = _scene_masks(s, partial(image, i))
+    field = torch.from_numpy(fields).to(x.device)
+    tissue = torch.from_numpy(tissues).to(x.device)
+    if any(s is None for s in given):
+        estimated = estimate_tissue(x)
+        missing = (
+            torch.from_numpy(np.array([s is None for s in given])).to(x.device).view(b, 1, 1, 1)
+        )
+        field = torch.where(missing, estimated, field)
+        tissue = torch.where(missing, estimated, tissue)
+    return field, tissue
+
+
+def field_geometry_t(field: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``field_geometry`` of every mask of a bool (B, 1, H, W) batch: (cx, cy, radius), each
+    float64 (B,)."""
+    _b, _, h, w = field.shape
+    m = field[:, 0].to(torch.float64)
+    count = m.sum(dim=(1, 2))
+    xs = torch.arange(w, device=field.device, dtype=torch.float64)
+    ys = torch.arange(h, device=field.device, dtype=torch.float64)
+    safe = count.clamp(min=1.0)
+    cx = (m.sum(dim=1) * xs).sum(dim=1) / safe + 0.5
+    cy = (m.sum(dim=2) * ys).sum(dim=1) / safe + 0.5
+    radius = torch.sqrt(count / math.pi)
+    empty = count <= 0
+    return (
+        torch.where(empty, w / 2.0, cx),
+        torch.where(empty, h / 2.0, cy),
+        torch.where(empty, min(h, w) / 2.0, radius),
+    )
+
+
+def _border_index(p: torch.Tensor, n: int, border: Border) -> torch.Tensor:
+    """Indices into 0..n-1 of integer positions ``p`` under OpenCV's border rule."""
+    if border == "reflect101" and n > 1:
+        period = 2 * (n - 1)
+        q = torch.remainder(p, period)
+        return torch.where(q >= n, period - q, q)
+    return p.clamp(0, n - 1)
+
+
+def _taps(t: torch.Tensor, interp: Interp) -> tuple[list[int], list[torch.Tensor]]:
+    """Tap offsets and their float32 weights for fractional positions ``t`` in [0, 1)."""
+    if interp == "linear":
+        return [0, 1], [1.0 - t, t]
+    a = CUBIC_A
+    u = t + 1.0
+    w0 = ((a * u - 5.0 * a) * u + 8.0 * a) * u - 4.0 * a
+    w1 = ((a + 2.0) * t - (a + 3.0)) * t * t + 1.0
+    v = 1.0 - t
+    w2 = ((a + 2.0) * v - (a + 3.0)) * v * v + 1.0
+    return [-1, 0, 1, 2], [w0, w1, w2, 1.0 - w0 - w1 - w2]
+
+
+def remap(
+    x: torch.Tensor,
+    map_x: torch.Tensor,
+    map_y: torch.Tensor,
+    interp: Interp,
+    border: Border,
+    value: float = 0.0,
+) -> torch.Tensor:
+    """``cv2.remap`` of a batch: ``x`` (B, C, H, W) read at float pixel-index positions
+    ``map_x``, ``map_y`` (B, Ho, Wo), bilinear or bicubic (OpenCV's kernel), with OpenCV's
+    border rule (``constant`` reads ``value`` outside)."""
+    b, c, h, w = x.shape
+    n_out = map_x.shape[1] * map_x.shape[2]
+    fx, fy = torch.floor(map_x), torch.floor(map_y)
+    ox, wx = _taps((map_x - fx).to(torch.float32), interp)
+    oy, wy = _taps((map_y - fy).to(torch.float32), interp)
+    ix, iy = fx.to(torch.int64), fy.to(torch.int64)
+    flat = x.reshape(b, c, h * w)
+    out = torch.zeros(b, c, n_out, device=x.device, dtype=x.dtype)
+    for dy, weight_y in zip(oy, wy, strict=True):
+        py = iy + dy
+        row = _border_index(py, h, border) * w
+        for dx, weight_x in zip(ox, wx, strict=True):
+            px = ix + dx
+            index = (row + _border_index(px, w, border)).view(b, 1, n_out).expand(b, c, n_out)
+            tap = flat.gather(2, index)
+            if border == "constant":
+                outside = ((px < 0) | (px >= w) | (py < 0) | (py >= h)).view(b, 1, n_out)
+                tap = torch.where(
+                    outside, torch.full((), value, dtype=x.dtype, device=x.device), tap
+                )
+            out = out + tap * (weight_y * weight_x).view(b, 1, n_out).to(x.dtype)
+    return out.view(b, c, *map_x.shape[1:])
