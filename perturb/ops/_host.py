@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import cached_property, partial
+from functools import cached_property, lru_cache, partial
 from typing import Any, Literal
 
 import cv2
@@ -501,3 +501,164 @@ def remap(
                 )
             out = out + tap * (weight_y * weight_x).view(b, 1, n_out).to(x.dtype)
     return out.view(b, c, *map_x.shape[1:])
+
+
+# Smooth fields: ``gauss`` and ``value_noise`` are linear maps along each axis (resizes and a
+# separable gaussian with OpenCV's kernels and borders), so a batch takes them as two matrix
+# products with per-axis matrices built once per size.
+
+
+def _cubic_weights(t: np.ndarray) -> list[np.ndarray]:
+    """OpenCV's bicubic weights (float32) of fractional positions ``t``."""
+    a = np.float32(CUBIC_A)
+    one, two, three = np.float32(1.0), np.float32(2.0), np.float32(3.0)
+    u = t + one
+    w0 = ((a * u - np.float32(5.0) * a) * u + np.float32(8.0) * a) * u - np.float32(4.0) * a
+    w1 = ((a + two) * t - (a + three)) * t * t + one
+    v = one - t
+    w2 = ((a + two) * v - (a + three)) * v * v + one
+    return [w0, w1, w2, one - w0 - w1 - w2]
+
+
+def _resize_matrix(src: int, dst: int, interp: str) -> np.ndarray:
+    """float64 (dst, src): ``cv2.resize`` along one axis, ``INTER_LINEAR``, ``INTER_CUBIC`` or
+    ``INTER_AREA`` (edge samples replicated)."""
+    out = np.zeros((dst, src), dtype=np.float64)
+    scale = 1.0 / (dst / src)
+    rows = np.arange(dst)
+    if interp == "area":
+        if abs(scale - round(scale)) < np.finfo(np.float64).eps:
+            k = round(scale)
+            for i in range(dst):
+                out[i, i * k : i * k + k] = np.float32(1.0 / k)
+            return out
+        for i in range(dst):
+            f1 = i * scale
+            f2 = f1 + scale
+            cell = min(scale, src - f1)
+            s2 = min(math.floor(f2), src - 1)
+            s1 = min(math.ceil(f1), s2)
+            if s1 - f1 > 1e-3:
+                out[i, s1 - 1] += np.float32((s1 - f1) / cell)
+            out[i, s1:s2] += np.float32(1.0 / cell)
+            if f2 - s2 > 1e-3:
+                out[i, s2] += np.float32(min(min(f2 - s2, 1.0), cell) / cell)
+        return out
+    pos = ((rows + 0.5) * scale - 0.5).astype(np.float32)
+    base = np.floor(pos).astype(np.int64)
+    frac = pos - base.astype(np.float32)
+    if interp == "linear":
+        low, high = base < 0, base >= src - 1
+        frac[low | high] = 0.0
+        base = np.where(low, 0, np.where(high, src - 1, base))
+        taps, weights = [0, 1], [np.float32(1.0) - frac, frac]
+    else:
+        taps, weights = [-1, 0, 1, 2], _cubic_weights(frac)
+    for tap, weight in zip(taps, weights, strict=True):
+        np.add.at(out, (rows, np.clip(base + tap, 0, src - 1)), weight.astype(np.float64))
+    return out
+
+
+def _gauss_axis(n: int, sigma: float) -> np.ndarray:
+    """float64 (n, n): ``cv2.GaussianBlur`` of float32 data along one axis (its kernel size and
+    float32 kernel, reflected borders)."""
+    size = round(sigma * 4 * 2 + 1) | 1
+    kernel = cv2.getGaussianKernel(size, sigma, cv2.CV_32F)[:, 0].astype(np.float64)
+    half = size // 2
+    out = np.zeros((n, n), dtype=np.float64)
+    rows = np.arange(n)
+    for j, weight in enumerate(kernel):
+        p = rows + j - half
+        if n > 1:
+            period = 2 * (n - 1)
+            p = np.remainder(p, period)
+            p = np.where(p >= n, period - p, p)
+        else:
+            p = np.zeros_like(p)
+        np.add.at(out, (rows, p), weight)
+    return out
+
+
+@lru_cache(maxsize=64)
+def gauss_axis_matrix(n: int, sigma_px: float, device: str = "cpu") -> torch.Tensor:
+    """float32 (n, n) on ``device`` (cached: treat as read-only): ``gauss`` along one axis of
+    length ``n`` (large sigmas on a copy downscaled by the same factor, area in and bilinear
+    out)."""
+    factor = int(max(1, sigma_px // 6))
+    if factor > 1:
+        small = max(1, n // factor)
+        down = _resize_matrix(n, small, "area")
+        m = _resize_matrix(small, n, "linear") @ _gauss_axis(small, sigma_px / factor) @ down
+    else:
+        m = _gauss_axis(n, sigma_px)
+    return torch.from_numpy(m.astype(np.float32)).to(device)
+
+
+@lru_cache(maxsize=64)
+def noise_axis_matrix(n: int, cells: int, cell_px: float, device: str = "cpu") -> torch.Tensor:
+    """float32 (n, cells) on ``device`` (cached: treat as read-only): ``value_noise``'s bicubic
+    resize of ``cells`` grid values to ``round(cells * cell_px)`` samples along one axis, the
+    first ``n`` of them."""
+    m = _resize_matrix(cells, round(cells * cell_px), "cubic")[:n]
+    return torch.from_numpy(m.astype(np.float32)).to(device)
+
+
+def gauss_t(planes: torch.Tensor, sigma_px: float) -> torch.Tensor:
+    """``gauss`` of every (H, W) plane of a float32 (..., H, W) batch: two matrix products."""
+    if sigma_px < 0.3:
+        return planes.clone()
+    h, w = planes.shape[-2:]
+    rows = gauss_axis_matrix(h, sigma_px, str(planes.device))
+    cols = gauss_axis_matrix(w, sigma_px, str(planes.device))
+    return torch.matmul(torch.matmul(rows, planes), cols.T)
+
+
+def value_noise_t(
+    keys: Sequence[int], stream: str, h: int, w: int, cell_px: float, like: torch.Tensor
+) -> torch.Tensor:
+    """(B, H, W) ``value_noise`` of every key, on ``like``'s device: the keyed grids hashed in
+    one pass (``rng.uniform_batch``) and resized by two matrix products."""
+    cell = max(cell_px, 1.0)
+    gh, gw = max(2, math.ceil(h / cell) + 1), max(2, math.ceil(w / cell) + 1)
+    coarse = rng.uniform_batch(keys, stream, gh * gw, like.device).view(-1, gh, gw) * 2.0 - 1.0
+    rows = noise_axis_matrix(h, gh, cell, str(like.device))
+    cols = noise_axis_matrix(w, gw, cell, str(like.device))
+    return torch.matmul(torch.matmul(rows, coarse), cols.T)
+
+
+def fractal_noise_t(
+    keys: Sequence[int],
+    stream: str,
+    h: int,
+    w: int,
+    cell_px: float,
+    octaves: int,
+    like: torch.Tensor,
+    gain: float = 0.5,
+) -> torch.Tensor:
+    """(B, H, W) ``fractal_noise`` of every key (``value_noise_t`` octaves)."""
+    total = torch.zeros(len(keys), h, w, device=like.device, dtype=torch.float32)
+    norm = 0.0
+    amp = 1.0
+    for o in range(octaves):
+        total = total + amp * value_noise_t(keys, f"{stream}/{o}", h, w, cell_px / 2**o, like)
+        norm += amp
+        amp *= gain
+    return total / norm
+
+
+def luma_t(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, W) Rec. 601 luma of a BCHW batch (``luma``'s float32 arithmetic)."""
+    if x.shape[1] == 1:
+        return x[:, 0].clone()
+    return x[:, 0] * float(LUMA[0]) + x[:, 1] * float(LUMA[1]) + x[:, 2] * float(LUMA[2])
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, empty: float) -> torch.Tensor:
+    """(B,) mean of each sample's ``values`` (B, H, W) over its bool ``mask`` (B, H, W),
+    ``empty`` where the mask is empty."""
+    count = mask.sum(dim=(1, 2))
+    total = torch.where(
+        mask, values, torch.zeros((), dtype=values.dtype, device=values.device)
+    ).sum(dim=(1, 2))
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, empty))

@@ -38,7 +38,7 @@ import cv2
 import numpy as np
 import torch
 
-from perturb.ops import _host
+from perturb.ops import _host, _math
 from perturb.ops.registry import Geometry, Level, Params, as_float32, draw, draw_int, draw_sign
 
 # ---------------------------------------------------------------------------------------------
@@ -55,7 +55,40 @@ def _fog_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
-@_host.host_op("lens_fog", sampler=_fog_sampler, dtypes=(np.uint8, np.float32))
+def _lens_fog_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``lens_fog`` of a batch in one pass (the torch kernel): the film's density from the
+    field geometry and batched keyed noise, the forward-scatter lobe as a batched gaussian."""
+    _b, _c, h, w = x.shape
+    scale = min(h, w)
+    field, tissue = _host.view_masks(x, scenes)
+    cx, cy, radius = (v.to(torch.float32).view(-1, 1, 1) for v in _host.field_geometry_t(field))
+    ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1)
+    xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w)
+    rho = torch.sqrt((xs - cx) ** 2 + (ys - cy) ** 2) / radius
+    reach = p["reach"].to(torch.float64)
+    start = ((1.0 - reach) * 0.6).to(torch.float32).view(-1, 1, 1)
+    grow = ((rho - start) / reach.to(torch.float32).view(-1, 1, 1)).clamp(0.0, 1.0)
+    noise = _host.fractal_noise_t(keys, "fog-patches", h, w, 0.2 * scale, 3, x)
+    patches = 0.6 + 0.4 * noise
+    s = (p["fog"].view(-1, 1, 1) * (0.5 + 0.5 * grow) * patches).clamp(0.0, 0.97).unsqueeze(1)
+    lin = _math.srgb_to_linear(x)
+    inside = tissue.to(torch.float32)
+    sigma = FOG_SIGMA * scale
+    weight = _host.gauss_t(inside, sigma) + 1e-6
+    spread = _host.gauss_t(lin * inside, sigma) / weight
+    mean = _host.masked_mean(_host.luma_t(lin), tissue[:, 0], 0.2)
+    veil = (p["veil"] * mean).view(-1, 1, 1, 1)
+    scattered = spread * 0.8 + veil * 0.6
+    out = lin * (1.0 - s) + scattered * s
+    res = _math.linear_to_srgb(out)
+    return torch.where(tissue, res, x).clamp(0.0, 1.0)
+
+
+@_host.host_op(
+    "lens_fog", sampler=_fog_sampler, dtypes=(np.uint8, np.float32), device=_lens_fog_batch
+)
 def lens_fog(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Condensation veil: forward-scatter blur plus scattered light, growing from the rim with
     patchy density (module docstring)."""

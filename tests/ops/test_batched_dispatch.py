@@ -65,7 +65,6 @@ HOST_BOUND: frozenset[str] = frozenset(
         "bubbles",
         "fluid_occlusion",
         "lens_droplets",
-        "lens_fog",
         "specular_glare",
         "surgical_smoke",
         "video_macroblocking",

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import perturb
+from perturb import rng
 from perturb.ops import _host
 from perturb.ops.backend import use_backend
 from tests.helpers import ENDOSCOPY, downscaled, require_samples, sample_tensor
@@ -25,6 +26,9 @@ from tests.helpers import ENDOSCOPY, downscaled, require_samples, sample_tensor
 GEOMETRIC = ("interlacing", "chromatic_aberration", "lens_distortion")
 # (mean |diff|, 99th percentile |diff|, max |diff|) allowed between the torch and CPU paths
 BOUNDS = {op: (1e-5, 1e-5, 1e-4) for op in GEOMETRIC}
+# lens_fog: the same smooth fields as linear maps (gaussian and noise resizes as per-axis
+# matrices; sums in another order, float32): a few 1e-6 per value, 1e-5 on the mean
+BOUNDS["lens_fog"] = (2e-6, 1e-5, 1e-4)
 
 
 def _frames(side: int, count: int = 6) -> list[torch.Tensor]:
@@ -130,3 +134,31 @@ def test_remap_equals_opencv(interp: str, border: str) -> None:
         0.25,
     )  # type: ignore[arg-type]
     assert float(np.abs(got.numpy() - want).max()) <= 2e-6
+
+
+@pytest.mark.parametrize(("h", "w"), [(37, 53), (256, 341), (1080, 1350)])
+def test_batched_gaussian_equals_the_host_blur(h: int, w: int) -> None:
+    """Direct, downscaled by an integer and by a fractional factor (area in, bilinear out)."""
+    img = np.random.default_rng(1).random((2, h, w), dtype=np.float32)
+    for sigma in (0.2, 2.3, 15.36, 64.8):
+        got = _host.gauss_t(torch.from_numpy(img), sigma).numpy()
+        for i in range(2):
+            assert float(np.abs(got[i] - _host.gauss(img[i], sigma)).max()) <= 2e-6, (sigma, i)
+
+
+@pytest.mark.parametrize(("h", "w"), [(37, 53), (256, 341), (1080, 1350)])
+def test_batched_value_noise_equals_the_host_field(h: int, w: int) -> None:
+    keys = [5, 77, 2**63 + 11]
+    for cell in (0.2 * min(h, w), 3.3):
+        got = _host.fractal_noise_t(keys, "s", h, w, cell, 2, torch.zeros(1)).numpy()
+        for i, key in enumerate(keys):
+            want = _host.fractal_noise(key, "s", h, w, cell, 2)
+            assert float(np.abs(got[i] - want).max()) <= 1e-4, (cell, i)
+
+
+def test_uniform_batch_rows_are_the_per_sample_fields() -> None:
+    keys = [3, 9, 2**64 - 1]
+    rows = rng.uniform_batch(keys, "abc", 1000)
+    for i, key in enumerate(keys):
+        assert torch.equal(rows[i], torch.from_numpy(rng.uniform_numpy(key, "abc", 1000)))
+        assert torch.equal(rows[i], rng.uniform_field(key, "abc", (1000,)))
