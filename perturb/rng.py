@@ -43,10 +43,10 @@ __all__ = [
     "normal_numpy",
     "scalar_rng",
     "sub_key",
+    "uniform_batch",
     "uniform_field",
     "uniform_numpy",
     "uniform_numpy_at",
-    "uniform_batch",
 ]
 
 
