@@ -662,3 +662,50 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, empty: float) -> torch
         mask, values, torch.zeros((), dtype=values.dtype, device=values.device)
     ).sum(dim=(1, 2))
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, empty))
+
+
+CHAMFER = (0.955, 1.3693)  # OpenCV's 3x3 DIST_L2 steps (edge, diagonal)
+
+
+def soft_mask_t(mask: torch.Tensor, inset_px: float) -> torch.Tensor:
+    """``soft_mask`` of a bool (B, 1, H, W) batch: OpenCV's 3x3 chamfer distance to the nearest
+    pixel outside the mask (outside the image counts as inside, as OpenCV's), relaxed over the
+    8 neighbours as many steps as a distance of ``2 inset_px`` takes (beyond it the ramp is 1)."""
+    if inset_px < 1.0:
+        return mask.to(torch.float32)
+    h, w = mask.shape[-2:]
+    big = torch.tensor(float("inf"), device=mask.device)
+    dist = torch.where(mask, big, torch.zeros((), device=mask.device))
+    edge, diagonal = (torch.tensor(v, dtype=torch.float32, device=mask.device) for v in CHAMFER)
+    for _ in range(math.ceil(2.0 * inset_px / CHAMFER[0]) + 1):
+        padded = torch.nn.functional.pad(dist, (1, 1, 1, 1), value=float("inf"))
+        best = dist
+        for dy in (0, 1, 2):
+            for dx in (0, 1, 2):
+                if dy == 1 and dx == 1:
+                    continue
+                step = diagonal if dy != 1 and dx != 1 else edge
+                best = torch.minimum(best, padded[:, :, dy : dy + h, dx : dx + w] + step)
+        dist = best
+    return (dist / inset_px - 1.0).clamp(0.0, 1.0)
+
+
+def masked_quantile(values: torch.Tensor, mask: torch.Tensor, q: float) -> torch.Tensor:
+    """(B,) ``np.quantile(values[i][mask[i]], q)`` (linear) of every sample of (B, H, W)
+    ``values``; NaN where a mask is empty."""
+    b = values.shape[0]
+    flat = torch.where(
+        mask, values, torch.full((), float("inf"), dtype=values.dtype, device=values.device)
+    )
+    ordered = flat.reshape(b, -1).sort(dim=1).values
+    count = mask.reshape(b, -1).sum(dim=1)
+    pos = (count - 1).clamp(min=0).to(torch.float64) * q
+    low = pos.floor()
+    t = pos - low
+    lo = low.to(torch.int64)
+    hi = torch.minimum(lo + 1, (count - 1).clamp(min=0))
+    a = ordered.gather(1, lo[:, None])[:, 0].to(torch.float64)
+    bb = ordered.gather(1, hi[:, None])[:, 0].to(torch.float64)
+    diff = bb - a
+    value = torch.where(t >= 0.5, bb - diff * (1.0 - t), a + diff * t)
+    return torch.where(count > 0, value, torch.full_like(value, float("nan")))

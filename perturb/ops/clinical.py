@@ -29,12 +29,15 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import cv2
 import numpy as np
+import torch
 
 from perturb.errors import InputError
-from perturb.ops import _host
+from perturb.ops import _host, _math
 from perturb.ops.registry import Level, Params, draw, draw_int
 
 # ---------------------------------------------------------------------------------------------
@@ -52,11 +55,28 @@ def _smoke_sampler(rng: np.random.Generator, level: Level) -> Params:
         "source": [float(rng.uniform(0.25, 0.75)), float(rng.uniform(0.25, 0.75))],
         "drift": float(rng.uniform(0.0, 2.0 * math.pi)),
         "airlight": float(rng.uniform(0.8, 0.95)),
-        "tint": [float(rng.uniform(0.96, 1.0)), float(rng.uniform(0.95, 1.0)), float(rng.uniform(0.9, 1.0))],
+        "tint": [
+            float(rng.uniform(0.96, 1.0)),
+            float(rng.uniform(0.95, 1.0)),
+            float(rng.uniform(0.9, 1.0)),
+        ],
     }
 
 
 SMOKE_MAX_CANVAS = 4096 * 4096  # square noise canvas, pixels (64 MiB of float32)
+
+
+def _smoke_canvas(h: int, w: int, cell: float) -> int:
+    """Side of the plume's square noise canvas (the rotated frame with a margin for the warp);
+    an image too elongated for it is refused before anything is allocated."""
+    size = math.ceil(math.hypot(h, w) + cell)
+    if size * size > max(4 * h * w, SMOKE_MAX_CANVAS):
+        # a 3 x 100000 strip would need a 100000^2 canvas (37 GiB): refuse before allocating
+        raise InputError(
+            f"surgical_smoke: a {w}x{h} image is too elongated for the plume's square canvas "
+            f"({size}x{size} px); crop or pad it to an aspect ratio below about 1:3.7"
+        )
+    return size
 
 
 def smoke_optical_depth(key: int, h: int, w: int, p: dict[str, np.ndarray]) -> np.ndarray:
@@ -71,14 +91,7 @@ def smoke_optical_depth(key: int, h: int, w: int, p: dict[str, np.ndarray]) -> n
     # stretch the turbulence along the drift direction (the plume is carried by the gas flow)
     along = (xs - w / 2) * math.cos(ang) + (ys - h / 2) * math.sin(ang)
     across = -(xs - w / 2) * math.sin(ang) + (ys - h / 2) * math.cos(ang)
-    # a square canvas holding the rotated frame with a margin for the warp
-    size = math.ceil(math.hypot(h, w) + cell)
-    if size * size > max(4 * h * w, SMOKE_MAX_CANVAS):
-        # a 3 x 100000 strip would need a 100000^2 canvas (37 GiB): refuse before allocating
-        raise InputError(
-            f"surgical_smoke: a {w}x{h} image is too elongated for the plume's square canvas "
-            f"({size}x{size} px); crop or pad it to an aspect ratio below about 1:3.7"
-        )
+    size = _smoke_canvas(h, w, cell)
     map_x = (size / 2 + along * 0.45 + 0.25 * cell * wx).astype(np.float32)
     map_y = (size / 2 + across + 0.25 * cell * wy).astype(np.float32)
     base = _host.fractal_noise(key, "smoke-density", size, size, cell, SMOKE_OCTAVES)
@@ -90,13 +103,88 @@ def smoke_optical_depth(key: int, h: int, w: int, p: dict[str, np.ndarray]) -> n
     down = dx * math.cos(ang) + dy * math.sin(ang)
     side = -dx * math.sin(ang) + dy * math.cos(ang)
     reach = float(p["spread"]) * scale
-    plume = np.exp(-0.5 * ((side / (0.6 * reach + 0.35 * np.abs(down))) ** 2 + (np.minimum(down, 0) / (0.5 * reach)) ** 2))
+    plume = np.exp(
+        -0.5
+        * (
+            (side / (0.6 * reach + 0.35 * np.abs(down))) ** 2
+            + (np.minimum(down, 0) / (0.5 * reach)) ** 2
+        )
+    )
     plume = plume * np.exp(-np.maximum(down, 0) / (3.0 * reach))
     return (np.float32(p["density"]) * wisps * plume).astype(np.float32)
 
 
-@_host.host_op("surgical_smoke", sampler=_smoke_sampler, dtypes=(np.uint8, np.float32))
-def surgical_smoke(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+def smoke_optical_depth_t(
+    keys: Sequence[int], h: int, w: int, p: dict[str, torch.Tensor], like: torch.Tensor
+) -> torch.Tensor:
+    """(B, H, W) ``smoke_optical_depth`` of a batch: batched noise fields, the canvas read by one
+    batched remap."""
+    scale = min(h, w)
+    cell = SMOKE_CELL * scale
+    wx = _host.fractal_noise_t(keys, "smoke-warp-x", h, w, cell, 2, like)
+    wy = _host.fractal_noise_t(keys, "smoke-warp-y", h, w, cell, 2, like)
+    ang = p["drift"].to(torch.float64)
+    cos, sin = (v.to(torch.float32).view(-1, 1, 1) for v in (torch.cos(ang), torch.sin(ang)))
+    ys = torch.arange(h, device=like.device, dtype=torch.float32).view(1, h, 1)
+    xs = torch.arange(w, device=like.device, dtype=torch.float32).view(1, 1, w)
+    along = (xs - w / 2) * cos + (ys - h / 2) * sin
+    across = -(xs - w / 2) * sin + (ys - h / 2) * cos
+    size = _smoke_canvas(h, w, cell)
+    map_x = size / 2 + along * 0.45 + 0.25 * cell * wx
+    map_y = size / 2 + across + 0.25 * cell * wy
+    base = _host.fractal_noise_t(keys, "smoke-density", size, size, cell, SMOKE_OCTAVES, like)
+    turbulent = _host.remap(base.unsqueeze(1), map_x, map_y, "linear", "reflect101")[:, 0]
+    wisps = (0.5 + 1.6 * turbulent).clamp(min=0.0)
+    sx = (p["source"][:, 0].to(torch.float64) * w).to(torch.float32).view(-1, 1, 1)
+    sy = (p["source"][:, 1].to(torch.float64) * h).to(torch.float32).view(-1, 1, 1)
+    dx, dy = xs - sx, ys - sy
+    down = dx * cos + dy * sin
+    side = -dx * sin + dy * cos
+    reach64 = p["spread"].to(torch.float64) * scale
+    width = (0.6 * reach64).to(torch.float32).view(-1, 1, 1) + 0.35 * down.abs()
+    back = (0.5 * reach64).to(torch.float32).view(-1, 1, 1)
+    plume = torch.exp(-0.5 * ((side / width) ** 2 + (down.clamp(max=0.0) / back) ** 2))
+    plume = plume * torch.exp(
+        -down.clamp(min=0.0) / (3.0 * reach64).to(torch.float32).view(-1, 1, 1)
+    )
+    return p["density"].view(-1, 1, 1) * wisps * plume
+
+
+def _surgical_smoke_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``surgical_smoke`` of a batch in one pass (the torch kernel)."""
+    _b, c, h, w = x.shape
+    scale = min(h, w)
+    _field, tissue = _host.view_masks(x, scenes)
+    tau = smoke_optical_depth_t(keys, h, w, p, x).unsqueeze(1) * _host.soft_mask_t(
+        tissue, 0.01 * scale
+    )
+    t = torch.exp(-tau)
+    lin = _math.srgb_to_linear(x)
+    lit = _host.gauss_t(_host.luma_t(lin), 0.05 * scale)
+    top = _host.masked_quantile(lit, tissue[:, 0], 0.98)
+    norm = (top + 1e-6).to(torch.float32).view(-1, 1, 1)
+    has = tissue.flatten(1).any(dim=1).view(-1, 1, 1)
+    lit = torch.where(has, (lit / torch.where(has, norm, 1.0)).clamp(0.0, 1.0), lit)
+    tint = p["tint"][:, :c].view(-1, c, 1, 1) if c == 3 else torch.ones(1, 1, 1, 1, device=x.device)
+    air = (p["airlight"].view(-1, 1, 1) * (0.3 + 0.7 * torch.sqrt(lit))).unsqueeze(1)
+    blurred = _host.gauss_t(lin, SMOKE_BLUR * scale)
+    seen = lin * t + blurred * (1.0 - t)
+    out = seen * t + (air * tint) * (1.0 - t)
+    res = _math.linear_to_srgb(out)
+    return torch.where(tissue, res, x).clamp(0.0, 1.0)
+
+
+@_host.host_op(
+    "surgical_smoke",
+    sampler=_smoke_sampler,
+    dtypes=(np.uint8, np.float32),
+    device=_surgical_smoke_batch,
+)
+def surgical_smoke(
+    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
+) -> np.ndarray:
     """Wispy cautery smoke: I t + A (1 - t) in linear light, t = exp(-tau) over a turbulent
     drifting plume; airlight lit by the scope, forward-scatter blur (module docstring)."""
     c, h, w = img.shape
@@ -106,7 +194,11 @@ def surgical_smoke(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _h
     t = np.exp(-tau).astype(np.float32)
     lin = _host.to_linear(img)
     lit = _host.gauss(_host.luma(lin), 0.05 * scale)
-    lit = np.clip(lit / (float(np.quantile(lit[tissue], 0.98)) + 1e-6), 0.0, 1.0) if tissue.any() else lit
+    lit = (
+        np.clip(lit / (float(np.quantile(lit[tissue], 0.98)) + 1e-6), 0.0, 1.0)
+        if tissue.any()
+        else lit
+    )
     tint = np.asarray(p["tint"], dtype=np.float32)[:c] if c == 3 else np.ones(1, np.float32)
     air = np.float32(p["airlight"]) * (0.3 + 0.7 * np.sqrt(lit))
     blurred = _host.per_channel(lin, lambda z: _host.gauss(z, SMOKE_BLUR * scale))
@@ -128,13 +220,17 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     count = draw_int(rng, level["count"])
     radius = draw(rng, level["radius"])
     clusters = max(1, 1 + count // 20)
-    centres = [[float(rng.uniform(0.2, 0.8)), float(rng.uniform(0.2, 0.8))] for _ in range(clusters)]
+    centres = [
+        [float(rng.uniform(0.2, 0.8)), float(rng.uniform(0.2, 0.8))] for _ in range(clusters)
+    ]
     bubbles: list[list[float]] = []
     for i in range(count):
         cx, cy = centres[i % clusters]
         spread = radius * (0.6 + 0.45 * math.sqrt(count / clusters))
         r = radius * float(np.exp(rng.normal(0.0, 0.45)))
-        bubbles.append([float(cx + rng.normal(0.0, spread)), float(cy + rng.normal(0.0, spread)), r])
+        bubbles.append(
+            [float(cx + rng.normal(0.0, spread)), float(cy + rng.normal(0.0, spread)), r]
+        )
     return {"count": count, "radius": radius, "bubbles": bubbles}
 
 
@@ -223,7 +319,9 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
     scale = min(h, w)
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
     cx, cy, radius = _host.field_geometry(tissue)
-    ramp = ((xs - cx) * math.cos(side_angle) + (ys - cy) * math.sin(side_angle)) / np.float32(radius)
+    ramp = ((xs - cx) * math.cos(side_angle) + (ys - cy) * math.sin(side_angle)) / np.float32(
+        radius
+    )
     level = ramp + 0.35 * _host.fractal_noise(key, "fluid-shape", h, w, 0.3 * scale, 2)
     values = level[tissue]
     if values.size == 0 or coverage <= 0:
@@ -242,7 +340,9 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
 
 
 @_host.host_op("fluid_occlusion", sampler=_fluid_sampler, dtypes=(np.uint8, np.float32))
-def fluid_occlusion(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+def fluid_occlusion(
+    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
+) -> np.ndarray:
     """Fluid, stool or blood pooled over ``coverage`` of the field: Beer-Lambert absorption,
     turbid in-scattering, bright meniscus (module docstring)."""
     c, h, w = img.shape
@@ -266,7 +366,11 @@ def fluid_occlusion(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _
     # light scattered back by the turbid fluid, lit by the scope (as bright as the mucosa there)
     # suspended particles make the turbidity patchy
     murk = 1.0 + 0.5 * _host.fractal_noise(key, "fluid-murk", h, w, 0.08 * scale, 4)
-    scatter = colour[:, None, None] * (1.0 - np.exp(-0.8 * depth * murk))[None] * (0.08 + 0.92 * lit[None])
+    scatter = (
+        colour[:, None, None]
+        * (1.0 - np.exp(-0.8 * depth * murk))[None]
+        * (0.08 + 0.92 * lit[None])
+    )
     scatter = scatter * murk[None]
     out = lin * trans + scatter
     # meniscus: a thin bright curve along the pool's edge (the fluid surface bends towards the lens)

@@ -66,7 +66,6 @@ HOST_BOUND: frozenset[str] = frozenset(
         "fluid_occlusion",
         "lens_droplets",
         "specular_glare",
-        "surgical_smoke",
         "video_macroblocking",
     }
 )

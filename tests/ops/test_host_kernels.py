@@ -29,6 +29,9 @@ BOUNDS = {op: (1e-5, 1e-5, 1e-4) for op in GEOMETRIC}
 # lens_fog: the same smooth fields as linear maps (gaussian and noise resizes as per-axis
 # matrices; sums in another order, float32): a few 1e-6 per value, 1e-5 on the mean
 BOUNDS["lens_fog"] = (2e-6, 1e-5, 1e-4)
+# surgical_smoke: those fields, the canvas read by the batched remap, the field's soft edge as a
+# relaxed chamfer distance and the 98th percentile of the light from a sort: float32 rounding only
+BOUNDS["surgical_smoke"] = (2e-6, 2e-5, 1e-4)
 
 
 def _frames(side: int, count: int = 6) -> list[torch.Tensor]:
@@ -162,3 +165,23 @@ def test_uniform_batch_rows_are_the_per_sample_fields() -> None:
     for i, key in enumerate(keys):
         assert torch.equal(rows[i], torch.from_numpy(rng.uniform_numpy(key, "abc", 1000)))
         assert torch.equal(rows[i], rng.uniform_field(key, "abc", (1000,)))
+
+
+def test_soft_edge_equals_the_host_ramp() -> None:
+    """The relaxed chamfer distance gives ``soft_mask``'s ramp (OpenCV's 3x3 distance)."""
+    frames = _frames(256, 3)
+    masks = [_host.tissue_mask(f.numpy()) for f in frames]
+    for mask in masks:
+        for inset in (0.5, 2.56, 9.0):
+            got = _host.soft_mask_t(torch.from_numpy(mask)[None, None], inset)[0, 0].numpy()
+            assert float(np.abs(got - _host.soft_mask(mask, inset)).max()) <= 1e-6, inset
+
+
+def test_masked_quantile_is_numpys() -> None:
+    gen = np.random.default_rng(4)
+    values = gen.random((3, 20, 30), dtype=np.float32)
+    mask = gen.random((3, 20, 30)) < np.array([0.5, 0.02, 0.0])[:, None, None]
+    got = _host.masked_quantile(torch.from_numpy(values), torch.from_numpy(mask), 0.98)
+    for i in range(2):
+        assert abs(float(got[i]) - float(np.quantile(values[i][mask[i]], 0.98))) <= 1e-7
+    assert bool(torch.isnan(got[2]))
