@@ -65,7 +65,6 @@ HOST_BOUND: frozenset[str] = frozenset(
         "bubbles",
         "fluid_occlusion",
         "lens_droplets",
-        "specular_glare",
         "video_macroblocking",
     }
 )

@@ -32,6 +32,10 @@ BOUNDS["lens_fog"] = (2e-6, 1e-5, 1e-4)
 # surgical_smoke: those fields, the canvas read by the batched remap, the field's soft edge as a
 # relaxed chamfer distance and the 98th percentile of the light from a sort: float32 rounding only
 BOUNDS["surgical_smoke"] = (2e-6, 2e-5, 1e-4)
+# specular_glare: the lobe is (N . V)^shininess, so a float32 rounding of N . V (sqrt, gradient,
+# the 98th percentile) is raised to the shininess (tens to hundreds), and the lobe's floor and the
+# clipping are thresholds: a highlight pixel may move by a few 1e-4 (a tenth of a level)
+BOUNDS["specular_glare"] = (2e-6, 2e-5, 1e-3)
 
 
 def _frames(side: int, count: int = 6) -> list[torch.Tensor]:
