@@ -320,13 +320,13 @@ def _run_max(labels: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
     return best[run].view(b, h, w) * inside
 
 
-def _largest_component(mask: torch.Tensor) -> torch.Tensor:
-    """The largest 8-connected region of a float (B, 1, H, W) 0/1 mask (bool; all true where
-    the mask is empty). Labels (pixel index + 1) spread for a fixed number of rounds (no host
-    sync to test convergence): each round takes the largest label along every horizontal and
-    vertical run, then of the 3x3 neighbours (diagonal links), then follows each label to the
-    label of the pixel it names (pointer jumping); a compact region of a frame is one label
-    after a few rounds. The label of the largest area wins."""
+def components_t(mask: torch.Tensor, connectivity: int = 8) -> torch.Tensor:
+    """int64 (B, H, W) labels of the 4- or 8-connected regions of a float (B, 1, H, W) 0/1
+    mask (0 outside it; a region's label is one of its pixel indices + 1). Labels spread for a
+    fixed number of rounds (no host sync to test convergence): each round takes the largest
+    label along every horizontal and vertical run, then (8-connected) of the 3x3 neighbours,
+    then follows each label to the label of the pixel it names (pointer jumping); a compact
+    region of a frame is one label after a few rounds."""
     b, _, h, w = mask.shape
     n = h * w
     dtype = torch.float32 if b * n < 1 << 24 else torch.float64
@@ -337,18 +337,33 @@ def _largest_component(mask: torch.Tensor) -> torch.Tensor:
     for _ in range(ROUNDS):
         labels = _run_max(labels, inside)
         labels = _run_max(labels.transpose(1, 2).contiguous(), inside_t).transpose(1, 2)
-        labels = torch.nn.functional.max_pool2d(labels.unsqueeze(1), 3, 1, 1)[:, 0] * m
+        if connectivity == 8:
+            labels = torch.nn.functional.max_pool2d(labels.unsqueeze(1), 3, 1, 1)[:, 0] * m
         flat = labels.reshape(b, n)
         flat = flat.gather(1, (flat.long() - 1).clamp_(min=0)) * m.view(b, n)
         labels = flat.view(b, h, w)
-    index = labels.reshape(b, n).long()
-    area = torch.zeros(b, n + 1, device=mask.device, dtype=dtype).scatter_add_(
-        1, index, m.view(b, n)
-    )
-    area[:, 0] = -1.0
+    return labels.long()
+
+
+def component_area(labels: torch.Tensor) -> torch.Tensor:
+    """(B, H * W + 1) pixel count of every label of a (B, H, W) label map (index 0: outside)."""
+    b = labels.shape[0]
+    index = labels.reshape(b, -1)
+    area = torch.zeros(b, index.shape[1] + 1, device=labels.device, dtype=torch.int64)
+    return area.scatter_add_(1, index, torch.ones_like(index))
+
+
+def _largest_component(mask: torch.Tensor) -> torch.Tensor:
+    """bool (B, 1, H, W): the largest 8-connected region of a float 0/1 mask (all true where
+    the mask is empty), as ``tissue_mask`` keeps it."""
+    b, _, h, w = mask.shape
+    labels = components_t(mask)
+    area = component_area(labels)
+    area[:, 0] = -1
     best = area.argmax(dim=1)
-    largest = (index == best[:, None]) & inside.view(b, n)
-    empty = ~inside.view(b, n).any(dim=1)
+    inside = mask.reshape(b, -1) > 0
+    largest = (labels.reshape(b, -1) == best[:, None]) & inside
+    empty = ~inside.any(dim=1)
     return torch.where(empty[:, None], torch.ones_like(largest), largest).view(b, 1, h, w)
 
 
@@ -664,42 +679,74 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, empty: float) -> torch
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, empty))
 
 
-CHAMFER = (0.955, 1.3693)  # OpenCV's 3x3 DIST_L2 steps (edge, diagonal)
+CHAMFER3 = ((0, 1, 0.955), (1, 1, 1.3693))  # OpenCV's DIST_L2 steps (dy, dx, length), 3x3
+CHAMFER5 = ((0, 1, 1.0), (1, 1, 1.4), (1, 2, 2.1969))  # and 5x5
+
+
+def chamfer_t(
+    mask: torch.Tensor, steps: Sequence[tuple[int, int, float]], reach: float
+) -> torch.Tensor:
+    """float32 (B, 1, H, W): ``cv2.distanceTransform`` (DIST_L2, the chamfer ``steps``) of a
+    bool (B, 1, H, W) mask, the distance of each pixel of the mask to the nearest pixel outside it
+    (outside the image counts as inside, as OpenCV's), exact up to ``reach`` px: the steps are
+    relaxed as many times as that distance takes (farther pixels may stay infinite)."""
+    h, w = mask.shape[-2:]
+    moves: list[tuple[int, int, float]] = []
+    for dy, dx, length in steps:
+        for sy, sx in {
+            (dy, dx),
+            (-dy, dx),
+            (dy, -dx),
+            (-dy, -dx),
+            (dx, dy),
+            (-dx, dy),
+            (dx, -dy),
+            (-dx, -dy),
+        }:
+            moves.append((sy, sx, length))
+    pad = max(max(abs(dy), abs(dx)) for dy, dx, _ in moves)
+    inf = float("inf")
+    dist = torch.where(
+        mask, torch.tensor(inf, device=mask.device), torch.zeros((), device=mask.device)
+    )
+    lengths = {
+        length: torch.tensor(length, dtype=torch.float32, device=mask.device)
+        for _, _, length in moves
+    }
+    for _ in range(math.ceil(reach / steps[0][2]) + 1):
+        padded = torch.nn.functional.pad(dist, (pad, pad, pad, pad), value=inf)
+        best = dist
+        for dy, dx, length in sorted(moves):
+            best = torch.minimum(
+                best,
+                padded[:, :, pad + dy : pad + dy + h, pad + dx : pad + dx + w] + lengths[length],
+            )
+        dist = best
+    return dist
 
 
 def soft_mask_t(mask: torch.Tensor, inset_px: float) -> torch.Tensor:
-    """``soft_mask`` of a bool (B, 1, H, W) batch: OpenCV's 3x3 chamfer distance to the nearest
-    pixel outside the mask (outside the image counts as inside, as OpenCV's), relaxed over the
-    8 neighbours as many steps as a distance of ``2 inset_px`` takes (beyond it the ramp is 1)."""
+    """``soft_mask`` of a bool (B, 1, H, W) batch (OpenCV's 3x3 chamfer distance, needed up to
+    ``2 inset_px``: beyond it the ramp is 1)."""
     if inset_px < 1.0:
         return mask.to(torch.float32)
-    h, w = mask.shape[-2:]
-    big = torch.tensor(float("inf"), device=mask.device)
-    dist = torch.where(mask, big, torch.zeros((), device=mask.device))
-    edge, diagonal = (torch.tensor(v, dtype=torch.float32, device=mask.device) for v in CHAMFER)
-    for _ in range(math.ceil(2.0 * inset_px / CHAMFER[0]) + 1):
-        padded = torch.nn.functional.pad(dist, (1, 1, 1, 1), value=float("inf"))
-        best = dist
-        for dy in (0, 1, 2):
-            for dx in (0, 1, 2):
-                if dy == 1 and dx == 1:
-                    continue
-                step = diagonal if dy != 1 and dx != 1 else edge
-                best = torch.minimum(best, padded[:, :, dy : dy + h, dx : dx + w] + step)
-        dist = best
-    return (dist / inset_px - 1.0).clamp(0.0, 1.0)
+    return (chamfer_t(mask, CHAMFER3, 2.0 * inset_px) / inset_px - 1.0).clamp(0.0, 1.0)
 
 
-def masked_quantile(values: torch.Tensor, mask: torch.Tensor, q: float) -> torch.Tensor:
+def masked_quantile(
+    values: torch.Tensor, mask: torch.Tensor, q: float, qs: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B,) ``np.quantile(values[i][mask[i]], q)`` (linear) of every sample of (B, H, W)
-    ``values``; NaN where a mask is empty."""
+    ``values`` (``qs``: float64 (B,) quantiles instead, one per sample); NaN where a mask is
+    empty."""
     b = values.shape[0]
     flat = torch.where(
         mask, values, torch.full((), float("inf"), dtype=values.dtype, device=values.device)
     )
     ordered = flat.reshape(b, -1).sort(dim=1).values
     count = mask.reshape(b, -1).sum(dim=1)
-    pos = (count - 1).clamp(min=0).to(torch.float64) * q
+    quantile = torch.full((b,), q, dtype=torch.float64, device=values.device) if qs is None else qs
+    pos = (count - 1).clamp(min=0).to(torch.float64) * quantile
     low = pos.floor()
     t = pos - low
     lo = low.to(torch.int64)

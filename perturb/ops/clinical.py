@@ -339,7 +339,88 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
     return (pool | np.isin(labels, small)) & tissue
 
 
-@_host.host_op("fluid_occlusion", sampler=_fluid_sampler, dtypes=(np.uint8, np.float32))
+def pool_mask_t(
+    keys: Sequence[int], tissue: torch.Tensor, coverage: torch.Tensor, side_angle: torch.Tensor
+) -> torch.Tensor:
+    """bool (B, 1, H, W): ``pool_mask`` of a batch (tissue: bool (B, 1, H, W)); the largest
+    pool and its small holes by batched connected components."""
+    b, _, h, w = tissue.shape
+    scale = min(h, w)
+    cx, cy, radius = (v.to(torch.float32).view(-1, 1, 1) for v in _host.field_geometry_t(tissue))
+    ys = torch.arange(h, device=tissue.device, dtype=torch.float32).view(1, h, 1)
+    xs = torch.arange(w, device=tissue.device, dtype=torch.float32).view(1, 1, w)
+    angle = side_angle.to(torch.float64)
+    cos, sin = (v.to(torch.float32).view(-1, 1, 1) for v in (torch.cos(angle), torch.sin(angle)))
+    ramp = ((xs - cx) * cos + (ys - cy) * sin) / radius
+    level = ramp + 0.35 * _host.fractal_noise_t(keys, "fluid-shape", h, w, 0.3 * scale, 2, tissue)
+    inside = tissue[:, 0]
+    threshold = _host.masked_quantile(level, inside, 0.0, 1.0 - coverage.to(torch.float64))
+    threshold = threshold.to(torch.float32).view(-1, 1, 1)
+    pool = (level > threshold) & inside
+    # keep the largest connected pool (one puddle, not scattered islands)
+    labels = _host.components_t(pool.unsqueeze(1).to(torch.float32), 8)
+    area = _host.component_area(labels)
+    area[:, 0] = -1
+    pool = pool & (labels == area.argmax(dim=1).view(-1, 1, 1))
+    # fill islands left inside the puddle (4-connected holes under 2 % of the tissue)
+    holes = _host.components_t((~pool).unsqueeze(1).to(torch.float32), 4)
+    hole_area = _host.component_area(holes).gather(1, holes.reshape(b, -1)).view(b, h, w)
+    small = hole_area < 0.02 * inside.sum(dim=(1, 2)).view(-1, 1, 1)
+    keep = (coverage > 0).view(-1, 1, 1) & inside.flatten(1).any(dim=1).view(-1, 1, 1)
+    return ((pool | small) & inside & keep).unsqueeze(1)
+
+
+FLUID_TABLE = torch.tensor(
+    [[*absorb, *body] for absorb, body in (FLUIDS[i] for i in range(len(FLUIDS)))]
+)
+
+
+def _fluid_occlusion_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``fluid_occlusion`` of a batch in one pass (the torch kernel)."""
+    _b, c, h, w = x.shape
+    scale = min(h, w)
+    _field, tissue = _host.view_masks(x, scenes)
+    pool = pool_mask_t(keys, tissue, p["coverage"], p["side"])
+    dist = _host.chamfer_t(pool, _host.CHAMFER5, 0.04 * scale) / (0.04 * scale)
+    opacity = p["opacity"].view(-1, 1, 1, 1)
+    depth = _host.gauss_t(opacity * dist.clamp(0.0, 1.0) ** 0.7, 0.002 * scale)
+    lin = _math.srgb_to_linear(x)
+    lit = _host.gauss_t(_host.luma_t(lin), 0.03 * scale)
+    top = _host.masked_quantile(lit, tissue[:, 0], 0.98)
+    lit = (lit / (top + 1e-6).to(torch.float32).view(-1, 1, 1)).clamp(0.0, 1.0).unsqueeze(1)
+    table = FLUID_TABLE.to(x.device)[torch.round(p["fluid"]).long()]
+    mu, colour = table[:, :3], table[:, 3:]
+    if c == 1:
+        mu = mu.mean(dim=1, keepdim=True)
+        colour = colour @ torch.from_numpy(_host.LUMA).to(x.device).view(3, 1)
+    mu, colour = mu.view(-1, c, 1, 1), colour.view(-1, c, 1, 1)
+    trans = torch.exp(-mu * depth)
+    murk = 1.0 + 0.5 * _host.fractal_noise_t(
+        keys, "fluid-murk", h, w, 0.08 * scale, 4, x
+    ).unsqueeze(1)
+    scatter = colour * (1.0 - torch.exp(-0.8 * depth * murk)) * (0.08 + 0.92 * lit) * murk
+    out = lin * trans + scatter
+    # meniscus: a thin bright curve along the pool's edge
+    solid = pool.to(torch.float32)
+    eroded = -torch.nn.functional.max_pool2d(
+        -torch.nn.functional.pad(solid, (1, 1, 1, 1), value=1.0), 3, 1
+    )
+    line = _host.gauss_t(solid - eroded, MENISCUS_WIDTH * scale)
+    line = line / (line.amax(dim=(1, 2, 3), keepdim=True) + 1e-6) * lit
+    out = out + 0.9 * line * opacity.clamp(max=1.0)
+    res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
+    res = torch.where(tissue, res, x)
+    return torch.where(pool.flatten(1).any(dim=1).view(-1, 1, 1, 1), res, x).clamp(0.0, 1.0)
+
+
+@_host.host_op(
+    "fluid_occlusion",
+    sampler=_fluid_sampler,
+    dtypes=(np.uint8, np.float32),
+    device=_fluid_occlusion_batch,
+)
 def fluid_occlusion(
     img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
 ) -> np.ndarray:

@@ -63,7 +63,6 @@ NOT_YET_BATCHED: frozenset[str] = frozenset(
 HOST_BOUND: frozenset[str] = frozenset(
     {
         "bubbles",
-        "fluid_occlusion",
         "lens_droplets",
         "video_macroblocking",
     }

@@ -36,6 +36,10 @@ BOUNDS["surgical_smoke"] = (2e-6, 2e-5, 1e-4)
 # the 98th percentile) is raised to the shininess (tens to hundreds), and the lobe's floor and the
 # clipping are thresholds: a highlight pixel may move by a few 1e-4 (a tenth of a level)
 BOUNDS["specular_glare"] = (2e-6, 2e-5, 1e-3)
+# fluid_occlusion: the pool is a threshold of a noise field at a quantile and its components, its
+# depth a chamfer distance: the same pixels on both paths (a pixel at the threshold within float32
+# rounding would flip, none does on the frames), then float32 rounding of smooth fields
+BOUNDS["fluid_occlusion"] = (2e-6, 2e-5, 1e-4)
 
 
 def _frames(side: int, count: int = 6) -> list[torch.Tensor]:
