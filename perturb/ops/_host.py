@@ -1,10 +1,16 @@
 """Host (NumPy/OpenCV) building blocks of the endoscopy scene ops (glare, smoke, bubbles, fluid,
 lens and video artifacts).
 
-These ops are written once, per sample, in float32 NumPy/OpenCV: ``host_op`` registers the
-function as the op's CPU path and builds the torch kernel from it (a CUDA batch is copied to the
-host, run there and copied back, so CPU and CUDA outputs are identical). Every keyed field is a
-counter-based hash of (key, stream, index) (``perturb.rng``), so a sample's output depends on its
+These ops are written once per sample in float32 NumPy/OpenCV: ``host_op`` registers that
+function as the op's CPU path (its bytes are what the golden digests pin). The torch kernel is
+a batched computation of the same model (``host_op(device=...)``, listed in ``DEVICE_KERNELS``),
+built from the torch blocks at the end of this module, which reproduce the host helpers on a
+whole batch: the View as (B, 1, H, W) masks (``view_masks``: from the engine's scenes, else the
+pixel estimate ``estimate_tissue``), OpenCV's remap (``remap``), blur and resizes as per-axis
+matrices (``gauss_t``, ``value_noise_t``), chamfer distances, connected components and masked
+quantiles. An op without one still runs its host function as the torch kernel (a CUDA batch is
+copied to the host and back). Every keyed field is a counter-based hash of (key, stream, index)
+(``perturb.rng``; ``rng.uniform_batch`` for a batch of keys), so a sample's output depends on its
 own image and key alone. Sizes are fractions of the shorter side.
 """
 

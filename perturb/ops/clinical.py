@@ -268,7 +268,63 @@ def render_bubble(lin: np.ndarray, out: np.ndarray, cx: float, cy: float, r: flo
     region[...] = region * (1.0 - cover) + film * cover
 
 
-@_host.host_op("bubbles", sampler=_bubble_sampler, dtypes=(np.uint8, np.float32))
+def _bubbles_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``bubbles`` of a batch (the torch kernel): the padded (B, N, 3) bubbles of every sample
+    in its drawing order (largest first, stable), slot by slot: each slot is one bubble per
+    sample as fields over the whole frame (its disk cover, refraction by a batched remap of the
+    tissue behind, Fresnel film, dark line, specular spot) composited over the previous slots; a
+    sample with fewer bubbles has an empty cover in the remaining slots. The loop runs over the
+    slots (at most the severity table's count), never over the samples."""
+    b, _c, h, w = x.shape
+    scale = min(h, w)
+    _field, tissue = _host.view_masks(x, scenes)
+    lin = _math.srgb_to_linear(x)
+    out = lin
+    rows = p["bubbles"].reshape(b, -1, 3).to(torch.float64)
+    order = torch.sort(-rows[:, :, 2], dim=1, stable=True).indices
+    rows = rows.gather(1, order.unsqueeze(2).expand(-1, -1, 3))
+    cx, cy, radius = rows[:, :, 0] * w, rows[:, :, 1] * h, rows[:, :, 2] * scale
+    ix, iy = torch.trunc(cx).long(), torch.trunc(cy).long()
+    on_image = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
+    flat = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).view(b, -1)
+    on_tissue = tissue.view(b, h * w).gather(1, flat)
+    drawn = (rows[:, :, 2] > 0) & on_image & on_tissue & (radius >= 1.5)
+    env = (
+        (lin.mean(dim=(1, 2, 3)).to(torch.float64) * 2.5 + 0.15).to(torch.float32).view(-1, 1, 1, 1)
+    )
+    ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1)
+    xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w)
+    for k in range(rows.shape[1]):
+        bx, by = (
+            cx[:, k].to(torch.float32).view(-1, 1, 1),
+            cy[:, k].to(torch.float32).view(-1, 1, 1),
+        )
+        r = radius[:, k].to(torch.float32).view(-1, 1, 1)
+        dx, dy = xs + 0.5 - bx, ys + 0.5 - by
+        rho = torch.sqrt(dx * dx + dy * dy) / r
+        cover = ((1.0 - rho) * r + 0.5).clamp(0.0, 1.0) * drawn[:, k].view(-1, 1, 1)
+        cos_t = torch.sqrt(1.0 - rho.clamp(max=0.999) ** 2)
+        pull = 1.0 - BUBBLE_REFRACTION * cos_t
+        behind = _host.remap(
+            lin, bx + dx * pull - 0.5, by + dy * pull - 0.5, "linear", "reflect101"
+        )
+        fresnel = (BUBBLE_F0 + (1.0 - BUBBLE_F0) * (1.0 - cos_t) ** 5).unsqueeze(1)
+        film = behind * (1.0 - fresnel) * 1.04 + env * fresnel
+        dark_line = 1.0 - 0.45 * torch.exp(-0.5 * ((rho - 0.9) / 0.03) ** 2)
+        film = film * dark_line.unsqueeze(1) + (
+            2.5 * torch.exp(-0.5 * (rho / 0.07) ** 2)
+        ).unsqueeze(1)
+        cover = cover.unsqueeze(1)
+        out = out * (1.0 - cover) + film * cover
+    res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
+    return torch.where(tissue, res, x).clamp(0.0, 1.0)
+
+
+@_host.host_op(
+    "bubbles", sampler=_bubble_sampler, dtypes=(np.uint8, np.float32), device=_bubbles_batch
+)
 def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Clusters of thin-film bubbles: refracted tissue, Fresnel rim, dark refraction line and a
     clipped specular spot (module docstring)."""

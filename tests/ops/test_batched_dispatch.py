@@ -62,7 +62,6 @@ NOT_YET_BATCHED: frozenset[str] = frozenset(
 # non-codec kernel makes no host round trip at all
 HOST_BOUND: frozenset[str] = frozenset(
     {
-        "bubbles",
         "lens_droplets",
         "video_macroblocking",
     }

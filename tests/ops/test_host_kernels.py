@@ -40,6 +40,9 @@ BOUNDS["specular_glare"] = (2e-6, 2e-5, 1e-3)
 # depth a chamfer distance: the same pixels on both paths (a pixel at the threshold within float32
 # rounding would flip, none does on the frames), then float32 rounding of smooth fields
 BOUNDS["fluid_occlusion"] = (2e-6, 2e-5, 1e-4)
+# bubbles: the analytic disk cover, refraction and film of each bubble are the host's own
+# formulas over the whole frame (not a window), the tissue behind read by the batched remap
+BOUNDS["bubbles"] = (2e-6, 2e-5, 1e-4)
 
 
 def _frames(side: int, count: int = 6) -> list[torch.Tensor]:
