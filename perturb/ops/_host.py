@@ -677,12 +677,13 @@ def luma_t(x: torch.Tensor) -> torch.Tensor:
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, empty: float) -> torch.Tensor:
     """(B,) mean of each sample's ``values`` (B, H, W) over its bool ``mask`` (B, H, W),
-    ``empty`` where the mask is empty."""
+    ``empty`` where the mask is empty; summed in float64, so that its float32 value does not move
+    with how a batch's reduction is split over threads."""
     count = mask.sum(dim=(1, 2))
-    total = torch.where(
-        mask, values, torch.zeros((), dtype=values.dtype, device=values.device)
-    ).sum(dim=(1, 2))
-    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, empty))
+    zero = torch.zeros((), dtype=torch.float64, device=values.device)
+    total = torch.where(mask, values.to(torch.float64), zero).sum(dim=(1, 2))
+    mean = torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, empty))
+    return mean.to(values.dtype)
 
 
 CHAMFER3 = ((0, 1, 0.955), (1, 1, 1.3693))  # OpenCV's DIST_L2 steps (dy, dx, length), 3x3

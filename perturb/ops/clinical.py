@@ -286,13 +286,17 @@ def _bubbles_batch(
     order = torch.sort(-rows[:, :, 2], dim=1, stable=True).indices
     rows = rows.gather(1, order.unsqueeze(2).expand(-1, -1, 3))
     cx, cy, radius = rows[:, :, 0] * w, rows[:, :, 1] * h, rows[:, :, 2] * scale
+    radius = torch.where(
+        radius > 0, radius, 1.0
+    )  # padding slots (drawn below is false): finite fields
     ix, iy = torch.trunc(cx).long(), torch.trunc(cy).long()
     on_image = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
     flat = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).view(b, -1)
     on_tissue = tissue.view(b, h * w).gather(1, flat)
     drawn = (rows[:, :, 2] > 0) & on_image & on_tissue & (radius >= 1.5)
+    # the mean in float64: its float32 value does not move with the batch's thread chunking
     env = (
-        (lin.mean(dim=(1, 2, 3)).to(torch.float64) * 2.5 + 0.15).to(torch.float32).view(-1, 1, 1, 1)
+        (lin.to(torch.float64).mean(dim=(1, 2, 3)) * 2.5 + 0.15).to(torch.float32).view(-1, 1, 1, 1)
     )
     ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1)
     xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w)
