@@ -9,23 +9,143 @@
 Which ops a sample gets, their order, strengths and parameters are a pure function of (policy,
 seed, epoch, dataset index), so the run is reproducible whatever the DataLoader workers,
 batch size, sampling order or device. ``eval()`` turns augmentation off (identity).
+
+Border-protecting ops (colour, exposure, optics) act on the tissue layer of the frame's scene
+(``perturb.scene``). By default the engine analyses the scene of the image each such op gets
+(an intermediate image of the chain included). With ``carry_scenes=True`` the scene of each
+source image is analysed once, cached per dataset index (``SceneCache``: checked against a
+digest of the pixels, so a changed image is analysed again) and carried through the sample's
+chain: crops and warps move it with the pixels (``perturb.augment.targets.move_scene``), and
+each protecting record stores the scene it runs with (``extra["scene"]``), so no intermediate
+image is analysed and ``replay`` reproduces it. About half the CPU time of the
+``augment-endoscopy`` policy goes away; the outputs differ from the default where an
+intermediate image's analysis differs from the carried scene (e.g. after ``vignetting`` darkens
+the corners, the analysis takes them for surround), which is why it is not yet the default:
+that would change the policy's pinned golden digests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import marshal
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from perturb.augment.plan import _check_index, apply_plans, check_modality, plan_batch
 from perturb.augment.policy import Policy, load_policy
-from perturb.augment.targets import BoxesIn, move_boxes, move_masks
+from perturb.augment.targets import BoxesIn, move_boxes, move_masks, move_scene
 from perturb.contracts.record import Record
 from perturb.engine import with_codecs
 from perturb.errors import InputError
+from perturb.scene import Scene
+
+DEFAULT_SCENE_CACHE = 4096  # descriptors kept per process (about 1-2 kB each)
+
+
+def _xxh3() -> Callable[[Any], bytes] | None:
+    try:
+        import xxhash
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return xxhash.xxh3_128_digest
+
+
+_XXH3 = _xxh3()
+
+
+def pixel_digest(buf: Any) -> bytes:
+    """A 128-bit digest of an image's bytes (XXH3; BLAKE2b where xxhash is missing)."""
+    if _XXH3 is not None:
+        return bytes(_XXH3(buf))
+    return hashlib.blake2b(buf, digest_size=16).digest()
+
+
+class SceneCache:
+    """Scene descriptors of source images by dataset index, at most ``size`` (least recently
+    used dropped), per process: a copy sent to a DataLoader worker starts empty. Each entry
+    keeps the digest of the pixels it was analysed from; an index whose pixels changed (a
+    random crop in the dataset, another dataset) is analysed again, so what a sample gets never
+    depends on what the cache held."""
+
+    def __init__(self, size: int = DEFAULT_SCENE_CACHE) -> None:
+        self.size = int(size)
+        self._entries: OrderedDict[tuple[int, tuple[int, ...], str], tuple[bytes, bytes]] = (
+            OrderedDict()
+        )
+        self.hits = self.misses = 0
+
+    def scene(self, index: int, chw: np.ndarray) -> dict[str, Any]:
+        """The scene descriptor (a new dict) of the CHW image ``chw`` of dataset item ``index``."""
+        slot = (index, chw.shape, chw.dtype.str)
+        digest = pixel_digest(np.ascontiguousarray(chw).data)
+        hit = self._entries.get(slot)
+        if hit is not None and hit[0] == digest:
+            self._entries.move_to_end(slot)
+            self.hits += 1
+            return dict(marshal.loads(hit[1]))
+        self.misses += 1
+        desc = Scene.of(torch.from_numpy(np.ascontiguousarray(chw))).descriptor
+        blob = marshal.dumps(desc)
+        if self.size > 0:
+            self._entries[slot] = (digest, blob)
+            self._entries.move_to_end(slot)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return dict(marshal.loads(blob))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"size": self.size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["size"])  # type: ignore[misc]
+
+
+def _needs_scene(chain: Sequence[Record]) -> bool:
+    return any(r.protect_border for r in chain)
+
+
+def carry_scenes(
+    images: torch.Tensor,
+    indices: Sequence[int],
+    chains: Sequence[Sequence[Record]],
+    cache: SceneCache,
+) -> list[list[Record]]:
+    """``chains`` with each border-protecting record storing the scene it runs with: the scene
+    of the sample's source image (``cache``), moved through the chain's earlier geometric ops.
+    The pixels of the samples that need a scene come to the host once for the batch."""
+    need = [i for i, chain in enumerate(chains) if _needs_scene(chain)]
+    out = [list(chain) for chain in chains]
+    if not need:
+        return out
+    height, width = images.shape[-2:]
+    rows = images.detach()
+    if rows.device.type != "cpu" and len(need) < len(chains):
+        rows = rows.index_select(0, torch.tensor(need, device=rows.device))
+        position = {i: j for j, i in enumerate(need)}
+    else:
+        position = {i: i for i in need}
+    host = rows.cpu().contiguous().numpy()
+    for i in need:
+        desc = cache.scene(indices[i], host[position[i]])
+        chain = out[i]
+        last = max(k for k, r in enumerate(chain) if r.protect_border)
+        for k, r in enumerate(chain[: last + 1]):
+            if r.protect_border:  # each record its own copy: records are handed to the caller
+                chain[k] = replace(
+                    r, extra={**r.extra, "scene": marshal.loads(marshal.dumps(desc))}
+                )
+            elif k < last:
+                desc = move_scene(desc, r, width, height)
+    return out
 
 
 class AugmentResult(NamedTuple):
@@ -55,7 +175,9 @@ def _indices(indices: object, n: int) -> list[int]:
             f"got {type(indices).__name__}"
         )
     if len(values) != n:
-        raise InputError(f"indices has {len(values)} entries for a batch of {n}: pass one dataset index per image")
+        raise InputError(
+            f"indices has {len(values)} entries for a batch of {n}: pass one dataset index per image"
+        )
     return [_check_index(v, "index") for v in values]
 
 
@@ -66,6 +188,11 @@ class Augment(torch.nn.Module):
     next epoch's draws; ``variant`` gives independent draws of the same epoch (e.g. a second
     view). ``modality`` restricts the policy's ops per call of the module (e.g. a module for
     the X-ray part of a mixed dataset). Colour-only ops are left out for 1-channel batches.
+
+    ``carry_scenes``: analyse each source image's scene once and carry it through the chain
+    (see the module docstring) instead of analysing the input of each border-protecting op;
+    ``scene_cache``: how many source images' scenes (``SceneCache``) this process then keeps
+    (0: none; each source's scene is still analysed once per forward).
 
     ``forward(images, indices, *, epoch=None, boxes=None, masks=None)`` returns the augmented
     images alone when no targets are passed and ``return_records`` is False; otherwise an
@@ -81,8 +208,12 @@ class Augment(torch.nn.Module):
         epoch: int = 0,
         variant: int = 0,
         modality: str | None = None,
+        carry_scenes: bool = False,
+        scene_cache: int = DEFAULT_SCENE_CACHE,
     ) -> None:
         super().__init__()
+        self.carry_scenes = bool(carry_scenes)
+        self.scenes = SceneCache(scene_cache)
         self.policy = load_policy(policy)
         self.seed = int(seed)
         self.return_records = bool(return_records)
@@ -130,8 +261,12 @@ class Augment(torch.nn.Module):
         DataLoader's workers, so host-side planning overlaps the GPU); they must be this
         module's plans of these indices."""
         if not isinstance(images, torch.Tensor) or images.ndim != 4:
-            shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
-            raise InputError(f"images must be a BCHW tensor, got {shape}; add a batch axis with unsqueeze(0)")
+            shape = (
+                tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+            )
+            raise InputError(
+                f"images must be a BCHW tensor, got {shape}; add a batch axis with unsqueeze(0)"
+            )
         n = images.shape[0]
         idx = _indices(indices, n)
         chains: list[list[Record]]
@@ -142,6 +277,8 @@ class Augment(torch.nn.Module):
         else:
             chains = self._check_plans(plans, idx, self.epoch if epoch is None else epoch)
         chains = [with_codecs(p, images) for p in chains]
+        if self.carry_scenes:
+            chains = carry_scenes(images, idx, chains, self.scenes)
         out = apply_plans(images, chains)
         if boxes is None and masks is None and not self.return_records:
             return out
@@ -166,7 +303,9 @@ class Augment(torch.nn.Module):
         ``set_epoch`` (persistent workers) would otherwise repeat an old epoch's draws."""
         chains = [list(p) for p in plans]
         if len(chains) != len(indices):
-            raise InputError(f"plans has {len(chains)} entries for a batch of {len(indices)}: pass one plan per image")
+            raise InputError(
+                f"plans has {len(chains)} entries for a batch of {len(indices)}: pass one plan per image"
+            )
         want = {
             "seed": self.seed,
             "policy": self.policy.policy,
@@ -197,4 +336,7 @@ class Augment(torch.nn.Module):
         return chains
 
     def extra_repr(self) -> str:
-        return f"policy={self.policy.policy!r}, seed={self.seed}, epoch={self.epoch}, ops={self.policy.op_names()}"
+        return (
+            f"policy={self.policy.policy!r}, seed={self.seed}, epoch={self.epoch}, "
+            f"carry_scenes={self.carry_scenes}, ops={self.policy.op_names()}"
+        )

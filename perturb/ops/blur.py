@@ -94,25 +94,128 @@ def _conv_torch(sample: torch.Tensor, psf: np.ndarray) -> torch.Tensor:
     ``filter2d`` (OpenCV's ``filter2D`` with BORDER_REFLECT_101 computes the same sums)."""
     import kornia  # lazily: only the torch path needs it
 
-    return kornia.filters.filter2d(sample.unsqueeze(0), _crop_psf(psf, sample), border_type="reflect")[0]
+    return kornia.filters.filter2d(
+        sample.unsqueeze(0), _crop_psf(psf, sample), border_type="reflect"
+    )[0]
 
 
-def _sep_torch(sample: torch.Tensor, taps: np.ndarray) -> torch.Tensor:
-    """Separable filter of one CHW sample (rows, then columns), reflected borders: Kornia's
-    ``filter2d_separable`` (OpenCV's ``sepFilter2D`` computes the same sums)."""
+# Support of the torch path's per-sample PSFs: one size for every batch of a given image size,
+# from the largest parameter the catalog's bounds allow (perturb/catalog/endoscopy.yaml; a
+# record outside them is refused, perturb.catalog.bounds). So the kernel sizes its (B, K, K)
+# stack with no device read, and a sample's taps, padding and sums do not depend on the other
+# samples of its batch. A larger parameter (an explicit range past the bounds, a tiny image) is
+# cropped to the support: taps renormalised, a line shortened to fit.
+SIGMA_BOUND = 0.05  # gaussian_blur sigma, fraction of the shorter side
+RADIUS_BOUND = 0.05  # defocus_blur radius, fraction of the shorter side
+LENGTH_BOUND = 0.15  # motion_blur length, fraction of the shorter side
+
+
+def _support(radius: float, x: torch.Tensor) -> int:
+    """Support radius (pixels) of a PSF reaching ``radius`` pixels, at most what a reflected
+    border allows on ``x`` (below each side). A float32 parameter at its bound can exceed the
+    float64 bound by an ulp: the radius takes a relative slack of 1e-6 before rounding up."""
+    return _clamp_radius(max(0, math.ceil(radius * (1.0 + 1e-6))), x)
+
+
+def gaussian_taps_batch(sigma: torch.Tensor, side: int, support: int) -> torch.Tensor:
+    """(B, 2 support + 1) float32 taps of ``gaussian_taps(sigma * side)`` per sample, centred,
+    cut at each sample's radius ceil(3 sigma) and at ``support``, normalised (float64)."""
+    s = (sigma.double() * side).clamp_min(1e-6).unsqueeze(-1)
+    t = torch.arange(-support, support + 1, dtype=torch.float64, device=sigma.device)
+    taps = torch.exp(-0.5 * (t / s) ** 2)
+    taps = torch.where(t.abs() <= torch.ceil(3.0 * s).clamp_min(1.0), taps, 0.0)
+    return (taps / taps.sum(-1, keepdim=True)).to(torch.float32)
+
+
+def disk_psf_batch(radius: torch.Tensor, side: int, support: int) -> torch.Tensor:
+    """(B, K, K) float32 PSFs of ``disk_psf(radius * side)`` per sample, K = 2 support + 1
+    (zero outside each disk; cropped to the support and renormalised past it)."""
+    r = (radius.double() * side).clamp_min(0.5).view(-1, 1, 1)
+    t = torch.arange(-support, support + 1, dtype=torch.float64, device=radius.device)
+    weight = (r + 0.5 - torch.hypot(t[:, None], t[None, :])).clamp(0.0, 1.0)
+    return (weight / weight.sum((-2, -1), keepdim=True)).to(torch.float32)
+
+
+def line_psf_batch(
+    length: torch.Tensor, angle: torch.Tensor, side: int, support: int
+) -> torch.Tensor:
+    """(B, K, K) float32 PSFs of ``line_psf(length * side, angle)`` per sample, K = 2 support + 1.
+
+    The same points (``linspace(-L/2, L/2, n)``, n = max(2, ceil(4 L) + 1)) splatted bilinearly:
+    a point's weight on pixel (y, x) is the product of the tents max(0, 1 - |p - x|) along each
+    axis, so the PSF is a (y, points) x (points, x) product per sample; points past a sample's
+    n weigh 0. A line longer than the support holds (2 (support - 1)) is shortened to it."""
+    reach = float(max(1, 2 * (support - 1)))
+    f64 = torch.float64
+    lengths = (length.to(f64) * side).clamp(1.0, reach).unsqueeze(-1)  # (B, 1)
+    count = torch.ceil(lengths * 4.0).add(1.0).clamp_min(2.0)  # points per sample
+    index = torch.arange(max(2, math.ceil(reach * 4.0) + 1), dtype=f64, device=length.device)
+    t = index * (lengths / (count - 1.0)) - lengths / 2.0
+    t = torch.where(index == count - 1.0, lengths / 2.0, t)  # linspace's exact endpoint
+    used = (index < count).to(f64)
+    theta = torch.deg2rad(angle.to(f64)).unsqueeze(-1)
+    grid = torch.arange(-support, support + 1, dtype=f64, device=length.device)
+    across = (1.0 - ((t * torch.cos(theta)).unsqueeze(-1) - grid).abs()).clamp_min(0.0)  # (B, n, K)
+    down = (1.0 - ((-t * torch.sin(theta)).unsqueeze(-1) - grid).abs()).clamp_min(0.0)
+    psf = torch.einsum("bny,bnx->byx", down * used.unsqueeze(-1), across)
+    return (psf / psf.sum((-2, -1), keepdim=True)).to(torch.float32)
+
+
+# Direct sums cost the PSF's taps per pixel; an FFT correlation costs about the same at any PSF
+# size. On the CPU the direct grouped convolution stays: its per-sample sums do not depend on
+# the batch, MKL's batched FFT's do (by an ulp: measured). Measured on the CPU (one thread, ms
+# per sample, direct vs FFT): 128 px, disk K=15 4.0 vs 6.3, line K=23 7.4 vs 4.1; 448 px, disk
+# K=47 425 vs 48, line K=71 922 vs 43. The CPU's production path is OpenCV's; its torch path
+# serves tests and gradients. On other devices (CUDA) a PSF of more taps than ``FFT_MIN_TAPS``
+# (a flop count: a 2-D FFT round trip is a few hundred flops per pixel) goes through the FFT.
+FFT_MIN_TAPS = 1024
+
+
+def use_fft(x: torch.Tensor, taps: int) -> bool:
+    """Whether a PSF of ``taps`` taps per pixel is applied to ``x`` by FFT (``FFT_MIN_TAPS``)."""
+    return x.device.type != "cpu" and taps > FFT_MIN_TAPS
+
+
+def correlate_batch(x: torch.Tensor, psfs: torch.Tensor, fft: bool | None = None) -> torch.Tensor:
+    """2-D correlation of each BCHW sample with its own (K, K) PSF (K odd), reflected borders:
+    one grouped convolution (Kornia's ``filter2d`` with a (B, K, K) kernel; OpenCV's ``filter2D``
+    with BORDER_REFLECT_101 computes the same sums) or, with ``fft`` (default: ``use_fft``), one
+    FFT correlation (``correlate_fft``)."""
+    if fft is None:
+        fft = use_fft(x, psfs.shape[-1] * psfs.shape[-2])
+    if fft:
+        return correlate_fft(x, psfs)
     import kornia  # lazily: only the torch path needs it
 
-    k = _crop_psf(taps[None, :], sample)[0]  # (1, k), cropped along its length only
-    return kornia.filters.filter2d_separable(sample.unsqueeze(0), k, k, border_type="reflect")[0]
+    return kornia.filters.filter2d(x, psfs, border_type="reflect")
 
 
-def _apply_per_sample(
-    x: torch.Tensor, psfs: list[np.ndarray], separable: bool
-) -> torch.Tensor:
-    """Each sample with its own PSF: one call per sample, so a sample's result never depends on
-    the batch (kernel sizes differ between samples). The torch path (CUDA)."""
-    conv = _sep_torch if separable else _conv_torch
-    return torch.stack([conv(s, p) for s, p in zip(x, psfs, strict=True)]).clamp_(0.0, 1.0)
+def _fft_size(n: int) -> int:
+    """The smallest 2-, 3- and 5-smooth integer >= n (sizes FFT libraries transform fastest)."""
+    while True:
+        m = n
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        if m == 1:
+            return n
+        n += 1
+
+
+def correlate_fft(x: torch.Tensor, psfs: torch.Tensor) -> torch.Tensor:
+    """``correlate_batch`` through the FFT: each sample padded by the PSF's radius r (reflected),
+    zero-padded to a fast size, multiplied in frequency by its flipped PSF; the linear correlation
+    at output pixel i reads padded pixels i .. i + 2r only (never the wrapped zeros), so the
+    crop equals the direct sums up to float32 rounding of the transforms."""
+    h, w = x.shape[-2:]
+    r = psfs.shape[-1] // 2
+    padded = torch.nn.functional.pad(x, (r, r, r, r), mode="reflect") if r else x
+    size = (_fft_size(h + 2 * r), _fft_size(w + 2 * r))
+    spectrum = torch.fft.rfft2(padded, s=size) * torch.fft.rfft2(
+        psfs.flip(-2, -1), s=size
+    ).unsqueeze(1)
+    out = torch.fft.irfft2(spectrum, s=size)
+    return out[..., 2 * r : 2 * r + h, 2 * r : 2 * r + w].contiguous()
 
 
 _SCRATCH = threading.local()
@@ -252,20 +355,17 @@ def gaussian_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     1 is a sigma of about 1 px at a 1080 px shorter side, at the edge of noticeable; severity 5
     about 14 px, a severe but plausible frame (a fogged or far-out-of-focus lens).
 
-    Kornia: ``kornia.filters.gaussian_blur2d`` at the CPU path's window (radius ceil(3 sigma))."""
+    Kornia: ``kornia.filters.filter2d_separable`` with per-sample taps (``gaussian_taps_batch``:
+    the CPU path's window, radius ceil(3 sigma), on a support sized from ``SIGMA_BOUND``); off
+    the CPU, a pair of more than ``FFT_MIN_TAPS`` taps as one 2-D FFT correlation
+    (``correlate_fft``, torch.fft)."""
     import kornia  # lazily: only the torch path needs it
 
     side = shorter_side(x)
-    out = []
-    for sample, sigma in zip(x, p["sigma"].tolist(), strict=True):
-        sigma_px = max(float(sigma) * side, 1e-6)
-        # the taps of gaussian_taps (radius ceil(3 sigma), cropped on tiny images), from Kornia
-        size = 2 * _clamp_radius(len(gaussian_taps(sigma_px)) // 2, sample) + 1
-        blurred = kornia.filters.gaussian_blur2d(
-            sample.unsqueeze(0), (size, size), (sigma_px, sigma_px), border_type="reflect"
-        )
-        out.append(blurred[0])
-    return torch.stack(out).clamp_(0.0, 1.0)
+    taps = gaussian_taps_batch(p["sigma"], side, _support(3.0 * SIGMA_BOUND * side, x))
+    if use_fft(x, 2 * taps.shape[-1]):  # a long separable pair: one 2-D FFT correlation
+        return correlate_fft(x, taps.unsqueeze(-1) * taps.unsqueeze(-2)).clamp_(0.0, 1.0)
+    return kornia.filters.filter2d_separable(x, taps, taps, border_type="reflect").clamp_(0.0, 1.0)
 
 
 @backend.register_cpu("defocus_blur")
@@ -283,12 +383,14 @@ def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     the edge of noticeable; severity 5 about 28 px, a severe but plausible frame (the tip far too
     close to the wall).
 
-    Kornia: ``kornia.filters.filter2d`` with our own PSF (``disk_psf``): Kornia has no anti-aliased
-    disk kernel. The sRGB decoding and encoding: ``kornia.color.rgb_to_linear_rgb`` /
-    ``linear_rgb_to_rgb`` on CUDA (through ``perturb.ops._math``)."""
+    Kornia: ``kornia.filters.filter2d`` with our own per-sample PSFs (``disk_psf_batch``, the
+    taps of ``disk_psf``): Kornia has no anti-aliased disk kernel; off the CPU, a PSF of more
+    than ``FFT_MIN_TAPS`` taps through ``correlate_fft`` (torch.fft). The sRGB decoding and
+    encoding: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
+    ``perturb.ops._math``)."""
     side = shorter_side(x)
-    psfs = [disk_psf(float(r) * side) for r in p["radius"].tolist()]
-    return linear_to_srgb(_apply_per_sample(srgb_to_linear(x), psfs, separable=False))
+    psfs = disk_psf_batch(p["radius"], side, _support(max(RADIUS_BOUND * side, 0.5), x))
+    return linear_to_srgb(correlate_batch(srgb_to_linear(x), psfs))
 
 
 def _motion_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -335,7 +437,9 @@ def encode_levels_u8(lin: np.ndarray, dst: np.ndarray, work: np.ndarray) -> None
 
 @backend.register_cpu("motion_blur")
 def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    correlate_sample_linear(src, dst, line_psf(float(p["length"]) * shorter_side(src), float(p["angle"])))
+    correlate_sample_linear(
+        src, dst, line_psf(float(p["length"]) * shorter_side(src), float(p["angle"]))
+    )
 
 
 @register_kernel("motion_blur", sampler=_motion_sampler)
@@ -348,15 +452,15 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     severity 1 is a 3-4 px smear at a 1080 px shorter side, at the edge of noticeable; severity 5
     about 50 px, a severe but plausible frame of fast withdrawal.
 
-    Kornia: ``kornia.filters.filter2d`` with our own PSF (``line_psf``): Kornia's
-    ``get_motion_kernel2d`` draws an odd-sized line and rotates it with a bilinear warp, so its
-    length is quantised to odd pixel counts and its taps differ from a sub-pixel segment (and from
-    the OpenCV path, which uses ``line_psf``) by far more than 1/255 at short lengths. The sRGB
-    decoding and encoding: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA
-    (through ``perturb.ops._math``)."""
+    Kornia: ``kornia.filters.filter2d`` with our own per-sample PSFs (``line_psf_batch``, the
+    taps of ``line_psf``): Kornia's ``get_motion_kernel2d`` draws an odd-sized line and rotates
+    it with a bilinear warp, so its length is quantised to odd pixel counts and its taps differ
+    from a sub-pixel segment (and from the OpenCV path, which uses ``line_psf``) by far more than
+    1/255 at short lengths; off the CPU, a PSF of more than ``FFT_MIN_TAPS`` taps goes through
+    ``correlate_fft`` (torch.fft). The sRGB decoding and encoding:
+    ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
+    ``perturb.ops._math``)."""
     side = shorter_side(x)
-    psfs = [
-        line_psf(float(length) * side, float(angle))
-        for length, angle in zip(p["length"].tolist(), p["angle"].tolist(), strict=True)
-    ]
-    return linear_to_srgb(_apply_per_sample(srgb_to_linear(x), psfs, separable=False))
+    support = _support(LENGTH_BOUND * side / 2.0 + 1.0, x)
+    psfs = line_psf_batch(p["length"], p["angle"], side, support)
+    return linear_to_srgb(correlate_batch(srgb_to_linear(x), psfs))

@@ -169,20 +169,23 @@ def contrast(
     ``adjust_contrast_with_mean_subtraction`` around the whole image's mean grey; this op scales
     around the mean luma of the tissue (the scene's field of view minus overlays)."""
     y = luma(x)
-    means = []
-    for i in range(x.shape[0]):
-        weight = tissue_weight(scenes[i]) if scenes is not None else None
-        if weight is None:
-            means.append(sample_mean(y[i : i + 1]))
-        else:
-            means.append(torch.tensor(_weighted_mean(y[i, 0].cpu().numpy(), weight), dtype=x.dtype).view(1, 1, 1, 1))
-    mean = torch.cat(means).to(x.device)
+    weights = [tissue_weight(s) for s in scenes] if scenes is not None else []
+    if all(w is None for w in weights):
+        mean = sample_mean(y)
+    else:  # the tissue alphas as one (B,1,H,W) weight, all ones for a sample without one
+        ones = np.ones(y.shape[-2:], dtype=np.float32)
+        stacked = np.stack([ones if w is None else w for w in weights])
+        mean = tissue_mean(y, torch.from_numpy(stacked).unsqueeze(1).to(x.device))
     return (mean + per_sample(p["factor"]) * (x - mean)).clamp_(0.0, 1.0)
 
 
-def _weighted_mean(y: np.ndarray, weight: np.ndarray) -> np.float32:
-    """float64 mean of the float32 plane ``y`` weighted by ``weight``, as float32."""
-    return np.float32(float((y.astype(np.float64) * weight).sum()) / float(weight.astype(np.float64).sum()))
+def tissue_mean(y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(B,1,1,1) mean of the luma ``y`` (B,1,H,W) weighted by ``weight`` (B,1,H,W): float64
+    sums of ``y * weight`` and of the weights over each sample, rounded to ``y``'s dtype (the
+    sums of the CPU path's ``tissue_mean_luma``; a weight of ones gives the plain mean)."""
+    w = weight.double()
+    total = (y.double() * w).sum(dim=(1, 2, 3), keepdim=True)
+    return (total / w.sum(dim=(1, 2, 3), keepdim=True)).to(y.dtype)
 
 
 def _gamma_sampler(rng: np.random.Generator, level: Level) -> Params:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend
+from perturb.ops._fields import uniform_fields
 from perturb.ops._math import (
     gain_in_linear_u8,
     gain_table_u8,
@@ -152,6 +153,29 @@ def field_falloff_np(
     return res
 
 
+def field_falloff(
+    x: torch.Tensor,
+    cx: torch.Tensor,
+    cy: torch.Tensor,
+    strength: torch.Tensor,
+    frames: Sequence[tuple[float, float, float, float]],
+) -> torch.Tensor:
+    """``field_falloff_np`` of the whole batch at once, (B,1,H,W) float64: the same float64
+    operations in the same order (bit for bit), each sample centred in its own field box
+    ``frames[i]`` (``field_frame``, host-side scene data) with its own (B,) parameters."""
+    h, w = x.shape[-2:]
+    # (B, 4): each field box's x0, y0, width and height
+    box = torch.tensor(frames, dtype=torch.float64, device=x.device)
+    fx, fy, fw, fh = (per_sample(box[:, i]) for i in range(4))
+    radius = 0.5 * torch.sqrt(0.5 * (fw * fw + fh * fh))
+    ys = (torch.arange(h, dtype=torch.float64, device=x.device) + 0.5).view(1, 1, h, 1)
+    xs = (torch.arange(w, dtype=torch.float64, device=x.device) + 0.5).view(1, 1, 1, w)
+    dy = (ys - (fy + per_sample(cy).double() * fh)) / radius
+    dx = (xs - (fx + per_sample(cx).double() * fw)) / radius
+    r2 = dx * dx + dy * dy
+    return (r2 * -per_sample(strength).double() + 1.0).clamp_min_(0.0)
+
+
 @register_kernel("vignetting", sampler=_vignetting_sampler, uses_scene=True)
 def vignetting(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
@@ -161,16 +185,8 @@ def vignetting(
     Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
     ``perturb.ops._math``); own fall-off field (no Kornia equivalent of a field-of-view cos^4 law)."""
     h, w = x.shape[-2:]
-    scales = [
-        torch.from_numpy(
-            field_falloff_np(
-                h, w, float(p["cx"][i]), float(p["cy"][i]), float(p["strength"][i]),
-                None if scenes is None else scenes[i],
-            )
-        )
-        for i in range(x.shape[0])
-    ]
-    scale = torch.stack(scales).unsqueeze(1).to(x.device)
+    frames = [field_frame(h, w, s) for s in (scenes if scenes is not None else [None] * x.shape[0])]
+    scale = field_falloff(x, p["cx"], p["cy"], p["strength"], frames).to(x.dtype)
     return linear_to_srgb(srgb_to_linear(x) * scale)
 
 
@@ -187,7 +203,7 @@ def smooth_field(x: torch.Tensor, keys: Sequence[int], stream: str, grid: int) -
     """Keyed smooth field (B,1,H,W) in [-1, 1]: a grid x grid uniform field, bicubically
     upsampled to the image size."""
     h, w = x.shape[-2:]
-    coarse = torch.stack([rng.uniform_field(k, stream, (1, grid, grid), x.device) for k in keys])
+    coarse = uniform_fields(keys, stream, (1, grid, grid), x.device)  # the whole batch at once
     field = F.interpolate(coarse * 2.0 - 1.0, size=(h, w), mode="bicubic", align_corners=True)
     return field.clamp_(-1.0, 1.0)
 

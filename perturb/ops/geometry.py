@@ -161,45 +161,11 @@ def _warp_opencv(img: np.ndarray, warp: Warp, width: int, height: int) -> np.nda
     )
 
 
-def source_positions(m: np.ndarray, width: int, height: int, device: torch.device) -> torch.Tensor:
-    """Source pixel-index positions (H, W, 2), float64, of every output pixel under the
-    index-coordinate map ``m`` (2x3)."""
-    x = torch.arange(width, dtype=torch.float64, device=device)
-    y = torch.arange(height, dtype=torch.float64, device=device)
-    px = m[0, 0] * x[None, :] + (m[0, 1] * y + m[0, 2])[:, None]
-    py = m[1, 0] * x[None, :] + (m[1, 1] * y + m[1, 2])[:, None]
-    return torch.stack([px, py], dim=-1)
-
-
-def _warp_torch(sample: torch.Tensor, warp: Warp, width: int, height: int) -> torch.Tensor:
-    """One sample through Kornia's ``warp_affine`` (bicubic ``grid_sample``, a = -0.75, border
-    clamped), given the forward map (source-crop pixel index -> output pixel index) that Kornia
-    inverts. The inverse is taken on the host in float64, so the sampled positions are those of
-    ``cv2.warpAffine`` with ``WARP_INVERSE_MAP`` up to float32 grid rounding."""
-    import kornia  # lazily: only the torch path needs it
-
-    x0, y0, x1, y1 = warp.crop
-    src = sample[:, y0:y1, x0:x1].unsqueeze(0)
-    forward = np.linalg.inv(_affine(_index_matrix(warp)))[:2]
-    matrix = torch.from_numpy(forward).to(sample.device, sample.dtype).unsqueeze(0)
-    out = kornia.geometry.transform.warp_affine(
-        src, matrix, (height, width), mode="bicubic", padding_mode="border", align_corners=True
-    )
-    return out[0]
-
-
 def _mask_rows_numpy(img: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
     width = img.shape[1]
     for y in np.flatnonzero((lo > 0) | (hi < width)):
         img[y, : lo[y]] = 0.0
         img[y, hi[y] :] = 0.0
-
-
-def _span_mask(lo: np.ndarray, hi: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
-    cols = torch.arange(width, device=device)
-    lo_t = torch.from_numpy(lo).to(device)[:, None]
-    hi_t = torch.from_numpy(hi).to(device)[:, None]
-    return (cols[None, :] >= lo_t) & (cols[None, :] < hi_t)
 
 
 def warp_array(img: np.ndarray, warp: Warp) -> np.ndarray:
@@ -222,16 +188,129 @@ def warp_batch(x: torch.Tensor, warps: Sequence[Warp]) -> torch.Tensor:
 
 
 def warp_batch_torch(x: torch.Tensor, warps: Sequence[Warp]) -> torch.Tensor:
-    """The torch path of ``warp_batch`` (Kornia's bicubic ``warp_affine``), on any device."""
+    """The torch path of ``warp_batch`` (Kornia's bicubic ``warp_affine``), on any device: the
+    host-side ``Warp``s become (B, ...) tensors and the batch is warped in one computation."""
+    matrices, crops, constraints = warp_tensors(warps, x.device)
+    return warp_torch(x, matrices, crops, constraints)
+
+
+def warp_tensors(
+    warps: Sequence[Warp], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``Warp``s as the batched kernel takes them: matrices (B, 2, 3) float64, crops (B, 4)
+    int64 and constraints (B, K, 5) float64 (rows padded with ones that always hold)."""
+    rows = max((len(w.constraints) for w in warps), default=0)
+    padded = np.tile(_ALWAYS, (len(warps), rows, 1))
+    for i, w in enumerate(warps):
+        padded[i, : len(w.constraints)] = w.constraints
+    matrices = np.stack([w.matrix for w in warps]).astype(np.float64)
+    crops = np.array([w.crop for w in warps], dtype=np.int64).reshape(len(warps), 4)
+    return (
+        torch.from_numpy(matrices).to(device),
+        torch.from_numpy(crops).to(device),
+        torch.from_numpy(padded).to(device),
+    )
+
+
+_ALWAYS = np.array([0.0, 0.0, 0.0, -1.0, 1.0])  # a constraint row every point satisfies
+
+
+def index_matrices(matrices: torch.Tensor) -> torch.Tensor:
+    """(B, 2, 3) continuous output -> source maps as pixel-index maps (``_index_matrix``)."""
+    b = matrices[..., 2] + 0.5 * (matrices[..., 0] + matrices[..., 1]) - 0.5
+    return torch.cat([matrices[..., :2], b.unsqueeze(-1)], dim=-1)
+
+
+def _affine_inverse(m: torch.Tensor) -> torch.Tensor:
+    """Inverses of (B, 2, 3) affine maps, in their dtype."""
+    a, b, c, d = m[:, 0, 0], m[:, 0, 1], m[:, 1, 0], m[:, 1, 1]
+    det = a * d - b * c
+    inv = torch.stack([torch.stack([d, -b], -1), torch.stack([-c, a], -1)], -2) / det[:, None, None]
+    shift = -(inv @ m[:, :, 2:])
+    return torch.cat([inv, shift], dim=-1)
+
+
+_SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def _gather(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``x.gather(dim, index)`` for every dtype: torch's gather has no kernel for uint16/32/64,
+    so those are gathered as their signed twins of the same bytes (a copy moves bits only)."""
+    twin = _SIGNED_TWIN.get(x.dtype)
+    if twin is None:
+        return x.gather(dim, index)
+    return x.view(twin).gather(dim, index).view(x.dtype)
+
+
+def replicate_crops(x: torch.Tensor, crops: torch.Tensor) -> torch.Tensor:
+    """Each sample of ``x`` with the pixels outside its crop (x0, y0, x1, y1) replaced by the
+    crop's nearest edge pixel: the crop stays where it is and reads as if clamped at its own
+    edge (OpenCV's ``BORDER_REPLICATE`` on the cropped image). Two gathers for the batch."""
+    bsz, channels, height, width = x.shape
+    rows = torch.arange(height, device=x.device)
+    cols = torch.arange(width, device=x.device)
+    iy = torch.minimum(torch.maximum(rows[None, :], crops[:, 1:2]), crops[:, 3:4] - 1)
+    ix = torch.minimum(torch.maximum(cols[None, :], crops[:, 0:1]), crops[:, 2:3] - 1)
+    out = _gather(x, 2, iy[:, None, :, None].expand(bsz, channels, height, width))
+    return _gather(out, 3, ix[:, None, None, :].expand(bsz, channels, height, width))
+
+
+def keep_mask(constraints: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """(B, 1, H, W) bool: the output pixels whose centres satisfy every constraint row of their
+    sample (B, K, 5): ``row_spans`` in the same float64 arithmetic, for the whole batch."""
+    device = constraints.device
+    yc = torch.arange(height, dtype=torch.float64, device=device) + 0.5
+    a, b, c, low, high = (constraints[..., k, None] for k in range(5))  # (B, K, 1)
+    rest = b * yc + c  # (B, K, H)
+    flat = a.abs() < 1e-12
+    safe = torch.where(flat, torch.ones_like(a), a)
+    t1, t2 = (low - rest) / safe, (high - rest) / safe
+    rising = a > 0
+    first = torch.where(rising, torch.ceil(t1 - 0.5), torch.floor(t2 - 0.5) + 1.0)
+    stop = torch.where(rising, torch.ceil(t2 - 0.5), torch.floor(t1 - 0.5) + 1.0)
+    inside = (rest >= low) & (rest < high)
+    first = torch.where(flat, torch.zeros_like(first), first)
+    stop = torch.where(flat, torch.where(inside, float(width), 0.0), stop)
+    lo = (
+        first.amax(dim=1).clamp(0, width)
+        if first.shape[1]
+        else torch.zeros_like(yc).expand(len(a), -1)
+    )
+    hi = stop.amin(dim=1).clamp(0, width) if stop.shape[1] else torch.full_like(lo, float(width))
+    cols = torch.arange(width, dtype=torch.float64, device=device)
+    return ((cols >= lo[..., None]) & (cols < hi[..., None])).unsqueeze(1)
+
+
+def warp_torch(
+    x: torch.Tensor,
+    matrices: torch.Tensor,
+    crops: torch.Tensor | None = None,
+    constraints: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Resample BCHW float32 ``x`` through per-sample maps in one batched computation.
+
+    ``matrices`` (B, 2, 3, float64): output continuous coordinates -> continuous coordinates of
+    each sample's source rectangle ``crops`` (B, 4: x0, y0, x1, y1; None: the whole frame). Taps
+    outside the rectangle clamp to its edge; bicubic (a = -0.75) through Kornia's ``warp_affine``
+    with each sample's forward (index) map, inverted here in float64; clamped to [0, 1]; black
+    where a row of ``constraints`` (B, K, 5) fails (``Warp``)."""
+    import kornia  # lazily: only the torch path needs it
+
     height, width = x.shape[-2:]
-    results = []
-    for sample, warp in zip(x, warps, strict=True):
-        res = _warp_torch(sample, warp, width, height).clamp_(0.0, 1.0)
-        if len(warp.constraints):
-            mask = _span_mask(*row_spans(warp.constraints, width, height), width, x.device)
-            res = res * mask.to(res.dtype)
-        results.append(res)
-    return torch.stack(results)
+    index = index_matrices(matrices.to(torch.float64))
+    src = x
+    if crops is not None:
+        src = replicate_crops(x, crops)
+        index = torch.cat(
+            [index[..., :2], index[..., 2:] + crops[:, :2, None].to(torch.float64)], dim=-1
+        )
+    forward = _affine_inverse(index).to(x.dtype)
+    out = kornia.geometry.transform.warp_affine(
+        src, forward, (height, width), mode="bicubic", padding_mode="border", align_corners=True
+    ).clamp_(0.0, 1.0)
+    if constraints is not None and constraints.shape[1]:
+        out = out * keep_mask(constraints, width, height).to(out.dtype)
+    return out
 
 
 def shift_slices(
@@ -244,19 +323,6 @@ def shift_slices(
     dst = (slice(max(ty, 0), height + min(ty, 0)), slice(max(tx, 0), width + min(tx, 0)))
     src = (slice(max(-ty, 0), height - max(ty, 0)), slice(max(-tx, 0), width - max(tx, 0)))
     return dst, src
-
-
-def shift_batch(x: torch.Tensor, shifts: Sequence[tuple[int, int]]) -> torch.Tensor:
-    """Integer shifts (tx, ty) with black fill: output(x, y) = input(x - tx, y - ty). Exact and
-    identical on every device."""
-    out = torch.zeros_like(x)
-    height, width = x.shape[-2:]
-    for i, (tx, ty) in enumerate(shifts):
-        spans = shift_slices(tx, ty, width, height)
-        if spans is not None:
-            (dst_y, dst_x), (src_y, src_x) = spans
-            out[i, :, dst_y, dst_x] = x[i, :, src_y, src_x]
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,19 +362,42 @@ def _crop_matrix(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
     return np.array([[sx, 0.0, -x0 * sx], [0.0, sy, -y0 * sy], [0.0, 0.0, 1.0]])
 
 
+def crop_tensors(
+    p: dict[str, torch.Tensor], width: int, height: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batched ``crop_warp`` of collated ``resized_crop`` parameters, on their device: the
+    (B, 2, 3) float64 output -> crop maps and the (B, 4) int64 crops (x0, y0, x1, y1), in
+    ``crop_box``'s float64 arithmetic (Python's round half to even is ``torch.round``'s)."""
+    scale, log_ratio, u, v = (p[k].to(torch.float64) for k in ("scale", "log_ratio", "u", "v"))
+    r = torch.exp(log_ratio)
+    w = (width * torch.sqrt(scale * r)).round().clamp(1, width)
+    h = (height * torch.sqrt(scale / r)).round().clamp(1, height)
+    x0 = torch.minimum(width - w, torch.floor(u * (width - w + 1)))
+    y0 = torch.minimum(height - h, torch.floor(v * (height - h + 1)))
+    zero = torch.zeros_like(w)
+    matrices = torch.stack(
+        [torch.stack([w / width, zero, zero], -1), torch.stack([zero, h / height, zero], -1)], -2
+    )
+    crops = torch.stack([x0, y0, x0 + w, y0 + h], -1).to(torch.int64)
+    return matrices, crops
+
+
 def _crop_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     height, width = m.shape[-2:]
-    return nearest_warp_batch(m, crop_warps(p, width, height))
+    return nearest_torch(m, *crop_tensors(p, width, height))
 
 
-@register_kernel("resized_crop", sampler=_crop_sampler, geometry=Geometry(_crop_label_maps, matrix=_crop_matrix))
+@register_kernel(
+    "resized_crop", sampler=_crop_sampler, geometry=Geometry(_crop_label_maps, matrix=_crop_matrix)
+)
 def resized_crop(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Crop (``scale`` of the area, relative aspect ``exp(log_ratio)``, keyed position) resized
     back to the input size, bicubic.
 
-    Kornia: ``kornia.geometry.transform.warp_affine`` (through ``warp_batch``)."""
+    Kornia: ``kornia.geometry.transform.warp_affine`` (through ``warp_torch``: one warp for
+    the batch, the crop and resize of each sample as its affine map)."""
     height, width = x.shape[-2:]
-    return warp_batch_torch(x, crop_warps(p, width, height))
+    return warp_torch(x, *crop_tensors(p, width, height))
 
 
 def crop_warp(width: int, height: int, scale: float, log_ratio: float, u: float, v: float) -> Warp:
@@ -331,18 +420,48 @@ def _rotation_matrix(p: Mapping[str, Any], width: int, height: int) -> np.ndarra
     return np.linalg.inv(inverse)
 
 
+def rotation_tensors(
+    degrees: torch.Tensor, width: int, height: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batched ``rotation_warp``: the (B, 2, 3) float64 output -> input maps of rotations by
+    ``degrees`` (B,) and their (B, 2, 5) inside-the-frame constraints, in the float64
+    arithmetic of ``rotation_matrix`` and ``chain_warp``."""
+    t = degrees.to(torch.float64) * (math.pi / 180.0)
+    c, s = torch.cos(t), torch.sin(t)
+    cx, cy = width / 2.0, height / 2.0
+    matrices = torch.stack(
+        [
+            torch.stack([c, -s, cx - c * cx + s * cy], -1),
+            torch.stack([s, c, cy - s * cx - c * cy], -1),
+        ],
+        -2,
+    )
+    bounds = torch.tensor(
+        [[0.0, float(width)], [0.0, float(height)]], dtype=torch.float64, device=degrees.device
+    )
+    constraints = torch.cat([matrices, bounds.expand(len(degrees), 2, 2)], dim=-1)
+    return matrices, constraints
+
+
 def _rotation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     height, width = m.shape[-2:]
-    return nearest_warp_batch(m, rotation_warps(p, width, height))
+    matrices, constraints = rotation_tensors(p["degrees"], width, height)
+    return nearest_torch(m, matrices, None, constraints)
 
 
-@register_kernel("rotation", sampler=_rotation_sampler, geometry=Geometry(_rotation_label_maps, matrix=_rotation_matrix))
+@register_kernel(
+    "rotation",
+    sampler=_rotation_sampler,
+    geometry=Geometry(_rotation_label_maps, matrix=_rotation_matrix),
+)
 def rotation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Rotation by ``degrees`` (counter-clockwise positive) about the centre, black corners.
 
-    Kornia: ``kornia.geometry.transform.warp_affine`` (through ``warp_batch``)."""
+    Kornia: ``kornia.geometry.transform.warp_affine`` (through ``warp_torch``: one warp for
+    the batch with per-sample matrices)."""
     height, width = x.shape[-2:]
-    return warp_batch_torch(x, rotation_warps(p, width, height))
+    matrices, constraints = rotation_tensors(p["degrees"], width, height)
+    return warp_torch(x, matrices, None, constraints)
 
 
 def rotation_warp(width: int, height: int, degrees: float) -> Warp:
@@ -380,9 +499,38 @@ def _translation_matrix(p: Mapping[str, Any], width: int, height: int) -> np.nda
     return np.array([[1.0, 0.0, float(tx)], [0.0, 1.0, float(ty)], [0.0, 0.0, 1.0]])
 
 
+def translation_tensor(p: dict[str, torch.Tensor], width: int, height: int) -> torch.Tensor:
+    """Batched ``translation_pixels``: (B, 2) int64 (tx, ty) of collated ``translation``
+    parameters, on their device, in the same float64 arithmetic."""
+    shift = p["shift"].to(torch.float64)
+    t = p["direction"].to(torch.float64) * (math.pi / 180.0)
+    fx, fy = shift * width * torch.cos(t), shift * height * torch.sin(t)
+    tx, ty = fx.round(), fy.round()
+    still = (tx == 0) & (ty == 0)
+    along_x = fx.abs() >= fy.abs()
+    tx = torch.where(still & along_x, torch.where(fx >= 0, 1.0, -1.0), tx)
+    ty = torch.where(still & ~along_x, torch.where(fy >= 0, 1.0, -1.0), ty)
+    return torch.stack([tx, ty], -1).to(torch.int64)
+
+
+def shift_torch(x: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    """Integer shifts (B, 2: tx, ty) of a batch of any dtype in one computation, black fill:
+    output(x, y) = input(x - tx, y - ty); exact (gathers, no arithmetic on the pixels)."""
+    bsz, channels, height, width = x.shape
+    iy = torch.arange(height, device=x.device)[None, :] - shifts[:, 1:2]
+    ix = torch.arange(width, device=x.device)[None, :] - shifts[:, 0:1]
+    keep = ((iy >= 0) & (iy < height))[:, None, :, None] & ((ix >= 0) & (ix < width))[
+        :, None, None, :
+    ]
+    rows = iy.clamp(0, height - 1)[:, None, :, None].expand(bsz, channels, height, width)
+    cols = ix.clamp(0, width - 1)[:, None, None, :].expand(bsz, channels, height, width)
+    moved = _gather(_gather(x, 2, rows), 3, cols)
+    return torch.where(keep, moved, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 def _translation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     height, width = m.shape[-2:]
-    return shift_batch(m, translation_shifts(p, width, height))
+    return shift_torch(m, translation_tensor(p, width, height))
 
 
 @register_kernel(
@@ -393,13 +541,15 @@ def _translation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torc
 def translation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Integer shift by ``shift`` of the width/height along ``direction`` degrees, black fill.
 
-    Kornia: own kernel, because an integer shift is a copy of slices (exact, no arithmetic);
-    Kornia's ``translate`` resamples every pixel through ``grid_sample``."""
+    Kornia: own kernel, because an integer shift is a copy (exact, no arithmetic): two
+    batched gathers; Kornia's ``translate`` resamples every pixel through ``grid_sample``."""
     height, width = x.shape[-2:]
-    return shift_batch(x, translation_shifts(p, width, height))
+    return shift_torch(x, translation_tensor(p, width, height))
 
 
-def translation_shifts(p: dict[str, torch.Tensor], width: int, height: int) -> list[tuple[int, int]]:
+def translation_shifts(
+    p: dict[str, torch.Tensor], width: int, height: int
+) -> list[tuple[int, int]]:
     """Integer (tx, ty) per sample of collated ``translation`` parameters."""
     return [
         translation_pixels(width, height, s, d)
@@ -459,23 +609,49 @@ def translation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], 
 
 
 def nearest_warp_batch(m: torch.Tensor, warps: Sequence[Warp]) -> torch.Tensor:
-    """Label-map twin of ``warp_batch``: each sample of ``m`` (B, C, H, W, any dtype) is read
+    """Label-map twin of ``warp_batch`` for host-side ``Warp``s (``nearest_torch``)."""
+    return nearest_torch(m, *warp_tensors(warps, m.device))
+
+
+def nearest_torch(
+    m: torch.Tensor,
+    matrices: torch.Tensor,
+    crops: torch.Tensor | None = None,
+    constraints: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Label-map twin of ``warp_torch``: each sample of ``m`` (B, C, H, W, any dtype) is read
     at the same source positions as the image kernel reads, taking the nearest pixel (ties
     round up) instead of the bicubic mix, clamped to the source rectangle, and set to 0
-    outside the warp's constraints (where the image turns black). Exact on every device."""
-    height, width = m.shape[-2:]
-    out = []
-    for sample, warp in zip(m, warps, strict=True):
-        x0, y0, x1, y1 = warp.crop
-        pos = source_positions(_index_matrix(warp), width, height, m.device)
-        ix = torch.floor(pos[..., 0] + 0.5).long().clamp_(0, x1 - x0 - 1) + x0
-        iy = torch.floor(pos[..., 1] + 0.5).long().clamp_(0, y1 - y0 - 1) + y0
-        res = sample[:, iy, ix]
-        if len(warp.constraints):
-            keep = _span_mask(*row_spans(warp.constraints, width, height), width, m.device)
-            res = torch.where(keep, res, torch.zeros((), dtype=res.dtype, device=res.device))
-        out.append(res)
-    return torch.stack(out)
+    outside the constraints (where the image turns black). Exact on every device; one gather
+    for the batch."""
+    bsz, channels, height, width = m.shape
+    device = m.device
+    index = index_matrices(matrices.to(torch.float64))[:, :, None, None, :]  # (B, 2, 1, 1, 3)
+    x = torch.arange(width, dtype=torch.float64, device=device)[None, :]
+    y = torch.arange(height, dtype=torch.float64, device=device)[:, None]
+    px = index[:, 0, ..., 0] * x + (index[:, 0, ..., 1] * y + index[:, 0, ..., 2])
+    py = index[:, 1, ..., 0] * x + (index[:, 1, ..., 1] * y + index[:, 1, ..., 2])
+    if crops is None:
+        crops = torch.tensor([0, 0, width, height], device=device).expand(bsz, 4)
+    x0, y0, x1, y1 = (crops[:, k, None, None] for k in range(4))
+    ix = (
+        torch.minimum(
+            torch.maximum(torch.floor(px + 0.5).long(), torch.zeros_like(x0)), x1 - x0 - 1
+        )
+        + x0
+    )
+    iy = (
+        torch.minimum(
+            torch.maximum(torch.floor(py + 0.5).long(), torch.zeros_like(y0)), y1 - y0 - 1
+        )
+        + y0
+    )
+    flat = (iy * width + ix).reshape(bsz, 1, height * width).expand(bsz, channels, -1)
+    res = _gather(m.reshape(bsz, channels, height * width), 2, flat).reshape(m.shape)
+    if constraints is not None and constraints.shape[1]:
+        keep = keep_mask(constraints, width, height)
+        res = torch.where(keep, res, torch.zeros((), dtype=res.dtype, device=device))
+    return res
 
 
 # Flips named by other tools' records (not catalog ops): boxes, tags and masks follow them
@@ -489,5 +665,9 @@ def _vflip_matrix(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
     return np.array([[1.0, 0.0, 0.0], [0.0, -1.0, float(height)], [0.0, 0.0, 1.0]])
 
 
-register_foreign_geometry(Geometry(lambda m, p: m.flip(-1), matrix=_hflip_matrix), "hflip", "horizontal_flip")
-register_foreign_geometry(Geometry(lambda m, p: m.flip(-2), matrix=_vflip_matrix), "vflip", "vertical_flip")
+register_foreign_geometry(
+    Geometry(lambda m, p: m.flip(-1), matrix=_hflip_matrix), "hflip", "horizontal_flip"
+)
+register_foreign_geometry(
+    Geometry(lambda m, p: m.flip(-2), matrix=_vflip_matrix), "vflip", "vertical_flip"
+)

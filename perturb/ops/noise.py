@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from perturb import rng
-from perturb.ops import backend
+from perturb.ops import backend, keyed_fields
 from perturb.ops._math import (
     LEVELS_U8,
     linear_to_srgb,
@@ -37,22 +37,25 @@ POISSON_EXACT_BELOW = 16.0
 POISSON_MAX_COUNT = 48
 
 
-def _per_sample_normal(x: torch.Tensor, keys: Sequence[int], stream: str) -> torch.Tensor:
-    shape = tuple(x.shape[1:])
-    return torch.stack([rng.normal_field(k, stream, shape, x.device) for k in keys])
+def _normal(x: torch.Tensor, keys: Sequence[int], stream: str) -> torch.Tensor:
+    """Each sample's keyed standard-normal field of its (C, H, W) shape, the batch in one pass."""
+    return keyed_fields.normal_fields(keys, stream, tuple(x.shape[1:]), x.device)
 
 
-def _per_sample_uniform(
+def _uniform(
     x: torch.Tensor, keys: Sequence[int], stream: str, shape: tuple[int, ...]
 ) -> torch.Tensor:
-    return torch.stack([rng.uniform_field(k, stream, shape, x.device) for k in keys])
+    """Each sample's keyed uniform field of ``shape``, the batch in one pass."""
+    return keyed_fields.uniform_fields(keys, stream, shape, x.device)
 
 
-def gaussian_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def gaussian_noise(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Kornia: own kernel: Kornia's noise augmentations draw from torch's global generator, this
     op's normal field is keyed (``perturb.rng``) so records replay bit for bit; the rest is one
     multiply-add."""
-    z = _per_sample_normal(x, keys, "gaussian_noise")
+    z = _normal(x, keys, "gaussian_noise")
     return (x + per_sample(p["sigma"]) * z).clamp_(0.0, 1.0)
 
 
@@ -60,31 +63,46 @@ def speckle_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     """Kornia: own kernel: Kornia's noise augmentations draw from torch's global generator, this
     op's normal field is keyed (``perturb.rng``) so records replay bit for bit; the rest is one
     multiply-add."""
-    z = _per_sample_normal(x, keys, "speckle_noise")
+    z = _normal(x, keys, "speckle_noise")
     return (x + x * per_sample(p["sigma"]) * z).clamp_(0.0, 1.0)
 
 
-def poisson_counts(mean: torch.Tensor, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def poisson_counts(
+    mean: torch.Tensor, z: torch.Tensor, u: torch.Tensor, compact: bool | None = None
+) -> torch.Tensor:
     """Poisson draws with the given means from a standard-normal field ``z`` (normal
     approximation, continuity-corrected) and a uniform field ``u`` (exact CDF inversion where
-    the mean is below ``POISSON_EXACT_BELOW``)."""
+    the mean is below ``POISSON_EXACT_BELOW``).
+
+    ``compact`` (default: on a CPU device) runs the inversion on the small means gathered
+    first; else on every element, the others' means replaced by 0 and their counts discarded:
+    no data-dependent shape, so no device read (CUDA). Each element's float64 recurrence is the
+    same either way, so are the counts."""
     approx = torch.floor(mean + mean.clamp_min(0).sqrt() * z + 0.5).clamp_min(0)
     small = mean < POISSON_EXACT_BELOW
-    if not bool(small.any()):
-        return approx
-    lam = mean[small].double()
-    uu = u[small].double()
+    if compact is None:
+        compact = mean.device.type == "cpu"
+    if compact:
+        counts = _inversion_counts(mean[small].double(), u.expand_as(mean)[small].double())
+        out = approx.clone()
+        out[small] = counts.to(out.dtype)
+        return out
+    lam = torch.where(small, mean, torch.zeros_like(mean)).double()
+    count = _inversion_counts(lam, u.double().expand_as(lam))
+    return torch.where(small, count.to(approx.dtype), approx)
+
+
+def _inversion_counts(lam: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """#{k < POISSON_MAX_COUNT : u > C_k(lam)} elementwise, float64, with the CDF recurrence
+    C_0 = exp(-lam), C_k = C_{k-1} + term_{k-1} lam / k."""
     term = torch.exp(-lam)
     cdf = term.clone()
     count = torch.zeros_like(lam)
     for k in range(1, POISSON_MAX_COUNT + 1):
-        below = uu > cdf
-        count += below.to(count.dtype)
-        term = term * lam / k
-        cdf = cdf + term
-    out = approx.clone()
-    out[small] = count.to(out.dtype)
-    return out
+        count.add_(torch.gt(u, cdf))
+        term.mul_(lam).div_(k)
+        cdf.add_(term)
+    return count
 
 
 def shot_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
@@ -92,8 +110,8 @@ def shot_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
     are not keyed; the sRGB decode/encode is ``perturb.ops._math`` (Kornia on CUDA)."""
     photons = per_sample(p["photons"])
     mean = srgb_to_linear(x) * photons
-    z = _per_sample_normal(x, keys, "shot_noise/normal")
-    u = _per_sample_uniform(x, keys, "shot_noise/uniform", tuple(x.shape[1:]))
+    z = _normal(x, keys, "shot_noise/normal")
+    u = _uniform(x, keys, "shot_noise/uniform", tuple(x.shape[1:]))
     counts = poisson_counts(mean, z, u)
     return linear_to_srgb(counts / photons)
 
@@ -102,7 +120,7 @@ def impulse_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     """Kornia: own kernel: Kornia's ``RandomSaltAndPepperNoise`` draws from torch's global
     generator; this op's uniform field is keyed (``perturb.rng``) so records replay bit for bit."""
     h, w = x.shape[-2:]
-    u = _per_sample_uniform(x, keys, "impulse_noise", (1, h, w))
+    u = _uniform(x, keys, "impulse_noise", (1, h, w))
     half = per_sample(p["amount"]) / 2
     out = torch.where(u < half, torch.zeros_like(x), x)
     return torch.where(u > 1 - half, torch.ones_like(x), out)
@@ -119,13 +137,19 @@ def _scaled_normal_lut(scale: np.float32) -> np.ndarray:
     return rng.normal_lut_numpy() * np.float32(scale)
 
 
-def gaussian_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+def gaussian_noise_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
     sigma = np.float32(p["sigma"])
     if src.dtype == np.uint8:
-        noise = rng.normal_numpy(key, "gaussian_noise", src.size, _scaled_normal_lut(sigma * np.float32(255.0)))
+        noise = rng.normal_numpy(
+            key, "gaussian_noise", src.size, _scaled_normal_lut(sigma * np.float32(255.0))
+        )
         cv2.add(plane2d(src), noise.reshape(-1, src.shape[-1]), dst=plane2d(dst), dtype=cv2.CV_8U)
         return
-    noise = rng.normal_numpy(key, "gaussian_noise", src.size, _scaled_normal_lut(sigma))  # sigma * z
+    noise = rng.normal_numpy(
+        key, "gaussian_noise", src.size, _scaled_normal_lut(sigma)
+    )  # sigma * z
     np.add(src, noise.reshape(src.shape), out=dst)
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
@@ -144,14 +168,18 @@ def speckle_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
     np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
 
 
-def _impulse_masks(h: int, w: int, p: dict[str, np.ndarray], key: int) -> tuple[np.ndarray, np.ndarray]:
+def _impulse_masks(
+    h: int, w: int, p: dict[str, np.ndarray], key: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(pepper, salt) boolean (h, w) masks of the kernel's uniform field."""
     u = rng.uniform_numpy(key, "impulse_noise", h * w).reshape(h, w)
     half = np.float32(p["amount"]) / np.float32(2.0)
     return u < half, u > np.float32(1.0) - half
 
 
-def impulse_sites(h: int, w: int, p: dict[str, np.ndarray], key: int) -> tuple[np.ndarray, np.ndarray]:
+def impulse_sites(
+    h: int, w: int, p: dict[str, np.ndarray], key: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Flat indices of the pixels ``impulse_noise_cpu`` sets to black and to white."""
     pepper, salt = _impulse_masks(h, w, p, key)
     return np.flatnonzero(pepper), np.flatnonzero(salt)
@@ -283,7 +311,11 @@ def _poisson_small_levels(mean_lut: np.ndarray, levels: np.ndarray, m: np.ndarra
 
 
 def _shot_counts(
-    mean: np.ndarray, root: np.ndarray, key: int, levels: np.ndarray | None, mean_lut: np.ndarray | None
+    mean: np.ndarray,
+    root: np.ndarray,
+    key: int,
+    levels: np.ndarray | None,
+    mean_lut: np.ndarray | None,
 ) -> np.ndarray:
     """Poisson counts (float32, flat) for float32 means ``mean`` with ``root = sqrt(mean)``: the
     kernel's normal approximation and, below ``POISSON_EXACT_BELOW``, its exact inversion

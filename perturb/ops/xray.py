@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend, blur, jpeg
+from perturb.ops._fields import normal_fields, uniform_fields
 from perturb.ops._math import lut_u8, per_sample, shorter_side
 from perturb.ops.noise import (
     POISSON_EXACT_BELOW,
@@ -275,9 +276,9 @@ def xray_quantum_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequen
     Kornia: own kernel: Kornia has no Poisson-plus-electronic detector noise, and its random ops are
     not keyed (``perturb.rng`` fields replay bit for bit)."""
     shape = tuple(x.shape[1:])
-    z = torch.stack([rng.normal_field(k, "xray_quantum/normal", shape, x.device) for k in keys])
-    u = torch.stack([rng.uniform_field(k, "xray_quantum/uniform", shape, x.device) for k in keys])
-    ze = torch.stack([rng.normal_field(k, "xray_quantum/electronic", shape, x.device) for k in keys])
+    z = normal_fields(keys, "xray_quantum/normal", shape, x.device)  # each: the whole batch at once
+    u = uniform_fields(keys, "xray_quantum/uniform", shape, x.device)
+    ze = normal_fields(keys, "xray_quantum/electronic", shape, x.device)
     quanta = pixel_quanta(per_sample(p["dose"]).double(), shorter_side(x))
     mean = (detector_signal(x) * quanta).float()
     read = per_sample(p["electronic"]).double() * (REFERENCE_SIDE / shorter_side(x))
@@ -418,17 +419,48 @@ def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     Kornia: own kernel, because Kornia's ``box_blur`` convolves a (2r + 1)-tap kernel
     per axis (O(r) per pixel; r is about sigma, 6-12 % of the shorter side here) while
     ``_box_torch`` is a float64 cumulative sum (O(1) per pixel, the same values within 1e-14):
-    one pass pair at r = 60 on a 512x512 CPU plane took 24 ms here, Kornia's 807 ms."""
-    out = []
+    one pass pair at r = 60 on a 512x512 CPU plane took 24 ms here, Kornia's 807 ms (and
+    Kornia's kernel size is one per call, while the radius here is per sample). The batch runs
+    as one computation: ``_box_batch`` reads each sample's window sums at its own radius."""
     side = shorter_side(x)
-    for i in range(x.shape[0]):
-        lin = to_linear(x[i : i + 1])
-        r = box_radius(float(p["sigma"][i]) * side, min(x.shape[-2], x.shape[-1]))
-        g = lin
-        for _ in range(3):
-            g = _box_torch(_box_torch(g, r, -1), r, -2)
-        out.append(to_display(lin + float(p["fraction"][i]) * g, x))
-    return torch.cat(out)
+    lin = to_linear(x)
+    r = box_radii(per_sample(p["sigma"]).double() * side, side)
+    g = lin
+    for _ in range(3):
+        g = _box_batch(_box_batch(g, r, -1), r, -2)
+    return to_display(lin + per_sample(p["fraction"]).double() * g, x)
+
+
+def box_radii(sigma_px: torch.Tensor, size: int) -> torch.Tensor:
+    """``box_radius`` of each sample, (B,1,1,1) int64 from (B,1,1,1) float64 sigmas (the same
+    float64 square root and half-to-even rounding)."""
+    width = torch.sqrt(4.0 * sigma_px * sigma_px + 1.0)
+    return torch.round((width - 1.0) / 2.0).clamp_(1, size - 1).to(torch.int64)
+
+
+def _box_batch(i: torch.Tensor, r: torch.Tensor, dim: int) -> torch.Tensor:
+    """``_box_torch`` of a (B,1,H,W) float64 batch with a radius per sample (``r``: (B,1,1,1)
+    int64, below the length along ``dim``): one cumulative sum of the batch, and each sample's
+    window sums read at its own offsets, the parts of a window past an edge read where
+    BORDER_REFLECT_101 takes them from (no padding, whatever the radii; the same sums as
+    ``_box_torch`` within float64 rounding)."""
+    n = i.shape[dim]
+    c = torch.cumsum(i, dim=dim)
+    c = torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c], dim=dim)  # c[k]: sum of i[:k]
+    size = list(i.shape)
+
+    def at(index: torch.Tensor) -> torch.Tensor:  # c at per-sample offsets along dim
+        return torch.gather(c, dim, index.expand(size))
+
+    shape = [1, 1, 1, 1]
+    shape[dim] = n
+    x = torch.arange(n, device=i.device).view(shape)
+    lo, hi = x - r, x + r
+    inside = at(hi.clamp(max=n - 1) + 1) - at(lo.clamp(min=0))
+    before = (-lo).clamp_(min=0)  # window elements before index 0: mirrored to 1 .. before
+    past = (hi - (n - 1)).clamp_(min=0)  # ... after index n - 1: mirrored to n-1-past .. n-2
+    mirrored = (at(before + 1) - c.narrow(dim, 1, 1)) + (c.narrow(dim, n - 1, 1) - at(n - 1 - past))
+    return (inside + mirrored) / (2 * r + 1).to(i.dtype)
 
 
 @backend.register_cpu("xray_scatter", dtypes=_NATIVE)
@@ -576,11 +608,19 @@ def xray_monochrome1(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 # Overlays rendered on the host (integer rasterisation, identical for CPU and CUDA)
 
 
-def _blend(x: torch.Tensor, masks: list[np.ndarray], values: list[np.ndarray]) -> torch.Tensor:
-    """``v (1 - m) + value m`` per sample with host-rendered float32 masks (H, W)."""
-    m = torch.from_numpy(np.stack(masks)[:, None]).to(x.device)
-    val = torch.from_numpy(np.stack(values)[:, None]).to(x.device)
-    return (x * (1.0 - m) + val * m).clamp_(0.0, 1.0)
+def _blend(x: torch.Tensor, masks: list[np.ndarray], value: torch.Tensor | float) -> torch.Tensor:
+    """``v (1 - m) + value m`` with one host-rendered float32 mask (H, W) per sample, uploaded
+    as one (B,1,H,W) stack; ``value``: (B,) per sample, or one number."""
+    m = torch.from_numpy(np.stack(masks)).unsqueeze(1).to(x.device)
+    paint = per_sample(value) if isinstance(value, torch.Tensor) else value
+    return (x * (1.0 - m) + paint * m).clamp_(0.0, 1.0)
+
+
+def _host_rows(p: dict[str, torch.Tensor], names: Sequence[str]) -> list[list[float]]:
+    """The named (B,) parameters as one host list per sample, read in one transfer: the overlay
+    ops rasterise with OpenCV on the host, which needs the values (one round trip per batch,
+    whatever its size)."""
+    return torch.stack([p[name] for name in names], dim=1).tolist()
 
 
 _PROJECTIONS = ("PA ERECT", "AP SUPINE", "AP ERECT", "AP SITTING", "PA INSP", "AP PORTABLE")
@@ -645,15 +685,17 @@ def xray_burned_text(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     grows with severity and the first lines of a sample are the same at every severity.
 
     Kornia: own kernel: the glyph masks are rendered on the host (OpenCV text, identical on every
-    device) and blended in one pass; Kornia has no text rendering."""
+    device, the CPU path's pixels bit for bit) from one read of the batch's parameters, and
+    blended in one pass; Kornia has no text rendering. A glyph bitmap scaled on the device would
+    not be OpenCV's anti-aliased strokes at the sample's continuous height."""
     h, w = x.shape[-2:]
     side = min(h, w)
-    masks, values = [], []
-    for i, k in enumerate(keys):
-        n = round(float(p["lines"][i]))
-        masks.append(text_mask(h, w, _text_lines(int(k), n), float(p["height"][i]) * side))
-        values.append(np.full((h, w), float(p["value"][i]), dtype=np.float32))
-    return _blend(x, masks, values)
+    rows = _host_rows(p, ("lines", "height"))
+    masks = [
+        text_mask(h, w, _text_lines(int(k), round(lines)), height * side)
+        for k, (lines, height) in zip(keys, rows, strict=True)
+    ]
+    return _blend(x, masks, p["value"])
 
 
 @backend.register_cpu("xray_burned_text", dtypes=_NATIVE)
@@ -701,17 +743,16 @@ def xray_laterality_marker(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Se
     """A radiopaque "L"/"R" marker in a top corner; the letter is keyed and need not match the
     anatomy (a wrong or misplaced marker is the failure mode it probes).
 
-    Kornia: own kernel: the marker mask is rendered on the host (identical on every device) and
-    blended in one pass; Kornia has no text rendering."""
+    Kornia: own kernel: the marker mask is rendered on the host (identical on every device, the
+    CPU path's pixels bit for bit) from one read of the batch's parameters, and blended in one
+    pass; Kornia has no text rendering."""
     h, w = x.shape[-2:]
     side = min(h, w)
-    masks, values = [], []
-    for i in range(x.shape[0]):
-        letter = "R" if float(p["letter_r"][i]) > 0.5 else "L"
-        m, v = marker_mask(h, w, letter, float(p["size"][i]) * side, float(p["right_corner"][i]) > 0.5)
-        masks.append(m)
-        values.append(v)
-    return _blend(x, masks, values)
+    masks = [
+        marker_mask(h, w, "R" if letter_r > 0.5 else "L", size * side, right > 0.5)[0]
+        for size, letter_r, right in _host_rows(p, ("size", "letter_r", "right_corner"))
+    ]
+    return _blend(x, masks, 1.0)  # the marker's value image is all ones
 
 
 @backend.register_cpu("xray_laterality_marker", dtypes=_NATIVE)
@@ -756,13 +797,28 @@ def xray_collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     Kornia: own kernel: no Kornia equivalent (a host-rendered shutter mask with penumbra, blended in
     one pass)."""
     h, w = x.shape[-2:]
-    masks, values = [], []
-    for i in range(x.shape[0]):
-        masks.append(
-            collimation_mask(h, w, float(p["left"][i]), float(p["right"][i]), float(p["top"][i]), float(p["bottom"][i]))
-        )
-        values.append(np.full((h, w), float(p["white"][i]), dtype=np.float32))
-    return _blend(x, masks, values)
+    mask = collimation_masks(h, w, p, x.device)
+    return (x * (1.0 - mask) + per_sample(p["white"]) * mask).clamp_(0.0, 1.0)
+
+
+def collimation_masks(
+    h: int, w: int, p: dict[str, torch.Tensor], device: torch.device
+) -> torch.Tensor:
+    """``collimation_mask`` of every sample at once, (B,1,H,W) float32: the same float64
+    operations on the (B,) blade positions (bit for bit)."""
+    pen = max(PENUMBRA * min(h, w), 1.0)
+    xs = (torch.arange(w, dtype=torch.float64, device=device) + 0.5).view(1, 1, 1, w)
+    ys = (torch.arange(h, dtype=torch.float64, device=device) + 0.5).view(1, 1, h, 1)
+
+    def ramp(d: torch.Tensor) -> torch.Tensor:  # d: signed distance into the shutter, px
+        return (0.5 + d / pen).clamp_(0.0, 1.0)
+
+    def blade(name: str) -> torch.Tensor:
+        return per_sample(p[name]).double()
+
+    mx = torch.maximum(ramp(blade("left") * w - xs), ramp(xs - (1.0 - blade("right")) * w))
+    my = torch.maximum(ramp(blade("top") * h - ys), ramp(ys - (1.0 - blade("bottom")) * h))
+    return torch.maximum(mx, my).to(torch.float32)
 
 
 @backend.register_cpu("xray_collimation", dtypes=_NATIVE)
@@ -793,15 +849,71 @@ def xray_motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
     """Patient motion during the exposure: a line PSF (perturb.ops.blur.line_psf) applied to
     the linear fluence, which is what the detector integrates.
 
-    Kornia: ``kornia.filters.filter2d`` with ``perturb.ops.blur.line_psf`` (through
-    ``blur._conv_torch``; see ``motion_blur`` for why not Kornia's motion kernel)."""
+    Kornia: ``kornia.filters.fft_conv`` (reflected borders) with per-sample PSFs, ``(B, K, K)``:
+    ``perturb.ops.blur.line_psf``'s (see ``motion_blur`` for why not Kornia's motion kernel),
+    built for the whole batch on the device (``line_psfs``) at one size, that of the longest
+    PSF a recorded length can ask for, which the FFT's cost barely feels (``filter2d`` would
+    sum about 25,000 taps a pixel at a 1024 px side)."""
+    import kornia  # lazily: only the torch path needs it
+
     side = shorter_side(x)
-    out = []
-    for i in range(x.shape[0]):
-        psf = blur.line_psf(float(p["length"][i]) * side, float(p["angle"][i]))
-        lin = to_linear(x[i]).float()
-        out.append(to_display(blur._conv_torch(lin, psf).double(), x))
-    return torch.stack(out)
+    # the longest PSF a recorded length can ask for (the catalog's bound, with room for the
+    # float32 rounding of a recorded value; a longer one given directly is cut to it), and its
+    # radius as ``blur._crop_psf`` crops it: one kernel size and one point list serve every sample
+    bound = MAX_MOTION_LENGTH * (1.0 + 1e-6)
+    most = max(bound * side, 1.0)
+    radius = min(side - 1, math.ceil(most / 2.0) + 1)
+    length = p["length"].double().clamp(max=bound) * side
+    psf = line_psfs(length, p["angle"].double(), radius, side - 1, most)
+    out = kornia.filters.fft_conv(to_linear(x), psf, border_type="reflect")
+    return to_display(out, x)
+
+
+MAX_MOTION_LENGTH = 0.15  # the catalog's upper bound of xray_motion_blur's length (shorter sides)
+_SPLAT_ONE = float(1 << 32)  # fixed-point unit of the PSF splat: integer sums, in any order
+
+
+def line_psfs(
+    length_px: torch.Tensor, angle_deg: torch.Tensor, radius: int, reach: int, most: float
+) -> torch.Tensor:
+    """``blur.line_psf`` of each sample (lengths ``length_px`` and angles ``angle_deg``, (B,)
+    float64), cropped to offsets of at most ``reach`` px and renormalised as ``blur._crop_psf``
+    does, centred in one (B, 2 radius + 1, 2 radius + 1) float64 stack (``radius``: at least
+    every sample's cropped radius). ``most``: a bound of every length (px), which sizes the point
+    list (each sample's points beyond its own count weigh nothing). The same points and bilinear
+    weights as ``line_psf``; the splat sums fixed-point integers, so its result does not depend
+    on the order of the additions (exact on any device)."""
+    size = 2 * radius + 1
+    device = length_px.device
+    length = length_px.clamp_min(1.0).view(-1, 1)
+    half = torch.ceil(length / 2.0) + 1.0
+    count = torch.clamp_min(torch.ceil(length * 4.0) + 1.0, 2.0)  # points of each sample
+    j = torch.arange(max(2, math.ceil(most * 4.0) + 1), dtype=torch.float64, device=device)
+    # numpy.linspace(-L / 2, L / 2, n): j * step + start, the last point exactly at the stop
+    t = j * (length / (count - 1.0)) + (-length / 2.0)
+    t = torch.where(j == count - 1.0, length / 2.0, t)
+    theta = angle_deg.view(-1, 1) * (math.pi / 180.0)
+    px = half + t * torch.cos(theta)
+    py = half - t * torch.sin(theta)
+    x0, y0 = torch.floor(px), torch.floor(py)
+    fx, fy = px - x0, py - y0
+    live = j < count
+    index, weight = [], []
+    for dx, dy, wt in (
+        (0, 0, (1 - fx) * (1 - fy)),
+        (1, 0, fx * (1 - fy)),
+        (0, 1, (1 - fx) * fy),
+        (1, 1, fx * fy),
+    ):
+        ox, oy = x0 + dx - half, y0 + dy - half  # offsets from the PSF's centre
+        kept = live & (ox.abs() <= reach) & (oy.abs() <= reach)
+        index.append(torch.where(kept, (oy + radius) * size + (ox + radius), 0.0))
+        weight.append(wt * kept.to(torch.float64))
+    taps = torch.round(torch.cat(weight, dim=1) * _SPLAT_ONE).to(torch.int64)
+    flat = torch.zeros(length.shape[0], size * size, dtype=torch.int64, device=device)
+    flat.scatter_add_(1, torch.cat(index, dim=1).to(torch.int64), taps)
+    psf = flat.to(torch.float64)
+    return (psf / psf.sum(dim=1, keepdim=True)).view(-1, size, size)
 
 
 @backend.register_cpu("xray_motion_blur", dtypes=_NATIVE)

@@ -50,6 +50,16 @@ appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004))
   and portable films): the doubled skin adds attenuation that ends in a sharp curvilinear edge
   over the lateral lung and fades away from it, the classic pneumothorax mimic (lung markings
   continue across it).
+
+Torch path (what runs on CUDA): each op is one batched computation over the batch, its
+per-sample parameters used as (B, ...) tensors and never read back to the host. Keyed fields
+come from ``batch_uniform`` / ``batch_normal`` (the rows are ``perturb.rng``'s per-sample fields
+bit for bit), box filters with per-sample radii from ``box_mean`` (one cumulative sum), the
+rotation from one ``warp_perspective`` call with (B, 3, 3) matrices. Devices and foreign objects
+are drawn with OpenCV's anti-aliased primitives; their canvases depend on the key alone, so
+they are drawn on the host from the (host-side) keys and selected and scaled on the device by
+the ``items`` and ``opacity`` tensors. The CPU path of every op is the per-sample code whose
+bytes the golden outputs pin; the torch path gives the same values (the rotation within 5e-5).
 """
 
 from __future__ import annotations
@@ -115,6 +125,65 @@ def _accumulate(total: np.ndarray, canvas: np.ndarray, attenuation: float) -> No
     total += canvas.astype(np.float32) * np.float32(attenuation / 255.0)
 
 
+ITEMS = 8  # the most devices / foreign objects a film gets (the catalog's bound on ``items``)
+
+
+class _Layers:
+    """One film's drawn objects: uint8 canvases (255 = fully covered) in drawing order, each
+    with the item it belongs to and its attenuation at opacity 1 (display units). The items
+    come in a fixed order per film, so a film's first ``n`` items are the same at every
+    severity and every ``items`` count: drawing all of them once serves any ``items``."""
+
+    def __init__(self, h: int, w: int) -> None:
+        self.shape = (h, w)
+        self.item = 0
+        self.canvases: list[np.ndarray] = []
+        self.items: list[int] = []
+        self.attenuations: list[float] = []
+
+    def add(self, canvas: np.ndarray, attenuation: float) -> None:
+        self.canvases.append(canvas)
+        self.items.append(self.item)
+        self.attenuations.append(attenuation)
+
+    def total(self, opacity: float) -> np.ndarray:
+        """``sum attenuation * opacity * canvas / 255`` (float32, in drawing order)."""
+        total = np.zeros(self.shape, dtype=np.float32)
+        for canvas, attenuation in zip(self.canvases, self.attenuations, strict=True):
+            _accumulate(total, canvas, attenuation * opacity)
+        return total
+
+
+def _add_layers(x: torch.Tensor, p: dict[str, torch.Tensor], films: list[_Layers]) -> torch.Tensor:
+    """``clip(v + a)`` for the whole batch, ``a`` the sum of each film's canvases of its first
+    ``items`` items at its ``opacity`` (both (B,) tensors, never read back to the host). The
+    canvases are drawn on the host from the keys alone (the items and opacity select and
+    scale them); they travel as one (K, B, H, W) uint8 stack padded with empty canvases, and
+    are summed in drawing order in float32, the host's ``_Layers.total`` value for value."""
+    b = x.shape[0]
+    h, w = x.shape[-2:]
+    k = max((len(f.canvases) for f in films), default=0)
+    canvases = np.zeros((k, b, h, w), dtype=np.uint8)
+    items = np.full((b, k), ITEMS, dtype=np.int64)  # padding: never among the first ``items``
+    attenuations = np.zeros((b, k), dtype=np.float64)
+    for i, film in enumerate(films):
+        n = len(film.canvases)
+        if n:
+            canvases[:n, i] = np.stack(film.canvases)
+        items[i, :n] = film.items
+        attenuations[i, :n] = film.attenuations
+    dev = x.device
+    drawn = torch.from_numpy(canvases).to(dev)
+    chosen = torch.from_numpy(items).to(dev) < torch.round(p["items"]).view(b, 1)
+    opacity = p["opacity"].double().view(b, 1)
+    weights = ((torch.from_numpy(attenuations).to(dev) * opacity) / 255.0).to(torch.float32)
+    weights = weights * chosen.to(torch.float32)
+    total = torch.zeros(b, h, w, dtype=torch.float32, device=dev)
+    for j in range(k):  # k is the op's canvas count per film, not the batch size
+        total = total + drawn[j].to(torch.float32) * weights[:, j].view(b, 1, 1)
+    return (x + total.unsqueeze(1)).clamp_(0.0, 1.0)
+
+
 def _curve(points: np.ndarray, n: int = 48) -> np.ndarray:
     """A smooth polyline (Catmull-Rom through ``points``, (k, 2) float) as int32 (n, 1, 2)."""
     pts = np.asarray(points, dtype=np.float64)
@@ -137,6 +206,85 @@ def _curve(points: np.ndarray, n: int = 48) -> np.ndarray:
             )
     out.append(pts[-1])
     return np.round(np.array(out)).astype(np.int32).reshape(-1, 1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched torch-path helpers: keyed fields and box means for a whole batch in one pass
+
+
+def _mix_bits(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
+    """``perturb.rng``'s counter hash (two rounds of a xorshift-multiply mixer) on int64
+    tensors that broadcast: ``counter`` (1, n) against per-sample key halves (B, 1)."""
+    mask = 0xFFFFFFFF
+    mult = 0x045D9F3B
+    v = counter ^ k0
+    v = v ^ (v >> 16)
+    v = (v * mult) & mask
+    v = v ^ k1
+    v = v ^ (v >> 16)
+    v = (v * mult) & mask
+    v = v ^ (v >> 16)
+    v = (v * mult) & mask
+    return v ^ (v >> 16)
+
+
+def batch_bits(keys: Sequence[int], stream: str, n: int, device: torch.device) -> torch.Tensor:
+    """(B, n) uniform 32-bit integers (int64): row ``i`` is ``rng.hash_bits(keys[i], stream,
+    n)``, all rows in one pass. The stream keys are derived on the host from the host-side
+    keys (no device read)."""
+    halves = [
+        (k & 0xFFFFFFFF, (k >> 32) & 0xFFFFFFFF)
+        for k in (rng.sub_key(int(k), stream) for k in keys)
+    ]
+    k = torch.tensor(halves, dtype=torch.int64, device=device).view(-1, 2, 1)
+    counter = torch.arange(n, dtype=torch.int64, device=device).view(1, n)
+    return _mix_bits(counter, k[:, 0], k[:, 1])
+
+
+def batch_uniform(
+    keys: Sequence[int], stream: str, shape: tuple[int, ...], device: torch.device
+) -> torch.Tensor:
+    """(B, *shape) float32: row ``i`` is ``rng.uniform_field(keys[i], stream, shape)`` bit for
+    bit, the whole batch in one pass."""
+    bits = batch_bits(keys, stream, math.prod(shape), device)
+    u = (bits >> 8).to(torch.float32) * (2.0**-24) + 2.0**-25
+    return u.view(len(keys), *shape)
+
+
+def batch_normal(
+    keys: Sequence[int], stream: str, shape: tuple[int, ...], device: torch.device
+) -> torch.Tensor:
+    """(B, *shape) float32: row ``i`` is ``rng.normal_field(keys[i], stream, shape)`` bit for
+    bit (low half-words first, then the high ones, through the same inverse-CDF table)."""
+    n = math.prod(shape)
+    bits = batch_bits(keys, stream, (n + 1) // 2, device)
+    idx = torch.cat([bits & 0xFFFF, bits >> 16], dim=1)[:, :n]
+    return rng._normal_lut(str(device))[idx].view(len(keys), *shape)
+
+
+def box_mean(v: torch.Tensor, r: torch.Tensor, dim: int) -> torch.Tensor:
+    """Box mean of width ``2 r + 1`` along ``dim`` (-1 or -2) of a (B, C, H, W) float64 batch
+    with a per-sample radius ``r`` ((B,) int64, 0 <= r <= size - 1), reflected borders
+    (BORDER_REFLECT_101, as ``_box_torch``), from one cumulative sum ``P`` (``P[m]`` the sum
+    of the first ``m`` values): the window's in-range part ``P[min(j + r, n - 1) + 1] -
+    P[max(j - r, 0)]`` plus its reflected parts, ``P[k + 1] - P[1]`` for the ``k`` values
+    reflected at the start and ``P[n - 1] - P[n - 1 - k]`` for those at the end."""
+    n = v.shape[dim]
+    b = v.shape[0]
+    c = torch.cumsum(v, dim=dim)
+    prefix = torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c], dim=dim)  # n + 1 entries
+    j = torch.arange(n, device=v.device).view(1, n)
+    rr = r.view(b, 1)
+    lo, hi = j - rr, j + rr
+    shape = (b, 1, 1, n) if dim == -1 else (b, 1, n, 1)
+
+    def at(index: torch.Tensor) -> torch.Tensor:
+        return torch.take_along_dim(prefix, index.view(shape), dim=dim)
+
+    total = at(hi.clamp(max=n - 1) + 1) - at(lo.clamp(min=0))
+    total = total + (at((-lo).clamp(min=0) + 1) - prefix.narrow(dim, 1, 1))
+    total = total + (prefix.narrow(dim, n - 1, 1) - at(n - 1 - (hi - (n - 1)).clamp(min=0)))
+    return total / (2 * r + 1).to(v.dtype).view(b, 1, 1, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,6 +322,70 @@ def forward_homography(degrees: float, pivot: float, width: int, height: int) ->
     to_pixels = np.array([[1 / cm, 0, cx], [0, 1 / cm, cy], [0, 0, 1]])
     h = to_pixels @ rot @ to_plane
     return h / h[2, 2]
+
+
+def forward_homographies(
+    degrees: torch.Tensor, pivot: torch.Tensor, width: int, height: int
+) -> torch.Tensor:
+    """``forward_homography`` of every sample at once: (B, 3, 3) float64 from (B,) tensors."""
+    side = min(width, height)
+    cm = FIELD_CM / side
+    cx, cy = width / 2.0, height / 2.0
+    d, z0, zp = SID_CM, MIDPLANE_CM, SPINE_CM
+    xp = pivot.double() * width * cm
+    angle = degrees.double() * (math.pi / 180.0)
+    c, s = torch.cos(angle), torch.sin(angle)
+    shrink = cm * (d - z0) / d
+    to_plane = torch.tensor(
+        [[shrink, 0.0, -cx * shrink], [0.0, shrink, -cy * shrink], [0.0, 0.0, 1.0]],
+        dtype=torch.float64,
+        device=degrees.device,
+    )
+    to_pixels = torch.tensor(
+        [[1 / cm, 0.0, cx], [0.0, 1 / cm, cy], [0.0, 0.0, 1.0]],
+        dtype=torch.float64,
+        device=degrees.device,
+    )
+    zero, one = torch.zeros_like(c), torch.ones_like(c)
+    rot = torch.stack(
+        [
+            c * d,
+            zero,
+            (xp - xp * c - (z0 - zp) * s) * d,
+            zero,
+            one * d,
+            zero,
+            -s,
+            zero,
+            d - zp + xp * s - (z0 - zp) * c,
+        ],
+        dim=-1,
+    ).view(-1, 3, 3)
+    h = to_pixels @ rot @ to_plane
+    return h / h[:, 2:3, 2:3]
+
+
+def _inverse3(m: torch.Tensor) -> torch.Tensor:
+    """Inverses of a (B, 3, 3) stack through the adjugate (elementwise: no solver, no sync)."""
+    a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
+    d, e, f = m[:, 1, 0], m[:, 1, 1], m[:, 1, 2]
+    g, h, i = m[:, 2, 0], m[:, 2, 1], m[:, 2, 2]
+    adj = torch.stack(
+        [
+            e * i - f * h,
+            c * h - b * i,
+            b * f - c * e,
+            f * g - d * i,
+            a * i - c * g,
+            c * d - a * f,
+            d * h - e * g,
+            b * g - a * h,
+            a * e - b * d,
+        ],
+        dim=-1,
+    ).view(-1, 3, 3)
+    det = a * adj[:, 0, 0] + b * adj[:, 1, 0] + c * adj[:, 2, 0]
+    return adj / det.view(-1, 1, 1)
 
 
 def _rotation_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -241,45 +453,53 @@ def xray_patient_rotation(
 ) -> torch.Tensor:
     """Oblique projection of a rotated patient (see the module docstring).
 
-    Kornia: ``kornia.geometry.transform.warp_perspective`` on the torch path (bicubic; within
-    8e-5 of the reference, 2-3x faster on CPU); the CPU path (there is no OpenCV one) keeps
-    ``warp_homography``'s float64 sampling grid, whose bytes the golden outputs pin."""
+    Kornia: ``kornia.geometry.transform.warp_perspective`` on the torch path, one call for
+    the batch with its (B, 3, 3) matrices (bicubic; within 8e-5 of the reference, 2-3x faster
+    on CPU); the CPU path (there is no OpenCV one) keeps ``warp_homography``'s float64 sampling
+    grid, whose bytes the golden outputs pin."""
     h, w = x.shape[-2:]
-    forwards = [
-        forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
-        for i in range(x.shape[0])
-    ]
+
+    def host() -> torch.Tensor:
+        forwards = [
+            forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
+            for i in range(x.shape[0])
+        ]
+        return torch.stack(
+            [warp_homography(x[i], np.linalg.inv(f)) for i, f in enumerate(forwards)]
+        )
+
     return backend.by_path(
         x,
-        host=lambda: torch.stack(
-            [warp_homography(x[i], np.linalg.inv(f)) for i, f in enumerate(forwards)]
-        ),
-        device=lambda: torch.stack(
-            [_warp_homography_kornia(x[i], f) for i, f in enumerate(forwards)]
+        host=host,
+        device=lambda: _warp_homographies_kornia(
+            x, forward_homographies(p["degrees"], p["pivot"], w, h)
         ),
     )
 
 
-def _warp_homography_kornia(sample: torch.Tensor, forward: np.ndarray) -> torch.Tensor:
-    """``warp_homography`` through Kornia: ``forward`` (input -> output, continuous pixel
-    coordinates) moved to pixel-index coordinates (centres at integers), bicubic with border
-    padding, then 0 outside the film (the same float64 test as ``warp_homography``)."""
+def _warp_homographies_kornia(x: torch.Tensor, forwards: torch.Tensor) -> torch.Tensor:
+    """``warp_homography`` of a batch through Kornia: ``forwards`` ((B, 3, 3) float64, input
+    -> output, continuous pixel coordinates) moved to pixel-index coordinates (centres at
+    integers), bicubic with border padding, then 0 outside the film (the same float64 test
+    as ``warp_homography``)."""
     import kornia  # lazily: only the torch path needs it
 
-    _c, h, w = sample.shape
-    to_index = np.array([[1.0, 0.0, -0.5], [0.0, 1.0, -0.5], [0.0, 0.0, 1.0]])
-    from_index = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
-    matrix = torch.from_numpy(to_index @ forward @ from_index).to(sample.device, sample.dtype)
+    b = x.shape[0]
+    h, w = x.shape[-2:]
+    shift = torch.eye(3, dtype=torch.float64, device=x.device)
+    to_index, from_index = shift.clone(), shift.clone()
+    to_index[:2, 2], from_index[:2, 2] = -0.5, 0.5
+    matrices = (to_index @ forwards @ from_index).to(x.dtype)
     out = kornia.geometry.transform.warp_perspective(
-        sample[None],
-        matrix[None],
-        (h, w),
-        mode="bicubic",
-        padding_mode="border",
-        align_corners=True,
-    )[0]
-    px, py = _source_positions(np.linalg.inv(forward), h, w, sample.device)
-    inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
+        x, matrices, (h, w), mode="bicubic", padding_mode="border", align_corners=True
+    )
+    m = _inverse3(forwards).view(b, 3, 3, 1, 1)
+    ys = (torch.arange(h, dtype=torch.float64, device=x.device) + 0.5).view(1, h, 1)
+    xs = (torch.arange(w, dtype=torch.float64, device=x.device) + 0.5).view(1, 1, w)
+    den = m[:, 2, 0] * xs + m[:, 2, 1] * ys + m[:, 2, 2]
+    px = (m[:, 0, 0] * xs + m[:, 0, 1] * ys + m[:, 0, 2]) / den
+    py = (m[:, 1, 0] * xs + m[:, 1, 1] * ys + m[:, 1, 2]) / den
+    inside = ((px >= 0) & (px < w) & (py >= 0) & (py < h)).view(b, 1, h, w)
     return (out * inside.to(out.dtype)).clamp_(0.0, 1.0)
 
 
@@ -308,7 +528,11 @@ def penetration(
     var_new = torch.exp(v_new * MU) / (MU * MU * q_new)
     extra = (var_new - m * m * var_old).clamp_(min=0.0).sqrt_()
     shape = tuple(x.shape[1:])
-    z = torch.stack([rng.normal_field(k, stream, shape, x.device) for k in keys]).double()
+    z = backend.by_path(
+        x,
+        host=lambda: torch.stack([rng.normal_field(k, stream, shape, x.device) for k in keys]),
+        device=lambda: batch_normal(keys, stream, shape, x.device),
+    ).double()
     return (v_new + extra * z).clamp_(0.0, 1.0).to(x.dtype)
 
 
@@ -344,39 +568,43 @@ def _level_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 
 def _ecg_electrode(
-    total: np.ndarray,
+    layers: _Layers,
     g: np.random.Generator,
     side: int,
     cx: float,
     cy: float,
     edge: tuple[float, float],
-    opacity: float,
 ) -> None:
-    h, w = total.shape
+    h, w = layers.shape
     r = max(2, _frac_px(0.02, side))
     canvas = _canvas(h, w)
     centre = (round(cx * w), round(cy * h))
     cv2.circle(canvas, centre, r, 255, max(1, _frac_px(0.004, side)), cv2.LINE_AA)
-    _accumulate(total, canvas, 0.10 * opacity)  # foam pad rim with its gel disc
+    layers.add(canvas, 0.10)  # foam pad rim with its gel disc
     canvas = _canvas(h, w)
     cv2.circle(canvas, centre, max(1, _frac_px(0.006, side)), 255, -1, cv2.LINE_AA)
-    _accumulate(total, canvas, 0.35 * opacity)  # metal snap
+    layers.add(canvas, 0.35)  # metal snap
     canvas = _canvas(h, w)
     mid = (cx + edge[0]) / 2 + g.uniform(-0.06, 0.06), (cy + edge[1]) / 2 + g.uniform(-0.06, 0.06)
     pts = np.array([[cx * w, cy * h], [mid[0] * w, mid[1] * h], [edge[0] * w, edge[1] * h]])
     cv2.polylines(canvas, [_curve(pts)], False, 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
-    _accumulate(total, canvas, 0.08 * opacity)  # lead wire (copper in insulation)
+    layers.add(canvas, 0.08)  # lead wire (copper in insulation)
 
 
 def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndarray:
     """Attenuation (display units, float32 H x W) of the first ``items`` devices of this film's
-    keyed set, in clinical order: two ECG electrodes, two more, a right internal jugular
-    central venous catheter, an endotracheal tube, a nasogastric tube, a left pectoral
-    pacemaker with its right-ventricular lead. Positions are jittered per film, the same at
-    every severity."""
+    keyed set at ``opacity`` (see ``device_layers``)."""
+    return device_layers(key, h, w, items).total(opacity)
+
+
+def device_layers(key: int, h: int, w: int, items: int) -> _Layers:
+    """The canvases of the first ``items`` devices of this film's keyed set, in clinical
+    order: two ECG electrodes, two more, a right internal jugular central venous catheter, an
+    endotracheal tube, a nasogastric tube, a left pectoral pacemaker with its
+    right-ventricular lead. Positions are jittered per film, the same at every severity."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_support_devices"))
     side = min(h, w)
-    total = np.zeros((h, w), dtype=np.float32)
+    layers = _Layers(h, w)
     j = [g.uniform(-0.03, 0.03, size=2) for _ in range(8)]  # one jitter per item, always drawn
     electrodes = [
         ((0.18, 0.12), (0.0, 0.05)),
@@ -386,16 +614,19 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
     ]
     for i in range(min(items, 4)):
         (ex, ey), edge = electrodes[i]
-        _ecg_electrode(total, g, side, ex + j[i][0], ey + j[i][1], edge, opacity)
+        layers.item = i
+        _ecg_electrode(layers, g, side, ex + j[i][0], ey + j[i][1], edge)
     thin = max(1, _frac_px(0.004, side))
     if items >= 5:  # CVC: right IJ (image left) down the brachiocephalic vein to the SVC
+        layers.item = 4
         canvas = _canvas(h, w)
         pts = np.array(
             [[0.36, 0.0], [0.38, 0.12], [0.44, 0.22], [0.47 + j[4][0] / 3, 0.32 + j[4][1]]]
         )
         cv2.polylines(canvas, [_curve(pts * [w, h])], False, 255, thin, cv2.LINE_AA)
-        _accumulate(total, canvas, 0.16 * opacity)
+        layers.add(canvas, 0.16)
     if items >= 6:  # ET tube: two walls and a radiopaque stripe, tip above the carina
+        layers.item = 5
         canvas = _canvas(h, w)
         tip = 0.22 + j[5][1]
         half = 0.008
@@ -408,7 +639,7 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
                 thin,
                 cv2.LINE_AA,
             )
-        _accumulate(total, canvas, 0.06 * opacity)
+        layers.add(canvas, 0.06)
         canvas = _canvas(h, w)
         cv2.line(
             canvas,
@@ -418,8 +649,9 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
             thin,
             cv2.LINE_AA,
         )
-        _accumulate(total, canvas, 0.14 * opacity)
+        layers.add(canvas, 0.14)
     if items >= 7:  # NG tube: midline down the oesophagus, across to the gastric fundus
+        layers.item = 6
         canvas = _canvas(h, w)
         pts = np.array(
             [[0.5, 0.0], [0.49, 0.3], [0.5, 0.6], [0.56, 0.82], [0.64 + j[6][0], 0.9 + j[6][1] / 2]]
@@ -427,8 +659,9 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
         cv2.polylines(
             canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.006, side)), cv2.LINE_AA
         )
-        _accumulate(total, canvas, 0.16 * opacity)
+        layers.add(canvas, 0.16)
     if items >= 8:  # pacemaker: left pectoral generator, lead to the right-ventricular apex
+        layers.item = 7
         canvas = _canvas(h, w)
         gx, gy = 0.74 + j[7][0], 0.17 + j[7][1]
         cv2.ellipse(
@@ -442,7 +675,7 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
             -1,
             cv2.LINE_AA,
         )
-        _accumulate(total, canvas, 0.55 * opacity)  # titanium can with battery
+        layers.add(canvas, 0.55)  # titanium can with battery
         canvas = _canvas(h, w)
         pts = np.array(
             [[gx - 0.04, gy], [0.6, 0.16], [0.5, 0.24], [0.47, 0.4], [0.55, 0.55], [0.62, 0.6]]
@@ -450,8 +683,8 @@ def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
         cv2.polylines(
             canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.005, side)), cv2.LINE_AA
         )
-        _accumulate(total, canvas, 0.3 * opacity)
-    return total
+        layers.add(canvas, 0.3)
+    return layers
 
 
 @register_kernel("xray_support_devices", sampler=_level_sampler)
@@ -460,42 +693,48 @@ def xray_support_devices(
 ) -> torch.Tensor:
     """Support devices as attenuating objects (see ``devices_map``).
 
-    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation map added to the display
-    value)."""
+    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases added to the
+    display value)."""
     h, w = x.shape[-2:]
-    maps = [
-        devices_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
-        for i, k in enumerate(keys)
-    ]
-    return _add_attenuation(x, maps)
+    return backend.by_path(
+        x,
+        host=lambda: _add_attenuation(
+            x,
+            [
+                devices_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
+                for i, k in enumerate(keys)
+            ],
+        ),
+        device=lambda: _add_layers(x, p, [device_layers(int(k), h, w, ITEMS) for k in keys]),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Foreign objects on the patient
 
 
-def _button(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> None:
-    h, w = total.shape
+def _button(layers: _Layers, side: int, cx: int, cy: int) -> None:
+    h, w = layers.shape
     r = max(2, _frac_px(0.013, side))
     canvas = _canvas(h, w)
     cv2.circle(canvas, (cx, cy), r, 255, -1, cv2.LINE_AA)
     hole = max(1, r // 4)
     for dx, dy in ((-1, -1), (1, -1), (-1, 1), (1, 1)):
         cv2.circle(canvas, (cx + dx * r // 3, cy + dy * r // 3), hole, 0, -1, cv2.LINE_AA)
-    _accumulate(total, canvas, 0.2 * opacity)
+    layers.add(canvas, 0.2)
 
 
-def _hooks(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> None:
-    h, w = total.shape
+def _hooks(layers: _Layers, side: int, cx: int, cy: int) -> None:
+    h, w = layers.shape
     canvas = _canvas(h, w)
     a, b = max(2, _frac_px(0.012, side)), max(1, _frac_px(0.004, side))
     for dy in (-2 * b, 2 * b):
         cv2.rectangle(canvas, (cx - a, cy + dy - b), (cx + a, cy + dy + b), 255, -1, cv2.LINE_AA)
-    _accumulate(total, canvas, 0.5 * opacity)
+    layers.add(canvas, 0.5)
 
 
-def _necklace(total: np.ndarray, g: np.random.Generator, side: int, opacity: float) -> None:
-    h, w = total.shape
+def _necklace(layers: _Layers, g: np.random.Generator, side: int) -> None:
+    h, w = layers.shape
     canvas = _canvas(h, w)
     depth = g.uniform(0.16, 0.26)
     bead = max(1, _frac_px(0.004, side))
@@ -511,13 +750,11 @@ def _necklace(total: np.ndarray, g: np.random.Generator, side: int, opacity: flo
         -1,
         cv2.LINE_AA,
     )
-    _accumulate(total, canvas, 0.6 * opacity)
+    layers.add(canvas, 0.6)
 
 
-def _hair_clip(
-    total: np.ndarray, side: int, cx: int, cy: int, angle: float, opacity: float
-) -> None:
-    h, w = total.shape
+def _hair_clip(layers: _Layers, side: int, cx: int, cy: int, angle: float) -> None:
+    h, w = layers.shape
     canvas = _canvas(h, w)
     length, gap = _frac_px(0.07, side), max(2, _frac_px(0.006, side))
     c, s = math.cos(angle), math.sin(angle)
@@ -536,11 +773,11 @@ def _hair_clip(
         max(1, _frac_px(0.003, side)),
         cv2.LINE_AA,
     )
-    _accumulate(total, canvas, 0.7 * opacity)
+    layers.add(canvas, 0.7)
 
 
-def _earring(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> None:
-    h, w = total.shape
+def _earring(layers: _Layers, side: int, cx: int, cy: int) -> None:
+    h, w = layers.shape
     canvas = _canvas(h, w)
     cv2.circle(
         canvas,
@@ -550,17 +787,23 @@ def _earring(total: np.ndarray, side: int, cx: int, cy: int, opacity: float) -> 
         max(1, _frac_px(0.003, side)),
         cv2.LINE_AA,
     )
-    _accumulate(total, canvas, 0.7 * opacity)
+    layers.add(canvas, 0.7)
 
 
 def objects_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndarray:
     """Attenuation (display units, float32 H x W) of this film's first ``items`` foreign
-    objects, in a keyed order drawn from: a button line of a shirt or gown (each button one
+    objects at ``opacity`` (see ``object_layers``)."""
+    return object_layers(key, h, w, items).total(opacity)
+
+
+def object_layers(key: int, h: int, w: int, items: int) -> _Layers:
+    """The canvases of this film's first ``items`` foreign objects, in a keyed order drawn
+    from: a button line of a shirt or gown (each button one
     item), bra hooks, a necklace with a pendant, hair clips, an earring. The same objects in the
     same places at every severity."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_foreign_objects"))
     side = min(h, w)
-    total = np.zeros((h, w), dtype=np.float32)
+    layers = _Layers(h, w)
     column = g.uniform(0.44, 0.56)
     kinds = ["button", "necklace", "button", "hooks", "clip", "button", "earring", "button"]
     order = [0, *(1 + g.permutation(len(kinds) - 1))]  # a button first, then a keyed order
@@ -569,22 +812,19 @@ def objects_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndar
     for n, idx in enumerate(order[:items]):
         kind = kinds[idx]
         jx, jy = jitter[n]
+        layers.item = n
         if kind == "button":
-            _button(
-                total, side, int((column + jx / 3) * w), int((0.3 + 0.14 * buttons) * h), opacity
-            )
+            _button(layers, side, int((column + jx / 3) * w), int((0.3 + 0.14 * buttons) * h))
             buttons += 1
         elif kind == "hooks":
-            _hooks(total, side, int((0.5 + jx) * w), int((0.62 + jy) * h), opacity)
+            _hooks(layers, side, int((0.5 + jx) * w), int((0.62 + jy) * h))
         elif kind == "necklace":
-            _necklace(total, g, side, opacity)
+            _necklace(layers, g, side)
         elif kind == "clip":
-            _hair_clip(
-                total, side, int((0.25 + jx) * w), int((0.03 + abs(jy)) * h), 0.3 + jx * 10, opacity
-            )
+            _hair_clip(layers, side, int((0.25 + jx) * w), int((0.03 + abs(jy)) * h), 0.3 + jx * 10)
         else:
-            _earring(total, side, int((0.2 + jx) * w), int((0.1 + jy) * h), opacity)
-    return total
+            _earring(layers, side, int((0.2 + jx) * w), int((0.1 + jy) * h))
+    return layers
 
 
 @register_kernel("xray_foreign_objects", sampler=_level_sampler)
@@ -593,14 +833,20 @@ def xray_foreign_objects(
 ) -> torch.Tensor:
     """Radiopaque objects on the patient (see ``objects_map``).
 
-    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation map added to the display
-    value)."""
+    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases added to the
+    display value)."""
     h, w = x.shape[-2:]
-    maps = [
-        objects_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
-        for i, k in enumerate(keys)
-    ]
-    return _add_attenuation(x, maps)
+    return backend.by_path(
+        x,
+        host=lambda: _add_attenuation(
+            x,
+            [
+                objects_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
+                for i, k in enumerate(keys)
+            ],
+        ),
+        device=lambda: _add_layers(x, p, [object_layers(int(k), h, w, ITEMS) for k in keys]),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,11 +861,14 @@ def _defects_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
+MAX_LINES = 8  # candidate dead lines drawn per film (the catalog's bound on ``lines``)
+
+
 def defect_lines(key: int, h: int, w: int, n: int) -> list[tuple[bool, int, bool]]:
     """The film's first ``n`` dead lines: (is a column, index, dead rather than half gain)."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_detector_defects/lines"))
     out = []
-    for _ in range(8):
+    for _ in range(MAX_LINES):
         column = bool(g.random() < 0.6)
         index = int(g.integers(0, w if column else h))
         out.append((column, index, bool(g.random() < 0.5)))
@@ -637,6 +886,13 @@ def xray_detector_defects(
     signal (white), half saturated (hot, black).
 
     Kornia: own kernel: no Kornia equivalent (keyed dead lines and tile seams)."""
+    return backend.by_path(
+        x, host=lambda: _defects_host(x, p, keys), device=lambda: _defects_batched(x, p, keys)
+    )
+
+
+def _defects_host(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """The CPU path of ``xray_detector_defects``, one sample at a time (its bytes are pinned)."""
     h, w = x.shape[-2:]
     out = []
     for i, k in enumerate(keys):
@@ -656,6 +912,48 @@ def xray_detector_defects(
         v = torch.where((u >= frac / 2) & (u < frac), torch.zeros_like(v), v)
         out.append(v.clamp_(0.0, 1.0).to(x.dtype))
     return torch.stack(out)
+
+
+def _defects_batched(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
+    """``_defects_host`` for the whole batch at once. Each film's candidate dead lines come
+    from its key on the host (``defect_lines``) as a (B, MAX_LINES) table; the first ``lines``
+    are valid. A pixel on any valid dead line is white; otherwise each half-gain line through
+    it adds ``ln 2 / MU`` (the host applies them one after the other: the same values, up to
+    float64 rounding where two half-gain lines cross)."""
+    b = x.shape[0]
+    h, w = x.shape[-2:]
+    dev = x.device
+    v = _wide(x)
+    seam = w // 2
+    cols = torch.arange(w, device=dev).view(1, 1, 1, w)
+    step = per_sample(torch.log1p(p["seam_gain"].double()) / MU)
+    v = torch.where(cols >= seam, v - step, v)
+    v = torch.where(cols == seam, torch.ones_like(v), v)
+    table = torch.tensor(
+        [defect_lines(int(k), h, w, MAX_LINES) for k in keys], dtype=torch.int64, device=dev
+    ).view(b, MAX_LINES, 3)
+    valid = torch.arange(MAX_LINES, device=dev).view(1, -1) < torch.round(p["lines"]).view(b, 1)
+    column, index, dead = table[..., 0] > 0, table[..., 1], table[..., 2] > 0
+
+    def hits(is_axis: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, size) dead-line cover and half-gain line count along one axis."""
+        on = (valid & is_axis).unsqueeze(-1) & (
+            index.unsqueeze(-1) == torch.arange(size, device=dev).view(1, 1, size)
+        )
+        return (on & dead.unsqueeze(-1)).any(dim=1), (on & ~dead.unsqueeze(-1)).sum(dim=1)
+
+    dead_rows, half_rows = hits(~column, h)
+    dead_cols, half_cols = hits(column, w)
+    white = dead_rows.view(b, 1, h, 1) | dead_cols.view(b, 1, 1, w)
+    halves = half_rows.view(b, 1, h, 1) + half_cols.view(b, 1, 1, w)
+    v = torch.where(white, torch.ones_like(v), v + halves.to(v.dtype) * (math.log(2.0) / MU))
+    u = batch_uniform(keys, "xray_detector_defects/pixels", tuple(x.shape[1:]), dev).double()
+    frac = per_sample(p["dead_fraction"].double())
+    v = torch.where(u < frac / 2, torch.ones_like(v), v)
+    v = torch.where((u >= frac / 2) & (u < frac), torch.zeros_like(v), v)
+    return v.clamp_(0.0, 1.0).to(x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -724,14 +1022,30 @@ def xray_edge_enhancement(
     Kornia: own kernel, because Kornia's ``unsharp_mask`` blurs with ``gaussian_blur2d`` (O(sigma)
     taps per pixel) while this op's low-pass is three box passes through ``_box_torch`` cumulative
     sums (O(1) per pixel; see ``xray_scatter`` for the measured speed) and is also the CPU path,
-    whose bytes the golden outputs pin."""
+    whose bytes the golden outputs pin. The torch path runs the whole batch at once with
+    per-sample radii (``box_mean``)."""
     side = shorter_side(x)
-    out = []
-    for i in range(x.shape[0]):
-        v = _wide(x[i : i + 1])
-        low = box_gaussian(v, float(p["sigma"][i]) * side)
-        out.append((v + float(p["amount"][i]) * (v - low)).clamp_(0.0, 1.0).to(x.dtype))
-    return torch.cat(out)
+
+    def host() -> torch.Tensor:
+        out = []
+        for i in range(x.shape[0]):
+            v = _wide(x[i : i + 1])
+            low = box_gaussian(v, float(p["sigma"][i]) * side)
+            out.append((v + float(p["amount"][i]) * (v - low)).clamp_(0.0, 1.0).to(x.dtype))
+        return torch.cat(out)
+
+    def device() -> torch.Tensor:
+        v = _wide(x)
+        sigma_px = p["sigma"].double() * side
+        width = torch.sqrt(4.0 * sigma_px * sigma_px + 1.0)  # as box_radius, per sample
+        r = torch.round((width - 1.0) / 2.0).clamp(1, side - 1).to(torch.int64)
+        low = v
+        for _ in range(3):
+            low = box_mean(box_mean(low, r, -1), r, -2)
+        amount = per_sample(p["amount"].double())
+        return (v + amount * (v - low)).clamp_(0.0, 1.0).to(x.dtype)
+
+    return backend.by_path(x, host=host, device=device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -766,15 +1080,34 @@ def xray_double_exposure(
     Kornia: own kernel, because the second exposure is an integer shift with edge replication (an
     index gather, exact); Kornia's ``translate`` resamples every pixel through ``grid_sample``."""
     side = shorter_side(x)
-    out = []
-    for i in range(x.shape[0]):
-        lin = to_linear(x[i])
-        d = float(p["shift"][i]) * side
-        a = float(p["angle"][i])
-        second = shifted_clamped(lin, round(d * math.cos(a)), round(d * math.sin(a)))
-        wgt = float(p["weight"][i])
-        out.append(to_display((lin + wgt * second) / (1.0 + wgt), x))
-    return torch.stack(out)
+
+    def host() -> torch.Tensor:
+        out = []
+        for i in range(x.shape[0]):
+            lin = to_linear(x[i])
+            d = float(p["shift"][i]) * side
+            a = float(p["angle"][i])
+            second = shifted_clamped(lin, round(d * math.cos(a)), round(d * math.sin(a)))
+            wgt = float(p["weight"][i])
+            out.append(to_display((lin + wgt * second) / (1.0 + wgt), x))
+        return torch.stack(out)
+
+    def device() -> torch.Tensor:
+        b = x.shape[0]
+        h, w = x.shape[-2:]
+        lin = to_linear(x)
+        d = p["shift"].double() * side
+        a = p["angle"].double()
+        dx = torch.round(d * torch.cos(a)).to(torch.int64).view(b, 1)
+        dy = torch.round(d * torch.sin(a)).to(torch.int64).view(b, 1)
+        cols = (torch.arange(w, device=x.device).view(1, w) - dx).clamp_(0, w - 1)
+        rows = (torch.arange(h, device=x.device).view(1, h) - dy).clamp_(0, h - 1)
+        second = torch.take_along_dim(lin, cols.view(b, 1, 1, w), dim=-1)
+        second = torch.take_along_dim(second, rows.view(b, 1, h, 1), dim=-2)
+        wgt = per_sample(p["weight"].double())
+        return to_display((lin + wgt * second) / (1.0 + wgt), x)
+
+    return backend.by_path(x, host=host, device=device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -810,14 +1143,25 @@ def xray_cardiac_motion(
     h, w = x.shape[-2:]
     side = shorter_side(x)
     heart, domes = motion_masks(h, w, x.device)
-    out = []
-    for i in range(x.shape[0]):
-        lin = to_linear(x[i : i + 1])
-        r = max(1, round(float(p["length"][i]) * side / 2.0))
-        along_x = _box_torch(lin, min(r, w - 1), -1)
-        along_y = _box_torch(lin, min(r, h - 1), -2)
-        out.append(to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x))
-    return torch.cat(out)
+
+    def host() -> torch.Tensor:
+        out = []
+        for i in range(x.shape[0]):
+            lin = to_linear(x[i : i + 1])
+            r = max(1, round(float(p["length"][i]) * side / 2.0))
+            along_x = _box_torch(lin, min(r, w - 1), -1)
+            along_y = _box_torch(lin, min(r, h - 1), -2)
+            out.append(to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x))
+        return torch.cat(out)
+
+    def device() -> torch.Tensor:
+        lin = to_linear(x)
+        r = torch.round(p["length"].double() * side / 2.0).clamp(min=1).to(torch.int64)
+        along_x = box_mean(lin, r.clamp(max=w - 1), -1)
+        along_y = box_mean(lin, r.clamp(max=h - 1), -2)
+        return to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x)
+
+    return backend.by_path(x, host=host, device=device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -855,6 +1199,26 @@ def fold_attenuation(
     return float(p["density"][i]) * inside * torch.exp(-d.clamp(min=0.0) / (0.04 * side)) * taper
 
 
+def fold_attenuations(
+    h: int, w: int, p: dict[str, torch.Tensor], device: torch.device
+) -> torch.Tensor:
+    """``fold_attenuation`` of every sample at once, (B,1,H,W) float64: the same formula with
+    the parameters as (B,1,1,1) tensors (side chosen per sample by ``right_side``)."""
+    side = min(h, w)
+    ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5).view(1, 1, h, 1)
+    xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5).view(1, 1, 1, w)
+    t = ys / h
+    position = per_sample(p["position"].double())
+    curvature = per_sample(p["curvature"].double())
+    edge = (position + curvature * (1.0 - ((t - 0.5) / 0.35) ** 2)) * w
+    right = per_sample(p["right_side"]) > 0.5
+    d = torch.where(right, xs - (w - edge), edge - xs)
+    inside = (d + 0.5).clamp(0.0, 1.0)
+    taper = torch.sin(((t - 0.15) / 0.7).clamp(0.0, 1.0) * math.pi).clamp(min=0.0)
+    density = per_sample(p["density"].double())
+    return density * inside * torch.exp(-d.clamp(min=0.0) / (0.04 * side)) * taper
+
+
 @register_kernel("xray_skin_fold", sampler=_fold_sampler)
 def xray_skin_fold(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
@@ -864,8 +1228,17 @@ def xray_skin_fold(
     Kornia: own kernel: no Kornia equivalent (an analytic attenuation edge added to the display
     value)."""
     h, w = x.shape[-2:]
-    out = [
-        (_wide(x[i : i + 1]) + fold_attenuation(h, w, p, i, x.device)).clamp_(0.0, 1.0).to(x.dtype)
-        for i in range(x.shape[0])
-    ]
-    return torch.cat(out)
+    return backend.by_path(
+        x,
+        host=lambda: torch.cat(
+            [
+                (_wide(x[i : i + 1]) + fold_attenuation(h, w, p, i, x.device))
+                .clamp_(0.0, 1.0)
+                .to(x.dtype)
+                for i in range(x.shape[0])
+            ]
+        ),
+        device=lambda: (
+            (_wide(x) + fold_attenuations(h, w, p, x.device)).clamp_(0.0, 1.0).to(x.dtype)
+        ),
+    )

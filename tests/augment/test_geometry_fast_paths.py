@@ -22,7 +22,9 @@ def _batched(op: str, x: torch.Tensor, records: list[Record]) -> torch.Tensor:
     p = engine.collate([r.params for r in records], x.device)
     height, width = x.shape[-2:]
     if op == "translation":
-        out = geometry.shift_batch(xf, geometry.translation_shifts(p, width, height))
+        out = geometry.shift_torch(
+            xf, torch.tensor(geometry.translation_shifts(p, width, height)).reshape(-1, 2)
+        )
     else:
         warps = geometry.crop_warps if op == "resized_crop" else geometry.rotation_warps
         with backend.use_backend("opencv"):
@@ -33,7 +35,9 @@ def _batched(op: str, x: torch.Tensor, records: list[Record]) -> torch.Tensor:
 @pytest.mark.parametrize("op", ["rotation", "resized_crop", "translation"])
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.uint16])
 @pytest.mark.parametrize("channels", [1, 3])
-def test_fast_path_is_bit_identical_to_the_batched_path(op: str, dtype: torch.dtype, channels: int) -> None:
+def test_fast_path_is_bit_identical_to_the_batched_path(
+    op: str, dtype: torch.dtype, channels: int
+) -> None:
     x = small_batch(6, 45, 61, channels=channels)
     x[:, :, :, :4] = 0.0  # a dark frame edge
     scale = {torch.uint8: 255.0, torch.uint16: 65535.0}.get(dtype)

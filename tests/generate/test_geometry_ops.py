@@ -163,3 +163,25 @@ def test_warp_batch_is_per_sample() -> None:
     warps = [chain_warp((160, 128), None, [rotation_matrix(d, 160, 128)]) for d in (5.0, -12.0)]
     both = warp_batch(x, warps)
     assert torch.equal(both[1:], warp_batch(x[1:], warps[1:]))
+
+
+@pytest.mark.parametrize("op", ["resized_crop", "rotation", "translation"])
+def test_torch_path_is_one_batch_whatever_its_size(op: str) -> None:
+    """The batched torch kernel (per-sample matrices, crops and shifts as tensors) gives each
+    sample what it gives that sample alone, and its label-map warp does the same."""
+    x = torch.cat([_phantom(), _phantom().flip(-1), _phantom().flip(-2)])
+    keys = ["a", "b", "c"]
+    with use_backend("torch"):
+        both, records = perturb.apply(x, op, 5, keys)
+        alone = torch.cat([perturb.replay([r], x[i : i + 1]) for i, r in enumerate(records)])
+    assert torch.equal(both, alone)
+    geometry = perturb.catalog.registry.get_op(op).geometry
+    assert geometry is not None
+    params = perturb.engine.collate([r.params for r in records], x.device)
+    for dtype in (torch.uint8, torch.uint16, torch.bool):  # gather has no uint16 kernel: a twin
+        labels = ((x[:, :1] > 0.5) * 7).to(dtype)
+        moved = geometry.label_maps(labels, params)
+        assert moved.dtype == dtype and bool(moved.to(torch.int32).sum() > 0)
+        for i, r in enumerate(records):
+            one = perturb.engine.collate([r.params], x.device)
+            assert torch.equal(moved[i : i + 1], geometry.label_maps(labels[i : i + 1], one))

@@ -1,0 +1,289 @@
+"""End to end, side by side, in one run: ``perturb generate`` against the plain scripts it replaces,
+given the same cores.
+
+    python benchmarks/bench_end_to_end.py [--repeats 3] [--artifact-images 4] [--track-images 8]
+
+Two jobs on the endoscopy samples beside the repo (``../shared/samples/endoscopy``), each from a
+fresh process (CLI start-up, decode, perturb, encode, write, manifest and dataset included):
+
+* ``artifacts``: ``perturb generate endoscopy-artifacts`` (every endoscopy op x 5 severities,
+  PNG) against ``ref_artifacts_albumentations.py`` (the nearest albumentations/OpenCV transform
+  per op, OpenCV PNG);
+* ``track``: ``perturb generate kvasir-vqa-x1-transformed`` (10 variants, JPEG q75) against
+  ``ref_track_pil.py`` (the upstream recipe in PIL).
+
+Each reference runs as one process and as one process per core on an equal share of the
+frames (what a user does with a plain script on a multi-core machine); perturb runs with
+``--workers`` = cores. Contenders alternate within each repeat (the order rotates between
+repeats); the medians are kept. Per run: wall seconds, CPU-seconds (user + system of the
+process tree, from ``wait4``), outputs per second and peak RSS (the largest process, and the
+sum over concurrent processes). ``--growth``: perturb's peak RSS for the track at 1x, 2x and
+4x the images (flat memory as the job grows). Writes ``benchmarks/results/end-to-end-<tag>.json``
+with the CPU model, load average and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO.parent / "shared" / "samples" / "endoscopy"
+RESULTS = REPO / "benchmarks" / "results"
+
+
+@dataclass
+class Run:
+    wall_s: float
+    cpu_s: float
+    outputs: int
+    peak_rss_mib: float  # the largest single process
+    sum_rss_mib: float  # summed over processes that ran at once
+
+    @property
+    def outputs_per_s(self) -> float:
+        return self.outputs / self.wall_s
+
+    @property
+    def outputs_per_cpu_s(self) -> float:
+        return self.outputs / self.cpu_s
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = str(REPO)
+    env["HF_DATASETS_OFFLINE"] = env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def _run_all(cmds: list[list[str]]) -> tuple[float, float, float, float, list[str]]:
+    """Start ``cmds`` at once; wall, CPU-seconds, max and summed peak RSS (MiB), stdouts."""
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(c, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for c in cmds
+    ]
+    cpu, peaks, outs = 0.0, [], []
+    for p in procs:
+        assert p.stdout is not None and p.stderr is not None
+        out, err = p.stdout.read(), p.stderr.read()
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(p.args)} failed ({p.returncode}):\n{err.decode()[-2000:]}")
+        cpu += usage.ru_utime + usage.ru_stime
+        peaks.append(usage.ru_maxrss / 1024)
+        outs.append(out.decode())
+    wall = time.perf_counter() - start
+    return wall, cpu, max(peaks), sum(peaks), outs
+
+
+def _shards(frames: list[Path], n: int, tmp: Path) -> list[Path]:
+    folders = []
+    for i in range(n):
+        folder = tmp / f"shard{n}-{i}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in frames[i::n]:
+            if not (folder / f.name).exists():
+                shutil.copy(f, folder / f.name)
+        folders.append(folder)
+    return folders
+
+
+def reference(script: str, frames: list[Path], processes: int, tmp: Path) -> Run:
+    folders = _shards(frames, processes, tmp)
+    outs = [tmp / f"ref-out-{processes}-{i}" for i in range(processes)]
+    cmds = [
+        [sys.executable, str(REPO / "benchmarks" / script), str(f), str(o)]
+        for f, o in zip(folders, outs, strict=True)
+    ]
+    wall, cpu, peak, total, stdouts = _run_all(cmds)
+    count = sum(int(s.strip().splitlines()[-1]) for s in stdouts)
+    for o in outs:
+        shutil.rmtree(o, ignore_errors=True)
+    return Run(wall, cpu, count, peak, total)
+
+
+def perturb_run(suite: str, frames: list[Path], workers: int, tmp: Path) -> Run:
+    (folder,) = _shards(frames, 1, tmp)
+    out = tmp / "perturb-out"
+    cmd = [
+        sys.executable,
+        "-m",
+        "perturb.cli",
+        "generate",
+        suite,
+        "--dataset",
+        str(folder),
+        "--out",
+        str(out),
+        "--workers",
+        str(workers),
+        "--quiet",
+        "--json",
+    ]
+    wall, cpu, peak, total, (stdout,) = _run_all([cmd])
+    summary = json.loads(stdout)
+    if summary.get("errors"):
+        raise SystemExit(f"perturb generate {suite}: {summary['errors']} errors")
+    shutil.rmtree(out, ignore_errors=True)
+    return Run(wall, cpu, int(summary["outputs_written"]), peak, total)
+
+
+def _median(runs: list[Run]) -> dict[str, Any]:
+    def med(key: str) -> float:
+        return round(statistics.median(getattr(r, key) for r in runs), 3)
+
+    return {
+        "wall_s": med("wall_s"),
+        "cpu_s": med("cpu_s"),
+        "outputs": runs[0].outputs,
+        "outputs_per_s": med("outputs_per_s"),
+        "outputs_per_cpu_s": med("outputs_per_cpu_s"),
+        "peak_rss_mib": med("peak_rss_mib"),
+        "sum_rss_mib": med("sum_rss_mib"),
+        "runs": [asdict(r) for r in runs],
+    }
+
+
+def job(
+    name: str, suite: str, script: str, frames: list[Path], repeats: int, cores: int, tmp: Path
+) -> dict[str, Any]:
+    contenders: dict[str, Any] = {
+        "perturb": lambda: perturb_run(suite, frames, cores, tmp),
+        "reference_1_process": lambda: reference(script, frames, 1, tmp),
+        f"reference_{cores}_processes": lambda: reference(script, frames, cores, tmp),
+    }
+    runs: dict[str, list[Run]] = {k: [] for k in contenders}
+    names = list(contenders)
+    for r in range(repeats):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for k in order:
+            runs[k].append(contenders[k]())
+            print(
+                f"{name} repeat {r + 1}/{repeats} {k}: {runs[k][-1]}", file=sys.stderr, flush=True
+            )
+    out: dict[str, Any] = {"images": len(frames), "suite": suite, "reference": script}
+    out.update({k: _median(v) for k, v in runs.items()})
+    ours = out["perturb"]
+    for k in names[1:]:
+        ref = out[k]
+        out[f"ratio_vs_{k}"] = {
+            "outputs_per_s": round(ours["outputs_per_s"] / ref["outputs_per_s"], 3),
+            "outputs_per_cpu_s": round(ours["outputs_per_cpu_s"] / ref["outputs_per_cpu_s"], 3),
+        }
+    return out
+
+
+def growth(frames: list[Path], cores: int, tmp: Path) -> dict[str, Any]:
+    """perturb's peak RSS for the track at 1x, 2x, 4x the frames (flat as the job grows)."""
+    rows = {}
+    for factor in (1, 2, 4):
+        many = tmp / f"growth{factor}"
+        many.mkdir(parents=True)
+        for k in range(factor):
+            for f in frames:
+                shutil.copy(f, many / f"{f.stem}_{k}{f.suffix}")
+        run = perturb_run(
+            "kvasir-vqa-x1-transformed", sorted(many.iterdir()), cores, tmp / f"g{factor}"
+        )
+        rows[str(len(frames) * factor)] = {
+            "peak_rss_mib": round(run.peak_rss_mib, 1),
+            "wall_s": round(run.wall_s, 2),
+        }
+    return rows
+
+
+def environment() -> dict[str, Any]:
+    import albumentations
+    import cv2
+    import numpy
+    import PIL
+    import torch
+
+    import perturb
+
+    cpu = platform.processor() or platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "versions": {
+            "perturb": perturb.__version__,
+            "torch": torch.__version__,
+            "numpy": numpy.__version__,
+            "opencv": cv2.__version__,
+            "pillow": PIL.__version__,
+            "albumentations": albumentations.__version__,
+        },
+        "commit": commit,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--artifact-images", type=int, default=4)
+    parser.add_argument("--track-images", type=int, default=8)
+    parser.add_argument("--jobs", default="artifacts,track")
+    parser.add_argument("--growth", action="store_true")
+    parser.add_argument("--tag", default="cpu")
+    args = parser.parse_args()
+    frames = sorted(SAMPLES.glob("*.jpg"))
+    if not frames:
+        raise SystemExit(f"no endoscopy samples under {SAMPLES}")
+    cores = os.cpu_count() or 1
+    result: dict[str, Any] = {"environment": environment(), "load_before": os.getloadavg()}
+    jobs = set(args.jobs.split(","))
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        if "artifacts" in jobs:
+            result["artifacts"] = job(
+                "artifacts",
+                "endoscopy-artifacts",
+                "ref_artifacts_albumentations.py",
+                frames[: args.artifact_images],
+                args.repeats,
+                cores,
+                tmp / "a",
+            )
+        if "track" in jobs:
+            result["track"] = job(
+                "track",
+                "kvasir-vqa-x1-transformed",
+                "ref_track_pil.py",
+                frames[: args.track_images],
+                args.repeats,
+                cores,
+                tmp / "t",
+            )
+        if args.growth:
+            result["track_memory_growth"] = growth(frames[:4], cores, tmp / "g")
+    result["load_after"] = os.getloadavg()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"end-to-end-{args.tag}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1)[:4000])
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

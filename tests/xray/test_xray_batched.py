@@ -1,0 +1,95 @@
+"""The batched torch pieces of the X-ray kernels against the per-sample functions they replace:
+shutter masks and box radii bit for bit, the fixed-point line PSFs within the splat's rounding of
+``blur.line_psf`` (cropped as ``blur._crop_psf`` crops), and whole kernels on a batch equal to
+each sample run alone (no dependence on the batch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import perturb
+from perturb.catalog.registry import get_op
+from perturb.ops import blur, xray
+from perturb.ops.backend import use_backend
+
+
+def test_collimation_masks_are_the_host_masks_bit_for_bit() -> None:
+    h, w = 41, 67
+    names = ("left", "right", "top", "bottom")
+    p = {
+        "left": torch.tensor([0.01, 0.2, 0.0, 0.4]),
+        "right": torch.tensor([0.03, 0.13, 0.4, 0.0]),
+        "top": torch.tensor([0.0, 0.07, 0.33, 0.01]),
+        "bottom": torch.tensor([0.2, 0.1, 0.0, 0.35]),
+    }
+    masks = xray.collimation_masks(h, w, p, torch.device("cpu"))
+    for i in range(4):
+        ref = xray.collimation_mask(h, w, *(float(p[n][i]) for n in names))
+        assert np.array_equal(masks[i, 0].numpy(), ref), i
+
+
+def test_box_radii_are_box_radius_per_sample() -> None:
+    sigmas = [0.0, 0.3, 1.2, 2.5, 7.49, 30.0, 500.0]
+    for size in (2, 9, 64):
+        got = xray.box_radii(torch.tensor(sigmas, dtype=torch.float64).view(-1, 1, 1, 1), size)
+        assert got.view(-1).tolist() == [xray.box_radius(s, size) for s in sigmas]
+
+
+@pytest.mark.parametrize(("h", "w"), [(2, 2), (3, 5), (7, 4), (33, 20)])
+def test_box_passes_with_radii_per_sample_are_the_per_sample_passes(h: int, w: int) -> None:
+    """Every radius a side allows, down to 1 and up to side - 1 (windows past both edges)."""
+    x = torch.rand(3, 1, h, w, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    size = min(h, w)
+    for radius in range(1, size):
+        r = torch.tensor([radius, 1, size - 1]).view(-1, 1, 1, 1)
+        for dim in (-1, -2):
+            out = xray._box_batch(x, r, dim)
+            for b in range(3):
+                ref = xray._box_torch(x[b : b + 1], int(r[b]), dim)
+                assert float((out[b : b + 1] - ref).abs().max()) < 1e-13
+
+
+@pytest.mark.parametrize("side", [2, 3, 12, 96])
+def test_line_psfs_are_line_psf_cropped_as_the_per_sample_path(side: int) -> None:
+    lengths = [0.0, 0.004, 0.05, 0.15]
+    angles = [0.0, 33.3, 90.0, 179.0]
+    most = max(xray.MAX_MOTION_LENGTH * side, 1.0)
+    radius = side + 3  # larger than any cropped PSF: the rest stays zero
+    length = torch.tensor(lengths, dtype=torch.float32).double() * side
+    angle = torch.tensor(angles, dtype=torch.float32).double()
+    psfs = xray.line_psfs(length, angle, radius, side - 1, most)
+    assert psfs.shape == (4, 2 * radius + 1, 2 * radius + 1)
+    for i in range(len(lengths)):
+        ref = blur.line_psf(float(np.float32(lengths[i])) * side, float(np.float32(angles[i])))
+        cropped = blur._crop_psf(ref, torch.zeros(1, side, side))[0].numpy().astype(np.float64)
+        r = cropped.shape[0] // 2
+        got = psfs[i, radius - r : radius + r + 1, radius - r : radius + r + 1].numpy()
+        assert abs(float(psfs[i].sum()) - 1.0) < 1e-12
+        assert np.abs(got - cropped).max() < 1e-6, (side, i)
+        assert abs(float(got.sum()) - 1.0) < 1e-12  # no tap outside the crop
+
+
+def test_motion_bound_is_the_catalogs() -> None:
+    assert get_op("xray_motion_blur").spec.params["length"].bounds[1] == xray.MAX_MOTION_LENGTH
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        "xray_motion_blur",
+        "xray_scatter",
+        "xray_quantum_noise",
+        "xray_collimation",
+        "xray_burned_text",
+    ],
+)
+def test_a_sample_in_a_batch_is_the_sample_alone(op: str) -> None:
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(5, 1, 48, 72, generator=gen)
+    with use_backend("torch"):
+        out, records = perturb.apply(x, op, 5, [f"s{i}" for i in range(5)], seed=2)
+        alone = perturb.replay(records, x)  # one sample per call
+    assert torch.equal(out, alone)
+    assert not torch.equal(out, x)
