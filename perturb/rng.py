@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -43,7 +42,6 @@ __all__ = [
     "normal_numpy",
     "scalar_rng",
     "sub_key",
-    "uniform_batch",
     "uniform_field",
     "uniform_numpy",
     "uniform_numpy_at",
@@ -246,17 +244,3 @@ def normal_field(
     bits = _hash_torch(torch.arange(m, dtype=torch.int64, device=device), k0, k1)
     idx = torch.cat([bits & 0xFFFF, bits >> 16])[:n]
     return _normal_lut(str(device))[idx].reshape(shape)
-
-
-def uniform_batch(
-    keys: Sequence[int], stream: str, n: int, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """(B, n) float32: row ``i`` is ``uniform_field(keys[i], stream, (n,))`` (bit-identical),
-    the whole batch hashed in one pass: the stream's key halves of every sample as (B, 1)
-    tensors against one shared counter."""
-    halves = [_stream_halves(int(key), stream) for key in keys]
-    device = torch.device(device)
-    k0 = torch.tensor([h[0] for h in halves], dtype=torch.int64, device=device).view(-1, 1)
-    k1 = torch.tensor([h[1] for h in halves], dtype=torch.int64, device=device).view(-1, 1)
-    bits = _hash_torch(torch.arange(n, dtype=torch.int64, device=device).view(1, n), k0, k1)  # type: ignore[arg-type]
-    return (bits >> 8).to(torch.float32) * (2.0**-24) + 2.0**-25

@@ -10,8 +10,8 @@ pixel estimate ``estimate_tissue``), OpenCV's remap (``remap``), blur and resize
 matrices (``gauss_t``, ``value_noise_t``), chamfer distances, connected components and masked
 quantiles. An op without one still runs its host function as the torch kernel (a CUDA batch is
 copied to the host and back). Every keyed field is a counter-based hash of (key, stream, index)
-(``perturb.rng``; ``rng.uniform_batch`` for a batch of keys), so a sample's output depends on its
-own image and key alone. Sizes are fractions of the shorter side.
+(``perturb.rng``; ``perturb.ops.keyed_fields`` for a batch of keys), so a sample's output
+depends on its own image and key alone. Sizes are fractions of the shorter side.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from perturb import rng
-from perturb.ops import backend
+from perturb.ops import backend, keyed_fields
 from perturb.ops._math import linear_to_srgb_np, srgb_to_linear_np
 from perturb.ops.registry import Geometry, Sampler, register_kernel, uniform_sampler
 
@@ -638,10 +638,10 @@ def value_noise_t(
     keys: Sequence[int], stream: str, h: int, w: int, cell_px: float, like: torch.Tensor
 ) -> torch.Tensor:
     """(B, H, W) ``value_noise`` of every key, on ``like``'s device: the keyed grids hashed in
-    one pass (``rng.uniform_batch``) and resized by two matrix products."""
+    one pass (``keyed_fields.uniform_fields``) and resized by two matrix products."""
     cell = max(cell_px, 1.0)
     gh, gw = max(2, math.ceil(h / cell) + 1), max(2, math.ceil(w / cell) + 1)
-    coarse = rng.uniform_batch(keys, stream, gh * gw, like.device).view(-1, gh, gw) * 2.0 - 1.0
+    coarse = keyed_fields.uniform_fields(keys, stream, (gh, gw), like.device) * 2.0 - 1.0
     rows = noise_axis_matrix(h, gh, cell, str(like.device))
     cols = noise_axis_matrix(w, gw, cell, str(like.device))
     return torch.matmul(torch.matmul(rows, coarse), cols.T)

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import perturb
-from perturb import rng
 from perturb.ops import _host
 from perturb.ops.backend import use_backend
 from tests.helpers import ENDOSCOPY, downscaled, require_samples, sample_tensor
@@ -168,14 +167,6 @@ def test_batched_value_noise_equals_the_host_field(h: int, w: int) -> None:
         for i, key in enumerate(keys):
             want = _host.fractal_noise(key, "s", h, w, cell, 2)
             assert float(np.abs(got[i] - want).max()) <= 1e-4, (cell, i)
-
-
-def test_uniform_batch_rows_are_the_per_sample_fields() -> None:
-    keys = [3, 9, 2**64 - 1]
-    rows = rng.uniform_batch(keys, "abc", 1000)
-    for i, key in enumerate(keys):
-        assert torch.equal(rows[i], torch.from_numpy(rng.uniform_numpy(key, "abc", 1000)))
-        assert torch.equal(rows[i], rng.uniform_field(key, "abc", (1000,)))
 
 
 def test_soft_edge_equals_the_host_ramp() -> None:
