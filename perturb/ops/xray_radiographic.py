@@ -615,12 +615,14 @@ def chest_landmarks(x: torch.Tensor) -> torch.Tensor:
     * contrast stretched between the 2nd and 98th percentiles of each film;
     * midline: the brightest column (mediastinum and spine) of the mid-thorax rows, within the
       central 30-70 % of the width; refined in the upper thorax between the lungs;
-    * lung centres: the darkest column on either side of it (6-35 % of the width away);
+    * lung centres: the darkest column on either side of it, 8-28 % of the width away (not
+      farther: the air beside the chest or between an abducted arm and the chest is darker);
     * apex and domes: along a band through each lung centre, the dark run around its darkest
       row, bounded above by the shoulders and clavicles and below by the diaphragm;
-    * body edges: the first column from either side of the film brighter than air (0.22 of the
-      stretched range) along the upper and lower electrode rows (black padding is air; an
-      abducted arm counts as body, so an electrode can land between arm and chest wall).
+    * body edges: along the upper and lower electrode rows, lateral to each lung, the nearest
+      column brighter than air (0.22 of the stretched range: the chest wall), then the nearest
+      air column beyond it (the skin's edge; black padding and the gap between an abducted arm
+      and the chest wall are air); the film's edge where the body fills the film.
 
     A landmark outside its plausible range (``PLAUSIBLE``; a flat or featureless image) takes
     the canonical film's value (``CANONICAL``). No value is read back to the host."""
@@ -640,8 +642,8 @@ def chest_landmarks(x: torch.Tensor) -> torch.Tensor:
     columns = _smooth(s[:, n // 4 : 3 * n // 4].mean(dim=1))
     mid0 = centre[0][torch.where((centre > 0.3) & (centre < 0.7), columns, neg).argmax(dim=1)]
     off = centre - mid0.view(b, 1)
-    left = centre[0][torch.where((off < -0.06) & (off > -0.35), columns, pos).argmin(dim=1)]
-    right = centre[0][torch.where((off > 0.06) & (off < 0.35), columns, pos).argmin(dim=1)]
+    left = centre[0][torch.where((off < -0.08) & (off > -0.28), columns, pos).argmin(dim=1)]
+    right = centre[0][torch.where((off > 0.08) & (off < 0.28), columns, pos).argmin(dim=1)]
 
     def lung_run(lung: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         band = ((centre - lung.view(b, 1)).abs() < 0.05).to(torch.float64).view(b, 1, n)
@@ -668,12 +670,17 @@ def chest_landmarks(x: torch.Tensor) -> torch.Tensor:
     mid = centre[0][torch.where(between, upper_columns, neg).argmax(dim=1)]
 
     def body_edges(row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Lateral to each lung: the nearest column brighter than air (the chest wall), then
+        the nearest column beyond it that is air again (the skin's edge; else the film's)."""
         near = ((centre - row.view(b, 1)).abs() < 0.04).to(torch.float64).view(b, n, 1)
         profile = (s * near).sum(dim=1) / near.sum(dim=1).clamp(min=1.0)
         body = profile > 0.22
-        first = torch.where(body, idx, torch.full_like(idx, n)).amin(dim=1)
-        last = torch.where(body, idx, torch.full_like(idx, -1.0)).amax(dim=1)
-        return first / n, (last + 1.0) / n
+        none_left, none_right = torch.full_like(idx, -1.0), torch.full_like(idx, n)
+        wall = torch.where(body & (centre < left.view(b, 1)), idx, none_left).amax(dim=1)
+        edge = torch.where(~body & (idx < wall.view(b, 1)), idx, none_left).amax(dim=1)
+        wall_r = torch.where(body & (centre > right.view(b, 1)), idx, none_right).amin(dim=1)
+        edge_r = torch.where(~body & (idx > wall_r.view(b, 1)), idx, none_right).amin(dim=1)
+        return (edge + 1.0) / n, edge_r / n
 
     upper_left, upper_right = body_edges(apex + 0.04)
     lower_left, lower_right = body_edges(dome + 0.06)
@@ -710,8 +717,8 @@ def device_anchors(lm: torch.Tensor) -> dict[str, torch.Tensor]:
       the way from the midline to the right lung's centre (image left: the SVC along the
       right mediastinal border);
     * the nasogastric tube tip in the gastric fundus, 3 cm below the image-right (left) dome;
-    * the pacemaker generator in the left pectoral region (image right, between the lung
-      centre and the body edge, 3 cm below the apex), its lead tip at the right-ventricular
+    * the pacemaker generator in the left pectoral region (image right, 30 % of the way from
+      the lung centre to the body edge, 3 cm below the apex), its lead tip at the right-ventricular
       apex (the lower cardiac silhouette just left of the midline, 2 cm above the dome)."""
     mid, left, right = lm[:, 0], lm[:, 1], lm[:, 2]
     apex, dome_l, dome_r = lm[:, 3], lm[:, 4], lm[:, 5]
@@ -731,7 +738,7 @@ def device_anchors(lm: torch.Tensor) -> dict[str, torch.Tensor]:
         "cvc_tip": xy(mid - 0.2 * (mid - left), carina + 2.5 * cm),
         "ng_top": xy(mid, torch.zeros_like(mid)),
         "ng_tip": xy(mid + 0.55 * (right - mid), dome_r + 3.0 * cm),
-        "generator": xy((right + lm[:, 7]) / 2.0, apex + 3.0 * cm),
+        "generator": xy(right + 0.3 * (lm[:, 7] - right), apex + 3.0 * cm),
         "rv_apex": xy(mid + 0.3 * (right - mid), dome_r - 2.0 * cm),
     }
 
@@ -856,88 +863,61 @@ def _electrode(
     layers.add(item, lead, (lead_side, anchor, anchor))
 
 
-def _generator(target: np.ndarray, g: np.random.Generator, cx: float, cy: float, px: float) -> None:
-    """A pacemaker generator seen face-on: a titanium can (rounded, its rim denser where the
-    shell is seen tangentially), the lithium-iodine battery filling its lower part, the
-    hybrid circuit above it (chips and a capacitor), and the epoxy header on top (nearly
-    radiolucent) with the dense connector blocks and set screws."""
+def _generator(
+    target: np.ndarray, g: np.random.Generator, cx: float, cy: float, px: float
+) -> tuple[float, float]:
+    """A pacemaker generator seen face-on, drawn into ``target``; returns where its lead
+    leaves the header (pixels). A titanium can (a rounded rectangle, a superellipse of 4-5 x
+    4-4.5 cm, its rim denser where the shell is seen tangentially), the lithium-iodine
+    battery filling its lower half, the hybrid circuit above it (chips and a capacitor), and
+    the epoxy header on its upper edge (nearly radiolucent) holding the dense connector block
+    and set screws."""
     h, w = target.shape
-    angle = g.uniform(-25, 25)
-    a, b = g.uniform(2.2, 2.6) * px, g.uniform(2.0, 2.3) * px  # half-width, half-height
-    rot = cv2.getRotationMatrix2D((cx, cy), -angle, 1.0)
+    angle = math.radians(g.uniform(-25, 25))
+    a, b = g.uniform(2.0, 2.4) * px, g.uniform(1.9, 2.2) * px  # half-width, half-height
+    c, s = math.cos(angle), math.sin(angle)
 
-    def put(shape: np.ndarray, value: float) -> None:
-        warped = cv2.warpAffine(shape, rot, (w, h), flags=cv2.INTER_LINEAR)
-        target[...] += warped.astype(np.float32) * np.float32(value / 255.0)
+    def polygon(points: np.ndarray) -> np.ndarray:
+        """Frame points (pixels from the centre, y down) rotated and moved onto the film."""
+        x, y = points[:, 0], points[:, 1]
+        return np.stack([cx + c * x - s * y, cy + s * x + c * y], axis=1)
 
-    def blank() -> np.ndarray:
-        return np.zeros((h, w), np.uint8)
+    def fill(points: np.ndarray, value: float, thickness: int = -1) -> None:
+        canvas = np.zeros((h, w), np.uint8)
+        pts = np.round(polygon(points) * 4).astype(np.int32).reshape(-1, 1, 2)
+        if thickness < 0:
+            cv2.fillPoly(canvas, [pts], 255, cv2.LINE_AA, shift=2)
+        else:
+            cv2.polylines(canvas, [pts], True, 255, thickness, cv2.LINE_AA, shift=2)
+        target[...] += canvas.astype(np.float32) * np.float32(value / 255.0)
 
-    centre = (round(cx), round(cy))
-    can = blank()
-    cv2.ellipse(can, centre, (round(a), round(b)), 0, 0, 360, 255, -1, cv2.LINE_AA)
-    put(can, 0.2)
-    rim = blank()
-    cv2.ellipse(can, centre, (round(a), round(b)), 0, 0, 360, 0, -1, cv2.LINE_AA)
-    cv2.ellipse(
-        rim, centre, (round(a), round(b)), 0, 0, 360, 255, max(1, round(0.2 * px)), cv2.LINE_AA
+    def rect(x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
+        return np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
+
+    t = np.linspace(0, 2 * math.pi, 96, endpoint=False)
+    shell = np.stack(
+        [
+            a * np.sign(np.cos(t)) * np.abs(np.cos(t)) ** 0.5,
+            b * np.sign(np.sin(t)) * np.abs(np.sin(t)) ** 0.5,
+        ],
+        axis=1,
     )
-    put(rim, 0.08)
-    battery = blank()
-    top = round(cy - 0.05 * b)
-    cv2.rectangle(
-        battery,
-        (round(cx - 0.72 * a), top),
-        (round(cx + 0.72 * a), round(cy + 0.75 * b)),
-        255,
-        -1,
-        cv2.LINE_AA,
-    )
-    put(battery, 0.14)
-    chips = blank()
-    for _ in range(int(g.integers(3, 6))):
-        x0 = cx - 0.6 * a + g.uniform(0, 0.9) * a
-        y0 = cy - 0.65 * b + g.uniform(0, 0.35) * b
-        cv2.rectangle(
-            chips,
-            (round(x0), round(y0)),
-            (round(x0 + g.uniform(0.15, 0.35) * a), round(y0 + g.uniform(0.1, 0.2) * b)),
-            255,
-            -1,
-            cv2.LINE_AA,
-        )
-    put(chips, 0.12)
-    capacitor = blank()
-    cv2.circle(
-        capacitor,
-        (round(cx + 0.45 * a), round(cy - 0.45 * b)),
-        max(1, round(0.22 * a)),
-        255,
-        -1,
-        cv2.LINE_AA,
-    )
-    put(capacitor, 0.1)
-    header = blank()
-    cv2.rectangle(
-        header,
-        (round(cx - 0.55 * a), round(cy - 1.45 * b)),
-        (round(cx + 0.55 * a), round(cy - 0.92 * b)),
-        255,
-        -1,
-        cv2.LINE_AA,
-    )
-    put(header, 0.05)
-    pins = blank()
-    for dx in (-0.3, 0.1):
-        cv2.rectangle(
-            pins,
-            (round(cx + dx * a), round(cy - 1.35 * b)),
-            (round(cx + (dx + 0.18) * a), round(cy - 1.0 * b)),
-            255,
-            -1,
-            cv2.LINE_AA,
-        )
-    put(pins, 0.35)
+    fill(shell, 0.2)  # the two titanium walls
+    fill(shell, 0.08, max(1, round(0.2 * px)))  # the shell seen tangentially
+    fill(rect(-0.8 * a, 0.0, 0.8 * a, 0.82 * b), 0.14)  # battery
+    fill(rect(-0.8 * a, -0.05 * b, 0.8 * a, 0.05 * b), 0.06)  # its terminal plate
+    for _ in range(int(g.integers(4, 8))):  # circuit: chips, resistors
+        x0 = g.uniform(-0.75, 0.45) * a
+        y0 = g.uniform(-0.8, -0.3) * b
+        fill(rect(x0, y0, x0 + g.uniform(0.1, 0.3) * a, y0 + g.uniform(0.08, 0.2) * b), 0.1)
+    ring = np.stack([np.cos(t), np.sin(t)], axis=1) * 0.2 * a + [0.5 * a, -0.55 * b]
+    fill(ring, 0.08)  # capacitor
+    side = 1.0 if g.random() < 0.5 else -1.0
+    fill(rect(-0.05 * a * side, -1.45 * b, 0.75 * a * side, -0.85 * b), 0.04)  # epoxy header
+    for k in (0.15, 0.45):  # connector block and set screws
+        fill(rect(k * a * side, -1.35 * b, (k + 0.18) * a * side, -0.95 * b), 0.35)
+    exit_point = polygon(np.array([[0.75 * a * side, -1.2 * b]]))[0]
+    return float(exit_point[0]), float(exit_point[1])
 
 
 def device_layers(key: int, h: int, w: int) -> _Placed:
@@ -970,7 +950,7 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     et = np.zeros((h, w), np.float32)
     sway = g.uniform(-0.008, 0.008) * w
     curve = _dense_curve(np.array([[tip[0] + sway, 0.0], [tip[0] + sway / 2, 0.5 * tip[1]], tip]))
-    _tube(et, curve, 0.9 * px, 0.05, 0.2, px)
+    _tube(et, curve, 0.9 * px, 0.025, 0.16, px)
     layers.add(5, et, ("down", "et_tip", "et_tip"))
     # nasogastric tube: the oesophagus (a little left of the midline: image right) through
     # the hiatus into the stomach below the left dome, the tip curling in the fundus
@@ -997,10 +977,10 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     # and the SVC, a slack loop, into the right-ventricular apex
     gen, rv = anchor["generator"], anchor["rv_apex"]
     can = np.zeros((h, w), np.float32)
-    _generator(can, g, gen[0], gen[1], px)
+    exit_x, exit_y = _generator(can, g, gen[0], gen[1], px)
     layers.add(7, can, ("move", "generator", "generator"))
     lead = np.zeros((h, w), np.float32)
-    start = gen + np.array([-0.02 * w, -0.045 * h])
+    start = np.array([exit_x, exit_y])
     mid = anchor["cvc_tip"]
     path = np.array(
         [

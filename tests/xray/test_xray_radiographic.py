@@ -165,9 +165,7 @@ def _added(film: torch.Tensor, items: int, key: str) -> np.ndarray:
     return _np(out) - _np(film)
 
 
-# film 4 (a portable film with the arms abducted) is left out: the op takes the arm for the
-# chest wall and one lower electrode lands in the gap between them (a known limitation)
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_support_devices_are_placed_on_the_films_anatomy(index: int) -> None:
     """On real films: the ECG electrodes' metal studs lie inside the body outline; the
     endotracheal tube runs down the tracheal midline (the brightest column of the upper
