@@ -931,8 +931,8 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     side = min(h, w)
     px = side / FIELD_CM
     layers = _Placed(h, w)
-    for item, lead in enumerate(("left", "right", "left", "right")):
-        _electrode(layers, g, item, f"ecg{item}", px, lead)
+    for item, lead_side in enumerate(("left", "right", "left", "right")):
+        _electrode(layers, g, item, f"ecg{item}", px, lead_side)
     anchor = {k: np.array(_px(v, w, h)) for k, v in _CANONICAL_ANCHORS.items()}
     # central line: down the right internal jugular, the brachiocephalic vein, the SVC
     tip = anchor["cvc_tip"]
@@ -987,7 +987,8 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
             start,
             start + np.array([-0.05 * w, -0.03 * h]),
             [(start[0] + mid[0]) / 2, start[1] - 0.01 * h],
-            [mid[0] - 0.01 * w, mid[1] - 0.05 * h],
+            [mid[0] + 0.015 * w, (start[1] + mid[1]) / 2 - 0.02 * h],
+            [mid[0] - 0.005 * w, mid[1] - 0.03 * h],
             mid + np.array([0.0, 0.04 * h]),
             [rv[0] - 0.06 * w, rv[1] - 0.02 * h],
             rv,
