@@ -27,8 +27,10 @@ appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004))
   the transmission and the tube output (``~ kVp^2`` at fixed mAs), and the added quantum noise
   is the difference between the new and the old noise variance (never negative).
 * ``xray_support_devices``: ECG electrodes and leads, central venous catheter, endotracheal and
-  nasogastric tubes, pacemaker with its lead, drawn as attenuating objects in their usual
-  places (keyed jitter).
+  nasogastric tubes, pacemaker with its lead, drawn as attenuating objects with their real
+  radiodensity (lucent tube lumens with a barium stripe, a generator with battery, circuit
+  and header, electrodes with dense snap studs) and placed on the film's own anatomy
+  (midline, lungs, apices, domes and body edges found from the pixels: ``chest_landmarks``).
 * ``xray_detector_defects``: uncorrected flat-panel defects: dead (white) and hot (black)
   pixels, dead lines (a row or column without signal, or with half gain), and the seam between
   detector tiles with a gain mismatch across it.
@@ -58,7 +60,10 @@ bit for bit), box filters with per-sample radii from ``box_mean`` (one cumulativ
 rotation from one ``warp_perspective`` call with (B, 3, 3) matrices. Devices and foreign objects
 are drawn with OpenCV's anti-aliased primitives; their canvases depend on the key alone, so
 they are drawn on the host from the (host-side) keys and selected and scaled on the device by
-the ``items`` and ``opacity`` tensors. The CPU path of every op is the per-sample code whose
+the ``items`` and ``opacity`` tensors. Devices are drawn in a canonical frame and moved onto
+each film's landmarks, found on the device in one batched pass, by per-sample axis-aligned
+maps (one ``grid_sample`` per canvas for the whole batch; the CPU path runs the same code one
+film at a time). The CPU path of every op is the per-sample code whose
 bytes the golden outputs pin; the torch path gives the same values (the rotation within 5e-5).
 """
 
