@@ -110,6 +110,7 @@ class _Decoded:
     orientation: int = 1  # EXIF orientation applied by the decoder
     _x: torch.Tensor | None = None
     _f: np.ndarray | None = None
+    _scenes: dict[int, Any] = field(default_factory=dict)  # channels -> perturb.scene.Scene
 
     @property
     def bit_depth(self) -> int:
@@ -133,6 +134,17 @@ class _Decoded:
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.arr.shape)
+
+    def scene(self, image: torch.Tensor) -> Any:
+        """The scene of this source image as the ops see it (``image``: its CHW float32 tensor,
+        gray expanded to RGB for a colour op), analysed once and handed to every op of it."""
+        channels = int(image.shape[0])
+        found = self._scenes.get(channels)
+        if found is None:
+            from perturb.scene import Scene
+
+            found = self._scenes[channels] = Scene.of(image)
+        return found
 
 
 def _stacked(batch: list[_Decoded], device: torch.device, cache: dict[Any, torch.Tensor]) -> torch.Tensor:
@@ -195,8 +207,18 @@ def _run_task(
     if x.shape[1] not in op.spec.channels:  # colour image, gray-only op: each channel alike
         out, records = _per_channel(x, task, ids, groups, seed)
     else:
+        # each source image's scene, analysed once for all its ops (the engine would analyse
+        # it again for each op); the records store the same descriptor either way
+        scenes = [d.scene(x[i]) for i, d in enumerate(batch)] if op.spec.protects_border else None
         out, records = apply(
-            x, task.op, task.severity, ids, seed=seed, variant=task.variant, param_keys=groups
+            x,
+            task.op,
+            task.severity,
+            ids,
+            seed=seed,
+            variant=task.variant,
+            param_keys=groups,
+            scenes=scenes,
         )
     infos = [
         {"key": r.key, "params": r.params, "record": r.to_dict(), "op_version": r.op_version}
