@@ -147,7 +147,9 @@ class _Decoded:
         return found
 
 
-def _stacked(batch: list[_Decoded], device: torch.device, cache: dict[Any, torch.Tensor]) -> torch.Tensor:
+def _stacked(
+    batch: list[_Decoded], device: torch.device, cache: dict[Any, torch.Tensor]
+) -> torch.Tensor:
     """The batch as one BCHW tensor on ``device``, made once per chunk for all its tasks (ops
     never write into their input)."""
     key = tuple(id(d) for d in batch)
@@ -439,7 +441,9 @@ def init_ticks(queue: Any) -> None:
     _TICKS = queue
 
 
-def run_with_ticks(job: Callable[..., ChunkResult], cfg: WorkerConfig, jobs: list[ImageJob], chunk: int) -> ChunkResult:
+def run_with_ticks(
+    job: Callable[..., ChunkResult], cfg: WorkerConfig, jobs: list[ImageJob], chunk: int
+) -> ChunkResult:
     """``job(cfg, jobs)`` in a pool worker, reporting each output to the driver's queue."""
     queue = _TICKS
     return job(cfg, jobs, on_output=None if queue is None else partial(_tick, queue, chunk))
