@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -100,7 +102,9 @@ def generate(
     ] = None,
     concurrency: Annotated[
         int | None,
-        typer.Option(help="Ray workers (default: the cluster's CPUs, or GPUs / --gpus-per-worker)."),
+        typer.Option(
+            help="Ray workers (default: the cluster's CPUs, or GPUs / --gpus-per-worker)."
+        ),
     ] = None,
     max_retries: Annotated[
         int, typer.Option(help="Ray: passes that re-run images whose worker died or failed.")
@@ -164,7 +168,7 @@ def generate(
         id_from=id_from,
         cache_dir=cache_dir,
     )
-    summary = run(load_suite(config), options)
+    summary = _until_stopped(lambda: run(load_suite(config), options))
     if as_json:
         typer.echo(json.dumps(summary.plan or summary.to_dict(), indent=2))
     elif summary.plan is not None:
@@ -180,12 +184,41 @@ def generate(
         raise typer.Exit(1)
 
 
+def _until_stopped(run: Callable[[], RunSummary]) -> RunSummary:
+    """``run()``; Ctrl-C or SIGTERM stops it with what was kept and how to resume (exit 128 +
+    the signal's number: 130, 143), no traceback."""
+    import signal
+
+    stopped_by = {"signal": signal.SIGINT}
+
+    def on_term(signum: int, frame: object) -> None:
+        stopped_by["signal"] = signal.SIGTERM
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return run()
+    except KeyboardInterrupt as exc:
+        sys.stdout.flush()
+        message = (
+            str(exc) or "stopped; re-run the same command to resume (finished outputs are kept)"
+        )
+        typer.echo(message, err=True)
+        raise typer.Exit(128 + int(stopped_by["signal"])) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def summary_lines(s: RunSummary, out: str) -> list[str]:
     """The end-of-run summary: input, outputs (already present / written / failed), errors,
     bytes and speed."""
     lines = [
         f"suite {s.suite} on {s.input} ({s.device}, engine {s.engine}"
-        + (f", shard {s.shard}: {s.images_in_other_shards} images in other shards" if s.shard else "")
+        + (
+            f", shard {s.shard}: {s.images_in_other_shards} images in other shards"
+            if s.shard
+            else ""
+        )
         + ")",
         f"input rows {s.input_rows} ({s.rows_without_id} without img_id), unique images {s.images}, selected {s.images_selected}"
         + (f", unsafe img_ids encoded {s.unsafe_ids}" if s.unsafe_ids else ""),

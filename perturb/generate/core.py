@@ -13,9 +13,11 @@ Layout of DIR::
     summary.json            counts and throughput of the last run
     .perturb/               settings, journal and lock of the run (resume state)
 
-Resume: every finished chunk's outputs are appended to ``.perturb/journal.jsonl`` after their
-files have been renamed into place and synced, so after a kill at any moment a re-run skips what
-the journal lists and makes only the rest; the manifest is rebuilt from the journal, sorted, so
+Resume: every finished output is committed by the worker that made it (``perturb.generate.
+worker``): its file renamed into place and synced (in groups: after each op's batch), then its row
+appended to ``.perturb/journal.jsonl`` (a pool worker: ``.perturb/journal-<pid>.jsonl``, folded
+into the journal by the next run; outputs at a URL: the driver journals each chunk's rows), so
+after a kill at any moment a re-run skips what the journals list and makes only the rest; the manifest is rebuilt from the journal, sorted, so
 it is the same whatever was interrupted. Resume trusts nothing it did not check: journal rows
 are validated (types, paths inside DIR; a corrupt line stops the run with the fix), an output
 is adopted only when its file's sha256 is the journal's and its input image's sha256 is the one
@@ -66,6 +68,11 @@ MAX_SEED = 2**63 - 1  # seeds are stored as int64 (manifest, records)
 
 class RunError(InputError):
     """A run that cannot start (usage or input problem): exit code 2."""
+
+
+class RunStopped(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (or SIGTERM through the CLI): the message says what was kept
+    and how to resume."""
 
 
 # (stage, n): called where a kill matters (see the module docstring); tests inject it
@@ -178,7 +185,6 @@ class RunSummary:
         return asdict(self)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Output folder state
 
@@ -200,7 +206,11 @@ class OutputDir:
         if self.root.exists() and not self.root.is_dir():
             raise RunError(f"--out {self.root} exists and is not a folder")
         fresh = not (self.state / "settings.json").exists()
-        if fresh and self.root.exists() and any(not self._only_cache(p) for p in self.root.iterdir()):
+        if (
+            fresh
+            and self.root.exists()
+            and any(not self._only_cache(p) for p in self.root.iterdir())
+        ):
             raise RunError(
                 f"--out {self.root} is not empty and holds no perturb run; choose a new or empty folder"
             )
@@ -228,7 +238,11 @@ class OutputDir:
             before, now = old.get("limit"), settings.get("limit")
             if before != now:
                 if now is not None and (before is None or now < before):
-                    held = "every image (no --limit)" if before is None else f"the first {before} images"
+                    held = (
+                        "every image (no --limit)"
+                        if before is None
+                        else f"the first {before} images"
+                    )
                     raise RunError(
                         f"--out {self.root} holds {held}; a re-run with --limit {now} would keep "
                         f"stale rows: pass {'no --limit' if before is None else f'--limit {before} or more (or none)'}, "
@@ -241,8 +255,10 @@ class OutputDir:
 
     def _only_cache(self, entry: Path) -> bool:
         """``entry`` is .perturb holding nothing but the input cache (made while opening it)."""
-        return entry.name == STATE_DIR and entry.is_dir() and all(
-            c.name == CACHE for c in entry.iterdir()
+        return (
+            entry.name == STATE_DIR
+            and entry.is_dir()
+            and all(c.name == CACHE for c in entry.iterdir())
         )
 
     def _clean_stale(self) -> None:
@@ -256,39 +272,57 @@ class OutputDir:
         for name in ("dataset.tmp", "dataset.old"):
             shutil.rmtree(self.state / name, ignore_errors=True)
 
-    def load_journal(self) -> dict[tuple[str, str, int, int], dict[str, Any]]:
-        """Rows of finished outputs (later lines win); rewrites the journal without a torn
-        last line so appends start on a fresh line."""
+    def worker_journals(self) -> list[Path]:
+        """The journals pool workers commit their outputs to (``journal-<pid>.jsonl``)."""
+        return sorted(self.state.glob("journal-*.jsonl")) if self.state.is_dir() else []
+
+    def read_journal(self) -> tuple[dict[tuple[str, str, int, int], dict[str, Any]], bool]:
+        """Rows of finished outputs in the journal and the worker journals (later lines win),
+        and whether a file ends in a line cut by a kill (that line is left out)."""
         rows: dict[tuple[str, str, int, int], dict[str, Any]] = {}
-        if not self.journal_path.exists():
-            return rows
-        raw = self.journal_path.read_bytes()
-        lines = raw.split(b"\n")
-        torn = bool(raw) and not raw.endswith(b"\n")  # the last line was cut by a kill
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
+        torn_any = False
+        for path in [self.journal_path, *self.worker_journals()]:
+            if not path.exists():
                 continue
-            problem = None
-            try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-                row, problem = None, "not a JSON object"
-            if problem is None:
-                problem = journal_row_problem(row, self.root)
-            if problem is not None:
-                if torn and number == len(lines):
+            raw = path.read_bytes()
+            lines = raw.split(b"\n")
+            torn = bool(raw) and not raw.endswith(b"\n")  # the last line was cut by a kill
+            torn_any = torn_any or torn
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
                     continue
-                raise RunError(
-                    f"{self.journal_path} line {number}: {problem}: the resume journal is corrupt; "
-                    f"delete that file to re-make every output of {self.root} (or use another --out)"
-                )
-            rows[task_key(row)] = row
-        if torn:
+                problem = None
+                try:
+                    row = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                    row, problem = None, "not a JSON object"
+                if problem is None:
+                    problem = journal_row_problem(row, self.root)
+                if problem is not None:
+                    if torn and number == len(lines):
+                        continue
+                    raise RunError(
+                        f"{path} line {number}: {problem}: the resume journal is corrupt; "
+                        f"delete that file to re-make every output of {self.root} (or use another --out)"
+                    )
+                rows[task_key(row)] = row
+        return rows, torn_any
+
+    def load_journal(self) -> dict[tuple[str, str, int, int], dict[str, Any]]:
+        """``read_journal``'s rows; the journal is rewritten as one file (without a torn last
+        line, so appends start on a fresh line) and the worker journals folded into it."""
+        rows, torn = self.read_journal()
+        parts = self.worker_journals()
+        if torn or parts:
             self.rewrite_journal(rows.values())
+            for part in parts:
+                part.unlink(missing_ok=True)
         return rows
 
     def mark_unfinished(self) -> None:
-        write_atomic(self.state / UNFINISHED, b"a perturb generate run is under way or was stopped\n")
+        write_atomic(
+            self.state / UNFINISHED, b"a perturb generate run is under way or was stopped\n"
+        )
 
     def mark_finished(self) -> None:
         (self.state / UNFINISHED).unlink(missing_ok=True)
@@ -390,7 +424,9 @@ class RemoteOutputDir(OutputDir):
 
     def mark_unfinished(self) -> None:
         super().mark_unfinished()
-        self.remote.write(f"{STATE_DIR}/{UNFINISHED}", b"a perturb generate run is under way or was stopped\n")
+        self.remote.write(
+            f"{STATE_DIR}/{UNFINISHED}", b"a perturb generate run is under way or was stopped\n"
+        )
 
     def mark_finished(self) -> None:
         super().mark_finished()
@@ -435,7 +471,9 @@ def read_settings(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError) as exc:
         data = exc
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-        why = f"{type(data).__name__}: {data}" if isinstance(data, Exception) else "not a JSON object"
+        why = (
+            f"{type(data).__name__}: {data}" if isinstance(data, Exception) else "not a JSON object"
+        )
         raise RunError(
             f"{path}: unreadable run settings ({why:.200}); this folder's state is corrupt: "
             f"start again in a new --out (or delete {path.parent.parent} and re-run)"
@@ -506,7 +544,6 @@ def save_dataset(out: Path, ds: Any, images: Any = None) -> int:
     from perturb.generate.dataset import save_dataset as save
 
     return save(out, ds, images)
-
 
 
 def open_run_input(
@@ -593,8 +630,6 @@ def group_image(inp: Any, group: Any) -> bytes:
     return bytes(inp.image_bytes(group.rows[0]))
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # Planning: what is missing
 
@@ -640,7 +675,12 @@ JournalRows = dict[tuple[str, str, int, int], dict[str, Any]]
 
 
 def plan_missing(
-    suite: Suite, inp: Any, selected: list[Any], done: JournalRows, folder: OutputDir, summary: RunSummary
+    suite: Suite,
+    inp: Any,
+    selected: list[Any],
+    done: JournalRows,
+    folder: OutputDir,
+    summary: RunSummary,
 ) -> tuple[list[Pending], set[tuple[str, str, int, int]]]:
     """What is missing, per image, and every output key this run wants. An output is kept only
     when its file and its input are the ones its journal row was made with (sha256 of both), at
@@ -726,7 +766,8 @@ class Commit:
         if first:
             summary.seconds_to_first_output = time.perf_counter() - self.started
         summary.bytes_written += sum(int(r["size_bytes"]) for r in result.rows)
-        append_rows(self.journal, result.rows)
+        if not result.journaled:  # the worker did not commit them itself
+            append_rows(self.journal, result.rows)
         for row in result.rows:
             self.done[task_key(row)] = row
         self.written += len(result.rows)

@@ -29,6 +29,7 @@ from perturb.generate.core import (
     RemoteOutputDir,
     RunError,
     RunOptions,
+    RunStopped,
     RunSummary,
     build_dataset,
     fault_at,
@@ -269,8 +270,11 @@ def _run(
         with folder.journal() as fh:
             commit.journal = fh
             _make(cfg, options, inp, batches, commit)
+    except KeyboardInterrupt:
+        raise _stopped(folder, summary, wanted) from None
     finally:
         progress.close()
+    folder.load_journal()  # the pool workers' journals folded into one
     summary.outputs_written = commit.written
     _finish(options, inp, folder, summary, [r for k, r in done.items() if k in wanted], errors)
     summary.seconds = time.perf_counter() - started
@@ -279,6 +283,23 @@ def _run(
     write_atomic(folder.root / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
     folder.publish()
     return summary
+
+
+def _stopped(
+    folder: OutputDir, summary: RunSummary, wanted: set[tuple[str, str, int, int]]
+) -> RunStopped:
+    """What a Ctrl-C leaves: the outputs committed (a re-run adopts them) and how to resume."""
+    try:
+        rows, _ = folder.read_journal()
+        kept = sum(1 for key in rows if key in wanted)
+    except (RunError, OSError):
+        kept = summary.outputs_existing
+    where = folder.url or folder.root
+    return RunStopped(
+        f"stopped: {kept} of {summary.outputs_expected} outputs are finished and kept in {where} "
+        f"({max(0, kept - summary.outputs_existing)} made by this run); re-run the same command to "
+        f"resume: it makes only the other {summary.outputs_expected - kept}"
+    )
 
 
 def _make(

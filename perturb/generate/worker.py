@@ -48,6 +48,9 @@ class WorkerConfig:
     max_pixels: int
     out: str
     threads: int | None = None
+    # the resume journal this worker commits each output to as it is finished (``{pid}``: this
+    # process's id, for a pool worker's own file); None: the driver journals each chunk's rows
+    journal: str | None = None
 
 
 @dataclass
@@ -69,6 +72,7 @@ class ChunkResult:
     errors: list[dict[str, Any]] = field(default_factory=list)
     images_ok: int = 0
     images_failed: int = 0
+    journaled: bool = False  # ``rows`` are already in the journal (committed by the worker)
 
 
 @lru_cache(maxsize=4)
@@ -277,7 +281,7 @@ def _write_output(
     img = quantize(y[..., ::-1] if y.ndim == 3 else y, suite.output, d.bit_depth)  # BGR
     data = encode_bgr(img, suite.output)
     target = resolve_inside(Path(cfg.out), rel)
-    write_atomic(target, data, sync=False)  # synced once per chunk (_Writer.close)
+    write_atomic(target, data, sync=False)  # synced with its commit group (_Writer.commit)
     return {
         "img_id": d.job.img_id,
         "suite": suite.suite,
@@ -308,19 +312,51 @@ def _write_output(
     }
 
 
+# an output's journal row is written once its file is renamed into place and synced; files are
+# synced in groups: after each op's batch of outputs, and whenever this many wait
+COMMIT_OUTPUTS = 32
+
+
+class Journal:
+    """The append-only resume journal a worker commits finished outputs to: one JSON row a
+    line, each group written with one ``write`` on an O_APPEND descriptor and synced."""
+
+    def __init__(self, template: str) -> None:
+        self.path = template.format(pid=os.getpid())
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        data = memoryview("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+        while data:
+            data = data[os.write(self.fd, data) :]
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class _Writer:
     """Encodes and writes outputs on a thread pool (OpenCV's encoders release the GIL) while
     the ops run on the calling thread; at most ``2 x threads`` outputs wait in memory. Rows and
-    errors are kept in submission order; ``close`` fsyncs every written file and its folder,
-    so the journal row the driver appends after the chunk is the commit point."""
+    errors are kept in submission order. Finished outputs are committed in groups (after each
+    op's batch, or every ``COMMIT_OUTPUTS``): their files and folders fsynced, then their rows
+    appended to ``journal`` (the commit point: a re-run adopts them), so a kill loses at most the
+    outputs in flight: the op's batch under way and the ``2 x threads`` encodes behind it."""
 
-    def __init__(self, result: ChunkResult, on_output: OnOutput | None, threads: int) -> None:
+    def __init__(
+        self,
+        result: ChunkResult,
+        on_output: OnOutput | None,
+        threads: int,
+        journal: Journal | None = None,
+    ) -> None:
         self.result = result
         self.on_output = on_output
+        self.journal = journal
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="perturb-encode")
         self.limit = 2 * threads
         self.pending: deque[tuple[Future[dict[str, Any]], ImageJob, Task]] = deque()
-        self.written: list[Path] = []
+        self.group: list[tuple[dict[str, Any], Path]] = []  # written, not yet committed
 
     def submit(self, job: ImageJob, task: Task, fn: Callable[[], dict[str, Any]]) -> None:
         while len(self.pending) >= self.limit:
@@ -333,25 +369,56 @@ class _Writer:
             self.on_output(outputs)
 
     def _collect(self) -> None:
-        fut, job, task = self.pending.popleft()
+        fut, job, task = self.pending[0]  # left in place until its row is kept (Ctrl-C)
         try:
             row = fut.result()
         except Exception as exc:
+            self.pending.popleft()
             self.error(error_row(job, "write", f"{type(exc).__name__}: {exc}", task))
             return
+        self.group.append((row, Path(row["_target"])))
+        self.pending.popleft()
+        row.pop("_target")
         self.result.rows.append(row)
-        self.written.append(Path(row.pop("_target")))
         if self.on_output is not None:
             self.on_output(1)
+        if len(self.group) >= COMMIT_OUTPUTS:
+            self.commit()
+
+    def poll(self) -> None:
+        """After an op's batch: take the outputs already written and commit them."""
+        while self.pending and self.pending[0][0].done():
+            self._collect()
+        self.commit()
+
+    def commit(self) -> None:
+        """fsync the group's files and their folders, then journal their rows."""
+        if not self.group:
+            return
+        files = [target for _, target in self.group]
+        folders = sorted({p.parent for p in files})
+        list(self.pool.map(fsync_path, [*files, *folders]))
+        if self.journal is not None:
+            self.journal.append([row for row, _ in self.group])
+        self.group = []
 
     def close(self) -> None:
+        """Take every output under way and commit them; a Ctrl-C meanwhile is held until the
+        commit is done (then raised), so a stopped run keeps every output it finished."""
+        stop: KeyboardInterrupt | None = None
         try:
-            while self.pending:
-                self._collect()
-            folders = {p.parent for p in self.written}
-            list(self.pool.map(fsync_path, [*self.written, *sorted(folders)]))
+            while True:
+                try:
+                    while self.pending:
+                        self._collect()
+                    self.commit()
+                    break
+                except KeyboardInterrupt as exc:
+                    stop = exc
         finally:
             self.pool.shutdown(wait=True)
+        if stop is not None:
+            raise stop
 
 
 def encode_threads(cfg: WorkerConfig) -> int:
@@ -368,8 +435,9 @@ def process_chunk(
     _set_threads(cfg.threads)
     suite = _suite(json.dumps(cfg.suite, sort_keys=True))
     device = torch.device(cfg.device)
-    result = ChunkResult()
-    writer = _Writer(result, on_output, encode_threads(cfg))
+    result = ChunkResult(journaled=cfg.journal is not None)
+    journal = None if cfg.journal is None else Journal(cfg.journal)
+    writer = _Writer(result, on_output, encode_threads(cfg), journal)
     try:
         decoded: list[_Decoded] = []
         for job in jobs:
@@ -399,8 +467,13 @@ def process_chunk(
                 by_shape[d.shape].append((d, rel))
             for group in by_shape.values():
                 _run_group(task, group, suite, cfg, device, writer, cache)
+                writer.poll()
     finally:
-        writer.close()
+        try:
+            writer.close()
+        finally:
+            if journal is not None:
+                journal.close()
     return result
 
 
