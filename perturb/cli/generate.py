@@ -253,15 +253,24 @@ def verify(
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        for kind in ("missing", "corrupt", "extra", "unsafe"):
+        for kind in ("missing", "corrupt", "extra", "unsafe", "duplicate", "tampered"):
             for rel in getattr(report, kind):
                 typer.echo(f"{kind}: {rel}")
         if report.unfinished:
+            if report.outputs_done is not None:
+                of = "?" if report.outputs_expected is None else report.outputs_expected
+                typer.echo(f"unfinished: {report.outputs_done} of {of} outputs")
             typer.echo(f"unfinished: {report.unfinished}")
+        if report.rows_unsigned:
+            typer.echo(
+                f"note: {report.rows_unsigned} rows have no row digest (an older manifest): "
+                "their fields were not checked against their files"
+            )
         status = "ok" if report.ok else "unfinished" if report.unfinished else "problems found"
         typer.echo(
             f"{status}: {report.checked} files checked, {len(report.missing)} missing, "
-            f"{len(report.corrupt)} corrupt, {len(report.extra)} extra"
+            f"{len(report.corrupt)} corrupt, {len(report.extra)} extra, "
+            f"{len(report.duplicate)} duplicate rows, {len(report.tampered)} edited rows"
         )
     if not report.ok:
         raise typer.Exit(1)

@@ -48,7 +48,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from perturb.contracts.manifest import MANIFEST_COLUMNS
+from perturb.contracts.manifest import MANIFEST_COLUMNS, ROW_DIGEST, row_digest
 from perturb.contracts.suite import Suite, Task
 from perturb.errors import InputError
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
@@ -319,10 +319,10 @@ class OutputDir:
                 part.unlink(missing_ok=True)
         return rows
 
-    def mark_unfinished(self) -> None:
-        write_atomic(
-            self.state / UNFINISHED, b"a perturb generate run is under way or was stopped\n"
-        )
+    def mark_unfinished(self, outputs_expected: int | None = None) -> None:
+        """The marker of a run under way, with the outputs it makes once they are planned
+        (``perturb verify`` reports "unfinished: N of M outputs")."""
+        write_atomic(self.state / UNFINISHED, unfinished_marker(outputs_expected))
 
     def mark_finished(self) -> None:
         (self.state / UNFINISHED).unlink(missing_ok=True)
@@ -422,11 +422,9 @@ class RemoteOutputDir(OutputDir):
         for name in ("settings.json", "journal.jsonl"):
             self.remote.upload(self.state / name, f"{STATE_DIR}/{name}")
 
-    def mark_unfinished(self) -> None:
-        super().mark_unfinished()
-        self.remote.write(
-            f"{STATE_DIR}/{UNFINISHED}", b"a perturb generate run is under way or was stopped\n"
-        )
+    def mark_unfinished(self, outputs_expected: int | None = None) -> None:
+        super().mark_unfinished(outputs_expected)
+        self.remote.write(f"{STATE_DIR}/{UNFINISHED}", unfinished_marker(outputs_expected))
 
     def mark_finished(self) -> None:
         super().mark_finished()
@@ -434,7 +432,9 @@ class RemoteOutputDir(OutputDir):
 
 
 _INT_COLUMNS = frozenset(f.name for f in MANIFEST_SCHEMA if pa.types.is_integer(f.type))
-OPTIONAL_COLUMNS = ("input_sha256", "orientation")  # absent from journals of older versions
+# absent from journals of older versions (input_sha256, orientation) or from every journal
+# (row_digest: the manifest's, computed from the row when the manifest is written)
+OPTIONAL_COLUMNS = ("input_sha256", "orientation", ROW_DIGEST)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -462,6 +462,12 @@ def journal_row_problem(row: Any, root: Path) -> str | None:
     except UnsafePathError as exc:
         return str(exc)
     return None
+
+
+def unfinished_marker(outputs_expected: int | None) -> bytes:
+    """The text of ``.perturb/unfinished``: JSON naming the outputs the run makes, if known."""
+    note = "a perturb generate run is under way or was stopped"
+    return (json.dumps({"note": note, "outputs_expected": outputs_expected}) + "\n").encode()
 
 
 def read_settings(path: Path) -> dict[str, Any]:
@@ -494,7 +500,7 @@ def append_rows(fh: Any, rows: list[dict[str, Any]]) -> None:
 
 
 def manifest_table(rows: list[dict[str, Any]]) -> pa.Table:
-    ordered = sorted(rows, key=task_key)
+    ordered = [{**r, ROW_DIGEST: row_digest(r)} for r in sorted(rows, key=task_key)]
     columns = {name: [r.get(name) for r in ordered] for name in MANIFEST_COLUMNS}
     return pa.table(columns, schema=MANIFEST_SCHEMA)
 

@@ -252,6 +252,7 @@ def _run(
     done = folder.load_journal()
     selected, errors = select_images(inp, options.limit, shard, summary)
     pending, wanted = plan_missing(suite, inp, selected, done, folder, summary)
+    folder.mark_unfinished(summary.outputs_expected)
     cfg = WorkerConfig(
         suite=suite.model_dump(mode="json"),
         seed=seed,
