@@ -237,21 +237,26 @@ def _per_channel(
     x: torch.Tensor, task: Task, ids: list[str], groups: list[str], seed: int
 ) -> tuple[torch.Tensor, list[Any]]:
     """A 1-channel op on colour images: every channel with the image's key, so the channels
-    get the same parameters and fields (a gray image stored as RGB stays gray)."""
+    get the same parameters and fields (a gray image stored as RGB stays gray). One call per
+    channel: a sample's output does not depend on its batch, and within a call every image
+    needs its own key."""
     from perturb.engine import apply
 
-    b, c, h, w = x.shape
-    out, records = apply(
-        x.reshape(b * c, 1, h, w),
-        task.op,
-        task.severity,
-        [k for k in ids for _ in range(c)],
-        seed=seed,
-        variant=task.variant,
-        param_keys=[g for g in groups for _ in range(c)],
-    )
-    firsts = [replace(r, extra={**r.extra, "per_channel": True}) for r in records[::c]]
-    return out.reshape(b, c, h, w), firsts
+    outs: list[torch.Tensor] = []
+    records: list[Any] = []
+    for ch in range(x.shape[1]):
+        out, records = apply(
+            x[:, ch : ch + 1].contiguous(),
+            task.op,
+            task.severity,
+            ids,
+            seed=seed,
+            variant=task.variant,
+            param_keys=groups,
+        )
+        outs.append(out)
+    firsts = [replace(r, extra={**r.extra, "per_channel": True}) for r in records]
+    return torch.cat(outs, dim=1), firsts
 
 
 def to_device(images: list[torch.Tensor], device: torch.device) -> torch.Tensor:
