@@ -56,8 +56,23 @@ def generate(
         int | None, typer.Option(help="Seed of the keys (default: the suite's).")
     ] = None,
     strict: Annotated[
-        bool, typer.Option(help="Exit 1 when any row, image or output failed.")
+        bool,
+        typer.Option(
+            help="Exit 1 when any row, image or output failed (the default now; kept for scripts)."
+        ),
     ] = False,
+    allow_errors: Annotated[
+        bool,
+        typer.Option(
+            help="Exit 0 even when rows, images or outputs failed (listed in errors.jsonl)."
+        ),
+    ] = False,
+    max_memory: Annotated[
+        str | None,
+        typer.Option(
+            help="Memory the batches may take in all, e.g. 8G (default: 80% of the memory available); images are batched by pixels within it, an image that cannot fit is an error row."
+        ),
+    ] = None,
     max_pixels: Annotated[
         int, typer.Option(help="Refuse images with more pixels (decompression-bomb guard).")
     ] = DEFAULT_MAX_PIXELS,
@@ -137,7 +152,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Generate a perturbed split: images, manifest.parquet, errors.jsonl, dataset/."""
-    from perturb.generate.core import RunOptions
+    from perturb.generate.core import RunOptions, parse_size
     from perturb.generate.runner import generate as run
     from perturb.suites import load_suite
 
@@ -152,6 +167,7 @@ def generate(
         seed=seed,
         strict=strict,
         max_pixels=max_pixels,
+        max_memory=None if max_memory is None else parse_size(max_memory),
         image_column=image_column,
         embed_images=embed_images,
         progress=not quiet,
@@ -180,7 +196,12 @@ def generate(
     else:
         for line in summary_lines(summary, out):
             typer.echo(line)
-    if summary.errors and strict:
+    if summary.errors and (strict or not allow_errors):
+        typer.echo(
+            f"{summary.errors} errors (see {out}/errors.jsonl): exit 1; pass --allow-errors to "
+            "accept a run with errors",
+            err=True,
+        )
         raise typer.Exit(1)
 
 

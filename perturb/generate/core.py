@@ -114,6 +114,9 @@ class RunOptions:
     seed: int | None = None
     strict: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS
+    # bytes the run's batches may take in all (split among --workers); None: 80% of the memory
+    # available when the run starts (``default_max_memory``)
+    max_memory: int | None = None
     image_column: str | None = None
     embed_images: bool = False
     progress: bool = True
@@ -133,6 +136,44 @@ class RunOptions:
     id_from: str = "stem"  # img_id of inputs without an img_id column: file stem or path
     cache_dir: str | None = None  # ``datasets`` cache of the input (default DIR/.perturb/cache)
     fault: Fault | None = None  # tests: called at the points where a kill matters
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new work now (Linux MemAvailable; else free pages), or
+    None when the system does not say."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_max_memory() -> int | None:
+    """The default --max-memory: 80% of the memory available now (None when unknown)."""
+    free = available_memory()
+    return None if free is None else int(free * 0.8)
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str | int, option: str = "--max-memory") -> int:
+    """Bytes of a size such as ``8G``, ``512M``, ``1.5GB`` or a plain number of bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = _SIZE.fullmatch(str(text))
+    if m is None:
+        raise RunError(
+            f"{option} must be a size such as 8G, 512M or a number of bytes, got {text!r}"
+        )
+    scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
+    return int(float(m.group(1)) * scale)
 
 
 def fault_at(options: RunOptions, stage: str, n: int | str = 0) -> None:

@@ -32,6 +32,7 @@ from perturb.generate.core import (
     RunStopped,
     RunSummary,
     build_dataset,
+    default_max_memory,
     fault_at,
     manifest_table,
     open_run_input,
@@ -103,6 +104,8 @@ def _check_numbers(options: RunOptions) -> None:
         raise RunError(f"--limit must be non-negative, got {options.limit}")
     if options.max_pixels < 4:
         raise RunError(f"--max-pixels must be at least 4, got {options.max_pixels}")
+    if options.max_memory is not None and options.max_memory < 1:
+        raise RunError(f"--max-memory must be a positive size (e.g. 8G), got {options.max_memory}")
     if options.max_retries < 0:
         raise RunError(f"--max-retries must be non-negative, got {options.max_retries}")
     if options.stall_timeout is not None and not options.stall_timeout >= 0:
@@ -258,6 +261,7 @@ def _run(
         seed=seed,
         device=device,
         max_pixels=options.max_pixels,
+        max_memory=_worker_memory(options),
         out=str(folder.root),
         threads=options.threads or default_threads(options.workers),
     )
@@ -284,6 +288,12 @@ def _run(
     write_atomic(folder.root / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
     folder.publish()
     return summary
+
+
+def _worker_memory(options: RunOptions) -> int | None:
+    """Each worker's share of --max-memory (default: of 80% of the memory available now)."""
+    total = options.max_memory if options.max_memory is not None else default_max_memory()
+    return None if total is None else max(1, total // max(1, options.workers))
 
 
 def _stopped(

@@ -30,6 +30,7 @@ from perturb.io.images import (
     ImageDecodeError,
     decode_image_info,
     fsync_path,
+    read_header,
     to_tensor,
     write_atomic,
 )
@@ -48,6 +49,7 @@ class WorkerConfig:
     max_pixels: int
     out: str
     threads: int | None = None
+    max_memory: int | None = None  # bytes this worker's batches may take (None: no budget)
     # the resume journal this worker commits each output to as it is finished (``{pid}``: this
     # process's id, for a pool worker's own file); None: the driver journals each chunk's rows
     journal: str | None = None
@@ -444,35 +446,8 @@ def process_chunk(
     journal = None if cfg.journal is None else Journal(cfg.journal)
     writer = _Writer(result, on_output, encode_threads(cfg), journal)
     try:
-        decoded: list[_Decoded] = []
-        for job in jobs:
-            try:
-                arr, orientation = decode_image_info(
-                    job.data, max_pixels=cfg.max_pixels, source=f"img_id {job.img_id!r}"
-                )
-                if min(arr.shape[:2]) < 2:
-                    raise ImageDecodeError(
-                        f"img_id {job.img_id!r}: {arr.shape[1]}x{arr.shape[0]} is too small (at least 2x2)"
-                    )
-            except ImageDecodeError as exc:
-                writer.error(error_row(job, "decode", str(exc)), len(job.tasks))
-                result.images_failed += 1
-                continue
-            decoded.append(_Decoded(job, arr, orientation))
-            result.images_ok += 1
-        # group by task, then by shape, keeping a deterministic order
-        by_task: dict[Task, list[tuple[_Decoded, str]]] = defaultdict(list)
-        for d in decoded:
-            for task, rel in d.job.tasks:
-                by_task[task].append((d, rel))
-        cache: dict[Any, torch.Tensor] = {}
-        for task, items in by_task.items():
-            by_shape: dict[tuple[int, ...], list[tuple[_Decoded, str]]] = defaultdict(list)
-            for d, rel in items:
-                by_shape[d.shape].append((d, rel))
-            for group in by_shape.values():
-                _run_group(task, group, suite, cfg, device, writer, cache)
-                writer.poll()
+        for part in _memory_parts(jobs, cfg, writer, result):
+            _process_part(part, cfg, suite, device, writer, result)
     finally:
         try:
             writer.close()
@@ -480,6 +455,99 @@ def process_chunk(
             if journal is not None:
                 journal.close()
     return result
+
+
+# bytes a sample takes while its ops run, per pixel of an RGB image: the decoded frame, its
+# float32 tensor and array, an op's intermediates and output, the quantized copy and the encode
+# (measured: one 65000x900 JPEG took 3.8 GB, ~65 bytes a pixel)
+MEMORY_PER_PIXEL = 64
+
+
+def footprint(width: int, height: int) -> int:
+    """The bytes one image of ``width`` x ``height`` is budgeted at while it is processed."""
+    return MEMORY_PER_PIXEL * width * height
+
+
+def _memory_parts(
+    jobs: list[ImageJob], cfg: WorkerConfig, writer: _Writer, result: ChunkResult
+) -> list[list[ImageJob]]:
+    """``jobs`` cut into batches whose images fit ``cfg.max_memory`` together (sizes from the
+    headers, before any decode): batches by pixels, not by count. An image that cannot fit alone
+    becomes an error row naming the budget. Images whose header cannot be read or is above
+    --max-pixels take no room (their decode reports why)."""
+    if cfg.max_memory is None:
+        return [jobs]
+    parts: list[list[ImageJob]] = [[]]
+    used = 0
+    for job in jobs:
+        try:
+            header = read_header(
+                job.data, source=f"img_id {job.img_id!r}", max_pixels=cfg.max_pixels
+            )
+            over = header.width * header.height > cfg.max_pixels  # decode refuses it: --max-pixels
+            need = 0 if over else footprint(header.width, header.height)
+        except ImageDecodeError:
+            need = 0
+        if need > cfg.max_memory:
+            writer.error(
+                error_row(
+                    job,
+                    "memory",
+                    f"img_id {job.img_id!r}: {header.width}x{header.height} needs about "
+                    f"{need / 1e9:.1f} GB to perturb, above the memory budget of "
+                    f"{cfg.max_memory / 1e9:.1f} GB per worker (--max-memory); raise --max-memory, "
+                    "use fewer --workers, or shrink the image",
+                ),
+                len(job.tasks),
+            )
+            result.images_failed += 1
+            continue
+        if used + need > cfg.max_memory and parts[-1]:
+            parts.append([])
+            used = 0
+        parts[-1].append(job)
+        used += need
+    return [p for p in parts if p]
+
+
+def _process_part(
+    jobs: list[ImageJob],
+    cfg: WorkerConfig,
+    suite: Suite,
+    device: torch.device,
+    writer: _Writer,
+    result: ChunkResult,
+) -> None:
+    """Decode one batch of images and run every missing task on it."""
+    decoded: list[_Decoded] = []
+    for job in jobs:
+        try:
+            arr, orientation = decode_image_info(
+                job.data, max_pixels=cfg.max_pixels, source=f"img_id {job.img_id!r}"
+            )
+            if min(arr.shape[:2]) < 2:
+                raise ImageDecodeError(
+                    f"img_id {job.img_id!r}: {arr.shape[1]}x{arr.shape[0]} is too small (at least 2x2)"
+                )
+        except ImageDecodeError as exc:
+            writer.error(error_row(job, "decode", str(exc)), len(job.tasks))
+            result.images_failed += 1
+            continue
+        decoded.append(_Decoded(job, arr, orientation))
+        result.images_ok += 1
+    # group by task, then by shape, keeping a deterministic order
+    by_task: dict[Task, list[tuple[_Decoded, str]]] = defaultdict(list)
+    for d in decoded:
+        for task, rel in d.job.tasks:
+            by_task[task].append((d, rel))
+    cache: dict[Any, torch.Tensor] = {}
+    for task, items in by_task.items():
+        by_shape: dict[tuple[int, ...], list[tuple[_Decoded, str]]] = defaultdict(list)
+        for d, rel in items:
+            by_shape[d.shape].append((d, rel))
+        for group in by_shape.values():
+            _run_group(task, group, suite, cfg, device, writer, cache)
+            writer.poll()
 
 
 def _run_group(
