@@ -208,7 +208,7 @@ class RunSummary:
     errors: int = 0
     output_bytes: int = 0
     seconds: float = 0.0
-    images_per_second: float = 0.0
+    images_per_second: float = 0.0  # source images decoded and perturbed (images_ok) / wall time
     unsafe_ids: int = 0
     engine: str = "local"
     shard: str | None = None
@@ -217,7 +217,7 @@ class RunSummary:
     worker_failures: int = 0  # failed worker calls seen (died, or raised), before retries
     stalls: int = 0  # Ray passes stopped after --stall-timeout seconds without a result
     seconds_to_first_output: float | None = None  # start-up: planning, workers, first batch
-    outputs_per_second: float = 0.0  # outputs written / wall time (images_per_second: the same)
+    outputs_per_second: float = 0.0  # outputs written / wall time
     bytes_written: int = 0  # bytes of the outputs written by this run
     estimated_bytes: int | None = None  # disk estimate after the first chunk (this run's rest)
     plan: dict[str, Any] | None = None  # --dry-run: perturb.generate.plan.Plan, nothing written
@@ -836,8 +836,10 @@ class Commit:
         out, local = self.folder.root, self.folder.url is None
         mean = sum(int(r["size_bytes"]) for r in result.rows) / len(result.rows)
         rest = max(0, self.to_do - tasks)
-        line, too_big = space_problem(out, rest, mean, self.options.embed_images and local)
         self.summary.estimated_bytes = int(rest * mean)
+        if rest == 0:  # the whole run was this chunk: nothing left to estimate
+            return
+        line, too_big = space_problem(out, rest, mean, self.options.embed_images and local)
         self.progress.note(line)
         if too_big and self.options.check_space and local:
             raise RunError(

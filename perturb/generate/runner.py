@@ -81,6 +81,8 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         raise RunError(f"--id-from must be stem or path, got {options.id_from!r}")
     if out is not None:
         _refuse_out_inside_input(out, options.dataset)
+        if not options.dry_run:
+            check_out_writable(out)
     if options.dry_run:  # the plan, measured on the first image; nothing written in DIR
         return _dry_run(suite, options, seed, shard, out)
     if options.cache_dir is None:
@@ -219,6 +221,30 @@ def _run_in(
             disconnect()
 
 
+def check_out_writable(out: Path) -> None:
+    """--out is a folder (or can be made) that this user can write in, else a RunError naming
+    the real cause before the input is opened (whose cache lives in DIR). Probes with a
+    temporary file in the nearest existing folder, removed at once (permission bits do not
+    tell for root or for a read-only mount)."""
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {out} is a file, not a folder; choose a folder path (it is created)")
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunError(
+            f"--out {out}: {existing} is a file, so no folder can be made under it; choose another --out"
+        )
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise RunError(
+            f"--out {out}: cannot write in {existing} ({exc.strerror or exc}); choose a folder you "
+            "can write to (or fix its permissions, or remount it read-write)"
+        ) from None
+
+
 def _refuse_out_inside_input(out: Path, dataset: str | None) -> None:
     """A DIR inside a folder input would be read back as input images on the next run."""
     if dataset is None or output_url(dataset) is not None:
@@ -283,8 +309,9 @@ def _run(
     summary.outputs_written = commit.written
     _finish(options, inp, folder, summary, [r for k, r in done.items() if k in wanted], errors)
     summary.seconds = time.perf_counter() - started
-    summary.images_per_second = commit.written / summary.seconds if summary.seconds > 0 else 0.0
-    summary.outputs_per_second = summary.images_per_second
+    seconds = summary.seconds if summary.seconds > 0 else float("inf")
+    summary.images_per_second = summary.images_ok / seconds  # source images decoded and perturbed
+    summary.outputs_per_second = commit.written / seconds
     write_atomic(folder.root / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
     folder.publish()
     return summary
