@@ -4,12 +4,12 @@ writing anything in DIR, in seconds.
 The plan counts the selected images (after --limit and --shard) and their outputs. It reads the
 headers of up to ``HEADER_SAMPLE`` images spread over the selection (sizes, no decode), then runs
 the job function into a temporary folder outside DIR (removed again) on the smallest, the median
-and the largest of them, each with up to ``TASK_SAMPLE`` of its tasks spread over the suite's ops
-and severities. Output bytes and time scale with pixels: the estimate is outputs x the mean
-pixels of the header sample x the measured bytes (and seconds) per pixel of an output, and its
-uncertainty is the standard error of those two means combined (1 s.d.; the tasks differ a lot:
-noise compresses far worse than blur). A DIR that already holds part of the run is not read: its
-outputs are counted as still to make.
+and the largest of them, each with ``TASK_SAMPLE`` of its tasks spread over the suite's ops and
+severities (interleaved, so the images together cover different tasks). Output bytes and time
+scale with pixels: the estimate is outputs x the mean pixels of the header sample x the measured
+bytes (and seconds) per pixel of an output, and its uncertainty is the standard error of those
+two means combined (1 s.d.; the tasks differ a lot: noise compresses far worse than blur). A DIR
+that already holds part of the run is not read: its outputs are counted as still to make.
 """
 
 from __future__ import annotations
@@ -79,6 +79,14 @@ def _spread(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
 
 
+def _interleaved(n: int, k: int, part: int, parts: int) -> list[int]:
+    """``k`` indices spread evenly over range(n), shifted for ``part`` of ``parts`` so that the
+    measured images together cover ``parts x k`` different tasks."""
+    if n <= k:
+        return list(range(n))
+    return sorted({int((j + part / parts) * n / k) % n for j in range(k)})
+
+
 def _rel_se(values: list[float], population: int | None = None) -> float:
     """Standard error of the mean of ``values`` relative to the mean (finite-population
     corrected when they are a sample of ``population`` items)."""
@@ -136,10 +144,10 @@ def plan_run(
     ordered = sorted(sized, key=lambda item: (item[0], item[1].img_id))
     measured = [ordered[i] for i in sorted({0, len(ordered) // 2, len(ordered) - 1})]
     pending = []
-    for _, group in measured:
+    for part, (_, group) in enumerate(measured):
         file_id = safe_stem(group.img_id)
         tasks = tasks_of(group)
-        picked = [tasks[i] for i in _spread(len(tasks), TASK_SAMPLE)]
+        picked = [tasks[i] for i in _interleaved(len(tasks), TASK_SAMPLE, part, len(measured))]
         pending.append((group, file_id, [(t, t.path(suite, file_id)) for t in picked]))
     with tempfile.TemporaryDirectory(prefix="perturb-dry-run-") as scratch:
         cfg = WorkerConfig(
