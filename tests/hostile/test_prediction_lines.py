@@ -20,11 +20,11 @@ def test_an_overlong_line_is_an_error_naming_it_without_reading_it_whole(tmp_pat
     with open(path, "wb") as fh:
         fh.write(b'{"question_id": "q1", "prediction": "A"}\n')
         fh.write(b'{"question_id": "q2", "prediction": "' + b"x" * size + b'"}\n')
-    start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start, before = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(InputError, match=r"line 2 is longer than 64 MB") as info:
         readers._read_jsonl(path)
     assert "one object per line" in str(info.value)
-    assert time.perf_counter() - start < 10
+    assert time.process_time() - start < 10  # CPU seconds: robust to a loaded machine
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mb < 3 * readers.MAX_LINE_BYTES / 2**20, grown_mb  # the line, not the file x 3
 
