@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -344,11 +345,12 @@ class Journal:
 
 class _Writer:
     """Encodes and writes outputs on a thread pool (OpenCV's encoders release the GIL) while
-    the ops run on the calling thread; at most ``2 x threads`` outputs wait in memory. Rows and
-    errors are kept in submission order. Finished outputs are committed in groups (after each
-    op's batch, or every ``COMMIT_OUTPUTS``): their files and folders fsynced, then their rows
-    appended to ``journal`` (the commit point: a re-run adopts them), so a kill loses at most the
-    outputs in flight: the op's batch under way and the ``2 x threads`` encodes behind it."""
+    the ops run on the calling thread; at most ``2 x threads`` outputs wait in memory. Each
+    write records its own result on its encoder thread (a Ctrl-C, raised on the calling thread,
+    cannot lose one). Finished outputs are committed in groups (after each op's batch, or every
+    ``COMMIT_OUTPUTS``): their files and folders fsynced, then their rows appended to
+    ``journal`` (the commit point: a re-run adopts them), so a kill loses at most the outputs in
+    flight: the op's batch under way and the ``2 x threads`` encodes behind it."""
 
     def __init__(
         self,
@@ -362,40 +364,69 @@ class _Writer:
         self.journal = journal
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="perturb-encode")
         self.limit = 2 * threads
-        self.pending: deque[tuple[Future[dict[str, Any]], ImageJob, Task]] = deque()
+        self.pending: deque[Future[None]] = deque()
+        self.submitted = 0
+        self.lock = threading.Lock()
+        # written (row) or failed (exception), by submission number, recorded by the encoder thread
+        self.finished: dict[
+            int, tuple[ImageJob, Task, dict[str, Any] | None, Exception | None]
+        ] = {}
         self.group: list[tuple[dict[str, Any], Path]] = []  # written, not yet committed
+        self.closed = False  # the pool is shut down
 
     def submit(self, job: ImageJob, task: Task, fn: Callable[[], dict[str, Any]]) -> None:
         while len(self.pending) >= self.limit:
             self._collect()
-        self.pending.append((self.pool.submit(fn), job, task))
+        self.submitted += 1
+        self.pending.append(self.pool.submit(self._write, self.submitted, job, task, fn))
+
+    def _write(
+        self, number: int, job: ImageJob, task: Task, fn: Callable[[], dict[str, Any]]
+    ) -> None:
+        """On an encoder thread: run ``fn`` and record its row or its error."""
+        entry: tuple[ImageJob, Task, dict[str, Any] | None, Exception | None]
+        try:
+            entry = (job, task, fn(), None)
+        except Exception as exc:
+            entry = (job, task, None, exc)
+        with self.lock:
+            self.finished[number] = entry
 
     def error(self, row: dict[str, Any], outputs: int = 1) -> None:
         self.result.errors.append(row)
         if self.on_output is not None and outputs:
             self.on_output(outputs)
 
-    def _collect(self) -> None:
-        fut, job, task = self.pending[0]  # left in place until its row is kept (Ctrl-C)
-        try:
-            row = fut.result()
-        except Exception as exc:
-            self.pending.popleft()
-            self.error(error_row(job, "write", f"{type(exc).__name__}: {exc}", task))
-            return
-        self.group.append((row, Path(row["_target"])))
-        self.pending.popleft()
-        row.pop("_target")
-        self.result.rows.append(row)
-        if self.on_output is not None:
-            self.on_output(1)
+    def _take(self) -> None:
+        """Move the finished writes (in submission order) into the group and the result; an
+        entry leaves ``finished`` only once it is taken, so a Ctrl-C meanwhile loses none."""
+        with self.lock:
+            entries = sorted(self.finished.items())
+        for number, (job, task, row, exc) in entries:
+            if row is None:
+                self.error(error_row(job, "write", f"{type(exc).__name__}: {exc}", task))
+            else:
+                clean = {k: v for k, v in row.items() if k != "_target"}
+                self.group.append((clean, Path(row["_target"])))
+                self.result.rows.append(clean)
+                if self.on_output is not None:
+                    self.on_output(1)
+            with self.lock:
+                del self.finished[number]
         if len(self.group) >= COMMIT_OUTPUTS:
             self.commit()
 
+    def _collect(self) -> None:
+        """Wait for the oldest write under way, then take what is finished."""
+        self.pending[0].result()
+        self.pending.popleft()
+        self._take()
+
     def poll(self) -> None:
         """After an op's batch: take the outputs already written and commit them."""
-        while self.pending and self.pending[0][0].done():
-            self._collect()
+        while self.pending and self.pending[0].done():
+            self.pending.popleft()
+        self._take()
         self.commit()
 
     def commit(self) -> None:
@@ -404,26 +435,27 @@ class _Writer:
             return
         files = [target for _, target in self.group]
         folders = sorted({p.parent for p in files})
-        list(self.pool.map(fsync_path, [*files, *folders]))
+        run = map if self.closed else self.pool.map  # the pool is shut down by ``close``
+        list(run(fsync_path, [*files, *folders]))
         if self.journal is not None:
             self.journal.append([row for row, _ in self.group])
         self.group = []
 
     def close(self) -> None:
-        """Take every output under way and commit them; a Ctrl-C meanwhile is held until the
-        commit is done (then raised), so a stopped run keeps every output it finished."""
+        """Wait for every write, take and commit them all; a Ctrl-C meanwhile is held until
+        the commit is done (then raised), so a stopped run keeps every output it finished."""
         stop: KeyboardInterrupt | None = None
-        try:
-            while True:
-                try:
-                    while self.pending:
-                        self._collect()
-                    self.commit()
-                    break
-                except KeyboardInterrupt as exc:
-                    stop = exc
-        finally:
-            self.pool.shutdown(wait=True)
+        while True:
+            try:
+                # every write submitted, even one whose future a Ctrl-C kept from ``pending``
+                self.pool.shutdown(wait=True)
+                self.closed = True
+                self.pending.clear()
+                self._take()
+                self.commit()
+                break
+            except KeyboardInterrupt as exc:
+                stop = exc
         if stop is not None:
             raise stop
 
