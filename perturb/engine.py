@@ -22,8 +22,9 @@ from perturb import rng
 from perturb.catalog.bounds import params_problem
 from perturb.catalog.registry import Op, get_op
 from perturb.catalog.specs import check_severity
+from perturb.contracts.keys import check_sample_keys
 from perturb.contracts.record import Record
-from perturb.errors import InputError
+from perturb.errors import InputError, UnknownNameError
 from perturb.ops import backend as backends
 from perturb.scene import Scene
 from perturb.scene.analysis import analysed
@@ -530,12 +531,9 @@ def apply(
     check_images(images, spec_op)
     x = images
     n = x.shape[0]
-    if isinstance(sample_keys, str | bytes) or len(sample_keys) != n:
-        raise InputError(
-            f"sample_keys must be a sequence with one stable id per image ({n}), got {sample_keys!r:.80}"
-        )
     severities = [check_severity(s) for s in _per_sample(severity, n, "severity")]
     variants = [_check_variant(v) for v in _per_sample(variant, n, "variant")]
+    sample_keys = check_sample_keys(sample_keys, n, severities, variants)
     protect = spec_op.spec.protects_border if protect_border is None else bool(protect_border)
     if param_keys is not None and (isinstance(param_keys, str | bytes) or len(param_keys) != n):
         raise InputError(
@@ -583,12 +581,53 @@ def with_codecs(records: Sequence[Record], images: torch.Tensor) -> list[Record]
     return out
 
 
+def check_replayable(rec: Record) -> None:
+    """``rec`` names an op of this catalog at its version, with the parameters that op draws
+    (no more, no fewer); otherwise InputError naming the record's field, before any work."""
+    try:
+        op = get_op(rec.op)
+    except UnknownNameError:
+        raise InputError(
+            f"record field op: no op {rec.op!r} in this perturb (renamed or removed since perturb "
+            f"{rec.perturb_version} made the record); replay it with that version"
+        ) from None
+    if rec.op_version != op.spec.version:
+        raise InputError(
+            f"record field op_version: {rec.op} version {rec.op_version} was recorded, this perturb "
+            f"has version {op.spec.version}; replay it with perturb {rec.perturb_version}"
+        )
+    if not isinstance(rec.params, dict):
+        raise InputError(
+            f"record field params: a mapping of {rec.op}'s parameters is needed, got {rec.params!r:.60}"
+        )
+    try:
+        expected = set(sample_params(op, rng.key_from_hex(rec.key), rec.severity))
+    except Exception:  # a record drawn from explicit ranges, or a bad key: the run checks those
+        return
+    missing, unknown = sorted(expected - set(rec.params)), sorted(set(rec.params) - expected)
+    if missing or unknown:
+        what = "; ".join(
+            part
+            for part in (
+                f"missing params.{', params.'.join(missing)}" if missing else "",
+                f"unknown params.{', params.'.join(unknown)}" if unknown else "",
+            )
+            if part
+        )
+        raise InputError(
+            f"record field params: {what} for op {rec.op} (expected {', '.join(sorted(expected))}); "
+            f"the record was edited or made by another perturb version ({rec.perturb_version})"
+        )
+
+
 def replay(records: Record | dict | Sequence[Record | dict], images: torch.Tensor) -> torch.Tensor:
     """Re-apply recorded ops: one record per image of ``images`` (CHW or BCHW), or a chain of
     records applied in order to a single image."""
     if isinstance(records, Record | dict):
         records = [records]
     recs = [r if isinstance(r, Record) else Record.from_dict(r) for r in records]
+    for rec in recs:
+        check_replayable(rec)
     single = images.ndim == 3
     batch = images.unsqueeze(0) if single else images
     check_images(batch)

@@ -81,7 +81,7 @@ def load_suite(path: str | Path) -> Suite:
             f"{path}: suite file not found; pass a YAML path or a name. {known_names_hint('suite')}"
         )
     try:
-        data = yaml.safe_load(p.read_text())
+        data = contract.load_yaml(p.read_text(), str(p))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{p}: not valid YAML: {exc}") from None
     if isinstance(data, dict) and "policy" in data and "suite" not in data:

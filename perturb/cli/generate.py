@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -54,8 +56,23 @@ def generate(
         int | None, typer.Option(help="Seed of the keys (default: the suite's).")
     ] = None,
     strict: Annotated[
-        bool, typer.Option(help="Exit 1 when any row, image or output failed.")
+        bool,
+        typer.Option(
+            help="Exit 1 when any row, image or output failed (the default now; kept for scripts)."
+        ),
     ] = False,
+    allow_errors: Annotated[
+        bool,
+        typer.Option(
+            help="Exit 0 even when rows, images or outputs failed (listed in errors.jsonl)."
+        ),
+    ] = False,
+    max_memory: Annotated[
+        str | None,
+        typer.Option(
+            help="Memory the batches may take in all, e.g. 8G (default: 80% of the memory available); images are batched by pixels within it, an image that cannot fit is an error row."
+        ),
+    ] = None,
     max_pixels: Annotated[
         int, typer.Option(help="Refuse images with more pixels (decompression-bomb guard).")
     ] = DEFAULT_MAX_PIXELS,
@@ -100,7 +117,9 @@ def generate(
     ] = None,
     concurrency: Annotated[
         int | None,
-        typer.Option(help="Ray workers (default: the cluster's CPUs, or GPUs / --gpus-per-worker)."),
+        typer.Option(
+            help="Ray workers (default: the cluster's CPUs, or GPUs / --gpus-per-worker)."
+        ),
     ] = None,
     max_retries: Annotated[
         int, typer.Option(help="Ray: passes that re-run images whose worker died or failed.")
@@ -133,7 +152,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Generate a perturbed split: images, manifest.parquet, errors.jsonl, dataset/."""
-    from perturb.generate.core import RunOptions
+    from perturb.generate.core import RunOptions, parse_size
     from perturb.generate.runner import generate as run
     from perturb.suites import load_suite
 
@@ -148,6 +167,7 @@ def generate(
         seed=seed,
         strict=strict,
         max_pixels=max_pixels,
+        max_memory=None if max_memory is None else parse_size(max_memory),
         image_column=image_column,
         embed_images=embed_images,
         progress=not quiet,
@@ -164,7 +184,7 @@ def generate(
         id_from=id_from,
         cache_dir=cache_dir,
     )
-    summary = run(load_suite(config), options)
+    summary = _until_stopped(lambda: run(load_suite(config), options))
     if as_json:
         typer.echo(json.dumps(summary.plan or summary.to_dict(), indent=2))
     elif summary.plan is not None:
@@ -176,8 +196,38 @@ def generate(
     else:
         for line in summary_lines(summary, out):
             typer.echo(line)
-    if summary.errors and strict:
+    if summary.errors and (strict or not allow_errors):
+        typer.echo(
+            f"{summary.errors} errors (see {out}/errors.jsonl): exit 1; pass --allow-errors to "
+            "accept a run with errors",
+            err=True,
+        )
         raise typer.Exit(1)
+
+
+def _until_stopped(run: Callable[[], RunSummary]) -> RunSummary:
+    """``run()``; Ctrl-C or SIGTERM stops it with what was kept and how to resume (exit 128 +
+    the signal's number: 130, 143), no traceback."""
+    import signal
+
+    stopped_by = {"signal": signal.SIGINT}
+
+    def on_term(signum: int, frame: object) -> None:
+        stopped_by["signal"] = signal.SIGTERM
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return run()
+    except KeyboardInterrupt as exc:
+        sys.stdout.flush()
+        message = (
+            str(exc) or "stopped; re-run the same command to resume (finished outputs are kept)"
+        )
+        typer.echo(message, err=True)
+        raise typer.Exit(128 + int(stopped_by["signal"])) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def summary_lines(s: RunSummary, out: str) -> list[str]:
@@ -185,7 +235,11 @@ def summary_lines(s: RunSummary, out: str) -> list[str]:
     bytes and speed."""
     lines = [
         f"suite {s.suite} on {s.input} ({s.device}, engine {s.engine}"
-        + (f", shard {s.shard}: {s.images_in_other_shards} images in other shards" if s.shard else "")
+        + (
+            f", shard {s.shard}: {s.images_in_other_shards} images in other shards"
+            if s.shard
+            else ""
+        )
         + ")",
         f"input rows {s.input_rows} ({s.rows_without_id} without img_id), unique images {s.images}, selected {s.images_selected}"
         + (f", unsafe img_ids encoded {s.unsafe_ids}" if s.unsafe_ids else ""),
@@ -220,15 +274,24 @@ def verify(
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        for kind in ("missing", "corrupt", "extra", "unsafe"):
+        for kind in ("missing", "corrupt", "extra", "unsafe", "duplicate", "tampered"):
             for rel in getattr(report, kind):
                 typer.echo(f"{kind}: {rel}")
         if report.unfinished:
+            if report.outputs_done is not None:
+                of = "?" if report.outputs_expected is None else report.outputs_expected
+                typer.echo(f"unfinished: {report.outputs_done} of {of} outputs")
             typer.echo(f"unfinished: {report.unfinished}")
+        if report.rows_unsigned:
+            typer.echo(
+                f"note: {report.rows_unsigned} rows have no row digest (an older manifest): "
+                "their fields were not checked against their files"
+            )
         status = "ok" if report.ok else "unfinished" if report.unfinished else "problems found"
         typer.echo(
             f"{status}: {report.checked} files checked, {len(report.missing)} missing, "
-            f"{len(report.corrupt)} corrupt, {len(report.extra)} extra"
+            f"{len(report.corrupt)} corrupt, {len(report.extra)} extra, "
+            f"{len(report.duplicate)} duplicate rows, {len(report.tampered)} edited rows"
         )
     if not report.ok:
         raise typer.Exit(1)

@@ -7,7 +7,10 @@ Names and Arrow types as data, so the writer (``perturb.generate``) and the read
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -44,6 +47,7 @@ EXTRA_FIELDS: tuple[tuple[str, ColumnType], ...] = (
     ("record", "string"),
     ("input_sha256", "string"),  # sha256 of the input image file the output was made from
     ("orientation", "int64"),  # EXIF orientation applied when decoding it (1: none)
+    ("row_digest", "string"),  # sha256 of the row's other columns (``row_digest``)
 )
 MANIFEST_FIELDS: tuple[tuple[str, ColumnType], ...] = CORE_FIELDS + EXTRA_FIELDS
 MANIFEST_COLUMNS: tuple[str, ...] = tuple(name for name, _ in MANIFEST_FIELDS)
@@ -53,6 +57,23 @@ PERTURBATION_COLUMNS: tuple[str, ...] = tuple(name for name, _ in CORE_FIELDS if
 INT_COLUMNS: frozenset[str] = frozenset(name for name, kind in MANIFEST_FIELDS if kind == "int64")
 # the columns the scorer needs to pair predictions with outputs
 SCORER_COLUMNS: tuple[str, ...] = ("img_id", "op", "severity", "variant", "path")
+
+
+ROW_DIGEST = "row_digest"
+# what ``row_digest`` covers: every other column, the output's sha256 among them
+IDENTITY_COLUMNS: tuple[str, ...] = tuple(c for c in MANIFEST_COLUMNS if c != ROW_DIGEST)
+
+
+def row_digest(row: Mapping[str, Any]) -> str:
+    """sha256 (hex) of a manifest row's identity: its other columns (absent ones as null) with
+    the output file's sha256, so an edited img_id, op, severity, path, ... no longer matches the
+    digest ``perturb verify`` checks."""
+    canonical = json.dumps(
+        [[name, row.get(name)] for name in IDENTITY_COLUMNS],
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def arrow_schema() -> pa.Schema:

@@ -115,7 +115,9 @@ class OpsJob(BaseModel):
     ops: list[str] | Literal["all"]
     modality: str | None = None
     severities: list[int] = Field(default_factory=lambda: list(SEVERITIES))
-    variants: int = Field(0, ge=0, le=1000)
+    variants: int = Field(0, ge=0, le=1000, strict=True)
+    # run listed ops not tagged with ``modality`` anyway (e.g. an endoscopy op on X-rays)
+    allow_modality_mismatch: bool = Field(False, strict=True)
 
     @field_validator("modality")
     @classmethod
@@ -127,15 +129,38 @@ class OpsJob(BaseModel):
             )
         return v
 
-    @field_validator("severities")
+    @field_validator("severities", mode="before")
     @classmethod
-    def _severities(cls, v: list[int]) -> list[int]:
-        bad = [s for s in v if isinstance(s, bool) or s not in SEVERITIES]
-        if bad or not v:
-            raise ValueError(f"severities must be a non-empty list of integers 1..5, got {v}")
+    def _severities(cls, v: Any) -> Any:
+        """Checked before any coercion: ``true`` or ``"3"`` is not a severity."""
+        if not isinstance(v, list) or not v:
+            raise ValueError(f"severities must be a non-empty list of integers 1..5, got {v!r:.80}")
+        bad = [s for s in v if type(s) is not int or s not in SEVERITIES]
+        if bad:
+            raise ValueError(
+                f"severities must be integers 1..5, got {bad[0]!r:.40} (a boolean or text is not "
+                "a severity): write e.g. severities: [1, 3, 5]"
+            )
         if len(set(v)) != len(v):
             raise ValueError(f"severities repeat: {v}")
         return v
+
+    @model_validator(mode="after")
+    def _ops_of_modality(self, info: ValidationInfo) -> OpsJob:
+        """Every listed op is tagged with the job's modality (or ``any``), unless the job says
+        ``allow_modality_mismatch: true``."""
+        if self.modality in (None, FROM_IMAGE) or self.ops == "all" or self.allow_modality_mismatch:
+            return self
+        catalog = _context_catalog(info)
+        for op in self.ops:
+            tags = set(catalog.op_modalities(op))
+            if self.modality not in tags and "any" not in tags:
+                raise ValueError(
+                    f"op {op} is for {', '.join(sorted(tags))} images, not {self.modality} "
+                    f"(modality: {self.modality}): remove it from ops, change the job's modality, "
+                    "or add allow_modality_mismatch: true to the job to run it anyway"
+                )
+        return self
 
     @field_validator("ops")
     @classmethod
@@ -285,7 +310,7 @@ class Suite(BaseModel):
 
     suite: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, strict=True)  # ``true`` is not a seed
     jobs: list[Job]
     output: OutputSpec
     input: InputSpec | None = None
@@ -411,6 +436,36 @@ def _format_error(path: str, exc: ValidationError) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{path}: field {loc}: {msg}" if loc else f"{path}: {msg}")
     return "\n".join(lines)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load`` of a suite or policy file, except that a key given twice in one
+    mapping is an error naming it and its lines (the YAML spec forbids it; PyYAML keeps the
+    last value silently)."""
+    import yaml
+
+    class _UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: PyYAML's own error follows
+                continue
+            if first is not None:
+                raise SuiteError(
+                    f"{source}: line {line}: key {key!r} is given twice (first on line {first}); "
+                    "keep one of them"
+                )
+            seen[key] = line
+        return loader.construct_mapping(node)
+
+    _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def parse_suite(data: Any, catalog: SuiteCatalog, source: str = "<suite>") -> Suite:

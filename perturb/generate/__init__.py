@@ -25,7 +25,7 @@ __all__ = ["generate_split", "load_generated"]
 def generate_split(config: str | Path | Suite, out: str | Path, **options: Any) -> RunSummary:
     """Run a suite (a YAML path, a built-in suite name, or a ``Suite``) into ``out``; ``options``
     are those of ``perturb.generate.core.RunOptions`` (dataset, split, limit, batch_size,
-    workers, device, seed, max_pixels, image_column, embed_images, progress, builtin_images,
+    workers, device, seed, max_pixels, max_memory, image_column, embed_images, progress, builtin_images,
     engine, shard, ray_address, gpus_per_worker, concurrency, max_retries)."""
     from perturb.contracts.suite import Suite
     from perturb.generate.core import RunOptions

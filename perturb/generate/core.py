@@ -13,9 +13,11 @@ Layout of DIR::
     summary.json            counts and throughput of the last run
     .perturb/               settings, journal and lock of the run (resume state)
 
-Resume: every finished chunk's outputs are appended to ``.perturb/journal.jsonl`` after their
-files have been renamed into place and synced, so after a kill at any moment a re-run skips what
-the journal lists and makes only the rest; the manifest is rebuilt from the journal, sorted, so
+Resume: every finished output is committed by the worker that made it (``perturb.generate.
+worker``): its file renamed into place and synced (in groups: after each op's batch), then its row
+appended to ``.perturb/journal.jsonl`` (a pool worker: ``.perturb/journal-<pid>.jsonl``, folded
+into the journal by the next run; outputs at a URL: the driver journals each chunk's rows), so
+after a kill at any moment a re-run skips what the journals list and makes only the rest; the manifest is rebuilt from the journal, sorted, so
 it is the same whatever was interrupted. Resume trusts nothing it did not check: journal rows
 are validated (types, paths inside DIR; a corrupt line stops the run with the fix), an output
 is adopted only when its file's sha256 is the journal's and its input image's sha256 is the one
@@ -46,7 +48,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from perturb.contracts.manifest import MANIFEST_COLUMNS
+from perturb.contracts.manifest import MANIFEST_COLUMNS, ROW_DIGEST, row_digest
 from perturb.contracts.suite import Suite, Task
 from perturb.errors import InputError
 from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
@@ -66,6 +68,11 @@ MAX_SEED = 2**63 - 1  # seeds are stored as int64 (manifest, records)
 
 class RunError(InputError):
     """A run that cannot start (usage or input problem): exit code 2."""
+
+
+class RunStopped(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (or SIGTERM through the CLI): the message says what was kept
+    and how to resume."""
 
 
 # (stage, n): called where a kill matters (see the module docstring); tests inject it
@@ -107,6 +114,9 @@ class RunOptions:
     seed: int | None = None
     strict: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS
+    # bytes the run's batches may take in all (split among --workers); None: 80% of the memory
+    # available when the run starts (``default_max_memory``)
+    max_memory: int | None = None
     image_column: str | None = None
     embed_images: bool = False
     progress: bool = True
@@ -126,6 +136,44 @@ class RunOptions:
     id_from: str = "stem"  # img_id of inputs without an img_id column: file stem or path
     cache_dir: str | None = None  # ``datasets`` cache of the input (default DIR/.perturb/cache)
     fault: Fault | None = None  # tests: called at the points where a kill matters
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new work now (Linux MemAvailable; else free pages), or
+    None when the system does not say."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_max_memory() -> int | None:
+    """The default --max-memory: 80% of the memory available now (None when unknown)."""
+    free = available_memory()
+    return None if free is None else int(free * 0.8)
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str | int, option: str = "--max-memory") -> int:
+    """Bytes of a size such as ``8G``, ``512M``, ``1.5GB`` or a plain number of bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = _SIZE.fullmatch(str(text))
+    if m is None:
+        raise RunError(
+            f"{option} must be a size such as 8G, 512M or a number of bytes, got {text!r}"
+        )
+    scale = 1024 ** " kmgt".index((m.group(2) or " ").lower())
+    return int(float(m.group(1)) * scale)
 
 
 def fault_at(options: RunOptions, stage: str, n: int | str = 0) -> None:
@@ -160,7 +208,7 @@ class RunSummary:
     errors: int = 0
     output_bytes: int = 0
     seconds: float = 0.0
-    images_per_second: float = 0.0
+    images_per_second: float = 0.0  # source images decoded and perturbed (images_ok) / wall time
     unsafe_ids: int = 0
     engine: str = "local"
     shard: str | None = None
@@ -169,14 +217,13 @@ class RunSummary:
     worker_failures: int = 0  # failed worker calls seen (died, or raised), before retries
     stalls: int = 0  # Ray passes stopped after --stall-timeout seconds without a result
     seconds_to_first_output: float | None = None  # start-up: planning, workers, first batch
-    outputs_per_second: float = 0.0  # outputs written / wall time (images_per_second: inputs)
+    outputs_per_second: float = 0.0  # outputs written / wall time
     bytes_written: int = 0  # bytes of the outputs written by this run
     estimated_bytes: int | None = None  # disk estimate after the first chunk (this run's rest)
     plan: dict[str, Any] | None = None  # --dry-run: perturb.generate.plan.Plan, nothing written
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +247,11 @@ class OutputDir:
         if self.root.exists() and not self.root.is_dir():
             raise RunError(f"--out {self.root} exists and is not a folder")
         fresh = not (self.state / "settings.json").exists()
-        if fresh and self.root.exists() and any(not self._only_cache(p) for p in self.root.iterdir()):
+        if (
+            fresh
+            and self.root.exists()
+            and any(not self._only_cache(p) for p in self.root.iterdir())
+        ):
             raise RunError(
                 f"--out {self.root} is not empty and holds no perturb run; choose a new or empty folder"
             )
@@ -228,7 +279,11 @@ class OutputDir:
             before, now = old.get("limit"), settings.get("limit")
             if before != now:
                 if now is not None and (before is None or now < before):
-                    held = "every image (no --limit)" if before is None else f"the first {before} images"
+                    held = (
+                        "every image (no --limit)"
+                        if before is None
+                        else f"the first {before} images"
+                    )
                     raise RunError(
                         f"--out {self.root} holds {held}; a re-run with --limit {now} would keep "
                         f"stale rows: pass {'no --limit' if before is None else f'--limit {before} or more (or none)'}, "
@@ -241,8 +296,10 @@ class OutputDir:
 
     def _only_cache(self, entry: Path) -> bool:
         """``entry`` is .perturb holding nothing but the input cache (made while opening it)."""
-        return entry.name == STATE_DIR and entry.is_dir() and all(
-            c.name == CACHE for c in entry.iterdir()
+        return (
+            entry.name == STATE_DIR
+            and entry.is_dir()
+            and all(c.name == CACHE for c in entry.iterdir())
         )
 
     def _clean_stale(self) -> None:
@@ -256,39 +313,57 @@ class OutputDir:
         for name in ("dataset.tmp", "dataset.old"):
             shutil.rmtree(self.state / name, ignore_errors=True)
 
-    def load_journal(self) -> dict[tuple[str, str, int, int], dict[str, Any]]:
-        """Rows of finished outputs (later lines win); rewrites the journal without a torn
-        last line so appends start on a fresh line."""
+    def worker_journals(self) -> list[Path]:
+        """The journals pool workers commit their outputs to (``journal-<pid>.jsonl``)."""
+        return sorted(self.state.glob("journal-*.jsonl")) if self.state.is_dir() else []
+
+    def read_journal(self) -> tuple[dict[tuple[str, str, int, int], dict[str, Any]], bool]:
+        """Rows of finished outputs in the journal and the worker journals (later lines win),
+        and whether a file ends in a line cut by a kill (that line is left out)."""
         rows: dict[tuple[str, str, int, int], dict[str, Any]] = {}
-        if not self.journal_path.exists():
-            return rows
-        raw = self.journal_path.read_bytes()
-        lines = raw.split(b"\n")
-        torn = bool(raw) and not raw.endswith(b"\n")  # the last line was cut by a kill
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
+        torn_any = False
+        for path in [self.journal_path, *self.worker_journals()]:
+            if not path.exists():
                 continue
-            problem = None
-            try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-                row, problem = None, "not a JSON object"
-            if problem is None:
-                problem = journal_row_problem(row, self.root)
-            if problem is not None:
-                if torn and number == len(lines):
+            raw = path.read_bytes()
+            lines = raw.split(b"\n")
+            torn = bool(raw) and not raw.endswith(b"\n")  # the last line was cut by a kill
+            torn_any = torn_any or torn
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
                     continue
-                raise RunError(
-                    f"{self.journal_path} line {number}: {problem}: the resume journal is corrupt; "
-                    f"delete that file to re-make every output of {self.root} (or use another --out)"
-                )
-            rows[task_key(row)] = row
-        if torn:
+                problem = None
+                try:
+                    row = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                    row, problem = None, "not a JSON object"
+                if problem is None:
+                    problem = journal_row_problem(row, self.root)
+                if problem is not None:
+                    if torn and number == len(lines):
+                        continue
+                    raise RunError(
+                        f"{path} line {number}: {problem}: the resume journal is corrupt; "
+                        f"delete that file to re-make every output of {self.root} (or use another --out)"
+                    )
+                rows[task_key(row)] = row
+        return rows, torn_any
+
+    def load_journal(self) -> dict[tuple[str, str, int, int], dict[str, Any]]:
+        """``read_journal``'s rows; the journal is rewritten as one file (without a torn last
+        line, so appends start on a fresh line) and the worker journals folded into it."""
+        rows, torn = self.read_journal()
+        parts = self.worker_journals()
+        if torn or parts:
             self.rewrite_journal(rows.values())
+            for part in parts:
+                part.unlink(missing_ok=True)
         return rows
 
-    def mark_unfinished(self) -> None:
-        write_atomic(self.state / UNFINISHED, b"a perturb generate run is under way or was stopped\n")
+    def mark_unfinished(self, outputs_expected: int | None = None) -> None:
+        """The marker of a run under way, with the outputs it makes once they are planned
+        (``perturb verify`` reports "unfinished: N of M outputs")."""
+        write_atomic(self.state / UNFINISHED, unfinished_marker(outputs_expected))
 
     def mark_finished(self) -> None:
         (self.state / UNFINISHED).unlink(missing_ok=True)
@@ -388,9 +463,9 @@ class RemoteOutputDir(OutputDir):
         for name in ("settings.json", "journal.jsonl"):
             self.remote.upload(self.state / name, f"{STATE_DIR}/{name}")
 
-    def mark_unfinished(self) -> None:
-        super().mark_unfinished()
-        self.remote.write(f"{STATE_DIR}/{UNFINISHED}", b"a perturb generate run is under way or was stopped\n")
+    def mark_unfinished(self, outputs_expected: int | None = None) -> None:
+        super().mark_unfinished(outputs_expected)
+        self.remote.write(f"{STATE_DIR}/{UNFINISHED}", unfinished_marker(outputs_expected))
 
     def mark_finished(self) -> None:
         super().mark_finished()
@@ -398,7 +473,9 @@ class RemoteOutputDir(OutputDir):
 
 
 _INT_COLUMNS = frozenset(f.name for f in MANIFEST_SCHEMA if pa.types.is_integer(f.type))
-OPTIONAL_COLUMNS = ("input_sha256", "orientation")  # absent from journals of older versions
+# absent from journals of older versions (input_sha256, orientation) or from every journal
+# (row_digest: the manifest's, computed from the row when the manifest is written)
+OPTIONAL_COLUMNS = ("input_sha256", "orientation", ROW_DIGEST)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -428,6 +505,12 @@ def journal_row_problem(row: Any, root: Path) -> str | None:
     return None
 
 
+def unfinished_marker(outputs_expected: int | None) -> bytes:
+    """The text of ``.perturb/unfinished``: JSON naming the outputs the run makes, if known."""
+    note = "a perturb generate run is under way or was stopped"
+    return (json.dumps({"note": note, "outputs_expected": outputs_expected}) + "\n").encode()
+
+
 def read_settings(path: Path) -> dict[str, Any]:
     """DIR/.perturb/settings.json, or RunError saying how to recover from a corrupt one."""
     try:
@@ -435,7 +518,9 @@ def read_settings(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError) as exc:
         data = exc
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-        why = f"{type(data).__name__}: {data}" if isinstance(data, Exception) else "not a JSON object"
+        why = (
+            f"{type(data).__name__}: {data}" if isinstance(data, Exception) else "not a JSON object"
+        )
         raise RunError(
             f"{path}: unreadable run settings ({why:.200}); this folder's state is corrupt: "
             f"start again in a new --out (or delete {path.parent.parent} and re-run)"
@@ -456,7 +541,7 @@ def append_rows(fh: Any, rows: list[dict[str, Any]]) -> None:
 
 
 def manifest_table(rows: list[dict[str, Any]]) -> pa.Table:
-    ordered = sorted(rows, key=task_key)
+    ordered = [{**r, ROW_DIGEST: row_digest(r)} for r in sorted(rows, key=task_key)]
     columns = {name: [r.get(name) for r in ordered] for name in MANIFEST_COLUMNS}
     return pa.table(columns, schema=MANIFEST_SCHEMA)
 
@@ -506,7 +591,6 @@ def save_dataset(out: Path, ds: Any, images: Any = None) -> int:
     from perturb.generate.dataset import save_dataset as save
 
     return save(out, ds, images)
-
 
 
 def open_run_input(
@@ -593,8 +677,6 @@ def group_image(inp: Any, group: Any) -> bytes:
     return bytes(inp.image_bytes(group.rows[0]))
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # Planning: what is missing
 
@@ -640,7 +722,12 @@ JournalRows = dict[tuple[str, str, int, int], dict[str, Any]]
 
 
 def plan_missing(
-    suite: Suite, inp: Any, selected: list[Any], done: JournalRows, folder: OutputDir, summary: RunSummary
+    suite: Suite,
+    inp: Any,
+    selected: list[Any],
+    done: JournalRows,
+    folder: OutputDir,
+    summary: RunSummary,
 ) -> tuple[list[Pending], set[tuple[str, str, int, int]]]:
     """What is missing, per image, and every output key this run wants. An output is kept only
     when its file and its input are the ones its journal row was made with (sha256 of both), at
@@ -726,7 +813,8 @@ class Commit:
         if first:
             summary.seconds_to_first_output = time.perf_counter() - self.started
         summary.bytes_written += sum(int(r["size_bytes"]) for r in result.rows)
-        append_rows(self.journal, result.rows)
+        if not result.journaled:  # the worker did not commit them itself
+            append_rows(self.journal, result.rows)
         for row in result.rows:
             self.done[task_key(row)] = row
         self.written += len(result.rows)
@@ -748,8 +836,10 @@ class Commit:
         out, local = self.folder.root, self.folder.url is None
         mean = sum(int(r["size_bytes"]) for r in result.rows) / len(result.rows)
         rest = max(0, self.to_do - tasks)
-        line, too_big = space_problem(out, rest, mean, self.options.embed_images and local)
         self.summary.estimated_bytes = int(rest * mean)
+        if rest == 0:  # the whole run was this chunk: nothing left to estimate
+            return
+        line, too_big = space_problem(out, rest, mean, self.options.embed_images and local)
         self.progress.note(line)
         if too_big and self.options.check_space and local:
             raise RunError(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import replace
 from functools import partial
 from multiprocessing import get_context
 from typing import Any
@@ -27,14 +28,27 @@ def chunk_job(url: str | None) -> Callable[..., ChunkResult]:
 
 
 def run_local(
-    cfg: WorkerConfig, workers: int, inp: Any, batches: list[list[Pending]], commit: Commit, url: str | None
+    cfg: WorkerConfig,
+    workers: int,
+    inp: Any,
+    batches: list[list[Pending]],
+    commit: Commit,
+    url: str | None,
 ) -> None:
-    """Run every chunk of ``batches``: in this process when ``workers`` is 1, else on a pool."""
+    """Run every chunk of ``batches``: in this process when ``workers`` is 1, else on a pool.
+    With a local DIR each output is committed to the journal by the worker as it is finished
+    (a pool worker to its own ``journal-<pid>.jsonl``, see ``perturb.generate.core``)."""
     job = chunk_job(url)
+    if url is None:
+        state = commit.folder.journal_path.parent
+        own = state / ("journal.jsonl" if workers <= 1 else "journal-{pid}.jsonl")
+        cfg = replace(cfg, journal=str(own))
     if workers <= 1:
         for chunk, batch in enumerate(batches):
             jobs, n_tasks = commit.read(inp, batch)
-            commit.take(job(cfg, jobs, on_output=partial(commit.progress.tick, chunk)), n_tasks, chunk)
+            commit.take(
+                job(cfg, jobs, on_output=partial(commit.progress.tick, chunk)), n_tasks, chunk
+            )
     else:
         _run_pool(cfg, workers, inp, batches, commit, job)
 
@@ -61,14 +75,20 @@ def _run_pool(
     ):
         in_flight: dict[Future[ChunkResult], tuple[int, int]] = {}
         queue = list(reversed(list(enumerate(batches))))
-        while True:
-            while queue and len(in_flight) < 2 * workers:
-                chunk, batch = queue.pop()
-                jobs, n_tasks = commit.read(inp, batch)
-                fut = pool.submit(run_with_ticks, job, cfg, jobs, chunk)
-                in_flight[fut] = (n_tasks, chunk)
-            if not in_flight:
-                break
-            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                commit.take(fut.result(), *in_flight.pop(fut))
+        try:
+            while True:
+                while queue and len(in_flight) < 2 * workers:
+                    chunk, batch = queue.pop()
+                    jobs, n_tasks = commit.read(inp, batch)
+                    fut = pool.submit(run_with_ticks, job, cfg, jobs, chunk)
+                    in_flight[fut] = (n_tasks, chunk)
+                if not in_flight:
+                    break
+                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    commit.take(fut.result(), *in_flight.pop(fut))
+        except (
+            BaseException
+        ):  # Ctrl-C: no new chunk starts; those under way commit what they finish
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise

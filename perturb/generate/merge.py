@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from perturb.contracts.manifest import ROW_DIGEST, row_digest
 from perturb.generate.core import (
     STATE_DIR,
     UNFINISHED,
@@ -119,7 +120,11 @@ def _open_part(root: Path) -> _Part:
         ) from None
     if not isinstance(summary, dict):
         summary = {}
-    missing = [c for c in ("path", "sha256", "img_id", "op", "severity", "variant", "size_bytes") if c not in table.column_names]
+    missing = [
+        c
+        for c in ("path", "sha256", "img_id", "op", "severity", "variant", "size_bytes")
+        if c not in table.column_names
+    ]
     if missing:
         raise MergeError(f"{manifest}: not a perturb manifest (no {', '.join(missing)} column)")
     return _Part(root, settings, (shard.index, shard.count), table, summary)
@@ -168,7 +173,9 @@ def _check_out(out: Path, parts: list[_Part]) -> None:
     for part in parts:
         root = part.root.resolve()
         if target == root or root in target.parents or target in root.parents:
-            raise MergeError(f"--out {out} overlaps the part {part.root}; choose a folder outside it")
+            raise MergeError(
+                f"--out {out} overlaps the part {part.root}; choose a folder outside it"
+            )
 
 
 def _copy(part: _Part, rel: str, digest: str, out: Path) -> None:
@@ -243,7 +250,9 @@ def _dataset(parts: list[_Part], order: dict[str, int]) -> tuple[Any, Any]:
     return merged.select(ranks), embedded.select(by_order)
 
 
-def merge_parts(part_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[str]) -> MergeSummary:
+def merge_parts(
+    part_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[str]
+) -> MergeSummary:
     """Merge the shard folders ``part_dirs`` into ``out`` (see the module docstring)."""
     if not part_dirs:
         raise MergeError("no parts given: pass the --out folders of the shard runs")
@@ -254,7 +263,14 @@ def merge_parts(part_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[
     _check_out(out_dir, parts)
     rows: list[dict[str, Any]] = []
     for part in parts:
-        rows += part.manifest.to_pylist()
+        for row in part.manifest.to_pylist():
+            if row.get(ROW_DIGEST) is not None and row[ROW_DIGEST] != row_digest(row):
+                raise MergeError(
+                    f"{part.root}: the manifest row of {row.get('path')!r} was edited (its row "
+                    "digest does not match); re-run that shard (it resumes) or check it with "
+                    "`perturb verify`"
+                )
+            rows.append(row)
     paths = [r["path"] for r in rows]
     if len(set(paths)) != len(paths):
         raise MergeError("two parts list the same output file; they are not shards of one run")

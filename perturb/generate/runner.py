@@ -29,8 +29,10 @@ from perturb.generate.core import (
     RemoteOutputDir,
     RunError,
     RunOptions,
+    RunStopped,
     RunSummary,
     build_dataset,
+    default_max_memory,
     fault_at,
     manifest_table,
     open_run_input,
@@ -79,6 +81,8 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         raise RunError(f"--id-from must be stem or path, got {options.id_from!r}")
     if out is not None:
         _refuse_out_inside_input(out, options.dataset)
+        if not options.dry_run:
+            check_out_writable(out)
     if options.dry_run:  # the plan, measured on the first image; nothing written in DIR
         return _dry_run(suite, options, seed, shard, out)
     if options.cache_dir is None:
@@ -102,6 +106,8 @@ def _check_numbers(options: RunOptions) -> None:
         raise RunError(f"--limit must be non-negative, got {options.limit}")
     if options.max_pixels < 4:
         raise RunError(f"--max-pixels must be at least 4, got {options.max_pixels}")
+    if options.max_memory is not None and options.max_memory < 1:
+        raise RunError(f"--max-memory must be a positive size (e.g. 8G), got {options.max_memory}")
     if options.max_retries < 0:
         raise RunError(f"--max-retries must be non-negative, got {options.max_retries}")
     if options.stall_timeout is not None and not options.stall_timeout >= 0:
@@ -215,6 +221,30 @@ def _run_in(
             disconnect()
 
 
+def check_out_writable(out: Path) -> None:
+    """--out is a folder (or can be made) that this user can write in, else a RunError naming
+    the real cause before the input is opened (whose cache lives in DIR). Probes with a
+    temporary file in the nearest existing folder, removed at once (permission bits do not
+    tell for root or for a read-only mount)."""
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {out} is a file, not a folder; choose a folder path (it is created)")
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunError(
+            f"--out {out}: {existing} is a file, so no folder can be made under it; choose another --out"
+        )
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise RunError(
+            f"--out {out}: cannot write in {existing} ({exc.strerror or exc}); choose a folder you "
+            "can write to (or fix its permissions, or remount it read-write)"
+        ) from None
+
+
 def _refuse_out_inside_input(out: Path, dataset: str | None) -> None:
     """A DIR inside a folder input would be read back as input images on the next run."""
     if dataset is None or output_url(dataset) is not None:
@@ -251,11 +281,13 @@ def _run(
     done = folder.load_journal()
     selected, errors = select_images(inp, options.limit, shard, summary)
     pending, wanted = plan_missing(suite, inp, selected, done, folder, summary)
+    folder.mark_unfinished(summary.outputs_expected)
     cfg = WorkerConfig(
         suite=suite.model_dump(mode="json"),
         seed=seed,
         device=device,
         max_pixels=options.max_pixels,
+        max_memory=_worker_memory(options),
         out=str(folder.root),
         threads=options.threads or default_threads(options.workers),
     )
@@ -269,17 +301,43 @@ def _run(
         with folder.journal() as fh:
             commit.journal = fh
             _make(cfg, options, inp, batches, commit)
+    except KeyboardInterrupt:
+        raise _stopped(folder, summary, wanted) from None
     finally:
         progress.close()
+    folder.load_journal()  # the pool workers' journals folded into one
     summary.outputs_written = commit.written
     _finish(options, inp, folder, summary, [r for k, r in done.items() if k in wanted], errors)
     summary.seconds = time.perf_counter() - started
-    rate = 1.0 / summary.seconds if summary.seconds > 0 else 0.0
-    summary.outputs_per_second = commit.written * rate
-    summary.images_per_second = summary.images_ok * rate  # source images, not outputs
+    seconds = summary.seconds if summary.seconds > 0 else float("inf")
+    summary.images_per_second = summary.images_ok / seconds  # source images decoded and perturbed
+    summary.outputs_per_second = commit.written / seconds
     write_atomic(folder.root / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
     folder.publish()
     return summary
+
+
+def _worker_memory(options: RunOptions) -> int | None:
+    """Each worker's share of --max-memory (default: of 80% of the memory available now)."""
+    total = options.max_memory if options.max_memory is not None else default_max_memory()
+    return None if total is None else max(1, total // max(1, options.workers))
+
+
+def _stopped(
+    folder: OutputDir, summary: RunSummary, wanted: set[tuple[str, str, int, int]]
+) -> RunStopped:
+    """What a Ctrl-C leaves: the outputs committed (a re-run adopts them) and how to resume."""
+    try:
+        rows, _ = folder.read_journal()
+        kept = sum(1 for key in rows if key in wanted)
+    except (RunError, OSError):
+        kept = summary.outputs_existing
+    where = folder.url or folder.root
+    return RunStopped(
+        f"stopped: {kept} of {summary.outputs_expected} outputs are finished and kept in {where} "
+        f"({max(0, kept - summary.outputs_existing)} made by this run); re-run the same command to "
+        f"resume: it makes only the other {summary.outputs_expected - kept}"
+    )
 
 
 def _make(

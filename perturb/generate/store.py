@@ -71,7 +71,9 @@ def probe(url: str, timeout: float | None = None) -> None:
     (no network, no credentials, a metadata server that never replies)."""
     import threading
 
-    limit = float(os.environ.get("PERTURB_FS_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
+    limit = (
+        float(os.environ.get("PERTURB_FS_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
+    )
     outcome: list[BaseException | None] = []
 
     def attempt() -> None:
@@ -169,7 +171,7 @@ def publish_chunk(
     remote = RemoteDir(url)
     qa = {job.img_id: (job.file_id, job.qa_rows) for job in jobs}
     with tempfile.TemporaryDirectory(prefix="perturb-scratch-") as scratch:
-        result = process_chunk(replace(cfg, out=scratch), jobs, on_output)
+        result = process_chunk(replace(cfg, out=scratch, journal=None), jobs, on_output)
         kept: list[dict[str, Any]] = []
         for row in result.rows:
             local = Path(scratch) / row["path"]

@@ -4,18 +4,26 @@ Files that belong to the run but are not images (manifest.parquet, errors.jsonl,
 dataset/, .perturb/) are not extras. A leftover ``.<name>.part`` temp file of an interrupted
 write is an extra until a re-run of ``perturb generate`` removes it. A run that never finished
 (``.perturb/unfinished`` still there, or no summary.json or dataset/) is reported as unfinished:
-its manifest may be an older run's.
+its manifest may be an older run's; one stopped before its manifest was written is reported as
+"unfinished: N of M outputs" (N: journaled outputs whose file is intact). Every manifest row must
+be unique by path and by (img_id, op, severity, variant), and match its row digest (a hash of its
+fields with the file's sha256: ``perturb.contracts.manifest.row_digest``), so an edited or
+duplicated row is found even when its file is untouched.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from perturb.contracts.manifest import ROW_DIGEST, row_digest
 from perturb.errors import InputError
 from perturb.generate.core import RESERVED, STATE_DIR, UNFINISHED, output_path, output_url
 from perturb.generate.naming import UnsafePathError, resolve_inside
@@ -32,11 +40,19 @@ class VerifyReport:
     corrupt: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
     unsafe: list[str] = field(default_factory=list)
+    duplicate: list[str] = field(default_factory=list)  # a path or an output key listed twice
+    tampered: list[str] = field(default_factory=list)  # a row whose digest does not match it
     unfinished: str | None = None  # why the run looks unfinished
+    outputs_done: int | None = None  # of an unfinished run: outputs finished and intact
+    outputs_expected: int | None = None  # of an unfinished run: outputs it makes, if known
+    rows_unsigned: int = 0  # rows of an older manifest without a row digest (not checked)
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.corrupt or self.extra or self.unsafe or self.unfinished)
+        return not (
+            self.missing or self.corrupt or self.extra or self.unsafe or self.duplicate
+            or self.tampered or self.unfinished
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -46,8 +62,63 @@ class VerifyReport:
             "corrupt": self.corrupt,
             "extra": self.extra,
             "unsafe": self.unsafe,
+            "duplicate": self.duplicate,
+            "tampered": self.tampered,
             "unfinished": self.unfinished,
+            "outputs_done": self.outputs_done,
+            "outputs_expected": self.outputs_expected,
+            "rows_unsigned": self.rows_unsigned,
         }
+
+
+def _read_manifest(source: Any, where: object) -> pa.Table:
+    """The manifest's table; VerifyError naming the fix when it is unreadable or lacks the
+    columns every check needs."""
+    try:
+        table = pq.read_table(source)
+    except Exception as exc:
+        raise VerifyError(
+            f"{where}: not a readable manifest ({type(exc).__name__}: {exc!s:.200}); re-run "
+            "`perturb generate` on its folder to write it again"
+        ) from None
+    missing = [c for c in ("path", "sha256") if c not in table.column_names]
+    if missing:
+        raise VerifyError(
+            f"{where}: the manifest has no {' and no '.join(missing)} column, so its files cannot "
+            "be checked; it was not written by `perturb generate` (or was edited): re-run "
+            "`perturb generate` on its folder to write it again"
+        )
+    return table
+
+
+def _check_rows(table: pa.Table, report: VerifyReport) -> None:
+    """Every row unique by path and by (img_id, op, severity, variant), and each row's digest
+    that of its identity (``perturb.contracts.manifest.row_digest``)."""
+    rows = table.to_pylist()
+    seen_paths: set[Any] = set()
+    seen_keys: set[tuple[Any, ...]] = set()
+    key_columns = ("img_id", "op", "severity", "variant")
+    has_key = all(c in table.column_names for c in key_columns)
+    for row in rows:
+        rel = row["path"]
+        if rel in seen_paths:
+            report.duplicate.append(f"{rel} (path listed twice)")
+        seen_paths.add(rel)
+        if has_key:
+            key = tuple(row[c] for c in key_columns)
+            if key in seen_keys:
+                report.duplicate.append(
+                    f"{rel} (img_id {key[0]!r}, op {key[1]}, severity {key[2]}, variant {key[3]} "
+                    "listed twice)"
+                )
+            seen_keys.add(key)
+        digest = row.get(ROW_DIGEST)
+        if digest is None:
+            report.rows_unsigned += 1
+        elif digest != row_digest(row):
+            report.tampered.append(f"{rel} (the row's fields were changed after it was written)")
+    report.duplicate.sort()
+    report.tampered.sort()
 
 
 def _sha256(path: Path) -> str:
@@ -60,8 +131,6 @@ def _sha256(path: Path) -> str:
 
 def _verify_url(url: str) -> VerifyReport:
     """``verify`` for an output at a file-system URL (``perturb.generate.store``)."""
-    import pyarrow as pa
-
     from perturb.generate.store import RemoteDir, StoreError, probe
 
     remote = RemoteDir(url)
@@ -72,9 +141,12 @@ def _verify_url(url: str) -> VerifyReport:
     except (StoreError, OSError) as exc:
         raise VerifyError(f"{url}: cannot be read: {exc}") from None
     if data is None:
-        raise VerifyError(f"{url}: no manifest.parquet (not a `perturb generate` output, or the run never finished)")
-    table = pq.read_table(pa.BufferReader(data), columns=["path", "sha256"])
+        raise VerifyError(
+            f"{url}: no manifest.parquet (not a `perturb generate` output, or the run never finished)"
+        )
+    table = _read_manifest(pa.BufferReader(data), f"{url}/manifest.parquet")
     report = VerifyReport()
+    _check_rows(table, report)
     listed = set()
     for rel, digest in zip(
         table.column("path").to_pylist(), table.column("sha256").to_pylist(), strict=True
@@ -107,14 +179,14 @@ def verify(root: str | os.PathLike[str]) -> VerifyReport:
         raise VerifyError(f"{out}: no such folder")
     manifest = out / "manifest.parquet"
     if not manifest.is_file():
+        if (out / STATE_DIR / UNFINISHED).exists() or (out / STATE_DIR / "journal.jsonl").exists():
+            return _unfinished_without_manifest(out)
         raise VerifyError(
             f"{out}: no manifest.parquet (not a `perturb generate` output, or the run never finished)"
         )
-    try:
-        table = pq.read_table(manifest, columns=["path", "sha256"])
-    except Exception as exc:
-        raise VerifyError(f"{manifest}: not a readable manifest: {exc}") from None
+    table = _read_manifest(manifest, manifest)
     report = VerifyReport()
+    _check_rows(table, report)
     listed: set[str] = set()
     for rel, digest in zip(
         table.column("path").to_pylist(), table.column("sha256").to_pylist(), strict=True
@@ -150,6 +222,47 @@ def verify(root: str | os.PathLike[str]) -> VerifyReport:
         (out / "summary.json").is_file(),
         (out / "dataset").is_dir(),
     )
+    if report.unfinished is not None and (out / STATE_DIR).is_dir():
+        report.outputs_done, report.outputs_expected = _progress(out)
+    return report
+
+
+def _progress(out: Path) -> tuple[int, int | None]:
+    """Of a run under way or stopped: the outputs its journals list whose file is there with
+    its sha256, and the outputs it makes (from ``.perturb/unfinished``; None when unknown)."""
+    from perturb.generate.core import OutputDir, RunError
+
+    expected = None
+    try:
+        marker = json.loads((out / STATE_DIR / UNFINISHED).read_bytes())
+        if isinstance(marker, dict) and type(marker.get("outputs_expected")) is int:
+            expected = marker["outputs_expected"]
+    except (OSError, ValueError):
+        pass
+    try:
+        rows, _ = OutputDir(out).read_journal()
+    except RunError as exc:
+        raise VerifyError(str(exc)) from None
+    done = 0
+    for row in rows.values():
+        try:
+            target = resolve_inside(out, row["path"])
+        except UnsafePathError:
+            continue
+        if target.is_file() and _sha256(target) == row["sha256"]:
+            done += 1
+    return done, expected
+
+
+def _unfinished_without_manifest(out: Path) -> VerifyReport:
+    """A run stopped before its manifest was written: what it has finished so far."""
+    report = VerifyReport()
+    report.outputs_done, report.outputs_expected = _progress(out)
+    report.checked = report.outputs_done
+    report.unfinished = (
+        "the run was stopped before it wrote manifest.parquet; re-run `perturb generate` with "
+        "the same options (it resumes, keeping the finished outputs)"
+    )
     return report
 
 
@@ -157,6 +270,8 @@ def _unfinished(marker: bool, summary: bool, dataset: bool) -> str | None:
     if marker:
         return "a `perturb generate` run on it was stopped before the end; re-run it (it resumes)"
     if not summary or not dataset:
-        missing = " and ".join(n for n, ok in (("summary.json", summary), ("dataset/", dataset)) if not ok)
+        missing = " and ".join(
+            n for n, ok in (("summary.json", summary), ("dataset/", dataset)) if not ok
+        )
         return f"no {missing}: the run did not finish; re-run `perturb generate` on it (it resumes)"
     return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +31,7 @@ from perturb.io.images import (
     ImageDecodeError,
     decode_image_info,
     fsync_path,
+    read_header,
     to_tensor,
     write_atomic,
 )
@@ -48,6 +50,10 @@ class WorkerConfig:
     max_pixels: int
     out: str
     threads: int | None = None
+    max_memory: int | None = None  # bytes this worker's batches may take (None: no budget)
+    # the resume journal this worker commits each output to as it is finished (``{pid}``: this
+    # process's id, for a pool worker's own file); None: the driver journals each chunk's rows
+    journal: str | None = None
 
 
 @dataclass
@@ -69,6 +75,7 @@ class ChunkResult:
     errors: list[dict[str, Any]] = field(default_factory=list)
     images_ok: int = 0
     images_failed: int = 0
+    journaled: bool = False  # ``rows`` are already in the journal (committed by the worker)
 
 
 @lru_cache(maxsize=4)
@@ -110,6 +117,7 @@ class _Decoded:
     orientation: int = 1  # EXIF orientation applied by the decoder
     _x: torch.Tensor | None = None
     _f: np.ndarray | None = None
+    _scenes: dict[int, Any] = field(default_factory=dict)  # channels -> perturb.scene.Scene
 
     @property
     def bit_depth(self) -> int:
@@ -134,8 +142,21 @@ class _Decoded:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.arr.shape)
 
+    def scene(self, image: torch.Tensor) -> Any:
+        """The scene of this source image as the ops see it (``image``: its CHW float32 tensor,
+        gray expanded to RGB for a colour op), analysed once and handed to every op of it."""
+        channels = int(image.shape[0])
+        found = self._scenes.get(channels)
+        if found is None:
+            from perturb.scene import Scene
 
-def _stacked(batch: list[_Decoded], device: torch.device, cache: dict[Any, torch.Tensor]) -> torch.Tensor:
+            found = self._scenes[channels] = Scene.of(image)
+        return found
+
+
+def _stacked(
+    batch: list[_Decoded], device: torch.device, cache: dict[Any, torch.Tensor]
+) -> torch.Tensor:
     """The batch as one BCHW tensor on ``device``, made once per chunk for all its tasks (ops
     never write into their input)."""
     key = tuple(id(d) for d in batch)
@@ -195,8 +216,18 @@ def _run_task(
     if x.shape[1] not in op.spec.channels:  # colour image, gray-only op: each channel alike
         out, records = _per_channel(x, task, ids, groups, seed)
     else:
+        # each source image's scene, analysed once for all its ops (the engine would analyse
+        # it again for each op); the records store the same descriptor either way
+        scenes = [d.scene(x[i]) for i, d in enumerate(batch)] if op.spec.protects_border else None
         out, records = apply(
-            x, task.op, task.severity, ids, seed=seed, variant=task.variant, param_keys=groups
+            x,
+            task.op,
+            task.severity,
+            ids,
+            seed=seed,
+            variant=task.variant,
+            param_keys=groups,
+            scenes=scenes,
         )
     infos = [
         {"key": r.key, "params": r.params, "record": r.to_dict(), "op_version": r.op_version}
@@ -209,21 +240,26 @@ def _per_channel(
     x: torch.Tensor, task: Task, ids: list[str], groups: list[str], seed: int
 ) -> tuple[torch.Tensor, list[Any]]:
     """A 1-channel op on colour images: every channel with the image's key, so the channels
-    get the same parameters and fields (a gray image stored as RGB stays gray)."""
+    get the same parameters and fields (a gray image stored as RGB stays gray). One call per
+    channel: a sample's output does not depend on its batch, and within a call every image
+    needs its own key."""
     from perturb.engine import apply
 
-    b, c, h, w = x.shape
-    out, records = apply(
-        x.reshape(b * c, 1, h, w),
-        task.op,
-        task.severity,
-        [k for k in ids for _ in range(c)],
-        seed=seed,
-        variant=task.variant,
-        param_keys=[g for g in groups for _ in range(c)],
-    )
-    firsts = [replace(r, extra={**r.extra, "per_channel": True}) for r in records[::c]]
-    return out.reshape(b, c, h, w), firsts
+    outs: list[torch.Tensor] = []
+    records: list[Any] = []
+    for ch in range(x.shape[1]):
+        out, records = apply(
+            x[:, ch : ch + 1].contiguous(),
+            task.op,
+            task.severity,
+            ids,
+            seed=seed,
+            variant=task.variant,
+            param_keys=groups,
+        )
+        outs.append(out)
+    firsts = [replace(r, extra={**r.extra, "per_channel": True}) for r in records]
+    return torch.cat(outs, dim=1), firsts
 
 
 def to_device(images: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -253,7 +289,7 @@ def _write_output(
     img = quantize(y[..., ::-1] if y.ndim == 3 else y, suite.output, d.bit_depth)  # BGR
     data = encode_bgr(img, suite.output)
     target = resolve_inside(Path(cfg.out), rel)
-    write_atomic(target, data, sync=False)  # synced once per chunk (_Writer.close)
+    write_atomic(target, data, sync=False)  # synced with its commit group (_Writer.commit)
     return {
         "img_id": d.job.img_id,
         "suite": suite.suite,
@@ -284,50 +320,144 @@ def _write_output(
     }
 
 
+# an output's journal row is written once its file is renamed into place and synced; files are
+# synced in groups: after each op's batch of outputs, and whenever this many wait
+COMMIT_OUTPUTS = 32
+
+
+class Journal:
+    """The append-only resume journal a worker commits finished outputs to: one JSON row a
+    line, each group written with one ``write`` on an O_APPEND descriptor and synced."""
+
+    def __init__(self, template: str) -> None:
+        self.path = template.format(pid=os.getpid())
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        data = memoryview("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+        while data:
+            data = data[os.write(self.fd, data) :]
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class _Writer:
     """Encodes and writes outputs on a thread pool (OpenCV's encoders release the GIL) while
-    the ops run on the calling thread; at most ``2 x threads`` outputs wait in memory. Rows and
-    errors are kept in submission order; ``close`` fsyncs every written file and its folder,
-    so the journal row the driver appends after the chunk is the commit point."""
+    the ops run on the calling thread; at most ``2 x threads`` outputs wait in memory. Each
+    write records its own result on its encoder thread (a Ctrl-C, raised on the calling thread,
+    cannot lose one). Finished outputs are committed in groups (after each op's batch, or every
+    ``COMMIT_OUTPUTS``): their files and folders fsynced, then their rows appended to
+    ``journal`` (the commit point: a re-run adopts them), so a kill loses at most the outputs in
+    flight: the op's batch under way and the ``2 x threads`` encodes behind it."""
 
-    def __init__(self, result: ChunkResult, on_output: OnOutput | None, threads: int) -> None:
+    def __init__(
+        self,
+        result: ChunkResult,
+        on_output: OnOutput | None,
+        threads: int,
+        journal: Journal | None = None,
+    ) -> None:
         self.result = result
         self.on_output = on_output
+        self.journal = journal
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="perturb-encode")
         self.limit = 2 * threads
-        self.pending: deque[tuple[Future[dict[str, Any]], ImageJob, Task]] = deque()
-        self.written: list[Path] = []
+        self.pending: deque[Future[None]] = deque()
+        self.submitted = 0
+        self.lock = threading.Lock()
+        # written (row) or failed (exception), by submission number, recorded by the encoder thread
+        self.finished: dict[
+            int, tuple[ImageJob, Task, dict[str, Any] | None, Exception | None]
+        ] = {}
+        self.group: list[tuple[dict[str, Any], Path]] = []  # written, not yet committed
+        self.closed = False  # the pool is shut down
 
     def submit(self, job: ImageJob, task: Task, fn: Callable[[], dict[str, Any]]) -> None:
         while len(self.pending) >= self.limit:
             self._collect()
-        self.pending.append((self.pool.submit(fn), job, task))
+        self.submitted += 1
+        self.pending.append(self.pool.submit(self._write, self.submitted, job, task, fn))
+
+    def _write(
+        self, number: int, job: ImageJob, task: Task, fn: Callable[[], dict[str, Any]]
+    ) -> None:
+        """On an encoder thread: run ``fn`` and record its row or its error."""
+        entry: tuple[ImageJob, Task, dict[str, Any] | None, Exception | None]
+        try:
+            entry = (job, task, fn(), None)
+        except Exception as exc:
+            entry = (job, task, None, exc)
+        with self.lock:
+            self.finished[number] = entry
 
     def error(self, row: dict[str, Any], outputs: int = 1) -> None:
         self.result.errors.append(row)
         if self.on_output is not None and outputs:
             self.on_output(outputs)
 
+    def _take(self) -> None:
+        """Move the finished writes (in submission order) into the group and the result; an
+        entry leaves ``finished`` only once it is taken, so a Ctrl-C meanwhile loses none."""
+        with self.lock:
+            entries = sorted(self.finished.items())
+        for number, (job, task, row, exc) in entries:
+            if row is None:
+                self.error(error_row(job, "write", f"{type(exc).__name__}: {exc}", task))
+            else:
+                clean = {k: v for k, v in row.items() if k != "_target"}
+                self.group.append((clean, Path(row["_target"])))
+                self.result.rows.append(clean)
+                if self.on_output is not None:
+                    self.on_output(1)
+            with self.lock:
+                del self.finished[number]
+        if len(self.group) >= COMMIT_OUTPUTS:
+            self.commit()
+
     def _collect(self) -> None:
-        fut, job, task = self.pending.popleft()
-        try:
-            row = fut.result()
-        except Exception as exc:
-            self.error(error_row(job, "write", f"{type(exc).__name__}: {exc}", task))
+        """Wait for the oldest write under way, then take what is finished."""
+        self.pending[0].result()
+        self.pending.popleft()
+        self._take()
+
+    def poll(self) -> None:
+        """After an op's batch: take the outputs already written and commit them."""
+        while self.pending and self.pending[0].done():
+            self.pending.popleft()
+        self._take()
+        self.commit()
+
+    def commit(self) -> None:
+        """fsync the group's files and their folders, then journal their rows."""
+        if not self.group:
             return
-        self.result.rows.append(row)
-        self.written.append(Path(row.pop("_target")))
-        if self.on_output is not None:
-            self.on_output(1)
+        files = [target for _, target in self.group]
+        folders = sorted({p.parent for p in files})
+        run = map if self.closed else self.pool.map  # the pool is shut down by ``close``
+        list(run(fsync_path, [*files, *folders]))
+        if self.journal is not None:
+            self.journal.append([row for row, _ in self.group])
+        self.group = []
 
     def close(self) -> None:
-        try:
-            while self.pending:
-                self._collect()
-            folders = {p.parent for p in self.written}
-            list(self.pool.map(fsync_path, [*self.written, *sorted(folders)]))
-        finally:
-            self.pool.shutdown(wait=True)
+        """Wait for every write, take and commit them all; a Ctrl-C meanwhile is held until
+        the commit is done (then raised), so a stopped run keeps every output it finished."""
+        stop: KeyboardInterrupt | None = None
+        while True:
+            try:
+                # every write submitted, even one whose future a Ctrl-C kept from ``pending``
+                self.pool.shutdown(wait=True)
+                self.closed = True
+                self.pending.clear()
+                self._take()
+                self.commit()
+                break
+            except KeyboardInterrupt as exc:
+                stop = exc
+        if stop is not None:
+            raise stop
 
 
 def encode_threads(cfg: WorkerConfig) -> int:
@@ -344,40 +474,112 @@ def process_chunk(
     _set_threads(cfg.threads)
     suite = _suite(json.dumps(cfg.suite, sort_keys=True))
     device = torch.device(cfg.device)
-    result = ChunkResult()
-    writer = _Writer(result, on_output, encode_threads(cfg))
+    result = ChunkResult(journaled=cfg.journal is not None)
+    journal = None if cfg.journal is None else Journal(cfg.journal)
+    writer = _Writer(result, on_output, encode_threads(cfg), journal)
     try:
-        decoded: list[_Decoded] = []
-        for job in jobs:
-            try:
-                arr, orientation = decode_image_info(
-                    job.data, max_pixels=cfg.max_pixels, source=f"img_id {job.img_id!r}"
-                )
-                if min(arr.shape[:2]) < 2:
-                    raise ImageDecodeError(
-                        f"img_id {job.img_id!r}: {arr.shape[1]}x{arr.shape[0]} is too small (at least 2x2)"
-                    )
-            except ImageDecodeError as exc:
-                writer.error(error_row(job, "decode", str(exc)), len(job.tasks))
-                result.images_failed += 1
-                continue
-            decoded.append(_Decoded(job, arr, orientation))
-            result.images_ok += 1
-        # group by task, then by shape, keeping a deterministic order
-        by_task: dict[Task, list[tuple[_Decoded, str]]] = defaultdict(list)
-        for d in decoded:
-            for task, rel in d.job.tasks:
-                by_task[task].append((d, rel))
-        cache: dict[Any, torch.Tensor] = {}
-        for task, items in by_task.items():
-            by_shape: dict[tuple[int, ...], list[tuple[_Decoded, str]]] = defaultdict(list)
-            for d, rel in items:
-                by_shape[d.shape].append((d, rel))
-            for group in by_shape.values():
-                _run_group(task, group, suite, cfg, device, writer, cache)
+        for part in _memory_parts(jobs, cfg, writer, result):
+            _process_part(part, cfg, suite, device, writer, result)
     finally:
-        writer.close()
+        try:
+            writer.close()
+        finally:
+            if journal is not None:
+                journal.close()
     return result
+
+
+# bytes a sample takes while its ops run, per pixel of an RGB image: the decoded frame, its
+# float32 tensor and array, an op's intermediates and output, the quantized copy and the encode
+# (measured: one 65000x900 JPEG took 3.8 GB, ~65 bytes a pixel)
+MEMORY_PER_PIXEL = 64
+
+
+def footprint(width: int, height: int) -> int:
+    """The bytes one image of ``width`` x ``height`` is budgeted at while it is processed."""
+    return MEMORY_PER_PIXEL * width * height
+
+
+def _memory_parts(
+    jobs: list[ImageJob], cfg: WorkerConfig, writer: _Writer, result: ChunkResult
+) -> list[list[ImageJob]]:
+    """``jobs`` cut into batches whose images fit ``cfg.max_memory`` together (sizes from the
+    headers, before any decode): batches by pixels, not by count. An image that cannot fit alone
+    becomes an error row naming the budget. Images whose header cannot be read or is above
+    --max-pixels take no room (their decode reports why)."""
+    if cfg.max_memory is None:
+        return [jobs]
+    parts: list[list[ImageJob]] = [[]]
+    used = 0
+    for job in jobs:
+        try:
+            header = read_header(
+                job.data, source=f"img_id {job.img_id!r}", max_pixels=cfg.max_pixels
+            )
+            over = header.width * header.height > cfg.max_pixels  # decode refuses it: --max-pixels
+            need = 0 if over else footprint(header.width, header.height)
+        except ImageDecodeError:
+            need = 0
+        if need > cfg.max_memory:
+            writer.error(
+                error_row(
+                    job,
+                    "memory",
+                    f"img_id {job.img_id!r}: {header.width}x{header.height} needs about "
+                    f"{need / 1e9:.1f} GB to perturb, above the memory budget of "
+                    f"{cfg.max_memory / 1e9:.1f} GB per worker (--max-memory); raise --max-memory, "
+                    "use fewer --workers, or shrink the image",
+                ),
+                len(job.tasks),
+            )
+            result.images_failed += 1
+            continue
+        if used + need > cfg.max_memory and parts[-1]:
+            parts.append([])
+            used = 0
+        parts[-1].append(job)
+        used += need
+    return [p for p in parts if p]
+
+
+def _process_part(
+    jobs: list[ImageJob],
+    cfg: WorkerConfig,
+    suite: Suite,
+    device: torch.device,
+    writer: _Writer,
+    result: ChunkResult,
+) -> None:
+    """Decode one batch of images and run every missing task on it."""
+    decoded: list[_Decoded] = []
+    for job in jobs:
+        try:
+            arr, orientation = decode_image_info(
+                job.data, max_pixels=cfg.max_pixels, source=f"img_id {job.img_id!r}"
+            )
+            if min(arr.shape[:2]) < 2:
+                raise ImageDecodeError(
+                    f"img_id {job.img_id!r}: {arr.shape[1]}x{arr.shape[0]} is too small (at least 2x2)"
+                )
+        except ImageDecodeError as exc:
+            writer.error(error_row(job, "decode", str(exc)), len(job.tasks))
+            result.images_failed += 1
+            continue
+        decoded.append(_Decoded(job, arr, orientation))
+        result.images_ok += 1
+    # group by task, then by shape, keeping a deterministic order
+    by_task: dict[Task, list[tuple[_Decoded, str]]] = defaultdict(list)
+    for d in decoded:
+        for task, rel in d.job.tasks:
+            by_task[task].append((d, rel))
+    cache: dict[Any, torch.Tensor] = {}
+    for task, items in by_task.items():
+        by_shape: dict[tuple[int, ...], list[tuple[_Decoded, str]]] = defaultdict(list)
+        for d, rel in items:
+            by_shape[d.shape].append((d, rel))
+        for group in by_shape.values():
+            _run_group(task, group, suite, cfg, device, writer, cache)
+            writer.poll()
 
 
 def _run_group(
@@ -417,7 +619,9 @@ def init_ticks(queue: Any) -> None:
     _TICKS = queue
 
 
-def run_with_ticks(job: Callable[..., ChunkResult], cfg: WorkerConfig, jobs: list[ImageJob], chunk: int) -> ChunkResult:
+def run_with_ticks(
+    job: Callable[..., ChunkResult], cfg: WorkerConfig, jobs: list[ImageJob], chunk: int
+) -> ChunkResult:
     """``job(cfg, jobs)`` in a pool worker, reporting each output to the driver's queue."""
     queue = _TICKS
     return job(cfg, jobs, on_output=None if queue is None else partial(_tick, queue, chunk))

@@ -100,33 +100,77 @@ def _header_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def read_header(data: bytes, *, source: str = "image") -> HeaderInfo:
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_exif_orientation(data: bytes) -> int | None:
+    """The EXIF orientation of a PNG from its ``eXIf`` chunk, found by walking the chunk list
+    (lengths and types only: no pixel data is decompressed, whatever the image's size)."""
+    from PIL import Image
+
+    i = len(_PNG_SIGNATURE)
+    while i + 8 <= len(data):
+        length = int.from_bytes(data[i : i + 4], "big")
+        kind = data[i + 4 : i + 8]
+        if kind == b"eXIf":
+            exif = Image.Exif()
+            try:
+                exif.load(data[i + 8 : i + 8 + length])
+                raw = exif.get(_ORIENTATION_TAG)
+            except Exception:  # a broken EXIF block: no orientation, like datasets
+                return None
+            return raw if isinstance(raw, int) else None
+        if kind == b"IEND":
+            return None
+        i += 12 + length  # length, type, data, CRC
+    return None
+
+
+def read_header(
+    data: bytes, *, source: str = "image", max_pixels: int = DEFAULT_MAX_PIXELS
+) -> HeaderInfo:
     """Width, height and EXIF orientation from the file's header, without decoding pixels
-    (PIL reads headers lazily). Raises ImageDecodeError for a format we do not decode."""
+    (PIL reads headers lazily; a PNG's EXIF is read from its chunks, since PIL would decode
+    the whole image to find it). Pillow's decompression-bomb guard stays on at ``max_pixels``.
+    Raises ImageDecodeError for a format we do not decode or an image above the limit."""
     import io
     import warnings
 
     from PIL import Image
 
+    raw: object = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             saved = Image.MAX_IMAGE_PIXELS
-            Image.MAX_IMAGE_PIXELS = None  # our own limit applies, after this call
+            Image.MAX_IMAGE_PIXELS = max(int(max_pixels), 1)  # our limit, enforced by Pillow too
             try:
                 with Image.open(io.BytesIO(data)) as im:
                     fmt = str(im.format)
                     width, height = im.size
-                    try:
-                        raw = im.getexif().get(_ORIENTATION_TAG)
-                    except Exception:  # a broken EXIF block: no orientation, like datasets
-                        raw = None
+                    if fmt == "PNG":
+                        raw = _png_exif_orientation(data)
+                    else:
+                        try:
+                            raw = im.getexif().get(_ORIENTATION_TAG)
+                        except Exception:  # a broken EXIF block: no orientation, like datasets
+                            raw = None
             finally:
                 Image.MAX_IMAGE_PIXELS = saved
     except Exception as exc:
-        size = _header_size(data)  # PNG/JPEG that PIL refuses (e.g. a bad CRC): OpenCV decides
+        size = _header_size(
+            data
+        )  # PNG/JPEG that PIL refuses (e.g. a bad CRC, a bomb): OpenCV decides
         if size is not None:
-            return HeaderInfo(size[0], size[1], 1, "PNG" if data[:1] == b"\x89" else "JPEG")
+            fmt = "PNG" if data[:1] == b"\x89" else "JPEG"
+            found = _png_exif_orientation(data) if fmt == "PNG" else None
+            orientation = found if found is not None and 1 <= found <= 8 else 1
+            return HeaderInfo(size[0], size[1], orientation, fmt)
+        if isinstance(exc, Image.DecompressionBombError):
+            raise ImageDecodeError(
+                f"{source}: {exc}; above the limit of {max_pixels} pixels (decompression-bomb "
+                "guard); raise it with --max-pixels if intended"
+            ) from None
         raise ImageDecodeError(
             f"{source}: not a decodable image (truncated or unknown format: {type(exc).__name__}); "
             f"supported formats: {SUPPORTED_FORMATS}"
@@ -145,7 +189,7 @@ def decode_image_info(
     """``decode_image`` and the EXIF orientation it applied (1: none)."""
     if not data:
         raise ImageDecodeError(f"{source}: empty file (0 bytes)")
-    header = read_header(data, source=source)
+    header = read_header(data, source=source, max_pixels=max_pixels)
     if header.width * header.height > max_pixels:
         raise ImageDecodeError(
             f"{source}: {header.width}x{header.height} = {header.width * header.height} pixels is "

@@ -45,7 +45,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, TypeAlias
@@ -205,9 +205,25 @@ _BOMS = (
 )
 
 
+MAX_LINE_BYTES = 64 << 20  # a JSON-lines row longer than this is an error naming its line
+MAX_WHOLE_FILE_BYTES = 256 << 20  # a JSON (not JSON-lines) file is parsed whole: at most this
+
+
+def _too_big(path: Path) -> None:
+    """A file read whole (JSON, UTF-16/32 text) must be small enough to parse within memory."""
+    size = path.stat().st_size
+    if size > MAX_WHOLE_FILE_BYTES:
+        raise InputError(
+            f"{path}: {size} bytes is above the {MAX_WHOLE_FILE_BYTES >> 20} MB that a JSON file "
+            "(or UTF-16/32 text) is read in whole; write the predictions as UTF-8 JSON lines "
+            "(one object a line, .jsonl), which are read a line at a time"
+        )
+
+
 def read_text(path: Path) -> str:
     """A prediction file's text: UTF-8, or UTF-16/32 and UTF-8 with a byte-order mark;
     anything else (latin-1, cp1252) is an InputError naming the fix."""
+    _too_big(path)
     data = path.read_bytes()
     encoding = next((enc for bom, enc in _BOMS if data.startswith(bom)), "utf-8")
     try:
@@ -230,10 +246,46 @@ def _loads(text: str, where: str) -> Any:
         ) from None
 
 
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a JSON-lines file, read a line at a time (``\\r\\n`` and ``\\r``
+    end lines too, as text-mode reading has them); a line longer than ``MAX_LINE_BYTES`` is an
+    InputError naming it. UTF-16/32 files (a byte-order mark) are read whole."""
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        if any(head.startswith(bom) for bom, enc in _BOMS if enc != "utf-8-sig"):
+            text = read_text(path).replace("\r\n", "\n").replace("\r", "\n")
+            yield from enumerate(text.split("\n"), start=1)
+            return
+        fh.seek(3 if head.startswith(b"\xef\xbb\xbf") else 0)
+        lineno, offset = 0, fh.tell()
+        while True:
+            raw = fh.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            if len(raw) > MAX_LINE_BYTES:
+                raise InputError(
+                    f"{path}: line {lineno + 1} is longer than {MAX_LINE_BYTES >> 20} MB; a JSON-lines "
+                    "file holds one row object a line: split it into one object per line"
+                )
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(
+                    f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                    f"{offset + exc.start}); re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`)"
+                ) from None
+            offset += len(raw)
+            text = text.removesuffix("\n")
+            if raw.endswith(b"\n"):
+                text = text.removesuffix("\r")
+            for piece in text.split("\r"):
+                lineno += 1
+                yield lineno, piece
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    text = read_text(path).replace("\r\n", "\n").replace("\r", "\n")  # as text-mode reading
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    for lineno, line in _jsonl_lines(path):
         if not line.strip():
             continue
         try:

@@ -124,6 +124,7 @@ def test_bad_inputs_are_reported_encoded_and_contained(bad_input: Path, suite_fi
             str(out),
             "--quiet",
             "--json",
+            "--allow-errors",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -223,7 +224,7 @@ def test_pixel_limit_is_configurable(bad_input: Path, suite_file: Path, tmp_path
             "1",
         ],
     )
-    assert result.exit_code == 0
+    assert result.exit_code == 1 and "--allow-errors" in result.output  # a run with errors
     (error,) = [
         json.loads(line)
         for line in (out / "errors.jsonl").read_text().splitlines()

@@ -136,9 +136,10 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, small_input:
     assert "images 6 of 6, outputs 36" in result.output and "estimate:" in result.output
     assert not out.exists()
     plan = json.loads(runner.invoke(app, [*args, "--json", "--limit", "2"]).output)
-    assert (
-        plan["dry_run"] and plan["outputs"] == 2 * PER_IMAGE and plan["sample_outputs"] == PER_IMAGE
-    )
+    assert plan["dry_run"] and plan["outputs"] == 2 * PER_IMAGE and plan["headers_read"] == 2
+    # the smallest and the largest image, each with a spread sample of its tasks
+    assert plan["sample_images"] == 2 and 0 < plan["sample_outputs"] <= 2 * PER_IMAGE
+    assert 0 <= plan["relative_uncertainty"] < 1
     assert plan["estimated_bytes"] == int(plan["outputs"] * plan["mean_output_bytes"]) > 0
     assert plan["estimated_seconds"] > 0 and not out.exists()
     real = run(parse_suite(SUITE, "prog"), tmp_path / "real", small_input, limit=2)

@@ -215,8 +215,9 @@ def test_pool_workers_die_with_a_killed_driver(tmp_path: Path) -> None:
                 k for k in _children(driver.pid)
                 if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()
             }  # fmt: skip
-            journal = tmp_path / "out" / ".perturb" / "journal.jsonl"
-            if len(workers) >= 2 and journal.exists() and journal.read_bytes().count(b"\n") >= 2:
+            # pool workers commit to their own journal-<pid>.jsonl
+            journals = (tmp_path / "out" / ".perturb").glob("journal*.jsonl")
+            if len(workers) >= 2 and sum(j.read_bytes().count(b"\n") for j in journals) >= 2:
                 break  # the pool is at work
             time.sleep(0.5)
         assert len(workers) >= 2, "the pool did not start"
