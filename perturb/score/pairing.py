@@ -139,6 +139,9 @@ def prepare_perturbed(
     if manifest is not None:
         pert = _fill_from_manifest(pert, manifest, report)
     missing = pert["perturbation"].isna().to_numpy()
+    # which rows had no perturbation name or severity of their own: duplicates among them are
+    # missing columns, not repeated predictions (``_check_duplicates`` says so)
+    pert["_unlabelled"] = missing | pert["severity"].isna().to_numpy()
     if missing.any():
         runs = sorted(set(pert.loc[missing, "_run"]))
         report.notes.append(
@@ -415,6 +418,15 @@ def _check_duplicates(
     dup = full.duplicated(keep=False).to_numpy()
     if dup.any():
         rows = np.flatnonzero(dup)
+        unlabelled = pert["_unlabelled"].to_numpy(dtype=bool) if "_unlabelled" in pert else None
+        if unlabelled is not None and unlabelled[rows].all():
+            raise InputError(
+                f"{int(full.duplicated().sum())} perturbed rows share a {keys.name[:-1]}) because "
+                "they carry no perturbation and/or severity: add 'perturbation' and 'severity' "
+                "columns (and 'variant' for repeated draws) to the predictions, or pass --manifest "
+                f"DIR/manifest.parquet so rows are matched by image path: "
+                f"{examples(_where(pert, rows, 'perturbed'), 4)}"
+            )
         raise InputError(
             f"{int(full.duplicated().sum())} duplicate perturbed rows with the same {keys.name[:-1]}, "
             f"perturbation, severity, variant): {examples(_where(pert, rows, 'perturbed'), 6)}. Each "

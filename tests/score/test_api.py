@@ -306,6 +306,15 @@ def test_manifest_conflict_is_an_error() -> None:
         score_runs(clean, pert, manifest=manifest, bootstrap=0)
 
 
+def test_rows_without_perturbation_columns_are_named_as_such() -> None:
+    """Predictions of several ops/severities with no perturbation or severity column collide on
+    their keys: the error names the missing columns, not 'duplicate rows' (issue 31)."""
+    clean, pert = _tiny()
+    bare = [{k: v for k, v in row.items() if k not in ("perturbation", "severity")} for row in pert]
+    with pytest.raises(InputError, match="carry no perturbation and/or severity: add 'perturbation'"):
+        score_runs(clean, [*bare, *bare], bootstrap=0)
+
+
 def test_duplicate_keys_mismatched_references_and_unmatched_rows() -> None:
     clean, pert = _tiny()
     with pytest.raises(
