@@ -24,7 +24,6 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend
-from perturb.ops._fields import uniform_fields
 from perturb.ops._math import (
     gain_in_linear_u8,
     gain_table_u8,
@@ -37,6 +36,7 @@ from perturb.ops._math import (
     srgb_to_linear_np,
     srgb_to_linear_u8,
 )
+from perturb.ops.keyed_fields import uniform_fields
 from perturb.ops.registry import Level, Params, draw, register_kernel
 
 HAZE_GRID = 6

@@ -56,8 +56,8 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend, blur, jpeg
-from perturb.ops._fields import normal_fields, uniform_fields
 from perturb.ops._math import lut_u8, per_sample, shorter_side
+from perturb.ops.keyed_fields import normal_fields, uniform_fields
 from perturb.ops.noise import (
     POISSON_EXACT_BELOW,
     poisson_counts,
