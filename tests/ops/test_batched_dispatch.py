@@ -26,10 +26,10 @@ GROWTH = 1.25
 NOT_YET_BATCHED: frozenset[str] = frozenset()
 
 
-# ops whose torch kernel runs on the host (the batch copied to NumPy and back), or rasterises
-# with OpenCV from one read of the batch's parameters (the X-ray text and marker overlays, whose
-# CPU path's pixels the kernel matches bit for bit): on the torch path a non-codec kernel makes
-# no host round trip at all
+# ops whose torch kernel runs on the host (the batch copied to NumPy and back): on the torch path
+# a non-codec kernel makes no host round trip at all (the X-ray text and marker overlays
+# rasterise with OpenCV from the records' host-side parameters, ``register_kernel(...,
+# host_params=True)``, and only upload their masks)
 HOST_BOUND: frozenset[str] = frozenset(
     {
         "bubbles",
@@ -42,8 +42,6 @@ HOST_BOUND: frozenset[str] = frozenset(
         "specular_glare",
         "surgical_smoke",
         "video_macroblocking",
-        "xray_burned_text",
-        "xray_laterality_marker",
     }
 )
 MODES = ("kernel", "scenes-given", "scenes-analysed")
