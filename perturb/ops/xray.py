@@ -565,14 +565,15 @@ def xray_heel_effect_cpu(
     _apply_shift(src, dst, gain.log_().div_(MU)[0, 0].numpy())
 
 
-def _wl_sampler(rng_: np.random.Generator, level: Level) -> Params:
+def _window_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    """A VOI window's keyed centre shift (either sign) and width (window level, MONOCHROME1)."""
     return {
         "center_shift": draw(rng_, level["center_shift"]) * draw_sign(rng_),
         "width": draw(rng_, level["width"]),
     }
 
 
-@register_kernel("xray_window_level", sampler=_wl_sampler)
+@register_kernel("xray_window_level", sampler=_window_sampler)
 def xray_window_level(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
@@ -619,14 +620,7 @@ def xray_bit_depth(
     return (torch.round(_wide(x) * top) / top).clamp_(0.0, 1.0).to(x.dtype)
 
 
-def _monochrome1_sampler(rng_: np.random.Generator, level: Level) -> Params:
-    return {
-        "center_shift": draw(rng_, level["center_shift"]) * draw_sign(rng_),
-        "width": draw(rng_, level["width"]),
-    }
-
-
-@register_kernel("xray_monochrome1", sampler=_monochrome1_sampler)
+@register_kernel("xray_monochrome1", sampler=_window_sampler)
 def xray_monochrome1(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
