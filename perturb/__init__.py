@@ -14,8 +14,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from perturb.augment import Augment
     from perturb.contracts.record import Record
     from perturb.engine import apply, replay
+    from perturb.export import load_split
 
-__all__ = ["Augment", "Record", "__version__", "apply", "replay", "scene"]
+__all__ = ["Augment", "Record", "__version__", "apply", "load_split", "replay", "scene"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,6 +32,10 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("perturb.scene")
+    if name == "load_split":
+        from perturb.export import load_split
+
+        return load_split
     if name == "Augment":
         from perturb.augment.module import Augment
 

@@ -48,6 +48,8 @@ COMMAND_MODULES = [
     "perturb.cli.generate",
     "perturb.cli.demo",
     "perturb.cli.calibrate",
+    "perturb.cli.export",
+    "perturb.cli.predict",
 ]
 
 for _module in COMMAND_MODULES:

@@ -31,6 +31,14 @@ def demo(
         ),
     ] = None,
     severities: Annotated[str, typer.Option(help="Comma-separated severities 1..5.")] = "1,3,5",
+    via_endpoint: Annotated[
+        bool,
+        typer.Option(
+            "--via-endpoint",
+            help="Serve the probe on 127.0.0.1 as a chat-completions endpoint and ask it with "
+            "`perturb predict` (the loop you run with a real model).",
+        ),
+    ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
     """Run the whole job offline: generate perturbed splits of the built-in phantoms, answer
@@ -59,6 +67,7 @@ def demo(
         severities=sev_list,
         progress=not quiet,
         log=lambda msg: err.print(msg, markup=False, highlight=False),
+        via_endpoint=via_endpoint,
     )
     s = result.seconds
     typer.echo(

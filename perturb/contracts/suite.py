@@ -173,7 +173,8 @@ class TransformedParams(BaseModel):
     translate: tuple[float, float] = (0.1, 0.1)
     brightness: tuple[float, float] = (0.8, 1.2)
     contrast: tuple[float, float] = (0.8, 1.2)
-    interpolation: Literal["bicubic"] = "bicubic"
+    # bicubic: one fused warp; pil_bicubic: upstream's PIL steps (kvasir_vqa_x1.transform)
+    interpolation: Literal["bicubic", "pil_bicubic"] = "bicubic"
     fill: Literal[0] = 0
 
     @model_validator(mode="after")

@@ -220,6 +220,52 @@ def run_probe(
     return clean_path, pert_path, len(entries)
 
 
+def run_probe_endpoint(out: Path, images: int, progress: bool = False) -> tuple[Path, Path, int]:
+    """The probe behind a chat-completions endpoint on 127.0.0.1, asked by ``perturb
+    predict`` (base64 images, the answers with their raw responses); one observation per
+    distinct image (the endpoint caches them by content). Returns the prediction files and the
+    number of perturbed images."""
+    import hashlib
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from perturb.io.images import decode_image
+    from perturb.predict import predict_split
+    from perturb.predict.probe_server import NO_IMAGE_ANSWER, serve_probe
+
+    model = ProbeModel()
+    seen: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def answer(image: bytes | None, question: str) -> str:
+        if image is None:
+            return NO_IMAGE_ANSWER
+        digest = hashlib.sha256(image).hexdigest()
+        with lock:
+            obs = seen.get(digest)
+        if obs is None:
+            obs = model.observe(decode_image(image))
+            with lock:
+                seen[digest] = obs
+        return model.answer_observation(obs, question)
+
+    with serve_probe(answer=answer, model=NAME) as url:
+        result = predict_split(
+            out / "perturbed",
+            url,
+            NAME,
+            out / "predictions-endpoint",
+            builtin_images=images,
+            concurrency=4,
+            progress=progress,
+        )
+    if result.failed:
+        raise DemoError(f"the probe endpoint failed {result.failed} requests: {result.errors}")
+    n_pert = pq.read_metadata(out / "perturbed" / "manifest.parquet").num_rows
+    return result.files["clean"], result.files["perturbed"], n_pert
+
+
 def run_demo(
     out: str | Path,
     images: int = DEFAULT_IMAGES,
@@ -231,10 +277,13 @@ def run_demo(
     progress: bool = False,
     log: Log | None = None,
     timestamp: str | None = None,
+    via_endpoint: bool = False,
 ) -> DemoResult:
     """Run the demo into ``out``: clean + perturbed phantom splits, probe predictions, scores
     and report. ``seed`` keys the perturbations and seeds the bootstrap; ``ops`` and
-    ``severities`` pick the part of the endoscopy-artifacts suite to run."""
+    ``severities`` pick the part of the endoscopy-artifacts suite to run; ``via_endpoint``
+    asks the probe through a loopback chat-completions endpoint with ``perturb predict``
+    (:func:`run_probe_endpoint`) instead of calling it in process."""
     if images < 1:
         raise DemoError(f"--images must be at least 1, got {images}")
     if bootstrap < 0:
@@ -258,7 +307,10 @@ def run_demo(
 
     t = time.perf_counter()
     say(f"[3/4] probe model {NAME}: answering {len(qa)} clean QA rows and every perturbed image")
-    clean_path, pert_path, n_pert = run_probe(root, qa, progress)
+    if via_endpoint:  # the researcher's loop: a served model asked by `perturb predict`
+        clean_path, pert_path, n_pert = run_probe_endpoint(root, images, progress)
+    else:
+        clean_path, pert_path, n_pert = run_probe(root, qa, progress)
     seconds["probe"] = time.perf_counter() - t
 
     t = time.perf_counter()

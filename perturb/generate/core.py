@@ -169,7 +169,7 @@ class RunSummary:
     worker_failures: int = 0  # failed worker calls seen (died, or raised), before retries
     stalls: int = 0  # Ray passes stopped after --stall-timeout seconds without a result
     seconds_to_first_output: float | None = None  # start-up: planning, workers, first batch
-    outputs_per_second: float = 0.0  # outputs written / wall time (images_per_second: the same)
+    outputs_per_second: float = 0.0  # outputs written / wall time (images_per_second: inputs)
     bytes_written: int = 0  # bytes of the outputs written by this run
     estimated_bytes: int | None = None  # disk estimate after the first chunk (this run's rest)
     plan: dict[str, Any] | None = None  # --dry-run: perturb.generate.plan.Plan, nothing written

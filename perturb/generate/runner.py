@@ -274,8 +274,9 @@ def _run(
     summary.outputs_written = commit.written
     _finish(options, inp, folder, summary, [r for k, r in done.items() if k in wanted], errors)
     summary.seconds = time.perf_counter() - started
-    summary.images_per_second = commit.written / summary.seconds if summary.seconds > 0 else 0.0
-    summary.outputs_per_second = summary.images_per_second
+    rate = 1.0 / summary.seconds if summary.seconds > 0 else 0.0
+    summary.outputs_per_second = commit.written * rate
+    summary.images_per_second = summary.images_ok * rate  # source images, not outputs
     write_atomic(folder.root / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
     folder.publish()
     return summary

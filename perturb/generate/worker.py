@@ -158,7 +158,7 @@ def _run_task(
     cache = {} if cache is None else cache
     ids = [d.job.img_id for d in batch]
     if task.composite:
-        spec = transformed.TransformedSpec(**suite.composite_params(task.op).ranges())
+        spec = transformed.spec_of(suite.composite_params(task.op))
         height, width = batch[0].arr.shape[:2]
         infos, params = [], []
         for img_id in ids:

@@ -1,26 +1,32 @@
 """Host (NumPy/OpenCV) building blocks of the endoscopy scene ops (glare, smoke, bubbles, fluid,
 lens and video artifacts).
 
-These ops are written once, per sample, in float32 NumPy/OpenCV: ``host_op`` registers the
-function as the op's CPU path and builds the torch kernel from it (a CUDA batch is copied to the
-host, run there and copied back, so CPU and CUDA outputs are identical). Every keyed field is a
-counter-based hash of (key, stream, index) (``perturb.rng``), so a sample's output depends on its
-own image and key alone. Sizes are fractions of the shorter side.
+These ops are written once per sample in float32 NumPy/OpenCV: ``host_op`` registers that
+function as the op's CPU path (its bytes are what the golden digests pin). The torch kernel is
+a batched computation of the same model (``host_op(device=...)``, listed in ``DEVICE_KERNELS``),
+built from the torch blocks at the end of this module, which reproduce the host helpers on a
+whole batch: the View as (B, 1, H, W) masks (``view_masks``: from the engine's scenes, else the
+pixel estimate ``estimate_tissue``), OpenCV's remap (``remap``), blur and resizes as per-axis
+matrices (``gauss_t``, ``value_noise_t``), chamfer distances, connected components and masked
+quantiles. An op without one still runs its host function as the torch kernel (a CUDA batch is
+copied to the host and back). Every keyed field is a counter-based hash of (key, stream, index)
+(``perturb.rng``; ``perturb.ops.keyed_fields`` for a batch of keys), so a sample's output
+depends on its own image and key alone. Sizes are fractions of the shorter side.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import cached_property
-from typing import Any
+from functools import cached_property, lru_cache, partial
+from typing import Any, Literal
 
 import cv2
 import numpy as np
 import torch
 
 from perturb import rng
-from perturb.ops import backend
+from perturb.ops import backend, keyed_fields
 from perturb.ops._math import linear_to_srgb_np, srgb_to_linear_np
 from perturb.ops.registry import Geometry, Sampler, register_kernel, uniform_sampler
 
@@ -36,7 +42,9 @@ class View:
 
     def __init__(self, img: np.ndarray, scene: Any | None = None) -> None:
         self._img = img
-        self._scene = scene if scene is not None and tuple(scene.size) == tuple(img.shape[-2:]) else None
+        self._scene = (
+            scene if scene is not None and tuple(scene.size) == tuple(img.shape[-2:]) else None
+        )
 
     @cached_property
     def field(self) -> np.ndarray:
@@ -56,16 +64,25 @@ class View:
 SampleFn = Callable[[np.ndarray, dict[str, np.ndarray], int, View], np.ndarray]
 
 
+DeviceKernel = Callable[
+    [torch.Tensor, dict[str, torch.Tensor], Sequence[int], Sequence[Any] | None], torch.Tensor
+]
+# ops whose torch kernel is a batched computation of the model (the others run their host function)
+DEVICE_KERNELS: set[str] = set()
+
+
 def host_op(
     name: str,
     sampler: Sampler = uniform_sampler,
     *,
     geometry: Geometry | None = None,
     dtypes: Sequence[type] = (np.float32,),
+    device: DeviceKernel | None = None,
 ) -> Callable[[SampleFn], SampleFn]:
     """Register ``fn(img, params, key, view) -> out`` (CHW float32 in [0, 1] in and out, one
-    sample) as op ``name``: its CPU path and its torch kernel (the same host function on every
-    device: a CUDA batch is copied to the host and back). Both take the engine's scenes.
+    sample) as op ``name``'s CPU path, and its torch kernel: ``device(x, params, keys, scenes)``
+    (one batched computation of the same model) where given, else the host function itself (a
+    CUDA batch is copied to the host and back). Both take the engine's scenes.
     ``dtypes``: the batch dtypes the CPU path takes (float32, and uint8 where listed: a uint8
     sample is read and rounded back per sample as the engine converts a batch; other integer
     batches take the torch kernel). ``geometry``: how the op moves coordinates
@@ -73,7 +90,9 @@ def host_op(
 
     def decorator(fn: SampleFn) -> SampleFn:
         @backend.register_cpu(name, dtypes=dtypes, uses_scene=True)
-        def cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
+        def cpu(
+            src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
+        ) -> None:
             img = np.ascontiguousarray(backend.load_float(src), dtype=np.float32)
             res = fn(img, p, key, View(img, scene))
             if dst.dtype == np.float32:
@@ -81,9 +100,27 @@ def host_op(
             else:
                 backend.store_float(np.clip(res, np.float32(0.0), np.float32(1.0)), dst)
 
+        if device is not None:
+
+            def batched(
+                x: torch.Tensor,
+                p: dict[str, torch.Tensor],
+                keys: Sequence[int],
+                scenes: Sequence[Any] | None = None,
+            ) -> torch.Tensor:
+                return device(x, p, keys, scenes)
+
+            batched.__doc__ = fn.__doc__
+            register_kernel(name, sampler=sampler, uses_scene=True, geometry=geometry)(batched)
+            DEVICE_KERNELS.add(name)
+            return fn
+
         @register_kernel(name, sampler=sampler, uses_scene=True, geometry=geometry)
         def kernel(
-            x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
+            x: torch.Tensor,
+            p: dict[str, torch.Tensor],
+            keys: Sequence[int],
+            scenes: Sequence[Any] | None = None,
         ) -> torch.Tensor:
             src = x.detach().to("cpu", torch.float32).contiguous().numpy()
             dst = np.empty_like(src)
@@ -91,7 +128,13 @@ def host_op(
             per_sample = list(scenes) if scenes is not None else [None] * len(src)
 
             def work(i: int) -> None:
-                cpu(src[i], dst[i], {k: v[i] for k, v in host.items()}, int(keys[i]), scene=per_sample[i])
+                cpu(
+                    src[i],
+                    dst[i],
+                    {k: v[i] for k, v in host.items()},
+                    int(keys[i]),
+                    scene=per_sample[i],
+                )
 
             backend.map_samples(work, len(src))
             return torch.from_numpy(dst).to(x.device)
@@ -125,7 +168,9 @@ def gauss(plane: np.ndarray, sigma_px: float) -> np.ndarray:
     h, w = plane.shape[:2]
     factor = int(max(1, sigma_px // 6))
     if factor > 1:
-        small = cv2.resize(plane, (max(1, w // factor), max(1, h // factor)), interpolation=cv2.INTER_AREA)
+        small = cv2.resize(
+            plane, (max(1, w // factor), max(1, h // factor)), interpolation=cv2.INTER_AREA
+        )
         res = cv2.GaussianBlur(small, (0, 0), sigma_px / factor, borderType=cv2.BORDER_REFLECT_101)
         return cv2.resize(res, (w, h), interpolation=cv2.INTER_LINEAR)
     return cv2.GaussianBlur(plane, (0, 0), sigma_px, borderType=cv2.BORDER_REFLECT_101)
@@ -202,13 +247,17 @@ def value_noise(key: int, stream: str, h: int, w: int, cell_px: float) -> np.nda
     (at least 2x2) interpolated bicubically."""
     cell = max(cell_px, 1.0)
     gh, gw = max(2, math.ceil(h / cell) + 1), max(2, math.ceil(w / cell) + 1)
-    coarse = rng.uniform_numpy(key, stream, gh * gw).reshape(gh, gw) * np.float32(2.0) - np.float32(1.0)
+    coarse = rng.uniform_numpy(key, stream, gh * gw).reshape(gh, gw) * np.float32(2.0) - np.float32(
+        1.0
+    )
     # the grid covers the image with a margin of one cell; sample at pixel centres
     big = cv2.resize(coarse, (round(gw * cell), round(gh * cell)), interpolation=cv2.INTER_CUBIC)
     return np.ascontiguousarray(big[:h, :w], dtype=np.float32)
 
 
-def fractal_noise(key: int, stream: str, h: int, w: int, cell_px: float, octaves: int, gain: float = 0.5) -> np.ndarray:
+def fractal_noise(
+    key: int, stream: str, h: int, w: int, cell_px: float, octaves: int, gain: float = 0.5
+) -> np.ndarray:
     """Sum of ``octaves`` value-noise layers, cells halving and amplitude times ``gain`` per
     octave, normalised to about [-1, 1] (turbulent structure of smoke and foam)."""
     total = np.zeros((h, w), dtype=np.float32)
@@ -221,8 +270,496 @@ def fractal_noise(key: int, stream: str, h: int, w: int, cell_px: float, octaves
     return total / np.float32(norm)
 
 
-def sample_bilinear(img: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, border: int = cv2.BORDER_REFLECT_101) -> np.ndarray:
+def sample_bilinear(
+    img: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, border: int = cv2.BORDER_REFLECT_101
+) -> np.ndarray:
     """CHW image read at float32 pixel-index positions (H, W), bilinear."""
     return np.stack(
-        [cv2.remap(np.ascontiguousarray(c), map_x, map_y, cv2.INTER_LINEAR, borderMode=border) for c in img]
+        [
+            cv2.remap(np.ascontiguousarray(c), map_x, map_y, cv2.INTER_LINEAR, borderMode=border)
+            for c in img
+        ]
     ).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Torch building blocks of the batched kernels (the same model as the host functions above, one
+# set of tensor operations per batch: masks (B, 1, H, W), per-sample values (B,))
+
+Interp = Literal["linear", "cubic"]
+Border = Literal["reflect101", "replicate", "constant"]
+CUBIC_A = -0.75  # OpenCV's bicubic kernel
+ROUNDS = 6  # label-spreading rounds of ``_largest_component``
+
+
+def _morph_rows(radius: int) -> list[int]:
+    """Half widths of the rows of OpenCV's elliptic structuring element of ``radius``."""
+    element = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * radius + 1, 2 * radius + 1))
+    return [int(n) // 2 for n in element.sum(axis=1)]
+
+
+def _dilate(mask: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """Dilation of a float (B, 1, H, W) 0/1 mask by a symmetric element of row half-widths
+    ``rows`` (outside the image counts as 0, as OpenCV's default border for dilation)."""
+    r = len(rows) // 2
+    height = mask.shape[-2]
+    padded = torch.nn.functional.pad(mask, (0, 0, r, r))
+    out = torch.zeros_like(mask)
+    by_width: dict[int, torch.Tensor] = {}
+    for dy, half in enumerate(rows):
+        if half not in by_width:
+            by_width[half] = torch.nn.functional.max_pool2d(padded, (1, 2 * half + 1), 1, (0, half))
+        out = torch.maximum(out, by_width[half][:, :, dy : dy + height])
+    return out
+
+
+def _run_max(labels: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
+    """Each pixel of a (B, H, W) label map takes the largest label of its horizontal run of
+    ``inside`` pixels (one segment reduction over the whole batch)."""
+    b, h, w = labels.shape
+    start = inside.clone()
+    start[:, :, 1:] &= ~inside[:, :, :-1]
+    start[:, :, 0] = True  # a run never continues across rows (or samples)
+    run = torch.cumsum(start.view(-1).to(torch.int64), dim=0) - 1
+    best = torch.zeros(b * h * w, device=labels.device, dtype=labels.dtype)
+    best = best.scatter_reduce(0, run, labels.reshape(-1), reduce="amax")
+    return best[run].view(b, h, w) * inside
+
+
+def components_t(mask: torch.Tensor, connectivity: int = 8) -> torch.Tensor:
+    """int64 (B, H, W) labels of the 4- or 8-connected regions of a float (B, 1, H, W) 0/1
+    mask (0 outside it; a region's label is one of its pixel indices + 1). Labels spread for a
+    fixed number of rounds (no host sync to test convergence): each round takes the largest
+    label along every horizontal and vertical run, then (8-connected) of the 3x3 neighbours,
+    then follows each label to the label of the pixel it names (pointer jumping); a compact
+    region of a frame is one label after a few rounds."""
+    b, _, h, w = mask.shape
+    n = h * w
+    dtype = torch.float32 if b * n < 1 << 24 else torch.float64
+    m = mask[:, 0].to(dtype)
+    inside = m > 0
+    inside_t = inside.transpose(1, 2).contiguous()
+    labels = torch.arange(1, n + 1, device=mask.device, dtype=dtype).view(1, h, w) * m
+    for _ in range(ROUNDS):
+        labels = _run_max(labels, inside)
+        labels = _run_max(labels.transpose(1, 2).contiguous(), inside_t).transpose(1, 2)
+        if connectivity == 8:
+            labels = torch.nn.functional.max_pool2d(labels.unsqueeze(1), 3, 1, 1)[:, 0] * m
+        flat = labels.reshape(b, n)
+        flat = flat.gather(1, (flat.long() - 1).clamp_(min=0)) * m.view(b, n)
+        labels = flat.view(b, h, w)
+    return labels.long()
+
+
+def component_area(labels: torch.Tensor) -> torch.Tensor:
+    """(B, H * W + 1) pixel count of every label of a (B, H, W) label map (index 0: outside)."""
+    b = labels.shape[0]
+    index = labels.reshape(b, -1)
+    area = torch.zeros(b, index.shape[1] + 1, device=labels.device, dtype=torch.int64)
+    return area.scatter_add_(1, index, torch.ones_like(index))
+
+
+def _largest_component(mask: torch.Tensor) -> torch.Tensor:
+    """bool (B, 1, H, W): the largest 8-connected region of a float 0/1 mask (all true where
+    the mask is empty), as ``tissue_mask`` keeps it."""
+    b, _, h, w = mask.shape
+    labels = components_t(mask)
+    area = component_area(labels)
+    area[:, 0] = -1
+    best = area.argmax(dim=1)
+    inside = mask.reshape(b, -1) > 0
+    largest = (labels.reshape(b, -1) == best[:, None]) & inside
+    empty = ~inside.any(dim=1)
+    return torch.where(empty[:, None], torch.ones_like(largest), largest).view(b, 1, h, w)
+
+
+def estimate_tissue(x: torch.Tensor) -> torch.Tensor:
+    """bool (B, 1, H, W): ``tissue_mask`` of every sample of a batch (BCHW in [0, 1]), on its
+    device: the dark frame (threshold from the median of the outer rows and columns, straight
+    dark runs from an edge), an opening by OpenCV's elliptic element, the largest region."""
+    _b, _c, h, w = x.shape
+    peak = x.to(torch.float32).amax(dim=1)
+    edges = torch.cat([peak[:, 0], peak[:, -1], peak[:, :, 0], peak[:, :, -1]], dim=1)
+    ordered = edges.sort(dim=1).values
+    half = ordered.shape[1] // 2  # 2 (H + W) values: the median is the mean of the middle two
+    median = (ordered[:, half - 1] + ordered[:, half]) / 2.0
+    threshold = (median.to(torch.float64) + 0.06).clamp(min=DARK_LEVEL).to(torch.float32)
+    dark = (peak < threshold[:, None, None]).to(torch.float32)
+    frame = torch.maximum(
+        torch.maximum(dark.cummin(dim=2).values, dark.flip(2).cummin(dim=2).values.flip(2)),
+        torch.maximum(dark.cummin(dim=1).values, dark.flip(1).cummin(dim=1).values.flip(1)),
+    )
+    field = (1.0 - frame).unsqueeze(1)
+    rows = _morph_rows(max(1, min(h, w) // 200))
+    eroded = 1.0 - _dilate(1.0 - field, rows)
+    opened = _dilate(eroded, rows)
+    return _largest_component(opened)
+
+
+def _scene_masks(scene: Any, image: Callable[[], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(field, tissue) bool (H, W) of a sample with an engine scene, as ``View`` reads them:
+    the scene's cached field; its overlays, of a text line only the glyph strokes, read from
+    ``image()`` (the sample, CHW on the host), asked for only where the scene has text."""
+    from perturb.scene.masks import overlay_of, text_boxes
+
+    field = np.asarray(scene.field) > 0.5
+    if not text_boxes(scene.descriptor):
+        return field, field & ~np.asarray(scene.overlay)
+    return field, field & ~overlay_of(scene.descriptor, image())
+
+
+def view_masks(x: torch.Tensor, scenes: Sequence[Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(field, tissue): bool (B, 1, H, W) masks of ``View.field`` and ``View.tissue`` for every
+    sample: from its scene where the engine gives one of the image's size (built on the host
+    from the scene's cached masks, uploaded once per batch; where a scene has a text line, whose
+    glyph strokes are read from the pixels, the batch comes to the host once), else estimated
+    from the pixels on the device (``estimate_tissue``)."""
+    b, _c, h, w = x.shape
+    given = (
+        [None] * b
+        if scenes is None
+        else [s if s is not None and tuple(s.size) == (h, w) else None for s in scenes]
+    )
+    if all(s is None for s in given):
+        field = estimate_tissue(x)
+        return field, field
+    host: list[np.ndarray] = []
+
+    def image(i: int) -> np.ndarray:
+        if not host:
+            host.append(x.detach().to("cpu", torch.float32).numpy())
+        return host[0][i]
+
+    fields = np.ones((b, 1, h, w), dtype=bool)
+    tissues = np.ones((b, 1, h, w), dtype=bool)
+    for i, s in enumerate(given):
+        if s is not None:
+            fields[i, 0], tissues[i, 0] = _scene_masks(s, partial(image, i))
+    field = torch.from_numpy(fields).to(x.device)
+    tissue = torch.from_numpy(tissues).to(x.device)
+    if any(s is None for s in given):
+        estimated = estimate_tissue(x)
+        missing = (
+            torch.from_numpy(np.array([s is None for s in given])).to(x.device).view(b, 1, 1, 1)
+        )
+        field = torch.where(missing, estimated, field)
+        tissue = torch.where(missing, estimated, tissue)
+    return field, tissue
+
+
+def field_geometry_t(field: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``field_geometry`` of every mask of a bool (B, 1, H, W) batch: (cx, cy, radius), each
+    float64 (B,)."""
+    _b, _, h, w = field.shape
+    m = field[:, 0].to(torch.float64)
+    count = m.sum(dim=(1, 2))
+    xs = torch.arange(w, device=field.device, dtype=torch.float64)
+    ys = torch.arange(h, device=field.device, dtype=torch.float64)
+    safe = count.clamp(min=1.0)
+    cx = (m.sum(dim=1) * xs).sum(dim=1) / safe + 0.5
+    cy = (m.sum(dim=2) * ys).sum(dim=1) / safe + 0.5
+    radius = torch.sqrt(count / math.pi)
+    empty = count <= 0
+    return (
+        torch.where(empty, w / 2.0, cx),
+        torch.where(empty, h / 2.0, cy),
+        torch.where(empty, min(h, w) / 2.0, radius),
+    )
+
+
+def _border_index(p: torch.Tensor, n: int, border: Border) -> torch.Tensor:
+    """Indices into 0..n-1 of integer positions ``p`` under OpenCV's border rule."""
+    if border == "reflect101" and n > 1:
+        period = 2 * (n - 1)
+        q = torch.remainder(p, period)
+        return torch.where(q >= n, period - q, q)
+    return p.clamp(0, n - 1)
+
+
+def _taps(t: torch.Tensor, interp: Interp) -> tuple[list[int], list[torch.Tensor]]:
+    """Tap offsets and their float32 weights for fractional positions ``t`` in [0, 1)."""
+    if interp == "linear":
+        return [0, 1], [1.0 - t, t]
+    a = CUBIC_A
+    u = t + 1.0
+    w0 = ((a * u - 5.0 * a) * u + 8.0 * a) * u - 4.0 * a
+    w1 = ((a + 2.0) * t - (a + 3.0)) * t * t + 1.0
+    v = 1.0 - t
+    w2 = ((a + 2.0) * v - (a + 3.0)) * v * v + 1.0
+    return [-1, 0, 1, 2], [w0, w1, w2, 1.0 - w0 - w1 - w2]
+
+
+def remap(
+    x: torch.Tensor,
+    map_x: torch.Tensor,
+    map_y: torch.Tensor,
+    interp: Interp,
+    border: Border,
+    value: float = 0.0,
+) -> torch.Tensor:
+    """``cv2.remap`` of a batch: ``x`` (B, C, H, W) read at float pixel-index positions
+    ``map_x``, ``map_y`` (B, Ho, Wo), bilinear or bicubic (OpenCV's kernel), with OpenCV's
+    border rule (``constant`` reads ``value`` outside)."""
+    b, c, h, w = x.shape
+    n_out = map_x.shape[1] * map_x.shape[2]
+    fx, fy = torch.floor(map_x), torch.floor(map_y)
+    ox, wx = _taps((map_x - fx).to(torch.float32), interp)
+    oy, wy = _taps((map_y - fy).to(torch.float32), interp)
+    ix, iy = fx.to(torch.int64), fy.to(torch.int64)
+    flat = x.reshape(b, c, h * w)
+    out = torch.zeros(b, c, n_out, device=x.device, dtype=x.dtype)
+    for dy, weight_y in zip(oy, wy, strict=True):
+        py = iy + dy
+        row = _border_index(py, h, border) * w
+        for dx, weight_x in zip(ox, wx, strict=True):
+            px = ix + dx
+            index = (row + _border_index(px, w, border)).view(b, 1, n_out).expand(b, c, n_out)
+            tap = flat.gather(2, index)
+            if border == "constant":
+                outside = ((px < 0) | (px >= w) | (py < 0) | (py >= h)).view(b, 1, n_out)
+                tap = torch.where(
+                    outside, torch.full((), value, dtype=x.dtype, device=x.device), tap
+                )
+            out = out + tap * (weight_y * weight_x).view(b, 1, n_out).to(x.dtype)
+    return out.view(b, c, *map_x.shape[1:])
+
+
+# Smooth fields: ``gauss`` and ``value_noise`` are linear maps along each axis (resizes and a
+# separable gaussian with OpenCV's kernels and borders), so a batch takes them as two matrix
+# products with per-axis matrices built once per size.
+
+
+def _cubic_weights(t: np.ndarray) -> list[np.ndarray]:
+    """OpenCV's bicubic weights (float32) of fractional positions ``t``."""
+    a = np.float32(CUBIC_A)
+    one, two, three = np.float32(1.0), np.float32(2.0), np.float32(3.0)
+    u = t + one
+    w0 = ((a * u - np.float32(5.0) * a) * u + np.float32(8.0) * a) * u - np.float32(4.0) * a
+    w1 = ((a + two) * t - (a + three)) * t * t + one
+    v = one - t
+    w2 = ((a + two) * v - (a + three)) * v * v + one
+    return [w0, w1, w2, one - w0 - w1 - w2]
+
+
+def _resize_matrix(src: int, dst: int, interp: str) -> np.ndarray:
+    """float64 (dst, src): ``cv2.resize`` along one axis, ``INTER_LINEAR``, ``INTER_CUBIC`` or
+    ``INTER_AREA`` (edge samples replicated)."""
+    out = np.zeros((dst, src), dtype=np.float64)
+    scale = 1.0 / (dst / src)
+    rows = np.arange(dst)
+    if interp == "area":
+        if abs(scale - round(scale)) < np.finfo(np.float64).eps:
+            k = round(scale)
+            for i in range(dst):
+                out[i, i * k : i * k + k] = np.float32(1.0 / k)
+            return out
+        for i in range(dst):
+            f1 = i * scale
+            f2 = f1 + scale
+            cell = min(scale, src - f1)
+            s2 = min(math.floor(f2), src - 1)
+            s1 = min(math.ceil(f1), s2)
+            if s1 - f1 > 1e-3:
+                out[i, s1 - 1] += np.float32((s1 - f1) / cell)
+            out[i, s1:s2] += np.float32(1.0 / cell)
+            if f2 - s2 > 1e-3:
+                out[i, s2] += np.float32(min(min(f2 - s2, 1.0), cell) / cell)
+        return out
+    pos = ((rows + 0.5) * scale - 0.5).astype(np.float32)
+    base = np.floor(pos).astype(np.int64)
+    frac = pos - base.astype(np.float32)
+    if interp == "linear":
+        low, high = base < 0, base >= src - 1
+        frac[low | high] = 0.0
+        base = np.where(low, 0, np.where(high, src - 1, base))
+        taps, weights = [0, 1], [np.float32(1.0) - frac, frac]
+    else:
+        taps, weights = [-1, 0, 1, 2], _cubic_weights(frac)
+    for tap, weight in zip(taps, weights, strict=True):
+        np.add.at(out, (rows, np.clip(base + tap, 0, src - 1)), weight.astype(np.float64))
+    return out
+
+
+def _gauss_axis(n: int, sigma: float) -> np.ndarray:
+    """float64 (n, n): ``cv2.GaussianBlur`` of float32 data along one axis (its kernel size and
+    float32 kernel, reflected borders)."""
+    size = round(sigma * 4 * 2 + 1) | 1
+    kernel = cv2.getGaussianKernel(size, sigma, cv2.CV_32F)[:, 0].astype(np.float64)
+    half = size // 2
+    out = np.zeros((n, n), dtype=np.float64)
+    rows = np.arange(n)
+    for j, weight in enumerate(kernel):
+        p = rows + j - half
+        if n > 1:
+            period = 2 * (n - 1)
+            p = np.remainder(p, period)
+            p = np.where(p >= n, period - p, p)
+        else:
+            p = np.zeros_like(p)
+        np.add.at(out, (rows, p), weight)
+    return out
+
+
+@lru_cache(maxsize=64)
+def gauss_axis_matrix(n: int, sigma_px: float, device: str = "cpu") -> torch.Tensor:
+    """float32 (n, n) on ``device`` (cached: treat as read-only): ``gauss`` along one axis of
+    length ``n`` (large sigmas on a copy downscaled by the same factor, area in and bilinear
+    out)."""
+    factor = int(max(1, sigma_px // 6))
+    if factor > 1:
+        small = max(1, n // factor)
+        down = _resize_matrix(n, small, "area")
+        m = _resize_matrix(small, n, "linear") @ _gauss_axis(small, sigma_px / factor) @ down
+    else:
+        m = _gauss_axis(n, sigma_px)
+    return torch.from_numpy(m.astype(np.float32)).to(device)
+
+
+@lru_cache(maxsize=64)
+def noise_axis_matrix(n: int, cells: int, cell_px: float, device: str = "cpu") -> torch.Tensor:
+    """float32 (n, cells) on ``device`` (cached: treat as read-only): ``value_noise``'s bicubic
+    resize of ``cells`` grid values to ``round(cells * cell_px)`` samples along one axis, the
+    first ``n`` of them."""
+    m = _resize_matrix(cells, round(cells * cell_px), "cubic")[:n]
+    return torch.from_numpy(m.astype(np.float32)).to(device)
+
+
+def gauss_t(planes: torch.Tensor, sigma_px: float) -> torch.Tensor:
+    """``gauss`` of every (H, W) plane of a float32 (..., H, W) batch: two matrix products."""
+    if sigma_px < 0.3:
+        return planes.clone()
+    h, w = planes.shape[-2:]
+    rows = gauss_axis_matrix(h, sigma_px, str(planes.device))
+    cols = gauss_axis_matrix(w, sigma_px, str(planes.device))
+    return torch.matmul(torch.matmul(rows, planes), cols.T)
+
+
+def value_noise_t(
+    keys: Sequence[int], stream: str, h: int, w: int, cell_px: float, like: torch.Tensor
+) -> torch.Tensor:
+    """(B, H, W) ``value_noise`` of every key, on ``like``'s device: the keyed grids hashed in
+    one pass (``keyed_fields.uniform_fields``) and resized by two matrix products."""
+    cell = max(cell_px, 1.0)
+    gh, gw = max(2, math.ceil(h / cell) + 1), max(2, math.ceil(w / cell) + 1)
+    coarse = keyed_fields.uniform_fields(keys, stream, (gh, gw), like.device) * 2.0 - 1.0
+    rows = noise_axis_matrix(h, gh, cell, str(like.device))
+    cols = noise_axis_matrix(w, gw, cell, str(like.device))
+    return torch.matmul(torch.matmul(rows, coarse), cols.T)
+
+
+def fractal_noise_t(
+    keys: Sequence[int],
+    stream: str,
+    h: int,
+    w: int,
+    cell_px: float,
+    octaves: int,
+    like: torch.Tensor,
+    gain: float = 0.5,
+) -> torch.Tensor:
+    """(B, H, W) ``fractal_noise`` of every key (``value_noise_t`` octaves)."""
+    total = torch.zeros(len(keys), h, w, device=like.device, dtype=torch.float32)
+    norm = 0.0
+    amp = 1.0
+    for o in range(octaves):
+        total = total + amp * value_noise_t(keys, f"{stream}/{o}", h, w, cell_px / 2**o, like)
+        norm += amp
+        amp *= gain
+    return total / norm
+
+
+def luma_t(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, W) Rec. 601 luma of a BCHW batch (``luma``'s float32 arithmetic)."""
+    if x.shape[1] == 1:
+        return x[:, 0].clone()
+    return x[:, 0] * float(LUMA[0]) + x[:, 1] * float(LUMA[1]) + x[:, 2] * float(LUMA[2])
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, empty: float) -> torch.Tensor:
+    """(B,) mean of each sample's ``values`` (B, H, W) over its bool ``mask`` (B, H, W),
+    ``empty`` where the mask is empty; summed in float64, so that its float32 value does not move
+    with how a batch's reduction is split over threads."""
+    count = mask.sum(dim=(1, 2))
+    zero = torch.zeros((), dtype=torch.float64, device=values.device)
+    total = torch.where(mask, values.to(torch.float64), zero).sum(dim=(1, 2))
+    mean = torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, empty))
+    return mean.to(values.dtype)
+
+
+CHAMFER3 = ((0, 1, 0.955), (1, 1, 1.3693))  # OpenCV's DIST_L2 steps (dy, dx, length), 3x3
+CHAMFER5 = ((0, 1, 1.0), (1, 1, 1.4), (1, 2, 2.1969))  # and 5x5
+
+
+def chamfer_t(
+    mask: torch.Tensor, steps: Sequence[tuple[int, int, float]], reach: float
+) -> torch.Tensor:
+    """float32 (B, 1, H, W): ``cv2.distanceTransform`` (DIST_L2, the chamfer ``steps``) of a
+    bool (B, 1, H, W) mask, the distance of each pixel of the mask to the nearest pixel outside it
+    (outside the image counts as inside, as OpenCV's), exact up to ``reach`` px: the steps are
+    relaxed as many times as that distance takes (farther pixels may stay infinite)."""
+    h, w = mask.shape[-2:]
+    moves: list[tuple[int, int, float]] = []
+    for dy, dx, length in steps:
+        for sy, sx in {
+            (dy, dx),
+            (-dy, dx),
+            (dy, -dx),
+            (-dy, -dx),
+            (dx, dy),
+            (-dx, dy),
+            (dx, -dy),
+            (-dx, -dy),
+        }:
+            moves.append((sy, sx, length))
+    pad = max(max(abs(dy), abs(dx)) for dy, dx, _ in moves)
+    inf = float("inf")
+    dist = torch.where(
+        mask, torch.tensor(inf, device=mask.device), torch.zeros((), device=mask.device)
+    )
+    lengths = {
+        length: torch.tensor(length, dtype=torch.float32, device=mask.device)
+        for _, _, length in moves
+    }
+    for _ in range(math.ceil(reach / steps[0][2]) + 1):
+        padded = torch.nn.functional.pad(dist, (pad, pad, pad, pad), value=inf)
+        best = dist
+        for dy, dx, length in sorted(moves):
+            best = torch.minimum(
+                best,
+                padded[:, :, pad + dy : pad + dy + h, pad + dx : pad + dx + w] + lengths[length],
+            )
+        dist = best
+    return dist
+
+
+def soft_mask_t(mask: torch.Tensor, inset_px: float) -> torch.Tensor:
+    """``soft_mask`` of a bool (B, 1, H, W) batch (OpenCV's 3x3 chamfer distance, needed up to
+    ``2 inset_px``: beyond it the ramp is 1)."""
+    if inset_px < 1.0:
+        return mask.to(torch.float32)
+    return (chamfer_t(mask, CHAMFER3, 2.0 * inset_px) / inset_px - 1.0).clamp(0.0, 1.0)
+
+
+def masked_quantile(
+    values: torch.Tensor, mask: torch.Tensor, q: float, qs: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(B,) ``np.quantile(values[i][mask[i]], q)`` (linear) of every sample of (B, H, W)
+    ``values`` (``qs``: float64 (B,) quantiles instead, one per sample); NaN where a mask is
+    empty."""
+    b = values.shape[0]
+    flat = torch.where(
+        mask, values, torch.full((), float("inf"), dtype=values.dtype, device=values.device)
+    )
+    ordered = flat.reshape(b, -1).sort(dim=1).values
+    count = mask.reshape(b, -1).sum(dim=1)
+    quantile = torch.full((b,), q, dtype=torch.float64, device=values.device) if qs is None else qs
+    pos = (count - 1).clamp(min=0).to(torch.float64) * quantile
+    low = pos.floor()
+    t = pos - low
+    lo = low.to(torch.int64)
+    hi = torch.minimum(lo + 1, (count - 1).clamp(min=0))
+    a = ordered.gather(1, lo[:, None])[:, 0].to(torch.float64)
+    bb = ordered.gather(1, hi[:, None])[:, 0].to(torch.float64)
+    diff = bb - a
+    value = torch.where(t >= 0.5, bb - diff * (1.0 - t), a + diff * t)
+    return torch.where(count > 0, value, torch.full_like(value, float("nan")))

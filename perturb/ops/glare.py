@@ -30,11 +30,14 @@ about 0.5 % of the shorter side, 90th percentile under 2 %).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import cv2
 import numpy as np
+import torch
 
-from perturb.ops import _host
+from perturb.ops import _host, _math
 from perturb.ops.registry import Level, Params, draw
 
 FOCAL = 0.5  # focal length, fraction of the shorter side (wide-angle endoscope optics)
@@ -77,7 +80,9 @@ def _quantile(a: np.ndarray, q: float) -> float:
     return float(np.quantile(flat, q))
 
 
-def surface_normals(lum: np.ndarray, key: int, relief: float, scale: int) -> tuple[np.ndarray, np.ndarray]:
+def surface_normals(
+    lum: np.ndarray, key: int, relief: float, scale: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(N . V, 1/d^2) per pixel from the linear luminance (H, W) by shape from shading under a
     light at the camera, with a keyed micro-relief of relative amplitude ``relief``."""
     h, w = lum.shape
@@ -95,7 +100,10 @@ def surface_normals(lum: np.ndarray, key: int, relief: float, scale: int) -> tup
     u = ((np.arange(w, dtype=np.float32) + 0.5 - w / 2) / f)[None, :]
     v = ((np.arange(h, dtype=np.float32) + 0.5 - h / 2) / f)[:, None]
     dy, dx = np.gradient(d)
-    du, dv = dx * np.float32(f), dy * np.float32(f)  # derivatives per unit of normalised image coordinate
+    du, dv = (
+        dx * np.float32(f),
+        dy * np.float32(f),
+    )  # derivatives per unit of normalised image coordinate
     # P = d q with q = (u, v, 1): P_u x P_v = d (-du, -dv, d + u du + v dv) and, V = -q / |q|,
     # N . V = d / (|(-du, -dv, d + u du + v dv)| |q|) (the normal taken facing the camera)
     t = du * u
@@ -119,8 +127,79 @@ def _linear_at(flat: np.ndarray, index: np.ndarray) -> np.ndarray:
     return _host.to_linear(flat[:, index])
 
 
-@_host.host_op("specular_glare", sampler=_glare_sampler, dtypes=(np.uint8, np.float32))
-def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+def _gradient(d: torch.Tensor, dim: int) -> torch.Tensor:
+    """``np.gradient`` of a float32 batch along ``dim`` (central inside, one-sided at the
+    ends; at least two samples)."""
+    n = d.shape[dim]
+    inner = (d.narrow(dim, 2, n - 2) - d.narrow(dim, 0, n - 2)) / 2.0
+    first = d.narrow(dim, 1, 1) - d.narrow(dim, 0, 1)
+    last = d.narrow(dim, n - 1, 1) - d.narrow(dim, n - 2, 1)
+    return torch.cat([first, inner, last], dim=dim)
+
+
+def surface_normals_t(
+    lum: torch.Tensor, keys: Sequence[int], relief: torch.Tensor, scale: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``surface_normals`` of a (B, H, W) batch of linear luminance: (N . V, 1/d^2)."""
+    _b, h, w = lum.shape
+    f = FOCAL * scale
+    irr = _host.gauss_t(lum, SHADING_SIGMA * scale)
+    everywhere = torch.ones_like(irr, dtype=torch.bool)
+    ref = _host.masked_quantile(irr, everywhere, 0.98) + 1e-6
+    inv_d2 = (irr * (1.0 / ref).to(torch.float32).view(-1, 1, 1)).clamp(1e-3, 1.0)
+    d = 1.0 / torch.sqrt(inv_d2)
+    noise = _host.fractal_noise_t(keys, "glare-relief", h, w, RELIEF_CELL * scale, 2, lum)
+    d = d * (noise * relief.view(-1, 1, 1) + 1.0)  # relief 0: a factor of exactly 1
+    u = ((torch.arange(w, device=lum.device, dtype=torch.float32) + 0.5 - w / 2) / f).view(1, 1, w)
+    v = ((torch.arange(h, device=lum.device, dtype=torch.float32) + 0.5 - h / 2) / f).view(1, h, 1)
+    du, dv = _gradient(d, 2) * f, _gradient(d, 1) * f
+    t = du * u + dv * v + d
+    norm = torch.sqrt(t * t + du * du + dv * dv) * torch.sqrt(u * u + v * v + 1.0)
+    return (d / norm).clamp(max=1.0), inv_d2
+
+
+def _specular_glare_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``specular_glare`` of a batch in one pass (the torch kernel): every field of the model
+    for the whole batch, the lobe's floor and the clipping as masks."""
+    _b, c, h, w = x.shape
+    scale = min(h, w)
+    _field, tissue = _host.view_masks(x, scenes)
+    lin = _math.srgb_to_linear(x)
+    n_dot_v, inv_d2 = surface_normals_t(_host.luma_t(lin), keys, p["relief"], scale)
+    shininess = p["shininess"].view(-1, 1, 1)
+    floor = torch.exp(math.log(LOBE_FLOOR) / shininess.to(torch.float64)).to(torch.float32)
+    facing = n_dot_v > floor
+    lobe = (
+        torch.exp(torch.log(n_dot_v.clamp(min=1e-30)) * shininess)
+        * inv_d2
+        * p["wetness"].view(-1, 1, 1)
+    )
+    lobe = lobe * _host.soft_mask_t(tissue, EDGE_FADE * scale)[:, 0]
+    lobe = torch.where(facing, lobe, torch.zeros((), device=x.device))
+    spec = _host.gauss_t(lobe, OPTICS_SIGMA * scale).unsqueeze(1)
+    gains = p["illuminant"].view(-1, 3, 1, 1) if c == 3 else torch.ones(1, 1, 1, 1, device=x.device)
+    raw = lin + spec * gains
+    zero = torch.zeros((), device=x.device)
+    overflow = torch.where(
+        spec > SPEC_FLOOR, (raw.amax(dim=1, keepdim=True) - 1.0).clamp(min=0.0), zero
+    )
+    bloom = _host.gauss_t(overflow, BLOOM_SIGMA * scale) * BLOOM_GAIN + spec
+    changed = (bloom > SPEC_FLOOR) & tissue
+    res = _math.linear_to_srgb((lin + bloom * gains).clamp(0.0, 1.0))
+    return torch.where(changed, res, x).clamp(0.0, 1.0)
+
+
+@_host.host_op(
+    "specular_glare",
+    sampler=_glare_sampler,
+    dtypes=(np.uint8, np.float32),
+    device=_specular_glare_batch,
+)
+def specular_glare(
+    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
+) -> np.ndarray:
     """Blinn-Phong highlights of a light at the camera on a surface from shading, inverse-square
     fall-off, sensor clipping and a short bloom (module docstring). Pixels whose specular light
     stays under ``SPEC_FLOOR`` keep their input values."""
@@ -132,7 +211,9 @@ def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _h
     n_dot_v, inv_d2 = surface_normals(lum, key, float(p["relief"]), scale)
     # wetness (N . V)^shininess / d^2, where the lobe reaches LOBE_FLOOR (zero elsewhere)
     shininess = np.float32(p["shininess"])
-    facing = np.flatnonzero(n_dot_v.reshape(-1) > np.float32(math.exp(math.log(LOBE_FLOOR) / float(shininess))))
+    facing = np.flatnonzero(
+        n_dot_v.reshape(-1) > np.float32(math.exp(math.log(LOBE_FLOOR) / float(shininess)))
+    )
     lobe = np.zeros(h * w, dtype=np.float32)
     if facing.size:
         log_lobe = np.asarray(cv2.log(n_dot_v.reshape(-1)[facing]), dtype=np.float32)
@@ -143,7 +224,9 @@ def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _h
         lobe_at *= _host.soft_mask(tissue, EDGE_FADE * scale).reshape(-1)[facing]
         lobe[facing] = lobe_at
     lobe = lobe.reshape(h, w)
-    spec = _host.gauss(lobe, OPTICS_SIGMA * scale).reshape(-1)  # the lens PSF: hairline lobes stay below clipping
+    spec = _host.gauss(lobe, OPTICS_SIGMA * scale).reshape(
+        -1
+    )  # the lens PSF: hairline lobes stay below clipping
     illuminant = np.asarray(p["illuminant"], dtype=np.float32)
     gains = illuminant[:, None] if c == 3 else np.ones((1, 1), np.float32)
     lit = np.flatnonzero(spec > np.float32(SPEC_FLOOR))  # where the light may clip
@@ -159,5 +242,7 @@ def specular_glare(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _h
     out += bloom[changed] * gains
     res = img.copy()
     if changed.size:
-        res.reshape(c, -1)[:, changed] = _host.to_display(np.clip(out, np.float32(0.0), np.float32(1.0)))
+        res.reshape(c, -1)[:, changed] = _host.to_display(
+            np.clip(out, np.float32(0.0), np.float32(1.0))
+        )
     return res

@@ -31,14 +31,14 @@ and letterboxed fields.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import cv2
 import numpy as np
 import torch
 
-from perturb.ops import _host
+from perturb.ops import _host, _math
 from perturb.ops.registry import Geometry, Level, Params, as_float32, draw, draw_int, draw_sign
 
 # ---------------------------------------------------------------------------------------------
@@ -55,7 +55,40 @@ def _fog_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
-@_host.host_op("lens_fog", sampler=_fog_sampler, dtypes=(np.uint8, np.float32))
+def _lens_fog_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``lens_fog`` of a batch in one pass (the torch kernel): the film's density from the
+    field geometry and batched keyed noise, the forward-scatter lobe as a batched gaussian."""
+    _b, _c, h, w = x.shape
+    scale = min(h, w)
+    field, tissue = _host.view_masks(x, scenes)
+    cx, cy, radius = (v.to(torch.float32).view(-1, 1, 1) for v in _host.field_geometry_t(field))
+    ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1)
+    xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w)
+    rho = torch.sqrt((xs - cx) ** 2 + (ys - cy) ** 2) / radius
+    reach = p["reach"].to(torch.float64)
+    start = ((1.0 - reach) * 0.6).to(torch.float32).view(-1, 1, 1)
+    grow = ((rho - start) / reach.to(torch.float32).view(-1, 1, 1)).clamp(0.0, 1.0)
+    noise = _host.fractal_noise_t(keys, "fog-patches", h, w, 0.2 * scale, 3, x)
+    patches = 0.6 + 0.4 * noise
+    s = (p["fog"].view(-1, 1, 1) * (0.5 + 0.5 * grow) * patches).clamp(0.0, 0.97).unsqueeze(1)
+    lin = _math.srgb_to_linear(x)
+    inside = tissue.to(torch.float32)
+    sigma = FOG_SIGMA * scale
+    weight = _host.gauss_t(inside, sigma) + 1e-6
+    spread = _host.gauss_t(lin * inside, sigma) / weight
+    mean = _host.masked_mean(_host.luma_t(lin), tissue[:, 0], 0.2)
+    veil = (p["veil"] * mean).view(-1, 1, 1, 1)
+    scattered = spread * 0.8 + veil * 0.6
+    out = lin * (1.0 - s) + scattered * s
+    res = _math.linear_to_srgb(out)
+    return torch.where(tissue, res, x).clamp(0.0, 1.0)
+
+
+@_host.host_op(
+    "lens_fog", sampler=_fog_sampler, dtypes=(np.uint8, np.float32), device=_lens_fog_batch
+)
 def lens_fog(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Condensation veil: forward-scatter blur plus scattered light, growing from the rim with
     patchy density (module docstring)."""
@@ -73,7 +106,10 @@ def lens_fog(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vi
     inside = tissue.astype(np.float32)
     # the scattered light stays within the field: normalised blur of the field's light only
     weight = _host.gauss(inside, FOG_SIGMA * scale) + 1e-6
-    spread = _host.per_channel(lin * inside[None], lambda z: _host.gauss(z, FOG_SIGMA * scale)) / weight[None]
+    spread = (
+        _host.per_channel(lin * inside[None], lambda z: _host.gauss(z, FOG_SIGMA * scale))
+        / weight[None]
+    )
     veil = np.float32(p["veil"]) * float(_host.luma(lin)[tissue].mean() if tissue.any() else 0.2)
     scattered = spread * 0.8 + veil * 0.6
     out = lin * (1.0 - s[None]) + scattered * s[None]
@@ -97,11 +133,20 @@ def _droplet_sampler(rng: np.random.Generator, level: Level) -> Params:
     for _ in range(count):
         r_field = 0.95 * math.sqrt(float(rng.uniform()))  # uniform over the field's disk
         phi = float(rng.uniform(0.0, 2.0 * math.pi))
-        drops.append([r_field * math.cos(phi), r_field * math.sin(phi), radius * float(np.exp(rng.normal(0.0, 0.35))), float(rng.uniform(0.75, 1.0))])
+        drops.append(
+            [
+                r_field * math.cos(phi),
+                r_field * math.sin(phi),
+                radius * float(np.exp(rng.normal(0.0, 0.35))),
+                float(rng.uniform(0.75, 1.0)),
+            ]
+        )
     return {"count": count, "radius": radius, "drops": drops}
 
 
-def render_drop(src: np.ndarray, out: np.ndarray, cx: float, cy: float, r: float, aspect: float) -> None:
+def render_drop(
+    src: np.ndarray, out: np.ndarray, cx: float, cy: float, r: float, aspect: float
+) -> None:
     """One drop of radius ``r`` px (ellipse of ``aspect``) at (cx, cy) px: refracted, defocused
     tissue read from ``src`` (CHW linear), dark rim and reflex, drawn onto ``out``."""
     _c, h, w = src.shape
@@ -121,7 +166,12 @@ def render_drop(src: np.ndarray, out: np.ndarray, cx: float, cy: float, r: float
     # a plano-convex drop: the sampling positions bulge towards the centre (minified view)
     pull = 1.0 - DROP_BULGE * np.sqrt(1.0 - inner * inner)
     pad = math.ceil(3 * DROP_BLUR * r) + 2
-    bx0, bx1, by0, by1 = max(0, x0 - pad - int(r)), min(w, x1 + pad + int(r)), max(0, y0 - pad - int(r)), min(h, y1 + pad + int(r))
+    bx0, bx1, by0, by1 = (
+        max(0, x0 - pad - int(r)),
+        min(w, x1 + pad + int(r)),
+        max(0, y0 - pad - int(r)),
+        min(h, y1 + pad + int(r)),
+    )
     patch = _host.per_channel(src[:, by0:by1, bx0:bx1], lambda z: _host.gauss(z, DROP_BLUR * r))
     mx = (cx + dx * pull - 0.5 - bx0).astype(np.float32)
     my = (cy + dy * np.float32(aspect) * pull - 0.5 - by0).astype(np.float32)
@@ -134,7 +184,9 @@ def render_drop(src: np.ndarray, out: np.ndarray, cx: float, cy: float, r: float
 
 
 @_host.host_op("lens_droplets", sampler=_droplet_sampler, dtypes=(np.uint8, np.float32))
-def lens_droplets(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+def lens_droplets(
+    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
+) -> np.ndarray:
     """Water drops on the lens: refracted, defocused tissue inside each drop, dark rim, small
     reflex (module docstring)."""
     _c, h, w = img.shape
@@ -159,7 +211,9 @@ def _ca_sampler(rng: np.random.Generator, level: Level) -> Params:
     return {"shift": draw(rng, level["shift"]) * draw_sign(rng)}
 
 
-def channel_scale_maps(h: int, w: int, cx: float, cy: float, magnification: float) -> tuple[np.ndarray, np.ndarray]:
+def channel_scale_maps(
+    h: int, w: int, cx: float, cy: float, magnification: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Source pixel-index maps of an image magnified by ``magnification`` about (cx, cy) px."""
     xs = (np.arange(w, dtype=np.float64) + 0.5 - cx) / magnification + cx - 0.5
     ys = (np.arange(h, dtype=np.float64) + 0.5 - cy) / magnification + cy - 0.5
@@ -168,8 +222,38 @@ def channel_scale_maps(h: int, w: int, cx: float, cy: float, magnification: floa
     return map_x, map_y
 
 
-@_host.host_op("chromatic_aberration", sampler=_ca_sampler, dtypes=(np.uint8, np.float32))
-def chromatic_aberration(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+def _chromatic_aberration_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``chromatic_aberration`` of a batch in one pass (the torch kernel): the red and blue
+    planes of every sample scaled about its field's centre by one batched bicubic remap."""
+    _b, c, h, w = x.shape
+    if c == 1:
+        return x.clone()
+    field, tissue = _host.view_masks(x, scenes)
+    cx, cy, _ = _host.field_geometry_t(field)
+    k = p["shift"].to(torch.float64)
+    m = torch.cat([1.0 + k, 1.0 - k])[:, None]  # red of every sample, then blue
+    cx2, cy2 = torch.cat([cx, cx])[:, None], torch.cat([cy, cy])[:, None]
+    xs = torch.arange(w, device=x.device, dtype=torch.float64)[None, :]
+    ys = torch.arange(h, device=x.device, dtype=torch.float64)[None, :]
+    map_x = ((xs + 0.5 - cx2) / m + cx2 - 0.5).to(torch.float32)[:, None, :].expand(-1, h, w)
+    map_y = ((ys + 0.5 - cy2) / m + cy2 - 0.5).to(torch.float32)[:, :, None].expand(-1, h, w)
+    planes = _host.remap(torch.cat([x[:, 0:1], x[:, 2:3]]), map_x, map_y, "cubic", "reflect101")
+    red, blue = planes.chunk(2)
+    out = torch.cat([red, x[:, 1:2], blue], dim=1)
+    return torch.where(tissue, out, x).clamp(0.0, 1.0)
+
+
+@_host.host_op(
+    "chromatic_aberration",
+    sampler=_ca_sampler,
+    dtypes=(np.uint8, np.float32),
+    device=_chromatic_aberration_batch,
+)
+def chromatic_aberration(
+    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
+) -> np.ndarray:
     """Red scaled by ``1 + shift``, blue by ``1 - shift`` about the field's centre (``shift`` is
     the fringe width at the field's radius, as a fraction of that radius)."""
     c, h, w = img.shape
@@ -181,7 +265,9 @@ def chromatic_aberration(img: np.ndarray, p: dict[str, np.ndarray], key: int, vi
     out = img.copy()
     for channel, m in ((0, 1.0 + k), (2, 1.0 - k)):
         map_x, map_y = channel_scale_maps(h, w, cx, cy, m)
-        out[channel] = cv2.remap(img[channel], map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
+        out[channel] = cv2.remap(
+            img[channel], map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101
+        )
     out[:, ~tissue] = img[:, ~tissue]
     return out
 
@@ -201,7 +287,9 @@ def distortion_frame(width: int, height: int) -> tuple[float, float, float]:
     return width / 2.0, height / 2.0, min(width, height) / 2.0
 
 
-def distortion_source(x: np.ndarray, y: np.ndarray, k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+def distortion_source(
+    x: np.ndarray, y: np.ndarray, k: float, width: int, height: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Continuous source coordinates of output points (x, y): radius ``rho`` reads ``rho (1 + k
     rho^2) / (1 + k)``."""
     cx, cy, radius = distortion_frame(width, height)
@@ -210,7 +298,9 @@ def distortion_source(x: np.ndarray, y: np.ndarray, k: float, width: int, height
     return cx + u * factor * radius, cy + v * factor * radius
 
 
-def distortion_forward(x: np.ndarray, y: np.ndarray, k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+def distortion_forward(
+    x: np.ndarray, y: np.ndarray, k: float, width: int, height: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Output coordinates of source points (x, y): the inverse of ``distortion_source``, solved
     for the radius by Newton's method (the map is monotone for ``k > -1 / (3 rho^2)``)."""
     cx, cy, radius = distortion_frame(width, height)
@@ -229,11 +319,15 @@ def distortion_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.n
     """Source pixel-index maps (float32, H x W) of every output pixel."""
     xs = np.arange(width, dtype=np.float64)[None, :] + 0.5
     ys = np.arange(height, dtype=np.float64)[:, None] + 0.5
-    sx, sy = distortion_source(np.broadcast_to(xs, (height, width)), np.broadcast_to(ys, (height, width)), k, width, height)
+    sx, sy = distortion_source(
+        np.broadcast_to(xs, (height, width)), np.broadcast_to(ys, (height, width)), k, width, height
+    )
     return (sx - 0.5).astype(np.float32), (sy - 0.5).astype(np.float32)
 
 
-def _distortion_points(p: Mapping[str, Any], points: np.ndarray, width: int, height: int) -> np.ndarray:
+def _distortion_points(
+    p: Mapping[str, Any], points: np.ndarray, width: int, height: int
+) -> np.ndarray:
     x, y = distortion_forward(points[:, 0], points[:, 1], as_float32(p["k"]), width, height)
     return np.stack([x, y], axis=1)
 
@@ -254,20 +348,47 @@ def distortion_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.
     return torch.stack(out)
 
 
+def _lens_distortion_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``lens_distortion`` of a batch in one pass (the torch kernel): every sample's source
+    maps (``distortion_maps``, float64 then float32 as on the host) and one batched bicubic
+    remap, black outside."""
+    _b, _c, h, w = x.shape
+    cx, cy, radius = distortion_frame(w, h)
+    k = p["k"].to(torch.float64).view(-1, 1, 1)
+    u = ((torch.arange(w, device=x.device, dtype=torch.float64) + 0.5 - cx) / radius).view(1, 1, w)
+    v = ((torch.arange(h, device=x.device, dtype=torch.float64) + 0.5 - cy) / radius).view(1, h, 1)
+    factor = (1.0 + k * (u * u + v * v)) / (1.0 + k)
+    map_x = (cx + u * factor * radius - 0.5).to(torch.float32)
+    map_y = (cy + v * factor * radius - 0.5).to(torch.float32)
+    return _host.remap(x, map_x, map_y, "cubic", "constant", 0.0).clamp(0.0, 1.0)
+
+
 @_host.host_op(
     "lens_distortion",
     sampler=_distortion_sampler,
     dtypes=(np.uint8, np.float32),
     geometry=Geometry(distortion_label_maps, points=_distortion_points),
+    device=_lens_distortion_batch,
 )
-def lens_distortion(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+def lens_distortion(
+    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
+) -> np.ndarray:
     """Radial distortion change ``rho -> rho (1 + k rho^2) / (1 + k)`` about the image centre,
     bicubic, black where the source lies outside the image (module docstring)."""
     _c, h, w = img.shape
     map_x, map_y = distortion_maps(float(p["k"]), w, h)
     return np.stack(
         [
-            cv2.remap(np.ascontiguousarray(plane), map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
+            cv2.remap(
+                np.ascontiguousarray(plane),
+                map_x,
+                map_y,
+                cv2.INTER_CUBIC,
+                borderMode=cv2.BORDER_CONSTANT,
+                borderValue=0.0,
+            )
             for plane in img
         ]
     ).astype(np.float32)

@@ -25,9 +25,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import cv2
 import numpy as np
+import torch
 
 from perturb import rng
 from perturb.ops import _host
@@ -51,12 +54,57 @@ def displaced(img: np.ndarray, dx: float, dy: float) -> np.ndarray:
     matrix = np.array([[1.0, 0.0, dx], [0.0, 1.0, dy]], dtype=np.float64)
     h, w = img.shape[-2:]
     return np.stack(
-        [cv2.warpAffine(np.ascontiguousarray(c), matrix, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE) for c in img]
+        [
+            cv2.warpAffine(
+                np.ascontiguousarray(c),
+                matrix,
+                (w, h),
+                flags=cv2.INTER_LINEAR,
+                borderMode=cv2.BORDER_REPLICATE,
+            )
+            for c in img
+        ]
     ).astype(np.float32)
 
 
-@_host.host_op("interlacing", sampler=_interlace_sampler, dtypes=(np.uint8, np.float32))
-def interlacing(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+def _interlacing_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``interlacing`` of a batch in one pass (the torch kernel): both displaced frames by a
+    batched remap, the field order as a per-sample row-parity mask."""
+    _b, _c, h, w = x.shape
+    _field, tissue = _host.view_masks(x, scenes)
+    step = p["shift"].to(torch.float64) * min(h, w)
+    angle = p["direction"].to(torch.float64)
+    dx, dy = (step * torch.cos(angle))[:, None, None], (step * torch.sin(angle))[:, None, None]
+    xs = torch.arange(w, device=x.device, dtype=torch.float64).view(1, 1, w)
+    ys = torch.arange(h, device=x.device, dtype=torch.float64).view(1, h, 1)
+    # the later field (read at -shift) and the recursive filter's ghost (read at +shift) together
+    both = _host.remap(
+        torch.cat([x, x]),
+        torch.cat([xs - dx, xs + dx]).expand(-1, h, w),
+        torch.cat([ys - dy, ys + dy]).expand(-1, h, w),
+        "linear",
+        "replicate",
+    )
+    later, previous = both.chunk(2)
+    first = torch.round(p["odd_first"]).to(torch.int64)
+    rows = torch.arange(h, device=x.device).view(1, 1, h, 1)
+    frame = torch.where(rows % 2 == (1 - first).view(-1, 1, 1, 1), later, x)
+    ghost = p["ghost"].to(x.dtype).view(-1, 1, 1, 1)
+    out = frame * (1.0 - ghost) + previous * ghost
+    return torch.where(tissue, out, x).clamp(0.0, 1.0)
+
+
+@_host.host_op(
+    "interlacing",
+    sampler=_interlace_sampler,
+    dtypes=(np.uint8, np.float32),
+    device=_interlacing_batch,
+)
+def interlacing(
+    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
+) -> np.ndarray:
     """Two fields ``shift`` apart (combing) plus a recursive-filter ghost (module docstring)."""
     _c, h, w = img.shape
     scale = min(h, w)
@@ -181,7 +229,9 @@ def _macroblock_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
-RGB_TO_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
+RGB_TO_YCC = np.array(
+    [[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]]
+)
 
 
 def lost_macroblocks(key: int, rows: int, cols: int, loss: float) -> np.ndarray:
@@ -201,7 +251,9 @@ def lost_macroblocks(key: int, rows: int, cols: int, loss: float) -> np.ndarray:
 
 
 @_host.host_op("video_macroblocking", sampler=_macroblock_sampler, dtypes=(np.uint8, np.float32))
-def video_macroblocking(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+def video_macroblocking(
+    img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
+) -> np.ndarray:
     """H.264-style 4x4 DCT quantisation at ``qp`` (4:2:0 chroma) and lost slices concealed from
     a displaced previous frame (module docstring)."""
     c, h, w = img.shape
@@ -229,7 +281,13 @@ def video_macroblocking(img: np.ndarray, p: dict[str, np.ndarray], key: int, vie
         motion = np.asarray(p["motion"], dtype=np.float64) * scale
         previous = np.stack(
             [
-                cv2.warpAffine(np.ascontiguousarray(plane), np.array([[1.0, 0.0, motion[0]], [0.0, 1.0, motion[1]]]), (w, h), flags=cv2.INTER_NEAREST, borderMode=cv2.BORDER_REPLICATE)
+                cv2.warpAffine(
+                    np.ascontiguousarray(plane),
+                    np.array([[1.0, 0.0, motion[0]], [0.0, 1.0, motion[1]]]),
+                    (w, h),
+                    flags=cv2.INTER_NEAREST,
+                    borderMode=cv2.BORDER_REPLICATE,
+                )
                 for plane in out
             ]
         )

@@ -27,8 +27,10 @@ appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004))
   the transmission and the tube output (``~ kVp^2`` at fixed mAs), and the added quantum noise
   is the difference between the new and the old noise variance (never negative).
 * ``xray_support_devices``: ECG electrodes and leads, central venous catheter, endotracheal and
-  nasogastric tubes, pacemaker with its lead, drawn as attenuating objects in their usual
-  places (keyed jitter).
+  nasogastric tubes, pacemaker with its lead, drawn as attenuating objects with their real
+  radiodensity (lucent tube lumens with a barium stripe, a generator with battery, circuit
+  and header, electrodes with dense snap studs) and placed on the film's own anatomy
+  (midline, lungs, apices, domes and body edges found from the pixels: ``chest_landmarks``).
 * ``xray_detector_defects``: uncorrected flat-panel defects: dead (white) and hot (black)
   pixels, dead lines (a row or column without signal, or with half gain), and the seam between
   detector tiles with a gain mismatch across it.
@@ -58,7 +60,10 @@ bit for bit), box filters with per-sample radii from ``box_mean`` (one cumulativ
 rotation from one ``warp_perspective`` call with (B, 3, 3) matrices. Devices and foreign objects
 are drawn with OpenCV's anti-aliased primitives; their canvases depend on the key alone, so
 they are drawn on the host from the (host-side) keys and selected and scaled on the device by
-the ``items`` and ``opacity`` tensors. The CPU path of every op is the per-sample code whose
+the ``items`` and ``opacity`` tensors. Devices are drawn in a canonical frame and moved onto
+each film's landmarks, found on the device in one batched pass, by per-sample axis-aligned
+maps (one ``grid_sample`` per canvas for the whole batch; the CPU path runs the same code one
+film at a time). The CPU path of every op is the per-sample code whose
 bytes the golden outputs pin; the torch path gives the same values (the rotation within 5e-5).
 """
 
@@ -560,152 +565,550 @@ def xray_over_penetration(
 
 
 # ---------------------------------------------------------------------------------------------
-# Support devices
+# Support devices: placed from landmarks found on the film
 
 
 def _level_sampler(rng_: np.random.Generator, level: Level) -> Params:
     return {"items": draw_int(rng_, level["items"]), "opacity": draw(rng_, level["opacity"])}
 
 
-def _ecg_electrode(
-    layers: _Layers,
-    g: np.random.Generator,
-    side: int,
-    cx: float,
-    cy: float,
-    edge: tuple[float, float],
+LANDMARK_GRID = 64  # the films are reduced to this square (area means) to find the landmarks
+# landmarks (fractions of the width for x, of the height for y): midline, image-left and
+# image-right lung centres, lung apex, image-left and image-right diaphragm domes, body edges
+# (image left and right) at the upper and at the lower electrode rows
+LANDMARKS = (
+    "mid",
+    "lung_left",
+    "lung_right",
+    "apex",
+    "dome_left",
+    "dome_right",
+    "body_left_upper",
+    "body_right_upper",
+    "body_left_lower",
+    "body_right_lower",
+)
+# an average centred PA film (the canonical frame the devices are drawn in), and the range a
+# detected landmark must fall in to be used (else the canonical value stands)
+CANONICAL = (0.5, 0.3, 0.7, 0.12, 0.66, 0.7, 0.04, 0.96, 0.04, 0.96)
+PLAUSIBLE = (
+    (0.38, 0.62),
+    (0.12, 0.45),
+    (0.55, 0.88),
+    (0.02, 0.35),
+    (0.45, 0.95),
+    (0.45, 0.95),
+    (0.0, 0.3),
+    (0.7, 1.0),
+    (0.0, 0.3),
+    (0.7, 1.0),
+)
+LUNG_CM = 24.0  # apex to dome of an adult lung, the scale of the device offsets
+
+
+def _smooth(profile: torch.Tensor, width: int = 5) -> torch.Tensor:
+    """Running mean along the last axis of a (B, n) profile (replicated ends)."""
+    pad = width // 2
+    padded = F.pad(profile.unsqueeze(1), (pad, pad), mode="replicate")
+    return F.avg_pool1d(padded, width, stride=1).squeeze(1)
+
+
+def chest_landmarks(x: torch.Tensor) -> torch.Tensor:
+    """The landmarks of every film of a (B, 1, H, W) batch, (B, 10) float64 in ``LANDMARKS``
+    order, found from the pixels in one batched pass over a 64 x 64 reduction:
+
+    * contrast stretched between the 2nd and 98th percentiles of each film;
+    * midline: the brightest column (mediastinum and spine) of the mid-thorax rows, within the
+      central 30-70 % of the width; refined in the upper thorax between the lungs;
+    * lung centres: the darkest column on either side of it, 8-28 % of the width away (not
+      farther: the air beside the chest or between an abducted arm and the chest is darker);
+    * apex and domes: along a band through each lung centre, the dark run around its darkest
+      row, bounded above by the shoulders and clavicles and below by the diaphragm;
+    * body edges: along the upper and lower electrode rows, lateral to each lung, the nearest
+      column brighter than air (0.22 of the stretched range: the chest wall), then the nearest
+      air column beyond it (the skin's edge; black padding and the gap between an abducted arm
+      and the chest wall are air); the film's edge where the body fills the film.
+
+    A landmark outside its plausible range (``PLAUSIBLE``; a flat or featureless image) takes
+    the canonical film's value (``CANONICAL``). No value is read back to the host."""
+    n = LANDMARK_GRID
+    b = x.shape[0]
+    dev = x.device
+    small = F.adaptive_avg_pool2d(x[:, :1].to(torch.float64), (n, n)).view(b, n, n)
+    flat = small.view(b, n * n)
+    lo = torch.quantile(flat, 0.02, dim=1).view(b, 1, 1)
+    hi = torch.quantile(flat, 0.98, dim=1).view(b, 1, 1)
+    s = (small - lo) / (hi - lo).clamp(min=1e-6)
+    idx = torch.arange(n, device=dev, dtype=torch.float64).view(1, n)
+    centre = (idx + 0.5) / n
+    neg = torch.tensor(-1e9, dtype=torch.float64, device=dev)
+    pos = torch.tensor(1e9, dtype=torch.float64, device=dev)
+
+    columns = _smooth(s[:, n // 4 : 3 * n // 4].mean(dim=1))
+    mid0 = centre[0][torch.where((centre > 0.3) & (centre < 0.7), columns, neg).argmax(dim=1)]
+    off = centre - mid0.view(b, 1)
+    left = centre[0][torch.where((off < -0.08) & (off > -0.28), columns, pos).argmin(dim=1)]
+    right = centre[0][torch.where((off > 0.08) & (off < 0.28), columns, pos).argmin(dim=1)]
+
+    def lung_run(lung: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        band = ((centre - lung.view(b, 1)).abs() < 0.05).to(torch.float64).view(b, 1, n)
+        rows = _smooth((s * band).sum(dim=2) / band.sum(dim=2).clamp(min=1.0), 3)
+        darkest = torch.where((centre > 0.15) & (centre < 0.7), rows, pos).argmin(dim=1)
+        low = rows.gather(1, darkest.view(b, 1))
+        threshold = low + 0.45 * (rows.amax(dim=1, keepdim=True) - low)
+        bright = rows > threshold
+        r0 = darkest.view(b, 1).to(torch.float64)
+        above = torch.where(bright & (idx < r0), idx, torch.full_like(idx, -1.0)).amax(dim=1)
+        below = torch.where(bright & (idx > r0), idx, torch.full_like(idx, n)).amin(dim=1)
+        return (above + 1.0) / n, below / n
+
+    apex_left, dome_left = lung_run(left)
+    apex_right, dome_right = lung_run(right)
+    dome = (dome_left + dome_right) / 2.0
+    apex = torch.minimum(torch.minimum(apex_left, apex_right), dome - 0.42)  # lungs are tall
+    upper = (centre > apex.view(b, 1)) & (centre < (apex + 0.3 * (dome - apex)).view(b, 1))
+    upper_columns = _smooth(
+        (s * upper.to(torch.float64).view(b, n, 1)).sum(dim=1)
+        / upper.sum(dim=1).view(b, 1).clamp(min=1)
+    )
+    between = (centre > left.view(b, 1) + 0.04) & (centre < right.view(b, 1) - 0.04)
+    mid = centre[0][torch.where(between, upper_columns, neg).argmax(dim=1)]
+
+    def body_edges(row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Lateral to each lung: the nearest column brighter than air (the chest wall), then
+        the nearest column beyond it that is air again (the skin's edge; else the film's)."""
+        near = ((centre - row.view(b, 1)).abs() < 0.04).to(torch.float64).view(b, n, 1)
+        profile = (s * near).sum(dim=1) / near.sum(dim=1).clamp(min=1.0)
+        body = profile > 0.22
+        none_left, none_right = torch.full_like(idx, -1.0), torch.full_like(idx, n)
+        wall = torch.where(body & (centre < left.view(b, 1)), idx, none_left).amax(dim=1)
+        edge = torch.where(~body & (idx < wall.view(b, 1)), idx, none_left).amax(dim=1)
+        wall_r = torch.where(body & (centre > right.view(b, 1)), idx, none_right).amin(dim=1)
+        edge_r = torch.where(~body & (idx > wall_r.view(b, 1)), idx, none_right).amin(dim=1)
+        return (edge + 1.0) / n, edge_r / n
+
+    upper_left, upper_right = body_edges(apex + 0.04)
+    lower_left, lower_right = body_edges(dome + 0.06)
+    found = torch.stack(
+        [
+            mid,
+            left,
+            right,
+            apex,
+            dome_left,
+            dome_right,
+            upper_left,
+            upper_right,
+            lower_left,
+            lower_right,
+        ],
+        dim=1,
+    )
+    bounds = torch.tensor(PLAUSIBLE, dtype=torch.float64, device=dev)
+    canonical = torch.tensor(CANONICAL, dtype=torch.float64, device=dev).view(1, -1)
+    ok = (found >= bounds[:, 0]) & (found <= bounds[:, 1])
+    ok = ok & ((hi - lo).view(b, 1) > 0.05)  # a featureless film: all canonical
+    return torch.where(ok, found, canonical)
+
+
+def device_anchors(lm: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Where the devices go, (B, 2) (x, y) fractions of the film from (B, 10) landmarks:
+
+    * ECG electrodes on the skin inside the body outline, 6 % of the width in from the body
+      edge, the upper pair just below the apices (shoulders), the lower pair below the domes;
+    * the carina 38 % of the way from the apex to the domes on the midline; the endotracheal
+      tube tip 4.5 cm above it (the lung height is ``LUNG_CM``);
+    * the central line tip at the cavo-atrial junction, 2.5 cm below the carina, a fifth of
+      the way from the midline to the right lung's centre (image left: the SVC along the
+      right mediastinal border);
+    * the nasogastric tube tip in the gastric fundus, 3 cm below the image-right (left) dome;
+    * the pacemaker generator in the left pectoral region (image right, 30 % of the way from
+      the lung centre to the body edge, 3 cm below the apex), its lead tip at the right-ventricular
+      apex (the lower cardiac silhouette just left of the midline, 2 cm above the dome)."""
+    mid, left, right = lm[:, 0], lm[:, 1], lm[:, 2]
+    apex, dome_l, dome_r = lm[:, 3], lm[:, 4], lm[:, 5]
+    dome = (dome_l + dome_r) / 2.0
+    cm = (dome - apex) / LUNG_CM
+    carina = apex + 0.38 * (dome - apex)
+
+    def xy(px: torch.Tensor, py: torch.Tensor) -> torch.Tensor:
+        return torch.stack([px, py], dim=1)
+
+    return {
+        "ecg0": xy(lm[:, 6] + 0.06, apex + 0.03),
+        "ecg1": xy(lm[:, 7] - 0.06, apex + 0.03),
+        "ecg2": xy(lm[:, 8] + 0.06, dome_l + 0.08),
+        "ecg3": xy(lm[:, 9] - 0.06, dome_r + 0.08),
+        "et_tip": xy(mid, carina - 4.5 * cm),
+        "cvc_tip": xy(mid - 0.2 * (mid - left), carina + 2.5 * cm),
+        "ng_top": xy(mid, torch.zeros_like(mid)),
+        "ng_tip": xy(mid + 0.55 * (right - mid), dome_r + 3.0 * cm),
+        "generator": xy(right + 0.3 * (lm[:, 7] - right), apex + 3.0 * cm),
+        "rv_apex": xy(mid + 0.3 * (right - mid), dome_r - 2.0 * cm),
+    }
+
+
+_CANONICAL_ANCHORS: dict[str, tuple[float, float]] = {
+    name: (float(v[0, 0]), float(v[0, 1]))
+    for name, v in device_anchors(torch.tensor([CANONICAL], dtype=torch.float64)).items()
+}
+
+
+class _Placed:
+    """One film's devices drawn in the canonical frame: uint8 canvases (255 = the canvas's
+    densest attenuation ``scale``, display units at opacity 1), each with its item and its
+    placement ``(kind, anchor, second anchor)``: ``move`` (translated with its anchor),
+    ``left``/``right`` (stretched from that film edge to its anchor, for leads running off the
+    body), ``down`` (moved sideways with its anchor and stretched from the top of the film to
+    it, for tubes entering from above), ``span`` (stretched between two anchors)."""
+
+    def __init__(self, h: int, w: int) -> None:
+        self.shape = (h, w)
+        self.canvases: list[np.ndarray] = []
+        self.items: list[int] = []
+        self.scales: list[float] = []
+        self.placements: list[tuple[str, str, str]] = []
+
+    def add(self, item: int, attenuation: np.ndarray, placement: tuple[str, str, str]) -> None:
+        scale = float(attenuation.max())
+        canvas = np.zeros(self.shape, np.uint8)
+        if scale > 0:
+            canvas = np.round(attenuation * (255.0 / scale)).astype(np.uint8)
+        self.canvases.append(canvas)
+        self.items.append(item)
+        self.scales.append(scale)
+        self.placements.append(placement)
+
+
+def _px(point: tuple[float, float], w: int, h: int) -> tuple[float, float]:
+    return point[0] * w, point[1] * h
+
+
+def _dense_curve(points: np.ndarray) -> np.ndarray:
+    """``_curve`` through ``points`` (pixels) as float (n, 2), one point every ~2 pixels."""
+    length = float(np.linalg.norm(np.diff(points, axis=0), axis=1).sum())
+    return _curve(points, n=max(16, int(length / 2))).reshape(-1, 2).astype(np.float64)
+
+
+def _offset(curve: np.ndarray, distance: float) -> np.ndarray:
+    """The curve moved sideways by ``distance`` pixels along its normals."""
+    tangent = np.gradient(curve, axis=0)
+    tangent /= np.maximum(np.linalg.norm(tangent, axis=1, keepdims=True), 1e-9)
+    normal = np.stack([-tangent[:, 1], tangent[:, 0]], axis=1)
+    return curve + distance * normal
+
+
+def _stroke(target: np.ndarray, curve: np.ndarray, width: float, value: float) -> None:
+    """Add ``value`` along an anti-aliased polyline of ``width`` pixels (at least one)."""
+    canvas = np.zeros(target.shape, np.uint8)
+    pts = np.round(curve).astype(np.int32).reshape(-1, 1, 2)
+    cv2.polylines(canvas, [pts], False, 255, max(1, round(width)), cv2.LINE_AA)
+    target += canvas.astype(np.float32) * np.float32(value / 255.0)
+
+
+def _tube(
+    target: np.ndarray, curve: np.ndarray, outer: float, wall: float, stripe: float, px: float
 ) -> None:
+    """A plastic tube seen from the side: two faint walls (the wall is seen end-on at the
+    tube's edges: ``wall``) around a radiolucent lumen, and a thin radiopaque (barium) stripe
+    along one side (``stripe``); ``outer`` the outer diameter in pixels, ``px`` pixels per
+    cm."""
+    wall_px = max(1.0, 0.06 * px)
+    for side in (-1.0, 1.0):
+        _stroke(target, _offset(curve, side * (outer - wall_px) / 2.0), wall_px, wall)
+    _stroke(target, curve, max(1.0, outer - 2 * wall_px), wall * 0.25)  # the lumen's faint wall
+    _stroke(target, _offset(curve, -outer / 4.0), max(1.0, 0.08 * px), stripe)
+
+
+def _electrode(
+    layers: _Placed, g: np.random.Generator, item: int, anchor: str, px: float, lead_side: str
+) -> None:
+    """An ECG electrode: foam pad (barely visible, its rim a little denser), gel disc, metal
+    snap stud (dense ring around a less dense cap), the lead's clip on the stud, and the lead
+    wire (copper core in insulation) curving off the body to the film edge on its side."""
     h, w = layers.shape
-    r = max(2, _frac_px(0.02, side))
-    canvas = _canvas(h, w)
-    centre = (round(cx * w), round(cy * h))
-    cv2.circle(canvas, centre, r, 255, max(1, _frac_px(0.004, side)), cv2.LINE_AA)
-    layers.add(canvas, 0.10)  # foam pad rim with its gel disc
-    canvas = _canvas(h, w)
-    cv2.circle(canvas, centre, max(1, _frac_px(0.006, side)), 255, -1, cv2.LINE_AA)
-    layers.add(canvas, 0.35)  # metal snap
-    canvas = _canvas(h, w)
-    mid = (cx + edge[0]) / 2 + g.uniform(-0.06, 0.06), (cy + edge[1]) / 2 + g.uniform(-0.06, 0.06)
-    pts = np.array([[cx * w, cy * h], [mid[0] * w, mid[1] * h], [edge[0] * w, edge[1] * h]])
-    cv2.polylines(canvas, [_curve(pts)], False, 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
-    layers.add(canvas, 0.08)  # lead wire (copper in insulation)
+    cx, cy = _px(_CANONICAL_ANCHORS[anchor], w, h)
+    cx += g.uniform(-0.015, 0.015) * w
+    cy += g.uniform(-0.015, 0.015) * h
+    centre = (round(cx), round(cy))
+    pad = np.zeros((h, w), np.float32)
+    disc = np.zeros((h, w), np.uint8)
+    r_pad = max(2, round(g.uniform(1.6, 2.0) * px))
+    cv2.circle(disc, centre, r_pad, 255, -1, cv2.LINE_AA)
+    pad += disc.astype(np.float32) * np.float32(0.015 / 255)
+    disc[:] = 0
+    cv2.circle(disc, centre, r_pad, 255, max(1, round(0.1 * px)), cv2.LINE_AA)
+    pad += disc.astype(np.float32) * np.float32(0.02 / 255)
+    disc[:] = 0
+    cv2.circle(disc, centre, max(1, round(0.9 * px)), 255, -1, cv2.LINE_AA)
+    pad += disc.astype(np.float32) * np.float32(0.02 / 255)  # gel
+    disc[:] = 0
+    cv2.circle(disc, centre, max(1, round(0.45 * px)), 255, max(1, round(0.12 * px)), cv2.LINE_AA)
+    pad += disc.astype(np.float32) * np.float32(0.4 / 255)  # the stud's rim, seen edge-on
+    disc[:] = 0
+    cv2.circle(disc, centre, max(1, round(0.35 * px)), 255, -1, cv2.LINE_AA)
+    pad += disc.astype(np.float32) * np.float32(0.22 / 255)  # the stud's cap
+    angle = g.uniform(0, 2 * math.pi)
+    clip = np.array(
+        [
+            [cx + 0.4 * px * math.cos(angle), cy + 0.4 * px * math.sin(angle)],
+            [cx + 1.4 * px * math.cos(angle), cy + 1.4 * px * math.sin(angle)],
+        ]
+    )
+    _stroke(pad, clip, 0.5 * px, 0.18)  # the lead's clip on the stud
+    layers.add(item, pad, ("move", anchor, anchor))
+    lead = np.zeros((h, w), np.float32)
+    edge_x = 0.0 if lead_side == "left" else float(w)
+    start = clip[1]
+    bend = np.array([(start[0] + edge_x) / 2, start[1] + g.uniform(-0.08, 0.08) * h])
+    end = np.array([edge_x, start[1] + g.uniform(-0.15, 0.1) * h])
+    curve = _dense_curve(np.array([start, bend, end]))
+    _stroke(lead, curve, 0.3 * px, 0.03)  # insulation
+    _stroke(lead, curve, max(1.0, 0.1 * px), 0.12)  # the wire
+    layers.add(item, lead, (lead_side, anchor, anchor))
 
 
-def devices_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndarray:
-    """Attenuation (display units, float32 H x W) of the first ``items`` devices of this film's
-    keyed set at ``opacity`` (see ``device_layers``)."""
-    return device_layers(key, h, w, items).total(opacity)
+def _generator(
+    target: np.ndarray, g: np.random.Generator, cx: float, cy: float, px: float
+) -> tuple[float, float]:
+    """A pacemaker generator seen face-on, drawn into ``target``; returns where its lead
+    leaves the header (pixels). A titanium can (a rounded rectangle, a superellipse of 4-5 x
+    4-4.5 cm, its rim denser where the shell is seen tangentially), the lithium-iodine
+    battery filling its lower half, the hybrid circuit above it (chips and a capacitor), and
+    the epoxy header on its upper edge (nearly radiolucent) holding the dense connector block
+    and set screws."""
+    h, w = target.shape
+    angle = math.radians(g.uniform(-25, 25))
+    a, b = g.uniform(2.0, 2.4) * px, g.uniform(1.9, 2.2) * px  # half-width, half-height
+    c, s = math.cos(angle), math.sin(angle)
+
+    def polygon(points: np.ndarray) -> np.ndarray:
+        """Frame points (pixels from the centre, y down) rotated and moved onto the film."""
+        x, y = points[:, 0], points[:, 1]
+        return np.stack([cx + c * x - s * y, cy + s * x + c * y], axis=1)
+
+    def fill(points: np.ndarray, value: float, thickness: int = -1) -> None:
+        canvas = np.zeros((h, w), np.uint8)
+        pts = np.round(polygon(points) * 4).astype(np.int32).reshape(-1, 1, 2)
+        if thickness < 0:
+            cv2.fillPoly(canvas, [pts], 255, cv2.LINE_AA, shift=2)
+        else:
+            cv2.polylines(canvas, [pts], True, 255, thickness, cv2.LINE_AA, shift=2)
+        target[...] += canvas.astype(np.float32) * np.float32(value / 255.0)
+
+    def rect(x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
+        return np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
+
+    t = np.linspace(0, 2 * math.pi, 96, endpoint=False)
+    shell = np.stack(
+        [
+            a * np.sign(np.cos(t)) * np.abs(np.cos(t)) ** 0.5,
+            b * np.sign(np.sin(t)) * np.abs(np.sin(t)) ** 0.5,
+        ],
+        axis=1,
+    )
+    fill(shell, 0.2)  # the two titanium walls
+    fill(shell, 0.08, max(1, round(0.2 * px)))  # the shell seen tangentially
+    fill(rect(-0.8 * a, 0.0, 0.8 * a, 0.82 * b), 0.14)  # battery
+    fill(rect(-0.8 * a, -0.05 * b, 0.8 * a, 0.05 * b), 0.06)  # its terminal plate
+    for _ in range(int(g.integers(4, 8))):  # circuit: chips, resistors
+        x0 = g.uniform(-0.75, 0.45) * a
+        y0 = g.uniform(-0.8, -0.3) * b
+        fill(rect(x0, y0, x0 + g.uniform(0.1, 0.3) * a, y0 + g.uniform(0.08, 0.2) * b), 0.1)
+    ring = np.stack([np.cos(t), np.sin(t)], axis=1) * 0.2 * a + [0.5 * a, -0.55 * b]
+    fill(ring, 0.08)  # capacitor
+    side = 1.0 if g.random() < 0.5 else -1.0
+    fill(rect(-0.05 * a * side, -1.45 * b, 0.75 * a * side, -0.85 * b), 0.04)  # epoxy header
+    for k in (0.15, 0.45):  # connector block and set screws
+        fill(rect(k * a * side, -1.35 * b, (k + 0.18) * a * side, -0.95 * b), 0.35)
+    exit_point = polygon(np.array([[0.75 * a * side, -1.2 * b]]))[0]
+    return float(exit_point[0]), float(exit_point[1])
 
 
-def device_layers(key: int, h: int, w: int, items: int) -> _Layers:
-    """The canvases of the first ``items`` devices of this film's keyed set, in clinical
-    order: two ECG electrodes, two more, a right internal jugular central venous catheter, an
-    endotracheal tube, a nasogastric tube, a left pectoral pacemaker with its
-    right-ventricular lead. Positions are jittered per film, the same at every severity."""
+def device_layers(key: int, h: int, w: int) -> _Placed:
+    """Every device of this film's keyed set drawn in the canonical frame, in clinical order:
+    item 0-3 the ECG electrodes, 4 a right internal jugular central venous catheter, 5 an
+    endotracheal tube, 6 a nasogastric tube, 7 a left pectoral pacemaker with its
+    right-ventricular lead. Sizes are in cm (the shorter side spans ``FIELD_CM``); shapes are
+    jittered per film, the same at every severity. ``place_devices`` moves them onto the
+    film's landmarks."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_support_devices"))
     side = min(h, w)
-    layers = _Layers(h, w)
-    j = [g.uniform(-0.03, 0.03, size=2) for _ in range(8)]  # one jitter per item, always drawn
-    electrodes = [
-        ((0.18, 0.12), (0.0, 0.05)),
-        ((0.82, 0.12), (1.0, 0.05)),
-        ((0.15, 0.78), (0.0, 0.95)),
-        ((0.85, 0.8), (1.0, 0.95)),
-    ]
-    for i in range(min(items, 4)):
-        (ex, ey), edge = electrodes[i]
-        layers.item = i
-        _ecg_electrode(layers, g, side, ex + j[i][0], ey + j[i][1], edge)
-    thin = max(1, _frac_px(0.004, side))
-    if items >= 5:  # CVC: right IJ (image left) down the brachiocephalic vein to the SVC
-        layers.item = 4
-        canvas = _canvas(h, w)
-        pts = np.array(
-            [[0.36, 0.0], [0.38, 0.12], [0.44, 0.22], [0.47 + j[4][0] / 3, 0.32 + j[4][1]]]
-        )
-        cv2.polylines(canvas, [_curve(pts * [w, h])], False, 255, thin, cv2.LINE_AA)
-        layers.add(canvas, 0.16)
-    if items >= 6:  # ET tube: two walls and a radiopaque stripe, tip above the carina
-        layers.item = 5
-        canvas = _canvas(h, w)
-        tip = 0.22 + j[5][1]
-        half = 0.008
-        for dx in (-half, half):
-            cv2.line(
-                canvas,
-                (int((0.5 + dx) * w), 0),
-                (int((0.5 + dx) * w), int(tip * h)),
-                255,
-                thin,
-                cv2.LINE_AA,
-            )
-        layers.add(canvas, 0.06)
-        canvas = _canvas(h, w)
-        cv2.line(
-            canvas,
-            (int((0.5 - half) * w), 0),
-            (int((0.5 - half) * w), int(tip * h)),
-            255,
-            thin,
-            cv2.LINE_AA,
-        )
-        layers.add(canvas, 0.14)
-    if items >= 7:  # NG tube: midline down the oesophagus, across to the gastric fundus
-        layers.item = 6
-        canvas = _canvas(h, w)
-        pts = np.array(
-            [[0.5, 0.0], [0.49, 0.3], [0.5, 0.6], [0.56, 0.82], [0.64 + j[6][0], 0.9 + j[6][1] / 2]]
-        )
-        cv2.polylines(
-            canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.006, side)), cv2.LINE_AA
-        )
-        layers.add(canvas, 0.16)
-    if items >= 8:  # pacemaker: left pectoral generator, lead to the right-ventricular apex
-        layers.item = 7
-        canvas = _canvas(h, w)
-        gx, gy = 0.74 + j[7][0], 0.17 + j[7][1]
-        cv2.ellipse(
-            canvas,
-            (int(gx * w), int(gy * h)),
-            (_frac_px(0.05, side), _frac_px(0.035, side)),
-            15,
-            0,
-            360,
-            255,
-            -1,
-            cv2.LINE_AA,
-        )
-        layers.add(canvas, 0.55)  # titanium can with battery
-        canvas = _canvas(h, w)
-        pts = np.array(
-            [[gx - 0.04, gy], [0.6, 0.16], [0.5, 0.24], [0.47, 0.4], [0.55, 0.55], [0.62, 0.6]]
-        )
-        cv2.polylines(
-            canvas, [_curve(pts * [w, h])], False, 255, max(1, _frac_px(0.005, side)), cv2.LINE_AA
-        )
-        layers.add(canvas, 0.3)
+    px = side / FIELD_CM
+    layers = _Placed(h, w)
+    for item, lead_side in enumerate(("left", "right", "left", "right")):
+        _electrode(layers, g, item, f"ecg{item}", px, lead_side)
+    anchor = {k: np.array(_px(v, w, h)) for k, v in _CANONICAL_ANCHORS.items()}
+    # central line: down the right internal jugular, the brachiocephalic vein, the SVC
+    tip = anchor["cvc_tip"]
+    cvc = np.zeros((h, w), np.float32)
+    neck = tip[0] - g.uniform(0.05, 0.07) * w
+    path = np.array(
+        [[neck, 0.0], [neck + 0.01 * w, 0.35 * tip[1]], [tip[0] - 0.012 * w, 0.7 * tip[1]], tip]
+    )
+    curve = _dense_curve(path)
+    _stroke(cvc, curve, 0.25 * px, 0.07)
+    _stroke(cvc, curve, max(1.0, 0.1 * px), 0.07)  # barium-loaded wall, densest centrally
+    layers.add(4, cvc, ("down", "cvc_tip", "cvc_tip"))
+    # endotracheal tube: down the tracheal midline from the mouth, the tip above the carina
+    tip = anchor["et_tip"]
+    et = np.zeros((h, w), np.float32)
+    sway = g.uniform(-0.008, 0.008) * w
+    curve = _dense_curve(np.array([[tip[0] + sway, 0.0], [tip[0] + sway / 2, 0.5 * tip[1]], tip]))
+    _tube(et, curve, 0.9 * px, 0.025, 0.16, px)
+    layers.add(5, et, ("down", "et_tip", "et_tip"))
+    # nasogastric tube: the oesophagus (a little left of the midline: image right) through
+    # the hiatus into the stomach below the left dome, the tip curling in the fundus
+    top, tip = anchor["ng_top"], anchor["ng_tip"]
+    ng = np.zeros((h, w), np.float32)
+    hiatus = np.array([top[0] + 0.03 * w, tip[1] - 0.06 * h])
+    path = np.array(
+        [
+            top + np.array([0.004 * w, 0.0]),
+            [top[0] + 0.012 * w, 0.4 * hiatus[1]],
+            [top[0] + 0.02 * w, 0.75 * hiatus[1]],
+            hiatus,
+            tip,
+            tip + np.array([0.03 * w, -0.02 * h * g.uniform(0.5, 1.5)]),
+        ]
+    )
+    curve = _dense_curve(path)
+    _tube(ng, curve, 0.5 * px, 0.05, 0.2, px)
+    holes = np.zeros((h, w), np.float32)
+    _stroke(holes, curve[-max(2, len(curve) // 12) :], max(1.0, 0.25 * px), 0.12)  # tip marker
+    ng += holes
+    layers.add(6, ng, ("span", "ng_top", "ng_tip"))
+    # pacemaker: generator in the left pectoral pocket, the lead through the subclavian vein
+    # and the SVC, a slack loop, into the right-ventricular apex
+    gen, rv = anchor["generator"], anchor["rv_apex"]
+    can = np.zeros((h, w), np.float32)
+    exit_x, exit_y = _generator(can, g, gen[0], gen[1], px)
+    layers.add(7, can, ("move", "generator", "generator"))
+    lead = np.zeros((h, w), np.float32)
+    start = np.array([exit_x, exit_y])
+    mid = anchor["cvc_tip"]
+    path = np.array(
+        [
+            start,
+            start + np.array([-0.05 * w, -0.03 * h]),
+            [(start[0] + mid[0]) / 2, start[1] - 0.01 * h],
+            [mid[0] + 0.015 * w, (start[1] + mid[1]) / 2 - 0.02 * h],
+            [mid[0] - 0.005 * w, mid[1] - 0.03 * h],
+            mid + np.array([0.0, 0.04 * h]),
+            [rv[0] - 0.06 * w, rv[1] - 0.02 * h],
+            rv,
+        ]
+    )
+    curve = _dense_curve(path)
+    _stroke(lead, curve, 0.3 * px, 0.16)  # insulation and coil
+    _stroke(lead, curve, max(1.0, 0.12 * px), 0.12)  # the conductor coil
+    tip_mark = np.zeros((h, w), np.uint8)
+    cv2.circle(
+        tip_mark, (round(rv[0]), round(rv[1])), max(1, round(0.3 * px)), 255, -1, cv2.LINE_AA
+    )
+    lead += tip_mark.astype(np.float32) * np.float32(0.25 / 255)  # tip electrode
+    ring = curve[max(0, len(curve) - 1 - round(1.5 * px / 2))]
+    tip_mark[:] = 0
+    cv2.circle(
+        tip_mark, (round(ring[0]), round(ring[1])), max(1, round(0.25 * px)), 255, -1, cv2.LINE_AA
+    )
+    lead += tip_mark.astype(np.float32) * np.float32(0.2 / 255)  # ring electrode
+    layers.add(7, lead, ("span", "generator", "rv_apex"))
     return layers
+
+
+def _axis_maps(
+    placement: tuple[str, str, str],
+    found: dict[str, torch.Tensor],
+    w: int,
+    h: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample axis-aligned map ``x' = sx x + tx``, ``y' = sy y + ty`` (pixels, (B,) each)
+    moving a canvas drawn at the canonical anchors onto the found ones."""
+    kind, first, second = placement
+    size = torch.tensor([w, h], dtype=torch.float64, device=found[first].device)
+    p = found[first] * size
+    p0 = torch.tensor(_CANONICAL_ANCHORS[first], dtype=torch.float64, device=p.device) * size
+    one = torch.ones_like(p[:, 0])
+    if kind == "move":
+        return one, p[:, 0] - p0[0], one, p[:, 1] - p0[1]
+    if kind in ("left", "right"):
+        edge = 0.0 if kind == "left" else float(w)
+        sx = ((p[:, 0] - edge) / (float(p0[0]) - edge)).clamp(0.5, 2.0)
+        return sx, edge * (1.0 - sx), one, p[:, 1] - p0[1]
+    if kind == "down":
+        sy = (p[:, 1] / p0[1]).clamp(0.5, 2.0)
+        return one, p[:, 0] - p0[0], sy, torch.zeros_like(sy)
+    q = found[second] * size
+    q0 = torch.tensor(_CANONICAL_ANCHORS[second], dtype=torch.float64, device=p.device) * size
+    sx = ((q[:, 0] - p[:, 0]) / (q0[0] - p0[0])).clamp(0.5, 2.0)
+    sy = ((q[:, 1] - p[:, 1]) / (q0[1] - p0[1])).clamp(0.5, 2.0)
+    return sx, p[:, 0] - sx * p0[0], sy, p[:, 1] - sy * p0[1]
+
+
+def place_devices(
+    x: torch.Tensor, p: Mapping[str, torch.Tensor], films: list[_Placed]
+) -> torch.Tensor:
+    """``clip(v + a)`` for the whole batch: ``a`` the sum of each film's canvases of its first
+    ``items`` items at its ``opacity``, each canvas moved from the canonical frame onto the
+    film's own landmarks (``chest_landmarks``, ``device_anchors``) by an axis-aligned map
+    (bilinear). The canvases travel as one (K, B, H, W) uint8 stack (every film has the same
+    K canvases in the same order); one ``grid_sample`` per canvas serves the whole batch."""
+    b = x.shape[0]
+    h, w = x.shape[-2:]
+    dev = x.device
+    found = device_anchors(chest_landmarks(x))
+    k = len(films[0].canvases) if films else 0
+    drawn = torch.from_numpy(np.stack([np.stack(f.canvases) for f in films], axis=1)).to(dev)
+    items = torch.tensor([f.items for f in films], dtype=torch.int64, device=dev)  # (B, K)
+    scales = torch.tensor([f.scales for f in films], dtype=torch.float64, device=dev)
+    chosen = (items < torch.round(p["items"]).view(b, 1)).to(torch.float64)
+    weights = (scales * p["opacity"].double().view(b, 1) * chosen / 255.0).to(torch.float32)
+    xs = (torch.arange(w, dtype=torch.float64, device=dev) + 0.5).view(1, 1, w)
+    ys = (torch.arange(h, dtype=torch.float64, device=dev) + 0.5).view(1, h, 1)
+    total = torch.zeros(b, 1, h, w, dtype=torch.float32, device=dev)
+    for j in range(k):  # k is the op's canvas count per film, not the batch size
+        sx, tx, sy, ty = _axis_maps(films[0].placements[j], found, w, h)
+        src_x = (xs - tx.view(b, 1, 1)) / sx.view(b, 1, 1)  # output pixel -> canonical pixel
+        src_y = (ys - ty.view(b, 1, 1)) / sy.view(b, 1, 1)
+        grid = torch.stack(
+            [(src_x * (2.0 / w) - 1.0).expand(b, h, w), (src_y * (2.0 / h) - 1.0).expand(b, h, w)],
+            dim=-1,
+        ).to(torch.float32)
+        moved = F.grid_sample(
+            drawn[j].unsqueeze(1).to(torch.float32),
+            grid,
+            mode="bilinear",
+            padding_mode="zeros",
+            align_corners=False,
+        )
+        total = total + moved * weights[:, j].view(b, 1, 1, 1)
+    return (x + total).clamp_(0.0, 1.0)
 
 
 @register_kernel("xray_support_devices", sampler=_level_sampler)
 def xray_support_devices(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
-    """Support devices as attenuating objects (see ``devices_map``).
+    """Support devices as attenuating objects placed on the film's own anatomy (see
+    ``chest_landmarks``, ``device_anchors``, ``device_layers`` and ``place_devices``).
 
-    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases added to the
-    display value)."""
+    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases, moved onto the
+    landmarks by per-sample axis-aligned maps through one ``grid_sample`` per canvas)."""
     h, w = x.shape[-2:]
     return backend.by_path(
         x,
-        host=lambda: _add_attenuation(
-            x,
+        host=lambda: torch.cat(
             [
-                devices_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
+                place_devices(
+                    x[i : i + 1],
+                    {n: v[i : i + 1] for n, v in p.items()},
+                    [device_layers(int(k), h, w)],
+                )
                 for i, k in enumerate(keys)
-            ],
+            ]
         ),
-        device=lambda: _add_layers(x, p, [device_layers(int(k), h, w, ITEMS) for k in keys]),
+        device=lambda: place_devices(x, p, [device_layers(int(k), h, w) for k in keys]),
     )
 
 

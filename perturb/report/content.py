@@ -242,6 +242,8 @@ def _model_sections(
         _headline_section(scores, mname, model, index),
         _severity_section(prim, mname, model, index),
     ]
+    if (model.get("controls") or {}).get("by_control"):
+        out.append(_controls_section(model["controls"], mname, index))
     worst_of_k = model.get("worst_of_k") or {}
     if worst_of_k.get("by_perturbation"):
         out.append(_worst_of_k_section(worst_of_k, prim, mname, index))
@@ -323,11 +325,54 @@ def _headline_section(
     return section
 
 
+def _controls_section(controls: Mapping[str, Any], mname: str, index: int) -> Section:
+    """Per question class, the share of the clean score each control keeps."""
+    section = Section(f"Controls: {mname}", f"controls-{index}", level=3)
+    metric = controls.get("metric", "")
+    by_control = controls["by_control"]
+    names = sorted(by_control)
+    section.paragraphs.append(
+        f"Each clean question asked again with a blank grey image, another sample's image, or "
+        f"no image (control pairs are not in the gaps above). Retained = control {metric} / "
+        "clean; a class whose score survives without the image is not tested by perturbations."
+    )
+    classes = sorted(
+        {qc for cells in by_control.values() for qc in cells}, key=lambda c: (c != ALL, c)
+    )
+    rows = []
+    for qc in classes:
+        first: Mapping[str, Any] = next(
+            (by_control[n][qc] for n in names if qc in by_control[n]), {}
+        )
+        row = [qc, str(first.get("n", "-")), pct(first.get("clean"))]
+        for n in names:
+            cell = by_control[n].get(qc) or {}
+            row.append(pct(cell.get("retained")))
+        rows.append(row)
+    section.tables.append(
+        Table(
+            ["question class", "n", f"clean {metric} (%)"] + [f"retained %: {n}" for n in names],
+            rows,
+            id=f"controls-table-{index}",
+            caption=f"Share of the clean {metric} kept by each control",
+        )
+    )
+    return section
+
+
 def _severity_section(prim: str, mname: str, model: Mapping[str, Any], index: int) -> Section:
     """The primary metric's delta per perturbation x severity, and the severity curves' areas."""
     section = Section(f"Perturbation x severity: {mname}", f"severity-{index}", level=3)
     by_severity = model.get("by_perturbation_severity") or {}
     severities = sorted({int(k) for d in by_severity.values() for k in d}, key=int)
+    if severities == [0]:  # a track of variants (Kvasir-VQA-x1 track 2): no severity axis
+        section.title = f"Variants: {mname}"
+        section.paragraphs.append(
+            "The perturbations of this split have variants, not severity levels, so there is "
+            "no severity table or curve; the gaps per perturbation are above and the "
+            "worst-of-k results below."
+        )
+        return section
     order = [p for p, _ in by_gap(model.get("by_perturbation"), prim)]
     order += [p for p in sorted(by_severity) if p not in order]
     rows = []
@@ -381,7 +426,7 @@ def _severity_section(prim: str, mname: str, model: Mapping[str, Any], index: in
                 caption="Area under the severity curve (mean level from severity 0 to max)",
             )
         )
-    if by_severity:
+    if by_severity and severities != [0]:
         section.plots += [f"heatmap:{mname}", f"curves:{mname}"]
     return section
 

@@ -123,6 +123,46 @@ def leaderboard(scores: Mapping[str, Any]) -> Table:
     )
 
 
+CONTROL_LABELS = {
+    "control_no_image": "no image",
+    "control_blank": "a blank grey image",
+    "control_other_image": "another sample's image",
+}
+BLIND_SHARE = 0.8  # as perturb.score.controls.BLIND_SHARE (the report does not import score)
+
+
+def _retained(model: Mapping[str, Any]) -> dict[str, float]:
+    by_control = (model.get("controls") or {}).get("by_control") or {}
+    return {
+        name: float(cells["(all)"]["retained"])
+        for name, cells in by_control.items()
+        if cells.get("(all)", {}).get("retained") is not None
+    }
+
+
+def _blind(model: Mapping[str, Any]) -> bool:
+    return any(v >= BLIND_SHARE for v in _retained(model).values())
+
+
+def controls_line(model: Mapping[str, Any]) -> str | None:
+    """How much of the clean score each control keeps (None without controls)."""
+    kept = _retained(model)
+    if not kept:
+        return None
+    metric = (model.get("controls") or {}).get("metric", "")
+    parts = [
+        f"with {CONTROL_LABELS.get(name, name)} it keeps {share:.0%} of its clean {metric}"
+        for name, share in sorted(kept.items(), key=lambda kv: -kv[1])
+    ]
+    line = "; ".join(parts) + "."
+    if _blind(model):
+        line += (
+            " It answers much of the test without looking at the image, so the perturbation "
+            "gaps test it less than they seem."
+        )
+    return line
+
+
 def glance_section(scores: Mapping[str, Any]) -> Section:
     """The first screen of the report."""
     cfg = scores["config"]
@@ -160,6 +200,12 @@ def glance_section(scores: Mapping[str, Any]) -> Section:
                 f"{est(cal['delta_ece'], signed=True)} pp); overconfidence shift "
                 f"{est(cal['delta_overconfidence'], signed=True)} pp."
             )
+    for name, model in sorted(scores["models"].items()):
+        controls = controls_line(model)
+        if controls:
+            lead = f"{name}: " if len(scores["models"]) > 1 else ""
+            blind = "Warning: " if _blind(model) else ""
+            section.paragraphs.append(f"{blind}Controls: {lead}{controls}")
     for warning in scores.get("warnings", []):
         section.paragraphs.append(f"Warning: {warning}")
     small_sample = sample_warning(scores)

@@ -22,7 +22,8 @@ CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'n
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;
 padding:0 1rem;color:#1b1b1b;line-height:1.4}
-table{border-collapse:collapse;margin:0.6rem 0 1.2rem;font-size:0.85rem}
+table{border-collapse:collapse;margin:0.6rem 0 1.2rem;font-size:0.85rem;display:block;
+max-width:100%;overflow-x:auto}
 th,td{border:1px solid #ccc;padding:0.25rem 0.5rem;text-align:left;vertical-align:top}
 th{background:#f2f4f7}
 caption{caption-side:top;text-align:left;font-style:italic;padding-bottom:0.2rem}

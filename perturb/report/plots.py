@@ -38,17 +38,32 @@ def _ci(d: Mapping[str, Any] | None) -> tuple[float, float, float]:
     return estimate, lo, hi
 
 
+def significant(lo: float, hi: float) -> bool:
+    """A gap whose confidence interval excludes 0."""
+    return bool(np.isfinite(lo) and np.isfinite(hi) and (hi < 0 or lo > 0) and lo != hi)
+
+
 def _hbars(
     labels: list[str], intervals: list[tuple[float, float, float]], title: str, xlabel: str
 ) -> bytes:
+    """Horizontal bars with CI whiskers; a gap whose CI excludes 0 is solid and starred, the
+    others pale and hatched."""
     plt = _plt()
     estimates = np.array([v[0] for v in intervals])
     lo = np.array([v[1] for v in intervals])
     hi = np.array([v[2] for v in intervals])
+    sig = [significant(a, b) for a, b in zip(lo, hi, strict=True)]
+    labels = [f"{name} *" if s else name for name, s in zip(labels, sig, strict=True)]
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) + 1.2))
     y = np.arange(len(labels))
     colors = ["#c0392b" if v < 0 else "#2e86c1" for v in np.nan_to_num(estimates)]
-    ax.barh(y, np.nan_to_num(estimates), color=colors, alpha=0.8)
+    bars = ax.barh(y, np.nan_to_num(estimates), color=colors, alpha=0.85)
+    for bar, s in zip(bars, sig, strict=True):
+        if not s:
+            bar.set_alpha(0.35)
+            bar.set_hatch("//")
+    if any(sig):
+        title = f"{title}\n* 95% CI excludes 0 (solid bars)"
     ax.errorbar(
         np.nan_to_num(estimates),
         y,
@@ -109,7 +124,7 @@ def heatmap(model: Mapping[str, Any], metric: str) -> bytes | None:
     perts = [p for p, _ in _by_gap(model.get("by_perturbation") or {}, metric) if p in by_severity]
     perts += [p for p in sorted(by_severity) if p not in perts]
     sevs = sorted({int(s) for d in by_severity.values() for s in d})
-    if not perts or not sevs:
+    if not perts or not sevs or sevs == [0]:  # variants only (a track): no severity axis
         return None
     deltas = np.full((len(perts), len(sevs)), np.nan)
     for i, p in enumerate(perts):
@@ -145,6 +160,12 @@ def heatmap(model: Mapping[str, Any], metric: str) -> bytes | None:
 def curves(model: Mapping[str, Any], metric: str) -> bytes | None:
     """Small multiples: one panel per perturbation (largest drop first), score of ``metric``
     against severity (clean at 0) with its 95% CI band; shared y axis."""
+    fig = curves_figure(model, metric)
+    return None if fig is None else _png(fig)
+
+
+def curves_figure(model: Mapping[str, Any], metric: str) -> Any:
+    """The matplotlib figure of :func:`curves` (None when there is nothing to draw)."""
     severity_curves = model.get("severity_curves") or {}
     order = [
         p for p, _ in _by_gap(model.get("by_perturbation") or {}, metric) if p in severity_curves
@@ -179,8 +200,10 @@ def curves(model: Mapping[str, Any], metric: str) -> bytes | None:
     for ax in axes[:, 0]:
         ax.set_ylabel(f"{metric} (%)", fontsize=8)
     fig.suptitle(f"{metric} vs severity, one panel per perturbation (95% CI bands)", fontsize=10)
-    fig.tight_layout()
-    return _png(fig)
+    # keep the top 0.32 inch for the title, so it never overlaps the first row's panel titles
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.32 / height))
+    return fig
 
 
 PLOTTERS = {

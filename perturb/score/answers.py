@@ -19,14 +19,18 @@ in this order:
    German, Italian, Portuguese, Russian, Chinese, Japanese and Korean equivalents.
 3. Without an explicit answer: the whole answer when it is a letter form (``B``, ``(b)``,
    ``B. text``, ``C) text``), else its last non-empty line when that is one.
-4. Option text, only inside the final answer segment (the explicit answer's segment, else the
+4. A hedged conclusion, the last one that names a letter at its start without rejecting it:
+   "I think C, not B", "Probably D.", "The findings suggest B", "It's most likely A" (letters
+   only; "I think C is unlikely" names nothing).
+5. Option text, only inside the final answer segment (the explicit answer's segment, else the
    last line): equal to one option's text, or containing exactly one option's text (several
    contained: the one whose text contains all the others), so options weighed in the
    reasoning above never count.
 
 The segment after a cue is read from its start: a letter there (``(C) because ...``, ``B.
 Pleural effusion``) is the answer; a lower-case letter only when bracketed, alone or followed by
-``.``/``)``/``:`` ("the answer is a pleural effusion" names no letter); two letters joined
+``.``/``)``/``:`` ("the answer is a pleural effusion" names no letter), a capital ``A`` followed by a word only
+when that word is a connective ("A because ...", "A since ...") or its own option text; two letters joined
 ("A and C", "B/D") are ambiguous. A letter outside the options is still the answer (wrong).
 
 :func:`extract_choice` returns the letter and how it was found (``how``), or ``None`` and
@@ -71,19 +75,19 @@ _CONNECT = (
     r"letter|la|le|die|der|el|the))*\s*[:：]?\s*)"
 )
 _CUE = re.compile(
-    r"(?<![\w])(?:" + _CUE_WORDS + r")" + _CONNECT + r"(?P<seg>[^\n]*)", re.IGNORECASE
+    r"(?<![\w])(?:" + _CUE_WORDS + r")" + _CONNECT + r"(?=(?P<seg>[^\n]*))", re.IGNORECASE
 )
 _CJK_CUE = re.compile(
-    r"(?:最终答案|正确答案|答案|正解|回答|정답|답)\s*(?:是|为|為|は|：|:|=)?\s*[:：]?\s*(?P<seg>[^\n]*)"
+    r"(?:最终答案|正确答案|答案|正解|回答|정답|답)\s*(?:是|为|為|は|：|:|=)?\s*[:：]?\s*(?=(?P<seg>[^\n]*))"
 )
 _CHOOSE = re.compile(
     r"(?<![\w])(?:I(?:'d|\s+would|\s+will)?\s+(?:choose|select|pick|go\s+with)|"
-    r"(?:choose|select|pick)\s*:)\s*(?:option|choice|answer)?\s*(?P<seg>[^\n]*)",
+    r"(?:choose|select|pick)\s*:)\s*(?:option|choice|answer)?\s*(?=(?P<seg>[^\n]*))",
     re.IGNORECASE,
 )
 # "So B.", "Therefore, (C)": a conclusion naming a letter (a letter only, never option text)
 _CONCLUDE = re.compile(
-    r"(?<![\w])(?:so|thus|therefore|hence)\s*,?\s+(?:it(?:'s|\s+is)\s+)?(?P<seg>[^\n]*)",
+    r"(?<![\w])(?:so|thus|therefore|hence)\s*,?\s+(?:it(?:'s|\s+is)\s+)?(?=(?P<seg>[^\n]*))",
     re.IGNORECASE,
 )
 _BARE_LETTER = re.compile(
@@ -103,6 +107,59 @@ _LEAD = re.compile(
     r"(?:[\(\[]\s*(?P<br>[A-Ja-j])\s*[\)\]]|(?P<up>[A-J])|(?P<low>[a-j]))"
     r"(?P<after>.*)$",
     re.DOTALL,
+)
+# words after a capital "A" that make it the letter, not the article ("A because ...")
+_CONNECTIVES = frozenset(
+    [
+        "because",
+        "since",
+        "as",
+        "given",
+        "due",
+        "which",
+        "is",
+        "was",
+        "seems",
+        "appears",
+        "fits",
+        "would",
+        "should",
+        "here",
+        "from",
+        "considering",
+        "over",
+        "rather",
+        "not",
+        "instead",
+        "though",
+        "although",
+        "but",
+        "while",
+        "whereas",
+        "best",
+        "correct",
+        "right",
+        "for",
+    ]
+)
+# a hedged or soft conclusion read only when no explicit answer is found: "I think C, not B",
+# "Probably D.", "The findings suggest B", "It's most likely A"
+_HEDGE = re.compile(
+    r"(?<![\w])(?:I\s+(?:(?:would|'d)\s+)?(?:think|believe|guess|suspect|say|lean(?:ing)?\s+"
+    r"(?:towards?|to))|I'm\s+(?:leaning\s+towards?|going\s+with)|"
+    r"(?:most\s+)?(?:probably|likely)|my\s+(?:best\s+)?(?:guess|pick|vote)\s+(?:is|would\s+be)|"
+    r"it(?:'s|\s+is|\s+would\s+be|\s+must\s+be)|"
+    r"(?:suggests?|suggesting|indicates?|indicating|favou?rs?|favou?ring|points?\s+(?:to|towards)|"
+    r"consistent\s+with|compatible\s+with|in\s+keeping\s+with|leaning\s+towards?))"
+    r"(?:\s+(?:that|it(?:'s|\s+is)|this\s+is|the\s+answer\s+is|most\s+likely|likely|probably|"
+    r"option|choice|answer))*\s*[:,]?\s*(?=(?P<seg>[^\n]*))",
+    re.IGNORECASE,
+)
+# a letter followed by its own rejection: "C is unlikely", "B, no", "D is wrong"
+_REJECTED = re.compile(
+    r"^\s*(?:is|seems|appears|would\s+be|was)?\s*(?:not|unlikely|less|incorrect|wrong|"
+    r"excluded|ruled|implausible)\b",
+    re.IGNORECASE,
 )
 _JOINED = re.compile(r"^\s*(?:,|/|&|\band\b|\bor\b|\+)\s*[\(\[]?[A-Ja-j][\)\]]?(?:\W|$)", re.I)
 _END_PUNCT = " \t.:;,!?。．：、"
@@ -172,13 +229,18 @@ def lead_letter(segment: str, options: Mapping[str, str] | None = None) -> str |
         letter = raw.upper()
         if _LATIN_WORD.match(after):  # "Both", "A's" (a CJK character may follow: "Dです")
             return None
+        if re.match(r"[ \t]*(?:\n|$)", after):  # alone on its line: "A\nThe image shows ..."
+            return letter if _valid(letter, options) else None
         rest = after.lstrip()
         spaced = after[:1].isspace() and bool(rest) and rest[0] not in ".)]:：-–—,;(\n"
         # "a pleural effusion", "A pleural effusion", "I think": an article or a pronoun,
         # unless that letter's own option text follows
+        next_word = re.match(r"[^\W\d_]+", rest)
+        connective = next_word is not None and next_word.group(0).lower() in _CONNECTIVES
         if (
             spaced
             and (raw.islower() or (raw in "AI" and rest[0].isalpha()))
+            and not (raw == "A" and connective)
             and not (options and _starts_with_option(rest, options, letter))
         ):
             return None
@@ -243,6 +305,18 @@ def _explicit(
     return None
 
 
+def _hedged(text: str, options: Mapping[str, str] | None) -> str | None:
+    """The letter of the last hedged conclusion ("I think C, not B", "Probably D") that names
+    one at its start and does not reject it ("I think C is unlikely"), else None."""
+    for m in reversed(list(_HEDGE.finditer(text))):
+        seg = _TEXT_CMD.sub(r"\1", m.group("seg")).strip().strip("\"'“”")
+        lead = _LEAD.match(seg)
+        letter = lead_letter(seg, options)
+        if letter and lead and not _REJECTED.match(lead.group("after")):
+            return letter
+    return None
+
+
 def _json_answer(text: str) -> str | None:
     s = text.strip()
     if s.startswith("```"):
@@ -286,6 +360,9 @@ def extract_choice(text: str, options: Mapping[str, str] | None = None) -> Choic
         letter = lead_letter(last.rstrip(_END_PUNCT) or last, options)
         if letter:
             return Choice(letter, "last_line_letter")
+    letter = _hedged(body, options)
+    if letter:
+        return Choice(letter, "hedged")
     if options:
         letter = option_in_text(last, options)
         if letter:

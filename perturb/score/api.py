@@ -26,9 +26,11 @@ from perturb.score.analysis import (
     analyze,
     load_reference_scores,
 )
+from perturb.score.controls import split_controls
+from perturb.score.controls import summarise as summarise_controls
 from perturb.score.coverage import manifest_coverage
 from perturb.score.headline import choose_headline
-from perturb.score.manifest import Manifest, load_manifest
+from perturb.score.manifest import Manifest, discover_manifest, load_manifest
 from perturb.score.metrics import (
     FREE_TEXT_METRICS,
     METRICS,
@@ -284,6 +286,8 @@ def score_runs(
     clean_by_model, perturbed_by_model = _as_model_map(clean, perturbed)
     man: Manifest | None = load_manifest(manifest) if manifest is not None else None
     inputs = _read_inputs(clean_by_model, perturbed_by_model, named=isinstance(clean, Mapping))
+    if man is None:
+        man = _found_manifest(inputs)
     dataset_info, dataset_join = _join_dataset(inputs, dataset, dataset_split)
     models = inputs.model_names()
     if man is not None and man.root is not None:
@@ -299,6 +303,7 @@ def score_runs(
             man, inputs.bases, dataset_info, Path(out_dir) if out_dir is not None else None
         ),
     )
+    paired, controls = _split_controls(measured, man, inputs.bases, dataset_info, out_dir)
     choice = _choose_scoring(
         measured, paired, requested, primary, include_at_risk, reference, models
     )
@@ -316,6 +321,10 @@ def score_runs(
         extra_binary=choice.extra_binary,
     )
     _add_calibration(sections, measured.models, choice, bootstrap, seed, level)
+    for mname, control_data in controls.items():
+        sections["models"][mname]["controls"] = summarise_controls(
+            control_data, choice.primary, choice.used_item
+        )
     if rouge_upstream:
         from perturb.score.upstream_rouge import upstream_rouge
 
@@ -396,6 +405,30 @@ class _Inputs:
         return sorted(set(self.clean) | set(self.perturbed))
 
 
+def _found_manifest(inputs: _Inputs) -> Manifest | None:
+    """The manifest of the generated split the perturbed images lie in (no --manifest given),
+    recorded in scores.json "inputs"; None when their paths lead to none."""
+    paths = (
+        p
+        for tables in inputs.perturbed.values()
+        for table, _rep, _run in tables
+        for p in table["image_path"].tolist()
+    )
+    found = discover_manifest(paths, [*inputs.bases, Path.cwd()])
+    if found is None:
+        return None
+    inputs.inputs.append(
+        {
+            "role": "manifest",
+            "model": None,
+            "source": str(found),
+            "format": "parquet (found beside the perturbed images)",
+            "sha256": _sha256(found),
+        }
+    )
+    return load_manifest(found)
+
+
 def _read_inputs(
     clean_by_model: Mapping[str, PredictionSource],
     perturbed_by_model: Mapping[str, list[PredictionSource]],
@@ -405,8 +438,10 @@ def _read_inputs(
     inputs = _Inputs()
     for model, src in clean_by_model.items():
         df, rep = read_predictions(src, label=_label(src, f"clean[{model}]"))
-        inputs.note_read(rep, "clean", model, src)
-        for mname, part in _split_by_model(df, model, named).items():
+        parts = _split_by_model(df, model, named)
+        # the models as the report names them (a file's 'model' column over the default name)
+        inputs.note_read(rep, "clean", ", ".join(parts) or model, src)
+        for mname, part in parts.items():
             if mname in inputs.clean:
                 raise InputError(f"model {mname!r} has clean predictions in two inputs")
             inputs.clean[mname] = (part, rep)
@@ -414,9 +449,10 @@ def _read_inputs(
         for j, src in enumerate(srcs):
             label = _label(src, f"perturbed[{model}][{j}]")
             df, rep = read_predictions(src, label=label)
-            inputs.note_read(rep, "perturbed", model, src)
+            parts = _split_by_model(df, model, named)
+            inputs.note_read(rep, "perturbed", ", ".join(parts) or model, src)
             run = _run_name(src, f"perturbed{j + 1}" if len(srcs) > 1 else "perturbed")
-            for mname, part in _split_by_model(df, model, named).items():
+            for mname, part in parts.items():
                 inputs.perturbed.setdefault(mname, []).append((part, rep, run))
     return inputs
 
@@ -524,6 +560,36 @@ def _measure_models(
     for mname, pairs in paired.items():
         measured.models.append(_measure_model(mname, pairs, measured, images))
     return measured
+
+
+def _split_controls(
+    measured: _Measured,
+    man: Manifest | None,
+    bases: list[Path],
+    dataset_info: Any,
+    out_dir: str | Path | None,
+) -> tuple[dict[str, pd.DataFrame], dict[str, ModelData]]:
+    """Take the control pairs (``control_*``, :mod:`perturb.score.controls`) out of every
+    model's measured pairs; (the remaining pairs per model, the control data per model)."""
+    out = Path(out_dir) if out_dir is not None else None
+
+    def resolver(pairs: pd.DataFrame) -> Callable[[int], tuple[str | None, str | None]]:
+        return _image_resolver(pairs, man, bases, dataset_info, out)
+
+    controls: dict[str, ModelData] = {}
+    kept: list[ModelData] = []
+    for md in measured.models:
+        rest, ctrl = split_controls(md, resolver)
+        if ctrl is not None:
+            if len(rest.pairs) == 0:
+                raise InputError(
+                    f"model {md.name!r}: only control pairs (control_*); pass the perturbed "
+                    "predictions too (--perturbed perturbed.jsonl --perturbed controls.jsonl)"
+                )
+            controls[md.name] = ctrl
+        kept.append(rest)
+    measured.models[:] = kept
+    return {md.name: md.pairs for md in kept}, controls
 
 
 def _measure_model(

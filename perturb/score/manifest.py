@@ -4,11 +4,16 @@ A prediction row matches the manifest row whose ``path`` shares the longest path
 row's image path (absolute or relative; ``\\`` or ``/``), e.g. ``variant_3/abc.jpg`` or
 ``gaussian_blur/s3/abc.png``. Rows without an image path match on ``(img_id, variant)`` when that
 pair is unique in the manifest.
+
+Without ``--manifest``, :func:`discover_manifest` finds it beside the perturbed images when their
+paths lead into a ``perturb generate`` folder (what ``perturb export`` and ``perturb predict``
+write), so those predictions pair with no manifest flag.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,3 +187,33 @@ def _fill(rows: np.ndarray, reason: np.ndarray, idx: np.ndarray, hit: np.ndarray
         "no_manifest_match",
         np.where(hit == _AMBIGUOUS, "ambiguous_manifest_match", ""),
     )
+
+
+MAX_DISCOVERY_DEPTH = 8  # folders climbed from an image path looking for the split's manifest
+DISCOVERY_SAMPLE = 64  # image paths tried
+
+
+def discover_manifest(image_paths: Iterable[Any], bases: Sequence[Path]) -> Path | None:
+    """The ``manifest.parquet`` of the ``perturb generate`` folder the perturbed images lie in,
+    found by climbing from each of the first image paths (absolute, or relative to one of
+    ``bases``: the prediction files' folders, the working folder); None when no image path
+    leads to one. A folder is a generated split when it holds ``manifest.parquet`` and
+    ``.perturb/``, so a stray manifest elsewhere is never taken."""
+    tried = 0
+    for raw in image_paths:
+        if not isinstance(raw, str) or not raw.strip():
+            continue
+        tried += 1
+        if tried > DISCOVERY_SAMPLE:
+            break
+        path = Path(raw.replace("\\", "/"))
+        starts = [path] if path.is_absolute() else [b / path for b in bases]
+        for start in starts:
+            folder = start.parent
+            for _ in range(MAX_DISCOVERY_DEPTH):
+                if (folder / "manifest.parquet").is_file() and (folder / ".perturb").is_dir():
+                    return folder / "manifest.parquet"
+                if folder.parent == folder:
+                    break
+                folder = folder.parent
+    return None

@@ -303,6 +303,25 @@ def pair_model(
     _check_duplicates(clean, pert, keys, clean_report.source, manifest)
     clean_row = pd.Index(keys.clean).get_indexer(keys.perturbed)
     unmatched = np.flatnonzero(clean_row < 0)
+    if len(clean) == 0 or len(pert) == 0:
+        side, reads = (
+            ("clean", [clean_report])
+            if len(clean) == 0
+            else ("perturbed", [r for _, r, _ in perturbed])
+        )
+        why: dict[str, int] = {}
+        for r in reads:
+            for reason, n in r.dropped.items():
+                why[reason] = why.get(reason, 0) + n
+        dropped = ", ".join(f"{k}={v}" for k, v in sorted(why.items())) or "none"
+        hint = (
+            "; inference_error: the model gave no answer (re-run `perturb predict` to retry)"
+            if "inference_error" in why
+            else ""
+        )
+        raise InputError(
+            f"model {model!r}: no {side} rows left after reading (dropped: {dropped}){hint}"
+        )
     if len(unmatched) == len(pert):
         raise InputError(
             f"model {model!r}: no perturbed row matches a clean row on {keys.name}. First perturbed: "

@@ -57,6 +57,7 @@ from perturb.boxes import parse_loc_tags, sort_corners
 from perturb.datasets import medthinkvqa
 from perturb.datasets.medthinkvqa import predictions as medthink_predictions
 from perturb.datasets.questions import question_classes
+from perturb.datasets.radiology import QUESTION_CLASSES as RADIOLOGY_CLASSES
 from perturb.datasets.radiology import image_path_parts, sample_of_image_paths
 from perturb.datasets.vindr_cxr_vqa import predictions as vindr_predictions
 from perturb.errors import InputError
@@ -782,6 +783,9 @@ def _swift_columns(df: pd.DataFrame, rep: ReadReport) -> pd.DataFrame:
         out = out.drop(columns=["response"])
     if "labels" in df.columns and "answer" not in df.columns:
         out = out.rename(columns={"labels": "reference"})
+    elif has_response and not ({"answer", "reference"} & set(df.columns)):
+        # the dataset row's assistant turn is the reference the model answered against
+        out["reference"] = last_assistant
     if "images" in df.columns and "image_path" not in df.columns:
         out = out.rename(columns={"images": "image_path"})
     return out.drop(columns=["messages"])
@@ -907,7 +911,8 @@ def _drop_failed_inference(rows: _Rows, pred: np.ndarray) -> None:
             f"{rep.source} {rep.loc_word} {rows.locs[i]}: {str(err[i])[:80]}"
         )
     failed &= ~rows.drop
-    rep.dropped["inference_error"] += int(failed.sum())
+    if failed.any():  # a zero count would read as a problem in the report
+        rep.dropped["inference_error"] += int(failed.sum())
     rows.drop[failed] = True
 
 
@@ -1050,6 +1055,7 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
     rows.drop_rows(bad_sev, "invalid_severity")
     var, bad_var = _int_column(rows.col("variant"))
     rows.drop_rows(bad_var, "invalid_variant")
+    var = _variants_from_paths(var, paths, rep)
     comp, bad_comp = _int_column(rows.col("complexity"))
     if bad_comp.any():
         rep.coerced["complexity:invalid_to_missing"] += int(bad_comp.sum())
@@ -1098,6 +1104,40 @@ def canonicalize(raw: pd.DataFrame, rep: ReadReport, model: str | None = None) -
     return out.reset_index(drop=True)
 
 
+# the classes an MCQ's option texts may add: places an answer names (sides, regions)
+OPTION_PLACE_CLASSES = frozenset({"laterality", "location", "apex", "costophrenic"})
+
+# upstream's track-2 layout (and perturb's): ``.../variant_<k>/<img_id>.jpg``
+_VARIANT_DIR = re.compile(r"^variant[_-]?(\d+)$", re.IGNORECASE)
+
+
+def variant_of_path(path: Any) -> int | None:
+    """The variant a ``variant_<k>/`` folder in an image path names (the last such folder),
+    else None."""
+    if not isinstance(path, str) or not path:
+        return None
+    for part in reversed(_posix(path).parts[:-1]):
+        m = _VARIANT_DIR.match(part)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _variants_from_paths(var: np.ndarray, paths: np.ndarray, rep: ReadReport) -> np.ndarray:
+    """Fill missing variants from ``variant_<k>/`` folders of the image paths (counted)."""
+    missing = np.isnan(var)
+    if not missing.any():
+        return var
+    found = map_unique(paths[missing], variant_of_path)
+    got = ~pd.isna(found)
+    if got.any():
+        var = var.copy()
+        idx = np.flatnonzero(missing)[got]
+        var[idx] = found[got].astype(np.float64)
+        rep.coerced["variant:from_variant_folder"] += int(got.sum())
+    return var
+
+
 def _is_radiology(rows: _Rows, dataset: str | None, ref: np.ndarray) -> bool:
     """Radiology rows (their question classes come from the radiology rules): a dataset named
     by the format, a radiology hint column, or references with ``<loc_...>`` tags."""
@@ -1117,7 +1157,10 @@ def _radiology_classes(
 ) -> np.ndarray:
     """Rows without question_class get radiology classes (:mod:`perturb.datasets.questions`)
     from the dataset's fields (VinDr ``type``, ReXVQA ``task_name``/``category``) and keyword
-    rules."""
+    rules on the question. An MCQ's options add only the place classes
+    (:data:`OPTION_PLACE_CLASSES`: a flip or crop changes an answer that names a side or
+    region); a finding word inside an option ("Nodule") says what the answers are, not what
+    the question asks, and puts no pair at risk."""
     need = np.fromiter((not c for c in qclass), dtype=bool, count=len(qclass))
     if not need.any():
         return qclass
@@ -1139,9 +1182,11 @@ def _radiology_classes(
                 vindr_type=vt[i],
                 task_name=tn[i],
                 category=cat[i],
-                options=opts,
                 dataset=dataset,
             )
+            if opts:  # options add only the places an answer names, never their findings
+                placed = set(got) | (set(question_classes(options=opts)) & OPTION_PLACE_CLASSES)
+                got = tuple(c for c in RADIOLOGY_CLASSES if c in placed)
             cache[key] = got
         out[i] = got
     cols = rows.cols
@@ -1149,7 +1194,10 @@ def _radiology_classes(
         f"{int(need.sum())} rows without question_class: radiology classes from "
         + ", ".join(
             [f"{cols[h]!r}" for h in ("vindr_type", "task_name", "category") if cols[h]]
-            + ["keyword rules on the question and options (perturb.datasets.radiology)"]
+            + [
+                "keyword rules on the question, and the places named by the options "
+                "(perturb.datasets.radiology)"
+            ]
         )
     )
     return out

@@ -65,5 +65,6 @@ def test_every_command_module_lives_in_the_cli_package_and_registers() -> None:
     commands = {c.name for c in app.registered_commands}
     assert commands == {
         "catalog", "preview", "score", "generate", "verify", "merge-manifests", "demo", "calibrate",
+        "export", "predict",
     }  # fmt: skip
     assert all(hasattr(c.callback, "__wrapped__") for c in app.registered_commands)  # guarded

@@ -32,15 +32,11 @@ NOT_YET_BATCHED: frozenset[str] = frozenset()
 # host_params=True)``, and only upload their masks)
 HOST_BOUND: frozenset[str] = frozenset(
     {
-        "bubbles",
-        "chromatic_aberration",
-        "fluid_occlusion",
-        "interlacing",
-        "lens_distortion",
+        # each drop is a gaussian blur of a crop sized by its own radius (a per-sample sigma and
+        # kernel size: per-sample blur matrices still to build on the device)
         "lens_droplets",
-        "lens_fog",
-        "specular_glare",
-        "surgical_smoke",
+        # Intra16x16 DC prediction: each macroblock is predicted from its decoded neighbours (a
+        # wavefront over the anti-diagonals still to write)
         "video_macroblocking",
     }
 )

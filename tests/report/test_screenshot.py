@@ -10,6 +10,7 @@ elements end (``getBoundingClientRect``).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -125,3 +126,72 @@ def test_first_screen_holds_tested_takeaway_and_leaderboard(
         key=lambda kv: kv[1]["metrics"][scores["config"]["primary"]]["delta"]["estimate"],
     )[0][0]
     assert re.search(rf"Takeaway: A: Worst \(\w+\): {worst} -\d", source)
+
+
+FIGURE_PROBE = (
+    '<script nonce="t3st">window.addEventListener("load",()=>{const r=[];'
+    'document.querySelectorAll("figure.plot img").forEach(e=>{const b=e.getBoundingClientRect();'
+    "r.push({id:e.alt,natural:e.naturalWidth,left:Math.round(b.left),right:Math.round(b.right),"
+    'width:Math.round(b.width)})});document.body.setAttribute("data-figs",JSON.stringify({figs:r,'
+    "scroll:document.documentElement.scrollWidth,inner:window.innerWidth}));});</script>"
+)
+
+
+@pytest.mark.parametrize("width", [1280, 760])
+def test_every_figure_decodes_and_fits_the_width(
+    run: dict[str, Any], tmp_path: Path, width: int
+) -> None:
+    """Every figure of the page at a desktop and a narrow width: decoded, inside the window,
+    no horizontal scrolling; a full-page screenshot is kept beside for looking at."""
+    source = run["page"].read_text()
+    probe = tmp_path / "figs.html"
+    probe.write_text(
+        source.replace(
+            "default-src 'none';", "default-src 'none'; script-src 'nonce-t3st';", 1
+        ).replace("</body>", FIGURE_PROBE + "</body>", 1)
+    )
+    size = f"--window-size={width},{HEIGHT}"
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.run(
+            [
+                CHROMIUM,  # type: ignore[list-item]
+                *FLAGS[:-2],
+                size,
+                FLAGS[-1],
+                f"--user-data-dir={profile}",
+                "--dump-dom",
+                probe.resolve().as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = re.search(r'data-figs="([^"]*)"', proc.stdout)
+    assert m, "probe script did not run"
+    got = json.loads(m.group(1).replace("&quot;", '"'))
+    figs = got["figs"]
+    kinds = {f["id"].split(":")[0] for f in figs}
+    assert {"delta_bars", "class_bars", "heatmap", "curves"} <= kinds, kinds
+    for f in figs:
+        assert f["natural"] > 0, f  # the PNG decoded
+        assert f["left"] >= 0 and f["right"] <= got["inner"], (width, f)
+        assert f["width"] >= min(300, width // 3), (width, f)
+    assert got["scroll"] <= got["inner"], (width, got["scroll"])
+    shot = Path(os.environ.get("PERTURB_SHOTS", run["root"])) / f"page_{width}.png"
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run(
+            [
+                CHROMIUM,  # type: ignore[list-item]
+                *FLAGS[:-2],
+                f"--window-size={width},4000",
+                FLAGS[-1],
+                f"--user-data-dir={profile}",
+                f"--screenshot={shot}",
+                run["page"].resolve().as_uri(),
+            ],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+    assert shot.stat().st_size > 10_000

@@ -119,3 +119,71 @@ def test_a_later_explicit_answer_wins(first: str, last: str, form: str) -> None:
         L=last
     )
     assert extract_choice(text, opts).letter == last
+
+
+FAMILIES = [
+    json.loads(line)
+    for line in (Path(__file__).parent / "data" / "mcq_families.jsonl")
+    .read_text("utf-8")
+    .splitlines()
+    if line.strip()
+]
+
+
+def test_hand_checked_corpus_accuracy_over_model_families() -> None:
+    """Both corpora together: >= 300 hand-checked outputs in the styles of >= 8 model families;
+    the extractor reads every one as checked by hand (accuracy printed with -s)."""
+    everything = CORPUS + FAMILIES
+    assert len(everything) >= 300
+    assert len({c["family"] for c in FAMILIES}) >= 8
+    right = [extract_choice(c["text"], c["options"]).letter == c["expected"] for c in everything]
+    accuracy = sum(right) / len(right)
+    print(f"MCQ extractor accuracy on {len(everything)} hand-checked outputs: {accuracy:.4f}")
+    wrong = [c["text"][:80] for c, ok in zip(everything, right, strict=True) if not ok]
+    assert accuracy == 1.0, wrong
+
+
+def test_option_letter_balance() -> None:
+    """Every wording in the families corpus is written once per option letter: no letter may be
+    missed more often than another (the issue: "The correct option is A because" lost A only)."""
+    by_form: dict[str, dict[str, int]] = {}
+    for c in FAMILIES:
+        if c["expected"] is None:
+            continue
+        got = extract_choice(c["text"], c["options"]).letter
+        by_form.setdefault(c["form"], {}).setdefault(c["expected"], 0)
+        by_form[c["form"]][c["expected"]] += int(got != c["expected"])
+    letters_per_form = [len(v) for v in by_form.values() if len(v) > 1]
+    assert len(letters_per_form) >= 40 and min(letters_per_form) >= 4
+    for form, misses in by_form.items():
+        assert len(set(misses.values())) == 1, (form, misses)
+
+
+@pytest.mark.parametrize("letter", list("ABCDE"))
+@pytest.mark.parametrize(
+    "wording",
+    [
+        "The correct option is {L} because the image shows it.",
+        "The answer is {L} since the lesion is visible.",
+        "{L} because of the consolidation.",
+        "{L} as the opacity is lobar.",
+        "{L}\nThe image shows the typical features.",
+        "I think {L}, not {O}.",
+        "Probably {L}.",
+        "It's most likely {L}.",
+        "I would say {L}, although {O} is possible.",
+        "Answer: {O}. Wait, on second look the answer is {L}.",
+    ],
+)
+def test_issue_wordings_read_every_letter(wording: str, letter: str) -> None:
+    opts = {"A": "Pneumonia", "B": "Effusion", "C": "Pneumothorax", "D": "Normal", "E": "Mass"}
+    other = "B" if letter != "B" else "C"
+    text = wording.format(L=letter, O=other)
+    assert extract_choice(text, opts).letter == letter, text
+
+
+def test_hedges_never_override_an_explicit_answer_or_read_a_rejection() -> None:
+    opts = {"A": "Pneumonia", "B": "Effusion", "C": "Pneumothorax"}
+    assert extract_choice("Answer: B. I think C is less likely.", opts).letter == "B"
+    assert extract_choice("I think C is unlikely.", opts).letter is None
+    assert extract_choice("It is a subtle finding.", opts).letter is None

@@ -217,3 +217,21 @@ def test_track2_judge_files_get_mcnemar(run: dict) -> None:
     assert s["metric_definitions"]["judge"]["binary"] is True
     mc = s["models"]["model"]["overall"]["metrics"]["judge"]["mcnemar"]
     assert mc["b"] > 0 and mc["p_exact"] is not None and mc["p_mid"] is not None
+
+
+def test_upstream_layout_pairs_without_a_manifest(run: dict) -> None:
+    """ms-swift rows pointing at ``variant_<k>/<img_id>.jpg`` are variant k of that image: the
+    same pairs as with the manifest (the issue: "216 duplicate perturbed rows" before)."""
+    d = run["dir"]
+    code, output, s = _score(
+        "--clean",
+        str(d / "clean.jsonl"),
+        "--perturbed",
+        str(d / "pert.jsonl"),
+        "--out",
+        str(d / "out-nomanifest"),
+        "--bootstrap",
+        "50",
+    )
+    assert code == 0, output
+    assert s["headline"]["pairs"] == N_IMG * len(QUESTIONS) * VARIANTS

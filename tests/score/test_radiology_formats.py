@@ -152,11 +152,12 @@ def test_rexvqa_dataset_rows_plus_prediction(rex: dict[str, Any], tmp_path: Path
     (pairs,) = result.pairs.values()
     assert set(pairs["img_id"]) == {"GRDNA-study", "GRDNB-study"}  # study = bootstrap cluster
     assert result.scores["mcq_unparsed"][next(iter(result.pairs))]["perturbed"] == 0
-    # without the manifest the question ids still pair every row (cut file names do not
-    # matter); the perturbation is named after its file
+    # without --manifest the question ids still pair every row (cut file names do not
+    # matter), and the split's manifest is found beside the perturbed images: its op names
     bare = score_runs(tmp_path / "clean.json", pert, bootstrap=0)
     _all_paired(bare, 20)
-    assert _delta(bare, "mcq", "pert_dataset_xray_gamma_s3_v0") == pytest.approx((1.0, 0.6, -0.4))
+    assert _delta(bare, "mcq", "xray_gamma") == pytest.approx((1.0, 0.6, -0.4))
+    assert any(i["role"] == "manifest" for i in bare.scores["inputs"])
 
 
 def test_rexvqa_inference_results_with_errors_via_cli(rex: dict[str, Any], tmp_path: Path) -> None:

@@ -164,3 +164,35 @@ def test_risk_tags_argument_overrides_the_catalog_severity_table() -> None:
     assert pairs["at_risk"].all()
     res = score_runs(rows, pert, bootstrap=0, risk_tags={"xray_quantum_noise": []})
     assert not res.pairs["model"]["at_risk"].any()
+
+
+def test_mcq_risk_comes_from_the_question_not_the_option_words() -> None:
+    """The issue's fallback: an option reading "Nodule" put 155 of 200 ReXVQA pairs at risk of
+    small-finding loss. Options add only the places an answer names (a side, a region)."""
+    from perturb.score.readers import read_predictions
+
+    rows = [
+        {
+            "question_id": "q1",
+            "img_id": "s1",
+            "question": "Which abnormality is most likely present?",
+            "task_name": "Differential Diagnosis",
+            "options": {"A": "Nodule", "B": "Pneumonia", "C": "Cardiomegaly", "D": "Normal"},
+            "correct_answer": "B",
+            "prediction": "B",
+        },
+        {
+            "question_id": "q2",
+            "img_id": "s2",
+            "question": "Where is the opacity?",
+            "task_name": "Location Assessment",
+            "options": {"A": "Left upper lobe", "B": "Right base", "C": "Nodule", "D": "None"},
+            "correct_answer": "A",
+            "prediction": "A",
+        },
+    ]
+    table, _ = read_predictions(rows)
+    first, second = (set(c) for c in table["question_class"])
+    assert "small_finding" not in first and "size" not in first
+    assert {"location", "laterality", "costophrenic"} <= second
+    assert "small_finding" not in second

@@ -30,8 +30,18 @@ a = -0.5, no 8-bit rounding between steps, and libjpeg-turbo through OpenCV for 
 Measured on five real frames (three HyperKvasir, two PolypGen) x five variants against PIL's
 step-by-step chain with the same parameters (before JPEG): ours are on average 1.33 grey levels
 brighter (sd 0.12 over the 15 pairs; mean absolute difference 1.43), as PIL stores each of its
-resamplings in 8 bits. Frames whose three channels happen to be equal still come out as
-3-channel JPEGs, as upstream's RGB outputs do.
+resamplings in 8 bits. Frames whose three channels happen to be
+equal still come out as 3-channel JPEGs, as upstream's RGB outputs do.
+
+``interpolation: pil_bicubic`` (the ``kvasir-vqa-x1-upstream-*`` suites) runs upstream's chain
+itself instead (:func:`pil_chain`): the same keyed parameters, each step with PIL on an 8-bit RGB
+image as torchvision's functional API does for PIL inputs: ``crop`` then ``resize`` (bicubic),
+``rotate`` (bicubic, black fill), ``transform(AFFINE)`` with torchvision's inverse matrix
+(bicubic, black fill), brightness as ``Image.blend`` with black, contrast as ``Image.blend``
+with the rounded mean of ``convert("L")`` (what ``ImageEnhance`` does; PIL truncates each
+blend to 8 bits). Against a reference written with torchvision's calls on the same parameters
+its pixels are identical (tests/datasets/test_kvasir_upstream_chain.py). It runs on the host
+whatever the device (upstream's chain is PIL's), about 2x slower than the fused warp.
 """
 
 from __future__ import annotations
@@ -57,6 +67,8 @@ from perturb.ops.geometry import (
 )
 
 NAME = "kvasir_transformed"
+# how the chain is resampled: one fused OpenCV/torch warp, or upstream's PIL steps
+INTERPOLATIONS = ("bicubic", "pil_bicubic")
 VERSION = 1
 RISK_TAGS = ["moves_geometry", "crops_border", "black_fill", "alters_intensity"]
 MAX_ATTEMPTS = 10
@@ -89,6 +101,21 @@ class TransformedSpec:
             raise ValueError(f"translate must lie in [0, 1], got {self.translate}")
         if self.brightness[0] < 0 or self.contrast[0] < 0:
             raise ValueError("brightness and contrast factors must be non-negative")
+
+
+@dataclass(frozen=True)
+class ChainSpec(TransformedSpec):
+    """The ranges and how the chain is resampled (:data:`INTERPOLATIONS`)."""
+
+    interpolation: str = "bicubic"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(
+                f"interpolation must be one of {', '.join(INTERPOLATIONS)}, "
+                f"got {self.interpolation!r}"
+            )
 
 
 def crop_params(
@@ -161,10 +188,17 @@ def sample_params(
     return {
         "version": VERSION,
         "size": [width, height],
-        "interpolation": "bicubic",
+        "interpolation": getattr(spec, "interpolation", "bicubic"),
         "fill": 0,
         "steps": steps,
     }
+
+
+def spec_of(params: Any) -> ChainSpec:
+    """The spec of a suite's composite job (its ``TransformedParams``: ranges, interpolation)."""
+    return ChainSpec(
+        **params.ranges(), interpolation=str(getattr(params, "interpolation", "bicubic"))
+    )
 
 
 def _step(params: dict[str, Any], name: str) -> dict[str, Any]:
@@ -238,10 +272,61 @@ def _color_torch(x: torch.Tensor, steps: Sequence[tuple[str, float]]) -> torch.T
     return out
 
 
+def _pil(params: dict[str, Any]) -> bool:
+    return params.get("interpolation") == "pil_bicubic"
+
+
+def pil_chain(image: Any, params: dict[str, Any]) -> Any:
+    """Upstream's chain on an 8-bit RGB PIL image, step by step as torchvision's functional
+    API runs it on PIL inputs (see the module docstring); returns the PIL image."""
+    from PIL import Image, ImageStat
+
+    bicubic = Image.Resampling.BICUBIC
+    width, height = (int(v) for v in params["size"])
+    black = (0,) * len(image.getbands())
+    for step in params["steps"]:
+        op = step["op"]
+        if op == "resized_crop":
+            left, top = int(step["left"]), int(step["top"])
+            box = (left, top, left + int(step["width"]), top + int(step["height"]))
+            image = image.crop(box).resize((width, height), bicubic)
+        elif op == "rotate":
+            image = image.rotate(float(step["angle"]), resample=bicubic, fillcolor=black)
+        elif op == "translate":
+            # torchvision's inverse affine matrix of a pure shift about the centre
+            matrix = (1.0, 0.0, -float(step["tx"]), 0.0, 1.0, -float(step["ty"]))
+            image = image.transform(
+                image.size, Image.Transform.AFFINE, matrix, resample=bicubic, fillcolor=black
+            )
+        elif op == "brightness":
+            image = Image.blend(Image.new(image.mode, image.size, 0), image, float(step["factor"]))
+        elif op == "contrast":
+            mean = int(ImageStat.Stat(image.convert("L")).mean[0] + 0.5)
+            grey = Image.new("L", image.size, mean).convert(image.mode)
+            image = Image.blend(grey, image, float(step["factor"]))
+        else:
+            raise ValueError(f"{NAME}: unknown step {op!r}")
+    return image
+
+
+def pil_array(img: np.ndarray, params: dict[str, Any]) -> np.ndarray:
+    """:func:`pil_chain` on one HWC (or HW: made RGB, as upstream opens frames) float32 image
+    in [0, 1] holding 8-bit values; HWC float32 out, in steps of 1/255."""
+    from PIL import Image
+
+    rgb = img if img.ndim == 3 else np.repeat(img[..., None], 3, axis=2)
+    u8 = np.clip(np.rint(rgb * np.float32(255.0)), 0, 255).astype(np.uint8)
+    out = pil_chain(Image.fromarray(u8, "RGB"), params)
+    return np.asarray(out, dtype=np.float32) / np.float32(255.0)
+
+
 def transformed_array(img: np.ndarray, params: dict[str, Any]) -> np.ndarray:
     """The track on one HWC (or HW) float32 image in [0, 1] with OpenCV and NumPy (the CPU
-    path; ``apply_transformed`` gives the same bits for CPU tensors)."""
+    path; ``apply_transformed`` gives the same bits for CPU tensors), or with PIL's steps
+    (``interpolation: pil_bicubic``)."""
     _check(params, img.shape[1], img.shape[0])
+    if _pil(params):
+        return pil_array(img, params)
     return color_array(warp_array(img, geometry_warp(params)), _jitter_steps(params))
 
 
@@ -263,6 +348,12 @@ def apply_transformed(x: torch.Tensor, params: Sequence[dict[str, Any]]) -> torc
         raise ValueError(f"{len(params)} params for a batch of {x.shape[0]} images")
     for p in params:
         _check(p, x.shape[-1], x.shape[-2])
+    if any(_pil(p) for p in params):  # upstream's PIL chain runs on the host
+        images = backend.to_hwc(x.cpu())
+        outs = [transformed_array(img, p) for img, p in zip(images, params, strict=True)]
+        if any(o.ndim != i.ndim for o, i in zip(outs, images, strict=True)):
+            outs = [o if o.ndim == 3 else np.repeat(o[..., None], 3, axis=2) for o in outs]
+        return backend.from_hwc(outs, x).to(x.device)
     if backend.opencv_path(x):
         images = backend.to_hwc(x)
         return backend.from_hwc(
@@ -296,7 +387,11 @@ def composite_problem(params: Any, width: int, height: int) -> str | None:
         for key, value in step.items():
             if key in ("op", "fallback"):
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
                 return f"{op} {key} is {value!r:.40}, not a finite number"
             bound = _STEP_LIMITS.get(str(op), {}).get(key)
             if bound is not None and abs(value) > bound:
