@@ -269,17 +269,18 @@ def _run_records(
                 f"record of {r.op} v{r.op_version} cannot be replayed by v{op.spec.version}; "
                 "use the perturb version named in the record"
             )
-    params = collate([r.params for r in records], x.device)
+    host_params = [r.params for r in records]
+    params = collate(host_params, x.device)
     keys = [rng.key_from_hex(r.key) for r in records]
     if scenes is None:
         scenes = BatchScenes(records, x)
     if op.spec.spatial and any(r.protect_border for r in records):
         if _cpu_path(op, x) is not None:  # extended, filtered and composited per sample
-            return _run_kernel(op, x, params, keys, scenes, compose=True, extend=True)
+            return _run_kernel(op, x, params, keys, scenes, host_params, compose=True, extend=True)
         x_in = extend_tissue(x, scenes)
-        out = _run_kernel(op, x_in, params, keys, scenes)
+        out = _run_kernel(op, x_in, params, keys, scenes, host_params)
         return compose_tissue(x, out, scenes)
-    return _run_kernel(op, x, params, keys, scenes, compose=True)
+    return _run_kernel(op, x, params, keys, scenes, host_params, compose=True)
 
 
 class BatchScenes(Sequence[Scene | None]):
@@ -379,10 +380,12 @@ def _run_kernel(
     params: dict[str, torch.Tensor],
     keys: Sequence[int],
     scenes: Sequence[Scene | None],
+    host_params: Sequence[Mapping[str, Any]],
     compose: bool = False,
     extend: bool = False,
 ) -> torch.Tensor:
-    """The op's CPU path or torch kernel on ``x`` (its dtype out); ``compose``: composited
+    """The op's CPU path or torch kernel on ``x`` (its dtype out); ``host_params``: each
+    sample's recorded parameters, for a kernel that takes them; ``compose``: composited
     into ``x`` as the tissue layer of the samples that have a scene; ``extend`` (CPU path
     only): the path reads each such sample with its surround replaced by the extension of its
     tissue (``perturb.scene.masks.extend_numpy``)."""
@@ -403,11 +406,13 @@ def _run_kernel(
     if extend:
         raise ValueError("extend runs on the CPU path only")
     xf = x.to(torch.float32) / SUPPORTED_DTYPES[dtype] if dtype != torch.float32 else x
+    extra: dict[str, Any] = {}
+    if op.entry.uses_scene:
+        extra["scenes"] = scenes
+    if op.entry.host_params:
+        extra["host_params"] = host_params
     with torch.no_grad():
-        if op.entry.uses_scene:
-            out = op.entry.kernel(xf, params, keys, scenes=scenes)
-        else:
-            out = op.entry.kernel(xf, params, keys)
+        out = op.entry.kernel(xf, params, keys, **extra)
     out = _restore_dtype(out, dtype)
     if compose:
         out = compose_tissue(x, out, scenes)

@@ -167,12 +167,6 @@ def srgb_to_linear_u8() -> np.ndarray:
     return table
 
 
-def fast_lut() -> bool:
-    """Whether ``lut_u8`` is faster than OpenCV's saturating arithmetic for a table that has an
-    OpenCV equivalent: never (it is ``cv2.LUT``); kept for the paths that ask."""
-    return False
-
-
 def lut_u8(src: np.ndarray, dst: np.ndarray, table: np.ndarray) -> None:
     """``dst = table[src]`` for uint8 arrays of one shape and a (256,) uint8 table
     (``cv2.LUT``, over the whole array where both are contiguous, else per plane)."""

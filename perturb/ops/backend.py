@@ -53,9 +53,6 @@ _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar(
 )
 
 CpuFn = Callable[..., None]  # fn(src, dst, params, key) or fn(src, dst, params, key, scene=...)
-# table(src, params, key[, scene=...]) -> (256,) or (C, 256) uint8, or None: no table for it
-TableFn = Callable[..., np.ndarray | None]
-MatrixFn = Callable[..., np.ndarray]  # matrix(src, params, key) -> (3, 3) float32
 NATIVE_DEFAULT: tuple[type, ...] = (np.uint8, np.float32)
 _NATIVE_DEFAULT = frozenset(np.dtype(d) for d in NATIVE_DEFAULT)
 _TOPS = {np.dtype(np.uint8): 255, np.dtype(np.uint16): 65535}
@@ -129,8 +126,6 @@ class CpuPath:
     fn: CpuFn
     native_dtypes: frozenset[np.dtype]
     uses_scene: bool = False
-    table: TableFn | None = None
-    matrix: MatrixFn | None = None
 
 
 CPU_PATHS: Registry[CpuPath] = Registry("CPU path")
@@ -141,20 +136,13 @@ def register_cpu(
     dtypes: Sequence[type] = NATIVE_DEFAULT,
     *,
     uses_scene: bool = False,
-    table: TableFn | None = None,
-    matrix: MatrixFn | None = None,
 ) -> Callable[[CpuFn], CpuFn]:
     """Register ``fn(src, dst, params, key)`` as the CPU fast path of op ``name``; ``dtypes``
-    are the sample dtypes it reads natively. ``uses_scene``: ``fn`` (and ``table``) also take
-    ``scene=`` (the sample's ``perturb.scene.Scene`` or None). ``table`` / ``matrix``: how
-    ``fn``'s uint8 result is made (``table(src, params, key)``: the (256,) or (C, 256) lookup
-    tables; ``matrix(src, params, key)``: the 3x3 float32 ``cv2.transform`` matrix), kept on the
-    registration as a description; the engine runs ``fn`` and composites after it."""
+    are the sample dtypes it reads natively. ``uses_scene``: ``fn`` also takes ``scene=`` (the
+    sample's ``perturb.scene.Scene`` or None). The engine runs ``fn`` and composites after it."""
 
     def decorator(fn: CpuFn) -> CpuFn:
-        CPU_PATHS.add(
-            name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene, table, matrix)
-        )
+        CPU_PATHS.add(name, CpuPath(fn, frozenset(np.dtype(d) for d in dtypes), uses_scene))
         return fn
 
     return decorator

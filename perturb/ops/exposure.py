@@ -24,10 +24,8 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend
-from perturb.ops._fields import uniform_fields
 from perturb.ops._math import (
     gain_in_linear_u8,
-    gain_table_u8,
     linear_to_srgb,
     linear_to_srgb_np,
     lut_u8,
@@ -37,6 +35,7 @@ from perturb.ops._math import (
     srgb_to_linear_np,
     srgb_to_linear_u8,
 )
+from perturb.ops.keyed_fields import uniform_fields
 from perturb.ops.registry import Level, Params, draw, register_kernel
 
 HAZE_GRID = 6
@@ -70,7 +69,11 @@ def overexposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
 
 
 def _under_sampler(rng_: np.random.Generator, level: Level) -> Params:
-    return {"gain": draw(rng_, level["gain"]), "falloff": draw(rng_, level["falloff"]), **_centre(rng_)}
+    return {
+        "gain": draw(rng_, level["gain"]),
+        "falloff": draw(rng_, level["falloff"]),
+        **_centre(rng_),
+    }
 
 
 @register_kernel("underexposure", sampler=_under_sampler)
@@ -178,7 +181,10 @@ def field_falloff(
 
 @register_kernel("vignetting", sampler=_vignetting_sampler, uses_scene=True)
 def vignetting(
-    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None = None
+    x: torch.Tensor,
+    p: dict[str, torch.Tensor],
+    keys: Sequence[int],
+    scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
     """Radial fall-off of light over the field of view (cos^4 law, ~ 1 - a r^2) in linear light.
 
@@ -246,7 +252,9 @@ def haze(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
     """Kornia: own kernel: no Kornia equivalent of a keyed transmission field with airlight; the
     field's bicubic upsampling is ``F.interpolate``, which ``kornia.geometry.transform.resize``
     would only wrap."""
-    t = (per_sample(p["transmission"]) * (1.0 + 0.15 * smooth_field(x, keys, "haze", HAZE_GRID))).clamp(0.0, 1.0)
+    t = (
+        per_sample(p["transmission"]) * (1.0 + 0.15 * smooth_field(x, keys, "haze", HAZE_GRID))
+    ).clamp(0.0, 1.0)
     airlight = per_sample(p["airlight"]) * p["tint"].view(-1, 3, 1, 1)[:, : x.shape[1]]
     if x.shape[1] == 1:
         airlight = per_sample(p["airlight"])
@@ -267,7 +275,9 @@ def _radial_terms(h: int, w: int, cx: np.float32, cy: np.float32) -> tuple[np.nd
     return dx * dx, dy * dy
 
 
-def _radial_r2_np(h: int, w: int, cx: np.float32, cy: np.float32, out: np.ndarray | None = None) -> np.ndarray:
+def _radial_r2_np(
+    h: int, w: int, cx: np.float32, cy: np.float32, out: np.ndarray | None = None
+) -> np.ndarray:
     """``radial_r2`` of one sample as float32 (H, W) (into ``out`` where given)."""
     dx2, dy2 = _radial_terms(h, w, cx, cy)
     return np.add(dx2[None, :], dy2[:, None], out=out)
@@ -308,7 +318,9 @@ _FINE_STEPS = 10.25  # fine index = round(v * _FINE_STEPS); 24.525 * 10.25 < 254
 
 def _srgb_encode_levels(lin: np.ndarray) -> np.ndarray:
     """float64 sRGB encoding of linear values in [0, 1], in levels (0..255, unrounded)."""
-    enc = np.where(lin <= 0.0031308, 12.92 * lin, 1.055 * np.maximum(lin, 0.0031308) ** (1.0 / 2.4) - 0.055)
+    enc = np.where(
+        lin <= 0.0031308, 12.92 * lin, 1.055 * np.maximum(lin, 0.0031308) ** (1.0 / 2.4) - 0.055
+    )
     return enc * 255.0
 
 
@@ -354,7 +366,11 @@ def _root_field(dx2: np.ndarray, dy2: np.ndarray, strength: float) -> np.ndarray
     rows = (-strength * dy2.astype(np.float64)).astype(np.float32)
     field = scratch("radial_root", (rows.size, cols.size), np.float32)
     # an outer sum: torch's broadcast add is ~3x NumPy's here (one rounding either way)
-    torch.add(torch.from_numpy(rows)[:, None], torch.from_numpy(cols)[None, :], out=torch.from_numpy(field))
+    torch.add(
+        torch.from_numpy(rows)[:, None],
+        torch.from_numpy(cols)[None, :],
+        out=torch.from_numpy(field),
+    )
     # clipped not at 0 but at _ROOT_FLOOR, whose root sends every level to 0 too: OpenCV's log
     # and exp take a slow path at log 0 = -inf (~8 ns a value)
     if rows.size and cols.size and float(rows.min() + cols.min()) < _ROOT_FLOOR:  # the least sum
@@ -365,7 +381,9 @@ def _root_field(dx2: np.ndarray, dy2: np.ndarray, strength: float) -> np.ndarray
     return field
 
 
-def _scale_in_linear_u8(src: np.ndarray, dst: np.ndarray, root: np.ndarray, gain: float = 1.0) -> None:
+def _scale_in_linear_u8(
+    src: np.ndarray, dst: np.ndarray, root: np.ndarray, gain: float = 1.0
+) -> None:
     """uint8 ``linear_to_srgb(srgb_to_linear(src) * gain * root^2.4)`` (CHW planes, possibly
     views of a larger frame; ``root`` (H, W) float32), within one level of the kernels (see
     the comment above ``_ENCODED_ROOT``)."""
@@ -398,12 +416,7 @@ def _scale_in_linear(src: np.ndarray, dst: np.ndarray, scale: np.ndarray) -> Non
     linear_to_srgb_np(lin, out=dst)
 
 
-def _overexposure_table(src: np.ndarray, p: dict[str, np.ndarray], key: int) -> np.ndarray:
-    """The uint8 table of ``overexposure_cpu`` (where lookups are fast)."""
-    return gain_table_u8(float(np.float32(p["gain"])))
-
-
-@backend.register_cpu("overexposure", table=_overexposure_table)
+@backend.register_cpu("overexposure")
 def overexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     if src.dtype == np.uint8:
         gain_in_linear_u8(src, dst, [float(np.float32(p["gain"]))])
@@ -414,7 +427,9 @@ def overexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray],
 
 
 @backend.register_cpu("underexposure", uses_scene=True)
-def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
+def underexposure_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
+) -> None:
     """The scene (given only with border protection, whose composite keeps the source outside
     the field's bbox) only bounds the uint8 work to that bbox; the fall-off is the kernel's,
     centred in the whole image."""
@@ -428,7 +443,9 @@ def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
                 return
         dx2, dy2 = _radial_terms(h, w, np.float32(p["cx"]), np.float32(p["cy"]))
         root = _root_field(dx2[x0:x1], dy2[y0:y1], float(np.float32(p["falloff"])))
-        _scale_in_linear_u8(src[:, y0:y1, x0:x1], dst[:, y0:y1, x0:x1], root, float(np.float32(p["gain"])))
+        _scale_in_linear_u8(
+            src[:, y0:y1, x0:x1], dst[:, y0:y1, x0:x1], root, float(np.float32(p["gain"]))
+        )
         return
     scale = _falloff_np(h, w, p, np.float32(p["falloff"]))
     scale *= np.float32(p["gain"])
@@ -436,7 +453,9 @@ def underexposure_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray]
 
 
 @backend.register_cpu("vignetting", uses_scene=True)
-def vignetting_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None) -> None:
+def vignetting_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
+) -> None:
     h, w = src.shape[-2:]
     cx, cy, strength = float(p["cx"]), float(p["cy"]), float(p["strength"])
     x0, y0, x1, y1 = 0, 0, w, h
@@ -450,7 +469,9 @@ def vignetting_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
         return
     region_src, region_dst = src[:, y0:y1, x0:x1], dst[:, y0:y1, x0:x1]
     if src.dtype == np.uint8:
-        _scale_in_linear_u8(region_src, region_dst, _root_field(*_field_terms(h, w, cx, cy, scene, box), strength))
+        _scale_in_linear_u8(
+            region_src, region_dst, _root_field(*_field_terms(h, w, cx, cy, scene, box), strength)
+        )
         return
     scale = scratch("vignetting_scale", (y1 - y0, x1 - x0), np.float32)
     field_falloff_np(h, w, cx, cy, strength, scene, out=scale, box=box)

@@ -7,11 +7,14 @@ the element counter as a (1, n) tensor. The arithmetic is ``perturb.rng``'s, int
 masking (exact on CPU and CUDA), so each sample's field is bit for bit the one
 ``perturb.rng`` gives for its key, whatever the batch. On a CPU device the same hash runs as
 NumPy uint32 ufuncs in place over the (B, n) grid (as ``perturb.rng`` does on the host: a
-quarter of the memory traffic of int64 tensors and no temporaries), then one ``from_numpy``.
+quarter of the memory traffic of int64 tensors and no temporaries), then one ``from_numpy``:
+about 6x faster than the int64 tensor arithmetic on the CPU (B=16, 3x256x256: uniform 137 vs
+856 ms, normal 88 vs 644 ms). tests/ops/test_keyed_fields.py pins both arithmetics' bits.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from functools import lru_cache
@@ -23,7 +26,6 @@ from perturb import rng
 
 _MASK32 = 0xFFFFFFFF
 _MULT = 0x045D9F3B  # perturb.rng's mixer constant (tests/ops/test_keyed_fields.py pins the bits)
-_NORMAL_LUT_BITS = 16
 
 
 def _stream_halves(keys: Sequence[int], stream: str) -> np.ndarray:
@@ -104,7 +106,7 @@ def uniform_fields(
     """(B, *shape) float32 uniforms in (0, 1): sample b's is ``rng.uniform_field(keys[b], ...)``.
     ``host``: see ``_on_host``."""
     device = torch.device(device)
-    n = _numel(shape)
+    n = math.prod(shape)
     halves = _stream_halves(keys, stream)
     if _on_host(device, host):
         bits = _mix_numpy(n, halves)
@@ -119,16 +121,10 @@ def uniform_fields(
 
 @lru_cache(maxsize=1)
 def _normal_lut_host() -> np.ndarray:
-    """The inverse-CDF table of ``rng.normal_field`` (65536 float32 values), read-only."""
+    """The inverse-CDF table of ``rng.normal_field`` (65536 float32 values), read once, read-only."""
     table = rng.normal_lut_numpy().copy()
     table.flags.writeable = False
     return table
-
-
-@lru_cache(maxsize=8)
-def _normal_lut(device: str) -> torch.Tensor:
-    """``_normal_lut_host`` as a tensor on ``device``."""
-    return torch.from_numpy(_normal_lut_host().copy()).to(device)
 
 
 def normal_fields(
@@ -142,7 +138,7 @@ def normal_fields(
     (element i < m from the low half-word of counter i, element m + i from its high half,
     m = ceil(n / 2), through the inverse-CDF table). ``host``: see ``_on_host``."""
     device = torch.device(device)
-    n = _numel(shape)
+    n = math.prod(shape)
     m = (n + 1) // 2
     b = len(keys)
     halves = _stream_halves(keys, stream)
@@ -152,12 +148,5 @@ def normal_fields(
         z = np.take(_normal_lut_host(), words.reshape(b, 2 * m)[:, :n])
         return torch.from_numpy(z).reshape(b, *shape)
     bits = _hash_torch(m, halves, device)
-    idx = torch.cat([bits & 0xFFFF, bits >> _NORMAL_LUT_BITS], dim=1)[:, :n]
-    return _normal_lut(str(device))[idx].reshape(b, *shape)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
+    idx = torch.cat([bits & 0xFFFF, bits >> 16], dim=1)[:, :n]
+    return rng._normal_lut(str(device))[idx].reshape(b, *shape)

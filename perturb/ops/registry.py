@@ -14,7 +14,8 @@ from perturb.registry import Registry
 
 Params = dict[str, Any]
 Level = Mapping[str, tuple[float, float]]
-Kernel = Callable[..., torch.Tensor]  # (x, params, keys) or (x, params, keys, scenes=...)
+# (x, params, keys), plus scenes=... and host_params=... where the entry declares them
+Kernel = Callable[..., torch.Tensor]
 Sampler = Callable[[np.random.Generator, Level], Params]
 # (one sample's recorded parameters, width, height) -> 3x3 forward map (input -> output)
 MatrixFn = Callable[[Mapping[str, Any], int, int], np.ndarray]
@@ -52,7 +53,9 @@ class Geometry:
     def projective(self) -> bool:
         return self.matrix is not None
 
-    def forward_points(self, params: Mapping[str, Any], points: np.ndarray, width: int, height: int) -> np.ndarray:
+    def forward_points(
+        self, params: Mapping[str, Any], points: np.ndarray, width: int, height: int
+    ) -> np.ndarray:
         """(N, 2) continuous points moved by the op with ``params``."""
         if self.points is not None:
             return self.points(params, points, width, height)
@@ -73,7 +76,10 @@ class KernelEntry:
     ``scenes=`` (one ``perturb.scene.Scene`` or None per sample: the frame's field of view and
     overlays, for tissue-layer ops of endoscopy frames). ``geometry``: how the op moves
     coordinates (None: it leaves them where they are). ``codec``: for a codec op, the name of
-    the codec that runs on a batch (its records name it as their backend)."""
+    the codec that runs on a batch (its records name it as their backend). ``host_params``: the
+    kernel also takes ``host_params=`` (each sample's parameter dict as recorded, on the host),
+    for a kernel that needs Python values (e.g. to rasterise with OpenCV) without reading the
+    (B, ...) tensors back from the device."""
 
     name: str
     kernel: Kernel
@@ -81,6 +87,7 @@ class KernelEntry:
     uses_scene: bool = False
     geometry: Geometry | None = None
     codec: CodecFn | None = None
+    host_params: bool = False
 
 
 KERNELS: Registry[KernelEntry] = Registry("kernel")
@@ -118,15 +125,18 @@ def register_kernel(
     uses_scene: bool = False,
     geometry: Geometry | None = None,
     codec: CodecFn | None = None,
+    host_params: bool = False,
 ) -> Callable[[Kernel], Kernel]:
     """Register ``kernel(x, params, keys)`` (with ``uses_scene``: ``kernel(x, params, keys,
-    scenes=...)``), its sampler and its behaviour (``geometry``, ``codec``: see
-    ``KernelEntry``) under ``name``."""
+    scenes=...)``; with ``host_params``: also ``host_params=...``), its sampler and its
+    behaviour (``geometry``, ``codec``: see ``KernelEntry``) under ``name``."""
 
     def decorator(kernel: Kernel) -> Kernel:
         if name in FOREIGN_GEOMETRY:
             raise ValueError(f"kernel {name!r} is registered as a foreign geometry")
-        KERNELS.add(name, KernelEntry(name, kernel, sampler, uses_scene, geometry, codec))
+        KERNELS.add(
+            name, KernelEntry(name, kernel, sampler, uses_scene, geometry, codec, host_params)
+        )
         return kernel
 
     return decorator

@@ -46,8 +46,9 @@ so a severity means the same at any resolution.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from typing import Any
 
 import cv2
 import numpy as np
@@ -56,15 +57,24 @@ import torch.nn.functional as F
 
 from perturb import rng
 from perturb.ops import backend, blur, jpeg
-from perturb.ops._fields import normal_fields, uniform_fields
 from perturb.ops._math import lut_u8, per_sample, shorter_side
+from perturb.ops.keyed_fields import normal_fields, uniform_fields
 from perturb.ops.noise import (
     POISSON_EXACT_BELOW,
     poisson_counts,
     poisson_small,
     poisson_small_by_level,
 )
-from perturb.ops.registry import Kernel, Level, Params, draw, draw_int, draw_sign, register_kernel
+from perturb.ops.registry import (
+    Kernel,
+    Level,
+    Params,
+    as_float32,
+    draw,
+    draw_int,
+    draw_sign,
+    register_kernel,
+)
 
 MU = 4.0  # display range in natural-log units of fluence
 FULL_DOSE_QUANTA = 10000.0  # N0: quanta per pixel of the unattenuated beam at full dose ...
@@ -178,7 +188,9 @@ def _quadrant_boxes(mask: np.ndarray) -> list[Box]:
     return boxes
 
 
-def _blend_np(src: np.ndarray, dst: np.ndarray, mask: np.ndarray, value: float, boxes: list[Box]) -> None:
+def _blend_np(
+    src: np.ndarray, dst: np.ndarray, mask: np.ndarray, value: float, boxes: list[Box]
+) -> None:
     """``_blend`` of one sample on the host: float32 ``v (1 - m) + value m`` inside ``boxes``
     (disjoint, covering every nonzero of the mask); elsewhere ``m = 0`` and the result is ``v``
     itself (every level of an integer sample rounds back to itself), so those pixels are copied."""
@@ -264,7 +276,9 @@ def curve_to_display(u: torch.Tensor) -> torch.Tensor:
 
 
 @register_kernel("xray_quantum_noise")
-def xray_quantum_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_quantum_noise(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Reduced-dose acquisition: ``(Poisson(Q I) + sigma_e z) / Q`` in linear fluence with
     ``Q = pixel_quanta(f, side)``: ``dose`` is the fraction ``f`` of the full dose of
     ``N0 = FULL_DOSE_QUANTA`` quanta per reference pixel; ``electronic`` the read-noise std in
@@ -298,18 +312,26 @@ def presented(i: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 @backend.register_cpu("xray_quantum_noise", dtypes=_NATIVE)
-def xray_quantum_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+def xray_quantum_noise_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
     """The kernel per sample on the host with the same fields (perturb.rng's NumPy twins) and
     operations in the same order; the mean ``Q I`` and its root are per-level tables for
     integer samples (the kernel's own torch expressions, evaluated on every level)."""
     n = src.size
-    quanta = float(pixel_quanta(torch.tensor(float(np.float32(p["dose"])), dtype=torch.float64), shorter_side(src)))
+    quanta = float(
+        pixel_quanta(
+            torch.tensor(float(np.float32(p["dose"])), dtype=torch.float64), shorter_side(src)
+        )
+    )
     flat = src.reshape(-1)
     if src.dtype == np.float32:
         mean_t = (detector_signal(torch.from_numpy(flat)) * quanta).float()
         mean, root = mean_t.numpy(), mean_t.clamp_min(0).sqrt().numpy()
     else:
-        lut_t = (detector_signal(torch.from_numpy(backend.levels(src.dtype).copy())) * quanta).float()
+        lut_t = (
+            detector_signal(torch.from_numpy(backend.levels(src.dtype).copy())) * quanta
+        ).float()
         mean = np.take(lut_t.numpy(), flat)
         root = np.take(lut_t.clamp_min(0).sqrt().numpy(), flat)
     counts = root * rng.normal_numpy(key, "xray_quantum/normal", n)  # floor(mean + root z + 0.5)
@@ -353,7 +375,9 @@ def grid_pattern(h: int, w: int, p: dict[str, torch.Tensor], device: torch.devic
     side = min(h, w)
     ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5 - h / 2).view(1, 1, h, 1)
     xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5 - w / 2).view(1, 1, 1, w)
-    theta = torch.deg2rad(per_sample(p["angle"]).double()) + per_sample(p["vertical"]).double() * (math.pi / 2)
+    theta = torch.deg2rad(per_sample(p["angle"]).double()) + per_sample(p["vertical"]).double() * (
+        math.pi / 2
+    )
     freq = per_sample(p["lines_per_cm"]).double() * (FIELD_CM / side)  # cycles per pixel
     # phase = f (x cos t + y sin t) + phase0, split into a row term and a column term (each
     # reduced mod 1) so that cos(a + b) = cos a cos b - sin a sin b costs two outer products.
@@ -371,14 +395,18 @@ def grid_gain(h: int, w: int, p: dict[str, torch.Tensor], device: torch.device) 
 
 
 @register_kernel("xray_grid_lines", sampler=_grid_sampler)
-def xray_grid_lines(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_grid_lines(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Kornia: own kernel: no Kornia equivalent (an analytic anti-scatter grid pattern multiplied
     on the fluence)."""
     return scale_linear(x, grid_gain(x.shape[-2], x.shape[-1], p, x.device))
 
 
 @backend.register_cpu("xray_grid_lines", dtypes=_NATIVE)
-def xray_grid_lines_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+def xray_grid_lines_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
     gain = grid_gain(src.shape[-2], src.shape[-1], _host_params(p), torch.device("cpu"))
     _apply_shift(src, dst, gain.log_().div_(MU)[0, 0].numpy())
 
@@ -519,7 +547,9 @@ def heel_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @register_kernel("xray_heel_effect", sampler=_heel_sampler)
-def xray_heel_effect(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_heel_effect(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Anode heel effect: fluence ``I (1 - a t^2)``, t in [0, 1] from the cathode to the anode
     side along an axis near the image's vertical (the patient's long axis).
 
@@ -528,20 +558,25 @@ def xray_heel_effect(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 
 
 @backend.register_cpu("xray_heel_effect", dtypes=_NATIVE)
-def xray_heel_effect_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+def xray_heel_effect_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
     gain = heel_gain(torch.empty(src.shape[-2:]), _host_params(p))
     _apply_shift(src, dst, gain.log_().div_(MU)[0, 0].numpy())
 
 
-def _wl_sampler(rng_: np.random.Generator, level: Level) -> Params:
+def _window_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    """A VOI window's keyed centre shift (either sign) and width (window level, MONOCHROME1)."""
     return {
         "center_shift": draw(rng_, level["center_shift"]) * draw_sign(rng_),
         "width": draw(rng_, level["width"]),
     }
 
 
-@register_kernel("xray_window_level", sampler=_wl_sampler)
-def xray_window_level(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+@register_kernel("xray_window_level", sampler=_window_sampler)
+def xray_window_level(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """DICOM VOI LINEAR window (continuous form, PS3.3 C.11.2.1.2.1) with centre
     ``0.5 + center_shift`` and ``width`` on the normalised display scale (the identity window
     is centre 0.5, width 1): ``clip((v - c) / w + 0.5)``.
@@ -571,7 +606,9 @@ def _bits_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 
 @register_kernel("xray_bit_depth", sampler=_bits_sampler)
-def xray_bit_depth(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_bit_depth(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Too few gray levels in the display pipeline: the display range re-quantised to
     ``L = round(2^bits)`` evenly spaced levels, ``round(v (L - 1)) / (L - 1)`` (a LUT stage or
     store with an effective depth of ``bits``; non-integer ``bits`` grade the severity between
@@ -583,15 +620,10 @@ def xray_bit_depth(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[i
     return (torch.round(_wide(x) * top) / top).clamp_(0.0, 1.0).to(x.dtype)
 
 
-def _monochrome1_sampler(rng_: np.random.Generator, level: Level) -> Params:
-    return {
-        "center_shift": draw(rng_, level["center_shift"]) * draw_sign(rng_),
-        "width": draw(rng_, level["width"]),
-    }
-
-
-@register_kernel("xray_monochrome1", sampler=_monochrome1_sampler)
-def xray_monochrome1(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+@register_kernel("xray_monochrome1", sampler=_window_sampler)
+def xray_monochrome1(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """MONOCHROME1 pixel data shown as MONOCHROME2 (DICOM PS3.3 C.7.6.3.1.2: in MONOCHROME1 the
     minimum value is white): the full inversion ``1 - v`` at every severity, seen through the
     VOI LINEAR window the viewer took for it, which is mis-set by more with severity (centre
@@ -616,10 +648,17 @@ def _blend(x: torch.Tensor, masks: list[np.ndarray], value: torch.Tensor | float
     return (x * (1.0 - m) + paint * m).clamp_(0.0, 1.0)
 
 
-def _host_rows(p: dict[str, torch.Tensor], names: Sequence[str]) -> list[list[float]]:
-    """The named (B,) parameters as one host list per sample, read in one transfer: the overlay
-    ops rasterise with OpenCV on the host, which needs the values (one round trip per batch,
-    whatever its size)."""
+def _host_rows(
+    p: dict[str, torch.Tensor],
+    host_params: Sequence[Mapping[str, Any]] | None,
+    names: Sequence[str],
+) -> list[list[float]]:
+    """The named parameters as one host list per sample, as the kernel sees them (float32): the
+    overlay ops rasterise with OpenCV on the host, which needs the values. From ``host_params``
+    (the records' dicts the engine passes: no device read); a bare call without them reads the
+    (B,) tensors back in one transfer."""
+    if host_params is not None:
+        return [[as_float32(hp[name]) for name in names] for hp in host_params]
     return torch.stack([p[name] for name in names], dim=1).tolist()
 
 
@@ -679,18 +718,24 @@ def _text_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
-@register_kernel("xray_burned_text", sampler=_text_sampler)
-def xray_burned_text(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+@register_kernel("xray_burned_text", sampler=_text_sampler, host_params=True)
+def xray_burned_text(
+    x: torch.Tensor,
+    p: dict[str, torch.Tensor],
+    keys: Sequence[int],
+    host_params: Sequence[Mapping[str, Any]] | None = None,
+) -> torch.Tensor:
     """Burned-in annotation text (ID, date, projection, technique) in the corners; ``lines``
     grows with severity and the first lines of a sample are the same at every severity.
 
     Kornia: own kernel: the glyph masks are rendered on the host (OpenCV text, identical on every
-    device, the CPU path's pixels bit for bit) from one read of the batch's parameters, and
-    blended in one pass; Kornia has no text rendering. A glyph bitmap scaled on the device would
-    not be OpenCV's anti-aliased strokes at the sample's continuous height."""
+    device, the CPU path's pixels bit for bit) from the records' parameters on the host
+    (``host_params``), uploaded once and blended in one pass; Kornia has no text rendering. A
+    glyph bitmap scaled on the device would not be OpenCV's anti-aliased strokes at the sample's
+    continuous height."""
     h, w = x.shape[-2:]
     side = min(h, w)
-    rows = _host_rows(p, ("lines", "height"))
+    rows = _host_rows(p, host_params, ("lines", "height"))
     masks = [
         text_mask(h, w, _text_lines(int(k), round(lines)), height * side)
         for k, (lines, height) in zip(keys, rows, strict=True)
@@ -699,14 +744,18 @@ def xray_burned_text(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence
 
 
 @backend.register_cpu("xray_burned_text", dtypes=_NATIVE)
-def xray_burned_text_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+def xray_burned_text_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
     h, w = src.shape[-2:]
     lines = _text_lines(key, round(float(p["lines"])))
     mask = text_mask(h, w, lines, float(p["height"]) * min(h, w))
     _blend_np(src, dst, mask, float(p["value"]), _quadrant_boxes(mask))
 
 
-def marker_mask(h: int, w: int, letter: str, size: float, right_corner: bool) -> tuple[np.ndarray, np.ndarray]:
+def marker_mask(
+    h: int, w: int, letter: str, size: float, right_corner: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """A lead laterality marker: a square of ``size`` px anchored at a top corner (margin 3 %
     of the shorter side), a faint holder (0.35) with a bright outline and the letter (1.0).
     Returns (mask, value) float32 images."""
@@ -724,7 +773,9 @@ def marker_mask(h: int, w: int, letter: str, size: float, right_corner: bool) ->
     scale = max(0.7 * s / 22.0, 0.1)
     (tw, th), _ = cv2.getTextSize(letter, cv2.FONT_HERSHEY_DUPLEX, scale, max(1, 2 * thick))
     org = (x0 + (s - tw) // 2, y0 + (s + th) // 2)
-    cv2.putText(glyph, letter, org, cv2.FONT_HERSHEY_DUPLEX, scale, 255, max(1, 2 * thick), cv2.LINE_AA)
+    cv2.putText(
+        glyph, letter, org, cv2.FONT_HERSHEY_DUPLEX, scale, 255, max(1, 2 * thick), cv2.LINE_AA
+    )
     inside = (slice(y0, y0 + s), slice(x0, x0 + s))  # the marker never leaves its square
     np.maximum(mask[inside], glyph[inside].astype(np.float32) / np.float32(255.0), out=mask[inside])
     return mask, value
@@ -738,32 +789,45 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
-@register_kernel("xray_laterality_marker", sampler=_marker_sampler)
-def xray_laterality_marker(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+@register_kernel("xray_laterality_marker", sampler=_marker_sampler, host_params=True)
+def xray_laterality_marker(
+    x: torch.Tensor,
+    p: dict[str, torch.Tensor],
+    keys: Sequence[int],
+    host_params: Sequence[Mapping[str, Any]] | None = None,
+) -> torch.Tensor:
     """A radiopaque "L"/"R" marker in a top corner; the letter is keyed and need not match the
     anatomy (a wrong or misplaced marker is the failure mode it probes).
 
     Kornia: own kernel: the marker mask is rendered on the host (identical on every device, the
-    CPU path's pixels bit for bit) from one read of the batch's parameters, and blended in one
-    pass; Kornia has no text rendering."""
+    CPU path's pixels bit for bit) from the records' parameters on the host (``host_params``),
+    uploaded once and blended in one pass; Kornia has no text rendering."""
     h, w = x.shape[-2:]
     side = min(h, w)
     masks = [
         marker_mask(h, w, "R" if letter_r > 0.5 else "L", size * side, right > 0.5)[0]
-        for size, letter_r, right in _host_rows(p, ("size", "letter_r", "right_corner"))
+        for size, letter_r, right in _host_rows(
+            p, host_params, ("size", "letter_r", "right_corner")
+        )
     ]
     return _blend(x, masks, 1.0)  # the marker's value image is all ones
 
 
 @backend.register_cpu("xray_laterality_marker", dtypes=_NATIVE)
-def xray_laterality_marker_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+def xray_laterality_marker_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
     h, w = src.shape[-2:]
     letter = "R" if float(p["letter_r"]) > 0.5 else "L"
-    mask, _ = marker_mask(h, w, letter, float(p["size"]) * min(h, w), float(p["right_corner"]) > 0.5)
+    mask, _ = marker_mask(
+        h, w, letter, float(p["size"]) * min(h, w), float(p["right_corner"]) > 0.5
+    )
     _blend_np(src, dst, mask, 1.0, _quadrant_boxes(mask))  # the marker's value image is all ones
 
 
-def collimation_mask(h: int, w: int, left: float, right: float, top: float, bottom: float) -> np.ndarray:
+def collimation_mask(
+    h: int, w: int, left: float, right: float, top: float, bottom: float
+) -> np.ndarray:
     """Shutter mask (float32, H x W): 1 outside the open field, a linear penumbra of
     ``PENUMBRA`` x shorter side at each blade edge. Blade positions are fractions of the
     width (left/right) and height (top/bottom)."""
@@ -790,7 +854,9 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 
 @register_kernel("xray_collimation", sampler=_collimation_sampler)
-def xray_collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_collimation(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Collimator shutters: borders of keyed width per side, white (unexposed, MONOCHROME2)
     or black (electronic shutter), with a soft penumbra.
 
@@ -822,7 +888,9 @@ def collimation_masks(
 
 
 @backend.register_cpu("xray_collimation", dtypes=_NATIVE)
-def xray_collimation_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+def xray_collimation_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
     h, w = src.shape[-2:]
     mask = collimation_mask(h, w, *(float(p[s]) for s in ("left", "right", "top", "bottom")))
     # the open field is the rectangle of rows and columns whose edge profile is zero
@@ -845,7 +913,9 @@ def _motion_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 
 @register_kernel("xray_motion_blur", sampler=_motion_sampler)
-def xray_motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+def xray_motion_blur(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
     """Patient motion during the exposure: a line PSF (perturb.ops.blur.line_psf) applied to
     the linear fluence, which is what the detector integrates.
 
@@ -917,7 +987,9 @@ def line_psfs(
 
 
 @backend.register_cpu("xray_motion_blur", dtypes=_NATIVE)
-def xray_motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+def xray_motion_blur_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
     """The line PSF correlated with the float32 linear fluence plane by plane as ``motion_blur``
     does it (``blur.correlate_plane``: the PSF's sparse taps in blocks OpenCV sums directly,
     reflected borders), then back to display values. A sum above 1 or below ``exp(-MU)`` maps
@@ -940,7 +1012,9 @@ register_kernel("xray_jpeg", sampler=_quality_sampler, codec=jpeg.jpeg_backend)(
 def _u16_codec_tables() -> tuple[np.ndarray, np.ndarray]:
     """uint16 level -> the 8-bit level the codec path gives its float32 value (clamp, * 255,
     round half to even), and 8-bit level -> the uint16 level its float32 ``q / 255`` rounds to."""
-    to_u8 = cv2.convertScaleAbs(backend.levels(np.dtype(np.uint16)).reshape(1, -1), alpha=255.0).reshape(-1)
+    to_u8 = cv2.convertScaleAbs(
+        backend.levels(np.dtype(np.uint16)).reshape(1, -1), alpha=255.0
+    ).reshape(-1)
     to_u16 = np.empty(256, dtype=np.uint16)
     _store(backend.levels(np.dtype(np.uint8)), to_u16)
     return to_u8, to_u16

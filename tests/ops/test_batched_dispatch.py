@@ -26,10 +26,10 @@ GROWTH = 1.25
 NOT_YET_BATCHED: frozenset[str] = frozenset()
 
 
-# ops whose torch kernel runs on the host (the batch copied to NumPy and back), or rasterises
-# with OpenCV from one read of the batch's parameters (the X-ray text and marker overlays, whose
-# CPU path's pixels the kernel matches bit for bit): on the torch path a non-codec kernel makes
-# no host round trip at all
+# ops whose torch kernel runs on the host (the batch copied to NumPy and back): on the torch path
+# a non-codec kernel makes no host round trip at all (the X-ray text and marker overlays
+# rasterise with OpenCV from the records' host-side parameters, ``register_kernel(...,
+# host_params=True)``, and only upload their masks)
 HOST_BOUND: frozenset[str] = frozenset(
     {
         # each drop is a gaussian blur of a crop sized by its own radius (a per-sample sigma and
@@ -38,8 +38,6 @@ HOST_BOUND: frozenset[str] = frozenset(
         # Intra16x16 DC prediction: each macroblock is predicted from its decoded neighbours (a
         # wavefront over the anti-diagonals still to write)
         "video_macroblocking",
-        "xray_burned_text",
-        "xray_laterality_marker",
     }
 )
 MODES = ("kernel", "scenes-given", "scenes-analysed")

@@ -1,7 +1,7 @@
 """The batched pieces of the colour/exposure kernels against the per-sample functions they
-replace: keyed fields of a whole batch (``perturb.ops._fields``) equal ``perturb.rng``'s field of
-each key bit for bit; vignetting's batched fall-off equals ``field_falloff_np`` bit for bit; the
-tissue-weighted mean of contrast equals the float64 NumPy sum it replaced."""
+replace (the batched keyed fields: tests/ops/test_keyed_fields.py): vignetting's batched
+fall-off equals ``field_falloff_np`` bit for bit; the tissue-weighted mean of contrast equals
+the float64 NumPy sum it replaced."""
 
 from __future__ import annotations
 
@@ -9,34 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from perturb import rng
-from perturb.ops import _fields, color, exposure
-
-KEYS = [0, 1, 123456789, (1 << 64) - 1, 0xDEADBEEFCAFEF00D]
-
-
-@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 5, 7), (3, 4, 4), (1, 6, 6), (3, 33, 17)])
-def test_batched_fields_are_each_keys_own_field(shape: tuple[int, ...]) -> None:
-    u = _fields.uniform_fields(KEYS, "stream/u", shape, "cpu")
-    z = _fields.normal_fields(KEYS, "stream/z", shape, "cpu")
-    n = int(np.prod(shape))
-    bits = _fields.hash_bits_batch(KEYS, "stream/b", n, "cpu")
-    assert u.shape == z.shape == (len(KEYS), *shape) and bits.shape == (len(KEYS), n)
-    for i, key in enumerate(KEYS):
-        assert torch.equal(u[i], rng.uniform_field(key, "stream/u", shape))
-        assert torch.equal(z[i], rng.normal_field(key, "stream/z", shape))
-        assert torch.equal(bits[i], rng.hash_bits(key, "stream/b", n))
-        # the device formula of perturb.rng (what runs on CUDA), evaluated on the host
-        k = rng.sub_key(key, "stream/b")
-        ref = rng._hash_torch(torch.arange(n, dtype=torch.int64), k & 0xFFFFFFFF, k >> 32)
-        assert torch.equal(bits[i], ref)
-
-
-def test_a_keys_field_does_not_depend_on_the_batch() -> None:
-    alone = _fields.normal_fields([KEYS[2]], "s", (1, 9, 11), "cpu")
-    among = _fields.normal_fields(KEYS, "s", (1, 9, 11), "cpu")
-    assert torch.equal(alone[0], among[2])
-    assert not torch.equal(among[0], among[1])
+from perturb.ops import color, exposure
 
 
 class _Box:

@@ -18,6 +18,7 @@ KEYS = [rng.derive_key(3, f"img-{i}", "op", 0, v) for i, v in enumerate((0, 1, 2
     0,
     1,
     2**64 - 1,
+    0xDEADBEEFCAFEF00D,
 ]
 SHAPES = [(3, 7, 5), (1, 40, 56), (3, 1, 1), (2, 3), (1,)]
 
@@ -46,6 +47,10 @@ def test_torch_hash_equals_the_numpy_hash(n: int) -> None:
     assert torch.equal(on_torch, batched)
     for b, key in enumerate(KEYS):
         assert torch.equal(batched[b], rng.hash_bits(key, "stream/h", n))
+        # perturb.rng's own device formula (what its per-sample fields run on CUDA)
+        k = rng.sub_key(key, "stream/h")
+        counter = torch.arange(n, dtype=torch.int64)
+        assert torch.equal(batched[b], rng._hash_torch(counter, k & 0xFFFFFFFF, k >> 32))
     assert int(on_torch.min()) >= 0 and int(on_torch.max()) < 2**32
 
 

@@ -26,23 +26,24 @@ def _text_frame() -> tuple[np.ndarray, Scene]:
     pytest.skip("no sample frame with a burned-in text line (the glyph cover cache is about them)")
 
 
-def test_contrast_mean_cache_keys_on_the_pixels() -> None:
+def test_contrast_mean_kept_on_the_scene_keys_on_the_pixels() -> None:
     name, _img = require_frames()[0]
     small, scene = small_frame(name)
     x = _batch(small)
     darker = x // 2
     first, _ = perturb.apply(x, "contrast", 3, ["k"], scenes=[scene])
-    cached, _ = perturb.apply(darker, "contrast", 3, ["k"], scenes=[scene])
-    color._MEANS.clear()
-    fresh, _ = perturb.apply(darker, "contrast", 3, ["k"], scenes=[scene])
-    assert torch.equal(cached, fresh)
+    kept, _ = perturb.apply(darker, "contrast", 3, ["k"], scenes=[scene])
+    fresh_scene = Scene.keyed(scene.descriptor, scene.key)  # nothing kept on it yet
+    fresh, _ = perturb.apply(darker, "contrast", 3, ["k"], scenes=[fresh_scene])
+    assert torch.equal(kept, fresh)
     weight = color.tissue_weight(scene)
     assert weight is not None
     assert color.tissue_mean_luma(darker[0].numpy(), scene, weight) < color.tissue_mean_luma(
         x[0].numpy(), scene, weight
     )
-    again, _ = perturb.apply(x, "contrast", 3, ["k"], scenes=[scene])  # a hit: the same bytes
+    again, _ = perturb.apply(x, "contrast", 3, ["k"], scenes=[scene])  # kept: the same bytes
     assert torch.equal(first, again)
+    assert any(isinstance(k, tuple) and k[0] == "contrast_mean" for k in scene._memo)
 
 
 def test_glyph_cover_cache_keys_on_the_window_pixels() -> None:

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import perturb
+from perturb import engine, rng
 from perturb.catalog.registry import get_op
 from perturb.ops import blur, xray
 from perturb.ops.backend import use_backend
+from perturb.ops.registry import get_kernel
 
 
 def test_collimation_masks_are_the_host_masks_bit_for_bit() -> None:
@@ -93,3 +95,26 @@ def test_a_sample_in_a_batch_is_the_sample_alone(op: str) -> None:
         alone = perturb.replay(records, x)  # one sample per call
     assert torch.equal(out, alone)
     assert not torch.equal(out, x)
+
+
+@pytest.mark.parametrize("op", ["xray_burned_text", "xray_laterality_marker"])
+def test_overlay_kernels_from_host_params_equal_the_tensor_read_and_the_cpu_path(op: str) -> None:
+    """The overlay kernels rasterise from the records' host-side parameters (what the engine
+    passes): the pixels of a bare call that reads the (B,) tensors back, and the CPU path's."""
+    entry = get_kernel(op)
+    assert entry.host_params
+    x = torch.rand(3, 1, 80, 96, generator=torch.Generator().manual_seed(3))
+    keys = [rng.derive_key(2, f"overlay-{i}", op, 0, 0) for i in range(3)]
+    host = [engine.sample_params(get_op(op), k, 5) for k in keys]
+    params = engine.collate(host, x.device)
+    with torch.no_grad():
+        given = entry.kernel(x, params, keys, host_params=host)
+        read = entry.kernel(x, params, keys)
+    assert torch.equal(given, read)
+    assert not torch.equal(given, x)
+    u8 = (x * 255).round().to(torch.uint8)
+    with use_backend("opencv"):
+        cpu, records = perturb.apply(u8, op, 5, [f"s{i}" for i in range(3)], protect_border=False)
+    with use_backend("torch"):
+        replayed = perturb.replay(records, u8)
+    assert torch.equal(replayed, cpu)
