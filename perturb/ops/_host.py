@@ -411,8 +411,8 @@ def _scene_masks(scene: Any, image: Callable[[], np.ndarray]) -> tuple[np.ndarra
 def view_masks(x: torch.Tensor, scenes: Sequence[Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(field, tissue): bool (B, 1, H, W) masks of ``View.field`` and ``View.tissue`` for every
     sample: from its scene where the engine gives one of the image's size (built on the host
-    from the scene's cached masks, uploaded once per batch; where a scene has a text line, whose
-    glyph strokes are read from the pixels, the batch comes to the host once), else estimated
+    from the scene's cached masks, uploaded once per batch; the batch comes to the host once, for
+    the glyph strokes of text lines, which are read from the pixels), else estimated
     from the pixels on the device (``estimate_tissue``)."""
     b, _c, h, w = x.shape
     given = (
@@ -423,12 +423,13 @@ def view_masks(x: torch.Tensor, scenes: Sequence[Any] | None) -> tuple[torch.Ten
     if all(s is None for s in given):
         field = estimate_tissue(x)
         return field, field
-    host: list[np.ndarray] = []
+    # one host copy of the batch whenever scenes are given, whether or not a scene has a text
+    # line (whose glyph strokes are read from the pixels): the transfers per batch then do not
+    # depend on the content (as the engine's composite)
+    pixels = x.detach().to("cpu", torch.float32).numpy()
 
     def image(i: int) -> np.ndarray:
-        if not host:
-            host.append(x.detach().to("cpu", torch.float32).numpy())
-        return host[0][i]
+        return pixels[i]
 
     fields = np.ones((b, 1, h, w), dtype=bool)
     tissues = np.ones((b, 1, h, w), dtype=bool)
