@@ -12,9 +12,12 @@ import perturb
 from perturb.errors import InputError, PerturbError, UnknownNameError
 
 ROOT = Path(perturb.__file__).parent
+# control flow inside one module, never raised out (predict's retry loop catches both)
 INTERNAL = {
-    "perturb.generate.ray_engine._Stalled"
-}  # control flow inside one module, never raised out
+    "perturb.generate.ray_engine._Stalled",
+    "perturb.predict._Retryable",
+    "perturb.predict._Final",
+}
 
 
 def _error_classes() -> list[str]:
