@@ -251,7 +251,9 @@ def main() -> None:
     if not frames:
         raise SystemExit(f"no endoscopy samples under {SAMPLES}")
     cores = os.cpu_count() or 1
-    result: dict[str, Any] = {"environment": environment(), "load_before": os.getloadavg()}
+    # versions are read after the runs: importing torch here first would raise this process's
+    # peak RSS, which a child inherits across fork+exec in its ru_maxrss
+    result: dict[str, Any] = {"load_before": os.getloadavg()}
     jobs = set(args.jobs.split(","))
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -278,6 +280,7 @@ def main() -> None:
         if args.growth:
             result["track_memory_growth"] = growth(frames[:4], cores, tmp / "g")
     result["load_after"] = os.getloadavg()
+    result["environment"] = environment()
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"end-to-end-{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
