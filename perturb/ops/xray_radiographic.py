@@ -55,7 +55,7 @@ appearance; the flat-panel defects after Padgett & Kotre, Br J Radiol 77 (2004))
 
 Torch path (what runs on CUDA): each op is one batched computation over the batch, its
 per-sample parameters used as (B, ...) tensors and never read back to the host. Keyed fields
-come from ``batch_uniform`` / ``batch_normal`` (the rows are ``perturb.rng``'s per-sample fields
+come from ``keyed_fields.uniform_fields`` / ``normal_fields`` (the rows are ``perturb.rng``'s per-sample fields
 bit for bit), box filters with per-sample radii from ``box_mean`` (one cumulative sum), the
 rotation from one ``warp_perspective`` call with (B, 3, 3) matrices. Devices and foreign objects
 are drawn with OpenCV's anti-aliased primitives; their canvases depend on the key alone, so
@@ -79,7 +79,7 @@ import torch
 import torch.nn.functional as F
 
 from perturb import rng
-from perturb.ops import backend
+from perturb.ops import backend, keyed_fields
 from perturb.ops._math import per_sample, shorter_side
 from perturb.ops.registry import (
     Geometry,
@@ -215,56 +215,6 @@ def _curve(points: np.ndarray, n: int = 48) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------
 # Batched torch-path helpers: keyed fields and box means for a whole batch in one pass
-
-
-def _mix_bits(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
-    """``perturb.rng``'s counter hash (two rounds of a xorshift-multiply mixer) on int64
-    tensors that broadcast: ``counter`` (1, n) against per-sample key halves (B, 1)."""
-    mask = 0xFFFFFFFF
-    mult = 0x045D9F3B
-    v = counter ^ k0
-    v = v ^ (v >> 16)
-    v = (v * mult) & mask
-    v = v ^ k1
-    v = v ^ (v >> 16)
-    v = (v * mult) & mask
-    v = v ^ (v >> 16)
-    v = (v * mult) & mask
-    return v ^ (v >> 16)
-
-
-def batch_bits(keys: Sequence[int], stream: str, n: int, device: torch.device) -> torch.Tensor:
-    """(B, n) uniform 32-bit integers (int64): row ``i`` is ``rng.hash_bits(keys[i], stream,
-    n)``, all rows in one pass. The stream keys are derived on the host from the host-side
-    keys (no device read)."""
-    halves = [
-        (k & 0xFFFFFFFF, (k >> 32) & 0xFFFFFFFF)
-        for k in (rng.sub_key(int(k), stream) for k in keys)
-    ]
-    k = torch.tensor(halves, dtype=torch.int64, device=device).view(-1, 2, 1)
-    counter = torch.arange(n, dtype=torch.int64, device=device).view(1, n)
-    return _mix_bits(counter, k[:, 0], k[:, 1])
-
-
-def batch_uniform(
-    keys: Sequence[int], stream: str, shape: tuple[int, ...], device: torch.device
-) -> torch.Tensor:
-    """(B, *shape) float32: row ``i`` is ``rng.uniform_field(keys[i], stream, shape)`` bit for
-    bit, the whole batch in one pass."""
-    bits = batch_bits(keys, stream, math.prod(shape), device)
-    u = (bits >> 8).to(torch.float32) * (2.0**-24) + 2.0**-25
-    return u.view(len(keys), *shape)
-
-
-def batch_normal(
-    keys: Sequence[int], stream: str, shape: tuple[int, ...], device: torch.device
-) -> torch.Tensor:
-    """(B, *shape) float32: row ``i`` is ``rng.normal_field(keys[i], stream, shape)`` bit for
-    bit (low half-words first, then the high ones, through the same inverse-CDF table)."""
-    n = math.prod(shape)
-    bits = batch_bits(keys, stream, (n + 1) // 2, device)
-    idx = torch.cat([bits & 0xFFFF, bits >> 16], dim=1)[:, :n]
-    return rng._normal_lut(str(device))[idx].view(len(keys), *shape)
 
 
 def box_mean(v: torch.Tensor, r: torch.Tensor, dim: int) -> torch.Tensor:
@@ -536,7 +486,7 @@ def penetration(
     z = backend.by_path(
         x,
         host=lambda: torch.stack([rng.normal_field(k, stream, shape, x.device) for k in keys]),
-        device=lambda: batch_normal(keys, stream, shape, x.device),
+        device=lambda: keyed_fields.normal_fields(keys, stream, shape, x.device),
     ).double()
     return (v_new + extra * z).clamp_(0.0, 1.0).to(x.dtype)
 
@@ -1352,7 +1302,7 @@ def _defects_batched(
     white = dead_rows.view(b, 1, h, 1) | dead_cols.view(b, 1, 1, w)
     halves = half_rows.view(b, 1, h, 1) + half_cols.view(b, 1, 1, w)
     v = torch.where(white, torch.ones_like(v), v + halves.to(v.dtype) * (math.log(2.0) / MU))
-    u = batch_uniform(keys, "xray_detector_defects/pixels", tuple(x.shape[1:]), dev).double()
+    u = keyed_fields.uniform_fields(keys, "xray_detector_defects/pixels", tuple(x.shape[1:]), dev).double()
     frac = per_sample(p["dead_fraction"].double())
     v = torch.where(u < frac / 2, torch.ones_like(v), v)
     v = torch.where((u >= frac / 2) & (u < frac), torch.zeros_like(v), v)

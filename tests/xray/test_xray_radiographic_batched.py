@@ -10,6 +10,7 @@ import torch
 
 import perturb
 from perturb import rng
+from perturb.ops import keyed_fields
 from perturb.ops import xray_radiographic as xr
 from perturb.ops.backend import use_backend
 from perturb.ops.xray import _box_torch
@@ -36,8 +37,8 @@ KEYS = [rng.derive_key(0, f"film{i}", "x", 0, 0) for i in range(4)] + [0, 1, 2**
 @pytest.mark.parametrize("shape", [(1, 7, 9), (1, 8, 8), (3,), (1, 1, 1)])
 def test_batched_fields_are_the_per_sample_fields_bit_for_bit(shape: tuple[int, ...]) -> None:
     cpu = torch.device("cpu")
-    uniform = xr.batch_uniform(KEYS, "stream/a", shape, cpu)
-    normal = xr.batch_normal(KEYS, "stream/a", shape, cpu)
+    uniform = keyed_fields.uniform_fields(KEYS, "stream/a", shape, cpu)
+    normal = keyed_fields.normal_fields(KEYS, "stream/a", shape, cpu)
     assert uniform.shape == normal.shape == (len(KEYS), *shape)
     for i, key in enumerate(KEYS):
         assert torch.equal(uniform[i], rng.uniform_field(key, "stream/a", shape))
