@@ -38,6 +38,12 @@ The pipeline (``build_pipeline``):
        border protected (the op's default) the field-of-view mask is needed, so the torch
        kernel runs.
 
+   The first torch stage sees the resized source images: it analyses the scene of each sample
+   whose chain has a border-protecting op (``perturb.scene``, cached per dataset index) and
+   stores the chain with that scene carried through its geometric ops, as ``Augment`` does
+   (``carry_scenes``); later stages and the loader's records read that chain, so pixels and
+   records equal the torch module's on the same decoded images.
+
    DALI ops that were checked and not used (DALI 2.4):
 
    * ``fn.flip``: the catalog has no flip op (flips swap laterality, see the X-ray policy);
@@ -66,6 +72,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -76,6 +83,7 @@ import numpy as np
 import torch
 
 from perturb import rng
+from perturb.augment.module import SceneCache, carry_scenes
 from perturb.augment.plan import apply_plans, check_modality, plan_sample
 from perturb.augment.policy import Policy, load_policy
 from perturb.contracts.record import Record
@@ -292,6 +300,9 @@ class Planner:
         # a batch on this device: codec ops record the codec that runs there, as in ``Augment``
         self._probe = torch.empty((1, channels, 2, 2), device=device)
         self._plan = lru_cache(maxsize=1 << 14)(self._plan_uncached)
+        # chains with their scenes attached (``carry_scenes``), by (epoch, index), newest last
+        self.scenes = SceneCache()
+        self._carried: OrderedDict[tuple[int, int], tuple[Record, ...]] = OrderedDict()
 
     def _plan_uncached(self, epoch: int, index: int) -> tuple[Record, ...]:
         if index < 0:
@@ -309,7 +320,37 @@ class Planner:
         return tuple(with_codecs(plan, self._probe))
 
     def plans(self, epochs: Sequence[int], indices: Sequence[int]) -> list[tuple[Record, ...]]:
-        return [self._plan(int(e), int(i)) for e, i in zip(epochs, indices, strict=True)]
+        """Each sample's chain: with its scenes once ``attach_scenes`` saw the sample."""
+        out = []
+        for e, i in zip(epochs, indices, strict=True):
+            slot = (int(e), int(i))
+            carried = self._carried.get(slot)
+            out.append(carried if carried is not None else self._plan(*slot))
+        return out
+
+    def attach_scenes(
+        self, sources: torch.Tensor, epochs: Sequence[int], indices: Sequence[int]
+    ) -> None:
+        """Analyse the scene of each source image (BCHW, before the chain) and store each chain
+        with the scenes its border-protecting records run with (``carry_scenes``, as
+        ``Augment`` does), so every stage and the loader's records read the same chain."""
+        slots = [(int(e), int(i)) for e, i in zip(epochs, indices, strict=True)]
+        chains = [self._plan(*slot) for slot in slots]
+        keep = [
+            k
+            for k, (slot, chain) in enumerate(zip(slots, chains, strict=True))
+            if slot[1] >= 0 and slot not in self._carried and any(r.protect_border for r in chain)
+        ]
+        if not keep:
+            return
+        rows = sources if len(keep) == len(slots) else sources[keep]
+        carried = carry_scenes(
+            rows, [slots[k][1] for k in keep], [chains[k] for k in keep], self.scenes
+        )
+        for k, chain in zip(keep, carried, strict=True):
+            self._carried[slots[k]] = tuple(chain)
+        while len(self._carried) > 1 << 14:
+            self._carried.popitem(last=False)
 
 
 def _always(_: Any) -> bool:
@@ -396,9 +437,12 @@ class _TorchStage:
 
     def __call__(self, images: Sequence[Any], indices: Sequence[Any], epochs: Sequence[Any]) -> Any:
         batch = torch.stack([torch.from_dlpack(x) for x in images])  # B, H, W, C
-        plans = [self.step(p) for p in self.planner.plans(_values(epochs), _values(indices))]
+        chw = batch.permute(0, 3, 1, 2).contiguous()
+        epoch_list, index_list = _values(epochs), _values(indices)  # DLPack: read once
+        if self.position == 0:  # the source images: their scenes travel with the chain
+            self.planner.attach_scenes(chw, epoch_list, index_list)
+        plans = [self.step(p) for p in self.planner.plans(epoch_list, index_list)]
         if any(plans):
-            chw = batch.permute(0, 3, 1, 2).contiguous()
             batch = apply_plans(chw, plans).permute(0, 2, 3, 1).contiguous()
         if self.cuda:
             torch.cuda.current_stream().synchronize()  # DALI reads the outputs on its stream
@@ -614,7 +658,9 @@ class _Graph:
         )
         return images, indices, epochs
 
-    def _augment(self, fn: Any, images: Any, indices: Any, epochs: Any, pol: Policy, planner: Planner) -> Any:
+    def _augment(
+        self, fn: Any, images: Any, indices: Any, epochs: Any, pol: Policy, planner: Planner
+    ) -> Any:
         """One stage per op slot: the torch kernels (a DLPack python function on the
         pipeline's device), then the slot's native DALI ops with their keyed arguments."""
         names = {e.op for e in pol.ops}
