@@ -1,8 +1,8 @@
 """Suites bound to the built-in catalog: load and parse suite files.
 
 :mod:`perturb.contracts.suite` holds the suite model, which knows no op; here it meets the
-catalog's op specs (:mod:`perturb.catalog.specs`) and the composites (the Kvasir track-2
-transform). Generation, augmentation policies and the demo load suites through this module.
+catalog's op specs (:mod:`perturb.catalog.specs`) and the dataset registry
+(:mod:`perturb.datasets`: the composites datasets declare, the adapters). Generation, augmentation policies and the demo load suites through this module.
 """
 
 from __future__ import annotations
@@ -41,15 +41,20 @@ class BuiltinCatalog:
     def risk_tags(self, op: str, severity: int) -> list[str]:
         return specs.get_spec(op).risk_tags_at(severity)
 
-    def check_composite(self, name: str, ranges: Mapping[str, tuple[float, float]]) -> None:
-        from perturb.datasets.kvasir_vqa_x1.transform import TransformedSpec
+    def composite_names(self) -> list[str]:
+        from perturb.datasets import composite_names
 
-        TransformedSpec(**ranges)  # raises ValueError with the reason
+        return composite_names()
+
+    def composite_params(self, name: str, params: Mapping[str, Any]) -> Any:
+        from perturb.datasets import composite
+
+        return composite(name).Params.model_validate(dict(params))
 
     def composite_version(self, name: str) -> int:
-        from perturb.datasets.kvasir_vqa_x1.transform import VERSION
+        from perturb.datasets import composite
 
-        return VERSION
+        return int(composite(name).VERSION)
 
     def adapters(self) -> list[str]:
         from perturb.datasets import adapters
@@ -57,9 +62,9 @@ class BuiltinCatalog:
         return adapters()
 
     def composite_risk_tags(self, name: str) -> list[str]:
-        from perturb.datasets.kvasir_vqa_x1.transform import RISK_TAGS
+        from perturb.datasets import composite
 
-        return list(RISK_TAGS)
+        return list(composite(name).RISK_TAGS)
 
 
 CATALOG = BuiltinCatalog()

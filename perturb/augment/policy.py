@@ -164,11 +164,8 @@ class HeldOut(BaseModel):
     def resolve(self, base_dir: Path | None = None) -> dict[str, str]:
         """Every held-out op, each with the reason it is held out."""
         from perturb.contracts.suite import SuiteError
-        from perturb.datasets.kvasir_vqa_x1 import transform as kvasir_transformed
+        from perturb.datasets import composite
         from perturb.suites import load_suite
-
-        # each suite composite and the catalog ops that make the same kinds of change
-        composite_ops = {kvasir_transformed.NAME: kvasir_transformed.CATALOG_OPS}
 
         specs = load_specs()
         held: dict[str, str] = {}
@@ -179,7 +176,8 @@ class HeldOut(BaseModel):
                 raise ValueError(f"held_out.suites: {exc}") from None
             ops: set[str] = set()
             for task in suite.tasks():
-                ops.update(composite_ops.get(task.op, (task.op,)) if task.composite else (task.op,))
+                # a composite holds out the catalog ops that make the same kinds of change
+                ops.update(composite(task.op).CATALOG_OPS if task.composite else (task.op,))
             if self.match == "family":
                 fams = {specs[o].family for o in ops}
                 ops = {o for o, s in specs.items() if s.family in fams}

@@ -7,26 +7,29 @@
       - ops: all              # or a list of op names
         modality: endoscopy   # with ``all``: the ops tagged with this modality
         severities: [1, 2, 3, 4, 5]
-    input:                    # optional: a radiology dataset adapter (perturb.datasets)
-      adapter: rexvqa         # vindr-cxr-vqa | rexvqa | medthinkvqa
+    input:                    # optional: a dataset adapter (perturb.datasets.adapters())
+      adapter: <name>         # a registered dataset whose entry has an adapter
       images: null            # folder the dataset's image paths start from (or --images)
     output:
       layout: "{op}/s{severity}/{img_id}.{ext}"
       format: png             # png (lossless, 8/16-bit) or jpg
       png_compression: 1
 
-A job is either catalog ops x severities x variants, or a composite (``composite:
-kvasir_transformed``) x variants. ``variants: 0`` means one output with variant 0 (unused);
+A job is either catalog ops x severities x variants, or a composite (``composite: <name>``, a
+chain a dataset declares in the registry, its ``params:`` checked by that composite) x variants.
+``variants: 0`` means one output with variant 0 (unused);
 ``variants: n`` means variants 1..n. Errors name the file and the field.
 
 ``modality: from_image`` picks ops per image from the input's ``modality`` column (multi-
-modality datasets such as MedThinkVQA): with ``ops: all`` every op tagged with the image's
+modality datasets): with ``ops: all`` every op tagged with the image's
 modality, with a list of ops those of the list tagged with it. An image whose modality has no
 op in the job gets no output from that job.
 
-The model knows no op itself: :func:`parse_suite` takes a :class:`SuiteCatalog` (the op names,
-modalities, versions and risk tags, and the composites' checks) and the parsed suite keeps it.
-:mod:`perturb.suites` binds the built-in catalog and reads suite files.
+The model knows no op, composite or dataset itself: :func:`parse_suite` takes a
+:class:`SuiteCatalog` (the op names, modalities, versions and risk tags, the composites and their
+parameters, the adapters) and the parsed suite keeps it. :mod:`perturb.suites` binds the
+built-in catalog (ops from the op catalog, composites and adapters from the dataset registry)
+and reads suite files.
 """
 
 from __future__ import annotations
@@ -54,7 +57,6 @@ from pydantic import (
 from perturb.errors import InputError
 
 LAYOUT_FIELDS = frozenset({"suite", "op", "severity", "variant", "img_id", "ext"})
-COMPOSITES = ("kvasir_transformed",)
 FROM_IMAGE = "from_image"
 SEVERITIES = (1, 2, 3, 4, 5)
 
@@ -83,8 +85,13 @@ class SuiteCatalog(Protocol):
 
     def risk_tags(self, op: str, severity: int) -> list[str]: ...
 
-    def check_composite(self, name: str, ranges: Mapping[str, tuple[float, float]]) -> None:
-        """Raise a ValueError saying why ``ranges`` cannot drive composite ``name``."""
+    def composite_names(self) -> list[str]:
+        """Names a composite job may take."""
+        ...
+
+    def composite_params(self, name: str, params: Mapping[str, Any]) -> Any:
+        """The validated parameters of composite ``name`` (a pydantic model: dumped with the
+        suite) from a job's ``params:``; a ValueError saying why they cannot drive it."""
         ...
 
     def composite_version(self, name: str) -> int: ...
@@ -187,41 +194,50 @@ class OpsJob(BaseModel):
         return list(self.ops)
 
 
-class TransformedParams(BaseModel):
-    """Ranges of the kvasir_transformed composite (defaults: the upstream recipe)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    scale: tuple[float, float] = (0.9, 1.0)
-    ratio: tuple[float, float] = (0.95, 1.05)
-    degrees: tuple[float, float] = (-10.0, 10.0)
-    translate: tuple[float, float] = (0.1, 0.1)
-    brightness: tuple[float, float] = (0.8, 1.2)
-    contrast: tuple[float, float] = (0.8, 1.2)
-    # bicubic: one fused warp; pil_bicubic: upstream's PIL steps (kvasir_vqa_x1.transform)
-    interpolation: Literal["bicubic", "pil_bicubic"] = "bicubic"
-    fill: Literal[0] = 0
-
-    @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> TransformedParams:
-        _context_catalog(info).check_composite("kvasir_transformed", self.ranges())
-        return self
-
-    def ranges(self) -> dict[str, tuple[float, float]]:
-        return {
-            k: getattr(self, k)
-            for k in ("scale", "ratio", "degrees", "translate", "brightness", "contrast")
-        }
-
-
 class CompositeJob(BaseModel):
     """A composite chain x variants."""
 
     model_config = ConfigDict(extra="forbid")
 
-    composite: Literal["kvasir_transformed"]
+    composite: str
     variants: int = Field(10, ge=0, le=1000)
-    params: TransformedParams = Field(default_factory=TransformedParams.model_construct)
+    # the composite's own parameter model, validated by the catalog (defaults: its recipe)
+    params: Any = Field(None, validate_default=True)
+
+    @field_validator("composite")
+    @classmethod
+    def _known_composite(cls, name: str, info: ValidationInfo) -> str:
+        known = _context_catalog(info).composite_names()
+        if name not in known:
+            raise ValueError(f"unknown composite {name!r}; known: {', '.join(known) or 'none'}")
+        return name
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _params(cls, value: Any, info: ValidationInfo) -> Any:
+        name = info.data.get("composite")
+        if name is None:  # the composite itself was refused: that error is reported
+            return value
+        if isinstance(value, BaseModel):  # already validated (a suite built in code)
+            value = value.model_dump()
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"params must be a mapping, got {value!r:.80}")
+        try:
+            return _context_catalog(info).composite_params(name, value)
+        except ValidationError as exc:
+            raise ValueError(_inner_errors(exc)) from None
+
+
+def _inner_errors(exc: ValidationError) -> str:
+    """A nested model's errors as one line: ``field: message`` each."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
 
 
 def _job_kind(value: Any) -> str:
@@ -373,7 +389,8 @@ class Suite(BaseModel):
             return "xray"
         return "endoscopy"
 
-    def composite_params(self, name: str) -> TransformedParams:
+    def composite_params(self, name: str) -> Any:
+        """The validated parameters of this suite's job of composite ``name``."""
         for job in self.jobs:
             if isinstance(job, CompositeJob) and job.composite == name:
                 return job.params

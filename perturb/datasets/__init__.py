@@ -12,13 +12,19 @@ phantoms           :mod:`perturb.datasets.phantoms` (built-in synthetic data)
 =================  ====================================================================
 
 Each room's package module is light and torch-free (the scorer reads it): its schema facts,
-question classes, label-risk mapping, prediction-format hints and sample-key rule, as one
-:class:`DatasetEntry` (``DATASET``). Its input adapter, native writer and composites load on
-use. What the radiology sets share is :mod:`perturb.datasets.radiology` (vocabulary, keyword
+question classes, label-risk mapping, sample-key rule, prediction readers and composites, as
+one :class:`DatasetEntry` (``DATASET``). Its input adapter, native writer, prediction readers
+and composites load on use. Everything outside the rooms reaches a dataset through this
+registry: suites, augmentation policies, generation and replay find a composite by its name
+(:func:`composite`), the scorer a prediction format by its name (:func:`prediction_readers`);
+no module outside ``perturb/datasets`` imports a room or spells a dataset's or composite's name
+(tests/datasets/test_naming.py). What the radiology sets share is :mod:`perturb.datasets.radiology` (vocabulary, keyword
 rules, label risk, sample paths) and :mod:`perturb.datasets.questions` (a row's classes);
 adapters' common helpers are :mod:`perturb.datasets._adapter`, the native writers'
 :mod:`perturb.datasets._native`; :mod:`perturb.datasets.native` writes a generated split back
-in its dataset's format. Adding a dataset: a room and one line below.
+in its dataset's format. Adding a dataset: a room and one line below (or, for a dataset kept
+outside the package, one ``DATASETS.add(entry.name, entry)``; tests/datasets/example_room is a
+worked example).
 
     from perturb.datasets import open_adapter, open_input
     inp = open_adapter("rexvqa", "rexvqa/test_vqa_data.json", images="ReXGradient-160K/")
@@ -42,10 +48,12 @@ generate --dataset SRC --images DIR`` supplies the source and the image folder.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from perturb.datasets import kvasir_vqa_x1, medthinkvqa, phantoms, rexvqa, vindr_cxr_vqa
-from perturb.datasets._entry import DatasetEntry, merge_label_risk, resolve
+from perturb.datasets._entry import Composite, DatasetEntry, merge_label_risk, resolve
+from perturb.errors import UnknownNameError
 from perturb.registry import Registry
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +67,38 @@ for _room in (kvasir_vqa_x1, vindr_cxr_vqa, rexvqa, medthinkvqa, phantoms):
 def adapters() -> list[str]:
     """Names a suite's ``input.adapter`` may take."""
     return [name for name, entry in DATASETS.items() if entry.adapter]
+
+
+def composite_names() -> list[str]:
+    """Every registered dataset's composites, in registry order (what a suite's ``composite:``
+    may name)."""
+    return [name for _, entry in DATASETS.items() for name in entry.composites]
+
+
+def composite(name: str) -> Composite:
+    """The composite ``name`` of whichever dataset declares it (imported on use); an unknown
+    name raises :class:`~perturb.errors.UnknownNameError` listing the known ones."""
+    for _, entry in DATASETS.items():
+        if name in entry.composites:
+            return entry.composite(name)
+    known = ", ".join(composite_names()) or "none"
+    raise UnknownNameError(f"unknown composite {name!r}; known: {known}")
+
+
+def prediction_readers() -> dict[str, Callable[..., Any]]:
+    """Prediction format name -> reader of every dataset, in registry order (a format declared
+    twice is an error: its owner would be ambiguous)."""
+    readers: dict[str, Callable[..., Any]] = {}
+    owners: dict[str, str] = {}
+    for _, entry in DATASETS.items():
+        for fmt in entry.prediction_readers:
+            if fmt in owners:
+                raise ValueError(
+                    f"prediction format {fmt!r} is declared by {owners[fmt]} and {entry.name}"
+                )
+            owners[fmt] = entry.name
+            readers[fmt] = entry.prediction_reader(fmt)
+    return readers
 
 
 def label_risk() -> dict[str, tuple[str, ...]]:
@@ -128,10 +168,14 @@ def open_input(
 
 __all__ = [
     "DATASETS",
+    "Composite",
     "DatasetEntry",
     "adapters",
+    "composite",
+    "composite_names",
     "label_risk",
     "open_adapter",
     "open_input",
+    "prediction_readers",
     "resolve",
 ]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 def resolve(target: str) -> Any:
@@ -16,11 +16,43 @@ def resolve(target: str) -> Any:
     return getattr(obj, name) if name else obj
 
 
+class Composite(Protocol):
+    """What a dataset's composite (a fixed chain of changes, made per (img_id, variant)) gives
+    suites, generation, replay and augmentation policies. A room's composite is usually a module
+    with these names at its top; the registry resolves it by its composite name.
+
+    ``Params`` validates a suite job's ``params:`` (defaults: the dataset's recipe); the
+    generator draws one sample's parameters with ``sample_params(track_key(seed, img_id,
+    variant), width, height, spec_of(params))``, applies them with ``transformed_array`` (one
+    HWC/HW float32 array, CPU) or ``apply_transformed`` (a BCHW tensor, any device) and
+    records ``{"composite": NAME, "version": VERSION, "params": ...}``; replay checks a
+    recorded ``params`` with ``composite_problem`` first."""
+
+    NAME: str
+    VERSION: int
+    RISK_TAGS: Sequence[str]  # label-risk tags of every output
+    CATALOG_OPS: Sequence[str]  # catalog ops that make the same kinds of change
+    Params: Any  # a pydantic model class of the suite job's ``params``
+
+    def spec_of(self, params: Any) -> Any: ...
+
+    def track_key(self, seed: int, img_id: str, variant: int) -> int: ...
+
+    def sample_params(self, key: int, width: int, height: int, spec: Any) -> dict[str, Any]: ...
+
+    def transformed_array(self, img: Any, params: dict[str, Any]) -> Any: ...
+
+    def apply_transformed(self, x: Any, params: Sequence[dict[str, Any]]) -> Any: ...
+
+    def composite_problem(self, params: Any, width: int, height: int) -> str | None: ...
+
+
 @dataclass(frozen=True)
 class DatasetEntry:
     """One dataset: where it comes from, how it is opened and what its questions are.
 
-    ``opener`` and the values of ``composites`` are ``"module:name"`` strings resolved on use.
+    ``opener``, ``native_writer`` and the values of ``composites`` are ``"module:name"``
+    strings resolved on use; ``prediction_readers`` values are callables or such strings.
     """
 
     name: str
@@ -31,19 +63,30 @@ class DatasetEntry:
     question_classes: tuple[str, ...]
     label_risk: Mapping[str, tuple[str, ...]]  # risk tag -> question-class patterns (fnmatch)
     adapter: bool = False  # a suite's ``input.adapter`` may name it
-    prediction_hints: tuple[str, ...] = ()  # prediction columns that mark this dataset's rows
     sample_key: str = "img_id"  # what a sample is (the generator's key for shared parameters)
-    composites: Mapping[str, str] = field(default_factory=dict)  # name -> "module:name"
+    # composite name -> "module:name" of a :class:`Composite` (suites name it in ``composite:``)
+    composites: Mapping[str, str] = field(default_factory=dict)
     native_writer: str | None = None  # "module:function" writing a generated split back
+    # prediction format name -> its reader, a callable or a "module:name" import path: the
+    # formats of the dataset's own prediction files, registered here so the scorer finds them
+    # through the registry (:func:`perturb.datasets.prediction_readers`), never by module name
+    prediction_readers: Mapping[str, str | Callable[..., Any]] = field(default_factory=dict)
 
     def open(self, *args: Any, **kwargs: Any) -> Any:
         """Open the dataset with its opener (see the opener's own arguments)."""
         opener: Callable[..., Any] = resolve(self.opener)
         return opener(*args, **kwargs)
 
-    def composite(self, name: str) -> Any:
-        """The module or object of one of this dataset's composites."""
-        return resolve(self.composites[name])
+    def composite(self, name: str) -> Composite:
+        """One of this dataset's composites (imported on use)."""
+        found: Composite = resolve(self.composites[name])
+        return found
+
+    def prediction_reader(self, name: str) -> Callable[..., Any]:
+        """The reader of prediction format ``name`` (imported on use when given as a path)."""
+        reader = self.prediction_readers[name]
+        found: Callable[..., Any] = resolve(reader) if isinstance(reader, str) else reader
+        return found
 
 
 def merge_label_risk(*tables: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:

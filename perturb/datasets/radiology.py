@@ -197,7 +197,6 @@ def dataset_entry(
     title: str,
     modality: str,
     hub_id: str,
-    prediction_hints: tuple[str, ...],
     sample_key: str,
 ) -> DatasetEntry:
     """The registry entry of the radiology set of room (package) ``room``: the shared
@@ -213,7 +212,6 @@ def dataset_entry(
         label_risk=LABEL_RISK,
         adapter=True,
         native_writer=f"{room}.native:write_{reader}",
-        prediction_hints=prediction_hints,
         sample_key=sample_key,
     )
 

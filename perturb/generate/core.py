@@ -623,9 +623,11 @@ def open_run_input(
                 min_visible=suite.input.min_visible,
             )
     if images is not None:
+        from perturb.datasets import adapters
+
         raise RunError(
             "--images is for dataset adapters: use a suite with an input.adapter section "
-            "(e.g. the built-in rexvqa), or pass the images with --dataset"
+            f"(adapters: {', '.join(adapters())}), or pass the images with --dataset"
         )
     return open_input(
         dataset,

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from perturb.datasets.kvasir_vqa_x1 import transform as transformed
+from perturb.datasets import composite
+from perturb.errors import UnknownNameError
 from perturb.generate.output import encode, quantize, spec_from_encoding
 
 
@@ -17,9 +18,13 @@ def replay_row(row: dict[str, Any], image: torch.Tensor) -> torch.Tensor:
     record = json.loads(row["record"])
     x = image.unsqueeze(0)
     if "composite" in record:
-        if record["composite"] != transformed.NAME:
-            raise ValueError(f"unknown composite {record['composite']!r}")
-        problem = transformed.composite_problem(record.get("params"), int(x.shape[-1]), int(x.shape[-2]))
+        try:  # the dataset that declares it, through the registry
+            transformed = composite(str(record["composite"]))
+        except UnknownNameError as exc:
+            raise ValueError(str(exc)) from None
+        problem = transformed.composite_problem(
+            record.get("params"), int(x.shape[-1]), int(x.shape[-2])
+        )
         if problem is not None:
             raise ValueError(f"record of {transformed.NAME}: {problem}; not replayed")
         return transformed.apply_transformed(x, [record["params"]])[0]

@@ -131,10 +131,14 @@ def _open_input(suite: Suite, options: RunOptions) -> Any:
     except DatasetError as exc:
         raise RunError(str(exc)) from None
     if suite.per_image_modality and inp.modality_column is None:
+        from perturb.datasets import DATASETS
+
+        per_image = [n for n, e in DATASETS.items() if e.adapter and e.modality == "any"]
         raise RunError(
             f"suite {suite.suite} picks ops by each image's modality (modality: from_image) but "
             f"{inp.source} has no modality column; use a dataset adapter that gives one "
-            "(e.g. input.adapter: medthinkvqa) or name a modality in the suite's jobs"
+            f"(input.adapter: {' or '.join(per_image) or 'one with a modality column'}) or name "
+            "a modality in the suite's jobs"
         )
     return inp
 

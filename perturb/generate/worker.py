@@ -24,7 +24,7 @@ import torch
 
 from perturb import __version__
 from perturb.contracts.suite import Suite, Task
-from perturb.datasets.kvasir_vqa_x1 import transform as transformed
+from perturb.datasets import composite
 from perturb.generate.naming import resolve_inside
 from perturb.generate.output import encode_bgr, encoding_json, quantize, sha256
 from perturb.io.images import (
@@ -179,6 +179,7 @@ def _run_task(
     cache = {} if cache is None else cache
     ids = [d.job.img_id for d in batch]
     if task.composite:
+        transformed = composite(task.op)  # the dataset's composite, through the registry
         spec = transformed.spec_of(suite.composite_params(task.op))
         height, width = batch[0].arr.shape[:2]
         infos, params = [], []

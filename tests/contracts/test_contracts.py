@@ -117,7 +117,10 @@ class _TwoOps:
     def risk_tags(self, op: str, severity: int) -> list[str]:
         return [f"{op}{severity}"]
 
-    def check_composite(self, name: str, ranges: object) -> None:
+    def composite_names(self) -> list[str]:
+        return ["kvasir_transformed"]
+
+    def composite_params(self, name: str, params: object) -> object:
         raise ValueError("no composites here")
 
     def composite_version(self, name: str) -> int:

@@ -63,8 +63,6 @@ DATASET = DatasetEntry(
     opener="perturb.io.datasets:open_input",
     question_classes=QUESTION_CLASSES,
     label_risk=LABEL_RISK,
-    # the LLM-judge ``*_eval.json`` files of the set's evaluation
-    prediction_hints=("eval_json",),
     sample_key="img_id (one image per sample)",
     composites={"kvasir_transformed": "perturb.datasets.kvasir_vqa_x1.transform"},
 )

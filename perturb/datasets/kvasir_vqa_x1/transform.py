@@ -49,11 +49,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import cv2
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from perturb import rng as keyed
 from perturb.ops import backend
@@ -101,6 +102,34 @@ class TransformedSpec:
             raise ValueError(f"translate must lie in [0, 1], got {self.translate}")
         if self.brightness[0] < 0 or self.contrast[0] < 0:
             raise ValueError("brightness and contrast factors must be non-negative")
+
+
+class Params(BaseModel):
+    """A suite job's ``params:`` of this composite (defaults: the upstream recipe); checked by
+    :class:`TransformedSpec`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scale: tuple[float, float] = (0.9, 1.0)
+    ratio: tuple[float, float] = (0.95, 1.05)
+    degrees: tuple[float, float] = (-10.0, 10.0)
+    translate: tuple[float, float] = (0.1, 0.1)
+    brightness: tuple[float, float] = (0.8, 1.2)
+    contrast: tuple[float, float] = (0.8, 1.2)
+    # bicubic: one fused warp; pil_bicubic: upstream's PIL steps (:func:`pil_chain`)
+    interpolation: Literal["bicubic", "pil_bicubic"] = "bicubic"
+    fill: Literal[0] = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> Params:
+        TransformedSpec(**self.ranges())  # raises ValueError with the reason
+        return self
+
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        return {
+            k: getattr(self, k)
+            for k in ("scale", "ratio", "degrees", "translate", "brightness", "contrast")
+        }
 
 
 @dataclass(frozen=True)
@@ -195,7 +224,7 @@ def sample_params(
 
 
 def spec_of(params: Any) -> ChainSpec:
-    """The spec of a suite's composite job (its ``TransformedParams``: ranges, interpolation)."""
+    """The spec of a suite's composite job (its :class:`Params`: ranges, interpolation)."""
     return ChainSpec(
         **params.ranges(), interpolation=str(getattr(params, "interpolation", "bicubic"))
     )

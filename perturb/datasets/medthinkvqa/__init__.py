@@ -19,6 +19,5 @@ DATASET = radiology.dataset_entry(
     title="MedThinkVQA",
     modality="any",
     hub_id=HUB_ID,
-    prediction_hints=("image_01_path", "options"),
     sample_key="the case (caseN): sample and question",
 )

@@ -34,7 +34,5 @@ DATASET = radiology.dataset_entry(
     title="ReXVQA",
     modality="xray",
     hub_id=HUB_ID,
-    # JSON keyed by question id, ``task_name`` / ``category`` / ``options`` columns
-    prediction_hints=("task_name", "category", "options"),
     sample_key="the study (study field, studies/<uid> folder, shared folder, else question id)",
 )

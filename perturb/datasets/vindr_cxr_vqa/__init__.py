@@ -34,7 +34,5 @@ DATASET = radiology.dataset_entry(
     title="VinDr-CXR-VQA",
     modality="xray",
     hub_id=HUB_ID,
-    # ``type`` and ``gt_location`` columns, answers with ``<loc_...>`` tags, image objects
-    prediction_hints=("type", "gt_location", "vqa"),
     sample_key="image_id (one image per sample); question identity image_id#qa_idx",
 )
