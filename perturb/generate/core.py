@@ -1,8 +1,12 @@
-"""What both engines of ``perturb generate`` share (the local engine, ``perturb.generate.local``,
-and the Ray engine, ``perturb.generate.ray_engine``; neither imports the other, the driver
-``perturb.generate.runner`` picks one): run options and summary, ``RunError``, the output
-folder with its settings, lock and journal, opening the input, reading a chunk's jobs, planning
-what is missing, committing a chunk's results, and the files written at the end.
+"""Executing a planned run of ``perturb generate``, and what both engines share (the local
+engine, ``perturb.generate.local``, and the Ray engine, ``perturb.generate.ray_engine``; neither
+imports the other, the driver ``perturb.generate.runner`` picks one).
+
+The driver plans the suite once (``perturb.generate.plan.plan_jobs``) and hands the plan down
+to :func:`execute`, the one entry of a run: it prepares DIR (settings, lock, journal), subtracts
+what DIR already holds (:func:`resume`), hands the missing jobs to the engine the driver chose,
+commits each chunk's results (:class:`Commit`) and writes the files at the end; it returns the
+summary and nothing else. Here also: run options and summary, ``RunError``, the output folder.
 
 Layout of DIR::
 
@@ -49,13 +53,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perturb.contracts.manifest import MANIFEST_COLUMNS, ROW_DIGEST, row_digest
-from perturb.contracts.suite import Suite, Task
+from perturb.contracts.suite import Task
 from perturb.errors import InputError
-from perturb.generate.naming import UnsafePathError, resolve_inside, safe_stem
+from perturb.generate.naming import UnsafePathError, resolve_inside
 from perturb.generate.output import MANIFEST_SCHEMA
+from perturb.generate.plan import JobPlan, Pending, group_image, read_jobs
+from perturb.generate.plan import open_run_input as open_run_input  # the engines' workers
 from perturb.generate.progress import Progress, ProgressCallback, space_problem
 from perturb.generate.shard import Shard
-from perturb.generate.worker import ChunkResult, ImageJob
+from perturb.generate.worker import ChunkResult, ImageJob, WorkerConfig, default_threads
 from perturb.io import DEFAULT_MAX_PIXELS
 from perturb.io.images import write_atomic
 
@@ -180,10 +186,6 @@ def fault_at(options: RunOptions, stage: str, n: int | str = 0) -> None:
     """Call the injected fault hook, if any (see the module docstring)."""
     if options.fault is not None:
         options.fault(stage, n)
-
-
-# (group, file_id, missing (task, relative path)): one image still to make
-Pending = tuple[Any, str, list[tuple[Task, str]]]
 
 
 @dataclass
@@ -593,157 +595,24 @@ def save_dataset(out: Path, ds: Any, images: Any = None) -> int:
     return save(out, ds, images)
 
 
-def open_run_input(
-    suite: Suite,
-    dataset: str | None,
-    split: str | None,
-    image_column: str | None,
-    builtin_images: int | None,
-    images: str | None,
-    *,
-    id_from: str = "stem",
-    cache_dir: str | None = None,
-) -> Any:
-    """The input of a run, opened the same way by the driver and by every engine's workers:
-    through the suite's dataset adapter, or ``open_input`` (built-in data of the suite's
-    modality when no dataset is given). Raises ``DatasetError`` or ``RunError``."""
-    from perturb.datasets import open_input
-
-    if suite.input is not None:
-        from perturb.datasets import open_adapter
-        from perturb.io.datasets import using_cache
-
-        with using_cache(cache_dir):
-            return open_adapter(
-                suite.input.adapter,
-                dataset,
-                images=images or suite.input.images,
-                split=split,
-                keep_leaking_fields=suite.input.keep_leaking_fields,
-                min_visible=suite.input.min_visible,
-            )
-    if images is not None:
-        from perturb.datasets import adapters
-
-        raise RunError(
-            "--images is for dataset adapters: use a suite with an input.adapter section "
-            f"(adapters: {', '.join(adapters())}), or pass the images with --dataset"
-        )
-    return open_input(
-        dataset,
-        split,
-        image_column=image_column,
-        builtin_images=builtin_images,
-        builtin_modality=suite.data_modality(),
-        id_from=id_from,
-        cache_dir=cache_dir,
-    )
-
-
-def read_jobs(inp: Any, batch: list[Pending]) -> tuple[list[ImageJob], list[dict[str, Any]]]:
-    """Jobs of a batch with their image bytes; images that cannot be read become error rows."""
-    from perturb.io.datasets import ImageFetchError
-
-    jobs, errs = [], []
-    for group, file_id, missing in batch:
-        try:
-            data = group_image(inp, group)
-        except ImageFetchError as exc:
-            errs.append(
-                {
-                    "img_id": group.img_id,
-                    "file_id": file_id,
-                    "stage": "read",
-                    "op": None,
-                    "severity": None,
-                    "variant": None,
-                    "qa_rows": len(group.rows),
-                    "reason": str(exc),
-                }
-            )
-            continue
-        param_key = inp.sample_key(group) if inp.sample_key_column else None
-        jobs.append(
-            ImageJob(
-                group.img_id, file_id, data, missing, qa_rows=len(group.rows),
-                param_key=param_key, input_sha256=hashlib.sha256(data).hexdigest(),
-            )
-        )  # fmt: skip
-    return jobs, errs
-
-
-def group_image(inp: Any, group: Any) -> bytes:
-    """The bytes of one unique image, every row of its img_id checked to carry the same image."""
-    if hasattr(inp, "group_bytes"):
-        return bytes(inp.group_bytes(group))
-    return bytes(inp.image_bytes(group.rows[0]))
-
-
 # ---------------------------------------------------------------------------------------------
-# Planning: what is missing
-
-
-def _empty_id_errors(empty_rows: list[int], shard: Shard | None) -> list[dict[str, Any]]:
-    """One error row per input row without img_id (reported once over the shards of a run)."""
-    if shard is not None and shard.index != 0:
-        return []
-    return [
-        {
-            "img_id": None,
-            "file_id": None,
-            "stage": "id",
-            "op": None,
-            "severity": None,
-            "variant": None,
-            "qa_rows": 1,
-            "reason": f"input row {r}: empty img_id",
-        }
-        for r in empty_rows
-    ]
-
-
-def select_images(
-    inp: Any, limit: int | None, shard: Shard | None, summary: RunSummary
-) -> tuple[list[Any], list[dict[str, Any]]]:
-    """The input's image groups this run makes (``--limit``, ``--shard``), counted into
-    ``summary``, and the error rows of input rows without img_id."""
-    groups, empty_rows = inp.groups()
-    summary.input_rows = len(inp)
-    summary.rows_without_id = len(empty_rows)
-    summary.images = len(groups)
-    selected = groups if limit is None else groups[:limit]
-    if shard is not None:
-        kept = [g for g in selected if shard.holds(g.img_id)]
-        summary.images_in_other_shards = len(selected) - len(kept)
-        selected = kept
-    summary.images_selected = len(selected)
-    return selected, _empty_id_errors(empty_rows, shard)
+# Resume: what is missing
 
 
 JournalRows = dict[tuple[str, str, int, int], dict[str, Any]]
 
 
-def plan_missing(
-    suite: Suite,
-    inp: Any,
-    selected: list[Any],
-    done: JournalRows,
-    folder: OutputDir,
-    summary: RunSummary,
+def resume(
+    plan: JobPlan, done: JournalRows, folder: OutputDir, summary: RunSummary
 ) -> tuple[list[Pending], set[tuple[str, str, int, int]]]:
-    """What is missing, per image, and every output key this run wants. An output is kept only
-    when its file and its input are the ones its journal row was made with (sha256 of both), at
-    the path this run would write; stale rows are dropped from ``done`` (re-made)."""
+    """The planned jobs less what DIR already holds, and every output key this run wants. An
+    output is kept only when its file and its input are the ones its journal row was made with
+    (sha256 of both), at the path this run would write; stale rows are dropped from ``done``
+    (re-made)."""
     pending: list[Pending] = []
     wanted: set[tuple[str, str, int, int]] = set()
-    all_tasks = suite.tasks()
-    for group in selected:
-        file_id = safe_stem(group.img_id)
-        if file_id != group.img_id:
-            summary.unsafe_ids += 1
-        modality = inp.modality(group) or "any"  # no label: the generic ops
-        tasks = suite.tasks(modality) if suite.per_image_modality else all_tasks
-        missing = _missing_of(suite, inp, group, file_id, tasks, done, folder, wanted)
+    for group, file_id, tasks in plan.jobs:
+        missing = _missing_of(plan.inp, group, tasks, done, folder, wanted)
         summary.outputs_existing += len(tasks) - len(missing)
         summary.outputs_expected += len(tasks)
         if missing:
@@ -752,11 +621,9 @@ def plan_missing(
 
 
 def _missing_of(
-    suite: Suite,
     inp: Any,
     group: Any,
-    file_id: str,
-    tasks: list[Task],
+    tasks: list[tuple[Task, str]],
     done: JournalRows,
     folder: OutputDir,
     wanted: set[tuple[str, str, int, int]],
@@ -766,8 +633,7 @@ def _missing_of(
 
     missing: list[tuple[Task, str]] = []
     input_digest: str | None = None
-    for task in tasks:
-        rel = task.path(suite, file_id)
+    for task, rel in tasks:
         key = (group.img_id, task.op, task.severity, task.variant)
         wanted.add(key)
         row = done.get(key)
@@ -783,6 +649,138 @@ def _missing_of(
             del done[key]  # stale: not trusted, re-made below
         missing.append((task, rel))
     return missing
+
+
+# ---------------------------------------------------------------------------------------------
+# Executing a plan
+
+# the engine the driver chose: makes every chunk of the batches (of the input's images),
+# committing each result as it arrives
+Engine = Callable[[WorkerConfig, Any, list[list[Pending]], "Commit"], None]
+
+
+def execute(plan: JobPlan, options: RunOptions, engine: Engine) -> RunSummary:
+    """Make ``plan`` in DIR (``options.out``) with ``engine``, then write the manifest,
+    errors.jsonl, dataset/ and summary.json; returns the summary. File-system errors become a
+    RunError that names the fix; a Ctrl-C a :class:`RunStopped` saying what was kept."""
+    url = output_url(options.out)
+    folder = RemoteOutputDir(url) if url else OutputDir(output_path(options.out))
+    try:
+        folder.prepare(plan.settings)
+        folder.mark_unfinished()
+        summary = _execute_in(folder, plan, options, engine)
+        folder.mark_finished()
+        return summary
+    except OSError as exc:  # read-only or full DIR, vanished folder, ...
+        where = exc.filename or folder.url or folder.root
+        raise RunError(
+            f"cannot write the run's files ({where}): {exc.strerror or exc}; free space or choose a "
+            "writable --out, then re-run (finished outputs are kept)"
+        ) from None
+    finally:
+        folder.release()
+
+
+def _execute_in(
+    folder: OutputDir, plan: JobPlan, options: RunOptions, engine: Engine
+) -> RunSummary:
+    """Resume, make what is missing on the engine, then write the run's files."""
+    started = time.perf_counter()
+    summary = RunSummary(
+        suite=plan.suite_name,
+        input=plan.inp.source,
+        device=plan.device,
+        engine=options.engine,
+        shard=plan.shard,
+        input_rows=plan.input_rows,
+        rows_without_id=plan.rows_without_id,
+        images=plan.images,
+        images_selected=len(plan.jobs),
+        images_in_other_shards=plan.images_in_other_shards,
+        unsafe_ids=plan.unsafe_ids,
+    )
+    done = folder.load_journal()
+    errors = list(plan.id_errors)
+    pending, wanted = resume(plan, done, folder, summary)
+    folder.mark_unfinished(summary.outputs_expected)
+    cfg = WorkerConfig(
+        suite=plan.suite_dump,
+        seed=plan.seed,
+        device=plan.device,
+        max_pixels=options.max_pixels,
+        max_memory=_worker_memory(options),
+        out=str(folder.root),
+        threads=options.threads or default_threads(options.workers),
+    )
+    to_do = sum(len(m) for _, _, m in pending)
+    progress = Progress(options.progress, to_do, plan.suite_name, options.on_progress)
+    commit = Commit(options, folder, summary, done, errors, progress, to_do, started)
+    batches = [
+        pending[i : i + options.batch_size] for i in range(0, len(pending), options.batch_size)
+    ]
+    try:
+        with folder.journal() as fh:
+            commit.journal = fh
+            engine(cfg, plan.inp, batches, commit)
+    except KeyboardInterrupt:
+        raise _stopped(folder, summary, wanted) from None
+    finally:
+        progress.close()
+    folder.load_journal()  # the pool workers' journals folded into one
+    summary.outputs_written = commit.written
+    _finish(options, plan.inp, folder, summary, [r for k, r in done.items() if k in wanted], errors)
+    summary.seconds = time.perf_counter() - started
+    seconds = summary.seconds if summary.seconds > 0 else float("inf")
+    summary.images_per_second = summary.images_ok / seconds  # source images decoded and perturbed
+    summary.outputs_per_second = commit.written / seconds
+    write_atomic(folder.root / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
+    folder.publish()
+    return summary
+
+
+def _worker_memory(options: RunOptions) -> int | None:
+    """Each worker's share of --max-memory (default: of 80% of the memory available now)."""
+    total = options.max_memory if options.max_memory is not None else default_max_memory()
+    return None if total is None else max(1, total // max(1, options.workers))
+
+
+def _stopped(
+    folder: OutputDir, summary: RunSummary, wanted: set[tuple[str, str, int, int]]
+) -> RunStopped:
+    """What a Ctrl-C leaves: the outputs committed (a re-run adopts them) and how to resume."""
+    try:
+        rows, _ = folder.read_journal()
+        kept = sum(1 for key in rows if key in wanted)
+    except (RunError, OSError):
+        kept = summary.outputs_existing
+    where = folder.url or folder.root
+    return RunStopped(
+        f"stopped: {kept} of {summary.outputs_expected} outputs are finished and kept in {where} "
+        f"({max(0, kept - summary.outputs_existing)} made by this run); re-run the same command to "
+        f"resume: it makes only the other {summary.outputs_expected - kept}"
+    )
+
+
+def _finish(
+    options: RunOptions,
+    inp: Any,
+    folder: OutputDir,
+    summary: RunSummary,
+    rows: list[dict[str, Any]],
+    errors: list[dict[str, Any]],
+) -> None:
+    """The manifest from everything done in DIR, the errors of this run, the dataset."""
+    out = folder.root
+    manifest = manifest_table(rows)
+    fault_at(options, "manifest")
+    write_parquet_atomic(manifest, out / "manifest.parquet")
+    write_errors(out, errors)
+    summary.manifest_rows = manifest.num_rows
+    summary.dataset_rows = build_dataset(
+        out, inp, manifest, options.embed_images, folder, options.fault
+    )
+    summary.errors = len(errors)
+    summary.output_bytes = int(sum(manifest.column("size_bytes").to_pylist()))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,52 +1,41 @@
 """``perturb generate``: suite x dataset -> images, manifest.parquet, errors.jsonl, dataset/.
 
-The driver: it checks the options, opens the input, prepares DIR (settings, lock, journal),
-plans what is missing, hands the pending chunks to an engine (``perturb.generate.local`` or
-``perturb.generate.ray_engine``; both commit through ``perturb.generate.core``, where the
-layout of DIR and the resume rules are described), then writes the manifest, errors.jsonl,
-dataset/ and summary.json. A run refuses a DIR made with other settings (suite, seed, input,
---limit, --id-from), a DIR that is not a perturb output, and a DIR inside a folder input.
+The driver, and the top of a flow that runs one way: it checks the options, opens the input,
+plans the suite once into jobs (``perturb.generate.plan.plan_jobs``), picks the engine
+(``perturb.generate.local`` or ``perturb.generate.ray_engine``) and hands plan and engine down
+to ``perturb.generate.core.execute``, which prepares DIR, resumes, runs the engine, whose
+workers make the outputs, and writes the manifest, errors.jsonl, dataset/ and summary.json
+(the layout of DIR and the resume rules are described there); only the summary comes back. A
+run refuses a DIR made with other settings (suite, seed, input, --limit, --id-from), a DIR that
+is not a perturb output, and a DIR inside a folder input.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
-import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from perturb import __version__
 from perturb.contracts.suite import Suite
 from perturb.generate.core import (
     CACHE,
     MAX_SEED,
     STATE_DIR,
     Commit,
-    OutputDir,
+    Engine,
     Pending,
-    RemoteOutputDir,
     RunError,
     RunOptions,
-    RunStopped,
     RunSummary,
-    build_dataset,
-    default_max_memory,
-    fault_at,
-    manifest_table,
-    open_run_input,
+    execute,
     output_path,
     output_url,
-    plan_missing,
-    select_images,
-    write_errors,
-    write_parquet_atomic,
 )
-from perturb.generate.progress import Progress
+from perturb.generate.plan import open_run_input, plan_jobs
 from perturb.generate.shard import Shard, ShardError, parse_shard
-from perturb.generate.worker import WorkerConfig, default_threads
-from perturb.io.images import write_atomic
+from perturb.generate.worker import WorkerConfig
 
 
 def _resolve_device(name: str) -> str:
@@ -91,9 +80,19 @@ def generate(suite: Suite, options: RunOptions) -> RunSummary:
         state = (out if out is not None else staging_folder(url or "")) / STATE_DIR
         options = replace(options, cache_dir=str(state / CACHE))
     inp = _open_input(suite, options)
-    settings = _settings(suite, options, seed, inp, shard)
-    folder = RemoteOutputDir(url) if url else OutputDir(out or Path())
-    return _run_in(folder, settings, suite, options, inp, seed, device, shard)
+    if options.engine == "local":
+        return execute(
+            plan_jobs(suite, inp, options, seed, device, shard), options, _engine(options)
+        )
+    from perturb.generate.ray_engine import connect, disconnect
+
+    try:
+        device = connect(options)
+        return execute(
+            plan_jobs(suite, inp, options, seed, device, shard), options, _engine(options)
+        )
+    finally:
+        disconnect()
 
 
 def _check_numbers(options: RunOptions) -> None:
@@ -143,26 +142,6 @@ def _open_input(suite: Suite, options: RunOptions) -> Any:
     return inp
 
 
-def _settings(
-    suite: Suite, options: RunOptions, seed: int, inp: Any, shard: Shard | None
-) -> dict[str, Any]:
-    """What a DIR is made with: a re-run with other settings is refused (``OutputDir.prepare``)."""
-    settings: dict[str, Any] = {
-        "suite": suite.suite,
-        "suite_fingerprint": suite.fingerprint(),
-        "seed": seed,
-        "input": inp.fingerprint,
-        "perturb_version": __version__,
-    }
-    if shard is not None:  # absent for a whole run, so whole runs made before shards resume
-        settings["shard"] = str(shard)
-    if options.limit is not None:  # a re-run may extend it, never shrink it (stale rows)
-        settings["limit"] = options.limit
-    if options.id_from != "stem":
-        settings["id_from"] = options.id_from
-    return settings
-
-
 def _dry_run(
     suite: Suite, options: RunOptions, seed: int, shard: Shard | None, out: Path | None
 ) -> RunSummary:
@@ -187,42 +166,6 @@ def _dry_run(
         estimated_bytes=plan.estimated_bytes,
         plan=plan.to_dict(),
     )
-
-
-def _run_in(
-    folder: OutputDir,
-    settings: dict[str, Any],
-    suite: Suite,
-    options: RunOptions,
-    inp: Any,
-    seed: int,
-    device: str,
-    shard: Shard | None,
-) -> RunSummary:
-    """Prepare DIR (lock, settings), run, mark it finished; file-system errors become a
-    RunError that names the fix."""
-    try:
-        if options.engine == "ray":
-            from perturb.generate.ray_engine import connect
-
-            device = connect(options)
-        folder.prepare(settings)
-        folder.mark_unfinished()
-        summary = _run(suite, options, inp, folder, seed, device, shard)
-        folder.mark_finished()
-        return summary
-    except OSError as exc:  # read-only or full DIR, vanished folder, ...
-        where = exc.filename or folder.url or folder.root
-        raise RunError(
-            f"cannot write the run's files ({where}): {exc.strerror or exc}; free space or choose a "
-            "writable --out, then re-run (finished outputs are kept)"
-        ) from None
-    finally:
-        folder.release()
-        if options.engine == "ray":
-            from perturb.generate.ray_engine import disconnect
-
-            disconnect()
 
 
 def check_out_writable(out: Path) -> None:
@@ -264,124 +207,31 @@ def _refuse_out_inside_input(out: Path, dataset: str | None) -> None:
         )
 
 
-def _run(
-    suite: Suite,
-    options: RunOptions,
-    inp: Any,
-    folder: OutputDir,
-    seed: int,
-    device: str,
-    shard: Shard | None,
-) -> RunSummary:
-    """Plan what is missing, make it on the chosen engine, then write the run's files."""
-    started = time.perf_counter()
-    summary = RunSummary(
-        suite=suite.suite,
-        input=inp.source,
-        device=device,
-        engine=options.engine,
-        shard=None if shard is None else str(shard),
-    )
-    done = folder.load_journal()
-    selected, errors = select_images(inp, options.limit, shard, summary)
-    pending, wanted = plan_missing(suite, inp, selected, done, folder, summary)
-    folder.mark_unfinished(summary.outputs_expected)
-    cfg = WorkerConfig(
-        suite=suite.model_dump(mode="json"),
-        seed=seed,
-        device=device,
-        max_pixels=options.max_pixels,
-        max_memory=_worker_memory(options),
-        out=str(folder.root),
-        threads=options.threads or default_threads(options.workers),
-    )
-    to_do = sum(len(m) for _, _, m in pending)
-    progress = Progress(options.progress, to_do, suite.suite, options.on_progress)
-    commit = Commit(options, folder, summary, done, errors, progress, to_do, started)
-    batches = [
-        pending[i : i + options.batch_size] for i in range(0, len(pending), options.batch_size)
-    ]
-    try:
-        with folder.journal() as fh:
-            commit.journal = fh
-            _make(cfg, options, inp, batches, commit)
-    except KeyboardInterrupt:
-        raise _stopped(folder, summary, wanted) from None
-    finally:
-        progress.close()
-    folder.load_journal()  # the pool workers' journals folded into one
-    summary.outputs_written = commit.written
-    _finish(options, inp, folder, summary, [r for k, r in done.items() if k in wanted], errors)
-    summary.seconds = time.perf_counter() - started
-    seconds = summary.seconds if summary.seconds > 0 else float("inf")
-    summary.images_per_second = summary.images_ok / seconds  # source images decoded and perturbed
-    summary.outputs_per_second = commit.written / seconds
-    write_atomic(folder.root / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
-    folder.publish()
-    return summary
+def _engine(options: RunOptions) -> Engine:
+    """The engine ``options`` ask for, as ``execute`` calls it."""
+    return partial(_run_ray if options.engine == "ray" else _run_local, options)
 
 
-def _worker_memory(options: RunOptions) -> int | None:
-    """Each worker's share of --max-memory (default: of 80% of the memory available now)."""
-    total = options.max_memory if options.max_memory is not None else default_max_memory()
-    return None if total is None else max(1, total // max(1, options.workers))
-
-
-def _stopped(
-    folder: OutputDir, summary: RunSummary, wanted: set[tuple[str, str, int, int]]
-) -> RunStopped:
-    """What a Ctrl-C leaves: the outputs committed (a re-run adopts them) and how to resume."""
-    try:
-        rows, _ = folder.read_journal()
-        kept = sum(1 for key in rows if key in wanted)
-    except (RunError, OSError):
-        kept = summary.outputs_existing
-    where = folder.url or folder.root
-    return RunStopped(
-        f"stopped: {kept} of {summary.outputs_expected} outputs are finished and kept in {where} "
-        f"({max(0, kept - summary.outputs_existing)} made by this run); re-run the same command to "
-        f"resume: it makes only the other {summary.outputs_expected - kept}"
-    )
-
-
-def _make(
-    cfg: WorkerConfig, options: RunOptions, inp: Any, batches: list[list[Pending]], commit: Commit
+def _run_local(
+    options: RunOptions, cfg: WorkerConfig, inp: Any, batches: list[list[Pending]], commit: Commit
 ) -> None:
-    """The pending chunks on the chosen engine, each result committed as it arrives."""
-    if options.engine == "ray":
-        from perturb.generate.ray_engine import run_ray
+    """The local engine: in this process or on a pool of ``options.workers`` processes."""
+    from perturb.generate.local import run_local
 
-        stats = run_ray(cfg, options, inp, batches, commit.take, url=commit.folder.url)
-        summary = commit.summary
-        commit.errors.extend(stats.errors)
-        summary.images_failed += stats.images_lost
-        summary.retries = stats.retries
-        summary.worker_failures = stats.failures
-        summary.stalls = stats.stalls
-        commit.progress.advance(sum(len(e) for e in stats.lost_tasks))
-    else:
-        from perturb.generate.local import run_local
-
-        run_local(cfg, options.workers, inp, batches, commit, commit.folder.url)
+    run_local(cfg, options.workers, inp, batches, commit, commit.folder.url)
 
 
-def _finish(
-    options: RunOptions,
-    inp: Any,
-    folder: OutputDir,
-    summary: RunSummary,
-    rows: list[dict[str, Any]],
-    errors: list[dict[str, Any]],
+def _run_ray(
+    options: RunOptions, cfg: WorkerConfig, inp: Any, batches: list[list[Pending]], commit: Commit
 ) -> None:
-    """The manifest from everything done in DIR, the errors of this run, the dataset."""
-    out = folder.root
-    manifest = manifest_table(rows)
-    fault_at(options, "manifest")
-    write_parquet_atomic(manifest, out / "manifest.parquet")
-    write_errors(out, errors)
-    summary.manifest_rows = manifest.num_rows
-    summary.dataset_rows = build_dataset(
-        out, inp, manifest, options.embed_images, folder, options.fault
-    )
-    summary.errors = len(errors)
-    summary.output_bytes = int(sum(manifest.column("size_bytes").to_pylist()))
+    """The Ray Data engine; its losses, retries and stalls go to the summary."""
+    from perturb.generate.ray_engine import run_ray
+
+    stats = run_ray(cfg, options, inp, batches, commit.take, url=commit.folder.url)
+    summary = commit.summary
+    commit.errors.extend(stats.errors)
+    summary.images_failed += stats.images_lost
+    summary.retries = stats.retries
+    summary.worker_failures = stats.failures
+    summary.stalls = stats.stalls
+    commit.progress.advance(sum(len(e) for e in stats.lost_tasks))
