@@ -9,6 +9,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import cv2
 import pyarrow.parquet as pq
@@ -17,10 +18,12 @@ import yaml
 
 from perturb.datasets import DATASETS, adapters, composite, composite_names, prediction_readers
 from tests.datasets import example_room
+from tests.datasets.example_room import composite as example_composite
+from tests.datasets.example_room import predictions as example_predictions
 from tests.helpers import BUNDLED_SAMPLES
 
 FRAMES = sorted((BUNDLED_SAMPLES / "endoscopy").glob("*.jpg"))[:3]
-SUITE = {
+SUITE: dict[str, Any] = {
     "suite": "example-capsule-check",
     "seed": 11,
     "input": {"adapter": "example-capsule"},
@@ -48,7 +51,9 @@ def capsule(tmp_path: Path) -> Path:
     (folder / "frames").mkdir(parents=True)
     records = []
     for i, frame in enumerate(FRAMES):
-        small = cv2.resize(cv2.imread(str(frame)), (96, 72), interpolation=cv2.INTER_AREA)
+        frame_bgr = cv2.imread(str(frame))
+        assert frame_bgr is not None, frame
+        small = cv2.resize(frame_bgr, (96, 72), interpolation=cv2.INTER_AREA)
         name = f"frames/cap_{i}.png"
         cv2.imwrite(str(folder / name), small)
         records += [
@@ -64,10 +69,9 @@ def capsule(tmp_path: Path) -> Path:
 def test_the_registry_line_opens_every_door(registered: None) -> None:
     assert "example-capsule" in adapters()
     assert "example_mirror" in composite_names()
-    assert composite("example_mirror") is example_room.composite
-    assert prediction_readers()["example-capsule-jsonl"] is (
-        example_room.predictions.read_predictions
-    )
+    assert composite("example_mirror") is example_composite
+    reader = prediction_readers()["example-capsule-jsonl"]
+    assert reader is example_predictions.read_predictions
 
 
 def test_unregistered_the_room_is_unknown() -> None:
@@ -113,9 +117,7 @@ def test_generate_and_replay_a_split_of_the_fifth_dataset(
     assert "answer" not in qa.column_names  # the adapter leaves the reference out
 
 
-def test_policies_hold_out_the_rooms_composite(
-    registered: None, tmp_path: Path
-) -> None:
+def test_policies_hold_out_the_rooms_composite(registered: None, tmp_path: Path) -> None:
     from perturb.augment.policy import HeldOut
 
     path = tmp_path / "example.yaml"

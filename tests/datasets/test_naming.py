@@ -103,15 +103,16 @@ def naming_sites(
         for name, entry in entries.items()
     }
     for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
         for room in rooms.values():
             for module in _imported(node):
                 if module == room or module.startswith(room + "."):
-                    yield f"{node.lineno}: imports {module}"
+                    yield f"{line}: imports {module}"
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             for name, pattern in patterns.items():
                 found = pattern.search(node.value)
                 if found and name not in PROSE_NAMES:
-                    yield f"{node.lineno}: names {name} ({found.group(0)!r})"
+                    yield f"{line}: names {name} ({found.group(0)!r})"
 
 
 def scan(entries: dict[str, DatasetEntry], rooms: dict[str, str]) -> dict[str, list[str]]:

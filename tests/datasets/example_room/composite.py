@@ -21,7 +21,8 @@ from perturb import rng as keyed
 NAME = "example_mirror"
 VERSION = 1
 RISK_TAGS = ("moves_geometry", "alters_intensity")
-CATALOG_OPS = ("brightness",)  # the catalog op making the same kind of change (a policy holds it out)
+# the catalog op making the same kind of change (a policy holding this composite out holds it)
+CATALOG_OPS = ("brightness",)
 
 
 class Params(BaseModel):
