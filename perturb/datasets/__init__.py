@@ -22,8 +22,8 @@ no module outside ``perturb/datasets`` imports a room or spells a dataset's or c
 rules, label risk, sample paths) and :mod:`perturb.datasets.questions` (a row's classes);
 adapters' common helpers are :mod:`perturb.datasets._adapter`, the native writers'
 :mod:`perturb.datasets._native`; :mod:`perturb.datasets.native` writes a generated split back
-in its dataset's format. Adding a dataset: a room and one line below (or, for a dataset kept
-outside the package, one ``DATASETS.add(entry.name, entry)``; tests/datasets/example_room is a
+in its dataset's format. Adding a dataset: a room and its name in :data:`ROOMS` (or, for a
+dataset kept outside the package, one ``DATASETS.add(entry.name, entry)``; tests/datasets/example_room is a
 worked example).
 
     from perturb.datasets import open_adapter, open_input
@@ -47,11 +47,11 @@ generate --dataset SRC --images DIR`` supplies the source and the image folder.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from perturb.datasets import kvasir_vqa_x1, medthinkvqa, phantoms, rexvqa, vindr_cxr_vqa
 from perturb.datasets._entry import Composite, DatasetEntry, merge_label_risk, resolve
 from perturb.errors import UnknownNameError
 from perturb.registry import Registry
@@ -60,8 +60,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from perturb.io.datasets import InputDataset
 
 DATASETS: Registry[DatasetEntry] = Registry("dataset")
-for _room in (kvasir_vqa_x1, vindr_cxr_vqa, rexvqa, medthinkvqa, phantoms):
-    DATASETS.add(_room.DATASET.name, _room.DATASET)
+# the rooms, in registry order: each package's ``DATASET`` is registered under its name
+ROOMS = ("kvasir_vqa_x1", "vindr_cxr_vqa", "rexvqa", "medthinkvqa", "phantoms")
+for _room in ROOMS:
+    _entry: DatasetEntry = importlib.import_module(f"{__name__}.{_room}").DATASET
+    DATASETS.add(_entry.name, _entry)
 
 
 def adapters() -> list[str]:
@@ -149,7 +152,9 @@ def open_input(
 
     check_id_from(id_from)
     if source is None:
-        return phantoms.open_builtin(
+        from perturb.datasets.phantoms import open_builtin
+
+        return open_builtin(
             builtin_images,
             builtin_modality,
             image_column=image_column,
@@ -168,6 +173,7 @@ def open_input(
 
 __all__ = [
     "DATASETS",
+    "ROOMS",
     "Composite",
     "DatasetEntry",
     "adapters",
