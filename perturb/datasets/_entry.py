@@ -5,7 +5,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 
 def resolve(target: str) -> Any:
@@ -17,10 +20,29 @@ def resolve(target: str) -> Any:
 
 
 @dataclass(frozen=True)
+class PredictionRows:
+    """A dataset's own prediction file as flat rows, one per question: what a reader of
+    ``DatasetEntry.prediction_readers`` returns for a table in its format."""
+
+    rows: pd.DataFrame
+    format: str  # appended to the read report's format, e.g. "medthinkvqa"
+    notes: tuple[str, ...] = ()  # for the read report
+    loc_word: str | None = None  # how a row's place in the source is named ("image.item")
+    dataset: str | None = None  # the dataset whose question rules apply (None: the columns say)
+
+
+PredictionReader: TypeAlias = "Callable[[pd.DataFrame, Mapping[str, tuple[str, ...]]], PredictionRows | None]"
+"""``reader(raw, aliases)``: the raw table in the dataset's format as flat rows, else None.
+``aliases`` maps each canonical column (``img_id``, ``question``, ...) to the lower-case raw
+column names it is read from, so a reader can tell which fields the rows already carry."""
+
+
+@dataclass(frozen=True)
 class DatasetEntry:
     """One dataset: where it comes from, how it is opened and what its questions are.
 
-    ``opener`` and the values of ``composites`` are ``"module:name"`` strings resolved on use.
+    ``opener``, ``prediction_readers`` and the values of ``composites`` are ``"module:name"``
+    strings resolved on use.
     """
 
     name: str
@@ -35,11 +57,18 @@ class DatasetEntry:
     sample_key: str = "img_id"  # what a sample is (the generator's key for shared parameters)
     composites: Mapping[str, str] = field(default_factory=dict)  # name -> "module:name"
     native_writer: str | None = None  # "module:function" writing a generated split back
+    # "module:function" PredictionReaders of the dataset's own prediction formats (the scorer
+    # applies every dataset's readers in registry order)
+    prediction_readers: tuple[str, ...] = ()
 
     def open(self, *args: Any, **kwargs: Any) -> Any:
         """Open the dataset with its opener (see the opener's own arguments)."""
         opener: Callable[..., Any] = resolve(self.opener)
         return opener(*args, **kwargs)
+
+    def readers(self) -> list[PredictionReader]:
+        """The functions of ``prediction_readers``."""
+        return [resolve(target) for target in self.prediction_readers]
 
     def composite(self, name: str) -> Any:
         """The module or object of one of this dataset's composites."""

@@ -199,6 +199,7 @@ def dataset_entry(
     hub_id: str,
     prediction_hints: tuple[str, ...],
     sample_key: str,
+    prediction_readers: tuple[str, ...] = (),
 ) -> DatasetEntry:
     """The registry entry of the radiology set of room (package) ``room``: the shared
     vocabulary and label risk, an adapter suites may name, ``<room>.adapter:open_<reader>``,
@@ -215,6 +216,7 @@ def dataset_entry(
         native_writer=f"{room}.native:write_{reader}",
         prediction_hints=prediction_hints,
         sample_key=sample_key,
+        prediction_readers=prediction_readers,
     )
 
 

@@ -20,5 +20,6 @@ DATASET = radiology.dataset_entry(
     modality="any",
     hub_id=HUB_ID,
     prediction_hints=("image_01_path", "options"),
+    prediction_readers=(f"{__name__}.reader:read_slot_rows",),
     sample_key="the case (caseN): sample and question",
 )

@@ -36,5 +36,6 @@ DATASET = radiology.dataset_entry(
     hub_id=HUB_ID,
     # ``type`` and ``gt_location`` columns, answers with ``<loc_...>`` tags, image objects
     prediction_hints=("type", "gt_location", "vqa"),
+    prediction_readers=(f"{__name__}.reader:read_image_objects",),
     sample_key="image_id (one image per sample); question identity image_id#qa_idx",
 )
