@@ -31,9 +31,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from functools import lru_cache
 
-from perturb.datasets import kvasir_vqa_x1, label_risk, radiology
+from perturb.datasets import DATASETS, label_risk, radiology
 
-KVASIR_CLASSES = kvasir_vqa_x1.QUESTION_CLASSES
+KVASIR_CLASSES = DATASETS.get("kvasir-vqa-x1").question_classes
 RADIOLOGY_CLASSES = radiology.QUESTION_CLASSES
 
 # risk tag -> class patterns: every dataset's own table (its room's ``LABEL_RISK``), merged in

@@ -17,7 +17,6 @@ What the rows mean is the canonicaliser's job (:mod:`perturb.score.canonical`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 import pandas as pd
 
@@ -72,7 +71,7 @@ def _tool_rows(raw: pd.DataFrame, report: ReadReport) -> pd.DataFrame:
     return raw
 
 
-@cache
 def dataset_readers() -> tuple[PredictionReader, ...]:
-    """Every dataset's prediction readers, in registry order."""
+    """Every dataset's prediction readers, in registry order (asked on each read: the
+    registry is the only place a dataset's format is named)."""
     return tuple(reader for _, entry in DATASETS.items() for reader in entry.readers())
