@@ -10,11 +10,11 @@ text or None), ``perturbation``, ``severity``, ``variant``, ``image_path`` (the 
 ``ref_boxes`` (reference boxes from ``gt_location`` or None), ``confidence``, ``bleurt``,
 ``bertscore``, ``_loc`` (1-based line or row number in the source, for messages) and
 ``_id_from_path`` (img_id derived from the image paths: a sample, not necessarily the
-manifest's image); :data:`perturb.score.columns.CANONICAL` lists them. Raw columns are found by
-their aliases (:data:`perturb.score.columns.ALIASES`). Without an id column a row with several
-images is keyed by their common folder (:func:`perturb.score.cells.sample_id_of_paths`): the
-study or case, not an image, is the sample. Rows that cannot be used are dropped and counted
-with a reason in the :class:`~perturb.score.read.ReadReport`; nothing is dropped silently.
+manifest's image). Raw columns are found by their aliases
+(:data:`perturb.score.columns.ALIASES`). Without an id column a row with several images is
+keyed by their common folder (:func:`perturb.score.cells.sample_id_of_paths`): the study or
+case, not an image, is the sample. Rows that cannot be used are dropped and counted with a
+reason in the :class:`~perturb.score.read.ReadReport`; nothing is dropped silently.
 """
 
 from __future__ import annotations

@@ -77,32 +77,6 @@ REQUIRED_HELP = {
 RADIOLOGY_HINTS = ("ref_boxes", "vindr_type", "task_name", "category", "options")
 
 
-CANONICAL = [
-    "img_id",
-    "question",
-    "qkey",
-    "qid",
-    "reference",
-    "prediction",
-    "complexity",
-    "question_class",
-    "options",
-    "perturbation",
-    "severity",
-    "variant",
-    "image_path",
-    "_paths",
-    "judge",
-    "model",
-    "ref_boxes",
-    "confidence",
-    "bleurt",
-    "bertscore",
-    "_loc",
-    "_id_from_path",
-]
-
-
 def pick(columns: Iterable[str], name: str) -> str | None:
     cols = {c.lower(): c for c in columns if isinstance(c, str)}
     for alias in ALIASES[name]:
