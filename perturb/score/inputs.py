@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pandas as pd
 
@@ -33,10 +33,19 @@ def read_predictions(
     return canonicalize(table, model=model), table.report
 
 
-CleanTable: TypeAlias = tuple[pd.DataFrame, ReadReport]
+class CleanTable(NamedTuple):
+    """One model's clean rows (canonical) and how they were read."""
+
+    rows: pd.DataFrame
+    report: ReadReport
 
 
-PerturbedTable: TypeAlias = tuple[pd.DataFrame, ReadReport, str]  # (rows, how read, run name)
+class PerturbedTable(NamedTuple):
+    """One model's rows of one perturbed source (canonical), how they were read, its run name."""
+
+    rows: pd.DataFrame
+    report: ReadReport
+    run: str
 
 
 @dataclass
@@ -180,8 +189,8 @@ def _found_manifest(inputs: RunInputs) -> Manifest | None:
     paths = (
         p
         for tables in inputs.perturbed.values()
-        for table, _rep, _run in tables
-        for p in table["image_path"].tolist()
+        for table in tables
+        for p in table.rows["image_path"].tolist()
     )
     found = discover_manifest(paths, [*inputs.bases, Path.cwd()])
     if found is None:
@@ -213,7 +222,7 @@ def _read_inputs(
         for mname, part in parts.items():
             if mname in inputs.clean:
                 raise InputError(f"model {mname!r} has clean predictions in two inputs")
-            inputs.clean[mname] = (part, rep)
+            inputs.clean[mname] = CleanTable(part, rep)
     for model, srcs in perturbed_by_model.items():
         for j, src in enumerate(srcs):
             label = _label(src, f"perturbed[{model}][{j}]")
@@ -222,7 +231,7 @@ def _read_inputs(
             inputs.note_read(rep, "perturbed", ", ".join(parts) or model, src)
             run = _run_name(src, f"perturbed{j + 1}" if len(srcs) > 1 else "perturbed")
             for mname, part in parts.items():
-                inputs.perturbed.setdefault(mname, []).append((part, rep, run))
+                inputs.perturbed.setdefault(mname, []).append(PerturbedTable(part, rep, run))
     return inputs
 
 
@@ -235,15 +244,15 @@ def _join_dataset(inputs: RunInputs, dataset: str | Path | None, dataset_split: 
 
     info = load_dataset_info(str(dataset), dataset_split)
     totals: Counter[str] = Counter()
-    for mname, (clean_rows, clean_read) in list(inputs.clean.items()):
-        clean_rows, joined = join_dataset(clean_rows, info)
-        inputs.clean[mname] = (clean_rows, clean_read)
+    for mname, clean in list(inputs.clean.items()):
+        clean_rows, joined = join_dataset(clean.rows, info)
+        inputs.clean[mname] = clean._replace(rows=clean_rows)
         totals.update(joined)
     for mname, tables in inputs.perturbed.items():
         new = []
-        for pert_rows, pert_read, run in tables:
-            pert_rows, joined = join_dataset(pert_rows, info)
-            new.append((pert_rows, pert_read, run))
+        for table in tables:
+            pert_rows, joined = join_dataset(table.rows, info)
+            new.append(table._replace(rows=pert_rows))
             totals.update(joined)
         inputs.perturbed[mname] = new
     inputs.dataset_info = info

@@ -374,11 +374,11 @@ def pair_runs(inputs: RunInputs, options: ScoreOptions) -> Paired:
     """Pair each model's clean and perturbed rows; InputError for a model left with no pair."""
     paired = Paired(pairs={}, reports={})
     for name in inputs.models:
-        clean_rows, clean_read = inputs.clean[name]
+        clean = inputs.clean[name]
         pairs, report = pair_model(
             name,
-            clean_rows,
-            clean_read,
+            clean.rows,
+            clean.report,
             inputs.perturbed[name],
             inputs.manifest,
             options.risk_tags,
