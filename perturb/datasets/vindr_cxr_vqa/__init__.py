@@ -2,7 +2,8 @@
 
 Pure Python (the scorer imports it without torch). The input adapter is
 :mod:`perturb.datasets.vindr_cxr_vqa.adapter` (schema there), the prediction files' nested
-image objects are read by :mod:`perturb.datasets.vindr_cxr_vqa.predictions`.
+image objects are read by :mod:`perturb.datasets.vindr_cxr_vqa.reader` (the entry's
+``prediction_readers``; helpers in ``.predictions``).
 """
 
 from __future__ import annotations
