@@ -1,16 +1,22 @@
-"""``perturb score``: the CLI face of :func:`perturb.score.score_runs` (no torch, lazy imports)."""
+"""``perturb score``: the CLI face of :func:`perturb.score.run` (no torch, lazy imports).
+
+The command's arguments become one :class:`perturb.score.options.ScoreOptions`, built once
+here and handed to the scorer."""
 
 from __future__ import annotations
 
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from perturb.cli._common import guarded
 from perturb.errors import PerturbError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perturb.score.options import ScoreOptions
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+\-]+$")
 
@@ -60,54 +66,31 @@ def _reference_arg(reference: str | None) -> Any:
     return {name: path} if name is not None else reference
 
 
-def run_score(
-    clean: list[str],
-    perturbed: list[str],
-    manifest: Path | None,
-    out: Path,
-    metrics: list[str] | None,
-    primary: str | None,
-    reference: str | None,
-    include_at_risk: bool | None,
-    bootstrap: int,
-    seed: int,
-    max_flips: int,
-    dataset: str | None = None,
-    dataset_split: str | None = None,
-    rouge_upstream: bool = False,
-) -> int:
-    """Run the scorer for CLI arguments; returns the exit code (0 ok, 1 problems, 2 input error)."""
+# what a scoring run may raise that is the user's to fix: exit 2 with the message
+_INPUT_ERRORS = (PerturbError, UnicodeDecodeError, RecursionError, OSError)
+
+
+def run_score(options: ScoreOptions) -> int:
+    """Run the scorer; print the summary; returns the exit code (0 ok, 1 problems, 2 input
+    error)."""
     try:
         from perturb.report import write_reports
-        from perturb.score.api import score_runs
+        from perturb.score.api import run
 
-        _check_args(out, bootstrap, seed, max_flips)
-        c, p = _model_args(clean, perturbed)
-        result = score_runs(
-            c,
-            p,
-            manifest=manifest,
-            out_dir=out,
-            metrics=metrics,
-            primary=primary,
-            reference=_reference_arg(reference),
-            include_at_risk=include_at_risk,
-            bootstrap=bootstrap,
-            seed=seed,
-            max_flips=max_flips,
-            dataset=dataset,
-            dataset_split=dataset_split,
-            rouge_upstream=rouge_upstream,
-            report_writer=write_reports,
-        )
-    except (PerturbError, UnicodeDecodeError, RecursionError, OSError) as exc:
-        typer.echo(f"error: {_input_problem(exc, out)}", err=True)
-        return 2
+        result = run(options, report_writer=write_reports)
+    except _INPUT_ERRORS as exc:
+        return _input_error(exc, options.out_dir)
     _print_result(result)
     return int(result.exit_code)
 
 
-def _input_problem(exc: Exception, out: Path) -> str:
+def _input_error(exc: Exception, out: Path | None) -> int:
+    """Print an input error with its fix; exit code 2."""
+    typer.echo(f"error: {_input_problem(exc, out)}", err=True)
+    return 2
+
+
+def _input_problem(exc: Exception, out: Path | None) -> str:
     """The message of an input error, with the fix for undecodable, too deeply nested or
     unreadable (unwritable) files."""
     if isinstance(exc, UnicodeDecodeError):  # a CSV/TSV in another encoding (JSON is checked itself)
@@ -248,22 +231,31 @@ def score(
 
     Exit codes: 0 ok, 1 rows were dropped (counted in scores.json), 2 usage or input error.
     """
-    code = run_score(
-        clean,
-        perturbed,
-        manifest,
-        out,
-        metrics,
-        primary,
-        reference,
-        include_at_risk,
-        bootstrap,
-        seed,
-        max_flips,
-        dataset,
-        dataset_split,
-        rouge_upstream,
-    )
+    from perturb.score.options import ScoreOptions
+
+    try:
+        _check_args(out, bootstrap, seed, max_flips)
+        clean_arg, perturbed_arg = _model_args(clean, perturbed)
+        options = ScoreOptions(
+            clean=clean_arg,
+            perturbed=perturbed_arg,
+            manifest=manifest,
+            out_dir=out,
+            metrics=metrics,
+            primary=primary,
+            reference=_reference_arg(reference),
+            include_at_risk=include_at_risk,
+            bootstrap=bootstrap,
+            seed=seed,
+            max_flips=max_flips,
+            dataset=dataset,
+            dataset_split=dataset_split,
+            rouge_upstream=rouge_upstream,
+        )
+    except _INPUT_ERRORS as exc:
+        code = _input_error(exc, out)
+    else:
+        code = run_score(options)
     sys.stdout.flush()
     raise typer.Exit(code)
 

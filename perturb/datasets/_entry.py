@@ -5,7 +5,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 
 def resolve(target: str) -> Any:
@@ -48,6 +51,24 @@ class Composite(Protocol):
 
 
 @dataclass(frozen=True)
+class PredictionRows:
+    """A dataset's own prediction file as flat rows, one per question: what a reader of
+    ``DatasetEntry.prediction_readers`` returns for a table in its format."""
+
+    rows: pd.DataFrame
+    format: str  # appended to the read report's format, e.g. "medthinkvqa"
+    notes: tuple[str, ...] = ()  # for the read report
+    loc_word: str | None = None  # how a row's place in the source is named ("image.item")
+    dataset: str | None = None  # the dataset whose question rules apply (None: the columns say)
+
+
+PredictionReader: TypeAlias = "Callable[[pd.DataFrame, Mapping[str, tuple[str, ...]]], PredictionRows | None]"
+"""``reader(raw, aliases)``: the raw table in the dataset's format as flat rows, else None.
+``aliases`` maps each canonical column (``img_id``, ``question``, ...) to the lower-case raw
+column names it is read from, so a reader can tell which fields the rows already carry."""
+
+
+@dataclass(frozen=True)
 class DatasetEntry:
     """One dataset: where it comes from, how it is opened and what its questions are.
 
@@ -69,8 +90,9 @@ class DatasetEntry:
     native_writer: str | None = None  # "module:function" writing a generated split back
     # prediction format name -> its reader, a callable or a "module:name" import path: the
     # formats of the dataset's own prediction files, registered here so the scorer finds them
-    # through the registry (:func:`perturb.datasets.prediction_readers`), never by module name
-    prediction_readers: Mapping[str, str | Callable[..., Any]] = field(default_factory=dict)
+    # through the registry (:func:`perturb.datasets.prediction_readers`), never by module name;
+    # each a :data:`PredictionReader`, applied by the scorer in registry order
+    prediction_readers: Mapping[str, str | PredictionReader] = field(default_factory=dict)
 
     def open(self, *args: Any, **kwargs: Any) -> Any:
         """Open the dataset with its opener (see the opener's own arguments)."""
@@ -87,6 +109,10 @@ class DatasetEntry:
         reader = self.prediction_readers[name]
         found: Callable[..., Any] = resolve(reader) if isinstance(reader, str) else reader
         return found
+
+    def readers(self) -> list[PredictionReader]:
+        """The readers of every format in ``prediction_readers``, in declaration order."""
+        return [self.prediction_reader(name) for name in self.prediction_readers]
 
 
 def merge_label_risk(*tables: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:

@@ -44,7 +44,7 @@ Kvasir's and the radiology risks (:data:`LABEL_RISK`) are listed class by class.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from urllib.parse import unquote
 
 from perturb.datasets._entry import DatasetEntry
@@ -198,6 +198,7 @@ def dataset_entry(
     modality: str,
     hub_id: str,
     sample_key: str,
+    prediction_readers: Mapping[str, str] | None = None,
 ) -> DatasetEntry:
     """The registry entry of the radiology set of room (package) ``room``: the shared
     vocabulary and label risk, an adapter suites may name, ``<room>.adapter:open_<reader>``,
@@ -213,6 +214,7 @@ def dataset_entry(
         adapter=True,
         native_writer=f"{room}.native:write_{reader}",
         sample_key=sample_key,
+        prediction_readers=dict(prediction_readers or {}),
     )
 
 

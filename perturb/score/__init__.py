@@ -7,8 +7,14 @@
 ... )  # doctest: +SKIP
 >>> result.scores["models"]["model"]["overall"]["metrics"]["rougeL"]["delta"]  # doctest: +SKIP
 
-See :func:`perturb.score.api.score_runs`; the CLI is ``perturb score``. Scoring never imports
-:mod:`perturb.report` (report depends on score); the reports are written through ``report_writer``.
+or with the options as one object (what ``perturb score`` builds):
+
+>>> from perturb.score import ScoreOptions, run
+>>> result = run(ScoreOptions(clean="clean.jsonl", perturbed=["blur.jsonl"], bootstrap=0))  # doctest: +SKIP
+
+The chain and its modules: :mod:`perturb.score.api`; the CLI is ``perturb score``. Scoring
+never imports :mod:`perturb.report` (report depends on score); the reports are written through
+``report_writer``.
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from perturb.errors import InputError
-    from perturb.score.api import ScoreResult, score_runs, write_outputs
+    from perturb.score.api import run, score_runs
+    from perturb.score.inputs import read_predictions
     from perturb.score.metrics import DEFAULT_METRICS, METRICS, PRESETS
-    from perturb.score.readers import read_predictions
+    from perturb.score.options import ScoreOptions
+    from perturb.score.render import write_outputs
+    from perturb.score.result import ScoreResult
     from perturb.score.single import evaluate_predictions
 
 # loaded on first use, so ``perturb --help`` (which imports perturb.cli.score) skips pandas
@@ -29,11 +38,13 @@ _LAZY = {
     "METRICS": "perturb.score.metrics",
     "PRESETS": "perturb.score.metrics",
     "InputError": "perturb.errors",
-    "ScoreResult": "perturb.score.api",
+    "ScoreOptions": "perturb.score.options",
+    "ScoreResult": "perturb.score.result",
     "evaluate_predictions": "perturb.score.single",
-    "read_predictions": "perturb.score.readers",
+    "read_predictions": "perturb.score.inputs",
+    "run": "perturb.score.api",
     "score_runs": "perturb.score.api",
-    "write_outputs": "perturb.score.api",
+    "write_outputs": "perturb.score.render",
 }
 
 __all__ = [
@@ -41,9 +52,11 @@ __all__ = [
     "METRICS",
     "PRESETS",
     "InputError",
+    "ScoreOptions",
     "ScoreResult",
     "evaluate_predictions",
     "read_predictions",
+    "run",
     "score_runs",
     "write_outputs",
 ]

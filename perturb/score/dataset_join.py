@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from perturb.errors import InputError
-from perturb.score.readers import obj_array, question_key
+from perturb.score.arrays import obj_array
+from perturb.score.cells import question_key
 
 
 @dataclass

@@ -61,8 +61,8 @@ from perturb.boxes import (
 )
 from perturb.errors import InputError
 from perturb.score.answers import extract_letter
+from perturb.score.arrays import map_unique, obj_array
 from perturb.score.bitseq import pair_stats
-from perturb.score.readers import map_unique, obj_array
 from perturb.score.text import TokenTable, rouge_split, sequences_equal, tokenize, tolerant_tokens
 
 

@@ -1,4 +1,4 @@
-"""Pair clean and perturbed predictions of one model.
+"""Pair: clean and perturbed predictions of each model (:func:`pair_runs`).
 
 Pairing key: the dataset's own question identity ``qid`` when every row of both sides has one
 and it is unique on the clean side (ReXVQA question id, MedThinkVQA case, VinDr-CXR-VQA image
@@ -27,21 +27,26 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from perturb.datasets.radiology import sample_of_image_paths
 from perturb.errors import InputError
+from perturb.score.arrays import map_unique, obj_array, object_frame
 from perturb.score.manifest import Manifest, match_rows
-from perturb.score.readers import ReadReport, map_unique, obj_array, object_frame
+from perturb.score.read import ReadReport
 from perturb.score.risk import (
     catalog_risk_tags,
     catalog_severity_risk,
     classes_at_risk,
     tags_at_severity,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perturb.score.inputs import RunInputs
+    from perturb.score.options import ScoreOptions
 
 
 def examples(items: list[str], limit: int = 3) -> str:
@@ -346,6 +351,47 @@ def pair_model(
     report.pairs = len(pairs)
     report.at_risk_pairs = int(pairs["at_risk"].sum())
     return pairs, report
+
+
+@dataclass
+class Paired:
+    """Every model's pairs (one row per perturbed row with its clean row) and pairing report."""
+
+    pairs: dict[str, pd.DataFrame]
+    reports: dict[str, PairReport]
+
+    def problems(self) -> list[str]:
+        """One problem line per model that lost rows while pairing."""
+        return [
+            f"model {name!r}: {sum(report.dropped.values())} rows dropped while pairing "
+            + ", ".join(f"{k}={v}" for k, v in sorted(report.dropped.items()))
+            for name, report in self.reports.items()
+            if report.dropped
+        ]
+
+
+def pair_runs(inputs: RunInputs, options: ScoreOptions) -> Paired:
+    """Pair each model's clean and perturbed rows; InputError for a model left with no pair."""
+    paired = Paired(pairs={}, reports={})
+    for name in inputs.models:
+        clean = inputs.clean[name]
+        pairs, report = pair_model(
+            name,
+            clean.rows,
+            clean.report,
+            inputs.perturbed[name],
+            inputs.manifest,
+            options.risk_tags,
+            options.risk_map,
+        )
+        if len(pairs) == 0:
+            raise InputError(
+                f"model {name!r}: no usable pairs after dropping rows ({dict(report.dropped)}); "
+                f"examples: {report.drop_examples}"
+            )
+        paired.pairs[name] = pairs
+        paired.reports[name] = report
+    return paired
 
 
 @dataclass

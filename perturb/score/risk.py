@@ -8,7 +8,7 @@ headline gaps unless ``include_at_risk`` is set.
 
 The mapping is data (:data:`TAG_CLASSES`, merged from each dataset room's ``LABEL_RISK``):
 class patterns in ``fnmatch`` syntax, so ``*_location`` covers every location class of any
-dataset. It covers all 18 Kvasir-VQA-x1 question classes (see :data:`KVASIR_CLASSES`) and the
+dataset. It covers all 18 Kvasir-VQA-x1 question classes (its registry entry's ``question_classes``) and the
 radiology classes of :mod:`perturb.datasets.radiology` (:data:`RADIOLOGY_CLASSES`):
 
 * flips -> laterality and location questions (the anatomy swaps sides in the image);
@@ -31,9 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from functools import lru_cache
 
-from perturb.datasets import kvasir_vqa_x1, label_risk, radiology
+from perturb.datasets import label_risk, radiology
 
-KVASIR_CLASSES = kvasir_vqa_x1.QUESTION_CLASSES
 RADIOLOGY_CLASSES = radiology.QUESTION_CLASSES
 
 # risk tag -> class patterns: every dataset's own table (its room's ``LABEL_RISK``), merged in

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from perturb.errors import InputError
+from perturb.score.inputs import read_predictions
 from perturb.score.metrics import (
     METRICS,
     compute_item_metrics,
@@ -23,7 +24,7 @@ from perturb.score.metrics import (
     corpus_stats,
     resolve_metrics,
 )
-from perturb.score.readers import PredictionSource, read_predictions
+from perturb.score.read import PredictionSource
 
 
 def evaluate_predictions(

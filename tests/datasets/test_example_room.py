@@ -74,6 +74,20 @@ def test_the_registry_line_opens_every_door(registered: None) -> None:
     assert reader is example_predictions.read_predictions
 
 
+def test_the_scorer_reads_the_rooms_prediction_format(registered: None) -> None:
+    """The scorer finds the room's own format through the registry, never by name."""
+    import pandas as pd
+
+    from perturb.score.read import read_table
+
+    raw = pd.DataFrame({"capsule_id": ["cap_0", "cap_1"], "qid": ["q0a", "q1a"], "answer": ["yes", "no"]})
+    table = read_table(raw, "capsule.json")
+    assert table.report.format.endswith(":example-capsule") and table.dataset == "example-capsule"
+    assert table.rows.to_dict("list") == {
+        "img_id": ["cap_0", "cap_1"], "question_id": ["q0a", "q1a"], "answer": ["yes", "no"]
+    }  # fmt: skip
+
+
 def test_unregistered_the_room_is_unknown() -> None:
     from perturb.suites import parse_suite
 

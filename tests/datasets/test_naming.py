@@ -38,9 +38,6 @@ PACKAGE = Path(datasets_pkg.__file__).parent.parent
 PROSE_NAMES = {"phantoms"}  # entries whose name is a plain word (see the module docstring)
 
 PENDING: dict[str, str] = {
-    "perturb/score/readers.py": "imports the VinDr and MedThinkVQA prediction modules; branch "
-    "h-score moves the per-format readers into the rooms (DatasetEntry.prediction_readers)",
-    "perturb/score/risk.py": "imports the Kvasir question classes; branch h-score (score/)",
     "perturb/cli/generate.py": "--images help text lists the adapters by title; could read "
     "perturb.datasets.adapters() (cli/ is not this branch's)",
     "perturb/export/hub.py": "licence table keyed by the Kvasir hub id; belongs in the entry "

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from perturb.errors import InputError
-from perturb.score import readers
+from perturb.score.read import files as readers
 
 
 def test_an_overlong_line_is_an_error_naming_it_without_reading_it_whole(tmp_path: Path) -> None:

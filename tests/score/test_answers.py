@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perturb.score.answers import extract_choice, strip_reasoning
+from perturb.score.arrays import obj_array
 from perturb.score.metrics import compute_item_metrics
-from perturb.score.readers import obj_array
 
 CORPUS = [
     json.loads(line)

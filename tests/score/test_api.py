@@ -11,10 +11,13 @@ import pandas as pd
 import pytest
 import sacrebleu
 
+from perturb.datasets import DATASETS
 from perturb.errors import InputError
 from perturb.score import evaluate_predictions, score_runs
-from perturb.score.risk import KVASIR_CLASSES, TAG_CLASSES, classes_at_risk
+from perturb.score.risk import TAG_CLASSES, classes_at_risk
 from perturb.score.synthetic import make_predictions
+
+KVASIR_CLASSES = DATASETS.get("kvasir-vqa-x1").question_classes
 
 RISK = {"gaussian_blur": ["may_erase_small_findings"], "color_shift": ["alters_color"]}
 

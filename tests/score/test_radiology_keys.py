@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from perturb.score import score_runs
-from perturb.score.readers import read_predictions
+from perturb.score.inputs import read_predictions
 
 OPTS = ["A. Yes", "B. No"]
 

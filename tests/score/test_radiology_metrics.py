@@ -27,8 +27,8 @@ from perturb.boxes import (
     strip_loc_tags,
 )
 from perturb.score.answers import extract_letter
+from perturb.score.arrays import obj_array
 from perturb.score.metrics import compute_item_metrics, reference_letter
-from perturb.score.readers import obj_array
 
 # ----------------------------------------------------------------------------- references
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from perturb.score import score_runs
-from perturb.score.readers import read_predictions
+from perturb.score.inputs import read_predictions
 from perturb.suites import parse_suite
 from tests.datasets.radiology_fixtures import (
     MED_MODALITIES,

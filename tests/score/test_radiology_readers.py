@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from perturb.cli import app
 from perturb.score import score_runs
-from perturb.score.readers import boxes_of, read_predictions, sample_id_of_paths
+from perturb.score.cells import boxes_of, sample_id_of_paths
+from perturb.score.inputs import read_predictions
 
 LETTERS = "ABCD"
 

@@ -169,7 +169,7 @@ def test_risk_tags_argument_overrides_the_catalog_severity_table() -> None:
 def test_mcq_risk_comes_from_the_question_not_the_option_words() -> None:
     """The issue's fallback: an option reading "Nodule" put 155 of 200 ReXVQA pairs at risk of
     small-finding loss. Options add only the places an answer names (a side, a region)."""
-    from perturb.score.readers import read_predictions
+    from perturb.score.inputs import read_predictions
 
     rows = [
         {

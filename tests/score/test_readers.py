@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from perturb.errors import InputError
-from perturb.score.readers import read_predictions
+from perturb.score.inputs import read_predictions
 
 ROWS = [
     {

@@ -2,7 +2,8 @@
 
 Pure Python (the scorer imports it without torch). The input adapter (schema, case ids) is
 :mod:`perturb.datasets.medthinkvqa.adapter`; rows of its prediction files (``image_NN_path``
-slots) are read by :mod:`perturb.datasets.medthinkvqa.predictions`.
+slots) are read by :mod:`perturb.datasets.medthinkvqa.reader` (the entry's
+``prediction_readers``; helpers in ``.predictions``).
 """
 
 from __future__ import annotations
@@ -19,5 +20,6 @@ DATASET = radiology.dataset_entry(
     title="MedThinkVQA",
     modality="any",
     hub_id=HUB_ID,
+    prediction_readers={"medthinkvqa": f"{__name__}.reader:read_slot_rows"},
     sample_key="the case (caseN): sample and question",
 )

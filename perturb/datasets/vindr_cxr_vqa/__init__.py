@@ -2,7 +2,8 @@
 
 Pure Python (the scorer imports it without torch). The input adapter is
 :mod:`perturb.datasets.vindr_cxr_vqa.adapter` (schema there), the prediction files' nested
-image objects are read by :mod:`perturb.datasets.vindr_cxr_vqa.predictions`.
+image objects are read by :mod:`perturb.datasets.vindr_cxr_vqa.reader` (the entry's
+``prediction_readers``; helpers in ``.predictions``).
 """
 
 from __future__ import annotations
@@ -34,5 +35,6 @@ DATASET = radiology.dataset_entry(
     title="VinDr-CXR-VQA",
     modality="xray",
     hub_id=HUB_ID,
+    prediction_readers={"vindr-cxr-vqa": f"{__name__}.reader:read_image_objects"},
     sample_key="image_id (one image per sample); question identity image_id#qa_idx",
 )

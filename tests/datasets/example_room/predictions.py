@@ -1,16 +1,28 @@
-"""The example room's own prediction format: JSON lines ``{"qid", "answer"}``."""
+"""The example room's own prediction format: rows ``{"capsule_id", "qid", "answer"}`` (a
+capsule-endoscopy vendor's export), read by the scorer through the registry entry's
+``prediction_readers`` like every dataset's own format."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+
+import pandas as pd
+
+from perturb.datasets._entry import PredictionRows
 
 
-def read_predictions(path: str | Path) -> list[dict[str, Any]]:
-    """One ``{"qid", "answer"}`` row per non-empty line of ``path``."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return [
-        {"qid": str(rec["qid"]), "answer": str(rec["answer"])}
-        for rec in (json.loads(line) for line in lines if line.strip())
-    ]
+def read_predictions(
+    raw: pd.DataFrame, aliases: Mapping[str, tuple[str, ...]]
+) -> PredictionRows | None:
+    """Rows carrying ``capsule_id`` as flat scorer rows (``img_id``, ``question_id``,
+    ``answer``), else None (the rows are another format's)."""
+    if "capsule_id" not in raw.columns:
+        return None
+    rows = pd.DataFrame(
+        {
+            "img_id": raw["capsule_id"].astype(str),
+            "question_id": raw["qid"].astype(str),
+            "answer": raw["answer"].astype(str),
+        }
+    )
+    return PredictionRows(rows=rows, format="example-capsule", dataset="example-capsule")
