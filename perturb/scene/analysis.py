@@ -138,12 +138,12 @@ def _black_boxes(v: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, i
     return boxes
 
 
-TEXT_GRID_SHORT = 720  # text search grid: shorter side in pixels (never upsampled)
+TEXT_GRID_SHORT = 1080  # text search grid: shorter side in pixels (never upsampled)
 TEXT_CONTRAST = 40  # 8-bit luma excess of a glyph stroke over its local background (top-hat)
 TEXT_MIN_CHARS = 3  # a line holds at least this many separate characters of one height...
 TEXT_BLOCK_CHARS = 2  # ...or this many where it stands left-aligned in a block with such a line
 TEXT_HEIGHT_TOL = 0.12  # cap heights and baselines of one line agree within this fraction
-TEXT_MAX_FILL = 0.8  # a character's strokes leave part of its box open (median of a line)
+TEXT_MAX_FILL = 0.9  # a character's strokes leave part of its box open (median of a line)
 TEXT_GAP = 2.5  # at most this many cap heights between neighbouring characters of a line
 TEXT_IN_FIELD = 0.1  # a text line reaches into the field: at least this fraction of its box
 
@@ -181,7 +181,7 @@ def _glyphs(luma: np.ndarray, candidates: np.ndarray, short: int, blocks: bool) 
     ok = (heights >= lo) & (heights <= hi) & (widths <= 5 * heights)
     fill = areas / np.maximum(heights * widths, 1)
     block = ok & (fill >= 0.88) & (widths >= 0.7 * heights) & (widths <= 1.4 * heights)
-    ok &= block if blocks else (fill <= 0.85)
+    ok &= block if blocks else ((fill <= 0.85) | (widths <= 0.4 * heights))  # or a bar: I, 1, l
     ok[0] = False
     idx = np.flatnonzero(ok)
     if not idx.size:
@@ -195,7 +195,7 @@ def _glyphs(luma: np.ndarray, candidates: np.ndarray, short: int, blocks: bool) 
     out = []
     for i, hw, lv in zip(idx, half[idx], ink[idx]):
         x, y, w, h = (int(v) for v in stats[i, :4])
-        if blocks or hw <= 0.16 * h + 1.0:
+        if blocks or hw <= 0.2 * h + 1.5:
             chars = max(1, round(w / (0.7 * h)))
             glyph = _Glyph(x, y, x + w, y + h, float(hw), float(lv), chars, blocks, float(fill[i]))
             out.append(glyph)
@@ -207,14 +207,16 @@ def _same_line(a: _Glyph, b: _Glyph) -> bool:
     ``TEXT_HEIGHT_TOL`` of the height, at least 1 px), the same ink (within 40 levels), at most ``TEXT_GAP`` heights
     apart (the space between the fields of a line: a date and a time)."""
     h = max(a.height, b.height)
-    if abs(a.height - b.height) > max(1.0, TEXT_HEIGHT_TOL * h):
-        return False
-    if min(abs(a.y1 - b.y1), abs(a.y0 - b.y0)) > max(1.0, TEXT_HEIGHT_TOL * h):
+    tol = max(1.0, TEXT_HEIGHT_TOL * h)
+    if a.block != b.block:  # a progress bar's cells may stand taller than its text
+        if abs(a.y1 - b.y1) > 0.3 * h or min(a.height, b.height) < 0.5 * h:
+            return False
+    elif abs(a.height - b.height) > tol or min(abs(a.y1 - b.y1), abs(a.y0 - b.y0)) > tol:
         return False
     if abs(a.ink - b.ink) > 40:
         return False
     gap = max(a.x0, b.x0) - min(a.x1, b.x1)
-    return -0.3 * h <= gap <= TEXT_GAP * h
+    return gap <= TEXT_GAP * h  # boxes of kerned or merged characters may overlap
 
 
 def _lines_of(glyphs: list[_Glyph]) -> list[list[_Glyph]]:
@@ -246,7 +248,7 @@ def _regular(line: list[_Glyph]) -> bool:
     """A line's characters are regular: one cap height (most within ``TEXT_HEIGHT_TOL`` of the
     median), one stroke width (within a factor 2) and open strokes (median fill of their box at
     most ``TEXT_MAX_FILL``), as a font draws them; specular speckle is irregular and blobby."""
-    heights = np.array([g.height for g in line], np.float32)
+    heights = np.array([g.height for g in line if not g.block] or [1.0], np.float32)
     med = float(np.median(heights))
     halves = np.array([g.half_width for g in line if not g.block] or [1.0], np.float32)
     fills = [g.fill for g in line if not g.block]
@@ -271,10 +273,14 @@ def _cells_regular(line: list[_Glyph]) -> list[_Glyph]:
 
 
 def _is_line(line: list[_Glyph]) -> bool:
-    """A line on its own: at least ``TEXT_MIN_CHARS`` separate character strokes, or a progress
-    bar (regular cells, ``_cells_regular``) with a stroke beside it."""
-    strokes = sum(not g.block for g in line)
-    return strokes >= TEXT_MIN_CHARS or (strokes >= 1 and len(line) - strokes >= 3)
+    """A line on its own: at least ``TEXT_MIN_CHARS`` separate character strokes (characters
+    that touch merge into one; a highlight cluster chained with them is not told apart), or a
+    progress bar (regular cells, ``_cells_regular``) with a stroke beside it."""
+    strokes = [g for g in line if not g.block]
+    return (
+        len(strokes) >= TEXT_MIN_CHARS
+        or (len(strokes) >= 1 and len(line) - len(strokes) >= 3)
+    )
 
 
 def _text_lines_of(luma: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
