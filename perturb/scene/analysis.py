@@ -167,38 +167,44 @@ class _Glyph:
         return self.y1 - self.y0
 
 
-def _glyphs(luma: np.ndarray, candidates: np.ndarray, short: int, blocks: bool) -> list[_Glyph]:
+def _glyphs(
+    luma: np.ndarray, candidates: np.ndarray, short: int, blocks: bool, dark: bool
+) -> list[_Glyph]:
     """Character-sized components of ``candidates`` (pixels of one polarity standing out of their
     surroundings): a cap height of 0.8-7% of the shorter side (at least 8 px: smaller is not legible) and either thin strokes (the
     widest point at most about a third of the height across) that do not fill their box as a
     blob does (a specular highlight fills about 0.8 of it), or (``blocks``) solid square blocks
-    (a progress-bar cell: fills 0.88 of its box, which a round highlight does not)."""
-    n, labels, stats, _ = cv2.connectedComponentsWithStats(candidates, connectivity=8)
-    if n <= 1:
-        return []
+    (a progress-bar cell: fills 0.88 of its box, which a round highlight does not). ``dark``:
+    the ink is darker than the tissue."""
     lo, hi = max(8, round(0.008 * short)), max(10, round(0.07 * short))
-    heights, widths, areas = stats[:, 3], stats[:, 2], stats[:, 4]
-    ok = (heights >= lo) & (heights <= hi) & (widths <= 5 * heights)
-    fill = areas / np.maximum(heights * widths, 1)
-    block = ok & (fill >= 0.88) & (widths >= 0.7 * heights) & (widths <= 1.4 * heights)
-    ok &= block if blocks else ((fill <= 0.85) | (widths <= 0.4 * heights))  # or a bar: I, 1, l
-    ok[0] = False
-    idx = np.flatnonzero(ok)
-    if not idx.size:
-        return []
-    dist = cv2.distanceTransform(candidates, cv2.DIST_L2, 3)
-    rows, cols = np.nonzero(candidates)
-    lab = labels[rows, cols]
-    half = np.zeros(n, np.float32)
-    np.maximum.at(half, lab, dist[rows, cols])
-    ink = np.bincount(lab, weights=luma[rows, cols], minlength=n) / np.maximum(areas, 1)
+    # components by their outer contours (8-connected, as a labelling; a fraction of its cost
+    # on a sparse mask), each measured inside its bounding box
+    contours, _ = cv2.findContours(candidates, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     out = []
-    for i, hw, lv in zip(idx, half[idx], ink[idx]):
-        x, y, w, h = (int(v) for v in stats[i, :4])
-        if blocks or hw <= 0.2 * h + 1.5:
-            chars = max(1, round(w / (0.7 * h)))
-            glyph = _Glyph(x, y, x + w, y + h, float(hw), float(lv), chars, blocks, float(fill[i]))
-            out.append(glyph)
+    for contour in contours:
+        x, y, w, h = cv2.boundingRect(contour)
+        if not lo <= h <= hi or w > 5 * h:
+            continue
+        comp = np.zeros((h + 2, w + 2), np.uint8)
+        cv2.drawContours(comp, [contour], 0, 1, -1, offset=(1 - x, 1 - y))
+        comp[1:-1, 1:-1] &= candidates[y : y + h, x : x + w]
+        area = int(comp.sum())
+        fill = area / (w * h)
+        if blocks:
+            if fill < 0.88 or not 0.7 * h <= w <= 1.4 * h:
+                continue
+            half = 0.0
+        else:
+            if fill > 0.85 and w > 0.4 * h:  # a blob, unless a bar (I, 1, l)
+                continue
+            half = float(cv2.distanceTransform(comp, cv2.DIST_L2, 3).max())
+            if half > 0.2 * h + 1.5:
+                continue
+        # the ink of its stroke cores (the anti-aliased edge of a thin stroke is a mix)
+        pixels = luma[y : y + h, x : x + w][comp[1:-1, 1:-1] > 0]
+        ink = float(np.percentile(pixels, 10 if dark else 90))
+        chars = max(1, round(w / (0.7 * h)))
+        out.append(_Glyph(x, y, x + w, y + h, half, ink, chars, blocks, fill))
     return out
 
 
@@ -245,15 +251,15 @@ def _lines_of(glyphs: list[_Glyph]) -> list[list[_Glyph]]:
 
 
 def _regular(line: list[_Glyph]) -> bool:
-    """A line's characters are regular: one cap height (most within ``TEXT_HEIGHT_TOL`` of the
+    """A line's characters are regular: one cap height (half within ``TEXT_HEIGHT_TOL`` of the
     median), one stroke width (within a factor 2) and open strokes (median fill of their box at
     most ``TEXT_MAX_FILL``), as a font draws them; specular speckle is irregular and blobby."""
-    heights = np.array([g.height for g in line if not g.block] or [1.0], np.float32)
+    heights = np.array([g.height for g in line if not g.block] or [1], np.float32)
     med = float(np.median(heights))
     halves = np.array([g.half_width for g in line if not g.block] or [1.0], np.float32)
     fills = [g.fill for g in line if not g.block]
     return bool(
-        np.percentile(np.abs(heights - med), 75) <= max(1.0, TEXT_HEIGHT_TOL * med)
+        float(np.median(np.abs(heights - med))) <= max(1.0, TEXT_HEIGHT_TOL * med)
         and halves.max() <= 2.0 * max(1.0, float(np.median(halves)))
         and (not fills or float(np.median(fills)) <= TEXT_MAX_FILL)
     )
@@ -277,25 +283,23 @@ def _is_line(line: list[_Glyph]) -> bool:
     that touch merge into one; a highlight cluster chained with them is not told apart), or a
     progress bar (regular cells, ``_cells_regular``) with a stroke beside it."""
     strokes = [g for g in line if not g.block]
-    return (
-        len(strokes) >= TEXT_MIN_CHARS
-        or (len(strokes) >= 1 and len(line) - len(strokes) >= 3)
-    )
+    return len(strokes) >= TEXT_MIN_CHARS or (len(strokes) >= 1 and len(line) - len(strokes) >= 3)
 
 
 def _text_lines_of(luma: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
     """Lines of burned-in text on the text grid: (x0, y0, x1, y1, dark) per line."""
     short = min(luma.shape)
     k = max(5, round(0.012 * short)) | 1  # wider than a stroke
-    kb = max(7, round(0.03 * short)) | 1  # wider than a progress-bar cell
     found: list[tuple[int, int, int, int, bool]] = []
+    kb = max(7, round(0.03 * short)) | 1  # wider than a progress-bar cell
     for dark in (False, True):
         op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
-        glyphs = []
-        for side, blocks in ((k, False), (kb, True)):
-            square = cv2.getStructuringElement(cv2.MORPH_RECT, (side, side))
-            cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
-            glyphs += _glyphs(luma, cand, short, blocks)
+        square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
+        cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
+        glyphs = _glyphs(luma, cand, short, False, dark)
+        square = cv2.getStructuringElement(cv2.MORPH_RECT, (kb, kb))
+        cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
+        glyphs += _glyphs(luma, cand, short, True, dark)
         lines = [_cells_regular(ln) for ln in _lines_of(glyphs)]
         lines = [ln for ln in lines if ln and _regular(ln)]
         full = [ln for ln in lines if _is_line(ln)]
@@ -319,8 +323,9 @@ def _text_lines_of(luma: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
 
 
 def _merged(boxes: list[tuple[int, int, int, int, bool]]) -> list[tuple[int, int, int, int, bool]]:
-    """Overlapping boxes of one polarity merged into their union (a line found twice, once
-    through its marks), in a deterministic order."""
+    """Boxes of one polarity that overlap on one row (most of their height) merged into their
+    union (a line found twice, once through its marks), in a deterministic order; the lines of a
+    block stay apart (a line's box sets the scale of its glyph cover)."""
     out = sorted(boxes)
     merged = True
     while merged:
@@ -328,8 +333,19 @@ def _merged(boxes: list[tuple[int, int, int, int, bool]]) -> list[tuple[int, int
         for i, a in enumerate(out):
             for j in range(i + 1, len(out)):
                 b = out[j]
-                if a[4] == b[4] and min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1]):
-                    out[i] = (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]), a[4])
+                rows = min(a[3], b[3]) - max(a[1], b[1])
+                if (
+                    a[4] == b[4]
+                    and min(a[2], b[2]) > max(a[0], b[0])
+                    and rows >= 0.6 * min(a[3] - a[1], b[3] - b[1])
+                ):
+                    out[i] = (
+                        min(a[0], b[0]),
+                        min(a[1], b[1]),
+                        max(a[2], b[2]),
+                        max(a[3], b[3]),
+                        a[4],
+                    )
                     del out[j]
                     merged = True
                     break
@@ -366,7 +382,12 @@ def _stands_out(
     inside light glyphs is not dark ink, nor the reverse."""
     h, w = luma.shape
     x0, y0, x1, y1 = box
-    ox0, oy0, ox1, oy1 = max(0, x0 - reach), max(0, y0 - reach), min(w, x1 + reach), min(h, y1 + reach)
+    ox0, oy0, ox1, oy1 = (
+        max(0, x0 - reach),
+        max(0, y0 - reach),
+        min(w, x1 + reach),
+        min(h, y1 + reach),
+    )
     outer = luma[oy0:oy1, ox0:ox1]
     ring = np.ones(outer.shape, bool)
     ring[max(0, y0) - oy0 : max(0, y1 - oy0), max(0, x0) - ox0 : max(0, x1 - ox0)] = False
@@ -385,7 +406,8 @@ def _in_block(line: list[_Glyph], other: list[_Glyph]) -> bool:
         abs(hl - h) <= 0.2 * h + 1
         and abs(min(g.x0 for g in line) - min(g.x0 for g in other)) <= h
         and abs(min(g.y0 for g in line) - min(g.y0 for g in other)) <= 2.5 * h
-        and abs(float(np.median([g.ink for g in line])) - float(np.median([g.ink for g in other]))) <= 40
+        and abs(float(np.median([g.ink for g in line])) - float(np.median([g.ink for g in other])))
+        <= 40
     )
 
 

@@ -245,12 +245,15 @@ def glyph_strokes(
         if blocks is not None:
             np.maximum(cover, blocks[inside], out=cover)
         # an outline of the opposite polarity hugging the strokes (within 2 px): darker than
-        # the tissue around (its median), which the tissue between two strokes is not
-        background = cv2.medianBlur(luma, min(k, 255))[inside].astype(np.float32)
-        below = background - luma[inside].astype(np.float32)
+        # the tissue of the line (the median away from its strokes), which the tissue showing
+        # between two strokes is not
+        near = cv2.dilate(is_strong.view(np.uint8), np.ones((5, 5), np.uint8)).view(bool)
+        box_luma = luma[inside]
+        away = box_luma[~near]
+        background = np.float32(np.median(away)) if away.size else np.float32(0.0)
+        below = background - box_luma.astype(np.float32)
         outline = (below - np.float32(GLYPH_LOW)) * np.float32(1.0 / (GLYPH_HIGH - GLYPH_LOW))
         np.clip(outline, np.float32(0.0), np.float32(1.0), out=outline)
-        near = cv2.dilate(is_strong.view(np.uint8), np.ones((5, 5), np.uint8)).view(bool)
         outline[~near] = 0.0
         np.maximum(cover, outline, out=cover)
     else:
