@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import cv2
 import numpy as np
 import pytest
 import torch
 
 import perturb
 from perturb.catalog.specs import load_specs
+from perturb.datasets.phantoms.endoscopy import fov_mask
 from perturb.scene import masks
 from tests.scene.frames import frame
 from tests.scene.labels import Labelled, Score, labelled, score
@@ -133,3 +135,30 @@ def test_found_glyphs_survive_every_protecting_op(op: str) -> None:
         moved = (out[0].to(torch.int16) - x.to(torch.int16)).abs().amax(dim=0).numpy()
         share = float((moved[glyphs] > SURVIVAL_LEVELS).mean())
         assert share <= SURVIVAL_SHARE, f"{op} s5 on {name}: {share:.1%} of glyph pixels moved > {SURVIVAL_LEVELS}"
+
+
+def test_single_dark_line_anywhere_over_the_tissue_is_found_and_kept() -> None:
+    """One line of dark ink low in the field (no block, not at the left): kind ``text_dark``;
+    its glyphs keep their pixels under haze while the tissue beside them takes it."""
+    rng = np.random.default_rng(3)
+    h, w = 480, 640
+    alpha = fov_mask(w, h, "octagon", 0.03)
+    tissue = np.array([200, 110, 95], np.float32) + rng.normal(0, 5, (h, w, 1)).astype(np.float32)
+    img = np.clip(tissue * alpha[..., None], 0, 255).astype(np.uint8)
+    layer = np.zeros((h, w), np.uint8)
+    cv2.putText(layer, "13:32:30 CVP:8", (330, 400), cv2.FONT_HERSHEY_SIMPLEX, 0.6, 255, 2, cv2.LINE_AA)
+    ink = layer.astype(np.float32)[..., None] / 255.0
+    img = np.clip(np.rint(img * (1 - ink) + 20.0 * ink), 0, 255).astype(np.uint8)
+    glyphs = layer >= 128
+    s = perturb.scene(img)
+    assert [k for *_, k in s.overlays if k in ("text", "text_dark")] == ["text_dark"], s.overlays
+    assert s.descriptor["text"] == "1 line over the field"
+    x = torch.from_numpy(img).permute(2, 0, 1).unsqueeze(0).contiguous()
+    out, _ = perturb.apply(x, "haze", 5, ["dark"])
+    moved = (out[0].to(torch.int16) - x[0].to(torch.int16)).abs().amax(dim=0).numpy()
+    assert (moved[glyphs] > SURVIVAL_LEVELS).mean() <= SURVIVAL_SHARE
+    x0, y0, x1, y1 = masks.text_boxes(s.descriptor)[0]
+    beside = np.zeros(glyphs.shape, bool)
+    beside[y0:y1, x0:x1] = True
+    beside &= ~cv2.dilate(layer, np.ones((7, 7), np.uint8)).astype(bool)
+    assert (moved[beside] > SURVIVAL_LEVELS).mean() > 0.9
