@@ -84,6 +84,8 @@ def test_real_date_line_inside_the_field_is_found() -> None:
     if item is None:
         pytest.skip("polypgen_EndoCV2021_C6_0100032.jpg is not in the sample set")
     assert score(item).recall >= RECALL_TARGET
+    highlight = perturb.scene(item.image).highlight
+    assert not (highlight & item.glyphs).any(), "the date's glyphs are not specular highlights"
 
 
 @pytest.mark.parametrize("name", NEGATIVES)
