@@ -96,8 +96,10 @@ def preview_grid(
 
 def scene_panel(image: torch.Tensor, width: int = 640) -> np.ndarray:
     """RGB uint8 panel of the scene model on ``image`` (CHW): the frame, the field of view
-    (surround tinted blue, aperture edge in white), the overlays (yellow boxes with their kind)
-    and the specular highlights (green), side by side with the plain frame."""
+    (surround tinted blue, aperture edge in white), the overlays (yellow boxes with their kind),
+    the overlay pixels the composite keeps inside the field (magenta: the glyph strokes of a text
+    line), the specular highlights (green) and what the text search found (the descriptor's
+    ``text``), side by side with the plain frame."""
     from perturb.scene import scene
 
     img = from_tensor(image, np.uint8)
@@ -108,6 +110,7 @@ def scene_panel(image: torch.Tensor, width: int = 640) -> np.ndarray:
     vis[..., 2] += (1.0 - s.field) * 110.0
     vis[..., :2] *= (0.45 + 0.55 * s.field)[..., None]
     vis[s.highlight] = (0, 255, 0)
+    vis[s.overlay_of(img) & (s.field > 0)] = (255, 0, 255)  # what the composite keeps: glyphs
     vis = np.clip(vis, 0, 255).astype(np.uint8)
     edge = ((s.field > 0.02) & (s.field < 0.98)).astype(np.uint8)
     vis[cv2.dilate(edge, np.ones((3, 3), np.uint8)) > 0] = (255, 255, 255)
@@ -123,6 +126,11 @@ def scene_panel(image: torch.Tensor, width: int = 640) -> np.ndarray:
     canvas = np.full((left.shape[0] + LABEL_HEIGHT, 2 * left.shape[1], 3), 255, np.uint8)
     canvas[LABEL_HEIGHT:, : left.shape[1]] = left
     canvas[LABEL_HEIGHT:, left.shape[1] :] = right
-    _label(canvas, "frame", 0, 0)
-    _label(canvas, "scene: surround (blue), edge (white), overlays (yellow), highlights (green)", left.shape[1], 0)
+    _label(canvas, f"frame; text: {s.descriptor.get('text', 'not searched')}", 0, 0)
+    _label(
+        canvas,
+        "surround blue, edge white, overlays yellow, glyphs kept magenta, highlights green",
+        left.shape[1],
+        0,
+    )
     return canvas

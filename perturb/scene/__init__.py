@@ -3,7 +3,7 @@
     s = perturb.scene(image)          # HWC NumPy or CHW tensor; computed once per image
     s.field        # float32 (H, W) alpha of the field of view (smooth, anti-aliased edge)
     s.overlay      # bool (H, W): text, icons, scope-position box, picture-in-picture, black boxes
-    s.highlight    # bool (H, W): specular highlights inside the field
+    s.highlight    # bool (H, W): specular highlights inside the field (not overlay pixels)
     s.tissue       # float32 (H, W): field minus overlays (whole rectangles)
     s.tissue_of(image), s.overlay_of(image)  # the same where a text line over the tissue keeps
                    #   only its glyph strokes: what the engine's composite uses (needs the clean image)
@@ -199,7 +199,8 @@ def scene(image: Any) -> Scene:
     A pure function of the pixels."""
     rgb = to_hwc_u8(image)
     desc = analyse(rgb)
-    return Scene(desc, highlight_mask(rgb, masks.field_alpha(desc)))
+    kept = masks.overlay_of(desc, np.ascontiguousarray(np.moveaxis(rgb, -1, 0)))
+    return Scene(desc, highlight_mask(rgb, masks.field_alpha(desc)) & ~kept)  # glyphs are not
 
 
 class _CallableModule(types.ModuleType):

@@ -25,13 +25,17 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import cv2
 import numpy as np
 
-SCENE_VERSION = 3  # 2: text lines over the tissue keep only their glyph strokes in the composite;
-#   3: and their solid blocks (progress bars, a cursor) whole (masks.solid_blocks)
+SCENE_VERSION = 4  # 2: text lines over the tissue keep only their glyph strokes in the composite;
+#   3: and their solid blocks (progress bars, a cursor) whole (masks.solid_blocks);
+#   4: text lines found as regular glyph rows of either polarity anywhere over the field (kinds
+#   ``text`` and ``text_dark``), the glyph cover keeps a 1 px rim and an outline; ``text`` entry
+TEXT_KINDS = ("text", "text_dark")  # overlay kinds of burned-in text lines (light, dark ink)
 GRID_SHORT = 360  # analysis grid: shorter side in pixels
 DARK_LEVEL = 24  # max channel (8-bit) below which a pixel may belong to the surround
 BLACK_LEVEL = 8
@@ -134,40 +138,315 @@ def _black_boxes(v: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, i
     return boxes
 
 
-def _text_lines(small: np.ndarray) -> list[tuple[int, int, int, int]]:
-    """Burned-in text over the tissue or the surround: rows of thin bright strokes (white
-    top-hat), merged along the row, that stand in a left-aligned block of at least two lines
-    (patient data, time, scope settings). Specular streaks rarely stack left-aligned."""
-    gray = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
-    short = min(gray.shape)
-    k = max(3, round(0.02 * short)) | 1
-    tophat = cv2.morphologyEx(
-        gray, cv2.MORPH_TOPHAT, cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
+TEXT_GRID_SHORT = 1080  # text search grid: shorter side in pixels (never upsampled)
+TEXT_CONTRAST = 40  # 8-bit luma excess of a glyph stroke over its local background (top-hat)
+TEXT_MIN_CHARS = 3  # a line holds at least this many separate characters of one height...
+TEXT_BLOCK_CHARS = 2  # ...or this many where it stands left-aligned in a block with such a line
+TEXT_HEIGHT_TOL = 0.12  # cap heights and baselines of one line agree within this fraction
+TEXT_MAX_FILL = 0.9  # a character's strokes leave part of its box open (median of a line)
+TEXT_GAP = 2.5  # at most this many cap heights between neighbouring characters of a line
+TEXT_IN_FIELD = 0.1  # a text line reaches into the field: at least this fraction of its box
+
+
+@dataclass(frozen=True)
+class _Glyph:
+    """One character candidate on the text grid: its box, stroke half-width and ink luma."""
+
+    x0: int
+    y0: int
+    x1: int
+    y1: int
+    half_width: float
+    ink: float
+    chars: int  # characters it spans (touching characters merge into one component)
+    block: bool  # a solid square cell (progress bar), not a stroke
+    fill: float  # fraction of its box it covers
+
+    @property
+    def height(self) -> int:
+        return self.y1 - self.y0
+
+
+def _glyphs(
+    luma: np.ndarray, candidates: np.ndarray, short: int, blocks: bool, dark: bool
+) -> list[_Glyph]:
+    """Character-sized components of ``candidates`` (pixels of one polarity standing out of their
+    surroundings): a cap height of 0.8-7% of the shorter side (at least 8 px: smaller is not legible) and either thin strokes (the
+    widest point at most about a third of the height across) that do not fill their box as a
+    blob does (a specular highlight fills about 0.8 of it), or (``blocks``) solid square blocks
+    (a progress-bar cell: fills 0.88 of its box, which a round highlight does not). ``dark``:
+    the ink is darker than the tissue."""
+    lo, hi = max(8, round(0.008 * short)), max(10, round(0.07 * short))
+    # components by their outer contours (8-connected, as a labelling; a fraction of its cost
+    # on a sparse mask), each measured inside its bounding box
+    contours, _ = cv2.findContours(candidates, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    out = []
+    for contour in contours:
+        x, y, w, h = cv2.boundingRect(contour)
+        if not lo <= h <= hi or w > 5 * h:
+            continue
+        comp = np.zeros((h + 2, w + 2), np.uint8)
+        cv2.drawContours(comp, [contour], 0, 1, -1, offset=(1 - x, 1 - y))
+        comp[1:-1, 1:-1] &= candidates[y : y + h, x : x + w]
+        area = int(comp.sum())
+        fill = area / (w * h)
+        if blocks:
+            if fill < 0.88 or not 0.7 * h <= w <= 1.4 * h:
+                continue
+            half = 0.0
+        else:
+            if fill > 0.85 and w > 0.4 * h:  # a blob, unless a bar (I, 1, l)
+                continue
+            half = float(cv2.distanceTransform(comp, cv2.DIST_L2, 3).max())
+            if half > 0.2 * h + 1.5:
+                continue
+        # the ink of its stroke cores (the anti-aliased edge of a thin stroke is a mix)
+        pixels = luma[y : y + h, x : x + w][comp[1:-1, 1:-1] > 0]
+        ink = float(np.percentile(pixels, 10 if dark else 90))
+        chars = max(1, round(w / (0.7 * h)))
+        out.append(_Glyph(x, y, x + w, y + h, half, ink, chars, blocks, fill))
+    return out
+
+
+def _same_line(a: _Glyph, b: _Glyph) -> bool:
+    """Two characters of one line: the same cap height and the same baseline or top line (within
+    ``TEXT_HEIGHT_TOL`` of the height, at least 1 px), the same ink (within 40 levels), at most ``TEXT_GAP`` heights
+    apart (the space between the fields of a line: a date and a time)."""
+    h = max(a.height, b.height)
+    tol = max(1.0, TEXT_HEIGHT_TOL * h)
+    if a.block != b.block:  # a progress bar's cells may stand taller than its text
+        if abs(a.y1 - b.y1) > 0.3 * h or min(a.height, b.height) < 0.5 * h:
+            return False
+    elif abs(a.height - b.height) > tol or min(abs(a.y1 - b.y1), abs(a.y0 - b.y0)) > tol:
+        return False
+    if abs(a.ink - b.ink) > 40:
+        return False
+    gap = max(a.x0, b.x0) - min(a.x1, b.x1)
+    return gap <= TEXT_GAP * h  # boxes of kerned or merged characters may overlap
+
+
+def _lines_of(glyphs: list[_Glyph]) -> list[list[_Glyph]]:
+    """Glyphs chained into lines (union of ``_same_line`` pairs)."""
+    parent = list(range(len(glyphs)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    order = sorted(range(len(glyphs)), key=lambda i: glyphs[i].x0)
+    for pos, i in enumerate(order):
+        a = glyphs[i]
+        for j in order[pos + 1 :]:
+            b = glyphs[j]
+            if b.x0 - a.x1 > TEXT_GAP * max(a.height, b.height):
+                break
+            if _same_line(a, b):
+                parent[root(i)] = root(j)
+    groups: dict[int, list[_Glyph]] = {}
+    for i, g in enumerate(glyphs):
+        groups.setdefault(root(i), []).append(g)
+    return list(groups.values())
+
+
+def _regular(line: list[_Glyph]) -> bool:
+    """A line's characters are regular: one cap height (half within ``TEXT_HEIGHT_TOL`` of the
+    median), one stroke width (within a factor 2) and open strokes (median fill of their box at
+    most ``TEXT_MAX_FILL``), as a font draws them; specular speckle is irregular and blobby."""
+    heights = np.array([g.height for g in line if not g.block] or [1], np.float32)
+    med = float(np.median(heights))
+    halves = np.array([g.half_width for g in line if not g.block] or [1.0], np.float32)
+    fills = [g.fill for g in line if not g.block]
+    return bool(
+        float(np.median(np.abs(heights - med))) <= max(1.0, TEXT_HEIGHT_TOL * med)
+        and halves.max() <= 2.0 * max(1.0, float(np.median(halves)))
+        and (not fills or float(np.median(fills)) <= TEXT_MAX_FILL)
     )
-    strokes = ((tophat > 50) & (gray > 150)).astype(np.uint8)
-    joiner = cv2.getStructuringElement(cv2.MORPH_RECT, (max(3, round(0.03 * short)), 1))
-    rows = cv2.morphologyEx(strokes, cv2.MORPH_CLOSE, joiner)
-    n, _, stats = _components(rows)
-    lines = []
-    for i in range(1, n):
-        x, y, w, h, area = (int(v) for v in stats[i])
-        if (
-            0.01 * short <= h <= 0.05 * short
-            and w >= 3 * h
-            and w >= 0.05 * short
-            and area >= 0.25 * w * h
-        ):
-            lines.append((x, y, x + w, y + h))
-    return [
-        a
-        for a in lines
-        if any(
-            b is not a
-            and abs(b[0] - a[0]) <= 0.02 * short
-            and abs(b[1] - a[1]) <= 4 * max(a[3] - a[1], b[3] - b[1])
-            for b in lines
+
+
+def _cells_regular(line: list[_Glyph]) -> list[_Glyph]:
+    """``line`` without its blocks unless they form a progress bar: at least three cells of one
+    size (within 1 px), as a processor draws them (a cluster of highlights is never that even)."""
+    cells = [g for g in line if g.block]
+    strokes = [g for g in line if not g.block]
+    if len(cells) >= 3:
+        hs = [g.height for g in cells]
+        ws = [g.x1 - g.x0 for g in cells]
+        if max(hs) - min(hs) <= 1 and max(ws) - min(ws) <= 1:
+            return line
+    return strokes
+
+
+def _is_line(line: list[_Glyph]) -> bool:
+    """A line on its own: at least ``TEXT_MIN_CHARS`` separate character strokes (characters
+    that touch merge into one; a highlight cluster chained with them is not told apart), or a
+    progress bar (regular cells, ``_cells_regular``) with a stroke beside it."""
+    strokes = [g for g in line if not g.block]
+    return len(strokes) >= TEXT_MIN_CHARS or (len(strokes) >= 1 and len(line) - len(strokes) >= 3)
+
+
+def _text_lines_of(luma: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
+    """Lines of burned-in text on the text grid: (x0, y0, x1, y1, dark) per line."""
+    short = min(luma.shape)
+    k = max(5, round(0.012 * short)) | 1  # wider than a stroke
+    found: list[tuple[int, int, int, int, bool]] = []
+    kb = max(7, round(0.03 * short)) | 1  # wider than a progress-bar cell
+    for dark in (False, True):
+        op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
+        square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
+        cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
+        glyphs = _glyphs(luma, cand, short, False, dark)
+        square = cv2.getStructuringElement(cv2.MORPH_RECT, (kb, kb))
+        cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
+        glyphs += _glyphs(luma, cand, short, True, dark)
+        lines = [_cells_regular(ln) for ln in _lines_of(glyphs)]
+        lines = [ln for ln in lines if ln and _regular(ln)]
+        full = [ln for ln in lines if _is_line(ln)]
+        for ln in lines:
+            if not _is_line(ln) and (
+                len(ln) < TEXT_BLOCK_CHARS or not any(_in_block(ln, other) for other in full)
+            ):
+                continue
+            ln = _with_marks(ln, glyphs)
+            h = float(np.median([g.height for g in ln]))
+            pad = max(1, round(0.3 * h))
+            box = (
+                min(g.x0 for g in ln) - pad,
+                min(g.y0 for g in ln) - pad,
+                max(g.x1 for g in ln) + pad,
+                max(g.y1 for g in ln) + pad,
+            )
+            if _stands_out(luma, box, float(np.median([g.ink for g in ln])), dark, round(h)):
+                found.append((*box, dark))
+    return _merged(found)
+
+
+def _merged(boxes: list[tuple[int, int, int, int, bool]]) -> list[tuple[int, int, int, int, bool]]:
+    """Boxes of one polarity that overlap on one row (most of their height) merged into their
+    union (a line found twice, once through its marks), in a deterministic order; the lines of a
+    block stay apart (a line's box sets the scale of its glyph cover)."""
+    out = sorted(boxes)
+    merged = True
+    while merged:
+        merged = False
+        for i, a in enumerate(out):
+            for j in range(i + 1, len(out)):
+                b = out[j]
+                rows = min(a[3], b[3]) - max(a[1], b[1])
+                if (
+                    a[4] == b[4]
+                    and min(a[2], b[2]) > max(a[0], b[0])
+                    and rows >= 0.6 * min(a[3] - a[1], b[3] - b[1])
+                ):
+                    out[i] = (
+                        min(a[0], b[0]),
+                        min(a[1], b[1]),
+                        max(a[2], b[2]),
+                        max(a[3], b[3]),
+                        a[4],
+                    )
+                    del out[j]
+                    merged = True
+                    break
+            if merged:
+                break
+    return out
+
+
+def _with_marks(line: list[_Glyph], glyphs: list[_Glyph]) -> list[_Glyph]:
+    """``line`` with the shorter marks beside and within it (brackets, lower case, punctuation
+    of 40-100% of the cap height inside its rows, within ``TEXT_GAP`` heights of its ends)."""
+    h = float(np.median([g.height for g in line]))
+    y0, y1 = min(g.y0 for g in line), max(g.y1 for g in line)
+    out = list(line)
+    changed = True
+    while changed:
+        changed = False
+        x0, x1 = min(g.x0 for g in out), max(g.x1 for g in out)
+        for g in glyphs:
+            if g in out or g.block or not 0.4 * h <= g.height <= h + 1:
+                continue
+            inside = g.y0 >= y0 - 0.2 * h and g.y1 <= y1 + 0.2 * h
+            if inside and x0 - TEXT_GAP * h <= g.x0 and g.x1 <= x1 + TEXT_GAP * h:
+                out.append(g)
+                changed = True
+    return out
+
+
+def _stands_out(
+    luma: np.ndarray, box: tuple[int, int, int, int], ink: float, dark: bool, reach: int
+) -> bool:
+    """The ink of a line differs from the tissue around its box (the median luma of a ring of
+    ``reach`` px) by ``TEXT_CONTRAST`` in the line's polarity: the tissue showing between and
+    inside light glyphs is not dark ink, nor the reverse."""
+    h, w = luma.shape
+    x0, y0, x1, y1 = box
+    ox0, oy0, ox1, oy1 = (
+        max(0, x0 - reach),
+        max(0, y0 - reach),
+        min(w, x1 + reach),
+        min(h, y1 + reach),
+    )
+    outer = luma[oy0:oy1, ox0:ox1]
+    ring = np.ones(outer.shape, bool)
+    ring[max(0, y0) - oy0 : max(0, y1 - oy0), max(0, x0) - ox0 : max(0, x1 - ox0)] = False
+    if not ring.any():
+        return False
+    around = float(np.median(outer[ring]))
+    return (around - ink if dark else ink - around) >= TEXT_CONTRAST
+
+
+def _in_block(line: list[_Glyph], other: list[_Glyph]) -> bool:
+    """``line`` stands in a block with ``other``: left-aligned (within one cap height), the
+    same cap height and ink, at most 2.5 line heights above or below."""
+    h = float(np.median([g.height for g in other]))
+    hl = float(np.median([g.height for g in line]))
+    return (
+        abs(hl - h) <= 0.2 * h + 1
+        and abs(min(g.x0 for g in line) - min(g.x0 for g in other)) <= h
+        and abs(min(g.y0 for g in line) - min(g.y0 for g in other)) <= 2.5 * h
+        and abs(float(np.median([g.ink for g in line])) - float(np.median([g.ink for g in other])))
+        <= 40
+    )
+
+
+def _text_lines(rgb: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
+    """Burned-in text lines over the field (``hull``: the field's hull on the analysis grid), in
+    image pixels: (x0, y0, x1, y1, dark). Searched on a grid of shorter side ``TEXT_GRID_SHORT``
+    in both polarities; a dark line that overlaps a light one (the gaps and outline of light
+    glyphs) is dropped; a line must reach into the field (text wholly in the surround is an
+    overlay of the surround already)."""
+    h, w = rgb.shape[:2]
+    scale = min(1.0, TEXT_GRID_SHORT / min(h, w))
+    th, tw = max(2, round(h * scale)), max(2, round(w * scale))
+    small = cv2.resize(rgb, (tw, th), interpolation=cv2.INTER_AREA) if (th, tw) != (h, w) else rgb
+    luma = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
+    field = cv2.resize(hull, (tw, th), interpolation=cv2.INTER_NEAREST)
+    found = _text_lines_of(luma)
+    light = [ln for ln in found if not ln[4]]
+
+    def overlaps(a: tuple[int, int, int, int, bool], b: tuple[int, int, int, int, bool]) -> bool:
+        return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+    sx, sy = w / tw, h / th
+    out = []
+    for ln in found:
+        x0, y0, x1, y1, dark = max(0, ln[0]), max(0, ln[1]), min(tw, ln[2]), min(th, ln[3]), ln[4]
+        if dark and any(overlaps(ln, other) for other in light):
+            continue
+        if x1 <= x0 or y1 <= y0 or field[y0:y1, x0:x1].mean() < TEXT_IN_FIELD:
+            continue
+        out.append(
+            (
+                max(0, int(np.floor(x0 * sx))),
+                max(0, int(np.floor(y0 * sy))),
+                min(w, int(np.ceil(x1 * sx))),
+                min(h, int(np.ceil(y1 * sy))),
+                dark,
+            )
         )
-    ]
+    return out
 
 
 try:  # a fast non-cryptographic digest where installed (``datasets`` brings it), else BLAKE2
@@ -296,12 +575,12 @@ def _analyse(rgb: np.ndarray) -> dict[str, Any]:
     opener = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * stroke + 1, 2 * stroke + 1))
     core = cv2.morphologyEx(bright, cv2.MORPH_OPEN, opener)
     n, labels, stats = _components(core)
-    if n <= 1:
-        return _full_frame(h, w, gh, gw, overlays)
     areas = stats[1:, cv2.CC_STAT_AREA]
-    main = 1 + int(np.argmax(areas))
-    if areas[main - 1] < MIN_FIELD_FRACTION * gh * gw:
-        return _full_frame(h, w, gh, gw, overlays)
+    main = 1 + int(np.argmax(areas)) if n > 1 else 0
+    if n <= 1 or areas[main - 1] < MIN_FIELD_FRACTION * gh * gw:
+        lines = _text_lines(rgb, np.ones((gh, gw), np.uint8))
+        overlays.extend([*box, TEXT_KINDS[int(dark)]] for *box, dark in lines)
+        return _full_frame(h, w, gh, gw, overlays, len(lines))
     field = (labels == main).astype(np.uint8)
     radius = max(1, round(0.01 * min(gh, gw)))
     kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * radius + 1, 2 * radius + 1))
@@ -313,8 +592,8 @@ def _analyse(rgb: np.ndarray) -> dict[str, Any]:
     cv2.fillPoly(hull_mask, [poly.astype(np.int32)], 1)
     for box in _black_boxes(v, hull_mask):
         to_image(box, "black_box")
-    for line in _text_lines(small):
-        to_image(line, "text")
+    lines = _text_lines(rgb, hull_mask)
+    overlays.extend([*box, TEXT_KINDS[int(dark)]] for *box, dark in lines)
     # bright things outside the field's hull (and off its soft edge): text, icons, insets
     near = cv2.dilate(hull_mask, np.ones((5, 5), np.uint8))
     outside = ((v >= OVERLAY_LEVEL) & (near == 0)).astype(np.uint8)
@@ -342,10 +621,19 @@ def _analyse(rgb: np.ndarray) -> dict[str, Any]:
         "field": [[int(x), int(y)] for x, y in poly],
         "bbox": bbox,
         "overlays": kept,
+        "text": _text_entry(len(lines)),
     }
 
 
-def _full_frame(h: int, w: int, gh: int, gw: int, overlays: list[list[Any]]) -> dict[str, Any]:
+def _text_entry(lines: int) -> str:
+    """The descriptor's ``text`` entry: what the text search found over the field, said even
+    where it found nothing (records and manifests carry it)."""
+    return "none found" if lines == 0 else f"{lines} line{'s' if lines > 1 else ''} over the field"
+
+
+def _full_frame(
+    h: int, w: int, gh: int, gw: int, overlays: list[list[Any]], lines: int
+) -> dict[str, Any]:
     """Descriptor of a frame without a detectable dark surround: the field is the whole image."""
     return {
         "version": SCENE_VERSION,
@@ -355,6 +643,7 @@ def _full_frame(h: int, w: int, gh: int, gw: int, overlays: list[list[Any]]) -> 
         "full": True,
         "bbox": [0, 0, w, h],
         "overlays": overlays,
+        "text": _text_entry(lines),
     }
 
 

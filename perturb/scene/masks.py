@@ -15,6 +15,8 @@ from typing import Any, TypeVar, cast
 import cv2
 import numpy as np
 
+from perturb.scene.analysis import TEXT_KINDS
+
 FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pixels
 # 8-bit luma excess over the local background: no glyph .. full glyph
 GLYPH_LOW, GLYPH_HIGH = 24, 64
@@ -180,8 +182,16 @@ def _box_luma(u8: np.ndarray) -> np.ndarray:
 
 
 def text_boxes(desc: dict[str, Any]) -> list[tuple[int, int, int, int]]:
-    """(x0, y0, x1, y1) of the overlays of kind ``text`` (burned-in lines, possibly over tissue)."""
-    return [(int(a), int(b), int(c), int(d)) for a, b, c, d, k in desc["overlays"] if k == "text"]
+    """(x0, y0, x1, y1) of the overlays of kinds ``TEXT_KINDS`` (burned-in lines of light or
+    dark ink, possibly over tissue)."""
+    return [
+        (int(a), int(b), int(c), int(d)) for a, b, c, d, k in desc["overlays"] if k in TEXT_KINDS
+    ]
+
+
+def _dark_ink(desc: dict[str, Any], box: tuple[int, int, int, int]) -> bool:
+    """Whether the text line of ``box`` is drawn in dark ink (kind ``text_dark``)."""
+    return any(k == "text_dark" and (a, b, c, d) == box for a, b, c, d, k in desc["overlays"])
 
 
 def glyph_window(
@@ -204,10 +214,16 @@ def glyph_strokes(
     opening by a square of ``k``) ramps from 0 at ``GLYPH_LOW`` levels to 1 at ``GLYPH_FULL`` of
     the median excess of the line's strong pixels (at least ``GLYPH_HIGH``), so the anti-aliased
     edge of a stroke is a partial cover in proportion, as the processor drew it. Solid blocks
-    of the line (``solid_blocks``) are covered whole."""
+    of the line (``solid_blocks``) are covered whole. A line of dark ink (kind ``text_dark``)
+    is read on the inverted luma. The pixels next to a fully covered one (a 1 px rim: the
+    anti-aliased edge a processor blends into the tissue) and an outline of the opposite
+    polarity within 2 px of the strong strokes are covered too, so the drawn glyph survives an
+    op that moves the tissue by many levels."""
     wx0, wy0, _, _, k = glyph_window(desc, box)
     u8 = _box_u8(window)
     luma = _box_luma(u8)
+    if _dark_ink(desc, box):
+        luma = cv2.bitwise_not(luma)
     square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
     tophat = cv2.morphologyEx(luma, cv2.MORPH_TOPHAT, square, borderType=cv2.BORDER_REPLICATE)
     x0, y0, x1, y1 = box
@@ -228,6 +244,22 @@ def glyph_strokes(
         blocks = solid_blocks(u8, luma, (x0 - wx0, y0 - wy0, x1 - wx0, y1 - wy0), ink)
         if blocks is not None:
             np.maximum(cover, blocks[inside], out=cover)
+        # an outline of the opposite polarity hugging the strokes (within 2 px): darker than
+        # the tissue of the line (the median away from its strokes), which the tissue showing
+        # between two strokes is not
+        near = cv2.dilate(is_strong.view(np.uint8), np.ones((5, 5), np.uint8)).view(bool)
+        box_luma = luma[inside]
+        away = box_luma[~near]
+        background = np.float32(np.median(away)) if away.size else np.float32(0.0)
+        below = background - box_luma.astype(np.float32)
+        outline = (below - np.float32(GLYPH_LOW)) * np.float32(1.0 / (GLYPH_HIGH - GLYPH_LOW))
+        np.clip(outline, np.float32(0.0), np.float32(1.0), out=outline)
+        outline[~near] = 0.0
+        np.maximum(cover, outline, out=cover)
+    else:
+        cover = np.ascontiguousarray(cover)
+    rim = cv2.dilate((cover >= 1.0).view(np.uint8), np.ones((3, 3), np.uint8)).view(bool)
+    cover[rim] = 1.0
     return cover
 
 
@@ -294,11 +326,11 @@ def _alpha_without_text(desc: dict[str, Any]) -> np.ndarray:
 
 @_memo
 def _alpha_without_text_cached(key: str) -> np.ndarray:
-    """The field alpha minus the overlays of every kind but ``text`` (read-only, cached)."""
+    """The field alpha minus the overlays of every kind but ``TEXT_KINDS`` (read-only, cached)."""
     desc = json.loads(key)
     alpha = field_alpha(desc).copy()
     for x0, y0, x1, y1, kind in desc["overlays"]:
-        if kind != "text":
+        if kind not in TEXT_KINDS:
             alpha[y0:y1, x0:x1] = 0.0
     alpha.flags.writeable = False
     return alpha
@@ -349,7 +381,7 @@ def overlay_of(desc: dict[str, Any], image: Any) -> np.ndarray:
         x0, y0, x1, y1 = box
         out[y0:y1, x0:x1] = glyph_strokes(np.asarray(window), desc, box) >= 1.0
     for x0, y0, x1, y1, kind in desc["overlays"]:  # other kinds win where boxes overlap
-        if kind != "text":
+        if kind not in TEXT_KINDS:
             out[y0:y1, x0:x1] = True
     return out
 

@@ -164,7 +164,8 @@ def test_text_over_tissue_keeps_only_its_glyph_strokes() -> None:
     in_boxes = np.zeros(glyphs.shape, bool)
     for x0, y0, x1, y1, _ in boxes:
         in_boxes[y0:y1, x0:x1] = True
-    near_glyph = cv2.dilate(((img.max(axis=2) > 200) | glyphs).astype(np.uint8), np.ones((5, 5), np.uint8)).astype(bool)
+    # the glyph cover reaches 1 px past the anti-aliased edge (the rim): 3 px from the ink
+    near_glyph = cv2.dilate(((img.max(axis=2) > 200) | glyphs).astype(np.uint8), np.ones((7, 7), np.uint8)).astype(bool)
     between = in_boxes & ~near_glyph & (s.field >= 1)
     assert between.sum() > 500
     assert (changed[between] > 10).mean() > 0.95, "the tissue between and around the glyphs takes the op"
