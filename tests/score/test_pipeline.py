@@ -55,8 +55,12 @@ def test_score_names_no_dataset_room() -> None:
 
 def test_registry_lists_the_dataset_prediction_readers() -> None:
     by_name = {name: entry.prediction_readers for name, entry in DATASETS.items()}
-    assert by_name["vindr-cxr-vqa"] == ("perturb.datasets.vindr_cxr_vqa.reader:read_image_objects",)
-    assert by_name["medthinkvqa"] == ("perturb.datasets.medthinkvqa.reader:read_slot_rows",)
+    assert by_name["vindr-cxr-vqa"] == {
+        "vindr-cxr-vqa": "perturb.datasets.vindr_cxr_vqa.reader:read_image_objects"
+    }
+    assert by_name["medthinkvqa"] == {
+        "medthinkvqa": "perturb.datasets.medthinkvqa.reader:read_slot_rows"
+    }
     for _, entry in DATASETS.items():
         assert all(callable(reader) for reader in entry.readers())
 
@@ -98,7 +102,7 @@ def test_a_new_dataset_format_is_read_through_its_registry_entry(
         opener="perturb.datasets:open_input",
         question_classes=(),
         label_risk={},
-        prediction_readers=(f"{__name__}:read_boxed_rows",),
+        prediction_readers={"toy-boxed": f"{__name__}:read_boxed_rows"},
     )
     monkeypatch.setitem(DATASETS._entries, "toy", toy)
     table, report = read_predictions(records)
