@@ -1,0 +1,386 @@
+"""Annotation layer of a radiograph: burned-in text, laterality markers and their holders.
+
+A projection radiograph is two layers, as in its imaging chain: the film the exposure made (the
+body seen through the beam, the detector and its processing) and the annotations added on top of
+it (burned-in text such as "PORTABLE" or "AP SUPINE", the "L"/"R" marker and its holder, arrows).
+Annotations are flat, sharp-edged strokes near the film's white (or black on an inverted film),
+with no anatomy texture inside; bone, devices and wires are textured or have soft edges.
+
+``analyse(gray)`` finds them once per image on the full-resolution 8-bit film:
+
+1. candidates: pixels well above their surroundings (white top-hat with a disc of ``TOPHAT_SIDE``
+   of the shorter side at least ``MIN_CONTRAST`` levels) and near the film's top levels; the
+   same on the inverted film for dark strokes;
+2. strokes: connected candidates whose core (within ``CORE_SPREAD`` levels of their own top) is
+   flat (spread at most ``MAX_CORE_STD``), drops by ``MIN_EDGE_DROP`` levels within ``EDGE_RING``
+   pixels around it (a sharp, digitally drawn edge), and is small (``MAX_GLYPH_SIDE`` of the
+   shorter side);
+3. annotations: strokes grouped by proximity (``GROUP_GAP`` of the shorter side); a group of one
+   glyph whose shape matches a rendered "L" or "R" (mirrored too: a lead marker seen from behind)
+   is a ``marker`` with that ``side``, otherwise ``text``.
+
+The result is a compact JSON descriptor: ``{"kind": "radiograph", "version", "size",
+"annotations"}``, where ``annotations`` is a list of ``{"box", "type", "side", "polarity",
+"mask"}`` (``mask``: the stroke pixels of the box, packed bits, zlib, base64) or the string
+``"none found"``. ``mask_of(descriptor)`` rebuilds the per-pixel layer exactly, so replay does not
+analyse the (perturbed) input again. The engine composites the layer back after the ops whose
+registry entry says they act before the annotation is burned in (``protects_border``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import zlib
+from collections import OrderedDict
+from typing import Any
+
+import cv2
+import numpy as np
+
+KIND = "radiograph"
+RADIOGRAPH_VERSION = 1
+NONE_FOUND = "none found"
+
+TOPHAT_SIDE = 0.03  # structuring disc, fraction of the shorter side (wider than any stroke)
+MIN_CONTRAST = 45  # top-hat (8-bit levels) a stroke stands above its surroundings
+MIN_LEVEL_QUANTILE = 0.80  # a stroke's top is brighter than this quantile of the film
+CORE_SPREAD = 18  # levels below a component's top that still count as its flat core
+MAX_CORE_STD = 9.0  # flat: spread of the core levels
+MIN_CORE_FRACTION = 0.2  # of a candidate's pixels in its core (thin anti-aliased strokes: few)
+EDGE_RING = 2  # pixels: a drawn edge falls off within this ring
+MIN_EDGE_DROP = 45  # levels between the core and the ring around it
+MIN_AREA_FRACTION = 6e-6  # smallest stroke, fraction of the image area (6 px at 1024^2)
+MAX_GLYPH_SIDE = 0.09  # longest side of one stroke component, fraction of the shorter side
+MIN_FILL = 0.08  # area / bbox area: a one-pixel diagonal wire segment is not a glyph
+MAX_ELONGATION = 22.0  # stroke length / stroke width: longer thin strokes are wires and tubes
+MAX_LONE_ASPECT = 3.5  # a lone stroke (no glyph beside it, not a marker letter) this long for
+#   its width (minimum-area rectangle) is a wire segment
+GROUP_GAP = 0.02  # strokes closer than this (fraction of the shorter side) form one annotation
+RIM_LEVELS = 20  # the anti-aliased rim kept with a stroke: within 1 px, this far above its ring
+
+
+def _odd(n: float) -> int:
+    k = max(3, round(n))
+    return k if k % 2 else k + 1
+
+
+def gray_u8(image: np.ndarray) -> np.ndarray:
+    """(H, W) uint8 of a gray film: HW/HW1 NumPy (uint8, uint16, float in [0, 1]) or (1, H, W)."""
+    arr = np.asarray(image)
+    if arr.ndim == 3:
+        arr = arr[0] if arr.shape[0] in (1, 3) and arr.shape[-1] not in (1, 3) else arr[..., 0]
+    if arr.dtype == np.uint16:
+        return (arr >> 8).astype(np.uint8)
+    if arr.dtype != np.uint8:
+        return np.clip(np.rint(arr.astype(np.float32) * 255.0), 0, 255).astype(np.uint8)
+    return np.ascontiguousarray(arr)
+
+
+def _strokes(img: np.ndarray) -> np.ndarray:
+    """bool (H, W): flat, sharp-edged bright strokes of ``img`` (uint8), each with its rim."""
+    h, w = img.shape
+    side = min(h, w)
+    disc = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (_odd(TOPHAT_SIDE * side),) * 2)
+    tophat = cv2.morphologyEx(img, cv2.MORPH_TOPHAT, disc)
+    level = float(np.quantile(img, MIN_LEVEL_QUANTILE))
+    cand = ((tophat >= MIN_CONTRAST) & (img >= level)).astype(np.uint8)
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(cand, connectivity=8)
+    out = np.zeros((h, w), bool)
+    ring_k = np.ones((2 * EDGE_RING + 1,) * 2, np.uint8)
+    min_area = max(4, round(MIN_AREA_FRACTION * h * w))
+    max_side = MAX_GLYPH_SIDE * side
+    for i in range(1, n):
+        x, y, bw, bh, area = (int(v) for v in stats[i])
+        if area < min_area or max(bw, bh) > max_side or area < MIN_FILL * bw * bh:
+            continue
+        if min(bw, bh) < 2:
+            continue
+        pad = EDGE_RING + 2
+        x0, y0 = max(0, x - pad), max(0, y - pad)
+        x1, y1 = min(w, x + bw + pad), min(h, y + bh + pad)
+        sub = img[y0:y1, x0:x1]
+        comp = labels[y0:y1, x0:x1] == i
+        vals = sub[comp]
+        top = float(np.quantile(vals, 0.9))
+        if top < level:
+            continue
+        core = comp & (sub >= top - CORE_SPREAD)
+        if core.sum() < max(3, MIN_CORE_FRACTION * area) or float(sub[core].std()) > MAX_CORE_STD:
+            continue
+        grown = cv2.dilate(core.astype(np.uint8), ring_k) > 0
+        ring = grown & ~cv2.dilate(core.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
+        if not ring.any() or top - float(np.median(sub[ring])) < MIN_EDGE_DROP:
+            continue
+        if _elongation(comp) > MAX_ELONGATION:
+            continue
+        ring_level = float(np.median(sub[ring]))
+        rim = (cv2.dilate(core.astype(np.uint8), np.ones((3, 3), np.uint8)) > 0) & (
+            sub >= ring_level + RIM_LEVELS
+        )
+        out[y0:y1, x0:x1] |= core | rim
+    return out
+
+
+def _elongation(comp: np.ndarray) -> float:
+    """Length over width of a stroke: (perimeter / 2) ** 2 / area (1-ish for a blob, large for
+    a thin line; a glyph's strokes fold, so its outline is short for its ink)."""
+    contours, _ = cv2.findContours(comp.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    perimeter = sum(cv2.arcLength(c, True) for c in contours)
+    return float((perimeter / 2.0) ** 2 / max(1.0, float(comp.sum())))
+
+
+def _aspect(mask: np.ndarray) -> float:
+    """Long over short side of the minimum-area rectangle around a mask's pixels."""
+    ys, xs = np.nonzero(mask)
+    (_, _), (a, b), _ = cv2.minAreaRect(np.stack([xs, ys], axis=1).astype(np.float32))
+    return float(max(a, b) / max(1.0, min(a, b)))
+
+
+_TEMPLATE_SIZE = 24
+
+
+def _templates() -> dict[str, list[np.ndarray]]:
+    """Rendered "L" and "R" (several fonts and weights, mirrored too), cropped to their ink and
+    resized to a square: the shapes a glyph's side is read against."""
+    out: dict[str, list[np.ndarray]] = {"L": [], "R": []}
+    fonts = (cv2.FONT_HERSHEY_SIMPLEX, cv2.FONT_HERSHEY_DUPLEX, cv2.FONT_HERSHEY_TRIPLEX)
+    for letter in out:
+        for font in fonts:
+            for thick in (2, 4, 6):
+                canvas = np.zeros((80, 80), np.uint8)
+                cv2.putText(canvas, letter, (10, 65), font, 2.0, 255, thick, cv2.LINE_AA)
+                glyph = _normalised(canvas > 127)
+                out[letter] += [glyph, glyph[:, ::-1]]
+    return out
+
+
+def _normalised(mask: np.ndarray) -> np.ndarray:
+    ys, xs = np.nonzero(mask)
+    crop = mask[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1].astype(np.uint8) * 255
+    return cv2.resize(crop, (_TEMPLATE_SIZE, _TEMPLATE_SIZE), interpolation=cv2.INTER_AREA) > 127
+
+
+_TEMPLATE_LOCK = threading.Lock()
+_TEMPLATE_CACHE: dict[str, list[np.ndarray]] = {}
+MIN_MARKER_SIDE = 0.012  # a marker letter is at least this tall and wide (shorter side)
+MIN_SIDE_IOU = 0.55  # a glyph reads as "L"/"R" at this overlap with a template and ...
+MIN_SIDE_MARGIN = 0.08  # ... this much better than the other letter
+
+
+def read_side(glyph: np.ndarray) -> str | None:
+    """ "L", "R" or None: the letter a single glyph's mask (bool, cropped) is, by overlap with
+    rendered templates (mirrored ones included)."""
+    with _TEMPLATE_LOCK:
+        if not _TEMPLATE_CACHE:
+            _TEMPLATE_CACHE.update(_templates())
+    if glyph.sum() < 6:
+        return None
+    g = _normalised(glyph)
+    best = {}
+    for letter, shapes in _TEMPLATE_CACHE.items():
+        best[letter] = max(float((g & t).sum()) / float((g | t).sum()) for t in shapes)
+    letter, score = max(best.items(), key=lambda kv: kv[1])
+    other = min(best.values())
+    return letter if score >= MIN_SIDE_IOU and score - other >= MIN_SIDE_MARGIN else None
+
+
+MAX_MARKER_GLYPHS = 3  # a marker: its letter, perhaps the technologist's initials or a frame
+
+
+def _marker_side(labels: np.ndarray, stats: np.ndarray, side: int) -> str | None:
+    """The side ("L"/"R") of a group of at most ``MAX_MARKER_GLYPHS`` glyphs where exactly one
+    glyph of marker size reads as a letter; None otherwise (text, or no letter read)."""
+    if not 1 <= len(stats) - 1 <= MAX_MARKER_GLYPHS:
+        return None
+    read = set()
+    for i in range(1, len(stats)):
+        x, y, bw, bh, _ = (int(v) for v in stats[i])
+        if min(bw, bh) >= MIN_MARKER_SIDE * side:
+            letter = read_side(labels[y : y + bh, x : x + bw] == i)
+            if letter is not None:
+                read.add(letter)
+    return read.pop() if len(read) == 1 else None
+
+
+def encode_mask(mask: np.ndarray) -> str:
+    return base64.b64encode(zlib.compress(np.packbits(mask.reshape(-1)).tobytes(), 9)).decode()
+
+
+def decode_mask(text: str, shape: tuple[int, int]) -> np.ndarray:
+    bits = np.frombuffer(zlib.decompress(base64.b64decode(text)), np.uint8)
+    return np.unpackbits(bits)[: shape[0] * shape[1]].reshape(shape).astype(bool)
+
+
+def _annotations(strokes: np.ndarray, polarity: str) -> list[dict[str, Any]]:
+    h, w = strokes.shape
+    gap = _odd(GROUP_GAP * min(h, w))
+    groups = cv2.dilate(strokes.astype(np.uint8), np.ones((gap, gap), np.uint8))
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(groups, connectivity=8)
+    out = []
+    for i in range(1, n):
+        x, y, bw, bh, _ = (int(v) for v in stats[i])
+        box_mask = strokes[y : y + bh, x : x + bw] & (labels[y : y + bh, x : x + bw] == i)
+        if not box_mask.any():
+            continue
+        ys, xs = np.nonzero(box_mask)
+        x0, y0, x1, y1 = (
+            x + int(xs.min()),
+            y + int(ys.min()),
+            x + int(xs.max()) + 1,
+            y + int(ys.max()) + 1,
+        )
+        mask = box_mask[y0 - y : y1 - y, x0 - x : x1 - x]
+        glyphs, glyph_labels, glyph_stats, _ = cv2.connectedComponentsWithStats(
+            mask.astype(np.uint8), connectivity=8
+        )
+        side = _marker_side(glyph_labels, glyph_stats, min(h, w))
+        if glyphs - 1 == 1 and side is None and _aspect(mask) > MAX_LONE_ASPECT:
+            continue
+        out.append(
+            {
+                "box": [x0, y0, x1, y1],
+                "type": "marker" if side is not None else "text",
+                "side": side,
+                "polarity": polarity,
+                "mask": encode_mask(mask),
+            }
+        )
+    return out
+
+
+def analyse(image: np.ndarray) -> dict[str, Any]:
+    """The radiograph scene descriptor of one gray film (any layout ``gray_u8`` reads)."""
+    g = gray_u8(image)
+    h, w = g.shape
+    found = []
+    for polarity in polarities(g):
+        found += _annotations(_strokes(g if polarity == "bright" else 255 - g), polarity)
+    found.sort(key=lambda a: (a["box"][1], a["box"][0]))
+    return {
+        "kind": KIND,
+        "version": RADIOGRAPH_VERSION,
+        "size": [h, w],
+        "annotations": found if found else NONE_FOUND,
+    }
+
+
+POLARITY_MARGIN = 5.0  # levels between mediastinum and lungs below which both polarities are read
+
+
+def polarity_cue(g: np.ndarray) -> float:
+    """Mean level of the central column (mediastinum, spine) minus the two lung columns, rows
+    30-65 %: positive on a frontal chest film shown as MONOCHROME2, negative when inverted."""
+    h, w = g.shape
+    r0, r1 = int(0.30 * h), int(0.65 * h)
+    centre = float(g[r0:r1, int(0.45 * w) : int(0.55 * w)].mean())
+    lungs = float(
+        np.concatenate(
+            [
+                g[r0:r1, int(0.22 * w) : int(0.32 * w)].ravel(),
+                g[r0:r1, int(0.68 * w) : int(0.78 * w)].ravel(),
+            ]
+        ).mean()
+    )
+    return centre - lungs
+
+
+def polarities(g: np.ndarray) -> tuple[str, ...]:
+    """The ink polarities read on a film: bright on a MONOCHROME2 film, dark on an inverted one,
+    both where the film's polarity is not clear (``POLARITY_MARGIN``)."""
+    cue = polarity_cue(g)
+    if cue > POLARITY_MARGIN:
+        return ("bright",)
+    if cue < -POLARITY_MARGIN:
+        return ("dark",)
+    return ("bright", "dark")
+
+
+def is_radiograph(desc: Any) -> bool:
+    return isinstance(desc, dict) and desc.get("kind") == KIND
+
+
+def annotations_of(desc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The descriptor's annotations (empty where none were found)."""
+    found = desc.get("annotations")
+    return found if isinstance(found, list) else []
+
+
+def check_descriptor(desc: dict[str, Any]) -> None:
+    if desc.get("version") != RADIOGRAPH_VERSION:
+        raise ValueError(
+            f"radiograph scene descriptor of version {desc.get('version')} cannot be read by "
+            f"version {RADIOGRAPH_VERSION}; use the perturb version named in the record"
+        )
+
+
+_MASKS: OrderedDict[str, np.ndarray] = OrderedDict()
+_MASKS_LOCK = threading.Lock()
+_MASKS_SIZE = 64
+
+
+def mask_of(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
+    """bool (H, W), read-only: the annotation pixels of ``desc`` (cached by its sorted JSON)."""
+    key = json.dumps(desc, sort_keys=True) if key is None else key
+    with _MASKS_LOCK:
+        held = _MASKS.get(key)
+        if held is not None:
+            _MASKS.move_to_end(key)
+            return held
+    h, w = (int(v) for v in desc["size"])
+    mask = np.zeros((h, w), bool)
+    for a in annotations_of(desc):
+        x0, y0, x1, y1 = (int(v) for v in a["box"])
+        mask[y0:y1, x0:x1] |= decode_mask(a["mask"], (y1 - y0, x1 - x0))
+    mask.flags.writeable = False
+    with _MASKS_LOCK:
+        _MASKS[key] = mask
+        while len(_MASKS) > _MASKS_SIZE:
+            _MASKS.popitem(last=False)
+    return mask
+
+
+def composite_alpha(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
+    """float32 (H, W): 1 where an acquisition op shows (the film), 0 on the annotation pixels."""
+    return (~mask_of(desc, key)).astype(np.float32)
+
+
+EXT_GROW = 2  # pixels the inpainted area reaches beyond the strokes (their faint halo)
+
+
+def extension_alpha(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
+    """float32 (H, W): 0 on the annotations grown by ``EXT_GROW`` px (replaced by the film
+    under them before a spatial op), 1 elsewhere."""
+    grown = cv2.dilate(
+        mask_of(desc, key).astype(np.uint8), np.ones((2 * EXT_GROW + 1,) * 2, np.uint8)
+    )
+    return (grown == 0).astype(np.float32)
+
+
+def extension_fill(image: np.ndarray, desc: dict[str, Any], key: str | None = None) -> np.ndarray:
+    """``image`` (CHW, its dtype) with the grown annotation pixels filled from the film around
+    them (a normalised gaussian convolution of the rest, per annotation box): the film as the
+    exposure made it, for spatial ops that would otherwise smear the annotation."""
+    alpha = extension_alpha(desc, key)
+    out = np.array(image, copy=True)
+    h, w = alpha.shape
+    side = min(h, w)
+    reach = max(3, round(0.01 * side))
+    for a in annotations_of(desc):
+        x0, y0, x1, y1 = (int(v) for v in a["box"])
+        pad = EXT_GROW + 3 * reach
+        bx0, by0, bx1, by1 = max(0, x0 - pad), max(0, y0 - pad), min(w, x1 + pad), min(h, y1 + pad)
+        keep = alpha[by0:by1, bx0:bx1]
+        hole = keep < 0.5
+        if not hole.any():
+            continue
+        weight = cv2.GaussianBlur(keep, (0, 0), reach, borderType=cv2.BORDER_REPLICATE)
+        for c in range(out.shape[0]):
+            plane = out[c, by0:by1, bx0:bx1].astype(np.float32)
+            filled = cv2.GaussianBlur(plane * keep, (0, 0), reach, borderType=cv2.BORDER_REPLICATE)
+            filled = filled / np.maximum(weight, 1e-6)
+            if out.dtype != np.float32:
+                filled = np.clip(np.rint(filled), 0, np.iinfo(out.dtype).max)
+            out[c, by0:by1, bx0:bx1][hole] = filled[hole].astype(out.dtype)
+    return out
