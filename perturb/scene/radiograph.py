@@ -30,6 +30,7 @@ registry entry says they act before the annotation is burned in (``protects_bord
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
 import zlib
@@ -384,3 +385,51 @@ def extension_fill(image: np.ndarray, desc: dict[str, Any], key: str | None = No
                 filled = np.clip(np.rint(filled), 0, np.iinfo(out.dtype).max)
             out[c, by0:by1, bx0:bx1][hole] = filled[hole].astype(out.dtype)
     return out
+
+
+def compose_numpy(
+    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
+) -> None:
+    """In place: ``dst`` (CHW, the perturbed sample) takes ``src``'s pixels (the clean sample)
+    on the annotation layer, exactly; elsewhere it stays as it is."""
+    mask = mask_of(desc, key)
+    if mask.any():
+        np.copyto(dst, src, where=np.broadcast_to(mask, src.shape))
+
+
+def extend_numpy(
+    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
+) -> None:
+    """``dst`` becomes ``src`` with its (grown) annotation pixels filled from the film around
+    them (``extension_fill``): what a spatial acquisition op reads."""
+    np.copyto(dst, extension_fill(src, desc, key))
+
+
+_ANALYSED: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], str, str]] = OrderedDict()
+_ANALYSED_LOCK = threading.Lock()
+_ANALYSED_SIZE = 64
+
+
+def analysed(image: Any, chw: bool = False) -> tuple[dict[str, Any], str, str]:
+    """``analyse(image)`` as a small cache holds it, keyed by a digest of the pixels: (descriptor,
+    shared with the cache: read it, never change it; its JSON text; its sorted JSON, the key
+    of the mask caches). ``image``: a CHW torch tensor, a CHW NumPy array (``chw``), or what
+    ``gray_u8`` reads."""
+    if hasattr(image, "detach"):
+        image, chw = image.detach().cpu().numpy(), True
+    arr = np.ascontiguousarray(image)
+    plane = arr[0] if chw else arr
+    slot = (chw, arr.shape, arr.dtype.str, hashlib.blake2b(arr.data, digest_size=16).digest())
+    with _ANALYSED_LOCK:
+        hit = _ANALYSED.get(slot)
+        if hit is not None:
+            _ANALYSED.move_to_end(slot)
+            return hit
+    desc = analyse(plane)
+    text = json.dumps(desc)
+    value = (json.loads(text), text, json.dumps(desc, sort_keys=True))
+    with _ANALYSED_LOCK:
+        _ANALYSED[slot] = value
+        while len(_ANALYSED) > _ANALYSED_SIZE:
+            _ANALYSED.popitem(last=False)
+    return value
