@@ -310,7 +310,7 @@ class BatchScenes(Sequence[Scene | None]):
         self._kinds = [kinds[r.op] for r in records]
         for i, r in enumerate(records):
             found: Scene | None = None
-            if r.protect_border and given is not None:
+            if r.protect_border and given is not None and given[i] is not None:
                 found = _fitting(
                     given[i] if isinstance(given[i], Scene) else Scene.from_descriptor(given[i]),
                     size,
@@ -545,8 +545,8 @@ def apply(
     ``param_keys`` (default: ``sample_keys``) key the scalar parameters alone: images with one
     param key (e.g. the views of one study) share their parameters, while per-pixel fields still
     follow each image's own sample key; the record keeps the param key in ``extra``.
-    ``scenes`` (one ``perturb.scene.Scene`` or descriptor per image) reuses scenes already
-    computed for these images instead of analysing each input again.
+    ``scenes`` (one ``perturb.scene.Scene`` or descriptor per image, None where not known)
+    reuses scenes already computed for these images instead of analysing each input again.
     """
     spec_op = get_op(op)
     check_images(images, spec_op)

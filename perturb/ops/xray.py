@@ -718,7 +718,8 @@ def text_layout(
     corner i % 4, below (above, at the bottom) the lines already there), each kept a line's
     height away from the boxes of ``avoid`` (annotations already on the film): a line that would
     touch one moves one row further from its corner, then to the next corner; a line that fits
-    nowhere inside its half of the film is left out. Without ``avoid`` line i sits at row i // 4."""
+    in no corner's band (the outer quarter of the film's height) is left out. Without ``avoid``
+    line i sits at row i // 4 (while the band holds it)."""
     font = cv2.FONT_HERSHEY_SIMPLEX
     scale = max(height / 22.0, 0.1)  # SIMPLEX caps are about 22 px at scale 1
     thick = max(1, round(height / 9.0))
@@ -736,8 +737,10 @@ def text_layout(
                 x0 = margin if corner in (0, 2) else w - margin - tw
                 y0 = margin + th + row * step if corner in (0, 1) else h - margin - row * step
                 box = (x0, y0 - th, x0 + tw, y0 + base)
-                if (corner in (0, 1) and y0 > h // 2) or (corner in (2, 3) and y0 - th < h // 2):
-                    break  # past the middle of the film: try the next corner
+                if (corner in (0, 1) and y0 + base > h // 4) or (
+                    corner in (2, 3) and y0 - th < h - h // 4
+                ):
+                    break  # out of the corner's band (a quarter of the film): the next corner
                 if _clear(box, avoid, height):
                     placed = (text, int(x0), int(y0))
                     taken.append(box)
@@ -818,9 +821,11 @@ def marker_plan(
     """Where the laterality marker goes: (letter or None for no marker, x0, y0 of its square,
     why it differs from the drawn letter and corner, or None). A film's detected markers
     (its radiograph scene) decide the letter: the added marker never contradicts them (one side
-    detected: that letter; both: no marker). The square starts in the drawn top corner (margin
+    read: that letter; both: no marker; a marker-like annotation whose side was not read
+    (``radiograph.unread_markers``): no marker). The square starts in the drawn top corner (margin
     3 % of the shorter side) and keeps half its size from every detected annotation: it moves
-    along the top edge towards the middle, then to the other top corner, then the bottom ones."""
+    up to twice its size along the edge from the drawn corner, the other top corner, then the
+    bottom ones, before it goes further towards the middle."""
     side = min(h, w)
     margin = round(0.03 * side)
     s = max(2, round(size))
@@ -828,28 +833,43 @@ def marker_plan(
     sides = sorted({str(a["side"]) for a in found if a["type"] == "marker" and a["side"]})
     if len(sides) > 1:
         return None, 0, 0, "no marker added: the film already shows both an L and an R marker"
+    if not sides and _fits(scene, h, w):
+        unread = radiograph.unread_markers(scene.descriptor)
+        if unread:
+            box = ", ".join(str(a["box"]) for a in unread)
+            return None, 0, 0, f"no marker added: marker-like annotation(s) at {box}, side not read"
     why = None
     if sides and sides[0] != letter:
         why = f"letter {sides[0]} (drawn {letter}): the film's detected marker is {sides[0]}"
         letter = sides[0]
     avoid = [tuple(int(v) for v in a["box"]) for a in found]
-    step = max(1, s // 2)
+    # the place is found for the largest marker (severity 5) and the square grows from the same
+    # outer corner, so a film's marker at every severity sits at one place, nested
+    big = max(s, round(PLAN_SIZE * side))
+    step = max(1, big // 2)
     corners = [
         (right_corner, True),
         (not right_corner, True),
         (right_corner, False),
         (not right_corner, False),
     ]
-    for k, (right, top) in enumerate(corners):
-        y0 = margin if top else h - margin - s
-        for shift in range(0, max(1, w // 2 - s - margin), step):
-            x0 = w - margin - s - shift if right else margin + shift
-            if _clear((x0, y0, x0 + s, y0 + s), avoid, 0.5 * s):  # type: ignore[arg-type]
-                if k or shift:
-                    moved = "moved clear of the film's annotations"
-                    why = moved if why is None else f"{why}; {moved}"
-                return letter, x0, y0, why
+    near = range(0, 2 * big + 1, step)  # first each corner's own neighbourhood, then further in
+    far = range(2 * big + step, max(2 * big + step, w // 2 - big - margin), step)
+    for shifts in (near, far):
+        for k, (right, top) in enumerate(corners):
+            for shift in shifts:
+                x0 = w - margin - big - shift if right else margin + shift
+                y0 = margin if top else h - margin - big
+                if _clear((x0, y0, x0 + big, y0 + big), avoid, 0.5 * big):  # type: ignore[arg-type]
+                    if k or shift:
+                        moved = "moved clear of the film's annotations"
+                        why = moved if why is None else f"{why}; {moved}"
+                    # the marker's square in the outer corner of the planned one
+                    return letter, x0 + (big - s if right else 0), y0 + (0 if top else big - s), why
     return None, 0, 0, "no marker added: no corner of the film is clear of its annotations"
+
+
+PLAN_SIZE = 0.09  # the largest marker (catalog: severity 5's upper size), shorter side
 
 
 def _fits(scene: Any, h: int, w: int) -> bool:

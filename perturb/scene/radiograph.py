@@ -20,8 +20,8 @@ with no anatomy texture inside; bone, devices and wires are textured or have sof
    is a ``marker`` with that ``side``, otherwise ``text``.
 
 The result is a compact JSON descriptor: ``{"kind": "radiograph", "version", "size",
-"annotations"}``, where ``annotations`` is a list of ``{"box", "type", "side", "polarity",
-"mask"}`` (``mask``: the stroke pixels of the box, packed bits, zlib, base64) or the string
+"annotations"}``, where ``annotations`` is a list of ``{"box", "type", "side", "glyphs",
+"polarity", "mask"}`` (``mask``: the stroke pixels of the box, packed bits, zlib, base64) or the string
 ``"none found"``. ``mask_of(descriptor)`` rebuilds the per-pixel layer exactly, so replay does not
 analyse the (perturbed) input again. The engine composites the layer back after the ops whose
 registry entry says they act before the annotation is burned in (``protects_border``).
@@ -47,6 +47,7 @@ NONE_FOUND = "none found"
 TOPHAT_SIDE = 0.03  # structuring disc, fraction of the shorter side (wider than any stroke)
 MIN_CONTRAST = 45  # top-hat (8-bit levels) a stroke stands above its surroundings
 MIN_LEVEL_QUANTILE = 0.80  # a stroke's top is brighter than this quantile of the film
+SPLIT_QUANTILE = 0.995  # a part split from a larger candidate reaches this quantile of the film
 CORE_SPREAD = 18  # levels below a component's top that still count as its flat core
 MAX_CORE_STD = 9.0  # flat: spread of the core levels
 MIN_CORE_FRACTION = 0.2  # of a candidate's pixels in its core (thin anti-aliased strokes: few)
@@ -80,48 +81,68 @@ def gray_u8(image: np.ndarray) -> np.ndarray:
 
 
 def _strokes(img: np.ndarray) -> np.ndarray:
-    """bool (H, W): flat, sharp-edged bright strokes of ``img`` (uint8), each with its rim."""
+    """bool (H, W): flat, sharp-edged bright strokes of ``img`` (uint8), each with its rim. A
+    candidate too large or not flat (a glyph touching a bright device) is split once at its own
+    ink level (``2 * CORE_SPREAD`` below its brightest pixels) and its parts tried again, where
+    they reach the film's top levels (``SPLIT_QUANTILE``)."""
     h, w = img.shape
     side = min(h, w)
     disc = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (_odd(TOPHAT_SIDE * side),) * 2)
     tophat = cv2.morphologyEx(img, cv2.MORPH_TOPHAT, disc)
-    level = float(np.quantile(img, MIN_LEVEL_QUANTILE))
+    level, split_level = (float(v) for v in np.quantile(img, [MIN_LEVEL_QUANTILE, SPLIT_QUANTILE]))
     cand = ((tophat >= MIN_CONTRAST) & (img >= level)).astype(np.uint8)
     n, labels, stats, _ = cv2.connectedComponentsWithStats(cand, connectivity=8)
     out = np.zeros((h, w), bool)
-    ring_k = np.ones((2 * EDGE_RING + 1,) * 2, np.uint8)
-    min_area = max(4, round(MIN_AREA_FRACTION * h * w))
-    max_side = MAX_GLYPH_SIDE * side
     for i in range(1, n):
-        x, y, bw, bh, area = (int(v) for v in stats[i])
-        if area < min_area or max(bw, bh) > max_side or area < MIN_FILL * bw * bh:
-            continue
-        if min(bw, bh) < 2:
-            continue
+        x, y, bw, bh, _ = (int(v) for v in stats[i])
         pad = EDGE_RING + 2
         x0, y0 = max(0, x - pad), max(0, y - pad)
         x1, y1 = min(w, x + bw + pad), min(h, y + bh + pad)
         sub = img[y0:y1, x0:x1]
         comp = labels[y0:y1, x0:x1] == i
-        vals = sub[comp]
-        top = float(np.quantile(vals, 0.9))
-        if top < level:
-            continue
-        core = comp & (sub >= top - CORE_SPREAD)
-        if core.sum() < max(3, MIN_CORE_FRACTION * area) or float(sub[core].std()) > MAX_CORE_STD:
-            continue
-        grown = cv2.dilate(core.astype(np.uint8), ring_k) > 0
-        ring = grown & ~cv2.dilate(core.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
-        if not ring.any() or top - float(np.median(sub[ring])) < MIN_EDGE_DROP:
-            continue
-        if _elongation(comp) > MAX_ELONGATION:
-            continue
-        ring_level = float(np.median(sub[ring]))
-        rim = (cv2.dilate(core.astype(np.uint8), np.ones((3, 3), np.uint8)) > 0) & (
-            sub >= ring_level + RIM_LEVELS
-        )
-        out[y0:y1, x0:x1] |= core | rim
+        kept = _stroke(sub, comp, level, h * w, side)
+        if kept is None:
+            ink = float(np.quantile(sub[comp], 0.99)) - 2 * CORE_SPREAD
+            m, parts = cv2.connectedComponents(
+                (comp & (sub >= ink)).astype(np.uint8), connectivity=8
+            )
+            kept = np.zeros_like(comp)
+            for j in range(1, m):
+                part = _stroke(sub, parts == j, split_level, h * w, side)
+                if part is not None:
+                    kept |= part
+        out[y0:y1, x0:x1] |= kept
     return out
+
+
+def _stroke(
+    sub: np.ndarray, comp: np.ndarray, level: float, image_area: int, side: int
+) -> np.ndarray | None:
+    """The pixels (core and anti-aliased rim, bool like ``sub``) of the candidate ``comp`` in
+    the window ``sub`` if it is a drawn stroke (small, flat, sharp-edged, not a long thin
+    line), else None."""
+    area = int(comp.sum())
+    if area < max(4, round(MIN_AREA_FRACTION * image_area)):
+        return None
+    ys, xs = np.nonzero(comp)
+    bw, bh = int(xs.max() - xs.min()) + 1, int(ys.max() - ys.min()) + 1
+    if max(bw, bh) > MAX_GLYPH_SIDE * side or area < MIN_FILL * bw * bh or min(bw, bh) < 2:
+        return None
+    top = float(np.quantile(sub[comp], 0.9))
+    if top < level:
+        return None
+    core = comp & (sub >= top - CORE_SPREAD)
+    if core.sum() < max(3, MIN_CORE_FRACTION * area) or float(sub[core].std()) > MAX_CORE_STD:
+        return None
+    core_u8 = core.astype(np.uint8)
+    near = cv2.dilate(core_u8, np.ones((3, 3), np.uint8)) > 0
+    ring = (cv2.dilate(core_u8, np.ones((2 * EDGE_RING + 1,) * 2, np.uint8)) > 0) & ~near
+    if not ring.any():
+        return None
+    ring_level = float(np.median(sub[ring]))
+    if top - ring_level < MIN_EDGE_DROP or _elongation(comp) > MAX_ELONGATION:
+        return None
+    return core | (near & (sub >= ring_level + RIM_LEVELS))
 
 
 def _elongation(comp: np.ndarray) -> float:
@@ -165,23 +186,52 @@ def _normalised(mask: np.ndarray) -> np.ndarray:
 
 _TEMPLATE_LOCK = threading.Lock()
 _TEMPLATE_CACHE: dict[str, list[np.ndarray]] = {}
-MIN_MARKER_SIDE = 0.012  # a marker letter is at least this tall and wide (shorter side)
-MIN_SIDE_IOU = 0.55  # a glyph reads as "L"/"R" at this overlap with a template and ...
-MIN_SIDE_MARGIN = 0.08  # ... this much better than the other letter
+MIN_MARKER_SIDE = 0.014  # a marker letter is at least this tall and wide (shorter side)
+MIN_SIDE_IOU = 0.6  # a glyph reads as "L"/"R" at this overlap with a template and ...
+MIN_SIDE_MARGIN = 0.1  # ... this much better than the other letter
+MIN_GROUP_MARGIN = 0.05  # a group's best letter beats any glyph of it read as the other letter
 
 
-def read_side(glyph: np.ndarray) -> str | None:
-    """ "L", "R" or None: the letter a single glyph's mask (bool, cropped) is, by overlap with
-    rendered templates (mirrored ones included)."""
+SIDE_ANGLES = range(0, 360, 15)  # a lead marker lies at any angle on the detector
+
+
+def _rotations(glyph: np.ndarray) -> list[np.ndarray]:
+    """The glyph (bool, cropped) turned by each of ``SIDE_ANGLES``, each normalised."""
+    hh, ww = glyph.shape
+    d = int(np.ceil(np.hypot(hh, ww))) + 2
+    canvas = np.zeros((d, d), np.uint8)
+    y0, x0 = (d - hh) // 2, (d - ww) // 2
+    canvas[y0 : y0 + hh, x0 : x0 + ww] = glyph.astype(np.uint8) * 255
+    out = []
+    for angle in SIDE_ANGLES:
+        turn = cv2.getRotationMatrix2D((d / 2.0, d / 2.0), float(angle), 1.0)
+        turned = cv2.warpAffine(canvas, turn, (d, d), flags=cv2.INTER_LINEAR) > 127
+        out.append(_normalised(turned) if turned.any() else np.zeros((_TEMPLATE_SIZE,) * 2, bool))
+    return out
+
+
+def side_scores(glyph: np.ndarray) -> dict[str, float]:
+    """The best overlap (intersection over union) of a glyph's mask (bool, cropped), turned by
+    each of ``SIDE_ANGLES``, with the rendered templates of each letter (mirrored included)."""
     with _TEMPLATE_LOCK:
         if not _TEMPLATE_CACHE:
             _TEMPLATE_CACHE.update(_templates())
+    turned = np.stack(_rotations(glyph)).reshape(len(SIDE_ANGLES), -1).astype(np.float32)
+    scores = {}
+    for letter, shapes in _TEMPLATE_CACHE.items():
+        t = np.stack(shapes).reshape(len(shapes), -1).astype(np.float32)
+        inter = turned @ t.T
+        union = turned.sum(1)[:, None] + t.sum(1)[None, :] - inter
+        scores[letter] = float((inter / np.maximum(union, 1.0)).max())
+    return scores
+
+
+def read_side(glyph: np.ndarray) -> str | None:
+    """ "L", "R" or None: the letter a single glyph's mask (bool, cropped) is, where its best
+    overlap with one letter's templates (``side_scores``) is high and clearly above the other's."""
     if glyph.sum() < 6:
         return None
-    g = _normalised(glyph)
-    best = {}
-    for letter, shapes in _TEMPLATE_CACHE.items():
-        best[letter] = max(float((g & t).sum()) / float((g | t).sum()) for t in shapes)
+    best = side_scores(glyph)
     letter, score = max(best.items(), key=lambda kv: kv[1])
     other = min(best.values())
     return letter if score >= MIN_SIDE_IOU and score - other >= MIN_SIDE_MARGIN else None
@@ -191,18 +241,35 @@ MAX_MARKER_GLYPHS = 3  # a marker: its letter, perhaps the technologist's initia
 
 
 def _marker_side(labels: np.ndarray, stats: np.ndarray, side: int) -> str | None:
-    """The side ("L"/"R") of a group of at most ``MAX_MARKER_GLYPHS`` glyphs where exactly one
-    glyph of marker size reads as a letter; None otherwise (text, or no letter read)."""
-    if not 1 <= len(stats) - 1 <= MAX_MARKER_GLYPHS:
+    """The side ("L"/"R") a group of glyphs shows: the best-read letter among its glyphs of
+    marker size, where the group has at most ``MAX_MARKER_GLYPHS`` glyphs (a marker with its
+    initials or frame), or among the glyphs enclosed by another (a letter in a ring or holder,
+    beside a caption), unless a glyph read as the other letter comes close
+    (``MIN_GROUP_MARGIN``); None otherwise (text, or no letter read)."""
+    count = len(stats) - 1
+    boxes = [tuple(int(v) for v in stats[i][:4]) for i in range(1, count + 1)]
+
+    def enclosed(k: int) -> bool:
+        x, y, bw, bh = boxes[k]
+        return any(
+            j != k and a <= x and b <= y and x + bw <= a + c and y + bh <= b + d
+            for j, (a, b, c, d) in enumerate(boxes)
+        )
+
+    read: list[tuple[float, str]] = []
+    for k in range(count):
+        x, y, bw, bh = boxes[k]
+        if min(bw, bh) < MIN_MARKER_SIDE * side or not (count <= MAX_MARKER_GLYPHS or enclosed(k)):
+            continue
+        glyph = labels[y : y + bh, x : x + bw] == k + 1
+        letter = read_side(glyph)
+        if letter is not None:
+            read.append((side_scores(glyph)[letter], letter))
+    if not read:
         return None
-    read = set()
-    for i in range(1, len(stats)):
-        x, y, bw, bh, _ = (int(v) for v in stats[i])
-        if min(bw, bh) >= MIN_MARKER_SIDE * side:
-            letter = read_side(labels[y : y + bh, x : x + bw] == i)
-            if letter is not None:
-                read.add(letter)
-    return read.pop() if len(read) == 1 else None
+    score, letter = max(read)
+    rivals = [c for c, other in read if other != letter]
+    return letter if all(c <= score - MIN_GROUP_MARGIN for c in rivals) else None
 
 
 def encode_mask(mask: np.ndarray) -> str:
@@ -244,6 +311,7 @@ def _annotations(strokes: np.ndarray, polarity: str) -> list[dict[str, Any]]:
                 "box": [x0, y0, x1, y1],
                 "type": "marker" if side is not None else "text",
                 "side": side,
+                "glyphs": glyphs - 1,
                 "polarity": polarity,
                 "mask": encode_mask(mask),
             }
@@ -296,6 +364,19 @@ def polarities(g: np.ndarray) -> tuple[str, ...]:
     if cue < -POLARITY_MARGIN:
         return ("dark",)
     return ("bright", "dark")
+
+
+def unread_markers(desc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Annotations that may be a laterality marker whose side was not read: at most
+    ``MAX_MARKER_GLYPHS`` glyphs, at least marker size (``MIN_MARKER_SIDE``) both ways."""
+    side = min(int(v) for v in desc["size"])
+    return [
+        a
+        for a in annotations_of(desc)
+        if a["side"] is None
+        and a.get("glyphs", 0) <= MAX_MARKER_GLYPHS
+        and min(a["box"][2] - a["box"][0], a["box"][3] - a["box"][1]) >= MIN_MARKER_SIDE * side
+    ]
 
 
 def is_radiograph(desc: Any) -> bool:
