@@ -263,13 +263,32 @@ def _marker_side(labels: np.ndarray, stats: np.ndarray, side: int) -> str | None
             continue
         glyph = labels[y : y + bh, x : x + bw] == k + 1
         letter = read_side(glyph)
-        if letter is not None:
+        if letter is None:  # a letter touching its holder's frame: read inside the frame
+            glyph = _inside_frame(glyph)
+            letter = None if glyph is None else read_side(glyph)
+        if letter is not None and glyph is not None:
             read.append((side_scores(glyph)[letter], letter))
     if not read:
         return None
     score, letter = max(read)
     rivals = [c for c, other in read if other != letter]
     return letter if all(c <= score - MIN_GROUP_MARGIN for c in rivals) else None
+
+
+FRAME_INSET = 0.12  # of a framed glyph's smaller side: its frame's width at most
+
+
+def _inside_frame(glyph: np.ndarray) -> np.ndarray | None:
+    """The largest ink component inside a glyph's bbox inset by ``FRAME_INSET`` (cropped), or
+    None: the letter of a marker whose frame it touches."""
+    t = max(1, round(FRAME_INSET * min(glyph.shape)))
+    inner = glyph[t:-t, t:-t].astype(np.uint8)
+    if inner.size == 0 or not inner.any():
+        return None
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(inner, connectivity=8)
+    k = 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))
+    x, y, bw, bh = (int(v) for v in stats[k][:4])
+    return labels[y : y + bh, x : x + bw] == k
 
 
 def encode_mask(mask: np.ndarray) -> str:

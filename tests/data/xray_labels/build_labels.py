@@ -23,7 +23,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from labelset import REAL_BOXES, burned, film_path, real_label, synthetic_specs  # noqa: E402
+from annotation_labels import REAL_BOXES, burned, film_path, real_label, synthetic_specs  # noqa: E402
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from labelset import burned, read_gray  # noqa: E402
+from annotation_labels import burned, read_gray  # noqa: E402
 
 RIM = 2  # px: a detected pixel this close to a labelled one is its anti-aliased rim, not false
 
