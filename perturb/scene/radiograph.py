@@ -285,7 +285,7 @@ def _inside_frame(glyph: np.ndarray) -> np.ndarray | None:
     inner = glyph[t:-t, t:-t].astype(np.uint8)
     if inner.size == 0 or not inner.any():
         return None
-    n, labels, stats, _ = cv2.connectedComponentsWithStats(inner, connectivity=8)
+    _, labels, stats, _ = cv2.connectedComponentsWithStats(inner, connectivity=8)
     k = 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))
     x, y, bw, bh = (int(v) for v in stats[k][:4])
     return labels[y : y + bh, x : x + bw] == k
