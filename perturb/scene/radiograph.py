@@ -276,11 +276,16 @@ def _marker_side(labels: np.ndarray, stats: np.ndarray, side: int) -> str | None
 
 
 FRAME_INSET = 0.12  # of a framed glyph's smaller side: its frame's width at most
+MIN_FRAME_INK = 0.8  # share of a glyph's bbox edge that is ink where it is a frame
 
 
 def _inside_frame(glyph: np.ndarray) -> np.ndarray | None:
-    """The largest ink component inside a glyph's bbox inset by ``FRAME_INSET`` (cropped), or
-    None: the letter of a marker whose frame it touches."""
+    """The largest ink component inside a glyph's bbox inset by ``FRAME_INSET`` (cropped), where
+    the glyph is a frame (``MIN_FRAME_INK`` of its bbox edge inked), else None: the letter of a
+    marker whose frame it touches."""
+    edge = np.concatenate([glyph[0], glyph[-1], glyph[:, 0], glyph[:, -1]])
+    if edge.mean() < MIN_FRAME_INK:
+        return None  # not a frame: a letter's own outline leaves most of its bbox edge empty
     t = max(1, round(FRAME_INSET * min(glyph.shape)))
     inner = glyph[t:-t, t:-t].astype(np.uint8)
     if inner.size == 0 or not inner.any():
@@ -300,7 +305,24 @@ def decode_mask(text: str, shape: tuple[int, int]) -> np.ndarray:
     return np.unpackbits(bits)[: shape[0] * shape[1]].reshape(shape).astype(bool)
 
 
-def _annotations(strokes: np.ndarray, polarity: str) -> list[dict[str, Any]]:
+def _with_fills(mask: np.ndarray, plane: np.ndarray) -> np.ndarray:
+    """``mask`` (an annotation's strokes, cropped to its box) with the flat regions its strokes
+    enclose (a marker's filled disc or holder, spread at most ``MAX_CORE_STD``): drawn too,
+    unlike film showing through a letter's counter, which keeps its texture."""
+    n, holes, stats, _ = cv2.connectedComponentsWithStats((~mask).astype(np.uint8), connectivity=4)
+    out = mask.copy()
+    h, w = mask.shape
+    for k in range(1, n):
+        x, y, bw, bh, area = (int(v) for v in stats[k])
+        if x == 0 or y == 0 or x + bw == w or y + bh == h or area < 4:
+            continue  # open to the film around the annotation
+        hole = holes == k
+        if float(plane[hole].std()) <= MAX_CORE_STD:
+            out |= hole
+    return out
+
+
+def _annotations(strokes: np.ndarray, polarity: str, plane: np.ndarray) -> list[dict[str, Any]]:
     h, w = strokes.shape
     gap = _odd(GROUP_GAP * min(h, w))
     groups = cv2.dilate(strokes.astype(np.uint8), np.ones((gap, gap), np.uint8))
@@ -318,13 +340,17 @@ def _annotations(strokes: np.ndarray, polarity: str) -> list[dict[str, Any]]:
             x + int(xs.max()) + 1,
             y + int(ys.max()) + 1,
         )
-        mask = box_mask[y0 - y : y1 - y, x0 - x : x1 - x]
+        drawn = box_mask[y0 - y : y1 - y, x0 - x : x1 - x]
         glyphs, glyph_labels, glyph_stats, _ = cv2.connectedComponentsWithStats(
-            mask.astype(np.uint8), connectivity=8
+            drawn.astype(np.uint8), connectivity=8
         )
         side = _marker_side(glyph_labels, glyph_stats, min(h, w))
-        if glyphs - 1 == 1 and side is None and _aspect(mask) > MAX_LONE_ASPECT:
-            continue
+        lone = glyphs - 1 == 1 and side is None
+        if lone and (
+            _aspect(drawn) > MAX_LONE_ASPECT or min(drawn.shape) < MIN_MARKER_SIDE * min(h, w)
+        ):
+            continue  # a wire segment, or a speck: a lone glyph is at least a marker's size
+        mask = _with_fills(drawn, plane[y0:y1, x0:x1])
         out.append(
             {
                 "box": [x0, y0, x1, y1],
@@ -344,7 +370,8 @@ def analyse(image: np.ndarray) -> dict[str, Any]:
     h, w = g.shape
     found = []
     for polarity in polarities(g):
-        found += _annotations(_strokes(g if polarity == "bright" else 255 - g), polarity)
+        plane = g if polarity == "bright" else 255 - g
+        found += _annotations(_strokes(plane), polarity, plane)
     found.sort(key=lambda a: (a["box"][1], a["box"][0]))
     return {
         "kind": KIND,

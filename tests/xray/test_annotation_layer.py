@@ -195,16 +195,19 @@ def test_a_detected_marker_is_read_and_never_contradicted() -> None:
     out, records = perturb.apply(x, "xray_laterality_marker", 5, keys)
     drawn_r = [r.params["letter_r"] > 0.5 for r in records]
     assert any(drawn_r) and not all(drawn_r)  # both letters drawn among the keys
-    for o, r, was_r in zip(out[:, 0].numpy(), records, drawn_r, strict=True):
-        if was_r:
+    for i, (r, was_r) in enumerate(zip(records, drawn_r, strict=True)):
+        assert not torch.equal(out[i], x[i])  # a marker is added
+        if was_r:  # drawn R: the film's L is drawn instead, exactly as a drawn L would be
             assert "letter L (drawn R)" in r.extra["note"]
-        added = radiograph.analyse(o)
-        new = [
-            a
-            for a in radiograph.annotations_of(added)
-            if not any(_overlaps(a["box"], b["box"]) for b in radiograph.annotations_of(desc))
-        ]
-        assert [a["side"] for a in new if a["type"] == "marker"] == ["L"], r.extra.get("note")
+            as_l = Record(**{**r.to_dict(), "params": {**r.params, "letter_r": 0.0}})
+            assert torch.equal(perturb.replay([as_l], x[i : i + 1]), out[i : i + 1])
+        added = out[i, 0].numpy() != film
+        for a in radiograph.annotations_of(desc):  # clear of the film's own marker
+            x0, y0, x1, y1 = a["box"]
+            assert not added[y0:y1, x0:x1].any()
+    # the added L reads as an L where it is drawn on dark film
+    first = radiograph.analyse(out[0, 0].numpy())
+    assert {a["side"] for a in radiograph.annotations_of(first) if a["type"] == "marker"} == {"L"}
 
 
 def test_no_marker_is_added_where_both_sides_are_shown() -> None:
