@@ -60,6 +60,7 @@ MAX_ELONGATION = 22.0  # stroke length / stroke width: longer thin strokes are w
 MAX_LONE_ASPECT = 3.5  # a lone stroke (no glyph beside it, not a marker letter) this long for
 #   its width (minimum-area rectangle) is a wire segment
 GROUP_GAP = 0.02  # strokes closer than this (fraction of the shorter side) form one annotation
+OUTLINE_FAR = 5  # px: the film beside an outlined stroke is read this far out from its ink
 RIM_LEVELS = 20  # the anti-aliased rim kept with a stroke: within 1 px, this far above its ring
 
 
@@ -95,7 +96,7 @@ def _strokes(img: np.ndarray) -> np.ndarray:
     out = np.zeros((h, w), bool)
     for i in range(1, n):
         x, y, bw, bh, _ = (int(v) for v in stats[i])
-        pad = EDGE_RING + 2
+        pad = OUTLINE_FAR + 1
         x0, y0 = max(0, x - pad), max(0, y - pad)
         x1, y1 = min(w, x + bw + pad), min(h, y + bh + pad)
         sub = img[y0:y1, x0:x1]
@@ -142,7 +143,16 @@ def _stroke(
     ring_level = float(np.median(sub[ring]))
     if top - ring_level < MIN_EDGE_DROP or _elongation(comp) > MAX_ELONGATION:
         return None
-    return core | (near & (sub >= ring_level + RIM_LEVELS))
+    # the film a little further out (OUTLINE_FAR): what the anti-aliased rim stands above, and
+    # what a dark outline drawn around the ink (text legible on white film) is darker than
+    far = (cv2.dilate(core_u8, np.ones((2 * OUTLINE_FAR + 1,) * 2, np.uint8)) > 0) & ~(
+        cv2.dilate(core_u8, np.ones((2 * EDGE_RING + 3,) * 2, np.uint8)) > 0
+    )
+    film = float(np.median(sub[far])) if far.any() else ring_level
+    rim = near & (sub >= max(ring_level, film) + RIM_LEVELS)
+    close = (cv2.dilate(core_u8, np.ones((2 * EDGE_RING + 1,) * 2, np.uint8)) > 0) & ~core
+    outline = close & (sub.astype(np.int16) <= film - MIN_CONTRAST)
+    return core | rim | outline
 
 
 def _elongation(comp: np.ndarray) -> float:
@@ -307,18 +317,29 @@ def decode_mask(text: str, shape: tuple[int, int]) -> np.ndarray:
 
 def _with_fills(mask: np.ndarray, plane: np.ndarray) -> np.ndarray:
     """``mask`` (an annotation's strokes, cropped to its box) with the flat regions its strokes
-    enclose (a marker's filled disc or holder, spread at most ``MAX_CORE_STD``): drawn too,
-    unlike film showing through a letter's counter, which keeps its texture."""
+    enclose that stand ``MIN_CONTRAST`` apart from the film around it (a marker's filled disc
+    or holder): drawn too, unlike film showing through a letter's counter."""
     n, holes, stats, _ = cv2.connectedComponentsWithStats((~mask).astype(np.uint8), connectivity=4)
-    out = mask.copy()
     h, w = mask.shape
-    for k in range(1, n):
-        x, y, bw, bh, area = (int(v) for v in stats[k])
-        if x == 0 or y == 0 or x + bw == w or y + bh == h or area < 4:
-            continue  # open to the film around the annotation
-        hole = holes == k
-        if float(plane[hole].std()) <= MAX_CORE_STD:
-            out |= hole
+    enclosed = [
+        k
+        for k in range(1, n)
+        if stats[k][0] > 0
+        and stats[k][1] > 0
+        and stats[k][0] + stats[k][2] < w
+        and stats[k][1] + stats[k][3] < h
+        and stats[k][4] >= 4
+    ]
+    if not enclosed:
+        return mask
+    outside = ~mask & ~np.isin(holes, enclosed)
+    film = float(np.median(plane[outside])) if outside.any() else None
+    out = mask.copy()
+    for k in enclosed:
+        values = plane[holes == k]
+        flat = float(values.std()) <= MAX_CORE_STD
+        if flat and (film is None or abs(float(np.median(values)) - film) >= MIN_CONTRAST):
+            out |= holes == k
     return out
 
 
