@@ -81,8 +81,10 @@ def gray_u8(image: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def _strokes(img: np.ndarray) -> np.ndarray:
-    """bool (H, W): flat, sharp-edged bright strokes of ``img`` (uint8), each with its rim. A
+def _strokes(img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bool (H, W) twice: the flat, sharp-edged bright strokes of ``img`` (uint8) with their
+    anti-aliased rim (the ink: what glyphs are read on), and the same with the dark outlines
+    drawn around them (what the layer keeps). A
     candidate too large or not flat (a glyph touching a bright device) is split once at its own
     ink level (``2 * CORE_SPREAD`` below its brightest pixels) and its parts tried again, where
     they reach the film's top levels (``SPLIT_QUANTILE``)."""
@@ -93,7 +95,7 @@ def _strokes(img: np.ndarray) -> np.ndarray:
     level, split_level = (float(v) for v in np.quantile(img, [MIN_LEVEL_QUANTILE, SPLIT_QUANTILE]))
     cand = ((tophat >= MIN_CONTRAST) & (img >= level)).astype(np.uint8)
     n, labels, stats, _ = cv2.connectedComponentsWithStats(cand, connectivity=8)
-    out = np.zeros((h, w), bool)
+    ink_out, full_out = np.zeros((h, w), bool), np.zeros((h, w), bool)
     for i in range(1, n):
         x, y, bw, bh, _ = (int(v) for v in stats[i])
         pad = OUTLINE_FAR + 1
@@ -103,22 +105,24 @@ def _strokes(img: np.ndarray) -> np.ndarray:
         comp = labels[y0:y1, x0:x1] == i
         kept = _stroke(sub, comp, level, h * w, side)
         if kept is None:
-            ink = float(np.quantile(sub[comp], 0.99)) - 2 * CORE_SPREAD
+            top = float(np.quantile(sub[comp], 0.99)) - 2 * CORE_SPREAD
             m, parts = cv2.connectedComponents(
-                (comp & (sub >= ink)).astype(np.uint8), connectivity=8
+                (comp & (sub >= top)).astype(np.uint8), connectivity=8
             )
-            kept = np.zeros_like(comp)
+            kept = np.zeros_like(comp), np.zeros_like(comp)
             for j in range(1, m):
                 part = _stroke(sub, parts == j, split_level, h * w, side)
                 if part is not None:
-                    kept |= part
-        out[y0:y1, x0:x1] |= kept
-    return out
+                    kept[0][...] |= part[0]
+                    kept[1][...] |= part[1]
+        ink_out[y0:y1, x0:x1] |= kept[0]
+        full_out[y0:y1, x0:x1] |= kept[1]
+    return ink_out, full_out
 
 
 def _stroke(
     sub: np.ndarray, comp: np.ndarray, level: float, image_area: int, side: int
-) -> np.ndarray | None:
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The pixels (core and anti-aliased rim, bool like ``sub``) of the candidate ``comp`` in
     the window ``sub`` if it is a drawn stroke (small, flat, sharp-edged, not a long thin
     line), else None."""
@@ -152,7 +156,7 @@ def _stroke(
     rim = near & (sub >= max(ring_level, film) + RIM_LEVELS)
     close = (cv2.dilate(core_u8, np.ones((2 * EDGE_RING + 1,) * 2, np.uint8)) > 0) & ~core
     outline = close & (sub.astype(np.int16) <= film - MIN_CONTRAST)
-    return core | rim | outline
+    return core | rim, core | rim | outline
 
 
 def _elongation(comp: np.ndarray) -> float:
@@ -286,16 +290,23 @@ def _marker_side(labels: np.ndarray, stats: np.ndarray, side: int) -> str | None
 
 
 FRAME_INSET = 0.12  # of a framed glyph's smaller side: its frame's width at most
-MIN_FRAME_INK = 0.8  # share of a glyph's bbox edge that is ink where it is a frame
+MIN_FRAME_HOLE = 0.3  # share of a glyph's bbox it encloses where it is a frame (with a letter)
+
+
+def _enclosed_fraction(glyph: np.ndarray) -> float:
+    """The share of a glyph's bbox (bool, cropped) that its ink encloses (holes, 4-connected)."""
+    padded = np.pad(~glyph, 1, constant_values=True).astype(np.uint8)
+    _, holes = cv2.connectedComponents(padded, connectivity=4)
+    outside = holes[0, 0]
+    return float(((holes != outside) & (padded > 0)).sum()) / float(glyph.size)
 
 
 def _inside_frame(glyph: np.ndarray) -> np.ndarray | None:
     """The largest ink component inside a glyph's bbox inset by ``FRAME_INSET`` (cropped), where
-    the glyph is a frame (``MIN_FRAME_INK`` of its bbox edge inked), else None: the letter of a
-    marker whose frame it touches."""
-    edge = np.concatenate([glyph[0], glyph[-1], glyph[:, 0], glyph[:, -1]])
-    if edge.mean() < MIN_FRAME_INK:
-        return None  # not a frame: a letter's own outline leaves most of its bbox edge empty
+    the glyph is a frame (it encloses ``MIN_FRAME_HOLE`` of its bbox), else None: the letter of
+    a marker whose frame it touches."""
+    if _enclosed_fraction(glyph) < MIN_FRAME_HOLE:
+        return None  # not a frame: a letter's counters are small
     t = max(1, round(FRAME_INSET * min(glyph.shape)))
     inner = glyph[t:-t, t:-t].astype(np.uint8)
     if inner.size == 0 or not inner.any():
@@ -343,7 +354,11 @@ def _with_fills(mask: np.ndarray, plane: np.ndarray) -> np.ndarray:
     return out
 
 
-def _annotations(strokes: np.ndarray, polarity: str, plane: np.ndarray) -> list[dict[str, Any]]:
+def _annotations(
+    ink: np.ndarray, strokes: np.ndarray, polarity: str, plane: np.ndarray
+) -> list[dict[str, Any]]:
+    """The annotations of one polarity: ``strokes`` (with outlines) grouped by proximity; each
+    group's glyphs are read on its ``ink``."""
     h, w = strokes.shape
     gap = _odd(GROUP_GAP * min(h, w))
     groups = cv2.dilate(strokes.astype(np.uint8), np.ones((gap, gap), np.uint8))
@@ -361,7 +376,10 @@ def _annotations(strokes: np.ndarray, polarity: str, plane: np.ndarray) -> list[
             x + int(xs.max()) + 1,
             y + int(ys.max()) + 1,
         )
-        drawn = box_mask[y0 - y : y1 - y, x0 - x : x1 - x]
+        group = labels[y0:y1, x0:x1] == i
+        drawn = ink[y0:y1, x0:x1] & group
+        if not drawn.any():
+            continue
         glyphs, glyph_labels, glyph_stats, _ = cv2.connectedComponentsWithStats(
             drawn.astype(np.uint8), connectivity=8
         )
@@ -371,7 +389,7 @@ def _annotations(strokes: np.ndarray, polarity: str, plane: np.ndarray) -> list[
             _aspect(drawn) > MAX_LONE_ASPECT or min(drawn.shape) < MIN_MARKER_SIDE * min(h, w)
         ):
             continue  # a wire segment, or a speck: a lone glyph is at least a marker's size
-        mask = _with_fills(drawn, plane[y0:y1, x0:x1])
+        mask = _with_fills(box_mask[y0 - y : y1 - y, x0 - x : x1 - x], plane[y0:y1, x0:x1])
         out.append(
             {
                 "box": [x0, y0, x1, y1],
@@ -392,7 +410,7 @@ def analyse(image: np.ndarray) -> dict[str, Any]:
     found = []
     for polarity in polarities(g):
         plane = g if polarity == "bright" else 255 - g
-        found += _annotations(_strokes(plane), polarity, plane)
+        found += _annotations(*_strokes(plane), polarity, plane)
     found.sort(key=lambda a: (a["box"][1], a["box"][0]))
     return {
         "kind": KIND,

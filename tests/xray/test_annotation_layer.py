@@ -173,9 +173,10 @@ def test_burned_text_keeps_clear_of_the_detected_annotations(
 
 
 def _film_with_marker(letters: dict[str, bool]) -> np.ndarray:
-    """A shipped film whose own lead marker is not detected, with the op's own markers (letter:
+    """A shipped film with no marker in its top corners (its arrow and "AP PORTABLE" lie lower),
+    with the op's own markers (letter:
     right corner?) burned into its top corners: a film with known sides."""
-    gray = read_gray("nih_00008386_000.png")
+    gray = read_gray("nih_00013125_000.png")
     assert gray is not None
     h, w = gray.shape
     v = gray.astype(np.float32) / 255.0
