@@ -821,8 +821,9 @@ def marker_plan(
     """Where the laterality marker goes: (letter or None for no marker, x0, y0 of its square,
     why it differs from the drawn letter and corner, or None). A film's detected markers
     (its radiograph scene) decide the letter: the added marker never contradicts them (one side
-    read: that letter; both: no marker; a marker-like annotation whose side was not read
-    (``radiograph.unread_markers``): no marker). The square starts in the drawn top corner (margin
+    read: that letter, on that marker's side of the film; both: no marker; a marker-like
+    annotation whose side was not read (``radiograph.unread_markers``): no marker). The square
+    starts in the drawn top corner (margin
     3 % of the shorter side) and keeps half its size from every detected annotation: it moves
     up to twice its size along the edge from the drawn corner, the other top corner, then the
     bottom ones, before it goes further towards the middle."""
@@ -842,6 +843,13 @@ def marker_plan(
     if sides and sides[0] != letter:
         why = f"letter {sides[0]} (drawn {letter}): the film's detected marker is {sides[0]}"
         letter = sides[0]
+    if sides:  # on the film's side of that marker: an L on the patient's left, wherever shown
+        read = [a["box"] for a in found if a["type"] == "marker" and a["side"]]
+        on_right = sum(b[0] + b[2] for b in read) / (2 * len(read)) > w / 2
+        if on_right != right_corner:
+            side_note = "on the side of the film's detected marker"
+            why = side_note if why is None else f"{why}; {side_note}"
+            right_corner = on_right
     avoid = [tuple(int(v) for v in a["box"]) for a in found]
     # the place is found for the largest marker (severity 5) and the square grows from the same
     # outer corner, so a film's marker at every severity sits at one place, nested
@@ -853,6 +861,8 @@ def marker_plan(
         (right_corner, False),
         (not right_corner, False),
     ]
+    if sides:  # only the detected marker's side of the film
+        corners = [c for c in corners if c[0] == right_corner]
     near = range(0, 2 * big + 1, step)  # first each corner's own neighbourhood, then further in
     far = range(2 * big + step, max(2 * big + step, w // 2 - big - margin), step)
     for shifts in (near, far):

@@ -203,6 +203,7 @@ def test_a_detected_marker_is_read_and_never_contradicted() -> None:
             as_l = Record(**{**r.to_dict(), "params": {**r.params, "letter_r": 0.0}})
             assert torch.equal(perturb.replay([as_l], x[i : i + 1]), out[i : i + 1])
         added = out[i, 0].numpy() != film
+        assert not added[:, film.shape[1] // 2 :].any()  # on the film's L side (image left)
         for a in radiograph.annotations_of(desc):  # clear of the film's own marker
             x0, y0, x1, y1 = a["box"]
             assert not added[y0:y1, x0:x1].any()
