@@ -26,7 +26,7 @@ from perturb.contracts.keys import check_sample_keys
 from perturb.contracts.record import Record
 from perturb.errors import InputError, UnknownNameError
 from perturb.ops import backend as backends
-from perturb.scene import Scene
+from perturb.scene import Scene, kind_of, radiograph
 from perturb.scene.analysis import analysed
 
 SHARED_SEVERITY = 0
@@ -306,15 +306,19 @@ class BatchScenes(Sequence[Scene | None]):
         self._lock = threading.Lock()
         size = (int(x.shape[-2]), int(x.shape[-1]))
         self._scenes: list[Scene | None] = []
+        kinds = {op: scene_kind(op) for op in {r.op for r in records}}
+        self._kinds = [kinds[r.op] for r in records]
         for i, r in enumerate(records):
             found: Scene | None = None
-            if r.protect_border and given is not None:
+            if r.protect_border and given is not None and given[i] is not None:
                 found = _fitting(
                     given[i] if isinstance(given[i], Scene) else Scene.from_descriptor(given[i]),
                     size,
                 )
             elif r.protect_border and "scene" in r.extra:
                 found = _fitting(Scene.from_descriptor(r.extra["scene"]), size)
+            if found is not None and found.kind != self._kinds[i]:
+                found = None  # e.g. an endoscopy scene given for an X-ray op: analysed as its kind
             self._scenes.append(found)
         if record and given is not None:
             for r, s in zip(records, self._scenes, strict=True):
@@ -331,7 +335,10 @@ class BatchScenes(Sequence[Scene | None]):
         return self._host
 
     def _analyse(self, i: int) -> Scene:
-        desc, text, key = analysed(self.host()[i], chw=True)
+        if self._kinds[i] == "radiograph":
+            desc, text, key = radiograph.analysed(self.host()[i], chw=True)
+        else:
+            desc, text, key = analysed(self.host()[i], chw=True)
         if self._record:
             self._records[i].extra["scene"] = json.loads(text)  # the record's own copy
         return Scene.keyed(desc, key)
@@ -358,6 +365,12 @@ class BatchScenes(Sequence[Scene | None]):
 
     def __iter__(self) -> Iterator[Scene | None]:
         return (self[i] for i in range(len(self)))
+
+
+def scene_kind(op: str) -> str:
+    """The scene an op's records composite with: a radiograph's annotation layer for an X-ray
+    op (``perturb.scene.radiograph``), else an endoscopy frame's layers."""
+    return "radiograph" if get_op(op).spec.modalities == ["xray"] else "endoscopy"
 
 
 def _fitting(scene: Scene, size: tuple[int, int]) -> Scene:
@@ -480,9 +493,10 @@ def record_scene(record: Record, image: torch.Tensor) -> Scene:
     (``extra["scene"]``, written by ``apply`` from the clean input), else the scene of
     ``image`` (CHW), analysed now."""
     desc = record.extra.get("scene")
-    if desc is not None:
+    kind = scene_kind(record.op)
+    if desc is not None and kind_of(desc) == kind:
         return _fitting(Scene.from_descriptor(desc), (int(image.shape[-2]), int(image.shape[-1])))
-    return Scene.of(image)
+    return Scene.of(image, kind)
 
 
 def compose_tissue(
@@ -525,12 +539,14 @@ def apply(
     batches come back in their dtype; float32 batches must lie in [0, 1].
     ``protect_border`` (default: the op's spec): the op acts on the tissue layer of an
     endoscopy frame (``perturb.scene``): inside the field of view, with the dark surround and
-    the on-screen overlays kept as they are; each record stores the scene's descriptor.
+    the on-screen overlays kept as they are; for an X-ray op, on the film under its burned-in
+    annotations (``perturb.scene.radiograph``: kept as they are); each record stores the
+    scene's descriptor.
     ``param_keys`` (default: ``sample_keys``) key the scalar parameters alone: images with one
     param key (e.g. the views of one study) share their parameters, while per-pixel fields still
     follow each image's own sample key; the record keeps the param key in ``extra``.
-    ``scenes`` (one ``perturb.scene.Scene`` or descriptor per image) reuses scenes already
-    computed for these images instead of analysing each input again.
+    ``scenes`` (one ``perturb.scene.Scene`` or descriptor per image, None where not known)
+    reuses scenes already computed for these images instead of analysing each input again.
     """
     spec_op = get_op(op)
     check_images(images, spec_op)
@@ -568,7 +584,24 @@ def apply(
     found = BatchScenes(records, x, given=scenes, record=True)
     out = _run_records(x, records, found)
     found.complete()
+    _note_scene_decisions(records, found)
     return out, records
+
+
+def _note_scene_decisions(records: Sequence[Record], scenes: Sequence[Scene | None]) -> None:
+    """Each record whose op took a decision from its film's scene (an X-ray overlay op that
+    follows or avoids the annotations already there: ``perturb.ops.xray.SCENE_NOTES``) says why
+    in ``extra["note"]``."""
+    from perturb.ops.xray import SCENE_NOTES
+
+    note = SCENE_NOTES.get(records[0].op) if records else None
+    if note is None:
+        return
+    for r, s in zip(records, scenes, strict=True):
+        if s is not None:
+            why = note(r.params, s, *s.size)
+            if why is not None:
+                r.extra["note"] = why
 
 
 def with_codecs(records: Sequence[Record], images: torch.Tensor) -> list[Record]:

@@ -187,7 +187,8 @@ class OpSpec(BaseModel):
     differentiable: bool
     channels: list[int] = Field(default_factory=lambda: [1, 3])
     # True: the op acts on the tissue layer of an endoscopy frame (inside the field of view, under
-    # the on-screen overlays; perturb.scene); False: on the whole frame (codec, geometry, X-ray)
+    # the on-screen overlays; perturb.scene), or of a radiograph, before its annotations are burned
+    # in (perturb.scene.radiograph); False: on the whole frame (codec, geometry, X-ray display)
     protects_border: bool = False
     # the kernel mixes neighbouring pixels (a PSF): a tissue-layer op then runs on the frame with
     # its surround and overlays replaced by a smooth extension of the tissue (perturb.scene)

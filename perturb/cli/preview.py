@@ -35,8 +35,9 @@ def preview(
         bool,
         typer.Option(
             "--scene",
-            help="Show the scene model instead: field of view, on-screen overlays, highlights "
-            "(what tissue-layer ops change and what they leave alone).",
+            help="Show the scene model instead: field of view, on-screen overlays, highlights; "
+            "of a radiograph (gray image or X-ray op), its burned-in annotations "
+            "(what tissue-layer and acquisition ops change and what they leave alone).",
         ),
     ] = False,
 ) -> None:
@@ -49,7 +50,8 @@ def preview(
     if out.suffix.lower() != ".png":
         fail(f"--out must end in .png, got {out}")
     if scene:
-        write_atomic(out, encode_image(scene_panel(tensor), "png"))
+        kind = "radiograph" if op is not None and _xray_only(op) else None  # else by channels
+        write_atomic(out, encode_image(scene_panel(tensor, kind=kind), "png"))
         typer.echo(f"wrote {out} (scene)")
         return
     centre = _crop_centre(crop_at)

@@ -94,14 +94,17 @@ def preview_grid(
     return canvas, skipped
 
 
-def scene_panel(image: torch.Tensor, width: int = 640) -> np.ndarray:
+def scene_panel(image: torch.Tensor, width: int = 640, kind: str | None = None) -> np.ndarray:
     """RGB uint8 panel of the scene model on ``image`` (CHW): the frame, the field of view
     (surround tinted blue, aperture edge in white), the overlays (yellow boxes with their kind),
     the overlay pixels the composite keeps inside the field (magenta: the glyph strokes of a text
     line), the specular highlights (green) and what the text search found (the descriptor's
-    ``text``), side by side with the plain frame."""
+    ``text``), side by side with the plain frame. ``kind`` (default: "radiograph" for a gray
+    image, else "endoscopy"): a radiograph shows its annotation layer (``radiograph_panel``)."""
     from perturb.scene import scene
 
+    if (kind or ("radiograph" if image.shape[0] == 1 else "endoscopy")) == "radiograph":
+        return radiograph_panel(image, width)
     img = from_tensor(image, np.uint8)
     if img.ndim == 2:
         img = np.repeat(img[..., None], 3, axis=2)
@@ -133,4 +136,36 @@ def scene_panel(image: torch.Tensor, width: int = 640) -> np.ndarray:
         left.shape[1],
         0,
     )
+    return canvas
+
+
+def radiograph_panel(image: torch.Tensor, width: int = 640) -> np.ndarray:
+    """RGB uint8 panel of a radiograph's scene (``perturb.scene.radiograph``) on ``image``
+    (CHW): the film, and beside it the annotation layer the acquisition ops keep (pixels in
+    red, each annotation boxed in yellow with its kind), or "annotations: none found"."""
+    from perturb.scene import Scene
+
+    s = Scene.of(image, "radiograph")
+    img = from_tensor(image, np.uint8)
+    img = np.repeat(img[..., None], 3, axis=2) if img.ndim == 2 else img
+    if img.shape[-1] == 1:
+        img = np.repeat(img, 3, axis=2)
+    vis = img.copy()
+    vis[s.overlay] = (255, 0, 0)
+    scale = width / img.shape[1]
+    size = (width, max(1, round(img.shape[0] * scale)))
+    left = cv2.resize(img, size, interpolation=cv2.INTER_AREA)
+    right = cv2.resize(vis, size, interpolation=cv2.INTER_AREA)
+    for x0, y0, x1, y1, kind in s.overlays:
+        p0 = (round(x0 * scale) - 2, round(y0 * scale) - 2)
+        p1 = (round(x1 * scale) + 2, round(y1 * scale) + 2)
+        cv2.rectangle(right, p0, p1, (255, 220, 0), 1)
+        cv2.putText(right, kind, (p0[0], max(10, p0[1] - 3)), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 220, 0), 1, cv2.LINE_AA)
+    canvas = np.full((left.shape[0] + LABEL_HEIGHT, 2 * left.shape[1], 3), 255, np.uint8)
+    canvas[LABEL_HEIGHT:, : left.shape[1]] = left
+    canvas[LABEL_HEIGHT:, left.shape[1] :] = right
+    found = s.descriptor["annotations"]
+    _label(canvas, "film", 0, 0)
+    text = "annotations: none found" if isinstance(found, str) else f"annotations kept by acquisition ops (red): {len(found)}"
+    _label(canvas, text, left.shape[1], 0)
     return canvas

@@ -244,8 +244,16 @@ def _per_channel(
     get the same parameters and fields (a gray image stored as RGB stays gray). One call per
     channel: a sample's output does not depend on its batch, and within a call every image
     needs its own key."""
-    from perturb.engine import apply
+    from perturb.catalog.registry import get_op
+    from perturb.engine import apply, scene_kind
+    from perturb.scene import Scene
 
+    # one scene for every channel (the first's: e.g. a radiograph's annotations), recorded once
+    scenes = (
+        [Scene.of(x[i, :1], scene_kind(task.op)) for i in range(x.shape[0])]
+        if get_op(task.op).spec.protects_border
+        else None
+    )
     outs: list[torch.Tensor] = []
     records: list[Any] = []
     for ch in range(x.shape[1]):
@@ -257,6 +265,7 @@ def _per_channel(
             seed=seed,
             variant=task.variant,
             param_keys=groups,
+            scenes=scenes,
         )
         outs.append(out)
     firsts = [replace(r, extra={**r.extra, "per_channel": True}) for r in records]

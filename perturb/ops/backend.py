@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from perturb.registry import Registry
-from perturb.scene.masks import compose_numpy, extend_numpy
+from perturb.scene import compose_numpy, extend_numpy  # endoscopy or radiograph scene
 
 R = TypeVar("R")
 Backend = Literal["auto", "opencv", "torch"]

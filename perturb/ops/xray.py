@@ -75,6 +75,7 @@ from perturb.ops.registry import (
     draw_sign,
     register_kernel,
 )
+from perturb.scene import radiograph
 
 MU = 4.0  # display range in natural-log units of fluence
 FULL_DOSE_QUANTA = 10000.0  # N0: quanta per pixel of the unattenuated beam at full dose ...
@@ -167,6 +168,7 @@ def _apply_shift(src: np.ndarray, dst: np.ndarray, shift: np.ndarray) -> None:
 
 
 Box = tuple[slice, slice]
+Box4 = tuple[int, int, int, int]  # x0, y0, x1, y1
 
 
 def _quadrant_boxes(mask: np.ndarray) -> list[Box]:
@@ -692,21 +694,75 @@ def _text_lines(key: int, n: int) -> list[str]:
     return lines[: max(0, min(n, len(lines)))]
 
 
-def text_mask(h: int, w: int, lines: list[str], height: float) -> np.ndarray:
-    """Anti-aliased mask (float32, H x W) of text lines stacked in the four corners in turn
-    (line i goes to corner i % 4, row i // 4); ``height`` is the cap height in pixels."""
-    canvas = np.zeros((h, w), dtype=np.uint8)
+def annotation_boxes(scene: Any, h: int, w: int) -> list[Box4]:
+    """The boxes (x0, y0, x1, y1) of the annotations already burned into a film: its
+    radiograph scene's (``perturb.scene.radiograph``, given by the engine); none without one."""
+    if scene is None or tuple(scene.size) != (h, w) or scene.kind != "radiograph":
+        return []
+    return [tuple(int(v) for v in a["box"]) for a in radiograph.annotations_of(scene.descriptor)]  # type: ignore[misc]
+
+
+def _clear(box: Box4, taken: Sequence[Box4], gap: float) -> bool:
+    """Whether ``box`` keeps ``gap`` pixels from every box of ``taken``."""
+    x0, y0, x1, y1 = box
+    return all(
+        x1 + gap <= a0 or a1 + gap <= x0 or y1 + gap <= b0 or b1 + gap <= y0
+        for a0, b0, a1, b1 in taken
+    )
+
+
+def text_layout(
+    h: int, w: int, lines: list[str], height: float, avoid: Sequence[Box4] = ()
+) -> list[tuple[str, int, int]]:
+    """(text, x, y) origins of text lines stacked in the four corners in turn (line i goes to
+    corner i % 4, below (above, at the bottom) the lines already there), each kept a line's
+    height away from the boxes of ``avoid`` (annotations already on the film): a line that would
+    touch one moves one row further from its corner, then to the next corner; a line that fits
+    in no corner's band (the outer quarter of the film's height) is left out. Without ``avoid``
+    line i sits at row i // 4 (while the band holds it)."""
     font = cv2.FONT_HERSHEY_SIMPLEX
     scale = max(height / 22.0, 0.1)  # SIMPLEX caps are about 22 px at scale 1
     thick = max(1, round(height / 9.0))
     margin = max(1, round(0.6 * height))
     step = round(1.6 * height) + 1
+    rows = [0, 0, 0, 0]  # the next free row of each corner
+    taken = list(avoid)
+    out = []
     for i, text in enumerate(lines):
-        corner, row = i % 4, i // 4
-        (tw, th), _ = cv2.getTextSize(text, font, scale, thick)
-        x0 = margin if corner in (0, 2) else w - margin - tw
-        y0 = margin + th + row * step if corner in (0, 1) else h - margin - row * step
-        cv2.putText(canvas, text, (int(x0), int(y0)), font, scale, 255, thick, cv2.LINE_AA)
+        (tw, th), base = cv2.getTextSize(text, font, scale, thick)
+        for corner in [(i + k) % 4 for k in range(4)]:
+            placed = None
+            row = rows[corner]
+            while placed is None:
+                x0 = margin if corner in (0, 2) else w - margin - tw
+                y0 = margin + th + row * step if corner in (0, 1) else h - margin - row * step
+                box = (x0, y0 - th, x0 + tw, y0 + base)
+                if (corner in (0, 1) and y0 + base > h // 4) or (
+                    corner in (2, 3) and y0 - th < h - h // 4
+                ):
+                    break  # out of the corner's band (a quarter of the film): the next corner
+                if _clear(box, avoid, height):
+                    placed = (text, int(x0), int(y0))
+                    taken.append(box)
+                    rows[corner] = row + 1
+                row += 1
+            if placed is not None:
+                out.append(placed)
+                break
+    return out
+
+
+def text_mask(
+    h: int, w: int, lines: list[str], height: float, avoid: Sequence[Box4] = ()
+) -> np.ndarray:
+    """Anti-aliased mask (float32, H x W) of text lines laid out by ``text_layout``; ``height``
+    is the cap height in pixels."""
+    canvas = np.zeros((h, w), dtype=np.uint8)
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    scale = max(height / 22.0, 0.1)
+    thick = max(1, round(height / 9.0))
+    for text, x0, y0 in text_layout(h, w, lines, height, avoid):
+        cv2.putText(canvas, text, (x0, y0), font, scale, 255, thick, cv2.LINE_AA)
     return canvas.astype(np.float32) / np.float32(255.0)
 
 
@@ -718,15 +774,17 @@ def _text_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
-@register_kernel("xray_burned_text", sampler=_text_sampler, host_params=True)
+@register_kernel("xray_burned_text", sampler=_text_sampler, host_params=True, uses_scene=True)
 def xray_burned_text(
     x: torch.Tensor,
     p: dict[str, torch.Tensor],
     keys: Sequence[int],
     host_params: Sequence[Mapping[str, Any]] | None = None,
+    scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
     """Burned-in annotation text (ID, date, projection, technique) in the corners; ``lines``
-    grows with severity and the first lines of a sample are the same at every severity.
+    grows with severity and the first lines of a sample are the same at every severity. Lines
+    keep clear of the annotations already on the film (its radiograph scene: ``text_layout``).
 
     Kornia: own kernel: the glyph masks are rendered on the host (OpenCV text, identical on every
     device, the CPU path's pixels bit for bit) from the records' parameters on the host
@@ -736,49 +794,136 @@ def xray_burned_text(
     h, w = x.shape[-2:]
     side = min(h, w)
     rows = _host_rows(p, host_params, ("lines", "height"))
+    given = list(scenes) if scenes is not None else [None] * len(keys)
     masks = [
-        text_mask(h, w, _text_lines(int(k), round(lines)), height * side)
-        for k, (lines, height) in zip(keys, rows, strict=True)
+        text_mask(
+            h, w, _text_lines(int(k), round(lines)), height * side, annotation_boxes(sc, h, w)
+        )
+        for k, (lines, height), sc in zip(keys, rows, given, strict=True)
     ]
     return _blend(x, masks, p["value"])
 
 
-@backend.register_cpu("xray_burned_text", dtypes=_NATIVE)
+@backend.register_cpu("xray_burned_text", dtypes=_NATIVE, uses_scene=True)
 def xray_burned_text_cpu(
-    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
 ) -> None:
     h, w = src.shape[-2:]
     lines = _text_lines(key, round(float(p["lines"])))
-    mask = text_mask(h, w, lines, float(p["height"]) * min(h, w))
+    avoid = annotation_boxes(scene, h, w)
+    mask = text_mask(h, w, lines, float(p["height"]) * min(h, w), avoid)
     _blend_np(src, dst, mask, float(p["value"]), _quadrant_boxes(mask))
 
 
-def marker_mask(
-    h: int, w: int, letter: str, size: float, right_corner: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """A lead laterality marker: a square of ``size`` px anchored at a top corner (margin 3 %
-    of the shorter side), a faint holder (0.35) with a bright outline and the letter (1.0).
-    Returns (mask, value) float32 images."""
+def marker_plan(
+    h: int, w: int, letter: str, size: float, right_corner: bool, scene: Any = None
+) -> tuple[str | None, int, int, str | None]:
+    """Where the laterality marker goes: (letter or None for no marker, x0, y0 of its square,
+    why it differs from the drawn letter and corner, or None). A film's detected markers
+    (its radiograph scene) decide the letter: the added marker never contradicts them (one side
+    read: that letter, on that marker's side of the film; both: no marker; a marker-like
+    annotation whose side was not read (``radiograph.unread_markers``): no marker). The square
+    starts in the drawn top corner (margin
+    3 % of the shorter side) and keeps half its size from every detected annotation: it moves
+    up to twice its size along the edge from the drawn corner, the other top corner, then the
+    bottom ones, before it goes further towards the middle."""
     side = min(h, w)
     margin = round(0.03 * side)
     s = max(2, round(size))
-    x0 = w - margin - s if right_corner else margin
-    y0 = margin
+    found = radiograph.annotations_of(scene.descriptor) if _fits(scene, h, w) else []
+    sides = sorted({str(a["side"]) for a in found if a["type"] == "marker" and a["side"]})
+    if len(sides) > 1:
+        return None, 0, 0, "no marker added: the film already shows both an L and an R marker"
+    if not sides and _fits(scene, h, w):
+        unread = radiograph.unread_markers(scene.descriptor)
+        if unread:
+            box = ", ".join(str(a["box"]) for a in unread)
+            return None, 0, 0, f"no marker added: marker-like annotation(s) at {box}, side not read"
+    why = None
+    if sides and sides[0] != letter:
+        why = f"letter {sides[0]} (drawn {letter}): the film's detected marker is {sides[0]}"
+        letter = sides[0]
+    if sides:  # on the film's side of that marker: an L on the patient's left, wherever shown
+        read = [a["box"] for a in found if a["type"] == "marker" and a["side"]]
+        on_right = sum(b[0] + b[2] for b in read) / (2 * len(read)) > w / 2
+        if on_right != right_corner:
+            side_note = "on the side of the film's detected marker"
+            why = side_note if why is None else f"{why}; {side_note}"
+            right_corner = on_right
+    avoid = [tuple(int(v) for v in a["box"]) for a in found]
+    # the place is found for the largest marker (severity 5) and the square grows from the same
+    # outer corner, so a film's marker at every severity sits at one place, nested
+    big = max(s, round(PLAN_SIZE * side))
+    step = max(1, big // 2)
+    corners = [
+        (right_corner, True),
+        (not right_corner, True),
+        (right_corner, False),
+        (not right_corner, False),
+    ]
+    if sides:  # only the detected marker's side of the film
+        corners = [c for c in corners if c[0] == right_corner]
+    near = range(0, 2 * big + 1, step)  # first each corner's own neighbourhood, then further in
+    far = range(2 * big + step, max(2 * big + step, w // 2 - big - margin), step)
+    for shifts in (near, far):
+        for k, (right, top) in enumerate(corners):
+            for shift in shifts:
+                x0 = w - margin - big - shift if right else margin + shift
+                y0 = margin if top else h - margin - big
+                if _clear((x0, y0, x0 + big, y0 + big), avoid, 0.5 * big):  # type: ignore[arg-type]
+                    if k or shift:
+                        moved = "moved clear of the film's annotations"
+                        why = moved if why is None else f"{why}; {moved}"
+                    # the marker's square in the outer corner of the planned one
+                    return letter, x0 + (big - s if right else 0), y0 + (0 if top else big - s), why
+    return None, 0, 0, "no marker added: no corner of the film is clear of its annotations"
+
+
+PLAN_SIZE = 0.09  # the largest marker (catalog: severity 5's upper size), shorter side
+
+
+def _fits(scene: Any, h: int, w: int) -> bool:
+    return scene is not None and tuple(scene.size) == (h, w) and scene.kind == "radiograph"
+
+
+def marker_mask(
+    h: int, w: int, letter: str, size: float, right_corner: bool, scene: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A lead laterality marker placed by ``marker_plan``: a square of ``size`` px, a faint
+    holder (0.35) with a bright outline and the letter (1.0); all zeros where no marker is
+    added. Returns (mask, value) float32 images."""
     mask = np.zeros((h, w), dtype=np.float32)
     value = np.ones((h, w), dtype=np.float32)
+    letter_, x0, y0, _ = marker_plan(h, w, letter, size, right_corner, scene)
+    if letter_ is None:
+        return mask, value
+    s = max(2, round(size))
     mask[y0 : y0 + s, x0 : x0 + s] = 0.35
     glyph = np.zeros((h, w), dtype=np.uint8)
     thick = max(1, round(s / 12.0))
     cv2.rectangle(glyph, (x0, y0), (x0 + s - 1, y0 + s - 1), 255, thick, cv2.LINE_AA)
     scale = max(0.7 * s / 22.0, 0.1)
-    (tw, th), _ = cv2.getTextSize(letter, cv2.FONT_HERSHEY_DUPLEX, scale, max(1, 2 * thick))
+    (tw, th), _ = cv2.getTextSize(letter_, cv2.FONT_HERSHEY_DUPLEX, scale, max(1, 2 * thick))
     org = (x0 + (s - tw) // 2, y0 + (s + th) // 2)
     cv2.putText(
-        glyph, letter, org, cv2.FONT_HERSHEY_DUPLEX, scale, 255, max(1, 2 * thick), cv2.LINE_AA
+        glyph, letter_, org, cv2.FONT_HERSHEY_DUPLEX, scale, 255, max(1, 2 * thick), cv2.LINE_AA
     )
     inside = (slice(y0, y0 + s), slice(x0, x0 + s))  # the marker never leaves its square
     np.maximum(mask[inside], glyph[inside].astype(np.float32) / np.float32(255.0), out=mask[inside])
     return mask, value
+
+
+def laterality_note(params: Mapping[str, Any], scene: Any, h: int, w: int) -> str | None:
+    """Why a record's marker differs from its drawn letter and corner (``marker_plan``), or
+    None: what the engine writes in the record (``extra["note"]``)."""
+    letter = "R" if float(params["letter_r"]) > 0.5 else "L"
+    size = as_float32(params["size"]) * min(h, w)
+    return marker_plan(h, w, letter, size, as_float32(params["right_corner"]) > 0.5, scene)[3]
+
+
+# ops whose record says why their result differs from what their parameters alone would give,
+# read from the film's scene: note(params, scene, h, w)
+SCENE_NOTES = {"xray_laterality_marker": laterality_note}
 
 
 def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -789,38 +934,43 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
-@register_kernel("xray_laterality_marker", sampler=_marker_sampler, host_params=True)
+@register_kernel(
+    "xray_laterality_marker", sampler=_marker_sampler, host_params=True, uses_scene=True
+)
 def xray_laterality_marker(
     x: torch.Tensor,
     p: dict[str, torch.Tensor],
     keys: Sequence[int],
     host_params: Sequence[Mapping[str, Any]] | None = None,
+    scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
     """A radiopaque "L"/"R" marker in a top corner; the letter is keyed and need not match the
-    anatomy (a wrong or misplaced marker is the failure mode it probes).
+    anatomy (a wrong or misplaced marker is the failure mode it probes), but it never
+    contradicts a marker already on the film and keeps clear of its annotations (``marker_plan``).
 
     Kornia: own kernel: the marker mask is rendered on the host (identical on every device, the
     CPU path's pixels bit for bit) from the records' parameters on the host (``host_params``),
     uploaded once and blended in one pass; Kornia has no text rendering."""
     h, w = x.shape[-2:]
     side = min(h, w)
+    given = list(scenes) if scenes is not None else [None] * len(keys)
     masks = [
-        marker_mask(h, w, "R" if letter_r > 0.5 else "L", size * side, right > 0.5)[0]
-        for size, letter_r, right in _host_rows(
-            p, host_params, ("size", "letter_r", "right_corner")
+        marker_mask(h, w, "R" if letter_r > 0.5 else "L", size * side, right > 0.5, sc)[0]
+        for (size, letter_r, right), sc in zip(
+            _host_rows(p, host_params, ("size", "letter_r", "right_corner")), given, strict=True
         )
     ]
     return _blend(x, masks, 1.0)  # the marker's value image is all ones
 
 
-@backend.register_cpu("xray_laterality_marker", dtypes=_NATIVE)
+@backend.register_cpu("xray_laterality_marker", dtypes=_NATIVE, uses_scene=True)
 def xray_laterality_marker_cpu(
-    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
 ) -> None:
     h, w = src.shape[-2:]
     letter = "R" if float(p["letter_r"]) > 0.5 else "L"
     mask, _ = marker_mask(
-        h, w, letter, float(p["size"]) * min(h, w), float(p["right_corner"]) > 0.5
+        h, w, letter, float(p["size"]) * min(h, w), float(p["right_corner"]) > 0.5, scene
     )
     _blend_np(src, dst, mask, 1.0, _quadrant_boxes(mask))  # the marker's value image is all ones
 

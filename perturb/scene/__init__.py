@@ -12,6 +12,12 @@
 
 The engine stores the descriptor in each record of a tissue-layer op (``record.extra["scene"]``)
 so replay rebuilds the same masks without re-analysing the (possibly already perturbed) input.
+
+A radiograph's scene (``perturb.scene.radiograph``; ``Scene.of(image, kind="radiograph")``, what
+the engine analyses for an X-ray op) has one layer over the film: its burned-in annotations
+(text, laterality markers and holders). ``overlay`` is their pixels, ``field`` the whole image,
+and the composite keeps them exactly under an acquisition op; its descriptor says
+``"annotations": "none found"`` where none were found.
 """
 
 from __future__ import annotations
@@ -24,10 +30,49 @@ from typing import Any
 
 import numpy as np
 
-from perturb.scene import masks
+from perturb.scene import masks, radiograph
 from perturb.scene.analysis import SCENE_VERSION, analyse, analysed, highlight_mask, to_hwc_u8
 
-__all__ = ["SCENE_VERSION", "Scene", "analyse", "scene"]
+__all__ = [
+    "KINDS",
+    "SCENE_VERSION",
+    "Scene",
+    "analyse",
+    "compose_numpy",
+    "extend_numpy",
+    "kind_of",
+    "scene",
+]
+
+KINDS = ("endoscopy", "radiograph")  # what a scene models: an endoscopy frame, a radiograph
+
+
+def kind_of(descriptor: Any) -> str:
+    """ "radiograph" for a radiograph's descriptor, else "endoscopy"."""
+    return "radiograph" if radiograph.is_radiograph(descriptor) else "endoscopy"
+
+
+def compose_numpy(
+    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
+) -> None:
+    """``masks.compose_numpy``, or for a radiograph ``radiograph.compose_numpy``: in place, ``dst``
+    takes ``src``'s pixels where the scene's protected layers are."""
+    if radiograph.is_radiograph(desc):
+        radiograph.compose_numpy(src, dst, desc, key)
+    else:
+        masks.compose_numpy(src, dst, desc, key)
+
+
+def extend_numpy(
+    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
+) -> None:
+    """``masks.extend_numpy``, or for a radiograph ``radiograph.extend_numpy`` (the film with its
+    annotations filled from around them)."""
+    if radiograph.is_radiograph(desc):
+        radiograph.extend_numpy(src, dst, desc, key)
+    else:
+        masks.extend_numpy(src, dst, desc, key)
+
 
 _GLYPH_SLOTS = 4  # per-image values a scene keeps per name (the images it was used with)
 
@@ -54,11 +99,19 @@ class Scene:
         return scene
 
     @classmethod
-    def of(cls, image: Any) -> Scene:
-        """The scene of one image as the engine composites it (``analyse``), without the highlight
-        mask; its descriptor may be shared with the analysis cache: read it, never change it."""
-        desc, _, key = analysed(image)
+    def of(cls, image: Any, kind: str = "endoscopy") -> Scene:
+        """The scene of one image as the engine composites it (``analyse``; a radiograph's with
+        ``kind="radiograph"``), without the highlight mask; its descriptor may be shared with the
+        analysis cache: read it, never change it."""
+        if kind not in KINDS:
+            raise ValueError(f"scene kind must be one of {KINDS}, got {kind!r}")
+        desc, _, key = radiograph.analysed(image) if kind == "radiograph" else analysed(image)
         return cls.keyed(desc, key)
+
+    @property
+    def kind(self) -> str:
+        """What the scene models: "endoscopy" or "radiograph" (``kind_of`` its descriptor)."""
+        return kind_of(self.descriptor)
 
     @property
     def key(self) -> str:
@@ -70,6 +123,9 @@ class Scene:
 
     @classmethod
     def from_descriptor(cls, descriptor: dict[str, Any]) -> Scene:
+        if radiograph.is_radiograph(descriptor):
+            radiograph.check_descriptor(descriptor)
+            return cls(descriptor)
         if not isinstance(descriptor, dict) or descriptor.get("version") != SCENE_VERSION:
             raise ValueError(
                 f"scene descriptor of version {descriptor.get('version') if isinstance(descriptor, dict) else None}"
@@ -80,7 +136,10 @@ class Scene:
     def composite_alpha(self, image: np.ndarray) -> np.ndarray:
         """float32 (H, W), read-only: ``masks.composite_alpha`` of this scene with the clean
         ``image`` (CHW NumPy, its own dtype), computed once per image: where the scene has text
-        lines it is kept per content of their glyph windows (the only pixels it reads)."""
+        lines it is kept per content of their glyph windows (the only pixels it reads); of a
+        radiograph: 0 on its annotations, 1 elsewhere (from the descriptor alone)."""
+        if self.kind == "radiograph":
+            return self._derived("composite", radiograph.composite_alpha)
         if not masks.text_boxes(self.descriptor):
             return masks.tissue_alpha(self.descriptor, self.key)
         return self._per_glyphs(
@@ -90,6 +149,8 @@ class Scene:
     def extension_alpha(self, image: np.ndarray) -> np.ndarray:
         """float32 (H, W), read-only: the weight of the clean pixels in the tissue extension of
         spatial ops (``masks.extension_alpha``), computed once per image as ``composite_alpha``."""
+        if self.kind == "radiograph":
+            return self._derived("extension", radiograph.extension_alpha)
         if not masks.text_boxes(self.descriptor):
             return self._memo.setdefault(
                 "extension", masks.extension_alpha(self.key, self.composite_alpha(image))
@@ -101,8 +162,14 @@ class Scene:
     def extension_fill(self, image: np.ndarray) -> np.ndarray:
         """(C, H, W) of ``image``'s dtype, read-only: the fill of the tissue extension of the
         clean ``image`` (``masks.extension_fill``), computed once per image: kept per content
-        of its coarse samples (``masks.extension_samples``, the only pixels it depends on)."""
+        of its coarse samples (``masks.extension_samples``, the only pixels it depends on); of a
+        radiograph: the film with its annotations filled from around them, computed each call
+        (it reads only the pixels around the annotations)."""
         _check_fits(self, image)
+        if self.kind == "radiograph":
+            fill = radiograph.extension_fill(image, self.descriptor, self.key)
+            fill.flags.writeable = False
+            return fill
         samples = masks.extension_samples(image, self.descriptor, self.key)
         slot = (
             "fill",
@@ -112,6 +179,15 @@ class Scene:
         return self._keep(
             slot, lambda: masks.extension_fill(samples, self.descriptor, image.dtype, self.key)
         )
+
+    def _derived(self, name: str, compute: Any) -> np.ndarray:
+        """``compute(descriptor, key)`` kept under ``name`` (read-only)."""
+        held = self._memo.get(name)
+        if held is None:
+            held = compute(self.descriptor, self.key)
+            held.flags.writeable = False
+            self._memo[name] = held
+        return np.asarray(held)
 
     def _per_glyphs(self, name: str, image: np.ndarray, compute: Any) -> np.ndarray:
         """``compute()`` kept under ``name`` and the bytes of ``image``'s glyph windows."""
@@ -142,24 +218,34 @@ class Scene:
 
     @property
     def field(self) -> np.ndarray:
+        if self.kind == "radiograph":  # the whole film
+            return self._derived("field", lambda d, _k: np.ones(self.size, np.float32))
         return masks._field_alpha(self.key)  # the cached masks of this descriptor, keyed once
 
     @property
     def overlay(self) -> np.ndarray:
+        if self.kind == "radiograph":  # the annotation pixels
+            return radiograph.mask_of(self.descriptor, self.key)
         return masks._overlay_mask(self.key)  # the cached masks of this descriptor, keyed once
 
     @property
     def tissue(self) -> np.ndarray:
+        if self.kind == "radiograph":
+            return self._derived("composite", radiograph.composite_alpha)
         return masks._tissue_alpha(self.key)  # the cached masks of this descriptor, keyed once
 
     def tissue_of(self, image: Any) -> np.ndarray:
         """float32 (H, W): where a tissue-layer op shows in the composite of the clean ``image``
         (HW/HWC NumPy or CHW tensor): ``tissue`` with text lines cut to their glyph strokes."""
+        if self.kind == "radiograph":
+            return self.tissue.copy()
         return masks.composite_alpha(self.descriptor, self._chw(image))
 
     def overlay_of(self, image: Any) -> np.ndarray:
         """bool (H, W): the overlay pixels the composite keeps from the clean ``image``:
         ``overlay`` with text lines cut to their glyph strokes."""
+        if self.kind == "radiograph":
+            return self.overlay.copy()
         return masks.overlay_of(self.descriptor, self._chw(image))
 
     def _chw(self, image: Any) -> np.ndarray:
@@ -177,10 +263,19 @@ class Scene:
 
     @property
     def bbox(self) -> tuple[int, int, int, int]:
+        if self.kind == "radiograph":
+            h, w = self.size
+            return 0, 0, w, h
         return masks.bbox(self.descriptor)
 
     @property
     def overlays(self) -> list[tuple[int, int, int, int, str]]:
+        if self.kind == "radiograph":  # kind: "text", "marker L", "marker R"
+            found = []
+            for a in radiograph.annotations_of(self.descriptor):
+                x0, y0, x1, y1 = (int(v) for v in a["box"])
+                found.append((x0, y0, x1, y1, a["type"] + (f" {a['side']}" if a["side"] else "")))
+            return found
         return [
             (int(a), int(b), int(c), int(d), str(k))
             for a, b, c, d, k in self.descriptor["overlays"]

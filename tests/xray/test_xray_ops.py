@@ -44,8 +44,10 @@ def _real(size: int = 256, index: int = 2) -> torch.Tensor:
 
 
 def _with_params(x: torch.Tensor, op: str, severity: int, params: dict[str, Any], key: str = "k") -> tuple[torch.Tensor, Record]:
-    """Run ``op`` with explicit parameters (through the engine's replay)."""
-    _, records = perturb.apply(x, op, severity, [key])
+    """Run ``op`` with explicit parameters (through the engine's replay), on the whole film: the
+    formulas checked here are the op's physics; keeping the film's burned-in annotations is
+    tested in tests/xray/test_annotation_layer.py."""
+    _, records = perturb.apply(x, op, severity, [key], protect_border=False)
     rec = Record(**{**records[0].to_dict(), "params": {**records[0].params, **params}})
     return perturb.replay([rec], x), rec
 

@@ -34,7 +34,10 @@ def test_samples_and_catalog() -> None:
     assert len(op_names("xray")) >= 22
     for name in XRAY_OPS:
         assert all_ops()[name].spec.channels == [1]
-        assert not all_ops()[name].spec.protects_border
+        # acquisition and overlay ops keep the film's burned-in annotations; display, codec and
+        # geometry ops act on every stored pixel
+        acts_on_all = all_ops()[name].spec.family in {"display", "codec", "geometry"}
+        assert all_ops()[name].spec.protects_border is not acts_on_all
 
 
 def test_cli_lists_the_xray_ops() -> None:
@@ -64,7 +67,9 @@ def test_xray_ssim_strictly_decreases_with_severity(path: Path) -> None:
     for name in XRAY_OPS:
         if name in NOT_SSIM_GRADED:
             continue
-        out, _ = perturb.apply(batch, name, [1, 2, 3, 4, 5], [path.name] * 5)
+        out, records = perturb.apply(batch, name, [1, 2, 3, 4, 5], [path.name] * 5)
+        if all(r.extra.get("note", "").startswith("no marker added") for r in records):
+            continue  # the film's own marker could not be read: by design nothing is added
         scores = ssim(clean.unsqueeze(0), out).tolist()
         if not all(a > b for a, b in itertools.pairwise(scores)):
             failures.append(f"{name}: {np.round(scores, 5).tolist()}")

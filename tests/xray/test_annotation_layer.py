@@ -1,0 +1,266 @@
+"""The radiograph annotation layer (``perturb.scene.radiograph``): detection on the labelled set
+(tests/data/xray_labels, held-back part: the five films shipped in tests/data/xray with
+synthetic annotations burned in), annotations kept by the acquisition ops and acted on by the
+display and codec ops, the overlay ops' placement, records and the ``--scene`` preview."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import perturb
+from perturb.catalog.registry import all_ops, get_op
+from perturb.cli import app
+from perturb.contracts.record import Record
+from perturb.ops.backend import use_backend
+from perturb.ops.xray import PLAN_SIZE, marker_mask
+from perturb.scene import Scene, radiograph
+
+LABELS = Path(__file__).resolve().parents[1] / "data" / "xray_labels"
+sys.path.insert(0, str(LABELS))
+from annotation_eval import evaluate  # noqa: E402
+from annotation_labels import burned, read_gray  # noqa: E402
+
+CHANGED = 12  # grey levels: a pixel changed by more than this counts as changed
+XRAY_OPS = sorted(n for n, o in all_ops().items() if o.spec.modalities == ["xray"])
+ACQUISITION = [
+    n
+    for n in XRAY_OPS
+    if all_ops()[n].spec.protects_border and all_ops()[n].spec.family != "overlay"
+]
+DISPLAY = [n for n in XRAY_OPS if all_ops()[n].spec.family in {"display", "codec"}]
+POINTWISE_DISPLAY = ["xray_window_level", "xray_gamma", "xray_bit_depth", "xray_monochrome1"]
+CM_PER_SHORTER_SIDE = 43.0  # assumption: a chest film's shorter side spans about 43 cm
+
+
+def _held() -> list[dict[str, Any]]:
+    items = json.loads((LABELS / "labels.json").read_text())["items"]
+    return [i for i in items if i["split"] == "held"]
+
+
+@pytest.fixture(scope="module")
+def films() -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(name, film with the synthetic annotations burned in, labelled annotation pixels of the
+    annotations the layer detects: label components at least half covered by the layer)."""
+    out = []
+    for item in _held():
+        gray = read_gray(item["film"])
+        assert gray is not None, f"{item['film']} is shipped in tests/data/xray"
+        image, _ = burned(gray, item["synthetic"])
+        label = cv2.imread(str(LABELS / (Path(item["film"]).stem + ".png")), 0) > 0
+        layer = radiograph.mask_of(radiograph.analyse(image))
+        n, parts = cv2.connectedComponents(
+            cv2.dilate(label.astype(np.uint8), np.ones((5, 5), np.uint8)), connectivity=8
+        )
+        found = np.zeros_like(label)
+        for k in range(1, n):
+            glyphs = label & (parts == k)
+            if (glyphs & layer).sum() >= 0.5 * glyphs.sum():
+                found |= glyphs
+        assert found.any(), f"no annotation of {item['film']} detected"
+        out.append((item["film"], image, found))
+    return out
+
+
+def _batch(films: list[tuple[str, np.ndarray, np.ndarray]]) -> torch.Tensor:
+    return torch.from_numpy(np.stack([f[1] for f in films]))[:, None].contiguous()
+
+
+def test_detection_meets_the_targets_on_the_held_back_films() -> None:
+    res = evaluate("held")
+    assert res["films"] == len(_held()) == 5
+    assert res["recall"] >= 0.9, res
+    assert res["false_area"] <= 0.003 and res["worst_false_area"] <= 0.003, res
+
+
+def test_stored_labels_hold_the_burned_annotations() -> None:
+    for item in _held():
+        gray = read_gray(item["film"])
+        assert gray is not None
+        _, synthetic = burned(gray, item["synthetic"])
+        label = cv2.imread(str(LABELS / (Path(item["film"]).stem + ".png")), 0) > 0
+        assert synthetic.any() and not (synthetic & ~label).any()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ACQUISITION)
+def test_acquisition_ops_keep_the_detected_annotations(
+    op: str, films: list[tuple[str, np.ndarray, np.ndarray]]
+) -> None:
+    x = _batch(films)
+    out, records = perturb.apply(x, op, 5, [f[0] for f in films])
+    for (name, image, found), o, r in zip(films, out[:, 0].numpy(), records, strict=True):
+        changed = np.abs(o.astype(np.int16) - image.astype(np.int16)) > CHANGED
+        assert changed[found].mean() <= 0.10, f"{op} on {name}: {changed[found].mean():.1%}"
+        assert r.extra["scene"]["kind"] == "radiograph"
+
+
+@pytest.mark.parametrize("op", ["xray_motion_blur", "xray_double_exposure", "xray_exposure"])
+def test_acquisition_ops_keep_the_annotations_on_the_torch_path(
+    op: str, films: list[tuple[str, np.ndarray, np.ndarray]]
+) -> None:
+    x = _batch(films[:2]).float() / 255.0
+    with use_backend("torch"):
+        out, records = perturb.apply(x, op, 5, [f[0] for f in films[:2]])
+        assert torch.equal(perturb.replay(records, x), out)
+    for (name, image, found), o in zip(films[:2], out[:, 0].numpy(), strict=True):
+        changed = np.abs(np.rint(o * 255.0) - image) > CHANGED
+        assert changed[found].mean() <= 0.10, f"{op} on {name}"
+
+
+def test_spatial_acquisition_ops_do_not_smear_the_annotations_into_the_film(
+    films: list[tuple[str, np.ndarray, np.ndarray]],
+) -> None:
+    """A motion blur reads the film with the annotations filled in: just outside a glyph the
+    blurred film is no brighter than the blur of the film without it would be (no halo)."""
+    name, image, _ = films[-1]
+    desc = radiograph.analyse(image)
+    layer = radiograph.mask_of(desc)
+    x = torch.from_numpy(image)[None, None]
+    out, _ = perturb.apply(x, "xray_motion_blur", 5, [name])
+    filled = torch.from_numpy(radiograph.extension_fill(image[None], desc))[None]
+    rec = perturb.apply(filled, "xray_motion_blur", 5, [name], protect_border=False)[0]
+    ring = (cv2.dilate(layer.astype(np.uint8), np.ones((9, 9), np.uint8)) > 0) & ~layer
+    ring &= radiograph.extension_alpha(desc) > 0  # beyond the filled halo
+    diff = np.abs(out[0, 0].numpy().astype(int) - rec[0, 0].numpy().astype(int))[ring]
+    assert diff.max() <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", DISPLAY)
+def test_display_and_codec_ops_act_on_the_annotations(
+    op: str, films: list[tuple[str, np.ndarray, np.ndarray]]
+) -> None:
+    assert not get_op(op).spec.protects_border
+    x = _batch(films)
+    out, records = perturb.apply(x, op, 5, [f[0] for f in films])
+    assert all("scene" not in r.extra for r in records)
+    for (name, image, found), o in zip(films, out[:, 0].numpy(), strict=True):
+        if op in POINTWISE_DISPLAY:
+            # every stored level maps alike, on the annotations and off them
+            table = np.full(256, -1)
+            table[image[~found]] = o[~found]
+            seen = table[image[found]] >= 0
+            assert np.array_equal(o[found][seen], table[image[found]][seen]), f"{op} on {name}"
+        changed = np.abs(o.astype(np.int16) - image.astype(np.int16)) > CHANGED
+        if op != "xray_bit_depth":  # 3.7 bits: its steps (about 18 levels) keep many levels
+            assert changed[found].mean() > 0.05, f"{op} on {name}: {changed[found].mean():.1%}"
+
+
+def test_burned_text_keeps_clear_of_the_detected_annotations(
+    films: list[tuple[str, np.ndarray, np.ndarray]],
+) -> None:
+    x = _batch(films)
+    for severity in (1, 3, 5):
+        out, records = perturb.apply(x, "xray_burned_text", severity, [f[0] for f in films])
+        for (name, image, _), o, r in zip(films, out[:, 0].numpy(), records, strict=True):
+            added = o != image
+            assert added.any()
+            for a in radiograph.annotations_of(r.extra["scene"]):
+                x0, y0, x1, y1 = a["box"]
+                gap = 2  # px: anti-aliased edges of a glyph a line's height away never get here
+                assert not added[max(0, y0 - gap) : y1 + gap, max(0, x0 - gap) : x1 + gap].any(), (
+                    f"{name} s{severity}: text over {a['box']}"
+                )
+
+
+def _film_with_marker(letters: dict[str, bool]) -> np.ndarray:
+    """A shipped film with no marker in its top corners (its arrow and "AP PORTABLE" lie lower),
+    with the op's own markers (letter:
+    right corner?) burned into its top corners: a film with known sides."""
+    gray = read_gray("nih_00013125_000.png")
+    assert gray is not None
+    h, w = gray.shape
+    v = gray.astype(np.float32) / 255.0
+    for letter, right in letters.items():
+        mask, _ = marker_mask(h, w, letter, 0.06 * min(h, w), right)
+        v = v * (1.0 - mask) + mask
+    return np.clip(np.rint(v * 255.0), 0, 255).astype(np.uint8)
+
+
+def test_a_detected_marker_is_read_and_never_contradicted() -> None:
+    film = _film_with_marker({"L": False})
+    desc = radiograph.analyse(film)
+    sides = {a["side"] for a in radiograph.annotations_of(desc) if a["type"] == "marker"}
+    assert sides == {"L"}
+    keys = [f"k{i}" for i in range(8)]
+    x = torch.from_numpy(np.repeat(film[None, None], len(keys), axis=0))
+    out, records = perturb.apply(x, "xray_laterality_marker", 5, keys)
+    drawn_r = [r.params["letter_r"] > 0.5 for r in records]
+    assert any(drawn_r) and not all(drawn_r)  # both letters drawn among the keys
+    for i, (r, was_r) in enumerate(zip(records, drawn_r, strict=True)):
+        assert not torch.equal(out[i], x[i])  # a marker is added
+        if was_r:  # drawn R: the film's L is drawn instead, exactly as a drawn L would be
+            assert "letter L (drawn R)" in r.extra["note"]
+            as_l = Record(**{**r.to_dict(), "params": {**r.params, "letter_r": 0.0}})
+            assert torch.equal(perturb.replay([as_l], x[i : i + 1]), out[i : i + 1])
+        added = out[i, 0].numpy() != film
+        assert not added[:, film.shape[1] // 2 :].any()  # on the film's L side (image left)
+        for a in radiograph.annotations_of(desc):  # clear of the film's own marker
+            x0, y0, x1, y1 = a["box"]
+            assert not added[y0:y1, x0:x1].any()
+    # the added L reads as an L where it is drawn on dark film
+    first = radiograph.analyse(out[0, 0].numpy())
+    assert {a["side"] for a in radiograph.annotations_of(first) if a["type"] == "marker"} == {"L"}
+
+
+def test_no_marker_is_added_where_both_sides_are_shown() -> None:
+    film = _film_with_marker({"L": False, "R": True})
+    x = torch.from_numpy(film)[None, None]
+    out, records = perturb.apply(x, "xray_laterality_marker", 5, ["k"])
+    assert torch.equal(out, x)
+    assert records[0].extra["note"].startswith("no marker added: the film already shows both")
+
+
+def _overlaps(a: list[int], b: list[int]) -> bool:
+    return not (a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1])
+
+
+def test_marker_is_2_to_4_cm() -> None:
+    """Marker squares of 2 cm (severity 1) to 4 cm (severity 5), assuming the film's shorter
+    side spans ``CM_PER_SHORTER_SIDE`` (NIH: about 3000 px at 0.143 mm before scaling)."""
+    levels = get_op("xray_laterality_marker").spec.params["size"].levels
+    assert levels[0][0] * CM_PER_SHORTER_SIDE >= 1.9
+    assert levels[-1][1] * CM_PER_SHORTER_SIDE <= 4.0
+    assert levels[-1][1] == PLAN_SIZE  # placed for the largest marker
+
+
+def test_records_store_the_layer_and_replay_bit_for_bit(
+    films: list[tuple[str, np.ndarray, np.ndarray]],
+) -> None:
+    name, image, _ = films[0]
+    x = torch.from_numpy(image)[None, None]
+    out, records = perturb.apply(x, "xray_scatter", 4, [name])
+    desc = records[0].extra["scene"]
+    assert desc["kind"] == "radiograph" and isinstance(desc["annotations"], list)
+    again = Record.from_dict(json.loads(json.dumps(records[0].to_dict())))
+    assert torch.equal(perturb.replay([again], x), out)
+    assert np.array_equal(
+        Scene.from_descriptor(desc).overlay, radiograph.mask_of(radiograph.analyse(image))
+    )
+
+
+def test_a_film_without_annotations_says_so() -> None:
+    ys, xs = np.mgrid[0:256, 0:256]
+    film = (60 + 0.3 * xs + 0.2 * ys).astype(np.uint8)  # smooth, no strokes
+    _, records = perturb.apply(torch.from_numpy(film)[None, None], "xray_exposure", 3, ["flat"])
+    assert records[0].extra["scene"]["annotations"] == radiograph.NONE_FOUND == "none found"
+
+
+def test_preview_scene_shows_the_annotation_layer(tmp_path: Path) -> None:
+    out = tmp_path / "scene.png"
+    film = LABELS.parent / "xray" / "nih_00026911_000.png"
+    result = CliRunner().invoke(app, ["preview", str(film), "--scene", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    panel = cv2.imread(str(out))[..., ::-1]
+    right = panel[:, panel.shape[1] // 2 :]
+    red = (right[..., 0] > 200) & (right[..., 1] < 60) & (right[..., 2] < 60)
+    assert red.sum() > 100  # the annotation pixels, drawn in red
