@@ -44,12 +44,12 @@ def test_a_read_only_output_folder_is_a_clear_error(
 def test_a_full_disk_is_a_clear_error_and_the_rerun_finishes(
     tmp_path: Path, suite_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perturb.generate import runner, worker
+    from perturb.generate import core, worker
 
     folder, out = _folder(tmp_path), tmp_path / "out"
     with monkeypatch.context() as patch:
         patch.setattr(worker, "write_atomic", _failing(errno.ENOSPC))
-        patch.setattr(runner, "write_parquet_atomic", _failing(errno.ENOSPC))
+        patch.setattr(core, "write_parquet_atomic", _failing(errno.ENOSPC))
         usage_error(*generate(suite_file, folder, out), "free space", "re-run")
     code, text = generate(suite_file, folder, out)  # space freed: the same command finishes
     assert code == 0 and "written 2" in text, text
