@@ -83,7 +83,7 @@ import numpy as np
 import torch
 
 from perturb import rng
-from perturb.augment.module import SceneCache, carry_scenes
+from perturb.augment.module import SceneCache, carry_scenes, needs_scene
 from perturb.augment.plan import apply_plans, check_modality, plan_sample
 from perturb.augment.policy import Policy, load_policy
 from perturb.contracts.record import Record
@@ -339,7 +339,7 @@ class Planner:
         keep = [
             k
             for k, (slot, chain) in enumerate(zip(slots, chains, strict=True))
-            if slot[1] >= 0 and slot not in self._carried and any(r.protect_border for r in chain)
+            if slot[1] >= 0 and slot not in self._carried and needs_scene(chain)
         ]
         if not keep:
             return

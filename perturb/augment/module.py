@@ -39,7 +39,7 @@ from perturb.augment.plan import _check_index, apply_plans, check_modality, plan
 from perturb.augment.policy import Policy, load_policy
 from perturb.augment.targets import BoxesIn, move_boxes, move_masks, move_scene
 from perturb.contracts.record import Record
-from perturb.engine import with_codecs
+from perturb.engine import scene_kind, with_codecs
 from perturb.errors import InputError
 from perturb.scene import Scene
 
@@ -107,8 +107,15 @@ class SceneCache:
         self.__init__(state["size"])  # type: ignore[misc]
 
 
-def _needs_scene(chain: Sequence[Record]) -> bool:
-    return any(r.protect_border for r in chain)
+def _carries_scene(record: Record) -> bool:
+    """Whether ``record`` runs with an endoscopy scene carried from the source image. An X-ray
+    op's radiograph scene (annotation layer) is analysed by the engine on the image it gets."""
+    return record.protect_border and scene_kind(record.op) == "endoscopy"
+
+
+def needs_scene(chain: Sequence[Record]) -> bool:
+    """Whether any record of ``chain`` runs with a carried endoscopy scene."""
+    return any(_carries_scene(r) for r in chain)
 
 
 def carry_scenes(
@@ -120,7 +127,7 @@ def carry_scenes(
     """``chains`` with each border-protecting record storing the scene it runs with: the scene
     of the sample's source image (``cache``), moved through the chain's earlier geometric ops.
     The pixels of the samples that need a scene come to the host once for the batch."""
-    need = [i for i, chain in enumerate(chains) if _needs_scene(chain)]
+    need = [i for i, chain in enumerate(chains) if needs_scene(chain)]
     out = [list(chain) for chain in chains]
     if not need:
         return out
@@ -135,9 +142,9 @@ def carry_scenes(
     for i in need:
         desc = cache.scene(indices[i], host[position[i]])
         chain = out[i]
-        last = max(k for k, r in enumerate(chain) if r.protect_border)
+        last = max(k for k, r in enumerate(chain) if _carries_scene(r))
         for k, r in enumerate(chain[: last + 1]):
-            if r.protect_border:  # each record its own copy: records are handed to the caller
+            if _carries_scene(r):  # each record its own copy: records are handed to the caller
                 chain[k] = replace(
                     r, extra={**r.extra, "scene": marshal.loads(marshal.dumps(desc))}
                 )
