@@ -176,6 +176,7 @@ def _modes(root: Path) -> tuple[set[int], set[int]]:
     return files, folders
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_outputs_follow_the_umask(tmp_path: Path, umask: int) -> None:
     """Colleagues on a shared file system can read a split (0644 / 0755 under umask 022)."""

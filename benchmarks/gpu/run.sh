@@ -101,11 +101,12 @@ EOF
 status=0
 if [ "$TESTS" = 1 ]; then
   if [ "$DEVICE" = cuda ]; then
-    # -k matches test names, parameter ids and marker names: the -m cuda tests and every [cuda] case
-    echo "== tests on CUDA (-k cuda: the cuda-marked tests and the device-parametrized cuda cases)"
-    SELECT=(tests -k cuda)
+    # -k matches test names, parameter ids and marker names: the -m cuda tests and every [cuda] case,
+    # slow ones included (--full: the default run deselects the tests marked slow)
+    echo "== tests on CUDA (-k cuda --full: the cuda-marked tests and the device-parametrized cuda cases)"
+    SELECT=(tests -k cuda --full)
   else
-    echo "== tests: the device-parametrized tests on cpu"
+    echo "== tests: the device-parametrized tests on cpu (the fast set's)"
     "$PY" -m pytest tests -q --collect-only -p no:randomly -p no:cacheprovider 2>/dev/null \
       | grep -E '\[cpu\]|\[cpu-|-cpu\]|-cpu-' > "$WORK/cpu-tests.txt" || true
     mapfile -t SELECT < "$WORK/cpu-tests.txt"

@@ -36,6 +36,7 @@ def _without_timestamp(text: str) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.slow
 def test_writes_report_files_inside_dir(demo_dir: tuple[Path, str, str]) -> None:
     out, _, output = demo_dir
     for name in ("report.html", "report.md", "scores.json"):
@@ -49,6 +50,7 @@ def test_writes_report_files_inside_dir(demo_dir: tuple[Path, str, str]) -> None
     assert "probe-cv" in html and "<table" in html
 
 
+@pytest.mark.slow
 def test_strongest_perturbations_show_gaps_with_cis(demo_dir: tuple[Path, str, str]) -> None:
     _, text, _ = demo_dir
     scores = json.loads(text)
@@ -72,6 +74,7 @@ def test_strongest_perturbations_show_gaps_with_cis(demo_dir: tuple[Path, str, s
     assert overall["delta"]["estimate"] < 0 and overall["delta"]["ci"][1] < 0
 
 
+@pytest.mark.slow
 def test_rerun_gives_identical_scores(demo_dir: tuple[Path, str, str]) -> None:
     out, first, _ = demo_dir
     _run(out)

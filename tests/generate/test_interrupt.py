@@ -24,6 +24,8 @@ from perturb.cli import app
 from perturb.generate.verify import verify
 from tests.generate.conftest import digests
 
+pytestmark = pytest.mark.slow
+
 OUTPUTS = 66  # the mini suite over the 6 small phantoms
 PER_IMAGE = 11  # outputs of one image: --batch-size 1 makes one chunk per image
 

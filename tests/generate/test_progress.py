@@ -66,6 +66,7 @@ def test_job_function_reports_every_output_and_failure(tmp_path: Path, small_inp
     assert all((tmp_path / r["path"]).is_file() for r in result.rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_run_reports_per_output_and_ends_at_the_total(
     tmp_path: Path, small_input: Path, workers: int

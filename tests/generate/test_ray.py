@@ -25,6 +25,8 @@ from tests.generate.conftest import REPO, digests, manifest_rows, run
 from tests.generate.faults import hang_worker_on, kill_worker_on, kill_worker_once
 from tests.generate.test_shards import assert_same_run
 
+pytestmark = pytest.mark.slow
+
 runner = CliRunner()
 
 

@@ -18,6 +18,8 @@ from perturb.contracts.suite import Suite
 from perturb.generate.verify import verify
 from tests.generate.conftest import digests, run
 
+pytestmark = pytest.mark.slow
+
 
 def _command(suite_file: Path, out: Path, dataset: Path, *extra: str) -> list[str]:
     return [

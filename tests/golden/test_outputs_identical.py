@@ -13,6 +13,8 @@ import pytest
 
 from tests.golden.outputs import CASES, GOLDEN, compute
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_outputs_identical(case: str) -> None:

@@ -25,6 +25,8 @@ from perturb.generate.verify import verify
 from perturb.generate.worker import WorkerConfig, default_threads, encode_threads
 from tests.hostile.conftest import REPO, cli, image, subprocess_env
 
+pytestmark = pytest.mark.slow
+
 IMAGES = 6
 SUITE = {
     "suite": "commit-each",

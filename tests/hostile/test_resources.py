@@ -117,6 +117,7 @@ def test_the_dataset_reader_refuses_devices(tmp_path: Path) -> None:
         inp.image_bytes(0)
 
 
+@pytest.mark.slow
 def test_every_op_on_extreme_aspect_ratios_stays_under_2_gb(tmp_path: Path) -> None:
     """3 x 100000 and 100000 x 3 PNGs (300k pixels each, far below --max-pixels) through every
     endoscopy and X-ray op at severity 5, in a child capped at 8 GB of address space: its peak
@@ -195,6 +196,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads child pids from Linux /proc")
 def test_pool_workers_die_with_a_killed_driver(tmp_path: Path) -> None:
     folder = tmp_path / "images"

@@ -74,6 +74,7 @@ def _run(split: Path, out: Path, answer: object) -> dict:
     return json.loads((out / "scores" / "scores.json").read_text())
 
 
+@pytest.mark.slow
 def test_controls_separate_a_looking_model_from_a_blind_one(split: Path, tmp_path: Path) -> None:
     rows, _ = split_rows(split, tmp_path / "clean", builtin_images=IMAGES)
     truth = {

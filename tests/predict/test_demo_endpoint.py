@@ -19,6 +19,7 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.mark.slow
 def test_endpoint_demo_matches_the_in_process_probe(tmp_path: Path) -> None:
     direct = run_demo(tmp_path / "direct", **KW)  # type: ignore[arg-type]
     served = run_demo(tmp_path / "served", via_endpoint=True, **KW)  # type: ignore[arg-type]

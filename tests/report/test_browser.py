@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium is not installed (Debian package 'chromium'; CI installs it)"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian package 'chromium'; CI installs it)"),
+]
 
 FLAGS = [
     "--headless",

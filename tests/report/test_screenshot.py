@@ -26,9 +26,10 @@ from perturb.score import score_runs
 from perturb.score.synthetic import make_predictions
 
 CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium is not installed (Debian package 'chromium'; CI installs it)"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian package 'chromium'; CI installs it)"),
+]
 WIDTH, HEIGHT = 1280, 900
 FLAGS = [
     "--headless",

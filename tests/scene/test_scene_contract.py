@@ -74,6 +74,7 @@ def test_haze_lifts_dark_lumen_inside_the_field() -> None:
     pytest.skip("no frame with dark lumen inside the field in this sample set")
 
 
+@pytest.mark.slow
 def test_calibrated_bands_on_a_few_real_frames() -> None:
     found = require_frames()
     picked = [(n, downscale(img, 448)) for n, img in found[:: max(1, len(found) // 4)][:4]]
@@ -92,6 +93,7 @@ def test_calibrated_bands_on_a_few_real_frames() -> None:
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_resolution_invariance_on_an_hd_frame() -> None:
     big = [(n, img) for n, img in require_frames() if min(img.shape[:2]) >= 1000 and img.shape[1] >= 1400]
     if not big:

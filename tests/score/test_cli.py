@@ -134,6 +134,7 @@ def test_usage_error_exits_2(tmp_path: Path) -> None:
     assert code == 2
 
 
+@pytest.mark.slow
 def test_named_models_and_include_at_risk(files: dict[str, Path], tmp_path: Path) -> None:
     args = [
         "--clean",

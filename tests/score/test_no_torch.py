@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import perturb
 
 
@@ -40,6 +42,7 @@ def test_imports_do_not_load_torch() -> None:
         raise AssertionError(f"`import perturb.cli` loads torch via command module(s) {culprits}")
 
 
+@pytest.mark.slow
 def test_scoring_and_reporting_do_not_load_torch(tmp_path: Path) -> None:
     loaded, _ = _torch_after(
         "from perturb.report import write_reports\n"

@@ -160,6 +160,7 @@ def test_rexvqa_dataset_rows_plus_prediction(rex: dict[str, Any], tmp_path: Path
     assert any(i["role"] == "manifest" for i in bare.scores["inputs"])
 
 
+@pytest.mark.slow
 def test_rexvqa_inference_results_with_errors_via_cli(rex: dict[str, Any], tmp_path: Path) -> None:
     """Public inference code's results: outer key = question id, inner question_id = study +
     task (shared by rex-04/06/08 ...), answers in model_response, a failed row with error."""

@@ -5,7 +5,7 @@ it calls (named in full, ``kornia.sub.module.fn``, and really called somewhere i
 ``perturb.ops``), or ``own kernel`` and the reason. Host ops (``perturb.ops._host.host_op``) run
 the same OpenCV function on every device and have no torch kernel to move.
 
-``python tests/gpu/test_kornia_kernels.py`` prints the table.
+``python tests/ops/test_kornia_kernels.py`` prints the table.
 """
 
 from __future__ import annotations

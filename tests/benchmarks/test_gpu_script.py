@@ -22,6 +22,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_bench_smoke_writes_results(tmp_path: Path) -> None:
     require_samples()
     cmd = [
