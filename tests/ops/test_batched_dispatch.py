@@ -32,9 +32,6 @@ NOT_YET_BATCHED: frozenset[str] = frozenset()
 # host_params=True)``, and only upload their masks)
 HOST_BOUND: frozenset[str] = frozenset(
     {
-        # each drop is a gaussian blur of a crop sized by its own radius (a per-sample sigma and
-        # kernel size: per-sample blur matrices still to build on the device)
-        "lens_droplets",
         # Intra16x16 DC prediction: each macroblock is predicted from its decoded neighbours (a
         # wavefront over the anti-diagonals still to write)
         "video_macroblocking",

@@ -42,6 +42,10 @@ BOUNDS["fluid_occlusion"] = (2e-6, 2e-5, 1e-4)
 # bubbles: the analytic disk cover, refraction and film of each bubble are the host's own
 # formulas over the whole frame (not a window), the tissue behind read by the batched remap
 BOUNDS["bubbles"] = (2e-6, 2e-5, 1e-4)
+# lens_droplets: each drop's formulas over the whole frame cut to its box, the defocus a gaussian
+# of the drop's own sigma from one spectrum of the frame's reflect-101 extension (OpenCV's float32
+# kernel; FFT rounding, a few 1e-7), the tissue behind read by the batched remap
+BOUNDS["lens_droplets"] = (2e-6, 2e-5, 1e-4)
 
 
 def _frames(side: int, count: int = 6) -> list[torch.Tensor]:
