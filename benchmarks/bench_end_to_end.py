@@ -39,7 +39,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLES = REPO.parent / "shared" / "samples" / "endoscopy"
+# the samples beside the repo, or under $PERTURB_SAMPLES_DIR (a worktree has none beside it)
+SAMPLES = (
+    Path(os.environ["PERTURB_SAMPLES_DIR"])
+    if os.environ.get("PERTURB_SAMPLES_DIR")
+    else REPO.parent / "shared" / "samples"
+) / "endoscopy"
 RESULTS = REPO / "benchmarks" / "results"
 
 

@@ -15,7 +15,13 @@ from typing import Any
 from perturb.generate.core import Commit, Pending
 from perturb.generate.lifeline import start_pool_worker
 from perturb.generate.progress import pool_ticks
-from perturb.generate.worker import ChunkResult, WorkerConfig, process_chunk, run_with_ticks
+from perturb.generate.worker import (
+    ChunkResult,
+    ImageJob,
+    WorkerConfig,
+    process_chunk,
+    run_with_ticks,
+)
 
 
 def chunk_job(url: str | None) -> Callable[..., ChunkResult]:
@@ -53,6 +59,60 @@ def run_local(
         _run_pool(cfg, workers, inp, batches, commit, job)
 
 
+# chunks in flight per worker, and the fewest chunks per worker a run is cut into (when it has
+# fewer): enough that no worker waits while another finishes a large last chunk
+IN_FLIGHT = 2
+SPREAD = 3
+
+
+def _pieces(tasks: list[Any], parts: int) -> list[list[Any]]:
+    """``tasks`` in ``parts`` consecutive pieces of near-equal size (no empty piece)."""
+    parts = max(1, min(parts, len(tasks)))
+    size, extra = divmod(len(tasks), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(tasks[start:end])
+        start = end
+    return out
+
+
+def spread(batches: list[list[Pending]], workers: int) -> list[list[list[Pending]]]:
+    """The run's chunks for a pool of ``workers``: ``batches`` as they are when there are at
+    least ``SPREAD`` per worker; else the images dealt into that many chunks, and where there are
+    fewer images than that, each image's missing outputs cut into pieces (one image per chunk:
+    every piece decodes the image again, a small cost beside its outputs). Each item is one
+    image's pieces in a list (a single piece for a whole image or a batch of whole images), so the
+    driver reads an image's bytes once for all its pieces. Outputs do not depend on the chunking."""
+    target = SPREAD * workers
+    if len(batches) >= target:
+        return [[batch] for batch in batches]
+    images = [pending for batch in batches for pending in batch]
+    if len(images) >= target:
+        per = -(-len(images) // target)
+        return [[images[i : i + per]] for i in range(0, len(images), per)]
+    cuts = -(-target // max(1, len(images)))
+    return [
+        [[(group, file_id, piece)] for piece in _pieces(missing, cuts)]
+        for group, file_id, missing in images
+    ]
+
+
+def _image_level(result: ChunkResult) -> ChunkResult:
+    """A later piece of a cut image without what belongs to the image rather than to its
+    outputs (counted once, with its first piece): the images decoded or failed and the error
+    rows of a decode or of the memory budget."""
+    return replace(
+        result,
+        images_ok=0,
+        images_failed=0,
+        errors=[e for e in result.errors if e["stage"] not in IMAGE_STAGES],
+    )
+
+
+IMAGE_STAGES = ("decode", "memory")
+
+
 def _run_pool(
     cfg: WorkerConfig,
     workers: int,
@@ -61,8 +121,9 @@ def _run_pool(
     commit: Commit,
     job: Callable[..., ChunkResult],
 ) -> None:
-    """Chunks on ``workers`` spawned processes (ended with the driver), at most two in flight
-    per worker; the driver reads the images and commits each result as it finishes."""
+    """Chunks on ``workers`` spawned processes (ended with the driver), at most ``IN_FLIGHT``
+    per worker, cut finer than ``batches`` when there are too few to keep every worker busy
+    (``spread``); the driver reads the images and commits each result as it finishes."""
     ctx = get_context("spawn")
     with (
         pool_ticks(commit.progress, ctx) as ticks,
@@ -73,22 +134,50 @@ def _run_pool(
             initargs=(os.getpid(), ticks),
         ) as pool,
     ):
-        in_flight: dict[Future[ChunkResult], tuple[int, int]] = {}
-        queue = list(reversed(list(enumerate(batches))))
+        in_flight: dict[Future[ChunkResult], tuple[int, int, bool]] = {}
+        queue = list(reversed(spread(batches, workers)))
+        waiting: list[tuple[list[ImageJob], int, bool]] = []  # read pieces not yet submitted
+        chunk = 0
         try:
             while True:
-                while queue and len(in_flight) < 2 * workers:
-                    chunk, batch = queue.pop()
-                    jobs, n_tasks = commit.read(inp, batch)
+                while (queue or waiting) and len(in_flight) < IN_FLIGHT * workers:
+                    if not waiting:
+                        waiting = list(reversed(_read(commit, inp, queue.pop())))
+                        continue
+                    jobs, n_tasks, later = waiting.pop()
                     fut = pool.submit(run_with_ticks, job, cfg, jobs, chunk)
-                    in_flight[fut] = (n_tasks, chunk)
+                    in_flight[fut] = (n_tasks, chunk, later)
+                    chunk += 1
                 if not in_flight:
                     break
                 finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    commit.take(fut.result(), *in_flight.pop(fut))
+                    n_tasks, number, later = in_flight.pop(fut)
+                    result = fut.result()
+                    commit.take(_image_level(result) if later else result, n_tasks, number)
         except (
             BaseException
         ):  # Ctrl-C: no new chunk starts; those under way commit what they finish
             pool.shutdown(wait=True, cancel_futures=True)
             raise
+
+
+def _read(
+    commit: Commit, inp: Any, pieces: list[list[Pending]]
+) -> list[tuple[list[ImageJob], int, bool]]:
+    """The jobs of one item of ``spread``, its bytes read once: (jobs, task count, whether the
+    piece is a later piece of a cut image). A single piece is read as it is; the pieces of one
+    cut image are read as the whole image and its jobs given each piece's tasks."""
+    if len(pieces) == 1:
+        jobs, n_tasks = commit.read(inp, pieces[0])
+        return [(jobs, n_tasks, False)]
+    (group, file_id, _), *_ = (piece[0] for piece in pieces)
+    whole = [(group, file_id, [task for piece in pieces for task in piece[0][2]])]
+    jobs, _ = commit.read(inp, whole)
+    if not jobs:  # unreadable: one error row for the image, its outputs all failed
+        return []
+    (image,) = jobs
+    return [
+        ([replace(image, tasks=piece[0][2])], len(piece[0][2]), i > 0)
+        for i, piece in enumerate(pieces)
+    ]

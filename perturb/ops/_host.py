@@ -764,3 +764,60 @@ def masked_quantile(
     diff = bb - a
     value = torch.where(t >= 0.5, bb - diff * (1.0 - t), a + diff * t)
     return torch.where(count > 0, value, torch.full_like(value, float("nan")))
+
+
+# Gaussians of a per-sample sigma: ``gauss`` with reflected borders is a circular convolution of
+# the frame's reflect-101 extension (period 2 (n - 1) along each axis), so one spectrum of the
+# batch takes, per blur, a product with each sample's kernel spectrum and an inverse transform.
+
+GAUSS_TAPS = 48  # half width of OpenCV's kernel for the largest sigma ``gauss`` filters directly
+GAUSS_DIRECT = 12.0  # ``gauss`` downscales from this sigma on (``factor = sigma // 6 > 1``)
+
+
+def _reflect_extend(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` extended along ``dim`` (length n >= 2) to one period 2 (n - 1) of its reflect-101
+    continuation: x[0], ..., x[n-1], x[n-2], ..., x[1]."""
+    n = x.shape[dim]
+    return torch.cat([x, x.narrow(dim, 1, n - 2).flip(dim)], dim=dim)
+
+
+def reflected_spectrum(planes: torch.Tensor) -> torch.Tensor:
+    """Complex spectrum (..., 2 (H - 1), W) of every (H, W) plane's reflect-101 extension
+    (real transform along W, full along H), for ``blur_from_spectrum``; H, W >= 2."""
+    along_w = torch.fft.rfft(_reflect_extend(planes.to(torch.float32), -1), dim=-1)
+    return torch.fft.fft(_reflect_extend(along_w, -2), dim=-2)
+
+
+def gauss_kernel_spectrum(n: int, sigma: torch.Tensor, bins: int) -> torch.Tensor:
+    """float32 (B, bins): the spectrum, over a period 2 (n - 1), of ``gauss``'s kernel along one
+    axis for every sigma of float64 (B,): OpenCV's truncated float32 kernel (size
+    ``round(8 sigma + 1) | 1``) below ``GAUSS_DIRECT``, the identity below 0.3, and above it the
+    gaussian itself (where ``gauss`` blurs a downscaled copy, an approximation of the same)."""
+    period = 2 * (n - 1)
+    device = sigma.device
+    s = sigma.clamp(min=0.3).view(-1, 1)
+    taps = torch.arange(GAUSS_TAPS + 1, device=device, dtype=torch.float64).view(1, -1)
+    half = torch.div(torch.round(s * 8.0 + 1.0).to(torch.int64) | 1, 2, rounding_mode="floor")
+    weights = torch.exp(-0.5 * taps * taps / (s * s)) * (taps <= half)
+    total = weights[:, :1] + 2.0 * weights[:, 1:].sum(dim=1, keepdim=True)
+    kernel = (weights / total).to(torch.float32).to(torch.float64)
+    freq = torch.arange(bins, device=device, dtype=torch.float64).view(1, -1)
+    angle = (2.0 * math.pi / period) * freq.view(-1, 1) * taps.view(1, -1)  # (bins, taps)
+    cosines = torch.cos(angle)
+    cosines[:, 1:] *= 2.0
+    direct = kernel @ cosines.T
+    alias = torch.minimum(freq, period - freq)  # a full transform's upper half: negative bins
+    wide = torch.exp(-2.0 * (math.pi * s * alias / period) ** 2)
+    out = torch.where(s >= GAUSS_DIRECT, wide, direct)
+    return torch.where(sigma.view(-1, 1) < 0.3, torch.ones_like(out), out).to(torch.float32)
+
+
+def blur_from_spectrum(spectrum: torch.Tensor, sigma: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """``gauss`` of every plane of (B, ..., H, W) with its sample's sigma (float64 (B,)), from
+    ``reflected_spectrum`` of the planes: float32 (B, ..., H, W)."""
+    b = spectrum.shape[0]
+    lead = (b,) + (1,) * (spectrum.dim() - 3)
+    rows = gauss_kernel_spectrum(h, sigma, spectrum.shape[-2]).view(*lead, -1, 1)
+    cols = gauss_kernel_spectrum(w, sigma, spectrum.shape[-1]).view(*lead, 1, -1)
+    along_h = torch.fft.ifft(spectrum * (rows * cols), dim=-2).narrow(-2, 0, h)
+    return torch.fft.irfft(along_h, n=2 * (w - 1), dim=-1).narrow(-1, 0, w).contiguous()

@@ -183,7 +183,67 @@ def render_drop(
     region[...] = region * (1.0 - cover) + drop * cover
 
 
-@_host.host_op("lens_droplets", sampler=_droplet_sampler, dtypes=(np.uint8, np.float32))
+def _lens_droplets_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``lens_droplets`` of a batch (the torch kernel): the padded (B, N, 4) drops of every
+    sample slot by slot, each slot one drop per sample drawn over the whole frame (``render_drop``'s
+    formulas, its cover cut to the drop's box as there): the tissue behind read by a batched
+    bilinear remap of the frame blurred with that drop's own sigma (``_host.gauss_spectra``: one
+    spectrum of the batch, a per-sample gaussian per slot). The loop runs over the slots (at most
+    the severity table's count), never over the samples."""
+    b, _c, h, w = x.shape
+    scale = min(h, w)
+    field, tissue = _host.view_masks(x, scenes)
+    fx, fy, fr = _host.field_geometry_t(field)
+    lin = _math.srgb_to_linear(x)
+    out = lin
+    rows = p["drops"].reshape(b, -1, 4).to(torch.float64)
+    spectrum = _host.reflected_spectrum(lin)
+    ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1)
+    xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w)
+    yi = torch.arange(h, device=x.device).view(1, h, 1)
+    xi = torch.arange(w, device=x.device).view(1, 1, w)
+    for k in range(rows.shape[1]):
+        ux, uy, dr, aspect = rows[:, k].unbind(1)
+        cx, cy, r = fx + ux * fr, fy + uy * fr, dr * scale
+        x0 = torch.trunc(cx - r - 3).clamp(min=0).view(-1, 1, 1)
+        x1 = torch.trunc(cx + r + 4).clamp(max=w).view(-1, 1, 1)
+        y0 = torch.trunc(cy - r - 3).clamp(min=0).view(-1, 1, 1)
+        y1 = torch.trunc(cy + r + 4).clamp(max=h).view(-1, 1, 1)
+        drawn = ((dr > 0) & (r >= 2.0)).view(-1, 1, 1)
+        box = drawn & (xi >= x0) & (xi < x1) & (yi >= y0) & (yi < y1)
+        cx32, cy32 = cx.to(torch.float32).view(-1, 1, 1), cy.to(torch.float32).view(-1, 1, 1)
+        r32, a32 = r.to(torch.float32).view(-1, 1, 1), aspect.to(torch.float32).view(-1, 1, 1)
+        r32 = torch.where(drawn, r32, 1.0)  # padding slots: finite fields, cut by ``box``
+        a32 = torch.where(drawn, a32, 1.0)
+        dx, dy = xs + 0.5 - cx32, (ys + 0.5 - cy32) / a32
+        rho = torch.sqrt(dx * dx + dy * dy) / r32
+        cover = ((1.0 - rho) / DROP_EDGE + 0.5).clamp(0.0, 1.0)
+        cover = cover * cover * (3.0 - 2.0 * cover) * box
+        inner = rho.clamp(max=1.0)
+        pull = 1.0 - DROP_BULGE * torch.sqrt(1.0 - inner * inner)
+        blurred = _host.blur_from_spectrum(spectrum, DROP_BLUR * r, h, w)
+        map_x = cx32 + dx * pull - 0.5
+        map_y = cy32 + dy * a32 * pull - 0.5
+        seen = _host.remap(blurred, map_x, map_y, "linear", "reflect101")
+        rim = 1.0 - 0.3 * torch.exp(-0.5 * ((rho - 0.9) / 0.08) ** 2)
+        reflex = 0.25 * torch.exp(
+            -0.5 * (((dx / r32) + 0.3) ** 2 + ((dy / r32) + 0.3) ** 2) / 0.1**2
+        )
+        drop = seen * 1.05 * rim.unsqueeze(1) + reflex.unsqueeze(1)
+        cover = cover.unsqueeze(1)
+        out = out * (1.0 - cover) + drop * cover
+    res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
+    return torch.where(tissue, res, x).clamp(0.0, 1.0)
+
+
+@_host.host_op(
+    "lens_droplets",
+    sampler=_droplet_sampler,
+    dtypes=(np.uint8, np.float32),
+    device=_lens_droplets_batch,
+)
 def lens_droplets(
     img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
 ) -> np.ndarray:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import cv2
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from perturb import rng
-from perturb.ops import _host
+from perturb.ops import _host, keyed_fields
 from perturb.ops.registry import Level, Params, draw
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +251,184 @@ def lost_macroblocks(key: int, rows: int, cols: int, loss: float) -> np.ndarray:
     return lost.reshape(rows, cols)
 
 
-@_host.host_op("video_macroblocking", sampler=_macroblock_sampler, dtypes=(np.uint8, np.float32))
+# The torch kernel: the same coder on a batch. Within a frame the macroblocks are coded as a
+# wavefront (a macroblock's prediction needs the decoded macroblocks above and to its left, so
+# every macroblock of one anti-diagonal is coded at once), for every sample together: the calls
+# depend on the frame's macroblock grid, never on the batch.
+
+YCC_TO_RGB = np.linalg.inv(RGB_TO_YCC)
+
+
+@lru_cache(maxsize=32)
+def _diagonals(
+    rows: int, cols: int, device: str
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per anti-diagonal of a ``rows`` x ``cols`` macroblock grid (raster index ``i * cols + j``):
+    its blocks, the blocks above and to their left (clamped) and whether those exist."""
+    out = []
+    for d in range(rows + cols - 1):
+        i = np.arange(max(0, d - cols + 1), min(rows - 1, d) + 1)
+        j = d - i
+        q = i * cols + j
+        out.append(
+            tuple(
+                torch.from_numpy(np.ascontiguousarray(a)).to(device)
+                for a in (q, np.maximum(q - cols, 0), np.maximum(q - 1, 0), i > 0, j > 0)
+            )
+        )
+    return out  # type: ignore[return-value]
+
+
+def _dc_prediction(top: torch.Tensor, left: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """float64 (B, N): ``np.mean`` of each block's decoded neighbours above (``top``, (B, N, mb))
+    then to its left (``left``), absent sides zero and ``count`` (N,) values present; 128 where
+    none. The sum is NumPy's pairwise sum of the concatenation, term by term (eight partial
+    sums, then a tree), so the prediction is the host's to the bit (a zero side adds exact
+    zeros where NumPy's shorter sum has no term)."""
+    both = torch.cat([top, left], dim=2)
+    partial = both[:, :, 0:8]
+    for start in range(8, both.shape[2], 8):
+        partial = partial + both[:, :, start : start + 8]
+    r = partial.unbind(2)
+    total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    mean = total / count.clamp(min=1).to(torch.float64)
+    return torch.where(count > 0, mean, torch.full_like(mean, 128.0))
+
+
+def quantise_planes(planes: torch.Tensor, step: torch.Tensor, mb: int) -> torch.Tensor:
+    """``quantise_plane`` of every (H, W) plane of float64 (B, H, W) with its step (B,): the
+    macroblocks coded diagonal by diagonal for the whole batch."""
+    b, h, w = planes.shape
+    rows_i = torch.arange(h + (-h % mb), device=planes.device).clamp(max=h - 1)
+    cols_i = torch.arange(w + (-w % mb), device=planes.device).clamp(max=w - 1)
+    padded = planes[:, rows_i][:, :, cols_i]  # edge replication
+    rows, cols, n4 = padded.shape[1] // mb, padded.shape[2] // mb, mb // 4
+    source = padded.view(b, rows, mb, cols, mb).transpose(2, 3).reshape(b, rows * cols, mb, mb)
+    rec = torch.zeros_like(source)
+    d = torch.from_numpy(dct4_matrix()).to(planes.device)
+    step_v = step.to(torch.float64).view(b, 1, 1, 1, 1, 1)
+    for q, above, before, has_top, has_left in _diagonals(rows, cols, str(planes.device)):
+        n = q.shape[0]
+        top = rec[:, :, mb - 1, :].index_select(1, above) * has_top.view(1, n, 1)
+        left = rec[:, :, :, mb - 1].index_select(1, before) * has_left.view(1, n, 1)
+        count = (has_top.to(torch.int64) + has_left.to(torch.int64)) * mb
+        pred = _dc_prediction(top, left, count).view(b, n, 1, 1)
+        residual = source.index_select(1, q) - pred
+        blocks = residual.view(b, n, n4, 4, n4, 4).transpose(3, 4)
+        coef = d @ blocks @ d.T
+        coef = torch.sign(coef) * torch.floor(coef.abs() / step_v + DEADZONE) * step_v
+        decoded = (d.T @ coef @ d).transpose(3, 4).reshape(b, n, mb, mb)
+        rec.index_copy_(1, q, (decoded + pred).clamp(0.0, 255.0))
+    plane = rec.view(b, rows, cols, mb, mb).transpose(2, 3).reshape(b, rows * mb, cols * mb)
+    return plane[:, :h, :w]
+
+
+def deblock_planes(planes: torch.Tensor, qp: torch.Tensor) -> torch.Tensor:
+    """``deblock_plane`` of every (H, W) plane of float64 (B, H, W) at its QP (B,)."""
+    b = planes.shape[0]
+    alpha = (0.8 * (torch.pow(2.0, qp / 6.0) - 1.0)).view(b, 1, 1)
+    beta = (qp / 2.0 - 7.0).clamp(min=0.0).view(b, 1, 1)
+    tc = alpha / 10.0 + 1.0
+    out = planes.clone()
+    for view in (out, out.transpose(1, 2)):
+        n = view.shape[2]
+        edges = torch.arange(4, n - 1, 4, device=planes.device)
+        if len(edges) == 0:
+            continue
+        p1, p0, q0, q1 = (view[:, :, edges + o] for o in (-2, -1, 0, 1))
+        active = ((p0 - q0).abs() < alpha) & ((p1 - p0).abs() < beta) & ((q1 - q0).abs() < beta)
+        delta = torch.clamp(((q0 - p0) * 4.0 + (p1 - q1) + 4.0) / 8.0, -tc, tc) * active
+        view[:, :, edges - 1] = p0 + delta
+        view[:, :, edges] = q0 - delta
+    return out
+
+
+def _qstep_t(qp: torch.Tensor) -> torch.Tensor:
+    """``qstep`` of float64 (B,) QPs."""
+    lo = torch.floor(qp)
+    frac = qp - lo
+    base = torch.tensor(QSTEP_BASE, dtype=torch.float64, device=qp.device)
+
+    def at(q: torch.Tensor) -> torch.Tensor:
+        qi = q.to(torch.int64)
+        return torch.ldexp(base[qi % 6], torch.div(qi, 6, rounding_mode="floor").to(torch.float64))
+
+    return at(lo) * (1.0 - frac) + at(lo + 1) * frac
+
+
+def _chroma_qp_t(qp: torch.Tensor) -> torch.Tensor:
+    """``chroma_qp`` of float64 (B,) QPs."""
+    table = torch.tensor(CHROMA_QP, dtype=torch.float64, device=qp.device)
+    lo = torch.floor(qp).clamp(30.0, 51.0)
+    frac = qp - lo
+    at = table[lo.to(torch.int64) - 30]
+    nxt = table[(lo + 1).clamp(max=51.0).to(torch.int64) - 30]
+    return torch.where(qp < 30, qp, at + (nxt - at) * frac)
+
+
+@lru_cache(maxsize=32)
+def _resize_pair(n: int, small: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (small, n) ``INTER_AREA`` and (n, small) ``INTER_LINEAR`` resize matrices."""
+    down = torch.from_numpy(_host._resize_matrix(n, small, "area")).to(device)
+    up = torch.from_numpy(_host._resize_matrix(small, n, "linear")).to(device)
+    return down, up
+
+
+def _video_macroblocking_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``video_macroblocking`` of a batch (the torch kernel): the coder in float64 as on the host
+    (``quantise_planes``: the macroblock wavefront of all samples at once; both chroma planes of
+    every sample as one batch), the lost slices from batched keyed fields and the concealment
+    as a batched gather of the displaced frame."""
+    b, c, h, w = x.shape
+    scale = min(h, w)
+    device = str(x.device)
+    qp = p["qp"].to(torch.float64)
+    step = _qstep_t(qp)
+    levels = x.to(torch.float64) * 255.0
+    if c == 3:
+        ycc = torch.einsum("ij,bjhw->bihw", torch.from_numpy(RGB_TO_YCC).to(x.device), levels)
+        luma = deblock_planes(quantise_planes(ycc[:, 0], step, MB), qp)
+        rows_d, rows_u = _resize_pair(h, (h + 1) // 2, device)
+        cols_d, cols_u = _resize_pair(w, (w + 1) // 2, device)
+        chroma = (ycc[:, 1:] + 128.0).reshape(2 * b, h, w)
+        small = rows_d @ (chroma @ cols_d.T)
+        cqp = _chroma_qp_t(qp).repeat_interleave(2)
+        coded = deblock_planes(quantise_planes(small, _qstep_t(cqp), MB // 2), cqp)
+        back = (rows_u @ (coded @ cols_u.T)).view(b, 2, h, w) - 128.0
+        ycc = torch.cat([luma.unsqueeze(1), back], dim=1)
+        out = torch.einsum("ij,bjhw->bihw", torch.from_numpy(YCC_TO_RGB).to(x.device), ycc)
+    else:
+        out = deblock_planes(quantise_planes(levels[:, 0], step, MB), qp).unsqueeze(1)
+    out = (out / 255.0).clamp(0.0, 1.0).to(torch.float32)
+    rows, cols = math.ceil(h / MB), math.ceil(w / MB)
+    run = max(1, cols // 3)
+    starts_u = keyed_fields.uniform_fields(keys, "mb-slices", (rows * cols,), x.device)
+    # NumPy compares the float32 uniforms with the threshold as float32 (a weak Python float)
+    threshold = (p["loss"].to(torch.float64) / run).to(torch.float32).view(b, 1)
+    started = torch.cumsum((starts_u < threshold).to(torch.int64), dim=1)
+    before = torch.nn.functional.pad(started, (run, 0))[:, : rows * cols]
+    lost = (started - before > 0).view(b, rows, cols)
+    mask = lost.repeat_interleave(MB, dim=1).repeat_interleave(MB, dim=2)[:, :h, :w]
+    # the previous frame: ``cv2.warpAffine`` by the motion, nearest (the source position rounded
+    # half to even in float32) with replicated borders
+    shift = -(p["motion"].to(torch.float64).view(b, 2) * scale).to(torch.float32)
+    xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, w)
+    ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h)
+    sx = torch.round(xs + shift[:, 0:1]).clamp(0, w - 1).to(torch.int64)
+    sy = torch.round(ys + shift[:, 1:2]).clamp(0, h - 1).to(torch.int64)
+    index = (sy.view(b, h, 1) * w + sx.view(b, 1, w)).view(b, 1, h * w).expand(b, out.shape[1], -1)
+    previous = out.reshape(b, out.shape[1], h * w).gather(2, index).view_as(out)
+    return torch.where(mask.unsqueeze(1), previous, out)
+
+
+@_host.host_op(
+    "video_macroblocking",
+    sampler=_macroblock_sampler,
+    dtypes=(np.uint8, np.float32),
+    device=_video_macroblocking_batch,
+)
 def video_macroblocking(
     img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
 ) -> np.ndarray:

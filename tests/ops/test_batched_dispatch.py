@@ -30,16 +30,7 @@ NOT_YET_BATCHED: frozenset[str] = frozenset()
 # a non-codec kernel makes no host round trip at all (the X-ray text and marker overlays
 # rasterise with OpenCV from the records' host-side parameters, ``register_kernel(...,
 # host_params=True)``, and only upload their masks)
-HOST_BOUND: frozenset[str] = frozenset(
-    {
-        # each drop is a gaussian blur of a crop sized by its own radius (a per-sample sigma and
-        # kernel size: per-sample blur matrices still to build on the device)
-        "lens_droplets",
-        # Intra16x16 DC prediction: each macroblock is predicted from its decoded neighbours (a
-        # wavefront over the anti-diagonals still to write)
-        "video_macroblocking",
-    }
-)
+HOST_BOUND: frozenset[str] = frozenset()
 MODES = ("kernel", "scenes-given", "scenes-analysed")
 
 

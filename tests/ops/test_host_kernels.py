@@ -42,6 +42,14 @@ BOUNDS["fluid_occlusion"] = (2e-6, 2e-5, 1e-4)
 # bubbles: the analytic disk cover, refraction and film of each bubble are the host's own
 # formulas over the whole frame (not a window), the tissue behind read by the batched remap
 BOUNDS["bubbles"] = (2e-6, 2e-5, 1e-4)
+# lens_droplets: each drop's formulas over the whole frame cut to its box, the defocus a gaussian
+# of the drop's own sigma from one spectrum of the frame's reflect-101 extension (OpenCV's float32
+# kernel; FFT rounding, a few 1e-7), the tissue behind read by the batched remap
+BOUNDS["lens_droplets"] = (2e-6, 2e-5, 1e-4)
+# video_macroblocking: the coder in float64 as on the host (the DC prediction summed in NumPy's
+# pairwise order; the transforms, colour matrices and chroma resizes as matrix products whose sums
+# may round differently in the last bit): float32 outputs equal but for a few 1e-6 on odd sizes
+BOUNDS["video_macroblocking"] = (2e-6, 2e-5, 1e-4)
 
 
 def _frames(side: int, count: int = 6) -> list[torch.Tensor]:
