@@ -31,10 +31,12 @@ from typing import Any
 import cv2
 import numpy as np
 
-SCENE_VERSION = 4  # 2: text lines over the tissue keep only their glyph strokes in the composite;
+SCENE_VERSION = 5  # 2: text lines over the tissue keep only their glyph strokes in the composite;
 #   3: and their solid blocks (progress bars, a cursor) whole (masks.solid_blocks);
 #   4: text lines found as regular glyph rows of either polarity anywhere over the field (kinds
-#   ``text`` and ``text_dark``), the glyph cover keeps a 1 px rim and an outline; ``text`` entry
+#   ``text`` and ``text_dark``), the glyph cover keeps a 1 px rim and an outline; ``text`` entry;
+#   5: light ink found by its colour distance from a median background (any channel), glyph
+#   cover from the largest per-channel top-hat (coloured ink of low luma contrast)
 TEXT_KINDS = ("text", "text_dark")  # overlay kinds of burned-in text lines (light, dark ink)
 GRID_SHORT = 360  # analysis grid: shorter side in pixels
 DARK_LEVEL = 24  # max channel (8-bit) below which a pixel may belong to the surround
@@ -145,6 +147,7 @@ TEXT_BLOCK_CHARS = 2  # ...or this many where it stands left-aligned in a block 
 TEXT_HEIGHT_TOL = 0.12  # cap heights and baselines of one line agree within this fraction
 TEXT_MAX_FILL = 0.9  # a character's strokes leave part of its box open (median of a line)
 TEXT_GAP = 2.5  # at most this many cap heights between neighbouring characters of a line
+TEXT_BACKGROUND = 0.06  # median window of the tissue behind text, of the shorter side
 TEXT_IN_FIELD = 0.1  # a text line reaches into the field: at least this fraction of its box
 
 
@@ -206,6 +209,11 @@ def _glyphs(
         chars = max(1, round(w / (0.7 * h)))
         out.append(_Glyph(x, y, x + w, y + h, half, ink, chars, blocks, fill))
     return out
+
+
+def _overlap(a: _Glyph, b: _Glyph) -> bool:
+    """Whether the boxes of two glyph candidates overlap (one character found twice)."""
+    return min(a.x1, b.x1) > max(a.x0, b.x0) and min(a.y1, b.y1) > max(a.y0, b.y0)
 
 
 def _same_line(a: _Glyph, b: _Glyph) -> bool:
@@ -286,17 +294,54 @@ def _is_line(line: list[_Glyph]) -> bool:
     return len(strokes) >= TEXT_MIN_CHARS or (len(strokes) >= 1 and len(line) - len(strokes) >= 3)
 
 
-def _text_lines_of(luma: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
-    """Lines of burned-in text on the text grid: (x0, y0, x1, y1, dark) per line."""
+def _background(rgb: np.ndarray) -> np.ndarray:
+    """int16 (H, W, 3): the tissue behind any text, per channel: a median over a window of
+    ``TEXT_BACKGROUND`` of the shorter side (on a quarter-size copy), which thin strokes and
+    their outlines do not move (a top-hat is pulled down by a dark outline, so the tissue
+    beside an outlined glyph stands out of it as ink does)."""
+    h, w = rgb.shape[:2]
+    q = cv2.resize(rgb, (max(2, w // 4), max(2, h // 4)), interpolation=cv2.INTER_AREA)
+    k = max(5, round(TEXT_BACKGROUND * min(q.shape[:2]))) | 1
+    bg = cv2.medianBlur(q, k)
+    return cv2.resize(bg, (w, h), interpolation=cv2.INTER_LINEAR).astype(np.int16)
+
+
+def _ink_contrast(rgb: np.ndarray, dark: bool) -> np.ndarray:
+    """uint8 (H, W): how far each pixel stands out of the tissue behind it in one polarity, in
+    any channel (the largest per-channel excess over the median background, or deficit for
+    ``dark``): burned-in ink is a flat colour that may differ from the tissue more in hue than
+    in brightness (green on orange)."""
+    bg = _background(rgb)
+    diff = (bg - rgb.astype(np.int16)) if dark else (rgb.astype(np.int16) - bg)
+    return np.clip(diff.max(axis=2), 0, 255).astype(np.uint8)
+
+
+def _text_lines_of(
+    luma: np.ndarray, rgb: np.ndarray | None = None
+) -> list[tuple[int, int, int, int, bool]]:
+    """Lines of burned-in text on the text grid (``luma`` and its ``rgb``, gray where absent):
+    (x0, y0, x1, y1, dark) per line."""
     short = min(luma.shape)
     k = max(5, round(0.012 * short)) | 1  # wider than a stroke
     found: list[tuple[int, int, int, int, bool]] = []
     kb = max(7, round(0.03 * short)) | 1  # wider than a progress-bar cell
+    if rgb is None:
+        rgb = cv2.cvtColor(luma, cv2.COLOR_GRAY2RGB)
     for dark in (False, True):
         op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
         square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
-        cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
-        glyphs = _glyphs(luma, cand, short, False, dark)
+        # light ink: by its colour distance from the tissue behind it (any channel); dark ink:
+        # by the luma top-hat, plus the characters only its colour distance finds (a dark
+        # colour distance alone also finds the tissue between clustered highlights)
+        glyphs = []
+        if dark:
+            tophat = cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST
+            glyphs = _glyphs(luma, tophat.view(np.uint8), short, False, dark)
+        colour = _ink_contrast(rgb, dark) >= TEXT_CONTRAST
+        glyphs += [
+            g for g in _glyphs(luma, colour.view(np.uint8), short, False, dark)
+            if not any(_overlap(g, o) for o in glyphs)
+        ]
         square = cv2.getStructuringElement(cv2.MORPH_RECT, (kb, kb))
         cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
         glyphs += _glyphs(luma, cand, short, True, dark)
@@ -423,7 +468,7 @@ def _text_lines(rgb: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, 
     small = cv2.resize(rgb, (tw, th), interpolation=cv2.INTER_AREA) if (th, tw) != (h, w) else rgb
     luma = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
     field = cv2.resize(hull, (tw, th), interpolation=cv2.INTER_NEAREST)
-    found = _text_lines_of(luma)
+    found = _text_lines_of(luma, small)
     light = [ln for ln in found if not ln[4]]
 
     def overlaps(a: tuple[int, int, int, int, bool], b: tuple[int, int, int, int, bool]) -> bool:
