@@ -148,6 +148,7 @@ TEXT_HEIGHT_TOL = 0.12  # cap heights and baselines of one line agree within thi
 TEXT_MAX_FILL = 0.9  # a character's strokes leave part of its box open (median of a line)
 TEXT_GAP = 2.5  # at most this many cap heights between neighbouring characters of a line
 TEXT_BACKGROUND = 0.06  # median window of the tissue behind text, of the shorter side
+TEXT_HIGHLIGHT_SHARE = 0.02  # a dark line's box holds less of near-white highlight than this
 TEXT_IN_FIELD = 0.1  # a text line reaches into the field: at least this fraction of its box
 
 
@@ -333,15 +334,14 @@ def _text_lines_of(
         # light ink: by its colour distance from the tissue behind it (any channel); dark ink:
         # by the luma top-hat, plus the characters only its colour distance finds (a dark
         # colour distance alone also finds the tissue between clustered highlights)
-        glyphs = []
+        colour = _ink_contrast(rgb, dark) >= TEXT_CONTRAST
+        glyphs = _glyphs(luma, colour.view(np.uint8), short, False, dark)
         if dark:
             tophat = cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST
-            glyphs = _glyphs(luma, tophat.view(np.uint8), short, False, dark)
-        colour = _ink_contrast(rgb, dark) >= TEXT_CONTRAST
-        glyphs += [
-            g for g in _glyphs(luma, colour.view(np.uint8), short, False, dark)
-            if not any(_overlap(g, o) for o in glyphs)
-        ]
+            glyphs += [
+                g for g in _glyphs(luma, tophat.view(np.uint8), short, False, dark)
+                if not any(_overlap(g, o) for o in glyphs)
+            ]
         square = cv2.getStructuringElement(cv2.MORPH_RECT, (kb, kb))
         cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
         glyphs += _glyphs(luma, cand, short, True, dark)
@@ -362,6 +362,8 @@ def _text_lines_of(
                 max(g.x1 for g in ln) + pad,
                 max(g.y1 for g in ln) + pad,
             )
+            if dark and _among_highlights(rgb, box):
+                continue
             if _stands_out(luma, box, float(np.median([g.ink for g in ln])), dark, round(h)):
                 found.append((*box, dark))
     return _merged(found)
@@ -440,6 +442,18 @@ def _stands_out(
         return False
     around = float(np.median(outer[ring]))
     return (around - ink if dark else ink - around) >= TEXT_CONTRAST
+
+
+def _among_highlights(rgb: np.ndarray, box: tuple[int, int, int, int]) -> bool:
+    """Whether a box holds ``TEXT_HIGHLIGHT_SHARE`` of near-white pixels (every channel at least
+    ``HIGHLIGHT_LEVEL``): the tissue between clustered specular highlights stands out dark as
+    dark ink does; dark ink over the tissue (even with a light outline) has next to none."""
+    x0, y0, x1, y1 = max(0, box[0]), max(0, box[1]), box[2], box[3]
+    crop = rgb[y0:y1, x0:x1]
+    if crop.size == 0:
+        return False
+    low = crop.min(axis=2)
+    return float((low >= round(HIGHLIGHT_LEVEL * 255)).mean()) >= TEXT_HIGHLIGHT_SHARE
 
 
 def _in_block(line: list[_Glyph], other: list[_Glyph]) -> bool:
