@@ -364,7 +364,7 @@ def _text_lines_of(
             )
             if dark and _among_highlights(rgb, box):
                 continue
-            if _stands_out(luma, box, float(np.median([g.ink for g in ln])), dark, round(h)):
+            if _stands_out(rgb, colour.view(np.uint8), box, dark, round(h)):
                 found.append((*box, dark))
     return _merged(found)
 
@@ -422,26 +422,24 @@ def _with_marks(line: list[_Glyph], glyphs: list[_Glyph]) -> list[_Glyph]:
 
 
 def _stands_out(
-    luma: np.ndarray, box: tuple[int, int, int, int], ink: float, dark: bool, reach: int
+    rgb: np.ndarray, cand: np.ndarray, box: tuple[int, int, int, int], dark: bool, reach: int
 ) -> bool:
-    """The ink of a line differs from the tissue around its box (the median luma of a ring of
-    ``reach`` px) by ``TEXT_CONTRAST`` in the line's polarity: the tissue showing between and
+    """The ink of a line (the per-channel median of its candidate pixels ``cand`` in its box)
+    differs from the tissue around the box (the per-channel median of a ring of ``reach`` px) by
+    ``TEXT_CONTRAST`` in some channel, in the line's polarity: the tissue showing between and
     inside light glyphs is not dark ink, nor the reverse."""
-    h, w = luma.shape
-    x0, y0, x1, y1 = box
-    ox0, oy0, ox1, oy1 = (
-        max(0, x0 - reach),
-        max(0, y0 - reach),
-        min(w, x1 + reach),
-        min(h, y1 + reach),
-    )
-    outer = luma[oy0:oy1, ox0:ox1]
-    ring = np.ones(outer.shape, bool)
-    ring[max(0, y0) - oy0 : max(0, y1 - oy0), max(0, x0) - ox0 : max(0, x1 - ox0)] = False
-    if not ring.any():
+    h, w = cand.shape
+    x0, y0, x1, y1 = max(0, box[0]), max(0, box[1]), min(w, box[2]), min(h, box[3])
+    ox0, oy0, ox1, oy1 = max(0, x0 - reach), max(0, y0 - reach), min(w, x1 + reach), min(h, y1 + reach)
+    outer = rgb[oy0:oy1, ox0:ox1]
+    ring = np.ones(outer.shape[:2], bool)
+    ring[y0 - oy0 : y1 - oy0, x0 - ox0 : x1 - ox0] = False
+    strokes = cand[y0:y1, x0:x1] > 0
+    if not ring.any() or not strokes.any():
         return False
-    around = float(np.median(outer[ring]))
-    return (around - ink if dark else ink - around) >= TEXT_CONTRAST
+    around = np.median(outer[ring], axis=0)
+    ink = np.median(rgb[y0:y1, x0:x1][strokes], axis=0)
+    return float(np.max(around - ink if dark else ink - around)) >= TEXT_CONTRAST
 
 
 def _among_highlights(rgb: np.ndarray, box: tuple[int, int, int, int]) -> bool:
