@@ -471,8 +471,9 @@ def _in_block(line: list[_Glyph], other: list[_Glyph]) -> bool:
 def _text_lines(rgb: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
     """Burned-in text lines over the field (``hull``: the field's hull on the analysis grid), in
     image pixels: (x0, y0, x1, y1, dark). Searched on a grid of shorter side ``TEXT_GRID_SHORT``
-    in both polarities; a dark line that overlaps a light one (the gaps and outline of light
-    glyphs) is dropped; a line must reach into the field (text wholly in the surround is an
+    in both polarities; a light and a dark line that overlap are both kept (ink and its outline
+    of the other polarity: each keeps its strokes; the tissue between light glyphs does not
+    stand out as dark ink, ``_stands_out``); a line must reach into the field (text wholly in the surround is an
     overlay of the surround already)."""
     h, w = rgb.shape[:2]
     scale = min(1.0, TEXT_GRID_SHORT / min(h, w))
@@ -481,17 +482,10 @@ def _text_lines(rgb: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, 
     luma = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
     field = cv2.resize(hull, (tw, th), interpolation=cv2.INTER_NEAREST)
     found = _text_lines_of(luma, small)
-    light = [ln for ln in found if not ln[4]]
-
-    def overlaps(a: tuple[int, int, int, int, bool], b: tuple[int, int, int, int, bool]) -> bool:
-        return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
-
     sx, sy = w / tw, h / th
     out = []
     for ln in found:
         x0, y0, x1, y1, dark = max(0, ln[0]), max(0, ln[1]), min(tw, ln[2]), min(th, ln[3]), ln[4]
-        if dark and any(overlaps(ln, other) for other in light):
-            continue
         if x1 <= x0 or y1 <= y0 or field[y0:y1, x0:x1].mean() < TEXT_IN_FIELD:
             continue
         out.append(
