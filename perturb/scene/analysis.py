@@ -148,6 +148,7 @@ TEXT_HEIGHT_TOL = 0.12  # cap heights and baselines of one line agree within thi
 TEXT_MAX_FILL = 0.9  # a character's strokes leave part of its box open (median of a line)
 TEXT_GAP = 2.5  # at most this many cap heights between neighbouring characters of a line
 TEXT_BACKGROUND = 0.06  # median window of the tissue behind text, of the shorter side
+TEXT_PEAK = 0.02  # ink is a peak narrower than this (top-hat square), of the shorter side
 TEXT_HIGHLIGHT_SHARE = 0.02  # a dark line's box holds less of near-white highlight than this
 TEXT_IN_FIELD = 0.1  # a text line reaches into the field: at least this fraction of its box
 
@@ -310,11 +311,22 @@ def _background(rgb: np.ndarray) -> np.ndarray:
 def _ink_contrast(rgb: np.ndarray, dark: bool) -> np.ndarray:
     """uint8 (H, W): how far each pixel stands out of the tissue behind it in one polarity, in
     any channel (the largest per-channel excess over the median background, or deficit for
-    ``dark``): burned-in ink is a flat colour that may differ from the tissue more in hue than
-    in brightness (green on orange)."""
+    ``dark``), where that channel is also a narrow peak (its top-hat by a square of
+    ``TEXT_PEAK`` of the shorter side: no wider than a stroke, so the tissue along the field's
+    rim, lifted over a background that takes in the dark surround, is not ink): burned-in ink is
+    a flat colour that may differ from the tissue more in hue than in brightness (green on
+    orange)."""
     bg = _background(rgb)
     diff = (bg - rgb.astype(np.int16)) if dark else (rgb.astype(np.int16) - bg)
-    return np.clip(diff.max(axis=2), 0, 255).astype(np.uint8)
+    k = max(5, round(TEXT_PEAK * min(rgb.shape[:2]))) | 1
+    square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
+    op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
+    out = np.zeros(rgb.shape[:2], np.uint8)
+    for c in range(3):
+        peak = cv2.morphologyEx(np.ascontiguousarray(rgb[..., c]), op, square)
+        excess = np.clip(np.minimum(diff[..., c], peak), 0, 255).astype(np.uint8)
+        cv2.max(out, excess, dst=out)
+    return out
 
 
 def _text_lines_of(
