@@ -296,37 +296,41 @@ def _is_line(line: list[_Glyph]) -> bool:
     return len(strokes) >= TEXT_MIN_CHARS or (len(strokes) >= 1 and len(line) - len(strokes) >= 3)
 
 
-def _background(rgb: np.ndarray) -> np.ndarray:
-    """int16 (H, W, 3): the tissue behind any text, per channel: a median over a window of
+def _background(planes: list[np.ndarray]) -> list[np.ndarray]:
+    """The tissue behind any text, per channel (uint8 planes): a median over a window of
     ``TEXT_BACKGROUND`` of the shorter side (on a quarter-size copy), which thin strokes and
     their outlines do not move (a top-hat is pulled down by a dark outline, so the tissue
     beside an outlined glyph stands out of it as ink does)."""
-    h, w = rgb.shape[:2]
-    q = cv2.resize(rgb, (max(2, w // 4), max(2, h // 4)), interpolation=cv2.INTER_AREA)
-    k = max(5, round(TEXT_BACKGROUND * min(q.shape[:2]))) | 1
-    bg = cv2.medianBlur(q, k)
-    return cv2.resize(bg, (w, h), interpolation=cv2.INTER_LINEAR).astype(np.int16)
+    h, w = planes[0].shape
+    qw, qh = max(2, w // 4), max(2, h // 4)
+    k = max(5, round(TEXT_BACKGROUND * min(qh, qw))) | 1
+    out = []
+    for plane in planes:
+        q = cv2.medianBlur(cv2.resize(plane, (qw, qh), interpolation=cv2.INTER_AREA), k)
+        out.append(cv2.resize(q, (w, h), interpolation=cv2.INTER_LINEAR))
+    return out
 
 
-def _ink_contrast(rgb: np.ndarray, dark: bool) -> np.ndarray:
-    """uint8 (H, W): how far each pixel stands out of the tissue behind it in one polarity, in
-    any channel (the largest per-channel excess over the median background, or deficit for
-    ``dark``), where that channel is also a narrow peak (its top-hat by a square of
-    ``TEXT_PEAK`` of the shorter side: no wider than a stroke, so the tissue along the field's
-    rim, lifted over a background that takes in the dark surround, is not ink): burned-in ink is
-    a flat colour that may differ from the tissue more in hue than in brightness (green on
-    orange)."""
-    bg = _background(rgb)
-    diff = (bg - rgb.astype(np.int16)) if dark else (rgb.astype(np.int16) - bg)
+def _ink_contrast(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 (H, W) per polarity (light, dark): how far each pixel stands out of the tissue
+    behind it, in any channel (the largest per-channel excess over the median background, or
+    deficit), as a narrow peak (its top-hat by a square of ``TEXT_PEAK`` of the shorter side: no
+    wider than a stroke, so the tissue along the field's rim, lifted over a background that
+    takes in the dark surround, is not ink): burned-in ink is a flat colour that may differ
+    from the tissue more in hue than in brightness (green on orange)."""
+    planes = [np.ascontiguousarray(rgb[..., c]) for c in range(3)]
+    backgrounds = _background(planes)
     k = max(5, round(TEXT_PEAK * min(rgb.shape[:2]))) | 1
     square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
-    op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
-    out = np.zeros(rgb.shape[:2], np.uint8)
-    for c in range(3):
-        peak = cv2.morphologyEx(np.ascontiguousarray(rgb[..., c]), op, square)
-        excess = np.clip(np.minimum(diff[..., c], peak), 0, 255).astype(np.uint8)
-        cv2.max(out, excess, dst=out)
-    return out
+    out = []
+    for dark in (False, True):
+        diffs = [
+            cv2.subtract(bg, plane) if dark else cv2.subtract(plane, bg)
+            for plane, bg in zip(planes, backgrounds, strict=True)
+        ]
+        excess = cv2.max(cv2.max(diffs[0], diffs[1]), diffs[2])
+        out.append(cv2.morphologyEx(excess, cv2.MORPH_TOPHAT, square))
+    return out[0], out[1]
 
 
 def _text_lines_of(
@@ -340,13 +344,14 @@ def _text_lines_of(
     kb = max(7, round(0.03 * short)) | 1  # wider than a progress-bar cell
     if rgb is None:
         rgb = cv2.cvtColor(luma, cv2.COLOR_GRAY2RGB)
+    contrasts = _ink_contrast(rgb)
     for dark in (False, True):
         op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
         square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
         # light ink: by its colour distance from the tissue behind it (any channel); dark ink:
         # by the luma top-hat, plus the characters only its colour distance finds (a dark
         # colour distance alone also finds the tissue between clustered highlights)
-        colour = _ink_contrast(rgb, dark) >= TEXT_CONTRAST
+        colour = contrasts[int(dark)] >= TEXT_CONTRAST
         glyphs = _glyphs(luma, colour.view(np.uint8), short, False, dark)
         if dark:
             tophat = cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST
