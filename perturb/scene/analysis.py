@@ -444,8 +444,7 @@ def _stands_out(
     """The ink of a line (the per-channel median of its candidate pixels ``cand`` in its box)
     differs from the tissue around the box (the per-channel median of a ring of ``reach`` px) by
     ``TEXT_CONTRAST`` in some channel, in the line's polarity: the tissue showing between and
-    inside light glyphs is not dark ink, nor the reverse; nor is the black surround showing
-    between light glyphs at the field's edge (dark "ink" as dark as the surround)."""
+    inside light glyphs is not dark ink, nor the reverse."""
     h, w = cand.shape
     x0, y0, x1, y1 = max(0, box[0]), max(0, box[1]), min(w, box[2]), min(h, box[3])
     ox0, oy0, ox1, oy1 = max(0, x0 - reach), max(0, y0 - reach), min(w, x1 + reach), min(h, y1 + reach)
@@ -457,8 +456,6 @@ def _stands_out(
         return False
     around = np.median(outer[ring], axis=0)
     ink = np.median(rgb[y0:y1, x0:x1][strokes], axis=0)
-    if dark and float(ink.max()) < DARK_LEVEL:  # the surround showing between light glyphs
-        return False
     return float(np.max(around - ink if dark else ink - around)) >= TEXT_CONTRAST
 
 
