@@ -250,6 +250,17 @@ def glyph_strokes(
     cover = (excess - np.float32(GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
     np.clip(cover, np.float32(0.0), np.float32(1.0), out=cover)
     if strong.size:
+        # ink also stands out of the line's tissue (each channel's median away from the
+        # strokes) in some channel: the tissue beside a wide dark block, lifted in the top-hat
+        # by the block, does not
+        apart = ~cv2.dilate(is_strong.view(np.uint8), np.ones((5, 5), np.uint8)).view(bool)
+        if apart.any():
+            lifted = np.zeros(excess.shape, bool)
+            for plane in planes:
+                box_plane = plane[inside]
+                level = int(np.median(box_plane[apart]))
+                lifted |= box_plane.astype(np.int16) - level >= GLYPH_LOW
+            cover[~lifted] = 0.0
         ink = int(np.median(luma[inside][is_strong]))
         blocks = solid_blocks(u8, luma, (x0 - wx0, y0 - wy0, x1 - wx0, y1 - wy0), ink)
         if blocks is not None:
