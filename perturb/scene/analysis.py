@@ -313,23 +313,24 @@ def _background(planes: list[np.ndarray]) -> list[np.ndarray]:
 
 def _ink_contrast(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """uint8 (H, W) per polarity (light, dark): how far each pixel stands out of the tissue
-    behind it, in any channel (the largest per-channel excess over the median background, or
-    deficit), as a narrow peak (its top-hat by a square of ``TEXT_PEAK`` of the shorter side: no
-    wider than a stroke, so the tissue along the field's rim, lifted over a background that
-    takes in the dark surround, is not ink): burned-in ink is a flat colour that may differ
-    from the tissue more in hue than in brightness (green on orange)."""
+    behind it, in any channel (the per-channel excess over the median background, or deficit),
+    where that channel is also a narrow peak (its top-hat, or black-hat, by a square of
+    ``TEXT_PEAK`` of the shorter side: no wider than a stroke, so the tissue along the field's
+    rim, lifted over a background that takes in the dark surround, is not ink; a step edge has
+    no top-hat): burned-in ink is a flat colour that may differ from the tissue more in hue
+    than in brightness (green on orange)."""
     planes = [np.ascontiguousarray(rgb[..., c]) for c in range(3)]
     backgrounds = _background(planes)
     k = max(5, round(TEXT_PEAK * min(rgb.shape[:2]))) | 1
     square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
     out = []
     for dark in (False, True):
-        diffs = [
-            cv2.subtract(bg, plane) if dark else cv2.subtract(plane, bg)
-            for plane, bg in zip(planes, backgrounds, strict=True)
-        ]
-        excess = cv2.max(cv2.max(diffs[0], diffs[1]), diffs[2])
-        out.append(cv2.morphologyEx(excess, cv2.MORPH_TOPHAT, square))
+        op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
+        acc = np.zeros(rgb.shape[:2], np.uint8)
+        for plane, bg in zip(planes, backgrounds, strict=True):
+            diff = cv2.subtract(bg, plane) if dark else cv2.subtract(plane, bg)
+            cv2.max(acc, cv2.min(diff, cv2.morphologyEx(plane, op, square)), dst=acc)
+        out.append(acc)
     return out[0], out[1]
 
 
@@ -379,7 +380,7 @@ def _text_lines_of(
                 max(g.x1 for g in ln) + pad,
                 max(g.y1 for g in ln) + pad,
             )
-            if dark and _among_highlights(rgb, box):
+            if dark and (_among_highlights(rgb, box) or _shadow_of_light(contrasts, box)):
                 continue
             if _stands_out(rgb, colour.view(np.uint8), box, dark, round(h)):
                 found.append((*box, dark))
@@ -457,6 +458,15 @@ def _stands_out(
     around = np.median(outer[ring], axis=0)
     ink = np.median(rgb[y0:y1, x0:x1][strokes], axis=0)
     return float(np.max(around - ink if dark else ink - around)) >= TEXT_CONTRAST
+
+
+def _shadow_of_light(contrasts: tuple[np.ndarray, np.ndarray], box: tuple[int, int, int, int]) -> bool:
+    """Whether a dark line's box holds more light ink than dark (``contrasts``: light, dark, as
+    ``_ink_contrast``): the drop shadow or outline of light text, whose ink is the light
+    strokes, not dark ink with a light outline (the outline is the thinner)."""
+    x0, y0, x1, y1 = max(0, box[0]), max(0, box[1]), box[2], box[3]
+    light = int(np.count_nonzero(contrasts[0][y0:y1, x0:x1] >= TEXT_CONTRAST))
+    return light > int(np.count_nonzero(contrasts[1][y0:y1, x0:x1] >= TEXT_CONTRAST))
 
 
 def _among_highlights(rgb: np.ndarray, box: tuple[int, int, int, int]) -> bool:
