@@ -31,10 +31,12 @@ from typing import Any
 import cv2
 import numpy as np
 
-SCENE_VERSION = 4  # 2: text lines over the tissue keep only their glyph strokes in the composite;
+SCENE_VERSION = 5  # 2: text lines over the tissue keep only their glyph strokes in the composite;
 #   3: and their solid blocks (progress bars, a cursor) whole (masks.solid_blocks);
 #   4: text lines found as regular glyph rows of either polarity anywhere over the field (kinds
-#   ``text`` and ``text_dark``), the glyph cover keeps a 1 px rim and an outline; ``text`` entry
+#   ``text`` and ``text_dark``), the glyph cover keeps a 1 px rim and an outline; ``text`` entry;
+#   5: light ink found by its colour distance from a median background (any channel), glyph
+#   cover from the largest per-channel top-hat (coloured ink of low luma contrast)
 TEXT_KINDS = ("text", "text_dark")  # overlay kinds of burned-in text lines (light, dark ink)
 GRID_SHORT = 360  # analysis grid: shorter side in pixels
 DARK_LEVEL = 24  # max channel (8-bit) below which a pixel may belong to the surround
@@ -145,6 +147,9 @@ TEXT_BLOCK_CHARS = 2  # ...or this many where it stands left-aligned in a block 
 TEXT_HEIGHT_TOL = 0.12  # cap heights and baselines of one line agree within this fraction
 TEXT_MAX_FILL = 0.9  # a character's strokes leave part of its box open (median of a line)
 TEXT_GAP = 2.5  # at most this many cap heights between neighbouring characters of a line
+TEXT_BACKGROUND = 0.06  # median window of the tissue behind text, of the shorter side
+TEXT_PEAK = 0.02  # ink is a peak narrower than this (top-hat square), of the shorter side
+TEXT_HIGHLIGHT_SHARE = 0.02  # a dark line's box holds less of near-white highlight than this
 TEXT_IN_FIELD = 0.1  # a text line reaches into the field: at least this fraction of its box
 
 
@@ -206,6 +211,11 @@ def _glyphs(
         chars = max(1, round(w / (0.7 * h)))
         out.append(_Glyph(x, y, x + w, y + h, half, ink, chars, blocks, fill))
     return out
+
+
+def _overlap(a: _Glyph, b: _Glyph) -> bool:
+    """Whether the boxes of two glyph candidates overlap (one character found twice)."""
+    return min(a.x1, b.x1) > max(a.x0, b.x0) and min(a.y1, b.y1) > max(a.y0, b.y0)
 
 
 def _same_line(a: _Glyph, b: _Glyph) -> bool:
@@ -286,17 +296,70 @@ def _is_line(line: list[_Glyph]) -> bool:
     return len(strokes) >= TEXT_MIN_CHARS or (len(strokes) >= 1 and len(line) - len(strokes) >= 3)
 
 
-def _text_lines_of(luma: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
-    """Lines of burned-in text on the text grid: (x0, y0, x1, y1, dark) per line."""
+def _background(planes: list[np.ndarray]) -> list[np.ndarray]:
+    """The tissue behind any text, per channel (uint8 planes): a median over a window of
+    ``TEXT_BACKGROUND`` of the shorter side (on a quarter-size copy), which thin strokes and
+    their outlines do not move (a top-hat is pulled down by a dark outline, so the tissue
+    beside an outlined glyph stands out of it as ink does)."""
+    h, w = planes[0].shape
+    qw, qh = max(2, w // 4), max(2, h // 4)
+    k = max(5, round(TEXT_BACKGROUND * min(qh, qw))) | 1
+    out = []
+    for plane in planes:
+        q = cv2.medianBlur(cv2.resize(plane, (qw, qh), interpolation=cv2.INTER_AREA), k)
+        out.append(cv2.resize(q, (w, h), interpolation=cv2.INTER_LINEAR))
+    return out
+
+
+def _ink_contrast(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 (H, W) per polarity (light, dark): how far each pixel stands out of the tissue
+    behind it, in any channel (the per-channel excess over the median background, or deficit),
+    where that channel is also a narrow peak (its top-hat, or black-hat, by a square of
+    ``TEXT_PEAK`` of the shorter side: no wider than a stroke, so the tissue along the field's
+    rim, lifted over a background that takes in the dark surround, is not ink; a step edge has
+    no top-hat): burned-in ink is a flat colour that may differ from the tissue more in hue
+    than in brightness (green on orange)."""
+    planes = [np.ascontiguousarray(rgb[..., c]) for c in range(3)]
+    backgrounds = _background(planes)
+    k = max(5, round(TEXT_PEAK * min(rgb.shape[:2]))) | 1
+    square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
+    out = []
+    for dark in (False, True):
+        op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
+        acc = np.zeros(rgb.shape[:2], np.uint8)
+        for plane, bg in zip(planes, backgrounds, strict=True):
+            diff = cv2.subtract(bg, plane) if dark else cv2.subtract(plane, bg)
+            cv2.max(acc, cv2.min(diff, cv2.morphologyEx(plane, op, square)), dst=acc)
+        out.append(acc)
+    return out[0], out[1]
+
+
+def _text_lines_of(
+    luma: np.ndarray, rgb: np.ndarray | None = None
+) -> list[tuple[int, int, int, int, bool]]:
+    """Lines of burned-in text on the text grid (``luma`` and its ``rgb``, gray where absent):
+    (x0, y0, x1, y1, dark) per line."""
     short = min(luma.shape)
     k = max(5, round(0.012 * short)) | 1  # wider than a stroke
     found: list[tuple[int, int, int, int, bool]] = []
     kb = max(7, round(0.03 * short)) | 1  # wider than a progress-bar cell
+    if rgb is None:
+        rgb = cv2.cvtColor(luma, cv2.COLOR_GRAY2RGB)
+    contrasts = _ink_contrast(rgb)
     for dark in (False, True):
         op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
         square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
-        cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
-        glyphs = _glyphs(luma, cand, short, False, dark)
+        # light ink: by its colour distance from the tissue behind it (any channel); dark ink:
+        # by the luma top-hat, plus the characters only its colour distance finds (a dark
+        # colour distance alone also finds the tissue between clustered highlights)
+        colour = contrasts[int(dark)] >= TEXT_CONTRAST
+        glyphs = _glyphs(luma, colour.view(np.uint8), short, False, dark)
+        if dark:
+            tophat = cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST
+            glyphs += [
+                g for g in _glyphs(luma, tophat.view(np.uint8), short, False, dark)
+                if not any(_overlap(g, o) for o in glyphs)
+            ]
         square = cv2.getStructuringElement(cv2.MORPH_RECT, (kb, kb))
         cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
         glyphs += _glyphs(luma, cand, short, True, dark)
@@ -317,7 +380,9 @@ def _text_lines_of(luma: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
                 max(g.x1 for g in ln) + pad,
                 max(g.y1 for g in ln) + pad,
             )
-            if _stands_out(luma, box, float(np.median([g.ink for g in ln])), dark, round(h)):
+            if dark and (_among_highlights(rgb, box) or _shadow_of_light(contrasts, box)):
+                continue
+            if _stands_out(rgb, colour.view(np.uint8), box, dark, round(h)):
                 found.append((*box, dark))
     return _merged(found)
 
@@ -375,26 +440,45 @@ def _with_marks(line: list[_Glyph], glyphs: list[_Glyph]) -> list[_Glyph]:
 
 
 def _stands_out(
-    luma: np.ndarray, box: tuple[int, int, int, int], ink: float, dark: bool, reach: int
+    rgb: np.ndarray, cand: np.ndarray, box: tuple[int, int, int, int], dark: bool, reach: int
 ) -> bool:
-    """The ink of a line differs from the tissue around its box (the median luma of a ring of
-    ``reach`` px) by ``TEXT_CONTRAST`` in the line's polarity: the tissue showing between and
+    """The ink of a line (the per-channel median of its candidate pixels ``cand`` in its box)
+    differs from the tissue around the box (the per-channel median of a ring of ``reach`` px) by
+    ``TEXT_CONTRAST`` in some channel, in the line's polarity: the tissue showing between and
     inside light glyphs is not dark ink, nor the reverse."""
-    h, w = luma.shape
-    x0, y0, x1, y1 = box
-    ox0, oy0, ox1, oy1 = (
-        max(0, x0 - reach),
-        max(0, y0 - reach),
-        min(w, x1 + reach),
-        min(h, y1 + reach),
-    )
-    outer = luma[oy0:oy1, ox0:ox1]
-    ring = np.ones(outer.shape, bool)
-    ring[max(0, y0) - oy0 : max(0, y1 - oy0), max(0, x0) - ox0 : max(0, x1 - ox0)] = False
-    if not ring.any():
+    h, w = cand.shape
+    x0, y0, x1, y1 = max(0, box[0]), max(0, box[1]), min(w, box[2]), min(h, box[3])
+    ox0, oy0, ox1, oy1 = max(0, x0 - reach), max(0, y0 - reach), min(w, x1 + reach), min(h, y1 + reach)
+    outer = rgb[oy0:oy1, ox0:ox1]
+    ring = np.ones(outer.shape[:2], bool)
+    ring[y0 - oy0 : y1 - oy0, x0 - ox0 : x1 - ox0] = False
+    strokes = cand[y0:y1, x0:x1] > 0
+    if not ring.any() or not strokes.any():
         return False
-    around = float(np.median(outer[ring]))
-    return (around - ink if dark else ink - around) >= TEXT_CONTRAST
+    around = np.median(outer[ring], axis=0)
+    ink = np.median(rgb[y0:y1, x0:x1][strokes], axis=0)
+    return float(np.max(around - ink if dark else ink - around)) >= TEXT_CONTRAST
+
+
+def _shadow_of_light(contrasts: tuple[np.ndarray, np.ndarray], box: tuple[int, int, int, int]) -> bool:
+    """Whether a dark line's box holds more light ink than dark (``contrasts``: light, dark, as
+    ``_ink_contrast``): the drop shadow or outline of light text, whose ink is the light
+    strokes, not dark ink with a light outline (the outline is the thinner)."""
+    x0, y0, x1, y1 = max(0, box[0]), max(0, box[1]), box[2], box[3]
+    light = int(np.count_nonzero(contrasts[0][y0:y1, x0:x1] >= TEXT_CONTRAST))
+    return light > int(np.count_nonzero(contrasts[1][y0:y1, x0:x1] >= TEXT_CONTRAST))
+
+
+def _among_highlights(rgb: np.ndarray, box: tuple[int, int, int, int]) -> bool:
+    """Whether a box holds ``TEXT_HIGHLIGHT_SHARE`` of near-white pixels (every channel at least
+    ``HIGHLIGHT_LEVEL``): the tissue between clustered specular highlights stands out dark as
+    dark ink does; dark ink over the tissue (even with a light outline) has next to none."""
+    x0, y0, x1, y1 = max(0, box[0]), max(0, box[1]), box[2], box[3]
+    crop = rgb[y0:y1, x0:x1]
+    if crop.size == 0:
+        return False
+    low = crop.min(axis=2)
+    return float((low >= round(HIGHLIGHT_LEVEL * 255)).mean()) >= TEXT_HIGHLIGHT_SHARE
 
 
 def _in_block(line: list[_Glyph], other: list[_Glyph]) -> bool:
@@ -414,8 +498,9 @@ def _in_block(line: list[_Glyph], other: list[_Glyph]) -> bool:
 def _text_lines(rgb: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
     """Burned-in text lines over the field (``hull``: the field's hull on the analysis grid), in
     image pixels: (x0, y0, x1, y1, dark). Searched on a grid of shorter side ``TEXT_GRID_SHORT``
-    in both polarities; a dark line that overlaps a light one (the gaps and outline of light
-    glyphs) is dropped; a line must reach into the field (text wholly in the surround is an
+    in both polarities; a light and a dark line that overlap are both kept (ink and its outline
+    of the other polarity: each keeps its strokes; the tissue between light glyphs does not
+    stand out as dark ink, ``_stands_out``); a line must reach into the field (text wholly in the surround is an
     overlay of the surround already)."""
     h, w = rgb.shape[:2]
     scale = min(1.0, TEXT_GRID_SHORT / min(h, w))
@@ -423,18 +508,11 @@ def _text_lines(rgb: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, 
     small = cv2.resize(rgb, (tw, th), interpolation=cv2.INTER_AREA) if (th, tw) != (h, w) else rgb
     luma = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
     field = cv2.resize(hull, (tw, th), interpolation=cv2.INTER_NEAREST)
-    found = _text_lines_of(luma)
-    light = [ln for ln in found if not ln[4]]
-
-    def overlaps(a: tuple[int, int, int, int, bool], b: tuple[int, int, int, int, bool]) -> bool:
-        return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
-
+    found = _text_lines_of(luma, small)
     sx, sy = w / tw, h / th
     out = []
     for ln in found:
         x0, y0, x1, y1, dark = max(0, ln[0]), max(0, ln[1]), min(tw, ln[2]), min(th, ln[3]), ln[4]
-        if dark and any(overlaps(ln, other) for other in light):
-            continue
         if x1 <= x0 or y1 <= y0 or field[y0:y1, x0:x1].mean() < TEXT_IN_FIELD:
             continue
         out.append(

@@ -210,8 +210,9 @@ def glyph_strokes(
 ) -> np.ndarray:
     """float32 (y1 - y0, x1 - x0) in [0, 1]: how much of each pixel of a text box is glyph
     stroke, from ``window`` (CHW pixels of the clean image inside ``glyph_window(desc, box)``).
-    The stroke's excess luma over the local background (white top-hat: the luma minus its
-    opening by a square of ``k``) ramps from 0 at ``GLYPH_LOW`` levels to 1 at ``GLYPH_FULL`` of
+    The stroke's excess over the local background (the largest white top-hat of the three
+    channels: a channel minus its opening by a square of ``k``; coloured ink may differ from
+    the tissue more in hue than in luma) ramps from 0 at ``GLYPH_LOW`` levels to 1 at ``GLYPH_FULL`` of
     the median excess of the line's strong pixels (at least ``GLYPH_HIGH``), so the anti-aliased
     edge of a stroke is a partial cover in proportion, as the processor drew it. Solid blocks
     of the line (``solid_blocks``) are covered whole. A line of dark ink (kind ``text_dark``)
@@ -222,10 +223,19 @@ def glyph_strokes(
     wx0, wy0, _, _, k = glyph_window(desc, box)
     u8 = _box_u8(window)
     luma = _box_luma(u8)
-    if _dark_ink(desc, box):
+    dark = _dark_ink(desc, box)
+    if dark:
         luma = cv2.bitwise_not(luma)
     square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
-    tophat = cv2.morphologyEx(luma, cv2.MORPH_TOPHAT, square, borderType=cv2.BORDER_REPLICATE)
+    # the excess in any channel: ink may differ from the tissue more in hue than in luma
+    planes = [cv2.bitwise_not(c) if dark else c for c in u8] if u8.shape[0] == 3 else [luma]
+    tophat: np.ndarray | None = None
+    for plane in planes:
+        th = cv2.morphologyEx(
+            np.ascontiguousarray(plane), cv2.MORPH_TOPHAT, square, borderType=cv2.BORDER_REPLICATE
+        )
+        tophat = th if tophat is None else cv2.max(tophat, th)
+    assert tophat is not None
     x0, y0, x1, y1 = box
     inside = (slice(y0 - wy0, y1 - wy0), slice(x0 - wx0, x1 - wx0))
     excess = tophat[inside].astype(np.float32)
@@ -240,6 +250,17 @@ def glyph_strokes(
     cover = (excess - np.float32(GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
     np.clip(cover, np.float32(0.0), np.float32(1.0), out=cover)
     if strong.size:
+        # ink also stands out of the line's tissue (each channel's median away from the
+        # strokes) in some channel: the tissue beside a wide dark block, lifted in the top-hat
+        # by the block, does not
+        apart = ~cv2.dilate(is_strong.view(np.uint8), np.ones((5, 5), np.uint8)).view(bool)
+        if apart.any():
+            lifted = np.zeros(excess.shape, bool)
+            for plane in planes:
+                box_plane = plane[inside]
+                level = int(np.median(box_plane[apart]))
+                lifted |= box_plane.astype(np.int16) - level >= GLYPH_LOW
+            cover[~lifted] = 0.0
         ink = int(np.median(luma[inside][is_strong]))
         blocks = solid_blocks(u8, luma, (x0 - wx0, y0 - wy0, x1 - wx0, y1 - wy0), ink)
         if blocks is not None:
