@@ -21,6 +21,7 @@ from perturb.annotations import transform_boxes
 from perturb.catalog.registry import get_op
 from perturb.ops import _host
 from perturb.ops.clinical import (
+    BUBBLE_GAP,
     FLUIDS,
     fluid_occlusion,
     pool_mask,
@@ -181,25 +182,79 @@ def test_smoke_follows_koschmieder_with_a_wispy_optical_depth() -> None:
     assert tau[plume].std() / tau[plume].mean() > 0.3, "smoke should be wispy, not uniform"
 
 
-def test_bubble_has_fresnel_rim_dark_refraction_line_and_specular_spot() -> None:
-    lin = np.full((3, 101, 101), 0.2, dtype=np.float32)
-    lin[:, :, 70:] = 0.3  # an edge at half the bubble's radius, to see the refraction
+def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre() -> None:
+    """One bubble (radius 42 px at the image centre) over a grey frame with a vertical edge:
+    the dome magnifies (the edge is seen where the pull 1 - k cos(theta) maps back onto it), the
+    film reflects more at grazing angles (Fresnel) with a dark refraction band inside the rim,
+    the rim's colour is two-beam thin-film interference ``1 - a cos(4 pi n d cos(theta_t) /
+    lambda)`` per channel, and the clipped glints sit off centre along the light guides' axis."""
+    side, r = 600, 0.07 * 600
+    lin = np.full((3, side, side), 0.2, dtype=np.float32)
+    lin[:, :, 320:] = 0.3  # an edge 20 px right of the centre (rho 0.48)
     out = lin.copy()
-    render_bubble(lin, out, 50.5, 50.5, 40.0)
-    ys, xs = np.mgrid[0:101, 0:101] + 0.5
-    rho = np.hypot(xs - 50.5, ys - 50.5) / 40.0
+    light, glint, film, phase = 0.6, 0.2, 420.0, 1.0
+    render_bubble(lin, out, [0.0, 0.0, 0.07, film, phase], light, glint, [0.6, 0.6, 0.6])
+    ys, xs = np.mgrid[0:side, 0:side] + 0.5
+    dx, dy = xs - 300.0, ys - 300.0
+    rho = np.hypot(dx, dy) / r
     lum = out.mean(0)
-    assert lum[50, 50] > 1.0, "specular spot of the light at the lens is clipped"
     ring = lum[(rho > 0.95) & (rho < 0.99)].mean()
-    mid = lum[(rho > 0.5) & (rho < 0.6)].mean()
-    line = lum[(rho > 0.89) & (rho < 0.91)].mean()
-    assert ring > mid, "Fresnel: the film reflects more at grazing angles"
-    assert line < lum[(rho > 0.8) & (rho < 0.83)].mean(), "dark refraction line inside the rim"
-    # refraction magnifies: the edge at x = 70 (rho 0.5) is seen further out, where the dome's
-    # pull 1 - 0.25 cos(theta) maps the output back onto it (about x = 75.5)
-    edge = 62 + int(np.argmax(out[0, 50, 62:95] > 0.26))  # right of the specular spot
-    assert 74 <= edge <= 77, edge
-    assert np.array_equal(out[:, 0, :], lin[:, 0, :]), "outside the bubble nothing changes"
+    assert ring > lum[(rho > 0.5) & (rho < 0.6)].mean(), "Fresnel: more reflection at grazing angles"
+    assert lum[(rho > 0.89) & (rho < 0.91)].mean() < lum[(rho > 0.8) & (rho < 0.83)].mean(), "dark band"
+    # refraction: the output pixel at dx reads dx (1 - 0.22 cos theta); the edge (dx = 20) is seen
+    # where that read position crosses 20, solved here on a fine grid
+    fine = np.linspace(0.0, r, 40001)
+    seen = fine[np.argmax(fine * (1.0 - 0.22 * np.sqrt(1.0 - (fine / r) ** 2)) >= 20.0)]
+    row = out[0, 280]  # a row clear of the glints
+    edge = 300 + int(np.argmax(row[300:340] > 0.25)) + 0.5 - 300.0
+    assert abs(edge - seen) <= 1.0, (edge, seen)
+    # glints: the brightest pixel lies glint * r from the centre towards the first light guide
+    peak = np.unravel_index(np.argmax(lum), lum.shape)
+    expect = (300 + glint * r * math.sin(light), 300 + glint * r * math.cos(light))
+    assert math.hypot(peak[0] + 0.5 - expect[0], peak[1] + 0.5 - expect[1]) <= 1.0, (peak, expect)
+    assert lum[peak] > 1.0 and lum[299, 299] < 1.0, "clipped glints off centre, not a centred dot"
+    second = (int(300 - glint * r * math.sin(light)), int(300 - glint * r * math.cos(light)))
+    assert 0.4 < lum[second] < lum[peak], "the second guide's glint opposite, dimmer"
+    # thin-film colour on a black frame: the rim's channel ratios follow the interference formula
+    dark = np.zeros_like(lin)
+    rim = dark.copy()
+    render_bubble(dark, rim, [0.0, 0.0, 0.07, film, phase], light, glint, [0.6, 0.6, 0.6])
+    sel = (rho > 0.93) & (rho < 0.99) & (np.hypot(dx, dy) > 0)
+    phi = np.arctan2(dy, dx)[sel]
+    cos_t = np.sqrt(1.0 - np.minimum(rho[sel], 1.0) ** 2 / 1.33**2)
+    d = film * (1.0 + 0.35 * np.cos(phi + phase))
+    tint = [1.0 - 0.5 * np.cos(4 * np.pi * 1.33 * d * cos_t / lam) for lam in (610.0, 550.0, 465.0)]
+    far = np.hypot(dx[sel], dy[sel]) > glint * r + 8  # away from the glints
+    for ch in (0, 2):
+        got = rim[ch][sel][far] / rim[1][sel][far]
+        assert np.allclose(got, (tint[ch] / tint[1])[far], rtol=1e-3), ch
+    spread = rim[0][sel][far] / rim[2][sel][far]
+    assert spread.std() > 0.1, "the film's colour changes around the rim"
+    assert np.array_equal(out[:, :200, :], lin[:, :200, :]), "outside the bubble nothing changes"
+
+
+def test_bubbles_pack_into_foam_sized_like_real_ones_and_nest_across_severities() -> None:
+    """Cells never overlap, most foam cells touch a neighbour, diameters are near the median
+    box side of real bubbles (5.8 % of a 512 px frame), and a severity's bubbles are the first
+    ones of the next severity's (one perturbation at five strengths)."""
+    spec = get_op("bubbles")
+    sampler = spec.entry.sampler
+    diameters, touching, cells = [], 0, 0
+    for key in range(12):
+        draws = [sampler(rng.scalar_rng(key), spec.spec.level(sev)) for sev in (1, 3, 5)]
+        rows = [np.asarray(d["bubbles"]) for d in draws]
+        assert rows[0].shape[0] >= 3, "a few bubbles are visible at severity 1"
+        assert np.array_equal(rows[0], rows[1][: len(rows[0])])
+        assert np.array_equal(rows[1], rows[2][: len(rows[1])])
+        b = rows[2]
+        gap = np.hypot(b[:, None, 0] - b[None, :, 0], b[:, None, 1] - b[None, :, 1])
+        gap = gap - b[:, None, 2] - b[None, :, 2] + np.eye(len(b)) * 10
+        assert gap.min() >= BUBBLE_GAP - 1e-12, "bubbles overlap"
+        touching += int((gap.min(axis=1) < 3 * BUBBLE_GAP).sum())
+        cells += len(b)
+        diameters += (2 * b[:, 2]).tolist()
+    assert touching / cells > 0.7, f"only {touching}/{cells} bubbles touch a neighbour (no foam)"
+    assert 0.045 <= float(np.median(diameters)) <= 0.07, np.median(diameters)
 
 
 def test_fluid_absorbs_by_beer_lambert_per_channel() -> None:

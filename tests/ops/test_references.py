@@ -27,7 +27,7 @@ REFERENCE_CHECKS = {
     "motion_blur": "test_disk_and_line_blur_act_on_linear_light",
     "specular_glare": "tests.ops.test_clinical_ops::test_glare_adds_illuminant_coloured_light_in_linear_light_on_tissue_only",
     "surgical_smoke": "tests.ops.test_clinical_ops::test_smoke_follows_koschmieder_with_a_wispy_optical_depth",
-    "bubbles": "tests.ops.test_clinical_ops::test_bubble_has_fresnel_rim_dark_refraction_line_and_specular_spot",
+    "bubbles": "tests.ops.test_clinical_ops::test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre",
     "fluid_occlusion": "tests.ops.test_clinical_ops::test_fluid_absorbs_by_beer_lambert_per_channel",
     "lens_fog": "tests.ops.test_clinical_ops::test_lens_fog_lowers_contrast_most_at_the_rim",
     "lens_droplets": "tests.ops.test_clinical_ops::test_drop_is_a_minifying_lens_with_a_dark_rim",
