@@ -27,12 +27,19 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   median box side of 5.8 % of the frame and come in clusters, so radii are log-normal around
   that size and most bubbles are foam cells packed in clusters (each touches one already placed,
   none overlap), a few single; a severity adds bubbles, it does not grow them.
-* ``fluid_occlusion``: residual fluid, stool or blood pooled over the mucosa (a keyed blob
-  reaching in from a keyed side, covering ``coverage`` of the field). Beer-Lambert absorption per
-  channel ``T_c = exp(-mu_c depth)`` (bilious fluid absorbs blue, blood absorbs green and blue,
-  stool all three) with depth growing from the pool's edge, turbid in-scattering towards the
-  fluid's body colour, and a bright meniscus line where the fluid surface curves up to the
-  mucosa (specular reflection of the light at the lens). It may hide findings: ``occludes``.
+* ``fluid_occlusion``: residual bile, stool suspension, blood or clear rinse water pooled over the
+  mucosa (a keyed blob reaching in from a keyed side, covering ``coverage`` of the field; the
+  fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear). Beer-Lambert
+  absorption per channel ``T_c = exp(-mu_c d)`` (bile absorbs blue, blood green and blue, stool
+  all three) and turbid in-scattering towards the fluid's body colour, through a depth ``d`` that
+  grows from the pool's edge (the mucosa slopes down under it: a turbidity gradient, thin and
+  clear at the edge) and is patchy with the fluid's concentration (blood swirls in rinse water),
+  plus suspended particles that block and scatter (fibre and seeds in stool, clots in blood). The
+  liquid surface is a height field, a meniscus rising to the mucosa at the edge and low ripples
+  on the body: it refracts the tissue seen through it (shifted by the surface's slope) and mirrors
+  the light at the lens where its slope is the keyed tilt of the half vector (an arc along the
+  meniscus on the side facing the light, sharp clipped glints on ripples) over water's 2 %
+  Fresnel sheen. It may hide findings: ``occludes``.
 """
 
 from __future__ import annotations
@@ -538,23 +545,41 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
 # ---------------------------------------------------------------------------------------------
 # Pooled fluid, stool or blood
 
-# Absorption (per unit depth, linear RGB) and body colour of each fluid: bilious/clear fluid,
-# stool suspension, blood. Blood absorbs green and blue strongly (haemoglobin's Soret and Q bands),
-# bile absorbs blue (bilirubin), stool absorbs broadly with a brown body colour.
+# Each fluid: absorption per unit depth (linear RGB), body colour of the light it scatters back,
+# how strongly it scatters (turbidity), how patchy its concentration is, how many suspended
+# particles it carries and their colour. Blood absorbs green and blue strongly (haemoglobin's
+# Soret and Q bands) and mixes with the rinse water in swirls; bile absorbs blue (bilirubin) and is
+# translucent; a stool suspension absorbs broadly, is turbid and full of particles (fibre, seeds);
+# rinse water barely absorbs (a little red), is faintly milky with fine debris and shows itself
+# mostly by its surface.
+FLUID_NAMES = ("bile", "stool", "blood", "clear")
 FLUIDS = {
-    0: ((0.25, 0.45, 2.2), (0.55, 0.50, 0.12)),
-    1: ((1.6, 2.2, 3.2), (0.32, 0.20, 0.07)),
-    2: ((1.2, 6.0, 5.5), (0.35, 0.02, 0.02)),
+    0: ((0.25, 0.45, 2.2), (0.55, 0.50, 0.12), 0.5, 0.35, 0.25, (0.45, 0.42, 0.08)),
+    1: ((1.6, 2.2, 3.2), (0.32, 0.20, 0.07), 1.2, 0.5, 0.9, (0.55, 0.40, 0.12)),
+    2: ((1.2, 6.0, 5.5), (0.35, 0.02, 0.02), 0.35, 0.8, 0.35, (0.08, 0.0, 0.0)),
+    3: ((0.06, 0.03, 0.02), (0.45, 0.47, 0.45), 0.25, 0.4, 0.2, (0.6, 0.5, 0.25)),
 }
-MENISCUS_WIDTH = 0.003  # shorter side
+FLUID_RAMP = 0.07  # the pool deepens from its edge over about twice this (shorter side)
+FLUID_MURK_CELL = 0.08  # patches of concentration (shorter side)
+FLUID_FLECK_CELL = 0.012  # suspended particles (shorter side)
+FLUID_MENISCUS = (0.004, 0.006)  # meniscus height and width (shorter side)
+FLUID_RIPPLE = (0.0012, 0.07)  # ripple height and wavelength (shorter side)
+FLUID_REFRACTION = 0.015  # tissue shift (shorter side) per unit slope of the surface
+FLUID_GLINT = (4.0, 0.006)  # specular lobe of the surface: peak (linear, clipped) and slope width
+FLUID_ARC = (0.8, 0.2)  # meniscus arc: brightness (linear) and the slope at which it is full
+FLUID_SHEEN = 0.02  # Fresnel reflectance of water at normal incidence, the surface's sheen
 
 
 def _fluid_sampler(rng: np.random.Generator, level: Level) -> Params:
+    """Pool size and depth from the table; the fluid (``FLUID_NAMES``), the side it pools on
+    and the surface tilt that mirrors the light into the lens, keyed."""
+    tilt, angle = float(rng.uniform(0.04, 0.06)), float(rng.uniform(0.0, 2.0 * math.pi))
     return {
         "coverage": draw(rng, level["coverage"]),
         "opacity": draw(rng, level["opacity"]),
         "fluid": float(rng.integers(0, len(FLUIDS))),
         "side": float(rng.uniform(0.0, 2.0 * math.pi)),
+        "tilt": [tilt * math.cos(angle), tilt * math.sin(angle)],
     }
 
 
@@ -616,8 +641,26 @@ def pool_mask_t(
     return ((pool | small) & inside & keep).unsqueeze(1)
 
 
+def _slope(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Central differences (x, y) per pixel of an (H, W) plane, edges replicated."""
+    zp = np.pad(z, 1, mode="edge")
+    half = np.float32(0.5)
+    return (zp[1:-1, 2:] - zp[1:-1, :-2]) * half, (zp[2:, 1:-1] - zp[:-2, 1:-1]) * half
+
+
+def _slope_t(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_slope`` of every plane of a (B, 1, H, W) batch."""
+    zp = torch.nn.functional.pad(z, (1, 1, 1, 1), mode="replicate")
+    return (zp[..., 1:-1, 2:] - zp[..., 1:-1, :-2]) * 0.5, (
+        zp[..., 2:, 1:-1] - zp[..., :-2, 1:-1]
+    ) * 0.5
+
+
 FLUID_TABLE = torch.tensor(
-    [[*absorb, *body] for absorb, body in (FLUIDS[i] for i in range(len(FLUIDS)))]
+    [
+        [*mu, *body, turbid, patchy, particles, *fleck]
+        for mu, body, turbid, patchy, particles, fleck in (FLUIDS[i] for i in range(len(FLUIDS)))
+    ]
 )
 
 
@@ -629,36 +672,49 @@ def _fluid_occlusion_batch(
     scale = min(h, w)
     _field, tissue = _host.view_masks(x, scenes)
     pool = pool_mask_t(keys, tissue, p["coverage"], p["side"])
-    dist = _host.chamfer_t(pool, _host.CHAMFER5, 0.04 * scale) / (0.04 * scale)
-    opacity = p["opacity"].view(-1, 1, 1, 1)
-    depth = _host.gauss_t(opacity * dist.clamp(0.0, 1.0) ** 0.7, 0.002 * scale)
+    poolf = pool.to(torch.float32)
+    floor = (2.0 * _host.gauss_t(poolf, FLUID_RAMP * scale) - 1.0).clamp(0.0, 1.0) * poolf
+    depth = p["opacity"].view(-1, 1, 1, 1) * floor**0.7
+    table = FLUID_TABLE.to(x.device)[torch.round(p["fluid"]).long()]
+    mu, body, fleck = table[:, 0:3], table[:, 3:6], table[:, 9:12]
+    turbid, patchy, particles = (table[:, i].view(-1, 1, 1, 1) for i in (6, 7, 8))
+    if c == 1:
+        luma = torch.from_numpy(_host.LUMA).to(x.device).view(3, 1)
+        mu, body, fleck = mu.mean(dim=1, keepdim=True), body @ luma, fleck @ luma
+    mu, body, fleck = mu.view(-1, c, 1, 1), body.view(-1, c, 1, 1), fleck.view(-1, c, 1, 1)
+    murk = 1.0 + patchy * _host.fractal_noise_t(
+        keys, "fluid-murk", h, w, FLUID_MURK_CELL * scale, 4, x
+    ).unsqueeze(1)
+    grains = _host.fractal_noise_t(keys, "fluid-flecks", h, w, FLUID_FLECK_CELL * scale, 2, x)
+    flecks = ((grains.unsqueeze(1) - 0.35) / 0.15).clamp(0.0, 1.0) * particles * floor
+    dens = depth * murk
+    men = _host.gauss_t(1.0 - poolf, FLUID_MENISCUS[1] * scale) * poolf
+    ripple = _host.fractal_noise_t(
+        keys, "fluid-ripple", h, w, FLUID_RIPPLE[1] * scale, 2, x
+    ).unsqueeze(1)
+    height = (FLUID_MENISCUS[0] * men + FLUID_RIPPLE[0] * ripple * floor) * scale
+    gx, gy = _slope_t(height)
     lin = _math.srgb_to_linear(x)
+    ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1)
+    xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w)
+    shift = FLUID_REFRACTION * scale
+    behind = _host.remap(lin, xs - shift * gx[:, 0], ys - shift * gy[:, 0], "linear", "reflect101")
     lit = _host.gauss_t(_host.luma_t(lin), 0.03 * scale)
     top = _host.masked_quantile(lit, tissue[:, 0], 0.98)
     lit = (lit / (top + 1e-6).to(torch.float32).view(-1, 1, 1)).clamp(0.0, 1.0).unsqueeze(1)
-    table = FLUID_TABLE.to(x.device)[torch.round(p["fluid"]).long()]
-    mu, colour = table[:, :3], table[:, 3:]
-    if c == 1:
-        mu = mu.mean(dim=1, keepdim=True)
-        colour = colour @ torch.from_numpy(_host.LUMA).to(x.device).view(3, 1)
-    mu, colour = mu.view(-1, c, 1, 1), colour.view(-1, c, 1, 1)
-    trans = torch.exp(-mu * depth)
-    murk = 1.0 + 0.5 * _host.fractal_noise_t(
-        keys, "fluid-murk", h, w, 0.08 * scale, 4, x
-    ).unsqueeze(1)
-    scatter = colour * (1.0 - torch.exp(-0.8 * depth * murk)) * (0.08 + 0.92 * lit) * murk
-    out = lin * trans + scatter
-    # meniscus: a thin bright curve along the pool's edge
-    solid = pool.to(torch.float32)
-    eroded = -torch.nn.functional.max_pool2d(
-        -torch.nn.functional.pad(solid, (1, 1, 1, 1), value=1.0), 3, 1
-    )
-    line = _host.gauss_t(solid - eroded, MENISCUS_WIDTH * scale)
-    line = line / (line.amax(dim=(1, 2, 3), keepdim=True) + 1e-6) * lit
-    out = out + 0.9 * line * opacity.clamp(max=1.0)
-    res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
-    res = torch.where(tissue, res, x)
-    return torch.where(pool.flatten(1).any(dim=1).view(-1, 1, 1, 1), res, x).clamp(0.0, 1.0)
+    light = 0.08 + 0.92 * lit
+    trans = torch.exp(-mu * dens) * (1.0 - flecks)
+    scatter = body * (1.0 - torch.exp(-turbid * dens)) * light + fleck * flecks * light
+    tx, ty = (p["tilt"][:, i].view(-1, 1, 1, 1) for i in (0, 1))
+    lobe = torch.exp(-0.5 * ((gx - tx) ** 2 + (gy - ty) ** 2) / FLUID_GLINT[1] ** 2)
+    steep = torch.sqrt(gx * gx + gy * gy)
+    facing = (gx * tx + gy * ty) / (steep * torch.sqrt(tx * tx + ty * ty) + 1e-6)
+    arc = FLUID_ARC[0] * (steep / FLUID_ARC[1]).clamp(0.0, 1.0) ** 2 * (0.5 + 0.5 * facing)
+    surface = (FLUID_GLINT[0] * lobe + arc + FLUID_SHEEN) * lit * poolf
+    fluid = behind * trans + scatter + surface
+    res = _math.linear_to_srgb(torch.where(pool, fluid, lin).clamp(0.0, 1.0))
+    res = torch.where(tissue & pool, res, x)
+    return res.clamp(0.0, 1.0)
 
 
 @_host.host_op(
@@ -670,41 +726,63 @@ def _fluid_occlusion_batch(
 def fluid_occlusion(
     img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
 ) -> np.ndarray:
-    """Fluid, stool or blood pooled over ``coverage`` of the field: Beer-Lambert absorption,
-    turbid in-scattering, bright meniscus (module docstring)."""
+    """Fluid, stool, blood or clear water pooled over ``coverage`` of the field (module
+    docstring): Beer-Lambert absorption and turbid scattering through a depth that grows from
+    the pool's edge, patchy concentration and suspended particles of the fluid, the tissue
+    refracted by the surface, a meniscus and ripples mirroring the light."""
     c, h, w = img.shape
     scale = min(h, w)
     tissue = view.tissue
     pool = pool_mask(key, tissue, float(p["coverage"]), float(p["side"]))
     if not pool.any():
         return img.copy()
-    absorb, body = FLUIDS[round(float(p["fluid"]))]
-    dist = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5) / np.float32(0.04 * scale)
-    depth = np.float32(p["opacity"]) * np.clip(dist, 0.0, 1.0) ** 0.7
-    depth = _host.gauss(depth.astype(np.float32), 0.002 * scale)
+    mu_, body_, turbid, patchy, particles, fleck_ = FLUIDS[round(float(p["fluid"]))]
+    mu, body, fleck = (np.asarray(v, dtype=np.float32) for v in (mu_, body_, fleck_))
+    if c == 1:
+        mu, body, fleck = (
+            mu.mean(keepdims=True),
+            (body @ _host.LUMA)[None],
+            (fleck @ _host.LUMA)[None],
+        )
+    poolf = pool.astype(np.float32)
+    # the pool deepens from its edge (its floor is the mucosa sloping down under it)
+    floor = np.clip(2.0 * _host.gauss(poolf, FLUID_RAMP * scale) - 1.0, 0.0, 1.0) * poolf
+    depth = np.float32(p["opacity"]) * floor**0.7
+    murk = 1.0 + np.float32(patchy) * _host.fractal_noise(
+        key, "fluid-murk", h, w, FLUID_MURK_CELL * scale, 4
+    )
+    grains = _host.fractal_noise(key, "fluid-flecks", h, w, FLUID_FLECK_CELL * scale, 2)
+    flecks = np.clip((grains - 0.35) / 0.15, 0.0, 1.0) * np.float32(particles) * floor
+    dens = depth * murk
+    # the liquid surface (px): a meniscus rising to the mucosa at the edge, ripples on the body
+    men = _host.gauss(1.0 - poolf, FLUID_MENISCUS[1] * scale) * poolf
+    ripple = _host.fractal_noise(key, "fluid-ripple", h, w, FLUID_RIPPLE[1] * scale, 2)
+    height = (FLUID_MENISCUS[0] * men + FLUID_RIPPLE[0] * ripple * floor) * scale
+    gx, gy = _slope(height.astype(np.float32))
     lin = _host.to_linear(img)
+    ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
+    shift = np.float32(FLUID_REFRACTION * scale)
+    behind = _host.sample_bilinear(lin, xs - shift * gx, ys - shift * gy)
     lit = _host.gauss(_host.luma(lin), 0.03 * scale)
     lit = np.clip(lit / (float(np.quantile(lit[tissue], 0.98)) + 1e-6), 0.0, 1.0)
-    mu = np.asarray(absorb, dtype=np.float32)
-    colour = np.asarray(body, dtype=np.float32)
-    if c == 1:
-        mu, colour = mu.mean(keepdims=True), (colour @ _host.LUMA)[None]
-    trans = np.exp(-mu[:, None, None] * depth[None])
-    # light scattered back by the turbid fluid, lit by the scope (as bright as the mucosa there)
-    # suspended particles make the turbidity patchy
-    murk = 1.0 + 0.5 * _host.fractal_noise(key, "fluid-murk", h, w, 0.08 * scale, 4)
+    light = 0.08 + 0.92 * lit
+    trans = np.exp(-mu[:, None, None] * dens[None]) * (1.0 - flecks)[None]
     scatter = (
-        colour[:, None, None]
-        * (1.0 - np.exp(-0.8 * depth * murk))[None]
-        * (0.08 + 0.92 * lit[None])
+        body[:, None, None] * (1.0 - np.exp(-np.float32(turbid) * dens))[None] * light[None]
+        + fleck[:, None, None] * (flecks * light)[None]
     )
-    scatter = scatter * murk[None]
-    out = lin * trans + scatter
-    # meniscus: a thin bright curve along the pool's edge (the fluid surface bends towards the lens)
-    edge = pool.astype(np.uint8) - cv2.erode(pool.astype(np.uint8), np.ones((3, 3), np.uint8))
-    line = _host.gauss(edge.astype(np.float32), MENISCUS_WIDTH * scale)
-    line = line / (float(line.max()) + 1e-6) * lit
-    out = out + (0.9 * line * np.float32(min(1.0, float(p["opacity"]))))[None]
+    # the surface mirrors the light where its slope is the keyed tilt (meniscus arc, ripple
+    # glints), clipped by the sensor, over a faint Fresnel sheen
+    tx, ty = (np.float32(v) for v in np.asarray(p["tilt"]).reshape(2))
+    lobe = np.exp(-0.5 * ((gx - tx) ** 2 + (gy - ty) ** 2) / np.float32(FLUID_GLINT[1] ** 2))
+    # the meniscus, curving steeply up to the mucosa, mirrors the light along the arc facing it
+    steep = np.sqrt(gx * gx + gy * gy)
+    facing = (gx * tx + gy * ty) / (steep * np.sqrt(tx * tx + ty * ty) + np.float32(1e-6))
+    arc = FLUID_ARC[0] * np.clip(steep / FLUID_ARC[1], 0.0, 1.0) ** 2 * (0.5 + 0.5 * facing)
+    surface = (FLUID_GLINT[0] * lobe + arc + FLUID_SHEEN) * lit * poolf
+    fluid = behind * trans + scatter + surface[None]
+    out = np.where(pool[None], fluid, lin)
     res = _host.to_display(np.clip(out, 0.0, 1.0))
-    res[:, ~tissue] = img[:, ~tissue]
+    keep = ~(tissue & pool)
+    res[:, keep] = img[:, keep]
     return res
