@@ -350,6 +350,21 @@ def test_lens_fog_lowers_contrast_most_at_the_rim() -> None:
     assert contrast(out, rim) < contrast(out, centre), "the film forms first at the cold rim"
 
 
+def test_lens_fog_is_patchy_and_beaded_not_a_uniform_veil() -> None:
+    """On a flat frame a uniform veil would leave a smooth ramp; the film has clear gaps and
+    dense patches (coarse spread) and a fine mottle of droplets a few pixels across."""
+    img = _flat(0.35, 300, 300)
+    params = {"fog": np.float32(1.4), "veil": np.float32(0.6), "reach": np.float32(0.5)}
+    out = _lin(lens_fog(img, params, 3, _view(img))).mean(0)
+    rr = np.hypot(*(np.indices((300, 300)) + 0.5 - 150))
+    inner = rr < 110
+    fine = out - cv2.GaussianBlur(out.astype(np.float32), (0, 0), 3.0)
+    coarse = cv2.GaussianBlur(out.astype(np.float32), (0, 0), 6.0)
+    # (the veil of the previous model: 3e-5 fine, 0.0013 coarse)
+    assert fine[inner].std() > 0.002, f"no droplet mottle: {fine[inner].std():.4f}"
+    assert coarse[inner].std() > 0.0025, f"no patches: {coarse[inner].std():.4f}"
+
+
 def test_drop_is_a_minifying_lens_with_a_dark_rim() -> None:
     src = np.tile(np.linspace(0.1, 0.9, 200, dtype=np.float32), (3, 200, 1))
     out = src.copy()
