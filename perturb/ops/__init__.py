@@ -16,6 +16,7 @@ from perturb.ops import (  # noqa: F401  (registration)
     jpeg,
     noise,
     optics,
+    sequential,
     video,
     xray,
     xray_radiographic,

@@ -12,18 +12,34 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   where the tissue is lit (close) and dim towards the lumen; forward scattering also blurs what
   is seen through the smoke (Mie particles of about 0.1-1 um; smoke from diathermy,
   e.g. Barrett & Garber, Surg Endosc 17, 2003, on plume composition).
-* ``bubbles``: air bubbles and foam in the lumen (poor preparation, insufflation). A bubble is a
-  thin-walled sphere on the mucosa: the tissue behind it is seen through a weak lens (slightly
-  magnified), its film reflects more at grazing angles (Fresnel reflectance, Schlick's
-  approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``) so the rim is bright with a thin dark
-  refraction line inside it, and the light at the lens makes a clipped specular spot where the
-  sphere faces the camera (its centre). Bubbles come in clusters (foam) with log-normal radii.
-* ``fluid_occlusion``: residual fluid, stool or blood pooled over the mucosa (a keyed blob
-  reaching in from a keyed side, covering ``coverage`` of the field). Beer-Lambert absorption per
-  channel ``T_c = exp(-mu_c depth)`` (bilious fluid absorbs blue, blood absorbs green and blue,
-  stool all three) with depth growing from the pool's edge, turbid in-scattering towards the
-  fluid's body colour, and a bright meniscus line where the fluid surface curves up to the
-  mucosa (specular reflection of the light at the lens). It may hide findings: ``occludes``.
+* ``bubbles``: air bubbles and foam in the lumen (poor preparation, insufflation, simethicone not
+  given). A bubble is a thin water film dome on the mucosa. The tissue behind it is seen through
+  a weak lens: magnified (read closer to the centre, ``1 - k cos theta``) and shifted away from
+  the optical axis (an off-axis dome is seen obliquely). Its film reflects more at grazing
+  angles (Fresnel reflectance, Schlick's approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``),
+  so the wall seen edge-on is a thin bright line with a dark refraction band inside it; what the
+  film mirrors is the lit mucosa around it, strongest on the side facing the light guides. The
+  two film faces interfere (two-beam thin-film interference, ``1 - a cos(4 pi n d cos theta_t /
+  lambda)`` per channel with a film of a few hundred nm thinning on one side), a faint
+  iridescent rim. The light guides either side of the objective make clipped glints where the
+  dome's normal bisects light and view: off centre towards each guide, oblong like the guide's
+  exit, the farther guide's dimmer. Real bubbles boxed by clinicians on 512 px frames have a
+  median box side of 5.8 % of the frame and come in clusters, so radii are log-normal around
+  that size and most bubbles are foam cells packed in clusters (each touches one already placed,
+  none overlap), a few single; a severity adds bubbles, it does not grow them.
+* ``fluid_occlusion``: residual bile, stool suspension, blood or clear rinse water pooled over the
+  mucosa (a keyed blob reaching in from a keyed side, covering ``coverage`` of the field; the
+  fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear). Beer-Lambert
+  absorption per channel ``T_c = exp(-mu_c d)`` (bile absorbs blue, blood green and blue, stool
+  all three) and turbid in-scattering towards the fluid's body colour, through a depth ``d`` that
+  grows from the pool's edge (the mucosa slopes down under it: a turbidity gradient, thin and
+  clear at the edge) and is patchy with the fluid's concentration (blood swirls in rinse water),
+  plus suspended particles that block and scatter (fibre and seeds in stool, clots in blood). The
+  liquid surface is a height field, a meniscus rising to the mucosa at the edge and low ripples
+  on the body: it refracts the tissue seen through it (shifted by the surface's slope) and mirrors
+  the light at the lens where its slope is the keyed tilt of the half vector (an arc along the
+  meniscus on the side facing the light, sharp clipped glints on ripples) over water's 2 %
+  Fresnel sheen. It may hide findings: ``occludes``.
 """
 
 from __future__ import annotations
@@ -213,115 +229,297 @@ def surgical_smoke(
 # Bubbles and foam
 
 BUBBLE_F0 = 0.02  # normal-incidence reflectance of a water film (n = 1.33)
-BUBBLE_REFRACTION = 0.25  # magnification of the tissue seen through a bubble (weak lens)
+BUBBLE_N = 1.33  # refractive index of the film
+BUBBLE_REFRACTION = 0.22  # magnification of the tissue seen through a bubble (weak lens)
+BUBBLE_SHIFT = 0.12  # sideways shift of that view (radius fraction), away from the optical axis
+BUBBLE_LAMBDA = (610.0, 550.0, 465.0)  # nm: red, green, blue of the thin-film interference
+BUBBLE_IRIDESCENCE = 0.5  # swing of the film's colour around grey (faint interference colour)
+BUBBLE_ENV = (2.5, 0.05)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
+BUBBLE_WALL = 0.35  # brightness of the wall's edge-on line, relative to env
+GLINT_STRENGTH = (3.0, 0.8)  # the two light guides' glints (linear, clipped by the sensor)
+GLINT_SIZE = (0.07, 0.04)  # their gaussian sigma, radius fraction
+GLINT_ELONGATION = 1.4  # a glint's length over its width (the light guide's exit is oblong)
+GLINT_MIN_PX = 0.6  # a pixel's footprint added to a glint's sigma (pixels)
+BUBBLE_RANGE = 2.2  # radii spread log-normally, clipped to [1/2.2, 2.2] x the level's median
+BUBBLE_SPREAD = 0.45  # log-normal sigma of the radii
+BUBBLE_MAX = 0.075  # largest radius drawn (shorter side); recorded radii are clamped to it
+BUBBLE_GAP = 0.002  # least gap between two bubbles (shorter side): foam cells touch, never overlap
+BUBBLE_POOL = 64  # bubbles drawn per sample; a severity keeps the first ``count``
+BUBBLE_GROUPS = (0.45, 0.25, 0.17, 0.13)  # share of the pool in each foam cluster, then singles
+BUBBLE_TRIES = 24  # placements tried per bubble
+BUBBLE_ROW = 5  # recorded per bubble: x, y (shorter side from the image centre), r, film nm, phase
 
 
 def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
-    count = draw_int(rng, level["count"])
+    """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL``: foam cells packed by
+    tangent placement (each touches a cell of its cluster already placed and overlaps none) and
+    a few single bubbles; log-normal radii, film thickness and phase. Every draw has a fixed
+    size, so a sample's bubbles at one severity are among those at the next."""
+    count = min(draw_int(rng, level["count"]), BUBBLE_POOL)
     radius = draw(rng, level["radius"])
-    clusters = max(1, 1 + count // 20)
-    centres = [
-        [float(rng.uniform(0.2, 0.8)), float(rng.uniform(0.2, 0.8))] for _ in range(clusters)
-    ]
-    bubbles: list[list[float]] = []
+    light = float(rng.uniform(0.0, 2.0 * math.pi))
+    glint = float(rng.uniform(0.12, 0.26))
+    sizes = np.clip(
+        radius * np.exp(rng.normal(0.0, BUBBLE_SPREAD, size=BUBBLE_POOL)),
+        radius / BUBBLE_RANGE,
+        min(radius * BUBBLE_RANGE, BUBBLE_MAX),
+    )
+    # cluster of each bubble (the last column: a single bubble anywhere in the field)
+    group = np.searchsorted(np.cumsum(BUBBLE_GROUPS), rng.random(BUBBLE_POOL) * sum(BUBBLE_GROUPS))
+    centres = rng.uniform(-1.0, 1.0, size=(len(BUBBLE_GROUPS) - 1, 2)) * (0.28, 0.24)
+    tries = rng.random((BUBBLE_POOL, BUBBLE_TRIES, 3))  # anchor, angle, gap (or position)
+    film = rng.uniform(250.0, 700.0, size=BUBBLE_POOL)
+    phase = rng.uniform(0.0, 2.0 * math.pi, size=BUBBLE_POOL)
+    placed = np.zeros((0, 3))
+    owner: list[int] = []
+    rows: list[list[float]] = []
     for i in range(count):
-        cx, cy = centres[i % clusters]
-        spread = radius * (0.6 + 0.45 * math.sqrt(count / clusters))
-        r = radius * float(np.exp(rng.normal(0.0, 0.45)))
-        bubbles.append(
-            [float(cx + rng.normal(0.0, spread)), float(cy + rng.normal(0.0, spread)), r]
+        r, c = float(sizes[i]), int(group[i])
+        mine = [k for k, g in enumerate(owner) if g == c]
+        for anchor_u, angle_u, gap_u in tries[i]:
+            ang = 2.0 * math.pi * angle_u
+            if c == len(BUBBLE_GROUPS) - 1:  # a single bubble
+                rad = 0.4 * math.sqrt(gap_u)
+                x, y = rad * math.cos(ang), rad * math.sin(ang)
+            elif not mine:
+                x, y = float(centres[c, 0]), float(centres[c, 1])
+            else:
+                ax, ay, ar = placed[mine[int(anchor_u * len(mine))]]
+                dist = ar + r + BUBBLE_GAP * (1.0 + 1.5 * gap_u)
+                x, y = ax + dist * math.cos(ang), ay + dist * math.sin(ang)
+            gaps = np.hypot(placed[:, 0] - x, placed[:, 1] - y) - placed[:, 2] - r
+            if not (gaps < BUBBLE_GAP).any():
+                placed = np.vstack([placed, [x, y, r]])
+                owner.append(c)
+                rows.append([x, y, r, float(film[i]), float(phase[i])])
+                break
+    return {"count": count, "radius": radius, "light": light, "glint": glint, "bubbles": rows}
+
+
+class _Ops:
+    """The elementwise functions the bubble film needs, for NumPy and torch arrays alike (one
+    formula for the CPU and torch paths)."""
+
+    def __init__(self, torch_like: bool) -> None:
+        self.exp = torch.exp if torch_like else np.exp
+        self.sqrt = torch.sqrt if torch_like else np.sqrt
+        self.cos = torch.cos if torch_like else np.cos
+        self.sin = torch.sin if torch_like else np.sin
+        self.atan2 = torch.atan2 if torch_like else np.arctan2
+        self.minimum = torch.clamp_max if torch_like else np.minimum
+        self.clip01 = (
+            (lambda v: v.clamp(0.0, 1.0)) if torch_like else (lambda v: np.clip(v, 0.0, 1.0))
         )
-    return {"count": count, "radius": radius, "bubbles": bubbles}
 
 
-def render_bubble(lin: np.ndarray, out: np.ndarray, cx: float, cy: float, r: float) -> None:
-    """Draw one bubble of radius ``r`` px centred at (cx, cy) px onto ``out`` (CHW linear), reading
-    the tissue behind it from ``lin``."""
-    _c, h, w = lin.shape
-    x0, x1 = max(0, int(cx - r - 2)), min(w, int(cx + r + 3))
-    y0, y1 = max(0, int(cy - r - 2)), min(h, int(cy + r + 3))
+def bubble_geometry(dx: Any, dy: Any, r: Any, ops: _Ops) -> tuple[Any, Any, Any]:
+    """(rho, cover, cos_theta) of pixels at (dx, dy) px from a bubble's centre: radius fraction,
+    anti-aliased disk cover, cosine of the angle between the dome's normal and the view."""
+    rho = ops.sqrt(dx * dx + dy * dy) / r
+    cover = ops.clip01((1.0 - rho) * r + 0.5)
+    inside = ops.minimum(rho, 0.999)
+    return rho, cover, ops.sqrt(1.0 - inside * inside)
+
+
+def bubble_film(
+    behind: Any,
+    dx: Any,
+    dy: Any,
+    r: Any,
+    film_nm: Any,
+    phase: Any,
+    light: Any,
+    glint: Any,
+    env: Sequence[Any],
+    ops: _Ops,
+    channels: int,
+) -> Any:
+    """Linear radiance (C, ...) of a bubble at (dx, dy) px from its centre (``behind``: the
+    refracted tissue, (C, ...)); every scalar broadcasts against dx. Shared by both paths."""
+    rho, _cover, cos_t = bubble_geometry(dx, dy, r, ops)
+    phi = ops.atan2(dy, dx)
+    fresnel = BUBBLE_F0 + (1.0 - BUBBLE_F0) * (1.0 - cos_t) ** 5
+    # thin-film interference: phase difference 4 pi n d cos(theta_t) / lambda of the two film
+    # faces, the film thinner on one side of the dome (drainage); colour faint around grey
+    cos_film = ops.sqrt(1.0 - ops.minimum(rho, 1.0) ** 2 / (BUBBLE_N * BUBBLE_N))
+    thickness = film_nm * (1.0 + 0.35 * ops.cos(phi + phase))
+    lams = BUBBLE_LAMBDA if channels == 3 else (550.0,)
+    tint = [
+        1.0 - BUBBLE_IRIDESCENCE * ops.cos(4.0 * math.pi * BUBBLE_N * thickness * cos_film / lam)
+        for lam in lams
+    ]
+    # the rim facing the light guides (either side of the lens, along ``light``) mirrors more
+    lit = 0.45 + 0.55 * ops.cos(phi - light) ** 2
+    reflect = [env[ch] * fresnel * t * lit for ch, t in enumerate(tint)]
+    # the wall seen edge-on at the silhouette: a thin bright line mirroring the light, and just
+    # inside it a dark band where light is refracted out of the camera's view
+    wall = BUBBLE_WALL * ops.exp(-0.5 * ((rho - 0.975) / 0.022) ** 2) * lit
+    dark = 1.0 - 0.5 * ops.exp(-0.5 * ((rho - 0.9) / 0.03) ** 2)
+    white = sum(env[ch] for ch in range(channels)) / channels
+    reflect = [ref + white * wall * t for ref, t in zip(reflect, tint, strict=True)]
+    # specular glints of the two light guides where the dome's normal bisects light and view:
+    # off centre towards each guide (sin of half the guide's angle), clipped by the sensor
+    gx, gy = glint * r * ops.cos(light), glint * r * ops.sin(light)
+    spots: Any = 0.0
+    for sign, strength, size in zip((1.0, -1.0), GLINT_STRENGTH, GLINT_SIZE, strict=True):
+        # the glint's own size convolved with a pixel's footprint
+        var = (r * size) ** 2 + GLINT_MIN_PX * GLINT_MIN_PX
+        ex, ey = dx - sign * gx, dy - sign * gy
+        # the image of the light guide's exit, elongated along the guides' axis
+        along = (ex * ops.cos(light) + ey * ops.sin(light)) / GLINT_ELONGATION
+        across = -ex * ops.sin(light) + ey * ops.cos(light)
+        spots = spots + strength * ops.exp(-0.5 * (along * along + across * across) / var)
+    return [
+        (behind[ch] * (1.0 - fresnel) * 1.03 + reflect[ch]) * dark + spots for ch in range(channels)
+    ]
+
+
+def _bubble_pixels(rows: np.ndarray, h: int, w: int) -> np.ndarray:
+    """(N, 3) float64 centre x, y and radius (at most ``BUBBLE_MAX``) in pixels of recorded
+    rows (N, 5)."""
+    scale = min(h, w)
+    return np.stack(
+        [
+            w / 2 + rows[:, 0] * scale,
+            h / 2 + rows[:, 1] * scale,
+            np.minimum(rows[:, 2], BUBBLE_MAX) * scale,
+        ],
+        axis=1,
+    )
+
+
+def _view_shift(x: Any, y: Any, ops: _Ops) -> tuple[Any, Any]:
+    """Unit vector from the optical axis to a bubble at (x, y) (shorter-side units; zero at
+    the axis): the refracted view shifts along it."""
+    norm = ops.sqrt(x * x + y * y) + 1e-6
+    return x / norm, y / norm
+
+
+def render_bubble(
+    lin: np.ndarray,
+    out: np.ndarray,
+    row: Sequence[float],
+    light: float,
+    glint: float,
+    env: Sequence[float],
+) -> None:
+    """Add one recorded bubble (row: x, y from the image centre and r in shorter-side units,
+    film thickness nm, phase) to ``out`` (CHW linear), reading the tissue behind from ``lin``."""
+    c, h, w = lin.shape
+    ops = _Ops(False)
+    cx, cy, r = _bubble_pixels(np.asarray([row], np.float64), h, w)[0]
+    reach = math.ceil(r) + 2
+    x0, x1 = max(0, math.floor(cx) - reach), min(w, math.floor(cx) + reach + 1)
+    y0, y1 = max(0, math.floor(cy) - reach), min(h, math.floor(cy) + reach + 1)
     if x0 >= x1 or y0 >= y1 or r < 1.5:
         return
     ys, xs = np.mgrid[y0:y1, x0:x1].astype(np.float32)
-    dx, dy = xs + 0.5 - cx, ys + 0.5 - cy
-    rho = np.sqrt(dx * dx + dy * dy) / np.float32(r)
-    cover = np.clip((1.0 - rho) * r + 0.5, 0.0, 1.0)  # anti-aliased disk
-    if not cover.any():
-        return
-    inside = np.minimum(rho, 0.999)
-    cos_t = np.sqrt(1.0 - inside * inside)
-    # refraction through the dome: the tissue is read closer to the centre (magnified)
+    bx, by, rf = np.float32(cx), np.float32(cy), np.float32(r)
+    dx, dy = xs + np.float32(0.5) - bx, ys + np.float32(0.5) - by
+    _rho, cover, cos_t = bubble_geometry(dx, dy, rf, ops)
+    ux, uy = _view_shift(np.float32(row[0]), np.float32(row[1]), ops)
+    # refraction through the dome: the tissue is read closer to the centre (magnified) and
+    # shifted away from the axis (the bubble is seen obliquely)
     pull = 1.0 - BUBBLE_REFRACTION * cos_t
-    mx = (cx + dx * pull - 0.5).astype(np.float32)
-    my = (cy + dy * pull - 0.5).astype(np.float32)
+    shift = BUBBLE_SHIFT * rf * cos_t
+    mx = (bx + dx * pull - shift * ux - 0.5).astype(np.float32)
+    my = (by + dy * pull - shift * uy - 0.5).astype(np.float32)
     behind = _host.sample_bilinear(lin, mx, my)
-    fresnel = BUBBLE_F0 + (1.0 - BUBBLE_F0) * (1.0 - cos_t) ** 5
-    env = float(lin.mean()) * 2.5 + 0.15  # the film mirrors the lit surroundings
-    film = behind * (1.0 - fresnel) * 1.04 + env * fresnel
-    # thin dark line just inside the rim: light refracted out of the camera's view
-    dark_line = 1.0 - 0.45 * np.exp(-0.5 * ((rho - 0.9) / 0.03) ** 2)
-    film = film * dark_line
-    # specular spot of the light at the lens, where the sphere faces the camera
-    spot = 2.5 * np.exp(-0.5 * (rho / 0.07) ** 2)
-    film = film + spot
+    film = bubble_film(
+        behind,
+        dx,
+        dy,
+        rf,
+        np.float32(row[3]),
+        np.float32(row[4]),
+        np.float32(light),
+        np.float32(glint),
+        [np.float32(e) for e in env],
+        ops,
+        c,
+    )
     region = out[:, y0:y1, x0:x1]
-    region[...] = region * (1.0 - cover) + film * cover
+    for ch in range(c):
+        region[ch] += cover * (film[ch] - lin[ch, y0:y1, x0:x1])
+
+
+def _drawn_rows(rows: np.ndarray, tissue: np.ndarray) -> np.ndarray:
+    """The recorded rows whose centre pixel lies on the tissue."""
+    h, w = tissue.shape
+    px = _bubble_pixels(rows, h, w)
+    ix, iy = np.trunc(px[:, 0]).astype(np.int64), np.trunc(px[:, 1]).astype(np.int64)
+    ok = (rows[:, 2] > 0) & (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h) & (px[:, 2] >= 1.5)
+    ok[ok] = tissue[iy[ok], ix[ok]]
+    return rows[ok]
 
 
 def _bubbles_batch(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
 ) -> torch.Tensor:
-    """``bubbles`` of a batch (the torch kernel): the padded (B, N, 3) bubbles of every sample
-    in its drawing order (largest first, stable), slot by slot: each slot is one bubble per
-    sample as fields over the whole frame (its disk cover, refraction by a batched remap of the
-    tissue behind, Fresnel film, dark line, specular spot) composited over the previous slots; a
-    sample with fewer bubbles has an empty cover in the remaining slots. The loop runs over the
-    slots (at most the severity table's count), never over the samples."""
-    b, _c, h, w = x.shape
+    """``bubbles`` of a batch (the torch kernel): every bubble of every sample as a square
+    patch (B, N, P, P) around its centre, P sized by the batch's largest bubble; the film
+    formulas of ``bubble_film`` on the patches, the tissue behind read by one batched remap, and
+    each patch's contribution cover * (film - tissue) scattered back into the frame (bubbles
+    never overlap, so the sum is the composite). Padding slots and bubbles off the tissue have
+    no cover. No loop over samples or bubbles."""
+    b, c, h, w = x.shape
     scale = min(h, w)
+    ops = _Ops(True)
     _field, tissue = _host.view_masks(x, scenes)
     lin = _math.srgb_to_linear(x)
-    out = lin
-    rows = p["bubbles"].reshape(b, -1, 3).to(torch.float64)
-    order = torch.sort(-rows[:, :, 2], dim=1, stable=True).indices
-    rows = rows.gather(1, order.unsqueeze(2).expand(-1, -1, 3))
-    cx, cy, radius = rows[:, :, 0] * w, rows[:, :, 1] * h, rows[:, :, 2] * scale
-    radius = torch.where(
-        radius > 0, radius, 1.0
-    )  # padding slots (drawn below is false): finite fields
+    rows = p["bubbles"].reshape(b, -1, BUBBLE_ROW).to(torch.float64)
+    n = rows.shape[1]
+    if n == 0:
+        return x.clone()
+    cx, cy = w / 2 + rows[:, :, 0] * scale, h / 2 + rows[:, :, 1] * scale
+    radius = rows[:, :, 2].clamp(max=BUBBLE_MAX) * scale
     ix, iy = torch.trunc(cx).long(), torch.trunc(cy).long()
     on_image = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
     flat = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).view(b, -1)
     on_tissue = tissue.view(b, h * w).gather(1, flat)
     drawn = (rows[:, :, 2] > 0) & on_image & on_tissue & (radius >= 1.5)
+    # patch side from the largest radius a bubble may have at this size (shapes only)
+    reach = math.ceil(BUBBLE_MAX * scale) + 2
+    side = 2 * reach + 1
+    offs = torch.arange(side, device=x.device, dtype=torch.int64) - reach
+    px = torch.floor(cx).long().view(b, n, 1, 1) + offs.view(1, 1, 1, side)  # (B, N, 1, P)
+    py = torch.floor(cy).long().view(b, n, 1, 1) + offs.view(1, 1, side, 1)  # (B, N, P, 1)
+    bx, by = cx.to(torch.float32).view(b, n, 1, 1), cy.to(torch.float32).view(b, n, 1, 1)
+    r = torch.where(drawn, radius, 1.0).to(torch.float32).view(b, n, 1, 1)
+    dx = px.to(torch.float32) + 0.5 - bx
+    dy = py.to(torch.float32) + 0.5 - by
+    dx, dy = dx.expand(b, n, side, side), dy.expand(b, n, side, side)
+    _rho, cover, cos_t = bubble_geometry(dx, dy, r, ops)
+    rx, ry = (rows[:, :, i].to(torch.float32).view(b, n, 1, 1) for i in (0, 1))
+    ux, uy = _view_shift(rx, ry, ops)
+    pull = 1.0 - BUBBLE_REFRACTION * cos_t
+    shift = BUBBLE_SHIFT * r * cos_t
+    mx = (bx + dx * pull - shift * ux - 0.5).reshape(b, n * side, side)
+    my = (by + dy * pull - shift * uy - 0.5).reshape(b, n * side, side)
+    behind = _host.remap(lin, mx, my, "linear", "reflect101").view(b, c, n, side, side)
     # the mean in float64: its float32 value does not move with the batch's thread chunking
-    env = (
-        (lin.to(torch.float64).mean(dim=(1, 2, 3)) * 2.5 + 0.15).to(torch.float32).view(-1, 1, 1, 1)
+    env_c = (lin.to(torch.float64).mean(dim=(2, 3)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]).to(
+        torch.float32
     )
-    ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1)
-    xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w)
-    for k in range(rows.shape[1]):
-        bx, by = (
-            cx[:, k].to(torch.float32).view(-1, 1, 1),
-            cy[:, k].to(torch.float32).view(-1, 1, 1),
-        )
-        r = radius[:, k].to(torch.float32).view(-1, 1, 1)
-        dx, dy = xs + 0.5 - bx, ys + 0.5 - by
-        rho = torch.sqrt(dx * dx + dy * dy) / r
-        cover = ((1.0 - rho) * r + 0.5).clamp(0.0, 1.0) * drawn[:, k].view(-1, 1, 1)
-        cos_t = torch.sqrt(1.0 - rho.clamp(max=0.999) ** 2)
-        pull = 1.0 - BUBBLE_REFRACTION * cos_t
-        behind = _host.remap(
-            lin, bx + dx * pull - 0.5, by + dy * pull - 0.5, "linear", "reflect101"
-        )
-        fresnel = (BUBBLE_F0 + (1.0 - BUBBLE_F0) * (1.0 - cos_t) ** 5).unsqueeze(1)
-        film = behind * (1.0 - fresnel) * 1.04 + env * fresnel
-        dark_line = 1.0 - 0.45 * torch.exp(-0.5 * ((rho - 0.9) / 0.03) ** 2)
-        film = film * dark_line.unsqueeze(1) + (
-            2.5 * torch.exp(-0.5 * (rho / 0.07) ** 2)
-        ).unsqueeze(1)
-        cover = cover.unsqueeze(1)
-        out = out * (1.0 - cover) + film * cover
+    env = [env_c[:, ch].view(b, 1, 1, 1) for ch in range(c)]
+    light = p["light"].to(torch.float32).view(b, 1, 1, 1)
+    glint = p["glint"].to(torch.float32).view(b, 1, 1, 1)
+    film_nm, phase = (rows[:, :, i].to(torch.float32).view(b, n, 1, 1) for i in (3, 4))
+    film = bubble_film(behind.transpose(0, 1), dx, dy, r, film_nm, phase, light, glint, env, ops, c)
+    inside = (px >= 0) & (px < w) & (py >= 0) & (py < h) & drawn.view(b, n, 1, 1)
+    index = torch.where(inside, py.clamp(0, h - 1) * w + px.clamp(0, w - 1), 0)
+    weight = torch.where(inside, cover, 0.0)
+    tissue_here = (
+        lin.reshape(b, c, h * w)
+        .gather(2, index.reshape(b, 1, -1).expand(b, c, -1))
+        .view(b, c, n, side, side)
+    )
+    delta = torch.stack(
+        [weight * (film[ch] - tissue_here[:, ch]) for ch in range(c)], dim=1
+    ).reshape(b, c, -1)
+    added = torch.zeros(b, c, h * w, device=x.device, dtype=lin.dtype)
+    added.scatter_add_(2, index.reshape(b, 1, -1).expand(b, c, -1), delta)
+    out = lin + added.view(b, c, h, w)
     res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
     return torch.where(tissue, res, x).clamp(0.0, 1.0)
 
@@ -330,20 +528,15 @@ def _bubbles_batch(
     "bubbles", sampler=_bubble_sampler, dtypes=(np.uint8, np.float32), device=_bubbles_batch
 )
 def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
-    """Clusters of thin-film bubbles: refracted tissue, Fresnel rim, dark refraction line and a
-    clipped specular spot (module docstring)."""
-    _c, h, w = img.shape
-    scale = min(h, w)
+    """Foam clusters and single bubbles: refracted, shifted view of the tissue, Fresnel rim with
+    thin-film colour, dark refraction band and the two light guides' glints (module docstring)."""
     tissue = view.tissue
     lin = _host.to_linear(img)
     out = lin.copy()
-    rows = np.asarray(p["bubbles"], dtype=np.float64).reshape(-1, 3)
-    # larger bubbles first, smaller ones sit on top of them in the foam
-    for bx, by, br in sorted(rows[rows[:, 2] > 0].tolist(), key=lambda b: -b[2]):
-        px, py = bx * w, by * h
-        inside = 0 <= int(py) < h and 0 <= int(px) < w and tissue[int(py), int(px)]
-        if inside:
-            render_bubble(lin, out, px, py, br * scale)
+    rows = _drawn_rows(np.asarray(p["bubbles"], dtype=np.float64).reshape(-1, BUBBLE_ROW), tissue)
+    env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
+    for row in rows.tolist():
+        render_bubble(lin, out, row, float(p["light"]), float(p["glint"]), env.tolist())
     res = _host.to_display(np.clip(out, 0.0, 1.0))
     res[:, ~tissue] = img[:, ~tissue]
     return res
@@ -352,23 +545,41 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
 # ---------------------------------------------------------------------------------------------
 # Pooled fluid, stool or blood
 
-# Absorption (per unit depth, linear RGB) and body colour of each fluid: bilious/clear fluid,
-# stool suspension, blood. Blood absorbs green and blue strongly (haemoglobin's Soret and Q bands),
-# bile absorbs blue (bilirubin), stool absorbs broadly with a brown body colour.
+# Each fluid: absorption per unit depth (linear RGB), body colour of the light it scatters back,
+# how strongly it scatters (turbidity), how patchy its concentration is, how many suspended
+# particles it carries and their colour. Blood absorbs green and blue strongly (haemoglobin's
+# Soret and Q bands) and mixes with the rinse water in swirls; bile absorbs blue (bilirubin) and is
+# translucent; a stool suspension absorbs broadly, is turbid and full of particles (fibre, seeds);
+# rinse water barely absorbs (a little red), is faintly milky with fine debris and shows itself
+# mostly by its surface.
+FLUID_NAMES = ("bile", "stool", "blood", "clear")
 FLUIDS = {
-    0: ((0.25, 0.45, 2.2), (0.55, 0.50, 0.12)),
-    1: ((1.6, 2.2, 3.2), (0.32, 0.20, 0.07)),
-    2: ((1.2, 6.0, 5.5), (0.35, 0.02, 0.02)),
+    0: ((0.25, 0.45, 2.2), (0.55, 0.50, 0.12), 0.5, 0.35, 0.25, (0.45, 0.42, 0.08)),
+    1: ((1.6, 2.2, 3.2), (0.32, 0.20, 0.07), 1.2, 0.5, 0.9, (0.55, 0.40, 0.12)),
+    2: ((1.2, 6.0, 5.5), (0.35, 0.02, 0.02), 0.35, 0.8, 0.35, (0.08, 0.0, 0.0)),
+    3: ((0.08, 0.04, 0.03), (0.5, 0.5, 0.46), 0.6, 0.5, 0.3, (0.6, 0.5, 0.25)),
 }
-MENISCUS_WIDTH = 0.003  # shorter side
+FLUID_RAMP = 0.07  # the pool deepens from its edge over about twice this (shorter side)
+FLUID_MURK_CELL = 0.08  # patches of concentration (shorter side)
+FLUID_FLECK_CELL = 0.012  # suspended particles (shorter side)
+FLUID_MENISCUS = (0.004, 0.006)  # meniscus height and width (shorter side)
+FLUID_RIPPLE = (0.0012, 0.07)  # ripple height and wavelength (shorter side)
+FLUID_REFRACTION = 0.015  # tissue shift (shorter side) per unit slope of the surface
+FLUID_GLINT = (4.0, 0.006)  # specular lobe of the surface: peak (linear, clipped) and slope width
+FLUID_ARC = (0.8, 0.2)  # meniscus arc: brightness (linear) and the slope at which it is full
+FLUID_SHEEN = 0.02  # Fresnel reflectance of water at normal incidence, the surface's sheen
 
 
 def _fluid_sampler(rng: np.random.Generator, level: Level) -> Params:
+    """Pool size and depth from the table; the fluid (``FLUID_NAMES``), the side it pools on
+    and the surface tilt that mirrors the light into the lens, keyed."""
+    tilt, angle = float(rng.uniform(0.04, 0.06)), float(rng.uniform(0.0, 2.0 * math.pi))
     return {
         "coverage": draw(rng, level["coverage"]),
         "opacity": draw(rng, level["opacity"]),
         "fluid": float(rng.integers(0, len(FLUIDS))),
         "side": float(rng.uniform(0.0, 2.0 * math.pi)),
+        "tilt": [tilt * math.cos(angle), tilt * math.sin(angle)],
     }
 
 
@@ -430,8 +641,26 @@ def pool_mask_t(
     return ((pool | small) & inside & keep).unsqueeze(1)
 
 
+def _slope(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Central differences (x, y) per pixel of an (H, W) plane, edges replicated."""
+    zp = np.pad(z, 1, mode="edge")
+    half = np.float32(0.5)
+    return (zp[1:-1, 2:] - zp[1:-1, :-2]) * half, (zp[2:, 1:-1] - zp[:-2, 1:-1]) * half
+
+
+def _slope_t(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_slope`` of every plane of a (B, 1, H, W) batch."""
+    zp = torch.nn.functional.pad(z, (1, 1, 1, 1), mode="replicate")
+    return (zp[..., 1:-1, 2:] - zp[..., 1:-1, :-2]) * 0.5, (
+        zp[..., 2:, 1:-1] - zp[..., :-2, 1:-1]
+    ) * 0.5
+
+
 FLUID_TABLE = torch.tensor(
-    [[*absorb, *body] for absorb, body in (FLUIDS[i] for i in range(len(FLUIDS)))]
+    [
+        [*mu, *body, turbid, patchy, particles, *fleck]
+        for mu, body, turbid, patchy, particles, fleck in (FLUIDS[i] for i in range(len(FLUIDS)))
+    ]
 )
 
 
@@ -443,36 +672,49 @@ def _fluid_occlusion_batch(
     scale = min(h, w)
     _field, tissue = _host.view_masks(x, scenes)
     pool = pool_mask_t(keys, tissue, p["coverage"], p["side"])
-    dist = _host.chamfer_t(pool, _host.CHAMFER5, 0.04 * scale) / (0.04 * scale)
-    opacity = p["opacity"].view(-1, 1, 1, 1)
-    depth = _host.gauss_t(opacity * dist.clamp(0.0, 1.0) ** 0.7, 0.002 * scale)
+    poolf = pool.to(torch.float32)
+    floor = (2.0 * _host.gauss_t(poolf, FLUID_RAMP * scale) - 1.0).clamp(0.0, 1.0) * poolf
+    depth = p["opacity"].view(-1, 1, 1, 1) * floor**0.7
+    table = FLUID_TABLE.to(x.device)[torch.round(p["fluid"]).long()]
+    mu, body, fleck = table[:, 0:3], table[:, 3:6], table[:, 9:12]
+    turbid, patchy, particles = (table[:, i].view(-1, 1, 1, 1) for i in (6, 7, 8))
+    if c == 1:
+        luma = torch.from_numpy(_host.LUMA).to(x.device).view(3, 1)
+        mu, body, fleck = mu.mean(dim=1, keepdim=True), body @ luma, fleck @ luma
+    mu, body, fleck = mu.view(-1, c, 1, 1), body.view(-1, c, 1, 1), fleck.view(-1, c, 1, 1)
+    murk = 1.0 + patchy * _host.fractal_noise_t(
+        keys, "fluid-murk", h, w, FLUID_MURK_CELL * scale, 4, x
+    ).unsqueeze(1)
+    grains = _host.fractal_noise_t(keys, "fluid-flecks", h, w, FLUID_FLECK_CELL * scale, 2, x)
+    flecks = ((grains.unsqueeze(1) - 0.35) / 0.15).clamp(0.0, 1.0) * particles * floor
+    dens = depth * murk
+    men = _host.gauss_t(1.0 - poolf, FLUID_MENISCUS[1] * scale) * poolf
+    ripple = _host.fractal_noise_t(
+        keys, "fluid-ripple", h, w, FLUID_RIPPLE[1] * scale, 2, x
+    ).unsqueeze(1)
+    height = (FLUID_MENISCUS[0] * men + FLUID_RIPPLE[0] * ripple * floor) * scale
+    gx, gy = _slope_t(height)
     lin = _math.srgb_to_linear(x)
+    ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1)
+    xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w)
+    shift = FLUID_REFRACTION * scale
+    behind = _host.remap(lin, xs - shift * gx[:, 0], ys - shift * gy[:, 0], "linear", "reflect101")
     lit = _host.gauss_t(_host.luma_t(lin), 0.03 * scale)
     top = _host.masked_quantile(lit, tissue[:, 0], 0.98)
     lit = (lit / (top + 1e-6).to(torch.float32).view(-1, 1, 1)).clamp(0.0, 1.0).unsqueeze(1)
-    table = FLUID_TABLE.to(x.device)[torch.round(p["fluid"]).long()]
-    mu, colour = table[:, :3], table[:, 3:]
-    if c == 1:
-        mu = mu.mean(dim=1, keepdim=True)
-        colour = colour @ torch.from_numpy(_host.LUMA).to(x.device).view(3, 1)
-    mu, colour = mu.view(-1, c, 1, 1), colour.view(-1, c, 1, 1)
-    trans = torch.exp(-mu * depth)
-    murk = 1.0 + 0.5 * _host.fractal_noise_t(
-        keys, "fluid-murk", h, w, 0.08 * scale, 4, x
-    ).unsqueeze(1)
-    scatter = colour * (1.0 - torch.exp(-0.8 * depth * murk)) * (0.08 + 0.92 * lit) * murk
-    out = lin * trans + scatter
-    # meniscus: a thin bright curve along the pool's edge
-    solid = pool.to(torch.float32)
-    eroded = -torch.nn.functional.max_pool2d(
-        -torch.nn.functional.pad(solid, (1, 1, 1, 1), value=1.0), 3, 1
-    )
-    line = _host.gauss_t(solid - eroded, MENISCUS_WIDTH * scale)
-    line = line / (line.amax(dim=(1, 2, 3), keepdim=True) + 1e-6) * lit
-    out = out + 0.9 * line * opacity.clamp(max=1.0)
-    res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
-    res = torch.where(tissue, res, x)
-    return torch.where(pool.flatten(1).any(dim=1).view(-1, 1, 1, 1), res, x).clamp(0.0, 1.0)
+    light = 0.08 + 0.92 * lit
+    trans = torch.exp(-mu * dens) * (1.0 - flecks)
+    scatter = body * (1.0 - torch.exp(-turbid * dens)) * light + fleck * flecks * light
+    tx, ty = (p["tilt"][:, i].view(-1, 1, 1, 1) for i in (0, 1))
+    lobe = torch.exp(-0.5 * ((gx - tx) ** 2 + (gy - ty) ** 2) / FLUID_GLINT[1] ** 2)
+    steep = torch.sqrt(gx * gx + gy * gy)
+    facing = (gx * tx + gy * ty) / (steep * torch.sqrt(tx * tx + ty * ty) + 1e-6)
+    arc = FLUID_ARC[0] * (steep / FLUID_ARC[1]).clamp(0.0, 1.0) ** 2 * (0.5 + 0.5 * facing)
+    surface = (FLUID_GLINT[0] * lobe + arc + FLUID_SHEEN) * lit * poolf
+    fluid = behind * trans + scatter + surface
+    res = _math.linear_to_srgb(torch.where(pool, fluid, lin).clamp(0.0, 1.0))
+    res = torch.where(tissue & pool, res, x)
+    return res.clamp(0.0, 1.0)
 
 
 @_host.host_op(
@@ -484,41 +726,63 @@ def _fluid_occlusion_batch(
 def fluid_occlusion(
     img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
 ) -> np.ndarray:
-    """Fluid, stool or blood pooled over ``coverage`` of the field: Beer-Lambert absorption,
-    turbid in-scattering, bright meniscus (module docstring)."""
+    """Fluid, stool, blood or clear water pooled over ``coverage`` of the field (module
+    docstring): Beer-Lambert absorption and turbid scattering through a depth that grows from
+    the pool's edge, patchy concentration and suspended particles of the fluid, the tissue
+    refracted by the surface, a meniscus and ripples mirroring the light."""
     c, h, w = img.shape
     scale = min(h, w)
     tissue = view.tissue
     pool = pool_mask(key, tissue, float(p["coverage"]), float(p["side"]))
     if not pool.any():
         return img.copy()
-    absorb, body = FLUIDS[round(float(p["fluid"]))]
-    dist = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5) / np.float32(0.04 * scale)
-    depth = np.float32(p["opacity"]) * np.clip(dist, 0.0, 1.0) ** 0.7
-    depth = _host.gauss(depth.astype(np.float32), 0.002 * scale)
+    mu_, body_, turbid, patchy, particles, fleck_ = FLUIDS[round(float(p["fluid"]))]
+    mu, body, fleck = (np.asarray(v, dtype=np.float32) for v in (mu_, body_, fleck_))
+    if c == 1:
+        mu, body, fleck = (
+            mu.mean(keepdims=True),
+            (body @ _host.LUMA)[None],
+            (fleck @ _host.LUMA)[None],
+        )
+    poolf = pool.astype(np.float32)
+    # the pool deepens from its edge (its floor is the mucosa sloping down under it)
+    floor = np.clip(2.0 * _host.gauss(poolf, FLUID_RAMP * scale) - 1.0, 0.0, 1.0) * poolf
+    depth = np.float32(p["opacity"]) * floor**0.7
+    murk = 1.0 + np.float32(patchy) * _host.fractal_noise(
+        key, "fluid-murk", h, w, FLUID_MURK_CELL * scale, 4
+    )
+    grains = _host.fractal_noise(key, "fluid-flecks", h, w, FLUID_FLECK_CELL * scale, 2)
+    flecks = np.clip((grains - 0.35) / 0.15, 0.0, 1.0) * np.float32(particles) * floor
+    dens = depth * murk
+    # the liquid surface (px): a meniscus rising to the mucosa at the edge, ripples on the body
+    men = _host.gauss(1.0 - poolf, FLUID_MENISCUS[1] * scale) * poolf
+    ripple = _host.fractal_noise(key, "fluid-ripple", h, w, FLUID_RIPPLE[1] * scale, 2)
+    height = (FLUID_MENISCUS[0] * men + FLUID_RIPPLE[0] * ripple * floor) * scale
+    gx, gy = _slope(height.astype(np.float32))
     lin = _host.to_linear(img)
+    ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
+    shift = np.float32(FLUID_REFRACTION * scale)
+    behind = _host.sample_bilinear(lin, xs - shift * gx, ys - shift * gy)
     lit = _host.gauss(_host.luma(lin), 0.03 * scale)
     lit = np.clip(lit / (float(np.quantile(lit[tissue], 0.98)) + 1e-6), 0.0, 1.0)
-    mu = np.asarray(absorb, dtype=np.float32)
-    colour = np.asarray(body, dtype=np.float32)
-    if c == 1:
-        mu, colour = mu.mean(keepdims=True), (colour @ _host.LUMA)[None]
-    trans = np.exp(-mu[:, None, None] * depth[None])
-    # light scattered back by the turbid fluid, lit by the scope (as bright as the mucosa there)
-    # suspended particles make the turbidity patchy
-    murk = 1.0 + 0.5 * _host.fractal_noise(key, "fluid-murk", h, w, 0.08 * scale, 4)
+    light = 0.08 + 0.92 * lit
+    trans = np.exp(-mu[:, None, None] * dens[None]) * (1.0 - flecks)[None]
     scatter = (
-        colour[:, None, None]
-        * (1.0 - np.exp(-0.8 * depth * murk))[None]
-        * (0.08 + 0.92 * lit[None])
+        body[:, None, None] * (1.0 - np.exp(-np.float32(turbid) * dens))[None] * light[None]
+        + fleck[:, None, None] * (flecks * light)[None]
     )
-    scatter = scatter * murk[None]
-    out = lin * trans + scatter
-    # meniscus: a thin bright curve along the pool's edge (the fluid surface bends towards the lens)
-    edge = pool.astype(np.uint8) - cv2.erode(pool.astype(np.uint8), np.ones((3, 3), np.uint8))
-    line = _host.gauss(edge.astype(np.float32), MENISCUS_WIDTH * scale)
-    line = line / (float(line.max()) + 1e-6) * lit
-    out = out + (0.9 * line * np.float32(min(1.0, float(p["opacity"]))))[None]
+    # the surface mirrors the light where its slope is the keyed tilt (meniscus arc, ripple
+    # glints), clipped by the sensor, over a faint Fresnel sheen
+    tx, ty = (np.float32(v) for v in np.asarray(p["tilt"]).reshape(2))
+    lobe = np.exp(-0.5 * ((gx - tx) ** 2 + (gy - ty) ** 2) / np.float32(FLUID_GLINT[1] ** 2))
+    # the meniscus, curving steeply up to the mucosa, mirrors the light along the arc facing it
+    steep = np.sqrt(gx * gx + gy * gy)
+    facing = (gx * tx + gy * ty) / (steep * np.sqrt(tx * tx + ty * ty) + np.float32(1e-6))
+    arc = FLUID_ARC[0] * np.clip(steep / FLUID_ARC[1], 0.0, 1.0) ** 2 * (0.5 + 0.5 * facing)
+    surface = (FLUID_GLINT[0] * lobe + arc + FLUID_SHEEN) * lit * poolf
+    fluid = behind * trans + scatter + surface[None]
+    out = np.where(pool[None], fluid, lin)
     res = _host.to_display(np.clip(out, 0.0, 1.0))
-    res[:, ~tissue] = img[:, ~tissue]
+    keep = ~(tissue & pool)
+    res[:, keep] = img[:, keep]
     return res

@@ -1,10 +1,19 @@
 """Colour and tone: light-source cast, hue, saturation, brightness, contrast, gamma.
 
-* color_cast: von Kries per-channel gains in linear light (a different light source or a wrong
-  white balance). The gains lie on a circle of radius ``strength`` in the chromatic plane
-  orthogonal to grey, at a keyed angle, normalised so a grey surface keeps its Rec. 709
-  luminance.
-* hue_shift: rotation of the chroma plane of YIQ by ``degrees`` (keyed sign).
+* color_cast: a light-source / white-balance error of the video processor (the scope's lamp
+  aged or swapped, xenon vs LED vs halogen, white balance not redone): von Kries per-channel
+  gains in linear light. The gains lie at distance ``strength`` from grey in the chromatic plane,
+  along the warm-cool axis that a wrong colour temperature moves them on (amber: red up, blue
+  down; or blue: the reverse; a keyed sign) give or take ``CAST_TINT`` degrees of green-magenta,
+  normalised so a grey surface keeps its Rec. 709 luminance: gains stay within about 0.5-1.7,
+  the red/blue ratio of a halogen lamp (about 3200 K) under a xenon white balance (about 6000 K)
+  or the reverse. Highlights the sensor clipped carry no colour: the
+  processor shows them white whatever its gains, so pixels near clipping in every channel roll
+  back to their input (``highlight_weight``) instead of turning cyan or yellow.
+* hue_shift: a processor's hue (tint) control mis-set: rotation of the chroma plane of YIQ by
+  ``degrees`` (keyed sign), as an NTSC-style tint control does, bounded to +-12.5 degrees so the
+  mucosa stays between orange and pink (larger rotations make olive or magenta tissue that no
+  light source or processor setting produces). Grey and clipped white have no chroma and stay.
 * saturation: ``luma + s * (x - luma)``, s = 1 - amount (desaturate) or 1 + amount (keyed).
 * brightness: additive offset (keyed sign); contrast: scaling around the image's mean luma;
   gamma: ``x ** exp(±log_gamma)``.
@@ -63,19 +72,33 @@ def cast_gains(strength: float, angle: float) -> list[float]:
     return [float(g) for g in gains]
 
 
+CAST_WARM = math.radians(30.0)  # chroma-plane angle of gains (1 + a, 1, 1 - a): amber
+CAST_TINT = 20.0  # degrees of green-magenta spread around the warm-cool axis
+HIGHLIGHT = (0.90, 0.98)  # display level of the darkest channel where clipped highlights begin, end
+
+
 def _cast_sampler(rng: np.random.Generator, level: Level) -> Params:
     strength = draw(rng, level["strength"])
-    angle = float(rng.uniform(0.0, 2.0 * math.pi))
+    axis = CAST_WARM if rng.random() < 0.5 else CAST_WARM + math.pi
+    angle = axis + math.radians(float(rng.uniform(-CAST_TINT, CAST_TINT)))
     return {"strength": strength, "angle": angle, "gains": cast_gains(strength, angle)}
+
+
+def highlight_weight(x: torch.Tensor) -> torch.Tensor:
+    """(B, 1, H, W) weight of the input kept where the sensor clipped: 0 below ``HIGHLIGHT[0]``
+    in the darkest channel, 1 above ``HIGHLIGHT[1]``, linear between."""
+    lo, hi = HIGHLIGHT
+    return ((x.amin(dim=1, keepdim=True) - lo) / (hi - lo)).clamp(0.0, 1.0)
 
 
 @register_kernel("color_cast", sampler=_cast_sampler)
 def color_cast(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
     ``perturb.ops._math``, which states when its own float64 kernel runs instead); the
-    per-channel gain is one multiply."""
+    per-channel gain is one multiply; clipped highlights stay white (``highlight_weight``)."""
     gains = p["gains"].view(-1, 3, 1, 1)
-    return linear_to_srgb(srgb_to_linear(x) * gains)
+    cast = linear_to_srgb(srgb_to_linear(x) * gains)
+    return cast + (x - cast) * highlight_weight(x)
 
 
 def yiq_hue_matrix(degrees: float) -> np.ndarray:
@@ -214,13 +237,29 @@ def _mean_luma(src: np.ndarray) -> np.float32:
 
 @backend.register_cpu("color_cast")
 def color_cast_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    gains = np.asarray(p["gains"], dtype=np.float32)
+    lo, hi = HIGHLIGHT
     if src.dtype == np.uint8:
-        gain_in_linear_u8(src, dst, [float(g) for g in np.asarray(p["gains"], dtype=np.float32)])
+        gain_in_linear_u8(src, dst, [float(g) for g in gains])
+        # pixels near clipping (few): the float formula with the roll-back to the input
+        near = src.min(axis=0) > int(lo * 255)
+        if near.any():
+            x = src[:, near].astype(np.float32)[:, None, :] / np.float32(255.0)
+            res = _cast_float(np.ascontiguousarray(x), gains, lo, hi)
+            dst[:, near] = np.clip(np.rint(res[:, 0, :] * np.float32(255.0)), 0, 255)
         return
-    lin = srgb_to_linear_np(src)
-    for c, gain in enumerate(np.asarray(p["gains"], dtype=np.float32)):
+    dst[...] = _cast_float(src, gains, lo, hi)
+
+
+def _cast_float(x: np.ndarray, gains: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """float32 ``color_cast`` of a (3, H, W) sample: gains in linear light, clipped highlights
+    rolled back to the input."""
+    lin = srgb_to_linear_np(x)
+    for c, gain in enumerate(gains):
         lin[c] *= gain
-    linear_to_srgb_np(lin, out=dst)
+    cast = linear_to_srgb_np(lin)
+    weight = np.clip((x.min(axis=0) - np.float32(lo)) / np.float32(hi - lo), 0.0, 1.0)
+    return cast + (x - cast) * weight[None]
 
 
 def _transform(src: np.ndarray, dst: np.ndarray, matrix: np.ndarray) -> None:

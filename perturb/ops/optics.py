@@ -10,8 +10,11 @@ and letterboxed fields.
   light of each point over a wide forward lobe (a veiling glare ``I' = (1 - s) I + s (G * I)``
   with a wide gaussian ``G``) and adds a veil of scattered light, so contrast falls and the image
   looks milky. The film forms first at the lens rim (the coldest part), so the scattered fraction
-  ``s`` grows with the radius, patchy (keyed noise). (Forward scattering by droplets and the
-  veiling-glare model: e.g. Narasimhan & Nayar, IJCV 48, 2002.)
+  ``s`` grows with the radius, patchy (keyed noise, with clear gaps and dense patches), and
+  beaded: as the mist coalesces into droplets of a few pixels the film scatters more where they
+  sit and they glitter faintly with the light they scatter back, a fine mottle instead of a
+  uniform veil. At severity 5 the film covers nearly all the field. (Forward scattering by
+  droplets and the veiling-glare model: e.g. Narasimhan & Nayar, IJCV 48, 2002.)
 * ``lens_droplets``: water drops on the lens (after rinsing). A drop is a plano-convex liquid
   lens sitting far inside the focal distance of the camera: the tissue behind it is seen
   through it displaced and minified towards the drop's centre (a bulge of the sampling
@@ -45,6 +48,10 @@ from perturb.ops.registry import Geometry, Level, Params, as_float32, draw, draw
 # Lens fog
 
 FOG_SIGMA = 0.06  # width of the forward-scatter lobe (shorter side)
+FOG_PATCHY = (0.55, 0.7)  # film density = a + b * noise: clear gaps and dense patches
+FOG_DROPLET = 0.005  # cell of the beaded droplets (shorter side)
+FOG_BEADS = (0.0, 0.6)  # where the droplet noise makes beads (threshold, ramp)
+FOG_SPARKLE = 0.2  # light the beads scatter back towards the lens, relative to the lobe
 
 
 def _fog_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -71,8 +78,14 @@ def _lens_fog_batch(
     start = ((1.0 - reach) * 0.6).to(torch.float32).view(-1, 1, 1)
     grow = ((rho - start) / reach.to(torch.float32).view(-1, 1, 1)).clamp(0.0, 1.0)
     noise = _host.fractal_noise_t(keys, "fog-patches", h, w, 0.2 * scale, 3, x)
-    patches = 0.6 + 0.4 * noise
-    s = (p["fog"].view(-1, 1, 1) * (0.5 + 0.5 * grow) * patches).clamp(0.0, 0.97).unsqueeze(1)
+    patches = (FOG_PATCHY[0] + FOG_PATCHY[1] * noise).clamp(min=0.05)
+    grains = _host.fractal_noise_t(keys, "fog-droplets", h, w, FOG_DROPLET * scale, 2, x)
+    beads = ((grains - FOG_BEADS[0]) / FOG_BEADS[1]).clamp(0.0, 1.0)
+    s = (
+        (p["fog"].view(-1, 1, 1) * (0.5 + 0.5 * grow) * patches * (0.8 + 0.4 * beads))
+        .clamp(0.0, 0.97)
+        .unsqueeze(1)
+    )
     lin = _math.srgb_to_linear(x)
     inside = tissue.to(torch.float32)
     sigma = FOG_SIGMA * scale
@@ -81,7 +94,8 @@ def _lens_fog_batch(
     mean = _host.masked_mean(_host.luma_t(lin), tissue[:, 0], 0.2)
     veil = (p["veil"] * mean).view(-1, 1, 1, 1)
     scattered = spread * 0.8 + veil * 0.6
-    out = lin * (1.0 - s) + scattered * s
+    sparkle = FOG_SPARKLE * beads.unsqueeze(1) * s * spread
+    out = lin * (1.0 - s) + scattered * s + sparkle
     res = _math.linear_to_srgb(out)
     return torch.where(tissue, res, x).clamp(0.0, 1.0)
 
@@ -100,8 +114,13 @@ def lens_fog(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vi
     rho = np.sqrt((xs - cx) ** 2 + (ys - cy) ** 2) / np.float32(radius)
     reach = float(p["reach"])  # how far in from the rim the film extends at full density
     grow = np.clip((rho - (1.0 - reach) * 0.6) / reach, 0.0, 1.0)
-    patches = 0.6 + 0.4 * _host.fractal_noise(key, "fog-patches", h, w, 0.2 * scale, 3)
-    s = np.clip(np.float32(p["fog"]) * (0.5 + 0.5 * grow) * patches, 0.0, 0.97).astype(np.float32)
+    noise = _host.fractal_noise(key, "fog-patches", h, w, 0.2 * scale, 3)
+    patches = np.maximum(FOG_PATCHY[0] + FOG_PATCHY[1] * noise, np.float32(0.05))
+    # the film is beaded: droplets coalesced from the mist scatter more, in a fine mottle
+    grains = _host.fractal_noise(key, "fog-droplets", h, w, FOG_DROPLET * scale, 2)
+    beads = np.clip((grains - FOG_BEADS[0]) / FOG_BEADS[1], 0.0, 1.0)
+    density = np.float32(p["fog"]) * (0.5 + 0.5 * grow) * patches * (0.8 + 0.4 * beads)
+    s = np.clip(density, 0.0, 0.97).astype(np.float32)
     lin = _host.to_linear(img)
     inside = tissue.astype(np.float32)
     # the scattered light stays within the field: normalised blur of the field's light only
@@ -112,7 +131,9 @@ def lens_fog(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vi
     )
     veil = np.float32(p["veil"]) * float(_host.luma(lin)[tissue].mean() if tissue.any() else 0.2)
     scattered = spread * 0.8 + veil * 0.6
-    out = lin * (1.0 - s[None]) + scattered * s[None]
+    # the beads catch the light that the film scatters: a faint glitter where they sit
+    sparkle = FOG_SPARKLE * (beads * s)[None] * spread
+    out = lin * (1.0 - s[None]) + scattered * s[None] + sparkle
     res = _host.to_display(out)
     res[:, ~tissue] = img[:, ~tissue]
     return res

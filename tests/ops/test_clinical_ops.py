@@ -21,6 +21,7 @@ from perturb.annotations import transform_boxes
 from perturb.catalog.registry import get_op
 from perturb.ops import _host
 from perturb.ops.clinical import (
+    BUBBLE_GAP,
     FLUIDS,
     fluid_occlusion,
     pool_mask,
@@ -181,43 +182,152 @@ def test_smoke_follows_koschmieder_with_a_wispy_optical_depth() -> None:
     assert tau[plume].std() / tau[plume].mean() > 0.3, "smoke should be wispy, not uniform"
 
 
-def test_bubble_has_fresnel_rim_dark_refraction_line_and_specular_spot() -> None:
-    lin = np.full((3, 101, 101), 0.2, dtype=np.float32)
-    lin[:, :, 70:] = 0.3  # an edge at half the bubble's radius, to see the refraction
+def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre() -> None:
+    """One bubble (radius 42 px at the image centre) over a grey frame with a vertical edge:
+    the dome magnifies (the edge is seen where the pull 1 - k cos(theta) maps back onto it), the
+    film reflects more at grazing angles (Fresnel) with a dark refraction band inside the rim,
+    the rim's colour is two-beam thin-film interference ``1 - a cos(4 pi n d cos(theta_t) /
+    lambda)`` per channel, and the clipped glints sit off centre along the light guides' axis."""
+    side, r = 600, 0.07 * 600
+    lin = np.full((3, side, side), 0.2, dtype=np.float32)
+    lin[:, :, 320:] = 0.3  # an edge 20 px right of the centre (rho 0.48)
     out = lin.copy()
-    render_bubble(lin, out, 50.5, 50.5, 40.0)
-    ys, xs = np.mgrid[0:101, 0:101] + 0.5
-    rho = np.hypot(xs - 50.5, ys - 50.5) / 40.0
+    light, glint, film, phase = 0.6, 0.2, 420.0, 1.0
+    render_bubble(lin, out, [0.0, 0.0, 0.07, film, phase], light, glint, [0.6, 0.6, 0.6])
+    ys, xs = np.mgrid[0:side, 0:side] + 0.5
+    dx, dy = xs - 300.0, ys - 300.0
+    rho = np.hypot(dx, dy) / r
     lum = out.mean(0)
-    assert lum[50, 50] > 1.0, "specular spot of the light at the lens is clipped"
     ring = lum[(rho > 0.95) & (rho < 0.99)].mean()
-    mid = lum[(rho > 0.5) & (rho < 0.6)].mean()
-    line = lum[(rho > 0.89) & (rho < 0.91)].mean()
-    assert ring > mid, "Fresnel: the film reflects more at grazing angles"
-    assert line < lum[(rho > 0.8) & (rho < 0.83)].mean(), "dark refraction line inside the rim"
-    # refraction magnifies: the edge at x = 70 (rho 0.5) is seen further out, where the dome's
-    # pull 1 - 0.25 cos(theta) maps the output back onto it (about x = 75.5)
-    edge = 62 + int(np.argmax(out[0, 50, 62:95] > 0.26))  # right of the specular spot
-    assert 74 <= edge <= 77, edge
-    assert np.array_equal(out[:, 0, :], lin[:, 0, :]), "outside the bubble nothing changes"
+    assert ring > lum[(rho > 0.5) & (rho < 0.6)].mean(), "Fresnel: more reflection at grazing angles"
+    assert lum[(rho > 0.89) & (rho < 0.91)].mean() < lum[(rho > 0.8) & (rho < 0.83)].mean(), "dark band"
+    # refraction: the output pixel at dx reads dx (1 - 0.22 cos theta); the edge (dx = 20) is seen
+    # where that read position crosses 20, solved here on a fine grid
+    fine = np.linspace(0.0, r, 40001)
+    seen = fine[np.argmax(fine * (1.0 - 0.22 * np.sqrt(1.0 - (fine / r) ** 2)) >= 20.0)]
+    row = out[0, 280]  # a row clear of the glints
+    edge = 300 + int(np.argmax(row[300:340] > 0.25)) + 0.5 - 300.0
+    assert abs(edge - seen) <= 1.0, (edge, seen)
+    # glints: the brightest pixel lies glint * r from the centre towards the first light guide
+    peak = np.unravel_index(np.argmax(lum), lum.shape)
+    expect = (300 + glint * r * math.sin(light), 300 + glint * r * math.cos(light))
+    assert math.hypot(peak[0] + 0.5 - expect[0], peak[1] + 0.5 - expect[1]) <= 1.0, (peak, expect)
+    assert lum[peak] > 1.0 and lum[299, 299] < 1.0, "clipped glints off centre, not a centred dot"
+    second = (int(300 - glint * r * math.sin(light)), int(300 - glint * r * math.cos(light)))
+    assert 0.4 < lum[second] < lum[peak], "the second guide's glint opposite, dimmer"
+    # thin-film colour on a black frame: the rim's channel ratios follow the interference formula
+    dark = np.zeros_like(lin)
+    rim = dark.copy()
+    render_bubble(dark, rim, [0.0, 0.0, 0.07, film, phase], light, glint, [0.6, 0.6, 0.6])
+    sel = (rho > 0.93) & (rho < 0.99) & (np.hypot(dx, dy) > 0)
+    phi = np.arctan2(dy, dx)[sel]
+    cos_t = np.sqrt(1.0 - np.minimum(rho[sel], 1.0) ** 2 / 1.33**2)
+    d = film * (1.0 + 0.35 * np.cos(phi + phase))
+    tint = [1.0 - 0.5 * np.cos(4 * np.pi * 1.33 * d * cos_t / lam) for lam in (610.0, 550.0, 465.0)]
+    far = np.hypot(dx[sel], dy[sel]) > glint * r + 8  # away from the glints
+    for ch in (0, 2):
+        got = rim[ch][sel][far] / rim[1][sel][far]
+        assert np.allclose(got, (tint[ch] / tint[1])[far], rtol=1e-3), ch
+    spread = rim[0][sel][far] / rim[2][sel][far]
+    assert spread.std() > 0.1, "the film's colour changes around the rim"
+    assert np.array_equal(out[:, :200, :], lin[:, :200, :]), "outside the bubble nothing changes"
+
+
+def test_bubbles_pack_into_foam_sized_like_real_ones_and_nest_across_severities() -> None:
+    """Cells never overlap, most foam cells touch a neighbour, diameters are near the median
+    box side of real bubbles (5.8 % of a 512 px frame), and a severity's bubbles are the first
+    ones of the next severity's (one perturbation at five strengths)."""
+    spec = get_op("bubbles")
+    sampler = spec.entry.sampler
+    diameters, touching, cells = [], 0, 0
+    for key in range(12):
+        draws = [sampler(rng.scalar_rng(key), spec.spec.level(sev)) for sev in (1, 3, 5)]
+        rows = [np.asarray(d["bubbles"]) for d in draws]
+        assert rows[0].shape[0] >= 3, "a few bubbles are visible at severity 1"
+        assert np.array_equal(rows[0], rows[1][: len(rows[0])])
+        assert np.array_equal(rows[1], rows[2][: len(rows[1])])
+        b = rows[2]
+        gap = np.hypot(b[:, None, 0] - b[None, :, 0], b[:, None, 1] - b[None, :, 1])
+        gap = gap - b[:, None, 2] - b[None, :, 2] + np.eye(len(b)) * 10
+        assert gap.min() >= BUBBLE_GAP - 1e-12, "bubbles overlap"
+        touching += int((gap.min(axis=1) < 3 * BUBBLE_GAP).sum())
+        cells += len(b)
+        diameters += (2 * b[:, 2]).tolist()
+    assert touching / cells > 0.7, f"only {touching}/{cells} bubbles touch a neighbour (no foam)"
+    assert 0.045 <= float(np.median(diameters)) <= 0.07, np.median(diameters)
+
+
+def _fluid_params(kind: int, tilt: tuple[float, float] = (0.05, 0.0)) -> dict[str, np.ndarray]:
+    return {
+        "coverage": np.float32(0.35),
+        "opacity": np.float32(1.5),
+        "fluid": np.float32(kind),
+        "side": np.float32(1.0),
+        "tilt": np.array(tilt, np.float32),
+    }
 
 
 def test_fluid_absorbs_by_beer_lambert_per_channel() -> None:
     """Two flat frames under the same pool: the linear difference is the transmitted part,
-    (J1 - J2) exp(-mu_c d); deep in the pool d = opacity, so -log(T_c) / opacity = mu_c (blood
-    absorbs green and blue far more than red)."""
-    p = {"coverage": np.float32(0.35), "opacity": np.float32(1.5), "fluid": np.float32(2.0), "side": np.float32(1.0)}
-    a, b = _flat(0.3, 200, 240), _flat(0.7, 200, 240)
+    (J1 - J2) exp(-mu_c d) (1 - particles); in the logs the particles and the depth's patchiness
+    cancel between channels, so (log T_b - log T_g) / (log T_r - log T_g) equals
+    (mu_b - mu_g) / (mu_r - mu_g) at every pixel of the pool (blood absorbs green and blue
+    far more than red)."""
+    p = _fluid_params(2)
+    a, b = _flat(0.3, 200, 240), _flat(0.5, 200, 240)
     out_a = fluid_occlusion(a, p, 5, _view(a))
     out_b = fluid_occlusion(b, p, 5, _view(b))
     pool = pool_mask(5, np.ones((200, 240), bool), 0.35, 1.0)
     assert abs(pool.mean() - 0.35) < 0.04, pool.mean()
-    deep = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5) > 0.08 * 200
-    trans = (_lin(out_b) - _lin(out_a))[:, deep] / (_lin(b) - _lin(a))[:, deep]
-    mu = -np.log(np.median(trans, axis=1)) / 1.5
-    assert np.allclose(mu, FLUIDS[2][0], rtol=0.05), mu
+    trans = (_lin(out_b) - _lin(out_a)) / (_lin(b) - _lin(a))
+    inner = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5) > 0.04 * 200
+    sel = inner & (out_b.max(0) < 0.99) & (trans.min(0) > 1e-3)
+    assert sel.sum() > 1000
+    logs = np.log(trans[:, sel])
+    mu = np.asarray(FLUIDS[2][0])
+    got = (logs[2] - logs[1]) / (logs[0] - logs[1])
+    assert np.allclose(got, (mu[2] - mu[1]) / (mu[0] - mu[1]), atol=0.02), np.quantile(got, [0.01, 0.99])
     far = cv2.dilate(pool.astype(np.uint8), np.ones((9, 9), np.uint8)) == 0
     assert np.abs(out_a[:, far] - a[:, far]).max() < 1e-5, "outside the pool nothing changes"
+
+
+def test_fluid_turbidity_grows_from_the_edge_and_the_meniscus_mirrors_the_light() -> None:
+    """On a black frame only the fluid's own scattering shows: a stool suspension is brighter
+    deep in the pool than at its edge (the depth grows from the edge). On a flat lit frame the
+    surface adds light along the meniscus on the side whose outward normal faces the keyed tilt,
+    not on the opposite side."""
+    black = np.zeros((3, 200, 240), np.float32)
+    out = _lin(fluid_occlusion(black, _fluid_params(1), 5, _view(black)))
+    pool = pool_mask(5, np.ones((200, 240), bool), 0.35, 1.0)
+    dist = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5)
+    edge, deep = pool & (dist < 0.02 * 200), dist > 0.12 * 200
+    assert out[0][deep].mean() > 2.0 * out[0][edge].mean(), "turbidity should grow with depth"
+    flat = _flat(0.4, 200, 240)
+    soft = cv2.GaussianBlur(pool.astype(np.float32), (0, 0), 3.0)
+    outward = -np.stack([cv2.Sobel(soft, cv2.CV_32F, 1, 0), cv2.Sobel(soft, cv2.CV_32F, 0, 1)])
+    outward /= np.linalg.norm(outward, axis=0) + 1e-6
+    band = pool & (dist < 0.015 * 200)
+    axis = np.array([math.cos(1.0), math.sin(1.0)])  # the pool reaches in from this side
+    cosine = outward[0] * axis[0] + outward[1] * axis[1]
+    edge_px = band & (np.abs(cosine) > 0.5)
+    assert edge_px.sum() > 100
+    added = {}
+    for sign in (1.0, -1.0):
+        tilt = (sign * 0.05 * axis[0], sign * 0.05 * axis[1])
+        lit = _lin(fluid_occlusion(flat, _fluid_params(3, tilt), 5, _view(flat)))
+        added[sign] = lit.mean(0) - float(_lin(flat).mean())
+    # the tilt along each edge pixel's outward normal lights it, the opposite tilt does not
+    toward = np.where(cosine > 0, added[1.0], added[-1.0])[edge_px]
+    opposite = np.where(cosine > 0, added[-1.0], added[1.0])[edge_px]
+    assert (toward - opposite).mean() > 0.05, (toward.mean(), opposite.mean())
+
+
+def test_fluid_kind_is_keyed_and_recorded() -> None:
+    spec = get_op("fluid_occlusion")
+    kinds = {
+        spec.entry.sampler(rng.scalar_rng(k), spec.spec.level(3))["fluid"] for k in range(40)
+    }
+    assert kinds == {0.0, 1.0, 2.0, 3.0}, kinds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +348,21 @@ def test_lens_fog_lowers_contrast_most_at_the_rim() -> None:
     centre, rim = rr < 25, (rr > 100) & (rr < 115)
     assert contrast(out, centre) < contrast(img, centre)
     assert contrast(out, rim) < contrast(out, centre), "the film forms first at the cold rim"
+
+
+def test_lens_fog_is_patchy_and_beaded_not_a_uniform_veil() -> None:
+    """On a flat frame a uniform veil would leave a smooth ramp; the film has clear gaps and
+    dense patches (coarse spread) and a fine mottle of droplets a few pixels across."""
+    img = _flat(0.35, 300, 300)
+    params = {"fog": np.float32(1.4), "veil": np.float32(0.6), "reach": np.float32(0.5)}
+    out = _lin(lens_fog(img, params, 3, _view(img))).mean(0)
+    rr = np.hypot(*(np.indices((300, 300)) + 0.5 - 150))
+    inner = rr < 110
+    fine = out - cv2.GaussianBlur(out.astype(np.float32), (0, 0), 3.0)
+    coarse = cv2.GaussianBlur(out.astype(np.float32), (0, 0), 6.0)
+    # (the veil of the previous model: 3e-5 fine, 0.0013 coarse)
+    assert fine[inner].std() > 0.002, f"no droplet mottle: {fine[inner].std():.4f}"
+    assert coarse[inner].std() > 0.0025, f"no patches: {coarse[inner].std():.4f}"
 
 
 def test_drop_is_a_minifying_lens_with_a_dark_rim() -> None:
@@ -370,6 +495,29 @@ def test_lost_slices_are_concealed_from_the_displaced_previous_frame() -> None:
     sel = mask & cols
     assert np.abs(lossy[:, sel] - prev[:, sel]).max() < 1e-6
     assert rng.uniform_numpy(9, "mb-slices", 4).shape == (4,)
+
+
+def test_color_breakup_splits_a_highlight_into_red_green_and_blue_copies() -> None:
+    """A clipped highlight on a dark frame: the green field stays put, the red one moves by -v
+    and the blue one by +v (v = shift of the shorter side along the keyed direction), so the
+    highlight becomes separate red, green and blue copies along the motion."""
+    x = torch.zeros(1, 3, 120, 160)
+    x[..., 56:64, 76:84] = 1.0
+    out, rec = perturb.apply(x, "color_breakup", 5, ["k"], protect_border=False)
+    shift, angle = rec[0].params["shift"], rec[0].params["direction"]
+    v = np.array([math.cos(angle), math.sin(angle)]) * shift * 120
+
+    def centroid(plane: torch.Tensor) -> np.ndarray:
+        lin = _lin(plane[None].numpy())[0].astype(np.float64)
+        ys, xs = np.indices(lin.shape)
+        return np.array([(xs * lin).sum(), (ys * lin).sum()]) / lin.sum()
+
+    centre = np.array([80.0, 60.0]) - 0.5
+    assert np.allclose(centroid(out[0, 1]), centre, atol=0.05), "green is the reference field"
+    assert np.allclose(centroid(out[0, 0]), centre - v, atol=0.15), (centroid(out[0, 0]), centre - v)
+    assert np.allclose(centroid(out[0, 2]), centre + v, atol=0.15), (centroid(out[0, 2]), centre + v)
+    red_in, red_out = _lin(x[0, :1].numpy()).sum(), _lin(out[0, :1].numpy()).sum()
+    assert abs(red_out - red_in) < 1e-3 * red_in, "a moved field keeps its light"
 
 
 def test_endoscopy_catalog_covers_the_clinical_artifacts() -> None:

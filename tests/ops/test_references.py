@@ -17,6 +17,8 @@ import scipy.stats
 import torch
 
 import perturb
+from perturb import rng
+from perturb.catalog.registry import get_op
 from perturb.ops.backend import use_backend
 from perturb.ops.blur import disk_psf, gaussian_taps, line_psf
 from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
@@ -27,7 +29,7 @@ REFERENCE_CHECKS = {
     "motion_blur": "test_disk_and_line_blur_act_on_linear_light",
     "specular_glare": "tests.ops.test_clinical_ops::test_glare_adds_illuminant_coloured_light_in_linear_light_on_tissue_only",
     "surgical_smoke": "tests.ops.test_clinical_ops::test_smoke_follows_koschmieder_with_a_wispy_optical_depth",
-    "bubbles": "tests.ops.test_clinical_ops::test_bubble_has_fresnel_rim_dark_refraction_line_and_specular_spot",
+    "bubbles": "tests.ops.test_clinical_ops::test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre",
     "fluid_occlusion": "tests.ops.test_clinical_ops::test_fluid_absorbs_by_beer_lambert_per_channel",
     "lens_fog": "tests.ops.test_clinical_ops::test_lens_fog_lowers_contrast_most_at_the_rim",
     "lens_droplets": "tests.ops.test_clinical_ops::test_drop_is_a_minifying_lens_with_a_dark_rim",
@@ -35,6 +37,7 @@ REFERENCE_CHECKS = {
     "lens_distortion": "tests.ops.test_clinical_ops::test_lens_distortion_is_the_radial_model_and_moves_boxes_and_masks",
     "interlacing": "tests.ops.test_clinical_ops::test_interlacing_takes_odd_lines_from_the_displaced_field_and_adds_a_ghost",
     "video_macroblocking": "tests.ops.test_clinical_ops::test_h264_qstep_and_4x4_transform_quantisation",
+    "color_breakup": "tests.ops.test_clinical_ops::test_color_breakup_splits_a_highlight_into_red_green_and_blue_copies",
     "overexposure": "test_exposure_is_a_gain_in_linear_light",
     "underexposure": "test_exposure_is_a_gain_in_linear_light",
     "vignetting": "test_vignetting_follows_one_minus_a_r2",
@@ -278,6 +281,45 @@ def test_color_cast_is_a_von_kries_gain_that_keeps_grey_luminance() -> None:
     y_in = np.tensordot(weights, _srgb_to_linear(grey[0].double().numpy()), 1)
     y_out = np.tensordot(weights, _srgb_to_linear(out_g[0].double().numpy()), 1)
     assert np.abs(y_out - y_in).max() < 1e-5
+
+
+def test_color_cast_keeps_clipped_highlights_white_and_stays_on_the_colour_temperature_axis() -> None:
+    """A clipped highlight (every channel at the sensor's top) stays white under any cast (the
+    processor shows clipped pixels white), on the uint8 and float paths alike; the gains of
+    every key lie along the warm-cool axis (red and blue move in opposite directions, within
+    20 degrees of tint) and within 0.45-1.75."""
+    from perturb.ops.color import CAST_TINT, CAST_WARM
+
+    x = _real(3)
+    x[:, :, :6, :6] = 1.0  # a clipped highlight
+    for dtype in (torch.float32, torch.uint8):
+        src = x if dtype == torch.float32 else (x * 255).round().to(torch.uint8)
+        out, _ = perturb.apply(src, "color_cast", 5, ["warm"], protect_border=False)
+        top = out[0, :, :6, :6].float() / (255.0 if dtype == torch.uint8 else 1.0)
+        assert float(top.min()) >= 0.999, "clipped highlights must stay white"
+    spec = get_op("color_cast")
+    for k in range(40):
+        params = spec.entry.sampler(rng.scalar_rng(k), spec.spec.level(5))
+        gains = np.array(params["gains"])
+        assert (gains[0] - 1.0) * (gains[2] - 1.0) < 0, gains
+        off_axis = math.degrees(abs((params["angle"] - CAST_WARM + math.pi / 2) % math.pi - math.pi / 2))
+        assert off_axis <= CAST_TINT + 1e-9, off_axis
+        assert gains.min() >= 0.45 and gains.max() <= 1.75, gains
+
+
+def test_hue_shift_is_bounded_to_a_processor_tint_control() -> None:
+    """At severity 5 the rotation stays within 12.5 degrees: mucosa turns orange or pink, never
+    olive or magenta."""
+    spec = get_op("hue_shift")
+    for k in range(40):
+        degrees = spec.entry.sampler(rng.scalar_rng(k), spec.spec.level(5))["degrees"]
+        assert 11.5 <= abs(degrees) <= 12.5, degrees
+    x = _flat(0.0, 8, 8)
+    x[0, 0], x[0, 1], x[0, 2] = 0.75, 0.45, 0.38  # mucosa
+    for k in range(8):
+        out, _ = perturb.apply(x, "hue_shift", 5, [f"k{k}"], protect_border=False)
+        r, g, b = out[0, :, 0, 0].tolist()
+        assert r > g > b * 0.9 and r > b, "red stays the dominant channel of the mucosa"
 
 
 def _yiq(x: np.ndarray) -> np.ndarray:
