@@ -674,7 +674,7 @@ def _fluid_occlusion_batch(
     pool = pool_mask_t(keys, tissue, p["coverage"], p["side"])
     poolf = pool.to(torch.float32)
     floor = (2.0 * _host.gauss_t(poolf, FLUID_RAMP * scale) - 1.0).clamp(0.0, 1.0) * poolf
-    depth = p["opacity"].view(-1, 1, 1, 1) * floor**0.7
+    depth = p["opacity"].view(-1, 1, 1, 1) * _math.power(floor, 0.7)
     table = FLUID_TABLE.to(x.device)[torch.round(p["fluid"]).long()]
     mu, body, fleck = table[:, 0:3], table[:, 3:6], table[:, 9:12]
     turbid, patchy, particles = (table[:, i].view(-1, 1, 1, 1) for i in (6, 7, 8))

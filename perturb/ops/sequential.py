@@ -40,7 +40,11 @@ def field_offsets(p: dict[str, torch.Tensor], h: int, w: int) -> tuple[torch.Ten
 @register_kernel("color_breakup", sampler=_breakup_sampler)
 def color_breakup(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Red and blue fields displaced by ``-v`` and ``+v`` against the green one (module
-    docstring): one batched remap of the red and blue planes in linear light."""
+    docstring): one batched remap of the red and blue planes in linear light.
+
+    Kornia: own kernel, because the shift must resample exactly as the OpenCV path's
+    ``cv2.remap`` (reflect-101 border, its linear weights), which ``_host.remap`` reproduces and
+    ``kornia.geometry.transform.translate`` (``grid_sample``, other borders) does not."""
     b, c, h, w = x.shape
     if c != 3:
         return x.clone()
