@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from perturb.cli import app
 
-OPS = "gaussian_blur,gaussian_noise,hue_shift,specular_glare"
+OPS = "gaussian_blur,gaussian_noise,haze,hue_shift,specular_glare"
 ARGS = ["--images", "6", "--ops", OPS, "--severities", "1,5", "--quiet"]
 
 
