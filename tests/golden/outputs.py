@@ -160,6 +160,12 @@ CASES: dict[str, Callable[[Path], dict[str, str]]] = {
     "kvasir-vqa-x1-transformed-phantoms": _suite(
         "kvasir-vqa-x1-transformed", "--builtin-images", "4"
     ),
+    "kvasir-vqa-x1-upstream-recipe": _image_suite(
+        "kvasir-vqa-x1-upstream-recipe", ENDOSCOPY_FRAMES, "endoscopy"
+    ),
+    "kvasir-vqa-x1-upstream-script": _image_suite(
+        "kvasir-vqa-x1-upstream-script", ENDOSCOPY_FRAMES, "endoscopy"
+    ),
     "xray-artifacts": _image_suite("xray-artifacts", XRAY_FILMS, "xray"),
     "vindr-cxr-vqa": _adapter_suite("vindr-cxr-vqa"),
     "rexvqa": _adapter_suite("rexvqa"),
