@@ -543,11 +543,39 @@ except ImportError:  # pragma: no cover - depends on the environment
         return hashlib.blake2b(buf, digest_size=16).digest()
 
 
-_CACHE: OrderedDict[tuple[str, tuple[int, ...], str, bytes], tuple[dict[str, Any], str, str]] = (
-    OrderedDict()
-)
-_CACHE_SIZE = 64
-_CACHE_LOCK = threading.Lock()
+Analysed = tuple[dict[str, Any], str, str]
+
+
+class DescriptorCache:
+    """The last ``size`` descriptors by pixel digest, thread-safe: each entry is (descriptor,
+    shared: read it, never change it; its JSON text; its sorted JSON, the key of the mask
+    caches). Used by the endoscopy and the radiograph scene analyses."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[Any, ...], Analysed] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> Analysed | None:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple[Any, ...], desc: dict[str, Any]) -> Analysed:
+        """Store ``desc`` (copied through its JSON) under ``key``; return the entry."""
+        text = json.dumps(desc)
+        # the sorted JSON is masks.descriptor_key's, written here: masks imports this module
+        value = (json.loads(text), text, json.dumps(desc, sort_keys=True))
+        with self._lock:
+            self._entries[key] = value
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return value
+
+
+_CACHE = DescriptorCache()
 
 
 def _pixels(image: Any) -> tuple[str, np.ndarray]:
@@ -598,26 +626,16 @@ def analysed(image: Any, chw: bool = False) -> tuple[dict[str, Any], str, str]:
     else:
         layout, arr = _pixels(image)
     cache_key = (layout, arr.shape, arr.dtype.str, _digest(arr.data))
-    with _CACHE_LOCK:
-        hit = _CACHE.get(cache_key)
-        if hit is not None:
-            _CACHE.move_to_end(cache_key)
-            return hit
+    hit = _CACHE.get(cache_key)
+    if hit is not None:
+        return hit
     if layout == "hwc":
         rgb = arr
     elif layout == "chw":
         rgb = to_hwc_u8(np.moveaxis(arr, 0, -1))
     else:
         rgb = to_hwc_u8(image)
-    desc = _analyse(rgb)
-    text = json.dumps(desc)
-    # the key is masks.descriptor_key's sorted JSON, written here: masks imports this module
-    value = (json.loads(text), text, json.dumps(desc, sort_keys=True))
-    with _CACHE_LOCK:
-        _CACHE[cache_key] = value
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return value
+    return _CACHE.put(cache_key, _analyse(rgb))
 
 
 def _analyse(rgb: np.ndarray) -> dict[str, Any]:

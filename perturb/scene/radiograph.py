@@ -40,6 +40,8 @@ from typing import Any
 import cv2
 import numpy as np
 
+from perturb.scene.analysis import DescriptorCache
+
 KIND = "radiograph"
 RADIOGRAPH_VERSION = 1
 NONE_FOUND = "none found"
@@ -571,9 +573,7 @@ def extend_numpy(
     np.copyto(dst, extension_fill(src, desc, key))
 
 
-_ANALYSED: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], str, str]] = OrderedDict()
-_ANALYSED_LOCK = threading.Lock()
-_ANALYSED_SIZE = 64
+_ANALYSED = DescriptorCache()
 
 
 def analysed(image: Any, chw: bool = False) -> tuple[dict[str, Any], str, str]:
@@ -586,16 +586,5 @@ def analysed(image: Any, chw: bool = False) -> tuple[dict[str, Any], str, str]:
     arr = np.ascontiguousarray(image)
     plane = arr[0] if chw else arr
     slot = (chw, arr.shape, arr.dtype.str, hashlib.blake2b(arr.data, digest_size=16).digest())
-    with _ANALYSED_LOCK:
-        hit = _ANALYSED.get(slot)
-        if hit is not None:
-            _ANALYSED.move_to_end(slot)
-            return hit
-    desc = analyse(plane)
-    text = json.dumps(desc)
-    value = (json.loads(text), text, json.dumps(desc, sort_keys=True))
-    with _ANALYSED_LOCK:
-        _ANALYSED[slot] = value
-        while len(_ANALYSED) > _ANALYSED_SIZE:
-            _ANALYSED.popitem(last=False)
-    return value
+    hit = _ANALYSED.get(slot)
+    return hit if hit is not None else _ANALYSED.put(slot, analyse(plane))
