@@ -590,9 +590,9 @@ def apply(
 
 def _note_scene_decisions(records: Sequence[Record], scenes: Sequence[Scene | None]) -> None:
     """Each record whose op took a decision from its film's scene (an X-ray overlay op that
-    follows or avoids the annotations already there: ``perturb.ops.xray.SCENE_NOTES``) says why
+    follows or avoids the annotations already there: ``perturb.ops.overlay.SCENE_NOTES``) says why
     in ``extra["note"]``."""
-    from perturb.ops.xray import SCENE_NOTES
+    from perturb.ops.overlay import SCENE_NOTES
 
     note = SCENE_NOTES.get(records[0].op) if records else None
     if note is None:

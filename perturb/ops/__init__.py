@@ -7,19 +7,21 @@ randomness and never mutate their input. Importing this package registers every 
 """
 
 from perturb.ops import (  # noqa: F401  (registration)
+    attenuation,
     blur,
     clinical,
     color,
+    detector,
+    display,
     exposure,
     geometry,
     glare,
     jpeg,
     noise,
     optics,
+    overlay,
     sequential,
     video,
-    xray,
-    xray_radiographic,
 )
 from perturb.ops.registry import KernelEntry, get_kernel, kernel_names
 

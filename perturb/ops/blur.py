@@ -21,15 +21,26 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from perturb.ops import backend
 from perturb.ops._math import (
     linear_to_srgb,
     linear_to_srgb_np,
+    per_sample,
     shorter_side,
     srgb_to_linear,
     srgb_to_linear_np,
     srgb_to_linear_u8,
+)
+from perturb.ops.radiometry import (
+    _NATIVE,
+    _linear_f32,
+    _linear_np,
+    _store,
+    to_display,
+    to_display_np,
+    to_linear,
 )
 from perturb.ops.registry import Level, Params, draw, register_kernel
 
@@ -464,3 +475,267 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     support = _support(LENGTH_BOUND * side / 2.0 + 1.0, x)
     psfs = line_psf_batch(p["length"], p["angle"], side, support)
     return linear_to_srgb(correlate_batch(srgb_to_linear(x), psfs))
+
+
+# ---------------------------------------------------------------------------------------------
+# Chest X-ray blur on the linear fluence I (display model: perturb.ops.radiometry): box filters
+# shared by the X-ray ops (a gaussian as three box passes, per-sample radii in one cumulative
+# sum), scatter haze (veiling glare ``I + k (G * I)`` with a wide kernel), patient motion (the
+# line PSF above on ``I``) and cardiac / diaphragmatic motion: the heart and the diaphragm move
+# during a long exposure (portable films), so the left heart border blurs laterally and the domes
+# vertically; a box (line) PSF of ``length`` weighted by smooth masks at the usual places of the
+# left ventricle and the domes (``motion_masks``), the rest of the film sharp.
+# ---------------------------------------------------------------------------------------------
+
+
+def box_radius(sigma_px: float, size: int) -> int:
+    """Radius r of a box (width 2r + 1) whose three-fold convolution has std ``sigma_px``
+    (variance of three boxes: (w^2 - 1) / 4), limited to ``size - 1`` for reflection."""
+    width = math.sqrt(4.0 * sigma_px * sigma_px + 1.0)
+    return max(1, min(round((width - 1.0) / 2.0), size - 1))
+
+
+def _box_torch(i: torch.Tensor, r: int, dim: int) -> torch.Tensor:
+    """Box mean of width 2r + 1 along ``dim`` (-1 or -2) of a (1,1,H,W) float64 tensor,
+    reflected borders (OpenCV BORDER_REFLECT_101), through a cumulative sum."""
+    pad = (r, r, 0, 0) if dim == -1 else (0, 0, r, r)
+    padded = F.pad(i, pad, mode="reflect")
+    c = torch.cumsum(padded, dim=dim)
+    zero = torch.zeros_like(c.narrow(dim, 0, 1))
+    c = torch.cat([zero, c], dim=dim)
+    n = i.shape[dim]
+    return (c.narrow(dim, 2 * r + 1, n) - c.narrow(dim, 0, n)) / (2 * r + 1)
+
+
+def _scatter_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"fraction": draw(rng_, level["fraction"]), "sigma": draw(rng_, level["sigma"])}
+
+
+@register_kernel("xray_scatter", sampler=_scatter_sampler)
+def xray_scatter(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Scatter (and detector veiling glare) adds a wide blur of the primary fluence:
+    ``I + k (G_sigma * I)``; ``fraction`` k is the scatter-to-primary ratio, ``sigma`` a
+    fraction of the shorter side.
+
+    Kornia: own kernel, because Kornia's ``box_blur`` convolves a (2r + 1)-tap kernel
+    per axis (O(r) per pixel; r is about sigma, 6-12 % of the shorter side here) while
+    ``_box_torch`` is a float64 cumulative sum (O(1) per pixel, the same values within 1e-14):
+    one pass pair at r = 60 on a 512x512 CPU plane took 24 ms here, Kornia's 807 ms (and
+    Kornia's kernel size is one per call, while the radius here is per sample). The batch runs
+    as one computation: ``_box_batch`` reads each sample's window sums at its own radius."""
+    side = shorter_side(x)
+    lin = to_linear(x)
+    r = box_radii(per_sample(p["sigma"]).double() * side, side)
+    g = lin
+    for _ in range(3):
+        g = _box_batch(_box_batch(g, r, -1), r, -2)
+    return to_display(lin + per_sample(p["fraction"]).double() * g, x)
+
+
+def box_radii(sigma_px: torch.Tensor, size: int) -> torch.Tensor:
+    """``box_radius`` of each sample, (B,1,1,1) int64 from (B,1,1,1) float64 sigmas (the same
+    float64 square root and half-to-even rounding)."""
+    width = torch.sqrt(4.0 * sigma_px * sigma_px + 1.0)
+    return torch.round((width - 1.0) / 2.0).clamp_(1, size - 1).to(torch.int64)
+
+
+def _box_batch(i: torch.Tensor, r: torch.Tensor, dim: int) -> torch.Tensor:
+    """``_box_torch`` of a (B,1,H,W) float64 batch with a radius per sample (``r``: (B,1,1,1)
+    int64, below the length along ``dim``): one cumulative sum of the batch, and each sample's
+    window sums read at its own offsets, the parts of a window past an edge read where
+    BORDER_REFLECT_101 takes them from (no padding, whatever the radii; the same sums as
+    ``_box_torch`` within float64 rounding)."""
+    n = i.shape[dim]
+    c = torch.cumsum(i, dim=dim)
+    c = torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c], dim=dim)  # c[k]: sum of i[:k]
+    size = list(i.shape)
+
+    def at(index: torch.Tensor) -> torch.Tensor:  # c at per-sample offsets along dim
+        return torch.gather(c, dim, index.expand(size))
+
+    shape = [1, 1, 1, 1]
+    shape[dim] = n
+    x = torch.arange(n, device=i.device).view(shape)
+    lo, hi = x - r, x + r
+    inside = at(hi.clamp(max=n - 1) + 1) - at(lo.clamp(min=0))
+    before = (-lo).clamp_(min=0)  # window elements before index 0: mirrored to 1 .. before
+    past = (hi - (n - 1)).clamp_(min=0)  # ... after index n - 1: mirrored to n-1-past .. n-2
+    mirrored = (at(before + 1) - c.narrow(dim, 1, 1)) + (c.narrow(dim, n - 1, 1) - at(n - 1 - past))
+    return (inside + mirrored) / (2 * r + 1).to(i.dtype)
+
+
+@backend.register_cpu("xray_scatter", dtypes=_NATIVE)
+def xray_scatter_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    r = box_radius(float(p["sigma"]) * shorter_side(src), shorter_side(src))
+    res = np.empty(src.shape, dtype=np.float32)
+    for c in range(src.shape[0]):
+        lin = _linear_np(src[c])
+        g = lin
+        for _ in range(3):
+            g = cv2.blur(g, (2 * r + 1, 2 * r + 1), borderType=cv2.BORDER_REFLECT_101)
+        res[c] = to_display_np(lin + float(np.float32(p["fraction"])) * g)
+    _store(res, dst)
+
+
+def box_mean(v: torch.Tensor, r: torch.Tensor, dim: int) -> torch.Tensor:
+    """Box mean of width ``2 r + 1`` along ``dim`` (-1 or -2) of a (B, C, H, W) float64 batch
+    with a per-sample radius ``r`` ((B,) int64, 0 <= r <= size - 1), reflected borders
+    (BORDER_REFLECT_101, as ``_box_torch``), from one cumulative sum ``P`` (``P[m]`` the sum
+    of the first ``m`` values): the window's in-range part ``P[min(j + r, n - 1) + 1] -
+    P[max(j - r, 0)]`` plus its reflected parts, ``P[k + 1] - P[1]`` for the ``k`` values
+    reflected at the start and ``P[n - 1] - P[n - 1 - k]`` for those at the end."""
+    n = v.shape[dim]
+    b = v.shape[0]
+    c = torch.cumsum(v, dim=dim)
+    prefix = torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c], dim=dim)  # n + 1 entries
+    j = torch.arange(n, device=v.device).view(1, n)
+    rr = r.view(b, 1)
+    lo, hi = j - rr, j + rr
+    shape = (b, 1, 1, n) if dim == -1 else (b, 1, n, 1)
+
+    def at(index: torch.Tensor) -> torch.Tensor:
+        return torch.take_along_dim(prefix, index.view(shape), dim=dim)
+
+    total = at(hi.clamp(max=n - 1) + 1) - at(lo.clamp(min=0))
+    total = total + (at((-lo).clamp(min=0) + 1) - prefix.narrow(dim, 1, 1))
+    total = total + (prefix.narrow(dim, n - 1, 1) - at(n - 1 - (hi - (n - 1)).clamp(min=0)))
+    return total / (2 * r + 1).to(v.dtype).view(b, 1, 1, 1)
+
+
+@register_kernel("xray_motion_blur", sampler=_motion_sampler)
+def xray_motion_blur(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
+    """Patient motion during the exposure: a line PSF (perturb.ops.blur.line_psf) applied to
+    the linear fluence, which is what the detector integrates.
+
+    Kornia: ``kornia.filters.fft_conv`` (reflected borders) with per-sample PSFs, ``(B, K, K)``:
+    ``perturb.ops.blur.line_psf``'s (see ``motion_blur`` for why not Kornia's motion kernel),
+    built for the whole batch on the device (``line_psfs``) at one size, that of the longest
+    PSF a recorded length can ask for, which the FFT's cost barely feels (``filter2d`` would
+    sum about 25,000 taps a pixel at a 1024 px side)."""
+    import kornia  # lazily: only the torch path needs it
+
+    side = shorter_side(x)
+    # the longest PSF a recorded length can ask for (the catalog's bound, with room for the
+    # float32 rounding of a recorded value; a longer one given directly is cut to it), and its
+    # radius as ``blur._crop_psf`` crops it: one kernel size and one point list serve every sample
+    bound = MAX_MOTION_LENGTH * (1.0 + 1e-6)
+    most = max(bound * side, 1.0)
+    radius = min(side - 1, math.ceil(most / 2.0) + 1)
+    length = p["length"].double().clamp(max=bound) * side
+    psf = line_psfs(length, p["angle"].double(), radius, side - 1, most)
+    out = kornia.filters.fft_conv(to_linear(x), psf, border_type="reflect")
+    return to_display(out, x)
+
+
+MAX_MOTION_LENGTH = 0.15  # the catalog's upper bound of xray_motion_blur's length (shorter sides)
+_SPLAT_ONE = float(1 << 32)  # fixed-point unit of the PSF splat: integer sums, in any order
+
+
+def line_psfs(
+    length_px: torch.Tensor, angle_deg: torch.Tensor, radius: int, reach: int, most: float
+) -> torch.Tensor:
+    """``blur.line_psf`` of each sample (lengths ``length_px`` and angles ``angle_deg``, (B,)
+    float64), cropped to offsets of at most ``reach`` px and renormalised as ``blur._crop_psf``
+    does, centred in one (B, 2 radius + 1, 2 radius + 1) float64 stack (``radius``: at least
+    every sample's cropped radius). ``most``: a bound of every length (px), which sizes the point
+    list (each sample's points beyond its own count weigh nothing). The same points and bilinear
+    weights as ``line_psf``; the splat sums fixed-point integers, so its result does not depend
+    on the order of the additions (exact on any device)."""
+    size = 2 * radius + 1
+    device = length_px.device
+    length = length_px.clamp_min(1.0).view(-1, 1)
+    half = torch.ceil(length / 2.0) + 1.0
+    count = torch.clamp_min(torch.ceil(length * 4.0) + 1.0, 2.0)  # points of each sample
+    j = torch.arange(max(2, math.ceil(most * 4.0) + 1), dtype=torch.float64, device=device)
+    # numpy.linspace(-L / 2, L / 2, n): j * step + start, the last point exactly at the stop
+    t = j * (length / (count - 1.0)) + (-length / 2.0)
+    t = torch.where(j == count - 1.0, length / 2.0, t)
+    theta = angle_deg.view(-1, 1) * (math.pi / 180.0)
+    px = half + t * torch.cos(theta)
+    py = half - t * torch.sin(theta)
+    x0, y0 = torch.floor(px), torch.floor(py)
+    fx, fy = px - x0, py - y0
+    live = j < count
+    index, weight = [], []
+    for dx, dy, wt in (
+        (0, 0, (1 - fx) * (1 - fy)),
+        (1, 0, fx * (1 - fy)),
+        (0, 1, (1 - fx) * fy),
+        (1, 1, fx * fy),
+    ):
+        ox, oy = x0 + dx - half, y0 + dy - half  # offsets from the PSF's centre
+        kept = live & (ox.abs() <= reach) & (oy.abs() <= reach)
+        index.append(torch.where(kept, (oy + radius) * size + (ox + radius), 0.0))
+        weight.append(wt * kept.to(torch.float64))
+    taps = torch.round(torch.cat(weight, dim=1) * _SPLAT_ONE).to(torch.int64)
+    flat = torch.zeros(length.shape[0], size * size, dtype=torch.int64, device=device)
+    flat.scatter_add_(1, torch.cat(index, dim=1).to(torch.int64), taps)
+    psf = flat.to(torch.float64)
+    return (psf / psf.sum(dim=1, keepdim=True)).view(-1, size, size)
+
+
+@backend.register_cpu("xray_motion_blur", dtypes=_NATIVE)
+def xray_motion_blur_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
+    """The line PSF correlated with the float32 linear fluence plane by plane as ``motion_blur``
+    does it (``blur.correlate_plane``: the PSF's sparse taps in blocks OpenCV sums directly,
+    reflected borders), then back to display values. A sum above 1 or below ``exp(-MU)`` maps
+    to the display range's end as a clipped one would."""
+    psf = line_psf(float(p["length"]) * shorter_side(src), float(p["angle"]))
+    blocks = psf_blocks(psf)
+    lin = _linear_f32(src)
+    for c in range(src.shape[0]):
+        _store(to_display_np(correlate_plane(lin[c], psf, blocks)), dst[c])
+
+
+def motion_masks(h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights (1,1,H,W float64) of the moving regions of a centred PA chest film: the left
+    heart border (image right of the midline, a gaussian blob at (0.64 w, 0.55 h), sigmas 0.1 w
+    and 0.14 h) and the diaphragm domes (a band at 0.72 h, sigma 0.05 h, across 0.15-0.85 w
+    with gaussian shoulders)."""
+    ys = (torch.arange(h, device=device, dtype=torch.float64) + 0.5).view(1, 1, h, 1) / h
+    xs = (torch.arange(w, device=device, dtype=torch.float64) + 0.5).view(1, 1, 1, w) / w
+    heart = torch.exp(-0.5 * (((xs - 0.64) / 0.1) ** 2 + ((ys - 0.55) / 0.14) ** 2))
+    across = torch.exp(-0.5 * ((xs - 0.5).abs().sub(0.35).clamp(min=0.0) / 0.04) ** 2)
+    domes = torch.exp(-0.5 * ((ys - 0.72) / 0.05) ** 2) * across
+    return heart, domes
+
+
+def _cardiac_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"length": draw(rng_, level["length"])}
+
+
+@register_kernel("xray_cardiac_motion", sampler=_cardiac_sampler)
+def xray_cardiac_motion(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
+    """``I + M_heart (B_x * I - I) + M_domes (B_y * I - I)`` with box PSFs of ``length``
+    (fraction of the shorter side) along x (heart) and y (diaphragm), see ``motion_masks``.
+
+    Kornia: own kernel, because its box PSFs along one axis are ``_box_torch`` cumulative sums (O(1)
+    per pixel); Kornia's ``box_blur`` is O(length) per pixel (see ``xray_scatter``)."""
+    h, w = x.shape[-2:]
+    side = shorter_side(x)
+    heart, domes = motion_masks(h, w, x.device)
+
+    def host() -> torch.Tensor:
+        out = []
+        for i in range(x.shape[0]):
+            lin = to_linear(x[i : i + 1])
+            r = max(1, round(float(p["length"][i]) * side / 2.0))
+            along_x = _box_torch(lin, min(r, w - 1), -1)
+            along_y = _box_torch(lin, min(r, h - 1), -2)
+            out.append(to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x))
+        return torch.cat(out)
+
+    def device() -> torch.Tensor:
+        lin = to_linear(x)
+        r = torch.round(p["length"].double() * side / 2.0).clamp(min=1).to(torch.int64)
+        along_x = box_mean(lin, r.clamp(max=w - 1), -1)
+        along_y = box_mean(lin, r.clamp(max=h - 1), -2)
+        return to_display(lin + heart * (along_x - lin) + domes * (along_y - lin), x)
+
+    return backend.by_path(x, host=host, device=device)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from perturb import rng
-from perturb.ops import backend
+from perturb.ops import backend, keyed_fields
 from perturb.ops._math import (
     gain_in_linear_u8,
     linear_to_srgb,
@@ -31,12 +32,27 @@ from perturb.ops._math import (
     lut_u8,
     per_sample,
     scratch,
+    shorter_side,
     srgb_to_linear,
     srgb_to_linear_np,
     srgb_to_linear_u8,
 )
 from perturb.ops.keyed_fields import uniform_fields
-from perturb.ops.registry import Level, Params, draw, register_kernel
+from perturb.ops.radiometry import (
+    _NATIVE,
+    FULL_DOSE_QUANTA,
+    MU,
+    REFERENCE_SIDE,
+    _apply_shift,
+    _coords,
+    _host_params,
+    _register_lut,
+    _wide,
+    scale_linear,
+    to_display,
+    to_linear,
+)
+from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
 
 HAZE_GRID = 6
 
@@ -500,3 +516,191 @@ def haze_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: in
             np.multiply(src[c], t, out=dst[c])
             dst[c] += a * rest
             np.clip(dst[c], np.float32(0.0), np.float32(1.0), out=dst[c])
+
+
+# ---------------------------------------------------------------------------------------------
+# Chest X-ray exposure on the linear fluence I (display model: perturb.ops.radiometry):
+# * ``xray_exposure``: detector gain ``2^(+-stops)`` on ``I``.
+# * ``xray_heel_effect``: the anode heel gradient ``I (1 - a t^2)`` along the anode-cathode axis.
+# * ``xray_under_penetration`` / ``xray_over_penetration``: a tube voltage below / above the
+#   technique's. Attenuation coefficients scale roughly as ``kVp^-n`` (``n = KVP_EXPONENT``), so
+#   the line integrals become ``m = (kVp/kVp0)^-n`` times larger (``v' = m v``); the quanta
+#   reaching the detector change with the transmission and the tube output (``~ kVp^2`` at
+#   fixed mAs), and the added quantum noise is the difference between the new and the old
+#   noise variance (never negative).
+# * ``xray_double_exposure``: the same plate exposed twice with the patient moved in between:
+#   the detector adds the fluences ``(I + w I(x - d)) / (1 + w)``.
+# ---------------------------------------------------------------------------------------------
+
+
+def _exposure_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"stops": draw(rng_, level["stops"]) * draw_sign(rng_)}
+
+
+@register_kernel("xray_exposure", sampler=_exposure_sampler)
+def xray_exposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """Detector gain ``2^stops`` on the linear signal (over- or under-exposure that the
+    processing failed to normalise): a display shift of ``-stops ln 2 / MU`` with clipping.
+
+    Kornia: own kernel: no Kornia equivalent (a gain on the linear fluence is a clipped shift of the
+    log display value, one elementwise pass)."""
+    return scale_linear(x, torch.pow(2.0, per_sample(p["stops"]).double()))
+
+
+def _heel_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {
+        "strength": draw(rng_, level["strength"]),
+        "angle": draw(rng_, level["angle"]),
+        "anode_top": float(rng_.random() < 0.5),
+    }
+
+
+def heel_gain(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Transmitted fraction ``1 - a t^2`` of the heel effect over ``x``'s pixel grid
+    (B,1,H,W, float64)."""
+    h, w = x.shape[-2:]
+    ys, xs = _coords(x)
+    theta = torch.deg2rad(per_sample(p["angle"]).double())
+    # unit axis pointing towards the anode: up (-y) or down (+y), tilted by angle
+    sign = 1.0 - 2.0 * per_sample(p["anode_top"]).double()
+    # in-place steps (the same operations in the same order as written out in the docstring
+    # formula, one full-size buffer fewer per step)
+    t = (ys * torch.cos(theta) + xs * torch.sin(theta)).mul_(sign)  # projection on the axis
+    half = 0.5 * math.hypot(h, w)
+    t.div_(half).add_(1.0).div_(2.0).clamp_(0.0, 1.0)
+    return (t * per_sample(p["strength"]).double()).mul_(t).neg_().add_(1.0)  # 1 - (a t) t
+
+
+@register_kernel("xray_heel_effect", sampler=_heel_sampler)
+def xray_heel_effect(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
+    """Anode heel effect: fluence ``I (1 - a t^2)``, t in [0, 1] from the cathode to the anode
+    side along an axis near the image's vertical (the patient's long axis).
+
+    Kornia: own kernel: no Kornia equivalent (an analytic gain field along the anode axis)."""
+    return scale_linear(x, heel_gain(x, p))
+
+
+@backend.register_cpu("xray_heel_effect", dtypes=_NATIVE)
+def xray_heel_effect_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
+    gain = heel_gain(torch.empty(src.shape[-2:]), _host_params(p))
+    _apply_shift(src, dst, gain.log_().div_(MU)[0, 0].numpy())
+
+
+KVP_EXPONENT = 1.2  # effective mu ~ kVp^-n over the diagnostic range (soft tissue and bone mixed)
+
+
+def _kvp_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    return {"kvp_ratio": draw(rng_, level["kvp_ratio"])}
+
+
+def penetration(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], stream: str
+) -> torch.Tensor:
+    """``v' = m v`` with ``m = kvp_ratio^-KVP_EXPONENT``, plus the extra quantum noise: display
+    noise std ``1 / (MU sqrt(Q I))`` at full dose with ``Q = N0 ratio^2`` after and ``N0``
+    before; the old noise is scaled by ``m`` with the image, the new one is added as the
+    gaussian difference ``sqrt(max(s_new^2 - m^2 s_old^2, 0))``."""
+    ratio = per_sample(p["kvp_ratio"]).double()
+    m = torch.pow(ratio, -KVP_EXPONENT)
+    v = _wide(x)
+    q_old = FULL_DOSE_QUANTA * (REFERENCE_SIDE / shorter_side(x)) ** 2
+    q_new = q_old * ratio * ratio
+    v_new = v * m
+    var_old = torch.exp(v * MU) / (MU * MU * q_old)
+    var_new = torch.exp(v_new * MU) / (MU * MU * q_new)
+    extra = (var_new - m * m * var_old).clamp_(min=0.0).sqrt_()
+    shape = tuple(x.shape[1:])
+    z = backend.by_path(
+        x,
+        host=lambda: torch.stack([rng.normal_field(k, stream, shape, x.device) for k in keys]),
+        device=lambda: keyed_fields.normal_fields(keys, stream, shape, x.device),
+    ).double()
+    return (v_new + extra * z).clamp_(0.0, 1.0).to(x.dtype)
+
+
+@register_kernel("xray_under_penetration", sampler=_kvp_sampler)
+def xray_under_penetration(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
+    """Too low a tube voltage (``kvp_ratio`` < 1): more contrast, white mediastinum, more noise
+    behind the dense parts (see ``penetration``).
+
+    Kornia: own kernel: no Kornia equivalent (kVp-scaled attenuation and keyed quantum noise)."""
+    return penetration(x, p, keys, "xray_under_penetration/noise")
+
+
+@register_kernel("xray_over_penetration", sampler=_kvp_sampler)
+def xray_over_penetration(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
+    """Too high a tube voltage (``kvp_ratio`` > 1): flat, dark, gray film; lower contrast (the
+    op claims it); the noise falls, but in the lungs less than the contrast does, so a little is
+    added there (see ``penetration``).
+
+    Kornia: own kernel: no Kornia equivalent (kVp-scaled attenuation and keyed quantum noise)."""
+    return penetration(x, p, keys, "xray_over_penetration/noise")
+
+
+def _double_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    angle = float(rng_.random()) * 2.0 * math.pi
+    return {
+        "weight": draw(rng_, level["weight"]),
+        "shift": draw(rng_, level["shift"]),
+        "angle": angle,
+    }
+
+
+def shifted_clamped(v: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
+    """``v(x - dx, y - dy)`` with edge replication (the second exposure of the same field)."""
+    h, w = v.shape[-2:]
+    cols = (torch.arange(w, device=v.device) - dx).clamp_(0, w - 1)
+    rows = (torch.arange(h, device=v.device) - dy).clamp_(0, h - 1)
+    return v.index_select(-1, cols).index_select(-2, rows)
+
+
+@register_kernel("xray_double_exposure", sampler=_double_sampler)
+def xray_double_exposure(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
+    """The plate integrates two exposures, the second ``weight`` as strong and shifted by
+    ``shift`` (fraction of the shorter side) along ``angle``; the processing renormalises the
+    sum: ``I' = (I + w I(x - d)) / (1 + w)``.
+
+    Kornia: own kernel, because the second exposure is an integer shift with edge replication (an
+    index gather, exact); Kornia's ``translate`` resamples every pixel through ``grid_sample``."""
+    side = shorter_side(x)
+
+    def host() -> torch.Tensor:
+        out = []
+        for i in range(x.shape[0]):
+            lin = to_linear(x[i])
+            d = float(p["shift"][i]) * side
+            a = float(p["angle"][i])
+            second = shifted_clamped(lin, round(d * math.cos(a)), round(d * math.sin(a)))
+            wgt = float(p["weight"][i])
+            out.append(to_display((lin + wgt * second) / (1.0 + wgt), x))
+        return torch.stack(out)
+
+    def device() -> torch.Tensor:
+        b = x.shape[0]
+        h, w = x.shape[-2:]
+        lin = to_linear(x)
+        d = p["shift"].double() * side
+        a = p["angle"].double()
+        dx = torch.round(d * torch.cos(a)).to(torch.int64).view(b, 1)
+        dy = torch.round(d * torch.sin(a)).to(torch.int64).view(b, 1)
+        cols = (torch.arange(w, device=x.device).view(1, w) - dx).clamp_(0, w - 1)
+        rows = (torch.arange(h, device=x.device).view(1, h) - dy).clamp_(0, h - 1)
+        second = torch.take_along_dim(lin, cols.view(b, 1, 1, w), dim=-1)
+        second = torch.take_along_dim(second, rows.view(b, 1, h, 1), dim=-2)
+        wgt = per_sample(p["weight"].double())
+        return to_display((lin + wgt * second) / (1.0 + wgt), x)
+
+    return backend.by_path(x, host=host, device=device)
+
+
+_register_lut("xray_exposure", xray_exposure)

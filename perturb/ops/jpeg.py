@@ -25,6 +25,7 @@ import torch
 
 from perturb.ops import backend
 from perturb.ops._math import split_into
+from perturb.ops.radiometry import _NATIVE, _store
 from perturb.ops.registry import Level, Params, draw_int, register_kernel
 
 
@@ -216,3 +217,37 @@ def jpeg(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
     stacked = np.stack([o if o.ndim == 3 else o[..., None] for o in out])
     result = torch.from_numpy(stacked).permute(0, 3, 1, 2).to(torch.float32) / 255.0
     return result.to(x.device)
+
+
+# ---------------------------------------------------------------------------------------------
+# ``xray_jpeg``: the same codec path on a gray radiograph; a uint16 film goes to and from the
+# codec's 8 bits through two tables (the same levels as its float32 route).
+# ---------------------------------------------------------------------------------------------
+
+
+register_kernel("xray_jpeg", sampler=_quality_sampler, codec=jpeg_backend)(jpeg)
+
+
+@lru_cache(maxsize=1)
+def _u16_codec_tables() -> tuple[np.ndarray, np.ndarray]:
+    """uint16 level -> the 8-bit level the codec path gives its float32 value (clamp, * 255,
+    round half to even), and 8-bit level -> the uint16 level its float32 ``q / 255`` rounds to."""
+    to_u8 = cv2.convertScaleAbs(
+        backend.levels(np.dtype(np.uint16)).reshape(1, -1), alpha=255.0
+    ).reshape(-1)
+    to_u16 = np.empty(256, dtype=np.uint16)
+    _store(backend.levels(np.dtype(np.uint8)), to_u16)
+    return to_u8, to_u16
+
+
+@backend.register_cpu("xray_jpeg", dtypes=_NATIVE)
+def xray_jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
+    """``jpeg.jpeg_cpu``; a uint16 sample goes to and from the codec's 8 bits by two tables
+    (the same levels as its float32 route)."""
+    if src.dtype != np.uint16:
+        jpeg_cpu(src, dst, p, key)
+        return
+    to_u8, to_u16 = _u16_codec_tables()
+    decoded = np.empty(src.shape, dtype=np.uint8)
+    jpeg_cpu(np.take(to_u8, src), decoded, p, key)
+    np.take(to_u16, decoded, out=dst)

@@ -26,11 +26,22 @@ from perturb.ops._math import (
     linear_to_srgb,
     per_sample,
     plane2d,
+    shorter_side,
     srgb_to_linear,
     srgb_to_linear_u8,
     to_u8_levels,
 )
 from perturb.ops.grain import grain_cpu, grain_cpu_sites, grain_kernel
+from perturb.ops.keyed_fields import normal_fields, uniform_fields
+from perturb.ops.radiometry import (
+    _NATIVE,
+    MU,
+    REFERENCE_SIDE,
+    _store,
+    curve_to_display,
+    curve_to_log,
+    pixel_quanta,
+)
 from perturb.ops.registry import register_kernel
 
 POISSON_EXACT_BELOW = 16.0
@@ -397,3 +408,97 @@ for _name, _kernel, _cpu in (
 ):
     register_kernel(_name)(grain_kernel(_kernel))
     backend.register_cpu(_name)(_cpu)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chest X-ray quantum noise (display model: perturb.ops.radiometry). ``Poisson(Q I) + sigma_e z``
+# quanta, divided by ``Q = f N0 (1024/side)^2``: dose fraction ``f`` of a full-dose ``N0`` quanta
+# per pixel of a 1024 px film (scaled by the pixel area), plus electronic (read) noise
+# ``sigma_e``; the signal is floored at half a quantum and shown through the film-like
+# presentation curve, so noise beyond the clean film's range compresses into the last gray
+# levels instead of clipping to white "snow". The host path draws perturb.rng's NumPy twins of
+# the torch path's fields.
+# ---------------------------------------------------------------------------------------------
+
+
+SIGNAL_FLOOR = 0.5  # quanta: the offset-corrected detector signal is clamped here before the log
+
+
+@register_kernel("xray_quantum_noise")
+def xray_quantum_noise(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> torch.Tensor:
+    """Reduced-dose acquisition: ``(Poisson(Q I) + sigma_e z) / Q`` in linear fluence with
+    ``Q = pixel_quanta(f, side)``: ``dose`` is the fraction ``f`` of the full dose of
+    ``N0 = FULL_DOSE_QUANTA`` quanta per reference pixel; ``electronic`` the read-noise std in
+    quanta. The variance in ``I`` is ``I / Q`` plus ``(sigma_e / Q)^2``. The detector is linear
+    (counts) and the presentation log is re-applied to the noisy counts; the doses of the table
+    stay where a real AEC-limited low-dose chest film goes (down to about 1/16 of the dose), so the
+    mottle never turns the dense mediastinum into white snow.
+
+    Kornia: own kernel: Kornia has no Poisson-plus-electronic detector noise, and its random ops are
+    not keyed (``perturb.rng`` fields replay bit for bit)."""
+    shape = tuple(x.shape[1:])
+    z = normal_fields(keys, "xray_quantum/normal", shape, x.device)  # each: the whole batch at once
+    u = uniform_fields(keys, "xray_quantum/uniform", shape, x.device)
+    ze = normal_fields(keys, "xray_quantum/electronic", shape, x.device)
+    quanta = pixel_quanta(per_sample(p["dose"]).double(), shorter_side(x))
+    mean = (detector_signal(x) * quanta).float()
+    read = per_sample(p["electronic"]).double() * (REFERENCE_SIDE / shorter_side(x))
+    counts = poisson_counts(mean, z, u).double() + read * ze.double()
+    return presented(counts.clamp_(min=SIGNAL_FLOOR) / quanta, x)
+
+
+def detector_signal(v: torch.Tensor) -> torch.Tensor:
+    """Display value -> linear detector signal (float64) through the presentation curve."""
+    return torch.exp(curve_to_log(v) * -MU)
+
+
+def presented(i: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Linear detector signal (float64) -> display value through the presentation curve."""
+    u = torch.log(i.clamp_min(1e-300)) / -MU
+    return curve_to_display(u).clamp_(0.0, 1.0).to(like.dtype)
+
+
+@backend.register_cpu("xray_quantum_noise", dtypes=_NATIVE)
+def xray_quantum_noise_cpu(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
+) -> None:
+    """The kernel per sample on the host with the same fields (perturb.rng's NumPy twins) and
+    operations in the same order; the mean ``Q I`` and its root are per-level tables for
+    integer samples (the kernel's own torch expressions, evaluated on every level)."""
+    n = src.size
+    quanta = float(
+        pixel_quanta(
+            torch.tensor(float(np.float32(p["dose"])), dtype=torch.float64), shorter_side(src)
+        )
+    )
+    flat = src.reshape(-1)
+    if src.dtype == np.float32:
+        mean_t = (detector_signal(torch.from_numpy(flat)) * quanta).float()
+        mean, root = mean_t.numpy(), mean_t.clamp_min(0).sqrt().numpy()
+    else:
+        lut_t = (
+            detector_signal(torch.from_numpy(backend.levels(src.dtype).copy())) * quanta
+        ).float()
+        mean = np.take(lut_t.numpy(), flat)
+        root = np.take(lut_t.clamp_min(0).sqrt().numpy(), flat)
+    counts = root * rng.normal_numpy(key, "xray_quantum/normal", n)  # floor(mean + root z + 0.5)
+    counts += mean
+    counts += np.float32(0.5)
+    np.floor(counts, out=counts)
+    np.maximum(counts, np.float32(0.0), out=counts)
+    small = np.flatnonzero(mean < np.float32(POISSON_EXACT_BELOW))
+    if small.size:
+        u = rng.uniform_numpy_at(key, "xray_quantum/uniform", small).astype(np.float64)
+        if src.dtype == np.float32:
+            counts[small] = poisson_small(mean[small].astype(np.float64), u)
+        else:
+            counts[small] = poisson_small_by_level(lut_t.numpy(), flat[small], u)
+    total = counts.astype(np.float64)
+    read = float(np.float32(p["electronic"])) * (REFERENCE_SIDE / shorter_side(src))
+    total += read * rng.normal_numpy(key, "xray_quantum/electronic", n).astype(np.float64)
+    np.maximum(total, SIGNAL_FLOOR, out=total)
+    total /= quanta
+    out = presented(torch.from_numpy(total), torch.empty(0)).numpy()
+    _store(out.reshape(src.shape), dst)

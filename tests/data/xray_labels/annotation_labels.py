@@ -1,5 +1,5 @@
 """The labelled radiograph annotation set: real boxes marked by eye, synthetic burned-in text
-and markers with exact masks. Used by ``build_labels.py`` and ``tests/xray/test_annotation_layer.py``."""
+and markers with exact masks. Used by ``build_labels.py`` and ``tests/scene/test_annotation_layer.py``."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from tests.helpers import SAMPLES, XRAY, sample_tensor
 XRAY_OPS = [name for name, op in all_ops().items() if "xray" in op.spec.modalities]
 # Ops whose severity is not graded by SSIM to the clean film, with the test that grades them:
 # an inversion is as far from the clean film as it gets at every severity (its severity is the
-# mis-set window: tests/xray/test_xray_ops.py::test_monochrome1_is_a_full_inversion_whose_window_is_mis_set_more_with_severity)
+# mis-set window: tests/ops/test_xray_ops.py::test_monochrome1_is_a_full_inversion_whose_window_is_mis_set_more_with_severity)
 NOT_SSIM_GRADED = {"xray_monochrome1"}
 
 

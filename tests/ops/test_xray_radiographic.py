@@ -1,6 +1,7 @@
-"""The radiographic X-ray ops (perturb/ops/xray_radiographic.py) against the physics they claim,
-recomputed here with NumPy/SciPy from the recorded parameters (display model I = exp(-4 v)),
-and the contrast of every X-ray op on real films."""
+"""The radiographic X-ray ops (perturb/catalog/xray_radiographic.yaml; kernels in their physics
+families of perturb/ops/) against the physics they claim, recomputed here with NumPy/SciPy from
+the recorded parameters (display model I = exp(-4 v)), and the contrast of every X-ray op on
+real films."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from perturb.annotations import transform_boxes
 from perturb.catalog.registry import all_ops
 from perturb.contracts.record import Record
 from tests.helpers import XRAY, sample_tensor
-from tests.xray.test_xray_ops import _disp, _lin, _np, _real, _with_params
+from tests.ops.test_xray_ops import _disp, _lin, _np, _real, _with_params
 
 MU = 4.0
 
@@ -186,7 +187,7 @@ def test_support_devices_are_placed_on_the_films_anatomy(index: int) -> None:
     the lung height) and below the apices; the pacemaker generator lies in the image-right
     (left pectoral) upper chest and its lead ends in the lower cardiac silhouette, image right of
     the midline and above the left dome."""
-    from perturb.ops.xray_radiographic import chest_landmarks
+    from perturb.ops.landmarks import chest_landmarks
 
     side = 384
     film = _shipped(side, index)

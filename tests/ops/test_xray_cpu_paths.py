@@ -16,7 +16,7 @@ from perturb import rng
 from perturb.ops import backend
 from perturb.ops.backend import use_backend
 from perturb.ops.noise import POISSON_EXACT_BELOW, poisson_small, poisson_small_by_level
-from tests.xray.test_xray_ops import _real
+from tests.ops.test_xray_ops import _real
 
 # ops whose host path repeats the kernel's operations exactly (the others, scatter, motion blur
 # and JPEG, use OpenCV filters/codecs and agree within 1/255: tests/ops/test_contract.py)

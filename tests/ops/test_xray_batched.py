@@ -12,7 +12,7 @@ import torch
 import perturb
 from perturb import engine, rng
 from perturb.catalog.registry import get_op
-from perturb.ops import blur, xray
+from perturb.ops import blur, overlay
 from perturb.ops.backend import use_backend
 from perturb.ops.registry import get_kernel
 
@@ -26,17 +26,17 @@ def test_collimation_masks_are_the_host_masks_bit_for_bit() -> None:
         "top": torch.tensor([0.0, 0.07, 0.33, 0.01]),
         "bottom": torch.tensor([0.2, 0.1, 0.0, 0.35]),
     }
-    masks = xray.collimation_masks(h, w, p, torch.device("cpu"))
+    masks = overlay.collimation_masks(h, w, p, torch.device("cpu"))
     for i in range(4):
-        ref = xray.collimation_mask(h, w, *(float(p[n][i]) for n in names))
+        ref = overlay.collimation_mask(h, w, *(float(p[n][i]) for n in names))
         assert np.array_equal(masks[i, 0].numpy(), ref), i
 
 
 def test_box_radii_are_box_radius_per_sample() -> None:
     sigmas = [0.0, 0.3, 1.2, 2.5, 7.49, 30.0, 500.0]
     for size in (2, 9, 64):
-        got = xray.box_radii(torch.tensor(sigmas, dtype=torch.float64).view(-1, 1, 1, 1), size)
-        assert got.view(-1).tolist() == [xray.box_radius(s, size) for s in sigmas]
+        got = blur.box_radii(torch.tensor(sigmas, dtype=torch.float64).view(-1, 1, 1, 1), size)
+        assert got.view(-1).tolist() == [blur.box_radius(s, size) for s in sigmas]
 
 
 @pytest.mark.parametrize(("h", "w"), [(2, 2), (3, 5), (7, 4), (33, 20)])
@@ -47,9 +47,9 @@ def test_box_passes_with_radii_per_sample_are_the_per_sample_passes(h: int, w: i
     for radius in range(1, size):
         r = torch.tensor([radius, 1, size - 1]).view(-1, 1, 1, 1)
         for dim in (-1, -2):
-            out = xray._box_batch(x, r, dim)
+            out = blur._box_batch(x, r, dim)
             for b in range(3):
-                ref = xray._box_torch(x[b : b + 1], int(r[b]), dim)
+                ref = blur._box_torch(x[b : b + 1], int(r[b]), dim)
                 assert float((out[b : b + 1] - ref).abs().max()) < 1e-13
 
 
@@ -57,11 +57,11 @@ def test_box_passes_with_radii_per_sample_are_the_per_sample_passes(h: int, w: i
 def test_line_psfs_are_line_psf_cropped_as_the_per_sample_path(side: int) -> None:
     lengths = [0.0, 0.004, 0.05, 0.15]
     angles = [0.0, 33.3, 90.0, 179.0]
-    most = max(xray.MAX_MOTION_LENGTH * side, 1.0)
+    most = max(blur.MAX_MOTION_LENGTH * side, 1.0)
     radius = side + 3  # larger than any cropped PSF: the rest stays zero
     length = torch.tensor(lengths, dtype=torch.float32).double() * side
     angle = torch.tensor(angles, dtype=torch.float32).double()
-    psfs = xray.line_psfs(length, angle, radius, side - 1, most)
+    psfs = blur.line_psfs(length, angle, radius, side - 1, most)
     assert psfs.shape == (4, 2 * radius + 1, 2 * radius + 1)
     for i in range(len(lengths)):
         ref = blur.line_psf(float(np.float32(lengths[i])) * side, float(np.float32(angles[i])))
@@ -74,7 +74,7 @@ def test_line_psfs_are_line_psf_cropped_as_the_per_sample_path(side: int) -> Non
 
 
 def test_motion_bound_is_the_catalogs() -> None:
-    assert get_op("xray_motion_blur").spec.params["length"].bounds[1] == xray.MAX_MOTION_LENGTH
+    assert get_op("xray_motion_blur").spec.params["length"].bounds[1] == blur.MAX_MOTION_LENGTH
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from perturb.catalog.registry import all_ops, get_op
 from perturb.cli import app
 from perturb.contracts.record import Record
 from perturb.ops.backend import use_backend
-from perturb.ops.xray import PLAN_SIZE, marker_mask
+from perturb.ops.overlay import PLAN_SIZE, marker_mask
 from perturb.scene import Scene, radiograph
 
 LABELS = Path(__file__).resolve().parents[1] / "data" / "xray_labels"

@@ -1,7 +1,7 @@
 """X-ray ops against independent computations (NumPy/SciPy/OpenCV) and the physics they claim.
 
 Each test recomputes an op from its recorded parameters with the display model of
-perturb/ops/xray.py (I = exp(-MU v)) written out again here, not imported from the kernels.
+perturb/ops/radiometry.py (I = exp(-MU v)) written out again here, not imported from the kernels.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 import perturb
 from perturb.contracts.record import Record
-from perturb.ops import blur, xray
+from perturb.ops import blur
 from perturb.ops.backend import use_backend
 from perturb.ops.blur import line_psf
 from tests.helpers import XRAY, sample_tensor
@@ -46,7 +46,7 @@ def _real(size: int = 256, index: int = 2) -> torch.Tensor:
 def _with_params(x: torch.Tensor, op: str, severity: int, params: dict[str, Any], key: str = "k") -> tuple[torch.Tensor, Record]:
     """Run ``op`` with explicit parameters (through the engine's replay), on the whole film: the
     formulas checked here are the op's physics; keeping the film's burned-in annotations is
-    tested in tests/xray/test_annotation_layer.py."""
+    tested in tests/scene/test_annotation_layer.py."""
     _, records = perturb.apply(x, op, severity, [key], protect_border=False)
     rec = Record(**{**records[0].to_dict(), "params": {**records[0].params, **params}})
     return perturb.replay([rec], x), rec
@@ -263,7 +263,7 @@ def test_burned_text_is_in_the_corners_and_grows_by_lines() -> None:
 def test_burned_text_is_one_annotation_set_per_film() -> None:
     """Severity 5's eight lines are eight different kinds (one patient id, one date, ...), the
     same values as the lower severities' lines."""
-    from perturb.ops.xray import _text_lines
+    from perturb.ops.overlay import _text_lines
 
     lines = _text_lines(12345, 8)
     assert len(lines) == 8 and len(set(lines)) == 8
@@ -345,7 +345,7 @@ def test_motion_blur_host_path_matches_scipy_in_float64(
         values = x[0].astype(np.float32) / np.float32(top)  # the float32 levels perturb reads
     ref = _disp(scipy.ndimage.correlate(_lin(values), psf.astype(np.float64), mode="mirror"))
     out = np.empty_like(x)
-    xray.xray_motion_blur_cpu(x, out, {"length": np.float32(length), "angle": np.float32(angle)}, 0)
+    blur.xray_motion_blur_cpu(x, out, {"length": np.float32(length), "angle": np.float32(angle)}, 0)
     tol = 5e-7  # float32 sums, logs and rounding, in display units (seen: 1e-7)
     if dtype is np.float32:
         assert np.abs(out[0] - ref).max() < tol
@@ -365,7 +365,7 @@ def test_motion_blur_host_path_matches_scipy_on_a_stored_film() -> None:
     ref = _disp(scipy.ndimage.correlate(_lin(values), psf.astype(np.float64), mode="mirror")) * 255
     out = np.empty_like(film[None])
     params = {"length": np.float32(length), "angle": np.float32(angle)}
-    xray.xray_motion_blur_cpu(film[None], out, params, 0)
+    blur.xray_motion_blur_cpu(film[None], out, params, 0)
     assert np.abs(out[0] - ref).max() <= 0.5 + 5e-7 * 255
     assert np.mean(out[0] != film) > 0.05  # it blurred
 

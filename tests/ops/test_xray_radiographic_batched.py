@@ -1,4 +1,4 @@
-"""The batched torch paths of the radiographic X-ray ops (perturb/ops/xray_radiographic.py):
+"""The batched torch paths of the radiographic X-ray ops (perturb/catalog/xray_radiographic.yaml):
 their building blocks against the per-sample functions they replace, and every op's torch path
 against its CPU path on mixed batches (several severities and films in one call)."""
 
@@ -10,11 +10,9 @@ import torch
 
 import perturb
 from perturb import rng
-from perturb.ops import keyed_fields
-from perturb.ops import xray_radiographic as xr
+from perturb.ops import blur, detector, geometry, keyed_fields
 from perturb.ops.backend import use_backend
-from perturb.ops.xray import _box_torch
-from tests.xray.test_xray_ops import _real
+from tests.ops.test_xray_ops import _real
 
 OPS = [
     "xray_patient_rotation",
@@ -54,9 +52,9 @@ def test_box_mean_with_per_sample_radii_is_the_reflected_box(h: int, w: int) -> 
     for dim, n in ((-1, w), (-2, h)):
         radii = torch.arange(n)
         v = torch.rand(n, 2, h, w, generator=gen, dtype=torch.float64)
-        got = xr.box_mean(v, radii, dim)
+        got = blur.box_mean(v, radii, dim)
         for i in range(n):
-            ref = _box_torch(v[i : i + 1], i, dim) if i else v[i : i + 1]
+            ref = blur._box_torch(v[i : i + 1], i, dim) if i else v[i : i + 1]
             assert float((got[i : i + 1] - ref).abs().max()) < 1e-13, (dim, i)
 
 
@@ -64,10 +62,10 @@ def test_batched_homographies_and_inverses_match_the_numpy_ones() -> None:
     degrees = torch.tensor([-15.0, -2.5, 0.0, 7.0, 14.9])
     pivot = torch.tensor([0.03, -0.01, 0.0, 0.02, -0.03])
     for w, h in ((240, 200), (96, 128)):
-        batch = xr.forward_homographies(degrees, pivot, w, h)
-        inverse = xr._inverse3(batch)
+        batch = geometry.forward_homographies(degrees, pivot, w, h)
+        inverse = geometry._inverse3(batch)
         for i in range(len(degrees)):
-            ref = xr.forward_homography(float(degrees[i]), float(pivot[i]), w, h)
+            ref = geometry.forward_homography(float(degrees[i]), float(pivot[i]), w, h)
             np.testing.assert_allclose(batch[i].numpy(), ref, rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(
                 inverse[i].numpy(), np.linalg.inv(ref), rtol=1e-9, atol=1e-12
@@ -113,7 +111,7 @@ def test_detector_defects_torch_path_where_dead_lines_cross() -> None:
         "lines": torch.full((6,), 8.0),
         "seam_gain": torch.tensor([r.params["seam_gain"] for r in records], dtype=torch.float32),
     }
-    kernel = xr.xray_detector_defects
+    kernel = detector.xray_detector_defects
     cpu = kernel(x, params, int_keys)
     with use_backend("torch"):
         batched = kernel(x, params, int_keys)
@@ -121,7 +119,7 @@ def test_detector_defects_torch_path_where_dead_lines_cross() -> None:
     no_lines = kernel(x, {**params, "lines": torch.zeros(6)}, int_keys)
     crossings = 0
     for i, key in enumerate(int_keys):
-        lines = xr.defect_lines(key, 64, 80, 8)
+        lines = detector.defect_lines(key, 64, 80, 8)
         crossings += any(c for c, _, _ in lines) and any(not c for c, _, _ in lines)
         assert (cpu[i] != no_lines[i]).any()
     assert crossings > 0
