@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from perturb._version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from perturb.augment import Augment

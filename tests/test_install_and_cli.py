@@ -110,8 +110,13 @@ def test_catalog_lists_the_suites() -> None:
 def test_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"perturb {perturb.__version__}"
-    pyproject = (REPO / "pyproject.toml").read_text()
-    assert re.search(rf'^version = "{re.escape(perturb.__version__)}"$', pyproject, re.M)
+    pyproject = (REPO / "pyproject.toml").read_text()  # the version has one source: _version.py
+    assert re.search(r'^dynamic = \["version"\]$', pyproject, re.M)
+    assert re.search(r'^version = \{attr = "perturb\._version\.__version__"\}$', pyproject, re.M)
+    assert not re.search(r'^version = "', pyproject, re.M)
+    from perturb._version import __version__
+
+    assert perturb.__version__ == __version__
 
 
 def _imported_by(args: list[str]) -> set[str]:

@@ -26,7 +26,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from perturb import __version__
+        from perturb._version import __version__
 
         typer.echo(f"perturb {__version__}")
         raise typer.Exit()

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from perturb import __version__
+from perturb._version import __version__
 from perturb.errors import InputError
 
 

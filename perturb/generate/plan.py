@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perturb import __version__
+from perturb._version import __version__
 from perturb.contracts.suite import Suite, Task
 from perturb.generate.naming import safe_stem
 from perturb.generate.progress import free_bytes, human_size

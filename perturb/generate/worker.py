@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from perturb import __version__
+from perturb._version import __version__
 from perturb.contracts.suite import Suite, Task
 from perturb.datasets import composite
 from perturb.generate.naming import resolve_inside

@@ -96,9 +96,9 @@ def summarise(
 def _versions() -> dict[str, str]:
     from importlib import metadata
 
-    import perturb
+    from perturb._version import __version__
 
-    out = {"perturb": perturb.__version__, "python": platform.python_version()}
+    out = {"perturb": __version__, "python": platform.python_version()}
     for dist in ("numpy", "pandas", "scipy", "pyarrow", "sacrebleu", "rouge-score", "matplotlib"):
         try:
             out[dist] = metadata.version(dist)
