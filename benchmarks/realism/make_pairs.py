@@ -1,7 +1,7 @@
 """Blinded realism check: build shuffled pairs of real and synthetic artifact crops.
 
-    PERTURB_SAMPLES_DIR=/work/shared/samples \\
-        python benchmarks/realism/make_pairs.py --out /work/blind [--ead-dir DIR]
+    PERTURB_SAMPLES_DIR=../shared/samples \\
+        python benchmarks/realism/make_pairs.py --out PAIRS [--ead-dir DIR]
 
 Reads ``reference_set.csv`` (beside this file): one row per real artifact, boxed on a public
 image, with the perturb op that models it, a clean real frame to apply the op to and the

@@ -1,7 +1,7 @@
 """Score a blinded reviewer's answers against the key of the realism pairs.
 
-    python benchmarks/realism/score.py --key /work/blind/KEY.json \\
-        --answers /work/blind/answers.json --out benchmarks/realism/results
+    python benchmarks/realism/score.py --key PAIRS/KEY.json --answers PAIRS/answers.json \\
+        --out benchmarks/realism/results
 
 ``answers.json`` maps every pair to the side the reviewer took for real: {"pair_01": "A", ...}.
 Writes ``OUT/results.json`` and ``OUT/results.md``: per op (and overall) the number of pairs,
@@ -134,8 +134,8 @@ def to_markdown(res: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--key", type=Path, default=Path("/work/blind/KEY.json"))
-    ap.add_argument("--answers", type=Path, default=Path("/work/blind/answers.json"))
+    ap.add_argument("--key", type=Path, default=Path(__file__).parent / "results" / "key.json")
+    ap.add_argument("--answers", type=Path, default=Path(__file__).parent / "results" / "answers.json")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     res = score(json.loads(args.key.read_text()), json.loads(args.answers.read_text()))
