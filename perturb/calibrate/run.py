@@ -53,10 +53,13 @@ def load_images(folder: Path | None, limit: int | None = None) -> list[tuple[str
     from perturb.io.images import from_tensor, read_image
 
     if folder is None:
-        from perturb.datasets.phantoms import phantom_image
+        from perturb.datasets import builtin
 
         n = limit or 4
-        return [(f"phantom-{i}", from_tensor(phantom_image(f"calibrate-{i}", (640, 480)), np.uint8)) for i in range(n)]
+        return [
+            (f"phantom-{i}", from_tensor(builtin().make_image(f"calibrate-{i}", "endoscopy", (640, 480)), np.uint8))
+            for i in range(n)
+        ]
     paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if limit:
         paths = paths[:limit]
