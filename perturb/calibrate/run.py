@@ -101,8 +101,8 @@ def calibrated_ops(modality: str = "endoscopy", names: Sequence[str] | None = No
 def _perturb(img: np.ndarray, op: str, severities: list[int], key: str, scene: Any) -> list[np.ndarray]:
     """``op`` at ``severities`` on an HWC RGB image; a gray-only op (X-ray) runs on the first
     channel (gray films are loaded as three equal channels) and its result is replicated back."""
-    from perturb.catalog.registry import get_op
-    from perturb.engine import apply
+    from perturb.catalog.ops import get_op
+    from perturb.engine.run import apply
 
     x = torch.from_numpy(img).permute(2, 0, 1).unsqueeze(0)
     gray = 3 not in get_op(op).spec.channels

@@ -154,9 +154,9 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Generate a perturbed split: images, manifest.parquet, errors.jsonl, dataset/."""
+    from perturb.configs.suites import load_suite
     from perturb.generate.core import RunOptions, parse_size
     from perturb.generate.runner import generate as run
-    from perturb.suites import load_suite
 
     options = RunOptions(
         out=out,

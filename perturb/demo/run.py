@@ -74,7 +74,7 @@ def demo_suite(
     ops: tuple[str, ...] = DEMO_OPS, severities: tuple[int, ...] = DEMO_SEVERITIES
 ) -> Any:
     """The endoscopy-artifacts suite restricted to ``ops`` x ``severities`` (same output spec)."""
-    from perturb.suites import load_suite, parse_suite
+    from perturb.configs.suites import load_suite, parse_suite
 
     base = load_suite(BASE_SUITE)
     data = {

@@ -57,7 +57,7 @@ from perturb.ops._math import (
     srgb_to_linear,
     srgb_to_linear_np,
 )
-from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
+from perturb.ops.kernels import Level, Params, draw, draw_sign, register_kernel
 
 _LUMINANCE_709 = np.array([0.2126, 0.7152, 0.0722])
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 import perturb
-from perturb import engine
+from perturb.engine import run as engine
 from perturb.ops.backend import use_backend
 from perturb.ops.composite import EXT_MARGIN, scene_extension_fill
 from perturb.ops.composite import extend_frame as extend_numpy

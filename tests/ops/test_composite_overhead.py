@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import perturb
-from perturb import engine
+from perturb.engine import run as engine
 from perturb.ops import composite
 from perturb.scene import Scene, masks
 from perturb.scene.analysis import analyse

@@ -20,7 +20,7 @@ import torch
 
 from perturb import rng
 from perturb.catalog.bounds import params_problem
-from perturb.catalog.registry import Op, get_op
+from perturb.catalog.ops import Op, get_op
 from perturb.catalog.specs import check_severity
 from perturb.contracts.keys import check_sample_keys
 from perturb.contracts.record import Record
