@@ -159,9 +159,9 @@ def _pil_reference(files: list[Path], out: Path) -> int:
 
 
 def _perturb_run(config: str, out: Path, workers: int, limit: int | None = None) -> Any:
+    from perturb.configs.suites import load_suite
     from perturb.generate.core import RunOptions
     from perturb.generate.runner import generate
-    from perturb.suites import load_suite
 
     suite = load_suite(config)  # a built-in suite name
     shutil.rmtree(out, ignore_errors=True)

@@ -100,9 +100,9 @@ def ray_local() -> Iterator[None]:
 
 
 def _generate(out: Path, limit: int | None = None, **options: Any) -> Any:
+    from perturb.configs.suites import load_suite
     from perturb.generate.core import RunOptions
     from perturb.generate.runner import generate
-    from perturb.suites import load_suite
 
     shutil.rmtree(out, ignore_errors=True)
     suite = load_suite(TRACK)  # a built-in suite name
@@ -203,10 +203,10 @@ def test_ray_one_gpu_worker(
 
 
 def _stages(config: str, files: list[Path], device: str, out: Path) -> dict[str, Any]:
+    from perturb.configs.suites import load_suite
     from perturb.generate.output import encode, quantize
     from perturb.generate.worker import ImageJob, _Decoded, _run_task
     from perturb.io.images import decode_image, write_atomic
-    from perturb.suites import load_suite
 
     suite = load_suite(config)  # a built-in suite name
     tasks = suite.tasks()

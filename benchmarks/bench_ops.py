@@ -49,7 +49,7 @@ import torch
 import perturb
 from benchmarks.overrides import apply_with_overrides
 from benchmarks.rounds import dropping
-from perturb.catalog.registry import all_ops, get_op
+from perturb.catalog.ops import all_ops, get_op
 
 warnings.filterwarnings("ignore", category=UserWarning)  # pkg_resources / albumentations notices
 

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 import perturb
-from perturb.catalog.registry import get_op
-from perturb.engine import collate, draw_key, sample_params
+from perturb.catalog.ops import get_op
+from perturb.engine.run import collate, draw_key, sample_params
 from perturb.ops.backend import use_backend
-from perturb.ops.registry import get_kernel, kernel_names
+from perturb.ops.kernels import get_kernel, kernel_names
 
 
 def cpu_model() -> str:

@@ -46,7 +46,7 @@ import torch
 import perturb
 from benchmarks.overrides import apply_with_overrides
 from benchmarks.rounds import dropping
-from perturb.catalog.registry import all_ops
+from perturb.catalog.ops import all_ops
 
 warnings.filterwarnings("ignore", category=UserWarning)  # pkg_resources / albumentations notices
 

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 import perturb
-from perturb import engine
-from perturb.catalog.registry import get_op
+from perturb.catalog.ops import get_op
+from perturb.engine import run as engine
 
 
 def apply_with_overrides(

@@ -13,7 +13,7 @@ from perturb._version import __version__
 if TYPE_CHECKING:  # pragma: no cover
     from perturb.augment import Augment
     from perturb.contracts.record import Record
-    from perturb.engine import apply, replay
+    from perturb.engine.run import apply, replay
     from perturb.export import load_split
 
 __all__ = ["Augment", "Record", "__version__", "apply", "load_split", "replay", "scene"]
@@ -25,7 +25,7 @@ def __getattr__(name: str) -> Any:
 
         return Record
     if name in {"apply", "replay"}:
-        from perturb import engine
+        from perturb.engine import run as engine
 
         return getattr(engine, name)
     if name == "scene":

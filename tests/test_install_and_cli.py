@@ -21,8 +21,8 @@ from perturb.catalog.specs import MODALITIES, load_specs
 from perturb.cli import app
 from perturb.cli.catalog import MODALITY_NAMES
 from perturb.configs import CONFIG_DIR, builtin_configs, builtin_names
+from perturb.configs.suites import load_suite
 from perturb.contracts.suite import SuiteError
-from perturb.suites import load_suite
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -389,7 +389,7 @@ def op_rows(
 
 
 def bench_ops(args: argparse.Namespace, tables: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    from perturb.catalog.registry import all_ops
+    from perturb.catalog.ops import all_ops
 
     names = [n for n, op in all_ops().items() if "endoscopy" in op.spec.modalities]
     if args.ops:
@@ -434,9 +434,9 @@ def bench_jpeg_codec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_generate(args: argparse.Namespace) -> dict[str, Any]:
+    from perturb.configs.suites import load_suite
     from perturb.generate.core import RunOptions
     from perturb.generate.runner import generate
-    from perturb.suites import load_suite
 
     results: dict[str, Any] = {}
     work = Path(tempfile.mkdtemp(prefix="perturb-gpu-bench-"))

@@ -87,7 +87,7 @@ from perturb.augment.module import SceneCache, carry_scenes, needs_scene
 from perturb.augment.plan import apply_plans, check_modality, plan_sample
 from perturb.augment.policy import Policy, load_policy
 from perturb.contracts.record import Record
-from perturb.engine import with_codecs
+from perturb.engine.run import with_codecs
 from perturb.errors import InputError, PerturbError
 from perturb.ops.geometry import translation_pixels
 

@@ -39,7 +39,7 @@ from perturb.augment.plan import _check_index, apply_plans, check_modality, plan
 from perturb.augment.policy import Policy, load_policy
 from perturb.augment.targets import BoxesIn, move_boxes, move_masks, move_scene
 from perturb.contracts.record import Record
-from perturb.engine import scene_kind, with_codecs
+from perturb.engine.run import scene_kind, with_codecs
 from perturb.errors import InputError
 from perturb.scene import Scene
 

@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from perturb import engine, rng
+from perturb import rng
 from perturb.augment.policy import OpEntry, Policy, supports_modality
-from perturb.catalog.registry import get_op
+from perturb.catalog.ops import get_op
 from perturb.catalog.specs import MODALITIES, OpSpec
 from perturb.contracts.record import Record
+from perturb.engine import run as engine
 from perturb.errors import InputError
 
 PLAN_STREAM = "augment.plan"
@@ -197,7 +198,7 @@ def plan_batch(
 def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torch.Tensor:
     """Run each sample's chain over a BCHW batch (float32 in [0, 1], uint8 or uint16; same
     dtype out). At each chain position the samples that share an op run together through
-    ``perturb.engine.run_records`` (the batched kernel); a sample's output depends only on its
+    ``perturb.engine.run.run_records`` (the batched kernel); a sample's output depends only on its
     own image and records. The input tensor is not modified."""
     engine.check_images(images)
     if len(plans) != images.shape[0]:

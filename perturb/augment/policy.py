@@ -11,7 +11,7 @@
     strength: [1.0, 3.0]         # continuous strength in [1, 5] (interpolates the severity tables)
     # severity: [1, 3]           # ... or integer severities (one of the two; default severity [1, 3])
     held_out:                    # evaluation the training ops must not overlap (AugMix-style)
-      suites: [endoscopy-artifacts]   # suite names or paths (perturb.suites.load_suite)
+      suites: [endoscopy-artifacts]   # suite names or paths (perturb.configs.suites.load_suite)
       families: [blur, noise]          # every op of these families
       ops: [jpeg]
       match: op                  # suites: 'op' holds out their ops, 'family' their ops' families
@@ -163,9 +163,9 @@ class HeldOut(BaseModel):
 
     def resolve(self, base_dir: Path | None = None) -> dict[str, str]:
         """Every held-out op, each with the reason it is held out."""
+        from perturb.configs.suites import load_suite
         from perturb.contracts.suite import SuiteError
         from perturb.datasets import composite
-        from perturb.suites import load_suite
 
         specs = load_specs()
         held: dict[str, str] = {}

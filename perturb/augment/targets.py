@@ -2,7 +2,7 @@
 
 Geometric ops move them exactly as the pixels move; photometric ops pass them through.
 
-* Boxes: ``perturb.annotations.transform_boxes`` (the enclosing box of the corners moved by
+* Boxes: ``perturb.engine.annotations.transform_boxes`` (the enclosing box of the corners moved by
   the chain's composed map, clipped to the frame once at the end: a part pushed out of the
   frame by one op and brought back by a later one counts as visible, though its pixels are
   black fill) per sample.
@@ -24,10 +24,10 @@ import cv2
 import numpy as np
 import torch
 
-from perturb import engine
-from perturb.annotations import op_geometry, transform_boxes
 from perturb.augment.plan import put_rows, take_rows
 from perturb.contracts.record import Record
+from perturb.engine import run as engine
+from perturb.engine.annotations import op_geometry, transform_boxes
 from perturb.errors import InputError
 
 BoxesIn = Sequence[Sequence[Sequence[float]] | np.ndarray | torch.Tensor]

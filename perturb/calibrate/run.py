@@ -53,10 +53,13 @@ def load_images(folder: Path | None, limit: int | None = None) -> list[tuple[str
     from perturb.io.images import from_tensor, read_image
 
     if folder is None:
-        from perturb.datasets.phantoms import phantom_image
+        from perturb.datasets import builtin
 
         n = limit or 4
-        return [(f"phantom-{i}", from_tensor(phantom_image(f"calibrate-{i}", (640, 480)), np.uint8)) for i in range(n)]
+        return [
+            (f"phantom-{i}", from_tensor(builtin().make_image(f"calibrate-{i}", "endoscopy", (640, 480)), np.uint8))
+            for i in range(n)
+        ]
     paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if limit:
         paths = paths[:limit]
@@ -98,8 +101,8 @@ def calibrated_ops(modality: str = "endoscopy", names: Sequence[str] | None = No
 def _perturb(img: np.ndarray, op: str, severities: list[int], key: str, scene: Any) -> list[np.ndarray]:
     """``op`` at ``severities`` on an HWC RGB image; a gray-only op (X-ray) runs on the first
     channel (gray films are loaded as three equal channels) and its result is replicated back."""
-    from perturb.catalog.registry import get_op
-    from perturb.engine import apply
+    from perturb.catalog.ops import get_op
+    from perturb.engine.run import apply
 
     x = torch.from_numpy(img).permute(2, 0, 1).unsqueeze(0)
     gray = 3 not in get_op(op).spec.channels

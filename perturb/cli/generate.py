@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from perturb.cli._common import fail, guarded
+from perturb.datasets import DATASETS, adapters
 from perturb.generate.progress import human_size
 from perturb.io import DEFAULT_MAX_PIXELS
 
@@ -92,7 +93,8 @@ def generate(
     images: Annotated[
         str | None,
         typer.Option(
-            help="Image folder of a dataset adapter input (suites with input.adapter: VinDr-CXR-VQA, ReXVQA, MedThinkVQA)."
+            help="Image folder of a dataset adapter input (suites with input.adapter: "
+            f"{', '.join(DATASETS.get(name).title for name in adapters())})."
         ),
     ] = None,
     engine: Annotated[
@@ -152,9 +154,9 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Generate a perturbed split: images, manifest.parquet, errors.jsonl, dataset/."""
+    from perturb.configs.suites import load_suite
     from perturb.generate.core import RunOptions, parse_size
     from perturb.generate.runner import generate as run
-    from perturb.suites import load_suite
 
     options = RunOptions(
         out=out,

@@ -69,14 +69,12 @@ def _load(image: Path | None, op: str | None) -> tuple[torch.Tensor, str]:
     (a chest phantom for an X-ray op)."""
     from perturb.io.images import ImageDecodeError, read_image, to_tensor
 
-    if image is None and op is not None and _xray_only(op):
-        from perturb.datasets.phantoms.xray import render
-
-        return to_tensor(render("preview").image), "xray-phantom:preview"
     if image is None:
-        from perturb.datasets.phantoms import phantom_image
+        from perturb.datasets import builtin
 
-        return phantom_image("preview"), "phantom:preview"
+        if op is not None and _xray_only(op):
+            return builtin().make_image("preview", "xray"), "xray-phantom:preview"
+        return builtin().make_image("preview", "endoscopy"), "phantom:preview"
     try:
         return to_tensor(read_image(image)), image.name
     except ImageDecodeError as exc:

@@ -10,8 +10,8 @@ import cv2
 import numpy as np
 import torch
 
-from perturb.catalog.registry import all_ops, get_op
-from perturb.engine import apply
+from perturb.catalog.ops import all_ops, get_op
+from perturb.engine.run import apply
 from perturb.io.images import from_tensor
 
 LABEL_HEIGHT = 22

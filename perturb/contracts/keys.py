@@ -23,7 +23,7 @@ def canonical(seed: int, sample_key: str, op: str, severity: int, variant: int) 
 def derive_key(seed: int, sample_key: str, op: str, severity: int, variant: int = 0) -> int:
     """Stable unsigned 64-bit key of (seed, sample key, op, severity, variant).
 
-    The engine draws with ``severity=0`` (see ``perturb.engine.make_record``): the five
+    The engine draws with ``severity=0`` (see ``perturb.engine.run.make_record``): the five
     severities of a sample share their random numbers and differ only in the table's ranges."""
     text = canonical(seed, sample_key, op, severity, variant)
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")

@@ -27,7 +27,7 @@ op in the job gets no output from that job.
 
 The model knows no op, composite or dataset itself: :func:`parse_suite` takes a
 :class:`SuiteCatalog` (the op names, modalities, versions and risk tags, the composites and their
-parameters, the adapters) and the parsed suite keeps it. :mod:`perturb.suites` binds the
+parameters, the adapters) and the parsed suite keeps it. :mod:`perturb.configs.suites` binds the
 built-in catalog (ops from the op catalog, composites and adapters from the dataset registry)
 and reads suite files.
 """
@@ -104,7 +104,7 @@ class SuiteCatalog(Protocol):
 
 
 CATALOG_KEY = "catalog"  # the validation-context entry holding the SuiteCatalog
-_NO_CATALOG = "a suite is checked against an op catalog: use perturb.suites.parse_suite"
+_NO_CATALOG = "a suite is checked against an op catalog: use perturb.configs.suites.parse_suite"
 
 
 def _context_catalog(info: ValidationInfo) -> SuiteCatalog:

@@ -16,7 +16,9 @@ question classes, label-risk mapping, sample-key rule, prediction readers and co
 one :class:`DatasetEntry` (``DATASET``). Its input adapter, native writer, prediction readers
 and composites load on use. Everything outside the rooms reaches a dataset through this
 registry: suites, augmentation policies, generation and replay find a composite by its name
-(:func:`composite`), the scorer a prediction format by its name (:func:`prediction_readers`);
+(:func:`composite`), the scorer a prediction format by its name (:func:`prediction_readers`),
+a run without a source, previews, calibration and the demo the built-in dataset
+(:func:`builtin`: its images and rows), the hub export a source's licence (:func:`licences`);
 no module outside ``perturb/datasets`` imports a room or spells a dataset's or composite's name
 (tests/datasets/test_naming.py). What the radiology sets share is :mod:`perturb.datasets.radiology` (vocabulary, keyword
 rules, label risk, sample paths) and :mod:`perturb.datasets.questions` (a row's classes);
@@ -70,6 +72,29 @@ for _room in ROOMS:
 def adapters() -> list[str]:
     """Names a suite's ``input.adapter`` may take."""
     return [name for name, entry in DATASETS.items() if entry.adapter]
+
+
+BUILTIN_SOURCE = "builtin"  # the source a run without a dataset records (the built-in data)
+
+
+def builtin() -> DatasetEntry:
+    """The built-in dataset (the entry with ``builtin=True``): what a run without a source
+    reads, and the images of previews and calibration without files."""
+    found = [entry for _, entry in DATASETS.items() if entry.builtin]
+    if len(found) != 1:
+        raise ValueError(f"expected one built-in dataset, found {[e.name for e in found]}")
+    return found[0]
+
+
+def licences() -> dict[str, tuple[str, str]]:
+    """Source -> (licence id, attribution) of every dataset that declares its licence: its hub
+    id, or :data:`BUILTIN_SOURCE` for the built-in dataset."""
+    out: dict[str, tuple[str, str]] = {}
+    for _, entry in DATASETS.items():
+        source = BUILTIN_SOURCE if entry.builtin else entry.hub_id
+        if entry.licence is not None and source is not None:
+            out[source] = entry.licence
+    return out
 
 
 def composite_names() -> list[str]:
@@ -152,9 +177,7 @@ def open_input(
 
     check_id_from(id_from)
     if source is None:
-        from perturb.datasets.phantoms import open_builtin
-
-        return open_builtin(
+        return builtin().open(
             builtin_images,
             builtin_modality,
             image_column=image_column,
@@ -172,14 +195,17 @@ def open_input(
 
 
 __all__ = [
+    "BUILTIN_SOURCE",
     "DATASETS",
     "ROOMS",
     "Composite",
     "DatasetEntry",
     "adapters",
+    "builtin",
     "composite",
     "composite_names",
     "label_risk",
+    "licences",
     "open_adapter",
     "open_input",
     "prediction_readers",

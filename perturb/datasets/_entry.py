@@ -93,11 +93,35 @@ class DatasetEntry:
     # through the registry (:func:`perturb.datasets.prediction_readers`), never by module name;
     # each a :data:`PredictionReader`, applied by the scorer in registry order
     prediction_readers: Mapping[str, str | PredictionReader] = field(default_factory=dict)
+    # (licence id, attribution) of the data, for the dataset cards perturb writes; None: unknown
+    # (``perturb export --format hub`` then asks for ``--license`` and ``--attribution``)
+    licence: tuple[str, str] | None = None
+    # the built-in dataset: what a run without a source reads (one registered entry at most)
+    builtin: bool = False
+    # "module:function" ``(key, modality, size=None) -> CHW float32 tensor``: one synthetic image
+    # of the built-in data (previews and calibration without image files)
+    image_maker: str | None = None
+    # "module:function" ``(n_images) -> rows``: the built-in data's QA rows, image bytes included
+    rows_maker: str | None = None
 
     def open(self, *args: Any, **kwargs: Any) -> Any:
         """Open the dataset with its opener (see the opener's own arguments)."""
         opener: Callable[..., Any] = resolve(self.opener)
         return opener(*args, **kwargs)
+
+    def make_image(self, key: str | int, modality: str, size: tuple[int, int] | None = None) -> Any:
+        """One synthetic image of ``modality`` (CHW float32 tensor) by the entry's
+        ``image_maker``; a dataset without one raises ValueError."""
+        if self.image_maker is None:
+            raise ValueError(f"dataset {self.name!r} makes no images")
+        return resolve(self.image_maker)(key, modality, size)
+
+    def make_rows(self, n_images: int) -> list[dict[str, Any]]:
+        """QA rows of ``n_images`` synthetic images by the entry's ``rows_maker``."""
+        if self.rows_maker is None:
+            raise ValueError(f"dataset {self.name!r} makes no rows")
+        rows: list[dict[str, Any]] = resolve(self.rows_maker)(n_images)
+        return rows
 
     def composite(self, name: str) -> Composite:
         """One of this dataset's composites (imported on use)."""

@@ -74,7 +74,7 @@ def demo_suite(
     ops: tuple[str, ...] = DEMO_OPS, severities: tuple[int, ...] = DEMO_SEVERITIES
 ) -> Any:
     """The endoscopy-artifacts suite restricted to ``ops`` x ``severities`` (same output spec)."""
-    from perturb.suites import load_suite, parse_suite
+    from perturb.configs.suites import load_suite, parse_suite
 
     base = load_suite(BASE_SUITE)
     data = {
@@ -118,10 +118,10 @@ def write_clean_split(out: Path, n_images: int) -> list[dict[str, Any]]:
     """Write the phantoms' PNGs and QA rows under ``out/clean``; return the QA rows (one per
     (img_id, question): repeated questions of an image are kept once, as the scorer pairs on
     that key)."""
-    from perturb.datasets.phantoms import builtin_rows
+    from perturb.datasets import builtin
     from perturb.io.images import write_atomic
 
-    rows = builtin_rows(n_images)
+    rows = builtin().make_rows(n_images)
     qa: list[dict[str, Any]] = []
     written: set[str] = set()
     seen: set[tuple[str, str]] = set()

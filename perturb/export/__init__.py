@@ -396,9 +396,10 @@ def export_split(
         )
     target.mkdir(parents=True, exist_ok=True)
     if fmt == "hub":  # the perturbed outputs as the Hub reads a dataset repository
+        from perturb.datasets import BUILTIN_SOURCE
         from perturb.export.hub import export_hub
 
-        source = "builtin" if builtin_images is not None else (
+        source = BUILTIN_SOURCE if builtin_images is not None else (
             None if dataset is None else os.fspath(dataset)
         )  # fmt: skip
         written, n_rows = export_hub(

@@ -27,10 +27,10 @@ def generate_split(config: str | Path | Suite, out: str | Path, **options: Any) 
     are those of ``perturb.generate.core.RunOptions`` (dataset, split, limit, batch_size,
     workers, device, seed, max_pixels, max_memory, image_column, embed_images, progress, builtin_images,
     engine, shard, ray_address, gpus_per_worker, concurrency, max_retries)."""
+    from perturb.configs.suites import load_suite
     from perturb.contracts.suite import Suite
     from perturb.generate.core import RunOptions
     from perturb.generate.runner import generate
-    from perturb.suites import load_suite
 
     suite = config if isinstance(config, Suite) else load_suite(config)
     options.setdefault("progress", False)

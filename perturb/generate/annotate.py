@@ -1,4 +1,4 @@
-"""Loc tags of the output dataset's QA rows moved with their image (``perturb.annotations``).
+"""Loc tags of the output dataset's QA rows moved with their image (``perturb.engine.annotations``).
 
 For each output row whose op moved the geometry, every ``<loc_x1_y1_x2_y2>`` tag in the input's
 annotation columns (VinDr-CXR-VQA: ``answer``, ``reason``, ``gt_location``) is rewritten with
@@ -20,8 +20,8 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
-from perturb.annotations import is_geometric, transform_loc_text
-from perturb.boxes import parse_loc_tags
+from perturb.contracts.boxes import parse_loc_tags
+from perturb.engine.annotations import is_geometric, transform_loc_text
 from perturb.io.datasets import Annotations
 
 

@@ -173,8 +173,8 @@ class GenerateWorker:
         fault: Fault | None = None,
         url: str | None = None,
     ):
-        from perturb.catalog.registry import get_op
-        from perturb.suites import parse_suite
+        from perturb.catalog.ops import get_op
+        from perturb.configs.suites import parse_suite
 
         self.cfg = cfg
         self.fault = fault  # tests: called with ("ray-worker", img_id) for each image of a batch

@@ -29,7 +29,7 @@ def replay_row(row: dict[str, Any], image: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"record of {transformed.NAME}: {problem}; not replayed")
         return transformed.apply_transformed(x, [record["params"]])[0]
     from perturb.contracts.record import Record
-    from perturb.engine import replay
+    from perturb.engine.run import replay
 
     if int(row.get("channels", x.shape[1])) == 3 and x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1).contiguous()

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from perturb._version import __version__
+from perturb.configs.suites import parse_suite
 from perturb.contracts.suite import Suite, Task
 from perturb.datasets import composite
 from perturb.generate.naming import resolve_inside
@@ -35,7 +36,6 @@ from perturb.io.images import (
     to_tensor,
     write_atomic,
 )
-from perturb.suites import parse_suite
 
 OnOutput = Callable[[int], None]  # called with n after n more outputs are written or failed
 
@@ -206,8 +206,8 @@ def _run_task(
         else:
             outs = _to_arrays(transformed.apply_transformed(_stacked(batch, device, cache), params))
         return [np.repeat(o[..., None], 3, axis=2) if o.ndim == 2 else o for o in outs], infos, 3
-    from perturb.catalog.registry import get_op
-    from perturb.engine import apply
+    from perturb.catalog.ops import get_op
+    from perturb.engine.run import apply
 
     op = get_op(task.op)
     x = _stacked(batch, device, cache)
@@ -244,8 +244,8 @@ def _per_channel(
     get the same parameters and fields (a gray image stored as RGB stays gray). One call per
     channel: a sample's output does not depend on its batch, and within a call every image
     needs its own key."""
-    from perturb.catalog.registry import get_op
-    from perturb.engine import apply, scene_kind
+    from perturb.catalog.ops import get_op
+    from perturb.engine.run import apply, scene_kind
     from perturb.scene import Scene
 
     # one scene for every channel (the first's: e.g. a radiograph's annotations), recorded once

@@ -23,6 +23,6 @@ from perturb.ops import (  # noqa: F401  (registration)
     sequential,
     video,
 )
-from perturb.ops.registry import KernelEntry, get_kernel, kernel_names
+from perturb.ops.kernels import KernelEntry, get_kernel, kernel_names
 
 __all__ = ["KernelEntry", "get_kernel", "kernel_names"]

@@ -28,7 +28,7 @@ import torch
 from perturb import rng
 from perturb.ops import backend, keyed_fields
 from perturb.ops._math import linear_to_srgb_np, srgb_to_linear_np
-from perturb.ops.registry import Geometry, Sampler, register_kernel, uniform_sampler
+from perturb.ops.kernels import Geometry, Sampler, register_kernel, uniform_sampler
 
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 DARK_LEVEL = 0.07  # a channel value below this is dark (the surround of the field of view)
@@ -86,7 +86,7 @@ def host_op(
     ``dtypes``: the batch dtypes the CPU path takes (float32, and uint8 where listed: a uint8
     sample is read and rounded back per sample as the engine converts a batch; other integer
     batches take the torch kernel). ``geometry``: how the op moves coordinates
-    (``perturb.ops.registry.Geometry``), for a geometric op."""
+    (``perturb.ops.kernels.Geometry``), for a geometric op."""
 
     def decorator(fn: SampleFn) -> SampleFn:
         @backend.register_cpu(name, dtypes=dtypes, uses_scene=True)

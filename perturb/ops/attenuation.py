@@ -40,9 +40,9 @@ import torch.nn.functional as F
 from perturb import rng
 from perturb.ops import backend
 from perturb.ops._math import per_sample
+from perturb.ops.kernels import Level, Params, draw, draw_int, register_kernel
 from perturb.ops.landmarks import CANONICAL, chest_landmarks
 from perturb.ops.radiometry import FIELD_CM, _wide
-from perturb.ops.registry import Level, Params, draw, draw_int, register_kernel
 
 
 def _frac_px(value: float, size: int) -> int:

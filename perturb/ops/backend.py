@@ -43,8 +43,8 @@ import cv2
 import numpy as np
 import torch
 
+from perturb.ops.composite import compose_numpy, extend_numpy  # endoscopy or radiograph scene
 from perturb.registry import Registry
-from perturb.scene import compose_numpy, extend_numpy  # endoscopy or radiograph scene
 
 R = TypeVar("R")
 Backend = Literal["auto", "opencv", "torch"]

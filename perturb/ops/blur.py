@@ -33,6 +33,7 @@ from perturb.ops._math import (
     srgb_to_linear_np,
     srgb_to_linear_u8,
 )
+from perturb.ops.kernels import Level, Params, draw, register_kernel
 from perturb.ops.radiometry import (
     _NATIVE,
     _linear_f32,
@@ -42,7 +43,6 @@ from perturb.ops.radiometry import (
     to_display_np,
     to_linear,
 )
-from perturb.ops.registry import Level, Params, draw, register_kernel
 
 
 def gaussian_taps(sigma_px: float) -> np.ndarray:

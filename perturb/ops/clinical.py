@@ -54,7 +54,7 @@ import torch
 
 from perturb.errors import InputError
 from perturb.ops import _host, _math
-from perturb.ops.registry import Level, Params, draw, draw_int
+from perturb.ops.kernels import Level, Params, draw, draw_int
 
 # ---------------------------------------------------------------------------------------------
 # Surgical smoke

@@ -57,7 +57,7 @@ from perturb.ops._math import (
     srgb_to_linear,
     srgb_to_linear_np,
 )
-from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
+from perturb.ops.kernels import Level, Params, draw, draw_sign, register_kernel
 
 _LUMINANCE_709 = np.array([0.2126, 0.7152, 0.0722])
 
@@ -373,7 +373,7 @@ def tissue_mean_luma(src: np.ndarray, scene: Any, weight: np.ndarray) -> np.floa
 
 def _contrast_mean(src: np.ndarray, scene: Any) -> np.float32:
     """The kernel's mean luma of a sample: of the whole frame, or weighted by the tissue. With a
-    scene, kept on it per digest of the sample's pixels (``Scene._keep``): the mean does not
+    scene, kept on it per digest of the sample's pixels (``Scene.keep``): the mean does not
     depend on the op's parameters, so a frame taken at several severities or variants computes
     it once (measured: 2-5 ms instead of 5-26 ms per call on 1080x1350 frames)."""
     if scene is None:
@@ -388,7 +388,7 @@ def _contrast_mean(src: np.ndarray, scene: Any) -> np.float32:
         mean = _mean_luma(src) if weight is None else tissue_mean_luma(src, scene, weight)
         return np.array(mean, dtype=np.float32)
 
-    return np.float32(scene._keep(slot, compute))
+    return np.float32(scene.keep(slot, compute))
 
 
 def _contrast_affine(

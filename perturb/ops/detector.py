@@ -27,6 +27,7 @@ import torch
 from perturb import rng
 from perturb.ops import backend, keyed_fields
 from perturb.ops._math import per_sample
+from perturb.ops.kernels import Level, Params, draw, draw_int, draw_sign, register_kernel
 from perturb.ops.radiometry import (
     _NATIVE,
     FIELD_CM,
@@ -37,7 +38,6 @@ from perturb.ops.radiometry import (
     _wide,
     scale_linear,
 )
-from perturb.ops.registry import Level, Params, draw, draw_int, draw_sign, register_kernel
 
 
 def _grid_sampler(rng_: np.random.Generator, level: Level) -> Params:

@@ -25,8 +25,8 @@ import torch
 from perturb.ops import backend
 from perturb.ops._math import per_sample, shorter_side
 from perturb.ops.blur import _box_torch, box_mean, box_radius
+from perturb.ops.kernels import Level, Params, draw, draw_sign, register_kernel
 from perturb.ops.radiometry import _register_lut, _wide
-from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
 
 
 def _window_sampler(rng_: np.random.Generator, level: Level) -> Params:

@@ -37,6 +37,7 @@ from perturb.ops._math import (
     srgb_to_linear_np,
     srgb_to_linear_u8,
 )
+from perturb.ops.kernels import Level, Params, draw, draw_sign, register_kernel
 from perturb.ops.keyed_fields import uniform_fields
 from perturb.ops.radiometry import (
     _NATIVE,
@@ -52,7 +53,6 @@ from perturb.ops.radiometry import (
     to_display,
     to_linear,
 )
-from perturb.ops.registry import Level, Params, draw, draw_sign, register_kernel
 
 HAZE_GRID = 6
 

@@ -42,8 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from perturb.ops import backend
-from perturb.ops.radiometry import FIELD_CM
-from perturb.ops.registry import (
+from perturb.ops.kernels import (
     Geometry,
     Level,
     Params,
@@ -53,6 +52,7 @@ from perturb.ops.registry import (
     register_foreign_geometry,
     register_kernel,
 )
+from perturb.ops.radiometry import FIELD_CM
 
 
 @dataclass(frozen=True)

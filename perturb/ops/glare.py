@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from perturb.ops import _host, _math
-from perturb.ops.registry import Level, Params, draw
+from perturb.ops.kernels import Level, Params, draw
 
 FOCAL = 0.5  # focal length, fraction of the shorter side (wide-angle endoscope optics)
 SHADING_SIGMA = 0.015  # smoothing of the luminance before shape from shading (shorter side)

@@ -25,8 +25,8 @@ import torch
 
 from perturb.ops import backend
 from perturb.ops._math import split_into
+from perturb.ops.kernels import Level, Params, draw_int, register_kernel
 from perturb.ops.radiometry import _NATIVE, _store
-from perturb.ops.registry import Level, Params, draw_int, register_kernel
 
 
 def _quality_sampler(rng: np.random.Generator, level: Level) -> Params:

@@ -32,6 +32,7 @@ from perturb.ops._math import (
     to_u8_levels,
 )
 from perturb.ops.grain import grain_cpu, grain_cpu_sites, grain_kernel
+from perturb.ops.kernels import register_kernel
 from perturb.ops.keyed_fields import normal_fields, uniform_fields
 from perturb.ops.radiometry import (
     _NATIVE,
@@ -42,7 +43,6 @@ from perturb.ops.radiometry import (
     curve_to_log,
     pixel_quanta,
 )
-from perturb.ops.registry import register_kernel
 
 POISSON_EXACT_BELOW = 16.0
 POISSON_MAX_COUNT = 48

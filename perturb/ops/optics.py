@@ -28,7 +28,7 @@ and letterboxed fields.
   Brown 1966): an output point at normalised radius ``rho`` shows the tissue at radius
   ``rho (1 + k rho^2) / (1 + k)`` (radius 1 stays), barrel-like (more fisheye) for ``k > 0``
   and pincushion-like for ``k < 0``. A geometric op: boxes and masks move with it
-  (its registered ``Geometry``: ``perturb.annotations``, ``perturb.augment.targets``).
+  (its registered ``Geometry``: ``perturb.engine.annotations``, ``perturb.augment.targets``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from perturb.ops import _host, _math
-from perturb.ops.registry import Geometry, Level, Params, as_float32, draw, draw_int, draw_sign
+from perturb.ops.kernels import Geometry, Level, Params, as_float32, draw, draw_int, draw_sign
 
 # ---------------------------------------------------------------------------------------------
 # Lens fog

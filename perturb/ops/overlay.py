@@ -27,8 +27,8 @@ import torch
 from perturb import rng
 from perturb.ops import backend
 from perturb.ops._math import per_sample
+from perturb.ops.kernels import Level, Params, as_float32, draw, draw_int, register_kernel
 from perturb.ops.radiometry import _NATIVE, _load, _store
-from perturb.ops.registry import Level, Params, as_float32, draw, draw_int, register_kernel
 from perturb.scene import radiograph
 
 Box = tuple[slice, slice]

@@ -39,7 +39,7 @@ import torch
 
 from perturb.ops import backend
 from perturb.ops._math import lut_u8
-from perturb.ops.registry import Kernel
+from perturb.ops.kernels import Kernel
 
 MU = 4.0  # display range in natural-log units of fluence
 FULL_DOSE_QUANTA = 10000.0  # N0: quanta per pixel of the unattenuated beam at full dose ...

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from perturb.ops import _host, _math
-from perturb.ops.registry import Level, Params, draw, register_kernel
+from perturb.ops.kernels import Level, Params, draw, register_kernel
 
 
 def _breakup_sampler(rng: np.random.Generator, level: Level) -> Params:

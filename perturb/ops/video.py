@@ -35,7 +35,7 @@ import torch
 
 from perturb import rng
 from perturb.ops import _host, keyed_fields
-from perturb.ops.registry import Level, Params, draw
+from perturb.ops.kernels import Level, Params, draw
 
 # ---------------------------------------------------------------------------------------------
 # Interlacing

@@ -22,7 +22,6 @@ and the composite keeps them exactly under an acquisition op; its descriptor say
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import types
 from dataclasses import dataclass, field
@@ -38,8 +37,7 @@ __all__ = [
     "SCENE_VERSION",
     "Scene",
     "analyse",
-    "compose_numpy",
-    "extend_numpy",
+    "check_fits",
     "kind_of",
     "scene",
 ]
@@ -52,28 +50,6 @@ def kind_of(descriptor: Any) -> str:
     return "radiograph" if radiograph.is_radiograph(descriptor) else "endoscopy"
 
 
-def compose_numpy(
-    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
-) -> None:
-    """``masks.compose_numpy``, or for a radiograph ``radiograph.compose_numpy``: in place, ``dst``
-    takes ``src``'s pixels where the scene's protected layers are."""
-    if radiograph.is_radiograph(desc):
-        radiograph.compose_numpy(src, dst, desc, key)
-    else:
-        masks.compose_numpy(src, dst, desc, key)
-
-
-def extend_numpy(
-    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
-) -> None:
-    """``masks.extend_numpy``, or for a radiograph ``radiograph.extend_numpy`` (the film with its
-    annotations filled from around them)."""
-    if radiograph.is_radiograph(desc):
-        radiograph.extend_numpy(src, dst, desc, key)
-    else:
-        masks.extend_numpy(src, dst, desc, key)
-
-
 _GLYPH_SLOTS = 4  # per-image values a scene keeps per name (the images it was used with)
 
 
@@ -83,7 +59,8 @@ class Scene:
 
     A scene computes what it derives from its descriptor (and, for the composite of a text line,
     from its clean image's pixels) once and keeps it in ``_memo``: the descriptor key, the
-    composite alpha the engine blends with, the extension alpha of spatial ops."""
+    composite alpha the engine blends with, and what the ops' composite derives from them
+    (``perturb.ops.composite``: the extension alpha and fill of spatial ops)."""
 
     descriptor: dict[str, Any]
     highlight_: np.ndarray | None = field(default=None, repr=False, compare=False)
@@ -139,48 +116,21 @@ class Scene:
         lines it is kept per content of their glyph windows (the only pixels it reads); of a
         radiograph: 0 on its annotations, 1 elsewhere (from the descriptor alone)."""
         if self.kind == "radiograph":
-            return self._derived("composite", radiograph.composite_alpha)
+            return self.derived("composite", radiograph.composite_alpha)
         if not masks.text_boxes(self.descriptor):
             return masks.tissue_alpha(self.descriptor, self.key)
-        return self._per_glyphs(
+        return self.per_glyphs(
             "composite", image, lambda: masks.composite_alpha(self.descriptor, image)
         )
 
-    def extension_alpha(self, image: np.ndarray) -> np.ndarray:
-        """float32 (H, W), read-only: the weight of the clean pixels in the tissue extension of
-        spatial ops (``masks.extension_alpha``), computed once per image as ``composite_alpha``."""
-        if self.kind == "radiograph":
-            return self._derived("extension", radiograph.extension_alpha)
-        if not masks.text_boxes(self.descriptor):
-            return self._memo.setdefault(
-                "extension", masks.extension_alpha(self.key, self.composite_alpha(image))
-            )
-        return self._per_glyphs(
-            "extension", image, lambda: masks.extension_alpha(self.key, self.composite_alpha(image))
-        )
+    def remember(self, name: str, compute: Any) -> np.ndarray:
+        """``compute()`` kept under ``name`` (computed on the first call only)."""
+        held = self._memo.get(name)
+        if held is None:
+            held = self._memo[name] = compute()
+        return np.asarray(held)
 
-    def extension_fill(self, image: np.ndarray) -> np.ndarray:
-        """(C, H, W) of ``image``'s dtype, read-only: the fill of the tissue extension of the
-        clean ``image`` (``masks.extension_fill``), computed once per image: kept per content
-        of its coarse samples (``masks.extension_samples``, the only pixels it depends on); of a
-        radiograph: the film with its annotations filled from around them, computed each call
-        (it reads only the pixels around the annotations)."""
-        _check_fits(self, image)
-        if self.kind == "radiograph":
-            fill = radiograph.extension_fill(image, self.descriptor, self.key)
-            fill.flags.writeable = False
-            return fill
-        samples = masks.extension_samples(image, self.descriptor, self.key)
-        slot = (
-            "fill",
-            image.dtype.str,
-            hashlib.blake2b(samples.tobytes(), digest_size=16).digest(),
-        )
-        return self._keep(
-            slot, lambda: masks.extension_fill(samples, self.descriptor, image.dtype, self.key)
-        )
-
-    def _derived(self, name: str, compute: Any) -> np.ndarray:
+    def derived(self, name: str, compute: Any) -> np.ndarray:
         """``compute(descriptor, key)`` kept under ``name`` (read-only)."""
         held = self._memo.get(name)
         if held is None:
@@ -189,13 +139,13 @@ class Scene:
             self._memo[name] = held
         return np.asarray(held)
 
-    def _per_glyphs(self, name: str, image: np.ndarray, compute: Any) -> np.ndarray:
+    def per_glyphs(self, name: str, image: np.ndarray, compute: Any) -> np.ndarray:
         """``compute()`` kept under ``name`` and the bytes of ``image``'s glyph windows."""
-        _check_fits(self, image)
+        check_fits(self, image)
         slot = (name, image.dtype.str, masks.glyph_windows_bytes(self.descriptor, image))
-        return self._keep(slot, compute)
+        return self.keep(slot, compute)
 
-    def _keep(self, slot: tuple[str, str, bytes], compute: Any) -> np.ndarray:
+    def keep(self, slot: tuple[str, str, bytes], compute: Any) -> np.ndarray:
         """``compute()`` kept under ``slot`` (its name, dtype and a digest of what it reads),
         at most ``_GLYPH_SLOTS`` per name (a scene used with other images)."""
         name = slot[0]
@@ -219,7 +169,7 @@ class Scene:
     @property
     def field(self) -> np.ndarray:
         if self.kind == "radiograph":  # the whole film
-            return self._derived("field", lambda d, _k: np.ones(self.size, np.float32))
+            return self.derived("field", lambda d, _k: np.ones(self.size, np.float32))
         return masks._field_alpha(self.key)  # the cached masks of this descriptor, keyed once
 
     @property
@@ -231,7 +181,7 @@ class Scene:
     @property
     def tissue(self) -> np.ndarray:
         if self.kind == "radiograph":
-            return self._derived("composite", radiograph.composite_alpha)
+            return self.derived("composite", radiograph.composite_alpha)
         return masks._tissue_alpha(self.key)  # the cached masks of this descriptor, keyed once
 
     def tissue_of(self, image: Any) -> np.ndarray:
@@ -250,7 +200,7 @@ class Scene:
 
     def _chw(self, image: Any) -> np.ndarray:
         chw = np.moveaxis(to_hwc_u8(image), -1, 0)
-        _check_fits(self, chw)
+        check_fits(self, chw)
         return chw
 
     @property
@@ -282,7 +232,7 @@ class Scene:
         ]
 
 
-def _check_fits(scene: Scene, chw: np.ndarray) -> None:
+def check_fits(scene: Scene, chw: np.ndarray) -> None:
     if tuple(chw.shape[-2:]) != scene.size:
         raise ValueError(
             f"scene of size {scene.size} does not fit an image of size {tuple(chw.shape[-2:])}"

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perturb.boxes import parse_loc_tags, sort_corners
+from perturb.contracts.boxes import parse_loc_tags, sort_corners
 from perturb.datasets.radiology import image_path_parts, sample_of_image_paths
 
 _IMAGE_TAG = re.compile(r"<image>", re.IGNORECASE)

@@ -51,7 +51,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from perturb.boxes import (
+from perturb.contracts.boxes import (
     Box,
     hit_rate,
     matched_mean_iou,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import perturb
-from perturb import engine
 from perturb.contracts.record import Record
+from perturb.engine import run as engine
 from perturb.ops import backend, geometry
 from tests.helpers import small_batch
 

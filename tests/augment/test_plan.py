@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import perturb
-from perturb import engine
 from perturb.augment import apply_plans, load_policy, plan_batch, plan_sample, sample_key
 from perturb.augment.plan import strength_level
-from perturb.catalog.registry import get_op
+from perturb.catalog.ops import get_op
 from perturb.catalog.specs import get_spec, op_names
 from perturb.contracts.record import Record
+from perturb.engine import run as engine
 from perturb.errors import InputError
 from tests.helpers import small_batch
 

@@ -12,7 +12,7 @@ import yaml
 from perturb.augment import OverlapWarning, Policy, PolicyError, load_policy
 from perturb.catalog.specs import load_specs
 from perturb.configs import CONFIG_DIR
-from perturb.suites import load_suite
+from perturb.configs.suites import load_suite
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import perturb
 from perturb import Augment
-from perturb.engine import scene_kind
+from perturb.engine.run import scene_kind
 from perturb.io.images import decode_image, to_tensor
 from tests.helpers import XRAY, require_samples
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from perturb.catalog.registry import all_ops
+from perturb.catalog.ops import all_ops
 from tests.helpers import require_samples
 
 REPO = Path(__file__).resolve().parents[2]

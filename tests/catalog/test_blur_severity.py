@@ -13,8 +13,8 @@ import torch
 
 import perturb
 from perturb.calibrate.metrics import Reference
-from perturb.catalog.registry import get_op
-from perturb.engine import make_record, run_records
+from perturb.catalog.ops import get_op
+from perturb.engine.run import make_record, run_records
 from tests.scene.frames import downscale, require_frames
 
 SCORE_SHORT = 448  # the size `perturb calibrate` scores at

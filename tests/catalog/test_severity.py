@@ -17,7 +17,7 @@ from skimage.metrics import structural_similarity
 
 import perturb
 from perturb.calibrate.metrics import Reference
-from perturb.catalog.registry import all_ops
+from perturb.catalog.ops import all_ops
 from perturb.catalog.specs import load_specs, load_table_file
 from tests.helpers import ENDOSCOPY, downscaled, require_samples, sample_tensor
 

@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 import perturb
-from perturb.catalog.registry import all_ops
+from perturb.catalog.ops import all_ops
 from perturb.catalog.specs import op_names
 from perturb.cli import app
 from tests.catalog.test_severity import ssim

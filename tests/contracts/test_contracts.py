@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
+from perturb.configs.suites import CATALOG
+from perturb.configs.suites import parse_suite as parse_builtin
 from perturb.contracts import keys
 from perturb.contracts.manifest import MANIFEST_COLUMNS, SCORER_COLUMNS, arrow_schema
 from perturb.contracts.suite import Suite, SuiteError, parse_suite
-from perturb.suites import CATALOG
-from perturb.suites import parse_suite as parse_builtin
 
 SUITE = {
     "suite": "s",

@@ -49,7 +49,7 @@ def test_the_scan_finds_the_known_errors() -> None:
     for name in (
         "perturb.generate.core.RunError",
         "perturb.io.images.ImageDecodeError",
-        "perturb.catalog.registry.UnknownOpError",
+        "perturb.catalog.ops.UnknownOpError",
     ):
         assert name in CLASSES
     assert len(CLASSES) >= 15
@@ -64,7 +64,7 @@ def test_error_derives_from_perturb_error(name: str) -> None:
 
 def test_one_input_error_and_old_bases_kept() -> None:
     from perturb.augment.dali import DaliUnavailableError
-    from perturb.catalog.registry import UnknownOpError
+    from perturb.catalog.ops import UnknownOpError
     from perturb.contracts.suite import SuiteError
     from perturb.generate.core import RunError
     from perturb.generate.merge import MergeError

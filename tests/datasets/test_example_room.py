@@ -89,7 +89,7 @@ def test_the_scorer_reads_the_rooms_prediction_format(registered: None) -> None:
 
 
 def test_unregistered_the_room_is_unknown() -> None:
-    from perturb.suites import parse_suite
+    from perturb.configs.suites import parse_suite
 
     with pytest.raises(Exception, match="unknown dataset adapter 'example-capsule'"):
         parse_suite(SUITE, "x.yaml")
@@ -98,10 +98,10 @@ def test_unregistered_the_room_is_unknown() -> None:
 def test_generate_and_replay_a_split_of_the_fifth_dataset(
     registered: None, capsule: Path, tmp_path: Path
 ) -> None:
+    from perturb.configs.suites import parse_suite
     from perturb.generate import generate_split
     from perturb.generate.replay import replay_bytes
     from perturb.io.images import decode_image, to_tensor
-    from perturb.suites import parse_suite
 
     suite = parse_suite(SUITE, "example.yaml")
     out = tmp_path / "run"

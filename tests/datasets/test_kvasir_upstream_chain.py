@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
+from perturb.configs.suites import load_suite
 from perturb.datasets.kvasir_vqa_x1 import transform as tr
-from perturb.suites import load_suite
 
 FRAMES = sorted((Path(__file__).resolve().parents[1] / "data" / "endoscopy").glob("*.jpg"))[:3]
 VARIANTS = 2

@@ -37,15 +37,7 @@ from perturb.errors import UnknownNameError
 PACKAGE = Path(datasets_pkg.__file__).parent.parent
 PROSE_NAMES = {"phantoms"}  # entries whose name is a plain word (see the module docstring)
 
-PENDING: dict[str, str] = {
-    "perturb/cli/generate.py": "--images help text lists the adapters by title; could read "
-    "perturb.datasets.adapters() (cli/ is not this branch's)",
-    "perturb/export/hub.py": "licence table keyed by the Kvasir hub id; belongs in the entry "
-    "(export/ is not this branch's)",
-    "perturb/cli/preview.py": "renders a built-in phantom when no image is given",
-    "perturb/calibrate/run.py": "renders built-in phantoms when no image folder is given",
-    "perturb/demo/run.py": "writes the built-in phantoms' rows as the demo's clean split",
-}
+PENDING: dict[str, str] = {}
 
 
 def _rooms() -> dict[str, str]:
@@ -193,3 +185,27 @@ def test_prediction_readers_resolve_and_owners_are_unique() -> None:
     )
     assert entry.prediction_reader("x-json") is resolve("json:loads")
     assert entry.prediction_reader("x-fn") is len
+
+
+def test_the_built_in_dataset_and_licences_are_found_through_the_registry() -> None:
+    """What preview, calibrate, demo and the hub export ask the registry for: the one entry
+    flagged ``builtin`` (its images and rows) and the licences declared on the entries."""
+    from perturb.datasets import BUILTIN_SOURCE, builtin, licences
+
+    entry = builtin()
+    assert [e.name for _, e in DATASETS.items() if e.builtin] == [entry.name]
+    gray = entry.make_image("k", "xray")
+    colour = entry.make_image("k", "endoscopy", (96, 64))
+    assert gray.shape[0] == 1 and tuple(colour.shape) == (3, 64, 96)
+    assert float(gray.min()) >= 0.0 and float(gray.max()) <= 1.0
+    rows = entry.make_rows(1)
+    assert rows and {r["img_id"] for r in rows} == {rows[0]["img_id"]}
+    with pytest.raises(ValueError, match="no built-in phantom of modality 'ct'"):
+        entry.make_image("k", "ct")
+    found = licences()
+    assert found[BUILTIN_SOURCE] == entry.licence
+    declared = {e.hub_id: e.licence for _, e in DATASETS.items() if e.licence and e.hub_id}
+    assert declared and all(found[hub] == licence for hub, licence in declared.items())
+    without = next(e for _, e in DATASETS.items() if e.image_maker is None)
+    with pytest.raises(ValueError, match="makes no images"):
+        without.make_image("k", "xray")

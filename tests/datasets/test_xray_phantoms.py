@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perturb.boxes import parse_loc_tags
+from perturb.contracts.boxes import parse_loc_tags
 from perturb.datasets.phantoms.xray import XRAY_SIZE, builtin_xray_input, render
 from perturb.io.images import decode_image
 

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from perturb.configs.suites import parse_suite
 from perturb.contracts.suite import Suite
 from perturb.generate.core import RESERVED, RunOptions, RunSummary
 from perturb.generate.runner import generate
-from perturb.suites import parse_suite
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL_SIZE = (128, 96)

@@ -44,9 +44,9 @@ def hang_worker_on(img_id: str, stage: str, n: int | str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    from perturb.configs.suites import load_suite
     from perturb.generate.core import RunOptions
     from perturb.generate.runner import generate
-    from perturb.suites import load_suite
 
     options = json.loads(argv[0])
     suite = load_suite(options.pop("suite"))

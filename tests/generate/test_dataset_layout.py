@@ -14,9 +14,9 @@ import datasets
 import pytest
 from PIL import Image
 
+from perturb.configs.suites import parse_suite
 from perturb.generate import load_generated
 from perturb.generate.merge import merge_parts
-from perturb.suites import parse_suite
 from tests.generate.conftest import manifest_rows, run
 
 SUITE: dict[str, Any] = {

@@ -11,11 +11,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from perturb.configs.suites import parse_suite
 from perturb.contracts.suite import Suite
 from perturb.generate.core import RunOptions
 from perturb.generate.plan import plan_jobs
 from perturb.generate.runner import generate
-from perturb.suites import parse_suite
 
 SUITE = {
     "suite": "flow",

@@ -18,13 +18,13 @@ from typer.testing import CliRunner
 from perturb.catalog.specs import op_names
 from perturb.cli import app
 from perturb.configs import CONFIG_DIR
+from perturb.configs.suites import load_suite
 from perturb.contracts.manifest import MANIFEST_COLUMNS
 from perturb.contracts.suite import Suite
 from perturb.datasets import open_input
 from perturb.generate import load_generated
 from perturb.generate.replay import replay_bytes
 from perturb.io.images import decode_image, to_tensor
-from perturb.suites import load_suite
 from tests.generate.conftest import digests, manifest_rows, run
 
 runner = CliRunner()

@@ -175,13 +175,13 @@ def test_torch_path_is_one_batch_whatever_its_size(op: str) -> None:
         both, records = perturb.apply(x, op, 5, keys)
         alone = torch.cat([perturb.replay([r], x[i : i + 1]) for i, r in enumerate(records)])
     assert torch.equal(both, alone)
-    geometry = perturb.catalog.registry.get_op(op).geometry
+    geometry = perturb.catalog.ops.get_op(op).geometry
     assert geometry is not None
-    params = perturb.engine.collate([r.params for r in records], x.device)
+    params = perturb.engine.run.collate([r.params for r in records], x.device)
     for dtype in (torch.uint8, torch.uint16, torch.bool):  # gather has no uint16 kernel: a twin
         labels = ((x[:, :1] > 0.5) * 7).to(dtype)
         moved = geometry.label_maps(labels, params)
         assert moved.dtype == dtype and bool(moved.to(torch.int32).sum() > 0)
         for i, r in enumerate(records):
-            one = perturb.engine.collate([r.params], x.device)
+            one = perturb.engine.run.collate([r.params], x.device)
             assert torch.equal(moved[i : i + 1], geometry.label_maps(labels[i : i + 1], one))

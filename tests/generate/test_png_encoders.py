@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from perturb.configs.suites import parse_suite
 from perturb.contracts.suite import OutputSpec, SuiteError
 from perturb.datasets import open_input
 from perturb.generate.output import encode, encoding_json, spec_from_encoding
 from perturb.generate.replay import replay_bytes
 from perturb.io.images import decode_image, to_tensor
-from perturb.suites import parse_suite
 from tests.generate.conftest import manifest_rows, run
 
 HAS_ISAL = importlib.util.find_spec("isal") is not None

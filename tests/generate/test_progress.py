@@ -11,12 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from perturb.cli import app
+from perturb.configs.suites import parse_suite
 from perturb.datasets import open_input
 from perturb.generate import progress as progress_module
 from perturb.generate.core import read_jobs
 from perturb.generate.progress import Progress
 from perturb.generate.worker import WorkerConfig, process_chunk
-from perturb.suites import parse_suite
 from tests.generate.conftest import run
 
 runner = CliRunner()

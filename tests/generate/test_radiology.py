@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from perturb.boxes import box_iou, parse_loc_tags
 from perturb.catalog.specs import op_names
 from perturb.cli import app
 from perturb.configs import CONFIG_DIR
+from perturb.configs.suites import load_suite, parse_suite
+from perturb.contracts.boxes import box_iou, parse_loc_tags
 from perturb.generate.annotate import move_row
 from perturb.generate.core import RunError
 from perturb.generate.replay import replay_bytes
 from perturb.io.datasets import Annotations
 from perturb.io.images import read_image, to_tensor
-from perturb.suites import load_suite, parse_suite
 from tests.datasets.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 from tests.generate.conftest import manifest_rows, run
 

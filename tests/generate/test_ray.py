@@ -241,7 +241,7 @@ def test_ray_engine_runs_adapter_suites_with_per_image_modality(
 ) -> None:
     """Workers open the input as the driver does (the suite's dataset adapter, its sample keys
     and each image's modality): a MedThinkVQA case on Ray equals the local engine's run."""
-    from perturb.suites import parse_suite
+    from perturb.configs.suites import parse_suite
     from tests.datasets.radiology_fixtures import make_medthinkvqa
 
     folder = make_medthinkvqa(tmp_path)

@@ -131,7 +131,7 @@ def test_every_op_on_extreme_aspect_ratios_stays_under_2_gb(tmp_path: Path) -> N
 import resource
 from perturb.generate.core import RunOptions
 from perturb.generate.runner import generate
-from perturb.suites import parse_suite
+from perturb.configs.suites import parse_suite
 suite = parse_suite({{"suite": "all5", "seed": 0, "jobs": [
     {{"ops": "all", "modality": "endoscopy", "severities": [5]}},
     {{"ops": "all", "modality": "xray", "severities": [5]}}],
@@ -156,7 +156,7 @@ print("maxrss_kb", hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).r
 def test_replay_checks_parameters_against_the_op_bounds() -> None:
     import torch
 
-    from perturb.engine import apply, replay
+    from perturb.engine.run import apply, replay
     from perturb.errors import InputError
 
     x = torch.rand(1, 3, 32, 32)

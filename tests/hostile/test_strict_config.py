@@ -13,7 +13,7 @@ import torch
 import yaml
 from PIL import Image
 
-from perturb.engine import apply, replay
+from perturb.engine.run import apply, replay
 from perturb.errors import InputError
 from tests.hostile.conftest import TINY_SUITE, generate, image, manifest_rows, usage_error
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import perturb
-from perturb.catalog.registry import get_op
+from perturb.catalog.ops import get_op
 from perturb.ops.backend import use_backend
-from perturb.ops.registry import kernel_names
+from perturb.ops.kernels import kernel_names
 from perturb.scene import Scene
 from tests.dispatch_counts import Dispatch, counting
 

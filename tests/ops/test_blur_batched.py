@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from perturb.catalog.registry import get_op
+from perturb.catalog.ops import get_op
 from perturb.ops import blur
 
 SIDE = 96

@@ -17,8 +17,8 @@ import torch
 
 import perturb
 from perturb import rng
-from perturb.annotations import transform_boxes
-from perturb.catalog.registry import get_op
+from perturb.catalog.ops import get_op
+from perturb.engine.annotations import transform_boxes
 from perturb.ops import _host
 from perturb.ops.clinical import (
     BUBBLE_GAP,

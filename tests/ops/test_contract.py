@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import perturb
-from perturb.catalog.registry import all_ops, get_op
+from perturb.catalog.ops import all_ops, get_op
 from perturb.contracts.record import Record
 from perturb.errors import InputError
 from perturb.ops.backend import use_backend

@@ -10,10 +10,10 @@ import torch
 
 import perturb.ops  # noqa: F401  (registers every kernel)
 from perturb import rng
-from perturb.catalog.registry import all_ops
-from perturb.engine import collate
+from perturb.catalog.ops import all_ops
+from perturb.engine.run import collate
 from perturb.ops.backend import use_backend
-from perturb.ops.registry import get_kernel
+from perturb.ops.kernels import get_kernel
 
 DIFFERENTIABLE = sorted(name for name, op in all_ops().items() if op.spec.differentiable)
 # Ops whose torch kernel computes in float32 inside (float64 in and out): their finite

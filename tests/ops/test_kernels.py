@@ -1,6 +1,6 @@
 """The kernel contract on the bare kernels, without the engine.
 
-For every registered op, its torch kernel (``perturb.ops.registry.get_kernel``: kernel and
+For every registered op, its torch kernel (``perturb.ops.kernels.get_kernel``: kernel and
 keyed sampler) is called directly on a small float32 BCHW batch with per-sample parameter
 tensors drawn by its own sampler, under both backends (``opencv``: kernels that hand work to
 OpenCV on the CPU do so; ``torch``: the code path CUDA runs), on CUDA too where present, and
@@ -22,10 +22,10 @@ import torch
 
 import perturb.ops  # noqa: F401  (registers every kernel)
 from perturb import rng
-from perturb.catalog.registry import all_ops
-from perturb.engine import collate
+from perturb.catalog.ops import all_ops
+from perturb.engine.run import collate
 from perturb.ops.backend import Backend, cpu_path, run_cpu, use_backend
-from perturb.ops.registry import get_kernel, kernel_names
+from perturb.ops.kernels import get_kernel, kernel_names
 from tests.helpers import small_batch
 
 OPS = kernel_names()

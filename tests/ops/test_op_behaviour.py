@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import perturb
-from perturb import engine
-from perturb.annotations import AnnotationError, forward_matrix, transform_boxes
 from perturb.augment.policy import PolicyError, load_policy
-from perturb.catalog.registry import all_ops, geometry_of, get_op
+from perturb.catalog.ops import all_ops, geometry_of, get_op
 from perturb.catalog.specs import FAMILIES, load_specs
+from perturb.engine import run as engine
+from perturb.engine.annotations import AnnotationError, forward_matrix, transform_boxes
 from perturb.ops import backend
-from perturb.ops.registry import Geometry, kernel_names
+from perturb.ops.kernels import Geometry, kernel_names
 
 PACKAGE = Path(perturb.__file__).parent
 # Files that compare the step names of a composite (the Kvasir track-2 transform: steps
@@ -121,7 +121,7 @@ def test_no_op_name_branches_outside_the_ops() -> None:
         if rel.startswith("perturb/ops/") or any(fnmatch.fnmatch(rel, p) for p in COMPOSITE_VOCABULARY):
             continue
         found += [f"{rel}:{line}: {name}" for line, name in op_name_comparisons(path.read_text(), names, sets)]
-    assert not found, "ask the op (perturb.catalog.registry.Op: geometry, codec) instead:\n" + "\n".join(found)
+    assert not found, "ask the op (perturb.catalog.ops.Op: geometry, codec) instead:\n" + "\n".join(found)
 
 
 def test_geometry_is_registered_exactly_on_the_ops_that_move_it() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perturb.engine import apply, replay
+from perturb.engine.run import apply, replay
 from perturb.errors import InputError
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import perturb
-from perturb.ops import color
+from perturb.ops import color, composite
 from perturb.ops._math import scratch
 from perturb.scene import Scene, masks
 from tests.scene.frames import require_frames, small_frame
@@ -52,7 +52,7 @@ def test_glyph_cover_cache_keys_on_the_window_pixels() -> None:
     other = 255 - x  # the same scene, other glyph windows
     perturb.apply(x, "brightness", 3, ["k"], protect_border=True, scenes=[scene])
     cached, _ = perturb.apply(other, "brightness", 3, ["k"], protect_border=True, scenes=[scene])
-    masks._TEXT_BLEND.clear()
+    composite._TEXT_BLEND.clear()
     fresh, _ = perturb.apply(other, "brightness", 3, ["k"], protect_border=True, scenes=[scene])
     assert torch.equal(cached, fresh)
 

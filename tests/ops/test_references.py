@@ -18,7 +18,7 @@ import torch
 
 import perturb
 from perturb import rng
-from perturb.catalog.registry import get_op
+from perturb.catalog.ops import get_op
 from perturb.ops.backend import use_backend
 from perturb.ops.blur import disk_psf, gaussian_taps, line_psf
 from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
@@ -382,7 +382,7 @@ def test_painting_ops_leave_the_border_untouched() -> None:
     s = perturb.scene(x[0])
     kept = s.tissue_of(x[0]) == 0.0  # the surround and the overlays (of text lines, the glyph strokes)
     mask = torch.from_numpy(kept).view(1, 1, *kept.shape).expand_as(x)
-    from perturb.catalog.registry import all_ops
+    from perturb.catalog.ops import all_ops
 
     for name, op in all_ops().items():
         if not op.spec.protects_border or 3 not in op.spec.channels:

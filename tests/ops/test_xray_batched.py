@@ -10,11 +10,12 @@ import pytest
 import torch
 
 import perturb
-from perturb import engine, rng
-from perturb.catalog.registry import get_op
+from perturb import rng
+from perturb.catalog.ops import get_op
+from perturb.engine import run as engine
 from perturb.ops import blur, overlay
 from perturb.ops.backend import use_backend
-from perturb.ops.registry import get_kernel
+from perturb.ops.kernels import get_kernel
 
 
 def test_collimation_masks_are_the_host_masks_bit_for_bit() -> None:

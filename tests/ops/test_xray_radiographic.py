@@ -17,9 +17,9 @@ import scipy.ndimage
 import torch
 
 import perturb
-from perturb.annotations import transform_boxes
-from perturb.catalog.registry import all_ops
+from perturb.catalog.ops import all_ops
 from perturb.contracts.record import Record
+from perturb.engine.annotations import transform_boxes
 from tests.helpers import XRAY, sample_tensor
 from tests.ops.test_xray_ops import _disp, _lin, _np, _real, _with_params
 
@@ -50,7 +50,7 @@ def _project_rotated(
 
 def test_patient_rotation_is_the_projection_of_the_rotated_coronal_plane() -> None:
     """A bright dot lands where the 3-D ray trace puts it, and a box around it moves with it
-    (``perturb.annotations``)."""
+    (``perturb.engine.annotations``)."""
     h, w = 200, 240
     x = torch.zeros(1, 1, h, w)
     dot = (70.0, 120.0)

@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 import perturb
-from perturb.catalog.registry import all_ops, get_op
+from perturb.catalog.ops import all_ops, get_op
 from perturb.cli import app
 from perturb.contracts.record import Record
 from perturb.ops.backend import use_backend

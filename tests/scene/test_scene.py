@@ -178,8 +178,8 @@ def test_text_over_tissue_keeps_only_its_glyph_strokes() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.uint16, torch.float32])
 def test_text_composite_is_the_same_on_the_cpu_and_torch_paths(dtype: torch.dtype) -> None:
-    from perturb.engine import compose_tissue
-    from perturb.scene.masks import compose_numpy
+    from perturb.engine.run import compose_tissue
+    from perturb.ops.composite import compose_frame as compose_numpy
 
     img, _ = _text_over_tissue()
     s = perturb.scene(img)

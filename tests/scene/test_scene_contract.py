@@ -16,7 +16,7 @@ import torch
 import perturb
 from perturb.calibrate.metrics import Reference
 from perturb.calibrate.run import INVARIANCE_TOLERANCE, calibrated_ops, invariance_gaps, measure
-from perturb.catalog.registry import all_ops
+from perturb.catalog.ops import all_ops
 from perturb.catalog.specs import load_specs
 from tests.scene.frames import downscale, frames_with_overlays, require_frames, small_frame
 

@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from perturb.configs.suites import parse_suite
 from perturb.datasets.native import write_native
 from perturb.errors import InputError
 from perturb.score import score_runs
-from perturb.suites import parse_suite
 from tests.datasets.radiology_fixtures import make_medthinkvqa, make_rexvqa, make_vindr
 from tests.generate.conftest import run
 
@@ -333,7 +333,7 @@ def vindr(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _shifted(answer: str) -> str:
     """The answer with its box moved right by half its width (IoU 1/3 with the original)."""
-    from perturb.boxes import parse_loc_tags
+    from perturb.contracts.boxes import parse_loc_tags
 
     (x1, y1, x2, y2), *_ = parse_loc_tags(answer)
     w = (x2 - x1) / 2

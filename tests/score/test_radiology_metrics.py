@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perturb.boxes import (
+from perturb.contracts.boxes import (
     box_iou,
     hit_rate,
     iou_matrix,
@@ -136,12 +136,12 @@ def test_loc_tags_parse_and_strip() -> None:
 
 
 def test_box_helpers_have_one_definition() -> None:
-    """The torch-free box and <loc> helpers live in perturb.boxes only: no other module of the
+    """The torch-free box and <loc> helpers live in perturb.contracts.boxes only: no other module of the
     package defines its own copy (the scorer's union IoU has its own name, union_box_iou)."""
     import ast
 
     import perturb
-    import perturb.boxes as bx
+    import perturb.contracts.boxes as bx
 
     helpers = {"LOC_TAG", "box_iou", "loc_tag", "parse_loc_tags", "strip_loc_tags"}
     root = Path(perturb.__file__).parent

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from perturb.configs.suites import parse_suite
 from perturb.score import score_runs
 from perturb.score.inputs import read_predictions
-from perturb.suites import parse_suite
 from tests.datasets.radiology_fixtures import (
     MED_MODALITIES,
     make_medthinkvqa,

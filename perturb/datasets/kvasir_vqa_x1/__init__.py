@@ -65,4 +65,9 @@ DATASET = DatasetEntry(
     label_risk=LABEL_RISK,
     sample_key="img_id (one image per sample)",
     composites={"kvasir_transformed": "perturb.datasets.kvasir_vqa_x1.transform"},
+    licence=(
+        "cc-by-nc-4.0",
+        "Kvasir-VQA-x1 (Gautam et al., arXiv 2506.09958), SimulaMet; images from HyperKvasir "
+        "and Kvasir-Instrument",
+    ),
 )

@@ -25,7 +25,7 @@ import cv2
 import numpy as np
 
 from perturb import rng as keyed
-from perturb.boxes import loc_tag
+from perturb.contracts.boxes import loc_tag
 
 if TYPE_CHECKING:  # pragma: no cover
     from perturb.io.datasets import InputDataset

@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from perturb.boxes import parse_loc_tags
+from perturb.contracts.boxes import parse_loc_tags
 from perturb.datasets._adapter import (
     IMAGE_PATH,
     IMAGE_SUFFIXES,

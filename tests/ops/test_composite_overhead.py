@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import perturb
-from perturb import engine
+from perturb.engine import run as engine
+from perturb.ops import composite
 from perturb.scene import Scene, masks
 from perturb.scene.analysis import analyse
 from tests.scene.frames import require_frames, small_frame
@@ -48,11 +49,11 @@ def test_blend_without_clip_matches_the_clipped_reference(dtype: type) -> None:
     )
     want = _reference_blend(src, dst, index, alpha)
     got = dst.copy()
-    masks._blend_at(src, got, index, alpha)
+    composite._blend_at(src, got, index, alpha)
     assert np.array_equal(got, want)
     strided = np.zeros((*shape[:-1], shape[-1] + 5), dtype)[..., :-5]
     strided[...] = dst
-    masks._blend_at(src, strided, index, alpha)
+    composite._blend_at(src, strided, index, alpha)
     assert np.array_equal(strided, want)
 
 
@@ -109,7 +110,7 @@ def test_scenes_analysed_in_workers_give_the_same_bytes(op: str) -> None:
     assert torch.equal(serial, perturb.replay(records, x))
 
 
-@pytest.mark.parametrize("fn", [masks.compose_numpy, masks.extend_numpy])
+@pytest.mark.parametrize("fn", [composite.compose_frame, composite.extend_frame])
 def test_strided_outputs_get_the_contiguous_bytes(fn: object) -> None:
     for small, scene in _frames(3):
         src = np.ascontiguousarray(np.moveaxis(small, -1, 0))

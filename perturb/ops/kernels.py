@@ -1,5 +1,5 @@
 """Kernel registry: op name -> (kernel, sampler). Metadata and severity tables live in
-``perturb.catalog`` (data, no torch); ``perturb.catalog.registry`` joins the two."""
+``perturb.catalog`` (data, no torch); ``perturb.catalog.ops`` joins the two."""
 
 from __future__ import annotations
 

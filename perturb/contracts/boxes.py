@@ -1,5 +1,5 @@
 """Boxes and ``<loc_x1_y1_x2_y2>`` tags: parsing, IoU and matching. Pure Python + NumPy (no
-torch), shared by :mod:`perturb.annotations` (boxes through geometry) and the scorer.
+torch), shared by :mod:`perturb.engine.annotations` (boxes through geometry) and the scorer.
 
 Boxes are ``(x1, y1, x2, y2)`` in pixels of the original image.
 """

@@ -14,7 +14,7 @@ the frame. Each result carries flags:
 * ``cut``: the part inside the frame is below ``min_visible`` of the moved box's area.
 
 Each geometric op says how it moves coordinates through the ``Geometry`` registered with its
-kernel (``perturb.catalog.registry.geometry_of``): a projective op (affine or a homography, e.g.
+kernel (``perturb.catalog.ops.geometry_of``): a projective op (affine or a homography, e.g.
 ``rotation``, ``xray_patient_rotation``) gives its forward matrix and a box's corners are mapped
 through the chain's composed matrix; an op that is not projective (``lens_distortion``) moves
 points, and a box becomes the bounding box of its moved outline, sampled at
@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from perturb.boxes import LOC_TAG, loc_tag, parse_loc_tags
-from perturb.catalog.registry import UnknownOpError, geometry_of
+from perturb.catalog.ops import UnknownOpError, geometry_of
+from perturb.contracts.boxes import LOC_TAG, loc_tag, parse_loc_tags
 from perturb.contracts.record import Record
 from perturb.errors import InputError
-from perturb.ops.registry import Geometry
+from perturb.ops.kernels import Geometry
 
 DEFAULT_MIN_VISIBLE = 0.5
 OUTLINE_POINTS = 64

@@ -1,4 +1,4 @@
-"""Boxes and loc tags through geometry (perturb.annotations) against an independent computation:
+"""Boxes and loc tags through geometry (perturb.engine.annotations) against an independent computation:
 each box of the samples' xray/boxes.csv (tests.helpers.SAMPLES) is painted as a mask, the mask is warped by the
 real op (same key, so the same parameters as the image), and the moved box must match the
 bounding box of the warped mask."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import perturb
-from perturb.annotations import AnnotationError, transform_boxes, transform_loc_text
-from perturb.boxes import box_iou, parse_loc_tags
+from perturb.contracts.boxes import box_iou, parse_loc_tags
+from perturb.engine.annotations import AnnotationError, transform_boxes, transform_loc_text
 from tests.helpers import SAMPLES, sample_tensor
 
 BOXES_CSV = SAMPLES / "xray" / "boxes.csv"

@@ -20,12 +20,13 @@ import torch
 
 from perturb import rng
 from perturb.catalog.bounds import params_problem
-from perturb.catalog.registry import Op, get_op
+from perturb.catalog.ops import Op, get_op
 from perturb.catalog.specs import check_severity
 from perturb.contracts.keys import check_sample_keys
 from perturb.contracts.record import Record
 from perturb.errors import InputError, UnknownNameError
 from perturb.ops import backend as backends
+from perturb.ops.composite import scene_extension_alpha, scene_extension_fill
 from perturb.scene import Scene, kind_of, radiograph
 from perturb.scene.analysis import analysed
 
@@ -401,7 +402,7 @@ def _run_kernel(
     sample's recorded parameters, for a kernel that takes them; ``compose``: composited
     into ``x`` as the tissue layer of the samples that have a scene; ``extend`` (CPU path
     only): the path reads each such sample with its surround replaced by the extension of its
-    tissue (``perturb.scene.masks.extend_numpy``)."""
+    tissue (``perturb.ops.composite.extend_numpy``)."""
     dtype = x.dtype
     fast = _cpu_path(op, x)
     if fast is not None:
@@ -461,16 +462,18 @@ def _alphas(x: torch.Tensor, scenes: Sequence[Scene | None], kind: str) -> torch
     for i, s in enumerate(scenes):
         if s is not None:
             stack[i, 0] = (
-                s.composite_alpha(host[i]) if kind == "composite" else s.extension_alpha(host[i])
+                s.composite_alpha(host[i])
+                if kind == "composite"
+                else scene_extension_alpha(s, host[i])
             )
     return torch.from_numpy(stack).to(x.device)
 
 
 def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:
     """``x`` with each scene's surround and overlays replaced by a smooth extension of its
-    tissue (``perturb.scene.masks.extend_numpy``, the same bytes), for spatial (PSF) ops: each
-    image's fill and alpha are computed once on the host (``Scene.extension_fill`` and
-    ``Scene.extension_alpha``, from the batch's one host copy), uploaded as one batch each, and
+    tissue (``perturb.ops.composite.extend_numpy``, the same bytes), for spatial (PSF) ops: each
+    image's fill and alpha are computed once on the host (``scene_extension_fill`` and
+    ``scene_extension_alpha``, from the batch's one host copy), uploaded as one batch each, and
     blended in one batched step on ``x``'s device."""
     alpha = _alphas(x, scenes, "extension")
     if alpha is None:
@@ -478,7 +481,7 @@ def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tens
     host = _host_of(x, scenes)()
     fills = np.empty(host.shape, host.dtype)
     for i, s in enumerate(scenes):
-        fills[i] = host[i] if s is None else s.extension_fill(host[i])
+        fills[i] = host[i] if s is None else scene_extension_fill(s, host[i])
     fill = torch.from_numpy(fills).to(x.device).to(torch.float32)
     xf = x.to(torch.float32)
     mixed = fill + alpha * (xf - fill)  # the host's (src - fill) * alpha + fill, exactly
@@ -506,7 +509,7 @@ def compose_tissue(
     surround and the on-screen overlays keep their input pixels (of a burned-in text line, its
     glyph strokes: ``perturb.scene.masks.composite_alpha``); samples without a scene keep
     ``out``. Partial alpha mixes ``x + a (out - x)`` in float32 (integer levels rounded half to
-    even), the arithmetic of ``perturb.scene.masks.compose_numpy``. One batched blend: the
+    even), the arithmetic of ``perturb.ops.composite.compose_numpy``. One batched blend: the
     alphas are computed once per image on the host (``Scene.composite_alpha``) and uploaded as
     one (B, 1, H, W) tensor."""
     a = _alphas(x, scenes, "composite")

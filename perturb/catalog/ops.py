@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from perturb.catalog.specs import OpSpec, load_specs
 from perturb.errors import UnknownNameError
-from perturb.ops import registry as kernels
+from perturb.ops import kernels
 from perturb.registry import Registry
 
 
@@ -82,7 +82,7 @@ def get_op(name: str) -> Op:
 def geometry_of(name: str) -> kernels.Geometry | None:
     """How records of ``name`` move coordinates: a catalog op's registered geometry (None for
     an op that leaves them in place), or that of a transform other tools' records name (e.g. a
-    flip, ``perturb.ops.registry.register_foreign_geometry``). Unknown names raise
+    flip, ``perturb.ops.kernels.register_foreign_geometry``). Unknown names raise
     ``UnknownOpError``."""
     op_registry()  # registers every kernel (and the foreign geometries beside them)
     foreign = kernels.foreign_geometry(name)

@@ -1,4 +1,4 @@
-"""The tissue extension that spatial ops read (``perturb.scene.masks.extend_numpy``): tissue
+"""The tissue extension that spatial ops read (``perturb.ops.composite.extend_frame``): tissue
 untouched, surround filled with the nearby tissue's colour, no dark rim after a protected blur."""
 
 from __future__ import annotations
@@ -8,11 +8,13 @@ import numpy as np
 import torch
 
 import perturb
-from perturb import engine
+from perturb.engine import run as engine
 from perturb.ops.backend import use_backend
+from perturb.ops.composite import EXT_MARGIN, scene_extension_fill
+from perturb.ops.composite import extend_frame as extend_numpy
 from perturb.scene import Scene
 from perturb.scene.analysis import analyse
-from perturb.scene.masks import EXT_MARGIN, extend_numpy, text_boxes, tissue_alpha
+from perturb.scene.masks import text_boxes, tissue_alpha
 
 H, W, R = 288, 360, 120
 
@@ -94,8 +96,8 @@ def test_batched_extension_gives_the_host_bytes() -> None:
         assert np.array_equal(got[i].numpy(), want), f"frame {i}"
         assert not np.array_equal(want, f.numpy()), f"frame {i}: nothing extended (nothing checked)"
     assert torch.equal(got[-1], x[-1])
-    fill = scenes[0].extension_fill(frames[0].numpy())
-    assert scenes[0].extension_fill(frames[0].numpy()) is fill
+    fill = scene_extension_fill(scenes[0], frames[0].numpy())
+    assert scene_extension_fill(scenes[0], frames[0].numpy()) is fill
     floats = x.to(torch.float32) / 255.0
     got_f = engine.extend_tissue(floats, scenes)
     want_f = np.empty_like(floats[1].numpy())
