@@ -24,7 +24,7 @@ The pipeline (``build_pipeline``):
 
    * through the torch kernels (``apply_plans``) in ``fn.dl_tensor_python_function`` over
      DLPack (zero-copy in, on the pipeline's device), or
-   * through a DALI op where that op reproduces the catalog kernel exactly (``NATIVE_OPS``).
+   * through a DALI op where that op reproduces the catalog kernel exactly (``DALI_OPS``).
      Two qualify:
 
      - **translation**: the catalog's integer shift ``(tx, ty) = translation_pixels(W, H,
@@ -358,7 +358,7 @@ def _always(_: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class NativeOp:
+class DaliOp:
     """A catalog op that a DALI op reproduces exactly: its per-sample argument (identity when
     the sample does not run it), the DALI call, which records it takes (``accepts``) and
     whether a policy can produce any (``usable``: else the graph leaves the op out)."""
@@ -403,10 +403,10 @@ def _brightness_add(images: Any, delta: Any, height: int, width: int) -> Any:
     return fn.cast(x, dtype=dali.types.UINT8)
 
 
-NATIVE_OPS: dict[str, NativeOp] = {
-    "translation": NativeOp("translation", _translation_start, _translation_slice),
+DALI_OPS: dict[str, DaliOp] = {
+    "translation": DaliOp("translation", _translation_start, _translation_slice),
     # only where the field of view is not protected (policy ``protect_border: false``)
-    "brightness": NativeOp(
+    "brightness": DaliOp(
         "brightness",
         _brightness_delta,
         _brightness_add,
@@ -422,18 +422,18 @@ def _values(batch: Sequence[Any]) -> list[int]:
 
 class _TorchStage:
     """Chain position ``position`` of each sample through the torch kernels (``apply_plans``),
-    except records a native DALI op runs; HWC uint8 DLPack samples in and out."""
+    except records one of DALI's own ops runs; HWC uint8 DLPack samples in and out."""
 
-    def __init__(self, planner: Planner, position: int, natives: Sequence[NativeOp], cuda: bool):
+    def __init__(self, planner: Planner, position: int, dali_steps: Sequence[DaliOp], cuda: bool):
         self.planner, self.position, self.cuda = planner, position, cuda
-        self.natives = {op.name: op for op in natives}
+        self.dali_steps = {op.name: op for op in dali_steps}
 
     def step(self, plan: Sequence[Record]) -> list[Record]:
         k = self.position
         if k >= len(plan):
             return []
-        native = self.natives.get(plan[k].op)
-        return [] if native is not None and native.accepts(plan[k]) else [plan[k]]
+        dali_op = self.dali_steps.get(plan[k].op)
+        return [] if dali_op is not None and dali_op.accepts(plan[k]) else [plan[k]]
 
     def __call__(self, images: Sequence[Any], indices: Sequence[Any], epochs: Sequence[Any]) -> Any:
         batch = torch.stack([torch.from_dlpack(x) for x in images])  # B, H, W, C
@@ -449,11 +449,11 @@ class _TorchStage:
         return [torch.utils.dlpack.to_dlpack(x) for x in batch]
 
 
-class _NativeArgs:
-    """Per-sample arguments of the native DALI ops at one chain position (one output each)."""
+class _DaliArgs:
+    """Per-sample arguments of the DALI's own ops at one chain position (one output each)."""
 
     def __init__(
-        self, planner: Planner, position: int, ops: Sequence[NativeOp], height: int, width: int
+        self, planner: Planner, position: int, ops: Sequence[DaliOp], height: int, width: int
     ):
         self.planner, self.position, self.ops = planner, position, list(ops)
         self.height, self.width = height, width
@@ -523,7 +523,7 @@ def build_pipeline(
     num_shards: int = 1,
     modality: str | None = None,
     variant: int = 0,
-    native_ops: bool = True,
+    dali_ops: bool = True,
     image_column: str | None = None,
     prefetch_queue_depth: int = 2,
 ) -> Any:
@@ -531,7 +531,7 @@ def build_pipeline(
     ``policy`` (None: no augmentation) keyed by (seed, epoch, dataset index), and normalises
     to float32 CHW ``(x/255 - mean) / std``. Outputs: images, indices (int64, -1 for padding),
     epochs. ``device="gpu"`` decodes with the "mixed" decoder and runs the torch kernels on
-    CUDA (``device_id`` defaults to 0 there). ``native_ops=False`` runs every op through the
+    CUDA (``device_id`` defaults to 0 there). ``dali_ops=False`` runs every op through the
     torch kernels. See the module docstring for the graph."""
     dali = require_dali()
     dev = _device(device)
@@ -556,7 +556,7 @@ def build_pipeline(
             num_shards=num_shards,
         ),
         policy=None if policy is None else load_policy(policy),
-        native_ops=native_ops,
+        dali_ops=dali_ops,
     )
     if graph.policy is not None:
         graph.planner = Planner(
@@ -629,7 +629,7 @@ class _Graph:
     std: list[float]
     feeder: _Feeder
     policy: Policy | None
-    native_ops: bool
+    dali_ops: bool
     planner: Planner | None = None
 
     def define(self, dali: Any) -> tuple[Any, Any, Any]:
@@ -662,12 +662,12 @@ class _Graph:
         self, fn: Any, images: Any, indices: Any, epochs: Any, pol: Policy, planner: Planner
     ) -> Any:
         """One stage per op slot: the torch kernels (a DLPack python function on the
-        pipeline's device), then the slot's native DALI ops with their keyed arguments."""
+        pipeline's device), then the slot's DALI's own ops with their keyed arguments."""
         names = {e.op for e in pol.ops}
-        natives = [
+        dali_steps = [
             op
-            for name, op in NATIVE_OPS.items()
-            if self.native_ops and name in names and op.usable(pol)
+            for name, op in DALI_OPS.items()
+            if self.dali_ops and name in names and op.usable(pol)
         ]
         gpu = self.dev == "gpu"
         on_dev = (indices.gpu(), epochs.gpu()) if gpu else (indices, epochs)
@@ -675,21 +675,21 @@ class _Graph:
             images = fn.dl_tensor_python_function(
                 images,
                 *on_dev,
-                function=_TorchStage(planner, position, natives, gpu),
+                function=_TorchStage(planner, position, dali_steps, gpu),
                 batch_processing=True,
                 num_outputs=1,
                 device=self.dev,
             )
-            if natives:
+            if dali_steps:
                 args = fn.dl_tensor_python_function(
                     indices,
                     epochs,
-                    function=_NativeArgs(planner, position, natives, self.height, self.width),
+                    function=_DaliArgs(planner, position, dali_steps, self.height, self.width),
                     batch_processing=True,
-                    num_outputs=len(natives),
+                    num_outputs=len(dali_steps),
                 )
                 args = args if isinstance(args, list) else [args]
-                for op, arg in zip(natives, args, strict=True):
+                for op, arg in zip(dali_steps, args, strict=True):
                     images = op.build(images, arg, self.height, self.width)
         return images
 

@@ -245,7 +245,7 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
 
     ``x`` is float32 in [0, 1], uint8 or uint16 (BCHW); the result has the dtype of ``x``.
     On the CPU (``opencv`` backend) an op's registered host path runs per sample on the
-    native dtype (uint8 stays uint8; uint16 stays uint16 where the path reads it, else each
+    dtype it reads (uint8 stays uint8; uint16 stays uint16 where the path reads it, else each
     sample goes through float32); otherwise, and on CUDA, the torch kernel runs on float32 and
     integer batches are rounded back."""
     return _run_records(x, records)
@@ -412,7 +412,7 @@ def _run_kernel(
             params,
             keys,
             scenes if compose else [None] * len(scenes),
-            native=fast[1],
+            dtypes=fast[1],
             uses_scene=backends.cpu_uses_scene(op.name),
             kernel_scenes=scenes,
             extend=extend,

@@ -9,9 +9,9 @@ An op may register a per-sample host function with ``register_cpu(name)``:
 ``fn(src, dst, params, key)`` reads one sample ``src`` (CHW NumPy, uint8, uint16 or float32 in
 [0, 1]), writes ``dst`` (same shape and dtype) and gets that sample's parameters (``params[name]``
 is the sample's row of the collated float32 parameters) and key. ``dtypes`` names the sample
-dtypes ``fn`` reads natively (default uint8 and float32). The engine runs it through ``run_cpu``
-on the ``opencv`` backend: a batch of a native dtype stays in it end to end (lookup tables,
-8-bit codecs and filters); a uint16 batch for a path without native uint16 goes through float32
+dtypes ``fn`` reads directly (default uint8 and float32). The engine runs it through ``run_cpu``
+on the ``opencv`` backend: a batch of a dtype it reads stays in it end to end (lookup tables,
+8-bit codecs and filters); a uint16 batch for a path that does not read uint16 goes through float32
 one sample at a time (``x / 65535`` in, rounded back), as the torch path converts it; a dtype
 the path does not take at all (e.g. float32 for a lookup-table path) runs the torch kernel.
 
@@ -53,8 +53,8 @@ _BACKEND: contextvars.ContextVar[Backend] = contextvars.ContextVar(
 )
 
 CpuFn = Callable[..., None]  # fn(src, dst, params, key) or fn(src, dst, params, key, scene=...)
-NATIVE_DEFAULT: tuple[type, ...] = (np.uint8, np.float32)
-_NATIVE_DEFAULT = frozenset(np.dtype(d) for d in NATIVE_DEFAULT)
+DEFAULT_DTYPES: tuple[type, ...] = (np.uint8, np.float32)
+_DEFAULT_DTYPE_SET = frozenset(np.dtype(d) for d in DEFAULT_DTYPES)
 _TOPS = {np.dtype(np.uint8): 255, np.dtype(np.uint16): 65535}
 
 
@@ -121,10 +121,10 @@ def per_sample_hwc(
 @dataclass(frozen=True)
 class CpuPath:
     """An op's per-sample CPU fast path ``fn(src, dst, params, key)``, the sample dtypes it
-    reads natively, and whether it also takes ``scene=``."""
+    reads directly, and whether it also takes ``scene=``."""
 
     fn: CpuFn
-    native_dtypes: frozenset[np.dtype]
+    dtypes: frozenset[np.dtype]
     uses_scene: bool = False
 
 
@@ -133,12 +133,12 @@ CPU_PATHS: Registry[CpuPath] = Registry("CPU path")
 
 def register_cpu(
     name: str,
-    dtypes: Sequence[type] = NATIVE_DEFAULT,
+    dtypes: Sequence[type] = DEFAULT_DTYPES,
     *,
     uses_scene: bool = False,
 ) -> Callable[[CpuFn], CpuFn]:
     """Register ``fn(src, dst, params, key)`` as the CPU fast path of op ``name``; ``dtypes``
-    are the sample dtypes it reads natively. ``uses_scene``: ``fn`` also takes ``scene=`` (the
+    are the sample dtypes it reads directly. ``uses_scene``: ``fn`` also takes ``scene=`` (the
     sample's ``perturb.scene.Scene`` or None). The engine runs ``fn`` and composites after it."""
 
     def decorator(fn: CpuFn) -> CpuFn:
@@ -153,15 +153,15 @@ def cpu_uses_scene(name: str) -> bool:
 
 
 def cpu_path(name: str, dtype: torch.dtype) -> tuple[CpuFn, frozenset[np.dtype]] | None:
-    """The fast path of ``name`` and its native dtypes if it takes a ``dtype`` batch (uint16
+    """The fast path of ``name`` and the dtypes it reads if it takes a ``dtype`` batch (uint16
     also through float32), else None."""
     if name not in CPU_PATHS:
         return None
     path = CPU_PATHS.get(name)
-    native = path.native_dtypes
+    reads = path.dtypes
     want = np.dtype(_NUMPY_OF[dtype])
-    if want in native or (want == np.uint16 and np.dtype(np.float32) in native):
-        return path.fn, native
+    if want in reads or (want == np.uint16 and np.dtype(np.float32) in reads):
+        return path.fn, reads
     return None
 
 
@@ -331,13 +331,13 @@ def run_cpu(
     params: dict[str, torch.Tensor],
     keys: Sequence[int],
     scenes: Sequence[Any | None],
-    native: Collection[np.dtype] = _NATIVE_DEFAULT,
+    dtypes: Collection[np.dtype] = _DEFAULT_DTYPE_SET,
     uses_scene: bool = False,
     kernel_scenes: Sequence[Any | None] | None = None,
     extend: bool = False,
 ) -> torch.Tensor:
     """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
-    out. ``native`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
+    out. ``dtypes`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
     per sample. ``scenes`` (one ``perturb.scene.Scene`` or None per sample): where given, the
     result is composited back as the tissue layer (field of view, under the overlays).
     ``kernel_scenes`` (default ``scenes``): what a ``uses_scene`` path receives. ``extend``
@@ -348,10 +348,10 @@ def run_cpu(
     if x.dtype not in _NUMPY_OF:
         raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
     src = x.detach().contiguous().numpy()
-    if src.dtype not in native:
-        if src.dtype != np.uint16 or np.dtype(np.float32) not in native:
+    if src.dtype not in dtypes:
+        if src.dtype != np.uint16 or np.dtype(np.float32) not in dtypes:
             raise TypeError(
-                f"this CPU path takes {sorted(str(d) for d in native)} batches, got {src.dtype}"
+                f"this CPU path takes {sorted(str(d) for d in dtypes)} batches, got {src.dtype}"
             )
         fn = _via_float32(fn)
     dst = np.empty_like(src)

@@ -35,7 +35,7 @@ from perturb.ops._math import (
 )
 from perturb.ops.kernels import Level, Params, draw, register_kernel
 from perturb.ops.radiometry import (
-    _NATIVE,
+    ALL_DTYPES,
     _linear_f32,
     _linear_np,
     _store,
@@ -564,7 +564,7 @@ def _box_batch(i: torch.Tensor, r: torch.Tensor, dim: int) -> torch.Tensor:
     return (inside + mirrored) / (2 * r + 1).to(i.dtype)
 
 
-@backend.register_cpu("xray_scatter", dtypes=_NATIVE)
+@backend.register_cpu("xray_scatter", dtypes=ALL_DTYPES)
 def xray_scatter_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     r = box_radius(float(p["sigma"]) * shorter_side(src), shorter_side(src))
     res = np.empty(src.shape, dtype=np.float32)
@@ -676,7 +676,7 @@ def line_psfs(
     return (psf / psf.sum(dim=1, keepdim=True)).view(-1, size, size)
 
 
-@backend.register_cpu("xray_motion_blur", dtypes=_NATIVE)
+@backend.register_cpu("xray_motion_blur", dtypes=ALL_DTYPES)
 def xray_motion_blur_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
 ) -> None:

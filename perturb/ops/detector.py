@@ -29,7 +29,7 @@ from perturb.ops import backend, keyed_fields
 from perturb.ops._math import per_sample
 from perturb.ops.kernels import Level, Params, draw, draw_int, draw_sign, register_kernel
 from perturb.ops.radiometry import (
-    _NATIVE,
+    ALL_DTYPES,
     FIELD_CM,
     MU,
     _apply_shift,
@@ -84,7 +84,7 @@ def xray_grid_lines(
     return scale_linear(x, grid_gain(x.shape[-2], x.shape[-1], p, x.device))
 
 
-@backend.register_cpu("xray_grid_lines", dtypes=_NATIVE)
+@backend.register_cpu("xray_grid_lines", dtypes=ALL_DTYPES)
 def xray_grid_lines_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
 ) -> None:

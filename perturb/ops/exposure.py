@@ -40,7 +40,7 @@ from perturb.ops._math import (
 from perturb.ops.kernels import Level, Params, draw, draw_sign, register_kernel
 from perturb.ops.keyed_fields import uniform_fields
 from perturb.ops.radiometry import (
-    _NATIVE,
+    ALL_DTYPES,
     FULL_DOSE_QUANTA,
     MU,
     REFERENCE_SIDE,
@@ -582,7 +582,7 @@ def xray_heel_effect(
     return scale_linear(x, heel_gain(x, p))
 
 
-@backend.register_cpu("xray_heel_effect", dtypes=_NATIVE)
+@backend.register_cpu("xray_heel_effect", dtypes=ALL_DTYPES)
 def xray_heel_effect_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
 ) -> None:

@@ -26,7 +26,7 @@ import torch
 from perturb.ops import backend
 from perturb.ops._math import split_into
 from perturb.ops.kernels import Level, Params, draw_int, register_kernel
-from perturb.ops.radiometry import _NATIVE, _store
+from perturb.ops.radiometry import ALL_DTYPES, _store
 
 
 def _quality_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -240,7 +240,7 @@ def _u16_codec_tables() -> tuple[np.ndarray, np.ndarray]:
     return to_u8, to_u16
 
 
-@backend.register_cpu("xray_jpeg", dtypes=_NATIVE)
+@backend.register_cpu("xray_jpeg", dtypes=ALL_DTYPES)
 def xray_jpeg_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     """``jpeg.jpeg_cpu``; a uint16 sample goes to and from the codec's 8 bits by two tables
     (the same levels as its float32 route)."""

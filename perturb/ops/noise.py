@@ -35,7 +35,7 @@ from perturb.ops.grain import grain_cpu, grain_cpu_sites, grain_kernel
 from perturb.ops.kernels import register_kernel
 from perturb.ops.keyed_fields import normal_fields, uniform_fields
 from perturb.ops.radiometry import (
-    _NATIVE,
+    ALL_DTYPES,
     MU,
     REFERENCE_SIDE,
     _store,
@@ -460,7 +460,7 @@ def presented(i: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return curve_to_display(u).clamp_(0.0, 1.0).to(like.dtype)
 
 
-@backend.register_cpu("xray_quantum_noise", dtypes=_NATIVE)
+@backend.register_cpu("xray_quantum_noise", dtypes=ALL_DTYPES)
 def xray_quantum_noise_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
 ) -> None:

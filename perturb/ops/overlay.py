@@ -28,7 +28,7 @@ from perturb import rng
 from perturb.ops import backend
 from perturb.ops._math import per_sample
 from perturb.ops.kernels import Level, Params, as_float32, draw, draw_int, register_kernel
-from perturb.ops.radiometry import _NATIVE, _load, _store
+from perturb.ops.radiometry import ALL_DTYPES, _load, _store
 from perturb.scene import radiograph
 
 Box = tuple[slice, slice]
@@ -234,7 +234,7 @@ def xray_burned_text(
     return _blend(x, masks, p["value"])
 
 
-@backend.register_cpu("xray_burned_text", dtypes=_NATIVE, uses_scene=True)
+@backend.register_cpu("xray_burned_text", dtypes=ALL_DTYPES, uses_scene=True)
 def xray_burned_text_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
 ) -> None:
@@ -393,7 +393,7 @@ def xray_laterality_marker(
     return _blend(x, masks, 1.0)  # the marker's value image is all ones
 
 
-@backend.register_cpu("xray_laterality_marker", dtypes=_NATIVE, uses_scene=True)
+@backend.register_cpu("xray_laterality_marker", dtypes=ALL_DTYPES, uses_scene=True)
 def xray_laterality_marker_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
 ) -> None:
@@ -470,7 +470,7 @@ def collimation_masks(
     return torch.maximum(mx, my).to(torch.float32)
 
 
-@backend.register_cpu("xray_collimation", dtypes=_NATIVE)
+@backend.register_cpu("xray_collimation", dtypes=ALL_DTYPES)
 def xray_collimation_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
 ) -> None:

@@ -82,7 +82,7 @@ def to_display_np(i: np.ndarray) -> np.ndarray:
 
 _load = backend.load_float
 _store = backend.store_float
-_NATIVE = (np.uint8, np.uint16, np.float32)
+ALL_DTYPES = (np.uint8, np.uint16, np.float32)  # every sample dtype: what the X-ray host paths read
 _INTEGER = (np.uint8, np.uint16)
 
 

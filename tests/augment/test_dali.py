@@ -3,7 +3,7 @@
 Reference: DALI's own decode + resize without augmentation (the same decoder and resize as the
 augmenting pipeline), then ``perturb.Augment`` on those uint8 images. On the CPU the two paths
 agree exactly (0 of 255 levels): the torch stages run the same kernels on the same bytes, and
-the one DALI-native op (translation as ``fn.slice``) is the same data movement.
+the one op DALI runs itself (translation as ``fn.slice``) is the same data movement.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip ins
 
 from perturb.augment import Augment, load_policy, plan_sample
 from perturb.augment.dali import (
-    NATIVE_OPS,
+    DALI_OPS,
     DaliLoader,
     build_pipeline,
     check_format,
@@ -33,7 +33,7 @@ from tests.helpers import DEVICES, ENDOSCOPY, XRAY, require_samples
 SIZE = (72, 96)  # small frames keep the suite fast; the benchmark runs 448x448
 N = 10  # 10 items in batches of 4: the last batch is padded
 SEED = 7
-# Chains of 1-3 ops: geometry (incl. translation, the native op), colour/exposure, noise, JPEG.
+# Chains of 1-3 ops: geometry (incl. translation, DALI's own op), colour/exposure, noise, JPEG.
 POLICY = load_policy(
     {
         "policy": "dali-test",
@@ -110,7 +110,7 @@ def test_records_are_the_torch_modules(augmented: dict) -> None:
         assert drawn == module.plan([index], epoch=epoch, channels=3)[0]
         assert drawn == list(plan_sample(POLICY, seed=SEED, epoch=epoch, index=index, channels=3))
     ops = {r.op for _, recs in augmented.values() for r in recs}
-    assert {"translation", "jpeg"} <= ops and len(ops) >= 6, ops  # native and torch ops ran
+    assert {"translation", "jpeg"} <= ops and len(ops) >= 6, ops  # DALI's own and torch ops ran
     assert any(len(recs) == 3 for _, recs in augmented.values())
     assert any(not recs for _, recs in augmented.values())  # probability 0.75: some untouched
 
@@ -158,9 +158,9 @@ def test_same_outputs_for_other_batch_size_order_and_shards(augmented: dict) -> 
         assert torch.equal(image, augmented[key][0]), key
 
 
-def test_native_ops_equal_torch_kernels() -> None:
+def test_dali_ops_equal_torch_kernels() -> None:
     """translation (DALI's fn.slice) and unprotected brightness (DALI arithmetic) give the
-    same bytes as the torch kernels; with the border protected brightness is not native."""
+    same bytes as the torch kernels; with the border protected brightness is not run by DALI."""
     policy = load_policy(
         {
             "policy": "native",
@@ -170,17 +170,17 @@ def test_native_ops_equal_torch_kernels() -> None:
             "protect_border": False,
         }
     )
-    assert {"translation", "brightness"} <= set(NATIVE_OPS)
-    assert NATIVE_OPS["brightness"].usable(policy) and not NATIVE_OPS["brightness"].usable(POLICY)
+    assert {"translation", "brightness"} <= set(DALI_OPS)
+    assert DALI_OPS["brightness"].usable(policy) and not DALI_OPS["brightness"].usable(POLICY)
     outs = []
-    for native in (True, False):
+    for own in (True, False):
         loader = dali_loader(
             _files(),
             policy,
             seed=1,
             size=SIZE,
             batch_size=4,
-            native_ops=native,
+            dali_ops=own,
             return_records=True,
         )
         outs.append(_collect(loader, 1))

@@ -30,3 +30,16 @@ def test_core_rooms_stay_below_the_applications() -> None:
     for core in ("rng", "ops", "scene", "catalog", "engine", "contracts", "errors", "registry"):
         if core in graph:
             assert not graph[core] & applications, (core, sorted(graph[core] & applications))
+
+
+def test_every_room_has_a_tests_folder() -> None:
+    """Tests mirror the code: each sub-package of perturb has ``tests/<room>/``; the ground-floor
+    modules at the top (errors, rng, the registry helper, the version) are tested in
+    ``tests/core/``."""
+    from tests.docs.readme_blocks import ROOT
+
+    package = ROOT / "perturb"
+    rooms = sorted(p.name for p in package.iterdir() if (p / "__init__.py").is_file())
+    missing = [room for room in rooms if not (ROOT / "tests" / room).is_dir()]
+    assert rooms and not missing, f"rooms without a tests folder: {missing}"
+    assert (ROOT / "tests" / "core").is_dir()

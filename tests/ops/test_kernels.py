@@ -72,17 +72,17 @@ _TOPS = {torch.uint8: 255, torch.uint16: 65535}
 
 def _host_path(op: str) -> tuple[Run, torch.dtype] | None:
     """The op's CPU host path and the batch dtype it runs on (float32 where it takes it, else
-    its first native integer dtype)."""
+    the first integer dtype it reads)."""
     path = cpu_path(op, torch.float32) or cpu_path(op, torch.uint16) or cpu_path(op, torch.uint8)
     if path is None:
         return None
-    fn, native = path
-    dtypes = sorted((_TORCH_OF[d] for d in native), key=lambda t: t != torch.float32)
+    fn, reads = path
+    dtypes = sorted((_TORCH_OF[d] for d in reads), key=lambda t: t != torch.float32)
     uses_scene = get_kernel(op).uses_scene
 
     def run(x: torch.Tensor, params: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
         none = [None] * x.shape[0]
-        return run_cpu(fn, x, params, list(keys), none, native=native, uses_scene=uses_scene)
+        return run_cpu(fn, x, params, list(keys), none, dtypes=reads, uses_scene=uses_scene)
 
     return run, dtypes[0]
 

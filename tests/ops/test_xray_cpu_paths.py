@@ -1,4 +1,4 @@
-"""The X-ray CPU fast paths (native uint8/uint16, per-level tables, per-sample fields) against
+"""The X-ray CPU fast paths (uint8/uint16 read directly, per-level tables, per-sample fields) against
 the torch kernels they stand in for, and 16-bit results against independent float64 formulas."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_lookup_paths_take_integer_batches_only() -> None:
     assert path is not None and np.dtype(np.uint16) not in path[1]
     x = torch.zeros(1, 1, 4, 4, dtype=torch.uint16)
     with pytest.raises(TypeError, match=r"takes \[.uint8.\] batches, got uint16"):
-        backend.run_cpu(path[0], x, {}, [0], [None], native={np.dtype(np.uint8)})
+        backend.run_cpu(path[0], x, {}, [0], [None], dtypes={np.dtype(np.uint8)})
 
 
 def _levels16(x: torch.Tensor) -> np.ndarray:

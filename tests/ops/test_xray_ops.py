@@ -356,7 +356,7 @@ def test_motion_blur_host_path_matches_scipy_in_float64(
 
 
 def test_motion_blur_host_path_matches_scipy_on_a_stored_film() -> None:
-    """A stored 8-bit film at its native size (severity 1's line), as the CPU path reads it."""
+    """A stored 8-bit film at its stored size (severity 1's line), as the CPU path reads it."""
     film = cv2.imread(str(XRAY[-1]), cv2.IMREAD_GRAYSCALE)
     assert film is not None
     length, angle = 0.005, 48.0
