@@ -141,6 +141,12 @@ def _black_boxes(v: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, i
 
 
 TEXT_GRID_SHORT = 1080  # text search grid: shorter side in pixels (never upsampled)
+TEXT_MIN_HEIGHT = 6  # px: the smallest legible cap height
+TEXT_MAX_RUN = 24  # a run of touching characters is at most this many heights wide...
+TEXT_SPAN = 0.35  # ...and this share of its columns reach its top and bottom (``_spans``)
+TEXT_RUN_MIN_HEIGHT = 8  # px: a run of touching characters at least this tall (and 0.8%)
+TEXT_RUN_CHARS = 5  # a line of fewer components spans at least this many characters
+TEXT_RUN_HALF = 0.3  # the widest point of a run's strokes at most this of its height across
 TEXT_CONTRAST = 40  # 8-bit luma excess of a glyph stroke over its local background (top-hat)
 TEXT_MIN_CHARS = 3  # a line holds at least this many separate characters of one height...
 TEXT_BLOCK_CHARS = 2  # ...or this many where it stands left-aligned in a block with such a line
@@ -194,15 +200,16 @@ def _glyphs(
     (a progress-bar cell: fills 0.88 of its box, which a round highlight does not). ``dark``:
     the ink is darker than the tissue. ``heights``: the (lowest, highest) component height instead;
     ``offset``: (x, y) added to the boxes (``luma`` and ``candidates`` are a crop)."""
-    lo, hi = heights or (max(8, round(0.008 * short)), max(10, round(0.07 * short)))
+    lo, hi = heights or (max(TEXT_MIN_HEIGHT, round(0.0055 * short)), max(10, round(0.07 * short)))
     ox, oy = offset
+    run_lo = max(TEXT_RUN_MIN_HEIGHT, round(0.008 * short))  # a run of so few pixels is a streak
     # components by their outer contours (8-connected, as a labelling; a fraction of its cost
     # on a sparse mask), each measured inside its bounding box
     contours, _ = cv2.findContours(candidates, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     out = []
     for contour in contours:
         x, y, w, h = cv2.boundingRect(contour)
-        if not lo <= h <= hi or w > 5 * h:
+        if not lo <= h <= hi or w > TEXT_MAX_RUN * h:
             continue
         comp = np.zeros((h + 2, w + 2), np.uint8)
         cv2.drawContours(comp, [contour], 0, 1, -1, offset=(1 - x, 1 - y))
@@ -217,7 +224,12 @@ def _glyphs(
             if fill > 0.85 and w > 0.4 * h:  # a blob, unless a bar (I, 1, l)
                 continue
             half = float(cv2.distanceTransform(comp, cv2.DIST_L2, 3).max())
-            if half > 0.2 * h + 1.5:
+            # a run of touching characters (wider than one) stands on the baseline and reaches
+            # up to the x-height in most of its columns; bold strokes that touch may be wider
+            run = w > 1.5 * h
+            if run and (h < run_lo or _spans(comp[1:-1, 1:-1]) < TEXT_SPAN):
+                continue
+            if half > (TEXT_RUN_HALF if run else 0.2) * h + 1.5:
                 continue
         # the ink of its stroke cores (the anti-aliased edge of a thin stroke is a mix)
         pixels = luma[y : y + h, x : x + w][comp[1:-1, 1:-1] > 0]
@@ -225,6 +237,17 @@ def _glyphs(
         chars = max(1, round(w / (0.7 * h)))
         out.append(_Glyph(x + ox, y + oy, x + ox + w, y + oy + h, half, ink, chars, blocks, fill))
     return out
+
+
+def _spans(comp: np.ndarray) -> float:
+    """The share of a component's inked columns that reach both its top 40% (up to the x-height
+    of lower case) and its bottom quarter (uint8 (h, w) mask): the vertical strokes of a run of touching characters stand on the cap
+    line and the baseline; a streak of highlight along a fold crosses few columns top to
+    bottom."""
+    h = comp.shape[0]
+    top = comp[: max(1, round(0.4 * h))].any(axis=0)
+    bottom, any_ink = comp[h - max(1, h // 4) :].any(axis=0), comp.any(axis=0)
+    return float((top & bottom).sum()) / max(1, int(any_ink.sum()))
 
 
 def _overlap(a: _Glyph, b: _Glyph) -> bool:
@@ -302,12 +325,22 @@ def _cells_regular(line: list[_Glyph]) -> list[_Glyph]:
     return strokes
 
 
-def _is_line(line: list[_Glyph]) -> bool:
-    """A line on its own: at least ``TEXT_MIN_CHARS`` separate character strokes (characters
-    that touch merge into one; a highlight cluster chained with them is not told apart), or a
-    progress bar (regular cells, ``_cells_regular``) with a stroke beside it."""
+def _is_line(line: list[_Glyph], field: np.ndarray | None = None) -> bool:
+    """A line on its own: at least ``TEXT_MIN_CHARS`` separate character strokes (a highlight
+    cluster chained with them is not told apart), or a progress bar (regular cells,
+    ``_cells_regular``) with a stroke beside it, or, wholly inside the field (``field``: its
+    mask on the text grid; a band of tissue lit along the aperture's rim is no text), fewer
+    components (characters that touch merge into runs) spanning ``TEXT_RUN_CHARS`` characters."""
     strokes = [g for g in line if not g.block]
-    return len(strokes) >= TEXT_MIN_CHARS or (len(strokes) >= 1 and len(line) - len(strokes) >= 3)
+    if len(strokes) >= TEXT_MIN_CHARS or (len(strokes) >= 1 and len(line) - len(strokes) >= 3):
+        return True
+    if field is None or sum(g.chars for g in strokes) < TEXT_RUN_CHARS:
+        return False
+    x0, y0 = max(0, min(g.x0 for g in line)), max(0, min(g.y0 for g in line))
+    x1, y1 = max(g.x1 for g in line), max(g.y1 for g in line)
+    h = max(g.height for g in line)
+    inside = field[max(0, y0 - h) : y1 + h, max(0, x0 - h) : x1 + h]
+    return bool(inside.size) and bool(inside.min() > 0)
 
 
 def _background(planes: list[np.ndarray]) -> list[np.ndarray]:
@@ -349,10 +382,10 @@ def _ink_contrast(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _text_lines_of(
-    luma: np.ndarray, rgb: np.ndarray | None = None
+    luma: np.ndarray, rgb: np.ndarray | None = None, field: np.ndarray | None = None
 ) -> list[tuple[int, int, int, int, bool]]:
-    """Lines of burned-in text on the text grid (``luma`` and its ``rgb``, gray where absent):
-    (x0, y0, x1, y1, dark) per line."""
+    """Lines of burned-in text on the text grid (``luma`` and its ``rgb``, gray where absent;
+    ``field``: the field's mask there, where known): (x0, y0, x1, y1, dark) per line."""
     short = min(luma.shape)
     k = max(5, round(0.012 * short)) | 1  # wider than a stroke
     found: list[tuple[int, int, int, int, bool]] = []
@@ -379,9 +412,9 @@ def _text_lines_of(
         glyphs += _glyphs(luma, cand, short, True, dark)
         lines = [_cells_regular(ln) for ln in _lines_of(glyphs)]
         lines = [ln for ln in lines if ln and _regular(ln)]
-        full = [ln for ln in lines if _is_line(ln)]
+        full = [ln for ln in lines if _is_line(ln, field)]
         for ln in lines:
-            if not _is_line(ln) and (
+            if not _is_line(ln, field) and (
                 len(ln) < TEXT_BLOCK_CHARS or not any(_in_block(ln, other) for other in full)
             ):
                 continue
@@ -644,7 +677,7 @@ def _text_lines(rgb: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, 
     small = cv2.resize(rgb, (tw, th), interpolation=cv2.INTER_AREA) if (th, tw) != (h, w) else rgb
     luma = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
     field = cv2.resize(hull, (tw, th), interpolation=cv2.INTER_NEAREST)
-    found = _text_lines_of(luma, small)
+    found = _text_lines_of(luma, small, field)
     sx, sy = w / tw, h / th
     out = []
     for ln in found:
