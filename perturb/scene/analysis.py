@@ -31,12 +31,15 @@ from typing import Any
 import cv2
 import numpy as np
 
-SCENE_VERSION = 5  # 2: text lines over the tissue keep only their glyph strokes in the composite;
+SCENE_VERSION = 6  # 2: text lines over the tissue keep only their glyph strokes in the composite;
 #   3: and their solid blocks (progress bars, a cursor) whole (masks.solid_blocks);
 #   4: text lines found as regular glyph rows of either polarity anywhere over the field (kinds
 #   ``text`` and ``text_dark``), the glyph cover keeps a 1 px rim and an outline; ``text`` entry;
 #   5: light ink found by its colour distance from a median background (any channel), glyph
-#   cover from the largest per-channel top-hat (coloured ink of low luma contrast)
+#   cover from the largest per-channel top-hat (coloured ink of low luma contrast);
+#   6: a found line is extended with its own ink (characters over bright tissue, lines of its
+#   block), runs of touching characters count as characters, glyphs from 6 px; glyph cover
+#   also from the ink's share against the tissue behind each pixel
 TEXT_KINDS = ("text", "text_dark")  # overlay kinds of burned-in text lines (light, dark ink)
 GRID_SHORT = 360  # analysis grid: shorter side in pixels
 DARK_LEVEL = 24  # max channel (8-bit) below which a pixel may belong to the surround
@@ -141,6 +144,12 @@ def _black_boxes(v: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, i
 
 
 TEXT_GRID_SHORT = 1080  # text search grid: shorter side in pixels (never upsampled)
+TEXT_MIN_HEIGHT = 6  # px: the smallest legible cap height
+TEXT_MAX_RUN = 24  # a run of touching characters is at most this many heights wide...
+TEXT_SPAN = 0.35  # ...and this share of its columns reach its top and bottom (``_spans``)
+TEXT_RUN_MIN_HEIGHT = 8  # px: a run of touching characters at least this tall (and 0.8%)
+TEXT_RUN_CHARS = 5  # a line of fewer components spans at least this many characters
+TEXT_RUN_HALF = 0.3  # the widest point of a run's strokes at most this of its height across
 TEXT_CONTRAST = 40  # 8-bit luma excess of a glyph stroke over its local background (top-hat)
 TEXT_MIN_CHARS = 3  # a line holds at least this many separate characters of one height...
 TEXT_BLOCK_CHARS = 2  # ...or this many where it stands left-aligned in a block with such a line
@@ -151,6 +160,12 @@ TEXT_BACKGROUND = 0.06  # median window of the tissue behind text, of the shorte
 TEXT_PEAK = 0.02  # ink is a peak narrower than this (top-hat square), of the shorter side
 TEXT_HIGHLIGHT_SHARE = 0.02  # a dark line's box holds less of near-white highlight than this
 TEXT_IN_FIELD = 0.1  # a text line reaches into the field: at least this fraction of its box
+# More of a found line's text, searched with its own ink (``_extended``):
+TEXT_INK_TOL = 48  # a pixel within this many 8-bit levels of the line's ink in every channel...
+TEXT_WEAK_CONTRAST = 16  # ...that stands at least this far out of the tissue behind it
+TEXT_REACH = 12  # cap heights beside a line searched for more of its characters
+TEXT_BLOCK_REACH = 2.6  # cap heights above and below a line searched for lines of its block
+TEXT_MAX_BLOCK_LINES = 12  # lines searched around per block
 
 
 @dataclass(frozen=True)
@@ -173,22 +188,31 @@ class _Glyph:
 
 
 def _glyphs(
-    luma: np.ndarray, candidates: np.ndarray, short: int, blocks: bool, dark: bool
+    luma: np.ndarray,
+    candidates: np.ndarray,
+    short: int,
+    blocks: bool,
+    dark: bool,
+    heights: tuple[int, int] | None = None,
+    offset: tuple[int, int] = (0, 0),
 ) -> list[_Glyph]:
     """Character-sized components of ``candidates`` (pixels of one polarity standing out of their
     surroundings): a cap height of 0.8-7% of the shorter side (at least 8 px: smaller is not legible) and either thin strokes (the
     widest point at most about a third of the height across) that do not fill their box as a
     blob does (a specular highlight fills about 0.8 of it), or (``blocks``) solid square blocks
     (a progress-bar cell: fills 0.88 of its box, which a round highlight does not). ``dark``:
-    the ink is darker than the tissue."""
-    lo, hi = max(8, round(0.008 * short)), max(10, round(0.07 * short))
+    the ink is darker than the tissue. ``heights``: the (lowest, highest) component height instead;
+    ``offset``: (x, y) added to the boxes (``luma`` and ``candidates`` are a crop)."""
+    lo, hi = heights or (max(TEXT_MIN_HEIGHT, round(0.0055 * short)), max(10, round(0.07 * short)))
+    ox, oy = offset
+    run_lo = max(TEXT_RUN_MIN_HEIGHT, round(0.008 * short))  # a run of so few pixels is a streak
     # components by their outer contours (8-connected, as a labelling; a fraction of its cost
     # on a sparse mask), each measured inside its bounding box
     contours, _ = cv2.findContours(candidates, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     out = []
     for contour in contours:
         x, y, w, h = cv2.boundingRect(contour)
-        if not lo <= h <= hi or w > 5 * h:
+        if not lo <= h <= hi or w > TEXT_MAX_RUN * h:
             continue
         comp = np.zeros((h + 2, w + 2), np.uint8)
         cv2.drawContours(comp, [contour], 0, 1, -1, offset=(1 - x, 1 - y))
@@ -203,14 +227,30 @@ def _glyphs(
             if fill > 0.85 and w > 0.4 * h:  # a blob, unless a bar (I, 1, l)
                 continue
             half = float(cv2.distanceTransform(comp, cv2.DIST_L2, 3).max())
-            if half > 0.2 * h + 1.5:
+            # a run of touching characters (wider than one) stands on the baseline and reaches
+            # up to the x-height in most of its columns; bold strokes that touch may be wider
+            run = w > 1.5 * h
+            if run and (h < run_lo or _spans(comp[1:-1, 1:-1]) < TEXT_SPAN):
+                continue
+            if half > (TEXT_RUN_HALF if run else 0.2) * h + 1.5:
                 continue
         # the ink of its stroke cores (the anti-aliased edge of a thin stroke is a mix)
         pixels = luma[y : y + h, x : x + w][comp[1:-1, 1:-1] > 0]
         ink = float(np.percentile(pixels, 10 if dark else 90))
         chars = max(1, round(w / (0.7 * h)))
-        out.append(_Glyph(x, y, x + w, y + h, half, ink, chars, blocks, fill))
+        out.append(_Glyph(x + ox, y + oy, x + ox + w, y + oy + h, half, ink, chars, blocks, fill))
     return out
+
+
+def _spans(comp: np.ndarray) -> float:
+    """The share of a component's inked columns that reach both its top 40% (up to the x-height
+    of lower case) and its bottom quarter (uint8 (h, w) mask): the vertical strokes of a run of touching characters stand on the cap
+    line and the baseline; a streak of highlight along a fold crosses few columns top to
+    bottom."""
+    h = comp.shape[0]
+    top = comp[: max(1, round(0.4 * h))].any(axis=0)
+    bottom, any_ink = comp[h - max(1, h // 4) :].any(axis=0), comp.any(axis=0)
+    return float((top & bottom).sum()) / max(1, int(any_ink.sum()))
 
 
 def _overlap(a: _Glyph, b: _Glyph) -> bool:
@@ -288,12 +328,22 @@ def _cells_regular(line: list[_Glyph]) -> list[_Glyph]:
     return strokes
 
 
-def _is_line(line: list[_Glyph]) -> bool:
-    """A line on its own: at least ``TEXT_MIN_CHARS`` separate character strokes (characters
-    that touch merge into one; a highlight cluster chained with them is not told apart), or a
-    progress bar (regular cells, ``_cells_regular``) with a stroke beside it."""
+def _is_line(line: list[_Glyph], field: np.ndarray | None = None) -> bool:
+    """A line on its own: at least ``TEXT_MIN_CHARS`` separate character strokes (a highlight
+    cluster chained with them is not told apart), or a progress bar (regular cells,
+    ``_cells_regular``) with a stroke beside it, or, wholly inside the field (``field``: its
+    mask on the text grid; a band of tissue lit along the aperture's rim is no text), fewer
+    components (characters that touch merge into runs) spanning ``TEXT_RUN_CHARS`` characters."""
     strokes = [g for g in line if not g.block]
-    return len(strokes) >= TEXT_MIN_CHARS or (len(strokes) >= 1 and len(line) - len(strokes) >= 3)
+    if len(strokes) >= TEXT_MIN_CHARS or (len(strokes) >= 1 and len(line) - len(strokes) >= 3):
+        return True
+    if field is None or sum(g.chars for g in strokes) < TEXT_RUN_CHARS:
+        return False
+    x0, y0 = max(0, min(g.x0 for g in line)), max(0, min(g.y0 for g in line))
+    x1, y1 = max(g.x1 for g in line), max(g.y1 for g in line)
+    h = max(g.height for g in line)
+    inside = field[max(0, y0 - h) : y1 + h, max(0, x0 - h) : x1 + h]
+    return bool(inside.size) and bool(inside.min() > 0)
 
 
 def _background(planes: list[np.ndarray]) -> list[np.ndarray]:
@@ -335,10 +385,10 @@ def _ink_contrast(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _text_lines_of(
-    luma: np.ndarray, rgb: np.ndarray | None = None
+    luma: np.ndarray, rgb: np.ndarray | None = None, field: np.ndarray | None = None
 ) -> list[tuple[int, int, int, int, bool]]:
-    """Lines of burned-in text on the text grid (``luma`` and its ``rgb``, gray where absent):
-    (x0, y0, x1, y1, dark) per line."""
+    """Lines of burned-in text on the text grid (``luma`` and its ``rgb``, gray where absent;
+    ``field``: the field's mask there, where known): (x0, y0, x1, y1, dark) per line."""
     short = min(luma.shape)
     k = max(5, round(0.012 * short)) | 1  # wider than a stroke
     found: list[tuple[int, int, int, int, bool]] = []
@@ -365,26 +415,33 @@ def _text_lines_of(
         glyphs += _glyphs(luma, cand, short, True, dark)
         lines = [_cells_regular(ln) for ln in _lines_of(glyphs)]
         lines = [ln for ln in lines if ln and _regular(ln)]
-        full = [ln for ln in lines if _is_line(ln)]
+        full = [ln for ln in lines if _is_line(ln, field)]
         for ln in lines:
-            if not _is_line(ln) and (
+            if not _is_line(ln, field) and (
                 len(ln) < TEXT_BLOCK_CHARS or not any(_in_block(ln, other) for other in full)
             ):
                 continue
             ln = _with_marks(ln, glyphs)
             h = float(np.median([g.height for g in ln]))
-            pad = max(1, round(0.3 * h))
-            box = (
-                min(g.x0 for g in ln) - pad,
-                min(g.y0 for g in ln) - pad,
-                max(g.x1 for g in ln) + pad,
-                max(g.y1 for g in ln) + pad,
-            )
+            box = _line_box(ln, h)
             if dark and (_among_highlights(rgb, box) or _shadow_of_light(contrasts, box)):
                 continue
-            if _stands_out(rgb, colour.view(np.uint8), box, dark, round(h)):
-                found.append((*box, dark))
+            if not _stands_out(rgb, colour.view(np.uint8), box, dark, round(h)):
+                continue
+            for part in _extended(ln, rgb, luma, contrasts[int(dark)], dark):
+                found.append((*_line_box(part, h), dark))
     return _merged(found)
+
+
+def _line_box(line: list[_Glyph], h: float) -> tuple[int, int, int, int]:
+    """The box of a line's characters padded by 0.3 of its cap height ``h`` (at least 1 px)."""
+    pad = max(1, round(0.3 * h))
+    return (
+        min(g.x0 for g in line) - pad,
+        min(g.y0 for g in line) - pad,
+        max(g.x1 for g in line) + pad,
+        max(g.y1 for g in line) + pad,
+    )
 
 
 def _merged(boxes: list[tuple[int, int, int, int, bool]]) -> list[tuple[int, int, int, int, bool]]:
@@ -437,6 +494,121 @@ def _with_marks(line: list[_Glyph], glyphs: list[_Glyph]) -> list[_Glyph]:
                 out.append(g)
                 changed = True
     return out
+
+
+def _ink_colour(rgb: np.ndarray, contrast: np.ndarray, line: list[_Glyph]) -> np.ndarray:
+    """The ink of a found line, float32 RGB: the per-channel median of the stroke cores of its
+    characters (in each glyph box the pixels of at least ``TEXT_CONTRAST`` whose contrast reaches
+    the box's upper quartile; an anti-aliased edge is a mix of ink and tissue)."""
+    cores = []
+    for g in line:
+        con = contrast[g.y0 : g.y1, g.x0 : g.x1]
+        strong = con >= TEXT_CONTRAST
+        if not strong.any():
+            continue
+        level = max(float(TEXT_CONTRAST), float(np.percentile(con[strong], 75)))
+        cores.append(rgb[g.y0 : g.y1, g.x0 : g.x1][con >= level])
+    if not cores:
+        return np.zeros(3, np.float32)
+    return np.median(np.concatenate(cores), axis=0).astype(np.float32)
+
+
+def _extended(
+    seed: list[_Glyph],
+    rgb: np.ndarray,
+    luma: np.ndarray,
+    contrast: np.ndarray,
+    dark: bool,
+) -> list[list[_Glyph]]:
+    """A found line (``seed``) and more of its text, searched with its own ink: its characters
+    the search missed (over bright tissue, touching a highlight, of low contrast) and the lines
+    of its block. Around the line (``TEXT_REACH`` cap heights to either side, ``TEXT_BLOCK_REACH``
+    line heights above and below) a pixel is ink where it lies within ``TEXT_INK_TOL`` levels of
+    the line's ink (``_ink_colour``) in every channel and stands ``TEXT_WEAK_CONTRAST`` out of the
+    tissue behind it (``contrast``: the line's polarity of ``_ink_contrast``, or a top-hat wider
+    than a progress-bar cell). Characters of the line's cap height (within a quarter) on its
+    rows extend it, chained at most ``TEXT_GAP`` heights apart, with the shorter marks between;
+    on other rows, two or more such characters left-aligned with the line (within one height)
+    are a line of its block, which is searched around in turn. Returns the lines, the extended
+    seed first."""
+    th, tw = luma.shape
+    h = float(np.median([g.height for g in seed if not g.block] or [g.height for g in seed]))
+    ink = _ink_colour(rgb, contrast, seed)
+    lines = [list(seed)]
+    todo = [0]
+    seen = 0
+    while todo and seen < TEXT_MAX_BLOCK_LINES:
+        idx = todo.pop(0)
+        seen += 1
+        line = lines[idx]
+        lx0, ly0 = min(g.x0 for g in line), min(g.y0 for g in line)
+        lx1, ly1 = max(g.x1 for g in line), max(g.y1 for g in line)
+        reach, rows = round(TEXT_REACH * h), round(TEXT_BLOCK_REACH * h)
+        wx0, wy0 = max(0, lx0 - reach), max(0, ly0 - rows)
+        wx1, wy1 = min(tw, lx1 + reach), min(th, ly1 + rows)
+        if wx1 - wx0 < 3 or wy1 - wy0 < 3:
+            continue
+        crop = rgb[wy0:wy1, wx0:wx1].astype(np.int16)
+        close = (np.abs(crop - ink.astype(np.int16)).max(axis=2) <= TEXT_INK_TOL)
+        lw = luma[wy0:wy1, wx0:wx1]
+        kb = max(3, round(1.6 * h)) | 1
+        op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
+        wide = cv2.morphologyEx(lw, op, cv2.getStructuringElement(cv2.MORPH_RECT, (kb, kb)))
+        weak = (contrast[wy0:wy1, wx0:wx1] >= TEXT_WEAK_CONTRAST) | (wide >= TEXT_WEAK_CONTRAST)
+        cand = (close & weak).view(np.uint8)
+        heights = (max(3, round(0.4 * h)), round(1.4 * h) + 1)
+        found = _glyphs(lw, cand, 0, False, dark, heights, (wx0, wy0))
+        found += [
+            g
+            for g in _glyphs(lw, cand, 0, True, dark, heights, (wx0, wy0))
+            if not any(_overlap(g, o) for o in found)
+        ]
+        full = [g for g in found if abs(g.height - h) <= 0.25 * h + 1]
+        # the line's own rows: chain outward from its ends
+        tol = 0.3 * h + 1
+        on_row = [
+            g for g in full
+            if abs(g.y1 - ly1) <= tol or abs(g.y0 - ly0) <= tol
+        ]
+        x0, x1 = lx0, lx1
+        grown = True
+        while grown:
+            grown = False
+            for g in on_row:
+                left = x0 - TEXT_GAP * h <= g.x1 <= x0
+                right = x1 <= g.x0 <= x1 + TEXT_GAP * h
+                if left or right:
+                    x0, x1 = min(x0, g.x0), max(x1, g.x1)
+                    grown = True
+        added = [
+            g for g in found
+            if g.x0 >= x0 - 1 and g.x1 <= x1 + 1 and g.y0 >= ly0 - tol and g.y1 <= ly1 + tol
+            and not any(_overlap(g, o) for o in line)
+        ]
+        line.extend(added)
+        # other rows: lines of the block, left-aligned with this one
+        rest = [g for g in full if g.y1 <= ly0 + tol or g.y0 >= ly1 - tol]
+        rest = [g for g in rest if not any(_overlap(g, o) for ln in lines for o in ln)]
+        for other in _lines_of(rest):
+            other = _cells_regular(other)
+            if not other or not _regular(other):
+                continue
+            if sum(g.chars for g in other) < 2 or abs(min(g.x0 for g in other) - lx0) > h:
+                continue
+            oy0, oy1 = min(g.y0 for g in other), max(g.y1 for g in other)
+            if any(
+                min(oy1, max(g.y1 for g in ln)) - max(oy0, min(g.y0 for g in ln)) > 0.5 * h
+                for ln in lines
+            ):
+                continue  # a row already in the block
+            marks = [
+                g for g in found
+                if g not in other and g.y0 >= oy0 - tol and g.y1 <= oy1 + tol
+                and min(g.x0 for g in other) - 1 <= g.x0 and g.x1 <= max(g.x1 for g in other) + 1
+            ]
+            lines.append(other + marks)
+            todo.append(len(lines) - 1)
+    return lines
 
 
 def _stands_out(
@@ -508,7 +680,7 @@ def _text_lines(rgb: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, 
     small = cv2.resize(rgb, (tw, th), interpolation=cv2.INTER_AREA) if (th, tw) != (h, w) else rgb
     luma = cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
     field = cv2.resize(hull, (tw, th), interpolation=cv2.INTER_NEAREST)
-    found = _text_lines_of(luma, small)
+    found = _text_lines_of(luma, small, field)
     sx, sy = w / tw, h / th
     out = []
     for ln in found:

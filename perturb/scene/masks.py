@@ -24,6 +24,9 @@ GLYPH_LOW, GLYPH_HIGH = 24, 64
 # full cover from this fraction of the median excess of the line's strong stroke pixels
 GLYPH_FULL = 0.85
 GLYPH_KERNEL = 0.6  # top-hat square side, as a fraction of the text box's height
+# ... or from the ink's share of a pixel against the tissue right behind it: no cover at this
+# share, full cover from this share; the ink stands at least this many levels off that tissue
+GLYPH_SHARE_LOW, GLYPH_SHARE_FULL, GLYPH_SHARE_SPAN = 0.35, 0.75, 32
 # Solid blocks of a text line (progress bars "■■■/■■■", a cursor): wider than a stroke, so the
 # top-hat misses their inside; drawn in the line's ink, so they are found by colour and shape.
 # 8-bit luma at most this below the line's ink (the median luma of its strong strokes)
@@ -251,6 +254,20 @@ def glyph_strokes(
     cover = (excess - np.float32(GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
     np.clip(cover, np.float32(0.0), np.float32(1.0), out=cover)
     if strong.size:
+        # the ink's share of a pixel against the tissue right behind it (its luma less its luma
+        # top-hat): a stroke over bright tissue stands out of it less than over dark tissue, but
+        # it is as much ink
+        luma_hat = cv2.morphologyEx(luma, cv2.MORPH_TOPHAT, square, borderType=cv2.BORDER_REPLICATE)
+        hat = luma_hat[inside].astype(np.float32)
+        behind = luma[inside].astype(np.float32) - hat
+        ink_luma = np.float32(np.median(luma[inside][is_strong]))
+        share = hat / np.maximum(ink_luma - behind, np.float32(GLYPH_SHARE_SPAN))
+        share = (share - np.float32(GLYPH_SHARE_LOW)) * np.float32(
+            1.0 / (GLYPH_SHARE_FULL - GLYPH_SHARE_LOW)
+        )
+        share[hat < GLYPH_LOW] = 0.0
+        np.clip(share, np.float32(0.0), np.float32(1.0), out=share)
+        np.maximum(cover, share, out=cover)
         # ink also stands out of the line's tissue (each channel's median away from the
         # strokes) in some channel: the tissue beside a wide dark block, lifted in the top-hat
         # by the block, does not

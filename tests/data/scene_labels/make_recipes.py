@@ -76,7 +76,8 @@ def main() -> None:
             field = perturb.scene(available[name]).field
             for i in range(PER_FRAME[part]):
                 synthetic.append(recipe(gen, name, i, field))
-    table["synthetic"] = synthetic
+    # the hard recipes of the tuning part (make_hard_recipes.py) stay as they are
+    table["synthetic"] = synthetic + [r for r in table["synthetic"] if "_hard" in r["id"]]
     (LABEL_DIR / "labels.json").write_text(json.dumps(table, indent=1) + "\n")
 
 
