@@ -78,7 +78,10 @@ def _files() -> list[str]:
 def decode(path: str) -> np.ndarray:
     """HWC uint8 RGB: the JPEG decoded, its shorter side resized to ``SIZE`` (area), the centre
     ``SIZE`` x ``SIZE`` cropped."""
-    img = cv2.cvtColor(cv2.imread(path, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    bgr = cv2.imread(path, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise SystemExit(f"cannot read {path}")
+    img = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
     h, w = img.shape[:2]
     s = SIZE / min(h, w)
     nh, nw = max(SIZE, round(h * s)), max(SIZE, round(w * s))
