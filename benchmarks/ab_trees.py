@@ -8,8 +8,9 @@ importing perturb from its own tree (``PYTHONPATH``), and times one job in it:
   DataLoader worker), after a warm-up epoch: CPU-ms and wall-ms per image over ``--epochs``
   epochs, and the process's peak RSS;
 * ``torch``: ``perturb.apply`` on the torch path (``use_backend("torch")``), 128x128 float32,
-  severity 3, one thread, at B=1 and B=32 for each op of ``--ops``: CPU-ms per sample (median
-  of 5 timed loops after a warm-up call).
+  severity 3, border not protected, one thread, at B=1 and B=32 for each op of ``--ops``, and
+  the op's kernel alone on parameters collated beforehand: CPU-ms per sample (median of 5
+  timed loops after a warm-up call).
 
 CPU time is what these runs compare: the machine they were written on is shared, so wall time
 follows the other users' load (recorded at each row). Run from the repository root:
@@ -73,26 +74,54 @@ def job_torch(ops: list[str]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     import perturb
-    from perturb.catalog.registry import get_op
+    from perturb.catalog.ops import get_op
+    from perturb.engine.run import collate, draw_key, sample_params
     from perturb.ops.backend import use_backend
+    from perturb.ops.kernels import get_kernel
+
+    def per_sample(call: Any, loops: int, b: int) -> float:
+        call()  # warm
+        times = []
+        for _ in range(5):
+            start = time.process_time()
+            for _ in range(loops):
+                call()
+            times.append((time.process_time() - start) / loops / b)
+        return 1e3 * statistics.median(times)
 
     out: dict[str, Any] = {}
     for op in ops:
-        channels = 3 if 3 in get_op(op).spec.channels else 1
+        spec = get_op(op)
+        channels = 3 if 3 in spec.spec.channels else 1
+        entry = get_kernel(op)
         row = {}
         for b, loops in ((1, 60), (32, 4)):
             x = torch.rand(b, channels, 128, 128, generator=torch.Generator().manual_seed(0))
             names = [f"bench-{i}" for i in range(b)]
-            times = []
-            with use_backend("torch"):
+            keys = [draw_key(0, name, op, 0) for name in names]
+            params = collate([sample_params(spec, k, 3) for k in keys], x.device)
+            extra: dict[str, Any] = {"scenes": [None] * b} if entry.uses_scene else {}
+
+            def run_apply(x: torch.Tensor = x, names: list[str] = names, op: str = op) -> None:
                 perturb.apply(x, op, 3, names, protect_border=False)
-                for _ in range(5):
-                    start = time.process_time()
-                    for _ in range(loops):
-                        perturb.apply(x, op, 3, names, protect_border=False)
-                    times.append((time.process_time() - start) / loops / b)
-            row[f"b{b}_cpu_ms_per_sample"] = 1e3 * statistics.median(times)
-        row["speedup_per_sample"] = row["b1_cpu_ms_per_sample"] / row["b32_cpu_ms_per_sample"]
+
+            def run_kernel(
+                x: torch.Tensor = x,
+                params: Any = params,
+                keys: Any = keys,
+                kernel: Any = entry.kernel,
+                extra: dict[str, Any] = extra,
+            ) -> None:
+                with torch.no_grad():
+                    kernel(x, params, keys, **extra)
+
+            with use_backend("torch"):
+                row[f"b{b}_apply_cpu_ms_per_sample"] = per_sample(run_apply, loops, b)
+                row[f"b{b}_kernel_cpu_ms_per_sample"] = per_sample(run_kernel, loops, b)
+        for what in ("apply", "kernel"):
+            row[f"{what}_speedup_per_sample"] = (
+                row[f"b1_{what}_cpu_ms_per_sample"] / row[f"b32_{what}_cpu_ms_per_sample"]
+            )
         out[op] = row
     return out
 

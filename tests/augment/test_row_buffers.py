@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import perturb
-from perturb import engine
 from perturb.augment import Augment
 from perturb.augment.plan import apply_plans
+from perturb.engine import run as engine
 from perturb.ops.backend import use_backend
 
 ROWS = [4, 0, 2]
