@@ -34,6 +34,9 @@ Run from the repository root (about 2.5 minutes on 2 loaded cores):
 
     python -m benchmarks.bench_augment_dataloader [--repeats 3] [--items 128] [--out PATH]
 
+``--attribute`` instead splits ``Augment.forward``'s CPU time in one process by op, planning,
+carried scenes and the rest, and writes ``results/augment-attribution-cpu.json``.
+
 ``--per-op`` instead times each op of the policy and each albumentations transform alone, one
 thread, on 32 such frames (CPU-ms per image; perturb through ``perturb.apply`` with the frames'
 scenes given, at severity 2), and writes ``results/augment-per-op-cpu.json``: what bounds the
@@ -78,7 +81,10 @@ def _files() -> list[str]:
 def decode(path: str) -> np.ndarray:
     """HWC uint8 RGB: the JPEG decoded, its shorter side resized to ``SIZE`` (area), the centre
     ``SIZE`` x ``SIZE`` cropped."""
-    img = cv2.cvtColor(cv2.imread(path, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    bgr = cv2.imread(path, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise SystemExit(f"cannot read {path}")
+    img = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
     h, w = img.shape[:2]
     s = SIZE / min(h, w)
     nh, nw = max(SIZE, round(h * s)), max(SIZE, round(w * s))
@@ -291,6 +297,90 @@ def per_op(files: list[str], rounds: int = 3) -> dict[str, Any]:
     return {"perturb": ours, "albumentations": peer}
 
 
+ATTRIBUTION_OUT = OUT.with_name("augment-attribution-cpu.json")
+
+
+def attribute(files: list[str], epochs: int = 3) -> dict[str, Any]:
+    """Where ``Augment.forward``'s CPU time goes, in one process, one thread (a DataLoader
+    worker's setting), over ``epochs`` epochs of 4 batches of 32 frames after a warm-up epoch:
+    each op's calls (kernel, border protection, scene masks: CPU-ms per image of the epoch and
+    per sample it ran on), planning, the carried scenes, and the rest (batch buffers, records)."""
+    from collections import Counter, defaultdict
+
+    from perturb.augment import Augment
+    from perturb.augment import module as augment_module
+    from perturb.engine import run as engine
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    frames = [decode(f) for f in files]
+    augment = Augment(POLICY, seed=0)
+    batches = []
+    for start in range(0, 128, BATCH):
+        idx = list(range(start, start + BATCH))
+        stack = np.stack([frames[i % len(frames)] for i in idx])
+        batches.append((torch.from_numpy(stack).permute(0, 3, 1, 2).contiguous(), idx))
+    spent: defaultdict[str, float] = defaultdict(float)
+    samples: Counter[str] = Counter()
+
+    def timed(name: str | None, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            records = args[-1]
+            key = name or f"op {records[0].op}"
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[key] += time.process_time() - start
+                if name is None:
+                    samples[key] += len(records)
+
+        return run
+
+    saved = {
+        (engine, "run_records"): engine.run_records,
+        (engine, "run_records_into"): getattr(engine, "run_records_into", None),
+        (augment_module, "carry_scenes"): augment_module.carry_scenes,
+        (augment_module, "plan_batch"): augment_module.plan_batch,
+    }
+    try:
+        for (mod, attr), fn in saved.items():
+            if fn is not None:
+                label = None if attr.startswith("run_records") else attr
+                setattr(mod, attr, timed(label, fn))
+        for x, idx in batches:
+            augment(x, idx, epoch=0)
+        spent.clear()
+        samples.clear()
+        began = time.process_time()
+        for epoch in range(1, 1 + epochs):
+            for x, idx in batches:
+                augment(x, idx, epoch=epoch)
+        total = time.process_time() - began
+    finally:
+        for (mod, attr), fn in saved.items():
+            if fn is not None:
+                setattr(mod, attr, fn)
+    images = 128 * epochs
+    parts = {
+        k: {
+            "cpu_ms_per_image": 1e3 * v / images,
+            **(
+                {"samples": samples[k], "cpu_ms_per_sample": 1e3 * v / samples[k]}
+                if samples[k]
+                else {}
+            ),
+        }
+        for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
+    }
+    rest = total - sum(spent.values())
+    return {
+        "cpu_ms_per_image": 1e3 * total / images,
+        "parts": parts,
+        "rest_cpu_ms_per_image": 1e3 * rest / images,
+    }
+
+
 def environment() -> dict[str, Any]:
     from benchmarks.conftest import environment as env
 
@@ -309,9 +399,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--per-op", action="store_true", help="time each op alone (see the docstring)"
     )
+    parser.add_argument(
+        "--attribute", action="store_true", help="where Augment's CPU time goes (docstring)"
+    )
     args = parser.parse_args(argv)
     load_start = list(os.getloadavg())
     files = _files()
+    if args.attribute:
+        found = {"benchmark": "augment-attribution", "policy": POLICY, "size": SIZE, "batch": BATCH}
+        found.update(attribute(files))
+        found["environment"] = environment()
+        found["load_average_start"] = load_start
+        out = args.out or ATTRIBUTION_OUT
+        out.write_text(json.dumps(found, indent=2) + "\n")
+        print(json.dumps(found["parts"], indent=2), found["cpu_ms_per_image"])
+        return found
     if args.per_op:
         costs = {
             "benchmark": "augment-per-op",

@@ -338,14 +338,14 @@ def markdown(summary: dict[str, Any], env: dict[str, Any]) -> str:
         "|---|---|---:|---|---|",
     ]
     for fam, row in summary["families"].items():
-        ref = (
+        ref_text = (
             f"{row['reference_peer']} ≈{row['reference_img_per_s']:,.0f}"
             if row["reference_peer"]
             else "—"
         )
-        ratio = f"{row['min_ratio_u8']:.2f}" if row["min_ratio_u8"] is not None else "—"
+        ratio_text = f"{row['min_ratio_u8']:.2f}" if row["min_ratio_u8"] is not None else "—"
         lines.append(
-            f"| {fam} | {', '.join(row['ops'])} | {ratio} | {'yes' if row['meets_target'] else 'no'} | {ref} |"
+            f"| {fam} | {', '.join(row['ops'])} | {ratio_text} | {'yes' if row['meets_target'] else 'no'} | {ref_text} |"
         )
     lines += ["", "Settings per op:", ""] + [
         f"- {n}: {ops[n]['setting']}" for n in sorted(ops) if ops[n]["setting"]

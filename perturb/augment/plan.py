@@ -199,7 +199,12 @@ def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torc
     """Run each sample's chain over a BCHW batch (float32 in [0, 1], uint8 or uint16; same
     dtype out). At each chain position the samples that share an op run together through
     ``perturb.engine.run.run_records`` (the batched kernel); a sample's output depends only on its
-    own image and records. The input tensor is not modified."""
+    own image and records. The input tensor is not modified (it is returned when no sample
+    has an op).
+
+    Positions alternate between two batch buffers: the samples of each op read their rows of
+    one and write their rows of the other (``perturb.engine.run.run_records_into``; on the CPU path without
+    gathering or scattering the rows), and a sample whose chain has ended is copied along."""
     engine.check_images(images)
     if len(plans) != images.shape[0]:
         raise InputError(f"{len(plans)} plans for a batch of {images.shape[0]} images: pass one plan per image")
@@ -213,39 +218,47 @@ def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torc
                     f"{channels}; plan with channels={channels} so such ops are left out"
                 )
     out = images
+    spare: list[torch.Tensor] = []  # buffers of ours that no sample's value lives in
     depth = max((len(p) for p in plans), default=0)
     for position in range(depth):
         groups: dict[str, list[int]] = {}
         for i, plan in enumerate(plans):
             if position < len(plan):
                 groups.setdefault(plan[position].op, []).append(i)
-        for idx in groups.values():
-            records = [plans[i][position] for i in idx]
-            if len(idx) == out.shape[0]:
-                out = engine.run_records(out, records)
+        if len(groups) == 1:
+            idx = next(iter(groups.values()))
+            if len(idx) == out.shape[0]:  # the whole batch under one op: one call
+                prev = out
+                out = engine.run_records(prev, [plans[i][position] for i in idx])
+                if prev is not images and not _shares_storage(prev, out):
+                    spare.append(prev)
                 continue
-            if out is images:
-                out = images.clone()
-            put_rows(out, idx, engine.run_records(take_rows(out, idx), records))
+        nxt = spare.pop() if spare else torch.empty_like(images, memory_format=torch.contiguous_format)
+        ended = [i for i, plan in enumerate(plans) if position >= len(plan)]
+        if ended:
+            copy_rows(out, nxt, ended)
+        for idx in groups.values():
+            engine.run_records_into(out, nxt, idx, [plans[i][position] for i in idx])
+        if out is not images:
+            spare.append(out)
+        out = nxt
     return out
 
 
-def _host(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and not x.requires_grad
-
-
-def take_rows(x: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
-    """``x[rows]`` as a new batch. On the CPU through NumPy: torch's CPU gather/stack of
-    uint8 batches runs an order of magnitude slower than a memory copy."""
-    if _host(x):
-        return torch.from_numpy(x.numpy()[list(rows)])
-    return x.index_select(0, torch.tensor(list(rows), device=x.device))
-
-
-def put_rows(out: torch.Tensor, rows: Sequence[int], values: torch.Tensor) -> None:
-    """``out[rows] = values`` in place (every dtype, uint16 included)."""
-    if _host(out) and _host(values):
-        out.numpy()[list(rows)] = values.numpy()
+def copy_rows(src: torch.Tensor, dst: torch.Tensor, rows: Sequence[int]) -> None:
+    """``dst[rows] = src[rows]`` in place, row by row (no gathered copy)."""
+    if src.device.type == "cpu" and not src.requires_grad and not dst.requires_grad:
+        s, d = src.numpy(), dst.numpy()
+        for i in rows:
+            d[i] = s[i]
         return
-    for j, i in enumerate(rows):  # torch has no index_put for uint16
-        out[i].copy_(values[j])
+    for i in rows:
+        dst[i].copy_(src[i])
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+take_rows = engine.take_rows
+put_rows = engine.put_rows

@@ -251,15 +251,72 @@ def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
     return _run_records(x, records)
 
 
-def _run_records(
-    x: torch.Tensor, records: Sequence[Record], scenes: BatchScenes | None = None
-) -> torch.Tensor:
-    """``run_records``; ``scenes``: the batch's scenes where the caller has them (``apply``)."""
+def run_records_into(
+    src: torch.Tensor, dst: torch.Tensor, rows: Sequence[int], records: Sequence[Record]
+) -> None:
+    """``dst[rows] = run_records(src[rows], records)``, in place; ``src`` is not modified and
+    must not share memory with ``dst``. On the CPU path the op's host path reads each sample's
+    row of ``src`` and writes its row of ``dst`` (no gathered copy of the rows, no batch-sized
+    output to scatter back); elsewhere the rows are gathered, run as one batch and put back."""
+    if len(records) != len(rows):
+        raise InputError(f"{len(records)} records for {len(rows)} rows")
+    if src.dtype != dst.dtype or src.shape[1:] != dst.shape[1:] or src.device != dst.device:
+        raise ValueError("src and dst must be batches of one dtype, image shape and device")
+    op = _checked_op(records)
+    if (
+        _cpu_path(op, src) is None
+        or not src.is_contiguous()
+        or not dst.is_contiguous()
+        or src.requires_grad
+    ):
+        put_rows(dst, rows, _run_records(take_rows(src, rows), records, checked=True))
+        return
+    fast = _cpu_path(op, src)
+    assert fast is not None
+    host_params = [r.params for r in records]
+    scenes = BatchScenes(records, src, rows=rows)
+    spatial = op.spec.spatial and any(r.protect_border for r in records)
+    backends.run_cpu(
+        fast[0],
+        src,
+        collate(host_params, src.device),
+        [rng.key_from_hex(r.key) for r in records],
+        scenes,
+        native=fast[1],
+        uses_scene=backends.cpu_uses_scene(op.name),
+        kernel_scenes=scenes,
+        extend=spatial,
+        rows=rows,
+        out=dst,
+    )
+
+
+def take_rows(x: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """``x[rows]`` as a new batch. On the CPU through NumPy: torch's CPU gather/stack of
+    uint8 batches runs an order of magnitude slower than a memory copy."""
+    if _on_host(x):
+        return torch.from_numpy(x.numpy()[list(rows)])
+    return x.index_select(0, torch.tensor(list(rows), device=x.device))
+
+
+def put_rows(out: torch.Tensor, rows: Sequence[int], values: torch.Tensor) -> None:
+    """``out[rows] = values`` in place (every dtype, uint16 included)."""
+    if _on_host(out) and _on_host(values):
+        out.numpy()[list(rows)] = values.numpy()
+        return
+    for j, i in enumerate(rows):  # torch has no index_put for uint16
+        out[i].copy_(values[j])
+
+
+def _on_host(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and not x.requires_grad
+
+
+def _checked_op(records: Sequence[Record]) -> Op:
+    """The one op of ``records``, each record checked (parameters in bounds, op version)."""
     names = {r.op for r in records}
     if len(names) != 1:
         raise InputError(f"records of one call must share an op, got {sorted(names)}")
-    if len(records) != x.shape[0]:
-        raise InputError(f"{len(records)} records for a batch of {x.shape[0]} images")
     op = get_op(records[0].op)
     for r in records:
         problem = params_problem(op.spec, r.params)
@@ -270,6 +327,20 @@ def _run_records(
                 f"record of {r.op} v{r.op_version} cannot be replayed by v{op.spec.version}; "
                 "use the perturb version named in the record"
             )
+    return op
+
+
+def _run_records(
+    x: torch.Tensor,
+    records: Sequence[Record],
+    scenes: BatchScenes | None = None,
+    checked: bool = False,
+) -> torch.Tensor:
+    """``run_records``; ``scenes``: the batch's scenes where the caller has them (``apply``);
+    ``checked``: the records were checked already (``_checked_op``) or drawn here."""
+    op = get_op(records[0].op) if checked else _checked_op(records)
+    if len(records) != x.shape[0]:
+        raise InputError(f"{len(records)} records for a batch of {x.shape[0]} images")
     host_params = [r.params for r in records]
     params = collate(host_params, x.device)
     keys = [rng.key_from_hex(r.key) for r in records]
@@ -293,7 +364,8 @@ class BatchScenes(Sequence[Scene | None]):
     scenes generation computed once per source image), from the descriptor a record stores
     (``extra["scene"]``), else from the analysis of the sample's clean pixels, made where the
     scene is first asked for (on the CPU path: in the worker that runs the sample, while its
-    pixels are in cache). ``record``: each record gets its scene's descriptor as it is known."""
+    pixels are in cache). ``record``: each record gets its scene's descriptor as it is known.
+    ``rows``: record i is the sample ``x[rows[i]]`` (default: ``x[i]``)."""
 
     def __init__(
         self,
@@ -301,8 +373,10 @@ class BatchScenes(Sequence[Scene | None]):
         x: torch.Tensor,
         given: Sequence[Any] | None = None,
         record: bool = False,
+        rows: Sequence[int] | None = None,
     ) -> None:
         self._records, self._x, self._record = records, x, record
+        self._rows = None if rows is None else list(rows)
         self._host: np.ndarray | None = None
         self._lock = threading.Lock()
         size = (int(x.shape[-2]), int(x.shape[-1]))
@@ -328,11 +402,12 @@ class BatchScenes(Sequence[Scene | None]):
 
     def host(self) -> np.ndarray:
         """The batch as an (B, C, H, W) NumPy array of its dtype: one device-to-host transfer
-        per batch, made on first use (a view of a CPU batch)."""
+        per batch, made on first use (a view of a CPU batch; with ``rows``, a copy of them)."""
         if self._host is None:
             with self._lock:
                 if self._host is None:
-                    self._host = self._x.detach().cpu().numpy()
+                    host = self._x.detach().cpu().numpy()
+                    self._host = host if self._rows is None else host[self._rows]
         return self._host
 
     def _analyse(self, i: int) -> Scene:

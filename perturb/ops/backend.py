@@ -335,6 +335,8 @@ def run_cpu(
     uses_scene: bool = False,
     kernel_scenes: Sequence[Any | None] | None = None,
     extend: bool = False,
+    rows: Sequence[int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
     out. ``dtypes`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
@@ -343,33 +345,53 @@ def run_cpu(
     ``kernel_scenes`` (default ``scenes``): what a ``uses_scene`` path receives. ``extend``
     (spatial ops): ``fn`` reads each sample that has a scene in ``scenes`` with its surround and
     overlays replaced by a smooth extension of its tissue (``extend_numpy``, in a per-thread
-    scratch buffer), so its PSF does not pull them into the field's edge."""
+    scratch buffer), so its PSF does not pull them into the field's edge.
+
+    ``rows`` and ``out``: sample i of the call (its parameters, key and scene) is the row
+    ``rows[i]`` of ``x``, and its result is written to the row ``rows[i]`` of ``out`` (a
+    contiguous CPU batch like ``x`` that shares no memory with it), which is returned; the
+    other rows of ``out`` are left as they are. Each sample is computed exactly as in a batch
+    of its own rows."""
     given = scenes if kernel_scenes is None else kernel_scenes
     if x.dtype not in _NUMPY_OF:
         raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
     src = x.detach().contiguous().numpy()
+    if (rows is None) != (out is None):
+        raise ValueError("rows and out go together")
     if src.dtype not in dtypes:
         if src.dtype != np.uint16 or np.dtype(np.float32) not in dtypes:
             raise TypeError(
                 f"this CPU path takes {sorted(str(d) for d in dtypes)} batches, got {src.dtype}"
             )
         fn = _via_float32(fn)
-    dst = np.empty_like(src)
+    if out is None:
+        dst = np.empty_like(src)
+        at: Sequence[int] = range(src.shape[0])
+    else:
+        if out.dtype != x.dtype or out.shape[1:] != x.shape[1:] or not out.is_contiguous():
+            raise ValueError("out must be a contiguous batch of x's dtype and image shape")
+        dst = out.detach().numpy()
+        if np.may_share_memory(src, dst):
+            raise ValueError("out must not share memory with x")
+        assert rows is not None
+        at = list(rows)
     host = {name: value.detach().cpu().numpy() for name, value in params.items()}
 
     def work(i: int) -> None:
         p = {name: value[i] for name, value in host.items()}
-        sample = src[i]
+        row = at[i]
+        clean = src[row]
+        sample = clean
         scene = scenes[i]
         if extend and scene is not None:
             sample = _scratch(sample.shape, sample.dtype)
-            extend_numpy(src[i], sample, scene.descriptor, getattr(scene, "key", None))
+            extend_numpy(clean, sample, scene.descriptor, getattr(scene, "key", None))
         if uses_scene:
-            fn(sample, dst[i], p, int(keys[i]), scene=given[i])
+            fn(sample, dst[row], p, int(keys[i]), scene=given[i])
         else:
-            fn(sample, dst[i], p, int(keys[i]))
+            fn(sample, dst[row], p, int(keys[i]))
         if scene is not None:
-            compose_numpy(src[i], dst[i], scene.descriptor, getattr(scene, "key", None))
+            compose_numpy(clean, dst[row], scene.descriptor, getattr(scene, "key", None))
 
-    map_samples(work, src.shape[0])
-    return torch.from_numpy(dst)
+    map_samples(work, len(at))
+    return torch.from_numpy(dst) if out is None else out
