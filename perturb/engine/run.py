@@ -282,7 +282,7 @@ def run_records_into(
         collate(host_params, src.device),
         [rng.key_from_hex(r.key) for r in records],
         scenes,
-        native=fast[1],
+        dtypes=fast[1],
         uses_scene=backends.cpu_uses_scene(op.name),
         kernel_scenes=scenes,
         extend=spatial,
