@@ -236,10 +236,20 @@ def _glyphs(
                 continue
         # the ink of its stroke cores (the anti-aliased edge of a thin stroke is a mix)
         pixels = luma[y : y + h, x : x + w][comp[1:-1, 1:-1] > 0]
-        ink = float(np.percentile(pixels, 10 if dark else 90))
+        ink = _percentile(pixels, 10 if dark else 90)
         chars = max(1, round(w / (0.7 * h)))
         out.append(_Glyph(x + ox, y + oy, x + ox + w, y + oy + h, half, ink, chars, blocks, fill))
     return out
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    """``np.percentile(values, q)`` (linear interpolation) of a small 1-D array, without its
+    overhead (called once per character candidate)."""
+    ordered = np.sort(values, axis=None)
+    pos = (ordered.size - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, ordered.size - 1)
+    return float(ordered[lo]) + (pos - lo) * (float(ordered[hi]) - float(ordered[lo]))
 
 
 def _spans(comp: np.ndarray) -> float:
@@ -413,7 +423,12 @@ def _text_lines_of(
         square = cv2.getStructuringElement(cv2.MORPH_RECT, (kb, kb))
         cand = (cv2.morphologyEx(luma, op, square) >= TEXT_CONTRAST).view(np.uint8)
         glyphs += _glyphs(luma, cand, short, True, dark)
-        lines = [_cells_regular(ln) for ln in _lines_of(glyphs)]
+        # a lone character is no line unless a run of enough characters (cheap test first)
+        lines = [
+            _cells_regular(ln)
+            for ln in _lines_of(glyphs)
+            if len(ln) >= TEXT_BLOCK_CHARS or sum(g.chars for g in ln) >= TEXT_RUN_CHARS
+        ]
         lines = [ln for ln in lines if ln and _regular(ln)]
         full = [ln for ln in lines if _is_line(ln, field)]
         for ln in lines:
@@ -428,9 +443,19 @@ def _text_lines_of(
                 continue
             if not _stands_out(rgb, colour.view(np.uint8), box, dark, round(h)):
                 continue
+            if any(_covers(f, box) for f in found if f[4] == dark):
+                found.append((*box, dark))  # searched around already, as a line of a block
+                continue
             for part in _extended(ln, rgb, luma, contrasts[int(dark)], dark):
                 found.append((*_line_box(part, h), dark))
     return _merged(found)
+
+
+def _covers(a: tuple[int, int, int, int, bool], b: tuple[int, int, int, int]) -> bool:
+    """Whether box ``a`` holds most of box ``b`` (a line found again by its own search)."""
+    cols = min(a[2], b[2]) - max(a[0], b[0])
+    rows = min(a[3], b[3]) - max(a[1], b[1])
+    return cols >= 0.8 * (b[2] - b[0]) and rows >= 0.6 * (b[3] - b[1])
 
 
 def _line_box(line: list[_Glyph], h: float) -> tuple[int, int, int, int]:
@@ -534,6 +559,7 @@ def _extended(
     th, tw = luma.shape
     h = float(np.median([g.height for g in seed if not g.block] or [g.height for g in seed]))
     ink = _ink_colour(rgb, contrast, seed)
+    ink_levels = [np.array([round(float(v))], np.float64) for v in ink]  # OpenCV scalars
     lines = [list(seed)]
     todo = [0]
     seen = 0
@@ -548,8 +574,11 @@ def _extended(
         wx1, wy1 = min(tw, lx1 + reach), min(th, ly1 + rows)
         if wx1 - wx0 < 3 or wy1 - wy0 < 3:
             continue
-        crop = rgb[wy0:wy1, wx0:wx1].astype(np.int16)
-        close = (np.abs(crop - ink.astype(np.int16)).max(axis=2) <= TEXT_INK_TOL)
+        crop = rgb[wy0:wy1, wx0:wx1]
+        far = np.zeros(crop.shape[:2], np.uint8)
+        for c in range(3):
+            cv2.max(far, cv2.absdiff(np.ascontiguousarray(crop[..., c]), ink_levels[c]), dst=far)
+        close = far <= TEXT_INK_TOL
         lw = luma[wy0:wy1, wx0:wx1]
         kb = max(3, round(1.6 * h)) | 1
         op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
