@@ -201,8 +201,8 @@ def chest_landmarks(x: torch.Tensor) -> torch.Tensor:
         low = rows.gather(1, darkest.view(b, 1))
         span = rows.amax(dim=1, keepdim=True) - low
         r0 = darkest.view(b, 1).to(torch.float64)
-        # the lung bases lie under more soft tissue than the apices: the dark run may be
         above = torch.where((rows > low + 0.45 * span) & (idx < r0), idx, -1.0).amax(dim=1)
+        # the lung bases lie under more soft tissue than the apices: the dark run may be
         # brighter below its darkest row than above it (DOME_LEVEL), by at most 5 cells:
         # beyond, the run has gone on into a dark abdomen or the air beside it
         below = torch.where((rows > low + DOME_LEVEL * span) & (idx > r0), idx, n).amin(dim=1)

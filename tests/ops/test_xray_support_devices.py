@@ -73,7 +73,16 @@ def _lowest(part: np.ndarray, level: float) -> tuple[float, float]:
     return cols[i] / SIDE, rows[i] / SIDE
 
 
-@pytest.mark.parametrize("path", FILMS, ids=[p.stem for p in FILMS])
+# the shipped films run by default, the other sample films (PERTURB_SAMPLES_DIR) in the slow set
+# (about 15 s a film on a shared 2-core machine)
+_SHIPPED_NAMES = {p.name for p in SHIPPED}
+FILM_CASES = [
+    pytest.param(p, id=p.stem, marks=[] if p.name in _SHIPPED_NAMES else [pytest.mark.slow])
+    for p in FILMS
+]
+
+
+@pytest.mark.parametrize("path", FILM_CASES)
 def test_each_device_lies_in_its_anatomical_region(path: pathlib.Path) -> None:
     """ECG electrodes on the skin (their sites inside the body outline); the central line's tip
     right of the spine (image left of the midline) in the SVC (from 5 % above the carina to
