@@ -642,8 +642,8 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     path = np.array(
         [
             start,
-            start + np.array([-side_sign * 1.2 * px, -0.8 * px]),
-            start + np.array([-side_sign * 0.2 * px, -loop * 1.5]),  # the slack loop
+            start + np.array([side_sign * 0.6 * px, -0.9 * loop]),  # the slack loop
+            start + np.array([-side_sign * 0.6 * px, -1.6 * loop]),
             [(start[0] + svc[0]) / 2, start[1] - 0.015 * h],
             [svc[0] + 0.004 * w, (start[1] + svc[1]) / 2],
             svc + np.array([0.0, 0.03 * h]),
