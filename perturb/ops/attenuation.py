@@ -8,10 +8,26 @@ chest radiographs", RadioGraphics 24 (2004).
 
 * ``xray_support_devices``: ECG electrodes and leads, central venous catheter, endotracheal and
   nasogastric tubes, pacemaker with its lead, drawn as attenuating objects with their real
-  radiodensity (lucent tube lumens with a barium stripe, a generator with battery, circuit
-  and header, electrodes with dense snap studs) and placed on the film's own anatomy
-  (midline, lungs, apices, domes and body edges found from the pixels:
-  ``perturb.ops.landmarks.chest_landmarks``).
+  radiodensity and placed on the film's own anatomy (``perturb.ops.landmarks``: midline, lungs,
+  apex, domes, the body outline and skin sites inside it). Beer-Lambert in the linear domain:
+  behind an object of attenuation ``mu t`` the fluence is ``I exp(-mu t)``, i.e. ``v + a`` with
+  ``a = mu t / MU`` (perturb.ops.radiometry), and the quanta fall by the same factor, so the
+  film's noise grows by ``exp(MU a / 2)`` there; the detector's unsharpness blurs the edges.
+  Plastic tubes are radiolucent walls seen tangentially with a barium stripe (ET tube tip
+  3-7 cm above the carina, here 4.5 cm; NG tube down the oesophagus, through the hiatus left of
+  the midline, into the gastric fundus); a central line is a thin catheter with a radiopaque
+  core from the right internal jugular or subclavian vein to the lower SVC, right of the spine
+  and above the right atrium; a pacemaker generator is a titanium can with its battery, hybrid
+  circuit and capacitor, and an epoxy header with a dense connector block, in a pectoral
+  pocket, its lead through the subclavian vein, SVC and tricuspid valve to the RV apex; ECG
+  electrodes are foam pads with a metal snap stud under a spring clip or push-on cup, or tabs
+  under an alligator clip, seen at a tilt, their leads (a dense core in faint insulation)
+  curving, sometimes coiling, off the body. Sources: Hunter et al., "Medical devices on chest
+  radiographs", RadioGraphics 24 (2004); Godoy et al., "Chest radiography in the ICU: Part 2,
+  evaluation of cardiovascular lines and other devices", AJR 198 (2012); Goodman et al.,
+  "Radiographic evaluation of endotracheal tube position", AJR 127 (1976); Bushberg et al.,
+  The Essential Physics of Medical Imaging, 3rd ed., ch. 7 (unsharpness) and 10 (quantum
+  noise).
 * ``xray_foreign_objects``: radiopaque things on the patient: clothing buttons, bra hooks and
   snaps, a necklace with a pendant, hair clips, earrings.
 * ``xray_skin_fold``: a fold of skin trapped between the patient's back and the detector (supine
@@ -22,9 +38,11 @@ chest radiographs", RadioGraphics 24 (2004).
 Devices and foreign objects are drawn with OpenCV's anti-aliased primitives; their canvases
 depend on the key alone, so they are drawn on the host from the (host-side) keys and selected
 and scaled on the device by the ``items`` and ``opacity`` tensors. Devices are drawn in a
-canonical frame and moved onto each film's landmarks by per-sample axis-aligned maps (one
-``grid_sample`` per canvas for the whole batch; the CPU path runs the same code one film at a
-time). Modality is catalog data, not this module's name.
+canonical frame and moved onto each film's anatomy on the device, found there in one batched
+pass (``chest_landmarks``, ``skin_sites``): per-sample translations for the electrodes and the
+generator, stretches for the leads, one thin-plate-spline warp for the lines and tubes (one
+``grid_sample`` per moved canvas for the whole batch; the CPU path runs the same code one film
+at a time). Modality is catalog data, not this module's name.
 """
 
 from __future__ import annotations
@@ -38,11 +56,17 @@ import torch
 import torch.nn.functional as F
 
 from perturb import rng
-from perturb.ops import backend
+from perturb.ops import backend, keyed_fields
 from perturb.ops._math import per_sample
 from perturb.ops.kernels import Level, Params, draw, draw_int, register_kernel
-from perturb.ops.landmarks import CANONICAL, chest_landmarks
-from perturb.ops.radiometry import FIELD_CM, _wide
+from perturb.ops.landmarks import (
+    CANONICAL,
+    CANONICAL_SITES,
+    LANDMARK_GRID,
+    chest_landmarks,
+    skin_sites,
+)
+from perturb.ops.radiometry import FIELD_CM, MU, _wide
 
 
 def _frac_px(value: float, size: int) -> int:
@@ -154,20 +178,26 @@ def _level_sampler(rng_: np.random.Generator, level: Level) -> Params:
 LUNG_CM = 24.0  # apex to dome of an adult lung, the scale of the device offsets
 
 
-def device_anchors(lm: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Where the devices go, (B, 2) (x, y) fractions of the film from (B, 10) landmarks:
+def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Where the devices go, (B, 2) (x, y) fractions of the film, from (B, 10) landmarks
+    (``chest_landmarks``) and (B, 6, 2) skin sites (``skin_sites``):
 
-    * ECG electrodes on the skin inside the body outline, 6 % of the width in from the body
-      edge, the upper pair just below the apices (shoulders), the lower pair below the domes;
-    * the carina 38 % of the way from the apex to the domes on the midline; the endotracheal
-      tube tip 4.5 cm above it (the lung height is ``LUNG_CM``);
-    * the central line tip at the cavo-atrial junction, 2.5 cm below the carina, a fifth of
-      the way from the midline to the right lung's centre (image left: the SVC along the
-      right mediastinal border);
-    * the nasogastric tube tip in the gastric fundus, 3 cm below the image-right (left) dome;
-    * the pacemaker generator in the left pectoral region (image right, 30 % of the way from
-      the lung centre to the body edge, 3 cm below the apex), its lead tip at the right-ventricular
-      apex (the lower cardiac silhouette just left of the midline, 2 cm above the dome)."""
+    * ``ecg0``-``ecg3``: the ECG electrodes on the skin inside the body outline;
+    * ``carina`` 38 % of the way from the apex to the domes on the midline; ``et_tip`` the
+      endotracheal tube tip 4.5 cm above it (adult target 3-7 cm; the lung height is
+      ``LUNG_CM``); ``trachea`` the cervical trachea 1.5 cm below the apex;
+    * ``cvc_tip`` the central line tip in the lower SVC, 2 cm below the carina, a quarter of
+      the way from the midline to the right lung's centre (image left: the SVC runs along the
+      right mediastinal border, right of the spine), above the right atrium;
+    * ``ng_tip`` the nasogastric tube tip in the gastric fundus under the left (image-right)
+      dome, 3.5 cm below it, halfway from the midline to the left lung's centre; ``hiatus``
+      the oesophageal hiatus 2 cm left of the midline at the dome level;
+    * ``pocket_left`` / ``pocket_right`` the pacemaker pockets (pectoral, below the lateral
+      clavicle, inside the body); ``rv_apex`` the right-ventricular apex: the lower cardiac
+      silhouette, a third of the way from the midline to the left lung, 2 cm above the dome;
+    * ``top`` the midline at the film's top edge, ``heart`` the centre of the cardiac
+      silhouette, ``lung_left`` / ``lung_right`` the lung centres, ``dome_left`` /
+      ``dome_right`` the domes (control points of the warp that carries the lines)."""
     mid, left, right = lm[:, 0], lm[:, 1], lm[:, 2]
     apex, dome_l, dome_r = lm[:, 3], lm[:, 4], lm[:, 5]
     dome = (dome_l + dome_r) / 2.0
@@ -177,42 +207,73 @@ def device_anchors(lm: torch.Tensor) -> dict[str, torch.Tensor]:
     def xy(px: torch.Tensor, py: torch.Tensor) -> torch.Tensor:
         return torch.stack([px, py], dim=1)
 
-    return {
-        "ecg0": xy(lm[:, 6] + 0.06, apex + 0.03),
-        "ecg1": xy(lm[:, 7] - 0.06, apex + 0.03),
-        "ecg2": xy(lm[:, 8] + 0.06, dome_l + 0.08),
-        "ecg3": xy(lm[:, 9] - 0.06, dome_r + 0.08),
-        "et_tip": xy(mid, carina - 4.5 * cm),
-        "cvc_tip": xy(mid - 0.2 * (mid - left), carina + 2.5 * cm),
-        "ng_top": xy(mid, torch.zeros_like(mid)),
-        "ng_tip": xy(mid + 0.55 * (right - mid), dome_r + 3.0 * cm),
-        "generator": xy(right + 0.3 * (lm[:, 7] - right), apex + 3.0 * cm),
-        "rv_apex": xy(mid + 0.3 * (right - mid), dome_r - 2.0 * cm),
-    }
+    found = {f"ecg{i}": sites[:, i] for i in range(4)}
+    found.update(
+        {
+            "pocket_left": sites[:, 4],
+            "pocket_right": sites[:, 5],
+            "top": xy(mid, torch.zeros_like(mid)),
+            "trachea": xy(mid, apex + 1.5 * cm),
+            "carina": xy(mid, carina),
+            "et_tip": xy(mid, carina - 4.5 * cm),
+            "cvc_tip": xy(mid - 0.25 * (mid - left), carina + 2.0 * cm),
+            "heart": xy(mid + 0.15 * (right - mid), dome - 6.0 * cm),
+            "rv_apex": xy(mid + 0.33 * (right - mid), dome_r - 2.0 * cm),
+            "hiatus": xy(mid + 0.1 * (right - mid), dome_r),
+            "ng_tip": xy(mid + 0.5 * (right - mid), dome_r + 3.5 * cm),
+            "lung_left": xy(left, (apex + dome_l) / 2.0),
+            "lung_right": xy(right, (apex + dome_r) / 2.0),
+            "dome_left": xy(left, dome_l),
+            "dome_right": xy(right, dome_r),
+        }
+    )
+    return found
 
 
-_CANONICAL_ANCHORS: dict[str, tuple[float, float]] = {
-    name: (float(v[0, 0]), float(v[0, 1]))
-    for name, v in device_anchors(torch.tensor([CANONICAL], dtype=torch.float64)).items()
-}
+def _canonical_anchors() -> dict[str, tuple[float, float]]:
+    lm = torch.tensor([CANONICAL], dtype=torch.float64)
+    sites = torch.tensor([CANONICAL_SITES], dtype=torch.float64)
+    return {n: (float(v[0, 0]), float(v[0, 1])) for n, v in device_anchors(lm, sites).items()}
+
+
+_CANONICAL_ANCHORS = _canonical_anchors()
+
+# the control points of the warp that carries the lines and tubes from the canonical film
+# onto each film's anatomy (thin-plate spline through these anchors; ``pocket`` is the
+# pacemaker's own pocket, left or right)
+WARP_POINTS = (
+    "top",
+    "trachea",
+    "et_tip",
+    "carina",
+    "cvc_tip",
+    "heart",
+    "rv_apex",
+    "hiatus",
+    "ng_tip",
+    "pocket",
+)
 
 
 class _Placed:
     """One film's devices drawn in the canonical frame: uint8 canvases (255 = the canvas's
     densest attenuation ``scale``, display units at opacity 1), each with its item and its
-    placement ``(kind, anchor, second anchor)``: ``move`` (translated with its anchor),
-    ``left``/``right`` (stretched from that film edge to its anchor, for leads running off the
-    body), ``down`` (moved sideways with its anchor and stretched from the top of the film to
-    it, for tubes entering from above), ``span`` (stretched between two anchors)."""
+    placement ``(kind, anchor)``: ``move`` (translated with its anchor: an electrode, the
+    generator), ``left``/``right`` (stretched from that film edge to its anchor and moved
+    down with it: a lead wire running off the body), ``warp`` (carried by the anatomical
+    warp: lines and tubes). ``pocket`` names the pacemaker's side; ``placed`` says, per item,
+    which device went where (the record's account for device-presence questions)."""
 
     def __init__(self, h: int, w: int) -> None:
         self.shape = (h, w)
         self.canvases: list[np.ndarray] = []
         self.items: list[int] = []
         self.scales: list[float] = []
-        self.placements: list[tuple[str, str, str]] = []
+        self.placements: list[tuple[str, str]] = []
+        self.pocket = "pocket_right"
+        self.placed: list[str] = []
 
-    def add(self, item: int, attenuation: np.ndarray, placement: tuple[str, str, str]) -> None:
+    def add(self, item: int, attenuation: np.ndarray, placement: tuple[str, str]) -> None:
         scale = float(attenuation.max())
         canvas = np.zeros(self.shape, np.uint8)
         if scale > 0:
@@ -242,102 +303,192 @@ def _offset(curve: np.ndarray, distance: float) -> np.ndarray:
 
 
 def _stroke(target: np.ndarray, curve: np.ndarray, width: float, value: float) -> None:
-    """Add ``value`` along an anti-aliased polyline of ``width`` pixels (at least one)."""
+    """Add ``value`` along an anti-aliased polyline of ``width`` pixels (sub-pixel widths as
+    a one-pixel line of proportionally lower value: the same line integral)."""
     canvas = np.zeros(target.shape, np.uint8)
-    pts = np.round(curve).astype(np.int32).reshape(-1, 1, 2)
-    cv2.polylines(canvas, [pts], False, 255, max(1, round(width)), cv2.LINE_AA)
+    pts = np.round(curve * 4).astype(np.int32).reshape(-1, 1, 2)
+    cv2.polylines(canvas, [pts], False, 255, max(1, round(width)), cv2.LINE_AA, shift=2)
+    value *= min(1.0, width)
     target += canvas.astype(np.float32) * np.float32(value / 255.0)
+
+
+def _poly(target: np.ndarray, points: np.ndarray, value: float, thickness: int = -1) -> None:
+    """Add ``value`` inside (or, ``thickness`` >= 1, along the outline of) a polygon (pixels,
+    quarter-pixel precision, anti-aliased)."""
+    canvas = np.zeros(target.shape, np.uint8)
+    pts = np.round(points * 4).astype(np.int32).reshape(-1, 1, 2)
+    if thickness < 0:
+        cv2.fillPoly(canvas, [pts], 255, cv2.LINE_AA, shift=2)
+    else:
+        cv2.polylines(canvas, [pts], True, 255, thickness, cv2.LINE_AA, shift=2)
+    target += canvas.astype(np.float32) * np.float32(value / 255.0)
+
+
+def _ellipse(cx: float, cy: float, a: float, b: float, angle: float, n: int = 48) -> np.ndarray:
+    """Points of an ellipse (pixels): semi-axes ``a``, ``b``, rotated by ``angle`` (radians)."""
+    t = np.linspace(0, 2 * math.pi, n, endpoint=False)
+    x, y = a * np.cos(t), b * np.sin(t)
+    c, s = math.cos(angle), math.sin(angle)
+    return np.stack([cx + c * x - s * y, cy + s * x + c * y], axis=1)
 
 
 def _tube(
     target: np.ndarray, curve: np.ndarray, outer: float, wall: float, stripe: float, px: float
 ) -> None:
-    """A plastic tube seen from the side: two faint walls (the wall is seen end-on at the
-    tube's edges: ``wall``) around a radiolucent lumen, and a thin radiopaque (barium) stripe
-    along one side (``stripe``); ``outer`` the outer diameter in pixels, ``px`` pixels per
-    cm."""
+    """A plastic tube seen from the side: the walls seen tangentially at its edges (``wall``
+    over a 0.6 mm band each) around a nearly radiolucent lumen (the plastic crossed twice,
+    a quarter of that), and the radiopaque (barium) line along one side (``stripe``, 0.8 mm);
+    ``outer`` the outer diameter in pixels, ``px`` pixels per cm."""
     wall_px = max(1.0, 0.06 * px)
     for side in (-1.0, 1.0):
         _stroke(target, _offset(curve, side * (outer - wall_px) / 2.0), wall_px, wall)
-    _stroke(target, curve, max(1.0, outer - 2 * wall_px), wall * 0.25)  # the lumen's faint wall
+    _stroke(target, curve, max(1.0, outer - 2 * wall_px), wall * 0.25)
     _stroke(target, _offset(curve, -outer / 4.0), max(1.0, 0.08 * px), stripe)
+
+
+def _lead_path(
+    g: np.random.Generator, start: np.ndarray, edge_x: float, h: int, w: int, px: float
+) -> np.ndarray:
+    """A lead wire's course (pixels) from ``start`` to the film edge at ``edge_x``: hanging in
+    a curve, sometimes with a coil (a loop of slack) or doubling back across itself."""
+    direction = 1.0 if edge_x > start[0] else -1.0
+    span = abs(edge_x - start[0])
+    points = [start, start + np.array([direction * 0.8 * px, g.uniform(-0.6, 0.6) * px])]
+    sag = g.uniform(-0.1, 0.12) * h
+    for t in (0.35, 0.7):
+        points.append(
+            np.array(
+                [
+                    start[0] + direction * t * span,
+                    start[1] + sag * math.sin(math.pi * t) + g.uniform(-0.02, 0.02) * h,
+                ]
+            )
+        )
+    if g.random() < 0.35:  # a coil of slack: a loop of 1.5-2.5 cm
+        r = g.uniform(0.75, 1.25) * px
+        centre = points[2] + np.array([0.0, r])
+        turn = np.linspace(-math.pi / 2, 1.5 * math.pi, 10)[1:-1] * -direction
+        loop = centre + r * np.stack([np.cos(turn) * direction * -1, np.sin(turn)], axis=1)
+        points = [*points[:2], *loop, *points[2:]]
+    points.append(
+        np.array([edge_x + direction * 0.05 * w, points[-1][1] + g.uniform(-0.08, 0.08) * h])
+    )
+    return _dense_curve(np.array(points))
 
 
 def _electrode(
     layers: _Placed, g: np.random.Generator, item: int, anchor: str, px: float, lead_side: str
 ) -> None:
-    """An ECG electrode: foam pad (barely visible, its rim a little denser), gel disc, metal
-    snap stud (dense ring around a less dense cap), the lead's clip on the stud, and the lead
-    wire (copper core in insulation) curving off the body to the film edge on its side."""
+    """An ECG electrode and its lead, one of three kinds seen at a keyed tilt (a circle seen
+    obliquely is an ellipse, axis ratio 0.55-1):
+
+    * snap electrode and clip: a foam pad (barely visible), the gel disc, the metal snap stud
+      (a dense rim seen edge-on around a less dense cap) and the lead's spring clip gripping it
+      (two dense jaws, a hinge pin, a plastic body), the lead leaving the clip's back;
+    * snap electrode and push-on cup: the stud under a dense cylindrical cup seen obliquely
+      (an ellipse with a denser rim), the lead leaving its side;
+    * tab electrode and alligator clip: a rectangular tab (faint) gripped by a toothed clip.
+
+    The lead (copper strands in insulation: a faint sheath around a dense core) leaves the
+    connector and runs off the body to the film edge on its side (``_lead_path``); its canvas
+    starts under the connector so the stretch that keeps it reaching the edge keeps it joined."""
     h, w = layers.shape
     cx, cy = _px(_CANONICAL_ANCHORS[anchor], w, h)
-    cx += g.uniform(-0.015, 0.015) * w
-    cy += g.uniform(-0.015, 0.015) * h
-    centre = (round(cx), round(cy))
-    pad = np.zeros((h, w), np.float32)
-    disc = np.zeros((h, w), np.uint8)
-    r_pad = max(2, round(g.uniform(1.6, 2.0) * px))
-    cv2.circle(disc, centre, r_pad, 255, -1, cv2.LINE_AA)
-    pad += disc.astype(np.float32) * np.float32(0.015 / 255)
-    disc[:] = 0
-    cv2.circle(disc, centre, r_pad, 255, max(1, round(0.1 * px)), cv2.LINE_AA)
-    pad += disc.astype(np.float32) * np.float32(0.02 / 255)
-    disc[:] = 0
-    cv2.circle(disc, centre, max(1, round(0.9 * px)), 255, -1, cv2.LINE_AA)
-    pad += disc.astype(np.float32) * np.float32(0.02 / 255)  # gel
-    disc[:] = 0
-    cv2.circle(disc, centre, max(1, round(0.45 * px)), 255, max(1, round(0.12 * px)), cv2.LINE_AA)
-    pad += disc.astype(np.float32) * np.float32(0.4 / 255)  # the stud's rim, seen edge-on
-    disc[:] = 0
-    cv2.circle(disc, centre, max(1, round(0.35 * px)), 255, -1, cv2.LINE_AA)
-    pad += disc.astype(np.float32) * np.float32(0.22 / 255)  # the stud's cap
-    angle = g.uniform(0, 2 * math.pi)
-    clip = np.array(
-        [
-            [cx + 0.4 * px * math.cos(angle), cy + 0.4 * px * math.sin(angle)],
-            [cx + 1.4 * px * math.cos(angle), cy + 1.4 * px * math.sin(angle)],
-        ]
-    )
-    _stroke(pad, clip, 0.5 * px, 0.18)  # the lead's clip on the stud
-    layers.add(item, pad, ("move", anchor, anchor))
+    kind = int(g.integers(0, 3))
+    tilt = g.uniform(0.55, 1.0)
+    angle = g.uniform(0, math.pi)
+    lead_angle = (math.pi if lead_side == "left" else 0.0) + g.uniform(-0.9, 0.9)
+    body = np.zeros((h, w), np.float32)
+    along = np.array([math.cos(lead_angle), math.sin(lead_angle)])
+    across = np.array([-along[1], along[0]])
+    centre = np.array([cx, cy])
+    if kind < 2:
+        r_pad = g.uniform(1.7, 2.2) * px
+        _poly(body, _ellipse(cx, cy, r_pad, r_pad * tilt, angle), g.uniform(0.006, 0.016))
+        _poly(body, _ellipse(cx, cy, r_pad, r_pad * tilt, angle), 0.012, max(1, round(0.08 * px)))
+        _poly(body, _ellipse(cx, cy, 0.9 * px, 0.9 * px * tilt, angle), 0.015)  # gel
+        r_stud = g.uniform(0.3, 0.4) * px
+        stud = _ellipse(cx, cy, r_stud, r_stud * tilt, angle)
+        _poly(body, stud, 0.18)  # the stud's cap
+        _poly(body, stud, 0.22, max(1, round(0.1 * px)))  # its rim, seen edge-on
+    else:
+        half = np.array([g.uniform(1.0, 1.3), g.uniform(1.4, 1.8)]) * px
+        rot = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
+        corners = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]]) * half * [1.0, tilt]
+        _poly(body, centre + corners @ rot.T, 0.012)  # tab
+        _poly(body, centre + corners @ rot.T, 0.01, max(1, round(0.06 * px)))
+    if kind == 0:  # spring clip: jaws over the stud, hinge, plastic body
+        length = g.uniform(1.6, 2.2) * px
+        jaw = 0.28 * px
+        for side in (-1.0, 1.0):
+            a = centre + across * side * jaw - along * 0.3 * px
+            b = centre + across * side * jaw * 0.6 + along * 0.6 * length
+            _stroke(body, np.array([a, b]), max(1.0, 0.14 * px), 0.32)
+        hinge = centre + along * 0.6 * length
+        _poly(body, _ellipse(hinge[0], hinge[1], 0.22 * px, 0.22 * px * tilt, angle), 0.4)
+        grip = np.array(
+            [
+                hinge + across * 0.45 * px,
+                hinge + along * 0.4 * length + across * 0.3 * px,
+                hinge + along * 0.4 * length - across * 0.3 * px,
+                hinge - across * 0.45 * px,
+            ]
+        )
+        _poly(body, grip, 0.05)  # the clip's plastic body
+        exit_point = hinge + along * 0.4 * length
+    elif kind == 1:  # push-on cup over the stud
+        r_cup = g.uniform(0.5, 0.65) * px
+        cup = _ellipse(cx, cy, r_cup, r_cup * tilt, angle)
+        _poly(body, cup, 0.14)
+        _poly(body, cup, 0.2, max(1, round(0.1 * px)))
+        _poly(body, _ellipse(cx, cy, 0.22 * px, 0.22 * px * tilt, angle), 0.12)
+        sleeve = centre + along * r_cup
+        exit_point = centre + along * (r_cup + 0.9 * px)
+        _stroke(body, np.array([sleeve, exit_point]), 0.35 * px, 0.06)  # strain relief
+    else:  # alligator clip on the tab's edge, its teeth in a row
+        mouth = centre + along * 0.8 * px
+        tip = mouth - along * 0.9 * px
+        for side in (-1.0, 1.0):
+            bar = np.array([tip + across * side * 0.12 * px, mouth + across * side * 0.35 * px])
+            _stroke(body, bar, max(1.0, 0.16 * px), 0.35)
+        for t in np.linspace(0.15, 0.85, 5):
+            tooth = tip + (mouth - tip) * t
+            _stroke(
+                body, np.array([tooth - across * 0.2 * px, tooth + across * 0.2 * px]), 1.0, 0.2
+            )
+        back = mouth + along * g.uniform(1.4, 1.9) * px
+        _stroke(body, np.array([mouth, back]), 0.6 * px, 0.09)  # the insulated handle
+        pivot = mouth + along * 0.3 * px
+        _poly(body, _ellipse(pivot[0], pivot[1], 0.2 * px, 0.2 * px, 0.0), 0.3)  # pivot
+        exit_point = back
+    layers.add(item, body, ("move", anchor))
     lead = np.zeros((h, w), np.float32)
     edge_x = 0.0 if lead_side == "left" else float(w)
-    start = clip[1]
-    bend = np.array([(start[0] + edge_x) / 2, start[1] + g.uniform(-0.08, 0.08) * h])
-    end = np.array([edge_x, start[1] + g.uniform(-0.15, 0.1) * h])
-    curve = _dense_curve(np.array([start, bend, end]))
-    _stroke(lead, curve, 0.3 * px, 0.03)  # insulation
-    _stroke(lead, curve, max(1.0, 0.1 * px), 0.12)  # the wire
-    layers.add(item, lead, (lead_side, anchor, anchor))
+    curve = _lead_path(g, exit_point, edge_x, h, w, px)
+    curve = np.vstack([centre, curve])  # from under the connector: stays joined when stretched
+    _stroke(lead, curve, 0.25 * px, 0.025)  # insulation
+    _stroke(lead, curve, 0.06 * px, 0.16)  # the conductor
+    layers.add(item, lead, (lead_side, anchor))
 
 
 def _generator(
-    target: np.ndarray, g: np.random.Generator, cx: float, cy: float, px: float
+    target: np.ndarray, g: np.random.Generator, cx: float, cy: float, px: float, side: float
 ) -> tuple[float, float]:
     """A pacemaker generator seen face-on, drawn into ``target``; returns where its lead
-    leaves the header (pixels). A titanium can (a rounded rectangle, a superellipse of 4-5 x
-    4-4.5 cm, its rim denser where the shell is seen tangentially), the lithium-iodine
-    battery filling its lower half, the hybrid circuit above it (chips and a capacitor), and
-    the epoxy header on its upper edge (nearly radiolucent) holding the dense connector block
-    and set screws."""
-    h, w = target.shape
+    leaves the header (pixels). A titanium can (a superellipse of 4-5 x 4-4.5 cm, its rim
+    denser where the shell is seen tangentially), the lithium-iodine battery filling its
+    lower half (dense, with its terminal plate), the hybrid circuit above it (chips,
+    resistors, a round capacitor: mottled mid densities), and the epoxy header on its upper
+    edge (nearly radiolucent) holding the dense connector block, its set screws and the
+    lead's proximal pin; ``side`` +1 puts the header's outlet towards image right."""
     angle = math.radians(g.uniform(-25, 25))
     a, b = g.uniform(2.0, 2.4) * px, g.uniform(1.9, 2.2) * px  # half-width, half-height
     c, s = math.cos(angle), math.sin(angle)
 
-    def polygon(points: np.ndarray) -> np.ndarray:
+    def frame(points: np.ndarray) -> np.ndarray:
         """Frame points (pixels from the centre, y down) rotated and moved onto the film."""
         x, y = points[:, 0], points[:, 1]
         return np.stack([cx + c * x - s * y, cy + s * x + c * y], axis=1)
-
-    def fill(points: np.ndarray, value: float, thickness: int = -1) -> None:
-        canvas = np.zeros((h, w), np.uint8)
-        pts = np.round(polygon(points) * 4).astype(np.int32).reshape(-1, 1, 2)
-        if thickness < 0:
-            cv2.fillPoly(canvas, [pts], 255, cv2.LINE_AA, shift=2)
-        else:
-            cv2.polylines(canvas, [pts], True, 255, thickness, cv2.LINE_AA, shift=2)
-        target[...] += canvas.astype(np.float32) * np.float32(value / 255.0)
 
     def rect(x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
         return np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
@@ -350,31 +501,70 @@ def _generator(
         ],
         axis=1,
     )
-    fill(shell, 0.2)  # the two titanium walls
-    fill(shell, 0.08, max(1, round(0.2 * px)))  # the shell seen tangentially
-    fill(rect(-0.8 * a, 0.0, 0.8 * a, 0.82 * b), 0.14)  # battery
-    fill(rect(-0.8 * a, -0.05 * b, 0.8 * a, 0.05 * b), 0.06)  # its terminal plate
-    for _ in range(int(g.integers(4, 8))):  # circuit: chips, resistors
-        x0 = g.uniform(-0.75, 0.45) * a
-        y0 = g.uniform(-0.8, -0.3) * b
-        fill(rect(x0, y0, x0 + g.uniform(0.1, 0.3) * a, y0 + g.uniform(0.08, 0.2) * b), 0.1)
-    ring = np.stack([np.cos(t), np.sin(t)], axis=1) * 0.2 * a + [0.5 * a, -0.55 * b]
-    fill(ring, 0.08)  # capacitor
-    side = 1.0 if g.random() < 0.5 else -1.0
-    fill(rect(-0.05 * a * side, -1.45 * b, 0.75 * a * side, -0.85 * b), 0.04)  # epoxy header
-    for k in (0.15, 0.45):  # connector block and set screws
-        fill(rect(k * a * side, -1.35 * b, (k + 0.18) * a * side, -0.95 * b), 0.35)
-    exit_point = polygon(np.array([[0.75 * a * side, -1.2 * b]]))[0]
+    _poly(target, frame(shell), 0.12)  # the two titanium walls
+    _poly(target, frame(shell), 0.1, max(1, round(0.15 * px)))  # the shell seen tangentially
+    _poly(target, frame(shell * 0.93), 0.03, max(1, round(0.08 * px)))  # the inner weld seam
+    _poly(target, frame(rect(-0.82 * a, 0.05 * b, 0.82 * a, 0.85 * b)), 0.12)  # battery
+    _poly(target, frame(rect(-0.82 * a, 0.05 * b, 0.82 * a, 0.85 * b)), 0.08, 1)
+    _poly(target, frame(rect(-0.3 * a, 0.1 * b, 0.3 * a, 0.16 * b)), 0.1)  # terminal plate
+    for _ in range(int(g.integers(6, 11))):  # hybrid circuit: chips and resistors
+        x0 = g.uniform(-0.75, 0.5) * a
+        y0 = g.uniform(-0.8, -0.2) * b
+        _poly(
+            target,
+            frame(rect(x0, y0, x0 + g.uniform(0.08, 0.3) * a, y0 + g.uniform(0.06, 0.18) * b)),
+            g.uniform(0.05, 0.14),
+        )
+    for _ in range(int(g.integers(3, 7))):  # bond wires and traces
+        p0 = np.array([g.uniform(-0.7, 0.6) * a, g.uniform(-0.8, -0.2) * b])
+        p1 = p0 + np.array([g.uniform(-0.3, 0.3) * a, g.uniform(-0.15, 0.15) * b])
+        _stroke(target, frame(np.array([p0, p1])), 0.5, 0.08)
+    ring = np.stack([np.cos(t), np.sin(t)], axis=1) * 0.18 * a + [-0.5 * side * a, -0.5 * b]
+    _poly(target, frame(ring), 0.05)  # capacitor
+    _poly(target, frame(ring), 0.06, 1)
+    header = rect(-0.05 * a * side, -1.4 * b, 0.8 * a * side, -0.88 * b)
+    _poly(target, frame(header), 0.025)  # epoxy header
+    for k in (0.12, 0.42):  # connector block and set screws
+        _poly(target, frame(rect(k * a * side, -1.3 * b, (k + 0.2) * a * side, -0.98 * b)), 0.3)
+        _poly(
+            target,
+            frame(_ellipse((k + 0.1) * a * side, -1.14 * b, 0.05 * a, 0.05 * a, 0.0, 12)),
+            0.2,
+        )
+    pin = rect(0.05 * a * side, -1.16 * b, 0.8 * a * side, -1.12 * b)
+    _poly(target, frame(pin), 0.15)  # the lead's proximal pin in the bore
+    exit_point = frame(np.array([[0.85 * a * side, -1.14 * b]]))[0]
     return float(exit_point[0]), float(exit_point[1])
 
 
+# the clinical order of the items: a film's first ``items`` are placed (severity ladder in
+# the catalog: 2, 4, 5, 7, 8 items)
+DEVICES = (
+    ("ecg_electrode", "skin of the right upper chest"),
+    ("ecg_electrode", "skin of the left upper chest"),
+    ("ecg_electrode", "skin of the right lower chest"),
+    ("ecg_electrode", "skin of the left lower chest"),
+    ("central_venous_catheter", "tip in the lower superior vena cava"),
+    ("endotracheal_tube", "tip in the trachea 4.5 cm above the carina"),
+    ("nasogastric_tube", "tip in the gastric fundus"),
+    ("pacemaker", "generator in the pectoral pocket, lead tip at the right-ventricular apex"),
+)
+
+
+def placed_devices(items: int) -> list[dict[str, str]]:
+    """What ``xray_support_devices`` places with ``items`` items: each device and where (the
+    answer key of a device-presence question)."""
+    return [{"device": d, "where": where} for d, where in DEVICES[: max(0, min(items, ITEMS))]]
+
+
 def device_layers(key: int, h: int, w: int) -> _Placed:
-    """Every device of this film's keyed set drawn in the canonical frame, in clinical order:
-    item 0-3 the ECG electrodes, 4 a right internal jugular central venous catheter, 5 an
-    endotracheal tube, 6 a nasogastric tube, 7 a left pectoral pacemaker with its
+    """Every device of this film's keyed set drawn in the canonical frame, in clinical order
+    (``DEVICES``): items 0-3 the ECG electrodes with their leads, 4 a central venous catheter
+    (right internal jugular or right subclavian) to the lower SVC, 5 an endotracheal tube,
+    6 a nasogastric tube, 7 a pacemaker (left pectoral, a fifth of films right) with its
     right-ventricular lead. Sizes are in cm (the shorter side spans ``FIELD_CM``); shapes are
     jittered per film, the same at every severity. ``place_devices`` moves them onto the
-    film's landmarks."""
+    film's anatomy."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_support_devices"))
     side = min(h, w)
     px = side / FIELD_CM
@@ -382,151 +572,238 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     for item, lead_side in enumerate(("left", "right", "left", "right")):
         _electrode(layers, g, item, f"ecg{item}", px, lead_side)
     anchor = {k: np.array(_px(v, w, h)) for k, v in _CANONICAL_ANCHORS.items()}
-    # central line: down the right internal jugular, the brachiocephalic vein, the SVC
+    # central line (radiopaque polyurethane: a thin line with a denser core) down the right
+    # internal jugular, or in from the right subclavian under the clavicle, into the SVC
     tip = anchor["cvc_tip"]
     cvc = np.zeros((h, w), np.float32)
-    neck = tip[0] - g.uniform(0.05, 0.07) * w
-    path = np.array(
-        [[neck, 0.0], [neck + 0.01 * w, 0.35 * tip[1]], [tip[0] - 0.012 * w, 0.7 * tip[1]], tip]
-    )
-    curve = _dense_curve(path)
-    _stroke(cvc, curve, 0.25 * px, 0.07)
-    _stroke(cvc, curve, max(1.0, 0.1 * px), 0.07)  # barium-loaded wall, densest centrally
-    layers.add(4, cvc, ("down", "cvc_tip", "cvc_tip"))
+    if g.random() < 0.6:
+        neck = tip[0] - g.uniform(0.04, 0.06) * w
+        course = [
+            [neck, 0.0],
+            [neck + 0.008 * w, 0.4 * tip[1]],
+            [tip[0] - 0.01 * w, 0.75 * tip[1]],
+        ]
+    else:
+        entry = anchor["pocket_left"] + np.array([0.02 * w, -0.05 * h])
+        course = [
+            entry,
+            [(entry[0] + tip[0]) / 2, entry[1] + 0.01 * h],
+            [tip[0] - 0.004 * w, tip[1] - 0.12 * h],
+        ]
+    curve = _dense_curve(np.array([*course, tip]))
+    _stroke(cvc, curve, 0.22 * px, 0.05)  # the catheter wall
+    _stroke(cvc, curve, 0.07 * px, 0.22)  # its radiopaque core
+    layers.add(4, cvc, ("warp", "cvc_tip"))
     # endotracheal tube: down the tracheal midline from the mouth, the tip above the carina
     tip = anchor["et_tip"]
     et = np.zeros((h, w), np.float32)
-    sway = g.uniform(-0.008, 0.008) * w
-    curve = _dense_curve(np.array([[tip[0] + sway, 0.0], [tip[0] + sway / 2, 0.5 * tip[1]], tip]))
-    _tube(et, curve, 0.9 * px, 0.025, 0.16, px)
-    layers.add(5, et, ("down", "et_tip", "et_tip"))
-    # nasogastric tube: the oesophagus (a little left of the midline: image right) through
-    # the hiatus into the stomach below the left dome, the tip curling in the fundus
-    top, tip = anchor["ng_top"], anchor["ng_tip"]
+    sway = g.uniform(-0.006, 0.006) * w
+    curve = _dense_curve(
+        np.array([[tip[0] + sway, -0.02 * h], [tip[0] + sway / 2, 0.5 * tip[1]], tip])
+    )
+    _tube(et, curve, 0.95 * px, 0.05, 0.3, px)
+    bevel = curve[-1] + np.array([0.0, 0.25 * px])
+    _stroke(et, np.array([curve[-1] - [0.45 * px, 0.0], bevel]), max(1.0, 0.06 * px), 0.03)
+    layers.add(5, et, ("warp", "et_tip"))
+    # nasogastric tube: the oesophagus (behind the trachea, a little left of the midline:
+    # image right) through the hiatus into the stomach below the left dome, the tip curled
+    top, hiatus, ng_tip = anchor["top"], anchor["hiatus"], anchor["ng_tip"]
     ng = np.zeros((h, w), np.float32)
-    hiatus = np.array([top[0] + 0.03 * w, tip[1] - 0.06 * h])
+    curl = g.uniform(0.6, 1.4)
     path = np.array(
         [
-            top + np.array([0.004 * w, 0.0]),
-            [top[0] + 0.012 * w, 0.4 * hiatus[1]],
-            [top[0] + 0.02 * w, 0.75 * hiatus[1]],
+            top + np.array([0.008 * w, -0.02 * h]),
+            [top[0] + 0.012 * w, 0.3 * hiatus[1]],
+            [top[0] + 0.006 * w, 0.6 * hiatus[1]],
+            [hiatus[0] - 0.01 * w, hiatus[1] - 0.05 * h],
             hiatus,
-            tip,
-            tip + np.array([0.03 * w, -0.02 * h * g.uniform(0.5, 1.5)]),
+            ng_tip + np.array([-0.03 * w, -0.01 * h]),
+            ng_tip,
+            ng_tip + np.array([0.025 * w, -0.02 * h * curl]),
         ]
     )
     curve = _dense_curve(path)
-    _tube(ng, curve, 0.5 * px, 0.05, 0.2, px)
-    holes = np.zeros((h, w), np.float32)
-    _stroke(holes, curve[-max(2, len(curve) // 12) :], max(1.0, 0.25 * px), 0.12)  # tip marker
-    ng += holes
-    layers.add(6, ng, ("span", "ng_top", "ng_tip"))
-    # pacemaker: generator in the left pectoral pocket, the lead through the subclavian vein
-    # and the SVC, a slack loop, into the right-ventricular apex
-    gen, rv = anchor["generator"], anchor["rv_apex"]
+    _tube(ng, curve, 0.45 * px, 0.05, 0.25, px)
+    holes = curve[-max(3, len(curve) // 10) :]
+    for k in range(0, len(holes) - 1, 3):  # side holes: gaps in the stripe near the tip
+        _stroke(ng, holes[k : k + 2], max(1.0, 0.1 * px), -0.08)
+    layers.add(6, ng, ("warp", "ng_tip"))
+    # pacemaker: generator in a pectoral pocket, the lead through the subclavian vein, the
+    # SVC and the tricuspid valve into the right-ventricular apex, with a slack loop
+    right_pocket = g.random() < 0.2
+    layers.pocket = "pocket_left" if right_pocket else "pocket_right"
+    gen, rv, svc = anchor[layers.pocket], anchor["rv_apex"], anchor["cvc_tip"]
+    side_sign = -1.0 if right_pocket else 1.0
     can = np.zeros((h, w), np.float32)
-    exit_x, exit_y = _generator(can, g, gen[0], gen[1], px)
-    layers.add(7, can, ("move", "generator", "generator"))
+    exit_x, exit_y = _generator(can, g, gen[0], gen[1], px, -side_sign)
     lead = np.zeros((h, w), np.float32)
     start = np.array([exit_x, exit_y])
-    mid = anchor["cvc_tip"]
+    loop = g.uniform(0.8, 1.5) * px
     path = np.array(
         [
             start,
-            start + np.array([-0.05 * w, -0.03 * h]),
-            [(start[0] + mid[0]) / 2, start[1] - 0.01 * h],
-            [mid[0] + 0.015 * w, (start[1] + mid[1]) / 2 - 0.02 * h],
-            [mid[0] - 0.005 * w, mid[1] - 0.03 * h],
-            mid + np.array([0.0, 0.04 * h]),
-            [rv[0] - 0.06 * w, rv[1] - 0.02 * h],
+            start + np.array([side_sign * 0.6 * px, -0.9 * loop]),  # the slack loop
+            start + np.array([-side_sign * 0.6 * px, -1.6 * loop]),
+            [(start[0] + svc[0]) / 2, start[1] - 0.015 * h],
+            [svc[0] + 0.004 * w, (start[1] + svc[1]) / 2],
+            svc + np.array([0.0, 0.03 * h]),
+            [rv[0] - 0.05 * w, rv[1] - 0.035 * h],
             rv,
         ]
     )
     curve = _dense_curve(path)
-    _stroke(lead, curve, 0.3 * px, 0.16)  # insulation and coil
-    _stroke(lead, curve, max(1.0, 0.12 * px), 0.12)  # the conductor coil
-    tip_mark = np.zeros((h, w), np.uint8)
-    cv2.circle(
-        tip_mark, (round(rv[0]), round(rv[1])), max(1, round(0.3 * px)), 255, -1, cv2.LINE_AA
-    )
-    lead += tip_mark.astype(np.float32) * np.float32(0.25 / 255)  # tip electrode
-    ring = curve[max(0, len(curve) - 1 - round(1.5 * px / 2))]
-    tip_mark[:] = 0
-    cv2.circle(
-        tip_mark, (round(ring[0]), round(ring[1])), max(1, round(0.25 * px)), 255, -1, cv2.LINE_AA
-    )
-    lead += tip_mark.astype(np.float32) * np.float32(0.2 / 255)  # ring electrode
-    layers.add(7, lead, ("span", "generator", "rv_apex"))
+    _stroke(lead, curve, 0.22 * px, 0.08)  # insulation over the coil
+    _stroke(lead, curve, 0.1 * px, 0.2)  # the conductor coil
+    tip_mark = np.zeros((h, w), np.float32)
+    _stroke(tip_mark, curve[-max(2, round(0.25 * px)) :], 0.3 * px, 0.3)  # tip electrode
+    ring = curve[max(0, len(curve) - 1 - round(1.2 * px / 2)) :][: max(2, round(0.2 * px))]
+    _stroke(tip_mark, ring, 0.3 * px, 0.25)  # ring electrode
+    lead += tip_mark
+    layers.add(7, can, ("move", "pocket"))
+    layers.add(7, lead, ("warp", "rv_apex"))
     return layers
 
 
-def _axis_maps(
-    placement: tuple[str, str, str],
-    found: dict[str, torch.Tensor],
-    w: int,
-    h: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample axis-aligned map ``x' = sx x + tx``, ``y' = sy y + ty`` (pixels, (B,) each)
-    moving a canvas drawn at the canonical anchors onto the found ones."""
-    kind, first, second = placement
-    size = torch.tensor([w, h], dtype=torch.float64, device=found[first].device)
-    p = found[first] * size
-    p0 = torch.tensor(_CANONICAL_ANCHORS[first], dtype=torch.float64, device=p.device) * size
-    one = torch.ones_like(p[:, 0])
-    if kind == "move":
-        return one, p[:, 0] - p0[0], one, p[:, 1] - p0[1]
-    if kind in ("left", "right"):
-        edge = 0.0 if kind == "left" else float(w)
-        sx = ((p[:, 0] - edge) / (float(p0[0]) - edge)).clamp(0.5, 2.0)
-        return sx, edge * (1.0 - sx), one, p[:, 1] - p0[1]
-    if kind == "down":
-        sy = (p[:, 1] / p0[1]).clamp(0.5, 2.0)
-        return one, p[:, 0] - p0[0], sy, torch.zeros_like(sy)
-    q = found[second] * size
-    q0 = torch.tensor(_CANONICAL_ANCHORS[second], dtype=torch.float64, device=p.device) * size
-    sx = ((q[:, 0] - p[:, 0]) / (q0[0] - p0[0])).clamp(0.5, 2.0)
-    sy = ((q[:, 1] - p[:, 1]) / (q0[1] - p0[1])).clamp(0.5, 2.0)
-    return sx, p[:, 0] - sx * p0[0], sy, p[:, 1] - sy * p0[1]
+def _tps_grid(src: torch.Tensor, dst: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """The sampling grid (B, H, W, 2, grid_sample's [-1, 1] units) of the thin-plate spline
+    that takes each film's control points ``src`` to the canonical ``dst`` (both (B, K, 2)
+    fractions): output pixel -> canonical pixel. Solved in one batched linear system
+    (float64, a tiny ridge for coincident points), evaluated on the ``LANDMARK_GRID``
+    square and interpolated bilinearly to the film (the warp is smooth at that scale)."""
+    b, k = src.shape[:2]
+    dev = src.device
+
+    def kernel(d2: torch.Tensor) -> torch.Tensor:
+        return d2 * torch.log(d2.clamp(min=1e-12))
+
+    d2 = ((src.unsqueeze(2) - src.unsqueeze(1)) ** 2).sum(dim=3)
+    ones = torch.ones(b, k, 1, dtype=torch.float64, device=dev)
+    affine = torch.cat([ones, src], dim=2)  # (B, K, 3)
+    top = torch.cat([kernel(d2) + 1e-6 * torch.eye(k, dtype=torch.float64, device=dev), affine], 2)
+    bottom = torch.cat(
+        [affine.transpose(1, 2), torch.zeros(b, 3, 3, dtype=torch.float64, device=dev)], 2
+    )
+    system = torch.cat([top, bottom], dim=1)
+    rhs = torch.cat([dst - src, torch.zeros(b, 3, 2, dtype=torch.float64, device=dev)], dim=1)
+    coef = torch.linalg.solve(system, rhs)  # (B, K + 3, 2): displacement weights
+    n = LANDMARK_GRID
+    centre = (torch.arange(n, device=dev, dtype=torch.float64) + 0.5) / n
+    gy, gx = torch.meshgrid(centre, centre, indexing="ij")
+    pts = torch.stack([gx.reshape(-1), gy.reshape(-1)], dim=1).view(1, -1, 2).expand(b, -1, 2)
+    e2 = ((pts.unsqueeze(2) - src.unsqueeze(1)) ** 2).sum(dim=3)  # (B, n*n, K)
+    basis = torch.cat([kernel(e2), torch.ones_like(e2[..., :1]), pts], dim=2)
+    moved = pts + basis @ coef  # canonical fractions, (B, n*n, 2)
+    coarse = (moved * 2.0 - 1.0).view(b, n, n, 2).permute(0, 3, 1, 2)
+    fine = F.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False)
+    return fine.permute(0, 2, 3, 1).to(torch.float32)
+
+
+def _translation_grid(
+    found: torch.Tensor, canonical: torch.Tensor, h: int, w: int, stretch: str
+) -> torch.Tensor:
+    """(B, H, W, 2) grid of a per-sample translation taking the canonical point onto
+    ``found`` ((B, 2) fractions); ``stretch`` ``left``/``right`` also scales x about that film
+    edge so the canvas still reaches it (a lead wire)."""
+    b = found.shape[0]
+    dev = found.device
+    xs = ((torch.arange(w, dtype=torch.float64, device=dev) + 0.5) / w).view(1, 1, w)
+    ys = ((torch.arange(h, dtype=torch.float64, device=dev) + 0.5) / h).view(1, h, 1)
+    fx, fy = found[:, 0].view(b, 1, 1), found[:, 1].view(b, 1, 1)
+    cx, cy = canonical[:, 0].view(b, 1, 1), canonical[:, 1].view(b, 1, 1)
+    src_y = ys - (fy - cy)
+    if stretch in ("left", "right"):
+        edge = 0.0 if stretch == "left" else 1.0
+        sx = ((fx - edge) / (cx - edge)).clamp(0.3, 3.0)
+        src_x = edge + (xs - edge) / sx
+    else:
+        src_x = xs - (fx - cx)
+    return torch.stack(
+        [(src_x * 2.0 - 1.0).expand(b, h, w), (src_y * 2.0 - 1.0).expand(b, h, w)], dim=-1
+    ).to(torch.float32)
+
+
+def _film_noise(x: torch.Tensor) -> torch.Tensor:
+    """(B,) the film's own noise (display units): the lower quartile, over the
+    ``LANDMARK_GRID`` cells, of the RMS of the film minus its 3 x 3 mean (flat cells carry
+    only noise; edges raise the upper quantiles), scaled to the noise's own standard
+    deviation (white noise keeps 8/9 of its variance there)."""
+    v = x[:, :1].to(torch.float64)
+    residual = (v - F.avg_pool2d(v, 3, 1, 1, count_include_pad=False)) ** 2
+    cells = F.adaptive_avg_pool2d(residual, (LANDMARK_GRID, LANDMARK_GRID)).flatten(1)
+    return (torch.quantile(cells, 0.25, dim=1) * (9.0 / 8.0)).sqrt()
 
 
 def place_devices(
-    x: torch.Tensor, p: Mapping[str, torch.Tensor], films: list[_Placed]
+    x: torch.Tensor, p: Mapping[str, torch.Tensor], films: list[_Placed], keys: Sequence[int]
 ) -> torch.Tensor:
-    """``clip(v + a)`` for the whole batch: ``a`` the sum of each film's canvases of its first
-    ``items`` items at its ``opacity``, each canvas moved from the canonical frame onto the
-    film's own landmarks (``chest_landmarks``, ``device_anchors``) by an axis-aligned map
-    (bilinear). The canvases travel as one (K, B, H, W) uint8 stack (every film has the same
-    K canvases in the same order); one ``grid_sample`` per canvas serves the whole batch."""
+    """``clip(v + a + n)`` for the whole batch. ``a``: the sum of each film's canvases of its
+    first ``items`` items at its ``opacity``, moved from the canonical frame onto the film's
+    anatomy (``chest_landmarks``, ``skin_sites``, ``device_anchors``): electrodes and the
+    generator translated onto their skin sites, leads stretched to the film edge, lines and
+    tubes carried by one thin-plate-spline warp through the anatomical anchors; then the
+    detector's unsharpness (a Gaussian of 0.25 mm) over it. ``n``: the quantum noise the
+    objects add: fewer quanta reach the detector behind them (``I = exp(-MU v)``), so the
+    film's noise ``sigma`` grows to ``sigma exp(MU a / 2)``; the extra, ``sigma
+    sqrt(exp(MU a) - 1)`` times a keyed normal field, is added (none on a noiseless film).
+    The canvases travel as one (K, B, H, W) uint8 stack; one ``grid_sample`` per moved canvas
+    and one for all warped ones serve the whole batch."""
     b = x.shape[0]
     h, w = x.shape[-2:]
     dev = x.device
-    found = device_anchors(chest_landmarks(x))
-    k = len(films[0].canvases) if films else 0
+    lm = chest_landmarks(x)
+    found = device_anchors(lm, skin_sites(x, lm))
+    right_pocket = torch.tensor([f.pocket == "pocket_right" for f in films], device=dev)
+    found["pocket"] = torch.where(
+        right_pocket.view(b, 1), found["pocket_right"], found["pocket_left"]
+    )
+    canonical = dict(_CANONICAL_ANCHORS)
+    canonical_pocket = torch.tensor(
+        [canonical[f.pocket] for f in films], dtype=torch.float64, device=dev
+    )
     drawn = torch.from_numpy(np.stack([np.stack(f.canvases) for f in films], axis=1)).to(dev)
     items = torch.tensor([f.items for f in films], dtype=torch.int64, device=dev)  # (B, K)
     scales = torch.tensor([f.scales for f in films], dtype=torch.float64, device=dev)
     chosen = (items < torch.round(p["items"]).view(b, 1)).to(torch.float64)
     weights = (scales * p["opacity"].double().view(b, 1) * chosen / 255.0).to(torch.float32)
-    xs = (torch.arange(w, dtype=torch.float64, device=dev) + 0.5).view(1, 1, w)
-    ys = (torch.arange(h, dtype=torch.float64, device=dev) + 0.5).view(1, h, 1)
+
+    def anchor_of(point: tuple[float, float]) -> torch.Tensor:
+        return torch.tensor(point, dtype=torch.float64, device=dev).expand(b, 2)
+
     total = torch.zeros(b, 1, h, w, dtype=torch.float32, device=dev)
-    for j in range(k):  # k is the op's canvas count per film, not the batch size
-        sx, tx, sy, ty = _axis_maps(films[0].placements[j], found, w, h)
-        src_x = (xs - tx.view(b, 1, 1)) / sx.view(b, 1, 1)  # output pixel -> canonical pixel
-        src_y = (ys - ty.view(b, 1, 1)) / sy.view(b, 1, 1)
-        grid = torch.stack(
-            [(src_x * (2.0 / w) - 1.0).expand(b, h, w), (src_y * (2.0 / h) - 1.0).expand(b, h, w)],
-            dim=-1,
-        ).to(torch.float32)
-        moved = F.grid_sample(
-            drawn[j].unsqueeze(1).to(torch.float32),
-            grid,
-            mode="bilinear",
-            padding_mode="zeros",
-            align_corners=False,
-        )
-        total = total + moved * weights[:, j].view(b, 1, 1, 1)
-    return (x + total).clamp_(0.0, 1.0)
+    warped = torch.zeros(b, 1, h, w, dtype=torch.float32, device=dev)
+    for j, (kind, name) in enumerate(films[0].placements):  # the op's canvas count, not B
+        layer = drawn[j].unsqueeze(1).to(torch.float32) * weights[:, j].view(b, 1, 1, 1)
+        if kind == "warp":
+            warped = warped + layer
+            continue
+        origin = canonical_pocket if name == "pocket" else anchor_of(canonical[name])
+        grid = _translation_grid(found[name], origin, h, w, kind)
+        total = total + F.grid_sample(layer, grid, "bilinear", "zeros", align_corners=False)
+    src = torch.stack([found[n] for n in WARP_POINTS], dim=1)
+    dst = torch.stack(
+        [canonical_pocket if n == "pocket" else anchor_of(canonical[n]) for n in WARP_POINTS],
+        dim=1,
+    )
+    grid = _tps_grid(src, dst, h, w)
+    total = total + F.grid_sample(warped, grid, "bilinear", "zeros", align_corners=False)
+    total = _gaussian_blur(total, 0.025 * min(h, w) / FIELD_CM)
+    sigma = _film_noise(x).view(b, 1, 1, 1)
+    extra = sigma * torch.sqrt(torch.expm1(MU * total.double().clamp(min=0.0)))
+    noise = keyed_fields.normal_fields(keys, "xray_support_devices/noise", (1, h, w), dev)
+    out = x.to(torch.float64) + total.double() + extra * noise.double()
+    return out.clamp_(0.0, 1.0).to(x.dtype)
+
+
+def _gaussian_blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
+    """A separable Gaussian of ``sigma`` pixels (at least 0.4) over (B, 1, H, W), zero padded
+    (the canvases are empty at the film's edge but for leads leaving it)."""
+    sigma = max(0.4, sigma)
+    radius = max(1, math.ceil(3 * sigma))
+    t = torch.arange(-radius, radius + 1, dtype=torch.float32, device=img.device)
+    k = torch.exp(-0.5 * (t / sigma) ** 2)
+    k = k / k.sum()
+    img = F.conv2d(img, k.view(1, 1, 1, -1), padding=(0, radius))
+    return F.conv2d(img, k.view(1, 1, -1, 1), padding=(radius, 0))
 
 
 @register_kernel("xray_support_devices", sampler=_level_sampler)
@@ -534,10 +811,11 @@ def xray_support_devices(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
     """Support devices as attenuating objects placed on the film's own anatomy (see
-    ``chest_landmarks``, ``device_anchors``, ``device_layers`` and ``place_devices``).
+    ``chest_landmarks``, ``skin_sites``, ``device_anchors``, ``device_layers`` and
+    ``place_devices``).
 
-    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases, moved onto the
-    landmarks by per-sample axis-aligned maps through one ``grid_sample`` per canvas)."""
+    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
+    landmarks by per-sample translations and a thin-plate-spline warp through ``grid_sample``)."""
     h, w = x.shape[-2:]
     return backend.by_path(
         x,
@@ -547,11 +825,14 @@ def xray_support_devices(
                     x[i : i + 1],
                     {n: v[i : i + 1] for n, v in p.items()},
                     [device_layers(int(k), h, w)],
+                    [int(k)],
                 )
                 for i, k in enumerate(keys)
             ]
         ),
-        device=lambda: place_devices(x, p, [device_layers(int(k), h, w) for k in keys]),
+        device=lambda: place_devices(
+            x, p, [device_layers(int(k), h, w) for k in keys], [int(k) for k in keys]
+        ),
     )
 
 

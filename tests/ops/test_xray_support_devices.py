@@ -1,0 +1,158 @@
+"""``xray_support_devices`` on real films: every device where it belongs anatomically.
+
+The reference is the film itself, read here independently of the op where it can be: the body
+outline (the smoothed film brighter than air, the largest component, holes filled) and the
+tracheal column (the brightest column of the upper mediastinum); the lung landmarks
+(``chest_landmarks``: midline, apex, domes) give the anatomical regions. Each device's part is
+the difference between the film with its first ``n`` and first ``n - 1`` items (the items come
+in a fixed clinical order: ``perturb.ops.attenuation.DEVICES``). Run on every sample film (the
+shared samples when ``PERTURB_SAMPLES_DIR`` points at them, and the films shipped in
+tests/data).
+"""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+
+import cv2
+import numpy as np
+import pytest
+import scipy.ndimage
+import torch
+
+import perturb
+from perturb.contracts.record import Record
+from perturb.ops.attenuation import DEVICES, device_layers, placed_devices
+from perturb.ops.landmarks import chest_landmarks, skin_sites
+from perturb.scene import radiograph
+from tests.helpers import XRAY, sample_tensor
+from tests.ops.test_xray_ops import _np
+
+SHIPPED = sorted((pathlib.Path(__file__).parents[1] / "data" / "xray").glob("*.png"))
+FILMS = sorted({p.name: p for p in [*SHIPPED, *XRAY]}.values(), key=lambda p: p.name)
+SIDE = 256
+
+
+def _film(path: pathlib.Path) -> torch.Tensor:
+    img = sample_tensor(path)[0].numpy()
+    small = cv2.resize(img, (SIDE, SIDE), interpolation=cv2.INTER_AREA)
+    return torch.from_numpy(small).clamp(0, 1).view(1, 1, SIDE, SIDE).contiguous()
+
+
+def _body_outline(film: np.ndarray) -> np.ndarray:
+    """The patient's outline, found independently of the op: the smoothed film brighter than
+    air (15 % of the way from its 1st to its 99th percentile), the largest connected
+    component, holes filled, grown by 2 % of the side (the outline's own blur)."""
+    smooth = cv2.GaussianBlur(film.astype(np.float32), (0, 0), 3)
+    lo, hi = np.percentile(smooth, [1, 99])
+    mask = smooth > lo + 0.15 * (hi - lo)
+    labels, count = scipy.ndimage.label(mask)
+    sizes = scipy.ndimage.sum(mask, labels, range(1, count + 1))
+    body = scipy.ndimage.binary_fill_holes(labels == 1 + int(np.argmax(sizes)))
+    return scipy.ndimage.binary_dilation(body, iterations=round(0.02 * SIDE))
+
+
+def _parts(film: torch.Tensor, key: str) -> tuple[list[np.ndarray], Record]:
+    """The attenuation each item adds (display units), in the clinical order (the four
+    electrodes together as the first), and the record of the film: one run, then its record
+    replayed with 4 to 8 items at opacity 1 on the whole film (no annotation layer)."""
+    _, records = perturb.apply(film, "xray_support_devices", 5, [key], protect_border=False)
+    outs = [_np(film)]
+    for n in range(4, 9):
+        params = {**records[0].params, "items": n, "opacity": 1.0}
+        record = Record(**{**records[0].to_dict(), "params": params})
+        outs.append(_np(perturb.replay([record], film)))
+    return [b - a for a, b in itertools.pairwise(outs)], records[0]
+
+
+def _lowest(part: np.ndarray, level: float) -> tuple[float, float]:
+    """(x, y) fractions of the lowest pixel of a part denser than ``level``."""
+    rows, cols = np.nonzero(part > level)
+    i = rows.argmax()
+    return cols[i] / SIDE, rows[i] / SIDE
+
+
+# the shipped films run by default, the other sample films (PERTURB_SAMPLES_DIR) in the slow set
+# (about 15 s a film on a shared 2-core machine)
+_SHIPPED_NAMES = {p.name for p in SHIPPED}
+FILM_CASES = [
+    pytest.param(p, id=p.stem, marks=[] if p.name in _SHIPPED_NAMES else [pytest.mark.slow])
+    for p in FILMS
+]
+
+
+@pytest.mark.parametrize("path", FILM_CASES)
+def test_each_device_lies_in_its_anatomical_region(path: pathlib.Path) -> None:
+    """ECG electrodes on the skin (their sites inside the body outline); the central line's tip
+    right of the spine (image left of the midline) in the SVC (from 5 % above the carina to
+    12 % below it); the ET tube down the tracheal column with its tip below the apex and above
+    the carina; the NG tube's tip below the higher dome on the patient's left (image right);
+    the pacemaker generator in an upper pectoral region lateral to the mediastinum, its lead's
+    tip in the cardiac silhouette on the patient's left below the carina; every device but the
+    ECG leads (which run off the body) inside the body outline."""
+    film = _film(path)
+    f = _np(film)
+    key = f"anatomy-{path.stem}"
+    mid, _, _, apex, dome_l, dome_r = chest_landmarks(film)[0, :6].tolist()
+    carina = apex + 0.38 * ((dome_l + dome_r) / 2 - apex)
+    body = _body_outline(f)
+    sites = skin_sites(film, chest_landmarks(film))[0].numpy()
+    for x, y in sites[:4]:
+        assert body[int(y * SIDE), int(x * SIDE)], (path.stem, "ecg", x, y)
+    parts, record = _parts(film, key)
+    ecg, cvc, et, ng, pacer = parts
+    assert ecg.max() > 0.1
+    for name, part in (("cvc", cvc), ("et", et), ("ng", ng), ("pacer", pacer)):
+        outside = (np.abs(part) > 0.02) & ~body
+        assert outside.sum() <= 0.01 * (np.abs(part) > 0.02).sum(), (path.stem, name)
+    tip = _lowest(cvc, 0.05)
+    assert tip[0] < mid and carina - 0.05 < tip[1] < carina + 0.12, (path.stem, "cvc", tip)
+    upper = f[int(0.1 * SIDE) : int(0.35 * SIDE), int(0.35 * SIDE) : int(0.65 * SIDE)]
+    trachea = (0.35 * SIDE + np.argmax(scipy.ndimage.uniform_filter1d(upper.mean(0), 9))) / SIDE
+    _, cols = np.nonzero(et > 0.05)
+    # 0.08 (2.8 cm): on the bedside film mhh_covid_9f3f2d91 the film's own lines and tubes
+    # over the upper mediastinum pull this brightest column 0.075 off the spine
+    assert abs(np.median(cols) / SIDE - trachea) < 0.08, (path.stem, "et column")
+    tip = _lowest(et, 0.05)
+    assert apex + 0.03 < tip[1] < carina, (path.stem, "et", tip)
+    tip = _lowest(ng, 0.05)
+    assert tip[0] > mid and tip[1] > min(dome_l, dome_r), (path.stem, "ng", tip)
+    pocket = device_layers(perturb.rng.key_from_hex(record.key), SIDE, SIDE).pocket
+    labels, count = scipy.ndimage.label(pacer > 0.08)
+    sizes = scipy.ndimage.sum(pacer > 0.08, labels, range(1, count + 1))
+    cy, cx = scipy.ndimage.center_of_mass(labels == 1 + int(np.argmax(sizes)))
+    generator = cx / SIDE, cy / SIDE
+    lateral = generator[0] > mid + 0.1 if pocket == "pocket_right" else generator[0] < mid - 0.1
+    assert lateral and generator[1] < carina, (path.stem, "generator", generator, pocket)
+    tip = _lowest(pacer, 0.08)
+    assert mid < tip[0] < mid + 0.25 and carina < tip[1] < max(dome_l, dome_r) + 0.03, (
+        path.stem,
+        "pacer lead",
+        tip,
+    )
+
+
+@pytest.mark.parametrize("path", FILMS[:6], ids=[p.stem for p in FILMS[:6]])
+def test_nothing_is_drawn_over_the_films_annotations(path: pathlib.Path) -> None:
+    """The devices go under the burned-in annotation layer (``perturb.scene.radiograph``): its
+    pixels come out as they went in."""
+    film = _film(path)
+    desc = radiograph.analyse((_np(film) * 255).round().astype(np.uint8))
+    mask = radiograph.mask_of(desc)
+    out, _ = perturb.apply(film, "xray_support_devices", 5, [f"notes-{path.stem}"])
+    assert np.array_equal(_np(out)[mask], _np(film)[mask])
+
+
+def test_the_record_names_what_was_placed() -> None:
+    """The severity ladder places 2, 4, 5, 7 and 8 items in the clinical order: electrodes,
+    then the central line, the ET and NG tubes, the pacemaker; ``placed_devices`` reads it back
+    from a record's ``items``."""
+    film = torch.full((1, 1, 96, 96), 0.3)
+    kinds = []
+    for severity in range(1, 6):
+        _, records = perturb.apply(film, "xray_support_devices", severity, ["film"])
+        kinds.append([d["device"] for d in placed_devices(round(records[0].params["items"]))])
+    assert [len(k) for k in kinds] == [2, 4, 5, 7, 8]
+    assert kinds[-1] == [d for d, _ in DEVICES]
+    assert "pacemaker" not in kinds[3] and kinds[2][-1] == "central_venous_catheter"
