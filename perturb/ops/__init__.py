@@ -16,6 +16,7 @@ from perturb.ops import (  # noqa: F401  (registration)
     jpeg,
     noise,
     optics,
+    sensor,
     sequential,
     video,
     xray,

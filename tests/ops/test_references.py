@@ -46,6 +46,8 @@ REFERENCE_CHECKS = {
     "speckle_noise": "test_gaussian_and_speckle_noise_statistics",
     "shot_noise": "test_shot_noise_variance_is_proportional_to_signal",
     "impulse_noise": "test_impulse_noise_fraction",
+    "sensor_defects": "tests.ops.test_sensor_ops::test_defects_are_single_photosites_of_the_bayer_mosaic_at_the_tabled_density",
+    "row_banding": "tests.ops.test_sensor_ops::test_row_banding_ripples_the_light_row_by_row_and_changes_per_frame",
     "color_cast": "test_color_cast_is_a_von_kries_gain_that_keeps_grey_luminance",
     "hue_shift": "test_hue_shift_rotates_chroma_and_keeps_luma",
     "saturation": "test_saturation_scales_chroma",
