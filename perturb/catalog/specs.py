@@ -196,6 +196,9 @@ class OpSpec(BaseModel):
     version: int = 1
     params: dict[str, ParamTable]
     calibration: Calibration | None = None
+    # why the op was retired: still loadable (older records replay, a suite may name it), but
+    # left out of ``ops: all`` and the modality listings
+    retired: str = ""
 
     @field_validator("family")
     @classmethod
@@ -337,7 +340,9 @@ def load_specs() -> dict[str, OpSpec]:
 
 def op_names(modality: str | None = None) -> list[str]:
     specs = load_specs()
-    return sorted(n for n, s in specs.items() if modality is None or modality in s.modalities)
+    return sorted(
+        n for n, s in specs.items() if not s.retired and (modality is None or modality in s.modalities)
+    )
 
 
 def get_spec(name: str) -> OpSpec:

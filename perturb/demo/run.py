@@ -36,7 +36,7 @@ DEMO_OPS: tuple[str, ...] = (
     "motion_blur",
     "defocus_blur",
     "gaussian_noise",
-    "impulse_noise",
+    "shot_noise",
     "hue_shift",
     "color_cast",
     "saturation",

@@ -220,6 +220,8 @@ def make_record(
             draw = draw_key(seed, param_key, op.name, variant)
             extra["param_key"] = param_key
         params = sample_params(op, draw, severity if level is None else level)
+        if op.entry.device_params is not None:  # keyed by (seed, variant), not the sample
+            params = {**params, **as_json(op.entry.device_params(seed, variant))}
     return Record(
         op=op.name,
         op_version=op.spec.version,
@@ -718,6 +720,8 @@ def check_replayable(rec: Record) -> None:
         )
     try:
         expected = set(sample_params(op, rng.key_from_hex(rec.key), rec.severity))
+        if op.entry.device_params is not None:
+            expected |= set(op.entry.device_params(rec.seed, rec.variant))
     except Exception:  # a record drawn from explicit ranges, or a bad key: the run checks those
         return
     missing, unknown = sorted(expected - set(rec.params)), sorted(set(rec.params) - expected)

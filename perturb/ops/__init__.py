@@ -20,6 +20,7 @@ from perturb.ops import (  # noqa: F401  (registration)
     noise,
     optics,
     overlay,
+    sensor,
     sequential,
     video,
 )

@@ -1,17 +1,32 @@
-"""Noise grain relative to the shorter side (resolution invariance of sensor noise).
+"""Noise grain relative to the field of view (resolution invariance of sensor noise).
 
 An endoscope's sensor noise reaches the recorded frame after demosaicing and the video
 processor's scaling, so it is spatially correlated at the scale of the sensor's pixels, not of
-the stored file's. Noise ops therefore draw their per-pixel model on a grid of
-``GRAIN_CELLS`` cells across the image's shorter side: on a larger frame the model runs on the
-frame averaged to that grid (INTER_AREA), and the residual (noisy minus clean, on the grid) is
-upsampled bicubically and added to the full-resolution frame. A frame whose shorter side is at
-most ``GRAIN_CELLS`` gets the per-pixel model directly. So "noise on a 1920x1080 frame, then
-resize to 448 px" and "resize, then noise" agree (perturb calibrate measures it).
+the stored file's. Noise ops therefore run their per-pixel model on a nominal sensor: a grid of
+``GRAIN_CELLS`` cells across the image's shorter side (the extent of the endoscope's field of
+view, which spans the frame's shorter side), whatever the frame's resolution:
+
+1. the frame brought to the grid: averaged down (OpenCV's INTER_AREA) when larger, bicubic up
+   when smaller, as is when it is the grid;
+2. the per-pixel model on the grid; its residual (noisy minus clean) is the sensor's noise;
+3. the residual resampled to the frame as a band-limited field (the sensor's samples, Shannon
+   reconstruction: Fourier interpolation) integrated over each frame pixel's footprint (a box,
+   as a pixel or an area resize integrates light), times a constant ``field_gain`` that keeps
+   the table's per-pixel statistics at the grid's own size. Separable: one (n, g) real matrix
+   per axis (``field_matrix``).
+
+Why the field: "noise on a 1920x1080 frame, then resize to s" must equal "resize to s, then
+noise" for every s. Box integration composes (a box of a box-integrated field is the coarser
+box) and the band-limited field keeps every frequency of the grid, so both orders give the
+field integrated over the size-s pixel, at any s. The earlier bicubic upsampling lost half the
+residual's variance near the grid's Nyquist frequency and made it up with a frame-dependent
+gain: right when measured at exactly the grid size (448 px, the project's own check), 1.47x too
+strong at a 252 px shorter side (a 16:9 frame resized to 448 px on its longer side), where the
+per-pixel model on small frames was in turn too strong: gaps of 0.05-0.12 field SSIM.
 
 Both paths take the same grid: OpenCV's INTER_AREA on the host, the same area weights as a
-matrix product in torch; OpenCV's INTER_CUBIC and torch's bicubic (A = -0.75, half-pixel
-centres) agree to ~1e-4 of the residual.
+matrix product in torch (large frames); float64 bicubic matrices rounded once (small frames).
+The field matrices are float32 products on both paths (within ~1e-6 of each other).
 """
 
 from __future__ import annotations
@@ -23,7 +38,6 @@ from typing import Any
 import cv2
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from perturb.ops import backend
 from perturb.ops._math import plane2d, scratch, split_into
@@ -31,12 +45,9 @@ from perturb.ops._math import plane2d, scratch, split_into
 GRAIN_CELLS = 448
 
 
-def grid_shape(h: int, w: int) -> tuple[int, int] | None:
-    """(gh, gw) of the grain grid of an h x w frame, or None where the frame is small enough
-    to take the per-pixel model."""
+def grid_shape(h: int, w: int) -> tuple[int, int]:
+    """(gh, gw) of the grain grid of an h x w frame: ``GRAIN_CELLS`` across the shorter side."""
     short = min(h, w)
-    if short <= GRAIN_CELLS:
-        return None
     return max(1, round(h * GRAIN_CELLS / short)), max(1, round(w * GRAIN_CELLS / short))
 
 
@@ -56,7 +67,7 @@ def area_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 @lru_cache(maxsize=16)
 def cubic_matrix(n_in: int, n_out: int) -> np.ndarray:
-    """(n_out, n_in) float64 weights of bicubic upsampling along one axis as OpenCV's
+    """(n_out, n_in) float64 weights of bicubic resampling along one axis as OpenCV's
     INTER_CUBIC and torch's bicubic compute it (A = -0.75, half-pixel centres, edge clamped)."""
     a = -0.75
     src = (np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5
@@ -72,43 +83,89 @@ def cubic_matrix(n_in: int, n_out: int) -> np.ndarray:
     rows = np.arange(n_out)
     for k, c in enumerate(coeffs):
         np.add.at(out, (rows, np.clip(base.astype(np.int64) - 1 + k, 0, n_in - 1)), c)
+    out.flags.writeable = False
     return out
 
 
+def _field_weights(g: int, n: int) -> np.ndarray:
+    """(n, g) float64: the band-limited field of g grid samples (periodic Fourier
+    interpolation, the Nyquist term split evenly) seen by n pixels spanning the same extent.
+    Pixels finer than the cells (n > g) sample it at their centres; pixels of a cell or coarser
+    (n <= g) integrate it over their footprint of g / n cells (frequency response sinc(k / n);
+    the frequencies above their Nyquist alias as an area resize aliases them). So an area
+    resize of a finer frame to n <= g pixels (itself a box over each coarse pixel) and the
+    field at n agree: sinc(k / n) both ways."""
+    k = np.arange(-(g // 2), g // 2 + 1)
+    weight = np.where(np.abs(k) * 2 == g, 0.5, 1.0) * (np.sinc(k / n) if n <= g else 1.0)
+    centres = (np.arange(n) + 0.5) * (g / n) - 0.5  # pixel centres in cell units
+    phase = 2 * np.pi * np.outer(centres, k) / g  # (n, K)
+    cells = 2 * np.pi * np.outer(k, np.arange(g)) / g  # (K, g)
+    # Re(sum_k w_k e^{i (phase - cells)}) / g, as two real products
+    return ((np.cos(phase) * weight) @ np.cos(cells) + (np.sin(phase) * weight) @ np.sin(cells)) / g
+
+
 @lru_cache(maxsize=16)
-def gain(h: int, w: int) -> float:
-    """Factor on the upsampled residual that keeps the noise's standard deviation when the
-    frame is averaged back to the grain grid: bicubic upsampling then area averaging keeps a
-    fraction of white noise's variance (about 0.5 at 2x-4x), computed per axis from the weights."""
-    grid = grid_shape(h, w)
-    if grid is None:
-        return 1.0
-    kept = 1.0
-    for n, g in ((h, grid[0]), (w, grid[1])):
-        chain = area_matrix(n, g).astype(np.float64) @ cubic_matrix(g, n)
-        kept *= float((chain**2).sum(axis=1).mean())
-    return float(np.float32(1.0 / np.sqrt(kept)))
+def field_gain(g: int) -> float:
+    """Constant factor on the field along an axis of g cells: the inverse of the standard
+    deviation of white noise the field keeps on a frame of the grid's own size (0.88 per axis),
+    so a table's sigma is the per-pixel noise at the grid's size. It depends on the grid only
+    (the frame's aspect), never on the frame's size: both resize orders share it."""
+    kept = float((_field_weights(g, g) ** 2).sum(axis=1).mean())
+    return float(1.0 / np.sqrt(kept))
 
 
-def _down_torch(x: torch.Tensor, gh: int, gw: int) -> torch.Tensor:
+@lru_cache(maxsize=16)
+def field_matrix(g: int, n: int) -> np.ndarray:
+    """(n, g) float32: the residual on g grid cells as the field seen by n frame pixels
+    (``_field_weights``) times ``field_gain(g)``."""
+    out = (_field_weights(g, n) * field_gain(g)).astype(np.float32)
+    out.flags.writeable = False
+    return out
+
+
+def _to_grid_torch(x: torch.Tensor, gh: int, gw: int) -> torch.Tensor:
+    """The frame on its grain grid: area weights when larger (float32 products, as OpenCV's
+    INTER_AREA), bicubic weights when smaller (float64, rounded once), as is when it is."""
     h, w = x.shape[-2:]
-    dh = torch.from_numpy(area_matrix(h, gh).copy()).to(x.device, x.dtype)
-    dw = torch.from_numpy(area_matrix(w, gw).copy()).to(x.device, x.dtype)
-    return torch.matmul(torch.matmul(dh, x), dw.t())
+    if (h, w) == (gh, gw):
+        return x.clone()
+    if h > gh:
+        dh = torch.from_numpy(area_matrix(h, gh).copy()).to(x.device, x.dtype)
+        dw = torch.from_numpy(area_matrix(w, gw).copy()).to(x.device, x.dtype)
+        return torch.matmul(torch.matmul(dh, x), dw.t())
+    uh = torch.from_numpy(cubic_matrix(h, gh).copy()).to(x.device)
+    uw = torch.from_numpy(cubic_matrix(w, gw).copy()).to(x.device)
+    return torch.matmul(torch.matmul(uh, x.double()), uw.t()).to(x.dtype)
+
+
+def _to_grid_numpy(full: np.ndarray, gh: int, gw: int) -> np.ndarray:
+    """``_to_grid_torch`` on the host for a (C, H, W) float32 frame."""
+    c, h, w = full.shape
+    if (h, w) == (gh, gw):
+        return full.copy()
+    if h > gh:
+        small = np.empty((c, gh, gw), np.float32)
+        _area_down(full, gh, gw, small)
+        return small
+    return np.matmul(np.matmul(cubic_matrix(h, gh), full.astype(np.float64)), cubic_matrix(w, gw).T).astype(np.float32)
+
+
+def _field_torch(residual: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    gh, gw = residual.shape[-2:]
+    mh = torch.from_numpy(field_matrix(gh, h).copy()).to(residual.device, residual.dtype)
+    mw = torch.from_numpy(field_matrix(gw, w).copy()).to(residual.device, residual.dtype)
+    return torch.matmul(torch.matmul(mh, residual), mw.t())
 
 
 def grain_kernel(pixel_kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """A batched noise kernel with grain relative to the shorter side, from its per-pixel form."""
+    """A batched noise kernel with grain relative to the field of view, from its per-pixel
+    form (see the module docstring)."""
 
     def kernel(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], **kw: Any) -> torch.Tensor:
         h, w = x.shape[-2:]
-        grid = grid_shape(h, w)
-        if grid is None:
-            return pixel_kernel(x, p, keys, **kw)
-        small = _down_torch(x, *grid).clamp_(0.0, 1.0)
-        residual = pixel_kernel(small, p, keys, **kw) - small
-        up = F.interpolate(residual, size=(h, w), mode="bicubic", align_corners=False)
-        return (x + up * gain(h, w)).clamp_(0.0, 1.0)
+        grid = _to_grid_torch(x, *grid_shape(h, w)).clamp_(0.0, 1.0)
+        residual = pixel_kernel(grid, p, keys, **kw) - grid
+        return (x + _field_torch(residual, h, w)).clamp_(0.0, 1.0)
 
     kernel.__doc__ = pixel_kernel.__doc__
     return kernel
@@ -161,14 +218,13 @@ def _load_float(src: np.ndarray) -> np.ndarray:
     return full
 
 
-def _add_residual(residual: np.ndarray, full: np.ndarray, dst: np.ndarray) -> None:
-    """``dst`` = the frame ``full`` plus the grid ``residual`` upsampled bicubically (times
-    ``gain``), clipped and stored in ``dst``'s dtype."""
+def add_field(residual: np.ndarray, full: np.ndarray, dst: np.ndarray) -> None:
+    """``dst`` = the frame ``full`` (C, H, W) plus the grid ``residual`` (C, gh, gw) as its
+    field (``field_matrix``), clipped and stored in ``dst``'s dtype."""
     c, h, w = full.shape
+    gh, gw = residual.shape[-2:]
     out = scratch("grain_out", (c, h, w), np.float32)
-    for i in range(c):
-        cv2.resize(residual[i], (w, h), dst=out[i], interpolation=cv2.INTER_CUBIC)
-    out *= np.float32(gain(h, w))
+    np.matmul(np.matmul(field_matrix(gh, h), residual), field_matrix(gw, w).T, out=out)
     out += full
     if dst.dtype == np.uint8 and dst.flags.c_contiguous:
         _store_u8(out, dst)
@@ -178,117 +234,18 @@ def _add_residual(residual: np.ndarray, full: np.ndarray, dst: np.ndarray) -> No
 
 
 def grain_cpu(pixel_fn: backend.CpuFn) -> backend.CpuFn:
-    """The CPU fast path with grain relative to the shorter side, from its per-pixel form (which
-    must read float32 samples)."""
+    """The CPU fast path with grain relative to the field of view, from its per-pixel form
+    (which must read float32 samples)."""
 
     def fn(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, **kw: Any) -> None:
-        c, h, w = src.shape
-        grid = grid_shape(h, w)
-        if grid is None:
-            pixel_fn(src, dst, p, key, **kw)
-            return
-        gh, gw = grid
+        h, w = src.shape[-2:]
         full = _load_float(src)
-        small = scratch("grain_small", (c, gh, gw), np.float32)
-        _area_down(full, gh, gw, small)
-        np.clip(small, np.float32(0.0), np.float32(1.0), out=small)
-        noisy = scratch("grain_noisy", (c, gh, gw), np.float32)
-        pixel_fn(small, noisy, p, key, **kw)
-        noisy -= small
-        _add_residual(noisy, full, dst)
-
-    fn.__doc__ = pixel_fn.__doc__
-    return fn
-
-
-@lru_cache(maxsize=16)
-def area_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
-    """OpenCV's INTER_AREA weights along one axis as it applies them: (n_out, K) source indices
-    and float32 weights of each output, in its summation order (increasing source index),
-    padded with weight 0. Read from OpenCV itself: a column whose ones are ``period`` rows
-    apart, area-resized, gives each output's weight of each source row (at most one one falls
-    in an output's window)."""
-    period = min(n_in, 2 * int(np.ceil(n_in / n_out)) + 4)
-    comb = (np.arange(n_in)[:, None] % period == np.arange(period)[None, :]).astype(np.float32)
-    resized = cv2.resize(comb, (period, n_out), interpolation=cv2.INTER_AREA)  # (n_out, period)
-    weights = resized[:, np.arange(n_in) % period]  # (n_out, n_in), the window's weights and aliases
-    src = np.arange(n_in)[None, :]
-    out = np.arange(n_out)[:, None]
-    near = (src * n_out >= out * n_in - n_out) & (src * n_out < (out + 1) * n_in + n_out)  # window +- 1
-    weights = np.where(near, weights, np.float32(0.0))
-    width = int((weights > 0).sum(axis=1).max())
-    index = np.zeros((n_out, width), dtype=np.intp)
-    taps = np.zeros((n_out, width), dtype=np.float32)
-    for i in range(n_out):
-        sources = np.flatnonzero(weights[i] > 0)
-        index[i, :] = sources[0]
-        index[i, : sources.size] = sources
-        taps[i, : sources.size] = weights[i, sources]
-    for a in (index, taps):
-        a.flags.writeable = False
-    return index, taps
-
-
-def area_at(full: np.ndarray, gh: int, gw: int, cells: np.ndarray) -> np.ndarray:
-    """(C, n) values of OpenCV's INTER_AREA of ``full`` (C, H, W) to (gh, gw) at the flat grid
-    cells ``cells`` only, with its arithmetic: each source row's weighted sum across, then the
-    rows' weighted sum, float32 in OpenCV's order (``_area_at_exact`` checks it per shape)."""
-    c, h, w = full.shape
-    ys, xs = np.divmod(cells, gw)
-    rows, beta = area_taps(h, gh)
-    cols, alpha = area_taps(w, gw)
-    flat = (rows[ys][:, :, None] * w + cols[xs][:, None, :]).reshape(cells.size, rows.shape[1] * cols.shape[1])
-    values = np.take(full.reshape(c, -1), flat, axis=1).reshape(c, cells.size, rows.shape[1], cols.shape[1])
-    a = alpha[xs][None, :, None, :]
-    across = values[..., 0] * a[..., 0]
-    for k in range(1, cols.shape[1]):
-        across += values[..., k] * a[..., k]
-    b = beta[ys][None, :, :]
-    out = across[..., 0] * b[..., 0]
-    for k in range(1, rows.shape[1]):
-        out += across[..., k] * b[..., k]
-    return out
-
-
-@lru_cache(maxsize=16)
-def _area_at_exact(h: int, w: int, gh: int, gw: int) -> bool:
-    """Whether ``area_at`` gives OpenCV's INTER_AREA values bit for bit for this shape (every
-    cell of a seeded random probe)."""
-    probe = np.random.default_rng(1).random((1, h, w), dtype=np.float32)
-    expected = cv2.resize(probe[0], (gw, gh), interpolation=cv2.INTER_AREA).reshape(1, -1)
-    got = np.concatenate([area_at(probe, gh, gw, cells) for cells in np.array_split(np.arange(gh * gw), 16)], axis=1)
-    return bool(np.array_equal(got, expected))
-
-
-SitesFn = Callable[[int, int, dict[str, np.ndarray], int], tuple[np.ndarray, np.ndarray]]
-
-
-def grain_cpu_sites(pixel_fn: backend.CpuFn, sites_fn: SitesFn) -> backend.CpuFn:
-    """``grain_cpu(pixel_fn)`` for a model that sets some pixels to black or white (all
-    channels) and leaves the others as they are; ``sites_fn(h, w, params, key)`` gives those
-    pixels' flat indices (black, white; white wins where both), as ``pixel_fn`` sets them. The
-    residual on the grid is then zero but at those cells, so the frame's grid average is
-    computed there only (``area_at``): the same bytes as ``grain_cpu(pixel_fn)``."""
-    dense = grain_cpu(pixel_fn)
-
-    def fn(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, **kw: Any) -> None:
-        c, h, w = src.shape
-        grid = grid_shape(h, w)
-        if grid is None or not _area_at_exact(h, w, *grid):
-            dense(src, dst, p, key, **kw)
-            return
-        gh, gw = grid
-        full = _load_float(src)
-        black, white = sites_fn(gh, gw, p, key)
-        cells = np.concatenate([black, white])
-        small = area_at(full, gh, gw, cells)
-        np.clip(small, np.float32(0.0), np.float32(1.0), out=small)
-        residual = scratch("grain_noisy", (c, gh, gw), np.float32)
-        residual.fill(0.0)
-        flat = residual.reshape(c, -1)
-        flat[:, black] = np.float32(0.0) - small[:, : black.size]
-        flat[:, white] = np.float32(1.0) - small[:, black.size :]
-        _add_residual(residual, full, dst)
+        grid = _to_grid_numpy(full, *grid_shape(h, w))
+        np.clip(grid, np.float32(0.0), np.float32(1.0), out=grid)
+        noisy = np.empty_like(grid)
+        pixel_fn(grid, noisy, p, key, **kw)
+        noisy -= grid
+        add_field(noisy, full, dst)
 
     fn.__doc__ = pixel_fn.__doc__
     return fn

@@ -17,6 +17,8 @@ Level = Mapping[str, tuple[float, float]]
 # (x, params, keys), plus scenes=... and host_params=... where the entry declares them
 Kernel = Callable[..., torch.Tensor]
 Sampler = Callable[[np.random.Generator, Level], Params]
+# (seed, variant) -> parameters shared by every sample drawn under that seed and variant
+DeviceParams = Callable[[int, int], Params]
 # (one sample's recorded parameters, width, height) -> 3x3 forward map (input -> output)
 MatrixFn = Callable[[Mapping[str, Any], int, int], np.ndarray]
 # (one sample's recorded parameters, (N, 2) points, width, height) -> moved (N, 2) points
@@ -79,7 +81,10 @@ class KernelEntry:
     the codec that runs on a batch (its records name it as their backend). ``host_params``: the
     kernel also takes ``host_params=`` (each sample's parameter dict as recorded, on the host),
     for a kernel that needs Python values (e.g. to rasterise with OpenCV) without reading the
-    (B, ...) tensors back from the device."""
+    (B, ...) tensors back from the device. ``device_params``: parameters keyed by (seed,
+    variant) instead of the sample, added to every record (a fixed property of the imaging
+    device that all frames of a run share, e.g. a sensor's defect map); the declared exception
+    to per-sample keying, recorded like any parameter so replay needs nothing else."""
 
     name: str
     kernel: Kernel
@@ -88,6 +93,7 @@ class KernelEntry:
     geometry: Geometry | None = None
     codec: CodecFn | None = None
     host_params: bool = False
+    device_params: DeviceParams | None = None
 
 
 KERNELS: Registry[KernelEntry] = Registry("kernel")
@@ -126,16 +132,18 @@ def register_kernel(
     geometry: Geometry | None = None,
     codec: CodecFn | None = None,
     host_params: bool = False,
+    device_params: DeviceParams | None = None,
 ) -> Callable[[Kernel], Kernel]:
     """Register ``kernel(x, params, keys)`` (with ``uses_scene``: ``kernel(x, params, keys,
     scenes=...)``; with ``host_params``: also ``host_params=...``), its sampler and its
-    behaviour (``geometry``, ``codec``: see ``KernelEntry``) under ``name``."""
+    behaviour (``geometry``, ``codec``, ``device_params``: see ``KernelEntry``) under ``name``."""
 
     def decorator(kernel: Kernel) -> Kernel:
         if name in FOREIGN_GEOMETRY:
             raise ValueError(f"kernel {name!r} is registered as a foreign geometry")
         KERNELS.add(
-            name, KernelEntry(name, kernel, sampler, uses_scene, geometry, codec, host_params)
+            name,
+            KernelEntry(name, kernel, sampler, uses_scene, geometry, codec, host_params, device_params),
         )
         return kernel
 

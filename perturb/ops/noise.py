@@ -1,14 +1,17 @@
 """Sensor and transmission noise. Every field is a keyed per-pixel function (perturb.rng),
 drawn on the grain grid of the frame (``GRAIN_CELLS`` cells across the shorter side, see
-perturb.ops.grain): on a larger frame the model runs on the frame averaged to that grid and its
-residual is upsampled bicubically, as demosaicing and the processor's scaler spread sensor noise.
+perturb.ops.grain): the model runs on the frame brought to that grid (a nominal sensor) and its
+residual reaches the frame as a band-limited field integrated over the frame's pixels, as
+demosaicing and the processor's scaler spread sensor noise, at any frame size.
 
 * gaussian: additive read noise, ``x + sigma * z`` (display domain).
 * shot: photon (Poisson) noise in linear light: ``Poisson(N * lin) / N`` for a full-well of
   ``N`` photons; normal approximation above ``POISSON_EXACT_BELOW`` expected counts, exact
   inversion of the CDF below.
-* speckle: multiplicative, ``x * (1 + sigma * z)``.
-* impulse: salt-and-pepper on a fraction ``amount`` of pixels (all channels of a pixel).
+* speckle: multiplicative, ``x * (1 + sigma * z)``: the speckle of coherent (ultrasound) imaging,
+  retired from endoscopy (catalog).
+* impulse: salt-and-pepper on a fraction ``amount`` of pixels (all channels of a pixel); retired
+  (catalog), kept so older records replay.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from perturb.ops._math import (
     srgb_to_linear_u8,
     to_u8_levels,
 )
-from perturb.ops.grain import grain_cpu, grain_cpu_sites, grain_kernel
+from perturb.ops.grain import grain_cpu, grain_kernel
 from perturb.ops.kernels import register_kernel
 from perturb.ops.keyed_fields import normal_fields, uniform_fields
 from perturb.ops.radiometry import (
@@ -186,14 +189,6 @@ def _impulse_masks(
     u = rng.uniform_numpy(key, "impulse_noise", h * w).reshape(h, w)
     half = np.float32(p["amount"]) / np.float32(2.0)
     return u < half, u > np.float32(1.0) - half
-
-
-def impulse_sites(
-    h: int, w: int, p: dict[str, np.ndarray], key: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Flat indices of the pixels ``impulse_noise_cpu`` sets to black and to white."""
-    pepper, salt = _impulse_masks(h, w, p, key)
-    return np.flatnonzero(pepper), np.flatnonzero(salt)
 
 
 def impulse_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
@@ -399,12 +394,12 @@ def shot_noise_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], k
 
 
 # Registration: each model runs on the grain grid of the frame (perturb.ops.grain), so its grain
-# is a fixed fraction of the shorter side.
+# is a fixed fraction of the shorter side at any frame size.
 for _name, _kernel, _cpu in (
     ("gaussian_noise", gaussian_noise, grain_cpu(gaussian_noise_cpu)),
     ("speckle_noise", speckle_noise, grain_cpu(speckle_noise_cpu)),
     ("shot_noise", shot_noise, grain_cpu(shot_noise_cpu)),
-    ("impulse_noise", impulse_noise, grain_cpu_sites(impulse_noise_cpu, impulse_sites)),
+    ("impulse_noise", impulse_noise, grain_cpu(impulse_noise_cpu)),
 ):
     register_kernel(_name)(grain_kernel(_kernel))
     backend.register_cpu(_name)(_cpu)

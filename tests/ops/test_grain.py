@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import perturb
+from perturb.ops import grain
 from perturb.ops.backend import use_backend
 from perturb.ops.grain import GRAIN_CELLS, area_matrix, cubic_matrix
 
@@ -52,3 +53,67 @@ def test_grain_path_torch_matches_opencv(op: str) -> None:
     # the grids agree to ~1e-7; a Poisson count can still flip at a rounding edge (one cell in
     # ~10^6), which the upsampled residual spreads over a few pixels by two levels at most
     assert int(diff.max()) <= 2 and float((diff > 1).float().mean()) < 1e-4
+
+
+@pytest.mark.parametrize("short", [252, 336, 448])
+def test_noise_resized_after_equals_noise_on_the_resized_frame(short: int) -> None:
+    """A 1080x1920 frame noised then area-resized to ``short`` px shows the noise of the frame
+    resized first and then noised: the same realisation (correlation) at the same strength, for
+    sizes below the grain grid too (448 px on the longer side of 16:9 is a 252 px shorter side)."""
+    x = np.full((1080, 1920, 3), 128, np.uint8)
+
+    def noised(img: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(img).permute(2, 0, 1)[None].contiguous()
+        out, _ = perturb.apply(t, "gaussian_noise", 5, ["k"], protect_border=False)
+        return out[0].permute(1, 2, 0).numpy().astype(np.float32) - 128
+
+    def resized(img: np.ndarray) -> np.ndarray:
+        w = round(img.shape[1] * short / img.shape[0])
+        return cv2.resize(img, (w, short), interpolation=cv2.INTER_AREA)
+
+    after = resized(noised(x).__add__(128).astype(np.uint8)).astype(np.float32) - 128
+    before = noised(resized(x))
+    assert float(np.corrcoef(after.ravel(), before.ravel())[0, 1]) > 0.99
+    assert float(after.std()) == pytest.approx(float(before.std()), rel=0.08)
+
+
+def test_field_of_the_grid_size_is_the_grid_low_passed_by_its_pixel() -> None:
+    """At the grid's own size the field is the residual integrated over each cell (a box:
+    sinc response), scaled so white noise keeps its standard deviation; above it, the
+    band-limited interpolation passes the grid samples through at the cell centres."""
+    g = 64
+    m = grain.field_matrix(g, g).astype(np.float64)
+    white = np.random.default_rng(3).standard_normal((g, 4000))
+    assert float((m @ white).std()) == pytest.approx(1.0, rel=0.03)
+    up = grain.field_matrix(g, 3 * g).astype(np.float64) / grain.field_gain(g)
+    assert np.allclose(up[1::3], np.eye(g), atol=1e-5)  # centres of the fine pixels 1, 4, ...
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["gaussian_noise", "shot_noise"])
+def test_resolution_invariance_on_every_sample_frame_and_severity(op: str) -> None:
+    """On each real frame with a shorter side of at least 1000 px (PERTURB_SAMPLES_DIR), at every
+    severity: field SSIM of "op on the stored frame, then resize" and "resize, then op" within
+    INVARIANCE_TOLERANCE, at the calibration's 448 px shorter side and at 252 px (a 16:9 frame
+    resized to 448 px on its longer side)."""
+    from perturb.calibrate.metrics import Reference, resize_short
+    from perturb.calibrate.run import INVARIANCE_TOLERANCE, _perturb, load_images
+    from perturb.scene import scene as scene_of
+    from tests.helpers import SAMPLES, require_samples
+
+    require_samples()
+    frames = [(n, img) for n, img in load_images(SAMPLES / "endoscopy") if min(img.shape[:2]) >= 1000]
+    assert frames, "no frame of 1000 px or more in the sample set"
+    bad = []
+    for name, img in frames:
+        s = scene_of(img)
+        big = _perturb(img, op, [1, 2, 3, 4, 5], f"{name}#inv", s)
+        for short in (448, 252):
+            ref = Reference.of(img, s.tissue, short=short)
+            small = resize_short(img, short)
+            after = _perturb(small, op, [1, 2, 3, 4, 5], f"{name}#inv", scene_of(small))
+            for sev, (b, a) in enumerate(zip(big, after, strict=True), start=1):
+                gap = abs(ref.score("field_ssim", b) - ref.score("field_ssim", a))
+                if gap > INVARIANCE_TOLERANCE:
+                    bad.append(f"{name} s{sev} at {short} px: {gap:.3f}")
+    assert not bad, bad
