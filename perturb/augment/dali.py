@@ -443,7 +443,8 @@ class _TorchStage:
             self.planner.attach_scenes(chw, epoch_list, index_list)
         plans = [self.step(p) for p in self.planner.plans(epoch_list, index_list)]
         if any(plans):
-            batch = apply_plans(chw, plans).permute(0, 2, 3, 1).contiguous()
+            # the planner's records store the scene each ran with, as ``Augment``'s do
+            batch = apply_plans(chw, plans, record_scenes=True).permute(0, 2, 3, 1).contiguous()
         if self.cuda:
             torch.cuda.current_stream().synchronize()  # DALI reads the outputs on its stream
         return [torch.utils.dlpack.to_dlpack(x) for x in batch]

@@ -284,7 +284,9 @@ class Augment(torch.nn.Module):
         chains = [with_codecs(p, images) for p in chains]
         if self.carry_scenes:
             chains = carry_scenes(images, idx, chains, self.scenes)
-        out = apply_plans(images, chains)
+        if self.return_records:  # records handed out say which scene each ran with
+            chains = [[replace(r, extra=dict(r.extra)) for r in chain] for chain in chains]
+        out = apply_plans(images, chains, record_scenes=self.return_records)
         if boxes is None and masks is None and not self.return_records:
             return out
         height, width = images.shape[-2:]

@@ -195,7 +195,9 @@ def plan_batch(
     ]
 
 
-def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torch.Tensor:
+def apply_plans(
+    images: torch.Tensor, plans: Sequence[Sequence[Record]], record_scenes: bool = False
+) -> torch.Tensor:
     """Run each sample's chain over a BCHW batch (float32 in [0, 1], uint8 or uint16; same
     dtype out). At each chain position the samples that share an op run together through
     ``perturb.engine.run.run_records`` (the batched kernel); a sample's output depends only on its
@@ -204,7 +206,9 @@ def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torc
 
     Positions alternate between two batch buffers: the samples of each op read their rows of
     one and write their rows of the other (``perturb.engine.run.run_records_into``; on the CPU path without
-    gathering or scattering the rows), and a sample whose chain has ended is copied along."""
+    gathering or scattering the rows), and a sample whose chain has ended is copied along.
+    ``record_scenes``: each border-protecting record without a stored scene (an X-ray op's
+    annotation layer) gets the scene it ran with in ``extra["scene"]`` (records are changed)."""
     engine.check_images(images)
     if len(plans) != images.shape[0]:
         raise InputError(f"{len(plans)} plans for a batch of {images.shape[0]} images: pass one plan per image")
@@ -229,7 +233,9 @@ def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torc
             idx = next(iter(groups.values()))
             if len(idx) == out.shape[0]:  # the whole batch under one op: one call
                 prev = out
-                out = engine.run_records(prev, [plans[i][position] for i in idx])
+                out = engine.run_records(
+                    prev, [plans[i][position] for i in idx], record_scenes=record_scenes
+                )
                 if prev is not images and not _shares_storage(prev, out):
                     spare.append(prev)
                 continue
@@ -238,7 +244,9 @@ def apply_plans(images: torch.Tensor, plans: Sequence[Sequence[Record]]) -> torc
         if ended:
             copy_rows(out, nxt, ended)
         for idx in groups.values():
-            engine.run_records_into(out, nxt, idx, [plans[i][position] for i in idx])
+            engine.run_records_into(
+                out, nxt, idx, [plans[i][position] for i in idx], record_scenes=record_scenes
+            )
         if out is not images:
             spare.append(out)
         out = nxt

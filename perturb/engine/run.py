@@ -242,19 +242,26 @@ def make_record(
 # Running
 
 
-def run_records(x: torch.Tensor, records: Sequence[Record]) -> torch.Tensor:
+def run_records(
+    x: torch.Tensor, records: Sequence[Record], record_scenes: bool = False
+) -> torch.Tensor:
     """Run one op over a batch with the parameters in ``records`` (one per sample).
 
     ``x`` is float32 in [0, 1], uint8 or uint16 (BCHW); the result has the dtype of ``x``.
     On the CPU (``opencv`` backend) an op's registered host path runs per sample on the
     dtype it reads (uint8 stays uint8; uint16 stays uint16 where the path reads it, else each
     sample goes through float32); otherwise, and on CUDA, the torch kernel runs on float32 and
-    integer batches are rounded back."""
-    return _run_records(x, records)
+    integer batches are rounded back. ``record_scenes``: a border-protecting record without a
+    stored scene gets the descriptor of the scene analysed for it (``extra["scene"]``)."""
+    return _run_records(x, records, record_scenes=record_scenes)
 
 
 def run_records_into(
-    src: torch.Tensor, dst: torch.Tensor, rows: Sequence[int], records: Sequence[Record]
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    rows: Sequence[int],
+    records: Sequence[Record],
+    record_scenes: bool = False,
 ) -> None:
     """``dst[rows] = run_records(src[rows], records)``, in place; ``src`` is not modified and
     must not share memory with ``dst``. On the CPU path the op's host path reads each sample's
@@ -271,12 +278,16 @@ def run_records_into(
         or not dst.is_contiguous()
         or src.requires_grad
     ):
-        put_rows(dst, rows, _run_records(take_rows(src, rows), records, checked=True))
+        put_rows(
+            dst,
+            rows,
+            _run_records(take_rows(src, rows), records, checked=True, record_scenes=record_scenes),
+        )
         return
     fast = _cpu_path(op, src)
     assert fast is not None
     host_params = [r.params for r in records]
-    scenes = BatchScenes(records, src, rows=rows)
+    scenes = BatchScenes(records, src, rows=rows, record=record_scenes)
     spatial = op.spec.spatial and any(r.protect_border for r in records)
     backends.run_cpu(
         fast[0],
@@ -337,9 +348,11 @@ def _run_records(
     records: Sequence[Record],
     scenes: BatchScenes | None = None,
     checked: bool = False,
+    record_scenes: bool = False,
 ) -> torch.Tensor:
     """``run_records``; ``scenes``: the batch's scenes where the caller has them (``apply``);
-    ``checked``: the records were checked already (``_checked_op``) or drawn here."""
+    ``checked``: the records were checked already (``_checked_op``) or drawn here;
+    ``record_scenes``: as in ``run_records``."""
     op = get_op(records[0].op) if checked else _checked_op(records)
     if len(records) != x.shape[0]:
         raise InputError(f"{len(records)} records for a batch of {x.shape[0]} images")
@@ -347,7 +360,7 @@ def _run_records(
     params = collate(host_params, x.device)
     keys = [rng.key_from_hex(r.key) for r in records]
     if scenes is None:
-        scenes = BatchScenes(records, x)
+        scenes = BatchScenes(records, x, record=record_scenes)
     if op.spec.spatial and any(r.protect_border for r in records):
         if _cpu_path(op, x) is not None:  # extended, filtered and composited per sample
             return _run_kernel(op, x, params, keys, scenes, host_params, compose=True, extend=True)

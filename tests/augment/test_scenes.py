@@ -202,7 +202,7 @@ def test_carried_records_replay_and_are_the_plans() -> None:
 
 def test_scenes_are_carried_by_default_and_analysed_per_op_when_asked() -> None:
     """The default carries each source's scene; ``carry_scenes=False`` analyses each
-    border-protecting op's input instead (and records no scene)."""
+    border-protecting op's input instead, and each record stores the scene it ran with."""
     x = _frames(2, salt=17)
     carried = Augment(CROP_THEN_COLOUR, seed=4, return_records=True)(x, [0, 1])
     assert isinstance(carried, AugmentResult) and carried.records is not None
@@ -210,5 +210,6 @@ def test_scenes_are_carried_by_default_and_analysed_per_op_when_asked() -> None:
     default = Augment(CROP_THEN_COLOUR, seed=4, return_records=True, carry_scenes=False)
     out = default(x, [0, 1])
     assert isinstance(out, AugmentResult) and out.records is not None
-    assert not any("scene" in r.extra for c in out.records for r in c) and len(default.scenes) == 0
+    assert all("scene" in r.extra for c in out.records for r in c if r.protect_border)
+    assert len(default.scenes) == 0  # nothing cached: each op's input analysed where it runs
     assert torch.equal(out.images, apply_plans(x, out.records))

@@ -1,5 +1,6 @@
-"""Augment on radiographs: an X-ray op's records never carry an endoscopy scene (the engine
-analyses the film's annotation layer itself), and the chain replays bit for bit."""
+"""Augment on radiographs: an X-ray op's records never carry an endoscopy scene; the engine
+analyses the film's annotation layer on the image the op gets and each annotation-protecting
+record stores that layer (issue 29 item 4), and the chain replays bit for bit from the records."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from perturb.io.images import decode_image, to_tensor
 from tests.helpers import XRAY, require_samples
 
 
-def test_xray_records_carry_no_endoscopy_scene_and_replay() -> None:
+def test_xray_records_carry_their_annotation_layer_and_replay() -> None:
     require_samples()
     films = [to_tensor(decode_image(p.read_bytes())) for p in XRAY[:3]]
     batch = torch.stack([F.interpolate(f[None].float(), size=(192, 192))[0] for f in films])
@@ -24,7 +25,9 @@ def test_xray_records_carry_no_endoscopy_scene_and_replay() -> None:
         for row, records in enumerate(result.records):
             for record in records:
                 if record.protect_border and scene_kind(record.op) == "radiograph":
-                    assert "scene" not in record.extra, record.op
+                    scene = record.extra.get("scene")
+                    assert scene is not None and scene["kind"] == "radiograph", record.op
+                    assert "annotations" in scene, scene
                     seen += 1
             if records:
                 again = perturb.replay([r.to_dict() for r in records], batch[row])
