@@ -10,6 +10,8 @@ tissue layer of the scene (field of view minus overlays, eroded by the SSIM wind
   severity-5 output moves by more than ``FOOTPRINT_LEVELS`` gray levels at the measuring size,
   grown by the SSIM window (one region for all five severities, so they stay comparable): a thin
   edge or a small object is graded where it is instead of being diluted by the whole image.
+* mean_shift: mean absolute luma change in gray levels (of 255) over the whole image, for
+  smooth fluence gradients whose visibility is the brightness change itself.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ class Reference:
             return float(ssim_map(self.luma, luma(small))[region].mean())
         if metric in ("field_ssim", "ssim"):
             return float(ssim_map(self.luma, luma(small))[mask].mean())
+        if metric == "mean_shift":
+            return float(np.abs(luma(small) - self.luma).mean() * 255.0)
         if metric in ("delta_e", "delta_e_whole"):
             d = np.sqrt(((lab(small) - self.lab) ** 2).sum(axis=2))
             return float(d[mask].mean())

@@ -63,8 +63,10 @@ TABLE_DIR = Path(__file__).parent
 # shorter side; ssim: SSIM of luma over the whole image at that size; delta_e: mean CIE76
 # colour difference (CIELAB, D65) inside the field; delta_e_whole: over the whole image;
 # region_ssim: SSIM of luma over the footprint of a local artifact (where severity 5 changes the
-# image), so a thin edge or a small object is graded where it is, not diluted by the whole film.
-METRICS = frozenset({"field_ssim", "ssim", "delta_e", "delta_e_whole", "region_ssim"})
+# image), so a thin edge or a small object is graded where it is, not diluted by the whole film;
+# mean_shift: mean absolute luma change in gray levels (of 255) over the whole image, for smooth
+# gradients (heel effect) that SSIM's local windows barely see.
+METRICS = frozenset({"field_ssim", "ssim", "delta_e", "delta_e_whole", "region_ssim", "mean_shift"})
 
 
 class ParamTable(BaseModel):
