@@ -70,7 +70,7 @@ REFERENCE_CHECKS = {
     "xray_collimation": "tests.ops.test_xray_ops::test_collimation_borders_take_the_shutter_value_and_spare_the_field",
     "xray_motion_blur": "tests.ops.test_xray_ops::test_motion_blur_is_a_line_psf_on_the_linear_signal",
     "xray_jpeg": "tests.ops.test_xray_ops::test_xray_jpeg_is_byte_identical_to_opencv_libjpeg",
-    "xray_patient_rotation": "tests.ops.test_xray_radiographic::test_patient_rotation_is_the_projection_of_the_rotated_coronal_plane",
+    "xray_patient_rotation": "tests.ops.test_xray_radiographic::test_patient_rotation_shifts_the_anatomy_by_its_depth_in_front_of_the_spine",
     "xray_under_penetration": "tests.ops.test_xray_radiographic::test_penetration_scales_the_attenuation_and_adds_the_missing_noise",
     "xray_over_penetration": "tests.ops.test_xray_radiographic::test_penetration_scales_the_attenuation_and_adds_the_missing_noise",
     "xray_support_devices": "tests.ops.test_xray_radiographic::test_attenuating_objects_add_to_the_display_value_and_accumulate_with_severity",
