@@ -698,7 +698,7 @@ register_foreign_geometry(
 
 DEPTH_SPAN_CM = 12.0  # depth from the spinous processes to the medial clavicle heads / sternum
 SPINE_HALF_CM = 0.8  # half-width of the spine column that stays on the rotation axis
-ANTERIOR_CM = 7.0  # lateral distance from the spine line where the full anterior shift is reached
+ANTERIOR_CM = 9.0  # lateral distance from the spine line where the full anterior shift is reached
 BODY_HALF = 0.44  # half-width of the body (fraction of the film's width) where the shift ends
 BODY_TAPER = 0.4  # the shift falls to none over this outer fraction of the body half-width
 

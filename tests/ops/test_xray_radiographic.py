@@ -33,14 +33,14 @@ MU = 4.0
 def _anatomy_shift_cm(r_cm: float, degrees: float, body_cm: float) -> float:
     """Lateral displacement (cm) of anatomy ``r_cm`` from the spine line for a patient turned by
     ``degrees``: ``12 cm sin(degrees)`` (depth from the spinous processes to the clavicle heads)
-    times a smoothstep from 0.8 cm to 7 cm off the spine, times one minus a smoothstep over the
+    times a smoothstep from 0.8 cm to 9 cm off the spine, times one minus a smoothstep over the
     outer 40 % of the body half-width (written out here, independently of the kernel)."""
 
     def smooth(t: float) -> float:
         t = min(max(t, 0.0), 1.0)
         return t * t * (3 - 2 * t)
 
-    rise = smooth((r_cm - 0.8) / (7.0 - 0.8))
+    rise = smooth((r_cm - 0.8) / (9.0 - 0.8))
     fall = 1.0 - smooth((r_cm - 0.6 * body_cm) / (0.4 * body_cm))
     return 12.0 * math.sin(math.radians(degrees)) * rise * fall
 
