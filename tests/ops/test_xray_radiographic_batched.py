@@ -4,7 +4,6 @@ against its CPU path on mixed batches (several severities and films in one call)
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
