@@ -6,6 +6,12 @@ tissue layer of the scene (field of view minus overlays, eroded by the SSIM wind
   1) of Rec. 601 luma, averaged over the eroded tissue mask; ssim: the same over the whole image.
 * delta_e: mean CIE76 colour difference in CIELAB (D65, via OpenCV) over the tissue mask;
   delta_e_whole: over the whole image.
+* region_ssim: SSIM averaged over the footprint of a local artifact, the pixels the op's
+  severity-5 output moves by more than ``FOOTPRINT_LEVELS`` gray levels at the measuring size,
+  grown by the SSIM window (one region for all five severities, so they stay comparable): a thin
+  edge or a small object is graded where it is instead of being diluted by the whole image.
+* mean_shift: mean absolute luma change in gray levels (of 255) over the whole image, for
+  smooth fluence gradients whose visibility is the brightness change itself.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ MEASURE_SHORT = 448
 SSIM_SIGMA = 1.5
 _C1 = (0.01 * 1.0) ** 2
 _C2 = (0.03 * 1.0) ** 2
+FOOTPRINT_LEVELS = 2  # gray levels (of 255) a pixel must move at severity 5 to be in the footprint
 
 
 def resize_short(img: np.ndarray, short: int = MEASURE_SHORT) -> np.ndarray:
@@ -81,14 +88,34 @@ class Reference:
                 mask = inner.astype(bool) if inner.sum() >= 100 else np.ones((h, w), bool)
         return cls(small, mask, luma(small), lab(small), short)
 
-    def score(self, metric: str, perturbed: np.ndarray) -> float:
+    def _measured(self, perturbed: np.ndarray) -> np.ndarray:
         small = perturbed if self.short is None else resize_short(perturbed, self.short)
         if small.shape != self.rgb.shape:
             raise ValueError(f"perturbed image of shape {perturbed.shape} does not match the clean one")
+        return small
+
+    def footprint(self, strongest: np.ndarray) -> np.ndarray:
+        """Where ``strongest`` (the severity-5 output) differs from the clean image by more than
+        FOOTPRINT_LEVELS gray levels in luma, grown by the 11 px SSIM window, inside the mask;
+        the whole mask when nothing moved."""
+        moved = np.abs(luma(self._measured(strongest)) - self.luma) > FOOTPRINT_LEVELS / 255.0
+        grown = cv2.dilate(moved.astype(np.uint8), np.ones((11, 11), np.uint8)).astype(bool) & self.mask
+        return grown if grown.any() else self.mask
+
+    def score(self, metric: str, perturbed: np.ndarray, region: np.ndarray | None = None) -> float:
+        """``metric`` between the clean image and ``perturbed``; ``region`` (bool at the
+        measuring size, from ``footprint``) is required by ``region_ssim``."""
+        small = self._measured(perturbed)
         whole = metric in ("ssim", "delta_e_whole")
         mask = np.ones(self.mask.shape, bool) if whole else self.mask
+        if metric == "region_ssim":
+            if region is None:
+                raise ValueError("region_ssim needs the artifact's footprint (Reference.footprint)")
+            return float(ssim_map(self.luma, luma(small))[region].mean())
         if metric in ("field_ssim", "ssim"):
             return float(ssim_map(self.luma, luma(small))[mask].mean())
+        if metric == "mean_shift":
+            return float(np.abs(luma(small) - self.luma).mean() * 255.0)
         if metric in ("delta_e", "delta_e_whole"):
             d = np.sqrt(((lab(small) - self.lab) ** 2).sum(axis=2))
             return float(d[mask].mean())

@@ -61,8 +61,12 @@ TABLE_DIR = Path(__file__).parent
 # Calibration metrics (perturb.calibrate measures them between clean and perturbed images):
 # field_ssim: SSIM of luma inside the endoscope's field of view (scene model), at a 448 px
 # shorter side; ssim: SSIM of luma over the whole image at that size; delta_e: mean CIE76
-# colour difference (CIELAB, D65) inside the field; delta_e_whole: over the whole image.
-METRICS = frozenset({"field_ssim", "ssim", "delta_e", "delta_e_whole"})
+# colour difference (CIELAB, D65) inside the field; delta_e_whole: over the whole image;
+# region_ssim: SSIM of luma over the footprint of a local artifact (where severity 5 changes the
+# image), so a thin edge or a small object is graded where it is, not diluted by the whole film;
+# mean_shift: mean absolute luma change in gray levels (of 255) over the whole image, for smooth
+# gradients (heel effect) that SSIM's local windows barely see.
+METRICS = frozenset({"field_ssim", "ssim", "delta_e", "delta_e_whole", "region_ssim", "mean_shift"})
 
 
 class ParamTable(BaseModel):
@@ -101,15 +105,37 @@ class ParamTable(BaseModel):
         return self
 
 
+class SourceTargets(BaseModel):
+    """Bands that replace an op's declared ones when it is calibrated on another kind of image
+    (``phantom``: the built-in synthetic films, whose anatomy and texture differ from real ones),
+    with the reason in ``note``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bands: list[tuple[float, float]] | None = None
+    sev1: tuple[float, float] | None = None
+    sev5: tuple[float, float] | None = None
+    note: str
+
+    @field_validator("note")
+    @classmethod
+    def _note(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("phantom bands need a note saying why they differ from the real-image bands")
+        return v
+
+
 class Calibration(BaseModel):
     """Declared targets of an op's severity table, measured by ``perturb calibrate`` on real
     images: the mean of ``metric`` over images and keys at each severity.
 
     Either ``bands`` (one [low, high] per severity) or ``sev1`` (band at severity 1) and
     ``sev5`` (band at severity 5, e.g. [0, 0.80] for "at most 0.80"); ``monotone`` asks the
-    five means to be strictly increasing or decreasing. ``resolution_invariant`` says whether
-    the op's severity means the same after resizing (``false`` with a ``note`` for e.g. JPEG,
-    whose blocks live at the stored resolution)."""
+    five means to be strictly increasing or decreasing, ``constant`` equal (a single-level op,
+    ``OpSpec.single_level``). ``resolution_invariant`` says whether the op's severity means the
+    same after resizing (``false`` needs a ``note`` with the reason, e.g. JPEG, whose blocks
+    live at the stored resolution). ``phantom``: the bands on the built-in phantoms, used when
+    no real images are found."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -117,12 +143,13 @@ class Calibration(BaseModel):
     bands: list[tuple[float, float]] | None = None
     sev1: tuple[float, float] | None = None
     sev5: tuple[float, float] | None = None
-    monotone: Literal["increasing", "decreasing"] | None = None
+    monotone: Literal["increasing", "decreasing", "constant"] | None = None
     resolution_invariant: bool = True
     # measure at the stored resolution instead of at a 448 px shorter side (e.g. a codec,
     # whose artifacts live at the stored resolution)
     at_stored_size: bool = False
     note: str = ""
+    phantom: SourceTargets | None = None
 
     @field_validator("metric")
     @classmethod
@@ -143,7 +170,24 @@ class Calibration(BaseModel):
         for name, band in self.band_items():
             if not band[0] <= band[1]:
                 raise ValueError(f"{name}: lower end {band[0]} above upper end {band[1]}")
+        if not self.resolution_invariant and not self.note.strip():
+            raise ValueError("resolution_invariant: false needs a note giving the physical reason")
+        if self.phantom is not None:
+            self.on_phantoms()  # the merged targets validate too
         return self
+
+    def on_phantoms(self) -> Calibration:
+        """These targets with the ``phantom`` bands in place of the real-image ones (unchanged
+        when the op declares none)."""
+        if self.phantom is None:
+            return self
+        bands = self.phantom.model_dump(exclude={"note"}, exclude_none=True)
+        if "bands" in bands:
+            base = self.model_dump(exclude={"phantom", "sev1", "sev5", "bands"})
+        else:
+            base = self.model_dump(exclude={"phantom", "bands"} if bands else {"phantom"})
+        note = (self.note + " " if self.note else "") + f"phantoms: {self.phantom.note}"
+        return Calibration(**{**base, **bands, "note": note})
 
     def band_items(self) -> list[tuple[str, tuple[float, float]]]:
         if self.bands is not None:
@@ -169,6 +213,8 @@ class Calibration(BaseModel):
             problems.append(f"{self.metric} not strictly decreasing: {[round(m, 3) for m in means]}")
         if self.monotone == "increasing" and not all(a < b for a, b in itertools.pairwise(means)):
             problems.append(f"{self.metric} not strictly increasing: {[round(m, 3) for m in means]}")
+        if self.monotone == "constant" and max(means) - min(means) > 1e-9:
+            problems.append(f"{self.metric} differs between the levels of a single-level op: {[round(m, 3) for m in means]}")
         return problems
 
 
@@ -194,6 +240,10 @@ class OpSpec(BaseModel):
     # its surround and overlays replaced by a smooth extension of the tissue (perturb.scene)
     spatial: bool = False
     version: int = 1
+    # non-empty: the op has one level (the reason why, e.g. an inversion is all or nothing): its
+    # five severities are the same parameters and the same output (every parameter constant,
+    # calibration ``monotone: constant``); severity sweeps and ladders skip it
+    single_level: str = ""
     params: dict[str, ParamTable]
     calibration: Calibration | None = None
     # why the op was retired: still loadable (older records replay, a suite may name it), but
@@ -237,6 +287,20 @@ class OpSpec(BaseModel):
                     f"risk_from_severity: {tag}: first severity must be an integer 2..5 "
                     f"(1 means every severity: put the tag in risk_tags), got {sev!r}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _single_level(self) -> OpSpec:
+        constant = self.calibration is not None and self.calibration.monotone == "constant"
+        if not self.single_level:
+            if constant:
+                raise ValueError("calibration monotone: constant is for single-level ops (declare single_level with the reason)")
+            return self
+        graded = sorted(n for n, t in self.params.items() if t.direction != "constant")
+        if graded:
+            raise ValueError(f"single_level op: parameters {graded} change with severity; make every level the same")
+        if self.calibration is not None and not constant:
+            raise ValueError("single_level op: its calibration must declare monotone: constant")
         return self
 
     def risk_tags_at(self, severity: int) -> list[str]:

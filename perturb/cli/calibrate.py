@@ -17,8 +17,9 @@ def calibrate(
     samples: Annotated[
         Path | None,
         typer.Option(
-            help="Folder of real images of the modality (default: $PERTURB_SAMPLES, ../shared/samples/<modality> "
-            "beside the repo, tests/data/<modality>, else built-in phantoms)."
+            help="Folder of real images of the modality (default: $PERTURB_SAMPLES or $PERTURB_SAMPLES_DIR, "
+            "../shared/samples/<modality> beside the repo, tests/data/<modality>; else the built-in phantoms "
+            "of the modality, checked against each op's phantom bands)."
         ),
     ] = None,
     op: Annotated[list[str] | None, typer.Option(help="Only these ops (repeat the option).")] = None,
@@ -48,15 +49,16 @@ def calibrate(
         valid = sorted(n for n, s in known.items() if s.calibration is not None)
         fail(f"no calibrated op named {bad}; calibrated ops: {', '.join(valid)}")
     folder = samples if samples is not None else default_sample_dir(modality)
-    images = load_images(folder, limit)
+    images = load_images(folder, limit, modality)
     if not images:
         fail(f"no PNG/JPEG images in {folder}")
     where = str(folder) if folder is not None else "built-in phantoms"
     err.print(f"calibrating on {len(images)} images from {where}")
     specs = calibrated_ops(modality, names=op)
     typer.echo(f"{'op':16s} {'metric':10s} " + " ".join(f"{'s' + str(s):>7s}" for s in range(1, 6)) + "  resolution  status")
-    results = measure(images, specs, keys=keys, invariance=invariance, log=typer.echo, modality=modality)
-    meta = {"samples": where, "images": len(images), "keys": keys, "modality": modality}
+    phantoms = folder is None
+    results = measure(images, specs, keys=keys, invariance=invariance, log=typer.echo, modality=modality, phantoms=phantoms)
+    meta = {"samples": where, "images": len(images), "keys": keys, "modality": modality, "phantoms": phantoms}
     if out is not None:
         js, md = write_outputs(results, meta, out, f"calibration-{modality}")
         err.print(f"wrote {js} and {md}")

@@ -6,8 +6,8 @@ fluence (DICOM PS3.3 C.11.2 for VOI LINEAR windowing and C.7.6.3.1.2 for MONOCHR
 * ``xray_window_level``: a mis-set VOI LINEAR window (centre and width), clipped.
 * ``xray_gamma``: a presentation gamma ``v^gamma``.
 * ``xray_bit_depth``: too few gray levels (``round(2^bits)`` levels, nearest).
-* ``xray_monochrome1``: MONOCHROME1 shown as MONOCHROME2 (full inversion through a mis-set
-  window).
+* ``xray_monochrome1``: MONOCHROME1 shown as MONOCHROME2, the full inversion (a single-level
+  op: the error is all or nothing; catalog ``single_level``).
 * ``xray_edge_enhancement``: vendor unsharp-mask processing ``v + k (v - G_sigma * v)`` with a
   wide kernel: rebound halos (overshoot and undershoot) along every edge.
 
@@ -89,10 +89,11 @@ def xray_monochrome1(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
     """MONOCHROME1 pixel data shown as MONOCHROME2 (DICOM PS3.3 C.7.6.3.1.2: in MONOCHROME1 the
-    minimum value is white): the full inversion ``1 - v`` at every severity, seen through the
-    VOI LINEAR window the viewer took for it, which is mis-set by more with severity (centre
-    ``0.5 + center_shift``, ``width``): ``clip((1 - v - c) / w + 0.5)``. Contrast is never lost;
-    a narrower window raises it and clips the ends.
+    minimum value is white): the full inversion ``1 - v``, seen through the VOI LINEAR window
+    the viewer applies (centre ``0.5 + center_shift``, ``width``):
+    ``clip((1 - v - c) / w + 0.5)``. The catalog makes this a single-level op: the window is the
+    film's own (identity) at every severity, since a photometric-interpretation error has no
+    degrees (a mis-set window is ``xray_window_level``).
 
     Kornia: own kernel: Kornia has no DICOM VOI window; inversion and window are one fused affine
     map and clip (``kornia.enhance.invert`` would only add a pass)."""

@@ -676,117 +676,103 @@ register_foreign_geometry(
 
 
 # ---------------------------------------------------------------------------------------------
-# ``xray_patient_rotation``: the patient turned about the long axis (oblique projection). The
-# thorax's mid-coronal plane, rotated by ``degrees`` about a vertical axis through the spine and
-# projected from a point source at ``SID_CM`` onto the detector: a 2-D homography (foreshortening
-# ``cos``, a lateral shift of the mediastinum away from the spine line, the side turned towards
-# the source magnified more than the other). A projection has no depth per pixel, so the
-# parallax between anterior and posterior structures is modelled only through that plane. Boxes
-# and ``<loc>`` tags follow (``forward_homography``, registered as the op's ``Geometry``); the
-# torch path warps the batch with one ``warp_perspective`` call (within 5e-5 of the CPU path).
+# ``xray_patient_rotation``: the patient turned about the long axis (an oblique projection of the
+# anatomy under a fixed annotation layer). Turning the thorax by ``theta`` about a vertical axis
+# through the spine moves a structure at depth ``z`` laterally by about ``(z_spine - z) sin theta``
+# on the film: the spinous processes (posterior, on the axis) stay, anterior structures (the
+# medial clavicle heads, sternum and anterior mediastinum, ``DEPTH_SPAN_CM`` in front of them)
+# move the most, so the spinous processes come to lie off-centre between the clavicle heads and
+# one hemithorax and clavicle look wider than the other (Bushberg ch. 7; the classic sign of
+# rotation on a PA film). A film has no depth per pixel, so the model is a horizontal,
+# depth-dependent shift of the body content: none on the spine column (``SPINE_HALF_CM`` either
+# side of the spine line), rising to the full anterior shift ``DEPTH_SPAN_CM sin theta`` by
+# ``ANTERIOR_CM`` from it, and falling back to none at the body outline (``BODY_HALF`` of the
+# width either side), so the outline, the air and the corners stay where they were. The catalog
+# makes it an acquisition op (``protects_border``): the film's burned-in text and markers
+# (perturb.scene.radiograph) are composited back unchanged, and anatomy boxes, ``<loc>`` tags and
+# label maps follow the shift (``Geometry.points``). The ramps are smoothsteps whose steepest
+# slope ``1.5 DEPTH_SPAN_CM sin theta / ramp width`` stays below 1 up to 20 degrees, so the map is
+# monotone along every row (no fold) and is inverted exactly by interpolation.
 # ---------------------------------------------------------------------------------------------
 
 
-SID_CM = 180.0  # source-image distance of a PA chest film
-MIDPLANE_CM = 12.0  # height of the thorax's mid-coronal plane above the detector (PA)
-SPINE_CM = 5.0  # height of the rotation axis (the spine) above the detector
+DEPTH_SPAN_CM = 12.0  # depth from the spinous processes to the medial clavicle heads / sternum
+SPINE_HALF_CM = 0.8  # half-width of the spine column that stays on the rotation axis
+ANTERIOR_CM = 9.0  # lateral distance from the spine line where the full anterior shift is reached
+BODY_HALF = 0.44  # half-width of the body (fraction of the film's width) where the shift ends
+BODY_TAPER = 0.4  # the shift falls to none over this outer fraction of the body half-width
 
 
-def forward_homography(degrees: float, pivot: float, width: int, height: int) -> np.ndarray:
-    """3x3 map from clean to rotated continuous pixel coordinates: the mid-coronal plane
-    rotated by ``degrees`` about a vertical axis through the spine at lateral position
-    ``pivot`` (fraction of the width from the centre) and at height ``SPINE_CM``, projected
-    from a point source ``SID_CM`` above the film centre. The shorter side spans ``FIELD_CM``."""
-    side = min(width, height)
-    cm = FIELD_CM / side  # cm per pixel
-    cx, cy = width / 2.0, height / 2.0
-    d, z0, zp = SID_CM, MIDPLANE_CM, SPINE_CM
-    xp = pivot * width * cm
-    c, s = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
-    # clean pixel -> (X, Y) on the plane (cm): undo the magnification d / (d - z0)
-    to_plane = np.array(
-        [
-            [cm * (d - z0) / d, 0, -cx * cm * (d - z0) / d],
-            [0, cm * (d - z0) / d, -cy * cm * (d - z0) / d],
-            [0, 0, 1],
-        ]
-    )
-    # rotated position: X' = xp + (X - xp) c - (z0 - zp) s, Z' = zp + (X - xp) s + (z0 - zp) c
-    # projection: x = X' d / (d - Z'), y = Y d / (d - Z'): homogeneous (X' d, Y d, d - Z')
-    rot = np.array(
-        [
-            [c * d, 0.0, (xp - xp * c - (z0 - zp) * s) * d],
-            [0.0, d, 0.0],
-            [-s, 0.0, d - zp + xp * s - (z0 - zp) * c],
-        ]
-    )
-    to_pixels = np.array([[1 / cm, 0, cx], [0, 1 / cm, cy], [0, 0, 1]])
-    h = to_pixels @ rot @ to_plane
-    return h / h[2, 2]
+def _smoothstep(t: torch.Tensor) -> torch.Tensor:
+    t = t.clamp(0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)
 
 
-def forward_homographies(
-    degrees: torch.Tensor, pivot: torch.Tensor, width: int, height: int
+def rotation_shift(
+    xs: torch.Tensor, degrees: torch.Tensor, pivot: torch.Tensor, width: int, height: int
 ) -> torch.Tensor:
-    """``forward_homography`` of every sample at once: (B, 3, 3) float64 from (B,) tensors."""
-    side = min(width, height)
-    cm = FIELD_CM / side
-    cx, cy = width / 2.0, height / 2.0
-    d, z0, zp = SID_CM, MIDPLANE_CM, SPINE_CM
-    xp = pivot.double() * width * cm
-    angle = degrees.double() * (math.pi / 180.0)
-    c, s = torch.cos(angle), torch.sin(angle)
-    shrink = cm * (d - z0) / d
-    to_plane = torch.tensor(
-        [[shrink, 0.0, -cx * shrink], [0.0, shrink, -cy * shrink], [0.0, 0.0, 1.0]],
-        dtype=torch.float64,
-        device=degrees.device,
-    )
-    to_pixels = torch.tensor(
-        [[1 / cm, 0.0, cx], [0.0, 1 / cm, cy], [0.0, 0.0, 1.0]],
-        dtype=torch.float64,
-        device=degrees.device,
-    )
-    zero, one = torch.zeros_like(c), torch.ones_like(c)
-    rot = torch.stack(
-        [
-            c * d,
-            zero,
-            (xp - xp * c - (z0 - zp) * s) * d,
-            zero,
-            one * d,
-            zero,
-            -s,
-            zero,
-            d - zp + xp * s - (z0 - zp) * c,
-        ],
-        dim=-1,
-    ).view(-1, 3, 3)
-    h = to_pixels @ rot @ to_plane
-    return h / h[:, 2:3, 2:3]
+    """Forward lateral displacement (pixels, float64) of the anatomy at continuous column
+    positions ``xs`` ((..., N) float64) for per-sample ``degrees`` and ``pivot`` (the spine line,
+    fraction of the width from the centre), broadcast as (..., 1)."""
+    cm = FIELD_CM / min(width, height)  # cm per pixel
+    spine = width / 2.0 + pivot.double() * width
+    r = (xs - spine).abs() * cm  # lateral distance from the spine line, cm
+    body = BODY_HALF * width * cm
+    rise = _smoothstep((r - SPINE_HALF_CM) / (ANTERIOR_CM - SPINE_HALF_CM))
+    fall = 1.0 - _smoothstep((r - (1.0 - BODY_TAPER) * body) / (BODY_TAPER * body))
+    full = DEPTH_SPAN_CM * torch.sin(degrees.double() * (math.pi / 180.0)) / cm
+    return full * rise * fall
 
 
-def _inverse3(m: torch.Tensor) -> torch.Tensor:
-    """Inverses of a (B, 3, 3) stack through the adjugate (elementwise: no solver, no sync)."""
-    a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
-    d, e, f = m[:, 1, 0], m[:, 1, 1], m[:, 1, 2]
-    g, h, i = m[:, 2, 0], m[:, 2, 1], m[:, 2, 2]
-    adj = torch.stack(
-        [
-            e * i - f * h,
-            c * h - b * i,
-            b * f - c * e,
-            f * g - d * i,
-            a * i - c * g,
-            c * d - a * f,
-            d * h - e * g,
-            b * g - a * h,
-            a * e - b * d,
-        ],
-        dim=-1,
-    ).view(-1, 3, 3)
-    det = a * adj[:, 0, 0] + b * adj[:, 1, 0] + c * adj[:, 2, 0]
-    return adj / det.view(-1, 1, 1)
+def _columns(width: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(width, dtype=torch.float64, device=device) + 0.5
+
+
+def source_columns(degrees: torch.Tensor, pivot: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """(B, W) float64 source column (continuous) of every output pixel centre: the inverse of
+    the monotone forward map ``x + rotation_shift(x)``, by linear interpolation between the
+    forward images of the pixel centres (batched ``searchsorted``, no per-sample loop)."""
+    xs = _columns(width, degrees.device).expand(degrees.shape[0], width)
+    fwd = (xs + rotation_shift(xs, degrees.view(-1, 1), pivot.view(-1, 1), width, height)).contiguous()
+    target = xs.contiguous()
+    hi = torch.searchsorted(fwd, target).clamp_(1, width - 1)
+    lo = hi - 1
+    f_lo, f_hi = fwd.gather(1, lo), fwd.gather(1, hi)
+    t = ((target - f_lo) / (f_hi - f_lo)).clamp_(0.0, 1.0)
+    src = xs.gather(1, lo) + t
+    # beyond the outermost forward images the map is the identity (no shift at the film edges)
+    return torch.where((target < fwd[:, :1]) | (target > fwd[:, -1:]), target, src)
+
+
+def _remap_rows(x: torch.Tensor, src: torch.Tensor, mode: str) -> torch.Tensor:
+    """Resample every row of ``x`` (B, C, H, W) at the (B, W) source columns ``src``
+    (continuous pixel coordinates), rows unchanged: one ``grid_sample`` for the batch (float64
+    grid), border padding."""
+    b, _c, h, w = x.shape
+    gx = (src * (2.0 / w) - 1.0).view(b, 1, w).expand(b, h, w)
+    gy = ((torch.arange(h, dtype=torch.float64, device=x.device) + 0.5) * (2.0 / h) - 1.0).view(1, h, 1)
+    grid = torch.stack([gx, gy.expand(b, h, w)], dim=-1).to(x.dtype)
+    return F.grid_sample(x, grid, mode=mode, padding_mode="border", align_corners=False)
+
+
+def rotation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Label maps (B, C, H, W, any dtype) moved as ``xray_patient_rotation`` moves the anatomy:
+    nearest sampling."""
+    if m.shape[0] == 0:
+        return m.clone()
+    h, w = m.shape[-2:]
+    src = source_columns(p["degrees"].to(m.device), p["pivot"].to(m.device), w, h)
+    return _remap_rows(m.to(torch.float64), src, "nearest").to(m.dtype)
+
+
+def _rotation_points(p: Mapping[str, Any], points: np.ndarray, width: int, height: int) -> np.ndarray:
+    """(N, 2) continuous points of the anatomy moved by the op: ``x + rotation_shift(x)``."""
+    pts = np.asarray(points, dtype=np.float64).copy()
+    xs = torch.from_numpy(np.ascontiguousarray(pts[:, 0]))
+    deg = torch.tensor(as_float32(p["degrees"]), dtype=torch.float64)
+    piv = torch.tensor(as_float32(p["pivot"]), dtype=torch.float64)
+    pts[:, 0] += rotation_shift(xs, deg, piv, width, height).numpy()
+    return pts
 
 
 def _patient_rotation_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -796,109 +782,40 @@ def _patient_rotation_sampler(rng_: np.random.Generator, level: Level) -> Params
     }
 
 
-def _source_positions(
-    inverse: np.ndarray, h: int, w: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 (H, W) source positions (continuous pixel coordinates) of every output pixel
-    centre under the output -> input homography ``inverse``."""
-    ys = torch.arange(h, dtype=torch.float64, device=device) + 0.5
-    xs = torch.arange(w, dtype=torch.float64, device=device) + 0.5
-    m = torch.from_numpy(inverse).to(device)
-    den = m[2, 0] * xs[None, :] + m[2, 1] * ys[:, None] + m[2, 2]
-    px = (m[0, 0] * xs[None, :] + m[0, 1] * ys[:, None] + m[0, 2]) / den
-    py = (m[1, 0] * xs[None, :] + m[1, 1] * ys[:, None] + m[1, 2]) / den
-    return px, py
-
-
-def warp_homography(
-    sample: torch.Tensor, inverse: np.ndarray, mode: str = "bicubic"
-) -> torch.Tensor:
-    """Resample one CHW float sample through the output -> input homography ``inverse``
-    (continuous pixel coordinates): bicubic (a = -0.75, ``grid_sample``) or ``nearest`` (label
-    maps), 0 outside the film."""
-    _c, h, w = sample.shape
-    px, py = _source_positions(inverse, h, w, sample.device)
-    inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
-    grid = torch.stack([px * (2.0 / w) - 1.0, py * (2.0 / h) - 1.0], dim=-1).to(sample.dtype)
-    out = F.grid_sample(
-        sample[None], grid[None], mode=mode, padding_mode="border", align_corners=False
-    )[0]
-    out = out * inside.to(out.dtype)
-    return out.clamp_(0.0, 1.0) if mode == "bicubic" else out
-
-
-def rotation_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Label maps (B, C, H, W, any dtype) moved as ``xray_patient_rotation`` moves the image:
-    nearest sampling, 0 where the film is uncovered."""
-    h, w = m.shape[-2:]
-    out = []
-    for i in range(m.shape[0]):
-        fwd = forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
-        out.append(
-            warp_homography(m[i].to(torch.float64), np.linalg.inv(fwd), mode="nearest").to(m.dtype)
-        )
-    return torch.stack(out) if out else m.clone()
-
-
-def _rotation_homography(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
-    return forward_homography(as_float32(p["degrees"]), as_float32(p["pivot"]), width, height)
-
-
 @register_kernel(
     "xray_patient_rotation",
     sampler=_patient_rotation_sampler,
-    geometry=Geometry(rotation_label_maps, matrix=_rotation_homography),
+    geometry=Geometry(rotation_label_maps, points=_rotation_points),
 )
 def xray_patient_rotation(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
-    """Oblique projection of a rotated patient (see the module docstring).
+    """Oblique projection of a rotated patient: the anatomy's depth-dependent lateral shift
+    about the spine (see the section comment), bicubic along each row.
 
-    Kornia: ``kornia.geometry.transform.warp_perspective`` on the torch path, one call for
-    the batch with its (B, 3, 3) matrices (bicubic; within 8e-5 of the reference, 2-3x faster
-    on CPU); the CPU path (there is no OpenCV one) keeps ``warp_homography``'s float64 sampling
-    grid, whose bytes the golden outputs pin."""
+    Kornia: ``kornia.geometry.transform.remap`` on the torch path (one call for the batch with
+    its (B, H, W) maps, float32 bicubic); the CPU path (no OpenCV one: ``cv2.remap`` is float32
+    and clips its cubic taps differently) resamples one film at a time through a float64
+    ``grid_sample`` grid, whose bytes the golden outputs pin. They agree within 1e-4."""
     h, w = x.shape[-2:]
 
     def host() -> torch.Tensor:
-        forwards = [
-            forward_homography(float(p["degrees"][i]), float(p["pivot"][i]), w, h)
-            for i in range(x.shape[0])
-        ]
-        return torch.stack(
-            [warp_homography(x[i], np.linalg.inv(f)) for i, f in enumerate(forwards)]
+        out = []
+        for i in range(x.shape[0]):
+            src = source_columns(p["degrees"][i : i + 1], p["pivot"][i : i + 1], w, h)
+            out.append(_remap_rows(x[i : i + 1], src, "bicubic"))
+        return torch.cat(out).clamp_(0.0, 1.0)
+
+    def device() -> torch.Tensor:
+        import kornia  # lazily: only the torch path needs it
+
+        src = source_columns(p["degrees"], p["pivot"], w, h)  # (B, W), continuous
+        b = x.shape[0]
+        map_x = (src - 0.5).to(x.dtype).view(b, 1, w).expand(b, h, w)
+        map_y = torch.arange(h, dtype=x.dtype, device=x.device).view(1, h, 1).expand(b, h, w)
+        out = kornia.geometry.transform.remap(
+            x, map_x, map_y, mode="bicubic", padding_mode="border", align_corners=True
         )
+        return out.clamp_(0.0, 1.0)
 
-    return backend.by_path(
-        x,
-        host=host,
-        device=lambda: _warp_homographies_kornia(
-            x, forward_homographies(p["degrees"], p["pivot"], w, h)
-        ),
-    )
-
-
-def _warp_homographies_kornia(x: torch.Tensor, forwards: torch.Tensor) -> torch.Tensor:
-    """``warp_homography`` of a batch through Kornia: ``forwards`` ((B, 3, 3) float64, input
-    -> output, continuous pixel coordinates) moved to pixel-index coordinates (centres at
-    integers), bicubic with border padding, then 0 outside the film (the same float64 test
-    as ``warp_homography``)."""
-    import kornia  # lazily: only the torch path needs it
-
-    b = x.shape[0]
-    h, w = x.shape[-2:]
-    shift = torch.eye(3, dtype=torch.float64, device=x.device)
-    to_index, from_index = shift.clone(), shift.clone()
-    to_index[:2, 2], from_index[:2, 2] = -0.5, 0.5
-    matrices = (to_index @ forwards @ from_index).to(x.dtype)
-    out = kornia.geometry.transform.warp_perspective(
-        x, matrices, (h, w), mode="bicubic", padding_mode="border", align_corners=True
-    )
-    m = _inverse3(forwards).view(b, 3, 3, 1, 1)
-    ys = (torch.arange(h, dtype=torch.float64, device=x.device) + 0.5).view(1, h, 1)
-    xs = (torch.arange(w, dtype=torch.float64, device=x.device) + 0.5).view(1, 1, w)
-    den = m[:, 2, 0] * xs + m[:, 2, 1] * ys + m[:, 2, 2]
-    px = (m[:, 0, 0] * xs + m[:, 0, 1] * ys + m[:, 0, 2]) / den
-    py = (m[:, 1, 0] * xs + m[:, 1, 1] * ys + m[:, 1, 2]) / den
-    inside = ((px >= 0) & (px < w) & (py >= 0) & (py < h)).view(b, 1, h, w)
-    return (out * inside.to(out.dtype)).clamp_(0.0, 1.0)
+    return backend.by_path(x, host=host, device=device)

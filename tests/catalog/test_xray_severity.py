@@ -23,10 +23,9 @@ from tests.catalog.test_severity import ssim
 from tests.helpers import SAMPLES, XRAY, sample_tensor
 
 XRAY_OPS = [name for name, op in all_ops().items() if "xray" in op.spec.modalities]
-# Ops whose severity is not graded by SSIM to the clean film, with the test that grades them:
-# an inversion is as far from the clean film as it gets at every severity (its severity is the
-# mis-set window: tests/ops/test_xray_ops.py::test_monochrome1_is_a_full_inversion_whose_window_is_mis_set_more_with_severity)
-NOT_SSIM_GRADED = {"xray_monochrome1"}
+# Single-level ops (catalog ``single_level``, e.g. the MONOCHROME1 inversion) have nothing to
+# grade: the same output at every severity (tests/ops/test_xray_ops.py::test_monochrome1_is_one_level_the_full_inversion)
+NOT_SSIM_GRADED = {name for name in XRAY_OPS if all_ops()[name].spec.single_level}
 
 
 def test_samples_and_catalog() -> None:
@@ -36,8 +35,18 @@ def test_samples_and_catalog() -> None:
         assert all_ops()[name].spec.channels == [1]
         # acquisition and overlay ops keep the film's burned-in annotations; display, codec and
         # geometry ops act on every stored pixel
+        # (the patient's rotation is acquisition geometry: the patient turns, the annotations stay)
         acts_on_all = all_ops()[name].spec.family in {"display", "codec", "geometry"}
+        acts_on_all = acts_on_all and name != "xray_patient_rotation"
         assert all_ops()[name].spec.protects_border is not acts_on_all
+
+
+def test_single_level_ops_are_declared_with_a_reason() -> None:
+    assert {"xray_monochrome1"} == NOT_SSIM_GRADED
+    for name in NOT_SSIM_GRADED:
+        spec = all_ops()[name].spec
+        assert len(spec.single_level) > 40 and spec.calibration is not None
+        assert spec.calibration.monotone == "constant"
 
 
 def test_cli_lists_the_xray_ops() -> None:

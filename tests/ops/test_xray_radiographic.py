@@ -31,51 +31,97 @@ MU = 4.0
 # Patient rotation
 
 
-def _project_rotated(
-    x_px: float, y_px: float, degrees: float, pivot: float, w: int, h: int
-) -> tuple[float, float]:
-    """Ray-trace one clean film point: back onto the mid-coronal plane (12 cm above the
-    detector, source at 180 cm), rotate the plane about the vertical axis through the spine
-    (5 cm up, ``pivot`` of the width off centre), project again. Written out in 3-D."""
-    cm = 35.0 / min(w, h)
-    sid, z0, zs = 180.0, 12.0, 5.0
-    xs, ys = (x_px - w / 2) * cm, (y_px - h / 2) * cm  # on the detector
-    point = np.array([xs * (sid - z0) / sid, ys * (sid - z0) / sid, z0])  # on the plane
-    axis = np.array([pivot * w * cm, 0.0, zs])
-    t = math.radians(degrees)
-    rot = np.array([[math.cos(t), 0, -math.sin(t)], [0, 1, 0], [math.sin(t), 0, math.cos(t)]])
-    p = axis + rot @ (point - axis)
-    scale = sid / (sid - p[2])
-    return p[0] * scale / cm + w / 2, p[1] * scale / cm + h / 2
+def _anatomy_shift_cm(r_cm: float, degrees: float, body_cm: float) -> float:
+    """Lateral displacement (cm) of anatomy ``r_cm`` from the spine line for a patient turned by
+    ``degrees``: ``12 cm sin(degrees)`` (depth from the spinous processes to the clavicle heads)
+    times a smoothstep from 0.8 cm to 9 cm off the spine, times one minus a smoothstep over the
+    outer 40 % of the body half-width (written out here, independently of the kernel)."""
+
+    def smooth(t: float) -> float:
+        t = min(max(t, 0.0), 1.0)
+        return t * t * (3 - 2 * t)
+
+    rise = smooth((r_cm - 0.8) / (9.0 - 0.8))
+    fall = 1.0 - smooth((r_cm - 0.6 * body_cm) / (0.4 * body_cm))
+    return 12.0 * math.sin(math.radians(degrees)) * rise * fall
 
 
-def test_patient_rotation_is_the_projection_of_the_rotated_coronal_plane() -> None:
-    """A bright dot lands where the 3-D ray trace puts it, and a box around it moves with it
-    (``perturb.engine.annotations``)."""
+def _centroid_x(o: np.ndarray, cols: slice) -> float:
+    part = o[:, cols]
+    ys, xs = np.nonzero(part > 0.3)
+    weights = part[ys, xs]
+    return float(((xs + 0.5 + (cols.start or 0)) * weights).sum() / weights.sum())
+
+
+def test_patient_rotation_shifts_the_anatomy_by_its_depth_in_front_of_the_spine() -> None:
+    """Three bright dots: on the spine line (stays), in the anterior chest 10 cm off the spine
+    (moves by 12 cm sin(degrees)), beyond the body outline (stays); a box around the moving dot
+    follows it (``perturb.engine.annotations``, the op's point map)."""
     h, w = 200, 240
+    cm = 35.0 / min(w, h)
+    pivot = 0.02
+    spine = w / 2 + float(np.float32(pivot)) * w
+    lateral = round(spine - 10.0 / cm)  # image left of the spine, inside the body
     x = torch.zeros(1, 1, h, w)
-    dot = (70.0, 120.0)
-    cv2.circle(x[0, 0].numpy(), (70, 120), 3, 1.0, -1)
+    for col in (round(spine), lateral, 3):
+        cv2.circle(x[0, 0].numpy(), (col, 100), 2, 1.0, -1)
     for degrees in (-12.0, 8.0):
-        out, rec = _with_params(x, "xray_patient_rotation", 4, {"degrees": degrees, "pivot": 0.02})
+        out, rec = _with_params(x, "xray_patient_rotation", 4, {"degrees": degrees, "pivot": pivot})
         o = _np(out)
-        ys, xs = np.nonzero(o > 0.3)
-        weights = o[ys, xs]
-        centroid = (
-            ((xs + 0.5) * weights).sum() / weights.sum(),
-            ((ys + 0.5) * weights).sum() / weights.sum(),
-        )
-        expected = _project_rotated(
-            dot[0] + 0.5, dot[1] + 0.5, float(np.float32(degrees)), float(np.float32(0.02)), w, h
-        )
-        assert abs(centroid[0] - expected[0]) < 0.6 and abs(centroid[1] - expected[1]) < 0.6
-        box = transform_boxes(
-            [[dot[0] - 3.5, dot[1] - 3.5, dot[0] + 4.5, dot[1] + 4.5]], rec, (w, h)
-        )[0].box
-        assert box[0] < centroid[0] < box[2] and box[1] < centroid[1] < box[3]
-        # the side turned away from the source is foreshortened: the film narrows by ~cos
-        corners = [_project_rotated(px, h / 2, degrees, 0.02, w, h)[0] for px in (0.0, w)]
-        assert (corners[1] - corners[0]) / w < 1.0
+        deg32 = float(np.float32(degrees))
+        moved = _centroid_x(o, slice(lateral - 40, lateral + 40))
+        expected = lateral + 0.5 + _anatomy_shift_cm((spine - lateral - 0.5) * cm, deg32, 0.44 * w * cm) / cm
+        assert abs(moved - expected) < 0.3, (degrees, moved, expected)
+        assert abs(expected - (lateral + 0.5)) > 4  # a real move (more than 4 px)
+        assert abs(_centroid_x(o, slice(round(spine) - 8, round(spine) + 9)) - (round(spine) + 0.5)) < 0.3
+        assert abs(_centroid_x(o, slice(0, 10)) - 3.5) < 0.05
+        box = transform_boxes([[lateral - 2.5, 97.5, lateral + 3.5, 103.5]], rec, (w, h))[0].box
+        assert box[0] < moved < box[2] and abs((box[0] + box[2]) / 2 - moved) < 0.5
+
+
+def _strip_shift(clean: np.ndarray, out: np.ndarray, cols: slice, rows: slice, reach: int) -> int:
+    """Integer lateral shift (px) of the strip ``clean[rows, cols]`` found in ``out`` (least
+    mean absolute difference)."""
+    ref = clean[rows, cols]
+    best, arg = np.inf, 0
+    for d in range(-reach, reach + 1):
+        cand = out[rows, cols.start + d : cols.stop + d]
+        err = np.abs(cand - ref).mean()
+        if err < best:
+            best, arg = err, d
+    return arg
+
+
+@pytest.mark.parametrize("film", ["nih_00022084_000", "nih_00013125_000", "nih_00009745_000"])
+def test_patient_rotation_moves_the_clavicle_heads_off_the_spinous_processes(film: str) -> None:
+    """On real films (512 px): the spine column stays, the medial clavicle-head region either
+    side (2.5-4.5 cm off the spine line, upper third of the film) moves towards the same side,
+    and the spinous processes' offset from the midpoint of the clavicle heads grows with
+    severity to over 0.5 cm at s5; the body outline (film edge columns) stays."""
+    path = next((p for p in XRAY if p.stem == film), None)
+    if path is None:
+        pytest.skip(f"{film} is not in this sample set (tests/data or ../shared/samples)")
+    clean = sample_tensor(path)
+    small = cv2.resize(clean[0].numpy(), (512, 512), interpolation=cv2.INTER_AREA)
+    x = torch.from_numpy(small)[None, None].expand(5, 1, 512, 512).contiguous()
+    out, records = perturb.apply(x, "xray_patient_rotation", [1, 2, 3, 4, 5], [film] * 5, protect_border=False)
+    cm = 35.0 / 512
+    rows = slice(40, 200)
+    offsets = []
+    for o, r in zip(out[:, 0].numpy(), records, strict=True):
+        spine = round(256 + float(np.float32(r.params["pivot"])) * 512)
+        half = round(0.6 / cm)
+        spine_shift = _strip_shift(small, o, slice(spine - half, spine + half), rows, 60)
+        near, far = round(2.5 / cm), round(4.5 / cm)
+        left = _strip_shift(small, o, slice(spine - far, spine - near), rows, 60)
+        right = _strip_shift(small, o, slice(spine + near, spine + far), rows, 60)
+        assert abs(spine_shift) <= 1, (film, r.params, spine_shift)
+        sign = math.copysign(1.0, r.params["degrees"])
+        assert left * sign > 0 and right * sign > 0, (left, right, r.params)  # both heads move alike
+        offsets.append(abs((left + right) / 2 - spine_shift) * cm)
+        assert np.array_equal(o[:, :8], small[:, :8]) and np.array_equal(o[:, -8:], small[:, -8:])
+    assert all(a < b for a, b in itertools.pairwise(offsets)), offsets
+    assert offsets[-1] > 0.5, offsets
 
 
 # ---------------------------------------------------------------------------------------------
