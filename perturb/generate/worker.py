@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import threading
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -26,7 +28,7 @@ from perturb import __version__
 from perturb.contracts.suite import Suite, Task
 from perturb.datasets import composite
 from perturb.generate.naming import resolve_inside
-from perturb.generate.output import encode_bgr, encoding_json, quantize, sha256
+from perturb.generate.output import encode_bgr, encode_problem, encoding_json, quantize, sha256
 from perturb.io.images import (
     ImageDecodeError,
     decode_image_info,
@@ -51,8 +53,9 @@ class WorkerConfig:
     out: str
     threads: int | None = None
     max_memory: int | None = None  # bytes this worker's batches may take (None: no budget)
-    # the resume journal this worker commits each output to as it is finished (``{pid}``: this
-    # process's id, for a pool worker's own file); None: the driver journals each chunk's rows
+    # the resume journal this worker commits each output to as it is finished (``{pid}``, ``{host}``:
+    # this process's id and host name, for a pool or Ray worker's own file); None: the driver
+    # journals each chunk's rows
     journal: str | None = None
 
 
@@ -335,12 +338,17 @@ def _write_output(
 COMMIT_OUTPUTS = 32
 
 
+def _host_name() -> str:
+    """This machine's name as a file-name part (Ray workers on several nodes share DIR)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+
+
 class Journal:
     """The append-only resume journal a worker commits finished outputs to: one JSON row a
     line, each group written with one ``write`` on an O_APPEND descriptor and synced."""
 
     def __init__(self, template: str) -> None:
-        self.path = template.format(pid=os.getpid())
+        self.path = template.format(pid=os.getpid(), host=_host_name())
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
 
     def append(self, rows: list[dict[str, Any]]) -> None:
@@ -515,10 +523,10 @@ def _memory_parts(
 ) -> list[list[ImageJob]]:
     """``jobs`` cut into batches whose images fit ``cfg.max_memory`` together (sizes from the
     headers, before any decode): batches by pixels, not by count. An image that cannot fit alone
-    becomes an error row naming the budget. Images whose header cannot be read or is above
-    --max-pixels take no room (their decode reports why)."""
-    if cfg.max_memory is None:
-        return [jobs]
+    becomes an error row naming the budget; an output the suite's encoder cannot write at the
+    image's size is an error row at once (nothing decoded or perturbed for it). Images whose
+    header cannot be read or is above --max-pixels take no room (their decode reports why)."""
+    suite = _suite(json.dumps(cfg.suite, sort_keys=True))
     parts: list[list[ImageJob]] = [[]]
     used = 0
     for job in jobs:
@@ -526,16 +534,22 @@ def _memory_parts(
             header = read_header(
                 job.data, source=f"img_id {job.img_id!r}", max_pixels=cfg.max_pixels
             )
-            over = header.width * header.height > cfg.max_pixels  # decode refuses it: --max-pixels
-            need = 0 if over else footprint(header.width, header.height)
+            width, height = header.width, header.height
         except ImageDecodeError:
-            need = 0
-        if need > cfg.max_memory:
+            width = height = 0
+        need = 0
+        if 0 < width * height <= cfg.max_pixels:  # else its decode refuses it and says why
+            job = _writable(job, width, height, suite, writer)
+            if not job.tasks:
+                result.images_failed += 1
+                continue
+            need = footprint(width, height)
+        if cfg.max_memory is not None and need > cfg.max_memory:
             writer.error(
                 error_row(
                     job,
                     "memory",
-                    f"img_id {job.img_id!r}: {header.width}x{header.height} needs about "
+                    f"img_id {job.img_id!r}: {width}x{height} needs about "
                     f"{need / 1e9:.1f} GB to perturb, above the memory budget of "
                     f"{cfg.max_memory / 1e9:.1f} GB per worker (--max-memory); raise --max-memory, "
                     "use fewer --workers, or shrink the image",
@@ -544,12 +558,26 @@ def _memory_parts(
             )
             result.images_failed += 1
             continue
-        if used + need > cfg.max_memory and parts[-1]:
+        if cfg.max_memory is not None and used + need > cfg.max_memory and parts[-1]:
             parts.append([])
             used = 0
         parts[-1].append(job)
         used += need
     return [p for p in parts if p]
+
+
+def _writable(job: ImageJob, width: int, height: int, suite: Suite, writer: _Writer) -> ImageJob:
+    """``job`` without the tasks whose output (the image's size: every op keeps it; a
+    composite's size is known only once it ran) the suite's encoder cannot write; each of them
+    is a ``write`` error row naming the limit."""
+    problem = encode_problem(width, height, suite.output)
+    if problem is None:
+        return job
+    kept = [(task, rel) for task, rel in job.tasks if task.composite]
+    for task, _ in job.tasks:
+        if not task.composite:
+            writer.error(error_row(job, "write", f"img_id {job.img_id!r}: {problem}", task))
+    return replace(job, tasks=kept)
 
 
 def _process_part(
