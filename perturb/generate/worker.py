@@ -333,6 +333,10 @@ def _write_output(
     }
 
 
+# bytes the outputs waiting for their encode may hold (float32 arrays): a large image's outputs
+# are encoded one after another instead of 2 per encoder thread
+PENDING_BYTES = 256 << 20
+
 # an output's journal row is written once its file is renamed into place and synced; files are
 # synced in groups: after each op's batch of outputs, and whenever this many wait
 COMMIT_OUTPUTS = 32
@@ -383,6 +387,7 @@ class _Writer:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="perturb-encode")
         self.limit = 2 * threads
         self.pending: deque[Future[None]] = deque()
+        self.sizes: deque[int] = deque()  # bytes each pending output holds, as ``pending``
         self.submitted = 0
         self.lock = threading.Lock()
         # written (row) or failed (exception), by submission number, recorded by the encoder thread
@@ -392,9 +397,16 @@ class _Writer:
         self.group: list[tuple[dict[str, Any], Path]] = []  # written, not yet committed
         self.closed = False  # the pool is shut down
 
-    def submit(self, job: ImageJob, task: Task, fn: Callable[[], dict[str, Any]]) -> None:
-        while len(self.pending) >= self.limit:
+    def submit(
+        self, job: ImageJob, task: Task, fn: Callable[[], dict[str, Any]], size: int = 0
+    ) -> None:
+        """Queue one output's encode and write; ``size``: the bytes it holds until written
+        (outputs wait while those under way hold ``PENDING_BYTES``, one at least)."""
+        while self.pending and (
+            len(self.pending) >= self.limit or sum(self.sizes) + size > PENDING_BYTES
+        ):
             self._collect()
+        self.sizes.append(size)
         self.submitted += 1
         self.pending.append(self.pool.submit(self._write, self.submitted, job, task, fn))
 
@@ -438,12 +450,14 @@ class _Writer:
         """Wait for the oldest write under way, then take what is finished."""
         self.pending[0].result()
         self.pending.popleft()
+        self.sizes.popleft()
         self._take()
 
     def poll(self) -> None:
         """After an op's batch: take the outputs already written and commit them."""
         while self.pending and self.pending[0].done():
             self.pending.popleft()
+            self.sizes.popleft()
         self._take()
         self.commit()
 
@@ -469,6 +483,7 @@ class _Writer:
                 self.pool.shutdown(wait=True)
                 self.closed = True
                 self.pending.clear()
+                self.sizes.clear()
                 self._take()
                 self.commit()
                 break
@@ -476,6 +491,21 @@ class _Writer:
                 stop = exc
         if stop is not None:
             raise stop
+
+
+def release_memory() -> None:
+    """Hand the heap's free pages back to the system after a batch (glibc keeps freed
+    arenas of the encoder threads otherwise, and the next batch's budget would not hold)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        return
 
 
 def encode_threads(cfg: WorkerConfig) -> int:
@@ -498,6 +528,8 @@ def process_chunk(
     try:
         for part in _memory_parts(jobs, cfg, writer, result):
             _process_part(part, cfg, suite, device, writer, result)
+            writer.poll()
+            release_memory()
     finally:
         try:
             writer.close()
@@ -509,8 +541,10 @@ def process_chunk(
 
 # bytes a sample takes while its ops run, per pixel of an RGB image: the decoded frame, its
 # float32 tensor and array, an op's intermediates and output, the quantized copy and the encode
-# (measured: one 65000x900 JPEG took 3.8 GB, ~65 bytes a pixel)
-MEMORY_PER_PIXEL = 64
+# (measured on 65000x90 JPEGs through gaussian_noise, defocus_blur and brightness: 113 bytes a
+# pixel for the first image, up to 176 as a run goes on; the process's libraries, ~0.3 GB, are
+# not in it: benchmarks/results/reliability-cpu.json)
+MEMORY_PER_PIXEL = 128
 
 
 def footprint(width: int, height: int) -> int:
@@ -645,6 +679,7 @@ def _run_group(
             d.job,
             task,
             partial(_write_output, d, task, rel, y, info, suite, cfg, channels),
+            y.nbytes,
         )
 
 
