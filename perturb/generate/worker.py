@@ -526,7 +526,7 @@ def process_chunk(
     journal = None if cfg.journal is None else Journal(cfg.journal)
     writer = _Writer(result, on_output, encode_threads(cfg), journal)
     try:
-        for part in _memory_parts(jobs, cfg, writer, result):
+        for part in _memory_parts(jobs, cfg, suite, writer, result):
             _process_part(part, cfg, suite, device, writer, result)
             writer.poll()
             release_memory()
@@ -553,14 +553,13 @@ def footprint(width: int, height: int) -> int:
 
 
 def _memory_parts(
-    jobs: list[ImageJob], cfg: WorkerConfig, writer: _Writer, result: ChunkResult
+    jobs: list[ImageJob], cfg: WorkerConfig, suite: Suite, writer: _Writer, result: ChunkResult
 ) -> list[list[ImageJob]]:
     """``jobs`` cut into batches whose images fit ``cfg.max_memory`` together (sizes from the
     headers, before any decode): batches by pixels, not by count. An image that cannot fit alone
     becomes an error row naming the budget; an output the suite's encoder cannot write at the
     image's size is an error row at once (nothing decoded or perturbed for it). Images whose
     header cannot be read or is above --max-pixels take no room (their decode reports why)."""
-    suite = _suite(json.dumps(cfg.suite, sort_keys=True))
     parts: list[list[ImageJob]] = [[]]
     used = 0
     for job in jobs:
@@ -573,10 +572,11 @@ def _memory_parts(
             width = height = 0
         need = 0
         if 0 < width * height <= cfg.max_pixels:  # else its decode refuses it and says why
-            job = _writable(job, width, height, suite, writer)
-            if not job.tasks:
+            writable = _writable(job, width, height, suite, writer)
+            if job.tasks and not writable.tasks:  # every output refused: nothing to decode
                 result.images_failed += 1
                 continue
+            job = writable
             need = footprint(width, height)
         if cfg.max_memory is not None and need > cfg.max_memory:
             writer.error(
