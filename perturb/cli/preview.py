@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from perturb.cli._common import fail, guarded
+from perturb.io import DEFAULT_MAX_PIXELS
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +32,9 @@ def preview(
     crop_at: Annotated[
         str, typer.Option(help="Centre of the crops as X,Y fractions of the width and height.")
     ] = "0.5,0.5",
+    max_pixels: Annotated[
+        int, typer.Option(min=4, help="Refuse images with more pixels than this (checked from the header, before decoding).")
+    ] = DEFAULT_MAX_PIXELS,
     scene: Annotated[
         bool,
         typer.Option(
@@ -46,7 +50,7 @@ def preview(
     from perturb.cli.preview_grid import preview_grid, scene_panel
     from perturb.io.images import encode_image, write_atomic
 
-    tensor, key = _load(image, op)
+    tensor, key = _load(image, op, max_pixels)
     if out.suffix.lower() != ".png":
         fail(f"--out must end in .png, got {out}")
     if scene:
@@ -64,7 +68,7 @@ def preview(
     typer.echo(f"wrote {out} ({grid.shape[1]}x{grid.shape[0]})")
 
 
-def _load(image: Path | None, op: str | None) -> tuple[torch.Tensor, str]:
+def _load(image: Path | None, op: str | None, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[torch.Tensor, str]:
     """The image to preview (CHW float) and its sample key: the file, else a built-in phantom
     (a chest phantom for an X-ray op)."""
     from perturb.io.images import ImageDecodeError, read_image, to_tensor
@@ -76,7 +80,7 @@ def _load(image: Path | None, op: str | None) -> tuple[torch.Tensor, str]:
             return builtin().make_image("preview", "xray"), "xray-phantom:preview"
         return builtin().make_image("preview", "endoscopy"), "phantom:preview"
     try:
-        return to_tensor(read_image(image)), image.name
+        return to_tensor(read_image(image, max_pixels=max_pixels)), image.name
     except ImageDecodeError as exc:
         fail(str(exc))
 

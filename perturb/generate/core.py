@@ -19,8 +19,9 @@ Layout of DIR::
 
 Resume: every finished output is committed by the worker that made it (``perturb.generate.
 worker``): its file renamed into place and synced (in groups: after each op's batch), then its row
-appended to ``.perturb/journal.jsonl`` (a pool worker: ``.perturb/journal-<pid>.jsonl``, folded
-into the journal by the next run; outputs at a URL: the driver journals each chunk's rows), so
+appended to ``.perturb/journal.jsonl`` (a pool worker: ``.perturb/journal-<pid>.jsonl``, a Ray
+worker: ``.perturb/journal-ray-<host>-<pid>.jsonl``, folded into the journal by the next run;
+outputs at a URL: the driver journals each chunk's rows), so
 after a kill at any moment a re-run skips what the journals list and makes only the rest; the manifest is rebuilt from the journal, sorted, so
 it is the same whatever was interrupted. Resume trusts nothing it did not check: journal rows
 are validated (types, paths inside DIR; a corrupt line stops the run with the fix), an output
@@ -316,7 +317,7 @@ class OutputDir:
             shutil.rmtree(self.state / name, ignore_errors=True)
 
     def worker_journals(self) -> list[Path]:
-        """The journals pool workers commit their outputs to (``journal-<pid>.jsonl``)."""
+        """The journals pool and Ray workers commit their outputs to (``journal-*.jsonl``)."""
         return sorted(self.state.glob("journal-*.jsonl")) if self.state.is_dir() else []
 
     def read_journal(self) -> tuple[dict[tuple[str, str, int, int], dict[str, Any]], bool]:

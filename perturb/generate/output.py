@@ -17,6 +17,28 @@ from perturb.io.images import from_tensor
 
 MANIFEST_SCHEMA = arrow_schema()  # columns: perturb.contracts.manifest
 JPEG_MAX_SIDE = 65500  # the JPEG format's limit (libjpeg)
+# libpng's default user limit on a side, which OpenCV's PNG encoder keeps (it fails beyond it)
+PNG_OPENCV_MAX_SIDE = 1_000_000
+PNG_MAX_SIDE = 2**31 - 1  # the PNG format's limit (the ISA-L encoder writes the chunks itself)
+
+
+def encode_problem(width: int, height: int, spec: OutputSpec) -> str | None:
+    """Why the suite's encoder cannot write a ``width`` x ``height`` output, with the fix; None
+    when it can. Checked from the input's header before any pixel is decoded or perturbed."""
+    side = max(width, height)
+    if spec.format == "jpg" and side > JPEG_MAX_SIDE:
+        return (
+            f"JPEG sides are at most {JPEG_MAX_SIDE} pixels, this output would be "
+            f"{width}x{height}; use output.format: png for it"
+        )
+    if spec.format == "png" and spec.png_encoder != "isal" and side > PNG_OPENCV_MAX_SIDE:
+        return (
+            f"the PNG encoder (OpenCV/libpng) writes sides of at most {PNG_OPENCV_MAX_SIDE} pixels, "
+            f"this output would be {width}x{height}; use output.png_encoder: isal for it"
+        )
+    if spec.format == "png" and side > PNG_MAX_SIDE:
+        return f"PNG sides are at most {PNG_MAX_SIDE} pixels, this output would be {width}x{height}"
+    return None
 
 
 def output_array(x: torch.Tensor, spec: OutputSpec, bit_depth: int) -> np.ndarray:
@@ -86,6 +108,9 @@ def png_isal(img: np.ndarray, level: int, up: bool) -> bytes:
 
 def encode_bgr(bgr: np.ndarray, spec: OutputSpec) -> bytes:
     """``encode`` of an array already in OpenCV's BGR channel order (or gray)."""
+    problem = encode_problem(int(bgr.shape[1]), int(bgr.shape[0]), spec)
+    if problem is not None:
+        raise ValueError(problem)
     if spec.format == "png" and spec.png_encoder == "isal":
         rgb = bgr[..., ::-1] if bgr.ndim == 3 else bgr
         return png_isal(rgb, int(spec.png_compression), spec.png_filter == "up")
@@ -97,11 +122,6 @@ def encode_bgr(bgr: np.ndarray, spec: OutputSpec) -> bytes:
             params += [cv2.IMWRITE_PNG_STRATEGY, _PNG_STRATEGIES[spec.png_strategy]]
         ok, buf = cv2.imencode(".png", bgr, params)
     else:
-        if max(bgr.shape[:2]) > JPEG_MAX_SIDE:
-            raise ValueError(
-                f"JPEG sides are at most {JPEG_MAX_SIDE} pixels, this image is "
-                f"{bgr.shape[1]}x{bgr.shape[0]}; use output.format: png for it"
-            )
         params = [
             cv2.IMWRITE_JPEG_QUALITY,
             int(spec.jpeg_quality),

@@ -10,9 +10,12 @@ function (``perturb.generate.worker.process_chunk``) as the local engine, on a R
   GPU per worker where the cluster has GPUs, ``num_gpus=G``; CPU workers otherwise), reads its
   images' bytes, and calls ``process_chunk``, which writes the outputs atomically into DIR (a
   local or shared path that every worker sees).
-* Results stream back to the driver, which appends them to DIR's journal as the local engine
-  does: the manifest, errors.jsonl, dataset/, resume after a kill of the driver and ``perturb
-  verify`` are those of the local engine. A sample's bytes depend only on its image and key, so
+* Each worker commits every output as it finishes it, as a local pool worker does: files
+  synced in groups, rows appended to its own ``.perturb/journal-ray-<host>-<pid>.jsonl`` (DIR is
+  shared by every node; outputs at a URL: the driver journals each batch's rows as it arrives).
+  A kill of the driver at any moment loses at most the outputs in flight, and a re-run adopts
+  the rest. Results stream back to the driver for the summary and progress: the manifest,
+  errors.jsonl, dataset/, resume and ``perturb verify`` are those of the local engine. A sample's bytes depend only on its image and key, so
   outputs are the same whatever the worker count, batch size or scheduling order.
 * Failures: a batch whose worker died or raised is not fatal (``max_errored_blocks=-1``); after
   each pass, the images that did not come back run again, each image as its own Ray task (so a

@@ -227,7 +227,11 @@ def _run_ray(
     """The Ray Data engine; its losses, retries and stalls go to the summary."""
     from perturb.generate.ray_engine import run_ray
 
-    stats = run_ray(cfg, options, inp, batches, commit.take, url=commit.folder.url)
+    url = commit.folder.url
+    if url is None:  # each Ray worker commits its outputs to its own journal as it finishes them
+        journal = commit.folder.journal_path.parent / "journal-ray-{host}-{pid}.jsonl"
+        cfg = replace(cfg, journal=str(journal))
+    stats = run_ray(cfg, options, inp, batches, commit.take, url=url)
     summary = commit.summary
     commit.errors.extend(stats.errors)
     summary.images_failed += stats.images_lost

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import threading
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -27,7 +29,7 @@ from perturb.configs.suites import parse_suite
 from perturb.contracts.suite import Suite, Task
 from perturb.datasets import composite
 from perturb.generate.naming import resolve_inside
-from perturb.generate.output import encode_bgr, encoding_json, quantize, sha256
+from perturb.generate.output import encode_bgr, encode_problem, encoding_json, quantize, sha256
 from perturb.io.images import (
     ImageDecodeError,
     decode_image_info,
@@ -51,8 +53,9 @@ class WorkerConfig:
     out: str
     threads: int | None = None
     max_memory: int | None = None  # bytes this worker's batches may take (None: no budget)
-    # the resume journal this worker commits each output to as it is finished (``{pid}``: this
-    # process's id, for a pool worker's own file); None: the driver journals each chunk's rows
+    # the resume journal this worker commits each output to as it is finished (``{pid}``, ``{host}``:
+    # this process's id and host name, for a pool or Ray worker's own file); None: the driver
+    # journals each chunk's rows
     journal: str | None = None
 
 
@@ -330,9 +333,18 @@ def _write_output(
     }
 
 
+# bytes the outputs waiting for their encode may hold (float32 arrays): a large image's outputs
+# are encoded one after another instead of 2 per encoder thread
+PENDING_BYTES = 256 << 20
+
 # an output's journal row is written once its file is renamed into place and synced; files are
 # synced in groups: after each op's batch of outputs, and whenever this many wait
 COMMIT_OUTPUTS = 32
+
+
+def _host_name() -> str:
+    """This machine's name as a file-name part (Ray workers on several nodes share DIR)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
 
 
 class Journal:
@@ -340,7 +352,7 @@ class Journal:
     line, each group written with one ``write`` on an O_APPEND descriptor and synced."""
 
     def __init__(self, template: str) -> None:
-        self.path = template.format(pid=os.getpid())
+        self.path = template.format(pid=os.getpid(), host=_host_name())
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
 
     def append(self, rows: list[dict[str, Any]]) -> None:
@@ -375,6 +387,7 @@ class _Writer:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="perturb-encode")
         self.limit = 2 * threads
         self.pending: deque[Future[None]] = deque()
+        self.sizes: deque[int] = deque()  # bytes each pending output holds, as ``pending``
         self.submitted = 0
         self.lock = threading.Lock()
         # written (row) or failed (exception), by submission number, recorded by the encoder thread
@@ -384,9 +397,16 @@ class _Writer:
         self.group: list[tuple[dict[str, Any], Path]] = []  # written, not yet committed
         self.closed = False  # the pool is shut down
 
-    def submit(self, job: ImageJob, task: Task, fn: Callable[[], dict[str, Any]]) -> None:
-        while len(self.pending) >= self.limit:
+    def submit(
+        self, job: ImageJob, task: Task, fn: Callable[[], dict[str, Any]], size: int = 0
+    ) -> None:
+        """Queue one output's encode and write; ``size``: the bytes it holds until written
+        (outputs wait while those under way hold ``PENDING_BYTES``, one at least)."""
+        while self.pending and (
+            len(self.pending) >= self.limit or sum(self.sizes) + size > PENDING_BYTES
+        ):
             self._collect()
+        self.sizes.append(size)
         self.submitted += 1
         self.pending.append(self.pool.submit(self._write, self.submitted, job, task, fn))
 
@@ -430,12 +450,14 @@ class _Writer:
         """Wait for the oldest write under way, then take what is finished."""
         self.pending[0].result()
         self.pending.popleft()
+        self.sizes.popleft()
         self._take()
 
     def poll(self) -> None:
         """After an op's batch: take the outputs already written and commit them."""
         while self.pending and self.pending[0].done():
             self.pending.popleft()
+            self.sizes.popleft()
         self._take()
         self.commit()
 
@@ -461,6 +483,7 @@ class _Writer:
                 self.pool.shutdown(wait=True)
                 self.closed = True
                 self.pending.clear()
+                self.sizes.clear()
                 self._take()
                 self.commit()
                 break
@@ -468,6 +491,21 @@ class _Writer:
                 stop = exc
         if stop is not None:
             raise stop
+
+
+def release_memory() -> None:
+    """Hand the heap's free pages back to the system after a batch (glibc keeps freed
+    arenas of the encoder threads otherwise, and the next batch's budget would not hold)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        return
 
 
 def encode_threads(cfg: WorkerConfig) -> int:
@@ -488,8 +526,10 @@ def process_chunk(
     journal = None if cfg.journal is None else Journal(cfg.journal)
     writer = _Writer(result, on_output, encode_threads(cfg), journal)
     try:
-        for part in _memory_parts(jobs, cfg, writer, result):
+        for part in _memory_parts(jobs, cfg, suite, writer, result):
             _process_part(part, cfg, suite, device, writer, result)
+            writer.poll()
+            release_memory()
     finally:
         try:
             writer.close()
@@ -501,8 +541,10 @@ def process_chunk(
 
 # bytes a sample takes while its ops run, per pixel of an RGB image: the decoded frame, its
 # float32 tensor and array, an op's intermediates and output, the quantized copy and the encode
-# (measured: one 65000x900 JPEG took 3.8 GB, ~65 bytes a pixel)
-MEMORY_PER_PIXEL = 64
+# (measured on 65000x90 JPEGs through gaussian_noise, defocus_blur and brightness: 113 bytes a
+# pixel for the first image, up to 176 as a run goes on; the process's libraries, ~0.3 GB, are
+# not in it: benchmarks/results/reliability-cpu.json)
+MEMORY_PER_PIXEL = 128
 
 
 def footprint(width: int, height: int) -> int:
@@ -511,14 +553,13 @@ def footprint(width: int, height: int) -> int:
 
 
 def _memory_parts(
-    jobs: list[ImageJob], cfg: WorkerConfig, writer: _Writer, result: ChunkResult
+    jobs: list[ImageJob], cfg: WorkerConfig, suite: Suite, writer: _Writer, result: ChunkResult
 ) -> list[list[ImageJob]]:
     """``jobs`` cut into batches whose images fit ``cfg.max_memory`` together (sizes from the
     headers, before any decode): batches by pixels, not by count. An image that cannot fit alone
-    becomes an error row naming the budget. Images whose header cannot be read or is above
-    --max-pixels take no room (their decode reports why)."""
-    if cfg.max_memory is None:
-        return [jobs]
+    becomes an error row naming the budget; an output the suite's encoder cannot write at the
+    image's size is an error row at once (nothing decoded or perturbed for it). Images whose
+    header cannot be read or is above --max-pixels take no room (their decode reports why)."""
     parts: list[list[ImageJob]] = [[]]
     used = 0
     for job in jobs:
@@ -526,16 +567,23 @@ def _memory_parts(
             header = read_header(
                 job.data, source=f"img_id {job.img_id!r}", max_pixels=cfg.max_pixels
             )
-            over = header.width * header.height > cfg.max_pixels  # decode refuses it: --max-pixels
-            need = 0 if over else footprint(header.width, header.height)
+            width, height = header.width, header.height
         except ImageDecodeError:
-            need = 0
-        if need > cfg.max_memory:
+            width = height = 0
+        need = 0
+        if 0 < width * height <= cfg.max_pixels:  # else its decode refuses it and says why
+            writable = _writable(job, width, height, suite, writer)
+            if job.tasks and not writable.tasks:  # every output refused: nothing to decode
+                result.images_failed += 1
+                continue
+            job = writable
+            need = footprint(width, height)
+        if cfg.max_memory is not None and need > cfg.max_memory:
             writer.error(
                 error_row(
                     job,
                     "memory",
-                    f"img_id {job.img_id!r}: {header.width}x{header.height} needs about "
+                    f"img_id {job.img_id!r}: {width}x{height} needs about "
                     f"{need / 1e9:.1f} GB to perturb, above the memory budget of "
                     f"{cfg.max_memory / 1e9:.1f} GB per worker (--max-memory); raise --max-memory, "
                     "use fewer --workers, or shrink the image",
@@ -544,12 +592,26 @@ def _memory_parts(
             )
             result.images_failed += 1
             continue
-        if used + need > cfg.max_memory and parts[-1]:
+        if cfg.max_memory is not None and used + need > cfg.max_memory and parts[-1]:
             parts.append([])
             used = 0
         parts[-1].append(job)
         used += need
     return [p for p in parts if p]
+
+
+def _writable(job: ImageJob, width: int, height: int, suite: Suite, writer: _Writer) -> ImageJob:
+    """``job`` without the tasks whose output (the image's size: every op keeps it; a
+    composite's size is known only once it ran) the suite's encoder cannot write; each of them
+    is a ``write`` error row naming the limit."""
+    problem = encode_problem(width, height, suite.output)
+    if problem is None:
+        return job
+    kept = [(task, rel) for task, rel in job.tasks if task.composite]
+    for task, _ in job.tasks:
+        if not task.composite:
+            writer.error(error_row(job, "write", f"img_id {job.img_id!r}: {problem}", task))
+    return replace(job, tasks=kept)
 
 
 def _process_part(
@@ -617,6 +679,7 @@ def _run_group(
             d.job,
             task,
             partial(_write_output, d, task, rel, y, info, suite, cfg, channels),
+            y.nbytes,
         )
 
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,65 @@ def test_many_stops_at_random_points(
     rng = random.Random(seed)
     for round_ in range(4):
         _stop_and_resume(sig, workers, rng, seed, tmp_path / str(round_), inputs)
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """A local Ray instance (2 CPUs) that outlives the drivers the test kills; its workers
+    import this checkout's perturb (PYTHONPATH, inherited from the raylet)."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'perturb-medvqa[ray]')")
+    pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'ray[data]')")
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = subprocess_env()["PYTHONPATH"]
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = saved
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def _settled(out: Path, quiet: float = 3.0, limit: float = 60.0) -> int:
+    """The committed outputs once no journal has grown for ``quiet`` seconds (the killed
+    driver's Ray workers are ended by Ray shortly after it)."""
+    deadline, last, since = time.monotonic() + limit, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = _committed(out)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+        time.sleep(0.2)
+    return last
+
+
+def test_a_ray_driver_killed_at_random_redoes_only_the_outputs_in_flight(
+    ray_address: str, tmp_path: Path, inputs: tuple[Path, Path, Path]
+) -> None:
+    """The whole run is one Ray batch (6 images, batch 8): each output is committed by the Ray
+    worker that made it (its own journal-ray-*.jsonl), so a SIGKILL of the driver after a random
+    number of outputs keeps them, and the re-run makes only the rest, byte-identical."""
+    suite, folder, reference = inputs
+    seed = int(os.environ.get("PERTURB_TEST_SEED", random.SystemRandom().randrange(2**32)))
+    rng = random.Random(seed)
+    out = tmp_path / "out"
+    args = ["generate", str(suite), "--dataset", str(folder), "--out", str(out), "--quiet",
+            "--device", "cpu"]  # fmt: skip
+    ray = ["--engine", "ray", "--ray-address", ray_address, "--concurrency", "1"]
+    command = [sys.executable, "-m", "perturb.cli", *args, *ray]
+    _stop_at_random(command, out, signal.SIGKILL, rng, seed)
+    committed = _settled(out)
+    assert committed >= 1 and list((out / ".perturb").glob("journal-ray-*.jsonl")), f"seed {seed}"
+    on_disk = len(_files(out))
+    code, output = cli(*args)  # resumed by the local engine: the same run
+    assert code == 0, f"seed {seed}: {output}"
+    assert f"already present {committed}, written {OUTPUTS - committed}" in output, (seed, output)
+    assert on_disk - committed <= in_flight(1), f"seed {seed}: {on_disk - committed} redone"
+    assert _files(out) == _files(reference), f"seed {seed}"
+    assert (out / "manifest.parquet").read_bytes() == (reference / "manifest.parquet").read_bytes()
+    assert verify(out).ok, f"seed {seed}"

@@ -108,6 +108,19 @@ def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield lineno, piece
 
 
+def _check_line_lengths(path: Path) -> None:
+    """A CSV/TSV file read a line at a time first: a line longer than ``MAX_LINE_BYTES`` is an
+    InputError naming it (the CSV parser would hold the whole line several times over)."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise InputError(
+                    f"{path}: line {lineno} is longer than {MAX_LINE_BYTES >> 20} MB; a CSV file "
+                    "holds one row a line: check that it is a prediction table (or write the "
+                    "predictions as JSON lines)"
+                )
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for lineno, line in _jsonl_lines(path):
@@ -244,6 +257,7 @@ def load_raw(source: PredictionSource, label: str | None = None) -> tuple[pd.Dat
         rows, fmt = _read_json(path)
         return pd.DataFrame(rows), fmt, label
     if suffix in (".csv", ".tsv"):
+        _check_line_lengths(path)
         try:
             df = pd.read_csv(
                 path,
