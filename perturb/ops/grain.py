@@ -104,14 +104,65 @@ def _field_weights(g: int, n: int) -> np.ndarray:
     return ((np.cos(phase) * weight) @ np.cos(cells) + (np.sin(phase) * weight) @ np.sin(cells)) / g
 
 
+DENSE_ENTRIES = 1 << 24  # an axis's (n, g) matrix up to this size is built; beyond, by FFT
+
+
 @lru_cache(maxsize=16)
 def field_gain(g: int) -> float:
     """Constant factor on the field along an axis of g cells: the inverse of the standard
     deviation of white noise the field keeps on a frame of the grid's own size (0.88 per axis),
     so a table's sigma is the per-pixel noise at the grid's size. It depends on the grid only
-    (the frame's aspect), never on the frame's size: both resize orders share it."""
+    (the frame's aspect), never on the frame's size: both resize orders share it. Large grids
+    (an extreme aspect ratio) take the closed form of the same sum (Parseval; ``_kept_power``)."""
+    if g * g > DENSE_ENTRIES:
+        return float(1.0 / np.sqrt(_kept_power(g)))
     kept = float((_field_weights(g, g) ** 2).sum(axis=1).mean())
     return float(1.0 / np.sqrt(kept))
+
+
+def _frequencies(g: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k, w_k) of ``_field_weights``: the frequencies of g cells and their weights at n pixels."""
+    k = np.arange(-(g // 2), g // 2 + 1)
+    weight = np.where(np.abs(k) * 2 == g, 0.5, 1.0) * (np.sinc(k / n) if n <= g else 1.0)
+    return k, weight
+
+
+def _kept_power(g: int) -> float:
+    """Mean over rows of the squared row sums of ``_field_weights(g, g)``, in closed form: each
+    row is a trigonometric sum over k at integer cell centres, so by Parseval its power is
+    sum_k w_k^2 / g, the two Nyquist halves (even g) adding into one bin of full weight."""
+    k, weight = _frequencies(g, g)
+    nyquist = np.abs(k) * 2 == g
+    return float(((weight[~nyquist] ** 2).sum() + (weight[nyquist].sum()) ** 2) / g)
+
+
+def _field_spectrum(g: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bin, factor) mapping the DFT of g cells (numpy's order) onto the n-point inverse DFT
+    whose real part is the field at n pixels: ``T[bin] += factor * R[k mod g]``; the field is
+    ``Re(n * ifft(T))`` (``_field_fft``). Pixel centres (i + 0.5) g / n - 0.5 in cell units
+    give the phase exp(i pi k / n - i pi k / g); frequencies fold modulo n where n <= g."""
+    k, weight = _frequencies(g, n)
+    factor = weight * np.exp(1j * np.pi * k * (1.0 / n - 1.0 / g)) * field_gain(g) / g
+    return np.mod(k, n), factor
+
+
+def _field_fft(residual: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """``field_matrix(g, n)`` applied along ``axis`` of a float32 array without the (n, g)
+    matrix: the same trigonometric sum by FFT, in blocks of rows (memory bounded by the block).
+    Within ~1e-6 of the matrix product (float64 FFTs rounded once)."""
+    moved = np.moveaxis(residual, axis, -1)
+    g = moved.shape[-1]
+    flat = moved.reshape(-1, g)
+    bins, factor = _field_spectrum(g, n)
+    source = np.mod(np.arange(-(g // 2), g // 2 + 1), g)
+    out = np.empty((flat.shape[0], n), np.float32)
+    rows = max(1, (1 << 22) // max(n, g))
+    for start in range(0, flat.shape[0], rows):
+        block = np.fft.fft(flat[start : start + rows].astype(np.float64), axis=-1)
+        spectrum = np.zeros((n, block.shape[0]), np.complex128)  # bins first: add.at folds
+        np.add.at(spectrum, bins, (block[:, source] * factor).T)
+        out[start : start + rows] = (np.fft.ifft(spectrum, axis=0).real.T * n).astype(np.float32)
+    return np.moveaxis(out.reshape(*moved.shape[:-1], n), -1, axis)
 
 
 @lru_cache(maxsize=16)
@@ -130,12 +181,30 @@ def _to_grid_torch(x: torch.Tensor, gh: int, gw: int) -> torch.Tensor:
     if (h, w) == (gh, gw):
         return x.clone()
     if h > gh:
-        dh = torch.from_numpy(area_matrix(h, gh).copy()).to(x.device, x.dtype)
-        dw = torch.from_numpy(area_matrix(w, gw).copy()).to(x.device, x.dtype)
-        return torch.matmul(torch.matmul(dh, x), dw.t())
+        return _area_axis_torch(_area_axis_torch(x, gh, -2), gw, -1)
     uh = torch.from_numpy(cubic_matrix(h, gh).copy()).to(x.device)
     uw = torch.from_numpy(cubic_matrix(w, gw).copy()).to(x.device)
     return torch.matmul(torch.matmul(uh, x.double()), uw.t()).to(x.dtype)
+
+
+def _area_axis_torch(x: torch.Tensor, n_out: int, dim: int) -> torch.Tensor:
+    """Area downscaling along ``dim`` (-2 or -1): the ``area_matrix`` product, or for an axis
+    whose matrix would pass ``DENSE_ENTRIES`` the same fractional-overlap means from a float64
+    running sum read at each output pixel's bounds (no (n_out, n_in) matrix)."""
+    n_in = x.shape[dim]
+    if n_in * n_out <= DENSE_ENTRIES:
+        m = torch.from_numpy(area_matrix(n_in, n_out).copy()).to(x.device, x.dtype)
+        return torch.matmul(m, x) if dim == -2 else torch.matmul(x, m.t())
+    moved = x.movedim(dim, -1).to(torch.float64)
+    total = torch.nn.functional.pad(moved.cumsum(-1), (1, 0))  # total[..., j] = sum of x[:j]
+    bounds = np.arange(n_out + 1) * (n_in / n_out)
+    whole = np.minimum(np.floor(bounds).astype(np.int64), n_in - 1)
+    frac = torch.from_numpy(bounds - whole).to(x.device)
+    at = torch.from_numpy(whole).to(x.device)
+    step = total.index_select(-1, at + 1) - total.index_select(-1, at)  # x at each bound's cell
+    running = total.index_select(-1, at) + frac * step  # the running sum at each bound
+    out = ((running[..., 1:] - running[..., :-1]) * (n_out / n_in)).to(x.dtype)
+    return out.movedim(-1, dim)
 
 
 def _to_grid_numpy(full: np.ndarray, gh: int, gw: int) -> np.ndarray:
@@ -150,11 +219,26 @@ def _to_grid_numpy(full: np.ndarray, gh: int, gw: int) -> np.ndarray:
     return np.matmul(np.matmul(cubic_matrix(h, gh), full.astype(np.float64)), cubic_matrix(w, gw).T).astype(np.float32)
 
 
+def _field_axis_torch(residual: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """The field along ``dim`` (-2 or -1) at n pixels: the matrix product, or for an axis whose
+    matrix would pass ``DENSE_ENTRIES`` the same sum by FFT (``_field_fft``, in torch)."""
+    g = residual.shape[dim]
+    if n * g <= DENSE_ENTRIES:
+        m = torch.from_numpy(field_matrix(g, n).copy()).to(residual.device, residual.dtype)
+        return torch.matmul(m, residual) if dim == -2 else torch.matmul(residual, m.t())
+    bins, factor = _field_spectrum(g, n)
+    source = torch.from_numpy(np.mod(np.arange(-(g // 2), g // 2 + 1), g)).to(residual.device)
+    moved = residual.movedim(dim, -1).to(torch.float64)
+    block = torch.fft.fft(moved, dim=-1).index_select(-1, source)
+    block = block * torch.from_numpy(factor).to(residual.device)
+    spectrum = torch.zeros((*moved.shape[:-1], n), dtype=torch.complex128, device=residual.device)
+    spectrum.index_add_(-1, torch.from_numpy(bins).to(residual.device), block)
+    out = (torch.fft.ifft(spectrum, dim=-1).real * n).to(residual.dtype)
+    return out.movedim(-1, dim)
+
+
 def _field_torch(residual: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    gh, gw = residual.shape[-2:]
-    mh = torch.from_numpy(field_matrix(gh, h).copy()).to(residual.device, residual.dtype)
-    mw = torch.from_numpy(field_matrix(gw, w).copy()).to(residual.device, residual.dtype)
-    return torch.matmul(torch.matmul(mh, residual), mw.t())
+    return _field_axis_torch(_field_axis_torch(residual, h, -2), w, -1)
 
 
 def grain_kernel(pixel_kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -224,7 +308,11 @@ def add_field(residual: np.ndarray, full: np.ndarray, dst: np.ndarray) -> None:
     c, h, w = full.shape
     gh, gw = residual.shape[-2:]
     out = scratch("grain_out", (c, h, w), np.float32)
-    np.matmul(np.matmul(field_matrix(gh, h), residual), field_matrix(gw, w).T, out=out)
+    if h * gh <= DENSE_ENTRIES and w * gw <= DENSE_ENTRIES:
+        np.matmul(np.matmul(field_matrix(gh, h), residual), field_matrix(gw, w).T, out=out)
+    else:  # an extreme aspect ratio: the long axis by FFT (no (n, g) matrix)
+        rows = np.matmul(field_matrix(gh, h), residual) if h * gh <= DENSE_ENTRIES else _field_fft(residual, h, 1)
+        out[...] = np.matmul(rows, field_matrix(gw, w).T) if w * gw <= DENSE_ENTRIES else _field_fft(rows, w, 2)
     out += full
     if dst.dtype == np.uint8 and dst.flags.c_contiguous:
         _store_u8(out, dst)

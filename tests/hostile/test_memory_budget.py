@@ -132,7 +132,7 @@ def test_a_chunk_is_cut_into_batches_by_pixels() -> None:
         _Writer,
         footprint,
     )
-    from perturb.suites import parse_suite
+    from perturb.configs.suites import parse_suite
 
     sizes = [(100, 100), (100, 100), (300, 100), (50, 50), (100, 100)]
     jobs = [ImageJob(f"i{k}", f"i{k}", png(image(k, size)), []) for k, size in enumerate(sizes)]
