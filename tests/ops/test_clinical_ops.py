@@ -31,12 +31,15 @@ from perturb.ops.clinical import (
 )
 from perturb.ops.glare import surface_normals
 from perturb.ops.optics import (
+    RADIANCE_REACH,
+    channel_scale_maps,
     chromatic_aberration,
     distortion_forward,
     distortion_source,
     lens_distortion,
     lens_fog,
     render_drop,
+    rim_px,
 )
 from perturb.ops.video import (
     dct4_matrix,
@@ -46,6 +49,7 @@ from perturb.ops.video import (
     quantise_plane,
     video_macroblocking,
 )
+from perturb.scene import Scene
 from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
 
 HIGHLIGHT_LEVEL = 0.85  # a highlight pixel: every channel at least this bright
@@ -381,17 +385,23 @@ def test_drop_is_a_minifying_lens_with_a_dark_rim() -> None:
 
 def test_chromatic_aberration_scales_red_and_blue_about_the_field_centre() -> None:
     """Red equals an OpenCV affine scaling by 1 + k of the red plane about the field centre (an
-    independent warp), blue by 1 - k, green untouched; fringes grow linearly with radius."""
+    independent warp), blue by 1 - k, green untouched, wherever the aperture is clear and the
+    source lies in the clear part; fringes grow linearly with radius."""
     img = _frame(2, 0.3)
     view = _view(img)
     k = 0.01
     out = chromatic_aberration(img, {"shift": np.float32(k)}, 0, view)
-    cx, cy, _ = _host.field_geometry(view.field)
+    cx, cy, radius = _host.field_geometry(view.field)
+    dist = cv2.distanceTransform(view.field.astype(np.uint8), cv2.DIST_L2, 3)
+    rim = rim_px(*img.shape[1:])
+    # the frame is read as it is beyond RADIANCE_REACH rims (twice that: fully), the aperture is
+    # clear beyond two rims; the source lies at most k R further in or out
+    inner = view.tissue & (dist > 2 * RADIANCE_REACH * rim + k * radius * 1.5 + 2)
+    assert inner.mean() > 0.5 * view.field.mean()
     for channel, m in ((0, 1 + k), (2, 1 - k)):
         matrix = np.array([[m, 0, cx * (1 - m)], [0, m, cy * (1 - m)]])
         matrix[:, 2] += 0.5 * (m - 1)  # pixel centres: x_out + 0.5 = m (x_in + 0.5 - cx) + cx
         ref = cv2.warpAffine(img[channel], matrix, img.shape[:0:-1], flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
-        inner = view.tissue & (cv2.erode(view.tissue.astype(np.uint8), np.ones((9, 9))) > 0)
         assert np.abs(out[channel][inner] - ref[inner]).max() < 0.02
     assert np.array_equal(out[1], img[1])
     # a dot at radius r appears k r further out in red
@@ -400,6 +410,51 @@ def test_chromatic_aberration_scales_red_and_blue_about_the_field_centre() -> No
     shifted = chromatic_aberration(dot, {"shift": np.float32(0.05)}, 0, _host.View(dot))
     red_x = (shifted[0, 100] * np.arange(201)).sum() / shifted[0, 100].sum()
     assert red_x + 0.5 - 100.5 == pytest.approx((180.5 - 100.5) * 1.05, abs=0.3)
+
+
+def _rimmed_disk(size: int = 240) -> tuple[np.ndarray, np.ndarray]:
+    """A grey textured disk field whose aperture darkens a rim a few pixels wide (as a real
+    frame's anti-aliased edge), in a black surround: (CHW float32 image, bool field)."""
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    r = np.hypot(xx + 0.5 - size / 2, yy + 0.5 - size / 2)
+    edge = 0.45 * size
+    field = r < edge
+    tissue = 0.45 + 0.1 * np.sin(xx / 5.0) * np.cos(yy / 7.0)
+    shade = np.clip((edge - r) / 5.0, 0.0, 1.0)  # the rim: dark over its last 5 px
+    img = np.stack([tissue * shade] * 3).astype(np.float32)
+    return img, field
+
+
+@pytest.mark.parametrize("op", ["chromatic_aberration", "lens_distortion"])
+def test_optics_act_on_the_tissue_behind_a_fixed_aperture(op: str) -> None:
+    """The aperture and the surround are on the sensor side of the lens: its dark rim stays
+    where it is (no coloured line along the field's edge, no black sliver moved into the
+    tissue) and nothing reaches the surround."""
+    img, field = _rimmed_disk()
+    x = torch.from_numpy(img)[None]
+    out, (rec,) = perturb.apply(x, op, 5, ["rim"])
+    assert rec.protect_border
+    res = out[0].numpy()
+    seen = np.asarray(Scene.from_descriptor(rec.extra["scene"]).field) > 0.5  # the op's field
+    assert (seen != field).mean() < 0.03  # the analysis puts the edge within the dark rim
+    dist = cv2.distanceTransform(seen.astype(np.uint8), cv2.DIST_L2, 3)
+    outside = cv2.distanceTransform((~field).astype(np.uint8), cv2.DIST_L2, 3) > 2
+    assert np.abs(res[:, outside] - img[:, outside]).max() < 1.0 / 255, "the surround is untouched"
+    rim = (dist > 0) & (dist <= rim_px(*img.shape[1:]))
+    assert np.abs(res[:, rim] - img[:, rim]).max() < 2.0 / 255, "the aperture's rim stays"
+    near = field & (dist < 30)
+    chroma = np.abs(res[0] - res[1]) + np.abs(res[2] - res[1])
+    assert chroma[near].max() < 0.06, "no coloured line along the field's edge"
+    # no dark sliver: just inside the rim the frame stays as bright as the tissue there
+    band = field & (dist > 12) & (dist < 30)
+    assert res[1][band].min() > 0.3
+    # the legacy model, a warp of the frame with its rim: the line it drew
+    if op == "chromatic_aberration":
+        k = float(rec.params["shift"])
+        cx = cy = img.shape[1] / 2
+        red = cv2.remap(img[0], *channel_scale_maps(*img.shape[1:], cx, cy, 1 + abs(k)),
+                        cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
+        assert np.abs(red - img[1])[near].max() > 0.1, "the check would see the old line"
 
 
 def test_lens_distortion_is_the_radial_model_and_moves_boxes_and_masks() -> None:
