@@ -332,7 +332,7 @@ def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
     for sigma in reversed(FILL_SIGMAS):
         sigma_px = sigma * scale
         cover = _host.gauss(weight, sigma_px)
-        spread = _host.per_channel(weighted, lambda z, s=sigma_px: _host.gauss(z, s))
+        spread = np.stack([_host.gauss(np.ascontiguousarray(z), sigma_px) for z in weighted])
         level = spread / np.maximum(cover, np.float32(1e-6))[None]
         if fill is None:
             fill = level
