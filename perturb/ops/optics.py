@@ -315,10 +315,14 @@ def rim_px(h: int, w: int) -> float:
     return max(RIM_MIN_PX, RIM_WIDTH * min(h, w))
 
 
-def aperture_weight(field: np.ndarray, reach: float = 1.0) -> np.ndarray:
+def aperture_weight(field: np.ndarray, reach: float = 1.0, framed: bool = False) -> np.ndarray:
     """float32 (H, W) in [0, 1]: the clear part of the aperture of the bool field ``field``
-    (its rim ``reach`` times ``rim_px`` wide)."""
+    (its rim ``reach`` times ``rim_px`` wide). ``framed``: the image's border is an edge too
+    (frames often carry a dark line along it where the field touches it)."""
     h, w = field.shape
+    if framed:
+        padded = np.pad(field, 1, constant_values=False)
+        return np.ascontiguousarray(_host.soft_mask(padded, reach * rim_px(h, w))[1:-1, 1:-1])
     return _host.soft_mask(field, reach * rim_px(h, w))
 
 
@@ -343,9 +347,14 @@ def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
     return (weighted + (np.float32(1.0) - weight[None]) * fill).astype(np.float32)
 
 
-def aperture_weight_t(field: torch.Tensor, reach: float = 1.0) -> torch.Tensor:
+def aperture_weight_t(
+    field: torch.Tensor, reach: float = 1.0, framed: bool = False
+) -> torch.Tensor:
     """``aperture_weight`` of a bool (B, 1, H, W) batch: float32 (B, 1, H, W)."""
     h, w = field.shape[-2:]
+    if framed:
+        padded = torch.nn.functional.pad(field, (1, 1, 1, 1), value=False)
+        return _host.soft_mask_t(padded, reach * rim_px(h, w))[..., 1:-1, 1:-1]
     return _host.soft_mask_t(field, reach * rim_px(h, w))
 
 
@@ -370,9 +379,11 @@ def scene_flags(x: torch.Tensor, scenes: Sequence[Any] | None) -> torch.Tensor:
     """bool (B, 1, 1, 1) on ``x``'s device: which samples come with an engine scene of their
     size (the tissue layer of a border-protecting record), from host-side data alone."""
     h, w = x.shape[-2:]
-    given = [False] * x.shape[0] if scenes is None else [
-        s is not None and tuple(s.size) == (h, w) for s in scenes
-    ]
+    given = (
+        [False] * x.shape[0]
+        if scenes is None
+        else [s is not None and tuple(s.size) == (h, w) for s in scenes]
+    )
     return torch.tensor(given, dtype=torch.bool).to(x.device).view(-1, 1, 1, 1)
 
 
@@ -407,7 +418,7 @@ def _chromatic_aberration_batch(
     field, tissue = _host.view_masks(x, scenes)
     cx, cy, _ = _host.field_geometry_t(field)
     weight = aperture_weight_t(field)
-    radiance = tissue_radiance_t(x, aperture_weight_t(tissue, RADIANCE_REACH))
+    radiance = tissue_radiance_t(x, aperture_weight_t(tissue, RADIANCE_REACH, framed=True))
     k = p["shift"].to(torch.float64)
     m = torch.cat([1.0 + k, 1.0 - k])[:, None]  # red of every sample, then blue
     cx2, cy2 = torch.cat([cx, cx])[:, None], torch.cat([cy, cy])[:, None]
@@ -442,7 +453,7 @@ def chromatic_aberration(
     tissue = view.tissue
     cx, cy, _ = _host.field_geometry(view.field)
     weight = aperture_weight(view.field)
-    radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH))
+    radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
     k = float(p["shift"])
     out = img.copy()
     for channel, m in ((0, 1.0 + k), (2, 1.0 - k)):
@@ -549,7 +560,7 @@ def _lens_distortion_batch(
     whole = _host.remap(x, map_x, map_y, "cubic", "constant", 0.0)
     field, tissue = _host.view_masks(x, scenes)
     weight = aperture_weight_t(field)
-    radiance = tissue_radiance_t(x, aperture_weight_t(tissue, RADIANCE_REACH))
+    radiance = tissue_radiance_t(x, aperture_weight_t(tissue, RADIANCE_REACH, framed=True))
     moved = _host.remap(radiance, map_x, map_y, "cubic", "reflect101")
     inside = torch.where(tissue, x + weight * (moved - radiance), x)
     return torch.where(scene_flags(x, scenes), inside, whole).clamp(0.0, 1.0)
@@ -574,7 +585,7 @@ def lens_distortion(
     map_x, map_y = distortion_maps(float(p["k"]), w, h)
     if view.has_scene:
         weight = aperture_weight(view.field)
-        radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH))
+        radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
         out = img.copy()
         for c, plane in enumerate(radiance):
             moved = cv2.remap(

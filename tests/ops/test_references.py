@@ -55,6 +55,7 @@ REFERENCE_CHECKS = {
     "jpeg": "test_jpeg_is_byte_identical_to_opencv_libjpeg",
     "resized_crop": "tests.generate.test_geometry_ops::test_resized_crop_equals_opencv_resize_of_the_crop",
     "rotation": "tests.generate.test_geometry_ops::test_rotation_follows_pil_rotate",
+    "scope_roll": "tests.ops.test_clinical_ops::test_scope_roll_turns_the_tissue_inside_the_fixed_mask_and_overlays",
     "translation": "tests.generate.test_geometry_ops::test_translation_is_an_exact_shift_with_black_fill",
     "xray_quantum_noise": "tests.xray.test_xray_ops::test_quantum_noise_variance_is_proportional_to_linear_signal_at_the_dose",
     "xray_grid_lines": "tests.xray.test_xray_ops::test_grid_lines_multiply_linear_signal_and_alias",
