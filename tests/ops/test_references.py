@@ -197,6 +197,52 @@ def test_exposure_is_a_gain_in_linear_light(op: str) -> None:
     assert np.abs(out.double().numpy() - ref).max() < 1e-5
 
 
+def _highlights(img: np.ndarray) -> np.ndarray:
+    """bool (H, W): near-white pixels clipped at the sensor (brightest channel at least 8-bit
+    level 249.5, darkest at least 219.5; float32 comparisons, as the kernels') of a CHW image."""
+    f = img.astype(np.float32)
+    return (f.max(axis=0) >= np.float32(249.5 / 255)) & (f.min(axis=0) >= np.float32(219.5 / 255))
+
+
+@pytest.mark.parametrize("op", ["underexposure", "contrast", "haze"])
+def test_clipped_highlights_stay_clipped_while_the_headroom_lasts(op: str) -> None:
+    """A specular highlight's radiance lies far above the sensor's clip, more so deeper inside
+    it: it stays clipped (>= 250 in every channel) unless the op lowers it by more than its
+    headroom. The core of every highlight (Euclidean distance from its edge past the headroom
+    depth: 6 stops above the clip) stays white at severities 1-5 on real frames and every
+    highlight pixel stays clipped at severities 1-4 (at 5 the rims dim); the plain formulas (the
+    clip ignored) would turn them grey. Pixels below the clip follow the plain formulas (the formula tests)."""
+    from perturb.ops.exposure import HEADROOM_MAX, headroom_depth_px
+
+    for i in (1, 5, 11, 12):
+        x = _real(i, (336, 448))
+        img = x[0].double().numpy()
+        lit = _highlights(img)
+        assert lit.sum() > 20, "the frame has clipped highlights"
+        depth = scipy.ndimage.distance_transform_edt(lit)
+        core = lit & (depth >= headroom_depth_px(336, 448) + 1.0)
+        assert core.any()
+        for severity in (1, 2, 3, 4, 5):
+            out, (rec,) = perturb.apply(x, op, severity, [f"hl{i}"])
+            levels = np.rint(out[0].double().numpy() * 255.0)
+            white = levels.min(axis=0)[core]
+            assert (white >= 250).all(), f"{op} s{severity} frame {i}: a core went grey"
+            kept = float((levels.max(axis=0)[lit] >= 250).mean())  # still clipped
+            # severity 5 lowers the light by 3-4 stops: a highlight's rim (less headroom than
+            # that) dims and the highlight shrinks to its core (measured 14-100 % kept)
+            assert kept >= (0.97 if severity <= 4 else 0.1), (op, severity, i, kept)
+        # the plain formula at severity 5 (no headroom) greys the cores: the test can fail
+        p = rec.params
+        if op == "underexposure":
+            plain = _linear_to_srgb(_srgb_to_linear(img) * np.float32(p["gain"]))
+        elif op == "contrast":
+            plain = 0.45 + np.float32(p["factor"]) * (img - 0.45)
+        else:
+            plain = img * np.float32(p["transmission"]) + np.float32(p["airlight"]) * (1 - np.float32(p["transmission"]))
+        assert (np.rint(plain.min(axis=0) * 255)[core] < 250).mean() > 0.9
+    assert HEADROOM_MAX >= 16  # at least 4 stops: the deepest underexposure's attenuation
+
+
 def test_vignetting_follows_one_minus_a_r2() -> None:
     x = _flat(0.6)
     out, rec = perturb.apply(x, "vignetting", 4, ["k"], protect_border=False)
@@ -356,7 +402,10 @@ def test_brightness_contrast_gamma_formulas() -> None:
     xn = x.double().numpy()
     mean = (0.299 * xn[:, 0] + 0.587 * xn[:, 1] + 0.114 * xn[:, 2]).mean()
     ref = np.clip(mean + np.float32(rec[0].params["factor"]) * (xn - mean), 0, 1)
-    assert np.abs(out.double().numpy() - ref).max() < 1e-5
+    # clipped highlights keep their headroom above the clip (test_clipped_highlights_...)
+    lit = np.broadcast_to(_highlights(xn[0])[None, None], ref.shape)
+    assert np.abs(out.double().numpy() - ref)[~lit].max() < 1e-5
+    assert (out.double().numpy()[lit] >= ref[lit] - 1e-6).all()
     out, rec = perturb.apply(x, "gamma", 3, ["k"], protect_border=False)
     ref = xn ** np.float32(rec[0].params["gamma"])
     assert np.abs(out.double().numpy() - ref).max() < 1e-5
