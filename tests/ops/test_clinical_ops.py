@@ -540,6 +540,44 @@ def test_scope_roll_turns_the_tissue_inside_the_fixed_mask_and_overlays() -> Non
     assert abs(cy - h / 2) < 1 or plain.box != box.box
 
 
+def test_scope_roll_boxes_turn_about_the_off_centre_field() -> None:
+    """On a frame whose octagon sits right of centre with text on the left (an Olympus-like
+    layout), a finding's box turns with the tissue about the field's centre (the record's
+    scene), not the image's; the text box and the field stay; a whole-frame record (no scene)
+    turns about the image centre."""
+    h, w = 180, 260
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    field = (np.abs(xx - 160) < 85) & (np.abs(yy - 90) < 85) & (np.abs(xx - 160) + np.abs(yy - 90) < 115)
+    tissue = 0.4 + 0.1 * np.sin(xx / 6.0) * np.cos(yy / 9.0)
+    img = np.stack([tissue * field, 0.7 * tissue * field, 0.5 * tissue * field]).astype(np.float32)
+    img[:, 20:26, 8:60] = 1.0  # an on-screen text bar in the surround
+    img[:, 95:101, 205:211] = np.array([0.1, 0.9, 0.1], np.float32)[:, None, None]  # a green finding
+    x = torch.from_numpy(img)[None]
+    out, (rec,) = perturb.apply(x, "scope_roll", 5, ["off-centre"])
+    res = out[0].numpy()
+    scene = Scene.from_descriptor(rec.extra["scene"])
+    cx, _, _ = _host.field_geometry(np.asarray(scene.field) > 0.5)
+    assert cx > w / 2 + 20, "the field is right of centre"
+    np.testing.assert_array_equal(res[:, 20:26, 8:60], img[:, 20:26, 8:60])
+    green = (res[1] - res[0] > 0.4) & (res[1] - res[2] > 0.4)
+    ys, xs = np.nonzero(green)
+    assert len(ys) > 10
+    (box,) = transform_boxes([[205, 95, 211, 101]], rec, (w, h))
+    bx0, by0, bx1, by1 = box.box
+    assert abs((bx0 + bx1) / 2 - (xs.mean() + 0.5)) < 1.5 and abs((by0 + by1) / 2 - (ys.mean() + 0.5)) < 1.5
+    # the dict form of the record carries the scene as well
+    as_dict = {"op": rec.op, "params": rec.params, "protect_border": True, "extra": rec.extra}
+    assert transform_boxes([[205, 95, 211, 101]], as_dict, (w, h))[0].box == box.box
+    # without a scene (the whole frame) the turn is about the image centre
+    _, (bare,) = perturb.apply(x, "scope_roll", 5, ["off-centre"], protect_border=False)
+    (plain,) = transform_boxes([[205, 95, 211, 101]], bare, (w, h))
+    theta = math.radians(float(np.float32(bare.params["degrees"])))
+    px, py = 208.0 - w / 2, 98.0 - h / 2  # the box centre turned counter-clockwise as displayed
+    ex = w / 2 + math.cos(theta) * px + math.sin(theta) * py
+    ey = h / 2 - math.sin(theta) * px + math.cos(theta) * py
+    assert abs((plain.box[0] + plain.box[2]) / 2 - ex) < 0.5 and abs((plain.box[1] + plain.box[3]) / 2 - ey) < 0.5
+
+
 # ---------------------------------------------------------------------------------------------
 # Video: interlacing, macroblocking
 
