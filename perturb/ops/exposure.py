@@ -17,9 +17,10 @@ the light (``underexposure``, ``haze``'s transmission, ``contrast`` in ``perturb
 must therefore leave such a pixel clipped unless it lowers it by more than its headroom ``H``,
 as a real scope does (its highlights stay white when the picture darkens or greys). ``H`` is
 estimated from the highlight's extent: a pixel at distance ``d`` inside a clipped highlight (its
-brightest channel at the clip, ``CLIP_LEVEL``, and near-white, ``HIGHLIGHT_MIN``) gets ``H = HEADROOM_MAX ** min(1, d / D)``, ``D`` a small
-fraction of the shorter side (``headroom_depth_px``): the rim of a highlight is barely above the
-clip and dims first, its core is ``HEADROOM_MAX`` (6 stops) above it. Pixels below the clip have
+brightest channel at the clip, ``CLIP_LEVEL``, and near-white, ``HIGHLIGHT_MIN``) gets ``H = HEADROOM_MAX ** min(1, (d - 1/2) / ramp)``, ``ramp`` the larger of ``D``, a small
+fraction of the shorter side (``headroom_depth_px``), and ``HEADROOM_SPREAD`` times the
+highlight's half-width there (a sheen rises gently, a glint steeply): the rim of a highlight is
+barely above the clip and dims first, its core is ``HEADROOM_MAX`` (6 stops) above it. Pixels below the clip have
 ``H = 1`` and take the ops exactly as before.
 """
 
@@ -61,8 +62,21 @@ CLIP_LEVEL = 249.5 / 255.0  # the brightest channel at least this: clipped (8-bi
 # red mucosa clipped in its red channel alone is not a highlight)
 HIGHLIGHT_MIN = 219.5 / 255.0
 HEADROOM_MAX = 64.0  # a highlight's core: 6 stops above the clip
-HEADROOM_DEPTH = 0.004  # distance inside a highlight at which it reaches HEADROOM_MAX (shorter side)
+HEADROOM_DEPTH = (
+    0.004  # distance inside a highlight at which it reaches HEADROOM_MAX (shorter side)
+)
 HEADROOM_DEPTH_MIN_PX = 2.0
+# a broad highlight (a sheen) is a gentle hill of radiance, a small one (the light guide mirrored
+# by a facet) a steep peak: the ramp to HEADROOM_MAX is this fraction of the highlight's
+# half-width near the pixel, at least D, at most HEADROOM_REACH of the shorter side
+HEADROOM_SPREAD = 0.7
+HEADROOM_REACH = 0.03
+HEADROOM_START = 0.5  # px: the radiance crosses the clip half a pixel outside the rim's centres
+
+
+def headroom_reach_px(h: int, w: int) -> float:
+    """The widest highlight half-width (pixels) the headroom's ramp follows."""
+    return max(2.0 * HEADROOM_DEPTH_MIN_PX, HEADROOM_REACH * min(h, w))
 
 
 def headroom_depth_px(h: int, w: int) -> float:
@@ -75,21 +89,35 @@ def highlight_headroom(x: torch.Tensor) -> torch.Tensor:
     """float32 (B, 1, H, W): each pixel's radiance over the clip level, ``H`` (module
     docstring; 1 below the clip), of a float32 BCHW batch in [0, 1]."""
     h, w = x.shape[-2:]
-    depth = headroom_depth_px(h, w)
+    depth, reach = headroom_depth_px(h, w), headroom_reach_px(h, w)
     clipped = (x.amax(dim=1, keepdim=True) >= CLIP_LEVEL) & (
         x.amin(dim=1, keepdim=True) >= HIGHLIGHT_MIN
     )
-    dist = _host.chamfer_t(clipped, _host.CHAMFER3, depth)
-    power = (dist / depth).clamp(max=1.0)
+    dist = _host.chamfer_t(clipped, _host.CHAMFER3, reach).clamp(max=reach)
+    # the highlight's half-width near each pixel: the largest depth within ``reach`` (a
+    # separable max filter, as OpenCV's dilation with a square kernel)
+    size = 2 * round(reach) + 1
+    half = torch.where(clipped, dist, torch.zeros_like(dist))
+    half = F.max_pool2d(half, (size, 1), stride=1, padding=(size // 2, 0))
+    half = F.max_pool2d(half, (1, size), stride=1, padding=(0, size // 2))
+    ramp = torch.clamp(HEADROOM_SPREAD * half, min=depth)
+    power = ((dist - HEADROOM_START) / ramp).clamp(0.0, 1.0)
     return torch.where(clipped, torch.pow(HEADROOM_MAX, power), torch.ones_like(power))
 
 
 def headroom_np(clipped: np.ndarray) -> np.ndarray:
     """``highlight_headroom`` of one sample's bool (H, W) clip mask, float32 (H, W)."""
     h, w = clipped.shape
-    depth = headroom_depth_px(h, w)
-    dist = cv2.distanceTransform(clipped.astype(np.uint8), cv2.DIST_L2, 3)
-    power = np.minimum(dist / np.float32(depth), np.float32(1.0))
+    depth, reach = headroom_depth_px(h, w), headroom_reach_px(h, w)
+    dist = np.minimum(
+        cv2.distanceTransform(clipped.astype(np.uint8), cv2.DIST_L2, 3), np.float32(reach)
+    )
+    size = 2 * round(reach) + 1
+    half = cv2.dilate(
+        dist, np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0.0
+    )
+    ramp = np.maximum(np.float32(HEADROOM_SPREAD) * half, np.float32(depth))
+    power = np.clip((dist - np.float32(HEADROOM_START)) / ramp, np.float32(0.0), np.float32(1.0))
     head = torch.pow(HEADROOM_MAX, torch.from_numpy(np.ascontiguousarray(power))).numpy()
     return np.where(clipped, head, np.float32(1.0)).astype(np.float32)
 

@@ -7,6 +7,7 @@ entry or the named test does not exist.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import cv2
@@ -207,11 +208,12 @@ def _highlights(img: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("op", ["underexposure", "contrast", "haze"])
 def test_clipped_highlights_stay_clipped_while_the_headroom_lasts(op: str) -> None:
     """A specular highlight's radiance lies far above the sensor's clip, more so deeper inside
-    it: it stays clipped (>= 250 in every channel) unless the op lowers it by more than its
-    headroom. The core of every highlight (Euclidean distance from its edge past the headroom
-    depth: 6 stops above the clip) stays white at severities 1-5 on real frames and every
-    highlight pixel stays clipped at severities 1-4 (at 5 the rims dim); the plain formulas (the
-    clip ignored) would turn them grey. Pixels below the clip follow the plain formulas (the formula tests)."""
+    it: a pixel stays clipped unless the op lowers it by more than its headroom. On real
+    frames the peak of every highlight (its deepest pixel, 6 stops above the clip) stays white
+    (>= 250 in every channel) at severities 1-5; the share of highlight pixels still clipped
+    falls as the light falls (the rims, barely above the clip, dim first), from nearly all at
+    severity 1; the plain formulas (the clip ignored) would turn the peaks grey. Pixels below
+    the clip follow the plain formulas (the formula tests)."""
     from perturb.ops.exposure import HEADROOM_MAX, headroom_depth_px
 
     for i in (1, 5, 11, 12):
@@ -220,26 +222,31 @@ def test_clipped_highlights_stay_clipped_while_the_headroom_lasts(op: str) -> No
         lit = _highlights(img)
         assert lit.sum() > 20, "the frame has clipped highlights"
         depth = scipy.ndimage.distance_transform_edt(lit)
-        core = lit & (depth >= headroom_depth_px(336, 448) + 1.0)
-        assert core.any()
+        labels, count = scipy.ndimage.label(lit, structure=np.ones((3, 3)))
+        peaks = np.zeros_like(lit)
+        for k, deepest in enumerate(scipy.ndimage.maximum(depth, labels, range(1, count + 1)), 1):
+            if deepest >= headroom_depth_px(336, 448) + 1.0:
+                peaks |= (labels == k) & (depth >= deepest - 0.01)
+        assert peaks.any()
+        shares = []
         for severity in (1, 2, 3, 4, 5):
             out, (rec,) = perturb.apply(x, op, severity, [f"hl{i}"])
             levels = np.rint(out[0].double().numpy() * 255.0)
-            white = levels.min(axis=0)[core]
-            assert (white >= 250).all(), f"{op} s{severity} frame {i}: a core went grey"
-            kept = float((levels.max(axis=0)[lit] >= 250).mean())  # still clipped
-            # severity 5 lowers the light by 3-4 stops: a highlight's rim (less headroom than
-            # that) dims and the highlight shrinks to its core (measured 14-100 % kept)
-            assert kept >= (0.97 if severity <= 4 else 0.1), (op, severity, i, kept)
-        # the plain formula at severity 5 (no headroom) greys the cores: the test can fail
+            white = levels.min(axis=0)[peaks]
+            assert (white >= 250).all(), f"{op} s{severity} frame {i}: a highlight's peak went grey"
+            shares.append(float((levels.max(axis=0)[lit] >= 250).mean()))  # still clipped
+        assert shares[0] >= 0.85, (op, i, shares)
+        assert all(b <= a + 0.02 for a, b in itertools.pairwise(shares)), (op, i, shares)
+        # the plain formula at severity 5 (no headroom) greys the peaks: the test can fail
         p = rec.params
         if op == "underexposure":
             plain = _linear_to_srgb(_srgb_to_linear(img) * np.float32(p["gain"]))
         elif op == "contrast":
             plain = 0.45 + np.float32(p["factor"]) * (img - 0.45)
         else:
-            plain = img * np.float32(p["transmission"]) + np.float32(p["airlight"]) * (1 - np.float32(p["transmission"]))
-        assert (np.rint(plain.min(axis=0) * 255)[core] < 250).mean() > 0.9
+            t = np.float32(p["transmission"])
+            plain = img * t + np.float32(p["airlight"]) * (1 - t)
+        assert (np.rint(plain.min(axis=0) * 255)[peaks] < 250).mean() > 0.9
     assert HEADROOM_MAX >= 16  # at least 4 stops: the deepest underexposure's attenuation
 
 
