@@ -392,10 +392,11 @@ def test_chromatic_aberration_scales_red_and_blue_about_the_field_centre() -> No
     k = 0.01
     out = chromatic_aberration(img, {"shift": np.float32(k)}, 0, view)
     cx, cy, radius = _host.field_geometry(view.field)
-    dist = cv2.distanceTransform(view.field.astype(np.uint8), cv2.DIST_L2, 3)
+    # distance to the field's edge and to the image's border (the frame is read as it is
+    # beyond RADIANCE_REACH rims of both, fully beyond twice that; the aperture is clear beyond
+    # two rims; the source lies at most k R further in or out)
+    dist = cv2.distanceTransform(np.pad(view.tissue, 1).astype(np.uint8), cv2.DIST_L2, 3)[1:-1, 1:-1]
     rim = rim_px(*img.shape[1:])
-    # the frame is read as it is beyond RADIANCE_REACH rims (twice that: fully), the aperture is
-    # clear beyond two rims; the source lies at most k R further in or out
     inner = view.tissue & (dist > 2 * RADIANCE_REACH * rim + k * radius * 1.5 + 2)
     assert inner.mean() > 0.5 * view.field.mean()
     for channel, m in ((0, 1 + k), (2, 1 - k)):
