@@ -64,7 +64,14 @@ def _op_name(record: Record | Mapping[str, Any]) -> str:
 
 
 def _params(record: Record | Mapping[str, Any]) -> dict[str, Any]:
-    return dict(record.params if isinstance(record, Record) else record["params"])
+    """The record's parameters; a border-protecting record's scene descriptor rides along as
+    ``scene`` (an op that turns the tissue about its optical centre, ``scope_roll``, reads it)."""
+    params = dict(record.params if isinstance(record, Record) else record["params"])
+    protect = record.protect_border if isinstance(record, Record) else record.get("protect_border")
+    extra = record.extra if isinstance(record, Record) else record.get("extra") or {}
+    if protect and "scene" in extra and "scene" not in params:
+        params["scene"] = extra["scene"]
+    return params
 
 
 def op_geometry(op: str) -> Geometry | None:

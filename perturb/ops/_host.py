@@ -46,6 +46,12 @@ class View:
             scene if scene is not None and tuple(scene.size) == tuple(img.shape[-2:]) else None
         )
 
+    @property
+    def has_scene(self) -> bool:
+        """Whether the engine gave this frame's scene (its tissue layer: a border-protecting
+        record), not an estimate from the pixels."""
+        return self._scene is not None
+
     @cached_property
     def field(self) -> np.ndarray:
         if self._scene is None:

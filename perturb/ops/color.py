@@ -57,6 +57,13 @@ from perturb.ops._math import (
     srgb_to_linear,
     srgb_to_linear_np,
 )
+from perturb.ops.exposure import (
+    above_clip,
+    clipped_pixels,
+    highlight_headroom,
+    pixel_values,
+    write_pixels,
+)
 from perturb.ops.kernels import Level, Params, draw, draw_sign, register_kernel
 
 _LUMINANCE_709 = np.array([0.2126, 0.7152, 0.0722])
@@ -183,7 +190,8 @@ def contrast(
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
     """Scale around the mean luma of the tissue (field of view minus overlays, from the scene;
-    the whole image without one).
+    the whole image without one). Clipped highlights enter with their headroom above the clip
+    (``perturb.ops.exposure``): lowering the contrast leaves them white, as on a real scope.
 
     Kornia: own kernel, because Kornia's ``adjust_contrast`` scales around 0 and
     ``adjust_contrast_with_mean_subtraction`` around the whole image's mean grey; this op scales
@@ -196,7 +204,8 @@ def contrast(
         ones = np.ones(y.shape[-2:], dtype=np.float32)
         stacked = np.stack([ones if w is None else w for w in weights])
         mean = tissue_mean(y, torch.from_numpy(stacked).unsqueeze(1).to(x.device))
-    return (mean + per_sample(p["factor"]) * (x - mean)).clamp_(0.0, 1.0)
+    radiance = above_clip(x, highlight_headroom(x))
+    return (mean + per_sample(p["factor"]) * (radiance - mean)).clamp_(0.0, 1.0)
 
 
 def tissue_mean(y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -406,15 +415,22 @@ def _contrast_affine(
 def contrast_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
 ) -> None:
-    if src.dtype == np.uint8:
-        factor, offset = _contrast_affine(src, p, scene)
-        cv2.convertScaleAbs(plane2d(src), plane2d(dst), alpha=factor, beta=offset)
-        return
     mean = _contrast_mean(src, scene)
-    np.subtract(src, mean, out=dst)
-    dst *= np.float32(p["factor"])
-    dst += mean
-    np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
+    if src.dtype == np.uint8:
+        factor, offset = _contrast_affine(src, p, scene, mean)
+        cv2.convertScaleAbs(plane2d(src), plane2d(dst), alpha=factor, beta=offset)
+    else:
+        np.subtract(src, mean, out=dst)
+        dst *= np.float32(p["factor"])
+        dst += mean
+        np.clip(dst, np.float32(0.0), np.float32(1.0), out=dst)
+    found = clipped_pixels(src)
+    if found is not None:  # clipped highlights with their headroom above the clip
+        ys, xs, head = found
+        radiance = above_clip(pixel_values(src, ys, xs), torch.from_numpy(head))
+        mean_t = torch.tensor(mean, dtype=torch.float32)
+        factor_t = torch.tensor(np.float32(p["factor"]))
+        write_pixels(dst, ys, xs, mean_t + factor_t * (radiance - mean_t))
 
 
 @lru_cache(maxsize=1024)

@@ -9,6 +9,19 @@
 * haze: surgical smoke / fogged lens, the atmospheric scattering model
   ``I * t + A * (1 - t)`` with a smooth keyed transmission field around ``transmission`` and a
   near-white airlight A (He et al., Single Image Haze Removal Using Dark Channel Prior, 2009).
+
+Highlights above the sensor's clip. A specular highlight (the light guide mirrored by wet
+mucosa) is far brighter than the diffuse tissue, often by several stops, and the sensor clips it:
+the frame shows only ``1`` where the radiance was ``H`` times the clip level. An op that lowers
+the light (``underexposure``, ``haze``'s transmission, ``contrast`` in ``perturb.ops.color``)
+must therefore leave such a pixel clipped unless it lowers it by more than its headroom ``H``,
+as a real scope does (its highlights stay white when the picture darkens or greys). ``H`` is
+estimated from the highlight's extent: a pixel at distance ``d`` inside a clipped highlight (its
+brightest channel at the clip, ``CLIP_LEVEL``, and near-white, ``HIGHLIGHT_MIN``) gets ``H = HEADROOM_MAX ** min(1, (d - 1/2) / ramp)``, ``ramp`` the larger of ``D``, a small
+fraction of the shorter side (``headroom_depth_px``), and ``HEADROOM_SPREAD`` times the
+highlight's half-width there (a sheen rises gently, a glint steeply): the rim of a highlight is
+barely above the clip and dims first, its core is ``HEADROOM_MAX`` (6 stops) above it. Pixels below the clip have
+``H = 1`` and take the ops exactly as before.
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from perturb import rng
-from perturb.ops import backend, keyed_fields
+from perturb.ops import _host, backend, keyed_fields
 from perturb.ops._math import (
     gain_in_linear_u8,
     linear_to_srgb,
@@ -55,6 +68,118 @@ from perturb.ops.radiometry import (
 )
 
 HAZE_GRID = 6
+
+# ---------------------------------------------------------------------------------------------
+# Highlights above the sensor's clip (module docstring)
+
+CLIP_LEVEL = 249.5 / 255.0  # the brightest channel at least this: clipped (8-bit 250 and up)
+# ... and the darkest at least this: a near-white highlight (the processor's white balance scales
+# the clipped channels after the sensor, so a clipped highlight shows a tint such as 255/250/228;
+# red mucosa clipped in its red channel alone is not a highlight)
+HIGHLIGHT_MIN = 219.5 / 255.0
+HEADROOM_MAX = 64.0  # a highlight's core: 6 stops above the clip
+HEADROOM_DEPTH = (
+    0.004  # distance inside a highlight at which it reaches HEADROOM_MAX (shorter side)
+)
+HEADROOM_DEPTH_MIN_PX = 2.0
+# a broad highlight (a sheen) is a gentle hill of radiance, a small one (the light guide mirrored
+# by a facet) a steep peak: the ramp to HEADROOM_MAX is this fraction of the highlight's
+# half-width near the pixel, at least D, at most HEADROOM_REACH of the shorter side
+HEADROOM_SPREAD = 0.7
+HEADROOM_REACH = 0.03
+HEADROOM_START = 0.5  # px: the radiance crosses the clip half a pixel outside the rim's centres
+
+
+def headroom_reach_px(h: int, w: int) -> float:
+    """The widest highlight half-width (pixels) the headroom's ramp follows."""
+    return max(2.0 * HEADROOM_DEPTH_MIN_PX, HEADROOM_REACH * min(h, w))
+
+
+def headroom_depth_px(h: int, w: int) -> float:
+    """``D`` of an h x w frame in pixels: the depth inside a clipped region at which the
+    radiance reaches ``HEADROOM_MAX`` times the clip."""
+    return max(HEADROOM_DEPTH_MIN_PX, HEADROOM_DEPTH * min(h, w))
+
+
+def highlight_headroom(x: torch.Tensor) -> torch.Tensor:
+    """float32 (B, 1, H, W): each pixel's radiance over the clip level, ``H`` (module
+    docstring; 1 below the clip), of a float32 BCHW batch in [0, 1]."""
+    h, w = x.shape[-2:]
+    depth, reach = headroom_depth_px(h, w), headroom_reach_px(h, w)
+    clipped = (x.amax(dim=1, keepdim=True) >= CLIP_LEVEL) & (
+        x.amin(dim=1, keepdim=True) >= HIGHLIGHT_MIN
+    )
+    dist = _host.chamfer_t(clipped, _host.CHAMFER3, reach).clamp(max=reach)
+    # the highlight's half-width near each pixel: the largest depth within ``reach`` (a
+    # separable max filter, as OpenCV's dilation with a square kernel)
+    size = 2 * round(reach) + 1
+    half = torch.where(clipped, dist, torch.zeros_like(dist))
+    half = F.max_pool2d(half, (size, 1), stride=1, padding=(size // 2, 0))
+    half = F.max_pool2d(half, (1, size), stride=1, padding=(0, size // 2))
+    ramp = torch.clamp(HEADROOM_SPREAD * half, min=depth)
+    power = ((dist - HEADROOM_START) / ramp).clamp(0.0, 1.0)
+    return torch.where(clipped, torch.pow(HEADROOM_MAX, power), torch.ones_like(power))
+
+
+def headroom_np(clipped: np.ndarray) -> np.ndarray:
+    """``highlight_headroom`` of one sample's bool (H, W) clip mask, float32 (H, W)."""
+    h, w = clipped.shape
+    depth, reach = headroom_depth_px(h, w), headroom_reach_px(h, w)
+    dist = np.minimum(
+        cv2.distanceTransform(clipped.astype(np.uint8), cv2.DIST_L2, 3), np.float32(reach)
+    )
+    size = 2 * round(reach) + 1
+    half = cv2.dilate(
+        dist, np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0.0
+    )
+    ramp = np.maximum(np.float32(HEADROOM_SPREAD) * half, np.float32(depth))
+    power = np.clip((dist - np.float32(HEADROOM_START)) / ramp, np.float32(0.0), np.float32(1.0))
+    head = torch.pow(HEADROOM_MAX, torch.from_numpy(np.ascontiguousarray(power))).numpy()
+    return np.where(clipped, head, np.float32(1.0)).astype(np.float32)
+
+
+def above_clip(x: torch.Tensor, headroom: torch.Tensor) -> torch.Tensor:
+    """Display values of the radiance ``H`` times the pixel (``x`` BCHW in [0, 1], ``headroom``
+    broadcastable): the sRGB curve continued above 1 where ``H > 1``, ``x`` itself elsewhere."""
+    lifted = 1.055 * torch.pow(srgb_to_linear(x) * headroom, 1.0 / 2.4) - 0.055
+    return torch.where(headroom > 1.0, lifted, x)
+
+
+def clipped_pixels(src: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(ys, xs, H) of one sample's clipped highlight pixels (CHW, uint8, uint16 or float32) and
+    their headroom, or None where there is none."""
+    high, low = src.max(axis=0), src.min(axis=0)
+    if src.dtype == np.uint8:
+        clipped = (high >= 250) & (low >= 220)
+    else:  # the kernel's float32 comparison of the engine's float32 values
+        table = None if src.dtype == np.float32 else backend.levels(src.dtype)
+        high_f = high if table is None else table[high]
+        low_f = low if table is None else table[low]
+        clipped = (high_f >= np.float32(CLIP_LEVEL)) & (low_f >= np.float32(HIGHLIGHT_MIN))
+    if not clipped.any():
+        return None
+    head = headroom_np(clipped)
+    ys, xs = np.nonzero(clipped)
+    return ys, xs, head[ys, xs]
+
+
+def write_pixels(dst: np.ndarray, ys: np.ndarray, xs: np.ndarray, values: torch.Tensor) -> None:
+    """Write float values (C, N) in [0, 1] to ``dst`` (CHW) at (ys, xs), rounded as the engine
+    rounds integer levels."""
+    v = values.clamp(0.0, 1.0).numpy().astype(np.float32)
+    if dst.dtype == np.float32:
+        dst[:, ys, xs] = v
+        return
+    top = 255.0 if dst.dtype == np.uint8 else 65535.0
+    dst[:, ys, xs] = np.clip(np.rint(v * np.float32(top)), 0, top).astype(dst.dtype)
+
+
+def pixel_values(src: np.ndarray, ys: np.ndarray, xs: np.ndarray) -> torch.Tensor:
+    """float32 (C, N) values of one sample's pixels (ys, xs), as the engine converts levels."""
+    picked = np.ascontiguousarray(src[:, ys, xs])
+    if picked.dtype != np.float32:
+        picked = backend.levels(picked.dtype)[picked]
+    return torch.from_numpy(np.ascontiguousarray(picked, dtype=np.float32))
 
 
 def radial_r2(x: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor) -> torch.Tensor:
@@ -94,10 +219,12 @@ def _under_sampler(rng_: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("underexposure", sampler=_under_sampler)
 def underexposure(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
+    """Clipped highlights keep their headroom above the clip (module docstring).
+
+    Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
     ``perturb.ops._math``); the scale is one multiply."""
     scale = per_sample(p["gain"]) * _falloff(x, p, p["falloff"])
-    return linear_to_srgb(srgb_to_linear(x) * scale)
+    return linear_to_srgb(srgb_to_linear(x) * scale * highlight_headroom(x))
 
 
 def _vignetting_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -265,7 +392,9 @@ def smooth_field_np(key: int, stream: str, grid: int, h: int, w: int) -> np.ndar
 
 @register_kernel("haze", sampler=_haze_sampler)
 def haze(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Kornia: own kernel: no Kornia equivalent of a keyed transmission field with airlight; the
+    """Clipped highlights enter with their headroom above the clip (module docstring).
+
+    Kornia: own kernel: no Kornia equivalent of a keyed transmission field with airlight; the
     field's bicubic upsampling is ``F.interpolate``, which ``kornia.geometry.transform.resize``
     would only wrap."""
     t = (
@@ -274,7 +403,8 @@ def haze(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> to
     airlight = per_sample(p["airlight"]) * p["tint"].view(-1, 3, 1, 1)[:, : x.shape[1]]
     if x.shape[1] == 1:
         airlight = per_sample(p["airlight"])
-    return (x * t + airlight * (1.0 - t)).clamp_(0.0, 1.0)
+    radiance = above_clip(x, highlight_headroom(x))
+    return (radiance * t + airlight * (1.0 - t)).clamp_(0.0, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,7 +578,8 @@ def underexposure_cpu(
 ) -> None:
     """The scene (given only with border protection, whose composite keeps the source outside
     the field's bbox) only bounds the uint8 work to that bbox; the fall-off is the kernel's,
-    centred in the whole image."""
+    centred in the whole image. Clipped highlights are then recomputed with their headroom
+    (``_underexposed_highlights``)."""
     h, w = src.shape[-2:]
     if src.dtype == np.uint8:
         x0, y0, x1, y1 = 0, 0, w, h
@@ -462,10 +593,33 @@ def underexposure_cpu(
         _scale_in_linear_u8(
             src[:, y0:y1, x0:x1], dst[:, y0:y1, x0:x1], root, float(np.float32(p["gain"]))
         )
+        _underexposed_highlights(src, dst, p, (x0, y0, x1, y1))
         return
     scale = _falloff_np(h, w, p, np.float32(p["falloff"]))
     scale *= np.float32(p["gain"])
     _scale_in_linear(src, dst, scale)
+    _underexposed_highlights(src, dst, p, (0, 0, w, h))
+
+
+def _underexposed_highlights(
+    src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], box: tuple[int, int, int, int]
+) -> None:
+    """``underexposure``'s clipped pixels inside ``box`` (x0, y0, x1, y1) with their headroom:
+    the kernel's float32 formula on those pixels alone (a few per mille of a frame)."""
+    found = clipped_pixels(src)
+    if found is None:
+        return
+    ys, xs, head = found
+    x0, y0, x1, y1 = box
+    keep = (xs >= x0) & (xs < x1) & (ys >= y0) & (ys < y1)
+    ys, xs, head = ys[keep], xs[keep], head[keep]
+    h, w = src.shape[-2:]
+    dx2, dy2 = _radial_terms(h, w, np.float32(p["cx"]), np.float32(p["cy"]))
+    r2 = torch.from_numpy(dx2[xs] + dy2[ys])
+    falloff = (1.0 - torch.tensor(np.float32(p["falloff"])) * r2).clamp_min(0.0)
+    scale = torch.tensor(np.float32(p["gain"])) * falloff
+    lin = srgb_to_linear(pixel_values(src, ys, xs))
+    write_pixels(dst, ys, xs, linear_to_srgb(lin * scale * torch.from_numpy(head)))
 
 
 @backend.register_cpu("vignetting", uses_scene=True)
@@ -496,7 +650,8 @@ def vignetting_cpu(
 
 @backend.register_cpu("haze")
 def haze_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    """I t + A (1 - t); the smooth field is the kernel's own (torch bicubic, per sample)."""
+    """I t + A (1 - t); the smooth field is the kernel's own (torch bicubic, per sample);
+    clipped highlights recomputed with their headroom."""
     c_count, h, w = src.shape
     field = smooth_field_np(key, "haze", HAZE_GRID, h, w)
     field *= np.float32(0.15)
@@ -516,6 +671,18 @@ def haze_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: in
             np.multiply(src[c], t, out=dst[c])
             dst[c] += a * rest
             np.clip(dst[c], np.float32(0.0), np.float32(1.0), out=dst[c])
+    found = clipped_pixels(src)
+    if found is None:
+        return
+    # clipped highlights enter with their headroom above the clip (module docstring)
+    ys, xs, head = found
+    lights = torch.tensor(
+        [airlight] if c_count == 1 else [airlight * tint[c] for c in range(c_count)],
+        dtype=torch.float32,
+    ).view(-1, 1)
+    pixel_t = torch.from_numpy(np.ascontiguousarray(t[ys, xs]))
+    radiance = above_clip(pixel_values(src, ys, xs), torch.from_numpy(head))
+    write_pixels(dst, ys, xs, radiance * pixel_t + lights * (1.0 - pixel_t))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from perturb.ops import backend
+from perturb.ops import _host, backend, optics
 from perturb.ops.kernels import (
     Geometry,
     Level,
@@ -819,3 +819,129 @@ def xray_patient_rotation(
         return out.clamp_(0.0, 1.0)
 
     return backend.by_path(x, host=host, device=device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scope roll (clinical; endoscopy tissue layer)
+#
+# The endoscopist torques the insertion tube: the distal tip turns about its optical axis, so the
+# image of the tissue rotates about the optical centre (the centre of the field of view), while
+# the field stop and the processor's overlays (text, scope-position boxes, insets), fixed to the
+# sensor and to the screen, stay where they are. Unlike ``rotation`` (the whole screen turned, as
+# the Kvasir-VQA-x1 track does), the octagonal mask, the dark surround and the overlays do not
+# move: the tissue turns inside them. The tissue behind the aperture is the one the lens ops use
+# (``perturb.ops.optics``: the frame in the clear part, a smooth extension of it under the rim,
+# beyond the field and under the overlays), so where the rotated field's corners reach beyond the
+# field they show that extension, never the surround or an overlay. Boxes and masks of findings
+# rotate with the tissue about the same centre (``perturb.engine.annotations`` reads it from the scene a
+# border-protecting record stores; without a scene the centre is the image's).
+
+
+def _roll_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {"degrees": draw(rng, level["degrees"]) * draw_sign(rng)}
+
+
+def roll_centre(scene: Mapping[str, Any] | None, width: int, height: int) -> tuple[float, float]:
+    """The optical centre (continuous pixel coordinates) ``scope_roll`` turns about: the
+    centroid of the scene's field of view (descriptor ``scene``), else the image's centre."""
+    if scene is None:
+        return width / 2.0, height / 2.0
+    from perturb.scene import Scene  # the scene package imports the ops: not at module level
+
+    field = np.asarray(Scene.from_descriptor(dict(scene)).field) > 0.5
+    cx, cy, _ = _host.field_geometry(field)
+    return cx, cy
+
+
+def roll_matrix(degrees: float, cx: float, cy: float) -> np.ndarray:
+    """Output -> input map (2x3) of a turn by ``degrees`` counter-clockwise (as displayed) about
+    (cx, cy): ``rotation_matrix``'s convention about another centre."""
+    t = math.radians(degrees)
+    c, s = math.cos(t), math.sin(t)
+    return np.array([[c, -s, cx - c * cx + s * cy], [s, c, cy - s * cx - c * cy]])
+
+
+def _roll_forward(p: Mapping[str, Any], width: int, height: int) -> np.ndarray:
+    """Forward map of ``scope_roll`` (boxes): the inverse of its output -> input map about the
+    centre of the record's scene (``p["scene"]``, given by ``perturb.engine.annotations``)."""
+    cx, cy = roll_centre(p.get("scene"), width, height)
+    return np.linalg.inv(_affine(roll_matrix(as_float32(p["degrees"]), cx, cy)))
+
+
+def _roll_label_maps(m: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Label maps turned about the image centre (collated parameters carry no scene), nearest,
+    0 where they come from outside the image."""
+    height, width = m.shape[-2:]
+    matrices, constraints = rotation_tensors(p["degrees"], width, height)
+    return nearest_torch(m, matrices, None, constraints)
+
+
+def roll_maps(
+    degrees: torch.Tensor, cx: torch.Tensor, cy: torch.Tensor, height: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 (B, H, W) source pixel-index maps of turns by ``degrees`` (B,) about (cx, cy)
+    (B,) px, evaluated in float64 (the host path's arithmetic)."""
+    t = degrees.to(torch.float64) * (math.pi / 180.0)
+    c, s = torch.cos(t).view(-1, 1, 1), torch.sin(t).view(-1, 1, 1)
+    cx64, cy64 = cx.to(torch.float64).view(-1, 1, 1), cy.to(torch.float64).view(-1, 1, 1)
+    xs = (torch.arange(width, device=degrees.device, dtype=torch.float64) + 0.5).view(1, 1, -1)
+    ys = (torch.arange(height, device=degrees.device, dtype=torch.float64) + 0.5).view(1, -1, 1)
+    dx, dy = xs - cx64, ys - cy64
+    map_x = (c * dx - s * dy + cx64 - 0.5).to(torch.float32)
+    map_y = (s * dx + c * dy + cy64 - 0.5).to(torch.float32)
+    return map_x, map_y
+
+
+def _scope_roll_batch(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
+) -> torch.Tensor:
+    """``scope_roll`` of a batch in one pass (the torch kernel): the tissue behind the aperture
+    (batched fills), every sample's turn (per-sample centre and angle) as one batched bicubic
+    remap, the change added inside the clear aperture."""
+    _b, _c, h, w = x.shape
+    field, tissue = _host.view_masks(x, scenes)
+    fx, fy, _ = _host.field_geometry_t(field)
+    given = optics.scene_flags(x, scenes).view(-1)
+    cx = torch.where(given, fx, torch.full_like(fx, w / 2.0))
+    cy = torch.where(given, fy, torch.full_like(fy, h / 2.0))
+    map_x, map_y = roll_maps(p["degrees"], cx, cy, h, w)
+    weight = optics.aperture_weight_t(field)
+    radiance = optics.tissue_radiance_t(
+        x, optics.aperture_weight_t(tissue, optics.RADIANCE_REACH, framed=True)
+    )
+    moved = _host.remap(radiance, map_x, map_y, "cubic", "reflect101")
+    return torch.where(tissue, x + weight * (moved - radiance), x).clamp(0.0, 1.0)
+
+
+@_host.host_op(
+    "scope_roll",
+    sampler=_roll_sampler,
+    dtypes=(np.uint8, np.float32),
+    geometry=Geometry(_roll_label_maps, matrix=_roll_forward),
+    device=_scope_roll_batch,
+)
+def scope_roll(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
+    """The tissue turned by ``degrees`` (counter-clockwise positive) about the optical centre
+    inside the fixed field stop and overlays (section comment above): the CPU path, one sample."""
+    _c, h, w = img.shape
+    if view.has_scene:
+        cx, cy, _ = _host.field_geometry(view.field)
+    else:
+        cx, cy = w / 2.0, h / 2.0
+    t = math.radians(float(p["degrees"]))
+    c, s = math.cos(t), math.sin(t)
+    dx = np.arange(w, dtype=np.float64)[None, :] + 0.5 - cx
+    dy = np.arange(h, dtype=np.float64)[:, None] + 0.5 - cy
+    map_x = (c * dx - s * dy + cx - 0.5).astype(np.float32)
+    map_y = (s * dx + c * dy + cy - 0.5).astype(np.float32)
+    weight = optics.aperture_weight(view.field)
+    radiance = optics.tissue_radiance(
+        img, optics.aperture_weight(view.tissue, optics.RADIANCE_REACH, framed=True)
+    )
+    out = img.copy()
+    for channel, plane in enumerate(radiance):
+        moved = cv2.remap(plane, map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
+        out[channel] = img[channel] + weight * (moved - plane)
+    tissue = view.tissue
+    out[:, ~tissue] = img[:, ~tissue]
+    return out

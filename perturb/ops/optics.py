@@ -285,6 +285,109 @@ def lens_droplets(
 
 
 # ---------------------------------------------------------------------------------------------
+# The tissue behind the fixed aperture (lateral colour, distortion, scope roll)
+#
+# The field stop (the octagonal or round aperture) and the processor's overlays sit on the sensor
+# side of the distal lens: they neither distort nor fringe, only the image of the tissue does. A
+# frame is the tissue radiance T seen through the optics and then through a fixed aperture whose
+# rim darkens it (the anti-aliased edge a few pixels wide, plus its JPEG ringing). An op that
+# moves the tissue image (a warp W of T) changes the frame by ``w (W(T) - T)``, ``w`` the
+# aperture's clear part (1 inside the field, 0 on the rim and outside): the rim and the surround
+# stay as they are, no dark rim is pulled into the tissue (no coloured line along the edge, no
+# black sliver) and nothing is pushed out into the surround. T inside the clear part is the frame;
+# on the rim, beyond it and under the on-screen overlays it is a smooth extension of the tissue
+# (normalised convolutions of the clear tissue, fine to coarse), so the content a warp brings in
+# at the field's edge is tissue and no overlay moves with it. The ops read the clean frame (they
+# are not ``spatial``: the engine's own extension would blend its fill into the rim's pixels).
+
+RIM_WIDTH = 0.005  # the aperture's dark rim (analysis of the 21 shared frames: 4-7 px at 1080 px)
+RIM_MIN_PX = 3.0  # ... and at least this many pixels (the anti-aliased edge of small frames)
+FILL_SIGMAS = (0.012, 0.04, 0.15)  # normalised-convolution fills, fine to coarse (shorter side)
+FILL_COVER = 0.25  # a finer fill is trusted where its blurred weight reaches this
+# T is read from the frame only beyond twice the rim: the field's polygon may sit a few pixels off
+# the real edge, and small marks on the edge (scope markers) must not move with the tissue
+RADIANCE_REACH = 2.0
+
+
+def rim_px(h: int, w: int) -> float:
+    """Width in pixels of the aperture's rim of an h x w frame: the clear part starts this far
+    inside the field and is fully clear at twice the distance."""
+    return max(RIM_MIN_PX, RIM_WIDTH * min(h, w))
+
+
+def aperture_weight(field: np.ndarray, reach: float = 1.0, framed: bool = False) -> np.ndarray:
+    """float32 (H, W) in [0, 1]: the clear part of the aperture of the bool field ``field``
+    (its rim ``reach`` times ``rim_px`` wide). ``framed``: the image's border is an edge too
+    (frames often carry a dark line along it where the field touches it)."""
+    h, w = field.shape
+    if framed:
+        padded = np.pad(field, 1, constant_values=False)
+        return np.ascontiguousarray(_host.soft_mask(padded, reach * rim_px(h, w))[1:-1, 1:-1])
+    return _host.soft_mask(field, reach * rim_px(h, w))
+
+
+def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """float32 (C, H, W): the tissue behind the aperture, ``w img + (1 - w) F`` with ``F`` the
+    normalised convolution of the clear tissue (``FILL_SIGMAS``, a finer one wherever its weight
+    covers ``FILL_COVER``); ``weight``: ``aperture_weight(field, RADIANCE_REACH)``."""
+    scale = min(img.shape[-2:])
+    weighted = img * weight[None]
+    fill: np.ndarray | None = None
+    for sigma in reversed(FILL_SIGMAS):
+        sigma_px = sigma * scale
+        cover = _host.gauss(weight, sigma_px)
+        spread = np.stack([_host.gauss(np.ascontiguousarray(z), sigma_px) for z in weighted])
+        level = spread / np.maximum(cover, np.float32(1e-6))[None]
+        if fill is None:
+            fill = level
+        else:
+            trust = np.clip(cover / np.float32(FILL_COVER), 0.0, 1.0)[None]
+            fill = fill + trust * (level - fill)
+    assert fill is not None
+    return (weighted + (np.float32(1.0) - weight[None]) * fill).astype(np.float32)
+
+
+def aperture_weight_t(
+    field: torch.Tensor, reach: float = 1.0, framed: bool = False
+) -> torch.Tensor:
+    """``aperture_weight`` of a bool (B, 1, H, W) batch: float32 (B, 1, H, W)."""
+    h, w = field.shape[-2:]
+    if framed:
+        padded = torch.nn.functional.pad(field, (1, 1, 1, 1), value=False)
+        return _host.soft_mask_t(padded, reach * rim_px(h, w))[..., 1:-1, 1:-1]
+    return _host.soft_mask_t(field, reach * rim_px(h, w))
+
+
+def tissue_radiance_t(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``tissue_radiance`` of a batch: ``x`` (B, C, H, W), ``weight`` (B, 1, H, W)."""
+    scale = min(x.shape[-2:])
+    weighted = x * weight
+    fill: torch.Tensor | None = None
+    for sigma in reversed(FILL_SIGMAS):
+        sigma_px = sigma * scale
+        cover = _host.gauss_t(weight, sigma_px)
+        level = _host.gauss_t(weighted, sigma_px) / cover.clamp(min=1e-6)
+        if fill is None:
+            fill = level
+        else:
+            fill = fill + (cover / FILL_COVER).clamp(0.0, 1.0) * (level - fill)
+    assert fill is not None
+    return weighted + (1.0 - weight) * fill
+
+
+def scene_flags(x: torch.Tensor, scenes: Sequence[Any] | None) -> torch.Tensor:
+    """bool (B, 1, 1, 1) on ``x``'s device: which samples come with an engine scene of their
+    size (the tissue layer of a border-protecting record), from host-side data alone."""
+    h, w = x.shape[-2:]
+    given = (
+        [False] * x.shape[0]
+        if scenes is None
+        else [s is not None and tuple(s.size) == (h, w) for s in scenes]
+    )
+    return torch.tensor(given, dtype=torch.bool).to(x.device).view(-1, 1, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------
 # Lateral chromatic aberration
 
 
@@ -306,13 +409,16 @@ def channel_scale_maps(
 def _chromatic_aberration_batch(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
 ) -> torch.Tensor:
-    """``chromatic_aberration`` of a batch in one pass (the torch kernel): the red and blue
-    planes of every sample scaled about its field's centre by one batched bicubic remap."""
+    """``chromatic_aberration`` of a batch in one pass (the torch kernel): the tissue behind the
+    aperture (batched fills), its red and blue planes scaled about each field's centre by one
+    batched bicubic remap, the change added inside the clear aperture."""
     _b, c, h, w = x.shape
     if c == 1:
         return x.clone()
     field, tissue = _host.view_masks(x, scenes)
     cx, cy, _ = _host.field_geometry_t(field)
+    weight = aperture_weight_t(field)
+    radiance = tissue_radiance_t(x, aperture_weight_t(tissue, RADIANCE_REACH, framed=True))
     k = p["shift"].to(torch.float64)
     m = torch.cat([1.0 + k, 1.0 - k])[:, None]  # red of every sample, then blue
     cx2, cy2 = torch.cat([cx, cx])[:, None], torch.cat([cy, cy])[:, None]
@@ -320,9 +426,12 @@ def _chromatic_aberration_batch(
     ys = torch.arange(h, device=x.device, dtype=torch.float64)[None, :]
     map_x = ((xs + 0.5 - cx2) / m + cx2 - 0.5).to(torch.float32)[:, None, :].expand(-1, h, w)
     map_y = ((ys + 0.5 - cy2) / m + cy2 - 0.5).to(torch.float32)[:, :, None].expand(-1, h, w)
-    planes = _host.remap(torch.cat([x[:, 0:1], x[:, 2:3]]), map_x, map_y, "cubic", "reflect101")
-    red, blue = planes.chunk(2)
-    out = torch.cat([red, x[:, 1:2], blue], dim=1)
+    sources = torch.cat([radiance[:, 0:1], radiance[:, 2:3]])
+    planes = _host.remap(sources, map_x, map_y, "cubic", "reflect101")
+    change = (planes - sources).chunk(2)
+    out = torch.cat(
+        [x[:, 0:1] + weight * change[0], x[:, 1:2], x[:, 2:3] + weight * change[1]], dim=1
+    )
     return torch.where(tissue, out, x).clamp(0.0, 1.0)
 
 
@@ -335,20 +444,24 @@ def _chromatic_aberration_batch(
 def chromatic_aberration(
     img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
 ) -> np.ndarray:
-    """Red scaled by ``1 + shift``, blue by ``1 - shift`` about the field's centre (``shift`` is
-    the fringe width at the field's radius, as a fraction of that radius)."""
+    """Red image of the tissue scaled by ``1 + shift``, blue by ``1 - shift`` about the field's
+    centre (``shift`` is the fringe width at the field's radius, as a fraction of that radius),
+    behind the fixed aperture (section comment above)."""
     c, h, w = img.shape
     if c == 1:
         return img.copy()
     tissue = view.tissue
     cx, cy, _ = _host.field_geometry(view.field)
+    weight = aperture_weight(view.field)
+    radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
     k = float(p["shift"])
     out = img.copy()
     for channel, m in ((0, 1.0 + k), (2, 1.0 - k)):
         map_x, map_y = channel_scale_maps(h, w, cx, cy, m)
-        out[channel] = cv2.remap(
-            img[channel], map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101
+        moved = cv2.remap(
+            radiance[channel], map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101
         )
+        out[channel] = img[channel] + weight * (moved - radiance[channel])
     out[:, ~tissue] = img[:, ~tissue]
     return out
 
@@ -434,7 +547,8 @@ def _lens_distortion_batch(
 ) -> torch.Tensor:
     """``lens_distortion`` of a batch in one pass (the torch kernel): every sample's source
     maps (``distortion_maps``, float64 then float32 as on the host) and one batched bicubic
-    remap, black outside."""
+    remap of the tissue behind the aperture (samples with a scene) and one of the whole frame,
+    black outside (samples without)."""
     _b, _c, h, w = x.shape
     cx, cy, radius = distortion_frame(w, h)
     k = p["k"].to(torch.float64).view(-1, 1, 1)
@@ -443,7 +557,13 @@ def _lens_distortion_batch(
     factor = (1.0 + k * (u * u + v * v)) / (1.0 + k)
     map_x = (cx + u * factor * radius - 0.5).to(torch.float32)
     map_y = (cy + v * factor * radius - 0.5).to(torch.float32)
-    return _host.remap(x, map_x, map_y, "cubic", "constant", 0.0).clamp(0.0, 1.0)
+    whole = _host.remap(x, map_x, map_y, "cubic", "constant", 0.0)
+    field, tissue = _host.view_masks(x, scenes)
+    weight = aperture_weight_t(field)
+    radiance = tissue_radiance_t(x, aperture_weight_t(tissue, RADIANCE_REACH, framed=True))
+    moved = _host.remap(radiance, map_x, map_y, "cubic", "reflect101")
+    inside = torch.where(tissue, x + weight * (moved - radiance), x)
+    return torch.where(scene_flags(x, scenes), inside, whole).clamp(0.0, 1.0)
 
 
 @_host.host_op(
@@ -457,9 +577,24 @@ def lens_distortion(
     img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
 ) -> np.ndarray:
     """Radial distortion change ``rho -> rho (1 + k rho^2) / (1 + k)`` about the image centre,
-    bicubic, black where the source lies outside the image (module docstring)."""
+    bicubic. With the engine's scene (the tissue layer): the tissue behind the fixed aperture
+    moves, the aperture and the overlays stay (section comment above); without one (the whole
+    frame, ``protect_border=False``): every pixel moves, black where the source lies outside
+    the image (module docstring)."""
     _c, h, w = img.shape
     map_x, map_y = distortion_maps(float(p["k"]), w, h)
+    if view.has_scene:
+        weight = aperture_weight(view.field)
+        radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
+        out = img.copy()
+        for c, plane in enumerate(radiance):
+            moved = cv2.remap(
+                plane, map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101
+            )
+            out[c] = img[c] + weight * (moved - plane)
+        tissue = view.tissue
+        out[:, ~tissue] = img[:, ~tissue]
+        return out
     return np.stack(
         [
             cv2.remap(

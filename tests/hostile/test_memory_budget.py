@@ -124,6 +124,7 @@ def test_a_bad_memory_size_is_a_usage_error(tmp_path: Path, suite_file: Path) ->
 
 
 def test_a_chunk_is_cut_into_batches_by_pixels() -> None:
+    from perturb.configs.suites import parse_suite
     from perturb.generate.worker import (
         ChunkResult,
         ImageJob,
@@ -132,7 +133,6 @@ def test_a_chunk_is_cut_into_batches_by_pixels() -> None:
         _Writer,
         footprint,
     )
-    from perturb.configs.suites import parse_suite
 
     sizes = [(100, 100), (100, 100), (300, 100), (50, 50), (100, 100)]
     jobs = [ImageJob(f"i{k}", f"i{k}", png(image(k, size)), []) for k, size in enumerate(sizes)]

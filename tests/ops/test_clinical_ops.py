@@ -31,12 +31,15 @@ from perturb.ops.clinical import (
 )
 from perturb.ops.glare import surface_normals
 from perturb.ops.optics import (
+    RADIANCE_REACH,
+    channel_scale_maps,
     chromatic_aberration,
     distortion_forward,
     distortion_source,
     lens_distortion,
     lens_fog,
     render_drop,
+    rim_px,
 )
 from perturb.ops.video import (
     dct4_matrix,
@@ -46,6 +49,7 @@ from perturb.ops.video import (
     quantise_plane,
     video_macroblocking,
 )
+from perturb.scene import Scene
 from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
 
 HIGHLIGHT_LEVEL = 0.85  # a highlight pixel: every channel at least this bright
@@ -381,17 +385,24 @@ def test_drop_is_a_minifying_lens_with_a_dark_rim() -> None:
 
 def test_chromatic_aberration_scales_red_and_blue_about_the_field_centre() -> None:
     """Red equals an OpenCV affine scaling by 1 + k of the red plane about the field centre (an
-    independent warp), blue by 1 - k, green untouched; fringes grow linearly with radius."""
+    independent warp), blue by 1 - k, green untouched, wherever the aperture is clear and the
+    source lies in the clear part; fringes grow linearly with radius."""
     img = _frame(2, 0.3)
     view = _view(img)
     k = 0.01
     out = chromatic_aberration(img, {"shift": np.float32(k)}, 0, view)
-    cx, cy, _ = _host.field_geometry(view.field)
+    cx, cy, radius = _host.field_geometry(view.field)
+    # distance to the field's edge and to the image's border (the frame is read as it is
+    # beyond RADIANCE_REACH rims of both, fully beyond twice that; the aperture is clear beyond
+    # two rims; the source lies at most k R further in or out)
+    dist = cv2.distanceTransform(np.pad(view.tissue, 1).astype(np.uint8), cv2.DIST_L2, 3)[1:-1, 1:-1]
+    rim = rim_px(*img.shape[1:])
+    inner = view.tissue & (dist > 2 * RADIANCE_REACH * rim + k * radius * 1.5 + 2)
+    assert inner.mean() > 0.5 * view.field.mean()
     for channel, m in ((0, 1 + k), (2, 1 - k)):
         matrix = np.array([[m, 0, cx * (1 - m)], [0, m, cy * (1 - m)]])
         matrix[:, 2] += 0.5 * (m - 1)  # pixel centres: x_out + 0.5 = m (x_in + 0.5 - cx) + cx
         ref = cv2.warpAffine(img[channel], matrix, img.shape[:0:-1], flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
-        inner = view.tissue & (cv2.erode(view.tissue.astype(np.uint8), np.ones((9, 9))) > 0)
         assert np.abs(out[channel][inner] - ref[inner]).max() < 0.02
     assert np.array_equal(out[1], img[1])
     # a dot at radius r appears k r further out in red
@@ -400,6 +411,51 @@ def test_chromatic_aberration_scales_red_and_blue_about_the_field_centre() -> No
     shifted = chromatic_aberration(dot, {"shift": np.float32(0.05)}, 0, _host.View(dot))
     red_x = (shifted[0, 100] * np.arange(201)).sum() / shifted[0, 100].sum()
     assert red_x + 0.5 - 100.5 == pytest.approx((180.5 - 100.5) * 1.05, abs=0.3)
+
+
+def _rimmed_disk(size: int = 240) -> tuple[np.ndarray, np.ndarray]:
+    """A grey textured disk field whose aperture darkens a rim a few pixels wide (as a real
+    frame's anti-aliased edge), in a black surround: (CHW float32 image, bool field)."""
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    r = np.hypot(xx + 0.5 - size / 2, yy + 0.5 - size / 2)
+    edge = 0.45 * size
+    field = r < edge
+    tissue = 0.45 + 0.1 * np.sin(xx / 5.0) * np.cos(yy / 7.0)
+    shade = np.clip((edge - r) / 5.0, 0.0, 1.0)  # the rim: dark over its last 5 px
+    img = np.stack([tissue * shade] * 3).astype(np.float32)
+    return img, field
+
+
+@pytest.mark.parametrize("op", ["chromatic_aberration", "lens_distortion"])
+def test_optics_act_on_the_tissue_behind_a_fixed_aperture(op: str) -> None:
+    """The aperture and the surround are on the sensor side of the lens: its dark rim stays
+    where it is (no coloured line along the field's edge, no black sliver moved into the
+    tissue) and nothing reaches the surround."""
+    img, field = _rimmed_disk()
+    x = torch.from_numpy(img)[None]
+    out, (rec,) = perturb.apply(x, op, 5, ["rim"])
+    assert rec.protect_border
+    res = out[0].numpy()
+    seen = np.asarray(Scene.from_descriptor(rec.extra["scene"]).field) > 0.5  # the op's field
+    assert (seen != field).mean() < 0.03  # the analysis puts the edge within the dark rim
+    dist = cv2.distanceTransform(seen.astype(np.uint8), cv2.DIST_L2, 3)
+    outside = cv2.distanceTransform((~field).astype(np.uint8), cv2.DIST_L2, 3) > 2
+    assert np.abs(res[:, outside] - img[:, outside]).max() < 1.0 / 255, "the surround is untouched"
+    rim = (dist > 0) & (dist <= rim_px(*img.shape[1:]))
+    assert np.abs(res[:, rim] - img[:, rim]).max() < 2.0 / 255, "the aperture's rim stays"
+    near = field & (dist < 30)
+    chroma = np.abs(res[0] - res[1]) + np.abs(res[2] - res[1])
+    assert chroma[near].max() < 0.06, "no coloured line along the field's edge"
+    # no dark sliver: just inside the rim the frame stays as bright as the tissue there
+    band = field & (dist > 12) & (dist < 30)
+    assert res[1][band].min() > 0.3
+    # the legacy model, a warp of the frame with its rim: the line it drew
+    if op == "chromatic_aberration":
+        k = float(rec.params["shift"])
+        cx = cy = img.shape[1] / 2
+        red = cv2.remap(img[0], *channel_scale_maps(*img.shape[1:], cx, cy, 1 + abs(k)),
+                        cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
+        assert np.abs(red - img[1])[near].max() > 0.1, "the check would see the old line"
 
 
 def test_lens_distortion_is_the_radial_model_and_moves_boxes_and_masks() -> None:
@@ -433,6 +489,94 @@ def test_lens_distortion_is_the_radial_model_and_moves_boxes_and_masks() -> None
     box = transform_boxes([[15, 10, 50, 40]], rec[0], (w, h))[0].box
     assert abs(box[0] - xs_m.min()) <= 1.5 and abs(box[2] - (xs_m.max() + 1)) <= 1.5
     assert abs(box[1] - ys_m.min()) <= 1.5 and abs(box[3] - (ys_m.max() + 1)) <= 1.5
+
+
+def test_scope_roll_turns_the_tissue_inside_the_fixed_mask_and_overlays() -> None:
+    """A scope roll turns the image of the tissue about the optical centre (the field's
+    centroid): inside the clear aperture the frame equals an independent OpenCV rotation of the
+    clean frame about that centre; the mask, the surround and the overlays stay put; a box
+    around a finding moves to where the finding went."""
+    img = _frame(3, 0.3)
+    x = torch.from_numpy(img)[None]
+    out, (rec,) = perturb.apply(x, "scope_roll", 5, ["roll"])
+    assert rec.protect_border and abs(rec.params["degrees"]) >= 12
+    res = out[0].numpy()
+    scene = Scene.from_descriptor(rec.extra["scene"])
+    field = np.asarray(scene.field) > 0.5
+    cx, cy, _ = _host.field_geometry(field)
+    degrees = float(np.float32(rec.params["degrees"]))
+    # forward map (input -> output) about (cx, cy), counter-clockwise as displayed (y down)
+    forward = cv2.getRotationMatrix2D((cx - 0.5, cy - 0.5), degrees, 1.0)
+    ref = np.stack([cv2.warpAffine(p, forward, img.shape[:0:-1], flags=cv2.INTER_CUBIC) for p in img])
+    # where both the output pixel and its source lie well inside the clear tissue
+    tissue = field & ~np.asarray(scene.overlay).astype(bool)
+    # the frame is read as it is that far from the tissue's edge and from the image's border
+    framed = np.pad(tissue, 1).astype(np.uint8)
+    reach = 4 * RADIANCE_REACH * rim_px(*img.shape[1:]) + 2
+    deep = cv2.distanceTransform(framed, cv2.DIST_L2, 3)[1:-1, 1:-1] > reach
+    source_deep = cv2.warpAffine(deep.astype(np.uint8), forward, img.shape[:0:-1], flags=cv2.INTER_NEAREST) > 0
+    both = deep & source_deep
+    assert both.mean() > 0.3
+    # warpAffine quantises source positions to 1/32 px: sharp highlight edges differ a little
+    err = np.abs(res[:, both] - ref[:, both])
+    assert np.percentile(err, 99) < 0.01 and err.max() < 0.1
+    # the surround and the overlays stay exactly where they are
+    fixed = ~cv2.dilate(field.astype(np.uint8), np.ones((5, 5))).astype(bool)
+    assert np.abs(res[:, fixed] - img[:, fixed]).max() < 1e-6
+    # a bright finding's box follows it (boxes through the record, about the scene's centre)
+    h, w = img.shape[1:]
+    spot = img.copy()
+    fx, fy = int(cx + 0.25 * w * 0.5), int(cy)
+    spot[:, fy - 3 : fy + 4, fx - 3 : fx + 4] = 1.0
+    moved, (rec2,) = perturb.apply(torch.from_numpy(spot)[None], "scope_roll", 5, ["roll"])
+    diff = np.abs(moved[0].numpy() - perturb.apply(x, "scope_roll", 5, ["roll"])[0][0].numpy()).sum(0)
+    ys, xs = np.nonzero(diff > 0.5)
+    (box,) = transform_boxes([[fx - 3, fy - 3, fx + 4, fy + 4]], rec2, (w, h))
+    bx0, by0, bx1, by1 = box.box
+    assert bx0 - 1 <= xs.min() and xs.max() + 1 <= bx1 + 1 and by0 - 1 <= ys.min() and ys.max() + 1 <= by1 + 1
+    assert abs((bx0 + bx1) / 2 - (xs.mean() + 0.5)) < 1.5 and abs((by0 + by1) / 2 - (ys.mean() + 0.5)) < 1.5
+    # the whole-frame rotation turns about the image centre instead: another box where the
+    # field's centre is off the image's
+    (plain,) = transform_boxes([[fx - 3, fy - 3, fx + 4, fy + 4]], {"op": "rotation", "params": rec2.params}, (w, h))
+    assert abs(cy - h / 2) < 1 or plain.box != box.box
+
+
+def test_scope_roll_boxes_turn_about_the_off_centre_field() -> None:
+    """On a frame whose octagon sits right of centre with text on the left (an Olympus-like
+    layout), a finding's box turns with the tissue about the field's centre (the record's
+    scene), not the image's; the text box and the field stay; a whole-frame record (no scene)
+    turns about the image centre."""
+    h, w = 180, 260
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    field = (np.abs(xx - 160) < 85) & (np.abs(yy - 90) < 85) & (np.abs(xx - 160) + np.abs(yy - 90) < 115)
+    tissue = 0.4 + 0.1 * np.sin(xx / 6.0) * np.cos(yy / 9.0)
+    img = np.stack([tissue * field, 0.7 * tissue * field, 0.5 * tissue * field]).astype(np.float32)
+    img[:, 20:26, 8:60] = 1.0  # an on-screen text bar in the surround
+    img[:, 95:101, 205:211] = np.array([0.1, 0.9, 0.1], np.float32)[:, None, None]  # a green finding
+    x = torch.from_numpy(img)[None]
+    out, (rec,) = perturb.apply(x, "scope_roll", 5, ["off-centre"])
+    res = out[0].numpy()
+    scene = Scene.from_descriptor(rec.extra["scene"])
+    cx, _, _ = _host.field_geometry(np.asarray(scene.field) > 0.5)
+    assert cx > w / 2 + 20, "the field is right of centre"
+    np.testing.assert_array_equal(res[:, 20:26, 8:60], img[:, 20:26, 8:60])
+    green = (res[1] - res[0] > 0.4) & (res[1] - res[2] > 0.4)
+    ys, xs = np.nonzero(green)
+    assert len(ys) > 10
+    (box,) = transform_boxes([[205, 95, 211, 101]], rec, (w, h))
+    bx0, by0, bx1, by1 = box.box
+    assert abs((bx0 + bx1) / 2 - (xs.mean() + 0.5)) < 1.5 and abs((by0 + by1) / 2 - (ys.mean() + 0.5)) < 1.5
+    # the dict form of the record carries the scene as well
+    as_dict = {"op": rec.op, "params": rec.params, "protect_border": True, "extra": rec.extra}
+    assert transform_boxes([[205, 95, 211, 101]], as_dict, (w, h))[0].box == box.box
+    # without a scene (the whole frame) the turn is about the image centre
+    _, (bare,) = perturb.apply(x, "scope_roll", 5, ["off-centre"], protect_border=False)
+    (plain,) = transform_boxes([[205, 95, 211, 101]], bare, (w, h))
+    theta = math.radians(float(np.float32(bare.params["degrees"])))
+    px, py = 208.0 - w / 2, 98.0 - h / 2  # the box centre turned counter-clockwise as displayed
+    ex = w / 2 + math.cos(theta) * px + math.sin(theta) * py
+    ey = h / 2 - math.sin(theta) * px + math.cos(theta) * py
+    assert abs((plain.box[0] + plain.box[2]) / 2 - ex) < 0.5 and abs((plain.box[1] + plain.box[3]) / 2 - ey) < 0.5
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,6 +46,11 @@ BOUNDS["bubbles"] = (2e-6, 2e-5, 1e-4)
 # of the drop's own sigma from one spectrum of the frame's reflect-101 extension (OpenCV's float32
 # kernel; FFT rounding, a few 1e-7), the tissue behind read by the batched remap
 BOUNDS["lens_droplets"] = (2e-6, 2e-5, 1e-4)
+# chromatic_aberration, lens_distortion, scope_roll: the remap as above, of the tissue behind the
+# aperture, whose fills are lens_fog's smooth gaussians (matrix products) and the rim's soft mask a
+# relaxed chamfer distance: float32 rounding only
+BOUNDS["chromatic_aberration"] = BOUNDS["lens_distortion"] = (2e-6, 1e-5, 1e-4)
+BOUNDS["scope_roll"] = (2e-6, 1e-5, 1e-4)
 # video_macroblocking: the coder in float64 as on the host (the DC prediction summed in NumPy's
 # pairwise order; the transforms, colour matrices and chroma resizes as matrix products whose sums
 # may round differently in the last bit): float32 outputs equal but for a few 1e-6 on odd sizes

@@ -25,6 +25,7 @@ U8_HOST_OPS = [
     "lens_droplets",
     "chromatic_aberration",
     "lens_distortion",
+    "scope_roll",
     "interlacing",
     "video_macroblocking",
 ]

@@ -7,6 +7,7 @@ entry or the named test does not exist.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import cv2
@@ -57,6 +58,7 @@ REFERENCE_CHECKS = {
     "jpeg": "test_jpeg_is_byte_identical_to_opencv_libjpeg",
     "resized_crop": "tests.generate.test_geometry_ops::test_resized_crop_equals_opencv_resize_of_the_crop",
     "rotation": "tests.generate.test_geometry_ops::test_rotation_follows_pil_rotate",
+    "scope_roll": "tests.ops.test_clinical_ops::test_scope_roll_turns_the_tissue_inside_the_fixed_mask_and_overlays",
     "translation": "tests.generate.test_geometry_ops::test_translation_is_an_exact_shift_with_black_fill",
     "xray_quantum_noise": "tests.ops.test_xray_ops::test_quantum_noise_variance_is_proportional_to_linear_signal_at_the_dose",
     "xray_grid_lines": "tests.ops.test_xray_ops::test_grid_lines_multiply_linear_signal_and_alias",
@@ -196,6 +198,58 @@ def test_exposure_is_a_gain_in_linear_light(op: str) -> None:
         gain = gain * np.clip(1 - np.float32(p["falloff"]) * r2, 0, None)
     ref = _linear_to_srgb(lin * gain)
     assert np.abs(out.double().numpy() - ref).max() < 1e-5
+
+
+def _highlights(img: np.ndarray) -> np.ndarray:
+    """bool (H, W): near-white pixels clipped at the sensor (brightest channel at least 8-bit
+    level 249.5, darkest at least 219.5; float32 comparisons, as the kernels') of a CHW image."""
+    f = img.astype(np.float32)
+    return (f.max(axis=0) >= np.float32(249.5 / 255)) & (f.min(axis=0) >= np.float32(219.5 / 255))
+
+
+@pytest.mark.parametrize("op", ["underexposure", "contrast", "haze"])
+def test_clipped_highlights_stay_clipped_while_the_headroom_lasts(op: str) -> None:
+    """A specular highlight's radiance lies far above the sensor's clip, more so deeper inside
+    it: a pixel stays clipped unless the op lowers it by more than its headroom. On real
+    frames the peak of every highlight (its deepest pixel, 6 stops above the clip) stays white
+    (>= 250 in every channel) at severities 1-5; the share of highlight pixels still clipped
+    falls as the light falls (the rims, barely above the clip, dim first), from nearly all at
+    severity 1; the plain formulas (the clip ignored) would turn the peaks grey. Pixels below
+    the clip follow the plain formulas (the formula tests)."""
+    from perturb.ops.exposure import HEADROOM_MAX, headroom_depth_px
+
+    for i in (1, 5, 11, 12):
+        x = _real(i, (336, 448))
+        img = x[0].double().numpy()
+        lit = _highlights(img)
+        assert lit.sum() > 20, "the frame has clipped highlights"
+        depth = scipy.ndimage.distance_transform_edt(lit)
+        labels, count = scipy.ndimage.label(lit, structure=np.ones((3, 3)))
+        peaks = np.zeros_like(lit)
+        for k, deepest in enumerate(scipy.ndimage.maximum(depth, labels, range(1, count + 1)), 1):
+            if deepest >= headroom_depth_px(336, 448) + 1.0:
+                peaks |= (labels == k) & (depth >= deepest - 0.01)
+        assert peaks.any()
+        shares = []
+        for severity in (1, 2, 3, 4, 5):
+            out, (rec,) = perturb.apply(x, op, severity, [f"hl{i}"])
+            levels = np.rint(out[0].double().numpy() * 255.0)
+            white = levels.min(axis=0)[peaks]
+            assert (white >= 250).all(), f"{op} s{severity} frame {i}: a highlight's peak went grey"
+            shares.append(float((levels.max(axis=0)[lit] >= 250).mean()))  # still clipped
+        assert shares[0] >= 0.85, (op, i, shares)
+        assert all(b <= a + 0.02 for a, b in itertools.pairwise(shares)), (op, i, shares)
+        # the plain formula at severity 5 (no headroom) greys the peaks: the test can fail
+        p = rec.params
+        if op == "underexposure":
+            plain = _linear_to_srgb(_srgb_to_linear(img) * np.float32(p["gain"]))
+        elif op == "contrast":
+            plain = 0.45 + np.float32(p["factor"]) * (img - 0.45)
+        else:
+            t = np.float32(p["transmission"])
+            plain = img * t + np.float32(p["airlight"]) * (1 - t)
+        assert (np.rint(plain.min(axis=0) * 255)[peaks] < 250).mean() > 0.9
+    assert HEADROOM_MAX >= 16  # at least 4 stops: the deepest underexposure's attenuation
 
 
 def test_vignetting_follows_one_minus_a_r2() -> None:
@@ -373,7 +427,10 @@ def test_brightness_contrast_gamma_formulas() -> None:
     xn = x.double().numpy()
     mean = (0.299 * xn[:, 0] + 0.587 * xn[:, 1] + 0.114 * xn[:, 2]).mean()
     ref = np.clip(mean + np.float32(rec[0].params["factor"]) * (xn - mean), 0, 1)
-    assert np.abs(out.double().numpy() - ref).max() < 1e-5
+    # clipped highlights keep their headroom above the clip (test_clipped_highlights_...)
+    lit = np.broadcast_to(_highlights(xn[0])[None, None], ref.shape)
+    assert np.abs(out.double().numpy() - ref)[~lit].max() < 1e-5
+    assert (out.double().numpy()[lit] >= ref[lit] - 1e-6).all()
     out, rec = perturb.apply(x, "gamma", 3, ["k"], protect_border=False)
     ref = xn ** np.float32(rec[0].params["gamma"])
     assert np.abs(out.double().numpy() - ref).max() < 1e-5
