@@ -45,8 +45,9 @@ def _inputs(
     x = small_batch(N, 40, 56, _channels(op)).to(device)
     keys = [rng.derive_key(5, f"kernel-{i}", op, 0, 0) for i in range(N)]
     level = all_ops()[op].spec.level(severity)
-    sampler = get_kernel(op).sampler
-    params = collate([sampler(rng.scalar_rng(k), level) for k in keys], x.device)
+    entry = get_kernel(op)
+    shared = {} if entry.device_params is None else entry.device_params(5, 0)  # the run's device
+    params = collate([{**entry.sampler(rng.scalar_rng(k), level), **shared} for k in keys], x.device)
     return x, params, keys
 
 
@@ -54,10 +55,16 @@ def _torch_kernel(op: str, backend: Backend) -> Run:
     entry = get_kernel(op)
 
     def run(x: torch.Tensor, params: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+        extra: dict[str, Any] = {}
+        if entry.uses_scene:
+            extra["scenes"] = [None] * x.shape[0]
+        if entry.host_params:  # each sample's parameters as recorded, as the engine passes them
+            extra["host_params"] = [
+                {k: (v[i].item() if v[i].numel() == 1 else v[i].tolist()) for k, v in params.items()}
+                for i in range(x.shape[0])
+            ]
         with use_backend(backend), torch.no_grad():
-            if entry.uses_scene:
-                return entry.kernel(x, params, list(keys), scenes=[None] * x.shape[0])
-            return entry.kernel(x, params, list(keys))
+            return entry.kernel(x, params, list(keys), **extra)
 
     return run
 

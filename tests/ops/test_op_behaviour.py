@@ -128,8 +128,13 @@ def test_geometry_is_registered_exactly_on_the_ops_that_move_it() -> None:
     ops = all_ops()
     moving = {n for n, op in ops.items() if "moves_geometry" in op.spec.risk_tags}
     assert moving == {n for n, op in ops.items() if op.geometry is not None}
-    assert {"resized_crop", "rotation", "translation", "lens_distortion", "xray_patient_rotation"} <= moving
-    assert {n for n in moving if not ops[n].geometry.projective} == {"lens_distortion"}  # type: ignore[union-attr]
+    assert {
+        "resized_crop", "rotation", "translation", "lens_distortion", "scope_roll", "xray_patient_rotation"
+    } <= moving
+    # radial distortion and the rotated patient (a depth-dependent shift of the anatomy) are no
+    # matrix: their boxes and label maps move by point maps
+    non_projective = {n for n in moving if not ops[n].geometry.projective}  # type: ignore[union-attr]
+    assert non_projective == {"lens_distortion", "xray_patient_rotation"}
     for name in FOREIGN_NAMES:  # flips of other tools' records
         geometry = geometry_of(name)
         assert isinstance(geometry, Geometry) and geometry.projective

@@ -96,7 +96,11 @@ def test_answers_come_from_pixels() -> None:
         # (a 13-15 px sigma at 1080p, was 26-29 px) blurs the polyp's outline enough to cost its
         # size estimate (0.90 -> 0.74) but no longer its count: 0.99 -> 0.97 over all questions
         ("gaussian_blur", ("polyp_size",), 0.02, 0.1, 0.02),
-        ("gaussian_noise", ("polyp_count", "abnormality_color", "polyp_type"), 0.08, 0.1, 0.05),
+        # (gaussian_noise left out: since grain v3 noise is defined on a 448-cell sensor across
+        # the field and integrated over each frame pixel, so on these 400x320 phantoms its s5
+        # per-pixel sigma is what the sensor's noise becomes at 320 px, which the probe's
+        # colour and size estimates average away (0.99 -> 0.98); its strength is held on real
+        # frames by the calibration instead: field SSIM 0.60 at s5)
         ("hue_shift", ("polyp_count", "abnormality_color"), 0.1, 0.15, 0.05),
         ("saturation", ("abnormality_color",), 0.1, 0.15, 0.05),
         ("specular_glare", ("polyp_count", "abnormality_location"), 0.1, 0.15, 0.05),
