@@ -130,7 +130,12 @@ def _survival_frames() -> tuple[tuple[str, torch.Tensor, np.ndarray], ...]:
 # Always in the survival set: the synthetic line over this shipped frame was a known gap until
 # scene version 6 (12-18 % of its glyph pixels moved under 16 protecting ops at s5); it now meets
 # the target and stays checked against regressions.
-ALWAYS_CHECKED = {"polypgen_EndoCV2021_C5_50000138_syn0"}
+# Frames where the target is not met yet (issue 29): a floor guards them against regressions and
+# ``test_known_survival_gaps_meet_the_target`` (strict xfail) flags when they are fixed. The
+# line over this shipped frame keeps 89-90% of its glyph pixels under 9 of the protecting ops at
+# s5 with scene version 6 (10.1-11.4% moved).
+SURVIVAL_GAPS = {"polypgen_EndoCV2021_C6_0100032_syn0": 0.15}
+ALWAYS_CHECKED = {"polypgen_EndoCV2021_C5_50000138_syn0", *SURVIVAL_GAPS}
 
 
 def _moved_share(op: str, name: str, x: torch.Tensor, glyphs: np.ndarray) -> float:
@@ -143,7 +148,16 @@ def _moved_share(op: str, name: str, x: torch.Tensor, glyphs: np.ndarray) -> flo
 def test_found_glyphs_survive_every_protecting_op(op: str) -> None:
     for name, x, glyphs in _survival_frames():
         share = _moved_share(op, name, x, glyphs)
-        assert share <= SURVIVAL_SHARE, f"{op} s5 on {name}: {share:.1%} of glyph pixels moved > {SURVIVAL_LEVELS}"
+        bound = SURVIVAL_GAPS.get(name, SURVIVAL_SHARE)
+        assert share <= bound, f"{op} s5 on {name}: {share:.1%} of glyph pixels moved > {SURVIVAL_LEVELS}"
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (issue 29): see SURVIVAL_GAPS")
+def test_known_survival_gaps_meet_the_target() -> None:
+    frames = [f for f in _survival_frames() if f[0] in SURVIVAL_GAPS]
+    assert frames, "the known-gap frames are labelled in every sample set"
+    worst = max(_moved_share(op, *f) for f in frames for op in PROTECTING)
+    assert worst <= SURVIVAL_SHARE, f"worst share {worst:.1%}"
 
 
 def test_single_dark_line_anywhere_over_the_tissue_is_found_and_kept() -> None:
