@@ -46,9 +46,15 @@ GRAIN_CELLS = 448
 
 
 def grid_shape(h: int, w: int) -> tuple[int, int]:
-    """(gh, gw) of the grain grid of an h x w frame: ``GRAIN_CELLS`` across the shorter side."""
+    """(gh, gw) of the grain grid of an h x w frame: ``GRAIN_CELLS`` across the shorter side.
+    A sliver (a shorter side of a few pixels beside a long one) would need a grid of billions
+    of cells: where the grid passes four times both the frame and a square grid, the noise
+    model runs on the frame's own pixels instead."""
     short = min(h, w)
-    return max(1, round(h * GRAIN_CELLS / short)), max(1, round(w * GRAIN_CELLS / short))
+    gh, gw = max(1, round(h * GRAIN_CELLS / short)), max(1, round(w * GRAIN_CELLS / short))
+    if gh * gw > 4 * max(h * w, GRAIN_CELLS * GRAIN_CELLS):
+        return h, w
+    return gh, gw
 
 
 @lru_cache(maxsize=16)
