@@ -905,12 +905,7 @@ def _scope_roll_batch(
     cx = torch.where(given, fx, torch.full_like(fx, w / 2.0))
     cy = torch.where(given, fy, torch.full_like(fy, h / 2.0))
     map_x, map_y = roll_maps(p["degrees"], cx, cy, h, w)
-    weight = optics.aperture_weight_t(field)
-    radiance = optics.tissue_radiance_t(
-        x, optics.aperture_weight_t(tissue, optics.RADIANCE_REACH, framed=True)
-    )
-    moved = _host.remap(radiance, map_x, map_y, "cubic", "reflect101")
-    return torch.where(tissue, x + weight * (moved - radiance), x).clamp(0.0, 1.0)
+    return optics.warp_tissue_t(x, field, tissue, map_x, map_y).clamp(0.0, 1.0)
 
 
 @_host.host_op(

@@ -375,6 +375,22 @@ def tissue_radiance_t(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return weighted + (1.0 - weight) * fill
 
 
+def warp_tissue_t(
+    x: torch.Tensor,
+    field: torch.Tensor,
+    tissue: torch.Tensor,
+    map_x: torch.Tensor,
+    map_y: torch.Tensor,
+) -> torch.Tensor:
+    """The tissue of ``x`` resampled through (map_x, map_y) inside the fixed field stop: the
+    tissue's radiance (extended beyond the field) is warped and the change enters through the
+    aperture weight; pixels outside the tissue (surround, overlays) stay as they are."""
+    weight = aperture_weight_t(field)
+    radiance = tissue_radiance_t(x, aperture_weight_t(tissue, RADIANCE_REACH, framed=True))
+    moved = _host.remap(radiance, map_x, map_y, "cubic", "reflect101")
+    return torch.where(tissue, x + weight * (moved - radiance), x)
+
+
 def scene_flags(x: torch.Tensor, scenes: Sequence[Any] | None) -> torch.Tensor:
     """bool (B, 1, 1, 1) on ``x``'s device: which samples come with an engine scene of their
     size (the tissue layer of a border-protecting record), from host-side data alone."""
@@ -559,10 +575,7 @@ def _lens_distortion_batch(
     map_y = (cy + v * factor * radius - 0.5).to(torch.float32)
     whole = _host.remap(x, map_x, map_y, "cubic", "constant", 0.0)
     field, tissue = _host.view_masks(x, scenes)
-    weight = aperture_weight_t(field)
-    radiance = tissue_radiance_t(x, aperture_weight_t(tissue, RADIANCE_REACH, framed=True))
-    moved = _host.remap(radiance, map_x, map_y, "cubic", "reflect101")
-    inside = torch.where(tissue, x + weight * (moved - radiance), x)
+    inside = warp_tissue_t(x, field, tissue, map_x, map_y)
     return torch.where(scene_flags(x, scenes), inside, whole).clamp(0.0, 1.0)
 
 
