@@ -39,21 +39,16 @@ RESULTS = HERE / "benchmarks" / "results"
 def job_augment(epochs: int) -> dict[str, Any]:
     """CPU-ms and wall-ms per image of ``Augment.forward`` (see the module docstring)."""
     import cv2
-    import numpy as np
     import torch
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
-    from benchmarks.bench_augment_dataloader import BATCH, POLICY, _files, decode
+    from benchmarks.bench_augment_dataloader import POLICY, _files, decode, fixed_batches
     from perturb.augment import Augment
 
     frames = [decode(f) for f in _files()]
     augment = Augment(POLICY, seed=0)
-    batches = []
-    for start in range(0, 128, BATCH):
-        idx = list(range(start, start + BATCH))
-        stack = np.stack([frames[i % len(frames)] for i in idx])
-        batches.append((torch.from_numpy(stack).permute(0, 3, 1, 2).contiguous(), idx))
+    batches = fixed_batches(frames)
     for x, idx in batches:
         augment(x, idx, epoch=0)
     cpu0, wall0 = time.process_time(), time.perf_counter()

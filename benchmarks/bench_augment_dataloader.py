@@ -68,6 +68,17 @@ OUT = Path(__file__).resolve().parent / "results" / "augment-dataloader-cpu.json
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def fixed_batches(frames: list[np.ndarray], count: int = 128) -> list[tuple[torch.Tensor, list[int]]]:
+    """``count`` samples of ``frames`` (cycled) as BCHW uint8 batches of ``BATCH`` with their
+    dataset indices: the same input for every timed pass."""
+    batches = []
+    for start in range(0, count, BATCH):
+        idx = list(range(start, start + BATCH))
+        stack = np.stack([frames[i % len(frames)] for i in idx])
+        batches.append((torch.from_numpy(stack).permute(0, 3, 1, 2).contiguous(), idx))
+    return batches
+
+
 def _files() -> list[str]:
     from tests.helpers import ENDOSCOPY
 
@@ -315,11 +326,7 @@ def attribute(files: list[str], epochs: int = 3) -> dict[str, Any]:
     cv2.setNumThreads(1)
     frames = [decode(f) for f in files]
     augment = Augment(POLICY, seed=0)
-    batches = []
-    for start in range(0, 128, BATCH):
-        idx = list(range(start, start + BATCH))
-        stack = np.stack([frames[i % len(frames)] for i in idx])
-        batches.append((torch.from_numpy(stack).permute(0, 3, 1, 2).contiguous(), idx))
+    batches = fixed_batches(frames)
     spent: defaultdict[str, float] = defaultdict(float)
     samples: Counter[str] = Counter()
 
