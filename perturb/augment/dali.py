@@ -417,7 +417,9 @@ DALI_OPS: dict[str, DaliOp] = {
 
 
 def _values(batch: Sequence[Any]) -> list[int]:
-    return [int(torch.from_dlpack(x).reshape(-1)[0]) for x in batch]
+    """The first value of each DLPack sample (indices, epochs), read in one host transfer."""
+    stacked = torch.stack([torch.from_dlpack(x) for x in batch])
+    return [int(v) for v in stacked.reshape(len(batch), -1)[:, 0].tolist()]
 
 
 class _TorchStage:
