@@ -1,5 +1,6 @@
-"""``Augment.forward`` and the DALI pipeline's per-batch torch stage are batched on the torch path (what runs on CUDA): for a batch of 16 it
-dispatches at most 1.25x the aten calls of a batch of 1 and no more host round trips
+"""``Augment.forward`` and the DALI pipeline's per-batch torch stage are batched on the torch
+path (what runs on CUDA): for a batch of 16 they dispatch at most 1.25x the aten calls of a
+batch of 1 and no more host round trips
 (``tests/dispatch_counts.py``). Planning, the scene cache and the carried scenes are host-side
 work on records; the pixels see one batched kernel per op.
 
