@@ -794,8 +794,8 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         **blades,
         "white": white,
         "tilt": (-2.5 + 5.0 * u[1]) if u[2] < 0.6 else 0.0,
-        "penumbra": 0.003 + 0.005 * u[3],  # 1.3-3.4 mm of a 43 cm film
-        "scatter": 0.04 + 0.16 * u[4],
+        "penumbra": 0.005 + 0.009 * u[3],  # 2-6 mm of a 43 cm film (focal spot, detector MTF)
+        "scatter": 0.06 + 0.2 * u[4],
         "reach": 0.01 + 0.04 * u[5],
         "shade": 0.9 + 0.08 * u[6],
         "black": 0.03 * u[7],
