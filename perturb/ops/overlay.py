@@ -208,7 +208,7 @@ def _glyphs(text: str, cap: float, style: int) -> np.ndarray:
     cv2.putText(canvas, text, (2, round(1.4 * size)), 255, face, size, 400)
     if blocky:  # whole pixels: a stroke is on wherever it covers a third of the pixel
         canvas = np.where(canvas >= 85, np.uint8(255), np.uint8(0))
-    elif cap >= 9:
+    elif cap >= 7:
         canvas = cv2.dilate(canvas, np.ones((1, 2), np.uint8))  # console fonts are bold
     rows, cols = np.flatnonzero(canvas.any(axis=1)), np.flatnonzero(canvas.any(axis=0))
     if rows.size == 0:
@@ -216,7 +216,8 @@ def _glyphs(text: str, cap: float, style: int) -> np.ndarray:
     ink: np.ndarray = canvas[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
     if k > 1:
         ink = cv2.resize(ink, None, fx=k, fy=k, interpolation=cv2.INTER_NEAREST)
-    return ink.astype(np.float32) / np.float32(255.0)
+    # console glyphs are hinted to whole pixels: strokes full on, only their edges anti-aliased
+    return np.minimum(ink.astype(np.float32) * np.float32(1.6 / 255.0), np.float32(1.0))
 
 
 def _line_layers(fill: np.ndarray, cap: float, style: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -528,6 +529,15 @@ def _lead_marker(
     _letter(letter_ink, letter, cap, cx - letter_w / 2, top + cap, bold)
     if initials:
         _letter(letter_ink, initials, small, cx - sub_w / 2, top + block_h, max(1, bold // 2))
+    # the ink's own box centred on the canvas (glyph bearings aside): a reversed marker is its
+    # mirror image about the same centre
+    rows_i, cols_i = np.flatnonzero(letter_ink.any(axis=1)), np.flatnonzero(letter_ink.any(axis=0))
+    dy = round(cy - (rows_i[0] + rows_i[-1] + 1) / 2)
+    dx = round(cx - (cols_i[0] + cols_i[-1] + 1) / 2)
+    letter_ink = np.roll(letter_ink, (dy, dx), axis=(0, 1))
+    block_w = float(cols_i[-1] + 1 - cols_i[0])
+    block_h = float(rows_i[-1] + 1 - rows_i[0])
+    top = cy - block_h / 2
     holder = np.zeros((work, work), dtype=np.float32)
     hx0, hy0 = cx - block_w / 2 - pad, top - pad
     hx1, hy1 = cx + block_w / 2 + pad, top + block_h + pad
