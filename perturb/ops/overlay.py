@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import cv2
@@ -477,6 +478,13 @@ LEAD_NOISE = 0.015  # display-value sigma of the quantum noise in the lead lette
 SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges anti-aliased)
 
 
+@lru_cache(maxsize=1)
+def _normal_table() -> np.ndarray:
+    """The keyed normal fields' inverse-CDF table on the host, read once (no device read per
+    marker on the torch path)."""
+    return rng.normal_lut_numpy().copy()
+
+
 def _letter(canvas: np.ndarray, text: str, cap: float, x: float, base: float, bold: int) -> None:
     """Draw ``text`` with a cap height of ``cap`` px, its left end at ``x``, baseline ``base``."""
     size = max(4, round(cap / CAP_PER_SIZE))
@@ -535,7 +543,7 @@ def _lead_marker(
     dy = round(cy - (rows_i[0] + rows_i[-1] + 1) / 2)
     dx = round(cx - (cols_i[0] + cols_i[-1] + 1) / 2)
     letter_ink = np.roll(letter_ink, (dy, dx), axis=(0, 1))
-    block_w = float(cols_i[-1] + 1 - cols_i[0])
+    block_w = int(cols_i[-1] + 1 - cols_i[0])
     block_h = float(rows_i[-1] + 1 - rows_i[0])
     top = cy - block_h / 2
     holder = np.zeros((work, work), dtype=np.float32)
@@ -571,9 +579,8 @@ def _lead_marker(
     holder_a = np.clip(down[..., 1] * np.float32(style.holder), 0.0, 1.0)
     mask = np.zeros((s, s), dtype=np.float32)
     paint = np.zeros((s, s), dtype=np.float32)
-    grain = np.float32(1.0) + np.float32(LEAD_NOISE) * rng.normal_numpy(
-        key, "xray_marker", s * s
-    ).reshape(s, s)
+    noise = rng.normal_numpy(key, "xray_marker", s * s, _normal_table()).reshape(s, s)
+    grain = np.float32(1.0) + np.float32(LEAD_NOISE) * noise
     _over(mask, paint, holder_a, grain)
     _over(mask, paint, letter_a.astype(np.float32), grain)
     return mask, paint

@@ -43,7 +43,9 @@ def _real(size: int = 256, index: int = 2) -> torch.Tensor:
     return torch.from_numpy(small).clamp(0, 1).view(1, 1, size, size).contiguous()
 
 
-def _with_params(x: torch.Tensor, op: str, severity: int, params: dict[str, Any], key: str = "k") -> tuple[torch.Tensor, Record]:
+def _with_params(
+    x: torch.Tensor, op: str, severity: int, params: dict[str, Any], key: str = "k"
+) -> tuple[torch.Tensor, Record]:
     """Run ``op`` with explicit parameters (through the engine's replay), on the whole film: the
     formulas checked here are the op's physics; keeping the film's burned-in annotations is
     tested in tests/scene/test_annotation_layer.py."""
@@ -83,8 +85,12 @@ def test_quantum_noise_variance_is_proportional_to_linear_signal_at_the_dose() -
     side = 160
     x = torch.cat([torch.full((1, 1, side, side), v) for v in values])
     for dose in (0.2, 0.01):
-        out, records = perturb.apply(x, "xray_quantum_noise", 2, [f"flat{i}" for i in range(len(values))])
-        records = [Record(**{**r.to_dict(), "params": {"dose": dose, "electronic": 3.0}}) for r in records]
+        out, records = perturb.apply(
+            x, "xray_quantum_noise", 2, [f"flat{i}" for i in range(len(values))]
+        )
+        records = [
+            Record(**{**r.to_dict(), "params": {"dose": dose, "electronic": 3.0}}) for r in records
+        ]
         out = perturb.replay(records, x)
         ratios = []
         quanta = _pixel_quanta(dose, side)
@@ -188,7 +194,9 @@ def test_exposure_is_a_gain_on_the_linear_signal() -> None:
 
 def test_heel_effect_follows_one_minus_a_t2_towards_the_anode() -> None:
     x = _real(128)
-    out, _ = _with_params(x, "xray_heel_effect", 4, {"strength": 0.5, "angle": 0.0, "anode_top": 1.0})
+    out, _ = _with_params(
+        x, "xray_heel_effect", 4, {"strength": 0.5, "angle": 0.0, "anode_top": 1.0}
+    )
     h = w = 128
     ys = np.arange(h) + 0.5 - h / 2
     t = np.clip((-ys / (0.5 * math.hypot(h, w)) + 1) / 2, 0, 1)
@@ -232,7 +240,9 @@ def test_monochrome1_is_one_level_the_full_inversion() -> None:
     for severity in range(1, 6):
         for key in ("k", "other"):
             out, records = perturb.apply(x, "xray_monochrome1", severity, [key])
-            assert records[0].params["width"] == 1.0 and abs(records[0].params["center_shift"]) == 0.0
+            assert (
+                records[0].params["width"] == 1.0 and abs(records[0].params["center_shift"]) == 0.0
+            )
             assert np.abs(_np(out) - (1.0 - v)).max() < 1e-6
             outs.append(_np(out))
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
@@ -278,7 +288,9 @@ def test_burned_text_is_one_annotation_set_per_film() -> None:
     for key in range(40):
         lines = _text_lines(key, 8)
         assert len(lines) == 8 and len(set(lines)) == 8
-        dates = [t for t in lines if re.fullmatch(r"[0-9A-Z]{2,4}[-/.][0-9A-Z]{2,3}[-/.][0-9]{2,4}", t)]
+        dates = [
+            t for t in lines if re.fullmatch(r"[0-9A-Z]{2,4}[-/.][0-9A-Z]{2,3}[-/.][0-9]{2,4}", t)
+        ]
         assert len(dates) == 1, lines
         assert sum(bool(re.fullmatch(r"\d\d:\d\d:\d\d", t)) for t in lines) == 1
         assert sum(("kV" in t and "mAs" in t) for t in lines) == 1
@@ -288,9 +300,19 @@ def test_burned_text_is_one_annotation_set_per_film() -> None:
 
 
 def _marker_params(**style: float) -> dict[str, float]:
-    base = {"size": 0.1, "right_corner": 1.0, "letter_r": 1.0, "lead": 1.0, "angle": 0.0,
-            "mirrored": 0.0, "initials": 0.0, "density": 0.9, "blur": 0.0015, "holder": 0.0,
-            "ring": 0.0}
+    base = {
+        "size": 0.1,
+        "right_corner": 1.0,
+        "letter_r": 1.0,
+        "lead": 1.0,
+        "angle": 0.0,
+        "mirrored": 0.0,
+        "initials": 0.0,
+        "density": 0.9,
+        "blur": 0.0015,
+        "holder": 0.0,
+        "ring": 0.0,
+    }
     return {**base, **style}
 
 
@@ -299,7 +321,9 @@ def test_laterality_marker_stays_in_its_top_corner_square() -> None:
     margin, s = round(0.03 * 256), round(float(np.float32(0.1)) * 256)
     for right in (0.0, 1.0):
         for lead in (0.0, 1.0):
-            params = _marker_params(right_corner=right, lead=lead, angle=20.0, initials=2.0, holder=0.05)
+            params = _marker_params(
+                right_corner=right, lead=lead, angle=20.0, initials=2.0, holder=0.05
+            )
             out, _ = _with_params(x, "xray_laterality_marker", 3, params)
             diff = np.abs(_np(out) - _np(x)) > 1e-7
             rows, cols = np.nonzero(diff)
@@ -321,8 +345,9 @@ def test_lead_marker_is_a_blurred_grainy_shadow_through_the_film_curve() -> None
     params = _marker_params(density=0.9, blur=0.003)
     out, _ = _with_params(x, "xray_laterality_marker", 3, params)
     o = _np(out)
-    mask, _ = marker_mask(512, 512, "R", float(np.float32(0.1)) * 512, True, None,
-                          MarkerStyle.of(params), 0)
+    mask, _ = marker_mask(
+        512, 512, "R", float(np.float32(0.1)) * 512, True, None, MarkerStyle.of(params), 0
+    )
     core = mask > 0.5
     assert core.sum() > 50
     expected = 1.0 - (1.0 - v[core]) * (1.0 - mask[core])
@@ -332,8 +357,9 @@ def test_lead_marker_is_a_blurred_grainy_shadow_through_the_film_curve() -> None
     assert partial.sum() > 0.5 * core.sum()  # a wide blurred rim (3 px sigma at 512 px)
     digital = _marker_params(lead=0.0, density=0.95)
     out_d, _ = _with_params(x, "xray_laterality_marker", 3, digital)
-    mask_d, _ = marker_mask(512, 512, "R", float(np.float32(0.1)) * 512, True, None,
-                            MarkerStyle.of(digital), 0)
+    mask_d, _ = marker_mask(
+        512, 512, "R", float(np.float32(0.1)) * 512, True, None, MarkerStyle.of(digital), 0
+    )
     assert np.allclose(_np(out_d)[mask_d == 1.0], np.float32(0.95), atol=1e-6)  # flat
     rim = (mask_d > 0.05) & (mask_d < 0.95)
     assert rim.sum() < 0.6 * (mask_d == 1.0).sum()  # sharp: only anti-aliased edge pixels
@@ -353,9 +379,21 @@ def test_a_reversed_lead_marker_is_the_mirror_image() -> None:
 
 
 def _collimation(**over: float) -> dict[str, float]:
-    base = {"left": 0.1, "right": 0.05, "top": 0.15, "bottom": 0.2, "white": 1.0, "tilt": 0.0,
-            "penumbra": 0.01, "scatter": 0.2, "reach": 0.03, "shade": 0.95, "black": 0.01,
-            "fringe": 0.0, "stairs": 0.0}
+    base = {
+        "left": 0.1,
+        "right": 0.05,
+        "top": 0.15,
+        "bottom": 0.2,
+        "white": 1.0,
+        "tilt": 0.0,
+        "penumbra": 0.01,
+        "scatter": 0.2,
+        "reach": 0.03,
+        "shade": 0.95,
+        "black": 0.01,
+        "fringe": 0.0,
+        "stairs": 0.0,
+    }
     return {**base, **over}
 
 
@@ -376,7 +414,10 @@ def test_collimation_shutter_is_unexposed_film_with_scatter_and_noise() -> None:
         assert abs(got.mean() - want) < 0.01, d
         assert got.std() > 0.002  # the film's grain, not a flat fill
     pen = 0.01 * 400
-    field = (slice(int(top + pen / 2) + 1, int(400 - 80 - pen / 2) - 1), slice(int(40 + pen / 2) + 1, int(380 - pen / 2) - 1))
+    field = (
+        slice(int(top + pen / 2) + 1, int(400 - 80 - pen / 2) - 1),
+        slice(int(40 + pen / 2) + 1, int(380 - pen / 2) - 1),
+    )
     assert np.array_equal(o[field], v[field].astype(np.float32).astype(np.float64))
     out_b, _ = _with_params(x, "xray_collimation", 4, _collimation(white=0.0, black=0.02))
     assert abs(_np(out_b)[5:40, 100:300].mean() - 0.02) < 0.01
@@ -384,7 +425,9 @@ def test_collimation_shutter_is_unexposed_film_with_scatter_and_noise() -> None:
 
 def test_collimation_blades_tilt_together_and_crop_in_stair_steps() -> None:
     x = torch.full((1, 1, 400, 400), 0.5)
-    out, _ = _with_params(x, "xray_collimation", 4, _collimation(tilt=2.0, penumbra=0.0025, scatter=0.0))
+    out, _ = _with_params(
+        x, "xray_collimation", 4, _collimation(tilt=2.0, penumbra=0.0025, scatter=0.0)
+    )
     o = _np(out)
 
     def edge_row(col: int) -> float:  # the top edge: first row (from the top) past mid-grey
@@ -393,8 +436,9 @@ def test_collimation_blades_tilt_together_and_crop_in_stair_steps() -> None:
 
     slope = (edge_row(300) - edge_row(100)) / 200
     assert abs(slope - math.tan(math.radians(2.0))) < 0.01  # rotated about the centre
-    out_s, _ = _with_params(x, "xray_collimation", 4,
-                            _collimation(tilt=2.0, white=0.0, penumbra=0.0025, stairs=0.02))
+    out_s, _ = _with_params(
+        x, "xray_collimation", 4, _collimation(tilt=2.0, white=0.0, penumbra=0.0025, stairs=0.02)
+    )
     shut = _np(out_s)[:120] < 0.1
     first = np.argmin(shut, axis=0)[40:380]  # the edge row of each column
     steps = np.flatnonzero(np.diff(first))
@@ -496,7 +540,16 @@ def test_xray_jpeg_is_byte_identical_to_opencv_libjpeg() -> None:
 
 @pytest.mark.parametrize(
     "op",
-    ["xray_quantum_noise", "xray_scatter", "xray_exposure", "xray_window_level", "xray_gamma", "xray_heel_effect", "xray_motion_blur", "xray_grid_lines"],
+    [
+        "xray_quantum_noise",
+        "xray_scatter",
+        "xray_exposure",
+        "xray_window_level",
+        "xray_gamma",
+        "xray_heel_effect",
+        "xray_motion_blur",
+        "xray_grid_lines",
+    ],
 )
 def test_16_bit_in_16_bit_out_with_more_than_8_bit_levels(op: str) -> None:
     x = _real(128)
