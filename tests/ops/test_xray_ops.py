@@ -43,9 +43,7 @@ def _real(size: int = 256, index: int = 2) -> torch.Tensor:
     return torch.from_numpy(small).clamp(0, 1).view(1, 1, size, size).contiguous()
 
 
-def _with_params(
-    x: torch.Tensor, op: str, severity: int, params: dict[str, Any], key: str = "k"
-) -> tuple[torch.Tensor, Record]:
+def _with_params(x: torch.Tensor, op: str, severity: int, params: dict[str, Any], key: str = "k") -> tuple[torch.Tensor, Record]:
     """Run ``op`` with explicit parameters (through the engine's replay), on the whole film: the
     formulas checked here are the op's physics; keeping the film's burned-in annotations is
     tested in tests/scene/test_annotation_layer.py."""
@@ -85,12 +83,8 @@ def test_quantum_noise_variance_is_proportional_to_linear_signal_at_the_dose() -
     side = 160
     x = torch.cat([torch.full((1, 1, side, side), v) for v in values])
     for dose in (0.2, 0.01):
-        out, records = perturb.apply(
-            x, "xray_quantum_noise", 2, [f"flat{i}" for i in range(len(values))]
-        )
-        records = [
-            Record(**{**r.to_dict(), "params": {"dose": dose, "electronic": 3.0}}) for r in records
-        ]
+        out, records = perturb.apply(x, "xray_quantum_noise", 2, [f"flat{i}" for i in range(len(values))])
+        records = [Record(**{**r.to_dict(), "params": {"dose": dose, "electronic": 3.0}}) for r in records]
         out = perturb.replay(records, x)
         ratios = []
         quanta = _pixel_quanta(dose, side)
@@ -194,9 +188,7 @@ def test_exposure_is_a_gain_on_the_linear_signal() -> None:
 
 def test_heel_effect_follows_one_minus_a_t2_towards_the_anode() -> None:
     x = _real(128)
-    out, _ = _with_params(
-        x, "xray_heel_effect", 4, {"strength": 0.5, "angle": 0.0, "anode_top": 1.0}
-    )
+    out, _ = _with_params(x, "xray_heel_effect", 4, {"strength": 0.5, "angle": 0.0, "anode_top": 1.0})
     h = w = 128
     ys = np.arange(h) + 0.5 - h / 2
     t = np.clip((-ys / (0.5 * math.hypot(h, w)) + 1) / 2, 0, 1)
@@ -240,9 +232,7 @@ def test_monochrome1_is_one_level_the_full_inversion() -> None:
     for severity in range(1, 6):
         for key in ("k", "other"):
             out, records = perturb.apply(x, "xray_monochrome1", severity, [key])
-            assert (
-                records[0].params["width"] == 1.0 and abs(records[0].params["center_shift"]) == 0.0
-            )
+            assert records[0].params["width"] == 1.0 and abs(records[0].params["center_shift"]) == 0.0
             assert np.abs(_np(out) - (1.0 - v)).max() < 1e-6
             outs.append(_np(out))
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
@@ -540,16 +530,7 @@ def test_xray_jpeg_is_byte_identical_to_opencv_libjpeg() -> None:
 
 @pytest.mark.parametrize(
     "op",
-    [
-        "xray_quantum_noise",
-        "xray_scatter",
-        "xray_exposure",
-        "xray_window_level",
-        "xray_gamma",
-        "xray_heel_effect",
-        "xray_motion_blur",
-        "xray_grid_lines",
-    ],
+    ["xray_quantum_noise", "xray_scatter", "xray_exposure", "xray_window_level", "xray_gamma", "xray_heel_effect", "xray_motion_blur", "xray_grid_lines"],
 )
 def test_16_bit_in_16_bit_out_with_more_than_8_bit_levels(op: str) -> None:
     x = _real(128)
