@@ -671,7 +671,7 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "initials": float(min(3, int(4 * u[6]))),
         "density": 0.75 + 0.22 * u[7],
         "blur": 0.0005 + 0.0012 * u[8],  # 0.5-1.7 px on a 1024 px film
-        "holder": (0.015 + 0.05 * u[9]) if u[9] < 0.6 else 0.0,
+        "holder": (0.008 + 0.025 * u[9] / 0.4) if u[9] < 0.4 else 0.0,  # faint: thin plastic
         "ring": float(u[9] > 0.75),
     }
 
@@ -757,9 +757,10 @@ def collimation_layers(
 
     Geometry: the four blades (``left`` ... fractions of the width/height) are rotated together
     by ``tilt`` degrees about the film's centre (the collimator is not square to the detector);
-    ``stairs`` > 0 (fraction of the shorter side) snaps the edge to blocks of that size, the
-    stair-step of a digitised film cropped by the system. The edge is a smoothstep penumbra of
-    ``penumbra`` (focal spot x magnification: a few mm) of the shorter side.
+    ``stairs`` > 0 (fraction of the shorter side, at least a pixel) snaps the edge to blocks of
+    that size with no penumbra: the hard, aliased stair-step of a digitised film rotated and
+    cropped by the system. Otherwise the edge is a smoothstep penumbra of ``penumbra`` (focal
+    spot x magnification plus detector blur: a few mm) of the shorter side.
     Values: ``white`` 1: the unexposed film under the blades is bright (``shade``) minus the
     scatter leaking under them from the exposed field, ``scatter`` exp(-d / ``reach``); black
     (0): the system masks it to ``black``, behind a bright ``fringe`` (the unexposed film's own
@@ -775,22 +776,27 @@ def collimation_layers(
 
     ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5
     xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5
-    step = col("stairs") * side
-    blocky = step >= 1.0
-    q = step.clamp_min(1.0)
-    xs = torch.where(blocky, (torch.floor(xs / q) + 0.5) * q, xs)
-    ys = torch.where(blocky, (torch.floor(ys / q) + 0.5) * q, ys)
     theta = torch.deg2rad(col("tilt"))
     cos, sin = torch.cos(theta), torch.sin(theta)
-    u = (xs - w / 2) * cos + (ys - h / 2) * sin + w / 2
-    t = -(xs - w / 2) * sin + (ys - h / 2) * cos + h / 2
-    d = torch.maximum(
-        torch.maximum(col("left") * w - u, u - (1.0 - col("right")) * w),
-        torch.maximum(col("top") * h - t, t - (1.0 - col("bottom")) * h),
-    )  # signed distance into the shutter, px
+
+    def into_shutter(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        """Signed distance (px) into the shutter of the tilted blades at (xs, ys)."""
+        u = (xs - w / 2) * cos + (ys - h / 2) * sin + w / 2
+        t = -(xs - w / 2) * sin + (ys - h / 2) * cos + h / 2
+        return torch.maximum(
+            torch.maximum(col("left") * w - u, u - (1.0 - col("right")) * w),
+            torch.maximum(col("top") * h - t, t - (1.0 - col("bottom")) * h),
+        )
+
+    d = into_shutter(xs, ys)
     pen = (col("penumbra") * side).clamp_min(1.0)
     r = (0.5 + d / pen).clamp(0.0, 1.0)
-    mask = r * r * (3.0 - 2.0 * r)
+    step = col("stairs") * side
+    blocky = step > 0.0
+    q = step.clamp_min(1.0)
+    # a digitised film cropped by the system: a hard, aliased edge (no penumbra) in blocks
+    stepped = into_shutter((torch.floor(xs / q) + 0.5) * q, (torch.floor(ys / q) + 0.5) * q)
+    mask = torch.where(blocky, (stepped > 0.0).to(d.dtype), r * r * (3.0 - 2.0 * r))
     inside = d.clamp_min(0.0)
     grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1)
     grain = F.avg_pool2d(F.pad(grain.double(), (1, 1, 1, 1), mode="replicate"), 3, stride=1) * 3.0
@@ -817,7 +823,7 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "shade": 0.9 + 0.08 * u[6],
         "black": 0.03 * u[7],
         "fringe": 0.006 * u[8] if u[7] < 0.7 else 0.0,
-        "stairs": (0.002 + 0.004 * u[2]) if white < 0.5 and u[2] < 0.4 else 0.0,
+        "stairs": (0.001 + 0.005 * u[2]) if white < 0.5 and u[2] < 0.4 else 0.0,  # 1-3 px
     }
 
 
