@@ -17,15 +17,19 @@ paths blend inside each mask's bounding box. Modality is catalog data, not this 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import cv2
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from perturb import rng
-from perturb.ops import backend
+from perturb.ops import backend, keyed_fields
 from perturb.ops._math import per_sample
 from perturb.ops.kernels import Level, Params, as_float32, draw, draw_int, register_kernel
 from perturb.ops.radiometry import ALL_DTYPES, _load, _store
@@ -55,29 +59,46 @@ def _quadrant_boxes(mask: np.ndarray) -> list[Box]:
 
 
 def _blend_np(
-    src: np.ndarray, dst: np.ndarray, mask: np.ndarray, value: float, boxes: list[Box]
+    src: np.ndarray, dst: np.ndarray, mask: np.ndarray, paint: np.ndarray, boxes: list[Box]
 ) -> None:
-    """``_blend`` of one sample on the host: float32 ``v (1 - m) + value m`` inside ``boxes``
-    (disjoint, covering every nonzero of the mask); elsewhere ``m = 0`` and the result is ``v``
-    itself (every level of an integer sample rounds back to itself), so those pixels are copied."""
+    """``_blend`` of one sample on the host: float32 ``v (1 - m) + paint`` inside ``boxes``
+    (disjoint, covering every nonzero of the mask and of ``paint``); elsewhere ``m = 0`` and the
+    result is ``v`` itself (every level of an integer sample rounds back to itself), so those
+    pixels are copied."""
     np.copyto(dst, src)
     for box in boxes:
-        m = mask[box]
-        keep = np.float32(1.0) - m
-        paint = np.float32(value) * m
+        keep = np.float32(1.0) - mask[box]
         for c in range(src.shape[0]):
             out = _load(src[c][box]) * keep
-            out += paint
+            out += paint[box]
             np.clip(out, np.float32(0.0), np.float32(1.0), out=out)
             _store(out, dst[c][box])
 
 
-def _blend(x: torch.Tensor, masks: list[np.ndarray], value: torch.Tensor | float) -> torch.Tensor:
-    """``v (1 - m) + value m`` with one host-rendered float32 mask (H, W) per sample, uploaded
-    as one (B,1,H,W) stack; ``value``: (B,) per sample, or one number."""
+def _blend(
+    x: torch.Tensor, masks: Sequence[np.ndarray], paints: Sequence[np.ndarray]
+) -> torch.Tensor:
+    """``v (1 - m) + paint`` with host-rendered float32 layers (H, W) per sample: the coverage
+    ``m`` and the premultiplied value ``paint`` (what the layer shows, times its coverage),
+    uploaded as two (B,1,H,W) stacks and blended in one pass."""
     m = torch.from_numpy(np.stack(masks)).unsqueeze(1).to(x.device)
-    paint = per_sample(value) if isinstance(value, torch.Tensor) else value
-    return (x * (1.0 - m) + paint * m).clamp_(0.0, 1.0)
+    paint = torch.from_numpy(np.stack(paints)).unsqueeze(1).to(x.device)
+    return (x * (1.0 - m) + paint).clamp_(0.0, 1.0)
+
+
+def _over(
+    mask: np.ndarray, paint: np.ndarray, alpha: np.ndarray, value: float | np.ndarray
+) -> None:
+    """Composite a layer of coverage ``alpha`` and value ``value`` over (``mask``, ``paint``) in
+    place (Porter-Duff "over", premultiplied): what is drawn later covers what is below."""
+    keep = np.float32(1.0) - alpha
+    paint *= keep
+    if isinstance(value, np.ndarray):
+        paint += value * alpha
+    else:
+        paint += np.float32(value) * alpha
+    mask *= keep
+    mask += alpha
 
 
 def _host_rows(
@@ -94,32 +115,66 @@ def _host_rows(
     return torch.stack([p[name] for name in names], dim=1).tolist()
 
 
-_PROJECTIONS = ("PA ERECT", "AP SUPINE", "AP ERECT", "AP SITTING", "PA INSP", "AP PORTABLE")
-_SITES = ("ICU", "ED", "WARD 4", "OR", "BEDSIDE", "CLINIC")
+# what hospital consoles burn into portable and department chest films (English and German
+# sites, as in the NIH and Hannover collections): projection, patient position, technique
+_PROJECTIONS_EN = ("AP PORTABLE", "PA ERECT", "AP SUPINE", "SEMI-ERECT", "AP SITTING", "PORTABLE")
+_POSITIONS_EN = ("SUPINE", "ERECT", "UPRIGHT", "SEMI-ERECT", "SITTING", "PORTABLE")
+_PROJECTIONS_DE = ("Bettaufnahme", "a.p. liegend", "p.a. stehend", "a.p. sitzend", "Bettaufnahme")
+_POSITIONS_DE = ("liegend", "sitzend", "halbsitzend", "stehend", "Intensiv")
+_SITES_EN = ("ICU", "ED", "WARD 4", "CCU", "BEDSIDE", "NICU", "PICU", "RECOVERY")
+_SITES_DE = ("ITS 2", "Station 14", "Notaufnahme", "IMC", "OP 3")
+_MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
+CAP_PER_SIZE = 0.76  # cap height of OpenCV's "uni" face over its nominal size (measured: "H")
+BITMAP_CAP = 8  # px: a console bitmap font's cap height; taller text enlarges its pixels
+TEXT_STYLES = ("outlined", "shadow", "bitmap")
 
 
 def _text_lines(key: int, n: int) -> list[str]:
-    """The burned-in annotation set of one film: at most one line of each kind (patient id,
-    date, time, projection, technique, site, accession number, distance), the same values at
-    every severity; ``n`` lines are its first ``n`` (at most 8)."""
+    """The burned-in annotation set of one film, as a hospital console writes it: projection,
+    patient position, date, time, technique, site, patient id and source-image distance (German
+    wording on a quarter of the films), at most one line of each kind, the same values at every
+    severity; ``n`` lines are its first ``n`` (at most 8)."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_text"))
-    patient = int(g.integers(10**6, 10**7))
-    day, month, year = int(g.integers(1, 29)), int(g.integers(1, 13)), int(g.integers(10, 25))
-    hour, minute = int(g.integers(0, 24)), int(g.integers(0, 60))
-    projection = _PROJECTIONS[int(g.integers(len(_PROJECTIONS)))]
-    kvp, mas = int(g.integers(70, 125)), float(g.integers(5, 50)) / 10
-    site = _SITES[int(g.integers(len(_SITES)))]
-    accession = int(g.integers(10**7, 10**8))
-    sid = (100, 150, 180)[int(g.integers(3))]
+    german = bool(g.random() < 0.25)
+    day, month, year = int(g.integers(1, 29)), int(g.integers(1, 13)), int(g.integers(2005, 2025))
+    hour, minute, second = int(g.integers(0, 24)), int(g.integers(0, 60)), int(g.integers(0, 60))
+    kv, mas = int(g.integers(70, 126)), float(g.integers(8, 64)) / 10
+    patient, sid = int(g.integers(10**6, 10**7)), (100, 115, 150, 180)[int(g.integers(4))]
+    date_form, kv_form = int(g.integers(3)), int(g.integers(3))
+    if german:
+        projection = _PROJECTIONS_DE[int(g.integers(len(_PROJECTIONS_DE)))]
+        position = _POSITIONS_DE[int(g.integers(len(_POSITIONS_DE)))]
+        site = _SITES_DE[int(g.integers(len(_SITES_DE)))]
+        date = f"{day:02d}.{month:02d}.{year}"
+        technique = f"{kv} kV  {mas:.1f} mAs".replace(".", ",")
+        distance = f"FFA {sid} cm"
+        ident = f"Pat.-Nr. {patient}"
+    else:
+        projection = _PROJECTIONS_EN[int(g.integers(len(_PROJECTIONS_EN)))]
+        position = _POSITIONS_EN[int(g.integers(len(_POSITIONS_EN)))]
+        site = _SITES_EN[int(g.integers(len(_SITES_EN)))]
+        date = (
+            f"{month:02d}/{day:02d}/{year}",
+            f"{day:02d}-{_MONTHS[month - 1]}-{year}",
+            f"{year}-{month:02d}-{day:02d}",
+        )[date_form]
+        technique = (f"{kv} kVp  {mas:.1f} mAs", f"kV {kv}  mAs {mas:.1f}", f"{kv}kV {mas:.1f}mAs")[
+            kv_form
+        ]
+        distance = f"SID {sid} cm"
+        ident = f"MRN {patient}"
+    if position in projection:  # one word of each kind: the position line names the place then
+        position = site
+        site = ("L" if g.random() < 0.5 else "R") if not german else "Station 7"
     lines = [
-        f"ID {patient}",
-        f"{day:02d}/{month:02d}/20{year}",
         projection,
-        f"{kvp} kVp {mas:.1f} mAs",
-        f"{hour:02d}:{minute:02d}",
+        position,
+        date,
+        f"{hour:02d}:{minute:02d}:{second:02d}",
+        technique,
         site,
-        f"ACC {accession}",
-        f"SID {sid} cm",
+        ident,
+        distance,
     ]
     return lines[: max(0, min(n, len(lines)))]
 
@@ -141,39 +196,77 @@ def _clear(box: Box4, taken: Sequence[Box4], gap: float) -> bool:
     )
 
 
+def _glyphs(text: str, cap: float, style: int) -> np.ndarray:
+    """One line's fill coverage (float32, tight around its ink): OpenCV's "uni" face (a plain
+    humanist sans with unslashed zeros) emboldened by one pixel (``outlined``, ``shadow``), or
+    the same face rasterised without anti-aliasing at a console's ``BITMAP_CAP`` px cap height
+    and enlarged by whole pixels (``bitmap``: the blocky look of character-generator overlays)."""
+    face = cv2.FontFace("uni")
+    blocky = TEXT_STYLES[style] == "bitmap"
+    k = max(1, round(cap / BITMAP_CAP)) if blocky else 1
+    size = max(4, round(cap / k / CAP_PER_SIZE))
+    canvas: np.ndarray = np.zeros((2 * size + 4, size * (len(text) + 2)), dtype=np.uint8)
+    cv2.putText(canvas, text, (2, round(1.4 * size)), 255, face, size, 400)
+    if blocky:  # whole pixels: a stroke is on wherever it covers a third of the pixel
+        canvas = np.where(canvas >= 85, np.uint8(255), np.uint8(0))
+    elif cap >= 7:
+        canvas = cv2.dilate(canvas, np.ones((1, 2), np.uint8))  # console fonts are bold
+    rows, cols = np.flatnonzero(canvas.any(axis=1)), np.flatnonzero(canvas.any(axis=0))
+    if rows.size == 0:
+        return np.zeros((1, 1), dtype=np.float32)
+    ink: np.ndarray = canvas[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+    if k > 1:
+        ink = cv2.resize(ink, None, fx=k, fy=k, interpolation=cv2.INTER_NEAREST)
+    # console glyphs are hinted to whole pixels: strokes full on, only their edges anti-aliased
+    return np.minimum(ink.astype(np.float32) * np.float32(1.6 / 255.0), np.float32(1.0))
+
+
+def _line_layers(fill: np.ndarray, cap: float, style: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(fill, dark, pad): a line's fill and its dark surround, both padded by ``pad`` px: a
+    one-to-two pixel outline all round (``outlined``, ``bitmap``) or a drop shadow offset down
+    and right (``shadow``), the two hospital looks that keep text legible on lung and bone."""
+    width = max(1, round(cap / 12))
+    shift = max(1, round(cap / 9)) if TEXT_STYLES[style] == "shadow" else 0
+    pad = width + shift + 1
+    fill = np.pad(fill, pad)
+    disc = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * width + 1, 2 * width + 1))
+    dark = cv2.dilate(fill, disc)
+    if shift:
+        moved = np.zeros_like(dark)
+        moved[shift:, shift:] = dark[:-shift, :-shift]
+        dark = np.maximum(moved, cv2.dilate(fill, np.ones((2, 2), np.uint8)))
+    return fill, dark, pad
+
+
 def text_layout(
-    h: int, w: int, lines: list[str], height: float, avoid: Sequence[Box4] = ()
-) -> list[tuple[str, int, int]]:
-    """(text, x, y) origins of text lines stacked in the four corners in turn (line i goes to
-    corner i % 4, below (above, at the bottom) the lines already there), each kept a line's
-    height away from the boxes of ``avoid`` (annotations already on the film): a line that would
-    touch one moves one row further from its corner, then to the next corner; a line that fits
-    in no corner's band (the outer quarter of the film's height) is left out. Without ``avoid``
-    line i sits at row i // 4 (while the band holds it)."""
-    font = cv2.FONT_HERSHEY_SIMPLEX
-    scale = max(height / 22.0, 0.1)  # SIMPLEX caps are about 22 px at scale 1
-    thick = max(1, round(height / 9.0))
-    margin = max(1, round(0.6 * height))
-    step = round(1.6 * height) + 1
+    h: int, w: int, sizes: Sequence[tuple[int, int]], height: float, avoid: Sequence[Box4] = ()
+) -> list[tuple[int, int, int]]:
+    """(line index, x0, y0) top-left corners of line boxes of ``sizes`` (width, height) stacked
+    in the four corners in turn (line i goes to corner i % 4, below (above, at the bottom) the
+    lines already there), each kept a line's ``height`` away from the boxes of ``avoid``
+    (annotations already on the film): a line that would touch one moves one row further from
+    its corner, then to the next corner; a line that fits in no corner's band (the outer
+    quarter of the film's height) is left out. Lines align with the film's edges."""
+    margin = max(1, round(0.8 * height))
+    step = round(1.7 * height) + 1
     rows = [0, 0, 0, 0]  # the next free row of each corner
-    taken = list(avoid)
     out = []
-    for i, text in enumerate(lines):
-        (tw, th), base = cv2.getTextSize(text, font, scale, thick)
+    for i, (tw, th) in enumerate(sizes):
         for corner in [(i + k) % 4 for k in range(4)]:
             placed = None
             row = rows[corner]
             while placed is None:
                 x0 = margin if corner in (0, 2) else w - margin - tw
-                y0 = margin + th + row * step if corner in (0, 1) else h - margin - row * step
-                box = (x0, y0 - th, x0 + tw, y0 + base)
-                if (corner in (0, 1) and y0 + base > h // 4) or (
-                    corner in (2, 3) and y0 - th < h - h // 4
+                y0 = margin + row * step if corner in (0, 1) else h - margin - th - row * step
+                box = (x0, y0, x0 + tw, y0 + th)
+                if (
+                    x0 < 0
+                    or (corner in (0, 1) and y0 + th > h // 4)
+                    or (corner in (2, 3) and y0 < h - h // 4)
                 ):
                     break  # out of the corner's band (a quarter of the film): the next corner
                 if _clear(box, avoid, height):
-                    placed = (text, int(x0), int(y0))
-                    taken.append(box)
+                    placed = (i, int(x0), int(y0))
                     rows[corner] = row + 1
                 row += 1
             if placed is not None:
@@ -183,17 +276,28 @@ def text_layout(
 
 
 def text_mask(
-    h: int, w: int, lines: list[str], height: float, avoid: Sequence[Box4] = ()
-) -> np.ndarray:
-    """Anti-aliased mask (float32, H x W) of text lines laid out by ``text_layout``; ``height``
-    is the cap height in pixels."""
-    canvas = np.zeros((h, w), dtype=np.uint8)
-    font = cv2.FONT_HERSHEY_SIMPLEX
-    scale = max(height / 22.0, 0.1)
-    thick = max(1, round(height / 9.0))
-    for text, x0, y0 in text_layout(h, w, lines, height, avoid):
-        cv2.putText(canvas, text, (x0, y0), font, scale, 255, thick, cv2.LINE_AA)
-    return canvas.astype(np.float32) / np.float32(255.0)
+    h: int,
+    w: int,
+    lines: list[str],
+    height: float,
+    avoid: Sequence[Box4] = (),
+    style: int = 0,
+    value: float = 1.0,
+    dark: float = 0.02,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(coverage, premultiplied value) float32 (H, W) of burned-in text lines laid out by
+    ``text_layout``: a white fill of ``value`` over a ``dark`` outline or shadow (``_line_layers``),
+    sharp (drawn on the display after acquisition, no noise over it); ``height`` is the cap
+    height in pixels."""
+    mask = np.zeros((h, w), dtype=np.float32)
+    paint = np.zeros((h, w), dtype=np.float32)
+    layers = [_line_layers(_glyphs(t, height, style), height, style) for t in lines]
+    for i, x0, y0 in text_layout(h, w, [f.shape[::-1] for f, _, _ in layers], height, avoid):
+        fill, shade, _ = layers[i]
+        box = (slice(y0, y0 + fill.shape[0]), slice(x0, x0 + fill.shape[1]))
+        _over(mask[box], paint[box], shade, dark)
+        _over(mask[box], paint[box], fill, value)
+    return mask, paint
 
 
 def _text_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -201,7 +305,25 @@ def _text_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "lines": draw_int(rng_, level["lines"]),
         "height": draw(rng_, level["height"]),
         "value": draw(rng_, level["value"]),
+        "style": float(min(len(TEXT_STYLES) - 1, int(rng_.random() * len(TEXT_STYLES)))),
     }
+
+
+def _text_layers(
+    key: int, h: int, w: int, row: Sequence[float], scene: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """One film's text layers from its (lines, height, value, style) parameters (host floats,
+    as the kernel sees them)."""
+    lines, height, value, style = row
+    return text_mask(
+        h,
+        w,
+        _text_lines(key, round(lines)),
+        height * min(h, w),
+        annotation_boxes(scene, h, w),
+        round(style),
+        value,
+    )
 
 
 @register_kernel("xray_burned_text", sampler=_text_sampler, host_params=True, uses_scene=True)
@@ -212,26 +334,24 @@ def xray_burned_text(
     host_params: Sequence[Mapping[str, Any]] | None = None,
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
-    """Burned-in annotation text (ID, date, projection, technique) in the corners; ``lines``
-    grows with severity and the first lines of a sample are the same at every severity. Lines
-    keep clear of the annotations already on the film (its radiograph scene: ``text_layout``).
+    """Burned-in console annotations (projection, position, date, time, technique, site, id,
+    distance) along the film's top and bottom edges, as an X-ray console or PACS writes them
+    into the pixels after acquisition: sharp (no quantum noise or blur over them), white with a
+    dark outline or drop shadow, in a plain or blocky bitmap-like face (``TEXT_STYLES``, keyed),
+    through the display values. ``lines`` grows with severity and the first lines of a sample
+    are the same at every severity. Lines keep clear of the annotations already on the film
+    (its radiograph scene: ``text_layout``).
 
-    Kornia: own kernel: the glyph masks are rendered on the host (OpenCV text, identical on every
+    Kornia: own kernel: the layers are rendered on the host (OpenCV text, identical on every
     device, the CPU path's pixels bit for bit) from the records' parameters on the host
-    (``host_params``), uploaded once and blended in one pass; Kornia has no text rendering. A
-    glyph bitmap scaled on the device would not be OpenCV's anti-aliased strokes at the sample's
-    continuous height."""
+    (``host_params``), uploaded once and blended in one pass; Kornia has no text rendering."""
     h, w = x.shape[-2:]
-    side = min(h, w)
-    rows = _host_rows(p, host_params, ("lines", "height"))
+    rows = _host_rows(p, host_params, ("lines", "height", "value", "style"))
     given = list(scenes) if scenes is not None else [None] * len(keys)
-    masks = [
-        text_mask(
-            h, w, _text_lines(int(k), round(lines)), height * side, annotation_boxes(sc, h, w)
-        )
-        for k, (lines, height), sc in zip(keys, rows, given, strict=True)
+    layers = [
+        _text_layers(int(k), h, w, row, sc) for k, row, sc in zip(keys, rows, given, strict=True)
     ]
-    return _blend(x, masks, p["value"])
+    return _blend(x, [m for m, _ in layers], [v for _, v in layers])
 
 
 @backend.register_cpu("xray_burned_text", dtypes=ALL_DTYPES, uses_scene=True)
@@ -239,10 +359,9 @@ def xray_burned_text_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
 ) -> None:
     h, w = src.shape[-2:]
-    lines = _text_lines(key, round(float(p["lines"])))
-    avoid = annotation_boxes(scene, h, w)
-    mask = text_mask(h, w, lines, float(p["height"]) * min(h, w), avoid)
-    _blend_np(src, dst, mask, float(p["value"]), _quadrant_boxes(mask))
+    row = [as_float32(p[n]) for n in ("lines", "height", "value", "style")]
+    mask, paint = _text_layers(key, h, w, row, scene)
+    _blend_np(src, dst, mask, paint, _quadrant_boxes(mask))
 
 
 def marker_plan(
@@ -316,31 +435,215 @@ def _fits(scene: Any, h: int, w: int) -> bool:
     return scene is not None and tuple(scene.size) == (h, w) and scene.kind == "radiograph"
 
 
-def marker_mask(
-    h: int, w: int, letter: str, size: float, right_corner: bool, scene: Any = None
+@dataclass(frozen=True)
+class MarkerStyle:
+    """How one film's marker was made (the sampler's keyed draws, level-invariant).
+
+    lead: a lead letter radiographed with the patient (else the console's digital letter);
+    angle: its tilt on the detector, degrees; mirrored: placed reversed (seen mirrored);
+    initials: how many technologist's initials sit under the letter (0-3, lead only);
+    density: how far the lead letter drives the display towards white (1 - transmission
+    through the display's shoulder), or the digital letter's value; blur: the Gaussian sigma of
+    the focal-spot penumbra and detector MTF, fraction of the shorter side; holder: the plastic
+    holder's extra density over air (0: none); ring: the digital letter sits in a ring."""
+
+    lead: bool = False
+    angle: float = 0.0
+    mirrored: bool = False
+    initials: int = 0
+    density: float = 1.0
+    blur: float = 0.0
+    holder: float = 0.0
+    ring: bool = False
+
+    @classmethod
+    def of(cls, p: Mapping[str, Any]) -> MarkerStyle:
+        """The style a record's (or the CPU path's) parameters give, as the kernel sees them."""
+        f = {n: as_float32(p[n]) for n in MARKER_STYLE_PARAMS}
+        return cls(
+            lead=f["lead"] > 0.5,
+            angle=f["angle"],
+            mirrored=f["mirrored"] > 0.5,
+            initials=round(f["initials"]),
+            density=f["density"],
+            blur=f["blur"],
+            holder=f["holder"],
+            ring=f["ring"] > 0.5,
+        )
+
+
+MARKER_STYLE_PARAMS = ("lead", "angle", "mirrored", "initials", "density", "blur", "holder", "ring")
+INITIALS = "ABCDEFGHJKMNPSTVW"  # technologists' initials: never an L or an R beside the letter
+LEAD_NOISE = 0.015  # display-value sigma of the quantum noise in the lead letter's shadow
+SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges anti-aliased)
+
+
+@lru_cache(maxsize=1)
+def _normal_table() -> np.ndarray:
+    """The keyed normal fields' inverse-CDF table on the host, read once (no device read per
+    marker on the torch path)."""
+    return rng.normal_lut_numpy().copy()
+
+
+def _letter(canvas: np.ndarray, text: str, cap: float, x: float, base: float, bold: int) -> None:
+    """Draw ``text`` with a cap height of ``cap`` px, its left end at ``x``, baseline ``base``."""
+    size = max(4, round(cap / CAP_PER_SIZE))
+    ink = np.zeros_like(canvas)
+    cv2.putText(ink, text, (round(x), round(base)), 255, cv2.FontFace("uni"), size, 400)
+    if bold > 1:
+        ink = cv2.dilate(ink, np.ones((bold, bold), np.uint8))
+    np.maximum(canvas, ink, out=canvas)
+
+
+def _lead_marker(
+    s: int, letter: str, style: MarkerStyle, key: int, side: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A lead laterality marker placed by ``marker_plan``: a square of ``size`` px, a faint
-    holder (0.35) with a bright outline and the letter (1.0); all zeros where no marker is
-    added. Returns (mask, value) float32 images."""
+    """A lead marker's (coverage, value) in its s x s square: the bold letter (and initials)
+    in a faint plastic holder with two screws, placed at ``style.angle`` (mirrored when placed
+    reversed), blurred by the focal spot and detector (``style.blur``), with quantum noise."""
+    ss = SUPERSAMPLE
+    big = s * ss
+    work = 2 * big
+    cap = 0.5 * big
+    g = rng.scalar_rng(rng.sub_key(key, "xray_marker"))
+    initials = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
+    letter_ink = np.zeros((work, work), dtype=np.uint8)
+    size = max(4, round(cap / CAP_PER_SIZE))
+    # the letter centred above the initials (about 0.45 of its height), then the holder round both
+    probe = np.zeros((work, work), dtype=np.uint8)
+    cv2.putText(probe, letter, (0, round(cap) + 2), 255, cv2.FontFace("uni"), size, 400)
+    letter_w = int(np.flatnonzero(probe.any(axis=0))[-1]) + 1
+    small = 0.45 * cap
+    sub_w = 0
+    if initials:
+        probe[:] = 0
+        cv2.putText(
+            probe,
+            initials,
+            (0, round(cap) + 2),
+            255,
+            cv2.FontFace("uni"),
+            max(4, round(small / CAP_PER_SIZE)),
+            400,
+        )
+        sub_w = int(np.flatnonzero(probe.any(axis=0))[-1]) + 1
+    gap = 0.18 * cap
+    block_h = cap + (gap + small if initials else 0.0)
+    block_w = max(letter_w, sub_w)
+    pad = 0.16 * cap
+    cx = cy = work / 2
+    top = cy - block_h / 2
+    bold = max(1, round(0.12 * cap))  # lead letters are cut from thick, heavy stock
+    _letter(letter_ink, letter, cap, cx - letter_w / 2, top + cap, bold)
+    if initials:
+        _letter(letter_ink, initials, small, cx - sub_w / 2, top + block_h, max(1, bold // 2))
+    # the ink's own box centred on the canvas (glyph bearings aside): a reversed marker is its
+    # mirror image about the same centre
+    rows_i, cols_i = np.flatnonzero(letter_ink.any(axis=1)), np.flatnonzero(letter_ink.any(axis=0))
+    dy = round(cy - (rows_i[0] + rows_i[-1] + 1) / 2)
+    dx = round(cx - (cols_i[0] + cols_i[-1] + 1) / 2)
+    letter_ink = np.roll(letter_ink, (dy, dx), axis=(0, 1))
+    block_w = int(cols_i[-1] + 1 - cols_i[0])
+    block_h = float(rows_i[-1] + 1 - rows_i[0])
+    top = cy - block_h / 2
+    holder = np.zeros((work, work), dtype=np.float32)
+    hx0, hy0 = cx - block_w / 2 - pad, top - pad
+    hx1, hy1 = cx + block_w / 2 + pad, top + block_h + pad
+    if style.holder > 0:
+        corners = ((round(hx0), round(hy0)), (round(hx1), round(hy1)))
+        cv2.rectangle(holder, corners[0], corners[1], 1.0, -1)
+        cv2.rectangle(holder, corners[0], corners[1], 1.3, max(1, round(0.04 * cap)))
+        for sx in (hx0 + 0.5 * pad, hx1 - 0.5 * pad):  # the screws that close the holder
+            cv2.circle(holder, (round(sx), round(cy)), max(1, round(0.12 * pad)), 4.0, -1)
+    ink = letter_ink.astype(np.float32) / np.float32(255.0)
+    ramp = np.linspace(0.9, 1.0, work, dtype=np.float32)  # the letter's thickness varies
+    ink *= ramp[None, :] if g.random() < 0.5 else ramp[::-1, None]
+    layers = np.stack([ink, holder], axis=-1)
+    if style.mirrored:
+        layers = layers[:, ::-1].copy()
+    angle = math.radians(style.angle)
+    blur_px = style.blur * side
+    span_w = abs(math.cos(angle)) * (hx1 - hx0) + abs(math.sin(angle)) * (hy1 - hy0)
+    span_h = abs(math.sin(angle)) * (hx1 - hx0) + abs(math.cos(angle)) * (hy1 - hy0)
+    room = big - 2 * (3.0 * blur_px + 1.0) * ss
+    scale = min(1.0, max(room, 0.2 * big) / max(span_w, span_h))
+    turn = cv2.getRotationMatrix2D((cx, cy), style.angle, scale)
+    shift = np.zeros((2, 3))
+    shift[:, 2] = big / 2 - cx
+    turn = np.asarray(turn, dtype=np.float64) + shift  # the holder's centre to the square's
+    placed = cv2.warpAffine(layers, turn, (big, big), flags=cv2.INTER_LINEAR)
+    if blur_px > 0:
+        placed = cv2.GaussianBlur(placed, (0, 0), blur_px * ss)
+    down = cv2.resize(placed, (s, s), interpolation=cv2.INTER_AREA)
+    letter_a = np.clip(down[..., 0], 0.0, 1.0) * np.float32(style.density)
+    holder_a = np.clip(down[..., 1] * np.float32(style.holder), 0.0, 1.0)
+    mask = np.zeros((s, s), dtype=np.float32)
+    paint = np.zeros((s, s), dtype=np.float32)
+    noise = rng.normal_numpy(key, "xray_marker", s * s, _normal_table()).reshape(s, s)
+    grain = np.float32(1.0) + np.float32(LEAD_NOISE) * noise
+    _over(mask, paint, holder_a, grain)
+    _over(mask, paint, letter_a.astype(np.float32), grain)
+    return mask, paint
+
+
+def _digital_marker(s: int, letter: str, style: MarkerStyle) -> tuple[np.ndarray, np.ndarray]:
+    """The console's digital letter in its s x s square: flat, sharp (anti-aliased only), of
+    value ``style.density``, optionally in a white ring on a dark disc."""
+    ss = SUPERSAMPLE
+    big = s * ss
+    cap = (0.42 if style.ring else 0.6) * big
+    ink = np.zeros((big, big), dtype=np.uint8)
+    probe = np.zeros((big, big), dtype=np.uint8)
+    size = max(4, round(cap / CAP_PER_SIZE))
+    cv2.putText(probe, letter, (0, round(cap) + 2), 255, cv2.FontFace("uni"), size, 400)
+    letter_w = int(np.flatnonzero(probe.any(axis=0))[-1]) + 1
+    bold = max(1, round(0.05 * cap))
+    _letter(ink, letter, cap, (big - letter_w) / 2, (big + cap) / 2, bold)
+    mask = np.zeros((s, s), dtype=np.float32)
+    paint = np.zeros((s, s), dtype=np.float32)
+    if style.ring:
+        disc = np.zeros((big, big), dtype=np.float32)
+        ring = np.zeros((big, big), dtype=np.float32)
+        r = round(0.46 * big)
+        cv2.circle(disc, (big // 2, big // 2), r, 1.0, -1)
+        cv2.circle(ring, (big // 2, big // 2), r, 1.0, max(1, round(0.05 * big)))
+        _over(mask, paint, cv2.resize(disc, (s, s), interpolation=cv2.INTER_AREA), 0.02)
+        _over(mask, paint, cv2.resize(ring, (s, s), interpolation=cv2.INTER_AREA), style.density)
+    glyph = cv2.resize(
+        ink.astype(np.float32) / np.float32(255.0), (s, s), interpolation=cv2.INTER_AREA
+    )
+    _over(mask, paint, glyph, style.density)
+    return mask, paint
+
+
+def marker_mask(
+    h: int,
+    w: int,
+    letter: str,
+    size: float,
+    right_corner: bool,
+    scene: Any = None,
+    style: MarkerStyle | None = None,
+    key: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A laterality marker of ``size`` px placed by ``marker_plan``: a lead marker
+    (``_lead_marker``) or the console's digital letter (``_digital_marker``, the default style:
+    a flat white letter) inside its square; all zeros where no marker is added. Returns
+    (coverage, premultiplied value) float32 (H, W) images."""
     mask = np.zeros((h, w), dtype=np.float32)
-    value = np.ones((h, w), dtype=np.float32)
+    paint = np.zeros((h, w), dtype=np.float32)
     letter_, x0, y0, _ = marker_plan(h, w, letter, size, right_corner, scene)
     if letter_ is None:
-        return mask, value
+        return mask, paint
     s = max(2, round(size))
-    mask[y0 : y0 + s, x0 : x0 + s] = 0.35
-    glyph = np.zeros((h, w), dtype=np.uint8)
-    thick = max(1, round(s / 12.0))
-    cv2.rectangle(glyph, (x0, y0), (x0 + s - 1, y0 + s - 1), 255, thick, cv2.LINE_AA)
-    scale = max(0.7 * s / 22.0, 0.1)
-    (tw, th), _ = cv2.getTextSize(letter_, cv2.FONT_HERSHEY_DUPLEX, scale, max(1, 2 * thick))
-    org = (x0 + (s - tw) // 2, y0 + (s + th) // 2)
-    cv2.putText(
-        glyph, letter_, org, cv2.FONT_HERSHEY_DUPLEX, scale, 255, max(1, 2 * thick), cv2.LINE_AA
-    )
+    style = style or MarkerStyle()
+    if style.lead:
+        m, v = _lead_marker(s, letter_, style, key, min(h, w))
+    else:
+        m, v = _digital_marker(s, letter_, style)
     inside = (slice(y0, y0 + s), slice(x0, x0 + s))  # the marker never leaves its square
-    np.maximum(mask[inside], glyph[inside].astype(np.float32) / np.float32(255.0), out=mask[inside])
-    return mask, value
+    mask[inside], paint[inside] = m, v
+    return mask, paint
 
 
 def laterality_note(params: Mapping[str, Any], scene: Any, h: int, w: int) -> str | None:
@@ -357,11 +660,39 @@ SCENE_NOTES = {"xray_laterality_marker": laterality_note}
 
 
 def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    u = [float(rng_.random()) for _ in range(10)]
     return {
-        "size": draw(rng_, level["size"]),
-        "letter_r": float(rng_.random() < 0.5),
-        "right_corner": float(rng_.random() < 0.5),
+        "size": level["size"][0] + u[0] * (level["size"][1] - level["size"][0]),
+        "letter_r": float(u[1] < 0.5),
+        "right_corner": float(u[2] < 0.5),
+        "lead": float(u[3] < 0.7),  # most films carry a radiographed lead marker
+        "angle": -25.0 + 50.0 * u[4],
+        "mirrored": float(u[5] < 0.15),
+        "initials": float(min(3, int(4 * u[6]))),
+        "density": 0.75 + 0.22 * u[7],
+        "blur": 0.0005 + 0.0012 * u[8],  # 0.5-1.7 px on a 1024 px film
+        "holder": (0.008 + 0.025 * u[9] / 0.4) if u[9] < 0.4 else 0.0,  # faint: thin plastic
+        "ring": float(u[9] > 0.75),
     }
+
+
+def _marker_layers(
+    key: int, h: int, w: int, p: Mapping[str, Any], scene: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """One film's marker layers from its parameters (as the kernel sees them)."""
+    return marker_mask(
+        h,
+        w,
+        "R" if as_float32(p["letter_r"]) > 0.5 else "L",
+        as_float32(p["size"]) * min(h, w),
+        as_float32(p["right_corner"]) > 0.5,
+        scene,
+        MarkerStyle.of(p),
+        key,
+    )
+
+
+MARKER_PARAMS = ("size", "letter_r", "right_corner", *MARKER_STYLE_PARAMS)
 
 
 @register_kernel(
@@ -374,23 +705,26 @@ def xray_laterality_marker(
     host_params: Sequence[Mapping[str, Any]] | None = None,
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
-    """A radiopaque "L"/"R" marker in a top corner; the letter is keyed and need not match the
-    anatomy (a wrong or misplaced marker is the failure mode it probes), but it never
-    contradicts a marker already on the film and keeps clear of its annotations (``marker_plan``).
+    """A laterality marker in a top corner. Most are lead markers radiographed with the
+    patient (a bold lead L/R, often with the technologist's initials, in a faint plastic holder,
+    at a keyed tilt, sometimes placed reversed; its shadow drives the display towards white
+    through the film curve's shoulder, v' = 1 - (1 - v)(1 - a g), blurred by the focal spot and
+    detector MTF and grainy with quantum noise); the rest are the console's flat digital letter,
+    sometimes ringed. The letter is keyed and need not match the anatomy (a wrong or misplaced
+    marker is the failure mode it probes), but it never contradicts a marker already on the
+    film and keeps clear of its annotations (``marker_plan``).
 
-    Kornia: own kernel: the marker mask is rendered on the host (identical on every device, the
-    CPU path's pixels bit for bit) from the records' parameters on the host (``host_params``),
-    uploaded once and blended in one pass; Kornia has no text rendering."""
+    Kornia: own kernel: the marker layers are rendered on the host (identical on every device,
+    the CPU path's pixels bit for bit) from the records' parameters on the host
+    (``host_params``), uploaded once and blended in one pass; Kornia has no text rendering."""
     h, w = x.shape[-2:]
-    side = min(h, w)
     given = list(scenes) if scenes is not None else [None] * len(keys)
-    masks = [
-        marker_mask(h, w, "R" if letter_r > 0.5 else "L", size * side, right > 0.5, sc)[0]
-        for (size, letter_r, right), sc in zip(
-            _host_rows(p, host_params, ("size", "letter_r", "right_corner")), given, strict=True
-        )
+    rows = _host_rows(p, host_params, MARKER_PARAMS)
+    layers = [
+        _marker_layers(int(k), h, w, dict(zip(MARKER_PARAMS, row, strict=True)), sc)
+        for k, row, sc in zip(keys, rows, given, strict=True)
     ]
-    return _blend(x, masks, 1.0)  # the marker's value image is all ones
+    return _blend(x, [m for m, _ in layers], [v for _, v in layers])
 
 
 @backend.register_cpu("xray_laterality_marker", dtypes=ALL_DTYPES, uses_scene=True)
@@ -398,41 +732,98 @@ def xray_laterality_marker_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
 ) -> None:
     h, w = src.shape[-2:]
-    letter = "R" if float(p["letter_r"]) > 0.5 else "L"
-    mask, _ = marker_mask(
-        h, w, letter, float(p["size"]) * min(h, w), float(p["right_corner"]) > 0.5, scene
-    )
-    _blend_np(src, dst, mask, 1.0, _quadrant_boxes(mask))  # the marker's value image is all ones
+    mask, paint = _marker_layers(key, h, w, p, scene)
+    _blend_np(src, dst, mask, paint, _quadrant_boxes(mask))
 
 
-PENUMBRA = 0.004  # collimator edge blur, fraction of the shorter side
+SHUTTER_NOISE = (0.004, 0.03)  # bounds of the film's own noise sigma (display values)
 
 
-def collimation_mask(
-    h: int, w: int, left: float, right: float, top: float, bottom: float
-) -> np.ndarray:
-    """Shutter mask (float32, H x W): 1 outside the open field, a linear penumbra of
-    ``PENUMBRA`` x shorter side at each blade edge. Blade positions are fractions of the
-    width (left/right) and height (top/bottom)."""
-    pen = max(PENUMBRA * min(h, w), 1.0)
-    xs = np.arange(w, dtype=np.float64) + 0.5
-    ys = np.arange(h, dtype=np.float64) + 0.5
+def _film_noise(x: torch.Tensor) -> torch.Tensor:
+    """(B,1,1,1) the film's own noise sigma: the robust spread (1.4826 x median absolute
+    deviation, scaled for the 3x3 mean's own share) of the first channel minus its 3x3 local mean,
+    clamped to ``SHUTTER_NOISE``; what the shutter region's quantum noise is sized on."""
+    v = x[:, :1].double()
+    local = F.avg_pool2d(F.pad(v, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+    spread = (v - local).abs().flatten(1).median(dim=1).values * (1.4826 * 9.0 / 8.0)
+    return spread.clamp(*SHUTTER_NOISE).view(-1, 1, 1, 1)
 
-    def ramp(d: np.ndarray) -> np.ndarray:  # d: signed distance into the shutter, px
-        return np.clip(0.5 + d / pen, 0.0, 1.0)
 
-    mx = np.maximum(ramp(left * w - xs), ramp(xs - (1.0 - right) * w))
-    my = np.maximum(ramp(top * h - ys), ramp(ys - (1.0 - bottom) * h))
-    return np.maximum(mx[None, :], my[:, None]).astype(np.float32)
+def collimation_layers(
+    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(coverage, premultiplied value) (B,1,H,W) float32 of the collimator shutters, on
+    ``x``'s device; the CPU path calls it too (one sample), so both give the same pixels.
+
+    Geometry: the four blades (``left`` ... fractions of the width/height) are rotated together
+    by ``tilt`` degrees about the film's centre (the collimator is not square to the detector);
+    ``stairs`` > 0 (fraction of the shorter side, at least a pixel) snaps the edge to blocks of
+    that size with no penumbra: the hard, aliased stair-step of a digitised film rotated and
+    cropped by the system. Otherwise the edge is a smoothstep penumbra of ``penumbra`` (focal
+    spot x magnification plus detector blur: a few mm) of the shorter side.
+    Values: ``white`` 1: the unexposed film under the blades is bright (``shade``) minus the
+    scatter leaking under them from the exposed field, ``scatter`` exp(-d / ``reach``); black
+    (0): the system masks it to ``black``, behind a bright ``fringe`` (the unexposed film's own
+    margin, a few px) where the film was digitised. Both carry the film's own noise
+    (``_film_noise``: keyed, spatially correlated like the film's grain), a third of it when
+    black."""
+    h, w = x.shape[-2:]
+    dev = x.device
+    side = min(h, w)
+
+    def col(name: str) -> torch.Tensor:
+        return per_sample(p[name]).to(dev, torch.float64)
+
+    ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5
+    xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5
+    theta = torch.deg2rad(col("tilt"))
+    cos, sin = torch.cos(theta), torch.sin(theta)
+
+    def into_shutter(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        """Signed distance (px) into the shutter of the tilted blades at (xs, ys)."""
+        u = (xs - w / 2) * cos + (ys - h / 2) * sin + w / 2
+        t = -(xs - w / 2) * sin + (ys - h / 2) * cos + h / 2
+        return torch.maximum(
+            torch.maximum(col("left") * w - u, u - (1.0 - col("right")) * w),
+            torch.maximum(col("top") * h - t, t - (1.0 - col("bottom")) * h),
+        )
+
+    d = into_shutter(xs, ys)
+    pen = (col("penumbra") * side).clamp_min(1.0)
+    r = (0.5 + d / pen).clamp(0.0, 1.0)
+    step = col("stairs") * side
+    blocky = step > 0.0
+    q = step.clamp_min(1.0)
+    # a digitised film cropped by the system: a hard, aliased edge (no penumbra) in blocks
+    stepped = into_shutter((torch.floor(xs / q) + 0.5) * q, (torch.floor(ys / q) + 0.5) * q)
+    mask = torch.where(blocky, (stepped > 0.0).to(d.dtype), r * r * (3.0 - 2.0 * r))
+    inside = d.clamp_min(0.0)
+    grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1)
+    grain = F.avg_pool2d(F.pad(grain.double(), (1, 1, 1, 1), mode="replicate"), 3, stride=1) * 3.0
+    sigma = _film_noise(x)
+    reach = (col("reach") * side).clamp_min(1.0)
+    white = col("shade") - col("scatter") * torch.exp(-inside / reach) + sigma * grain
+    margin = (col("fringe") * side - inside).clamp(0.0, 1.0)
+    black = col("black") + (col("shade") - col("black")) * margin + sigma * grain / 3.0
+    value = torch.where(col("white") > 0.5, white, black)
+    return mask.to(torch.float32), (value * mask).to(torch.float32)
 
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    blades = {n: draw(rng_, level[n]) for n in ("left", "right", "top", "bottom")}
+    u = [float(rng_.random()) for _ in range(9)]
+    white = float(u[0] < 0.5)
     return {
-        "left": draw(rng_, level["left"]),
-        "right": draw(rng_, level["right"]),
-        "top": draw(rng_, level["top"]),
-        "bottom": draw(rng_, level["bottom"]),
-        "white": float(rng_.random() < 0.5),
+        **blades,
+        "white": white,
+        "tilt": (-2.5 + 5.0 * u[1]) if u[2] < 0.6 else 0.0,
+        "penumbra": 0.005 + 0.009 * u[3],  # 2-6 mm of a 43 cm film (focal spot, detector MTF)
+        "scatter": 0.06 + 0.2 * u[4],
+        "reach": 0.01 + 0.04 * u[5],
+        "shade": 0.9 + 0.08 * u[6],
+        "black": 0.03 * u[7],
+        "fringe": 0.006 * u[8] if u[7] < 0.7 else 0.0,
+        "stairs": (0.001 + 0.005 * u[2]) if white < 0.5 and u[2] < 0.4 else 0.0,  # 1-3 px
     }
 
 
@@ -440,34 +831,19 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
 def xray_collimation(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
-    """Collimator shutters: borders of keyed width per side, white (unexposed, MONOCHROME2)
-    or black (electronic shutter), with a soft penumbra.
+    """Collimator shutters: the blades cut the beam, so the film under them is unexposed:
+    bright on a film-like display (``white``) with scatter from the exposed field leaking under
+    the blade and the film's own quantum noise, or masked black by the system (electronic
+    shutter; where the film was digitised, behind its bright unexposed margin and a stair-step
+    crop); a focal-spot penumbra of a few mm, the blades tilted together by a degree or two
+    (``collimation_layers``). Refs: Bushberg et al., The Essential Physics of Medical Imaging,
+    ch. 7 (collimation, penumbra = focal spot x (magnification - 1)); Boyle et al., PMB 2013
+    (scatter tails at field edges).
 
-    Kornia: own kernel: no Kornia equivalent (a host-rendered shutter mask with penumbra, blended in
-    one pass)."""
-    h, w = x.shape[-2:]
-    mask = collimation_masks(h, w, p, x.device)
-    return (x * (1.0 - mask) + per_sample(p["white"]) * mask).clamp_(0.0, 1.0)
-
-
-def collimation_masks(
-    h: int, w: int, p: dict[str, torch.Tensor], device: torch.device
-) -> torch.Tensor:
-    """``collimation_mask`` of every sample at once, (B,1,H,W) float32: the same float64
-    operations on the (B,) blade positions (bit for bit)."""
-    pen = max(PENUMBRA * min(h, w), 1.0)
-    xs = (torch.arange(w, dtype=torch.float64, device=device) + 0.5).view(1, 1, 1, w)
-    ys = (torch.arange(h, dtype=torch.float64, device=device) + 0.5).view(1, 1, h, 1)
-
-    def ramp(d: torch.Tensor) -> torch.Tensor:  # d: signed distance into the shutter, px
-        return (0.5 + d / pen).clamp_(0.0, 1.0)
-
-    def blade(name: str) -> torch.Tensor:
-        return per_sample(p[name]).double()
-
-    mx = torch.maximum(ramp(blade("left") * w - xs), ramp(xs - (1.0 - blade("right")) * w))
-    my = torch.maximum(ramp(blade("top") * h - ys), ramp(ys - (1.0 - blade("bottom")) * h))
-    return torch.maximum(mx, my).to(torch.float32)
+    Kornia: own kernel: no Kornia equivalent (shutter geometry, keyed noise field and blend in
+    one batched pass)."""
+    mask, paint = collimation_layers(x, p, keys)
+    return (x * (1.0 - mask) + paint).clamp_(0.0, 1.0)
 
 
 @backend.register_cpu("xray_collimation", dtypes=ALL_DTYPES)
@@ -475,13 +851,16 @@ def xray_collimation_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
 ) -> None:
     h, w = src.shape[-2:]
-    mask = collimation_mask(h, w, *(float(p[s]) for s in ("left", "right", "top", "bottom")))
-    # the open field is the rectangle of rows and columns whose edge profile is zero
+    x = torch.from_numpy(np.ascontiguousarray(_load(src[:1])))[None]
+    params = {n: torch.tensor([as_float32(v)], dtype=torch.float32) for n, v in p.items()}
+    mask_t, paint_t = collimation_layers(x, params, [key])
+    mask, paint = mask_t[0, 0].numpy(), paint_t[0, 0].numpy()
+    # the open field is the rectangle of rows and columns whose middle profile is zero
     rows, cols = np.flatnonzero(mask[:, w // 2] == 0), np.flatnonzero(mask[h // 2] == 0)
-    if rows.size == 0 or cols.size == 0:
+    if rows.size == 0 or cols.size == 0 or float(p["tilt"]) != 0.0:
         boxes = [(slice(0, h), slice(0, w))]
     else:
         r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
         boxes = [(slice(0, r0), slice(0, w)), (slice(r1, h), slice(0, w))]
         boxes += [(slice(r0, r1), slice(0, c0)), (slice(r0, r1), slice(c1, w))]
-    _blend_np(src, dst, mask, float(p["white"]), boxes)
+    _blend_np(src, dst, mask, paint, boxes)

@@ -18,19 +18,33 @@ from perturb.ops.backend import use_backend
 from perturb.ops.kernels import get_kernel
 
 
-def test_collimation_masks_are_the_host_masks_bit_for_bit() -> None:
+def test_collimation_layers_of_a_batch_are_each_sample_alone() -> None:
+    """The shutter layers of a batch (blades, tilt, stairs, penumbra, the film's noise level and
+    the keyed grain) equal those of each sample run alone, bit for bit."""
     h, w = 41, 67
-    names = ("left", "right", "top", "bottom")
     p = {
-        "left": torch.tensor([0.01, 0.2, 0.0, 0.4]),
-        "right": torch.tensor([0.03, 0.13, 0.4, 0.0]),
-        "top": torch.tensor([0.0, 0.07, 0.33, 0.01]),
-        "bottom": torch.tensor([0.2, 0.1, 0.0, 0.35]),
+        "left": [0.01, 0.2, 0.0, 0.4],
+        "right": [0.03, 0.13, 0.4, 0.0],
+        "top": [0.0, 0.07, 0.33, 0.01],
+        "bottom": [0.2, 0.1, 0.0, 0.35],
+        "white": [1.0, 0.0, 1.0, 0.0],
+        "tilt": [0.0, 2.0, -1.5, 0.5],
+        "penumbra": [0.005, 0.01, 0.014, 0.008],
+        "scatter": [0.1, 0.2, 0.06, 0.25],
+        "reach": [0.01, 0.05, 0.03, 0.02],
+        "shade": [0.9, 0.95, 0.98, 0.93],
+        "black": [0.0, 0.02, 0.01, 0.03],
+        "fringe": [0.0, 0.006, 0.003, 0.0],
+        "stairs": [0.0, 0.05, 0.0, 0.1],
     }
-    masks = overlay.collimation_masks(h, w, p, torch.device("cpu"))
+    params = {k: torch.tensor(v) for k, v in p.items()}
+    x = torch.rand(4, 1, h, w, generator=torch.Generator().manual_seed(5))
+    keys = [11, 12, 13, 14]
+    mask, paint = overlay.collimation_layers(x, params, keys)
     for i in range(4):
-        ref = overlay.collimation_mask(h, w, *(float(p[n][i]) for n in names))
-        assert np.array_equal(masks[i, 0].numpy(), ref), i
+        one = {k: v[i : i + 1] for k, v in params.items()}
+        m1, p1 = overlay.collimation_layers(x[i : i + 1], one, keys[i : i + 1])
+        assert torch.equal(mask[i : i + 1], m1) and torch.equal(paint[i : i + 1], p1), i
 
 
 def test_box_radii_are_box_radius_per_sample() -> None:

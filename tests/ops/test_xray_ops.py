@@ -243,56 +243,196 @@ def test_monochrome1_is_one_level_the_full_inversion() -> None:
 
 
 def test_burned_text_is_in_the_corners_and_grows_by_lines() -> None:
-    x = _real(256)
+    """Console text is burned in after acquisition: sharp white strokes of exactly the fill
+    value (no noise over them) inside a dark outline or shadow, along the top and bottom edges,
+    and each severity's lines a superset of the lower's."""
+    x = _real(512)
     changed = []
     for severity in range(1, 6):
-        out, rec = perturb.apply(x, "xray_burned_text", severity, ["k"])
-        diff = np.abs(_np(out) - _np(x)) > 1e-7
-        changed.append(diff)
-        rows = np.nonzero(diff)[0]
-        # text stays in bands along the top and bottom edges
-        assert np.all((rows < 256 * 0.25) | (rows > 256 * 0.75))
-        # where the mask is full, the pixel takes the text value
-        value = float(np.float32(rec[0].params["value"]))
-        assert np.isclose(_np(out), value, atol=1e-6).sum() > 0
+        for style in (0.0, 1.0, 2.0):
+            out, rec = _with_params(x, "xray_burned_text", severity, {"style": style})
+            diff = np.abs(_np(out) - _np(x)) > 1e-7
+            rows = np.nonzero(diff)[0]
+            assert np.all((rows < 512 * 0.25) | (rows > 512 * 0.75))  # bands along the edges
+            value = float(np.float32(rec.params["value"]))
+            full = np.isclose(_np(out), value, atol=1e-6) & diff
+            assert full.sum() > 20  # the fill's core takes the value exactly: no grain on it
+            dark = diff & (_np(out) < 0.05) & (_np(x) > 0.1)
+            assert dark.sum() > 0.2 * full.sum()  # an outline or a shadow around the strokes
+            if style == 0.0:
+                changed.append(diff)
     for a, b in itertools.pairwise(changed):
-        assert not (a & ~b).any() and b.sum() > a.sum()  # a superset at each severity
+        assert not (a & ~b).any() and b.sum() >= a.sum()  # a superset at each severity
+    assert changed[-1].sum() > changed[0].sum()
 
 
 def test_burned_text_is_one_annotation_set_per_film() -> None:
-    """Severity 5's eight lines are eight different kinds (one patient id, one date, ...), the
-    same values as the lower severities' lines."""
+    """Severity 5's eight lines are eight different kinds (projection, position, one date, one
+    time, technique, ...), the same values as the lower severities' lines; consoles of English
+    and German sites both occur."""
+    import re
+
     from perturb.ops.overlay import _text_lines
 
-    lines = _text_lines(12345, 8)
-    assert len(lines) == 8 and len(set(lines)) == 8
-    assert sum(line.startswith("ID ") for line in lines) == 1
-    assert sum(line.count("/") == 2 for line in lines) == 1
-    assert _text_lines(12345, 3) == lines[:3]
+    languages = set()
+    for key in range(40):
+        lines = _text_lines(key, 8)
+        assert len(lines) == 8 and len(set(lines)) == 8
+        dates = [
+            t for t in lines if re.fullmatch(r"[0-9A-Z]{2,4}[-/.][0-9A-Z]{2,3}[-/.][0-9]{2,4}", t)
+        ]
+        assert len(dates) == 1, lines
+        assert sum(bool(re.fullmatch(r"\d\d:\d\d:\d\d", t)) for t in lines) == 1
+        assert sum(("kV" in t and "mAs" in t) for t in lines) == 1
+        assert _text_lines(key, 3) == lines[:3]
+        languages.add("German" if "," in lines[4] else "English")
+    assert languages == {"German", "English"}
 
 
-def test_laterality_marker_is_a_bright_letter_in_a_top_corner_square() -> None:
+def _marker_params(**style: float) -> dict[str, float]:
+    base = {
+        "size": 0.1,
+        "right_corner": 1.0,
+        "letter_r": 1.0,
+        "lead": 1.0,
+        "angle": 0.0,
+        "mirrored": 0.0,
+        "initials": 0.0,
+        "density": 0.9,
+        "blur": 0.0015,
+        "holder": 0.0,
+        "ring": 0.0,
+    }
+    return {**base, **style}
+
+
+def test_laterality_marker_stays_in_its_top_corner_square() -> None:
     x = _real(256)
+    margin, s = round(0.03 * 256), round(float(np.float32(0.1)) * 256)
     for right in (0.0, 1.0):
-        out, _ = _with_params(x, "xray_laterality_marker", 3, {"size": 0.1, "right_corner": right, "letter_r": 1.0})
-        diff = np.abs(_np(out) - _np(x)) > 1e-7
-        rows, cols = np.nonzero(diff)
-        margin, s = round(0.03 * 256), round(float(np.float32(0.1)) * 256)
-        x0 = 256 - margin - s if right else margin
-        assert rows.min() >= margin and rows.max() < margin + s
-        assert cols.min() >= x0 and cols.max() < x0 + s
-        assert (np.abs(_np(out) - 1.0) < 1e-6).sum() > s  # the radiopaque letter and frame
+        for lead in (0.0, 1.0):
+            params = _marker_params(
+                right_corner=right, lead=lead, angle=20.0, initials=2.0, holder=0.05
+            )
+            out, _ = _with_params(x, "xray_laterality_marker", 3, params)
+            diff = np.abs(_np(out) - _np(x)) > 1e-7
+            rows, cols = np.nonzero(diff)
+            x0 = 256 - margin - s if right else margin
+            assert rows.size > s
+            assert rows.min() >= margin and rows.max() < margin + s
+            assert cols.min() >= x0 and cols.max() < x0 + s
 
 
-def test_collimation_borders_take_the_shutter_value_and_spare_the_field() -> None:
-    x = _real(200)
-    params = {"left": 0.1, "right": 0.05, "top": 0.15, "bottom": 0.2}
-    for white in (0.0, 1.0):
-        out, _ = _with_params(x, "xray_collimation", 4, {**params, "white": white})
-        o, v = _np(out), _np(x)
-        assert np.all(o[:, :19] == white) and np.all(o[:, -9:] == white)
-        assert np.all(o[:29, :] == white) and np.all(o[-39:, :] == white)
-        assert np.array_equal(o[32:-42, 22:-12], v[32:-42, 22:-12].astype(np.float32).astype(np.float64))
+def test_lead_marker_is_a_blurred_grainy_shadow_through_the_film_curve() -> None:
+    """A lead letter radiographed with the patient: its core drives the display towards white by
+    the film curve's shoulder, v' = 1 - (1 - v)(1 - density), with quantum noise (not flat), and
+    its edges are blurred over several pixels (focal spot, detector); the console's digital
+    letter is flat and sharp."""
+    from perturb.ops.overlay import LEAD_NOISE, MarkerStyle, marker_mask
+
+    x = _real(512)
+    v = _np(x)
+    params = _marker_params(density=0.9, blur=0.003)
+    out, _ = _with_params(x, "xray_laterality_marker", 3, params)
+    o = _np(out)
+    mask, _ = marker_mask(
+        512, 512, "R", float(np.float32(0.1)) * 512, True, None, MarkerStyle.of(params), 0
+    )
+    core = mask > 0.5
+    assert core.sum() > 50
+    expected = 1.0 - (1.0 - v[core]) * (1.0 - mask[core])
+    resid = o[core] - expected
+    assert abs(resid.mean()) < 0.01 and 0.3 * LEAD_NOISE < resid.std() < 3 * LEAD_NOISE
+    partial = (mask > 0.05) & (mask < 0.5 * mask.max())
+    assert partial.sum() > 0.5 * core.sum()  # a wide blurred rim (3 px sigma at 512 px)
+    digital = _marker_params(lead=0.0, density=0.95)
+    out_d, _ = _with_params(x, "xray_laterality_marker", 3, digital)
+    mask_d, _ = marker_mask(
+        512, 512, "R", float(np.float32(0.1)) * 512, True, None, MarkerStyle.of(digital), 0
+    )
+    assert np.allclose(_np(out_d)[mask_d == 1.0], np.float32(0.95), atol=1e-6)  # flat
+    rim = (mask_d > 0.05) & (mask_d < 0.95)
+    assert rim.sum() < 0.6 * (mask_d == 1.0).sum()  # sharp: only anti-aliased edge pixels
+
+
+def test_a_reversed_lead_marker_is_the_mirror_image() -> None:
+    from perturb.ops.overlay import MarkerStyle, marker_mask
+
+    plain = MarkerStyle.of(_marker_params(initials=2.0))
+    mirrored = MarkerStyle.of(_marker_params(initials=2.0, mirrored=1.0))
+    a, _ = marker_mask(400, 400, "R", 40.0, True, None, plain, 7)
+    b, _ = marker_mask(400, 400, "R", 40.0, True, None, mirrored, 7)
+    cols = np.flatnonzero(a.any(axis=0))
+    box = a[:, cols[0] : cols[-1] + 1]
+    assert np.abs(b[:, cols[0] : cols[-1] + 1] - box[:, ::-1]).max() < 0.05  # within a quarter px
+    assert np.abs(b - a).max() > 0.5  # an R and its mirror image differ
+
+
+def _collimation(**over: float) -> dict[str, float]:
+    base = {
+        "left": 0.1,
+        "right": 0.05,
+        "top": 0.15,
+        "bottom": 0.2,
+        "white": 1.0,
+        "tilt": 0.0,
+        "penumbra": 0.01,
+        "scatter": 0.2,
+        "reach": 0.03,
+        "shade": 0.95,
+        "black": 0.01,
+        "fringe": 0.0,
+        "stairs": 0.0,
+    }
+    return {**base, **over}
+
+
+def test_collimation_shutter_is_unexposed_film_with_scatter_and_noise() -> None:
+    """Under a white shutter the film is bright (``shade``) minus scatter leaking from the field,
+    ``scatter`` exp(-d / reach), with the film's noise on top (not a flat fill); a black shutter
+    is the system's mask; the open field beyond the penumbra is untouched."""
+    x = _real(400)
+    v = _np(x)
+    p = _collimation()
+    out, _ = _with_params(x, "xray_collimation", 4, p)
+    o = _np(out)
+    top = 0.15 * 400  # the top blade's edge, rows from the top
+    for d in (6.0, 12.0, 24.0, 40.0):
+        row = int(top - d)
+        got = o[row, 100:300]
+        want = 0.95 - 0.2 * math.exp(-(top - (row + 0.5)) / (0.03 * 400))
+        assert abs(got.mean() - want) < 0.01, d
+        assert got.std() > 0.002  # the film's grain, not a flat fill
+    pen = 0.01 * 400
+    field = (
+        slice(int(top + pen / 2) + 1, int(400 - 80 - pen / 2) - 1),
+        slice(int(40 + pen / 2) + 1, int(380 - pen / 2) - 1),
+    )
+    assert np.array_equal(o[field], v[field].astype(np.float32).astype(np.float64))
+    out_b, _ = _with_params(x, "xray_collimation", 4, _collimation(white=0.0, black=0.02))
+    assert abs(_np(out_b)[5:40, 100:300].mean() - 0.02) < 0.01
+
+
+def test_collimation_blades_tilt_together_and_crop_in_stair_steps() -> None:
+    x = torch.full((1, 1, 400, 400), 0.5)
+    out, _ = _with_params(
+        x, "xray_collimation", 4, _collimation(tilt=2.0, penumbra=0.0025, scatter=0.0)
+    )
+    o = _np(out)
+
+    def edge_row(col: int) -> float:  # the top edge: first row (from the top) past mid-grey
+        column = o[:120, col]
+        return float(np.flatnonzero(column < 0.5 * (column[:20].mean() + column[100:].mean()))[0])
+
+    slope = (edge_row(300) - edge_row(100)) / 200
+    assert abs(slope - math.tan(math.radians(2.0))) < 0.01  # rotated about the centre
+    out_s, _ = _with_params(
+        x, "xray_collimation", 4, _collimation(tilt=2.0, white=0.0, penumbra=0.0025, stairs=0.02)
+    )
+    shut = _np(out_s)[:120] < 0.1
+    first = np.argmin(shut, axis=0)[40:380]  # the edge row of each column
+    steps = np.flatnonzero(np.diff(first))
+    assert steps.size > 1 and np.all(np.diff(steps) >= 7)  # 8 px blocks, not per-column steps
 
 
 # ---------------------------------------------------------------------------------------------
