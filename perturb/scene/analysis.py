@@ -31,7 +31,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-SCENE_VERSION = 6  # 2: text lines over the tissue keep only their glyph strokes in the composite;
+SCENE_VERSION = 7  # 2: text lines over the tissue keep only their glyph strokes in the composite;
 #   3: and their solid blocks (progress bars, a cursor) whole (masks.solid_blocks);
 #   4: text lines found as regular glyph rows of either polarity anywhere over the field (kinds
 #   ``text`` and ``text_dark``), the glyph cover keeps a 1 px rim and an outline; ``text`` entry;
@@ -39,7 +39,9 @@ SCENE_VERSION = 6  # 2: text lines over the tissue keep only their glyph strokes
 #   cover from the largest per-channel top-hat (coloured ink of low luma contrast);
 #   6: a found line is extended with its own ink (characters over bright tissue, lines of its
 #   block), runs of touching characters count as characters, glyphs from 6 px; glyph cover
-#   also from the ink's share against the tissue behind each pixel
+#   also from the ink's share against the tissue behind each pixel; 7: ink of the opposite
+#   polarity enclosed by a line's strokes (dark ink inside a light outline) wholly covered
+#   from its own depth below the tissue (``masks._enclosed_ink``)
 TEXT_KINDS = ("text", "text_dark")  # overlay kinds of burned-in text lines (light, dark ink)
 GRID_SHORT = 360  # analysis grid: shorter side in pixels
 DARK_LEVEL = 24  # max channel (8-bit) below which a pixel may belong to the surround

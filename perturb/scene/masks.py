@@ -23,6 +23,9 @@ FEATHER_GRID_PX = 0.6  # sigma of the aperture's soft edge, in analysis-grid pix
 GLYPH_LOW, GLYPH_HIGH = 24, 64
 # full cover from this fraction of the median excess of the line's strong stroke pixels
 GLYPH_FULL = 0.85
+# ink of the opposite polarity enclosed by the strokes (``_enclosed_ink``): in gaps up to this
+# fraction of the cap height wide, wholly covered from at least this many levels below the tissue
+ENCLOSED_WIDTH, OUTLINE_FULL_MIN = 0.15, 40
 GLYPH_KERNEL = 0.6  # top-hat square side, as a fraction of the text box's height
 # ... or from the ink's share of a pixel against the tissue right behind it: no cover at this
 # share, full cover from this share; the ink stands at least this many levels off that tissue
@@ -295,11 +298,46 @@ def glyph_strokes(
         np.clip(outline, np.float32(0.0), np.float32(1.0), out=outline)
         outline[~near] = 0.0
         np.maximum(cover, outline, out=cover)
+        np.maximum(cover, _enclosed_ink(below, is_strong, y1 - y0), out=cover)
     else:
         cover = np.ascontiguousarray(cover)
     rim = cv2.dilate((cover >= 1.0).view(np.uint8), np.ones((3, 3), np.uint8)).view(bool)
     cover[rim] = 1.0
     return cover
+
+
+def _enclosed_ink(below: np.ndarray, is_strong: np.ndarray, box_height: int) -> np.ndarray:
+    """float32 cover of ink of the opposite polarity enclosed by a line's strong strokes (dark
+    ink inside a light outline, which the search may find as the light line; ``below``: each
+    pixel's depth below the line's tissue, 8-bit levels): the pixels in the gaps between strong
+    strokes no wider than ``ENCLOSED_WIDTH`` of the cap height along a row, a column or a diagonal
+    (closings by a line), ramped
+    from ``GLYPH_LOW`` to ``GLYPH_SHARE_FULL`` (the ink's share of a pixel from which a stroke is
+    wholly ink) of the median depth of those at least ``GLYPH_LOW`` deep
+    (within ``OUTLINE_FULL_MIN`` .. ``GLYPH_HIGH``). Such ink is one flat colour, but over
+    bright tissue it may stand less than ``GLYPH_HIGH`` below it: its own pixels set the scale,
+    as the strokes' do for their cover."""
+    cap = box_height / (1.0 + 2.0 * 0.3)  # the text box pads the cap height by 0.3 each side
+    side = 2 * max(2, round(ENCLOSED_WIDTH * cap / 2)) + 1
+    strong = is_strong.view(np.uint8)
+    closed = np.zeros_like(strong)
+    for line in _lines(side):
+        cv2.bitwise_or(closed, cv2.morphologyEx(strong, cv2.MORPH_CLOSE, line), dst=closed)
+    enclosed = closed.view(bool) & ~is_strong
+    out = np.zeros(below.shape, np.float32)
+    deep = below[enclosed & (below >= GLYPH_LOW)]
+    if not deep.size:
+        return out
+    full = min(float(GLYPH_HIGH), max(float(OUTLINE_FULL_MIN), GLYPH_SHARE_FULL * float(np.median(deep))))
+    ramp = (below[enclosed] - np.float32(GLYPH_LOW)) * np.float32(1.0 / (full - GLYPH_LOW))
+    out[enclosed] = np.clip(ramp, np.float32(0.0), np.float32(1.0))
+    return out
+
+
+def _lines(side: int) -> tuple[np.ndarray, ...]:
+    """Structuring elements of ``side`` pixels along a row, a column and both diagonals."""
+    diagonal = np.eye(side, dtype=np.uint8)
+    return np.ones((1, side), np.uint8), np.ones((side, 1), np.uint8), diagonal, diagonal[::-1].copy()
 
 
 def solid_blocks(

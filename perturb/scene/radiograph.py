@@ -48,7 +48,8 @@ NONE_FOUND = "none found"
 
 TOPHAT_SIDE = 0.03  # structuring disc, fraction of the shorter side (wider than any stroke)
 MIN_CONTRAST = 45  # top-hat (8-bit levels) a stroke stands above its surroundings
-MIN_LEVEL_QUANTILE = 0.80  # a stroke's top is brighter than this quantile of the film
+MIN_LEVEL_QUANTILE = 0.80  # a stroke's top is brighter than this quantile of the film ...
+LONE_CONTRAST = 120  # ... or stands this many levels above the film around it (a marker on air)
 SPLIT_QUANTILE = 0.995  # a part split from a larger candidate reaches this quantile of the film
 CORE_SPREAD = 18  # levels below a component's top that still count as its flat core
 MAX_CORE_STD = 9.0  # flat: spread of the core levels
@@ -95,7 +96,7 @@ def _strokes(img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     disc = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (_odd(TOPHAT_SIDE * side),) * 2)
     tophat = cv2.morphologyEx(img, cv2.MORPH_TOPHAT, disc)
     level, split_level = (float(v) for v in np.quantile(img, [MIN_LEVEL_QUANTILE, SPLIT_QUANTILE]))
-    cand = ((tophat >= MIN_CONTRAST) & (img >= level)).astype(np.uint8)
+    cand = ((tophat >= MIN_CONTRAST) & ((img >= level) | (tophat >= LONE_CONTRAST))).astype(np.uint8)
     n, labels, stats, _ = cv2.connectedComponentsWithStats(cand, connectivity=8)
     ink_out, full_out = np.zeros((h, w), bool), np.zeros((h, w), bool)
     for i in range(1, n):
@@ -136,8 +137,6 @@ def _stroke(
     if max(bw, bh) > MAX_GLYPH_SIDE * side or area < MIN_FILL * bw * bh or min(bw, bh) < 2:
         return None
     top = float(np.quantile(sub[comp], 0.9))
-    if top < level:
-        return None
     core = comp & (sub >= top - CORE_SPREAD)
     if core.sum() < max(3, MIN_CORE_FRACTION * area) or float(sub[core].std()) > MAX_CORE_STD:
         return None
@@ -147,6 +146,10 @@ def _stroke(
     if not ring.any():
         return None
     ring_level = float(np.median(sub[ring]))
+    # near the film's top levels, or far above the film right around it (a lead marker on the
+    # dark air beside the body is dimmer than bone)
+    if top < level and top - ring_level < LONE_CONTRAST:
+        return None
     if top - ring_level < MIN_EDGE_DROP or _elongation(comp) > MAX_ELONGATION:
         return None
     # the film a little further out (OUTLINE_FAR): what the anti-aliased rim stands above, and

@@ -264,3 +264,21 @@ def test_preview_scene_shows_the_annotation_layer(tmp_path: Path) -> None:
     right = panel[:, panel.shape[1] // 2 :]
     red = (right[..., 0] > 200) & (right[..., 1] < 60) & (right[..., 2] < 60)
     assert red.sum() > 100  # the annotation pixels, drawn in red
+
+
+# Lead markers on the dark air above the shoulder, dimmer than the film's bone (below the level
+# quantile a stroke otherwise reaches): boxes marked by eye (annotation_labels.REAL_BOXES).
+DIM_MARKERS = {"nih_00008386_000.png": (917, 28, 948, 67), "nih_00013911_000.png": (890, 67, 923, 89)}
+
+
+@pytest.mark.parametrize("name", sorted(DIM_MARKERS))
+def test_a_lead_marker_dimmer_than_bone_is_in_the_layer(name: str) -> None:
+    gray = read_gray(name)
+    if gray is None:
+        pytest.skip(f"{name} is neither in tests/data/xray nor under $PERTURB_SAMPLES_DIR/xray")
+    x0, y0, x1, y1 = DIM_MARKERS[name]
+    assert gray[y0:y1, x0:x1].max() < np.quantile(gray, radiograph.MIN_LEVEL_QUANTILE)
+    layer = radiograph.mask_of(radiograph.analyse(gray))
+    marker = gray[y0:y1, x0:x1] >= 0.5 * (int(gray[y0:y1, x0:x1].max()) + int(np.median(gray[y0:y1, x0:x1])))
+    assert (layer[y0:y1, x0:x1] & marker).sum() >= 0.9 * marker.sum()
+    assert not layer[:, : gray.shape[1] // 2].any()  # nothing else on the film's right half
