@@ -8,7 +8,7 @@ fresh process (CLI start-up, decode, perturb, encode, write, manifest and datase
 
 * ``artifacts``: ``perturb generate endoscopy-artifacts`` (every endoscopy op x 5 severities,
   PNG) against ``ref_artifacts_albumentations.py`` (the nearest albumentations/OpenCV transform
-  per op, OpenCV PNG);
+  per op, OpenCV PNG with the suite's encoder settings: zlib level 1, default strategy);
 * ``track``: ``perturb generate kvasir-vqa-x1-transformed`` (10 variants, JPEG q75) against
   ``ref_track_pil.py`` (the upstream recipe in PIL).
 
@@ -46,6 +46,16 @@ SAMPLES = (
     else REPO.parent / "shared" / "samples"
 ) / "endoscopy"
 RESULTS = REPO / "benchmarks" / "results"
+
+
+LIKE_FOR_LIKE = {
+    "artifacts": "PNG 8-bit RGB, OpenCV's encoder at zlib level 1 with zlib's default strategy on "
+    "both sides (perturb's suite setting; the reference passes IMWRITE_PNG_COMPRESSION 1)",
+    "track": "JPEG quality 75, 4:2:0, RGB, libjpeg-turbo on both sides (perturb through OpenCV, "
+    "the reference through PIL), the same frame size out",
+    "perturb_workers": "--workers = cores; on Linux the CLI forks its workers (they inherit the "
+    "driver's imports)",
+}
 
 
 @dataclass
@@ -258,7 +268,7 @@ def main() -> None:
     cores = os.cpu_count() or 1
     # versions are read after the runs: importing torch here first would raise this process's
     # peak RSS, which a child inherits across fork+exec in its ru_maxrss
-    result: dict[str, Any] = {"load_before": os.getloadavg()}
+    result: dict[str, Any] = {"load_before": os.getloadavg(), "like_for_like": LIKE_FOR_LIKE}
     jobs = set(args.jobs.split(","))
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -185,6 +185,7 @@ def generate(
         dry_run=dry_run,
         id_from=id_from,
         cache_dir=cache_dir,
+        fork_workers=True,  # this driver only plans from headers before the pool starts
     )
     summary = _until_stopped(lambda: run(load_suite(config), options))
     if as_json:

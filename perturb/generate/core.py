@@ -137,6 +137,9 @@ class RunOptions:
     max_retries: int = 2  # Ray: rounds that re-run images whose worker died or failed
     stall_timeout: float | None = 600.0  # Ray: stop a pass after this long without a result
     threads: int | None = None  # torch/OpenCV threads per worker (default: 1 when several)
+    # pool workers forked rather than spawned on Linux CPU runs: only for a driver that ran no
+    # pixel work before (the CLI's); see perturb.generate.local.pool_context
+    fork_workers: bool = False
     dry_run: bool = False  # print the plan (perturb.generate.plan), write nothing
     on_progress: ProgressCallback | None = None  # (outputs done, outputs to do), per output
     check_space: bool = True  # stop after the first chunk when the estimate exceeds free space

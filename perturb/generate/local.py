@@ -1,15 +1,24 @@
 """The local engine of ``perturb generate``: the pending chunks in this process
-(``--workers 1``) or on a pool of spawned worker processes, each result committed to the
-journal through ``perturb.generate.core.Commit`` as it arrives."""
+(``--workers 1``) or on a pool of worker processes, each result committed to the journal
+through ``perturb.generate.core.Commit`` as it arrives.
+
+Pool workers are forked where the driver is known to have done no pixel work (``fork=True``:
+the ``perturb generate`` command, whose driver only plans from image headers, on Linux, on the
+CPU): a forked worker inherits the driver's imports (torch, OpenCV, pyarrow: about 2.5
+CPU-seconds a worker when spawned) and starts at once. Elsewhere (a library caller whose process
+may have run OpenCV's or OpenMP's thread pools, whose threads a fork does not copy; CUDA, which
+a forked child cannot re-initialise; macOS) they are spawned: a fresh interpreter each."""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import replace
 from functools import partial
 from multiprocessing import get_context
+from multiprocessing.context import BaseContext
 from typing import Any
 
 from perturb.generate.core import Commit, Pending
@@ -40,10 +49,12 @@ def run_local(
     batches: list[list[Pending]],
     commit: Commit,
     url: str | None,
+    fork: bool = False,
 ) -> None:
-    """Run every chunk of ``batches``: in this process when ``workers`` is 1, else on a pool.
-    With a local DIR each output is committed to the journal by the worker as it is finished
-    (a pool worker to its own ``journal-<pid>.jsonl``, see ``perturb.generate.core``)."""
+    """Run every chunk of ``batches``: in this process when ``workers`` is 1, else on a pool
+    (forked workers when ``fork`` and ``pool_context`` allow it, else spawned). With a local DIR
+    each output is committed to the journal by the worker as it is finished (a pool worker to
+    its own ``journal-<pid>.jsonl``, see ``perturb.generate.core``)."""
     job = chunk_job(url)
     if url is None:
         state = commit.folder.journal_path.parent
@@ -56,7 +67,7 @@ def run_local(
                 job(cfg, jobs, on_output=partial(commit.progress.tick, chunk)), n_tasks, chunk
             )
     else:
-        _run_pool(cfg, workers, inp, batches, commit, job)
+        _run_pool(cfg, workers, inp, batches, commit, job, pool_context(cfg.device, fork))
 
 
 # chunks in flight per worker, and the fewest chunks per worker a run is cut into (when it has
@@ -113,6 +124,14 @@ def _image_level(result: ChunkResult) -> ChunkResult:
 IMAGE_STAGES = ("decode", "memory")
 
 
+def pool_context(device: str, fork: bool) -> BaseContext:
+    """How pool workers start: forked when the caller vouches that the driver ran no pixel work
+    (``fork``), on Linux, for a CPU run; else spawned (see the module docstring)."""
+    if fork and sys.platform.startswith("linux") and device == "cpu":
+        return get_context("fork")
+    return get_context("spawn")
+
+
 def _run_pool(
     cfg: WorkerConfig,
     workers: int,
@@ -120,13 +139,15 @@ def _run_pool(
     batches: list[list[Pending]],
     commit: Commit,
     job: Callable[..., ChunkResult],
+    ctx: BaseContext,
 ) -> None:
-    """Chunks on ``workers`` spawned processes (ended with the driver), at most ``IN_FLIGHT``
-    per worker, cut finer than ``batches`` when there are too few to keep every worker busy
-    (``spread``); the driver reads the images and commits each result as it finishes."""
-    ctx = get_context("spawn")
+    """Chunks on ``workers`` processes started by ``ctx`` (ended with the driver), at most
+    ``IN_FLIGHT`` per worker, cut finer than ``batches`` when there are too few to keep every
+    worker busy (``spread``); the driver reads the images and commits each result as it
+    finishes. The progress thread starts after the first submit, which starts the processes (a
+    forked worker inherits no driver thread)."""
     with (
-        pool_ticks(commit.progress, ctx) as ticks,
+        pool_ticks(commit.progress, ctx) as (ticks, start_ticks),
         ProcessPoolExecutor(
             max_workers=workers,
             mp_context=ctx,
@@ -148,6 +169,7 @@ def _run_pool(
                     fut = pool.submit(run_with_ticks, job, cfg, jobs, chunk)
                     in_flight[fut] = (n_tasks, chunk, later)
                     chunk += 1
+                    start_ticks()
                 if not in_flight:
                     break
                 finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)

@@ -48,12 +48,21 @@ def output_array(x: torch.Tensor, spec: OutputSpec, bit_depth: int) -> np.ndarra
 
 
 def quantize(img: np.ndarray, spec: OutputSpec, bit_depth: int) -> np.ndarray:
-    """HWC / HW float32 in [0, 1] -> the output depth; the same values as ``output_array``."""
+    """HWC / HW float32 in [0, 1] -> the output depth; the same values as ``output_array``
+    (clamped, scaled, rounded half to even). 8-bit float32 in two passes: negatives to 0, then
+    OpenCV's ``|255 x|`` rounded half to even and saturated at 255 (one float32 product, as
+    NumPy's): the same bytes as NumPy's clip, multiply, rint and cast at under half the time."""
     sixteen = spec.format == "png" and bit_depth == 16
+    if not sixteen and img.dtype == np.float32:
+        return cv2.convertScaleAbs(np.maximum(img, np.float32(0.0)), alpha=255.0)
     dtype: type[np.unsignedinteger] = np.uint16 if sixteen else np.uint8
-    scale = np.float32(65535.0 if sixteen else 255.0)
-    out = np.clip(img, 0.0, 1.0) * scale
+    out = np.clip(img, 0.0, 1.0) * np.float32(65535.0 if sixteen else 255.0)
     return np.rint(out, out=out).astype(dtype)
+
+
+def to_bgr(img: np.ndarray) -> np.ndarray:
+    """An RGB output array in OpenCV's BGR order (gray as it is)."""
+    return cv2.cvtColor(img, cv2.COLOR_RGB2BGR) if img.ndim == 3 else img
 
 
 _PNG_FILTERS = {

@@ -113,8 +113,10 @@ class Progress:
 
 
 @contextlib.contextmanager
-def pool_ticks(progress: Progress, ctx: Any) -> Iterator[Any]:
-    """A queue for pool workers' (chunk, n) messages, drained into ``progress`` by a thread."""
+def pool_ticks(progress: Progress, ctx: Any) -> Iterator[tuple[Any, Callable[[], None]]]:
+    """A queue for pool workers' (chunk, n) messages and ``start()``, which starts the thread
+    that drains it into ``progress`` (called once the pool's processes exist: a forked worker
+    then inherits no thread of the driver's; messages wait in the queue until then)."""
     queue = ctx.Queue()
 
     def drain() -> None:
@@ -125,10 +127,15 @@ def pool_ticks(progress: Progress, ctx: Any) -> Iterator[Any]:
             progress.tick(*msg)
 
     thread = threading.Thread(target=drain, name="perturb-progress", daemon=True)
-    thread.start()
+
+    def start() -> None:
+        if not thread.is_alive() and thread.ident is None:
+            thread.start()
+
     try:
-        yield queue
+        yield queue, start
     finally:
+        start()  # drain what came, then stop on the sentinel
         queue.put(None)
         thread.join(timeout=10)
 

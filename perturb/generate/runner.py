@@ -218,7 +218,9 @@ def _run_local(
     """The local engine: in this process or on a pool of ``options.workers`` processes."""
     from perturb.generate.local import run_local
 
-    run_local(cfg, options.workers, inp, batches, commit, commit.folder.url)
+    run_local(
+        cfg, options.workers, inp, batches, commit, commit.folder.url, fork=options.fork_workers
+    )
 
 
 def _run_ray(

@@ -29,7 +29,14 @@ from perturb.configs.suites import parse_suite
 from perturb.contracts.suite import Suite, Task
 from perturb.datasets import composite
 from perturb.generate.naming import resolve_inside
-from perturb.generate.output import encode_bgr, encode_problem, encoding_json, quantize, sha256
+from perturb.generate.output import (
+    encode_bgr,
+    encode_problem,
+    encoding_json,
+    quantize,
+    sha256,
+    to_bgr,
+)
 from perturb.io.images import (
     ImageDecodeError,
     decode_image_info,
@@ -299,7 +306,7 @@ def _write_output(
     cfg: WorkerConfig,
     channels: int,
 ) -> dict[str, Any]:
-    img = quantize(y[..., ::-1] if y.ndim == 3 else y, suite.output, d.bit_depth)  # BGR
+    img = to_bgr(quantize(y, suite.output, d.bit_depth))
     data = encode_bgr(img, suite.output)
     target = resolve_inside(Path(cfg.out), rel)
     write_atomic(target, data, sync=False)  # synced with its commit group (_Writer.commit)

@@ -213,9 +213,11 @@ def test_pool_workers_die_with_a_killed_driver(tmp_path: Path) -> None:
         deadline = time.monotonic() + 240
         workers: set[int] = set()
         while time.monotonic() < deadline and driver.poll() is None:
+            # pool workers: the driver's children (forked by the CLI, so with its command
+            # line), not a multiprocessing helper
             workers = {
                 k for k in _children(driver.pid)
-                if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()
+                if b"resource_tracker" not in Path(f"/proc/{k}/cmdline").read_bytes()
             }  # fmt: skip
             # pool workers commit to their own journal-<pid>.jsonl
             journals = (tmp_path / "out" / ".perturb").glob("journal*.jsonl")
