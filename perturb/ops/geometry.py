@@ -945,10 +945,10 @@ def scope_roll(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.
     radiance = optics.tissue_radiance(
         img, optics.aperture_weight(view.tissue, optics.RADIANCE_REACH, framed=True)
     )
-    out = img.copy()
-    for channel, plane in enumerate(radiance):
-        moved = cv2.remap(plane, map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
-        out[channel] = img[channel] + weight * (moved - plane)
+    out = optics.remap_planes(radiance, map_x, map_y, cv2.BORDER_REFLECT_101)
+    out -= radiance
+    out *= weight[None]
+    out += img
     tissue = view.tissue
     out[:, ~tissue] = img[:, ~tissue]
     return out

@@ -333,18 +333,35 @@ def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
     scale = min(img.shape[-2:])
     weighted = img * weight[None]
     fill: np.ndarray | None = None
-    for sigma in reversed(FILL_SIGMAS):
+    for sigma in reversed(FILL_SIGMAS):  # the same float32 arithmetic, in place
         sigma_px = sigma * scale
         cover = _host.gauss(weight, sigma_px)
-        spread = np.stack([_host.gauss(np.ascontiguousarray(z), sigma_px) for z in weighted])
-        level = spread / np.maximum(cover, np.float32(1e-6))[None]
+        level = np.stack([_host.gauss(np.ascontiguousarray(z), sigma_px) for z in weighted])
+        level /= np.maximum(cover, np.float32(1e-6))[None]
         if fill is None:
             fill = level
         else:
-            trust = np.clip(cover / np.float32(FILL_COVER), 0.0, 1.0)[None]
-            fill = fill + trust * (level - fill)
+            level -= fill
+            level *= np.clip(cover / np.float32(FILL_COVER), 0.0, 1.0)[None]
+            fill += level
     assert fill is not None
-    return (weighted + (np.float32(1.0) - weight[None]) * fill).astype(np.float32)
+    fill *= (np.float32(1.0) - weight)[None]
+    fill += weighted
+    return fill.astype(np.float32, copy=False)
+
+
+def remap_planes(
+    planes: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, border: int, value: float = 0.0
+) -> np.ndarray:
+    """float32 (C, H, W) ``planes`` resampled bicubic through the pixel-index maps: one
+    ``cv2.remap`` of the interleaved image (the same values as one call per plane, the maps'
+    interpolation set up once)."""
+    c, h, w = planes.shape
+    moved = cv2.remap(
+        cv2.merge(list(planes)), map_x, map_y, cv2.INTER_CUBIC, borderMode=border,
+        borderValue=(value,) * 4,
+    )
+    return np.ascontiguousarray(moved.reshape(h, w, c).transpose(2, 0, 1))
 
 
 def aperture_weight_t(
@@ -529,9 +546,7 @@ def distortion_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.n
     """Source pixel-index maps (float32, H x W) of every output pixel."""
     xs = np.arange(width, dtype=np.float64)[None, :] + 0.5
     ys = np.arange(height, dtype=np.float64)[:, None] + 0.5
-    sx, sy = distortion_source(
-        np.broadcast_to(xs, (height, width)), np.broadcast_to(ys, (height, width)), k, width, height
-    )
+    sx, sy = distortion_source(xs, ys, k, width, height)  # broadcast: (1, W) and (H, 1) -> (H, W)
     return (sx - 0.5).astype(np.float32), (sy - 0.5).astype(np.float32)
 
 
@@ -599,25 +614,11 @@ def lens_distortion(
     if view.has_scene:
         weight = aperture_weight(view.field)
         radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
-        out = img.copy()
-        for c, plane in enumerate(radiance):
-            moved = cv2.remap(
-                plane, map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101
-            )
-            out[c] = img[c] + weight * (moved - plane)
+        change = remap_planes(radiance, map_x, map_y, cv2.BORDER_REFLECT_101)
+        change -= radiance
+        change *= weight[None]
+        change += img
         tissue = view.tissue
-        out[:, ~tissue] = img[:, ~tissue]
-        return out
-    return np.stack(
-        [
-            cv2.remap(
-                np.ascontiguousarray(plane),
-                map_x,
-                map_y,
-                cv2.INTER_CUBIC,
-                borderMode=cv2.BORDER_CONSTANT,
-                borderValue=0.0,
-            )
-            for plane in img
-        ]
-    ).astype(np.float32)
+        change[:, ~tissue] = img[:, ~tissue]
+        return change
+    return remap_planes(img, map_x, map_y, cv2.BORDER_CONSTANT, 0.0)
