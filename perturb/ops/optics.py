@@ -309,6 +309,9 @@ FILL_COVER = 0.25  # a finer fill is trusted where its blurred weight reaches th
 # keeps the finest fill's sigma at least this many cells, and come back bilinear (1 on frames
 # under 500 px, 2 at 512 px, 4 at 1080p: the blurs and the fill arithmetic 4-16x cheaper)
 FILL_GRID_PX = 3.0
+# ... and each fill's blur runs on a grid coarser still, by the largest integer factor that keeps
+# its sigma at least this many cells (area down, bilinear up: ``_fill_gauss``)
+FILL_BLUR_PX = 3.0
 # T is read from the frame only beyond twice the rim: the field's polygon may sit a few pixels off
 # the real edge, and small marks on the edge (scope markers) must not move with the tissue
 RADIANCE_REACH = 2.0
@@ -331,6 +334,45 @@ def aperture_weight(field: np.ndarray, reach: float = 1.0, framed: bool = False)
     return _host.soft_mask(field, reach * rim_px(h, w))
 
 
+def _fill_gauss(planes: np.ndarray, sigma_px: float) -> np.ndarray:
+    """Gaussian blur (reflected borders) of float32 (H, W) or (H, W, C) ``planes`` for a fill:
+    on a copy downscaled (area) by ``sigma_px // FILL_BLUR_PX``, bilinear back."""
+    factor = max(1, int(sigma_px // FILL_BLUR_PX))
+    if factor == 1:
+        return _host.gauss(planes, sigma_px)
+    h, w = planes.shape[:2]
+    small = cv2.resize(
+        planes, (max(1, w // factor), max(1, h // factor)), interpolation=cv2.INTER_AREA
+    )
+    blurred = cv2.GaussianBlur(
+        small, (0, 0), sigma_px / factor, borderType=cv2.BORDER_REFLECT_101
+    )
+    return cv2.resize(blurred, (w, h), interpolation=cv2.INTER_LINEAR)
+
+
+@lru_cache(maxsize=64)
+def _fill_gauss_axis(n: int, sigma_px: float, device: str) -> torch.Tensor:
+    """float32 (n, n): ``_fill_gauss`` along one axis of length ``n`` (cached, read-only)."""
+    factor = max(1, int(sigma_px // FILL_BLUR_PX))
+    if factor == 1:
+        return _host.gauss_axis_matrix(n, sigma_px, device)
+    small = max(1, n // factor)
+    m = (
+        _host._resize_matrix(small, n, "linear")
+        @ _host._gauss_axis(small, sigma_px / factor)
+        @ _host._resize_matrix(n, small, "area")
+    )
+    return torch.from_numpy(m.astype(np.float32)).to(device)
+
+
+def _fill_gauss_t(planes: torch.Tensor, sigma_px: float) -> torch.Tensor:
+    """``_fill_gauss`` of every (H, W) plane of a float32 (..., H, W) batch."""
+    h, w = planes.shape[-2:]
+    rows = _fill_gauss_axis(h, sigma_px, str(planes.device))
+    cols = _fill_gauss_axis(w, sigma_px, str(planes.device))
+    return torch.matmul(torch.matmul(rows, planes), cols.T)
+
+
 def fill_factor(h: int, w: int) -> int:
     """The integer factor the fills of an h x w frame are downscaled by (``FILL_GRID_PX``)."""
     return max(1, int(FILL_SIGMAS[0] * min(h, w) // FILL_GRID_PX))
@@ -339,7 +381,8 @@ def fill_factor(h: int, w: int) -> int:
 def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """float32 (C, H, W): the tissue behind the aperture, ``w img + (1 - w) F`` with ``F`` the
     normalised convolution of the clear tissue (``FILL_SIGMAS``, a finer one wherever its weight
-    covers ``FILL_COVER``; on a grid ``fill_factor`` coarser); ``weight``:
+    covers ``FILL_COVER``; on a grid ``fill_factor`` coarser, each blur on a coarser grid still:
+    ``_fill_gauss``); ``weight``:
     ``aperture_weight(field, RADIANCE_REACH)``."""
     h, w = img.shape[-2:]
     scale = min(h, w)
@@ -355,8 +398,8 @@ def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
     fill: np.ndarray | None = None
     for sigma in reversed(FILL_SIGMAS):  # float32 arithmetic, in place
         sigma_px = sigma * scale / factor
-        cover = _host.gauss(grid_weight, sigma_px)
-        level = np.stack([_host.gauss(np.ascontiguousarray(z), sigma_px) for z in grid_weighted])
+        cover = _fill_gauss(grid_weight, sigma_px)
+        level = np.stack([_fill_gauss(np.ascontiguousarray(z), sigma_px) for z in grid_weighted])
         level /= np.maximum(cover, np.float32(1e-6))[None]
         if fill is None:
             fill = level
@@ -413,8 +456,8 @@ def tissue_radiance_t(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     fill: torch.Tensor | None = None
     for sigma in reversed(FILL_SIGMAS):
         sigma_px = sigma * scale / factor
-        cover = _host.gauss_t(grid_weight, sigma_px)
-        level = _host.gauss_t(grid_weighted, sigma_px) / cover.clamp(min=1e-6)
+        cover = _fill_gauss_t(grid_weight, sigma_px)
+        level = _fill_gauss_t(grid_weighted, sigma_px) / cover.clamp(min=1e-6)
         if fill is None:
             fill = level
         else:

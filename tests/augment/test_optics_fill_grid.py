@@ -29,7 +29,7 @@ def _frames(n: int, side: int) -> torch.Tensor:
 
 
 def test_fill_factor_keeps_the_finest_fill_three_cells_wide() -> None:
-    assert optics.fill_factor(288, 384) == 1  # small frames: the fills as before (full grid)
+    assert optics.fill_factor(288, 384) == 1  # small frames: the fills on the frame's own grid
     assert optics.fill_factor(512, 512) == 2
     assert optics.fill_factor(1080, 1920) == 4
     for side in (512, 777, 1080, 2160):  # a coarser grid never makes the finest fill narrower
