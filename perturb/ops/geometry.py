@@ -941,7 +941,7 @@ def scope_roll(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.
     dy = np.arange(h, dtype=np.float64)[:, None] + 0.5 - cy
     map_x = (c * dx - s * dy + cx - 0.5).astype(np.float32)
     map_y = (s * dx + c * dy + cy - 0.5).astype(np.float32)
-    weight = optics.aperture_weight(view.field)
+    weight = optics.aperture_weight(view.field) * view.tissue  # 0 off the tissue: kept exactly
     radiance = optics.tissue_radiance(
         img, optics.aperture_weight(view.tissue, optics.RADIANCE_REACH, framed=True)
     )
@@ -949,6 +949,4 @@ def scope_roll(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.
     out -= radiance
     out *= weight[None]
     out += img
-    tissue = view.tissue
-    out[:, ~tissue] = img[:, ~tissue]
     return out

@@ -571,7 +571,7 @@ def chromatic_aberration(
         return img.copy()
     tissue = view.tissue
     cx, cy, _ = _host.field_geometry(view.field)
-    weight = aperture_weight(view.field)
+    weight = aperture_weight(view.field) * tissue  # 0 off the tissue: those pixels stay exactly
     radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
     k = float(p["shift"])
     out = img.copy()
@@ -581,7 +581,6 @@ def chromatic_aberration(
             radiance[channel], map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101
         )
         out[channel] = img[channel] + weight * (moved - radiance[channel])
-    out[:, ~tissue] = img[:, ~tissue]
     return out
 
 
@@ -698,13 +697,13 @@ def lens_distortion(
     _c, h, w = img.shape
     map_x, map_y = distortion_maps(float(p["k"]), w, h)
     if view.has_scene:
-        weight = aperture_weight(view.field)
+        # the change enters through the aperture, on the tissue alone: a weight of 0 elsewhere
+        # leaves those pixels exactly as they were (img + 0 * change)
+        weight = aperture_weight(view.field) * view.tissue
         radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
         change = remap_planes(radiance, map_x, map_y, cv2.BORDER_REFLECT_101)
         change -= radiance
         change *= weight[None]
         change += img
-        tissue = view.tissue
-        change[:, ~tissue] = img[:, ~tissue]
         return change
     return remap_planes(img, map_x, map_y, cv2.BORDER_CONSTANT, 0.0)
