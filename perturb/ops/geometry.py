@@ -4,7 +4,7 @@ Coordinates are continuous: pixel ``(x, y)`` covers ``[x, x+1) x [y, y+1)`` and 
 ``(x + 0.5, y + 0.5)`` (PIL's and torchvision's convention). A geometric chain (e.g. crop ->
 resize -> rotate -> translate) is composed into ONE affine map from output coordinates to the
 coordinates of the readable source rectangle and resampled once (bicubic, a = -0.75):
-``cv2.warpAffine`` on CPU, Kornia's ``warp_affine`` (bicubic ``grid_sample``) on CUDA. Source taps outside the
+``cv2.warpAffine`` on CPU (``cv2.resize`` when the chain is a crop resized and nothing else), Kornia's ``warp_affine`` (bicubic ``grid_sample``) on CUDA. Source taps outside the
 source rectangle clamp to its edge (as PIL's resize of a crop does); black fill lies exactly
 where the sequential chain would put it: a pixel is black when, at any fill step of the chain,
 its point falls outside that step's input image. Those regions are convex, so the mask is a span
@@ -154,9 +154,21 @@ def _index_matrix(warp: Warp) -> np.ndarray:
     return np.concatenate([a[:, :2], b[:, None]], axis=1)
 
 
+def _is_resize(warp: Warp, width: int, height: int) -> bool:
+    """Whether ``warp`` is its crop resized to ``width`` x ``height`` and nothing else (no
+    rotation, no shift, no black fill): ``cv2.resize`` then reads the same source positions."""
+    x0, y0, x1, y1 = warp.crop
+    want = resize_matrix(x1 - x0, y1 - y0, width, height)
+    return not len(warp.constraints) and bool(np.array_equal(warp.matrix, want))
+
+
 def _warp_opencv(img: np.ndarray, warp: Warp, width: int, height: int) -> np.ndarray:
     x0, y0, x1, y1 = warp.crop
     src = img[y0:y1, x0:x1]
+    if _is_resize(warp, width, height):
+        # separable, the same a = -0.75 cubic at the same positions with clamped taps, 5-6x
+        # faster than warpAffine's 4x4 taps per pixel; equal to float32 rounding
+        return cv2.resize(src, (width, height), interpolation=cv2.INTER_CUBIC)
     flags = cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP
     return cv2.warpAffine(
         src, _index_matrix(warp), (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE
@@ -929,14 +941,12 @@ def scope_roll(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.
     dy = np.arange(h, dtype=np.float64)[:, None] + 0.5 - cy
     map_x = (c * dx - s * dy + cx - 0.5).astype(np.float32)
     map_y = (s * dx + c * dy + cy - 0.5).astype(np.float32)
-    weight = optics.aperture_weight(view.field)
+    weight = optics.aperture_weight(view.field) * view.tissue  # 0 off the tissue: kept exactly
     radiance = optics.tissue_radiance(
         img, optics.aperture_weight(view.tissue, optics.RADIANCE_REACH, framed=True)
     )
-    out = img.copy()
-    for channel, plane in enumerate(radiance):
-        moved = cv2.remap(plane, map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
-        out[channel] = img[channel] + weight * (moved - plane)
-    tissue = view.tissue
-    out[:, ~tissue] = img[:, ~tissue]
+    out = optics.remap_planes(radiance, map_x, map_y, cv2.BORDER_REFLECT_101)
+    out -= radiance
+    out *= weight[None]
+    out += img
     return out

@@ -49,3 +49,31 @@ def test_fast_path_is_bit_identical_to_the_batched_path(
         batched = _batched(op, x, records)
         assert fast.dtype == dtype
         assert torch.equal(fast, batched)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_crop_resize_reads_what_warp_affine_reads(channels: int) -> None:
+    """A warp that is its crop resized and nothing else runs as ``cv2.resize``: the same cubic
+    at the same source positions as ``cv2.warpAffine`` (clamped taps), equal to float32
+    rounding; a warp with a rotation or black fill does not take that path."""
+    import cv2
+    import numpy as np
+
+    img = small_batch(1, 45, 61, channels=channels)[0].permute(1, 2, 0).numpy().copy()
+    img = np.ascontiguousarray(img[..., 0] if channels == 1 else img)
+    height, width = img.shape[:2]
+    for scale, log_ratio, u, v in ((0.81, 0.04, 0.3, 0.7), (0.97, -0.05, 0.6, 0.4), (1.0, 0.0, 0.5, 0.5)):
+        warp = geometry.crop_warp(width, height, scale, log_ratio, u, v)
+        assert geometry._is_resize(warp, width, height)
+        x0, y0, x1, y1 = warp.crop
+        affine = cv2.warpAffine(
+            img[y0:y1, x0:x1],
+            geometry._index_matrix(warp),
+            (width, height),
+            flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,
+            borderMode=cv2.BORDER_REPLICATE,
+        )
+        fast = geometry.warp_array(img, warp)
+        assert fast.shape == img.shape
+        assert float(np.abs(fast - np.clip(affine, 0.0, 1.0)).max()) < 1e-5
+    assert not geometry._is_resize(geometry.rotation_warp(width, height, 7.0), width, height)
