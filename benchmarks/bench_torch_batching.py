@@ -10,9 +10,8 @@ time (``time.process_time``: on a shared, loaded machine the comparable figure);
 given for both.
 
 Run: ``python benchmarks/bench_torch_batching.py --ops gaussian_blur,gaussian_noise
---out benchmarks/results/torch-batching-<tag>.json``. With ``--against TREE`` (another checkout's
-root, e.g. main's) every op is timed in both trees, in fresh processes that alternate (A, B, B, A,
-...) for ``--rounds`` rounds, and each tree's rows are the medians over the rounds.
+--out benchmarks/results/torch-batching-<tag>.json``. Two checkouts side by side, interleaved:
+``python -m benchmarks.ab_trees torch --baseline OTHER_CHECKOUT --ops ...``.
 """
 
 from __future__ import annotations
@@ -22,9 +21,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -117,42 +113,6 @@ def _with_speedups(row: dict[str, Any], batch: int) -> dict[str, Any]:
     return row
 
 
-def _tree_rows(tree: Path, argv: list[str]) -> list[dict[str, Any]]:
-    """This script's rows run in a fresh process on ``tree``'s perturb."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "rows.json"
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        subprocess.run(
-            [sys.executable, __file__, *argv, "--out", str(out)],
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        rows: list[dict[str, Any]] = json.loads(out.read_text())["rows"]
-        return rows
-
-
-def compare(trees: dict[str, Path], argv: list[str], rounds: int, batch: int) -> dict[str, Any]:
-    """Rows of each tree, medians over ``rounds`` alternating fresh-process runs."""
-    runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in trees}
-    names = list(trees)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            runs[name].append(_tree_rows(trees[name], argv))
-            print(f"round {r + 1}/{rounds} {name} done", file=sys.stderr, flush=True)
-    out: dict[str, Any] = {}
-    for name, tree_runs in runs.items():
-        rows = []
-        for i, first in enumerate(tree_runs[0]):
-            row: dict[str, Any] = {"op": first["op"]}
-            for field in first:
-                if field.endswith("_ms_per_sample"):
-                    row[field] = round(statistics.median(run[i][field] for run in tree_runs), 4)
-            rows.append(_with_speedups(row, batch))
-        out[name] = {"tree": str(trees[name]), "rows": rows}
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", required=True, help="comma-separated registered op names")
@@ -165,10 +125,6 @@ def main(argv: list[str] | None = None) -> None:
         "--label", default="", help="free text recorded with the rows (e.g. a commit)"
     )
     parser.add_argument("--out", type=Path, help="JSON file to write (printed either way)")
-    parser.add_argument(
-        "--against", type=Path, help="another checkout's root: time both trees, interleaved"
-    )
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per tree with --against")
     args = parser.parse_args(argv)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     unknown = sorted(set(ops) - set(kernel_names()))
@@ -189,29 +145,12 @@ def main(argv: list[str] | None = None) -> None:
         "threads": torch.get_num_threads(),
         "load_average_at_start": list(os.getloadavg()),
     }
-    if args.against is not None:
-        argv = [
-            "--ops", ",".join(ops), "--size", str(args.size), "--batch", str(args.batch),
-            "--severity", str(args.severity), "--repeats", str(args.repeats),
-            "--threads", str(torch.get_num_threads()),
-        ]  # fmt: skip
-        trees = {"before": args.against.resolve(), "after": Path(perturb.__file__).parent.parent}
-        result = {
-            **header,
-            "what": what
-            + f"; medians over {args.rounds} alternating fresh-process rounds per tree",
-            **compare(trees, argv, args.rounds, args.batch),
-            "load_average_at_end": list(os.getloadavg()),
-        }
-        for row in result["after"]["rows"]:
-            print(json.dumps(row), flush=True)
-    else:
-        rows = []
-        for op in ops:
-            row = op_row(op, args.batch, args.size, args.severity, args.repeats)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        result = {**header, "perturb": str(Path(perturb.__file__).parent), "rows": rows}
+    rows = []
+    for op in ops:
+        row = op_row(op, args.batch, args.size, args.severity, args.repeats)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    result = {**header, "perturb": str(Path(perturb.__file__).parent), "rows": rows}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

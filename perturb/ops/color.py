@@ -104,8 +104,9 @@ def color_cast(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
     ``perturb.ops._math``, which states when its own float64 kernel runs instead); the
     per-channel gain is one multiply; clipped highlights stay white (``highlight_weight``)."""
     gains = p["gains"].view(-1, 3, 1, 1)
-    cast = linear_to_srgb(srgb_to_linear(x) * gains)
-    return cast + (x - cast) * highlight_weight(x)
+    cast = linear_to_srgb(srgb_to_linear(x).mul_(gains))
+    out = torch.sub(x, cast).mul_(highlight_weight(x))
+    return out.add_(cast)  # cast + (x - cast) w, in place
 
 
 def yiq_hue_matrix(degrees: float) -> np.ndarray:
@@ -122,13 +123,11 @@ def _mix(x: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
     """Per-sample 3x3 colour matrix (B,3,3) applied to BCHW."""
     m = matrices.view(-1, 3, 3, 1, 1)
     r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
-    # (m0 r + m1 g) + m2 b, in place into one output and one scratch batch (a batch-sized
-    # temporary per term and per sum made B=32 slower per sample than B=1)
-    out = torch.mul(m[:, :, 0], r)
-    term = torch.mul(m[:, :, 1], g)
-    out += term
-    torch.mul(m[:, :, 2], b, out=term)
-    out += term
+    # (m0 r + m1 g) + m2 b, the sums in place (a batch-sized temporary per term and per sum
+    # made B=32 slower per sample than B=1)
+    out = m[:, :, 0] * r
+    out += m[:, :, 1] * g
+    out += m[:, :, 2] * b
     return out.clamp_(0.0, 1.0)
 
 
