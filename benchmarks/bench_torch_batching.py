@@ -5,16 +5,20 @@ a per-sample loop keeps it flat. For each op (any registered name), a seeded flo
 ``--size`` x ``--size`` images is perturbed at ``--severity`` with the torch backend forced, two
 ways: ``apply`` (``perturb.apply``, border not protected: keyed parameters, records and kernel)
 and ``kernel`` (the op's kernel alone on parameters collated beforehand). Each row is the median
-of ``--repeats`` timed calls after one warm-up call.
+of ``--repeats`` timed calls after one warm-up call, as wall time and as this process's CPU
+time (``time.process_time``: on a shared, loaded machine the comparable figure); speedups are
+given for both.
 
 Run: ``python benchmarks/bench_torch_batching.py --ops gaussian_blur,gaussian_noise
---out benchmarks/results/torch-batching-<tag>.json``
+--out benchmarks/results/torch-batching-<tag>.json``. Two checkouts side by side, interleaved:
+``python -m benchmarks.ab_trees torch --baseline OTHER_CHECKOUT --ops ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -42,14 +46,16 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _median_seconds(call: Callable[[], Any], repeats: int) -> float:
+def _median_seconds(call: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """Median (wall, CPU) seconds of ``repeats`` calls after one warm-up call."""
     call()  # warm: lazy tables, first-call allocations
-    times = []
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        cpus.append(time.process_time() - start_cpu)
+        walls.append(time.perf_counter() - start)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def _batch(op: str, b: int, size: int) -> torch.Tensor:
@@ -75,10 +81,36 @@ def time_op(op: str, b: int, size: int, severity: int, repeats: int) -> dict[str
             entry.kernel(x, params, keys, **extra)
 
     with use_backend("torch"):
-        return {
-            "apply_ms_per_sample": 1e3 * _median_seconds(run_apply, repeats) / b,
-            "kernel_ms_per_sample": 1e3 * _median_seconds(run_kernel, repeats) / b,
-        }
+        apply_wall, apply_cpu = _median_seconds(run_apply, repeats)
+        kernel_wall, kernel_cpu = _median_seconds(run_kernel, repeats)
+    return {
+        "apply_ms_per_sample": 1e3 * apply_wall / b,
+        "kernel_ms_per_sample": 1e3 * kernel_wall / b,
+        "apply_cpu_ms_per_sample": 1e3 * apply_cpu / b,
+        "kernel_cpu_ms_per_sample": 1e3 * kernel_cpu / b,
+    }
+
+
+def op_row(op: str, batch: int, size: int, severity: int, repeats: int) -> dict[str, Any]:
+    """One op's row: per-sample times at batch 1 and ``batch``, and the speedups per sample."""
+    one = time_op(op, 1, size, severity, repeats)
+    many = time_op(op, batch, size, severity, repeats)
+    return _with_speedups(
+        {
+            "op": op,
+            **{f"b1_{k}": round(v, 4) for k, v in one.items()},
+            **{f"b{batch}_{k}": round(v, 4) for k, v in many.items()},
+        },
+        batch,
+    )
+
+
+def _with_speedups(row: dict[str, Any], batch: int) -> dict[str, Any]:
+    for what in ("apply", "kernel", "apply_cpu", "kernel_cpu"):
+        row[f"{what}_speedup_per_sample"] = round(
+            row[f"b1_{what}_ms_per_sample"] / row[f"b{batch}_{what}_ms_per_sample"], 2
+        )
+    return row
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -100,33 +132,25 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown ops: {unknown}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = []
-    for op in ops:
-        one = time_op(op, 1, args.size, args.severity, args.repeats)
-        many = time_op(op, args.batch, args.size, args.severity, args.repeats)
-        row = {
-            "op": op,
-            **{f"b1_{k}": round(v, 4) for k, v in one.items()},
-            **{f"b{args.batch}_{k}": round(v, 4) for k, v in many.items()},
-            "apply_speedup_per_sample": round(
-                one["apply_ms_per_sample"] / many["apply_ms_per_sample"], 2
-            ),
-            "kernel_speedup_per_sample": round(
-                one["kernel_ms_per_sample"] / many["kernel_ms_per_sample"], 2
-            ),
-        }
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    result = {
-        "what": "per-sample time on the torch path (CPU), batch 1 vs batch "
-        f"{args.batch}, {args.size}x{args.size} float32, severity {args.severity}, median of {args.repeats}",
+    what = (
+        "per-sample time on the torch path (CPU), batch 1 vs batch "
+        f"{args.batch}, {args.size}x{args.size} float32, severity {args.severity}, median of "
+        f"{args.repeats}; wall ms and process CPU ms"
+    )
+    header = {
+        "what": what,
         "label": args.label,
-        "perturb": str(Path(perturb.__file__).parent),
         "cpu": cpu_model(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "rows": rows,
+        "load_average_at_start": list(os.getloadavg()),
     }
+    rows = []
+    for op in ops:
+        row = op_row(op, args.batch, args.size, args.severity, args.repeats)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    result = {**header, "perturb": str(Path(perturb.__file__).parent), "rows": rows}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -132,6 +132,10 @@ def collate(params: Sequence[dict[str, Any]], device: torch.device) -> dict[str,
     with zeros (kernels treat zero entries of a list as absent)."""
     out: dict[str, torch.Tensor] = {}
     for name in params[0]:
+        values = [p[name] for p in params]
+        if all(type(v) is float or type(v) is int for v in values):  # scalars: one conversion
+            out[name] = torch.tensor(values, dtype=torch.float64).to(device, torch.float32)
+            continue
         arrays = [np.asarray(p[name], dtype=np.float64) for p in params]
         shape = tuple(
             max(a.shape[d] if a.ndim > d else 0 for a in arrays) for d in range(arrays[0].ndim)
@@ -236,6 +240,57 @@ def make_record(
         device=device.type,
         extra=extra,
     )
+
+
+def make_records(
+    op: Op,
+    severities: Sequence[int],
+    sample_keys: Sequence[str],
+    *,
+    seed: int,
+    variants: Sequence[int],
+    protect_border: bool,
+    device: torch.device,
+    param_keys: Sequence[str] | None = None,
+) -> list[Record]:
+    """``make_record`` for each sample of a batch (the same records), with the batch's host
+    work done once: the scalar streams of all keys seeded in one pass (``rng.scalar_streams``),
+    each severity's table and the backend looked up once; what stays per sample is the key's
+    hash, the sampler's few draws and the record itself."""
+    keys = [draw_key(seed, k, op.name, v) for k, v in zip(sample_keys, variants, strict=True)]
+    draws = list(keys)
+    if param_keys is not None:
+        for i, (k, g, v) in enumerate(zip(sample_keys, param_keys, variants, strict=True)):
+            if g != k:
+                draws[i] = draw_key(seed, g, op.name, v)
+    levels = {s: op.spec.level(s) for s in set(severities)}
+    backend = backends.resolve(device)
+    sampler, device_params = op.entry.sampler, op.entry.device_params
+    records = []
+    for i, stream in enumerate(rng.scalar_streams(draws)):
+        extra: dict[str, Any] = {}
+        if param_keys is not None and param_keys[i] != sample_keys[i]:
+            extra["param_key"] = param_keys[i]
+        params = as_json(sampler(stream, dict(levels[severities[i]])))  # type: ignore[arg-type]
+        if device_params is not None:
+            params = {**params, **as_json(device_params(seed, variants[i]))}
+        records.append(
+            Record(
+                op=op.name,
+                op_version=op.spec.version,
+                severity=severities[i],
+                variant=variants[i],
+                seed=seed,
+                sample_key=sample_keys[i],
+                key=rng.key_to_hex(keys[i]),
+                params=params,
+                protect_border=protect_border,
+                backend=backend,
+                device=device.type,
+                extra=extra,
+            )
+        )
+    return records
 
 
 # ---------------------------------------------------------------------------------------------
@@ -653,29 +708,26 @@ def apply(
         raise InputError(
             f"param_keys must be a sequence with one key per image ({n}), got {param_keys!r:.80}"
         )
-    groups = [str(k) for k in (sample_keys if param_keys is None else param_keys)]
-    records = [
-        make_record(
-            spec_op,
-            s,
-            str(k),
-            seed=int(seed),
-            variant=v,
-            protect_border=protect,
-            device=x.device,
-            param_key=g,
-        )
-        for k, s, v, g in zip(sample_keys, severities, variants, groups, strict=True)
-    ]
+    groups = None if param_keys is None else [str(k) for k in param_keys]
+    records = make_records(
+        spec_op,
+        severities,
+        sample_keys,
+        seed=int(seed),
+        variants=variants,
+        protect_border=protect,
+        device=x.device,
+        param_keys=groups,
+    )
     if protect and scenes is not None and len(scenes) != n:
         raise InputError(f"scenes has {len(scenes)} entries for a batch of {n}; pass one per image")
     records = with_codecs(records, x)
     if not protect:
-        return _run_records(x, records), records
+        return _run_records(x, records, checked=True), records
     # the scene of each clean input: given, or analysed where its sample runs; recorded so
     # replay composites identically, whatever the op's path asked for
     found = BatchScenes(records, x, given=scenes, record=True)
-    out = _run_records(x, records, found)
+    out = _run_records(x, records, found, checked=True)
     found.complete()
     _note_scene_decisions(records, found)
     return out, records

@@ -104,8 +104,9 @@ def color_cast(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
     ``perturb.ops._math``, which states when its own float64 kernel runs instead); the
     per-channel gain is one multiply; clipped highlights stay white (``highlight_weight``)."""
     gains = p["gains"].view(-1, 3, 1, 1)
-    cast = linear_to_srgb(srgb_to_linear(x) * gains)
-    return cast + (x - cast) * highlight_weight(x)
+    cast = linear_to_srgb(srgb_to_linear(x).mul_(gains))
+    out = torch.sub(x, cast).mul_(highlight_weight(x))
+    return out.add_(cast)  # cast + (x - cast) w, in place
 
 
 def yiq_hue_matrix(degrees: float) -> np.ndarray:
@@ -122,7 +123,11 @@ def _mix(x: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
     """Per-sample 3x3 colour matrix (B,3,3) applied to BCHW."""
     m = matrices.view(-1, 3, 3, 1, 1)
     r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
-    out = m[:, :, 0] * r + m[:, :, 1] * g + m[:, :, 2] * b
+    # (m0 r + m1 g) + m2 b, the sums in place (a batch-sized temporary per term and per sum
+    # made B=32 slower per sample than B=1)
+    out = m[:, :, 0] * r
+    out += m[:, :, 1] * g
+    out += m[:, :, 2] * b
     return out.clamp_(0.0, 1.0)
 
 
@@ -149,11 +154,18 @@ def _saturation_sampler(rng: np.random.Generator, level: Level) -> Params:
 def saturation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """``luma + factor (x - luma)`` with Rec. 601 luma, clipped.
 
-    Kornia: ``kornia.enhance.adjust_saturation_with_gray_subtraction`` (the same blend with
-    Rec. 601 grey; a 1-channel batch is returned unchanged, as here)."""
-    import kornia  # lazily: only the torch path needs it
-
-    return kornia.enhance.adjust_saturation_with_gray_subtraction(x, p["factor"].to(x.dtype))
+    Kornia: own kernel, because ``adjust_saturation_with_gray_subtraction`` allocates a new
+    batch per operation; this writes the same blend (``(1 - factor) luma + factor x`` with
+    Rec. 601 grey via ``kornia.color.rgb_to_grayscale``, bit for bit; a 1-channel batch is
+    returned unchanged) into one output batch in place."""
+    if x.shape[1] == 1:
+        return x
+    factor = per_sample(p["factor"].to(x.dtype))
+    grey = luma(x)
+    grey *= 1.0 - factor  # luma(x) of an RGB batch is a new tensor
+    out = torch.mul(factor, x)
+    out += grey  # (1 - f) luma + f x: the same sum, added in the other order
+    return out.clamp_(0.0, 1.0)
 
 
 def _brightness_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -224,11 +236,11 @@ def _gamma_sampler(rng: np.random.Generator, level: Level) -> Params:
 
 @register_kernel("gamma", sampler=_gamma_sampler)
 def gamma(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Kornia: ``kornia.enhance.adjust_gamma`` (float32 pow; the CPU path's uint8 tables use
-    float64 pow, and no level rounds differently over gammas 0.5-2)."""
-    import kornia  # lazily: only the torch path needs it
-
-    return kornia.enhance.adjust_gamma(x.clamp(0.0, 1.0), p["gamma"].to(x.dtype))
+    """Kornia: own kernel, because ``adjust_gamma`` adds a gain multiply and a second clip that
+    change nothing here (a power of [0, 1] with a positive exponent stays in [0, 1]), each a new
+    batch: this is its float32 pow with gain 1, bit for bit, in place on one clipped copy (the
+    CPU path's uint8 tables use float64 pow, and no level rounds differently over gammas 0.5-2)."""
+    return x.clamp(0.0, 1.0).pow_(per_sample(p["gamma"].to(x.dtype)))
 
 
 # ---------------------------------------------------------------------------------------------

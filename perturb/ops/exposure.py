@@ -318,8 +318,8 @@ def field_falloff(
     xs = (torch.arange(w, dtype=torch.float64, device=x.device) + 0.5).view(1, 1, 1, w)
     dy = (ys - (fy + per_sample(cy).double() * fh)) / radius
     dx = (xs - (fx + per_sample(cx).double() * fw)) / radius
-    r2 = dx * dx + dy * dy
-    return (r2 * -per_sample(strength).double() + 1.0).clamp_min_(0.0)
+    r2 = dx * dx + dy * dy  # the one (B, 1, H, W) float64 batch; the rest in place
+    return r2.mul_(-per_sample(strength).double()).add_(1.0).clamp_min_(0.0)
 
 
 @register_kernel("vignetting", sampler=_vignetting_sampler, uses_scene=True)
@@ -336,7 +336,7 @@ def vignetting(
     h, w = x.shape[-2:]
     frames = [field_frame(h, w, s) for s in (scenes if scenes is not None else [None] * x.shape[0])]
     scale = field_falloff(x, p["cx"], p["cy"], p["strength"], frames).to(x.dtype)
-    return linear_to_srgb(srgb_to_linear(x) * scale)
+    return linear_to_srgb(srgb_to_linear(x).mul_(scale))
 
 
 def _haze_sampler(rng_: np.random.Generator, level: Level) -> Params:
