@@ -68,83 +68,7 @@ from perturb.ops.landmarks import (
 )
 from perturb.ops.radiometry import FIELD_CM, MU, _wide
 
-
-def _frac_px(value: float, size: int) -> int:
-    return round(value * size)
-
-
-def _add_attenuation(x: torch.Tensor, maps: list[np.ndarray]) -> torch.Tensor:
-    """``clip(v + a)`` per sample with host-rendered attenuation maps ``a`` (display units)."""
-    a = torch.from_numpy(np.stack(maps)[:, None]).to(x.device)
-    return (x + a).clamp_(0.0, 1.0)
-
-
-def _canvas(h: int, w: int) -> np.ndarray:
-    return np.zeros((h, w), dtype=np.uint8)
-
-
-def _accumulate(total: np.ndarray, canvas: np.ndarray, attenuation: float) -> None:
-    """``total += attenuation * canvas / 255`` where anything was drawn (float32)."""
-    total += canvas.astype(np.float32) * np.float32(attenuation / 255.0)
-
-
 ITEMS = 8  # the most devices / foreign objects a film gets (the catalog's bound on ``items``)
-
-
-class _Layers:
-    """One film's drawn objects: uint8 canvases (255 = fully covered) in drawing order, each
-    with the item it belongs to and its attenuation at opacity 1 (display units). The items
-    come in a fixed order per film, so a film's first ``n`` items are the same at every
-    severity and every ``items`` count: drawing all of them once serves any ``items``."""
-
-    def __init__(self, h: int, w: int) -> None:
-        self.shape = (h, w)
-        self.item = 0
-        self.canvases: list[np.ndarray] = []
-        self.items: list[int] = []
-        self.attenuations: list[float] = []
-
-    def add(self, canvas: np.ndarray, attenuation: float) -> None:
-        self.canvases.append(canvas)
-        self.items.append(self.item)
-        self.attenuations.append(attenuation)
-
-    def total(self, opacity: float) -> np.ndarray:
-        """``sum attenuation * opacity * canvas / 255`` (float32, in drawing order)."""
-        total = np.zeros(self.shape, dtype=np.float32)
-        for canvas, attenuation in zip(self.canvases, self.attenuations, strict=True):
-            _accumulate(total, canvas, attenuation * opacity)
-        return total
-
-
-def _add_layers(x: torch.Tensor, p: dict[str, torch.Tensor], films: list[_Layers]) -> torch.Tensor:
-    """``clip(v + a)`` for the whole batch, ``a`` the sum of each film's canvases of its first
-    ``items`` items at its ``opacity`` (both (B,) tensors, never read back to the host). The
-    canvases are drawn on the host from the keys alone (the items and opacity select and
-    scale them); they travel as one (K, B, H, W) uint8 stack padded with empty canvases, and
-    are summed in drawing order in float32, the host's ``_Layers.total`` value for value."""
-    b = x.shape[0]
-    h, w = x.shape[-2:]
-    k = max((len(f.canvases) for f in films), default=0)
-    canvases = np.zeros((k, b, h, w), dtype=np.uint8)
-    items = np.full((b, k), ITEMS, dtype=np.int64)  # padding: never among the first ``items``
-    attenuations = np.zeros((b, k), dtype=np.float64)
-    for i, film in enumerate(films):
-        n = len(film.canvases)
-        if n:
-            canvases[:n, i] = np.stack(film.canvases)
-        items[i, :n] = film.items
-        attenuations[i, :n] = film.attenuations
-    dev = x.device
-    drawn = torch.from_numpy(canvases).to(dev)
-    chosen = torch.from_numpy(items).to(dev) < torch.round(p["items"]).view(b, 1)
-    opacity = p["opacity"].double().view(b, 1)
-    weights = ((torch.from_numpy(attenuations).to(dev) * opacity) / 255.0).to(torch.float32)
-    weights = weights * chosen.to(torch.float32)
-    total = torch.zeros(b, h, w, dtype=torch.float32, device=dev)
-    for j in range(k):  # k is the op's canvas count per film, not the batch size
-        total = total + drawn[j].to(torch.float32) * weights[:, j].view(b, 1, 1)
-    return (x + total.unsqueeze(1)).clamp_(0.0, 1.0)
 
 
 def _curve(points: np.ndarray, n: int = 48) -> np.ndarray:
@@ -197,7 +121,10 @@ def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Ten
       silhouette, a third of the way from the midline to the left lung, 2 cm above the dome;
     * ``top`` the midline at the film's top edge, ``heart`` the centre of the cardiac
       silhouette, ``lung_left`` / ``lung_right`` the lung centres, ``dome_left`` /
-      ``dome_right`` the domes (control points of the warp that carries the lines)."""
+      ``dome_right`` the domes (control points of the warp that carries the lines);
+    * for the foreign objects: ``bra_band`` a bra's back closure on the midline 80 % of the
+      way from the carina to the domes, ``strap_left`` / ``strap_right`` its straps over the
+      shoulders above the lung centres, 1 cm below the apex."""
     mid, left, right = lm[:, 0], lm[:, 1], lm[:, 2]
     apex, dome_l, dome_r = lm[:, 3], lm[:, 4], lm[:, 5]
     dome = (dome_l + dome_r) / 2.0
@@ -225,6 +152,9 @@ def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Ten
             "lung_right": xy(right, (apex + dome_r) / 2.0),
             "dome_left": xy(left, dome_l),
             "dome_right": xy(right, dome_r),
+            "bra_band": xy(mid, carina + 0.8 * (dome - carina)),
+            "strap_left": xy(left, apex + 1.0 * cm),
+            "strap_right": xy(right, apex + 1.0 * cm),
         }
     )
     return found
@@ -271,6 +201,7 @@ class _Placed:
         self.scales: list[float] = []
         self.placements: list[tuple[str, str]] = []
         self.pocket = "pocket_right"
+        self.choices: dict[str, str] = {}  # a side-chosen anchor (``SIDED``) -> this film's
         self.placed: list[str] = []
 
     def add(self, item: int, attenuation: np.ndarray, placement: tuple[str, str]) -> None:
@@ -282,6 +213,11 @@ class _Placed:
         self.items.append(item)
         self.scales.append(scale)
         self.placements.append(placement)
+
+
+# anchors whose side each film chooses (its ``_Placed.choices``): the name a canvas is placed
+# by and the concrete anchors it may stand for
+SIDED = {"strap": ("strap_left", "strap_right"), "breast": ("dome_left", "dome_right")}
 
 
 def _px(point: tuple[float, float], w: int, h: int) -> tuple[float, float]:
@@ -703,7 +639,8 @@ def _translation_grid(
 ) -> torch.Tensor:
     """(B, H, W, 2) grid of a per-sample translation taking the canonical point onto
     ``found`` ((B, 2) fractions); ``stretch`` ``left``/``right`` also scales x about that film
-    edge so the canvas still reaches it (a lead wire)."""
+    edge so the canvas still reaches it (a lead wire), ``top`` scales y about the film's top
+    edge instead of moving it (a necklace hanging from the neck)."""
     b = found.shape[0]
     dev = found.device
     xs = ((torch.arange(w, dtype=torch.float64, device=dev) + 0.5) / w).view(1, 1, w)
@@ -717,6 +654,8 @@ def _translation_grid(
         src_x = edge + (xs - edge) / sx
     else:
         src_x = xs - (fx - cx)
+    if stretch == "top":  # hangs from the film's top edge down to its anchor (a necklace)
+        src_y = ys / (fy / cy).clamp(0.3, 3.0)
     return torch.stack(
         [(src_x * 2.0 - 1.0).expand(b, h, w), (src_y * 2.0 - 1.0).expand(b, h, w)], dim=-1
     ).to(torch.float32)
@@ -734,7 +673,11 @@ def _film_noise(x: torch.Tensor) -> torch.Tensor:
 
 
 def place_devices(
-    x: torch.Tensor, p: Mapping[str, torch.Tensor], films: list[_Placed], keys: Sequence[int]
+    x: torch.Tensor,
+    p: Mapping[str, torch.Tensor],
+    films: list[_Placed],
+    keys: Sequence[int],
+    noise_name: str = "xray_support_devices/noise",
 ) -> torch.Tensor:
     """``clip(v + a + n)`` for the whole batch. ``a``: the sum of each film's canvases of its
     first ``items`` items at its ``opacity``, moved from the canonical frame onto the film's
@@ -760,6 +703,14 @@ def place_devices(
     canonical_pocket = torch.tensor(
         [canonical[f.pocket] for f in films], dtype=torch.float64, device=dev
     )
+    chosen_origin: dict[str, torch.Tensor] = {}
+    for name in films[0].choices:  # a fixed set per op; the host-side films' own sides
+        options = SIDED[name]
+        pick = torch.tensor([options.index(f.choices[name]) for f in films], device=dev)
+        found[name] = torch.stack([found[o] for o in options], dim=1)[torch.arange(b), pick]
+        chosen_origin[name] = torch.tensor(
+            [canonical[f.choices[name]] for f in films], dtype=torch.float64, device=dev
+        )
     drawn = torch.from_numpy(np.stack([np.stack(f.canvases) for f in films], axis=1)).to(dev)
     items = torch.tensor([f.items for f in films], dtype=torch.int64, device=dev)  # (B, K)
     scales = torch.tensor([f.scales for f in films], dtype=torch.float64, device=dev)
@@ -776,20 +727,26 @@ def place_devices(
         if kind == "warp":
             warped = warped + layer
             continue
-        origin = canonical_pocket if name == "pocket" else anchor_of(canonical[name])
+        if name == "pocket":
+            origin = canonical_pocket
+        elif name in chosen_origin:
+            origin = chosen_origin[name]
+        else:
+            origin = anchor_of(canonical[name])
         grid = _translation_grid(found[name], origin, h, w, kind)
         total = total + F.grid_sample(layer, grid, "bilinear", "zeros", align_corners=False)
-    src = torch.stack([found[n] for n in WARP_POINTS], dim=1)
-    dst = torch.stack(
-        [canonical_pocket if n == "pocket" else anchor_of(canonical[n]) for n in WARP_POINTS],
-        dim=1,
-    )
-    grid = _tps_grid(src, dst, h, w)
-    total = total + F.grid_sample(warped, grid, "bilinear", "zeros", align_corners=False)
+    if any(kind == "warp" for kind, _ in films[0].placements):
+        src = torch.stack([found[n] for n in WARP_POINTS], dim=1)
+        dst = torch.stack(
+            [canonical_pocket if n == "pocket" else anchor_of(canonical[n]) for n in WARP_POINTS],
+            dim=1,
+        )
+        grid = _tps_grid(src, dst, h, w)
+        total = total + F.grid_sample(warped, grid, "bilinear", "zeros", align_corners=False)
     total = _gaussian_blur(total, 0.025 * min(h, w) / FIELD_CM)
     sigma = _film_noise(x).view(b, 1, 1, 1)
     extra = sigma * torch.sqrt(torch.expm1(MU * total.double().clamp(min=0.0)))
-    noise = keyed_fields.normal_fields(keys, "xray_support_devices/noise", (1, h, w), dev)
+    noise = keyed_fields.normal_fields(keys, noise_name, (1, h, w), dev)
     out = x.to(torch.float64) + total.double() + extra * noise.double()
     return out.clamp_(0.0, 1.0).to(x.dtype)
 
@@ -836,117 +793,395 @@ def xray_support_devices(
     )
 
 
-def _button(layers: _Layers, side: int, cx: int, cy: int) -> None:
-    h, w = layers.shape
-    r = max(2, _frac_px(0.013, side))
-    canvas = _canvas(h, w)
-    cv2.circle(canvas, (cx, cy), r, 255, -1, cv2.LINE_AA)
-    hole = max(1, r // 4)
-    for dx, dy in ((-1, -1), (1, -1), (-1, 1), (1, 1)):
-        cv2.circle(canvas, (cx + dx * r // 3, cy + dy * r // 3), hole, 0, -1, cv2.LINE_AA)
-    layers.add(canvas, 0.2)
+# --- foreign objects: metal on or in the patient's clothing, projected through 3D ------------
+
+STEEL_MU = 10.0  # 1/cm: steel and brass at a chest film's effective energy (about 60 keV)
 
 
-def _hooks(layers: _Layers, side: int, cx: int, cy: int) -> None:
-    h, w = layers.shape
-    canvas = _canvas(h, w)
-    a, b = max(2, _frac_px(0.012, side)), max(1, _frac_px(0.004, side))
-    for dy in (-2 * b, 2 * b):
-        cv2.rectangle(canvas, (cx - a, cy + dy - b), (cx + a, cy + dy + b), 255, -1, cv2.LINE_AA)
-    layers.add(canvas, 0.5)
+def _rotation(g: np.random.Generator, tilt: float, spin: float = math.pi) -> np.ndarray:
+    """A keyed 3D orientation (3 x 3): a spin of up to ``spin`` radians about the beam (small
+    for what gravity or the garment orients), then tilts of up to ``tilt`` radians about two
+    axes in the film plane (how a flat object lies on a curved chest)."""
+    spin, ax, ay = g.uniform(-spin, spin), g.uniform(-tilt, tilt), g.uniform(-tilt, tilt)
+    c, s = math.cos(spin), math.sin(spin)
+    rz = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+    c, s = math.cos(ax), math.sin(ax)
+    rx = np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
+    c, s = math.cos(ay), math.sin(ay)
+    ry = np.array([[c, 0.0, s], [0.0, 1.0, 0.0], [-s, 0.0, c]])
+    return ry @ rx @ rz
 
 
-def _necklace(layers: _Layers, g: np.random.Generator, side: int) -> None:
-    h, w = layers.shape
-    canvas = _canvas(h, w)
-    depth = g.uniform(0.16, 0.26)
-    bead = max(1, _frac_px(0.004, side))
-    for t in np.linspace(-1.0, 1.0, 41):
-        x = 0.5 + 0.17 * t
-        y = depth * (1 - t * t) + 0.02
-        cv2.circle(canvas, (int(x * w), int(y * h)), bead, 255, -1, cv2.LINE_AA)
-    cv2.circle(
-        canvas,
-        (int(0.5 * w), int((depth + 0.045) * h)),
-        max(2, _frac_px(0.012, side)),
-        255,
-        -1,
-        cv2.LINE_AA,
+def _project(points: np.ndarray, rot: np.ndarray, centre: np.ndarray, px: float) -> np.ndarray:
+    """Object points (n, 3) in cm, rotated, projected along the beam onto the film (pixels)."""
+    return (np.asarray(points, np.float64) @ rot.T)[:, :2] * px + centre
+
+
+def _wire(
+    target: np.ndarray, curve: np.ndarray, radius: float, value: float, closed: bool = False
+) -> None:
+    """Add the projected thickness of a round wire of ``radius`` pixels along ``curve``
+    (pixels): the chord ``2 sqrt(r^2 - d^2)`` at distance ``d`` from its axis, ``value`` at
+    the axis (display units). Sub-pixel wires keep their cross-section (radius at least 0.7
+    px, value scaled by the area ratio)."""
+    pts = np.asarray(curve, np.float64)
+    if closed:
+        pts = np.vstack([pts, pts[:1]])
+    r = max(radius, 0.7)
+    value *= (radius / r) ** 2
+    h, w = target.shape
+    x0, y0 = np.floor(pts.min(axis=0) - r - 1).astype(int)
+    x1, y1 = np.ceil(pts.max(axis=0) + r + 2).astype(int)
+    x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, w), min(y1, h)
+    if x1 <= x0 or y1 <= y0:
+        return
+    ys, xs = np.mgrid[y0:y1, x0:x1]
+    pix = np.stack([xs.ravel() + 0.5, ys.ravel() + 0.5], axis=1)
+    a, b = pts[:-1], pts[1:]
+    ab = b - a
+    if len(ab) == 0:
+        ab, a = np.zeros((1, 2)), pts[:1]
+    length2 = np.maximum((ab**2).sum(axis=1), 1e-12)
+    d2 = np.full(len(pix), np.inf)
+    for i0 in range(0, len(ab), 64):  # bounded memory for long wires
+        aa, vv, ll = a[i0 : i0 + 64], ab[i0 : i0 + 64], length2[i0 : i0 + 64]
+        t = np.clip(((pix[:, None, :] - aa[None]) * vv[None]).sum(axis=2) / ll[None], 0.0, 1.0)
+        near = aa[None] + t[..., None] * vv[None]
+        d2 = np.minimum(d2, ((pix[:, None, :] - near) ** 2).sum(axis=2).min(axis=1))
+    chord = np.sqrt(np.clip(1.0 - d2 / (r * r), 0.0, None)).reshape(ys.shape)
+    target[y0:y1, x0:x1] += np.float32(value) * chord.astype(np.float32)
+
+
+def _plate(target: np.ndarray, polygon: np.ndarray, value: float) -> None:
+    """Add ``value`` inside a flat plate's projected outline (pixels, anti-aliased): a plate
+    of uniform thickness crossed at a tilt (``value`` already divided by the cosine)."""
+    _poly(target, polygon, value)
+
+
+def _loop(a: float, b: float, n: int = 24, square: float = 1.0) -> np.ndarray:
+    """A closed loop in its own plane (n, 3) cm: an ellipse of semi-axes ``a``, ``b``, made
+    more rectangular by ``square`` < 1 (a superellipse exponent)."""
+    t = np.linspace(0, 2 * math.pi, n, endpoint=False)
+    c, s = np.cos(t), np.sin(t)
+    x = a * np.sign(c) * np.abs(c) ** square
+    y = b * np.sign(s) * np.abs(s) ** square
+    return np.stack([x, y, np.zeros_like(x)], axis=1)
+
+
+def _necklace(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """A chain around the neck: a sagging catenary from both sides of the neck (off the film's
+    top) down over the sternal notch, made of wire links (keyed link size and wire gauge)
+    alternating in orientation, each twisted a little more or less (a cable chain: one link
+    seen face-on as an oval loop, the next edge-on as a short dense bar); sometimes a pendant
+    (a flat plate on a bail ring) at its lowest point, sometimes the clasp (a spring ring) on
+    one side."""
+    half = g.uniform(2.6, 4.0) * px  # half the span between the neck's sides
+    depth = g.uniform(3.0, 7.0) * px
+    skew = g.uniform(-0.6, 0.6) * px
+    cat = g.uniform(0.8, 1.6)
+    u = np.linspace(-1.0, 1.0, 400)
+    sag = (np.cosh(cat) - np.cosh(cat * u)) / (np.cosh(cat) - 1.0)  # 1 at the bottom
+    path = np.stack([centre[0] + skew + half * u, centre[1] - depth * (1.0 - sag)], axis=1)
+    rise = np.linspace(8.0 * px, 0.0, 80, endpoint=False)[:, None] * np.array([[0.0, -1.0]])
+    path = np.vstack([path[0] + rise, path, path[-1] + rise[::-1]])
+    arc = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(path, axis=0), axis=1))])
+
+    def along(at: float) -> np.ndarray:
+        return np.array([np.interp(at, arc, path[:, 0]), np.interp(at, arc, path[:, 1])])
+
+    link_a = g.uniform(0.16, 0.3)  # cm, half the link's length
+    link_b = link_a * g.uniform(0.55, 0.75)
+    wire = g.uniform(0.025, 0.045)  # cm, the wire's radius
+    metal = STEEL_MU * g.uniform(0.8, 1.5) / MU  # display units per cm of metal
+    pitch = 1.5 * link_a * px
+    twist = g.uniform(0.0, 0.5)
+    for k, at in enumerate(np.arange(0.5 * pitch, arc[-1], pitch)):
+        p = along(at)
+        tangent = along(at + 1.0) - along(at - 1.0)
+        tangent /= max(float(np.linalg.norm(tangent)), 1e-9)
+        normal = np.array([-tangent[1], tangent[0]])
+        phi = (k % 2) * math.pi / 2 + g.normal(0.0, 0.15) + twist
+        t = np.linspace(0, 2 * math.pi, 16, endpoint=False)
+        pts = (
+            p
+            + np.outer(link_a * px * np.cos(t), tangent)
+            + np.outer(link_b * px * np.sin(t) * math.cos(phi), normal)
+        )
+        _wire(target, pts, wire * px, 2 * wire * metal, closed=True)
+    low = path[int(np.argmax(path[:, 1]))]
+    if g.random() < 0.65:  # a pendant on a bail
+        rot = _rotation(g, 0.7)
+        bail = _loop(0.12, 0.12)
+        _wire(
+            target,
+            _project(bail, rot, low + np.array([0, 0.12 * px]), px),
+            0.03 * px,
+            0.06 * metal,
+            True,
+        )
+        kind = int(g.integers(0, 3))
+        size = g.uniform(0.5, 1.1)
+        t = np.linspace(0, 2 * math.pi, 40, endpoint=False)
+        if kind == 0:  # a round or oval medallion
+            shape = np.stack([size / 2 * np.cos(t), size / 2 * g.uniform(0.8, 1.2) * np.sin(t)], 1)
+        elif kind == 1:  # a heart
+            x = 16 * np.sin(t) ** 3
+            y = -(13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t))
+            shape = np.stack([x, y], 1) * size / 34
+        else:  # a cross
+            a_, b_ = size / 2, size / 7
+            shape = np.array(
+                [
+                    [-b_, -a_ * 0.6],
+                    [b_, -a_ * 0.6],
+                    [b_, -b_],
+                    [a_ * 0.6, -b_],
+                    [a_ * 0.6, b_],
+                    [b_, b_],
+                    [b_, a_],
+                    [-b_, a_],
+                    [-b_, b_],
+                    [-a_ * 0.6, b_],
+                    [-a_ * 0.6, -b_],
+                    [-b_, -b_],
+                ]
+            )
+        shape = shape - [0.0, shape[:, 1].min() - 0.24]  # hangs below the bail
+        flat = np.hstack([shape, np.zeros((len(shape), 1))])
+        thick = g.uniform(0.06, 0.15)
+        _plate(target, _project(flat, rot, low, px), thick * metal / max(abs(rot[2, 2]), 0.3))
+        _wire(target, _project(flat, rot, low, px), 0.02 * px, 0.3 * thick * metal, True)
+    if g.random() < 0.5:  # the clasp: a spring ring and its tag on one side of the neck
+        j = int(len(path) * g.uniform(0.12, 0.3))
+        if g.random() < 0.5:
+            j = len(path) - 1 - j
+        rot = _rotation(g, 1.0)
+        clasp = path[j]
+        _wire(target, _project(_loop(0.22, 0.22), rot, clasp, px), 0.05 * px, 0.1 * metal, True)
+        tag = _project(_loop(0.3, 0.13, 16, 0.5), rot, clasp + np.array([0.0, 0.4 * px]), px)
+        _plate(target, tag, 0.04 * metal)
+
+
+def _eye_outline(flip: float) -> list[np.ndarray]:
+    """The wire outlines (cm, in its own plane) of one bra eye (``flip`` +1) or hook (-1): a
+    flattened rectangular body sewn into the tape with two round loops at its free end, the
+    hook's end bent back on itself."""
+    body = np.array([[0.0, -0.12], [-0.5, -0.12], [-0.5, 0.12], [0.0, 0.12]])
+    t = np.linspace(0, 2 * math.pi, 20)
+    parts = [body]
+    for sy in (-1.0, 1.0):
+        c = np.array([0.16, sy * 0.2])
+        loop = c + 0.13 * np.stack([np.cos(t), np.sin(t)], 1)
+        parts.append(np.vstack([[0.0, sy * 0.12], loop]))
+    if flip < 0:
+        parts.append(np.array([[0.3, -0.05], [0.42, 0.0], [0.3, 0.05], [0.12, 0.04]]))
+    return [np.hstack([q * [flip, 1.0], np.zeros((len(q), 1))]) for q in parts]
+
+
+def _bra_hooks(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """A bra's back closure: two or three rows of hooks and eyes 1.2-1.5 cm apart, the eye
+    tape with two or three columns of wire eyes, the hook tape with its hooks engaged in one
+    column, all wire outlines (``_eye_outline``) tilted with the back's curvature."""
+    rot = _rotation(g, 0.5, 0.2)
+    rows = int(g.integers(2, 4))
+    gap = g.uniform(1.2, 1.5)
+    columns = int(g.integers(2, 4))
+    engaged = int(g.integers(0, columns))
+    metal = STEEL_MU * g.uniform(0.9, 1.3) / MU
+    wire = g.uniform(0.03, 0.045)
+    for r in range(rows):
+        y = (r - (rows - 1) / 2) * gap
+        for c in range(columns):
+            for part in _eye_outline(1.0):
+                local = part + np.array([c * 0.75, y, 0.0])
+                _wire(target, _project(local, rot, centre, px), wire * px, 2 * wire * metal)
+        for part in _eye_outline(-1.0):
+            local = part + np.array([engaged * 0.75 + 0.45, y + 0.05, 0.0])
+            _wire(target, _project(local, rot, centre, px), wire * px, 2 * wire * metal)
+
+
+def _strap_slider(
+    target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float
+) -> None:
+    """A bra strap's slider over the shoulder: a rounded rectangular frame (metal wire or a
+    coated stamped frame) with a central bar, seen in perspective (keyed 3D tilt), sometimes
+    with the strap's ring (an O ring) beside it."""
+    rot = _rotation(g, 1.0, 0.5)
+    a, b = g.uniform(0.6, 0.9), g.uniform(0.35, 0.5)
+    wire = g.uniform(0.04, 0.07)
+    metal = STEEL_MU * g.uniform(0.8, 1.3) / MU
+    frame = _loop(a, b, 32, g.uniform(0.3, 0.6))
+    _wire(target, _project(frame, rot, centre, px), wire * px, 2 * wire * metal, True)
+    bar = np.array([[-a * 0.95, 0.0, 0.0], [a * 0.95, 0.0, 0.0]])
+    _wire(target, _project(bar, rot, centre, px), wire * px, 2 * wire * metal)
+    if g.random() < 0.4:
+        ring = _loop(0.5, 0.5, 32) + np.array([0.0, b + 0.6, 0.0])
+        _wire(target, _project(ring, rot, centre, px), wire * px, 2 * wire * metal, True)
+
+
+def _underwire(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """A bra's underwire: a flat steel band (2-3 mm wide, under 1 mm thick) bent in a U
+    under the breast, seen at a tilt, so its projected width varies along the arc."""
+    rot = _rotation(g, 0.6, 0.3)
+    half, depth = g.uniform(4.0, 6.0), g.uniform(3.0, 4.5)
+    t = np.linspace(g.uniform(0.0, 0.1) * math.pi, g.uniform(0.9, 1.0) * math.pi, 60)
+    arc = np.stack([half * np.cos(t), depth * np.sin(t), 0.8 * np.sin(t) ** 2], 1)
+    arc[:, 1] -= depth
+    metal = STEEL_MU * g.uniform(0.8, 1.2) / MU
+    _wire(target, _project(arc, rot, centre, px), 0.05 * px, 0.07 * metal)
+
+
+def _fastener(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """A clothing fastener of a keyed design, seen at a keyed tilt: a snap (a socket ring, a
+    hollow torus denser at its edges, around the stud), a metal shank button (a domed disc
+    with a rolled rim), or a plastic sew-through button (nearly radiolucent, two or four
+    holes)."""
+    rot = _rotation(g, 0.8)
+    kind = int(g.integers(0, 3))
+    metal = STEEL_MU * g.uniform(0.8, 1.3) / MU
+    flat = max(abs(rot[2, 2]), 0.3)
+    if kind == 0:
+        r = g.uniform(0.4, 0.55)
+        _wire(target, _project(_loop(r, r, 40), rot, centre, px), 0.08 * px, 0.16 * metal, True)
+        _wire(
+            target,
+            _project(_loop(0.45 * r, 0.45 * r, 24), rot, centre, px),
+            0.05 * px,
+            0.1 * metal,
+            True,
+        )
+        _plate(target, _project(_loop(r, r, 40), rot, centre, px), 0.02 * metal / flat)
+    elif kind == 1:
+        r = g.uniform(0.6, 0.9)
+        _plate(target, _project(_loop(r, r, 48), rot, centre, px), 0.03 * metal / flat)
+        _wire(target, _project(_loop(r, r, 48), rot, centre, px), 0.06 * px, 0.1 * metal, True)
+        _wire(
+            target,
+            _project(np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.3]]), rot, centre, px),
+            0.08 * px,
+            0.1 * metal,
+        )
+    else:
+        r = g.uniform(0.55, 0.8)
+        plastic = 0.5 / MU  # nylon / polyester: about 0.25 1/cm
+        holes = (
+            [(-0.25, 0.0), (0.25, 0.0)]
+            if g.random() < 0.5
+            else [(-0.22, -0.22), (0.22, -0.22), (-0.22, 0.22), (0.22, 0.22)]
+        )
+        _plate(target, _project(_loop(r, r, 48), rot, centre, px), 0.3 * plastic / flat)
+        _wire(target, _project(_loop(r, r, 48), rot, centre, px), 0.06 * px, 0.4 * plastic, True)
+        for hx, hy in holes:
+            hole = _loop(0.08 * r / 0.6, 0.08 * r / 0.6, 12) + np.array(
+                [hx * r / 0.6, hy * r / 0.6, 0.0]
+            )
+            _plate(target, _project(hole, rot, centre, px), -0.3 * plastic / flat)
+
+
+def _hair_clip(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """A bobby pin: a flat steel wire bent back on itself, one leg straight, the other crimped
+    in waves, tilted in 3D."""
+    rot = _rotation(g, 0.8)
+    length = g.uniform(4.5, 6.0)
+    s = np.linspace(0.0, length, 60)
+    straight = np.stack([s, np.full_like(s, 0.1), np.zeros_like(s)], 1)
+    wavy = np.stack(
+        [s, -0.1 - 0.08 * (1 - np.cos(2 * math.pi * s / 0.6)) * (s > 0.5), np.zeros_like(s)], 1
     )
-    layers.add(canvas, 0.6)
+    turn = np.linspace(0.5 * math.pi, 1.5 * math.pi, 10)
+    bend = np.stack([0.1 * np.cos(turn), 0.1 * np.sin(turn), np.zeros_like(turn)], 1)
+    pin = np.vstack([straight[::-1], bend, wavy])
+    metal = STEEL_MU * g.uniform(0.9, 1.2) / MU
+    _wire(target, _project(pin - [length / 2, 0.0, 0.0], rot, centre, px), 0.04 * px, 0.08 * metal)
 
 
-def _hair_clip(layers: _Layers, side: int, cx: int, cy: int, angle: float) -> None:
-    h, w = layers.shape
-    canvas = _canvas(h, w)
-    length, gap = _frac_px(0.07, side), max(2, _frac_px(0.006, side))
-    c, s = math.cos(angle), math.sin(angle)
-    for off in (-gap, gap):
-        p0 = (int(cx - off * s), int(cy + off * c))
-        p1 = (int(cx + length * c - off * s), int(cy + length * s + off * c))
-        cv2.line(canvas, p0, p1, 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
-    cv2.ellipse(
-        canvas,
-        (cx, cy),
-        (gap, gap),
-        math.degrees(angle) + 90,
-        0,
-        180,
-        255,
-        max(1, _frac_px(0.003, side)),
-        cv2.LINE_AA,
-    )
-    layers.add(canvas, 0.7)
+def _earring(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """An earring: a hoop (a round wire ring seen at a tilt, an ellipse denser where the beam
+    runs along the wire) or a stud with its post and butterfly back."""
+    rot = _rotation(g, 1.2)
+    metal = STEEL_MU * g.uniform(1.0, 1.6) / MU
+    if g.random() < 0.6:
+        r = g.uniform(0.6, 1.2)
+        _wire(target, _project(_loop(r, r, 48), rot, centre, px), 0.05 * px, 0.1 * metal, True)
+    else:
+        _plate(target, _project(_loop(0.25, 0.25, 20), rot, centre, px), 0.15 * metal)
+        _wire(
+            target,
+            _project(np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.8]]), rot, centre, px),
+            0.04 * px,
+            0.08 * metal,
+        )
+        _plate(
+            target,
+            _project(_loop(0.3, 0.18, 20) + np.array([0.0, 0.0, -0.6]), rot, centre, px),
+            0.05 * metal,
+        )
 
 
-def _earring(layers: _Layers, side: int, cx: int, cy: int) -> None:
-    h, w = layers.shape
-    canvas = _canvas(h, w)
-    cv2.circle(
-        canvas,
-        (cx, cy),
-        max(2, _frac_px(0.01, side)),
-        255,
-        max(1, _frac_px(0.003, side)),
-        cv2.LINE_AA,
-    )
-    layers.add(canvas, 0.7)
+# the foreign objects a film can get, each an item drawn in the canonical frame and moved with
+# its anchor (``device_anchors``)
+OBJECTS = (
+    "necklace",
+    "bra_hooks",
+    "strap_slider",
+    "fastener",
+    "fastener",
+    "underwire",
+    "hair_clip",
+    "earring",
+)
 
 
-def objects_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndarray:
-    """Attenuation (display units, float32 H x W) of this film's first ``items`` foreign
-    objects at ``opacity`` (see ``object_layers``)."""
-    return object_layers(key, h, w, items).total(opacity)
-
-
-def object_layers(key: int, h: int, w: int, items: int) -> _Layers:
-    """The canvases of this film's first ``items`` foreign objects, in a keyed order drawn
-    from: a button line of a shirt or gown (each button one
-    item), bra hooks, a necklace with a pendant, hair clips, an earring. The same objects in the
-    same places at every severity."""
+def object_layers(key: int, h: int, w: int) -> _Placed:
+    """This film's foreign objects drawn in the canonical frame, in a keyed order (a film's
+    first ``items`` are shown: the same objects in the same places at every severity), each
+    with its anchor: a necklace hanging from the neck to the sternal notch (stretched from the
+    film's top to the found trachea), bra hooks on the back at the lower thorax, a strap slider
+    over a shoulder, clothing fasteners down the front, an underwire under a breast, a hair
+    clip and an earring at the film's top. Metal is drawn as the projected thickness of its 3D
+    shape (``_wire``, ``_plate``) at ``STEEL_MU``."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_foreign_objects"))
-    side = min(h, w)
-    layers = _Layers(h, w)
-    column = g.uniform(0.44, 0.56)
-    kinds = ["button", "necklace", "button", "hooks", "clip", "button", "earring", "button"]
-    order = [0, *(1 + g.permutation(len(kinds) - 1))]  # a button first, then a keyed order
-    jitter = g.uniform(-0.02, 0.02, size=(len(kinds), 2))
-    buttons = 0
-    for n, idx in enumerate(order[:items]):
-        kind = kinds[idx]
-        jx, jy = jitter[n]
-        layers.item = n
-        if kind == "button":
-            _button(layers, side, int((column + jx / 3) * w), int((0.3 + 0.14 * buttons) * h))
-            buttons += 1
-        elif kind == "hooks":
-            _hooks(layers, side, int((0.5 + jx) * w), int((0.62 + jy) * h))
-        elif kind == "necklace":
-            _necklace(layers, g, side)
-        elif kind == "clip":
-            _hair_clip(layers, side, int((0.25 + jx) * w), int((0.03 + abs(jy)) * h), 0.3 + jx * 10)
+    px = min(h, w) / FIELD_CM
+    layers = _Placed(h, w)
+    anchor = {k: np.array(_px(v, w, h)) for k, v in _CANONICAL_ANCHORS.items()}
+    rank = np.argsort(g.permutation(len(OBJECTS)))  # canvas j is the film's rank[j]-th item
+    right = g.random() < 0.5
+    layers.choices = {
+        "strap": "strap_right" if right else "strap_left",
+        "breast": "dome_right" if g.random() < 0.5 else "dome_left",
+    }
+    fasteners = 0
+    for j, kind in enumerate(OBJECTS):  # a fixed canvas order: the same placements per film
+        target = np.zeros((h, w), np.float32)
+        jitter = g.uniform(-1.0, 1.0, size=2) * px
+        if kind == "necklace":
+            name, placement = "trachea", "top"
+            _necklace(target, g, anchor[name] + np.array([0.0, g.uniform(0.0, 3.0) * px]), px)
+        elif kind == "bra_hooks":
+            name, placement = "bra_band", "move"
+            _bra_hooks(target, g, anchor[name] + jitter, px)
+        elif kind == "strap_slider":
+            name, placement = "strap", "move"
+            _strap_slider(target, g, anchor[layers.choices[name]] + jitter, px)
+        elif kind == "fastener":
+            name, placement = "carina", "move"
+            down = np.array([0.5 * jitter[0], (2.0 + 6.0 * fasteners) * px + jitter[1]])
+            _fastener(target, g, anchor[name] + down, px)
+            fasteners += 1
+        elif kind == "underwire":
+            name, placement = "breast", "move"
+            at = anchor[layers.choices[name]] + np.array([0.0, -2.0 * px]) + jitter
+            _underwire(target, g, at, px)
+        elif kind == "hair_clip":
+            name, placement = "top", "move"
+            offset = g.choice([-1.0, 1.0]) * g.uniform(4.0, 8.0) * px
+            _hair_clip(target, g, anchor[name] + np.array([offset, g.uniform(1.0, 2.5) * px]), px)
         else:
-            _earring(layers, side, int((0.2 + jx) * w), int((0.1 + jy) * h))
+            name, placement = "top", "move"
+            offset = g.choice([-1.0, 1.0]) * g.uniform(5.0, 9.0) * px
+            _earring(target, g, anchor[name] + np.array([offset, g.uniform(1.0, 3.0) * px]), px)
+        layers.add(int(rank[j]), target, (placement, name))
+    layers.placed = [OBJECTS[j] for j in np.argsort(rank)]
     return layers
 
 
@@ -954,21 +1189,30 @@ def object_layers(key: int, h: int, w: int, items: int) -> _Layers:
 def xray_foreign_objects(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
-    """Radiopaque objects on the patient (see ``objects_map``).
+    """Radiopaque objects on the patient (see ``object_layers``), moved onto the film's
+    anatomy, blurred by the detector and noised like the film (``place_devices``).
 
-    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases added to the
-    display value)."""
+    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
+    landmarks by per-sample translations through ``grid_sample``)."""
     h, w = x.shape[-2:]
+    noise = "xray_foreign_objects/noise"
     return backend.by_path(
         x,
-        host=lambda: _add_attenuation(
-            x,
+        host=lambda: torch.cat(
             [
-                objects_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
+                place_devices(
+                    x[i : i + 1],
+                    {n: v[i : i + 1] for n, v in p.items()},
+                    [object_layers(int(k), h, w)],
+                    [int(k)],
+                    noise,
+                )
                 for i, k in enumerate(keys)
-            ],
+            ]
         ),
-        device=lambda: _add_layers(x, p, [object_layers(int(k), h, w, ITEMS) for k in keys]),
+        device=lambda: place_devices(
+            x, p, [object_layers(int(k), h, w) for k in keys], [int(k) for k in keys], noise
+        ),
     )
 
 
