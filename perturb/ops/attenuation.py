@@ -64,6 +64,7 @@ from perturb.ops.landmarks import (
     CANONICAL_SITES,
     LANDMARK_GRID,
     chest_landmarks,
+    gastric_bubble,
     skin_sites,
 )
 from perturb.ops.radiometry import FIELD_CM, MU, _wide
@@ -102,7 +103,11 @@ def _level_sampler(rng_: np.random.Generator, level: Level) -> Params:
 LUNG_CM = 24.0  # apex to dome of an adult lung, the scale of the device offsets
 
 
-def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Tensor]:
+def device_anchors(
+    lm: torch.Tensor,
+    sites: torch.Tensor,
+    bubble: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
     """Where the devices go, (B, 2) (x, y) fractions of the film, from (B, 10) landmarks
     (``chest_landmarks``) and (B, 6, 2) skin sites (``skin_sites``):
 
@@ -113,8 +118,10 @@ def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Ten
     * ``cvc_tip`` the central line tip in the lower SVC, 2 cm below the carina, a quarter of
       the way from the midline to the right lung's centre (image left: the SVC runs along the
       right mediastinal border, right of the spine), above the right atrium;
-    * ``ng_tip`` the nasogastric tube tip in the gastric fundus under the left (image-right)
-      dome, 3.5 cm below it, halfway from the midline to the left lung's centre; ``hiatus``
+    * ``ng_tip`` the nasogastric tube tip in the stomach under the left (image-right)
+      dome, 5 cm below it, halfway from the midline to the left lung's centre, or, where
+      ``bubble`` ((B, 2) places, (B,) seen: ``gastric_bubble``) saw the gastric gas bubble,
+      in it (a white lung base can hide the dome, not the fundus below it); ``hiatus``
       the oesophageal hiatus 2 cm left of the midline at the dome level;
     * ``pocket_left`` / ``pocket_right`` the pacemaker pockets (pectoral, below the lateral
       clavicle, inside the body); ``rv_apex`` the right-ventricular apex: the lower cardiac
@@ -134,6 +141,10 @@ def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Ten
     def xy(px: torch.Tensor, py: torch.Tensor) -> torch.Tensor:
         return torch.stack([px, py], dim=1)
 
+    ng_tip = xy(mid + 0.5 * (right - mid), dome_r + 5.0 * cm)
+    if bubble is not None:
+        ng_tip = torch.where(bubble[1].view(-1, 1), bubble[0].to(ng_tip.dtype), ng_tip)
+
     found = {f"ecg{i}": sites[:, i] for i in range(4)}
     found.update(
         {
@@ -147,7 +158,7 @@ def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Ten
             "heart": xy(mid + 0.15 * (right - mid), dome - 6.0 * cm),
             "rv_apex": xy(mid + 0.33 * (right - mid), dome_r - 2.0 * cm),
             "hiatus": xy(mid + 0.1 * (right - mid), dome_r),
-            "ng_tip": xy(mid + 0.5 * (right - mid), dome_r + 3.5 * cm),
+            "ng_tip": ng_tip,
             "lung_left": xy(left, (apex + dome_l) / 2.0),
             "lung_right": xy(right, (apex + dome_r) / 2.0),
             "dome_left": xy(left, dome_l),
@@ -330,7 +341,7 @@ def _electrode(
     starts under the connector so the stretch that keeps it reaching the edge keeps it joined."""
     h, w = layers.shape
     cx, cy = _px(_CANONICAL_ANCHORS[anchor], w, h)
-    kind = int(g.integers(0, 3))
+    kind = int(g.choice(4, p=[0.2, 0.15, 0.2, 0.45]))
     tilt = g.uniform(0.55, 1.0)
     angle = g.uniform(0, math.pi)
     lead_angle = (math.pi if lead_side == "left" else 0.0) + g.uniform(-0.9, 0.9)
@@ -338,15 +349,17 @@ def _electrode(
     along = np.array([math.cos(lead_angle), math.sin(lead_angle)])
     across = np.array([-along[1], along[0]])
     centre = np.array([cx, cy])
-    if kind < 2:
+    if kind != 2:
         r_pad = g.uniform(1.7, 2.2) * px
         _poly(body, _ellipse(cx, cy, r_pad, r_pad * tilt, angle), g.uniform(0.006, 0.016))
-        _poly(body, _ellipse(cx, cy, r_pad, r_pad * tilt, angle), 0.012, max(1, round(0.08 * px)))
-        _poly(body, _ellipse(cx, cy, 0.9 * px, 0.9 * px * tilt, angle), 0.015)  # gel
+        _poly(body, _ellipse(cx, cy, r_pad, r_pad * tilt, angle), 0.004, max(1, round(0.08 * px)))
+        _poly(body, _ellipse(cx, cy, 0.9 * px, 0.9 * px * tilt, angle), 0.006)  # gel
         r_stud = g.uniform(0.3, 0.4) * px
         stud = _ellipse(cx, cy, r_stud, r_stud * tilt, angle)
-        _poly(body, stud, 0.18)  # the stud's cap
-        _poly(body, stud, 0.22, max(1, round(0.1 * px)))  # its rim, seen edge-on
+        _poly(body, stud, g.uniform(0.04, 0.1))  # the stud's cap
+        _poly(body, stud, g.uniform(0.1, 0.18), max(1, round(0.08 * px)))  # its rim, edge-on
+        r_pin = g.uniform(0.3, 0.5) * r_stud  # the central pin, denser (seen end-on)
+        _poly(body, _ellipse(cx, cy, r_pin, r_pin * tilt, angle), g.uniform(0.1, 0.2))
     else:
         half = np.array([g.uniform(1.0, 1.3), g.uniform(1.4, 1.8)]) * px
         rot = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
@@ -381,16 +394,18 @@ def _electrode(
         sleeve = centre + along * r_cup
         exit_point = centre + along * (r_cup + 0.9 * px)
         _stroke(body, np.array([sleeve, exit_point]), 0.35 * px, 0.06)  # strain relief
+    elif kind == 3:  # a bent spring-steel strip clip over the stud, seen in profile
+        exit_point = _strip_clip(body, g, centre, along, across, px)
     else:  # alligator clip on the tab's edge, its teeth in a row
         mouth = centre + along * 0.8 * px
         tip = mouth - along * 0.9 * px
         for side in (-1.0, 1.0):
             bar = np.array([tip + across * side * 0.12 * px, mouth + across * side * 0.35 * px])
             _stroke(body, bar, max(1.0, 0.16 * px), 0.35)
-        for t in np.linspace(0.15, 0.85, 5):
+        for t in np.linspace(0.15, 0.85, int(g.integers(3, 7))):
             tooth = tip + (mouth - tip) * t
             _stroke(
-                body, np.array([tooth - across * 0.2 * px, tooth + across * 0.2 * px]), 1.0, 0.2
+                body, np.array([tooth - across * 0.2 * px, tooth + across * 0.2 * px]), 1.0, 0.08
             )
         back = mouth + along * g.uniform(1.4, 1.9) * px
         _stroke(body, np.array([mouth, back]), 0.6 * px, 0.09)  # the insulated handle
@@ -405,6 +420,43 @@ def _electrode(
     _stroke(lead, curve, 0.25 * px, 0.025)  # insulation
     _stroke(lead, curve, 0.06 * px, 0.16)  # the conductor
     layers.add(item, lead, (lead_side, anchor))
+
+
+def _strip_clip(
+    body: np.ndarray,
+    g: np.random.Generator,
+    centre: np.ndarray,
+    along: np.ndarray,
+    across: np.ndarray,
+    px: float,
+) -> np.ndarray:
+    """A lead's snap clip of bent spring-steel strip, seen in profile (``body`` pixels): the
+    strip rises from the stud, bends at right angles (a keyed run of 3-5 legs of keyed
+    lengths, bent towards the lead) into the lever, a second strip parallel to it (the
+    jaw), the strip denser than the plastic housing around it; returns where the lead leaves
+    it."""
+    radius = g.uniform(0.05, 0.08) * px  # the strip seen edge-on, as a wire of that radius
+    dense = g.uniform(0.2, 0.35)
+    frame = np.stack([along, across])  # local (along, across) cm -> pixels
+    turn = g.choice([-1.0, 1.0])
+    point = np.zeros(2)
+    legs = [point.copy()]
+    heading = np.array([0.0, turn])
+    for k in range(int(g.integers(3, 6))):
+        point = point + heading * g.uniform(0.35, 0.9)
+        legs.append(point.copy())
+        if k % 2 == 0:
+            heading = np.array([1.0, 0.0])
+        else:
+            heading = np.array([0.0, -turn if g.random() < 0.6 else turn])
+    path = centre + np.array(legs) @ frame * px
+    _wire(body, path, radius, dense)
+    gap = g.uniform(0.12, 0.25)
+    _wire(body, path[1:] + across * turn * gap * px, radius, 0.8 * dense)  # the jaw
+    end = path[-1]
+    housing = np.array([path[1], end, end + along * 0.6 * px])
+    _stroke(body, housing, 0.5 * px, 0.03)  # the plastic housing and strain relief
+    return end + along * 0.6 * px
 
 
 def _generator(
@@ -527,8 +579,8 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
             [tip[0] - 0.004 * w, tip[1] - 0.12 * h],
         ]
     curve = _dense_curve(np.array([*course, tip]))
-    _stroke(cvc, curve, 0.22 * px, 0.05)  # the catheter wall
-    _stroke(cvc, curve, 0.07 * px, 0.22)  # its radiopaque core
+    _stroke(cvc, curve, 0.22 * px, 0.03)  # the catheter wall
+    _stroke(cvc, curve, 0.07 * px, 0.15)  # its radiopaque core
     layers.add(4, cvc, ("warp", "cvc_tip"))
     # endotracheal tube: down the tracheal midline from the mouth, the tip above the carina
     tip = anchor["et_tip"]
@@ -537,7 +589,7 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     curve = _dense_curve(
         np.array([[tip[0] + sway, -0.02 * h], [tip[0] + sway / 2, 0.5 * tip[1]], tip])
     )
-    _tube(et, curve, 0.95 * px, 0.05, 0.3, px)
+    _tube(et, curve, 0.95 * px, 0.025, 0.16, px)  # faint walls, a dense barium line
     bevel = curve[-1] + np.array([0.0, 0.25 * px])
     _stroke(et, np.array([curve[-1] - [0.45 * px, 0.0], bevel]), max(1.0, 0.06 * px), 0.03)
     layers.add(5, et, ("warp", "et_tip"))
@@ -559,7 +611,7 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
         ]
     )
     curve = _dense_curve(path)
-    _tube(ng, curve, 0.45 * px, 0.05, 0.25, px)
+    _tube(ng, curve, 0.45 * px, 0.03, 0.18, px)
     holes = curve[-max(3, len(curve) // 10) :]
     for k in range(0, len(holes) - 1, 3):  # side holes: gaps in the stripe near the tip
         _stroke(ng, holes[k : k + 2], max(1.0, 0.1 * px), -0.08)
@@ -694,7 +746,7 @@ def place_devices(
     h, w = x.shape[-2:]
     dev = x.device
     lm = chest_landmarks(x)
-    found = device_anchors(lm, skin_sites(x, lm))
+    found = device_anchors(lm, skin_sites(x, lm), gastric_bubble(x, lm))
     right_pocket = torch.tensor([f.pocket == "pocket_right" for f in films], device=dev)
     found["pocket"] = torch.where(
         right_pocket.view(b, 1), found["pocket_right"], found["pocket_left"]
