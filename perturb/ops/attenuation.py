@@ -463,14 +463,17 @@ def _generator(
     target: np.ndarray, g: np.random.Generator, cx: float, cy: float, px: float, side: float
 ) -> tuple[float, float]:
     """A pacemaker generator seen face-on, drawn into ``target``; returns where its lead
-    leaves the header (pixels). A titanium can (a superellipse of 4-5 x 4-4.5 cm, its rim
-    denser where the shell is seen tangentially), the lithium-iodine battery filling its
-    lower half (dense, with its terminal plate), the hybrid circuit above it (chips,
-    resistors, a round capacitor: mottled mid densities), and the epoxy header on its upper
-    edge (nearly radiolucent) holding the dense connector block, its set screws and the
-    lead's proximal pin; ``side`` +1 puts the header's outlet towards image right."""
-    angle = math.radians(g.uniform(-25, 25))
-    a, b = g.uniform(2.0, 2.4) * px, g.uniform(1.9, 2.2) * px  # half-width, half-height
+    leaves the header (pixels). A titanium can of keyed outline (a "D": a straight upper
+    edge with rounded corners over a half-elliptical lower edge, or a rounded rectangle),
+    4.2-5 x 3.8-4.5 cm, its rim denser where the shell is seen tangentially; the
+    lithium-iodine battery filling its lower part along the can's curve (dense, with its
+    terminal plate); the hybrid circuit board above it (a faint substrate populated with a
+    keyed grid of small dense components and a few larger chips, a round capacitor); and the
+    epoxy header on its upper edge (nearly radiolucent) holding 1-3 dense connector blocks
+    with their set screws and the lead's proximal pin; ``side`` +1 puts the header's outlet
+    towards image right."""
+    angle = math.radians(g.uniform(-30, 30))
+    a, b = g.uniform(2.1, 2.5) * px, g.uniform(1.9, 2.25) * px  # half-width, half-height
     c, s = math.cos(angle), math.sin(angle)
 
     def frame(points: np.ndarray) -> np.ndarray:
@@ -481,47 +484,71 @@ def _generator(
     def rect(x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
         return np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
 
-    t = np.linspace(0, 2 * math.pi, 96, endpoint=False)
-    shell = np.stack(
+    corner = g.uniform(0.2, 0.35) * a
+    t = np.linspace(0, 0.5 * math.pi, 8)
+    round_top = np.vstack(
         [
-            a * np.sign(np.cos(t)) * np.abs(np.cos(t)) ** 0.5,
-            b * np.sign(np.sin(t)) * np.abs(np.sin(t)) ** 0.5,
-        ],
-        axis=1,
+            np.stack([-a + corner - corner * np.cos(t), -b + corner - corner * np.sin(t)], 1),
+            np.stack([a - corner + corner * np.sin(t), -b + corner - corner * np.cos(t)], 1),
+        ]
     )
-    _poly(target, frame(shell), 0.12)  # the two titanium walls
-    _poly(target, frame(shell), 0.1, max(1, round(0.15 * px)))  # the shell seen tangentially
-    _poly(target, frame(shell * 0.93), 0.03, max(1, round(0.08 * px)))  # the inner weld seam
-    _poly(target, frame(rect(-0.82 * a, 0.05 * b, 0.82 * a, 0.85 * b)), 0.12)  # battery
-    _poly(target, frame(rect(-0.82 * a, 0.05 * b, 0.82 * a, 0.85 * b)), 0.08, 1)
-    _poly(target, frame(rect(-0.3 * a, 0.1 * b, 0.3 * a, 0.16 * b)), 0.1)  # terminal plate
-    for _ in range(int(g.integers(6, 11))):  # hybrid circuit: chips and resistors
-        x0 = g.uniform(-0.75, 0.5) * a
-        y0 = g.uniform(-0.8, -0.2) * b
-        _poly(
-            target,
-            frame(rect(x0, y0, x0 + g.uniform(0.08, 0.3) * a, y0 + g.uniform(0.06, 0.18) * b)),
-            g.uniform(0.05, 0.14),
+    if g.random() < 0.6:  # a "D": the lower edge a half ellipse below the shoulders
+        shoulder = g.uniform(-0.2, 0.1) * b
+        u = np.linspace(0, math.pi, 40)
+        lower = np.stack([a * np.cos(u), shoulder + (b - shoulder) * np.sin(u)], 1)
+    else:  # a rounded rectangle
+        lower = np.vstack(
+            [
+                np.stack([a - corner + corner * np.cos(t), b - corner + corner * np.sin(t)], 1),
+                np.stack([-a + corner - corner * np.sin(t), b - corner + corner * np.cos(t)], 1),
+            ]
         )
-    for _ in range(int(g.integers(3, 7))):  # bond wires and traces
-        p0 = np.array([g.uniform(-0.7, 0.6) * a, g.uniform(-0.8, -0.2) * b])
-        p1 = p0 + np.array([g.uniform(-0.3, 0.3) * a, g.uniform(-0.15, 0.15) * b])
-        _stroke(target, frame(np.array([p0, p1])), 0.5, 0.08)
-    ring = np.stack([np.cos(t), np.sin(t)], axis=1) * 0.18 * a + [-0.5 * side * a, -0.5 * b]
-    _poly(target, frame(ring), 0.05)  # capacitor
-    _poly(target, frame(ring), 0.06, 1)
-    header = rect(-0.05 * a * side, -1.4 * b, 0.8 * a * side, -0.88 * b)
-    _poly(target, frame(header), 0.025)  # epoxy header
-    for k in (0.12, 0.42):  # connector block and set screws
-        _poly(target, frame(rect(k * a * side, -1.3 * b, (k + 0.2) * a * side, -0.98 * b)), 0.3)
-        _poly(
-            target,
-            frame(_ellipse((k + 0.1) * a * side, -1.14 * b, 0.05 * a, 0.05 * a, 0.0, 12)),
-            0.2,
-        )
-    pin = rect(0.05 * a * side, -1.16 * b, 0.8 * a * side, -1.12 * b)
-    _poly(target, frame(pin), 0.15)  # the lead's proximal pin in the bore
-    exit_point = frame(np.array([[0.85 * a * side, -1.14 * b]]))[0]
+    shell = np.vstack([round_top, lower])
+    _poly(target, frame(shell), 0.1)  # the two titanium walls
+    _poly(target, frame(shell), 0.1, max(1, round(0.1 * px)))  # the shell seen tangentially
+    _poly(target, frame(shell * 0.94), 0.02, max(1, round(0.05 * px)))  # the inner weld seam
+    split = g.uniform(-0.05, 0.2) * b  # the battery below, the circuit above
+    battery = shell[shell[:, 1] > split] * 0.9
+    battery = np.vstack([[battery[:, 0].min(), split], [battery[:, 0].max(), split], battery])
+    battery = battery[np.argsort(np.arctan2(battery[:, 1] - split - 0.3 * b, battery[:, 0]))]
+    _poly(target, frame(battery), g.uniform(0.08, 0.13))
+    _poly(target, frame(battery), 0.05, 1)
+    _poly(target, frame(rect(-0.3 * a, split + 0.05 * b, 0.3 * a, split + 0.1 * b)), 0.08)
+    board = rect(-0.8 * a, -0.82 * b, 0.8 * a, split - 0.06 * b)
+    _poly(target, frame(board), 0.025)  # the circuit's substrate
+    _poly(target, frame(board), 0.03, 1)
+    rows, cols = int(g.integers(4, 8)), int(g.integers(5, 10))
+    cell_w, cell_h = 1.5 * a / cols, (split + 0.7 * b) / rows
+    for r in range(rows):
+        for k in range(cols):
+            if g.random() < 0.45:
+                continue
+            x0 = -0.75 * a + k * cell_w + g.uniform(0.05, 0.3) * cell_w
+            y0 = -0.78 * b + r * cell_h + g.uniform(0.05, 0.3) * cell_h
+            x1 = x0 + g.uniform(0.3, 0.65) * cell_w
+            y1 = y0 + g.uniform(0.3, 0.65) * cell_h
+            _poly(target, frame(rect(x0, y0, x1, y1)), g.uniform(0.04, 0.16))
+    for _ in range(int(g.integers(1, 4))):  # larger chips
+        x0, y0 = g.uniform(-0.7, 0.3) * a, g.uniform(-0.75, -0.4) * b
+        chip = rect(x0, y0, x0 + g.uniform(0.2, 0.4) * a, y0 + g.uniform(0.15, 0.3) * b)
+        _poly(target, frame(chip), g.uniform(0.06, 0.12))
+        _poly(target, frame(chip), 0.05, 1)
+    ring = np.stack([np.cos(t * 4), np.sin(t * 4)], axis=1) * 0.15 * a
+    ring = ring + np.array([-0.5 * side * a, split - 0.25 * b])
+    _poly(target, frame(ring), 0.06, 1)  # capacitor
+    blocks = int(g.integers(1, 4))
+    header = rect(-0.1 * a * side, -1.45 * b, 0.85 * a * side, -0.9 * b)
+    _poly(target, frame(header), 0.02)  # epoxy header
+    _poly(target, frame(header), 0.015, 1)
+    for k in range(blocks):  # connector blocks and set screws
+        x0 = (0.05 + 0.27 * k) * a * side
+        x1 = x0 + 0.18 * a * side
+        _poly(target, frame(rect(x0, -1.32 * b, x1, -1.0 * b)), g.uniform(0.22, 0.32))
+        screw = _ellipse((x0 + x1) / 2, -1.16 * b, 0.05 * a, 0.05 * a, 0.0, 12)
+        _poly(target, frame(screw), -0.08)  # the screw's hex socket
+    pin = rect(0.0, -1.18 * b, 0.85 * a * side, -1.14 * b)
+    _poly(target, frame(pin), 0.12)  # the lead's proximal pin in the bore
+    exit_point = frame(np.array([[0.88 * a * side, -1.16 * b]]))[0]
     return float(exit_point[0]), float(exit_point[1])
 
 
@@ -626,13 +653,20 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     exit_x, exit_y = _generator(can, g, gen[0], gen[1], px, -side_sign)
     lead = np.zeros((h, w), np.float32)
     start = np.array([exit_x, exit_y])
-    loop = g.uniform(0.8, 1.5) * px
+    loop = g.uniform(0.9, 1.6) * px  # the slack coiled in the pocket: 1-2 turns by the can
+    turns = g.uniform(1.0, 2.0)
+    toward = np.array([side_sign * g.uniform(-0.2, 0.5), 1.0])
+    centre = start + loop * toward / np.linalg.norm(toward)
+    phase = math.atan2(start[1] - centre[1], start[0] - centre[0])
+    spin = np.linspace(0.0, 2 * math.pi * turns, max(8, round(12 * turns)))
+    radius = loop * np.linspace(1.0, g.uniform(0.8, 1.2), len(spin))
+    coil = centre + np.stack(
+        [radius * np.cos(phase - side_sign * spin), radius * np.sin(phase - side_sign * spin)], 1
+    )
     path = np.array(
         [
-            start,
-            start + np.array([side_sign * 0.6 * px, -0.9 * loop]),  # the slack loop
-            start + np.array([-side_sign * 0.6 * px, -1.6 * loop]),
-            [(start[0] + svc[0]) / 2, start[1] - 0.015 * h],
+            *coil,
+            [(coil[-1][0] + svc[0]) / 2, min(coil[-1][1], start[1]) - 0.015 * h],
             [svc[0] + 0.004 * w, (start[1] + svc[1]) / 2],
             svc + np.array([0.0, 0.03 * h]),
             [rv[0] - 0.05 * w, rv[1] - 0.035 * h],
