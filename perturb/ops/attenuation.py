@@ -388,9 +388,9 @@ def _electrode(
     elif kind == 1:  # push-on cup over the stud
         r_cup = g.uniform(0.5, 0.65) * px
         cup = _ellipse(cx, cy, r_cup, r_cup * tilt, angle)
-        _poly(body, cup, 0.14)
-        _poly(body, cup, 0.2, max(1, round(0.1 * px)))
-        _poly(body, _ellipse(cx, cy, 0.22 * px, 0.22 * px * tilt, angle), 0.12)
+        _poly(body, cup, g.uniform(0.03, 0.06))  # a thin drawn-metal shell
+        _poly(body, cup, g.uniform(0.08, 0.14), max(1, round(0.08 * px)))  # its wall, edge-on
+        _poly(body, _ellipse(cx, cy, 0.22 * px, 0.22 * px * tilt, angle), 0.04)
         sleeve = centre + along * r_cup
         exit_point = centre + along * (r_cup + 0.9 * px)
         _stroke(body, np.array([sleeve, exit_point]), 0.35 * px, 0.06)  # strain relief
@@ -401,7 +401,7 @@ def _electrode(
         tip = mouth - along * 0.9 * px
         for side in (-1.0, 1.0):
             bar = np.array([tip + across * side * 0.12 * px, mouth + across * side * 0.35 * px])
-            _stroke(body, bar, max(1.0, 0.16 * px), 0.35)
+            _stroke(body, bar, max(1.0, 0.14 * px), g.uniform(0.15, 0.25))
         for t in np.linspace(0.15, 0.85, int(g.integers(3, 7))):
             tooth = tip + (mouth - tip) * t
             _stroke(
@@ -410,7 +410,7 @@ def _electrode(
         back = mouth + along * g.uniform(1.4, 1.9) * px
         _stroke(body, np.array([mouth, back]), 0.6 * px, 0.09)  # the insulated handle
         pivot = mouth + along * 0.3 * px
-        _poly(body, _ellipse(pivot[0], pivot[1], 0.2 * px, 0.2 * px, 0.0), 0.3)  # pivot
+        _poly(body, _ellipse(pivot[0], pivot[1], 0.15 * px, 0.15 * px, 0.0), 0.15)  # pivot
         exit_point = back
     layers.add(item, body, ("move", anchor))
     lead = np.zeros((h, w), np.float32)
@@ -1034,7 +1034,7 @@ def _necklace(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px
             )
         shape = shape - [0.0, shape[:, 1].min() - 0.24]  # hangs below the bail
         flat = np.hstack([shape, np.zeros((len(shape), 1))])
-        thick = g.uniform(0.06, 0.15)
+        thick = g.uniform(0.04, 0.1)
         _plate(target, _project(flat, rot, low, px), thick * metal / max(abs(rot[2, 2]), 0.3))
         _wire(target, _project(flat, rot, low, px), 0.02 * px, 0.3 * thick * metal, True)
     if g.random() < 0.5:  # the clasp: a spring ring and its tag on one side of the neck
@@ -1052,16 +1052,17 @@ def _eye_outline(flip: float) -> list[np.ndarray]:
     """The wire outlines (cm, in its own plane) of one bra eye (``flip`` +1) or hook (-1): a
     flattened rectangular body sewn into the tape with two round loops at its free end, the
     hook's end bent back on itself."""
-    body = np.array([[0.0, -0.12], [-0.5, -0.12], [-0.5, 0.12], [0.0, 0.12]])
+    body = np.array([[0.0, -0.1], [-0.3, -0.1], [-0.3, 0.1], [0.0, 0.1]])
     t = np.linspace(0, 2 * math.pi, 20)
     parts = [body]
     for sy in (-1.0, 1.0):
         c = np.array([0.16, sy * 0.2])
-        loop = c + 0.13 * np.stack([np.cos(t), np.sin(t)], 1)
-        parts.append(np.vstack([[0.0, sy * 0.12], loop]))
+        loop = c + 0.11 * np.stack([np.cos(t), np.sin(t)], 1)
+        parts.append(np.vstack([[0.0, sy * 0.1], loop]))
     if flip < 0:
         parts.append(np.array([[0.3, -0.05], [0.42, 0.0], [0.3, 0.05], [0.12, 0.04]]))
-    return [np.hstack([q * [flip, 1.0], np.zeros((len(q), 1))]) for q in parts]
+    size = 1.8  # cm per outline unit: an eye about 1.2 x 0.8 cm
+    return [np.hstack([q * [flip * size, size], np.zeros((len(q), 1))]) for q in parts]
 
 
 def _bra_hooks(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
@@ -1070,7 +1071,7 @@ def _bra_hooks(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, p
     column, all wire outlines (``_eye_outline``) tilted with the back's curvature."""
     rot = _rotation(g, 0.5, 0.2)
     rows = int(g.integers(2, 4))
-    gap = g.uniform(1.2, 1.5)
+    gap = g.uniform(1.3, 1.6)
     columns = int(g.integers(2, 4))
     engaged = int(g.integers(0, columns))
     metal = STEEL_MU * g.uniform(0.9, 1.3) / MU
@@ -1079,10 +1080,10 @@ def _bra_hooks(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, p
         y = (r - (rows - 1) / 2) * gap
         for c in range(columns):
             for part in _eye_outline(1.0):
-                local = part + np.array([c * 0.75, y, 0.0])
+                local = part + np.array([c * 1.3, y, 0.0])
                 _wire(target, _project(local, rot, centre, px), wire * px, 2 * wire * metal)
         for part in _eye_outline(-1.0):
-            local = part + np.array([engaged * 0.75 + 0.45, y + 0.05, 0.0])
+            local = part + np.array([engaged * 1.3 + 0.8, y + 0.08, 0.0])
             _wire(target, _project(local, rot, centre, px), wire * px, 2 * wire * metal)
 
 
