@@ -28,15 +28,21 @@ chest radiographs", RadioGraphics 24 (2004).
   "Radiographic evaluation of endotracheal tube position", AJR 127 (1976); Bushberg et al.,
   The Essential Physics of Medical Imaging, 3rd ed., ch. 7 (unsharpness) and 10 (quantum
   noise).
-* ``xray_foreign_objects``: radiopaque things on the patient: clothing buttons, bra hooks and
-  snaps, a necklace with a pendant, hair clips, earrings.
+* ``xray_foreign_objects``: radiopaque things on the patient, each the projected thickness of
+  its 3D metal shape (round wires: the chord ``2 sqrt(r^2 - d^2)``; flat plates: thickness
+  over the cosine of their tilt) at ``STEEL_MU``, turned by keyed 3D angles: a cable chain
+  necklace (links alternating face-on and edge-on along a sagging catenary) with a pendant or
+  its clasp, a bra's hooks and eyes (wire outlines in rows), its strap slider (a frame with a
+  central bar seen in perspective) and underwire, snaps and buttons of several designs, a
+  bobby pin, an earring; placed on the found anatomy and blurred and noised like the devices.
 * ``xray_skin_fold``: a fold of skin trapped between the patient's back and the detector (supine
   and portable films): the doubled skin adds attenuation that ends in a sharp curvilinear edge
   over the lateral lung and fades away from it, the classic pneumothorax mimic (lung markings
   continue across it).
 
-Devices and foreign objects are drawn with OpenCV's anti-aliased primitives; their canvases
-depend on the key alone, so they are drawn on the host from the (host-side) keys and selected
+Devices and foreign objects are drawn with OpenCV's anti-aliased primitives and analytic wire
+profiles; their canvases depend on the key alone, so they are drawn on the host from the
+(host-side) keys and selected
 and scaled on the device by the ``items`` and ``opacity`` tensors. Devices are drawn in a
 canonical frame and moved onto each film's anatomy on the device, found there in one batched
 pass (``chest_landmarks``, ``skin_sites``): per-sample translations for the electrodes and the
