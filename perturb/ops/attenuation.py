@@ -28,15 +28,21 @@ chest radiographs", RadioGraphics 24 (2004).
   "Radiographic evaluation of endotracheal tube position", AJR 127 (1976); Bushberg et al.,
   The Essential Physics of Medical Imaging, 3rd ed., ch. 7 (unsharpness) and 10 (quantum
   noise).
-* ``xray_foreign_objects``: radiopaque things on the patient: clothing buttons, bra hooks and
-  snaps, a necklace with a pendant, hair clips, earrings.
+* ``xray_foreign_objects``: radiopaque things on the patient, each the projected thickness of
+  its 3D metal shape (round wires: the chord ``2 sqrt(r^2 - d^2)``; flat plates: thickness
+  over the cosine of their tilt) at ``STEEL_MU``, turned by keyed 3D angles: a cable chain
+  necklace (links alternating face-on and edge-on along a sagging catenary) with a pendant or
+  its clasp, a bra's hooks and eyes (wire outlines in rows), its strap slider (a frame with a
+  central bar seen in perspective) and underwire, snaps and buttons of several designs, a
+  bobby pin, an earring; placed on the found anatomy and blurred and noised like the devices.
 * ``xray_skin_fold``: a fold of skin trapped between the patient's back and the detector (supine
   and portable films): the doubled skin adds attenuation that ends in a sharp curvilinear edge
   over the lateral lung and fades away from it, the classic pneumothorax mimic (lung markings
   continue across it).
 
-Devices and foreign objects are drawn with OpenCV's anti-aliased primitives; their canvases
-depend on the key alone, so they are drawn on the host from the (host-side) keys and selected
+Devices and foreign objects are drawn with OpenCV's anti-aliased primitives and analytic wire
+profiles; their canvases depend on the key alone, so they are drawn on the host from the
+(host-side) keys and selected
 and scaled on the device by the ``items`` and ``opacity`` tensors. Devices are drawn in a
 canonical frame and moved onto each film's anatomy on the device, found there in one batched
 pass (``chest_landmarks``, ``skin_sites``): per-sample translations for the electrodes and the
@@ -64,87 +70,12 @@ from perturb.ops.landmarks import (
     CANONICAL_SITES,
     LANDMARK_GRID,
     chest_landmarks,
+    gastric_bubble,
     skin_sites,
 )
 from perturb.ops.radiometry import FIELD_CM, MU, _wide
 
-
-def _frac_px(value: float, size: int) -> int:
-    return round(value * size)
-
-
-def _add_attenuation(x: torch.Tensor, maps: list[np.ndarray]) -> torch.Tensor:
-    """``clip(v + a)`` per sample with host-rendered attenuation maps ``a`` (display units)."""
-    a = torch.from_numpy(np.stack(maps)[:, None]).to(x.device)
-    return (x + a).clamp_(0.0, 1.0)
-
-
-def _canvas(h: int, w: int) -> np.ndarray:
-    return np.zeros((h, w), dtype=np.uint8)
-
-
-def _accumulate(total: np.ndarray, canvas: np.ndarray, attenuation: float) -> None:
-    """``total += attenuation * canvas / 255`` where anything was drawn (float32)."""
-    total += canvas.astype(np.float32) * np.float32(attenuation / 255.0)
-
-
 ITEMS = 8  # the most devices / foreign objects a film gets (the catalog's bound on ``items``)
-
-
-class _Layers:
-    """One film's drawn objects: uint8 canvases (255 = fully covered) in drawing order, each
-    with the item it belongs to and its attenuation at opacity 1 (display units). The items
-    come in a fixed order per film, so a film's first ``n`` items are the same at every
-    severity and every ``items`` count: drawing all of them once serves any ``items``."""
-
-    def __init__(self, h: int, w: int) -> None:
-        self.shape = (h, w)
-        self.item = 0
-        self.canvases: list[np.ndarray] = []
-        self.items: list[int] = []
-        self.attenuations: list[float] = []
-
-    def add(self, canvas: np.ndarray, attenuation: float) -> None:
-        self.canvases.append(canvas)
-        self.items.append(self.item)
-        self.attenuations.append(attenuation)
-
-    def total(self, opacity: float) -> np.ndarray:
-        """``sum attenuation * opacity * canvas / 255`` (float32, in drawing order)."""
-        total = np.zeros(self.shape, dtype=np.float32)
-        for canvas, attenuation in zip(self.canvases, self.attenuations, strict=True):
-            _accumulate(total, canvas, attenuation * opacity)
-        return total
-
-
-def _add_layers(x: torch.Tensor, p: dict[str, torch.Tensor], films: list[_Layers]) -> torch.Tensor:
-    """``clip(v + a)`` for the whole batch, ``a`` the sum of each film's canvases of its first
-    ``items`` items at its ``opacity`` (both (B,) tensors, never read back to the host). The
-    canvases are drawn on the host from the keys alone (the items and opacity select and
-    scale them); they travel as one (K, B, H, W) uint8 stack padded with empty canvases, and
-    are summed in drawing order in float32, the host's ``_Layers.total`` value for value."""
-    b = x.shape[0]
-    h, w = x.shape[-2:]
-    k = max((len(f.canvases) for f in films), default=0)
-    canvases = np.zeros((k, b, h, w), dtype=np.uint8)
-    items = np.full((b, k), ITEMS, dtype=np.int64)  # padding: never among the first ``items``
-    attenuations = np.zeros((b, k), dtype=np.float64)
-    for i, film in enumerate(films):
-        n = len(film.canvases)
-        if n:
-            canvases[:n, i] = np.stack(film.canvases)
-        items[i, :n] = film.items
-        attenuations[i, :n] = film.attenuations
-    dev = x.device
-    drawn = torch.from_numpy(canvases).to(dev)
-    chosen = torch.from_numpy(items).to(dev) < torch.round(p["items"]).view(b, 1)
-    opacity = p["opacity"].double().view(b, 1)
-    weights = ((torch.from_numpy(attenuations).to(dev) * opacity) / 255.0).to(torch.float32)
-    weights = weights * chosen.to(torch.float32)
-    total = torch.zeros(b, h, w, dtype=torch.float32, device=dev)
-    for j in range(k):  # k is the op's canvas count per film, not the batch size
-        total = total + drawn[j].to(torch.float32) * weights[:, j].view(b, 1, 1)
-    return (x + total.unsqueeze(1)).clamp_(0.0, 1.0)
 
 
 def _curve(points: np.ndarray, n: int = 48) -> np.ndarray:
@@ -178,7 +109,11 @@ def _level_sampler(rng_: np.random.Generator, level: Level) -> Params:
 LUNG_CM = 24.0  # apex to dome of an adult lung, the scale of the device offsets
 
 
-def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Tensor]:
+def device_anchors(
+    lm: torch.Tensor,
+    sites: torch.Tensor,
+    bubble: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
     """Where the devices go, (B, 2) (x, y) fractions of the film, from (B, 10) landmarks
     (``chest_landmarks``) and (B, 6, 2) skin sites (``skin_sites``):
 
@@ -189,15 +124,20 @@ def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Ten
     * ``cvc_tip`` the central line tip in the lower SVC, 2 cm below the carina, a quarter of
       the way from the midline to the right lung's centre (image left: the SVC runs along the
       right mediastinal border, right of the spine), above the right atrium;
-    * ``ng_tip`` the nasogastric tube tip in the gastric fundus under the left (image-right)
-      dome, 3.5 cm below it, halfway from the midline to the left lung's centre; ``hiatus``
+    * ``ng_tip`` the nasogastric tube tip in the stomach under the left (image-right)
+      dome, 5 cm below it, halfway from the midline to the left lung's centre, or, where
+      ``bubble`` ((B, 2) places, (B,) seen: ``gastric_bubble``) saw the gastric gas bubble,
+      in it (a white lung base can hide the dome, not the fundus below it); ``hiatus``
       the oesophageal hiatus 2 cm left of the midline at the dome level;
     * ``pocket_left`` / ``pocket_right`` the pacemaker pockets (pectoral, below the lateral
       clavicle, inside the body); ``rv_apex`` the right-ventricular apex: the lower cardiac
       silhouette, a third of the way from the midline to the left lung, 2 cm above the dome;
     * ``top`` the midline at the film's top edge, ``heart`` the centre of the cardiac
       silhouette, ``lung_left`` / ``lung_right`` the lung centres, ``dome_left`` /
-      ``dome_right`` the domes (control points of the warp that carries the lines)."""
+      ``dome_right`` the domes (control points of the warp that carries the lines);
+    * for the foreign objects: ``bra_band`` a bra's back closure on the midline 80 % of the
+      way from the carina to the domes, ``strap_left`` / ``strap_right`` its straps over the
+      shoulders above the lung centres, 1 cm below the apex."""
     mid, left, right = lm[:, 0], lm[:, 1], lm[:, 2]
     apex, dome_l, dome_r = lm[:, 3], lm[:, 4], lm[:, 5]
     dome = (dome_l + dome_r) / 2.0
@@ -206,6 +146,10 @@ def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Ten
 
     def xy(px: torch.Tensor, py: torch.Tensor) -> torch.Tensor:
         return torch.stack([px, py], dim=1)
+
+    ng_tip = xy(mid + 0.5 * (right - mid), dome_r + 5.0 * cm)
+    if bubble is not None:
+        ng_tip = torch.where(bubble[1].view(-1, 1), bubble[0].to(ng_tip.dtype), ng_tip)
 
     found = {f"ecg{i}": sites[:, i] for i in range(4)}
     found.update(
@@ -220,11 +164,14 @@ def device_anchors(lm: torch.Tensor, sites: torch.Tensor) -> dict[str, torch.Ten
             "heart": xy(mid + 0.15 * (right - mid), dome - 6.0 * cm),
             "rv_apex": xy(mid + 0.33 * (right - mid), dome_r - 2.0 * cm),
             "hiatus": xy(mid + 0.1 * (right - mid), dome_r),
-            "ng_tip": xy(mid + 0.5 * (right - mid), dome_r + 3.5 * cm),
+            "ng_tip": ng_tip,
             "lung_left": xy(left, (apex + dome_l) / 2.0),
             "lung_right": xy(right, (apex + dome_r) / 2.0),
             "dome_left": xy(left, dome_l),
             "dome_right": xy(right, dome_r),
+            "bra_band": xy(mid, carina + 0.8 * (dome - carina)),
+            "strap_left": xy(left, apex + 1.0 * cm),
+            "strap_right": xy(right, apex + 1.0 * cm),
         }
     )
     return found
@@ -271,6 +218,7 @@ class _Placed:
         self.scales: list[float] = []
         self.placements: list[tuple[str, str]] = []
         self.pocket = "pocket_right"
+        self.choices: dict[str, str] = {}  # a side-chosen anchor (``SIDED``) -> this film's
         self.placed: list[str] = []
 
     def add(self, item: int, attenuation: np.ndarray, placement: tuple[str, str]) -> None:
@@ -282,6 +230,11 @@ class _Placed:
         self.items.append(item)
         self.scales.append(scale)
         self.placements.append(placement)
+
+
+# anchors whose side each film chooses (its ``_Placed.choices``): the name a canvas is placed
+# by and the concrete anchors it may stand for
+SIDED = {"strap": ("strap_left", "strap_right"), "breast": ("dome_left", "dome_right")}
 
 
 def _px(point: tuple[float, float], w: int, h: int) -> tuple[float, float]:
@@ -394,7 +347,7 @@ def _electrode(
     starts under the connector so the stretch that keeps it reaching the edge keeps it joined."""
     h, w = layers.shape
     cx, cy = _px(_CANONICAL_ANCHORS[anchor], w, h)
-    kind = int(g.integers(0, 3))
+    kind = int(g.choice(4, p=[0.2, 0.15, 0.2, 0.45]))
     tilt = g.uniform(0.55, 1.0)
     angle = g.uniform(0, math.pi)
     lead_angle = (math.pi if lead_side == "left" else 0.0) + g.uniform(-0.9, 0.9)
@@ -402,15 +355,17 @@ def _electrode(
     along = np.array([math.cos(lead_angle), math.sin(lead_angle)])
     across = np.array([-along[1], along[0]])
     centre = np.array([cx, cy])
-    if kind < 2:
+    if kind != 2:
         r_pad = g.uniform(1.7, 2.2) * px
         _poly(body, _ellipse(cx, cy, r_pad, r_pad * tilt, angle), g.uniform(0.006, 0.016))
-        _poly(body, _ellipse(cx, cy, r_pad, r_pad * tilt, angle), 0.012, max(1, round(0.08 * px)))
-        _poly(body, _ellipse(cx, cy, 0.9 * px, 0.9 * px * tilt, angle), 0.015)  # gel
+        _poly(body, _ellipse(cx, cy, r_pad, r_pad * tilt, angle), 0.004, max(1, round(0.08 * px)))
+        _poly(body, _ellipse(cx, cy, 0.9 * px, 0.9 * px * tilt, angle), 0.006)  # gel
         r_stud = g.uniform(0.3, 0.4) * px
         stud = _ellipse(cx, cy, r_stud, r_stud * tilt, angle)
-        _poly(body, stud, 0.18)  # the stud's cap
-        _poly(body, stud, 0.22, max(1, round(0.1 * px)))  # its rim, seen edge-on
+        _poly(body, stud, g.uniform(0.04, 0.1))  # the stud's cap
+        _poly(body, stud, g.uniform(0.1, 0.18), max(1, round(0.08 * px)))  # its rim, edge-on
+        r_pin = g.uniform(0.3, 0.5) * r_stud  # the central pin, denser (seen end-on)
+        _poly(body, _ellipse(cx, cy, r_pin, r_pin * tilt, angle), g.uniform(0.1, 0.2))
     else:
         half = np.array([g.uniform(1.0, 1.3), g.uniform(1.4, 1.8)]) * px
         rot = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
@@ -439,27 +394,29 @@ def _electrode(
     elif kind == 1:  # push-on cup over the stud
         r_cup = g.uniform(0.5, 0.65) * px
         cup = _ellipse(cx, cy, r_cup, r_cup * tilt, angle)
-        _poly(body, cup, 0.14)
-        _poly(body, cup, 0.2, max(1, round(0.1 * px)))
-        _poly(body, _ellipse(cx, cy, 0.22 * px, 0.22 * px * tilt, angle), 0.12)
+        _poly(body, cup, g.uniform(0.03, 0.06))  # a thin drawn-metal shell
+        _poly(body, cup, g.uniform(0.08, 0.14), max(1, round(0.08 * px)))  # its wall, edge-on
+        _poly(body, _ellipse(cx, cy, 0.22 * px, 0.22 * px * tilt, angle), 0.04)
         sleeve = centre + along * r_cup
         exit_point = centre + along * (r_cup + 0.9 * px)
         _stroke(body, np.array([sleeve, exit_point]), 0.35 * px, 0.06)  # strain relief
+    elif kind == 3:  # a bent spring-steel strip clip over the stud, seen in profile
+        exit_point = _strip_clip(body, g, centre, along, across, px)
     else:  # alligator clip on the tab's edge, its teeth in a row
         mouth = centre + along * 0.8 * px
         tip = mouth - along * 0.9 * px
         for side in (-1.0, 1.0):
             bar = np.array([tip + across * side * 0.12 * px, mouth + across * side * 0.35 * px])
-            _stroke(body, bar, max(1.0, 0.16 * px), 0.35)
-        for t in np.linspace(0.15, 0.85, 5):
+            _stroke(body, bar, max(1.0, 0.14 * px), g.uniform(0.15, 0.25))
+        for t in np.linspace(0.15, 0.85, int(g.integers(3, 7))):
             tooth = tip + (mouth - tip) * t
             _stroke(
-                body, np.array([tooth - across * 0.2 * px, tooth + across * 0.2 * px]), 1.0, 0.2
+                body, np.array([tooth - across * 0.2 * px, tooth + across * 0.2 * px]), 1.0, 0.08
             )
         back = mouth + along * g.uniform(1.4, 1.9) * px
         _stroke(body, np.array([mouth, back]), 0.6 * px, 0.09)  # the insulated handle
         pivot = mouth + along * 0.3 * px
-        _poly(body, _ellipse(pivot[0], pivot[1], 0.2 * px, 0.2 * px, 0.0), 0.3)  # pivot
+        _poly(body, _ellipse(pivot[0], pivot[1], 0.15 * px, 0.15 * px, 0.0), 0.15)  # pivot
         exit_point = back
     layers.add(item, body, ("move", anchor))
     lead = np.zeros((h, w), np.float32)
@@ -471,18 +428,58 @@ def _electrode(
     layers.add(item, lead, (lead_side, anchor))
 
 
+def _strip_clip(
+    body: np.ndarray,
+    g: np.random.Generator,
+    centre: np.ndarray,
+    along: np.ndarray,
+    across: np.ndarray,
+    px: float,
+) -> np.ndarray:
+    """A lead's snap clip of bent spring-steel strip, seen in profile (``body`` pixels): the
+    strip rises from the stud, bends at right angles (a keyed run of 3-5 legs of keyed
+    lengths, bent towards the lead) into the lever, a second strip parallel to it (the
+    jaw), the strip denser than the plastic housing around it; returns where the lead leaves
+    it."""
+    radius = g.uniform(0.05, 0.08) * px  # the strip seen edge-on, as a wire of that radius
+    dense = g.uniform(0.2, 0.35)
+    frame = np.stack([along, across])  # local (along, across) cm -> pixels
+    turn = g.choice([-1.0, 1.0])
+    point = np.zeros(2)
+    legs = [point.copy()]
+    heading = np.array([0.0, turn])
+    for k in range(int(g.integers(3, 6))):
+        point = point + heading * g.uniform(0.35, 0.9)
+        legs.append(point.copy())
+        if k % 2 == 0:
+            heading = np.array([1.0, 0.0])
+        else:
+            heading = np.array([0.0, -turn if g.random() < 0.6 else turn])
+    path = centre + np.array(legs) @ frame * px
+    _wire(body, path, radius, dense)
+    gap = g.uniform(0.12, 0.25)
+    _wire(body, path[1:] + across * turn * gap * px, radius, 0.8 * dense)  # the jaw
+    end = path[-1]
+    housing = np.array([path[1], end, end + along * 0.6 * px])
+    _stroke(body, housing, 0.5 * px, 0.03)  # the plastic housing and strain relief
+    return end + along * 0.6 * px
+
+
 def _generator(
     target: np.ndarray, g: np.random.Generator, cx: float, cy: float, px: float, side: float
 ) -> tuple[float, float]:
     """A pacemaker generator seen face-on, drawn into ``target``; returns where its lead
-    leaves the header (pixels). A titanium can (a superellipse of 4-5 x 4-4.5 cm, its rim
-    denser where the shell is seen tangentially), the lithium-iodine battery filling its
-    lower half (dense, with its terminal plate), the hybrid circuit above it (chips,
-    resistors, a round capacitor: mottled mid densities), and the epoxy header on its upper
-    edge (nearly radiolucent) holding the dense connector block, its set screws and the
-    lead's proximal pin; ``side`` +1 puts the header's outlet towards image right."""
-    angle = math.radians(g.uniform(-25, 25))
-    a, b = g.uniform(2.0, 2.4) * px, g.uniform(1.9, 2.2) * px  # half-width, half-height
+    leaves the header (pixels). A titanium can of keyed outline (a "D": a straight upper
+    edge with rounded corners over a half-elliptical lower edge, or a rounded rectangle),
+    4.2-5 x 3.8-4.5 cm, its rim denser where the shell is seen tangentially; the
+    lithium-iodine battery filling its lower part along the can's curve (dense, with its
+    terminal plate); the hybrid circuit board above it (a faint substrate populated with a
+    keyed grid of small dense components and a few larger chips, a round capacitor); and the
+    epoxy header on its upper edge (nearly radiolucent) holding 1-3 dense connector blocks
+    with their set screws and the lead's proximal pin; ``side`` +1 puts the header's outlet
+    towards image right."""
+    angle = math.radians(g.uniform(-30, 30))
+    a, b = g.uniform(2.1, 2.5) * px, g.uniform(1.9, 2.25) * px  # half-width, half-height
     c, s = math.cos(angle), math.sin(angle)
 
     def frame(points: np.ndarray) -> np.ndarray:
@@ -493,47 +490,71 @@ def _generator(
     def rect(x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
         return np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
 
-    t = np.linspace(0, 2 * math.pi, 96, endpoint=False)
-    shell = np.stack(
+    corner = g.uniform(0.2, 0.35) * a
+    t = np.linspace(0, 0.5 * math.pi, 8)
+    round_top = np.vstack(
         [
-            a * np.sign(np.cos(t)) * np.abs(np.cos(t)) ** 0.5,
-            b * np.sign(np.sin(t)) * np.abs(np.sin(t)) ** 0.5,
-        ],
-        axis=1,
+            np.stack([-a + corner - corner * np.cos(t), -b + corner - corner * np.sin(t)], 1),
+            np.stack([a - corner + corner * np.sin(t), -b + corner - corner * np.cos(t)], 1),
+        ]
     )
-    _poly(target, frame(shell), 0.12)  # the two titanium walls
-    _poly(target, frame(shell), 0.1, max(1, round(0.15 * px)))  # the shell seen tangentially
-    _poly(target, frame(shell * 0.93), 0.03, max(1, round(0.08 * px)))  # the inner weld seam
-    _poly(target, frame(rect(-0.82 * a, 0.05 * b, 0.82 * a, 0.85 * b)), 0.12)  # battery
-    _poly(target, frame(rect(-0.82 * a, 0.05 * b, 0.82 * a, 0.85 * b)), 0.08, 1)
-    _poly(target, frame(rect(-0.3 * a, 0.1 * b, 0.3 * a, 0.16 * b)), 0.1)  # terminal plate
-    for _ in range(int(g.integers(6, 11))):  # hybrid circuit: chips and resistors
-        x0 = g.uniform(-0.75, 0.5) * a
-        y0 = g.uniform(-0.8, -0.2) * b
-        _poly(
-            target,
-            frame(rect(x0, y0, x0 + g.uniform(0.08, 0.3) * a, y0 + g.uniform(0.06, 0.18) * b)),
-            g.uniform(0.05, 0.14),
+    if g.random() < 0.6:  # a "D": the lower edge a half ellipse below the shoulders
+        shoulder = g.uniform(-0.2, 0.1) * b
+        u = np.linspace(0, math.pi, 40)
+        lower = np.stack([a * np.cos(u), shoulder + (b - shoulder) * np.sin(u)], 1)
+    else:  # a rounded rectangle
+        lower = np.vstack(
+            [
+                np.stack([a - corner + corner * np.cos(t), b - corner + corner * np.sin(t)], 1),
+                np.stack([-a + corner - corner * np.sin(t), b - corner + corner * np.cos(t)], 1),
+            ]
         )
-    for _ in range(int(g.integers(3, 7))):  # bond wires and traces
-        p0 = np.array([g.uniform(-0.7, 0.6) * a, g.uniform(-0.8, -0.2) * b])
-        p1 = p0 + np.array([g.uniform(-0.3, 0.3) * a, g.uniform(-0.15, 0.15) * b])
-        _stroke(target, frame(np.array([p0, p1])), 0.5, 0.08)
-    ring = np.stack([np.cos(t), np.sin(t)], axis=1) * 0.18 * a + [-0.5 * side * a, -0.5 * b]
-    _poly(target, frame(ring), 0.05)  # capacitor
-    _poly(target, frame(ring), 0.06, 1)
-    header = rect(-0.05 * a * side, -1.4 * b, 0.8 * a * side, -0.88 * b)
-    _poly(target, frame(header), 0.025)  # epoxy header
-    for k in (0.12, 0.42):  # connector block and set screws
-        _poly(target, frame(rect(k * a * side, -1.3 * b, (k + 0.2) * a * side, -0.98 * b)), 0.3)
-        _poly(
-            target,
-            frame(_ellipse((k + 0.1) * a * side, -1.14 * b, 0.05 * a, 0.05 * a, 0.0, 12)),
-            0.2,
-        )
-    pin = rect(0.05 * a * side, -1.16 * b, 0.8 * a * side, -1.12 * b)
-    _poly(target, frame(pin), 0.15)  # the lead's proximal pin in the bore
-    exit_point = frame(np.array([[0.85 * a * side, -1.14 * b]]))[0]
+    shell = np.vstack([round_top, lower])
+    _poly(target, frame(shell), 0.1)  # the two titanium walls
+    _poly(target, frame(shell), 0.1, max(1, round(0.1 * px)))  # the shell seen tangentially
+    _poly(target, frame(shell * 0.94), 0.02, max(1, round(0.05 * px)))  # the inner weld seam
+    split = g.uniform(-0.05, 0.2) * b  # the battery below, the circuit above
+    battery = shell[shell[:, 1] > split] * 0.9
+    battery = np.vstack([[battery[:, 0].min(), split], [battery[:, 0].max(), split], battery])
+    battery = battery[np.argsort(np.arctan2(battery[:, 1] - split - 0.3 * b, battery[:, 0]))]
+    _poly(target, frame(battery), g.uniform(0.08, 0.13))
+    _poly(target, frame(battery), 0.05, 1)
+    _poly(target, frame(rect(-0.3 * a, split + 0.05 * b, 0.3 * a, split + 0.1 * b)), 0.08)
+    board = rect(-0.8 * a, -0.82 * b, 0.8 * a, split - 0.06 * b)
+    _poly(target, frame(board), 0.025)  # the circuit's substrate
+    _poly(target, frame(board), 0.03, 1)
+    rows, cols = int(g.integers(4, 8)), int(g.integers(5, 10))
+    cell_w, cell_h = 1.5 * a / cols, (split + 0.7 * b) / rows
+    for r in range(rows):
+        for k in range(cols):
+            if g.random() < 0.45:
+                continue
+            x0 = -0.75 * a + k * cell_w + g.uniform(0.05, 0.3) * cell_w
+            y0 = -0.78 * b + r * cell_h + g.uniform(0.05, 0.3) * cell_h
+            x1 = x0 + g.uniform(0.3, 0.65) * cell_w
+            y1 = y0 + g.uniform(0.3, 0.65) * cell_h
+            _poly(target, frame(rect(x0, y0, x1, y1)), g.uniform(0.04, 0.16))
+    for _ in range(int(g.integers(1, 4))):  # larger chips
+        x0, y0 = g.uniform(-0.7, 0.3) * a, g.uniform(-0.75, -0.4) * b
+        chip = rect(x0, y0, x0 + g.uniform(0.2, 0.4) * a, y0 + g.uniform(0.15, 0.3) * b)
+        _poly(target, frame(chip), g.uniform(0.06, 0.12))
+        _poly(target, frame(chip), 0.05, 1)
+    ring = np.stack([np.cos(t * 4), np.sin(t * 4)], axis=1) * 0.15 * a
+    ring = ring + np.array([-0.5 * side * a, split - 0.25 * b])
+    _poly(target, frame(ring), 0.06, 1)  # capacitor
+    blocks = int(g.integers(1, 4))
+    header = rect(-0.1 * a * side, -1.45 * b, 0.85 * a * side, -0.9 * b)
+    _poly(target, frame(header), 0.02)  # epoxy header
+    _poly(target, frame(header), 0.015, 1)
+    for k in range(blocks):  # connector blocks and set screws
+        x0 = (0.05 + 0.27 * k) * a * side
+        x1 = x0 + 0.18 * a * side
+        _poly(target, frame(rect(x0, -1.32 * b, x1, -1.0 * b)), g.uniform(0.22, 0.32))
+        screw = _ellipse((x0 + x1) / 2, -1.16 * b, 0.05 * a, 0.05 * a, 0.0, 12)
+        _poly(target, frame(screw), -0.08)  # the screw's hex socket
+    pin = rect(0.0, -1.18 * b, 0.85 * a * side, -1.14 * b)
+    _poly(target, frame(pin), 0.12)  # the lead's proximal pin in the bore
+    exit_point = frame(np.array([[0.88 * a * side, -1.16 * b]]))[0]
     return float(exit_point[0]), float(exit_point[1])
 
 
@@ -591,8 +612,8 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
             [tip[0] - 0.004 * w, tip[1] - 0.12 * h],
         ]
     curve = _dense_curve(np.array([*course, tip]))
-    _stroke(cvc, curve, 0.22 * px, 0.05)  # the catheter wall
-    _stroke(cvc, curve, 0.07 * px, 0.22)  # its radiopaque core
+    _stroke(cvc, curve, 0.22 * px, 0.03)  # the catheter wall
+    _stroke(cvc, curve, 0.07 * px, 0.15)  # its radiopaque core
     layers.add(4, cvc, ("warp", "cvc_tip"))
     # endotracheal tube: down the tracheal midline from the mouth, the tip above the carina
     tip = anchor["et_tip"]
@@ -601,7 +622,7 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     curve = _dense_curve(
         np.array([[tip[0] + sway, -0.02 * h], [tip[0] + sway / 2, 0.5 * tip[1]], tip])
     )
-    _tube(et, curve, 0.95 * px, 0.05, 0.3, px)
+    _tube(et, curve, 0.95 * px, 0.025, 0.16, px)  # faint walls, a dense barium line
     bevel = curve[-1] + np.array([0.0, 0.25 * px])
     _stroke(et, np.array([curve[-1] - [0.45 * px, 0.0], bevel]), max(1.0, 0.06 * px), 0.03)
     layers.add(5, et, ("warp", "et_tip"))
@@ -623,7 +644,7 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
         ]
     )
     curve = _dense_curve(path)
-    _tube(ng, curve, 0.45 * px, 0.05, 0.25, px)
+    _tube(ng, curve, 0.45 * px, 0.03, 0.18, px)
     holes = curve[-max(3, len(curve) // 10) :]
     for k in range(0, len(holes) - 1, 3):  # side holes: gaps in the stripe near the tip
         _stroke(ng, holes[k : k + 2], max(1.0, 0.1 * px), -0.08)
@@ -638,13 +659,20 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     exit_x, exit_y = _generator(can, g, gen[0], gen[1], px, -side_sign)
     lead = np.zeros((h, w), np.float32)
     start = np.array([exit_x, exit_y])
-    loop = g.uniform(0.8, 1.5) * px
+    loop = g.uniform(0.9, 1.6) * px  # the slack coiled in the pocket: 1-2 turns by the can
+    turns = g.uniform(1.0, 2.0)
+    toward = np.array([side_sign * g.uniform(-0.2, 0.5), 1.0])
+    centre = start + loop * toward / np.linalg.norm(toward)
+    phase = math.atan2(start[1] - centre[1], start[0] - centre[0])
+    spin = np.linspace(0.0, 2 * math.pi * turns, max(8, round(12 * turns)))
+    radius = loop * np.linspace(1.0, g.uniform(0.8, 1.2), len(spin))
+    coil = centre + np.stack(
+        [radius * np.cos(phase - side_sign * spin), radius * np.sin(phase - side_sign * spin)], 1
+    )
     path = np.array(
         [
-            start,
-            start + np.array([side_sign * 0.6 * px, -0.9 * loop]),  # the slack loop
-            start + np.array([-side_sign * 0.6 * px, -1.6 * loop]),
-            [(start[0] + svc[0]) / 2, start[1] - 0.015 * h],
+            *coil,
+            [(coil[-1][0] + svc[0]) / 2, min(coil[-1][1], start[1]) - 0.015 * h],
             [svc[0] + 0.004 * w, (start[1] + svc[1]) / 2],
             svc + np.array([0.0, 0.03 * h]),
             [rv[0] - 0.05 * w, rv[1] - 0.035 * h],
@@ -703,7 +731,8 @@ def _translation_grid(
 ) -> torch.Tensor:
     """(B, H, W, 2) grid of a per-sample translation taking the canonical point onto
     ``found`` ((B, 2) fractions); ``stretch`` ``left``/``right`` also scales x about that film
-    edge so the canvas still reaches it (a lead wire)."""
+    edge so the canvas still reaches it (a lead wire), ``top`` scales y about the film's top
+    edge instead of moving it (a necklace hanging from the neck)."""
     b = found.shape[0]
     dev = found.device
     xs = ((torch.arange(w, dtype=torch.float64, device=dev) + 0.5) / w).view(1, 1, w)
@@ -717,6 +746,8 @@ def _translation_grid(
         src_x = edge + (xs - edge) / sx
     else:
         src_x = xs - (fx - cx)
+    if stretch == "top":  # hangs from the film's top edge down to its anchor (a necklace)
+        src_y = ys / (fy / cy).clamp(0.3, 3.0)
     return torch.stack(
         [(src_x * 2.0 - 1.0).expand(b, h, w), (src_y * 2.0 - 1.0).expand(b, h, w)], dim=-1
     ).to(torch.float32)
@@ -734,7 +765,11 @@ def _film_noise(x: torch.Tensor) -> torch.Tensor:
 
 
 def place_devices(
-    x: torch.Tensor, p: Mapping[str, torch.Tensor], films: list[_Placed], keys: Sequence[int]
+    x: torch.Tensor,
+    p: Mapping[str, torch.Tensor],
+    films: list[_Placed],
+    keys: Sequence[int],
+    noise_name: str = "xray_support_devices/noise",
 ) -> torch.Tensor:
     """``clip(v + a + n)`` for the whole batch. ``a``: the sum of each film's canvases of its
     first ``items`` items at its ``opacity``, moved from the canonical frame onto the film's
@@ -751,7 +786,7 @@ def place_devices(
     h, w = x.shape[-2:]
     dev = x.device
     lm = chest_landmarks(x)
-    found = device_anchors(lm, skin_sites(x, lm))
+    found = device_anchors(lm, skin_sites(x, lm), gastric_bubble(x, lm))
     right_pocket = torch.tensor([f.pocket == "pocket_right" for f in films], device=dev)
     found["pocket"] = torch.where(
         right_pocket.view(b, 1), found["pocket_right"], found["pocket_left"]
@@ -760,6 +795,14 @@ def place_devices(
     canonical_pocket = torch.tensor(
         [canonical[f.pocket] for f in films], dtype=torch.float64, device=dev
     )
+    chosen_origin: dict[str, torch.Tensor] = {}
+    for name in films[0].choices:  # a fixed set per op; the host-side films' own sides
+        options = SIDED[name]
+        pick = torch.tensor([options.index(f.choices[name]) for f in films], device=dev)
+        found[name] = torch.stack([found[o] for o in options], dim=1)[torch.arange(b), pick]
+        chosen_origin[name] = torch.tensor(
+            [canonical[f.choices[name]] for f in films], dtype=torch.float64, device=dev
+        )
     drawn = torch.from_numpy(np.stack([np.stack(f.canvases) for f in films], axis=1)).to(dev)
     items = torch.tensor([f.items for f in films], dtype=torch.int64, device=dev)  # (B, K)
     scales = torch.tensor([f.scales for f in films], dtype=torch.float64, device=dev)
@@ -776,20 +819,26 @@ def place_devices(
         if kind == "warp":
             warped = warped + layer
             continue
-        origin = canonical_pocket if name == "pocket" else anchor_of(canonical[name])
+        if name == "pocket":
+            origin = canonical_pocket
+        elif name in chosen_origin:
+            origin = chosen_origin[name]
+        else:
+            origin = anchor_of(canonical[name])
         grid = _translation_grid(found[name], origin, h, w, kind)
         total = total + F.grid_sample(layer, grid, "bilinear", "zeros", align_corners=False)
-    src = torch.stack([found[n] for n in WARP_POINTS], dim=1)
-    dst = torch.stack(
-        [canonical_pocket if n == "pocket" else anchor_of(canonical[n]) for n in WARP_POINTS],
-        dim=1,
-    )
-    grid = _tps_grid(src, dst, h, w)
-    total = total + F.grid_sample(warped, grid, "bilinear", "zeros", align_corners=False)
+    if any(kind == "warp" for kind, _ in films[0].placements):
+        src = torch.stack([found[n] for n in WARP_POINTS], dim=1)
+        dst = torch.stack(
+            [canonical_pocket if n == "pocket" else anchor_of(canonical[n]) for n in WARP_POINTS],
+            dim=1,
+        )
+        grid = _tps_grid(src, dst, h, w)
+        total = total + F.grid_sample(warped, grid, "bilinear", "zeros", align_corners=False)
     total = _gaussian_blur(total, 0.025 * min(h, w) / FIELD_CM)
     sigma = _film_noise(x).view(b, 1, 1, 1)
     extra = sigma * torch.sqrt(torch.expm1(MU * total.double().clamp(min=0.0)))
-    noise = keyed_fields.normal_fields(keys, "xray_support_devices/noise", (1, h, w), dev)
+    noise = keyed_fields.normal_fields(keys, noise_name, (1, h, w), dev)
     out = x.to(torch.float64) + total.double() + extra * noise.double()
     return out.clamp_(0.0, 1.0).to(x.dtype)
 
@@ -836,117 +885,396 @@ def xray_support_devices(
     )
 
 
-def _button(layers: _Layers, side: int, cx: int, cy: int) -> None:
-    h, w = layers.shape
-    r = max(2, _frac_px(0.013, side))
-    canvas = _canvas(h, w)
-    cv2.circle(canvas, (cx, cy), r, 255, -1, cv2.LINE_AA)
-    hole = max(1, r // 4)
-    for dx, dy in ((-1, -1), (1, -1), (-1, 1), (1, 1)):
-        cv2.circle(canvas, (cx + dx * r // 3, cy + dy * r // 3), hole, 0, -1, cv2.LINE_AA)
-    layers.add(canvas, 0.2)
+# --- foreign objects: metal on or in the patient's clothing, projected through 3D ------------
+
+STEEL_MU = 10.0  # 1/cm: steel and brass at a chest film's effective energy (about 60 keV)
 
 
-def _hooks(layers: _Layers, side: int, cx: int, cy: int) -> None:
-    h, w = layers.shape
-    canvas = _canvas(h, w)
-    a, b = max(2, _frac_px(0.012, side)), max(1, _frac_px(0.004, side))
-    for dy in (-2 * b, 2 * b):
-        cv2.rectangle(canvas, (cx - a, cy + dy - b), (cx + a, cy + dy + b), 255, -1, cv2.LINE_AA)
-    layers.add(canvas, 0.5)
+def _rotation(g: np.random.Generator, tilt: float, spin: float = math.pi) -> np.ndarray:
+    """A keyed 3D orientation (3 x 3): a spin of up to ``spin`` radians about the beam (small
+    for what gravity or the garment orients), then tilts of up to ``tilt`` radians about two
+    axes in the film plane (how a flat object lies on a curved chest)."""
+    spin, ax, ay = g.uniform(-spin, spin), g.uniform(-tilt, tilt), g.uniform(-tilt, tilt)
+    c, s = math.cos(spin), math.sin(spin)
+    rz = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+    c, s = math.cos(ax), math.sin(ax)
+    rx = np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
+    c, s = math.cos(ay), math.sin(ay)
+    ry = np.array([[c, 0.0, s], [0.0, 1.0, 0.0], [-s, 0.0, c]])
+    return ry @ rx @ rz
 
 
-def _necklace(layers: _Layers, g: np.random.Generator, side: int) -> None:
-    h, w = layers.shape
-    canvas = _canvas(h, w)
-    depth = g.uniform(0.16, 0.26)
-    bead = max(1, _frac_px(0.004, side))
-    for t in np.linspace(-1.0, 1.0, 41):
-        x = 0.5 + 0.17 * t
-        y = depth * (1 - t * t) + 0.02
-        cv2.circle(canvas, (int(x * w), int(y * h)), bead, 255, -1, cv2.LINE_AA)
-    cv2.circle(
-        canvas,
-        (int(0.5 * w), int((depth + 0.045) * h)),
-        max(2, _frac_px(0.012, side)),
-        255,
-        -1,
-        cv2.LINE_AA,
+def _project(points: np.ndarray, rot: np.ndarray, centre: np.ndarray, px: float) -> np.ndarray:
+    """Object points (n, 3) in cm, rotated, projected along the beam onto the film (pixels)."""
+    return (np.asarray(points, np.float64) @ rot.T)[:, :2] * px + centre
+
+
+def _wire(
+    target: np.ndarray, curve: np.ndarray, radius: float, value: float, closed: bool = False
+) -> None:
+    """Add the projected thickness of a round wire of ``radius`` pixels along ``curve``
+    (pixels): the chord ``2 sqrt(r^2 - d^2)`` at distance ``d`` from its axis, ``value`` at
+    the axis (display units). Sub-pixel wires keep their cross-section (radius at least 0.7
+    px, value scaled by the area ratio)."""
+    pts = np.asarray(curve, np.float64)
+    if closed:
+        pts = np.vstack([pts, pts[:1]])
+    r = max(radius, 0.7)
+    value *= (radius / r) ** 2
+    h, w = target.shape
+    x0, y0 = np.floor(pts.min(axis=0) - r - 1).astype(int)
+    x1, y1 = np.ceil(pts.max(axis=0) + r + 2).astype(int)
+    x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, w), min(y1, h)
+    if x1 <= x0 or y1 <= y0:
+        return
+    ys, xs = np.mgrid[y0:y1, x0:x1]
+    pix = np.stack([xs.ravel() + 0.5, ys.ravel() + 0.5], axis=1)
+    a, b = pts[:-1], pts[1:]
+    ab = b - a
+    if len(ab) == 0:
+        ab, a = np.zeros((1, 2)), pts[:1]
+    length2 = np.maximum((ab**2).sum(axis=1), 1e-12)
+    d2 = np.full(len(pix), np.inf)
+    for i0 in range(0, len(ab), 64):  # bounded memory for long wires
+        aa, vv, ll = a[i0 : i0 + 64], ab[i0 : i0 + 64], length2[i0 : i0 + 64]
+        t = np.clip(((pix[:, None, :] - aa[None]) * vv[None]).sum(axis=2) / ll[None], 0.0, 1.0)
+        near = aa[None] + t[..., None] * vv[None]
+        d2 = np.minimum(d2, ((pix[:, None, :] - near) ** 2).sum(axis=2).min(axis=1))
+    chord = np.sqrt(np.clip(1.0 - d2 / (r * r), 0.0, None)).reshape(ys.shape)
+    target[y0:y1, x0:x1] += np.float32(value) * chord.astype(np.float32)
+
+
+def _plate(target: np.ndarray, polygon: np.ndarray, value: float) -> None:
+    """Add ``value`` inside a flat plate's projected outline (pixels, anti-aliased): a plate
+    of uniform thickness crossed at a tilt (``value`` already divided by the cosine)."""
+    _poly(target, polygon, value)
+
+
+def _loop(a: float, b: float, n: int = 24, square: float = 1.0) -> np.ndarray:
+    """A closed loop in its own plane (n, 3) cm: an ellipse of semi-axes ``a``, ``b``, made
+    more rectangular by ``square`` < 1 (a superellipse exponent)."""
+    t = np.linspace(0, 2 * math.pi, n, endpoint=False)
+    c, s = np.cos(t), np.sin(t)
+    x = a * np.sign(c) * np.abs(c) ** square
+    y = b * np.sign(s) * np.abs(s) ** square
+    return np.stack([x, y, np.zeros_like(x)], axis=1)
+
+
+def _necklace(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """A chain around the neck: a sagging catenary from both sides of the neck (off the film's
+    top) down over the sternal notch, made of wire links (keyed link size and wire gauge)
+    alternating in orientation, each twisted a little more or less (a cable chain: one link
+    seen face-on as an oval loop, the next edge-on as a short dense bar); sometimes a pendant
+    (a flat plate on a bail ring) at its lowest point, sometimes the clasp (a spring ring) on
+    one side."""
+    half = g.uniform(2.6, 4.0) * px  # half the span between the neck's sides
+    depth = g.uniform(3.0, 7.0) * px
+    skew = g.uniform(-0.6, 0.6) * px
+    cat = g.uniform(0.8, 1.6)
+    u = np.linspace(-1.0, 1.0, 400)
+    sag = (np.cosh(cat) - np.cosh(cat * u)) / (np.cosh(cat) - 1.0)  # 1 at the bottom
+    path = np.stack([centre[0] + skew + half * u, centre[1] - depth * (1.0 - sag)], axis=1)
+    rise = np.linspace(8.0 * px, 0.0, 80, endpoint=False)[:, None] * np.array([[0.0, -1.0]])
+    path = np.vstack([path[0] + rise, path, path[-1] + rise[::-1]])
+    arc = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(path, axis=0), axis=1))])
+
+    def along(at: float) -> np.ndarray:
+        return np.array([np.interp(at, arc, path[:, 0]), np.interp(at, arc, path[:, 1])])
+
+    link_a = g.uniform(0.16, 0.3)  # cm, half the link's length
+    link_b = link_a * g.uniform(0.55, 0.75)
+    wire = g.uniform(0.025, 0.045)  # cm, the wire's radius
+    metal = STEEL_MU * g.uniform(0.8, 1.5) / MU  # display units per cm of metal
+    pitch = 1.5 * link_a * px
+    twist = g.uniform(0.0, 0.5)
+    for k, at in enumerate(np.arange(0.5 * pitch, arc[-1], pitch)):
+        p = along(at)
+        tangent = along(at + 1.0) - along(at - 1.0)
+        tangent /= max(float(np.linalg.norm(tangent)), 1e-9)
+        normal = np.array([-tangent[1], tangent[0]])
+        phi = (k % 2) * math.pi / 2 + g.normal(0.0, 0.15) + twist
+        t = np.linspace(0, 2 * math.pi, 16, endpoint=False)
+        pts = (
+            p
+            + np.outer(link_a * px * np.cos(t), tangent)
+            + np.outer(link_b * px * np.sin(t) * math.cos(phi), normal)
+        )
+        _wire(target, pts, wire * px, 2 * wire * metal, closed=True)
+    low = path[int(np.argmax(path[:, 1]))]
+    if g.random() < 0.65:  # a pendant on a bail
+        rot = _rotation(g, 0.7)
+        bail = _loop(0.12, 0.12)
+        _wire(
+            target,
+            _project(bail, rot, low + np.array([0, 0.12 * px]), px),
+            0.03 * px,
+            0.06 * metal,
+            True,
+        )
+        kind = int(g.integers(0, 3))
+        size = g.uniform(0.5, 1.1)
+        t = np.linspace(0, 2 * math.pi, 40, endpoint=False)
+        if kind == 0:  # a round or oval medallion
+            shape = np.stack([size / 2 * np.cos(t), size / 2 * g.uniform(0.8, 1.2) * np.sin(t)], 1)
+        elif kind == 1:  # a heart
+            x = 16 * np.sin(t) ** 3
+            y = -(13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t))
+            shape = np.stack([x, y], 1) * size / 34
+        else:  # a cross
+            a_, b_ = size / 2, size / 7
+            shape = np.array(
+                [
+                    [-b_, -a_ * 0.6],
+                    [b_, -a_ * 0.6],
+                    [b_, -b_],
+                    [a_ * 0.6, -b_],
+                    [a_ * 0.6, b_],
+                    [b_, b_],
+                    [b_, a_],
+                    [-b_, a_],
+                    [-b_, b_],
+                    [-a_ * 0.6, b_],
+                    [-a_ * 0.6, -b_],
+                    [-b_, -b_],
+                ]
+            )
+        shape = shape - [0.0, shape[:, 1].min() - 0.24]  # hangs below the bail
+        flat = np.hstack([shape, np.zeros((len(shape), 1))])
+        thick = g.uniform(0.04, 0.1)
+        _plate(target, _project(flat, rot, low, px), thick * metal / max(abs(rot[2, 2]), 0.3))
+        _wire(target, _project(flat, rot, low, px), 0.02 * px, 0.3 * thick * metal, True)
+    if g.random() < 0.5:  # the clasp: a spring ring and its tag on one side of the neck
+        j = int(len(path) * g.uniform(0.12, 0.3))
+        if g.random() < 0.5:
+            j = len(path) - 1 - j
+        rot = _rotation(g, 1.0)
+        clasp = path[j]
+        _wire(target, _project(_loop(0.22, 0.22), rot, clasp, px), 0.05 * px, 0.1 * metal, True)
+        tag = _project(_loop(0.3, 0.13, 16, 0.5), rot, clasp + np.array([0.0, 0.4 * px]), px)
+        _plate(target, tag, 0.04 * metal)
+
+
+def _eye_outline(flip: float) -> list[np.ndarray]:
+    """The wire outlines (cm, in its own plane) of one bra eye (``flip`` +1) or hook (-1): a
+    flattened rectangular body sewn into the tape with two round loops at its free end, the
+    hook's end bent back on itself."""
+    body = np.array([[0.0, -0.1], [-0.3, -0.1], [-0.3, 0.1], [0.0, 0.1]])
+    t = np.linspace(0, 2 * math.pi, 20)
+    parts = [body]
+    for sy in (-1.0, 1.0):
+        c = np.array([0.16, sy * 0.2])
+        loop = c + 0.11 * np.stack([np.cos(t), np.sin(t)], 1)
+        parts.append(np.vstack([[0.0, sy * 0.1], loop]))
+    if flip < 0:
+        parts.append(np.array([[0.3, -0.05], [0.42, 0.0], [0.3, 0.05], [0.12, 0.04]]))
+    size = 1.8  # cm per outline unit: an eye about 1.2 x 0.8 cm
+    return [np.hstack([q * [flip * size, size], np.zeros((len(q), 1))]) for q in parts]
+
+
+def _bra_hooks(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """A bra's back closure: two or three rows of hooks and eyes 1.2-1.5 cm apart, the eye
+    tape with two or three columns of wire eyes, the hook tape with its hooks engaged in one
+    column, all wire outlines (``_eye_outline``) tilted with the back's curvature."""
+    rot = _rotation(g, 0.5, 0.2)
+    rows = int(g.integers(2, 4))
+    gap = g.uniform(1.3, 1.6)
+    columns = int(g.integers(2, 4))
+    engaged = int(g.integers(0, columns))
+    metal = STEEL_MU * g.uniform(0.9, 1.3) / MU
+    wire = g.uniform(0.03, 0.045)
+    for r in range(rows):
+        y = (r - (rows - 1) / 2) * gap
+        for c in range(columns):
+            for part in _eye_outline(1.0):
+                local = part + np.array([c * 1.3, y, 0.0])
+                _wire(target, _project(local, rot, centre, px), wire * px, 2 * wire * metal)
+        for part in _eye_outline(-1.0):
+            local = part + np.array([engaged * 1.3 + 0.8, y + 0.08, 0.0])
+            _wire(target, _project(local, rot, centre, px), wire * px, 2 * wire * metal)
+
+
+def _strap_slider(
+    target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float
+) -> None:
+    """A bra strap's slider over the shoulder: a rounded rectangular frame (metal wire or a
+    coated stamped frame) with a central bar, seen in perspective (keyed 3D tilt), sometimes
+    with the strap's ring (an O ring) beside it."""
+    rot = _rotation(g, 1.0, 0.5)
+    a, b = g.uniform(0.6, 0.9), g.uniform(0.35, 0.5)
+    wire = g.uniform(0.04, 0.07)
+    metal = STEEL_MU * g.uniform(0.8, 1.3) / MU
+    frame = _loop(a, b, 32, g.uniform(0.3, 0.6))
+    _wire(target, _project(frame, rot, centre, px), wire * px, 2 * wire * metal, True)
+    bar = np.array([[-a * 0.95, 0.0, 0.0], [a * 0.95, 0.0, 0.0]])
+    _wire(target, _project(bar, rot, centre, px), wire * px, 2 * wire * metal)
+    if g.random() < 0.4:
+        ring = _loop(0.5, 0.5, 32) + np.array([0.0, b + 0.6, 0.0])
+        _wire(target, _project(ring, rot, centre, px), wire * px, 2 * wire * metal, True)
+
+
+def _underwire(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """A bra's underwire: a flat steel band (2-3 mm wide, under 1 mm thick) bent in a U
+    under the breast, seen at a tilt, so its projected width varies along the arc."""
+    rot = _rotation(g, 0.6, 0.3)
+    half, depth = g.uniform(4.0, 6.0), g.uniform(3.0, 4.5)
+    t = np.linspace(g.uniform(0.0, 0.1) * math.pi, g.uniform(0.9, 1.0) * math.pi, 60)
+    arc = np.stack([half * np.cos(t), depth * np.sin(t), 0.8 * np.sin(t) ** 2], 1)
+    arc[:, 1] -= depth
+    metal = STEEL_MU * g.uniform(0.8, 1.2) / MU
+    _wire(target, _project(arc, rot, centre, px), 0.05 * px, 0.07 * metal)
+
+
+def _fastener(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """A clothing fastener of a keyed design, seen at a keyed tilt: a snap (a socket ring, a
+    hollow torus denser at its edges, around the stud), a metal shank button (a domed disc
+    with a rolled rim), or a plastic sew-through button (nearly radiolucent, two or four
+    holes)."""
+    rot = _rotation(g, 0.8)
+    kind = int(g.integers(0, 3))
+    metal = STEEL_MU * g.uniform(0.8, 1.3) / MU
+    flat = max(abs(rot[2, 2]), 0.3)
+    if kind == 0:
+        r = g.uniform(0.4, 0.55)
+        _wire(target, _project(_loop(r, r, 40), rot, centre, px), 0.08 * px, 0.16 * metal, True)
+        _wire(
+            target,
+            _project(_loop(0.45 * r, 0.45 * r, 24), rot, centre, px),
+            0.05 * px,
+            0.1 * metal,
+            True,
+        )
+        _plate(target, _project(_loop(r, r, 40), rot, centre, px), 0.02 * metal / flat)
+    elif kind == 1:
+        r = g.uniform(0.6, 0.9)
+        _plate(target, _project(_loop(r, r, 48), rot, centre, px), 0.03 * metal / flat)
+        _wire(target, _project(_loop(r, r, 48), rot, centre, px), 0.06 * px, 0.1 * metal, True)
+        _wire(
+            target,
+            _project(np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.3]]), rot, centre, px),
+            0.08 * px,
+            0.1 * metal,
+        )
+    else:
+        r = g.uniform(0.55, 0.8)
+        plastic = 0.5 / MU  # nylon / polyester: about 0.25 1/cm
+        holes = (
+            [(-0.25, 0.0), (0.25, 0.0)]
+            if g.random() < 0.5
+            else [(-0.22, -0.22), (0.22, -0.22), (-0.22, 0.22), (0.22, 0.22)]
+        )
+        _plate(target, _project(_loop(r, r, 48), rot, centre, px), 0.3 * plastic / flat)
+        _wire(target, _project(_loop(r, r, 48), rot, centre, px), 0.06 * px, 0.4 * plastic, True)
+        for hx, hy in holes:
+            hole = _loop(0.08 * r / 0.6, 0.08 * r / 0.6, 12) + np.array(
+                [hx * r / 0.6, hy * r / 0.6, 0.0]
+            )
+            _plate(target, _project(hole, rot, centre, px), -0.3 * plastic / flat)
+
+
+def _hair_clip(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """A bobby pin: a flat steel wire bent back on itself, one leg straight, the other crimped
+    in waves, tilted in 3D."""
+    rot = _rotation(g, 0.8)
+    length = g.uniform(4.5, 6.0)
+    s = np.linspace(0.0, length, 60)
+    straight = np.stack([s, np.full_like(s, 0.1), np.zeros_like(s)], 1)
+    wavy = np.stack(
+        [s, -0.1 - 0.08 * (1 - np.cos(2 * math.pi * s / 0.6)) * (s > 0.5), np.zeros_like(s)], 1
     )
-    layers.add(canvas, 0.6)
+    turn = np.linspace(0.5 * math.pi, 1.5 * math.pi, 10)
+    bend = np.stack([0.1 * np.cos(turn), 0.1 * np.sin(turn), np.zeros_like(turn)], 1)
+    pin = np.vstack([straight[::-1], bend, wavy])
+    metal = STEEL_MU * g.uniform(0.9, 1.2) / MU
+    _wire(target, _project(pin - [length / 2, 0.0, 0.0], rot, centre, px), 0.04 * px, 0.08 * metal)
 
 
-def _hair_clip(layers: _Layers, side: int, cx: int, cy: int, angle: float) -> None:
-    h, w = layers.shape
-    canvas = _canvas(h, w)
-    length, gap = _frac_px(0.07, side), max(2, _frac_px(0.006, side))
-    c, s = math.cos(angle), math.sin(angle)
-    for off in (-gap, gap):
-        p0 = (int(cx - off * s), int(cy + off * c))
-        p1 = (int(cx + length * c - off * s), int(cy + length * s + off * c))
-        cv2.line(canvas, p0, p1, 255, max(1, _frac_px(0.003, side)), cv2.LINE_AA)
-    cv2.ellipse(
-        canvas,
-        (cx, cy),
-        (gap, gap),
-        math.degrees(angle) + 90,
-        0,
-        180,
-        255,
-        max(1, _frac_px(0.003, side)),
-        cv2.LINE_AA,
-    )
-    layers.add(canvas, 0.7)
+def _earring(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
+    """An earring: a hoop (a round wire ring seen at a tilt, an ellipse denser where the beam
+    runs along the wire) or a stud with its post and butterfly back."""
+    rot = _rotation(g, 1.2)
+    metal = STEEL_MU * g.uniform(1.0, 1.6) / MU
+    if g.random() < 0.6:
+        r = g.uniform(0.6, 1.2)
+        _wire(target, _project(_loop(r, r, 48), rot, centre, px), 0.05 * px, 0.1 * metal, True)
+    else:
+        _plate(target, _project(_loop(0.25, 0.25, 20), rot, centre, px), 0.15 * metal)
+        _wire(
+            target,
+            _project(np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.8]]), rot, centre, px),
+            0.04 * px,
+            0.08 * metal,
+        )
+        _plate(
+            target,
+            _project(_loop(0.3, 0.18, 20) + np.array([0.0, 0.0, -0.6]), rot, centre, px),
+            0.05 * metal,
+        )
 
 
-def _earring(layers: _Layers, side: int, cx: int, cy: int) -> None:
-    h, w = layers.shape
-    canvas = _canvas(h, w)
-    cv2.circle(
-        canvas,
-        (cx, cy),
-        max(2, _frac_px(0.01, side)),
-        255,
-        max(1, _frac_px(0.003, side)),
-        cv2.LINE_AA,
-    )
-    layers.add(canvas, 0.7)
+# the foreign objects a film can get, each an item drawn in the canonical frame and moved with
+# its anchor (``device_anchors``)
+OBJECTS = (
+    "necklace",
+    "bra_hooks",
+    "strap_slider",
+    "fastener",
+    "fastener",
+    "underwire",
+    "hair_clip",
+    "earring",
+)
 
 
-def objects_map(key: int, h: int, w: int, items: int, opacity: float) -> np.ndarray:
-    """Attenuation (display units, float32 H x W) of this film's first ``items`` foreign
-    objects at ``opacity`` (see ``object_layers``)."""
-    return object_layers(key, h, w, items).total(opacity)
-
-
-def object_layers(key: int, h: int, w: int, items: int) -> _Layers:
-    """The canvases of this film's first ``items`` foreign objects, in a keyed order drawn
-    from: a button line of a shirt or gown (each button one
-    item), bra hooks, a necklace with a pendant, hair clips, an earring. The same objects in the
-    same places at every severity."""
+def object_layers(key: int, h: int, w: int) -> _Placed:
+    """This film's foreign objects drawn in the canonical frame, in a keyed order (a film's
+    first ``items`` are shown: the same objects in the same places at every severity), each
+    with its anchor: a necklace hanging from the neck to the sternal notch (stretched from the
+    film's top to the found trachea), bra hooks on the back at the lower thorax, a strap slider
+    over a shoulder, clothing fasteners down the front, an underwire under a breast, a hair
+    clip and an earring at the film's top. Metal is drawn as the projected thickness of its 3D
+    shape (``_wire``, ``_plate``) at ``STEEL_MU``."""
     g = rng.scalar_rng(rng.sub_key(key, "xray_foreign_objects"))
-    side = min(h, w)
-    layers = _Layers(h, w)
-    column = g.uniform(0.44, 0.56)
-    kinds = ["button", "necklace", "button", "hooks", "clip", "button", "earring", "button"]
-    order = [0, *(1 + g.permutation(len(kinds) - 1))]  # a button first, then a keyed order
-    jitter = g.uniform(-0.02, 0.02, size=(len(kinds), 2))
-    buttons = 0
-    for n, idx in enumerate(order[:items]):
-        kind = kinds[idx]
-        jx, jy = jitter[n]
-        layers.item = n
-        if kind == "button":
-            _button(layers, side, int((column + jx / 3) * w), int((0.3 + 0.14 * buttons) * h))
-            buttons += 1
-        elif kind == "hooks":
-            _hooks(layers, side, int((0.5 + jx) * w), int((0.62 + jy) * h))
-        elif kind == "necklace":
-            _necklace(layers, g, side)
-        elif kind == "clip":
-            _hair_clip(layers, side, int((0.25 + jx) * w), int((0.03 + abs(jy)) * h), 0.3 + jx * 10)
+    px = min(h, w) / FIELD_CM
+    layers = _Placed(h, w)
+    anchor = {k: np.array(_px(v, w, h)) for k, v in _CANONICAL_ANCHORS.items()}
+    rank = np.argsort(g.permutation(len(OBJECTS)))  # canvas j is the film's rank[j]-th item
+    right = g.random() < 0.5
+    layers.choices = {
+        "strap": "strap_right" if right else "strap_left",
+        "breast": "dome_right" if g.random() < 0.5 else "dome_left",
+    }
+    fasteners = 0
+    for j, kind in enumerate(OBJECTS):  # a fixed canvas order: the same placements per film
+        target = np.zeros((h, w), np.float32)
+        jitter = g.uniform(-1.0, 1.0, size=2) * px
+        if kind == "necklace":
+            name, placement = "trachea", "top"
+            _necklace(target, g, anchor[name] + np.array([0.0, g.uniform(0.0, 3.0) * px]), px)
+        elif kind == "bra_hooks":
+            name, placement = "bra_band", "move"
+            _bra_hooks(target, g, anchor[name] + jitter, px)
+        elif kind == "strap_slider":
+            name, placement = "strap", "move"
+            _strap_slider(target, g, anchor[layers.choices[name]] + jitter, px)
+        elif kind == "fastener":
+            name, placement = "carina", "move"
+            down = np.array([0.5 * jitter[0], (2.0 + 6.0 * fasteners) * px + jitter[1]])
+            _fastener(target, g, anchor[name] + down, px)
+            fasteners += 1
+        elif kind == "underwire":
+            name, placement = "breast", "move"
+            at = anchor[layers.choices[name]] + np.array([0.0, -2.0 * px]) + jitter
+            _underwire(target, g, at, px)
+        elif kind == "hair_clip":
+            name, placement = "top", "move"
+            offset = g.choice([-1.0, 1.0]) * g.uniform(4.0, 8.0) * px
+            _hair_clip(target, g, anchor[name] + np.array([offset, g.uniform(1.0, 2.5) * px]), px)
         else:
-            _earring(layers, side, int((0.2 + jx) * w), int((0.1 + jy) * h))
+            name, placement = "top", "move"
+            offset = g.choice([-1.0, 1.0]) * g.uniform(5.0, 9.0) * px
+            _earring(target, g, anchor[name] + np.array([offset, g.uniform(1.0, 3.0) * px]), px)
+        layers.add(int(rank[j]), target, (placement, name))
+    layers.placed = [OBJECTS[j] for j in np.argsort(rank)]
     return layers
 
 
@@ -954,21 +1282,30 @@ def object_layers(key: int, h: int, w: int, items: int) -> _Layers:
 def xray_foreign_objects(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
-    """Radiopaque objects on the patient (see ``objects_map``).
+    """Radiopaque objects on the patient (see ``object_layers``), moved onto the film's
+    anatomy, blurred by the detector and noised like the film (``place_devices``).
 
-    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases added to the
-    display value)."""
+    Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
+    landmarks by per-sample translations through ``grid_sample``)."""
     h, w = x.shape[-2:]
+    noise = "xray_foreign_objects/noise"
     return backend.by_path(
         x,
-        host=lambda: _add_attenuation(
-            x,
+        host=lambda: torch.cat(
             [
-                objects_map(int(k), h, w, round(float(p["items"][i])), float(p["opacity"][i]))
+                place_devices(
+                    x[i : i + 1],
+                    {n: v[i : i + 1] for n, v in p.items()},
+                    [object_layers(int(k), h, w)],
+                    [int(k)],
+                    noise,
+                )
                 for i, k in enumerate(keys)
-            ],
+            ]
         ),
-        device=lambda: _add_layers(x, p, [object_layers(int(k), h, w, ITEMS) for k in keys]),
+        device=lambda: place_devices(
+            x, p, [object_layers(int(k), h, w) for k in keys], [int(k) for k in keys], noise
+        ),
     )
 
 

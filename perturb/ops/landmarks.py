@@ -218,6 +218,14 @@ def chest_landmarks(x: torch.Tensor) -> torch.Tensor:
         torch.minimum(dome_left, dome_right + 0.06),
         torch.minimum(dome_right, dome_left + 0.06),
     )
+    # ... and a run that ends far above the other side's has stopped at a white base
+    # (effusion, consolidation, a raised soft-tissue shadow): the aerated side's dome stands,
+    # the left (image-right) dome usually 1-2 cm lower than the right, never far higher
+    low_l, low_r = PLAUSIBLE[4][0], PLAUSIBLE[5][0]  # an implausible run keeps the canonical
+    dome_left, dome_right = (
+        torch.where(dome_left >= low_l, torch.maximum(dome_left, dome_right - 0.06), dome_left),
+        torch.where(dome_right >= low_r, torch.maximum(dome_right, dome_left), dome_right),
+    )
     dome = (dome_left + dome_right) / 2.0
     apex = torch.minimum(torch.minimum(apex_left, apex_right), dome - 0.42)  # lungs are tall
     upper = (centre > apex.view(b, 1)) & (centre < (apex + 0.3 * (dome - apex)).view(b, 1))
@@ -263,3 +271,34 @@ def chest_landmarks(x: torch.Tensor) -> torch.Tensor:
     ok = (found >= bounds[:, 0]) & (found <= bounds[:, 1])
     ok = ok & (spread.view(b, 1) > 0.05)  # a featureless film: all canonical
     return torch.where(ok, found, canonical)
+
+
+BUBBLE_CONTRAST = 0.15  # stretched units a gastric gas cell is darker than its surroundings
+BUBBLE_SURROUND = 0.45  # the upper abdomen around it is soft tissue (not lung, not air)
+
+
+def gastric_bubble(x: torch.Tensor, lm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stomach's gas bubble under the left (image-right) dome, on the ``LANDMARK_GRID``
+    reduction: the cell darkest against its 9 x 9 neighbourhood mean (that mean soft
+    tissue, ``BUBBLE_SURROUND``) between the midline and 4 % beyond the left lung's centre,
+    from 2 % to 30 % below that dome, above the film's lowest 6 % ((B, 2)
+    (x, y) fractions), and (B,) bool whether it is at least ``BUBBLE_CONTRAST`` darker (else
+    none is seen: a supine film, a fluid-filled stomach). An upright film's fundus holds the
+    gas, so a nasogastric tube's tip lies there; a white lung base can hide the dome but not
+    the bubble below it. No value is read back to the host."""
+    n = LANDMARK_GRID
+    b = x.shape[0]
+    dev = x.device
+    s, spread = _stretched(x)
+    local = F.avg_pool2d(s.unsqueeze(1), 9, 1, 4, count_include_pad=False).squeeze(1)
+    contrast = local - s
+    centre = (torch.arange(n, device=dev, dtype=torch.float64) + 0.5) / n
+    cols, rows = centre.view(1, 1, n), centre.view(1, n, 1)
+    mid, right, dome = lm[:, 0].view(b, 1, 1), lm[:, 2].view(b, 1, 1), lm[:, 5].view(b, 1, 1)
+    region = (cols > mid + 0.03) & (cols < right + 0.04) & (rows > dome + 0.02)
+    region = region & (rows < torch.clamp(dome + 0.3, max=0.94)) & (local > BUBBLE_SURROUND)
+    score = torch.where(region, contrast, torch.full_like(contrast, -1e9)).view(b, -1)
+    best = score.argmax(dim=1)
+    seen = (score.gather(1, best.view(b, 1)).view(b) > BUBBLE_CONTRAST) & (spread > 0.05)
+    where = torch.stack([centre[best % n], centre[best // n]], dim=1)
+    return where, seen
