@@ -36,18 +36,26 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   perspective ellipses towards the optical axis (the mucosa off axis is seen obliquely); a few
   are single. A severity adds bubbles, it does not grow them.
 * ``fluid_occlusion``: residual bile, stool suspension, blood or clear rinse water pooled over the
-  mucosa (a keyed blob reaching in from a keyed side, covering ``coverage`` of the field; the
-  fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear). Beer-Lambert
-  absorption per channel ``T_c = exp(-mu_c d)`` (bile absorbs blue, blood green and blue, stool
-  all three) and turbid in-scattering towards the fluid's body colour, through a depth ``d`` that
-  grows from the pool's edge (the mucosa slopes down under it: a turbidity gradient, thin and
-  clear at the edge) and is patchy with the fluid's concentration (blood swirls in rinse water),
-  plus suspended particles that block and scatter (fibre and seeds in stool, clots in blood). The
-  liquid surface is a height field, a meniscus rising to the mucosa at the edge and low ripples
-  on the body: it refracts the tissue seen through it (shifted by the surface's slope) and mirrors
-  the light at the lens where its slope is the keyed tilt of the half vector (an arc along the
-  meniscus on the side facing the light, sharp clipped glints on ripples) over water's 2 %
-  Fresnel sheen. It may hide findings: ``occludes``.
+  mucosa (the fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear).
+  The pool lies in the dependent part of the field: a level set, at the ``coverage`` quantile, of
+  a ramp falling towards a keyed side plus smooth noise plus the mucosa's relief as the frame
+  shows it (the smoothed, standardised luma: fold valleys and the far lumen are low), so its
+  shore runs along folds rather than cutting across them. Beer-Lambert absorption per channel in
+  linear light ``T_c = exp(-mu_c d)`` (bile absorbs blue, blood green and blue, stool all three)
+  and turbid in-scattering towards the fluid's body colour, lit like the tissue around it,
+  through a depth ``d`` that grows from the shore as a shallow wedge (thin and clear at the
+  edge, turbid deep in the pool) and is patchy with the fluid's concentration (blood swirls in
+  rinse water); forward scattering blurs the tissue seen through turbid fluid, so its texture
+  fades with depth; suspended particles block and scatter (fibre and seeds in stool, clots in
+  blood). The liquid surface is a height field, a meniscus rising smoothly to the mucosa (its
+  slope continued past the shore, so there is no one-pixel line) and low ripples on the body:
+  it refracts the tissue seen through it (shifted by the surface's slope) and mirrors the light
+  at the lens where its slope is the keyed tilt of the half vector: broken, clipped glints on
+  the ripples of the open surface, a soft arc along the meniscus on the side facing the light,
+  over water's 2 % Fresnel sheen, all fading in off the shore. Fine bubbles float on it (bile and
+  stool froth most, rinse water least), in clumps and gathered along the shore: at most one per
+  cell of a keyed jittered grid, each a dark refraction ring with a small glint. It may hide
+  findings: ``occludes``.
 """
 
 from __future__ import annotations
@@ -60,8 +68,9 @@ import cv2
 import numpy as np
 import torch
 
+from perturb import rng
 from perturb.errors import InputError
-from perturb.ops import _host, _math
+from perturb.ops import _host, _math, keyed_fields
 from perturb.ops.kernels import Level, Params, draw, draw_int
 
 # ---------------------------------------------------------------------------------------------
@@ -682,23 +691,95 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
 # Soret and Q bands) and mixes with the rinse water in swirls; bile absorbs blue (bilirubin) and is
 # translucent; a stool suspension absorbs broadly, is turbid and full of particles (fibre, seeds);
 # rinse water barely absorbs (a little red), is faintly milky with fine debris and shows itself
-# mostly by its surface.
+# mostly by its surface. Last: how much fine foam floats on it (bile and stool froth, blood
+# stirred with air by the rinse; rinse water little).
 FLUID_NAMES = ("bile", "stool", "blood", "clear")
 FLUIDS = {
-    0: ((0.25, 0.45, 2.2), (0.55, 0.50, 0.12), 0.5, 0.35, 0.25, (0.45, 0.42, 0.08)),
-    1: ((1.6, 2.2, 3.2), (0.32, 0.20, 0.07), 1.2, 0.5, 0.9, (0.55, 0.40, 0.12)),
-    2: ((1.2, 6.0, 5.5), (0.35, 0.02, 0.02), 0.35, 0.8, 0.35, (0.08, 0.0, 0.0)),
-    3: ((0.08, 0.04, 0.03), (0.5, 0.5, 0.46), 0.6, 0.5, 0.3, (0.6, 0.5, 0.25)),
+    0: ((0.25, 0.45, 2.2), (0.62, 0.42, 0.07), 1.5, 0.35, 0.08, (0.25, 0.17, 0.03), 0.6),
+    1: ((1.6, 2.2, 3.2), (0.32, 0.20, 0.07), 1.2, 0.5, 0.5, (0.16, 0.10, 0.03), 0.8),
+    2: ((1.2, 6.0, 5.5), (0.35, 0.02, 0.02), 0.35, 0.8, 0.35, (0.08, 0.0, 0.0), 0.7),
+    3: ((0.08, 0.04, 0.03), (0.5, 0.5, 0.46), 0.6, 0.5, 0.1, (0.3, 0.27, 0.15), 0.3),
 }
 FLUID_RAMP = 0.07  # the pool deepens from its edge over about twice this (shorter side)
+FLUID_WEDGE = 1.5  # depth ~ floor ** this: a shallow wedge at the shore, no abrupt turbid edge
 FLUID_MURK_CELL = 0.08  # patches of concentration (shorter side)
 FLUID_FLECK_CELL = 0.012  # suspended particles (shorter side)
-FLUID_MENISCUS = (0.004, 0.006)  # meniscus height and width (shorter side)
+FLUID_MENISCUS = (0.004, 0.014)  # meniscus height and width (shorter side)
 FLUID_RIPPLE = (0.0012, 0.07)  # ripple height and wavelength (shorter side)
 FLUID_REFRACTION = 0.015  # tissue shift (shorter side) per unit slope of the surface
-FLUID_GLINT = (4.0, 0.006)  # specular lobe of the surface: peak (linear, clipped) and slope width
-FLUID_ARC = (0.8, 0.2)  # meniscus arc: brightness (linear) and the slope at which it is full
+FLUID_GLINT = (4.0, 0.01)  # specular lobe of the surface: peak (linear, clipped) and slope width
+FLUID_ARC = (0.35, 0.15)  # meniscus arc: brightness (linear) and the slope at which it is full
 FLUID_SHEEN = 0.02  # Fresnel reflectance of water at normal incidence, the surface's sheen
+FLUID_RELIEF = (0.3, 0.012)  # weight of the relief in the pool's level; its blur (shorter side)
+FLUID_SCATTER_BLUR = 0.006  # blur of the tissue seen through turbid fluid (shorter side)
+# fine bubbles floating on the pool: one at most per cell of a jittered grid (cell, shorter
+# side), radii a share of the cell, and the cell of their clumps (shorter side)
+FLUID_FOAM = (0.011, (0.15, 0.35), 0.05)
+FLUID_FOAM_LOOK = (0.5, 1.5)  # their dark ring's depth and their glint's peak (linear)
+
+
+def foam_look(dx: Any, dy: Any, rad: Any, present: Any, ops: _Ops) -> tuple[Any, Any]:
+    """(shade, glint) of a fine bubble at (dx, dy) px from its centre (radius ``rad`` px,
+    ``present`` 0/1): a dark refraction ring and a small glint at the centre (a tiny dome seen
+    from the light guide's side). Shared by both paths."""
+    d = ops.sqrt(dx * dx + dy * dy) / rad
+    ring = ops.exp(-0.5 * ((d - 0.8) / 0.2) ** 2) * present
+    spot = ops.exp(-0.5 * (d / 0.3) ** 2) * present
+    return 1.0 - FLUID_FOAM_LOOK[0] * ring, FLUID_FOAM_LOOK[1] * spot
+
+
+def _foam_grid(h: int, w: int, cell: float) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """Grid size (gh, gw) and each pixel's row and column cell index of the foam's grid."""
+    gh, gw = math.ceil(h / cell) + 1, math.ceil(w / cell) + 1
+    rows = np.floor((np.arange(h) + 0.5) / cell).astype(np.int64)
+    cols = np.floor((np.arange(w) + 0.5) / cell).astype(np.int64)
+    return gh, gw, rows, cols
+
+
+def fine_foam(key: int, h: int, w: int, gate: np.ndarray, ops: _Ops) -> tuple[Any, Any]:
+    """(shade, glint) (H, W) of the fine foam: one bubble at most per grid cell, present where
+    the cell's keyed uniform is under ``gate`` (H, W), centre jittered inside the cell, keyed
+    radius."""
+    cell = FLUID_FOAM[0] * min(h, w)
+    gh, gw, rows, cols = _foam_grid(h, w, cell)
+    u, jx, jy, rs = (
+        rng.uniform_numpy(key, f"fluid-foam/{name}", gh * gw).reshape(gh, gw)[np.ix_(rows, cols)]
+        for name in ("present", "x", "y", "r")
+    )
+    lo, hi = FLUID_FOAM[1]
+    rad = np.float32(cell) * (np.float32(lo) + np.float32(hi - lo) * rs)
+    span = np.float32(1.0 - 2.0 * hi)  # the centre keeps the bubble inside its cell
+    cx = (cols[None, :] + np.float32(hi) + span * jx) * np.float32(cell)
+    cy = (rows[:, None] + np.float32(hi) + span * jy) * np.float32(cell)
+    xs = np.arange(w, dtype=np.float32)[None, :] + np.float32(0.5)
+    ys = np.arange(h, dtype=np.float32)[:, None] + np.float32(0.5)
+    present = (u < gate).astype(np.float32)
+    return foam_look(xs - cx, ys - cy, rad, present, ops)
+
+
+def fine_foam_t(
+    keys: Sequence[int], h: int, w: int, gate: torch.Tensor, ops: _Ops
+) -> tuple[Any, Any]:
+    """``fine_foam`` of a batch (gate: (B, 1, H, W)); (shade, glint) (B, 1, H, W)."""
+    cell = FLUID_FOAM[0] * min(h, w)
+    gh, gw, rows_np, cols_np = _foam_grid(h, w, cell)
+    rows = torch.from_numpy(rows_np).to(gate.device)
+    cols = torch.from_numpy(cols_np).to(gate.device)
+    u, jx, jy, rs = (
+        keyed_fields.uniform_fields(keys, f"fluid-foam/{name}", (gh, gw), gate.device)[:, rows][
+            :, :, cols
+        ].unsqueeze(1)
+        for name in ("present", "x", "y", "r")
+    )
+    lo, hi = FLUID_FOAM[1]
+    rad = cell * (lo + (hi - lo) * rs)
+    span = 1.0 - 2.0 * hi
+    cx = (cols.view(1, 1, 1, w).to(torch.float32) + hi + span * jx) * cell
+    cy = (rows.view(1, 1, h, 1).to(torch.float32) + hi + span * jy) * cell
+    xs = torch.arange(w, device=gate.device, dtype=torch.float32).view(1, 1, 1, w) + 0.5
+    ys = torch.arange(h, device=gate.device, dtype=torch.float32).view(1, 1, h, 1) + 0.5
+    present = (u < gate).to(torch.float32)
+    return foam_look(xs - cx, ys - cy, rad, present, ops)
 
 
 def _fluid_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -714,9 +795,26 @@ def _fluid_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
-def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) -> np.ndarray:
-    """Bool (H, W): the pooled fluid, ``coverage`` of the tissue, reaching in from the keyed side
-    with an irregular edge."""
+def fluid_relief(img: np.ndarray, tissue: np.ndarray) -> np.ndarray:
+    """float32 (H, W): the mucosa's relief as the frame shows it, the smoothed luma standardised
+    over the tissue (low in fold valleys and the far lumen, where liquid collects; zero on a
+    uniform frame)."""
+    scale = min(tissue.shape)
+    lum = _host.gauss(_host.luma(img), FLUID_RELIEF[1] * scale)
+    vals = lum[tissue].astype(np.float64)
+    if vals.size == 0:
+        return np.zeros_like(lum)
+    mean = vals.mean()
+    std = np.sqrt(((vals - mean) ** 2).mean())
+    return ((lum - mean) / (std + 1e-3)).astype(np.float32)
+
+
+def pool_mask(
+    key: int, tissue: np.ndarray, coverage: float, side_angle: float, relief: np.ndarray
+) -> np.ndarray:
+    """Bool (H, W): the pooled fluid, ``coverage`` of the tissue: a level set of a field that
+    falls towards the keyed (dependent) side, with an irregular edge, and follows the mucosa's
+    ``relief`` (``fluid_relief``), so the shore runs along folds instead of cutting across."""
     h, w = tissue.shape
     scale = min(h, w)
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
@@ -724,7 +822,8 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
     ramp = ((xs - cx) * math.cos(side_angle) + (ys - cy) * math.sin(side_angle)) / np.float32(
         radius
     )
-    level = ramp + 0.35 * _host.fractal_noise(key, "fluid-shape", h, w, 0.3 * scale, 2)
+    level = ramp + 0.3 * _host.fractal_noise(key, "fluid-shape", h, w, 0.3 * scale, 2)
+    level = level - np.float32(FLUID_RELIEF[0]) * np.clip(relief, -1.5, 1.5)
     values = level[tissue]
     if values.size == 0 or coverage <= 0:
         return np.zeros_like(tissue)
@@ -741,8 +840,26 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
     return (pool | np.isin(labels, small)) & tissue
 
 
+def fluid_relief_t(x: torch.Tensor, tissue: torch.Tensor) -> torch.Tensor:
+    """(B, H, W) ``fluid_relief`` of a batch (tissue: bool (B, 1, H, W)); mean and spread in
+    float64."""
+    scale = min(x.shape[-2:])
+    lum = _host.gauss_t(_host.luma_t(x), FLUID_RELIEF[1] * scale)
+    inside = tissue[:, 0]
+    count = inside.sum(dim=(1, 2)).clamp(min=1).to(torch.float64).view(-1, 1, 1)
+    lum64 = lum.to(torch.float64)
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    mean = torch.where(inside, lum64, zero).sum(dim=(1, 2), keepdim=True) / count
+    var = torch.where(inside, (lum64 - mean) ** 2, zero).sum(dim=(1, 2), keepdim=True) / count
+    return (lum - mean.to(torch.float32)) / (torch.sqrt(var) + 1e-3).to(torch.float32)
+
+
 def pool_mask_t(
-    keys: Sequence[int], tissue: torch.Tensor, coverage: torch.Tensor, side_angle: torch.Tensor
+    keys: Sequence[int],
+    tissue: torch.Tensor,
+    coverage: torch.Tensor,
+    side_angle: torch.Tensor,
+    relief: torch.Tensor,
 ) -> torch.Tensor:
     """bool (B, 1, H, W): ``pool_mask`` of a batch (tissue: bool (B, 1, H, W)); the largest
     pool and its small holes by batched connected components."""
@@ -754,7 +871,8 @@ def pool_mask_t(
     angle = side_angle.to(torch.float64)
     cos, sin = (v.to(torch.float32).view(-1, 1, 1) for v in (torch.cos(angle), torch.sin(angle)))
     ramp = ((xs - cx) * cos + (ys - cy) * sin) / radius
-    level = ramp + 0.35 * _host.fractal_noise_t(keys, "fluid-shape", h, w, 0.3 * scale, 2, tissue)
+    level = ramp + 0.3 * _host.fractal_noise_t(keys, "fluid-shape", h, w, 0.3 * scale, 2, tissue)
+    level = level - FLUID_RELIEF[0] * relief.clamp(-1.5, 1.5)
     inside = tissue[:, 0]
     threshold = _host.masked_quantile(level, inside, 0.0, 1.0 - coverage.to(torch.float64))
     threshold = threshold.to(torch.float32).view(-1, 1, 1)
@@ -789,8 +907,10 @@ def _slope_t(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 FLUID_TABLE = torch.tensor(
     [
-        [*mu, *body, turbid, patchy, particles, *fleck]
-        for mu, body, turbid, patchy, particles, fleck in (FLUIDS[i] for i in range(len(FLUIDS)))
+        [*mu, *body, turbid, patchy, particles, *fleck, foam]
+        for mu, body, turbid, patchy, particles, fleck, foam in (
+            FLUIDS[i] for i in range(len(FLUIDS))
+        )
     ]
 )
 
@@ -802,13 +922,13 @@ def _fluid_occlusion_batch(
     _b, c, h, w = x.shape
     scale = min(h, w)
     _field, tissue = _host.view_masks(x, scenes)
-    pool = pool_mask_t(keys, tissue, p["coverage"], p["side"])
+    pool = pool_mask_t(keys, tissue, p["coverage"], p["side"], fluid_relief_t(x, tissue))
     poolf = pool.to(torch.float32)
     floor = (2.0 * _host.gauss_t(poolf, FLUID_RAMP * scale) - 1.0).clamp(0.0, 1.0) * poolf
-    depth = p["opacity"].view(-1, 1, 1, 1) * _math.power(floor, 0.7)
+    depth = p["opacity"].view(-1, 1, 1, 1) * _math.power(floor, FLUID_WEDGE)
     table = FLUID_TABLE.to(x.device)[torch.round(p["fluid"]).long()]
     mu, body, fleck = table[:, 0:3], table[:, 3:6], table[:, 9:12]
-    turbid, patchy, particles = (table[:, i].view(-1, 1, 1, 1) for i in (6, 7, 8))
+    turbid, patchy, particles, foam = (table[:, i].view(-1, 1, 1, 1) for i in (6, 7, 8, 12))
     if c == 1:
         luma = torch.from_numpy(_host.LUMA).to(x.device).view(3, 1)
         mu, body, fleck = mu.mean(dim=1, keepdim=True), body @ luma, fleck @ luma
@@ -819,30 +939,44 @@ def _fluid_occlusion_batch(
     grains = _host.fractal_noise_t(keys, "fluid-flecks", h, w, FLUID_FLECK_CELL * scale, 2, x)
     flecks = ((grains.unsqueeze(1) - 0.35) / 0.15).clamp(0.0, 1.0) * particles * floor
     dens = depth * murk
-    men = _host.gauss_t(1.0 - poolf, FLUID_MENISCUS[1] * scale) * poolf
+    # the meniscus rises smoothly to the shore (continued past it, so its slope has no step at
+    # the pool's edge: no one-pixel line)
+    rise = _host.gauss_t(1.0 - poolf, FLUID_MENISCUS[1] * scale)
+    men = rise * poolf
     ripple = _host.fractal_noise_t(
         keys, "fluid-ripple", h, w, FLUID_RIPPLE[1] * scale, 2, x
     ).unsqueeze(1)
-    height = (FLUID_MENISCUS[0] * men + FLUID_RIPPLE[0] * ripple * floor) * scale
+    height = (FLUID_MENISCUS[0] * rise + FLUID_RIPPLE[0] * ripple * floor) * scale
     gx, gy = _slope_t(height)
     lin = _math.srgb_to_linear(x)
     ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1)
     xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w)
     shift = FLUID_REFRACTION * scale
     behind = _host.remap(lin, xs - shift * gx[:, 0], ys - shift * gy[:, 0], "linear", "reflect101")
+    # forward scattering in the turbid fluid blurs the tissue seen through it
+    hazy = 1.0 - torch.exp(-turbid * dens)
+    behind = behind + (_host.gauss_t(behind, FLUID_SCATTER_BLUR * scale) - behind) * hazy
     lit = _host.gauss_t(_host.luma_t(lin), 0.03 * scale)
     top = _host.masked_quantile(lit, tissue[:, 0], 0.98)
     lit = (lit / (top + 1e-6).to(torch.float32).view(-1, 1, 1)).clamp(0.0, 1.0).unsqueeze(1)
-    light = 0.08 + 0.92 * lit
+    light = 0.02 + 0.98 * lit  # the fluid is lit like the tissue around it
     trans = torch.exp(-mu * dens) * (1.0 - flecks)
     scatter = body * (1.0 - torch.exp(-turbid * dens)) * light + fleck * flecks * light
     tx, ty = (p["tilt"][:, i].view(-1, 1, 1, 1) for i in (0, 1))
     lobe = torch.exp(-0.5 * ((gx - tx) ** 2 + (gy - ty) ** 2) / FLUID_GLINT[1] ** 2)
     steep = torch.sqrt(gx * gx + gy * gy)
     facing = (gx * tx + gy * ty) / (steep * torch.sqrt(tx * tx + ty * ty) + 1e-6)
-    arc = FLUID_ARC[0] * (steep / FLUID_ARC[1]).clamp(0.0, 1.0) ** 2 * (0.5 + 0.5 * facing)
-    surface = (FLUID_GLINT[0] * lobe + arc + FLUID_SHEEN) * lit * poolf
-    fluid = behind * trans + scatter + surface
+    arc = FLUID_ARC[0] * (steep / FLUID_ARC[1]).clamp(0.0, 1.0) * (0.5 + 0.5 * facing) ** 2
+    wet = (1.0 - 2.0 * rise).clamp(0.0, 1.0)  # the surface fades in off the shore: no line
+    # the sharp glints on the ripples of the open surface; the meniscus shows its soft arc
+    surface = (FLUID_GLINT[0] * lobe * floor + arc + FLUID_SHEEN) * wet * lit * poolf
+    # fine foam floating on the pool, gathered in clumps and along the meniscus: each bubble a
+    # dark ring with a glint of the light
+    clump = _host.value_noise_t(keys, "fluid-foam-clump", h, w, FLUID_FOAM[2] * scale, x)
+    shore = (men / 0.3).clamp(max=1.0)
+    gate = foam * (1.5 * clump.unsqueeze(1) - 0.15).clamp(0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
+    shade, spark = fine_foam_t(keys, h, w, gate, _Ops(True))
+    fluid = (behind * trans + scatter) * shade + surface + spark * lit
     res = _math.linear_to_srgb(torch.where(pool, fluid, lin).clamp(0.0, 1.0))
     res = torch.where(tissue & pool, res, x)
     return res.clamp(0.0, 1.0)
@@ -864,10 +998,10 @@ def fluid_occlusion(
     c, h, w = img.shape
     scale = min(h, w)
     tissue = view.tissue
-    pool = pool_mask(key, tissue, float(p["coverage"]), float(p["side"]))
+    pool = pool_mask(key, tissue, float(p["coverage"]), float(p["side"]), fluid_relief(img, tissue))
     if not pool.any():
         return img.copy()
-    mu_, body_, turbid, patchy, particles, fleck_ = FLUIDS[round(float(p["fluid"]))]
+    mu_, body_, turbid, patchy, particles, fleck_, foam = FLUIDS[round(float(p["fluid"]))]
     mu, body, fleck = (np.asarray(v, dtype=np.float32) for v in (mu_, body_, fleck_))
     if c == 1:
         mu, body, fleck = (
@@ -878,7 +1012,7 @@ def fluid_occlusion(
     poolf = pool.astype(np.float32)
     # the pool deepens from its edge (its floor is the mucosa sloping down under it)
     floor = np.clip(2.0 * _host.gauss(poolf, FLUID_RAMP * scale) - 1.0, 0.0, 1.0) * poolf
-    depth = np.float32(p["opacity"]) * floor**0.7
+    depth = np.float32(p["opacity"]) * floor**FLUID_WEDGE
     murk = 1.0 + np.float32(patchy) * _host.fractal_noise(
         key, "fluid-murk", h, w, FLUID_MURK_CELL * scale, 4
     )
@@ -886,17 +1020,23 @@ def fluid_occlusion(
     flecks = np.clip((grains - 0.35) / 0.15, 0.0, 1.0) * np.float32(particles) * floor
     dens = depth * murk
     # the liquid surface (px): a meniscus rising to the mucosa at the edge, ripples on the body
-    men = _host.gauss(1.0 - poolf, FLUID_MENISCUS[1] * scale) * poolf
+    # (continued past the shore, so its slope has no step at the pool's edge: no one-pixel line)
+    rise = _host.gauss(1.0 - poolf, FLUID_MENISCUS[1] * scale)
+    men = rise * poolf
     ripple = _host.fractal_noise(key, "fluid-ripple", h, w, FLUID_RIPPLE[1] * scale, 2)
-    height = (FLUID_MENISCUS[0] * men + FLUID_RIPPLE[0] * ripple * floor) * scale
+    height = (FLUID_MENISCUS[0] * rise + FLUID_RIPPLE[0] * ripple * floor) * scale
     gx, gy = _slope(height.astype(np.float32))
     lin = _host.to_linear(img)
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
     shift = np.float32(FLUID_REFRACTION * scale)
     behind = _host.sample_bilinear(lin, xs - shift * gx, ys - shift * gy)
+    # forward scattering in the turbid fluid blurs the tissue seen through it
+    hazy = 1.0 - np.exp(-np.float32(turbid) * dens)
+    blurred = _host.per_channel(behind, lambda z: _host.gauss(z, FLUID_SCATTER_BLUR * scale))
+    behind = behind + (blurred - behind) * hazy[None]
     lit = _host.gauss(_host.luma(lin), 0.03 * scale)
     lit = np.clip(lit / (float(np.quantile(lit[tissue], 0.98)) + 1e-6), 0.0, 1.0)
-    light = 0.08 + 0.92 * lit
+    light = 0.02 + 0.98 * lit  # the fluid is lit like the tissue around it
     trans = np.exp(-mu[:, None, None] * dens[None]) * (1.0 - flecks)[None]
     scatter = (
         body[:, None, None] * (1.0 - np.exp(-np.float32(turbid) * dens))[None] * light[None]
@@ -909,9 +1049,17 @@ def fluid_occlusion(
     # the meniscus, curving steeply up to the mucosa, mirrors the light along the arc facing it
     steep = np.sqrt(gx * gx + gy * gy)
     facing = (gx * tx + gy * ty) / (steep * np.sqrt(tx * tx + ty * ty) + np.float32(1e-6))
-    arc = FLUID_ARC[0] * np.clip(steep / FLUID_ARC[1], 0.0, 1.0) ** 2 * (0.5 + 0.5 * facing)
-    surface = (FLUID_GLINT[0] * lobe + arc + FLUID_SHEEN) * lit * poolf
-    fluid = behind * trans + scatter + surface[None]
+    arc = FLUID_ARC[0] * np.clip(steep / FLUID_ARC[1], 0.0, 1.0) * (0.5 + 0.5 * facing) ** 2
+    wet = np.clip(1.0 - 2.0 * rise, 0.0, 1.0)  # the surface fades in off the shore: no line
+    # the sharp glints on the ripples of the open surface; the meniscus shows its soft arc
+    surface = (FLUID_GLINT[0] * lobe * floor + arc + FLUID_SHEEN) * wet * lit * poolf
+    # fine foam floating on the pool, gathered in clumps and along the meniscus: each bubble a
+    # dark ring with a glint of the light
+    clump = _host.value_noise(key, "fluid-foam-clump", h, w, FLUID_FOAM[2] * scale)
+    shore = np.minimum(men / np.float32(0.3), np.float32(1.0))
+    gate = np.float32(foam) * np.clip(1.5 * clump - 0.15, 0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
+    shade, spark = fine_foam(key, h, w, gate, _Ops(False))
+    fluid = (behind * trans + scatter) * shade[None] + (surface + spark * lit)[None]
     out = np.where(pool[None], fluid, lin)
     res = _host.to_display(np.clip(out, 0.0, 1.0))
     keep = ~(tissue & pool)

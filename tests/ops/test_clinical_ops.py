@@ -33,6 +33,7 @@ from perturb.ops.clinical import (
     bubbles,
     ellipse_reach,
     fluid_occlusion,
+    fluid_relief,
     glint_offset,
     pool_mask,
     render_bubble,
@@ -347,6 +348,11 @@ def _fluid_params(kind: int, tilt: tuple[float, float] = (0.05, 0.0)) -> dict[st
     }
 
 
+def _pool(img: np.ndarray, side: float = 1.0) -> np.ndarray:
+    tissue = np.ones(img.shape[1:], bool)
+    return pool_mask(5, tissue, 0.35, side, fluid_relief(img, tissue))
+
+
 def test_fluid_absorbs_by_beer_lambert_per_channel() -> None:
     """Two flat frames under the same pool: the linear difference is the transmitted part,
     (J1 - J2) exp(-mu_c d) (1 - particles); in the logs the particles and the depth's patchiness
@@ -357,7 +363,7 @@ def test_fluid_absorbs_by_beer_lambert_per_channel() -> None:
     a, b = _flat(0.3, 200, 240), _flat(0.5, 200, 240)
     out_a = fluid_occlusion(a, p, 5, _view(a))
     out_b = fluid_occlusion(b, p, 5, _view(b))
-    pool = pool_mask(5, np.ones((200, 240), bool), 0.35, 1.0)
+    pool = _pool(a)
     assert abs(pool.mean() - 0.35) < 0.04, pool.mean()
     trans = (_lin(out_b) - _lin(out_a)) / (_lin(b) - _lin(a))
     inner = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5) > 0.04 * 200
@@ -378,7 +384,7 @@ def test_fluid_turbidity_grows_from_the_edge_and_the_meniscus_mirrors_the_light(
     not on the opposite side."""
     black = np.zeros((3, 200, 240), np.float32)
     out = _lin(fluid_occlusion(black, _fluid_params(1), 5, _view(black)))
-    pool = pool_mask(5, np.ones((200, 240), bool), 0.35, 1.0)
+    pool = _pool(black)
     dist = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5)
     edge, deep = pool & (dist < 0.02 * 200), dist > 0.12 * 200
     assert out[0][deep].mean() > 2.0 * out[0][edge].mean(), "turbidity should grow with depth"
@@ -400,6 +406,31 @@ def test_fluid_turbidity_grows_from_the_edge_and_the_meniscus_mirrors_the_light(
     toward = np.where(cosine > 0, added[1.0], added[-1.0])[edge_px]
     opposite = np.where(cosine > 0, added[-1.0], added[1.0])[edge_px]
     assert (toward - opposite).mean() > 0.05, (toward.mean(), opposite.mean())
+
+
+def test_fluid_shore_follows_the_relief_and_has_no_bright_outline() -> None:
+    """The pool is a level set of the dependent side's ramp plus the mucosa's relief: on a frame
+    whose left half is darker (a fold's shadowed valley) the fluid, pooling from below, climbs
+    higher on the dark half than on the lit one. Its shore has no one-pixel bright line: the
+    meniscus is continued past the shore, so the shore's pixels step no more than a soft band."""
+    img = _flat(0.55, 200, 240)
+    img[:, :, :120] = 0.25
+    pool = _pool(img, math.pi / 2)  # the ramp grows downwards: the pool lies at the bottom
+    dark, lit = pool[:, 20:100].mean(), pool[:, 140:220].mean()
+    assert dark > lit + 0.1, (dark, lit)
+    flat = _flat(0.5, 200, 240)
+    for kind in range(len(FLUIDS)):
+        for tilt in ((0.05, 0.0), (0.0, -0.05), (-0.035, 0.035)):
+            out = fluid_occlusion(flat, _fluid_params(kind, tilt), 5, _view(flat))
+            pool = _pool(flat)
+            shore = pool & (cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5) < 2)
+            step = np.maximum(
+                np.abs(np.diff(out, axis=1, append=out[:, -1:])).max(0),
+                np.abs(np.diff(out, axis=2, append=out[:, :, -1:])).max(0),
+            )
+            # (fine bubbles gather on the shore and their rings and glints step; a line would
+            # step all along it: version 2's meniscus line stepped 0.10-0.16 at the median)
+            assert np.median(step[shore]) < 0.05, (kind, tilt, np.median(step[shore]))
 
 
 def test_fluid_kind_is_keyed_and_recorded() -> None:
