@@ -711,10 +711,14 @@ FLUID_GLINT = (4.0, 0.01)  # specular lobe of the surface: peak (linear, clipped
 FLUID_ARC = (0.35, 0.15)  # meniscus arc: brightness (linear) and the slope at which it is full
 FLUID_SHEEN = 0.02  # Fresnel reflectance of water at normal incidence, the surface's sheen
 FLUID_RELIEF = (0.3, 0.012)  # weight of the relief in the pool's level; its blur (shorter side)
+# the relief is rounded to 1/256: the two paths' blurs differ by float32 rounding, and the pool
+# is a threshold of it (the steps move the shore by well under a pixel)
+FLUID_RELIEF_STEPS = 256
 FLUID_SCATTER_BLUR = 0.006  # blur of the tissue seen through turbid fluid (shorter side)
 # fine bubbles floating on the pool: one at most per cell of a jittered grid (cell, shorter
 # side), radii a share of the cell, and the cell of their clumps (shorter side)
 FLUID_FOAM = (0.011, (0.15, 0.35), 0.05)
+FLUID_FOAM_SHARE = 0.4  # share of the grid's cells that hold a fine bubble
 FLUID_FOAM_LOOK = (0.5, 1.5)  # their dark ring's depth and their glint's peak (linear)
 
 
@@ -738,8 +742,9 @@ def _foam_grid(h: int, w: int, cell: float) -> tuple[int, int, np.ndarray, np.nd
 
 def fine_foam(key: int, h: int, w: int, gate: np.ndarray, ops: _Ops) -> tuple[Any, Any]:
     """(shade, glint) (H, W) of the fine foam: one bubble at most per grid cell, present where
-    the cell's keyed uniform is under ``gate`` (H, W), centre jittered inside the cell, keyed
-    radius."""
+    the cell's keyed uniform is under ``FLUID_FOAM_SHARE``, centre jittered inside the cell, keyed
+    radius, seen as much as ``gate`` (H, W) says (a continuous weight: no pixel flips between
+    the paths on a rounding of the gate)."""
     cell = FLUID_FOAM[0] * min(h, w)
     gh, gw, rows, cols = _foam_grid(h, w, cell)
     u, jx, jy, rs = (
@@ -753,7 +758,7 @@ def fine_foam(key: int, h: int, w: int, gate: np.ndarray, ops: _Ops) -> tuple[An
     cy = (rows[:, None] + np.float32(hi) + span * jy) * np.float32(cell)
     xs = np.arange(w, dtype=np.float32)[None, :] + np.float32(0.5)
     ys = np.arange(h, dtype=np.float32)[:, None] + np.float32(0.5)
-    present = (u < gate).astype(np.float32)
+    present = (u < np.float32(FLUID_FOAM_SHARE)).astype(np.float32) * np.clip(gate, 0.0, 1.0)
     return foam_look(xs - cx, ys - cy, rad, present, ops)
 
 
@@ -778,7 +783,7 @@ def fine_foam_t(
     cy = (rows.view(1, 1, h, 1).to(torch.float32) + hi + span * jy) * cell
     xs = torch.arange(w, device=gate.device, dtype=torch.float32).view(1, 1, 1, w) + 0.5
     ys = torch.arange(h, device=gate.device, dtype=torch.float32).view(1, 1, h, 1) + 0.5
-    present = (u < gate).to(torch.float32)
+    present = (u < FLUID_FOAM_SHARE).to(torch.float32) * gate.clamp(0.0, 1.0)
     return foam_look(xs - cx, ys - cy, rad, present, ops)
 
 
@@ -806,7 +811,8 @@ def fluid_relief(img: np.ndarray, tissue: np.ndarray) -> np.ndarray:
         return np.zeros_like(lum)
     mean = vals.mean()
     std = np.sqrt(((vals - mean) ** 2).mean())
-    return ((lum - mean) / (std + 1e-3)).astype(np.float32)
+    relief = ((lum - mean) / (std + 1e-3)).astype(np.float32)
+    return np.round(relief * np.float32(FLUID_RELIEF_STEPS)) / np.float32(FLUID_RELIEF_STEPS)
 
 
 def pool_mask(
@@ -829,6 +835,9 @@ def pool_mask(
         return np.zeros_like(tissue)
     threshold = float(np.quantile(values, 1.0 - coverage))
     pool = (level > threshold) & tissue
+    # an opening (3 x 3) drops one-pixel slivers along edges: the shore is the level set's, and
+    # thin diagonal strips are where the batched components of the torch path need more rounds
+    pool = cv2.morphologyEx(pool.astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8)) > 0
     # keep the largest connected pool (one puddle, not scattered islands)
     n, labels, stats, _ = cv2.connectedComponentsWithStats(pool.astype(np.uint8), connectivity=8)
     if n > 2:
@@ -851,7 +860,8 @@ def fluid_relief_t(x: torch.Tensor, tissue: torch.Tensor) -> torch.Tensor:
     zero = torch.zeros((), dtype=torch.float64, device=x.device)
     mean = torch.where(inside, lum64, zero).sum(dim=(1, 2), keepdim=True) / count
     var = torch.where(inside, (lum64 - mean) ** 2, zero).sum(dim=(1, 2), keepdim=True) / count
-    return (lum - mean.to(torch.float32)) / (torch.sqrt(var) + 1e-3).to(torch.float32)
+    relief = (lum - mean.to(torch.float32)) / (torch.sqrt(var) + 1e-3).to(torch.float32)
+    return torch.round(relief * FLUID_RELIEF_STEPS) / FLUID_RELIEF_STEPS
 
 
 def pool_mask_t(
@@ -877,6 +887,11 @@ def pool_mask_t(
     threshold = _host.masked_quantile(level, inside, 0.0, 1.0 - coverage.to(torch.float64))
     threshold = threshold.to(torch.float32).view(-1, 1, 1)
     pool = (level > threshold) & inside
+    # an opening (3 x 3) drops one-pixel slivers (OpenCV's borders: outside counts as set for
+    # the erosion, unset for the dilation)
+    solid = pool.unsqueeze(1).to(torch.float32)
+    eroded = 1.0 - torch.nn.functional.max_pool2d(1.0 - solid, 3, 1, 1)
+    pool = torch.nn.functional.max_pool2d(eroded, 3, 1, 1)[:, 0] > 0
     # keep the largest connected pool (one puddle, not scattered islands)
     labels = _host.components_t(pool.unsqueeze(1).to(torch.float32), 8)
     area = _host.component_area(labels)
