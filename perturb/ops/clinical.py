@@ -16,30 +16,46 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   given). A bubble is a thin water film dome on the mucosa. The tissue behind it is seen through
   a weak lens: magnified (read closer to the centre, ``1 - k cos theta``) and shifted away from
   the optical axis (an off-axis dome is seen obliquely). Its film reflects more at grazing
-  angles (Fresnel reflectance, Schlick's approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``),
-  so the wall seen edge-on is a thin bright line with a dark refraction band inside it; what the
-  film mirrors is the lit mucosa around it, strongest on the side facing the light guides. The
-  two film faces interfere (two-beam thin-film interference, ``1 - a cos(4 pi n d cos theta_t /
-  lambda)`` per channel with a film of a few hundred nm thinning on one side), a faint
-  iridescent rim. The light guides either side of the objective make clipped glints where the
-  dome's normal bisects light and view: off centre towards each guide, oblong like the guide's
-  exit, the farther guide's dimmer. Real bubbles boxed by clinicians on 512 px frames have a
-  median box side of 5.8 % of the frame and come in clusters, so radii are log-normal around
-  that size and most bubbles are foam cells packed in clusters (each touches one already placed,
-  none overlap), a few single; a severity adds bubbles, it does not grow them.
+  angles (Fresnel reflectance, Schlick's approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``);
+  inside the outline a dark band where the light is refracted out of the camera's view (what
+  makes real small bubbles read as dark rings), a faint edge-on wall line, a faint caustic on
+  the inner rim opposite the light, and two-beam thin-film interference colour (``1 - a cos(4 pi
+  n d cos theta_t / lambda)`` per channel, a film of a few hundred nm thinning on one side) only
+  on the lit side of the rim. The scope's light guides sit beside the lens, so every bubble's
+  glint lies where the dome's normal points back at the camera: off an off-axis bubble's centre
+  towards the optical axis and slightly towards the guide, the same geometry for every bubble of
+  a frame; its peak and size vary per bubble (log-normal peak, clipped by the sensor where it
+  exceeds full scale; some bubbles catch no glint). The bubble layer is blurred with the
+  camera's own blur (a gaussian of about 0.08 % of the shorter side), so the bubbles are no
+  sharper than the tissue they lie on. Sizes: clinicians' bubble boxes on EAD2019 512 px frames
+  (median side 5.8 % of the frame) enclose clusters; single bubbles measured on those frames and
+  on the PolypGen frames with bubbles have diameters of about 0.6-4 % of the shorter side, so
+  radii are log-normal around 0.8 % (clipped to [1/2.5, 2.5] x). Bubbles come as foam: most are
+  cells of a few clusters grown as meandering strings and clumps (each new cell touches one
+  already placed, along the string's end or anywhere on the clump; none overlap), squashed into
+  perspective ellipses towards the optical axis (the mucosa off axis is seen obliquely); a few
+  are single. A severity adds bubbles, it does not grow them.
 * ``fluid_occlusion``: residual bile, stool suspension, blood or clear rinse water pooled over the
-  mucosa (a keyed blob reaching in from a keyed side, covering ``coverage`` of the field; the
-  fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear). Beer-Lambert
-  absorption per channel ``T_c = exp(-mu_c d)`` (bile absorbs blue, blood green and blue, stool
-  all three) and turbid in-scattering towards the fluid's body colour, through a depth ``d`` that
-  grows from the pool's edge (the mucosa slopes down under it: a turbidity gradient, thin and
-  clear at the edge) and is patchy with the fluid's concentration (blood swirls in rinse water),
-  plus suspended particles that block and scatter (fibre and seeds in stool, clots in blood). The
-  liquid surface is a height field, a meniscus rising to the mucosa at the edge and low ripples
-  on the body: it refracts the tissue seen through it (shifted by the surface's slope) and mirrors
-  the light at the lens where its slope is the keyed tilt of the half vector (an arc along the
-  meniscus on the side facing the light, sharp clipped glints on ripples) over water's 2 %
-  Fresnel sheen. It may hide findings: ``occludes``.
+  mucosa (the fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear).
+  The pool lies in the dependent part of the field: a level set, at the ``coverage`` quantile, of
+  a ramp falling towards a keyed side plus smooth noise plus the mucosa's relief as the frame
+  shows it (the smoothed, standardised luma: fold valleys and the far lumen are low), so its
+  shore runs along folds rather than cutting across them. Beer-Lambert absorption per channel in
+  linear light ``T_c = exp(-mu_c d)`` (bile absorbs blue, blood green and blue, stool all three)
+  and turbid in-scattering towards the fluid's body colour, lit like the tissue around it,
+  through a depth ``d`` that grows from the shore as a shallow wedge (thin and clear at the
+  edge, turbid deep in the pool) and is patchy with the fluid's concentration (blood swirls in
+  rinse water); forward scattering blurs the tissue seen through turbid fluid, so its texture
+  fades with depth; suspended particles block and scatter (fibre and seeds in stool, clots in
+  blood). The liquid surface is a height field, a meniscus rising smoothly to the mucosa (its
+  slope continued past the shore, so there is no one-pixel line) and low ripples on the body:
+  it refracts the tissue seen through it (shifted by the surface's slope) and mirrors the light
+  at the lens where its slope is the keyed tilt of the half vector: broken, clipped glints on
+  the ripples of the open surface, a soft arc along the meniscus on the side facing the light,
+  over water's 2 % Fresnel sheen, all fading in off the shore. Fine bubbles float on it (bile and
+  stool froth most, rinse water least), in clumps and gathered along the shore: at most one per
+  cell of a keyed jittered grid, each a dark refraction ring with a small glint. It may hide
+  findings: ``occludes``.
 """
 
 from __future__ import annotations
@@ -52,8 +68,9 @@ import cv2
 import numpy as np
 import torch
 
+from perturb import rng
 from perturb.errors import InputError
-from perturb.ops import _host, _math
+from perturb.ops import _host, _math, keyed_fields
 from perturb.ops.kernels import Level, Params, draw, draw_int
 
 # ---------------------------------------------------------------------------------------------
@@ -233,32 +250,59 @@ BUBBLE_N = 1.33  # refractive index of the film
 BUBBLE_REFRACTION = 0.22  # magnification of the tissue seen through a bubble (weak lens)
 BUBBLE_SHIFT = 0.12  # sideways shift of that view (radius fraction), away from the optical axis
 BUBBLE_LAMBDA = (610.0, 550.0, 465.0)  # nm: red, green, blue of the thin-film interference
-BUBBLE_IRIDESCENCE = 0.5  # swing of the film's colour around grey (faint interference colour)
-BUBBLE_ENV = (2.5, 0.05)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
-BUBBLE_WALL = 0.35  # brightness of the wall's edge-on line, relative to env
-GLINT_STRENGTH = (3.0, 0.8)  # the two light guides' glints (linear, clipped by the sensor)
-GLINT_SIZE = (0.07, 0.04)  # their gaussian sigma, radius fraction
-GLINT_ELONGATION = 1.4  # a glint's length over its width (the light guide's exit is oblong)
+BUBBLE_IRIDESCENCE = 0.35  # swing of the film's colour around grey on the lit side of the rim
+BUBBLE_ENV = (1.6, 0.03)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
+BUBBLE_WALL = 0.12  # brightness of the wall's edge-on line, relative to env
+BUBBLE_DARK = (0.5, 0.84, 0.08)  # dark refraction band: depth, radius fraction, width
+BUBBLE_CAUSTIC = 0.3  # light focused by the dome onto the inner rim opposite the light
+GLINT_AXIS = 0.9  # glint offset towards the optical axis (radius fraction per shorter side off it)
+GLINT_ELONGATION = 1.3  # a glint's length over its width (the light guide's exit is oblong)
 GLINT_MIN_PX = 0.6  # a pixel's footprint added to a glint's sigma (pixels)
-BUBBLE_RANGE = 2.2  # radii spread log-normally, clipped to [1/2.2, 2.2] x the level's median
-BUBBLE_SPREAD = 0.45  # log-normal sigma of the radii
-BUBBLE_MAX = 0.075  # largest radius drawn (shorter side); recorded radii are clamped to it
-BUBBLE_GAP = 0.002  # least gap between two bubbles (shorter side): foam cells touch, never overlap
-BUBBLE_POOL = 64  # bubbles drawn per sample; a severity keeps the first ``count``
-BUBBLE_GROUPS = (0.45, 0.25, 0.17, 0.13)  # share of the pool in each foam cluster, then singles
+GLINT_NONE = 0.2  # share of bubbles whose glint misses the lens (no glint)
+GLINT_PEAK = (1.4, 0.8)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
+GLINT_SIZE = (0.05, 0.13)  # a glint's gaussian sigma, radius fraction
+BUBBLE_PSF = 0.0008  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
+BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
+BUBBLE_RANGE = 2.5  # radii spread log-normally, clipped to [1/2.5, 2.5] x the level's median
+BUBBLE_SPREAD = 0.5  # log-normal sigma of the radii
+BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
+BUBBLE_GAP = 0.0006  # least gap between two bubbles (shorter side): foam cells touch
+BUBBLE_ASPECT = (0.35, 0.07, 0.7)  # perspective squash per shorter side off axis, jitter, floor
+BUBBLE_POOL = 420  # bubbles drawn per sample; a severity keeps the first ``count``
+BUBBLE_GROUPS = (
+    0.3,
+    0.22,
+    0.17,
+    0.13,
+    0.08,
+    0.1,
+)  # share of the pool in each foam cluster, then singles
+BUBBLE_CHAIN = 0.4  # share of a cluster's cells added at the end of its string
 BUBBLE_TRIES = 24  # placements tried per bubble
-BUBBLE_ROW = 5  # recorded per bubble: x, y (shorter side from the image centre), r, film nm, phase
+# recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
+# phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size
+BUBBLE_ROW = 9
+BUBBLE_MIN_PX = 1.0  # bubbles smaller than this radius (pixels) are not drawn
+
+
+def ellipse_reach(r: Any, aspect: Any, orient: Any, angle: Any, ops: Any = np) -> Any:
+    """Distance from an elliptic bubble's centre to its outline along ``angle`` (semi-major
+    axis ``r``, minor axis ``r * aspect`` along ``orient``)."""
+    along, across = ops.cos(angle - orient), ops.sin(angle - orient)
+    return r * aspect / ops.sqrt(along * along + (aspect * across) ** 2)
 
 
 def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
-    """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL``: foam cells packed by
-    tangent placement (each touches a cell of its cluster already placed and overlaps none) and
-    a few single bubbles; log-normal radii, film thickness and phase. Every draw has a fixed
-    size, so a sample's bubbles at one severity are among those at the next."""
+    """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL``: foam clusters grown as
+    strings (most cells added at the end of their cluster's string, meandering, the rest anywhere
+    on it), each cell touching one already placed and overlapping none, plus a few single
+    bubbles; log-normal radii, perspective ellipses squashed towards the optical axis, film
+    thickness and phase, and per bubble a glint's peak (none for some) and size. Every draw has a
+    fixed size, so a sample's bubbles at one severity are among those at the next."""
     count = min(draw_int(rng, level["count"]), BUBBLE_POOL)
     radius = draw(rng, level["radius"])
     light = float(rng.uniform(0.0, 2.0 * math.pi))
-    glint = float(rng.uniform(0.12, 0.26))
+    glint = float(rng.uniform(0.05, 0.15))
     sizes = np.clip(
         radius * np.exp(rng.normal(0.0, BUBBLE_SPREAD, size=BUBBLE_POOL)),
         radius / BUBBLE_RANGE,
@@ -266,34 +310,85 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     )
     # cluster of each bubble (the last column: a single bubble anywhere in the field)
     group = np.searchsorted(np.cumsum(BUBBLE_GROUPS), rng.random(BUBBLE_POOL) * sum(BUBBLE_GROUPS))
-    centres = rng.uniform(-1.0, 1.0, size=(len(BUBBLE_GROUPS) - 1, 2)) * (0.28, 0.24)
-    tries = rng.random((BUBBLE_POOL, BUBBLE_TRIES, 3))  # anchor, angle, gap (or position)
+    singles = len(BUBBLE_GROUPS) - 1
+    centres = rng.uniform(-1.0, 1.0, size=(singles, 2)) * (0.28, 0.24)
+    heading = rng.uniform(0.0, 2.0 * math.pi, size=singles)
+    tries = rng.random((BUBBLE_POOL, BUBBLE_TRIES, 4))  # anchor, angle, gap (or position), mode
     film = rng.uniform(250.0, 700.0, size=BUBBLE_POOL)
     phase = rng.uniform(0.0, 2.0 * math.pi, size=BUBBLE_POOL)
-    placed = np.zeros((0, 3))
+    squash = np.abs(rng.normal(0.0, BUBBLE_ASPECT[1], size=BUBBLE_POOL))
+    tilt = rng.normal(0.0, 0.3, size=BUBBLE_POOL)
+    peaks = np.exp(rng.normal(math.log(GLINT_PEAK[0]), GLINT_PEAK[1], size=BUBBLE_POOL))
+    peaks = np.where(rng.random(BUBBLE_POOL) < GLINT_NONE, 0.0, peaks)
+    spots = rng.uniform(*GLINT_SIZE, size=BUBBLE_POOL)
+    placed = np.zeros((0, 5))  # x, y, r, aspect, orientation
     owner: list[int] = []
+    tail = [-1] * singles
     rows: list[list[float]] = []
     for i in range(count):
         r, c = float(sizes[i]), int(group[i])
         mine = [k for k, g in enumerate(owner) if g == c]
-        for anchor_u, angle_u, gap_u in tries[i]:
+        k, chained = -1, False
+        for anchor_u, angle_u, gap_u, mode_u in tries[i]:
             ang = 2.0 * math.pi * angle_u
-            if c == len(BUBBLE_GROUPS) - 1:  # a single bubble
+            if c == singles:
                 rad = 0.4 * math.sqrt(gap_u)
                 x, y = rad * math.cos(ang), rad * math.sin(ang)
             elif not mine:
                 x, y = float(centres[c, 0]), float(centres[c, 1])
             else:
-                ax, ay, ar = placed[mine[int(anchor_u * len(mine))]]
-                dist = ar + r + BUBBLE_GAP * (1.0 + 1.5 * gap_u)
+                chained = mode_u < BUBBLE_CHAIN
+                if chained:  # extend the string from its end, meandering
+                    k = tail[c]
+                    ang = float(heading[c]) + 2.0 * (angle_u - 0.5) + math.pi * (gap_u > 0.8)
+                else:
+                    k = mine[int(anchor_u * len(mine))]
+                ax, ay, ar, aa, ao = placed[k]
+                # this bubble's shape once placed there (squashed towards the optical axis)
+                x0, y0 = ax + 2 * r * math.cos(ang), ay + 2 * r * math.sin(ang)
+                asp, ori = _bubble_shape(x0, y0, float(squash[i]), float(tilt[i]))
+                dist = float(ellipse_reach(ar, aa, ao, ang)) + float(
+                    ellipse_reach(r, asp, ori, ang + math.pi)
+                )
+                dist += BUBBLE_GAP * (1.0 + 1.5 * gap_u)
                 x, y = ax + dist * math.cos(ang), ay + dist * math.sin(ang)
-            gaps = np.hypot(placed[:, 0] - x, placed[:, 1] - y) - placed[:, 2] - r
-            if not (gaps < BUBBLE_GAP).any():
-                placed = np.vstack([placed, [x, y, r]])
+            asp, ori = _bubble_shape(x, y, float(squash[i]), float(tilt[i]))
+            towards = np.arctan2(placed[:, 1] - y, placed[:, 0] - x)
+            gaps = (
+                np.hypot(placed[:, 0] - x, placed[:, 1] - y)
+                - ellipse_reach(r, asp, ori, towards)
+                - ellipse_reach(placed[:, 2], placed[:, 3], placed[:, 4], towards + math.pi)
+            )
+            if not (gaps < BUBBLE_GAP * 0.999).any():
+                placed = np.vstack([placed, [x, y, r, asp, ori]])
                 owner.append(c)
-                rows.append([x, y, r, float(film[i]), float(phase[i])])
+                if c < singles:
+                    tail[c] = len(owner) - 1
+                    if chained:
+                        heading[c] = math.atan2(y - placed[k, 1], x - placed[k, 0])
+                rows.append(
+                    [
+                        x,
+                        y,
+                        r,
+                        float(film[i]),
+                        float(phase[i]),
+                        asp,
+                        ori,
+                        float(peaks[i]),
+                        float(spots[i]),
+                    ]
+                )
                 break
     return {"count": count, "radius": radius, "light": light, "glint": glint, "bubbles": rows}
+
+
+def _bubble_shape(x: float, y: float, squash: float, tilt: float) -> tuple[float, float]:
+    """(aspect, orientation of the minor axis) of a bubble at (x, y) (shorter side from the
+    centre): the mucosa off the axis is seen obliquely, so its domes look squashed along the
+    line to the optical axis (perspective), with a keyed jitter."""
+    aspect = 1.0 - BUBBLE_ASPECT[0] * math.hypot(x, y) - squash
+    return max(aspect, BUBBLE_ASPECT[2]), math.atan2(y, x) + tilt
 
 
 class _Ops:
@@ -312,71 +407,93 @@ class _Ops:
         )
 
 
-def bubble_geometry(dx: Any, dy: Any, r: Any, ops: _Ops) -> tuple[Any, Any, Any]:
-    """(rho, cover, cos_theta) of pixels at (dx, dy) px from a bubble's centre: radius fraction,
-    anti-aliased disk cover, cosine of the angle between the dome's normal and the view."""
-    rho = ops.sqrt(dx * dx + dy * dy) / r
-    cover = ops.clip01((1.0 - rho) * r + 0.5)
+def bubble_geometry(
+    dx: Any, dy: Any, r: Any, aspect: Any, orient: Any, ops: _Ops
+) -> tuple[Any, Any, Any]:
+    """(rho, cover, cos_theta) of pixels at (dx, dy) px from an elliptic bubble's centre: radius
+    fraction in the dome's own (circular) frame, anti-aliased cover, cosine of the angle between
+    the dome's normal and the view."""
+    co, so = ops.cos(orient), ops.sin(orient)
+    u = (dx * co + dy * so) / aspect  # the minor axis stretched back to the dome's circle
+    v = dy * co - dx * so
+    rho = ops.sqrt(u * u + v * v) / r
+    cover = ops.clip01((1.0 - rho) * r * aspect + 0.5)
     inside = ops.minimum(rho, 0.999)
     return rho, cover, ops.sqrt(1.0 - inside * inside)
+
+
+def glint_offset(x: Any, y: Any, r: Any, light: Any, glint: Any, ops: _Ops) -> tuple[Any, Any]:
+    """(gx, gy) px from a bubble's centre to its glint. The light guides sit beside the lens, so
+    the glint is where the dome's normal points back at the camera: off an off-axis bubble's
+    centre towards the optical axis (``GLINT_AXIS`` radius per shorter side off axis) and a little
+    towards the guide (``glint`` radius along ``light``): one light direction for every bubble.
+    (x, y): the bubble's centre in shorter-side units from the image centre."""
+    gx = r * (glint * ops.cos(light) - GLINT_AXIS * x)
+    gy = r * (glint * ops.sin(light) - GLINT_AXIS * y)
+    return gx, gy
 
 
 def bubble_film(
     behind: Any,
     dx: Any,
     dy: Any,
-    r: Any,
-    film_nm: Any,
-    phase: Any,
+    shape: Sequence[Any],
+    glint_at: tuple[Any, Any],
     light: Any,
-    glint: Any,
     env: Sequence[Any],
     ops: _Ops,
     channels: int,
-) -> Any:
+) -> list[Any]:
     """Linear radiance (C, ...) of a bubble at (dx, dy) px from its centre (``behind``: the
-    refracted tissue, (C, ...)); every scalar broadcasts against dx. Shared by both paths."""
-    rho, _cover, cos_t = bubble_geometry(dx, dy, r, ops)
+    refracted tissue, (C, ...)); ``shape``: r (px), aspect, orientation, film nm, phase, glint
+    peak, glint size; ``glint_at``: ``glint_offset``. Every scalar broadcasts against dx; shared
+    by both paths."""
+    r, aspect, orient, film_nm, phase, peak, size = shape
+    gx, gy = glint_at
+    rho, _cover, cos_t = bubble_geometry(dx, dy, r, aspect, orient, ops)
     phi = ops.atan2(dy, dx)
+    # the side of the rim facing the light (towards the glint) mirrors it; the dome focuses the
+    # light through onto the inner rim opposite (a faint caustic)
+    lit = 0.5 + 0.5 * ops.cos(phi - ops.atan2(gy, gx))
+    shade = 0.35 + 0.65 * lit
     fresnel = BUBBLE_F0 + (1.0 - BUBBLE_F0) * (1.0 - cos_t) ** 5
     # thin-film interference: phase difference 4 pi n d cos(theta_t) / lambda of the two film
-    # faces, the film thinner on one side of the dome (drainage); colour faint around grey
+    # faces, the film thinner on one side of the dome (drainage); colour only where lit
     cos_film = ops.sqrt(1.0 - ops.minimum(rho, 1.0) ** 2 / (BUBBLE_N * BUBBLE_N))
     thickness = film_nm * (1.0 + 0.35 * ops.cos(phi + phase))
     lams = BUBBLE_LAMBDA if channels == 3 else (550.0,)
     tint = [
-        1.0 - BUBBLE_IRIDESCENCE * ops.cos(4.0 * math.pi * BUBBLE_N * thickness * cos_film / lam)
+        1.0
+        - BUBBLE_IRIDESCENCE * lit * ops.cos(4.0 * math.pi * BUBBLE_N * thickness * cos_film / lam)
         for lam in lams
     ]
-    # the rim facing the light guides (either side of the lens, along ``light``) mirrors more
-    lit = 0.45 + 0.55 * ops.cos(phi - light) ** 2
-    reflect = [env[ch] * fresnel * t * lit for ch, t in enumerate(tint)]
-    # the wall seen edge-on at the silhouette: a thin bright line mirroring the light, and just
-    # inside it a dark band where light is refracted out of the camera's view
-    wall = BUBBLE_WALL * ops.exp(-0.5 * ((rho - 0.975) / 0.022) ** 2) * lit
-    dark = 1.0 - 0.5 * ops.exp(-0.5 * ((rho - 0.9) / 0.03) ** 2)
+    # the wall seen edge-on at the outline: a thin line mirroring the light, and inside it a
+    # dark band where the light is refracted out of the camera's view
+    wall = BUBBLE_WALL * ops.exp(-0.5 * ((rho - 0.97) / 0.025) ** 2) * shade
+    dark = 1.0 - BUBBLE_DARK[0] * ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / BUBBLE_DARK[2]) ** 2)
+    caustic = 1.0 + BUBBLE_CAUSTIC * (1.0 - lit) * ops.exp(-0.5 * ((rho - 0.68) / 0.12) ** 2)
     white = sum(env[ch] for ch in range(channels)) / channels
-    reflect = [ref + white * wall * t for ref, t in zip(reflect, tint, strict=True)]
-    # specular glints of the two light guides where the dome's normal bisects light and view:
-    # off centre towards each guide (sin of half the guide's angle), clipped by the sensor
-    gx, gy = glint * r * ops.cos(light), glint * r * ops.sin(light)
-    spots: Any = 0.0
-    for sign, strength, size in zip((1.0, -1.0), GLINT_STRENGTH, GLINT_SIZE, strict=True):
-        # the glint's own size convolved with a pixel's footprint
-        var = (r * size) ** 2 + GLINT_MIN_PX * GLINT_MIN_PX
-        ex, ey = dx - sign * gx, dy - sign * gy
-        # the image of the light guide's exit, elongated along the guides' axis
-        along = (ex * ops.cos(light) + ey * ops.sin(light)) / GLINT_ELONGATION
-        across = -ex * ops.sin(light) + ey * ops.cos(light)
-        spots = spots + strength * ops.exp(-0.5 * (along * along + across * across) / var)
+    # the glint: the light guide's exit mirrored by the dome, oblong along the guides' axis,
+    # its own size convolved with a pixel's footprint; clipped by the sensor
+    var = (r * size) ** 2 + GLINT_MIN_PX * GLINT_MIN_PX
+    ex, ey = dx - gx, dy - gy
+    along = (ex * ops.cos(light) + ey * ops.sin(light)) / GLINT_ELONGATION
+    across = ey * ops.cos(light) - ex * ops.sin(light)
+    spot = peak * ops.exp(-0.5 * (along * along + across * across) / var)
     return [
-        (behind[ch] * (1.0 - fresnel) * 1.03 + reflect[ch]) * dark + spots for ch in range(channels)
+        (
+            behind[ch] * (1.0 - fresnel) * caustic
+            + (env[ch] * fresnel * shade + white * wall) * tint[ch]
+        )
+        * dark
+        + spot
+        for ch in range(channels)
     ]
 
 
 def _bubble_pixels(rows: np.ndarray, h: int, w: int) -> np.ndarray:
     """(N, 3) float64 centre x, y and radius (at most ``BUBBLE_MAX``) in pixels of recorded
-    rows (N, 5)."""
+    rows (N, BUBBLE_ROW)."""
     scale = min(h, w)
     return np.stack(
         [
@@ -403,21 +520,25 @@ def render_bubble(
     glint: float,
     env: Sequence[float],
 ) -> None:
-    """Add one recorded bubble (row: x, y from the image centre and r in shorter-side units,
-    film thickness nm, phase) to ``out`` (CHW linear), reading the tissue behind from ``lin``."""
+    """Add one recorded bubble's change ``cover * (film - tissue)`` to ``out`` (CHW), reading
+    the tissue behind from ``lin`` (CHW linear). row: ``BUBBLE_ROW`` values (x, y from the image
+    centre and r in shorter-side units, film nm, phase, aspect, orientation, glint peak and
+    size)."""
     c, h, w = lin.shape
     ops = _Ops(False)
     cx, cy, r = _bubble_pixels(np.asarray([row], np.float64), h, w)[0]
     reach = math.ceil(r) + 2
     x0, x1 = max(0, math.floor(cx) - reach), min(w, math.floor(cx) + reach + 1)
     y0, y1 = max(0, math.floor(cy) - reach), min(h, math.floor(cy) + reach + 1)
-    if x0 >= x1 or y0 >= y1 or r < 1.5:
+    if x0 >= x1 or y0 >= y1 or r < BUBBLE_MIN_PX:
         return
     ys, xs = np.mgrid[y0:y1, x0:x1].astype(np.float32)
     bx, by, rf = np.float32(cx), np.float32(cy), np.float32(r)
     dx, dy = xs + np.float32(0.5) - bx, ys + np.float32(0.5) - by
-    _rho, cover, cos_t = bubble_geometry(dx, dy, rf, ops)
-    ux, uy = _view_shift(np.float32(row[0]), np.float32(row[1]), ops)
+    f32 = [np.float32(v) for v in row]
+    aspect, orient = f32[5], f32[6]
+    _rho, cover, cos_t = bubble_geometry(dx, dy, rf, aspect, orient, ops)
+    ux, uy = _view_shift(f32[0], f32[1], ops)
     # refraction through the dome: the tissue is read closer to the centre (magnified) and
     # shifted away from the axis (the bubble is seen obliquely)
     pull = 1.0 - BUBBLE_REFRACTION * cos_t
@@ -425,15 +546,14 @@ def render_bubble(
     mx = (bx + dx * pull - shift * ux - 0.5).astype(np.float32)
     my = (by + dy * pull - shift * uy - 0.5).astype(np.float32)
     behind = _host.sample_bilinear(lin, mx, my)
+    lf, gf = np.float32(light), np.float32(glint)
     film = bubble_film(
         behind,
         dx,
         dy,
-        rf,
-        np.float32(row[3]),
-        np.float32(row[4]),
-        np.float32(light),
-        np.float32(glint),
+        (rf, aspect, orient, f32[3], f32[4], f32[7], f32[8]),
+        glint_offset(f32[0], f32[1], rf, lf, gf, ops),
+        lf,
         [np.float32(e) for e in env],
         ops,
         c,
@@ -448,20 +568,27 @@ def _drawn_rows(rows: np.ndarray, tissue: np.ndarray) -> np.ndarray:
     h, w = tissue.shape
     px = _bubble_pixels(rows, h, w)
     ix, iy = np.trunc(px[:, 0]).astype(np.int64), np.trunc(px[:, 1]).astype(np.int64)
-    ok = (rows[:, 2] > 0) & (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h) & (px[:, 2] >= 1.5)
+    ok = (rows[:, 2] > 0) & (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
+    ok &= px[:, 2] >= BUBBLE_MIN_PX
     ok[ok] = tissue[iy[ok], ix[ok]]
     return rows[ok]
+
+
+def _camera_sigma(h: int, w: int) -> float:
+    """The camera's blur on the bubble layer (pixels): what the optics and sensor do to the rest
+    of the frame, so the bubbles are no sharper than the tissue."""
+    return max(BUBBLE_PSF * min(h, w), BUBBLE_PSF_MIN)
 
 
 def _bubbles_batch(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
 ) -> torch.Tensor:
     """``bubbles`` of a batch (the torch kernel): every bubble of every sample as a square
-    patch (B, N, P, P) around its centre, P sized by the batch's largest bubble; the film
-    formulas of ``bubble_film`` on the patches, the tissue behind read by one batched remap, and
-    each patch's contribution cover * (film - tissue) scattered back into the frame (bubbles
-    never overlap, so the sum is the composite). Padding slots and bubbles off the tissue have
-    no cover. No loop over samples or bubbles."""
+    patch (B, N, P, P) around its centre, P sized by the largest radius a bubble may have; the
+    film formulas of ``bubble_film`` on the patches, the tissue behind read by one batched
+    remap, each patch's change cover * (film - tissue) scattered back into a layer, blurred by
+    the camera and added. Padding slots and bubbles off the tissue have no cover. No loop over
+    samples or bubbles."""
     b, c, h, w = x.shape
     scale = min(h, w)
     ops = _Ops(True)
@@ -477,7 +604,7 @@ def _bubbles_batch(
     on_image = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
     flat = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).view(b, -1)
     on_tissue = tissue.view(b, h * w).gather(1, flat)
-    drawn = (rows[:, :, 2] > 0) & on_image & on_tissue & (radius >= 1.5)
+    drawn = (rows[:, :, 2] > 0) & on_image & on_tissue & (radius >= BUBBLE_MIN_PX)
     # patch side from the largest radius a bubble may have at this size (shapes only)
     reach = math.ceil(BUBBLE_MAX * scale) + 2
     side = 2 * reach + 1
@@ -489,9 +616,10 @@ def _bubbles_batch(
     dx = px.to(torch.float32) + 0.5 - bx
     dy = py.to(torch.float32) + 0.5 - by
     dx, dy = dx.expand(b, n, side, side), dy.expand(b, n, side, side)
-    _rho, cover, cos_t = bubble_geometry(dx, dy, r, ops)
-    rx, ry = (rows[:, :, i].to(torch.float32).view(b, n, 1, 1) for i in (0, 1))
-    ux, uy = _view_shift(rx, ry, ops)
+    col = [rows[:, :, i].to(torch.float32).view(b, n, 1, 1) for i in range(BUBBLE_ROW)]
+    aspect = torch.where(drawn.view(b, n, 1, 1), col[5], 1.0)
+    _rho, cover, cos_t = bubble_geometry(dx, dy, r, aspect, col[6], ops)
+    ux, uy = _view_shift(col[0], col[1], ops)
     pull = 1.0 - BUBBLE_REFRACTION * cos_t
     shift = BUBBLE_SHIFT * r * cos_t
     mx = (bx + dx * pull - shift * ux - 0.5).reshape(b, n * side, side)
@@ -504,8 +632,17 @@ def _bubbles_batch(
     env = [env_c[:, ch].view(b, 1, 1, 1) for ch in range(c)]
     light = p["light"].to(torch.float32).view(b, 1, 1, 1)
     glint = p["glint"].to(torch.float32).view(b, 1, 1, 1)
-    film_nm, phase = (rows[:, :, i].to(torch.float32).view(b, n, 1, 1) for i in (3, 4))
-    film = bubble_film(behind.transpose(0, 1), dx, dy, r, film_nm, phase, light, glint, env, ops, c)
+    film = bubble_film(
+        behind.transpose(0, 1),
+        dx,
+        dy,
+        (r, aspect, col[6], col[3], col[4], col[7], col[8]),
+        glint_offset(col[0], col[1], r, light, glint, ops),
+        light,
+        env,
+        ops,
+        c,
+    )
     inside = (px >= 0) & (px < w) & (py >= 0) & (py < h) & drawn.view(b, n, 1, 1)
     index = torch.where(inside, py.clamp(0, h - 1) * w + px.clamp(0, w - 1), 0)
     weight = torch.where(inside, cover, 0.0)
@@ -519,7 +656,7 @@ def _bubbles_batch(
     ).reshape(b, c, -1)
     added = torch.zeros(b, c, h * w, device=x.device, dtype=lin.dtype)
     added.scatter_add_(2, index.reshape(b, 1, -1).expand(b, c, -1), delta)
-    out = lin + added.view(b, c, h, w)
+    out = lin + _host.gauss_t(added.view(b, c, h, w), _camera_sigma(h, w))
     res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
     return torch.where(tissue, res, x).clamp(0.0, 1.0)
 
@@ -528,15 +665,18 @@ def _bubbles_batch(
     "bubbles", sampler=_bubble_sampler, dtypes=(np.uint8, np.float32), device=_bubbles_batch
 )
 def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
-    """Foam clusters and single bubbles: refracted, shifted view of the tissue, Fresnel rim with
-    thin-film colour, dark refraction band and the two light guides' glints (module docstring)."""
+    """Foam strings and clusters and single bubbles: refracted, shifted view of the tissue, dark
+    refraction band and faint rim with thin-film colour where lit, one glint per bubble placed
+    by the one light (some none), blurred by the camera like the tissue (module docstring)."""
     tissue = view.tissue
     lin = _host.to_linear(img)
-    out = lin.copy()
+    layer = np.zeros_like(lin)
     rows = _drawn_rows(np.asarray(p["bubbles"], dtype=np.float64).reshape(-1, BUBBLE_ROW), tissue)
     env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
     for row in rows.tolist():
-        render_bubble(lin, out, row, float(p["light"]), float(p["glint"]), env.tolist())
+        render_bubble(lin, layer, row, float(p["light"]), float(p["glint"]), env.tolist())
+    sigma = _camera_sigma(*tissue.shape)
+    out = lin + _host.per_channel(layer, lambda z: _host.gauss(z, sigma))
     res = _host.to_display(np.clip(out, 0.0, 1.0))
     res[:, ~tissue] = img[:, ~tissue]
     return res
@@ -551,23 +691,100 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
 # Soret and Q bands) and mixes with the rinse water in swirls; bile absorbs blue (bilirubin) and is
 # translucent; a stool suspension absorbs broadly, is turbid and full of particles (fibre, seeds);
 # rinse water barely absorbs (a little red), is faintly milky with fine debris and shows itself
-# mostly by its surface.
+# mostly by its surface. Last: how much fine foam floats on it (bile and stool froth, blood
+# stirred with air by the rinse; rinse water little).
 FLUID_NAMES = ("bile", "stool", "blood", "clear")
 FLUIDS = {
-    0: ((0.25, 0.45, 2.2), (0.55, 0.50, 0.12), 0.5, 0.35, 0.25, (0.45, 0.42, 0.08)),
-    1: ((1.6, 2.2, 3.2), (0.32, 0.20, 0.07), 1.2, 0.5, 0.9, (0.55, 0.40, 0.12)),
-    2: ((1.2, 6.0, 5.5), (0.35, 0.02, 0.02), 0.35, 0.8, 0.35, (0.08, 0.0, 0.0)),
-    3: ((0.08, 0.04, 0.03), (0.5, 0.5, 0.46), 0.6, 0.5, 0.3, (0.6, 0.5, 0.25)),
+    0: ((0.25, 0.45, 2.2), (0.62, 0.42, 0.07), 1.5, 0.35, 0.08, (0.25, 0.17, 0.03), 0.6),
+    1: ((1.6, 2.2, 3.2), (0.32, 0.20, 0.07), 1.2, 0.5, 0.5, (0.16, 0.10, 0.03), 0.8),
+    2: ((1.2, 6.0, 5.5), (0.35, 0.02, 0.02), 0.35, 0.8, 0.35, (0.08, 0.0, 0.0), 0.7),
+    3: ((0.08, 0.04, 0.03), (0.5, 0.5, 0.46), 0.6, 0.5, 0.1, (0.3, 0.27, 0.15), 0.3),
 }
 FLUID_RAMP = 0.07  # the pool deepens from its edge over about twice this (shorter side)
+FLUID_WEDGE = 1.5  # depth ~ floor ** this: a shallow wedge at the shore, no abrupt turbid edge
 FLUID_MURK_CELL = 0.08  # patches of concentration (shorter side)
 FLUID_FLECK_CELL = 0.012  # suspended particles (shorter side)
-FLUID_MENISCUS = (0.004, 0.006)  # meniscus height and width (shorter side)
+FLUID_MENISCUS = (0.004, 0.014)  # meniscus height and width (shorter side)
 FLUID_RIPPLE = (0.0012, 0.07)  # ripple height and wavelength (shorter side)
 FLUID_REFRACTION = 0.015  # tissue shift (shorter side) per unit slope of the surface
-FLUID_GLINT = (4.0, 0.006)  # specular lobe of the surface: peak (linear, clipped) and slope width
-FLUID_ARC = (0.8, 0.2)  # meniscus arc: brightness (linear) and the slope at which it is full
+FLUID_GLINT = (4.0, 0.01)  # specular lobe of the surface: peak (linear, clipped) and slope width
+FLUID_ARC = (0.35, 0.15)  # meniscus arc: brightness (linear) and the slope at which it is full
 FLUID_SHEEN = 0.02  # Fresnel reflectance of water at normal incidence, the surface's sheen
+FLUID_RELIEF = (0.3, 0.012)  # weight of the relief in the pool's level; its blur (shorter side)
+# the relief is rounded to 1/256: the two paths' blurs differ by float32 rounding, and the pool
+# is a threshold of it (the steps move the shore by well under a pixel)
+FLUID_RELIEF_STEPS = 256
+FLUID_SCATTER_BLUR = 0.006  # blur of the tissue seen through turbid fluid (shorter side)
+# fine bubbles floating on the pool: one at most per cell of a jittered grid (cell, shorter
+# side), radii a share of the cell, and the cell of their clumps (shorter side)
+FLUID_FOAM = (0.011, (0.15, 0.35), 0.05)
+FLUID_FOAM_SHARE = 0.4  # share of the grid's cells that hold a fine bubble
+FLUID_FOAM_LOOK = (0.5, 1.5)  # their dark ring's depth and their glint's peak (linear)
+
+
+def foam_look(dx: Any, dy: Any, rad: Any, present: Any, ops: _Ops) -> tuple[Any, Any]:
+    """(shade, glint) of a fine bubble at (dx, dy) px from its centre (radius ``rad`` px,
+    ``present`` 0/1): a dark refraction ring and a small glint at the centre (a tiny dome seen
+    from the light guide's side). Shared by both paths."""
+    d = ops.sqrt(dx * dx + dy * dy) / rad
+    ring = ops.exp(-0.5 * ((d - 0.8) / 0.2) ** 2) * present
+    spot = ops.exp(-0.5 * (d / 0.3) ** 2) * present
+    return 1.0 - FLUID_FOAM_LOOK[0] * ring, FLUID_FOAM_LOOK[1] * spot
+
+
+def _foam_grid(h: int, w: int, cell: float) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """Grid size (gh, gw) and each pixel's row and column cell index of the foam's grid."""
+    gh, gw = math.ceil(h / cell) + 1, math.ceil(w / cell) + 1
+    rows = np.floor((np.arange(h) + 0.5) / cell).astype(np.int64)
+    cols = np.floor((np.arange(w) + 0.5) / cell).astype(np.int64)
+    return gh, gw, rows, cols
+
+
+def fine_foam(key: int, h: int, w: int, gate: np.ndarray, ops: _Ops) -> tuple[Any, Any]:
+    """(shade, glint) (H, W) of the fine foam: one bubble at most per grid cell, present where
+    the cell's keyed uniform is under ``FLUID_FOAM_SHARE``, centre jittered inside the cell, keyed
+    radius, seen as much as ``gate`` (H, W) says (a continuous weight: no pixel flips between
+    the paths on a rounding of the gate)."""
+    cell = FLUID_FOAM[0] * min(h, w)
+    gh, gw, rows, cols = _foam_grid(h, w, cell)
+    u, jx, jy, rs = (
+        rng.uniform_numpy(key, f"fluid-foam/{name}", gh * gw).reshape(gh, gw)[np.ix_(rows, cols)]
+        for name in ("present", "x", "y", "r")
+    )
+    lo, hi = FLUID_FOAM[1]
+    rad = np.float32(cell) * (np.float32(lo) + np.float32(hi - lo) * rs)
+    span = np.float32(1.0 - 2.0 * hi)  # the centre keeps the bubble inside its cell
+    cx = (cols[None, :] + np.float32(hi) + span * jx) * np.float32(cell)
+    cy = (rows[:, None] + np.float32(hi) + span * jy) * np.float32(cell)
+    xs = np.arange(w, dtype=np.float32)[None, :] + np.float32(0.5)
+    ys = np.arange(h, dtype=np.float32)[:, None] + np.float32(0.5)
+    present = (u < np.float32(FLUID_FOAM_SHARE)).astype(np.float32) * np.clip(gate, 0.0, 1.0)
+    return foam_look(xs - cx, ys - cy, rad, present, ops)
+
+
+def fine_foam_t(
+    keys: Sequence[int], h: int, w: int, gate: torch.Tensor, ops: _Ops
+) -> tuple[Any, Any]:
+    """``fine_foam`` of a batch (gate: (B, 1, H, W)); (shade, glint) (B, 1, H, W)."""
+    cell = FLUID_FOAM[0] * min(h, w)
+    gh, gw, rows_np, cols_np = _foam_grid(h, w, cell)
+    rows = torch.from_numpy(rows_np).to(gate.device)
+    cols = torch.from_numpy(cols_np).to(gate.device)
+    u, jx, jy, rs = (
+        keyed_fields.uniform_fields(keys, f"fluid-foam/{name}", (gh, gw), gate.device)[:, rows][
+            :, :, cols
+        ].unsqueeze(1)
+        for name in ("present", "x", "y", "r")
+    )
+    lo, hi = FLUID_FOAM[1]
+    rad = cell * (lo + (hi - lo) * rs)
+    span = 1.0 - 2.0 * hi
+    cx = (cols.view(1, 1, 1, w).to(torch.float32) + hi + span * jx) * cell
+    cy = (rows.view(1, 1, h, 1).to(torch.float32) + hi + span * jy) * cell
+    xs = torch.arange(w, device=gate.device, dtype=torch.float32).view(1, 1, 1, w) + 0.5
+    ys = torch.arange(h, device=gate.device, dtype=torch.float32).view(1, 1, h, 1) + 0.5
+    present = (u < FLUID_FOAM_SHARE).to(torch.float32) * gate.clamp(0.0, 1.0)
+    return foam_look(xs - cx, ys - cy, rad, present, ops)
 
 
 def _fluid_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -583,9 +800,27 @@ def _fluid_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
-def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) -> np.ndarray:
-    """Bool (H, W): the pooled fluid, ``coverage`` of the tissue, reaching in from the keyed side
-    with an irregular edge."""
+def fluid_relief(img: np.ndarray, tissue: np.ndarray) -> np.ndarray:
+    """float32 (H, W): the mucosa's relief as the frame shows it, the smoothed luma standardised
+    over the tissue (low in fold valleys and the far lumen, where liquid collects; zero on a
+    uniform frame)."""
+    scale = min(tissue.shape)
+    lum = _host.gauss(_host.luma(img), FLUID_RELIEF[1] * scale)
+    vals = lum[tissue].astype(np.float64)
+    if vals.size == 0:
+        return np.zeros_like(lum)
+    mean = vals.mean()
+    std = np.sqrt(((vals - mean) ** 2).mean())
+    relief = ((lum - mean) / (std + 1e-3)).astype(np.float32)
+    return np.round(relief * np.float32(FLUID_RELIEF_STEPS)) / np.float32(FLUID_RELIEF_STEPS)
+
+
+def pool_mask(
+    key: int, tissue: np.ndarray, coverage: float, side_angle: float, relief: np.ndarray
+) -> np.ndarray:
+    """Bool (H, W): the pooled fluid, ``coverage`` of the tissue: a level set of a field that
+    falls towards the keyed (dependent) side, with an irregular edge, and follows the mucosa's
+    ``relief`` (``fluid_relief``), so the shore runs along folds instead of cutting across."""
     h, w = tissue.shape
     scale = min(h, w)
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
@@ -593,12 +828,16 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
     ramp = ((xs - cx) * math.cos(side_angle) + (ys - cy) * math.sin(side_angle)) / np.float32(
         radius
     )
-    level = ramp + 0.35 * _host.fractal_noise(key, "fluid-shape", h, w, 0.3 * scale, 2)
+    level = ramp + 0.3 * _host.fractal_noise(key, "fluid-shape", h, w, 0.3 * scale, 2)
+    level = level - np.float32(FLUID_RELIEF[0]) * np.clip(relief, -1.5, 1.5)
     values = level[tissue]
     if values.size == 0 or coverage <= 0:
         return np.zeros_like(tissue)
     threshold = float(np.quantile(values, 1.0 - coverage))
     pool = (level > threshold) & tissue
+    # an opening (3 x 3) drops one-pixel slivers along edges: the shore is the level set's, and
+    # thin diagonal strips are where the batched components of the torch path need more rounds
+    pool = cv2.morphologyEx(pool.astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8)) > 0
     # keep the largest connected pool (one puddle, not scattered islands)
     n, labels, stats, _ = cv2.connectedComponentsWithStats(pool.astype(np.uint8), connectivity=8)
     if n > 2:
@@ -610,8 +849,27 @@ def pool_mask(key: int, tissue: np.ndarray, coverage: float, side_angle: float) 
     return (pool | np.isin(labels, small)) & tissue
 
 
+def fluid_relief_t(x: torch.Tensor, tissue: torch.Tensor) -> torch.Tensor:
+    """(B, H, W) ``fluid_relief`` of a batch (tissue: bool (B, 1, H, W)); mean and spread in
+    float64."""
+    scale = min(x.shape[-2:])
+    lum = _host.gauss_t(_host.luma_t(x), FLUID_RELIEF[1] * scale)
+    inside = tissue[:, 0]
+    count = inside.sum(dim=(1, 2)).clamp(min=1).to(torch.float64).view(-1, 1, 1)
+    lum64 = lum.to(torch.float64)
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    mean = torch.where(inside, lum64, zero).sum(dim=(1, 2), keepdim=True) / count
+    var = torch.where(inside, (lum64 - mean) ** 2, zero).sum(dim=(1, 2), keepdim=True) / count
+    relief = (lum - mean.to(torch.float32)) / (torch.sqrt(var) + 1e-3).to(torch.float32)
+    return torch.round(relief * FLUID_RELIEF_STEPS) / FLUID_RELIEF_STEPS
+
+
 def pool_mask_t(
-    keys: Sequence[int], tissue: torch.Tensor, coverage: torch.Tensor, side_angle: torch.Tensor
+    keys: Sequence[int],
+    tissue: torch.Tensor,
+    coverage: torch.Tensor,
+    side_angle: torch.Tensor,
+    relief: torch.Tensor,
 ) -> torch.Tensor:
     """bool (B, 1, H, W): ``pool_mask`` of a batch (tissue: bool (B, 1, H, W)); the largest
     pool and its small holes by batched connected components."""
@@ -623,11 +881,17 @@ def pool_mask_t(
     angle = side_angle.to(torch.float64)
     cos, sin = (v.to(torch.float32).view(-1, 1, 1) for v in (torch.cos(angle), torch.sin(angle)))
     ramp = ((xs - cx) * cos + (ys - cy) * sin) / radius
-    level = ramp + 0.35 * _host.fractal_noise_t(keys, "fluid-shape", h, w, 0.3 * scale, 2, tissue)
+    level = ramp + 0.3 * _host.fractal_noise_t(keys, "fluid-shape", h, w, 0.3 * scale, 2, tissue)
+    level = level - FLUID_RELIEF[0] * relief.clamp(-1.5, 1.5)
     inside = tissue[:, 0]
     threshold = _host.masked_quantile(level, inside, 0.0, 1.0 - coverage.to(torch.float64))
     threshold = threshold.to(torch.float32).view(-1, 1, 1)
     pool = (level > threshold) & inside
+    # an opening (3 x 3) drops one-pixel slivers (OpenCV's borders: outside counts as set for
+    # the erosion, unset for the dilation)
+    solid = pool.unsqueeze(1).to(torch.float32)
+    eroded = 1.0 - torch.nn.functional.max_pool2d(1.0 - solid, 3, 1, 1)
+    pool = torch.nn.functional.max_pool2d(eroded, 3, 1, 1)[:, 0] > 0
     # keep the largest connected pool (one puddle, not scattered islands)
     labels = _host.components_t(pool.unsqueeze(1).to(torch.float32), 8)
     area = _host.component_area(labels)
@@ -658,8 +922,10 @@ def _slope_t(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 FLUID_TABLE = torch.tensor(
     [
-        [*mu, *body, turbid, patchy, particles, *fleck]
-        for mu, body, turbid, patchy, particles, fleck in (FLUIDS[i] for i in range(len(FLUIDS)))
+        [*mu, *body, turbid, patchy, particles, *fleck, foam]
+        for mu, body, turbid, patchy, particles, fleck, foam in (
+            FLUIDS[i] for i in range(len(FLUIDS))
+        )
     ]
 )
 
@@ -671,13 +937,13 @@ def _fluid_occlusion_batch(
     _b, c, h, w = x.shape
     scale = min(h, w)
     _field, tissue = _host.view_masks(x, scenes)
-    pool = pool_mask_t(keys, tissue, p["coverage"], p["side"])
+    pool = pool_mask_t(keys, tissue, p["coverage"], p["side"], fluid_relief_t(x, tissue))
     poolf = pool.to(torch.float32)
     floor = (2.0 * _host.gauss_t(poolf, FLUID_RAMP * scale) - 1.0).clamp(0.0, 1.0) * poolf
-    depth = p["opacity"].view(-1, 1, 1, 1) * _math.power(floor, 0.7)
+    depth = p["opacity"].view(-1, 1, 1, 1) * _math.power(floor, FLUID_WEDGE)
     table = FLUID_TABLE.to(x.device)[torch.round(p["fluid"]).long()]
     mu, body, fleck = table[:, 0:3], table[:, 3:6], table[:, 9:12]
-    turbid, patchy, particles = (table[:, i].view(-1, 1, 1, 1) for i in (6, 7, 8))
+    turbid, patchy, particles, foam = (table[:, i].view(-1, 1, 1, 1) for i in (6, 7, 8, 12))
     if c == 1:
         luma = torch.from_numpy(_host.LUMA).to(x.device).view(3, 1)
         mu, body, fleck = mu.mean(dim=1, keepdim=True), body @ luma, fleck @ luma
@@ -688,30 +954,44 @@ def _fluid_occlusion_batch(
     grains = _host.fractal_noise_t(keys, "fluid-flecks", h, w, FLUID_FLECK_CELL * scale, 2, x)
     flecks = ((grains.unsqueeze(1) - 0.35) / 0.15).clamp(0.0, 1.0) * particles * floor
     dens = depth * murk
-    men = _host.gauss_t(1.0 - poolf, FLUID_MENISCUS[1] * scale) * poolf
+    # the meniscus rises smoothly to the shore (continued past it, so its slope has no step at
+    # the pool's edge: no one-pixel line)
+    rise = _host.gauss_t(1.0 - poolf, FLUID_MENISCUS[1] * scale)
+    men = rise * poolf
     ripple = _host.fractal_noise_t(
         keys, "fluid-ripple", h, w, FLUID_RIPPLE[1] * scale, 2, x
     ).unsqueeze(1)
-    height = (FLUID_MENISCUS[0] * men + FLUID_RIPPLE[0] * ripple * floor) * scale
+    height = (FLUID_MENISCUS[0] * rise + FLUID_RIPPLE[0] * ripple * floor) * scale
     gx, gy = _slope_t(height)
     lin = _math.srgb_to_linear(x)
     ys = torch.arange(h, device=x.device, dtype=torch.float32).view(1, h, 1)
     xs = torch.arange(w, device=x.device, dtype=torch.float32).view(1, 1, w)
     shift = FLUID_REFRACTION * scale
     behind = _host.remap(lin, xs - shift * gx[:, 0], ys - shift * gy[:, 0], "linear", "reflect101")
+    # forward scattering in the turbid fluid blurs the tissue seen through it
+    hazy = 1.0 - torch.exp(-turbid * dens)
+    behind = behind + (_host.gauss_t(behind, FLUID_SCATTER_BLUR * scale) - behind) * hazy
     lit = _host.gauss_t(_host.luma_t(lin), 0.03 * scale)
     top = _host.masked_quantile(lit, tissue[:, 0], 0.98)
     lit = (lit / (top + 1e-6).to(torch.float32).view(-1, 1, 1)).clamp(0.0, 1.0).unsqueeze(1)
-    light = 0.08 + 0.92 * lit
+    light = 0.02 + 0.98 * lit  # the fluid is lit like the tissue around it
     trans = torch.exp(-mu * dens) * (1.0 - flecks)
     scatter = body * (1.0 - torch.exp(-turbid * dens)) * light + fleck * flecks * light
     tx, ty = (p["tilt"][:, i].view(-1, 1, 1, 1) for i in (0, 1))
     lobe = torch.exp(-0.5 * ((gx - tx) ** 2 + (gy - ty) ** 2) / FLUID_GLINT[1] ** 2)
     steep = torch.sqrt(gx * gx + gy * gy)
     facing = (gx * tx + gy * ty) / (steep * torch.sqrt(tx * tx + ty * ty) + 1e-6)
-    arc = FLUID_ARC[0] * (steep / FLUID_ARC[1]).clamp(0.0, 1.0) ** 2 * (0.5 + 0.5 * facing)
-    surface = (FLUID_GLINT[0] * lobe + arc + FLUID_SHEEN) * lit * poolf
-    fluid = behind * trans + scatter + surface
+    arc = FLUID_ARC[0] * (steep / FLUID_ARC[1]).clamp(0.0, 1.0) * (0.5 + 0.5 * facing) ** 2
+    wet = (1.0 - 2.0 * rise).clamp(0.0, 1.0)  # the surface fades in off the shore: no line
+    # the sharp glints on the ripples of the open surface; the meniscus shows its soft arc
+    surface = (FLUID_GLINT[0] * lobe * floor + arc + FLUID_SHEEN) * wet * lit * poolf
+    # fine foam floating on the pool, gathered in clumps and along the meniscus: each bubble a
+    # dark ring with a glint of the light
+    clump = _host.value_noise_t(keys, "fluid-foam-clump", h, w, FLUID_FOAM[2] * scale, x)
+    shore = (men / 0.3).clamp(max=1.0)
+    gate = foam * (1.5 * clump.unsqueeze(1) - 0.15).clamp(0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
+    shade, spark = fine_foam_t(keys, h, w, gate, _Ops(True))
+    fluid = (behind * trans + scatter) * shade + surface + spark * lit
     res = _math.linear_to_srgb(torch.where(pool, fluid, lin).clamp(0.0, 1.0))
     res = torch.where(tissue & pool, res, x)
     return res.clamp(0.0, 1.0)
@@ -733,10 +1013,10 @@ def fluid_occlusion(
     c, h, w = img.shape
     scale = min(h, w)
     tissue = view.tissue
-    pool = pool_mask(key, tissue, float(p["coverage"]), float(p["side"]))
+    pool = pool_mask(key, tissue, float(p["coverage"]), float(p["side"]), fluid_relief(img, tissue))
     if not pool.any():
         return img.copy()
-    mu_, body_, turbid, patchy, particles, fleck_ = FLUIDS[round(float(p["fluid"]))]
+    mu_, body_, turbid, patchy, particles, fleck_, foam = FLUIDS[round(float(p["fluid"]))]
     mu, body, fleck = (np.asarray(v, dtype=np.float32) for v in (mu_, body_, fleck_))
     if c == 1:
         mu, body, fleck = (
@@ -747,7 +1027,7 @@ def fluid_occlusion(
     poolf = pool.astype(np.float32)
     # the pool deepens from its edge (its floor is the mucosa sloping down under it)
     floor = np.clip(2.0 * _host.gauss(poolf, FLUID_RAMP * scale) - 1.0, 0.0, 1.0) * poolf
-    depth = np.float32(p["opacity"]) * floor**0.7
+    depth = np.float32(p["opacity"]) * floor**FLUID_WEDGE
     murk = 1.0 + np.float32(patchy) * _host.fractal_noise(
         key, "fluid-murk", h, w, FLUID_MURK_CELL * scale, 4
     )
@@ -755,17 +1035,23 @@ def fluid_occlusion(
     flecks = np.clip((grains - 0.35) / 0.15, 0.0, 1.0) * np.float32(particles) * floor
     dens = depth * murk
     # the liquid surface (px): a meniscus rising to the mucosa at the edge, ripples on the body
-    men = _host.gauss(1.0 - poolf, FLUID_MENISCUS[1] * scale) * poolf
+    # (continued past the shore, so its slope has no step at the pool's edge: no one-pixel line)
+    rise = _host.gauss(1.0 - poolf, FLUID_MENISCUS[1] * scale)
+    men = rise * poolf
     ripple = _host.fractal_noise(key, "fluid-ripple", h, w, FLUID_RIPPLE[1] * scale, 2)
-    height = (FLUID_MENISCUS[0] * men + FLUID_RIPPLE[0] * ripple * floor) * scale
+    height = (FLUID_MENISCUS[0] * rise + FLUID_RIPPLE[0] * ripple * floor) * scale
     gx, gy = _slope(height.astype(np.float32))
     lin = _host.to_linear(img)
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
     shift = np.float32(FLUID_REFRACTION * scale)
     behind = _host.sample_bilinear(lin, xs - shift * gx, ys - shift * gy)
+    # forward scattering in the turbid fluid blurs the tissue seen through it
+    hazy = 1.0 - np.exp(-np.float32(turbid) * dens)
+    blurred = _host.per_channel(behind, lambda z: _host.gauss(z, FLUID_SCATTER_BLUR * scale))
+    behind = behind + (blurred - behind) * hazy[None]
     lit = _host.gauss(_host.luma(lin), 0.03 * scale)
     lit = np.clip(lit / (float(np.quantile(lit[tissue], 0.98)) + 1e-6), 0.0, 1.0)
-    light = 0.08 + 0.92 * lit
+    light = 0.02 + 0.98 * lit  # the fluid is lit like the tissue around it
     trans = np.exp(-mu[:, None, None] * dens[None]) * (1.0 - flecks)[None]
     scatter = (
         body[:, None, None] * (1.0 - np.exp(-np.float32(turbid) * dens))[None] * light[None]
@@ -778,9 +1064,17 @@ def fluid_occlusion(
     # the meniscus, curving steeply up to the mucosa, mirrors the light along the arc facing it
     steep = np.sqrt(gx * gx + gy * gy)
     facing = (gx * tx + gy * ty) / (steep * np.sqrt(tx * tx + ty * ty) + np.float32(1e-6))
-    arc = FLUID_ARC[0] * np.clip(steep / FLUID_ARC[1], 0.0, 1.0) ** 2 * (0.5 + 0.5 * facing)
-    surface = (FLUID_GLINT[0] * lobe + arc + FLUID_SHEEN) * lit * poolf
-    fluid = behind * trans + scatter + surface[None]
+    arc = FLUID_ARC[0] * np.clip(steep / FLUID_ARC[1], 0.0, 1.0) * (0.5 + 0.5 * facing) ** 2
+    wet = np.clip(1.0 - 2.0 * rise, 0.0, 1.0)  # the surface fades in off the shore: no line
+    # the sharp glints on the ripples of the open surface; the meniscus shows its soft arc
+    surface = (FLUID_GLINT[0] * lobe * floor + arc + FLUID_SHEEN) * wet * lit * poolf
+    # fine foam floating on the pool, gathered in clumps and along the meniscus: each bubble a
+    # dark ring with a glint of the light
+    clump = _host.value_noise(key, "fluid-foam-clump", h, w, FLUID_FOAM[2] * scale)
+    shore = np.minimum(men / np.float32(0.3), np.float32(1.0))
+    gate = np.float32(foam) * np.clip(1.5 * clump - 0.15, 0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
+    shade, spark = fine_foam(key, h, w, gate, _Ops(False))
+    fluid = (behind * trans + scatter) * shade[None] + (surface + spark * lit)[None]
     out = np.where(pool[None], fluid, lin)
     res = _host.to_display(np.clip(out, 0.0, 1.0))
     keep = ~(tissue & pool)
