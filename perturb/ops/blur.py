@@ -620,10 +620,11 @@ def noise_gain(x: torch.Tensor, retained: torch.Tensor) -> torch.Tensor:
     sigma / ``MEASURED_PER_UNIT`` in display values at linear level m) is shot noise of std
     ``k sqrt(m)`` in linear light, ``sigma = slope(m) k sqrt(m)``; the blur kept ``retained``
     (B,) of its variance (``retained_variance``), so the sensor adds the rest,
-    ``1 - retained``, on top of the blurred radiance."""
+    ``1 - retained``, on top of the blurred radiance (``retained`` (B, C): per channel)."""
     sigma, level = sensor_noise_level(x)
     k = sigma / MEASURED_PER_UNIT / (_srgb_slope(level) * torch.sqrt(level))
-    rest = (1.0 - retained.to(x.dtype)).clamp_min(0.0).sqrt().unsqueeze(-1)
+    rest = (1.0 - retained.to(x.dtype)).clamp_min(0.0).sqrt()
+    rest = rest.unsqueeze(-1) if rest.dim() == 1 else rest
     return (k * rest).unsqueeze(-1).unsqueeze(-1)
 
 

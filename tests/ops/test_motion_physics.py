@@ -15,6 +15,7 @@ import scipy.ndimage
 import torch
 
 import perturb
+from perturb.catalog.ops import get_op
 from perturb.ops import blur
 from perturb.ops.backend import use_backend
 from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
@@ -149,3 +150,41 @@ def test_the_noise_estimate_reads_a_known_correlated_noise() -> None:
     assert torch.allclose(got, want, rtol=0.1), (got * 255, want * 255)
     assert torch.allclose(level, blur.srgb_to_linear(torch.full((1, 3), 0.5)), rtol=0.02)
     assert float(blur.sensor_noise_level(torch.full((1, 3, 64, 64), 0.5))[0].abs().max()) == 0.0
+
+
+def test_color_breakup_leaves_a_comb_of_alternating_colour_copies_along_the_motion() -> None:
+    """A small clipped highlight on a dark, noise-free field seen by a colour-sequential scope
+    that moves straight at a constant speed through two field cycles (R, G, B, R, G, B): each
+    channel shows one copy per cycle, at the scene's displacement at its field's instant
+    ((3k + c + 1/2) / 6 of the frame, minus the mean), bright (the highlight's headroom), and
+    stays dark where the other channels' copies lie, so the trail alternates colours."""
+    from perturb.engine.run import make_record, run_records
+
+    side = 400
+    x = torch.full((1, 3, side, side), 13, dtype=torch.uint8)
+    x[..., 199:201, 199:201] = 255
+    params = {"travel": 0.1, "direction": 0.3, "cycles": 2.0, "bend": 0.0, "accel": 0.0}
+    rec = make_record(get_op("color_breakup"), 5, "comb", seed=0, variant=0, protect_border=False,
+                      device=x.device, params=params)
+    out = run_records(x, [rec])[0].double().numpy() / 255.0
+    lin = _srgb_to_linear(out)
+    length = np.float32(0.1) * side
+    direction = float(np.float32(0.3))
+
+    def at(channel: int, t: float) -> float:
+        """The channel's brightest linear value within 1.5 px of the path at time t."""
+        along = (t - 0.5) * length
+        cx = 199.5 + along * math.cos(direction)
+        cy = 199.5 - along * math.sin(direction)  # trajectory_offsets: y down, angle up
+        ys, xs = np.mgrid[0:side, 0:side]
+        near = np.hypot(xs - cx, ys - cy) <= 1.5
+        return float(lin[channel][near].max())
+
+    background = float(_srgb_to_linear(np.array(13 / 255.0)))
+    for c in range(3):
+        own = [(3 * k + c + 0.5) / 6.0 for k in range(2)]
+        others = [(3 * k + o + 0.5) / 6.0 for k in range(2) for o in range(3) if o != c]
+        assert all(at(c, t) > 0.2 for t in own), [at(c, t) for t in own]
+        assert all(at(c, t) < background + 0.03 for t in others), [at(c, t) for t in others]
+    # the light of each channel is kept (clipped cores aside): the trail is the highlight's copies
+    assert np.all(lin.max(axis=(1, 2)) > 0.5)

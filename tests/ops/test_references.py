@@ -38,7 +38,7 @@ REFERENCE_CHECKS = {
     "lens_distortion": "tests.ops.test_clinical_ops::test_lens_distortion_is_the_radial_model_and_moves_boxes_and_masks",
     "interlacing": "tests.ops.test_clinical_ops::test_interlacing_takes_odd_lines_from_the_displaced_field_and_adds_a_ghost",
     "video_macroblocking": "tests.ops.test_clinical_ops::test_h264_qstep_and_4x4_transform_quantisation",
-    "color_breakup": "tests.ops.test_clinical_ops::test_color_breakup_splits_a_highlight_into_red_green_and_blue_copies",
+    "color_breakup": "tests.ops.test_motion_physics::test_color_breakup_leaves_a_comb_of_alternating_colour_copies_along_the_motion",
     "overexposure": "test_exposure_is_a_gain_in_linear_light",
     "underexposure": "test_exposure_is_a_gain_in_linear_light",
     "vignetting": "test_vignetting_follows_one_minus_a_r2",
