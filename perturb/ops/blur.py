@@ -547,6 +547,31 @@ NOISE_CORRELATION_PX = 1.0
 NOISE_STREAM = "motion_blur/sensor_noise"
 
 
+def _taps_along(t: torch.Tensor, taps: torch.Tensor, dim: int) -> torch.Tensor:
+    """Correlation of ``t`` with 1-D ``taps`` along ``dim`` (-1 or -2), valid part only (the
+    output is ``len(taps) - 1`` shorter), as shifted multiply-adds: elementwise, so every
+    sample's sums are the same in any batch (a convolution's algorithm may change with it)."""
+    n = taps.shape[0]
+    size = t.shape[dim] - n + 1
+    out = t.narrow(dim, 0, size) * taps[0]
+    for i in range(1, n):
+        out = out + t.narrow(dim, i, size) * taps[i]
+    return out
+
+
+def separable_filter(t: torch.Tensor, taps: torch.Tensor, mode: str) -> torch.Tensor:
+    """``t`` (N, C, H, W) correlated with the outer product of ``taps`` (odd length):
+    ``mode`` "reflect" keeps the size (reflect-101 border), "full" zero-pads (grows by
+    ``len(taps) - 1``); batch-independent (``_taps_along``)."""
+    r = taps.shape[0] // 2
+    taps = taps.to(t.dtype)
+    if mode == "reflect":
+        t = F.pad(t, (r, r, r, r), mode="reflect")
+    else:
+        t = F.pad(t, (2 * r, 2 * r, 2 * r, 2 * r))
+    return _taps_along(_taps_along(t, taps, -1), taps, -2)
+
+
 def noise_taps() -> np.ndarray:
     """1-D float64 taps of the re-injected noise's smoothing: a gaussian of
     ``NOISE_CORRELATION_PX``, radius 3 sigma, scaled so the smoothed white noise has unit
@@ -579,17 +604,22 @@ def sensor_noise_level(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sample and channel (B, C) of a BCHW display-valued batch: the noise std measured on
     the frame binned ``NOISE_BIN`` x ``NOISE_BIN`` (display units, 0 where no block qualifies)
     and the linear level it was measured at (the mean of the blocks used; 0.18 where none).
-    Batched: one pooling, one convolution, one median, one quantile."""
+    Batched, and elementwise up to the per-sample median and quantile (so batch-independent)."""
     b, c = x.shape[:2]
     wide = x.detach().double()
-    binned = F.avg_pool2d(wide, NOISE_BIN) if min(x.shape[-2:]) >= NOISE_BIN else wide[..., :0, :0]
+    hb, wb = x.shape[-2] // NOISE_BIN, x.shape[-1] // NOISE_BIN
+    cut = wide[..., : hb * NOISE_BIN, : wb * NOISE_BIN]
+    binned = sum(
+        cut[..., i::NOISE_BIN, j::NOISE_BIN] for i in range(NOISE_BIN) for j in range(NOISE_BIN)
+    ) / float(NOISE_BIN * NOISE_BIN)
+    assert isinstance(binned, torch.Tensor)
     h, w = binned.shape[-2:]
     ny, nx = (h - 2) // NOISE_BLOCK, (w - 2) // NOISE_BLOCK
     if ny <= 0 or nx <= 0:
         zero = x.new_zeros(b, c)
         return zero, zero + 0.18
-    mask = torch.tensor([[1.0, -2.0, 1.0], [-2.0, 4.0, -2.0], [1.0, -2.0, 1.0]], dtype=torch.float64, device=x.device) / 6.0
-    hp = F.conv2d(binned.reshape(b * c, 1, h, w), mask.view(1, 1, 3, 3)).view(b, c, h - 2, w - 2)
+    second = torch.tensor([1.0, -2.0, 1.0], dtype=torch.float64, device=x.device)
+    hp = _taps_along(_taps_along(binned, second, -1), second, -2) / 6.0  # mask N = outer(second)
     size = NOISE_BLOCK
 
     def blocks(plane: torch.Tensor) -> torch.Tensor:
@@ -630,16 +660,15 @@ def noise_gain(x: torch.Tensor, retained: torch.Tensor) -> torch.Tensor:
 
 def noise_field(keys: Sequence[int], stream: str, shape: tuple[int, int, int], device: torch.device) -> torch.Tensor:
     """(B, C, H, W) float32 unit-variance correlated noise: the keyed normal field of ``stream``
-    (the same on every device and in any batch) smoothed by ``noise_taps`` (reflected borders)."""
+    (the same on every device and in any batch) smoothed by ``noise_taps`` (reflect-101
+    borders, ``separable_filter``)."""
     from perturb.ops.keyed_fields import normal_fields  # the ops' keyed randomness
 
     z = normal_fields(keys, stream, shape, device)
     taps = torch.from_numpy(noise_taps().astype(np.float32)).to(device)
     if min(shape[-2:]) <= taps.shape[0] // 2:
         return z
-    import kornia  # lazily: only the torch path needs it
-
-    return kornia.filters.filter2d_separable(z, taps[None], taps[None], border_type="reflect")
+    return separable_filter(z, taps, "reflect")
 
 
 def noise_field_np(key: int, stream: str, shape: tuple[int, int, int]) -> np.ndarray:
@@ -658,9 +687,7 @@ def retained_variance(psfs: torch.Tensor) -> torch.Tensor:
     """(B,) float64: the share of the frame's (correlated, ``noise_taps``) noise variance a
     blur with the (B, K, K) PSFs keeps, ``||psf * g||^2`` for g the unit-norm smoothing."""
     taps = torch.from_numpy(noise_taps()).to(psfs.device)
-    g = (taps[:, None] * taps[None, :]).view(1, 1, taps.shape[0], taps.shape[0])
-    pad = taps.shape[0] - 1
-    spread = F.conv2d(psfs.double().unsqueeze(1), g, padding=pad)
+    spread = separable_filter(psfs.double().unsqueeze(1), taps, "full")
     return (spread**2).sum((-3, -2, -1))
 
 

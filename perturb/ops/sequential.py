@@ -34,7 +34,16 @@ import numpy as np
 import torch
 
 from perturb.ops import _math
-from perturb.ops.blur import ACCEL_RANGE, BEND_RANGE, add_shot_noise, noise_gain, trajectory_offsets
+from perturb.ops.blur import (
+    ACCEL_RANGE,
+    BEND_RANGE,
+    TRAJECTORY_REACH,
+    add_shot_noise,
+    noise_gain,
+    retained_variance,
+    splat_psf,
+    trajectory_offsets,
+)
 from perturb.ops.exposure import highlight_headroom
 from perturb.ops.kernels import Level, Params, draw, register_kernel
 
@@ -43,6 +52,7 @@ FIELD_POINTS = 4  # time samples per field exposure
 MAX_CYCLES = 3
 CYCLE_CHOICES = (2.0, 3.0)
 NOISE_STREAM = "color_breakup/sensor_noise"
+TRAVEL_BOUND = 0.15  # the catalog's bound of ``travel``: the comb PSF's support (noise share)
 
 
 def _breakup_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -133,9 +143,12 @@ def color_breakup(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
         moved = translate_planes(planes, off_x[:, :, i].reshape(-1), off_y[:, :, i].reshape(-1))
         acc = acc + weights[:, :, i].view(b, 3, 1, 1) * moved.view(b, 3, h, w)
     sensed = acc.clamp(0.0, 1.0)
-    # the copies of one field lie within a pixel or two (their noise correlated), those of
-    # different fields apart: the mean keeps the sum of the squared field weights of the noise
-    per_field = weights.double().view(b, 3, MAX_CYCLES, FIELD_POINTS).sum(-1)
-    retained = (per_field**2).sum(-1)
+    # the share of the frame's own (correlated) noise the mean of the shifted copies keeps: that
+    # of the comb's PSF, the copies' points splatted (``retained_variance``)
+    reach = TRAJECTORY_REACH * TRAVEL_BOUND * side + 1.0
+    support = max(1, math.ceil(reach))
+    comb = splat_psf(off_x.reshape(b * 3, steps), off_y.reshape(b * 3, steps),
+                     (weights > 0).reshape(b * 3, steps).double(), support)
+    retained = retained_variance(comb).view(b, 3)
     noisy = add_shot_noise(sensed, noise_gain(x, retained), keys, NOISE_STREAM)
     return _math.linear_to_srgb(noisy).clamp(0.0, 1.0)
