@@ -476,7 +476,9 @@ def trajectory_offsets(
     along = ((1.0 - a) * t + a * t * t - (0.5 - a / 6.0)) * lengths
     across = (c * 4.0 * t * (1.0 - t) - 2.0 * c / 3.0) * lengths
     theta = torch.deg2rad(angle.to(f64)).unsqueeze(-1)
-    cos, sin = torch.cos(theta), torch.sin(theta)
+    # rounded to float32: a vectorised and a scalar sin/cos may differ by a float64 ulp, and
+    # which one runs depends on the batch's size (perturb.ops._math)
+    cos, sin = torch.cos(theta).float().double(), torch.sin(theta).float().double()
     return along * cos - across * sin, -(along * sin + across * cos)
 
 
@@ -633,15 +635,17 @@ def sensor_noise_level(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     sigma = torch.nanquantile(torch.where(ok, spread, nan), NOISE_QUANTILE, dim=-1).nan_to_num(0.0)
     count = ok.sum(-1)
     mean_level = torch.where(ok, level, 0.0).sum(-1) / count.clamp_min(1)
-    linear = srgb_to_linear(mean_level).clamp_min(1e-4)
+    linear = srgb_to_linear(mean_level.float()).double().clamp_min(1e-4)  # float32-rounded
     linear = torch.where(count > 0, linear, torch.full_like(linear, 0.18))
     return sigma.to(x.dtype), linear.to(x.dtype)
 
 
 def _srgb_slope(linear: torch.Tensor) -> torch.Tensor:
     """d(sRGB encoded)/d(linear) at linear values > 0."""
-    high = (1.055 / 2.4) * torch.pow(linear.clamp_min(0.0031308), 1.0 / 2.4 - 1.0)
-    return torch.where(linear <= 0.0031308, torch.full_like(linear, 12.92), high)
+    wide = linear.double()
+    high = (1.055 / 2.4) * torch.pow(wide.clamp_min(0.0031308), 1.0 / 2.4 - 1.0)
+    slope = torch.where(wide <= 0.0031308, torch.full_like(wide, 12.92), high)
+    return slope.float().to(linear.dtype)  # float32-rounded: batch-independent (perturb.ops._math)
 
 
 def noise_gain(x: torch.Tensor, retained: torch.Tensor) -> torch.Tensor:
