@@ -1,12 +1,14 @@
-"""Blur: gaussian (separable), defocus (anti-aliased disk PSF) and motion (line PSF at an angle).
+"""Blur: gaussian (separable), defocus (anti-aliased disk PSF) and motion (a keyed trajectory PSF).
 
 Sizes are fractions of the image's shorter side, so a severity means the same at any
 resolution. Borders are reflected (OpenCV BORDER_REFLECT_101 == torch ``reflect``). The
 OpenCV path (CPU) and the torch path (CUDA) use the same PSF taps.
 
-PSF models: defocus of a thin lens is a uniform disk (circle of confusion); linear camera motion
-during the exposure is a uniform line segment (e.g. Gonzalez & Woods, Digital Image Processing,
-ch. 5). defocus_blur and motion_blur apply their PSF to linear light (sRGB decoded, convolved,
+PSF models: defocus of a thin lens is a uniform disk (circle of confusion); camera motion during
+the exposure is the path the scene traces on the sensor, a uniform line segment for a constant
+velocity (e.g. Gonzalez & Woods, Digital Image Processing, ch. 5; used by the X-ray motion ops),
+a short curved, accelerating path for a moving scope (motion_blur, with the sensor's noise
+re-injected after the blur). defocus_blur and motion_blur apply their PSF to linear light (sRGB decoded, convolved,
 re-encoded): the lens spreads scene radiance and the sensor integrates it. gaussian_blur convolves
 the stored values: it also serves CT, MRI and ultrasound, whose values are no sRGB-encoded light
 (a CT window is linear in HU, where a smoothing kernel acts).
@@ -446,35 +448,320 @@ def encode_levels_u8(lin: np.ndarray, dst: np.ndarray, work: np.ndarray) -> None
         cv2.copyTo(levels, foot, dst)
 
 
+# ---------------------------------------------------------------------------------------------
+# motion_blur: the scene moving along a short keyed trajectory during the exposure, before the
+# sensor, whose noise then sits on the blurred radiance (``motion_blur``'s docstring)
+
+# A scope's tip does not sweep a straight line at a constant speed: it speeds up or slows down
+# and bends. The trajectory over the exposure t in [0, 1]: along the motion
+# s(t) = (1 - a) t + a t^2 (speed 1 - a .. 1 + a), across it c 4 t (1 - t) (a bow of c lengths),
+# both times the length, centred on their time mean (so the frame is not shifted).
+ACCEL_RANGE = (-0.6, 0.6)  # a: the speed changes up to 4x over the exposure
+BEND_RANGE = (-0.2, 0.2)  # c: the path bows by up to a fifth of its length
+# the farthest a point lies from the time mean: max |s - mean s| = 1/2 + |a|/6 along,
+# 2 |c| / 3 across, in lengths
+TRAJECTORY_REACH = math.hypot(0.5 + max(map(abs, ACCEL_RANGE)) / 6.0, 2.0 * max(map(abs, BEND_RANGE)) / 3.0)
+
+
+def trajectory_offsets(
+    t: torch.Tensor, length: torch.Tensor, angle: torch.Tensor, bend: torch.Tensor, accel: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) image offsets in pixels (y down) of the keyed trajectory at times ``t`` (B, n) in
+    [0, 1]: ``length`` (B,) pixels, ``angle`` (B,) degrees, ``bend`` and ``accel`` (B,) as in
+    ``ACCEL_RANGE`` / ``BEND_RANGE``; centred on the time mean of the trajectory over [0, 1]
+    (closed form), in float64."""
+    f64 = torch.float64
+    a, c = accel.to(f64).unsqueeze(-1), bend.to(f64).unsqueeze(-1)
+    lengths = length.to(f64).unsqueeze(-1)
+    along = ((1.0 - a) * t + a * t * t - (0.5 - a / 6.0)) * lengths
+    across = (c * 4.0 * t * (1.0 - t) - 2.0 * c / 3.0) * lengths
+    theta = torch.deg2rad(angle.to(f64)).unsqueeze(-1)
+    # rounded to float32: a vectorised and a scalar sin/cos may differ by a float64 ulp, and
+    # which one runs depends on the batch's size (perturb.ops._math)
+    cos, sin = torch.cos(theta).float().double(), torch.sin(theta).float().double()
+    return along * cos - across * sin, -(along * sin + across * cos)
+
+
+def splat_psf(px: torch.Tensor, py: torch.Tensor, used: torch.Tensor, support: int) -> torch.Tensor:
+    """(B, K, K) float32 PSFs, K = 2 support + 1, of equal-weight points at pixel offsets
+    ``px``, ``py`` (B, n) float64 (``used``: (B, n) 0/1 weights) splatted bilinearly: a point's
+    weight on pixel (y, x) is the product of the tents max(0, 1 - |p - x|) along each axis, so
+    the PSF is a (y, points) x (points, x) product per sample; points clamped inside the
+    support; normalised in float64."""
+    edge = float(max(support - 1, 0))
+    grid = torch.arange(-support, support + 1, dtype=torch.float64, device=px.device)
+    across = (1.0 - (px.clamp(-edge, edge).unsqueeze(-1) - grid).abs()).clamp_min(0.0)
+    down = (1.0 - (py.clamp(-edge, edge).unsqueeze(-1) - grid).abs()).clamp_min(0.0)
+    psf = torch.einsum("bny,bnx->byx", down * used.unsqueeze(-1), across)
+    return (psf / psf.sum((-2, -1), keepdim=True)).to(torch.float32)
+
+
+def trajectory_psf_batch(
+    p: dict[str, torch.Tensor], side: int, support: int
+) -> torch.Tensor:
+    """(B, K, K) float32 PSFs, K = 2 support + 1, of the keyed trajectories of ``p``
+    (``length`` in shorter sides, ``angle``, ``bend``, ``accel``): points at equal time steps
+    (ceil(4 L) + 1 of them, L the length in pixels; a sample's unused points weigh 0), so the
+    streak is denser where the scope moves slowly. The CPU path builds the same taps (B = 1)."""
+    f64 = torch.float64
+    reach = max(1.0, float(support - 1) / TRAJECTORY_REACH)
+    lengths = (p["length"].to(f64) * side).clamp(1.0, reach)
+    count = torch.ceil(lengths * 4.0).add(1.0).clamp_min(2.0).unsqueeze(-1)  # (B, 1)
+    index = torch.arange(max(2, math.ceil(reach * 4.0) + 1), dtype=f64, device=lengths.device)
+    t = (index / (count - 1.0)).clamp(max=1.0)
+    px, py = trajectory_offsets(t, lengths, p["angle"], p["bend"], p["accel"])
+    return splat_psf(px, py, (index < count).to(f64), support)
+
+
+def motion_support(x: torch.Tensor) -> int:
+    """Support radius (pixels) of the motion PSFs of ``x``: the farthest a trajectory of the
+    catalog's longest length (``LENGTH_BOUND``) reaches from its mean, plus a tent."""
+    return _support(TRAJECTORY_REACH * LENGTH_BOUND * shorter_side(x) + 1.0, x)
+
+
+def _motion_trajectory_sampler(rng: np.random.Generator, level: Level) -> Params:
+    return {
+        "length": draw(rng, level["length"]),
+        "angle": draw(rng, level["angle"]),
+        "bend": float(rng.uniform(*BEND_RANGE)),
+        "accel": float(rng.uniform(*ACCEL_RANGE)),
+    }
+
+
+# The sensor's noise, measured on the frame itself (Immerkaer, Fast noise variance estimation,
+# CVIU 1996: the 3x3 mask N = [[1,-2,1],[-2,4,-2],[1,-2,1]] cancels a locally planar image and
+# leaves white noise of std sigma with std 6 sigma), made robust with a median per 8x8 block and
+# a low quantile over blocks: flat mucosa gives the noise, edges and texture give more, and the
+# smooth tissue extension under the field stop (what a PSF op reads there) gives ~0 and is left
+# out (below ``NOISE_FLOOR``), as are blocks too dark or clipped for noise to show. A stored
+# frame's noise is not white: demosaicing, the processor's filters and the codec spread it over
+# a pixel or two (on 8-bit frames the 3x3 mask then sees mostly rounding: measured, 0.49 levels,
+# the rounding's own value, on every EAD2019 and sample frame, while the noise at half
+# resolution reads 0.7-1.1 levels). So the noise is measured on the frame binned 2x2
+# (``NOISE_BIN``) and re-injected as keyed white noise smoothed by a gaussian of
+# ``NOISE_CORRELATION_PX`` (unit variance), scaled so the same measurement reads the same value.
+NOISE_BIN = 2
+NOISE_BLOCK = 8
+NOISE_QUANTILE = 0.3
+NOISE_FLOOR = 0.3 / 255.0
+NOISE_LEVELS = (0.03, 0.95)  # a block's mean display value must lie between these
+NOISE_CORRELATION_PX = 1.0
+NOISE_STREAM = "motion_blur/sensor_noise"
+
+
+def _taps_along(t: torch.Tensor, taps: torch.Tensor, dim: int) -> torch.Tensor:
+    """Correlation of ``t`` with 1-D ``taps`` along ``dim`` (-1 or -2), valid part only (the
+    output is ``len(taps) - 1`` shorter), as shifted multiply-adds: elementwise, so every
+    sample's sums are the same in any batch (a convolution's algorithm may change with it)."""
+    n = taps.shape[0]
+    size = t.shape[dim] - n + 1
+    out = t.narrow(dim, 0, size) * taps[0]
+    for i in range(1, n):
+        out = out + t.narrow(dim, i, size) * taps[i]
+    return out
+
+
+def separable_filter(t: torch.Tensor, taps: torch.Tensor, mode: str) -> torch.Tensor:
+    """``t`` (N, C, H, W) correlated with the outer product of ``taps`` (odd length):
+    ``mode`` "reflect" keeps the size (reflect-101 border), "full" zero-pads (grows by
+    ``len(taps) - 1``); batch-independent (``_taps_along``)."""
+    r = taps.shape[0] // 2
+    taps = taps.to(t.dtype)
+    if mode == "reflect":
+        t = F.pad(t, (r, r, r, r), mode="reflect")
+    else:
+        t = F.pad(t, (2 * r, 2 * r, 2 * r, 2 * r))
+    return _taps_along(_taps_along(t, taps, -1), taps, -2)
+
+
+def noise_taps() -> np.ndarray:
+    """1-D float64 taps of the re-injected noise's smoothing: a gaussian of
+    ``NOISE_CORRELATION_PX``, radius 3 sigma, scaled so the smoothed white noise has unit
+    variance (the 2-D kernel, their outer product, has unit L2 norm)."""
+    t = np.arange(-3, 4, dtype=np.float64)
+    taps = np.exp(-0.5 * (t / NOISE_CORRELATION_PX) ** 2)
+    return taps / np.sqrt((taps**2).sum())
+
+
+def _measured_per_unit() -> float:
+    """What ``sensor_noise_level`` reads on the re-injected noise field of unit std (a
+    stationary field: the std of the linear filter chain smoothing, 2x2 mean, mask N / 6 on
+    the binned grid, i.e. the L2 norm of its impulse response)."""
+    size = 41
+    impulse = np.zeros((size, size))
+    impulse[size // 2, size // 2] = 1.0
+    taps = noise_taps()
+    field = cv2.sepFilter2D(impulse, cv2.CV_64F, taps, taps, borderType=cv2.BORDER_CONSTANT)
+    field = cv2.filter2D(field, cv2.CV_64F, np.full((2, 2), 0.25), anchor=(0, 0), borderType=cv2.BORDER_CONSTANT)
+    mask = np.zeros((5, 5))
+    mask[::2, ::2] = np.array([[1.0, -2.0, 1.0], [-2.0, 4.0, -2.0], [1.0, -2.0, 1.0]]) / 6.0
+    field = cv2.filter2D(field, cv2.CV_64F, mask, borderType=cv2.BORDER_CONSTANT)
+    return float(np.sqrt((field**2).sum()))
+
+
+MEASURED_PER_UNIT = _measured_per_unit()
+
+
+def sensor_noise_level(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample and channel (B, C) of a BCHW display-valued batch: the noise std measured on
+    the frame binned ``NOISE_BIN`` x ``NOISE_BIN`` (display units, 0 where no block qualifies)
+    and the linear level it was measured at (the mean of the blocks used; 0.18 where none).
+    Batched, and elementwise up to the per-sample median and quantile (so batch-independent)."""
+    b, c = x.shape[:2]
+    wide = x.detach().double()
+    hb, wb = x.shape[-2] // NOISE_BIN, x.shape[-1] // NOISE_BIN
+    cut = wide[..., : hb * NOISE_BIN, : wb * NOISE_BIN]
+    binned = sum(
+        cut[..., i::NOISE_BIN, j::NOISE_BIN] for i in range(NOISE_BIN) for j in range(NOISE_BIN)
+    ) / float(NOISE_BIN * NOISE_BIN)
+    assert isinstance(binned, torch.Tensor)
+    h, w = binned.shape[-2:]
+    ny, nx = (h - 2) // NOISE_BLOCK, (w - 2) // NOISE_BLOCK
+    if ny <= 0 or nx <= 0:
+        zero = x.new_zeros(b, c)
+        return zero, zero + 0.18
+    second = torch.tensor([1.0, -2.0, 1.0], dtype=torch.float64, device=x.device)
+    hp = _taps_along(_taps_along(binned, second, -1), second, -2) / 6.0  # mask N = outer(second)
+    size = NOISE_BLOCK
+
+    def blocks(plane: torch.Tensor) -> torch.Tensor:
+        cut = plane[..., : ny * size, : nx * size].reshape(b, c, ny, size, nx, size)
+        return cut.permute(0, 1, 2, 4, 3, 5).reshape(b, c, ny * nx, size * size)
+
+    spread = blocks(hp).abs().median(dim=-1).values / 0.6745  # (B, C, blocks)
+    level = blocks(binned[..., 1:-1, 1:-1]).mean(dim=-1)
+    ok = (spread > NOISE_FLOOR) & (level > NOISE_LEVELS[0]) & (level < NOISE_LEVELS[1])
+    nan = torch.full_like(spread, float("nan"))
+    sigma = torch.nanquantile(torch.where(ok, spread, nan), NOISE_QUANTILE, dim=-1).nan_to_num(0.0)
+    count = ok.sum(-1)
+    mean_level = torch.where(ok, level, 0.0).sum(-1) / count.clamp_min(1)
+    linear = srgb_to_linear(mean_level.float()).double().clamp_min(1e-4)  # float32-rounded
+    linear = torch.where(count > 0, linear, torch.full_like(linear, 0.18))
+    return sigma.to(x.dtype), linear.to(x.dtype)
+
+
+def _srgb_slope(linear: torch.Tensor) -> torch.Tensor:
+    """d(sRGB encoded)/d(linear) at linear values > 0."""
+    wide = linear.double()
+    high = (1.055 / 2.4) * torch.pow(wide.clamp_min(0.0031308), 1.0 / 2.4 - 1.0)
+    slope = torch.where(wide <= 0.0031308, torch.full_like(wide, 12.92), high)
+    return slope.float().to(linear.dtype)  # float32-rounded: batch-independent (perturb.ops._math)
+
+
+def noise_gain(x: torch.Tensor, retained: torch.Tensor) -> torch.Tensor:
+    """(B, C, 1, 1) gain k of the shot noise ``k sqrt(I) u`` (linear light I, u the unit
+    correlated field) to add to a blurred frame: the frame's own noise (``sensor_noise_level``:
+    sigma / ``MEASURED_PER_UNIT`` in display values at linear level m) is shot noise of std
+    ``k sqrt(m)`` in linear light, ``sigma = slope(m) k sqrt(m)``; the blur kept ``retained``
+    (B,) of its variance (``retained_variance``), so the sensor adds the rest,
+    ``1 - retained``, on top of the blurred radiance (``retained`` (B, C): per channel)."""
+    sigma, level = sensor_noise_level(x)
+    k = sigma / MEASURED_PER_UNIT / (_srgb_slope(level) * torch.sqrt(level))
+    rest = (1.0 - retained.to(x.dtype)).clamp_min(0.0).sqrt()
+    rest = rest.unsqueeze(-1) if rest.dim() == 1 else rest
+    return (k * rest).unsqueeze(-1).unsqueeze(-1)
+
+
+def noise_field(keys: Sequence[int], stream: str, shape: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    """(B, C, H, W) float32 unit-variance correlated noise: the keyed normal field of ``stream``
+    (the same on every device and in any batch) smoothed by ``noise_taps`` (reflect-101
+    borders, ``separable_filter``)."""
+    from perturb.ops.keyed_fields import normal_fields  # the ops' keyed randomness
+
+    z = normal_fields(keys, stream, shape, device)
+    taps = torch.from_numpy(noise_taps().astype(np.float32)).to(device)
+    if min(shape[-2:]) <= taps.shape[0] // 2:
+        return z
+    return separable_filter(z, taps, "reflect")
+
+
+def noise_field_np(key: int, stream: str, shape: tuple[int, int, int]) -> np.ndarray:
+    """``noise_field`` of one sample on the host: the same normals (``rng.normal_numpy``),
+    smoothed by OpenCV (BORDER_REFLECT_101, Kornia's ``reflect``)."""
+    from perturb import rng
+
+    z = rng.normal_numpy(key, stream, int(np.prod(shape))).reshape(shape)
+    taps = noise_taps().astype(np.float32)
+    if min(shape[-2:]) <= taps.shape[0] // 2:
+        return z
+    return np.stack([cv2.sepFilter2D(p, cv2.CV_32F, taps, taps, borderType=cv2.BORDER_REFLECT_101) for p in z])
+
+
+def retained_variance(psfs: torch.Tensor) -> torch.Tensor:
+    """(B,) float64: the share of the frame's (correlated, ``noise_taps``) noise variance a
+    blur with the (B, K, K) PSFs keeps, ``||psf * g||^2`` for g the unit-norm smoothing."""
+    taps = torch.from_numpy(noise_taps()).to(psfs.device)
+    spread = separable_filter(psfs.double().unsqueeze(1), taps, "full")
+    return (spread**2).sum((-3, -2, -1))
+
+
+def add_shot_noise(
+    blurred: torch.Tensor, gain: torch.Tensor, keys: Sequence[int], stream: str
+) -> torch.Tensor:
+    """``blurred`` (BCHW linear light) plus keyed shot noise ``gain sqrt(I) u`` (u: the unit
+    correlated ``noise_field`` of ``stream``)."""
+    c, h, w = blurred.shape[1:]
+    u = noise_field(keys, stream, (c, h, w), blurred.device).to(blurred.dtype)
+    return blurred + gain * torch.sqrt(blurred.clamp_min(1e-8)) * u
+
+
 @backend.register_cpu("motion_blur")
 def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    correlate_sample_linear(
-        src, dst, line_psf(float(p["length"]) * shorter_side(src), float(p["angle"]))
-    )
+    """The torch path's PSF and noise gain (one sample, computed by the same functions), the
+    correlation in linear light by OpenCV (``correlate_plane``), the keyed noise from
+    ``noise_field_np`` (the torch path's normals, smoothed by OpenCV), encoded and rounded once."""
+    shape = src.shape
+    x = torch.from_numpy(src.astype(np.float32) / 255.0 if src.dtype == np.uint8 else np.ascontiguousarray(src))[None]
+    params = {k: torch.tensor([float(np.float32(v))], dtype=torch.float32) for k, v in p.items()}
+    psf_t = trajectory_psf_batch(params, shorter_side(src), motion_support(x))[0]
+    psf = psf_t.numpy()
+    gain = noise_gain(x, retained_variance(psf_t[None]))[0, :, 0, 0].numpy().astype(np.float32)
+    z = noise_field_np(key, NOISE_STREAM, shape)
+    blocks = psf_blocks(psf)
+    table = srgb_to_linear_u8() if src.dtype == np.uint8 else None
+    lin = np.empty(shape[1:], np.float32)
+    for c in range(shape[0]):
+        if table is not None:
+            cv2.LUT(src[c], table, dst=lin)
+        else:
+            srgb_to_linear_np(np.ascontiguousarray(src[c]), out=lin)
+        res = correlate_plane(lin, psf, blocks)
+        noisy = res + gain[c] * np.sqrt(np.maximum(res, np.float32(1e-8))) * z[c]
+        np.clip(noisy, np.float32(0.0), np.float32(1.0), out=noisy)
+        if dst.dtype == np.uint8:
+            encode_levels_u8(noisy, dst[c], work=lin)
+        else:
+            linear_to_srgb_np(noisy, out=dst[c])
 
 
-@register_kernel("motion_blur", sampler=_motion_sampler)
+@register_kernel("motion_blur", sampler=_motion_trajectory_sampler)
 def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """Line PSF of ``length`` (fraction of the shorter side) at ``angle`` degrees: the scene
-    sweeping across the sensor at a constant speed while the shutter is open (scope or patient
-    motion). The sensor integrates scene radiance, so the PSF acts in linear light: the sRGB
-    frame (IEC 61966-2-1) is decoded, convolved and re-encoded, and a smeared specular highlight
-    stays bright along its streak (in display values it would fade to a grey one). The catalog's
-    severity 1 is a 3-4 px smear at a 1080 px shorter side, at the edge of noticeable; severity 5
-    about 50 px, a severe but plausible frame of fast withdrawal.
+    """Scope motion during the exposure: the scene radiance smeared along a short keyed
+    trajectory of ``length`` (fraction of the shorter side) at ``angle`` degrees that speeds up
+    or slows down (``accel``) and bows (``bend``) (``trajectory_offsets``), so the streak is
+    brighter where the tip moved slowly and need not be a straight line; then the sensor's noise
+    on top. The blur happens in the light reaching the sensor, before it: the sRGB frame
+    (IEC 61966-2-1) is decoded, convolved with the PSF and, because a real blurred frame keeps
+    its full sensor noise while the convolution averaged the frame's own noise down to the PSF's
+    squared-tap sum, the missing part is re-injected as keyed shot noise (variance proportional
+    to the linear signal) of the level measured on the frame itself (``sensor_noise_level``),
+    then re-encoded. A smeared specular highlight stays bright along its streak. The fixed
+    field stop and the overlays are not blurred: the op acts on the tissue layer
+    (``protects_border``: perturb.ops.composite extends the tissue under the surround before
+    the PSF and composites the surround and overlays back). The catalog's severity 1 is a
+    3-4 px smear at a 1080 px shorter side, at the edge of noticeable; severity 5 about 50 px, a
+    severe but plausible frame of fast withdrawal.
 
-    Kornia: ``kornia.filters.filter2d`` with our own per-sample PSFs (``line_psf_batch``, the
-    taps of ``line_psf``): Kornia's ``get_motion_kernel2d`` draws an odd-sized line and rotates
-    it with a bilinear warp, so its length is quantised to odd pixel counts and its taps differ
-    from a sub-pixel segment (and from the OpenCV path, which uses ``line_psf``) by far more than
-    1/255 at short lengths; off the CPU, a PSF of more than ``FFT_MIN_TAPS`` taps goes through
-    ``correlate_fft`` (torch.fft). The sRGB decoding and encoding:
-    ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
-    ``perturb.ops._math``)."""
+    Kornia: ``kornia.filters.filter2d`` with our own per-sample PSFs (``trajectory_psf_batch``:
+    a sub-pixel bilinear splat of the path; Kornia's ``get_motion_kernel2d`` draws an odd-sized
+    straight line only); off the CPU, a PSF of more than ``FFT_MIN_TAPS`` taps goes through
+    ``correlate_fft`` (torch.fft). The CPU path (``motion_blur_cpu``) builds the same taps and
+    noise."""
     side = shorter_side(x)
-    support = _support(LENGTH_BOUND * side / 2.0 + 1.0, x)
-    psfs = line_psf_batch(p["length"], p["angle"], side, support)
-    return linear_to_srgb(correlate_batch(srgb_to_linear(x), psfs))
+    psfs = trajectory_psf_batch(p, side, motion_support(x))
+    blurred = correlate_batch(srgb_to_linear(x), psfs)
+    noisy = add_shot_noise(blurred, noise_gain(x, retained_variance(psfs)), keys, NOISE_STREAM)
+    return linear_to_srgb(noisy)
 
 
 # ---------------------------------------------------------------------------------------------

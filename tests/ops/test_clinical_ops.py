@@ -748,29 +748,6 @@ def test_lost_slices_are_concealed_from_the_displaced_previous_frame() -> None:
     assert rng.uniform_numpy(9, "mb-slices", 4).shape == (4,)
 
 
-def test_color_breakup_splits_a_highlight_into_red_green_and_blue_copies() -> None:
-    """A clipped highlight on a dark frame: the green field stays put, the red one moves by -v
-    and the blue one by +v (v = shift of the shorter side along the keyed direction), so the
-    highlight becomes separate red, green and blue copies along the motion."""
-    x = torch.zeros(1, 3, 120, 160)
-    x[..., 56:64, 76:84] = 1.0
-    out, rec = perturb.apply(x, "color_breakup", 5, ["k"], protect_border=False)
-    shift, angle = rec[0].params["shift"], rec[0].params["direction"]
-    v = np.array([math.cos(angle), math.sin(angle)]) * shift * 120
-
-    def centroid(plane: torch.Tensor) -> np.ndarray:
-        lin = _lin(plane[None].numpy())[0].astype(np.float64)
-        ys, xs = np.indices(lin.shape)
-        return np.array([(xs * lin).sum(), (ys * lin).sum()]) / lin.sum()
-
-    centre = np.array([80.0, 60.0]) - 0.5
-    assert np.allclose(centroid(out[0, 1]), centre, atol=0.05), "green is the reference field"
-    assert np.allclose(centroid(out[0, 0]), centre - v, atol=0.15), (centroid(out[0, 0]), centre - v)
-    assert np.allclose(centroid(out[0, 2]), centre + v, atol=0.15), (centroid(out[0, 2]), centre + v)
-    red_in, red_out = _lin(x[0, :1].numpy()).sum(), _lin(out[0, :1].numpy()).sum()
-    assert abs(red_out - red_in) < 1e-3 * red_in, "a moved field keeps its light"
-
-
 def test_endoscopy_catalog_covers_the_clinical_artifacts() -> None:
     from perturb.catalog.specs import load_specs
 
