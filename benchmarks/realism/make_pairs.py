@@ -284,7 +284,10 @@ def build(rows: list[Row], sources: Sources, out: Path) -> dict:
                 for bx_, by_, bw_, bh_ in boxes
             ]
             outside = clean.max(-1) < SURROUND_LEVEL if clean.ndim == 3 else None
-            sx, sy = strongest_window(diff, side, exclude, outside)
+            try:
+                sx, sy = strongest_window(diff, side, exclude, outside)
+            except ValueError as err:
+                raise ValueError(f"row {r.id} ({r.op} on {r.synthetic_file}): {err}") from err
         synth_crop = synth[sy : sy + side, sx : sx + side]
 
         real_side = "A" if rng.random() < 0.5 else "B"
