@@ -282,7 +282,7 @@ BUBBLE_TRIES = 24  # placements tried per bubble
 # recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
 # phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size
 BUBBLE_ROW = 9
-BUBBLE_MIN_PX = 1.0  # bubbles smaller than this radius (pixels) are not drawn
+BUBBLE_MIN_PX = 1.0  # smallest radius drawn (pixels): on small images a bubble is at least a pixel
 
 
 def ellipse_reach(r: Any, aspect: Any, orient: Any, angle: Any, ops: Any = np) -> Any:
@@ -499,7 +499,7 @@ def _bubble_pixels(rows: np.ndarray, h: int, w: int) -> np.ndarray:
         [
             w / 2 + rows[:, 0] * scale,
             h / 2 + rows[:, 1] * scale,
-            np.minimum(rows[:, 2], BUBBLE_MAX) * scale,
+            np.maximum(np.minimum(rows[:, 2], BUBBLE_MAX) * scale, BUBBLE_MIN_PX),
         ],
         axis=1,
     )
@@ -574,6 +574,9 @@ def _drawn_rows(rows: np.ndarray, tissue: np.ndarray) -> np.ndarray:
     return rows[ok]
 
 
+BUBBLE_SLOTS = 256  # bubble slots of the torch kernel come in multiples of this
+
+
 def _camera_sigma(h: int, w: int) -> float:
     """The camera's blur on the bubble layer (pixels): what the optics and sensor do to the rest
     of the frame, so the bubbles are no sharper than the tissue."""
@@ -595,11 +598,16 @@ def _bubbles_batch(
     _field, tissue = _host.view_masks(x, scenes)
     lin = _math.srgb_to_linear(x)
     rows = p["bubbles"].reshape(b, -1, BUBBLE_ROW).to(torch.float64)
-    n = rows.shape[1]
-    if n == 0:
+    if rows.shape[1] == 0:
         return x.clone()
+    # pad the bubble slots to a multiple of BUBBLE_SLOTS (empty rows draw nothing): a sample's
+    # slot count then does not depend on the longest row list of its batch, so the patch
+    # tensors, and the float32 rounding of the remap and scatter over them, are the same alone
+    # and in any batch
+    n = -(-rows.shape[1] // BUBBLE_SLOTS) * BUBBLE_SLOTS
+    rows = torch.nn.functional.pad(rows, (0, 0, 0, n - rows.shape[1]))
     cx, cy = w / 2 + rows[:, :, 0] * scale, h / 2 + rows[:, :, 1] * scale
-    radius = rows[:, :, 2].clamp(max=BUBBLE_MAX) * scale
+    radius = (rows[:, :, 2].clamp(max=BUBBLE_MAX) * scale).clamp(min=BUBBLE_MIN_PX)
     ix, iy = torch.trunc(cx).long(), torch.trunc(cy).long()
     on_image = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
     flat = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).view(b, -1)

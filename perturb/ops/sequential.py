@@ -119,7 +119,7 @@ def color_breakup(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     remap of the three planes per time point (``MAX_CYCLES * FIELD_POINTS`` of them, whatever
     the batch), radiance with highlight headroom, clipped, re-encoded, the frame's noise on top.
 
-    Kornia: own kernel; the per-field shifts are separable bilinear translations with
+    Kornia: own kernel, because the per-field shifts are separable bilinear translations with
     reflect-101 borders (``translate_planes``: two row/column gathers per shift, per-sample
     offsets in one call), cheaper than ``kornia.geometry.transform.translate``'s full
     ``grid_sample`` per shift, whose borders differ."""

@@ -246,7 +246,9 @@ def test_burned_text_is_in_the_corners_and_grows_by_lines() -> None:
     """Console text is burned in after acquisition: sharp white strokes of exactly the fill
     value (no noise over them) inside a dark outline or shadow, along the top and bottom edges,
     and each severity's lines a superset of the lower's."""
-    x = _real(512)
+    # lifted off black: on a film whose corners are air or padding (some shipped films) an
+    # outline over them changes nothing, and the test is of the outline
+    x = 0.25 + 0.7 * _real(512)
     changed = []
     for severity in range(1, 6):
         for style in (0.0, 1.0, 2.0):
