@@ -54,7 +54,7 @@ at a time). Modality is catalog data, not this module's name.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import cv2
 import numpy as np
@@ -865,6 +865,18 @@ def xray_support_devices(
 
     Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
     landmarks by per-sample translations and a thin-plate-spline warp through ``grid_sample``)."""
+    return _placed_on_anatomy(x, p, keys, device_layers, "xray_support_devices/noise")
+
+
+def _placed_on_anatomy(
+    x: torch.Tensor,
+    p: Mapping[str, torch.Tensor],
+    keys: Sequence[int],
+    layers: Callable[[int, int, int], _Placed],
+    noise_name: str,
+) -> torch.Tensor:
+    """``place_devices`` with each key's canvases from ``layers(key, h, w)``: the whole batch at
+    once on the device path, sample by sample on the host path."""
     h, w = x.shape[-2:]
     return backend.by_path(
         x,
@@ -873,14 +885,15 @@ def xray_support_devices(
                 place_devices(
                     x[i : i + 1],
                     {n: v[i : i + 1] for n, v in p.items()},
-                    [device_layers(int(k), h, w)],
+                    [layers(int(k), h, w)],
                     [int(k)],
+                    noise_name,
                 )
                 for i, k in enumerate(keys)
             ]
         ),
         device=lambda: place_devices(
-            x, p, [device_layers(int(k), h, w) for k in keys], [int(k) for k in keys]
+            x, p, [layers(int(k), h, w) for k in keys], [int(k) for k in keys], noise_name
         ),
     )
 
@@ -1287,26 +1300,7 @@ def xray_foreign_objects(
 
     Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
     landmarks by per-sample translations through ``grid_sample``)."""
-    h, w = x.shape[-2:]
-    noise = "xray_foreign_objects/noise"
-    return backend.by_path(
-        x,
-        host=lambda: torch.cat(
-            [
-                place_devices(
-                    x[i : i + 1],
-                    {n: v[i : i + 1] for n, v in p.items()},
-                    [object_layers(int(k), h, w)],
-                    [int(k)],
-                    noise,
-                )
-                for i, k in enumerate(keys)
-            ]
-        ),
-        device=lambda: place_devices(
-            x, p, [object_layers(int(k), h, w) for k in keys], [int(k) for k in keys], noise
-        ),
-    )
+    return _placed_on_anatomy(x, p, keys, object_layers, "xray_foreign_objects/noise")
 
 
 def _fold_sampler(rng_: np.random.Generator, level: Level) -> Params:
