@@ -672,9 +672,7 @@ def execute(plan: JobPlan, options: RunOptions, engine: Engine) -> RunSummary:
     try:
         folder.prepare(plan.settings)
         folder.mark_unfinished()
-        summary = _execute_in(folder, plan, options, engine)
-        folder.mark_finished()
-        return summary
+        return _execute_in(folder, plan, options, engine)
     except OSError as exc:  # read-only or full DIR, vanished folder, ...
         where = exc.filename or folder.url or folder.root
         raise RunError(
@@ -722,23 +720,28 @@ def _execute_in(
     batches = [
         pending[i : i + options.batch_size] for i in range(0, len(pending), options.batch_size)
     ]
+    # a stop at any point from here on (while the engine runs, or while the manifest, dataset
+    # and summary are written after it) says what is kept and how to resume
     try:
-        with folder.journal() as fh:
-            commit.journal = fh
-            engine(cfg, plan.inp, batches, commit)
+        try:
+            with folder.journal() as fh:
+                commit.journal = fh
+                engine(cfg, plan.inp, batches, commit)
+        finally:
+            progress.close()
+        folder.load_journal()  # the pool workers' journals folded into one
+        summary.outputs_written = commit.written
+        rows = [r for k, r in done.items() if k in wanted]
+        _finish(options, plan.inp, folder, summary, rows, errors)
+        summary.seconds = time.perf_counter() - started
+        seconds = summary.seconds if summary.seconds > 0 else float("inf")
+        summary.images_per_second = summary.images_ok / seconds  # source images perturbed
+        summary.outputs_per_second = commit.written / seconds
+        write_atomic(folder.root / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
+        folder.publish()
+        folder.mark_finished()
     except KeyboardInterrupt:
         raise _stopped(folder, summary, wanted) from None
-    finally:
-        progress.close()
-    folder.load_journal()  # the pool workers' journals folded into one
-    summary.outputs_written = commit.written
-    _finish(options, plan.inp, folder, summary, [r for k, r in done.items() if k in wanted], errors)
-    summary.seconds = time.perf_counter() - started
-    seconds = summary.seconds if summary.seconds > 0 else float("inf")
-    summary.images_per_second = summary.images_ok / seconds  # source images decoded and perturbed
-    summary.outputs_per_second = commit.written / seconds
-    write_atomic(folder.root / "summary.json", json.dumps(summary.to_dict(), indent=2).encode())
-    folder.publish()
     return summary
 
 
