@@ -13,6 +13,12 @@ Cues unrelated to realism are removed the same way on both sides (PROTOCOL.md): 
 source frame is first resized (area filter) so that its short side equals the real frame's,
 both crops are squares of the same side (a fixed fraction of the short side) resized to 192 px
 with one filter, and both go through one JPEG encode at quality 90 (4:2:0) before the PNG.
+Before that, the synthetic frame passes through the codec history the real crop shows: real
+frames were compressed after the artifact formed (video or JPEG at capture), which leaves 8x8
+block edges on top of a blur or a highlight; the synthetic frame is JPEG-encoded at the quality
+whose block-edge strength in its crop comes closest to the real crop's (``block_strength``), and
+not at all when it already has as much or the real frame is not a JPEG (round 3 on;
+PROTOCOL.md).
 Everything is deterministic: op randomness is keyed by the row id, the order of pairs and the
 A/B sides come from ``random.Random(SEED)``.
 
@@ -217,6 +223,47 @@ def strongest_window(
     return rx, ry
 
 
+def block_strength(img: np.ndarray, x0: int = 0, y0: int = 0) -> float:
+    """Mean luma step across the 8x8 JPEG grid divided by the mean step elsewhere (1.0: no
+    block edges). ``(x0, y0)``: where ``img`` sits in its frame (the grid is the frame's)."""
+    y = img.astype(np.float64)
+    y = y @ np.array([0.299, 0.587, 0.114]) if y.ndim == 3 else y
+    dh, dv = np.abs(np.diff(y, axis=1)), np.abs(np.diff(y, axis=0))
+    on_col = (np.arange(dh.shape[1]) + x0) % 8 == 7
+    on_row = (np.arange(dv.shape[0]) + y0) % 8 == 7
+    eps = 1e-9
+    ratio_h = dh[:, on_col].mean() / (dh[:, ~on_col].mean() + eps)
+    ratio_v = dv[on_row].mean() / (dv[~on_row].mean() + eps)
+    return float(0.5 * (ratio_h + ratio_v))
+
+
+def jpeg_roundtrip(img: np.ndarray, quality: int) -> np.ndarray:
+    """``img`` through one JPEG encode (4:2:0) and decode."""
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=quality, subsampling=2)
+    buf.seek(0)
+    return np.asarray(Image.open(buf).convert("RGB" if img.ndim == 3 else "L")).copy()
+
+
+def match_codec_history(
+    synth: np.ndarray, xys: tuple[int, int, int], target: float
+) -> tuple[np.ndarray, int | None]:
+    """``synth`` JPEG-encoded at the quality whose block strength in the crop ``xys`` comes
+    closest to ``target`` (the real crop's); unchanged (quality None) when it has as much."""
+    x, y, side = xys
+    have = block_strength(synth[y : y + side, x : x + side], x, y)
+    if have >= target:
+        return synth, None
+    best: tuple[float, int, np.ndarray] | None = None
+    for quality in range(95, 14, -5):
+        coded = jpeg_roundtrip(synth, quality)
+        gap = abs(block_strength(coded[y : y + side, x : x + side], x, y) - target)
+        if best is None or gap < best[0]:
+            best = (gap, quality, coded)
+    assert best is not None
+    return best[2], best[1]
+
+
 def finish_crop(crop: np.ndarray) -> Image.Image:
     """Resize to CROP_PX (one filter for both sides) and pass through one JPEG q90 encode."""
     im = Image.fromarray(crop)
@@ -288,6 +335,10 @@ def build(rows: list[Row], sources: Sources, out: Path) -> dict:
                 sx, sy = strongest_window(diff, side, exclude, outside)
             except ValueError as err:
                 raise ValueError(f"row {r.id} ({r.op} on {r.synthetic_file}): {err}") from err
+        real_blocks = block_strength(real_crop, rx, ry)
+        capture_quality = None
+        if r.real_file.lower().endswith((".jpg", ".jpeg")):  # PNG films have no codec history
+            synth, capture_quality = match_codec_history(synth, (sx, sy, side), real_blocks)
         synth_crop = synth[sy : sy + side, sx : sx + side]
 
         real_side = "A" if rng.random() < 0.5 else "B"
@@ -307,6 +358,8 @@ def build(rows: list[Row], sources: Sources, out: Path) -> dict:
             "synthetic_resize_to_short_side": short,
             "synthetic_crop_xys": [sx, sy, side],
             "synthetic_key": f"realism/{r.id}",
+            "real_block_strength": round(real_blocks, 3),
+            "synthetic_capture_jpeg_quality": capture_quality,
         }
     (pairs_dir / "QUESTIONS.md").write_text(
         "# Which crop is the real one?\n\n"
