@@ -7,8 +7,9 @@ OpenCV path (CPU) and the torch path (CUDA) use the same PSF taps.
 PSF models: defocus of a thin lens is a uniform disk (circle of confusion); camera motion during
 the exposure is the path the scene traces on the sensor, a uniform line segment for a constant
 velocity (e.g. Gonzalez & Woods, Digital Image Processing, ch. 5; used by the X-ray motion ops),
-a short curved, accelerating path for a moving scope (motion_blur, with the sensor's noise
-re-injected after the blur). defocus_blur and motion_blur apply their PSF to linear light (sRGB decoded, convolved,
+a short curved, accelerating path for a moving scope under a pulsed light, its clipped
+highlights lifted to their super-white radiance before the blur (motion_blur, with the sensor's
+noise re-injected after the blur). defocus_blur and motion_blur apply their PSF to linear light (sRGB decoded, convolved,
 re-encoded): the lens spreads scene radiance and the sensor integrates it. gaussian_blur convolves
 the stored values: it also serves CT, MRI and ultrasound, whose values are no sRGB-encoded light
 (a CT window is linear in HU, where a smoothing kernel acts).
