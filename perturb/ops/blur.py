@@ -7,8 +7,9 @@ OpenCV path (CPU) and the torch path (CUDA) use the same PSF taps.
 PSF models: defocus of a thin lens is a uniform disk (circle of confusion); camera motion during
 the exposure is the path the scene traces on the sensor, a uniform line segment for a constant
 velocity (e.g. Gonzalez & Woods, Digital Image Processing, ch. 5; used by the X-ray motion ops),
-a short curved, accelerating path for a moving scope (motion_blur, with the sensor's noise
-re-injected after the blur). defocus_blur and motion_blur apply their PSF to linear light (sRGB decoded, convolved,
+a short curved, accelerating path for a moving scope under a pulsed light, its clipped
+highlights lifted to their super-white radiance before the blur (motion_blur, with the sensor's
+noise re-injected after the blur). defocus_blur and motion_blur apply their PSF to linear light (sRGB decoded, convolved,
 re-encoded): the lens spreads scene radiance and the sensor integrates it. gaussian_blur convolves
 the stored values: it also serves CT, MRI and ultrasound, whose values are no sRGB-encoded light
 (a CT window is linear in HU, where a smoothing kernel acts).
@@ -35,7 +36,7 @@ from perturb.ops._math import (
     srgb_to_linear_np,
     srgb_to_linear_u8,
 )
-from perturb.ops.kernels import Level, Params, draw, register_kernel
+from perturb.ops.kernels import Level, Params, draw, draw_int, register_kernel
 from perturb.ops.radiometry import (
     ALL_DTYPES,
     _linear_f32,
@@ -460,6 +461,23 @@ ACCEL_RANGE = (-0.6, 0.6)  # a: the speed changes up to 4x over the exposure
 BEND_RANGE = (-0.2, 0.2)  # c: the path bows by up to a fifth of its length
 # the farthest a point lies from the time mean: max |s - mean s| = 1/2 + |a|/6 along,
 # 2 |c| / 3 across, in lengths
+# The light source: an LED source dimmed by pulse-width modulation (and interlaced video, two
+# fields per frame) lights the scene in ``pulses`` bursts during the exposure, on a ``duty``
+# share of each period, over a steady floor of ``1 - depth``: a moving highlight leaves a
+# dotted trail of copies, the folds faint ghosts (EAD2019's clinician-labelled blur frames show
+# both). ``phase``: where in its period the exposure starts.
+PULSES_RANGE = (2, 4)
+DUTY_RANGE = (0.3, 0.6)
+DEPTH_RANGE = (0.85, 0.97)
+# A specular highlight's radiance is far above the sensor's white (the light's mirror image on
+# wet mucosa), so a clipped frame hides it: the frame's clipped highlights are lifted to
+# ``peak`` times white before the blur, and its trail stays clipped where the sensor sees more
+# than white, a bright streak of nearly constant brightness rather than a grey smear.
+CLIP_RAMP = (0.94, 0.99)  # display value of a pixel's brightest channel: not clipped .. clipped
+# its darkest channel: a glint on a stored frame is often tinted (255, 235, 205): the processor's
+# white balance and the codec's chroma subsampling spread the tissue's colour over a few pixels
+WHITE_RAMP = (0.62, 0.78)
+PEAK_RANGE = (3.0, 8.0)  # highlight radiance, times the sensor's white
 TRAJECTORY_REACH = math.hypot(0.5 + max(map(abs, ACCEL_RANGE)) / 6.0, 2.0 * max(map(abs, BEND_RANGE)) / 3.0)
 
 
@@ -496,13 +514,30 @@ def splat_psf(px: torch.Tensor, py: torch.Tensor, used: torch.Tensor, support: i
     return (psf / psf.sum((-2, -1), keepdim=True)).to(torch.float32)
 
 
+def illumination(t: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, n) float64 relative light at exposure times ``t`` (B, n): a pulse-width-modulated
+    source, ``1 - depth + depth [frac(pulses t + phase) < duty]`` (``p``'s ``pulses``, ``duty``,
+    ``phase``, ``depth``, (B,) each); 1 everywhere (a steady source) when ``p`` has no
+    ``pulses``."""
+    if "pulses" not in p:
+        return torch.ones_like(t)
+    f64 = torch.float64
+    pulses, duty = p["pulses"].to(f64).unsqueeze(-1), p["duty"].to(f64).unsqueeze(-1)
+    phase, depth = p["phase"].to(f64).unsqueeze(-1), p["depth"].to(f64).unsqueeze(-1)
+    cycle = pulses * t + phase
+    lit = (cycle - torch.floor(cycle) < duty).to(f64)
+    return 1.0 - depth + depth * lit
+
+
 def trajectory_psf_batch(
     p: dict[str, torch.Tensor], side: int, support: int
 ) -> torch.Tensor:
     """(B, K, K) float32 PSFs, K = 2 support + 1, of the keyed trajectories of ``p``
     (``length`` in shorter sides, ``angle``, ``bend``, ``accel``): points at equal time steps
     (ceil(4 L) + 1 of them, L the length in pixels; a sample's unused points weigh 0), so the
-    streak is denser where the scope moves slowly. The CPU path builds the same taps (B = 1)."""
+    streak is denser where the scope moves slowly, each weighted by the light reaching the
+    scene at its time (``illumination``: brighter copies where a pulsed source was on). The
+    CPU path builds the same taps (B = 1)."""
     f64 = torch.float64
     reach = max(1.0, float(support - 1) / TRAJECTORY_REACH)
     lengths = (p["length"].to(f64) * side).clamp(1.0, reach)
@@ -510,7 +545,7 @@ def trajectory_psf_batch(
     index = torch.arange(max(2, math.ceil(reach * 4.0) + 1), dtype=f64, device=lengths.device)
     t = (index / (count - 1.0)).clamp(max=1.0)
     px, py = trajectory_offsets(t, lengths, p["angle"], p["bend"], p["accel"])
-    return splat_psf(px, py, (index < count).to(f64), support)
+    return splat_psf(px, py, (index < count).to(f64) * illumination(t, p), support)
 
 
 def motion_support(x: torch.Tensor) -> int:
@@ -525,7 +560,44 @@ def _motion_trajectory_sampler(rng: np.random.Generator, level: Level) -> Params
         "angle": draw(rng, level["angle"]),
         "bend": float(rng.uniform(*BEND_RANGE)),
         "accel": float(rng.uniform(*ACCEL_RANGE)),
+        "pulses": float(draw_int(rng, PULSES_RANGE)),
+        "duty": draw(rng, DUTY_RANGE),
+        "phase": draw(rng, (0.0, 1.0)),
+        "depth": draw(rng, DEPTH_RANGE),
+        "peak": draw(rng, PEAK_RANGE),
     }
+
+
+def highlight_core(x: torch.Tensor) -> torch.Tensor:
+    """(B, 1, H, W) share of each pixel that is a clipped specular highlight: the product of two
+    ramps of its display values, its brightest channel clipped (``CLIP_RAMP``) and its darkest
+    one near white too (``WHITE_RAMP``: the light's own reflection, whitish, not bright red
+    mucosa clipped in red alone), each 0 below its first value, 1 above its second."""
+    def ramp(v: torch.Tensor, bounds: tuple[float, float]) -> torch.Tensor:
+        return ((v - bounds[0]) / (bounds[1] - bounds[0])).clamp(0.0, 1.0)
+
+    brightest, darkest = x.amax(dim=-3, keepdim=True), x.amin(dim=-3, keepdim=True)
+    return ramp(brightest, CLIP_RAMP) * ramp(darkest, WHITE_RAMP)
+
+
+def highlight_lift(x: torch.Tensor) -> torch.Tensor:
+    """(B, 1, H, W) how far each pixel's radiance rises towards the highlight's peak: its
+    ``highlight_core`` times the squared mean core of its 3x3 neighbourhood (reflect-101
+    borders), so the radiance tapers from the peak inside a clipped highlight to white at its
+    rim (a lens-spread highlight, not a plateau with a hard edge) and a 1-px glint stays
+    modest."""
+    core = highlight_core(x)
+    box = torch.full((3,), 1.0 / 3.0, dtype=core.dtype, device=core.device)
+    mean = separable_filter(core, box, "reflect") if min(core.shape[-2:]) > 1 else core
+    return core * mean * mean
+
+
+def highlight_radiance(x: torch.Tensor, lin: torch.Tensor, peak: torch.Tensor) -> torch.Tensor:
+    """The scene radiance behind the frame ``x`` (display values; ``lin`` its linear light):
+    the clipped highlights lifted (``highlight_lift``) towards ``peak`` (B,) times the
+    sensor's white, the rest unchanged, ``lin + lift (peak - lin)``."""
+    lift = highlight_lift(x).to(lin.dtype)
+    return lin + lift * (per_sample(peak.to(lin.dtype)) - lin)
 
 
 # The sensor's noise, measured on the frame itself (Immerkaer, Fast noise variance estimation,
@@ -717,6 +789,8 @@ def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], 
     psf = psf_t.numpy()
     gain = noise_gain(x, retained_variance(psf_t[None]))[0, :, 0, 0].numpy().astype(np.float32)
     z = noise_field_np(key, NOISE_STREAM, shape)
+    core = highlight_lift(x)[0, 0].numpy()
+    peak = np.float32(params["peak"][0])
     blocks = psf_blocks(psf)
     table = srgb_to_linear_u8() if src.dtype == np.uint8 else None
     lin = np.empty(shape[1:], np.float32)
@@ -725,7 +799,7 @@ def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], 
             cv2.LUT(src[c], table, dst=lin)
         else:
             srgb_to_linear_np(np.ascontiguousarray(src[c]), out=lin)
-        res = correlate_plane(lin, psf, blocks)
+        res = correlate_plane(lin + core * (peak - lin), psf, blocks)
         noisy = res + gain[c] * np.sqrt(np.maximum(res, np.float32(1e-8))) * z[c]
         np.clip(noisy, np.float32(0.0), np.float32(1.0), out=noisy)
         if dst.dtype == np.uint8:
@@ -745,7 +819,13 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     its full sensor noise while the convolution averaged the frame's own noise down to the PSF's
     squared-tap sum, the missing part is re-injected as keyed shot noise (variance proportional
     to the linear signal) of the level measured on the frame itself (``sensor_noise_level``),
-    then re-encoded. A smeared specular highlight stays bright along its streak. The fixed
+    then re-encoded. Two things make a real blurred frame's highlights what they are: a
+    specular highlight's radiance is far above the sensor's white, so the clipped highlights
+    are lifted to a keyed ``peak`` (6-16x white, ``highlight_radiance``) before the blur and the
+    sum is clipped after it: the trail is a clipped white streak of nearly constant brightness,
+    not a grey smear; and the light is pulsed (an LED source dimmed by pulse-width modulation,
+    ``illumination``: ``pulses`` bursts on a ``duty`` share of each period over a floor of
+    ``1 - depth``), so the trail is dotted and the folds carry faint ghost copies. The fixed
     field stop and the overlays are not blurred: the op acts on the tissue layer
     (``protects_border``: perturb.ops.composite extends the tissue under the surround before
     the PSF and composites the surround and overlays back). The catalog's severity 1 is a
@@ -759,7 +839,7 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     noise."""
     side = shorter_side(x)
     psfs = trajectory_psf_batch(p, side, motion_support(x))
-    blurred = correlate_batch(srgb_to_linear(x), psfs)
+    blurred = correlate_batch(highlight_radiance(x, srgb_to_linear(x), p["peak"]), psfs)
     noisy = add_shot_noise(blurred, noise_gain(x, retained_variance(psfs)), keys, NOISE_STREAM)
     return linear_to_srgb(noisy)
 

@@ -30,13 +30,22 @@ def _linear_to_srgb(x: np.ndarray) -> np.ndarray:
     return np.where(x <= 0.0031308, 12.92 * x, 1.055 * x ** (1 / 2.4) - 0.055)
 
 
-def _reference_psf(length_px: float, angle: float, bend: float, accel: float, support: int) -> np.ndarray:
+def _reference_psf(
+    length_px: float, angle: float, bend: float, accel: float, support: int,
+    light: tuple[float, float, float, float] | None = None,
+) -> np.ndarray:
     """The trajectory written out point by point: s(t) = (1 - a) t + a t^2 along the motion,
     c 4 t (1 - t) across it, minus their means over [0, 1] (1/2 - a/6 and 2c/3), times the
-    length (at least 1 px); ceil(4 L) + 1 equal time steps, each splatted bilinearly (y down)."""
+    length (at least 1 px); ceil(4 L) + 1 equal time steps, each splatted bilinearly (y down)
+    with the light of its time: ``light`` = (pulses, duty, phase, depth) of a PWM source, on
+    (weight 1) while (pulses t + phase) mod 1 < duty, else 1 - depth; steady when None."""
     length_px = max(length_px, 1.0)
     n = max(2, math.ceil(length_px * 4.0) + 1)
     t = np.linspace(0.0, 1.0, n)
+    weight = np.ones_like(t)
+    if light is not None:
+        pulses, duty, phase, depth = light
+        weight = np.where(np.mod(pulses * t + phase, 1.0) < duty, 1.0, 1.0 - depth)
     along = ((1 - accel) * t + accel * t * t - (0.5 - accel / 6.0)) * length_px
     across = (bend * 4.0 * t * (1 - t) - 2.0 * bend / 3.0) * length_px
     th = math.radians(angle)
@@ -46,13 +55,17 @@ def _reference_psf(length_px: float, angle: float, bend: float, accel: float, su
     x0, y0 = np.floor(px).astype(int), np.floor(py).astype(int)
     fx, fy = px - x0, py - y0
     for dx, dy, w in ((0, 0, (1 - fx) * (1 - fy)), (1, 0, fx * (1 - fy)), (0, 1, (1 - fx) * fy), (1, 1, fx * fy)):
-        np.add.at(psf, (y0 + dy, x0 + dx), w)
+        np.add.at(psf, (y0 + dy, x0 + dx), w * weight)
     return psf / psf.sum()
 
 
 def _params(length: float, angle: float, bend: float, accel: float) -> dict[str, torch.Tensor]:
     return {k: torch.tensor([v], dtype=torch.float32) for k, v in
             {"length": length, "angle": angle, "bend": bend, "accel": accel}.items()}
+
+
+def _light(p: dict[str, float]) -> tuple[float, float, float, float]:
+    return (p["pulses"], p["duty"], p["phase"], p["depth"])
 
 
 @pytest.mark.parametrize(("length", "angle", "bend", "accel"), [
@@ -86,26 +99,61 @@ def test_an_accelerating_scope_leaves_a_denser_streak_where_it_moved_slowly() ->
     assert (middle * ys).sum() / middle.sum() < -0.5 and (ends * ys).sum() / ends.sum() > 0.5
 
 
+def test_a_pulsed_light_weights_the_path_by_the_light_of_its_time() -> None:
+    """The PWM source's PSF against the reference splat with the same light, and its shape: the
+    copies lit by the pulses hold ``depth``-times more light per step than the gaps."""
+    side = 400
+    support = blur.motion_support(torch.zeros(1, 1, side, side))
+    light = {"pulses": 3.0, "duty": 0.37, "phase": 0.13, "depth": 0.9}
+    p = {**_params(0.05, 0.0, 0.0, 0.0), **{k: torch.tensor([v], dtype=torch.float32) for k, v in light.items()}}
+    got = blur.trajectory_psf_batch(p, side, support)[0].double().numpy()
+    ref = _reference_psf(float(np.float32(0.05)) * side, 0.0, 0.0, 0.0, support, _light({k: float(np.float32(v)) for k, v in light.items()}))
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+    row = got[support]  # a horizontal path: the middle row holds it
+    inner = row[row > 0][2:-2]  # away from the tents at the ends
+    assert inner.max() / inner.min() > 5.0, "pulses leave bright copies over a dim floor"
+    runs = np.flatnonzero(np.diff((inner > 0.5 * inner.max()).astype(int)) == 1)
+    assert len(runs) >= 2, "at least two separate bright copies along the path"
+
+
+def test_the_highlight_core_is_white_clipped_pixels_only() -> None:
+    """``highlight_core``: 1 on a white clipped glint and on a tinted one (255, 235, 205, as
+    stored frames show them), 0 on mucosa clipped in red alone and on mid-grey."""
+    px = torch.tensor([[1.0, 1.0, 1.0], [1.0, 235 / 255, 205 / 255], [1.0, 0.55, 0.45], [0.5, 0.5, 0.5]])
+    core = blur.highlight_core(px.T.reshape(1, 3, 1, 4))[0, 0, 0]
+    assert core.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize("backend", ["opencv", "torch"])
 def test_a_noise_free_frame_is_the_trajectory_blur_in_linear_light(backend: str) -> None:
     """A saturated spot on a flat, noise-free field (no noise measured, none added): the output
-    is SciPy's float64 correlation of the decoded frame with the reference PSF, re-encoded,
-    within one 8-bit level, and the smeared highlight stays brighter than a blur of the display
-    values would leave it (radiance, not display values, is integrated)."""
+    is SciPy's float64 correlation, with the reference PSF (the keyed path and pulsed light), of
+    the decoded frame whose clipped spot is lifted towards its super-white radiance ``peak``
+    (fully inside, tapered by the squared 3x3 mean of the clipped mask at its rim), clipped and
+    re-encoded, within one 8-bit level. The smeared highlight is a clipped white
+    streak (a sensor that saw more than white along the path), far brighter than a blur of the
+    display values would leave it."""
     spot = np.full((3, 96, 128), 13, dtype=np.uint8)
     spot[:, 44:52, 60:68] = 255
     with use_backend(backend):  # type: ignore[arg-type]
         out, rec = perturb.apply(torch.from_numpy(spot)[None], "motion_blur", 5, ["k"], protect_border=False)
     p = {k: float(np.float32(v)) for k, v in rec[0].params.items()}
     support = blur.motion_support(torch.zeros(1, 1, 96, 128))
-    psf = _reference_psf(p["length"] * 96, p["angle"], p["bend"], p["accel"], support)
+    psf = _reference_psf(p["length"] * 96, p["angle"], p["bend"], p["accel"], support, _light(p))
     lin = _srgb_to_linear(spot / 255.0)
+    core = (spot[0] == 255).astype(np.float64)  # white in every channel: clipped
+    lift = core * scipy.ndimage.uniform_filter(core, 3, mode="mirror") ** 2  # tapered to the rim
+    lin = lin + lift * (p["peak"] - lin)
     ref = _linear_to_srgb(np.stack([scipy.ndimage.correlate(c, psf, mode="mirror") for c in lin])) * 255.0
     got = out[0].numpy().astype(np.float64)
     assert np.abs(got - ref).max() <= 1.0
     display = np.stack([scipy.ndimage.correlate(c, psf, mode="mirror") for c in spot / 255.0]) * 255.0
     lit = (display > 18.5) & (spot < 255)
     assert lit.sum() > 50 and float(got[lit].mean()) > float(display[lit].mean()) + 20.0
+    plain = _linear_to_srgb(np.stack([scipy.ndimage.correlate(c, psf, mode="mirror") for c in _srgb_to_linear(spot / 255.0)]))
+    beyond = spot[0] < 255
+    assert int(((plain[0] * 255.0 >= 254.5) & beyond).sum()) == 0, "white radiance alone leaves no clipped trail"
+    assert int(((got[0] >= 254.5) & beyond).sum()) >= 8, "the super-white spot leaves a clipped white trail"
 
 
 def _frame(i: int) -> torch.Tensor:
