@@ -17,15 +17,17 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   a weak lens: magnified (read closer to the centre, ``1 - k cos theta``) and shifted away from
   the optical axis (an off-axis dome is seen obliquely). Its film reflects more at grazing
   angles (Fresnel reflectance, Schlick's approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``);
-  inside the outline a dark band where the light is refracted out of the camera's view (what
-  makes real small bubbles read as dark rings), a faint edge-on wall line, a faint caustic on
-  the inner rim opposite the light, and two-beam thin-film interference colour (``1 - a cos(4 pi
+  inside the outline a thick dark band where the light is refracted out of the camera's view,
+  deepest on the side away from the light, and on the lit side a bright crescent, the lamp
+  mirrored by the curved inner wall (together what makes real small bubbles read as lit domes,
+  not outlines), a faint edge-on wall line, a faint caustic on the inner rim opposite the
+  light, and two-beam thin-film interference colour (``1 - a cos(4 pi
   n d cos theta_t / lambda)`` per channel, a film of a few hundred nm thinning on one side) only
   on the lit side of the rim. The scope's light guides sit beside the lens, so every bubble's
   glint lies where the dome's normal points back at the camera: off an off-axis bubble's centre
   towards the optical axis and slightly towards the guide, the same geometry for every bubble of
   a frame; its peak and size vary per bubble (log-normal peak, clipped by the sensor where it
-  exceeds full scale; some bubbles catch no glint). The bubble layer is blurred with the
+  exceeds full scale; most bubbles catch no glint). The bubble layer is blurred with the
   camera's own blur (a gaussian of about 0.08 % of the shorter side), so the bubbles are no
   sharper than the tissue they lie on; each cluster lies at its own distance from the focal
   plane (keyed ``defocus`` per cluster), and that share of its bubbles reaches the frame through
@@ -39,8 +41,10 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   carried by the liquid film that gathers along the folds (in the valleys, on the crests and
   their edges), so each bubble is drawn as much as the frame's fold map at its centre says
   (``foam_folds``: a band-pass of the luma, standardised over the tissue): the clusters are cut
-  to the folds and nothing is scattered over flat mucosa. A severity adds bubbles, it does not
-  grow them.
+  to the folds and nothing is scattered over flat mucosa. A severity adds bubbles (a sample's
+  cells at one severity are among those at the next); the cells only heavy foam (the top
+  severities) adds are larger, up to 2.6 x, and the level's ``spread`` lowers the fold map's
+  thresholds, so heavy foam overflows the folds onto fainter relief.
 * ``fluid_occlusion``: residual bile, stool suspension, blood or clear rinse water pooled over the
   mucosa (the fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear).
   The pool lies in the dependent part of the field: a level set, at the ``coverage`` quantile, of
@@ -63,9 +67,10 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   the fine ripples of the open surface (a lobe narrow along the tilt and three times wider
   across it, so each glint is a thin streak along a ripple's crest; the lamp's image saturates
   even where the tissue is dim), a soft arc along the meniscus on the side facing the light,
-  over water's 2 % Fresnel sheen, all fading in off the shore. Fine bubbles float on it (bile and
-  stool froth most, rinse water least), in clumps and gathered along the shore: at most one per
-  cell of a keyed jittered grid, each a dark refraction ring with a small glint. It may hide
+  over water's 2 % Fresnel sheen, all fading in off the shore, broken into pieces by a keyed
+  noise (capillary waves, floating film). Fine bubbles float on it (bile and stool froth most,
+  rinse water least), in a few dense patches and gathered along the shore: at most one per cell
+  of a keyed jittered grid, each a faint refraction ring with a small bright glint. It may hide
   findings: ``occludes``.
 """
 
@@ -265,6 +270,7 @@ BUBBLE_IRIDESCENCE = 0.35  # swing of the film's colour around grey on the lit s
 BUBBLE_ENV = (1.6, 0.03)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
 BUBBLE_WALL = 0.12  # brightness of the wall's edge-on line, relative to env
 BUBBLE_DARK = (0.7, 0.8, 0.12)  # dark refraction band: depth, radius fraction, width
+BUBBLE_CAP = (0.5, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
 BUBBLE_CAUSTIC = 0.3  # light focused by the dome onto the inner rim opposite the light
 GLINT_AXIS = 0.9  # glint offset towards the optical axis (radius fraction per shorter side off it)
 GLINT_ELONGATION = 1.3  # a glint's length over its width (the light guide's exit is oblong)
@@ -275,6 +281,8 @@ GLINT_SIZE = (0.04, 0.1)  # a glint's gaussian sigma, radius fraction
 BUBBLE_PSF = 0.0008  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
 BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
 BUBBLE_RANGE = 2.5  # radii spread log-normally, clipped to [1/2.5, 2.5] x the level's median
+# cells from this index on grow, up to (1 + this) x at the last one: heavy foam has larger cells
+BUBBLE_GROWTH = (220, 1.6)
 BUBBLE_SPREAD = 0.35  # log-normal sigma of the radii (foam cells are of similar size)
 BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
 BUBBLE_GAP = 0.0006  # least gap between two bubbles (shorter side): foam cells touch
@@ -321,6 +329,11 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
         radius / BUBBLE_RANGE,
         min(radius * BUBBLE_RANGE, BUBBLE_MAX),
     )
+    # heavy foam (the cells only the top severities add) carries larger bubbles too
+    late = np.clip(
+        (np.arange(BUBBLE_POOL) - BUBBLE_GROWTH[0]) / (BUBBLE_POOL - BUBBLE_GROWTH[0]), 0, 1
+    )
+    sizes = np.minimum(sizes * (1.0 + BUBBLE_GROWTH[1] * late), BUBBLE_MAX)
     # cluster of each bubble (the last column: a single bubble anywhere in the field)
     group = np.searchsorted(np.cumsum(BUBBLE_GROUPS), rng.random(BUBBLE_POOL) * sum(BUBBLE_GROUPS))
     singles = len(BUBBLE_GROUPS) - 1
@@ -396,7 +409,15 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
                     ]
                 )
                 break
-    return {"count": count, "radius": radius, "light": light, "glint": glint, "bubbles": rows}
+    spread = draw(rng, level["spread"])
+    return {
+        "count": count,
+        "radius": radius,
+        "light": light,
+        "glint": glint,
+        "spread": spread,
+        "bubbles": rows,
+    }
 
 
 def _bubble_shape(x: float, y: float, squash: float, tilt: float) -> tuple[float, float]:
@@ -486,7 +507,12 @@ def bubble_film(
     # the wall seen edge-on at the outline: a thin line mirroring the light, and inside it a
     # dark band where the light is refracted out of the camera's view
     wall = BUBBLE_WALL * ops.exp(-0.5 * ((rho - 0.97) / 0.025) ** 2) * shade
-    dark = 1.0 - BUBBLE_DARK[0] * ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / BUBBLE_DARK[2]) ** 2)
+    # (deepest on the side away from the light: the refracted rays there miss the lens)
+    band = ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / BUBBLE_DARK[2]) ** 2)
+    dark = 1.0 - BUBBLE_DARK[0] * (0.5 + 0.5 * (1.0 - lit)) * band
+    # the lamp mirrored by the curved inner wall on the lit side: a bright crescent cap (what
+    # makes real small bubbles read as lit domes rather than outlines)
+    cap = BUBBLE_CAP[0] * lit**3 * ops.exp(-0.5 * ((rho - BUBBLE_CAP[1]) / BUBBLE_CAP[2]) ** 2)
     caustic = 1.0 + BUBBLE_CAUSTIC * (1.0 - lit) * ops.exp(-0.5 * ((rho - 0.68) / 0.12) ** 2)
     white = sum(env[ch] for ch in range(channels)) / channels
     # the glint: the light guide's exit mirrored by the dome, oblong along the guides' axis,
@@ -499,7 +525,7 @@ def bubble_film(
     return [
         (
             behind[ch] * (1.0 - fresnel) * caustic
-            + (env[ch] * fresnel * shade + white * wall) * tint[ch]
+            + (env[ch] * fresnel * shade + white * (wall + cap)) * tint[ch]
         )
         * dark
         + spot
@@ -587,13 +613,14 @@ def render_bubble(
             region[ch] += share * (cover * (film[ch] - lin[ch, y0:y1, x0:x1]))
 
 
-def foam_folds(img: np.ndarray, tissue: np.ndarray) -> np.ndarray:
+def foam_folds(img: np.ndarray, tissue: np.ndarray, spread: float = 0.0) -> np.ndarray:
     """float32 (H, W) in [0, 1]: where foam collects on this frame. Foam is carried by the
     liquid film that gathers along the mucosal folds (in the valleys and on the crests where the
     film drains), so the map is the frame's fold pattern: the magnitude of a band-pass of the
     luma (``FOAM_FOLDS``: fine minus coarse blur), standardised by its upper quantile over the
     tissue (at least an absolute floor, so a flat frame has no folds) and ramped between
-    ``lo`` and ``hi``."""
+    ``lo`` and ``hi``, both lowered by the share ``spread`` (abundant foam overflows the folds
+    onto fainter relief; a flat frame still has none)."""
     scale = min(tissue.shape)
     lum = _host.luma(img)
     band = np.abs(
@@ -604,12 +631,13 @@ def foam_folds(img: np.ndarray, tissue: np.ndarray) -> np.ndarray:
     if vals.size == 0:
         return np.zeros_like(band)
     top = np.float32(max(float(np.quantile(vals, FOAM_FOLDS["quantile"])), FOAM_FOLDS["floor"]))
-    lo, hi = np.float32(FOAM_FOLDS["lo"]), np.float32(FOAM_FOLDS["hi"])
+    keep = np.float32(1.0 - spread)
+    lo, hi = np.float32(FOAM_FOLDS["lo"]) * keep, np.float32(FOAM_FOLDS["hi"]) * keep
     return np.clip((band / top - lo) / (hi - lo), 0.0, 1.0)
 
 
-def foam_folds_t(x: torch.Tensor, tissue: torch.Tensor) -> torch.Tensor:
-    """(B, H, W) ``foam_folds`` of a batch (tissue: bool (B, 1, H, W))."""
+def foam_folds_t(x: torch.Tensor, tissue: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
+    """(B, H, W) ``foam_folds`` of a batch (tissue: bool (B, 1, H, W), spread (B,))."""
     scale = min(x.shape[-2:])
     lum = _host.luma_t(x)
     band = (
@@ -619,7 +647,8 @@ def foam_folds_t(x: torch.Tensor, tissue: torch.Tensor) -> torch.Tensor:
     top = _host.masked_quantile(band, tissue[:, 0], FOAM_FOLDS["quantile"])
     top = torch.where(torch.isnan(top), 1.0, top.clamp(min=FOAM_FOLDS["floor"]))
     top = top.to(torch.float32).view(-1, 1, 1)
-    lo, hi = FOAM_FOLDS["lo"], FOAM_FOLDS["hi"]
+    keep = (1.0 - spread.to(torch.float64)).to(torch.float32).view(-1, 1, 1)
+    lo, hi = FOAM_FOLDS["lo"] * keep, FOAM_FOLDS["hi"] * keep
     return ((band / top - lo) / (hi - lo)).clamp(0.0, 1.0)
 
 
@@ -679,7 +708,7 @@ def _bubbles_batch(
     on_tissue = tissue.view(b, h * w).gather(1, flat)
     drawn = (rows[:, :, 2] > 0) & on_image & on_tissue & (radius >= BUBBLE_MIN_PX)
     # foam gathers along the folds: each bubble drawn as much as the fold map at its centre
-    folds = foam_folds_t(x, tissue).view(b, h * w).gather(1, flat).view(b, n, 1, 1)
+    folds = foam_folds_t(x, tissue, p["spread"]).view(b, h * w).gather(1, flat).view(b, n, 1, 1)
     # patch side from the largest radius a bubble may have at this size (shapes only)
     reach = math.ceil(BUBBLE_MAX * scale) + 2
     side = 2 * reach + 1
@@ -754,7 +783,7 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
     h, w = tissue.shape
     rows = _drawn_rows(np.asarray(p["bubbles"], dtype=np.float64).reshape(-1, BUBBLE_ROW), tissue)
     env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
-    folds = foam_folds(img, tissue)
+    folds = foam_folds(img, tissue, float(p["spread"]))
     centres = _bubble_pixels(rows, h, w)
     for row, (bx, by, _r) in zip(rows.tolist(), centres.tolist(), strict=True):
         gate = float(folds[math.trunc(by), math.trunc(bx)])
@@ -800,6 +829,7 @@ FLUID_REFRACTION = 0.015  # tissue shift (shorter side) per unit slope of the su
 FLUID_GLINT = (6.0, 0.006, 3.0)  # specular lobe of the surface: peak (linear, clipped), slope
 # width along the tilt and the factor it is wider across (a glint runs along a ripple's crest)
 FLUID_ARC = (0.35, 0.15)  # meniscus arc: brightness (linear) and the slope at which it is full
+FLUID_BREAK = (0.02, 2.5)  # the glints' breaks: noise cell (shorter side) and contrast
 FLUID_SHEEN = 0.02  # Fresnel reflectance of water at normal incidence, the surface's sheen
 FLUID_RELIEF = (0.3, 0.012)  # weight of the relief in the pool's level; its blur (shorter side)
 # the relief is rounded to 1/256: the two paths' blurs differ by float32 rounding, and the pool
@@ -810,7 +840,7 @@ FLUID_LIGHT_BLUR = 0.08  # the fluid's body is lit by the scope's falloff, not t
 # fine bubbles floating on the pool: one at most per cell of a jittered grid (cell, shorter
 # side), radii a share of the cell, and the cell of their clumps (shorter side)
 FLUID_FOAM = (0.011, (0.15, 0.35), 0.05)
-FLUID_FOAM_SHARE = 0.4  # share of the grid's cells that hold a fine bubble
+FLUID_FOAM_SHARE = 0.7  # share of the grid's cells that hold a fine bubble
 FLUID_FOAM_LOOK = (0.35, 2.5)  # their dark ring's depth and their glint's peak (linear)
 
 
@@ -1091,13 +1121,24 @@ def _fluid_occlusion_batch(
     wet = (1.0 - 2.0 * rise).clamp(0.0, 1.0)  # the surface fades in off the shore: no line
     # the sharp glints on the ripples of the open surface; the meniscus shows its soft arc
     # (a mirrored image of the lamp saturates the sensor even where the tissue is dim)
-    surface = (FLUID_GLINT[0] * lobe * floor * torch.sqrt(lit) + (arc + FLUID_SHEEN) * lit) * wet
+    # the surface is broken (capillary waves, floating film): its glints come in pieces
+    broken = (
+        (
+            FLUID_BREAK[1]
+            * _host.value_noise_t(keys, "fluid-glint-break", h, w, FLUID_BREAK[0] * scale, x)
+            + 0.5
+        )
+        .clamp(0.0, 1.0)
+        .unsqueeze(1)
+    )
+    glints = FLUID_GLINT[0] * lobe * floor * broken * torch.sqrt(lit)
+    surface = (glints + (arc + FLUID_SHEEN) * lit) * wet
     surface = surface * poolf
     # fine foam floating on the pool, gathered in clumps and along the meniscus: each bubble a
     # dark ring with a glint of the light
     clump = _host.value_noise_t(keys, "fluid-foam-clump", h, w, FLUID_FOAM[2] * scale, x)
     shore = (men / 0.3).clamp(max=1.0)
-    gate = foam * (1.5 * clump.unsqueeze(1) - 0.15).clamp(0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
+    gate = foam * (3.0 * clump.unsqueeze(1) - 1.5).clamp(0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
     shade, spark = fine_foam_t(keys, h, w, gate, _Ops(True))
     fluid = (behind * trans + scatter) * shade + surface + spark * torch.sqrt(lit)
     res = _math.linear_to_srgb(torch.where(pool, fluid, lin).clamp(0.0, 1.0))
@@ -1178,13 +1219,22 @@ def fluid_occlusion(
     wet = np.clip(1.0 - 2.0 * rise, 0.0, 1.0)  # the surface fades in off the shore: no line
     # the sharp glints on the ripples of the open surface; the meniscus shows its soft arc
     # (a mirrored image of the lamp saturates the sensor even where the tissue is dim)
-    surface = (FLUID_GLINT[0] * lobe * floor * np.sqrt(lit) + (arc + FLUID_SHEEN) * lit) * wet
+    # the surface is broken (capillary waves, floating film): its glints come in pieces
+    broken = np.clip(
+        np.float32(FLUID_BREAK[1])
+        * _host.value_noise(key, "fluid-glint-break", h, w, FLUID_BREAK[0] * scale)
+        + np.float32(0.5),
+        0.0,
+        1.0,
+    )
+    glints = FLUID_GLINT[0] * lobe * floor * broken * np.sqrt(lit)
+    surface = (glints + (arc + FLUID_SHEEN) * lit) * wet
     surface = surface * poolf
     # fine foam floating on the pool, gathered in clumps and along the meniscus: each bubble a
     # dark ring with a glint of the light
     clump = _host.value_noise(key, "fluid-foam-clump", h, w, FLUID_FOAM[2] * scale)
     shore = np.minimum(men / np.float32(0.3), np.float32(1.0))
-    gate = np.float32(foam) * np.clip(1.5 * clump - 0.15, 0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
+    gate = np.float32(foam) * np.clip(3.0 * clump - 1.5, 0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
     shade, spark = fine_foam(key, h, w, gate, _Ops(False))
     fluid = (behind * trans + scatter) * shade[None] + (surface + spark * np.sqrt(lit))[None]
     out = np.where(pool[None], fluid, lin)

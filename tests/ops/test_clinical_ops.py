@@ -289,8 +289,10 @@ def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     layer, soft = np.zeros_like(lin), np.zeros_like(lin)
     rows = np.asarray(params["bubbles"], np.float64).reshape(-1, BUBBLE_ROW)
     env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
-    folds = foam_folds(img, view.tissue)
-    assert 0.05 < (folds > 0.5).mean() < 0.8, "foam gathers along the folds, not everywhere"
+    assert 0.05 < (foam_folds(img, view.tissue) > 0.5).mean() < 0.8, "foam only along the folds"
+    narrow, wide = foam_folds(img, view.tissue), foam_folds(img, view.tissue, 0.6)
+    assert (wide >= narrow).all() and (wide > 0.5).mean() > (narrow > 0.5).mean() + 0.05, "spread"
+    folds = foam_folds(img, view.tissue, float(params["spread"]))
     for row in rows.tolist():
         iy, ix = int(img.shape[1] / 2 + row[1] * min(img.shape[1:])), int(img.shape[2] / 2 + row[0] * min(img.shape[1:]))
         if view.tissue[iy, ix]:
@@ -311,12 +313,14 @@ def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
 
 def test_bubbles_pack_into_foam_strings_sized_like_real_ones_and_nest_across_severities() -> None:
     """Cells never overlap (elliptic outlines along the line between centres), most touch a
-    neighbour, radii are near single real bubbles' (median 0.8 % of the shorter side), outlines
-    are squashed towards the optical axis, glints vary (some bubbles none), and a severity's
+    neighbour, radii are near real foam cells' (median 0.55 % of the shorter side), outlines
+    are squashed towards the optical axis, glints vary (most bubbles none), the cells added at
+    the top severities are larger (heavy foam), clusters differ in focus, and a severity's
     bubbles are the first ones of the next severity's (one perturbation at five strengths)."""
     spec = get_op("bubbles")
     sampler = spec.entry.sampler
     radii, aspects, dists, peaks, touching, cells = [], [], [], [], 0, 0
+    heavy: list[float] = []
     for key in range(8):
         draws = [sampler(rng.scalar_rng(key), spec.spec.level(sev)) for sev in (1, 3, 5)]
         rows = [np.asarray(d["bubbles"]) for d in draws]
@@ -337,13 +341,16 @@ def test_bubbles_pack_into_foam_strings_sized_like_real_ones_and_nest_across_sev
         assert gap.min() >= BUBBLE_GAP * 0.999 - 1e-12, "bubbles overlap"
         touching += int((gap.min(axis=1) < 3 * BUBBLE_GAP).sum())
         cells += len(b)
-        radii += r.tolist()
+        radii += rows[1][:, 2].tolist()  # severity 3: the foam cells before heavy foam's growth
+        heavy += [float(np.median(r[: len(rows[1])])), float(np.median(r[len(rows[1]) :]))]
         aspects += asp.tolist()
         dists += np.hypot(x, y).tolist()
         peaks += b[:, 7].tolist()
     assert touching / cells > 0.7, f"only {touching}/{cells} bubbles touch a neighbour (no foam)"
     # (real foam cells on the reference frames: diameters of about 1 % of the shorter side)
     assert 0.0045 <= float(np.median(radii)) <= 0.0065, np.median(radii)
+    # the cells only the top severities add are larger (heavy foam)
+    assert np.median(heavy[1::2]) > 1.5 * np.median(heavy[0::2]), heavy
     assert min(aspects) >= 0.7 and np.corrcoef(dists, aspects)[0, 1] < -0.5, "no perspective"
     none = float(np.mean(np.asarray(peaks) == 0.0))
     assert 0.45 < none < 0.65, none  # glints are few: most cells catch none
