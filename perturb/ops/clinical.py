@@ -839,8 +839,8 @@ FLUID_SCATTER_BLUR = 0.006  # blur of the tissue seen through turbid fluid (shor
 FLUID_LIGHT_BLUR = 0.08  # the fluid's body is lit by the scope's falloff, not the folds' shading
 # fine bubbles floating on the pool: one at most per cell of a jittered grid (cell, shorter
 # side), radii a share of the cell, and the cell of their clumps (shorter side)
-FLUID_FOAM = (0.011, (0.15, 0.35), 0.05)
-FLUID_FOAM_SHARE = 0.7  # share of the grid's cells that hold a fine bubble
+FLUID_FOAM = (0.011, (0.12, 0.25), 0.05)
+FLUID_FOAM_SHARE = 0.45  # share of the grid's cells that hold a fine bubble
 FLUID_FOAM_LOOK = (0.35, 2.5)  # their dark ring's depth and their glint's peak (linear)
 
 
