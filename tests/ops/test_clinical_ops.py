@@ -215,7 +215,8 @@ def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre()
     camera, off centre towards the light guide and, for an off-axis bubble, towards the optical
     axis (the same light for every bubble); a bubble may catch no glint; the rim's colour is
     two-beam thin-film interference ``1 - a lit cos(4 pi n d cos(theta_t) / lambda)`` per
-    channel, so it is grey on the side away from the light."""
+    channel, so it is grey on the side away from the light; the lit inner wall mirrors the lamp
+    as a bright crescent cap."""
     side, r, mid = 1400, 0.03 * 1400, 700  # the largest bubble drawn (BUBBLE_MAX)
     lin = np.full((3, side, side), 0.2, dtype=np.float32)
     lin[:, :, mid + 20 :] = 0.3  # an edge 20 px right of the centre (rho 0.48)
@@ -268,6 +269,11 @@ def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre()
     tint = [1.0 - BUBBLE_IRIDESCENCE * lit * np.cos(4 * np.pi * 1.33 * d * cos_t / lam) for lam in (610.0, 550.0, 465.0)]
     for ch in (0, 2):
         assert np.allclose(rim[ch][sel] / rim[1][sel], tint[ch] / tint[1], rtol=1e-3), ch
+    # the lamp mirrored by the lit inner wall: a bright crescent cap (a lit dome, not an outline)
+    cap_zone = (rho > 0.65) & (rho < 0.75)
+    facing = np.cos(np.arctan2(dy, dx) - gphi)
+    lit_cap, dark_cap = rim.mean(0)[cap_zone & (facing > 0.95)].mean(), rim.mean(0)[cap_zone & (facing < -0.95)].mean()
+    assert lit_cap > 0.1 and lit_cap > 3.0 * dark_cap, (lit_cap, dark_cap)
     spread = rim[0][sel] / rim[2][sel]
     assert spread[lit > 0.8].std() > 0.1, "the film's colour changes around the lit rim"
     assert spread[lit < 0.05].std() < 0.03, "no rainbow on the side away from the light"
