@@ -17,32 +17,45 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   a weak lens: magnified (read closer to the centre, ``1 - k cos theta``) and shifted away from
   the optical axis (an off-axis dome is seen obliquely). Its film reflects more at grazing
   angles (Fresnel reflectance, Schlick's approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``);
-  inside the outline a dark band where the light is refracted out of the camera's view (what
-  makes real small bubbles read as dark rings), a faint edge-on wall line, a faint caustic on
-  the inner rim opposite the light, and two-beam thin-film interference colour (``1 - a cos(4 pi
+  inside the outline a thick dark band where the light is refracted out of the camera's view,
+  deepest on the side away from the light, and on the lit side a bright crescent, the lamp
+  mirrored by the curved inner wall (together what makes real small bubbles read as lit domes,
+  not outlines), a faint edge-on wall line, a faint caustic on the inner rim opposite the
+  light, and two-beam thin-film interference colour (``1 - a cos(4 pi
   n d cos theta_t / lambda)`` per channel, a film of a few hundred nm thinning on one side) only
   on the lit side of the rim. The scope's light guides sit beside the lens, so every bubble's
   glint lies where the dome's normal points back at the camera: off an off-axis bubble's centre
   towards the optical axis and slightly towards the guide, the same geometry for every bubble of
   a frame; its peak and size vary per bubble (log-normal peak, clipped by the sensor where it
-  exceeds full scale; some bubbles catch no glint). The bubble layer is blurred with the
+  exceeds full scale; most bubbles catch no glint). The bubble layer is blurred with the
   camera's own blur (a gaussian of about 0.08 % of the shorter side), so the bubbles are no
-  sharper than the tissue they lie on. Sizes: clinicians' bubble boxes on EAD2019 512 px frames
-  (median side 5.8 % of the frame) enclose clusters; single bubbles measured on those frames and
-  on the PolypGen frames with bubbles have diameters of about 0.6-4 % of the shorter side, so
-  radii are log-normal around 0.8 % (clipped to [1/2.5, 2.5] x). Bubbles come as foam: most are
-  cells of a few clusters grown as meandering strings and clumps (each new cell touches one
-  already placed, along the string's end or anywhere on the clump; none overlap), squashed into
-  perspective ellipses towards the optical axis (the mucosa off axis is seen obliquely); a few
-  are single. A severity adds bubbles, it does not grow them.
+  sharper than the tissue they lie on; each cluster lies at its own distance from the focal
+  plane (keyed ``defocus`` per cluster), and that share of its bubbles reaches the frame through
+  a wider defocus blur (depth of field). Glints are few: most cells catch none. Sizes:
+  clinicians' bubble boxes on EAD2019 512 px frames (median side 5.8 % of the frame) enclose
+  clusters; the foam cells on the reference frames (a column along a fold, clumps at folds)
+  have diameters of about 1 % of the shorter side, so radii are log-normal around 0.55 %
+  (sigma 0.35, clipped to [1/2.5, 2.5] x). Bubbles come as foam: cells of ten clusters grown as
+  clumps and meandering strings (each new cell touches one already placed; none overlap),
+  squashed into perspective ellipses towards the optical axis; very few are single. Foam is
+  carried by the liquid film that gathers along the folds (in the valleys, on the crests and
+  their edges), so each bubble is drawn as much as the frame's fold map at its centre says
+  (``foam_folds``: a band-pass of the luma, standardised over the tissue): the clusters are cut
+  to the folds and nothing is scattered over flat mucosa. A severity adds bubbles (a sample's
+  cells at one severity are among those at the next); the cells only heavy foam (the top
+  severities) adds are larger, up to 2.6 x, and the level's ``spread`` lowers the fold map's
+  thresholds, so heavy foam overflows the folds onto fainter relief.
 * ``fluid_occlusion``: residual bile, stool suspension, blood or clear rinse water pooled over the
   mucosa (the fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear).
   The pool lies in the dependent part of the field: a level set, at the ``coverage`` quantile, of
   a ramp falling towards a keyed side plus smooth noise plus the mucosa's relief as the frame
   shows it (the smoothed, standardised luma: fold valleys and the far lumen are low), so its
   shore runs along folds rather than cutting across them. Beer-Lambert absorption per channel in
-  linear light ``T_c = exp(-mu_c d)`` (bile absorbs blue, blood green and blue, stool all three)
-  and turbid in-scattering towards the fluid's body colour, lit like the tissue around it,
+  linear light: the tissue is seen through ``T_c = exp(-(mu_c + s) d)``, extinction being
+  absorption (bile absorbs blue, blood green and blue, stool all three) plus scattering ``s``
+  out of the beam, so deep turbid fluid hides the folds under it; turbid in-scattering towards
+  the fluid's body colour (liquid stool ochre, bile golden), lit by the scope's falloff around
+  it (the luma blurred over 8 % of the shorter side, not the folds' shading),
   through a depth ``d`` that grows from the shore as a shallow wedge (thin and clear at the
   edge, turbid deep in the pool) and is patchy with the fluid's concentration (blood swirls in
   rinse water); forward scattering blurs the tissue seen through turbid fluid, so its texture
@@ -51,10 +64,13 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   slope continued past the shore, so there is no one-pixel line) and low ripples on the body:
   it refracts the tissue seen through it (shifted by the surface's slope) and mirrors the light
   at the lens where its slope is the keyed tilt of the half vector: broken, clipped glints on
-  the ripples of the open surface, a soft arc along the meniscus on the side facing the light,
-  over water's 2 % Fresnel sheen, all fading in off the shore. Fine bubbles float on it (bile and
-  stool froth most, rinse water least), in clumps and gathered along the shore: at most one per
-  cell of a keyed jittered grid, each a dark refraction ring with a small glint. It may hide
+  the fine ripples of the open surface (a lobe narrow along the tilt and three times wider
+  across it, so each glint is a thin streak along a ripple's crest; the lamp's image saturates
+  even where the tissue is dim), a soft arc along the meniscus on the side facing the light,
+  over water's 2 % Fresnel sheen, all fading in off the shore, broken into pieces by a keyed
+  noise (capillary waves, floating film). Fine bubbles float on it (bile and stool froth most,
+  rinse water least), in a few dense patches and gathered along the shore: at most one per cell
+  of a keyed jittered grid, each a faint refraction ring with a small bright glint. It may hide
   findings: ``occludes``.
 """
 
@@ -253,35 +269,39 @@ BUBBLE_LAMBDA = (610.0, 550.0, 465.0)  # nm: red, green, blue of the thin-film i
 BUBBLE_IRIDESCENCE = 0.35  # swing of the film's colour around grey on the lit side of the rim
 BUBBLE_ENV = (1.6, 0.03)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
 BUBBLE_WALL = 0.12  # brightness of the wall's edge-on line, relative to env
-BUBBLE_DARK = (0.5, 0.84, 0.08)  # dark refraction band: depth, radius fraction, width
+BUBBLE_DARK = (0.7, 0.8, 0.12)  # dark refraction band: depth, radius fraction, width
+BUBBLE_CAP = (0.5, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
 BUBBLE_CAUSTIC = 0.3  # light focused by the dome onto the inner rim opposite the light
 GLINT_AXIS = 0.9  # glint offset towards the optical axis (radius fraction per shorter side off it)
 GLINT_ELONGATION = 1.3  # a glint's length over its width (the light guide's exit is oblong)
 GLINT_MIN_PX = 0.6  # a pixel's footprint added to a glint's sigma (pixels)
-GLINT_NONE = 0.2  # share of bubbles whose glint misses the lens (no glint)
-GLINT_PEAK = (1.4, 0.8)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
-GLINT_SIZE = (0.05, 0.13)  # a glint's gaussian sigma, radius fraction
+GLINT_NONE = 0.55  # share of bubbles whose glint misses the lens (no glint): glints are few
+GLINT_PEAK = (1.0, 0.8)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
+GLINT_SIZE = (0.04, 0.1)  # a glint's gaussian sigma, radius fraction
 BUBBLE_PSF = 0.0008  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
 BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
 BUBBLE_RANGE = 2.5  # radii spread log-normally, clipped to [1/2.5, 2.5] x the level's median
-BUBBLE_SPREAD = 0.5  # log-normal sigma of the radii
+# cells from this index on grow, up to (1 + this) x at the last one: heavy foam has larger cells
+BUBBLE_GROWTH = (220, 1.6)
+BUBBLE_SPREAD = 0.35  # log-normal sigma of the radii (foam cells are of similar size)
 BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
 BUBBLE_GAP = 0.0006  # least gap between two bubbles (shorter side): foam cells touch
 BUBBLE_ASPECT = (0.35, 0.07, 0.7)  # perspective squash per shorter side off axis, jitter, floor
-BUBBLE_POOL = 420  # bubbles drawn per sample; a severity keeps the first ``count``
-BUBBLE_GROUPS = (
-    0.3,
-    0.22,
-    0.17,
-    0.13,
-    0.08,
-    0.1,
-)  # share of the pool in each foam cluster, then singles
-BUBBLE_CHAIN = 0.4  # share of a cluster's cells added at the end of its string
+BUBBLE_POOL = 400  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
+# parameter holds at most 4096 values: 400 rows of BUBBLE_ROW)
+# share of the pool in each foam cluster, then singles (few: foam comes in clusters)
+BUBBLE_GROUPS = (0.16, 0.14, 0.12, 0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.02)
+BUBBLE_CHAIN = 0.3  # share of a cluster's cells added at the end of its string
 BUBBLE_TRIES = 24  # placements tried per bubble
 # recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
-# phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size
-BUBBLE_ROW = 9
+# phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size,
+# defocus (0 in focus, 1 out of focus: the cluster's distance from the focal plane)
+BUBBLE_ROW = 10
+# where foam collects: the frame's fold map (band-pass of the luma: fold crests, valleys and
+# their edges) standardised by its ``quantile`` over the tissue (at least ``floor``); a bubble is
+# drawn as much as the map at its centre passes ``(lo, hi)``; blurs (shorter side)
+FOAM_FOLDS = {"fine": 0.006, "coarse": 0.04, "quantile": 0.9, "floor": 0.02, "lo": 0.05, "hi": 0.3}
+BUBBLE_DEFOCUS = 0.004  # extra blur (gaussian sigma, shorter side) of a cluster out of focus
 BUBBLE_MIN_PX = 1.0  # smallest radius drawn (pixels): on small images a bubble is at least a pixel
 
 
@@ -297,8 +317,9 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     strings (most cells added at the end of their cluster's string, meandering, the rest anywhere
     on it), each cell touching one already placed and overlapping none, plus a few single
     bubbles; log-normal radii, perspective ellipses squashed towards the optical axis, film
-    thickness and phase, and per bubble a glint's peak (none for some) and size. Every draw has a
-    fixed size, so a sample's bubbles at one severity are among those at the next."""
+    thickness and phase, per bubble a glint's peak (none for most) and size, per cluster a
+    defocus. Every draw has a fixed size, so a sample's bubbles at one severity are among those
+    at the next."""
     count = min(draw_int(rng, level["count"]), BUBBLE_POOL)
     radius = draw(rng, level["radius"])
     light = float(rng.uniform(0.0, 2.0 * math.pi))
@@ -308,6 +329,11 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
         radius / BUBBLE_RANGE,
         min(radius * BUBBLE_RANGE, BUBBLE_MAX),
     )
+    # heavy foam (the cells only the top severities add) carries larger bubbles too
+    late = np.clip(
+        (np.arange(BUBBLE_POOL) - BUBBLE_GROWTH[0]) / (BUBBLE_POOL - BUBBLE_GROWTH[0]), 0, 1
+    )
+    sizes = np.minimum(sizes * (1.0 + BUBBLE_GROWTH[1] * late), BUBBLE_MAX)
     # cluster of each bubble (the last column: a single bubble anywhere in the field)
     group = np.searchsorted(np.cumsum(BUBBLE_GROUPS), rng.random(BUBBLE_POOL) * sum(BUBBLE_GROUPS))
     singles = len(BUBBLE_GROUPS) - 1
@@ -321,6 +347,8 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     peaks = np.exp(rng.normal(math.log(GLINT_PEAK[0]), GLINT_PEAK[1], size=BUBBLE_POOL))
     peaks = np.where(rng.random(BUBBLE_POOL) < GLINT_NONE, 0.0, peaks)
     spots = rng.uniform(*GLINT_SIZE, size=BUBBLE_POOL)
+    # each cluster lies at its own distance from the focal plane (depth of field)
+    defocus = rng.uniform(0.0, 1.0, size=len(BUBBLE_GROUPS))
     placed = np.zeros((0, 5))  # x, y, r, aspect, orientation
     owner: list[int] = []
     tail = [-1] * singles
@@ -377,10 +405,19 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
                         ori,
                         float(peaks[i]),
                         float(spots[i]),
+                        float(defocus[c]),
                     ]
                 )
                 break
-    return {"count": count, "radius": radius, "light": light, "glint": glint, "bubbles": rows}
+    spread = draw(rng, level["spread"])
+    return {
+        "count": count,
+        "radius": radius,
+        "light": light,
+        "glint": glint,
+        "spread": spread,
+        "bubbles": rows,
+    }
 
 
 def _bubble_shape(x: float, y: float, squash: float, tilt: float) -> tuple[float, float]:
@@ -470,7 +507,12 @@ def bubble_film(
     # the wall seen edge-on at the outline: a thin line mirroring the light, and inside it a
     # dark band where the light is refracted out of the camera's view
     wall = BUBBLE_WALL * ops.exp(-0.5 * ((rho - 0.97) / 0.025) ** 2) * shade
-    dark = 1.0 - BUBBLE_DARK[0] * ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / BUBBLE_DARK[2]) ** 2)
+    # (deepest on the side away from the light: the refracted rays there miss the lens)
+    band = ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / BUBBLE_DARK[2]) ** 2)
+    dark = 1.0 - BUBBLE_DARK[0] * (0.5 + 0.5 * (1.0 - lit)) * band
+    # the lamp mirrored by the curved inner wall on the lit side: a bright crescent cap (what
+    # makes real small bubbles read as lit domes rather than outlines)
+    cap = BUBBLE_CAP[0] * lit**3 * ops.exp(-0.5 * ((rho - BUBBLE_CAP[1]) / BUBBLE_CAP[2]) ** 2)
     caustic = 1.0 + BUBBLE_CAUSTIC * (1.0 - lit) * ops.exp(-0.5 * ((rho - 0.68) / 0.12) ** 2)
     white = sum(env[ch] for ch in range(channels)) / channels
     # the glint: the light guide's exit mirrored by the dome, oblong along the guides' axis,
@@ -483,7 +525,7 @@ def bubble_film(
     return [
         (
             behind[ch] * (1.0 - fresnel) * caustic
-            + (env[ch] * fresnel * shade + white * wall) * tint[ch]
+            + (env[ch] * fresnel * shade + white * (wall + cap)) * tint[ch]
         )
         * dark
         + spot
@@ -519,11 +561,14 @@ def render_bubble(
     light: float,
     glint: float,
     env: Sequence[float],
+    weight: float = 1.0,
+    soft: np.ndarray | None = None,
 ) -> None:
-    """Add one recorded bubble's change ``cover * (film - tissue)`` to ``out`` (CHW), reading
-    the tissue behind from ``lin`` (CHW linear). row: ``BUBBLE_ROW`` values (x, y from the image
-    centre and r in shorter-side units, film nm, phase, aspect, orientation, glint peak and
-    size)."""
+    """Add one recorded bubble's change ``weight * cover * (film - tissue)`` to ``out`` (CHW),
+    reading the tissue behind from ``lin`` (CHW linear); with a ``soft`` layer the share given
+    by the row's defocus goes there instead (blurred more by the caller). row: ``BUBBLE_ROW``
+    values (x, y from the image centre and r in shorter-side units, film nm, phase, aspect,
+    orientation, glint peak and size, defocus)."""
     c, h, w = lin.shape
     ops = _Ops(False)
     cx, cy, r = _bubble_pixels(np.asarray([row], np.float64), h, w)[0]
@@ -558,9 +603,53 @@ def render_bubble(
         ops,
         c,
     )
-    region = out[:, y0:y1, x0:x1]
-    for ch in range(c):
-        region[ch] += cover * (film[ch] - lin[ch, y0:y1, x0:x1])
+    blur = np.float32(row[9]) if soft is not None else np.float32(0.0)
+    parts = [(out, np.float32(weight) * (np.float32(1.0) - blur))]
+    if soft is not None:
+        parts.append((soft, np.float32(weight) * blur))
+    for layer, share in parts:
+        region = layer[:, y0:y1, x0:x1]
+        for ch in range(c):
+            region[ch] += share * (cover * (film[ch] - lin[ch, y0:y1, x0:x1]))
+
+
+def foam_folds(img: np.ndarray, tissue: np.ndarray, spread: float = 0.0) -> np.ndarray:
+    """float32 (H, W) in [0, 1]: where foam collects on this frame. Foam is carried by the
+    liquid film that gathers along the mucosal folds (in the valleys and on the crests where the
+    film drains), so the map is the frame's fold pattern: the magnitude of a band-pass of the
+    luma (``FOAM_FOLDS``: fine minus coarse blur), standardised by its upper quantile over the
+    tissue (at least an absolute floor, so a flat frame has no folds) and ramped between
+    ``lo`` and ``hi``, both lowered by the share ``spread`` (abundant foam overflows the folds
+    onto fainter relief; a flat frame still has none)."""
+    scale = min(tissue.shape)
+    lum = _host.luma(img)
+    band = np.abs(
+        _host.gauss(lum, FOAM_FOLDS["fine"] * scale)
+        - _host.gauss(lum, FOAM_FOLDS["coarse"] * scale)
+    )
+    vals = band[tissue]
+    if vals.size == 0:
+        return np.zeros_like(band)
+    top = np.float32(max(float(np.quantile(vals, FOAM_FOLDS["quantile"])), FOAM_FOLDS["floor"]))
+    keep = np.float32(1.0 - spread)
+    lo, hi = np.float32(FOAM_FOLDS["lo"]) * keep, np.float32(FOAM_FOLDS["hi"]) * keep
+    return np.clip((band / top - lo) / (hi - lo), 0.0, 1.0)
+
+
+def foam_folds_t(x: torch.Tensor, tissue: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
+    """(B, H, W) ``foam_folds`` of a batch (tissue: bool (B, 1, H, W), spread (B,))."""
+    scale = min(x.shape[-2:])
+    lum = _host.luma_t(x)
+    band = (
+        _host.gauss_t(lum, FOAM_FOLDS["fine"] * scale)
+        - _host.gauss_t(lum, FOAM_FOLDS["coarse"] * scale)
+    ).abs()
+    top = _host.masked_quantile(band, tissue[:, 0], FOAM_FOLDS["quantile"])
+    top = torch.where(torch.isnan(top), 1.0, top.clamp(min=FOAM_FOLDS["floor"]))
+    top = top.to(torch.float32).view(-1, 1, 1)
+    keep = (1.0 - spread.to(torch.float64)).to(torch.float32).view(-1, 1, 1)
+    lo, hi = FOAM_FOLDS["lo"] * keep, FOAM_FOLDS["hi"] * keep
+    return ((band / top - lo) / (hi - lo)).clamp(0.0, 1.0)
 
 
 def _drawn_rows(rows: np.ndarray, tissue: np.ndarray) -> np.ndarray:
@@ -581,6 +670,11 @@ def _camera_sigma(h: int, w: int) -> float:
     """The camera's blur on the bubble layer (pixels): what the optics and sensor do to the rest
     of the frame, so the bubbles are no sharper than the tissue."""
     return max(BUBBLE_PSF * min(h, w), BUBBLE_PSF_MIN)
+
+
+def _defocus_sigma(h: int, w: int) -> float:
+    """The blur (pixels) of a cluster out of focus: the camera's and the defocus together."""
+    return math.hypot(_camera_sigma(h, w), BUBBLE_DEFOCUS * min(h, w))
 
 
 def _bubbles_batch(
@@ -613,6 +707,8 @@ def _bubbles_batch(
     flat = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).view(b, -1)
     on_tissue = tissue.view(b, h * w).gather(1, flat)
     drawn = (rows[:, :, 2] > 0) & on_image & on_tissue & (radius >= BUBBLE_MIN_PX)
+    # foam gathers along the folds: each bubble drawn as much as the fold map at its centre
+    folds = foam_folds_t(x, tissue, p["spread"]).view(b, h * w).gather(1, flat).view(b, n, 1, 1)
     # patch side from the largest radius a bubble may have at this size (shapes only)
     reach = math.ceil(BUBBLE_MAX * scale) + 2
     side = 2 * reach + 1
@@ -653,18 +749,22 @@ def _bubbles_batch(
     )
     inside = (px >= 0) & (px < w) & (py >= 0) & (py < h) & drawn.view(b, n, 1, 1)
     index = torch.where(inside, py.clamp(0, h - 1) * w + px.clamp(0, w - 1), 0)
-    weight = torch.where(inside, cover, 0.0)
+    weight = torch.where(inside, cover * folds, 0.0)
     tissue_here = (
         lin.reshape(b, c, h * w)
         .gather(2, index.reshape(b, 1, -1).expand(b, c, -1))
         .view(b, c, n, side, side)
     )
-    delta = torch.stack(
-        [weight * (film[ch] - tissue_here[:, ch]) for ch in range(c)], dim=1
-    ).reshape(b, c, -1)
-    added = torch.zeros(b, c, h * w, device=x.device, dtype=lin.dtype)
-    added.scatter_add_(2, index.reshape(b, 1, -1).expand(b, c, -1), delta)
-    out = lin + _host.gauss_t(added.view(b, c, h, w), _camera_sigma(h, w))
+    delta = torch.stack([weight * (film[ch] - tissue_here[:, ch]) for ch in range(c)], dim=1)
+    # each cluster's share out of focus reaches the frame through the wider blur
+    blur = col[9].unsqueeze(1)
+    out = lin
+    for share, sigma in ((1.0 - blur, _camera_sigma(h, w)), (blur, _defocus_sigma(h, w))):
+        added = torch.zeros(b, c, h * w, device=x.device, dtype=lin.dtype)
+        added.scatter_add_(
+            2, index.reshape(b, 1, -1).expand(b, c, -1), (share * delta).reshape(b, c, -1)
+        )
+        out = out + _host.gauss_t(added.view(b, c, h, w), sigma)
     res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
     return torch.where(tissue, res, x).clamp(0.0, 1.0)
 
@@ -679,12 +779,23 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
     tissue = view.tissue
     lin = _host.to_linear(img)
     layer = np.zeros_like(lin)
+    soft = np.zeros_like(lin)
+    h, w = tissue.shape
     rows = _drawn_rows(np.asarray(p["bubbles"], dtype=np.float64).reshape(-1, BUBBLE_ROW), tissue)
     env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
-    for row in rows.tolist():
-        render_bubble(lin, layer, row, float(p["light"]), float(p["glint"]), env.tolist())
-    sigma = _camera_sigma(*tissue.shape)
-    out = lin + _host.per_channel(layer, lambda z: _host.gauss(z, sigma))
+    folds = foam_folds(img, tissue, float(p["spread"]))
+    centres = _bubble_pixels(rows, h, w)
+    for row, (bx, by, _r) in zip(rows.tolist(), centres.tolist(), strict=True):
+        gate = float(folds[math.trunc(by), math.trunc(bx)])
+        render_bubble(
+            lin, layer, row, float(p["light"]), float(p["glint"]), env.tolist(), gate, soft
+        )
+    sharp_sigma, soft_sigma = _camera_sigma(h, w), _defocus_sigma(h, w)
+    out = (
+        lin
+        + _host.per_channel(layer, lambda z: _host.gauss(z, sharp_sigma))
+        + _host.per_channel(soft, lambda z: _host.gauss(z, soft_sigma))
+    )
     res = _host.to_display(np.clip(out, 0.0, 1.0))
     res[:, ~tissue] = img[:, ~tissue]
     return res
@@ -703,31 +814,34 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
 # stirred with air by the rinse; rinse water little).
 FLUID_NAMES = ("bile", "stool", "blood", "clear")
 FLUIDS = {
-    0: ((0.25, 0.45, 2.2), (0.62, 0.42, 0.07), 1.5, 0.35, 0.08, (0.25, 0.17, 0.03), 0.6),
-    1: ((1.6, 2.2, 3.2), (0.32, 0.20, 0.07), 1.2, 0.5, 0.5, (0.16, 0.10, 0.03), 0.8),
+    0: ((0.25, 0.45, 2.2), (0.85, 0.45, 0.04), 1.5, 0.35, 0.08, (0.25, 0.17, 0.03), 0.6),
+    1: ((1.6, 2.2, 3.2), (0.6, 0.3, 0.045), 1.4, 0.5, 0.5, (0.16, 0.10, 0.03), 0.8),
     2: ((1.2, 6.0, 5.5), (0.35, 0.02, 0.02), 0.35, 0.8, 0.35, (0.08, 0.0, 0.0), 0.7),
-    3: ((0.08, 0.04, 0.03), (0.5, 0.5, 0.46), 0.6, 0.5, 0.1, (0.3, 0.27, 0.15), 0.3),
+    3: ((0.08, 0.04, 0.03), (0.5, 0.5, 0.46), 0.2, 0.5, 0.1, (0.3, 0.27, 0.15), 0.3),
 }
 FLUID_RAMP = 0.07  # the pool deepens from its edge over about twice this (shorter side)
 FLUID_WEDGE = 1.5  # depth ~ floor ** this: a shallow wedge at the shore, no abrupt turbid edge
 FLUID_MURK_CELL = 0.08  # patches of concentration (shorter side)
 FLUID_FLECK_CELL = 0.012  # suspended particles (shorter side)
 FLUID_MENISCUS = (0.004, 0.014)  # meniscus height and width (shorter side)
-FLUID_RIPPLE = (0.0012, 0.07)  # ripple height and wavelength (shorter side)
+FLUID_RIPPLE = (0.0007, 0.03)  # ripple height and wavelength (shorter side)
 FLUID_REFRACTION = 0.015  # tissue shift (shorter side) per unit slope of the surface
-FLUID_GLINT = (4.0, 0.01)  # specular lobe of the surface: peak (linear, clipped) and slope width
+FLUID_GLINT = (6.0, 0.006, 3.0)  # specular lobe of the surface: peak (linear, clipped), slope
+# width along the tilt and the factor it is wider across (a glint runs along a ripple's crest)
 FLUID_ARC = (0.35, 0.15)  # meniscus arc: brightness (linear) and the slope at which it is full
+FLUID_BREAK = (0.02, 2.5)  # the glints' breaks: noise cell (shorter side) and contrast
 FLUID_SHEEN = 0.02  # Fresnel reflectance of water at normal incidence, the surface's sheen
 FLUID_RELIEF = (0.3, 0.012)  # weight of the relief in the pool's level; its blur (shorter side)
 # the relief is rounded to 1/256: the two paths' blurs differ by float32 rounding, and the pool
 # is a threshold of it (the steps move the shore by well under a pixel)
 FLUID_RELIEF_STEPS = 256
 FLUID_SCATTER_BLUR = 0.006  # blur of the tissue seen through turbid fluid (shorter side)
+FLUID_LIGHT_BLUR = 0.08  # the fluid's body is lit by the scope's falloff, not the folds' shading
 # fine bubbles floating on the pool: one at most per cell of a jittered grid (cell, shorter
 # side), radii a share of the cell, and the cell of their clumps (shorter side)
-FLUID_FOAM = (0.011, (0.15, 0.35), 0.05)
-FLUID_FOAM_SHARE = 0.4  # share of the grid's cells that hold a fine bubble
-FLUID_FOAM_LOOK = (0.5, 1.5)  # their dark ring's depth and their glint's peak (linear)
+FLUID_FOAM = (0.011, (0.12, 0.25), 0.05)
+FLUID_FOAM_SHARE = 0.45  # share of the grid's cells that hold a fine bubble
+FLUID_FOAM_LOOK = (0.35, 2.5)  # their dark ring's depth and their glint's peak (linear)
 
 
 def foam_look(dx: Any, dy: Any, rad: Any, present: Any, ops: _Ops) -> tuple[Any, Any]:
@@ -793,6 +907,18 @@ def fine_foam_t(
     ys = torch.arange(h, device=gate.device, dtype=torch.float32).view(1, 1, h, 1) + 0.5
     present = (u < FLUID_FOAM_SHARE).to(torch.float32) * gate.clamp(0.0, 1.0)
     return foam_look(xs - cx, ys - cy, rad, present, ops)
+
+
+def glint_lobe(gx: Any, gy: Any, tx: Any, ty: Any, ops: _Ops) -> Any:
+    """The liquid surface's specular lobe where its slope (gx, gy) is near the tilt (tx, ty)
+    that mirrors the lamp into the lens: narrow along the tilt, ``FLUID_GLINT[2]`` x wider
+    across it, so the glints are thin streaks along the ripples' crests (shared by both
+    paths)."""
+    norm = ops.sqrt(tx * tx + ty * ty) + 1e-6
+    ux, uy = tx / norm, ty / norm
+    ex, ey = gx - tx, gy - ty
+    along, across = ex * ux + ey * uy, (ey * ux - ex * uy) / FLUID_GLINT[2]
+    return ops.exp(-0.5 * (along * along + across * across) / FLUID_GLINT[1] ** 2)
 
 
 def _fluid_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -979,27 +1105,42 @@ def _fluid_occlusion_batch(
     # forward scattering in the turbid fluid blurs the tissue seen through it
     hazy = 1.0 - torch.exp(-turbid * dens)
     behind = behind + (_host.gauss_t(behind, FLUID_SCATTER_BLUR * scale) - behind) * hazy
-    lit = _host.gauss_t(_host.luma_t(lin), 0.03 * scale)
+    lit = _host.gauss_t(_host.luma_t(lin), FLUID_LIGHT_BLUR * scale)
     top = _host.masked_quantile(lit, tissue[:, 0], 0.98)
     lit = (lit / (top + 1e-6).to(torch.float32).view(-1, 1, 1)).clamp(0.0, 1.0).unsqueeze(1)
     light = 0.02 + 0.98 * lit  # the fluid is lit like the tissue around it
-    trans = torch.exp(-mu * dens) * (1.0 - flecks)
+    # extinction is absorption plus scattering out of the beam: deep, turbid fluid hides the
+    # folds under it
+    trans = torch.exp(-(mu + turbid) * dens) * (1.0 - flecks)
     scatter = body * (1.0 - torch.exp(-turbid * dens)) * light + fleck * flecks * light
     tx, ty = (p["tilt"][:, i].view(-1, 1, 1, 1) for i in (0, 1))
-    lobe = torch.exp(-0.5 * ((gx - tx) ** 2 + (gy - ty) ** 2) / FLUID_GLINT[1] ** 2)
+    lobe = glint_lobe(gx, gy, tx, ty, _Ops(True))
     steep = torch.sqrt(gx * gx + gy * gy)
     facing = (gx * tx + gy * ty) / (steep * torch.sqrt(tx * tx + ty * ty) + 1e-6)
     arc = FLUID_ARC[0] * (steep / FLUID_ARC[1]).clamp(0.0, 1.0) * (0.5 + 0.5 * facing) ** 2
     wet = (1.0 - 2.0 * rise).clamp(0.0, 1.0)  # the surface fades in off the shore: no line
     # the sharp glints on the ripples of the open surface; the meniscus shows its soft arc
-    surface = (FLUID_GLINT[0] * lobe * floor + arc + FLUID_SHEEN) * wet * lit * poolf
+    # (a mirrored image of the lamp saturates the sensor even where the tissue is dim)
+    # the surface is broken (capillary waves, floating film): its glints come in pieces
+    broken = (
+        (
+            FLUID_BREAK[1]
+            * _host.value_noise_t(keys, "fluid-glint-break", h, w, FLUID_BREAK[0] * scale, x)
+            + 0.5
+        )
+        .clamp(0.0, 1.0)
+        .unsqueeze(1)
+    )
+    glints = FLUID_GLINT[0] * lobe * floor * broken * torch.sqrt(lit)
+    surface = (glints + (arc + FLUID_SHEEN) * lit) * wet
+    surface = surface * poolf
     # fine foam floating on the pool, gathered in clumps and along the meniscus: each bubble a
     # dark ring with a glint of the light
     clump = _host.value_noise_t(keys, "fluid-foam-clump", h, w, FLUID_FOAM[2] * scale, x)
     shore = (men / 0.3).clamp(max=1.0)
-    gate = foam * (1.5 * clump.unsqueeze(1) - 0.15).clamp(0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
+    gate = foam * (3.0 * clump.unsqueeze(1) - 1.5).clamp(0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
     shade, spark = fine_foam_t(keys, h, w, gate, _Ops(True))
-    fluid = (behind * trans + scatter) * shade + surface + spark * lit
+    fluid = (behind * trans + scatter) * shade + surface + spark * torch.sqrt(lit)
     res = _math.linear_to_srgb(torch.where(pool, fluid, lin).clamp(0.0, 1.0))
     res = torch.where(tissue & pool, res, x)
     return res.clamp(0.0, 1.0)
@@ -1057,10 +1198,12 @@ def fluid_occlusion(
     hazy = 1.0 - np.exp(-np.float32(turbid) * dens)
     blurred = _host.per_channel(behind, lambda z: _host.gauss(z, FLUID_SCATTER_BLUR * scale))
     behind = behind + (blurred - behind) * hazy[None]
-    lit = _host.gauss(_host.luma(lin), 0.03 * scale)
+    lit = _host.gauss(_host.luma(lin), FLUID_LIGHT_BLUR * scale)
     lit = np.clip(lit / (float(np.quantile(lit[tissue], 0.98)) + 1e-6), 0.0, 1.0)
     light = 0.02 + 0.98 * lit  # the fluid is lit like the tissue around it
-    trans = np.exp(-mu[:, None, None] * dens[None]) * (1.0 - flecks)[None]
+    # extinction is absorption plus scattering out of the beam: deep, turbid fluid hides the
+    # folds under it
+    trans = np.exp(-(mu[:, None, None] + np.float32(turbid)) * dens[None]) * (1.0 - flecks)[None]
     scatter = (
         body[:, None, None] * (1.0 - np.exp(-np.float32(turbid) * dens))[None] * light[None]
         + fleck[:, None, None] * (flecks * light)[None]
@@ -1068,21 +1211,32 @@ def fluid_occlusion(
     # the surface mirrors the light where its slope is the keyed tilt (meniscus arc, ripple
     # glints), clipped by the sensor, over a faint Fresnel sheen
     tx, ty = (np.float32(v) for v in np.asarray(p["tilt"]).reshape(2))
-    lobe = np.exp(-0.5 * ((gx - tx) ** 2 + (gy - ty) ** 2) / np.float32(FLUID_GLINT[1] ** 2))
+    lobe = glint_lobe(gx, gy, tx, ty, _Ops(False))
     # the meniscus, curving steeply up to the mucosa, mirrors the light along the arc facing it
     steep = np.sqrt(gx * gx + gy * gy)
     facing = (gx * tx + gy * ty) / (steep * np.sqrt(tx * tx + ty * ty) + np.float32(1e-6))
     arc = FLUID_ARC[0] * np.clip(steep / FLUID_ARC[1], 0.0, 1.0) * (0.5 + 0.5 * facing) ** 2
     wet = np.clip(1.0 - 2.0 * rise, 0.0, 1.0)  # the surface fades in off the shore: no line
     # the sharp glints on the ripples of the open surface; the meniscus shows its soft arc
-    surface = (FLUID_GLINT[0] * lobe * floor + arc + FLUID_SHEEN) * wet * lit * poolf
+    # (a mirrored image of the lamp saturates the sensor even where the tissue is dim)
+    # the surface is broken (capillary waves, floating film): its glints come in pieces
+    broken = np.clip(
+        np.float32(FLUID_BREAK[1])
+        * _host.value_noise(key, "fluid-glint-break", h, w, FLUID_BREAK[0] * scale)
+        + np.float32(0.5),
+        0.0,
+        1.0,
+    )
+    glints = FLUID_GLINT[0] * lobe * floor * broken * np.sqrt(lit)
+    surface = (glints + (arc + FLUID_SHEEN) * lit) * wet
+    surface = surface * poolf
     # fine foam floating on the pool, gathered in clumps and along the meniscus: each bubble a
     # dark ring with a glint of the light
     clump = _host.value_noise(key, "fluid-foam-clump", h, w, FLUID_FOAM[2] * scale)
     shore = np.minimum(men / np.float32(0.3), np.float32(1.0))
-    gate = np.float32(foam) * np.clip(1.5 * clump - 0.15, 0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
+    gate = np.float32(foam) * np.clip(3.0 * clump - 1.5, 0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
     shade, spark = fine_foam(key, h, w, gate, _Ops(False))
-    fluid = (behind * trans + scatter) * shade[None] + (surface + spark * lit)[None]
+    fluid = (behind * trans + scatter) * shade[None] + (surface + spark * np.sqrt(lit))[None]
     out = np.where(pool[None], fluid, lin)
     res = _host.to_display(np.clip(out, 0.0, 1.0))
     keep = ~(tissue & pool)

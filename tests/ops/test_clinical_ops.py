@@ -21,12 +21,14 @@ from perturb.catalog.ops import get_op
 from perturb.engine.annotations import transform_boxes
 from perturb.ops import _host
 from perturb.ops.clinical import (
+    BUBBLE_DEFOCUS,
     BUBBLE_ENV,
     BUBBLE_GAP,
     BUBBLE_IRIDESCENCE,
     BUBBLE_PSF,
     BUBBLE_PSF_MIN,
     BUBBLE_ROW,
+    FLUID_GLINT,
     FLUIDS,
     GLINT_AXIS,
     _Ops,
@@ -34,6 +36,8 @@ from perturb.ops.clinical import (
     ellipse_reach,
     fluid_occlusion,
     fluid_relief,
+    foam_folds,
+    glint_lobe,
     glint_offset,
     pool_mask,
     render_bubble,
@@ -211,7 +215,8 @@ def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre()
     camera, off centre towards the light guide and, for an off-axis bubble, towards the optical
     axis (the same light for every bubble); a bubble may catch no glint; the rim's colour is
     two-beam thin-film interference ``1 - a lit cos(4 pi n d cos(theta_t) / lambda)`` per
-    channel, so it is grey on the side away from the light."""
+    channel, so it is grey on the side away from the light; the lit inner wall mirrors the lamp
+    as a bright crescent cap."""
     side, r, mid = 1400, 0.03 * 1400, 700  # the largest bubble drawn (BUBBLE_MAX)
     lin = np.full((3, side, side), 0.2, dtype=np.float32)
     lin[:, :, mid + 20 :] = 0.3  # an edge 20 px right of the centre (rho 0.48)
@@ -264,6 +269,11 @@ def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre()
     tint = [1.0 - BUBBLE_IRIDESCENCE * lit * np.cos(4 * np.pi * 1.33 * d * cos_t / lam) for lam in (610.0, 550.0, 465.0)]
     for ch in (0, 2):
         assert np.allclose(rim[ch][sel] / rim[1][sel], tint[ch] / tint[1], rtol=1e-3), ch
+    # the lamp mirrored by the lit inner wall: a bright crescent cap (a lit dome, not an outline)
+    cap_zone = (rho > 0.65) & (rho < 0.75)
+    facing = np.cos(np.arctan2(dy, dx) - gphi)
+    lit_cap, dark_cap = rim.mean(0)[cap_zone & (facing > 0.95)].mean(), rim.mean(0)[cap_zone & (facing < -0.95)].mean()
+    assert lit_cap > 0.1 and lit_cap > 3.0 * dark_cap, (lit_cap, dark_cap)
     spread = rim[0][sel] / rim[2][sel]
     assert spread[lit > 0.8].std() > 0.1, "the film's colour changes around the lit rim"
     assert spread[lit < 0.05].std() < 0.03, "no rainbow on the side away from the light"
@@ -271,9 +281,10 @@ def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre()
 
 
 def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
-    """The op's bubble layer (each bubble's cover * (film - tissue)) reaches the output through
-    the camera's gaussian blur (SciPy's filter as the reference), so a glint or rim is no sharper
-    than the tissue."""
+    """The op's bubble layer (each bubble's cover * (film - tissue), weighted by the fold map at
+    its centre) reaches the output through the camera's gaussian blur (SciPy's filter as the
+    reference), the share out of focus (the cluster's defocus) through the wider defocus blur,
+    so a glint or rim is no sharper than the tissue."""
     img = _frame(2, 0.5)
     spec = get_op("bubbles")
     p = spec.entry.sampler(rng.scalar_rng(7), spec.spec.level(3))
@@ -281,30 +292,41 @@ def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     view = _view(img)
     out = _lin(bubbles(img, params, 7, view))
     lin = _host.to_linear(img)
-    layer = np.zeros_like(lin)
+    layer, soft = np.zeros_like(lin), np.zeros_like(lin)
     rows = np.asarray(params["bubbles"], np.float64).reshape(-1, BUBBLE_ROW)
     env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
+    assert 0.05 < (foam_folds(img, view.tissue) > 0.5).mean() < 0.8, "foam only along the folds"
+    narrow, wide = foam_folds(img, view.tissue), foam_folds(img, view.tissue, 0.6)
+    assert (wide >= narrow).all() and (wide > 0.5).mean() > (narrow > 0.5).mean() + 0.05, "spread"
+    folds = foam_folds(img, view.tissue, float(params["spread"]))
     for row in rows.tolist():
-        if view.tissue[int(img.shape[1] / 2 + row[1] * min(img.shape[1:])), int(img.shape[2] / 2 + row[0] * min(img.shape[1:]))]:
-            render_bubble(lin, layer, row, float(params["light"]), float(params["glint"]), env.tolist())
-    assert np.abs(layer).max() > 0.1
+        iy, ix = int(img.shape[1] / 2 + row[1] * min(img.shape[1:])), int(img.shape[2] / 2 + row[0] * min(img.shape[1:]))
+        if view.tissue[iy, ix]:
+            render_bubble(lin, layer, row, float(params["light"]), float(params["glint"]), env.tolist(), float(folds[iy, ix]), soft)
+    assert np.abs(layer).max() > 0.1 and np.abs(soft).max() > 0.05
     sigma = max(BUBBLE_PSF * min(img.shape[1:]), BUBBLE_PSF_MIN)
-    blurred = np.stack([scipy.ndimage.gaussian_filter(c.astype(np.float64), sigma, mode="mirror", truncate=4.0) for c in layer])
+    wide = math.hypot(sigma, BUBBLE_DEFOCUS * min(img.shape[1:]))
+    blurred = sum(
+        np.stack([scipy.ndimage.gaussian_filter(c.astype(np.float64), s, mode="mirror", truncate=4.0) for c in part])
+        for part, s in ((layer, sigma), (soft, wide))
+    )
     expect = np.clip(lin + blurred, 0.0, 1.0)
     sel = view.tissue & (expect.max(0) < 0.98)
     assert np.abs(out[:, sel] - expect[:, sel]).max() < 2e-3
-    sharp = np.abs(np.diff(np.clip(lin + layer, 0, 1), axis=2)).max()
+    sharp = np.abs(np.diff(np.clip(lin + layer + soft, 0, 1), axis=2)).max()
     assert np.abs(np.diff(out, axis=2))[:, view.tissue[:, 1:]].max() < sharp, "as sharp as unblurred"
 
 
 def test_bubbles_pack_into_foam_strings_sized_like_real_ones_and_nest_across_severities() -> None:
     """Cells never overlap (elliptic outlines along the line between centres), most touch a
-    neighbour, radii are near single real bubbles' (median 0.8 % of the shorter side), outlines
-    are squashed towards the optical axis, glints vary (some bubbles none), and a severity's
+    neighbour, radii are near real foam cells' (median 0.55 % of the shorter side), outlines
+    are squashed towards the optical axis, glints vary (most bubbles none), the cells added at
+    the top severities are larger (heavy foam), clusters differ in focus, and a severity's
     bubbles are the first ones of the next severity's (one perturbation at five strengths)."""
     spec = get_op("bubbles")
     sampler = spec.entry.sampler
     radii, aspects, dists, peaks, touching, cells = [], [], [], [], 0, 0
+    heavy: list[float] = []
     for key in range(8):
         draws = [sampler(rng.scalar_rng(key), spec.spec.level(sev)) for sev in (1, 3, 5)]
         rows = [np.asarray(d["bubbles"]) for d in draws]
@@ -325,17 +347,22 @@ def test_bubbles_pack_into_foam_strings_sized_like_real_ones_and_nest_across_sev
         assert gap.min() >= BUBBLE_GAP * 0.999 - 1e-12, "bubbles overlap"
         touching += int((gap.min(axis=1) < 3 * BUBBLE_GAP).sum())
         cells += len(b)
-        radii += r.tolist()
+        radii += rows[1][:, 2].tolist()  # severity 3: the foam cells before heavy foam's growth
+        heavy += [float(np.median(r[: len(rows[1])])), float(np.median(r[len(rows[1]) :]))]
         aspects += asp.tolist()
         dists += np.hypot(x, y).tolist()
         peaks += b[:, 7].tolist()
     assert touching / cells > 0.7, f"only {touching}/{cells} bubbles touch a neighbour (no foam)"
-    assert 0.0065 <= float(np.median(radii)) <= 0.0095, np.median(radii)
+    # (real foam cells on the reference frames: diameters of about 1 % of the shorter side)
+    assert 0.0045 <= float(np.median(radii)) <= 0.0065, np.median(radii)
+    # the cells only the top severities add are larger (heavy foam)
+    assert np.median(heavy[1::2]) > 1.5 * np.median(heavy[0::2]), heavy
     assert min(aspects) >= 0.7 and np.corrcoef(dists, aspects)[0, 1] < -0.5, "no perspective"
     none = float(np.mean(np.asarray(peaks) == 0.0))
-    assert 0.12 < none < 0.28, none
+    assert 0.45 < none < 0.65, none  # glints are few: most cells catch none
     lit = np.asarray(peaks)[np.asarray(peaks) > 0]
     assert lit.std() / lit.mean() > 0.5 and (lit > 1.0).mean() > 0.3, "glint peaks do not vary"
+    assert len({round(d, 12) for d in b[:, 9].tolist()}) > 3, "clusters share one focus"
 
 
 def _fluid_params(kind: int, tilt: tuple[float, float] = (0.05, 0.0)) -> dict[str, np.ndarray]:
@@ -431,6 +458,66 @@ def test_fluid_shore_follows_the_relief_and_has_no_bright_outline() -> None:
             # (fine bubbles gather on the shore and their rings and glints step; a line would
             # step all along it: version 2's meniscus line stepped 0.10-0.16 at the median)
             assert np.median(step[shore]) < 0.05, (kind, tilt, np.median(step[shore]))
+
+
+def test_foam_gathers_along_the_folds_not_on_flat_mucosa() -> None:
+    """Foam is carried by the liquid film along the folds: on a flat frame crossed by one fold
+    (a dark band) the fold map is high along the band and zero on the flat mucosa, and the op
+    draws bubbles only near the fold."""
+    img = _flat(0.5, 240, 320)
+    img[:, 110:130, :] = 0.3  # a fold's shadowed valley across the frame
+    view = _view(img)
+    folds = foam_folds(img, view.tissue)
+    assert folds[115:125].mean() > 0.9, folds[115:125].mean()
+    assert folds[:60].max() == 0.0 and folds[-60:].max() == 0.0, "no foam on the flat mucosa"
+    spec = get_op("bubbles")
+    p = spec.entry.sampler(rng.scalar_rng(4), spec.spec.level(5))
+    params = {k: np.asarray(v, np.float32) for k, v in p.items()}
+    changed = np.abs(bubbles(img, params, 4, view) - img).max(0) > 1e-3
+    rows = np.flatnonzero(changed.any(axis=1))
+    assert rows.size > 0, "no bubble drawn on the fold"
+    assert rows.min() > 60 and rows.max() < 180, (rows.min(), rows.max())
+    flat = _flat(0.5, 240, 320)
+    assert np.array_equal(bubbles(flat, params, 4, _view(flat)), flat), "foam on a featureless frame"
+
+
+def test_deep_turbid_fluid_hides_the_folds_under_it() -> None:
+    """Extinction is absorption plus scattering, ``exp(-(mu_c + s) d)``: two striped frames (a
+    fold pattern) a constant apart get the same pool, and the linear difference of their outputs
+    over theirs is what the fluid transmits of the tissue: under the deep part of a bile or
+    stool pool less than 15 % (the folds are hidden), under clear rinse water (little
+    absorption, little scattering) most of it."""
+    a = _flat(0.3, 200, 240)
+    for k in range(3):
+        a[:, :, k::16] = 0.15
+    b = a + np.float32(0.2)
+    pool = _pool(a)
+    deep = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5) > 0.14 * 200
+    assert deep.sum() > 500
+    for kind in range(len(FLUIDS)):
+        p = {**_fluid_params(kind), "opacity": np.float32(1.5)}
+        out_a, out_b = (_lin(fluid_occlusion(f, p, 5, _view(f))) for f in (a, b))
+        trans = ((out_b - out_a) / (_lin(b) - _lin(a)))[0][deep].mean()
+        mu_r, turbid = FLUIDS[kind][0][0], FLUIDS[kind][2]
+        if kind == 3:
+            assert trans > 0.4, ("clear water hides the folds", trans)
+        else:
+            assert trans < 0.15, (kind, trans)
+        # no deeper than the full optical depth (patchiness aside), no shallower than the pool
+        assert trans > 0.2 * math.exp(-(mu_r + turbid) * 1.5 * 2.0), (kind, trans)
+
+
+def test_fluid_glints_are_streaks_along_the_ripples() -> None:
+    """The surface mirrors the lamp where its slope is near the tilt: the lobe falls by
+    exp(-1/2) one slope width along the tilt and only ``FLUID_GLINT[2]`` widths across it (a
+    glint runs along a ripple's crest instead of a round spot)."""
+    tx, ty = 0.03, 0.04
+    norm = math.hypot(tx, ty)
+    width = FLUID_GLINT[1]
+    along = glint_lobe(np.float64(tx + width * tx / norm), np.float64(ty + width * ty / norm), tx, ty, _NP_OPS)
+    across = glint_lobe(np.float64(tx - FLUID_GLINT[2] * width * ty / norm), np.float64(ty + FLUID_GLINT[2] * width * tx / norm), tx, ty, _NP_OPS)
+    assert abs(float(along) - math.exp(-0.5)) < 1e-4 and abs(float(across) - math.exp(-0.5)) < 1e-4
+    assert float(glint_lobe(np.float64(tx), np.float64(ty), tx, ty, _NP_OPS)) > 1.0 - 1e-9
 
 
 def test_fluid_kind_is_keyed_and_recorded() -> None:
