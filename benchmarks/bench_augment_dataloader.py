@@ -38,7 +38,7 @@ cross-check of the whole run including start-up) and peak RSS (``VmHWM`` of each
 on the 2-core machine this was written on); torch runs 1 thread per worker (DataLoader's
 default).
 
-Run from the repository root (about 2.5 minutes on 2 loaded cores):
+Run from the repository root (about 4 minutes on 2 loaded cores):
 
     python -m benchmarks.bench_augment_dataloader [--repeats 3] [--items 128] [--out PATH]
 
