@@ -18,7 +18,8 @@ the path does not take at all (e.g. float32 for a lookup-table path) runs the to
 A sample's output is computed from that sample alone, by the same sequence of calls whatever
 the batch, so it cannot depend on batch size, position, order or on how many samples run at
 once. Samples run on a small thread pool (OpenCV and NumPy release the GIL). While a batch
-runs, OpenCV's own threading is switched off (``cv2.setNumThreads(1)``, restored afterwards):
+runs, OpenCV's own threading is switched off (``cv2.setNumThreads(1)``, restored afterwards;
+in a DataLoader worker set once, at first use):
 the two levels would oversubscribe the cores, and a single-threaded OpenCV call computes each
 element the same way every time, so outputs cannot depend on OpenCV's thread count either.
 
@@ -196,6 +197,17 @@ def store_float(res: np.ndarray, dst: np.ndarray) -> None:
     if dst.dtype == np.float32:
         np.copyto(dst, res)
         return
+    if (
+        dst.dtype == np.uint8
+        and res.dtype == np.float32
+        and res.shape == dst.shape
+        and res.ndim >= 2
+        and dst.flags.c_contiguous
+    ):  # two passes: negatives to 0, then OpenCV's float32 255 x, rounded half to even, saturated
+        width = dst.shape[-1]
+        positive = cv2.max(np.ascontiguousarray(res).reshape(-1, width), 0.0)  # type: ignore[call-overload]
+        cv2.convertScaleAbs(positive, dst=dst.reshape(-1, width), alpha=255.0)
+        return
     top = _TOPS[dst.dtype]
     scaled = res * np.float32(top)
     np.rint(scaled, out=scaled)
@@ -215,6 +227,16 @@ _CV2_SAVED = 1
 # False in a forked child: OpenCV's thread pool was copied from the parent without its threads,
 # and reconfiguring it there (``cv2.setNumThreads``) crashes or hangs the child
 _CV2_OWN_PROCESS = True
+# True once a (spawned) DataLoader worker has set OpenCV to one thread for the rest of its life
+_CV2_WORKER_SET = False
+
+
+def _in_dataloader_worker() -> bool:
+    """Whether this process is a torch DataLoader worker (its torch runs one thread; nothing
+    else in it needs OpenCV's threads, so ``_serial_opencv`` sets them once, not per batch)."""
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
 
 
 def _after_fork_in_child() -> None:
@@ -252,11 +274,21 @@ def workers_for(n: int) -> int:
 
 @contextlib.contextmanager
 def _serial_opencv() -> Iterator[None]:
-    """OpenCV single-threaded while our pool runs (reference-counted across callers). In a
-    forked child OpenCV's setting is not touched (see ``_after_fork_in_child``): its calls run
-    as the parent configured them, which gives the same bytes (OpenCV splits work by rows)."""
-    global _CV2_USERS, _CV2_SAVED
-    if not _CV2_OWN_PROCESS:
+    """OpenCV single-threaded while our pool runs (reference-counted across callers; each
+    ``cv2.setNumThreads`` costs milliseconds where the count changes). In a DataLoader worker
+    it is set to one thread once, at first use, and left so. In a forked child OpenCV's setting
+    is not touched (see ``_after_fork_in_child``): its calls run as the parent configured them,
+    which gives the same bytes (OpenCV splits work by rows)."""
+    global _CV2_USERS, _CV2_SAVED, _CV2_WORKER_SET
+    if not _CV2_OWN_PROCESS or _CV2_WORKER_SET:
+        yield
+        return
+    if _in_dataloader_worker():  # the process is ours: one thread for good, set once
+        with _CV2_LOCK:
+            if not _CV2_WORKER_SET:
+                if cv2.getNumThreads() != 1:
+                    cv2.setNumThreads(1)
+                _CV2_WORKER_SET = True
         yield
         return
     with _CV2_LOCK:

@@ -156,11 +156,31 @@ def clipped_pixels(src: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         high_f = high if table is None else table[high]
         low_f = low if table is None else table[low]
         clipped = (high_f >= np.float32(CLIP_LEVEL)) & (low_f >= np.float32(HIGHLIGHT_MIN))
-    if not clipped.any():
+    points = cv2.findNonZero(clipped.view(np.uint8))  # (x, y) in row-major order, as np.nonzero
+    if points is None:
         return None
-    head = headroom_np(clipped)
-    ys, xs = np.nonzero(clipped)
-    return ys, xs, head[ys, xs]
+    xy = points.reshape(-1, 2)
+    xs, ys = xy[:, 0], xy[:, 1]
+    return ys, xs, _headroom_at(clipped, ys, xs)
+
+
+def _headroom_at(clipped: np.ndarray, ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """``headroom_np(clipped)[ys, xs]`` at the clipped pixels (ys, xs) alone: the distances over
+    the frame, the ramp and the power at those pixels (the same float32 operations; the power
+    on a copy padded to whole 64-element blocks, as on a frame)."""
+    h, w = clipped.shape
+    depth, reach = headroom_depth_px(h, w), headroom_reach_px(h, w)
+    dist = np.minimum(
+        cv2.distanceTransform(clipped.view(np.uint8), cv2.DIST_L2, 3), np.float32(reach)
+    )
+    size = 2 * round(reach) + 1
+    half = cv2.dilate(
+        dist, np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0.0
+    )
+    ramp = np.maximum(np.float32(HEADROOM_SPREAD) * half[ys, xs], np.float32(depth))
+    power = np.zeros(-(-len(ys) // 64) * 64, np.float32)
+    np.clip((dist[ys, xs] - np.float32(HEADROOM_START)) / ramp, 0.0, 1.0, out=power[: len(ys)])
+    return torch.pow(HEADROOM_MAX, torch.from_numpy(power)).numpy()[: len(ys)]
 
 
 def write_pixels(dst: np.ndarray, ys: np.ndarray, xs: np.ndarray, values: torch.Tensor) -> None:

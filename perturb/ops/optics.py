@@ -34,7 +34,9 @@ and letterboxed fields.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -44,6 +46,7 @@ import torch
 
 from perturb.ops import _host, _math
 from perturb.ops.kernels import Geometry, Level, Params, as_float32, draw, draw_int, draw_sign
+from perturb.scene.analysis import _digest
 
 # ---------------------------------------------------------------------------------------------
 # Lens fog
@@ -324,14 +327,59 @@ def rim_px(h: int, w: int) -> float:
 
 
 def aperture_weight(field: np.ndarray, reach: float = 1.0, framed: bool = False) -> np.ndarray:
-    """float32 (H, W) in [0, 1]: the clear part of the aperture of the bool field ``field``
-    (its rim ``reach`` times ``rim_px`` wide). ``framed``: the image's border is an edge too
-    (frames often carry a dark line along it where the field touches it)."""
+    """float32 (H, W) in [0, 1], read-only: the clear part of the aperture of the bool field
+    ``field`` (its rim ``reach`` times ``rim_px`` wide). ``framed``: the image's border is an
+    edge too (frames often carry a dark line along it where the field touches it). A pure
+    function of the mask's bytes, kept in a small memo (``_WEIGHTS``): a frame's field and
+    tissue come back with every optics op on the same scene."""
+    mask = np.ascontiguousarray(field, dtype=bool)
+    slot = (_digest(mask.data), mask.shape, float(reach), bool(framed))
+    return _WEIGHTS.get(slot, lambda: _aperture_weight(mask, reach, framed))
+
+
+def _aperture_weight(field: np.ndarray, reach: float, framed: bool) -> np.ndarray:
     h, w = field.shape
     if framed:
         padded = np.pad(field, 1, constant_values=False)
         return np.ascontiguousarray(_host.soft_mask(padded, reach * rim_px(h, w))[1:-1, 1:-1])
     return _host.soft_mask(field, reach * rim_px(h, w))
+
+
+class _ArrayMemo:
+    """Read-only arrays by slot, least recently used dropped beyond ``budget`` bytes;
+    thread-safe (the engine's pool runs samples on threads). A miss computes outside the lock."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._entries: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, slot: Hashable, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        with self._lock:
+            hit = self._entries.get(slot)
+            if hit is not None:
+                self._entries.move_to_end(slot)
+                return hit
+        value = compute()
+        value.flags.writeable = False
+        with self._lock:
+            if slot not in self._entries and value.nbytes <= self.budget:
+                self._entries[slot] = value
+                self._bytes += value.nbytes
+                while self._bytes > self.budget:
+                    _, old = self._entries.popitem(last=False)
+                    self._bytes -= old.nbytes
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+
+# about the field and tissue weights of 24 frames at 512 x 512 (1 MiB each)
+_WEIGHTS = _ArrayMemo(48 << 20)
 
 
 def _fill_gauss(planes: np.ndarray, sigma_px: float) -> np.ndarray:
@@ -628,11 +676,35 @@ def distortion_forward(
 
 
 def distortion_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
-    """Source pixel-index maps (float32, H x W) of every output pixel."""
-    xs = np.arange(width, dtype=np.float64)[None, :] + 0.5
-    ys = np.arange(height, dtype=np.float64)[:, None] + 0.5
-    sx, sy = distortion_source(xs, ys, k, width, height)  # broadcast: (1, W) and (H, 1) -> (H, W)
-    return (sx - 0.5).astype(np.float32), (sy - 0.5).astype(np.float32)
+    """Source pixel-index maps (float32, H x W) of every output pixel: ``distortion_source`` at
+    the pixel centres, minus 0.5, the same float64 operations in the same order (in place, on
+    the frame's cached normalised coordinates)."""
+    cx, cy, radius = distortion_frame(width, height)
+    u, v, r2 = _distortion_grid(width, height)
+    factor = np.multiply(r2, k)  # (1 + k (u u + v v)) / (1 + k)
+    factor += 1.0
+    factor /= 1.0 + k
+    maps = []
+    for centre, axis in ((cx, u), (cy, v)):
+        source = np.multiply(axis, factor)  # centre + u factor radius - 0.5
+        source *= radius
+        np.add(centre, source, out=source)
+        source -= 0.5
+        maps.append(source.astype(np.float32))
+    return maps[0], maps[1]
+
+
+@lru_cache(maxsize=8)
+def _distortion_grid(width: int, height: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float64 normalised coordinates of the pixel centres of a frame (``distortion_source``'s
+    ``u`` (1, W), ``v`` (H, 1) and ``u u + v v`` (H, W)); read-only."""
+    cx, cy, radius = distortion_frame(width, height)
+    u = (np.arange(width, dtype=np.float64)[None, :] + 0.5 - cx) / radius
+    v = (np.arange(height, dtype=np.float64)[:, None] + 0.5 - cy) / radius
+    r2 = u * u + v * v
+    for a in (u, v, r2):
+        a.flags.writeable = False
+    return u, v, r2
 
 
 def _distortion_points(

@@ -1,0 +1,125 @@
+"""The CPU cuts of the augment policy's ops give the bytes of the plain computations they
+replace: the optics ops' cached aperture weights and distortion maps, the two-pass uint8
+store, the clipped highlights' headroom at the clipped pixels alone, and OpenCV's thread count
+set once per DataLoader worker."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from perturb.ops import backend, exposure, optics
+
+
+def _reference_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    xs = np.arange(width, dtype=np.float64)[None, :] + 0.5
+    ys = np.arange(height, dtype=np.float64)[:, None] + 0.5
+    sx, sy = optics.distortion_source(xs, ys, k, width, height)
+    return (sx - 0.5).astype(np.float32), (sy - 0.5).astype(np.float32)
+
+
+@pytest.mark.parametrize("size", [(512, 512), (640, 480), (97, 131)])
+def test_distortion_maps_match_the_source_formula(size: tuple[int, int]) -> None:
+    width, height = size
+    for k in np.random.default_rng(3).uniform(-0.2, 0.2, 8).astype(np.float32):
+        got = optics.distortion_maps(float(k), width, height)
+        want = _reference_maps(float(k), width, height)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def _disk(h: int, w: int, r: float, shift: int = 0) -> np.ndarray:
+    ys, xs = np.mgrid[:h, :w]
+    return (xs - w / 2 - shift) ** 2 + (ys - h / 2) ** 2 < r * r
+
+
+@pytest.mark.parametrize("framed", [False, True])
+def test_aperture_weight_memo_returns_the_computed_weight(framed: bool) -> None:
+    optics._WEIGHTS.clear()
+    field = _disk(120, 160, 55)
+    first = optics.aperture_weight(field, 2.0, framed)
+    again = optics.aperture_weight(field.copy(), 2.0, framed)  # another array, the same bytes
+    assert again is first and not first.flags.writeable
+    assert np.array_equal(first, optics._aperture_weight(field, 2.0, framed))
+    other = optics.aperture_weight(_disk(120, 160, 55, shift=3), 2.0, framed)
+    assert not np.array_equal(other, first)  # a different mask is not served the cached one
+    assert not np.array_equal(optics.aperture_weight(field, 1.0, framed), first)
+
+
+def test_weight_memo_stays_within_its_budget() -> None:
+    memo = optics._ArrayMemo(3 * 400)
+    for i in range(6):
+        memo.get(i, lambda i=i: np.full(100, i, np.float32))  # 400 bytes each
+    assert memo._bytes <= 3 * 400 and list(memo._entries) == [3, 4, 5]
+
+
+def _reference_store(res: np.ndarray, dst: np.ndarray) -> None:
+    scaled = res * np.float32(255)
+    np.rint(scaled, out=scaled)
+    np.clip(scaled, 0, 255, out=scaled)
+    np.copyto(dst, scaled, casting="unsafe")
+
+
+def test_store_float_uint8_rounds_as_the_engine() -> None:
+    halves = ((np.arange(-3, 260) + 0.5) / np.float32(255)).astype(np.float32)
+    edges = np.concatenate([halves, np.nextafter(halves, 2), np.nextafter(halves, -2)])
+    noise = np.random.default_rng(0).uniform(-0.3, 1.3, 3 * 64 * 64 - edges.size)
+    res = np.concatenate([noise.astype(np.float32), edges]).reshape(3, 64, 64)
+    got, want = np.empty(res.shape, np.uint8), np.empty(res.shape, np.uint8)
+    before = res.copy()
+    backend.store_float(res, got)
+    _reference_store(res, want)
+    assert np.array_equal(got, want) and np.array_equal(res, before)  # res left as it was
+
+
+def _highlights(seed: int) -> np.ndarray:
+    """A uint8 CHW frame with clipped highlights of several sizes on textured tissue."""
+    rng = np.random.default_rng(seed)
+    img = rng.integers(60, 200, (3, 96, 128), dtype=np.uint8)
+    for _ in range(12):
+        cx, cy, r = int(rng.integers(0, 128)), int(rng.integers(0, 96)), int(rng.integers(1, 14))
+        for c in range(3):
+            cv2.circle(img[c], (cx, cy), r, int(rng.integers(235, 256)), -1)
+    return img
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_clipped_pixels_give_the_headroom_of_the_frame(seed: int) -> None:
+    src = _highlights(seed)
+    clipped = (src.max(axis=0) >= 250) & (src.min(axis=0) >= 220)
+    found = exposure.clipped_pixels(src)
+    assert found is not None
+    ys, xs, head = found
+    want_ys, want_xs = np.nonzero(clipped)
+    assert np.array_equal(ys, want_ys) and np.array_equal(xs, want_xs)
+    assert np.array_equal(head, exposure.headroom_np(clipped)[want_ys, want_xs])
+    assert head.max() > 1.0  # the cores of the larger highlights are above the clip
+
+
+def test_no_clipped_pixels() -> None:
+    assert exposure.clipped_pixels(np.full((3, 16, 16), 100, np.uint8)) is None
+
+
+def test_opencv_threads_set_once_in_a_dataloader_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    threads = {"n": 4}
+
+    def set_threads(n: int) -> None:
+        calls.append(n)
+        threads["n"] = n
+
+    monkeypatch.setattr(backend.cv2, "setNumThreads", set_threads)
+    monkeypatch.setattr(backend.cv2, "getNumThreads", lambda: threads["n"])
+    monkeypatch.setattr(backend, "_CV2_WORKER_SET", False)
+    monkeypatch.setattr(backend, "_CV2_OWN_PROCESS", True)
+    monkeypatch.setattr(backend, "_in_dataloader_worker", lambda: True)
+    for _ in range(5):
+        backend.map_samples(lambda i: None, 3)
+    assert calls == [1] and threads["n"] == 1  # once, and left at one thread
+
+    monkeypatch.setattr(backend, "_CV2_WORKER_SET", False)
+    monkeypatch.setattr(backend, "_in_dataloader_worker", lambda: False)
+    threads["n"] = 4
+    calls.clear()
+    backend.map_samples(lambda i: None, 3)
+    assert calls == [1, 4]  # elsewhere: one thread while the batch runs, restored after
