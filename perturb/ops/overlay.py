@@ -798,11 +798,11 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
        a dark undershoot on the exposed side and a bright overshoot under the blade; only the
        shutter's share is added (the film's own anatomy was processed already); the quantum
        noise under the blade is added after it.
-    3. ``white`` 0: the system masks the shutter black (electronic shutter) at ``fringe`` of the
-       shorter side inside the detected edge, so the bright part of the penumbra stays visible as
-       a rim; ``hard`` 1: the mask is binary at pixel centres (the one-pixel stair steps of a
-       digital mask at a slight tilt), else anti-aliased over a pixel. ``black`` its value, with a
-       third of the film's noise."""
+    3. ``white`` 0: the system masks the shutter black (electronic shutter) from ``fringe`` of
+       the shorter side past the blade edge: negative, inside the exposed field (the penumbra
+       hidden); positive, the penumbra's bright part stays visible as a rim; ``hard`` 1: the mask
+       is binary at pixel centres (the one-pixel stair steps of a digital mask at a slight tilt),
+       else anti-aliased over a pixel. ``black`` its value, with a third of the film's noise."""
     h, w = x.shape[-2:]
     dev = x.device
     side = min(h, w)
@@ -855,7 +855,9 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "reach": 0.01 + 0.04 * u[5],
         "shade": 0.9 + 0.08 * u[6],
         "black": 0.03 * u[7],
-        "fringe": 0.002 + 0.004 * u[8],  # the mask sits just inside the penumbra's middle
+        # the mask's offset from the blade edge: mostly just inside the exposed field (the
+        # system hides the penumbra), sometimes past it (the penumbra's bright part shows)
+        "fringe": -0.004 + 0.006 * u[8],
         "hard": float(u[9] < 0.5),
         "enhance": 0.3 + 0.8 * u[10],  # unsharp-mask gain of the display processing
         "radius": 0.008 + 0.02 * u[2],  # its low-pass sigma: 8-30 px of a 1024 px film
