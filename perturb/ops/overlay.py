@@ -297,14 +297,29 @@ def text_mask(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(coverage, premultiplied value) float32 (H, W) of burned-in text lines laid out by
     ``text_layout``: a fill of ``value`` over ``dark`` (an outline or a band, ``_line_layers``),
-    with no noise over it (burned in after acquisition); ``height`` is the cap height in pixels."""
+    with no noise over it (burned in after acquisition); ``height`` is the cap height in pixels.
+    A ``band`` is one black block from the film's edges to the lines of each corner."""
     mask = np.zeros((h, w), dtype=np.float32)
     paint = np.zeros((h, w), dtype=np.float32)
     layers = [_line_layers(t, height, style, weight, scale) for t in lines]
-    for i, x0, y0 in text_layout(h, w, [f.shape[::-1] for f, _ in layers], height, avoid):
+    placed = text_layout(h, w, [f.shape[::-1] for f, _ in layers], height, avoid)
+    if TEXT_STYLES[style] == "band" and placed:
+        # a vendor's annotation bar: one black block from the film's corner edges to each line
+        # (stacked lines merge), its edges as soft as the band's own (``_line_layers``)
+        bar = np.zeros((h, w), dtype=np.float32)
+        inset = round(0.3 * height)
+        for i, x0, y0 in placed:
+            fh, fw = layers[i][0].shape
+            xs = slice(0, x0 + fw - inset) if x0 + fw / 2 < w / 2 else slice(x0 + inset, w)
+            ys = slice(0, y0 + fh - inset) if y0 + fh / 2 < h / 2 else slice(y0 + inset, h)
+            bar[ys, xs] = 1.0
+        soft: np.ndarray = cv2.GaussianBlur(bar, (0, 0), max(FILM_SOFTNESS, 0.1 * height))
+        _over(mask, paint, np.clip(soft, np.float32(0.0), np.float32(1.0)), dark)
+    for i, x0, y0 in placed:
         fill, shade = layers[i]
         box = (slice(y0, y0 + fill.shape[0]), slice(x0, x0 + fill.shape[1]))
-        _over(mask[box], paint[box], shade, dark)
+        if TEXT_STYLES[style] != "band":
+            _over(mask[box], paint[box], shade, dark)
         _over(mask[box], paint[box], fill, value)
     return mask, paint
 

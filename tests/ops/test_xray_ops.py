@@ -289,6 +289,11 @@ def test_burned_text_is_as_soft_as_the_resized_film() -> None:
     assert max(inks) / min(inks) < 1.08
     fill, band = _line_layers("Bettaufnahme", 10.0, 1, 700.0, 3.0)
     assert band.max() > 0.99 and (band > 0.5).sum() > 2 * (fill > 0.5).sum()  # a bar behind
+    from perturb.ops.overlay import text_mask
+
+    block, _ = text_mask(400, 400, ["Bettaufnahme", "liegend"], 8.0, (), 1, 0.95)
+    assert block[1, 1] > 0.9 and block[1, 399] > 0.9  # vendor bars reach the film's corners
+    assert block[150:250].max() == 0.0
     fill, outline = _line_layers("SUPINE", 15.0, 2, 500.0, 3.0)
     ring = (outline > 0.5) & (fill < 0.2)
     assert ring.sum() > 0.3 * (fill > 0.5).sum()  # a thin outline round the strokes
