@@ -3,13 +3,13 @@
 Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radiometry):
 
 * ``xray_burned_text``: one annotation set per film (patient, study, projection, site and
-  technique lines) in the corners, clear of the annotations already burned into the film (its
+  technique lines), burned in at acquisition resolution and resized with the film, in the corners, clear of the annotations already burned into the film (its
   radiograph scene, ``annotation_boxes``).
 * ``xray_laterality_marker``: the lead L/R marker in a top corner, kept clear of the film's
   annotations and never contradicting its detected markers (``marker_plan``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
-* ``xray_collimation``: collimation borders (white: an unexposed film-like shutter, black: an
-  electronic shutter) with a penumbra of ``PENUMBRA`` of the shorter side.
+* ``xray_collimation``: collimation borders (white: the unexposed film with scatter and the
+  display's edge-enhancement undershoot, black: an electronic shutter mask) behind a penumbra.
 
 The masks are rendered on the host (integer rasterisation, identical for CPU and CUDA); the CPU
 paths blend inside each mask's bounding box. Modality is catalog data, not this module's name.
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from perturb import rng
-from perturb.ops import backend, keyed_fields
+from perturb.ops import backend, blur, keyed_fields
 from perturb.ops._math import per_sample
 from perturb.ops.kernels import Level, Params, as_float32, draw, draw_int, register_kernel
 from perturb.ops.radiometry import ALL_DTYPES, _load, _store
@@ -124,9 +124,12 @@ _POSITIONS_DE = ("liegend", "sitzend", "halbsitzend", "stehend", "Intensiv")
 _SITES_EN = ("ICU", "ED", "WARD 4", "CCU", "BEDSIDE", "NICU", "PICU", "RECOVERY")
 _SITES_DE = ("ITS 2", "Station 14", "Notaufnahme", "IMC", "OP 3")
 _MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
-CAP_PER_SIZE = 0.76  # cap height of OpenCV's "uni" face over its nominal size (measured: "H")
-BITMAP_CAP = 8  # px: a console bitmap font's cap height; taller text enlarges its pixels
-TEXT_STYLES = ("outlined", "shadow", "bitmap")
+CAP_PER_SIZE = 0.75  # cap height of OpenCV's "sans" face over its nominal size (measured: "H")
+# plain white glyphs (most consoles), white on a black band (vendor annotation bars, as on the
+# Hannover films), white with a thin dark outline (as on some NIH portable films)
+TEXT_STYLES = ("plain", "band", "outlined")
+TEXT_STYLE_WEIGHTS = (0.55, 0.25, 0.2)
+FILM_SOFTNESS = 0.45  # px: gaussian sigma of the film's own resampling after the downsampling
 
 
 def _text_lines(key: int, n: int) -> list[str]:
@@ -196,46 +199,51 @@ def _clear(box: Box4, taken: Sequence[Box4], gap: float) -> bool:
     )
 
 
-def _glyphs(text: str, cap: float, style: int) -> np.ndarray:
-    """One line's fill coverage (float32, tight around its ink): OpenCV's "uni" face (a plain
-    humanist sans with unslashed zeros) emboldened by one pixel (``outlined``, ``shadow``), or
-    the same face rasterised without anti-aliasing at a console's ``BITMAP_CAP`` px cap height
-    and enlarged by whole pixels (``bitmap``: the blocky look of character-generator overlays)."""
-    face = cv2.FontFace("uni")
-    blocky = TEXT_STYLES[style] == "bitmap"
-    k = max(1, round(cap / BITMAP_CAP)) if blocky else 1
-    size = max(4, round(cap / k / CAP_PER_SIZE))
-    canvas: np.ndarray = np.zeros((2 * size + 4, size * (len(text) + 2)), dtype=np.uint8)
-    cv2.putText(canvas, text, (2, round(1.4 * size)), 255, face, size, 400)
-    if blocky:  # whole pixels: a stroke is on wherever it covers a third of the pixel
-        canvas = np.where(canvas >= 85, np.uint8(255), np.uint8(0))
-    elif cap >= 7:
-        canvas = cv2.dilate(canvas, np.ones((1, 2), np.uint8))  # console fonts are bold
+def _line_layers(
+    text: str, cap: float, style: int, weight: float, scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(fill, dark) float32 coverages of one line, same shape: the console burns the text into
+    the film at acquisition resolution (``scale`` times the film's: OpenCV's anti-aliased "sans"
+    face at ``weight``), then the film is resized with the text in it (area filter, and the
+    resampler's ``FILM_SOFTNESS``), so the glyph edges are as soft as the anatomy's. ``dark``
+    is nothing (``plain``), a thin outline of about one film pixel (``outlined``), or a black
+    band behind the line with soft edges (``band``)."""
+    kind = TEXT_STYLES[style]
+    big = cap * scale
+    size = max(4, round(big / CAP_PER_SIZE))
+    pad = round(big * 0.7) + 2
+    face = cv2.FontFace("sans")
+    tw = size * (len(text) + 1)  # wider than any line of the face at this size
+    canvas: np.ndarray = np.zeros((round(1.6 * size) + 2 * pad, tw + 2 * pad), dtype=np.uint8)
+    cv2.putText(canvas, text, (pad, pad + round(1.1 * size)), 255, face, size, int(weight))
     rows, cols = np.flatnonzero(canvas.any(axis=1)), np.flatnonzero(canvas.any(axis=0))
     if rows.size == 0:
-        return np.zeros((1, 1), dtype=np.float32)
-    ink: np.ndarray = canvas[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
-    if k > 1:
-        ink = cv2.resize(ink, None, fx=k, fy=k, interpolation=cv2.INTER_NEAREST)
-    # console glyphs are hinted to whole pixels: strokes full on, only their edges anti-aliased
-    return np.minimum(ink.astype(np.float32) * np.float32(1.6 / 255.0), np.float32(1.0))
+        empty = np.zeros((1, 1), dtype=np.float32)
+        return empty, empty.copy()
+    r0, r1 = max(0, int(rows[0]) - pad), min(canvas.shape[0], int(rows[-1]) + 1 + pad)
+    c0, c1 = max(0, int(cols[0]) - pad), min(canvas.shape[1], int(cols[-1]) + 1 + pad)
+    fill = canvas[r0:r1, c0:c1].astype(np.float32) / np.float32(255.0)
+    if kind == "outlined":
+        width = max(1, round(scale * max(1.0, cap / 14.0)))
+        disc = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * width + 1, 2 * width + 1))
+        dark = cv2.dilate(fill, disc)
+    elif kind == "band":
+        dark = np.zeros_like(fill)  # the bar: 0.55 cap above and below the ink, 0.6 beside it
+        rim_y, rim_x = max(0, pad - round(0.55 * big)), max(0, pad - round(0.6 * big))
+        dark[rim_y : fill.shape[0] - rim_y, rim_x : fill.shape[1] - rim_x] = 1.0
+    else:
+        dark = np.zeros_like(fill)
+    out_w = max(1, round(fill.shape[1] / scale))
+    out_h = max(1, round(fill.shape[0] / scale))
 
+    def film(layer: np.ndarray) -> np.ndarray:
+        small = cv2.resize(layer, (out_w, out_h), interpolation=cv2.INTER_AREA)
+        soft = cv2.GaussianBlur(small, (0, 0), FILM_SOFTNESS)
+        if kind == "band" and layer is dark:
+            soft = cv2.GaussianBlur(small, (0, 0), max(FILM_SOFTNESS, 0.1 * cap))
+        return np.clip(soft, np.float32(0.0), np.float32(1.0)).astype(np.float32)
 
-def _line_layers(fill: np.ndarray, cap: float, style: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(fill, dark, pad): a line's fill and its dark surround, both padded by ``pad`` px: a
-    one-to-two pixel outline all round (``outlined``, ``bitmap``) or a drop shadow offset down
-    and right (``shadow``), the two hospital looks that keep text legible on lung and bone."""
-    width = max(1, round(cap / 12))
-    shift = max(1, round(cap / 9)) if TEXT_STYLES[style] == "shadow" else 0
-    pad = width + shift + 1
-    fill = np.pad(fill, pad)
-    disc = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * width + 1, 2 * width + 1))
-    dark = cv2.dilate(fill, disc)
-    if shift:
-        moved = np.zeros_like(dark)
-        moved[shift:, shift:] = dark[:-shift, :-shift]
-        dark = np.maximum(moved, cv2.dilate(fill, np.ones((2, 2), np.uint8)))
-    return fill, dark, pad
+    return film(fill), film(dark)
 
 
 def text_layout(
@@ -284,37 +292,59 @@ def text_mask(
     style: int = 0,
     value: float = 1.0,
     dark: float = 0.02,
+    weight: float = 500.0,
+    scale: float = 3.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(coverage, premultiplied value) float32 (H, W) of burned-in text lines laid out by
-    ``text_layout``: a white fill of ``value`` over a ``dark`` outline or shadow (``_line_layers``),
-    sharp (drawn on the display after acquisition, no noise over it); ``height`` is the cap
-    height in pixels."""
+    ``text_layout``: a fill of ``value`` over ``dark`` (an outline or a band, ``_line_layers``),
+    with no noise over it (burned in after acquisition); ``height`` is the cap height in pixels.
+    A ``band`` is one black block from the film's edges to the lines of each corner."""
     mask = np.zeros((h, w), dtype=np.float32)
     paint = np.zeros((h, w), dtype=np.float32)
-    layers = [_line_layers(_glyphs(t, height, style), height, style) for t in lines]
-    for i, x0, y0 in text_layout(h, w, [f.shape[::-1] for f, _, _ in layers], height, avoid):
-        fill, shade, _ = layers[i]
+    layers = [_line_layers(t, height, style, weight, scale) for t in lines]
+    placed = text_layout(h, w, [f.shape[::-1] for f, _ in layers], height, avoid)
+    if TEXT_STYLES[style] == "band" and placed:
+        # a vendor's annotation bar: one black block from the film's corner edges to each line
+        # (stacked lines merge), its edges as soft as the band's own (``_line_layers``)
+        bar = np.zeros((h, w), dtype=np.float32)
+        inset = round(0.3 * height)
+        for i, x0, y0 in placed:
+            fh, fw = layers[i][0].shape
+            xs = slice(0, x0 + fw - inset) if x0 + fw / 2 < w / 2 else slice(x0 + inset, w)
+            ys = slice(0, y0 + fh - inset) if y0 + fh / 2 < h / 2 else slice(y0 + inset, h)
+            bar[ys, xs] = 1.0
+        soft: np.ndarray = cv2.GaussianBlur(bar, (0, 0), max(FILM_SOFTNESS, 0.1 * height))
+        _over(mask, paint, np.clip(soft, np.float32(0.0), np.float32(1.0)), dark)
+    for i, x0, y0 in placed:
+        fill, shade = layers[i]
         box = (slice(y0, y0 + fill.shape[0]), slice(x0, x0 + fill.shape[1]))
-        _over(mask[box], paint[box], shade, dark)
+        if TEXT_STYLES[style] != "band":
+            _over(mask[box], paint[box], shade, dark)
         _over(mask[box], paint[box], fill, value)
     return mask, paint
 
 
+TEXT_PARAMS = ("lines", "height", "value", "style", "weight", "scale")
+
+
 def _text_sampler(rng_: np.random.Generator, level: Level) -> Params:
+    u = float(rng_.random())
+    style = int(np.searchsorted(np.cumsum(TEXT_STYLE_WEIGHTS), u, side="right"))
     return {
         "lines": draw_int(rng_, level["lines"]),
         "height": draw(rng_, level["height"]),
         "value": draw(rng_, level["value"]),
-        "style": float(min(len(TEXT_STYLES) - 1, int(rng_.random() * len(TEXT_STYLES)))),
+        "style": float(min(len(TEXT_STYLES) - 1, style)),
+        "weight": 450.0 + 250.0 * float(rng_.random()),  # a console's regular to bold face
+        "scale": 2.0 + 2.0 * float(rng_.random()),  # acquisition over film resolution
     }
 
 
 def _text_layers(
     key: int, h: int, w: int, row: Sequence[float], scene: Any
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One film's text layers from its (lines, height, value, style) parameters (host floats,
-    as the kernel sees them)."""
-    lines, height, value, style = row
+    """One film's text layers from its ``TEXT_PARAMS`` (host floats, as the kernel sees them)."""
+    lines, height, value, style, weight, scale = row
     return text_mask(
         h,
         w,
@@ -323,6 +353,8 @@ def _text_layers(
         annotation_boxes(scene, h, w),
         round(style),
         value,
+        weight=weight,
+        scale=scale,
     )
 
 
@@ -335,18 +367,19 @@ def xray_burned_text(
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
     """Burned-in console annotations (projection, position, date, time, technique, site, id,
-    distance) along the film's top and bottom edges, as an X-ray console or PACS writes them
-    into the pixels after acquisition: sharp (no quantum noise or blur over them), white with a
-    dark outline or drop shadow, in a plain or blocky bitmap-like face (``TEXT_STYLES``, keyed),
-    through the display values. ``lines`` grows with severity and the first lines of a sample
-    are the same at every severity. Lines keep clear of the annotations already on the film
-    (its radiograph scene: ``text_layout``).
+    distance) along the film's top and bottom edges, as an X-ray console writes them into the
+    pixels at acquisition resolution before the film is resized for storage: light glyphs of a
+    proportional sans face at a keyed weight, as soft as the film's own resampling
+    (``_line_layers``), mostly plain, else on a black vendor band or with a thin dark outline
+    (``TEXT_STYLES``, keyed), no quantum noise over them. ``lines`` grows with severity and the
+    first lines of a sample are the same at every severity. Lines keep clear of the annotations
+    already on the film (its radiograph scene: ``text_layout``).
 
     Kornia: own kernel: the layers are rendered on the host (OpenCV text, identical on every
     device, the CPU path's pixels bit for bit) from the records' parameters on the host
     (``host_params``), uploaded once and blended in one pass; Kornia has no text rendering."""
     h, w = x.shape[-2:]
-    rows = _host_rows(p, host_params, ("lines", "height", "value", "style"))
+    rows = _host_rows(p, host_params, TEXT_PARAMS)
     given = list(scenes) if scenes is not None else [None] * len(keys)
     layers = [
         _text_layers(int(k), h, w, row, sc) for k, row, sc in zip(keys, rows, given, strict=True)
@@ -359,7 +392,7 @@ def xray_burned_text_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
 ) -> None:
     h, w = src.shape[-2:]
-    row = [as_float32(p[n]) for n in ("lines", "height", "value", "style")]
+    row = [as_float32(p[n]) for n in TEXT_PARAMS]
     mask, paint = _text_layers(key, h, w, row, scene)
     _blend_np(src, dst, mask, paint, _quadrant_boxes(mask))
 
@@ -749,24 +782,42 @@ def _film_noise(x: torch.Tensor) -> torch.Tensor:
     return spread.clamp(*SHUTTER_NOISE).view(-1, 1, 1, 1)
 
 
-def collimation_layers(
-    x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(coverage, premultiplied value) (B,1,H,W) float32 of the collimator shutters, on
-    ``x``'s device; the CPU path calls it too (one sample), so both give the same pixels.
+def _smooth(v: torch.Tensor, sigma_px: torch.Tensor) -> torch.Tensor:
+    """Gaussian-like low-pass of a (B,1,H,W) float64 batch with a sigma (pixels, (B,1,1,1)) per
+    sample: three box pass pairs (``blur.box_radii``), O(1) per pixel whatever the sigma,
+    reflected borders, each sample's windows read at its own radius (no batch dependence)."""
+    h, w = v.shape[-2:]
+    rx, ry = blur.box_radii(sigma_px, max(2, w)), blur.box_radii(sigma_px, max(2, h))
+    if h < 2 or w < 2:
+        return v
+    for _ in range(3):
+        v = blur._box_batch(blur._box_batch(v, rx, -1), ry, -2)
+    return v
 
-    Geometry: the four blades (``left`` ... fractions of the width/height) are rotated together
-    by ``tilt`` degrees about the film's centre (the collimator is not square to the detector);
-    ``stairs`` > 0 (fraction of the shorter side, at least a pixel) snaps the edge to blocks of
-    that size with no penumbra: the hard, aliased stair-step of a digitised film rotated and
-    cropped by the system. Otherwise the edge is a smoothstep penumbra of ``penumbra`` (focal
-    spot x magnification plus detector blur: a few mm) of the shorter side.
-    Values: ``white`` 1: the unexposed film under the blades is bright (``shade``) minus the
-    scatter leaking under them from the exposed field, ``scatter`` exp(-d / ``reach``); black
-    (0): the system masks it to ``black``, behind a bright ``fringe`` (the unexposed film's own
-    margin, a few px) where the film was digitised. Both carry the film's own noise
-    (``_film_noise``: keyed, spatially correlated like the film's grain), a third of it when
-    black."""
+
+def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """The collimated film (B,C,H,W) float32, on ``x``'s device; the CPU path calls it too (one
+    sample), so both give the same pixels. Three stages, as in the imaging chain:
+
+    1. Exposure. The four blades (``left`` ... fractions of the width/height), rotated together
+       by ``tilt`` degrees about the film's centre, shadow the detector: a smoothstep penumbra of
+       ``penumbra`` of the shorter side (focal spot x (magnification - 1) plus detector blur: a
+       few mm). Under the blades no anatomy reaches the detector, only scatter from the irradiated
+       patient beside it: the unexposed film shows ``shade`` (bright on a film-like display) minus
+       ``2 scatter`` x the exposed field's exposure (1 - v) low-passed over ``reach`` of the
+       shorter side, so it is darkest next to the field, graded with the anatomy along the edge
+       and brightest deep in corners where two blades overlap; with the film's own quantum noise
+       (``_film_noise``: keyed, spatially correlated like its grain).
+    2. Display processing. The system's unsharp mask (edge enhancement, gain ``enhance``, low-pass
+       sigma ``radius`` of the shorter side) acts on the whole film, so the shutter's step leaves
+       a dark undershoot on the exposed side and a bright overshoot under the blade; only the
+       shutter's share is added (the film's own anatomy was processed already); the quantum
+       noise under the blade is added after it.
+    3. ``white`` 0: the system masks the shutter black (electronic shutter) from ``fringe`` of
+       the shorter side past the blade edge: negative, inside the exposed field (the penumbra
+       hidden); positive, the penumbra's bright part stays visible as a rim; ``hard`` 1: the mask
+       is binary at pixel centres (the one-pixel stair steps of a digital mask at a slight tilt),
+       else anti-aliased over a pixel. ``black`` its value, with a third of the film's noise."""
     h, w = x.shape[-2:]
     dev = x.device
     side = min(h, w)
@@ -778,52 +829,53 @@ def collimation_layers(
     xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5
     theta = torch.deg2rad(col("tilt"))
     cos, sin = torch.cos(theta), torch.sin(theta)
-
-    def into_shutter(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-        """Signed distance (px) into the shutter of the tilted blades at (xs, ys)."""
-        u = (xs - w / 2) * cos + (ys - h / 2) * sin + w / 2
-        t = -(xs - w / 2) * sin + (ys - h / 2) * cos + h / 2
-        return torch.maximum(
-            torch.maximum(col("left") * w - u, u - (1.0 - col("right")) * w),
-            torch.maximum(col("top") * h - t, t - (1.0 - col("bottom")) * h),
-        )
-
-    d = into_shutter(xs, ys)
+    u = (xs - w / 2) * cos + (ys - h / 2) * sin + w / 2
+    t = -(xs - w / 2) * sin + (ys - h / 2) * cos + h / 2
+    d = torch.maximum(  # signed distance (px) into the shutter
+        torch.maximum(col("left") * w - u, u - (1.0 - col("right")) * w),
+        torch.maximum(col("top") * h - t, t - (1.0 - col("bottom")) * h),
+    )
     pen = (col("penumbra") * side).clamp_min(1.0)
     r = (0.5 + d / pen).clamp(0.0, 1.0)
-    step = col("stairs") * side
-    blocky = step > 0.0
-    q = step.clamp_min(1.0)
-    # a digitised film cropped by the system: a hard, aliased edge (no penumbra) in blocks
-    stepped = into_shutter((torch.floor(xs / q) + 0.5) * q, (torch.floor(ys / q) + 0.5) * q)
-    mask = torch.where(blocky, (stepped > 0.0).to(d.dtype), r * r * (3.0 - 2.0 * r))
-    inside = d.clamp_min(0.0)
+    m = r * r * (3.0 - 2.0 * r)
+    v = x.double()
     grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1)
     grain = F.avg_pool2d(F.pad(grain.double(), (1, 1, 1, 1), mode="replicate"), 3, stride=1) * 3.0
     sigma = _film_noise(x)
-    reach = (col("reach") * side).clamp_min(1.0)
-    white = col("shade") - col("scatter") * torch.exp(-inside / reach) + sigma * grain
-    margin = (col("fringe") * side - inside).clamp(0.0, 1.0)
-    black = col("black") + (col("shade") - col("black")) * margin + sigma * grain / 3.0
-    value = torch.where(col("white") > 0.5, white, black)
-    return mask.to(torch.float32), (value * mask).to(torch.float32)
+    exposure = (1.0 - m) * (1.0 - v[:, :1])
+    scatter = 2.0 * col("scatter") * _smooth(exposure, (col("reach") * side).clamp_min(1.0))
+    film = v * (1.0 - m) + (col("shade") - scatter) * m
+    radius = (col("radius") * side).clamp_min(1.0)
+    # the film's anatomy is enhanced already: only the shutter's share of the unsharp mask
+    # (its high-pass minus the anatomy's own, where the anatomy still shows) is added
+    detail = (film - _smooth(film, radius)) - (1.0 - m) * (v - _smooth(v, radius))
+    film = film + col("enhance") * detail + sigma * grain * m
+    cut = d - col("fringe") * side
+    shutter = torch.where(col("hard") > 0.5, (cut > 0.0).to(d.dtype), (0.5 + cut).clamp(0.0, 1.0))
+    shutter = torch.where(col("white") > 0.5, torch.zeros_like(shutter), shutter)
+    out = film * (1.0 - shutter) + (col("black") + sigma * grain / 3.0) * shutter
+    return out.clamp_(0.0, 1.0).to(torch.float32)
 
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     blades = {n: draw(rng_, level[n]) for n in ("left", "right", "top", "bottom")}
-    u = [float(rng_.random()) for _ in range(9)]
-    white = float(u[0] < 0.5)
+    u = [float(rng_.random()) for _ in range(11)]
+    white = float(u[0] < 0.6)  # film-like CR display of the unexposed film; else a system mask
     return {
         **blades,
         "white": white,
         "tilt": (-2.5 + 5.0 * u[1]) if u[2] < 0.6 else 0.0,
-        "penumbra": 0.005 + 0.009 * u[3],  # 2-6 mm of a 43 cm film (focal spot, detector MTF)
+        "penumbra": 0.004 + 0.008 * u[3],  # 2-5 mm of a 43 cm film (focal spot, detector MTF)
         "scatter": 0.06 + 0.2 * u[4],
         "reach": 0.01 + 0.04 * u[5],
         "shade": 0.9 + 0.08 * u[6],
         "black": 0.03 * u[7],
-        "fringe": 0.006 * u[8] if u[7] < 0.7 else 0.0,
-        "stairs": (0.001 + 0.005 * u[2]) if white < 0.5 and u[2] < 0.4 else 0.0,  # 1-3 px
+        # the mask's offset from the blade edge: mostly just inside the exposed field (the
+        # system hides the penumbra), sometimes past it (the penumbra's bright part shows)
+        "fringe": -0.004 + 0.006 * u[8],
+        "hard": float(u[9] < 0.5),
+        "enhance": 0.3 + 0.8 * u[10],  # unsharp-mask gain of the display processing
+        "radius": 0.008 + 0.02 * u[2],  # its low-pass sigma: 8-30 px of a 1024 px film
     }
 
 
@@ -831,36 +883,27 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
 def xray_collimation(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
-    """Collimator shutters: the blades cut the beam, so the film under them is unexposed:
-    bright on a film-like display (``white``) with scatter from the exposed field leaking under
-    the blade and the film's own quantum noise, or masked black by the system (electronic
-    shutter; where the film was digitised, behind its bright unexposed margin and a stair-step
-    crop); a focal-spot penumbra of a few mm, the blades tilted together by a degree or two
-    (``collimation_layers``). Refs: Bushberg et al., The Essential Physics of Medical Imaging,
-    ch. 7 (collimation, penumbra = focal spot x (magnification - 1)); Boyle et al., PMB 2013
-    (scatter tails at field edges).
+    """Collimator shutters: the blades cut the beam, so the film under them is unexposed,
+    showing only the scatter from the irradiated patient beside them (graded, noisy, no
+    anatomy) behind a focal-spot penumbra of a few mm, the blades tilted together by a degree or
+    two; the display's edge enhancement leaves a dark undershoot along the exposed side; on a
+    film-like display the shutter is bright (``white``), else the system masks it black just
+    inside the edge (``collimation``). Refs: Bushberg et al., The Essential Physics of Medical
+    Imaging, ch. 7 (collimation, penumbra = focal spot x (magnification - 1)) and ch. 10 (CR/DR
+    image processing: unsharp masking, electronic shuttering); Boyle et al., PMB 2013 (scatter
+    tails at field edges).
 
-    Kornia: own kernel: no Kornia equivalent (shutter geometry, keyed noise field and blend in
-    one batched pass)."""
-    mask, paint = collimation_layers(x, p, keys)
-    return (x * (1.0 - mask) + paint).clamp_(0.0, 1.0)
+    Kornia: own kernel: no Kornia equivalent (shutter geometry, scatter and unsharp-mask
+    low-passes as per-sample box passes, keyed noise field and blend in one batched pass)."""
+    return collimation(x, p, keys)
 
 
 @backend.register_cpu("xray_collimation", dtypes=ALL_DTYPES)
 def xray_collimation_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int
 ) -> None:
-    h, w = src.shape[-2:]
-    x = torch.from_numpy(np.ascontiguousarray(_load(src[:1])))[None]
+    x = torch.from_numpy(np.ascontiguousarray(_load(src)))[None]
     params = {n: torch.tensor([as_float32(v)], dtype=torch.float32) for n, v in p.items()}
-    mask_t, paint_t = collimation_layers(x, params, [key])
-    mask, paint = mask_t[0, 0].numpy(), paint_t[0, 0].numpy()
-    # the open field is the rectangle of rows and columns whose middle profile is zero
-    rows, cols = np.flatnonzero(mask[:, w // 2] == 0), np.flatnonzero(mask[h // 2] == 0)
-    if rows.size == 0 or cols.size == 0 or float(p["tilt"]) != 0.0:
-        boxes = [(slice(0, h), slice(0, w))]
-    else:
-        r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
-        boxes = [(slice(0, r0), slice(0, w)), (slice(r1, h), slice(0, w))]
-        boxes += [(slice(r0, r1), slice(0, c0)), (slice(r0, r1), slice(c1, w))]
-    _blend_np(src, dst, mask, paint, boxes)
+    out = collimation(x, params, [key])[0].numpy()
+    for c in range(src.shape[0]):
+        _store(out[c], dst[c])

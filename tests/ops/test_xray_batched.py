@@ -18,9 +18,10 @@ from perturb.ops.backend import use_backend
 from perturb.ops.kernels import get_kernel
 
 
-def test_collimation_layers_of_a_batch_are_each_sample_alone() -> None:
-    """The shutter layers of a batch (blades, tilt, stairs, penumbra, the film's noise level and
-    the keyed grain) equal those of each sample run alone, bit for bit."""
+def test_collimation_of_a_batch_is_each_sample_alone() -> None:
+    """The collimated films of a batch (blades, tilt, hard masks, penumbra, scatter and unsharp
+    low-passes at per-sample radii, the film's noise level and the keyed grain) equal those of
+    each sample run alone, bit for bit."""
     h, w = 41, 67
     p = {
         "left": [0.01, 0.2, 0.0, 0.4],
@@ -34,17 +35,18 @@ def test_collimation_layers_of_a_batch_are_each_sample_alone() -> None:
         "reach": [0.01, 0.05, 0.03, 0.02],
         "shade": [0.9, 0.95, 0.98, 0.93],
         "black": [0.0, 0.02, 0.01, 0.03],
-        "fringe": [0.0, 0.006, 0.003, 0.0],
-        "stairs": [0.0, 0.05, 0.0, 0.1],
+        "fringe": [0.002, 0.006, 0.003, 0.004],
+        "hard": [0.0, 1.0, 0.0, 0.0],
+        "enhance": [0.3, 1.1, 0.7, 0.5],
+        "radius": [0.008, 0.028, 0.015, 0.02],
     }
     params = {k: torch.tensor(v) for k, v in p.items()}
     x = torch.rand(4, 1, h, w, generator=torch.Generator().manual_seed(5))
     keys = [11, 12, 13, 14]
-    mask, paint = overlay.collimation_layers(x, params, keys)
+    out = overlay.collimation(x, params, keys)
     for i in range(4):
         one = {k: v[i : i + 1] for k, v in params.items()}
-        m1, p1 = overlay.collimation_layers(x[i : i + 1], one, keys[i : i + 1])
-        assert torch.equal(mask[i : i + 1], m1) and torch.equal(paint[i : i + 1], p1), i
+        assert torch.equal(out[i : i + 1], overlay.collimation(x[i : i + 1], one, keys[i : i + 1])), i
 
 
 def test_box_radii_are_box_radius_per_sample() -> None:
