@@ -107,8 +107,18 @@ def color_cast(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
     per-channel gain is one multiply; clipped highlights stay white (``highlight_weight``)."""
     gains = p["gains"].view(-1, 3, 1, 1)
     cast = linear_to_srgb_lut(srgb_to_linear_lut(x).mul_(gains))
-    out = torch.sub(x, cast).mul_(highlight_weight(x))
-    return out.add_(cast)  # cast + (x - cast) w, in place
+    if x.device.type != "cpu" or _recorded(x):
+        out = torch.sub(x, cast).mul_(highlight_weight(x))
+        return out.add_(cast)  # cast + (x - cast) w, in place
+    # on the CPU the roll-back at the pixels whose weight is positive alone (a few per frame):
+    # elsewhere cast + (x - cast) 0 is cast itself, so the bytes are the same
+    lo, hi = HIGHLIGHT
+    darkest = x.amin(dim=1, keepdim=True)
+    near = (darkest > lo).expand_as(x)
+    weight = ((darkest - lo) / (hi - lo)).clamp_(0.0, 1.0).expand_as(x)
+    picked = cast[near]
+    cast[near] = (x[near] - picked).mul_(weight[near]).add_(picked)
+    return cast
 
 
 def yiq_hue_matrix(degrees: float) -> np.ndarray:
