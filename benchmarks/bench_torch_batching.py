@@ -9,9 +9,10 @@ of ``--repeats`` timed calls after one warm-up call, as wall time and as this pr
 time (``time.process_time``: on a shared, loaded machine the comparable figure); speedups are
 given for both.
 
-Run: ``python benchmarks/bench_torch_batching.py --ops gaussian_blur,gaussian_noise
---out benchmarks/results/torch-batching-<tag>.json``. Two checkouts side by side, interleaved:
-``python -m benchmarks.ab_trees torch --baseline OTHER_CHECKOUT --ops ...``.
+Run: ``python benchmarks/bench_torch_batching.py --threads 1 [--ops gaussian_blur,...]
+--out benchmarks/results/torch-batching-<tag>.json`` (default ops: ``POINTWISE_FILTER_OPS``).
+Two checkouts side by side, interleaved: ``python -m benchmarks.ab_trees torch --baseline
+OTHER_CHECKOUT --ops ...``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ from perturb.catalog.ops import get_op
 from perturb.engine.run import collate, draw_key, sample_params
 from perturb.ops.backend import use_backend
 from perturb.ops.kernels import get_kernel, kernel_names
+
+# issue 28 item 4c: the pointwise and filter ops whose per-sample time should fall with the batch
+POINTWISE_FILTER_OPS = (
+    "brightness,contrast,gamma,saturation,hue_shift,color_cast,vignetting,gaussian_noise,"
+    "shot_noise,gaussian_blur,defocus_blur,xray_gamma,xray_window_level,xray_exposure,"
+    "xray_monochrome1,xray_bit_depth,xray_heel_effect,xray_quantum_noise,xray_edge_enhancement,"
+    "xray_scatter,xray_over_penetration,xray_under_penetration"
+)
 
 
 def cpu_model() -> str:
@@ -115,7 +124,11 @@ def _with_speedups(row: dict[str, Any], batch: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", required=True, help="comma-separated registered op names")
+    parser.add_argument(
+        "--ops",
+        default=POINTWISE_FILTER_OPS,
+        help="comma-separated registered op names (default: the pointwise and filter ops)",
+    )
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--severity", type=int, default=3)

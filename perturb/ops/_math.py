@@ -3,7 +3,9 @@
 PyTorch's CPU kernels finish each thread's chunk with a scalar tail whose transcendental
 functions can differ from the vectorised ones by an ulp; chunk borders move with batch size and
 thread count. On CPU these helpers therefore evaluate transcendental functions and reductions in
-float64 and round to float32, which makes the float32 result independent of the chunking.
+float64 and round to float32, which makes the float32 result independent of the chunking. The
+sRGB curves also come as float32 tables (``srgb_to_linear_lut``): interpolation is made of exact
+IEEE operations and lookups only, as batch-independent as float64 and several times cheaper.
 """
 
 from __future__ import annotations
@@ -72,6 +74,55 @@ def linear_to_srgb(x: torch.Tensor) -> torch.Tensor:
     dark = w <= 0.0031308  # the same operations in place: two float64 batches instead of six
     high = w.clamp_min(0.0031308).pow_(1.0 / 2.4).mul_(1.055).sub_(0.055)
     return torch.where(dark, w.mul_(12.92), high, out=high).to(x.dtype)
+
+
+SRGB_NODES = 4096  # table nodes over [0, 1] of the float32 sRGB curves (``*_lut``)
+
+
+@lru_cache(maxsize=8)
+def _srgb_tables(encode: bool, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, steps), float32 (``SRGB_NODES``,) on ``device``: the float64 sRGB curve at
+    nodes k / (SRGB_NODES - 1), rounded once, and each node's step to the next (0 at the last)."""
+    nodes = torch.linspace(0.0, 1.0, SRGB_NODES, dtype=torch.float64)
+    values = (linear_to_srgb(nodes) if encode else srgb_to_linear(nodes)).to(torch.float32)
+    steps = torch.zeros_like(values)
+    steps[:-1] = values[1:] - values[:-1]
+    return values.to(device), steps.to(device)
+
+
+def _interpolate(x: torch.Tensor, encode: bool) -> torch.Tensor:
+    """The sRGB curve at ``x`` in [0, 1] (float32 CPU): linear interpolation between table
+    nodes, ``value[i] + f * step[i]`` with ``i``, ``f`` the integer and fractional parts of
+    ``x (n - 1)``. Each step is one IEEE float32 operation or an exact lookup (no
+    transcendental function, no fused multiply-add), so a value's result never depends on
+    where it sits in the batch or the thread's chunk."""
+    values, steps = _srgb_tables(encode, str(x.device))
+    u = x * float(SRGB_NODES - 1)
+    # int32 indices and index_select: on the CPU about 10x faster than int64 and x[index]
+    i = u.to(torch.int32).view(-1)  # truncation: the floor of u >= 0
+    u.frac_()  # u - trunc(u), exact
+    out = steps.index_select(0, i).view_as(u)
+    out *= u
+    out += values.index_select(0, i).view_as(u)
+    return out
+
+
+def srgb_to_linear_lut(x: torch.Tensor) -> torch.Tensor:
+    """``srgb_to_linear`` of float32 values in [0, 1], for the torch kernels: on a CPU device
+    in float32 from a 4096-node table (within 2e-7 of the float64 curve, and about 4x faster
+    than it at B=32, 128x128); elsewhere (CUDA, Kornia's float32) and under autograd
+    ``srgb_to_linear`` itself."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or _graph(x):
+        return srgb_to_linear(x)
+    return _interpolate(x, encode=False)
+
+
+def linear_to_srgb_lut(x: torch.Tensor) -> torch.Tensor:
+    """``linear_to_srgb`` (clipped to [0, 1]) for the torch kernels, as ``srgb_to_linear_lut``
+    (within 2e-5 of the float64 curve: the table's error peaks at the curve's knee, 0.0031)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or _graph(x):
+        return linear_to_srgb(x)
+    return _interpolate(x.clamp(0.0, 1.0), encode=True)
 
 
 def sample_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

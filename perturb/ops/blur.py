@@ -29,10 +29,12 @@ import torch.nn.functional as F
 from perturb.ops import backend
 from perturb.ops._math import (
     linear_to_srgb,
+    linear_to_srgb_lut,
     linear_to_srgb_np,
     per_sample,
     shorter_side,
     srgb_to_linear,
+    srgb_to_linear_lut,
     srgb_to_linear_np,
     srgb_to_linear_u8,
 )
@@ -400,11 +402,11 @@ def defocus_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int
     Kornia: ``kornia.filters.filter2d`` with our own per-sample PSFs (``disk_psf_batch``, the
     taps of ``disk_psf``): Kornia has no anti-aliased disk kernel; off the CPU, a PSF of more
     than ``FFT_MIN_TAPS`` taps through ``correlate_fft`` (torch.fft). The sRGB decoding and
-    encoding: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
-    ``perturb.ops._math``)."""
+    encoding: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA, float32
+    tables on the CPU (``perturb.ops._math.srgb_to_linear_lut``)."""
     side = shorter_side(x)
     psfs = disk_psf_batch(p["radius"], side, _support(max(RADIUS_BOUND * side, 0.5), x))
-    return linear_to_srgb(correlate_batch(srgb_to_linear(x), psfs))
+    return linear_to_srgb_lut(correlate_batch(srgb_to_linear_lut(x), psfs))
 
 
 def _motion_sampler(rng: np.random.Generator, level: Level) -> Params:

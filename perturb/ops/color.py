@@ -23,9 +23,9 @@ gamma on ``kornia.enhance.adjust_gamma``. The others keep their own torch kernel
 computes something else: its ``adjust_hue`` / ``adjust_saturation`` work in HSV (ours rotate
 YIQ chroma and mix with Rec. 601 luma, as the OpenCV path's 3x3 ``cv2.transform``), its
 ``adjust_contrast`` scales around 0 (ours around the tissue's mean luma). color_cast's sRGB
-decode/encode (``perturb.ops._math``) is the formula of ``kornia.color.rgb_to_linear_rgb`` but in
-float64, and the CPU path's uint8 tables of several ops are built from it: moving it to Kornia's
-float32 is not done yet (it may move CPU bytes, which needs op version bumps).
+decode/encode on a CPU device is ``perturb.ops._math.srgb_to_linear_lut`` / ``linear_to_srgb_lut``
+(float32 interpolation in 4096-node tables of the float64 curve: batch-independent, within 2e-5);
+on CUDA Kornia's float32 formula. The CPU path's uint8 tables stay built from the float64 curve.
 """
 
 from __future__ import annotations
@@ -45,16 +45,18 @@ from perturb.ops._math import (
     LUMA_REC601,
     apply_luts,
     gain_in_linear_u8,
-    linear_to_srgb,
+    linear_to_srgb_lut,
     linear_to_srgb_np,
     luma,
     lut_u8,
     per_sample,
     plane2d,
+    power,
     sample_mean,
     scratch,
     split_into,
     srgb_to_linear,
+    srgb_to_linear_lut,
     srgb_to_linear_np,
 )
 from perturb.ops.exposure import (
@@ -101,12 +103,22 @@ def highlight_weight(x: torch.Tensor) -> torch.Tensor:
 @register_kernel("color_cast", sampler=_cast_sampler)
 def color_cast(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
-    ``perturb.ops._math``, which states when its own float64 kernel runs instead); the
+    ``perturb.ops._math``; on a CPU device its float32 tables, ``srgb_to_linear_lut``); the
     per-channel gain is one multiply; clipped highlights stay white (``highlight_weight``)."""
     gains = p["gains"].view(-1, 3, 1, 1)
-    cast = linear_to_srgb(srgb_to_linear(x).mul_(gains))
-    out = torch.sub(x, cast).mul_(highlight_weight(x))
-    return out.add_(cast)  # cast + (x - cast) w, in place
+    cast = linear_to_srgb_lut(srgb_to_linear_lut(x).mul_(gains))
+    if x.device.type != "cpu" or _recorded(x):
+        out = torch.sub(x, cast).mul_(highlight_weight(x))
+        return out.add_(cast)  # cast + (x - cast) w, in place
+    # on the CPU the roll-back at the pixels whose weight is positive alone (a few per frame):
+    # elsewhere cast + (x - cast) 0 is cast itself, so the bytes are the same
+    lo, hi = HIGHLIGHT
+    darkest = x.amin(dim=1, keepdim=True)
+    near = (darkest > lo).expand_as(x)
+    weight = ((darkest - lo) / (hi - lo)).clamp_(0.0, 1.0).expand_as(x)
+    picked = cast[near]
+    cast[near] = (x[near] - picked).mul_(weight[near]).add_(picked)
+    return cast
 
 
 def yiq_hue_matrix(degrees: float) -> np.ndarray:
@@ -216,8 +228,30 @@ def contrast(
         ones = np.ones(y.shape[-2:], dtype=np.float32)
         stacked = np.stack([ones if w is None else w for w in weights])
         mean = tissue_mean(y, torch.from_numpy(stacked).unsqueeze(1).to(x.device))
-    radiance = above_clip(x, highlight_headroom(x))
-    return (mean + per_sample(p["factor"]) * (radiance - mean)).clamp_(0.0, 1.0)
+    radiance = _radiance(x, highlight_headroom(x))
+    factor = per_sample(p["factor"])
+    if _recorded(x):
+        return (mean + factor * (radiance - mean)).clamp_(0.0, 1.0)
+    # mean + factor (radiance - mean), in place on the batch ``_radiance`` made
+    return radiance.sub_(mean).mul_(factor).add_(mean).clamp_(0.0, 1.0)
+
+
+def _recorded(x: torch.Tensor) -> bool:
+    """Whether autograd records operations on ``x`` (then no in-place steps)."""
+    return torch.is_grad_enabled() and x.requires_grad
+
+
+def _radiance(x: torch.Tensor, headroom: torch.Tensor) -> torch.Tensor:
+    """``above_clip(x, headroom)`` for the contrast kernel: on a CPU device (no autograd) the
+    curve is evaluated at the clipped pixels alone (``headroom > 1``, a few per frame), in
+    float64 rounded once (``power``), instead of decoding the whole batch in float64."""
+    if x.device.type != "cpu" or _recorded(x):
+        return above_clip(x, headroom)
+    mask = (headroom > 1.0).expand_as(x)
+    out = x.clone()
+    lin = srgb_to_linear(x[mask]).mul_(headroom.expand_as(x)[mask])
+    out[mask] = power(lin, 1.0 / 2.4).mul_(1.055).sub_(0.055)
+    return out
 
 
 def tissue_mean(y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

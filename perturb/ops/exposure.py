@@ -41,12 +41,14 @@ from perturb.ops import _host, backend, keyed_fields
 from perturb.ops._math import (
     gain_in_linear_u8,
     linear_to_srgb,
+    linear_to_srgb_lut,
     linear_to_srgb_np,
     lut_u8,
     per_sample,
     scratch,
     shorter_side,
     srgb_to_linear,
+    srgb_to_linear_lut,
     srgb_to_linear_np,
     srgb_to_linear_u8,
 )
@@ -352,11 +354,12 @@ def vignetting(
     """Radial fall-off of light over the field of view (cos^4 law, ~ 1 - a r^2) in linear light.
 
     Kornia: ``kornia.color.rgb_to_linear_rgb`` / ``linear_rgb_to_rgb`` on CUDA (through
-    ``perturb.ops._math``); own fall-off field (no Kornia equivalent of a field-of-view cos^4 law)."""
+    ``perturb.ops._math``; on a CPU device its float32 tables, ``srgb_to_linear_lut``); own
+    fall-off field (no Kornia equivalent of a field-of-view cos^4 law)."""
     h, w = x.shape[-2:]
     frames = [field_frame(h, w, s) for s in (scenes if scenes is not None else [None] * x.shape[0])]
     scale = field_falloff(x, p["cx"], p["cy"], p["strength"], frames).to(x.dtype)
-    return linear_to_srgb(srgb_to_linear(x).mul_(scale))
+    return linear_to_srgb_lut(srgb_to_linear_lut(x).mul_(scale))
 
 
 def _haze_sampler(rng_: np.random.Generator, level: Level) -> Params:
