@@ -15,7 +15,8 @@ fresh process (CLI start-up, decode, perturb, encode, write, manifest and datase
 Each reference runs as one process and as one process per core on an equal share of the
 frames (what a user does with a plain script on a multi-core machine); perturb runs with
 ``--workers`` = cores. Contenders alternate within each repeat (the order rotates between
-repeats); the medians are kept. Per run: wall seconds, CPU-seconds (user + system of the
+repeats), after one untimed warm-up of each on one frame (it byte-compiles their modules, as
+an installed package has them); the medians are kept. Per run: wall seconds, CPU-seconds (user + system of the
 process tree, from ``wait4``), outputs per second and peak RSS (the largest process, and the
 sum over concurrent processes). ``--growth``: perturb's peak RSS for the track at 1x, 2x and
 4x the images (flat memory as the job grows). Writes ``benchmarks/results/end-to-end-<tag>.json``
@@ -55,6 +56,8 @@ LIKE_FOR_LIKE = {
     "the reference through PIL), the same frame size out",
     "perturb_workers": "--workers = cores; on Linux the CLI forks its workers (they inherit the "
     "driver's imports)",
+    "bytecode": "both sides run byte-compiled modules (PYTHONPYCACHEPREFIX filled by one untimed "
+    "warm-up run of each on one frame), as an installed package has them",
 }
 
 
@@ -75,9 +78,21 @@ class Run:
         return self.outputs / self.cpu_s
 
 
+# Byte-compiled modules on both sides, as an installed package has them: a source checkout
+# run with PYTHONDONTWRITEBYTECODE (this machine's setting) compiles perturb's ~80 imported
+# modules from source in every process (about 0.5 CPU-s a run). Each contender's modules are
+# compiled into this cache by one untimed warm-up run before the timed ones.
+PYCACHE = Path(tempfile.gettempdir()) / f"perturb-bench-pycache-{os.getuid()}"
+
+
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE")
+    }
     env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     env["HF_DATASETS_OFFLINE"] = env["HF_HUB_OFFLINE"] = "1"
     return env
 
@@ -182,6 +197,11 @@ def job(
     }
     runs: dict[str, list[Run]] = {k: [] for k in contenders}
     names = list(contenders)
+    # untimed warm-up on one frame: byte-compiles each side's modules (PYCACHE), warms the
+    # page cache
+    perturb_run(suite, frames[:1], cores, tmp / "warm")
+    reference(script, frames[:1], 1, tmp / "warm")
+    load_before = os.getloadavg()
     for r in range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for k in order:
@@ -189,7 +209,14 @@ def job(
             print(
                 f"{name} repeat {r + 1}/{repeats} {k}: {runs[k][-1]}", file=sys.stderr, flush=True
             )
-    out: dict[str, Any] = {"images": len(frames), "suite": suite, "reference": script}
+    out: dict[str, Any] = {
+        "images": len(frames),
+        "suite": suite,
+        "reference": script,
+        "repeats": repeats,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+    }
     out.update({k: _median(v) for k, v in runs.items()})
     ours = out["perturb"]
     for k in names[1:]:
