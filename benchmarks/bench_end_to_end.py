@@ -188,7 +188,15 @@ def _median(runs: list[Run]) -> dict[str, Any]:
 
 
 def job(
-    name: str, suite: str, script: str, frames: list[Path], repeats: int, cores: int, tmp: Path
+    name: str,
+    suite: str,
+    script: str,
+    frames: list[Path],
+    repeats: int,
+    cores: int,
+    tmp: Path,
+    rotate: int = 0,
+    warm_up: bool = True,
 ) -> dict[str, Any]:
     contenders: dict[str, Any] = {
         "perturb": lambda: perturb_run(suite, frames, cores, tmp),
@@ -199,11 +207,13 @@ def job(
     names = list(contenders)
     # untimed warm-up on one frame: byte-compiles each side's modules (PYCACHE), warms the
     # page cache
-    perturb_run(suite, frames[:1], cores, tmp / "warm")
-    reference(script, frames[:1], 1, tmp / "warm")
+    if warm_up:
+        perturb_run(suite, frames[:1], cores, tmp / "warm")
+        reference(script, frames[:1], 1, tmp / "warm")
     load_before = os.getloadavg()
     for r in range(repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]
+        first = (r + rotate) % len(names)
+        order = names[first:] + names[:first]
         for k in order:
             runs[k].append(contenders[k]())
             print(
@@ -288,6 +298,12 @@ def main() -> None:
     parser.add_argument("--jobs", default="artifacts,track")
     parser.add_argument("--growth", action="store_true")
     parser.add_argument("--tag", default="cpu")
+    parser.add_argument(
+        "--rotate", type=int, default=0, help="start the contenders' order this far along"
+    )
+    parser.add_argument(
+        "--no-warm-up", action="store_true", help="the bytecode cache is already filled"
+    )
     args = parser.parse_args()
     frames = sorted(SAMPLES.glob("*.jpg"))
     if not frames:
@@ -308,6 +324,8 @@ def main() -> None:
                 args.repeats,
                 cores,
                 tmp / "a",
+                args.rotate,
+                not args.no_warm_up,
             )
         if "track" in jobs:
             result["track"] = job(
@@ -318,6 +336,8 @@ def main() -> None:
                 args.repeats,
                 cores,
                 tmp / "t",
+                args.rotate,
+                not args.no_warm_up,
             )
         if args.growth:
             result["track_memory_growth"] = growth(frames[:4], cores, tmp / "g")
