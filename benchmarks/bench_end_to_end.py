@@ -15,7 +15,8 @@ fresh process (CLI start-up, decode, perturb, encode, write, manifest and datase
 Each reference runs as one process and as one process per core on an equal share of the
 frames (what a user does with a plain script on a multi-core machine); perturb runs with
 ``--workers`` = cores. Contenders alternate within each repeat (the order rotates between
-repeats); the medians are kept. Per run: wall seconds, CPU-seconds (user + system of the
+repeats), after one untimed warm-up of each on one frame (it byte-compiles their modules, as
+an installed package has them); the medians are kept. Per run: wall seconds, CPU-seconds (user + system of the
 process tree, from ``wait4``), outputs per second and peak RSS (the largest process, and the
 sum over concurrent processes). ``--growth``: perturb's peak RSS for the track at 1x, 2x and
 4x the images (flat memory as the job grows). Writes ``benchmarks/results/end-to-end-<tag>.json``
@@ -55,6 +56,8 @@ LIKE_FOR_LIKE = {
     "the reference through PIL), the same frame size out",
     "perturb_workers": "--workers = cores; on Linux the CLI forks its workers (they inherit the "
     "driver's imports)",
+    "bytecode": "both sides run byte-compiled modules (PYTHONPYCACHEPREFIX filled by one untimed "
+    "warm-up run of each on one frame), as an installed package has them",
 }
 
 
@@ -75,9 +78,21 @@ class Run:
         return self.outputs / self.cpu_s
 
 
+# Byte-compiled modules on both sides, as an installed package has them: a source checkout
+# run with PYTHONDONTWRITEBYTECODE (this machine's setting) compiles perturb's ~80 imported
+# modules from source in every process (about 0.5 CPU-s a run). Each contender's modules are
+# compiled into this cache by one untimed warm-up run before the timed ones.
+PYCACHE = Path(tempfile.gettempdir()) / f"perturb-bench-pycache-{os.getuid()}"
+
+
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE")
+    }
     env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     env["HF_DATASETS_OFFLINE"] = env["HF_HUB_OFFLINE"] = "1"
     return env
 
@@ -173,7 +188,15 @@ def _median(runs: list[Run]) -> dict[str, Any]:
 
 
 def job(
-    name: str, suite: str, script: str, frames: list[Path], repeats: int, cores: int, tmp: Path
+    name: str,
+    suite: str,
+    script: str,
+    frames: list[Path],
+    repeats: int,
+    cores: int,
+    tmp: Path,
+    rotate: int = 0,
+    warm_up: bool = True,
 ) -> dict[str, Any]:
     contenders: dict[str, Any] = {
         "perturb": lambda: perturb_run(suite, frames, cores, tmp),
@@ -182,14 +205,28 @@ def job(
     }
     runs: dict[str, list[Run]] = {k: [] for k in contenders}
     names = list(contenders)
+    # untimed warm-up on one frame: byte-compiles each side's modules (PYCACHE), warms the
+    # page cache
+    if warm_up:
+        perturb_run(suite, frames[:1], cores, tmp / "warm")
+        reference(script, frames[:1], 1, tmp / "warm")
+    load_before = os.getloadavg()
     for r in range(repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]
+        first = (r + rotate) % len(names)
+        order = names[first:] + names[:first]
         for k in order:
             runs[k].append(contenders[k]())
             print(
                 f"{name} repeat {r + 1}/{repeats} {k}: {runs[k][-1]}", file=sys.stderr, flush=True
             )
-    out: dict[str, Any] = {"images": len(frames), "suite": suite, "reference": script}
+    out: dict[str, Any] = {
+        "images": len(frames),
+        "suite": suite,
+        "reference": script,
+        "repeats": repeats,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+    }
     out.update({k: _median(v) for k, v in runs.items()})
     ours = out["perturb"]
     for k in names[1:]:
@@ -261,6 +298,12 @@ def main() -> None:
     parser.add_argument("--jobs", default="artifacts,track")
     parser.add_argument("--growth", action="store_true")
     parser.add_argument("--tag", default="cpu")
+    parser.add_argument(
+        "--rotate", type=int, default=0, help="start the contenders' order this far along"
+    )
+    parser.add_argument(
+        "--no-warm-up", action="store_true", help="the bytecode cache is already filled"
+    )
     args = parser.parse_args()
     frames = sorted(SAMPLES.glob("*.jpg"))
     if not frames:
@@ -281,6 +324,8 @@ def main() -> None:
                 args.repeats,
                 cores,
                 tmp / "a",
+                args.rotate,
+                not args.no_warm_up,
             )
         if "track" in jobs:
             result["track"] = job(
@@ -291,6 +336,8 @@ def main() -> None:
                 args.repeats,
                 cores,
                 tmp / "t",
+                args.rotate,
+                not args.no_warm_up,
             )
         if args.growth:
             result["track_memory_growth"] = growth(frames[:4], cores, tmp / "g")

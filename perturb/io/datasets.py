@@ -354,6 +354,47 @@ def using_cache(cache_dir: str | os.PathLike[str] | None) -> Iterator[None]:
         _CACHE_DIR.reset(token)
 
 
+# a flat folder of these (and nothing else) is read without ``load_dataset``'s builder
+FLAT_IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
+# names that ``load_dataset`` may read as split names (its SPLIT_KEYWORDS): left to it
+_SPLIT_WORDS = ("train", "valid", "dev", "val", "test", "eval")
+
+
+def flat_image_files(folder: Path) -> list[Path] | None:
+    """The image files of ``folder`` in ``load_dataset("imagefolder")``'s row order, when the
+    folder holds only image files (no subfolder, metadata, hidden file or name that could
+    mean a split) and so loads as one "train" split of one ``image`` column; else None."""
+    files: list[Path] = []
+    real = folder.resolve()  # the folder's links resolved, a linked file's name kept
+    with os.scandir(real) as entries:
+        for entry in entries:
+            name = entry.name
+            lower = name.lower()
+            if (
+                name.startswith((".", "_"))
+                or not entry.is_file()
+                or os.path.splitext(lower)[1] not in FLAT_IMAGE_SUFFIXES
+                or lower.count(".") != 1
+                or any(word in lower for word in _SPLIT_WORDS)
+            ):
+                return None
+            files.append(real / name)
+    return sorted(files, key=str) or None
+
+
+def _image_folder_dataset(files: list[Path]) -> datasets.Dataset:
+    """What ``load_dataset`` makes of a flat image folder (one ``image`` column of absolute
+    paths, sorted), without its builder: no module inference, streaming patches or cache."""
+    features = datasets.Features({"image": datasets.Image()})
+    table = pa.table(
+        {"image": [{"bytes": None, "path": str(f)} for f in files]},
+        schema=features.arrow_schema,
+    )
+    return datasets.Dataset(
+        datasets.table.InMemoryTable(table), info=datasets.DatasetInfo(features=features)
+    )
+
+
 def _load_local(
     path: Path, split: str | None, cache_dir: str | None = None
 ) -> tuple[datasets.Dataset, str | None, Path | None]:
@@ -362,6 +403,8 @@ def _load_local(
         if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
             ds, used = _as_dataset(datasets.load_from_disk(str(path)), split, source)
             return ds, used, path
+        if split in (None, "train") and (files := flat_image_files(path)) is not None:
+            return _image_folder_dataset(files), "train", path
         obj = datasets.load_dataset(str(path), **_cache_kw(cache_dir))
         ds, used = _as_dataset(obj, split, source)
         return ds, used, path
