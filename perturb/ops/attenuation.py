@@ -881,12 +881,11 @@ def place_devices(
         grid = _tps_grid(src, dst, h, w)
         total = total + F.grid_sample(warped, grid, "bilinear", "zeros", align_corners=False)
     total = _gaussian_blur(total, DETECTOR_BLUR_CM * min(h, w) / FIELD_CM).double()
-    v = x[:, :1].to(torch.float64)
-    room = (_film_ceiling(x, ceiling).view(b, 1, 1, 1) - v).clamp(min=MIN_ROOM)
-    dense = total.clamp(min=0.0)
-    shown = torch.where(total > 0, room * -torch.expm1(-dense / room), total)
+    shown, slope = display_shoulder(
+        x[:, :1].to(torch.float64), total, _film_ceiling(x, ceiling).view(b, 1, 1, 1)
+    )
     sigma = _film_noise(x).view(b, 1, 1, 1)
-    extra = sigma * torch.sqrt(torch.expm1(MU * dense)) * torch.exp(-dense / room)
+    extra = sigma * torch.sqrt(torch.expm1(MU * total.clamp(min=0.0))) * slope
     noise = keyed_fields.normal_fields(keys, noise_name, (1, h, w), dev)
     out = x.to(torch.float64) + shown + extra * noise.double()
     return out.clamp_(0.0, 1.0).to(x.dtype)
@@ -894,6 +893,20 @@ def place_devices(
 
 DETECTOR_BLUR_CM = 0.035  # sigma of the detector's unsharpness (MTF 50 % near 2.5 lp/mm)
 MIN_ROOM = 0.08  # the least headroom the display curve's shoulder leaves (display units)
+
+
+def display_shoulder(
+    v: torch.Tensor, a: torch.Tensor, ceiling: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What an added attenuation ``a`` (display units) shows as on a film of value ``v`` whose
+    display curve shoulders at ``ceiling``, and the curve's slope there: ``s(a) = r (1 -
+    exp(-a / r))``, ``r`` the room left below the ceiling (at least ``MIN_ROOM``), so
+    ``s ~ a`` for faint objects, ``s < r`` however dense (graded, never clipped); a negative
+    ``a`` (a hole in a plate) is shown as it is."""
+    room = (ceiling - v).clamp(min=MIN_ROOM)
+    dense = a.clamp(min=0.0)
+    slope = torch.exp(-dense / room)
+    return torch.where(a > 0, room * (1.0 - slope), a), slope
 
 
 def _film_ceiling(x: torch.Tensor, q: float) -> torch.Tensor:

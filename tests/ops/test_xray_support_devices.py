@@ -113,7 +113,7 @@ def test_each_device_lies_in_its_anatomical_region(path: pathlib.Path) -> None:
         assert body[int(y * SIDE), int(x * SIDE)], (path.stem, "ecg", x, y)
     parts, record = _parts(film, key)
     ecg, cvc, et, ng, pacer = parts
-    assert ecg.max() > 0.1
+    assert ecg.max() > 0.05  # grey, not white (v6): a faint eyelet, clips of thin metal
     for name, part in (("cvc", cvc), ("et", et), ("ng", ng), ("pacer", pacer)):
         outside = (np.abs(part) > 0.02) & ~body
         assert outside.sum() <= 0.01 * (np.abs(part) > 0.02).sum(), (path.stem, name)
