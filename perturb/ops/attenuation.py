@@ -20,9 +20,14 @@ chest radiographs", RadioGraphics 24 (2004).
   and above the right atrium; a pacemaker generator is a titanium can with its battery, hybrid
   circuit and capacitor, and an epoxy header with a dense connector block, in a pectoral
   pocket, its lead through the subclavian vein, SVC and tricuspid valve to the RV apex; ECG
-  electrodes are foam pads with a metal snap stud under a spring clip or push-on cup, or tabs
-  under an alligator clip, seen at a tilt, their leads (a dense core in faint insulation)
-  curving, sometimes coiling, off the body. Sources: Hunter et al., "Medical devices on chest
+  electrodes are foam pads with a faint silver-chloride eyelet ring round the snap stud, under
+  the lead's own snap, a spring clip, a push-on cup or a moulded clip housing (partly
+  radiolucent plates of graded density), or tabs under an alligator clip, seen at a tilt,
+  their leads (thin stranded copper, grey from partial volume, in a barely visible sheath,
+  varying in density as the cable rolls) hanging off the body in gravity's slack curves.
+  Plastic is barely denser than soft tissue and the metal thin, so nothing is white: the
+  film's display curve shoulders dense metal towards its own bone brightness
+  (``place_devices``). Sources: Hunter et al., "Medical devices on chest
   radiographs", RadioGraphics 24 (2004); Godoy et al., "Chest radiography in the ICU: Part 2,
   evaluation of cardiovascular lines and other devices", AJR 198 (2012); Goodman et al.,
   "Radiographic evaluation of endotracheal tube position", AJR 127 (1976); Bushberg et al.,
@@ -32,8 +37,9 @@ chest radiographs", RadioGraphics 24 (2004).
   its 3D metal shape (round wires: the chord ``2 sqrt(r^2 - d^2)``; flat plates: thickness
   over the cosine of their tilt) at ``STEEL_MU``, turned by keyed 3D angles: a cable chain
   necklace (links alternating face-on and edge-on along a sagging catenary) with a pendant or
-  its clasp, a bra's hooks and eyes (wire outlines in rows), its strap slider (a frame with a
-  central bar seen in perspective) and underwire, snaps and buttons of several designs, a
+  its clasp (a pendant cast in relief, never a flat disc), a bra's closure (bowed, unevenly
+  pulled rows of wire eyes with stamped sheet hooks engaged), its strap slider (a figure-8
+  of flat band seen in perspective) and underwire, snaps and buttons of several designs, a
   bobby pin, an earring; placed on the found anatomy and blurred and noised like the devices.
 * ``xray_skin_fold``: a fold of skin trapped between the patient's back and the detector (supine
   and portable films): the doubled skin adds attenuation that ends in a sharp curvilinear edge
@@ -302,52 +308,64 @@ def _tube(
 def _lead_path(
     g: np.random.Generator, start: np.ndarray, edge_x: float, h: int, w: int, px: float
 ) -> np.ndarray:
-    """A lead wire's course (pixels) from ``start`` to the film edge at ``edge_x``: hanging in
-    a curve, sometimes with a coil (a loop of slack) or doubling back across itself."""
+    """A lead wire's course (pixels) from ``start`` to the film edge at ``edge_x``: a flexible
+    cable hanging under gravity between the connector and where it leaves the body, a
+    catenary-like sag downwards (0-6 cm) with a gentle keyed wander, no loops and no kinks
+    (a lead lying on the patient is pulled straight-ish by its own weight)."""
     direction = 1.0 if edge_x > start[0] else -1.0
-    span = abs(edge_x - start[0])
-    points = [start, start + np.array([direction * 0.8 * px, g.uniform(-0.6, 0.6) * px])]
-    sag = g.uniform(-0.1, 0.12) * h
-    for t in (0.35, 0.7):
-        points.append(
-            np.array(
-                [
-                    start[0] + direction * t * span,
-                    start[1] + sag * math.sin(math.pi * t) + g.uniform(-0.02, 0.02) * h,
-                ]
-            )
-        )
-    if g.random() < 0.35:  # a coil of slack: a loop of 1.5-2.5 cm
-        r = g.uniform(0.75, 1.25) * px
-        centre = points[2] + np.array([0.0, r])
-        turn = np.linspace(-math.pi / 2, 1.5 * math.pi, 10)[1:-1] * -direction
-        loop = centre + r * np.stack([np.cos(turn) * direction * -1, np.sin(turn)], axis=1)
-        points = [*points[:2], *loop, *points[2:]]
-    points.append(
-        np.array([edge_x + direction * 0.05 * w, points[-1][1] + g.uniform(-0.08, 0.08) * h])
-    )
-    return _dense_curve(np.array(points))
+    end = np.array([edge_x + direction * 0.05 * w, start[1] + g.uniform(-0.06, 0.1) * h])
+    sag = g.uniform(0.0, 6.0) * px
+    t = np.linspace(0.0, 1.0, 9)
+    chord = start[None] + t[:, None] * (end - start)[None]
+    wander = g.uniform(-0.4, 0.4, size=(len(t), 2)) * px
+    wander[0] = 0.0
+    points = chord + wander
+    points[:, 1] += sag * np.sin(math.pi * t)  # y down: gravity pulls the middle lower
+    leave = start + np.array([direction * 0.6 * px, g.uniform(-0.2, 0.4) * px])
+    return _dense_curve(np.vstack([start, leave, points[2:]]))
+
+
+def _lead_wire(
+    target: np.ndarray, g: np.random.Generator, curve: np.ndarray, px: float, dense: float
+) -> None:
+    """An ECG or monitoring lead along ``curve`` (pixels): stranded copper (about 0.3 mm of
+    metal, ``dense`` display units at its axis, a partial-volume chord far thinner than a
+    pixel on most films) in a PVC sheath (2-2.5 mm, barely denser than soft tissue); the
+    strands twist and the cable rolls, so the projected metal varies along it (a slow keyed
+    modulation of +-30 %)."""
+    wire = np.zeros(target.shape, np.float32)
+    _wire(wire, curve, g.uniform(0.03, 0.045) * px, dense)
+    _stroke(wire, curve, g.uniform(0.2, 0.25) * px, g.uniform(0.004, 0.008))
+    ys, xs = np.nonzero(wire)
+    period = g.uniform(1.5, 4.0, size=2) * px
+    phase = g.uniform(0, 2 * math.pi, size=2)
+    roll = 1.0 + 0.3 * np.sin(xs / period[0] + phase[0]) * np.cos(ys / period[1] + phase[1])
+    target[ys, xs] += wire[ys, xs] * roll.astype(np.float32)
 
 
 def _electrode(
     layers: _Placed, g: np.random.Generator, item: int, anchor: str, px: float, lead_side: str
 ) -> None:
-    """An ECG electrode and its lead, one of three kinds seen at a keyed tilt (a circle seen
-    obliquely is an ellipse, axis ratio 0.55-1):
+    """An ECG electrode and its lead, seen at a keyed tilt (a circle seen obliquely is an
+    ellipse, axis ratio 0.55-1). Every snap electrode is a foam pad (barely denser than the
+    soft tissue under it) holding a gel disc and the sensor: a silver/silver-chloride coated
+    eyelet around the snap stud, seen as a faint grey annulus with a lucent centre; the metal
+    is thin, so it is grey, never white. On it, one of five connectors:
 
-    * snap electrode and clip: a foam pad (barely visible), the gel disc, the metal snap stud
-      (a dense rim seen edge-on around a less dense cap) and the lead's spring clip gripping it
-      (two dense jaws, a hinge pin, a plastic body), the lead leaving the clip's back;
-    * snap electrode and push-on cup: the stud under a dense cylindrical cup seen obliquely
-      (an ellipse with a denser rim), the lead leaving its side;
-    * tab electrode and alligator clip: a rectangular tab (faint) gripped by a toothed clip.
+    * none visible: the lead's small snap socket over the stud (the commonest look: a faint
+      ring and a thin lead);
+    * a spring clip: two thin steel jaws over the stud, a hinge pin, a plastic body;
+    * a push-on cup: a thin drawn-metal shell, denser at its wall seen edge-on;
+    * a moulded clip housing (``_housing_clip``): a radiolucent plastic body around its
+      snap socket and a spring-steel lever, grey plates of graded density;
+    * a tab electrode (a faint rectangle) under an alligator clip with a row of teeth.
 
-    The lead (copper strands in insulation: a faint sheath around a dense core) leaves the
-    connector and runs off the body to the film edge on its side (``_lead_path``); its canvas
-    starts under the connector so the stretch that keeps it reaching the edge keeps it joined."""
+    The lead (``_lead_wire``) leaves the connector and hangs to the film edge on its side
+    (``_lead_path``); its canvas starts under the connector so the stretch that keeps it
+    reaching the edge keeps it joined."""
     h, w = layers.shape
     cx, cy = _px(_CANONICAL_ANCHORS[anchor], w, h)
-    kind = int(g.choice(4, p=[0.2, 0.15, 0.2, 0.45]))
+    kind = int(g.choice(5, p=[0.3, 0.12, 0.12, 0.3, 0.16]))
     tilt = g.uniform(0.55, 1.0)
     angle = g.uniform(0, math.pi)
     lead_angle = (math.pi if lead_side == "left" else 0.0) + g.uniform(-0.9, 0.9)
@@ -355,32 +373,37 @@ def _electrode(
     along = np.array([math.cos(lead_angle), math.sin(lead_angle)])
     across = np.array([-along[1], along[0]])
     centre = np.array([cx, cy])
-    if kind != 2:
+    if kind != 4:
         r_pad = g.uniform(1.7, 2.2) * px
-        _poly(body, _ellipse(cx, cy, r_pad, r_pad * tilt, angle), g.uniform(0.006, 0.016))
-        _poly(body, _ellipse(cx, cy, r_pad, r_pad * tilt, angle), 0.004, max(1, round(0.08 * px)))
-        _poly(body, _ellipse(cx, cy, 0.9 * px, 0.9 * px * tilt, angle), 0.006)  # gel
-        r_stud = g.uniform(0.3, 0.4) * px
-        stud = _ellipse(cx, cy, r_stud, r_stud * tilt, angle)
-        _poly(body, stud, g.uniform(0.04, 0.1))  # the stud's cap
-        _poly(body, stud, g.uniform(0.1, 0.18), max(1, round(0.08 * px)))  # its rim, edge-on
-        r_pin = g.uniform(0.3, 0.5) * r_stud  # the central pin, denser (seen end-on)
-        _poly(body, _ellipse(cx, cy, r_pin, r_pin * tilt, angle), g.uniform(0.1, 0.2))
+        pad = _ellipse(cx, cy, r_pad, r_pad * tilt, angle)
+        _poly(body, pad, g.uniform(0.003, 0.008))
+        _poly(body, pad, 0.003, max(1, round(0.08 * px)))  # the foam's cut edge
+        _poly(body, _ellipse(cx, cy, 0.9 * px, 0.9 * px * tilt, angle), 0.004)  # gel
+        r_out = g.uniform(0.4, 0.6) * px
+        r_in = g.uniform(0.5, 0.65) * r_out
+        ring = g.uniform(0.04, 0.08)
+        _poly(body, _ellipse(cx, cy, r_out, r_out * tilt, angle), ring)  # the eyelet
+        _poly(body, _ellipse(cx, cy, r_in, r_in * tilt, angle), -0.8 * ring)  # its lucent eye
+        r_pin = g.uniform(0.3, 0.5) * r_in  # the stud's post, seen end-on
+        _poly(body, _ellipse(cx, cy, r_pin, r_pin * tilt, angle), g.uniform(0.01, 0.03))
     else:
         half = np.array([g.uniform(1.0, 1.3), g.uniform(1.4, 1.8)]) * px
         rot = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
         corners = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]]) * half * [1.0, tilt]
-        _poly(body, centre + corners @ rot.T, 0.012)  # tab
-        _poly(body, centre + corners @ rot.T, 0.01, max(1, round(0.06 * px)))
-    if kind == 0:  # spring clip: jaws over the stud, hinge, plastic body
+        _poly(body, centre + corners @ rot.T, 0.006)  # tab
+        _poly(body, centre + corners @ rot.T, 0.006, max(1, round(0.06 * px)))
+    if kind == 0:  # the lead's own small snap socket over the stud
+        exit_point = centre + along * g.uniform(0.2, 0.5) * px
+        _stroke(body, np.array([centre, exit_point]), 0.3 * px, g.uniform(0.01, 0.02))
+    elif kind == 1:  # spring clip: jaws over the stud, hinge, plastic body
         length = g.uniform(1.6, 2.2) * px
         jaw = 0.28 * px
         for side in (-1.0, 1.0):
             a = centre + across * side * jaw - along * 0.3 * px
             b = centre + across * side * jaw * 0.6 + along * 0.6 * length
-            _stroke(body, np.array([a, b]), max(1.0, 0.14 * px), 0.32)
+            _stroke(body, np.array([a, b]), max(1.0, 0.12 * px), g.uniform(0.05, 0.09))
         hinge = centre + along * 0.6 * length
-        _poly(body, _ellipse(hinge[0], hinge[1], 0.22 * px, 0.22 * px * tilt, angle), 0.4)
+        _poly(body, _ellipse(hinge[0], hinge[1], 0.2 * px, 0.2 * px * tilt, angle), 0.08)
         grip = np.array(
             [
                 hinge + across * 0.45 * px,
@@ -389,46 +412,44 @@ def _electrode(
                 hinge - across * 0.45 * px,
             ]
         )
-        _poly(body, grip, 0.05)  # the clip's plastic body
+        _poly(body, grip, 0.02)  # the clip's plastic body
         exit_point = hinge + along * 0.4 * length
-    elif kind == 1:  # push-on cup over the stud
+    elif kind == 2:  # push-on cup over the stud
         r_cup = g.uniform(0.5, 0.65) * px
         cup = _ellipse(cx, cy, r_cup, r_cup * tilt, angle)
-        _poly(body, cup, g.uniform(0.03, 0.06))  # a thin drawn-metal shell
-        _poly(body, cup, g.uniform(0.08, 0.14), max(1, round(0.08 * px)))  # its wall, edge-on
-        _poly(body, _ellipse(cx, cy, 0.22 * px, 0.22 * px * tilt, angle), 0.04)
+        _poly(body, cup, g.uniform(0.015, 0.03))  # a thin drawn-metal shell
+        _poly(body, cup, g.uniform(0.04, 0.07), max(1, round(0.08 * px)))  # its wall, edge-on
         sleeve = centre + along * r_cup
         exit_point = centre + along * (r_cup + 0.9 * px)
-        _stroke(body, np.array([sleeve, exit_point]), 0.35 * px, 0.06)  # strain relief
-    elif kind == 3:  # a bent spring-steel strip clip over the stud, seen in profile
-        exit_point = _strip_clip(body, g, centre, along, across, px)
+        _stroke(body, np.array([sleeve, exit_point]), 0.35 * px, 0.025)  # strain relief
+    elif kind == 3:
+        exit_point = _housing_clip(body, g, centre, along, across, px)
     else:  # alligator clip on the tab's edge, its teeth in a row
         mouth = centre + along * 0.8 * px
         tip = mouth - along * 0.9 * px
         for side in (-1.0, 1.0):
             bar = np.array([tip + across * side * 0.12 * px, mouth + across * side * 0.35 * px])
-            _stroke(body, bar, max(1.0, 0.14 * px), g.uniform(0.15, 0.25))
+            _stroke(body, bar, max(1.0, 0.14 * px), g.uniform(0.06, 0.1))
         for t in np.linspace(0.15, 0.85, int(g.integers(3, 7))):
             tooth = tip + (mouth - tip) * t
             _stroke(
-                body, np.array([tooth - across * 0.2 * px, tooth + across * 0.2 * px]), 1.0, 0.08
+                body, np.array([tooth - across * 0.2 * px, tooth + across * 0.2 * px]), 1.0, 0.03
             )
         back = mouth + along * g.uniform(1.4, 1.9) * px
-        _stroke(body, np.array([mouth, back]), 0.6 * px, 0.09)  # the insulated handle
+        _stroke(body, np.array([mouth, back]), 0.6 * px, 0.03)  # the insulated handle
         pivot = mouth + along * 0.3 * px
-        _poly(body, _ellipse(pivot[0], pivot[1], 0.15 * px, 0.15 * px, 0.0), 0.15)  # pivot
+        _poly(body, _ellipse(pivot[0], pivot[1], 0.15 * px, 0.15 * px, 0.0), 0.06)  # pivot
         exit_point = back
     layers.add(item, body, ("move", anchor))
     lead = np.zeros((h, w), np.float32)
     edge_x = 0.0 if lead_side == "left" else float(w)
     curve = _lead_path(g, exit_point, edge_x, h, w, px)
     curve = np.vstack([centre, curve])  # from under the connector: stays joined when stretched
-    _stroke(lead, curve, 0.25 * px, 0.025)  # insulation
-    _stroke(lead, curve, 0.06 * px, 0.16)  # the conductor
+    _lead_wire(lead, g, curve, px, g.uniform(0.05, 0.09))
     layers.add(item, lead, (lead_side, anchor))
 
 
-def _strip_clip(
+def _housing_clip(
     body: np.ndarray,
     g: np.random.Generator,
     centre: np.ndarray,
@@ -436,33 +457,50 @@ def _strip_clip(
     across: np.ndarray,
     px: float,
 ) -> np.ndarray:
-    """A lead's snap clip of bent spring-steel strip, seen in profile (``body`` pixels): the
-    strip rises from the stud, bends at right angles (a keyed run of 3-5 legs of keyed
-    lengths, bent towards the lead) into the lever, a second strip parallel to it (the
-    jaw), the strip denser than the plastic housing around it; returns where the lead leaves
-    it."""
-    radius = g.uniform(0.05, 0.08) * px  # the strip seen edge-on, as a wire of that radius
-    dense = g.uniform(0.2, 0.35)
-    frame = np.stack([along, across])  # local (along, across) cm -> pixels
+    """A lead's moulded snap clip seen face-on (``body`` pixels), after the common monitoring
+    designs: a round or heart-shaped housing over the snap socket (filled plastic around a brass
+    socket: uniform, partly radiolucent, grey), a rectangular spring-steel frame across it (a stamped strip, its
+    two layers where it folds adding up), the steel lever bent once at a right angle
+    towards the lead, and the cable's strain relief with a crimped ferrule; the parts
+    overlap, so the density is graded, never a flat white template. Returns where the lead
+    leaves it."""
+
+    def local(points: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
+        uv = np.asarray(points, np.float64)
+        return centre + (uv[:, :1] * along + uv[:, 1:] * across) * px
+
+    steel = g.uniform(0.05, 0.09)
+    plastic = steel * g.uniform(0.5, 0.9)  # filled (glass-filled nylon) and the socket's brass
+    r = g.uniform(0.5, 0.7)
+    t = np.linspace(0, 2 * math.pi, 40, endpoint=False)
+    if g.random() < 0.5:  # round housing
+        outline = np.stack([r * np.cos(t), r * np.sin(t)], 1)
+    else:  # heart-shaped (the socket end pointed away from the lead)
+        x = -(13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t)) / 17
+        outline = np.stack([x * r, np.sin(t) ** 3 * r * 1.05], 1)
+    _poly(body, local(outline), plastic)
+    _poly(body, local(outline), 0.5 * plastic, max(1, round(0.05 * px)))  # its moulded rim
+    _poly(body, local(0.3 * np.stack([np.cos(t), np.sin(t)], 1)), 0.6 * plastic)  # socket
+    strip = g.uniform(0.1, 0.16)  # cm: the steel strip's width seen face-on
+    x0, x1 = g.uniform(-0.1, 0.2), g.uniform(0.5, 0.8)
+    half = g.uniform(0.45, 0.6)
+    frame = local([[x0, -half], [x1, -half], [x1, half], [x0, half], [x0, -half]])
+    _poly(body, frame[:4], 0.35 * steel)  # the frame's plate between its folded edges
+    _stroke(body, frame, strip * px, 0.65 * steel)
+    fold = local([[x1, -half], [x1, half]])
+    _stroke(body, fold, 0.5 * strip * px, 0.7 * steel)  # the strip doubled at the fold
     turn = g.choice([-1.0, 1.0])
-    point = np.zeros(2)
-    legs = [point.copy()]
-    heading = np.array([0.0, turn])
-    for k in range(int(g.integers(3, 6))):
-        point = point + heading * g.uniform(0.35, 0.9)
-        legs.append(point.copy())
-        if k % 2 == 0:
-            heading = np.array([1.0, 0.0])
-        else:
-            heading = np.array([0.0, -turn if g.random() < 0.6 else turn])
-    path = centre + np.array(legs) @ frame * px
-    _wire(body, path, radius, dense)
-    gap = g.uniform(0.12, 0.25)
-    _wire(body, path[1:] + across * turn * gap * px, radius, 0.8 * dense)  # the jaw
-    end = path[-1]
-    housing = np.array([path[1], end, end + along * 0.6 * px])
-    _stroke(body, housing, 0.5 * px, 0.03)  # the plastic housing and strain relief
-    return end + along * 0.6 * px
+    rise = g.uniform(0.8, 1.4)
+    lever = local([[x0 + 0.1, turn * half], [x0 + 0.1, turn * (half + rise)]])
+    reach = g.uniform(0.8, 1.4)
+    lever = np.vstack([lever, local([[x0 + 0.1 + reach, turn * (half + rise)]])])
+    _stroke(body, lever, strip * px, steel)
+    end = x1 + g.uniform(0.9, 1.4)
+    relief = local([[x1, 0.0], [end, 0.0]])
+    _stroke(body, relief, g.uniform(0.2, 0.3) * px, 0.5 * plastic)  # strain relief
+    ferrule = local([[end - 0.35, 0.0], [end - 0.15, 0.0]])
+    _stroke(body, ferrule, 0.15 * px, 0.8 * steel)  # the crimp on the conductor
+    return local([[end, 0.0]])[0]
 
 
 def _generator(
@@ -612,8 +650,8 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
             [tip[0] - 0.004 * w, tip[1] - 0.12 * h],
         ]
     curve = _dense_curve(np.array([*course, tip]))
-    _stroke(cvc, curve, 0.22 * px, 0.03)  # the catheter wall
-    _stroke(cvc, curve, 0.07 * px, 0.15)  # its radiopaque core
+    _stroke(cvc, curve, 0.22 * px, 0.012)  # the catheter wall
+    _stroke(cvc, curve, 0.07 * px, 0.1)  # its radiopaque core
     layers.add(4, cvc, ("warp", "cvc_tip"))
     # endotracheal tube: down the tracheal midline from the mouth, the tip above the carina
     tip = anchor["et_tip"]
@@ -622,7 +660,7 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     curve = _dense_curve(
         np.array([[tip[0] + sway, -0.02 * h], [tip[0] + sway / 2, 0.5 * tip[1]], tip])
     )
-    _tube(et, curve, 0.95 * px, 0.025, 0.16, px)  # faint walls, a dense barium line
+    _tube(et, curve, 0.95 * px, 0.012, 0.1, px)  # faint walls, a grey barium line
     bevel = curve[-1] + np.array([0.0, 0.25 * px])
     _stroke(et, np.array([curve[-1] - [0.45 * px, 0.0], bevel]), max(1.0, 0.06 * px), 0.03)
     layers.add(5, et, ("warp", "et_tip"))
@@ -644,7 +682,7 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
         ]
     )
     curve = _dense_curve(path)
-    _tube(ng, curve, 0.45 * px, 0.03, 0.18, px)
+    _tube(ng, curve, 0.45 * px, 0.012, 0.1, px)
     holes = curve[-max(3, len(curve) // 10) :]
     for k in range(0, len(holes) - 1, 3):  # side holes: gaps in the stripe near the tip
         _stroke(ng, holes[k : k + 2], max(1.0, 0.1 * px), -0.08)
@@ -680,12 +718,12 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
         ]
     )
     curve = _dense_curve(path)
-    _stroke(lead, curve, 0.22 * px, 0.08)  # insulation over the coil
-    _stroke(lead, curve, 0.1 * px, 0.2)  # the conductor coil
+    _stroke(lead, curve, 0.22 * px, 0.025)  # silicone insulation over the coil
+    _stroke(lead, curve, 0.1 * px, 0.12)  # the conductor coil (MP35N), grey
     tip_mark = np.zeros((h, w), np.float32)
-    _stroke(tip_mark, curve[-max(2, round(0.25 * px)) :], 0.3 * px, 0.3)  # tip electrode
+    _stroke(tip_mark, curve[-max(2, round(0.25 * px)) :], 0.3 * px, 0.22)  # tip electrode
     ring = curve[max(0, len(curve) - 1 - round(1.2 * px / 2)) :][: max(2, round(0.2 * px))]
-    _stroke(tip_mark, ring, 0.3 * px, 0.25)  # ring electrode
+    _stroke(tip_mark, ring, 0.3 * px, 0.16)  # ring electrode
     lead += tip_mark
     layers.add(7, can, ("move", "pocket"))
     layers.add(7, lead, ("warp", "rv_apex"))
@@ -770,16 +808,23 @@ def place_devices(
     films: list[_Placed],
     keys: Sequence[int],
     noise_name: str = "xray_support_devices/noise",
+    ceiling: float = 0.995,
 ) -> torch.Tensor:
-    """``clip(v + a + n)`` for the whole batch. ``a``: the sum of each film's canvases of its
-    first ``items`` items at its ``opacity``, moved from the canonical frame onto the film's
-    anatomy (``chest_landmarks``, ``skin_sites``, ``device_anchors``): electrodes and the
-    generator translated onto their skin sites, leads stretched to the film edge, lines and
-    tubes carried by one thin-plate-spline warp through the anatomical anchors; then the
-    detector's unsharpness (a Gaussian of 0.25 mm) over it. ``n``: the quantum noise the
-    objects add: fewer quanta reach the detector behind them (``I = exp(-MU v)``), so the
-    film's noise ``sigma`` grows to ``sigma exp(MU a / 2)``; the extra, ``sigma
-    sqrt(exp(MU a) - 1)`` times a keyed normal field, is added (none on a noiseless film).
+    """``clip(v + s(a) + n)`` for the whole batch. ``a``: the sum of each film's canvases of
+    its first ``items`` items at its ``opacity``, moved from the canonical frame onto the
+    film's anatomy (``chest_landmarks``, ``skin_sites``, ``device_anchors``): electrodes and
+    the generator translated onto their skin sites, leads stretched to the film edge, lines
+    and tubes carried by one thin-plate-spline warp through the anatomical anchors; then the
+    detector's unsharpness (a Gaussian of ``DETECTOR_BLUR_CM``) over it, which with the
+    pixel's own partial volume leaves a sub-millimetre wire grey. ``s``: the shoulder of the
+    processed film's display curve, ``s(a) = r (1 - exp(-a / r))`` with ``r`` the room left
+    below the film's own ``ceiling`` (``_film_ceiling``, at least ``MIN_ROOM``): faint
+    objects add linearly, dense metal is graded towards the film's brightest structures
+    instead of clipping to white. ``n``: the quantum noise the objects add: fewer quanta
+    reach the detector behind them (``I = exp(-MU v)``), so the film's noise ``sigma`` grows
+    to ``sigma exp(MU a / 2)``; the extra, ``sigma sqrt(exp(MU a) - 1)`` times a keyed normal
+    field, is added through the same shoulder (times its slope ``exp(-a / r)``; none on a
+    noiseless film): grain in the film's own domain over the objects.
     The canvases travel as one (K, B, H, W) uint8 stack; one ``grid_sample`` per moved canvas
     and one for all warped ones serve the whole batch."""
     b = x.shape[0]
@@ -835,12 +880,47 @@ def place_devices(
         )
         grid = _tps_grid(src, dst, h, w)
         total = total + F.grid_sample(warped, grid, "bilinear", "zeros", align_corners=False)
-    total = _gaussian_blur(total, 0.025 * min(h, w) / FIELD_CM)
+    total = _gaussian_blur(total, DETECTOR_BLUR_CM * min(h, w) / FIELD_CM).double()
+    shown, slope = display_shoulder(
+        x[:, :1].to(torch.float64), total, _film_ceiling(x, ceiling).view(b, 1, 1, 1)
+    )
     sigma = _film_noise(x).view(b, 1, 1, 1)
-    extra = sigma * torch.sqrt(torch.expm1(MU * total.double().clamp(min=0.0)))
+    extra = sigma * torch.sqrt(torch.expm1(MU * total.clamp(min=0.0))) * slope
     noise = keyed_fields.normal_fields(keys, noise_name, (1, h, w), dev)
-    out = x.to(torch.float64) + total.double() + extra * noise.double()
+    out = x.to(torch.float64) + shown + extra * noise.double()
     return out.clamp_(0.0, 1.0).to(x.dtype)
+
+
+DETECTOR_BLUR_CM = 0.035  # sigma of the detector's unsharpness (MTF 50 % near 2.5 lp/mm)
+MIN_ROOM = 0.08  # the least headroom the display curve's shoulder leaves (display units)
+
+
+def display_shoulder(
+    v: torch.Tensor, a: torch.Tensor, ceiling: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What an added attenuation ``a`` (display units) shows as on a film of value ``v`` whose
+    display curve shoulders at ``ceiling``, and the curve's slope there: ``s(a) = r (1 -
+    exp(-a / r))``, ``r`` the room left below the ceiling (at least ``MIN_ROOM``), so
+    ``s ~ a`` for faint objects, ``s < r`` however dense (graded, never clipped); a negative
+    ``a`` (a hole in a plate) is shown as it is."""
+    room = (ceiling - v).clamp(min=MIN_ROOM)
+    dense = a.clamp(min=0.0)
+    slope = torch.exp(-dense / room)
+    return torch.where(a > 0, room * (1.0 - slope), a), slope
+
+
+def _film_ceiling(x: torch.Tensor, q: float) -> torch.Tensor:
+    """(B,) the film's own brightest structures (display units): the ``q`` quantile of the
+    film averaged over ``CEILING_CELLS`` squares (0.995: bone, the mediastinum, a lone pixel
+    too small to count; 1: its brightest square, a lead marker or the densest bone), where
+    a processed film's display curve shoulders: metal denser than that is drawn towards
+    it, not to white."""
+    v = x[:, :1].to(torch.float64)
+    cells = F.adaptive_avg_pool2d(v, (CEILING_CELLS, CEILING_CELLS)).flatten(1)
+    return torch.quantile(cells, q, dim=1)
+
+
+CEILING_CELLS = 64
 
 
 def _gaussian_blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -865,7 +945,7 @@ def xray_support_devices(
 
     Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
     landmarks by per-sample translations and a thin-plate-spline warp through ``grid_sample``)."""
-    return _placed_on_anatomy(x, p, keys, device_layers, "xray_support_devices/noise")
+    return _placed_on_anatomy(x, p, keys, device_layers, "xray_support_devices/noise", 0.995)
 
 
 def _placed_on_anatomy(
@@ -874,8 +954,9 @@ def _placed_on_anatomy(
     keys: Sequence[int],
     layers: Callable[[int, int, int], _Placed],
     noise_name: str,
+    ceiling: float,
 ) -> torch.Tensor:
-    """``place_devices`` with each key's canvases from ``layers(key, h, w)``: the whole batch at
+    """``place_devices`` (its display ``ceiling`` quantile) with each key's canvases from ``layers(key, h, w)``: the whole batch at
     once on the device path, sample by sample on the host path."""
     h, w = x.shape[-2:]
     return backend.by_path(
@@ -888,12 +969,13 @@ def _placed_on_anatomy(
                     [layers(int(k), h, w)],
                     [int(k)],
                     noise_name,
+                    ceiling,
                 )
                 for i, k in enumerate(keys)
             ]
         ),
         device=lambda: place_devices(
-            x, p, [layers(int(k), h, w) for k in keys], [int(k) for k in keys], noise_name
+            x, p, [layers(int(k), h, w) for k in keys], [int(k) for k in keys], noise_name, ceiling
         ),
     )
 
@@ -963,6 +1045,35 @@ def _plate(target: np.ndarray, polygon: np.ndarray, value: float) -> None:
     _poly(target, polygon, value)
 
 
+def _relief_plate(
+    target: np.ndarray, g: np.random.Generator, polygon: np.ndarray, value: float, px: float
+) -> None:
+    """Add a cast or stamped pendant inside ``polygon`` (pixels): ``value`` its thickest
+    metal (display units), the thickness rising from a bevelled edge to a domed face
+    (the square root of the depth below the edge, from 45 %) and modulated by a keyed
+    embossed relief (three plane waves of 1.5-4 mm, +-25 %): metal of graded density, not a
+    flat disc."""
+    h, w = target.shape
+    x0, y0 = np.floor(polygon.min(axis=0) - 2).astype(int)
+    x1, y1 = np.ceil(polygon.max(axis=0) + 3).astype(int)
+    x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, w), min(y1, h)
+    if x1 <= x0 or y1 <= y0:
+        return
+    mask = np.zeros((y1 - y0, x1 - x0), np.uint8)
+    pts = np.round((polygon - [x0, y0]) * 4).astype(np.int32).reshape(-1, 1, 2)
+    cv2.fillPoly(mask, [pts], 255, cv2.LINE_AA, shift=2)
+    inside = cv2.distanceTransform((mask > 127).astype(np.uint8), cv2.DIST_L2, 3)
+    depth = inside.astype(np.float32) / max(float(inside.max()), 1.0)
+    ys, xs = np.mgrid[0 : y1 - y0, 0 : x1 - x0].astype(np.float32)
+    relief = np.zeros_like(xs)
+    for _ in range(3):
+        k = 2 * math.pi / (g.uniform(0.15, 0.4) * px)
+        heading = g.uniform(0, math.pi)
+        relief += np.sin(k * (math.cos(heading) * xs + math.sin(heading) * ys) + g.uniform(0, 6.3))
+    thickness = (0.45 + 0.55 * np.sqrt(depth)) * (1.0 + 0.25 * relief / 3.0)
+    target[y0:y1, x0:x1] += np.float32(value) * (mask / np.float32(255.0)) * thickness
+
+
 def _loop(a: float, b: float, n: int = 24, square: float = 1.0) -> np.ndarray:
     """A closed loop in its own plane (n, 3) cm: an ellipse of semi-axes ``a``, ``b``, made
     more rectangular by ``square`` < 1 (a superellipse exponent)."""
@@ -1014,7 +1125,7 @@ def _necklace(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px
         )
         _wire(target, pts, wire * px, 2 * wire * metal, closed=True)
     low = path[int(np.argmax(path[:, 1]))]
-    if g.random() < 0.65:  # a pendant on a bail
+    if g.random() < 0.4:  # a pendant on a bail
         rot = _rotation(g, 0.7)
         bail = _loop(0.12, 0.12)
         _wire(
@@ -1054,7 +1165,8 @@ def _necklace(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px
         shape = shape - [0.0, shape[:, 1].min() - 0.24]  # hangs below the bail
         flat = np.hstack([shape, np.zeros((len(shape), 1))])
         thick = g.uniform(0.04, 0.1)
-        _plate(target, _project(flat, rot, low, px), thick * metal / max(abs(rot[2, 2]), 0.3))
+        outline = _project(flat, rot, low, px)
+        _relief_plate(target, g, outline, thick * metal / max(abs(rot[2, 2]), 0.3), px)
         _wire(target, _project(flat, rot, low, px), 0.02 * px, 0.3 * thick * metal, True)
     if g.random() < 0.5:  # the clasp: a spring ring and its tag on one side of the neck
         j = int(len(path) * g.uniform(0.12, 0.3))
@@ -1067,62 +1179,101 @@ def _necklace(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px
         _plate(target, tag, 0.04 * metal)
 
 
-def _eye_outline(flip: float) -> list[np.ndarray]:
-    """The wire outlines (cm, in its own plane) of one bra eye (``flip`` +1) or hook (-1): a
-    flattened rectangular body sewn into the tape with two round loops at its free end, the
-    hook's end bent back on itself."""
-    body = np.array([[0.0, -0.1], [-0.3, -0.1], [-0.3, 0.1], [0.0, 0.1]])
-    t = np.linspace(0, 2 * math.pi, 20)
-    parts = [body]
-    for sy in (-1.0, 1.0):
-        c = np.array([0.16, sy * 0.2])
-        loop = c + 0.11 * np.stack([np.cos(t), np.sin(t)], 1)
-        parts.append(np.vstack([[0.0, sy * 0.1], loop]))
-    if flip < 0:
-        parts.append(np.array([[0.3, -0.05], [0.42, 0.0], [0.3, 0.05], [0.12, 0.04]]))
-    size = 1.8  # cm per outline unit: an eye about 1.2 x 0.8 cm
-    return [np.hstack([q * [flip * size, size], np.zeros((len(q), 1))]) for q in parts]
+def _hook_eye(flip: float, size: float) -> np.ndarray:
+    """One bra eye (cm, its own plane): a round steel wire bent in a U, its loop towards
+    +x (``flip`` +1) or -x, its two legs sewn into the tape; ``size`` cm per unit (an eye
+    about 0.6 x 0.4 cm at 1.8)."""
+    t = np.linspace(-0.5 * math.pi, 0.5 * math.pi, 9)
+    loop = np.stack([0.12 + 0.1 * np.cos(t), 0.1 * np.sin(t)], 1)
+    legs = np.vstack([[[-0.22, -0.1]], loop, [[-0.22, 0.1]]])
+    return np.hstack([legs * [flip * size, size], np.zeros((len(legs), 1))])
+
+
+def _stamped_hook(
+    target: np.ndarray,
+    rot: np.ndarray,
+    centre: np.ndarray,
+    at: np.ndarray,
+    px: float,
+    value: float,
+    size: float,
+) -> None:
+    """A stamped steel bra hook at ``at`` (cm in the closure's plane, ``size`` cm per unit
+    as ``_hook_eye``): a flat shank plate
+    sewn into the hook tape and its narrower tongue pointing to -x, bent back on itself at
+    the end (two layers of sheet there: twice as dense); ``value`` one sheet's attenuation
+    (display units, before the tilt's cosine)."""
+    flat = max(abs(rot[2, 2]), 0.3)
+    shank = np.array([[0.0, -0.13], [0.42, -0.12], [0.45, 0.0], [0.42, 0.12], [0.0, 0.13]])
+    tongue = np.array([[-0.28, -0.05], [0.0, -0.06], [0.0, 0.06], [-0.28, 0.05]])
+    bent = np.array([[-0.3, -0.05], [-0.16, -0.05], [-0.16, 0.05], [-0.3, 0.05]])
+    for part in (shank, tongue, bent):
+        local = np.hstack([part * size + at, np.zeros((len(part), 1))])
+        _plate(target, _project(local, rot, centre, px), value / flat)
 
 
 def _bra_hooks(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
-    """A bra's back closure: two or three rows of hooks and eyes 1.2-1.5 cm apart, the eye
-    tape with two or three columns of wire eyes, the hook tape with its hooks engaged in one
-    column, all wire outlines (``_eye_outline``) tilted with the back's curvature."""
+    """A bra's back closure: two or three rows 1.2-1.9 cm apart, each a row of two or three
+    wire eyes (``_hook_eye``, 0.8-1.4 cm apart) with one hook engaged in a keyed column:
+    mostly a stamped sheet hook (``_stamped_hook``: solid metal, not an outline), else a
+    formed-wire hook (a U like an eye, its end bent back). Sewn into elastic tape that
+    curves round the back and pulls unevenly, so the rows are bowed and each hook and eye
+    sits a little off its grid (0.5 mm jitter, a few degrees of turn); the whole closure at
+    a keyed 3D tilt."""
     rot = _rotation(g, 0.5, 0.2)
     rows = int(g.integers(2, 4))
-    gap = g.uniform(1.3, 1.6)
+    gap = g.uniform(1.2, 1.9)
     columns = int(g.integers(2, 4))
+    size = g.uniform(1.6, 2.1)
+    pitch = size * g.uniform(0.5, 0.65)
     engaged = int(g.integers(0, columns))
     metal = STEEL_MU * g.uniform(0.9, 1.3) / MU
-    wire = g.uniform(0.03, 0.045)
+    wire = g.uniform(0.02, 0.03)  # cm, the eye wire's radius
+    stamped = g.random() < 0.7
+    sheet = g.uniform(0.025, 0.04) * metal  # one layer of 0.25-0.4 mm steel sheet
+    bow = g.uniform(-0.12, 0.12)  # cm of bow per cm^2 off the closure's middle row
     for r in range(rows):
         y = (r - (rows - 1) / 2) * gap
+        shift = bow * y * y + g.normal(0.0, 0.06)
         for c in range(columns):
-            for part in _eye_outline(1.0):
-                local = part + np.array([c * 1.3, y, 0.0])
-                _wire(target, _project(local, rot, centre, px), wire * px, 2 * wire * metal)
-        for part in _eye_outline(-1.0):
-            local = part + np.array([engaged * 1.3 + 0.8, y + 0.08, 0.0])
-            _wire(target, _project(local, rot, centre, px), wire * px, 2 * wire * metal)
+            spin = g.normal(0.0, 0.06)
+            cs, sn = math.cos(spin), math.sin(spin)
+            turn = np.array([[cs, -sn, 0.0], [sn, cs, 0.0], [0.0, 0.0, 1.0]])
+            at = np.array([c * pitch + shift, y, 0.0])
+            at[:2] += g.normal(0.0, 0.05, 2)
+            eye = _hook_eye(1.0, size) @ turn.T + at
+            _wire(target, _project(eye, rot, centre, px), wire * px, 2 * wire * metal)
+        at = np.array([engaged * pitch + shift + 0.22 * size, y + g.normal(0.0, 0.04)])
+        if stamped:
+            _stamped_hook(target, rot, centre, at, px, sheet, size)
+        else:
+            hook = _hook_eye(-1.0, size)[::-1] + np.array([at[0] + 0.1 * size, at[1], 0.0])
+            tip = np.array([[-0.02, 0.1, 0.0], [0.06, 0.04, 0.0]]) * size + np.append(at, 0.0)
+            formed = np.vstack([hook, tip])
+            _wire(target, _project(formed, rot, centre, px), 1.3 * wire * px, 2.6 * wire * metal)
 
 
 def _strap_slider(
     target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float
 ) -> None:
-    """A bra strap's slider over the shoulder: a rounded rectangular frame (metal wire or a
-    coated stamped frame) with a central bar, seen in perspective (keyed 3D tilt), sometimes
-    with the strap's ring (an O ring) beside it."""
+    """A bra strap's slider over the shoulder: a figure-8 of flat stamped (or flattened wire)
+    steel band, 1-1.8 mm wide and 0.4-0.6 mm thick, seen face-on as a band of even density
+    (a rounded rectangular frame with its central bar), in perspective at a keyed 3D tilt,
+    sometimes with the strap's O ring (round wire) beside it."""
     rot = _rotation(g, 1.0, 0.5)
     a, b = g.uniform(0.6, 0.9), g.uniform(0.35, 0.5)
-    wire = g.uniform(0.04, 0.07)
+    band = g.uniform(0.1, 0.18) * px
     metal = STEEL_MU * g.uniform(0.8, 1.3) / MU
-    frame = _loop(a, b, 32, g.uniform(0.3, 0.6))
-    _wire(target, _project(frame, rot, centre, px), wire * px, 2 * wire * metal, True)
+    sheet = g.uniform(0.04, 0.06) * metal / max(abs(rot[2, 2]), 0.3)
+    frame = _loop(a, b, 48, g.uniform(0.3, 0.6))
+    ring = _project(frame, rot, centre, px)
+    _stroke(target, np.vstack([ring, ring[:1]]), band, sheet)
     bar = np.array([[-a * 0.95, 0.0, 0.0], [a * 0.95, 0.0, 0.0]])
-    _wire(target, _project(bar, rot, centre, px), wire * px, 2 * wire * metal)
+    _stroke(target, _project(bar, rot, centre, px), band, sheet)
     if g.random() < 0.4:
-        ring = _loop(0.5, 0.5, 32) + np.array([0.0, b + 0.6, 0.0])
-        _wire(target, _project(ring, rot, centre, px), wire * px, 2 * wire * metal, True)
+        wire = g.uniform(0.04, 0.06)
+        o_ring = _loop(0.5, 0.5, 32) + np.array([0.0, b + 0.6, 0.0])
+        _wire(target, _project(o_ring, rot, centre, px), wire * px, 2 * wire * metal, True)
 
 
 def _underwire(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float) -> None:
@@ -1158,9 +1309,10 @@ def _fastener(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px
         )
         _plate(target, _project(_loop(r, r, 40), rot, centre, px), 0.02 * metal / flat)
     elif kind == 1:
-        r = g.uniform(0.6, 0.9)
-        _plate(target, _project(_loop(r, r, 48), rot, centre, px), 0.03 * metal / flat)
-        _wire(target, _project(_loop(r, r, 48), rot, centre, px), 0.06 * px, 0.1 * metal, True)
+        r = g.uniform(0.45, 0.7)
+        disc = _project(_loop(r, r, 48), rot, centre, px)
+        _relief_plate(target, g, disc, 0.03 * metal / flat, px)  # domed, embossed face
+        _wire(target, disc, 0.04 * px, 0.05 * metal, True)  # the rolled rim
         _wire(
             target,
             _project(np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -0.3]]), rot, centre, px),
@@ -1300,7 +1452,7 @@ def xray_foreign_objects(
 
     Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
     landmarks by per-sample translations through ``grid_sample``)."""
-    return _placed_on_anatomy(x, p, keys, object_layers, "xray_foreign_objects/noise")
+    return _placed_on_anatomy(x, p, keys, object_layers, "xray_foreign_objects/noise", 1.0)
 
 
 def _fold_sampler(rng_: np.random.Generator, level: Level) -> Params:

@@ -15,11 +15,16 @@ import torch
 import perturb
 from perturb import rng
 from perturb.ops.attenuation import (
+    MIN_ROOM,
     OBJECTS,
+    _lead_path,
     _loop,
     _project,
+    _relief_plate,
     _rotation,
+    _stamped_hook,
     _wire,
+    display_shoulder,
     object_layers,
 )
 from perturb.ops.landmarks import CANONICAL, gastric_bubble
@@ -121,3 +126,72 @@ def test_the_gastric_bubble_is_found_under_the_left_dome(seen: bool) -> None:
     assert bool(found[0]) == seen
     if seen:
         assert abs(float(where[0, 0]) - 0.64) < 0.04 and abs(float(where[0, 1]) - 0.77) < 0.04
+
+
+def test_the_display_shoulder_is_linear_for_faint_objects_and_never_clips() -> None:
+    """``s(a) = r (1 - exp(-a / r))``: a faint object shows at its own attenuation, a dense
+    one approaches the room left below the film's ceiling without reaching it, monotonically,
+    with the curve's slope its derivative; holes (negative ``a``) pass unchanged."""
+    v = torch.tensor([0.3, 0.6, 0.95], dtype=torch.float64).view(3, 1, 1, 1)
+    ceiling = torch.tensor(0.8, dtype=torch.float64)
+    a = torch.linspace(-0.05, 3.0, 600, dtype=torch.float64).view(1, 1, 1, -1)
+    shown, slope = display_shoulder(v, a, ceiling)
+    room = (ceiling - v).clamp(min=MIN_ROOM)
+    faint = (a > 0) & (a < 0.002)
+    assert torch.allclose(
+        shown[..., faint[0, 0, 0]], a.expand_as(shown)[..., faint[0, 0, 0]], rtol=0.02
+    )
+    rises = torch.diff(shown, dim=-1)
+    assert (shown <= room).all() and (rises >= 0).all()  # float64 saturates past a ~ 35 r
+    assert (rises[..., a[0, 0, 0, 1:] < 0.5] > 0).all()
+    assert torch.equal(shown[..., a[0, 0, 0] < 0], a[..., a[0, 0, 0] < 0].expand(3, 1, 1, -1))
+    numeric = torch.diff(shown, dim=-1) / torch.diff(a, dim=-1)
+    mid = (slope[..., 1:] + slope[..., :-1]) / 2
+    positive = a[..., 1:] > 0.01
+    assert torch.allclose(
+        numeric[positive.expand_as(numeric)], mid[positive.expand_as(mid)], rtol=0.01
+    )
+    assert float(shown[2].max()) <= MIN_ROOM  # a film already at its ceiling keeps some room
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_lead_hangs_in_a_slack_curve_without_loops(seed: int) -> None:
+    """An ECG lead runs from its connector to the film edge under gravity: its course never
+    turns back on itself (no coils, no zigzags: x moves one way but for sub-millimetre wobble
+    of the anchor points), and its middle hangs no higher than the chord between its ends
+    allows for the keyed wander (4 mm)."""
+    g = np.random.default_rng(seed)
+    px = 1024 / 35.0
+    start = np.array([400.0, 300.0])
+    path = _lead_path(g, start, 1024.0, 1024, 1024, px)
+    steps = np.diff(path[:, 0])
+    assert (steps > -0.1 * px).all(), steps.min()
+    t = (path[:, 0] - path[0, 0]) / (path[-1, 0] - path[0, 0])
+    chord_y = path[0, 1] + t * (path[-1, 1] - path[0, 1])
+    middle = (t > 0.3) & (t < 0.7)
+    assert (path[middle, 1] - chord_y[middle]).mean() > -0.4 * px
+
+
+def test_a_stamped_hook_is_solid_sheet_denser_where_it_is_bent_back() -> None:
+    """A stamped bra hook is a plate, not an outline: its shank's middle carries one sheet's
+    attenuation, its bent-back tongue end two."""
+    target = np.zeros((200, 200), np.float32)
+    px = 100.0  # pixels per cm: the hook spans about 1.4 cm
+    _stamped_hook(target, np.eye(3), np.array([100.0, 100.0]), np.zeros(2), px, 0.1, 1.8)
+    shank_middle = target[100, 100 + round(0.2 * 1.8 * px)]
+    bent = target[100, 100 - round(0.27 * 1.8 * px)]
+    assert abs(shank_middle - 0.1) < 1e-3
+    assert abs(bent - 0.2) < 1e-3
+
+
+def test_a_relief_pendant_is_thicker_inside_than_at_its_bevelled_edge() -> None:
+    """A pendant cast in relief: thinner at its bevelled edge than on its face, and its face
+    embossed (not one flat value)."""
+    target = np.zeros((120, 120), np.float32)
+    t = np.linspace(0, 2 * math.pi, 64, endpoint=False)
+    disc = np.stack([60 + 40 * np.cos(t), 60 + 40 * np.sin(t)], 1)
+    _relief_plate(target, np.random.default_rng(3), disc, 0.2, 30.0)
+    face = target[45:75, 45:75]
+    edge = target[60, 21:24]
+    assert face.mean() > 1.4 * edge.mean() > 0
+    assert face.std() > 0.01 and target.max() <= 0.2 * 1.25 + 1e-6

@@ -67,8 +67,9 @@ def _parts(film: torch.Tensor, key: str) -> tuple[list[np.ndarray], Record]:
 
 
 def _lowest(part: np.ndarray, level: float) -> tuple[float, float]:
-    """(x, y) fractions of the lowest pixel of a part denser than ``level``."""
-    rows, cols = np.nonzero(part > level)
+    """(x, y) fractions of the lowest pixel of a part denser than ``level`` of its densest
+    (devices are grey, their density graded: a fixed display level would miss thin lines)."""
+    rows, cols = np.nonzero(part > level * part.max())
     i = rows.argmax()
     return cols[i] / SIDE, rows[i] / SIDE
 
@@ -78,7 +79,7 @@ def _lowest(part: np.ndarray, level: float) -> tuple[float, float]:
 _SHIPPED_NAMES = {p.name for p in SHIPPED}
 # films where a device is known to leave its region (a known gap, tracked, not hidden)
 _KNOWN_GAPS = {
-    "nih_00000284_000": "the pacemaker generator with its coiled slack (v5) lies a third outside "
+    "nih_00000284_000": "the pacemaker generator with its coiled slack (v5, v6) lies a third outside "
     "the body outline: this film's pectoral pocket landmark sits at the body's lateral edge",
 }
 FILM_CASES = [
@@ -86,7 +87,11 @@ FILM_CASES = [
         p,
         id=p.stem,
         marks=([] if p.name in _SHIPPED_NAMES else [pytest.mark.slow])
-        + ([pytest.mark.xfail(reason=_KNOWN_GAPS[p.stem], strict=True)] if p.stem in _KNOWN_GAPS else []),
+        + (
+            [pytest.mark.xfail(reason=_KNOWN_GAPS[p.stem], strict=True)]
+            if p.stem in _KNOWN_GAPS
+            else []
+        ),
     )
     for p in FILMS
 ]
@@ -112,30 +117,31 @@ def test_each_device_lies_in_its_anatomical_region(path: pathlib.Path) -> None:
         assert body[int(y * SIDE), int(x * SIDE)], (path.stem, "ecg", x, y)
     parts, record = _parts(film, key)
     ecg, cvc, et, ng, pacer = parts
-    assert ecg.max() > 0.1
+    assert ecg.max() > 0.05  # grey, not white (v6): a faint eyelet, clips of thin metal
     for name, part in (("cvc", cvc), ("et", et), ("ng", ng), ("pacer", pacer)):
         outside = (np.abs(part) > 0.02) & ~body
         assert outside.sum() <= 0.01 * (np.abs(part) > 0.02).sum(), (path.stem, name)
-    tip = _lowest(cvc, 0.05)
+    tip = _lowest(cvc, 0.4)
     assert tip[0] < mid and carina - 0.05 < tip[1] < carina + 0.12, (path.stem, "cvc", tip)
     upper = f[int(0.1 * SIDE) : int(0.35 * SIDE), int(0.35 * SIDE) : int(0.65 * SIDE)]
     trachea = (0.35 * SIDE + np.argmax(scipy.ndimage.uniform_filter1d(upper.mean(0), 9))) / SIDE
-    _, cols = np.nonzero(et > 0.05)
+    _, cols = np.nonzero(et > 0.4 * et.max())
     # 0.08 (2.8 cm): on the bedside film mhh_covid_9f3f2d91 the film's own lines and tubes
     # over the upper mediastinum pull this brightest column 0.075 off the spine
     assert abs(np.median(cols) / SIDE - trachea) < 0.08, (path.stem, "et column")
-    tip = _lowest(et, 0.05)
+    tip = _lowest(et, 0.4)
     assert apex + 0.03 < tip[1] < carina, (path.stem, "et", tip)
-    tip = _lowest(ng, 0.05)
+    tip = _lowest(ng, 0.4)
     assert tip[0] > mid and tip[1] > min(dome_l, dome_r), (path.stem, "ng", tip)
     pocket = device_layers(perturb.rng.key_from_hex(record.key), SIDE, SIDE).pocket
-    labels, count = scipy.ndimage.label(pacer > 0.08)
-    sizes = scipy.ndimage.sum(pacer > 0.08, labels, range(1, count + 1))
+    dense = pacer > 0.3 * pacer.max()
+    labels, count = scipy.ndimage.label(dense)
+    sizes = scipy.ndimage.sum(dense, labels, range(1, count + 1))
     cy, cx = scipy.ndimage.center_of_mass(labels == 1 + int(np.argmax(sizes)))
     generator = cx / SIDE, cy / SIDE
     lateral = generator[0] > mid + 0.1 if pocket == "pocket_right" else generator[0] < mid - 0.1
     assert lateral and generator[1] < carina, (path.stem, "generator", generator, pocket)
-    tip = _lowest(pacer, 0.08)
+    tip = _lowest(pacer, 0.15)  # the tip electrode, fainter than the can
     assert mid < tip[0] < mid + 0.25 and carina < tip[1] < max(dome_l, dome_r) + 0.03, (
         path.stem,
         "pacer lead",
