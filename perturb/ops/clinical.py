@@ -37,7 +37,7 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   clusters; the foam cells on the reference frames (a column along a fold, clumps at folds)
   have diameters of about 1 % of the shorter side, so radii are log-normal around 0.55 %
   (sigma 0.4, clipped to [1/2.5, 2.5] x; a tenth of the cells 1.9 x larger: a few big among many
-  small). Bubbles come as foam: cells of ten clusters grown as clumps and, half of them, lines
+  small). Bubbles come as foam: cells of ten clusters grown as clumps and, two cells in five, lines
   (each new cell touches one already placed, sharing its wall; none overlap), squashed into
   perspective ellipses towards the optical axis; none are single. Foam is carried by the liquid
   film that pools in the fold valleys, so each bubble is drawn as much as the frame's valley map
@@ -270,8 +270,8 @@ BUBBLE_SHIFT = 0.12  # sideways shift of that view (radius fraction), away from 
 BUBBLE_LAMBDA = (610.0, 550.0, 465.0)  # nm: red, green, blue of the thin-film interference
 BUBBLE_IRIDESCENCE = 0.35  # swing of the film's colour around grey on the lit side of the rim
 BUBBLE_ENV = (1.6, 0.03)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
-BUBBLE_WALL = 0.12  # brightness of the wall's edge-on line, relative to env
-BUBBLE_DARK = (0.7, 0.8, 0.12)  # dark refraction band: depth, radius fraction, width
+BUBBLE_WALL = 0.22  # brightness of the wall's edge-on line, relative to env
+BUBBLE_DARK = (0.7, 0.86, 0.11)  # dark refraction band: depth, radius fraction, width
 BUBBLE_CAP = (0.5, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
 BUBBLE_CAUSTIC = 0.3  # light focused by the dome onto the inner rim opposite the light
 GLINT_AXIS = 0.9  # glint offset towards the optical axis (radius fraction per shorter side off it)
@@ -280,6 +280,7 @@ GLINT_MIN_PX = 0.6  # a pixel's footprint added to a glint's sigma (pixels)
 GLINT_NONE = 0.65  # share of bubbles whose glint misses the lens (no glint): glints are few
 GLINT_PEAK = (1.0, 0.8)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
 GLINT_SIZE = (0.04, 0.1)  # a glint's gaussian sigma, radius fraction
+GLINT_CAP = 3.0  # brightest glint peak (linear): beyond it the sensor is saturated anyway
 BUBBLE_PSF = 0.0008  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
 BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
 BUBBLE_RANGE = 2.5  # radii spread log-normally, clipped to [1/2.5, 2.5] x the level's median
@@ -295,8 +296,8 @@ BUBBLE_POOL = 400  # bubbles drawn per sample; a severity keeps the first ``coun
 # share of the pool in each foam cluster, then singles (none: a lone bubble on open mucosa reads
 # as pasted; foam comes in clusters)
 BUBBLE_GROUPS = (0.16, 0.14, 0.12, 0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.0)
-BUBBLE_CHAIN = 0.5  # share of a cluster's cells added at the end of its string (lines of cells)
-BUBBLE_TRIES = 24  # placements tried per bubble
+BUBBLE_CHAIN = 0.4  # share of a cluster's cells added at the end of its string (lines of cells)
+BUBBLE_TRIES = 48  # placements tried per bubble
 # recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
 # phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size,
 # look (uniform in [0, 1): this bubble's own shading, see ``BUBBLE_LOOK``)
@@ -308,7 +309,7 @@ BUBBLE_ROW = 10
 # (red up, blue down: bile-stained or clear film); the glint slides ``glint`` radius across the
 # light's direction by ``u - 1/2``. At u = 1/2 the bubble is the reference rendering.
 BUBBLE_LOOK: dict[str, tuple[float, ...]] = {
-    "depth": (0.6, 0.8),
+    "depth": (0.7, 0.6),
     "width": (0.6, 0.8),
     "mirror": (0.5, 1.0),
     "cap": (0.2, 1.6),
@@ -318,7 +319,9 @@ BUBBLE_LOOK: dict[str, tuple[float, ...]] = {
 # where foam collects: the frame's valley map (band-pass of the luma, where it is darker than
 # its surround) standardised by its ``quantile`` over the tissue (at least ``floor``); a bubble is
 # drawn as much as the map at its centre passes ``(lo, hi)``; blurs (shorter side)
-FOAM_FOLDS = {"fine": 0.006, "coarse": 0.04, "quantile": 0.9, "floor": 0.02, "lo": 0.05, "hi": 0.3}
+# (the fine blur is about a cluster's width, so a valley keeps its cluster whole: cells are not
+# thinned out one by one into isolated rings)
+FOAM_FOLDS = {"fine": 0.014, "coarse": 0.05, "quantile": 0.9, "floor": 0.02, "lo": 0.05, "hi": 0.3}
 BUBBLE_MIN_PX = 1.0  # smallest radius drawn (pixels): on small images a bubble is at least a pixel
 
 
@@ -331,7 +334,7 @@ def ellipse_reach(r: Any, aspect: Any, orient: Any, angle: Any, ops: Any = np) -
 
 def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL``: foam clusters grown as
-    strings (half the cells added at the end of their cluster's string, meandering, the rest
+    strings (two cells in five added at the end of their cluster's string, meandering, the rest
     anywhere on it), each cell touching one already placed and overlapping none (the singles'
     share of ``BUBBLE_GROUPS`` is zero); log-normal radii with a few larger cells, perspective
     ellipses squashed towards the optical axis, film thickness and phase, per bubble a glint's
@@ -365,7 +368,7 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     squash = np.abs(rng.normal(0.0, BUBBLE_ASPECT[1], size=BUBBLE_POOL))
     tilt = rng.normal(0.0, 0.3, size=BUBBLE_POOL)
     peaks = np.exp(rng.normal(math.log(GLINT_PEAK[0]), GLINT_PEAK[1], size=BUBBLE_POOL))
-    peaks = np.where(rng.random(BUBBLE_POOL) < GLINT_NONE, 0.0, peaks)
+    peaks = np.where(rng.random(BUBBLE_POOL) < GLINT_NONE, 0.0, np.minimum(peaks, GLINT_CAP))
     spots = rng.uniform(*GLINT_SIZE, size=BUBBLE_POOL)
     look = rng.random(BUBBLE_POOL)  # each cell's own shading (``BUBBLE_LOOK``)
     placed = np.zeros((0, 5))  # x, y, r, aspect, orientation
@@ -375,9 +378,13 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     for i in range(count):
         r, c = float(sizes[i]), int(group[i])
         mine = [k for k, g in enumerate(owner) if g == c]
-        k, chained = -1, False
+        # a clump's cell goes where it packs tightest (the free spot nearest the cluster's
+        # seed, touching several cells: foam, not a scatter); a string's cell at the first
+        # free spot off its end
+        best: tuple[float, float, float, float, float, int, bool] | None = None
         for anchor_u, angle_u, gap_u, mode_u in tries[i]:
             ang = 2.0 * math.pi * angle_u
+            k, chained = -1, False
             if c == singles:
                 rad = 0.4 * math.sqrt(gap_u)
                 x, y = rad * math.cos(ang), rad * math.sin(ang)
@@ -406,28 +413,38 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
                 - ellipse_reach(r, asp, ori, towards)
                 - ellipse_reach(placed[:, 2], placed[:, 3], placed[:, 4], towards + math.pi)
             )
-            if not (gaps < BUBBLE_GAP * 0.999).any():
-                placed = np.vstack([placed, [x, y, r, asp, ori]])
-                owner.append(c)
-                if c < singles:
-                    tail[c] = len(owner) - 1
-                    if chained:
-                        heading[c] = math.atan2(y - placed[k, 1], x - placed[k, 0])
-                rows.append(
-                    [
-                        x,
-                        y,
-                        r,
-                        float(film[i]),
-                        float(phase[i]),
-                        asp,
-                        ori,
-                        float(peaks[i]),
-                        float(spots[i]),
-                        float(look[i]),
-                    ]
-                )
+            if (gaps < BUBBLE_GAP * 0.999).any():
+                continue
+            score = -1.0
+            if mine and c < singles and not chained:
+                score = math.hypot(x - float(centres[c, 0]), y - float(centres[c, 1]))
+            if best is None or score < best[0]:
+                best = (score, x, y, asp, ori, k, chained)
+            if score < 0.0:
                 break
+        if best is None:
+            continue
+        _score, x, y, asp, ori, k, chained = best
+        placed = np.vstack([placed, [x, y, r, asp, ori]])
+        owner.append(c)
+        if c < singles:
+            tail[c] = len(owner) - 1
+            if chained:
+                heading[c] = math.atan2(y - placed[k, 1], x - placed[k, 0])
+        rows.append(
+            [
+                x,
+                y,
+                r,
+                float(film[i]),
+                float(phase[i]),
+                asp,
+                ori,
+                float(peaks[i]),
+                float(spots[i]),
+                float(look[i]),
+            ]
+        )
     spread = draw(rng, level["spread"])
     return {
         "count": count,
