@@ -27,21 +27,23 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   glint lies where the dome's normal points back at the camera: off an off-axis bubble's centre
   towards the optical axis and slightly towards the guide, the same geometry for every bubble of
   a frame; its peak and size vary per bubble (log-normal peak, clipped by the sensor where it
-  exceeds full scale; most bubbles catch no glint). The bubble layer is blurred with the
-  camera's own blur (a gaussian of about 0.08 % of the shorter side), so the bubbles are no
-  sharper than the tissue they lie on; each cluster lies at its own distance from the focal
-  plane (keyed ``defocus`` per cluster), and that share of its bubbles reaches the frame through
-  a wider defocus blur (depth of field). Glints are few: most cells catch none. Sizes:
+  exceeds full scale; most bubbles catch no glint). No two cells are rendered alike: a keyed
+  ``look`` per bubble varies the dark band's depth and width, how much of the surroundings the
+  film mirrors (how opaque it reads), the lit cap, a faint bile-yellow or clear tint and slides
+  the glint across the light (``BUBBLE_LOOK``). The bubble layer is blurred with the camera's
+  own blur (a gaussian of about 0.08 % of the shorter side), so the bubbles are no sharper than
+  the tissue they lie on (and no blurred copies). Glints are few: most cells catch none. Sizes:
   clinicians' bubble boxes on EAD2019 512 px frames (median side 5.8 % of the frame) enclose
   clusters; the foam cells on the reference frames (a column along a fold, clumps at folds)
   have diameters of about 1 % of the shorter side, so radii are log-normal around 0.55 %
-  (sigma 0.35, clipped to [1/2.5, 2.5] x). Bubbles come as foam: cells of ten clusters grown as
-  clumps and meandering strings (each new cell touches one already placed; none overlap),
-  squashed into perspective ellipses towards the optical axis; very few are single. Foam is
-  carried by the liquid film that gathers along the folds (in the valleys, on the crests and
-  their edges), so each bubble is drawn as much as the frame's fold map at its centre says
-  (``foam_folds``: a band-pass of the luma, standardised over the tissue): the clusters are cut
-  to the folds and nothing is scattered over flat mucosa. A severity adds bubbles (a sample's
+  (sigma 0.4, clipped to [1/2.5, 2.5] x; a tenth of the cells 1.9 x larger: a few big among many
+  small). Bubbles come as foam: cells of ten clusters grown as clumps and, two cells in five, lines
+  (each new cell touches one already placed, sharing its wall; none overlap), squashed into
+  perspective ellipses towards the optical axis; none are single. Foam is carried by the liquid
+  film that pools in the fold valleys, so each bubble is drawn as much as the frame's valley map
+  at its centre says (``foam_folds``: where the luma is darker than its surround, standardised
+  over the tissue): the clusters are cut to the valleys and nothing is scattered over flat
+  mucosa or the crests. A severity adds bubbles (a sample's
   cells at one severity are among those at the next); the cells only heavy foam (the top
   severities) adds are larger, up to 2.6 x, and the level's ``spread`` lowers the fold map's
   thresholds, so heavy foam overflows the folds onto fainter relief.
@@ -268,40 +270,58 @@ BUBBLE_SHIFT = 0.12  # sideways shift of that view (radius fraction), away from 
 BUBBLE_LAMBDA = (610.0, 550.0, 465.0)  # nm: red, green, blue of the thin-film interference
 BUBBLE_IRIDESCENCE = 0.35  # swing of the film's colour around grey on the lit side of the rim
 BUBBLE_ENV = (1.6, 0.03)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
-BUBBLE_WALL = 0.12  # brightness of the wall's edge-on line, relative to env
-BUBBLE_DARK = (0.7, 0.8, 0.12)  # dark refraction band: depth, radius fraction, width
+BUBBLE_WALL = 0.22  # brightness of the wall's edge-on line, relative to env
+BUBBLE_DARK = (0.7, 0.86, 0.11)  # dark refraction band: depth, radius fraction, width
 BUBBLE_CAP = (0.5, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
 BUBBLE_CAUSTIC = 0.3  # light focused by the dome onto the inner rim opposite the light
 GLINT_AXIS = 0.9  # glint offset towards the optical axis (radius fraction per shorter side off it)
 GLINT_ELONGATION = 1.3  # a glint's length over its width (the light guide's exit is oblong)
 GLINT_MIN_PX = 0.6  # a pixel's footprint added to a glint's sigma (pixels)
-GLINT_NONE = 0.55  # share of bubbles whose glint misses the lens (no glint): glints are few
+GLINT_NONE = 0.65  # share of bubbles whose glint misses the lens (no glint): glints are few
 GLINT_PEAK = (1.0, 0.8)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
 GLINT_SIZE = (0.04, 0.1)  # a glint's gaussian sigma, radius fraction
+GLINT_CAP = 3.0  # brightest glint peak (linear): beyond it the sensor is saturated anyway
 BUBBLE_PSF = 0.0008  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
 BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
 BUBBLE_RANGE = 2.5  # radii spread log-normally, clipped to [1/2.5, 2.5] x the level's median
 # cells from this index on grow, up to (1 + this) x at the last one: heavy foam has larger cells
 BUBBLE_GROWTH = (220, 1.6)
-BUBBLE_SPREAD = 0.35  # log-normal sigma of the radii (foam cells are of similar size)
+BUBBLE_SPREAD = 0.4  # log-normal sigma of the radii
+BUBBLE_BIG = (0.1, 1.9)  # share of cells that are larger, and by how much: a few big among small
 BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
 BUBBLE_GAP = 0.0006  # least gap between two bubbles (shorter side): foam cells touch
 BUBBLE_ASPECT = (0.35, 0.07, 0.7)  # perspective squash per shorter side off axis, jitter, floor
 BUBBLE_POOL = 400  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
 # parameter holds at most 4096 values: 400 rows of BUBBLE_ROW)
-# share of the pool in each foam cluster, then singles (few: foam comes in clusters)
-BUBBLE_GROUPS = (0.16, 0.14, 0.12, 0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.02)
-BUBBLE_CHAIN = 0.3  # share of a cluster's cells added at the end of its string
-BUBBLE_TRIES = 24  # placements tried per bubble
+# share of the pool in each foam cluster, then singles (none: a lone bubble on open mucosa reads
+# as pasted; foam comes in clusters)
+BUBBLE_GROUPS = (0.16, 0.14, 0.12, 0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.0)
+BUBBLE_CHAIN = 0.4  # share of a cluster's cells added at the end of its string (lines of cells)
+BUBBLE_TRIES = 48  # placements tried per bubble
 # recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
 # phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size,
-# defocus (0 in focus, 1 out of focus: the cluster's distance from the focal plane)
+# look (uniform in [0, 1): this bubble's own shading, see ``BUBBLE_LOOK``)
 BUBBLE_ROW = 10
-# where foam collects: the frame's fold map (band-pass of the luma: fold crests, valleys and
-# their edges) standardised by its ``quantile`` over the tissue (at least ``floor``); a bubble is
+# how a bubble's ``look`` u varies its rendering (no two cells of a foam alike): the dark band's
+# depth scales by ``depth[0] + depth[1] u``, its width by ``width[0] + width[1] frac(3 u)``, the
+# film's mirror of the surroundings (how opaque it reads) by ``mirror[0] + mirror[1] frac(5 u)``,
+# the cap by ``cap[0] + cap[1] (1 - u)``; the film's tint ``tint (frac(7 u) - 1/2)`` per channel
+# (red up, blue down: bile-stained or clear film); the glint slides ``glint`` radius across the
+# light's direction by ``u - 1/2``. At u = 1/2 the bubble is the reference rendering.
+BUBBLE_LOOK: dict[str, tuple[float, ...]] = {
+    "depth": (0.7, 0.6),
+    "width": (0.6, 0.8),
+    "mirror": (0.5, 1.0),
+    "cap": (0.2, 1.6),
+    "tint": (0.16, 0.0, -0.16),
+    "glint": (0.5,),
+}
+# where foam collects: the frame's valley map (band-pass of the luma, where it is darker than
+# its surround) standardised by its ``quantile`` over the tissue (at least ``floor``); a bubble is
 # drawn as much as the map at its centre passes ``(lo, hi)``; blurs (shorter side)
-FOAM_FOLDS = {"fine": 0.006, "coarse": 0.04, "quantile": 0.9, "floor": 0.02, "lo": 0.05, "hi": 0.3}
-BUBBLE_DEFOCUS = 0.004  # extra blur (gaussian sigma, shorter side) of a cluster out of focus
+# (the fine blur is about a cluster's width, so a valley keeps its cluster whole: cells are not
+# thinned out one by one into isolated rings)
+FOAM_FOLDS = {"fine": 0.014, "coarse": 0.05, "quantile": 0.9, "floor": 0.02, "lo": 0.05, "hi": 0.3}
 BUBBLE_MIN_PX = 1.0  # smallest radius drawn (pixels): on small images a bubble is at least a pixel
 
 
@@ -314,12 +334,12 @@ def ellipse_reach(r: Any, aspect: Any, orient: Any, angle: Any, ops: Any = np) -
 
 def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL``: foam clusters grown as
-    strings (most cells added at the end of their cluster's string, meandering, the rest anywhere
-    on it), each cell touching one already placed and overlapping none, plus a few single
-    bubbles; log-normal radii, perspective ellipses squashed towards the optical axis, film
-    thickness and phase, per bubble a glint's peak (none for most) and size, per cluster a
-    defocus. Every draw has a fixed size, so a sample's bubbles at one severity are among those
-    at the next."""
+    strings (two cells in five added at the end of their cluster's string, meandering, the rest
+    anywhere on it), each cell touching one already placed and overlapping none (the singles'
+    share of ``BUBBLE_GROUPS`` is zero); log-normal radii with a few larger cells, perspective
+    ellipses squashed towards the optical axis, film thickness and phase, per bubble a glint's
+    peak (none for most), its size and the cell's own look (shading). Every draw has a fixed
+    size, so a sample's bubbles at one severity are among those at the next."""
     count = min(draw_int(rng, level["count"]), BUBBLE_POOL)
     radius = draw(rng, level["radius"])
     light = float(rng.uniform(0.0, 2.0 * math.pi))
@@ -334,6 +354,9 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
         (np.arange(BUBBLE_POOL) - BUBBLE_GROWTH[0]) / (BUBBLE_POOL - BUBBLE_GROWTH[0]), 0, 1
     )
     sizes = np.minimum(sizes * (1.0 + BUBBLE_GROWTH[1] * late), BUBBLE_MAX)
+    # a few larger cells among many small ones
+    big = rng.random(BUBBLE_POOL) < BUBBLE_BIG[0]
+    sizes = np.minimum(np.where(big, sizes * BUBBLE_BIG[1], sizes), BUBBLE_MAX)
     # cluster of each bubble (the last column: a single bubble anywhere in the field)
     group = np.searchsorted(np.cumsum(BUBBLE_GROUPS), rng.random(BUBBLE_POOL) * sum(BUBBLE_GROUPS))
     singles = len(BUBBLE_GROUPS) - 1
@@ -345,10 +368,9 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     squash = np.abs(rng.normal(0.0, BUBBLE_ASPECT[1], size=BUBBLE_POOL))
     tilt = rng.normal(0.0, 0.3, size=BUBBLE_POOL)
     peaks = np.exp(rng.normal(math.log(GLINT_PEAK[0]), GLINT_PEAK[1], size=BUBBLE_POOL))
-    peaks = np.where(rng.random(BUBBLE_POOL) < GLINT_NONE, 0.0, peaks)
+    peaks = np.where(rng.random(BUBBLE_POOL) < GLINT_NONE, 0.0, np.minimum(peaks, GLINT_CAP))
     spots = rng.uniform(*GLINT_SIZE, size=BUBBLE_POOL)
-    # each cluster lies at its own distance from the focal plane (depth of field)
-    defocus = rng.uniform(0.0, 1.0, size=len(BUBBLE_GROUPS))
+    look = rng.random(BUBBLE_POOL)  # each cell's own shading (``BUBBLE_LOOK``)
     placed = np.zeros((0, 5))  # x, y, r, aspect, orientation
     owner: list[int] = []
     tail = [-1] * singles
@@ -356,9 +378,13 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     for i in range(count):
         r, c = float(sizes[i]), int(group[i])
         mine = [k for k, g in enumerate(owner) if g == c]
-        k, chained = -1, False
+        # a clump's cell goes where it packs tightest (the free spot nearest the cluster's
+        # seed, touching several cells: foam, not a scatter); a string's cell at the first
+        # free spot off its end
+        best: tuple[float, float, float, float, float, int, bool] | None = None
         for anchor_u, angle_u, gap_u, mode_u in tries[i]:
             ang = 2.0 * math.pi * angle_u
+            k, chained = -1, False
             if c == singles:
                 rad = 0.4 * math.sqrt(gap_u)
                 x, y = rad * math.cos(ang), rad * math.sin(ang)
@@ -387,28 +413,38 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
                 - ellipse_reach(r, asp, ori, towards)
                 - ellipse_reach(placed[:, 2], placed[:, 3], placed[:, 4], towards + math.pi)
             )
-            if not (gaps < BUBBLE_GAP * 0.999).any():
-                placed = np.vstack([placed, [x, y, r, asp, ori]])
-                owner.append(c)
-                if c < singles:
-                    tail[c] = len(owner) - 1
-                    if chained:
-                        heading[c] = math.atan2(y - placed[k, 1], x - placed[k, 0])
-                rows.append(
-                    [
-                        x,
-                        y,
-                        r,
-                        float(film[i]),
-                        float(phase[i]),
-                        asp,
-                        ori,
-                        float(peaks[i]),
-                        float(spots[i]),
-                        float(defocus[c]),
-                    ]
-                )
+            if (gaps < BUBBLE_GAP * 0.999).any():
+                continue
+            score = -1.0
+            if mine and c < singles and not chained:
+                score = math.hypot(x - float(centres[c, 0]), y - float(centres[c, 1]))
+            if best is None or score < best[0]:
+                best = (score, x, y, asp, ori, k, chained)
+            if score < 0.0:
                 break
+        if best is None:
+            continue
+        _score, x, y, asp, ori, k, chained = best
+        placed = np.vstack([placed, [x, y, r, asp, ori]])
+        owner.append(c)
+        if c < singles:
+            tail[c] = len(owner) - 1
+            if chained:
+                heading[c] = math.atan2(y - placed[k, 1], x - placed[k, 0])
+        rows.append(
+            [
+                x,
+                y,
+                r,
+                float(film[i]),
+                float(phase[i]),
+                asp,
+                ori,
+                float(peaks[i]),
+                float(spots[i]),
+                float(look[i]),
+            ]
+        )
     spread = draw(rng, level["spread"])
     return {
         "count": count,
@@ -459,14 +495,18 @@ def bubble_geometry(
     return rho, cover, ops.sqrt(1.0 - inside * inside)
 
 
-def glint_offset(x: Any, y: Any, r: Any, light: Any, glint: Any, ops: _Ops) -> tuple[Any, Any]:
+def glint_offset(
+    x: Any, y: Any, r: Any, light: Any, glint: Any, ops: _Ops, look: Any = 0.5
+) -> tuple[Any, Any]:
     """(gx, gy) px from a bubble's centre to its glint. The light guides sit beside the lens, so
     the glint is where the dome's normal points back at the camera: off an off-axis bubble's
     centre towards the optical axis (``GLINT_AXIS`` radius per shorter side off axis) and a little
     towards the guide (``glint`` radius along ``light``): one light direction for every bubble.
-    (x, y): the bubble's centre in shorter-side units from the image centre."""
-    gx = r * (glint * ops.cos(light) - GLINT_AXIS * x)
-    gy = r * (glint * ops.sin(light) - GLINT_AXIS * y)
+    (x, y): the bubble's centre in shorter-side units from the image centre. A cell's ``look``
+    slides it across the light's direction (``BUBBLE_LOOK["glint"]``: domes are not perfect)."""
+    slide = BUBBLE_LOOK["glint"][0] * (look - 0.5)
+    gx = r * (glint * ops.cos(light) - GLINT_AXIS * x - slide * ops.sin(light))
+    gy = r * (glint * ops.sin(light) - GLINT_AXIS * y + slide * ops.cos(light))
     return gx, gy
 
 
@@ -483,9 +523,17 @@ def bubble_film(
 ) -> list[Any]:
     """Linear radiance (C, ...) of a bubble at (dx, dy) px from its centre (``behind``: the
     refracted tissue, (C, ...)); ``shape``: r (px), aspect, orientation, film nm, phase, glint
-    peak, glint size; ``glint_at``: ``glint_offset``. Every scalar broadcasts against dx; shared
+    peak, glint size, look (``BUBBLE_LOOK``); ``glint_at``: ``glint_offset``. Every scalar broadcasts against dx; shared
     by both paths."""
-    r, aspect, orient, film_nm, phase, peak, size = shape
+    r, aspect, orient, film_nm, phase, peak, size, look = shape
+    # this cell's own rendering: no two cells of a foam alike
+    depth = BUBBLE_DARK[0] * (BUBBLE_LOOK["depth"][0] + BUBBLE_LOOK["depth"][1] * look)
+    spread = BUBBLE_LOOK["width"]
+    width = BUBBLE_DARK[2] * (spread[0] + spread[1] * ((3.0 * look) % 1.0))
+    mirror = BUBBLE_LOOK["mirror"][0] + BUBBLE_LOOK["mirror"][1] * ((5.0 * look) % 1.0)
+    cap_k = BUBBLE_LOOK["cap"][0] + BUBBLE_LOOK["cap"][1] * (1.0 - look)
+    hue = (7.0 * look) % 1.0 - 0.5
+    stain = BUBBLE_LOOK["tint"] if channels == 3 else (0.0,)
     gx, gy = glint_at
     rho, _cover, cos_t = bubble_geometry(dx, dy, r, aspect, orient, ops)
     phi = ops.atan2(dy, dx)
@@ -508,11 +556,11 @@ def bubble_film(
     # dark band where the light is refracted out of the camera's view
     wall = BUBBLE_WALL * ops.exp(-0.5 * ((rho - 0.97) / 0.025) ** 2) * shade
     # (deepest on the side away from the light: the refracted rays there miss the lens)
-    band = ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / BUBBLE_DARK[2]) ** 2)
-    dark = 1.0 - BUBBLE_DARK[0] * (0.5 + 0.5 * (1.0 - lit)) * band
+    band = ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / width) ** 2)
+    dark = 1.0 - depth * (0.5 + 0.5 * (1.0 - lit)) * band
     # the lamp mirrored by the curved inner wall on the lit side: a bright crescent cap (what
     # makes real small bubbles read as lit domes rather than outlines)
-    cap = BUBBLE_CAP[0] * lit**3 * ops.exp(-0.5 * ((rho - BUBBLE_CAP[1]) / BUBBLE_CAP[2]) ** 2)
+    cap = cap_k * BUBBLE_CAP[0] * lit**3 * ops.exp(-0.5 * ((rho - BUBBLE_CAP[1]) / BUBBLE_CAP[2]) ** 2)
     caustic = 1.0 + BUBBLE_CAUSTIC * (1.0 - lit) * ops.exp(-0.5 * ((rho - 0.68) / 0.12) ** 2)
     white = sum(env[ch] for ch in range(channels)) / channels
     # the glint: the light guide's exit mirrored by the dome, oblong along the guides' axis,
@@ -524,9 +572,10 @@ def bubble_film(
     spot = peak * ops.exp(-0.5 * (along * along + across * across) / var)
     return [
         (
-            behind[ch] * (1.0 - fresnel) * caustic
-            + (env[ch] * fresnel * shade + white * (wall + cap)) * tint[ch]
+            behind[ch] * (1.0 - fresnel * mirror) * caustic
+            + (env[ch] * fresnel * mirror * shade + white * (wall + cap)) * tint[ch]
         )
+        * (1.0 + stain[ch] * hue)
         * dark
         + spot
         for ch in range(channels)
@@ -562,13 +611,11 @@ def render_bubble(
     glint: float,
     env: Sequence[float],
     weight: float = 1.0,
-    soft: np.ndarray | None = None,
 ) -> None:
     """Add one recorded bubble's change ``weight * cover * (film - tissue)`` to ``out`` (CHW),
-    reading the tissue behind from ``lin`` (CHW linear); with a ``soft`` layer the share given
-    by the row's defocus goes there instead (blurred more by the caller). row: ``BUBBLE_ROW``
-    values (x, y from the image centre and r in shorter-side units, film nm, phase, aspect,
-    orientation, glint peak and size, defocus)."""
+    reading the tissue behind from ``lin`` (CHW linear). row: ``BUBBLE_ROW`` values (x, y from
+    the image centre and r in shorter-side units, film nm, phase, aspect, orientation, glint
+    peak and size, look)."""
     c, h, w = lin.shape
     ops = _Ops(False)
     cx, cy, r = _bubble_pixels(np.asarray([row], np.float64), h, w)[0]
@@ -596,36 +643,32 @@ def render_bubble(
         behind,
         dx,
         dy,
-        (rf, aspect, orient, f32[3], f32[4], f32[7], f32[8]),
-        glint_offset(f32[0], f32[1], rf, lf, gf, ops),
+        (rf, aspect, orient, f32[3], f32[4], f32[7], f32[8], f32[9]),
+        glint_offset(f32[0], f32[1], rf, lf, gf, ops, f32[9]),
         lf,
         [np.float32(e) for e in env],
         ops,
         c,
     )
-    blur = np.float32(row[9]) if soft is not None else np.float32(0.0)
-    parts = [(out, np.float32(weight) * (np.float32(1.0) - blur))]
-    if soft is not None:
-        parts.append((soft, np.float32(weight) * blur))
-    for layer, share in parts:
-        region = layer[:, y0:y1, x0:x1]
-        for ch in range(c):
-            region[ch] += share * (cover * (film[ch] - lin[ch, y0:y1, x0:x1]))
+    region = out[:, y0:y1, x0:x1]
+    for ch in range(c):
+        region[ch] += np.float32(weight) * (cover * (film[ch] - lin[ch, y0:y1, x0:x1]))
 
 
 def foam_folds(img: np.ndarray, tissue: np.ndarray, spread: float = 0.0) -> np.ndarray:
     """float32 (H, W) in [0, 1]: where foam collects on this frame. Foam is carried by the
-    liquid film that gathers along the mucosal folds (in the valleys and on the crests where the
-    film drains), so the map is the frame's fold pattern: the magnitude of a band-pass of the
-    luma (``FOAM_FOLDS``: fine minus coarse blur), standardised by its upper quantile over the
+    liquid film that pools in the valleys between the mucosal folds (shadowed, darker than
+    their surround), so the map is the frame's valleys: the positive part of a band-pass of the
+    luma (``FOAM_FOLDS``: coarse minus fine blur), standardised by its upper quantile over the
     tissue (at least an absolute floor, so a flat frame has no folds) and ramped between
     ``lo`` and ``hi``, both lowered by the share ``spread`` (abundant foam overflows the folds
     onto fainter relief; a flat frame still has none)."""
     scale = min(tissue.shape)
     lum = _host.luma(img)
-    band = np.abs(
-        _host.gauss(lum, FOAM_FOLDS["fine"] * scale)
-        - _host.gauss(lum, FOAM_FOLDS["coarse"] * scale)
+    band = np.maximum(
+        _host.gauss(lum, FOAM_FOLDS["coarse"] * scale)
+        - _host.gauss(lum, FOAM_FOLDS["fine"] * scale),
+        0.0,
     )
     vals = band[tissue]
     if vals.size == 0:
@@ -641,9 +684,9 @@ def foam_folds_t(x: torch.Tensor, tissue: torch.Tensor, spread: torch.Tensor) ->
     scale = min(x.shape[-2:])
     lum = _host.luma_t(x)
     band = (
-        _host.gauss_t(lum, FOAM_FOLDS["fine"] * scale)
-        - _host.gauss_t(lum, FOAM_FOLDS["coarse"] * scale)
-    ).abs()
+        _host.gauss_t(lum, FOAM_FOLDS["coarse"] * scale)
+        - _host.gauss_t(lum, FOAM_FOLDS["fine"] * scale)
+    ).clamp(min=0.0)
     top = _host.masked_quantile(band, tissue[:, 0], FOAM_FOLDS["quantile"])
     top = torch.where(torch.isnan(top), 1.0, top.clamp(min=FOAM_FOLDS["floor"]))
     top = top.to(torch.float32).view(-1, 1, 1)
@@ -671,10 +714,6 @@ def _camera_sigma(h: int, w: int) -> float:
     of the frame, so the bubbles are no sharper than the tissue."""
     return max(BUBBLE_PSF * min(h, w), BUBBLE_PSF_MIN)
 
-
-def _defocus_sigma(h: int, w: int) -> float:
-    """The blur (pixels) of a cluster out of focus: the camera's and the defocus together."""
-    return math.hypot(_camera_sigma(h, w), BUBBLE_DEFOCUS * min(h, w))
 
 
 def _bubbles_batch(
@@ -740,8 +779,8 @@ def _bubbles_batch(
         behind.transpose(0, 1),
         dx,
         dy,
-        (r, aspect, col[6], col[3], col[4], col[7], col[8]),
-        glint_offset(col[0], col[1], r, light, glint, ops),
+        (r, aspect, col[6], col[3], col[4], col[7], col[8], col[9]),
+        glint_offset(col[0], col[1], r, light, glint, ops, col[9]),
         light,
         env,
         ops,
@@ -756,15 +795,9 @@ def _bubbles_batch(
         .view(b, c, n, side, side)
     )
     delta = torch.stack([weight * (film[ch] - tissue_here[:, ch]) for ch in range(c)], dim=1)
-    # each cluster's share out of focus reaches the frame through the wider blur
-    blur = col[9].unsqueeze(1)
-    out = lin
-    for share, sigma in ((1.0 - blur, _camera_sigma(h, w)), (blur, _defocus_sigma(h, w))):
-        added = torch.zeros(b, c, h * w, device=x.device, dtype=lin.dtype)
-        added.scatter_add_(
-            2, index.reshape(b, 1, -1).expand(b, c, -1), (share * delta).reshape(b, c, -1)
-        )
-        out = out + _host.gauss_t(added.view(b, c, h, w), sigma)
+    added = torch.zeros(b, c, h * w, device=x.device, dtype=lin.dtype)
+    added.scatter_add_(2, index.reshape(b, 1, -1).expand(b, c, -1), delta.reshape(b, c, -1))
+    out = lin + _host.gauss_t(added.view(b, c, h, w), _camera_sigma(h, w))
     res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
     return torch.where(tissue, res, x).clamp(0.0, 1.0)
 
@@ -773,13 +806,13 @@ def _bubbles_batch(
     "bubbles", sampler=_bubble_sampler, dtypes=(np.uint8, np.float32), device=_bubbles_batch
 )
 def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
-    """Foam strings and clusters and single bubbles: refracted, shifted view of the tissue, dark
+    """Foam lines and clusters in the fold valleys: refracted, shifted view of the tissue, dark
     refraction band and faint rim with thin-film colour where lit, one glint per bubble placed
-    by the one light (some none), blurred by the camera like the tissue (module docstring)."""
+    by the one light (most none), each cell shaded its own way, blurred by the camera like the
+    tissue (module docstring)."""
     tissue = view.tissue
     lin = _host.to_linear(img)
     layer = np.zeros_like(lin)
-    soft = np.zeros_like(lin)
     h, w = tissue.shape
     rows = _drawn_rows(np.asarray(p["bubbles"], dtype=np.float64).reshape(-1, BUBBLE_ROW), tissue)
     env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
@@ -787,15 +820,9 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
     centres = _bubble_pixels(rows, h, w)
     for row, (bx, by, _r) in zip(rows.tolist(), centres.tolist(), strict=True):
         gate = float(folds[math.trunc(by), math.trunc(bx)])
-        render_bubble(
-            lin, layer, row, float(p["light"]), float(p["glint"]), env.tolist(), gate, soft
-        )
-    sharp_sigma, soft_sigma = _camera_sigma(h, w), _defocus_sigma(h, w)
-    out = (
-        lin
-        + _host.per_channel(layer, lambda z: _host.gauss(z, sharp_sigma))
-        + _host.per_channel(soft, lambda z: _host.gauss(z, soft_sigma))
-    )
+        render_bubble(lin, layer, row, float(p["light"]), float(p["glint"]), env.tolist(), gate)
+    sigma = _camera_sigma(h, w)
+    out = lin + _host.per_channel(layer, lambda z: _host.gauss(z, sigma))
     res = _host.to_display(np.clip(out, 0.0, 1.0))
     res[:, ~tissue] = img[:, ~tissue]
     return res
