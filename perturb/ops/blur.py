@@ -817,16 +817,26 @@ def _sharpened_per_unit() -> float:
 SHARPENED_PER_UNIT = _sharpened_per_unit()
 
 
-def remove_grain(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+def remove_grain(x: torch.Tensor, sigma: torch.Tensor, strength: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` (BCHW display values) with its fine grain cored out (see ``DENOISE_THRESHOLD``):
     ``sigma`` (B, C) the frame's measured noise (``sensor_noise_level``), 0 leaves a sample as
-    it is. Elementwise after a fixed separable filter: batch-independent."""
+    it is; ``strength`` (B,) in [0, 1] the share of the cored grain taken (default all).
+    Elementwise after a fixed separable filter: batch-independent."""
     taps = torch.from_numpy(gaussian_taps(DENOISE_SIGMA_PX)).to(x.device)
     if min(x.shape[-2:]) <= taps.shape[0] // 2:
         return x
     hp = x - separable_filter(x, taps, "reflect")
     t2 = (DENOISE_THRESHOLD * sigma.to(x.dtype) / MEASURED_PER_UNIT).square().unsqueeze(-1).unsqueeze(-1)
-    return x - hp * t2 / (hp.square() + t2).clamp_min(1e-12)
+    grain = hp * t2 / (hp.square() + t2).clamp_min(1e-12)
+    return x - grain if strength is None else x - per_sample(strength.to(x.dtype)) * grain
+
+
+def grain_strength(psfs: torch.Tensor) -> torch.Tensor:
+    """(B,) share of the frame's grain to remove before a blur with ``psfs``: the share of its
+    variance the blur would average away, ``1 - retained_variance``. A short path (severity 1)
+    keeps most grain in place, barely smeared (and a frame whose grain were all replaced would
+    lose its pixel-level likeness to the original); a long one would smear it into streaks."""
+    return (1.0 - retained_variance(psfs)).clamp(0.0, 1.0).float()
 
 
 def sharpen(y: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -860,7 +870,7 @@ def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], 
     psf_t = trajectory_psf_batch(params, shorter_side(src), motion_support(x))[0]
     psf = psf_t.numpy()
     sigma = sensor_noise_level(x)[0]
-    clean_t = remove_grain(x, sigma)
+    clean_t = remove_grain(x, sigma, grain_strength(psf_t[None]))
     gain = motion_noise_gain(x, psf_t[None], sigma, clean_t)[0, :, 0, 0].numpy().astype(np.float32)
     clean = clean_t[0].numpy()
     z = noise_field_np(key, NOISE_STREAM, shape)
@@ -920,7 +930,7 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     side = shorter_side(x)
     psfs = trajectory_psf_batch(p, side, motion_support(x))
     sigma = sensor_noise_level(x)[0]
-    clean = remove_grain(x, sigma)
+    clean = remove_grain(x, sigma, grain_strength(psfs))
     blurred = correlate_batch(highlight_radiance(x, srgb_to_linear(clean.clamp(0.0, 1.0)), p["peak"]), psfs)
     gain = motion_noise_gain(x, psfs, sigma, clean)
     noisy = add_shot_noise(blurred, gain, keys, NOISE_STREAM)
