@@ -779,35 +779,123 @@ def add_shot_noise(
     return blurred + gain * torch.sqrt(blurred.clamp_min(1e-8)) * u
 
 
+# The frame's own grain is removed before the blur (a real blurred frame's grain arrives after
+# the motion, so it is isotropic, never smeared along the path): the high-pass of the frame
+# (frame minus a gaussian of ``DENOISE_SIGMA_PX``) is cored, each value kept by
+# ``hp^2 / (hp^2 + t^2)`` with t ``DENOISE_THRESHOLD`` times the frame's measured per-pixel noise,
+# so grain goes and edges and texture well above it stay (an edge-preserving shrinkage). After
+# the blur and the re-injected grain, the video processor's mild sharpening (an unsharp mask of
+# ``SHARPEN_SIGMA_PX``, ``SHARPEN_AMOUNT``) acts on the display values, on the grain too, as on
+# the frame the op received; a frame with no measured grain (a rendered one) went through no
+# processor and is not sharpened. The re-injected grain is scaled down by the mask's own noise
+# gain (``SHARPENED_PER_UNIT``), so the output's grain measures the frame's.
+DENOISE_SIGMA_PX = 1.5
+DENOISE_THRESHOLD = 2.5
+SHARPEN_SIGMA_PX = 1.0
+SHARPEN_AMOUNT = 0.5
+
+
+def _sharpened_per_unit() -> float:
+    """What ``sensor_noise_level`` reads on the unit re-injected noise field after the unsharp
+    mask (the L2 norm of the chain's impulse response, as ``_measured_per_unit``), over
+    ``MEASURED_PER_UNIT``: the mask's gain on the measured grain."""
+    size = 41
+    impulse = np.zeros((size, size))
+    impulse[size // 2, size // 2] = 1.0
+    taps = noise_taps()
+    field = cv2.sepFilter2D(impulse, cv2.CV_64F, taps, taps, borderType=cv2.BORDER_CONSTANT)
+    g = gaussian_taps(SHARPEN_SIGMA_PX).astype(np.float64)
+    smooth = cv2.sepFilter2D(field, cv2.CV_64F, g, g, borderType=cv2.BORDER_CONSTANT)
+    field = field + SHARPEN_AMOUNT * (field - smooth)
+    field = cv2.filter2D(field, cv2.CV_64F, np.full((2, 2), 0.25), anchor=(0, 0), borderType=cv2.BORDER_CONSTANT)
+    mask = np.zeros((5, 5))
+    mask[::2, ::2] = np.array([[1.0, -2.0, 1.0], [-2.0, 4.0, -2.0], [1.0, -2.0, 1.0]]) / 6.0
+    field = cv2.filter2D(field, cv2.CV_64F, mask, borderType=cv2.BORDER_CONSTANT)
+    return float(np.sqrt((field**2).sum())) / MEASURED_PER_UNIT
+
+
+SHARPENED_PER_UNIT = _sharpened_per_unit()
+
+
+def remove_grain(x: torch.Tensor, sigma: torch.Tensor, strength: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` (BCHW display values) with its fine grain cored out (see ``DENOISE_THRESHOLD``):
+    ``sigma`` (B, C) the frame's measured noise (``sensor_noise_level``), 0 leaves a sample as
+    it is; ``strength`` (B,) in [0, 1] the share of the cored grain taken (default all).
+    Elementwise after a fixed separable filter: batch-independent."""
+    taps = torch.from_numpy(gaussian_taps(DENOISE_SIGMA_PX)).to(x.device)
+    if min(x.shape[-2:]) <= taps.shape[0] // 2:
+        return x
+    hp = x - separable_filter(x, taps, "reflect")
+    t2 = (DENOISE_THRESHOLD * sigma.to(x.dtype) / MEASURED_PER_UNIT).square().unsqueeze(-1).unsqueeze(-1)
+    grain = hp * t2 / (hp.square() + t2).clamp_min(1e-12)
+    return x - grain if strength is None else x - per_sample(strength.to(x.dtype)) * grain
+
+
+def grain_strength(psfs: torch.Tensor) -> torch.Tensor:
+    """(B,) share of the frame's grain to remove before a blur with ``psfs``: the share of its
+    variance the blur would average away, ``1 - retained_variance``. A short path (severity 1)
+    keeps most grain in place, barely smeared (and a frame whose grain were all replaced would
+    lose its pixel-level likeness to the original); a long one would smear it into streaks."""
+    return (1.0 - retained_variance(psfs)).clamp(0.0, 1.0).float()
+
+
+def sharpen(y: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """The processor's unsharp mask on display values ``y`` (BCHW), clipped to [0, 1]: samples
+    whose measured grain ``sigma`` (B, C) is 0 in every channel are left as they are."""
+    taps = torch.from_numpy(gaussian_taps(SHARPEN_SIGMA_PX)).to(y.device)
+    if min(y.shape[-2:]) <= taps.shape[0] // 2:
+        return y
+    amount = per_sample(((sigma > 0).any(-1).to(y.dtype)) * SHARPEN_AMOUNT)
+    return (y + amount * (y - separable_filter(y, taps, "reflect"))).clamp(0.0, 1.0)
+
+
+def motion_noise_gain(x: torch.Tensor, psfs: torch.Tensor, sigma: torch.Tensor, denoised: torch.Tensor) -> torch.Tensor:
+    """``noise_gain`` for the denoised frame: the blur keeps ``retained_variance`` of the grain
+    the coring left (its share measured, ``sensor_noise_level`` of ``denoised`` over ``sigma``,
+    squared), the sensor adds the rest, scaled down by the unsharp mask's gain on the grain."""
+    left = sensor_noise_level(denoised)[0].double() / sigma.double().clamp_min(1e-12)
+    retained = retained_variance(psfs).unsqueeze(-1) * left.clamp(0.0, 1.0).square()
+    return noise_gain(x, retained) / SHARPENED_PER_UNIT
+
+
 @backend.register_cpu("motion_blur")
 def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
-    """The torch path's PSF and noise gain (one sample, computed by the same functions), the
-    correlation in linear light by OpenCV (``correlate_plane``), the keyed noise from
-    ``noise_field_np`` (the torch path's normals, smoothed by OpenCV), encoded and rounded once."""
+    """The torch path's PSF, grain removal and noise gain (one sample, computed by the same
+    functions), the correlation in linear light by OpenCV (``correlate_plane``), the keyed noise
+    from ``noise_field_np`` (the torch path's normals, smoothed by OpenCV), encoded, sharpened
+    (OpenCV's separable filter, BORDER_REFLECT_101) and rounded once."""
     shape = src.shape
     x = torch.from_numpy(src.astype(np.float32) / 255.0 if src.dtype == np.uint8 else np.ascontiguousarray(src))[None]
     params = {k: torch.tensor([float(np.float32(v))], dtype=torch.float32) for k, v in p.items()}
     psf_t = trajectory_psf_batch(params, shorter_side(src), motion_support(x))[0]
     psf = psf_t.numpy()
-    gain = noise_gain(x, retained_variance(psf_t[None]))[0, :, 0, 0].numpy().astype(np.float32)
+    sigma = sensor_noise_level(x)[0]
+    clean_t = remove_grain(x, sigma, grain_strength(psf_t[None]))
+    gain = motion_noise_gain(x, psf_t[None], sigma, clean_t)[0, :, 0, 0].numpy().astype(np.float32)
+    clean = clean_t[0].numpy()
     z = noise_field_np(key, NOISE_STREAM, shape)
     core = highlight_lift(x)[0, 0].numpy()
     peak = np.float32(params["peak"][0])
     blocks = psf_blocks(psf)
-    table = srgb_to_linear_u8() if src.dtype == np.uint8 else None
     lin = np.empty(shape[1:], np.float32)
+    disp = np.empty(shape, np.float32)
     for c in range(shape[0]):
-        if table is not None:
-            cv2.LUT(src[c], table, dst=lin)
-        else:
-            srgb_to_linear_np(np.ascontiguousarray(src[c]), out=lin)
+        srgb_to_linear_np(np.ascontiguousarray(np.clip(clean[c], 0.0, 1.0)), out=lin)
         res = correlate_plane(lin + core * (peak - lin), psf, blocks)
         noisy = res + gain[c] * np.sqrt(np.maximum(res, np.float32(1e-8))) * z[c]
-        np.clip(noisy, np.float32(0.0), np.float32(1.0), out=noisy)
+        linear_to_srgb_np(noisy, out=disp[c])
+    taps = gaussian_taps(SHARPEN_SIGMA_PX)
+    amount = np.float32(SHARPEN_AMOUNT if float(sigma.max()) > 0 and min(shape[1:]) > taps.shape[0] // 2 else 0.0)
+    for c in range(shape[0]):
+        plane = disp[c]
+        if amount:
+            smooth = cv2.sepFilter2D(plane, cv2.CV_32F, taps, taps, borderType=cv2.BORDER_REFLECT_101)
+            plane = plane + amount * (plane - smooth)
+        np.clip(plane, np.float32(0.0), np.float32(1.0), out=plane)
         if dst.dtype == np.uint8:
-            encode_levels_u8(noisy, dst[c], work=lin)
+            cv2.convertScaleAbs(plane, dst[c], alpha=255.0)
         else:
-            linear_to_srgb_np(noisy, out=dst[c])
+            dst[c] = plane
 
 
 @register_kernel("motion_blur", sampler=_motion_trajectory_sampler)
@@ -841,9 +929,12 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     noise."""
     side = shorter_side(x)
     psfs = trajectory_psf_batch(p, side, motion_support(x))
-    blurred = correlate_batch(highlight_radiance(x, srgb_to_linear(x), p["peak"]), psfs)
-    noisy = add_shot_noise(blurred, noise_gain(x, retained_variance(psfs)), keys, NOISE_STREAM)
-    return linear_to_srgb(noisy)
+    sigma = sensor_noise_level(x)[0]
+    clean = remove_grain(x, sigma, grain_strength(psfs))
+    blurred = correlate_batch(highlight_radiance(x, srgb_to_linear(clean.clamp(0.0, 1.0)), p["peak"]), psfs)
+    gain = motion_noise_gain(x, psfs, sigma, clean)
+    noisy = add_shot_noise(blurred, gain, keys, NOISE_STREAM)
+    return sharpen(linear_to_srgb(noisy), sigma)
 
 
 # ---------------------------------------------------------------------------------------------
