@@ -261,6 +261,22 @@ def _offset(curve: np.ndarray, distance: float) -> np.ndarray:
     return curve + distance * normal
 
 
+def _meander(curve: np.ndarray, g: np.random.Generator, px: float, amp: float) -> np.ndarray:
+    """The curve moved sideways by a keyed slow meander (two incommensurate waves of 5-13 cm,
+    up to ``amp`` cm together, vanishing at both ends): a flexible tube lying in the anatomy
+    (the oesophagus' own deviations, the slack of a tube between its fixed points)."""
+    arc = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(curve, axis=0), axis=1))])
+    u = arc / max(float(arc[-1]), 1e-9)
+    shift = np.zeros(len(curve))
+    for weight in g.dirichlet([2.0, 2.0]):
+        period = g.uniform(5.0, 13.0) * px
+        shift += weight * np.sin(2 * math.pi * arc / period + g.uniform(0, 2 * math.pi))
+    shift *= g.uniform(0.5, 1.0) * amp * px * np.sin(math.pi * u)  # the ends stay put
+    tangent = np.gradient(curve, axis=0)
+    tangent /= np.maximum(np.linalg.norm(tangent, axis=1, keepdims=True), 1e-9)
+    return curve + shift[:, None] * np.stack([-tangent[:, 1], tangent[:, 0]], axis=1)
+
+
 def _stroke(target: np.ndarray, curve: np.ndarray, width: float, value: float) -> None:
     """Add ``value`` along an anti-aliased polyline of ``width`` pixels (sub-pixel widths as
     a one-pixel line of proportionally lower value: the same line integral)."""
@@ -752,6 +768,7 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
             ]
         )
     )
+    curve = _meander(curve, g, px, 0.3)
     stripe_side = float(g.choice([-1.0, 1.0]))
     outer = g.uniform(0.8, 1.05) * px  # 7.0-8.5 mm tubes (the adult range)
     _tube(et, curve, outer, g.uniform(0.008, 0.015), g.uniform(0.07, 0.12), px, stripe_side)
@@ -779,6 +796,8 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
         ]
     )
     curve = _dense_curve(path)
+    cut = max(2, int(np.argmax(curve[:, 1] >= hiatus[1])))  # the oesophagus meanders
+    curve = np.vstack([_meander(curve[: cut + 1], g, px, 0.45), curve[cut + 1 :]])
     ng_side = float(g.choice([-1.0, 1.0]))
     ng_outer, ng_stripe = g.uniform(0.4, 0.55) * px, g.uniform(0.07, 0.12)
     _tube(ng, curve, ng_outer, g.uniform(0.008, 0.015), ng_stripe, px, ng_side)
