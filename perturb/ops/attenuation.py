@@ -261,6 +261,22 @@ def _offset(curve: np.ndarray, distance: float) -> np.ndarray:
     return curve + distance * normal
 
 
+def _meander(curve: np.ndarray, g: np.random.Generator, px: float, amp: float) -> np.ndarray:
+    """The curve moved sideways by a keyed slow meander (two incommensurate waves of 5-13 cm,
+    up to ``amp`` cm together, vanishing at both ends): a flexible tube lying in the anatomy
+    (the oesophagus' own deviations, the slack of a tube between its fixed points)."""
+    arc = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(curve, axis=0), axis=1))])
+    u = arc / max(float(arc[-1]), 1e-9)
+    shift = np.zeros(len(curve))
+    for weight in g.dirichlet([2.0, 2.0]):
+        period = g.uniform(5.0, 13.0) * px
+        shift += weight * np.sin(2 * math.pi * arc / period + g.uniform(0, 2 * math.pi))
+    shift *= g.uniform(0.5, 1.0) * amp * px * np.sin(math.pi * u)  # the ends stay put
+    tangent = np.gradient(curve, axis=0)
+    tangent /= np.maximum(np.linalg.norm(tangent, axis=1, keepdims=True), 1e-9)
+    return curve + shift[:, None] * np.stack([-tangent[:, 1], tangent[:, 0]], axis=1)
+
+
 def _stroke(target: np.ndarray, curve: np.ndarray, width: float, value: float) -> None:
     """Add ``value`` along an anti-aliased polyline of ``width`` pixels (sub-pixel widths as
     a one-pixel line of proportionally lower value: the same line integral)."""
@@ -292,17 +308,25 @@ def _ellipse(cx: float, cy: float, a: float, b: float, angle: float, n: int = 48
 
 
 def _tube(
-    target: np.ndarray, curve: np.ndarray, outer: float, wall: float, stripe: float, px: float
+    target: np.ndarray,
+    curve: np.ndarray,
+    outer: float,
+    wall: float,
+    stripe: float,
+    px: float,
+    stripe_side: float = -1.0,
 ) -> None:
     """A plastic tube seen from the side: the walls seen tangentially at its edges (``wall``
     over a 0.6 mm band each) around a nearly radiolucent lumen (the plastic crossed twice,
-    a quarter of that), and the radiopaque (barium) line along one side (``stripe``, 0.8 mm);
-    ``outer`` the outer diameter in pixels, ``px`` pixels per cm."""
+    a quarter of that), and the radiopaque (barium) line along ONE side (``stripe``, 0.8 mm,
+    on the ``stripe_side`` (-1 or +1) of the curve's normal, next to that wall); ``outer``
+    the outer diameter in pixels, ``px`` pixels per cm."""
     wall_px = max(1.0, 0.06 * px)
     for side in (-1.0, 1.0):
         _stroke(target, _offset(curve, side * (outer - wall_px) / 2.0), wall_px, wall)
     _stroke(target, curve, max(1.0, outer - 2 * wall_px), wall * 0.25)
-    _stroke(target, _offset(curve, -outer / 4.0), max(1.0, 0.08 * px), stripe)
+    stripe_at = stripe_side * max(0.0, outer / 2.0 - wall_px - 0.04 * px)
+    _stroke(target, _offset(curve, stripe_at), max(1.0, 0.08 * px), stripe)
 
 
 def _lead_path(
@@ -310,14 +334,20 @@ def _lead_path(
 ) -> np.ndarray:
     """A lead wire's course (pixels) from ``start`` to the film edge at ``edge_x``: a flexible
     cable hanging under gravity between the connector and where it leaves the body, a
-    catenary-like sag downwards (0-6 cm) with a gentle keyed wander, no loops and no kinks
-    (a lead lying on the patient is pulled straight-ish by its own weight)."""
+    catenary-like sag downwards (1-6 cm) with an irregular keyed wander (+-5 mm at unevenly
+    spaced points) and one or two gentle kinks (where the cable was bent and has set: 6-12 mm
+    steps), so another lead may cross it; no loops and no zigzags (a lead lying on the
+    patient is pulled straight-ish by its own weight)."""
     direction = 1.0 if edge_x > start[0] else -1.0
     end = np.array([edge_x + direction * 0.05 * w, start[1] + g.uniform(-0.06, 0.1) * h])
-    sag = g.uniform(0.0, 6.0) * px
-    t = np.linspace(0.0, 1.0, 9)
+    sag = g.uniform(1.0, 6.0) * px
+    t = np.linspace(0.0, 1.0, 10)
+    t[1:-1] += g.uniform(-0.02, 0.02, size=8)
     chord = start[None] + t[:, None] * (end - start)[None]
-    wander = g.uniform(-0.4, 0.4, size=(len(t), 2)) * px
+    wander = np.zeros((len(t), 2))
+    wander[:, 1] = g.uniform(-0.5, 0.5, size=len(t)) * px
+    for k in g.choice(np.arange(3, len(t) - 1), size=int(g.integers(1, 3)), replace=False):
+        wander[k, 1] += g.choice([-1.0, 1.0]) * g.uniform(0.6, 1.2) * px  # a set kink
     wander[0] = 0.0
     points = chord + wander
     points[:, 1] += sag * np.sin(math.pi * t)  # y down: gravity pulls the middle lower
@@ -325,22 +355,63 @@ def _lead_path(
     return _dense_curve(np.vstack([start, leave, points[2:]]))
 
 
+def _arc_map(shape: tuple[int, int], curve: np.ndarray, width: float) -> np.ndarray:
+    """Each pixel within ``width`` pixels of ``curve`` labelled with the arc length (pixels)
+    of its nearest-drawn segment (float32; where the curve crosses itself, the later one)."""
+    arc = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(curve, axis=0), axis=1))])
+    label = np.zeros(shape, np.float32)
+    thick = max(1, math.ceil(width))
+    pts = np.round(curve * 4).astype(np.int32)
+    for k in range(len(curve) - 1):
+        a, b = pts[k], pts[k + 1]
+        value = float(0.5 * (arc[k] + arc[k + 1]))
+        cv2.line(label, (int(a[0]), int(a[1])), (int(b[0]), int(b[1])), value, thick, 8, 2)
+    return label
+
+
 def _lead_wire(
     target: np.ndarray, g: np.random.Generator, curve: np.ndarray, px: float, dense: float
 ) -> None:
     """An ECG or monitoring lead along ``curve`` (pixels): stranded copper (about 0.3 mm of
     metal, ``dense`` display units at its axis, a partial-volume chord far thinner than a
-    pixel on most films) in a PVC sheath (2-2.5 mm, barely denser than soft tissue); the
-    strands twist and the cable rolls, so the projected metal varies along it (a slow keyed
-    modulation of +-30 %)."""
+    pixel on most films) in a PVC sheath (2-2.5 mm, barely denser than soft tissue). The
+    strands are laid helically and the sheath is ridged, so the projected density ripples
+    along the cable at the lay's pitch (2.5-4.5 mm, +-30 %), and the cable rolls, so it also
+    varies slowly (period 3-8 cm, +-25 %): both as functions of the arc length. Sometimes
+    (60 %) the lead's inline connector (a moulded plastic body, 1.2-2 cm, round a brass pin
+    and socket) lies on the film part way along."""
     wire = np.zeros(target.shape, np.float32)
     _wire(wire, curve, g.uniform(0.03, 0.045) * px, dense)
-    _stroke(wire, curve, g.uniform(0.2, 0.25) * px, g.uniform(0.004, 0.008))
+    sheath = g.uniform(0.2, 0.25) * px
+    _stroke(wire, curve, sheath, g.uniform(0.006, 0.012))
     ys, xs = np.nonzero(wire)
-    period = g.uniform(1.5, 4.0, size=2) * px
+    along = _arc_map(target.shape, curve, sheath + 2.0)[ys, xs]
+    lay = g.uniform(0.25, 0.45) * px
+    roll = g.uniform(3.0, 8.0) * px
     phase = g.uniform(0, 2 * math.pi, size=2)
-    roll = 1.0 + 0.3 * np.sin(xs / period[0] + phase[0]) * np.cos(ys / period[1] + phase[1])
-    target[ys, xs] += wire[ys, xs] * roll.astype(np.float32)
+    ripple = (1.0 + 0.3 * np.sin(2 * math.pi * along / lay + phase[0])) * (
+        1.0 + 0.25 * np.sin(2 * math.pi * along / roll + phase[1])
+    )
+    target[ys, xs] += wire[ys, xs] * ripple.astype(np.float32)
+    if g.random() < 0.6:
+        arc = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(curve, axis=0), axis=1))])
+        at = int(np.searchsorted(arc, g.uniform(0.3, 0.7) * arc[-1]))
+        at = min(max(at, 1), len(curve) - 2)
+        tangent = curve[at + 1] - curve[at - 1]
+        tangent /= max(float(np.linalg.norm(tangent)), 1e-9)
+        normal = np.array([-tangent[1], tangent[0]])
+        length, half = g.uniform(1.2, 2.0) * px, g.uniform(0.22, 0.32) * px
+        body = np.array(
+            [
+                curve[at] + s * 0.5 * length * tangent + n * half * normal
+                for s, n in ((-1, -1), (1, -1), (1, 1), (-1, 1))
+            ]
+        )
+        _poly(target, body, g.uniform(0.015, 0.025))  # the moulded body, sharp-edged
+        pin = np.array([curve[at] - 0.3 * length * tangent, curve[at] + 0.25 * length * tangent])
+        _stroke(target, pin, max(1.0, 0.1 * px), g.uniform(0.06, 0.1))  # the brass pin
+        socket = pin[1] + np.array([0.0 * tangent, 0.15 * length * tangent])
+        _stroke(target, socket, max(1.0, 0.2 * px), g.uniform(0.04, 0.07))  # its socket
 
 
 def _electrode(
@@ -436,9 +507,32 @@ def _electrode(
                 body, np.array([tooth - across * 0.2 * px, tooth + across * 0.2 * px]), 1.0, 0.03
             )
         back = mouth + along * g.uniform(1.4, 1.9) * px
-        _stroke(body, np.array([mouth, back]), 0.6 * px, 0.03)  # the insulated handle
+        lever = g.uniform(0.04, 0.07)  # the stamped steel levers (two sheets, face-on)
+        spread = g.uniform(0.25, 0.35) * px * tilt
+        plate = np.array(
+            [
+                mouth + across * 0.3 * px,
+                back + across * spread,
+                back - across * spread,
+                mouth - across * 0.3 * px,
+            ]
+        )
+        _poly(body, plate, lever)  # sharp-edged: drawn like the wire, blurred only by the film
+        _poly(body, plate, 0.6 * lever, max(1, round(0.06 * px)))  # its rolled edges
+        for t in sorted(g.uniform(0.35, 0.85, size=int(g.integers(1, 3)))):  # punched holes
+            hole = mouth + (back - mouth) * t
+            r_hole = g.uniform(0.08, 0.14) * px
+            _poly(body, _ellipse(hole[0], hole[1], r_hole, r_hole * tilt, angle, 16), -0.9 * lever)
         pivot = mouth + along * 0.3 * px
-        _poly(body, _ellipse(pivot[0], pivot[1], 0.15 * px, 0.15 * px, 0.0), 0.06)  # pivot
+        coil = int(g.integers(3, 6))  # the torsion spring's turns, seen side-on
+        for k in range(coil):
+            at = pivot + along * (k - (coil - 1) / 2) * 0.07 * px
+            _wire(
+                body,
+                np.array([at - across * 0.35 * px, at + across * 0.35 * px]),
+                0.03 * px,
+                0.5 * lever,
+            )
         exit_point = back
     layers.add(item, body, ("move", anchor))
     lead = np.zeros((h, w), np.float32)
@@ -649,18 +743,35 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
             [(entry[0] + tip[0]) / 2, entry[1] + 0.01 * h],
             [tip[0] - 0.004 * w, tip[1] - 0.12 * h],
         ]
-    curve = _dense_curve(np.array([*course, tip]))
-    _stroke(cvc, curve, 0.22 * px, 0.012)  # the catheter wall
-    _stroke(cvc, curve, 0.07 * px, 0.1)  # its radiopaque core
+    lie = np.array([*course, tip], np.float64)
+    lie[1:-1] += g.uniform(-0.006, 0.006, size=(len(lie) - 2, 2)) * w  # each film its own
+    curve = _dense_curve(lie)
+    _stroke(cvc, curve, g.uniform(0.18, 0.26) * px, g.uniform(0.009, 0.015))  # the wall
+    _stroke(cvc, curve, g.uniform(0.06, 0.09) * px, g.uniform(0.08, 0.12))  # radiopaque core
     layers.add(4, cvc, ("warp", "cvc_tip"))
-    # endotracheal tube: down the tracheal midline from the mouth, the tip above the carina
+    # endotracheal tube: from the mouth (often at one corner, taped) down the trachea, the tip
+    # above the carina; a flexible tube curving gently with the neck's position, never a
+    # ruled line: a keyed sway at the mouth, a bow in the neck and a lean at the thoracic inlet
     tip = anchor["et_tip"]
     et = np.zeros((h, w), np.float32)
-    sway = g.uniform(-0.006, 0.006) * w
+    sway = g.uniform(-0.025, 0.025) * w
+    bow = g.uniform(-0.018, 0.018) * w
+    lean = g.uniform(-0.008, 0.008) * w
     curve = _dense_curve(
-        np.array([[tip[0] + sway, -0.02 * h], [tip[0] + sway / 2, 0.5 * tip[1]], tip])
+        np.array(
+            [
+                [tip[0] + sway, -0.02 * h],
+                [tip[0] + 0.6 * sway + bow, 0.3 * tip[1]],
+                [tip[0] + 0.2 * sway + 0.5 * bow + lean, 0.62 * tip[1]],
+                [tip[0] + 0.5 * lean, 0.85 * tip[1]],
+                tip,
+            ]
+        )
     )
-    _tube(et, curve, 0.95 * px, 0.012, 0.1, px)  # faint walls, a grey barium line
+    curve = _meander(curve, g, px, 0.3)
+    stripe_side = float(g.choice([-1.0, 1.0]))
+    outer = g.uniform(0.8, 1.05) * px  # 7.0-8.5 mm tubes (the adult range)
+    _tube(et, curve, outer, g.uniform(0.008, 0.015), g.uniform(0.07, 0.12), px, stripe_side)
     bevel = curve[-1] + np.array([0.0, 0.25 * px])
     _stroke(et, np.array([curve[-1] - [0.45 * px, 0.0], bevel]), max(1.0, 0.06 * px), 0.03)
     layers.add(5, et, ("warp", "et_tip"))
@@ -669,12 +780,15 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     top, hiatus, ng_tip = anchor["top"], anchor["hiatus"], anchor["ng_tip"]
     ng = np.zeros((h, w), np.float32)
     curl = g.uniform(0.6, 1.4)
+    # the oesophagus deviates (left at the aortic arch, back to the right at the left atrium)
+    # and a tube lies in it slackly: a keyed lateral course for each film
+    drift = g.uniform(-0.012, 0.012, size=4) * w
     path = np.array(
         [
-            top + np.array([0.008 * w, -0.02 * h]),
-            [top[0] + 0.012 * w, 0.3 * hiatus[1]],
-            [top[0] + 0.006 * w, 0.6 * hiatus[1]],
-            [hiatus[0] - 0.01 * w, hiatus[1] - 0.05 * h],
+            top + np.array([0.008 * w + drift[0], -0.02 * h]),
+            [top[0] + 0.012 * w + drift[1], 0.3 * hiatus[1]],
+            [top[0] + 0.006 * w + drift[2], 0.6 * hiatus[1]],
+            [hiatus[0] - 0.01 * w + 0.5 * drift[3], hiatus[1] - 0.05 * h],
             hiatus,
             ng_tip + np.array([-0.03 * w, -0.01 * h]),
             ng_tip,
@@ -682,10 +796,15 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
         ]
     )
     curve = _dense_curve(path)
-    _tube(ng, curve, 0.45 * px, 0.012, 0.1, px)
-    holes = curve[-max(3, len(curve) // 10) :]
+    cut = max(2, int(np.argmax(curve[:, 1] >= hiatus[1])))  # the oesophagus meanders
+    curve = np.vstack([_meander(curve[: cut + 1], g, px, 0.45), curve[cut + 1 :]])
+    ng_side = float(g.choice([-1.0, 1.0]))
+    ng_outer, ng_stripe = g.uniform(0.4, 0.55) * px, g.uniform(0.07, 0.12)
+    _tube(ng, curve, ng_outer, g.uniform(0.008, 0.015), ng_stripe, px, ng_side)
+    stripe_at = ng_side * max(0.0, ng_outer / 2.0 - max(1.0, 0.06 * px) - 0.04 * px)
+    holes = _offset(curve, stripe_at)[-max(3, len(curve) // 10) :]
     for k in range(0, len(holes) - 1, 3):  # side holes: gaps in the stripe near the tip
-        _stroke(ng, holes[k : k + 2], max(1.0, 0.1 * px), -0.08)
+        _stroke(ng, holes[k : k + 2], max(1.0, 0.1 * px), -0.8 * ng_stripe)
     layers.add(6, ng, ("warp", "ng_tip"))
     # pacemaker: generator in a pectoral pocket, the lead through the subclavian vein, the
     # SVC and the tricuspid valve into the right-ventricular apex, with a slack loop
@@ -1111,19 +1230,43 @@ def _necklace(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px
     metal = STEEL_MU * g.uniform(0.8, 1.5) / MU  # display units per cm of metal
     pitch = 1.5 * link_a * px
     twist = g.uniform(0.0, 0.5)
-    for k, at in enumerate(np.arange(0.5 * pitch, arc[-1], pitch)):
+    beads = g.random() < 0.3  # a ball chain: hollow beads on short wire bars
+    at, k = 0.5 * pitch, 0
+    while at < arc[-1]:
+        # the chain lies loosely: links bunch up and spread (pitch 70-115 %), each turned
+        # and twisted its own way and a little larger or smaller (wear, a soldered joint),
+        # so neighbours overlap unevenly and the overlaps add (denser, towards saturation)
         p = along(at)
         tangent = along(at + 1.0) - along(at - 1.0)
         tangent /= max(float(np.linalg.norm(tangent)), 1e-9)
-        normal = np.array([-tangent[1], tangent[0]])
-        phi = (k % 2) * math.pi / 2 + g.normal(0.0, 0.15) + twist
-        t = np.linspace(0, 2 * math.pi, 16, endpoint=False)
-        pts = (
-            p
-            + np.outer(link_a * px * np.cos(t), tangent)
-            + np.outer(link_b * px * np.sin(t) * math.cos(phi), normal)
+        yaw = g.normal(0.0, 0.25)
+        tangent = np.array(
+            [
+                math.cos(yaw) * tangent[0] - math.sin(yaw) * tangent[1],
+                math.sin(yaw) * tangent[0] + math.cos(yaw) * tangent[1],
+            ]
         )
-        _wire(target, pts, wire * px, 2 * wire * metal, closed=True)
+        normal = np.array([-tangent[1], tangent[0]])
+        size = g.uniform(0.85, 1.15)
+        step = pitch * (g.uniform(1.3, 1.5) if beads else g.uniform(0.7, 1.15))
+        if beads:  # a hollow ball (its shell: the outer sphere's chord less the inner one's)
+            bead = 0.8 * link_b * size
+            centre_ = np.array([p, p])
+            _wire(target, centre_, bead * px, 2 * bead * metal)
+            _wire(target, centre_, 0.75 * bead * px, -1.5 * bead * metal)
+            bar = np.array([p + 0.8 * bead * px * tangent, p + (step - 0.8 * bead * px) * tangent])
+            _wire(target, bar, 0.6 * wire * px, 1.2 * wire * metal)
+        else:
+            phi = (k % 2) * math.pi / 2 + g.normal(0.0, 0.35) + twist
+            t = np.linspace(0, 2 * math.pi, 16, endpoint=False)
+            pts = (
+                p
+                + np.outer(size * link_a * px * np.cos(t), tangent)
+                + np.outer(size * link_b * px * np.sin(t) * math.cos(phi), normal)
+            )
+            _wire(target, pts, wire * px, 2 * wire * metal, closed=True)
+        at += step
+        k += 1
     low = path[int(np.argmax(path[:, 1]))]
     if g.random() < 0.4:  # a pendant on a bail
         rot = _rotation(g, 0.7)
@@ -1256,20 +1399,31 @@ def _bra_hooks(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, p
 def _strap_slider(
     target: np.ndarray, g: np.random.Generator, centre: np.ndarray, px: float
 ) -> None:
-    """A bra strap's slider over the shoulder: a figure-8 of flat stamped (or flattened wire)
-    steel band, 1-1.8 mm wide and 0.4-0.6 mm thick, seen face-on as a band of even density
-    (a rounded rectangular frame with its central bar), in perspective at a keyed 3D tilt,
-    sometimes with the strap's O ring (round wire) beside it."""
+    """A bra strap's adjuster over the shoulder, one of three keyed designs in steel: a
+    slider (a frame with its central bar, the bar off-centre so the two openings differ,
+    sometimes bowed), a plain ring (an O or a rounded rectangle) or a hook (a G-hook: a
+    frame open on one side, bent back into a hook); of flattened wire 1-1.8 mm wide
+    (its round-ish section denser along its middle, ``_wire``), in perspective at a keyed
+    3D tilt, the frame's size and squareness keyed, sometimes with the strap's O ring
+    beside it."""
     rot = _rotation(g, 1.0, 0.5)
-    a, b = g.uniform(0.6, 0.9), g.uniform(0.35, 0.5)
-    band = g.uniform(0.1, 0.18) * px
+    a, b = g.uniform(0.5, 0.9), g.uniform(0.3, 0.5)
+    band = g.uniform(0.05, 0.09)  # cm: the flattened wire's half-width
     metal = STEEL_MU * g.uniform(0.8, 1.3) / MU
-    sheet = g.uniform(0.04, 0.06) * metal / max(abs(rot[2, 2]), 0.3)
-    frame = _loop(a, b, 48, g.uniform(0.3, 0.6))
+    value = 2 * g.uniform(0.04, 0.06) * metal / max(abs(rot[2, 2]), 0.3)
+    design = int(g.choice(3, p=[0.45, 0.35, 0.2]))
+    frame = _loop(a, b, 64, g.uniform(0.3, 1.0))
+    if design == 2:  # a G-hook: the frame open on one side, its end turned back in
+        frame = frame[6:-6]
+        turn = frame[-1] + np.array([-0.3 * a, 0.25 * b, 0.0])
+        frame = np.vstack([frame, turn])
     ring = _project(frame, rot, centre, px)
-    _stroke(target, np.vstack([ring, ring[:1]]), band, sheet)
-    bar = np.array([[-a * 0.95, 0.0, 0.0], [a * 0.95, 0.0, 0.0]])
-    _stroke(target, _project(bar, rot, centre, px), band, sheet)
+    _wire(target, ring, band * px, value, closed=design != 2)
+    if design == 0:
+        at = g.uniform(-0.35, 0.35) * a
+        bow = g.uniform(-0.15, 0.15) * b
+        bar = np.array([[at, -b * 0.95, 0.0], [at + bow, 0.0, 0.0], [at, b * 0.95, 0.0]])
+        _wire(target, _project(bar, rot, centre, px), band * px, value)
     if g.random() < 0.4:
         wire = g.uniform(0.04, 0.06)
         o_ring = _loop(0.5, 0.5, 32) + np.array([0.0, b + 0.6, 0.0])
@@ -1341,7 +1495,7 @@ def _hair_clip(target: np.ndarray, g: np.random.Generator, centre: np.ndarray, p
     in waves, tilted in 3D."""
     rot = _rotation(g, 0.8)
     length = g.uniform(4.5, 6.0)
-    s = np.linspace(0.0, length, 60)
+    s = np.linspace(0.0, length, 240)
     straight = np.stack([s, np.full_like(s, 0.1), np.zeros_like(s)], 1)
     wavy = np.stack(
         [s, -0.1 - 0.08 * (1 - np.cos(2 * math.pi * s / 0.6)) * (s > 0.5), np.zeros_like(s)], 1

@@ -18,11 +18,14 @@ from perturb.ops.attenuation import (
     MIN_ROOM,
     OBJECTS,
     _lead_path,
+    _lead_wire,
     _loop,
+    _meander,
     _project,
     _relief_plate,
     _rotation,
     _stamped_hook,
+    _tube,
     _wire,
     display_shoulder,
     object_layers,
@@ -195,3 +198,49 @@ def test_a_relief_pendant_is_thicker_inside_than_at_its_bevelled_edge() -> None:
     edge = target[60, 21:24]
     assert face.mean() > 1.4 * edge.mean() > 0
     assert face.std() > 0.01 and target.max() <= 0.2 * 1.25 + 1e-6
+
+
+@pytest.mark.parametrize("side", [-1.0, 1.0])
+def test_a_tube_carries_its_barium_stripe_on_one_side(side: float) -> None:
+    """A tube's radiopaque stripe runs along one wall, not down its middle: on a vertical
+    tube the dense line lies on the ``stripe_side`` of the axis, within the tube."""
+    target = np.zeros((120, 120), np.float32)
+    px = 30.0
+    curve = np.stack([np.full(100, 60.0), np.linspace(10.0, 110.0, 100)], 1)
+    _tube(target, curve, 0.9 * px, 0.01, 0.1, px, side)
+    row = target[60]
+    densest = int(np.argmax(row))
+    offset = densest + 0.5 - 60.0  # pixel centres; the normal of a downward curve is -x
+    assert -side * offset > 0.2 * 0.9 * px, (densest, side)
+    assert abs(offset) < 0.45 * 0.9 * px
+    assert row.max() > 5 * row[60]
+
+
+def test_a_lead_ripples_along_its_length_at_the_lay_pitch() -> None:
+    """A stranded, twisted lead is no uniform drawn line: along its axis the density ripples
+    (+-30 % at the lay's 2.5-4.5 mm pitch), so it has many maxima, about one per pitch."""
+    px = 30.0
+    curve = np.stack([np.linspace(10.0, 590.0, 290), np.full(290, 40.0)], 1)
+    for seed in range(4):
+        target = np.zeros((80, 600), np.float32)
+        _lead_wire(target, np.random.default_rng(seed), curve, px, 0.08)
+        axis = np.round(target[40, 20:160].astype(np.float64), 4)  # before any connector
+        assert axis.std() / axis.mean() > 0.1
+        runs = axis[np.r_[True, np.diff(axis) != 0]]  # plateaus (whole-pixel steps) as one
+        peaks = int(((runs[1:-1] > runs[:-2]) & (runs[1:-1] > runs[2:])).sum())
+        assert 140 / (0.45 * px) - 2 <= peaks <= 140 / (0.25 * px) + 2, peaks
+
+
+def test_a_meander_bends_a_tube_but_keeps_its_ends() -> None:
+    """The keyed meander moves a straight tube sideways by millimetres (never more than its
+    bound), keeps both ends where they were fixed and differs between keys."""
+    px = 30.0
+    curve = np.stack([np.full(200, 100.0), np.linspace(0.0, 600.0, 200)], 1)
+    shifts = []
+    for seed in range(3):
+        bent = _meander(curve, np.random.default_rng(seed), px, 0.4)
+        shift = bent[:, 0] - 100.0
+        assert abs(shift[0]) < 1e-6 and abs(shift[-1]) < 1e-6
+        assert 0.05 * px < np.abs(shift).max() <= 0.4 * px + 1e-9
+        shifts.append(shift)
+    assert not np.allclose(shifts[0], shifts[1])
