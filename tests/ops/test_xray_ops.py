@@ -258,7 +258,7 @@ def test_burned_text_is_in_the_corners_and_grows_by_lines() -> None:
             assert np.all((rows < 512 * 0.25) | (rows > 512 * 0.75))  # bands along the edges
             value = float(np.float32(rec.params["value"]))
             assert (o > v + 0.3).sum() > 20  # the glyphs: light strokes
-            darkened = diff & (o < v - 0.15) & (v > 0.3)
+            darkened = diff & (o < v - 0.05)  # a thin outline on a dark corner darkens ~0.15
             if style == 0.0:
                 assert np.all((o - v) * (value - v) >= -1e-6)  # toward the fill, never darker
                 changed.append(diff)
