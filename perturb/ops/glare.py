@@ -21,15 +21,6 @@ sensor clips at full well and the charge that overflows spreads in a short bloom
 gaussian of the overflow). Highlights are drawn on the tissue only: they fade out within 1 % of
 the shorter side of the field's edge; the dark frame and anything drawn on it stay untouched.
 
-What the endoscope's processor then shows (issue 32 round 3): a highlight is opaque where the
-light reaches full well (a steep smoothstep of the linear peak over the top ``CLIP_BAND``; the
-translucent sub-clipping lobe is left out), in the colour of the frame's own clipped highlights
-(their mean linear colour; the illuminant's where the frame has none), grey-opened by a small disc
-(thin worm strokes go, dots, ovals and fold streaks stay), and ringed by the processor's edge
-enhancement: an unsharp-mask undershoot ``HALO_GAIN (blur(a) - a)^+`` of its opacity ``a``, a dark
-ring a few px wide outside its edge (a fixed default; native highlights and their rings are left
-as they are).
-
 Severity raises the wetness (specular albedo of the fluid film) and the micro-relief (extent:
 more facets face the camera) and lowers the shininess (a rougher, wider lobe); calibrated so that
 highlight sizes stay those of real highlights on the same frames (median equivalent diameter
@@ -45,7 +36,6 @@ from typing import Any
 import cv2
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from perturb.ops import _host, _math
 from perturb.ops.kernels import Level, Params, draw
@@ -60,12 +50,6 @@ BLOOM_GAIN = 0.6
 EDGE_FADE = 0.01  # highlights fade out within this distance of the field's edge
 LOBE_FLOOR = 1e-7  # a lobe below this is left out (its light stays under SPEC_FLOOR / 30)
 SPEC_FLOOR = 1e-5  # specular light (fraction of full well) that moves no 8-bit level (1/30 of the darkest step)
-CLIP_BAND = 0.08  # the highlight's edge: linear peak from 1 - CLIP_BAND (transparent) to 1 (opaque)
-NATIVE_LEVEL = 0.92  # sRGB luma of the frame's own clipped specular pixels (their tint is measured)
-NATIVE_MIN_PIXELS = 16  # fewer native highlight pixels than this: the illuminant's colour instead
-OPEN_RADIUS = 0.0025  # morphological opening of the highlights (shorter side): no thin worm strokes
-HALO_SIGMA = 0.003  # the video processor's unsharp mask (shorter side): a dark ring ~3 px at 1080p
-HALO_GAIN = 0.6  # depth of that ring at the highlight's edge (a fraction of the tissue's light)
 
 
 def _glare_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -143,89 +127,6 @@ def _linear_at(flat: np.ndarray, index: np.ndarray) -> np.ndarray:
     return _host.to_linear(flat[:, index])
 
 
-def _smoothstep(t: np.ndarray) -> np.ndarray:
-    t = np.clip(t, np.float32(0.0), np.float32(1.0))
-    return (t * t * (np.float32(3.0) - np.float32(2.0) * t)).astype(np.float32)
-
-
-def _smoothstep_t(t: torch.Tensor) -> torch.Tensor:
-    t = t.clamp(0.0, 1.0)
-    return t * t * (3.0 - 2.0 * t)
-
-
-def _opacity(peak: np.ndarray) -> np.ndarray:
-    """Opacity of a highlight from the linear peak (max over channels) of its light: 0 below
-    ``1 - CLIP_BAND``, 1 (clipped) from 1 on, a steep smooth edge between."""
-    return _smoothstep((peak - np.float32(1.0 - CLIP_BAND)) * np.float32(1.0 / CLIP_BAND))
-
-
-def _opacity_t(peak: torch.Tensor) -> torch.Tensor:
-    return _smoothstep_t((peak - (1.0 - CLIP_BAND)) * (1.0 / CLIP_BAND))
-
-
-def _open_radius(scale: int) -> int:
-    return max(1, round(OPEN_RADIUS * scale))
-
-
-def _disc(radius: int) -> np.ndarray:
-    """OpenCV's elliptic structuring element of side ``2 radius + 1`` (uint8)."""
-    return cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * radius + 1, 2 * radius + 1))
-
-
-def _opening(alpha: np.ndarray, radius: int) -> np.ndarray:
-    """Grey opening of an (H, W) opacity by a disc of radius ``radius``: strokes thinner than
-    it go, dots, ovals and thick streaks stay, rounded (outside the image counts as neutral)."""
-    kernel = _disc(radius)
-    return cv2.dilate(cv2.erode(alpha, kernel), kernel)
-
-
-def _min_max_filter(planes: torch.Tensor, radius: int, take_max: bool) -> torch.Tensor:
-    """Erosion (min) or dilation (max) of a (B, H, W) batch by ``_disc(radius)``: the extreme of
-    the shifted copies, padded with the neutral value (as OpenCV's default border)."""
-    _b, h, w = planes.shape
-    fill = -math.inf if take_max else math.inf
-    padded = F.pad(planes, (radius, radius, radius, radius), value=fill)
-    res: torch.Tensor | None = None
-    for dy, dx in zip(*np.nonzero(_disc(radius)), strict=True):
-        shifted = padded[:, int(dy) : int(dy) + h, int(dx) : int(dx) + w]
-        if res is None:
-            res = shifted
-        else:
-            res = torch.maximum(res, shifted) if take_max else torch.minimum(res, shifted)
-    assert res is not None
-    return res
-
-
-def _opening_t(alpha: torch.Tensor, radius: int) -> torch.Tensor:
-    """``_opening`` of a (B, H, W) batch."""
-    return _min_max_filter(_min_max_filter(alpha, radius, False), radius, True)
-
-
-def native_tint(img: np.ndarray, tissue: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-    """(C,) linear colour of the frame's own clipped highlights (tissue pixels of sRGB luma at
-    least ``NATIVE_LEVEL``), scaled to a peak of 1; ``fallback`` where it has too few."""
-    native = (_host.luma(img) >= np.float32(NATIVE_LEVEL)) & tissue
-    if img.shape[0] != 3 or int(native.sum()) < NATIVE_MIN_PIXELS:
-        return fallback
-    mean = _host.to_linear(img[:, native]).astype(np.float64).mean(axis=1)
-    return (mean / max(float(mean.max()), 1e-6)).astype(np.float32)
-
-
-def native_tint_t(
-    x: torch.Tensor, tissue: torch.Tensor, fallback: torch.Tensor
-) -> torch.Tensor:
-    """``native_tint`` of a (B, C, H, W) batch and its (B, H, W) tissue masks: (B, C, 1, 1)."""
-    if x.shape[1] != 3:
-        return torch.ones(x.shape[0], x.shape[1], 1, 1, device=x.device)
-    native = (_host.luma_t(x) >= NATIVE_LEVEL) & tissue
-    lin = _math.srgb_to_linear(x)
-    mean = torch.stack([_host.masked_mean(lin[:, k], native, 0.0) for k in range(3)], dim=1)
-    mean = mean.to(torch.float64)
-    measured = (mean / mean.amax(dim=1, keepdim=True).clamp(min=1e-6)).to(torch.float32)
-    enough = (native.sum(dim=(1, 2)) >= NATIVE_MIN_PIXELS).view(-1, 1)
-    return torch.where(enough, measured, fallback).view(-1, 3, 1, 1)
-
-
 def _gradient(d: torch.Tensor, dim: int) -> torch.Tensor:
     """``np.gradient`` of a float32 batch along ``dim`` (central inside, one-sided at the
     ends; at least two samples)."""
@@ -285,18 +186,9 @@ def _specular_glare_batch(
         spec > SPEC_FLOOR, (raw.amax(dim=1, keepdim=True) - 1.0).clamp(min=0.0), zero
     )
     bloom = _host.gauss_t(overflow, BLOOM_SIGMA * scale) * BLOOM_GAIN + spec
-    on_tissue = tissue[:, 0]
-    tint = native_tint_t(x, on_tissue, p["illuminant"]) if c == 3 else gains
-    before = _opacity_t(lin.amax(dim=1))
-    alpha = _opacity_t((lin + bloom * gains).amax(dim=1)) - before
-    alpha = torch.where(on_tissue & (bloom[:, 0] > SPEC_FLOOR), alpha.clamp(min=0.0), zero)
-    alpha = _opening_t(alpha, _open_radius(scale))
-    ring = (_host.gauss_t(alpha, HALO_SIGMA * scale) - alpha).clamp(min=0.0) * (1.0 - before)
-    ring = torch.where(on_tissue, ring * HALO_GAIN, zero)
-    a = alpha.unsqueeze(1)
-    res = (lin * (1.0 - a) + tint * a) * (1.0 - ring.unsqueeze(1))
-    changed = ((alpha > 0) | (ring > SPEC_FLOOR)).unsqueeze(1)
-    return torch.where(changed, _math.linear_to_srgb(res.clamp(0.0, 1.0)), x).clamp(0.0, 1.0)
+    changed = (bloom > SPEC_FLOOR) & tissue
+    res = _math.linear_to_srgb((lin + bloom * gains).clamp(0.0, 1.0))
+    return torch.where(changed, res, x).clamp(0.0, 1.0)
 
 
 @_host.host_op(
@@ -309,9 +201,8 @@ def specular_glare(
     img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
 ) -> np.ndarray:
     """Blinn-Phong highlights of a light at the camera on a surface from shading, inverse-square
-    fall-off, sensor clipping and a short bloom, painted opaque in the frame's highlight tint with
-    a processor halo (module docstring). Pixels outside the highlights and their rings keep their
-    input values."""
+    fall-off, sensor clipping and a short bloom (module docstring). Pixels whose specular light
+    stays under ``SPEC_FLOOR`` keep their input values."""
     c, h, w = img.shape
     scale = _host.side(img)
     tissue = view.tissue
@@ -346,28 +237,11 @@ def specular_glare(
     bloom = _host.gauss(overflow.reshape(h, w), BLOOM_SIGMA * scale).reshape(-1)
     bloom *= np.float32(BLOOM_GAIN)
     bloom += spec
-    # the highlight: opaque (clipped) where the light reaches full well, in the tint of the
-    # frame's own highlights, with the processor's dark unsharp-mask ring outside its edge
-    tint = native_tint(img, tissue, illuminant) if c == 3 else gains[:, 0]
-    lin = _host.to_linear(flat)
-    before = _opacity(lin.max(axis=0))
-    alpha = np.zeros(h * w, dtype=np.float32)
-    lit = np.flatnonzero((bloom > np.float32(SPEC_FLOOR)) & tissue.reshape(-1))
-    if lit.size:
-        peak = (lin[:, lit] + bloom[lit] * gains).max(axis=0)
-        alpha[lit] = np.maximum(_opacity(peak) - before[lit], np.float32(0.0))
-    alpha = _opening(alpha.reshape(h, w), _open_radius(scale)).reshape(-1)
-    blurred = _host.gauss(alpha.reshape(h, w), HALO_SIGMA * scale).reshape(-1)
-    ring = np.maximum(blurred - alpha, np.float32(0.0))
-    ring *= np.float32(1.0) - before
-    ring *= np.float32(HALO_GAIN)
-    ring[~tissue.reshape(-1)] = 0.0
-    changed = np.flatnonzero((alpha > 0) | (ring > np.float32(SPEC_FLOOR)))
+    changed = np.flatnonzero((bloom > np.float32(SPEC_FLOOR)) & tissue.reshape(-1))
+    out = _linear_at(flat, changed)
+    out += bloom[changed] * gains
     res = img.copy()
     if changed.size:
-        a = alpha[changed]
-        out = lin[:, changed] * (np.float32(1.0) - a) + tint[:, None] * a
-        out *= np.float32(1.0) - ring[changed]
         res.reshape(c, -1)[:, changed] = _host.to_display(
             np.clip(out, np.float32(0.0), np.float32(1.0))
         )
