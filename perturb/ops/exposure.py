@@ -123,17 +123,25 @@ def highlight_headroom(x: torch.Tensor) -> torch.Tensor:
     return torch.where(clipped, torch.pow(HEADROOM_MAX, power), torch.ones_like(power))
 
 
-def headroom_np(clipped: np.ndarray) -> np.ndarray:
-    """``highlight_headroom`` of one sample's bool (H, W) clip mask, float32 (H, W)."""
+def _headroom_fields(clipped: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(distance into the clipped area capped at the reach, its local maximum over the reach,
+    the ramp's minimum depth) of a bool (H, W) clip mask: what ``headroom_np`` and
+    ``_headroom_at`` share."""
     h, w = clipped.shape
     depth, reach = headroom_depth_px(h, w), headroom_reach_px(h, w)
     dist = np.minimum(
-        cv2.distanceTransform(clipped.astype(np.uint8), cv2.DIST_L2, 3), np.float32(reach)
+        cv2.distanceTransform(clipped.view(np.uint8), cv2.DIST_L2, 3), np.float32(reach)
     )
     size = 2 * round(reach) + 1
     half = cv2.dilate(
         dist, np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0.0
     )
+    return dist, half, depth
+
+
+def headroom_np(clipped: np.ndarray) -> np.ndarray:
+    """``highlight_headroom`` of one sample's bool (H, W) clip mask, float32 (H, W)."""
+    dist, half, depth = _headroom_fields(clipped)
     ramp = np.maximum(np.float32(HEADROOM_SPREAD) * half, np.float32(depth))
     power = np.clip((dist - np.float32(HEADROOM_START)) / ramp, np.float32(0.0), np.float32(1.0))
     head = torch.pow(HEADROOM_MAX, torch.from_numpy(np.ascontiguousarray(power))).numpy()
@@ -170,15 +178,7 @@ def _headroom_at(clipped: np.ndarray, ys: np.ndarray, xs: np.ndarray) -> np.ndar
     """``headroom_np(clipped)[ys, xs]`` at the clipped pixels (ys, xs) alone: the distances over
     the frame, the ramp and the power at those pixels (the same float32 operations; the power
     on a copy padded to whole 64-element blocks, as on a frame)."""
-    h, w = clipped.shape
-    depth, reach = headroom_depth_px(h, w), headroom_reach_px(h, w)
-    dist = np.minimum(
-        cv2.distanceTransform(clipped.view(np.uint8), cv2.DIST_L2, 3), np.float32(reach)
-    )
-    size = 2 * round(reach) + 1
-    half = cv2.dilate(
-        dist, np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0.0
-    )
+    dist, half, depth = _headroom_fields(clipped)
     ramp = np.maximum(np.float32(HEADROOM_SPREAD) * half[ys, xs], np.float32(depth))
     power = np.zeros(-(-len(ys) // 64) * 64, np.float32)
     np.clip((dist[ys, xs] - np.float32(HEADROOM_START)) / ramp, 0.0, 1.0, out=power[: len(ys)])
