@@ -90,22 +90,17 @@ def _curve(points: np.ndarray, n: int = 48) -> np.ndarray:
     if len(pts) < 3:
         return np.round(pts).astype(np.int32).reshape(-1, 1, 2)
     padded = np.vstack([pts[0], pts, pts[-1]])
-    out = []
-    for i in range(1, len(padded) - 2):
-        p0, p1, p2, p3 = padded[i - 1], padded[i], padded[i + 1], padded[i + 2]
-        for t in np.linspace(0.0, 1.0, max(2, n // (len(pts) - 1)), endpoint=False):
-            t2, t3 = t * t, t * t * t
-            out.append(
-                0.5
-                * (
-                    2 * p1
-                    + (-p0 + p2) * t
-                    + (2 * p0 - 5 * p1 + 4 * p2 - p3) * t2
-                    + (-p0 + 3 * p1 - 3 * p2 + p3) * t3
-                )
-            )
-    out.append(pts[-1])
-    return np.round(np.array(out)).astype(np.int32).reshape(-1, 1, 2)
+    t = np.linspace(0.0, 1.0, max(2, n // (len(pts) - 1)), endpoint=False)[None, :, None]
+    t2, t3 = t * t, t * t * t
+    p0, p1, p2, p3 = (padded[k : k + len(pts) - 1, None, :] for k in range(4))
+    out = 0.5 * (
+        2 * p1
+        + (-p0 + p2) * t
+        + (2 * p0 - 5 * p1 + 4 * p2 - p3) * t2
+        + (-p0 + 3 * p1 - 3 * p2 + p3) * t3
+    )
+    out = np.vstack([out.reshape(-1, 2), pts[-1:]])
+    return np.round(out).astype(np.int32).reshape(-1, 1, 2)
 
 
 def _level_sampler(rng_: np.random.Generator, level: Level) -> Params:
@@ -1141,20 +1136,30 @@ def _wire(
     x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, w), min(y1, h)
     if x1 <= x0 or y1 <= y0:
         return
-    ys, xs = np.mgrid[y0:y1, x0:x1]
-    pix = np.stack([xs.ravel() + 0.5, ys.ravel() + 0.5], axis=1)
     a, b = pts[:-1], pts[1:]
     ab = b - a
     if len(ab) == 0:
-        ab, a = np.zeros((1, 2)), pts[:1]
+        ab, a, b = np.zeros((1, 2)), pts[:1], pts[:1]
     length2 = np.maximum((ab**2).sum(axis=1), 1e-12)
-    d2 = np.full(len(pix), np.inf)
+    d2 = np.full((y1 - y0, x1 - x0), np.inf)
     for i0 in range(0, len(ab), 64):  # bounded memory for long wires
         aa, vv, ll = a[i0 : i0 + 64], ab[i0 : i0 + 64], length2[i0 : i0 + 64]
+        # only the pixels near this run of segments: farther ones get no chord from it, so
+        # the cost follows the wire's length, not its bounding box (a diagonal or a wire
+        # on a 3 x 100000 film)
+        ends = np.concatenate([aa, b[i0 : i0 + 64]])
+        cx0, cy0 = np.maximum(np.floor(ends.min(axis=0) - r - 1).astype(int), [x0, y0])
+        cx1, cy1 = np.minimum(np.ceil(ends.max(axis=0) + r + 2).astype(int), [x1, y1])
+        if cx1 <= cx0 or cy1 <= cy0:
+            continue
+        ys, xs = np.mgrid[cy0:cy1, cx0:cx1]
+        pix = np.stack([xs.ravel() + 0.5, ys.ravel() + 0.5], axis=1)
         t = np.clip(((pix[:, None, :] - aa[None]) * vv[None]).sum(axis=2) / ll[None], 0.0, 1.0)
         near = aa[None] + t[..., None] * vv[None]
-        d2 = np.minimum(d2, ((pix[:, None, :] - near) ** 2).sum(axis=2).min(axis=1))
-    chord = np.sqrt(np.clip(1.0 - d2 / (r * r), 0.0, None)).reshape(ys.shape)
+        nearest = ((pix[:, None, :] - near) ** 2).sum(axis=2).min(axis=1).reshape(ys.shape)
+        box = d2[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0]
+        np.minimum(box, nearest, out=box)
+    chord = np.sqrt(np.clip(1.0 - d2 / (r * r), 0.0, None))
     target[y0:y1, x0:x1] += np.float32(value) * chord.astype(np.float32)
 
 

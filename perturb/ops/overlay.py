@@ -269,6 +269,7 @@ def text_layout(
                 box = (x0, y0, x0 + tw, y0 + th)
                 if (
                     x0 < 0
+                    or x0 + tw > w  # wider than the film (a sliver film)
                     or (corner in (0, 1) and y0 + th > h // 4)
                     or (corner in (2, 3) and y0 < h - h // 4)
                 ):

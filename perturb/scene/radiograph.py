@@ -93,14 +93,21 @@ def _strokes(img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     they reach the film's top levels (``SPLIT_QUANTILE``)."""
     h, w = img.shape
     side = min(h, w)
+    ink_out, full_out = np.zeros((h, w), bool), np.zeros((h, w), bool)
+    if MAX_GLYPH_SIDE * side < 2:  # no stroke both 2 px wide and small enough (a sliver film)
+        return ink_out, full_out
+    min_area = max(4, round(MIN_AREA_FRACTION * h * w))
     disc = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (_odd(TOPHAT_SIDE * side),) * 2)
     tophat = cv2.morphologyEx(img, cv2.MORPH_TOPHAT, disc)
     level, split_level = (float(v) for v in np.quantile(img, [MIN_LEVEL_QUANTILE, SPLIT_QUANTILE]))
-    cand = ((tophat >= MIN_CONTRAST) & ((img >= level) | (tophat >= LONE_CONTRAST))).astype(np.uint8)
+    cand = ((tophat >= MIN_CONTRAST) & ((img >= level) | (tophat >= LONE_CONTRAST))).astype(
+        np.uint8
+    )
     n, labels, stats, _ = cv2.connectedComponentsWithStats(cand, connectivity=8)
-    ink_out, full_out = np.zeros((h, w), bool), np.zeros((h, w), bool)
     for i in range(1, n):
-        x, y, bw, bh, _ = (int(v) for v in stats[i])
+        x, y, bw, bh, area = (int(v) for v in stats[i])
+        if area < min_area or min(bw, bh) < 2:  # nor can any part of it split off below
+            continue
         pad = OUTLINE_FAR + 1
         x0, y0 = max(0, x - pad), max(0, y - pad)
         x1, y1 = min(w, x + bw + pad), min(h, y + bh + pad)

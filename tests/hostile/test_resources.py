@@ -5,6 +5,7 @@ parameters inside the op's bounds, bootstrap bounded, workers ending with their 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import struct
@@ -111,7 +112,9 @@ def test_the_dataset_reader_refuses_devices(tmp_path: Path) -> None:
     from perturb.io.datasets import ImageFetchError
 
     table = tmp_path / "rows.parquet"
-    datasets.Dataset.from_dict({"img_id": ["z"], "image_path": ["/dev/zero"]}).to_parquet(str(table))
+    datasets.Dataset.from_dict({"img_id": ["z"], "image_path": ["/dev/zero"]}).to_parquet(
+        str(table)
+    )
     inp = open_input(str(table), cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ImageFetchError, match="not a regular file"):
         inp.image_bytes(0)
@@ -151,6 +154,13 @@ print("maxrss_kb", hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).r
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     assert int(lines["maxrss_kb"]) * 1024 < 2 * GB, lines
     assert int(lines["written"].split()[0]) >= 60  # every op ran (JPEG sides stop at 65500)
+    # the radiograph ops have no size limit of their own: only the JPEG codec's side limit
+    # (65500) may turn one of them into an error row
+    errors = [
+        json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()
+    ]
+    xray = [(e["op"], e["img_id"], e["reason"]) for e in errors if e["op"].startswith("xray_")]
+    assert all(op == "xray_jpeg" for op, _, _ in xray), xray
 
 
 def test_replay_checks_parameters_against_the_op_bounds() -> None:
@@ -197,7 +207,9 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads child pids from Linux /proc")
+@pytest.mark.skipif(
+    not Path("/proc/self/task").is_dir(), reason="reads child pids from Linux /proc"
+)
 def test_pool_workers_die_with_a_killed_driver(tmp_path: Path) -> None:
     folder = tmp_path / "images"
     folder.mkdir()
