@@ -161,7 +161,7 @@ def test_a_noise_free_frame_is_the_trajectory_blur_in_linear_light(
     core = (spot[0] == 255).astype(np.float64)  # white in every channel: clipped
     lift = core * scipy.ndimage.uniform_filter(core, 3, mode="mirror") ** 2  # tapered to the rim
     lin = lin + lift * (p["peak"] - lin)
-    ref = _linear_to_srgb(np.stack([scipy.ndimage.correlate(c, f, mode="mirror") for c, f in zip(lin, fields)])) * 255.0
+    ref = _linear_to_srgb(np.stack([scipy.ndimage.correlate(c, f, mode="mirror") for c, f in zip(lin, fields, strict=True)])) * 255.0
     got = out[0].numpy().astype(np.float64)
     assert np.abs(got - ref).max() <= 1.0
     display = np.stack([scipy.ndimage.correlate(c, psf, mode="mirror") for c in spot / 255.0]) * 255.0
