@@ -468,9 +468,18 @@ BEND_RANGE = (-0.2, 0.2)  # c: the path bows by up to a fifth of its length
 # share of each period, over a steady floor of ``1 - depth``: a moving highlight leaves a
 # dotted trail of copies, the folds faint ghosts (EAD2019's clinician-labelled blur frames show
 # both). ``phase``: where in its period the exposure starts.
+# v10: the modulation is shallow (``DEPTH_RANGE``): the round-4a reviewers read deep pulses'
+# discrete ghost copies of a highlight as a filter's kernel, while real trails are continuous.
 PULSES_RANGE = (2, 4)
 DUTY_RANGE = (0.3, 0.6)
-DEPTH_RANGE = (0.85, 0.97)
+DEPTH_RANGE = (0.0, 0.3)
+# A colour-sequential scope (a monochrome chip under R, G and B light in turn) exposes its
+# three fields one after another: each channel integrates its own part of the path, so a moving
+# highlight's trail has a red end and a blue one (a rainbow fringe). ``sequential`` s: the share
+# of the frame the fields are staggered over; channel c of 3 integrates t in
+# [c s / 3, c s / 3 + 1 - 2 s / 3] (s = 0: a colour chip, every channel the whole path; s = 1:
+# three disjoint thirds). Kept small: the R-to-B offset is at most 2 s / 3 of the path.
+SEQUENTIAL_RANGE = (0.0, 0.45)
 # A specular highlight's radiance is far above the sensor's white (the light's mirror image on
 # wet mucosa), so a clipped frame hides it: the frame's clipped highlights are lifted to
 # ``peak`` times white before the blur, and its trail stays clipped where the sensor sees more
@@ -532,22 +541,49 @@ def illumination(t: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def trajectory_psf_batch(
-    p: dict[str, torch.Tensor], side: int, support: int
+    p: dict[str, torch.Tensor], side: int, support: int,
+    window: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(B, K, K) float32 PSFs, K = 2 support + 1, of the keyed trajectories of ``p``
     (``length`` in shorter sides, ``angle``, ``bend``, ``accel``): points at equal time steps
     (ceil(4 L) + 1 of them, L the length in pixels; a sample's unused points weigh 0), so the
     streak is denser where the scope moves slowly, each weighted by the light reaching the
-    scene at its time (``illumination``: brighter copies where a pulsed source was on). The
-    CPU path builds the same taps (B = 1)."""
+    scene at its time (``illumination``: brighter copies where a pulsed source was on).
+    ``window``: (start, span) (B,) float64, the part of the exposure [start, start + span] the
+    PSF integrates (one colour field of a sequential scope, ``channel_psfs``); the whole
+    exposure when None. The CPU path builds the same taps (B = 1)."""
     f64 = torch.float64
     reach = max(1.0, float(support - 1) / TRAJECTORY_REACH)
     lengths = (p["length"].to(f64) * side).clamp(1.0, reach)
     count = torch.ceil(lengths * 4.0).add(1.0).clamp_min(2.0).unsqueeze(-1)  # (B, 1)
     index = torch.arange(max(2, math.ceil(reach * 4.0) + 1), dtype=f64, device=lengths.device)
     t = (index / (count - 1.0)).clamp(max=1.0)
+    if window is not None:
+        t = window[0].to(f64).unsqueeze(-1) + window[1].to(f64).unsqueeze(-1) * t
     px, py = trajectory_offsets(t, lengths, p["angle"], p["bend"], p["accel"])
     return splat_psf(px, py, (index < count).to(f64) * illumination(t, p), support)
+
+
+def channel_psfs(p: dict[str, torch.Tensor], side: int, support: int, channels: int) -> torch.Tensor:
+    """(B, C, K, K) float32 PSFs, one per channel: the field of channel c of a 3-channel frame
+    integrates its share of the exposure (``SEQUENTIAL_RANGE``: start ``c s / 3``, span
+    ``1 - 2 s / 3``, s the keyed ``sequential``); a frame of another channel count, or ``p``
+    without ``sequential``, has the whole path in every channel."""
+    if channels != 3 or "sequential" not in p:
+        psf = trajectory_psf_batch(p, side, support)
+        return psf.unsqueeze(1).expand(-1, channels, -1, -1)
+    s = p["sequential"].double()
+    span = 1.0 - 2.0 * s / 3.0
+    return torch.stack([trajectory_psf_batch(p, side, support, (c * s / 3.0, span)) for c in range(3)], 1)
+
+
+def correlate_channels(x: torch.Tensor, psfs: torch.Tensor) -> torch.Tensor:
+    """``correlate_batch`` of each channel of ``x`` (BCHW) with its own PSF (``psfs``: (B, C,
+    K, K)); one call where ``channel_psfs`` gave every channel the same PSF (an expanded
+    stack: decided by the layout, never by the values, so batch-independent)."""
+    if psfs.shape[1] == 1 or psfs.stride(1) == 0:
+        return correlate_batch(x, psfs[:, 0])
+    return torch.cat([correlate_batch(x[:, c : c + 1], psfs[:, c]) for c in range(x.shape[1])], 1)
 
 
 def motion_support(x: torch.Tensor) -> int:
@@ -567,6 +603,7 @@ def _motion_trajectory_sampler(rng: np.random.Generator, level: Level) -> Params
         "phase": draw(rng, (0.0, 1.0)),
         "depth": draw(rng, DEPTH_RANGE),
         "peak": draw(rng, PEAK_RANGE),
+        "sequential": draw(rng, SEQUENTIAL_RANGE),
     }
 
 
@@ -648,12 +685,12 @@ def separable_filter(t: torch.Tensor, taps: torch.Tensor, mode: str) -> torch.Te
     return _taps_along(_taps_along(t, taps, -1), taps, -2)
 
 
-def noise_taps() -> np.ndarray:
-    """1-D float64 taps of the re-injected noise's smoothing: a gaussian of
-    ``NOISE_CORRELATION_PX``, radius 3 sigma, scaled so the smoothed white noise has unit
+def noise_taps(correlation_px: float = NOISE_CORRELATION_PX) -> np.ndarray:
+    """1-D float64 taps of the re-injected noise's smoothing: a gaussian of ``correlation_px``
+    (default ``NOISE_CORRELATION_PX``), 7 taps, scaled so the smoothed white noise has unit
     variance (the 2-D kernel, their outer product, has unit L2 norm)."""
     t = np.arange(-3, 4, dtype=np.float64)
-    taps = np.exp(-0.5 * (t / NOISE_CORRELATION_PX) ** 2)
+    taps = np.exp(-0.5 * (t / correlation_px) ** 2)
     return taps / np.sqrt((taps**2).sum())
 
 
@@ -793,6 +830,70 @@ DENOISE_SIGMA_PX = 1.5
 DENOISE_THRESHOLD = 2.5
 SHARPEN_SIGMA_PX = 1.0
 SHARPEN_AMOUNT = 0.5
+# v10: the grain put back has a physical floor and a sensor's structure. A moving scope's frame
+# is a processor's output of a sensor with photon shot noise; the round-4a reviewers read a
+# noise-free blur as computer-made, and the op's sources (denoised, compressed frames) carry
+# little grain. Measured on the clinician-labelled motion-blurred EAD2019 frames (512 px;
+# ``sensor_noise_level``, shot-noise gain k = sigma / MEASURED_PER_UNIT / (slope(m) sqrt(m))
+# at the measured linear level m, per R, G, B): 00039 0.0186 / 0.0157 / 0.0168, 00042 0.0197 /
+# 0.0168 / 0.0178, 00016 0.0227 / 0.0206 / 0.0214, 00017 0.0255 / 0.0219 / 0.0229 (binned
+# sigma 0.74-1.11 levels); so the re-injected grain's gain is at least ``GRAIN_FLOOR`` (about
+# the quietest frame's), whatever the source's own. The residual (frame minus a 2 px gaussian)
+# in their flattest fifth reads 1.5-2.5 levels per channel with a luminance std 1.4-2.3 and a
+# R-G correlation of 0.76-0.80 (a Bayer sensor's noise is demosaiced and colour-corrected into
+# mostly luminance grain): the re-injected field shares ``NOISE_CHANNEL_CORRELATION`` between
+# the channels (one keyed luminance field plus one per channel); its neighbour correlation
+# (0.27-0.32 on the real residuals) is reached with a gaussian of
+# ``MOTION_NOISE_CORRELATION_PX`` before the processor's unsharp mask. In sRGB the same k gives
+# more display-level grain in darker tissue, as a sensor's shot noise does.
+GRAIN_FLOOR = 0.017
+NOISE_CHANNEL_CORRELATION = 0.8
+MOTION_NOISE_CORRELATION_PX = 0.6
+LUMA_STREAM = NOISE_STREAM + "/luma"
+
+
+def motion_noise_taps() -> np.ndarray:
+    """``noise_taps`` of the grain motion_blur re-injects (``MOTION_NOISE_CORRELATION_PX``)."""
+    return noise_taps(MOTION_NOISE_CORRELATION_PX)
+
+
+def _mix_luma(z: np.ndarray | torch.Tensor, luma: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Unit-variance channels sharing ``NOISE_CHANNEL_CORRELATION``: ``a luma + b z`` (float32
+    weights, the same elementwise arithmetic on either library)."""
+    a = float(np.float32(math.sqrt(NOISE_CHANNEL_CORRELATION)))
+    b = float(np.float32(math.sqrt(1.0 - NOISE_CHANNEL_CORRELATION)))
+    return luma * a + z * b
+
+
+def motion_noise_field(keys: Sequence[int], shape: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    """(B, C, H, W) float32 unit-variance grain of motion_blur: keyed normals per channel
+    (``NOISE_STREAM``) mixed with a keyed luminance field (``LUMA_STREAM``) where C is 3
+    (``_mix_luma``), smoothed by ``motion_noise_taps`` (reflect-101 borders)."""
+    from perturb.ops.keyed_fields import normal_fields
+
+    z = normal_fields(keys, NOISE_STREAM, shape, device)
+    if shape[0] == 3:
+        luma = normal_fields(keys, LUMA_STREAM, (1, *shape[1:]), device)
+        z = _mix_luma(z, luma)  # type: ignore[assignment]
+    taps = torch.from_numpy(motion_noise_taps().astype(np.float32)).to(device)
+    if min(shape[-2:]) <= taps.shape[0] // 2:
+        return z
+    return separable_filter(z, taps, "reflect")
+
+
+def motion_noise_field_np(key: int, shape: tuple[int, int, int]) -> np.ndarray:
+    """``motion_noise_field`` of one sample on the host: the same normals
+    (``rng.normal_numpy``), smoothed by OpenCV (BORDER_REFLECT_101)."""
+    from perturb import rng
+
+    z = rng.normal_numpy(key, NOISE_STREAM, int(np.prod(shape))).reshape(shape)
+    if shape[0] == 3:
+        luma = rng.normal_numpy(key, LUMA_STREAM, shape[1] * shape[2]).reshape(1, *shape[1:])
+        z = np.asarray(_mix_luma(z, luma), dtype=np.float32)
+    taps = motion_noise_taps().astype(np.float32)
+    if min(shape[-2:]) <= taps.shape[0] // 2:
+        return z
+    return np.stack([cv2.sepFilter2D(p, cv2.CV_32F, taps, taps, borderType=cv2.BORDER_REFLECT_101) for p in z])
 
 
 def _sharpened_per_unit() -> float:
@@ -802,7 +903,7 @@ def _sharpened_per_unit() -> float:
     size = 41
     impulse = np.zeros((size, size))
     impulse[size // 2, size // 2] = 1.0
-    taps = noise_taps()
+    taps = motion_noise_taps()
     field = cv2.sepFilter2D(impulse, cv2.CV_64F, taps, taps, borderType=cv2.BORDER_CONSTANT)
     g = gaussian_taps(SHARPEN_SIGMA_PX).astype(np.float64)
     smooth = cv2.sepFilter2D(field, cv2.CV_64F, g, g, borderType=cv2.BORDER_CONSTANT)
@@ -832,16 +933,21 @@ def remove_grain(x: torch.Tensor, sigma: torch.Tensor, strength: torch.Tensor | 
 
 
 def grain_strength(psfs: torch.Tensor) -> torch.Tensor:
-    """(B,) share of the frame's grain to remove before a blur with ``psfs``: the share of its
-    variance the blur would average away, ``1 - retained_variance``. A short path (severity 1)
+    """(B,) share of the frame's grain to remove before a blur with ``psfs`` ((B, K, K), or
+    (B, C, K, K): their channels' mean): the share of its variance the blur would average away,
+    ``1 - retained_variance``. A short path (severity 1)
     keeps most grain in place, barely smeared (and a frame whose grain were all replaced would
     lose its pixel-level likeness to the original); a long one would smear it into streaks."""
-    return (1.0 - retained_variance(psfs)).clamp(0.0, 1.0).float()
+    if psfs.dim() == 4:
+        kept = retained_variance(psfs.flatten(0, 1)).view(psfs.shape[:2]).mean(1)
+    else:
+        kept = retained_variance(psfs)
+    return (1.0 - kept).clamp(0.0, 1.0).float()
 
 
 def sharpen(y: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     """The processor's unsharp mask on display values ``y`` (BCHW), clipped to [0, 1]: samples
-    whose measured grain ``sigma`` (B, C) is 0 in every channel are left as they are."""
+    whose grain ``sigma`` (B, C) (``grain_gain``) is 0 in every channel are left as they are."""
     taps = torch.from_numpy(gaussian_taps(SHARPEN_SIGMA_PX)).to(y.device)
     if min(y.shape[-2:]) <= taps.shape[0] // 2:
         return y
@@ -849,13 +955,26 @@ def sharpen(y: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     return (y + amount * (y - separable_filter(y, taps, "reflect"))).clamp(0.0, 1.0)
 
 
+def grain_gain(x: torch.Tensor) -> torch.Tensor:
+    """(B, C) shot-noise gain k of the output's grain (``noise_gain``'s k: the frame's measured
+    noise as shot noise at its measured level), at least ``GRAIN_FLOOR``."""
+    sigma, level = sensor_noise_level(x)
+    k = sigma / MEASURED_PER_UNIT / (_srgb_slope(level) * torch.sqrt(level))
+    return k.clamp_min(GRAIN_FLOOR)
+
+
 def motion_noise_gain(x: torch.Tensor, psfs: torch.Tensor, sigma: torch.Tensor, denoised: torch.Tensor) -> torch.Tensor:
-    """``noise_gain`` for the denoised frame: the blur keeps ``retained_variance`` of the grain
-    the coring left (its share measured, ``sensor_noise_level`` of ``denoised`` over ``sigma``,
-    squared), the sensor adds the rest, scaled down by the unsharp mask's gain on the grain."""
+    """(B, C, 1, 1) gain of the re-injected shot noise: the blur with ``psfs`` (B, C, K, K)
+    keeps ``retained_variance`` of the grain the coring left (its share measured,
+    ``sensor_noise_level`` of ``denoised`` over ``sigma``, squared), the sensor adds the rest of
+    ``grain_gain``'s variance (so a frame quieter than ``GRAIN_FLOOR`` gets more grain the more
+    the blur took: a barely moved frame keeps its own look), scaled down by the unsharp mask's
+    gain on the grain (``SHARPENED_PER_UNIT``)."""
     left = sensor_noise_level(denoised)[0].double() / sigma.double().clamp_min(1e-12)
-    retained = retained_variance(psfs).unsqueeze(-1) * left.clamp(0.0, 1.0).square()
-    return noise_gain(x, retained) / SHARPENED_PER_UNIT
+    kept = retained_variance(psfs.flatten(0, 1)).view(psfs.shape[:2])
+    retained = (kept * left.clamp(0.0, 1.0).square()).to(x.dtype)
+    rest = (1.0 - retained).clamp_min(0.0).sqrt()
+    return (grain_gain(x) * rest).unsqueeze(-1).unsqueeze(-1) / SHARPENED_PER_UNIT
 
 
 @backend.register_cpu("motion_blur")
@@ -867,25 +986,24 @@ def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], 
     shape = src.shape
     x = torch.from_numpy(src.astype(np.float32) / 255.0 if src.dtype == np.uint8 else np.ascontiguousarray(src))[None]
     params = {k: torch.tensor([float(np.float32(v))], dtype=torch.float32) for k, v in p.items()}
-    psf_t = trajectory_psf_batch(params, shorter_side(src), motion_support(x))[0]
-    psf = psf_t.numpy()
+    psfs_t = channel_psfs(params, shorter_side(src), motion_support(x), shape[0])
+    psfs = psfs_t[0].numpy()
     sigma = sensor_noise_level(x)[0]
-    clean_t = remove_grain(x, sigma, grain_strength(psf_t[None]))
-    gain = motion_noise_gain(x, psf_t[None], sigma, clean_t)[0, :, 0, 0].numpy().astype(np.float32)
+    clean_t = remove_grain(x, sigma, grain_strength(psfs_t))
+    gain = motion_noise_gain(x, psfs_t, sigma, clean_t)[0, :, 0, 0].numpy().astype(np.float32)
     clean = clean_t[0].numpy()
-    z = noise_field_np(key, NOISE_STREAM, shape)
+    z = motion_noise_field_np(key, shape)
     core = highlight_lift(x)[0, 0].numpy()
     peak = np.float32(params["peak"][0])
-    blocks = psf_blocks(psf)
     lin = np.empty(shape[1:], np.float32)
     disp = np.empty(shape, np.float32)
     for c in range(shape[0]):
         srgb_to_linear_np(np.ascontiguousarray(np.clip(clean[c], 0.0, 1.0)), out=lin)
-        res = correlate_plane(lin + core * (peak - lin), psf, blocks)
+        res = correlate_plane(lin + core * (peak - lin), psfs[c], psf_blocks(psfs[c]))
         noisy = res + gain[c] * np.sqrt(np.maximum(res, np.float32(1e-8))) * z[c]
         linear_to_srgb_np(noisy, out=disp[c])
     taps = gaussian_taps(SHARPEN_SIGMA_PX)
-    amount = np.float32(SHARPEN_AMOUNT if float(sigma.max()) > 0 and min(shape[1:]) > taps.shape[0] // 2 else 0.0)
+    amount = np.float32(SHARPEN_AMOUNT if float(grain_gain(x).max()) > 0 and min(shape[1:]) > taps.shape[0] // 2 else 0.0)
     for c in range(shape[0]):
         plane = disp[c]
         if amount:
@@ -915,7 +1033,15 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     sum is clipped after it: the trail is a clipped white streak of nearly constant brightness,
     not a grey smear; and the light is pulsed (an LED source dimmed by pulse-width modulation,
     ``illumination``: ``pulses`` bursts on a ``duty`` share of each period over a floor of
-    ``1 - depth``), so the trail is dotted and the folds carry faint ghost copies. The fixed
+    ``1 - depth``, shallow: ``DEPTH_RANGE``), so the trail's brightness ripples while it stays a
+    continuous smear. A colour-sequential scope (``sequential``, ``channel_psfs``) exposes its
+    R, G and B fields in turn, so each channel integrates its own share of the path and a
+    moving highlight's trail has a red end and a blue one. The grain put back is the sensor's
+    of a real moving-scope frame: shot noise of at least ``GRAIN_FLOOR`` (measured on the
+    clinician-labelled motion-blurred EAD2019 frames 00039, 00042, 00016, 00017: gains
+    0.016-0.026, see ``GRAIN_FLOOR``) whatever the source's own, mostly luminance
+    (``NOISE_CHANNEL_CORRELATION``, as their residuals' 0.76-0.80) and 1-2 px fine
+    (``MOTION_NOISE_CORRELATION_PX``). The fixed
     field stop and the overlays are not blurred: the op acts on the tissue layer
     (``protects_border``: perturb.ops.composite extends the tissue under the surround before
     the PSF and composites the surround and overlays back). The catalog's severity 1 is a
@@ -928,13 +1054,14 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     ``correlate_fft`` (torch.fft). The CPU path (``motion_blur_cpu``) builds the same taps and
     noise."""
     side = shorter_side(x)
-    psfs = trajectory_psf_batch(p, side, motion_support(x))
+    psfs = channel_psfs(p, side, motion_support(x), x.shape[1])
     sigma = sensor_noise_level(x)[0]
     clean = remove_grain(x, sigma, grain_strength(psfs))
-    blurred = correlate_batch(highlight_radiance(x, srgb_to_linear(clean.clamp(0.0, 1.0)), p["peak"]), psfs)
+    blurred = correlate_channels(highlight_radiance(x, srgb_to_linear(clean.clamp(0.0, 1.0)), p["peak"]), psfs)
     gain = motion_noise_gain(x, psfs, sigma, clean)
-    noisy = add_shot_noise(blurred, gain, keys, NOISE_STREAM)
-    return sharpen(linear_to_srgb(noisy), sigma)
+    u = motion_noise_field(keys, tuple(blurred.shape[1:]), blurred.device).to(blurred.dtype)  # type: ignore[arg-type]
+    noisy = blurred + gain * torch.sqrt(blurred.clamp_min(1e-8)) * u
+    return sharpen(linear_to_srgb(noisy), grain_gain(x))
 
 
 # ---------------------------------------------------------------------------------------------
