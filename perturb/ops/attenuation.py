@@ -923,6 +923,7 @@ def place_devices(
     keys: Sequence[int],
     noise_name: str = "xray_support_devices/noise",
     ceiling: float = 0.995,
+    exposed_only: bool = False,
 ) -> torch.Tensor:
     """``clip(v + s(a) + n)`` for the whole batch. ``a``: the sum of each film's canvases of
     its first ``items`` items at its ``opacity``, moved from the canonical frame onto the
@@ -938,7 +939,11 @@ def place_devices(
     reach the detector behind them (``I = exp(-MU v)``), so the film's noise ``sigma`` grows
     to ``sigma exp(MU a / 2)``; the extra, ``sigma sqrt(exp(MU a) - 1)`` times a keyed normal
     field, is added through the same shoulder (times its slope ``exp(-a / r)``; none on a
-    noiseless film): grain in the film's own domain over the objects.
+    noiseless film): grain in the film's own domain over the objects. ``exposed_only``: an
+    object attenuates only the x-rays that reach the detector, so ``s`` and ``n`` go through
+    the display curve's toe at the film's unexposed level (``exposure_toe``): nothing shows
+    where the film is unexposed (a collimator band, a burned-out label), full contrast where
+    it is exposed.
     The canvases travel as one (K, B, H, W) uint8 stack; one ``grid_sample`` per moved canvas
     and one for all warped ones serve the whole batch."""
     b = x.shape[0]
@@ -1000,6 +1005,9 @@ def place_devices(
     )
     sigma = _film_noise(x).view(b, 1, 1, 1)
     extra = sigma * torch.sqrt(torch.expm1(MU * total.clamp(min=0.0))) * slope
+    if exposed_only:
+        shown, exposed = exposure_toe(unexposed_depth(x), shown)
+        extra = extra * exposed
     noise = keyed_fields.normal_fields(keys, noise_name, (1, h, w), dev)
     out = x.to(torch.float64) + shown + extra * noise.double()
     return out.clamp_(0.0, 1.0).to(x.dtype)
@@ -1021,6 +1029,56 @@ def display_shoulder(
     dense = a.clamp(min=0.0)
     slope = torch.exp(-dense / room)
     return torch.where(a > 0, room * (1.0 - slope), a), slope
+
+
+TOE = 0.02  # display units: the width of the display curve's toe at the unexposed level
+SHUTTER_DEPTH = 0.15  # the deepest a collimator band reaches in from the film's top edge
+LOCAL = 5  # pixels: the neighbourhood a pixel's exposure is read from (the grain averaged)
+
+
+def unexposed_depth(x: torch.Tensor) -> torch.Tensor:
+    """(B, 1, H, W) float64: how far (display units) each pixel's neighbourhood (``LOCAL``
+    square mean) lies below the film's unexposed level, 0 where no x-rays reached it. The
+    unexposed level is the film's brightest neighbourhood (base and fog under a burned-out
+    label or a shutter); a collimator band at the top edge (``shutter_rows``) is unexposed
+    wherever its processed brightness lies (the film's processing grades it unevenly)."""
+    b = x.shape[0]
+    local = F.avg_pool2d(x[:, :1].to(torch.float64), LOCAL, 1, LOCAL // 2, count_include_pad=False)
+    top = local.flatten(1).amax(dim=1).view(b, 1, 1, 1)
+    depth = (top - local).clamp(min=0.0)
+    return depth.masked_fill(shutter_rows(local), 0.0)
+
+
+def shutter_rows(local: torch.Tensor) -> torch.Tensor:
+    """(B, 1, H, 1) bool: the rows of a collimator band along the film's top edge, found on
+    the smoothed film ``local``: the rows, counted from the edge and at most
+    ``SHUTTER_DEPTH`` of the height, that are bright across the whole width (their lowest
+    decile at least the film's median, their mean at least its upper quartile). A chest
+    film's first rows without a band hold dark air above the shoulders or beside the neck,
+    so they fail at once."""
+    b, _, h, _ = local.shape
+    rows = max(1, int(SHUTTER_DEPTH * h))
+    flat = local.flatten(1)
+    median = torch.quantile(flat, 0.5, dim=1).view(b, 1)
+    upper = torch.quantile(flat, 0.75, dim=1).view(b, 1)
+    top = local[:, 0, :rows]
+    bright = (torch.quantile(top, 0.1, dim=2) >= median) & (top.mean(dim=2) >= upper)
+    band = torch.cumprod(bright.to(torch.int64), dim=1).bool()  # a run from the edge only
+    out = torch.zeros(b, 1, h, 1, dtype=torch.bool, device=local.device)
+    out[:, 0, :rows, 0] = band
+    return out
+
+
+def exposure_toe(depth: torch.Tensor, shown: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What an object shown as ``shown`` (display units, on an exposed film) becomes at a
+    pixel ``depth`` below the film's unexposed level, and the fraction of the film's signal
+    that is exposure there. The object's transmission multiplies the exposure ``E`` in the
+    linear domain (``E T``, ``T = exp(-MU shown)``); the display curve's toe maps ``E`` to the
+    depth ``d = TOE log(1 + (E / E_t)^(1 / (MU TOE)))`` (``E_t`` the toe's exposure):
+    logarithmic once exposed (``d' = d - shown``, the plain shift) and zero at no exposure,
+    where ``E T`` is zero too: ``d' = TOE log(1 + (exp(d / TOE) - 1) exp(-shown / TOE))``."""
+    after = TOE * torch.log1p(torch.expm1(depth / TOE) * torch.exp(-shown / TOE))
+    return depth - after, -torch.expm1(-depth / TOE)
 
 
 def _film_ceiling(x: torch.Tensor, q: float) -> torch.Tensor:
@@ -1059,7 +1117,9 @@ def xray_support_devices(
 
     Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
     landmarks by per-sample translations and a thin-plate-spline warp through ``grid_sample``)."""
-    return _placed_on_anatomy(x, p, keys, device_layers, "xray_support_devices/noise", 0.995)
+    return _placed_on_anatomy(
+        x, p, keys, device_layers, "xray_support_devices/noise", 0.995, exposed_only=True
+    )
 
 
 def _placed_on_anatomy(
@@ -1069,6 +1129,7 @@ def _placed_on_anatomy(
     layers: Callable[[int, int, int], _Placed],
     noise_name: str,
     ceiling: float,
+    exposed_only: bool = False,
 ) -> torch.Tensor:
     """``place_devices`` (its display ``ceiling`` quantile) with each key's canvases from ``layers(key, h, w)``: the whole batch at
     once on the device path, sample by sample on the host path."""
@@ -1084,12 +1145,19 @@ def _placed_on_anatomy(
                     [int(k)],
                     noise_name,
                     ceiling,
+                    exposed_only,
                 )
                 for i, k in enumerate(keys)
             ]
         ),
         device=lambda: place_devices(
-            x, p, [layers(int(k), h, w) for k in keys], [int(k) for k in keys], noise_name, ceiling
+            x,
+            p,
+            [layers(int(k), h, w) for k in keys],
+            [int(k) for k in keys],
+            noise_name,
+            ceiling,
+            exposed_only,
         ),
     )
 
