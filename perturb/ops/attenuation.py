@@ -331,8 +331,8 @@ def _lead_path(
     cable hanging under gravity between the connector and where it leaves the body, a
     catenary-like sag downwards (1-6 cm) with an irregular keyed wander (+-5 mm at unevenly
     spaced points) and one or two gentle kinks (where the cable was bent and has set: 6-12 mm
-    steps), so another lead may cross it; no loops and no zigzags (a lead lying on the
-    patient is pulled straight-ish by its own weight)."""
+    bends spread over neighbouring points), so another lead may cross it; no loops and no
+    zigzags (a lead lying on the patient is pulled straight-ish by its own weight)."""
     direction = 1.0 if edge_x > start[0] else -1.0
     end = np.array([edge_x + direction * 0.05 * w, start[1] + g.uniform(-0.06, 0.1) * h])
     sag = g.uniform(1.0, 6.0) * px
@@ -341,8 +341,9 @@ def _lead_path(
     chord = start[None] + t[:, None] * (end - start)[None]
     wander = np.zeros((len(t), 2))
     wander[:, 1] = g.uniform(-0.5, 0.5, size=len(t)) * px
-    for k in g.choice(np.arange(3, len(t) - 1), size=int(g.integers(1, 3)), replace=False):
-        wander[k, 1] += g.choice([-1.0, 1.0]) * g.uniform(0.6, 1.2) * px  # a set kink
+    for k in g.choice(np.arange(3, len(t) - 2), size=int(g.integers(1, 3)), replace=False):
+        bend = g.choice([-1.0, 1.0]) * g.uniform(0.6, 1.2) * px  # a set bend, over 3 points
+        wander[k - 1 : k + 2, 1] += bend * np.array([0.45, 1.0, 0.45])
     wander[0] = 0.0
     points = chord + wander
     points[:, 1] += sag * np.sin(math.pi * t)  # y down: gravity pulls the middle lower
@@ -442,22 +443,13 @@ def _electrode(
     if kind != 4:
         r_pad = g.uniform(1.7, 2.2) * px
         pad = _ellipse(cx, cy, r_pad, r_pad * tilt, angle)
-        _poly(body, pad, g.uniform(0.003, 0.008))
-        _poly(body, pad, 0.003, max(1, round(0.08 * px)))  # the foam's cut edge
-        _poly(body, _ellipse(cx, cy, 0.9 * px, 0.9 * px * tilt, angle), 0.004)  # gel
-        r_out = g.uniform(0.4, 0.6) * px
-        r_in = g.uniform(0.5, 0.65) * r_out
-        ring = g.uniform(0.04, 0.08)
-        _poly(body, _ellipse(cx, cy, r_out, r_out * tilt, angle), ring)  # the eyelet
-        _poly(body, _ellipse(cx, cy, r_in, r_in * tilt, angle), -0.8 * ring)  # its lucent eye
-        r_pin = g.uniform(0.3, 0.5) * r_in  # the stud's post, seen end-on
-        _poly(body, _ellipse(cx, cy, r_pin, r_pin * tilt, angle), g.uniform(0.01, 0.03))
+        _poly(body, pad, g.uniform(0.002, 0.005))  # foam and gel: no edge of their own
+        _snap_stud(body, g, centre, px, tilt, angle)
     else:
         half = np.array([g.uniform(1.0, 1.3), g.uniform(1.4, 1.8)]) * px
         rot = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
         corners = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]]) * half * [1.0, tilt]
-        _poly(body, centre + corners @ rot.T, 0.006)  # tab
-        _poly(body, centre + corners @ rot.T, 0.006, max(1, round(0.06 * px)))
+        _poly(body, centre + corners @ rot.T, g.uniform(0.002, 0.005))  # the tab: no outline
     if kind == 0:  # the lead's own small snap socket over the stud
         exit_point = centre + along * g.uniform(0.2, 0.5) * px
         _stroke(body, np.array([centre, exit_point]), 0.3 * px, g.uniform(0.01, 0.02))
@@ -538,6 +530,41 @@ def _electrode(
     layers.add(item, lead, (lead_side, anchor))
 
 
+def _snap_stud(
+    body: np.ndarray,
+    g: np.random.Generator,
+    centre: np.ndarray,
+    px: float,
+    tilt: float,
+    angle: float,
+) -> None:
+    """An ECG electrode's sensor seen at a tilt (``tilt`` the cosine, ``angle`` the ellipse's
+    major axis): a faint pressed silver-chloride flange (1-1.3 cm, thin sheet, its rolled rim
+    a little denser on one keyed side) under the snap stud, a hollow drawn-brass post (3.5-5
+    mm across, 2-3.5 mm high), the densest part of the electrode. Seen obliquely the post's
+    top is displaced from its base by ``height sin(tilt)`` along the minor axis, so its
+    projection is the hull of two ellipses: a bright dot whose wall, seen tangentially, is
+    denser than its hollow centre, off the flange's centre (never concentric rings)."""
+    minor = np.array([-math.sin(angle), math.cos(angle)])
+    r_flange = g.uniform(0.5, 0.65) * px
+    flange = _ellipse(centre[0], centre[1], r_flange, r_flange * tilt, angle, 40)
+    sheet = g.uniform(0.012, 0.025)
+    _poly(body, flange, sheet)
+    rim = np.roll(flange, int(g.integers(0, 40)), axis=0)[: int(g.integers(12, 26))]
+    _stroke(body, rim, max(1.0, 0.05 * px), 0.8 * sheet)  # the rolled rim, part way round
+    r_post = g.uniform(0.18, 0.25) * px
+    lean = g.uniform(0.2, 0.35) * px * math.sqrt(max(0.0, 1.0 - tilt * tilt))
+    base = centre + minor * g.uniform(-0.08, 0.08) * px
+    top = base + minor * lean * g.choice([-1.0, 1.0])
+    ends = [_ellipse(c[0], c[1], r_post, r_post * tilt, angle, 24) for c in (base, top)]
+    hull = cv2.convexHull(np.vstack(ends).astype(np.float32)).reshape(-1, 2)
+    metal = g.uniform(0.14, 0.22)
+    _poly(body, hull.astype(np.float64), metal)  # the post's two walls
+    _poly(body, ends[1], 0.5 * metal, max(1, round(0.05 * px)))  # its top rim, edge-on
+    r_eye = g.uniform(0.4, 0.55) * r_post
+    _poly(body, _ellipse(top[0], top[1], r_eye, r_eye * tilt, angle, 16), -0.4 * metal)
+
+
 def _housing_clip(
     body: np.ndarray,
     g: np.random.Generator,
@@ -558,8 +585,8 @@ def _housing_clip(
         uv = np.asarray(points, np.float64)
         return centre + (uv[:, :1] * along + uv[:, 1:] * across) * px
 
-    steel = g.uniform(0.05, 0.09)
-    plastic = steel * g.uniform(0.5, 0.9)  # filled (glass-filled nylon) and the socket's brass
+    steel = g.uniform(0.09, 0.16)  # a stamped spring-steel frame: the brightest part
+    plastic = steel * g.uniform(0.4, 0.7)  # filled (glass-filled nylon) and the socket's brass
     r = g.uniform(0.5, 0.7)
     t = np.linspace(0, 2 * math.pi, 40, endpoint=False)
     if g.random() < 0.5:  # round housing
