@@ -229,3 +229,24 @@ def test_shutter_rows_find_the_band_and_nothing_on_films_without_one() -> None:
     rows = SIDE // 12
     band = attenuation.shutter_rows(_banded(SHIPPED[0], rows, 0.92).double())
     assert int(band.sum()) == rows and bool(band[0, 0, :rows].all())
+
+
+def test_snap_stud_is_the_densest_part_and_leans_off_the_flange() -> None:
+    """An electrode's sensor seen at a tilt: the brass post is the densest part (several
+    times the flange sheet), and tilting the electrode moves the post's projection along the
+    ellipse's minor axis (its top displaced by the post's height times the tilt's sine, the
+    same draws otherwise), never along the major axis: the post is not drawn as rings
+    concentric with the flange."""
+    px = 20.0
+    centre = np.array([60.0, 60.0])
+    for seed in range(4):
+        posts = []
+        for tilt in (0.55, 1.0):
+            body = np.zeros((120, 120), np.float32)
+            attenuation._snap_stud(body, np.random.default_rng(seed), centre, px, tilt, 0.0)
+            flange = body[(body > 0) & (body < 0.3 * body.max())]
+            assert body.max() > 8.0 * np.median(flange)
+            ys, xs = np.nonzero(body > 0.6 * body.max())
+            posts.append(np.array([xs.mean(), ys.mean()]))
+        shift = posts[0] - posts[1]
+        assert abs(shift[1]) > 0.06 * px and abs(shift[0]) < 0.01 * px, (seed, shift)
