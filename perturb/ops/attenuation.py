@@ -1060,6 +1060,8 @@ def display_shoulder(
 
 TOE = 0.02  # display units: the width of the display curve's toe at the unexposed level
 SHUTTER_DEPTH = 0.15  # the deepest a collimator band reaches in from the film's top edge
+SHUTTER_CONTRAST = 0.1  # display units: a band stands at least this far above the film's median
+UNEXPOSED_FLOOR = 0.9  # display units: the lowest a processed film shows its unexposed level at
 LOCAL = 5  # pixels: the neighbourhood a pixel's exposure is read from (the grain averaged)
 
 
@@ -1067,31 +1069,36 @@ def unexposed_depth(x: torch.Tensor) -> torch.Tensor:
     """(B, 1, H, W) float64: how far (display units) each pixel's neighbourhood (``LOCAL``
     square mean) lies below the film's unexposed level, 0 where no x-rays reached it. The
     unexposed level is the film's brightest neighbourhood (base and fog under a burned-out
-    label or a shutter); a collimator band at the top edge (``shutter_rows``) is unexposed
+    label or a shutter), never below ``UNEXPOSED_FLOOR`` (a film whose brightest part is
+    darker shows no unexposed area: a flat field is uniformly exposed); a collimator band at the top edge (``shutter_rows``) is unexposed
     wherever its processed brightness lies (the film's processing grades it unevenly)."""
     b = x.shape[0]
-    local = F.avg_pool2d(x[:, :1].to(torch.float64), LOCAL, 1, LOCAL // 2, count_include_pad=False)
-    top = local.flatten(1).amax(dim=1).view(b, 1, 1, 1)
+    film = x[:, :1].to(torch.float64)
+    local = F.avg_pool2d(film, LOCAL, 1, LOCAL // 2, count_include_pad=False)
+    top = local.flatten(1).amax(dim=1).clamp(min=UNEXPOSED_FLOOR).view(b, 1, 1, 1)
     depth = (top - local).clamp(min=0.0)
-    return depth.masked_fill(shutter_rows(local), 0.0)
+    return depth.masked_fill(shutter_rows(film), 0.0)
 
 
-def shutter_rows(local: torch.Tensor) -> torch.Tensor:
+def shutter_rows(film: torch.Tensor) -> torch.Tensor:
     """(B, 1, H, 1) bool: the rows of a collimator band along the film's top edge, found on
-    the smoothed film ``local``: the rows, counted from the edge and at most
-    ``SHUTTER_DEPTH`` of the height, that are bright across the whole width (their lowest
-    decile at least the film's median, their mean at least its upper quartile). A chest
-    film's first rows without a band hold dark air above the shoulders or beside the neck,
-    so they fail at once."""
-    b, _, h, _ = local.shape
+    the film's own rows (unsmoothed: the band is found up to its edge): the rows, counted
+    from the edge and at most ``SHUTTER_DEPTH`` of the height, that are bright across the
+    whole width (their lowest decile at least the film's median, their mean at least its
+    upper quartile and ``SHUTTER_CONTRAST`` above its median: a flat field has no band). A
+    chest film's first rows without a band hold dark air above the shoulders or beside the
+    neck, so they fail at once."""
+    b, _, h, _ = film.shape
     rows = max(1, int(SHUTTER_DEPTH * h))
-    flat = local.flatten(1)
+    flat = film.flatten(1)
     median = torch.quantile(flat, 0.5, dim=1).view(b, 1)
     upper = torch.quantile(flat, 0.75, dim=1).view(b, 1)
-    top = local[:, 0, :rows]
-    bright = (torch.quantile(top, 0.1, dim=2) >= median) & (top.mean(dim=2) >= upper)
+    top = film[:, 0, :rows]
+    mean = top.mean(dim=2)
+    bright = (torch.quantile(top, 0.1, dim=2) >= median) & (mean >= upper)
+    bright &= mean >= median + SHUTTER_CONTRAST
     band = torch.cumprod(bright.to(torch.int64), dim=1).bool()  # a run from the edge only
-    out = torch.zeros(b, 1, h, 1, dtype=torch.bool, device=local.device)
+    out = torch.zeros(b, 1, h, 1, dtype=torch.bool, device=film.device)
     out[:, 0, :rows, 0] = band
     return out
 
