@@ -331,8 +331,8 @@ def _lead_path(
     cable hanging under gravity between the connector and where it leaves the body, a
     catenary-like sag downwards (1-6 cm) with an irregular keyed wander (+-5 mm at unevenly
     spaced points) and one or two gentle kinks (where the cable was bent and has set: 6-12 mm
-    steps), so another lead may cross it; no loops and no zigzags (a lead lying on the
-    patient is pulled straight-ish by its own weight)."""
+    bends spread over neighbouring points), so another lead may cross it; no loops and no
+    zigzags (a lead lying on the patient is pulled straight-ish by its own weight)."""
     direction = 1.0 if edge_x > start[0] else -1.0
     end = np.array([edge_x + direction * 0.05 * w, start[1] + g.uniform(-0.06, 0.1) * h])
     sag = g.uniform(1.0, 6.0) * px
@@ -341,8 +341,9 @@ def _lead_path(
     chord = start[None] + t[:, None] * (end - start)[None]
     wander = np.zeros((len(t), 2))
     wander[:, 1] = g.uniform(-0.5, 0.5, size=len(t)) * px
-    for k in g.choice(np.arange(3, len(t) - 1), size=int(g.integers(1, 3)), replace=False):
-        wander[k, 1] += g.choice([-1.0, 1.0]) * g.uniform(0.6, 1.2) * px  # a set kink
+    for k in g.choice(np.arange(3, len(t) - 2), size=int(g.integers(1, 3)), replace=False):
+        bend = g.choice([-1.0, 1.0]) * g.uniform(0.6, 1.2) * px  # a set bend, over 3 points
+        wander[k - 1 : k + 2, 1] += bend * np.array([0.45, 1.0, 0.45])
     wander[0] = 0.0
     points = chord + wander
     points[:, 1] += sag * np.sin(math.pi * t)  # y down: gravity pulls the middle lower
@@ -442,22 +443,13 @@ def _electrode(
     if kind != 4:
         r_pad = g.uniform(1.7, 2.2) * px
         pad = _ellipse(cx, cy, r_pad, r_pad * tilt, angle)
-        _poly(body, pad, g.uniform(0.003, 0.008))
-        _poly(body, pad, 0.003, max(1, round(0.08 * px)))  # the foam's cut edge
-        _poly(body, _ellipse(cx, cy, 0.9 * px, 0.9 * px * tilt, angle), 0.004)  # gel
-        r_out = g.uniform(0.4, 0.6) * px
-        r_in = g.uniform(0.5, 0.65) * r_out
-        ring = g.uniform(0.04, 0.08)
-        _poly(body, _ellipse(cx, cy, r_out, r_out * tilt, angle), ring)  # the eyelet
-        _poly(body, _ellipse(cx, cy, r_in, r_in * tilt, angle), -0.8 * ring)  # its lucent eye
-        r_pin = g.uniform(0.3, 0.5) * r_in  # the stud's post, seen end-on
-        _poly(body, _ellipse(cx, cy, r_pin, r_pin * tilt, angle), g.uniform(0.01, 0.03))
+        _poly(body, pad, g.uniform(0.002, 0.005))  # foam and gel: no edge of their own
+        _snap_stud(body, g, centre, px, tilt, angle)
     else:
         half = np.array([g.uniform(1.0, 1.3), g.uniform(1.4, 1.8)]) * px
         rot = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
         corners = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]]) * half * [1.0, tilt]
-        _poly(body, centre + corners @ rot.T, 0.006)  # tab
-        _poly(body, centre + corners @ rot.T, 0.006, max(1, round(0.06 * px)))
+        _poly(body, centre + corners @ rot.T, g.uniform(0.002, 0.005))  # the tab: no outline
     if kind == 0:  # the lead's own small snap socket over the stud
         exit_point = centre + along * g.uniform(0.2, 0.5) * px
         _stroke(body, np.array([centre, exit_point]), 0.3 * px, g.uniform(0.01, 0.02))
@@ -538,6 +530,41 @@ def _electrode(
     layers.add(item, lead, (lead_side, anchor))
 
 
+def _snap_stud(
+    body: np.ndarray,
+    g: np.random.Generator,
+    centre: np.ndarray,
+    px: float,
+    tilt: float,
+    angle: float,
+) -> None:
+    """An ECG electrode's sensor seen at a tilt (``tilt`` the cosine, ``angle`` the ellipse's
+    major axis): a faint pressed silver-chloride flange (1-1.3 cm, thin sheet, its rolled rim
+    a little denser on one keyed side) under the snap stud, a hollow drawn-brass post (3.5-5
+    mm across, 2-3.5 mm high), the densest part of the electrode. Seen obliquely the post's
+    top is displaced from its base by ``height sin(tilt)`` along the minor axis, so its
+    projection is the hull of two ellipses: a bright dot whose wall, seen tangentially, is
+    denser than its hollow centre, off the flange's centre (never concentric rings)."""
+    minor = np.array([-math.sin(angle), math.cos(angle)])
+    r_flange = g.uniform(0.5, 0.65) * px
+    flange = _ellipse(centre[0], centre[1], r_flange, r_flange * tilt, angle, 40)
+    sheet = g.uniform(0.012, 0.025)
+    _poly(body, flange, sheet)
+    rim = np.roll(flange, int(g.integers(0, 40)), axis=0)[: int(g.integers(12, 26))]
+    _stroke(body, rim, max(1.0, 0.05 * px), 0.8 * sheet)  # the rolled rim, part way round
+    r_post = g.uniform(0.18, 0.25) * px
+    lean = g.uniform(0.2, 0.35) * px * math.sqrt(max(0.0, 1.0 - tilt * tilt))
+    base = centre + minor * g.uniform(-0.08, 0.08) * px
+    top = base + minor * lean * g.choice([-1.0, 1.0])
+    ends = [_ellipse(c[0], c[1], r_post, r_post * tilt, angle, 24) for c in (base, top)]
+    hull = cv2.convexHull(np.vstack(ends).astype(np.float32)).reshape(-1, 2)
+    metal = g.uniform(0.14, 0.22)
+    _poly(body, hull.astype(np.float64), metal)  # the post's two walls
+    _poly(body, ends[1], 0.5 * metal, max(1, round(0.05 * px)))  # its top rim, edge-on
+    r_eye = g.uniform(0.4, 0.55) * r_post
+    _poly(body, _ellipse(top[0], top[1], r_eye, r_eye * tilt, angle, 16), -0.4 * metal)
+
+
 def _housing_clip(
     body: np.ndarray,
     g: np.random.Generator,
@@ -558,8 +585,8 @@ def _housing_clip(
         uv = np.asarray(points, np.float64)
         return centre + (uv[:, :1] * along + uv[:, 1:] * across) * px
 
-    steel = g.uniform(0.05, 0.09)
-    plastic = steel * g.uniform(0.5, 0.9)  # filled (glass-filled nylon) and the socket's brass
+    steel = g.uniform(0.09, 0.16)  # a stamped spring-steel frame: the brightest part
+    plastic = steel * g.uniform(0.4, 0.7)  # filled (glass-filled nylon) and the socket's brass
     r = g.uniform(0.5, 0.7)
     t = np.linspace(0, 2 * math.pi, 40, endpoint=False)
     if g.random() < 0.5:  # round housing
@@ -923,6 +950,7 @@ def place_devices(
     keys: Sequence[int],
     noise_name: str = "xray_support_devices/noise",
     ceiling: float = 0.995,
+    exposed_only: bool = False,
 ) -> torch.Tensor:
     """``clip(v + s(a) + n)`` for the whole batch. ``a``: the sum of each film's canvases of
     its first ``items`` items at its ``opacity``, moved from the canonical frame onto the
@@ -938,7 +966,11 @@ def place_devices(
     reach the detector behind them (``I = exp(-MU v)``), so the film's noise ``sigma`` grows
     to ``sigma exp(MU a / 2)``; the extra, ``sigma sqrt(exp(MU a) - 1)`` times a keyed normal
     field, is added through the same shoulder (times its slope ``exp(-a / r)``; none on a
-    noiseless film): grain in the film's own domain over the objects.
+    noiseless film): grain in the film's own domain over the objects. ``exposed_only``: an
+    object attenuates only the x-rays that reach the detector, so ``s`` and ``n`` go through
+    the display curve's toe at the film's unexposed level (``exposure_toe``): nothing shows
+    where the film is unexposed (a collimator band, a burned-out label), full contrast where
+    it is exposed.
     The canvases travel as one (K, B, H, W) uint8 stack; one ``grid_sample`` per moved canvas
     and one for all warped ones serve the whole batch."""
     b = x.shape[0]
@@ -1000,6 +1032,9 @@ def place_devices(
     )
     sigma = _film_noise(x).view(b, 1, 1, 1)
     extra = sigma * torch.sqrt(torch.expm1(MU * total.clamp(min=0.0))) * slope
+    if exposed_only:
+        shown, exposed = exposure_toe(unexposed_depth(x), shown)
+        extra = extra * exposed
     noise = keyed_fields.normal_fields(keys, noise_name, (1, h, w), dev)
     out = x.to(torch.float64) + shown + extra * noise.double()
     return out.clamp_(0.0, 1.0).to(x.dtype)
@@ -1021,6 +1056,63 @@ def display_shoulder(
     dense = a.clamp(min=0.0)
     slope = torch.exp(-dense / room)
     return torch.where(a > 0, room * (1.0 - slope), a), slope
+
+
+TOE = 0.02  # display units: the width of the display curve's toe at the unexposed level
+SHUTTER_DEPTH = 0.15  # the deepest a collimator band reaches in from the film's top edge
+SHUTTER_CONTRAST = 0.1  # display units: a band stands at least this far above the film's median
+UNEXPOSED_FLOOR = 0.9  # display units: the lowest a processed film shows its unexposed level at
+LOCAL = 5  # pixels: the neighbourhood a pixel's exposure is read from (the grain averaged)
+
+
+def unexposed_depth(x: torch.Tensor) -> torch.Tensor:
+    """(B, 1, H, W) float64: how far (display units) each pixel's neighbourhood (``LOCAL``
+    square mean) lies below the film's unexposed level, 0 where no x-rays reached it. The
+    unexposed level is the film's brightest neighbourhood (base and fog under a burned-out
+    label or a shutter), never below ``UNEXPOSED_FLOOR`` (a film whose brightest part is
+    darker shows no unexposed area: a flat field is uniformly exposed); a collimator band at the top edge (``shutter_rows``) is unexposed
+    wherever its processed brightness lies (the film's processing grades it unevenly)."""
+    b = x.shape[0]
+    film = x[:, :1].to(torch.float64)
+    local = F.avg_pool2d(film, LOCAL, 1, LOCAL // 2, count_include_pad=False)
+    top = local.flatten(1).amax(dim=1).clamp(min=UNEXPOSED_FLOOR).view(b, 1, 1, 1)
+    depth = (top - local).clamp(min=0.0)
+    return depth.masked_fill(shutter_rows(film), 0.0)
+
+
+def shutter_rows(film: torch.Tensor) -> torch.Tensor:
+    """(B, 1, H, 1) bool: the rows of a collimator band along the film's top edge, found on
+    the film's own rows (unsmoothed: the band is found up to its edge): the rows, counted
+    from the edge and at most ``SHUTTER_DEPTH`` of the height, that are bright across the
+    whole width (their lowest decile at least the film's median, their mean at least its
+    upper quartile and ``SHUTTER_CONTRAST`` above its median: a flat field has no band). A
+    chest film's first rows without a band hold dark air above the shoulders or beside the
+    neck, so they fail at once."""
+    b, _, h, _ = film.shape
+    rows = max(1, int(SHUTTER_DEPTH * h))
+    flat = film.flatten(1)
+    median = torch.quantile(flat, 0.5, dim=1).view(b, 1)
+    upper = torch.quantile(flat, 0.75, dim=1).view(b, 1)
+    top = film[:, 0, :rows]
+    mean = top.mean(dim=2)
+    bright = (torch.quantile(top, 0.1, dim=2) >= median) & (mean >= upper)
+    bright &= mean >= median + SHUTTER_CONTRAST
+    band = torch.cumprod(bright.to(torch.int64), dim=1).bool()  # a run from the edge only
+    out = torch.zeros(b, 1, h, 1, dtype=torch.bool, device=film.device)
+    out[:, 0, :rows, 0] = band
+    return out
+
+
+def exposure_toe(depth: torch.Tensor, shown: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What an object shown as ``shown`` (display units, on an exposed film) becomes at a
+    pixel ``depth`` below the film's unexposed level, and the fraction of the film's signal
+    that is exposure there. The object's transmission multiplies the exposure ``E`` in the
+    linear domain (``E T``, ``T = exp(-MU shown)``); the display curve's toe maps ``E`` to the
+    depth ``d = TOE log(1 + (E / E_t)^(1 / (MU TOE)))`` (``E_t`` the toe's exposure):
+    logarithmic once exposed (``d' = d - shown``, the plain shift) and zero at no exposure,
+    where ``E T`` is zero too: ``d' = TOE log(1 + (exp(d / TOE) - 1) exp(-shown / TOE))``."""
+    after = TOE * torch.log1p(torch.expm1(depth / TOE) * torch.exp(-shown / TOE))
+    return depth - after, -torch.expm1(-depth / TOE)
 
 
 def _film_ceiling(x: torch.Tensor, q: float) -> torch.Tensor:
@@ -1059,7 +1151,9 @@ def xray_support_devices(
 
     Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
     landmarks by per-sample translations and a thin-plate-spline warp through ``grid_sample``)."""
-    return _placed_on_anatomy(x, p, keys, device_layers, "xray_support_devices/noise", 0.995)
+    return _placed_on_anatomy(
+        x, p, keys, device_layers, "xray_support_devices/noise", 0.995, exposed_only=True
+    )
 
 
 def _placed_on_anatomy(
@@ -1069,6 +1163,7 @@ def _placed_on_anatomy(
     layers: Callable[[int, int, int], _Placed],
     noise_name: str,
     ceiling: float,
+    exposed_only: bool = False,
 ) -> torch.Tensor:
     """``place_devices`` (its display ``ceiling`` quantile) with each key's canvases from ``layers(key, h, w)``: the whole batch at
     once on the device path, sample by sample on the host path."""
@@ -1084,12 +1179,19 @@ def _placed_on_anatomy(
                     [int(k)],
                     noise_name,
                     ceiling,
+                    exposed_only,
                 )
                 for i, k in enumerate(keys)
             ]
         ),
         device=lambda: place_devices(
-            x, p, [layers(int(k), h, w) for k in keys], [int(k) for k in keys], noise_name, ceiling
+            x,
+            p,
+            [layers(int(k), h, w) for k in keys],
+            [int(k) for k in keys],
+            noise_name,
+            ceiling,
+            exposed_only,
         ),
     )
 

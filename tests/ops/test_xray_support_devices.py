@@ -23,6 +23,7 @@ import torch
 
 import perturb
 from perturb.contracts.record import Record
+from perturb.ops import attenuation
 from perturb.ops.attenuation import DEVICES, device_layers, placed_devices
 from perturb.ops.landmarks import chest_landmarks, skin_sites
 from perturb.scene import radiograph
@@ -172,3 +173,80 @@ def test_the_record_names_what_was_placed() -> None:
     assert [len(k) for k in kinds] == [2, 4, 5, 7, 8]
     assert kinds[-1] == [d for d, _ in DEVICES]
     assert "pacemaker" not in kinds[3] and kinds[2][-1] == "central_venous_catheter"
+
+
+def _banded(path: pathlib.Path, rows: int, level: float) -> torch.Tensor:
+    """A film scaled below ``level`` with an unexposed collimator band of ``rows`` rows at
+    ``level`` along its top edge (the film's top level: base and fog where no x-rays came)."""
+    film = _film(path) * level
+    film[..., :rows, :] = level
+    return film
+
+
+def test_devices_do_not_show_where_the_film_is_unexposed() -> None:
+    """A device attenuates only the x-rays that reach the detector: under a white unexposed
+    band at the top of the film (where the ET tube, the central line and the NG tube enter)
+    every pixel comes out unchanged within 1/255, while the same devices drawn without the
+    exposure toe (``exposed_only=False``, the plain shift) do mark the band, and the devices
+    still show on the exposed film below it."""
+    rows = SIDE // 10
+    film = _banded(SHIPPED[0], rows, 0.92)
+    out, _ = perturb.apply(film, "xray_support_devices", 5, ["band"], protect_border=False)
+    change = np.abs(_np(out) - _np(film))
+    assert change[:rows].max() <= 1.0 / 255.0
+    assert change[rows + 8 :].max() > 0.05
+    params = {"items": torch.tensor([8.0]), "opacity": torch.tensor([1.0])}
+    layers = attenuation.device_layers
+    plain = attenuation._placed_on_anatomy(film, params, [7], layers, "n", 0.995, False)
+    gated = attenuation._placed_on_anatomy(film, params, [7], layers, "n", 0.995, True)
+    assert np.abs(_np(plain) - _np(film))[:rows].max() > 3.0 / 255.0
+    assert np.abs(_np(gated) - _np(film))[:rows].max() <= 1.0 / 255.0
+
+
+def test_exposure_toe_is_the_linear_domain_product() -> None:
+    """The toe against its definition: exposure ``E = exp((d / TOE)) - 1`` (toe units),
+    multiplied by the transmission ``exp(-shown / TOE)``, read back through the toe. Deep in
+    the exposed film the object shows as the plain shift; at the unexposed level it does not
+    show at all; in between its contrast grows with the exposure."""
+    depth = torch.tensor([0.0, 0.005, 0.01, 0.02, 0.04, 0.1, 0.5], dtype=torch.float64)
+    shown = torch.full_like(depth, 0.05)
+    after, exposed = attenuation.exposure_toe(depth, shown)
+    toe = attenuation.TOE
+    exposure = np.exp(depth.numpy() / toe) - 1.0
+    expected = depth.numpy() - toe * np.log(1.0 + exposure * np.exp(-0.05 / toe))
+    np.testing.assert_allclose(after.numpy(), expected, rtol=1e-9, atol=1e-12)
+    assert after[0] == 0.0 and exposed[0] == 0.0
+    assert abs(float(after[-1]) - 0.05) < 1e-9 and abs(float(exposed[-1]) - 1.0) < 1e-9
+    assert bool((torch.diff(after) > 0).all())
+
+
+def test_shutter_rows_find_the_band_and_nothing_on_films_without_one() -> None:
+    """``shutter_rows`` marks exactly a bright band's rows along the top edge, and no row of
+    a shipped film without one (their first rows hold air beside the neck)."""
+    for path in SHIPPED:
+        local = _film(path).double()
+        assert not attenuation.shutter_rows(local).any(), path.name
+    rows = SIDE // 12
+    band = attenuation.shutter_rows(_banded(SHIPPED[0], rows, 0.92).double())
+    assert int(band.sum()) == rows and bool(band[0, 0, :rows].all())
+
+
+def test_snap_stud_is_the_densest_part_and_leans_off_the_flange() -> None:
+    """An electrode's sensor seen at a tilt: the brass post is the densest part (several
+    times the flange sheet), and tilting the electrode moves the post's projection along the
+    ellipse's minor axis (its top displaced by the post's height times the tilt's sine, the
+    same draws otherwise), never along the major axis: the post is not drawn as rings
+    concentric with the flange."""
+    px = 20.0
+    centre = np.array([60.0, 60.0])
+    for seed in range(4):
+        posts = []
+        for tilt in (0.55, 1.0):
+            body = np.zeros((120, 120), np.float32)
+            attenuation._snap_stud(body, np.random.default_rng(seed), centre, px, tilt, 0.0)
+            flange = body[(body > 0) & (body < 0.3 * body.max())]
+            assert body.max() > 8.0 * np.median(flange)
+            ys, xs = np.nonzero(body > 0.6 * body.max())
+            posts.append(np.array([xs.mean(), ys.mean()]))
+        shift = posts[0] - posts[1]
+        assert abs(shift[1]) > 0.06 * px and abs(shift[0]) < 0.01 * px, (seed, shift)
