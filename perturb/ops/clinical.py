@@ -59,8 +59,10 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   the fluid's body colour (liquid stool ochre, bile golden), lit by the scope's falloff around
   it (the luma blurred over 8 % of the shorter side, not the folds' shading),
   through a depth ``d`` that grows from the shore as a shallow wedge (thin and clear at the
-  edge, turbid deep in the pool) and is patchy with the fluid's concentration (blood swirls in
-  rinse water); forward scattering blurs the tissue seen through turbid fluid, so its texture
+  edge, growing to a level deepest floor) and deeper over the fold valleys than over the crests
+  (the smooth relief), so the tint is graded, not uniform; the carried matter (bile, stool, blood
+  in rinse water) drifts in swirls, denser where the pool is deep, and dense drifts scatter more
+  of the light back (higher albedo), so even the deep pool is not one flat colour; forward scattering blurs the tissue seen through turbid fluid, so its texture
   fades with depth; suspended particles block and scatter (fibre and seeds in stool, clots in
   blood). The liquid surface is a height field, a meniscus rising smoothly to the mucosa (its
   slope continued past the shore, so there is no one-pixel line) and low ripples on the body:
@@ -71,8 +73,10 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   even where the tissue is dim), a soft arc along the meniscus on the side facing the light,
   over water's 2 % Fresnel sheen, all fading in off the shore, broken into pieces by a keyed
   noise (capillary waves, floating film). Fine bubbles float on it (bile and stool froth most,
-  rinse water least), in a few dense patches and gathered along the shore: at most one per cell
-  of a keyed jittered grid, each a faint refraction ring with a small bright glint. It may hide
+  rinse water least), in a few clumps mostly along the shore (suspended debris in the same
+  clumps: never an even scatter over the pool), at most one per cell of a keyed jittered grid,
+  each a faint refraction ring with a small glint of keyed brightness. The ripple glints crowd
+  where the pool's swell faces the light and the meniscus rim is broken into pieces. It may hide
   findings: ``occludes``.
 """
 
