@@ -872,3 +872,26 @@ def test_smoke_refuses_a_strip_before_allocating_its_canvas() -> None:
     with pytest.raises(InputError, match="too elongated"):
         smoke_optical_depth(1, 3, 20_000, params)
     assert smoke_optical_depth(1, 90, 160, params).shape == (90, 160)  # ordinary frames pass
+
+
+def test_fluid_is_deeper_over_a_fold_valley_than_beside_it() -> None:
+    """The pool is deeper in a fold's valley (a dark band of the relief) than over the mucosa
+    beside it: two frames a constant apart share the pool, and per pixel
+    ``log T_r - log T_b = (mu_b - mu_r) d`` (bile; particles cancel between channels) measures
+    the depth ``d``; under the valley it is clearly larger than beside it, inside the pool."""
+    h, w = 200, 240
+    cols = np.arange(w, dtype=np.float32)
+    dip = 0.12 * np.exp(-0.5 * ((cols - 120.0) / 10.0) ** 2)
+    a = np.broadcast_to(np.float32(0.4) - dip[None, None, :], (3, h, w)).astype(np.float32)
+    b = a + np.float32(0.2)
+    p = {**_fluid_params(0), "opacity": np.float32(0.6)}
+    out_a, out_b = (_lin(fluid_occlusion(f, p, 5, _view(f))) for f in (a, b))
+    trans = (out_b - out_a) / (_lin(b) - _lin(a))
+    pool = _pool(a)
+    dist = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5)
+    ok = (dist > 0.25 * dist.max()) & (trans.min(0) > 1e-3) & (out_b.max(0) < 0.99)
+    depth = (np.log(trans[0]) - np.log(trans[2])) / (FLUIDS[0][0][2] - FLUIDS[0][0][0])
+    valley = ok & (np.abs(cols - 120.0) < 6.0)[None, :]
+    beside = ok & (np.abs(cols - 120.0) > 40.0)[None, :]
+    assert valley.sum() > 100 and beside.sum() > 100, (valley.sum(), beside.sum())
+    assert depth[valley].mean() > 1.3 * depth[beside].mean(), (depth[valley].mean(), depth[beside].mean())
