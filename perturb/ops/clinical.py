@@ -59,8 +59,10 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   the fluid's body colour (liquid stool ochre, bile golden), lit by the scope's falloff around
   it (the luma blurred over 8 % of the shorter side, not the folds' shading),
   through a depth ``d`` that grows from the shore as a shallow wedge (thin and clear at the
-  edge, turbid deep in the pool) and is patchy with the fluid's concentration (blood swirls in
-  rinse water); forward scattering blurs the tissue seen through turbid fluid, so its texture
+  edge, growing to a level deepest floor) and deeper over the fold valleys than over the crests
+  (the smooth relief), so the tint is graded, not uniform; the carried matter (bile, stool, blood
+  in rinse water) drifts in swirls, denser where the pool is deep, and dense drifts scatter more
+  of the light back (higher albedo), so even the deep pool is not one flat colour; forward scattering blurs the tissue seen through turbid fluid, so its texture
   fades with depth; suspended particles block and scatter (fibre and seeds in stool, clots in
   blood). The liquid surface is a height field, a meniscus rising smoothly to the mucosa (its
   slope continued past the shore, so there is no one-pixel line) and low ripples on the body:
@@ -71,8 +73,10 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   even where the tissue is dim), a soft arc along the meniscus on the side facing the light,
   over water's 2 % Fresnel sheen, all fading in off the shore, broken into pieces by a keyed
   noise (capillary waves, floating film). Fine bubbles float on it (bile and stool froth most,
-  rinse water least), in a few dense patches and gathered along the shore: at most one per cell
-  of a keyed jittered grid, each a faint refraction ring with a small bright glint. It may hide
+  rinse water least), in a few clumps mostly along the shore (suspended debris in the same
+  clumps: never an even scatter over the pool), at most one per cell of a keyed jittered grid,
+  each a faint refraction ring with a small glint of keyed brightness. The ripple glints crowd
+  where the pool's swell faces the light and the meniscus rim is broken into pieces. It may hide
   findings: ``occludes``.
 """
 
@@ -560,7 +564,12 @@ def bubble_film(
     dark = 1.0 - depth * (0.5 + 0.5 * (1.0 - lit)) * band
     # the lamp mirrored by the curved inner wall on the lit side: a bright crescent cap (what
     # makes real small bubbles read as lit domes rather than outlines)
-    cap = cap_k * BUBBLE_CAP[0] * lit**3 * ops.exp(-0.5 * ((rho - BUBBLE_CAP[1]) / BUBBLE_CAP[2]) ** 2)
+    cap = (
+        cap_k
+        * BUBBLE_CAP[0]
+        * lit**3
+        * ops.exp(-0.5 * ((rho - BUBBLE_CAP[1]) / BUBBLE_CAP[2]) ** 2)
+    )
     caustic = 1.0 + BUBBLE_CAUSTIC * (1.0 - lit) * ops.exp(-0.5 * ((rho - 0.68) / 0.12) ** 2)
     white = sum(env[ch] for ch in range(channels)) / channels
     # the glint: the light guide's exit mirrored by the dome, oblong along the guides' axis,
@@ -715,7 +724,6 @@ def _camera_sigma(h: int, w: int) -> float:
     return max(BUBBLE_PSF * min(h, w), BUBBLE_PSF_MIN)
 
 
-
 def _bubbles_batch(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
 ) -> torch.Tensor:
@@ -841,12 +849,18 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
 # stirred with air by the rinse; rinse water little).
 FLUID_NAMES = ("bile", "stool", "blood", "clear")
 FLUIDS = {
-    0: ((0.25, 0.45, 2.2), (0.85, 0.45, 0.04), 1.5, 0.35, 0.08, (0.25, 0.17, 0.03), 0.6),
+    0: ((0.25, 0.45, 2.2), (1.0, 0.56, 0.08), 1.5, 0.35, 0.08, (0.25, 0.17, 0.03), 0.6),
     1: ((1.6, 2.2, 3.2), (0.6, 0.3, 0.045), 1.4, 0.5, 0.5, (0.16, 0.10, 0.03), 0.8),
     2: ((1.2, 6.0, 5.5), (0.35, 0.02, 0.02), 0.35, 0.8, 0.35, (0.08, 0.0, 0.0), 0.7),
     3: ((0.08, 0.04, 0.03), (0.5, 0.5, 0.46), 0.2, 0.5, 0.1, (0.3, 0.27, 0.15), 0.3),
 }
-FLUID_RAMP = 0.07  # the pool deepens from its edge over about twice this (shorter side)
+FLUID_RAMP = 0.12  # the pool deepens from its edge over about twice this (shorter side)
+FLUID_DEEP = 0.7  # the floor is level (full depth) where it is this share of its deepest
+FLUID_VALLEY = (0.45, 0.3, 1.8)  # depth x (1 - this x relief), clipped: deepest in fold valleys
+# turbidity drifts: their cell (shorter side) and how much denser deep fluid carries them
+FLUID_DRIFT = (0.11, 0.6, 0.3)  # ... and how much more light dense drifts scatter back
+FLUID_CLUMP = (0.09, 3.0, 1.6)  # clumps of debris and froth: cell (shorter side), gain, offset
+FLUID_GLINT_ZONE = (0.2, 2.5, 0.3)  # the swell facing the light: cell, gain, offset
 FLUID_WEDGE = 1.5  # depth ~ floor ** this: a shallow wedge at the shore, no abrupt turbid edge
 FLUID_MURK_CELL = 0.08  # patches of concentration (shorter side)
 FLUID_FLECK_CELL = 0.012  # suspended particles (shorter side)
@@ -866,19 +880,20 @@ FLUID_SCATTER_BLUR = 0.006  # blur of the tissue seen through turbid fluid (shor
 FLUID_LIGHT_BLUR = 0.08  # the fluid's body is lit by the scope's falloff, not the folds' shading
 # fine bubbles floating on the pool: one at most per cell of a jittered grid (cell, shorter
 # side), radii a share of the cell, and the cell of their clumps (shorter side)
-FLUID_FOAM = (0.011, (0.12, 0.25), 0.05)
-FLUID_FOAM_SHARE = 0.45  # share of the grid's cells that hold a fine bubble
+FLUID_FOAM = (0.011, (0.08, 0.32), 0.05)
+FLUID_FOAM_SHARE = 0.35  # share of the grid's cells that hold a fine bubble
 FLUID_FOAM_LOOK = (0.35, 2.5)  # their dark ring's depth and their glint's peak (linear)
 
 
-def foam_look(dx: Any, dy: Any, rad: Any, present: Any, ops: _Ops) -> tuple[Any, Any]:
+def foam_look(dx: Any, dy: Any, rad: Any, present: Any, peak: Any, ops: _Ops) -> tuple[Any, Any]:
     """(shade, glint) of a fine bubble at (dx, dy) px from its centre (radius ``rad`` px,
     ``present`` 0/1): a dark refraction ring and a small glint at the centre (a tiny dome seen
-    from the light guide's side). Shared by both paths."""
+    from the light guide's side), its peak ``peak`` (0-1, keyed per bubble: most glint faintly).
+    Shared by both paths."""
     d = ops.sqrt(dx * dx + dy * dy) / rad
     ring = ops.exp(-0.5 * ((d - 0.8) / 0.2) ** 2) * present
     spot = ops.exp(-0.5 * (d / 0.3) ** 2) * present
-    return 1.0 - FLUID_FOAM_LOOK[0] * ring, FLUID_FOAM_LOOK[1] * spot
+    return 1.0 - FLUID_FOAM_LOOK[0] * ring, FLUID_FOAM_LOOK[1] * peak * spot
 
 
 def _foam_grid(h: int, w: int, cell: float) -> tuple[int, int, np.ndarray, np.ndarray]:
@@ -908,7 +923,7 @@ def fine_foam(key: int, h: int, w: int, gate: np.ndarray, ops: _Ops) -> tuple[An
     xs = np.arange(w, dtype=np.float32)[None, :] + np.float32(0.5)
     ys = np.arange(h, dtype=np.float32)[:, None] + np.float32(0.5)
     present = (u < np.float32(FLUID_FOAM_SHARE)).astype(np.float32) * np.clip(gate, 0.0, 1.0)
-    return foam_look(xs - cx, ys - cy, rad, present, ops)
+    return foam_look(xs - cx, ys - cy, rad, present, u * u / np.float32(FLUID_FOAM_SHARE**2), ops)
 
 
 def fine_foam_t(
@@ -933,7 +948,7 @@ def fine_foam_t(
     xs = torch.arange(w, device=gate.device, dtype=torch.float32).view(1, 1, 1, w) + 0.5
     ys = torch.arange(h, device=gate.device, dtype=torch.float32).view(1, 1, h, 1) + 0.5
     present = (u < FLUID_FOAM_SHARE).to(torch.float32) * gate.clamp(0.0, 1.0)
-    return foam_look(xs - cx, ys - cy, rad, present, ops)
+    return foam_look(xs - cx, ys - cy, rad, present, u * u / FLUID_FOAM_SHARE**2, ops)
 
 
 def glint_lobe(gx: Any, gy: Any, tx: Any, ty: Any, ops: _Ops) -> Any:
@@ -961,10 +976,11 @@ def _fluid_sampler(rng: np.random.Generator, level: Level) -> Params:
     }
 
 
-def fluid_relief(img: np.ndarray, tissue: np.ndarray) -> np.ndarray:
+def fluid_relief(img: np.ndarray, tissue: np.ndarray, stepped: bool = True) -> np.ndarray:
     """float32 (H, W): the mucosa's relief as the frame shows it, the smoothed luma standardised
     over the tissue (low in fold valleys and the far lumen, where liquid collects; zero on a
-    uniform frame)."""
+    uniform frame); ``stepped``: rounded to ``1 / FLUID_RELIEF_STEPS`` (for the pool's
+    threshold), else smooth (for the depth)."""
     scale = min(tissue.shape)
     lum = _host.gauss(_host.luma(img), FLUID_RELIEF[1] * scale)
     vals = lum[tissue].astype(np.float64)
@@ -973,6 +989,8 @@ def fluid_relief(img: np.ndarray, tissue: np.ndarray) -> np.ndarray:
     mean = vals.mean()
     std = np.sqrt(((vals - mean) ** 2).mean())
     relief = ((lum - mean) / (std + 1e-3)).astype(np.float32)
+    if not stepped:
+        return relief
     return np.round(relief * np.float32(FLUID_RELIEF_STEPS)) / np.float32(FLUID_RELIEF_STEPS)
 
 
@@ -1010,7 +1028,7 @@ def pool_mask(
     return (pool | np.isin(labels, small)) & tissue
 
 
-def fluid_relief_t(x: torch.Tensor, tissue: torch.Tensor) -> torch.Tensor:
+def fluid_relief_t(x: torch.Tensor, tissue: torch.Tensor, stepped: bool = True) -> torch.Tensor:
     """(B, H, W) ``fluid_relief`` of a batch (tissue: bool (B, 1, H, W)); mean and spread in
     float64."""
     scale = min(x.shape[-2:])
@@ -1022,6 +1040,8 @@ def fluid_relief_t(x: torch.Tensor, tissue: torch.Tensor) -> torch.Tensor:
     mean = torch.where(inside, lum64, zero).sum(dim=(1, 2), keepdim=True) / count
     var = torch.where(inside, (lum64 - mean) ** 2, zero).sum(dim=(1, 2), keepdim=True) / count
     relief = (lum - mean.to(torch.float32)) / (torch.sqrt(var) + 1e-3).to(torch.float32)
+    if not stepped:
+        return relief
     return torch.round(relief * FLUID_RELIEF_STEPS) / FLUID_RELIEF_STEPS
 
 
@@ -1098,10 +1118,14 @@ def _fluid_occlusion_batch(
     _b, c, h, w = x.shape
     scale = min(h, w)
     _field, tissue = _host.view_masks(x, scenes)
-    pool = pool_mask_t(keys, tissue, p["coverage"], p["side"], fluid_relief_t(x, tissue))
+    relief = fluid_relief_t(x, tissue, stepped=False)
+    stepped = torch.round(relief * FLUID_RELIEF_STEPS) / FLUID_RELIEF_STEPS
+    pool = pool_mask_t(keys, tissue, p["coverage"], p["side"], stepped)
     poolf = pool.to(torch.float32)
-    floor = (2.0 * _host.gauss_t(poolf, FLUID_RAMP * scale) - 1.0).clamp(0.0, 1.0) * poolf
-    depth = p["opacity"].view(-1, 1, 1, 1) * _math.power(floor, FLUID_WEDGE)
+    inner = (_host.gauss_t(poolf, FLUID_RAMP * scale) - 0.5).clamp(min=0.0) * poolf
+    floor = (inner / (FLUID_DEEP * inner.amax(dim=(1, 2, 3), keepdim=True) + 1e-6)).clamp(0.0, 1.0)
+    valley = (1.0 - FLUID_VALLEY[0] * relief.unsqueeze(1)).clamp(*FLUID_VALLEY[1:])
+    depth = p["opacity"].view(-1, 1, 1, 1) * _math.power(floor, FLUID_WEDGE) * valley
     table = FLUID_TABLE.to(x.device)[torch.round(p["fluid"]).long()]
     mu, body, fleck = table[:, 0:3], table[:, 3:6], table[:, 9:12]
     turbid, patchy, particles, foam = (table[:, i].view(-1, 1, 1, 1) for i in (6, 7, 8, 12))
@@ -1109,11 +1133,20 @@ def _fluid_occlusion_batch(
         luma = torch.from_numpy(_host.LUMA).to(x.device).view(3, 1)
         mu, body, fleck = mu.mean(dim=1, keepdim=True), body @ luma, fleck @ luma
     mu, body, fleck = mu.view(-1, c, 1, 1), body.view(-1, c, 1, 1), fleck.view(-1, c, 1, 1)
-    murk = 1.0 + patchy * _host.fractal_noise_t(
-        keys, "fluid-murk", h, w, FLUID_MURK_CELL * scale, 4, x
-    ).unsqueeze(1)
+    drift = _host.fractal_noise_t(keys, "fluid-drift", h, w, FLUID_DRIFT[0] * scale, 3, x)
+    swirl = _host.fractal_noise_t(keys, "fluid-murk", h, w, FLUID_MURK_CELL * scale, 4, x)
+    murk = (1.0 + patchy * (swirl + drift).unsqueeze(1)).clamp(min=0.1) * (
+        (1.0 - FLUID_DRIFT[1]) + FLUID_DRIFT[1] * floor
+    )
+    clump = _host.value_noise_t(keys, "fluid-foam-clump", h, w, FLUID_CLUMP[0] * scale, x)
+    clumps = (FLUID_CLUMP[1] * clump.unsqueeze(1) - FLUID_CLUMP[2]).clamp(0.0, 1.0)
     grains = _host.fractal_noise_t(keys, "fluid-flecks", h, w, FLUID_FLECK_CELL * scale, 2, x)
-    flecks = ((grains.unsqueeze(1) - 0.35) / 0.15).clamp(0.0, 1.0) * particles * floor
+    flecks = (
+        ((grains.unsqueeze(1) - 0.35) / 0.15).clamp(0.0, 1.0)
+        * particles
+        * clumps
+        * (4.0 * floor).clamp(max=1.0)
+    )
     dens = depth * murk
     # the meniscus rises smoothly to the shore (continued past it, so its slope has no step at
     # the pool's edge: no one-pixel line)
@@ -1139,7 +1172,9 @@ def _fluid_occlusion_batch(
     # extinction is absorption plus scattering out of the beam: deep, turbid fluid hides the
     # folds under it
     trans = torch.exp(-(mu + turbid) * dens) * (1.0 - flecks)
-    scatter = body * (1.0 - torch.exp(-turbid * dens)) * light + fleck * flecks * light
+    # dense drifts scatter more of the light back (higher albedo): swirls even where deep
+    albedo = 1.0 + FLUID_DRIFT[2] * drift.unsqueeze(1)
+    scatter = body * (1.0 - torch.exp(-turbid * dens)) * light * albedo + fleck * flecks * light
     tx, ty = (p["tilt"][:, i].view(-1, 1, 1, 1) for i in (0, 1))
     lobe = glint_lobe(gx, gy, tx, ty, _Ops(True))
     steep = torch.sqrt(gx * gx + gy * gy)
@@ -1158,14 +1193,30 @@ def _fluid_occlusion_batch(
         .clamp(0.0, 1.0)
         .unsqueeze(1)
     )
-    glints = FLUID_GLINT[0] * lobe * floor * broken * torch.sqrt(lit)
-    surface = (glints + (arc + FLUID_SHEEN) * lit) * wet
+    zone = (
+        (
+            FLUID_GLINT_ZONE[1]
+            * _host.value_noise_t(keys, "fluid-glint-zone", h, w, FLUID_GLINT_ZONE[0] * scale, x)
+            + FLUID_GLINT_ZONE[2]
+        )
+        .clamp(0.0, 1.0)
+        .unsqueeze(1)
+    )
+    glints = FLUID_GLINT[0] * lobe * (3.0 * floor).clamp(max=1.0) * broken * zone * torch.sqrt(lit)
+    rim = (
+        (
+            2.0
+            * _host.value_noise_t(keys, "fluid-rim-break", h, w, 1.5 * FLUID_BREAK[0] * scale, x)
+            + 0.0
+        )
+        .clamp(0.0, 1.0)
+        .unsqueeze(1)
+    )
+    surface = (glints + (arc * rim + FLUID_SHEEN) * lit) * wet
     surface = surface * poolf
-    # fine foam floating on the pool, gathered in clumps and along the meniscus: each bubble a
-    # dark ring with a glint of the light
-    clump = _host.value_noise_t(keys, "fluid-foam-clump", h, w, FLUID_FOAM[2] * scale, x)
+    # fine foam floating on the pool in a few clumps, most along the meniscus
     shore = (men / 0.3).clamp(max=1.0)
-    gate = foam * (3.0 * clump.unsqueeze(1) - 1.5).clamp(0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
+    gate = foam * clumps * (0.15 + 0.85 * shore) * poolf
     shade, spark = fine_foam_t(keys, h, w, gate, _Ops(True))
     fluid = (behind * trans + scatter) * shade + surface + spark * torch.sqrt(lit)
     res = _math.linear_to_srgb(torch.where(pool, fluid, lin).clamp(0.0, 1.0))
@@ -1189,7 +1240,11 @@ def fluid_occlusion(
     c, h, w = img.shape
     scale = min(h, w)
     tissue = view.tissue
-    pool = pool_mask(key, tissue, float(p["coverage"]), float(p["side"]), fluid_relief(img, tissue))
+    # the relief rounded to steps for the pool's threshold (the same shore on both paths),
+    # smooth for the depth (a step would differ between the paths' float32 roundings)
+    relief = fluid_relief(img, tissue, stepped=False)
+    stepped = np.round(relief * np.float32(FLUID_RELIEF_STEPS)) / np.float32(FLUID_RELIEF_STEPS)
+    pool = pool_mask(key, tissue, float(p["coverage"]), float(p["side"]), stepped)
     if not pool.any():
         return img.copy()
     mu_, body_, turbid, patchy, particles, fleck_, foam = FLUIDS[round(float(p["fluid"]))]
@@ -1201,14 +1256,30 @@ def fluid_occlusion(
             (fleck @ _host.LUMA)[None],
         )
     poolf = pool.astype(np.float32)
-    # the pool deepens from its edge (its floor is the mucosa sloping down under it)
-    floor = np.clip(2.0 * _host.gauss(poolf, FLUID_RAMP * scale) - 1.0, 0.0, 1.0) * poolf
-    depth = np.float32(p["opacity"]) * floor**FLUID_WEDGE
-    murk = 1.0 + np.float32(patchy) * _host.fractal_noise(
-        key, "fluid-murk", h, w, FLUID_MURK_CELL * scale, 4
-    )
+    # the pool deepens from its edge to its deepest point (its floor is the mucosa sloping down
+    # under it) and is deeper over the fold valleys than over the crests
+    inner = np.maximum(_host.gauss(poolf, FLUID_RAMP * scale) - np.float32(0.5), 0.0) * poolf
+    floor = np.clip(inner / (np.float32(FLUID_DEEP) * inner.max() + np.float32(1e-6)), 0.0, 1.0)
+    valley = np.clip(1.0 - np.float32(FLUID_VALLEY[0]) * relief, *FLUID_VALLEY[1:])
+    depth = np.float32(p["opacity"]) * floor**FLUID_WEDGE * valley
+    # the carried matter (bile, stool, blood) drifts in swirls, denser where the pool is deep
+    drift = _host.fractal_noise(key, "fluid-drift", h, w, FLUID_DRIFT[0] * scale, 3)
+    murk = np.maximum(
+        1.0
+        + np.float32(patchy)
+        * (_host.fractal_noise(key, "fluid-murk", h, w, FLUID_MURK_CELL * scale, 4) + drift),
+        np.float32(0.1),
+    ) * (np.float32(1.0 - FLUID_DRIFT[1]) + np.float32(FLUID_DRIFT[1]) * floor)
+    # debris and froth gather in a few clumps, most of them near the shore
+    clump = _host.value_noise(key, "fluid-foam-clump", h, w, FLUID_CLUMP[0] * scale)
+    clumps = np.clip(np.float32(FLUID_CLUMP[1]) * clump - np.float32(FLUID_CLUMP[2]), 0.0, 1.0)
     grains = _host.fractal_noise(key, "fluid-flecks", h, w, FLUID_FLECK_CELL * scale, 2)
-    flecks = np.clip((grains - 0.35) / 0.15, 0.0, 1.0) * np.float32(particles) * floor
+    flecks = (
+        np.clip((grains - 0.35) / 0.15, 0.0, 1.0)
+        * np.float32(particles)
+        * clumps
+        * np.minimum(np.float32(4.0) * floor, np.float32(1.0))
+    )
     dens = depth * murk
     # the liquid surface (px): a meniscus rising to the mucosa at the edge, ripples on the body
     # (continued past the shore, so its slope has no step at the pool's edge: no one-pixel line)
@@ -1230,9 +1301,11 @@ def fluid_occlusion(
     light = 0.02 + 0.98 * lit  # the fluid is lit like the tissue around it
     # extinction is absorption plus scattering out of the beam: deep, turbid fluid hides the
     # folds under it
+    # dense drifts scatter more of the light back (higher albedo): swirls even where deep
+    albedo = np.float32(1.0) + np.float32(FLUID_DRIFT[2]) * drift
     trans = np.exp(-(mu[:, None, None] + np.float32(turbid)) * dens[None]) * (1.0 - flecks)[None]
     scatter = (
-        body[:, None, None] * (1.0 - np.exp(-np.float32(turbid) * dens))[None] * light[None]
+        body[:, None, None] * ((1.0 - np.exp(-np.float32(turbid) * dens)) * light * albedo)[None]
         + fleck[:, None, None] * (flecks * light)[None]
     )
     # the surface mirrors the light where its slope is the keyed tilt (meniscus arc, ripple
@@ -1254,14 +1327,36 @@ def fluid_occlusion(
         0.0,
         1.0,
     )
-    glints = FLUID_GLINT[0] * lobe * floor * broken * np.sqrt(lit)
-    surface = (glints + (arc + FLUID_SHEEN) * lit) * wet
+    # the glints crowd where the pool's swell faces the light, not evenly over the surface
+    zone = np.clip(
+        np.float32(FLUID_GLINT_ZONE[1])
+        * _host.value_noise(key, "fluid-glint-zone", h, w, FLUID_GLINT_ZONE[0] * scale)
+        + np.float32(FLUID_GLINT_ZONE[2]),
+        0.0,
+        1.0,
+    )
+    glints = (
+        FLUID_GLINT[0]
+        * lobe
+        * np.minimum(np.float32(3.0) * floor, np.float32(1.0))
+        * broken
+        * zone
+        * np.sqrt(lit)
+    )
+    # the meniscus rim is broken and of varying width (the same breaks, coarser)
+    rim = np.clip(
+        np.float32(2.0)
+        * _host.value_noise(key, "fluid-rim-break", h, w, 1.5 * FLUID_BREAK[0] * scale)
+        + np.float32(0.0),
+        0.0,
+        1.0,
+    )
+    surface = (glints + (arc * rim + FLUID_SHEEN) * lit) * wet
     surface = surface * poolf
-    # fine foam floating on the pool, gathered in clumps and along the meniscus: each bubble a
+    # fine foam floating on the pool in a few clumps, most along the meniscus: each bubble a
     # dark ring with a glint of the light
-    clump = _host.value_noise(key, "fluid-foam-clump", h, w, FLUID_FOAM[2] * scale)
     shore = np.minimum(men / np.float32(0.3), np.float32(1.0))
-    gate = np.float32(foam) * np.clip(3.0 * clump - 1.5, 0.0, 1.0) * (0.3 + 0.7 * shore) * poolf
+    gate = np.float32(foam) * clumps * (0.15 + 0.85 * shore) * poolf
     shade, spark = fine_foam(key, h, w, gate, _Ops(False))
     fluid = (behind * trans + scatter) * shade[None] + (surface + spark * np.sqrt(lit))[None]
     out = np.where(pool[None], fluid, lin)

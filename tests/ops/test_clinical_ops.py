@@ -27,6 +27,7 @@ from perturb.ops.clinical import (
     BUBBLE_PSF,
     BUBBLE_PSF_MIN,
     BUBBLE_ROW,
+    FLUID_BREAK,
     FLUID_GLINT,
     FLUIDS,
     GLINT_AXIS,
@@ -397,7 +398,8 @@ def test_fluid_absorbs_by_beer_lambert_per_channel() -> None:
     assert abs(pool.mean() - 0.35) < 0.04, pool.mean()
     trans = (_lin(out_b) - _lin(out_a)) / (_lin(b) - _lin(a))
     inner = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5) > 0.04 * 200
-    sel = inner & (out_b.max(0) < 0.99) & (trans.min(0) > 1e-3)
+    # where the fluid absorbs measurably (its depth thins to nothing at the shore)
+    sel = inner & (out_b.max(0) < 0.99) & (trans.min(0) > 1e-3) & (trans[1] < 0.9 * trans[0])
     assert sel.sum() > 1000
     logs = np.log(trans[:, sel])
     mu = np.asarray(FLUIDS[2][0])
@@ -433,6 +435,11 @@ def test_fluid_turbidity_grows_from_the_edge_and_the_meniscus_mirrors_the_light(
         lit = _lin(fluid_occlusion(flat, _fluid_params(3, tilt), 5, _view(flat)))
         added[sign] = lit.mean(0) - float(_lin(flat).mean())
     # the tilt along each edge pixel's outward normal lights it, the opposite tilt does not
+    # the rim is broken into pieces: judge it where it is whole
+    h, w = pool.shape
+    rim = 2.0 * _host.value_noise(5, "fluid-rim-break", h, w, 1.5 * FLUID_BREAK[0] * min(h, w))
+    edge_px &= rim > 1.0
+    assert edge_px.sum() > 30
     toward = np.where(cosine > 0, added[1.0], added[-1.0])[edge_px]
     opposite = np.where(cosine > 0, added[-1.0], added[1.0])[edge_px]
     assert (toward - opposite).mean() > 0.05, (toward.mean(), opposite.mean())
@@ -484,21 +491,26 @@ def test_foam_gathers_along_the_folds_not_on_flat_mucosa() -> None:
     assert np.array_equal(bubbles(flat, params, 4, _view(flat)), flat), "foam on a featureless frame"
 
 
+DEEP_OPACITY = 2.5  # a severity 5 pool (its table: 2.3-2.8)
+
+
 def test_deep_turbid_fluid_hides_the_folds_under_it() -> None:
     """Extinction is absorption plus scattering, ``exp(-(mu_c + s) d)``: two striped frames (a
     fold pattern) a constant apart get the same pool, and the linear difference of their outputs
-    over theirs is what the fluid transmits of the tissue: under the deep part of a bile or
-    stool pool less than 15 % (the folds are hidden), under clear rinse water (little
+    over theirs is what the fluid transmits of the tissue: under the deep part of a severe bile,
+    stool or blood pool less than 15 % (the folds are hidden), under clear rinse water (little
     absorption, little scattering) most of it."""
     a = _flat(0.3, 200, 240)
     for k in range(3):
         a[:, :, k::16] = 0.15
     b = a + np.float32(0.2)
     pool = _pool(a)
-    deep = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5) > 0.14 * 200
+    # the deepest part of the pool (its depth grows from the shore to there)
+    dist = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5)
+    deep = dist > 0.75 * dist.max()
     assert deep.sum() > 500
     for kind in range(len(FLUIDS)):
-        p = {**_fluid_params(kind), "opacity": np.float32(1.5)}
+        p = {**_fluid_params(kind), "opacity": np.float32(DEEP_OPACITY)}
         out_a, out_b = (_lin(fluid_occlusion(f, p, 5, _view(f))) for f in (a, b))
         trans = ((out_b - out_a) / (_lin(b) - _lin(a)))[0][deep].mean()
         mu_r, turbid = FLUIDS[kind][0][0], FLUIDS[kind][2]
@@ -507,7 +519,7 @@ def test_deep_turbid_fluid_hides_the_folds_under_it() -> None:
         else:
             assert trans < 0.15, (kind, trans)
         # no deeper than the full optical depth (patchiness aside), no shallower than the pool
-        assert trans > 0.2 * math.exp(-(mu_r + turbid) * 1.5 * 2.0), (kind, trans)
+        assert trans > 0.2 * math.exp(-(mu_r + turbid) * DEEP_OPACITY * 2.0), (kind, trans)
 
 
 def test_fluid_glints_are_streaks_along_the_ripples() -> None:
@@ -860,3 +872,26 @@ def test_smoke_refuses_a_strip_before_allocating_its_canvas() -> None:
     with pytest.raises(InputError, match="too elongated"):
         smoke_optical_depth(1, 3, 20_000, params)
     assert smoke_optical_depth(1, 90, 160, params).shape == (90, 160)  # ordinary frames pass
+
+
+def test_fluid_is_deeper_over_a_fold_valley_than_beside_it() -> None:
+    """The pool is deeper in a fold's valley (a dark band of the relief) than over the mucosa
+    beside it: two frames a constant apart share the pool, and per pixel
+    ``log T_r - log T_b = (mu_b - mu_r) d`` (bile; particles cancel between channels) measures
+    the depth ``d``; under the valley it is clearly larger than beside it, inside the pool."""
+    h, w = 200, 240
+    cols = np.arange(w, dtype=np.float32)
+    dip = 0.12 * np.exp(-0.5 * ((cols - 120.0) / 10.0) ** 2)
+    a = np.broadcast_to(np.float32(0.4) - dip[None, None, :], (3, h, w)).astype(np.float32)
+    b = a + np.float32(0.2)
+    p = {**_fluid_params(0), "opacity": np.float32(0.6)}
+    out_a, out_b = (_lin(fluid_occlusion(f, p, 5, _view(f))) for f in (a, b))
+    trans = (out_b - out_a) / (_lin(b) - _lin(a))
+    pool = _pool(a)
+    dist = cv2.distanceTransform(pool.astype(np.uint8), cv2.DIST_L2, 5)
+    ok = (dist > 0.25 * dist.max()) & (trans.min(0) > 1e-3) & (out_b.max(0) < 0.99)
+    depth = (np.log(trans[0]) - np.log(trans[2])) / (FLUIDS[0][0][2] - FLUIDS[0][0][0])
+    valley = ok & (np.abs(cols - 120.0) < 6.0)[None, :]
+    beside = ok & (np.abs(cols - 120.0) > 40.0)[None, :]
+    assert valley.sum() > 100 and beside.sum() > 100, (valley.sum(), beside.sum())
+    assert depth[valley].mean() > 1.3 * depth[beside].mean(), (depth[valley].mean(), depth[beside].mean())
