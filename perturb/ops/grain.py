@@ -244,9 +244,8 @@ def _field_axis_torch(
     g = residual.shape[dim]
     if n * g <= DENSE_ENTRIES:
         m = torch.from_numpy(field_matrix(g, n).copy()).to(residual.device, residual.dtype)
-        if dim == -2:
-            return torch.matmul(m, residual, out=out) if out is not None else torch.matmul(m, residual)
-        return torch.matmul(residual, m.t(), out=out) if out is not None else torch.matmul(residual, m.t())
+        left, right = (m, residual) if dim == -2 else (residual, m.t())
+        return torch.matmul(left, right) if out is None else torch.matmul(left, right, out=out)
     bins, factor = _field_spectrum(g, n)
     source = torch.from_numpy(np.mod(np.arange(-(g // 2), g // 2 + 1), g)).to(residual.device)
     moved = residual.movedim(dim, -1).to(torch.float64)
@@ -272,16 +271,18 @@ def grain_kernel(pixel_kernel: Callable[..., torch.Tensor]) -> Callable[..., tor
     """A batched noise kernel with grain relative to the field of view, from its per-pixel
     form (see the module docstring)."""
 
-    def kernel(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], **kw: Any) -> torch.Tensor:
+    def kernel(
+        x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], **kw: Any
+    ) -> torch.Tensor:
         h, w = x.shape[-2:]
         # off autograd the grid-sized steps run in place and in reused buffers (same values):
         # fresh grid-sized blocks cost more page faults than arithmetic at B=32
         reuse = not _graph(x)
         grid = _to_grid_torch(x, *grid_shape(h, w), reuse=reuse).clamp_(0.0, 1.0)
         noisy = pixel_kernel(grid, p, keys, **kw)
-        residual = noisy.sub_(grid) if reuse else noisy - grid
+        residual = noisy.sub_(grid) if reuse and noisy.dtype == grid.dtype else noisy - grid
         field = _field_torch(residual, h, w, reuse=reuse)
-        return (field.add_(x) if reuse else x + field).clamp_(0.0, 1.0)
+        return (field.add_(x) if reuse and field.dtype == x.dtype else x + field).clamp_(0.0, 1.0)
 
     kernel.__doc__ = pixel_kernel.__doc__
     return kernel

@@ -70,8 +70,11 @@ def gaussian_noise(
     """Kornia: own kernel: Kornia's noise augmentations draw from torch's global generator, this
     op's normal field is keyed (``perturb.rng``) so records replay bit for bit; the rest is one
     multiply-add."""
-    z = _normal(x, keys, "gaussian_noise")  # fresh: scaled and shifted in place
-    return z.mul_(per_sample(p["sigma"])).add_(x).clamp_(0.0, 1.0)
+    z = _normal(x, keys, "gaussian_noise")
+    sigma = per_sample(p["sigma"])
+    if z.dtype == x.dtype == torch.result_type(z, sigma) and not _graph(x):
+        return z.mul_(sigma).add_(x).clamp_(0.0, 1.0)  # the fresh field scaled, shifted in place
+    return (x + sigma * z).clamp_(0.0, 1.0)
 
 
 def speckle_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
@@ -93,7 +96,7 @@ def poisson_counts(
     first; else on every element, the others' means replaced by 0 and their counts discarded:
     no data-dependent shape, so no device read (CUDA). Each element's float64 recurrence is the
     same either way, so are the counts."""
-    if _graph(mean):
+    if _graph(mean) or torch.result_type(mean, z) != mean.dtype:
         approx = torch.floor(mean + mean.clamp_min(0).sqrt() * z + 0.5).clamp_min(0)
     else:  # the same operations in place: one batch-sized block instead of seven
         approx = mean.clamp_min(0).sqrt_().mul_(z).add_(mean).add_(0.5).floor_().clamp_min_(0)
@@ -104,7 +107,7 @@ def poisson_counts(
         counts = _inversion_counts_shrinking(
             mean[small].double(), u.expand_as(mean)[small].double()
         )
-        out = approx if not _graph(mean) else approx.clone()
+        out = approx if not _graph(mean) else approx.clone()  # approx: a fresh block
         out[small] = counts.to(out.dtype)
         return out
     lam = torch.where(small, mean, torch.zeros_like(mean)).double()
@@ -125,7 +128,7 @@ def _inversion_counts(lam: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return count
 
 
-SHRINK_EVERY = 8  # iterations between drops of the settled elements (``_inversion_counts_shrinking``)
+SHRINK_EVERY = 8  # iterations between drops of settled elements (``_inversion_counts_shrinking``)
 
 
 def _inversion_counts_shrinking(lam: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -160,8 +163,8 @@ def shot_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int])
     """Kornia: own kernel: Kornia has no Poisson (photon) noise in linear light, and its random ops
     are not keyed; the sRGB decode/encode is ``perturb.ops._math`` (Kornia on CUDA)."""
     photons = per_sample(p["photons"])
-    in_place = not _graph(x)
     linear = srgb_to_linear(x)
+    in_place = not _graph(x) and torch.result_type(linear, photons) == linear.dtype
     mean = linear.mul_(photons) if in_place else linear * photons
     z = _normal(x, keys, "shot_noise/normal")
     u = _uniform(x, keys, "shot_noise/uniform", tuple(x.shape[1:]))
