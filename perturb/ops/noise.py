@@ -26,6 +26,7 @@ from perturb import rng
 from perturb.ops import backend, keyed_fields
 from perturb.ops._math import (
     LEVELS_U8,
+    _graph,
     linear_to_srgb,
     per_sample,
     plane2d,
@@ -70,7 +71,10 @@ def gaussian_noise(
     op's normal field is keyed (``perturb.rng``) so records replay bit for bit; the rest is one
     multiply-add."""
     z = _normal(x, keys, "gaussian_noise")
-    return (x + per_sample(p["sigma"]) * z).clamp_(0.0, 1.0)
+    sigma = per_sample(p["sigma"])
+    if z.dtype == x.dtype == torch.result_type(z, sigma) and not _graph(x):
+        return z.mul_(sigma).add_(x).clamp_(0.0, 1.0)  # the fresh field scaled, shifted in place
+    return (x + sigma * z).clamp_(0.0, 1.0)
 
 
 def speckle_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
@@ -92,13 +96,18 @@ def poisson_counts(
     first; else on every element, the others' means replaced by 0 and their counts discarded:
     no data-dependent shape, so no device read (CUDA). Each element's float64 recurrence is the
     same either way, so are the counts."""
-    approx = torch.floor(mean + mean.clamp_min(0).sqrt() * z + 0.5).clamp_min(0)
+    if _graph(mean) or torch.result_type(mean, z) != mean.dtype:
+        approx = torch.floor(mean + mean.clamp_min(0).sqrt() * z + 0.5).clamp_min(0)
+    else:  # the same operations in place: one batch-sized block instead of seven
+        approx = mean.clamp_min(0).sqrt_().mul_(z).add_(mean).add_(0.5).floor_().clamp_min_(0)
     small = mean < POISSON_EXACT_BELOW
     if compact is None:
         compact = mean.device.type == "cpu"
     if compact:
-        counts = _inversion_counts(mean[small].double(), u.expand_as(mean)[small].double())
-        out = approx.clone()
+        counts = _inversion_counts_shrinking(
+            mean[small].double(), u.expand_as(mean)[small].double()
+        )
+        out = approx if not _graph(mean) else approx.clone()  # approx: a fresh block
         out[small] = counts.to(out.dtype)
         return out
     lam = torch.where(small, mean, torch.zeros_like(mean)).double()
@@ -119,15 +128,48 @@ def _inversion_counts(lam: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return count
 
 
+SHRINK_EVERY = 8  # iterations between drops of settled elements (``_inversion_counts_shrinking``)
+
+
+def _inversion_counts_shrinking(lam: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``_inversion_counts`` of 1-D ``lam`` and ``u`` (the compact path), every
+    ``SHRINK_EVERY`` iterations keeping only the elements still above their CDF: the CDF never
+    decreases (its terms are >= 0), so a settled element adds nothing more. Each element's
+    float64 recurrence is unchanged, so are the counts; most means settle long before
+    ``POISSON_MAX_COUNT`` (a count rarely passes mean + 5 sqrt(mean)). One data-dependent shape
+    per drop: CPU only."""
+    term = torch.exp(-lam)
+    cdf = term.clone()
+    count = torch.zeros_like(lam)
+    out = torch.empty_like(lam)
+    where = torch.arange(lam.numel(), device=lam.device)
+    for k in range(1, POISSON_MAX_COUNT + 1):
+        count.add_(torch.gt(u, cdf))
+        term.mul_(lam).div_(k)
+        cdf.add_(term)
+        if k % SHRINK_EVERY == 0 and k < POISSON_MAX_COUNT:
+            live = torch.gt(u, cdf)
+            settled = ~live
+            out[where[settled]] = count[settled]
+            keep = live.nonzero().squeeze(1)
+            where, lam, u, term, cdf, count = (
+                t.index_select(0, keep) for t in (where, lam, u, term, cdf, count)
+            )
+    out[where] = count
+    return out
+
+
 def shot_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """Kornia: own kernel: Kornia has no Poisson (photon) noise in linear light, and its random ops
     are not keyed; the sRGB decode/encode is ``perturb.ops._math`` (Kornia on CUDA)."""
     photons = per_sample(p["photons"])
-    mean = srgb_to_linear(x) * photons
+    linear = srgb_to_linear(x)
+    in_place = not _graph(x) and torch.result_type(linear, photons) == linear.dtype
+    mean = linear.mul_(photons) if in_place else linear * photons
     z = _normal(x, keys, "shot_noise/normal")
     u = _uniform(x, keys, "shot_noise/uniform", tuple(x.shape[1:]))
     counts = poisson_counts(mean, z, u)
-    return linear_to_srgb(counts / photons)
+    return linear_to_srgb(counts.div_(photons) if in_place else counts / photons)
 
 
 def impulse_noise(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
