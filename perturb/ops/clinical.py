@@ -286,14 +286,15 @@ BUBBLE_PSF = 0.0013  # the camera's blur on the bubble layer: gaussian sigma (sh
 BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
 BUBBLE_RANGE = 2.2  # radii spread log-normally, clipped to [1/2.2, 2.2] x the level's median
 # cells from this index on grow, up to (1 + this) x at the last one: heavy foam has larger cells
-BUBBLE_GROWTH = (220, 0.35)
+BUBBLE_GROWTH = (440, 0.35)
 BUBBLE_SPREAD = 0.35  # log-normal sigma of the radii
 BUBBLE_BIG = (0.06, 1.7)  # share of cells that are larger, and by how much: a few big among small
 BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
 BUBBLE_GAP = 0.0006  # least gap between two bubbles (shorter side): foam cells touch
 BUBBLE_ASPECT = (0.35, 0.07, 0.7)  # perspective squash per shorter side off axis, jitter, floor
-BUBBLE_POOL = 400  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
-# parameter holds at most 4096 values: 400 rows of BUBBLE_ROW)
+BUBBLE_POOL = 800  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
+# parameter holds at most 4096 values: the rows alternate between ``bubbles`` and ``foam``, 400
+# rows of BUBBLE_ROW each)
 # share of the pool in each foam cluster, then singles (none: a lone bubble on open mucosa reads
 # as pasted; foam comes in clusters)
 BUBBLE_GROUPS = (0.16, 0.14, 0.12, 0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.0)
@@ -335,12 +336,14 @@ def ellipse_reach(r: Any, aspect: Any, orient: Any, angle: Any, ops: Any = np) -
 
 def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL``: foam clusters grown as
-    strings (two cells in five added at the end of their cluster's string, meandering, the rest
-    anywhere on it), each cell touching one already placed and overlapping none (the singles'
-    share of ``BUBBLE_GROUPS`` is zero); log-normal radii with a few larger cells, perspective
-    ellipses squashed towards the optical axis, film thickness and phase, per bubble a glint's
-    peak (none for most), its size and the cell's own look (shading). Every draw has a fixed
-    size, so a sample's bubbles at one severity are among those at the next."""
+    packed clumps (a fifth of the cells added at the end of their cluster's string, meandering,
+    the rest at the free spot nearest the cluster's seed), each cell touching one already placed
+    and overlapping none (the singles' share of ``BUBBLE_GROUPS`` is zero); tiny log-normal
+    radii with a few larger cells, perspective ellipses squashed towards the optical axis, film
+    thickness and phase, per bubble a glint's peak (none for half), its size and the cell's own
+    look (shading). Every draw has a fixed size, so a sample's bubbles at one severity are among
+    those at the next. The rows alternate between ``bubbles`` and ``foam`` (a record's list
+    holds at most 4096 values)."""
     count = min(draw_int(rng, level["count"]), BUBBLE_POOL)
     radius = draw(rng, level["radius"])
     light = float(rng.uniform(0.0, 2.0 * math.pi))
@@ -453,8 +456,20 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
         "light": light,
         "glint": glint,
         "spread": spread,
-        "bubbles": rows,
+        "bubbles": rows[0::2],
+        "foam": rows[1::2],
     }
+
+
+def recorded_rows(p: dict[str, Any]) -> np.ndarray:
+    """(N, BUBBLE_ROW) float64: a sample's recorded bubbles (``bubbles`` then ``foam``: the
+    pool's even and odd rows; drawing is additive, so their order does not matter)."""
+    return np.concatenate(
+        [
+            np.asarray(p[name], dtype=np.float64).reshape(-1, BUBBLE_ROW)
+            for name in ("bubbles", "foam")
+        ]
+    )
 
 
 def _bubble_shape(x: float, y: float, squash: float, tilt: float) -> tuple[float, float]:
@@ -732,7 +747,10 @@ def _bubbles_batch(
     ops = _Ops(True)
     _field, tissue = _host.view_masks(x, scenes)
     lin = _math.srgb_to_linear(x)
-    rows = p["bubbles"].reshape(b, -1, BUBBLE_ROW).to(torch.float64)
+    rows = torch.cat(
+        [p[name].reshape(b, -1, BUBBLE_ROW).to(torch.float64) for name in ("bubbles", "foam")],
+        dim=1,
+    )
     if rows.shape[1] == 0:
         return x.clone()
     # pad the bubble slots to a multiple of BUBBLE_SLOTS (empty rows draw nothing): a sample's
@@ -818,7 +836,7 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
     lin = _host.to_linear(img)
     layer = np.zeros_like(lin)
     h, w = tissue.shape
-    rows = _drawn_rows(np.asarray(p["bubbles"], dtype=np.float64).reshape(-1, BUBBLE_ROW), tissue)
+    rows = _drawn_rows(recorded_rows(p), tissue)
     env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
     folds = foam_folds(img, tissue, float(p["spread"]))
     centres = _bubble_pixels(rows, h, w)
