@@ -270,7 +270,7 @@ BUBBLE_SHIFT = 0.12  # sideways shift of that view (radius fraction), away from 
 BUBBLE_LAMBDA = (610.0, 550.0, 465.0)  # nm: red, green, blue of the thin-film interference
 BUBBLE_IRIDESCENCE = 0.15  # swing of the film's colour around grey on the lit side of the rim
 BUBBLE_ENV = (1.6, 0.03)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
-BUBBLE_WALL = 0.3  # brightness of the wall's edge-on line, relative to env (its lit side only)
+BUBBLE_WALL = 0.4  # brightness of the wall's edge-on line, relative to env (its lit side only)
 BUBBLE_DARK = (0.3, 0.86, 0.1)  # faint refraction band: depth, radius fraction, width (a thin
 # film is mostly transparent: the tissue through a small cell barely darkens)
 BUBBLE_CAP = (0.3, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
@@ -298,7 +298,7 @@ BUBBLE_POOL = 800  # bubbles drawn per sample; a severity keeps the first ``coun
 # share of the pool in each foam cluster, then singles (none: a lone bubble on open mucosa reads
 # as pasted; foam comes in clusters)
 BUBBLE_GROUPS = (0.16, 0.14, 0.12, 0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.0)
-BUBBLE_CHAIN = 0.2  # share of a cluster's cells added at the end of its string (lines of cells)
+BUBBLE_CHAIN = 0.05  # share of a cluster's cells added at the end of its string (lines of cells)
 BUBBLE_TRIES = 48  # placements tried per bubble
 # recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
 # phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size,
@@ -336,7 +336,7 @@ def ellipse_reach(r: Any, aspect: Any, orient: Any, angle: Any, ops: Any = np) -
 
 def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL``: foam clusters grown as
-    packed clumps (a fifth of the cells added at the end of their cluster's string, meandering,
+    packed clumps (a twentieth of the cells added at the end of their cluster's string, meandering,
     the rest at the free spot nearest the cluster's seed), each cell touching one already placed
     and overlapping none (the singles' share of ``BUBBLE_GROUPS`` is zero); tiny log-normal
     radii with a few larger cells, perspective ellipses squashed towards the optical axis, film
