@@ -272,35 +272,37 @@ BUBBLE_N = 1.33  # refractive index of the film
 BUBBLE_REFRACTION = 0.22  # magnification of the tissue seen through a bubble (weak lens)
 BUBBLE_SHIFT = 0.12  # sideways shift of that view (radius fraction), away from the optical axis
 BUBBLE_LAMBDA = (610.0, 550.0, 465.0)  # nm: red, green, blue of the thin-film interference
-BUBBLE_IRIDESCENCE = 0.35  # swing of the film's colour around grey on the lit side of the rim
+BUBBLE_IRIDESCENCE = 0.15  # swing of the film's colour around grey on the lit side of the rim
 BUBBLE_ENV = (1.6, 0.03)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
-BUBBLE_WALL = 0.22  # brightness of the wall's edge-on line, relative to env
-BUBBLE_DARK = (0.7, 0.86, 0.11)  # dark refraction band: depth, radius fraction, width
-BUBBLE_CAP = (0.5, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
-BUBBLE_CAUSTIC = 0.3  # light focused by the dome onto the inner rim opposite the light
+BUBBLE_WALL = 0.4  # brightness of the wall's edge-on line, relative to env (its lit side only)
+BUBBLE_DARK = (0.3, 0.86, 0.1)  # faint refraction band: depth, radius fraction, width (a thin
+# film is mostly transparent: the tissue through a small cell barely darkens)
+BUBBLE_CAP = (0.3, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
+BUBBLE_CAUSTIC = 0.15  # light focused by the dome onto the inner rim opposite the light
 GLINT_AXIS = 0.9  # glint offset towards the optical axis (radius fraction per shorter side off it)
 GLINT_ELONGATION = 1.3  # a glint's length over its width (the light guide's exit is oblong)
 GLINT_MIN_PX = 0.6  # a pixel's footprint added to a glint's sigma (pixels)
-GLINT_NONE = 0.65  # share of bubbles whose glint misses the lens (no glint): glints are few
-GLINT_PEAK = (1.0, 0.8)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
+GLINT_NONE = 0.5  # share of bubbles whose glint misses the lens (no glint): glints are few
+GLINT_PEAK = (0.4, 0.6)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
 GLINT_SIZE = (0.04, 0.1)  # a glint's gaussian sigma, radius fraction
-GLINT_CAP = 3.0  # brightest glint peak (linear): beyond it the sensor is saturated anyway
-BUBBLE_PSF = 0.0008  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
+GLINT_CAP = 1.0  # brightest glint peak (linear): beyond it the sensor is saturated anyway
+BUBBLE_PSF = 0.0013  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
 BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
-BUBBLE_RANGE = 2.5  # radii spread log-normally, clipped to [1/2.5, 2.5] x the level's median
+BUBBLE_RANGE = 2.2  # radii spread log-normally, clipped to [1/2.2, 2.2] x the level's median
 # cells from this index on grow, up to (1 + this) x at the last one: heavy foam has larger cells
-BUBBLE_GROWTH = (220, 1.6)
-BUBBLE_SPREAD = 0.4  # log-normal sigma of the radii
-BUBBLE_BIG = (0.1, 1.9)  # share of cells that are larger, and by how much: a few big among small
+BUBBLE_GROWTH = (440, 0.35)
+BUBBLE_SPREAD = 0.35  # log-normal sigma of the radii
+BUBBLE_BIG = (0.06, 1.7)  # share of cells that are larger, and by how much: a few big among small
 BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
 BUBBLE_GAP = 0.0006  # least gap between two bubbles (shorter side): foam cells touch
 BUBBLE_ASPECT = (0.35, 0.07, 0.7)  # perspective squash per shorter side off axis, jitter, floor
-BUBBLE_POOL = 400  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
-# parameter holds at most 4096 values: 400 rows of BUBBLE_ROW)
+BUBBLE_POOL = 800  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
+# parameter holds at most 4096 values: the rows alternate between ``bubbles`` and ``foam``, 400
+# rows of BUBBLE_ROW each)
 # share of the pool in each foam cluster, then singles (none: a lone bubble on open mucosa reads
 # as pasted; foam comes in clusters)
 BUBBLE_GROUPS = (0.16, 0.14, 0.12, 0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.0)
-BUBBLE_CHAIN = 0.4  # share of a cluster's cells added at the end of its string (lines of cells)
+BUBBLE_CHAIN = 0.05  # share of a cluster's cells added at the end of its string (lines of cells)
 BUBBLE_TRIES = 48  # placements tried per bubble
 # recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
 # phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size,
@@ -315,7 +317,7 @@ BUBBLE_ROW = 10
 BUBBLE_LOOK: dict[str, tuple[float, ...]] = {
     "depth": (0.7, 0.6),
     "width": (0.6, 0.8),
-    "mirror": (0.5, 1.0),
+    "mirror": (0.35, 0.7),
     "cap": (0.2, 1.6),
     "tint": (0.16, 0.0, -0.16),
     "glint": (0.5,),
@@ -338,12 +340,14 @@ def ellipse_reach(r: Any, aspect: Any, orient: Any, angle: Any, ops: Any = np) -
 
 def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL``: foam clusters grown as
-    strings (two cells in five added at the end of their cluster's string, meandering, the rest
-    anywhere on it), each cell touching one already placed and overlapping none (the singles'
-    share of ``BUBBLE_GROUPS`` is zero); log-normal radii with a few larger cells, perspective
-    ellipses squashed towards the optical axis, film thickness and phase, per bubble a glint's
-    peak (none for most), its size and the cell's own look (shading). Every draw has a fixed
-    size, so a sample's bubbles at one severity are among those at the next."""
+    packed clumps (a twentieth of the cells added at the end of their cluster's string, meandering,
+    the rest at the free spot nearest the cluster's seed), each cell touching one already placed
+    and overlapping none (the singles' share of ``BUBBLE_GROUPS`` is zero); tiny log-normal
+    radii with a few larger cells, perspective ellipses squashed towards the optical axis, film
+    thickness and phase, per bubble a glint's peak (none for half), its size and the cell's own
+    look (shading). Every draw has a fixed size, so a sample's bubbles at one severity are among
+    those at the next. The rows alternate between ``bubbles`` and ``foam`` (a record's list
+    holds at most 4096 values)."""
     count = min(draw_int(rng, level["count"]), BUBBLE_POOL)
     radius = draw(rng, level["radius"])
     light = float(rng.uniform(0.0, 2.0 * math.pi))
@@ -456,8 +460,20 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
         "light": light,
         "glint": glint,
         "spread": spread,
-        "bubbles": rows,
+        "bubbles": rows[0::2],
+        "foam": rows[1::2],
     }
+
+
+def recorded_rows(p: dict[str, Any]) -> np.ndarray:
+    """(N, BUBBLE_ROW) float64: a sample's recorded bubbles (``bubbles`` then ``foam``: the
+    pool's even and odd rows; drawing is additive, so their order does not matter)."""
+    return np.concatenate(
+        [
+            np.asarray(p[name], dtype=np.float64).reshape(-1, BUBBLE_ROW)
+            for name in ("bubbles", "foam")
+        ]
+    )
 
 
 def _bubble_shape(x: float, y: float, squash: float, tilt: float) -> tuple[float, float]:
@@ -558,7 +574,8 @@ def bubble_film(
     ]
     # the wall seen edge-on at the outline: a thin line mirroring the light, and inside it a
     # dark band where the light is refracted out of the camera's view
-    wall = BUBBLE_WALL * ops.exp(-0.5 * ((rho - 0.97) / 0.025) ** 2) * shade
+    # (a faint bright line only where the wall faces the light)
+    wall = BUBBLE_WALL * ops.exp(-0.5 * ((rho - 0.97) / 0.025) ** 2) * (0.15 + 0.85 * lit)
     # (deepest on the side away from the light: the refracted rays there miss the lens)
     band = ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / width) ** 2)
     dark = 1.0 - depth * (0.5 + 0.5 * (1.0 - lit)) * band
@@ -738,7 +755,10 @@ def _bubbles_batch(
     ops = _Ops(True)
     _field, tissue = _host.view_masks(x, scenes)
     lin = _math.srgb_to_linear(x)
-    rows = p["bubbles"].reshape(b, -1, BUBBLE_ROW).to(torch.float64)
+    rows = torch.cat(
+        [p[name].reshape(b, -1, BUBBLE_ROW).to(torch.float64) for name in ("bubbles", "foam")],
+        dim=1,
+    )
     if rows.shape[1] == 0:
         return x.clone()
     # pad the bubble slots to a multiple of BUBBLE_SLOTS (empty rows draw nothing): a sample's
@@ -814,15 +834,17 @@ def _bubbles_batch(
     "bubbles", sampler=_bubble_sampler, dtypes=(np.uint8, np.float32), device=_bubbles_batch
 )
 def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
-    """Foam lines and clusters in the fold valleys: refracted, shifted view of the tissue, dark
-    refraction band and faint rim with thin-film colour where lit, one glint per bubble placed
-    by the one light (most none), each cell shaded its own way, blurred by the camera like the
-    tissue (module docstring)."""
+    """Foam of tiny packed cells in the fold valleys (models air bubbles trapped in the mucus
+    and rinse-water film on the mucosa, seen through the scope's own light): each cell a mostly
+    transparent thin water film, the tissue through it slightly magnified, shifted and
+    brightened, a faint refraction band, the wall's bright line on its lit side with thin-film
+    colour, a small glint in about half the cells placed by the one light, each cell shaded its
+    own way, blurred by the camera like the tissue (module docstring)."""
     tissue = view.tissue
     lin = _host.to_linear(img)
     layer = np.zeros_like(lin)
     h, w = tissue.shape
-    rows = _drawn_rows(np.asarray(p["bubbles"], dtype=np.float64).reshape(-1, BUBBLE_ROW), tissue)
+    rows = _drawn_rows(recorded_rows(p), tissue)
     env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
     folds = foam_folds(img, tissue, float(p["spread"]))
     centres = _bubble_pixels(rows, h, w)

@@ -31,6 +31,7 @@ from perturb.ops.clinical import (
     FLUID_GLINT,
     FLUIDS,
     GLINT_AXIS,
+    GLINT_CAP,
     _Ops,
     bubbles,
     ellipse_reach,
@@ -40,6 +41,7 @@ from perturb.ops.clinical import (
     glint_lobe,
     glint_offset,
     pool_mask,
+    recorded_rows,
     render_bubble,
     smoke_optical_depth,
     surgical_smoke,
@@ -280,6 +282,35 @@ def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre()
     assert np.array_equal(out[:, : mid - 50, :], lin[:, : mid - 50, :]), "outside the bubble nothing changes"
 
 
+def test_a_foam_cell_is_a_mostly_transparent_film_with_its_wall_lit_on_one_side() -> None:
+    """A small cell (no glint) over textured tissue, for three of its own looks: the film is
+    mostly transparent, so the tissue seen through the cell's middle keeps its texture and
+    barely changes brightness, and nowhere in the cell is the tissue darkened by more than 30 %
+    (version 5's drawn dark rims took 40-75 % off); the wall shows as a faint bright line on
+    the side facing the light, brighter than on the far side."""
+    side, mid = 400, 200
+    r = 0.03 * side  # the cell's radius in pixels (0.03 of the shorter side below)
+    yy, xx = np.mgrid[0:side, 0:side]
+    tex = 0.2 + 0.05 * np.sin(xx / 3.0) * np.cos(yy / 4.0)
+    lin = np.stack([tex, tex * 0.8, tex * 0.7]).astype(np.float32)
+    dist = np.hypot(xx + 0.5 - mid, yy + 0.5 - mid) / r
+    core, cell = dist < 0.5, dist < 1.0
+    band = (dist > 0.93) & (dist < 1.0)
+    lit_side, far_side = band & (xx > mid + 0.5 * r), band & (xx < mid - 0.5 * r)
+    for look in (0.1, 0.5, 0.9):
+        # the light (and the glint, here none) along +x
+        out = _one_bubble(lin, [0.0, 0.0, 0.03, 400.0, 0.0, 1.0, 0.0, 0.0, 0.08, look], 0.0, 0.1)
+        ratio = out[1][core].mean() / lin[1][core].mean()
+        assert 0.9 < ratio < 1.15, (look, ratio)
+        corr = np.corrcoef(out[1][core], lin[1][core])[0, 1]
+        assert corr > 0.5, f"the tissue's texture is lost under the film ({corr:.2f})"
+        darkest = np.quantile(out[1][cell] / lin[1][cell], 0.05)
+        assert darkest > 0.7, f"a dark drawn rim ({look}: {darkest:.2f} of the tissue)"
+        lit_gain = out[1][lit_side].mean() - lin[1][lit_side].mean()
+        far_gain = out[1][far_side].mean() - lin[1][far_side].mean()
+        assert lit_gain > 0.01 and lit_gain > far_gain + 0.01, (look, lit_gain, far_gain)
+
+
 def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     """The op's bubble layer (each bubble's cover * (film - tissue), weighted by the valley map
     at its centre) reaches the output through the camera's gaussian blur alone (SciPy's filter
@@ -293,7 +324,7 @@ def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     out = _lin(bubbles(img, params, 7, view))
     lin = _host.to_linear(img)
     layer = np.zeros_like(lin)
-    rows = np.asarray(params["bubbles"], np.float64).reshape(-1, BUBBLE_ROW)
+    rows = recorded_rows(params)
     env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
     assert 0.05 < (foam_folds(img, view.tissue) > 0.5).mean() < 0.8, "foam only along the folds"
     narrow, wide = foam_folds(img, view.tissue), foam_folds(img, view.tissue, 0.6)
@@ -315,11 +346,20 @@ def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     assert np.abs(np.diff(out, axis=2))[:, view.tissue[:, 1:]].max() < sharp, "as sharp as unblurred"
 
 
+def _pool_rows(p: dict[str, np.ndarray]) -> np.ndarray:
+    """A bubbles draw's rows in pool order (the pool's even rows are ``bubbles``, odd ``foam``)."""
+    even, odd = np.asarray(p["bubbles"]).reshape(-1, BUBBLE_ROW), np.asarray(p["foam"]).reshape(-1, BUBBLE_ROW)
+    rows = np.empty((len(even) + len(odd), BUBBLE_ROW))
+    rows[0::2], rows[1::2] = even, odd
+    return rows
+
+
 def test_bubbles_pack_into_foam_strings_sized_like_real_ones_and_nest_across_severities() -> None:
     """Cells never overlap (elliptic outlines along the line between centres), most touch a
-    neighbour, radii are near real foam cells' (median 0.55 % of the shorter side), outlines
-    are squashed towards the optical axis, glints vary (most bubbles none), the cells added at
-    the top severities are larger (heavy foam), every cell has its own look, a few are much
+    neighbour, radii are near real foam cells' (median 0.35 % of the shorter side: tiny),
+    outlines are squashed towards the optical axis, glints vary (about half the cells none, no
+    peak above ``GLINT_CAP``), the cells added at the top severities are only a little larger
+    (severity is foam area and density, not cell size), every cell has its own look, a few are
     larger than the rest, and a severity's bubbles are the first ones of the next severity's
     (one perturbation at five strengths)."""
     spec = get_op("bubbles")
@@ -327,15 +367,15 @@ def test_bubbles_pack_into_foam_strings_sized_like_real_ones_and_nest_across_sev
     radii, aspects, dists, peaks, touching, cells = [], [], [], [], 0, 0
     heavy: list[float] = []
     looks: list[float] = []
-    for key in range(8):
+    for key in range(6):
         draws = [sampler(rng.scalar_rng(key), spec.spec.level(sev)) for sev in (1, 3, 5)]
-        rows = [np.asarray(d["bubbles"]) for d in draws]
+        rows = [_pool_rows(d) for d in draws]
         assert rows[0].shape[0] >= 15, "a few strings of bubbles are visible at severity 1"
         assert rows[0].shape[1] == BUBBLE_ROW
         assert np.array_equal(rows[0], rows[1][: len(rows[0])])
         assert np.array_equal(rows[1], rows[2][: len(rows[1])])
         b = rows[2]
-        assert len(b) >= 300, len(b)
+        assert len(b) >= 600, len(b)
         x, y, r, asp, ori = (b[:, i] for i in (0, 1, 2, 5, 6))
         towards = np.arctan2(y[None, :] - y[:, None], x[None, :] - x[:, None])
         gap = (
@@ -354,19 +394,19 @@ def test_bubbles_pack_into_foam_strings_sized_like_real_ones_and_nest_across_sev
         peaks += b[:, 7].tolist()
         looks += b[:, 9].tolist()
     assert touching / cells > 0.7, f"only {touching}/{cells} bubbles touch a neighbour (no foam)"
-    # (real foam cells on the reference frames: diameters of about 1 % of the shorter side)
-    assert 0.0045 <= float(np.median(radii)) <= 0.0065, np.median(radii)
-    # the cells only the top severities add are larger (heavy foam)
-    assert np.median(heavy[1::2]) > 1.5 * np.median(heavy[0::2]), heavy
+    # (real foam cells on the reference frames: diameters of 0.3-1.5 % of the shorter side)
+    assert 0.003 <= float(np.median(radii)) <= 0.0042, np.median(radii)
+    # the cells only the top severities add are a little larger, not big rings
+    assert 1.05 < np.median(heavy[1::2]) / np.median(heavy[0::2]) < 1.4, heavy
     assert min(aspects) >= 0.7 and np.corrcoef(dists, aspects)[0, 1] < -0.5, "no perspective"
     none = float(np.mean(np.asarray(peaks) == 0.0))
-    assert 0.55 < none < 0.75, none  # glints are few: most cells catch none
+    assert 0.4 < none < 0.6, none  # glints are not in every cell
     lit = np.asarray(peaks)[np.asarray(peaks) > 0]
-    assert lit.std() / lit.mean() > 0.5 and (lit > 1.0).mean() > 0.3, "glint peaks do not vary"
+    assert lit.std() / lit.mean() > 0.3 and lit.max() <= GLINT_CAP, "glint peaks do not vary"
     look = np.asarray(looks)
     assert look.min() >= 0.0 and look.max() < 1.0 and 0.25 < look.std() < 0.32, "one look"
-    # a few big cells among many small ones: the largest tenth well above the median
-    assert np.quantile(radii, 0.95) > 2.0 * np.median(radii), np.quantile(radii, 0.95)
+    # a few larger cells among many small ones: the largest twentieth well above the median
+    assert np.quantile(radii, 0.95) > 1.6 * np.median(radii), np.quantile(radii, 0.95)
 
 
 def _fluid_params(kind: int, tilt: tuple[float, float] = (0.05, 0.0)) -> dict[str, np.ndarray]:
