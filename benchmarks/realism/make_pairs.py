@@ -372,15 +372,68 @@ def build(rows: list[Row], sources: Sources, out: Path) -> dict:
     return key
 
 
+def split_sessions(key: dict) -> list[list[str]]:
+    """The pairs of ``key`` in reviewer sessions in which no frame (a real source or a
+    synthetic source) shows twice: round 4b's two reviewers both spotted one frame behind two
+    pairs (the same background, two different artifacts, or the same patient's jewellery twice)
+    and judged by that repetition instead of by the artifact. Greedy, in pair order: each pair
+    goes to the first session that has seen neither of its frames."""
+    sessions: list[tuple[list[str], set[str]]] = []
+    for name, entry in key["pairs"].items():
+        frames = {entry["real_source"], entry["synthetic_source"]}
+        for names, seen in sessions:
+            if not frames & seen:
+                names.append(name)
+                seen |= frames
+                break
+        else:
+            sessions.append(([name], set(frames)))
+    return [names for names, _ in sessions]
+
+
+def write_sessions(key: dict, out: Path) -> list[list[str]]:
+    """Copy the pairs into ``out/session_K/pairs/`` (``split_sessions``), each with its own
+    QUESTIONS.md; pair names stay global, so the sessions' answers join into one answers.json.
+    Records each pair's session in ``out/KEY.json``."""
+    sessions = split_sessions(key)
+    questions = {
+        line.split("|")[1].strip(): line
+        for line in (out / "pairs" / "QUESTIONS.md").read_text().splitlines()
+        if line.startswith("| pair_")
+    }
+    header = (out / "pairs" / "QUESTIONS.md").read_text().split("| pair |")[0]
+    for k, names in enumerate(sessions, start=1):
+        folder = out / f"session_{k}" / "pairs"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (folder / f"{name}.png").write_bytes((out / "pairs" / f"{name}.png").read_bytes())
+            key["pairs"][name]["session"] = k
+        (folder / "QUESTIONS.md").write_text(
+            header + "| pair | kind of artifact |\n|---|---|\n"
+            + "\n".join(questions[n] for n in names) + "\n"
+        )
+    (out / "KEY.json").write_text(json.dumps(key, indent=2) + "\n")
+    return sessions
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--csv", type=Path, default=HERE / "reference_set.csv")
     ap.add_argument("--samples", type=Path, default=Path(os.environ.get("PERTURB_SAMPLES_DIR", "")))
     ap.add_argument("--ead-dir", type=Path, default=None)
+    ap.add_argument(
+        "--sessions",
+        action="store_true",
+        help="also split the pairs into reviewer sessions where no frame shows twice "
+        "(OUT/session_K/pairs; one reviewer session each)",
+    )
     args = ap.parse_args()
     rows = read_rows(args.csv)
     key = build(rows, Sources(args.samples, args.ead_dir), args.out)
+    if args.sessions:
+        sessions = write_sessions(key, args.out)
+        print(f"{len(sessions)} sessions: {[len(s) for s in sessions]} pairs")
     counts: dict[str, int] = {}
     for p in key["pairs"].values():
         counts[p["op"]] = counts.get(p["op"], 0) + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -47,3 +48,26 @@ def test_reviewers_are_pooled_with_their_own_figures_and_agreement(scorer: Modul
     assert res["agreement"] == pytest.approx(0.5)  # pair_01 differs, pair_02 agrees
     table = scorer.to_markdown(res)
     assert "| a | 4 | 3 | 75% |" in table and "2/2, 1/2" in table
+
+
+def test_sessions_never_show_a_frame_twice() -> None:
+    spec = importlib.util.spec_from_file_location("realism_pairs", SCORE.parent / "make_pairs.py")
+    assert spec is not None and spec.loader is not None
+    pairs = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = pairs  # its dataclasses resolve their annotations there
+    spec.loader.exec_module(pairs)
+    key = {
+        "pairs": {
+            "pair_01": {"real_source": "f1", "synthetic_source": "f2"},
+            "pair_02": {"real_source": "f1", "synthetic_source": "f3"},  # f1 again
+            "pair_03": {"real_source": "f4", "synthetic_source": "f5"},
+            "pair_04": {"real_source": "f6", "synthetic_source": "f2"},  # f2 again
+            "pair_05": {"real_source": "f3", "synthetic_source": "f1"},  # f1, f3 again
+        }
+    }
+    sessions = pairs.split_sessions(key)
+    assert sorted(n for s in sessions for n in s) == sorted(key["pairs"])
+    for names in sessions:
+        frames = [key["pairs"][n][side] for n in names for side in ("real_source", "synthetic_source")]
+        assert len(frames) == len(set(frames)), names
+    assert sessions[0] == ["pair_01", "pair_03"]
