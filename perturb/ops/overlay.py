@@ -9,12 +9,10 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
   annotations and never contradicting its detected markers (``marker_plan``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
 * ``xray_collimation``: collimation borders (white: the unexposed film with scatter and the
-  display's bounded edge-enhancement halo, black: an anti-aliased electronic shutter mask)
-  behind a focal-spot penumbra with sub-pixel edge coverage.
+  display's edge-enhancement undershoot, black: an electronic shutter mask) behind a penumbra.
 
-The text and marker masks are rendered on the host (integer rasterisation, identical for CPU
-and CUDA); the CPU paths blend inside each mask's bounding box. The collimation is one torch
-pass that the CPU path runs too. Modality is catalog data, not this module's name.
+The masks are rendered on the host (integer rasterisation, identical for CPU and CUDA); the CPU
+paths blend inside each mask's bounding box. Modality is catalog data, not this module's name.
 """
 
 from __future__ import annotations
@@ -798,25 +796,32 @@ def _smooth(v: torch.Tensor, sigma_px: torch.Tensor) -> torch.Tensor:
     return v
 
 
-SQRT2 = math.sqrt(2.0)
-PIXEL_VAR = 1.0 / 12.0  # variance of a unit pixel's footprint projected on any edge normal
+def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
+    """The collimated film (B,C,H,W) float32, on ``x``'s device; the CPU path calls it too (one
+    sample), so both give the same pixels. Three stages, as in the imaging chain:
 
-
-def edge_coverage(d: torch.Tensor, sigma_px: torch.Tensor) -> torch.Tensor:
-    """Share of each pixel behind a straight edge at signed distance ``d`` (px, positive behind
-    it) whose shadow is blurred by a Gaussian of ``sigma_px``: the blur and the pixel's own area
-    (its footprint projected on the edge normal has variance 1/12 at every tilt) combined as one
-    Gaussian, so a tilted edge is sub-pixel anti-aliased (a smooth function of ``d``, no steps)."""
-    s = torch.sqrt(sigma_px * sigma_px + PIXEL_VAR)
-    return 0.5 * (1.0 + torch.erf(d / (s * SQRT2)))
-
-
-def _blade_distances(
-    p: dict[str, torch.Tensor], h: int, w: int, dev: torch.device
-) -> list[torch.Tensor]:
-    """Signed distances (px, positive under the blade) of each pixel centre from the four blade
-    edges (``left`` ... fractions of the width/height), rotated together by ``tilt`` degrees
-    about the film's centre."""
+    1. Exposure. The four blades (``left`` ... fractions of the width/height), rotated together
+       by ``tilt`` degrees about the film's centre, shadow the detector: a smoothstep penumbra of
+       ``penumbra`` of the shorter side (focal spot x (magnification - 1) plus detector blur: a
+       few mm). Under the blades no anatomy reaches the detector, only scatter from the irradiated
+       patient beside it: the unexposed film shows ``shade`` (bright on a film-like display) minus
+       ``2 scatter`` x the exposed field's exposure (1 - v) low-passed over ``reach`` of the
+       shorter side, so it is darkest next to the field, graded with the anatomy along the edge
+       and brightest deep in corners where two blades overlap; with the film's own quantum noise
+       (``_film_noise``: keyed, spatially correlated like its grain).
+    2. Display processing. The system's unsharp mask (edge enhancement, gain ``enhance``, low-pass
+       sigma ``radius`` of the shorter side) acts on the whole film, so the shutter's step leaves
+       a dark undershoot on the exposed side and a bright overshoot under the blade; only the
+       shutter's share is added (the film's own anatomy was processed already); the quantum
+       noise under the blade is added after it.
+    3. ``white`` 0: the system masks the shutter black (electronic shutter) from ``fringe`` of
+       the shorter side past the blade edge: negative, inside the exposed field (the penumbra
+       hidden); positive, the penumbra's bright part stays visible as a rim; ``hard`` 1: the mask
+       is binary at pixel centres (the one-pixel stair steps of a digital mask at a slight tilt),
+       else anti-aliased over a pixel. ``black`` its value, with a third of the film's noise."""
+    h, w = x.shape[-2:]
+    dev = x.device
+    side = min(h, w)
 
     def col(name: str) -> torch.Tensor:
         return per_sample(p[name]).to(dev, torch.float64)
@@ -827,64 +832,13 @@ def _blade_distances(
     cos, sin = torch.cos(theta), torch.sin(theta)
     u = (xs - w / 2) * cos + (ys - h / 2) * sin + w / 2
     t = -(xs - w / 2) * sin + (ys - h / 2) * cos + h / 2
-    return [
-        col("left") * w - u,
-        u - (1.0 - col("right")) * w,
-        col("top") * h - t,
-        t - (1.0 - col("bottom")) * h,
-    ]
-
-
-def _shadow(distances: Sequence[torch.Tensor], sigma_px: torch.Tensor) -> torch.Tensor:
-    """Share of the beam the blades stop: each blade passes ``1 - coverage``, blades in series
-    multiply (a Gaussian-blurred corner is the product of its two edges), so a concave corner is
-    rounded over the blur and the shadow of two overlapping blades is their product."""
-    passed = torch.ones_like(distances[0])
-    for d in distances:
-        passed = passed * (1.0 - edge_coverage(d, sigma_px))
-    return 1.0 - passed
-
-
-PENUMBRA_WIDTH = 2.5631  # 10-90 % width of a Gaussian-blurred edge, in sigmas
-
-
-def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
-    """The collimated film (B,C,H,W) float32, on ``x``'s device; the CPU path calls it too (one
-    sample), so both give the same pixels. Three stages, as in the imaging chain:
-
-    1. Exposure. The four blades (``_blade_distances``) shadow the detector behind a focal-spot
-       penumbra (focal spot x (magnification - 1) plus detector blur: a few mm) whose 10-90 %
-       width is ``penumbra`` of the shorter side, rendered with sub-pixel coverage
-       (``_shadow``: smooth at any tilt, concave corners rounded by the blur). Under the blades
-       no anatomy reaches the detector, only scatter from the irradiated patient beside it: the
-       unexposed film shows ``shade`` (bright on a film-like display) minus ``2 scatter`` x the
-       exposed field's exposure (1 - v) low-passed over ``reach`` of the shorter side, so it is
-       darkest next to the field, graded with the anatomy along the edge and brightest deep in
-       corners where two blades overlap; with the film's own quantum noise (``_film_noise``:
-       keyed, spatially correlated like its grain).
-    2. Display processing. The system's unsharp mask (gain ``enhance``, low-pass sigma
-       ``radius`` of the shorter side: several px at 1024, scaled with the film) acts on the
-       whole film, so the shutter's step leaves a dark undershoot band along the exposed side
-       and a bright overshoot under the blade, both as wide as the processing kernel; only the
-       shutter's share is added (the film's anatomy was processed already), and, as the
-       multiscale processing compresses large-contrast detail, its amplitude is bounded softly
-       by ``halo`` (``halo`` x tanh(detail / ``halo``)); the quantum noise under the blade is
-       added after it.
-    3. ``white`` 0: the system masks the shutter black (electronic shutter) at the edge it
-       detects, inset into the exposed field by two penumbra sigmas plus ``fringe`` of the
-       shorter side, so none of the penumbra's bright part or the overshoot shows; the mask's
-       edges are anti-aliased (pixel coverage), its corners square as the blades make them.
-       ``black`` its value, with a third of the film's noise."""
-    h, w = x.shape[-2:]
-    dev = x.device
-    side = min(h, w)
-
-    def col(name: str) -> torch.Tensor:
-        return per_sample(p[name]).to(dev, torch.float64)
-
-    distances = _blade_distances(p, h, w, dev)
-    pen_sigma = col("penumbra") * side / PENUMBRA_WIDTH
-    m = _shadow(distances, pen_sigma)
+    d = torch.maximum(  # signed distance (px) into the shutter
+        torch.maximum(col("left") * w - u, u - (1.0 - col("right")) * w),
+        torch.maximum(col("top") * h - t, t - (1.0 - col("bottom")) * h),
+    )
+    pen = (col("penumbra") * side).clamp_min(1.0)
+    r = (0.5 + d / pen).clamp(0.0, 1.0)
+    m = r * r * (3.0 - 2.0 * r)
     v = x.double()
     grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1)
     grain = F.avg_pool2d(F.pad(grain.double(), (1, 1, 1, 1), mode="replicate"), 3, stride=1) * 3.0
@@ -895,11 +849,10 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     radius = (col("radius") * side).clamp_min(1.0)
     # the film's anatomy is enhanced already: only the shutter's share of the unsharp mask
     # (its high-pass minus the anatomy's own, where the anatomy still shows) is added
-    detail = col("enhance") * ((film - _smooth(film, radius)) - (1.0 - m) * (v - _smooth(v, radius)))
-    halo = col("halo").clamp_min(1e-3)
-    film = film + halo * torch.tanh(detail / halo) + sigma * grain * m
-    inset = 2.0 * torch.sqrt(pen_sigma * pen_sigma + PIXEL_VAR) + col("fringe") * side
-    shutter = _shadow([d + inset for d in distances], torch.zeros_like(inset))
+    detail = (film - _smooth(film, radius)) - (1.0 - m) * (v - _smooth(v, radius))
+    film = film + col("enhance") * detail + sigma * grain * m
+    cut = d - col("fringe") * side
+    shutter = torch.where(col("hard") > 0.5, (cut > 0.0).to(d.dtype), (0.5 + cut).clamp(0.0, 1.0))
     shutter = torch.where(col("white") > 0.5, torch.zeros_like(shutter), shutter)
     out = film * (1.0 - shutter) + (col("black") + sigma * grain / 3.0) * shutter
     return out.clamp_(0.0, 1.0).to(torch.float32)
@@ -907,21 +860,23 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     blades = {n: draw(rng_, level[n]) for n in ("left", "right", "top", "bottom")}
-    u = [float(rng_.random()) for _ in range(12)]
+    u = [float(rng_.random()) for _ in range(11)]
     white = float(u[0] < 0.6)  # film-like CR display of the unexposed film; else a system mask
     return {
         **blades,
         "white": white,
         "tilt": (-2.5 + 5.0 * u[1]) if u[2] < 0.6 else 0.0,
-        "penumbra": 0.003 + 0.007 * u[3],  # 10-90 %: 1.3-3 mm of a 43 cm film (focal spot, MTF)
+        "penumbra": 0.004 + 0.008 * u[3],  # 2-5 mm of a 43 cm film (focal spot, detector MTF)
         "scatter": 0.06 + 0.2 * u[4],
         "reach": 0.01 + 0.04 * u[5],
         "shade": 0.9 + 0.08 * u[6],
         "black": 0.03 * u[7],
-        "fringe": 0.003 * u[8],  # the black mask's extra inset into the exposed field
+        # the mask's offset from the blade edge: mostly just inside the exposed field (the
+        # system hides the penumbra), sometimes past it (the penumbra's bright part shows)
+        "fringe": -0.004 + 0.006 * u[8],
+        "hard": float(u[9] < 0.5),
         "enhance": 0.3 + 0.8 * u[10],  # unsharp-mask gain of the display processing
-        "radius": 0.004 + 0.012 * u[9],  # its low-pass sigma: 4-16 px of a 1024 px film
-        "halo": 0.04 + 0.1 * u[11],  # the bound of its over/undershoot (display values)
+        "radius": 0.008 + 0.02 * u[2],  # its low-pass sigma: 8-30 px of a 1024 px film
     }
 
 
@@ -931,15 +886,12 @@ def xray_collimation(
 ) -> torch.Tensor:
     """Collimator shutters: the blades cut the beam, so the film under them is unexposed,
     showing only the scatter from the irradiated patient beside them (graded, noisy, no
-    anatomy) behind a focal-spot penumbra of a few px at 1024, every edge with sub-pixel
-    coverage at any tilt (the blades tilted together by a degree or two); the display's unsharp
-    mask leaves a bounded dark undershoot band along the exposed side and a bright overshoot
-    under the blade, as wide as its kernel; on a film-like display the shutter is bright
-    (``white``), else the system masks it black (anti-aliased) just inside the detected edge
-    (``collimation``). Refs: Bushberg et al., The Essential Physics of Medical Imaging, ch. 7
-    (collimation, penumbra = focal spot x (magnification - 1)) and ch. 10 (CR/DR image
-    processing: unsharp masking, electronic shuttering); Vuylsteke & Schoeters, SPIE 1994
-    (multiscale processing compresses large-contrast detail); Boyle et al., PMB 2013 (scatter
+    anatomy) behind a focal-spot penumbra of a few mm, the blades tilted together by a degree or
+    two; the display's edge enhancement leaves a dark undershoot along the exposed side; on a
+    film-like display the shutter is bright (``white``), else the system masks it black just
+    inside the edge (``collimation``). Refs: Bushberg et al., The Essential Physics of Medical
+    Imaging, ch. 7 (collimation, penumbra = focal spot x (magnification - 1)) and ch. 10 (CR/DR
+    image processing: unsharp masking, electronic shuttering); Boyle et al., PMB 2013 (scatter
     tails at field edges).
 
     Kornia: own kernel: no Kornia equivalent (shutter geometry, scatter and unsharp-mask

@@ -19,8 +19,8 @@ from perturb.ops.kernels import get_kernel
 
 
 def test_collimation_of_a_batch_is_each_sample_alone() -> None:
-    """The collimated films of a batch (blades, tilt, anti-aliased masks, penumbra, scatter and
-    unsharp low-passes at per-sample radii with per-sample halo bounds, the film's noise level and the keyed grain) equal those of
+    """The collimated films of a batch (blades, tilt, hard masks, penumbra, scatter and unsharp
+    low-passes at per-sample radii, the film's noise level and the keyed grain) equal those of
     each sample run alone, bit for bit."""
     h, w = 41, 67
     p = {
@@ -35,10 +35,10 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
         "reach": [0.01, 0.05, 0.03, 0.02],
         "shade": [0.9, 0.95, 0.98, 0.93],
         "black": [0.0, 0.02, 0.01, 0.03],
-        "fringe": [0.002, 0.0, 0.003, 0.001],
+        "fringe": [0.002, 0.006, 0.003, 0.004],
+        "hard": [0.0, 1.0, 0.0, 0.0],
         "enhance": [0.3, 1.1, 0.7, 0.5],
-        "radius": [0.008, 0.016, 0.004, 0.012],
-        "halo": [0.04, 0.14, 0.08, 0.1],
+        "radius": [0.008, 0.028, 0.015, 0.02],
     }
     params = {k: torch.tensor(v) for k, v in p.items()}
     x = torch.rand(4, 1, h, w, generator=torch.Generator().manual_seed(5))
