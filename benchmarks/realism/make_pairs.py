@@ -291,6 +291,18 @@ def compose(left: Image.Image, right: Image.Image) -> Image.Image:
     return canvas
 
 
+def write_questions(folder: Path, questions: list[str]) -> None:
+    """The reviewer's sheet: what to answer and the kind of artifact of each pair (one table
+    row each, ``| pair_NN | kind |``)."""
+    (folder / "QUESTIONS.md").write_text(
+        "# Which crop is the real one?\n\n"
+        "Each pair_NN.png shows two crops, A and B, of the same kind of artifact. In each pair\n"
+        "one crop is from a real clinical image and the other is synthetic. Answer A or B for\n"
+        'every pair (a guess when unsure), e.g. as JSON: {"pair_01": "A", ...}.\n\n'
+        "| pair | kind of artifact |\n|---|---|\n" + "\n".join(questions) + "\n"
+    )
+
+
 def build(rows: list[Row], sources: Sources, out: Path) -> dict:
     """Write the pairs and return the key."""
     boxes_by_file: dict[str, list[tuple[int, int, int, int]]] = {}
@@ -361,13 +373,7 @@ def build(rows: list[Row], sources: Sources, out: Path) -> dict:
             "real_block_strength": round(real_blocks, 3),
             "synthetic_capture_jpeg_quality": capture_quality,
         }
-    (pairs_dir / "QUESTIONS.md").write_text(
-        "# Which crop is the real one?\n\n"
-        "Each pair_NN.png shows two crops, A and B, of the same kind of artifact. In each pair\n"
-        "one crop is from a real clinical image and the other is synthetic. Answer A or B for\n"
-        'every pair (a guess when unsure), e.g. as JSON: {"pair_01": "A", ...}.\n\n'
-        "| pair | kind of artifact |\n|---|---|\n" + "\n".join(questions) + "\n"
-    )
+    write_questions(pairs_dir, questions)
     (out / "KEY.json").write_text(json.dumps(key, indent=2) + "\n")
     return key
 
@@ -396,22 +402,13 @@ def write_sessions(key: dict, out: Path) -> list[list[str]]:
     QUESTIONS.md; pair names stay global, so the sessions' answers join into one answers.json.
     Records each pair's session in ``out/KEY.json``."""
     sessions = split_sessions(key)
-    questions = {
-        line.split("|")[1].strip(): line
-        for line in (out / "pairs" / "QUESTIONS.md").read_text().splitlines()
-        if line.startswith("| pair_")
-    }
-    header = (out / "pairs" / "QUESTIONS.md").read_text().split("| pair |")[0]
     for k, names in enumerate(sessions, start=1):
         folder = out / f"session_{k}" / "pairs"
         folder.mkdir(parents=True, exist_ok=True)
         for name in names:
             (folder / f"{name}.png").write_bytes((out / "pairs" / f"{name}.png").read_bytes())
             key["pairs"][name]["session"] = k
-        (folder / "QUESTIONS.md").write_text(
-            header + "| pair | kind of artifact |\n|---|---|\n"
-            + "\n".join(questions[n] for n in names) + "\n"
-        )
+        write_questions(folder, [f"| {n} | {KIND_TEXT[key['pairs'][n]['op']]} |" for n in names])
     (out / "KEY.json").write_text(json.dumps(key, indent=2) + "\n")
     return sessions
 
