@@ -10,7 +10,6 @@ IEEE operations and lookups only, as batch-independent as float64 and several ti
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Sequence
 from functools import lru_cache
@@ -197,33 +196,6 @@ def scratch(name: str, shape: tuple[int, ...], dtype: type | np.dtype) -> np.nda
     buf = pool.get(name)
     if buf is None or buf.shape != shape or buf.dtype != np.dtype(dtype):
         buf = pool[name] = np.empty(shape, dtype)
-    return buf
-
-
-SCRATCH_TENSOR_BYTES = 32 << 20  # glibc's largest mmap threshold on 64-bit
-
-
-def scratch_tensor(
-    name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """``scratch`` for torch: on a CPU device, a block of at least ``SCRATCH_TENSOR_BYTES``
-    is a per-thread uninitialised tensor reused across calls of one shape, because glibc maps
-    every block past 32 MiB afresh and returns it to the system on free, so its pages fault in
-    again on each call (at B=32 on the 448x448 grain grid, ~10 ms of system time per sample,
-    more than the arithmetic). Smaller blocks, and any on other devices (CUDA's caching
-    allocator reuses its blocks), are a fresh ``torch.empty``: glibc's heap already reuses
-    them, and pinning them would keep it from raising its mapping threshold. Overwritten by the
-    next call with the same ``name`` on the thread; never return it, never under autograd."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if device.type != "cpu" or nbytes < SCRATCH_TENSOR_BYTES:
-        return torch.empty(shape, dtype=dtype, device=device)
-    pool: dict[str, torch.Tensor] | None = getattr(_SCRATCH, "tensors", None)
-    if pool is None:
-        pool = _SCRATCH.tensors = {}
-    buf = pool.get(name)
-    if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype:
-        pool.pop(name, None)  # free the old block before the new one is faulted in
-        buf = pool[name] = torch.empty(shape, dtype=dtype)
     return buf
 
 

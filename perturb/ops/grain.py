@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from perturb.ops import backend
-from perturb.ops._math import _graph, plane2d, scratch, scratch_tensor, split_into
+from perturb.ops._math import _graph, plane2d, scratch, split_into
 
 GRAIN_CELLS = 448
 
@@ -180,11 +180,10 @@ def field_matrix(g: int, n: int) -> np.ndarray:
     return out
 
 
-def _to_grid_torch(x: torch.Tensor, gh: int, gw: int, reuse: bool = False) -> torch.Tensor:
-    """The frame on its grain grid: area weights when larger (float32 products, as OpenCV's
-    INTER_AREA), bicubic weights when smaller (float64, rounded once), as is when it is.
-    ``reuse``: the bicubic steps and the result go to ``scratch_tensor`` buffers (same values;
-    the caller neither keeps nor returns the result)."""
+def _to_grid_torch(x: torch.Tensor, gh: int, gw: int) -> torch.Tensor:
+    """The frame on its grain grid (a fresh tensor): area weights when larger (float32
+    products, as OpenCV's INTER_AREA), bicubic weights when smaller (float64, rounded once),
+    as is when it is."""
     h, w = x.shape[-2:]
     if (h, w) == (gh, gw):
         return x.clone()
@@ -192,15 +191,7 @@ def _to_grid_torch(x: torch.Tensor, gh: int, gw: int, reuse: bool = False) -> to
         return _area_axis_torch(_area_axis_torch(x, gh, -2), gw, -1)
     uh = torch.from_numpy(cubic_matrix(h, gh).copy()).to(x.device)
     uw = torch.from_numpy(cubic_matrix(w, gw).copy()).to(x.device)
-    if not reuse:
-        return torch.matmul(torch.matmul(uh, x.double()), uw.t()).to(x.dtype)
-    lead = tuple(x.shape[:-2])
-    wide = scratch_tensor("grain_x64", tuple(x.shape), torch.float64, x.device).copy_(x)
-    rows = scratch_tensor("grain_rows64", (*lead, gh, w), torch.float64, x.device)
-    up = scratch_tensor("grain_up64", (*lead, gh, gw), torch.float64, x.device)
-    torch.matmul(uh, wide, out=rows)
-    torch.matmul(rows, uw.t(), out=up)
-    return scratch_tensor("grain_grid", (*lead, gh, gw), x.dtype, x.device).copy_(up)
+    return torch.matmul(torch.matmul(uh, x.double()), uw.t()).to(x.dtype)
 
 
 def _area_axis_torch(x: torch.Tensor, n_out: int, dim: int) -> torch.Tensor:
@@ -235,17 +226,14 @@ def _to_grid_numpy(full: np.ndarray, gh: int, gw: int) -> np.ndarray:
     return np.matmul(np.matmul(cubic_matrix(h, gh), full.astype(np.float64)), cubic_matrix(w, gw).T).astype(np.float32)
 
 
-def _field_axis_torch(
-    residual: torch.Tensor, n: int, dim: int, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The field along ``dim`` (-2 or -1) at n pixels: the matrix product (into ``out`` when
-    given), or for an axis whose matrix would pass ``DENSE_ENTRIES`` the same sum by FFT
+def _field_axis_torch(residual: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """The field along ``dim`` (-2 or -1) at n pixels: the matrix product, or for an axis whose matrix would pass ``DENSE_ENTRIES`` the same sum by FFT
     (``_field_fft``, in torch)."""
     g = residual.shape[dim]
     if n * g <= DENSE_ENTRIES:
         m = torch.from_numpy(field_matrix(g, n).copy()).to(residual.device, residual.dtype)
         left, right = (m, residual) if dim == -2 else (residual, m.t())
-        return torch.matmul(left, right) if out is None else torch.matmul(left, right, out=out)
+        return torch.matmul(left, right)
     bins, factor = _field_spectrum(g, n)
     source = torch.from_numpy(np.mod(np.arange(-(g // 2), g // 2 + 1), g)).to(residual.device)
     moved = residual.movedim(dim, -1).to(torch.float64)
@@ -257,14 +245,9 @@ def _field_axis_torch(
     return out.movedim(-1, dim)
 
 
-def _field_torch(residual: torch.Tensor, h: int, w: int, reuse: bool = False) -> torch.Tensor:
-    """The field of a grid residual on the h x w frame (a fresh tensor); ``reuse``: the
-    intermediate (h rows of the grid's width) goes to a ``scratch_tensor`` buffer."""
-    rows = None
-    if reuse and h * residual.shape[-2] <= DENSE_ENTRIES:
-        shape = (*residual.shape[:-2], h, residual.shape[-1])
-        rows = scratch_tensor("grain_field_rows", shape, residual.dtype, residual.device)
-    return _field_axis_torch(_field_axis_torch(residual, h, -2, out=rows), w, -1)
+def _field_torch(residual: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """The field of a grid residual on the h x w frame (a fresh tensor)."""
+    return _field_axis_torch(_field_axis_torch(residual, h, -2), w, -1)
 
 
 def grain_kernel(pixel_kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -275,14 +258,14 @@ def grain_kernel(pixel_kernel: Callable[..., torch.Tensor]) -> Callable[..., tor
         x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], **kw: Any
     ) -> torch.Tensor:
         h, w = x.shape[-2:]
-        # off autograd the grid-sized steps run in place and in reused buffers (same values):
-        # fresh grid-sized blocks cost more page faults than arithmetic at B=32
-        reuse = not _graph(x)
-        grid = _to_grid_torch(x, *grid_shape(h, w), reuse=reuse).clamp_(0.0, 1.0)
+        # off autograd the grid-sized steps run in place (same values): fresh grid-sized
+        # blocks cost more page faults than arithmetic at B=32
+        inplace = not _graph(x)
+        grid = _to_grid_torch(x, *grid_shape(h, w)).clamp_(0.0, 1.0)
         noisy = pixel_kernel(grid, p, keys, **kw)
-        residual = noisy.sub_(grid) if reuse and noisy.dtype == grid.dtype else noisy - grid
-        field = _field_torch(residual, h, w, reuse=reuse)
-        return (field.add_(x) if reuse and field.dtype == x.dtype else x + field).clamp_(0.0, 1.0)
+        residual = noisy.sub_(grid) if inplace and noisy.dtype == grid.dtype else noisy - grid
+        field = _field_torch(residual, h, w)
+        return (field.add_(x) if inplace and field.dtype == x.dtype else x + field).clamp_(0.0, 1.0)
 
     kernel.__doc__ = pixel_kernel.__doc__
     return kernel
