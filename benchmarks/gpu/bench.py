@@ -56,6 +56,7 @@ FULL_SIZES = [(720, 576), (1920, 1080)]
 SMOKE_SIZES = [(96, 72)]
 SMOKE_OPS = ["gaussian_blur", "motion_blur", "brightness", "contrast", "hue_shift", "rotation", "jpeg", "gaussian_noise"]
 SEVERITY = 3
+SLOW_CALL_S = 5.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,9 +155,16 @@ def sync(device: str) -> None:
 
 
 def timeit(fn: Callable[[], Any], device: str, seconds: float, warmup: int, min_iters: int) -> dict[str, float]:
+    """Median and best wall time of ``fn`` (device synchronised after each call). A call that
+    takes over ``SLOW_CALL_S`` (host-side sampling of a big batch, say) ends the warm-up and is
+    timed twice only, so one slow op cannot use up a leased machine's time."""
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
-    sync(device)
+        sync(device)
+        if time.perf_counter() - t0 > SLOW_CALL_S:
+            min_iters, seconds = 2, 0.0
+            break
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < min_iters or time.perf_counter() - start < seconds:
@@ -419,6 +427,122 @@ def bench_ops(args: argparse.Namespace, tables: dict[str, dict[str, Any]]) -> di
 
 
 # ---------------------------------------------------------------------------------------------
+# Kernels on pre-made parameters, timed with CUDA events (CV-CUDA's method)
+
+XRAY_SAMPLES = next(
+    (d for d in (REPO.parent / "shared" / "samples" / "xray", REPO / "tests" / "data" / "xray") if any(d.glob("*.png"))),
+    REPO / "tests" / "data" / "xray",
+)
+
+
+def films(side: int, n: int) -> torch.Tensor:
+    """``n`` uint16 chest films (B, 1, side, side, CPU) from the X-ray samples, cycled and flipped
+    as ``frames`` does."""
+    import cv2
+
+    files = sorted(XRAY_SAMPLES.glob("*.png"))
+    if not files:
+        raise SystemExit(f"no sample films under {XRAY_SAMPLES}")
+    out = []
+    for i in range(n):
+        img = cv2.imread(str(files[i % len(files)]), cv2.IMREAD_UNCHANGED)
+        if img.ndim == 3:
+            img = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
+        scale = 65535.0 / (65535.0 if img.dtype == np.uint16 else 255.0)
+        g = cv2.resize(img.astype(np.float32) * scale, (side, side), interpolation=cv2.INTER_AREA)
+        g = np.clip(np.rint(g), 0, 65535).astype(np.int32)
+        if i >= len(files):
+            g = g[:, ::-1] if (i // len(files)) % 2 else g[::-1]
+        out.append(torch.from_numpy(np.ascontiguousarray(g))[None])
+    return torch.stack(out).to(torch.uint16)
+
+
+def time_events(fn: Callable[[], Any], device: str, warmup: int, iters: int) -> dict[str, float]:
+    """Median and best milliseconds of ``fn`` between two CUDA events on the current stream
+    (host work inside the call, e.g. a sync, counts as the stream waits for it); on CPU, wall
+    time."""
+    for _ in range(warmup):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        if time.perf_counter() - t0 > SLOW_CALL_S:
+            iters = 1
+            break
+    ms: list[float] = []
+    for _ in range(iters):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ms.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            ms.append(1e3 * (time.perf_counter() - t0))
+    return {"median_ms": statistics.median(ms), "best_ms": min(ms), "calls": len(ms)}
+
+
+def bench_kernels(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Each op's batched call on parameters drawn beforehand (``run_records`` on records whose
+    scenes were analysed and stored once): what the device does per batch once sampling and
+    scene analysis are out of the way. Endoscopy ops on RGB uint8 frames at every ``--sizes``,
+    X-ray ops on uint16 films at 1024x1024; batches ``args.kernel_batches`` (the largest is
+    ``--batch``). ``per_sample_speedup``: per-sample time at batch 1 over that at the largest
+    batch (the proof of batching: a per-sample loop gives about 1)."""
+    import copy
+
+    from perturb.catalog.ops import all_ops
+    from perturb.engine.run import make_records, run_records
+
+    ops = all_ops()
+    wanted = set(filter(None, args.ops.split(","))) if args.ops else None
+    batches = args.kernel_batches
+    big = max(batches)
+    device = torch.device(args.device)
+    results: dict[str, Any] = {"method": "CUDA events around run_records on pre-made records" if args.device == "cuda" else "wall time (CPU)", "batches": batches}
+    drawn: dict[str, Any] = {}
+    plan = [("endoscopy", size) for size in args.sizes] + [("xray", (1024, 1024) if not args.smoke else (96, 96))]
+    for modality, (width, height) in plan:
+        names = [n for n, op in ops.items() if modality in op.spec.modalities and (wanted is None or n in wanted)]
+        if args.smoke:
+            names = names[:4]
+        host = frames(width, height, big) if modality == "endoscopy" else films(width, big)
+        x = host.to(device)
+        size = f"{width}x{height}" if modality == "endoscopy" else f"{width}x{height} uint16"
+        for name in names:
+            op = ops[name]
+            entry: dict[str, Any] = {}
+            try:
+                t0 = time.perf_counter()
+                if name not in drawn:
+                    drawn[name] = make_records(
+                        op, [SEVERITY] * big, [f"frame-{i}" for i in range(big)], seed=0,
+                        variants=[0] * big, protect_border=op.spec.protects_border, device=device,
+                    )
+                entry["sampling_s_per_batch"] = round(time.perf_counter() - t0, 3)
+                records = copy.deepcopy(drawn[name])
+                t0 = time.perf_counter()
+                run_records(x, records, record_scenes=True)  # the scenes, analysed once and stored
+                sync(args.device)
+                entry["first_call_s"] = round(time.perf_counter() - t0, 3)
+                for b in batches:
+                    xb, rb = x[:b].contiguous(), records[:b]
+                    t = time_events(lambda xb=xb, rb=rb: run_records(xb, rb), args.device, args.warmup, max(args.min_iters, 3))
+                    entry[f"b{b}"] = {"ms_per_batch": round(t["median_ms"], 3), "best_ms": round(t["best_ms"], 3), "ms_per_sample": round(t["median_ms"] / b, 4), "calls": int(t["calls"])}
+                lo, hi = entry[f"b{min(batches)}"], entry[f"b{big}"]
+                entry["per_sample_speedup"] = round(lo["ms_per_sample"] / hi["ms_per_sample"], 2) if hi["ms_per_sample"] else None
+            except Exception as exc:
+                entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            results.setdefault(size, {})[name] = entry
+            emit(results)
+            print(f"  kernels {size} {name}: " + (entry.get("error") or f"b{big} {entry.get(f'b{big}', {}).get('ms_per_batch')} ms, speedup {entry.get('per_sample_speedup')}"), flush=True)
+        del x
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
 # Codec, generation, augmentation
 
 
@@ -507,7 +631,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--peers-install", type=Path, default=None, help="JSON of run.sh's install step")
     ap.add_argument("--seconds", type=float, default=None, help="time per row (default 2, smoke 0)")
     ap.add_argument("--sizes", default="", help="WxH list, e.g. 720x576 (default 720x576,1920x1080; smoke 96x72)")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: ops,jpeg,generate,augment")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: kernels,ops,jpeg,generate,augment")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda needs a CUDA GPU and a CUDA build of torch; use --device cpu")
@@ -520,6 +644,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--sizes takes WxH items of at least 8x8, e.g. 720x576,1920x1080; got {args.sizes!r}")
     args.sizes = sizes or (SMOKE_SIZES if smoke else FULL_SIZES)
     args.batch = 4 if smoke else 64
+    args.kernel_batches = [1, 4] if smoke else [1, 32, 64]
     args.seconds = args.seconds if args.seconds is not None else (0.0 if smoke else 2.0)
     args.warmup = 1 if smoke else 3
     args.min_iters = 1 if smoke else 5
@@ -544,7 +669,19 @@ def main(argv: list[str] | None = None) -> int:
             payload[name] = json.loads(path.read_text())
     tables, payload["peers"] = peer_table(args.device)
     print(f"peers: {json.dumps(payload['peers'], indent=1)}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"gpu-{args.tag}.json"
+
+    def write() -> None:  # after every section (and kernel row): a run cut short keeps what it measured
+        payload["seconds"] = round(time.perf_counter() - t0, 1)
+        path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+    def emit_kernels(partial: dict[str, Any]) -> None:
+        payload["kernels"] = partial
+        write()
+
     sections: list[tuple[str, Callable[[], Any]]] = [
+        ("kernels", lambda: bench_kernels(args, emit_kernels)),
         ("ops", lambda: bench_ops(args, tables)),
         ("jpeg_codec", lambda: bench_jpeg_codec(args)),
         ("generate", lambda: bench_generate(args)),
@@ -562,10 +699,8 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(name)
             payload[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
             print(payload[name]["traceback"], file=sys.stderr)
-    payload["seconds"] = round(time.perf_counter() - t0, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"gpu-{args.tag}.json"
-    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        write()
+    write()
     print(f"wrote {path} in {payload['seconds']} s")
     if failed:
         print(f"sections that failed: {', '.join(failed)}", file=sys.stderr)
