@@ -298,7 +298,10 @@ def make_records(
 
 
 def run_records(
-    x: torch.Tensor, records: Sequence[Record], record_scenes: bool = False
+    x: torch.Tensor,
+    records: Sequence[Record],
+    record_scenes: bool = False,
+    scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
     """Run one op over a batch with the parameters in ``records`` (one per sample).
 
@@ -307,8 +310,14 @@ def run_records(
     dtype it reads (uint8 stays uint8; uint16 stays uint16 where the path reads it, else each
     sample goes through float32); otherwise, and on CUDA, the torch kernel runs on float32 and
     integer batches are rounded back. ``record_scenes``: a border-protecting record without a
-    stored scene gets the descriptor of the scene analysed for it (``extra["scene"]``)."""
-    return _run_records(x, records, record_scenes=record_scenes)
+    stored scene gets the descriptor of the scene analysed for it (``extra["scene"]``).
+    ``scenes`` (one ``perturb.scene.Scene`` or descriptor per record, None where not known), as
+    in ``apply``: scenes already at hand (e.g. one per source image, reused by every op of a
+    chain, so what they derive from a frame is computed once per image, not per op)."""
+    if scenes is not None and len(scenes) != len(records):
+        raise InputError(f"scenes has {len(scenes)} entries for {len(records)} records; pass one per record")
+    found = None if scenes is None else BatchScenes(records, x, given=scenes, record=record_scenes)
+    return _run_records(x, records, found, record_scenes=record_scenes)
 
 
 def run_records_into(
