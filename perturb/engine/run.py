@@ -604,23 +604,45 @@ def _host_of(x: torch.Tensor, scenes: Sequence[Scene | None]) -> Callable[[], np
 
 def _alphas(x: torch.Tensor, scenes: Sequence[Scene | None], kind: str) -> torch.Tensor | None:
     """(B, 1, H, W) float32 on ``x``'s device: each scene's ``composite_alpha`` or
-    ``extension_alpha`` with its clean sample (1 without a scene), computed once per image
-    (``Scene`` keeps it) and uploaded in one transfer; None where no sample has a scene."""
+    ``extension_alpha`` with its clean sample (1 without a scene); None where no sample has a
+    scene. An alpha is computed once per image (``Scene`` keeps it) and uploaded once per image:
+    a scene whose alpha reads no pixels keeps its device copy (``Scene.held_on``), so the later
+    ops of its chain neither copy the batch to the host nor upload anything. What is missing is
+    computed on the host (the batch copied there once, only where a scene reads glyph pixels)
+    and uploaded in one transfer."""
     if all(s is None for s in scenes):
         return None
-    b, _, h, w = x.shape
-    # one copy of the batch whether or not a scene has text lines (the glyph cover reads the
-    # clean pixels): the transfers of a batch do not depend on what its frames show
-    host = _host_of(x, scenes)()
-    stack = np.ones((b, 1, h, w), np.float32)
-    for i, s in enumerate(scenes):
-        if s is not None:
-            stack[i, 0] = (
-                s.composite_alpha(host[i])
-                if kind == "composite"
-                else scene_extension_alpha(s, host[i])
+    h, w = x.shape[-2:]
+    parts: list[torch.Tensor | None] = [
+        None if s is None else s.held_on(kind, x.device) for s in scenes
+    ]
+    todo = [i for i, s in enumerate(scenes) if s is not None and parts[i] is None]
+    if todo:
+        reads = any(_scene(scenes, i).reads_pixels for i in todo)
+        host = _host_of(x, scenes)() if reads else None
+        stack = np.empty((len(todo), 1, h, w), np.float32)
+        for j, i in enumerate(todo):
+            s = _scene(scenes, i)
+            image = host[i] if host is not None else None
+            stack[j, 0] = (
+                s.composite_alpha(image) if kind == "composite" else scene_extension_alpha(s, image)
             )
-    return torch.from_numpy(stack).to(x.device)
+        uploaded = torch.from_numpy(stack).to(x.device)
+        for i, one in zip(todo, uploaded.unbind(0), strict=True):  # views, one aten call
+            parts[i] = one
+            _scene(scenes, i).held_on(kind, x.device, one)
+        if len(todo) == len(parts):
+            return uploaded
+    if len(parts) == 1 and parts[0] is not None:
+        return parts[0].unsqueeze(0)
+    ones = torch.ones((1, h, w), dtype=torch.float32, device=x.device)
+    return torch.stack([ones if p is None else p for p in parts])
+
+
+def _scene(scenes: Sequence[Scene | None], i: int) -> Scene:
+    s = scenes[i]
+    assert s is not None
+    return s
 
 
 def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:

@@ -429,21 +429,32 @@ def view_masks(x: torch.Tensor, scenes: Sequence[Any] | None) -> tuple[torch.Ten
     if all(s is None for s in given):
         field = estimate_tissue(x)
         return field, field
-    # one host copy of the batch whenever scenes are given, whether or not a scene has a text
-    # line (whose glyph strokes are read from the pixels): the transfers per batch then do not
-    # depend on the content (as the engine's composite)
-    pixels = x.detach().to("cpu", torch.float32).numpy()
+    # a scene's masks are built on the host once per image and kept on the device
+    # (``Scene.held_on``) where they read no pixels; the batch comes to the host only where a
+    # scene still to be built has a text line (its glyph strokes are read from the pixels)
+    held: list[torch.Tensor | None] = [
+        None if s is None else s.held_on("view", x.device) for s in given
+    ]
+    scenes_of = {i: s for i, s in enumerate(given) if s is not None}
+    todo = [i for i in scenes_of if held[i] is None]
+    if todo:
+        reads = any(scenes_of[i].reads_pixels for i in todo)
+        pixels = x.detach().to("cpu", torch.float32).numpy() if reads else None
 
-    def image(i: int) -> np.ndarray:
-        return pixels[i]
+        def image(i: int) -> np.ndarray:
+            assert pixels is not None
+            return pixels[i]
 
-    fields = np.ones((b, 1, h, w), dtype=bool)
-    tissues = np.ones((b, 1, h, w), dtype=bool)
-    for i, s in enumerate(given):
-        if s is not None:
-            fields[i, 0], tissues[i, 0] = _scene_masks(s, partial(image, i))
-    field = torch.from_numpy(fields).to(x.device)
-    tissue = torch.from_numpy(tissues).to(x.device)
+        stack = np.empty((len(todo), 2, h, w), dtype=bool)
+        for j, i in enumerate(todo):
+            stack[j, 0], stack[j, 1] = _scene_masks(scenes_of[i], partial(image, i))
+        uploaded = torch.from_numpy(stack).to(x.device)
+        for i, one in zip(todo, uploaded.unbind(0), strict=True):  # views, one aten call
+            held[i] = one
+            scenes_of[i].held_on("view", x.device, one)
+    ones = torch.ones((2, h, w), dtype=torch.bool, device=x.device)
+    both = torch.stack([ones if m is None else m for m in held])  # a fresh batch: callers may write
+    field, tissue = both[:, :1], both[:, 1:]
     if any(s is None for s in given):
         estimated = estimate_tissue(x)
         missing = (

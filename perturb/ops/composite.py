@@ -464,7 +464,7 @@ def extend_numpy(
         extend_frame(src, dst, desc, key)
 
 
-def scene_extension_alpha(scene: Scene, image: np.ndarray) -> np.ndarray:
+def scene_extension_alpha(scene: Scene, image: np.ndarray | None) -> np.ndarray:
     """float32 (H, W), read-only: the weight of the clean pixels in the tissue extension of
     spatial ops (``extension_alpha``) of ``scene`` with its clean ``image`` (CHW NumPy, its own
     dtype), computed once per image as ``Scene.composite_alpha``."""
@@ -474,6 +474,8 @@ def scene_extension_alpha(scene: Scene, image: np.ndarray) -> np.ndarray:
         return scene.remember(
             "extension", lambda: extension_alpha(scene.key, scene.composite_alpha(image))
         )
+    if image is None:
+        raise ValueError("this scene has text lines: its extension reads the clean image's glyph windows")
     return scene.per_glyphs(
         "extension", image, lambda: extension_alpha(scene.key, scene.composite_alpha(image))
     )

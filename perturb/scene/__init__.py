@@ -110,18 +110,38 @@ class Scene:
             )
         return cls(descriptor)
 
-    def composite_alpha(self, image: np.ndarray) -> np.ndarray:
+    def composite_alpha(self, image: np.ndarray | None) -> np.ndarray:
         """float32 (H, W), read-only: ``masks.composite_alpha`` of this scene with the clean
         ``image`` (CHW NumPy, its own dtype), computed once per image: where the scene has text
         lines it is kept per content of their glyph windows (the only pixels it reads); of a
-        radiograph: 0 on its annotations, 1 elsewhere (from the descriptor alone)."""
+        radiograph: 0 on its annotations, 1 elsewhere (from the descriptor alone). ``image``
+        may be None for a scene that reads no pixels (``reads_pixels``)."""
         if self.kind == "radiograph":
             return self.derived("composite", radiograph.composite_alpha)
         if not masks.text_boxes(self.descriptor):
             return masks.tissue_alpha(self.descriptor, self.key)
+        if image is None:
+            raise ValueError("this scene has text lines: its composite reads the clean image's glyph windows")
         return self.per_glyphs(
             "composite", image, lambda: masks.composite_alpha(self.descriptor, image)
         )
+
+    @property
+    def reads_pixels(self) -> bool:
+        """Whether the composite (and the extension alpha of spatial ops) depend on the clean
+        image's pixels: an endoscopy frame with burned-in text lines (their glyph strokes).
+        Otherwise they follow from the descriptor alone, so a device copy can be kept
+        (``held_on``)."""
+        return self.kind != "radiograph" and bool(masks.text_boxes(self.descriptor))
+
+    def held_on(self, name: str, device: Any, value: Any = None) -> Any:
+        """The device copy of a pixel-free alpha kept under ``name`` for ``device`` (None when
+        none is kept yet); with ``value``, keep it (never for a scene that ``reads_pixels``).
+        The engine uploads an image's alpha once and every later op of its chain reuses it."""
+        slot = ("device", name, str(device))
+        if value is not None and not self.reads_pixels:
+            self._memo[slot] = value
+        return self._memo.get(slot)
 
     def remember(self, name: str, compute: Any) -> np.ndarray:
         """``compute()`` kept under ``name`` (computed on the first call only)."""
