@@ -426,6 +426,15 @@ def fill_factor(h: int, w: int) -> int:
     return max(1, int(FILL_SIGMAS[0] * min(h, w) // FILL_GRID_PX))
 
 
+def resize_planes(planes: np.ndarray, size: tuple[int, int], interpolation: int) -> np.ndarray:
+    """``cv2.resize`` of every (H, W) plane of float32 (C, H, W) ``planes`` to ``size`` (width,
+    height), each written straight into its slot of the (C, height, width) result."""
+    out = np.empty((planes.shape[0], size[1], size[0]), dtype=np.float32)
+    for plane, slot in zip(planes, out, strict=True):
+        cv2.resize(plane, size, dst=slot, interpolation=interpolation)
+    return out
+
+
 def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """float32 (C, H, W): the tissue behind the aperture, ``w img + (1 - w) F`` with ``F`` the
     normalised convolution of the clear tissue (``FILL_SIGMAS``, a finer one wherever its weight
@@ -440,14 +449,14 @@ def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
     if factor > 1:
         small = (max(1, w // factor), max(1, h // factor))
         grid_weight = cv2.resize(weight, small, interpolation=cv2.INTER_AREA)
-        grid_weighted = np.stack(
-            [cv2.resize(z, small, interpolation=cv2.INTER_AREA) for z in weighted]
-        )
+        grid_weighted = resize_planes(weighted, small, cv2.INTER_AREA)
     fill: np.ndarray | None = None
     for sigma in reversed(FILL_SIGMAS):  # float32 arithmetic, in place
         sigma_px = sigma * scale / factor
         cover = _fill_gauss(grid_weight, sigma_px)
-        level = np.stack([_fill_gauss(np.ascontiguousarray(z), sigma_px) for z in grid_weighted])
+        level = np.empty_like(grid_weighted)
+        for z, blurred in zip(grid_weighted, level, strict=True):
+            blurred[...] = _fill_gauss(z, sigma_px)
         level /= np.maximum(cover, np.float32(1e-6))[None]
         if fill is None:
             fill = level
@@ -457,7 +466,7 @@ def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
             fill += level
     assert fill is not None
     if factor > 1:
-        fill = np.stack([cv2.resize(z, (w, h), interpolation=cv2.INTER_LINEAR) for z in fill])
+        fill = resize_planes(fill, (w, h), cv2.INTER_LINEAR)
     fill *= (np.float32(1.0) - weight)[None]
     fill += weighted
     return fill.astype(np.float32, copy=False)
