@@ -43,6 +43,7 @@ from typing import Any
 import cv2
 import numpy as np
 import torch
+from scipy import sparse
 
 from perturb.ops import _host, _math
 from perturb.ops.kernels import Geometry, Level, Params, as_float32, draw, draw_int, draw_sign
@@ -582,6 +583,42 @@ def channel_scale_maps(
     return map_x, map_y
 
 
+def _cubic_axis(positions: np.ndarray, n: int) -> sparse.csr_matrix:
+    """float32 (len, n) resampling matrix of a 1-D bicubic read (OpenCV's kernel,
+    ``_host._cubic_weights``) at float32 pixel-index ``positions`` on an axis of ``n`` pixels,
+    reflect-101 border: 4 taps a row (a tap folded onto another adds to it)."""
+    base = np.floor(positions)
+    weights = _host._cubic_weights((positions - base).astype(np.float32))
+    taps = base.astype(np.int64)[:, None] + np.arange(-1, 3)[None, :]
+    if n == 1:
+        taps = np.zeros_like(taps)
+    else:
+        period = 2 * (n - 1)
+        taps = np.mod(taps, period)
+        taps = np.where(taps >= n, period - taps, taps)
+    return sparse.csr_matrix(
+        (np.stack(weights, axis=1).ravel(), taps.ravel(), np.arange(0, 4 * len(positions) + 1, 4)),
+        shape=(len(positions), n),
+        dtype=np.float32,
+    )
+
+
+def scale_plane(plane: np.ndarray, cx: float, cy: float, magnification: float) -> np.ndarray:
+    """float32 (H, W) ``plane`` magnified by ``magnification`` about (cx, cy) px, bicubic with
+    reflect-101 borders, at the positions of ``channel_scale_maps``. A scale about a point moves
+    columns and rows independently, so the bicubic sum over 4 x 4 taps is a pass of 4 taps down
+    the columns and one of 4 along the rows: two sparse matrix products (the same interpolation
+    as the dense remap, the products summed in another order: within 1e-6)."""
+    h, w = plane.shape
+    map_x, map_y = (
+        ((np.arange(n, dtype=np.float64) + 0.5 - c) / magnification + c - 0.5).astype(np.float32)
+        for n, c in ((w, cx), (h, cy))
+    )
+    down = np.asarray(_cubic_axis(map_y, h) @ plane, dtype=np.float32)
+    across = np.asarray(_cubic_axis(map_x, w) @ cv2.transpose(down), dtype=np.float32)
+    return cv2.transpose(across)
+
+
 def _chromatic_aberration_batch(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
 ) -> torch.Tensor:
@@ -623,7 +660,7 @@ def chromatic_aberration(
     """Red image of the tissue scaled by ``1 + shift``, blue by ``1 - shift`` about the field's
     centre (``shift`` is the fringe width at the field's radius, as a fraction of that radius),
     behind the fixed aperture (section comment above)."""
-    c, h, w = img.shape
+    c = img.shape[0]
     if c == 1:
         return img.copy()
     tissue = view.tissue
@@ -633,11 +670,10 @@ def chromatic_aberration(
     k = float(p["shift"])
     out = img.copy()
     for channel, m in ((0, 1.0 + k), (2, 1.0 - k)):
-        map_x, map_y = channel_scale_maps(h, w, cx, cy, m)
-        moved = cv2.remap(
-            radiance[channel], map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101
-        )
-        out[channel] = img[channel] + weight * (moved - radiance[channel])
+        moved = scale_plane(radiance[channel], cx, cy, m)
+        moved -= radiance[channel]
+        moved *= weight
+        out[channel] += moved
     return out
 
 
