@@ -723,20 +723,28 @@ def distortion_forward(
 def distortion_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
     """Source pixel-index maps (float32, H x W) of every output pixel: ``distortion_source`` at
     the pixel centres, minus 0.5, the same float64 operations in the same order (in place, on
-    the frame's cached normalised coordinates)."""
+    the frame's cached normalised coordinates). The frame's coordinates are exactly symmetric
+    about its centre (``u`` of column j is minus that of column W-1-j), so the radial factor is
+    computed on a quarter and mirrored, ``map_x`` on the top half (it repeats in mirrored rows)
+    and ``map_y`` on the left half: the same bits as the whole-frame arithmetic."""
     cx, cy, radius = distortion_frame(width, height)
     u, v, r2 = _distortion_grid(width, height)
-    factor = np.multiply(r2, k)  # (1 + k (u u + v v)) / (1 + k)
+    rows, cols = (height + 1) // 2, (width + 1) // 2
+    factor = np.multiply(r2[:rows, :cols], k)  # (1 + k (u u + v v)) / (1 + k)
     factor += 1.0
     factor /= 1.0 + k
-    maps = []
-    for centre, axis in ((cx, u), (cy, v)):
-        source = np.multiply(axis, factor)  # centre + u factor radius - 0.5
-        source *= radius
+    top = np.concatenate([factor, factor[:, : width // 2][:, ::-1]], axis=1)
+    left = np.concatenate([factor, factor[: height // 2][::-1]], axis=0)
+    halves = []
+    for centre, axis, half in ((cx, u, top), (cy, v, left)):
+        source = np.multiply(axis, half)
+        source *= radius  # centre + u factor radius - 0.5
         np.add(centre, source, out=source)
         source -= 0.5
-        maps.append(source.astype(np.float32))
-    return maps[0], maps[1]
+        halves.append(source.astype(np.float32))
+    map_x = np.concatenate([halves[0], halves[0][: height // 2][::-1]], axis=0)
+    map_y = np.concatenate([halves[1], halves[1][:, : width // 2][:, ::-1]], axis=1)
+    return map_x, map_y
 
 
 @lru_cache(maxsize=8)
