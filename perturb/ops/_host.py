@@ -237,11 +237,15 @@ def soft_mask(mask: np.ndarray, inset_px: float) -> np.ndarray:
 def field_geometry(mask: np.ndarray) -> tuple[float, float, float]:
     """(cx, cy, radius) in pixels of the field of view: centroid and the radius of a disk of the
     same area."""
-    ys, xs = np.nonzero(mask)
-    if len(xs) == 0:
-        h, w = mask.shape
+    h, w = mask.shape
+    per_column = np.count_nonzero(mask, axis=0)
+    count = int(per_column.sum())
+    if count == 0:
         return w / 2.0, h / 2.0, min(h, w) / 2.0
-    return float(xs.mean()) + 0.5, float(ys.mean()) + 0.5, math.sqrt(len(xs) / math.pi)
+    # exact integer sums of the coordinates (the mean of the pixels' indices, without listing them)
+    sum_x = int(per_column @ np.arange(w, dtype=np.int64))
+    sum_y = int(np.count_nonzero(mask, axis=1) @ np.arange(h, dtype=np.int64))
+    return sum_x / count + 0.5, sum_y / count + 0.5, math.sqrt(count / math.pi)
 
 
 # ---------------------------------------------------------------------------------------------

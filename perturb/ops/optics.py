@@ -43,6 +43,7 @@ from typing import Any
 import cv2
 import numpy as np
 import torch
+from scipy import sparse
 
 from perturb.ops import _host, _math
 from perturb.ops.kernels import Geometry, Level, Params, as_float32, draw, draw_int, draw_sign
@@ -426,6 +427,15 @@ def fill_factor(h: int, w: int) -> int:
     return max(1, int(FILL_SIGMAS[0] * min(h, w) // FILL_GRID_PX))
 
 
+def resize_planes(planes: np.ndarray, size: tuple[int, int], interpolation: int) -> np.ndarray:
+    """``cv2.resize`` of every (H, W) plane of float32 (C, H, W) ``planes`` to ``size`` (width,
+    height), each written straight into its slot of the (C, height, width) result."""
+    out = np.empty((planes.shape[0], size[1], size[0]), dtype=np.float32)
+    for plane, slot in zip(planes, out, strict=True):
+        cv2.resize(plane, size, dst=slot, interpolation=interpolation)
+    return out
+
+
 def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """float32 (C, H, W): the tissue behind the aperture, ``w img + (1 - w) F`` with ``F`` the
     normalised convolution of the clear tissue (``FILL_SIGMAS``, a finer one wherever its weight
@@ -440,14 +450,14 @@ def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
     if factor > 1:
         small = (max(1, w // factor), max(1, h // factor))
         grid_weight = cv2.resize(weight, small, interpolation=cv2.INTER_AREA)
-        grid_weighted = np.stack(
-            [cv2.resize(z, small, interpolation=cv2.INTER_AREA) for z in weighted]
-        )
+        grid_weighted = resize_planes(weighted, small, cv2.INTER_AREA)
     fill: np.ndarray | None = None
     for sigma in reversed(FILL_SIGMAS):  # float32 arithmetic, in place
         sigma_px = sigma * scale / factor
         cover = _fill_gauss(grid_weight, sigma_px)
-        level = np.stack([_fill_gauss(np.ascontiguousarray(z), sigma_px) for z in grid_weighted])
+        level = np.empty_like(grid_weighted)
+        for z, blurred in zip(grid_weighted, level, strict=True):
+            blurred[...] = _fill_gauss(z, sigma_px)
         level /= np.maximum(cover, np.float32(1e-6))[None]
         if fill is None:
             fill = level
@@ -457,7 +467,7 @@ def tissue_radiance(img: np.ndarray, weight: np.ndarray) -> np.ndarray:
             fill += level
     assert fill is not None
     if factor > 1:
-        fill = np.stack([cv2.resize(z, (w, h), interpolation=cv2.INTER_LINEAR) for z in fill])
+        fill = resize_planes(fill, (w, h), cv2.INTER_LINEAR)
     fill *= (np.float32(1.0) - weight)[None]
     fill += weighted
     return fill.astype(np.float32, copy=False)
@@ -573,6 +583,42 @@ def channel_scale_maps(
     return map_x, map_y
 
 
+def _cubic_axis(positions: np.ndarray, n: int) -> sparse.csr_matrix:
+    """float32 (len, n) resampling matrix of a 1-D bicubic read (OpenCV's kernel,
+    ``_host._cubic_weights``) at float32 pixel-index ``positions`` on an axis of ``n`` pixels,
+    reflect-101 border: 4 taps a row (a tap folded onto another adds to it)."""
+    base = np.floor(positions)
+    weights = _host._cubic_weights((positions - base).astype(np.float32))
+    taps = base.astype(np.int64)[:, None] + np.arange(-1, 3)[None, :]
+    if n == 1:
+        taps = np.zeros_like(taps)
+    else:
+        period = 2 * (n - 1)
+        taps = np.mod(taps, period)
+        taps = np.where(taps >= n, period - taps, taps)
+    return sparse.csr_matrix(
+        (np.stack(weights, axis=1).ravel(), taps.ravel(), np.arange(0, 4 * len(positions) + 1, 4)),
+        shape=(len(positions), n),
+        dtype=np.float32,
+    )
+
+
+def scale_plane(plane: np.ndarray, cx: float, cy: float, magnification: float) -> np.ndarray:
+    """float32 (H, W) ``plane`` magnified by ``magnification`` about (cx, cy) px, bicubic with
+    reflect-101 borders, at the positions of ``channel_scale_maps``. A scale about a point moves
+    columns and rows independently, so the bicubic sum over 4 x 4 taps is a pass of 4 taps down
+    the columns and one of 4 along the rows: two sparse matrix products (the same interpolation
+    as the dense remap, the products summed in another order: within 1e-6)."""
+    h, w = plane.shape
+    map_x, map_y = (
+        ((np.arange(n, dtype=np.float64) + 0.5 - c) / magnification + c - 0.5).astype(np.float32)
+        for n, c in ((w, cx), (h, cy))
+    )
+    down = np.asarray(_cubic_axis(map_y, h) @ plane, dtype=np.float32)
+    across = np.asarray(_cubic_axis(map_x, w) @ cv2.transpose(down), dtype=np.float32)
+    return cv2.transpose(across)
+
+
 def _chromatic_aberration_batch(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int], scenes: Sequence[Any] | None
 ) -> torch.Tensor:
@@ -614,7 +660,7 @@ def chromatic_aberration(
     """Red image of the tissue scaled by ``1 + shift``, blue by ``1 - shift`` about the field's
     centre (``shift`` is the fringe width at the field's radius, as a fraction of that radius),
     behind the fixed aperture (section comment above)."""
-    c, h, w = img.shape
+    c = img.shape[0]
     if c == 1:
         return img.copy()
     tissue = view.tissue
@@ -624,11 +670,10 @@ def chromatic_aberration(
     k = float(p["shift"])
     out = img.copy()
     for channel, m in ((0, 1.0 + k), (2, 1.0 - k)):
-        map_x, map_y = channel_scale_maps(h, w, cx, cy, m)
-        moved = cv2.remap(
-            radiance[channel], map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101
-        )
-        out[channel] = img[channel] + weight * (moved - radiance[channel])
+        moved = scale_plane(radiance[channel], cx, cy, m)
+        moved -= radiance[channel]
+        moved *= weight
+        out[channel] += moved
     return out
 
 
@@ -678,20 +723,28 @@ def distortion_forward(
 def distortion_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
     """Source pixel-index maps (float32, H x W) of every output pixel: ``distortion_source`` at
     the pixel centres, minus 0.5, the same float64 operations in the same order (in place, on
-    the frame's cached normalised coordinates)."""
+    the frame's cached normalised coordinates). The frame's coordinates are exactly symmetric
+    about its centre (``u`` of column j is minus that of column W-1-j), so the radial factor is
+    computed on a quarter and mirrored, ``map_x`` on the top half (it repeats in mirrored rows)
+    and ``map_y`` on the left half: the same bits as the whole-frame arithmetic."""
     cx, cy, radius = distortion_frame(width, height)
     u, v, r2 = _distortion_grid(width, height)
-    factor = np.multiply(r2, k)  # (1 + k (u u + v v)) / (1 + k)
+    rows, cols = (height + 1) // 2, (width + 1) // 2
+    factor = np.multiply(r2[:rows, :cols], k)  # (1 + k (u u + v v)) / (1 + k)
     factor += 1.0
     factor /= 1.0 + k
-    maps = []
-    for centre, axis in ((cx, u), (cy, v)):
-        source = np.multiply(axis, factor)  # centre + u factor radius - 0.5
-        source *= radius
+    top = np.concatenate([factor, factor[:, : width // 2][:, ::-1]], axis=1)
+    left = np.concatenate([factor, factor[: height // 2][::-1]], axis=0)
+    halves = []
+    for centre, axis, half in ((cx, u, top), (cy, v, left)):
+        source = np.multiply(axis, half)
+        source *= radius  # centre + u factor radius - 0.5
         np.add(centre, source, out=source)
         source -= 0.5
-        maps.append(source.astype(np.float32))
-    return maps[0], maps[1]
+        halves.append(source.astype(np.float32))
+    map_x = np.concatenate([halves[0], halves[0][: height // 2][::-1]], axis=0)
+    map_y = np.concatenate([halves[1], halves[1][:, : width // 2][:, ::-1]], axis=1)
+    return map_x, map_y
 
 
 @lru_cache(maxsize=8)

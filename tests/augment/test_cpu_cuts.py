@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from perturb.ops import backend, exposure, optics
+from perturb.ops import _host, backend, exposure, optics
 
 
 def _reference_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
@@ -19,13 +19,44 @@ def _reference_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.n
     return (sx - 0.5).astype(np.float32), (sy - 0.5).astype(np.float32)
 
 
-@pytest.mark.parametrize("size", [(512, 512), (640, 480), (97, 131)])
+@pytest.mark.parametrize("size", [(512, 512), (640, 480), (97, 131), (7, 1), (1, 6)])
 def test_distortion_maps_match_the_source_formula(size: tuple[int, int]) -> None:
     width, height = size
     for k in np.random.default_rng(3).uniform(-0.2, 0.2, 8).astype(np.float32):
         got = optics.distortion_maps(float(k), width, height)
         want = _reference_maps(float(k), width, height)
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("size", [(512, 512), (131, 97)])
+def test_scale_plane_reads_what_the_dense_remap_reads(size: tuple[int, int]) -> None:
+    """The separable bicubic scale (chromatic_aberration) against ``cv2.remap`` of the same maps:
+    the same kernel, positions and border, the sum in another order (float32 rounding alone)."""
+    h, w = size
+    plane = np.random.default_rng(5).random((h, w), dtype=np.float32)
+    plane = cv2.GaussianBlur(plane, (0, 0), 1.5)  # image-like: neighbours correlate
+    for m, cx, cy in ((1.02, w / 2 + 3.3, h / 2 - 7.1), (0.96, w / 3, h / 2), (1.3, 10.0, h - 5.0)):
+        map_x, map_y = optics.channel_scale_maps(h, w, cx, cy, m)
+        want = cv2.remap(plane, map_x, map_y, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REFLECT_101)
+        got = optics.scale_plane(plane, cx, cy, m)
+        assert got.dtype == np.float32 and got.shape == (h, w)
+        assert np.abs(got - want).max() < 2e-6
+
+
+def test_field_geometry_is_the_mean_of_the_field_pixels() -> None:
+    """``field_geometry`` from per-row/column counts gives the very floats of the mean of the
+    field pixels' indices."""
+    rng = np.random.default_rng(7)
+    for i in range(40):
+        h, w = (int(n) for n in rng.integers(1, 700, 2))
+        mask = rng.random((h, w)) < rng.random() if i % 2 else _disk(h, w, w * rng.random())
+        ys, xs = np.nonzero(mask)
+        want = (
+            (float(xs.mean()) + 0.5, float(ys.mean()) + 0.5, float(np.sqrt(len(xs) / np.pi)))
+            if len(xs)
+            else (w / 2.0, h / 2.0, min(h, w) / 2.0)
+        )
+        assert _host.field_geometry(mask) == want
 
 
 def _disk(h: int, w: int, r: float, shift: int = 0) -> np.ndarray:
