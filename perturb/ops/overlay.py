@@ -399,17 +399,28 @@ def xray_burned_text_cpu(
 
 
 def marker_plan(
-    h: int, w: int, letter: str, size: float, right_corner: bool, scene: Any = None
+    h: int,
+    w: int,
+    letter: str,
+    size: float,
+    right_corner: bool,
+    scene: Any = None,
+    film: np.ndarray | None = None,
 ) -> tuple[str | None, int, int, str | None]:
     """Where the laterality marker goes: (letter or None for no marker, x0, y0 of its square,
     why it differs from the drawn letter and corner, or None). A film's detected markers
     (its radiograph scene) decide the letter: the added marker never contradicts them (one side
     read: that letter, on that marker's side of the film; both: no marker; a marker-like
-    annotation whose side was not read (``radiograph.unread_markers``): no marker). The square
-    starts in the drawn top corner (margin
-    3 % of the shorter side) and keeps half its size from every detected annotation: it moves
-    up to twice its size along the edge from the drawn corner, the other top corner, then the
-    bottom ones, before it goes further towards the middle."""
+    annotation whose side was not read (``radiograph.unread_markers``): no marker).
+
+    Technologists put the marker in the air beside the body or at the very edge of the field,
+    near a shoulder: the candidate squares (margin 3 % of the shorter side) run from the drawn
+    top corner along the top edge (up to twice the marker's size) and down the outer edge (to
+    0.3 of the height), each keeping half its size from every detected annotation; the first
+    corner (drawn top, other top, then the bottom ones) with a clear candidate is used. Given the
+    film (uint8 display levels, ``film_levels``), the darkest clear candidate of that corner is
+    taken (air, not the white collimation band, tissue or lung); without it, the first (the
+    corner itself). Failing those, candidates further along the top edge."""
     side = min(h, w)
     margin = round(0.03 * side)
     s = max(2, round(size))
@@ -446,19 +457,35 @@ def marker_plan(
     ]
     if sides:  # only the detected marker's side of the film
         corners = [c for c in corners if c[0] == right_corner]
-    near = range(0, 2 * big + 1, step)  # first each corner's own neighbourhood, then further in
+    along = range(0, 2 * big + 1, step)
+    down = range(step, max(step, round(0.3 * h) - margin - big + 1), step)
     far = range(2 * big + step, max(2 * big + step, w // 2 - big - margin), step)
-    for shifts in (near, far):
+
+    def squares(right: bool, top: bool, shifts: range, sides_too: bool) -> list[tuple[int, int]]:
+        edge_x = w - margin - big if right else margin
+        y_edge = margin if top else h - margin - big
+        out = [(w - margin - big - k if right else margin + k, y_edge) for k in shifts]
+        if sides_too and top:  # down the outer edge, beside the shoulder
+            out += [(edge_x, margin + k) for k in down]
+        return out
+
+    def clear(x0: int, y0: int) -> bool:
+        return _clear((x0, y0, x0 + big, y0 + big), avoid, 0.5 * big)  # type: ignore[arg-type]
+
+    for shifts, sides_too in ((along, True), (far, False)):
         for k, (right, top) in enumerate(corners):
-            for shift in shifts:
-                x0 = w - margin - big - shift if right else margin + shift
-                y0 = margin if top else h - margin - big
-                if _clear((x0, y0, x0 + big, y0 + big), avoid, 0.5 * big):  # type: ignore[arg-type]
-                    if k or shift:
-                        moved = "moved clear of the film's annotations"
-                        why = moved if why is None else f"{why}; {moved}"
-                    # the marker's square in the outer corner of the planned one
-                    return letter, x0 + (big - s if right else 0), y0 + (0 if top else big - s), why
+            spots = [xy for xy in squares(right, top, shifts, sides_too) if clear(*xy)]
+            if not spots:
+                continue
+            if k or shifts is far:
+                moved = "moved clear of the film's annotations"
+                why = moved if why is None else f"{why}; {moved}"
+            x0, y0 = spots[0]
+            if film is not None and len(spots) > 1:
+                levels = [float(film[y : y + big, x : x + big].mean()) for x, y in spots]
+                x0, y0 = spots[int(np.argmin(levels))]
+            # the marker's square in the outer corner of the planned one
+            return letter, x0 + (big - s if right else 0), y0 + (0 if top else big - s), why
     return None, 0, 0, "no marker added: no corner of the film is clear of its annotations"
 
 
@@ -508,8 +535,12 @@ class MarkerStyle:
 
 MARKER_STYLE_PARAMS = ("lead", "angle", "mirrored", "initials", "density", "blur", "holder", "ring")
 INITIALS = "ABCDEFGHJKMNPSTVW"  # technologists' initials: never an L or an R beside the letter
-LEAD_NOISE = 0.015  # display-value sigma of the quantum noise in the lead letter's shadow
 SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges anti-aliased)
+# lead marker letters: a heavy block sans, and two stroke faces drawn with round ends and joins
+# (the rounded letters cut from lead sheet)
+LEAD_FONTS = ("block", "rounded", "rounded_wide")
+FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
+WHITE_PIXELS = 20  # pixels at the film's white level: what saturating lead reaches on its display
 
 
 @lru_cache(maxsize=1)
@@ -529,70 +560,138 @@ def _letter(canvas: np.ndarray, text: str, cap: float, x: float, base: float, bo
     np.maximum(canvas, ink, out=canvas)
 
 
+def _lead_text(text: str, cap: float, font: str) -> np.ndarray:
+    """``text`` as a lead-marker face would cut it, cap height ``cap`` px, on its own tight
+    uint8 canvas: a heavy block sans (OpenCV's sans at weight 900) or a stroke face drawn with
+    round caps and joins (Hershey simplex or duplex, stroke 0.2 or 0.24 of the cap height)."""
+    pad = round(0.5 * cap) + 2
+    wide = round(len(text) * 1.3 * cap) + 2 * pad
+    canvas = np.zeros((round(cap) + 2 * pad, wide), dtype=np.uint8)
+    if font == "block":
+        size = max(4, round(cap / CAP_PER_SIZE))
+        cv2.putText(canvas, text, (pad, pad + round(cap)), 255, cv2.FontFace("sans"), size, 900)
+    else:
+        face = cv2.FONT_HERSHEY_SIMPLEX if font == "rounded" else cv2.FONT_HERSHEY_DUPLEX
+        stroke = max(1, round((0.2 if font == "rounded" else 0.24) * cap))
+        probe = np.zeros((200, 400), dtype=np.uint8)  # the face's height at scale 4 (OpenCV's
+        cv2.putText(probe, text, (10, 150), face, 4.0, 255, 1)  # thick strokes keep it)
+        rows = np.flatnonzero(probe.any(axis=1))
+        scale = 4.0 * cap / max(1, int(rows[-1] - rows[0]))
+        base = pad + round(cap) - round((rows[-1] - 150) * scale / 4.0)
+        cv2.putText(canvas, text, (pad, base), face, scale, 255, stroke, cv2.LINE_AA)
+    rows, cols = np.flatnonzero(canvas.any(axis=1)), np.flatnonzero(canvas.any(axis=0))
+    return canvas[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+
+
+def _paste(canvas: np.ndarray, ink: np.ndarray, cx: float, top: float) -> None:
+    """``ink`` onto ``canvas`` (maximum), centred on column ``cx``, its top row at ``top``."""
+    y0, x0 = round(top), round(cx - ink.shape[1] / 2)
+    h, w = ink.shape
+    region = canvas[y0 : y0 + h, x0 : x0 + w]
+    np.maximum(region, ink[: region.shape[0], : region.shape[1]], out=region)
+
+
+def _rounded_box(
+    canvas: np.ndarray, box: tuple[float, float, float, float], r: float, v: float
+) -> None:
+    """Fill the rectangle ``box`` (x0, y0, x1, y1) with corners rounded by ``r`` px, value ``v``."""
+    x0, y0, x1, y1 = (round(c) for c in box)
+    r_ = max(1, min(round(r), (x1 - x0) // 2, (y1 - y0) // 2))
+    cv2.rectangle(canvas, (x0 + r_, y0), (x1 - r_, y1), v, -1)
+    cv2.rectangle(canvas, (x0, y0 + r_), (x1, y1 - r_), v, -1)
+    for cx, cy in ((x0 + r_, y0 + r_), (x1 - r_, y0 + r_), (x0 + r_, y1 - r_), (x1 - r_, y1 - r_)):
+        cv2.circle(canvas, (cx, cy), r_, v, -1)
+
+
+def film_levels(v: np.ndarray) -> np.ndarray:
+    """One film's display value (H, W, float in [0, 1]) as uint8 levels: what placement, white
+    level and noise are read from (identical for the CPU path's and the torch path's floats)."""
+    return np.rint(np.clip(v, 0.0, 1.0) * np.float32(255.0)).astype(np.uint8)
+
+
+def film_white(film: np.ndarray) -> float:
+    """The film's white level (display value): the highest level at least ``WHITE_PIXELS``
+    pixels reach (its display's saturation: burned-in text, an existing marker, the unexposed
+    band), where saturating lead lands on this film's display curve."""
+    hist = np.bincount(film.ravel(), minlength=256)
+    above = np.cumsum(hist[::-1])  # pixels at or above each level, from the top
+    level = 255 - int(np.searchsorted(above, WHITE_PIXELS))
+    return max(level, 0) / 255.0
+
+
+def film_noise(film: np.ndarray, box: Box4) -> float:
+    """The film's own noise sigma (display value) round ``box`` (x0, y0, x1, y1), grown by its
+    size: the robust sigma (1.4826 MAD) of horizontal neighbour differences over sqrt 2,
+    counting only unclipped pairs, within ``FILM_NOISE``."""
+    x0, y0, x1, y1 = box
+    s = max(x1 - x0, y1 - y0)
+    h, w = film.shape
+    patch = film[max(0, y0 - s) : min(h, y1 + s), max(0, x0 - s) : min(w, x1 + s)].astype(np.int16)
+    a, b = patch[:, 1:], patch[:, :-1]
+    d = (a - b)[(a > 0) & (a < 255) & (b > 0) & (b < 255)]
+    if d.size < 16:
+        return FILM_NOISE[0]
+    mad = float(np.median(np.abs(d - np.median(d))))
+    sigma = 1.4826 * mad / math.sqrt(2.0) / 255.0
+    if mad == 0.0:  # integer levels: half the pairs differ by a level or more
+        sigma = float(np.mean(np.abs(d))) * math.sqrt(math.pi) / 2.0 / 255.0
+    return min(max(sigma, FILM_NOISE[0]), FILM_NOISE[1])
+
+
 def _lead_marker(
-    s: int, letter: str, style: MarkerStyle, key: int, side: int
+    s: int,
+    letter: str,
+    style: MarkerStyle,
+    key: int,
+    side: int,
+    white: float = 1.0,
+    noise_sigma: float = FILM_NOISE[0],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A lead marker's (coverage, value) in its s x s square: the bold letter (and initials)
-    in a faint plastic holder with two screws, placed at ``style.angle`` (mirrored when placed
-    reversed), blurred by the focal spot and detector (``style.blur``), with quantum noise."""
+    """A lead marker's (coverage, value) in its s x s square, as radiographed with the patient.
+
+    The lead letter (a keyed face of ``LEAD_FONTS``) with the technologist's initials or a
+    number in smaller type under it, in a plastic holder of a few % density (rounded corners,
+    a denser rim, sometimes a bead or disc beside the letter), tilted by ``style.angle`` and
+    mirrored when placed face down; the geometric unsharpness of the focal spot
+    (``style.blur``, about a pixel) and the film's own quantum noise (``noise_sigma``, read
+    round the marker) on top, so it is neither sharper nor smoother than the film. The lead
+    drives the display to the film's ``white`` level (saturated, ``style.density`` of it)."""
     ss = SUPERSAMPLE
     big = s * ss
     work = 2 * big
     cap = 0.5 * big
     g = rng.scalar_rng(rng.sub_key(key, "xray_marker"))
-    initials = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
-    letter_ink = np.zeros((work, work), dtype=np.uint8)
-    size = max(4, round(cap / CAP_PER_SIZE))
-    # the letter centred above the initials (about 0.45 of its height), then the holder round both
-    probe = np.zeros((work, work), dtype=np.uint8)
-    cv2.putText(probe, letter, (0, round(cap) + 2), 255, cv2.FontFace("uni"), size, 400)
-    letter_w = int(np.flatnonzero(probe.any(axis=0))[-1]) + 1
-    small = 0.45 * cap
-    sub_w = 0
-    if initials:
-        probe[:] = 0
-        cv2.putText(
-            probe,
-            initials,
-            (0, round(cap) + 2),
-            255,
-            cv2.FontFace("uni"),
-            max(4, round(small / CAP_PER_SIZE)),
-            400,
-        )
-        sub_w = int(np.flatnonzero(probe.any(axis=0))[-1]) + 1
-    gap = 0.18 * cap
-    block_h = cap + (gap + small if initials else 0.0)
-    block_w = max(letter_w, sub_w)
-    pad = 0.16 * cap
+    font = LEAD_FONTS[int(g.integers(len(LEAD_FONTS)))]
+    if style.initials and g.random() < 0.25:  # a numbered marker instead of initials
+        sub = "".join(str(int(g.integers(10))) for _ in range(style.initials))
+    else:
+        sub = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
+    glyph = _lead_text(letter, cap, font)
+    small = _lead_text(sub, 0.4 * cap, font) if sub else None
+    gap = 0.15 * cap
+    block_h = glyph.shape[0] + (gap + small.shape[0] if small is not None else 0.0)
+    block_w = max(glyph.shape[1], small.shape[1] if small is not None else 0)
     cx = cy = work / 2
     top = cy - block_h / 2
-    bold = max(1, round(0.12 * cap))  # lead letters are cut from thick, heavy stock
-    _letter(letter_ink, letter, cap, cx - letter_w / 2, top + cap, bold)
-    if initials:
-        _letter(letter_ink, initials, small, cx - sub_w / 2, top + block_h, max(1, bold // 2))
-    # the ink's own box centred on the canvas (glyph bearings aside): a reversed marker is its
-    # mirror image about the same centre
-    rows_i, cols_i = np.flatnonzero(letter_ink.any(axis=1)), np.flatnonzero(letter_ink.any(axis=0))
-    dy = round(cy - (rows_i[0] + rows_i[-1] + 1) / 2)
-    dx = round(cx - (cols_i[0] + cols_i[-1] + 1) / 2)
-    letter_ink = np.roll(letter_ink, (dy, dx), axis=(0, 1))
-    block_w = int(cols_i[-1] + 1 - cols_i[0])
-    block_h = float(rows_i[-1] + 1 - rows_i[0])
-    top = cy - block_h / 2
-    holder = np.zeros((work, work), dtype=np.float32)
+    letter_ink = np.zeros((work, work), dtype=np.uint8)
+    _paste(letter_ink, glyph, cx, top)
+    if small is not None:
+        _paste(letter_ink, small, cx, top + glyph.shape[0] + gap)
+    pad = 0.16 * cap
     hx0, hy0 = cx - block_w / 2 - pad, top - pad
     hx1, hy1 = cx + block_w / 2 + pad, top + block_h + pad
+    holder = np.zeros((work, work), dtype=np.float32)
+    bead = np.zeros((work, work), dtype=np.float32)
     if style.holder > 0:
-        corners = ((round(hx0), round(hy0)), (round(hx1), round(hy1)))
-        cv2.rectangle(holder, corners[0], corners[1], 1.0, -1)
-        cv2.rectangle(holder, corners[0], corners[1], 1.3, max(1, round(0.04 * cap)))
-        for sx in (hx0 + 0.5 * pad, hx1 - 0.5 * pad):  # the screws that close the holder
-            cv2.circle(holder, (round(sx), round(cy)), max(1, round(0.12 * pad)), 4.0, -1)
+        if g.random() < 0.4:  # a bead or disc in the holder, beside the letter
+            r = (0.16 + 0.1 * g.random()) * cap
+            hx1 += 2 * r + 0.5 * pad
+            cv2.circle(bead, (round(hx1 - pad - r), round(hy0 + pad + r)), round(r), 1.0, -1)
+        rim = max(1, round(0.05 * cap))
+        _rounded_box(holder, (hx0, hy0, hx1, hy1), 0.35 * pad, 1.4)  # the plastic's denser rim
+        _rounded_box(holder, (hx0 + rim, hy0 + rim, hx1 - rim, hy1 - rim), 0.35 * pad - rim, 1.0)
     ink = letter_ink.astype(np.float32) / np.float32(255.0)
-    ramp = np.linspace(0.9, 1.0, work, dtype=np.float32)  # the letter's thickness varies
-    ink *= ramp[None, :] if g.random() < 0.5 else ramp[::-1, None]
-    layers = np.stack([ink, holder], axis=-1)
+    layers = np.stack([ink, holder, bead], axis=-1)
     if style.mirrored:
         layers = layers[:, ::-1].copy()
     angle = math.radians(style.angle)
@@ -601,22 +700,29 @@ def _lead_marker(
     span_h = abs(math.sin(angle)) * (hx1 - hx0) + abs(math.cos(angle)) * (hy1 - hy0)
     room = big - 2 * (3.0 * blur_px + 1.0) * ss
     scale = min(1.0, max(room, 0.2 * big) / max(span_w, span_h))
-    turn = cv2.getRotationMatrix2D((cx, cy), style.angle, scale)
+    mid_x = (hx0 + hx1) / 2  # the holder's centre (mirrored with it when placed face down)
+    if style.mirrored:
+        mid_x = work - mid_x
+    mid_y = (hy0 + hy1) / 2
+    turn = cv2.getRotationMatrix2D((mid_x, mid_y), style.angle, scale)
     shift = np.zeros((2, 3))
-    shift[:, 2] = big / 2 - cx
+    shift[0, 2] = big / 2 - mid_x
+    shift[1, 2] = big / 2 - mid_y
     turn = np.asarray(turn, dtype=np.float64) + shift  # the holder's centre to the square's
     placed = cv2.warpAffine(layers, turn, (big, big), flags=cv2.INTER_LINEAR)
     if blur_px > 0:
         placed = cv2.GaussianBlur(placed, (0, 0), blur_px * ss)
     down = cv2.resize(placed, (s, s), interpolation=cv2.INTER_AREA)
-    letter_a = np.clip(down[..., 0], 0.0, 1.0) * np.float32(style.density)
+    letter_a = np.clip(down[..., 0] * np.float32(style.density), 0.0, 1.0)
     holder_a = np.clip(down[..., 1] * np.float32(style.holder), 0.0, 1.0)
+    bead_a = np.clip(down[..., 2] * np.float32(0.35 * style.density), 0.0, 1.0)
     mask = np.zeros((s, s), dtype=np.float32)
     paint = np.zeros((s, s), dtype=np.float32)
     noise = rng.normal_numpy(key, "xray_marker", s * s, _normal_table()).reshape(s, s)
-    grain = np.float32(1.0) + np.float32(LEAD_NOISE) * noise
+    grain = np.float32(white) + np.float32(noise_sigma) * noise
     _over(mask, paint, holder_a, grain)
-    _over(mask, paint, letter_a.astype(np.float32), grain)
+    _over(mask, paint, bead_a, grain)
+    _over(mask, paint, letter_a, grain)
     return mask, paint
 
 
@@ -659,20 +765,26 @@ def marker_mask(
     scene: Any = None,
     style: MarkerStyle | None = None,
     key: int = 0,
+    film: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A laterality marker of ``size`` px placed by ``marker_plan``: a lead marker
     (``_lead_marker``) or the console's digital letter (``_digital_marker``, the default style:
-    a flat white letter) inside its square; all zeros where no marker is added. Returns
-    (coverage, premultiplied value) float32 (H, W) images."""
+    a flat white letter) inside its square; all zeros where no marker is added. Given the film
+    (``film_levels``), the marker goes in its air and a lead marker takes its white level and
+    its noise; without it, a top corner, white 1 and the faintest noise. Returns (coverage,
+    premultiplied value) float32 (H, W) images."""
     mask = np.zeros((h, w), dtype=np.float32)
     paint = np.zeros((h, w), dtype=np.float32)
-    letter_, x0, y0, _ = marker_plan(h, w, letter, size, right_corner, scene)
+    letter_, x0, y0, _ = marker_plan(h, w, letter, size, right_corner, scene, film)
     if letter_ is None:
         return mask, paint
     s = max(2, round(size))
     style = style or MarkerStyle()
     if style.lead:
-        m, v = _lead_marker(s, letter_, style, key, min(h, w))
+        white, sigma = 1.0, FILM_NOISE[0]
+        if film is not None:
+            white, sigma = film_white(film), film_noise(film, (x0, y0, x0 + s, y0 + s))
+        m, v = _lead_marker(s, letter_, style, key, min(h, w), white, sigma)
     else:
         m, v = _digital_marker(s, letter_, style)
     inside = (slice(y0, y0 + s), slice(x0, x0 + s))  # the marker never leaves its square
@@ -682,7 +794,8 @@ def marker_mask(
 
 def laterality_note(params: Mapping[str, Any], scene: Any, h: int, w: int) -> str | None:
     """Why a record's marker differs from its drawn letter and corner (``marker_plan``), or
-    None: what the engine writes in the record (``extra["note"]``)."""
+    None: what the engine writes in the record (``extra["note"]``). The film's levels choose
+    a square within the corner, never the letter or corner, so the note needs only the scene."""
     letter = "R" if float(params["letter_r"]) > 0.5 else "L"
     size = as_float32(params["size"]) * min(h, w)
     return marker_plan(h, w, letter, size, as_float32(params["right_corner"]) > 0.5, scene)[3]
@@ -694,26 +807,26 @@ SCENE_NOTES = {"xray_laterality_marker": laterality_note}
 
 
 def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
-    u = [float(rng_.random()) for _ in range(10)]
+    u = [float(rng_.random()) for _ in range(11)]
     return {
         "size": level["size"][0] + u[0] * (level["size"][1] - level["size"][0]),
         "letter_r": float(u[1] < 0.5),
         "right_corner": float(u[2] < 0.5),
-        "lead": float(u[3] < 0.7),  # most films carry a radiographed lead marker
-        "angle": -25.0 + 50.0 * u[4],
-        "mirrored": float(u[5] < 0.15),
+        "lead": float(u[3] < 0.85),  # most films carry a radiographed lead marker
+        "angle": -30.0 + 60.0 * u[4],
+        "mirrored": float(u[5] < 0.2),  # placed face down
         "initials": float(min(3, int(4 * u[6]))),
-        "density": 0.75 + 0.22 * u[7],
-        "blur": 0.0005 + 0.0012 * u[8],  # 0.5-1.7 px on a 1024 px film
-        "holder": (0.008 + 0.025 * u[9] / 0.4) if u[9] < 0.4 else 0.0,  # faint: thin plastic
-        "ring": float(u[9] > 0.75),
+        "density": 0.92 + 0.08 * u[7],  # lead saturates the display
+        "blur": 0.0003 + 0.0006 * u[8],  # 0.3-0.9 px on a 1024 px film: a penumbra, no glow
+        "holder": (0.03 + 0.05 * u[9] / 0.85) if u[9] < 0.85 else 0.0,  # a few % of plastic
+        "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
     }
 
 
 def _marker_layers(
-    key: int, h: int, w: int, p: Mapping[str, Any], scene: Any
+    key: int, h: int, w: int, p: Mapping[str, Any], scene: Any, film: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One film's marker layers from its parameters (as the kernel sees them)."""
+    """One film's marker layers from its parameters (as the kernel sees them) and its levels."""
     return marker_mask(
         h,
         w,
@@ -723,6 +836,7 @@ def _marker_layers(
         scene,
         MarkerStyle.of(p),
         key,
+        film,
     )
 
 
@@ -739,24 +853,28 @@ def xray_laterality_marker(
     host_params: Sequence[Mapping[str, Any]] | None = None,
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
-    """A laterality marker in a top corner. Most are lead markers radiographed with the
-    patient (a bold lead L/R, often with the technologist's initials, in a faint plastic holder,
-    at a keyed tilt, sometimes placed reversed; its shadow drives the display towards white
-    through the film curve's shoulder, v' = 1 - (1 - v)(1 - a g), blurred by the focal spot and
-    detector MTF and grainy with quantum noise); the rest are the console's flat digital letter,
-    sometimes ringed. The letter is keyed and need not match the anatomy (a wrong or misplaced
-    marker is the failure mode it probes), but it never contradicts a marker already on the
-    film and keeps clear of its annotations (``marker_plan``).
+    """A laterality marker where technologists put it: in the air beside the body near a top
+    corner or at the very edge of the field (``marker_plan``, read from the film's levels).
+    Most are lead markers radiographed with the patient (``_lead_marker``: a lead L/R in a
+    faint plastic holder with the technologist's initials or a number, at a keyed tilt,
+    sometimes face down; its shadow drives the display to the film's white level through the
+    film curve's shoulder, v' = 1 - (1 - v)(1 - a), with a pixel of focal-spot unsharpness and
+    the film's own noise); the rest are the console's flat digital letter, often ringed. The
+    letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
+    mode it probes), but it never contradicts a marker already on the film and keeps clear of
+    its annotations.
 
     Kornia: own kernel: the marker layers are rendered on the host (identical on every device,
     the CPU path's pixels bit for bit) from the records' parameters on the host
-    (``host_params``), uploaded once and blended in one pass; Kornia has no text rendering."""
+    (``host_params``) and the films' levels (one read of the batch's first channel), uploaded
+    once and blended in one pass; Kornia has no text rendering."""
     h, w = x.shape[-2:]
     given = list(scenes) if scenes is not None else [None] * len(keys)
     rows = _host_rows(p, host_params, MARKER_PARAMS)
+    films = x[:, 0].detach().to("cpu", torch.float32).numpy()
     layers = [
-        _marker_layers(int(k), h, w, dict(zip(MARKER_PARAMS, row, strict=True)), sc)
-        for k, row, sc in zip(keys, rows, given, strict=True)
+        _marker_layers(int(k), h, w, dict(zip(MARKER_PARAMS, row, strict=True)), sc, film_levels(f))
+        for k, row, sc, f in zip(keys, rows, given, films, strict=True)
     ]
     return _blend(x, [m for m, _ in layers], [v for _, v in layers])
 
@@ -766,7 +884,8 @@ def xray_laterality_marker_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
 ) -> None:
     h, w = src.shape[-2:]
-    mask, paint = _marker_layers(key, h, w, p, scene)
+    film = film_levels(_load(src[0]))
+    mask, paint = _marker_layers(key, h, w, p, scene, film)
     _blend_np(src, dst, mask, paint, _quadrant_boxes(mask))
 
 
