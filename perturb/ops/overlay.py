@@ -398,17 +398,14 @@ def xray_burned_text_cpu(
     _blend_np(src, dst, mask, paint, _quadrant_boxes(mask))
 
 
-def marker_plan(
-    h: int,
-    w: int,
-    letter: str,
-    size: float,
-    right_corner: bool,
-    scene: Any = None,
-    film: np.ndarray | None = None,
-) -> tuple[str | None, int, int, str | None]:
-    """Where the laterality marker goes: (letter or None for no marker, x0, y0 of its square,
-    why it differs from the drawn letter and corner, or None). A film's detected markers
+Spot = tuple[int, int, int, int]  # a candidate: the planning square's x0, y0; the marker's
+
+
+def marker_spots(
+    h: int, w: int, letter: str, size: float, right_corner: bool, scene: Any = None
+) -> tuple[str | None, list[Spot], int, str | None]:
+    """Where the laterality marker may go: (letter or None for no marker, the candidate spots,
+    the planning square's side, why it differs from the drawn letter and corner, or None). A film's detected markers
     (its radiograph scene) decide the letter: the added marker never contradicts them (one side
     read: that letter, on that marker's side of the film; both: no marker; a marker-like
     annotation whose side was not read (``radiograph.unread_markers``): no marker).
@@ -417,22 +414,26 @@ def marker_plan(
     near a shoulder: the candidate squares (margin 3 % of the shorter side) run from the drawn
     top corner along the top edge (up to twice the marker's size) and down the outer edge (to
     0.3 of the height), each keeping half its size from every detected annotation; the first
-    corner (drawn top, other top, then the bottom ones) with a clear candidate is used. Given the
-    film (uint8 display levels, ``film_levels``), the darkest clear candidate of that corner is
-    taken (air, not the white collimation band, tissue or lung); without it, the first (the
-    corner itself). Failing those, candidates further along the top edge."""
+    corner (drawn top, other top, then the bottom ones) with a clear candidate gives them;
+    failing those, candidates further along the top edge. ``choose_spot`` picks one by the
+    film's levels. The spots depend on the scene only, never the film's pixels."""
     side = min(h, w)
     margin = round(0.03 * side)
     s = max(2, round(size))
     found = radiograph.annotations_of(scene.descriptor) if _fits(scene, h, w) else []
     sides = sorted({str(a["side"]) for a in found if a["type"] == "marker" and a["side"]})
     if len(sides) > 1:
-        return None, 0, 0, "no marker added: the film already shows both an L and an R marker"
+        return None, [], 0, "no marker added: the film already shows both an L and an R marker"
     if not sides and _fits(scene, h, w):
         unread = radiograph.unread_markers(scene.descriptor)
         if unread:
             box = ", ".join(str(a["box"]) for a in unread)
-            return None, 0, 0, f"no marker added: marker-like annotation(s) at {box}, side not read"
+            return (
+                None,
+                [],
+                0,
+                f"no marker added: marker-like annotation(s) at {box}, side not read",
+            )
     why = None
     if sides and sides[0] != letter:
         why = f"letter {sides[0]} (drawn {letter}): the film's detected marker is {sides[0]}"
@@ -470,7 +471,8 @@ def marker_plan(
         return out
 
     def clear(x0: int, y0: int) -> bool:
-        return _clear((x0, y0, x0 + big, y0 + big), avoid, 0.5 * big)  # type: ignore[arg-type]
+        inside = x0 >= 0 and y0 >= 0 and x0 + big <= w and y0 + big <= h
+        return inside and _clear((x0, y0, x0 + big, y0 + big), avoid, 0.5 * big)  # type: ignore[arg-type]
 
     for shifts, sides_too in ((along, True), (far, False)):
         for k, (right, top) in enumerate(corners):
@@ -480,13 +482,40 @@ def marker_plan(
             if k or shifts is far:
                 moved = "moved clear of the film's annotations"
                 why = moved if why is None else f"{why}; {moved}"
-            x0, y0 = spots[0]
-            if film is not None and len(spots) > 1:
-                levels = [float(film[y : y + big, x : x + big].mean()) for x, y in spots]
-                x0, y0 = spots[int(np.argmin(levels))]
             # the marker's square in the outer corner of the planned one
-            return letter, x0 + (big - s if right else 0), y0 + (0 if top else big - s), why
-    return None, 0, 0, "no marker added: no corner of the film is clear of its annotations"
+            inner = (big - s if right else 0, 0 if top else big - s)
+            return letter, [(x, y, x + inner[0], y + inner[1]) for x, y in spots], big, why
+    return None, [], 0, "no marker added: no corner of the film is clear of its annotations"
+
+
+def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int) -> Spot:
+    """The spot whose planning square holds the film's lowest sum of levels (``film_levels``:
+    the air beside the body, not the white collimation band, tissue or lung; the first on a
+    tie), or the first spot (the drawn corner itself) without the film. Integer sums: the
+    torch kernel's choice (``_choose_spots``) is the same."""
+    if film is None or len(spots) == 1:
+        return spots[0]
+    sums = [int(film[y : y + big, x : x + big].sum(dtype=np.int64)) for x, y, _, _ in spots]
+    return spots[int(np.argmin(sums))]
+
+
+def marker_plan(
+    h: int,
+    w: int,
+    letter: str,
+    size: float,
+    right_corner: bool,
+    scene: Any = None,
+    film: np.ndarray | None = None,
+) -> tuple[str | None, int, int, str | None]:
+    """Where the laterality marker goes (``marker_spots``, ``choose_spot``): (letter or None
+    for no marker, x0, y0 of its square, why it differs from the drawn letter and corner, or
+    None)."""
+    letter_, spots, big, why = marker_spots(h, w, letter, size, right_corner, scene)
+    if letter_ is None:
+        return None, 0, 0, why
+    _, _, x0, y0 = choose_spot(film, spots, big)
+    return letter_, x0, y0, why
 
 
 PLAN_SIZE = 0.09  # the largest marker (catalog: severity 5's upper size), shorter side
@@ -612,50 +641,70 @@ def film_levels(v: np.ndarray) -> np.ndarray:
 def film_white(film: np.ndarray) -> float:
     """The film's white level (display value): the highest level at least ``WHITE_PIXELS``
     pixels reach (its display's saturation: burned-in text, an existing marker, the unexposed
-    band), where saturating lead lands on this film's display curve."""
+    band), where saturating lead lands on this film's display curve (``_film_whites``)."""
     hist = np.bincount(film.ravel(), minlength=256)
     above = np.cumsum(hist[::-1])  # pixels at or above each level, from the top
-    level = 255 - int(np.searchsorted(above, WHITE_PIXELS))
-    return max(level, 0) / 255.0
+    level = 255 - int(np.argmax(above >= WHITE_PIXELS))
+    return level / 255.0
 
 
-def film_noise(film: np.ndarray, box: Box4) -> float:
-    """The film's own noise sigma (display value) round ``box`` (x0, y0, x1, y1), grown by its
-    size: the robust sigma (1.4826 MAD) of horizontal neighbour differences over sqrt 2,
-    counting only unclipped pairs, within ``FILM_NOISE``."""
-    x0, y0, x1, y1 = box
-    s = max(x1 - x0, y1 - y0)
-    h, w = film.shape
-    patch = film[max(0, y0 - s) : min(h, y1 + s), max(0, x0 - s) : min(w, x1 + s)].astype(np.int16)
-    a, b = patch[:, 1:], patch[:, :-1]
-    d = (a - b)[(a > 0) & (a < 255) & (b > 0) & (b < 255)]
-    if d.size < 16:
+def _lower_median(hist: np.ndarray) -> int:
+    """The lower median's bin of a histogram of integers (its total at least 1)."""
+    return int(np.argmax(np.cumsum(hist) >= (int(hist.sum()) - 1) // 2 + 1))
+
+
+def _sigma_of(n: int, mad: int, abs_sum: int) -> float:
+    """The noise sigma (display value) from neighbour differences: 1.4826 MAD / sqrt 2, or
+    where the MAD is 0 (integer levels) the mean absolute difference sqrt(pi) / 2; within
+    ``FILM_NOISE`` (its low bound for fewer than 16 differences)."""
+    if n < 16:
         return FILM_NOISE[0]
-    mad = float(np.median(np.abs(d - np.median(d))))
-    sigma = 1.4826 * mad / math.sqrt(2.0) / 255.0
-    if mad == 0.0:  # integer levels: half the pairs differ by a level or more
-        sigma = float(np.mean(np.abs(d))) * math.sqrt(math.pi) / 2.0 / 255.0
+    if mad > 0:
+        sigma = 1.4826 * mad / math.sqrt(2.0) / 255.0
+    else:
+        sigma = abs_sum / n * math.sqrt(math.pi) / 2.0 / 255.0
     return min(max(sigma, FILM_NOISE[0]), FILM_NOISE[1])
 
 
+def noise_window(box: Box4, h: int, w: int) -> Box4:
+    """Where the film's noise is read round a marker square ``box`` (x0, y0, x1, y1): the
+    square grown by its size on every side, within the film."""
+    x0, y0, x1, y1 = box
+    s = max(x1 - x0, y1 - y0)
+    return max(0, x0 - s), max(0, y0 - s), min(w, x1 + s), min(h, y1 + s)
+
+
+def film_noise(film: np.ndarray, box: Box4) -> float:
+    """The film's own noise sigma (display value) round ``box`` (``noise_window``): from the
+    horizontal neighbour differences of unclipped levels (``_sigma_of``), with integer medians
+    (the torch kernel's ``_film_sigmas`` gives the same)."""
+    wx0, wy0, wx1, wy1 = noise_window(box, *film.shape)
+    patch = film[wy0:wy1, wx0:wx1].astype(np.int16)
+    a, b = patch[:, 1:], patch[:, :-1]
+    d = (a - b)[(a > 0) & (a < 255) & (b > 0) & (b < 255)].astype(np.int64)
+    if d.size < 16:
+        return FILM_NOISE[0]
+    hist = np.bincount(d + 255, minlength=511)
+    med = _lower_median(hist) - 255
+    dev = np.abs(np.arange(511) - 255 - med)
+    mad = _lower_median(np.bincount(dev, weights=hist, minlength=511).astype(np.int64))
+    return _sigma_of(int(d.size), mad, int(np.abs(d).sum()))
+
+
 def _lead_marker(
-    s: int,
-    letter: str,
-    style: MarkerStyle,
-    key: int,
-    side: int,
-    white: float = 1.0,
-    noise_sigma: float = FILM_NOISE[0],
-) -> tuple[np.ndarray, np.ndarray]:
-    """A lead marker's (coverage, value) in its s x s square, as radiographed with the patient.
+    s: int, letter: str, style: MarkerStyle, key: int, side: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A lead marker in its s x s square, as radiographed with the patient: (coverage, value
+    per unit white level, value per unit noise sigma), its value ``white unit + sigma grain``
+    (``marker_mask``, ``_place_markers``) for the film's white level and noise.
 
     The lead letter (a keyed face of ``LEAD_FONTS``) with the technologist's initials or a
     number in smaller type under it, in a plastic holder of a few % density (rounded corners,
     a denser rim, sometimes a bead or disc beside the letter), tilted by ``style.angle`` and
     mirrored when placed face down; the geometric unsharpness of the focal spot
-    (``style.blur``, about a pixel) and the film's own quantum noise (``noise_sigma``, read
-    round the marker) on top, so it is neither sharper nor smoother than the film. The lead
-    drives the display to the film's ``white`` level (saturated, ``style.density`` of it)."""
+    (``style.blur``, about a pixel) and the film's own quantum noise (read round the marker)
+    on top, so it is neither sharper nor smoother than the film. The lead drives the display
+    to the film's white level (saturated: coverage ``style.density``)."""
     ss = SUPERSAMPLE
     big = s * ss
     work = 2 * big
@@ -717,13 +766,14 @@ def _lead_marker(
     holder_a = np.clip(down[..., 1] * np.float32(style.holder), 0.0, 1.0)
     bead_a = np.clip(down[..., 2] * np.float32(0.35 * style.density), 0.0, 1.0)
     mask = np.zeros((s, s), dtype=np.float32)
-    paint = np.zeros((s, s), dtype=np.float32)
+    unit = np.zeros((s, s), dtype=np.float32)
+    grain = np.zeros((s, s), dtype=np.float32)
     noise = rng.normal_numpy(key, "xray_marker", s * s, _normal_table()).reshape(s, s)
-    grain = np.float32(white) + np.float32(noise_sigma) * noise
-    _over(mask, paint, holder_a, grain)
-    _over(mask, paint, bead_a, grain)
-    _over(mask, paint, letter_a, grain)
-    return mask, paint
+    for alpha in (holder_a, bead_a, letter_a):
+        grain *= np.float32(1.0) - alpha
+        grain += noise * alpha
+        _over(mask, unit, alpha, 1.0)
+    return mask, unit, grain
 
 
 def _digital_marker(s: int, letter: str, style: MarkerStyle) -> tuple[np.ndarray, np.ndarray]:
@@ -756,6 +806,48 @@ def _digital_marker(s: int, letter: str, style: MarkerStyle) -> tuple[np.ndarray
     return mask, paint
 
 
+@dataclass(frozen=True)
+class MarkerTile:
+    """One film's marker before it is placed: its candidate spots (``marker_spots``), the
+    planning square's side, the marker square's side ``s`` and its (coverage, value per unit
+    white, value per unit noise) in the s x s square; ``lead``: the value scales with the
+    film's white level and noise (else the digital letter's own value, ``unit``)."""
+
+    spots: list[Spot]
+    big: int
+    s: int
+    mask: np.ndarray
+    unit: np.ndarray
+    grain: np.ndarray
+    lead: bool
+
+
+def marker_tile(
+    h: int,
+    w: int,
+    letter: str,
+    size: float,
+    right_corner: bool,
+    scene: Any = None,
+    style: MarkerStyle | None = None,
+    key: int = 0,
+) -> MarkerTile | None:
+    """The marker of ``size`` px a film gets before the film's levels place and light it
+    (None where no marker is added): a lead marker (``_lead_marker``) or the console's digital
+    letter (``_digital_marker``, the default style: a flat white letter)."""
+    letter_, spots, big, _ = marker_spots(h, w, letter, size, right_corner, scene)
+    if letter_ is None:
+        return None
+    s = max(2, round(size))
+    style = style or MarkerStyle()
+    if style.lead:
+        m, unit, grain = _lead_marker(s, letter_, style, key, min(h, w))
+    else:
+        m, unit = _digital_marker(s, letter_, style)
+        grain = np.zeros_like(unit)
+    return MarkerTile(spots, big, s, m, unit, grain, style.lead)
+
+
 def marker_mask(
     h: int,
     w: int,
@@ -767,28 +859,26 @@ def marker_mask(
     key: int = 0,
     film: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A laterality marker of ``size`` px placed by ``marker_plan``: a lead marker
-    (``_lead_marker``) or the console's digital letter (``_digital_marker``, the default style:
-    a flat white letter) inside its square; all zeros where no marker is added. Given the film
-    (``film_levels``), the marker goes in its air and a lead marker takes its white level and
-    its noise; without it, a top corner, white 1 and the faintest noise. Returns (coverage,
-    premultiplied value) float32 (H, W) images."""
+    """A laterality marker (``marker_tile``) placed by the film's levels (``choose_spot``)
+    and, for a lead marker, lit by its white level and noise (``film_white``, ``film_noise``);
+    without the film, the drawn top corner, white 1 and the faintest noise. Returns (coverage,
+    premultiplied value) float32 (H, W) images, zeros where no marker is added."""
     mask = np.zeros((h, w), dtype=np.float32)
     paint = np.zeros((h, w), dtype=np.float32)
-    letter_, x0, y0, _ = marker_plan(h, w, letter, size, right_corner, scene, film)
-    if letter_ is None:
+    tile = marker_tile(h, w, letter, size, right_corner, scene, style, key)
+    if tile is None:
         return mask, paint
-    s = max(2, round(size))
-    style = style or MarkerStyle()
-    if style.lead:
-        white, sigma = 1.0, FILM_NOISE[0]
-        if film is not None:
-            white, sigma = film_white(film), film_noise(film, (x0, y0, x0 + s, y0 + s))
-        m, v = _lead_marker(s, letter_, style, key, min(h, w), white, sigma)
-    else:
-        m, v = _digital_marker(s, letter_, style)
+    _, _, x0, y0 = choose_spot(film, tile.spots, tile.big)
+    s = tile.s
     inside = (slice(y0, y0 + s), slice(x0, x0 + s))  # the marker never leaves its square
-    mask[inside], paint[inside] = m, v
+    mask[inside] = tile.mask
+    if not tile.lead:
+        paint[inside] = tile.unit
+        return mask, paint
+    white, sigma = 1.0, FILM_NOISE[0]
+    if film is not None:
+        white, sigma = film_white(film), film_noise(film, (x0, y0, x0 + s, y0 + s))
+    paint[inside] = np.float32(white) * tile.unit + np.float32(sigma) * tile.grain
     return mask, paint
 
 
@@ -823,24 +913,116 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
     }
 
 
-def _marker_layers(
-    key: int, h: int, w: int, p: Mapping[str, Any], scene: Any, film: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """One film's marker layers from its parameters (as the kernel sees them) and its levels."""
-    return marker_mask(
-        h,
-        w,
-        "R" if as_float32(p["letter_r"]) > 0.5 else "L",
-        as_float32(p["size"]) * min(h, w),
-        as_float32(p["right_corner"]) > 0.5,
-        scene,
-        MarkerStyle.of(p),
-        key,
-        film,
-    )
+def _marker_args(h: int, w: int, p: Mapping[str, Any]) -> tuple[str, float, bool]:
+    """The letter, size in px and corner a record's parameters give (as the kernel sees them)."""
+    letter = "R" if as_float32(p["letter_r"]) > 0.5 else "L"
+    return letter, as_float32(p["size"]) * min(h, w), as_float32(p["right_corner"]) > 0.5
 
 
 MARKER_PARAMS = ("size", "letter_r", "right_corner", *MARKER_STYLE_PARAMS)
+
+
+def _lower_medians(hist: torch.Tensor) -> torch.Tensor:
+    """``_lower_median`` of each row of a (B, N) integer histogram (rows of total 0: bin 0)."""
+    target = (hist.sum(dim=1, keepdim=True) - 1).div(2, rounding_mode="floor") + 1
+    return (hist.cumsum(dim=1) >= target).to(torch.int32).argmax(dim=1)
+
+
+def _film_whites(levels: torch.Tensor) -> torch.Tensor:
+    """``film_white`` of each film of (B, H, W) int64 levels, float64 (B,)."""
+    b = levels.shape[0]
+    hist = torch.zeros(b, 256, dtype=torch.int64, device=levels.device)
+    hist.scatter_add_(1, levels.reshape(b, -1), torch.ones_like(levels.reshape(b, -1)))
+    above = hist.flip(1).cumsum(dim=1)
+    return (255 - (above >= WHITE_PIXELS).to(torch.int32).argmax(dim=1)).double() / 255.0
+
+
+def _film_sigmas(levels: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+    """``film_noise`` of each film of (B, H, W) int64 levels in its window (B, 4: x0, y0, x1,
+    y1, ``noise_window``), float64 (B,): the same integer histograms and medians."""
+    b, h, w = levels.shape
+    a, c = levels[:, :, 1:], levels[:, :, :-1]
+    cols = torch.arange(w - 1, device=levels.device).view(1, 1, -1)
+    rows = torch.arange(h, device=levels.device).view(1, -1, 1)
+    x0, y0, x1, y1 = (windows[:, i].view(-1, 1, 1) for i in range(4))
+    valid = (a > 0) & (a < 255) & (c > 0) & (c < 255)
+    valid &= (cols >= x0) & (cols + 1 < x1) & (rows >= y0) & (rows < y1)
+    d = (a - c).reshape(b, -1)
+    valid = valid.reshape(b, -1)
+    bins = torch.where(valid, d + 255, torch.full_like(d, 511))  # bin 511: not counted
+    hist = torch.zeros(b, 512, dtype=torch.int64, device=levels.device)
+    hist.scatter_add_(1, bins, torch.ones_like(bins))
+    hist = hist[:, :511]
+    n = hist.sum(dim=1)
+    med = _lower_medians(hist) - 255
+    dev = (torch.arange(511, device=levels.device).view(1, -1) - 255 - med.view(-1, 1)).abs()
+    mad_hist = torch.zeros(b, 511, dtype=torch.int64, device=levels.device)
+    mad_hist.scatter_add_(1, dev, hist)
+    mad = _lower_medians(mad_hist)
+    abs_sum = (hist * (torch.arange(511, device=levels.device) - 255).abs().view(1, -1)).sum(1)
+    by_mad = mad.double() * 1.4826 / math.sqrt(2.0) / 255.0
+    by_mean = abs_sum.double() / n.clamp(min=1).double() * math.sqrt(math.pi) / 2.0 / 255.0
+    sigma = torch.where(mad > 0, by_mad, by_mean).clamp(FILM_NOISE[0], FILM_NOISE[1])
+    return torch.where(n < 16, torch.full_like(sigma, FILM_NOISE[0]), sigma)
+
+
+def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch.Tensor:
+    """Blend each film's marker tile at its chosen spot, in one batched pass on x's device:
+    the spot of lowest integer sum of levels (``choose_spot``, from the films' integral
+    images), a lead marker lit by the film's white level and noise round it (``_film_whites``,
+    ``_film_sigmas``), placed by a gather; bit for bit the CPU path's ``marker_mask``."""
+    b, _, h, w = x.shape
+    dev = x.device
+    k = max([len(t.spots) for t in tiles if t is not None] + [1])
+    side = max([t.s for t in tiles if t is not None] + [1])
+    spots = np.zeros((b, k, 4), dtype=np.int64)
+    valid = np.zeros((b, k), dtype=bool)
+    sizes = np.zeros((b, 3), dtype=np.int64)  # big, s, lead
+    layers = np.zeros((b, 3, side, side), dtype=np.float32)
+    for i, t in enumerate(tiles):
+        if t is None:
+            continue
+        spots[i, : len(t.spots)] = t.spots
+        valid[i, : len(t.spots)] = True
+        sizes[i] = (t.big, t.s, int(t.lead))
+        layers[i, :, : t.s, : t.s] = np.stack([t.mask, t.unit, t.grain])
+    spots_d = torch.from_numpy(spots).to(dev)
+    valid_d = torch.from_numpy(valid).to(dev)
+    sizes_d = torch.from_numpy(sizes).to(dev)
+    layers_d = torch.from_numpy(layers).to(dev).view(b, 3, side * side)
+    levels = torch.round(x[:, 0].to(torch.float32).clamp(0.0, 1.0) * 255.0).to(torch.int64)
+    integral = F.pad(levels.cumsum(dim=1).cumsum(dim=2), (1, 0, 1, 0)).view(b, -1)
+    big = sizes_d[:, 0:1]
+    bx, by = spots_d[..., 0], spots_d[..., 1]
+
+    def at(yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
+        return integral.gather(1, yy * (w + 1) + xx)
+
+    sums = at(by + big, bx + big) - at(by, bx + big) - at(by + big, bx) + at(by, bx)
+    sums = sums.masked_fill(~valid_d, torch.iinfo(torch.int64).max)
+    chosen = spots_d.gather(1, sums.argmin(dim=1).view(-1, 1, 1).expand(-1, 1, 4))[:, 0]
+    x0, y0, s = chosen[:, 2], chosen[:, 3], sizes_d[:, 1]
+    windows = torch.stack(
+        [
+            (x0 - s).clamp(min=0),
+            (y0 - s).clamp(min=0),
+            (x0 + 2 * s).clamp(max=w),
+            (y0 + 2 * s).clamp(max=h),
+        ],
+        dim=1,
+    )
+    lead = sizes_d[:, 2] > 0
+    white = torch.where(lead, _film_whites(levels), 1.0).to(torch.float32).view(-1, 1, 1)
+    sigma = torch.where(lead, _film_sigmas(levels, windows), 0.0).to(torch.float32).view(-1, 1, 1)
+    u = torch.arange(w, device=dev).view(1, 1, -1) - x0.view(-1, 1, 1)
+    v = torch.arange(h, device=dev).view(1, -1, 1) - y0.view(-1, 1, 1)
+    s3 = s.view(-1, 1, 1)
+    inside = ((u >= 0) & (u < s3) & (v >= 0) & (v < s3)).view(b, 1, -1)
+    index = (v.clamp(0, side - 1) * side + u.clamp(0, side - 1)).view(b, 1, -1)
+    placed = layers_d.gather(2, index.expand(-1, 3, -1)) * inside
+    m, unit, grain = (placed[:, i].view(b, 1, h, w) for i in range(3))
+    paint = white.unsqueeze(1) * unit + sigma.unsqueeze(1) * grain
+    return (x * (1.0 - m) + paint).clamp_(0.0, 1.0)
 
 
 @register_kernel(
@@ -854,7 +1036,7 @@ def xray_laterality_marker(
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
     """A laterality marker where technologists put it: in the air beside the body near a top
-    corner or at the very edge of the field (``marker_plan``, read from the film's levels).
+    corner or at the very edge of the field (``marker_spots``, chosen by the film's levels).
     Most are lead markers radiographed with the patient (``_lead_marker``: a lead L/R in a
     faint plastic holder with the technologist's initials or a number, at a keyed tilt,
     sometimes face down; its shadow drives the display to the film's white level through the
@@ -864,19 +1046,21 @@ def xray_laterality_marker(
     mode it probes), but it never contradicts a marker already on the film and keeps clear of
     its annotations.
 
-    Kornia: own kernel: the marker layers are rendered on the host (identical on every device,
-    the CPU path's pixels bit for bit) from the records' parameters on the host
-    (``host_params``) and the films' levels (one read of the batch's first channel), uploaded
-    once and blended in one pass; Kornia has no text rendering."""
+    Kornia: own kernel: the marker tiles are rendered on the host (identical on every device)
+    from the records' parameters on the host (``host_params``) and the scenes, uploaded once;
+    the spot, white level and noise are read from the films on the device and the tiles
+    placed and blended in one batched pass (``_place_markers``: no read back; the CPU path's
+    pixels bit for bit); Kornia has no text rendering."""
     h, w = x.shape[-2:]
     given = list(scenes) if scenes is not None else [None] * len(keys)
     rows = _host_rows(p, host_params, MARKER_PARAMS)
-    films = x[:, 0].detach().to("cpu", torch.float32).numpy()
-    layers = [
-        _marker_layers(int(k), h, w, dict(zip(MARKER_PARAMS, row, strict=True)), sc, film_levels(f))
-        for k, row, sc, f in zip(keys, rows, given, films, strict=True)
-    ]
-    return _blend(x, [m for m, _ in layers], [v for _, v in layers])
+    tiles = []
+    for k, row, sc in zip(keys, rows, given, strict=True):
+        params = dict(zip(MARKER_PARAMS, row, strict=True))
+        tiles.append(
+            marker_tile(h, w, *_marker_args(h, w, params), sc, MarkerStyle.of(params), int(k))
+        )
+    return _place_markers(x, tiles)
 
 
 @backend.register_cpu("xray_laterality_marker", dtypes=ALL_DTYPES, uses_scene=True)
@@ -885,7 +1069,8 @@ def xray_laterality_marker_cpu(
 ) -> None:
     h, w = src.shape[-2:]
     film = film_levels(_load(src[0]))
-    mask, paint = _marker_layers(key, h, w, p, scene, film)
+    style = MarkerStyle.of(p)
+    mask, paint = marker_mask(h, w, *_marker_args(h, w, p), scene, style, key, film)
     _blend_np(src, dst, mask, paint, _quadrant_boxes(mask))
 
 
