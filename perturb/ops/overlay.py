@@ -5,14 +5,16 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
 * ``xray_burned_text``: one annotation set per film (patient, study, projection, site and
   technique lines), burned in at acquisition resolution and resized with the film, in the corners, clear of the annotations already burned into the film (its
   radiograph scene, ``annotation_boxes``).
-* ``xray_laterality_marker``: the lead L/R marker in a top corner, kept clear of the film's
-  annotations and never contradicting its detected markers (``marker_plan``); ``SCENE_NOTES``
+* ``xray_laterality_marker``: the lead L/R marker in its plastic holder where technologists put
+  it (the film's air near a top corner, else the edge of the field), kept clear of the film's
+  annotations and never contradicting its detected markers (``marker_spots``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
 * ``xray_collimation``: collimation borders (white: the unexposed film with scatter and the
   display's edge-enhancement undershoot, black: an electronic shutter mask) behind a penumbra.
 
 The masks are rendered on the host (integer rasterisation, identical for CPU and CUDA); the CPU
-paths blend inside each mask's bounding box. Modality is catalog data, not this module's name.
+paths blend inside each mask's bounding box. The marker's spot, white level and noise are read
+from the film in integer arithmetic, on the device by the torch kernel (no read back). Modality is catalog data, not this module's name.
 """
 
 from __future__ import annotations
@@ -740,6 +742,9 @@ def _lead_marker(
         _rounded_box(holder, (hx0, hy0, hx1, hy1), 0.35 * pad, 1.4)  # the plastic's denser rim
         _rounded_box(holder, (hx0 + rim, hy0 + rim, hx1 - rim, hy1 - rim), 0.35 * pad - rim, 1.0)
     ink = letter_ink.astype(np.float32) / np.float32(255.0)
+    ramp = np.linspace(0.9, 1.0, work, dtype=np.float32)  # lead sheet of uneven thickness
+    ramp = ramp if g.random() < 0.5 else ramp[::-1]
+    ink *= ramp[None, :] if g.random() < 0.5 else ramp[:, None]
     layers = np.stack([ink, holder, bead], axis=-1)
     if style.mirrored:
         layers = layers[:, ::-1].copy()

@@ -396,7 +396,7 @@ def test_lead_marker_is_saturated_lead_in_a_faint_holder_with_the_film_noise() -
     v = _air_pocket_film()
     key = 11
     out, params = _marker_call(
-        v, key, size=0.1, initials=2.0, holder=0.05, blur=0.0009, density=0.97
+        v, key, size=0.1, initials=2.0, holder=0.05, blur=0.0009, density=1.0
     )
     film = film_levels(v)
     white = film_white(film)
@@ -405,7 +405,7 @@ def test_lead_marker_is_saturated_lead_in_a_faint_holder_with_the_film_noise() -
         256, 256, "R", float(np.float32(0.1)) * 256, True, None, MarkerStyle.of(params), key, film
     )
     assert np.allclose(out, np.clip(v * (1.0 - mask) + paint, 0.0, 1.0), atol=1e-6)
-    core = mask > 0.96
+    core = mask > 0.88  # the letter (lead of uneven thickness: 0.9-1 of the density)
     assert core.sum() > 40
     value = paint[core] / mask[core]
     assert abs(float(value.mean()) - white) < 0.01
