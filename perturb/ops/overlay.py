@@ -934,24 +934,31 @@ def _lower_medians(hist: torch.Tensor) -> torch.Tensor:
 
 
 def _film_whites(levels: torch.Tensor) -> torch.Tensor:
-    """``film_white`` of each film of (B, H, W) int64 levels, float64 (B,)."""
+    """``film_white`` of each film of (B, H, W) integer levels, float64 (B,)."""
     b = levels.shape[0]
-    hist = torch.zeros(b, 256, dtype=torch.int64, device=levels.device)
-    hist.scatter_add_(1, levels.reshape(b, -1), torch.ones_like(levels.reshape(b, -1)))
+    offsets = 256 * torch.arange(b, device=levels.device, dtype=levels.dtype).view(-1, 1, 1)
+    hist = torch.bincount((levels + offsets).reshape(-1), minlength=256 * b).view(b, 256)
     above = hist.flip(1).cumsum(dim=1)
     return (255 - (above >= WHITE_PIXELS).to(torch.int32).argmax(dim=1)).double() / 255.0
 
 
-def _film_sigmas(levels: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
-    """``film_noise`` of each film of (B, H, W) int64 levels in its window (B, 4: x0, y0, x1,
-    y1, ``noise_window``), float64 (B,): the same integer histograms and medians."""
+def _film_sigmas(levels: torch.Tensor, windows: torch.Tensor, span: int) -> torch.Tensor:
+    """``film_noise`` of each film of (B, H, W) integer levels in its window (B, 4: x0, y0, x1,
+    y1, ``noise_window``, at most ``span`` px a side), float64 (B,): the same integer
+    histograms and medians, on (B, span, span) patches gathered at the windows."""
     b, h, w = levels.shape
-    a, c = levels[:, :, 1:], levels[:, :, :-1]
-    cols = torch.arange(w - 1, device=levels.device).view(1, 1, -1)
-    rows = torch.arange(h, device=levels.device).view(1, -1, 1)
-    x0, y0, x1, y1 = (windows[:, i].view(-1, 1, 1) for i in range(4))
+    dev = levels.device
+    step = torch.arange(span, device=dev).view(1, -1)
+    ry, rx = windows[:, 1:2] + step, windows[:, 0:1] + step
+    in_y, in_x = ry < windows[:, 3:4], rx < windows[:, 2:3]
+    patch = levels[
+        torch.arange(b, device=dev).view(-1, 1, 1),
+        ry.clamp(max=h - 1).view(b, -1, 1),
+        rx.clamp(max=w - 1).view(b, 1, -1),
+    ].to(torch.int64)
+    a, c = patch[:, :, 1:], patch[:, :, :-1]
     valid = (a > 0) & (a < 255) & (c > 0) & (c < 255)
-    valid &= (cols >= x0) & (cols + 1 < x1) & (rows >= y0) & (rows < y1)
+    valid &= in_y.view(b, -1, 1) & in_x[:, 1:].view(b, 1, -1)  # both columns of a pair inside
     d = (a - c).reshape(b, -1)
     valid = valid.reshape(b, -1)
     bins = torch.where(valid, d + 255, torch.full_like(d, 511))  # bin 511: not counted
@@ -960,9 +967,9 @@ def _film_sigmas(levels: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
     hist = hist[:, :511]
     n = hist.sum(dim=1)
     med = _lower_medians(hist) - 255
-    dev = (torch.arange(511, device=levels.device).view(1, -1) - 255 - med.view(-1, 1)).abs()
-    mad_hist = torch.zeros(b, 511, dtype=torch.int64, device=levels.device)
-    mad_hist.scatter_add_(1, dev, hist)
+    spread = (torch.arange(511, device=dev).view(1, -1) - 255 - med.view(-1, 1)).abs()
+    mad_hist = torch.zeros(b, 511, dtype=torch.int64, device=dev)
+    mad_hist.scatter_add_(1, spread, hist)
     mad = _lower_medians(mad_hist)
     abs_sum = (hist * (torch.arange(511, device=levels.device) - 255).abs().view(1, -1)).sum(1)
     by_mad = mad.double() * 1.4826 / math.sqrt(2.0) / 255.0
@@ -995,8 +1002,12 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
     valid_d = torch.from_numpy(valid).to(dev)
     sizes_d = torch.from_numpy(sizes).to(dev)
     layers_d = torch.from_numpy(layers).to(dev).view(b, 3, side * side)
-    levels = torch.round(x[:, 0].to(torch.float32).clamp(0.0, 1.0) * 255.0).to(torch.int64)
-    integral = F.pad(levels.cumsum(dim=1).cumsum(dim=2), (1, 0, 1, 0)).view(b, -1)
+    # exact integer sums: int32 while a film's total level fits, else int64
+    wide = torch.int32 if 255 * h * w < 2**31 else torch.int64
+    levels = torch.round(x[:, 0].to(torch.float32).clamp(0.0, 1.0) * 255.0).to(wide)
+    reach = int((spots[..., 1] + sizes[:, 0:1]).max())  # the rows any planning square covers
+    integral = levels[:, :reach].cumsum(dim=1, dtype=wide).cumsum(dim=2, dtype=wide)
+    integral = F.pad(integral, (1, 0, 1, 0)).view(b, -1)
     big = sizes_d[:, 0:1]
     bx, by = spots_d[..., 0], spots_d[..., 1]
 
@@ -1004,7 +1015,7 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
         return integral.gather(1, yy * (w + 1) + xx)
 
     sums = at(by + big, bx + big) - at(by, bx + big) - at(by + big, bx) + at(by, bx)
-    sums = sums.masked_fill(~valid_d, torch.iinfo(torch.int64).max)
+    sums = sums.masked_fill(~valid_d, torch.iinfo(wide).max)
     chosen = spots_d.gather(1, sums.argmin(dim=1).view(-1, 1, 1).expand(-1, 1, 4))[:, 0]
     x0, y0, s = chosen[:, 2], chosen[:, 3], sizes_d[:, 1]
     windows = torch.stack(
@@ -1018,16 +1029,27 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
     )
     lead = sizes_d[:, 2] > 0
     white = torch.where(lead, _film_whites(levels), 1.0).to(torch.float32).view(-1, 1, 1)
-    sigma = torch.where(lead, _film_sigmas(levels, windows), 0.0).to(torch.float32).view(-1, 1, 1)
-    u = torch.arange(w, device=dev).view(1, 1, -1) - x0.view(-1, 1, 1)
-    v = torch.arange(h, device=dev).view(1, -1, 1) - y0.view(-1, 1, 1)
-    s3 = s.view(-1, 1, 1)
-    inside = ((u >= 0) & (u < s3) & (v >= 0) & (v < s3)).view(b, 1, -1)
-    index = (v.clamp(0, side - 1) * side + u.clamp(0, side - 1)).view(b, 1, -1)
-    placed = layers_d.gather(2, index.expand(-1, 3, -1)) * inside
-    m, unit, grain = (placed[:, i].view(b, 1, h, w) for i in range(3))
-    paint = white.unsqueeze(1) * unit + sigma.unsqueeze(1) * grain
-    return (x * (1.0 - m) + paint).clamp_(0.0, 1.0)
+    sigma = (
+        torch.where(lead, _film_sigmas(levels, windows, 3 * side), 0.0)
+        .to(torch.float32)
+        .view(-1, 1, 1)
+    )
+    # the tiles' pixels of the films, blended and written back (padding to a dummy pixel)
+    step = torch.arange(side, device=dev).view(1, -1)
+    ry, rx = (y0.view(-1, 1) + step).clamp(max=h - 1), (x0.view(-1, 1) + step).clamp(max=w - 1)
+    in_tile = step < s.view(-1, 1)
+    index = ry.view(b, -1, 1) * w + rx.view(b, 1, -1)
+    index = torch.where(in_tile.view(b, -1, 1) & in_tile.view(b, 1, -1), index, h * w)
+    c = x.shape[1]
+    index = index.view(b, 1, -1).expand(-1, c, -1)
+    films = x.reshape(b, c, h * w)
+    under = films.gather(2, index.clamp(max=h * w - 1))
+    m, unit, grain = layers_d[:, 0:1], layers_d[:, 1:2], layers_d[:, 2:3]
+    paint = white * unit + sigma * grain
+    blended = (under * (1.0 - m) + paint).clamp_(0.0, 1.0).to(x.dtype)
+    out = torch.cat([films, films.new_zeros(b, c, 1)], dim=2)
+    out.scatter_(2, index, blended)
+    return out[:, :, : h * w].reshape(b, c, h, w).contiguous()
 
 
 @register_kernel(
