@@ -5,14 +5,16 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
 * ``xray_burned_text``: one annotation set per film (patient, study, projection, site and
   technique lines), burned in at acquisition resolution and resized with the film, in the corners, clear of the annotations already burned into the film (its
   radiograph scene, ``annotation_boxes``).
-* ``xray_laterality_marker``: the lead L/R marker in a top corner, kept clear of the film's
-  annotations and never contradicting its detected markers (``marker_plan``); ``SCENE_NOTES``
+* ``xray_laterality_marker``: the lead L/R marker in its plastic holder where technologists put
+  it (the film's air near a top corner, else the edge of the field), kept clear of the film's
+  annotations and never contradicting its detected markers (``marker_spots``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
 * ``xray_collimation``: collimation borders (white: the unexposed film with scatter and the
   display's edge-enhancement undershoot, black: an electronic shutter mask) behind a penumbra.
 
 The masks are rendered on the host (integer rasterisation, identical for CPU and CUDA); the CPU
-paths blend inside each mask's bounding box. Modality is catalog data, not this module's name.
+paths blend inside each mask's bounding box. The marker's spot, white level and noise are read
+from the film in integer arithmetic, on the device by the torch kernel (no read back). Modality is catalog data, not this module's name.
 """
 
 from __future__ import annotations
@@ -398,30 +400,42 @@ def xray_burned_text_cpu(
     _blend_np(src, dst, mask, paint, _quadrant_boxes(mask))
 
 
-def marker_plan(
+Spot = tuple[int, int, int, int]  # a candidate: the planning square's x0, y0; the marker's
+
+
+def marker_spots(
     h: int, w: int, letter: str, size: float, right_corner: bool, scene: Any = None
-) -> tuple[str | None, int, int, str | None]:
-    """Where the laterality marker goes: (letter or None for no marker, x0, y0 of its square,
-    why it differs from the drawn letter and corner, or None). A film's detected markers
+) -> tuple[str | None, list[Spot], int, str | None]:
+    """Where the laterality marker may go: (letter or None for no marker, the candidate spots,
+    the planning square's side, why it differs from the drawn letter and corner, or None). A film's detected markers
     (its radiograph scene) decide the letter: the added marker never contradicts them (one side
     read: that letter, on that marker's side of the film; both: no marker; a marker-like
-    annotation whose side was not read (``radiograph.unread_markers``): no marker). The square
-    starts in the drawn top corner (margin
-    3 % of the shorter side) and keeps half its size from every detected annotation: it moves
-    up to twice its size along the edge from the drawn corner, the other top corner, then the
-    bottom ones, before it goes further towards the middle."""
+    annotation whose side was not read (``radiograph.unread_markers``): no marker).
+
+    Technologists put the marker in the air beside the body or at the very edge of the field,
+    near a shoulder: the candidate squares (margin 3 % of the shorter side) run from the drawn
+    top corner along the top edge (up to twice the marker's size) and down the outer edge (to
+    0.3 of the height), each keeping half its size from every detected annotation; the first
+    corner (drawn top, other top, then the bottom ones) with a clear candidate gives them;
+    failing those, candidates further along the top edge. ``choose_spot`` picks one by the
+    film's levels. The spots depend on the scene only, never the film's pixels."""
     side = min(h, w)
     margin = round(0.03 * side)
     s = max(2, round(size))
     found = radiograph.annotations_of(scene.descriptor) if _fits(scene, h, w) else []
     sides = sorted({str(a["side"]) for a in found if a["type"] == "marker" and a["side"]})
     if len(sides) > 1:
-        return None, 0, 0, "no marker added: the film already shows both an L and an R marker"
+        return None, [], 0, "no marker added: the film already shows both an L and an R marker"
     if not sides and _fits(scene, h, w):
         unread = radiograph.unread_markers(scene.descriptor)
         if unread:
             box = ", ".join(str(a["box"]) for a in unread)
-            return None, 0, 0, f"no marker added: marker-like annotation(s) at {box}, side not read"
+            return (
+                None,
+                [],
+                0,
+                f"no marker added: marker-like annotation(s) at {box}, side not read",
+            )
     why = None
     if sides and sides[0] != letter:
         why = f"letter {sides[0]} (drawn {letter}): the film's detected marker is {sides[0]}"
@@ -446,20 +460,64 @@ def marker_plan(
     ]
     if sides:  # only the detected marker's side of the film
         corners = [c for c in corners if c[0] == right_corner]
-    near = range(0, 2 * big + 1, step)  # first each corner's own neighbourhood, then further in
+    along = range(0, 2 * big + 1, step)
+    down = range(step, max(step, round(0.3 * h) - margin - big + 1), step)
     far = range(2 * big + step, max(2 * big + step, w // 2 - big - margin), step)
-    for shifts in (near, far):
+
+    def squares(right: bool, top: bool, shifts: range, sides_too: bool) -> list[tuple[int, int]]:
+        edge_x = w - margin - big if right else margin
+        y_edge = margin if top else h - margin - big
+        out = [(w - margin - big - k if right else margin + k, y_edge) for k in shifts]
+        if sides_too and top:  # down the outer edge, beside the shoulder
+            out += [(edge_x, margin + k) for k in down]
+        return out
+
+    def clear(x0: int, y0: int) -> bool:
+        inside = x0 >= 0 and y0 >= 0 and x0 + big <= w and y0 + big <= h
+        return inside and _clear((x0, y0, x0 + big, y0 + big), avoid, 0.5 * big)  # type: ignore[arg-type]
+
+    for shifts, sides_too in ((along, True), (far, False)):
         for k, (right, top) in enumerate(corners):
-            for shift in shifts:
-                x0 = w - margin - big - shift if right else margin + shift
-                y0 = margin if top else h - margin - big
-                if _clear((x0, y0, x0 + big, y0 + big), avoid, 0.5 * big):  # type: ignore[arg-type]
-                    if k or shift:
-                        moved = "moved clear of the film's annotations"
-                        why = moved if why is None else f"{why}; {moved}"
-                    # the marker's square in the outer corner of the planned one
-                    return letter, x0 + (big - s if right else 0), y0 + (0 if top else big - s), why
-    return None, 0, 0, "no marker added: no corner of the film is clear of its annotations"
+            spots = [xy for xy in squares(right, top, shifts, sides_too) if clear(*xy)]
+            if not spots:
+                continue
+            if k or shifts is far:
+                moved = "moved clear of the film's annotations"
+                why = moved if why is None else f"{why}; {moved}"
+            # the marker's square in the outer corner of the planned one
+            inner = (big - s if right else 0, 0 if top else big - s)
+            return letter, [(x, y, x + inner[0], y + inner[1]) for x, y in spots], big, why
+    return None, [], 0, "no marker added: no corner of the film is clear of its annotations"
+
+
+def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int) -> Spot:
+    """The spot whose planning square holds the film's lowest sum of levels (``film_levels``:
+    the air beside the body, not the white collimation band, tissue or lung; the first on a
+    tie), or the first spot (the drawn corner itself) without the film. Integer sums: the
+    torch kernel's choice (``_choose_spots``) is the same."""
+    if film is None or len(spots) == 1:
+        return spots[0]
+    sums = [int(film[y : y + big, x : x + big].sum(dtype=np.int64)) for x, y, _, _ in spots]
+    return spots[int(np.argmin(sums))]
+
+
+def marker_plan(
+    h: int,
+    w: int,
+    letter: str,
+    size: float,
+    right_corner: bool,
+    scene: Any = None,
+    film: np.ndarray | None = None,
+) -> tuple[str | None, int, int, str | None]:
+    """Where the laterality marker goes (``marker_spots``, ``choose_spot``): (letter or None
+    for no marker, x0, y0 of its square, why it differs from the drawn letter and corner, or
+    None)."""
+    letter_, spots, big, why = marker_spots(h, w, letter, size, right_corner, scene)
+    if letter_ is None:
+        return None, 0, 0, why
+    _, _, x0, y0 = choose_spot(film, spots, big)
+    return letter_, x0, y0, why
 
 
 PLAN_SIZE = 0.09  # the largest marker (catalog: severity 5's upper size), shorter side
@@ -508,8 +566,12 @@ class MarkerStyle:
 
 MARKER_STYLE_PARAMS = ("lead", "angle", "mirrored", "initials", "density", "blur", "holder", "ring")
 INITIALS = "ABCDEFGHJKMNPSTVW"  # technologists' initials: never an L or an R beside the letter
-LEAD_NOISE = 0.015  # display-value sigma of the quantum noise in the lead letter's shadow
 SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges anti-aliased)
+# lead marker letters: a heavy block sans, and two stroke faces drawn with round ends and joins
+# (the rounded letters cut from lead sheet)
+LEAD_FONTS = ("block", "rounded", "rounded_wide")
+FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
+WHITE_PIXELS = 20  # pixels at the film's white level: what saturating lead reaches on its display
 
 
 @lru_cache(maxsize=1)
@@ -529,70 +591,161 @@ def _letter(canvas: np.ndarray, text: str, cap: float, x: float, base: float, bo
     np.maximum(canvas, ink, out=canvas)
 
 
+def _lead_text(text: str, cap: float, font: str) -> np.ndarray:
+    """``text`` as a lead-marker face would cut it, cap height ``cap`` px, on its own tight
+    uint8 canvas: a heavy block sans (OpenCV's sans at weight 900) or a stroke face drawn with
+    round caps and joins (Hershey simplex or duplex, stroke 0.2 or 0.24 of the cap height)."""
+    pad = round(0.5 * cap) + 2
+    wide = round(len(text) * 1.3 * cap) + 2 * pad
+    canvas = np.zeros((round(cap) + 2 * pad, wide), dtype=np.uint8)
+    if font == "block":
+        size = max(4, round(cap / CAP_PER_SIZE))
+        cv2.putText(canvas, text, (pad, pad + round(cap)), 255, cv2.FontFace("sans"), size, 900)
+    else:
+        face = cv2.FONT_HERSHEY_SIMPLEX if font == "rounded" else cv2.FONT_HERSHEY_DUPLEX
+        stroke = max(1, round((0.2 if font == "rounded" else 0.24) * cap))
+        probe = np.zeros((200, 400), dtype=np.uint8)  # the face's height at scale 4 (OpenCV's
+        cv2.putText(probe, text, (10, 150), face, 4.0, 255, 1)  # thick strokes keep it)
+        rows = np.flatnonzero(probe.any(axis=1))
+        scale = 4.0 * cap / max(1, int(rows[-1] - rows[0]))
+        base = pad + round(cap) - round((rows[-1] - 150) * scale / 4.0)
+        cv2.putText(canvas, text, (pad, base), face, scale, 255, stroke, cv2.LINE_AA)
+    rows, cols = np.flatnonzero(canvas.any(axis=1)), np.flatnonzero(canvas.any(axis=0))
+    return canvas[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+
+
+def _paste(canvas: np.ndarray, ink: np.ndarray, cx: float, top: float) -> None:
+    """``ink`` onto ``canvas`` (maximum), centred on column ``cx``, its top row at ``top``."""
+    y0, x0 = round(top), round(cx - ink.shape[1] / 2)
+    h, w = ink.shape
+    region = canvas[y0 : y0 + h, x0 : x0 + w]
+    np.maximum(region, ink[: region.shape[0], : region.shape[1]], out=region)
+
+
+def _rounded_box(
+    canvas: np.ndarray, box: tuple[float, float, float, float], r: float, v: float
+) -> None:
+    """Fill the rectangle ``box`` (x0, y0, x1, y1) with corners rounded by ``r`` px, value ``v``."""
+    x0, y0, x1, y1 = (round(c) for c in box)
+    r_ = max(1, min(round(r), (x1 - x0) // 2, (y1 - y0) // 2))
+    cv2.rectangle(canvas, (x0 + r_, y0), (x1 - r_, y1), v, -1)
+    cv2.rectangle(canvas, (x0, y0 + r_), (x1, y1 - r_), v, -1)
+    for cx, cy in ((x0 + r_, y0 + r_), (x1 - r_, y0 + r_), (x0 + r_, y1 - r_), (x1 - r_, y1 - r_)):
+        cv2.circle(canvas, (cx, cy), r_, v, -1)
+
+
+def film_levels(v: np.ndarray) -> np.ndarray:
+    """One film's display value (H, W, float in [0, 1]) as uint8 levels: what placement, white
+    level and noise are read from (identical for the CPU path's and the torch path's floats)."""
+    return np.rint(np.clip(v, 0.0, 1.0) * np.float32(255.0)).astype(np.uint8)
+
+
+def film_white(film: np.ndarray) -> float:
+    """The film's white level (display value): the highest level at least ``WHITE_PIXELS``
+    pixels reach (its display's saturation: burned-in text, an existing marker, the unexposed
+    band), where saturating lead lands on this film's display curve (``_film_whites``)."""
+    hist = np.bincount(film.ravel(), minlength=256)
+    above = np.cumsum(hist[::-1])  # pixels at or above each level, from the top
+    level = 255 - int(np.argmax(above >= WHITE_PIXELS))
+    return level / 255.0
+
+
+def _lower_median(hist: np.ndarray) -> int:
+    """The lower median's bin of a histogram of integers (its total at least 1)."""
+    return int(np.argmax(np.cumsum(hist) >= (int(hist.sum()) - 1) // 2 + 1))
+
+
+def _sigma_of(n: int, mad: int, abs_sum: int) -> float:
+    """The noise sigma (display value) from neighbour differences: 1.4826 MAD / sqrt 2, or
+    where the MAD is 0 (integer levels) the mean absolute difference sqrt(pi) / 2; within
+    ``FILM_NOISE`` (its low bound for fewer than 16 differences)."""
+    if n < 16:
+        return FILM_NOISE[0]
+    if mad > 0:
+        sigma = 1.4826 * mad / math.sqrt(2.0) / 255.0
+    else:
+        sigma = abs_sum / n * math.sqrt(math.pi) / 2.0 / 255.0
+    return min(max(sigma, FILM_NOISE[0]), FILM_NOISE[1])
+
+
+def noise_window(box: Box4, h: int, w: int) -> Box4:
+    """Where the film's noise is read round a marker square ``box`` (x0, y0, x1, y1): the
+    square grown by its size on every side, within the film."""
+    x0, y0, x1, y1 = box
+    s = max(x1 - x0, y1 - y0)
+    return max(0, x0 - s), max(0, y0 - s), min(w, x1 + s), min(h, y1 + s)
+
+
+def film_noise(film: np.ndarray, box: Box4) -> float:
+    """The film's own noise sigma (display value) round ``box`` (``noise_window``): from the
+    horizontal neighbour differences of unclipped levels (``_sigma_of``), with integer medians
+    (the torch kernel's ``_film_sigmas`` gives the same)."""
+    wx0, wy0, wx1, wy1 = noise_window(box, *film.shape)
+    patch = film[wy0:wy1, wx0:wx1].astype(np.int16)
+    a, b = patch[:, 1:], patch[:, :-1]
+    d = (a - b)[(a > 0) & (a < 255) & (b > 0) & (b < 255)].astype(np.int64)
+    if d.size < 16:
+        return FILM_NOISE[0]
+    hist = np.bincount(d + 255, minlength=511)
+    med = _lower_median(hist) - 255
+    dev = np.abs(np.arange(511) - 255 - med)
+    mad = _lower_median(np.bincount(dev, weights=hist, minlength=511).astype(np.int64))
+    return _sigma_of(int(d.size), mad, int(np.abs(d).sum()))
+
+
 def _lead_marker(
     s: int, letter: str, style: MarkerStyle, key: int, side: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """A lead marker's (coverage, value) in its s x s square: the bold letter (and initials)
-    in a faint plastic holder with two screws, placed at ``style.angle`` (mirrored when placed
-    reversed), blurred by the focal spot and detector (``style.blur``), with quantum noise."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A lead marker in its s x s square, as radiographed with the patient: (coverage, value
+    per unit white level, value per unit noise sigma), its value ``white unit + sigma grain``
+    (``marker_mask``, ``_place_markers``) for the film's white level and noise.
+
+    The lead letter (a keyed face of ``LEAD_FONTS``) with the technologist's initials or a
+    number in smaller type under it, in a plastic holder of a few % density (rounded corners,
+    a denser rim, sometimes a bead or disc beside the letter), tilted by ``style.angle`` and
+    mirrored when placed face down; the geometric unsharpness of the focal spot
+    (``style.blur``, about a pixel) and the film's own quantum noise (read round the marker)
+    on top, so it is neither sharper nor smoother than the film. The lead drives the display
+    to the film's white level (saturated: coverage ``style.density``)."""
     ss = SUPERSAMPLE
     big = s * ss
     work = 2 * big
     cap = 0.5 * big
     g = rng.scalar_rng(rng.sub_key(key, "xray_marker"))
-    initials = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
-    letter_ink = np.zeros((work, work), dtype=np.uint8)
-    size = max(4, round(cap / CAP_PER_SIZE))
-    # the letter centred above the initials (about 0.45 of its height), then the holder round both
-    probe = np.zeros((work, work), dtype=np.uint8)
-    cv2.putText(probe, letter, (0, round(cap) + 2), 255, cv2.FontFace("uni"), size, 400)
-    letter_w = int(np.flatnonzero(probe.any(axis=0))[-1]) + 1
-    small = 0.45 * cap
-    sub_w = 0
-    if initials:
-        probe[:] = 0
-        cv2.putText(
-            probe,
-            initials,
-            (0, round(cap) + 2),
-            255,
-            cv2.FontFace("uni"),
-            max(4, round(small / CAP_PER_SIZE)),
-            400,
-        )
-        sub_w = int(np.flatnonzero(probe.any(axis=0))[-1]) + 1
-    gap = 0.18 * cap
-    block_h = cap + (gap + small if initials else 0.0)
-    block_w = max(letter_w, sub_w)
-    pad = 0.16 * cap
+    font = LEAD_FONTS[int(g.integers(len(LEAD_FONTS)))]
+    if style.initials and g.random() < 0.25:  # a numbered marker instead of initials
+        sub = "".join(str(int(g.integers(10))) for _ in range(style.initials))
+    else:
+        sub = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
+    glyph = _lead_text(letter, cap, font)
+    small = _lead_text(sub, 0.4 * cap, font) if sub else None
+    gap = 0.15 * cap
+    block_h = glyph.shape[0] + (gap + small.shape[0] if small is not None else 0.0)
+    block_w = max(glyph.shape[1], small.shape[1] if small is not None else 0)
     cx = cy = work / 2
     top = cy - block_h / 2
-    bold = max(1, round(0.12 * cap))  # lead letters are cut from thick, heavy stock
-    _letter(letter_ink, letter, cap, cx - letter_w / 2, top + cap, bold)
-    if initials:
-        _letter(letter_ink, initials, small, cx - sub_w / 2, top + block_h, max(1, bold // 2))
-    # the ink's own box centred on the canvas (glyph bearings aside): a reversed marker is its
-    # mirror image about the same centre
-    rows_i, cols_i = np.flatnonzero(letter_ink.any(axis=1)), np.flatnonzero(letter_ink.any(axis=0))
-    dy = round(cy - (rows_i[0] + rows_i[-1] + 1) / 2)
-    dx = round(cx - (cols_i[0] + cols_i[-1] + 1) / 2)
-    letter_ink = np.roll(letter_ink, (dy, dx), axis=(0, 1))
-    block_w = int(cols_i[-1] + 1 - cols_i[0])
-    block_h = float(rows_i[-1] + 1 - rows_i[0])
-    top = cy - block_h / 2
-    holder = np.zeros((work, work), dtype=np.float32)
+    letter_ink = np.zeros((work, work), dtype=np.uint8)
+    _paste(letter_ink, glyph, cx, top)
+    if small is not None:
+        _paste(letter_ink, small, cx, top + glyph.shape[0] + gap)
+    pad = 0.16 * cap
     hx0, hy0 = cx - block_w / 2 - pad, top - pad
     hx1, hy1 = cx + block_w / 2 + pad, top + block_h + pad
+    holder = np.zeros((work, work), dtype=np.float32)
+    bead = np.zeros((work, work), dtype=np.float32)
     if style.holder > 0:
-        corners = ((round(hx0), round(hy0)), (round(hx1), round(hy1)))
-        cv2.rectangle(holder, corners[0], corners[1], 1.0, -1)
-        cv2.rectangle(holder, corners[0], corners[1], 1.3, max(1, round(0.04 * cap)))
-        for sx in (hx0 + 0.5 * pad, hx1 - 0.5 * pad):  # the screws that close the holder
-            cv2.circle(holder, (round(sx), round(cy)), max(1, round(0.12 * pad)), 4.0, -1)
+        if g.random() < 0.4:  # a bead or disc in the holder, beside the letter
+            r = (0.16 + 0.1 * g.random()) * cap
+            hx1 += 2 * r + 0.5 * pad
+            cv2.circle(bead, (round(hx1 - pad - r), round(hy0 + pad + r)), round(r), 1.0, -1)
+        rim = max(1, round(0.05 * cap))
+        _rounded_box(holder, (hx0, hy0, hx1, hy1), 0.35 * pad, 1.4)  # the plastic's denser rim
+        _rounded_box(holder, (hx0 + rim, hy0 + rim, hx1 - rim, hy1 - rim), 0.35 * pad - rim, 1.0)
     ink = letter_ink.astype(np.float32) / np.float32(255.0)
-    ramp = np.linspace(0.9, 1.0, work, dtype=np.float32)  # the letter's thickness varies
-    ink *= ramp[None, :] if g.random() < 0.5 else ramp[::-1, None]
-    layers = np.stack([ink, holder], axis=-1)
+    ramp = np.linspace(0.9, 1.0, work, dtype=np.float32)  # lead sheet of uneven thickness
+    ramp = ramp if g.random() < 0.5 else ramp[::-1]
+    ink *= ramp[None, :] if g.random() < 0.5 else ramp[:, None]
+    layers = np.stack([ink, holder, bead], axis=-1)
     if style.mirrored:
         layers = layers[:, ::-1].copy()
     angle = math.radians(style.angle)
@@ -601,23 +754,31 @@ def _lead_marker(
     span_h = abs(math.sin(angle)) * (hx1 - hx0) + abs(math.cos(angle)) * (hy1 - hy0)
     room = big - 2 * (3.0 * blur_px + 1.0) * ss
     scale = min(1.0, max(room, 0.2 * big) / max(span_w, span_h))
-    turn = cv2.getRotationMatrix2D((cx, cy), style.angle, scale)
+    mid_x = (hx0 + hx1) / 2  # the holder's centre (mirrored with it when placed face down)
+    if style.mirrored:
+        mid_x = work - mid_x
+    mid_y = (hy0 + hy1) / 2
+    turn = cv2.getRotationMatrix2D((mid_x, mid_y), style.angle, scale)
     shift = np.zeros((2, 3))
-    shift[:, 2] = big / 2 - cx
+    shift[0, 2] = big / 2 - mid_x
+    shift[1, 2] = big / 2 - mid_y
     turn = np.asarray(turn, dtype=np.float64) + shift  # the holder's centre to the square's
     placed = cv2.warpAffine(layers, turn, (big, big), flags=cv2.INTER_LINEAR)
     if blur_px > 0:
         placed = cv2.GaussianBlur(placed, (0, 0), blur_px * ss)
     down = cv2.resize(placed, (s, s), interpolation=cv2.INTER_AREA)
-    letter_a = np.clip(down[..., 0], 0.0, 1.0) * np.float32(style.density)
+    letter_a = np.clip(down[..., 0] * np.float32(style.density), 0.0, 1.0)
     holder_a = np.clip(down[..., 1] * np.float32(style.holder), 0.0, 1.0)
+    bead_a = np.clip(down[..., 2] * np.float32(0.35 * style.density), 0.0, 1.0)
     mask = np.zeros((s, s), dtype=np.float32)
-    paint = np.zeros((s, s), dtype=np.float32)
+    unit = np.zeros((s, s), dtype=np.float32)
+    grain = np.zeros((s, s), dtype=np.float32)
     noise = rng.normal_numpy(key, "xray_marker", s * s, _normal_table()).reshape(s, s)
-    grain = np.float32(1.0) + np.float32(LEAD_NOISE) * noise
-    _over(mask, paint, holder_a, grain)
-    _over(mask, paint, letter_a.astype(np.float32), grain)
-    return mask, paint
+    for alpha in (holder_a, bead_a, letter_a):
+        grain *= np.float32(1.0) - alpha
+        grain += noise * alpha
+        _over(mask, unit, alpha, 1.0)
+    return mask, unit, grain
 
 
 def _digital_marker(s: int, letter: str, style: MarkerStyle) -> tuple[np.ndarray, np.ndarray]:
@@ -650,6 +811,48 @@ def _digital_marker(s: int, letter: str, style: MarkerStyle) -> tuple[np.ndarray
     return mask, paint
 
 
+@dataclass(frozen=True)
+class MarkerTile:
+    """One film's marker before it is placed: its candidate spots (``marker_spots``), the
+    planning square's side, the marker square's side ``s`` and its (coverage, value per unit
+    white, value per unit noise) in the s x s square; ``lead``: the value scales with the
+    film's white level and noise (else the digital letter's own value, ``unit``)."""
+
+    spots: list[Spot]
+    big: int
+    s: int
+    mask: np.ndarray
+    unit: np.ndarray
+    grain: np.ndarray
+    lead: bool
+
+
+def marker_tile(
+    h: int,
+    w: int,
+    letter: str,
+    size: float,
+    right_corner: bool,
+    scene: Any = None,
+    style: MarkerStyle | None = None,
+    key: int = 0,
+) -> MarkerTile | None:
+    """The marker of ``size`` px a film gets before the film's levels place and light it
+    (None where no marker is added): a lead marker (``_lead_marker``) or the console's digital
+    letter (``_digital_marker``, the default style: a flat white letter)."""
+    letter_, spots, big, _ = marker_spots(h, w, letter, size, right_corner, scene)
+    if letter_ is None:
+        return None
+    s = max(2, round(size))
+    style = style or MarkerStyle()
+    if style.lead:
+        m, unit, grain = _lead_marker(s, letter_, style, key, min(h, w))
+    else:
+        m, unit = _digital_marker(s, letter_, style)
+        grain = np.zeros_like(unit)
+    return MarkerTile(spots, big, s, m, unit, grain, style.lead)
+
+
 def marker_mask(
     h: int,
     w: int,
@@ -659,30 +862,35 @@ def marker_mask(
     scene: Any = None,
     style: MarkerStyle | None = None,
     key: int = 0,
+    film: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A laterality marker of ``size`` px placed by ``marker_plan``: a lead marker
-    (``_lead_marker``) or the console's digital letter (``_digital_marker``, the default style:
-    a flat white letter) inside its square; all zeros where no marker is added. Returns
-    (coverage, premultiplied value) float32 (H, W) images."""
+    """A laterality marker (``marker_tile``) placed by the film's levels (``choose_spot``)
+    and, for a lead marker, lit by its white level and noise (``film_white``, ``film_noise``);
+    without the film, the drawn top corner, white 1 and the faintest noise. Returns (coverage,
+    premultiplied value) float32 (H, W) images, zeros where no marker is added."""
     mask = np.zeros((h, w), dtype=np.float32)
     paint = np.zeros((h, w), dtype=np.float32)
-    letter_, x0, y0, _ = marker_plan(h, w, letter, size, right_corner, scene)
-    if letter_ is None:
+    tile = marker_tile(h, w, letter, size, right_corner, scene, style, key)
+    if tile is None:
         return mask, paint
-    s = max(2, round(size))
-    style = style or MarkerStyle()
-    if style.lead:
-        m, v = _lead_marker(s, letter_, style, key, min(h, w))
-    else:
-        m, v = _digital_marker(s, letter_, style)
+    _, _, x0, y0 = choose_spot(film, tile.spots, tile.big)
+    s = tile.s
     inside = (slice(y0, y0 + s), slice(x0, x0 + s))  # the marker never leaves its square
-    mask[inside], paint[inside] = m, v
+    mask[inside] = tile.mask
+    if not tile.lead:
+        paint[inside] = tile.unit
+        return mask, paint
+    white, sigma = 1.0, FILM_NOISE[0]
+    if film is not None:
+        white, sigma = film_white(film), film_noise(film, (x0, y0, x0 + s, y0 + s))
+    paint[inside] = np.float32(white) * tile.unit + np.float32(sigma) * tile.grain
     return mask, paint
 
 
 def laterality_note(params: Mapping[str, Any], scene: Any, h: int, w: int) -> str | None:
     """Why a record's marker differs from its drawn letter and corner (``marker_plan``), or
-    None: what the engine writes in the record (``extra["note"]``)."""
+    None: what the engine writes in the record (``extra["note"]``). The film's levels choose
+    a square within the corner, never the letter or corner, so the note needs only the scene."""
     letter = "R" if float(params["letter_r"]) > 0.5 else "L"
     size = as_float32(params["size"]) * min(h, w)
     return marker_plan(h, w, letter, size, as_float32(params["right_corner"]) > 0.5, scene)[3]
@@ -694,39 +902,154 @@ SCENE_NOTES = {"xray_laterality_marker": laterality_note}
 
 
 def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
-    u = [float(rng_.random()) for _ in range(10)]
+    u = [float(rng_.random()) for _ in range(11)]
     return {
         "size": level["size"][0] + u[0] * (level["size"][1] - level["size"][0]),
         "letter_r": float(u[1] < 0.5),
         "right_corner": float(u[2] < 0.5),
-        "lead": float(u[3] < 0.7),  # most films carry a radiographed lead marker
-        "angle": -25.0 + 50.0 * u[4],
-        "mirrored": float(u[5] < 0.15),
+        "lead": float(u[3] < 0.85),  # most films carry a radiographed lead marker
+        "angle": -30.0 + 60.0 * u[4],
+        "mirrored": float(u[5] < 0.2),  # placed face down
         "initials": float(min(3, int(4 * u[6]))),
-        "density": 0.75 + 0.22 * u[7],
-        "blur": 0.0005 + 0.0012 * u[8],  # 0.5-1.7 px on a 1024 px film
-        "holder": (0.008 + 0.025 * u[9] / 0.4) if u[9] < 0.4 else 0.0,  # faint: thin plastic
-        "ring": float(u[9] > 0.75),
+        "density": 0.92 + 0.08 * u[7],  # lead saturates the display
+        "blur": 0.0003 + 0.0006 * u[8],  # 0.3-0.9 px on a 1024 px film: a penumbra, no glow
+        "holder": (0.03 + 0.05 * u[9] / 0.85) if u[9] < 0.85 else 0.0,  # a few % of plastic
+        "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
     }
 
 
-def _marker_layers(
-    key: int, h: int, w: int, p: Mapping[str, Any], scene: Any
-) -> tuple[np.ndarray, np.ndarray]:
-    """One film's marker layers from its parameters (as the kernel sees them)."""
-    return marker_mask(
-        h,
-        w,
-        "R" if as_float32(p["letter_r"]) > 0.5 else "L",
-        as_float32(p["size"]) * min(h, w),
-        as_float32(p["right_corner"]) > 0.5,
-        scene,
-        MarkerStyle.of(p),
-        key,
-    )
+def _marker_args(h: int, w: int, p: Mapping[str, Any]) -> tuple[str, float, bool]:
+    """The letter, size in px and corner a record's parameters give (as the kernel sees them)."""
+    letter = "R" if as_float32(p["letter_r"]) > 0.5 else "L"
+    return letter, as_float32(p["size"]) * min(h, w), as_float32(p["right_corner"]) > 0.5
 
 
 MARKER_PARAMS = ("size", "letter_r", "right_corner", *MARKER_STYLE_PARAMS)
+
+
+def _lower_medians(hist: torch.Tensor) -> torch.Tensor:
+    """``_lower_median`` of each row of a (B, N) integer histogram (rows of total 0: bin 0)."""
+    target = (hist.sum(dim=1, keepdim=True) - 1).div(2, rounding_mode="floor") + 1
+    return (hist.cumsum(dim=1) >= target).to(torch.int32).argmax(dim=1)
+
+
+def _film_whites(levels: torch.Tensor) -> torch.Tensor:
+    """``film_white`` of each film of (B, H, W) integer levels, float64 (B,)."""
+    b = levels.shape[0]
+    offsets = 256 * torch.arange(b, device=levels.device, dtype=levels.dtype).view(-1, 1, 1)
+    hist = torch.bincount((levels + offsets).reshape(-1), minlength=256 * b).view(b, 256)
+    above = hist.flip(1).cumsum(dim=1)
+    return (255 - (above >= WHITE_PIXELS).to(torch.int32).argmax(dim=1)).double() / 255.0
+
+
+def _film_sigmas(levels: torch.Tensor, windows: torch.Tensor, span: int) -> torch.Tensor:
+    """``film_noise`` of each film of (B, H, W) integer levels in its window (B, 4: x0, y0, x1,
+    y1, ``noise_window``, at most ``span`` px a side), float64 (B,): the same integer
+    histograms and medians, on (B, span, span) patches gathered at the windows."""
+    b, h, w = levels.shape
+    dev = levels.device
+    step = torch.arange(span, device=dev).view(1, -1)
+    ry, rx = windows[:, 1:2] + step, windows[:, 0:1] + step
+    in_y, in_x = ry < windows[:, 3:4], rx < windows[:, 2:3]
+    patch = levels[
+        torch.arange(b, device=dev).view(-1, 1, 1),
+        ry.clamp(max=h - 1).view(b, -1, 1),
+        rx.clamp(max=w - 1).view(b, 1, -1),
+    ].to(torch.int64)
+    a, c = patch[:, :, 1:], patch[:, :, :-1]
+    valid = (a > 0) & (a < 255) & (c > 0) & (c < 255)
+    valid &= in_y.view(b, -1, 1) & in_x[:, 1:].view(b, 1, -1)  # both columns of a pair inside
+    d = (a - c).reshape(b, -1)
+    valid = valid.reshape(b, -1)
+    bins = torch.where(valid, d + 255, torch.full_like(d, 511))  # bin 511: not counted
+    hist = torch.zeros(b, 512, dtype=torch.int64, device=levels.device)
+    hist.scatter_add_(1, bins, torch.ones_like(bins))
+    hist = hist[:, :511]
+    n = hist.sum(dim=1)
+    med = _lower_medians(hist) - 255
+    spread = (torch.arange(511, device=dev).view(1, -1) - 255 - med.view(-1, 1)).abs()
+    mad_hist = torch.zeros(b, 511, dtype=torch.int64, device=dev)
+    mad_hist.scatter_add_(1, spread, hist)
+    mad = _lower_medians(mad_hist)
+    abs_sum = (hist * (torch.arange(511, device=levels.device) - 255).abs().view(1, -1)).sum(1)
+    by_mad = mad.double() * 1.4826 / math.sqrt(2.0) / 255.0
+    by_mean = abs_sum.double() / n.clamp(min=1).double() * math.sqrt(math.pi) / 2.0 / 255.0
+    sigma = torch.where(mad > 0, by_mad, by_mean).clamp(FILM_NOISE[0], FILM_NOISE[1])
+    return torch.where(n < 16, torch.full_like(sigma, FILM_NOISE[0]), sigma)
+
+
+def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch.Tensor:
+    """Blend each film's marker tile at its chosen spot, in one batched pass on x's device:
+    the spot of lowest integer sum of levels (``choose_spot``, from the films' integral
+    images), a lead marker lit by the film's white level and noise round it (``_film_whites``,
+    ``_film_sigmas``), placed by a gather; bit for bit the CPU path's ``marker_mask``."""
+    b, _, h, w = x.shape
+    dev = x.device
+    k = max([len(t.spots) for t in tiles if t is not None] + [1])
+    side = max([t.s for t in tiles if t is not None] + [1])
+    spots = np.zeros((b, k, 4), dtype=np.int64)
+    valid = np.zeros((b, k), dtype=bool)
+    sizes = np.zeros((b, 3), dtype=np.int64)  # big, s, lead
+    layers = np.zeros((b, 3, side, side), dtype=np.float32)
+    for i, t in enumerate(tiles):
+        if t is None:
+            continue
+        spots[i, : len(t.spots)] = t.spots
+        valid[i, : len(t.spots)] = True
+        sizes[i] = (t.big, t.s, int(t.lead))
+        layers[i, :, : t.s, : t.s] = np.stack([t.mask, t.unit, t.grain])
+    spots_d = torch.from_numpy(spots).to(dev)
+    valid_d = torch.from_numpy(valid).to(dev)
+    sizes_d = torch.from_numpy(sizes).to(dev)
+    layers_d = torch.from_numpy(layers).to(dev).view(b, 3, side * side)
+    # exact integer sums: int32 while a film's total level fits, else int64
+    wide = torch.int32 if 255 * h * w < 2**31 else torch.int64
+    levels = torch.round(x[:, 0].to(torch.float32).clamp(0.0, 1.0) * 255.0).to(wide)
+    reach = int((spots[..., 1] + sizes[:, 0:1]).max())  # the rows any planning square covers
+    integral = levels[:, :reach].cumsum(dim=1, dtype=wide).cumsum(dim=2, dtype=wide)
+    integral = F.pad(integral, (1, 0, 1, 0)).view(b, -1)
+    big = sizes_d[:, 0:1]
+    bx, by = spots_d[..., 0], spots_d[..., 1]
+
+    def at(yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
+        return integral.gather(1, yy * (w + 1) + xx)
+
+    sums = at(by + big, bx + big) - at(by, bx + big) - at(by + big, bx) + at(by, bx)
+    sums = sums.masked_fill(~valid_d, torch.iinfo(wide).max)
+    chosen = spots_d.gather(1, sums.argmin(dim=1).view(-1, 1, 1).expand(-1, 1, 4))[:, 0]
+    x0, y0, s = chosen[:, 2], chosen[:, 3], sizes_d[:, 1]
+    windows = torch.stack(
+        [
+            (x0 - s).clamp(min=0),
+            (y0 - s).clamp(min=0),
+            (x0 + 2 * s).clamp(max=w),
+            (y0 + 2 * s).clamp(max=h),
+        ],
+        dim=1,
+    )
+    lead = sizes_d[:, 2] > 0
+    white = torch.where(lead, _film_whites(levels), 1.0).to(torch.float32).view(-1, 1, 1)
+    sigma = (
+        torch.where(lead, _film_sigmas(levels, windows, 3 * side), 0.0)
+        .to(torch.float32)
+        .view(-1, 1, 1)
+    )
+    # the tiles' pixels of the films, blended and written back (padding to a dummy pixel)
+    step = torch.arange(side, device=dev).view(1, -1)
+    ry, rx = (y0.view(-1, 1) + step).clamp(max=h - 1), (x0.view(-1, 1) + step).clamp(max=w - 1)
+    in_tile = step < s.view(-1, 1)
+    index = ry.view(b, -1, 1) * w + rx.view(b, 1, -1)
+    index = torch.where(in_tile.view(b, -1, 1) & in_tile.view(b, 1, -1), index, h * w)
+    c = x.shape[1]
+    index = index.view(b, 1, -1).expand(-1, c, -1)
+    films = x.reshape(b, c, h * w)
+    under = films.gather(2, index.clamp(max=h * w - 1))
+    m, unit, grain = layers_d[:, 0:1], layers_d[:, 1:2], layers_d[:, 2:3]
+    paint = white * unit + sigma * grain
+    blended = (under * (1.0 - m) + paint).clamp_(0.0, 1.0).to(x.dtype)
+    out = torch.cat([films, films.new_zeros(b, c, 1)], dim=2)
+    out.scatter_(2, index, blended)
+    return out[:, :, : h * w].reshape(b, c, h, w).contiguous()
 
 
 @register_kernel(
@@ -739,26 +1062,32 @@ def xray_laterality_marker(
     host_params: Sequence[Mapping[str, Any]] | None = None,
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
-    """A laterality marker in a top corner. Most are lead markers radiographed with the
-    patient (a bold lead L/R, often with the technologist's initials, in a faint plastic holder,
-    at a keyed tilt, sometimes placed reversed; its shadow drives the display towards white
-    through the film curve's shoulder, v' = 1 - (1 - v)(1 - a g), blurred by the focal spot and
-    detector MTF and grainy with quantum noise); the rest are the console's flat digital letter,
-    sometimes ringed. The letter is keyed and need not match the anatomy (a wrong or misplaced
-    marker is the failure mode it probes), but it never contradicts a marker already on the
-    film and keeps clear of its annotations (``marker_plan``).
+    """A laterality marker where technologists put it: in the air beside the body near a top
+    corner or at the very edge of the field (``marker_spots``, chosen by the film's levels).
+    Most are lead markers radiographed with the patient (``_lead_marker``: a lead L/R in a
+    faint plastic holder with the technologist's initials or a number, at a keyed tilt,
+    sometimes face down; its shadow drives the display to the film's white level through the
+    film curve's shoulder, v' = 1 - (1 - v)(1 - a), with a pixel of focal-spot unsharpness and
+    the film's own noise); the rest are the console's flat digital letter, often ringed. The
+    letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
+    mode it probes), but it never contradicts a marker already on the film and keeps clear of
+    its annotations.
 
-    Kornia: own kernel: the marker layers are rendered on the host (identical on every device,
-    the CPU path's pixels bit for bit) from the records' parameters on the host
-    (``host_params``), uploaded once and blended in one pass; Kornia has no text rendering."""
+    Kornia: own kernel: the marker tiles are rendered on the host (identical on every device)
+    from the records' parameters on the host (``host_params``) and the scenes, uploaded once;
+    the spot, white level and noise are read from the films on the device and the tiles
+    placed and blended in one batched pass (``_place_markers``: no read back; the CPU path's
+    pixels bit for bit); Kornia has no text rendering."""
     h, w = x.shape[-2:]
     given = list(scenes) if scenes is not None else [None] * len(keys)
     rows = _host_rows(p, host_params, MARKER_PARAMS)
-    layers = [
-        _marker_layers(int(k), h, w, dict(zip(MARKER_PARAMS, row, strict=True)), sc)
-        for k, row, sc in zip(keys, rows, given, strict=True)
-    ]
-    return _blend(x, [m for m, _ in layers], [v for _, v in layers])
+    tiles = []
+    for k, row, sc in zip(keys, rows, given, strict=True):
+        params = dict(zip(MARKER_PARAMS, row, strict=True))
+        tiles.append(
+            marker_tile(h, w, *_marker_args(h, w, params), sc, MarkerStyle.of(params), int(k))
+        )
+    return _place_markers(x, tiles)
 
 
 @backend.register_cpu("xray_laterality_marker", dtypes=ALL_DTYPES, uses_scene=True)
@@ -766,7 +1095,9 @@ def xray_laterality_marker_cpu(
     src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int, scene: Any = None
 ) -> None:
     h, w = src.shape[-2:]
-    mask, paint = _marker_layers(key, h, w, p, scene)
+    film = film_levels(_load(src[0]))
+    style = MarkerStyle.of(p)
+    mask, paint = marker_mask(h, w, *_marker_args(h, w, p), scene, style, key, film)
     _blend_np(src, dst, mask, paint, _quadrant_boxes(mask))
 
 

@@ -339,53 +339,89 @@ def _marker_params(**style: float) -> dict[str, float]:
     return {**base, **style}
 
 
-def test_laterality_marker_stays_in_its_top_corner_square() -> None:
-    x = _real(256)
-    margin, s = round(0.03 * 256), round(float(np.float32(0.1)) * 256)
-    for right in (0.0, 1.0):
-        for lead in (0.0, 1.0):
-            params = _marker_params(
-                right_corner=right, lead=lead, angle=20.0, initials=2.0, holder=0.05
-            )
-            out, _ = _with_params(x, "xray_laterality_marker", 3, params)
-            diff = np.abs(_np(out) - _np(x)) > 1e-7
-            rows, cols = np.nonzero(diff)
-            x0 = 256 - margin - s if right else margin
-            assert rows.size > s
-            assert rows.min() >= margin and rows.max() < margin + s
-            assert cols.min() >= x0 and cols.max() < x0 + s
+def _air_pocket_film(seed: int = 5) -> np.ndarray:
+    """A 256 px film (display values): a bright body (0.6) with an air pocket (0.05) beside
+    its upper right edge, quantum-like noise of sigma 0.02 throughout and a burned-in white
+    label (0.9, 24 px) as its white level."""
+    g = np.random.default_rng(seed)
+    v = np.full((256, 256), 0.6, dtype=np.float32)
+    v[40:80, 215:] = 0.05
+    v += g.normal(0.0, 0.02, v.shape).astype(np.float32)
+    v[230:234, 20:26] = 0.9
+    return np.clip(v, 0.0, 1.0)
 
 
-def test_lead_marker_is_a_blurred_grainy_shadow_through_the_film_curve() -> None:
-    """A lead letter radiographed with the patient: its core drives the display towards white by
-    the film curve's shoulder, v' = 1 - (1 - v)(1 - density), with quantum noise (not flat), and
-    its edges are blurred over several pixels (focal spot, detector); the console's digital
-    letter is flat and sharp."""
-    from perturb.ops.overlay import LEAD_NOISE, MarkerStyle, marker_mask
+def _marker_call(
+    v: np.ndarray, key: int = 11, **style: float
+) -> tuple[np.ndarray, dict[str, float]]:
+    """The op's torch kernel on one film with explicit parameters and an integer key."""
+    from perturb.ops.kernels import get_kernel
 
-    x = _real(512)
-    v = _np(x)
-    params = _marker_params(density=0.9, blur=0.003)
-    out, _ = _with_params(x, "xray_laterality_marker", 3, params)
-    o = _np(out)
-    mask, _ = marker_mask(
-        512, 512, "R", float(np.float32(0.1)) * 512, True, None, MarkerStyle.of(params), 0
+    params = _marker_params(**style)
+    x = torch.from_numpy(v)[None, None].contiguous()
+    p = {n: torch.tensor([float(val)]) for n, val in params.items()}
+    out = get_kernel("xray_laterality_marker").kernel(x, p, [key], host_params=[params])
+    return out[0, 0].numpy(), params
+
+
+def test_laterality_marker_goes_in_the_air_beside_the_body() -> None:
+    """Technologists put the marker in the air outside the body near a top corner: on a film
+    whose only air near the right top corner lies down its outer edge, the marker lands there,
+    not in the corner over the body; on the left side (no air) it stays in the top corner."""
+    from perturb.ops.overlay import PLAN_SIZE, film_levels, marker_plan
+
+    v = _air_pocket_film()
+    s = round(float(np.float32(0.06)) * 256)
+    for lead in (0.0, 1.0):
+        out, _ = _marker_call(
+            v, size=0.06, right_corner=1.0, lead=lead, angle=20.0, initials=2.0, holder=0.05
+        )
+        rows, cols = np.nonzero(np.abs(out - v) > 1e-7)
+        assert rows.size > s
+        assert rows.min() >= 40 and rows.max() < 80 and cols.min() >= 215  # in the air pocket
+    _, x0, y0, _ = marker_plan(256, 256, "R", s, False, None, film_levels(v))
+    margin, big = round(0.03 * 256), round(PLAN_SIZE * 256)
+    assert y0 == margin and x0 <= margin + 2 * big  # the left top corner: the edge of the field
+    # without the film (the default plan): the drawn top corner itself
+    assert marker_plan(256, 256, "R", s, True, None)[1:3] == (256 - margin - s, margin)
+
+
+def test_lead_marker_is_saturated_lead_in_a_faint_holder_with_the_film_noise() -> None:
+    """A lead marker radiographed with the patient: v' = v (1 - m) + paint with the letter's
+    core at the film's white level (saturated lead: coverage = density, value white + noise),
+    the film's own noise sigma in the core (not smoother than the film), a penumbra of about a
+    pixel (no glow), and a plastic holder raising the air by a few % round the letter."""
+    from perturb.ops.overlay import MarkerStyle, film_levels, film_noise, film_white, marker_mask
+
+    v = _air_pocket_film()
+    key = 11
+    out, params = _marker_call(
+        v, key, size=0.1, initials=2.0, holder=0.05, blur=0.0009, density=1.0
     )
-    core = mask > 0.5
-    assert core.sum() > 50
-    expected = 1.0 - (1.0 - v[core]) * (1.0 - mask[core])
-    resid = o[core] - expected
-    assert abs(resid.mean()) < 0.01 and 0.3 * LEAD_NOISE < resid.std() < 3 * LEAD_NOISE
-    partial = (mask > 0.05) & (mask < 0.5 * mask.max())
-    assert partial.sum() > 0.5 * core.sum()  # a wide blurred rim (3 px sigma at 512 px)
-    digital = _marker_params(lead=0.0, density=0.95)
-    out_d, _ = _with_params(x, "xray_laterality_marker", 3, digital)
-    mask_d, _ = marker_mask(
-        512, 512, "R", float(np.float32(0.1)) * 512, True, None, MarkerStyle.of(digital), 0
+    film = film_levels(v)
+    white = film_white(film)
+    assert abs(white - 0.9) < 1.5 / 255  # the burned-in label's level
+    mask, paint = marker_mask(
+        256, 256, "R", float(np.float32(0.1)) * 256, True, None, MarkerStyle.of(params), key, film
     )
-    assert np.allclose(_np(out_d)[mask_d == 1.0], np.float32(0.95), atol=1e-6)  # flat
-    rim = (mask_d > 0.05) & (mask_d < 0.95)
-    assert rim.sum() < 0.6 * (mask_d == 1.0).sum()  # sharp: only anti-aliased edge pixels
+    assert np.allclose(out, np.clip(v * (1.0 - mask) + paint, 0.0, 1.0), atol=1e-6)
+    core = mask > 0.88  # the letter (lead of uneven thickness: 0.9-1 of the density)
+    assert core.sum() > 40
+    value = paint[core] / mask[core]
+    assert abs(float(value.mean()) - white) < 0.01
+    rows, cols = np.nonzero(mask > 0)
+    sigma = film_noise(
+        film, (int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1)
+    )
+    assert 0.015 < sigma < 0.025  # the film's sigma 0.02, read round the marker
+    assert 0.7 * sigma < float(value.std()) < 1.3 * sigma
+    # penumbra: between the holder's few % and the letter's core, only a pixel-wide rim
+    rim = (mask > 0.2) & (mask < 0.8)
+    edge = core & ~scipy.ndimage.binary_erosion(core)
+    assert rim.sum() < 2.5 * edge.sum()
+    holder = (mask > 0.02) & (mask < 0.1)  # the plastic round the letter
+    assert holder.sum() > core.sum()
+    assert 0.03 < float(np.median(mask[holder])) < 0.08
 
 
 def test_a_reversed_lead_marker_is_the_mirror_image() -> None:
