@@ -670,8 +670,12 @@ def _ribbon(
     strip = np.zeros(target.shape, np.float32)
     for i in range(len(pts) - 1):
         quad = np.array(
-            [pts[i, :2] + half[i], pts[i + 1, :2] + half[i + 1],
-             pts[i + 1, :2] - half[i + 1], pts[i, :2] - half[i]]
+            [
+                pts[i, :2] + half[i],
+                pts[i + 1, :2] + half[i + 1],
+                pts[i + 1, :2] - half[i + 1],
+                pts[i, :2] - half[i],
+            ]
         )
         crossed = thickness / max(abs(float(nn[i, 2] + nn[i + 1, 2])) / 2, thickness / width)
         seg = np.zeros(target.shape, np.float32)
@@ -716,7 +720,7 @@ def _lead_clip(
         x = r * np.cos(t) + 0.35 * r * (1 + np.cos(t)) ** 2 / 4
         outline = np.stack([x, r * np.sin(t) * (1 - 0.35 * np.clip(np.cos(t), 0, 1))], 1)
     outline = outline * (1.0 + g.uniform(-0.04, 0.04, size=(1, 2)))
-    _moulded(body, local(outline), g.uniform(0.05, 0.09), g.uniform(0.15, 0.3) * px)
+    _moulded(body, local(outline), g.uniform(0.08, 0.14), g.uniform(0.15, 0.3) * px)
     r_socket = g.uniform(0.2, 0.28)
     socket = local(np.stack([r_socket * np.cos(t), r_socket * np.sin(t)], 1))
     section = g.uniform(0.04, 0.06)  # cm: the ring's round section
@@ -811,18 +815,21 @@ def _generator(
             ]
         )
     shell = np.vstack([round_top, lower])
-    _poly(target, frame(shell), 0.1)  # the two titanium walls
-    _poly(target, frame(shell), 0.1, max(1, round(0.1 * px)))  # the shell seen tangentially
+    wall = g.uniform(0.14, 0.2)  # the can's two titanium walls and what lines them
+    _poly(target, frame(shell), wall)
+    # the rounded side wall crossed tangentially: a dense rim, fading inwards
+    _poly(target, frame(shell), wall, max(1, round(0.08 * px)))
+    _poly(target, frame(shell * 0.97), 0.4 * wall, max(1, round(0.1 * px)))
     _poly(target, frame(shell * 0.94), 0.02, max(1, round(0.05 * px)))  # the inner weld seam
     split = g.uniform(-0.05, 0.2) * b  # the battery below, the circuit above
     battery = shell[shell[:, 1] > split] * 0.9
     battery = np.vstack([[battery[:, 0].min(), split], [battery[:, 0].max(), split], battery])
     battery = battery[np.argsort(np.arctan2(battery[:, 1] - split - 0.3 * b, battery[:, 0]))]
-    _poly(target, frame(battery), g.uniform(0.08, 0.13))
+    _poly(target, frame(battery), g.uniform(0.13, 0.2))
     _poly(target, frame(battery), 0.05, 1)
     _poly(target, frame(rect(-0.3 * a, split + 0.05 * b, 0.3 * a, split + 0.1 * b)), 0.08)
     board = rect(-0.8 * a, -0.82 * b, 0.8 * a, split - 0.06 * b)
-    _poly(target, frame(board), 0.025)  # the circuit's substrate
+    _poly(target, frame(board), 0.04)  # the circuit's substrate
     _poly(target, frame(board), 0.03, 1)
     rows, cols = int(g.integers(4, 8)), int(g.integers(5, 10))
     cell_w, cell_h = 1.5 * a / cols, (split + 0.7 * b) / rows
@@ -992,6 +999,7 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     phase = math.atan2(start[1] - centre[1], start[0] - centre[0])
     spin = np.linspace(0.0, 2 * math.pi * turns, max(8, round(12 * turns)))
     radius = loop * np.linspace(1.0, g.uniform(0.8, 1.2), len(spin))
+    radius *= 1.0 + g.uniform(-0.12, 0.12, size=len(spin))  # slack coiled by hand, uneven
     coil = centre + np.stack(
         [radius * np.cos(phase - side_sign * spin), radius * np.sin(phase - side_sign * spin)], 1
     )
