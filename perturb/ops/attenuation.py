@@ -424,7 +424,8 @@ def _electrode(
     * none visible: the lead's small snap socket over the stud (the commonest look: a faint
       ring and a thin lead);
     * a spring clip: two thin steel jaws over the stud, a hinge pin, a plastic body;
-    * a push-on cup: a thin drawn-metal shell, denser at its wall seen edge-on;
+    * a push-on cup (``_push_cup``): a drawn-steel shell with a rolled lip, ray-marched at
+      the tilt: densest where its wall is seen tangentially;
     * a lead clip (``_lead_clip``): a moulded housing round a brass socket ring and a
       stamped spring-steel lever bent in 3D over it (``_ribbon``), mirrored at random;
     * a tab electrode (a faint rectangle) under an alligator clip with a row of teeth.
@@ -476,9 +477,7 @@ def _electrode(
         exit_point = hinge + along * 0.4 * length
     elif kind == 2:  # push-on cup over the stud
         r_cup = g.uniform(0.5, 0.65) * px
-        cup = _ellipse(cx, cy, r_cup, r_cup * tilt, angle)
-        _poly(body, cup, g.uniform(0.015, 0.03))  # a thin drawn-metal shell
-        _poly(body, cup, g.uniform(0.04, 0.07), max(1, round(0.08 * px)))  # its wall, edge-on
+        _push_cup(body, g, centre, r_cup / px, tilt, angle, px)
         sleeve = centre + along * r_cup
         exit_point = centre + along * (r_cup + 0.9 * px)
         _stroke(body, np.array([sleeve, exit_point]), 0.35 * px, 0.025)  # strain relief
@@ -530,6 +529,37 @@ def _electrode(
     curve = np.vstack([centre, curve])  # from under the connector: stays joined when stretched
     _lead_wire(lead, g, curve, px, g.uniform(0.05, 0.09))
     layers.add(item, lead, (lead_side, anchor))
+
+
+def _push_cup(
+    body: np.ndarray,
+    g: np.random.Generator,
+    centre: np.ndarray,
+    radius: float,
+    tilt: float,
+    angle: float,
+    px: float,
+) -> None:
+    """A push-on lead cup over the stud (``radius`` cm), seen at the electrode's tilt: a
+    drawn-steel shell (wall 0.3-0.5 mm, 2.5-4 mm deep, closed top) with a rolled lip at
+    its open end, its projected path length ray-marched (``_march``): face-on a dense ring
+    where the beam runs down the wall round the faint top; tilted, a rim densest where the
+    wall is seen tangentially, the lip off the top's centre along the minor axis."""
+    height = g.uniform(0.25, 0.4)
+    wall = g.uniform(0.03, 0.05)
+    lip = g.uniform(0.04, 0.06)
+    rot = _tilt_rotation(tilt, angle, float(g.choice([-1.0, 1.0])))
+
+    def inside(p: np.ndarray) -> np.ndarray:
+        rho = np.hypot(p[..., 0], p[..., 1])
+        z = p[..., 2]
+        shell = (rho <= radius) & (z >= 0.0) & (z <= height)
+        shell &= (rho >= radius - wall) | (z >= height - wall)
+        rolled = np.hypot(rho - radius, z - lip) <= lip
+        return shell | rolled
+
+    steel = g.uniform(0.5, 0.7) * STEEL_MU / MU
+    _march(body, inside, centre, radius + height + 2 * lip, rot, px, steel, step=0.008)
 
 
 def _snap_stud(
@@ -608,15 +638,18 @@ def _march(
     x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, w), min(y1, h)
     if x1 <= x0 or y1 <= y0:
         return
-    z = (np.arange(-reach, reach, step) + 0.5 * step)[None, :]
+    z = np.arange(-reach, reach, step)[None, :]
     sub = np.array([0.25, 0.75])
     for row in range(y0, y1):
         xs = (np.arange(x0, x1)[:, None] + sub[None, :]).ravel()
         total = np.zeros(x1 - x0)
         for dy in sub:
+            # each ray's samples start at its own fraction of a step (a fixed additive
+            # recurrence over the rays): a wall a few steps thick is not quantised into bands
+            start = ((0.7548776662 * xs + 0.5698402910 * (row + dy)) % 1.0)[:, None]
             fx = np.broadcast_to(((xs - centre[0]) / px)[:, None], (len(xs), z.shape[1]))
             fy = np.full_like(fx, (row + dy - centre[1]) / px)
-            film = np.stack([fx, fy, np.broadcast_to(z, fx.shape)], axis=-1)
+            film = np.stack([fx, fy, z + start * step], axis=-1)
             length = inside(film @ rot).sum(axis=1) * step  # object = rot^T film
             total += length.reshape(x1 - x0, 2).sum(axis=1)
         target[row, x0:x1] += np.float32(value) * (total / 4.0).astype(np.float32)
