@@ -559,7 +559,7 @@ def _push_cup(
         return shell | rolled
 
     steel = g.uniform(0.5, 0.7) * STEEL_MU / MU
-    _march(body, inside, centre, radius + height + 2 * lip, rot, px, steel, step=0.008)
+    _march(body, inside, centre, radius + height + 2 * lip, rot, px, steel)
 
 
 def _snap_stud(
@@ -624,7 +624,7 @@ def _march(
     rot: np.ndarray,
     px: float,
     value: float,
-    step: float = 0.004,
+    step: float = 0.008,
 ) -> None:
     """Add ``value`` times the path length (cm) of the beam through a solid: ``inside`` takes
     object-frame points (..., 3) in cm (``rot`` turns them onto the film, z along the beam)
