@@ -20,9 +20,11 @@ chest radiographs", RadioGraphics 24 (2004).
   and above the right atrium; a pacemaker generator is a titanium can with its battery, hybrid
   circuit and capacitor, and an epoxy header with a dense connector block, in a pectoral
   pocket, its lead through the subclavian vein, SVC and tricuspid valve to the RV apex; ECG
-  electrodes are foam pads with a faint silver-chloride eyelet ring round the snap stud, under
-  the lead's own snap, a spring clip, a push-on cup or a moulded clip housing (partly
-  radiolucent plates of graded density), or tabs under an alligator clip, seen at a tilt,
+  electrodes are foam pads with a faint silver-chloride eyelet ring round the snap stud (a
+  hollow brass post whose projected path length is ray-marched: densest at its rim), under
+  the lead's own snap, a spring clip, a push-on cup or a lead clip (a moulded housing of
+  rounded section round a brass socket ring, a stamped steel lever bent in 3D over it, a
+  torsion coil), or tabs under an alligator clip, seen at a tilt,
   their leads (thin stranded copper, grey from partial volume, in a barely visible sheath,
   varying in density as the cable rolls) hanging off the body in gravity's slack curves.
   Plastic is barely denser than soft tissue and the metal thin, so nothing is white: the
@@ -422,9 +424,10 @@ def _electrode(
     * none visible: the lead's small snap socket over the stud (the commonest look: a faint
       ring and a thin lead);
     * a spring clip: two thin steel jaws over the stud, a hinge pin, a plastic body;
-    * a push-on cup: a thin drawn-metal shell, denser at its wall seen edge-on;
-    * a moulded clip housing (``_housing_clip``): a radiolucent plastic body around its
-      snap socket and a spring-steel lever, grey plates of graded density;
+    * a push-on cup (``_push_cup``): a drawn-steel shell with a rolled lip, ray-marched at
+      the tilt: densest where its wall is seen tangentially;
+    * a lead clip (``_lead_clip``): a moulded housing round a brass socket ring and a
+      stamped spring-steel lever bent in 3D over it (``_ribbon``), mirrored at random;
     * a tab electrode (a faint rectangle) under an alligator clip with a row of teeth.
 
     The lead (``_lead_wire``) leaves the connector and hangs to the film edge on its side
@@ -474,14 +477,12 @@ def _electrode(
         exit_point = hinge + along * 0.4 * length
     elif kind == 2:  # push-on cup over the stud
         r_cup = g.uniform(0.5, 0.65) * px
-        cup = _ellipse(cx, cy, r_cup, r_cup * tilt, angle)
-        _poly(body, cup, g.uniform(0.015, 0.03))  # a thin drawn-metal shell
-        _poly(body, cup, g.uniform(0.04, 0.07), max(1, round(0.08 * px)))  # its wall, edge-on
+        _push_cup(body, g, centre, r_cup / px, tilt, angle, px)
         sleeve = centre + along * r_cup
         exit_point = centre + along * (r_cup + 0.9 * px)
         _stroke(body, np.array([sleeve, exit_point]), 0.35 * px, 0.025)  # strain relief
     elif kind == 3:
-        exit_point = _housing_clip(body, g, centre, along, across, px)
+        exit_point = _lead_clip(body, g, centre, along, across, px)
     else:  # alligator clip on the tab's edge, its teeth in a row
         mouth = centre + along * 0.8 * px
         tip = mouth - along * 0.9 * px
@@ -530,6 +531,37 @@ def _electrode(
     layers.add(item, lead, (lead_side, anchor))
 
 
+def _push_cup(
+    body: np.ndarray,
+    g: np.random.Generator,
+    centre: np.ndarray,
+    radius: float,
+    tilt: float,
+    angle: float,
+    px: float,
+) -> None:
+    """A push-on lead cup over the stud (``radius`` cm), seen at the electrode's tilt: a
+    drawn-steel shell (wall 0.3-0.5 mm, 2.5-4 mm deep, closed top) with a rolled lip at
+    its open end, its projected path length ray-marched (``_march``): face-on a dense ring
+    where the beam runs down the wall round the faint top; tilted, a rim densest where the
+    wall is seen tangentially, the lip off the top's centre along the minor axis."""
+    height = g.uniform(0.25, 0.4)
+    wall = g.uniform(0.03, 0.05)
+    lip = g.uniform(0.04, 0.06)
+    rot = _tilt_rotation(tilt, angle, float(g.choice([-1.0, 1.0])))
+
+    def inside(p: np.ndarray) -> np.ndarray:
+        rho = np.hypot(p[..., 0], p[..., 1])
+        z = p[..., 2]
+        shell = (rho <= radius) & (z >= 0.0) & (z <= height)
+        shell &= (rho >= radius - wall) | (z >= height - wall)
+        rolled = np.hypot(rho - radius, z - lip) <= lip
+        return shell | rolled
+
+    steel = g.uniform(0.5, 0.7) * STEEL_MU / MU
+    _march(body, inside, centre, radius + height + 2 * lip, rot, px, steel)
+
+
 def _snap_stud(
     body: np.ndarray,
     g: np.random.Generator,
@@ -540,11 +572,13 @@ def _snap_stud(
 ) -> None:
     """An ECG electrode's sensor seen at a tilt (``tilt`` the cosine, ``angle`` the ellipse's
     major axis): a faint pressed silver-chloride flange (1-1.3 cm, thin sheet, its rolled rim
-    a little denser on one keyed side) under the snap stud, a hollow drawn-brass post (3.5-5
-    mm across, 2-3.5 mm high), the densest part of the electrode. Seen obliquely the post's
-    top is displaced from its base by ``height sin(tilt)`` along the minor axis, so its
-    projection is the hull of two ellipses: a bright dot whose wall, seen tangentially, is
-    denser than its hollow centre, off the flange's centre (never concentric rings)."""
+    a little denser on one keyed side) under the snap stud, a hollow drawn-brass post (neck
+    3-4 mm, a head up to 0.6 mm wider, 2-3.5 mm high, wall 0.4-0.7 mm, closed cap), the
+    densest part of the electrode: its projected thickness is ray-marched (``_march``) at the
+    electrode's tilt, so face-on it is a dense ring (the wall seen along its height) round a
+    faint centre (the cap alone), and tilted its top moves off the base along the minor axis
+    by ``height sin(tilt)``, its near and far walls densest: a round metal button with a
+    density gradient, off the flange's centre (never concentric drawn rings)."""
     minor = np.array([-math.sin(angle), math.cos(angle)])
     r_flange = g.uniform(0.5, 0.65) * px
     flange = _ellipse(centre[0], centre[1], r_flange, r_flange * tilt, angle, 40)
@@ -552,20 +586,138 @@ def _snap_stud(
     _poly(body, flange, sheet)
     rim = np.roll(flange, int(g.integers(0, 40)), axis=0)[: int(g.integers(12, 26))]
     _stroke(body, rim, max(1.0, 0.05 * px), 0.8 * sheet)  # the rolled rim, part way round
-    r_post = g.uniform(0.18, 0.25) * px
-    lean = g.uniform(0.2, 0.35) * px * math.sqrt(max(0.0, 1.0 - tilt * tilt))
+    r_neck = g.uniform(0.15, 0.2)
+    r_head = r_neck + g.uniform(0.0, 0.03)
+    height = g.uniform(0.2, 0.35)
+    wall = g.uniform(0.04, 0.07)
+    rot = _tilt_rotation(tilt, angle, float(g.choice([-1.0, 1.0])))
     base = centre + minor * g.uniform(-0.08, 0.08) * px
-    top = base + minor * lean * g.choice([-1.0, 1.0])
-    ends = [_ellipse(c[0], c[1], r_post, r_post * tilt, angle, 24) for c in (base, top)]
-    hull = cv2.convexHull(np.vstack(ends).astype(np.float32)).reshape(-1, 2)
-    metal = g.uniform(0.14, 0.22)
-    _poly(body, hull.astype(np.float64), metal)  # the post's two walls
-    _poly(body, ends[1], 0.5 * metal, max(1, round(0.05 * px)))  # its top rim, edge-on
-    r_eye = g.uniform(0.4, 0.55) * r_post
-    _poly(body, _ellipse(top[0], top[1], r_eye, r_eye * tilt, angle, 16), -0.4 * metal)
+
+    def inside(p: np.ndarray) -> np.ndarray:
+        rho = np.hypot(p[..., 0], p[..., 1])
+        z = p[..., 2]
+        radius = np.where(z > 0.45 * height, r_head, r_neck)
+        solid = (rho <= radius) & (z >= 0.0) & (z <= height)
+        return solid & ~((rho < radius - wall) & (z < height - wall))
+
+    brass = g.uniform(0.45, 0.7) * STEEL_MU / MU  # drawn brass, partly hollow in the pressing
+    _march(body, inside, base, r_head + height + 0.02, rot, px, brass)
 
 
-def _housing_clip(
+def _tilt_rotation(tilt: float, angle: float, lean: float) -> np.ndarray:
+    """The 3D orientation (3 x 3, object to film, z along the beam) of a disc seen as an
+    ellipse of axis ratio ``tilt`` whose major axis lies at ``angle`` (radians): a turn by
+    ``acos(tilt)`` about the major axis (``lean`` +-1 says which way), then the spin."""
+    theta = lean * math.acos(min(1.0, max(0.0, tilt)))
+    c, s = math.cos(theta), math.sin(theta)
+    about_major = np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
+    c, s = math.cos(angle), math.sin(angle)
+    spin = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+    return spin @ about_major
+
+
+def _march(
+    target: np.ndarray,
+    inside: Callable[[np.ndarray], np.ndarray],
+    centre: np.ndarray,
+    reach: float,
+    rot: np.ndarray,
+    px: float,
+    value: float,
+    step: float = 0.008,
+) -> None:
+    """Add ``value`` times the path length (cm) of the beam through a solid: ``inside`` takes
+    object-frame points (..., 3) in cm (``rot`` turns them onto the film, z along the beam)
+    and says which lie in the metal; the solid lies within ``reach`` cm of its origin, which
+    projects onto ``centre`` (pixels). Rays every half pixel (2 x 2 per pixel, averaged:
+    the pixel's partial volume), ``step`` cm apart along the beam: thin walls seen edge-on
+    give long paths, face-on only their thickness (a hollow stud is densest at its rim)."""
+    h, w = target.shape
+    x0, y0 = (np.floor(centre - reach * px) - 1).astype(int)
+    x1, y1 = (np.ceil(centre + reach * px) + 2).astype(int)
+    x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, w), min(y1, h)
+    if x1 <= x0 or y1 <= y0:
+        return
+    z = np.arange(-reach, reach, step)[None, :]
+    sub = np.array([0.25, 0.75])
+    for row in range(y0, y1):
+        xs = (np.arange(x0, x1)[:, None] + sub[None, :]).ravel()
+        total = np.zeros(x1 - x0)
+        for dy in sub:
+            # each ray's samples start at its own fraction of a step (a fixed additive
+            # recurrence over the rays): a wall a few steps thick is not quantised into bands
+            start = ((0.7548776662 * xs + 0.5698402910 * (row + dy)) % 1.0)[:, None]
+            fx = np.broadcast_to(((xs - centre[0]) / px)[:, None], (len(xs), z.shape[1]))
+            fy = np.full_like(fx, (row + dy - centre[1]) / px)
+            film = np.stack([fx, fy, z + start * step], axis=-1)
+            length = inside(film @ rot).sum(axis=1) * step  # object = rot^T film
+            total += length.reshape(x1 - x0, 2).sum(axis=1)
+        target[row, x0:x1] += np.float32(value) * (total / 4.0).astype(np.float32)
+
+
+def _moulded(target: np.ndarray, outline: np.ndarray, value: float, rounding: float) -> None:
+    """Add a moulded plastic body's projected thickness (``value`` display units where it is
+    thickest) inside ``outline`` (pixels): its edges rounded over ``rounding`` pixels (a
+    quarter-ellipse section: the beam crosses less plastic towards the rim), so the body is
+    graded, sharp at its outline, never a flat template."""
+    h, w = target.shape
+    x0, y0 = (np.floor(outline.min(axis=0)) - 2).astype(int)
+    x1, y1 = (np.ceil(outline.max(axis=0)) + 2).astype(int)
+    x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, w), min(y1, h)
+    if x1 <= x0 or y1 <= y0:
+        return
+    fine = np.zeros((4 * (y1 - y0), 4 * (x1 - x0)), np.uint8)
+    pts = np.round((outline - [x0, y0]) * 4 * 4).astype(np.int32).reshape(-1, 1, 2)
+    cv2.fillPoly(fine, [pts], 1, cv2.LINE_8, shift=2)
+    depth = cv2.distanceTransform(fine, cv2.DIST_L2, 5) / (4.0 * max(rounding, 0.5))
+    section = np.sqrt(1.0 - (1.0 - np.clip(depth, 0.0, 1.0)) ** 2) * (fine > 0)
+    cells = section.reshape(y1 - y0, 4, x1 - x0, 4).mean(axis=(1, 3))
+    target[y0:y1, x0:x1] += np.float32(value) * cells.astype(np.float32)
+
+
+def _ribbon(
+    target: np.ndarray,
+    path: np.ndarray,
+    normal: np.ndarray,
+    width: float,
+    thickness: float,
+    rot: np.ndarray,
+    local: Callable[[np.ndarray], np.ndarray],
+    px: float,
+    per_cm: float,
+) -> None:
+    """Add a bent metal strip (``width`` x ``thickness`` cm) along a 3D ``path`` (n, 3, cm,
+    the object frame of ``rot``; ``normal`` its face's normal there), projected along the
+    beam: each segment its quad (``local`` maps object (u, v) to pixels) at the density of
+    the metal crossed, ``per_cm`` times ``thickness / |n_z|`` (face-on the sheet's
+    thickness, towards edge-on up to its width). One strip never adds to itself (segments
+    taken by their maximum: its bends are continuous); separate strips add where they
+    overlap (a fold doubles the metal)."""
+    pts = path @ rot.T
+    nn = normal @ rot.T
+    nn /= np.linalg.norm(nn, axis=1, keepdims=True)
+    tangent = np.gradient(pts, axis=0)
+    side = np.cross(tangent, nn)
+    side /= np.maximum(np.linalg.norm(side, axis=1, keepdims=True), 1e-9)
+    half = 0.5 * width * side[:, :2]
+    strip = np.zeros(target.shape, np.float32)
+    for i in range(len(pts) - 1):
+        quad = np.array(
+            [
+                pts[i, :2] + half[i],
+                pts[i + 1, :2] + half[i + 1],
+                pts[i + 1, :2] - half[i + 1],
+                pts[i, :2] - half[i],
+            ]
+        )
+        crossed = thickness / max(abs(float(nn[i, 2] + nn[i + 1, 2])) / 2, thickness / width)
+        seg = np.zeros(target.shape, np.float32)
+        _poly(seg, local(quad), per_cm * crossed)
+        np.maximum(strip, seg, out=strip)
+    target += strip
+
+
+def _lead_clip(
     body: np.ndarray,
     g: np.random.Generator,
     centre: np.ndarray,
@@ -573,49 +725,81 @@ def _housing_clip(
     across: np.ndarray,
     px: float,
 ) -> np.ndarray:
-    """A lead's moulded snap clip seen face-on (``body`` pixels), after the common monitoring
-    designs: a round or heart-shaped housing over the snap socket (filled plastic around a brass
-    socket: uniform, partly radiolucent, grey), a rectangular spring-steel frame across it (a stamped strip, its
-    two layers where it folds adding up), the steel lever bent once at a right angle
-    towards the lead, and the cable's strain relief with a crimped ferrule; the parts
-    overlap, so the density is graded, never a flat white template. Returns where the lead
-    leaves it."""
+    """A monitoring lead's snap clip over the stud (``body`` pixels), after the common
+    designs: a moulded housing (round, heart-shaped or a teardrop narrowing into the cable;
+    glass-filled plastic, rounded edges: ``_moulded``) round a brass snap socket (a ring of
+    round section, ``_wire``: densest along its middle, its spring finger part way round)
+    and a spring-steel wire bail: a round wire bent in an irregular open loop round the
+    socket, one end hooked round a hinge pin in a few coil turns, the other bent out as the
+    thumb lever at a keyed angle; the cable leaves through a tapering strain relief with a
+    crimped ferrule. Mirrored at random (left- and right-handed clips), so the parts overlap
+    in graded density, a 3D metal object, not line art. Returns where the lead leaves it."""
+    hand = float(g.choice([-1.0, 1.0]))
 
     def local(points: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
         uv = np.asarray(points, np.float64)
-        return centre + (uv[:, :1] * along + uv[:, 1:] * across) * px
+        return centre + (uv[:, :1] * along + hand * uv[:, 1:] * across) * px
 
-    steel = g.uniform(0.09, 0.16)  # a stamped spring-steel frame: the brightest part
-    plastic = steel * g.uniform(0.4, 0.7)  # filled (glass-filled nylon) and the socket's brass
-    r = g.uniform(0.5, 0.7)
-    t = np.linspace(0, 2 * math.pi, 40, endpoint=False)
-    if g.random() < 0.5:  # round housing
+    brass = STEEL_MU / MU  # display units per cm of metal
+    r = g.uniform(0.45, 0.65)
+    t = np.linspace(0, 2 * math.pi, 48, endpoint=False)
+    design = int(g.integers(3))
+    if design == 0:  # round
         outline = np.stack([r * np.cos(t), r * np.sin(t)], 1)
-    else:  # heart-shaped (the socket end pointed away from the lead)
+    elif design == 1:  # heart-shaped, its point away from the cable
         x = -(13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t)) / 17
         outline = np.stack([x * r, np.sin(t) ** 3 * r * 1.05], 1)
-    _poly(body, local(outline), plastic)
-    _poly(body, local(outline), 0.5 * plastic, max(1, round(0.05 * px)))  # its moulded rim
-    _poly(body, local(0.3 * np.stack([np.cos(t), np.sin(t)], 1)), 0.6 * plastic)  # socket
-    strip = g.uniform(0.1, 0.16)  # cm: the steel strip's width seen face-on
-    x0, x1 = g.uniform(-0.1, 0.2), g.uniform(0.5, 0.8)
-    half = g.uniform(0.45, 0.6)
-    frame = local([[x0, -half], [x1, -half], [x1, half], [x0, half], [x0, -half]])
-    _poly(body, frame[:4], 0.35 * steel)  # the frame's plate between its folded edges
-    _stroke(body, frame, strip * px, 0.65 * steel)
-    fold = local([[x1, -half], [x1, half]])
-    _stroke(body, fold, 0.5 * strip * px, 0.7 * steel)  # the strip doubled at the fold
-    turn = g.choice([-1.0, 1.0])
-    rise = g.uniform(0.8, 1.4)
-    lever = local([[x0 + 0.1, turn * half], [x0 + 0.1, turn * (half + rise)]])
-    reach = g.uniform(0.8, 1.4)
-    lever = np.vstack([lever, local([[x0 + 0.1 + reach, turn * (half + rise)]])])
-    _stroke(body, lever, strip * px, steel)
-    end = x1 + g.uniform(0.9, 1.4)
-    relief = local([[x1, 0.0], [end, 0.0]])
-    _stroke(body, relief, g.uniform(0.2, 0.3) * px, 0.5 * plastic)  # strain relief
-    ferrule = local([[end - 0.35, 0.0], [end - 0.15, 0.0]])
-    _stroke(body, ferrule, 0.15 * px, 0.8 * steel)  # the crimp on the conductor
+    else:  # a teardrop narrowing into the cable
+        x = r * np.cos(t) + 0.35 * r * (1 + np.cos(t)) ** 2 / 4
+        outline = np.stack([x, r * np.sin(t) * (1 - 0.35 * np.clip(np.cos(t), 0, 1))], 1)
+    outline = outline * (1.0 + g.uniform(-0.04, 0.04, size=(1, 2)))
+    _moulded(body, local(outline), g.uniform(0.08, 0.14), g.uniform(0.15, 0.3) * px)
+    r_socket = g.uniform(0.2, 0.28)
+    socket = local(np.stack([r_socket * np.cos(t), r_socket * np.sin(t)], 1))
+    section = g.uniform(0.04, 0.06)  # cm: the ring's round section
+    _wire(body, socket, section * px, 2 * section * brass * g.uniform(0.5, 0.8), closed=True)
+    start = int(g.integers(0, 48))
+    finger = np.roll(socket, -start, axis=0)[: int(g.integers(20, 34))]
+    inner = centre + (finger - centre) * 0.7
+    _wire(body, inner, 0.6 * section * px, 1.2 * section * brass * 0.6)
+    # the spring-steel lever: a stamped strip arched over the socket from its hinge, bent
+    # down at the far side and folded back up and out as the thumb tab, all at a keyed 3D
+    # tilt: face-on the strip shows its thickness, twisted towards edge-on its width
+    rot = _rotation(g, 0.5, 0.0)
+    strip = g.uniform(0.14, 0.24)  # cm wide
+    sheet = g.uniform(0.05, 0.08)  # cm thick
+    reach = g.uniform(0.75, 1.0) * r
+    rise = g.uniform(0.25, 0.45)
+    u = np.linspace(-1.0, 1.0, 17)
+    arch = np.stack(
+        [g.uniform(-0.15, 0.25) + 0.25 * u**2, reach * u, rise * (1.0 - u**4)], 1
+    )  # hinge at v = -reach, over the socket, down at v = +reach
+    slope = np.gradient(arch[:, 2]) / np.maximum(np.gradient(arch[:, 1]), 1e-9)
+    arch_normal = np.stack([np.zeros_like(u), -slope, np.ones_like(u)], 1)
+    out = g.uniform(0.5, 0.9)  # the thumb tab, bent back up and out towards the cable
+    lift = g.uniform(0.3, 1.1)
+    v = np.linspace(0.0, 1.0, 7)
+    tab = arch[-1] + np.stack(
+        [out * v, -g.uniform(0.1, 0.4) * v, lift * out * v * (1 - 0.3 * v)], 1
+    )
+    tab_normal = np.tile([-math.sin(math.atan(lift)), 0.0, math.cos(math.atan(lift))], (7, 1))
+    for path, normal in ((arch, arch_normal), (tab, tab_normal)):
+        _ribbon(body, path, normal, strip, sheet, rot, local, px, brass * g.uniform(0.8, 1.0))
+    coil_turns = int(g.integers(2, 5))  # the torsion coil round the hinge pin, seen side-on
+    gauge = g.uniform(0.03, 0.045)
+    hinge = (rot @ arch[0])[:2]
+    for k in range(coil_turns):
+        at = hinge + np.array([(k - (coil_turns - 1) / 2) * 2.2 * gauge, 0.0])
+        ring = np.stack([0.6 * gauge * np.cos(t) + at[0], 2.5 * gauge * np.sin(t) + at[1]], 1)
+        _wire(body, local(ring), 0.8 * gauge * px, 1.6 * gauge * brass, closed=True)
+    # the cable's strain relief, tapering, and the crimp on the conductor
+    start_u = float(outline[:, 0].max()) - 0.05
+    end = start_u + g.uniform(0.8, 1.3)
+    wide, narrow = g.uniform(0.16, 0.22), g.uniform(0.1, 0.13)
+    relief = local([[start_u, -wide], [end, -narrow], [end, narrow], [start_u, wide]])
+    _moulded(body, relief, g.uniform(0.03, 0.05), narrow * px)
+    ferrule = local([[end - 0.35, 0.0], [end - 0.2, 0.0]])
+    _wire(body, ferrule, 0.05 * px, 0.1 * brass * g.uniform(0.5, 0.8))
     return local([[end, 0.0]])[0]
 
 
@@ -664,18 +848,21 @@ def _generator(
             ]
         )
     shell = np.vstack([round_top, lower])
-    _poly(target, frame(shell), 0.1)  # the two titanium walls
-    _poly(target, frame(shell), 0.1, max(1, round(0.1 * px)))  # the shell seen tangentially
+    wall = g.uniform(0.14, 0.2)  # the can's two titanium walls and what lines them
+    _poly(target, frame(shell), wall)
+    # the rounded side wall crossed tangentially: a dense rim, fading inwards
+    _poly(target, frame(shell), wall, max(1, round(0.08 * px)))
+    _poly(target, frame(shell * 0.97), 0.4 * wall, max(1, round(0.1 * px)))
     _poly(target, frame(shell * 0.94), 0.02, max(1, round(0.05 * px)))  # the inner weld seam
     split = g.uniform(-0.05, 0.2) * b  # the battery below, the circuit above
     battery = shell[shell[:, 1] > split] * 0.9
     battery = np.vstack([[battery[:, 0].min(), split], [battery[:, 0].max(), split], battery])
     battery = battery[np.argsort(np.arctan2(battery[:, 1] - split - 0.3 * b, battery[:, 0]))]
-    _poly(target, frame(battery), g.uniform(0.08, 0.13))
+    _poly(target, frame(battery), g.uniform(0.13, 0.2))
     _poly(target, frame(battery), 0.05, 1)
     _poly(target, frame(rect(-0.3 * a, split + 0.05 * b, 0.3 * a, split + 0.1 * b)), 0.08)
     board = rect(-0.8 * a, -0.82 * b, 0.8 * a, split - 0.06 * b)
-    _poly(target, frame(board), 0.025)  # the circuit's substrate
+    _poly(target, frame(board), 0.04)  # the circuit's substrate
     _poly(target, frame(board), 0.03, 1)
     rows, cols = int(g.integers(4, 8)), int(g.integers(5, 10))
     cell_w, cell_h = 1.5 * a / cols, (split + 0.7 * b) / rows
@@ -845,6 +1032,7 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     phase = math.atan2(start[1] - centre[1], start[0] - centre[0])
     spin = np.linspace(0.0, 2 * math.pi * turns, max(8, round(12 * turns)))
     radius = loop * np.linspace(1.0, g.uniform(0.8, 1.2), len(spin))
+    radius *= 1.0 + g.uniform(-0.12, 0.12, size=len(spin))  # slack coiled by hand, uneven
     coil = centre + np.stack(
         [radius * np.cos(phase - side_sign * spin), radius * np.sin(phase - side_sign * spin)], 1
     )

@@ -13,6 +13,7 @@ tests/data).
 from __future__ import annotations
 
 import itertools
+import math
 import pathlib
 
 import cv2
@@ -250,3 +251,48 @@ def test_snap_stud_is_the_densest_part_and_leans_off_the_flange() -> None:
             posts.append(np.array([xs.mean(), ys.mean()]))
         shift = posts[0] - posts[1]
         assert abs(shift[1]) > 0.06 * px and abs(shift[0]) < 0.01 * px, (seed, shift)
+
+
+def test_snap_stud_face_on_is_a_ring_densest_where_the_wall_is_crossed_lengthwise() -> None:
+    """A hollow brass post seen face-on (tilt 1): the beam crosses its wall along the post's
+    whole height (2-3.5 mm) but only the cap (0.4-0.7 mm) in the middle, so the projection
+    is a ring whose rim is several times denser than its centre, the ring's radius that of
+    the post (1.5-2.3 mm): the path-length physics, not a drawn outline."""
+    px = 40.0
+    centre = np.array([60.0, 60.0])
+    for seed in range(4):
+        body = np.zeros((120, 120), np.float32)
+        attenuation._snap_stud(body, np.random.default_rng(seed), centre, px, 1.0, 0.0)
+        ys, xs = np.mgrid[0:120, 0:120]
+        post = body > 0.3 * body.max()
+        cx, cy = xs[post].mean(), ys[post].mean()
+        rho = np.hypot(xs + 0.5 - cx, ys + 0.5 - cy)
+        rim_radius = float(rho[body > 0.8 * body.max()].mean()) / px
+        middle = float(body[rho < 0.05 * px].mean())
+        assert body.max() > 3.0 * middle, (seed, body.max(), middle)
+        assert 0.11 < rim_radius < 0.24, (seed, rim_radius)
+
+
+def test_a_metal_strip_is_denser_seen_edge_on_than_face_on() -> None:
+    """A stamped strip (``_ribbon``): the beam crosses its thickness face-on and up to its
+    width edge-on, so tilting its face away from the beam raises its projected density by
+    ``1 / cos`` (capped at width / thickness), and a strip folded over itself doubles."""
+    px = 20.0
+
+    def local(uv: np.ndarray) -> np.ndarray:
+        return np.asarray(uv, np.float64)[:, :2] * px + 50.0
+
+    path = np.stack([np.linspace(-1.0, 1.0, 9), np.zeros(9), np.zeros(9)], 1)
+    peaks = []
+    for theta in (0.0, 1.0):
+        normal = np.tile([0.0, -math.sin(theta), math.cos(theta)], (9, 1))
+        body = np.zeros((100, 100), np.float32)
+        attenuation._ribbon(body, path, normal, 0.3, 0.05, np.eye(3), local, px, 1.0)
+        peaks.append(float(np.median(body[body > 0.9 * body.max()])))
+    assert peaks[0] == pytest.approx(0.05, rel=0.02)
+    assert peaks[1] == pytest.approx(0.05 / math.cos(1.0), rel=0.03)
+    body = np.zeros((100, 100), np.float32)
+    flat = np.tile([0.0, 0.0, 1.0], (9, 1))
+    for _ in range(2):  # two strips: a fold
+        attenuation._ribbon(body, path, flat, 0.3, 0.05, np.eye(3), local, px, 1.0)
+    assert float(body[50, 50]) == pytest.approx(0.1, rel=0.02)
