@@ -36,6 +36,7 @@ from typing import Any
 import cv2
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from perturb.ops import _host, _math
 from perturb.ops.kernels import Level, Params, draw
@@ -50,6 +51,12 @@ BLOOM_GAIN = 0.6
 EDGE_FADE = 0.01  # highlights fade out within this distance of the field's edge
 LOBE_FLOOR = 1e-7  # a lobe below this is left out (its light stays under SPEC_FLOOR / 30)
 SPEC_FLOOR = 1e-5  # specular light (fraction of full well) that moves no 8-bit level (1/30 of the darkest step)
+CLIP_BAND = 0.08  # the highlight's edge: linear peak from 1 - CLIP_BAND (transparent) to 1 (opaque)
+NATIVE_LEVEL = 0.92  # sRGB luma of the frame's own clipped specular pixels (their tint is measured)
+NATIVE_MIN_PIXELS = 16  # fewer native highlight pixels than this: the illuminant's colour instead
+OPEN_RADIUS = 0.0025  # morphological opening of the highlights (shorter side): no thin worm strokes
+HALO_SIGMA = 0.003  # the video processor's unsharp mask (shorter side): a dark ring ~3 px at 1080p
+HALO_GAIN = 0.6  # depth of that ring at the highlight's edge (a fraction of the tissue's light)
 
 
 def _glare_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -127,6 +134,69 @@ def _linear_at(flat: np.ndarray, index: np.ndarray) -> np.ndarray:
     return _host.to_linear(flat[:, index])
 
 
+def _smoothstep(t: np.ndarray) -> np.ndarray:
+    t = np.clip(t, np.float32(0.0), np.float32(1.0))
+    return (t * t * (np.float32(3.0) - np.float32(2.0) * t)).astype(np.float32)
+
+
+def _smoothstep_t(t: torch.Tensor) -> torch.Tensor:
+    t = t.clamp(0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)
+
+
+def _opacity(peak: np.ndarray) -> np.ndarray:
+    """Opacity of a highlight from the linear peak (max over channels) of its light: 0 below
+    ``1 - CLIP_BAND``, 1 (clipped) from 1 on, a steep smooth edge between."""
+    return _smoothstep((peak - np.float32(1.0 - CLIP_BAND)) * np.float32(1.0 / CLIP_BAND))
+
+
+def _opacity_t(peak: torch.Tensor) -> torch.Tensor:
+    return _smoothstep_t((peak - (1.0 - CLIP_BAND)) * (1.0 / CLIP_BAND))
+
+
+def _open_radius(scale: int) -> int:
+    return max(1, round(OPEN_RADIUS * scale))
+
+
+def _opening(alpha: np.ndarray, radius: int) -> np.ndarray:
+    """Grey opening of an (H, W) opacity by a square of side ``2 radius + 1``: strokes thinner
+    than that go, dots, ovals and thick streaks stay (outside the image counts as neutral)."""
+    kernel = np.ones((2 * radius + 1, 2 * radius + 1), np.uint8)
+    return cv2.dilate(cv2.erode(alpha, kernel), kernel)
+
+
+def _opening_t(alpha: torch.Tensor, radius: int) -> torch.Tensor:
+    """``_opening`` of a (B, H, W) batch (max pooling pads with -inf: the same borders)."""
+    size = 2 * radius + 1
+    eroded = -F.max_pool2d(-alpha.unsqueeze(1), size, stride=1, padding=radius)
+    return F.max_pool2d(eroded, size, stride=1, padding=radius)[:, 0]
+
+
+def native_tint(img: np.ndarray, tissue: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """(C,) linear colour of the frame's own clipped highlights (tissue pixels of sRGB luma at
+    least ``NATIVE_LEVEL``), scaled to a peak of 1; ``fallback`` where it has too few."""
+    native = (_host.luma(img) >= np.float32(NATIVE_LEVEL)) & tissue
+    if img.shape[0] != 3 or int(native.sum()) < NATIVE_MIN_PIXELS:
+        return fallback
+    mean = _host.to_linear(img[:, native]).astype(np.float64).mean(axis=1)
+    return (mean / max(float(mean.max()), 1e-6)).astype(np.float32)
+
+
+def native_tint_t(
+    x: torch.Tensor, tissue: torch.Tensor, fallback: torch.Tensor
+) -> torch.Tensor:
+    """``native_tint`` of a (B, C, H, W) batch and its (B, H, W) tissue masks: (B, C, 1, 1)."""
+    if x.shape[1] != 3:
+        return torch.ones(x.shape[0], x.shape[1], 1, 1, device=x.device)
+    native = (_host.luma_t(x) >= NATIVE_LEVEL) & tissue
+    lin = _math.srgb_to_linear(x)
+    mean = torch.stack([_host.masked_mean(lin[:, k], native, 0.0) for k in range(3)], dim=1)
+    mean = mean.to(torch.float64)
+    measured = (mean / mean.amax(dim=1, keepdim=True).clamp(min=1e-6)).to(torch.float32)
+    enough = (native.sum(dim=(1, 2)) >= NATIVE_MIN_PIXELS).view(-1, 1)
+    return torch.where(enough, measured, fallback).view(-1, 3, 1, 1)
+
+
 def _gradient(d: torch.Tensor, dim: int) -> torch.Tensor:
     """``np.gradient`` of a float32 batch along ``dim`` (central inside, one-sided at the
     ends; at least two samples)."""
@@ -186,9 +256,18 @@ def _specular_glare_batch(
         spec > SPEC_FLOOR, (raw.amax(dim=1, keepdim=True) - 1.0).clamp(min=0.0), zero
     )
     bloom = _host.gauss_t(overflow, BLOOM_SIGMA * scale) * BLOOM_GAIN + spec
-    changed = (bloom > SPEC_FLOOR) & tissue
-    res = _math.linear_to_srgb((lin + bloom * gains).clamp(0.0, 1.0))
-    return torch.where(changed, res, x).clamp(0.0, 1.0)
+    on_tissue = tissue[:, 0]
+    tint = native_tint_t(x, on_tissue, p["illuminant"]) if c == 3 else gains
+    before = _opacity_t(lin.amax(dim=1))
+    alpha = _opacity_t((lin + bloom * gains).amax(dim=1)) - before
+    alpha = torch.where(on_tissue & (bloom[:, 0] > SPEC_FLOOR), alpha.clamp(min=0.0), zero)
+    alpha = _opening_t(alpha, _open_radius(scale))
+    ring = (_host.gauss_t(alpha, HALO_SIGMA * scale) - alpha).clamp(min=0.0) * (1.0 - before)
+    ring = torch.where(on_tissue, ring * HALO_GAIN, zero)
+    a = alpha.unsqueeze(1)
+    res = (lin * (1.0 - a) + tint * a) * (1.0 - ring.unsqueeze(1))
+    changed = ((alpha > 0) | (ring > SPEC_FLOOR)).unsqueeze(1)
+    return torch.where(changed, _math.linear_to_srgb(res.clamp(0.0, 1.0)), x).clamp(0.0, 1.0)
 
 
 @_host.host_op(
@@ -237,11 +316,28 @@ def specular_glare(
     bloom = _host.gauss(overflow.reshape(h, w), BLOOM_SIGMA * scale).reshape(-1)
     bloom *= np.float32(BLOOM_GAIN)
     bloom += spec
-    changed = np.flatnonzero((bloom > np.float32(SPEC_FLOOR)) & tissue.reshape(-1))
-    out = _linear_at(flat, changed)
-    out += bloom[changed] * gains
+    # the highlight: opaque (clipped) where the light reaches full well, in the tint of the
+    # frame's own highlights, with the processor's dark unsharp-mask ring outside its edge
+    tint = native_tint(img, tissue, illuminant) if c == 3 else gains[:, 0]
+    lin = _host.to_linear(flat)
+    before = _opacity(lin.max(axis=0))
+    alpha = np.zeros(h * w, dtype=np.float32)
+    lit = np.flatnonzero((bloom > np.float32(SPEC_FLOOR)) & tissue.reshape(-1))
+    if lit.size:
+        peak = (lin[:, lit] + bloom[lit] * gains).max(axis=0)
+        alpha[lit] = np.maximum(_opacity(peak) - before[lit], np.float32(0.0))
+    alpha = _opening(alpha.reshape(h, w), _open_radius(scale)).reshape(-1)
+    blurred = _host.gauss(alpha.reshape(h, w), HALO_SIGMA * scale).reshape(-1)
+    ring = np.maximum(blurred - alpha, np.float32(0.0))
+    ring *= np.float32(1.0) - before
+    ring *= np.float32(HALO_GAIN)
+    ring[~tissue.reshape(-1)] = 0.0
+    changed = np.flatnonzero((alpha > 0) | (ring > np.float32(SPEC_FLOOR)))
     res = img.copy()
     if changed.size:
+        a = alpha[changed]
+        out = lin[:, changed] * (np.float32(1.0) - a) + tint[:, None] * a
+        out *= np.float32(1.0) - ring[changed]
         res.reshape(c, -1)[:, changed] = _host.to_display(
             np.clip(out, np.float32(0.0), np.float32(1.0))
         )

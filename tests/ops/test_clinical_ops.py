@@ -103,26 +103,39 @@ def _diameters(mask: np.ndarray, side: int) -> np.ndarray:
 # Specular glare
 
 
-def test_glare_adds_illuminant_coloured_light_in_linear_light_on_tissue_only() -> None:
-    """Dichromatic model: the added light has the illuminant's colour (ratio of the linear
-    increments), only adds light, clips at severity 5, and leaves the frame and overlays as they
-    are (tissue-layer op through the scene model)."""
+def test_glare_paints_opaque_highlights_in_the_frames_own_tint_with_a_processor_halo() -> None:
+    """Issue 32 round 3: the new highlights are clipped opaque cores in the colour of the frame's
+    own saturated highlights (measured here independently), ringed by a dark unsharp-mask
+    undershoot a few px wide, and the frame and overlays stay as they are (tissue-layer op)."""
     require_samples()
+    cores = 0
     for i in sorted({min(i, len(ENDOSCOPY) - 1) for i in (0, 3, 6, 10)}):
         x = torch.from_numpy(_frame(i, 0.35)).unsqueeze(0)
         out, rec = perturb.apply(x, "specular_glare", 5, [f"f{i}"])
         scene = perturb.scene(x[0])
         outside = torch.from_numpy(scene.tissue_of(x[0]) == 0)
         assert torch.equal(out[0][:, outside], x[0][:, outside]), "glare touched the frame or an overlay"
-        assert float((out - x).min()) >= -1e-6, "specular reflection only adds light"
-        assert int(((out >= 0.999).all(1) & ~(x >= 0.999).all(1)).sum()) > 0, "no clipped cores"
-        inside = torch.from_numpy(scene.tissue_of(x[0]) == 1)
-        lin_delta = _lin(out[0].numpy()) - _lin(x[0].numpy())
-        unclipped = (out[0] < 0.98).all(0) & inside & torch.from_numpy(lin_delta.min(0) > 0.02)
-        ratio = lin_delta[:, unclipped.numpy()]
-        ratio = ratio / ratio.max(0, keepdims=True)
-        illum = np.asarray(rec[0].params["illuminant"])
-        assert np.allclose(np.median(ratio, axis=1), illum / illum.max(), atol=0.02)
+        img, res = x[0].numpy(), out[0].numpy()
+        inside = scene.tissue_of(x[0]) == 1
+        native = (_host.luma(img) >= 0.92) & inside
+        if native.sum() >= 16:
+            tint = _lin(img[:, native]).mean(1)
+            tint = tint / tint.max()
+        else:
+            tint = np.asarray(rec[0].params["illuminant"], np.float64)
+        core = (np.abs(res - img).max(0) > 0.05) & (res.max(0) >= 0.999) & inside
+        cores += int(core.sum())
+        if core.sum() >= 5:  # at a 185 px side a few frames' highlights are too small to clip fully
+            assert np.allclose(np.median(_lin(res[:, core]), axis=1), tint, atol=0.02), "core not in the native tint"
+        darker = (res - img).max(0) < -2 / 255
+        assert darker.sum() > 0, "no processor halo"
+        lit = (res - img).max(0) > 1 / 255
+        near = cv2.dilate(lit.astype(np.uint8), np.ones((9, 9), np.uint8)).astype(bool)
+        assert (darker & ~near).sum() <= 0.02 * darker.sum(), "the dark ring strays from the highlights"
+        brighter = (res - img).min(0) > 2 / 255
+        opaque = (np.abs(res - img).max(0) > 2 / 255) & (res.max(0) >= 0.99)
+        assert opaque.sum() >= 0.5 * brighter.sum(), "most added light must be opaque (no translucent strokes)"
+    assert cores > 0, "no clipped cores"
 
 
 def test_shape_from_shading_finds_surfaces_facing_the_camera() -> None:
@@ -848,7 +861,7 @@ def test_endoscopy_catalog_covers_the_clinical_artifacts() -> None:
     assert new <= set(endo)
     assert "occludes" in endo["fluid_occlusion"].risk_tags
     assert {"moves_geometry", "crops_border"} <= set(endo["lens_distortion"].risk_tags)
-    assert endo["specular_glare"].version == 3
+    assert endo["specular_glare"].version == 4
 
 
 def test_smoke_refuses_a_strip_before_allocating_its_canvas() -> None:
