@@ -158,18 +158,38 @@ def _open_radius(scale: int) -> int:
     return max(1, round(OPEN_RADIUS * scale))
 
 
+def _disc(radius: int) -> np.ndarray:
+    """OpenCV's elliptic structuring element of side ``2 radius + 1`` (uint8)."""
+    return cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * radius + 1, 2 * radius + 1))
+
+
 def _opening(alpha: np.ndarray, radius: int) -> np.ndarray:
-    """Grey opening of an (H, W) opacity by a square of side ``2 radius + 1``: strokes thinner
-    than that go, dots, ovals and thick streaks stay (outside the image counts as neutral)."""
-    kernel = np.ones((2 * radius + 1, 2 * radius + 1), np.uint8)
+    """Grey opening of an (H, W) opacity by a disc of radius ``radius``: strokes thinner than
+    it go, dots, ovals and thick streaks stay, rounded (outside the image counts as neutral)."""
+    kernel = _disc(radius)
     return cv2.dilate(cv2.erode(alpha, kernel), kernel)
 
 
+def _min_max_filter(planes: torch.Tensor, radius: int, take_max: bool) -> torch.Tensor:
+    """Erosion (min) or dilation (max) of a (B, H, W) batch by ``_disc(radius)``: the extreme of
+    the shifted copies, padded with the neutral value (as OpenCV's default border)."""
+    _b, h, w = planes.shape
+    fill = -math.inf if take_max else math.inf
+    padded = F.pad(planes, (radius, radius, radius, radius), value=fill)
+    res: torch.Tensor | None = None
+    for dy, dx in zip(*np.nonzero(_disc(radius)), strict=True):
+        shifted = padded[:, int(dy) : int(dy) + h, int(dx) : int(dx) + w]
+        if res is None:
+            res = shifted
+        else:
+            res = torch.maximum(res, shifted) if take_max else torch.minimum(res, shifted)
+    assert res is not None
+    return res
+
+
 def _opening_t(alpha: torch.Tensor, radius: int) -> torch.Tensor:
-    """``_opening`` of a (B, H, W) batch (max pooling pads with -inf: the same borders)."""
-    size = 2 * radius + 1
-    eroded = -F.max_pool2d(-alpha.unsqueeze(1), size, stride=1, padding=radius)
-    return F.max_pool2d(eroded, size, stride=1, padding=radius)[:, 0]
+    """``_opening`` of a (B, H, W) batch."""
+    return _min_max_filter(_min_max_filter(alpha, radius, False), radius, True)
 
 
 def native_tint(img: np.ndarray, tissue: np.ndarray, fallback: np.ndarray) -> np.ndarray:
