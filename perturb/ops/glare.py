@@ -21,6 +21,15 @@ sensor clips at full well and the charge that overflows spreads in a short bloom
 gaussian of the overflow). Highlights are drawn on the tissue only: they fade out within 1 % of
 the shorter side of the field's edge; the dark frame and anything drawn on it stay untouched.
 
+What the endoscope's processor then shows (issue 32 round 3): a highlight is opaque where the
+light reaches full well (a steep smoothstep of the linear peak over the top ``CLIP_BAND``; the
+translucent sub-clipping lobe is left out), in the colour of the frame's own clipped highlights
+(their mean linear colour; the illuminant's where the frame has none), grey-opened by a small disc
+(thin worm strokes go, dots, ovals and fold streaks stay), and ringed by the processor's edge
+enhancement: an unsharp-mask undershoot ``HALO_GAIN (blur(a) - a)^+`` of its opacity ``a``, a dark
+ring a few px wide outside its edge (a fixed default; native highlights and their rings are left
+as they are).
+
 Severity raises the wetness (specular albedo of the fluid film) and the micro-relief (extent:
 more facets face the camera) and lowers the shininess (a rougher, wider lobe); calibrated so that
 highlight sizes stay those of real highlights on the same frames (median equivalent diameter
@@ -300,8 +309,9 @@ def specular_glare(
     img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
 ) -> np.ndarray:
     """Blinn-Phong highlights of a light at the camera on a surface from shading, inverse-square
-    fall-off, sensor clipping and a short bloom (module docstring). Pixels whose specular light
-    stays under ``SPEC_FLOOR`` keep their input values."""
+    fall-off, sensor clipping and a short bloom, painted opaque in the frame's highlight tint with
+    a processor halo (module docstring). Pixels outside the highlights and their rings keep their
+    input values."""
     c, h, w = img.shape
     scale = _host.side(img)
     tissue = view.tissue
