@@ -66,6 +66,11 @@ NATIVE_MIN_PIXELS = 16  # fewer native highlight pixels than this: the illuminan
 OPEN_RADIUS = 0.0025  # morphological opening of the highlights (shorter side): no thin worm strokes
 HALO_SIGMA = 0.003  # the video processor's unsharp mask (shorter side): a dark ring ~3 px at 1080p
 HALO_GAIN = 0.6  # depth of that ring at the highlight's edge (a fraction of the tissue's light)
+EDGE_SIGMA = 0.0012  # lens PSF on the clipped highlight: a real rim falls to the tissue in ~3 px at 1080p
+RIM_GAIN = 3.0  # light at the edge, per unit of blurred opacity, in units of the clip (channels clip one by one)
+ALPHA_FLOOR = 1e-4  # blurred opacity below this is no highlight (the blur's far tail)
+WETNESS_MAX = 20.0  # the coverage floor raises the wetness at most to this (the table's bound)
+NO_CLIP = 1e30  # wetness "needed" where the light cannot clip (no lobe, or already clipped)
 
 
 def _glare_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -75,6 +80,7 @@ def _glare_sampler(rng: np.random.Generator, level: Level) -> Params:
         "relief": draw(rng, level["relief"]),
         "shininess": draw(rng, level["shininess"]),
         "illuminant": [float(t / tint.max()) for t in tint],
+        "coverage": draw(rng, level["coverage"]),
     }
 
 
@@ -226,6 +232,43 @@ def native_tint_t(
     return torch.where(enough, measured, fallback).view(-1, 3, 1, 1)
 
 
+def coverage_wetness(
+    lin: np.ndarray, spec_unit: np.ndarray, gains: np.ndarray, tissue: np.ndarray, coverage: float
+) -> float:
+    """The least wetness at which a fraction ``coverage`` of the tissue (C, N linear light, N
+    unit-wetness specular light, N tissue mask) reaches full well: the ``coverage`` quantile over
+    the tissue of each pixel's headroom ``min_c (1 - lin_c) / (gain_c spec)`` (``NO_CLIP`` where no
+    light falls or the pixel is within ``CLIP_BAND`` of the clip already: a native highlight), at most ``WETNESS_MAX``."""
+    need = np.full(spec_unit.shape, np.float32(NO_CLIP), dtype=np.float32)
+    lit = np.flatnonzero(spec_unit > 0)
+    if lit.size:
+        head = (np.float32(1.0) - lin[:, lit]) / (gains * spec_unit[lit])
+        low = head.min(axis=0)
+        dim = lin[:, lit].max(axis=0) < np.float32(1.0 - CLIP_BAND)
+        need[lit] = np.where(dim, low, np.float32(NO_CLIP))
+    inside = need[tissue]
+    if inside.size == 0:
+        return 0.0
+    return min(float(np.quantile(inside, coverage)), WETNESS_MAX)
+
+
+def coverage_wetness_t(
+    lin: torch.Tensor,
+    spec_unit: torch.Tensor,
+    gains: torch.Tensor,
+    tissue: torch.Tensor,
+    coverage: torch.Tensor,
+) -> torch.Tensor:
+    """``coverage_wetness`` of a batch: (B, C, H, W) linear light, (B, H, W) unit-wetness
+    specular light and tissue masks, (B,) coverages; (B,) float32 wetness floors."""
+    lit = (spec_unit > 0) & (lin.amax(dim=1) < 1.0 - CLIP_BAND)
+    head = ((1.0 - lin) / (gains * spec_unit.unsqueeze(1))).amin(dim=1)
+    need = torch.where(lit, head, torch.full((), NO_CLIP, device=lin.device))
+    floor = _host.masked_quantile(need, tissue, 0.0, qs=coverage.to(torch.float64))
+    floor = torch.nan_to_num(floor, nan=0.0).clamp(max=WETNESS_MAX)
+    return floor.to(torch.float32)
+
+
 def _gradient(d: torch.Tensor, dim: int) -> torch.Tensor:
     """``np.gradient`` of a float32 batch along ``dim`` (central inside, one-sided at the
     ends; at least two samples)."""
@@ -270,15 +313,14 @@ def _specular_glare_batch(
     shininess = p["shininess"].view(-1, 1, 1)
     floor = torch.exp(math.log(LOBE_FLOOR) / shininess.to(torch.float64)).to(torch.float32)
     facing = n_dot_v > floor
-    lobe = (
-        torch.exp(torch.log(n_dot_v.clamp(min=1e-30)) * shininess)
-        * inv_d2
-        * p["wetness"].view(-1, 1, 1)
-    )
+    lobe = torch.exp(torch.log(n_dot_v.clamp(min=1e-30)) * shininess) * inv_d2
     lobe = lobe * _host.soft_mask_t(tissue, EDGE_FADE * scale)[:, 0]
     lobe = torch.where(facing, lobe, torch.zeros((), device=x.device))
-    spec = _host.gauss_t(lobe, OPTICS_SIGMA * scale).unsqueeze(1)
+    spec_unit = _host.gauss_t(lobe, OPTICS_SIGMA * scale)
     gains = p["illuminant"].view(-1, 3, 1, 1) if c == 3 else torch.ones(1, 1, 1, 1, device=x.device)
+    floor = coverage_wetness_t(lin, spec_unit, gains, tissue[:, 0], p["coverage"])
+    wetness = torch.maximum(p["wetness"].to(torch.float32), floor)
+    spec = (spec_unit * wetness.view(-1, 1, 1)).unsqueeze(1)
     raw = lin + spec * gains
     zero = torch.zeros((), device=x.device)
     overflow = torch.where(
@@ -290,11 +332,13 @@ def _specular_glare_batch(
     before = _opacity_t(lin.amax(dim=1))
     alpha = _opacity_t((lin + bloom * gains).amax(dim=1)) - before
     alpha = torch.where(on_tissue & (bloom[:, 0] > SPEC_FLOOR), alpha.clamp(min=0.0), zero)
-    alpha = _opening_t(alpha, _open_radius(scale))
+    alpha = _host.gauss_t(_opening_t(alpha, _open_radius(scale)), EDGE_SIGMA * scale)
+    alpha = torch.where(on_tissue & (alpha > ALPHA_FLOOR), alpha.clamp(max=1.0), zero)
     ring = (_host.gauss_t(alpha, HALO_SIGMA * scale) - alpha).clamp(min=0.0) * (1.0 - before)
     ring = torch.where(on_tissue, ring * HALO_GAIN, zero)
     a = alpha.unsqueeze(1)
-    res = (lin * (1.0 - a) + tint * a) * (1.0 - ring.unsqueeze(1))
+    res = torch.maximum(lin, torch.minimum(tint, lin + a * (RIM_GAIN * tint)))
+    res = res * (1.0 - ring.unsqueeze(1))
     changed = ((alpha > 0) | (ring > SPEC_FLOOR)).unsqueeze(1)
     return torch.where(changed, _math.linear_to_srgb(res.clamp(0.0, 1.0)), x).clamp(0.0, 1.0)
 
@@ -329,17 +373,18 @@ def specular_glare(
         log_lobe *= shininess
         lobe_at = np.asarray(cv2.exp(log_lobe), dtype=np.float32).reshape(-1)
         lobe_at *= inv_d2.reshape(-1)[facing]
-        lobe_at *= np.float32(p["wetness"])
         lobe_at *= _host.soft_mask(tissue, EDGE_FADE * scale).reshape(-1)[facing]
         lobe[facing] = lobe_at
-    lobe = lobe.reshape(h, w)
-    spec = _host.gauss(lobe, OPTICS_SIGMA * scale).reshape(
-        -1
-    )  # the lens PSF: hairline lobes stay below clipping
+    # the lens PSF: hairline lobes stay below clipping
+    spec = _host.gauss(lobe.reshape(h, w), OPTICS_SIGMA * scale).reshape(-1)
     illuminant = np.asarray(p["illuminant"], dtype=np.float32)
     gains = illuminant[:, None] if c == 3 else np.ones((1, 1), np.float32)
+    lin = _host.to_linear(flat)
+    # the wetter film at least, so that a fraction `coverage` of the tissue clips
+    floor = coverage_wetness(lin, spec, gains, tissue.reshape(-1), float(p["coverage"]))
+    spec *= np.float32(max(float(np.float32(p["wetness"])), floor))
     lit = np.flatnonzero(spec > np.float32(SPEC_FLOOR))  # where the light may clip
-    raw = _linear_at(flat, lit)
+    raw = lin[:, lit].copy()
     raw += spec[lit] * gains
     overflow = np.zeros(h * w, dtype=np.float32)
     overflow[lit] = np.clip(raw.max(axis=0) - np.float32(1.0), np.float32(0.0), None)
@@ -349,14 +394,16 @@ def specular_glare(
     # the highlight: opaque (clipped) where the light reaches full well, in the tint of the
     # frame's own highlights, with the processor's dark unsharp-mask ring outside its edge
     tint = native_tint(img, tissue, illuminant) if c == 3 else gains[:, 0]
-    lin = _host.to_linear(flat)
     before = _opacity(lin.max(axis=0))
     alpha = np.zeros(h * w, dtype=np.float32)
     lit = np.flatnonzero((bloom > np.float32(SPEC_FLOOR)) & tissue.reshape(-1))
     if lit.size:
         peak = (lin[:, lit] + bloom[lit] * gains).max(axis=0)
         alpha[lit] = np.maximum(_opacity(peak) - before[lit], np.float32(0.0))
-    alpha = _opening(alpha.reshape(h, w), _open_radius(scale)).reshape(-1)
+    alpha = _opening(alpha.reshape(h, w), _open_radius(scale))
+    alpha = _host.gauss(alpha, EDGE_SIGMA * scale).reshape(-1)  # the lens PSF: a soft rim
+    alpha[(alpha <= np.float32(ALPHA_FLOOR)) | ~tissue.reshape(-1)] = 0.0
+    np.minimum(alpha, np.float32(1.0), out=alpha)
     blurred = _host.gauss(alpha.reshape(h, w), HALO_SIGMA * scale).reshape(-1)
     ring = np.maximum(blurred - alpha, np.float32(0.0))
     ring *= np.float32(1.0) - before
@@ -366,7 +413,10 @@ def specular_glare(
     res = img.copy()
     if changed.size:
         a = alpha[changed]
-        out = lin[:, changed] * (np.float32(1.0) - a) + tint[:, None] * a
+        # the light adds in linear light and each channel clips at the frame's clip colour: the
+        # core is the tint, the rim warm where the mucosa's red clips before its green and blue
+        base = lin[:, changed]
+        out = np.maximum(base, np.minimum(tint[:, None], base + a * np.float32(RIM_GAIN) * tint[:, None]))
         out *= np.float32(1.0) - ring[changed]
         res.reshape(c, -1)[:, changed] = _host.to_display(
             np.clip(out, np.float32(0.0), np.float32(1.0))

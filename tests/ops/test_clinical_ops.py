@@ -861,7 +861,7 @@ def test_endoscopy_catalog_covers_the_clinical_artifacts() -> None:
     assert new <= set(endo)
     assert "occludes" in endo["fluid_occlusion"].risk_tags
     assert {"moves_geometry", "crops_border"} <= set(endo["lens_distortion"].risk_tags)
-    assert endo["specular_glare"].version == 4
+    assert endo["specular_glare"].version == 5
 
 
 def test_smoke_refuses_a_strip_before_allocating_its_canvas() -> None:
