@@ -70,6 +70,7 @@ EDGE_SIGMA = 0.0012  # lens PSF on the clipped highlight: a real rim falls to th
 RIM_GAIN = 3.0  # light at the edge, per unit of blurred opacity, in units of the clip (channels clip one by one)
 ALPHA_FLOOR = 1e-4  # blurred opacity below this is no highlight (the blur's far tail)
 WETNESS_MAX = 20.0  # the coverage floor raises the wetness at most to this (the table's bound)
+COVERAGE_SPAN = 8.0  # the wetness is lowered so that at most this many times `coverage` of the tissue clips
 NO_CLIP = 1e30  # wetness "needed" where the light cannot clip (no lobe, or already clipped)
 
 
@@ -236,13 +237,14 @@ def coverage_wetness(
     lin: np.ndarray, spec_unit: np.ndarray, gains: np.ndarray, tissue: np.ndarray, coverage: float
 ) -> float:
     """The least wetness at which a fraction ``coverage`` of the tissue (C, N linear light, N
-    unit-wetness specular light, N tissue mask) reaches full well: the ``coverage`` quantile over
-    the tissue of each pixel's headroom ``min_c (1 - lin_c) / (gain_c spec)`` (``NO_CLIP`` where no
-    light falls or the pixel is within ``CLIP_BAND`` of the clip already: a native highlight), at most ``WETNESS_MAX``."""
+    unit-wetness specular light, N tissue mask) turns into highlight: the ``coverage`` quantile
+    over the tissue of each pixel's wetness for a first channel half way into the clipping band,
+    ``min_c (1 - CLIP_BAND / 2 - lin_c) / (gain_c spec)`` (``NO_CLIP`` where no light falls or a
+    channel is in the band already, as the opacity counts it), at most ``WETNESS_MAX``."""
     need = np.full(spec_unit.shape, np.float32(NO_CLIP), dtype=np.float32)
     lit = np.flatnonzero(spec_unit > 0)
     if lit.size:
-        head = (np.float32(1.0) - lin[:, lit]) / (gains * spec_unit[lit])
+        head = (np.float32(1.0 - CLIP_BAND / 2) - lin[:, lit]) / (gains * spec_unit[lit])
         low = head.min(axis=0)
         dim = lin[:, lit].max(axis=0) < np.float32(1.0 - CLIP_BAND)
         need[lit] = np.where(dim, low, np.float32(NO_CLIP))
@@ -262,7 +264,7 @@ def coverage_wetness_t(
     """``coverage_wetness`` of a batch: (B, C, H, W) linear light, (B, H, W) unit-wetness
     specular light and tissue masks, (B,) coverages; (B,) float32 wetness floors."""
     lit = (spec_unit > 0) & (lin.amax(dim=1) < 1.0 - CLIP_BAND)
-    head = ((1.0 - lin) / (gains * spec_unit.unsqueeze(1))).amin(dim=1)
+    head = (((1.0 - CLIP_BAND / 2) - lin) / (gains * spec_unit.unsqueeze(1))).amin(dim=1)
     need = torch.where(lit, head, torch.full((), NO_CLIP, device=lin.device))
     floor = _host.masked_quantile(need, tissue, 0.0, qs=coverage.to(torch.float64))
     floor = torch.nan_to_num(floor, nan=0.0).clamp(max=WETNESS_MAX)
@@ -319,7 +321,8 @@ def _specular_glare_batch(
     spec_unit = _host.gauss_t(lobe, OPTICS_SIGMA * scale)
     gains = p["illuminant"].view(-1, 3, 1, 1) if c == 3 else torch.ones(1, 1, 1, 1, device=x.device)
     floor = coverage_wetness_t(lin, spec_unit, gains, tissue[:, 0], p["coverage"])
-    wetness = torch.maximum(p["wetness"].to(torch.float32), floor)
+    ceiling = coverage_wetness_t(lin, spec_unit, gains, tissue[:, 0], p["coverage"] * COVERAGE_SPAN)
+    wetness = torch.minimum(torch.maximum(p["wetness"].to(torch.float32), floor), ceiling)
     spec = (spec_unit * wetness.view(-1, 1, 1)).unsqueeze(1)
     raw = lin + spec * gains
     zero = torch.zeros((), device=x.device)
@@ -380,9 +383,12 @@ def specular_glare(
     illuminant = np.asarray(p["illuminant"], dtype=np.float32)
     gains = illuminant[:, None] if c == 3 else np.ones((1, 1), np.float32)
     lin = _host.to_linear(flat)
-    # the wetter film at least, so that a fraction `coverage` of the tissue clips
-    floor = coverage_wetness(lin, spec, gains, tissue.reshape(-1), float(p["coverage"]))
-    spec *= np.float32(max(float(np.float32(p["wetness"])), floor))
+    # the film wet enough that a fraction `coverage` of the tissue clips, dry enough that at most
+    # COVERAGE_SPAN times that does: every severity adds highlights, in a graded amount
+    coverage = float(np.float32(p["coverage"]))
+    floor = coverage_wetness(lin, spec, gains, tissue.reshape(-1), coverage)
+    ceiling = coverage_wetness(lin, spec, gains, tissue.reshape(-1), coverage * COVERAGE_SPAN)
+    spec *= np.float32(min(max(float(np.float32(p["wetness"])), floor), ceiling))
     lit = np.flatnonzero(spec > np.float32(SPEC_FLOOR))  # where the light may clip
     raw = lin[:, lit].copy()
     raw += spec[lit] * gains

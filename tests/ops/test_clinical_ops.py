@@ -6,6 +6,7 @@ the file runs in seconds."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import cv2
@@ -43,7 +44,7 @@ from perturb.ops.clinical import (
     smoke_optical_depth,
     surgical_smoke,
 )
-from perturb.ops.glare import surface_normals
+from perturb.ops.glare import CLIP_BAND, coverage_wetness, surface_normals
 from perturb.ops.optics import (
     RADIANCE_REACH,
     channel_scale_maps,
@@ -136,6 +137,62 @@ def test_glare_paints_opaque_highlights_in_the_frames_own_tint_with_a_processor_
         opaque = (np.abs(res - img).max(0) > 2 / 255) & (res.max(0) >= 0.99)
         assert opaque.sum() >= 0.5 * brighter.sum(), "most added light must be opaque (no translucent strokes)"
     assert cores > 0, "no clipped cores"
+
+
+def test_glare_coverage_floor_is_the_least_wetness_that_clips_that_fraction_of_the_tissue() -> None:
+    """Synthetic light and lobe: at the returned wetness the given fraction of the tissue pixels
+    (not in the clipping band already, with some lobe) has a channel half way into the band (half
+    opaque), and fewer at a tenth less wetness."""
+    rng = np.random.default_rng(0)
+    n = 20000
+    lin = rng.uniform(0.0, 0.97, size=(3, n)).astype(np.float32)
+    spec = rng.uniform(0.0, 0.5, size=n).astype(np.float32)
+    spec[:2000] = 0.0  # no lobe: never clips
+    gains = np.array([[1.0], [0.98], [0.95]], np.float32)
+    tissue = np.ones(n, bool)
+    tissue[-5000:] = False
+    for coverage in (0.001, 0.01, 0.05):
+        w = coverage_wetness(lin, spec, gains, tissue, coverage)
+        candidates = tissue & (lin.max(0) < 1 - CLIP_BAND)
+        edge = 1 - CLIP_BAND / 2  # half way into the clipping band: half opaque
+        clips = ((lin + np.float64(w) * (1 + 1e-6) * spec * gains) >= edge).any(0) & candidates
+        assert abs(clips.sum() / tissue.sum() - coverage) <= 3 / tissue.sum(), (coverage, clips.sum())
+        fewer = ((lin + 0.9 * w * spec * gains) >= edge).any(0) & candidates
+        assert fewer.sum() < clips.sum()
+    assert coverage_wetness(lin, np.zeros(n, np.float32), gains, tissue, 0.01) == 20.0, "no lobe: the cap"
+
+
+def test_glare_every_severity_adds_clipped_highlight_area_on_every_frame() -> None:
+    """Issue 32: each severity adds more new clipped highlight area than the one below, from a
+    few dots at severity 1, on every real frame, including those whose folds face the camera
+    nowhere (the coverage floor then places them where the lobe is strongest)."""
+    require_samples()
+    for i, path in enumerate(ENDOSCOPY):
+        img = _frame(i, 448 / min(sample_tensor(path).shape[1:]))  # the scoring size
+        x = torch.from_numpy(img).unsqueeze(0)
+        tissue = perturb.scene(x[0]).tissue > 0.5
+        out, _ = perturb.apply(x.expand(5, -1, -1, -1).contiguous(), "specular_glare", [1, 2, 3, 4, 5], [f"f{i}"] * 5)
+        # new highlight: a channel brought to the clip, by at least a tenth of the range
+        areas = [int((((o.numpy() - img).max(0) > 0.1) & (o.numpy().max(0) >= 0.99) & tissue).sum()) for o in out]
+        assert areas[0] > 0 and all(a < b for a, b in itertools.pairwise(areas)), (ENDOSCOPY[i].name, areas)
+        # severity 1 is dots, not a sheet (at most 1.5 %: the brightest frame's wet orange
+        # mucosa already shows a small cluster at the lowest wetness)
+        assert areas[0] <= 0.015 * tissue.sum(), (ENDOSCOPY[i].name, areas[0] / tissue.sum())
+
+
+def test_glare_rim_clips_channel_by_channel() -> None:
+    """The light at a highlight's edge adds in linear light and each channel clips at the tint:
+    on red mucosa the rim's red reaches the clip before its blue (a warm edge, not a grey ramp)."""
+    require_samples()
+    img = _frame(1, 0.5)
+    out, _ = perturb.apply(torch.from_numpy(img).unsqueeze(0), "specular_glare", 5, ["rim"])
+    res = out[0].numpy()
+    added = _lin(res) - _lin(img)
+    rim = (added.max(0) > 0.05) & (res.min(0) < 0.99)  # light added, not the opaque core
+    assert rim.sum() > 20
+    red_first = (res[0, rim] >= 0.99) & (res[2, rim] < 0.97)
+    blue_first = (res[2, rim] >= 0.99) & (res[0, rim] < 0.97)
+    assert red_first.mean() > 0.2 and blue_first.sum() == 0, (red_first.mean(), blue_first.sum())
 
 
 def test_shape_from_shading_finds_surfaces_facing_the_camera() -> None:
