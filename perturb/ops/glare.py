@@ -30,6 +30,18 @@ enhancement: an unsharp-mask undershoot ``HALO_GAIN (blur(a) - a)^+`` of its opa
 ring a few px wide outside its edge (a fixed default; native highlights and their rings are left
 as they are).
 
+The clipped core is then seen through the lens (a gaussian PSF of ``EDGE_SIGMA``): its light adds
+to the tissue's in linear light, ``RIM_GAIN`` times its blurred opacity, and each channel clips at
+the tint, so on red mucosa the rim's red reaches the clip before its green and blue (the warm
+rim of real highlights) and the core is the tint.
+
+Coverage (issue 32): every severity must add highlights on every frame, also where the frame's
+shading finds few surfaces facing the camera. The film's wetness is raised at least to the value
+at which a fraction ``coverage`` of the tissue turns half opaque and lowered at most to the value
+at which ``COVERAGE_SPAN`` times that does (quantiles over the tissue of each pixel's wetness
+needed, ``coverage_wetness``): the highlights stay where the lobe is strongest against the
+pixel's headroom (convex, near, bright tissue) and their area grows with the severity.
+
 Severity raises the wetness (specular albedo of the fluid film) and the micro-relief (extent:
 more facets face the camera) and lowers the shininess (a rougher, wider lobe); calibrated so that
 highlight sizes stay those of real highlights on the same frames (median equivalent diameter
@@ -75,6 +87,7 @@ NO_CLIP = 1e30  # wetness "needed" where the light cannot clip (no lobe, or alre
 
 
 def _glare_sampler(rng: np.random.Generator, level: Level) -> Params:
+    """Film, relief, lobe and illuminant, then the coverage (drawn last: the v4 draws unchanged)."""
     tint = rng.uniform(0.95, 1.0, size=3)  # xenon / white LED: near-neutral illuminant
     return {
         "wetness": draw(rng, level["wetness"]),
