@@ -156,13 +156,6 @@ def surface_normals(
     return np.minimum(n_dot_v, np.float32(1.0), out=n_dot_v), inv_d2
 
 
-def _linear_at(flat: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """Linear light (C, N) of the pixels ``index`` of a flattened (C, H*W) sRGB image."""
-    if index.size == 0:
-        return np.zeros((flat.shape[0], 0), dtype=np.float32)
-    return _host.to_linear(flat[:, index])
-
-
 def _smoothstep(t: np.ndarray) -> np.ndarray:
     t = np.clip(t, np.float32(0.0), np.float32(1.0))
     return (t * t * (np.float32(3.0) - np.float32(2.0) * t)).astype(np.float32)
