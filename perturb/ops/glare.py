@@ -65,7 +65,7 @@ from perturb.ops.kernels import Level, Params, draw
 FOCAL = 0.5  # focal length, fraction of the shorter side (wide-angle endoscope optics)
 SHADING_SIGMA = 0.015  # smoothing of the luminance before shape from shading (shorter side)
 IRRADIANCE_SIGMA = 0.03  # large-scale illumination (distance fall-off cue)
-RELIEF_CELL = 0.018  # micro-relief scale (shorter side)
+RELIEF_CELL = 0.010  # micro-relief scale (shorter side)
 OPTICS_SIGMA = 0.0015  # lens point-spread function (shorter side)
 BLOOM_SIGMA = 0.0015  # blooming spread (shorter side)
 BLOOM_GAIN = 0.6
@@ -75,14 +75,28 @@ SPEC_FLOOR = 1e-5  # specular light (fraction of full well) that moves no 8-bit 
 CLIP_BAND = 0.08  # the highlight's edge: linear peak from 1 - CLIP_BAND (transparent) to 1 (opaque)
 NATIVE_LEVEL = 0.92  # sRGB luma of the frame's own clipped specular pixels (their tint is measured)
 NATIVE_MIN_PIXELS = 16  # fewer native highlight pixels than this: the illuminant's colour instead
-OPEN_RADIUS = 0.0025  # morphological opening of the highlights (shorter side): no thin worm strokes
-HALO_SIGMA = 0.003  # the video processor's unsharp mask (shorter side): a dark ring ~3 px at 1080p
-HALO_GAIN = 0.6  # depth of that ring at the highlight's edge (a fraction of the tissue's light)
-EDGE_SIGMA = 0.0012  # lens PSF on the clipped highlight: a real rim falls to the tissue in ~3 px at 1080p
+OPEN_RADIUS = 0.0012  # morphological opening of the highlights (shorter side): no thin worm strokes
+HALO_SIGMA = 0.004  # the video processor's unsharp mask on luma (shorter side): ring deepest ~3 px out at 1048 px
+HALO_GAIN = (
+    1.2  # unsharp-mask gain: the ring's depth in display units is this times the blurred luma step
+)
+CREST_FINE = 0.006  # local shading scale of a fold crest (shorter side)
+CREST_WIDE = 0.04  # surrounding shading it is compared with (shorter side)
+CREST_BAND = 0.3  # relative luminance excess from valley (0) to crest (1)
+WET_CELL = 0.06  # mucus patches of the wet film (shorter side): highlights come in clumps
+WET_LEVEL = -0.1  # film noise level at which a patch starts (about half the tissue is wet)
+WET_BAND = 0.4  # noise range over which the film goes from dry to fully wet
+WEIGHT_FLOOR = 1e-3  # least mean of the film weight it is normalised by (a frame all valley and dry)
+EDGE_SIGMA = (
+    0.0012  # lens PSF on the clipped highlight: a real rim falls to the tissue in ~3 px at 1080p
+)
 RIM_GAIN = 3.0  # light at the edge, per unit of blurred opacity, in units of the clip (channels clip one by one)
+RING_FLOOR = 1e-5  # an unsharp-mask undershoot below this (display units) is no ring
 ALPHA_FLOOR = 1e-4  # blurred opacity below this is no highlight (the blur's far tail)
 WETNESS_MAX = 20.0  # the coverage floor raises the wetness at most to this (the table's bound)
-COVERAGE_SPAN = 8.0  # the wetness is lowered so that at most this many times `coverage` of the tissue clips
+COVERAGE_SPAN = (
+    8.0  # the wetness is lowered so that at most this many times `coverage` of the tissue clips
+)
 NO_CLIP = 1e30  # wetness "needed" where the light cannot clip (no lobe, or already clipped)
 
 
@@ -176,6 +190,37 @@ def _opacity_t(peak: torch.Tensor) -> torch.Tensor:
     return _smoothstep_t((peak - (1.0 - CLIP_BAND)) * (1.0 / CLIP_BAND))
 
 
+def film_weight(lum: np.ndarray, key: int, scale: int) -> np.ndarray:
+    """(H, W) weight of the specular lobe in [0, 1]: the crest term (the smoothed linear luminance
+    against its wider surround: fold crests and convex ridges lit by the light at the lens are
+    brighter than their surround, shadowed valleys darker and get none) times the keyed mucus
+    patches of the wet film (highlights clump where the film is thick); normalised to a mean of 1
+    over the frame (the film's water is redistributed, not removed)."""
+    h, w = lum.shape
+    fine = _host.gauss(lum, CREST_FINE * scale)
+    wide = _host.gauss(lum, CREST_WIDE * scale)
+    crest = _smoothstep(
+        np.float32(0.5)
+        + (fine / (wide + np.float32(1e-4)) - np.float32(1.0)) / np.float32(CREST_BAND)
+    )
+    film = _host.fractal_noise(key, "glare-film", h, w, WET_CELL * scale, 2)
+    weight = crest * _smoothstep((film - np.float32(WET_LEVEL)) / np.float32(WET_BAND))
+    mean = float(weight.astype(np.float64).mean())
+    return (weight * np.float32(1.0 / max(mean, WEIGHT_FLOOR))).astype(np.float32)
+
+
+def film_weight_t(lum: torch.Tensor, keys: Sequence[int], scale: int) -> torch.Tensor:
+    """``film_weight`` of a (B, H, W) batch of linear luminance."""
+    _b, h, w = lum.shape
+    fine = _host.gauss_t(lum, CREST_FINE * scale)
+    wide = _host.gauss_t(lum, CREST_WIDE * scale)
+    crest = _smoothstep_t(0.5 + (fine / (wide + 1e-4) - 1.0) / CREST_BAND)
+    film = _host.fractal_noise_t(keys, "glare-film", h, w, WET_CELL * scale, 2, lum)
+    weight = crest * _smoothstep_t((film - WET_LEVEL) / WET_BAND)
+    mean = weight.to(torch.float64).mean(dim=(1, 2)).clamp(min=WEIGHT_FLOOR)
+    return weight * (1.0 / mean).to(torch.float32).view(-1, 1, 1)
+
+
 def _open_radius(scale: int) -> int:
     return max(1, round(OPEN_RADIUS * scale))
 
@@ -224,9 +269,7 @@ def native_tint(img: np.ndarray, tissue: np.ndarray, fallback: np.ndarray) -> np
     return (mean / max(float(mean.max()), 1e-6)).astype(np.float32)
 
 
-def native_tint_t(
-    x: torch.Tensor, tissue: torch.Tensor, fallback: torch.Tensor
-) -> torch.Tensor:
+def native_tint_t(x: torch.Tensor, tissue: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """``native_tint`` of a (B, C, H, W) batch and its (B, H, W) tissue masks: (B, C, 1, 1)."""
     if x.shape[1] != 3:
         return torch.ones(x.shape[0], x.shape[1], 1, 1, device=x.device)
@@ -317,12 +360,15 @@ def _specular_glare_batch(
     scale = min(h, w)
     _field, tissue = _host.view_masks(x, scenes)
     lin = _math.srgb_to_linear(x)
-    n_dot_v, inv_d2 = surface_normals_t(_host.luma_t(lin), keys, p["relief"], scale)
+    lum = _host.luma_t(lin)
+    n_dot_v, inv_d2 = surface_normals_t(lum, keys, p["relief"], scale)
     shininess = p["shininess"].view(-1, 1, 1)
     floor = torch.exp(math.log(LOBE_FLOOR) / shininess.to(torch.float64)).to(torch.float32)
     facing = n_dot_v > floor
     lobe = torch.exp(torch.log(n_dot_v.clamp(min=1e-30)) * shininess) * inv_d2
-    lobe = lobe * _host.soft_mask_t(tissue, EDGE_FADE * scale)[:, 0]
+    lobe = (
+        lobe * _host.soft_mask_t(tissue, EDGE_FADE * scale)[:, 0] * film_weight_t(lum, keys, scale)
+    )
     lobe = torch.where(facing, lobe, torch.zeros((), device=x.device))
     spec_unit = _host.gauss_t(lobe, OPTICS_SIGMA * scale)
     gains = p["illuminant"].view(-1, 3, 1, 1) if c == 3 else torch.ones(1, 1, 1, 1, device=x.device)
@@ -343,13 +389,14 @@ def _specular_glare_batch(
     alpha = torch.where(on_tissue & (bloom[:, 0] > SPEC_FLOOR), alpha.clamp(min=0.0), zero)
     alpha = _host.gauss_t(_opening_t(alpha, _open_radius(scale)), EDGE_SIGMA * scale)
     alpha = torch.where(on_tissue & (alpha > ALPHA_FLOOR), alpha.clamp(max=1.0), zero)
-    ring = (_host.gauss_t(alpha, HALO_SIGMA * scale) - alpha).clamp(min=0.0) * (1.0 - before)
-    ring = torch.where(on_tissue, ring * HALO_GAIN, zero)
     a = alpha.unsqueeze(1)
-    res = torch.maximum(lin, torch.minimum(tint, lin + a * (RIM_GAIN * tint)))
-    res = res * (1.0 - ring.unsqueeze(1))
-    changed = ((alpha > 0) | (ring > SPEC_FLOOR)).unsqueeze(1)
-    return torch.where(changed, _math.linear_to_srgb(res.clamp(0.0, 1.0)), x).clamp(0.0, 1.0)
+    lit = torch.maximum(lin, torch.minimum(tint, lin + a * (RIM_GAIN * tint)))
+    shown = torch.where(a > 0, _math.linear_to_srgb(lit.clamp(0.0, 1.0)), x)
+    step = torch.where(alpha > 0, (_host.luma_t(shown) - _host.luma_t(x)).clamp(min=0.0), zero)
+    ring = (_host.gauss_t(step, HALO_SIGMA * scale) - step).clamp(min=0.0) * (1.0 - before)
+    ring = torch.where(on_tissue & (ring > RING_FLOOR), ring * HALO_GAIN, zero)
+    changed = ((alpha > 0) | (ring > 0)).unsqueeze(1)
+    return torch.where(changed, (shown - ring.unsqueeze(1)).clamp(0.0, 1.0), x)
 
 
 @_host.host_op(
@@ -383,6 +430,7 @@ def specular_glare(
         lobe_at = np.asarray(cv2.exp(log_lobe), dtype=np.float32).reshape(-1)
         lobe_at *= inv_d2.reshape(-1)[facing]
         lobe_at *= _host.soft_mask(tissue, EDGE_FADE * scale).reshape(-1)[facing]
+        lobe_at *= film_weight(lum, key, scale).reshape(-1)[facing]
         lobe[facing] = lobe_at
     # the lens PSF: hairline lobes stay below clipping
     spec = _host.gauss(lobe.reshape(h, w), OPTICS_SIGMA * scale).reshape(-1)
@@ -416,21 +464,35 @@ def specular_glare(
     alpha = _host.gauss(alpha, EDGE_SIGMA * scale).reshape(-1)  # the lens PSF: a soft rim
     alpha[(alpha <= np.float32(ALPHA_FLOOR)) | ~tissue.reshape(-1)] = 0.0
     np.minimum(alpha, np.float32(1.0), out=alpha)
-    blurred = _host.gauss(alpha.reshape(h, w), HALO_SIGMA * scale).reshape(-1)
-    ring = np.maximum(blurred - alpha, np.float32(0.0))
-    ring *= np.float32(1.0) - before
-    ring *= np.float32(HALO_GAIN)
-    ring[~tissue.reshape(-1)] = 0.0
-    changed = np.flatnonzero((alpha > 0) | (ring > np.float32(SPEC_FLOOR)))
     res = img.copy()
-    if changed.size:
-        a = alpha[changed]
+    shown = np.flatnonzero(alpha > 0)
+    step = np.zeros(h * w, dtype=np.float32)
+    if shown.size:
+        a = alpha[shown]
         # the light adds in linear light and each channel clips at the frame's clip colour: the
         # core is the tint, the rim warm where the mucosa's red clips before its green and blue
-        base = lin[:, changed]
-        out = np.maximum(base, np.minimum(tint[:, None], base + a * np.float32(RIM_GAIN) * tint[:, None]))
-        out *= np.float32(1.0) - ring[changed]
-        res.reshape(c, -1)[:, changed] = _host.to_display(
-            np.clip(out, np.float32(0.0), np.float32(1.0))
+        base = lin[:, shown]
+        lit_at = np.maximum(
+            base, np.minimum(tint[:, None], base + a * np.float32(RIM_GAIN) * tint[:, None])
+        )
+        res.reshape(c, -1)[:, shown] = _host.to_display(
+            np.clip(lit_at, np.float32(0.0), np.float32(1.0))
+        )
+        step[shown] = np.maximum(
+            _host.luma(res.reshape(c, -1)[:, shown][:, None, :])[0]
+            - _host.luma(flat[:, shown][:, None, :])[0],
+            np.float32(0.0),
+        )
+    # the processor's unsharp mask on luma: a dark undershoot ring outside each new highlight,
+    # the same in every channel (native highlights keep theirs)
+    blurred = _host.gauss(step.reshape(h, w), HALO_SIGMA * scale).reshape(-1)
+    ring = np.maximum(blurred - step, np.float32(0.0))
+    ring *= np.float32(1.0) - before
+    ringed = np.flatnonzero((ring > np.float32(RING_FLOOR)) & tissue.reshape(-1))
+    if ringed.size:
+        res.reshape(c, -1)[:, ringed] = np.clip(
+            res.reshape(c, -1)[:, ringed] - ring[ringed] * np.float32(HALO_GAIN),
+            np.float32(0.0),
+            np.float32(1.0),
         )
     return res
