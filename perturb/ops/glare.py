@@ -86,7 +86,9 @@ CREST_BAND = 0.3  # relative luminance excess from valley (0) to crest (1)
 WET_CELL = 0.06  # mucus patches of the wet film (shorter side): highlights come in clumps
 WET_LEVEL = -0.1  # film noise level at which a patch starts (about half the tissue is wet)
 WET_BAND = 0.4  # noise range over which the film goes from dry to fully wet
-WEIGHT_FLOOR = 1e-3  # least mean of the film weight it is normalised by (a frame all valley and dry)
+WEIGHT_FLOOR = (
+    1e-3  # least mean of the film weight it is normalised by (a frame all valley and dry)
+)
 EDGE_SIGMA = (
     0.0012  # lens PSF on the clipped highlight: a real rim falls to the tissue in ~3 px at 1080p
 )
@@ -190,21 +192,33 @@ def _opacity_t(peak: torch.Tensor) -> torch.Tensor:
     return _smoothstep_t((peak - (1.0 - CLIP_BAND)) * (1.0 / CLIP_BAND))
 
 
-def film_weight(lum: np.ndarray, key: int, scale: int) -> np.ndarray:
-    """(H, W) weight of the specular lobe in [0, 1]: the crest term (the smoothed linear luminance
-    against its wider surround: fold crests and convex ridges lit by the light at the lens are
-    brighter than their surround, shadowed valleys darker and get none) times the keyed mucus
-    patches of the wet film (highlights clump where the film is thick); normalised to a mean of 1
-    over the frame (the film's water is redistributed, not removed)."""
-    h, w = lum.shape
+def crest_weight(lum: np.ndarray, scale: int) -> np.ndarray:
+    """(H, W) in [0, 1]: where the surface is a crest for a light at the lens. Under that light a
+    fold crest or convex ridge faces the light and is brighter than its surround, a shadowed
+    valley darker: the luminance smoothed at ``CREST_FINE`` over the luminance at ``CREST_WIDE``,
+    from 0 (``CREST_BAND / 2`` darker) through 0.5 (flat) to 1 (``CREST_BAND / 2`` brighter)."""
     fine = _host.gauss(lum, CREST_FINE * scale)
     wide = _host.gauss(lum, CREST_WIDE * scale)
-    crest = _smoothstep(
-        np.float32(0.5)
-        + (fine / (wide + np.float32(1e-4)) - np.float32(1.0)) / np.float32(CREST_BAND)
-    )
+    ratio = fine / (wide + np.float32(1e-4))
+    return _smoothstep(np.float32(0.5) + (ratio - np.float32(1.0)) / np.float32(CREST_BAND))
+
+
+def crest_weight_t(lum: torch.Tensor, scale: int) -> torch.Tensor:
+    """``crest_weight`` of a (B, H, W) batch."""
+    fine = _host.gauss_t(lum, CREST_FINE * scale)
+    wide = _host.gauss_t(lum, CREST_WIDE * scale)
+    return _smoothstep_t(0.5 + (fine / (wide + 1e-4) - 1.0) / CREST_BAND)
+
+
+def film_weight(lum: np.ndarray, key: int, scale: int) -> np.ndarray:
+    """(H, W) weight of the specular lobe: ``crest_weight`` times the keyed mucus patches of the
+    wet film (highlights clump where the film is thick), normalised to a mean of 1 over the frame
+    (the film's water is redistributed, not removed)."""
+    h, w = lum.shape
     film = _host.fractal_noise(key, "glare-film", h, w, WET_CELL * scale, 2)
-    weight = crest * _smoothstep((film - np.float32(WET_LEVEL)) / np.float32(WET_BAND))
+    weight = crest_weight(lum, scale) * _smoothstep(
+        (film - np.float32(WET_LEVEL)) / np.float32(WET_BAND)
+    )
     mean = float(weight.astype(np.float64).mean())
     return (weight * np.float32(1.0 / max(mean, WEIGHT_FLOOR))).astype(np.float32)
 
@@ -212,11 +226,8 @@ def film_weight(lum: np.ndarray, key: int, scale: int) -> np.ndarray:
 def film_weight_t(lum: torch.Tensor, keys: Sequence[int], scale: int) -> torch.Tensor:
     """``film_weight`` of a (B, H, W) batch of linear luminance."""
     _b, h, w = lum.shape
-    fine = _host.gauss_t(lum, CREST_FINE * scale)
-    wide = _host.gauss_t(lum, CREST_WIDE * scale)
-    crest = _smoothstep_t(0.5 + (fine / (wide + 1e-4) - 1.0) / CREST_BAND)
     film = _host.fractal_noise_t(keys, "glare-film", h, w, WET_CELL * scale, 2, lum)
-    weight = crest * _smoothstep_t((film - WET_LEVEL) / WET_BAND)
+    weight = crest_weight_t(lum, scale) * _smoothstep_t((film - WET_LEVEL) / WET_BAND)
     mean = weight.to(torch.float64).mean(dim=(1, 2)).clamp(min=WEIGHT_FLOOR)
     return weight * (1.0 / mean).to(torch.float32).view(-1, 1, 1)
 
