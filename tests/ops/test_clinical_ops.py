@@ -47,7 +47,13 @@ from perturb.ops.clinical import (
     smoke_optical_depth,
     surgical_smoke,
 )
-from perturb.ops.glare import CLIP_BAND, coverage_wetness, crest_weight, film_weight, surface_normals
+from perturb.ops.glare import (
+    CLIP_BAND,
+    coverage_wetness,
+    crest_weight,
+    film_weight,
+    surface_normals,
+)
 from perturb.ops.optics import (
     RADIANCE_REACH,
     channel_scale_maps,
@@ -303,7 +309,7 @@ def test_glare_highlights_sit_on_fold_crests_and_clump() -> None:
         assert new.sum() > 20
         assert (new & (phase < 0)).sum() <= 0.03 * new.sum(), (new & (phase < 0)).sum() / new.sum()
         assert (new & (phase < -0.5)).sum() == 0
-        n, _, _, centres = cv2.connectedComponentsWithStats(new.astype(np.uint8), connectivity=8)
+        _n, _, _, centres = cv2.connectedComponentsWithStats(new.astype(np.uint8), connectivity=8)
         pts = centres[1:]
         if len(pts) < 3:
             continue
