@@ -7,8 +7,9 @@ by shape from shading technique for a point light source at the projection cente
 1997), so the smoothed luminance gives a relative distance ``d ~ I^(-1/2)``. Each pixel's
 surface point is ``P = d (u, v, 1)`` with ``(u, v)`` its normalised image coordinates (focal
 length about half the shorter side: wide-angle optics); the normal is ``P_u x P_v``. A keyed
-micro-relief (the mucus film and the crypt pattern, about 0.3 % of the shorter side) is added to
-``d`` before differentiation.
+micro-relief (the crypt pattern under the mucus film: relative depth 0.4-0.85 % by severity, cells
+of 1 % of the shorter side, its amplitude varied by ``roughness``) multiplies ``d`` before
+differentiation.
 
 The specular term follows the dichromatic model (Shafer, 1985; ``I = m_d D + m_s L``: the
 highlight has the colour of the illuminant ``L``) with a Blinn-Phong lobe (Blinn, SIGGRAPH 1977).
@@ -21,14 +22,27 @@ sensor clips at full well and the charge that overflows spreads in a short bloom
 gaussian of the overflow). Highlights are drawn on the tissue only: they fade out within 1 % of
 the shorter side of the field's edge; the dark frame and anything drawn on it stay untouched.
 
+Where the light finds a mirror (v6, issue 32 round 4c: real highlights follow the folds and
+clump). The lobe is weighted by ``crest_weight``: under a light at the lens a fold crest or
+convex ridge is brighter than its surround and a shadowed valley darker, so the luminance
+smoothed at ``CREST_FINE`` over the luminance at ``CREST_WIDE`` puts the highlights on the
+crests, in lines along them, and none in the valleys. The wet film is patchy: a keyed field of
+mucus patches (``WET_CELL``) weights the lobe (normalised to a mean of 1: the film's water is
+moved, not removed), so highlights come in clumps. Its thickness also varies the micro-relief's
+amplitude (``roughness``): thin film over the crypt pattern breaks the light into clusters of
+small dots, thick film smooths it into broader blobs and streaks (a heavy-tailed size mix).
+
 What the endoscope's processor then shows (issue 32 round 3): a highlight is opaque where the
 light reaches full well (a steep smoothstep of the linear peak over the top ``CLIP_BAND``; the
 translucent sub-clipping lobe is left out), in the colour of the frame's own clipped highlights
 (their mean linear colour; the illuminant's where the frame has none), grey-opened by a small disc
 (thin worm strokes go, dots, ovals and fold streaks stay), and ringed by the processor's edge
-enhancement: an unsharp-mask undershoot ``HALO_GAIN (blur(a) - a)^+`` of its opacity ``a``, a dark
-ring a few px wide outside its edge (a fixed default; native highlights and their rings are left
-as they are).
+enhancement (v6): an unsharp mask of the video signal's luma, applied to the step ``s`` that the
+new highlight adds to the displayed luma: ``HALO_GAIN (G_sigma * s - s)^+`` is taken from every
+channel in display units (a neutral dark ring outside the edge, deepest ~3-4 px out at 1048 px,
+gone by ~8 px, as measured on the real glare crops of the realism reference set: luma 0.84 of the
+surrounding tissue at 3-4 px on the 1048 px frames, 0.97-0.99 on the HD ones; native highlights
+and their rings are left as they are).
 
 The clipped core is then seen through the lens (a gaussian PSF of ``EDGE_SIGMA``): its light adds
 to the tissue's in linear light, ``RIM_GAIN`` times its blurred opacity, and each channel clips at
@@ -66,6 +80,9 @@ FOCAL = 0.5  # focal length, fraction of the shorter side (wide-angle endoscope 
 SHADING_SIGMA = 0.015  # smoothing of the luminance before shape from shading (shorter side)
 IRRADIANCE_SIGMA = 0.03  # large-scale illumination (distance fall-off cue)
 RELIEF_CELL = 0.010  # micro-relief scale (shorter side)
+ROUGH_CELL = 0.08  # patches of smooth (thick film) and rough (thin film) mucosa (shorter side)
+ROUGH_SPREAD = 1.5  # the relief's amplitude varies as 1 + ROUGH_SPREAD * noise ...
+ROUGH_MIN = 0.1  # ... but not below this (the film never makes the surface a perfect mirror)
 OPTICS_SIGMA = 0.0015  # lens point-spread function (shorter side)
 BLOOM_SIGMA = 0.0015  # blooming spread (shorter side)
 BLOOM_GAIN = 0.6
@@ -132,6 +149,25 @@ def _quantile(a: np.ndarray, q: float) -> float:
     return float(np.quantile(flat, q))
 
 
+def roughness(key: int, h: int, w: int, scale: int) -> np.ndarray:
+    """(H, W) keyed factor on the micro-relief's amplitude, ``ROUGH_MIN`` to about
+    ``1 + ROUGH_SPREAD``: where the mucus film is thick it smooths the crypts (broad mirror-like
+    highlights and streaks), where it is thin the relief breaks the light into clusters of dots
+    (a heavy-tailed mix of highlight sizes)."""
+    rough = _host.fractal_noise(key, "glare-rough", h, w, ROUGH_CELL * scale, 1)
+    rough *= np.float32(ROUGH_SPREAD)
+    rough += np.float32(1.0)
+    return np.maximum(rough, np.float32(ROUGH_MIN))
+
+
+def roughness_t(
+    keys: Sequence[int], h: int, w: int, scale: int, like: torch.Tensor
+) -> torch.Tensor:
+    """``roughness`` of every key: (B, H, W)."""
+    rough = _host.fractal_noise_t(keys, "glare-rough", h, w, ROUGH_CELL * scale, 1, like)
+    return (rough * ROUGH_SPREAD + 1.0).clamp(min=ROUGH_MIN)
+
+
 def surface_normals(
     lum: np.ndarray, key: int, relief: float, scale: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -146,6 +182,7 @@ def surface_normals(
     d = cv2.divide(1.0, d)
     if relief > 0:
         noise = _host.fractal_noise(key, "glare-relief", h, w, RELIEF_CELL * scale, 2)
+        noise *= roughness(key, h, w, scale)
         noise *= np.float32(relief)
         noise += np.float32(1.0)
         d *= noise
@@ -353,6 +390,7 @@ def surface_normals_t(
     inv_d2 = (irr * (1.0 / ref).to(torch.float32).view(-1, 1, 1)).clamp(1e-3, 1.0)
     d = 1.0 / torch.sqrt(inv_d2)
     noise = _host.fractal_noise_t(keys, "glare-relief", h, w, RELIEF_CELL * scale, 2, lum)
+    noise = noise * roughness_t(keys, h, w, scale, lum)
     d = d * (noise * relief.view(-1, 1, 1) + 1.0)  # relief 0: a factor of exactly 1
     u = ((torch.arange(w, device=lum.device, dtype=torch.float32) + 0.5 - w / 2) / f).view(1, 1, w)
     v = ((torch.arange(h, device=lum.device, dtype=torch.float32) + 0.5 - h / 2) / f).view(1, h, 1)
