@@ -345,8 +345,14 @@ FOAM_FOLDS = {"fine": 0.014, "coarse": 0.05, "quantile": 0.9, "floor": 0.02, "lo
 # interstitial fluid: the mucus and rinse water the foam floats in, where the cells crowd (their
 # cover, weighted by the fold map, blurred over ``blur`` of the shorter side, times ``gain``,
 # clipped at 1) mixed towards a keyed colour between whitish mucus and blood-tinged reddish
-# water (linear, relative to the lit surroundings) by the level's ``fluid`` share
-BUBBLE_FLUID = {"blur": 0.008, "gain": 2.0, "white": (1.0, 0.97, 0.9), "red": (0.9, 0.45, 0.4)}
+# water (linear, relative to the lit surroundings) by the level's ``fluid`` share, in the gaps
+# between the cells (a cell's own film stays clear)
+BUBBLE_FLUID: dict[str, Any] = {
+    "blur": 0.008,
+    "gain": 2.0,
+    "white": (1.25, 1.2, 1.1),
+    "red": (0.9, 0.45, 0.4),
+}
 BUBBLE_MIN_PX = 1.0  # smallest radius drawn (pixels): on small images a bubble is at least a pixel
 
 
@@ -861,9 +867,12 @@ def _bubbles_batch(
     # the interstitial fluid where the cells crowd
     density = torch.zeros(b, h * w, device=x.device, dtype=lin.dtype)
     density.scatter_add_(1, index.reshape(b, -1), weight.reshape(b, -1))
+    crowd = _host.gauss_t(density.view(b, h, w), BUBBLE_FLUID["blur"] * scale)
     wet = (
-        _host.gauss_t(density.view(b, h, w), BUBBLE_FLUID["blur"] * scale) * BUBBLE_FLUID["gain"]
-    ).clamp(0.0, 1.0) * p["fluid"].to(torch.float32).view(b, 1, 1)
+        (crowd * BUBBLE_FLUID["gain"]).clamp(0.0, 1.0)
+        * (1.0 - density.view(b, h, w).clamp(0.0, 1.0))
+        * p["fluid"].to(torch.float32).view(b, 1, 1)
+    )
     colour = fluid_colour(env, p["fluid_tint"].to(torch.float32).view(b, 1, 1, 1))
     out = torch.stack(
         [out[:, ch] + wet * (colour[ch][:, 0] - out[:, ch]) for ch in range(c)], dim=1
@@ -912,12 +921,9 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
     out = lin + _host.per_channel(layer, lambda z: _host.gauss(z, sigma))
     share = np.float32(p["fluid"])
     if share > 0:
-        wet = (
-            np.clip(
-                _host.gauss(density, BUBBLE_FLUID["blur"] * min(h, w)) * BUBBLE_FLUID["gain"], 0, 1
-            )
-            * share
-        )
+        # (in the gaps between the cells: a cell's own film stays clear)
+        crowd = _host.gauss(density, BUBBLE_FLUID["blur"] * min(h, w)) * BUBBLE_FLUID["gain"]
+        wet = np.clip(crowd, 0, 1) * (1 - np.clip(density, 0, 1)) * share
         colour = fluid_colour(env.astype(np.float32).tolist(), np.float32(p["fluid_tint"]))
         for ch in range(lin.shape[0]):
             out[ch] += wet * (np.float32(colour[ch]) - out[ch])

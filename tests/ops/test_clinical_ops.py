@@ -321,7 +321,8 @@ def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     at its centre) reaches the output through the camera's gaussian blur alone (SciPy's filter
     as the reference; no wider blurred copies), so a glint or rim is no sharper than the
     tissue; where the cells crowd (their cover blurred over ``BUBBLE_FLUID["blur"]``) it is
-    mixed towards the interstitial fluid's colour by the level's ``fluid`` share."""
+    mixed towards the interstitial fluid's colour by the level's ``fluid`` share in the gaps
+    between the cells (a cell's own film stays clear)."""
     img = _frame(2, 0.5)
     spec = get_op("bubbles")
     p = spec.entry.sampler(rng.scalar_rng(7), spec.spec.level(3))
@@ -349,7 +350,7 @@ def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     # heavy foam floats in interstitial fluid where its cells crowd (severity 3: a little)
     assert float(params["fluid"]) > 0.0
     crowd = scipy.ndimage.gaussian_filter(density.astype(np.float64), BUBBLE_FLUID["blur"] * min(img.shape[1:]), mode="mirror", truncate=4.0)
-    wet = np.clip(crowd * BUBBLE_FLUID["gain"], 0.0, 1.0) * float(params["fluid"])
+    wet = np.clip(crowd * BUBBLE_FLUID["gain"], 0.0, 1.0) * (1 - np.clip(density, 0, 1)) * float(params["fluid"])
     colour = np.asarray(fluid_colour(env.tolist(), float(params["fluid_tint"])))[:, None, None]
     expect = np.clip(lin + blurred + wet * (colour - lin - blurred), 0.0, 1.0)
     sel = view.tissue & (expect.max(0) < 0.98)
