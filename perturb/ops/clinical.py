@@ -16,37 +16,34 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   given). A bubble is a thin water film dome on the mucosa. The tissue behind it is seen through
   a weak lens: magnified (read closer to the centre, ``1 - k cos theta``) and shifted away from
   the optical axis (an off-axis dome is seen obliquely). Its film reflects more at grazing
-  angles (Fresnel reflectance, Schlick's approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``);
-  inside the outline a thick dark band where the light is refracted out of the camera's view,
-  deepest on the side away from the light, and on the lit side a bright crescent, the lamp
-  mirrored by the curved inner wall (together what makes real small bubbles read as lit domes,
-  not outlines), a faint edge-on wall line, a faint caustic on the inner rim opposite the
-  light, and two-beam thin-film interference colour (``1 - a cos(4 pi
-  n d cos theta_t / lambda)`` per channel, a film of a few hundred nm thinning on one side) only
-  on the lit side of the rim. The scope's light guides sit beside the lens, so every bubble's
-  glint lies where the dome's normal points back at the camera: off an off-axis bubble's centre
-  towards the optical axis and slightly towards the guide, the same geometry for every bubble of
-  a frame; its peak and size vary per bubble (log-normal peak, clipped by the sensor where it
-  exceeds full scale; most bubbles catch no glint). No two cells are rendered alike: a keyed
-  ``look`` per bubble varies the dark band's depth and width, how much of the surroundings the
-  film mirrors (how opaque it reads), the lit cap, a faint bile-yellow or clear tint and slides
-  the glint across the light (``BUBBLE_LOOK``). The bubble layer is blurred with the camera's
-  own blur (a gaussian of about 0.08 % of the shorter side), so the bubbles are no sharper than
-  the tissue they lie on (and no blurred copies). Glints are few: most cells catch none. Sizes:
-  clinicians' bubble boxes on EAD2019 512 px frames (median side 5.8 % of the frame) enclose
-  clusters; the foam cells on the reference frames (a column along a fold, clumps at folds)
-  have diameters of about 1 % of the shorter side, so radii are log-normal around 0.55 %
-  (sigma 0.4, clipped to [1/2.5, 2.5] x; a tenth of the cells 1.9 x larger: a few big among many
-  small). Bubbles come as foam: cells of ten clusters grown as clumps and, two cells in five, lines
-  (each new cell touches one already placed, sharing its wall; none overlap), squashed into
-  perspective ellipses towards the optical axis; none are single. Foam is carried by the liquid
-  film that pools in the fold valleys, so each bubble is drawn as much as the frame's valley map
-  at its centre says (``foam_folds``: where the luma is darker than its surround, standardised
-  over the tissue): the clusters are cut to the valleys and nothing is scattered over flat
-  mucosa or the crests. A severity adds bubbles (a sample's
-  cells at one severity are among those at the next); the cells only heavy foam (the top
-  severities) adds are larger, up to 2.6 x, and the level's ``spread`` lowers the fold map's
-  thresholds, so heavy foam overflows the folds onto fainter relief.
+  angles (Fresnel reflectance, Schlick's approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``).
+  The wall seen edge-on is a thin ring (about a pixel at least): a bright arc on the side facing
+  the light (the lamp mirrored by the wall) and a darker thin edge elsewhere, where the light
+  is refracted out of the camera's view; inside it a faint refraction band, a bright crescent
+  on the lit inner wall, a faint caustic opposite, and two-beam thin-film interference colour
+  (``1 - a cos(4 pi n d cos theta_t / lambda)`` per channel, the film thinning on one side)
+  only on the lit side. The scope's light guides sit beside the lens, so a bubble's glint lies
+  where the dome's normal points back at the camera: off an off-axis bubble's centre towards the
+  optical axis and slightly towards the guide, the same light for every bubble of a frame; its
+  peak and size vary per bubble (log-normal peak, clipped; some bubbles catch none), and larger
+  domes (radius over about 3-8 px) add a faint second reflex on the inner rim opposite the
+  light. A keyed ``look`` per bubble varies its band, mirror, cap, wall brightness, tint and
+  glint (``BUBBLE_LOOK``): no stamp. Sizes are log-normal (sigma 0.5 around a median radius of
+  0.5 % of the shorter side, a twentieth of the cells 1.8 x larger: many small, a few large;
+  clinicians' bubble boxes on EAD2019 frames, median side 5.8 % of the frame, enclose clusters
+  of such cells), and the cells only heavy foam adds grow up to 3.2 x. Cells come in irregular
+  clusters: each cluster grows outward like packed foam (a cell at the radius enclosing the area
+  of the cells before it, at the golden angle from the last, jittered), stretched and bent by
+  keyed amounts; neighbours touch or share a wall (overlap up to a third of the smaller radius),
+  none sit on another. Foam is carried by the liquid film that pools in the fold valleys, so
+  each bubble is drawn as much as the frame's valley map at its centre says (``foam_folds``:
+  where the luma is darker than its surround, standardised over the tissue); a severity's
+  ``spread`` lets heavy foam overflow onto fainter relief. Where the cells crowd, heavy foam
+  floats in interstitial fluid (whitish mucus or blood-tinged water, a keyed mix) that veils the
+  gaps. The bubble layer is blurred with the camera's own blur (a gaussian of about 0.13 % of
+  the shorter side), so the bubbles are no sharper than the tissue. A severity adds cells to
+  the same clusters and opens new ones (a sample's cells at one severity are among those at the
+  next): a small cluster or two at severity 1, broad foam at severity 5.
 * ``fluid_occlusion``: residual bile, stool suspension, blood or clear rinse water pooled over the
   mucosa (the fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear).
   The pool lies in the dependent part of the field: a level set, at the ``coverage`` quantile, of
@@ -88,6 +85,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import scipy.spatial
 import torch
 
 from perturb import rng
@@ -274,7 +272,14 @@ BUBBLE_SHIFT = 0.12  # sideways shift of that view (radius fraction), away from 
 BUBBLE_LAMBDA = (610.0, 550.0, 465.0)  # nm: red, green, blue of the thin-film interference
 BUBBLE_IRIDESCENCE = 0.15  # swing of the film's colour around grey on the lit side of the rim
 BUBBLE_ENV = (1.6, 0.03)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
-BUBBLE_WALL = 0.4  # brightness of the wall's edge-on line, relative to env (its lit side only)
+# the wall seen edge-on: a thin ring at radius fraction ``at``, ``width + px / r`` wide (at least
+# about a pixel); bright (``bright`` x the lit surroundings) where it faces the light, darker
+# (the tissue x (1 - ``dark``)) elsewhere, where the light is refracted out of the camera's view
+BUBBLE_RIM = {"bright": 1.1, "dark": 0.4, "at": 0.86, "width": 0.05, "px": 0.45}
+# the glint's faint second reflex on the opposite inner rim (the dome's back face): its share of
+# the glint's peak, its distance from the centre (radius fraction) and the radius (px) over which
+# it fades in (small bubbles show one glint only)
+BUBBLE_REFLEX = (0.35, 0.62, (3.0, 8.0))
 BUBBLE_DARK = (0.3, 0.86, 0.1)  # faint refraction band: depth, radius fraction, width (a thin
 # film is mostly transparent: the tissue through a small cell barely darkens)
 BUBBLE_CAP = (0.3, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
@@ -288,22 +293,31 @@ GLINT_SIZE = (0.04, 0.1)  # a glint's gaussian sigma, radius fraction
 GLINT_CAP = 1.0  # brightest glint peak (linear): beyond it the sensor is saturated anyway
 BUBBLE_PSF = 0.0013  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
 BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
-BUBBLE_RANGE = 2.2  # radii spread log-normally, clipped to [1/2.2, 2.2] x the level's median
-# cells from this index on grow, up to (1 + this) x at the last one: heavy foam has larger cells
-BUBBLE_GROWTH = (440, 0.35)
-BUBBLE_SPREAD = 0.35  # log-normal sigma of the radii
-BUBBLE_BIG = (0.06, 1.7)  # share of cells that are larger, and by how much: a few big among small
+BUBBLE_RANGE = 2.5  # radii at least 1/2.5 x the level's median
+BUBBLE_SPREAD = 0.5  # log-normal sigma of the radii: many small, a few large
+BUBBLE_BIG = (0.05, 1.8)  # share of cells that are larger still, and by how much (heavy tail)
+# cells from this pool index on grow, up to (1 + this) x at the last one: heavy foam has larger
+# cells as well as more of them
+BUBBLE_GROWTH = (200, 2.2)
 BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
-BUBBLE_GAP = 0.0006  # least gap between two bubbles (shorter side): foam cells touch
 BUBBLE_ASPECT = (0.35, 0.07, 0.7)  # perspective squash per shorter side off axis, jitter, floor
 BUBBLE_POOL = 800  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
 # parameter holds at most 4096 values: the rows alternate between ``bubbles`` and ``foam``, 400
 # rows of BUBBLE_ROW each)
-# share of the pool in each foam cluster, then singles (none: a lone bubble on open mucosa reads
-# as pasted; foam comes in clusters)
-BUBBLE_GROUPS = (0.16, 0.14, 0.12, 0.11, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05, 0.0)
-BUBBLE_CHAIN = 0.05  # share of a cluster's cells added at the end of its string (lines of cells)
-BUBBLE_TRIES = 48  # placements tried per bubble
+# share of new bubbles each foam cluster takes once open, and the pool share where it opens
+BUBBLE_GROUPS = (0.2, 0.16, 0.14, 0.12, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05)
+BUBBLE_OPEN = (0.0, 0.0, 0.04, 0.1, 0.18, 0.28, 0.38, 0.5, 0.62, 0.75)
+BUBBLE_PACK = 1.0  # share of a cluster's disc its cells cover (foam with reddish gaps)
+BUBBLE_GOLDEN = math.pi * (3.0 - math.sqrt(5.0))  # angle between a cluster's successive cells
+# a cluster's length over its width (keyed range): its cells spread along it
+BUBBLE_STRETCH = (1.0, 1.6)
+BUBBLE_BEND = 0.6  # keyed bend of a cluster (sideways offset ~ bend * along**2 / scale) ...
+BUBBLE_BEND_SCALE = 0.1  # ... over this length (shorter side)
+BUBBLE_JITTER = 0.2  # keyed jitter of a cell's place (its radius): no lattice
+# settling: rounds, the neighbourhood searched (x the 90th percentile radius), the wall share
+# of the smaller radius two settled cells share
+BUBBLE_SETTLE = (2.0, 2.5, 0.1)
+BUBBLE_SHARE = 0.35  # neighbours may overlap by this share of the smaller radius (shared wall)
 # recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
 # phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size,
 # look (uniform in [0, 1): this bubble's own shading, see ``BUBBLE_LOOK``)
@@ -328,6 +342,17 @@ BUBBLE_LOOK: dict[str, tuple[float, ...]] = {
 # (the fine blur is about a cluster's width, so a valley keeps its cluster whole: cells are not
 # thinned out one by one into isolated rings)
 FOAM_FOLDS = {"fine": 0.014, "coarse": 0.05, "quantile": 0.9, "floor": 0.02, "lo": 0.05, "hi": 0.3}
+# interstitial fluid: the mucus and rinse water the foam floats in, where the cells crowd (their
+# cover, weighted by the fold map, blurred over ``blur`` of the shorter side, times ``gain``,
+# clipped at 1) mixed towards a keyed colour between whitish mucus and blood-tinged reddish
+# water (linear, relative to the lit surroundings) by the level's ``fluid`` share, in the gaps
+# between the cells (a cell's own film stays clear)
+BUBBLE_FLUID: dict[str, Any] = {
+    "blur": 0.008,
+    "gain": 2.0,
+    "white": (1.25, 1.2, 1.1),
+    "red": (0.9, 0.45, 0.4),
+}
 BUBBLE_MIN_PX = 1.0  # smallest radius drawn (pixels): on small images a bubble is at least a pixel
 
 
@@ -338,39 +363,88 @@ def ellipse_reach(r: Any, aspect: Any, orient: Any, angle: Any, ops: Any = np) -
     return r * aspect / ops.sqrt(along * along + (aspect * across) ** 2)
 
 
+def _cluster_of(rng: np.random.Generator) -> np.ndarray:
+    """Cluster index of each pool bubble: cluster k opens at pool share ``BUBBLE_OPEN[k]`` and
+    from then on takes new bubbles in proportion to ``BUBBLE_GROUPS[k]``, so a light severity
+    (the pool's first bubbles) fills a few clusters and heavier ones add new clusters while the
+    first grow (no thin sprinkle of every cluster at severity 1)."""
+    share = np.asarray(BUBBLE_GROUPS, np.float64)
+    t = np.arange(BUBBLE_POOL, dtype=np.float64) / BUBBLE_POOL
+    weights = (np.asarray(BUBBLE_OPEN)[None, :] <= t[:, None]) * share[None, :]
+    cum = np.cumsum(weights, axis=1)
+    u = rng.random(BUBBLE_POOL) * cum[:, -1]
+    return np.minimum((cum <= u[:, None]).sum(axis=1), len(share) - 1)
+
+
+def _settle(
+    x: np.ndarray, y: np.ndarray, sizes: np.ndarray, group: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cells moved against their cluster's foam: each cell slides straight towards the nearest
+    earlier cell of its cluster (within ``BUBBLE_SETTLE[1]`` x the pool's 90th percentile radius) until their
+    walls touch, sharing ``BUBBLE_SETTLE[2]`` of the smaller radius, ``BUBBLE_SETTLE[0]`` rounds.
+    A cell's place depends on earlier pool cells only (pairs within a fixed distance, whatever
+    else lies near), so a severity's cells stay among the next one's."""
+    reach = BUBBLE_SETTLE[1] * float(np.quantile(sizes, 0.9))
+    for _ in range(int(BUBBLE_SETTLE[0])):
+        pairs = scipy.spatial.cKDTree(np.stack([x, y], axis=1)).query_pairs(
+            reach, output_type="ndarray"
+        )
+        if len(pairs) == 0:
+            break
+        early, late = pairs[:, 0], pairs[:, 1]  # (query_pairs lists each pair as i < j)
+        same = group[early] == group[late]
+        early, late = early[same], late[same]
+        apart = np.hypot(x[early] - x[late], y[early] - y[late])
+        touch = (
+            sizes[early] + sizes[late] - BUBBLE_SETTLE[2] * np.minimum(sizes[early], sizes[late])
+        )
+        gap = apart - touch
+        # the nearest earlier cell of each later one (least gap first, then by cell)
+        order = np.lexsort((gap, late))
+        late, early, gap, apart = late[order], early[order], gap[order], apart[order]
+        first = np.ones(len(late), dtype=bool)
+        first[1:] = late[1:] != late[:-1]
+        late, early, gap, apart = late[first], early[first], gap[first], apart[first]
+        move = np.where(gap > 0.0, gap / np.maximum(apart, 1e-12), 0.0)
+        x, y = x.copy(), y.copy()
+        x[late] += move * (x[early] - x[late])
+        y[late] += move * (y[early] - y[late])
+    return x, y
+
+
 def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
-    """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL``: foam clusters grown as
-    packed clumps (a twentieth of the cells added at the end of their cluster's string, meandering,
-    the rest at the free spot nearest the cluster's seed), each cell touching one already placed
-    and overlapping none (the singles' share of ``BUBBLE_GROUPS`` is zero); tiny log-normal
-    radii with a few larger cells, perspective ellipses squashed towards the optical axis, film
-    thickness and phase, per bubble a glint's peak (none for half), its size and the cell's own
-    look (shading). Every draw has a fixed size, so a sample's bubbles at one severity are among
-    those at the next. The rows alternate between ``bubbles`` and ``foam`` (a record's list
-    holds at most 4096 values)."""
+    """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL`` (vectorised NumPy, no loop
+    per bubble). Radii are log-normal (``BUBBLE_SPREAD``; a few ``BUBBLE_BIG`` cells larger
+    still): many small, a few large. Each bubble belongs to one of ``len(BUBBLE_GROUPS)``
+    clusters (``_cluster_of``) and is laid where its cluster grows: the m-th cell of a cluster
+    sits on the cluster's rim, at the radius that encloses the area of the cells before it
+    (packed at ``BUBBLE_PACK``), at the golden angle from the previous one with a keyed jitter,
+    the cluster stretched along a keyed heading and bent (clusters are irregular, not discs).
+    A cell that overlaps an earlier pool cell by more than ``BUBBLE_SHARE`` of the smaller
+    radius is dropped (touching cells share a wall, none sit on another); the test looks only
+    at earlier pool cells, so a sample's cells at one severity are among those at the next.
+    Per bubble a perspective ellipse squashed towards the optical axis, film thickness and
+    phase, a glint's peak (none for some) and size, and the cell's own look (shading). The rows
+    alternate between ``bubbles`` and ``foam`` (a record's list holds at most 4096 values)."""
     count = min(draw_int(rng, level["count"]), BUBBLE_POOL)
     radius = draw(rng, level["radius"])
     light = float(rng.uniform(0.0, 2.0 * math.pi))
     glint = float(rng.uniform(0.05, 0.15))
-    sizes = np.clip(
-        radius * np.exp(rng.normal(0.0, BUBBLE_SPREAD, size=BUBBLE_POOL)),
-        radius / BUBBLE_RANGE,
-        min(radius * BUBBLE_RANGE, BUBBLE_MAX),
-    )
-    # heavy foam (the cells only the top severities add) carries larger bubbles too
+    sizes = radius * np.exp(rng.normal(0.0, BUBBLE_SPREAD, size=BUBBLE_POOL))
+    big = rng.random(BUBBLE_POOL) < BUBBLE_BIG[0]
+    sizes = np.clip(np.where(big, sizes * BUBBLE_BIG[1], sizes), radius / BUBBLE_RANGE, BUBBLE_MAX)
+    # heavy foam (the cells only the top severities add) carries larger cells too
     late = np.clip(
         (np.arange(BUBBLE_POOL) - BUBBLE_GROWTH[0]) / (BUBBLE_POOL - BUBBLE_GROWTH[0]), 0, 1
     )
     sizes = np.minimum(sizes * (1.0 + BUBBLE_GROWTH[1] * late), BUBBLE_MAX)
-    # a few larger cells among many small ones
-    big = rng.random(BUBBLE_POOL) < BUBBLE_BIG[0]
-    sizes = np.minimum(np.where(big, sizes * BUBBLE_BIG[1], sizes), BUBBLE_MAX)
-    # cluster of each bubble (the last column: a single bubble anywhere in the field)
-    group = np.searchsorted(np.cumsum(BUBBLE_GROUPS), rng.random(BUBBLE_POOL) * sum(BUBBLE_GROUPS))
-    singles = len(BUBBLE_GROUPS) - 1
-    centres = rng.uniform(-1.0, 1.0, size=(singles, 2)) * (0.28, 0.24)
-    heading = rng.uniform(0.0, 2.0 * math.pi, size=singles)
-    tries = rng.random((BUBBLE_POOL, BUBBLE_TRIES, 4))  # anchor, angle, gap (or position), mode
+    group = _cluster_of(rng)
+    clusters = len(BUBBLE_GROUPS)
+    seeds = rng.uniform(-1.0, 1.0, size=(clusters, 2)) * (0.3, 0.26)
+    heading = rng.uniform(0.0, 2.0 * math.pi, size=clusters)
+    stretch = rng.uniform(*BUBBLE_STRETCH, size=clusters)
+    bend = rng.normal(0.0, BUBBLE_BEND, size=clusters)
+    jitter = rng.normal(0.0, 1.0, size=(BUBBLE_POOL, 2))
     film = rng.uniform(250.0, 700.0, size=BUBBLE_POOL)
     phase = rng.uniform(0.0, 2.0 * math.pi, size=BUBBLE_POOL)
     squash = np.abs(rng.normal(0.0, BUBBLE_ASPECT[1], size=BUBBLE_POOL))
@@ -379,94 +453,45 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     peaks = np.where(rng.random(BUBBLE_POOL) < GLINT_NONE, 0.0, np.minimum(peaks, GLINT_CAP))
     spots = rng.uniform(*GLINT_SIZE, size=BUBBLE_POOL)
     look = rng.random(BUBBLE_POOL)  # each cell's own shading (``BUBBLE_LOOK``)
-    placed = np.zeros((0, 5))  # x, y, r, aspect, orientation
-    owner: list[int] = []
-    tail = [-1] * singles
-    rows: list[list[float]] = []
-    for i in range(count):
-        r, c = float(sizes[i]), int(group[i])
-        mine = [k for k, g in enumerate(owner) if g == c]
-        # a clump's cell goes where it packs tightest (the free spot nearest the cluster's
-        # seed, touching several cells: foam, not a scatter); a string's cell at the first
-        # free spot off its end
-        best: tuple[float, float, float, float, float, int, bool] | None = None
-        for anchor_u, angle_u, gap_u, mode_u in tries[i]:
-            ang = 2.0 * math.pi * angle_u
-            k, chained = -1, False
-            if c == singles:
-                rad = 0.4 * math.sqrt(gap_u)
-                x, y = rad * math.cos(ang), rad * math.sin(ang)
-            elif not mine:
-                x, y = float(centres[c, 0]), float(centres[c, 1])
-            else:
-                chained = mode_u < BUBBLE_CHAIN
-                if chained:  # extend the string from its end, meandering
-                    k = tail[c]
-                    ang = float(heading[c]) + 2.0 * (angle_u - 0.5) + math.pi * (gap_u > 0.8)
-                else:
-                    k = mine[int(anchor_u * len(mine))]
-                ax, ay, ar, aa, ao = placed[k]
-                # this bubble's shape once placed there (squashed towards the optical axis)
-                x0, y0 = ax + 2 * r * math.cos(ang), ay + 2 * r * math.sin(ang)
-                asp, ori = _bubble_shape(x0, y0, float(squash[i]), float(tilt[i]))
-                dist = float(ellipse_reach(ar, aa, ao, ang)) + float(
-                    ellipse_reach(r, asp, ori, ang + math.pi)
-                )
-                dist += BUBBLE_GAP * (1.0 + 1.5 * gap_u)
-                x, y = ax + dist * math.cos(ang), ay + dist * math.sin(ang)
-            asp, ori = _bubble_shape(x, y, float(squash[i]), float(tilt[i]))
-            # only cells whose centres are near enough to touch (an ellipse reaches at most its
-            # semi-major axis: aspects are at most 1) are measured exactly; the rest cannot
-            # come within the gap (same answer, fewer trigonometric evaluations)
-            apart = np.hypot(placed[:, 0] - x, placed[:, 1] - y)
-            near = apart - r - placed[:, 2] < BUBBLE_GAP * 0.999 + 1e-9
-            if near.any():
-                close = placed[near]
-                towards = np.arctan2(close[:, 1] - y, close[:, 0] - x)
-                gaps = (
-                    apart[near]
-                    - ellipse_reach(r, asp, ori, towards)
-                    - ellipse_reach(close[:, 2], close[:, 3], close[:, 4], towards + math.pi)
-                )
-                if (gaps < BUBBLE_GAP * 0.999).any():
-                    continue
-            score = -1.0
-            if mine and c < singles and not chained:
-                score = math.hypot(x - float(centres[c, 0]), y - float(centres[c, 1]))
-            if best is None or score < best[0]:
-                best = (score, x, y, asp, ori, k, chained)
-            if score < 0.0:
-                break
-        if best is None:
-            continue
-        _score, x, y, asp, ori, k, chained = best
-        placed = np.vstack([placed, [x, y, r, asp, ori]])
-        owner.append(c)
-        if c < singles:
-            tail[c] = len(owner) - 1
-            if chained:
-                heading[c] = math.atan2(y - placed[k, 1], x - placed[k, 0])
-        rows.append(
-            [
-                x,
-                y,
-                r,
-                float(film[i]),
-                float(phase[i]),
-                asp,
-                ori,
-                float(peaks[i]),
-                float(spots[i]),
-                float(look[i]),
-            ]
-        )
+    # the area of the cells laid before each one in its cluster (its rank's packed disc)
+    onehot = group[:, None] == np.arange(clusters)[None, :]
+    area = (sizes * sizes)[:, None] * onehot
+    before = (np.cumsum(area, axis=0) - area)[np.arange(BUBBLE_POOL), group]
+    rank = (np.cumsum(onehot, axis=0) - onehot)[np.arange(BUBBLE_POOL), group]
+    reach = np.sqrt(before / BUBBLE_PACK) + sizes
+    angle = rank * BUBBLE_GOLDEN
+    along = reach * np.cos(angle) * stretch[group] + BUBBLE_JITTER * sizes * jitter[:, 0]
+    across = reach * np.sin(angle) + BUBBLE_JITTER * sizes * jitter[:, 1]
+    across = across + bend[group] * along * along / BUBBLE_BEND_SCALE
+    ch, sh = np.cos(heading[group]), np.sin(heading[group])
+    x = seeds[group, 0] + along * ch - across * sh
+    y = seeds[group, 1] + along * sh + across * ch
+    x, y = _settle(x, y, sizes, group)
+    aspect = np.maximum(1.0 - BUBBLE_ASPECT[0] * np.hypot(x, y) - squash, BUBBLE_ASPECT[2])
+    orient = np.arctan2(y, x) + tilt
+    # drop a cell that sits on an earlier pool cell (more than a shared wall's overlap)
+    # (candidate pairs from a k-d tree: only cells within two of the largest radii can clash)
+    pairs = scipy.spatial.cKDTree(np.stack([x, y], axis=1)).query_pairs(
+        2.0 * float(sizes.max()), output_type="ndarray"
+    )
+    first, second = pairs[:, 0], pairs[:, 1]
+    apart = np.hypot(x[first] - x[second], y[first] - y[second])
+    least = np.minimum(sizes[first], sizes[second])
+    clash = apart < sizes[first] + sizes[second] - BUBBLE_SHARE * least
+    keep = np.ones(BUBBLE_POOL, dtype=bool)
+    keep[second[clash]] = False
+    table = np.stack([x, y, sizes, film, phase, aspect, orient, peaks, spots, look], axis=1)
+    rows = table[:count][keep[:count]].tolist()
     spread = draw(rng, level["spread"])
+    fluid = draw(rng, level["fluid"])
     return {
         "count": count,
         "radius": radius,
         "light": light,
         "glint": glint,
         "spread": spread,
+        "fluid": fluid,
+        "fluid_tint": float(rng.random()),
         "bubbles": rows[0::2],
         "foam": rows[1::2],
     }
@@ -481,14 +506,6 @@ def recorded_rows(p: dict[str, Any]) -> np.ndarray:
             for name in ("bubbles", "foam")
         ]
     )
-
-
-def _bubble_shape(x: float, y: float, squash: float, tilt: float) -> tuple[float, float]:
-    """(aspect, orientation of the minor axis) of a bubble at (x, y) (shorter side from the
-    centre): the mucosa off the axis is seen obliquely, so its domes look squashed along the
-    line to the optical axis (perspective), with a keyed jitter."""
-    aspect = 1.0 - BUBBLE_ASPECT[0] * math.hypot(x, y) - squash
-    return max(aspect, BUBBLE_ASPECT[2]), math.atan2(y, x) + tilt
 
 
 class _Ops:
@@ -582,10 +599,14 @@ def bubble_film(
     # the wall seen edge-on at the outline: a thin line mirroring the light, and inside it a
     # dark band where the light is refracted out of the camera's view
     # (a faint bright line only where the wall faces the light)
-    wall = BUBBLE_WALL * ops.exp(-0.5 * ((rho - 0.97) / 0.025) ** 2) * (0.15 + 0.85 * lit)
+    edge_w = BUBBLE_RIM["width"] + BUBBLE_RIM["px"] / r
+    ring = ops.exp(-0.5 * ((rho - BUBBLE_RIM["at"]) / edge_w) ** 2)
+    wall = BUBBLE_RIM["bright"] * ring * lit * lit * (0.6 + 0.8 * ((11.0 * look) % 1.0))
     # (deepest on the side away from the light: the refracted rays there miss the lens)
     band = ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / width) ** 2)
-    dark = 1.0 - depth * (0.5 + 0.5 * (1.0 - lit)) * band
+    dark = (1.0 - depth * (0.5 + 0.5 * (1.0 - lit)) * band) * (
+        1.0 - BUBBLE_RIM["dark"] * (1.0 - lit) * ring
+    )
     # the lamp mirrored by the curved inner wall on the lit side: a bright crescent cap (what
     # makes real small bubbles read as lit domes rather than outlines)
     cap = (
@@ -603,6 +624,12 @@ def bubble_film(
     along = (ex * ops.cos(light) + ey * ops.sin(light)) / GLINT_ELONGATION
     across = ey * ops.cos(light) - ex * ops.sin(light)
     spot = peak * ops.exp(-0.5 * (along * along + across * across) / var)
+    # larger domes also show a faint second reflex on the inner rim opposite the light
+    lo, hi = BUBBLE_REFLEX[2]
+    back = BUBBLE_REFLEX[0] * peak * ops.clip01((r - lo) / (hi - lo))
+    fx = dx + BUBBLE_REFLEX[1] * r * ops.cos(light)
+    fy = dy + BUBBLE_REFLEX[1] * r * ops.sin(light)
+    spot = spot + back * ops.exp(-0.5 * (fx * fx + fy * fy) / var)
     return [
         (
             behind[ch] * (1.0 - fresnel * mirror) * caustic
@@ -644,11 +671,13 @@ def render_bubble(
     glint: float,
     env: Sequence[float],
     weight: float = 1.0,
+    density: np.ndarray | None = None,
 ) -> None:
     """Add one recorded bubble's change ``weight * cover * (film - tissue)`` to ``out`` (CHW),
     reading the tissue behind from ``lin`` (CHW linear). row: ``BUBBLE_ROW`` values (x, y from
     the image centre and r in shorter-side units, film nm, phase, aspect, orientation, glint
-    peak and size, look)."""
+    peak and size, look). ``density``: (H, W), if given, gains ``weight * cover`` (where the
+    foam's cells lie, for the interstitial fluid)."""
     c, h, w = lin.shape
     ops = _Ops(False)
     cx, cy, r = _bubble_pixels(np.asarray([row], np.float64), h, w)[0]
@@ -686,6 +715,8 @@ def render_bubble(
     region = out[:, y0:y1, x0:x1]
     for ch in range(c):
         region[ch] += np.float32(weight) * (cover * (film[ch] - lin[ch, y0:y1, x0:x1]))
+    if density is not None:
+        density[y0:y1, x0:x1] += np.float32(weight) * cover
 
 
 def foam_folds(img: np.ndarray, tissue: np.ndarray, spread: float = 0.0) -> np.ndarray:
@@ -833,20 +864,45 @@ def _bubbles_batch(
     added = torch.zeros(b, c, h * w, device=x.device, dtype=lin.dtype)
     added.scatter_add_(2, index.reshape(b, 1, -1).expand(b, c, -1), delta.reshape(b, c, -1))
     out = lin + _host.gauss_t(added.view(b, c, h, w), _camera_sigma(h, w))
+    # the interstitial fluid where the cells crowd
+    density = torch.zeros(b, h * w, device=x.device, dtype=lin.dtype)
+    density.scatter_add_(1, index.reshape(b, -1), weight.reshape(b, -1))
+    crowd = _host.gauss_t(density.view(b, h, w), BUBBLE_FLUID["blur"] * scale)
+    wet = (
+        (crowd * BUBBLE_FLUID["gain"]).clamp(0.0, 1.0)
+        * (1.0 - density.view(b, h, w).clamp(0.0, 1.0))
+        * p["fluid"].to(torch.float32).view(b, 1, 1)
+    )
+    colour = fluid_colour(env, p["fluid_tint"].to(torch.float32).view(b, 1, 1, 1))
+    out = torch.stack(
+        [out[:, ch] + wet * (colour[ch][:, 0] - out[:, ch]) for ch in range(c)], dim=1
+    )
     res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
     return torch.where(tissue, res, x).clamp(0.0, 1.0)
+
+
+def fluid_colour(env: Sequence[Any], tint: Any) -> list[Any]:
+    """Linear colour per channel of the foam's interstitial fluid: whitish mucus (``tint`` 0) to
+    blood-tinged reddish water (``tint`` 1), lit like the surroundings (``env``)."""
+    white = sum(env) / len(env)
+    if len(env) == 1:
+        return [white * (1.0 - 0.3 * tint)]
+    return [
+        (1.0 - tint) * white * BUBBLE_FLUID["white"][ch] + tint * env[ch] * BUBBLE_FLUID["red"][ch]
+        for ch in range(len(env))
+    ]
 
 
 @_host.host_op(
     "bubbles", sampler=_bubble_sampler, dtypes=(np.uint8, np.float32), device=_bubbles_batch
 )
 def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
-    """Foam of tiny packed cells in the fold valleys (models air bubbles trapped in the mucus
-    and rinse-water film on the mucosa, seen through the scope's own light): each cell a mostly
-    transparent thin water film, the tissue through it slightly magnified, shifted and
-    brightened, a faint refraction band, the wall's bright line on its lit side with thin-film
-    colour, a small glint in about half the cells placed by the one light, each cell shaded its
-    own way, blurred by the camera like the tissue (module docstring)."""
+    """Foam along the fold valleys (models air bubbles trapped in the mucus and rinse-water film
+    on the mucosa, seen through the scope's own light): clusters of thin-film domes of
+    log-normal sizes, each refracting the tissue behind it, a bright wall arc on its lit side and
+    a darker thin edge elsewhere, a glint in some cells (a second faint reflex in larger ones),
+    each cell shaded its own way; interstitial fluid between crowded cells of heavy foam; blurred
+    by the camera like the tissue (module docstring)."""
     tissue = view.tissue
     lin = _host.to_linear(img)
     layer = np.zeros_like(lin)
@@ -855,11 +911,22 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
     env = lin.astype(np.float64).mean(axis=(1, 2)) * BUBBLE_ENV[0] + BUBBLE_ENV[1]
     folds = foam_folds(img, tissue, float(p["spread"]))
     centres = _bubble_pixels(rows, h, w)
+    density = np.zeros((h, w), np.float32)
     for row, (bx, by, _r) in zip(rows.tolist(), centres.tolist(), strict=True):
         gate = float(folds[math.trunc(by), math.trunc(bx)])
-        render_bubble(lin, layer, row, float(p["light"]), float(p["glint"]), env.tolist(), gate)
+        render_bubble(
+            lin, layer, row, float(p["light"]), float(p["glint"]), env.tolist(), gate, density
+        )
     sigma = _camera_sigma(h, w)
     out = lin + _host.per_channel(layer, lambda z: _host.gauss(z, sigma))
+    share = np.float32(p["fluid"])
+    if share > 0:
+        # (in the gaps between the cells: a cell's own film stays clear)
+        crowd = _host.gauss(density, BUBBLE_FLUID["blur"] * min(h, w)) * BUBBLE_FLUID["gain"]
+        wet = np.clip(crowd, 0, 1) * (1 - np.clip(density, 0, 1)) * share
+        colour = fluid_colour(env.astype(np.float32).tolist(), np.float32(p["fluid_tint"]))
+        for ch in range(lin.shape[0]):
+            out[ch] += wet * (np.float32(colour[ch]) - out[ch])
     res = _host.to_display(np.clip(out, 0.0, 1.0))
     res[:, ~tissue] = img[:, ~tissue]
     return res

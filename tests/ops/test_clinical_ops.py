@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import cv2
 import numpy as np
@@ -23,11 +24,12 @@ from perturb.engine.annotations import transform_boxes
 from perturb.ops import _host
 from perturb.ops.clinical import (
     BUBBLE_ENV,
-    BUBBLE_GAP,
+    BUBBLE_FLUID,
     BUBBLE_IRIDESCENCE,
     BUBBLE_PSF,
     BUBBLE_PSF_MIN,
     BUBBLE_ROW,
+    BUBBLE_SHARE,
     FLUID_BREAK,
     FLUID_GLINT,
     FLUIDS,
@@ -35,7 +37,7 @@ from perturb.ops.clinical import (
     GLINT_CAP,
     _Ops,
     bubbles,
-    ellipse_reach,
+    fluid_colour,
     fluid_occlusion,
     fluid_relief,
     foam_folds,
@@ -445,12 +447,13 @@ def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre()
     assert np.array_equal(out[:, : mid - 50, :], lin[:, : mid - 50, :]), "outside the bubble nothing changes"
 
 
-def test_a_foam_cell_is_a_mostly_transparent_film_with_its_wall_lit_on_one_side() -> None:
-    """A small cell (no glint) over textured tissue, for three of its own looks: the film is
-    mostly transparent, so the tissue seen through the cell's middle keeps its texture and
-    barely changes brightness, and nowhere in the cell is the tissue darkened by more than 30 %
-    (version 5's drawn dark rims took 40-75 % off); the wall shows as a faint bright line on
-    the side facing the light, brighter than on the far side."""
+def test_a_foam_cell_is_a_transparent_film_whose_wall_is_bright_facing_the_light_and_dark_elsewhere() -> None:
+    """A small cell (radius 12 px, no glint) over textured tissue, for three of its own looks:
+    the film is mostly transparent, so the tissue seen through the cell's middle keeps its
+    texture and barely changes brightness; the wall seen edge-on is a thin ring (radius
+    fraction 0.8-1): a bright arc on the side facing the light and, on the far side, a darker
+    thin edge (the light refracted out of the camera's view) that takes at most about half the
+    tissue's light and only on the ring (version 5's drawn dark rims were wide bands)."""
     side, mid = 400, 200
     r = 0.03 * side  # the cell's radius in pixels (0.03 of the shorter side below)
     yy, xx = np.mgrid[0:side, 0:side]
@@ -458,8 +461,8 @@ def test_a_foam_cell_is_a_mostly_transparent_film_with_its_wall_lit_on_one_side(
     lin = np.stack([tex, tex * 0.8, tex * 0.7]).astype(np.float32)
     dist = np.hypot(xx + 0.5 - mid, yy + 0.5 - mid) / r
     core, cell = dist < 0.5, dist < 1.0
-    band = (dist > 0.93) & (dist < 1.0)
-    lit_side, far_side = band & (xx > mid + 0.5 * r), band & (xx < mid - 0.5 * r)
+    ring = (dist > 0.8) & (dist < 1.0)
+    lit_side, far_side = ring & (xx > mid + 0.6 * r), ring & (xx < mid - 0.6 * r)
     for look in (0.1, 0.5, 0.9):
         # the light (and the glint, here none) along +x
         out = _one_bubble(lin, [0.0, 0.0, 0.03, 400.0, 0.0, 1.0, 0.0, 0.0, 0.08, look], 0.0, 0.1)
@@ -467,18 +470,22 @@ def test_a_foam_cell_is_a_mostly_transparent_film_with_its_wall_lit_on_one_side(
         assert 0.9 < ratio < 1.15, (look, ratio)
         corr = np.corrcoef(out[1][core], lin[1][core])[0, 1]
         assert corr > 0.5, f"the tissue's texture is lost under the film ({corr:.2f})"
-        darkest = np.quantile(out[1][cell] / lin[1][cell], 0.05)
-        assert darkest > 0.7, f"a dark drawn rim ({look}: {darkest:.2f} of the tissue)"
-        lit_gain = out[1][lit_side].mean() - lin[1][lit_side].mean()
-        far_gain = out[1][far_side].mean() - lin[1][far_side].mean()
-        assert lit_gain > 0.01 and lit_gain > far_gain + 0.01, (look, lit_gain, far_gain)
+        darkest = np.quantile(out[1][cell] / lin[1][cell], 0.02)
+        assert darkest > 0.45, f"a drawn black rim ({look}: {darkest:.2f} of the tissue)"
+        thin = (out[1] / lin[1] < 0.8) & cell
+        assert (thin & (dist < 0.6)).sum() == 0, "the darkening is confined to the wall"
+        lit_gain = np.quantile(out[1][lit_side] / lin[1][lit_side], 0.9)
+        far_gain = np.quantile(out[1][far_side] / lin[1][far_side], 0.1)
+        assert lit_gain > 1.5 and far_gain < 0.85, (look, lit_gain, far_gain)
 
 
 def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     """The op's bubble layer (each bubble's cover * (film - tissue), weighted by the valley map
     at its centre) reaches the output through the camera's gaussian blur alone (SciPy's filter
     as the reference; no wider blurred copies), so a glint or rim is no sharper than the
-    tissue."""
+    tissue; where the cells crowd (their cover blurred over ``BUBBLE_FLUID["blur"]``) it is
+    mixed towards the interstitial fluid's colour by the level's ``fluid`` share in the gaps
+    between the cells (a cell's own film stays clear)."""
     img = _frame(2, 0.5)
     spec = get_op("bubbles")
     p = spec.entry.sampler(rng.scalar_rng(7), spec.spec.level(3))
@@ -493,16 +500,22 @@ def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     narrow, wide = foam_folds(img, view.tissue), foam_folds(img, view.tissue, 0.6)
     assert (wide >= narrow).all() and (wide > 0.5).mean() > (narrow > 0.5).mean() + 0.05, "spread"
     folds = foam_folds(img, view.tissue, float(params["spread"]))
+    density = np.zeros(img.shape[1:], np.float32)
     for row in rows.tolist():
         iy, ix = int(img.shape[1] / 2 + row[1] * min(img.shape[1:])), int(img.shape[2] / 2 + row[0] * min(img.shape[1:]))
         if view.tissue[iy, ix]:
-            render_bubble(lin, layer, row, float(params["light"]), float(params["glint"]), env.tolist(), float(folds[iy, ix]))
+            render_bubble(lin, layer, row, float(params["light"]), float(params["glint"]), env.tolist(), float(folds[iy, ix]), density)
     assert np.abs(layer).max() > 0.1
     sigma = max(BUBBLE_PSF * min(img.shape[1:]), BUBBLE_PSF_MIN)
     blurred = np.stack(
         [scipy.ndimage.gaussian_filter(c.astype(np.float64), sigma, mode="mirror", truncate=4.0) for c in layer]
     )
-    expect = np.clip(lin + blurred, 0.0, 1.0)
+    # heavy foam floats in interstitial fluid where its cells crowd (severity 3: a little)
+    assert float(params["fluid"]) > 0.0
+    crowd = scipy.ndimage.gaussian_filter(density.astype(np.float64), BUBBLE_FLUID["blur"] * min(img.shape[1:]), mode="mirror", truncate=4.0)
+    wet = np.clip(crowd * BUBBLE_FLUID["gain"], 0.0, 1.0) * (1 - np.clip(density, 0, 1)) * float(params["fluid"])
+    colour = np.asarray(fluid_colour(env.tolist(), float(params["fluid_tint"])))[:, None, None]
+    expect = np.clip(lin + blurred + wet * (colour - lin - blurred), 0.0, 1.0)
     sel = view.tissue & (expect.max(0) < 0.98)
     assert np.abs(out[:, sel] - expect[:, sel]).max() < 2e-3
     sharp = np.abs(np.diff(np.clip(lin + layer, 0, 1), axis=2)).max()
@@ -517,50 +530,52 @@ def _pool_rows(p: dict[str, np.ndarray]) -> np.ndarray:
     return rows
 
 
-def test_bubbles_pack_into_foam_strings_sized_like_real_ones_and_nest_across_severities() -> None:
-    """Cells never overlap (elliptic outlines along the line between centres), most touch a
-    neighbour, radii are near real foam cells' (median 0.35 % of the shorter side: tiny),
-    outlines are squashed towards the optical axis, glints vary (about half the cells none, no
-    peak above ``GLINT_CAP``), the cells added at the top severities are only a little larger
-    (severity is foam area and density, not cell size), every cell has its own look, a few are
-    larger than the rest, and a severity's bubbles are the first ones of the next severity's
-    (one perturbation at five strengths)."""
+def test_bubbles_cluster_as_foam_of_log_normal_sizes_and_nest_across_severities() -> None:
+    """Cells gather in foam: most touch or share a wall with a neighbour (a neighbour within a
+    fifth of their radii's sum beyond touching) but none sits on another (overlap
+    at most ``BUBBLE_SHARE`` of the smaller radius); radii are log-normal around the level's
+    median (0.5 % of the shorter side: many small, a few large, skewed), the cells only heavy
+    foam adds are larger, outlines are squashed towards the optical axis, glints vary (about
+    half the cells none, no peak above ``GLINT_CAP``), every cell has its own look, and a
+    severity's bubbles are the first ones of the next severity's (one perturbation at five
+    strengths)."""
     spec = get_op("bubbles")
     sampler = spec.entry.sampler
-    radii, aspects, dists, peaks, touching, cells = [], [], [], [], 0, 0
-    heavy: list[float] = []
-    looks: list[float] = []
-    for key in range(6):
+    radii, aspects, dists, peaks, looks = [], [], [], [], []
+    near_share, growth = [], []
+    for key in range(8):
         draws = [sampler(rng.scalar_rng(key), spec.spec.level(sev)) for sev in (1, 3, 5)]
         rows = [_pool_rows(d) for d in draws]
-        assert rows[0].shape[0] >= 15, "a few strings of bubbles are visible at severity 1"
+        assert rows[0].shape[0] >= 40, "a small but visible cluster at severity 1"
         assert rows[0].shape[1] == BUBBLE_ROW
         assert np.array_equal(rows[0], rows[1][: len(rows[0])])
         assert np.array_equal(rows[1], rows[2][: len(rows[1])])
         b = rows[2]
-        assert len(b) >= 600, len(b)
-        x, y, r, asp, ori = (b[:, i] for i in (0, 1, 2, 5, 6))
-        towards = np.arctan2(y[None, :] - y[:, None], x[None, :] - x[:, None])
-        gap = (
-            np.hypot(x[:, None] - x[None, :], y[:, None] - y[None, :])
-            - ellipse_reach(r[:, None], asp[:, None], ori[:, None], towards)
-            - ellipse_reach(r[None, :], asp[None, :], ori[None, :], towards + math.pi)
-            + np.eye(len(b)) * 10
+        assert len(b) >= 300, len(b)
+        x, y, r, asp = (b[:, i] for i in (0, 1, 2, 5))
+        apart = np.hypot(x[:, None] - x[None, :], y[:, None] - y[None, :]) + np.eye(len(b)) * 10
+        least = np.minimum(r[:, None], r[None, :])
+        assert (apart - r[:, None] - r[None, :] + BUBBLE_SHARE * least).min() >= -1e-12, "stacked"
+        nearest = np.argmin(apart, axis=1)
+        # a neighbour within a fifth of their radii's sum beyond touching: foam, not a scatter
+        near_share.append(
+            float(np.mean(apart[np.arange(len(b)), nearest] < 1.2 * (r + r[nearest])))
         )
-        assert gap.min() >= BUBBLE_GAP * 0.999 - 1e-12, "bubbles overlap"
-        touching += int((gap.min(axis=1) < 3 * BUBBLE_GAP).sum())
-        cells += len(b)
-        radii += rows[1][:, 2].tolist()  # severity 3: the foam cells before heavy foam's growth
-        heavy += [float(np.median(r[: len(rows[1])])), float(np.median(r[len(rows[1]) :]))]
+        radii += rows[0][:, 2].tolist()  # severity 1: cells before heavy foam's growth
+        growth.append(float(np.median(r[len(rows[1]) :]) / np.median(rows[0][:, 2])))
         aspects += asp.tolist()
         dists += np.hypot(x, y).tolist()
         peaks += b[:, 7].tolist()
         looks += b[:, 9].tolist()
-    assert touching / cells > 0.7, f"only {touching}/{cells} bubbles touch a neighbour (no foam)"
-    # (real foam cells on the reference frames: diameters of 0.3-1.5 % of the shorter side)
-    assert 0.003 <= float(np.median(radii)) <= 0.0042, np.median(radii)
-    # the cells only the top severities add are a little larger, not big rings
-    assert 1.05 < np.median(heavy[1::2]) / np.median(heavy[0::2]) < 1.4, heavy
+    assert np.median(near_share) > 0.7, near_share
+    rad = np.asarray(radii)
+    # (real cells on the reference frames: diameters of 0.4-2 % of the shorter side)
+    assert 0.0045 <= float(np.median(rad)) <= 0.0058, np.median(rad)
+    logs = np.log(rad)
+    assert 0.35 < logs.std() < 0.6, logs.std()  # log-normal spread (clipped below)
+    assert np.quantile(rad, 0.95) > 2.0 * np.median(rad), "a few large among many small"
+    assert rad.mean() > np.median(rad), "sizes skewed towards a few large ones"
+    assert np.median(growth) > 1.5, growth  # heavy foam carries larger cells
     assert min(aspects) >= 0.7 and np.corrcoef(dists, aspects)[0, 1] < -0.5, "no perspective"
     none = float(np.mean(np.asarray(peaks) == 0.0))
     assert 0.4 < none < 0.6, none  # glints are not in every cell
@@ -568,8 +583,22 @@ def test_bubbles_pack_into_foam_strings_sized_like_real_ones_and_nest_across_sev
     assert lit.std() / lit.mean() > 0.3 and lit.max() <= GLINT_CAP, "glint peaks do not vary"
     look = np.asarray(looks)
     assert look.min() >= 0.0 and look.max() < 1.0 and 0.25 < look.std() < 0.32, "one look"
-    # a few larger cells among many small ones: the largest twentieth well above the median
-    assert np.quantile(radii, 0.95) > 1.6 * np.median(radii), np.quantile(radii, 0.95)
+
+
+def test_the_bubble_sampler_is_vectorised() -> None:
+    """Issue 28: the sampler draws a severity 5 sample in a few milliseconds (vectorised NumPy,
+    no loop per cell; the version 6 sampler took about 0.35 s). The bound is loose (0.05 s a
+    sample) since the test machine is shared; measured about 4 ms."""
+    spec = get_op("bubbles")
+    level = spec.spec.level(5)
+    spec.entry.sampler(rng.scalar_rng(0), level)
+    times = []
+    for key in range(3):
+        start = time.perf_counter()
+        for sub in range(8):
+            spec.entry.sampler(rng.scalar_rng(100 * key + sub), level)
+        times.append((time.perf_counter() - start) / 8)
+    assert min(times) < 0.05, times
 
 
 def _fluid_params(kind: int, tilt: tuple[float, float] = (0.05, 0.0)) -> dict[str, np.ndarray]:
