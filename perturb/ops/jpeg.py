@@ -6,9 +6,12 @@ the CPU codec on a host copy. The record's ``backend`` names which ran (``nvimgc
 IJG scale, which both libjpeg and nvJPEG apply to the Annex K tables. Never a differentiable
 approximation: that would be a different op, for training only.
 
-``PERTURB_JPEG_CODEC`` (``auto``, ``nvimgcodec``, ``nvjpeg``, ``opencv``) forces a codec on CUDA
-(``auto``, the default, takes the first available in that order); a forced codec that is not
-available falls back along the same order, and the record says what ran.
+``PERTURB_JPEG_CODEC`` (``auto``, ``nvimgcodec``, ``nvjpeg``, ``opencv``) forces a codec on CUDA;
+``auto``, the default, takes nvImageCodec where available, else libjpeg on a host copy. torchvision's
+nvJPEG runs only when forced: on an H200 (CUDA 13, torch 2.11, torchvision 0.26) its round trip
+was 0.19-0.25 (48-64 levels) away from libjpeg at some pixels, outside the op's 1/255 contract, and
+it refuses 1-channel films. A forced codec that is not available (or nvJPEG for a batch that is not
+RGB) falls back along ``CODECS``, and the record says what ran.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def opencv_roundtrip(image_u8: np.ndarray, quality: int) -> np.ndarray:
 
 
 CODECS = ("nvimgcodec", "nvjpeg", "opencv")
+AUTO_CODECS = ("nvimgcodec", "opencv")  # what ``auto`` picks from: the codecs within 1/255 of libjpeg
 
 
 def _cuda_codec_available() -> bool:
@@ -80,14 +84,14 @@ def _nvimgcodec_available(device_index: int) -> bool:
 
 def select_codec(on_cuda: bool, available: dict[str, bool], forced: str = "auto") -> str:
     """The codec for a batch: ``opencv`` off CUDA; on CUDA ``forced`` if available, else the
-    first available of ``CODECS`` (``opencv`` always is)."""
+    first available of ``AUTO_CODECS`` (``opencv`` always is)."""
     if forced not in ("auto", *CODECS):
         raise ValueError(f"PERTURB_JPEG_CODEC must be auto, {', '.join(CODECS)}; got {forced!r}")
     if not on_cuda:
         return "opencv"
     if forced != "auto" and (forced == "opencv" or available.get(forced, False)):
         return forced
-    return next(c for c in CODECS if c == "opencv" or available.get(c, False))
+    return next(c for c in AUTO_CODECS if c == "opencv" or available.get(c, False))
 
 
 def nvimgcodec_encode(nvimg: Any, encoder: Any, images: list[Any], qualities: list[int], channels: int) -> list[Any]:
@@ -145,7 +149,10 @@ def jpeg_backend(x: torch.Tensor) -> str:
     on_cuda = x.is_cuda and not backend.opencv_path(x)
     if not on_cuda:
         return "opencv"
-    available = {"nvimgcodec": _nvimgcodec_available(x.device.index or 0), "nvjpeg": _cuda_codec_available()}
+    available = {
+        "nvimgcodec": _nvimgcodec_available(x.device.index or 0),
+        "nvjpeg": x.shape[1] == 3 and _cuda_codec_available(),  # torchvision's encoder: RGB only
+    }
     return select_codec(True, available, os.environ.get("PERTURB_JPEG_CODEC", "auto"))
 
 
