@@ -1170,7 +1170,7 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
        through the log and the display LUT's shoulder (``_shoulder``, rolling off towards
        ``shade``): the shadow is white on a chest film. Its quantum noise: the film's own
        (``_film_noise``) scaled by sqrt(E / E'), the lower exposure's relatively stronger noise,
-       at most 4x, through the shoulder's slope.
+       at most 8x, through the shoulder's slope.
     3. Display processing. ``white`` 0: the system masks the shutter black (``black``, a third of
        the film's noise) from ``fringe`` of the shorter side past the blade edge, anti-aliased.
        Then the system's unsharp mask (gain ``enhance``, sigma ``radius`` of the shorter side: a
@@ -1209,7 +1209,7 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     lin = v - torch.log(shadowed / exposure) / span  # the log display, anatomy shifted
     lut, slope = _shoulder(lin, SHOULDER_KNEE, col("shade"))
     film = lin - m * (lin - lut)  # the shoulder acts on the shadow's share
-    quantum = sigma * torch.sqrt((exposure / shadowed - 1.0).clamp(0.0, 15.0))
+    quantum = sigma * torch.sqrt((exposure / shadowed - 1.0).clamp(0.0, 63.0))
     noise = quantum * (1.0 - m + m * slope) * grain
     cut = d - col("fringe") * side
     shutter = torch.where(
