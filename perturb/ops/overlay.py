@@ -9,8 +9,9 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
   it (the film's air near a top corner, else the edge of the field), kept clear of the film's
   annotations and never contradicting its detected markers (``marker_spots``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
-* ``xray_collimation``: collimation borders (white: the unexposed film with scatter and the
-  display's edge-enhancement undershoot, black: an electronic shutter mask) behind a penumbra.
+* ``xray_collimation``: collimation borders (white: the blades' transmission and scatter through
+  the log display, the display's thin edge-enhancement line; black: an electronic shutter mask)
+  behind a penumbra that widens off centre, tilted blades, rounded corners.
 
 The masks are rendered on the host (integer rasterisation, identical for CPU and CUDA); the CPU
 paths blend inside each mask's bounding box. The marker's spot, white level and noise are read
@@ -1127,29 +1128,54 @@ def _smooth(v: torch.Tensor, sigma_px: torch.Tensor) -> torch.Tensor:
     return v
 
 
+def _rounded_field_distance(
+    qx: torch.Tensor, qy: torch.Tensor, radius: torch.Tensor
+) -> torch.Tensor:
+    """Signed distance (px, positive under the blades) from the exposed field: the rectangle
+    of the blade edges (``qx``, ``qy``: the per-axis distances past them) with its corners
+    rounded to ``radius`` px, where two blades' penumbrae overlap."""
+    ax, ay = qx + radius, qy + radius
+    outside = torch.sqrt(ax.clamp_min(0.0) ** 2 + ay.clamp_min(0.0) ** 2)
+    return outside + torch.maximum(ax, ay).clamp_max(0.0) - radius
+
+
+def _shoulder(y: torch.Tensor, knee: float, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The display LUT's shoulder: identity below ``knee``, above it an exponential roll-off
+    towards ``top`` (C1 at the knee); the values and the slope (what the noise is scaled by)."""
+    span = (top - knee).clamp_min(1e-3)
+    over = (y - knee).clamp_min(0.0)
+    roll = torch.exp(-over / span)
+    return torch.where(y > knee, knee + span * (1.0 - roll), y), torch.where(y > knee, roll, 1.0)
+
+
+SHOULDER_KNEE = 0.75  # display value where the LUT's shoulder starts rolling off
+
+
 def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """The collimated film (B,C,H,W) float32, on ``x``'s device; the CPU path calls it too (one
     sample), so both give the same pixels. Three stages, as in the imaging chain:
 
-    1. Exposure. The four blades (``left`` ... fractions of the width/height), rotated together
-       by ``tilt`` degrees about the film's centre, shadow the detector: a smoothstep penumbra of
-       ``penumbra`` of the shorter side (focal spot x (magnification - 1) plus detector blur: a
-       few mm). Under the blades no anatomy reaches the detector, only scatter from the irradiated
-       patient beside it: the unexposed film shows ``shade`` (bright on a film-like display) minus
-       ``2 scatter`` x the exposed field's exposure (1 - v) low-passed over ``reach`` of the
-       shorter side, so it is darkest next to the field, graded with the anatomy along the edge
-       and brightest deep in corners where two blades overlap; with the film's own quantum noise
-       (``_film_noise``: keyed, spatially correlated like its grain).
-    2. Display processing. The system's unsharp mask (edge enhancement, gain ``enhance``, low-pass
-       sigma ``radius`` of the shorter side) acts on the whole film, so the shutter's step leaves
-       a dark undershoot on the exposed side and a bright overshoot under the blade; only the
-       shutter's share is added (the film's own anatomy was processed already); the quantum
-       noise under the blade is added after it.
-    3. ``white`` 0: the system masks the shutter black (electronic shutter) from ``fringe`` of
-       the shorter side past the blade edge: negative, inside the exposed field (the penumbra
-       hidden); positive, the penumbra's bright part stays visible as a rim; ``hard`` 1: the mask
-       is binary at pixel centres (the one-pixel stair steps of a digital mask at a slight tilt),
-       else anti-aliased over a pixel. ``black`` its value, with a third of the film's noise."""
+    1. Geometry. Four straight lead blades (``left`` ... fractions of the width/height) rotated
+       together by ``tilt`` degrees about the film's centre, their shadow anti-aliased at
+       sub-pixel positions; the field's corners rounded to ``corner`` of the shorter side where
+       two blades' penumbrae meet. The penumbra (focal spot x (magnification - 1), smoothstep)
+       is ``penumbra`` of the shorter side at the centre and widens by ``spread`` x the distance
+       from the centre over the half diagonal (farther off the central ray, the blade's edge is
+       seen more obliquely by the focal spot).
+    2. Exposure. The display value v maps to a log exposure, E = exp(-``range`` v). Under the
+       blade a fraction ``transmission`` of the beam gets through (the anatomy stays faintly
+       visible: the log shift keeps its contrast, the display's shoulder squashes it) plus
+       scatter from the irradiated body beside it: ``scatter`` x the field's exposure low-passed
+       over ``reach`` of the shorter side (strongest at the edge, fading over tens of px). Back
+       through the log and the display LUT's shoulder (``_shoulder``, rolling off towards
+       ``shade``): the shadow is white on a chest film. Its quantum noise: the film's own
+       (``_film_noise``) scaled by sqrt(E / E'), the lower exposure's relatively stronger noise,
+       at most 8x, through the shoulder's slope.
+    3. Display processing. ``white`` 0: the system masks the shutter black (``black``, a third of
+       the film's noise) from ``fringe`` of the shorter side past the blade edge, anti-aliased.
+       Then the system's unsharp mask (gain ``enhance``, sigma ``radius`` of the shorter side: a
+       few px) acts on the shutter's share of the step only (the film's anatomy was processed
+       already), the thin overshoot/undershoot line along the edge; the noise is added last."""
     h, w = x.shape[-2:]
     dev = x.device
     side = min(h, w)
@@ -1163,51 +1189,63 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     cos, sin = torch.cos(theta), torch.sin(theta)
     u = (xs - w / 2) * cos + (ys - h / 2) * sin + w / 2
     t = -(xs - w / 2) * sin + (ys - h / 2) * cos + h / 2
-    d = torch.maximum(  # signed distance (px) into the shutter
-        torch.maximum(col("left") * w - u, u - (1.0 - col("right")) * w),
-        torch.maximum(col("top") * h - t, t - (1.0 - col("bottom")) * h),
-    )
-    pen = (col("penumbra") * side).clamp_min(1.0)
+    qx = torch.maximum(col("left") * w - u, u - (1.0 - col("right")) * w)
+    qy = torch.maximum(col("top") * h - t, t - (1.0 - col("bottom")) * h)
+    d = _rounded_field_distance(qx, qy, col("corner") * side)
+    off_centre = torch.sqrt((xs - w / 2) ** 2 + (ys - h / 2) ** 2) / (0.5 * math.hypot(h, w))
+    pen = (col("penumbra") * side * (1.0 + col("spread") * off_centre)).clamp_min(1.0)
     r = (0.5 + d / pen).clamp(0.0, 1.0)
-    m = r * r * (3.0 - 2.0 * r)
+    m = r * r * (3.0 - 2.0 * r)  # the blade's share of the beam it stops
     v = x.double()
-    grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1)
-    grain = F.avg_pool2d(F.pad(grain.double(), (1, 1, 1, 1), mode="replicate"), 3, stride=1) * 3.0
+    grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1).double()
     sigma = _film_noise(x)
-    exposure = (1.0 - m) * (1.0 - v[:, :1])
-    scatter = 2.0 * col("scatter") * _smooth(exposure, (col("reach") * side).clamp_min(1.0))
-    film = v * (1.0 - m) + (col("shade") - scatter) * m
-    radius = (col("radius") * side).clamp_min(1.0)
+    span = col("range")
+    exposure = torch.exp(-span * v[:, :1].clamp(0.0, 1.0))
+    reach = (col("reach") * side).clamp_min(1.0)
+    scatter = col("scatter") * _smooth((1.0 - m) * exposure, reach)
+    under = (1.0 - m) + m * col("transmission")
+    # exposure at the detector (never below 1e-4 of the open beam's: a blade of finite lead)
+    shadowed = torch.maximum(exposure * under + m * scatter, exposure * 1e-4)
+    lin = v - torch.log(shadowed / exposure) / span  # the log display, anatomy shifted
+    lut, slope = _shoulder(lin, SHOULDER_KNEE, col("shade"))
+    film = lin - m * (lin - lut)  # the shoulder acts on the shadow's share
+    quantum = sigma * torch.sqrt((exposure / shadowed - 1.0).clamp(0.0, 63.0))
+    noise = quantum * (1.0 - m + m * slope) * grain
+    cut = d - col("fringe") * side
+    shutter = torch.where(
+        col("white") > 0.5, torch.zeros_like(cut), (0.5 + cut).clamp(0.0, 1.0)
+    )
+    film = film * (1.0 - shutter) + col("black") * shutter
+    noise = noise * (1.0 - shutter) + sigma * grain * shutter / 3.0
+    share = torch.maximum(m, shutter)
+    radius = (col("radius") * side).clamp_min(0.5)
     # the film's anatomy is enhanced already: only the shutter's share of the unsharp mask
     # (its high-pass minus the anatomy's own, where the anatomy still shows) is added
-    detail = (film - _smooth(film, radius)) - (1.0 - m) * (v - _smooth(v, radius))
-    film = film + col("enhance") * detail + sigma * grain * m
-    cut = d - col("fringe") * side
-    shutter = torch.where(col("hard") > 0.5, (cut > 0.0).to(d.dtype), (0.5 + cut).clamp(0.0, 1.0))
-    shutter = torch.where(col("white") > 0.5, torch.zeros_like(shutter), shutter)
-    out = film * (1.0 - shutter) + (col("black") + sigma * grain / 3.0) * shutter
+    detail = (film - _smooth(film, radius)) - (1.0 - share) * (v - _smooth(v, radius))
+    out = film + col("enhance") * detail + noise
     return out.clamp_(0.0, 1.0).to(torch.float32)
 
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     blades = {n: draw(rng_, level[n]) for n in ("left", "right", "top", "bottom")}
-    u = [float(rng_.random()) for _ in range(11)]
-    white = float(u[0] < 0.6)  # film-like CR display of the unexposed film; else a system mask
+    u = [float(rng_.random()) for _ in range(15)]
     return {
         **blades,
-        "white": white,
-        "tilt": (-2.5 + 5.0 * u[1]) if u[2] < 0.6 else 0.0,
-        "penumbra": 0.004 + 0.008 * u[3],  # 2-5 mm of a 43 cm film (focal spot, detector MTF)
-        "scatter": 0.06 + 0.2 * u[4],
-        "reach": 0.01 + 0.04 * u[5],
-        "shade": 0.9 + 0.08 * u[6],
-        "black": 0.03 * u[7],
-        # the mask's offset from the blade edge: mostly just inside the exposed field (the
-        # system hides the penumbra), sometimes past it (the penumbra's bright part shows)
-        "fringe": -0.004 + 0.006 * u[8],
-        "hard": float(u[9] < 0.5),
-        "enhance": 0.3 + 0.8 * u[10],  # unsharp-mask gain of the display processing
-        "radius": 0.008 + 0.02 * u[2],  # its low-pass sigma: 8-30 px of a 1024 px film
+        "white": float(u[0] < 0.7),  # film-like display of the shadow; else a system mask
+        # the collimator never sits exactly square to the detector: 0.5-3 degrees either way
+        "tilt": (0.5 + 2.5 * u[1]) * (1.0 if u[2] < 0.5 else -1.0),
+        "penumbra": 0.002 + 0.003 * u[3],  # 2-5 px of a 1024 px film at the centre
+        "spread": 0.5 + 1.0 * u[4],  # 1.5-2.5x as wide in the corners
+        "corner": 0.004 + 0.02 * u[5],  # the rounded corner: 4-25 px of 1024
+        "transmission": 0.01 + 0.04 * u[6],  # lead blades let a few % through
+        "scatter": 0.05 + 0.15 * u[7],
+        "reach": 0.01 + 0.03 * u[8],  # the scatter fades over 10-40 px of 1024
+        "range": 3.0 + 2.0 * u[9],  # log exposure range of the display (e-folds)
+        "shade": 0.88 + 0.1 * u[10],  # where the display's shoulder rolls off to
+        "black": 0.03 * u[11],
+        "fringe": -0.002 + 0.005 * u[12],  # the system mask's offset past the blade edge
+        "enhance": 0.4 + 0.8 * u[13],  # unsharp-mask gain of the display processing
+        "radius": 0.0015 + 0.004 * u[14],  # its sigma: 1.5-5.5 px of a 1024 px film
     }
 
 
@@ -1215,15 +1253,18 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
 def xray_collimation(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
-    """Collimator shutters: the blades cut the beam, so the film under them is unexposed,
-    showing only the scatter from the irradiated patient beside them (graded, noisy, no
-    anatomy) behind a focal-spot penumbra of a few mm, the blades tilted together by a degree or
-    two; the display's edge enhancement leaves a dark undershoot along the exposed side; on a
-    film-like display the shutter is bright (``white``), else the system masks it black just
-    inside the edge (``collimation``). Refs: Bushberg et al., The Essential Physics of Medical
-    Imaging, ch. 7 (collimation, penumbra = focal spot x (magnification - 1)) and ch. 10 (CR/DR
-    image processing: unsharp masking, electronic shuttering); Boyle et al., PMB 2013 (scatter
-    tails at field edges).
+    """Collimator shutters, as the x-ray tube's lead blades make them: straight blades tilted
+    together by 0.5-3 degrees (never square to the detector), a focal-spot penumbra of a few px
+    that widens off the central ray, rounded field corners where two blades meet; under them the
+    blades' few % transmission of the beam plus scatter from the irradiated body beside them
+    (fading over tens of px), shown through the log display and its shoulder: white, the anatomy
+    faintly visible, with the low exposure's relatively stronger quantum noise; the display's
+    unsharp mask leaves a thin overshoot/undershoot line along the edge; on some systems the
+    shutter is masked black near the edge (``white`` 0), anti-aliased (``collimation``). Refs:
+    Bushberg et al., The Essential Physics of Medical Imaging, ch. 7 (collimation, penumbra =
+    focal spot x (magnification - 1)) and ch. 10 (CR/DR image processing: log transform, LUT,
+    unsharp masking, electronic shuttering); Boyle et al., PMB 2013 (scatter tails at field
+    edges).
 
     Kornia: own kernel: no Kornia equivalent (shutter geometry, scatter and unsharp-mask
     low-passes as per-sample box passes, keyed noise field and blend in one batched pass)."""

@@ -19,9 +19,9 @@ from perturb.ops.kernels import get_kernel
 
 
 def test_collimation_of_a_batch_is_each_sample_alone() -> None:
-    """The collimated films of a batch (blades, tilt, hard masks, penumbra, scatter and unsharp
-    low-passes at per-sample radii, the film's noise level and the keyed grain) equal those of
-    each sample run alone, bit for bit."""
+    """The collimated films of a batch (blades, tilt, rounded corners, masks, penumbrae, scatter
+    and unsharp low-passes at per-sample radii, transmission and display range, the film's noise
+    level and the keyed grain) equal those of each sample run alone, bit for bit."""
     h, w = 41, 67
     p = {
         "left": [0.01, 0.2, 0.0, 0.4],
@@ -29,16 +29,19 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
         "top": [0.0, 0.07, 0.33, 0.01],
         "bottom": [0.2, 0.1, 0.0, 0.35],
         "white": [1.0, 0.0, 1.0, 0.0],
-        "tilt": [0.0, 2.0, -1.5, 0.5],
-        "penumbra": [0.005, 0.01, 0.014, 0.008],
-        "scatter": [0.1, 0.2, 0.06, 0.25],
-        "reach": [0.01, 0.05, 0.03, 0.02],
-        "shade": [0.9, 0.95, 0.98, 0.93],
+        "tilt": [0.5, 2.0, -1.5, -3.0],
+        "penumbra": [0.002, 0.005, 0.004, 0.003],
+        "spread": [0.5, 1.5, 1.0, 0.7],
+        "corner": [0.004, 0.024, 0.01, 0.015],
+        "transmission": [0.01, 0.05, 0.03, 0.02],
+        "scatter": [0.05, 0.2, 0.1, 0.15],
+        "reach": [0.01, 0.04, 0.03, 0.02],
+        "range": [3.0, 5.0, 4.0, 3.5],
+        "shade": [0.88, 0.95, 0.98, 0.93],
         "black": [0.0, 0.02, 0.01, 0.03],
-        "fringe": [0.002, 0.006, 0.003, 0.004],
-        "hard": [0.0, 1.0, 0.0, 0.0],
-        "enhance": [0.3, 1.1, 0.7, 0.5],
-        "radius": [0.008, 0.028, 0.015, 0.02],
+        "fringe": [-0.002, 0.003, 0.001, -0.001],
+        "enhance": [0.4, 1.2, 0.7, 0.5],
+        "radius": [0.0015, 0.0055, 0.003, 0.004],
     }
     params = {k: torch.tensor(v) for k, v in p.items()}
     x = torch.rand(4, 1, h, w, generator=torch.Generator().manual_seed(5))

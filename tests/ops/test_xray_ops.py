@@ -446,39 +446,57 @@ def _collimation(**over: float) -> dict[str, float]:
         "white": 1.0,
         "tilt": 0.0,
         "penumbra": 0.01,
-        "scatter": 0.2,
+        "spread": 0.0,
+        "corner": 0.0,
+        "transmission": 0.03,
+        "scatter": 0.15,
         "reach": 0.03,
+        "range": 4.0,
         "shade": 0.95,
         "black": 0.01,
         "fringe": 0.0,
-        "hard": 0.0,
         "enhance": 0.0,
-        "radius": 0.02,
+        "radius": 0.004,
     }
     return {**base, **over}
 
 
-def test_collimation_shutter_is_unexposed_film_with_scatter_and_noise() -> None:
-    """Under a white shutter no anatomy reaches the detector: the film shows ``shade`` minus the
-    scatter of the exposed field beside it (more scatter beside more exposed, darker, anatomy,
-    fading with the distance under the blade) with the film's noise on top (not a flat fill);
-    the open field beyond the penumbra is untouched."""
+def test_collimation_shadow_is_the_blade_transmission_plus_scatter_with_stronger_noise() -> None:
+    """Under a white shutter the exposure is the blade's transmission T E plus the scatter of the
+    irradiated field beside it (more beside more exposed, darker, anatomy, fading under the
+    blade), shown through the log display and its shoulder: bright, the anatomy faintly visible,
+    with the low exposure's relatively stronger quantum noise; the field beyond the penumbra is
+    untouched."""
     n = 400
     x = torch.full((1, 1, n, n), 0.7)
     x[..., : n // 2] = 0.2  # left half of the field strongly exposed (dark), right half not
     x += 0.05 * torch.sin(torch.arange(n, dtype=torch.float32) / 3.0).view(1, 1, 1, n)
+    x += 0.01 * torch.randn(1, 1, n, n, generator=torch.Generator().manual_seed(3))
     out, _ = _with_params(x, "xray_collimation", 4, _collimation())
-    o = _np(out)
+    o, v = _np(out), _np(x)
     top = 0.15 * n  # the top blade's edge, rows from the top
     near, deep = o[int(top - 10) : int(top - 6)], o[2:10]
     assert near[:, 60:180].mean() < near[:, 220:360].mean() - 0.03  # scatter follows exposure
     assert near[:, 220:360].mean() < deep[:, 220:360].mean()  # and fades under the blade
-    assert abs(deep.mean() - 0.95) < 0.02 and deep.std() > 0.002  # shade with grain
-    # no anatomy: the field's fine stripes do not show through (the shutter is the field's
-    # scatter, a low-pass of it)
-    stripes = np.sin(np.arange(n) / 3.0)[220:360]
-    assert abs(np.corrcoef(near[:, 220:360].mean(axis=0), stripes)[0, 1]) < 0.3
-    v = _np(x)
+    assert deep.mean() > 0.8  # the shadow shows white
+    # without scatter the shadow is the log shift -ln(T)/range of the film through the shoulder
+    plain, _ = _with_params(x, "xray_collimation", 4, _collimation(scatter=0.0, range=8.0))
+    lin = v[2:10] - math.log(0.03) / 8.0
+    span = 0.95 - 0.75
+    expect = np.where(lin > 0.75, 0.75 + span * (1.0 - np.exp(-(lin - 0.75) / span)), lin)
+    assert abs(_np(plain)[2:10].mean() - expect.mean()) < 0.01
+    # the anatomy stays faintly visible: the stripes show, weaker than in the field
+    stripes = np.sin(np.arange(n) / 3.0)[60:180]
+    profile = deep[:, 60:180].mean(axis=0)
+    assert np.corrcoef(profile, stripes)[0, 1] > 0.5
+    assert 0.005 < np.ptp(profile) < 0.5 * np.ptp(v[200:260, 60:180].mean(axis=0))
+    # quantum noise: relatively stronger (to the anatomy's contrast) at the low exposure
+    def grain(a: np.ndarray) -> float:
+        return float(np.std(a - scipy.ndimage.uniform_filter(a, 5)))
+
+    field_grain = grain(v[200:208, 60:180] - v[200:260, 60:180].mean(axis=0))
+    field_contrast = np.ptp(v[200:260, 60:180].mean(axis=0))
+    assert grain(deep[:, 60:180] - profile) / np.ptp(profile) > 2.0 * field_grain / field_contrast
     pen = 0.01 * n
     field = (
         slice(int(top + pen / 2) + 1, int(n - 80 - pen / 2) - 1),
@@ -487,48 +505,76 @@ def test_collimation_shutter_is_unexposed_film_with_scatter_and_noise() -> None:
     assert np.array_equal(o[field], v[field].astype(np.float32).astype(np.float64))
 
 
-def test_collimation_display_edge_enhancement_undershoots_the_field() -> None:
-    """The display's unsharp mask acts on the shutter's step: a dark undershoot along the
-    exposed side, a bright overshoot under the blade, the film far from the edge unchanged."""
+def test_collimation_display_edge_enhancement_is_a_thin_line() -> None:
+    """The display's unsharp mask acts on the shutter's step: a thin dark undershoot along the
+    exposed side, a thin bright overshoot under the blade, both within a few sigmas of the
+    edge; the film beyond them unchanged."""
     n = 400
     x = torch.full((1, 1, n, n), 0.4)
-    plain, _ = _with_params(x, "xray_collimation", 4, _collimation(scatter=0.0, shade=0.8))
-    sharp, _ = _with_params(
-        x, "xray_collimation", 4, _collimation(scatter=0.0, shade=0.8, enhance=0.8)
-    )
+    plain, _ = _with_params(x, "xray_collimation", 4, _collimation(scatter=0.0))
+    sharp, _ = _with_params(x, "xray_collimation", 4, _collimation(scatter=0.0, enhance=0.8))
     p, s = _np(plain), _np(sharp)
     top, pen = 0.15 * n, 0.01 * n
-    below = s[int(top + pen) : int(top + 20), 150:250].mean(axis=1)
-    assert below.min() < 0.4 - 0.05  # the dark undershoot
-    assert s[int(top - 8) : int(top - 3), 150:250].mean() > p[int(top - 8) : int(top - 3), 150:250].mean() + 0.03
-    assert np.abs(s[200:250, 150:250] - 0.4).max() < 1e-6  # beyond the mask's reach: untouched
+    below = s[int(top + pen / 2) : int(top + 12), 150:250].mean(axis=1)
+    assert below.min() < 0.4 - 0.015  # the dark undershoot
+    above = slice(int(top - pen / 2 - 4), int(top - pen / 2))
+    assert s[above, 150:250].mean() > p[above, 150:250].mean() + 0.01  # the bright overshoot
+    assert np.abs(s[int(top + 20) : 250, 150:250] - 0.4).max() < 1e-6  # a thin line only
+    assert np.abs(s[5:20, 150:250] - p[5:20, 150:250]).max() < 1e-3
 
 
-def test_collimation_blades_tilt_together_and_black_masks_step_by_one_pixel() -> None:
-    x = torch.full((1, 1, 400, 400), 0.5)
+def test_collimation_penumbra_widens_off_centre_and_field_corners_round() -> None:
+    """The penumbra is ``penumbra`` x (1 + ``spread`` x the distance from the centre over the half
+    diagonal) wide; where two blades meet the field's corner is rounded to ``corner``."""
+    n = 400
+    x = torch.full((1, 1, n, n), 0.2)
     out, _ = _with_params(
-        x, "xray_collimation", 4, _collimation(tilt=2.0, penumbra=0.0025, scatter=0.0)
+        x, "xray_collimation", 4,
+        _collimation(left=0.1, right=0.1, top=0.1, bottom=0.1, penumbra=0.02, spread=1.5,
+                     corner=0.05, transmission=0.001, scatter=0.0),
     )
     o = _np(out)
 
-    def edge_row(col: int) -> float:  # the top edge: first row (from the top) past mid-grey
-        column = o[:120, col]
-        return float(np.flatnonzero(column < 0.5 * (column[:20].mean() + column[100:].mean()))[0])
+    def width(col: int) -> float:  # 10-90 % rise of the top edge along a column
+        prof = o[:80, col]
+        lo, hi = prof[60:75].mean(), prof[2:10].mean()
+        frac = (prof - lo) / (hi - lo)
+        return float(np.count_nonzero((frac > 0.1) & (frac < 0.9)))
 
-    slope = (edge_row(300) - edge_row(100)) / 200
-    assert abs(slope - math.tan(math.radians(2.0))) < 0.01  # rotated about the centre
-    dark = torch.full((1, 1, 400, 400), 0.2)
-    out_s, _ = _with_params(
-        dark, "xray_collimation", 4,
-        _collimation(tilt=2.0, white=0.0, penumbra=0.01, hard=1.0, fringe=0.002, black=0.02),
+    centre, off = width(200), width(70)
+    r_centre = math.hypot(0.0, 160.0) / (0.5 * math.hypot(n, n))
+    r_off = math.hypot(130.0, 160.0) / (0.5 * math.hypot(n, n))
+    assert abs(off / centre - (1 + 1.5 * r_off) / (1 + 1.5 * r_centre)) < 0.2
+    # the corner: on the field's diagonal just inside both blade lines the film is in shadow,
+    # whereas the same depth inside a straight edge is open field
+    corner_px = o[40 + 4, 40 + 4]
+    edge_px = o[40 + 4, 200]
+    assert corner_px > edge_px + 0.15
+
+
+def test_collimation_blades_are_tilted_anti_aliased_and_never_square() -> None:
+    """The sampler tilts the blades by 0.5-3 degrees either way; the (black, system-masked) edge
+    is anti-aliased at sub-pixel positions: the sub-pixel edge row along the columns is a
+    straight line, no one-pixel stair steps."""
+    tilts = [
+        abs(perturb.apply(torch.zeros(1, 1, 8, 8), "xray_collimation", 3, [f"t{i}"],
+                          protect_border=False)[1][0].params["tilt"])
+        for i in range(40)
+    ]
+    assert min(tilts) >= 0.5 - 1e-6 and max(tilts) <= 3.0 + 1e-6
+    x = torch.full((1, 1, 400, 400), 0.5)
+    out, _ = _with_params(
+        x, "xray_collimation", 4,
+        _collimation(tilt=2.0, white=0.0, penumbra=0.0025, fringe=0.0, black=0.0, scatter=0.0),
     )
-    s = _np(out_s)
-    shut = s[:120] < 0.1
-    first = np.argmin(shut, axis=0)[80:360]  # the edge row of each column
-    assert np.abs(np.diff(first)).max() <= 1 and np.ptp(first) >= 8  # one-pixel stair steps
-    assert abs(s[5:40, 100:300].mean() - 0.02) < 0.01  # the system's black
-    rim = np.array([s[r + 1, c + 80] for c, r in enumerate(first)])
-    assert rim.mean() > 0.2 + 0.05  # the penumbra's bright part left outside the mask
+    o = _np(out)
+    cols = np.arange(100, 300)
+    # the sub-pixel edge row of each column: the masked (dark) share of its pixels near the edge
+    sub = np.array([30 + np.sum(np.clip(1.0 - o[30:90, c] / 0.5, 0.0, 1.0)) for c in cols])
+    slope, offset = np.polyfit(cols, sub, 1)
+    assert abs(slope - math.tan(math.radians(2.0))) < 0.01
+    # a straight anti-aliased edge (a binary mask's one-pixel steps would leave up to 0.5 px)
+    assert np.abs(sub - (slope * cols + offset)).max() < 0.2
 
 
 # ---------------------------------------------------------------------------------------------
