@@ -586,7 +586,7 @@ SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges a
 # (the rounded letters cut from lead sheet)
 LEAD_FONTS = ("block", "rounded", "rounded_wide")
 FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
-WHITE_PIXELS = 20  # pixels at the film's white level: what saturating lead reaches on its display
+WHITE_PIXELS = 4  # pixels at the film's white level (its maximum, robust to a stray pixel): saturated lead
 
 
 @lru_cache(maxsize=1)

@@ -401,7 +401,7 @@ def test_laterality_marker_goes_lower_down_in_air_else_stays_at_the_film_edge() 
         v[130:170, 215:] = pocket + np.float32(0.02) * (v[130:170, 215:] - 0.6)
         _, x0, y0, _ = marker_plan(256, 256, "R", s, True, None, film_levels(v))
         if is_air:
-            assert 130 <= y0 and y0 + s <= 170 and x0 >= 215
+            assert y0 >= 130 and y0 + s <= 170 and x0 >= 215
         else:
             assert (x0, y0) == (256 - margin - s, margin)
         out, _ = _marker_call(v, size=0.06, right_corner=1.0, angle=-9.0, holder=0.05)
