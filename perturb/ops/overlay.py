@@ -498,19 +498,31 @@ def is_air(square_sum: int, big: int, film_sum: int, pixels: int) -> bool:
     return den * square_sum * pixels <= num * film_sum * big * big
 
 
-def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int) -> Spot:
+def at_edge(spot: Spot, s: int, h: int, w: int) -> Spot:
+    """``spot`` (the marker's square of side ``s``) pushed from the corner's margin out to
+    ``EDGE`` inside the film's edge, on each axis where it sits at the margin (a spot further
+    along an edge keeps that coordinate, clear of the annotations it was planned round)."""
+    px, py, x0, y0 = spot
+    side = min(h, w)
+    margin, e = round(0.03 * side), round(EDGE * side)
+    x = w - s - e if x0 == w - margin - s else (e if x0 == margin else x0)
+    y = e if y0 == margin else (h - s - e if y0 == h - margin - s else y0)
+    return px, py, x, y
+
+
+def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int, s: int) -> Spot:
     """The spot whose planning square holds the film's lowest sum of levels (``film_levels``:
     the air beside the body, not the white collimation band, tissue or lung; the first on a
     tie) when that square is air (``is_air``); else, with no air beside the body anywhere the
-    marker may go, the first spot (the drawn corner, just inside the film's edge, never a
-    square of tissue further in); the first spot without the film. Integer sums: the torch
-    kernel's choice (``_place_markers``) is the same."""
-    if film is None or len(spots) == 1:
+    marker may go, the first spot (the drawn corner) pushed out to just inside the film's edge
+    (``at_edge``), never a square of tissue further in; the first spot without the film.
+    Integer sums: the torch kernel's choice (``_place_markers``) is the same."""
+    if film is None:
         return spots[0]
     sums = [int(film[y : y + big, x : x + big].sum(dtype=np.int64)) for x, y, _, _ in spots]
     best = int(np.argmin(sums))
     if not is_air(sums[best], big, int(film.sum(dtype=np.int64)), film.size):
-        return spots[0]
+        return at_edge(spots[0], s, *film.shape)
     return spots[best]
 
 
@@ -529,12 +541,13 @@ def marker_plan(
     letter_, spots, big, why = marker_spots(h, w, letter, size, right_corner, scene)
     if letter_ is None:
         return None, 0, 0, why
-    _, _, x0, y0 = choose_spot(film, spots, big)
+    _, _, x0, y0 = choose_spot(film, spots, big, max(2, round(size)))
     return letter_, x0, y0, why
 
 
 PLAN_SIZE = 0.09  # the largest marker (catalog: severity 5's upper size), shorter side
 DOWN_REACH = 0.7  # how far down the outer edge (fraction of the height) the marker may go
+EDGE = 0.005  # with no air: the marker's inset from the film's edge, shorter side
 AIR_OF_MEAN = (9, 20)  # air: a square's mean level at most 9/20 of the film's mean level
 
 
@@ -889,7 +902,7 @@ def marker_mask(
     tile = marker_tile(h, w, letter, size, right_corner, scene, style, key)
     if tile is None:
         return mask, paint
-    _, _, x0, y0 = choose_spot(film, tile.spots, tile.big)
+    _, _, x0, y0 = choose_spot(film, tile.spots, tile.big, tile.s)
     s = tile.s
     inside = (slice(y0, y0 + s), slice(x0, x0 + s))  # the marker never leaves its square
     mask[inside] = tile.mask
@@ -1042,6 +1055,11 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
     best = torch.where(air, best, torch.zeros_like(best))
     chosen = spots_d.gather(1, best.view(-1, 1, 1).expand(-1, 1, 4))[:, 0]
     x0, y0, s = chosen[:, 2], chosen[:, 3], sizes_d[:, 1]
+    # ``at_edge``: pushed out to just inside the film's edge where there is no air
+    margin, e = round(0.03 * min(h, w)), round(EDGE * min(h, w))
+    edge_x = torch.where(x0 == w - margin - s, w - s - e, torch.where(x0 == margin, e, x0))
+    edge_y = torch.where(y0 == margin, e, torch.where(y0 == h - margin - s, h - s - e, y0))
+    x0, y0 = torch.where(air, x0, edge_x), torch.where(air, y0, edge_y)
     windows = torch.stack(
         [
             (x0 - s).clamp(min=0),
@@ -1090,9 +1108,11 @@ def xray_laterality_marker(
     corner or at the very edge of the field (``marker_spots``, chosen by the film's levels).
     Most are lead markers radiographed with the patient (``_lead_marker``: a lead L/R in a
     faint plastic holder with the technologist's initials or a number, at a keyed tilt,
-    sometimes face down; its shadow drives the display to the film's white level through the
-    film curve's shoulder, v' = 1 - (1 - v)(1 - a), with a pixel of focal-spot unsharpness and
-    the film's own noise); the rest are the console's flat digital letter, often ringed. The
+    sometimes face down, always tilted; the lead stops the beam, so letter and initials show the
+    film's top level, saturated, with a sub-pixel focal-spot edge and no noise, the plastic
+    carrying the film's own noise); the rest are the console's flat digital letter at display
+    white, often ringed. With no air beside the body the marker goes just inside the film's
+    edge in the drawn corner (``choose_spot``). The
     letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
     mode it probes), but it never contradicts a marker already on the film and keeps clear of
     its annotations.

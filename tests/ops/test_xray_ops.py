@@ -367,8 +367,9 @@ def _marker_call(
 def test_laterality_marker_goes_in_the_air_beside_the_body() -> None:
     """Technologists put the marker in the air outside the body near a top corner: on a film
     whose only air near the right top corner lies down its outer edge, the marker lands there,
-    not in the corner over the body; on the left side (no air) it stays in the top corner."""
-    from perturb.ops.overlay import PLAN_SIZE, film_levels, marker_plan
+    not in the corner over the body; on the left side (no air) it goes to the top corner at
+    the film's edge."""
+    from perturb.ops.overlay import film_levels, marker_plan
 
     v = _air_pocket_film()
     s = round(float(np.float32(0.06)) * 256)
@@ -380,8 +381,8 @@ def test_laterality_marker_goes_in_the_air_beside_the_body() -> None:
         assert rows.size > s
         assert rows.min() >= 40 and rows.max() < 80 and cols.min() >= 215  # in the air pocket
     _, x0, y0, _ = marker_plan(256, 256, "R", s, False, None, film_levels(v))
-    margin, big = round(0.03 * 256), round(PLAN_SIZE * 256)
-    assert y0 == margin and x0 <= margin + 2 * big  # the left top corner: the edge of the field
+    margin, edge = round(0.03 * 256), round(0.005 * 256)
+    assert (x0, y0) == (edge, edge)  # no air there: the left top corner, at the film's edge
     # without the film (the default plan): the drawn top corner itself
     assert marker_plan(256, 256, "R", s, True, None)[1:3] == (256 - margin - s, margin)
 
@@ -389,11 +390,10 @@ def test_laterality_marker_goes_in_the_air_beside_the_body() -> None:
 def test_laterality_marker_goes_lower_down_in_air_else_stays_at_the_film_edge() -> None:
     """With no air near the top corners the marker goes to the air beside the body lower
     down the outer edge; where the only darker squares are tissue (not air: above 9/20 of the
-    film's mean level), it stays just inside the film's edge in the drawn corner, never on
+    film's mean level), it goes just inside the film's edge in the drawn corner, never on
     that tissue further in. The torch kernel places it where the plan (CPU path) does."""
     from perturb.ops.overlay import film_levels, marker_plan
 
-    margin = round(0.03 * 256)
     s = round(float(np.float32(0.06)) * 256)
     for pocket, is_air in ((0.05, True), (0.4, False)):
         v = _air_pocket_film()
@@ -403,7 +403,7 @@ def test_laterality_marker_goes_lower_down_in_air_else_stays_at_the_film_edge() 
         if is_air:
             assert y0 >= 130 and y0 + s <= 170 and x0 >= 215
         else:
-            assert (x0, y0) == (256 - margin - s, margin)
+            assert (x0, y0) == (256 - round(0.005 * 256) - s, round(0.005 * 256))
         out, _ = _marker_call(v, size=0.06, right_corner=1.0, angle=-9.0, holder=0.05)
         rows, cols = np.nonzero(np.abs(out - v) > 1e-7)
         assert rows.min() >= y0 and rows.max() < y0 + s and cols.min() >= x0
