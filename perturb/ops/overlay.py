@@ -415,8 +415,8 @@ def marker_spots(
 
     Technologists put the marker in the air beside the body or at the very edge of the field,
     near a shoulder: the candidate squares (margin 3 % of the shorter side) run from the drawn
-    top corner along the top edge (up to twice the marker's size) and down the outer edge (to
-    0.3 of the height), each keeping half its size from every detected annotation; the first
+    top corner along the top edge (up to twice the marker's size) and down the outer edge
+    beside the body (to ``DOWN_REACH`` of the height), each keeping half its size from every detected annotation; the first
     corner (drawn top, other top, then the bottom ones) with a clear candidate gives them;
     failing those, candidates further along the top edge. ``choose_spot`` picks one by the
     film's levels. The spots depend on the scene only, never the film's pixels."""
@@ -462,7 +462,7 @@ def marker_spots(
     if sides:  # only the detected marker's side of the film
         corners = [c for c in corners if c[0] == right_corner]
     along = range(0, 2 * big + 1, step)
-    down = range(step, max(step, round(0.3 * h) - margin - big + 1), step)
+    down = range(step, max(step, round(DOWN_REACH * h) - margin - big + 1), step)
     far = range(2 * big + step, max(2 * big + step, w // 2 - big - margin), step)
 
     def squares(right: bool, top: bool, shifts: range, sides_too: bool) -> list[tuple[int, int]]:
@@ -491,15 +491,40 @@ def marker_spots(
     return None, [], 0, "no marker added: no corner of the film is clear of its annotations"
 
 
-def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int) -> Spot:
+def is_air(square_sum: int, big: int, film_sum: int, pixels: int) -> bool:
+    """Whether a planning square of ``big`` px a side with integer level sum ``square_sum`` is
+    air: its mean level at most ``AIR_OF_MEAN`` of the film's mean (``film_sum`` over
+    ``pixels``), in exact integer arithmetic (the torch kernel's test is the same)."""
+    num, den = AIR_OF_MEAN
+    return den * square_sum * pixels <= num * film_sum * big * big
+
+
+def at_edge(spot: Spot, s: int, h: int, w: int) -> Spot:
+    """``spot`` (the marker's square of side ``s``) pushed from the corner's margin out to
+    ``EDGE`` inside the film's edge, on each axis where it sits at the margin (a spot further
+    along an edge keeps that coordinate, clear of the annotations it was planned round)."""
+    px, py, x0, y0 = spot
+    side = min(h, w)
+    margin, e = round(0.03 * side), round(EDGE * side)
+    x = w - s - e if x0 == w - margin - s else (e if x0 == margin else x0)
+    y = e if y0 == margin else (h - s - e if y0 == h - margin - s else y0)
+    return px, py, x, y
+
+
+def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int, s: int) -> Spot:
     """The spot whose planning square holds the film's lowest sum of levels (``film_levels``:
     the air beside the body, not the white collimation band, tissue or lung; the first on a
-    tie), or the first spot (the drawn corner itself) without the film. Integer sums: the
-    torch kernel's choice (``_choose_spots``) is the same."""
-    if film is None or len(spots) == 1:
+    tie) when that square is air (``is_air``); else, with no air beside the body anywhere the
+    marker may go, the first spot (the drawn corner) pushed out to just inside the film's edge
+    (``at_edge``), never a square of tissue further in; the first spot without the film.
+    Integer sums: the torch kernel's choice (``_place_markers``) is the same."""
+    if film is None:
         return spots[0]
     sums = [int(film[y : y + big, x : x + big].sum(dtype=np.int64)) for x, y, _, _ in spots]
-    return spots[int(np.argmin(sums))]
+    best = int(np.argmin(sums))
+    if not is_air(sums[best], big, int(film.sum(dtype=np.int64)), film.size):
+        return at_edge(spots[0], s, *film.shape)
+    return spots[best]
 
 
 def marker_plan(
@@ -517,11 +542,14 @@ def marker_plan(
     letter_, spots, big, why = marker_spots(h, w, letter, size, right_corner, scene)
     if letter_ is None:
         return None, 0, 0, why
-    _, _, x0, y0 = choose_spot(film, spots, big)
+    _, _, x0, y0 = choose_spot(film, spots, big, max(2, round(size)))
     return letter_, x0, y0, why
 
 
 PLAN_SIZE = 0.09  # the largest marker (catalog: severity 5's upper size), shorter side
+DOWN_REACH = 0.7  # how far down the outer edge (fraction of the height) the marker may go
+EDGE = 0.005  # with no air: the marker's inset from the film's edge, shorter side
+AIR_OF_MEAN = (9, 20)  # air: a square's mean level at most 9/20 of the film's mean level
 
 
 def _fits(scene: Any, h: int, w: int) -> bool:
@@ -535,8 +563,8 @@ class MarkerStyle:
     lead: a lead letter radiographed with the patient (else the console's digital letter);
     angle: its tilt on the detector, degrees; mirrored: placed reversed (seen mirrored);
     initials: how many technologist's initials sit under the letter (0-3, lead only);
-    density: how far the lead letter drives the display towards white (1 - transmission
-    through the display's shoulder), or the digital letter's value; blur: the Gaussian sigma of
+    density: the density of the bead beside a lead letter, relative to the lead (the lead
+    and the digital letter always reach the display's white); blur: the Gaussian sigma of
     the focal-spot penumbra and detector MTF, fraction of the shorter side; holder: the plastic
     holder's extra density over air (0: none); ring: the digital letter sits in a ring."""
 
@@ -572,7 +600,7 @@ SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges a
 # (the rounded letters cut from lead sheet)
 LEAD_FONTS = ("block", "rounded", "rounded_wide")
 FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
-WHITE_PIXELS = 20  # pixels at the film's white level: what saturating lead reaches on its display
+WHITE_PIXELS = 4  # pixels at the film's white level (its maximum, robust to a stray pixel): saturated lead
 
 
 @lru_cache(maxsize=1)
@@ -705,9 +733,10 @@ def _lead_marker(
     number in smaller type under it, in a plastic holder of a few % density (rounded corners,
     a denser rim, sometimes a bead or disc beside the letter), tilted by ``style.angle`` and
     mirrored when placed face down; the geometric unsharpness of the focal spot
-    (``style.blur``, about a pixel) and the film's own quantum noise (read round the marker)
-    on top, so it is neither sharper nor smoother than the film. The lead drives the display
-    to the film's white level (saturated: coverage ``style.density``)."""
+    (``style.blur``, under a third of a pixel: a penumbra of at most a pixel) and the film's own
+    quantum noise (read round the marker) on the plastic. The lead (letter and initials cut
+    from the same sheet) stops the beam: the display saturates at the film's white level
+    (coverage 1, no noise left in its core), the fully attenuating white of real lead."""
     ss = SUPERSAMPLE
     big = s * ss
     work = 2 * big
@@ -740,12 +769,9 @@ def _lead_marker(
             hx1 += 2 * r + 0.5 * pad
             cv2.circle(bead, (round(hx1 - pad - r), round(hy0 + pad + r)), round(r), 1.0, -1)
         rim = max(1, round(0.05 * cap))
-        _rounded_box(holder, (hx0, hy0, hx1, hy1), 0.35 * pad, 1.4)  # the plastic's denser rim
+        _rounded_box(holder, (hx0, hy0, hx1, hy1), 0.35 * pad, 1.8)  # the plastic's denser rim
         _rounded_box(holder, (hx0 + rim, hy0 + rim, hx1 - rim, hy1 - rim), 0.35 * pad - rim, 1.0)
     ink = letter_ink.astype(np.float32) / np.float32(255.0)
-    ramp = np.linspace(0.9, 1.0, work, dtype=np.float32)  # lead sheet of uneven thickness
-    ramp = ramp if g.random() < 0.5 else ramp[::-1]
-    ink *= ramp[None, :] if g.random() < 0.5 else ramp[:, None]
     layers = np.stack([ink, holder, bead], axis=-1)
     if style.mirrored:
         layers = layers[:, ::-1].copy()
@@ -768,23 +794,26 @@ def _lead_marker(
     if blur_px > 0:
         placed = cv2.GaussianBlur(placed, (0, 0), blur_px * ss)
     down = cv2.resize(placed, (s, s), interpolation=cv2.INTER_AREA)
-    letter_a = np.clip(down[..., 0] * np.float32(style.density), 0.0, 1.0)
+    letter_a = np.clip(down[..., 0], 0.0, 1.0)  # lead stops the beam: full coverage
     holder_a = np.clip(down[..., 1] * np.float32(style.holder), 0.0, 1.0)
     bead_a = np.clip(down[..., 2] * np.float32(0.35 * style.density), 0.0, 1.0)
     mask = np.zeros((s, s), dtype=np.float32)
     unit = np.zeros((s, s), dtype=np.float32)
     grain = np.zeros((s, s), dtype=np.float32)
     noise = rng.normal_numpy(key, "xray_marker", s * s, _normal_table()).reshape(s, s)
-    for alpha in (holder_a, bead_a, letter_a):
+    for alpha in (holder_a, bead_a):
         grain *= np.float32(1.0) - alpha
         grain += noise * alpha
         _over(mask, unit, alpha, 1.0)
+    grain *= np.float32(1.0) - letter_a  # the saturated display shows no noise behind lead
+    _over(mask, unit, letter_a, 1.0)
     return mask, unit, grain
 
 
 def _digital_marker(s: int, letter: str, style: MarkerStyle) -> tuple[np.ndarray, np.ndarray]:
-    """The console's digital letter in its s x s square: flat, sharp (anti-aliased only), of
-    value ``style.density``, optionally in a white ring on a dark disc."""
+    """The console's digital letter in its s x s square: flat, sharp (anti-aliased only), at
+    the display's white (the console burns it in at the top of the range), optionally in a
+    white ring on a dark disc."""
     ss = SUPERSAMPLE
     big = s * ss
     cap = (0.42 if style.ring else 0.6) * big
@@ -804,11 +833,11 @@ def _digital_marker(s: int, letter: str, style: MarkerStyle) -> tuple[np.ndarray
         cv2.circle(disc, (big // 2, big // 2), r, 1.0, -1)
         cv2.circle(ring, (big // 2, big // 2), r, 1.0, max(1, round(0.05 * big)))
         _over(mask, paint, cv2.resize(disc, (s, s), interpolation=cv2.INTER_AREA), 0.02)
-        _over(mask, paint, cv2.resize(ring, (s, s), interpolation=cv2.INTER_AREA), style.density)
+        _over(mask, paint, cv2.resize(ring, (s, s), interpolation=cv2.INTER_AREA), 1.0)
     glyph = cv2.resize(
         ink.astype(np.float32) / np.float32(255.0), (s, s), interpolation=cv2.INTER_AREA
     )
-    _over(mask, paint, glyph, style.density)
+    _over(mask, paint, glyph, 1.0)
     return mask, paint
 
 
@@ -874,7 +903,7 @@ def marker_mask(
     tile = marker_tile(h, w, letter, size, right_corner, scene, style, key)
     if tile is None:
         return mask, paint
-    _, _, x0, y0 = choose_spot(film, tile.spots, tile.big)
+    _, _, x0, y0 = choose_spot(film, tile.spots, tile.big, tile.s)
     s = tile.s
     inside = (slice(y0, y0 + s), slice(x0, x0 + s))  # the marker never leaves its square
     mask[inside] = tile.mask
@@ -909,12 +938,13 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "letter_r": float(u[1] < 0.5),
         "right_corner": float(u[2] < 0.5),
         "lead": float(u[3] < 0.85),  # most films carry a radiographed lead marker
-        "angle": -30.0 + 60.0 * u[4],
+        # always tilted, never exactly upright: 4-30 degrees either way
+        "angle": math.copysign(4.0 + 26.0 * abs(2.0 * u[4] - 1.0), u[4] - 0.5),
         "mirrored": float(u[5] < 0.2),  # placed face down
         "initials": float(min(3, int(4 * u[6]))),
-        "density": 0.92 + 0.08 * u[7],  # lead saturates the display
-        "blur": 0.0003 + 0.0006 * u[8],  # 0.3-0.9 px on a 1024 px film: a penumbra, no glow
-        "holder": (0.03 + 0.05 * u[9] / 0.85) if u[9] < 0.85 else 0.0,  # a few % of plastic
+        "density": 0.92 + 0.08 * u[7],  # the bead's (lead and digital letters saturate)
+        "blur": 0.0001 + 0.0002 * u[8],  # 0.1-0.3 px on a 1024 px film: penumbra <= 1 px
+        "holder": (0.04 + 0.05 * u[9] / 0.95) if u[9] < 0.95 else 0.0,  # a few % of plastic
         "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
     }
 
@@ -1017,8 +1047,20 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
 
     sums = at(by + big, bx + big) - at(by, bx + big) - at(by + big, bx) + at(by, bx)
     sums = sums.masked_fill(~valid_d, torch.iinfo(wide).max)
-    chosen = spots_d.gather(1, sums.argmin(dim=1).view(-1, 1, 1).expand(-1, 1, 4))[:, 0]
+    best = sums.argmin(dim=1)
+    # no air at the lowest square (``is_air``): the first spot, just inside the film's edge
+    num, den = AIR_OF_MEAN
+    lowest = sums.gather(1, best.view(-1, 1))[:, 0].to(torch.int64)
+    film_sum = levels.sum(dim=(1, 2), dtype=torch.int64)
+    air = den * lowest * (h * w) <= num * film_sum * big[:, 0] * big[:, 0]
+    best = torch.where(air, best, torch.zeros_like(best))
+    chosen = spots_d.gather(1, best.view(-1, 1, 1).expand(-1, 1, 4))[:, 0]
     x0, y0, s = chosen[:, 2], chosen[:, 3], sizes_d[:, 1]
+    # ``at_edge``: pushed out to just inside the film's edge where there is no air
+    margin, e = round(0.03 * min(h, w)), round(EDGE * min(h, w))
+    edge_x = torch.where(x0 == w - margin - s, w - s - e, torch.where(x0 == margin, e, x0))
+    edge_y = torch.where(y0 == margin, e, torch.where(y0 == h - margin - s, h - s - e, y0))
+    x0, y0 = torch.where(air, x0, edge_x), torch.where(air, y0, edge_y)
     windows = torch.stack(
         [
             (x0 - s).clamp(min=0),
@@ -1067,9 +1109,11 @@ def xray_laterality_marker(
     corner or at the very edge of the field (``marker_spots``, chosen by the film's levels).
     Most are lead markers radiographed with the patient (``_lead_marker``: a lead L/R in a
     faint plastic holder with the technologist's initials or a number, at a keyed tilt,
-    sometimes face down; its shadow drives the display to the film's white level through the
-    film curve's shoulder, v' = 1 - (1 - v)(1 - a), with a pixel of focal-spot unsharpness and
-    the film's own noise); the rest are the console's flat digital letter, often ringed. The
+    sometimes face down, always tilted; the lead stops the beam, so letter and initials show the
+    film's top level, saturated, with a sub-pixel focal-spot edge and no noise, the plastic
+    carrying the film's own noise); the rest are the console's flat digital letter at display
+    white, often ringed. With no air beside the body the marker goes just inside the film's
+    edge in the drawn corner (``choose_spot``). The
     letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
     mode it probes), but it never contradicts a marker already on the film and keeps clear of
     its annotations.
