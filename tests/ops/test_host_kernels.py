@@ -33,10 +33,8 @@ BOUNDS["lens_fog"] = (2e-6, 1e-5, 1e-4)
 BOUNDS["surgical_smoke"] = (2e-6, 2e-5, 1e-4)
 # specular_glare: the lobe is (N . V)^shininess, so a float32 rounding of N . V (sqrt, gradient,
 # the 98th percentile) is raised to the shininess (tens to hundreds), and the lobe's floor and the
-# clipping are thresholds: a highlight pixel may move by a few 1e-4 (a tenth of a level); v6's
-# deeper micro-relief steepens N . V and its processor ring spreads a rim pixel's step over a few
-# px: up to about 1e-3 (a quarter of a level) on a highlight's rim and ring
-BOUNDS["specular_glare"] = (2e-6, 2e-5, 2e-3)
+# clipping are thresholds: a highlight pixel may move by a few 1e-4 (a tenth of a level)
+BOUNDS["specular_glare"] = (2e-6, 2e-5, 1e-3)
 # fluid_occlusion: the pool is a threshold of a noise field at a quantile and its components, its
 # depth a chamfer distance: the same pixels on both paths (a pixel at the threshold within float32
 # rounding would flip, none does on the frames), then float32 rounding of smooth fields
