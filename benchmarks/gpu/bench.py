@@ -131,6 +131,18 @@ def environment(device: str) -> dict[str, Any]:
 # Inputs and timing
 
 
+def _cycled(files: list[Path], n: int, load: Callable[[Path], np.ndarray]) -> list[np.ndarray]:
+    """``n`` images (HW or HWC) loaded from ``files``, cycled when there are fewer files than
+    ``n``; the repeats flipped (left-right, then up-down) so that every image is distinct."""
+    out = []
+    for i in range(n):
+        img = load(files[i % len(files)])
+        if i >= len(files):
+            img = img[:, ::-1] if (i // len(files)) % 2 else img[::-1]
+        out.append(np.ascontiguousarray(img))
+    return out
+
+
 def frames(width: int, height: int, n: int) -> torch.Tensor:
     """``n`` uint8 RGB frames (BCHW, CPU) from the endoscopy samples, resized to width x height
     (cycled when there are fewer samples than ``n``)."""
@@ -139,14 +151,12 @@ def frames(width: int, height: int, n: int) -> torch.Tensor:
     files = sorted(SAMPLES.glob("*.jpg"))
     if not files:
         raise SystemExit(f"no sample images under {SAMPLES}: the benchmark needs ../shared/samples beside the repo or tests/data")
-    out = []
-    for i in range(n):
-        bgr = cv2.imread(str(files[i % len(files)]), cv2.IMREAD_COLOR)
-        rgb = cv2.cvtColor(cv2.resize(bgr, (width, height), interpolation=cv2.INTER_AREA), cv2.COLOR_BGR2RGB)
-        if i >= len(files):  # distinct frames: flip the repeats
-            rgb = rgb[:, ::-1] if (i // len(files)) % 2 else rgb[::-1]
-        out.append(torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1))
-    return torch.stack(out).contiguous()
+
+    def load(path: Path) -> np.ndarray:
+        bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        return cv2.cvtColor(cv2.resize(bgr, (width, height), interpolation=cv2.INTER_AREA), cv2.COLOR_BGR2RGB)
+
+    return torch.stack([torch.from_numpy(rgb).permute(2, 0, 1) for rgb in _cycled(files, n, load)]).contiguous()
 
 
 def sync(device: str) -> None:
@@ -443,18 +453,16 @@ def films(side: int, n: int) -> torch.Tensor:
     files = sorted(XRAY_SAMPLES.glob("*.png"))
     if not files:
         raise SystemExit(f"no sample films under {XRAY_SAMPLES}")
-    out = []
-    for i in range(n):
-        img = cv2.imread(str(files[i % len(files)]), cv2.IMREAD_UNCHANGED)
+
+    def load(path: Path) -> np.ndarray:
+        img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
         if img.ndim == 3:
             img = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
         scale = 65535.0 / (65535.0 if img.dtype == np.uint16 else 255.0)
         g = cv2.resize(img.astype(np.float32) * scale, (side, side), interpolation=cv2.INTER_AREA)
-        g = np.clip(np.rint(g), 0, 65535).astype(np.int32)
-        if i >= len(files):
-            g = g[:, ::-1] if (i // len(files)) % 2 else g[::-1]
-        out.append(torch.from_numpy(np.ascontiguousarray(g))[None])
-    return torch.stack(out).to(torch.uint16)
+        return np.clip(np.rint(g), 0, 65535).astype(np.int32)
+
+    return torch.stack([torch.from_numpy(g)[None] for g in _cycled(files, n, load)]).to(torch.uint16)
 
 
 def time_events(fn: Callable[[], Any], device: str, warmup: int, iters: int) -> dict[str, float]:
