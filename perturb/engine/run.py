@@ -26,6 +26,7 @@ from perturb.contracts.keys import check_sample_keys
 from perturb.contracts.record import Record
 from perturb.errors import InputError, UnknownNameError
 from perturb.ops import backend as backends
+from perturb.ops._host import scene_held
 from perturb.ops.composite import scene_extension_alpha, scene_extension_fill
 from perturb.scene import Scene, kind_of, radiograph
 from perturb.scene.analysis import analysed
@@ -613,36 +614,16 @@ def _alphas(x: torch.Tensor, scenes: Sequence[Scene | None], kind: str) -> torch
     if all(s is None for s in scenes):
         return None
     h, w = x.shape[-2:]
-    parts: list[torch.Tensor | None] = [
-        None if s is None else s.held_on(kind, x.device) for s in scenes
-    ]
-    todo = [i for i, s in enumerate(scenes) if s is not None and parts[i] is None]
-    if todo:
-        reads = any(_scene(scenes, i).reads_pixels for i in todo)
-        host = _host_of(x, scenes)() if reads else None
-        stack = np.empty((len(todo), 1, h, w), np.float32)
-        for j, i in enumerate(todo):
-            s = _scene(scenes, i)
-            image = host[i] if host is not None else None
-            stack[j, 0] = (
-                s.composite_alpha(image) if kind == "composite" else scene_extension_alpha(s, image)
-            )
-        uploaded = torch.from_numpy(stack).to(x.device)
-        for i, one in zip(todo, uploaded.unbind(0), strict=True):  # views, one aten call
-            parts[i] = one
-            _scene(scenes, i).held_on(kind, x.device, one)
-        if len(todo) == len(parts):
-            return uploaded
+
+    def build(scene: Scene, image: np.ndarray | None) -> np.ndarray:
+        alpha = scene.composite_alpha(image) if kind == "composite" else scene_extension_alpha(scene, image)
+        return alpha[None]
+
+    parts = scene_held(x, scenes, kind, _host_of(x, scenes), build, (1, h, w), np.float32)
     if len(parts) == 1 and parts[0] is not None:
         return parts[0].unsqueeze(0)
     ones = torch.ones((1, h, w), dtype=torch.float32, device=x.device)
     return torch.stack([ones if p is None else p for p in parts])
-
-
-def _scene(scenes: Sequence[Scene | None], i: int) -> Scene:
-    s = scenes[i]
-    assert s is not None
-    return s
 
 
 def extend_tissue(x: torch.Tensor, scenes: Sequence[Scene | None]) -> torch.Tensor:

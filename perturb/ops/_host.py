@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import cached_property, lru_cache, partial
+from functools import cached_property, lru_cache
 from typing import Any, Literal
 
 import cv2
@@ -418,6 +418,38 @@ def _scene_masks(scene: Any, image: Callable[[], np.ndarray]) -> tuple[np.ndarra
     return field, field & ~overlay_of(scene.descriptor, image())
 
 
+def scene_held(
+    x: torch.Tensor,
+    scenes: Sequence[Any],
+    name: str,
+    host: Callable[[], np.ndarray],
+    build: Callable[[Any, np.ndarray | None], np.ndarray],
+    shape: tuple[int, ...],
+    dtype: Any,
+) -> list[torch.Tensor | None]:
+    """Per sample, what its scene keeps on ``x``'s device under ``name`` (``Scene.held_on``; None
+    without a scene). What is missing is built on the host once per image, ``build(scene,
+    image)`` -> ``shape`` array, with the sample's clean pixels (``host()[i]``, the batch copied
+    to the host once) only where the scene ``reads_pixels``, else None; the missing ones are
+    uploaded in one transfer and kept on the device where they read no pixels, so the later ops
+    of a chain copy nothing to the host and upload nothing."""
+    held: list[torch.Tensor | None] = [
+        None if s is None else s.held_on(name, x.device) for s in scenes
+    ]
+    todo = [i for i, s in enumerate(scenes) if s is not None and held[i] is None]
+    if not todo:
+        return held
+    pixels = host() if any(scenes[i].reads_pixels for i in todo) else None
+    stack = np.empty((len(todo), *shape), dtype=dtype)
+    for j, i in enumerate(todo):
+        stack[j] = build(scenes[i], None if pixels is None else pixels[i])
+    uploaded = torch.from_numpy(stack).to(x.device)
+    for i, one in zip(todo, uploaded.unbind(0), strict=True):  # views, one aten call
+        held[i] = one
+        scenes[i].held_on(name, x.device, one)
+    return held
+
+
 def view_masks(x: torch.Tensor, scenes: Sequence[Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(field, tissue): bool (B, 1, H, W) masks of ``View.field`` and ``View.tissue`` for every
     sample: from its scene where the engine gives one of the image's size (built on the host
@@ -433,29 +465,21 @@ def view_masks(x: torch.Tensor, scenes: Sequence[Any] | None) -> tuple[torch.Ten
     if all(s is None for s in given):
         field = estimate_tissue(x)
         return field, field
-    # a scene's masks are built on the host once per image and kept on the device
-    # (``Scene.held_on``) where they read no pixels; the batch comes to the host only where a
-    # scene still to be built has a text line (its glyph strokes are read from the pixels)
-    held: list[torch.Tensor | None] = [
-        None if s is None else s.held_on("view", x.device) for s in given
-    ]
-    scenes_of = {i: s for i, s in enumerate(given) if s is not None}
-    todo = [i for i in scenes_of if held[i] is None]
-    if todo:
-        reads = any(scenes_of[i].reads_pixels for i in todo)
-        pixels = x.detach().to("cpu", torch.float32).numpy() if reads else None
+    pixels: list[np.ndarray] = []
 
-        def image(i: int) -> np.ndarray:
-            assert pixels is not None
-            return pixels[i]
+    def host() -> np.ndarray:
+        if not pixels:
+            pixels.append(x.detach().to("cpu", torch.float32).numpy())
+        return pixels[0]
 
-        stack = np.empty((len(todo), 2, h, w), dtype=bool)
-        for j, i in enumerate(todo):
-            stack[j, 0], stack[j, 1] = _scene_masks(scenes_of[i], partial(image, i))
-        uploaded = torch.from_numpy(stack).to(x.device)
-        for i, one in zip(todo, uploaded.unbind(0), strict=True):  # views, one aten call
-            held[i] = one
-            scenes_of[i].held_on("view", x.device, one)
+    def build(scene: Any, image: np.ndarray | None) -> np.ndarray:
+        def pixels_of() -> np.ndarray:  # asked for only where the scene has text lines
+            assert image is not None
+            return image
+
+        return np.stack(_scene_masks(scene, pixels_of))
+
+    held = scene_held(x, given, "view", host, build, (2, h, w), bool)
     ones = torch.ones((2, h, w), dtype=torch.bool, device=x.device)
     both = torch.stack([ones if m is None else m for m in held])  # a fresh batch: callers may write
     field, tissue = both[:, :1], both[:, 1:]
