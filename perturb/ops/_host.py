@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from perturb import rng
-from perturb.ops import backend, keyed_fields
+from perturb.ops import backend, exact, keyed_fields
 from perturb.ops._math import linear_to_srgb_np, srgb_to_linear_np
 from perturb.ops.kernels import Geometry, Sampler, register_kernel, uniform_sampler
 
@@ -677,7 +677,7 @@ def gauss_t(planes: torch.Tensor, sigma_px: float) -> torch.Tensor:
     h, w = planes.shape[-2:]
     rows = gauss_axis_matrix(h, sigma_px, str(planes.device))
     cols = gauss_axis_matrix(w, sigma_px, str(planes.device))
-    return torch.matmul(torch.matmul(rows, planes), cols.T)
+    return exact.separable(rows, planes, cols)
 
 
 def value_noise_t(
@@ -690,7 +690,7 @@ def value_noise_t(
     coarse = keyed_fields.uniform_fields(keys, stream, (gh, gw), like.device) * 2.0 - 1.0
     rows = noise_axis_matrix(h, gh, cell, str(like.device))
     cols = noise_axis_matrix(w, gw, cell, str(like.device))
-    return torch.matmul(torch.matmul(rows, coarse), cols.T)
+    return exact.separable(rows, coarse, cols)
 
 
 def fractal_noise_t(

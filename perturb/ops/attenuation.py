@@ -1325,8 +1325,22 @@ def _gaussian_blur(img: torch.Tensor, sigma: float) -> torch.Tensor:
     t = torch.arange(-radius, radius + 1, dtype=torch.float32, device=img.device)
     k = torch.exp(-0.5 * (t / sigma) ** 2)
     k = k / k.sum()
-    img = F.conv2d(img, k.view(1, 1, 1, -1), padding=(0, radius))
-    return F.conv2d(img, k.view(1, 1, -1, 1), padding=(radius, 0))
+    # tap by tap, in one fixed order: every pixel's sum is the same whatever the batch (a CPU's
+    # convolution library or a GPU's picks its blocking and summation order from the batch)
+    return _taps_along(_taps_along(img, k, -1), k, -2)
+
+
+def _taps_along(img: torch.Tensor, taps: torch.Tensor, dim: int) -> torch.Tensor:
+    """Zero-padded correlation of every plane with the odd 1-D ``taps`` along ``dim`` (-1 or
+    -2), summed tap by tap in one order."""
+    radius = taps.numel() // 2
+    pad = (radius, radius, 0, 0) if dim == -1 else (0, 0, radius, radius)
+    padded = F.pad(img, pad)
+    n = img.shape[dim]
+    out = padded.narrow(dim, 0, n) * taps[0]
+    for t in range(1, taps.numel()):
+        out = out + padded.narrow(dim, t, n) * taps[t]
+    return out
 
 
 @register_kernel("xray_support_devices", sampler=_level_sampler)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from perturb.ops import backend
+from perturb.ops import backend, exact
 from perturb.ops._math import (
     linear_to_srgb,
     linear_to_srgb_lut,
@@ -1212,7 +1212,10 @@ def xray_motion_blur(
     radius = min(side - 1, math.ceil(most / 2.0) + 1)
     length = p["length"].double().clamp(max=bound) * side
     psf = line_psfs(length, p["angle"].double(), radius, side - 1, most)
-    out = kornia.filters.fft_conv(to_linear(x), psf, border_type="reflect")
+    # integer operands, rounded sums: the same bits whatever the batch (``exact.fft_correlate``)
+    out = exact.fft_correlate(
+        to_linear(x), psf, lambda v, k: kornia.filters.fft_conv(v, k, border_type="reflect")
+    )
     return to_display(out, x)
 
 

@@ -90,7 +90,7 @@ import torch
 
 from perturb import rng
 from perturb.errors import InputError
-from perturb.ops import _host, _math, keyed_fields
+from perturb.ops import _host, _math, exact, keyed_fields
 from perturb.ops.kernels import Level, Params, draw, draw_int
 
 # ---------------------------------------------------------------------------------------------
@@ -862,11 +862,12 @@ def _bubbles_batch(
     )
     delta = torch.stack([weight * (film[ch] - tissue_here[:, ch]) for ch in range(c)], dim=1)
     added = torch.zeros(b, c, h * w, device=x.device, dtype=lin.dtype)
-    added.scatter_add_(2, index.reshape(b, 1, -1).expand(b, c, -1), delta.reshape(b, c, -1))
+    # exact sums off the CPU: a GPU's float scatter-add adds in the threads' arrival order
+    exact.scatter_sum_(added, 2, index.reshape(b, 1, -1).expand(b, c, -1), delta.reshape(b, c, -1), 64.0)
     out = lin + _host.gauss_t(added.view(b, c, h, w), _camera_sigma(h, w))
     # the interstitial fluid where the cells crowd
     density = torch.zeros(b, h * w, device=x.device, dtype=lin.dtype)
-    density.scatter_add_(1, index.reshape(b, -1), weight.reshape(b, -1))
+    exact.scatter_sum_(density, 1, index.reshape(b, -1), weight.reshape(b, -1), 64.0)
     crowd = _host.gauss_t(density.view(b, h, w), BUBBLE_FLUID["blur"] * scale)
     wet = (
         (crowd * BUBBLE_FLUID["gain"]).clamp(0.0, 1.0)

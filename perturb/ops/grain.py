@@ -39,7 +39,7 @@ import cv2
 import numpy as np
 import torch
 
-from perturb.ops import backend
+from perturb.ops import backend, exact
 from perturb.ops._math import _graph, plane2d, scratch, split_into
 
 GRAIN_CELLS = 448
@@ -191,7 +191,7 @@ def _to_grid_torch(x: torch.Tensor, gh: int, gw: int) -> torch.Tensor:
         return _area_axis_torch(_area_axis_torch(x, gh, -2), gw, -1)
     uh = torch.from_numpy(cubic_matrix(h, gh).copy()).to(x.device)
     uw = torch.from_numpy(cubic_matrix(w, gw).copy()).to(x.device)
-    return torch.matmul(torch.matmul(uh, x.double()), uw.t()).to(x.dtype)
+    return exact.separable(uh, x.double(), uw).to(x.dtype)
 
 
 def _area_axis_torch(x: torch.Tensor, n_out: int, dim: int) -> torch.Tensor:
@@ -199,9 +199,9 @@ def _area_axis_torch(x: torch.Tensor, n_out: int, dim: int) -> torch.Tensor:
     whose matrix would pass ``DENSE_ENTRIES`` the same fractional-overlap means from a float64
     running sum read at each output pixel's bounds (no (n_out, n_in) matrix)."""
     n_in = x.shape[dim]
-    if n_in * n_out <= DENSE_ENTRIES:
+    if n_in * n_out <= DENSE_ENTRIES or exact.is_exact(x):  # exact sums: no running sum
         m = torch.from_numpy(area_matrix(n_in, n_out).copy()).to(x.device, x.dtype)
-        return torch.matmul(m, x) if dim == -2 else torch.matmul(x, m.t())
+        return exact.rows_product(m, x) if dim == -2 else exact.cols_product(x, m.t())
     moved = x.movedim(dim, -1).to(torch.float64)
     total = torch.nn.functional.pad(moved.cumsum(-1), (1, 0))  # total[..., j] = sum of x[:j]
     bounds = np.arange(n_out + 1) * (n_in / n_out)
@@ -230,10 +230,9 @@ def _field_axis_torch(residual: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     """The field along ``dim`` (-2 or -1) at n pixels: the matrix product, or for an axis whose matrix would pass ``DENSE_ENTRIES`` the same sum by FFT
     (``_field_fft``, in torch)."""
     g = residual.shape[dim]
-    if n * g <= DENSE_ENTRIES:
+    if n * g <= DENSE_ENTRIES or exact.is_exact(residual):  # exact sums: no FFT
         m = torch.from_numpy(field_matrix(g, n).copy()).to(residual.device, residual.dtype)
-        left, right = (m, residual) if dim == -2 else (residual, m.t())
-        return torch.matmul(left, right)
+        return exact.rows_product(m, residual) if dim == -2 else exact.cols_product(residual, m.t())
     bins, factor = _field_spectrum(g, n)
     source = torch.from_numpy(np.mod(np.arange(-(g // 2), g // 2 + 1), g)).to(residual.device)
     moved = residual.movedim(dim, -1).to(torch.float64)

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from scipy import sparse
 
-from perturb.ops import _host, _math
+from perturb.ops import _host, _math, exact
 from perturb.ops.kernels import Geometry, Level, Params, as_float32, draw, draw_int, draw_sign
 from perturb.scene.analysis import _digest
 
@@ -419,7 +419,7 @@ def _fill_gauss_t(planes: torch.Tensor, sigma_px: float) -> torch.Tensor:
     h, w = planes.shape[-2:]
     rows = _fill_gauss_axis(h, sigma_px, str(planes.device))
     cols = _fill_gauss_axis(w, sigma_px, str(planes.device))
-    return torch.matmul(torch.matmul(rows, planes), cols.T)
+    return exact.separable(rows, planes, cols)
 
 
 def fill_factor(h: int, w: int) -> int:

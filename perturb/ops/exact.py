@@ -1,0 +1,158 @@
+"""Batch-invariant sums on accelerators: linear maps along an axis and scatter sums whose result
+for a sample does not depend on the other samples of its batch, nor on the run.
+
+Why: a GPU's matrix product (cuBLAS) picks its kernel, tiling and split of the reduction from the
+operands' shapes, so the same row of a (B*C*H, n) @ (n, W) product is summed in another order when
+B changes, and float32 sums in another order round differently: on an H200 the noise, fog, smoke,
+fluid, glare and optics ops gave sample i of a batch of 4 other bits than sample i alone
+(``benchmarks/results/gpu/tests-cuda-run2.txt``). A float scatter-add on a GPU adds with atomics
+in whatever order the threads arrive, so the same call gives other bits run to run.
+
+How: every sum is made exact, so its order cannot matter. Each sample's values are rounded to
+integers on a power-of-two scale of its own (``VALUE_BITS`` bits below its largest magnitude,
+the precision of float32) and the matrix's weights to integers on one fixed power-of-two scale
+chosen from the matrix alone, such that every partial sum of integer products stays below 2**53:
+float64 represents each of them exactly, so every order of the additions, any kernel, any split,
+gives the same float64 integer; scaling back by powers of two is exact too. A sample's scale is
+its own maximum (``amax``: order-free), never the batch's. Scatter sums do the same in int64.
+
+Where: on every device but the CPU. On the CPU the same calls keep float32 matrix products and
+float scatter-adds, which are sequential per output and were checked batch-invariant by the
+contract battery (``tests/ops/test_kernels.py``), and faster; both agree to ~1e-7 of each
+sample's largest value. ``exact_everywhere()`` runs the accelerator's arithmetic on the CPU (the
+tests check it there without a GPU).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+VALUE_BITS = 24  # each sample's values keep 24 bits below its largest magnitude (float32's)
+_EXACT_BITS = 52  # every partial sum stays below 2**52: float64 integers are exact below 2**53
+SCATTER_BITS = 32  # scatter sums: values on a 2**-32 grid, int64 accumulators
+
+# the float64 product of the integer operands: any order of its sums gives the same bits (the
+# tests put a product that orders its sums by the batch's size here to show it)
+_MATMUL = torch.matmul
+
+_FORCED: contextvars.ContextVar[bool] = contextvars.ContextVar("perturb_exact_forced", default=False)
+
+
+@contextmanager
+def exact_everywhere(on: bool = True) -> Iterator[None]:
+    """Within the block, the CPU takes the accelerators' exact arithmetic (``on``; for tests),
+    or its own (``on=False``)."""
+    token = _FORCED.set(on)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+def is_exact(x: torch.Tensor) -> bool:
+    """Whether sums over ``x`` take the exact arithmetic: off the CPU, or where forced."""
+    return x.device.type != "cpu" or _FORCED.get()
+
+
+def _sample_scale(x: torch.Tensor) -> torch.Tensor:
+    """float64 power of two per sample (leading dim; one for a 2-D tensor), shaped to broadcast
+    over ``x``: each sample's largest magnitude divided by it is below 2**VALUE_BITS."""
+    lead = x.shape[0] if x.dim() >= 3 else 1
+    peak = x.detach().abs().reshape(lead, -1).amax(dim=1).to(torch.float64)
+    _mantissa, exponent = torch.frexp(peak)  # peak < 2**exponent (0 for a zero sample)
+    scale = torch.ldexp(torch.ones_like(peak), exponent - VALUE_BITS)
+    return scale.view(lead, *([1] * (x.dim() - 1))) if x.dim() >= 3 else scale.view(())
+
+
+def _integer_weights(matrix: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, float]:
+    """The matrix's weights as float64 integers on a power-of-two scale 2**bits chosen so that
+    any row's sum of |weight| * 2**VALUE_BITS stays below 2**_EXACT_BITS; and 2**-bits."""
+    m = matrix.detach().to(device=device, dtype=torch.float64)
+    row_l1 = float(m.abs().sum(dim=-1).max()) if m.numel() else 0.0
+    # the rounded weights' sum per row grows by at most half a unit per entry
+    room = _EXACT_BITS - VALUE_BITS - 1
+    bits = room - max(0, math.ceil(math.log2(row_l1 + 1e-300))) if row_l1 > 0 else room
+    bits = min(bits, room)
+    assert m.shape[-1] < 2 ** (room - 1), "an axis too long for exact sums"
+    return torch.round(torch.ldexp(m, torch.tensor(bits, device=device))), 2.0**-bits
+
+
+def _exact_product(left: torch.Tensor, right: torch.Tensor, matrix_on_left: bool) -> torch.Tensor:
+    """``left @ right`` where the non-matrix operand holds the samples: exact float64 sums of
+    integers, returned as float64 values (the product to ~2**-VALUE_BITS of each sample's peak)."""
+    data = right if matrix_on_left else left
+    weights, unit = _integer_weights(left if matrix_on_left else right, data.device)
+    scale = _sample_scale(data)
+    values = torch.round(data.to(torch.float64) / scale)  # exact division by a power of two
+    sums = _MATMUL(weights, values) if matrix_on_left else _MATMUL(values, weights)
+    return sums * (scale * unit)
+
+
+def rows_product(matrix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``matrix @ x`` for a fixed (n_out, n_in) matrix and samples x (B, ..., n_in, W): the
+    linear map along x's rows, in the dtype ``torch.matmul`` would give."""
+    if not is_exact(x):
+        return torch.matmul(matrix, x)
+    dtype = torch.promote_types(matrix.dtype, x.dtype)
+    return _exact_product(matrix, x, matrix_on_left=True).to(dtype)
+
+
+def cols_product(x: torch.Tensor, matrix_t: torch.Tensor) -> torch.Tensor:
+    """``x @ matrix_t`` for samples x (B, ..., H, n_in) and a fixed (n_in, n_out) matrix: the
+    linear map along x's columns, in the dtype ``torch.matmul`` would give."""
+    if not is_exact(x):
+        return torch.matmul(x, matrix_t)
+    dtype = torch.promote_types(matrix_t.dtype, x.dtype)
+    return _exact_product(x, matrix_t, matrix_on_left=False).to(dtype)
+
+
+def separable(rows: torch.Tensor, x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``rows @ x @ cols.T``: a separable linear map of every (H, W) plane of x (B, ..., H, W)
+    by fixed (H_out, H) and (W_out, W) matrices."""
+    return cols_product(rows_product(rows, x), cols.T)
+
+
+def scatter_sum_(
+    out: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, bound: float
+) -> torch.Tensor:
+    """``out.scatter_add_(dim, index, src)`` in place, batch- and run-invariant off the CPU:
+    ``src`` on a fixed 2**-SCATTER_BITS grid summed in int64 (integer additions commute), then
+    added to ``out``. ``bound`` bounds |src| (a value outside it is a caller's error)."""
+    if not is_exact(out):
+        return out.scatter_add_(dim, index, src)
+    assert bound * 2**SCATTER_BITS * max(1, src.shape[dim]) < 2**62, "scatter sum too large"
+    grid = float(2**SCATTER_BITS)
+    ints = torch.round(src.to(torch.float64) * grid).to(torch.int64)
+    total = torch.zeros(out.shape, dtype=torch.int64, device=out.device)
+    total.scatter_add_(dim, index, ints)
+    return out.add_((total.to(torch.float64) / grid).to(out.dtype))
+
+
+FFT_VALUE_BITS = 20  # each sample's values on 2**20 steps below its peak for an exact FFT sum
+FFT_WEIGHT_BITS = 22  # the kernel's weights (summing to 1) on 2**-22 steps
+
+
+def fft_correlate(
+    x: torch.Tensor, psf: torch.Tensor, correlate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """``correlate(x, psf)`` (a linear FFT correlation of every sample with its own kernel
+    summing to 1, such as ``kornia.filters.fft_conv``) with an exact result on every device.
+
+    An FFT's sums are not exact and their order follows the batch (its plan, its vectorisation
+    across transforms; a CPU's as well as a GPU's). Here both operands are integers: each
+    sample's values on 2**FFT_VALUE_BITS steps below its peak, the weights on 2**-FFT_WEIGHT_BITS
+    steps. Every true sum is then an integer below 2**42, and float64's FFT error at that size
+    (about 2**42 * 2**-52 * log2(n) * a small constant, under 0.01 for any frame) is far under
+    one half, so rounding gives the exact integer, whatever order the FFT summed in. The result
+    is scaled back and divided by the rounded weights' own sum (their mean kept exactly)."""
+    scale = _sample_scale(x) * 2.0 ** (VALUE_BITS - FFT_VALUE_BITS)
+    values = torch.round(x.to(torch.float64) / scale)
+    weights = torch.round(torch.ldexp(psf.to(torch.float64), torch.tensor(FFT_WEIGHT_BITS)))
+    total = weights.sum(dim=(-2, -1)).view(-1, *([1] * (x.dim() - 1)))  # exact: integers
+    sums = torch.round(correlate(values, weights))
+    return sums * scale / total

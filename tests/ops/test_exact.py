@@ -1,0 +1,146 @@
+"""The accelerators' exact sums (``perturb.ops.exact``), checked on the CPU: any summation order
+gives the same bits, a sample's result does not depend on its batch, and the values agree with
+the CPU's float32 products. A GPU's matrix product sums in an order chosen from the operands'
+shapes; here a product that chooses its order from the batch's size stands in for it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from perturb.ops import exact
+from tests.ops.test_kernels import OPS, _inputs, _torch_kernel
+
+
+def _shape_ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` summed over K in chunks whose size and order follow the operands' total size
+    (as a GPU picks its split of the reduction from the shapes), in float64."""
+    k = a.shape[-1]
+    parts = 2 + (a.numel() + b.numel()) % 3  # 2-4 partial sums, by the operands' sizes
+    chunk = max(1, -(-k // parts))
+    starts = list(range(0, k, chunk))
+    if (a.numel() // max(1, k)) % 2:
+        starts.reverse()
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    total = torch.zeros((*lead, a.shape[-2], b.shape[-1]), dtype=torch.float64)
+    for s in starts:
+        total = total + torch.matmul(a[..., s : s + chunk], b[..., s : s + chunk, :])
+    return total
+
+
+@pytest.fixture
+def gpu_like(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The accelerators' arithmetic on the CPU, with a product whose order of sums changes with
+    the batch."""
+    monkeypatch.setattr(exact, "_MATMUL", _shape_ordered_matmul)
+    with exact.exact_everywhere():
+        yield
+
+
+def _matrix(rng: np.random.Generator, n_out: int, n_in: int) -> torch.Tensor:
+    m = rng.normal(size=(n_out, n_in)) * np.exp(rng.uniform(-8, 2, size=(n_out, 1)))
+    return torch.from_numpy(m.astype(np.float32))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    b=st.integers(2, 5),
+    h=st.integers(2, 40),
+    w=st.integers(2, 40),
+    log_peak=st.floats(-30, 30),
+)
+def test_a_sample_alone_and_in_any_batch_gives_the_same_bits(
+    seed: int, b: int, h: int, w: int, log_peak: float
+) -> None:
+    rng = np.random.default_rng(seed)
+    rows, cols = _matrix(rng, h + 3, h), _matrix(rng, w + 1, w)
+    x = torch.from_numpy(rng.normal(size=(b, 2, h, w)).astype(np.float32))
+    x[0] *= float(np.exp(log_peak))  # another sample of another magnitude shares the batch
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(exact, "_MATMUL", _shape_ordered_matmul)
+        with exact.exact_everywhere():
+            batch = exact.separable(rows, x, cols)
+            for i in range(b):
+                alone = exact.separable(rows, x[i : i + 1], cols)
+                assert torch.equal(alone[0], batch[i])
+            flipped = exact.separable(rows, x.flip(0), cols).flip(0)
+    assert torch.equal(flipped, batch)
+    reference = torch.matmul(torch.matmul(rows.double(), x.double()), cols.double().T)
+    peak = reference.abs().amax(dim=(1, 2, 3), keepdim=True).clamp(min=1e-30)
+    # each sample to float32's precision of its own largest value (two roundings of 2**-24)
+    assert float(((batch.double() - reference).abs() / peak).max()) < 2e-6
+
+
+def test_the_cpu_keeps_its_float32_products() -> None:
+    rng = np.random.default_rng(3)
+    rows, cols = _matrix(rng, 9, 7), _matrix(rng, 5, 6)
+    x = torch.rand(3, 7, 6)
+    assert not exact.is_exact(x)
+    assert torch.equal(exact.separable(rows, x, cols), torch.matmul(torch.matmul(rows, x), cols.T))
+    with exact.exact_everywhere():
+        assert exact.is_exact(x)
+    assert not exact.is_exact(x)
+
+
+def test_scatter_sums_do_not_depend_on_the_order_of_the_sources() -> None:
+    rng = np.random.default_rng(4)
+    n, slots = 5000, 37
+    index = torch.from_numpy(rng.integers(0, slots, size=(2, n)))
+    src = torch.from_numpy(rng.normal(size=(2, n)).astype(np.float32))
+    perm = torch.from_numpy(rng.permutation(n))
+    with exact.exact_everywhere():
+        a = exact.scatter_sum_(torch.zeros(2, slots), 1, index, src, 8.0)
+        b = exact.scatter_sum_(torch.zeros(2, slots), 1, index[:, perm], src[:, perm], 8.0)
+    assert torch.equal(a, b)
+    plain = torch.zeros(2, slots).scatter_add_(1, index, src)
+    assert float((a - plain).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_kernel_is_batch_invariant_with_the_accelerators_sums(op: str, gpu_like: None) -> None:
+    """Each registered kernel on the accelerators' arithmetic: sample i alone and the batch
+    reversed give sample i's bits though the product sums in a batch-dependent order, and the
+    result stays within float rounding of the CPU path's."""
+    del gpu_like
+    x, params, keys = _inputs(op)
+    run = _torch_kernel(op, "torch")
+    out = run(x, params, keys)
+    for i in range(x.shape[0]):
+        alone = run(x[i : i + 1], {k: v[i : i + 1] for k, v in params.items()}, keys[i : i + 1])
+        assert torch.equal(alone[0], out[i]), f"sample {i} depends on the other samples"
+    with exact.exact_everywhere(on=False):
+        cpu = run(x, params, keys)
+    assert out.dtype == cpu.dtype
+    assert float((out.float() - cpu.float()).abs().max()) <= 1.0 / 255.0
+
+
+def test_fft_sums_round_to_their_exact_integers() -> None:
+    """The FFT correlation's float64 sums of integers lie far closer to their integers than one
+    half (so rounding recovers them whatever the FFT's order), and the result is the plain
+    correlation to float32 precision."""
+    import kornia
+
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(rng.uniform(0.02, 1.0, size=(2, 1, 300, 257)))
+    psf = torch.from_numpy(rng.uniform(0, 1, size=(2, 41, 41)))
+    psf = psf / psf.sum(dim=(1, 2), keepdim=True)
+    seen: list[torch.Tensor] = []
+
+    def correlate(v: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        out = kornia.filters.fft_conv(v, k, border_type="reflect")
+        seen.append(out)
+        return out
+
+    result = exact.fft_correlate(x, psf, correlate)
+    raw = seen[0]
+    assert float((raw - torch.round(raw)).abs().max()) < 0.05
+    plain = kornia.filters.fft_conv(x, psf, border_type="reflect")
+    assert float((result - plain).abs().max()) < 2e-5  # the weights on 2**-22 steps
+    alone = exact.fft_correlate(x[1:], psf[1:], correlate)
+    assert torch.equal(alone[0], result[1])
