@@ -206,7 +206,8 @@ def apply_plans(
 
     Positions alternate between two batch buffers: the samples of each op read their rows of
     one and write their rows of the other (``perturb.engine.run.run_records_into``; on the CPU path without
-    gathering or scattering the rows), and a sample whose chain has ended is copied along.
+    gathering or scattering the rows); a sample whose chain has ended stays where its last
+    result is and is copied into the returned batch once, at the end.
     ``record_scenes``: each border-protecting record without a stored scene (an X-ray op's
     annotation layer) gets the scene it ran with in ``extra["scene"]`` (records are changed)."""
     engine.check_images(images)
@@ -222,13 +223,18 @@ def apply_plans(
                     f"{channels}; plan with channels={channels} so such ops are left out"
                 )
     out = images
-    spare: list[torch.Tensor] = []  # buffers of ours that no sample's value lives in
+    spare: list[torch.Tensor] = []  # buffers of ours (their rows of ended chains stay put)
+    # the tensor each ended chain's result lives in (its row there): written to no more, since
+    # a buffer taken again from ``spare`` is written only at the rows of chains still running
+    ended_in: dict[int, torch.Tensor] = {}
     depth = max((len(p) for p in plans), default=0)
     for position in range(depth):
         groups: dict[str, list[int]] = {}
         for i, plan in enumerate(plans):
             if position < len(plan):
                 groups.setdefault(plan[position].op, []).append(i)
+            elif i not in ended_in:
+                ended_in[i] = out
         if len(groups) == 1:
             idx = next(iter(groups.values()))
             if len(idx) == out.shape[0]:  # the whole batch under one op: one call
@@ -240,9 +246,6 @@ def apply_plans(
                     spare.append(prev)
                 continue
         nxt = spare.pop() if spare else torch.empty_like(images, memory_format=torch.contiguous_format)
-        ended = [i for i, plan in enumerate(plans) if position >= len(plan)]
-        if ended:
-            copy_rows(out, nxt, ended)
         for idx in groups.values():
             engine.run_records_into(
                 out, nxt, idx, [plans[i][position] for i in idx], record_scenes=record_scenes
@@ -250,6 +253,10 @@ def apply_plans(
         if out is not images:
             spare.append(out)
         out = nxt
+    # each ended chain's row copied once into the result (not along every later position)
+    for held in {id(t): t for t in ended_in.values()}.values():
+        if held is not out:
+            copy_rows(held, out, [i for i, t in ended_in.items() if t is held])
     return out
 
 
