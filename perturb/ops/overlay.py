@@ -416,7 +416,9 @@ def marker_spots(
     Technologists put the marker in the air beside the body or at the very edge of the field,
     near a shoulder: the candidate squares (margin 3 % of the shorter side) run from the drawn
     top corner along the top edge (up to twice the marker's size) and down the outer edge
-    beside the body (to ``DOWN_REACH`` of the height), each keeping half its size from every detected annotation; the first
+    beside the body (to ``DOWN_REACH`` of the height), each keeping half its size from every
+    detected annotation and ``APART`` of the shorter side from the film's own marker (read or
+    marker-like: a second marker is never a duplicate beside the first); the first
     corner (drawn top, other top, then the bottom ones) with a clear candidate gives them;
     failing those, candidates further along the top edge. ``choose_spot`` picks one by the
     film's levels. The spots depend on the scene only, never the film's pixels."""
@@ -449,6 +451,11 @@ def marker_spots(
             why = side_note if why is None else f"{why}; {side_note}"
             right_corner = on_right
     avoid = [tuple(int(v) for v in a["box"]) for a in found]
+    # a film's own marker is never doubled by one beside it: a second marker (a technologist's
+    # second lead marker, the console's letter) sits well apart from it
+    unread = radiograph.unread_markers(scene.descriptor) if _fits(scene, h, w) else []
+    own = [tuple(int(v) for v in a["box"]) for a in found if a["type"] == "marker"]
+    own += [tuple(int(v) for v in a["box"]) for a in unread]
     # the place is found for the largest marker (severity 5) and the square grows from the same
     # outer corner, so a film's marker at every severity sits at one place, nested
     big = max(s, round(PLAN_SIZE * side))
@@ -475,7 +482,12 @@ def marker_spots(
 
     def clear(x0: int, y0: int) -> bool:
         inside = x0 >= 0 and y0 >= 0 and x0 + big <= w and y0 + big <= h
-        return inside and _clear((x0, y0, x0 + big, y0 + big), avoid, 0.5 * big)  # type: ignore[arg-type]
+        square = (x0, y0, x0 + big, y0 + big)
+        return (
+            inside
+            and _clear(square, avoid, 0.5 * big)  # type: ignore[arg-type]
+            and _clear(square, own, APART * side)  # type: ignore[arg-type]
+        )
 
     for shifts, sides_too in ((along, True), (far, False)):
         for k, (right, top) in enumerate(corners):
@@ -548,6 +560,7 @@ def marker_plan(
 
 PLAN_SIZE = 0.09  # the largest marker (catalog: severity 5's upper size), shorter side
 DOWN_REACH = 0.7  # how far down the outer edge (fraction of the height) the marker may go
+APART = 0.25  # a film's own marker: the added one keeps this far from it (shorter side)
 EDGE = 0.005  # with no air: the marker's inset from the film's edge, shorter side
 AIR_OF_MEAN = (9, 20)  # air: a square's mean level at most 9/20 of the film's mean level
 
