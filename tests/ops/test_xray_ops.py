@@ -459,9 +459,9 @@ def test_lead_marker_is_dense_lead_in_a_faint_holder_with_the_film_noise() -> No
     plastic = paint[holder] / mask[holder]  # white + sigma * the keyed noise
     assert 0.7 * sigma < float(plastic.std()) < 1.3 * sigma
     # the blurred edge at 1024 px, for the sampler's blur range and a tilted letter
-    for blur in (0.00045, 0.0009):
+    for sigma_px in (0.00045, 0.0009):
         style = MarkerStyle.of(
-            _marker_params(initials=0.0, holder=0.0, blur=blur, angle=3.0, level=1.0)
+            _marker_params(initials=0.0, holder=0.0, blur=sigma_px, angle=3.0, level=1.0)
         )
         big_mask, _ = marker_mask(1024, 1024, "L", 0.09 * 1024, True, None, style, key)
         solid = big_mask >= 0.9

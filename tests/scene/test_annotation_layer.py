@@ -224,6 +224,7 @@ def test_a_films_own_marker_gets_no_duplicate_beside_it() -> None:
     if not path.exists():
         pytest.skip(f"{path.name} is in the shared samples only, not shipped in tests/data")
     film = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE)
+    assert film is not None
     h, w = film.shape
     own = [
         a for a in radiograph.annotations_of(radiograph.analyse(film)) if a["type"] == "marker"
