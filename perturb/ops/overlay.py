@@ -7,7 +7,8 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
   radiograph scene, ``annotation_boxes``).
 * ``xray_laterality_marker``: the lead L/R marker in its plastic holder where technologists put
   it (the film's air near a top corner, else the edge of the field), kept clear of the film's
-  annotations and never contradicting its detected markers (``marker_spots``); ``SCENE_NOTES``
+  annotations, never contradicting its detected markers nor doubling one beside it
+  (``marker_spots``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
 * ``xray_collimation``: collimation borders (white: the blades' transmission and scatter through
   the log display, the display's thin edge-enhancement line; black: an electronic shutter mask)
@@ -416,7 +417,9 @@ def marker_spots(
     Technologists put the marker in the air beside the body or at the very edge of the field,
     near a shoulder: the candidate squares (margin 3 % of the shorter side) run from the drawn
     top corner along the top edge (up to twice the marker's size) and down the outer edge
-    beside the body (to ``DOWN_REACH`` of the height), each keeping half its size from every detected annotation; the first
+    beside the body (to ``DOWN_REACH`` of the height), each keeping half its size from every
+    detected annotation and ``APART`` of the shorter side from the film's own marker (read or
+    marker-like: a second marker is never a duplicate beside the first); the first
     corner (drawn top, other top, then the bottom ones) with a clear candidate gives them;
     failing those, candidates further along the top edge. ``choose_spot`` picks one by the
     film's levels. The spots depend on the scene only, never the film's pixels."""
@@ -449,6 +452,11 @@ def marker_spots(
             why = side_note if why is None else f"{why}; {side_note}"
             right_corner = on_right
     avoid = [tuple(int(v) for v in a["box"]) for a in found]
+    # a film's own marker is never doubled by one beside it: a second marker (a technologist's
+    # second lead marker, the console's letter) sits well apart from it
+    unread = radiograph.unread_markers(scene.descriptor) if _fits(scene, h, w) else []
+    own = [tuple(int(v) for v in a["box"]) for a in found if a["type"] == "marker"]
+    own += [tuple(int(v) for v in a["box"]) for a in unread]
     # the place is found for the largest marker (severity 5) and the square grows from the same
     # outer corner, so a film's marker at every severity sits at one place, nested
     big = max(s, round(PLAN_SIZE * side))
@@ -475,7 +483,12 @@ def marker_spots(
 
     def clear(x0: int, y0: int) -> bool:
         inside = x0 >= 0 and y0 >= 0 and x0 + big <= w and y0 + big <= h
-        return inside and _clear((x0, y0, x0 + big, y0 + big), avoid, 0.5 * big)  # type: ignore[arg-type]
+        square = (x0, y0, x0 + big, y0 + big)
+        return (
+            inside
+            and _clear(square, avoid, 0.5 * big)  # type: ignore[arg-type]
+            and _clear(square, own, APART * side)  # type: ignore[arg-type]
+        )
 
     for shifts, sides_too in ((along, True), (far, False)):
         for k, (right, top) in enumerate(corners):
@@ -548,6 +561,7 @@ def marker_plan(
 
 PLAN_SIZE = 0.09  # the largest marker (catalog: severity 5's upper size), shorter side
 DOWN_REACH = 0.7  # how far down the outer edge (fraction of the height) the marker may go
+APART = 0.25  # a film's own marker: the added one keeps this far from it (shorter side)
 EDGE = 0.005  # with no air: the marker's inset from the film's edge, shorter side
 AIR_OF_MEAN = (9, 20)  # air: a square's mean level at most 9/20 of the film's mean level
 
@@ -562,11 +576,13 @@ class MarkerStyle:
 
     lead: a lead letter radiographed with the patient (else the console's digital letter);
     angle: its tilt on the detector, degrees; mirrored: placed reversed (seen mirrored);
-    initials: how many technologist's initials sit under the letter (0-3, lead only);
-    density: the density of the bead beside a lead letter, relative to the lead (the lead
-    and the digital letter always reach the display's white); blur: the Gaussian sigma of
-    the focal-spot penumbra and detector MTF, fraction of the shorter side; holder: the plastic
-    holder's extra density over air (0: none); ring: the digital letter sits in a ring."""
+    initials: how many technologist's initials sit in a row with the letter (0-3, lead only);
+    density: the density of the bead beside a lead letter, relative to the lead (the digital
+    letter reaches the display's white); blur: the Gaussian sigma of the focal-spot penumbra
+    and detector MTF, fraction of the shorter side; holder: the plastic holder's extra density
+    over air (0: none); ring: the digital letter sits in a ring; level: the lead's coverage
+    (its level's share of the way from the film under it to the film's white level); layout: the initials beside the
+    letter (> 0.5) rather than under it."""
 
     lead: bool = False
     angle: float = 0.0
@@ -576,6 +592,8 @@ class MarkerStyle:
     blur: float = 0.0
     holder: float = 0.0
     ring: bool = False
+    level: float = 1.0
+    layout: float = 0.0
 
     @classmethod
     def of(cls, p: Mapping[str, Any]) -> MarkerStyle:
@@ -590,17 +608,31 @@ class MarkerStyle:
             blur=f["blur"],
             holder=f["holder"],
             ring=f["ring"] > 0.5,
+            level=f["level"],
+            layout=f["layout"],
         )
 
 
-MARKER_STYLE_PARAMS = ("lead", "angle", "mirrored", "initials", "density", "blur", "holder", "ring")
+MARKER_STYLE_PARAMS = (
+    "lead",
+    "angle",
+    "mirrored",
+    "initials",
+    "density",
+    "blur",
+    "holder",
+    "ring",
+    "level",
+    "layout",
+)
 INITIALS = "ABCDEFGHJKMNPSTVW"  # technologists' initials: never an L or an R beside the letter
 SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges anti-aliased)
 # lead marker letters: a heavy block sans, and two stroke faces drawn with round ends and joins
 # (the rounded letters cut from lead sheet)
 LEAD_FONTS = ("block", "rounded", "rounded_wide")
 FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
-WHITE_PIXELS = 4  # pixels at the film's white level (its maximum, robust to a stray pixel): saturated lead
+LEAD_NOISE = 0.4  # of the film's noise sigma added under the lead (its scatter's own noise)
+WHITE_PIXELS = 4  # pixels at the film's white level (its maximum, robust to a stray pixel)
 
 
 @lru_cache(maxsize=1)
@@ -672,7 +704,8 @@ def film_levels(v: np.ndarray) -> np.ndarray:
 def film_white(film: np.ndarray) -> float:
     """The film's white level (display value): the highest level at least ``WHITE_PIXELS``
     pixels reach (its display's saturation: burned-in text, an existing marker, the unexposed
-    band), where saturating lead lands on this film's display curve (``_film_whites``)."""
+    band): the top a lead marker's level lies below, on this film's display curve
+    (``_film_whites``)."""
     hist = np.bincount(film.ravel(), minlength=256)
     above = np.cumsum(hist[::-1])  # pixels at or above each level, from the top
     level = 255 - int(np.argmax(above >= WHITE_PIXELS))
@@ -730,13 +763,17 @@ def _lead_marker(
     (``marker_mask``, ``_place_markers``) for the film's white level and noise.
 
     The lead letter (a keyed face of ``LEAD_FONTS``) with the technologist's initials or a
-    number in smaller type under it, in a plastic holder of a few % density (rounded corners,
-    a denser rim, sometimes a bead or disc beside the letter), tilted by ``style.angle`` and
-    mirrored when placed face down; the geometric unsharpness of the focal spot
-    (``style.blur``, under a third of a pixel: a penumbra of at most a pixel) and the film's own
-    quantum noise (read round the marker) on the plastic. The lead (letter and initials cut
-    from the same sheet) stops the beam: the display saturates at the film's white level
-    (coverage 1, no noise left in its core), the fully attenuating white of real lead."""
+    number in smaller type in one row, under the letter or beside it (``style.layout``), cut
+    from the same sheet, in a faint acrylic holder (a plate of keyed proportions and corner
+    radius, sometimes with a denser rim or a bead beside the letter; some markers have none),
+    tilted by ``style.angle`` (a few degrees, sometimes turned on its side or upside down) and
+    the whole marker mirrored when placed face down. The lead attenuates almost all of the
+    primary beam, but some of it and the patient's scatter still reach the detector under it:
+    the letter covers the film by ``style.level`` (0.7-0.93, measured on the reference films'
+    lead letters: their level between the film round them and its white level), the film and
+    its noise faintly showing through, plus a little noise of its own (``LEAD_NOISE``); the focal spot's geometric unsharpness and the
+    detector's MTF blur every edge by ``style.blur`` (about half a pixel to a pixel at 1024 px),
+    and the plastic carries the film's own noise."""
     ss = SUPERSAMPLE
     big = s * ss
     work = 2 * big
@@ -748,29 +785,46 @@ def _lead_marker(
     else:
         sub = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
     glyph = _lead_text(letter, cap, font)
-    small = _lead_text(sub, 0.4 * cap, font) if sub else None
-    gap = 0.15 * cap
-    block_h = glyph.shape[0] + (gap + small.shape[0] if small is not None else 0.0)
-    block_w = max(glyph.shape[1], small.shape[1] if small is not None else 0)
+    small = _lead_text(sub, (0.45 + 0.2 * g.random()) * cap, font) if sub else None
+    gap = (0.08 + 0.1 * g.random()) * cap
+    beside = small is not None and style.layout > 0.5 and len(sub) <= 2
+    if small is None:
+        block_w, block_h = float(glyph.shape[1]), float(glyph.shape[0])
+    elif beside:  # one row: the letter, then the initials on its baseline
+        block_w = glyph.shape[1] + gap + small.shape[1]
+        block_h = float(glyph.shape[0])
+    else:  # the initials in a row under the letter
+        block_w = float(max(glyph.shape[1], small.shape[1]))
+        block_h = glyph.shape[0] + gap + small.shape[0]
     cx = cy = work / 2
-    top = cy - block_h / 2
+    top, left = cy - block_h / 2, cx - block_w / 2
     letter_ink = np.zeros((work, work), dtype=np.uint8)
-    _paste(letter_ink, glyph, cx, top)
-    if small is not None:
+    if small is None:
+        _paste(letter_ink, glyph, cx, top)
+    elif beside:
+        _paste(letter_ink, glyph, left + glyph.shape[1] / 2, top)
+        _paste(letter_ink, small, left + block_w - small.shape[1] / 2, top + block_h - small.shape[0])
+    else:
+        _paste(letter_ink, glyph, cx, top)
         _paste(letter_ink, small, cx, top + glyph.shape[0] + gap)
-    pad = 0.16 * cap
-    hx0, hy0 = cx - block_w / 2 - pad, top - pad
-    hx1, hy1 = cx + block_w / 2 + pad, top + block_h + pad
+    # the plate: its margins keyed (plates are longer than the lead they carry)
+    pad_x, pad_y = (0.08 + 0.12 * g.random()) * cap, (0.1 + 0.25 * g.random()) * cap
+    hx0, hy0 = cx - block_w / 2 - pad_x, top - pad_y
+    hx1, hy1 = cx + block_w / 2 + pad_x, top + block_h + pad_y
     holder = np.zeros((work, work), dtype=np.float32)
     bead = np.zeros((work, work), dtype=np.float32)
     if style.holder > 0:
-        if g.random() < 0.4:  # a bead or disc in the holder, beside the letter
-            r = (0.16 + 0.1 * g.random()) * cap
-            hx1 += 2 * r + 0.5 * pad
-            cv2.circle(bead, (round(hx1 - pad - r), round(hy0 + pad + r)), round(r), 1.0, -1)
-        rim = max(1, round(0.05 * cap))
-        _rounded_box(holder, (hx0, hy0, hx1, hy1), 0.35 * pad, 1.8)  # the plastic's denser rim
-        _rounded_box(holder, (hx0 + rim, hy0 + rim, hx1 - rim, hy1 - rim), 0.35 * pad - rim, 1.0)
+        if g.random() < 0.35:  # a bead or disc in the holder, beside the letter
+            r = (0.14 + 0.1 * g.random()) * cap
+            hx1 += 2 * r + 0.5 * pad_x
+            cv2.circle(bead, (round(hx1 - pad_x - r), round(hy0 + pad_y + r)), round(r), 1.0, -1)
+        radius = (0.05 + 0.3 * g.random()) * min(pad_x, pad_y) + 1.0
+        if g.random() < 0.3:  # a moulded plate: its edge a little denser than its face
+            rim = max(1, round(0.04 * cap))
+            _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.3)
+            _rounded_box(holder, (hx0 + rim, hy0 + rim, hx1 - rim, hy1 - rim), radius - rim, 1.0)
+        else:
+            _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.0)
     ink = letter_ink.astype(np.float32) / np.float32(255.0)
     layers = np.stack([ink, holder, bead], axis=-1)
     if style.mirrored:
@@ -779,7 +833,7 @@ def _lead_marker(
     blur_px = style.blur * side
     span_w = abs(math.cos(angle)) * (hx1 - hx0) + abs(math.sin(angle)) * (hy1 - hy0)
     span_h = abs(math.sin(angle)) * (hx1 - hx0) + abs(math.cos(angle)) * (hy1 - hy0)
-    room = big - 2 * (3.0 * blur_px + 1.0) * ss
+    room = big - 2 * (2.0 * blur_px + 0.5) * ss
     scale = min(1.0, max(room, 0.2 * big) / max(span_w, span_h))
     mid_x = (hx0 + hx1) / 2  # the holder's centre (mirrored with it when placed face down)
     if style.mirrored:
@@ -794,7 +848,7 @@ def _lead_marker(
     if blur_px > 0:
         placed = cv2.GaussianBlur(placed, (0, 0), blur_px * ss)
     down = cv2.resize(placed, (s, s), interpolation=cv2.INTER_AREA)
-    letter_a = np.clip(down[..., 0], 0.0, 1.0)  # lead stops the beam: full coverage
+    letter_a = np.clip(down[..., 0], 0.0, 1.0)
     holder_a = np.clip(down[..., 1] * np.float32(style.holder), 0.0, 1.0)
     bead_a = np.clip(down[..., 2] * np.float32(0.35 * style.density), 0.0, 1.0)
     mask = np.zeros((s, s), dtype=np.float32)
@@ -805,8 +859,12 @@ def _lead_marker(
         grain *= np.float32(1.0) - alpha
         grain += noise * alpha
         _over(mask, unit, alpha, 1.0)
-    grain *= np.float32(1.0) - letter_a  # the saturated display shows no noise behind lead
-    _over(mask, unit, letter_a, 1.0)
+    # the lead lets ``1 - level`` of the film through (thin lead at the tube's kV, plus the
+    # patient's scatter under it), with a little of the film's noise of its own (LEAD_NOISE)
+    lead_a = letter_a * np.float32(style.level)
+    grain *= np.float32(1.0) - lead_a
+    grain += np.float32(LEAD_NOISE) * noise * lead_a
+    _over(mask, unit, lead_a, 1.0)
     return mask, unit, grain
 
 
@@ -932,20 +990,25 @@ SCENE_NOTES = {"xray_laterality_marker": laterality_note}
 
 
 def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
-    u = [float(rng_.random()) for _ in range(11)]
+    u = [float(rng_.random()) for _ in range(16)]
+    # placed by hand: tilted a few degrees (never exactly upright), some further, some on their
+    # side or upside down
+    turn = 180.0 if u[11] < 0.08 else (90.0 if u[11] < 0.14 else 0.0)
+    tilt = 2.0 + (13.0 * u[12] if u[13] < 0.7 else 13.0 + 20.0 * u[12])
     return {
         "size": level["size"][0] + u[0] * (level["size"][1] - level["size"][0]),
         "letter_r": float(u[1] < 0.5),
         "right_corner": float(u[2] < 0.5),
         "lead": float(u[3] < 0.85),  # most films carry a radiographed lead marker
-        # always tilted, never exactly upright: 4-30 degrees either way
-        "angle": math.copysign(4.0 + 26.0 * abs(2.0 * u[4] - 1.0), u[4] - 0.5),
+        "angle": turn + math.copysign(tilt, u[4] - 0.5),
         "mirrored": float(u[5] < 0.2),  # placed face down
         "initials": float(min(3, int(4 * u[6]))),
-        "density": 0.92 + 0.08 * u[7],  # the bead's (lead and digital letters saturate)
-        "blur": 0.0001 + 0.0002 * u[8],  # 0.1-0.3 px on a 1024 px film: penumbra <= 1 px
-        "holder": (0.04 + 0.05 * u[9] / 0.95) if u[9] < 0.95 else 0.0,  # a few % of plastic
+        "density": 0.92 + 0.08 * u[7],  # the bead's
+        "blur": 0.00045 + 0.00045 * u[8],  # 0.45-0.9 px on a 1024 px film
+        "holder": (0.015 + 0.045 * u[9] / 0.75) if u[9] < 0.75 else 0.0,  # a few % of plastic
         "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
+        "level": 0.7 + 0.23 * u[14],  # the lead's share of the way from the film to its white
+        "layout": float(u[15] < 0.15),  # the initials beside the letter (most: under it)
     }
 
 
@@ -1108,15 +1171,17 @@ def xray_laterality_marker(
     """A laterality marker where technologists put it: in the air beside the body near a top
     corner or at the very edge of the field (``marker_spots``, chosen by the film's levels).
     Most are lead markers radiographed with the patient (``_lead_marker``: a lead L/R in a
-    faint plastic holder with the technologist's initials or a number, at a keyed tilt,
-    sometimes face down, always tilted; the lead stops the beam, so letter and initials show the
-    film's top level, saturated, with a sub-pixel focal-spot edge and no noise, the plastic
-    carrying the film's own noise); the rest are the console's flat digital letter at display
-    white, often ringed. With no air beside the body the marker goes just inside the film's
-    edge in the drawn corner (``choose_spot``). The
+    faint acrylic holder (on most) with the technologist's initials or a number in one row, at
+    a keyed tilt, sometimes on its side or upside down, the whole marker mirrored when face
+    down; the lead stops most of the beam, so letter and initials lie most of the way from the
+    film to its top level (the film and its noise faintly through them, the scatter's own
+    noise), their edges blurred by the focal spot's geometric unsharpness and the detector's
+    MTF by about a pixel, the plastic carrying the film's own noise); the rest are the
+    console's flat digital letter at display white, often ringed. With no air beside the body
+    the marker goes just inside the film's edge in the drawn corner (``choose_spot``). The
     letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
-    mode it probes), but it never contradicts a marker already on the film and keeps clear of
-    its annotations.
+    mode it probes), but it never contradicts a marker already on the film, is never a
+    duplicate beside it (``APART``) and keeps clear of its annotations.
 
     Kornia: own kernel: the marker tiles are rendered on the host (identical on every device)
     from the records' parameters on the host (``host_params``) and the scenes, uploaded once;

@@ -335,6 +335,8 @@ def _marker_params(**style: float) -> dict[str, float]:
         "blur": 0.0015,
         "holder": 0.0,
         "ring": 0.0,
+        "level": 0.85,
+        "layout": 0.0,
     }
     return {**base, **style}
 
@@ -409,18 +411,28 @@ def test_laterality_marker_goes_lower_down_in_air_else_stays_at_the_film_edge() 
         assert rows.min() >= y0 and rows.max() < y0 + s and cols.min() >= x0
 
 
-def test_lead_marker_is_saturated_lead_in_a_faint_holder_with_the_film_noise() -> None:
-    """A lead marker radiographed with the patient: v' = v (1 - m) + paint. Lead stops the
-    beam, so the letter's core (coverage 1) shows exactly the film's white level with no noise
-    left (the saturated display), the plastic holder round it raises the air by a few % and
-    carries the film's own noise sigma, and the edge is crisp: at 1024 px every pixel denser
-    than the holder lies within a pixel of the saturated core (penumbra <= 1 px)."""
-    from perturb.ops.overlay import MarkerStyle, film_levels, film_noise, film_white, marker_mask
+def test_lead_marker_is_dense_lead_in_a_faint_holder_with_the_film_noise() -> None:
+    """A lead marker radiographed with the patient: v' = v (1 - m) + paint. The lead stops
+    most of the beam: the letter's core covers the film by ``level`` (its value lies that far
+    from the film to the film's white level, the film faintly through it) with a little noise
+    of its own; the plastic holder round it raises the air by a few % and carries the film's
+    own noise sigma; the edge is blurred by the focal spot and detector by about a pixel (at
+    1024 px the rise from the holder to the lead's core spans more than one pixel and at most
+    three)."""
+    from perturb.ops.overlay import (
+        LEAD_NOISE,
+        MarkerStyle,
+        film_levels,
+        film_noise,
+        film_white,
+        marker_mask,
+    )
 
     v = _air_pocket_film()
     key = 11
+    level = 0.8
     out, params = _marker_call(
-        v, key, size=0.1, initials=2.0, holder=0.05, blur=0.0003, density=1.0
+        v, key, size=0.1, initials=2.0, holder=0.05, blur=0.0003, density=1.0, level=level
     )
     film = film_levels(v)
     white = film_white(film)
@@ -429,30 +441,35 @@ def test_lead_marker_is_saturated_lead_in_a_faint_holder_with_the_film_noise() -
         256, 256, "R", float(np.float32(0.1)) * 256, True, None, MarkerStyle.of(params), key, film
     )
     assert np.allclose(out, np.clip(v * (1.0 - mask) + paint, 0.0, 1.0), atol=1e-6)
-    core = mask >= 1.0 - 1e-6  # the lead: full coverage
-    assert core.sum() > 20
-    assert np.abs(out[core] - white).max() < 1e-6  # exactly the film's white, no grey, no noise
-    holder = (mask > 0.02) & (mask < 0.1)  # the plastic round the letter
-    assert holder.sum() > core.sum()
-    assert 0.03 < float(np.median(mask[holder])) < 0.1
+    core = mask >= level - 1e-3  # the lead's core: coverage ``level`` (over the plastic's)
+    assert core.sum() > 20 and mask.max() < 1.0 - (1.0 - level) * (1.0 - 0.1)
     rows, cols = np.nonzero(mask > 0)
     sigma = film_noise(
         film, (int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1)
     )
     assert 0.015 < sigma < 0.025  # the film's sigma 0.02, read round the marker
+    lead = (paint[core] - mask[core] * white) / sigma  # the lead's own noise, film sigmas
+    assert abs(float(np.median(lead))) < 0.2
+    assert 0.5 * LEAD_NOISE * level < float(lead.std()) < 1.5 * LEAD_NOISE
+    seen = out[core]  # between the film under it and the white, the film showing through
+    assert np.all(seen < white + 4 * sigma) and float(seen.mean()) > 0.7 * white
+    holder = (mask > 0.02) & (mask < 0.1)  # the plastic round the letter
+    assert holder.sum() > core.sum()
+    assert 0.03 < float(np.median(mask[holder])) < 0.1
     plastic = paint[holder] / mask[holder]  # white + sigma * the keyed noise
     assert 0.7 * sigma < float(plastic.std()) < 1.3 * sigma
-    # the crisp edge at 1024 px, for the sampler's largest blur and a tilted letter
-    for initials in (0.0, 3.0):
+    # the blurred edge at 1024 px, for the sampler's blur range and a tilted letter
+    for sigma_px in (0.00045, 0.0009):
         style = MarkerStyle.of(
-            _marker_params(initials=initials, holder=0.05, blur=0.0003, angle=17.0)
+            _marker_params(initials=0.0, holder=0.0, blur=sigma_px, angle=3.0, level=1.0)
         )
         big_mask, _ = marker_mask(1024, 1024, "L", 0.09 * 1024, True, None, style, key)
-        solid = big_mask >= 0.95
+        solid = big_mask >= 0.9
         assert solid.sum() > 400
-        near = scipy.ndimage.binary_dilation(solid, np.ones((3, 3), bool))
-        dense = big_mask > 0.4  # denser than the plastic (<= 0.16) and the bead (<= 0.35)
-        assert not (dense & ~near).any()
+        ring1 = scipy.ndimage.binary_dilation(solid, np.ones((3, 3), bool))
+        ring3 = scipy.ndimage.binary_dilation(solid, np.ones((7, 7), bool))
+        assert (big_mask[ring1 & ~solid] > 0.05).mean() > 0.5  # more than a pixel of rise
+        assert not (big_mask[~ring3] > 0.05).any()  # within three pixels of the core
 
 
 def test_a_reversed_lead_marker_is_the_mirror_image() -> None:

@@ -23,6 +23,7 @@ from perturb.contracts.record import Record
 from perturb.ops.backend import use_backend
 from perturb.ops.overlay import PLAN_SIZE, marker_mask
 from perturb.scene import Scene, radiograph
+from tests.helpers import SAMPLES
 
 LABELS = Path(__file__).resolve().parents[1] / "data" / "xray_labels"
 sys.path.insert(0, str(LABELS))
@@ -210,6 +211,40 @@ def test_a_detected_marker_is_read_and_never_contradicted() -> None:
     # the added L reads as an L where it is drawn on dark film
     first = radiograph.analyse(out[0, 0].numpy())
     assert {a["side"] for a in radiograph.annotations_of(first) if a["type"] == "marker"} == {"L"}
+
+
+def test_a_films_own_marker_gets_no_duplicate_beside_it() -> None:
+    """The gallery's film (mhh_covid_48c4542c) shows its own console "L" near the top: the
+    scene reads it (version 5 of the op, seeing it, put a second L in the top corner 90 px
+    beside it), and the op's marker, on its side, keeps ``APART`` of the shorter side from it
+    (less the corner's inset, ``at_edge``): nothing changes within 0.2 of it at any severity."""
+    from perturb.ops.overlay import APART
+
+    path = SAMPLES / "xray" / "mhh_covid_48c4542c.png"
+    if not path.exists():
+        pytest.skip(f"{path.name} is in the shared samples only, not shipped in tests/data")
+    film = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE)
+    assert film is not None
+    h, w = film.shape
+    own = [
+        a for a in radiograph.annotations_of(radiograph.analyse(film)) if a["type"] == "marker"
+    ]
+    assert [a["side"] for a in own] == ["L"]
+    x0, y0, x1, y1 = own[0]["box"]
+    assert 480 <= x0 < x1 <= 500 and 40 <= y0 < y1 <= 65
+    reach = round(0.2 * min(h, w))  # 13 cm on a 43 cm film
+    assert reach <= APART * min(h, w) - round(0.03 * min(h, w))
+    x = torch.from_numpy(np.repeat(film[None, None], 5, axis=0))
+    placed = 0
+    for key in ("mhh_covid_48c4542c", "a", "b", "c", "d", "e"):
+        out, records = perturb.apply(x, "xray_laterality_marker", [1, 2, 3, 4, 5], [key] * 5)
+        for i, r in enumerate(records):
+            added = out[i, 0].numpy() != film
+            placed += int(added.any())
+            near = added[max(0, y0 - reach) : y1 + reach, max(0, x0 - reach) : x1 + reach]
+            assert not near.any(), (key, r.severity)
+            assert not added[:, : w // 2].any()  # on the side of the film's L
+    assert placed >= 20  # a marker is added, apart from the film's own
 
 
 def test_no_marker_is_added_where_both_sides_are_shown() -> None:
