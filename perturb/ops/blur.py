@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
+from functools import lru_cache
 
 import cv2
 import numpy as np
@@ -37,6 +38,14 @@ from perturb.ops._math import (
     srgb_to_linear_lut,
     srgb_to_linear_np,
     srgb_to_linear_u8,
+)
+from perturb.ops.grain import (
+    DENSE_ENTRIES,
+    field_into,
+    field_matrix,
+    field_torch,
+    grid_shape,
+    to_grid_torch,
 )
 from perturb.ops.kernels import Level, Params, draw, draw_int, register_kernel
 from perturb.ops.radiometry import (
@@ -846,6 +855,13 @@ SHARPEN_AMOUNT = 0.5
 # (0.27-0.32 on the real residuals) is reached with a gaussian of
 # ``MOTION_NOISE_CORRELATION_PX`` before the processor's unsharp mask. In sRGB the same k gives
 # more display-level grain in darker tissue, as a sensor's shot noise does.
+# v11: the grain is relative to the field of view, as the noise ops' (perturb.ops.grain): drawn
+# on the frame's grain grid (``GRAIN_CELLS`` across the shorter side; the 0.6 px correlation is
+# in grid cells: the EAD2019 frames it was measured on are 512 px) and carried to the frame as the
+# grid's band-limited field, its level (and the floor's) read on the frame brought to that grid.
+# v10 drew it per frame pixel, so a 1080 px frame's grain averaged away when resized to 448 px
+# while a frame resized first got it at full strength: field SSIM gaps up to 0.062 (severity 4)
+# on the 17 sample frames of a 1000 px+ shorter side.
 GRAIN_FLOOR = 0.017
 NOISE_CHANNEL_CORRELATION = 0.8
 MOTION_NOISE_CORRELATION_PX = 0.6
@@ -865,35 +881,79 @@ def _mix_luma(z: np.ndarray | torch.Tensor, luma: np.ndarray | torch.Tensor) -> 
     return luma * a + z * b
 
 
+def _smoothing_matrix(g: int) -> np.ndarray:
+    """(g, g) float64: ``motion_noise_taps`` along one axis of g cells, reflect-101 borders
+    (as ``separable_filter``; the identity where the axis is too short for the taps)."""
+    taps = motion_noise_taps()
+    r = taps.shape[0] // 2
+    if g <= r:
+        return np.eye(g)
+    out = np.zeros((g, g))
+    for i in range(g):
+        for t in range(-r, r + 1):
+            j = abs(i + t)
+            j = 2 * (g - 1) - j if j > g - 1 else j
+            out[i, j] += taps[t + r]
+    return out
+
+
+@lru_cache(maxsize=16)
+def motion_grid_scale(gh: int, gw: int) -> float:
+    """Factor on the smoothed grid normals so that their field (``field_matrix``) has unit
+    variance at the grid's own size, on average over the frame: the field's ``field_gain``
+    makes white noise unit, while smoothed noise loses less to the field's pixel footprint.
+    Separable: the product over the axes of the mean row power of field_matrix(g, g) times
+    the smoothing matrix."""
+    power = 1.0
+    for g in (gh, gw):
+        if g * g > DENSE_ENTRIES:  # an extreme aspect ratio's long axis: no (g, g) matrix
+            continue
+        m = field_matrix(g, g).astype(np.float64) @ _smoothing_matrix(g)
+        power *= float((m**2).sum(axis=1).mean())
+    return float(np.float32(1.0 / math.sqrt(power)))
+
+
 def motion_noise_field(keys: Sequence[int], shape: tuple[int, int, int], device: torch.device) -> torch.Tensor:
-    """(B, C, H, W) float32 unit-variance grain of motion_blur: keyed normals per channel
-    (``NOISE_STREAM``) mixed with a keyed luminance field (``LUMA_STREAM``) where C is 3
-    (``_mix_luma``), smoothed by ``motion_noise_taps`` (reflect-101 borders)."""
+    """(B, C, H, W) float32 unit-variance grain of motion_blur, drawn on the frame's grain grid
+    (``perturb.ops.grain``: ``GRAIN_CELLS`` cells across the shorter side, so the grain is
+    relative to the field of view and "op, then resize" matches "resize, then op"): keyed
+    normals per channel (``NOISE_STREAM``) on the grid, mixed with a keyed luminance field
+    (``LUMA_STREAM``) where C is 3 (``_mix_luma``), smoothed by ``motion_noise_taps``
+    (reflect-101 borders), scaled by ``motion_grid_scale`` and carried to the frame as the
+    grid's field (``field_torch``)."""
     from perturb.ops.keyed_fields import normal_fields
 
-    z = normal_fields(keys, NOISE_STREAM, shape, device)
-    if shape[0] == 3:
-        luma = normal_fields(keys, LUMA_STREAM, (1, *shape[1:]), device)
+    c, h, w = shape
+    gh, gw = grid_shape(h, w)
+    z = normal_fields(keys, NOISE_STREAM, (c, gh, gw), device)
+    if c == 3:
+        luma = normal_fields(keys, LUMA_STREAM, (1, gh, gw), device)
         z = _mix_luma(z, luma)  # type: ignore[assignment]
     taps = torch.from_numpy(motion_noise_taps().astype(np.float32)).to(device)
-    if min(shape[-2:]) <= taps.shape[0] // 2:
-        return z
-    return separable_filter(z, taps, "reflect")
+    if min(gh, gw) > taps.shape[0] // 2:
+        z = separable_filter(z, taps, "reflect")
+    return field_torch(z * motion_grid_scale(gh, gw), h, w)
 
 
 def motion_noise_field_np(key: int, shape: tuple[int, int, int]) -> np.ndarray:
-    """``motion_noise_field`` of one sample on the host: the same normals
-    (``rng.normal_numpy``), smoothed by OpenCV (BORDER_REFLECT_101)."""
+    """``motion_noise_field`` of one sample on the host: the same normals on the grid
+    (``rng.normal_numpy``), smoothed by OpenCV (BORDER_REFLECT_101), carried to the frame by
+    ``field_into``."""
     from perturb import rng
 
-    z = rng.normal_numpy(key, NOISE_STREAM, int(np.prod(shape))).reshape(shape)
-    if shape[0] == 3:
-        luma = rng.normal_numpy(key, LUMA_STREAM, shape[1] * shape[2]).reshape(1, *shape[1:])
+    c, h, w = shape
+    gh, gw = grid_shape(h, w)
+    z = rng.normal_numpy(key, NOISE_STREAM, c * gh * gw).reshape(c, gh, gw)
+    if c == 3:
+        luma = rng.normal_numpy(key, LUMA_STREAM, gh * gw).reshape(1, gh, gw)
         z = np.asarray(_mix_luma(z, luma), dtype=np.float32)
     taps = motion_noise_taps().astype(np.float32)
-    if min(shape[-2:]) <= taps.shape[0] // 2:
-        return z
-    return np.stack([cv2.sepFilter2D(p, cv2.CV_32F, taps, taps, borderType=cv2.BORDER_REFLECT_101) for p in z])
+    if min(gh, gw) > taps.shape[0] // 2:
+        z = np.stack([cv2.sepFilter2D(p, cv2.CV_32F, taps, taps, borderType=cv2.BORDER_REFLECT_101) for p in z])
+    z = z * np.float32(motion_grid_scale(gh, gw))
+    out = np.empty(shape, np.float32)
+    field_into(np.ascontiguousarray(z, dtype=np.float32), out)
+    return out
 
 
 def _sharpened_per_unit() -> float:
@@ -957,8 +1017,14 @@ def sharpen(y: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
 
 def grain_gain(x: torch.Tensor) -> torch.Tensor:
     """(B, C) shot-noise gain k of the output's grain (``noise_gain``'s k: the frame's measured
-    noise as shot noise at its measured level), at least ``GRAIN_FLOOR``."""
-    sigma, level = sensor_noise_level(x)
+    noise as shot noise at its measured level), at least ``GRAIN_FLOOR``. The grain is put back
+    on the grain grid (``motion_noise_field``), so its level is the frame's noise measured on
+    that grid too (the frame averaged to ``GRAIN_CELLS`` across its shorter side,
+    ``to_grid_torch``): a frame and its resized copy read the same level. A frame no larger
+    than its grid is read as it is: upsampling adds no grain to read, and its interpolated
+    edges would read as grain."""
+    seen = to_grid_torch(x) if x.shape[-2] > grid_shape(*x.shape[-2:])[0] else x
+    sigma, level = sensor_noise_level(seen)
     k = sigma / MEASURED_PER_UNIT / (_srgb_slope(level) * torch.sqrt(level))
     return k.clamp_min(GRAIN_FLOOR)
 
@@ -981,7 +1047,8 @@ def motion_noise_gain(x: torch.Tensor, psfs: torch.Tensor, sigma: torch.Tensor, 
 def motion_blur_cpu(src: np.ndarray, dst: np.ndarray, p: dict[str, np.ndarray], key: int) -> None:
     """The torch path's PSF, grain removal and noise gain (one sample, computed by the same
     functions), the correlation in linear light by OpenCV (``correlate_plane``), the keyed noise
-    from ``noise_field_np`` (the torch path's normals, smoothed by OpenCV), encoded, sharpened
+    from ``motion_noise_field_np`` (the torch path's normals on the grain grid, smoothed by
+    OpenCV, carried to the frame by the same field matrices), encoded, sharpened
     (OpenCV's separable filter, BORDER_REFLECT_101) and rounded once."""
     shape = src.shape
     x = torch.from_numpy(src.astype(np.float32) / 255.0 if src.dtype == np.uint8 else np.ascontiguousarray(src))[None]
@@ -1040,8 +1107,10 @@ def motion_blur(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     of a real moving-scope frame: shot noise of at least ``GRAIN_FLOOR`` (measured on the
     clinician-labelled motion-blurred EAD2019 frames 00039, 00042, 00016, 00017: gains
     0.016-0.026, see ``GRAIN_FLOOR``) whatever the source's own, mostly luminance
-    (``NOISE_CHANNEL_CORRELATION``, as their residuals' 0.76-0.80) and 1-2 px fine
-    (``MOTION_NOISE_CORRELATION_PX``). The fixed
+    (``NOISE_CHANNEL_CORRELATION``, as their residuals' 0.76-0.80) and 1-2 px fine at a 448 px
+    shorter side (``MOTION_NOISE_CORRELATION_PX``); it is drawn on the grain grid of
+    perturb.ops.grain and its level read there, so its size is a fraction of the field of view
+    at any resolution (``motion_noise_field``, ``grain_gain``). The fixed
     field stop and the overlays are not blurred: the op acts on the tissue layer
     (``protects_border``: perturb.ops.composite extends the tissue under the surround before
     the PSF and composites the surround and overlays back). The catalog's severity 1 is a

@@ -194,6 +194,12 @@ def _to_grid_torch(x: torch.Tensor, gh: int, gw: int) -> torch.Tensor:
     return exact.separable(uh, x.double(), uw).to(x.dtype)
 
 
+def to_grid_torch(x: torch.Tensor) -> torch.Tensor:
+    """The (..., H, W) frame on its grain grid (``grid_shape``; a fresh tensor): averaged down
+    when larger, bicubic up when smaller, as is when it is the grid."""
+    return _to_grid_torch(x, *grid_shape(*x.shape[-2:]))
+
+
 def _area_axis_torch(x: torch.Tensor, n_out: int, dim: int) -> torch.Tensor:
     """Area downscaling along ``dim`` (-2 or -1): the ``area_matrix`` product, or for an axis
     whose matrix would pass ``DENSE_ENTRIES`` the same fractional-overlap means from a float64
@@ -317,17 +323,31 @@ def _load_float(src: np.ndarray) -> np.ndarray:
     return full
 
 
-def add_field(residual: np.ndarray, full: np.ndarray, dst: np.ndarray) -> None:
-    """``dst`` = the frame ``full`` (C, H, W) plus the grid ``residual`` (C, gh, gw) as its
-    field (``field_matrix``), clipped and stored in ``dst``'s dtype."""
-    c, h, w = full.shape
+def field_into(residual: np.ndarray, out: np.ndarray) -> None:
+    """``out`` (C, H, W) float32 = the grid ``residual`` (C, gh, gw) float32 as its field on the
+    H x W frame (``field_matrix`` along each axis; for an axis whose matrix would pass
+    ``DENSE_ENTRIES``, the same sum by FFT, ``_field_fft``)."""
+    h, w = out.shape[-2:]
     gh, gw = residual.shape[-2:]
-    out = scratch("grain_out", (c, h, w), np.float32)
     if h * gh <= DENSE_ENTRIES and w * gw <= DENSE_ENTRIES:
         np.matmul(np.matmul(field_matrix(gh, h), residual), field_matrix(gw, w).T, out=out)
     else:  # an extreme aspect ratio: the long axis by FFT (no (n, g) matrix)
         rows = np.matmul(field_matrix(gh, h), residual) if h * gh <= DENSE_ENTRIES else _field_fft(residual, h, 1)
         out[...] = np.matmul(rows, field_matrix(gw, w).T) if w * gw <= DENSE_ENTRIES else _field_fft(rows, w, 2)
+
+
+def field_torch(residual: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """The field of a (..., gh, gw) grid residual on the h x w frame (a fresh tensor): the
+    torch twin of ``field_into``."""
+    return _field_torch(residual, h, w)
+
+
+def add_field(residual: np.ndarray, full: np.ndarray, dst: np.ndarray) -> None:
+    """``dst`` = the frame ``full`` (C, H, W) plus the grid ``residual`` (C, gh, gw) as its
+    field (``field_matrix``), clipped and stored in ``dst``'s dtype."""
+    c, h, w = full.shape
+    out = scratch("grain_out", (c, h, w), np.float32)
+    field_into(residual, out)
     out += full
     if dst.dtype == np.uint8 and dst.flags.c_contiguous:
         _store_u8(out, dst)

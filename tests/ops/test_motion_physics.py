@@ -18,6 +18,7 @@ import perturb
 from perturb.catalog.ops import get_op
 from perturb.ops import blur
 from perturb.ops.backend import use_backend
+from perturb.ops.grain import GRAIN_CELLS
 from tests.helpers import ENDOSCOPY, require_samples, sample_tensor
 
 
@@ -313,7 +314,9 @@ def test_the_grain_on_a_blurred_frame_is_less_smeared_at_the_frames_level(
 
 @pytest.mark.parametrize("backend", ["opencv", "torch"])
 def test_a_grain_free_frame_gets_the_sensor_grain_of_a_real_moving_scope(backend: str) -> None:
-    """A flat, noise-free frame (a rendered or heavily denoised source) blurred at severity 4
+    """A flat, noise-free frame (a rendered or heavily denoised source) of the grain grid's size
+    (``GRAIN_CELLS`` square: the grain is relative to the field of view, so the floor is its
+    level at that size) blurred at severity 4
     carries the grain floor: shot noise of gain ``GRAIN_FLOOR`` (the quietest clinician-labelled
     motion-blurred EAD2019 frame's measured gain, 0.016-0.019 per channel) reads, after the
     processor's unsharp mask, ``GRAIN_FLOOR * MEASURED_PER_UNIT * slope(m) sqrt(m)`` at the
@@ -321,7 +324,7 @@ def test_a_grain_free_frame_gets_the_sensor_grain_of_a_real_moving_scope(backend
     correlation 0.6-0.95; the real frames' 0.76-0.80) at a 1-2 px grain (residual neighbour
     correlation 0.1-0.55; the real frames' 0.27-0.32)."""
     level = 115
-    x = torch.full((1, 3, 256, 256), level, dtype=torch.uint8)
+    x = torch.full((1, 3, GRAIN_CELLS, GRAIN_CELLS), level, dtype=torch.uint8)
     assert float(blur.sensor_noise_level(x.float() / 255.0)[0].max()) == 0.0
     with use_backend(backend):  # type: ignore[arg-type]
         out, _ = perturb.apply(x, "motion_blur", 4, ["grain"], protect_border=False)
@@ -339,6 +342,22 @@ def test_a_grain_free_frame_gets_the_sensor_grain_of_a_real_moving_scope(backend
     luma = inner.mean(0)
     lag = np.corrcoef(luma[:, :-1].ravel(), luma[:, 1:].ravel())[0, 1]
     assert 0.1 < lag < 0.55, lag
+
+
+@pytest.mark.parametrize("side", [896, 1080])
+def test_the_reinjected_grain_is_relative_to_the_field_of_view(side: int) -> None:
+    """motion_blur's grain on a large frame, area-averaged to the grain grid's size, is the grain
+    the same key puts on a frame of that size (what keeps "op, then resize" and "resize, then
+    op" together): correlation above 0.999 and the same std within 5 %; and its std at the grid
+    size is 1 within 2 % (``motion_grid_scale``). Per-pixel grain (v10) gives unrelated fields."""
+    small = blur.motion_noise_field_np(7, (3, GRAIN_CELLS, GRAIN_CELLS))
+    big = blur.motion_noise_field_np(7, (3, side, side))
+    down = np.stack([cv2.resize(p, (GRAIN_CELLS, GRAIN_CELLS), interpolation=cv2.INTER_AREA) for p in big])
+    assert abs(float(small.std()) - 1.0) < 0.02
+    assert np.corrcoef(small.ravel(), down.ravel())[0, 1] > 0.999
+    assert abs(float(down.std()) / float(small.std()) - 1.0) < 0.05
+    torch_field = blur.motion_noise_field([7], (3, side, side), torch.device("cpu"))[0].numpy()
+    assert np.abs(torch_field - big).max() < 1e-4
 
 
 def test_a_colour_sequential_scope_offsets_the_channels_along_the_path() -> None:
