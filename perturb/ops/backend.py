@@ -432,10 +432,13 @@ def run_cpu(
         if scene is not None:
             key = getattr(scene, "key", None)
             stopped = None
-            if shadow is not None and is_radiograph(scene.descriptor):
-                if lead_mask(scene.descriptor, key).any():
-                    one = {name: torch.from_numpy(np.atleast_1d(v)) for name, v in p.items()}
-                    stopped = shadow(torch.from_numpy(clean)[None], one)[0, 0].numpy()
+            if (
+                shadow is not None
+                and is_radiograph(scene.descriptor)
+                and lead_mask(scene.descriptor, key).any()
+            ):
+                one = {name: torch.from_numpy(np.atleast_1d(v)) for name, v in p.items()}
+                stopped = shadow(torch.from_numpy(clean)[None], one)[0, 0].numpy()
             compose_numpy(clean, dst[row], scene.descriptor, key, stopped)
 
     map_samples(work, len(at))
