@@ -1335,12 +1335,44 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
         s = (col(scale) * side).clamp_min(floor)
         out = out + col(gain) * ((film - _smooth(film, s)) - (1.0 - share) * (v - _smooth(v, s)))
     out = out + noise
-    # the film's own digital padding (flat black, at least 5 x 5 px: the digitiser's or the
-    # archive's, added after the exposure) stays as it is, but for the system's black shutter
-    zero = (v[:, :1] <= 0.0).double()
-    pad = F.max_pool2d(-F.max_pool2d(-zero, 5, 1, 2), 5, 1, 2) * (1.0 - shutter)
+    # the film's own digital padding (the digitiser's or the archive's, added after the
+    # exposure) stays as it is, but for the system's black shutter
+    pad = _padding(v[:, :1]) * (1.0 - shutter)
     out = out + pad * (v - out)
     return out.clamp_(0.0, 1.0).to(torch.float32)
+
+
+PADDING_BAND = 0.03  # fraction of the side: how far from the film's edge padding may reach
+PADDING_RUN = 0.1  # fraction of the side: how far along the edge its inner edge runs straight
+
+
+def _left_band(zero: torch.Tensor) -> torch.Tensor:
+    """(B,1,H,W) float64: the pixels of a band of 0 along the left edge whose inner edge is
+    straight (the same width, within 1 px, over ``PADDING_RUN`` of the height), at most
+    ``PADDING_BAND`` of the width wide."""
+    h, w = zero.shape[-2:]
+    run = torch.cumprod(zero, dim=-1)  # 1 while the row is still 0 from the left edge
+    width = run.sum(dim=-1, keepdim=True)  # (B,1,H,1)
+    k = max(3, int(PADDING_RUN * h)) | 1
+    hi = F.max_pool2d(width, (k, 1), 1, (k // 2, 0))
+    lo = -F.max_pool2d(-width, (k, 1), 1, (k // 2, 0))
+    straight = ((hi - lo) <= 1.0).double()
+    straight = F.max_pool2d(straight, (k, 1), 1, (k // 2, 0))  # to the band's ends
+    inside = (width > 0.0) & (width <= PADDING_BAND * w)
+    return run * straight * inside.double()
+
+
+def _padding(v: torch.Tensor) -> torch.Tensor:
+    """(B,1,H,W) float64: 1 on the film's digital padding, a band of exactly 0 along one of the
+    film's edges with a straight inner edge (``_left_band`` on each edge): black the digitiser
+    or the archive added after the exposure. Clipped black air is not padding (its exposure
+    was real, its edge follows the body)."""
+    zero = (v <= 0.0).double()
+    left = _left_band(zero)
+    right = _left_band(zero.flip(-1)).flip(-1)
+    top = _left_band(zero.transpose(-1, -2)).transpose(-1, -2)
+    bottom = _left_band(zero.flip(-2).transpose(-1, -2)).transpose(-1, -2).flip(-2)
+    return torch.maximum(torch.maximum(left, right), torch.maximum(top, bottom))
 
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:

@@ -760,3 +760,20 @@ def test_16_bit_in_16_bit_out_with_more_than_8_bit_levels(op: str) -> None:
     values = out.to(torch.int32)
     assert bool(((values % 257) != 0).any()), "quantised to 8 bits"
     assert len(torch.unique(values)) > 256
+
+
+def test_collimation_keeps_the_films_padding_but_not_clipped_air() -> None:
+    """A black band of exactly 0 along the film's edge with a straight inner edge is the
+    digitiser's padding, added after the exposure: it stays black under a white shadow; clipped
+    black air (0, its edge following the body) was exposed and turns white like the rest."""
+    n = 300
+    x = torch.full((1, 1, n, n), 0.4)
+    x[..., 50:250, :8] = 0.0  # padding: 8 px wide, straight
+    r = torch.arange(n, dtype=torch.float32)
+    blob = ((r.view(-1, 1) - 20) ** 2 / 400 + r.view(1, -1) ** 2 / 1600) < 1.0  # clipped air
+    x[0, 0][blob] = 0.0
+    out, _ = _with_params(x, "xray_collimation", 4, _collimation(left=0.2, top=0.2))
+    o = _np(out)
+    assert np.abs(o[50:250, :8]).max() == 0.0  # the padding stays
+    assert o[15:25, 5:20].min() > 0.5  # the clipped air under the blades turns white
+    assert o[260:290, 10:40].mean() > 0.7  # the shadow beside the padding
