@@ -366,6 +366,7 @@ def run_records_into(
         extend=spatial,
         rows=rows,
         out=dst,
+        shadow=op.entry.shadow,
     )
 
 
@@ -571,6 +572,7 @@ def _run_kernel(
             uses_scene=backends.cpu_uses_scene(op.name),
             kernel_scenes=scenes,
             extend=extend,
+            shadow=op.entry.shadow if compose else None,
         )
     if extend:
         raise ValueError("extend runs on the CPU path only")
@@ -584,8 +586,25 @@ def _run_kernel(
         out = op.entry.kernel(xf, params, keys, **extra)
     out = _restore_dtype(out, dtype)
     if compose:
-        out = compose_tissue(x, out, scenes)
+        out = compose_tissue(x, out, scenes, _stopped(op, xf, params, scenes))
     return out
+
+
+def _stopped(
+    op: Op, x: torch.Tensor, params: dict[str, torch.Tensor], scenes: Sequence[Scene | None]
+) -> torch.Tensor | None:
+    """(B, 1, H, W) float32: the share of the beam ``op`` stopped (its ``KernelEntry.shadow``),
+    where some scene is a radiograph with a lead marker; else None."""
+    if op.entry.shadow is None:
+        return None
+    if not any(
+        s is not None
+        and radiograph.is_radiograph(s.descriptor)
+        and radiograph.lead_mask(s.descriptor, s.key).any()
+        for s in scenes
+    ):
+        return None
+    return op.entry.shadow(x, params)
 
 
 def _host_of(x: torch.Tensor, scenes: Sequence[Scene | None]) -> Callable[[], np.ndarray]:
@@ -660,7 +679,10 @@ def record_scene(record: Record, image: torch.Tensor) -> Scene:
 
 
 def compose_tissue(
-    x: torch.Tensor, out: torch.Tensor, scenes: Sequence[Scene | None]
+    x: torch.Tensor,
+    out: torch.Tensor,
+    scenes: Sequence[Scene | None],
+    shadow: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out`` where the tissue layer shows, ``x`` elsewhere (BCHW, both of one dtype): the
     surround and the on-screen overlays keep their input pixels (of a burned-in text line, its
@@ -668,16 +690,31 @@ def compose_tissue(
     ``out``. Partial alpha mixes ``x + a (out - x)`` in float32 (integer levels rounded half to
     even), the arithmetic of ``perturb.ops.composite.compose_numpy``. One batched blend: the
     alphas are computed once per image on the host (``Scene.composite_alpha``) and uploaded as
-    one (B, 1, H, W) tensor."""
+    one (B, 1, H, W) tensor. ``shadow`` (B, 1, H, W): the share of the beam the op stopped
+    (``KernelEntry.shadow``); a radiograph's lead marker (``radiograph.lead_mask``: a physical
+    object on the detector, unlike burned-in text) is not pasted back there, in that share:
+    under a collimator blade it was never imaged."""
     a = _alphas(x, scenes, "composite")
     if a is None:
         return out
+    if shadow is not None:
+        lead = torch.stack([_lead_of(s, x) for s in scenes])
+        a = a + (1.0 - a) * lead * shadow.to(a.device, torch.float32)
     if x.dtype == torch.float32:
         mixed = x + a * (out - x)
     else:
         xf, of = x.to(torch.float32), out.to(torch.float32)
         mixed = (xf + a * (of - xf)).round_().clamp_(0, SUPPORTED_DTYPES[x.dtype]).to(x.dtype)
     return torch.where(a >= 1.0, out, mixed)
+
+
+def _lead_of(scene: Scene | None, x: torch.Tensor) -> torch.Tensor:
+    """(1, H, W) float32 on ``x``'s device: 1 on a radiograph scene's lead marker pixels."""
+    h, w = x.shape[-2:]
+    if scene is None or not radiograph.is_radiograph(scene.descriptor):
+        return torch.zeros((1, h, w), dtype=torch.float32, device=x.device)
+    lead = radiograph.lead_mask(scene.descriptor, scene.key)
+    return torch.from_numpy(lead.astype(np.float32))[None].to(x.device)
 
 
 def apply(

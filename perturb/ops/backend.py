@@ -38,7 +38,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import cv2
 import numpy as np
@@ -46,6 +46,10 @@ import torch
 
 from perturb.ops.composite import compose_numpy, extend_numpy  # endoscopy or radiograph scene
 from perturb.registry import Registry
+from perturb.scene.radiograph import is_radiograph, lead_mask
+
+if TYPE_CHECKING:
+    from perturb.ops.kernels import Shadow
 
 R = TypeVar("R")
 Backend = Literal["auto", "opencv", "torch"]
@@ -369,6 +373,7 @@ def run_cpu(
     extend: bool = False,
     rows: Sequence[int] | None = None,
     out: torch.Tensor | None = None,
+    shadow: Shadow | None = None,
 ) -> torch.Tensor:
     """Run a registered CPU path over a uint8, uint16 or float32 CPU batch (BCHW); same dtype
     out. ``dtypes`` are the dtypes ``fn`` reads; a uint16 batch otherwise goes through float32
@@ -383,7 +388,9 @@ def run_cpu(
     ``rows[i]`` of ``x``, and its result is written to the row ``rows[i]`` of ``out`` (a
     contiguous CPU batch like ``x`` that shares no memory with it), which is returned; the
     other rows of ``out`` are left as they are. Each sample is computed exactly as in a batch
-    of its own rows."""
+    of its own rows. ``shadow`` (the op's ``KernelEntry.shadow``): where a radiograph's lead
+    marker lies in the share of the beam the op stopped, it is not pasted back
+    (``perturb.scene.radiograph.compose_numpy``)."""
     given = scenes if kernel_scenes is None else kernel_scenes
     if x.dtype not in _NUMPY_OF:
         raise TypeError(f"CPU fast paths take uint8, uint16 or float32 batches, got {x.dtype}")
@@ -423,7 +430,16 @@ def run_cpu(
         else:
             fn(sample, dst[row], p, int(keys[i]))
         if scene is not None:
-            compose_numpy(clean, dst[row], scene.descriptor, getattr(scene, "key", None))
+            key = getattr(scene, "key", None)
+            stopped = None
+            if (
+                shadow is not None
+                and is_radiograph(scene.descriptor)
+                and lead_mask(scene.descriptor, key).any()
+            ):
+                one = {name: torch.from_numpy(np.atleast_1d(v)) for name, v in p.items()}
+                stopped = shadow(torch.from_numpy(clean)[None], one)[0, 0].numpy()
+            compose_numpy(clean, dst[row], scene.descriptor, key, stopped)
 
     map_samples(work, len(at))
     return torch.from_numpy(dst) if out is None else out

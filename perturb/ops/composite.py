@@ -443,12 +443,17 @@ def _blend(
 
 
 def compose_numpy(
-    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
+    src: np.ndarray,
+    dst: np.ndarray,
+    desc: dict[str, Any],
+    key: str | None = None,
+    shadow: np.ndarray | None = None,
 ) -> None:
-    """``compose_frame``, or for a radiograph ``radiograph.compose_numpy``: in place, ``dst``
-    takes ``src``'s pixels where the scene's protected layers are."""
+    """``compose_frame``, or for a radiograph ``radiograph.compose_numpy`` (``shadow``: the
+    share of the beam the op stopped, where a lead marker is not pasted back): in place,
+    ``dst`` takes ``src``'s pixels where the scene's protected layers are."""
     if radiograph.is_radiograph(desc):
-        radiograph.compose_numpy(src, dst, desc, key)
+        radiograph.compose_numpy(src, dst, desc, key, shadow)
     else:
         compose_frame(src, dst, desc, key)
 

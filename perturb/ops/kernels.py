@@ -27,6 +27,8 @@ PointsFn = Callable[[Mapping[str, Any], np.ndarray, int, int], np.ndarray]
 LabelMapFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 # (the batch an op runs on) -> name of the codec that runs there (recorded as the backend)
 CodecFn = Callable[[torch.Tensor], str]
+# (the batch (B, C, H, W), collated parameters) -> (B, 1, H, W) share of the beam stopped
+Shadow = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,11 @@ class KernelEntry:
     (B, ...) tensors back from the device. ``device_params``: parameters keyed by (seed,
     variant) instead of the sample, added to every record (a fixed property of the imaging
     device that all frames of a run share, e.g. a sensor's defect map); the declared exception
-    to per-sample keying, recorded like any parameter so replay needs nothing else."""
+    to per-sample keying, recorded like any parameter so replay needs nothing else. ``shadow``:
+    for an op that leaves part of the detector unexposed (collimation), ``shadow(x, params)``
+    gives (B, 1, H, W) float32 in [0, 1] on ``x``'s device, the share of the beam stopped there:
+    the engine's annotation composite does not paste a film's lead marker (a physical object on
+    the detector, ``perturb.scene.radiograph.LEAD_TYPES``) back where the beam was stopped."""
 
     name: str
     kernel: Kernel
@@ -94,6 +100,7 @@ class KernelEntry:
     codec: CodecFn | None = None
     host_params: bool = False
     device_params: DeviceParams | None = None
+    shadow: Shadow | None = None
 
 
 KERNELS: Registry[KernelEntry] = Registry("kernel")
@@ -133,17 +140,21 @@ def register_kernel(
     codec: CodecFn | None = None,
     host_params: bool = False,
     device_params: DeviceParams | None = None,
+    shadow: Shadow | None = None,
 ) -> Callable[[Kernel], Kernel]:
     """Register ``kernel(x, params, keys)`` (with ``uses_scene``: ``kernel(x, params, keys,
     scenes=...)``; with ``host_params``: also ``host_params=...``), its sampler and its
-    behaviour (``geometry``, ``codec``, ``device_params``: see ``KernelEntry``) under ``name``."""
+    behaviour (``geometry``, ``codec``, ``device_params``, ``shadow``: see ``KernelEntry``)
+    under ``name``."""
 
     def decorator(kernel: Kernel) -> Kernel:
         if name in FOREIGN_GEOMETRY:
             raise ValueError(f"kernel {name!r} is registered as a foreign geometry")
         KERNELS.add(
             name,
-            KernelEntry(name, kernel, sampler, uses_scene, geometry, codec, host_params, device_params),
+            KernelEntry(
+                name, kernel, sampler, uses_scene, geometry, codec, host_params, device_params, shadow
+            ),
         )
         return kernel
 

@@ -10,9 +10,10 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
   annotations, never contradicting its detected markers nor doubling one beside it
   (``marker_spots``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
-* ``xray_collimation``: collimation borders (white: the blades' transmission and scatter through
-  the log display, the display's thin edge-enhancement line; black: an electronic shutter mask)
-  behind a penumbra that widens off centre, tilted blades, rounded corners.
+* ``xray_collimation``: collimation borders (white: the blades' uneven transmission and scatter
+  through the log display, the display's thin edge-enhancement line and wide equalisation band;
+  black: an electronic shutter mask) behind a penumbra that widens off centre, one to four
+  tilted blades crossing at straight corners.
 
 The masks are rendered on the host (integer rasterisation, identical for CPU and CUDA); the CPU
 paths blend inside each mask's bounding box. The marker's spot, white level and noise are read
@@ -22,7 +23,7 @@ from the film in integer arithmetic, on the device by the torch kernel (no read 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -1237,17 +1238,6 @@ def _smooth(v: torch.Tensor, sigma_px: torch.Tensor) -> torch.Tensor:
     return v
 
 
-def _rounded_field_distance(
-    qx: torch.Tensor, qy: torch.Tensor, radius: torch.Tensor
-) -> torch.Tensor:
-    """Signed distance (px, positive under the blades) from the exposed field: the rectangle
-    of the blade edges (``qx``, ``qy``: the per-axis distances past them) with its corners
-    rounded to ``radius`` px, where two blades' penumbrae overlap."""
-    ax, ay = qx + radius, qy + radius
-    outside = torch.sqrt(ax.clamp_min(0.0) ** 2 + ay.clamp_min(0.0) ** 2)
-    return outside + torch.maximum(ax, ay).clamp_max(0.0) - radius
-
-
 def _shoulder(y: torch.Tensor, knee: float, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The display LUT's shoulder: identity below ``knee``, above it an exponential roll-off
     towards ``top`` (C1 at the knee); the values and the slope (what the noise is scaled by)."""
@@ -1260,31 +1250,116 @@ def _shoulder(y: torch.Tensor, knee: float, top: torch.Tensor) -> tuple[torch.Te
 SHOULDER_KNEE = 0.75  # display value where the LUT's shoulder starts rolling off
 
 
+def _blade_distances(
+    h: int, w: int, col: Callable[[str], torch.Tensor], dev: torch.device
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The signed distances (px, positive under the blade) past each of the four blade edges
+    (left, right, top, bottom; a blade at 0 is open: a film's width outside), the blades tilted
+    together by ``tilt`` about the film's centre, and each pixel's distance from the centre over
+    the half diagonal."""
+    ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5
+    xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5
+    theta = torch.deg2rad(col("tilt"))
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    u = (xs - w / 2) * cos + (ys - h / 2) * sin + w / 2
+    t = -(xs - w / 2) * sin + (ys - h / 2) * cos + h / 2
+    far = float(2 * max(h, w))
+
+    def edge(name: str, size: int, flip: bool) -> torch.Tensor:
+        frac = col(name)
+        at = (1.0 - frac) * size if flip else frac * size
+        return torch.where(frac > 0.0, at, torch.full_like(at, size + far if flip else -far))
+
+    dists = [
+        edge("left", w, False) - u,
+        u - edge("right", w, True),
+        edge("top", h, False) - t,
+        t - edge("bottom", h, True),
+    ]
+    off_centre = torch.sqrt((xs - w / 2) ** 2 + (ys - h / 2) ** 2) / (0.5 * math.hypot(h, w))
+    return dists, off_centre
+
+
+def _blade_share(
+    h: int, w: int, col: Callable[[str], torch.Tensor], dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the share of the beam the blades stop, the signed distance past the field's rectangle):
+    each blade stops its own share behind its penumbra (``penumbra`` of the shorter side at the
+    centre, widened by ``spread`` x the distance off centre; smoothstep), independently of the
+    others: where two blades overlap the beam passes both, 1 - (1 - m1)(1 - m2), so the field's
+    corner is the two straight edges crossing, each with its penumbra."""
+    side = min(h, w)
+    dists, off_centre = _blade_distances(h, w, col, dev)
+    pen = (col("penumbra") * side * (1.0 + col("spread") * off_centre)).clamp_min(1.0)
+    passed = torch.ones((), dtype=torch.float64, device=dev)
+    for d in dists:
+        r = (0.5 + d / pen).clamp(0.0, 1.0)
+        passed = passed * (1.0 - r * r * (3.0 - 2.0 * r))
+    rect = torch.maximum(torch.maximum(dists[0], dists[1]), torch.maximum(dists[2], dists[3]))
+    return 1.0 - passed, rect
+
+
+def _shutter(rect: torch.Tensor, col: Callable[[str], torch.Tensor], side: int) -> torch.Tensor:
+    """The system's black shutter mask (``white`` 0): the field's rectangle grown by ``fringe``
+    of the shorter side, anti-aliased; 0 on a film-like (white) display."""
+    cut = rect - col("fringe") * side
+    return torch.where(col("white") > 0.5, torch.zeros_like(cut), (0.5 + cut).clamp(0.0, 1.0))
+
+
+def collimation_shadow(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B,1,H,W) float32 on ``x``'s device: where the collimation leaves the detector unexposed
+    (the blades' share of the beam) or the system masks it black: a lead marker lying there
+    could not have been imaged (the engine's annotation composite reads it)."""
+    h, w = x.shape[-2:]
+    dev = x.device
+
+    def col(name: str) -> torch.Tensor:
+        return per_sample(p[name]).to(dev, torch.float64)
+
+    m, rect = _blade_share(h, w, col, dev)
+    return torch.maximum(m, _shutter(rect, col, min(h, w))).expand(x.shape[0], 1, h, w).float()
+
+
+def _lumps(keys: Sequence[int], h: int, w: int, dev: torch.device, sigma: torch.Tensor) -> torch.Tensor:
+    """(B,1,H,W) float64: a keyed smooth field of unit spread (white noise low-passed over
+    ``sigma`` px, divided by its own standard deviation)."""
+    z = keyed_fields.normal_fields(keys, "xray_collimation/lumps", (h, w), dev).unsqueeze(1).double()
+    s = _smooth(z, sigma)
+    return s / s.std(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+
+
 def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """The collimated film (B,C,H,W) float32, on ``x``'s device; the CPU path calls it too (one
     sample), so both give the same pixels. Three stages, as in the imaging chain:
 
-    1. Geometry. Four straight lead blades (``left`` ... fractions of the width/height) rotated
-       together by ``tilt`` degrees about the film's centre, their shadow anti-aliased at
-       sub-pixel positions; the field's corners rounded to ``corner`` of the shorter side where
-       two blades' penumbrae meet. The penumbra (focal spot x (magnification - 1), smoothstep)
-       is ``penumbra`` of the shorter side at the centre and widens by ``spread`` x the distance
-       from the centre over the half diagonal (farther off the central ray, the blade's edge is
-       seen more obliquely by the focal spot).
+    1. Geometry. Up to four straight lead blades (``left`` ... fractions of the width/height; 0:
+       that blade open) rotated together by ``tilt`` degrees about the film's centre, their
+       shadow anti-aliased at sub-pixel positions. Each blade stops its share of the beam behind
+       its own penumbra (focal spot x (magnification - 1), smoothstep), ``penumbra`` of the
+       shorter side at the centre, widening by ``spread`` x the distance from the centre over
+       the half diagonal (farther off the central ray, the blade's edge is seen more obliquely
+       by the focal spot); where two blades overlap the beam passes both (``_blade_share``):
+       the field's corners are straight edges crossing, not rounded.
     2. Exposure. The display value v maps to a log exposure, E = exp(-``range`` v). Under the
        blade a fraction ``transmission`` of the beam gets through (the anatomy stays faintly
-       visible: the log shift keeps its contrast, the display's shoulder squashes it) plus
-       scatter from the irradiated body beside it: ``scatter`` x the field's exposure low-passed
-       over ``reach`` of the shorter side (strongest at the edge, fading over tens of px). Back
-       through the log and the display LUT's shoulder (``_shoulder``, rolling off towards
-       ``shade``): the shadow is white on a chest film. Its quantum noise: the film's own
-       (``_film_noise``) scaled by sqrt(E / E'), the lower exposure's relatively stronger noise,
-       at most 8x, through the shoulder's slope.
-    3. Display processing. ``white`` 0: the system masks the shutter black (``black``, a third of
-       the film's noise) from ``fringe`` of the shorter side past the blade edge, anti-aliased.
-       Then the system's unsharp mask (gain ``enhance``, sigma ``radius`` of the shorter side: a
-       few px) acts on the shutter's share of the step only (the film's anatomy was processed
-       already), the thin overshoot/undershoot line along the edge; the noise is added last."""
+       visible: the log shift keeps its contrast, the display's shoulder squashes it), uneven:
+       the anode heel effect (a log ramp of ``heel`` e-folds over the half side along
+       ``heel_dir`` degrees) and the blade's and the beam's unevenness (a keyed smooth field,
+       ``lumps`` e-folds, over a tenth of the shorter side); plus scatter from the irradiated
+       body beside it: ``scatter`` x the field's exposure low-passed over ``reach`` of the
+       shorter side (strongest at the edge, fading over tens of px). Back through the log and
+       the display LUT's shoulder (``_shoulder``, rolling off towards ``shade``): the shadow is
+       white on a chest film. Its quantum noise: the film's own (``_film_noise``) scaled by
+       sqrt(E / E'), the lower exposure's relatively stronger noise, at most 8x, through the
+       shoulder's slope.
+    3. Display processing. ``white`` 0: the system masks the shutter black (``black`` plus the
+       film's noise) from ``fringe`` of the shorter side past the field's rectangle,
+       anti-aliased. Then the system's processing acts on the shutter's share of the step only
+       (the film's anatomy was processed already): the unsharp mask (gain ``enhance``, sigma
+       ``radius`` of the shorter side: a few px), the thin overshoot/undershoot line along the
+       edge, and the wide-band equalisation (gain ``equalize``, sigma ``band`` of the shorter
+       side), the darker band inside the field fading away from the edge over tens of px; the
+       noise is added last."""
     h, w = x.shape[-2:]
     dev = x.device
     side = min(h, w)
@@ -1292,19 +1367,7 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     def col(name: str) -> torch.Tensor:
         return per_sample(p[name]).to(dev, torch.float64)
 
-    ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5
-    xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5
-    theta = torch.deg2rad(col("tilt"))
-    cos, sin = torch.cos(theta), torch.sin(theta)
-    u = (xs - w / 2) * cos + (ys - h / 2) * sin + w / 2
-    t = -(xs - w / 2) * sin + (ys - h / 2) * cos + h / 2
-    qx = torch.maximum(col("left") * w - u, u - (1.0 - col("right")) * w)
-    qy = torch.maximum(col("top") * h - t, t - (1.0 - col("bottom")) * h)
-    d = _rounded_field_distance(qx, qy, col("corner") * side)
-    off_centre = torch.sqrt((xs - w / 2) ** 2 + (ys - h / 2) ** 2) / (0.5 * math.hypot(h, w))
-    pen = (col("penumbra") * side * (1.0 + col("spread") * off_centre)).clamp_min(1.0)
-    r = (0.5 + d / pen).clamp(0.0, 1.0)
-    m = r * r * (3.0 - 2.0 * r)  # the blade's share of the beam it stops
+    m, rect = _blade_share(h, w, col, dev)
     v = x.double()
     grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1).double()
     sigma = _film_noise(x)
@@ -1312,7 +1375,13 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     exposure = torch.exp(-span * v[:, :1].clamp(0.0, 1.0))
     reach = (col("reach") * side).clamp_min(1.0)
     scatter = col("scatter") * _smooth((1.0 - m) * exposure, reach)
-    under = (1.0 - m) + m * col("transmission")
+    ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5 - h / 2
+    xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5 - w / 2
+    phi = torch.deg2rad(col("heel_dir"))
+    ramp = (xs * torch.cos(phi) + ys * torch.sin(phi)) / (0.5 * side)
+    lumps = _lumps(keys, h, w, dev, torch.full_like(col("lumps"), 0.1 * side))
+    uneven = torch.exp(col("heel") * ramp + col("lumps") * lumps)
+    under = (1.0 - m) + m * col("transmission") * uneven
     # exposure at the detector (never below 1e-4 of the open beam's: a blade of finite lead)
     shadowed = torch.maximum(exposure * under + m * scatter, exposure * 1e-4)
     lin = v - torch.log(shadowed / exposure) / span  # the log display, anatomy shifted
@@ -1320,60 +1389,119 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     film = lin - m * (lin - lut)  # the shoulder acts on the shadow's share
     quantum = sigma * torch.sqrt((exposure / shadowed - 1.0).clamp(0.0, 63.0))
     noise = quantum * (1.0 - m + m * slope) * grain
-    cut = d - col("fringe") * side
-    shutter = torch.where(
-        col("white") > 0.5, torch.zeros_like(cut), (0.5 + cut).clamp(0.0, 1.0)
-    )
+    shutter = _shutter(rect, col, side)
     film = film * (1.0 - shutter) + col("black") * shutter
-    noise = noise * (1.0 - shutter) + sigma * grain * shutter / 3.0
+    noise = noise * (1.0 - shutter) + sigma * grain * shutter * 0.6
     share = torch.maximum(m, shutter)
-    radius = (col("radius") * side).clamp_min(0.5)
-    # the film's anatomy is enhanced already: only the shutter's share of the unsharp mask
-    # (its high-pass minus the anatomy's own, where the anatomy still shows) is added
-    detail = (film - _smooth(film, radius)) - (1.0 - share) * (v - _smooth(v, radius))
-    out = film + col("enhance") * detail + noise
+    out = film
+    # the film's anatomy is processed already: only the shutter's share of each band-pass (its
+    # high-pass minus the anatomy's own, where the anatomy still shows) is added
+    for gain, scale, floor in (("enhance", "radius", 0.5), ("equalize", "band", 1.0)):
+        s = (col(scale) * side).clamp_min(floor)
+        out = out + col(gain) * ((film - _smooth(film, s)) - (1.0 - share) * (v - _smooth(v, s)))
+    out = out + noise
+    # the film's own digital padding (the digitiser's or the archive's, added after the
+    # exposure) stays as it is, but for the system's black shutter
+    pad = _padding(v[:, :1]) * (1.0 - shutter)
+    out = out + pad * (v - out)
     return out.clamp_(0.0, 1.0).to(torch.float32)
+
+
+PADDING_BAND = 0.03  # fraction of the side: how far from the film's edge padding may reach
+PADDING_RUN = 0.1  # fraction of the side: how far along the edge its inner edge runs straight
+
+
+def _left_band(zero: torch.Tensor) -> torch.Tensor:
+    """(B,1,H,W) float64: the pixels of a band of 0 along the left edge whose inner edge is
+    straight (the same width, within 1 px, over ``PADDING_RUN`` of the height), at most
+    ``PADDING_BAND`` of the width wide."""
+    h, w = zero.shape[-2:]
+    run = torch.cumprod(zero, dim=-1)  # 1 while the row is still 0 from the left edge
+    width = run.sum(dim=-1, keepdim=True)  # (B,1,H,1)
+    k = max(3, int(PADDING_RUN * h)) | 1
+    hi = F.max_pool2d(width, (k, 1), 1, (k // 2, 0))
+    lo = -F.max_pool2d(-width, (k, 1), 1, (k // 2, 0))
+    straight = ((hi - lo) <= 1.0).double()
+    straight = F.max_pool2d(straight, (k, 1), 1, (k // 2, 0))  # to the band's ends
+    inside = (width > 0.0) & (width <= PADDING_BAND * w)
+    return run * straight * inside.double()
+
+
+def _padding(v: torch.Tensor) -> torch.Tensor:
+    """(B,1,H,W) float64: 1 on the film's digital padding, a band of exactly 0 along one of the
+    film's edges with a straight inner edge (``_left_band`` on each edge): black the digitiser
+    or the archive added after the exposure. Clipped black air is not padding (its exposure
+    was real, its edge follows the body)."""
+    zero = (v <= 0.0).double()
+    left = _left_band(zero)
+    right = _left_band(zero.flip(-1)).flip(-1)
+    top = _left_band(zero.transpose(-1, -2)).transpose(-1, -2)
+    bottom = _left_band(zero.flip(-2).transpose(-1, -2)).transpose(-1, -2).flip(-2)
+    return torch.maximum(torch.maximum(left, right), torch.maximum(top, bottom))
 
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     blades = {n: draw(rng_, level[n]) for n in ("left", "right", "top", "bottom")}
-    u = [float(rng_.random()) for _ in range(15)]
+    u = [float(rng_.random()) for _ in range(21)]
+    # which blades show on the film: all four, three, two adjacent (a corner) or two opposite;
+    # the others open past the film's edge (their blade at 0)
+    names = ("left", "right", "top", "bottom")
+    pick = min(3, int(4 * u[16]))
+    if u[15] < 0.3:
+        shown = set(names)
+    elif u[15] < 0.6:
+        shown = set(names) - {names[pick]}
+    elif u[15] < 0.85:
+        shown = {names[pick // 2], names[2 + pick % 2]}
+    else:
+        shown = {"left", "right"} if pick < 2 else {"top", "bottom"}
+    blades = {n: (b if n in shown else 0.0) for n, b in blades.items()}
     return {
         **blades,
-        "white": float(u[0] < 0.7),  # film-like display of the shadow; else a system mask
-        # the collimator never sits exactly square to the detector: 0.5-3 degrees either way
-        "tilt": (0.5 + 2.5 * u[1]) * (1.0 if u[2] < 0.5 else -1.0),
-        "penumbra": 0.002 + 0.003 * u[3],  # 2-5 px of a 1024 px film at the centre
+        "white": float(u[0] < 0.65),  # film-like display of the shadow; else a system mask
+        # the collimator never sits exactly square to the detector: 0.3-3 degrees either way
+        "tilt": (0.3 + 2.7 * u[1]) * (1.0 if u[2] < 0.5 else -1.0),
+        "penumbra": 0.002 + 0.005 * u[3],  # 2-7 px of a 1024 px film at the centre
         "spread": 0.5 + 1.0 * u[4],  # 1.5-2.5x as wide in the corners
-        "corner": 0.004 + 0.02 * u[5],  # the rounded corner: 4-25 px of 1024
-        "transmission": 0.01 + 0.04 * u[6],  # lead blades let a few % through
-        "scatter": 0.05 + 0.15 * u[7],
-        "reach": 0.01 + 0.03 * u[8],  # the scatter fades over 10-40 px of 1024
-        "range": 3.0 + 2.0 * u[9],  # log exposure range of the display (e-folds)
-        "shade": 0.88 + 0.1 * u[10],  # where the display's shoulder rolls off to
-        "black": 0.03 * u[11],
-        "fringe": -0.002 + 0.005 * u[12],  # the system mask's offset past the blade edge
-        "enhance": 0.4 + 0.8 * u[13],  # unsharp-mask gain of the display processing
-        "radius": 0.0015 + 0.004 * u[14],  # its sigma: 1.5-5.5 px of a 1024 px film
+        "transmission": 0.01 + 0.07 * u[5],  # lead blades let a few % through
+        "scatter": 0.03 + 0.2 * u[6],
+        "reach": 0.01 + 0.05 * u[7],  # the scatter fades over 10-60 px of 1024
+        "range": 3.0 + 2.5 * u[8],  # log exposure range of the display (e-folds)
+        "shade": 0.82 + 0.16 * u[9],  # where the display's shoulder rolls off to
+        "black": 0.05 * u[10] ** 2,
+        "fringe": -0.002 + 0.006 * u[11],  # the system mask's offset past the blade edge
+        "enhance": 0.2 + 1.0 * u[12],  # unsharp-mask gain of the display processing
+        "radius": 0.0015 + 0.004 * u[13],  # its sigma: 1.5-5.5 px of a 1024 px film
+        "equalize": 0.5 * u[14] ** 1.5,  # wide-band equalisation gain (0: none)
+        "band": 0.01 + 0.04 * u[17],  # its sigma: 10-50 px of 1024
+        "heel": 0.1 + 0.4 * u[18],  # e-folds of the heel ramp over the half side
+        "heel_dir": 360.0 * u[19],
+        "lumps": 0.1 + 0.3 * u[20],
     }
 
 
-@register_kernel("xray_collimation", sampler=_collimation_sampler)
+@register_kernel("xray_collimation", sampler=_collimation_sampler, shadow=collimation_shadow)
 def xray_collimation(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
-    """Collimator shutters, as the x-ray tube's lead blades make them: straight blades tilted
-    together by 0.5-3 degrees (never square to the detector), a focal-spot penumbra of a few px
-    that widens off the central ray, rounded field corners where two blades meet; under them the
-    blades' few % transmission of the beam plus scatter from the irradiated body beside them
-    (fading over tens of px), shown through the log display and its shoulder: white, the anatomy
-    faintly visible, with the low exposure's relatively stronger quantum noise; the display's
-    unsharp mask leaves a thin overshoot/undershoot line along the edge; on some systems the
-    shutter is masked black near the edge (``white`` 0), anti-aliased (``collimation``). Refs:
-    Bushberg et al., The Essential Physics of Medical Imaging, ch. 7 (collimation, penumbra =
-    focal spot x (magnification - 1)) and ch. 10 (CR/DR image processing: log transform, LUT,
-    unsharp masking, electronic shuttering); Boyle et al., PMB 2013 (scatter tails at field
-    edges).
+    """Collimator shutters, as the x-ray tube's lead blades make them: one to four straight
+    blades (which ones show varies per film: all four, three, a corner's two or an opposite
+    pair) tilted together by 0.3-3 degrees (never square to the detector), each behind a
+    focal-spot penumbra of a few px that widens off the central ray, each stopping its own
+    share of the beam, so the field's corners are straight edges crossing; under them the
+    blades' few % transmission of the beam, made uneven by the anode heel effect and the beam's
+    own unevenness, plus scatter from the irradiated body beside them (fading over tens of px),
+    shown through the log display and its shoulder: white, the anatomy faintly visible, with the
+    low exposure's relatively stronger quantum noise; the display processing's unsharp mask
+    leaves a thin overshoot/undershoot line along the edge and its wide-band equalisation a
+    darker band inside the field fading away from the edge; on some systems the shutter is
+    masked black near the edge (``white`` 0), anti-aliased; the film's own digital padding is
+    kept (``collimation``). A lead marker the blades cover was never imaged: the engine's
+    annotation composite does not paste it back there (``collimation_shadow``). Refs:
+    Bushberg et al., The Essential Physics of Medical Imaging, ch. 5 (anode heel effect), ch. 7
+    (collimation, penumbra = focal spot x (magnification - 1)) and ch. 10 (CR/DR image
+    processing: log transform, LUT, unsharp masking and multi-frequency equalisation,
+    electronic shuttering); Boyle et al., PMB 2013 (scatter tails at field edges).
 
     Kornia: own kernel: no Kornia equivalent (shutter geometry, scatter and unsharp-mask
     low-passes as per-sample box passes, keyed noise field and blend in one batched pass)."""

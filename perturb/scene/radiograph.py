@@ -520,6 +520,40 @@ def mask_of(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
     return mask
 
 
+# annotation types that are physical objects on the detector, imaged with the exposure (the
+# lead laterality marker): where the beam was stopped (collimation) they were never imaged. The
+# other types (burned-in text) are added digitally after acquisition and always show.
+LEAD_TYPES = frozenset({"marker"})
+
+_LEAD: OrderedDict[str, np.ndarray] = OrderedDict()
+
+
+def lead_mask(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
+    """bool (H, W), read-only: the pixels of ``desc``'s annotations of a ``LEAD_TYPES`` type,
+    and of those that may be a marker whose side was not read (``unread_markers``: a lone
+    letter of marker size is most often the lead marker), cached by the descriptor's sorted
+    JSON."""
+    key = json.dumps(desc, sort_keys=True) if key is None else key
+    with _MASKS_LOCK:
+        held = _LEAD.get(key)
+        if held is not None:
+            _LEAD.move_to_end(key)
+            return held
+    h, w = (int(v) for v in desc["size"])
+    mask = np.zeros((h, w), bool)
+    unread = unread_markers(desc)
+    for a in annotations_of(desc):
+        if a.get("type") in LEAD_TYPES or any(a is b for b in unread):
+            x0, y0, x1, y1 = (int(v) for v in a["box"])
+            mask[y0:y1, x0:x1] |= decode_mask(a["mask"], (y1 - y0, x1 - x0))
+    mask.flags.writeable = False
+    with _MASKS_LOCK:
+        _LEAD[key] = mask
+        while len(_LEAD) > _MASKS_SIZE:
+            _LEAD.popitem(last=False)
+    return mask
+
+
 def composite_alpha(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
     """float32 (H, W): 1 where an acquisition op shows (the film), 0 on the annotation pixels."""
     return (~mask_of(desc, key)).astype(np.float32)
@@ -566,13 +600,33 @@ def extension_fill(image: np.ndarray, desc: dict[str, Any], key: str | None = No
 
 
 def compose_numpy(
-    src: np.ndarray, dst: np.ndarray, desc: dict[str, Any], key: str | None = None
+    src: np.ndarray,
+    dst: np.ndarray,
+    desc: dict[str, Any],
+    key: str | None = None,
+    shadow: np.ndarray | None = None,
 ) -> None:
     """In place: ``dst`` (CHW, the perturbed sample) takes ``src``'s pixels (the clean sample)
-    on the annotation layer, exactly; elsewhere it stays as it is."""
+    on the annotation layer, exactly; elsewhere it stays as it is. ``shadow`` (float32 (H, W),
+    the share of the beam an op stopped: ``KernelEntry.shadow``): on a lead marker's pixels
+    (``lead_mask``) the op's pixels show in that share, ``src + shadow (dst - src)`` in float32
+    (integer levels rounded half to even), as ``perturb.engine.run.compose_tissue`` blends."""
     mask = mask_of(desc, key)
-    if mask.any():
+    if not mask.any():
+        return
+    if shadow is None:
         np.copyto(dst, src, where=np.broadcast_to(mask, src.shape))
+        return
+    lead = lead_mask(desc, key)
+    a = np.where(lead & mask, shadow.astype(np.float32), np.float32(0.0))
+    keep = mask & (a < 1.0)
+    ys, xs = np.nonzero(keep)
+    for c in range(src.shape[0]):
+        s = src[c][ys, xs].astype(np.float32)
+        mixed = s + a[ys, xs] * (dst[c][ys, xs].astype(np.float32) - s)
+        if dst.dtype != np.float32:
+            mixed = np.clip(np.rint(mixed), 0, np.iinfo(dst.dtype).max)
+        dst[c][ys, xs] = mixed.astype(dst.dtype)
 
 
 def extend_numpy(

@@ -495,7 +495,6 @@ def _collimation(**over: float) -> dict[str, float]:
         "tilt": 0.0,
         "penumbra": 0.01,
         "spread": 0.0,
-        "corner": 0.0,
         "transmission": 0.03,
         "scatter": 0.15,
         "reach": 0.03,
@@ -505,6 +504,11 @@ def _collimation(**over: float) -> dict[str, float]:
         "fringe": 0.0,
         "enhance": 0.0,
         "radius": 0.004,
+        "equalize": 0.0,
+        "band": 0.02,
+        "heel": 0.0,
+        "heel_dir": 0.0,
+        "lumps": 0.0,
     }
     return {**base, **over}
 
@@ -571,15 +575,17 @@ def test_collimation_display_edge_enhancement_is_a_thin_line() -> None:
     assert np.abs(s[5:20, 150:250] - p[5:20, 150:250]).max() < 1e-3
 
 
-def test_collimation_penumbra_widens_off_centre_and_field_corners_round() -> None:
+def test_collimation_penumbra_widens_off_centre_and_field_corners_are_straight() -> None:
     """The penumbra is ``penumbra`` x (1 + ``spread`` x the distance from the centre over the half
-    diagonal) wide; where two blades meet the field's corner is rounded to ``corner``."""
+    diagonal) wide; where two blades meet each stops its own share of the beam, so the field's
+    corner is the two straight edges crossing: just inside both blade lines the film passes
+    both penumbrae (a product of their shares), not a rounded mask's full shadow."""
     n = 400
     x = torch.full((1, 1, n, n), 0.2)
     out, _ = _with_params(
         x, "xray_collimation", 4,
         _collimation(left=0.1, right=0.1, top=0.1, bottom=0.1, penumbra=0.02, spread=1.5,
-                     corner=0.05, transmission=0.001, scatter=0.0),
+                     transmission=0.001, scatter=0.0),
     )
     o = _np(out)
 
@@ -593,15 +599,56 @@ def test_collimation_penumbra_widens_off_centre_and_field_corners_round() -> Non
     r_centre = math.hypot(0.0, 160.0) / (0.5 * math.hypot(n, n))
     r_off = math.hypot(130.0, 160.0) / (0.5 * math.hypot(n, n))
     assert abs(off / centre - (1 + 1.5 * r_off) / (1 + 1.5 * r_centre)) < 0.2
-    # the corner: on the field's diagonal just inside both blade lines the film is in shadow,
-    # whereas the same depth inside a straight edge is open field
-    corner_px = o[40 + 4, 40 + 4]
-    edge_px = o[40 + 4, 200]
-    assert corner_px > edge_px + 0.15
+    # the corner: well inside both blade lines the film is open field, as inside a straight
+    # edge at the same depth; on the blade lines the shadow is deeper at the corner (two
+    # penumbrae) than along an edge (one)
+    assert abs(o[40 + 20, 40 + 20] - o[40 + 20, 200]) < 0.01
+    assert o[40, 40] > o[40, 200] + 0.05
+    # the field's corner is square: the 50 % contour of the left edge is the same column
+    # near the corner as at mid height
+    def half(row: int) -> int:
+        return int(np.argmax(o[row, :100] < 0.5 * (o[row, 2] + o[row, 99])))
+
+    assert abs(half(60) - half(200)) <= 1
+
+
+def test_collimation_open_blades_leave_their_side_of_the_film_as_it_is() -> None:
+    """A blade at 0 is open: its side of the film keeps the film's pixels up to the edge."""
+    n = 200
+    x = torch.full((1, 1, n, n), 0.3)
+    out, _ = _with_params(
+        x, "xray_collimation", 4, _collimation(left=0.0, right=0.0, bottom=0.0, top=0.15)
+    )
+    o = _np(out)
+    assert np.abs(o[60:, :] - 0.3).max() < 1e-6  # below the top blade's penumbra: untouched
+    assert o[2:20].mean() > 0.6  # the top blade's shadow
+    shown = set()
+    for i in range(60):
+        p = perturb.apply(torch.zeros(1, 1, 8, 8), "xray_collimation", 3, [f"s{i}"],
+                          protect_border=False)[1][0].params
+        shown.add(tuple(p[k] > 0 for k in ("left", "right", "top", "bottom")))
+    assert len(shown) >= 6  # the blades that show vary from film to film
+
+
+def test_collimation_equalisation_darkens_a_wide_band_inside_the_field() -> None:
+    """The display's wide-band equalisation acts on the shutter's step: a darker band inside
+    the field along the edge, deepest at the edge and fading away from it over ``band``."""
+    n = 400
+    x = torch.full((1, 1, n, n), 0.4)
+    plain, _ = _with_params(x, "xray_collimation", 4, _collimation(scatter=0.0))
+    wide, _ = _with_params(
+        x, "xray_collimation", 4, _collimation(scatter=0.0, equalize=0.4, band=0.03)
+    )
+    p, q = _np(plain), _np(wide)
+    top = int(0.15 * n)
+    band = (q - p)[top + 4 : top + 60, 150:250].mean(axis=1)
+    assert band[:6].mean() < -0.03  # dark next to the edge
+    assert band[:6].mean() < band[20:26].mean() < band[-6:].mean() <= 1e-6  # fading away
+    assert np.abs(q[200:260, 150:250] - 0.4).max() < 1e-3  # the field far from any edge is as it was
 
 
 def test_collimation_blades_are_tilted_anti_aliased_and_never_square() -> None:
-    """The sampler tilts the blades by 0.5-3 degrees either way; the (black, system-masked) edge
+    """The sampler tilts the blades by 0.3-3 degrees either way; the (black, system-masked) edge
     is anti-aliased at sub-pixel positions: the sub-pixel edge row along the columns is a
     straight line, no one-pixel stair steps."""
     tilts = [
@@ -609,7 +656,7 @@ def test_collimation_blades_are_tilted_anti_aliased_and_never_square() -> None:
                           protect_border=False)[1][0].params["tilt"])
         for i in range(40)
     ]
-    assert min(tilts) >= 0.5 - 1e-6 and max(tilts) <= 3.0 + 1e-6
+    assert min(tilts) >= 0.3 - 1e-6 and max(tilts) <= 3.0 + 1e-6
     x = torch.full((1, 1, 400, 400), 0.5)
     out, _ = _with_params(
         x, "xray_collimation", 4,
@@ -730,3 +777,20 @@ def test_16_bit_in_16_bit_out_with_more_than_8_bit_levels(op: str) -> None:
     values = out.to(torch.int32)
     assert bool(((values % 257) != 0).any()), "quantised to 8 bits"
     assert len(torch.unique(values)) > 256
+
+
+def test_collimation_keeps_the_films_padding_but_not_clipped_air() -> None:
+    """A black band of exactly 0 along the film's edge with a straight inner edge is the
+    digitiser's padding, added after the exposure: it stays black under a white shadow; clipped
+    black air (0, its edge following the body) was exposed and turns white like the rest."""
+    n = 300
+    x = torch.full((1, 1, n, n), 0.4)
+    x[..., 50:250, :8] = 0.0  # padding: 8 px wide, straight
+    r = torch.arange(n, dtype=torch.float32)
+    blob = ((r.view(-1, 1) - 20) ** 2 / 400 + r.view(1, -1) ** 2 / 1600) < 1.0  # clipped air
+    x[0, 0][blob] = 0.0
+    out, _ = _with_params(x, "xray_collimation", 4, _collimation(left=0.2, top=0.2))
+    o = _np(out)
+    assert np.abs(o[50:250, :8]).max() == 0.0  # the padding stays
+    assert o[15:25, 5:20].min() > 0.5  # the clipped air under the blades turns white
+    assert o[260:290, 10:40].mean() > 0.7  # the shadow beside the padding
