@@ -267,38 +267,51 @@ def surgical_smoke(
 
 BUBBLE_F0 = 0.02  # normal-incidence reflectance of a water film (n = 1.33)
 BUBBLE_N = 1.33  # refractive index of the film
-BUBBLE_REFRACTION = 0.22  # magnification of the tissue seen through a bubble (weak lens)
+BUBBLE_REFRACTION = 0.32  # magnification of the tissue seen through a bubble (weak lens)
 BUBBLE_SHIFT = 0.12  # sideways shift of that view (radius fraction), away from the optical axis
 BUBBLE_LAMBDA = (610.0, 550.0, 465.0)  # nm: red, green, blue of the thin-film interference
 BUBBLE_IRIDESCENCE = 0.15  # swing of the film's colour around grey on the lit side of the rim
-BUBBLE_ENV = (1.6, 0.03)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
+BUBBLE_ENV = (1.6, 0.03)  # the scene's lit surroundings: env_c = a * mean_c + b (linear; the fluid)
+# the film mirrors the tissue around it, lit by the scope: mirror_c = a * tissue_c + b (linear, the
+# scene's own colour, no grey), and the lamp mirrored by the wall and cap: lamp_c = c * tissue_c + d
+BUBBLE_MIRROR = (1.15, 0.004, 2.2, 0.03)
 # the wall seen edge-on: a thin ring at radius fraction ``at``, ``width + px / r`` wide (at least
 # about a pixel); bright (``bright`` x the lit surroundings) where it faces the light, darker
 # (the tissue x (1 - ``dark``)) elsewhere, where the light is refracted out of the camera's view
-BUBBLE_RIM = {"bright": 1.1, "dark": 0.4, "at": 0.86, "width": 0.05, "px": 0.45}
+# (the dark edge all round, deeper away from the light, its depth ``dark`` + ``dark_k`` frac(13 u)
+# and its width x ``wide[0]`` + ``wide[1]`` frac(17 u) per cell: rims of varying weight)
+BUBBLE_RIM = {
+    "bright": 0.35,
+    "dark": 0.3,
+    "dark_k": 0.45,
+    "at": 0.86,
+    "width": 0.05,
+    "px": 0.45,
+    "wide": (0.7, 1.0),
+}
 # the glint's faint second reflex on the opposite inner rim (the dome's back face): its share of
 # the glint's peak, its distance from the centre (radius fraction) and the radius (px) over which
 # it fades in (small bubbles show one glint only)
 BUBBLE_REFLEX = (0.35, 0.62, (3.0, 8.0))
-BUBBLE_DARK = (0.3, 0.86, 0.1)  # faint refraction band: depth, radius fraction, width (a thin
+BUBBLE_DARK = (0.4, 0.86, 0.1)  # faint refraction band: depth, radius fraction, width (a thin
 # film is mostly transparent: the tissue through a small cell barely darkens)
-BUBBLE_CAP = (0.3, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
+BUBBLE_CAP = (0.1, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
 BUBBLE_CAUSTIC = 0.15  # light focused by the dome onto the inner rim opposite the light
 GLINT_AXIS = 0.9  # glint offset towards the optical axis (radius fraction per shorter side off it)
 GLINT_ELONGATION = 1.3  # a glint's length over its width (the light guide's exit is oblong)
 GLINT_MIN_PX = 0.6  # a pixel's footprint added to a glint's sigma (pixels)
-GLINT_NONE = 0.5  # share of bubbles whose glint misses the lens (no glint): glints are few
-GLINT_PEAK = (0.4, 0.6)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
+GLINT_NONE = 0.45  # share of bubbles whose glint misses the lens (no glint): glints are few
+GLINT_PEAK = (0.6, 0.7)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
 GLINT_SIZE = (0.04, 0.1)  # a glint's gaussian sigma, radius fraction
-GLINT_CAP = 1.0  # brightest glint peak (linear): beyond it the sensor is saturated anyway
+GLINT_CAP = 1.5  # brightest glint peak (linear): beyond it the sensor is saturated anyway
 BUBBLE_PSF = 0.0013  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
 BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
 BUBBLE_RANGE = 2.5  # radii at least 1/2.5 x the level's median
-BUBBLE_SPREAD = 0.5  # log-normal sigma of the radii: many small, a few large
-BUBBLE_BIG = (0.05, 1.8)  # share of cells that are larger still, and by how much (heavy tail)
+BUBBLE_SPREAD = 0.55  # log-normal sigma of the radii: many small, a few large
+BUBBLE_BIG = (0.06, 2.2)  # share of cells that are larger still, and by how much (heavy tail)
 # cells from this pool index on grow, up to (1 + this) x at the last one: heavy foam has larger
 # cells as well as more of them
-BUBBLE_GROWTH = (200, 2.2)
+BUBBLE_GROWTH = (300, 0.7)
 BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
 BUBBLE_ASPECT = (0.35, 0.07, 0.7)  # perspective squash per shorter side off axis, jitter, floor
 BUBBLE_POOL = 800  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
@@ -307,17 +320,17 @@ BUBBLE_POOL = 800  # bubbles drawn per sample; a severity keeps the first ``coun
 # share of new bubbles each foam cluster takes once open, and the pool share where it opens
 BUBBLE_GROUPS = (0.2, 0.16, 0.14, 0.12, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05)
 BUBBLE_OPEN = (0.0, 0.0, 0.04, 0.1, 0.18, 0.28, 0.38, 0.5, 0.62, 0.75)
-BUBBLE_PACK = 1.0  # share of a cluster's disc its cells cover (foam with reddish gaps)
+BUBBLE_PACK = 1.2  # share of a cluster's disc its cells cover (foam with reddish gaps)
 BUBBLE_GOLDEN = math.pi * (3.0 - math.sqrt(5.0))  # angle between a cluster's successive cells
 # a cluster's length over its width (keyed range): its cells spread along it
-BUBBLE_STRETCH = (1.0, 1.6)
+BUBBLE_STRETCH = (1.0, 2.2)
 BUBBLE_BEND = 0.6  # keyed bend of a cluster (sideways offset ~ bend * along**2 / scale) ...
 BUBBLE_BEND_SCALE = 0.1  # ... over this length (shorter side)
-BUBBLE_JITTER = 0.2  # keyed jitter of a cell's place (its radius): no lattice
+BUBBLE_JITTER = 0.5  # keyed jitter of a cell's place (its radius): no lattice
 # settling: rounds, the neighbourhood searched (x the 90th percentile radius), the wall share
 # of the smaller radius two settled cells share
-BUBBLE_SETTLE = (2.0, 2.5, 0.1)
-BUBBLE_SHARE = 0.35  # neighbours may overlap by this share of the smaller radius (shared wall)
+BUBBLE_SETTLE = (3.0, 2.5, 0.15)
+BUBBLE_SHARE = 0.45  # neighbours may overlap by this share of the smaller radius (shared wall)
 # recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
 # phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size,
 # look (uniform in [0, 1): this bubble's own shading, see ``BUBBLE_LOOK``)
@@ -429,7 +442,7 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     count = min(draw_int(rng, level["count"]), BUBBLE_POOL)
     radius = draw(rng, level["radius"])
     light = float(rng.uniform(0.0, 2.0 * math.pi))
-    glint = float(rng.uniform(0.05, 0.15))
+    glint = float(rng.uniform(0.2, 0.45))
     sizes = radius * np.exp(rng.normal(0.0, BUBBLE_SPREAD, size=BUBBLE_POOL))
     big = rng.random(BUBBLE_POOL) < BUBBLE_BIG[0]
     sizes = np.clip(np.where(big, sizes * BUBBLE_BIG[1], sizes), radius / BUBBLE_RANGE, BUBBLE_MAX)
@@ -491,7 +504,7 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
         "glint": glint,
         "spread": spread,
         "fluid": fluid,
-        "fluid_tint": float(rng.random()),
+        "fluid_tint": float(rng.random()) ** 2,
         "bubbles": rows[0::2],
         "foam": rows[1::2],
     }
@@ -596,16 +609,18 @@ def bubble_film(
         - BUBBLE_IRIDESCENCE * lit * ops.cos(4.0 * math.pi * BUBBLE_N * thickness * cos_film / lam)
         for lam in lams
     ]
-    # the wall seen edge-on at the outline: a thin line mirroring the light, and inside it a
-    # dark band where the light is refracted out of the camera's view
-    # (a faint bright line only where the wall faces the light)
-    edge_w = BUBBLE_RIM["width"] + BUBBLE_RIM["px"] / r
+    # the wall seen edge-on at the outline: a thin line mirroring the light where it faces it,
+    # and all round a dark edge where the light is refracted out of the camera's view (deepest
+    # away from the light), its depth and width the cell's own; inside it a faint dark band
+    edge_w = (BUBBLE_RIM["width"] + BUBBLE_RIM["px"] / r) * (
+        BUBBLE_RIM["wide"][0] + BUBBLE_RIM["wide"][1] * ((17.0 * look) % 1.0)
+    )
     ring = ops.exp(-0.5 * ((rho - BUBBLE_RIM["at"]) / edge_w) ** 2)
-    wall = BUBBLE_RIM["bright"] * ring * lit * lit * (0.6 + 0.8 * ((11.0 * look) % 1.0))
-    # (deepest on the side away from the light: the refracted rays there miss the lens)
+    wall = BUBBLE_RIM["bright"] * ring * lit * lit * (0.3 + 1.2 * ((11.0 * look) % 1.0))
+    rim_dark = BUBBLE_RIM["dark"] + BUBBLE_RIM["dark_k"] * ((13.0 * look) % 1.0)
     band = ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / width) ** 2)
     dark = (1.0 - depth * (0.5 + 0.5 * (1.0 - lit)) * band) * (
-        1.0 - BUBBLE_RIM["dark"] * (1.0 - lit) * ring
+        1.0 - rim_dark * (0.45 + 0.55 * (1.0 - lit)) * ring
     )
     # the lamp mirrored by the curved inner wall on the lit side: a bright crescent cap (what
     # makes real small bubbles read as lit domes rather than outlines)
@@ -616,7 +631,8 @@ def bubble_film(
         * ops.exp(-0.5 * ((rho - BUBBLE_CAP[1]) / BUBBLE_CAP[2]) ** 2)
     )
     caustic = 1.0 + BUBBLE_CAUSTIC * (1.0 - lit) * ops.exp(-0.5 * ((rho - 0.68) / 0.12) ** 2)
-    white = sum(env[ch] for ch in range(channels)) / channels
+    # what the film mirrors is the scene's own tissue, lit by the scope (no grey overlay)
+    ma, mb, la, lb = BUBBLE_MIRROR
     # the glint: the light guide's exit mirrored by the dome, oblong along the guides' axis,
     # its own size convolved with a pixel's footprint; clipped by the sensor
     var = (r * size) ** 2 + GLINT_MIN_PX * GLINT_MIN_PX
@@ -633,7 +649,8 @@ def bubble_film(
     return [
         (
             behind[ch] * (1.0 - fresnel * mirror) * caustic
-            + (env[ch] * fresnel * mirror * shade + white * (wall + cap)) * tint[ch]
+            + ((behind[ch] * ma + mb) * fresnel * mirror * shade + (behind[ch] * la + lb) * (wall + cap))
+            * tint[ch]
         )
         * (1.0 + stain[ch] * hue)
         * dark
@@ -873,17 +890,17 @@ def _bubbles_batch(
         * (1.0 - density.view(b, h, w).clamp(0.0, 1.0))
         * p["fluid"].to(torch.float32).view(b, 1, 1)
     )
-    colour = fluid_colour(env, p["fluid_tint"].to(torch.float32).view(b, 1, 1, 1))
-    out = torch.stack(
-        [out[:, ch] + wet * (colour[ch][:, 0] - out[:, ch]) for ch in range(c)], dim=1
-    )
+    tint = p["fluid_tint"].to(torch.float32).view(b, 1, 1)
+    colour = fluid_colour([out[:, ch] for ch in range(c)], tint)
+    out = torch.stack([out[:, ch] + wet * (colour[ch] - out[:, ch]) for ch in range(c)], dim=1)
     res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
     return torch.where(tissue, res, x).clamp(0.0, 1.0)
 
 
 def fluid_colour(env: Sequence[Any], tint: Any) -> list[Any]:
     """Linear colour per channel of the foam's interstitial fluid: whitish mucus (``tint`` 0) to
-    blood-tinged reddish water (``tint`` 1), lit like the surroundings (``env``)."""
+    blood-tinged reddish water (``tint`` 1), lit like the tissue under it (``env``: the frame's
+    linear channels, per pixel; a dim lumen's mucus is dim, not a grey veil)."""
     white = sum(env) / len(env)
     if len(env) == 1:
         return [white * (1.0 - 0.3 * tint)]
@@ -924,9 +941,9 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
         # (in the gaps between the cells: a cell's own film stays clear)
         crowd = _host.gauss(density, BUBBLE_FLUID["blur"] * min(h, w)) * BUBBLE_FLUID["gain"]
         wet = np.clip(crowd, 0, 1) * (1 - np.clip(density, 0, 1)) * share
-        colour = fluid_colour(env.astype(np.float32).tolist(), np.float32(p["fluid_tint"]))
+        colour = fluid_colour(list(out), np.float32(p["fluid_tint"]))
         for ch in range(lin.shape[0]):
-            out[ch] += wet * (np.float32(colour[ch]) - out[ch])
+            out[ch] += wet * (np.asarray(colour[ch], np.float32) - out[ch])
     res = _host.to_display(np.clip(out, 0.0, 1.0))
     res[:, ~tissue] = img[:, ~tissue]
     return res
