@@ -303,6 +303,9 @@ GLINT_MIN_PX = 0.6  # a pixel's footprint added to a glint's sigma (pixels)
 GLINT_NONE = 0.45  # share of bubbles whose glint misses the lens (no glint): glints are few
 GLINT_PEAK = (0.6, 0.7)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
 GLINT_SIZE = (0.04, 0.1)  # a glint's gaussian sigma, radius fraction
+# a dome smaller than this radius (px) mirrors a lamp image below a pixel: its glint's peak falls
+# with the radius (at least the floor share), so the finest cells are faint specks, not sparkles
+GLINT_SMALL = (3.0, 0.3)
 GLINT_CAP = 1.5  # brightest glint peak (linear): beyond it the sensor is saturated anyway
 BUBBLE_PSF = 0.0013  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
 BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
@@ -311,7 +314,7 @@ BUBBLE_SPREAD = 0.55  # log-normal sigma of the radii: many small, a few large
 BUBBLE_BIG = (0.06, 2.2)  # share of cells that are larger still, and by how much (heavy tail)
 # cells from this pool index on grow, up to (1 + this) x at the last one: heavy foam has larger
 # cells as well as more of them
-BUBBLE_GROWTH = (300, 0.7)
+BUBBLE_GROWTH = (400, 7.0)
 BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
 BUBBLE_ASPECT = (0.35, 0.07, 0.7)  # perspective squash per shorter side off axis, jitter, floor
 BUBBLE_POOL = 800  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
@@ -329,7 +332,9 @@ BUBBLE_BEND_SCALE = 0.1  # ... over this length (shorter side)
 BUBBLE_JITTER = 0.5  # keyed jitter of a cell's place (its radius): no lattice
 # settling: rounds, the neighbourhood searched (x the 90th percentile radius), the wall share
 # of the smaller radius two settled cells share
-BUBBLE_SETTLE = (3.0, 2.5, 0.15)
+BUBBLE_SETTLE = (2.0, 2.5, 0.15)
+# a cell squeezed between earlier ones to less than this share of its radius is dropped
+BUBBLE_SQUEEZE = 0.5
 BUBBLE_SHARE = 0.45  # neighbours may overlap by this share of the smaller radius (shared wall)
 # recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
 # phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size,
@@ -362,10 +367,13 @@ FOAM_FOLDS = {"fine": 0.014, "coarse": 0.05, "quantile": 0.9, "floor": 0.02, "lo
 # between the cells (a cell's own film stays clear)
 BUBBLE_FLUID: dict[str, Any] = {
     "blur": 0.008,
-    "gain": 2.0,
+    "gain": 5.0,
     "white": (1.25, 1.2, 1.1),
     "red": (0.9, 0.45, 0.4),
 }
+# the least share of the tissue's light that comes through where walls overlap (the cells' changes
+# add up, and two dark edges on one pixel would otherwise cut it to black)
+BUBBLE_FLOOR = 0.3
 BUBBLE_MIN_PX = 1.0  # smallest radius drawn (pixels): on small images a bubble is at least a pixel
 
 
@@ -397,7 +405,9 @@ def _settle(
     walls touch, sharing ``BUBBLE_SETTLE[2]`` of the smaller radius, ``BUBBLE_SETTLE[0]`` rounds.
     A cell's place depends on earlier pool cells only (pairs within a fixed distance, whatever
     else lies near), so a severity's cells stay among the next one's."""
-    reach = BUBBLE_SETTLE[1] * float(np.quantile(sizes, 0.9))
+    # (the neighbourhood from the cells before heavy foam's growth: a grown cell settles only
+    # against a neighbour that near, and the search stays small)
+    reach = BUBBLE_SETTLE[1] * float(np.quantile(sizes[: BUBBLE_GROWTH[0]], 0.9))
     for _ in range(int(BUBBLE_SETTLE[0])):
         pairs = scipy.spatial.cKDTree(np.stack([x, y], axis=1)).query_pairs(
             reach, output_type="ndarray"
@@ -423,6 +433,26 @@ def _settle(
         x[late] += move * (x[early] - x[late])
         y[late] += move * (y[early] - y[late])
     return x, y
+
+
+def _clash_pairs(x: np.ndarray, y: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """(K, 2) int: every pair i < j of cells whose discs meet (centres closer than the sum of
+    their radii), and some farther: pairs of cells up to the 95th percentile radius within
+    twice that radius, and pairs with a larger cell within the largest radius plus its own
+    (two small k-d tree searches instead of one over twice the largest radius)."""
+    points = np.stack([x, y], axis=1)
+    tree = scipy.spatial.cKDTree(points)
+    small = float(np.quantile(sizes, 0.95))
+    pairs = [tree.query_pairs(2.0 * small, output_type="ndarray").reshape(-1, 2)]
+    big = np.flatnonzero(sizes > small)
+    if len(big):
+        near = tree.query_ball_point(points[big], sizes[big] + float(sizes.max()))
+        counts = np.asarray([len(n) for n in near], dtype=np.int64)
+        others = np.concatenate([np.asarray(n, dtype=np.int64) for n in near])
+        mine = np.repeat(big, counts)
+        pairs.append(np.stack([np.minimum(mine, others), np.maximum(mine, others)], axis=1))
+    both = np.concatenate(pairs)
+    return both[both[:, 0] != both[:, 1]]  # (a pair may come twice: harmless for a minimum)
 
 
 def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
@@ -482,17 +512,22 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     x, y = _settle(x, y, sizes, group)
     aspect = np.maximum(1.0 - BUBBLE_ASPECT[0] * np.hypot(x, y) - squash, BUBBLE_ASPECT[2])
     orient = np.arctan2(y, x) + tilt
-    # drop a cell that sits on an earlier pool cell (more than a shared wall's overlap)
-    # (candidate pairs from a k-d tree: only cells within two of the largest radii can clash)
-    pairs = scipy.spatial.cKDTree(np.stack([x, y], axis=1)).query_pairs(
-        2.0 * float(sizes.max()), output_type="ndarray"
-    )
+    # a cell that sits on an earlier pool cell (more than a shared wall's overlap) is squeezed
+    # to the largest radius that only shares a wall with every earlier neighbour (packed foam:
+    # cells of mixed sizes fill the gaps); one squeezed below ``BUBBLE_SQUEEZE`` of its radius
+    # is dropped. (Candidate pairs from a k-d tree: only cells within two of the largest radii
+    # can clash; the earlier cell's own radius before any squeeze bounds it, so the recorded
+    # cells never overlap by more than a shared wall.)
+    pairs = _clash_pairs(x, y, sizes)
     first, second = pairs[:, 0], pairs[:, 1]
     apart = np.hypot(x[first] - x[second], y[first] - y[second])
-    least = np.minimum(sizes[first], sizes[second])
-    clash = apart < sizes[first] + sizes[second] - BUBBLE_SHARE * least
-    keep = np.ones(BUBBLE_POOL, dtype=bool)
-    keep[second[clash]] = False
+    # apart >= r1 + r2 - share * min(r1, r2), solved for the later radius r2
+    small = (apart - sizes[first]) / (1.0 - BUBBLE_SHARE)
+    fits = np.where(small <= sizes[first], small, apart - (1.0 - BUBBLE_SHARE) * sizes[first])
+    squeezed = sizes.copy()
+    np.minimum.at(squeezed, second, fits)
+    keep = squeezed >= BUBBLE_SQUEEZE * sizes
+    sizes = np.maximum(squeezed, 0.0)
     table = np.stack([x, y, sizes, film, phase, aspect, orient, peaks, spots, look], axis=1)
     rows = table[:count][keep[:count]].tolist()
     spread = draw(rng, level["spread"])
@@ -639,6 +674,7 @@ def bubble_film(
     ex, ey = dx - gx, dy - gy
     along = (ex * ops.cos(light) + ey * ops.sin(light)) / GLINT_ELONGATION
     across = ey * ops.cos(light) - ex * ops.sin(light)
+    peak = peak * ops.minimum(GLINT_SMALL[1] + (1.0 - GLINT_SMALL[1]) * r / GLINT_SMALL[0], 1.0)
     spot = peak * ops.exp(-0.5 * (along * along + across * across) / var)
     # larger domes also show a faint second reflex on the inner rim opposite the light
     lo, hi = BUBBLE_REFLEX[2]
@@ -881,6 +917,8 @@ def _bubbles_batch(
     added = torch.zeros(b, c, h * w, device=x.device, dtype=lin.dtype)
     added.scatter_add_(2, index.reshape(b, 1, -1).expand(b, c, -1), delta.reshape(b, c, -1))
     out = lin + _host.gauss_t(added.view(b, c, h, w), _camera_sigma(h, w))
+    # (overlapping walls dim the tissue seen through both, never to black)
+    out = torch.maximum(out, lin * BUBBLE_FLOOR)
     # the interstitial fluid where the cells crowd
     density = torch.zeros(b, h * w, device=x.device, dtype=lin.dtype)
     density.scatter_add_(1, index.reshape(b, -1), weight.reshape(b, -1))
@@ -936,6 +974,7 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
         )
     sigma = _camera_sigma(h, w)
     out = lin + _host.per_channel(layer, lambda z: _host.gauss(z, sigma))
+    out = np.maximum(out, lin * np.float32(BUBBLE_FLOOR))  # (stacked walls: never black)
     share = np.float32(p["fluid"])
     if share > 0:
         # (in the gaps between the cells: a cell's own film stays clear)
