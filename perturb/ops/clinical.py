@@ -13,37 +13,44 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   is seen through the smoke (Mie particles of about 0.1-1 um; smoke from diathermy,
   e.g. Barrett & Garber, Surg Endosc 17, 2003, on plume composition).
 * ``bubbles``: air bubbles and foam in the lumen (poor preparation, insufflation, simethicone not
-  given). A bubble is a thin water film dome on the mucosa. The tissue behind it is seen through
-  a weak lens: magnified (read closer to the centre, ``1 - k cos theta``) and shifted away from
-  the optical axis (an off-axis dome is seen obliquely). Its film reflects more at grazing
-  angles (Fresnel reflectance, Schlick's approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``).
-  The wall seen edge-on is a thin ring (about a pixel at least): a bright arc on the side facing
-  the light (the lamp mirrored by the wall) and a darker thin edge elsewhere, where the light
-  is refracted out of the camera's view; inside it a faint refraction band, a bright crescent
-  on the lit inner wall, a faint caustic opposite, and two-beam thin-film interference colour
-  (``1 - a cos(4 pi n d cos theta_t / lambda)`` per channel, the film thinning on one side)
-  only on the lit side. The scope's light guides sit beside the lens, so a bubble's glint lies
-  where the dome's normal points back at the camera: off an off-axis bubble's centre towards the
-  optical axis and slightly towards the guide, the same light for every bubble of a frame; its
-  peak and size vary per bubble (log-normal peak, clipped; some bubbles catch none), and larger
-  domes (radius over about 3-8 px) add a faint second reflex on the inner rim opposite the
-  light. A keyed ``look`` per bubble varies its band, mirror, cap, wall brightness, tint and
-  glint (``BUBBLE_LOOK``): no stamp. Sizes are log-normal (sigma 0.5 around a median radius of
-  0.5 % of the shorter side, a twentieth of the cells 1.8 x larger: many small, a few large;
-  clinicians' bubble boxes on EAD2019 frames, median side 5.8 % of the frame, enclose clusters
-  of such cells), and the cells only heavy foam adds grow up to 3.2 x. Cells come in irregular
-  clusters: each cluster grows outward like packed foam (a cell at the radius enclosing the area
-  of the cells before it, at the golden angle from the last, jittered), stretched and bent by
-  keyed amounts; neighbours touch or share a wall (overlap up to a third of the smaller radius),
-  none sit on another. Foam is carried by the liquid film that pools in the fold valleys, so
-  each bubble is drawn as much as the frame's valley map at its centre says (``foam_folds``:
-  where the luma is darker than its surround, standardised over the tissue); a severity's
-  ``spread`` lets heavy foam overflow onto fainter relief. Where the cells crowd, heavy foam
-  floats in interstitial fluid (whitish mucus or blood-tinged water, a keyed mix) that veils the
-  gaps. The bubble layer is blurred with the camera's own blur (a gaussian of about 0.13 % of
-  the shorter side), so the bubbles are no sharper than the tissue. A severity adds cells to
-  the same clusters and opens new ones (a sample's cells at one severity are among those at the
-  next): a small cluster or two at severity 1, broad foam at severity 5.
+  given). A bubble is a thin water film dome on the mucosa, transparent: the tissue behind it is
+  seen through a weak lens, in its own colour, magnified (read closer to the centre,
+  ``1 - k cos theta``) and shifted away from the optical axis (an off-axis dome is seen
+  obliquely). Its film reflects more at grazing angles (Fresnel reflectance, Schlick's
+  approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``), and what it mirrors is the lit tissue
+  around it (the scene's own colour, brightened; no grey film). The wall seen edge-on is a thin
+  ring (about a pixel at least): dark all round where the light is refracted out of the camera's
+  view (deepest away from the light), with a brighter arc on the side facing the light (the
+  lamp mirrored by the wall, tinted by the tissue); inside it a faint refraction band, a faint
+  crescent on the lit inner wall, a faint caustic opposite, and two-beam thin-film interference
+  colour (``1 - a cos(4 pi n d cos theta_t / lambda)`` per channel, the film thinning on one
+  side) only on the lit side. The scope's light guides sit beside the lens, so a bubble's glint
+  lies where the dome's normal points back at the camera: off an off-axis bubble's centre
+  towards the optical axis and towards the guide, the same light for every bubble of a frame;
+  its peak and size vary per bubble (log-normal peak, clipped; some bubbles catch none), a dome
+  under about 3 px mirrors a lamp image below a pixel and glints dimmer, and larger domes
+  (radius over about 3-8 px) add a faint second reflex on the inner rim opposite the light. A
+  keyed ``look`` per bubble varies its band, rim depth and width, mirror, cap, wall brightness,
+  tint and glint (``BUBBLE_LOOK``): no stamp. Sizes are log-normal (sigma 0.55 around a median
+  radius of 0.36 % of the shorter side, 1.8 px on a 512 px frame, a sixteenth of the cells 2.2 x
+  larger: many small, a few large; clinicians' bubble boxes on EAD2019 frames, median side 5.8 %
+  of the frame, enclose clusters of such cells), and the cells only heavy foam adds grow up to
+  9 x (at most 3 % of the shorter side): heavy foam carries large bubbles. Cells come in
+  irregular clusters: each cluster grows outward like packed foam (a cell at the radius
+  enclosing the area of the cells before it, at the golden angle from the last, jittered by
+  half its radius), stretched and bent by keyed amounts, each cell then slid against its nearest
+  earlier neighbour; a cell that would sit on an earlier one is squeezed to share a wall with it
+  (overlap up to 0.45 of the smaller radius), so cells of mixed sizes pack the gaps. Foam is
+  carried by the liquid film that pools in the fold valleys, so each bubble is drawn as much as
+  the frame's valley map at its centre says (``foam_folds``: where the luma is darker than its
+  surround, standardised over the tissue); a severity's ``spread`` lets heavy foam overflow
+  onto fainter relief. Where the cells crowd, foam floats in interstitial fluid (whitish mucus
+  or blood-tinged water, a keyed mix, lit like the tissue under it) that veils the gaps. The
+  cells' changes add up; where walls overlap the tissue keeps at least 30 % of its light. The
+  bubble layer is blurred with the camera's own blur (a gaussian of about 0.13 % of the shorter
+  side), so the bubbles are no sharper than the tissue. A severity adds cells to the same
+  clusters and opens new ones (a sample's cells at one severity are among those at the next): a
+  small cluster or two at severity 1, broad foam with large bubbles at severity 5.
 * ``fluid_occlusion``: residual bile, stool suspension, blood or clear rinse water pooled over the
   mucosa (the fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear).
   The pool lies in the dependent part of the field: a level set, at the ``coverage`` quantile, of
@@ -279,7 +286,7 @@ BUBBLE_MIRROR = (1.15, 0.004, 2.2, 0.03)
 # about a pixel); bright (``bright`` x the lit surroundings) where it faces the light, darker
 # (the tissue x (1 - ``dark``)) elsewhere, where the light is refracted out of the camera's view
 # (the dark edge all round, deeper away from the light, its depth ``dark`` + ``dark_k`` frac(13 u)
-# and its width x ``wide[0]`` + ``wide[1]`` frac(17 u) per cell: rims of varying weight)
+# and its width x ``BUBBLE_RIM_WIDE[0]`` + ``[1]`` frac(17 u) per cell: rims of varying weight)
 BUBBLE_RIM = {
     "bright": 0.35,
     "dark": 0.3,
@@ -287,8 +294,8 @@ BUBBLE_RIM = {
     "at": 0.86,
     "width": 0.05,
     "px": 0.45,
-    "wide": (0.7, 1.0),
 }
+BUBBLE_RIM_WIDE = (0.7, 1.0)
 # the glint's faint second reflex on the opposite inner rim (the dome's back face): its share of
 # the glint's peak, its distance from the centre (radius fraction) and the radius (px) over which
 # it fades in (small bubbles show one glint only)
@@ -314,7 +321,7 @@ BUBBLE_SPREAD = 0.55  # log-normal sigma of the radii: many small, a few large
 BUBBLE_BIG = (0.06, 2.2)  # share of cells that are larger still, and by how much (heavy tail)
 # cells from this pool index on grow, up to (1 + this) x at the last one: heavy foam has larger
 # cells as well as more of them
-BUBBLE_GROWTH = (400, 7.0)
+BUBBLE_GROWTH = (350, 8.0)
 BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
 BUBBLE_ASPECT = (0.35, 0.07, 0.7)  # perspective squash per shorter side off axis, jitter, floor
 BUBBLE_POOL = 800  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
@@ -345,7 +352,8 @@ BUBBLE_ROW = 10
 # film's mirror of the surroundings (how opaque it reads) by ``mirror[0] + mirror[1] frac(5 u)``,
 # the cap by ``cap[0] + cap[1] (1 - u)``; the film's tint ``tint (frac(7 u) - 1/2)`` per channel
 # (red up, blue down: bile-stained or clear film); the glint slides ``glint`` radius across the
-# light's direction by ``u - 1/2``. At u = 1/2 the bubble is the reference rendering.
+# light's direction by ``u - 1/2``; the rim's depth and width (``BUBBLE_RIM``) and the wall's
+# brightness (``0.3 + 1.2 frac(11 u)``) vary too. At u = 1/2 the bubble is the reference rendering.
 BUBBLE_LOOK: dict[str, tuple[float, ...]] = {
     "depth": (0.7, 0.6),
     "width": (0.6, 0.8),
@@ -463,9 +471,11 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     sits on the cluster's rim, at the radius that encloses the area of the cells before it
     (packed at ``BUBBLE_PACK``), at the golden angle from the previous one with a keyed jitter,
     the cluster stretched along a keyed heading and bent (clusters are irregular, not discs).
-    A cell that overlaps an earlier pool cell by more than ``BUBBLE_SHARE`` of the smaller
-    radius is dropped (touching cells share a wall, none sit on another); the test looks only
-    at earlier pool cells, so a sample's cells at one severity are among those at the next.
+    Each cell is slid against its nearest earlier neighbour (``_settle``); a cell that overlaps
+    an earlier pool cell by more than ``BUBBLE_SHARE`` of the smaller radius is squeezed to the
+    largest radius that only shares a wall (dropped when that is under ``BUBBLE_SQUEEZE`` of its
+    own): packed foam, none sitting on another; the test looks only at earlier pool cells, so a
+    sample's cells at one severity are among those at the next.
     Per bubble a perspective ellipse squashed towards the optical axis, film thickness and
     phase, a glint's peak (none for some) and size, and the cell's own look (shading). The rows
     alternate between ``bubbles`` and ``foam`` (a record's list holds at most 4096 values)."""
@@ -480,7 +490,7 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     late = np.clip(
         (np.arange(BUBBLE_POOL) - BUBBLE_GROWTH[0]) / (BUBBLE_POOL - BUBBLE_GROWTH[0]), 0, 1
     )
-    sizes = np.minimum(sizes * (1.0 + BUBBLE_GROWTH[1] * late), BUBBLE_MAX)
+    sizes = np.minimum(sizes * (1.0 + BUBBLE_GROWTH[1] * late * late), BUBBLE_MAX)
     group = _cluster_of(rng)
     clusters = len(BUBBLE_GROUPS)
     seeds = rng.uniform(-1.0, 1.0, size=(clusters, 2)) * (0.3, 0.26)
@@ -648,7 +658,7 @@ def bubble_film(
     # and all round a dark edge where the light is refracted out of the camera's view (deepest
     # away from the light), its depth and width the cell's own; inside it a faint dark band
     edge_w = (BUBBLE_RIM["width"] + BUBBLE_RIM["px"] / r) * (
-        BUBBLE_RIM["wide"][0] + BUBBLE_RIM["wide"][1] * ((17.0 * look) % 1.0)
+        BUBBLE_RIM_WIDE[0] + BUBBLE_RIM_WIDE[1] * ((17.0 * look) % 1.0)
     )
     ring = ops.exp(-0.5 * ((rho - BUBBLE_RIM["at"]) / edge_w) ** 2)
     wall = BUBBLE_RIM["bright"] * ring * lit * lit * (0.3 + 1.2 * ((11.0 * look) % 1.0))
@@ -953,11 +963,12 @@ def fluid_colour(env: Sequence[Any], tint: Any) -> list[Any]:
 )
 def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Foam along the fold valleys (models air bubbles trapped in the mucus and rinse-water film
-    on the mucosa, seen through the scope's own light): clusters of thin-film domes of
-    log-normal sizes, each refracting the tissue behind it, a bright wall arc on its lit side and
-    a darker thin edge elsewhere, a glint in some cells (a second faint reflex in larger ones),
-    each cell shaded its own way; interstitial fluid between crowded cells of heavy foam; blurred
-    by the camera like the tissue (module docstring)."""
+    on the mucosa, seen through the scope's own light): packed clusters of transparent thin-film
+    domes of log-normal sizes, each refracting the tissue behind it in the tissue's own colour,
+    a dark edge of its own weight all round and a brighter arc on its lit side, a glint in most
+    cells (dimmer on the finest, a second faint reflex in larger ones); interstitial fluid
+    between crowded cells of heavy foam; blurred by the camera like the tissue (module
+    docstring)."""
     tissue = view.tissue
     lin = _host.to_linear(img)
     layer = np.zeros_like(lin)
