@@ -375,7 +375,7 @@ FOAM_FOLDS = {"fine": 0.014, "coarse": 0.05, "quantile": 0.9, "floor": 0.02, "lo
 # between the cells (a cell's own film stays clear)
 BUBBLE_FLUID: dict[str, Any] = {
     "blur": 0.008,
-    "gain": 5.0,
+    "gain": 2.0,
     "white": (1.25, 1.2, 1.1),
     "red": (0.9, 0.45, 0.4),
 }
