@@ -13,37 +13,44 @@ untouched) and work in linear light (sRGB decoded, IEC 61966-2-1).
   is seen through the smoke (Mie particles of about 0.1-1 um; smoke from diathermy,
   e.g. Barrett & Garber, Surg Endosc 17, 2003, on plume composition).
 * ``bubbles``: air bubbles and foam in the lumen (poor preparation, insufflation, simethicone not
-  given). A bubble is a thin water film dome on the mucosa. The tissue behind it is seen through
-  a weak lens: magnified (read closer to the centre, ``1 - k cos theta``) and shifted away from
-  the optical axis (an off-axis dome is seen obliquely). Its film reflects more at grazing
-  angles (Fresnel reflectance, Schlick's approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``).
-  The wall seen edge-on is a thin ring (about a pixel at least): a bright arc on the side facing
-  the light (the lamp mirrored by the wall) and a darker thin edge elsewhere, where the light
-  is refracted out of the camera's view; inside it a faint refraction band, a bright crescent
-  on the lit inner wall, a faint caustic opposite, and two-beam thin-film interference colour
-  (``1 - a cos(4 pi n d cos theta_t / lambda)`` per channel, the film thinning on one side)
-  only on the lit side. The scope's light guides sit beside the lens, so a bubble's glint lies
-  where the dome's normal points back at the camera: off an off-axis bubble's centre towards the
-  optical axis and slightly towards the guide, the same light for every bubble of a frame; its
-  peak and size vary per bubble (log-normal peak, clipped; some bubbles catch none), and larger
-  domes (radius over about 3-8 px) add a faint second reflex on the inner rim opposite the
-  light. A keyed ``look`` per bubble varies its band, mirror, cap, wall brightness, tint and
-  glint (``BUBBLE_LOOK``): no stamp. Sizes are log-normal (sigma 0.5 around a median radius of
-  0.5 % of the shorter side, a twentieth of the cells 1.8 x larger: many small, a few large;
-  clinicians' bubble boxes on EAD2019 frames, median side 5.8 % of the frame, enclose clusters
-  of such cells), and the cells only heavy foam adds grow up to 3.2 x. Cells come in irregular
-  clusters: each cluster grows outward like packed foam (a cell at the radius enclosing the area
-  of the cells before it, at the golden angle from the last, jittered), stretched and bent by
-  keyed amounts; neighbours touch or share a wall (overlap up to a third of the smaller radius),
-  none sit on another. Foam is carried by the liquid film that pools in the fold valleys, so
-  each bubble is drawn as much as the frame's valley map at its centre says (``foam_folds``:
-  where the luma is darker than its surround, standardised over the tissue); a severity's
-  ``spread`` lets heavy foam overflow onto fainter relief. Where the cells crowd, heavy foam
-  floats in interstitial fluid (whitish mucus or blood-tinged water, a keyed mix) that veils the
-  gaps. The bubble layer is blurred with the camera's own blur (a gaussian of about 0.13 % of
-  the shorter side), so the bubbles are no sharper than the tissue. A severity adds cells to
-  the same clusters and opens new ones (a sample's cells at one severity are among those at the
-  next): a small cluster or two at severity 1, broad foam at severity 5.
+  given). A bubble is a thin water film dome on the mucosa, transparent: the tissue behind it is
+  seen through a weak lens, in its own colour, magnified (read closer to the centre,
+  ``1 - k cos theta``) and shifted away from the optical axis (an off-axis dome is seen
+  obliquely). Its film reflects more at grazing angles (Fresnel reflectance, Schlick's
+  approximation ``F = F0 + (1 - F0)(1 - cos theta)^5``), and what it mirrors is the lit tissue
+  around it (the scene's own colour, brightened; no grey film). The wall seen edge-on is a thin
+  ring (about a pixel at least): dark all round where the light is refracted out of the camera's
+  view (deepest away from the light), with a brighter arc on the side facing the light (the
+  lamp mirrored by the wall, tinted by the tissue); inside it a faint refraction band, a faint
+  crescent on the lit inner wall, a faint caustic opposite, and two-beam thin-film interference
+  colour (``1 - a cos(4 pi n d cos theta_t / lambda)`` per channel, the film thinning on one
+  side) only on the lit side. The scope's light guides sit beside the lens, so a bubble's glint
+  lies where the dome's normal points back at the camera: off an off-axis bubble's centre
+  towards the optical axis and towards the guide, the same light for every bubble of a frame;
+  its peak and size vary per bubble (log-normal peak, clipped; some bubbles catch none), a dome
+  under about 3 px mirrors a lamp image below a pixel and glints dimmer, and larger domes
+  (radius over about 3-8 px) add a faint second reflex on the inner rim opposite the light. A
+  keyed ``look`` per bubble varies its band, rim depth and width, mirror, cap, wall brightness,
+  tint and glint (``BUBBLE_LOOK``): no stamp. Sizes are log-normal (sigma 0.55 around a median
+  radius of 0.36 % of the shorter side, 1.8 px on a 512 px frame, a sixteenth of the cells 2.2 x
+  larger: many small, a few large; clinicians' bubble boxes on EAD2019 frames, median side 5.8 %
+  of the frame, enclose clusters of such cells), and the cells only heavy foam adds grow up to
+  9 x (at most 3 % of the shorter side): heavy foam carries large bubbles. Cells come in
+  irregular clusters: each cluster grows outward like packed foam (a cell at the radius
+  enclosing the area of the cells before it, at the golden angle from the last, jittered by
+  half its radius), stretched and bent by keyed amounts, each cell then slid against its nearest
+  earlier neighbour; a cell that would sit on an earlier one is squeezed to share a wall with it
+  (overlap up to 0.45 of the smaller radius), so cells of mixed sizes pack the gaps. Foam is
+  carried by the liquid film that pools in the fold valleys, so each bubble is drawn as much as
+  the frame's valley map at its centre says (``foam_folds``: where the luma is darker than its
+  surround, standardised over the tissue); a severity's ``spread`` lets heavy foam overflow
+  onto fainter relief. Where the cells crowd, foam floats in interstitial fluid (whitish mucus
+  or blood-tinged water, a keyed mix, lit like the tissue under it) that veils the gaps. The
+  cells' changes add up; where walls overlap the tissue keeps at least 30 % of its light. The
+  bubble layer is blurred with the camera's own blur (a gaussian of about 0.13 % of the shorter
+  side), so the bubbles are no sharper than the tissue. A severity adds cells to the same
+  clusters and opens new ones (a sample's cells at one severity are among those at the next): a
+  small cluster or two at severity 1, broad foam with large bubbles at severity 5.
 * ``fluid_occlusion``: residual bile, stool suspension, blood or clear rinse water pooled over the
   mucosa (the fluid is a keyed choice recorded as ``fluid``: 0 bile, 1 stool, 2 blood, 3 clear).
   The pool lies in the dependent part of the field: a level set, at the ``coverage`` quantile, of
@@ -267,38 +274,54 @@ def surgical_smoke(
 
 BUBBLE_F0 = 0.02  # normal-incidence reflectance of a water film (n = 1.33)
 BUBBLE_N = 1.33  # refractive index of the film
-BUBBLE_REFRACTION = 0.22  # magnification of the tissue seen through a bubble (weak lens)
+BUBBLE_REFRACTION = 0.32  # magnification of the tissue seen through a bubble (weak lens)
 BUBBLE_SHIFT = 0.12  # sideways shift of that view (radius fraction), away from the optical axis
 BUBBLE_LAMBDA = (610.0, 550.0, 465.0)  # nm: red, green, blue of the thin-film interference
 BUBBLE_IRIDESCENCE = 0.15  # swing of the film's colour around grey on the lit side of the rim
-BUBBLE_ENV = (1.6, 0.03)  # the film mirrors the lit surroundings: env_c = a * mean_c + b (linear)
+BUBBLE_ENV = (1.6, 0.03)  # the scene's lit surroundings: env_c = a * mean_c + b (linear; the fluid)
+# the film mirrors the tissue around it, lit by the scope: mirror_c = a * tissue_c + b (linear, the
+# scene's own colour, no grey), and the lamp mirrored by the wall and cap: lamp_c = c * tissue_c + d
+BUBBLE_MIRROR = (1.15, 0.004, 2.2, 0.03)
 # the wall seen edge-on: a thin ring at radius fraction ``at``, ``width + px / r`` wide (at least
 # about a pixel); bright (``bright`` x the lit surroundings) where it faces the light, darker
 # (the tissue x (1 - ``dark``)) elsewhere, where the light is refracted out of the camera's view
-BUBBLE_RIM = {"bright": 1.1, "dark": 0.4, "at": 0.86, "width": 0.05, "px": 0.45}
+# (the dark edge all round, deeper away from the light, its depth ``dark`` + ``dark_k`` frac(13 u)
+# and its width x ``BUBBLE_RIM_WIDE[0]`` + ``[1]`` frac(17 u) per cell: rims of varying weight)
+BUBBLE_RIM = {
+    "bright": 0.35,
+    "dark": 0.3,
+    "dark_k": 0.45,
+    "at": 0.86,
+    "width": 0.05,
+    "px": 0.45,
+}
+BUBBLE_RIM_WIDE = (0.7, 1.0)
 # the glint's faint second reflex on the opposite inner rim (the dome's back face): its share of
 # the glint's peak, its distance from the centre (radius fraction) and the radius (px) over which
 # it fades in (small bubbles show one glint only)
 BUBBLE_REFLEX = (0.35, 0.62, (3.0, 8.0))
-BUBBLE_DARK = (0.3, 0.86, 0.1)  # faint refraction band: depth, radius fraction, width (a thin
+BUBBLE_DARK = (0.4, 0.86, 0.1)  # faint refraction band: depth, radius fraction, width (a thin
 # film is mostly transparent: the tissue through a small cell barely darkens)
-BUBBLE_CAP = (0.3, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
+BUBBLE_CAP = (0.1, 0.7, 0.14)  # bright crescent on the lit inner wall: strength, radius, width
 BUBBLE_CAUSTIC = 0.15  # light focused by the dome onto the inner rim opposite the light
 GLINT_AXIS = 0.9  # glint offset towards the optical axis (radius fraction per shorter side off it)
 GLINT_ELONGATION = 1.3  # a glint's length over its width (the light guide's exit is oblong)
 GLINT_MIN_PX = 0.6  # a pixel's footprint added to a glint's sigma (pixels)
-GLINT_NONE = 0.5  # share of bubbles whose glint misses the lens (no glint): glints are few
-GLINT_PEAK = (0.4, 0.6)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
+GLINT_NONE = 0.45  # share of bubbles whose glint misses the lens (no glint): glints are few
+GLINT_PEAK = (0.6, 0.7)  # log-normal median and sigma of a glint's peak (linear, clipped at 1)
 GLINT_SIZE = (0.04, 0.1)  # a glint's gaussian sigma, radius fraction
-GLINT_CAP = 1.0  # brightest glint peak (linear): beyond it the sensor is saturated anyway
+# a dome smaller than this radius (px) mirrors a lamp image below a pixel: its glint's peak falls
+# with the radius (at least the floor share), so the finest cells are faint specks, not sparkles
+GLINT_SMALL = (3.0, 0.3)
+GLINT_CAP = 1.5  # brightest glint peak (linear): beyond it the sensor is saturated anyway
 BUBBLE_PSF = 0.0013  # the camera's blur on the bubble layer: gaussian sigma (shorter side) ...
 BUBBLE_PSF_MIN = 0.5  # ... at least this many pixels
 BUBBLE_RANGE = 2.5  # radii at least 1/2.5 x the level's median
-BUBBLE_SPREAD = 0.5  # log-normal sigma of the radii: many small, a few large
-BUBBLE_BIG = (0.05, 1.8)  # share of cells that are larger still, and by how much (heavy tail)
+BUBBLE_SPREAD = 0.55  # log-normal sigma of the radii: many small, a few large
+BUBBLE_BIG = (0.06, 2.2)  # share of cells that are larger still, and by how much (heavy tail)
 # cells from this pool index on grow, up to (1 + this) x at the last one: heavy foam has larger
 # cells as well as more of them
-BUBBLE_GROWTH = (200, 2.2)
+BUBBLE_GROWTH = (350, 8.0)
 BUBBLE_MAX = 0.03  # largest radius drawn (shorter side); recorded radii are clamped to it
 BUBBLE_ASPECT = (0.35, 0.07, 0.7)  # perspective squash per shorter side off axis, jitter, floor
 BUBBLE_POOL = 800  # bubbles drawn per sample; a severity keeps the first ``count`` (a record's
@@ -307,17 +330,19 @@ BUBBLE_POOL = 800  # bubbles drawn per sample; a severity keeps the first ``coun
 # share of new bubbles each foam cluster takes once open, and the pool share where it opens
 BUBBLE_GROUPS = (0.2, 0.16, 0.14, 0.12, 0.1, 0.09, 0.08, 0.07, 0.06, 0.05)
 BUBBLE_OPEN = (0.0, 0.0, 0.04, 0.1, 0.18, 0.28, 0.38, 0.5, 0.62, 0.75)
-BUBBLE_PACK = 1.0  # share of a cluster's disc its cells cover (foam with reddish gaps)
+BUBBLE_PACK = 1.2  # share of a cluster's disc its cells cover (foam with reddish gaps)
 BUBBLE_GOLDEN = math.pi * (3.0 - math.sqrt(5.0))  # angle between a cluster's successive cells
 # a cluster's length over its width (keyed range): its cells spread along it
-BUBBLE_STRETCH = (1.0, 1.6)
+BUBBLE_STRETCH = (1.0, 2.2)
 BUBBLE_BEND = 0.6  # keyed bend of a cluster (sideways offset ~ bend * along**2 / scale) ...
 BUBBLE_BEND_SCALE = 0.1  # ... over this length (shorter side)
-BUBBLE_JITTER = 0.2  # keyed jitter of a cell's place (its radius): no lattice
+BUBBLE_JITTER = 0.5  # keyed jitter of a cell's place (its radius): no lattice
 # settling: rounds, the neighbourhood searched (x the 90th percentile radius), the wall share
 # of the smaller radius two settled cells share
-BUBBLE_SETTLE = (2.0, 2.5, 0.1)
-BUBBLE_SHARE = 0.35  # neighbours may overlap by this share of the smaller radius (shared wall)
+BUBBLE_SETTLE = (2.0, 2.5, 0.15)
+# a cell squeezed between earlier ones to less than this share of its radius is dropped
+BUBBLE_SQUEEZE = 0.5
+BUBBLE_SHARE = 0.45  # neighbours may overlap by this share of the smaller radius (shared wall)
 # recorded per bubble: x, y (shorter side from the image centre), r (semi-major axis), film nm,
 # phase, aspect (minor over major axis), orientation of the minor axis, glint peak, glint size,
 # look (uniform in [0, 1): this bubble's own shading, see ``BUBBLE_LOOK``)
@@ -327,7 +352,8 @@ BUBBLE_ROW = 10
 # film's mirror of the surroundings (how opaque it reads) by ``mirror[0] + mirror[1] frac(5 u)``,
 # the cap by ``cap[0] + cap[1] (1 - u)``; the film's tint ``tint (frac(7 u) - 1/2)`` per channel
 # (red up, blue down: bile-stained or clear film); the glint slides ``glint`` radius across the
-# light's direction by ``u - 1/2``. At u = 1/2 the bubble is the reference rendering.
+# light's direction by ``u - 1/2``; the rim's depth and width (``BUBBLE_RIM``) and the wall's
+# brightness (``0.3 + 1.2 frac(11 u)``) vary too. At u = 1/2 the bubble is the reference rendering.
 BUBBLE_LOOK: dict[str, tuple[float, ...]] = {
     "depth": (0.7, 0.6),
     "width": (0.6, 0.8),
@@ -353,6 +379,9 @@ BUBBLE_FLUID: dict[str, Any] = {
     "white": (1.25, 1.2, 1.1),
     "red": (0.9, 0.45, 0.4),
 }
+# the least share of the tissue's light that comes through where walls overlap (the cells' changes
+# add up, and two dark edges on one pixel would otherwise cut it to black)
+BUBBLE_FLOOR = 0.3
 BUBBLE_MIN_PX = 1.0  # smallest radius drawn (pixels): on small images a bubble is at least a pixel
 
 
@@ -384,7 +413,9 @@ def _settle(
     walls touch, sharing ``BUBBLE_SETTLE[2]`` of the smaller radius, ``BUBBLE_SETTLE[0]`` rounds.
     A cell's place depends on earlier pool cells only (pairs within a fixed distance, whatever
     else lies near), so a severity's cells stay among the next one's."""
-    reach = BUBBLE_SETTLE[1] * float(np.quantile(sizes, 0.9))
+    # (the neighbourhood from the cells before heavy foam's growth: a grown cell settles only
+    # against a neighbour that near, and the search stays small)
+    reach = BUBBLE_SETTLE[1] * float(np.quantile(sizes[: BUBBLE_GROWTH[0]], 0.9))
     for _ in range(int(BUBBLE_SETTLE[0])):
         pairs = scipy.spatial.cKDTree(np.stack([x, y], axis=1)).query_pairs(
             reach, output_type="ndarray"
@@ -412,6 +443,26 @@ def _settle(
     return x, y
 
 
+def _clash_pairs(x: np.ndarray, y: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """(K, 2) int: every pair i < j of cells whose discs meet (centres closer than the sum of
+    their radii), and some farther: pairs of cells up to the 95th percentile radius within
+    twice that radius, and pairs with a larger cell within the largest radius plus its own
+    (two small k-d tree searches instead of one over twice the largest radius)."""
+    points = np.stack([x, y], axis=1)
+    tree = scipy.spatial.cKDTree(points)
+    small = float(np.quantile(sizes, 0.95))
+    pairs = [tree.query_pairs(2.0 * small, output_type="ndarray").reshape(-1, 2)]
+    big = np.flatnonzero(sizes > small)
+    if len(big):
+        near = tree.query_ball_point(points[big], sizes[big] + float(sizes.max()))
+        counts = np.asarray([len(n) for n in near], dtype=np.int64)
+        others = np.concatenate([np.asarray(n, dtype=np.int64) for n in near])
+        mine = np.repeat(big, counts)
+        pairs.append(np.stack([np.minimum(mine, others), np.maximum(mine, others)], axis=1))
+    both = np.concatenate(pairs)
+    return both[both[:, 0] != both[:, 1]]  # (a pair may come twice: harmless for a minimum)
+
+
 def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     """The first ``count`` bubbles of a keyed pool of ``BUBBLE_POOL`` (vectorised NumPy, no loop
     per bubble). Radii are log-normal (``BUBBLE_SPREAD``; a few ``BUBBLE_BIG`` cells larger
@@ -420,16 +471,18 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     sits on the cluster's rim, at the radius that encloses the area of the cells before it
     (packed at ``BUBBLE_PACK``), at the golden angle from the previous one with a keyed jitter,
     the cluster stretched along a keyed heading and bent (clusters are irregular, not discs).
-    A cell that overlaps an earlier pool cell by more than ``BUBBLE_SHARE`` of the smaller
-    radius is dropped (touching cells share a wall, none sit on another); the test looks only
-    at earlier pool cells, so a sample's cells at one severity are among those at the next.
+    Each cell is slid against its nearest earlier neighbour (``_settle``); a cell that overlaps
+    an earlier pool cell by more than ``BUBBLE_SHARE`` of the smaller radius is squeezed to the
+    largest radius that only shares a wall (dropped when that is under ``BUBBLE_SQUEEZE`` of its
+    own): packed foam, none sitting on another; the test looks only at earlier pool cells, so a
+    sample's cells at one severity are among those at the next.
     Per bubble a perspective ellipse squashed towards the optical axis, film thickness and
     phase, a glint's peak (none for some) and size, and the cell's own look (shading). The rows
     alternate between ``bubbles`` and ``foam`` (a record's list holds at most 4096 values)."""
     count = min(draw_int(rng, level["count"]), BUBBLE_POOL)
     radius = draw(rng, level["radius"])
     light = float(rng.uniform(0.0, 2.0 * math.pi))
-    glint = float(rng.uniform(0.05, 0.15))
+    glint = float(rng.uniform(0.2, 0.45))
     sizes = radius * np.exp(rng.normal(0.0, BUBBLE_SPREAD, size=BUBBLE_POOL))
     big = rng.random(BUBBLE_POOL) < BUBBLE_BIG[0]
     sizes = np.clip(np.where(big, sizes * BUBBLE_BIG[1], sizes), radius / BUBBLE_RANGE, BUBBLE_MAX)
@@ -437,7 +490,7 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     late = np.clip(
         (np.arange(BUBBLE_POOL) - BUBBLE_GROWTH[0]) / (BUBBLE_POOL - BUBBLE_GROWTH[0]), 0, 1
     )
-    sizes = np.minimum(sizes * (1.0 + BUBBLE_GROWTH[1] * late), BUBBLE_MAX)
+    sizes = np.minimum(sizes * (1.0 + BUBBLE_GROWTH[1] * late * late), BUBBLE_MAX)
     group = _cluster_of(rng)
     clusters = len(BUBBLE_GROUPS)
     seeds = rng.uniform(-1.0, 1.0, size=(clusters, 2)) * (0.3, 0.26)
@@ -469,17 +522,22 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
     x, y = _settle(x, y, sizes, group)
     aspect = np.maximum(1.0 - BUBBLE_ASPECT[0] * np.hypot(x, y) - squash, BUBBLE_ASPECT[2])
     orient = np.arctan2(y, x) + tilt
-    # drop a cell that sits on an earlier pool cell (more than a shared wall's overlap)
-    # (candidate pairs from a k-d tree: only cells within two of the largest radii can clash)
-    pairs = scipy.spatial.cKDTree(np.stack([x, y], axis=1)).query_pairs(
-        2.0 * float(sizes.max()), output_type="ndarray"
-    )
+    # a cell that sits on an earlier pool cell (more than a shared wall's overlap) is squeezed
+    # to the largest radius that only shares a wall with every earlier neighbour (packed foam:
+    # cells of mixed sizes fill the gaps); one squeezed below ``BUBBLE_SQUEEZE`` of its radius
+    # is dropped. (Candidate pairs from a k-d tree: only cells within two of the largest radii
+    # can clash; the earlier cell's own radius before any squeeze bounds it, so the recorded
+    # cells never overlap by more than a shared wall.)
+    pairs = _clash_pairs(x, y, sizes)
     first, second = pairs[:, 0], pairs[:, 1]
     apart = np.hypot(x[first] - x[second], y[first] - y[second])
-    least = np.minimum(sizes[first], sizes[second])
-    clash = apart < sizes[first] + sizes[second] - BUBBLE_SHARE * least
-    keep = np.ones(BUBBLE_POOL, dtype=bool)
-    keep[second[clash]] = False
+    # apart >= r1 + r2 - share * min(r1, r2), solved for the later radius r2
+    small = (apart - sizes[first]) / (1.0 - BUBBLE_SHARE)
+    fits = np.where(small <= sizes[first], small, apart - (1.0 - BUBBLE_SHARE) * sizes[first])
+    squeezed = sizes.copy()
+    np.minimum.at(squeezed, second, fits)
+    keep = squeezed >= BUBBLE_SQUEEZE * sizes
+    sizes = np.maximum(squeezed, 0.0)
     table = np.stack([x, y, sizes, film, phase, aspect, orient, peaks, spots, look], axis=1)
     rows = table[:count][keep[:count]].tolist()
     spread = draw(rng, level["spread"])
@@ -491,7 +549,7 @@ def _bubble_sampler(rng: np.random.Generator, level: Level) -> Params:
         "glint": glint,
         "spread": spread,
         "fluid": fluid,
-        "fluid_tint": float(rng.random()),
+        "fluid_tint": float(rng.random()) ** 2,
         "bubbles": rows[0::2],
         "foam": rows[1::2],
     }
@@ -596,16 +654,18 @@ def bubble_film(
         - BUBBLE_IRIDESCENCE * lit * ops.cos(4.0 * math.pi * BUBBLE_N * thickness * cos_film / lam)
         for lam in lams
     ]
-    # the wall seen edge-on at the outline: a thin line mirroring the light, and inside it a
-    # dark band where the light is refracted out of the camera's view
-    # (a faint bright line only where the wall faces the light)
-    edge_w = BUBBLE_RIM["width"] + BUBBLE_RIM["px"] / r
+    # the wall seen edge-on at the outline: a thin line mirroring the light where it faces it,
+    # and all round a dark edge where the light is refracted out of the camera's view (deepest
+    # away from the light), its depth and width the cell's own; inside it a faint dark band
+    edge_w = (BUBBLE_RIM["width"] + BUBBLE_RIM["px"] / r) * (
+        BUBBLE_RIM_WIDE[0] + BUBBLE_RIM_WIDE[1] * ((17.0 * look) % 1.0)
+    )
     ring = ops.exp(-0.5 * ((rho - BUBBLE_RIM["at"]) / edge_w) ** 2)
-    wall = BUBBLE_RIM["bright"] * ring * lit * lit * (0.6 + 0.8 * ((11.0 * look) % 1.0))
-    # (deepest on the side away from the light: the refracted rays there miss the lens)
+    wall = BUBBLE_RIM["bright"] * ring * lit * lit * (0.3 + 1.2 * ((11.0 * look) % 1.0))
+    rim_dark = BUBBLE_RIM["dark"] + BUBBLE_RIM["dark_k"] * ((13.0 * look) % 1.0)
     band = ops.exp(-0.5 * ((rho - BUBBLE_DARK[1]) / width) ** 2)
     dark = (1.0 - depth * (0.5 + 0.5 * (1.0 - lit)) * band) * (
-        1.0 - BUBBLE_RIM["dark"] * (1.0 - lit) * ring
+        1.0 - rim_dark * (0.45 + 0.55 * (1.0 - lit)) * ring
     )
     # the lamp mirrored by the curved inner wall on the lit side: a bright crescent cap (what
     # makes real small bubbles read as lit domes rather than outlines)
@@ -616,13 +676,15 @@ def bubble_film(
         * ops.exp(-0.5 * ((rho - BUBBLE_CAP[1]) / BUBBLE_CAP[2]) ** 2)
     )
     caustic = 1.0 + BUBBLE_CAUSTIC * (1.0 - lit) * ops.exp(-0.5 * ((rho - 0.68) / 0.12) ** 2)
-    white = sum(env[ch] for ch in range(channels)) / channels
+    # what the film mirrors is the scene's own tissue, lit by the scope (no grey overlay)
+    ma, mb, la, lb = BUBBLE_MIRROR
     # the glint: the light guide's exit mirrored by the dome, oblong along the guides' axis,
     # its own size convolved with a pixel's footprint; clipped by the sensor
     var = (r * size) ** 2 + GLINT_MIN_PX * GLINT_MIN_PX
     ex, ey = dx - gx, dy - gy
     along = (ex * ops.cos(light) + ey * ops.sin(light)) / GLINT_ELONGATION
     across = ey * ops.cos(light) - ex * ops.sin(light)
+    peak = peak * ops.minimum(GLINT_SMALL[1] + (1.0 - GLINT_SMALL[1]) * r / GLINT_SMALL[0], 1.0)
     spot = peak * ops.exp(-0.5 * (along * along + across * across) / var)
     # larger domes also show a faint second reflex on the inner rim opposite the light
     lo, hi = BUBBLE_REFLEX[2]
@@ -633,7 +695,8 @@ def bubble_film(
     return [
         (
             behind[ch] * (1.0 - fresnel * mirror) * caustic
-            + (env[ch] * fresnel * mirror * shade + white * (wall + cap)) * tint[ch]
+            + ((behind[ch] * ma + mb) * fresnel * mirror * shade + (behind[ch] * la + lb) * (wall + cap))
+            * tint[ch]
         )
         * (1.0 + stain[ch] * hue)
         * dark
@@ -865,6 +928,8 @@ def _bubbles_batch(
     # exact sums off the CPU: a GPU's float scatter-add adds in the threads' arrival order
     exact.scatter_sum_(added, 2, index.reshape(b, 1, -1).expand(b, c, -1), delta.reshape(b, c, -1), 64.0)
     out = lin + _host.gauss_t(added.view(b, c, h, w), _camera_sigma(h, w))
+    # (overlapping walls dim the tissue seen through both, never to black)
+    out = torch.maximum(out, lin * BUBBLE_FLOOR)
     # the interstitial fluid where the cells crowd
     density = torch.zeros(b, h * w, device=x.device, dtype=lin.dtype)
     exact.scatter_sum_(density, 1, index.reshape(b, -1), weight.reshape(b, -1), 64.0)
@@ -874,17 +939,17 @@ def _bubbles_batch(
         * (1.0 - density.view(b, h, w).clamp(0.0, 1.0))
         * p["fluid"].to(torch.float32).view(b, 1, 1)
     )
-    colour = fluid_colour(env, p["fluid_tint"].to(torch.float32).view(b, 1, 1, 1))
-    out = torch.stack(
-        [out[:, ch] + wet * (colour[ch][:, 0] - out[:, ch]) for ch in range(c)], dim=1
-    )
+    tint = p["fluid_tint"].to(torch.float32).view(b, 1, 1)
+    colour = fluid_colour([out[:, ch] for ch in range(c)], tint)
+    out = torch.stack([out[:, ch] + wet * (colour[ch] - out[:, ch]) for ch in range(c)], dim=1)
     res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
     return torch.where(tissue, res, x).clamp(0.0, 1.0)
 
 
 def fluid_colour(env: Sequence[Any], tint: Any) -> list[Any]:
     """Linear colour per channel of the foam's interstitial fluid: whitish mucus (``tint`` 0) to
-    blood-tinged reddish water (``tint`` 1), lit like the surroundings (``env``)."""
+    blood-tinged reddish water (``tint`` 1), lit like the tissue under it (``env``: the frame's
+    linear channels, per pixel; a dim lumen's mucus is dim, not a grey veil)."""
     white = sum(env) / len(env)
     if len(env) == 1:
         return [white * (1.0 - 0.3 * tint)]
@@ -899,11 +964,12 @@ def fluid_colour(env: Sequence[Any], tint: Any) -> list[Any]:
 )
 def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View) -> np.ndarray:
     """Foam along the fold valleys (models air bubbles trapped in the mucus and rinse-water film
-    on the mucosa, seen through the scope's own light): clusters of thin-film domes of
-    log-normal sizes, each refracting the tissue behind it, a bright wall arc on its lit side and
-    a darker thin edge elsewhere, a glint in some cells (a second faint reflex in larger ones),
-    each cell shaded its own way; interstitial fluid between crowded cells of heavy foam; blurred
-    by the camera like the tissue (module docstring)."""
+    on the mucosa, seen through the scope's own light): packed clusters of transparent thin-film
+    domes of log-normal sizes, each refracting the tissue behind it in the tissue's own colour,
+    a dark edge of its own weight all round and a brighter arc on its lit side, a glint in most
+    cells (dimmer on the finest, a second faint reflex in larger ones); interstitial fluid
+    between crowded cells of heavy foam; blurred by the camera like the tissue (module
+    docstring)."""
     tissue = view.tissue
     lin = _host.to_linear(img)
     layer = np.zeros_like(lin)
@@ -920,14 +986,15 @@ def bubbles(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.Vie
         )
     sigma = _camera_sigma(h, w)
     out = lin + _host.per_channel(layer, lambda z: _host.gauss(z, sigma))
+    out = np.maximum(out, lin * np.float32(BUBBLE_FLOOR))  # (stacked walls: never black)
     share = np.float32(p["fluid"])
     if share > 0:
         # (in the gaps between the cells: a cell's own film stays clear)
         crowd = _host.gauss(density, BUBBLE_FLUID["blur"] * min(h, w)) * BUBBLE_FLUID["gain"]
         wet = np.clip(crowd, 0, 1) * (1 - np.clip(density, 0, 1)) * share
-        colour = fluid_colour(env.astype(np.float32).tolist(), np.float32(p["fluid_tint"]))
+        colour = fluid_colour(list(out), np.float32(p["fluid_tint"]))
         for ch in range(lin.shape[0]):
-            out[ch] += wet * (np.float32(colour[ch]) - out[ch])
+            out[ch] += wet * (np.asarray(colour[ch], np.float32) - out[ch])
     res = _host.to_display(np.clip(out, 0.0, 1.0))
     res[:, ~tissue] = img[:, ~tissue]
     return res

@@ -22,10 +22,12 @@ from perturb.engine.annotations import transform_boxes
 from perturb.ops import _host
 from perturb.ops.clinical import (
     BUBBLE_ENV,
+    BUBBLE_FLOOR,
     BUBBLE_FLUID,
     BUBBLE_IRIDESCENCE,
     BUBBLE_PSF,
     BUBBLE_PSF_MIN,
+    BUBBLE_REFRACTION,
     BUBBLE_ROW,
     BUBBLE_SHARE,
     FLUID_BREAK,
@@ -233,15 +235,16 @@ def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre()
     left = dx < -5  # the uniform tissue half, away from the glint
     band = lum[left & (rho > 0.82) & (rho < 0.86)].mean()
     assert band < 0.8 * lum[left & (rho > 0.3) & (rho < 0.4)].mean(), "dark refraction band"
-    # refraction: the output pixel at dx reads dx (1 - 0.22 cos theta); the edge (dx = 20) is seen
+    # refraction: the output pixel at dx reads dx (1 - k cos theta); the edge (dx = 20) is seen
     # where that read position crosses 20, solved here on a fine grid
     fine = np.linspace(0.0, r, 40001)
-    seen = fine[np.argmax(fine * (1.0 - 0.22 * np.sqrt(1.0 - (fine / r) ** 2)) >= 20.0)]
+    seen = fine[np.argmax(fine * (1.0 - BUBBLE_REFRACTION * np.sqrt(1.0 - (fine / r) ** 2)) >= 20.0)]
     # (against the same bubble over the uniform grey: only the refracted tissue differs)
     flat = _one_bubble(np.full_like(lin, 0.2), row, light, glint)
     line = (out - flat)[0, mid - 20]  # a row clear of the glint
     edge = int(np.argmax(line[mid : mid + 40] > 0.02)) + 0.5
-    assert abs(edge - seen) <= 1.0, (edge, seen)
+    # (within 1.5 px: the edge's one-pixel ramp is itself magnified, by up to 1 / (1 - k))
+    assert abs(edge - seen) <= 1.5, (edge, seen)
     # one clipped glint, glint * r from the centre towards the guide, none opposite
     peak = np.unravel_index(np.argmax(lum), lum.shape)
     assert math.hypot(peak[1] + 0.5 - mid - glint * r, peak[0] + 0.5 - mid) <= 1.0, peak
@@ -275,8 +278,11 @@ def test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre()
     # the lamp mirrored by the lit inner wall: a bright crescent cap (a lit dome, not an outline)
     cap_zone = (rho > 0.65) & (rho < 0.75)
     facing = np.cos(np.arctan2(dy, dx) - gphi)
-    lit_cap, dark_cap = rim.mean(0)[cap_zone & (facing > 0.95)].mean(), rim.mean(0)[cap_zone & (facing < -0.95)].mean()
-    assert lit_cap > 0.1 and lit_cap > 3.0 * dark_cap, (lit_cap, dark_cap)
+    # (over uniform tissue: the wall mirrors the lit tissue around it, so the cap is the scene's
+    # colour brightened, not a grey film; no glint)
+    grey = _one_bubble(np.full_like(lin, 0.2), [*row[:7], 0.0, 0.08, 0.5], light, glint).mean(0)
+    lit_cap, dark_cap = grey[cap_zone & (facing > 0.95)].mean(), grey[cap_zone & (facing < -0.95)].mean()
+    assert lit_cap > 0.22 and lit_cap > 1.2 * dark_cap, (lit_cap, dark_cap)
     spread = rim[0][sel] / rim[2][sel]
     assert spread[lit > 0.8].std() > 0.1, "the film's colour changes around the lit rim"
     assert spread[lit < 0.05].std() < 0.03, "no rainbow on the side away from the light"
@@ -350,8 +356,10 @@ def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     assert float(params["fluid"]) > 0.0
     crowd = scipy.ndimage.gaussian_filter(density.astype(np.float64), BUBBLE_FLUID["blur"] * min(img.shape[1:]), mode="mirror", truncate=4.0)
     wet = np.clip(crowd * BUBBLE_FLUID["gain"], 0.0, 1.0) * (1 - np.clip(density, 0, 1)) * float(params["fluid"])
-    colour = np.asarray(fluid_colour(env.tolist(), float(params["fluid_tint"])))[:, None, None]
-    expect = np.clip(lin + blurred + wet * (colour - lin - blurred), 0.0, 1.0)
+    # (the fluid lit like the tissue under it: per pixel)
+    base = np.maximum(lin + blurred, BUBBLE_FLOOR * lin)  # (stacked walls never cut to black)
+    colour = np.asarray(fluid_colour(list(base), float(params["fluid_tint"])))
+    expect = np.clip(base + wet * (colour - base), 0.0, 1.0)
     sel = view.tissue & (expect.max(0) < 0.98)
     assert np.abs(out[:, sel] - expect[:, sel]).max() < 2e-3
     sharp = np.abs(np.diff(np.clip(lin + layer, 0, 1), axis=2)).max()
@@ -405,13 +413,13 @@ def test_bubbles_cluster_as_foam_of_log_normal_sizes_and_nest_across_severities(
         looks += b[:, 9].tolist()
     assert np.median(near_share) > 0.7, near_share
     rad = np.asarray(radii)
-    # (real cells on the reference frames: diameters of 0.4-2 % of the shorter side)
-    assert 0.0045 <= float(np.median(rad)) <= 0.0058, np.median(rad)
+    # (real cells on the reference frames: diameters of 0.4-2 % of the shorter side, most under 1 %)
+    assert 0.0032 <= float(np.median(rad)) <= 0.0042, np.median(rad)
     logs = np.log(rad)
     assert 0.35 < logs.std() < 0.6, logs.std()  # log-normal spread (clipped below)
     assert np.quantile(rad, 0.95) > 2.0 * np.median(rad), "a few large among many small"
     assert rad.mean() > np.median(rad), "sizes skewed towards a few large ones"
-    assert np.median(growth) > 1.5, growth  # heavy foam carries larger cells
+    assert np.median(growth) > 1.2, growth  # heavy foam carries larger cells
     assert min(aspects) >= 0.7 and np.corrcoef(dists, aspects)[0, 1] < -0.5, "no perspective"
     none = float(np.mean(np.asarray(peaks) == 0.0))
     assert 0.4 < none < 0.6, none  # glints are not in every cell
