@@ -31,7 +31,8 @@ chest radiographs", RadioGraphics 24 (2004).
   the monitor's side and leaving the film near one height, so they cross the chest and
   gather in a loose bundle. Plastic is barely denser than soft tissue; the display curve
   shoulders dense metal towards the film's brightest structures (``place_devices``, its
-  0.999 quantile: clip metal may reach the brightness of dense bone, never clips to white). Sources: Hunter et al., "Medical devices on chest
+  0.999 quantile, at least ``DEVICE_MIN_ROOM`` above the film: a small dense object keeps
+  its own contrast over bright regions; clip metal may reach the brightness of dense bone). Sources: Hunter et al., "Medical devices on chest
   radiographs", RadioGraphics 24 (2004); Godoy et al., "Chest radiography in the ICU: Part 2,
   evaluation of cardiovascular lines and other devices", AJR 198 (2012); Goodman et al.,
   "Radiographic evaluation of endotracheal tube position", AJR 127 (1976); Bushberg et al.,
@@ -341,8 +342,8 @@ def _lead_path(
     it near ``exit_y`` (the leads of one monitor cable gather towards one place, so they run
     alongside and across each other as a loose bundle): a flexible cable hanging under
     gravity between the connector and where it leaves the body, a catenary-like sag
-    downwards (1-6 cm) with an irregular keyed wander (+-5 mm at unevenly spaced points),
-    one or two gentle kinks (where the cable was bent and has set: 6-12 mm bends spread
+    downwards (1-6 cm) with an irregular keyed wander (+-3.5 mm at unevenly spaced points),
+    one or two gentle kinks (where the cable was bent and has set: 4-9 mm bends spread
     over neighbouring points) and, on a third of leads, a slack loop (3-7 cm across, an
     uneven turn of cable lying on the patient, closed or open) part way along."""
     direction = 1.0 if edge_x > start[0] else -1.0
@@ -352,9 +353,9 @@ def _lead_path(
     t[1:-1] += g.uniform(-0.02, 0.02, size=8)
     chord = start[None] + t[:, None] * (end - start)[None]
     wander = np.zeros((len(t), 2))
-    wander[:, 1] = g.uniform(-0.5, 0.5, size=len(t)) * px
+    wander[:, 1] = g.uniform(-0.35, 0.35, size=len(t)) * px
     for k in g.choice(np.arange(3, len(t) - 2), size=int(g.integers(1, 3)), replace=False):
-        bend = g.choice([-1.0, 1.0]) * g.uniform(0.6, 1.2) * px  # a set bend, over 3 points
+        bend = g.choice([-1.0, 1.0]) * g.uniform(0.4, 0.9) * px  # a set bend, over 3 points
         wander[k - 1 : k + 2, 1] += bend * np.array([0.45, 1.0, 0.45])
     wander[0] = 0.0
     points = chord + wander
@@ -420,7 +421,7 @@ def _lead_wire(target: np.ndarray, g: np.random.Generator, curve: np.ndarray, px
     else:
         core = g.uniform(0.03, 0.05)
     _wire(wire, curve, core * px, 2 * core * copper)
-    _wire(wire, curve, sheath * px, 2 * sheath * g.uniform(0.06, 0.09))  # PVC
+    _wire(wire, curve, sheath * px, 2 * sheath * g.uniform(0.04, 0.07))  # PVC
     np.maximum(wire, 0.0, out=wire)  # a sub-pixel braid's partial volume never goes negative
     ys, xs = np.nonzero(wire)
     along = _arc_map(target.shape, curve, sheath * px + 2.0)[ys, xs]
@@ -553,7 +554,6 @@ def _electrode(
             ]
         )
         _poly(body, plate, lever)  # sharp-edged: drawn like the wire, blurred only by the film
-        _poly(body, plate, 0.6 * lever, max(1, round(0.06 * px)))  # its rolled edges
         for t in sorted(g.uniform(0.35, 0.85, size=int(g.integers(1, 3)))):  # punched holes
             hole = mouth + (back - mouth) * t
             r_hole = g.uniform(0.08, 0.14) * px
@@ -812,18 +812,18 @@ def _lead_clip(
     # the spring-steel lever: a stamped strip arched over the socket from its hinge, bent
     # down at the far side and folded back up and out as the thumb tab, all at a keyed 3D
     # tilt: face-on the strip shows its thickness, twisted towards edge-on its width
-    rot = _rotation(g, 0.5, 0.0)
+    rot = _rotation(g, 1.1, 0.0)  # lying tilted on the curved chest, or up on its edge
     strip = g.uniform(0.16, 0.28)  # cm wide
     sheet = g.uniform(0.07, 0.1)  # cm thick
     reach = g.uniform(0.75, 1.0) * r
-    rise = g.uniform(0.25, 0.45)
+    rise = g.uniform(0.2, 0.6)
     u = np.linspace(-1.0, 1.0, 17)
     arch = np.stack(
         [g.uniform(-0.15, 0.25) + 0.25 * u**2, reach * u, rise * (1.0 - u**4)], 1
     )  # hinge at v = -reach, over the socket, down at v = +reach
     slope = np.gradient(arch[:, 2]) / np.maximum(np.gradient(arch[:, 1]), 1e-9)
     arch_normal = np.stack([np.zeros_like(u), -slope, np.ones_like(u)], 1)
-    out = g.uniform(0.5, 0.9)  # the thumb tab, bent back up and out towards the cable
+    out = g.uniform(0.5, 1.4)  # the thumb tab, bent back up and out towards the cable
     lift = g.uniform(0.3, 1.1)
     v = np.linspace(0.0, 1.0, 7)
     tab = arch[-1] + np.stack(
@@ -1183,6 +1183,14 @@ def _film_noise(x: torch.Tensor) -> torch.Tensor:
     return (torch.quantile(cells, 0.25, dim=1) * (9.0 / 8.0)).sqrt()
 
 
+DETECTOR_BLUR_CM = 0.035  # sigma of the detector's unsharpness (MTF 50 % near 2.5 lp/mm)
+MIN_ROOM = 0.08  # the least headroom the display curve's shoulder leaves (display units)
+# the support devices' least headroom: a digital chest film's multi-scale processing
+# equalises large areas (the liver, the shoulder) but keeps a small dense object's own
+# contrast, so a clip over a bright region still shows its metal graded, not one flat blob
+DEVICE_MIN_ROOM = 0.2
+
+
 def place_devices(
     x: torch.Tensor,
     p: Mapping[str, torch.Tensor],
@@ -1191,6 +1199,7 @@ def place_devices(
     noise_name: str = "xray_support_devices/noise",
     ceiling: float = 0.995,
     exposed_only: bool = False,
+    min_room: float = MIN_ROOM,
 ) -> torch.Tensor:
     """``clip(v + s(a) + n)`` for the whole batch. ``a``: the sum of each film's canvases of
     its first ``items`` items at its ``opacity``, moved from the canonical frame onto the
@@ -1268,7 +1277,10 @@ def place_devices(
         total = total + F.grid_sample(warped, grid, "bilinear", "zeros", align_corners=False)
     total = _gaussian_blur(total, DETECTOR_BLUR_CM * min(h, w) / FIELD_CM).double()
     shown, slope = display_shoulder(
-        x[:, :1].to(torch.float64), total, _film_ceiling(x, ceiling).view(b, 1, 1, 1)
+        x[:, :1].to(torch.float64),
+        total,
+        _film_ceiling(x, ceiling).view(b, 1, 1, 1),
+        min_room,
     )
     sigma = _film_noise(x).view(b, 1, 1, 1)
     extra = sigma * torch.sqrt(torch.expm1(MU * total.clamp(min=0.0))) * slope
@@ -1280,19 +1292,17 @@ def place_devices(
     return out.clamp_(0.0, 1.0).to(x.dtype)
 
 
-DETECTOR_BLUR_CM = 0.035  # sigma of the detector's unsharpness (MTF 50 % near 2.5 lp/mm)
-MIN_ROOM = 0.08  # the least headroom the display curve's shoulder leaves (display units)
-
-
 def display_shoulder(
-    v: torch.Tensor, a: torch.Tensor, ceiling: torch.Tensor
+    v: torch.Tensor, a: torch.Tensor, ceiling: torch.Tensor, min_room: float = MIN_ROOM
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What an added attenuation ``a`` (display units) shows as on a film of value ``v`` whose
     display curve shoulders at ``ceiling``, and the curve's slope there: ``s(a) = r (1 -
-    exp(-a / r))``, ``r`` the room left below the ceiling (at least ``MIN_ROOM``), so
+    exp(-a / r))``, ``r`` the room left below the ceiling (at least ``min_room``), so
     ``s ~ a`` for faint objects, ``s < r`` however dense (graded, never clipped); a negative
     ``a`` (a hole in a plate) is shown as it is."""
-    room = (ceiling - v).clamp(min=MIN_ROOM)
+    # at least ``min_room``, never past the display's white (a ceiling is a film value, so
+    # with ``min_room`` at ``MIN_ROOM`` the second bound never binds)
+    room = torch.minimum((ceiling - v).clamp(min=min_room), (1.0 - v).clamp(min=MIN_ROOM))
     dense = a.clamp(min=0.0)
     slope = torch.exp(-dense / room)
     return torch.where(a > 0, room * (1.0 - slope), a), slope
@@ -1392,7 +1402,14 @@ def xray_support_devices(
     Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
     landmarks by per-sample translations and a thin-plate-spline warp through ``grid_sample``)."""
     return _placed_on_anatomy(
-        x, p, keys, device_layers, "xray_support_devices/noise", 0.999, exposed_only=True
+        x,
+        p,
+        keys,
+        device_layers,
+        "xray_support_devices/noise",
+        0.999,
+        exposed_only=True,
+        min_room=DEVICE_MIN_ROOM,
     )
 
 
@@ -1404,8 +1421,9 @@ def _placed_on_anatomy(
     noise_name: str,
     ceiling: float,
     exposed_only: bool = False,
+    min_room: float = MIN_ROOM,
 ) -> torch.Tensor:
-    """``place_devices`` (its display ``ceiling`` quantile) with each key's canvases from ``layers(key, h, w)``: the whole batch at
+    """``place_devices`` (its display ``ceiling`` quantile and ``min_room``) with each key's canvases from ``layers(key, h, w)``: the whole batch at
     once on the device path, sample by sample on the host path."""
     h, w = x.shape[-2:]
     return backend.by_path(
@@ -1420,6 +1438,7 @@ def _placed_on_anatomy(
                     noise_name,
                     ceiling,
                     exposed_only,
+                    min_room,
                 )
                 for i, k in enumerate(keys)
             ]
@@ -1432,6 +1451,7 @@ def _placed_on_anatomy(
             noise_name,
             ceiling,
             exposed_only,
+            min_room,
         ),
     )
 
