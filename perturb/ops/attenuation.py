@@ -401,9 +401,9 @@ def _lead_wire(target: np.ndarray, g: np.random.Generator, curve: np.ndarray, px
     chord (``_wire``: densest along the axis, falling to nothing at the edge, blurred later
     by the detector). Two constructions: a plain lead, a stranded copper conductor (0.6-1 mm
     bundle, about half of it metal) in a PVC sheath (2-2.8 mm, barely denser than soft
-    tissue); or (40 %) a shielded lead, a braided copper shield (a thin sparse tube of
-    2-3 mm, seen tangentially at its edges: two bright margins round a fainter middle, a
-    "tramline") round a thinner conductor. The strands are laid helically and the sheath
+    tissue); or (40 %) a shielded lead, a braided copper shield (a sparse tube of 1.6-2.4
+    mm, 0.1-0.2 mm of metal, seen tangentially at its edges: two bright margins round a
+    fainter middle, a "tramline") round a thin (0.25-0.4 mm) conductor. The strands are laid helically and the sheath
     is ridged, so the projected density ripples along the cable at the lay's pitch
     (2.5-4.5 mm, +-30 %), and the cable rolls, so it also varies slowly (period 3-8 cm,
     +-25 %): both as functions of the arc length. Sometimes (60 %) the lead's inline
@@ -414,10 +414,10 @@ def _lead_wire(target: np.ndarray, g: np.random.Generator, curve: np.ndarray, px
     sheath = g.uniform(0.1, 0.14)  # cm, outer radius
     if g.random() < 0.4:
         outer = sheath - 0.02
-        inner = outer - g.uniform(0.006, 0.012)  # the braid's metal-equivalent wall
+        inner = outer - g.uniform(0.012, 0.02)  # the braid's metal-equivalent wall
         _wire(wire, curve, outer * px, 2 * outer * copper * 0.8)
         _wire(wire, curve, inner * px, -2 * inner * copper * 0.8)
-        core = g.uniform(0.02, 0.03)
+        core = g.uniform(0.012, 0.02)  # a thin conductor inside the shield
     else:
         core = g.uniform(0.03, 0.05)
     _wire(wire, curve, core * px, 2 * core * copper)
