@@ -1265,7 +1265,13 @@ def place_devices(
             origin = chosen_origin[name]
         else:
             origin = anchor_of(canonical[name])
-        grid = _translation_grid(found[name], origin, h, w, kind)
+        # each film's own stretch (a lead runs to its film's keyed side): one grid per kind
+        # present in the batch, each film taking its own
+        kinds = [f.placements[j][0] for f in films]
+        grid = _translation_grid(found[name], origin, h, w, kinds[0])
+        for other in sorted(set(kinds) - {kinds[0]}):
+            mine = torch.tensor([k == other for k in kinds], device=dev).view(b, 1, 1, 1)
+            grid = torch.where(mine, _translation_grid(found[name], origin, h, w, other), grid)
         total = total + F.grid_sample(layer, grid, "bilinear", "zeros", align_corners=False)
     if any(kind == "warp" for kind, _ in films[0].placements):
         src = torch.stack([found[n] for n in WARP_POINTS], dim=1)

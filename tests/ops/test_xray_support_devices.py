@@ -316,7 +316,7 @@ def test_a_lead_is_a_cables_section_plain_or_shielded() -> None:
         assert peak > 0.04, (seed, peak)
         beyond = np.abs(np.arange(h) + 0.5 - 100.0) > 0.14 * px + 1.5
         assert section[beyond].max() == 0.0, seed
-        assert np.allclose(section[90:100], section[100:110][::-1], atol=0.05), seed
+        assert np.allclose(section[90:100], section[100:110][::-1], atol=0.1), seed
         kinds.add("plain" if section[99] >= section[90:110].max() - 1e-6 else "shielded")
     assert kinds == {"plain", "shielded"}
 
@@ -355,4 +355,4 @@ def test_device_shoulder_keeps_room_but_never_passes_white() -> None:
     assert bool((shown[1] > shown[0] + 0.005).all())
     plain, _ = attenuation.display_shoulder(v, torch.full_like(v, 0.3), ceiling)
     room = (ceiling - v).clamp(min=attenuation.MIN_ROOM)
-    assert torch.equal(plain, room * (1.0 - torch.exp(-0.3 / room)))
+    assert torch.allclose(plain, room * -torch.expm1(-0.3 / room), rtol=0.0, atol=1e-12)
