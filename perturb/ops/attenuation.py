@@ -25,11 +25,14 @@ chest radiographs", RadioGraphics 24 (2004).
   the lead's own snap, a spring clip, a push-on cup or a lead clip (a moulded housing of
   rounded section round a brass socket ring, a stamped steel lever bent in 3D over it, a
   torsion coil), or tabs under an alligator clip, seen at a tilt,
-  their leads (thin stranded copper, grey from partial volume, in a barely visible sheath,
-  varying in density as the cable rolls) hanging off the body in gravity's slack curves.
-  Plastic is barely denser than soft tissue and the metal thin, so nothing is white: the
-  film's display curve shoulders dense metal towards its own bone brightness
-  (``place_devices``). Sources: Hunter et al., "Medical devices on chest
+  their leads (a cylinder's chord: a stranded copper conductor in a PVC sheath, or a braided
+  shield seen tangentially as two bright margins round a thinner core, varying in density as
+  the cable rolls) hanging in gravity's slack curves, sometimes in a loop, most running to
+  the monitor's side and leaving the film near one height, so they cross the chest and
+  gather in a loose bundle. Plastic is barely denser than soft tissue; the display curve
+  shoulders dense metal towards the film's brightest structures (``place_devices``, its
+  0.999 quantile, at least ``DEVICE_MIN_ROOM`` above the film: a small dense object keeps
+  its own contrast over bright regions; clip metal may reach the brightness of dense bone). Sources: Hunter et al., "Medical devices on chest
   radiographs", RadioGraphics 24 (2004); Godoy et al., "Chest radiography in the ICU: Part 2,
   evaluation of cardiovascular lines and other devices", AJR 198 (2012); Goodman et al.,
   "Radiographic evaluation of endotracheal tube position", AJR 127 (1976); Bushberg et al.,
@@ -327,30 +330,56 @@ def _tube(
 
 
 def _lead_path(
-    g: np.random.Generator, start: np.ndarray, edge_x: float, h: int, w: int, px: float
+    g: np.random.Generator,
+    start: np.ndarray,
+    edge_x: float,
+    exit_y: float,
+    h: int,
+    w: int,
+    px: float,
 ) -> np.ndarray:
-    """A lead wire's course (pixels) from ``start`` to the film edge at ``edge_x``: a flexible
-    cable hanging under gravity between the connector and where it leaves the body, a
-    catenary-like sag downwards (1-6 cm) with an irregular keyed wander (+-5 mm at unevenly
-    spaced points) and one or two gentle kinks (where the cable was bent and has set: 6-12 mm
-    bends spread over neighbouring points), so another lead may cross it; no loops and no
-    zigzags (a lead lying on the patient is pulled straight-ish by its own weight)."""
+    """A lead wire's course (pixels) from ``start`` to the film edge at ``edge_x``, leaving
+    it near ``exit_y`` (the leads of one monitor cable gather towards one place, so they run
+    alongside and across each other as a loose bundle): a flexible cable hanging under
+    gravity between the connector and where it leaves the body, a catenary-like sag
+    downwards (1-6 cm) with an irregular keyed wander (+-3.5 mm at unevenly spaced points),
+    one or two gentle kinks (where the cable was bent and has set: 4-9 mm bends spread
+    over neighbouring points) and, on a third of leads, a slack loop (3-7 cm across, an
+    uneven turn of cable lying on the patient, closed or open) part way along."""
     direction = 1.0 if edge_x > start[0] else -1.0
-    end = np.array([edge_x + direction * 0.05 * w, start[1] + g.uniform(-0.06, 0.1) * h])
+    end = np.array([edge_x + direction * 0.05 * w, exit_y + g.uniform(-0.03, 0.03) * h])
     sag = g.uniform(1.0, 6.0) * px
     t = np.linspace(0.0, 1.0, 10)
     t[1:-1] += g.uniform(-0.02, 0.02, size=8)
     chord = start[None] + t[:, None] * (end - start)[None]
     wander = np.zeros((len(t), 2))
-    wander[:, 1] = g.uniform(-0.5, 0.5, size=len(t)) * px
+    wander[:, 1] = g.uniform(-0.35, 0.35, size=len(t)) * px
     for k in g.choice(np.arange(3, len(t) - 2), size=int(g.integers(1, 3)), replace=False):
-        bend = g.choice([-1.0, 1.0]) * g.uniform(0.6, 1.2) * px  # a set bend, over 3 points
+        bend = g.choice([-1.0, 1.0]) * g.uniform(0.4, 0.9) * px  # a set bend, over 3 points
         wander[k - 1 : k + 2, 1] += bend * np.array([0.45, 1.0, 0.45])
     wander[0] = 0.0
     points = chord + wander
     points[:, 1] += sag * np.sin(math.pi * t)  # y down: gravity pulls the middle lower
     leave = start + np.array([direction * 0.6 * px, g.uniform(-0.2, 0.4) * px])
-    return _dense_curve(np.vstack([start, leave, points[2:]]))
+    course = [start, leave, *points[2:]]
+    if g.random() < 0.35:  # a slack loop: the cable turns once round on itself
+        k = int(g.integers(3, 7))
+        at = points[k]
+        heading = points[k + 1] - points[k - 1]
+        heading /= max(float(np.linalg.norm(heading)), 1e-9)
+        r_loop = g.uniform(1.5, 3.5) * px
+        hand = float(g.choice([-1.0, 1.0]))
+        normal = hand * np.array([-heading[1], heading[0]])
+        centre = at + normal * r_loop
+        phase = math.atan2(at[1] - centre[1], at[0] - centre[0])
+        spin = np.linspace(0.0, 2 * math.pi * g.uniform(0.85, 1.1), 9)[1:]
+        radius = r_loop * (1.0 + g.uniform(-0.2, 0.2, size=len(spin)))
+        turn = centre + np.stack(
+            [radius * np.cos(phase - hand * spin), radius * np.sin(phase - hand * spin)], 1
+        )
+        turn += heading * np.linspace(0.0, 1.0, len(spin))[:, None] * g.uniform(0.5, 1.5) * px
+        course = [start, leave, *points[2 : k + 1], *turn, *points[k + 1 :]]
+    return _dense_curve(np.array(course))
 
 
 def _arc_map(shape: tuple[int, int], curve: np.ndarray, width: float) -> np.ndarray:
@@ -367,23 +396,35 @@ def _arc_map(shape: tuple[int, int], curve: np.ndarray, width: float) -> np.ndar
     return label
 
 
-def _lead_wire(
-    target: np.ndarray, g: np.random.Generator, curve: np.ndarray, px: float, dense: float
-) -> None:
-    """An ECG or monitoring lead along ``curve`` (pixels): stranded copper (about 0.3 mm of
-    metal, ``dense`` display units at its axis, a partial-volume chord far thinner than a
-    pixel on most films) in a PVC sheath (2-2.5 mm, barely denser than soft tissue). The
-    strands are laid helically and the sheath is ridged, so the projected density ripples
-    along the cable at the lay's pitch (2.5-4.5 mm, +-30 %), and the cable rolls, so it also
-    varies slowly (period 3-8 cm, +-25 %): both as functions of the arc length. Sometimes
-    (60 %) the lead's inline connector (a moulded plastic body, 1.2-2 cm, round a brass pin
-    and socket) lies on the film part way along."""
+def _lead_wire(target: np.ndarray, g: np.random.Generator, curve: np.ndarray, px: float) -> None:
+    """An ECG or monitoring lead along ``curve`` (pixels), its projected metal a cylinder's
+    chord (``_wire``: densest along the axis, falling to nothing at the edge, blurred later
+    by the detector). Two constructions: a plain lead, a stranded copper conductor (0.6-1 mm
+    bundle, about half of it metal) in a PVC sheath (2-2.8 mm, barely denser than soft
+    tissue); or (40 %) a shielded lead, a braided copper shield (a sparse tube of 1.6-2.4
+    mm, 0.1-0.2 mm of metal, seen tangentially at its edges: two bright margins round a
+    fainter middle, a "tramline") round a thin (0.25-0.4 mm) conductor. The strands are laid helically and the sheath
+    is ridged, so the projected density ripples along the cable at the lay's pitch
+    (2.5-4.5 mm, +-30 %), and the cable rolls, so it also varies slowly (period 3-8 cm,
+    +-25 %): both as functions of the arc length. Sometimes (60 %) the lead's inline
+    connector (a moulded plastic body, 1.2-2 cm, round a brass pin and socket) lies on the
+    film part way along."""
+    copper = 0.5 * STEEL_MU / MU  # display units per cm of stranded copper (half metal)
     wire = np.zeros(target.shape, np.float32)
-    _wire(wire, curve, g.uniform(0.03, 0.045) * px, dense)
-    sheath = g.uniform(0.2, 0.25) * px
-    _stroke(wire, curve, sheath, g.uniform(0.006, 0.012))
+    sheath = g.uniform(0.1, 0.14)  # cm, outer radius
+    if g.random() < 0.4:
+        outer = sheath - 0.02
+        inner = outer - g.uniform(0.012, 0.02)  # the braid's metal-equivalent wall
+        _wire(wire, curve, outer * px, 2 * outer * copper * 0.8)
+        _wire(wire, curve, inner * px, -2 * inner * copper * 0.8)
+        core = g.uniform(0.012, 0.02)  # a thin conductor inside the shield
+    else:
+        core = g.uniform(0.03, 0.05)
+    _wire(wire, curve, core * px, 2 * core * copper)
+    _wire(wire, curve, sheath * px, 2 * sheath * g.uniform(0.04, 0.07))  # PVC
+    np.maximum(wire, 0.0, out=wire)  # a sub-pixel braid's partial volume never goes negative
     ys, xs = np.nonzero(wire)
-    along = _arc_map(target.shape, curve, sheath + 2.0)[ys, xs]
+    along = _arc_map(target.shape, curve, sheath * px + 2.0)[ys, xs]
     lay = g.uniform(0.25, 0.45) * px
     roll = g.uniform(3.0, 8.0) * px
     phase = g.uniform(0, 2 * math.pi, size=2)
@@ -413,7 +454,13 @@ def _lead_wire(
 
 
 def _electrode(
-    layers: _Placed, g: np.random.Generator, item: int, anchor: str, px: float, lead_side: str
+    layers: _Placed,
+    g: np.random.Generator,
+    item: int,
+    anchor: str,
+    px: float,
+    lead_side: str,
+    exit_y: float,
 ) -> None:
     """An ECG electrode and its lead, seen at a keyed tilt (a circle seen obliquely is an
     ellipse, axis ratio 0.55-1). Every snap electrode is a foam pad (barely denser than the
@@ -430,12 +477,13 @@ def _electrode(
       stamped spring-steel lever bent in 3D over it (``_ribbon``), mirrored at random;
     * a tab electrode (a faint rectangle) under an alligator clip with a row of teeth.
 
-    The lead (``_lead_wire``) leaves the connector and hangs to the film edge on its side
+    The lead (``_lead_wire``) leaves the connector and hangs to the film edge on
+    ``lead_side`` (the monitor's side, or its own), leaving it near ``exit_y``
     (``_lead_path``); its canvas starts under the connector so the stretch that keeps it
     reaching the edge keeps it joined."""
     h, w = layers.shape
     cx, cy = _px(_CANONICAL_ANCHORS[anchor], w, h)
-    kind = int(g.choice(5, p=[0.3, 0.12, 0.12, 0.3, 0.16]))
+    kind = int(g.choice(5, p=[0.1, 0.1, 0.1, 0.55, 0.15]))
     tilt = g.uniform(0.55, 1.0)
     angle = g.uniform(0, math.pi)
     lead_angle = (math.pi if lead_side == "left" else 0.0) + g.uniform(-0.9, 0.9)
@@ -506,7 +554,6 @@ def _electrode(
             ]
         )
         _poly(body, plate, lever)  # sharp-edged: drawn like the wire, blurred only by the film
-        _poly(body, plate, 0.6 * lever, max(1, round(0.06 * px)))  # its rolled edges
         for t in sorted(g.uniform(0.35, 0.85, size=int(g.integers(1, 3)))):  # punched holes
             hole = mouth + (back - mouth) * t
             r_hole = g.uniform(0.08, 0.14) * px
@@ -525,9 +572,9 @@ def _electrode(
     layers.add(item, body, ("move", anchor))
     lead = np.zeros((h, w), np.float32)
     edge_x = 0.0 if lead_side == "left" else float(w)
-    curve = _lead_path(g, exit_point, edge_x, h, w, px)
+    curve = _lead_path(g, exit_point, edge_x, exit_y, h, w, px)
     curve = np.vstack([centre, curve])  # from under the connector: stays joined when stretched
-    _lead_wire(lead, g, curve, px, g.uniform(0.05, 0.09))
+    _lead_wire(lead, g, curve, px)
     layers.add(item, lead, (lead_side, anchor))
 
 
@@ -741,7 +788,7 @@ def _lead_clip(
         return centre + (uv[:, :1] * along + hand * uv[:, 1:] * across) * px
 
     brass = STEEL_MU / MU  # display units per cm of metal
-    r = g.uniform(0.45, 0.65)
+    r = g.uniform(0.55, 0.8)
     t = np.linspace(0, 2 * math.pi, 48, endpoint=False)
     design = int(g.integers(3))
     if design == 0:  # round
@@ -753,11 +800,11 @@ def _lead_clip(
         x = r * np.cos(t) + 0.35 * r * (1 + np.cos(t)) ** 2 / 4
         outline = np.stack([x, r * np.sin(t) * (1 - 0.35 * np.clip(np.cos(t), 0, 1))], 1)
     outline = outline * (1.0 + g.uniform(-0.04, 0.04, size=(1, 2)))
-    _moulded(body, local(outline), g.uniform(0.08, 0.14), g.uniform(0.15, 0.3) * px)
-    r_socket = g.uniform(0.2, 0.28)
+    _moulded(body, local(outline), g.uniform(0.05, 0.09), g.uniform(0.15, 0.3) * px)
+    r_socket = g.uniform(0.22, 0.3)
     socket = local(np.stack([r_socket * np.cos(t), r_socket * np.sin(t)], 1))
-    section = g.uniform(0.04, 0.06)  # cm: the ring's round section
-    _wire(body, socket, section * px, 2 * section * brass * g.uniform(0.5, 0.8), closed=True)
+    section = g.uniform(0.05, 0.07)  # cm: the ring's round section
+    _wire(body, socket, section * px, 2 * section * brass * g.uniform(0.7, 1.0), closed=True)
     start = int(g.integers(0, 48))
     finger = np.roll(socket, -start, axis=0)[: int(g.integers(20, 34))]
     inner = centre + (finger - centre) * 0.7
@@ -765,18 +812,18 @@ def _lead_clip(
     # the spring-steel lever: a stamped strip arched over the socket from its hinge, bent
     # down at the far side and folded back up and out as the thumb tab, all at a keyed 3D
     # tilt: face-on the strip shows its thickness, twisted towards edge-on its width
-    rot = _rotation(g, 0.5, 0.0)
-    strip = g.uniform(0.14, 0.24)  # cm wide
-    sheet = g.uniform(0.05, 0.08)  # cm thick
+    rot = _rotation(g, 1.1, 0.0)  # lying tilted on the curved chest, or up on its edge
+    strip = g.uniform(0.16, 0.28)  # cm wide
+    sheet = g.uniform(0.07, 0.1)  # cm thick
     reach = g.uniform(0.75, 1.0) * r
-    rise = g.uniform(0.25, 0.45)
+    rise = g.uniform(0.2, 0.6)
     u = np.linspace(-1.0, 1.0, 17)
     arch = np.stack(
         [g.uniform(-0.15, 0.25) + 0.25 * u**2, reach * u, rise * (1.0 - u**4)], 1
     )  # hinge at v = -reach, over the socket, down at v = +reach
     slope = np.gradient(arch[:, 2]) / np.maximum(np.gradient(arch[:, 1]), 1e-9)
     arch_normal = np.stack([np.zeros_like(u), -slope, np.ones_like(u)], 1)
-    out = g.uniform(0.5, 0.9)  # the thumb tab, bent back up and out towards the cable
+    out = g.uniform(0.5, 1.4)  # the thumb tab, bent back up and out towards the cable
     lift = g.uniform(0.3, 1.1)
     v = np.linspace(0.0, 1.0, 7)
     tab = arch[-1] + np.stack(
@@ -931,8 +978,13 @@ def device_layers(key: int, h: int, w: int) -> _Placed:
     side = min(h, w)
     px = side / FIELD_CM
     layers = _Placed(h, w)
-    for item, lead_side in enumerate(("left", "right", "left", "right")):
-        _electrode(layers, g, item, f"ecg{item}", px, lead_side)
+    # the monitor's side: most leads run to it and leave the film near one height, a loose
+    # bundle crossing the chest; some run off the body on their own side
+    monitor = str(g.choice(["left", "right"]))
+    exit_y = g.uniform(0.25, 0.85) * h
+    for item, own_side in enumerate(("left", "right", "left", "right")):
+        lead_side = own_side if g.random() < 0.3 else monitor
+        _electrode(layers, g, item, f"ecg{item}", px, lead_side, exit_y)
     anchor = {k: np.array(_px(v, w, h)) for k, v in _CANONICAL_ANCHORS.items()}
     # central line (radiopaque polyurethane: a thin line with a denser core) down the right
     # internal jugular, or in from the right subclavian under the clavicle, into the SVC
@@ -1131,6 +1183,14 @@ def _film_noise(x: torch.Tensor) -> torch.Tensor:
     return (torch.quantile(cells, 0.25, dim=1) * (9.0 / 8.0)).sqrt()
 
 
+DETECTOR_BLUR_CM = 0.035  # sigma of the detector's unsharpness (MTF 50 % near 2.5 lp/mm)
+MIN_ROOM = 0.08  # the least headroom the display curve's shoulder leaves (display units)
+# the support devices' least headroom: a digital chest film's multi-scale processing
+# equalises large areas (the liver, the shoulder) but keeps a small dense object's own
+# contrast, so a clip over a bright region still shows its metal graded, not one flat blob
+DEVICE_MIN_ROOM = 0.2
+
+
 def place_devices(
     x: torch.Tensor,
     p: Mapping[str, torch.Tensor],
@@ -1139,6 +1199,7 @@ def place_devices(
     noise_name: str = "xray_support_devices/noise",
     ceiling: float = 0.995,
     exposed_only: bool = False,
+    min_room: float = MIN_ROOM,
 ) -> torch.Tensor:
     """``clip(v + s(a) + n)`` for the whole batch. ``a``: the sum of each film's canvases of
     its first ``items`` items at its ``opacity``, moved from the canonical frame onto the
@@ -1204,7 +1265,13 @@ def place_devices(
             origin = chosen_origin[name]
         else:
             origin = anchor_of(canonical[name])
-        grid = _translation_grid(found[name], origin, h, w, kind)
+        # each film's own stretch (a lead runs to its film's keyed side): one grid per kind
+        # present in the batch, each film taking its own
+        kinds = [f.placements[j][0] for f in films]
+        grid = _translation_grid(found[name], origin, h, w, kinds[0])
+        for other in sorted(set(kinds) - {kinds[0]}):
+            mine = torch.tensor([k == other for k in kinds], device=dev).view(b, 1, 1, 1)
+            grid = torch.where(mine, _translation_grid(found[name], origin, h, w, other), grid)
         total = total + F.grid_sample(layer, grid, "bilinear", "zeros", align_corners=False)
     if any(kind == "warp" for kind, _ in films[0].placements):
         src = torch.stack([found[n] for n in WARP_POINTS], dim=1)
@@ -1216,7 +1283,10 @@ def place_devices(
         total = total + F.grid_sample(warped, grid, "bilinear", "zeros", align_corners=False)
     total = _gaussian_blur(total, DETECTOR_BLUR_CM * min(h, w) / FIELD_CM).double()
     shown, slope = display_shoulder(
-        x[:, :1].to(torch.float64), total, _film_ceiling(x, ceiling).view(b, 1, 1, 1)
+        x[:, :1].to(torch.float64),
+        total,
+        _film_ceiling(x, ceiling).view(b, 1, 1, 1),
+        min_room,
     )
     sigma = _film_noise(x).view(b, 1, 1, 1)
     extra = sigma * torch.sqrt(torch.expm1(MU * total.clamp(min=0.0))) * slope
@@ -1228,19 +1298,17 @@ def place_devices(
     return out.clamp_(0.0, 1.0).to(x.dtype)
 
 
-DETECTOR_BLUR_CM = 0.035  # sigma of the detector's unsharpness (MTF 50 % near 2.5 lp/mm)
-MIN_ROOM = 0.08  # the least headroom the display curve's shoulder leaves (display units)
-
-
 def display_shoulder(
-    v: torch.Tensor, a: torch.Tensor, ceiling: torch.Tensor
+    v: torch.Tensor, a: torch.Tensor, ceiling: torch.Tensor, min_room: float = MIN_ROOM
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What an added attenuation ``a`` (display units) shows as on a film of value ``v`` whose
     display curve shoulders at ``ceiling``, and the curve's slope there: ``s(a) = r (1 -
-    exp(-a / r))``, ``r`` the room left below the ceiling (at least ``MIN_ROOM``), so
+    exp(-a / r))``, ``r`` the room left below the ceiling (at least ``min_room``), so
     ``s ~ a`` for faint objects, ``s < r`` however dense (graded, never clipped); a negative
     ``a`` (a hole in a plate) is shown as it is."""
-    room = (ceiling - v).clamp(min=MIN_ROOM)
+    # at least ``min_room``, never past the display's white (a ceiling is a film value, so
+    # with ``min_room`` at ``MIN_ROOM`` the second bound never binds)
+    room = torch.minimum((ceiling - v).clamp(min=min_room), (1.0 - v).clamp(min=MIN_ROOM))
     dense = a.clamp(min=0.0)
     slope = torch.exp(-dense / room)
     return torch.where(a > 0, room * (1.0 - slope), a), slope
@@ -1354,7 +1422,14 @@ def xray_support_devices(
     Kornia: own kernel: no Kornia equivalent (host-drawn attenuation canvases moved onto the
     landmarks by per-sample translations and a thin-plate-spline warp through ``grid_sample``)."""
     return _placed_on_anatomy(
-        x, p, keys, device_layers, "xray_support_devices/noise", 0.995, exposed_only=True
+        x,
+        p,
+        keys,
+        device_layers,
+        "xray_support_devices/noise",
+        0.999,
+        exposed_only=True,
+        min_room=DEVICE_MIN_ROOM,
     )
 
 
@@ -1366,8 +1441,9 @@ def _placed_on_anatomy(
     noise_name: str,
     ceiling: float,
     exposed_only: bool = False,
+    min_room: float = MIN_ROOM,
 ) -> torch.Tensor:
-    """``place_devices`` (its display ``ceiling`` quantile) with each key's canvases from ``layers(key, h, w)``: the whole batch at
+    """``place_devices`` (its display ``ceiling`` quantile and ``min_room``) with each key's canvases from ``layers(key, h, w)``: the whole batch at
     once on the device path, sample by sample on the host path."""
     h, w = x.shape[-2:]
     return backend.by_path(
@@ -1382,6 +1458,7 @@ def _placed_on_anatomy(
                     noise_name,
                     ceiling,
                     exposed_only,
+                    min_room,
                 )
                 for i, k in enumerate(keys)
             ]
@@ -1394,6 +1471,7 @@ def _placed_on_anatomy(
             noise_name,
             ceiling,
             exposed_only,
+            min_room,
         ),
     )
 

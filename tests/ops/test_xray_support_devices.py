@@ -296,3 +296,63 @@ def test_a_metal_strip_is_denser_seen_edge_on_than_face_on() -> None:
     for _ in range(2):  # two strips: a fold
         attenuation._ribbon(body, path, flat, 0.3, 0.05, np.eye(3), local, px, 1.0)
     assert float(body[50, 50]) == pytest.approx(0.1, rel=0.02)
+
+
+def test_a_lead_is_a_cables_section_plain_or_shielded() -> None:
+    """A lead (``_lead_wire``) across a film: its cross-section is a cylinder's projection,
+    symmetric about the axis and nothing beyond the sheath (1.4 mm plus the pixel); a plain
+    lead is densest on its axis, a shielded one densest at its two margins (the braid seen
+    tangentially); both constructions occur, and the metal shows (at least 0.04 display units
+    on the axis or the margins at 1024 px, before the detector's blur)."""
+    h = w = 200
+    px = 1024 / 35.0
+    curve = np.stack([np.linspace(-10.0, 210.0, 111), np.full(111, 100.0)], 1)
+    kinds = set()
+    for seed in range(16):
+        target = np.zeros((h, w), np.float32)
+        attenuation._lead_wire(target, np.random.default_rng(seed), curve, px)
+        section = np.median(target / np.maximum(target.max(axis=0), 1e-9), axis=1)
+        peak = np.median(target.max(axis=0))
+        assert peak > 0.04, (seed, peak)
+        beyond = np.abs(np.arange(h) + 0.5 - 100.0) > 0.14 * px + 1.5
+        assert section[beyond].max() == 0.0, seed
+        assert np.allclose(section[90:100], section[100:110][::-1], atol=0.1), seed
+        kinds.add("plain" if section[99] >= section[90:110].max() - 1e-6 else "shielded")
+    assert kinds == {"plain", "shielded"}
+
+
+def test_leads_gather_towards_the_monitors_side() -> None:
+    """Most of a film's leads run to one side (the monitor's) and leave the film near one
+    height: over 12 films, at least half of the films have three or more leads ending at the
+    same edge, and most leads end within 12 % of the film's height of that film's median."""
+    same_side, near = 0, []
+    for key in range(12):
+        layers = device_layers(key, 128, 128)
+        sides = [kind for kind, _ in layers.placements if kind in ("left", "right")]
+        same_side += max(sides.count("left"), sides.count("right")) >= 3
+        ends = []
+        for canvas, (kind, _) in zip(layers.canvases, layers.placements, strict=True):
+            if kind in ("left", "right"):
+                col = canvas[:, 0] if kind == "left" else canvas[:, -1]
+                if col.any():
+                    ends.append(float(np.nonzero(col)[0].mean()) / 128)
+        near += [abs(e - float(np.median(ends))) < 0.12 for e in ends]
+    assert same_side >= 6, same_side
+    assert np.mean(near) > 0.6, np.mean(near)
+
+
+def test_device_shoulder_keeps_room_but_never_passes_white() -> None:
+    """``display_shoulder`` with the devices' ``DEVICE_MIN_ROOM``: on a bright film a dense
+    object still grades (more metal shows brighter) without passing the display's white; with
+    the default ``MIN_ROOM`` it is the plain shoulder under the ceiling."""
+    v = torch.tensor([0.5, 0.85, 0.9], dtype=torch.float64).view(3, 1, 1, 1)
+    ceiling = torch.full((3, 1, 1, 1), 0.9, dtype=torch.float64)
+    shown = [
+        attenuation.display_shoulder(v, torch.full_like(v, a), ceiling, attenuation.DEVICE_MIN_ROOM)[0]
+        for a in (0.1, 0.3)
+    ]
+    assert bool((v + shown[1] <= 1.0).all())
+    assert bool((shown[1] > shown[0] + 0.005).all())
+    plain, _ = attenuation.display_shoulder(v, torch.full_like(v, 0.3), ceiling)
+    room = (ceiling - v).clamp(min=attenuation.MIN_ROOM)
+    assert torch.allclose(plain, room * -torch.expm1(-0.3 / room), rtol=0.0, atol=1e-12)
