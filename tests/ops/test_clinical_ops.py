@@ -293,9 +293,10 @@ def test_a_foam_cell_is_a_transparent_film_whose_wall_is_bright_facing_the_light
     """A small cell (radius 12 px, no glint) over textured tissue, for three of its own looks:
     the film is mostly transparent, so the tissue seen through the cell's middle keeps its
     texture and barely changes brightness; the wall seen edge-on is a thin ring (radius
-    fraction 0.8-1): a bright arc on the side facing the light and, on the far side, a darker
-    thin edge (the light refracted out of the camera's view) that takes at most about half the
-    tissue's light and only on the ring (version 5's drawn dark rims were wide bands)."""
+    fraction 0.8-1): an arc on the side facing the light (bright on some cells, dim on others)
+    and, on the far side, a darker thin edge (the light refracted out of the camera's view) of
+    the cell's own depth (version 8: it may take up to about three quarters of the tissue's
+    light, never all of it: not a drawn black line) and only on the ring (version 5's drawn dark rims were wide bands)."""
     side, mid = 400, 200
     r = 0.03 * side  # the cell's radius in pixels (0.03 of the shorter side below)
     yy, xx = np.mgrid[0:side, 0:side]
@@ -305,6 +306,7 @@ def test_a_foam_cell_is_a_transparent_film_whose_wall_is_bright_facing_the_light
     core, cell = dist < 0.5, dist < 1.0
     ring = (dist > 0.8) & (dist < 1.0)
     lit_side, far_side = ring & (xx > mid + 0.6 * r), ring & (xx < mid - 0.6 * r)
+    lit_gains: list[float] = []
     for look in (0.1, 0.5, 0.9):
         # the light (and the glint, here none) along +x
         out = _one_bubble(lin, [0.0, 0.0, 0.03, 400.0, 0.0, 1.0, 0.0, 0.0, 0.08, look], 0.0, 0.1)
@@ -313,12 +315,15 @@ def test_a_foam_cell_is_a_transparent_film_whose_wall_is_bright_facing_the_light
         corr = np.corrcoef(out[1][core], lin[1][core])[0, 1]
         assert corr > 0.5, f"the tissue's texture is lost under the film ({corr:.2f})"
         darkest = np.quantile(out[1][cell] / lin[1][cell], 0.02)
-        assert darkest > 0.45, f"a drawn black rim ({look}: {darkest:.2f} of the tissue)"
+        assert darkest > 0.2, f"a black rim ({look}: {darkest:.2f} of the tissue)"
         thin = (out[1] / lin[1] < 0.8) & cell
         assert (thin & (dist < 0.6)).sum() == 0, "the darkening is confined to the wall"
         lit_gain = np.quantile(out[1][lit_side] / lin[1][lit_side], 0.9)
         far_gain = np.quantile(out[1][far_side] / lin[1][far_side], 0.1)
-        assert lit_gain > 1.5 and far_gain < 0.85, (look, lit_gain, far_gain)
+        assert lit_gain > far_gain + 0.1 and far_gain < 0.85, (look, lit_gain, far_gain)
+        lit_gains.append(lit_gain)
+    # the lit arc's strength is each cell's own (version 8): dim on some, bright on others
+    assert max(lit_gains) > 1.5 and min(lit_gains) < max(lit_gains) - 0.3, lit_gains
 
 
 def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
