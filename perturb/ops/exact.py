@@ -1,12 +1,15 @@
-"""Batch-invariant sums on accelerators: linear maps along an axis and scatter sums whose result
-for a sample does not depend on the other samples of its batch, nor on the run.
+"""Batch-invariant sums: linear maps along an axis, scatter sums and FFT correlations whose
+result for a sample does not depend on the other samples of its batch, nor on the run, nor on
+the machine's BLAS/FFT library.
 
-Why: a GPU's matrix product (cuBLAS) picks its kernel, tiling and split of the reduction from the
-operands' shapes, so the same row of a (B*C*H, n) @ (n, W) product is summed in another order when
-B changes, and float32 sums in another order round differently: on an H200 the noise, fog, smoke,
-fluid, glare and optics ops gave sample i of a batch of 4 other bits than sample i alone
-(``benchmarks/results/gpu/tests-cuda-run2.txt``). A float scatter-add on a GPU adds with atomics
-in whatever order the threads arrive, so the same call gives other bits run to run.
+Why: a matrix product picks its kernel, tiling and split of the reduction from the operands'
+shapes, so the same row of a (B*C*H, n) @ (n, W) product is summed in another order when B
+changes, and float sums in another order round differently. On an H200 (cuBLAS) the noise, fog,
+smoke, fluid, glare and optics ops gave sample i of a batch of 4 other bits than sample i alone
+(``benchmarks/results/gpu/tests-cuda-run2.txt``); on an AMD EPYC CPU (MKL) so did small float32
+products (value noise's coarse grids), every float64 product, oneDNN's convolution and some FFT
+sizes, which the Intel CPU of earlier runs had not shown. A float scatter-add on a GPU adds with
+atomics in whatever order the threads arrive, so the same call gives other bits run to run.
 
 How: every sum is made exact, so its order cannot matter. Each sample's values are rounded to
 integers on a power-of-two scale of its own (``VALUE_BITS`` bits below its largest magnitude,
@@ -14,13 +17,12 @@ the precision of float32) and the matrix's weights to integers on one fixed powe
 chosen from the matrix alone, such that every partial sum of integer products stays below 2**53:
 float64 represents each of them exactly, so every order of the additions, any kernel, any split,
 gives the same float64 integer; scaling back by powers of two is exact too. A sample's scale is
-its own maximum (``amax``: order-free), never the batch's. Scatter sums do the same in int64.
+its own maximum (``amax``: order-free), never the batch's. Scatter sums do the same in int64;
+FFT correlations round their sums to the integers they must be (``fft_correlate``).
 
-Where: on every device but the CPU. On the CPU the same calls keep float32 matrix products and
-float scatter-adds, which are sequential per output and were checked batch-invariant by the
-contract battery (``tests/ops/test_kernels.py``), and faster; both agree to ~1e-7 of each
-sample's largest value. ``exact_everywhere()`` runs the accelerator's arithmetic on the CPU (the
-tests check it there without a GPU).
+Where: on every device, the CPU included, except where autograd records the call (a rounded
+sum has no gradient): there the plain float arithmetic runs, within float rounding of the exact
+values. ``plain_arithmetic()`` switches to plain float products (for the tests).
 """
 
 from __future__ import annotations
@@ -40,23 +42,30 @@ SCATTER_BITS = 32  # scatter sums: values on a 2**-32 grid, int64 accumulators
 # tests put a product that orders its sums by the batch's size here to show it)
 _MATMUL = torch.matmul
 
-_FORCED: contextvars.ContextVar[bool] = contextvars.ContextVar("perturb_exact_forced", default=False)
+_PLAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("perturb_plain_sums", default=False)
 
 
 @contextmanager
-def exact_everywhere(on: bool = True) -> Iterator[None]:
-    """Within the block, the CPU takes the accelerators' exact arithmetic (``on``; for tests),
-    or its own (``on=False``)."""
-    token = _FORCED.set(on)
+def plain_arithmetic() -> Iterator[None]:
+    """Within the block, plain float products and scatter-adds (for tests)."""
+    token = _PLAIN.set(True)
     try:
         yield
     finally:
-        _FORCED.reset(token)
+        _PLAIN.reset(token)
 
 
 def is_exact(x: torch.Tensor) -> bool:
-    """Whether sums over ``x`` take the exact arithmetic: off the CPU, or where forced."""
-    return x.device.type != "cpu" or _FORCED.get()
+    """Whether sums over ``x`` take the exact arithmetic (everywhere but in ``plain_arithmetic``)."""
+    del x
+    return not _PLAIN.get()
+
+
+def _needs_gradient(*inputs: torch.Tensor) -> bool:
+    """Whether autograd records this call: then the plain float arithmetic runs (the exact one
+    rounds, which has no gradient and steps under a finite difference), its values within float
+    rounding of the exact ones."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
 
 
 def _sample_scale(x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +105,7 @@ def _exact_product(left: torch.Tensor, right: torch.Tensor, matrix_on_left: bool
 def rows_product(matrix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``matrix @ x`` for a fixed (n_out, n_in) matrix and samples x (B, ..., n_in, W): the
     linear map along x's rows, in the dtype ``torch.matmul`` would give."""
-    if not is_exact(x):
+    if not is_exact(x) or _needs_gradient(matrix, x):
         return torch.matmul(matrix, x)
     dtype = torch.promote_types(matrix.dtype, x.dtype)
     return _exact_product(matrix, x, matrix_on_left=True).to(dtype)
@@ -105,7 +114,7 @@ def rows_product(matrix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def cols_product(x: torch.Tensor, matrix_t: torch.Tensor) -> torch.Tensor:
     """``x @ matrix_t`` for samples x (B, ..., H, n_in) and a fixed (n_in, n_out) matrix: the
     linear map along x's columns, in the dtype ``torch.matmul`` would give."""
-    if not is_exact(x):
+    if not is_exact(x) or _needs_gradient(matrix_t, x):
         return torch.matmul(x, matrix_t)
     dtype = torch.promote_types(matrix_t.dtype, x.dtype)
     return _exact_product(x, matrix_t, matrix_on_left=False).to(dtype)
@@ -120,10 +129,10 @@ def separable(rows: torch.Tensor, x: torch.Tensor, cols: torch.Tensor) -> torch.
 def scatter_sum_(
     out: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, bound: float
 ) -> torch.Tensor:
-    """``out.scatter_add_(dim, index, src)`` in place, batch- and run-invariant off the CPU:
-    ``src`` on a fixed 2**-SCATTER_BITS grid summed in int64 (integer additions commute), then
-    added to ``out``. ``bound`` bounds |src| (a value outside it is a caller's error)."""
-    if not is_exact(out):
+    """``out.scatter_add_(dim, index, src)`` in place, batch- and run-invariant: ``src`` on a
+    fixed 2**-SCATTER_BITS grid summed in int64 (integer additions commute), then added to
+    ``out``. ``bound`` bounds |src| (a value outside it is a caller's error)."""
+    if not is_exact(out) or _needs_gradient(out, src):
         return out.scatter_add_(dim, index, src)
     assert bound * 2**SCATTER_BITS * max(1, src.shape[dim]) < 2**62, "scatter sum too large"
     grid = float(2**SCATTER_BITS)
@@ -150,6 +159,8 @@ def fft_correlate(
     (about 2**42 * 2**-52 * log2(n) * a small constant, under 0.01 for any frame) is far under
     one half, so rounding gives the exact integer, whatever order the FFT summed in. The result
     is scaled back and divided by the rounded weights' own sum (their mean kept exactly)."""
+    if not is_exact(x) or _needs_gradient(x, psf):
+        return correlate(x, psf)
     scale = _sample_scale(x) * 2.0 ** (VALUE_BITS - FFT_VALUE_BITS)
     values = torch.round(x.to(torch.float64) / scale)
     weights = torch.round(torch.ldexp(psf.to(torch.float64), torch.tensor(FFT_WEIGHT_BITS)))

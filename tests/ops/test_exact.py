@@ -1,7 +1,7 @@
-"""The accelerators' exact sums (``perturb.ops.exact``), checked on the CPU: any summation order
-gives the same bits, a sample's result does not depend on its batch, and the values agree with
-the CPU's float32 products. A GPU's matrix product sums in an order chosen from the operands'
-shapes; here a product that chooses its order from the batch's size stands in for it."""
+"""The exact sums (``perturb.ops.exact``): any summation order gives the same bits, a sample's
+result does not depend on its batch, and the values agree with plain float products. A BLAS's
+or a GPU's matrix product sums in an order chosen from the operands' shapes; here a product that
+chooses its order from the batch's size stands in for it."""
 
 from __future__ import annotations
 
@@ -35,11 +35,9 @@ def _shape_ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture
 def gpu_like(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The accelerators' arithmetic on the CPU, with a product whose order of sums changes with
-    the batch."""
+    """The exact arithmetic with a product whose order of sums changes with the batch."""
     monkeypatch.setattr(exact, "_MATMUL", _shape_ordered_matmul)
-    with exact.exact_everywhere():
-        yield
+    yield
 
 
 def _matrix(rng: np.random.Generator, n_out: int, n_in: int) -> torch.Tensor:
@@ -64,12 +62,11 @@ def test_a_sample_alone_and_in_any_batch_gives_the_same_bits(
     x[0] *= float(np.exp(log_peak))  # another sample of another magnitude shares the batch
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(exact, "_MATMUL", _shape_ordered_matmul)
-        with exact.exact_everywhere():
-            batch = exact.separable(rows, x, cols)
-            for i in range(b):
-                alone = exact.separable(rows, x[i : i + 1], cols)
-                assert torch.equal(alone[0], batch[i])
-            flipped = exact.separable(rows, x.flip(0), cols).flip(0)
+        batch = exact.separable(rows, x, cols)
+        for i in range(b):
+            alone = exact.separable(rows, x[i : i + 1], cols)
+            assert torch.equal(alone[0], batch[i])
+        flipped = exact.separable(rows, x.flip(0), cols).flip(0)
     assert torch.equal(flipped, batch)
     reference = torch.matmul(torch.matmul(rows.double(), x.double()), cols.double().T)
     peak = reference.abs().amax(dim=(1, 2, 3), keepdim=True).clamp(min=1e-30)
@@ -77,15 +74,21 @@ def test_a_sample_alone_and_in_any_batch_gives_the_same_bits(
     assert float(((batch.double() - reference).abs() / peak).max()) < 2e-6
 
 
-def test_the_cpu_keeps_its_float32_products() -> None:
+def test_plain_arithmetic_is_the_float_product_and_a_differentiable_call_takes_it() -> None:
     rng = np.random.default_rng(3)
-    rows, cols = _matrix(rng, 9, 7), _matrix(rng, 5, 6)
-    x = torch.rand(3, 7, 6)
-    assert not exact.is_exact(x)
-    assert torch.equal(exact.separable(rows, x, cols), torch.matmul(torch.matmul(rows, x), cols.T))
-    with exact.exact_everywhere():
-        assert exact.is_exact(x)
-    assert not exact.is_exact(x)
+    rows, cols = _matrix(rng, 9, 7).double(), _matrix(rng, 5, 6).double()
+    x = torch.rand(3, 7, 6, dtype=torch.float64)
+    plain = torch.matmul(torch.matmul(rows, x), cols.T)
+    assert exact.is_exact(x)
+    with exact.plain_arithmetic():
+        assert not exact.is_exact(x)
+        assert torch.equal(exact.separable(rows, x, cols), plain)
+    assert not torch.equal(exact.separable(rows, x, cols), plain)  # rounded to 2**-24 steps
+    x.requires_grad_(True)
+    out = exact.separable(rows, x, cols)
+    assert torch.equal(out, torch.matmul(torch.matmul(rows, x), cols.T))
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    assert torch.allclose(grad, (rows.sum(dim=0)[:, None] * cols.sum(dim=0)[None, :]).expand(3, 7, 6))
 
 
 def test_scatter_sums_do_not_depend_on_the_order_of_the_sources() -> None:
@@ -94,19 +97,18 @@ def test_scatter_sums_do_not_depend_on_the_order_of_the_sources() -> None:
     index = torch.from_numpy(rng.integers(0, slots, size=(2, n)))
     src = torch.from_numpy(rng.normal(size=(2, n)).astype(np.float32))
     perm = torch.from_numpy(rng.permutation(n))
-    with exact.exact_everywhere():
-        a = exact.scatter_sum_(torch.zeros(2, slots), 1, index, src, 8.0)
-        b = exact.scatter_sum_(torch.zeros(2, slots), 1, index[:, perm], src[:, perm], 8.0)
+    a = exact.scatter_sum_(torch.zeros(2, slots), 1, index, src, 8.0)
+    b = exact.scatter_sum_(torch.zeros(2, slots), 1, index[:, perm], src[:, perm], 8.0)
     assert torch.equal(a, b)
     plain = torch.zeros(2, slots).scatter_add_(1, index, src)
     assert float((a - plain).abs().max()) < 1e-4
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_every_kernel_is_batch_invariant_with_the_accelerators_sums(op: str, gpu_like: None) -> None:
-    """Each registered kernel on the accelerators' arithmetic: sample i alone and the batch
-    reversed give sample i's bits though the product sums in a batch-dependent order, and the
-    result stays within float rounding of the CPU path's."""
+def test_every_kernel_is_batch_invariant_with_a_batch_ordered_product(op: str, gpu_like: None) -> None:
+    """Each registered kernel: sample i alone and in the batch give the same bits though the
+    product sums in a batch-dependent order, and the result stays within 1/255 of plain float
+    arithmetic's."""
     del gpu_like
     x, params, keys = _inputs(op)
     run = _torch_kernel(op, "torch")
@@ -114,7 +116,7 @@ def test_every_kernel_is_batch_invariant_with_the_accelerators_sums(op: str, gpu
     for i in range(x.shape[0]):
         alone = run(x[i : i + 1], {k: v[i : i + 1] for k, v in params.items()}, keys[i : i + 1])
         assert torch.equal(alone[0], out[i]), f"sample {i} depends on the other samples"
-    with exact.exact_everywhere(on=False):
+    with exact.plain_arithmetic():
         cpu = run(x, params, keys)
     assert out.dtype == cpu.dtype
     assert float((out.float() - cpu.float()).abs().max()) <= 1.0 / 255.0
