@@ -50,9 +50,10 @@ def test_grain_path_torch_matches_opencv(op: str) -> None:
     with use_backend("torch"):
         ref = perturb.replay(recs, x)
     diff = (out.int() - ref.int()).abs()
-    # the grids agree to ~1e-7; a Poisson count can still flip at a rounding edge (one cell in
-    # ~10^6), which the upsampled residual spreads over a few pixels by two levels at most
-    assert int(diff.max()) <= 2 and float((diff > 1).float().mean()) < 1e-4
+    # the grids agree to ~1e-7 (the torch path's exact sums round each sample to 2**-24 of its
+    # peak); a Poisson count can still flip at a rounding edge (one cell in ~10^6), which the
+    # upsampled residual spreads over a few pixels by three levels at most
+    assert int(diff.max()) <= 3 and float((diff > 1).float().mean()) < 1e-4
 
 
 @pytest.mark.parametrize("short", [252, 336, 448])

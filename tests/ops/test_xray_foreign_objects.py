@@ -157,22 +157,28 @@ def test_the_display_shoulder_is_linear_for_faint_objects_and_never_clips() -> N
     assert float(shown[2].max()) <= MIN_ROOM  # a film already at its ceiling keeps some room
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_a_lead_hangs_in_a_slack_curve_without_loops(seed: int) -> None:
-    """An ECG lead runs from its connector to the film edge under gravity: its course never
-    turns back on itself (no coils, no zigzags: x moves one way but for sub-millimetre wobble
-    of the anchor points), and its middle hangs no higher than the chord between its ends
-    allows for the keyed wander (4 mm)."""
-    g = np.random.default_rng(seed)
+def test_a_lead_hangs_in_a_slack_curve_with_at_most_one_loop() -> None:
+    """An ECG lead runs from its connector to the film edge under gravity: its course turns
+    back on itself only in its one slack loop (a third of leads, at most 3.5 cm in radius: no
+    coils, no zigzags; x moves one way elsewhere but for sub-millimetre wobble), and a lead
+    without a loop hangs in the middle no higher than the chord between its ends allows for
+    the keyed wander (4 mm)."""
     px = 1024 / 35.0
     start = np.array([400.0, 300.0])
-    path = _lead_path(g, start, 1024.0, 1024, 1024, px)
-    steps = np.diff(path[:, 0])
-    assert (steps > -0.1 * px).all(), steps.min()
-    t = (path[:, 0] - path[0, 0]) / (path[-1, 0] - path[0, 0])
-    chord_y = path[0, 1] + t * (path[-1, 1] - path[0, 1])
-    middle = (t > 0.3) & (t < 0.7)
-    assert (path[middle, 1] - chord_y[middle]).mean() > -0.4 * px
+    looped = 0
+    for seed in range(24):
+        path = _lead_path(np.random.default_rng(seed), start, 1024.0, 420.0, 1024, 1024, px)
+        back = np.flatnonzero(np.diff(path[:, 0]) < -0.1 * px)
+        if len(back):  # every backward step within one stretch no longer than one loop's turn
+            looped += 1
+            arc = np.linalg.norm(np.diff(path[back[0] : back[-1] + 2], axis=0), axis=1).sum()
+            assert arc <= 2 * math.pi * 3.5 * 1.25 * px, (seed, arc / px)
+            continue
+        t = (path[:, 0] - path[0, 0]) / (path[-1, 0] - path[0, 0])
+        chord_y = path[0, 1] + t * (path[-1, 1] - path[0, 1])
+        middle = (t > 0.3) & (t < 0.7)
+        assert (path[middle, 1] - chord_y[middle]).mean() > -0.4 * px
+    assert 2 <= looped <= 16, looped
 
 
 def test_a_stamped_hook_is_solid_sheet_denser_where_it_is_bent_back() -> None:
@@ -223,7 +229,7 @@ def test_a_lead_ripples_along_its_length_at_the_lay_pitch() -> None:
     curve = np.stack([np.linspace(10.0, 590.0, 290), np.full(290, 40.0)], 1)
     for seed in range(4):
         target = np.zeros((80, 600), np.float32)
-        _lead_wire(target, np.random.default_rng(seed), curve, px, 0.08)
+        _lead_wire(target, np.random.default_rng(seed), curve, px)
         axis = np.round(target[40, 20:160].astype(np.float64), 4)  # before any connector
         assert axis.std() / axis.mean() > 0.1
         runs = axis[np.r_[True, np.diff(axis) != 0]]  # plateaus (whole-pixel steps) as one
