@@ -128,9 +128,11 @@ def test_each_device_lies_in_its_anatomical_region(path: pathlib.Path) -> None:
     upper = f[int(0.1 * SIDE) : int(0.35 * SIDE), int(0.35 * SIDE) : int(0.65 * SIDE)]
     trachea = (0.35 * SIDE + np.argmax(scipy.ndimage.uniform_filter1d(upper.mean(0), 9))) / SIDE
     _, cols = np.nonzero(et > 0.4 * et.max())
-    # 0.08 (2.8 cm): on the bedside film mhh_covid_9f3f2d91 the film's own lines and tubes
-    # over the upper mediastinum pull this brightest column 0.075 off the spine
-    assert abs(np.median(cols) / SIDE - trachea) < 0.08, (path.stem, "et column")
+    column = np.median(cols) / SIDE
+    # 0.08 (2.8 cm) of the brightest column, or 0.04 (1.4 cm) of the landmarks' midline: on the
+    # bedside film mhh_covid_9f3f2d91 the film's own lines and tubes over the upper mediastinum
+    # pull the brightest column 0.07 off the spine (its ET tube lies 0.023 from the midline)
+    assert abs(column - trachea) < 0.08 or abs(column - mid) < 0.04, (path.stem, "et column")
     tip = _lowest(et, 0.4)
     assert apex + 0.03 < tip[1] < carina, (path.stem, "et", tip)
     tip = _lowest(ng, 0.4)
