@@ -35,6 +35,7 @@ import json
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import cv2
@@ -499,25 +500,37 @@ _MASKS_LOCK = threading.Lock()
 _MASKS_SIZE = 64
 
 
-def mask_of(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
-    """bool (H, W), read-only: the annotation pixels of ``desc`` (cached by its sorted JSON)."""
+def _cached_mask(
+    cache: OrderedDict[str, np.ndarray],
+    desc: dict[str, Any],
+    key: str | None,
+    select: Callable[[dict[str, Any]], list[dict[str, Any]]],
+) -> np.ndarray:
+    """bool (H, W), read-only: the pixels of the annotations ``select`` picks from ``desc``
+    (called only when the mask is not held), held in ``cache`` by the descriptor's sorted JSON
+    (``key`` when given)."""
     key = json.dumps(desc, sort_keys=True) if key is None else key
     with _MASKS_LOCK:
-        held = _MASKS.get(key)
+        held = cache.get(key)
         if held is not None:
-            _MASKS.move_to_end(key)
+            cache.move_to_end(key)
             return held
     h, w = (int(v) for v in desc["size"])
     mask = np.zeros((h, w), bool)
-    for a in annotations_of(desc):
+    for a in select(desc):
         x0, y0, x1, y1 = (int(v) for v in a["box"])
         mask[y0:y1, x0:x1] |= decode_mask(a["mask"], (y1 - y0, x1 - x0))
     mask.flags.writeable = False
     with _MASKS_LOCK:
-        _MASKS[key] = mask
-        while len(_MASKS) > _MASKS_SIZE:
-            _MASKS.popitem(last=False)
+        cache[key] = mask
+        while len(cache) > _MASKS_SIZE:
+            cache.popitem(last=False)
     return mask
+
+
+def mask_of(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
+    """bool (H, W), read-only: the annotation pixels of ``desc`` (cached by its sorted JSON)."""
+    return _cached_mask(_MASKS, desc, key, annotations_of)
 
 
 # annotation types that are physical objects on the detector, imaged with the exposure (the
@@ -533,25 +546,16 @@ def lead_mask(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
     and of those that may be a marker whose side was not read (``unread_markers``: a lone
     letter of marker size is most often the lead marker), cached by the descriptor's sorted
     JSON."""
-    key = json.dumps(desc, sort_keys=True) if key is None else key
-    with _MASKS_LOCK:
-        held = _LEAD.get(key)
-        if held is not None:
-            _LEAD.move_to_end(key)
-            return held
-    h, w = (int(v) for v in desc["size"])
-    mask = np.zeros((h, w), bool)
+    return _cached_mask(_LEAD, desc, key, _lead_annotations)
+
+
+def _lead_annotations(desc: dict[str, Any]) -> list[dict[str, Any]]:
     unread = unread_markers(desc)
-    for a in annotations_of(desc):
-        if a.get("type") in LEAD_TYPES or any(a is b for b in unread):
-            x0, y0, x1, y1 = (int(v) for v in a["box"])
-            mask[y0:y1, x0:x1] |= decode_mask(a["mask"], (y1 - y0, x1 - x0))
-    mask.flags.writeable = False
-    with _MASKS_LOCK:
-        _LEAD[key] = mask
-        while len(_LEAD) > _MASKS_SIZE:
-            _LEAD.popitem(last=False)
-    return mask
+    return [
+        a
+        for a in annotations_of(desc)
+        if a.get("type") in LEAD_TYPES or any(a is b for b in unread)
+    ]
 
 
 def composite_alpha(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
