@@ -30,6 +30,7 @@ GOLDEN = Path(__file__).with_name("outputs.json")
 ENDOSCOPY_FRAMES = ("polypgen_EndoCV2021_C5_50000138.jpg", "polypgen_EndoCV2021_C6_0100032.jpg")
 XRAY_FILMS = ("nih_00004296_000.png",)
 # manifest columns that describe what was made (not where or by which build)
+WRITTEN_ON = "_written_on"  # outputs.json's key for the CPU that wrote it
 MANIFEST_COLUMNS = (
     "img_id",
     "op",
@@ -62,8 +63,10 @@ def _run_digests(out: Path) -> dict[str, str]:
     import pandas as pd
 
     manifest = pd.read_parquet(out / "manifest.parquet")
-    rows = manifest[[c for c in MANIFEST_COLUMNS if c in manifest.columns]]
-    rows = rows.sort_values(["img_id", "op", "severity", "variant"]).to_dict("records")
+    columns = manifest[[c for c in MANIFEST_COLUMNS if c in manifest.columns]]
+    rows: list[dict[str, Any]] = columns.sort_values(
+        ["img_id", "op", "severity", "variant"]
+    ).to_dict("records")
     files = {
         p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(out.rglob("*"))
@@ -80,7 +83,30 @@ def _run_digests(out: Path) -> dict[str, str]:
         "n_manifest": str(len(rows)),
         "dataset": _digest(ds.to_dict("records")),
         "n_dataset": str(len(ds)),
+        **_op_digests(rows),
     }
+
+
+def _op_digests(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """One digest per op of its manifest rows (file hashes included), so that a failing case
+    names the ops whose outputs changed instead of one suite-wide digest."""
+    by_op: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_op.setdefault(str(row["op"]), []).append(row)
+    return {f"op:{op}": _digest(op_rows) for op, op_rows in sorted(by_op.items())}
+
+
+def machine() -> str:
+    """The CPU the digests were computed on: stored beside them, named when a case fails."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _copy(names: tuple[str, ...], sub: str, dest: Path) -> Path:
@@ -148,7 +174,9 @@ def _demo(tmp: Path) -> dict[str, str]:
     scores = json.loads((out / "scores.json").read_text().replace(str(out), "<out>"))
     for volatile in ("timestamp", "versions"):
         scores.pop(volatile, None)
-    return {"scores": _digest(scores), "perturbed": _run_digests(out / "perturbed")["files"]}
+    perturbed = _run_digests(out / "perturbed")
+    ops = {k: v for k, v in perturbed.items() if k.startswith("op:")}
+    return {"scores": _digest(scores), "perturbed": perturbed["files"], **ops}
 
 
 CASES: dict[str, Callable[[Path], dict[str, str]]] = {
@@ -183,7 +211,8 @@ def compute(case: str) -> dict[str, str]:
 def main() -> None:
     if "--write" not in sys.argv[1:]:
         sys.exit("usage: python -m tests.golden.outputs --write")
-    digests = {case: compute(case) for case in CASES}
+    digests: dict[str, Any] = {case: compute(case) for case in CASES}
+    digests[WRITTEN_ON] = machine()
     GOLDEN.write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}")
 

@@ -11,15 +11,19 @@ import json
 
 import pytest
 
-from tests.golden.outputs import CASES, GOLDEN, compute
+from tests.golden.outputs import CASES, GOLDEN, WRITTEN_ON, compute, machine
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_outputs_identical(case: str) -> None:
-    expected = json.loads(GOLDEN.read_text())[case]
-    assert compute(case) == expected, (
-        f"{case}: outputs differ from tests/golden/outputs.json; if the change is intended, "
-        "bump the op version and run `python -m tests.golden.outputs --write`"
+    golden = json.loads(GOLDEN.read_text())
+    expected = golden[case]
+    got = compute(case)
+    differing = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+    assert not differing, (
+        f"{case}: outputs differ from tests/golden/outputs.json in {differing} (written on "
+        f"{golden.get(WRITTEN_ON, 'an unrecorded CPU')}, compared on {machine()}); if the change "
+        "is intended, bump the op version and run `python -m tests.golden.outputs --write`"
     )
