@@ -103,6 +103,10 @@ def host_op(
             res = fn(img, p, key, View(img, scene))
             if dst.dtype == np.float32:
                 np.clip(res, np.float32(0.0), np.float32(1.0), out=dst)
+            elif dst.dtype == np.uint8 and res.dtype == np.float32 and res.shape == dst.shape:
+                # store_float clips below 0 and saturates above 255: the clip to [0, 1] first
+                # would be one more pass over the sample for the same bytes
+                backend.store_float(res, dst)
             else:
                 backend.store_float(np.clip(res, np.float32(0.0), np.float32(1.0)), dst)
 

@@ -182,6 +182,24 @@ def _mask_rows_numpy(img: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
         img[y, hi[y] :] = 0.0
 
 
+def _warp_u8(img: np.ndarray, warp: Warp) -> np.ndarray:
+    """``warp_array`` of a float32 image rounded to uint8 as the engine rounds (round(255 x),
+    half to even), the same bytes in fewer passes: negatives to 0 and OpenCV's saturating
+    conversion (which also does the clip at 1), then the black outside the constraints set on
+    the 8-bit result through one row-span mask."""
+    height, width = img.shape[:2]
+    res = _warp_opencv(img, warp, width, height)
+    cv2.max(res, 0.0, dst=res)  # type: ignore[call-overload]
+    out = cv2.convertScaleAbs(res, alpha=255.0)
+    if len(warp.constraints):
+        lo, hi = row_spans(warp.constraints, width, height)
+        if bool(((lo > 0) | (hi < width)).any()):
+            cols = np.arange(width)
+            keep = (cols >= lo[:, None]) & (cols < hi[:, None])
+            out = cv2.bitwise_and(out, out, mask=keep.view(np.uint8))
+    return out
+
+
 def warp_array(img: np.ndarray, warp: Warp) -> np.ndarray:
     """The OpenCV path for one HWC (or HW) float32 image in [0, 1]: same size out, bicubic,
     clamped to [0, 1], black outside the warp's constraints."""
@@ -584,9 +602,7 @@ def _warp_sample(src: np.ndarray, dst: np.ndarray, warp: Warp) -> None:
     channels = src.shape[0]
     hwc = cv2.merge(list(src)) if channels > 1 else np.ascontiguousarray(src[0])
     img = cv2.LUT(hwc, _U8_LEVELS) if src.dtype == np.uint8 else hwc
-    res = warp_array(img, warp)
-    if dst.dtype == np.uint8:  # round(255 x) half to even, as the engine rounds; x is in [0, 1]
-        res = cv2.convertScaleAbs(res, alpha=255.0)
+    res = _warp_u8(img, warp) if dst.dtype == np.uint8 else warp_array(img, warp)
     if channels > 1:
         for c, plane in enumerate(cv2.split(res)):
             dst[c] = plane
