@@ -1,4 +1,4 @@
-"""The tissue fills behind the aperture run on a coarser grid on frames of 500 px and more
+"""The tissue fills behind the aperture run on a coarser grid on frames of 250 px and more
 (``perturb.ops.optics.fill_factor``): the CPU path and the torch path (what CUDA runs) still
 agree within 1/255 there, and the coarse fill changes only the rim band of the field."""
 
@@ -28,10 +28,11 @@ def _frames(n: int, side: int) -> torch.Tensor:
     return torch.stack(out).clamp(0, 1).contiguous()
 
 
-def test_fill_factor_keeps_the_finest_fill_three_cells_wide() -> None:
-    assert optics.fill_factor(288, 384) == 1  # small frames: the fills on the frame's own grid
-    assert optics.fill_factor(512, 512) == 2
-    assert optics.fill_factor(1080, 1920) == 4
+def test_fill_factor_keeps_the_finest_fill_one_and_a_half_cells_wide() -> None:
+    assert optics.fill_factor(200, 300) == 1  # small frames: the fills on the frame's own grid
+    assert optics.fill_factor(288, 384) == 2
+    assert optics.fill_factor(512, 512) == 4
+    assert optics.fill_factor(1080, 1920) == 8
     for side in (512, 777, 1080, 2160):  # a coarser grid never makes the finest fill narrower
         factor = optics.fill_factor(side, side)
         assert factor > 1
