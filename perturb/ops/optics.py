@@ -669,12 +669,13 @@ def chromatic_aberration(
     tissue = view.tissue
     cx, cy, _ = _host.field_geometry(view.field)
     weight = aperture_weight(view.field) * tissue  # 0 off the tissue: those pixels stay exactly
-    radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
+    # the red and blue planes alone: green does not move, and each plane's fill is its own
+    red_blue = tissue_radiance(img[0::2], aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
     k = float(p["shift"])
     out = img.copy()
-    for channel, m in ((0, 1.0 + k), (2, 1.0 - k)):
-        moved = scale_plane(radiance[channel], cx, cy, m)
-        moved -= radiance[channel]
+    for channel, plane, m in ((0, red_blue[0], 1.0 + k), (2, red_blue[1], 1.0 - k)):
+        moved = scale_plane(plane, cx, cy, m)
+        moved -= plane
         moved *= weight
         out[channel] += moved
     return out
