@@ -5,8 +5,8 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
 * ``xray_burned_text``: one annotation set per film (patient, study, projection, site and
   technique lines), burned in at acquisition resolution and resized with the film, in the corners, clear of the annotations already burned into the film (its
   radiograph scene, ``annotation_boxes``).
-* ``xray_laterality_marker``: the lead L/R marker in its plastic holder where technologists put
-  it (the film's air near a top corner, else the edge of the field), kept clear of the film's
+* ``xray_laterality_marker``: the lead L/R marker on its plastic plate where technologists put
+  it (near the shoulder: the film's air by a top corner, else the edge of the field), kept clear of the film's
   annotations, never contradicting its detected markers nor doubling one beside it
   (``marker_spots``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
@@ -1011,16 +1011,23 @@ def marker_tile(
 
 PLATE_FULL = 102  # level (of 255) under the marker from which the plate shows in full
 PLATE_LEAST = 0.2  # the plate's least share, on black air
+PLATE_MOST = 3.0  # its most, over bright tissue (where the display nears its white)
 
 
 def plate_gain(level_sum: int, s: int) -> float:
-    """How much of the plate's contrast the display shows over a marker square of side ``s``
-    whose film levels sum to ``level_sum``: the film's mean level over ``PLATE_FULL``, within
-    ``PLATE_LEAST`` and 1 (float64 from exact integers: the torch kernel's is the same). The
-    acrylic removes a few % of the exposure, a fixed step of the log display over tissue and
-    thin air, but in the heavily exposed air the display's toe flattens it (the reference
-    films: about 4 levels over air at 22, 8 to 50 over tissue at 80 to 100)."""
-    return min(1.0, max(PLATE_LEAST, level_sum / (s * s * PLATE_FULL)))
+    """How much of the plate's coverage the display shows over a marker square of side ``s``
+    whose film levels sum to ``level_sum`` (float64 from exact integers: the torch kernel's
+    is the same). The acrylic removes a few % of the exposure: a fixed step of the log
+    display over tissue and thin air, which the plate's blend towards white (coverage times
+    the distance to white) gives at ``PLATE_FULL``; over brighter tissue the same step needs
+    more coverage (``(255 - PLATE_FULL) / (255 - mean)``, at most ``PLATE_MOST``: near white
+    the display's shoulder flattens it), and in the heavily exposed air the display's toe
+    flattens it (the mean over ``PLATE_FULL``, at least ``PLATE_LEAST``). The reference films:
+    about 4 levels over air at 22, 8 to 50 over tissue at 80 to 160."""
+    if level_sum <= s * s * PLATE_FULL:
+        return max(PLATE_LEAST, level_sum / (s * s * PLATE_FULL))
+    below_white = 255 - level_sum / (s * s)
+    return PLATE_MOST if below_white <= 0 else min(PLATE_MOST, (255 - PLATE_FULL) / below_white)
 
 
 def marker_mask(
@@ -1249,7 +1256,9 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
         .masked_fill(flat >= h * w, 0)
         .sum(dim=1)
     )
-    gain = (under_sum.double() / (s * s * PLATE_FULL).double()).clamp(PLATE_LEAST, 1.0)
+    dark = (under_sum.double() / (s * s * PLATE_FULL).double()).clamp(min=PLATE_LEAST)
+    bright = (255 - PLATE_FULL) / (255 - under_sum.double() / (s * s).double())
+    gain = torch.where(under_sum <= s * s * PLATE_FULL, dark, bright.clamp(max=PLATE_MOST))
     gain = torch.where(lead, gain, 1.0).to(torch.float32).view(-1, 1, 1)
     index = index.view(b, 1, -1).expand(-1, c, -1)
     films = x.reshape(b, c, h * w)
@@ -1275,17 +1284,19 @@ def xray_laterality_marker(
     host_params: Sequence[Mapping[str, Any]] | None = None,
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
-    """A laterality marker where technologists put it: in the air beside the body near a top
-    corner or at the very edge of the field (``marker_spots``, chosen by the film's levels).
-    Most are lead markers radiographed with the patient (``_lead_marker``: a lead L/R in a
-    faint acrylic holder (on most) with the technologist's initials or a number in one row, at
-    a keyed tilt, sometimes on its side or upside down, the whole marker mirrored when face
-    down; the lead stops most of the beam, so letter and initials lie most of the way from the
+    """A laterality marker where technologists put it: near the shoulder, in the air by a top
+    corner (else further along the top edge, else down the outer edge beside the body) or at
+    the very edge of the field (``marker_spots``, chosen by the film's levels, ``choose_spot``).
+    Most are lead markers radiographed with the patient (``_lead_marker``: chunky lead L/R
+    letters on an oblong acrylic plate (on most; a fixed step of the log display over tissue,
+    flattened by its toe on black air: ``plate_gain``), sometimes with a metal disc in its
+    grip, with the technologist's initials or a number in one row, at a keyed tilt, sometimes
+    on its side or upside down, the whole marker mirrored when face down; the lead stops most of the beam, so letter and initials lie most of the way from the
     film to its top level (the film and its noise faintly through them, the scatter's own
     noise), their edges blurred by the focal spot's geometric unsharpness and the detector's
     MTF by about a pixel, the plastic carrying the film's own noise); the rest are the
-    console's flat digital letter at display white, often ringed. With no air beside the body
-    the marker goes just inside the film's edge in the drawn corner (``choose_spot``). The
+    console's flat digital letter at display white, often ringed. With no air where it may go
+    the marker goes just inside the film's edge at its first place (``choose_spot``). The
     letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
     mode it probes), but it never contradicts a marker already on the film, is never a
     duplicate beside it (``APART``) and keeps clear of its annotations.

@@ -491,26 +491,33 @@ def test_lead_marker_is_dense_lead_in_a_faint_holder_with_the_film_noise() -> No
         assert not (big_mask[~ring3] > 0.05).any()  # within three pixels of the core
 
 
-def test_the_plate_shows_faint_on_black_air_and_in_full_over_tissue() -> None:
+def test_the_plate_is_a_fixed_display_step_over_tissue_flattened_on_black_air() -> None:
     """The acrylic plate removes a few % of the exposure: a fixed step of the log display over
     tissue, flattened by the display's toe in heavily exposed air (``plate_gain``). The same
-    marker (same key and parameters) on black air and on mid-grey tissue: the plate's coverage
-    over tissue is the parameter itself, on black air ``PLATE_LEAST`` of it; the lead's core
-    is the same on both."""
+    marker (same key and parameters) on black air, on mid-grey tissue (level 102) and on
+    bright tissue (level 178): its plate's coverage is the parameter itself at mid-grey,
+    ``PLATE_LEAST`` of it on black air, and over bright tissue as much more as keeps its step
+    towards white the same; the lead's core is the same on all."""
     from perturb.ops.overlay import PLATE_LEAST, MarkerStyle, film_levels, marker_mask
 
     style = MarkerStyle.of(_marker_params(initials=2.0, holder=0.1, angle=5.0))
-    covers = []
-    for level in (0.02, 0.5):
+    covers, levels = [], []
+    for level in (0.02, 0.4, 0.7):
         v = np.full((256, 256), level, dtype=np.float32)
-        v[230:234, 20:26] = 0.9
-        mask, _ = marker_mask(256, 256, "L", 25.6, True, None, style, 3, film_levels(v))
+        v[230:234, 20:26] = 1.0
+        film = film_levels(v)
+        mask, _ = marker_mask(256, 256, "L", 25.6, True, None, style, 3, film)
         covers.append(mask)
-    dark, grey = covers
+        levels.append(int(film[0, 0]))
+    dark, grey, bright = covers
+    assert levels[1:] == [102, 178]
     plate = (grey > 0.05) & (grey < 0.15)
     assert plate.sum() > 50
     assert abs(float(np.median(grey[plate])) - 0.1) < 0.005
     assert abs(float(np.median(dark[plate])) - 0.1 * PLATE_LEAST) < 0.005
+    # the step towards white: coverage x (1 - level), the same over bright tissue
+    step = float(np.median(bright[plate])) * (1 - 178 / 255)
+    assert abs(step - 0.1 * (1 - 102 / 255)) < 0.002
     core = grey > 0.7
     assert core.sum() > 20 and np.abs(dark[core] - grey[core]).max() < 0.1 * (1 - PLATE_LEAST)
 
