@@ -5,8 +5,8 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
 * ``xray_burned_text``: one annotation set per film (patient, study, projection, site and
   technique lines), burned in at acquisition resolution and resized with the film, in the corners, clear of the annotations already burned into the film (its
   radiograph scene, ``annotation_boxes``).
-* ``xray_laterality_marker``: the lead L/R marker in its plastic holder where technologists put
-  it (the film's air near a top corner, else the edge of the field), kept clear of the film's
+* ``xray_laterality_marker``: the lead L/R marker on its plastic plate where technologists put
+  it (near the shoulder: the film's air by a top corner, else the edge of the field), kept clear of the film's
   annotations, never contradicting its detected markers nor doubling one beside it
   (``marker_spots``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
@@ -403,7 +403,8 @@ def xray_burned_text_cpu(
     _blend_np(src, dst, mask, paint, _quadrant_boxes(mask))
 
 
-Spot = tuple[int, int, int, int]  # a candidate: the planning square's x0, y0; the marker's
+Spot = tuple[int, int, int, int, int]  # a candidate: the planning square's x0, y0; the
+# marker's x0, y0; its tier (``marker_spots``: 0 near the corner, 1 further along, 2 down)
 
 
 def marker_spots(
@@ -416,13 +417,14 @@ def marker_spots(
     annotation whose side was not read (``radiograph.unread_markers``): no marker).
 
     Technologists put the marker in the air beside the body or at the very edge of the field,
-    near a shoulder: the candidate squares (margin 3 % of the shorter side) run from the drawn
-    top corner along the top edge (up to twice the marker's size) and down the outer edge
-    beside the body (to ``DOWN_REACH`` of the height), each keeping half its size from every
-    detected annotation and ``APART`` of the shorter side from the film's own marker (read or
-    marker-like: a second marker is never a duplicate beside the first); the first
-    corner (drawn top, other top, then the bottom ones) with a clear candidate gives them;
-    failing those, candidates further along the top edge. ``choose_spot`` picks one by the
+    near a shoulder: the candidate squares (margin 3 % of the shorter side) run in three tiers
+    from the drawn top corner: along the top edge (up to twice the marker's size), further
+    along it (to the film's middle: above the shoulder, clear of a marker the film shows in
+    its corner) and down the outer edge beside the body (to ``DOWN_REACH`` of the height),
+    each keeping half its size from every detected annotation and ``APART`` of the shorter
+    side from the film's own marker (read or marker-like: a second marker is never a duplicate
+    beside the first); the first corner (drawn top, other top, then the bottom ones, along
+    their edge) with a clear candidate gives them. ``choose_spot`` picks one by the
     film's levels. The spots depend on the scene only, never the film's pixels."""
     side = min(h, w)
     margin = round(0.03 * side)
@@ -491,17 +493,23 @@ def marker_spots(
             and _clear(square, own, APART * side)  # type: ignore[arg-type]
         )
 
-    for shifts, sides_too in ((along, True), (far, False)):
-        for k, (right, top) in enumerate(corners):
-            spots = [xy for xy in squares(right, top, shifts, sides_too) if clear(*xy)]
-            if not spots:
-                continue
-            if k or shifts is far:
-                moved = "moved clear of the film's annotations"
-                why = moved if why is None else f"{why}; {moved}"
-            # the marker's square in the outer corner of the planned one
-            inner = (big - s if right else 0, 0 if top else big - s)
-            return letter, [(x, y, x + inner[0], y + inner[1]) for x, y in spots], big, why
+    for k, (right, top) in enumerate(corners):
+        # the tiers in the order ``choose_spot`` prefers them: the edge near the corner, the
+        # same edge further along (nearer the neck), down the outer edge beside the body
+        tiers = (
+            squares(right, top, along, False),
+            squares(right, top, far, False),
+            squares(right, top, range(0), True),
+        )
+        found_ = [(x, y, t) for t, sq in enumerate(tiers) for x, y in sq if clear(x, y)]
+        if not found_:
+            continue
+        if k or all(t == 1 for _, _, t in found_):
+            moved = "moved clear of the film's annotations"
+            why = moved if why is None else f"{why}; {moved}"
+        # the marker's square in the outer corner of the planned one
+        inner = (big - s if right else 0, 0 if top else big - s)
+        return letter, [(x, y, x + inner[0], y + inner[1], t) for x, y, t in found_], big, why
     return None, [], 0, "no marker added: no corner of the film is clear of its annotations"
 
 
@@ -517,26 +525,39 @@ def at_edge(spot: Spot, s: int, h: int, w: int) -> Spot:
     """``spot`` (the marker's square of side ``s``) pushed from the corner's margin out to
     ``EDGE`` inside the film's edge, on each axis where it sits at the margin (a spot further
     along an edge keeps that coordinate, clear of the annotations it was planned round)."""
-    px, py, x0, y0 = spot
+    px, py, x0, y0, tier = spot
     side = min(h, w)
     margin, e = round(0.03 * side), round(EDGE * side)
     x = w - s - e if x0 == w - margin - s else (e if x0 == margin else x0)
     y = e if y0 == margin else (h - s - e if y0 == h - margin - s else y0)
-    return px, py, x, y
+    return px, py, x, y, tier
+
+
+TIER_SHIFT = 40  # a spot's rank: its tier above its square's level sum (below 2**40)
 
 
 def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int, s: int) -> Spot:
-    """The spot whose planning square holds the film's lowest sum of levels (``film_levels``:
-    the air beside the body, not the white collimation band, tissue or lung; the first on a
-    tie) when that square is air (``is_air``); else, with no air beside the body anywhere the
-    marker may go, the first spot (the drawn corner) pushed out to just inside the film's edge
-    (``at_edge``), never a square of tissue further in; the first spot without the film.
-    Integer sums: the torch kernel's choice (``_place_markers``) is the same."""
+    """Of the spots whose planning square is air (``is_air``: the air beside the body or above
+    the shoulder, not the white collimation band, tissue or lung), the one of the first tier
+    (near the corner before further along the top edge before down the outer edge: the
+    marker stays near the shoulder) whose square holds the film's lowest sum of levels
+    (``film_levels``; the first on a tie); with no air anywhere the marker may go, the first
+    spot (the drawn corner, else the nearest clear place on its top edge) pushed out to just
+    inside the film's edge (``at_edge``), never a square of tissue further in; the first
+    spot without the film. Integer sums: the torch kernel's choice (``_place_markers``) is
+    the same."""
     if film is None:
         return spots[0]
-    sums = [int(film[y : y + big, x : x + big].sum(dtype=np.int64)) for x, y, _, _ in spots]
-    best = int(np.argmin(sums))
-    if not is_air(sums[best], big, int(film.sum(dtype=np.int64)), film.size):
+    total = int(film.sum(dtype=np.int64))
+    ranks = []
+    for x, y, _, _, tier in spots:
+        square = int(film[y : y + big, x : x + big].sum(dtype=np.int64))
+        if is_air(square, big, total, film.size):
+            ranks.append((tier << TIER_SHIFT) + square)
+        else:
+            ranks.append(1 << 62)
+    best = int(np.argmin(ranks))
+    if ranks[best] == 1 << 62:
         return at_edge(spots[0], s, *film.shape)
     return spots[best]
 
@@ -556,11 +577,11 @@ def marker_plan(
     letter_, spots, big, why = marker_spots(h, w, letter, size, right_corner, scene)
     if letter_ is None:
         return None, 0, 0, why
-    _, _, x0, y0 = choose_spot(film, spots, big, max(2, round(size)))
+    _, _, x0, y0, _ = choose_spot(film, spots, big, max(2, round(size)))
     return letter_, x0, y0, why
 
 
-PLAN_SIZE = 0.09  # the largest marker (catalog: severity 5's upper size), shorter side
+PLAN_SIZE = 0.104  # the largest marker (catalog: severity 5's upper size), shorter side
 DOWN_REACH = 0.7  # how far down the outer edge (fraction of the height) the marker may go
 APART = 0.25  # a film's own marker: the added one keeps this far from it (shorter side)
 EDGE = 0.005  # with no air: the marker's inset from the film's edge, shorter side
@@ -628,9 +649,9 @@ MARKER_STYLE_PARAMS = (
 )
 INITIALS = "ABCDEFGHJKMNPSTVW"  # technologists' initials: never an L or an R beside the letter
 SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges anti-aliased)
-# lead marker letters: a heavy block sans, and two stroke faces drawn with round ends and joins
-# (the rounded letters cut from lead sheet)
-LEAD_FONTS = ("block", "rounded", "rounded_wide")
+# lead marker letters: a heavy block sans (most), and a wide stroke face drawn with round ends
+# and joins (the rounded letters cut from lead sheet)
+LEAD_FONTS = ("block", "rounded_wide")
 FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
 LEAD_NOISE = 0.4  # of the film's noise sigma added under the lead (its scatter's own noise)
 WHITE_PIXELS = 4  # pixels at the film's white level (its maximum, robust to a stray pixel)
@@ -653,10 +674,13 @@ def _letter(canvas: np.ndarray, text: str, cap: float, x: float, base: float, bo
     np.maximum(canvas, ink, out=canvas)
 
 
-def _lead_text(text: str, cap: float, font: str) -> np.ndarray:
+def _lead_text(text: str, cap: float, font: str, condense: float = 1.0) -> np.ndarray:
     """``text`` as a lead-marker face would cut it, cap height ``cap`` px, on its own tight
-    uint8 canvas: a heavy block sans (OpenCV's sans at weight 900) or a stroke face drawn with
-    round caps and joins (Hershey simplex or duplex, stroke 0.2 or 0.24 of the cap height)."""
+    uint8 canvas: a heavy block sans (OpenCV's sans at weight 900) or a wide stroke face drawn
+    with round caps and joins (Hershey duplex, stroke 0.28 of the cap height), narrowed to
+    ``condense`` of its width (faces of lead letters run from square to tall and narrow), its
+    corners rounded by about 0.06 of the cap height (letters stamped or cut from lead sheet
+    have no sharp corners)."""
     pad = round(0.5 * cap) + 2
     wide = round(len(text) * 1.3 * cap) + 2 * pad
     canvas = np.zeros((round(cap) + 2 * pad, wide), dtype=np.uint8)
@@ -664,16 +688,24 @@ def _lead_text(text: str, cap: float, font: str) -> np.ndarray:
         size = max(4, round(cap / CAP_PER_SIZE))
         cv2.putText(canvas, text, (pad, pad + round(cap)), 255, cv2.FontFace("sans"), size, 900)
     else:
-        face = cv2.FONT_HERSHEY_SIMPLEX if font == "rounded" else cv2.FONT_HERSHEY_DUPLEX
-        stroke = max(1, round((0.2 if font == "rounded" else 0.24) * cap))
+        face = cv2.FONT_HERSHEY_DUPLEX
+        stroke = max(1, round(0.28 * cap))
         probe = np.zeros((200, 400), dtype=np.uint8)  # the face's height at scale 4 (OpenCV's
         cv2.putText(probe, text, (10, 150), face, 4.0, 255, 1)  # thick strokes keep it)
         rows = np.flatnonzero(probe.any(axis=1))
         scale = 4.0 * cap / max(1, int(rows[-1] - rows[0]))
         base = pad + round(cap) - round((rows[-1] - 150) * scale / 4.0)
         cv2.putText(canvas, text, (pad, base), face, scale, 255, stroke, cv2.LINE_AA)
-    rows, cols = np.flatnonzero(canvas.any(axis=1)), np.flatnonzero(canvas.any(axis=0))
-    return canvas[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+    soft = cv2.GaussianBlur(canvas, (0, 0), max(0.5, 0.04 * cap))
+    ink = np.where(soft >= 128, np.uint8(255), np.uint8(0)).astype(np.uint8)
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    tight = ink[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+    if condense == 1.0:
+        return tight
+    width = max(1, round(tight.shape[1] * condense))
+    return np.asarray(
+        cv2.resize(tight, (width, tight.shape[0]), interpolation=cv2.INTER_AREA), dtype=np.uint8
+    )
 
 
 def _paste(canvas: np.ndarray, ink: np.ndarray, cx: float, top: float) -> None:
@@ -758,35 +790,42 @@ def film_noise(film: np.ndarray, box: Box4) -> float:
 
 def _lead_marker(
     s: int, letter: str, style: MarkerStyle, key: int, side: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A lead marker in its s x s square, as radiographed with the patient: (coverage, value
-    per unit white level, value per unit noise sigma), its value ``white unit + sigma grain``
+    per unit white level, value per unit noise sigma) without its plastic plate, and the
+    plate's coverage (the same per unit white) and value per unit noise sigma; its value
+    ``white unit + sigma grain`` with the plate's share scaled by the film's ``plate_gain``
     (``marker_mask``, ``_place_markers``) for the film's white level and noise.
 
-    The lead letter (a keyed face of ``LEAD_FONTS``) with the technologist's initials or a
-    number in smaller type in one row, under the letter or beside it (``style.layout``), cut
-    from the same sheet, in a faint acrylic holder (a plate of keyed proportions and corner
-    radius, sometimes with a denser rim or a bead beside the letter; some markers have none),
-    tilted by ``style.angle`` (a few degrees, sometimes turned on its side or upside down) and
-    the whole marker mirrored when placed face down. The lead attenuates almost all of the
-    primary beam, but some of it and the patient's scatter still reach the detector under it:
-    the letter covers the film by ``style.level`` (0.7-0.93, measured on the reference films'
-    lead letters: their level between the film round them and its white level), the film and
-    its noise faintly showing through, plus a little noise of its own (``LEAD_NOISE``); the focal spot's geometric unsharpness and the
-    detector's MTF blur every edge by ``style.blur`` (about half a pixel to a pixel at 1024 px),
-    and the plastic carries the film's own noise."""
+    The lead letter (a keyed face of ``LEAD_FONTS``: chunky block letters, most of them, or a
+    wide rounded stroke face; square to tall and narrow; corners rounded) with the
+    technologist's initials or a number in smaller type of the same face in one row, under the
+    letter or beside it (``style.layout``), cut from the same sheet, in a radiolucent acrylic
+    holder on most (an oblong plate, 1.3-1.9 times as long as wide, longer at one end where a
+    metal disc or rivet sits on some, keyed margins and corner radius, a denser moulded rim on
+    half; some markers have none), tilted by ``style.angle`` (a few degrees, sometimes turned
+    on its side or upside down) and the whole marker mirrored when placed face down. The lead
+    attenuates almost all of the primary beam, but some of it and the patient's scatter still
+    reach the detector under it: the letter covers the film by ``style.level`` (0.7-0.93,
+    measured on the reference films' lead letters: their level between the film round them and
+    its white level), the film and its noise faintly showing through, plus a little noise of
+    its own (``LEAD_NOISE``); the disc covers it by ``style.density`` of that. The focal
+    spot's geometric unsharpness and the detector's MTF blur every edge by ``style.blur``
+    (about half a pixel to a pixel at 1024 px: a 1-3 px ramp), and the plastic carries the
+    film's own noise."""
     ss = SUPERSAMPLE
     big = s * ss
-    work = 2 * big
-    cap = 0.5 * big
+    work = 3 * big
+    cap = 0.62 * big
     g = rng.scalar_rng(rng.sub_key(key, "xray_marker"))
-    font = LEAD_FONTS[int(g.integers(len(LEAD_FONTS)))]
+    font = LEAD_FONTS[int(g.random() >= 0.7)]  # the block face on most
+    condense = 0.72 + 0.3 * g.random()
     if style.initials and g.random() < 0.25:  # a numbered marker instead of initials
         sub = "".join(str(int(g.integers(10))) for _ in range(style.initials))
     else:
         sub = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
-    glyph = _lead_text(letter, cap, font)
-    small = _lead_text(sub, (0.45 + 0.2 * g.random()) * cap, font) if sub else None
+    glyph = _lead_text(letter, cap, font, condense)
+    small = _lead_text(sub, (0.45 + 0.2 * g.random()) * cap, font, condense) if sub else None
     gap = (0.08 + 0.1 * g.random()) * cap
     beside = small is not None and style.layout > 0.5 and len(sub) <= 2
     if small is None:
@@ -797,7 +836,29 @@ def _lead_marker(
     else:  # the initials in a row under the letter
         block_w = float(max(glyph.shape[1], small.shape[1]))
         block_h = glyph.shape[0] + gap + small.shape[0]
-    cx = cy = work / 2
+    # the plate round the lead (its box relative to the lead's centre): wider than the lead
+    # by keyed margins; oblong (about 1.3-1.9 times as long as wide, along the lead's longer
+    # side), the extra length the grip at one end, where a metal disc or rivet sits on some
+    pad_x, pad_y = (0.12 + 0.2 * g.random()) * cap, (0.1 + 0.18 * g.random()) * cap
+    px0, py0 = -block_w / 2 - pad_x, -block_h / 2 - pad_y
+    px1, py1 = block_w / 2 + pad_x, block_h / 2 + pad_y
+    aspect = 1.3 + 0.6 * g.random()
+    upright = py1 - py0 >= px1 - px0
+    grip = max(0.0, aspect * min(px1 - px0, py1 - py0) - max(px1 - px0, py1 - py0))
+    grip_top = g.random() < 0.6  # the grip above (or left of) the lead
+    r = (0.16 + 0.16 * g.random()) * cap
+    disc = style.holder > 0 and g.random() < 0.4
+    if disc:
+        grip = max(grip, 2.0 * r + 1.2 * (pad_y if upright else pad_x))
+    if style.holder <= 0:  # a bare lead letter: only the lead decides the size
+        px0, py0, px1, py1 = -block_w / 2, -block_h / 2, block_w / 2, block_h / 2
+    elif upright:
+        py0, py1 = (py0 - grip, py1) if grip_top else (py0, py1 + grip)
+    else:
+        px0, px1 = (px0 - grip, px1) if grip_top else (px0, px1 + grip)
+    # the plate's centre at the canvas's
+    cx, cy = work / 2 - (px0 + px1) / 2, work / 2 - (py0 + py1) / 2
+    hx0, hy0, hx1, hy1 = cx + px0, cy + py0, cx + px1, cy + py1
     top, left = cy - block_h / 2, cx - block_w / 2
     letter_ink = np.zeros((work, work), dtype=np.uint8)
     if small is None:
@@ -808,21 +869,21 @@ def _lead_marker(
     else:
         _paste(letter_ink, glyph, cx, top)
         _paste(letter_ink, small, cx, top + glyph.shape[0] + gap)
-    # the plate: its margins keyed (plates are longer than the lead they carry)
-    pad_x, pad_y = (0.08 + 0.12 * g.random()) * cap, (0.1 + 0.25 * g.random()) * cap
-    hx0, hy0 = cx - block_w / 2 - pad_x, top - pad_y
-    hx1, hy1 = cx + block_w / 2 + pad_x, top + block_h + pad_y
     holder = np.zeros((work, work), dtype=np.float32)
     bead = np.zeros((work, work), dtype=np.float32)
     if style.holder > 0:
-        if g.random() < 0.35:  # a bead or disc in the holder, beside the letter
-            r = (0.14 + 0.1 * g.random()) * cap
-            hx1 += 2 * r + 0.5 * pad_x
-            cv2.circle(bead, (round(hx1 - pad_x - r), round(hy0 + pad_y + r)), round(r), 1.0, -1)
-        radius = (0.05 + 0.3 * g.random()) * min(pad_x, pad_y) + 1.0
-        if g.random() < 0.3:  # a moulded plate: its edge a little denser than its face
-            rim = max(1, round(0.04 * cap))
-            _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.3)
+        if disc:  # in the grip, off the lead's axis by a keyed shift
+            if upright:
+                by_ = hy0 + pad_y + r if grip_top else hy1 - pad_y - r
+                bx_ = cx + (g.random() - 0.5) * max(0.0, block_w - 2 * r)
+            else:
+                bx_ = hx0 + pad_x + r if grip_top else hx1 - pad_x - r
+                by_ = cy + (g.random() - 0.5) * max(0.0, block_h - 2 * r)
+            cv2.circle(bead, (round(bx_), round(by_)), round(r), 1.0, -1)
+        radius = (0.08 + 0.3 * g.random()) * min(hx1 - hx0, hy1 - hy0) / 2
+        if g.random() < 0.5:  # a moulded plate: its edge a little denser than its face
+            rim = max(1, round(0.05 * cap))
+            _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.25)
             _rounded_box(holder, (hx0 + rim, hy0 + rim, hx1 - rim, hy1 - rim), radius - rim, 1.0)
         else:
             _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.0)
@@ -851,22 +912,24 @@ def _lead_marker(
     down = cv2.resize(placed, (s, s), interpolation=cv2.INTER_AREA)
     letter_a = np.clip(down[..., 0], 0.0, 1.0)
     holder_a = np.clip(down[..., 1] * np.float32(style.holder), 0.0, 1.0)
-    bead_a = np.clip(down[..., 2] * np.float32(0.35 * style.density), 0.0, 1.0)
+    bead_a = np.clip(down[..., 2] * np.float32(style.density * style.level), 0.0, 1.0)
     mask = np.zeros((s, s), dtype=np.float32)
     unit = np.zeros((s, s), dtype=np.float32)
     grain = np.zeros((s, s), dtype=np.float32)
     noise = rng.normal_numpy(key, "xray_marker", s * s, _normal_table()).reshape(s, s)
-    for alpha in (holder_a, bead_a):
-        grain *= np.float32(1.0) - alpha
-        grain += noise * alpha
-        _over(mask, unit, alpha, 1.0)
+    # the plate's share of the coverage under the disc and the lead (its coverage is scaled
+    # per film by ``plate_gain``: coverage and value are linear in it)
+    plate = holder_a * (np.float32(1.0) - bead_a)
+    grain += noise * bead_a
+    _over(mask, unit, bead_a, 1.0)
     # the lead lets ``1 - level`` of the film through (thin lead at the tube's kV, plus the
     # patient's scatter under it), with a little of the film's noise of its own (LEAD_NOISE)
     lead_a = letter_a * np.float32(style.level)
+    plate *= np.float32(1.0) - lead_a
     grain *= np.float32(1.0) - lead_a
     grain += np.float32(LEAD_NOISE) * noise * lead_a
     _over(mask, unit, lead_a, 1.0)
-    return mask, unit, grain
+    return mask, unit, grain, plate, noise * plate
 
 
 def _digital_marker(s: int, letter: str, style: MarkerStyle) -> tuple[np.ndarray, np.ndarray]:
@@ -904,8 +967,10 @@ def _digital_marker(s: int, letter: str, style: MarkerStyle) -> tuple[np.ndarray
 class MarkerTile:
     """One film's marker before it is placed: its candidate spots (``marker_spots``), the
     planning square's side, the marker square's side ``s`` and its (coverage, value per unit
-    white, value per unit noise) in the s x s square; ``lead``: the value scales with the
-    film's white level and noise (else the digital letter's own value, ``unit``)."""
+    white, value per unit noise) in the s x s square without the plate, and the plate's
+    (coverage and value per unit white, value per unit noise), scaled per film by
+    ``plate_gain``; ``lead``: the value scales with the film's white level and noise (else the
+    digital letter's own value, ``unit``, and no plate)."""
 
     spots: list[Spot]
     big: int
@@ -913,6 +978,8 @@ class MarkerTile:
     mask: np.ndarray
     unit: np.ndarray
     grain: np.ndarray
+    plate: np.ndarray
+    plate_grain: np.ndarray
     lead: bool
 
 
@@ -935,11 +1002,32 @@ def marker_tile(
     s = max(2, round(size))
     style = style or MarkerStyle()
     if style.lead:
-        m, unit, grain = _lead_marker(s, letter_, style, key, min(h, w))
+        m, unit, grain, plate, plate_grain = _lead_marker(s, letter_, style, key, min(h, w))
     else:
         m, unit = _digital_marker(s, letter_, style)
-        grain = np.zeros_like(unit)
-    return MarkerTile(spots, big, s, m, unit, grain, style.lead)
+        grain = plate = plate_grain = np.zeros_like(unit)
+    return MarkerTile(spots, big, s, m, unit, grain, plate, plate_grain, style.lead)
+
+
+PLATE_FULL = 102  # level (of 255) under the marker from which the plate shows in full
+PLATE_LEAST = 0.2  # the plate's least share, on black air
+PLATE_MOST = 3.0  # its most, over bright tissue (where the display nears its white)
+
+
+def plate_gain(level_sum: int, s: int) -> float:
+    """How much of the plate's coverage the display shows over a marker square of side ``s``
+    whose film levels sum to ``level_sum`` (float64 from exact integers: the torch kernel's
+    is the same). The acrylic removes a few % of the exposure: a fixed step of the log
+    display over tissue and thin air, which the plate's blend towards white (coverage times
+    the distance to white) gives at ``PLATE_FULL``; over brighter tissue the same step needs
+    more coverage (``(255 - PLATE_FULL) / (255 - mean)``, at most ``PLATE_MOST``: near white
+    the display's shoulder flattens it), and in the heavily exposed air the display's toe
+    flattens it (the mean over ``PLATE_FULL``, at least ``PLATE_LEAST``). The reference films:
+    about 4 levels over air at 22, 8 to 50 over tissue at 80 to 160."""
+    if level_sum <= s * s * PLATE_FULL:
+        return max(PLATE_LEAST, level_sum / (s * s * PLATE_FULL))
+    below_white = 255 - level_sum / (s * s)
+    return PLATE_MOST if below_white <= 0 else min(PLATE_MOST, (255 - PLATE_FULL) / below_white)
 
 
 def marker_mask(
@@ -962,17 +1050,22 @@ def marker_mask(
     tile = marker_tile(h, w, letter, size, right_corner, scene, style, key)
     if tile is None:
         return mask, paint
-    _, _, x0, y0 = choose_spot(film, tile.spots, tile.big, tile.s)
+    _, _, x0, y0, _ = choose_spot(film, tile.spots, tile.big, tile.s)
     s = tile.s
     inside = (slice(y0, y0 + s), slice(x0, x0 + s))  # the marker never leaves its square
-    mask[inside] = tile.mask
     if not tile.lead:
+        mask[inside] = tile.mask
         paint[inside] = tile.unit
         return mask, paint
-    white, sigma = 1.0, FILM_NOISE[0]
+    white, sigma, gain = 1.0, FILM_NOISE[0], 1.0
     if film is not None:
         white, sigma = film_white(film), film_noise(film, (x0, y0, x0 + s, y0 + s))
-    paint[inside] = np.float32(white) * tile.unit + np.float32(sigma) * tile.grain
+        gain = plate_gain(int(film[inside].sum(dtype=np.int64)), s)
+    k = np.float32(gain)
+    mask[inside] = tile.mask + k * tile.plate
+    unit = tile.unit + k * tile.plate
+    grain = tile.grain + k * tile.plate_grain
+    paint[inside] = np.float32(white) * unit + np.float32(sigma) * grain
     return mask, paint
 
 
@@ -1004,9 +1097,11 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "angle": turn + math.copysign(tilt, u[4] - 0.5),
         "mirrored": float(u[5] < 0.2),  # placed face down
         "initials": float(min(3, int(4 * u[6]))),
-        "density": 0.92 + 0.08 * u[7],  # the bead's
-        "blur": 0.00045 + 0.00045 * u[8],  # 0.45-0.9 px on a 1024 px film
-        "holder": (0.015 + 0.045 * u[9] / 0.75) if u[9] < 0.75 else 0.0,  # a few % of plastic
+        "density": 0.45 + 0.5 * u[7],  # the disc's, relative to the lead's
+        "blur": 0.00045 + 0.0005 * u[8],  # 0.45-0.95 px on a 1024 px film
+        # the plate on most: 2-18 % of the way from the film to its white, most below 6 %
+        # (thin acrylic, faint on air; a few thick moulded plates stand out)
+        "holder": (0.02 + 0.16 * (u[9] / 0.88) ** 2.5) if u[9] < 0.88 else 0.0,
         "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
         "level": 0.7 + 0.23 * u[14],  # the lead's share of the way from the film to its white
         "layout": float(u[15] < 0.15),  # the initials beside the letter (most: under it)
@@ -1082,21 +1177,21 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
     dev = x.device
     k = max([len(t.spots) for t in tiles if t is not None] + [1])
     side = max([t.s for t in tiles if t is not None] + [1])
-    spots = np.zeros((b, k, 4), dtype=np.int64)
+    spots = np.zeros((b, k, 5), dtype=np.int64)
     valid = np.zeros((b, k), dtype=bool)
     sizes = np.zeros((b, 3), dtype=np.int64)  # big, s, lead
-    layers = np.zeros((b, 3, side, side), dtype=np.float32)
+    layers = np.zeros((b, 5, side, side), dtype=np.float32)
     for i, t in enumerate(tiles):
         if t is None:
             continue
         spots[i, : len(t.spots)] = t.spots
         valid[i, : len(t.spots)] = True
         sizes[i] = (t.big, t.s, int(t.lead))
-        layers[i, :, : t.s, : t.s] = np.stack([t.mask, t.unit, t.grain])
+        layers[i, :, : t.s, : t.s] = np.stack([t.mask, t.unit, t.grain, t.plate, t.plate_grain])
     spots_d = torch.from_numpy(spots).to(dev)
     valid_d = torch.from_numpy(valid).to(dev)
     sizes_d = torch.from_numpy(sizes).to(dev)
-    layers_d = torch.from_numpy(layers).to(dev).view(b, 3, side * side)
+    layers_d = torch.from_numpy(layers).to(dev).view(b, 5, side * side)
     # exact integer sums: int32 while a film's total level fits, else int64
     wide = torch.int32 if 255 * h * w < 2**31 else torch.int64
     levels = torch.round(x[:, 0].to(torch.float32).clamp(0.0, 1.0) * 255.0).to(wide)
@@ -1110,15 +1205,19 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
         return integral.gather(1, yy * (w + 1) + xx)
 
     sums = at(by + big, bx + big) - at(by, bx + big) - at(by + big, bx) + at(by, bx)
-    sums = sums.masked_fill(~valid_d, torch.iinfo(wide).max)
-    best = sums.argmin(dim=1)
-    # no air at the lowest square (``is_air``): the first spot, just inside the film's edge
+    # ``choose_spot``: the air squares (``is_air``) ranked by tier, then level sum; with none,
+    # the first spot, just inside the film's edge
     num, den = AIR_OF_MEAN
-    lowest = sums.gather(1, best.view(-1, 1))[:, 0].to(torch.int64)
     film_sum = levels.sum(dim=(1, 2), dtype=torch.int64)
-    air = den * lowest * (h * w) <= num * film_sum * big[:, 0] * big[:, 0]
+    sums64 = sums.to(torch.int64)
+    is_air_ = den * sums64 * (h * w) <= num * film_sum.view(-1, 1) * big * big
+    never = 1 << 62
+    ranks = (spots_d[..., 4] << TIER_SHIFT) + sums64
+    ranks = ranks.masked_fill(~(is_air_ & valid_d), never)
+    best = ranks.argmin(dim=1)
+    air = ranks.gather(1, best.view(-1, 1))[:, 0] < never
     best = torch.where(air, best, torch.zeros_like(best))
-    chosen = spots_d.gather(1, best.view(-1, 1, 1).expand(-1, 1, 4))[:, 0]
+    chosen = spots_d.gather(1, best.view(-1, 1, 1).expand(-1, 1, 5))[:, 0]
     x0, y0, s = chosen[:, 2], chosen[:, 3], sizes_d[:, 1]
     # ``at_edge``: pushed out to just inside the film's edge where there is no air
     margin, e = round(0.03 * min(h, w)), round(EDGE * min(h, w))
@@ -1148,10 +1247,26 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
     index = ry.view(b, -1, 1) * w + rx.view(b, 1, -1)
     index = torch.where(in_tile.view(b, -1, 1) & in_tile.view(b, 1, -1), index, h * w)
     c = x.shape[1]
+    # ``plate_gain``: the film's levels summed over the marker's square (exact integers)
+    flat = index.view(b, -1)
+    under_sum = (
+        levels.view(b, h * w)
+        .to(torch.int64)
+        .gather(1, flat.clamp(max=h * w - 1))
+        .masked_fill(flat >= h * w, 0)
+        .sum(dim=1)
+    )
+    dark = (under_sum.double() / (s * s * PLATE_FULL).double()).clamp(min=PLATE_LEAST)
+    bright = (255 - PLATE_FULL) / (255 - under_sum.double() / (s * s).double())
+    gain = torch.where(under_sum <= s * s * PLATE_FULL, dark, bright.clamp(max=PLATE_MOST))
+    gain = torch.where(lead, gain, 1.0).to(torch.float32).view(-1, 1, 1)
     index = index.view(b, 1, -1).expand(-1, c, -1)
     films = x.reshape(b, c, h * w)
     under = films.gather(2, index.clamp(max=h * w - 1))
-    m, unit, grain = layers_d[:, 0:1], layers_d[:, 1:2], layers_d[:, 2:3]
+    plate = gain * layers_d[:, 3:4]
+    m = layers_d[:, 0:1] + plate
+    unit = layers_d[:, 1:2] + plate
+    grain = layers_d[:, 2:3] + gain * layers_d[:, 4:5]
     paint = white * unit + sigma * grain
     blended = (under * (1.0 - m) + paint).clamp_(0.0, 1.0).to(x.dtype)
     out = torch.cat([films, films.new_zeros(b, c, 1)], dim=2)
@@ -1169,17 +1284,19 @@ def xray_laterality_marker(
     host_params: Sequence[Mapping[str, Any]] | None = None,
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
-    """A laterality marker where technologists put it: in the air beside the body near a top
-    corner or at the very edge of the field (``marker_spots``, chosen by the film's levels).
-    Most are lead markers radiographed with the patient (``_lead_marker``: a lead L/R in a
-    faint acrylic holder (on most) with the technologist's initials or a number in one row, at
-    a keyed tilt, sometimes on its side or upside down, the whole marker mirrored when face
-    down; the lead stops most of the beam, so letter and initials lie most of the way from the
+    """A laterality marker where technologists put it: near the shoulder, in the air by a top
+    corner (else further along the top edge, else down the outer edge beside the body) or at
+    the very edge of the field (``marker_spots``, chosen by the film's levels, ``choose_spot``).
+    Most are lead markers radiographed with the patient (``_lead_marker``: chunky lead L/R
+    letters on an oblong acrylic plate (on most; a fixed step of the log display over tissue,
+    flattened by its toe on black air: ``plate_gain``), sometimes with a metal disc in its
+    grip, with the technologist's initials or a number in one row, at a keyed tilt, sometimes
+    on its side or upside down, the whole marker mirrored when face down; the lead stops most of the beam, so letter and initials lie most of the way from the
     film to its top level (the film and its noise faintly through them, the scatter's own
     noise), their edges blurred by the focal spot's geometric unsharpness and the detector's
     MTF by about a pixel, the plastic carrying the film's own noise); the rest are the
-    console's flat digital letter at display white, often ringed. With no air beside the body
-    the marker goes just inside the film's edge in the drawn corner (``choose_spot``). The
+    console's flat digital letter at display white, often ringed. With no air where it may go
+    the marker goes just inside the film's edge at its first place (``choose_spot``). The
     letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
     mode it probes), but it never contradicts a marker already on the film, is never a
     duplicate beside it (``APART``) and keeps clear of its annotations.
