@@ -655,6 +655,69 @@ def test_collimation_open_blades_leave_their_side_of_the_film_as_it_is() -> None
     assert len(shown) >= 6  # the blades that show vary from film to film
 
 
+def test_collimation_black_shutter_is_uniform_and_leaves_no_bright_rim() -> None:
+    """The system's black mask is digital: one uniform value, no noise, and it starts inside
+    the penumbra, so no brighter-than-field sliver of the white shadow is left between the
+    field and the black (the bright rim reviewers read as drawn)."""
+    n = 300
+    x = torch.full((1, 1, n, n), 0.4)
+    x += 0.01 * torch.randn(1, 1, n, n, generator=torch.Generator().manual_seed(2))
+    out, _ = _with_params(
+        x, "xray_collimation", 4,
+        _collimation(left=0.0, right=0.0, bottom=0.0, top=0.2, white=0.0, black=0.02,
+                     fringe=0.3, penumbra=0.02, tail=0.15, enhance=0.3),
+    )
+    o, v = _np(out), _np(x)
+    top = int(0.2 * n)
+    assert np.all(o[: top - 2] == np.float32(0.02))  # uniform, noiseless
+    # no pixel between the field and the black stands out above the film's own range
+    assert o[top - 10 : top + 10].max() <= v[top + 20 :].max() + 0.02
+    assert np.abs(o[top + 30 :] - v[top + 30 :]).max() < 1e-6  # the field beyond: untouched
+
+
+def test_collimation_shadow_noise_is_continuous_and_not_flat() -> None:
+    """Under a sampled white shadow the film's noise does not vanish (a flat fill): its 3x3
+    residual spread stays a sizeable share of the open field's; the anatomy is washed out."""
+    n = 400
+    rng_ = np.random.default_rng(7)
+    base = 0.35 + 0.1 * np.sin(np.arange(n) / 6.0)[None, :] * np.ones((n, 1))
+    film = np.clip(base + 0.008 * rng_.standard_normal((n, n)), 0, 1).astype(np.float32)
+    x = torch.from_numpy(film)[None, None]
+    out, rec = _with_params(x, "xray_collimation", 4, {"left": 0.0, "right": 0.0,
+                                                       "bottom": 0.0, "top": 0.2, "white": 1.0})
+    o = _np(out)
+
+    def resid(a: np.ndarray) -> float:
+        return float(np.std(a - scipy.ndimage.uniform_filter(a, 3)))
+
+    shadow, open_field = o[4:40, 40:360], o[200:360, 40:360]
+    assert shadow.mean() > 0.7  # white
+    assert resid(shadow) > 0.25 * resid(open_field)  # noisy, not flat
+    stripes = np.sin(np.arange(n) / 6.0)[40:360]
+
+    def amplitude(a: np.ndarray) -> float:  # the stripes' share of the column means
+        prof = a.mean(axis=0)
+        return float(np.dot(prof - prof.mean(), stripes) / np.dot(stripes, stripes))
+
+    assert amplitude(open_field) > 0.09
+    assert abs(amplitude(shadow)) < 0.05 * amplitude(open_field)  # the anatomy washed out
+
+
+def test_collimation_sampler_favours_one_side_or_a_corner_and_white() -> None:
+    """Most films are coned down on one side or a corner (two adjacent blades), few on all four;
+    the system's black shutter is the exception."""
+    sides, black = [], 0
+    for i in range(200):
+        p = perturb.apply(torch.zeros(1, 1, 8, 8), "xray_collimation", 3, [f"f{i}"],
+                          protect_border=False)[1][0].params
+        sides.append(sum(p[k] > 0 for k in ("left", "right", "top", "bottom")))
+        black += p["white"] < 0.5
+    counts = np.bincount(sides, minlength=5)
+    assert counts[1] + counts[2] > 0.6 * len(sides)
+    assert 0 < counts[4] < 0.2 * len(sides)
+    assert 0 < black < 0.2 * len(sides)
+
+
 def test_collimation_equalisation_darkens_a_wide_band_inside_the_field() -> None:
     """The display's wide-band equalisation acts on the shutter's step: a darker band inside
     the field along the edge, deepest at the edge and fading away from it over ``band``."""
