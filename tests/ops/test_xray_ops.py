@@ -683,8 +683,8 @@ def test_collimation_shadow_noise_is_continuous_and_not_flat() -> None:
     base = 0.35 + 0.1 * np.sin(np.arange(n) / 6.0)[None, :] * np.ones((n, 1))
     film = np.clip(base + 0.008 * rng_.standard_normal((n, n)), 0, 1).astype(np.float32)
     x = torch.from_numpy(film)[None, None]
-    out, rec = _with_params(x, "xray_collimation", 4, {"left": 0.0, "right": 0.0,
-                                                       "bottom": 0.0, "top": 0.2, "white": 1.0})
+    sides = {"left": 0.0, "right": 0.0, "bottom": 0.0, "top": 0.2, "white": 1.0}
+    out, _ = _with_params(x, "xray_collimation", 4, sides)
     o = _np(out)
 
     def resid(a: np.ndarray) -> float:
