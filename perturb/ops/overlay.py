@@ -10,10 +10,10 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
   annotations, never contradicting its detected markers nor doubling one beside it
   (``marker_spots``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
-* ``xray_collimation``: collimation borders (white: the blades' uneven transmission and scatter
-  through the log display, the display's thin edge-enhancement line and wide equalisation band;
-  black: an electronic shutter mask) behind a penumbra that widens off centre, one to four
-  tilted blades crossing at straight corners.
+* ``xray_collimation``: collimation borders (white: the blades' shadow, filled by the body's
+  scatter and the low exposure's noise through the log display, the anatomy washed out;
+  black, on few films: an electronic shutter mask) behind a penumbra that widens off centre,
+  one to four tilted blades (most often one side or a corner), the field's corners rounded.
 
 The masks are rendered on the host (integer rasterisation, identical for CPU and CUDA); the CPU
 paths blend inside each mask's bounding box. The marker's spot, white level and noise are read
@@ -1332,14 +1332,25 @@ def xray_laterality_marker_cpu(
 SHUTTER_NOISE = (0.004, 0.03)  # bounds of the film's own noise sigma (display values)
 
 
-def _film_noise(x: torch.Tensor) -> torch.Tensor:
-    """(B,1,1,1) the film's own noise sigma: the robust spread (1.4826 x median absolute
-    deviation, scaled for the 3x3 mean's own share) of the first channel minus its 3x3 local mean,
-    clamped to ``SHUTTER_NOISE``; what the shutter region's quantum noise is sized on."""
+def _film_noise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,1,1,1) each the film's own noise sigma and the display level it was measured at: the
+    robust spread (1.4826 x median absolute deviation, scaled for the 3x3 mean's own share) of
+    the first channel minus its 3x3 local mean, and the median level, over the film's exposed
+    half (levels at or below its median: lungs, soft tissue, where the display's slope shows
+    the noise) but for pixels whose 3x3 neighbourhood is flat (clipped white or black, digital
+    padding: no noise to measure there); the sigma clamped to ``SHUTTER_NOISE``. What the
+    shutter region's quantum noise is sized on."""
     v = x[:, :1].double()
-    local = F.avg_pool2d(F.pad(v, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
-    spread = (v - local).abs().flatten(1).median(dim=1).values * (1.4826 * 9.0 / 8.0)
-    return spread.clamp(*SHUTTER_NOISE).view(-1, 1, 1, 1)
+    padded = F.pad(v, (1, 1, 1, 1), mode="replicate")
+    local = F.avg_pool2d(padded, 3, stride=1)
+    flat = F.max_pool2d(padded, 3, stride=1) <= -F.max_pool2d(-padded, 3, stride=1)
+    mid = v.flatten(1).median(dim=1).values.view(-1, 1, 1, 1)
+    skip = (flat | (v > mid)).flatten(1)
+    dev = (v - local).abs().flatten(1).masked_fill(skip, float("nan"))
+    spread = dev.nanmedian(dim=1).values.nan_to_num(0.0) * (1.4826 * 9.0 / 8.0)
+    level = v.flatten(1).masked_fill(skip, float("nan")).nanmedian(dim=1).values
+    level = torch.where(level.isnan(), mid.view(-1), level)
+    return spread.clamp(*SHUTTER_NOISE).view(-1, 1, 1, 1), level.view(-1, 1, 1, 1)
 
 
 def _smooth(v: torch.Tensor, sigma_px: torch.Tensor) -> torch.Tensor:
@@ -1399,27 +1410,43 @@ def _blade_distances(
 
 def _blade_share(
     h: int, w: int, col: Callable[[str], torch.Tensor], dev: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the share of the beam the blades stop, the signed distance past the field's rectangle):
-    each blade stops its own share behind its penumbra (``penumbra`` of the shorter side at the
-    centre, widened by ``spread`` x the distance off centre; smoothstep), independently of the
-    others: where two blades overlap the beam passes both, 1 - (1 - m1)(1 - m2), so the field's
-    corner is the two straight edges crossing, each with its penumbra."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the share of the beam the blades stop, the signed distance past the field's edge in px,
+    the local penumbra width in px). The field is the rectangle the blade lines bound, its
+    corners rounded to a radius of ``round`` of the shorter side (the two penumbrae crossing
+    and the display's low-pass of the shutter step fold the corner into an arc, as on real
+    films); its signed distance is the rounded rectangle's (outside a corner, the distance to
+    the arc). The blades stop the beam behind a penumbra (``penumbra`` of the shorter side at
+    the centre, widened by ``spread`` x the distance off centre; smoothstep), a ``tail`` of it
+    behind a penumbra ``TAIL_WIDTH`` times as wide (the tube's off-focal radiation, a faint
+    halo round the focal spot)."""
     side = min(h, w)
     dists, off_centre = _blade_distances(h, w, col, dev)
     pen = (col("penumbra") * side * (1.0 + col("spread") * off_centre)).clamp_min(1.0)
-    passed = torch.ones((), dtype=torch.float64, device=dev)
-    for d in dists:
-        r = (0.5 + d / pen).clamp(0.0, 1.0)
-        passed = passed * (1.0 - r * r * (3.0 - 2.0 * r))
-    rect = torch.maximum(torch.maximum(dists[0], dists[1]), torch.maximum(dists[2], dists[3]))
-    return 1.0 - passed, rect
+    radius = col("round").clamp_min(0.0) * side
+    across = torch.maximum(dists[0], dists[1]) + radius
+    along = torch.maximum(dists[2], dists[3]) + radius
+    past = torch.sqrt(across.clamp_min(0.0) ** 2 + along.clamp_min(0.0) ** 2)
+    edge = past + torch.maximum(across, along).clamp_max(0.0) - radius
+    tail = col("tail")
+    r = (0.5 + edge / pen).clamp(0.0, 1.0)
+    q = (0.5 + edge / (TAIL_WIDTH * pen)).clamp(0.0, 1.0)
+    stop = (1.0 - tail) * (r * r * (3.0 - 2.0 * r)) + tail * (q * q * (3.0 - 2.0 * q))
+    return stop, edge, pen
 
 
-def _shutter(rect: torch.Tensor, col: Callable[[str], torch.Tensor], side: int) -> torch.Tensor:
-    """The system's black shutter mask (``white`` 0): the field's rectangle grown by ``fringe``
-    of the shorter side, anti-aliased; 0 on a film-like (white) display."""
-    cut = rect - col("fringe") * side
+TAIL_WIDTH = 4.0  # the off-focal halo's penumbra over the focal spot's
+FAR_REACH = 0.2  # fraction of the shorter side: the long-range scatter's low-pass sigma
+
+
+def _shutter(
+    rect: torch.Tensor, pen: torch.Tensor, col: Callable[[str], torch.Tensor]
+) -> torch.Tensor:
+    """The system's black shutter mask (``white`` 0): the field's rectangle shrunk by half the
+    local penumbra plus ``fringe`` penumbrae, so that the mask covers the whole bright
+    penumbra (no bright rim left between the field and the black), anti-aliased; 0 on a
+    film-like (white) display."""
+    cut = rect + (0.5 + col("fringe")) * pen
     return torch.where(col("white") > 0.5, torch.zeros_like(cut), (0.5 + cut).clamp(0.0, 1.0))
 
 
@@ -1433,8 +1460,8 @@ def collimation_shadow(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Ten
     def col(name: str) -> torch.Tensor:
         return per_sample(p[name]).to(dev, torch.float64)
 
-    m, rect = _blade_share(h, w, col, dev)
-    return torch.maximum(m, _shutter(rect, col, min(h, w))).expand(x.shape[0], 1, h, w).float()
+    m, rect, pen = _blade_share(h, w, col, dev)
+    return torch.maximum(m, _shutter(rect, pen, col)).expand(x.shape[0], 1, h, w).float()
 
 
 def _lumps(keys: Sequence[int], h: int, w: int, dev: torch.device, sigma: torch.Tensor) -> torch.Tensor:
@@ -1455,28 +1482,31 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
        its own penumbra (focal spot x (magnification - 1), smoothstep), ``penumbra`` of the
        shorter side at the centre, widening by ``spread`` x the distance from the centre over
        the half diagonal (farther off the central ray, the blade's edge is seen more obliquely
-       by the focal spot); where two blades overlap the beam passes both (``_blade_share``):
-       the field's corners are straight edges crossing, not rounded.
+       by the focal spot), a ``tail`` of it behind a penumbra four times as wide (the tube's
+       off-focal radiation); the field's corners rounded to ``round`` of the shorter side
+       (``_blade_share``).
     2. Exposure. The display value v maps to a log exposure, E = exp(-``range`` v). Under the
-       blade a fraction ``transmission`` of the beam gets through (the anatomy stays faintly
-       visible: the log shift keeps its contrast, the display's shoulder squashes it), uneven:
-       the anode heel effect (a log ramp of ``heel`` e-folds over the half side along
+       blade a fraction ``transmission`` of the beam gets through, plus scatter from the
+       irradiated body beside it: ``scatter`` x the field's exposure low-passed over ``reach``
+       of the shorter side (strongest at the edge, fading over tens of px; its source the
+       body, 4 E (1 - E): none from the air), and the long-range scatter and off-focal floor
+       (at the display level ``deep``, more beside more body); the scatter, many times the
+       transmitted beam, washes the anatomy out, so the shadow is a smooth white graded by the
+       scatter (greyer near the field), the anatomy at most a trace. All are uneven: the anode heel effect (a log ramp of ``heel`` e-folds over the half side along
        ``heel_dir`` degrees) and the blade's and the beam's unevenness (a keyed smooth field,
-       ``lumps`` e-folds, over a tenth of the shorter side); plus scatter from the irradiated
-       body beside it: ``scatter`` x the field's exposure low-passed over ``reach`` of the
-       shorter side (strongest at the edge, fading over tens of px). Back through the log and
-       the display LUT's shoulder (``_shoulder``, rolling off towards ``shade``): the shadow is
-       white on a chest film. Its quantum noise: the film's own (``_film_noise``) scaled by
-       sqrt(E / E'), the lower exposure's relatively stronger noise, at most 8x, through the
-       shoulder's slope.
-    3. Display processing. ``white`` 0: the system masks the shutter black (``black`` plus the
-       film's noise) from ``fringe`` of the shorter side past the field's rectangle,
-       anti-aliased. Then the system's processing acts on the shutter's share of the step only
-       (the film's anatomy was processed already): the unsharp mask (gain ``enhance``, sigma
-       ``radius`` of the shorter side: a few px), the thin overshoot/undershoot line along the
-       edge, and the wide-band equalisation (gain ``equalize``, sigma ``band`` of the shorter
-       side), the darker band inside the field fading away from the edge over tens of px; the
-       noise is added last."""
+       ``lumps`` e-folds, over a tenth of the shorter side). Back through the log and the
+       display LUT's shoulder (``_shoulder``, rolling off towards ``shade``): the shadow is white
+       on a chest film. Its quantum noise is that of its own low exposure E': the film's noise
+       (``_film_noise``, measured on its exposed half at exposure E0) scaled to sqrt(E0 / E'),
+       less the share the film's own signal still carries (at most 8x the film's), through
+       the shoulder's slope: continuous across the edge, relatively stronger in the shadow, never flat.
+    3. Display processing. The system's processing acts on the shutter's share of the step only
+       (the film's anatomy was processed already): a mild unsharp mask (gain ``enhance``, sigma
+       ``radius`` of the shorter side) and the wide-band equalisation (gain ``equalize``, sigma
+       ``band`` of the shorter side), a darker band inside the field fading away from the edge;
+       the noise is added last. ``white`` 0: the system then masks the shutter with a uniform,
+       noiseless digital black (``black``) from inside the penumbra (``_shutter``: no bright rim
+       left), anti-aliased, over everything the processing left there."""
     h, w = x.shape[-2:]
     dev = x.device
     side = min(h, w)
@@ -1484,39 +1514,50 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     def col(name: str) -> torch.Tensor:
         return per_sample(p[name]).to(dev, torch.float64)
 
-    m, rect = _blade_share(h, w, col, dev)
+    m, rect, pen = _blade_share(h, w, col, dev)
     v = x.double()
     grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1).double()
-    sigma = _film_noise(x)
+    sigma, level = _film_noise(x)
     span = col("range")
     exposure = torch.exp(-span * v[:, :1].clamp(0.0, 1.0))
+    typical = torch.exp(-span * level)  # the exposure the film's noise was measured at
     reach = (col("reach") * side).clamp_min(1.0)
-    scatter = col("scatter") * _smooth((1.0 - m) * exposure, reach)
+    # the scatter comes from the irradiated body: the beam E that reached it times the share
+    # 1 - E it took out (none from the air beside the body, little from its densest parts)
+    source = (1.0 - m) * 4.0 * exposure * (1.0 - exposure)
+    scatter = col("scatter") * _smooth(source, reach)
+    # the scatter's long tails and the off-focal radiation: a smooth floor under the whole
+    # shadow, at the display level ``deep`` (before the shoulder), more beside more body
+    far = _smooth(source, torch.full_like(reach, FAR_REACH * side))
+    far = far / far.mean(dim=(-2, -1), keepdim=True).clamp_min(1e-6)
+    floor = torch.exp(-span * col("deep")) * far.clamp(0.25, 4.0)
     ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5 - h / 2
     xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5 - w / 2
     phi = torch.deg2rad(col("heel_dir"))
     ramp = (xs * torch.cos(phi) + ys * torch.sin(phi)) / (0.5 * side)
     lumps = _lumps(keys, h, w, dev, torch.full_like(col("lumps"), 0.1 * side))
     uneven = torch.exp(col("heel") * ramp + col("lumps") * lumps)
-    under = (1.0 - m) + m * col("transmission") * uneven
     # exposure at the detector (never below 1e-4 of the open beam's: a blade of finite lead)
-    shadowed = torch.maximum(exposure * under + m * scatter, exposure * 1e-4)
+    behind = (col("transmission") * exposure + scatter + floor) * uneven
+    shadowed = torch.maximum(exposure * (1.0 - m) + m * behind, exposure * 1e-4)
     lin = v - torch.log(shadowed / exposure) / span  # the log display, anatomy shifted
     lut, slope = _shoulder(lin, SHOULDER_KNEE, col("shade"))
     film = lin - m * (lin - lut)  # the shoulder acts on the shadow's share
-    quantum = sigma * torch.sqrt((exposure / shadowed - 1.0).clamp(0.0, 63.0))
-    noise = quantum * (1.0 - m + m * slope) * grain
-    shutter = _shutter(rect, col, side)
-    film = film * (1.0 - shutter) + col("black") * shutter
-    noise = noise * (1.0 - shutter) + sigma * grain * shutter * 0.6
-    share = torch.maximum(m, shutter)
+    # the film's own noise survives as its own signal's share of the detector's: only the rest
+    # of the low exposure's noise is added
+    own = exposure * (1.0 - m + m * col("transmission") * uneven) / shadowed
+    extra = (typical / shadowed - typical / exposure * own * own).clamp(0.0, 63.0)
+    noise = sigma * torch.sqrt(extra) * (1.0 - m + m * slope) * grain
     out = film
     # the film's anatomy is processed already: only the shutter's share of each band-pass (its
     # high-pass minus the anatomy's own, where the anatomy still shows) is added
-    for gain, scale, floor in (("enhance", "radius", 0.5), ("equalize", "band", 1.0)):
-        s = (col(scale) * side).clamp_min(floor)
-        out = out + col(gain) * ((film - _smooth(film, s)) - (1.0 - share) * (v - _smooth(v, s)))
+    for gain, scale, least in (("enhance", "radius", 0.5), ("equalize", "band", 1.0)):
+        s = (col(scale) * side).clamp_min(least)
+        out = out + col(gain) * ((film - _smooth(film, s)) - (1.0 - m) * (v - _smooth(v, s)))
     out = out + noise
+    # the system's black shutter: a uniform digital value over all of it
+    shutter = _shutter(rect, pen, col)
+    out = out * (1.0 - shutter) + col("black") * shutter
     # the film's own digital padding (the digitiser's or the archive's, added after the
     # exposure) stays as it is, but for the system's black shutter
     pad = _padding(v[:, :1]) * (1.0 - shutter)
@@ -1559,41 +1600,50 @@ def _padding(v: torch.Tensor) -> torch.Tensor:
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     blades = {n: draw(rng_, level[n]) for n in ("left", "right", "top", "bottom")}
-    u = [float(rng_.random()) for _ in range(21)]
-    # which blades show on the film: all four, three, two adjacent (a corner) or two opposite;
-    # the others open past the film's edge (their blade at 0)
+    u = [float(rng_.random()) for _ in range(24)]
+    # which blades show on the film: most often one or a corner's two (the field coned down on
+    # one side, the others open past the film's edge: their blade at 0), less often an opposite
+    # pair, three, or all four
     names = ("left", "right", "top", "bottom")
     pick = min(3, int(4 * u[16]))
-    if u[15] < 0.3:
-        shown = set(names)
-    elif u[15] < 0.6:
-        shown = set(names) - {names[pick]}
-    elif u[15] < 0.85:
+    if u[15] < 0.35:
+        shown = {names[pick]}
+    elif u[15] < 0.65:
         shown = {names[pick // 2], names[2 + pick % 2]}
-    else:
+    elif u[15] < 0.75:
         shown = {"left", "right"} if pick < 2 else {"top", "bottom"}
+    elif u[15] < 0.92:
+        shown = set(names) - {names[pick]}
+    else:
+        shown = set(names)
     blades = {n: (b if n in shown else 0.0) for n, b in blades.items()}
     return {
         **blades,
-        "white": float(u[0] < 0.65),  # film-like display of the shadow; else a system mask
+        # the shadow as the detector saw it (white) on most films; a system's black mask on few
+        "white": float(u[0] < 0.9),
         # the collimator never sits exactly square to the detector: 0.3-3 degrees either way
         "tilt": (0.3 + 2.7 * u[1]) * (1.0 if u[2] < 0.5 else -1.0),
-        "penumbra": 0.002 + 0.005 * u[3],  # 2-7 px of a 1024 px film at the centre
-        "spread": 0.5 + 1.0 * u[4],  # 1.5-2.5x as wide in the corners
-        "transmission": 0.01 + 0.07 * u[5],  # lead blades let a few % through
-        "scatter": 0.03 + 0.2 * u[6],
-        "reach": 0.01 + 0.05 * u[7],  # the scatter fades over 10-60 px of 1024
-        "range": 3.0 + 2.5 * u[8],  # log exposure range of the display (e-folds)
-        "shade": 0.82 + 0.16 * u[9],  # where the display's shoulder rolls off to
-        "black": 0.05 * u[10] ** 2,
-        "fringe": -0.002 + 0.006 * u[11],  # the system mask's offset past the blade edge
-        "enhance": 0.2 + 1.0 * u[12],  # unsharp-mask gain of the display processing
-        "radius": 0.0015 + 0.004 * u[13],  # its sigma: 1.5-5.5 px of a 1024 px film
-        "equalize": 0.5 * u[14] ** 1.5,  # wide-band equalisation gain (0: none)
-        "band": 0.01 + 0.04 * u[17],  # its sigma: 10-50 px of 1024
-        "heel": 0.1 + 0.4 * u[18],  # e-folds of the heel ramp over the half side
+        "penumbra": 0.003 + 0.005 * u[3],  # 3-8 px of a 1024 px film at the centre
+        "spread": 0.3 + 0.8 * u[4],  # 1.3-2.1x as wide in the corners
+        "round": 0.003 + 0.025 * u[23] ** 1.5,  # the field corners' radius: 3-28 px of 1024
+        "tail": 0.05 + 0.2 * u[21],  # the off-focal halo's share of the blade's stop
+        "transmission": 0.0005 + 0.002 * u[5],  # the lead blades let 0.05-0.25 % through
+        "scatter": 0.02 + 0.1 * u[6],  # many times the transmitted beam
+        "reach": 0.03 + 0.05 * u[7],  # the scatter fades over 30-80 px of 1024
+        "range": 3.5 + 2.0 * u[8],  # log exposure range of the display (e-folds)
+        "shade": 0.88 + 0.12 * u[9],  # where the display's shoulder rolls off to
+        "black": 0.03 * u[10] ** 2,
+        "fringe": 0.2 + 0.8 * u[11],  # the system mask's reach into the field, in penumbrae
+        "enhance": 0.4 * u[12] ** 2,  # a mild unsharp mask of the display processing
+        "radius": 0.003 + 0.006 * u[13],  # its sigma: 3-9 px of a 1024 px film
+        "equalize": 0.25 * u[14] ** 2,  # wide-band equalisation gain (0: none)
+        "band": 0.02 + 0.05 * u[17],  # its sigma: 20-70 px of 1024
+        "heel": 0.05 + 0.25 * u[18],  # e-folds of the heel ramp over the half side
         "heel_dir": 360.0 * u[19],
-        "lumps": 0.1 + 0.3 * u[20],
+        "lumps": 0.05 + 0.2 * u[20],
+        # the display level of the shadow's floor (long-range scatter, off-focal radiation)
+        # before the shoulder: just past its knee, where the white still shows its noise
+        "deep": 0.8 + 0.18 * u[22],
     }
 
 
@@ -1602,23 +1652,26 @@ def xray_collimation(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
     """Collimator shutters, as the x-ray tube's lead blades make them: one to four straight
-    blades (which ones show varies per film: all four, three, a corner's two or an opposite
-    pair) tilted together by 0.3-3 degrees (never square to the detector), each behind a
-    focal-spot penumbra of a few px that widens off the central ray, each stopping its own
-    share of the beam, so the field's corners are straight edges crossing; under them the
-    blades' few % transmission of the beam, made uneven by the anode heel effect and the beam's
-    own unevenness, plus scatter from the irradiated body beside them (fading over tens of px),
-    shown through the log display and its shoulder: white, the anatomy faintly visible, with the
-    low exposure's relatively stronger quantum noise; the display processing's unsharp mask
-    leaves a thin overshoot/undershoot line along the edge and its wide-band equalisation a
-    darker band inside the field fading away from the edge; on some systems the shutter is
-    masked black near the edge (``white`` 0), anti-aliased; the film's own digital padding is
-    kept (``collimation``). A lead marker the blades cover was never imaged: the engine's
-    annotation composite does not paste it back there (``collimation_shadow``). Refs:
-    Bushberg et al., The Essential Physics of Medical Imaging, ch. 5 (anode heel effect), ch. 7
-    (collimation, penumbra = focal spot x (magnification - 1)) and ch. 10 (CR/DR image
-    processing: log transform, LUT, unsharp masking and multi-frequency equalisation,
-    electronic shuttering); Boyle et al., PMB 2013 (scatter tails at field edges).
+    blades (which ones show varies per film: most often one side or a corner's two, at
+    independent depths, less often an opposite pair, three or all four) tilted together by
+    0.3-3 degrees (never square to the detector), behind a focal-spot penumbra of a few px
+    that widens off the central ray plus the faint wide halo of the tube's off-focal
+    radiation, the field's corners rounded to a keyed radius. Under the blades the detector
+    sees their 0.05-0.25 % transmission and, many times more, the scatter of the irradiated
+    body (strongest beside the body, fading over tens of px) and its long-range floor, uneven
+    with the anode heel effect and the beam's own unevenness: through the log display and its
+    shoulder the shadow is a smooth white, greyer next to the field, the anatomy washed out to
+    a trace, with the quantum noise of its low exposure (continuous with the film's across the
+    edge, relatively stronger, never flat); a mild display unsharp mask and wide-band
+    equalisation act on the shutter's step. On a few systems (``white`` 0) the shutter is
+    masked with a uniform, noiseless digital black from inside the penumbra, anti-aliased,
+    with no bright rim. The film's own digital padding is kept (``collimation``). A lead
+    marker the blades cover was never imaged: the engine's annotation composite does not
+    paste it back there (``collimation_shadow``). Refs: Bushberg et al., The Essential Physics
+    of Medical Imaging, ch. 5 (anode heel effect, off-focal radiation), ch. 7 (collimation,
+    penumbra = focal spot x (magnification - 1), scatter) and ch. 10 (CR/DR image processing:
+    log transform, LUT, unsharp masking and multi-frequency equalisation, electronic
+    shuttering); Boyle et al., PMB 2013 (scatter tails at field edges).
 
     Kornia: own kernel: no Kornia equivalent (shutter geometry, scatter and unsharp-mask
     low-passes as per-sample box passes, keyed noise field and blend in one batched pass)."""

@@ -39,7 +39,7 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
         "range": [3.0, 5.0, 4.0, 3.5],
         "shade": [0.88, 0.95, 0.98, 0.93],
         "black": [0.0, 0.02, 0.01, 0.03],
-        "fringe": [-0.002, 0.003, 0.001, -0.001],
+        "fringe": [0.2, 1.0, 0.5, 0.0],
         "enhance": [0.4, 1.2, 0.7, 0.5],
         "radius": [0.0015, 0.0055, 0.003, 0.004],
         "equalize": [0.0, 0.5, 0.2, 0.35],
@@ -47,6 +47,9 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
         "heel": [0.1, 0.5, 0.3, 0.2],
         "heel_dir": [0.0, 90.0, 200.0, 300.0],
         "lumps": [0.1, 0.4, 0.2, 0.3],
+        "tail": [0.0, 0.2, 0.1, 0.05],
+        "round": [0.0, 0.02, 0.01, 0.005],
+        "deep": [0.8, 0.95, 0.9, 5.0],
     }
     params = {k: torch.tensor(v) for k, v in p.items()}
     x = torch.rand(4, 1, h, w, generator=torch.Generator().manual_seed(5))

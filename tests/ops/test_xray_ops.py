@@ -559,6 +559,9 @@ def _collimation(**over: float) -> dict[str, float]:
         "heel": 0.0,
         "heel_dir": 0.0,
         "lumps": 0.0,
+        "tail": 0.0,
+        "round": 0.0,
+        "deep": 5.0,  # the long-range scatter floor far below the transmitted beam
     }
     return {**base, **over}
 
@@ -625,19 +628,25 @@ def test_collimation_display_edge_enhancement_is_a_thin_line() -> None:
     assert np.abs(s[5:20, 150:250] - p[5:20, 150:250]).max() < 1e-3
 
 
-def test_collimation_penumbra_widens_off_centre_and_field_corners_are_straight() -> None:
+def test_collimation_penumbra_widens_off_centre_and_field_corners_are_rounded() -> None:
     """The penumbra is ``penumbra`` x (1 + ``spread`` x the distance from the centre over the half
-    diagonal) wide; where two blades meet each stops its own share of the beam, so the field's
-    corner is the two straight edges crossing: just inside both blade lines the film passes
-    both penumbrae (a product of their shares), not a rounded mask's full shadow."""
+    diagonal) wide. The field's corner is an arc of radius ``round`` of the shorter side: with 0
+    the half-shadow contour is the two blade lines meeting square; with a radius R the contour
+    cuts the corner, crossing its diagonal R (1 - 1/sqrt 2) inside the blade lines' crossing,
+    which itself lies in the full shadow, while the straight edges away from the corner are as
+    they were."""
     n = 400
     x = torch.full((1, 1, n, n), 0.2)
-    out, _ = _with_params(
-        x, "xray_collimation", 4,
-        _collimation(left=0.1, right=0.1, top=0.1, bottom=0.1, penumbra=0.02, spread=1.5,
-                     transmission=0.001, scatter=0.0),
-    )
-    o = _np(out)
+
+    def field(radius: float) -> np.ndarray:
+        out, _ = _with_params(
+            x, "xray_collimation", 4,
+            _collimation(left=0.1, right=0.1, top=0.1, bottom=0.1, penumbra=0.02, spread=1.5,
+                         transmission=0.001, scatter=0.0, round=radius),
+        )
+        return _np(out)
+
+    o = field(0.0)
 
     def width(col: int) -> float:  # 10-90 % rise of the top edge along a column
         prof = o[:80, col]
@@ -649,17 +658,33 @@ def test_collimation_penumbra_widens_off_centre_and_field_corners_are_straight()
     r_centre = math.hypot(0.0, 160.0) / (0.5 * math.hypot(n, n))
     r_off = math.hypot(130.0, 160.0) / (0.5 * math.hypot(n, n))
     assert abs(off / centre - (1 + 1.5 * r_off) / (1 + 1.5 * r_centre)) < 0.2
-    # the corner: well inside both blade lines the film is open field, as inside a straight
-    # edge at the same depth; on the blade lines the shadow is deeper at the corner (two
-    # penumbrae) than along an edge (one)
-    assert abs(o[40 + 20, 40 + 20] - o[40 + 20, 200]) < 0.01
-    assert o[40, 40] > o[40, 200] + 0.05
-    # the field's corner is square: the 50 % contour of the left edge is the same column
-    # near the corner as at mid height
-    def half(row: int) -> int:
-        return int(np.argmax(o[row, :100] < 0.5 * (o[row, 2] + o[row, 99])))
+    lo, hi = o[200, 200], o[2, 200]
+    mid = 0.5 * (lo + hi)
 
-    assert abs(half(60) - half(200)) <= 1
+    def half(a: np.ndarray, row: int) -> int:  # the half-shadow column of the left edge
+        return int(np.argmax(a[row, :100] < mid))
+
+    # square: the left edge's half-shadow column is the same near the corner as at mid height,
+    # and the blade lines' crossing is at half shadow, as the edge is
+    assert abs(half(o, 60) - half(o, 200)) <= 1
+    assert abs(o[40, 40] - o[40, 200]) < 0.02
+    assert abs(o[40 + 20, 40 + 20] - o[40 + 20, 200]) < 0.01  # inside both lines: open field
+    radius = 0.05 * n
+    r = field(0.05)
+
+    def crossing(a: np.ndarray) -> float:  # the half-shadow point along the corner's diagonal
+        diag = np.array([a[40 + k, 40 + k] for k in range(-20, 30)])
+        k = int(np.argmax(diag < mid))
+        return k - 21 + (diag[k - 1] - mid) / (diag[k - 1] - diag[k])
+
+    # the half-shadow level lies at a signed distance D (px, negative: inside the field) from
+    # the blade line (the square corner's diagonal crosses it at -D - 0.5, pixel centres); on the
+    # arc's diagonal it lies where sqrt(2) (R - 0.5 - k) - R = D
+    k0 = crossing(o)
+    d = -(k0 + 0.5)
+    assert abs(crossing(r) - (radius - 0.5 - (radius + d) / math.sqrt(2.0))) <= 0.75
+    assert r[40, 40] > hi - 0.02  # the blade lines' crossing: full shadow
+    assert np.abs(r[:, 150:250] - o[:, 150:250]).max() < 1e-6  # the edges away from the corner
 
 
 def test_collimation_open_blades_leave_their_side_of_the_film_as_it_is() -> None:
@@ -678,6 +703,69 @@ def test_collimation_open_blades_leave_their_side_of_the_film_as_it_is() -> None
                           protect_border=False)[1][0].params
         shown.add(tuple(p[k] > 0 for k in ("left", "right", "top", "bottom")))
     assert len(shown) >= 6  # the blades that show vary from film to film
+
+
+def test_collimation_black_shutter_is_uniform_and_leaves_no_bright_rim() -> None:
+    """The system's black mask is digital: one uniform value, no noise, and it starts inside
+    the penumbra, so no brighter-than-field sliver of the white shadow is left between the
+    field and the black (the bright rim reviewers read as drawn)."""
+    n = 300
+    x = torch.full((1, 1, n, n), 0.4)
+    x += 0.01 * torch.randn(1, 1, n, n, generator=torch.Generator().manual_seed(2))
+    out, _ = _with_params(
+        x, "xray_collimation", 4,
+        _collimation(left=0.0, right=0.0, bottom=0.0, top=0.2, white=0.0, black=0.02,
+                     fringe=0.3, penumbra=0.02, tail=0.15, enhance=0.3),
+    )
+    o, v = _np(out), _np(x)
+    top = int(0.2 * n)
+    assert np.all(o[: top - 2] == np.float32(0.02))  # uniform, noiseless
+    # no pixel between the field and the black stands out above the film's own range
+    assert o[top - 10 : top + 10].max() <= v[top + 20 :].max() + 0.02
+    assert np.abs(o[top + 30 :] - v[top + 30 :]).max() < 1e-6  # the field beyond: untouched
+
+
+def test_collimation_shadow_noise_is_continuous_and_not_flat() -> None:
+    """Under a sampled white shadow the film's noise does not vanish (a flat fill): its 3x3
+    residual spread stays a sizeable share of the open field's; the anatomy is washed out."""
+    n = 400
+    rng_ = np.random.default_rng(7)
+    base = 0.35 + 0.1 * np.sin(np.arange(n) / 6.0)[None, :] * np.ones((n, 1))
+    film = np.clip(base + 0.008 * rng_.standard_normal((n, n)), 0, 1).astype(np.float32)
+    x = torch.from_numpy(film)[None, None]
+    sides = {"left": 0.0, "right": 0.0, "bottom": 0.0, "top": 0.2, "white": 1.0}
+    out, _ = _with_params(x, "xray_collimation", 4, sides)
+    o = _np(out)
+
+    def resid(a: np.ndarray) -> float:
+        return float(np.std(a - scipy.ndimage.uniform_filter(a, 3)))
+
+    shadow, open_field = o[4:40, 40:360], o[200:360, 40:360]
+    assert shadow.mean() > 0.7  # white
+    assert resid(shadow) > 0.25 * resid(open_field)  # noisy, not flat
+    stripes = np.sin(np.arange(n) / 6.0)[40:360]
+
+    def amplitude(a: np.ndarray) -> float:  # the stripes' share of the column means
+        prof = a.mean(axis=0)
+        return float(np.dot(prof - prof.mean(), stripes) / np.dot(stripes, stripes))
+
+    assert amplitude(open_field) > 0.09
+    assert abs(amplitude(shadow)) < 0.05 * amplitude(open_field)  # the anatomy washed out
+
+
+def test_collimation_sampler_favours_one_side_or_a_corner_and_white() -> None:
+    """Most films are coned down on one side or a corner (two adjacent blades), few on all four;
+    the system's black shutter is the exception."""
+    sides, black = [], 0
+    for i in range(200):
+        p = perturb.apply(torch.zeros(1, 1, 8, 8), "xray_collimation", 3, [f"f{i}"],
+                          protect_border=False)[1][0].params
+        sides.append(sum(p[k] > 0 for k in ("left", "right", "top", "bottom")))
+        black += p["white"] < 0.5
+    counts = np.bincount(sides, minlength=5)
+    assert counts[1] + counts[2] > 0.6 * len(sides)
+    assert 0 < counts[4] < 0.2 * len(sides)
+    assert 0 < black < 0.2 * len(sides)
 
 
 def test_collimation_equalisation_darkens_a_wide_band_inside_the_field() -> None:

@@ -333,8 +333,6 @@ LOWERS_CONTRAST = {
     "xray_over_penetration": "a high tube voltage flattens the film",
     "xray_gamma": "a gamma above 1 compresses the dark range",
     "xray_exposure": "a wrong detector gain clips one end of the range",
-    "xray_collimation": "the blades' shadow shows the anatomy only faintly through the display's "
-    "shoulder (or the system's black mask): at severity 5 on nih_00008386 0.73 of the film's contrast",
 }
 CONTRAST_FILMS = [
     p for p in XRAY if p.stem in ("nih_00000284_000", "nih_00022084_000", "mhh_covid_48c4542c")
