@@ -774,8 +774,31 @@ def chamfer_t(
                 best,
                 padded[:, :, pad + dy : pad + dy + h, pad + dx : pad + dx + w] + lengths[length],
             )
+        if torch.equal(best, dist):  # a fixed point: every further round would return it
+            break
         dist = best
     return dist
+
+
+def window_max(x: torch.Tensor, size: int, dim: int) -> torch.Tensor:
+    """The maximum over a centred window of odd ``size`` along ``dim`` (outside the tensor
+    ignored): ``F.max_pool2d`` with a (size, 1) or (1, size) kernel, stride 1 and padding
+    ``size // 2``, in log2(size) elementwise maxima instead of ``size`` comparisons per pixel:
+    maxima over spans doubling up to the largest power of two ``span <= size``, then the maximum
+    of the two (overlapping) spans that cover each window. Exact (a maximum rounds nothing)."""
+    n, half = x.shape[dim], size // 2
+    if half == 0:
+        return x.clone()
+    shape = list(x.shape)
+    shape[dim] = half
+    fill = torch.full(shape, -math.inf, dtype=x.dtype, device=x.device)
+    spans = torch.cat([fill, x, fill], dim=dim)
+    span = 1
+    while 2 * span <= size:
+        length = spans.shape[dim] - span
+        spans = torch.maximum(spans.narrow(dim, 0, length), spans.narrow(dim, span, length))
+        span *= 2
+    return torch.maximum(spans.narrow(dim, 0, n), spans.narrow(dim, size - span, n))
 
 
 def soft_mask_t(mask: torch.Tensor, inset_px: float) -> torch.Tensor:
