@@ -135,13 +135,14 @@ def _banded_sums(values: torch.Tensor, start: torch.Tensor, taps: torch.Tensor, 
     matrix on the left; -1: its transpose on the right), K multiply-adds of whole slices instead
     of the dense product's n_in: every sum an exact float64 integer (``_band`` checks the
     bound), so the same bits as ``_MATMUL``'s, from +0 as a BLAS's accumulators start."""
+    if dim == -1:  # whole rows are cheaper to select than columns: along the transpose
+        return _banded_sums(values.transpose(-1, -2).contiguous(), start, taps, -2).transpose(-1, -2).contiguous()
     n_out, k = taps.shape
     shape = list(values.shape)
-    shape[dim] = n_out
+    shape[-2] = n_out
     sums = torch.zeros(shape, dtype=torch.float64, device=values.device)
-    view = (n_out, 1) if dim == -2 else (n_out,)
     for t in range(k):
-        sums.add_(taps[:, t].reshape(view) * values.index_select(dim, start + t))
+        sums.add_(taps[:, t].reshape(n_out, 1) * values.index_select(-2, start + t))
     return sums
 
 
