@@ -32,7 +32,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from perturb.ops import _math
 from perturb.ops.blur import (
@@ -91,74 +90,27 @@ def _reflect101(index: torch.Tensor, size: int) -> torch.Tensor:
     return torch.where(folded >= size, period - folded, folded)
 
 
-def _interp_axis(
-    shift: torch.Tensor, size: int, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, list[int | None]]:
-    """(integer index (N, size), fractional weight (N, size) in ``dtype``, whole shift per
-    plane) of reading N planes at ``i - shift[n]`` along an axis of ``size`` pixels: ``floor``
-    of each pixel's float64 position and its fraction. The whole shift ``k`` is the index minus
-    the pixel's own where that is one integer at every pixel (always, unless the float64
-    subtraction rounds across an integer somewhere), else None."""
-    n = shift.shape[0]
-    own = torch.arange(size, device=shift.device)
-    pos = own.to(torch.float64).view(1, size) - shift.view(n, 1).double()
-    first = torch.floor(pos)
-    index = first.to(torch.int64)
-    frac = (pos - first).to(dtype)
-    whole = index - own.view(1, size)
-    uniform = (whole == whole[:, :1]).all(dim=1)
-    return index, frac, [int(k) if ok else None for k, ok in zip(whole[:, 0].tolist(), uniform.tolist(), strict=True)]
-
-
 def translate_planes(planes: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """(N, H, W) planes, each read at (x - dx[n], y - dy[n]) with bilinear weights and
     reflect-101 borders (as ``cv2.remap`` of a translation): a translation is separable, so one
-    linear interpolation along x and one along y.
-
-    A plane's pixels all share the whole part of the shift (``_interp_axis``), so its two reads
-    along an axis are slices of the plane padded once by reflection (reflect-101): the same
-    values as gathers at the reflected indices, without the index tensors; a plane whose shift
-    does not fit the padding (or whose float64 positions round unevenly) is read by gathers. The
-    arithmetic (and so every bit of the result) is that of the gathers'."""
+    linear interpolation along x (two gathers of whole rows) and one along y."""
     n, h, w = planes.shape
-    ix0, fx, kxs = _interp_axis(dx, w, planes.dtype)
-    iy0, fy, kys = _interp_axis(dy, h, planes.dtype)
-    fx, fy = fx.view(n, 1, w), fy.view(n, h, 1)
-    # a slice reads up to |k| + 1 pixels past a border, and reflection pads less than a side
-    slices = [
-        (a, b) if a is not None and b is not None and abs(a) + 1 < w and abs(b) + 1 < h else None
-        for a, b in zip(kxs, kys, strict=True)
-    ]
-    fits = [k is not None for k in slices]
-    out = torch.empty_like(planes)
-    if any(fits):
-        pad_x = max(abs(k[0]) + 1 for k in slices if k is not None)
-        pad_y = max(abs(k[1]) + 1 for k in slices if k is not None)
-        padded = F.pad(planes.unsqueeze(1), (pad_x, pad_x, pad_y, pad_y), mode="reflect").squeeze(1)
-        for i, k in enumerate(slices):
-            if k is None:
-                continue
-            x0, y0 = pad_x + k[0], pad_y + k[1]
-            band = padded[i, y0 : y0 + h + 1]
-            along = band[:, x0 : x0 + w] * (1.0 - fx[i]) + band[:, x0 + 1 : x0 + 1 + w] * fx[i]
-            torch.add(along[:h] * (1.0 - fy[i]), along[1:] * fy[i], out=out[i])
-    rest = [i for i, ok in enumerate(fits) if not ok]
-    if rest:
-        sel = torch.tensor(rest, device=planes.device)
-        sub, m = planes[sel], len(rest)
-        gx, gy = ix0[sel], iy0[sel]
-        sfx, sfy = fx[sel], fy[sel]
+    xs = torch.arange(w, device=planes.device, dtype=torch.float64).view(1, w) - dx.view(n, 1).double()
+    ys = torch.arange(h, device=planes.device, dtype=torch.float64).view(1, h) - dy.view(n, 1).double()
+    x0, y0 = torch.floor(xs), torch.floor(ys)
+    fx = (xs - x0).to(planes.dtype).view(n, 1, w)
+    fy = (ys - y0).to(planes.dtype).view(n, h, 1)
+    ix0, iy0 = x0.to(torch.int64), y0.to(torch.int64)
 
-        def cols(index: torch.Tensor) -> torch.Tensor:
-            return sub.gather(2, _reflect101(index, w).view(m, 1, w).expand(m, h, w))
+    def cols(index: torch.Tensor) -> torch.Tensor:
+        return planes.gather(2, _reflect101(index, w).view(n, 1, w).expand(n, h, w))
 
-        along = cols(gx) * (1.0 - sfx) + cols(gx + 1) * sfx
+    along = cols(ix0) * (1.0 - fx) + cols(ix0 + 1) * fx
 
-        def rows(index: torch.Tensor) -> torch.Tensor:
-            return along.gather(1, _reflect101(index, h).view(m, h, 1).expand(m, h, w))
+    def rows(index: torch.Tensor) -> torch.Tensor:
+        return along.gather(1, _reflect101(index, h).view(n, h, 1).expand(n, h, w))
 
-        out[sel] = rows(gy) * (1.0 - sfy) + rows(gy + 1) * sfy
-    return out
+    return rows(iy0) * (1.0 - fy) + rows(iy0 + 1) * fy
 
 
 @register_kernel("color_breakup", sampler=_breakup_sampler)
@@ -186,14 +138,10 @@ def color_breakup(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     lin = _math.srgb_to_linear(x) * highlight_headroom(x).to(x.dtype)
     planes = lin.reshape(b * 3, h, w)
     acc = torch.zeros_like(lin)
-    # a time point weighted 0 in every sample (a third cycle where all have two) adds zeros
-    used = (weights > 0).any(dim=1).any(dim=0).tolist()
     for i in range(steps):  # time points of the field sequence, not samples
-        if not used[i]:
-            continue
         # output pixel q of a field in which the scene has moved by s shows the scene at q - s
         moved = translate_planes(planes, off_x[:, :, i].reshape(-1), off_y[:, :, i].reshape(-1))
-        acc.add_(weights[:, :, i].view(b, 3, 1, 1) * moved.view(b, 3, h, w))
+        acc = acc + weights[:, :, i].view(b, 3, 1, 1) * moved.view(b, 3, h, w)
     sensed = acc.clamp(0.0, 1.0)
     # the share of the frame's own (correlated) noise the mean of the shifted copies keeps: that
     # of the comb's PSF, the copies' points splatted (``retained_variance``)

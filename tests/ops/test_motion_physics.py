@@ -415,15 +415,15 @@ def _translate_reference(planes: torch.Tensor, dx: torch.Tensor, dy: torch.Tenso
 
 
 def test_translate_planes_reads_the_reflected_bilinear_positions() -> None:
-    """Slices of the reflect-padded planes (shifts within a side) and gathers (shifts past a
-    side, and a plane among them of each kind) give every bit of the per-plane reference."""
+    """The batched gathers give every bit of the per-plane reference, for shifts within a side
+    and past it (reflected more than once)."""
     from perturb.ops.sequential import translate_planes
 
     gen = torch.Generator().manual_seed(3)
     planes = torch.rand(4, 37, 53, generator=gen)
     for dx, dy in (
         ([0.0, 2.5, -7.25, 30.9], [0.0, -3.75, 11.5, -20.1]),
-        ([0.3, 80.2, -1.5, -60.0], [0.7, 2.0, -45.5, 1.0]),  # some past a side: gathers
+        ([0.3, 80.2, -1.5, -60.0], [0.7, 2.0, -45.5, 1.0]),  # some past a side
     ):
         tx, ty = torch.tensor(dx), torch.tensor(dy)
         assert torch.equal(translate_planes(planes, tx, ty), _translate_reference(planes, tx, ty))
