@@ -1075,19 +1075,35 @@ def fine_foam(key: int, h: int, w: int, gate: np.ndarray, ops: _Ops) -> tuple[An
     the paths on a rounding of the gate)."""
     cell = FLUID_FOAM[0] * min(h, w)
     gh, gw, rows, cols = _foam_grid(h, w, cell)
-    u, jx, jy, rs = (
-        rng.uniform_numpy(key, f"fluid-foam/{name}", gh * gw).reshape(gh, gw)[np.ix_(rows, cols)]
+    grid = {
+        name: rng.uniform_numpy(key, f"fluid-foam/{name}", gh * gw).reshape(gh, gw)
         for name in ("present", "x", "y", "r")
-    )
+    }
+    u = grid["present"][np.ix_(rows, cols)]
+    present = (u < np.float32(FLUID_FOAM_SHARE)).astype(np.float32) * np.clip(gate, 0.0, 1.0)
+    # a pixel without a bubble (present +0: the gate is >= 0) has shade 1 - 0.35 (+0) = 1 and
+    # glint +0: the look is computed at the other pixels alone, each with the same operations
+    # on the same values as over the whole frame (flat, contiguous operands)
+    at = np.flatnonzero(present)
+    y, x = np.divmod(at, w)
+    r, c = rows[y], cols[x]
+    jx, jy, rs = grid["x"][r, c], grid["y"][r, c], grid["r"][r, c]
     lo, hi = FLUID_FOAM[1]
     rad = np.float32(cell) * (np.float32(lo) + np.float32(hi - lo) * rs)
     span = np.float32(1.0 - 2.0 * hi)  # the centre keeps the bubble inside its cell
-    cx = (cols[None, :] + np.float32(hi) + span * jx) * np.float32(cell)
-    cy = (rows[:, None] + np.float32(hi) + span * jy) * np.float32(cell)
-    xs = np.arange(w, dtype=np.float32)[None, :] + np.float32(0.5)
-    ys = np.arange(h, dtype=np.float32)[:, None] + np.float32(0.5)
-    present = (u < np.float32(FLUID_FOAM_SHARE)).astype(np.float32) * np.clip(gate, 0.0, 1.0)
-    return foam_look(xs - cx, ys - cy, rad, present, u * u / np.float32(FLUID_FOAM_SHARE**2), ops)
+    cx = (c + np.float32(hi) + span * jx) * np.float32(cell)
+    cy = (r + np.float32(hi) + span * jy) * np.float32(cell)
+    xs = x.astype(np.float32) + np.float32(0.5)
+    ys = y.astype(np.float32) + np.float32(0.5)
+    ua = u.reshape(-1)[at]
+    look = foam_look(
+        xs - cx, ys - cy, rad, present.reshape(-1)[at], ua * ua / np.float32(FLUID_FOAM_SHARE**2), ops
+    )
+    shade_at, glint_at = (np.asarray(v) for v in look)
+    shade = np.ones(h * w, dtype=shade_at.dtype)
+    glint = np.zeros(h * w, dtype=glint_at.dtype)
+    shade[at], glint[at] = shade_at, glint_at
+    return shade.reshape(h, w), glint.reshape(h, w)
 
 
 def fine_foam_t(

@@ -98,8 +98,52 @@ def _exact_product(left: torch.Tensor, right: torch.Tensor, matrix_on_left: bool
     weights, unit = _integer_weights(left if matrix_on_left else right, data.device)
     scale = _sample_scale(data)
     values = torch.round(data.to(torch.float64) / scale)  # exact division by a power of two
-    sums = _MATMUL(weights, values) if matrix_on_left else _MATMUL(values, weights)
+    band = _band(weights if matrix_on_left else weights.T)
+    if band is not None:
+        sums = _banded_sums(values, *band, dim=-2 if matrix_on_left else -1)
+    else:
+        sums = _MATMUL(weights, values) if matrix_on_left else _MATMUL(values, weights)
     return sums * (scale * unit)
+
+
+BAND_SHARE = 8  # a matrix whose rows' nonzero spans are at most 1/8 of a row is summed as a band
+
+
+def _band(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(first column (n_out,), weights (n_out, K)) of the window of K columns that holds every
+    nonzero weight of each row of an integer (n_out, n_in) matrix, where K * BAND_SHARE <= n_in
+    (a resampling matrix: area, bicubic) and the window's sums stay exact; else None."""
+    n_out, n_in = matrix.shape
+    if n_out == 0 or n_in < BAND_SHARE:
+        return None
+    nonzero = (matrix != 0).to(torch.int8)
+    first = nonzero.argmax(dim=1)  # the first maximum: the first nonzero (0 for an empty row)
+    last = n_in - 1 - nonzero.flip(1).argmax(dim=1)
+    last = torch.where(nonzero.any(dim=1), last, first)
+    k = int((last - first).max()) + 1
+    if k * BAND_SHARE > n_in:
+        return None
+    start = first.clamp(max=n_in - k)
+    taps = matrix.gather(1, start.view(n_out, 1) + torch.arange(k, device=matrix.device).view(1, k))
+    if float(taps.abs().sum(dim=1).max()) * 2.0**VALUE_BITS >= 2.0**_EXACT_BITS:
+        return None
+    return start, taps
+
+
+def _banded_sums(values: torch.Tensor, start: torch.Tensor, taps: torch.Tensor, dim: int) -> torch.Tensor:
+    """The product of the banded matrix (``_band``) with integer ``values`` along ``dim`` (-2: the
+    matrix on the left; -1: its transpose on the right), K multiply-adds of whole slices instead
+    of the dense product's n_in: every sum an exact float64 integer (``_band`` checks the
+    bound), so the same bits as ``_MATMUL``'s, from +0 as a BLAS's accumulators start."""
+    if dim == -1:  # whole rows are cheaper to select than columns: along the transpose
+        return _banded_sums(values.transpose(-1, -2).contiguous(), start, taps, -2).transpose(-1, -2).contiguous()
+    n_out, k = taps.shape
+    shape = list(values.shape)
+    shape[-2] = n_out
+    sums = torch.zeros(shape, dtype=torch.float64, device=values.device)
+    for t in range(k):
+        sums.add_(taps[:, t].reshape(n_out, 1) * values.index_select(-2, start + t))
+    return sums
 
 
 def rows_product(matrix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

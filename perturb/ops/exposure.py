@@ -116,8 +116,7 @@ def highlight_headroom(x: torch.Tensor) -> torch.Tensor:
     # separable max filter, as OpenCV's dilation with a square kernel)
     size = 2 * round(reach) + 1
     half = torch.where(clipped, dist, torch.zeros_like(dist))
-    half = F.max_pool2d(half, (size, 1), stride=1, padding=(size // 2, 0))
-    half = F.max_pool2d(half, (1, size), stride=1, padding=(0, size // 2))
+    half = _host.window_max(_host.window_max(half, size, 2), size, 3)
     ramp = torch.clamp(HEADROOM_SPREAD * half, min=depth)
     power = ((dist - HEADROOM_START) / ramp).clamp(0.0, 1.0)
     return torch.where(clipped, torch.pow(HEADROOM_MAX, power), torch.ones_like(power))

@@ -93,7 +93,8 @@ def _reflect101(index: torch.Tensor, size: int) -> torch.Tensor:
 def translate_planes(planes: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """(N, H, W) planes, each read at (x - dx[n], y - dy[n]) with bilinear weights and
     reflect-101 borders (as ``cv2.remap`` of a translation): a translation is separable, so one
-    linear interpolation along x (two gathers of whole rows) and one along y."""
+    linear interpolation along x (two gathers of columns) and one along y (two reads of whole
+    rows)."""
     n, h, w = planes.shape
     xs = torch.arange(w, device=planes.device, dtype=torch.float64).view(1, w) - dx.view(n, 1).double()
     ys = torch.arange(h, device=planes.device, dtype=torch.float64).view(1, h) - dy.view(n, 1).double()
@@ -107,8 +108,12 @@ def translate_planes(planes: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -
 
     along = cols(ix0) * (1.0 - fx) + cols(ix0 + 1) * fx
 
+    plane = torch.arange(n, device=planes.device).view(n, 1)
+
     def rows(index: torch.Tensor) -> torch.Tensor:
-        return along.gather(1, _reflect101(index, h).view(n, h, 1).expand(n, h, w))
+        # whole rows by advanced indexing (the same values as a gather along dim 1 with the
+        # index expanded over the columns, about 3x cheaper on a CPU)
+        return along[plane, _reflect101(index, h)]
 
     return rows(iy0) * (1.0 - fy) + rows(iy0 + 1) * fy
 

@@ -172,27 +172,37 @@ def quantise_plane(plane: np.ndarray, step: float, mb: int) -> np.ndarray:
     """Code an (H, W) plane in 8-bit levels as H.264 Intra16x16 macroblocks of ``mb`` px: each
     is predicted by the DC of the already decoded pixels above and to its left (128 at the frame's
     top-left), and the residual is coded as 4x4 DCT blocks quantised with ``step`` (dead zone
-    1/3). The plane is padded to whole macroblocks by edge replication."""
+    1/3). The plane is padded to whole macroblocks by edge replication.
+
+    A macroblock needs only the one above and the one to its left, so the macroblocks of one
+    anti-diagonal are coded together (a wavefront): per macroblock the same operations as one
+    at a time (its neighbours' mean over a contiguous row of 2 mb or mb values, the same 4x4
+    DCT products), so the same bits."""
     h, w = plane.shape
     padded = np.pad(plane.astype(np.float64), ((0, -h % mb), (0, -w % mb)), mode="edge")
-    hh, ww = padded.shape
+    rows, cols, n4 = padded.shape[0] // mb, padded.shape[1] // mb, mb // 4
     d = dct4_matrix()
-    n4 = mb // 4
     rec = np.zeros_like(padded)
-    for y0 in range(0, hh, mb):
-        for x0 in range(0, ww, mb):
-            neighbours = []
-            if y0:
-                neighbours.append(rec[y0 - 1, x0 : x0 + mb])
-            if x0:
-                neighbours.append(rec[y0 : y0 + mb, x0 - 1])
-            pred = float(np.mean(np.concatenate(neighbours))) if neighbours else 128.0
-            residual = padded[y0 : y0 + mb, x0 : x0 + mb] - pred
-            blocks = residual.reshape(n4, 4, n4, 4).transpose(0, 2, 1, 3)
-            coef = d @ blocks @ d.T
-            coef = np.sign(coef) * np.floor(np.abs(coef) / step + DEADZONE) * step
-            decoded = (d.T @ coef @ d).transpose(0, 2, 1, 3).reshape(mb, mb)
-            rec[y0 : y0 + mb, x0 : x0 + mb] = np.clip(decoded + pred, 0.0, 255.0)
+    source, coded = padded.reshape(rows, mb, cols, mb), rec.reshape(rows, mb, cols, mb)
+    span = np.arange(mb)
+    for diagonal in range(rows + cols - 1):
+        r = np.arange(max(0, diagonal - cols + 1), min(rows, diagonal + 1))
+        c = diagonal - r
+        k = r.shape[0]
+        top = rec[(r * mb - 1)[:, None], (c * mb)[:, None] + span]  # (k, mb): the row above
+        left = rec[(r * mb)[:, None] + span, (c * mb - 1)[:, None]]  # the column to the left
+        pred = np.full(k, 128.0)
+        for with_top, with_left in ((True, True), (True, False), (False, True)):
+            sel = ((r > 0) == with_top) & ((c > 0) == with_left)
+            if sel.any():
+                neighbours = [part[sel] for part, used in ((top, with_top), (left, with_left)) if used]
+                pred[sel] = np.mean(np.concatenate(neighbours, axis=1), axis=1)
+        residual = source[r, :, c, :] - pred[:, None, None]
+        blocks = residual.reshape(k, n4, 4, n4, 4).transpose(0, 1, 3, 2, 4)
+        coef = d @ blocks @ d.T
+        coef = np.sign(coef) * np.floor(np.abs(coef) / step + DEADZONE) * step
+        decoded = (d.T @ coef @ d).transpose(0, 1, 3, 2, 4).reshape(k, mb, mb)
+        coded[r, :, c, :] = np.clip(decoded + pred[:, None, None], 0.0, 255.0)
     return rec[:h, :w]
 
 

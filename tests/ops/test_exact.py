@@ -146,3 +146,38 @@ def test_fft_sums_round_to_their_exact_integers() -> None:
     assert float((result - plain).abs().max()) < 2e-5  # the weights on 2**-22 steps
     alone = exact.fft_correlate(x[1:], psf[1:], correlate)
     assert torch.equal(alone[0], result[1])
+
+
+@pytest.mark.parametrize("n_in, n_out", [(529, 448), (1348, 565), (100, 448), (61, 23)])
+def test_a_banded_matrix_summed_as_a_band_gives_the_dense_products_bits(
+    n_in: int, n_out: int, gpu_like: None
+) -> None:
+    """A resampling matrix (area down, bicubic up: each row's weights within a few columns)
+    takes the banded sums (``_band``), which must give every bit of the dense product, zeros'
+    signs included, along rows and along columns."""
+    del gpu_like
+    from perturb.ops.grain import area_matrix, cubic_matrix
+
+    m = area_matrix(n_in, n_out) if n_out < n_in else cubic_matrix(n_in, n_out)
+    matrix = torch.from_numpy(np.array(m, dtype=np.float32))
+    rng = np.random.default_rng(n_in)
+    x = torch.from_numpy(rng.normal(size=(2, 3, n_in, 29)).astype(np.float32))
+    x[0] *= 1e-6  # a sample of another magnitude
+    x[1, 0, :7] = -0.0  # all-zero sums: +0 from both
+    weights, _ = exact._integer_weights(matrix, x.device)
+    assert exact._band(weights) is not None, "the resampling matrix should take the band"
+    along_rows = exact.rows_product(matrix, x)
+    along_cols = exact.cols_product(x.transpose(-1, -2).contiguous(), matrix.T)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(exact, "_band", lambda _m: None)
+        dense_rows = exact.rows_product(matrix, x)
+        dense_cols = exact.cols_product(x.transpose(-1, -2).contiguous(), matrix.T)
+    for got, want in ((along_rows, dense_rows), (along_cols, dense_cols)):
+        assert torch.equal(got, want)
+        assert torch.equal(torch.signbit(got), torch.signbit(want))
+
+
+def test_a_dense_matrix_does_not_take_the_band() -> None:
+    rng = np.random.default_rng(6)
+    weights, _ = exact._integer_weights(_matrix(rng, 12, 40), torch.device("cpu"))
+    assert exact._band(weights) is None

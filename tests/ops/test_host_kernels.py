@@ -215,3 +215,32 @@ def test_a_padded_batch_matches_the_cpu_path(op: str) -> None:
         dev = perturb.replay(records, x)
     assert bool(torch.isfinite(dev).all())
     assert float((cpu - dev).abs().max()) <= BOUNDS[op][2]
+
+
+@pytest.mark.parametrize("steps", [_host.CHAMFER3, _host.CHAMFER5])
+def test_chamfer_on_the_masks_pixels_equals_the_whole_frame_rounds(
+    steps: tuple[tuple[int, int, float], ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sparse relaxation (a mask of at most a quarter of the frame) gives every bit of the
+    whole-frame rounds, including pixels left infinite past the reach and masks at the border."""
+    gen = torch.Generator().manual_seed(7)
+    for trial in range(12):
+        b, h, w = 1 + trial % 2, 5 + 7 * trial, 9 + 5 * trial
+        mask = torch.rand(b, 1, h, w, generator=gen) < 0.15
+        if trial % 3:
+            mask = torch.nn.functional.max_pool2d(mask.float(), 5, 1, 2) > 0  # blobs
+        reach = 1.0 + 3.0 * trial
+        monkeypatch.setattr(_host, "SPARSE_CHAMFER", 0)  # always sparse
+        sparse = _host.chamfer_t(mask, steps, reach)
+        monkeypatch.setattr(_host, "SPARSE_CHAMFER", 10**9)  # whole frame unless empty
+        whole = _host.chamfer_t(mask, steps, reach)
+        assert torch.equal(sparse, whole), trial
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 33, 101])
+def test_window_max_is_max_pool(size: int) -> None:
+    gen = torch.Generator().manual_seed(size)
+    x = torch.rand(2, 1, 45, 70, generator=gen) * (torch.rand(2, 1, 45, 70, generator=gen) > 0.8)
+    pad = size // 2
+    assert torch.equal(_host.window_max(x, size, 2), torch.nn.functional.max_pool2d(x, (size, 1), 1, (pad, 0)))
+    assert torch.equal(_host.window_max(x, size, 3), torch.nn.functional.max_pool2d(x, (1, size), 1, (0, pad)))

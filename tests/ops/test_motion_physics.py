@@ -394,3 +394,36 @@ def test_the_catalogs_pulsed_light_leaves_continuous_trails() -> None:
     p = {k: torch.tensor([float(r.params[k]) for r in recs]) for k in ("pulses", "duty", "phase", "depth")}
     light = blur.illumination(t, p)
     assert float(light.min()) >= 0.7 - 1e-6 and float(light.max()) == 1.0
+
+
+def _translate_reference(planes: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """The bilinear reflect-101 translation by index arrays (float32, the same operations: x
+    first, then y), each plane on its own."""
+    from perturb.ops.sequential import _reflect101
+
+    out = []
+    for p, sx, sy in zip(planes, dx.double(), dy.double(), strict=True):
+        h, w = p.shape
+        xs = torch.arange(w, dtype=torch.float64) - sx
+        ys = torch.arange(h, dtype=torch.float64) - sy
+        x0, y0 = torch.floor(xs), torch.floor(ys)
+        fx, fy = (xs - x0).float().view(1, w), (ys - y0).float().view(h, 1)
+        ix, iy = x0.long(), y0.long()
+        along = p[:, _reflect101(ix, w)] * (1.0 - fx) + p[:, _reflect101(ix + 1, w)] * fx
+        out.append(along[_reflect101(iy, h)] * (1.0 - fy) + along[_reflect101(iy + 1, h)] * fy)
+    return torch.stack(out)
+
+
+def test_translate_planes_reads_the_reflected_bilinear_positions() -> None:
+    """The batched gathers give every bit of the per-plane reference, for shifts within a side
+    and past it (reflected more than once)."""
+    from perturb.ops.sequential import translate_planes
+
+    gen = torch.Generator().manual_seed(3)
+    planes = torch.rand(4, 37, 53, generator=gen)
+    for dx, dy in (
+        ([0.0, 2.5, -7.25, 30.9], [0.0, -3.75, 11.5, -20.1]),
+        ([0.3, 80.2, -1.5, -60.0], [0.7, 2.0, -45.5, 1.0]),  # some past a side
+    ):
+        tx, ty = torch.tensor(dx), torch.tensor(dy)
+        assert torch.equal(translate_planes(planes, tx, ty), _translate_reference(planes, tx, ty))
