@@ -764,8 +764,10 @@ def chamfer_t(
     pad = max(max(abs(dy), abs(dx)) for dy, dx, _ in moves)
     inf = float("inf")
     rounds = math.ceil(reach / steps[0][2]) + 1
-    inside = int(mask.count_nonzero())
-    if inside * SPARSE_CHAMFER <= mask.numel():
+    # the sparse path and the early stop read a count and a comparison back to the host: on the
+    # CPU that is free, on an accelerator each is a sync, so there every round runs (same bits)
+    on_host = mask.device.type == "cpu"
+    if on_host and int(mask.count_nonzero()) * SPARSE_CHAMFER <= mask.numel():
         return _chamfer_sparse(mask, sorted(moves), pad, rounds)
     dist = torch.where(
         mask, torch.tensor(inf, device=mask.device), torch.zeros((), device=mask.device)
@@ -782,7 +784,7 @@ def chamfer_t(
                 best,
                 padded[:, :, pad + dy : pad + dy + h, pad + dx : pad + dx + w] + lengths[length],
             )
-        if torch.equal(best, dist):  # a fixed point: every further round would return it
+        if on_host and torch.equal(best, dist):  # a fixed point: further rounds return it
             break
         dist = best
     return dist
