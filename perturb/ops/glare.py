@@ -43,17 +43,19 @@ from perturb.ops.kernels import Level, Params, draw
 FOCAL = 0.5  # focal length, fraction of the shorter side (wide-angle endoscope optics)
 SHADING_SIGMA = 0.015  # smoothing of the luminance before shape from shading (shorter side)
 OPTICS_SIGMA = 0.0015  # lens point-spread function (shorter side)
-BLOOM_SIGMA = 0.003  # blooming spread (shorter side)
-BLOOM_GAIN = 0.5
-BLOOM_CAP = 1.0  # overflow (full wells) that blooms: the anti-blooming drain takes the rest
+VIDEO_SIGMA = 0.0008  # the video chain's blur of the displayed highlight (shorter side)
+BLOOM_SIGMA = 0.004  # blooming spread (shorter side)
+BLOOM_GAIN = 0.8
+BLOOM_CAP = 2.0  # overflow (full wells) that blooms: the anti-blooming drain takes the rest
 EDGE_FADE = 0.01  # highlights fade out within this distance of the field's edge
 SPEC_FLOOR = 1e-5  # specular light (fraction of full well) that moves no 8-bit level (1/30 of the darkest step)
 BUMP_CELLS = (0.006, 0.013, 0.028)  # bump sizes on the nearest tissue (shorter side): dots, ovals, blobs
 BUMP_MIN_PX = 1.5  # least cell of a bump octave in pixels (what the sensor still resolves)
-BUMP_LEVEL = 0.35  # value-noise level above which a bump rises (its peaks: isolated bumps)
+BUMP_LEVEL = 0.5  # value-noise level above which a bump rises (its peaks: isolated bumps)
 WET_CELL = 0.06  # mucus patches of the wet film (shorter side): highlights come in clumps
 WET_LEVEL = -0.15  # film noise level at which a patch starts
 WET_BAND = 0.5  # noise range over which the film goes from thin to thick
+FILM_SPLIT = 0.6  # how far the film's thickness shifts the relief from dots (thin) to blobs (thick)
 FILM_FLOOR = 0.25  # relief and lobe weight where the film is thin (the mucosa is never dry)
 CREST_FINE = 0.006  # local shading scale of a fold crest (shorter side)
 CREST_WIDE = 0.04  # surrounding shading it is compared with (shorter side)
@@ -63,8 +65,9 @@ NO_CLIP = 1e30  # wetness "needed" where the light cannot clip (no lobe, or clip
 FAR_EXTRA = 1.0  # extra fall-off of a far highlight's peak, power of 1/d
 WETNESS_MAX = 150.0  # the coverage floor raises the wetness at most to this (a mirror-like film)
 COVERAGE_SPAN = 4.0  # the wetness is lowered so that at most this many times `coverage` clips
-HALO_SIGMA = 0.0022  # the processor's unsharp mask on luma (shorter side): ring deepest ~3 px out at 1048 px
-HALO_GAIN = 2.0  # its gain: the ring's depth in display units is this times the blurred luma step
+HALO_SIGMA = 0.0035  # the processor's unsharp mask on luma (shorter side): ring deepest ~3 px out at 1048 px
+HALO_GAIN = 3.0  # its gain: the ring's depth in display units is this times the blurred luma step
+RING_DEPTH = 0.2  # deepest undershoot, fraction of the luma (real rings: 0.84-0.95 of the tissue)
 RING_FLOOR = 1e-5  # an undershoot below this (display units) is no ring
 NATIVE_LEVEL = 0.9  # display level of every channel of the frame's own clipped highlight pixels
 NATIVE_MIN_PIXELS = 16  # fewer of them than this: the keyed processor white instead
@@ -199,7 +202,9 @@ def relief_t(
     half_log_d = torch.log2(inv_d2) * -0.5  # log2 of the distance (0 on the nearest tissue)
     weights = [torch.zeros_like(inv_d2) for _ in range(octaves)]
     for k, cell in enumerate(BUMP_CELLS):
+        # thin film over the relief: clusters of small dots; thick film pools into broad blobs
         share = (fine if k == 0 else (1.0 - fine) / (len(BUMP_CELLS) - 1)).view(-1, 1, 1)
+        share = share * (1.0 - FILM_SPLIT * film if k == 0 else 1.0 - FILM_SPLIT * (1.0 - film))
         octave = (half_log_d + math.log2(BUMP_CELLS[-1] / cell)).clamp(max=octaves - 1.0)
         for m in range(octaves):
             weights[m] = weights[m] + share * (1.0 - (octave - m).abs()).clamp(min=0.0)
@@ -209,7 +214,7 @@ def relief_t(
         peaks = fields.noise(keys, f"glare-bumps/{m}", h, w, cell_px, inv_d2)
         bumps = ((peaks - BUMP_LEVEL) * (1.0 / (1.0 - BUMP_LEVEL))).clamp(min=0.0)
         total = total + bumps * bumps * weights[m] * (cell_px / scale)
-    return total * (FILM_FLOOR + (1.0 - FILM_FLOOR) * film), film
+    return total, film
 
 
 def inverse_square_t(lum: torch.Tensor, scale: int, fields: _Fields = BATCHED) -> torch.Tensor:
@@ -297,14 +302,22 @@ def _glare(
     light = torch.where(tissue.unsqueeze(1) & (light > SPEC_FLOOR), light, zero)
     shown = _math.linear_to_srgb((lin + light * gains).clamp(0.0, 1.0))
     if c == 3:  # the processor's white: each display channel saturates at the frame's own level
-        shown = torch.minimum(shown, _saturation(x, tissue, p, fields))
+        shown = torch.maximum(torch.minimum(shown, _saturation(x, tissue, p, fields)), x)
+    # the video chain's resolution (demosaicing, scaling to the output raster) softens the
+    # clipped edge: the added light blurred in display units
+    soft = _px(VIDEO_SIGMA, scale, 0.0)
+    added = torch.stack([fields.gauss(shown[:, k] - x[:, k], soft) for k in range(c)], dim=1)
+    added = torch.where(tissue.unsqueeze(1) & (added > SPEC_FLOOR), added, zero)
+    shown = (x + added).clamp(0.0, 1.0)
     # the processor's unsharp mask of the luma: a dark undershoot ring round each new highlight
     step = (_host.luma_t(shown) - _host.luma_t(x)).clamp(min=0.0)
     ring = (fields.gauss(step, _px(HALO_SIGMA, scale, 1.0)) - step).clamp(min=0.0) * HALO_GAIN
     ring = ring * _smoothstep_t((1.0 - peak) * (1.0 / (1.0 - NATIVE_CLIP)))  # native ones keep theirs
+    # (an undershoot takes at most RING_DEPTH of the luma: no black specks between close dots)
+    ring = torch.minimum(ring, _host.luma_t(shown) * RING_DEPTH)
     ring = torch.where(tissue & (ring > RING_FLOOR), ring, zero)
     out = (shown - ring.unsqueeze(1)).clamp(0.0, 1.0)
-    changed = ((light[:, 0] > 0) | (ring > 0)).unsqueeze(1)
+    changed = ((added.amax(dim=1) > 0) | (ring > 0)).unsqueeze(1)
     return torch.where(changed, out, x)
 
 
