@@ -1,32 +1,54 @@
-"""Specular highlights on wet mucosa from a physical model of the endoscope's illumination.
+"""Specular highlights on wet mucosa from a physical model of the endoscope's illumination,
+sensor and video processor (v7).
 
-Model. The light guides sit beside the lens, so light source and camera are (nearly) co-located
-at the origin, looking along +z. Under such a light the diffuse image is
+Geometry. The light guides sit beside the lens, so light source and camera are (nearly)
+co-located at the origin, looking along +z. Under such a light the diffuse image is
 ``I = rho cos(theta) / d^2`` (Okatani & Deguchi, "Shape reconstruction from an endoscope image
 by shape from shading technique for a point light source at the projection center", CVIU 66(2),
 1997), so the smoothed luminance gives a relative distance ``d ~ I^(-1/2)``. Each pixel's
 surface point is ``P = d (u, v, 1)`` with ``(u, v)`` its normalised image coordinates (focal
-length about half the shorter side: wide-angle optics); the normal is ``P_u x P_v``. A keyed
-micro-relief (the mucus film and the crypt pattern, about 0.3 % of the shorter side) is added to
-``d`` before differentiation.
+length about half the shorter side: wide-angle optics); the normal is ``P_u x P_v``.
 
-The specular term follows the dichromatic model (Shafer, 1985; ``I = m_d D + m_s L``: the
-highlight has the colour of the illuminant ``L``) with a Blinn-Phong lobe (Blinn, SIGGRAPH 1977).
-With light and viewer co-located the half vector equals the view vector ``V = -P/|P|``, so the
-lobe is ``(N . V)^shininess``: highlights sit where the surface faces the camera (fold crests,
-polyp domes), not on walls seen edge-on. The irradiance falls off with the inverse square of the
-distance, ``1/d^2``, proportional to the smoothed diffuse luminance, so the far dark lumen gets
-almost none. Specular radiance ``wetness * (N.V)^shininess / d^2`` is added in linear light; the
-sensor clips at full well and the charge that overflows spreads in a short bloom (a narrow
-gaussian of the overflow). Highlights are drawn on the tissue only: they fade out within 1 % of
-the shorter side of the field's edge; the dark frame and anything drawn on it stay untouched.
+The wet surface. Mucosa under its mucus film is not smooth: mucus droplets, villi, crypt openings
+and the pits of granular mucosa make a field of small convex bumps (``relief_t``), raised off
+``d`` before differentiation. A bump reflects the light back into the lens where its flank
+cancels the tilt of the surface it sits on, so it gives one dot or oval, and the dots gather where
+the underlying surface already nearly faces the camera: on fold crests (in lines along them) and
+polyp domes. Three size classes of bumps, their apparent size shrinking as ``1/d`` (far tissue
+only carries small dots); the film's keyed thickness moves the relief from clusters of small dots
+(thin film over the relief) to fewer, larger smooth blobs (thick film pooled), and weights the
+lobe (wet patches: highlights come in clumps). The lobe is further weighted by a crest term
+(``crest_weight_t``: under a light at the lens a crest is brighter than its surround, a shadowed
+valley darker, where no highlight forms).
 
-Severity raises the wetness (specular albedo of the fluid film) and the micro-relief (extent:
-more facets face the camera) and lowers the shininess (a rougher, wider lobe); calibrated so that
-highlight sizes stay those of real highlights on the same frames (median equivalent diameter
-about 0.5 % of the shorter side, 90th percentile under 2 %).
+Reflection. The specular term follows the dichromatic model (Shafer, 1985; ``I = m_d D + m_s L``:
+the highlight has the colour of the illuminant ``L``) with a Blinn-Phong lobe (Blinn, SIGGRAPH
+1977); with light and viewer co-located the half vector is the view vector ``V = -P/|P|``, so the
+lobe is ``(N . V)^shininess``, sharp for a wet film (shininess hundreds). Its irradiance falls as
+``1/d^2`` (the smoothed diffuse luminance), and a far highlight's peak by a further ``1/d``
+(``FAR_EXTRA``): the light guide's mirror image in a bump shrinks with distance below the lens's
+resolution. The lens PSF (``OPTICS_SIGMA``) blurs the radiance. How wet the film is (specular
+albedo, ``wetness``) is held between the value that clips a keyed fraction ``coverage`` of the
+tissue to white and the value that clips a first channel on ``COVERAGE_SPAN`` times that: every
+frame and severity gets highlights, in an amount graded by severity, on frames of any size.
+
+Sensor and processor. The specular light is added in linear light; each channel clips at full
+well (on red mucosa red clips first: the warm rim of a highlight) and the overflow, up to
+``BLOOM_CAP`` full wells (the anti-blooming drain takes the rest), blooms into the neighbours (a
+soft glow round the clipped core). The video processor maps the clipped white to its own white:
+the per-channel level of the frame's own clipped pixels, else a keyed slightly warm white (the
+real cores of the realism reference set: R 248-254, G 248-255, B 232-247 of 255). The video
+chain's resolution softens the added light (``VIDEO_SIGMA``), then the processor's edge
+enhancement, an unsharp mask of the luma (``HALO_SIGMA``, ``HALO_GAIN``), leaves a dark
+undershoot ring round each new highlight, at most ``RING_DEPTH`` of the luma deep (real rings:
+luma 0.84-0.95 of the tissue a few pixels out); the frame's own highlights keep theirs.
+Highlights are drawn on the tissue only and fade out within 1 % of the shorter side of the
+field's edge; the dark frame and anything drawn on it stay untouched.
+
+Severity raises the coverage, the wetness and the bumps' slope and lowers the shininess (a
+rougher, wider lobe). Lengths are fractions of the shorter side with pixel floors
+(``BUMP_MIN_PX``), so a frame of 32 pixels still resolves its bumps.
 """
-
 from __future__ import annotations
 
 import math
@@ -56,7 +78,7 @@ WET_CELL = 0.06  # mucus patches of the wet film (shorter side): highlights come
 WET_LEVEL = -0.15  # film noise level at which a patch starts
 WET_BAND = 0.5  # noise range over which the film goes from thin to thick
 FILM_SPLIT = 0.6  # how far the film's thickness shifts the relief from dots (thin) to blobs (thick)
-FILM_FLOOR = 0.25  # relief and lobe weight where the film is thin (the mucosa is never dry)
+FILM_FLOOR = 0.25  # lobe weight where the film is thin (the mucosa is never dry)
 CREST_FINE = 0.006  # local shading scale of a fold crest (shorter side)
 CREST_WIDE = 0.04  # surrounding shading it is compared with (shorter side)
 CREST_BAND = 0.3  # relative luminance excess from valley (0) to crest (1)
@@ -190,14 +212,16 @@ def relief_t(
     smallest (many small dots), the rest on the larger two (fewer, larger blobs); a bump's image
     shrinks as ``1/d``, so each class is drawn on the octaves of cells (``BUMP_CELLS[-1]`` halved
     down to ``BUMP_MIN_PX``) nearest its apparent size, interpolated in ``log2`` of it: far
-    tissue carries only small dots. The film: keyed patches of thick mucus (``WET_CELL``), where
-    the bumps stand out (highlights come in clusters)."""
+    tissue carries only small dots. The film (returned): keyed patches of thick mucus
+    (``WET_CELL``, 0 thin to 1 thick), which move the height from the small dots to the larger
+    blobs (``FILM_SPLIT``: thin film over the relief breaks the light into dot clusters, thick
+    film pools into smooth blobs)."""
     _b, h, w = inv_d2.shape
     film_cell = _px(WET_CELL, scale, 4.0)
     film = fields.noise(keys, "glare-film/0", h, w, film_cell, inv_d2) * (2.0 / 3.0)
     film = film + fields.noise(keys, "glare-film/1", h, w, film_cell / 2, inv_d2) * (1.0 / 3.0)
     film = _smoothstep_t((film - WET_LEVEL) / WET_BAND)
-    top = BUMP_CELLS[-1] * scale
+    top = max(BUMP_CELLS[-1] * scale, BUMP_MIN_PX)
     octaves = max(1, 1 + math.floor(math.log2(max(top / BUMP_MIN_PX, 1.0))))
     half_log_d = torch.log2(inv_d2) * -0.5  # log2 of the distance (0 on the nearest tissue)
     weights = [torch.zeros_like(inv_d2) for _ in range(octaves)]
