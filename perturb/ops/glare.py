@@ -29,8 +29,9 @@ lobe is ``(N . V)^shininess``, sharp for a wet film (shininess hundreds). Its ir
 (``FAR_EXTRA``): the light guide's mirror image in a bump shrinks with distance below the lens's
 resolution. The lens PSF (``OPTICS_SIGMA``) blurs the radiance. How wet the film is (specular
 albedo, ``wetness``) is held between the value that clips a keyed fraction ``coverage`` of the
-tissue to white and the value that clips a first channel on ``COVERAGE_SPAN`` times that: every
-frame and severity gets highlights, in an amount graded by severity, on frames of any size.
+tissue to white and the value that clips a first channel on ``COVERAGE_SPAN`` times that, at most
+``WETNESS_MAX`` (a mirror-like film): every frame and severity gets highlights, in an amount
+graded by severity, on frames of any size.
 
 Sensor and processor. The specular light is added in linear light; each channel clips at full
 well (on red mucosa red clips first: the warm rim of a highlight) and the overflow, up to
