@@ -34,11 +34,7 @@ BOUNDS["surgical_smoke"] = (2e-6, 2e-5, 1e-4)
 # specular_glare: the lobe is (N . V)^shininess, so a float32 rounding of N . V (sqrt, gradient,
 # the 98th percentile) is raised to the shininess (tens to hundreds), and the lobe's floor and the
 # clipping are thresholds: a highlight pixel may move by a few 1e-4 (a tenth of a level)
-# version 7 takes its smooth fields (gaussians, value noise, the tissue ramp, quantiles) from OpenCV
-# and NumPy on the host and from matrix products and sorts in the kernel, and its highlights are
-# clipped with steep edges, then blurred and ringed in display units: the 99th percentile moves to
-# a few 1e-5 (a hundredth of a level)
-BOUNDS["specular_glare"] = (2e-6, 5e-5, 1e-3)
+BOUNDS["specular_glare"] = (2e-6, 2e-5, 1e-3)
 # fluid_occlusion: the pool is a threshold of a noise field at a quantile and its components, its
 # depth a chamfer distance: the same pixels on both paths (a pixel at the threshold within float32
 # rounding would flip, none does on the frames), then float32 rounding of smooth fields
