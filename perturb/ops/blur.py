@@ -676,6 +676,11 @@ def _taps_along(t: torch.Tensor, taps: torch.Tensor, dim: int) -> torch.Tensor:
     n = taps.shape[0]
     size = t.shape[dim] - n + 1
     out = t.narrow(dim, 0, size) * taps[0]
+    if torch.is_grad_enabled() and (t.requires_grad or taps.requires_grad):
+        # autograd records no ``out=`` products: the same sums as fresh tensors
+        for i in range(1, n):
+            out = out + t.narrow(dim, i, size) * taps[i]
+        return out
     term = torch.empty_like(out)  # each product rounded, then added: the same bits as out + t * tap
     for i in range(1, n):
         out.add_(torch.mul(t.narrow(dim, i, size), taps[i], out=term))
