@@ -107,6 +107,10 @@ def _exact_product(left: torch.Tensor, right: torch.Tensor, matrix_on_left: bool
 
 
 BAND_SHARE = 8  # a matrix whose rows' nonzero spans are at most 1/8 of a row is summed as a band
+# ... and has at least this many columns: K passes over the output beat a dense product only when
+# its rows are long (gaussian_noise on the CPU, one thread: at a 128 px frame, n_in 128, the dense
+# product took half the band's CPU; at 1070x1348, n_in 1070-1348, the band about 0.8 of it)
+BAND_MIN_IN = 256
 
 
 def _band(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -114,7 +118,7 @@ def _band(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     nonzero weight of each row of an integer (n_out, n_in) matrix, where K * BAND_SHARE <= n_in
     (a resampling matrix: area, bicubic) and the window's sums stay exact; else None."""
     n_out, n_in = matrix.shape
-    if n_out == 0 or n_in < BAND_SHARE:
+    if n_out == 0 or n_in < max(BAND_SHARE, BAND_MIN_IN):
         return None
     nonzero = (matrix != 0).to(torch.int8)
     first = nonzero.argmax(dim=1)  # the first maximum: the first nonzero (0 for an empty row)

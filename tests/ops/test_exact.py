@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from perturb.ops import exact
@@ -53,6 +53,7 @@ def _matrix(rng: np.random.Generator, n_out: int, n_in: int) -> torch.Tensor:
     w=st.integers(2, 40),
     log_peak=st.floats(-30, 30),
 )
+@example(seed=181718, b=2, h=2, w=2, log_peak=0.0)  # a sum that cancels to 6% of its terms
 def test_a_sample_alone_and_in_any_batch_gives_the_same_bits(
     seed: int, b: int, h: int, w: int, log_peak: float
 ) -> None:
@@ -69,8 +70,11 @@ def test_a_sample_alone_and_in_any_batch_gives_the_same_bits(
         flipped = exact.separable(rows, x.flip(0), cols).flip(0)
     assert torch.equal(flipped, batch)
     reference = torch.matmul(torch.matmul(rows.double(), x.double()), cols.double().T)
-    peak = reference.abs().amax(dim=(1, 2, 3), keepdim=True).clamp(min=1e-30)
-    # each sample to float32's precision of its own largest value (two roundings of 2**-24)
+    # the rounding of a sum is bounded by its terms' magnitudes, not by the sum (which may cancel
+    # to far below them: seed 181718, b=h=w=2 gave a peak of 0.06 from terms near 1)
+    terms = torch.matmul(torch.matmul(rows.double().abs(), x.double().abs()), cols.double().abs().T)
+    peak = terms.amax(dim=(1, 2, 3), keepdim=True).clamp(min=1e-30)
+    # each sample to float32's precision of its own largest terms (two roundings of 2**-24)
     assert float(((batch.double() - reference).abs() / peak).max()) < 2e-6
 
 
@@ -150,7 +154,7 @@ def test_fft_sums_round_to_their_exact_integers() -> None:
 
 @pytest.mark.parametrize("n_in, n_out", [(529, 448), (1348, 565), (100, 448), (61, 23)])
 def test_a_banded_matrix_summed_as_a_band_gives_the_dense_products_bits(
-    n_in: int, n_out: int, gpu_like: None
+    n_in: int, n_out: int, gpu_like: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A resampling matrix (area down, bicubic up: each row's weights within a few columns)
     takes the banded sums (``_band``), which must give every bit of the dense product, zeros'
@@ -165,6 +169,7 @@ def test_a_banded_matrix_summed_as_a_band_gives_the_dense_products_bits(
     x[0] *= 1e-6  # a sample of another magnitude
     x[1, 0, :7] = -0.0  # all-zero sums: +0 from both
     weights, _ = exact._integer_weights(matrix, x.device)
+    monkeypatch.setattr(exact, "BAND_MIN_IN", 0)  # short rows too: the bits, not the speed rule
     assert exact._band(weights) is not None, "the resampling matrix should take the band"
     along_rows = exact.rows_product(matrix, x)
     along_cols = exact.cols_product(x.transpose(-1, -2).contiguous(), matrix.T)
@@ -181,3 +186,16 @@ def test_a_dense_matrix_does_not_take_the_band() -> None:
     rng = np.random.default_rng(6)
     weights, _ = exact._integer_weights(_matrix(rng, 12, 40), torch.device("cpu"))
     assert exact._band(weights) is None
+
+
+def test_a_short_resampling_matrix_keeps_the_dense_product() -> None:
+    """Rows shorter than BAND_MIN_IN (a 128 px frame's grain matrix) take the dense product, which
+    is the cheaper of the two there; the long rows of a full-size frame take the band."""
+    from perturb.ops.grain import area_matrix, cubic_matrix
+
+    short = torch.from_numpy(np.array(cubic_matrix(128, 448), dtype=np.float32))
+    long = torch.from_numpy(np.array(area_matrix(1070, 448), dtype=np.float32))
+    short_w, _ = exact._integer_weights(short, torch.device("cpu"))
+    long_w, _ = exact._integer_weights(long, torch.device("cpu"))
+    assert exact._band(short_w) is None
+    assert exact._band(long_w) is not None
