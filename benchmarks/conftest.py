@@ -51,13 +51,9 @@ _GIT: dict[str, Any] = {}
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from tests.helpers import cpu_model
+
+    return cpu_model()
 
 
 def _version(dist: str) -> str | None:

@@ -88,3 +88,17 @@ def small_batch(n: int, h: int = 40, w: int = 56, channels: int = 3) -> torch.Te
             crop = (0.299 * crop[0:1] + 0.587 * crop[1:2] + 0.114 * crop[2:3]).clamp(0, 1)
         crops.append(crop)
     return torch.stack(crops).contiguous()
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` or the machine's
+    architecture elsewhere): named beside golden digests and benchmark results."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -98,15 +98,9 @@ def _op_digests(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 def machine() -> str:
     """The CPU the digests were computed on: stored beside them, named when a case fails."""
-    import platform
+    from tests.helpers import cpu_model
 
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_model()
 
 
 def _copy(names: tuple[str, ...], sub: str, dest: Path) -> Path:
