@@ -65,6 +65,27 @@ def to_bgr(img: np.ndarray) -> np.ndarray:
     return cv2.cvtColor(img, cv2.COLOR_RGB2BGR) if img.ndim == 3 else img
 
 
+def quantize_bgr(img: np.ndarray, spec: OutputSpec, bit_depth: int) -> np.ndarray:
+    """``to_bgr(quantize(img, spec, bit_depth))``, the same bytes. An 8-bit RGB float32 output
+    that is a channels-last view of planar (CHW) memory, as the engine's outputs are, is
+    quantized plane by plane in its own contiguous layout (one pass over contiguous memory per
+    step) and interleaved once into BGR by ``cv2.merge``: no strided read and no separate
+    channel swap (2.7 against 8.5 ms a 1070x1348 frame, one thread)."""
+    planar = (
+        img.ndim == 3
+        and img.shape[2] == 3
+        and img.dtype == np.float32
+        and not (spec.format == "png" and bit_depth == 16)
+        and img.transpose(2, 0, 1).flags.c_contiguous
+    )
+    if not planar:
+        return to_bgr(quantize(img, spec, bit_depth))
+    chw = img.transpose(2, 0, 1)
+    rows = np.maximum(chw, np.float32(0.0)).reshape(-1, chw.shape[2])
+    levels = cv2.convertScaleAbs(rows, alpha=255.0).reshape(chw.shape)
+    return cv2.merge([levels[2], levels[1], levels[0]])
+
+
 _PNG_FILTERS = {
     "none": cv2.IMWRITE_PNG_FILTER_NONE,
     "sub": cv2.IMWRITE_PNG_FILTER_SUB,

@@ -33,9 +33,8 @@ from perturb.generate.output import (
     encode_bgr,
     encode_problem,
     encoding_json,
-    quantize,
+    quantize_bgr,
     sha256,
-    to_bgr,
 )
 from perturb.io.images import (
     ImageDecodeError,
@@ -306,7 +305,7 @@ def _write_output(
     cfg: WorkerConfig,
     channels: int,
 ) -> dict[str, Any]:
-    img = to_bgr(quantize(y, suite.output, d.bit_depth))
+    img = quantize_bgr(y, suite.output, d.bit_depth)
     data = encode_bgr(img, suite.output)
     target = resolve_inside(Path(cfg.out), rel)
     write_atomic(target, data, sync=False)  # synced with its commit group (_Writer.commit)
@@ -500,6 +499,44 @@ class _Writer:
             raise stop
 
 
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+# an image's float32 planes and frames (a 1070x1348 RGB frame: 17 MB) come from the heap, not
+# from mmap: glibc's largest mmap threshold (HEAP_MAX_SIZE / 2 on 64-bit)
+MMAP_THRESHOLD = 32 << 20
+# freed memory the heap keeps for the next op instead of returning it at once (it is handed
+# back after each batch: ``release_memory``)
+TRIM_THRESHOLD = 1 << 30
+TOP_PAD = 64 << 20
+_MALLOC_TUNED = False
+
+
+def tune_malloc() -> None:
+    """Once per process: glibc keeps the freed buffers of one op for the next instead of
+    unmapping and re-faulting them. By default an allocation of an image's size is an mmap of
+    its own, unmapped when freed, and each of its pages faults in zeroed when next allocated:
+    the artifact suite on two frames took 1.95 M page faults and 7 of its 48.5 CPU-seconds in
+    the kernel (``benchmarks/results/end-to-end-cpu-r9-amd.json``). Outputs do not depend on
+    it; the heap still goes back to the system after each batch (``release_memory``)."""
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        libc.mallopt(_M_TOP_PAD, TOP_PAD)
+    except (OSError, AttributeError):  # not glibc
+        return
+
+
 def release_memory() -> None:
     """Hand the heap's free pages back to the system after a batch (glibc keeps freed
     arenas of the encoder threads otherwise, and the next batch's budget would not hold)."""
@@ -527,6 +564,7 @@ def process_chunk(
     bad image or a failing op (those become error rows). ``on_output(n)`` is called (on this
     thread) each time n more of the jobs' tasks are done, written or failed."""
     _set_threads(cfg.threads)
+    tune_malloc()
     suite = _suite(json.dumps(cfg.suite, sort_keys=True))
     device = torch.device(cfg.device)
     result = ChunkResult(journaled=cfg.journal is not None)

@@ -15,7 +15,7 @@ import pytest
 
 from perturb.contracts.suite import OutputSpec, Suite
 from perturb.generate.local import pool_context
-from perturb.generate.output import quantize, to_bgr
+from perturb.generate.output import quantize, quantize_bgr, to_bgr
 from tests.generate.conftest import digests, manifest_rows, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,3 +101,22 @@ def test_the_clis_forked_workers_write_what_spawned_workers_write(
     )
     assert digests(forked) == digests(spawned)
     assert manifest_rows(forked) == manifest_rows(spawned)
+
+
+@pytest.mark.parametrize("layout", ["planar", "interleaved", "gray"])
+def test_quantize_bgr_gives_the_bytes_of_quantize_then_to_bgr(layout: str) -> None:
+    """The planar path (a channels-last view of CHW memory, as the engine's outputs) and the
+    fallbacks give ``to_bgr(quantize(...))``'s bytes, at 8 and 16 bits, on the hard values."""
+    for values in _hard_values((3, 37, 53)):
+        if layout == "planar":
+            img = values.transpose(1, 2, 0)
+            assert not img.flags.c_contiguous and img.transpose(2, 0, 1).flags.c_contiguous
+        elif layout == "interleaved":
+            img = np.ascontiguousarray(values.transpose(1, 2, 0))
+        else:
+            img = values[0]
+        for spec, depth in ((JPG, 8), (PNG, 8), (PNG, 16)):
+            want = to_bgr(quantize(img, spec, depth))
+            got = quantize_bgr(img, spec, depth)
+            assert got.dtype == want.dtype and got.flags.c_contiguous
+            np.testing.assert_array_equal(got, want)
