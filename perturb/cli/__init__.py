@@ -11,6 +11,14 @@ and ``perturb score`` never imports torch. Help is click's plain layout (flags s
 from __future__ import annotations
 
 import importlib
+import os
+
+# Before anything loads OpenBLAS (NumPy's, OpenCV's): its idle threads wait for the next product
+# by spinning 2**4 cycles instead of OpenBLAS's default 2**28 (about 0.1 s), then sleep. Between
+# the ops' small products they spun on otherwise idle cores: with the default, the artifact
+# suite on two frames (2 workers) spent about 5 of its 46 CPU-seconds in OpenBLAS's
+# ``blas_thread_server`` (perf). The thread count, hence every product's bits, is unchanged.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 import typer
 

@@ -40,6 +40,11 @@ def start_pool_worker(parent: int, ticks: Any) -> None:
     driver's death first, then (importing torch) per-output progress to the driver's ``ticks``
     queue (``perturb.generate.worker.init_ticks``)."""
     die_with_parent(parent)
+    import gc
+
+    # what the worker holds at its start (a forked worker: the driver's imported modules) is
+    # never garbage: the collector's full passes skip it instead of walking it again and again
+    gc.freeze()
     from perturb.generate.worker import init_ticks
 
     init_ticks(ticks)

@@ -67,7 +67,12 @@ def run_local(
                 job(cfg, jobs, on_output=partial(commit.progress.tick, chunk)), n_tasks, chunk
             )
     else:
-        _run_pool(cfg, workers, inp, batches, commit, job, pool_context(cfg.device, fork))
+        ctx = pool_context(cfg.device, fork)
+        if ctx.get_start_method() == "fork":
+            # the op registry (every op module, SciPy's spatial and linear algebra) imported
+            # once here and inherited, instead of imported by each worker at its first op
+            import perturb.catalog.ops  # noqa: F401
+        _run_pool(cfg, workers, inp, batches, commit, job, ctx)
 
 
 # chunks in flight per worker, and the fewest chunks per worker a run is cut into (when it has
