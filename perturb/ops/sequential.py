@@ -106,7 +106,7 @@ def translate_planes(planes: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -
     def cols(index: torch.Tensor) -> torch.Tensor:
         return planes.gather(2, _reflect101(index, w).view(n, 1, w).expand(n, h, w))
 
-    along = cols(ix0) * (1.0 - fx) + cols(ix0 + 1) * fx
+    along = cols(ix0).mul_(1.0 - fx).add_(cols(ix0 + 1).mul_(fx))  # in place: the same sums
 
     plane = torch.arange(n, device=planes.device).view(n, 1)
 
@@ -115,7 +115,7 @@ def translate_planes(planes: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -
         # index expanded over the columns, about 3x cheaper on a CPU)
         return along[plane, _reflect101(index, h)]
 
-    return rows(iy0) * (1.0 - fy) + rows(iy0 + 1) * fy
+    return rows(iy0).mul_(1.0 - fy).add_(rows(iy0 + 1).mul_(fy))
 
 
 @register_kernel("color_breakup", sampler=_breakup_sampler)
@@ -146,7 +146,7 @@ def color_breakup(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[in
     for i in range(steps):  # time points of the field sequence, not samples
         # output pixel q of a field in which the scene has moved by s shows the scene at q - s
         moved = translate_planes(planes, off_x[:, :, i].reshape(-1), off_y[:, :, i].reshape(-1))
-        acc = acc + weights[:, :, i].view(b, 3, 1, 1) * moved.view(b, 3, h, w)
+        acc.add_(moved.view(b, 3, h, w).mul_(weights[:, :, i].view(b, 3, 1, 1)))  # in place
     sensed = acc.clamp(0.0, 1.0)
     # the share of the frame's own (correlated) noise the mean of the shifted copies keeps: that
     # of the comb's PSF, the copies' points splatted (``retained_variance``)
