@@ -19,8 +19,11 @@ repeats), after one untimed warm-up of each on one frame (it byte-compiles their
 an installed package has them); the medians are kept. Per run: wall seconds, CPU-seconds (user + system of the
 process tree, from ``wait4``), outputs per second and peak RSS (the largest process, and the
 sum over concurrent processes). ``--growth``: perturb's peak RSS for the track at 1x, 2x and
-4x the images (flat memory as the job grows). Writes ``benchmarks/results/end-to-end-<tag>.json``
-with the CPU model, load average and versions.
+4x the images (flat memory as the job grows). ``--baseline PATH``: ``perturb generate`` of
+another checkout (its ``perturb`` on PYTHONPATH) is one more contender of the same rotation, and
+the ratios of this tree's outputs per CPU-second to the baseline's are reported (an A/B of two
+trees in one run). Writes ``benchmarks/results/end-to-end-<tag>.json`` with the CPU model, load
+average and versions.
 """
 
 from __future__ import annotations
@@ -85,33 +88,38 @@ class Run:
 PYCACHE = Path(tempfile.gettempdir()) / f"perturb-bench-pycache-{os.getuid()}"
 
 
-def _env() -> dict[str, str]:
+def _env(repo: Path = REPO) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE")
     }
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = str(repo)
     env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     env["HF_DATASETS_OFFLINE"] = env["HF_HUB_OFFLINE"] = "1"
     return env
 
 
-def _run_all(cmds: list[list[str]]) -> tuple[float, float, float, float, list[str]]:
-    """Start ``cmds`` at once; wall, CPU-seconds, max and summed peak RSS (MiB), stdouts."""
+def _run_all(
+    cmds: list[list[str]], repo: Path = REPO
+) -> tuple[float, float, float, float, list[str]]:
+    """Start ``cmds`` at once (in ``repo``, its modules first on PYTHONPATH); wall, CPU-seconds,
+    max and summed peak RSS (MiB), stdouts."""
     start = time.perf_counter()
     procs = [
-        subprocess.Popen(c, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            c, cwd=repo, env=_env(repo), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         for c in cmds
     ]
     cpu, peaks, outs = 0.0, [], []
-    for p in procs:
+    for p, cmd in zip(procs, cmds, strict=True):
         assert p.stdout is not None and p.stderr is not None
         out, err = p.stdout.read(), p.stderr.read()
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
         if p.returncode != 0:
-            raise SystemExit(f"{' '.join(p.args)} failed ({p.returncode}):\n{err.decode()[-2000:]}")
+            raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{err.decode()[-2000:]}")
         cpu += usage.ru_utime + usage.ru_stime
         peaks.append(usage.ru_maxrss / 1024)
         outs.append(out.decode())
@@ -145,7 +153,10 @@ def reference(script: str, frames: list[Path], processes: int, tmp: Path) -> Run
     return Run(wall, cpu, count, peak, total)
 
 
-def perturb_run(suite: str, frames: list[Path], workers: int, tmp: Path) -> Run:
+def perturb_run(
+    suite: str, frames: list[Path], workers: int, tmp: Path, repo: Path = REPO
+) -> Run:
+    """``perturb generate`` of the checkout ``repo`` (default: this one)."""
     (folder,) = _shards(frames, 1, tmp)
     out = tmp / "perturb-out"
     cmd = [
@@ -163,7 +174,7 @@ def perturb_run(suite: str, frames: list[Path], workers: int, tmp: Path) -> Run:
         "--quiet",
         "--json",
     ]
-    wall, cpu, peak, total, (stdout,) = _run_all([cmd])
+    wall, cpu, peak, total, (stdout,) = _run_all([cmd], repo)
     summary = json.loads(stdout)
     if summary.get("errors"):
         raise SystemExit(f"perturb generate {suite}: {summary['errors']} errors")
@@ -197,12 +208,17 @@ def job(
     tmp: Path,
     rotate: int = 0,
     warm_up: bool = True,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
     contenders: dict[str, Any] = {
         "perturb": lambda: perturb_run(suite, frames, cores, tmp),
         "reference_1_process": lambda: reference(script, frames, 1, tmp),
         f"reference_{cores}_processes": lambda: reference(script, frames, cores, tmp),
     }
+    if baseline is not None:
+        contenders["perturb_baseline"] = lambda: perturb_run(
+            suite, frames, cores, tmp / "baseline", baseline
+        )
     runs: dict[str, list[Run]] = {k: [] for k in contenders}
     names = list(contenders)
     # untimed warm-up on one frame: byte-compiles each side's modules (PYCACHE), warms the
@@ -210,6 +226,8 @@ def job(
     if warm_up:
         perturb_run(suite, frames[:1], cores, tmp / "warm")
         reference(script, frames[:1], 1, tmp / "warm")
+        if baseline is not None:
+            perturb_run(suite, frames[:1], cores, tmp / "warm-baseline", baseline)
     load_before = os.getloadavg()
     for r in range(repeats):
         first = (r + rotate) % len(names)
@@ -228,6 +246,8 @@ def job(
         "load_after": os.getloadavg(),
     }
     out.update({k: _median(v) for k, v in runs.items()})
+    if baseline is not None:
+        out["baseline"] = {"path": str(baseline), "commit": _commit(baseline)}
     ours = out["perturb"]
     for k in names[1:]:
         ref = out[k]
@@ -235,6 +255,15 @@ def job(
             "outputs_per_s": round(ours["outputs_per_s"] / ref["outputs_per_s"], 3),
             "outputs_per_cpu_s": round(ours["outputs_per_cpu_s"] / ref["outputs_per_cpu_s"], 3),
         }
+    if baseline is not None:  # the baseline against the references, as this tree is above
+        base = out["perturb_baseline"]
+        for k in names[1:3]:
+            out[f"baseline_ratio_vs_{k}"] = {
+                "outputs_per_s": round(base["outputs_per_s"] / out[k]["outputs_per_s"], 3),
+                "outputs_per_cpu_s": round(
+                    base["outputs_per_cpu_s"] / out[k]["outputs_per_cpu_s"], 3
+                ),
+            }
     return out
 
 
@@ -257,6 +286,12 @@ def growth(frames: list[Path], cores: int, tmp: Path) -> dict[str, Any]:
     return rows
 
 
+def _commit(repo: Path) -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+
+
 def environment() -> dict[str, Any]:
     import albumentations
     import cv2
@@ -271,9 +306,7 @@ def environment() -> dict[str, Any]:
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
+    commit = _commit(REPO)
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -304,6 +337,11 @@ def main() -> None:
     parser.add_argument(
         "--no-warm-up", action="store_true", help="the bytecode cache is already filled"
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout whose perturb generate joins the rotation (an A/B of two trees)",
+    )
     args = parser.parse_args()
     frames = sorted(SAMPLES.glob("*.jpg"))
     if not frames:
@@ -326,6 +364,7 @@ def main() -> None:
                 tmp / "a",
                 args.rotate,
                 not args.no_warm_up,
+                args.baseline,
             )
         if "track" in jobs:
             result["track"] = job(
@@ -338,6 +377,7 @@ def main() -> None:
                 tmp / "t",
                 args.rotate,
                 not args.no_warm_up,
+                args.baseline,
             )
         if args.growth:
             result["track_memory_growth"] = growth(frames[:4], cores, tmp / "g")
