@@ -120,3 +120,25 @@ def test_quantize_bgr_gives_the_bytes_of_quantize_then_to_bgr(layout: str) -> No
             got = quantize_bgr(img, spec, depth)
             assert got.dtype == want.dtype and got.flags.c_contiguous
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("given", [None, "12"])
+def test_the_cli_shortens_openblas_spinning_unless_the_user_set_it(given: str | None) -> None:
+    """``perturb.cli`` sets OPENBLAS_THREAD_TIMEOUT before NumPy (hence OpenBLAS) is loaded,
+    keeping a value the user gave."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if given is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    code = (
+        "import os, sys\n"
+        "import perturb.cli\n"
+        "print(os.environ['OPENBLAS_THREAD_TIMEOUT'])\n"
+    )
+    probe = "import sys, perturb; print('numpy' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [given or "4"]
+    # nothing before perturb.cli's first lines has loaded NumPy (the setting would come too late)
+    early = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert early.stdout.split() == ["False"], early.stderr[-2000:]
