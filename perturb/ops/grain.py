@@ -323,17 +323,31 @@ def _load_float(src: np.ndarray) -> np.ndarray:
     return full
 
 
+@lru_cache(maxsize=16)
+def _field_matrix64(g: int, n: int) -> np.ndarray:
+    """``field_matrix(g, n)`` in float64 (the same values)."""
+    out = field_matrix(g, n).astype(np.float64)
+    out.flags.writeable = False
+    return out
+
+
 def field_into(residual: np.ndarray, out: np.ndarray) -> None:
     """``out`` (C, H, W) float32 = the grid ``residual`` (C, gh, gw) float32 as its field on the
     H x W frame (``field_matrix`` along each axis; for an axis whose matrix would pass
-    ``DENSE_ENTRIES``, the same sum by FFT, ``_field_fft``)."""
+    ``DENSE_ENTRIES``, the same sum by FFT, ``_field_fft``).
+
+    The products of float32 values sum in float64 and round once to float32: a float32 BLAS
+    product sums in an order set by its kernel and thread count, and gave other bytes with one
+    OpenBLAS thread than with two; in float64 those orders differ by about 1e-16 of a value,
+    which moves its float32 rounding only when it lies within that of a rounding boundary."""
     h, w = out.shape[-2:]
     gh, gw = residual.shape[-2:]
-    if h * gh <= DENSE_ENTRIES and w * gw <= DENSE_ENTRIES:
-        np.matmul(np.matmul(field_matrix(gh, h), residual), field_matrix(gw, w).T, out=out)
+    wide = residual.astype(np.float64)
+    rows = np.matmul(_field_matrix64(gh, h), wide) if h * gh <= DENSE_ENTRIES else _field_fft(wide, h, 1)
+    if w * gw <= DENSE_ENTRIES:
+        out[...] = np.matmul(rows, _field_matrix64(gw, w).T)
     else:  # an extreme aspect ratio: the long axis by FFT (no (n, g) matrix)
-        rows = np.matmul(field_matrix(gh, h), residual) if h * gh <= DENSE_ENTRIES else _field_fft(residual, h, 1)
-        out[...] = np.matmul(rows, field_matrix(gw, w).T) if w * gw <= DENSE_ENTRIES else _field_fft(rows, w, 2)
+        out[...] = _field_fft(rows, w, 2)
 
 
 def field_torch(residual: torch.Tensor, h: int, w: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ import json
 
 import pytest
 import torch
+from threadpoolctl import threadpool_limits
 
 import perturb
 from perturb.catalog.ops import all_ops, get_op
@@ -86,6 +87,20 @@ def test_independent_of_thread_count(op: str) -> None:
         many, _ = perturb.apply(x, op, 5, _keys(3))
     finally:
         torch.set_num_threads(threads)
+    assert torch.equal(one, many)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_independent_of_blas_thread_count(op: str) -> None:
+    """The host path's bits do not depend on how many threads NumPy's BLAS runs (a float32
+    product sums in an order set by its kernel and thread count: the grain field gave other
+    bytes with one OpenBLAS thread than with two). A frame larger than the grain grid, so its
+    products are large enough for the BLAS to split them."""
+    x = _batch_for(op, 2, 240, 304)
+    with threadpool_limits(limits=1, user_api="blas"):
+        one, _ = perturb.apply(x, op, 5, _keys(2))
+    with threadpool_limits(limits=4, user_api="blas"):
+        many, _ = perturb.apply(x, op, 5, _keys(2))
     assert torch.equal(one, many)
 
 
