@@ -49,6 +49,13 @@ BLOOM_SIGMA = 0.0015  # blooming spread (shorter side)
 BLOOM_GAIN = 0.6
 EDGE_FADE = 0.01  # highlights fade out within this distance of the field's edge
 LOBE_FLOOR = 1e-7  # a lobe below this is left out (its light stays under SPEC_FLOOR / 30)
+WET_CELL = 0.09  # wet patches of the mucus film (shorter side): highlights come in clusters
+WET_SEED = 0.2  # the wettest patch is centred on tissue whose lobe reaches this share of the peak
+FRINGE_PX = (1.0, 3.0)  # R/B offset from G of a colour-sequential scope at 1080 lines (keyed)
+FRINGE_REF = 1080.0
+HALO_SIGMA = 0.004  # light scattered in the tissue round a highlight (shorter side)
+HALO_GAIN = 0.12
+HALO_CAP = 1.0  # full wells of a highlight that feed its halo
 SPEC_FLOOR = 1e-5  # specular light (fraction of full well) that moves no 8-bit level (1/30 of the darkest step)
 
 
@@ -59,6 +66,9 @@ def _glare_sampler(rng: np.random.Generator, level: Level) -> Params:
         "relief": draw(rng, level["relief"]),
         "shininess": draw(rng, level["shininess"]),
         "illuminant": [float(t / tint.max()) for t in tint],
+        "coverage": draw(rng, level["coverage"]),
+        "fringe": float(rng.uniform(*FRINGE_PX)),
+        "fringe_angle": float(rng.uniform(0.0, 2.0 * math.pi)),
     }
 
 
@@ -78,6 +88,70 @@ def _quantile(a: np.ndarray, q: float) -> float:
             pair = np.partition(band, [k - below, k + 1 - below])[[k - below, k + 1 - below]]
             return float(np.quantile(pair, virtual - k))
     return float(np.quantile(flat, q))
+
+
+def wet_patches(noise: np.ndarray, coverage: float, top: float) -> np.ndarray:
+    """Weight (H, W) in [0, 1] of the mucus film's wet patches: 1 where the film noise reaches
+    ``top`` (its highest value on the tissue that faces the light), falling to 0 at ``coverage``
+    below it (smoothstep), so that every frame has a patch where highlights can form and they
+    gather in a few clusters instead of spreading over the field."""
+    t = noise - np.float32(top - coverage)
+    t *= np.float32(1.0 / coverage)
+    np.clip(t, np.float32(0.0), np.float32(1.0), out=t)
+    return t * t * (np.float32(3.0) - np.float32(2.0) * t)
+
+
+def wet_patches_t(noise: torch.Tensor, coverage: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """``wet_patches`` of a (B, H, W) batch (``top``: (B,))."""
+    top = top - coverage
+    t = ((noise - top.view(-1, 1, 1)) * (1.0 / coverage).view(-1, 1, 1)).clamp(0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)
+
+
+def fringe_offsets(p: dict[str, Any], scale: int) -> list[tuple[float, float]]:
+    """(dx, dy) in pixels of the R, G and B fields of a colour-sequential scope: R and B one
+    field period before and after G along the keyed direction of the scope's motion."""
+    r = float(p["fringe"]) * scale / FRINGE_REF
+    a = float(p["fringe_angle"])
+    dx, dy = r * math.cos(a), r * math.sin(a)
+    return [(dx, dy), (0.0, 0.0), (-dx, -dy)]
+
+
+def _shift_np(plane: np.ndarray, dx: float, dy: float) -> np.ndarray:
+    """``plane`` (H, W) moved by (dx, dy) pixels, bilinear, zeros shifted in."""
+    h, w = plane.shape
+    pad = int(math.ceil(max(abs(dx), abs(dy)))) + 1
+    big = np.zeros((h + 2 * pad, w + 2 * pad), dtype=np.float32)
+    big[pad : pad + h, pad : pad + w] = plane
+    ix, iy = math.floor(dx), math.floor(dy)
+    fx, fy = np.float32(dx - ix), np.float32(dy - iy)
+
+    def at(ox: int, oy: int) -> np.ndarray:
+        return big[pad - oy : pad - oy + h, pad - ox : pad - ox + w]
+
+    top = at(ix, iy) * (np.float32(1.0) - fx) + at(ix + 1, iy) * fx
+    bottom = at(ix, iy + 1) * (np.float32(1.0) - fx) + at(ix + 1, iy + 1) * fx
+    return top * (np.float32(1.0) - fy) + bottom * fy
+
+
+def _shift_t(planes: torch.Tensor, shifts: Sequence[tuple[float, float]]) -> torch.Tensor:
+    """``_shift_np`` of every (H, W) plane of a (B, H, W) batch by its own (dx, dy)."""
+    _b, h, w = planes.shape
+    out = []
+    for plane, (dx, dy) in zip(planes, shifts, strict=True):
+        pad = int(math.ceil(max(abs(dx), abs(dy)))) + 1
+        big = torch.nn.functional.pad(plane, (pad, pad, pad, pad))
+        ix, iy = math.floor(dx), math.floor(dy)
+        fx = torch.tensor(dx - ix, dtype=torch.float32, device=planes.device)
+        fy = torch.tensor(dy - iy, dtype=torch.float32, device=planes.device)
+
+        def at(ox: int, oy: int, big: torch.Tensor = big, pad: int = pad) -> torch.Tensor:
+            return big[pad - oy : pad - oy + h, pad - ox : pad - ox + w]
+
+        top = at(ix, iy) * (1.0 - fx) + at(ix + 1, iy) * fx
+        bottom = at(ix, iy + 1) * (1.0 - fx) + at(ix + 1, iy + 1) * fx
+        out.append(top * (1.0 - fy) + bottom * fy)
+    return torch.stack(out)
 
 
 def surface_normals(
@@ -163,31 +237,47 @@ def _specular_glare_batch(
 ) -> torch.Tensor:
     """``specular_glare`` of a batch in one pass (the torch kernel): every field of the model
     for the whole batch, the lobe's floor and the clipping as masks."""
-    _b, c, h, w = x.shape
+    b, c, h, w = x.shape
     scale = min(h, w)
     _field, tissue = _host.view_masks(x, scenes)
     lin = _math.srgb_to_linear(x)
     n_dot_v, inv_d2 = surface_normals_t(_host.luma_t(lin), keys, p["relief"], scale)
+    film = _host.fractal_noise_t(keys, "glare-wet", h, w, WET_CELL * scale, 2, lin)
     shininess = p["shininess"].view(-1, 1, 1)
     floor = torch.exp(math.log(LOBE_FLOOR) / shininess.to(torch.float64)).to(torch.float32)
     facing = n_dot_v > floor
+    zero = torch.zeros((), device=x.device)
     lobe = (
         torch.exp(torch.log(n_dot_v.clamp(min=1e-30)) * shininess)
         * inv_d2
         * p["wetness"].view(-1, 1, 1)
     )
     lobe = lobe * _host.soft_mask_t(tissue, EDGE_FADE * scale)[:, 0]
-    lobe = torch.where(facing, lobe, torch.zeros((), device=x.device))
-    spec = _host.gauss_t(lobe, OPTICS_SIGMA * scale).unsqueeze(1)
+    lobe = torch.where(facing, lobe, zero)
+    peak = lobe.amax(dim=(1, 2), keepdim=True)
+    strong = facing & (lobe >= WET_SEED * peak)
+    top = torch.where(strong, film, torch.full((), -math.inf, device=x.device)).amax(dim=(1, 2))
+    lobe = lobe * wet_patches_t(film, p["coverage"], top)
+    spec = _host.gauss_t(lobe, OPTICS_SIGMA * scale)
     gains = p["illuminant"].view(-1, 3, 1, 1) if c == 3 else torch.ones(1, 1, 1, 1, device=x.device)
-    raw = lin + spec * gains
-    zero = torch.zeros((), device=x.device)
+    raw = lin + spec.unsqueeze(1) * gains
     overflow = torch.where(
-        spec > SPEC_FLOOR, (raw.amax(dim=1, keepdim=True) - 1.0).clamp(min=0.0), zero
-    )
-    bloom = _host.gauss_t(overflow, BLOOM_SIGMA * scale) * BLOOM_GAIN + spec
-    changed = (bloom > SPEC_FLOOR) & tissue
-    res = _math.linear_to_srgb((lin + bloom * gains).clamp(0.0, 1.0))
+        spec.unsqueeze(1) > SPEC_FLOOR, (raw.amax(dim=1, keepdim=True) - 1.0).clamp(min=0.0), zero
+    )[:, 0]
+    light = _host.gauss_t(overflow, BLOOM_SIGMA * scale) * BLOOM_GAIN + spec
+    halo = _host.gauss_t(light.clamp(max=HALO_CAP), HALO_SIGMA * scale) * HALO_GAIN
+    if c == 3:
+        offsets = [fringe_offsets({k: v[i] for k, v in p.items()}, scale) for i in range(b)]
+        fields = torch.stack(
+            [_shift_t(light, [o[ch] for o in offsets]) for ch in range(3)], dim=1
+        )
+    else:
+        fields = light.unsqueeze(1)
+    reach = fields.amax(dim=1) + halo
+    changed = ((reach > SPEC_FLOOR).unsqueeze(1)) & tissue
+    tint = lin / lin.amax(dim=1, keepdim=True).clamp(min=1e-4)
+    out = lin + fields * gains + halo.unsqueeze(1) * tint
+    res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
     return torch.where(changed, res, x).clamp(0.0, 1.0)
 
 
@@ -206,10 +296,11 @@ def specular_glare(
     c, h, w = img.shape
     scale = _host.side(img)
     tissue = view.tissue
-    lum = _host.luma(_host.to_linear(img))
-    flat = img.reshape(c, -1)
+    lin = _host.to_linear(img)
+    lum = _host.luma(lin)
     n_dot_v, inv_d2 = surface_normals(lum, key, float(p["relief"]), scale)
-    # wetness (N . V)^shininess / d^2, where the lobe reaches LOBE_FLOOR (zero elsewhere)
+    film = _host.fractal_noise(key, "glare-wet", h, w, WET_CELL * scale, 2)
+    # wetness (N . V)^shininess / d^2 on the wet patches, where the lobe reaches LOBE_FLOOR
     shininess = np.float32(p["shininess"])
     facing = np.flatnonzero(
         n_dot_v.reshape(-1) > np.float32(math.exp(math.log(LOBE_FLOOR) / float(shininess)))
@@ -222,26 +313,39 @@ def specular_glare(
         lobe_at *= inv_d2.reshape(-1)[facing]
         lobe_at *= np.float32(p["wetness"])
         lobe_at *= _host.soft_mask(tissue, EDGE_FADE * scale).reshape(-1)[facing]
+        film_at = film.reshape(-1)[facing]
+        strong = lobe_at >= np.float32(WET_SEED * float(lobe_at.max()))
+        lobe_at *= wet_patches(film_at, float(p["coverage"]), float(film_at[strong].max()))
         lobe[facing] = lobe_at
-    lobe = lobe.reshape(h, w)
-    spec = _host.gauss(lobe, OPTICS_SIGMA * scale).reshape(
-        -1
-    )  # the lens PSF: hairline lobes stay below clipping
+    # the lens PSF: hairline lobes stay below clipping
+    spec = _host.gauss(lobe.reshape(h, w), OPTICS_SIGMA * scale)
     illuminant = np.asarray(p["illuminant"], dtype=np.float32)
     gains = illuminant[:, None] if c == 3 else np.ones((1, 1), np.float32)
-    lit = np.flatnonzero(spec > np.float32(SPEC_FLOOR))  # where the light may clip
-    raw = _linear_at(flat, lit)
-    raw += spec[lit] * gains
+    flat_spec = spec.reshape(-1)
+    lit = np.flatnonzero(flat_spec > np.float32(SPEC_FLOOR))  # where the light may clip
+    raw = lin.reshape(c, -1)[:, lit]
+    raw += flat_spec[lit] * gains
     overflow = np.zeros(h * w, dtype=np.float32)
     overflow[lit] = np.clip(raw.max(axis=0) - np.float32(1.0), np.float32(0.0), None)
-    bloom = _host.gauss(overflow.reshape(h, w), BLOOM_SIGMA * scale).reshape(-1)
-    bloom *= np.float32(BLOOM_GAIN)
-    bloom += spec
-    changed = np.flatnonzero((bloom > np.float32(SPEC_FLOOR)) & tissue.reshape(-1))
-    out = _linear_at(flat, changed)
-    out += bloom[changed] * gains
+    light = _host.gauss(overflow.reshape(h, w), BLOOM_SIGMA * scale)
+    light *= np.float32(BLOOM_GAIN)
+    light += spec
+    halo = _host.gauss(np.minimum(light, np.float32(HALO_CAP)), HALO_SIGMA * scale)
+    halo *= np.float32(HALO_GAIN)
+    if c == 3:
+        fields = [_shift_np(light, dx, dy) for dx, dy in fringe_offsets(p, scale)]
+    else:
+        fields = [light]
+    reach = np.maximum.reduce(fields) if c == 3 else light.copy()
+    reach += halo
+    changed = np.flatnonzero((reach.reshape(-1) > np.float32(SPEC_FLOOR)) & tissue.reshape(-1))
     res = img.copy()
     if changed.size:
+        base = lin.reshape(c, -1)[:, changed]
+        tint = base / np.maximum(base.max(axis=0), np.float32(1e-4))
+        out = np.stack([f.reshape(-1)[changed] for f in fields]) * gains
+        out += halo.reshape(-1)[changed] * tint
+        out += base
         res.reshape(c, -1)[:, changed] = _host.to_display(
             np.clip(out, np.float32(0.0), np.float32(1.0))
         )
