@@ -117,17 +117,29 @@ def fringe_offsets(p: dict[str, Any], scale: int) -> list[tuple[float, float]]:
     return [(dx, dy), (0.0, 0.0), (-dx, -dy)]
 
 
-def _shift_np(plane: np.ndarray, dx: float, dy: float) -> np.ndarray:
-    """``plane`` (H, W) moved by (dx, dy) pixels, bilinear, zeros shifted in."""
+def fringe_reach(offsets: Sequence[tuple[float, float]]) -> int:
+    """Pixels (Chebyshev) by which the fields' offsets may move light: the bilinear taps of the
+    largest."""
+    return int(math.ceil(max(abs(v) for o in offsets for v in o)))
+
+
+def _shifted_at(
+    plane: np.ndarray, dx: float, dy: float, ys: np.ndarray, xs: np.ndarray
+) -> np.ndarray:
+    """``plane`` (H, W) moved by (dx, dy) pixels (bilinear, zeros shifted in), read at the
+    pixels (ys, xs) only."""
     h, w = plane.shape
+    if dx == 0.0 and dy == 0.0:
+        return plane[ys, xs]
     pad = int(math.ceil(max(abs(dx), abs(dy)))) + 1
     big = np.zeros((h + 2 * pad, w + 2 * pad), dtype=np.float32)
     big[pad : pad + h, pad : pad + w] = plane
     ix, iy = math.floor(dx), math.floor(dy)
     fx, fy = np.float32(dx - ix), np.float32(dy - iy)
+    rows, cols = ys + pad, xs + pad
 
     def at(ox: int, oy: int) -> np.ndarray:
-        return big[pad - oy : pad - oy + h, pad - ox : pad - ox + w]
+        return big[rows - oy, cols - ox]
 
     top = at(ix, iy) * (np.float32(1.0) - fx) + at(ix + 1, iy) * fx
     bottom = at(ix, iy + 1) * (np.float32(1.0) - fx) + at(ix + 1, iy + 1) * fx
@@ -266,15 +278,18 @@ def _specular_glare_batch(
     )[:, 0]
     light = _host.gauss_t(overflow, BLOOM_SIGMA * scale) * BLOOM_GAIN + spec
     halo = _host.gauss_t(light.clamp(max=HALO_CAP), HALO_SIGMA * scale) * HALO_GAIN
+    offsets = [fringe_offsets({k: v[i] for k, v in p.items()}, scale) for i in range(b)]
     if c == 3:
-        offsets = [fringe_offsets({k: v[i] for k, v in p.items()}, scale) for i in range(b)]
         fields = torch.stack(
             [_shift_t(light, [o[ch] for o in offsets]) for ch in range(3)], dim=1
         )
     else:
         fields = light.unsqueeze(1)
-    reach = fields.amax(dim=1) + halo
-    changed = ((reach > SPEC_FLOOR).unsqueeze(1)) & tissue
+    support = (light > SPEC_FLOOR).to(torch.float32).unsqueeze(1)
+    grow = max(fringe_reach(o) for o in offsets) if c == 3 else 0
+    if grow:
+        support = torch.nn.functional.max_pool2d(support, 2 * grow + 1, stride=1, padding=grow)
+    changed = ((support[:, 0] > 0) | (halo > SPEC_FLOOR)).unsqueeze(1) & tissue
     tint = lin / lin.amax(dim=1, keepdim=True).clamp(min=1e-4)
     out = lin + fields * gains + halo.unsqueeze(1) * tint
     res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
@@ -330,21 +345,33 @@ def specular_glare(
     light = _host.gauss(overflow.reshape(h, w), BLOOM_SIGMA * scale)
     light *= np.float32(BLOOM_GAIN)
     light += spec
-    halo = _host.gauss(np.minimum(light, np.float32(HALO_CAP)), HALO_SIGMA * scale)
-    halo *= np.float32(HALO_GAIN)
-    if c == 3:
-        fields = [_shift_np(light, dx, dy) for dx, dy in fringe_offsets(p, scale)]
-    else:
-        fields = [light]
-    reach = np.maximum.reduce(fields) if c == 3 else light.copy()
-    reach += halo
-    changed = np.flatnonzero((reach.reshape(-1) > np.float32(SPEC_FLOOR)) & tissue.reshape(-1))
     res = img.copy()
-    if changed.size:
+    # the fringe and the halo within the box of the light (and their reach) only
+    rows = np.flatnonzero((light > np.float32(SPEC_FLOOR)).any(axis=1))
+    if rows.size == 0:
+        return res
+    cols = np.flatnonzero((light[rows[0] : rows[-1] + 1] > np.float32(SPEC_FLOOR)).any(axis=0))
+    offsets = fringe_offsets(p, scale) if c == 3 else [(0.0, 0.0)]
+    margin = int(math.ceil(4.0 * HALO_SIGMA * scale + max(abs(v) for o in offsets for v in o))) + 2
+    y0, y1 = max(0, int(rows[0]) - margin), min(h, int(rows[-1]) + 1 + margin)
+    x0, x1 = max(0, int(cols[0]) - margin), min(w, int(cols[-1]) + 1 + margin)
+    win = np.ascontiguousarray(light[y0:y1, x0:x1])
+    halo = _host.gauss(np.minimum(win, np.float32(HALO_CAP)), HALO_SIGMA * scale)
+    halo *= np.float32(HALO_GAIN)
+    # every pixel a shifted field may reach: the light's support grown by the largest offset
+    grow = fringe_reach(offsets)
+    support = (win > np.float32(SPEC_FLOOR)).view(np.uint8)
+    if grow:
+        support = cv2.dilate(support, np.ones((2 * grow + 1, 2 * grow + 1), np.uint8))
+    inside = ((support > 0) | (halo > np.float32(SPEC_FLOOR))) & tissue[y0:y1, x0:x1]
+    ys, xs = np.nonzero(inside)
+    if ys.size:
+        flat_win = ys * (x1 - x0) + xs
+        changed = (ys + y0) * w + (xs + x0)
         base = lin.reshape(c, -1)[:, changed]
         tint = base / np.maximum(base.max(axis=0), np.float32(1e-4))
-        out = np.stack([f.reshape(-1)[changed] for f in fields]) * gains
-        out += halo.reshape(-1)[changed] * tint
+        out = np.stack([_shifted_at(win, dx, dy, ys, xs) for dx, dy in offsets]) * gains
+        out += halo.reshape(-1)[flat_win] * tint
         out += base
         res.reshape(c, -1)[:, changed] = _host.to_display(
             np.clip(out, np.float32(0.0), np.float32(1.0))
