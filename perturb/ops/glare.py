@@ -39,8 +39,9 @@ dark frame and anything drawn on it stay untouched.
 
 Severity raises the wetness, the relief and the wet patches' extent and lowers the shininess (a
 wider lobe); severity 1 adds a few specks, severity 5 clusters of clipped specks and streaks
-along crests (new highlights' equivalent diameters within 2x of the real ones on the same frames,
-and more clustered than them: Clark-Evans ratio 0.40 against 0.63).
+along crests. On the real sample frames the new highlights' equivalent diameters stay within 2x
+of the real ones on the same frames, and the wet patches confine them to 0.25 / 0.40 / 0.54 (at
+severities 3 / 4 / 5) of the area an even film would light.
 """
 
 from __future__ import annotations
