@@ -141,26 +141,32 @@ def fringe_reach(offsets: Sequence[tuple[float, float]]) -> int:
 
 
 def _shifted_at(
-    plane: np.ndarray, dx: float, dy: float, ys: np.ndarray, xs: np.ndarray
+    plane: np.ndarray, offsets: Sequence[tuple[float, float]], ys: np.ndarray, xs: np.ndarray
 ) -> np.ndarray:
-    """``plane`` (H, W) moved by (dx, dy) pixels (bilinear, zeros shifted in), read at the
-    pixels (ys, xs) only."""
+    """(len(offsets), N): ``plane`` (H, W) moved by each (dx, dy) in pixels (bilinear, zeros
+    shifted in), read at the pixels (ys, xs) only."""
     h, w = plane.shape
-    if dx == 0.0 and dy == 0.0:
-        return plane[ys, xs]
-    pad = math.ceil(max(abs(dx), abs(dy))) + 1
+    pad = fringe_reach(offsets) + 1
     big = np.zeros((h + 2 * pad, w + 2 * pad), dtype=np.float32)
     big[pad : pad + h, pad : pad + w] = plane
-    ix, iy = math.floor(dx), math.floor(dy)
-    fx, fy = np.float32(dx - ix), np.float32(dy - iy)
-    rows, cols = ys + pad, xs + pad
+    flat = big.reshape(-1)
+    stride = w + 2 * pad
+    at_pixels = (ys + pad) * stride + (xs + pad)
+    out = np.empty((len(offsets), ys.size), dtype=np.float32)
+    for k, (dx, dy) in enumerate(offsets):
+        if dx == 0.0 and dy == 0.0:
+            out[k] = plane[ys, xs]
+            continue
+        ix, iy = math.floor(dx), math.floor(dy)
+        fx, fy = np.float32(dx - ix), np.float32(dy - iy)
 
-    def at(ox: int, oy: int) -> np.ndarray:
-        return big[rows - oy, cols - ox]
+        def at(ox: int, oy: int) -> np.ndarray:
+            return np.take(flat, at_pixels - (oy * stride + ox))
 
-    top = at(ix, iy) * (np.float32(1.0) - fx) + at(ix + 1, iy) * fx
-    bottom = at(ix, iy + 1) * (np.float32(1.0) - fx) + at(ix + 1, iy + 1) * fx
-    return top * (np.float32(1.0) - fy) + bottom * fy
+        top = at(ix, iy) * (np.float32(1.0) - fx) + at(ix + 1, iy) * fx
+        bottom = at(ix, iy + 1) * (np.float32(1.0) - fx) + at(ix + 1, iy + 1) * fx
+        out[k] = top * (np.float32(1.0) - fy) + bottom * fy
+    return out
 
 
 def _shift_t(planes: torch.Tensor, shifts: Sequence[tuple[float, float]]) -> torch.Tensor:
@@ -390,7 +396,7 @@ def specular_glare(
         changed = (ys + y0) * w + (xs + x0)
         base = lin.reshape(c, -1)[:, changed]
         tint = base / np.maximum(base.max(axis=0), np.float32(1e-4))
-        out = np.stack([_shifted_at(win, dx, dy, ys, xs) for dx, dy in offsets]) * gains
+        out = _shifted_at(win, offsets, ys, xs) * gains
         out += halo.reshape(-1)[flat_win] * tint
         out += base
         res.reshape(c, -1)[:, changed] = _host.to_display(
