@@ -169,24 +169,36 @@ def _shifted_at(
     return out
 
 
-def _shift_t(planes: torch.Tensor, shifts: Sequence[tuple[float, float]]) -> torch.Tensor:
-    """``_shift_np`` of every (H, W) plane of a (B, H, W) batch by its own (dx, dy)."""
-    _b, h, w = planes.shape
-    out = []
-    for plane, (dx, dy) in zip(planes, shifts, strict=True):
-        pad = math.ceil(max(abs(dx), abs(dy))) + 1
-        big = torch.nn.functional.pad(plane, (pad, pad, pad, pad))
-        ix, iy = math.floor(dx), math.floor(dy)
-        fx = torch.tensor(dx - ix, dtype=torch.float32, device=planes.device)
-        fy = torch.tensor(dy - iy, dtype=torch.float32, device=planes.device)
+def fringe_bound(scale: int) -> int:
+    """Pixels (Chebyshev) a field's offset may move light at this frame size, for any key: the
+    bilinear taps of the largest offset ``FRINGE_PX`` allows. One bound for every sample, so a
+    sample's changed pixels do not depend on the batch it is in."""
+    return math.ceil(FRINGE_PX[1] * scale / FRINGE_REF)
 
-        def at(ox: int, oy: int, big: torch.Tensor = big, pad: int = pad) -> torch.Tensor:
-            return big[pad - oy : pad - oy + h, pad - ox : pad - ox + w]
 
-        top = at(ix, iy) * (1.0 - fx) + at(ix + 1, iy) * fx
-        bottom = at(ix, iy + 1) * (1.0 - fx) + at(ix + 1, iy + 1) * fx
-        out.append(top * (1.0 - fy) + bottom * fy)
-    return torch.stack(out)
+def _shift_t(planes: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor, reach: int) -> torch.Tensor:
+    """``_shifted_at`` of every (H, W) plane of a (B, H, W) batch by its own (dx, dy) ((B,)
+    float64, ``|dx|, |dy| <= reach``), for the whole plane: four gathers from one zero-padded
+    copy, whatever B."""
+    b, h, w = planes.shape
+    pad = reach + 1
+    big = torch.nn.functional.pad(planes, (pad, pad, pad, pad))
+    ix, iy = torch.floor(dx), torch.floor(dy)
+    fx = (dx - ix).to(torch.float32).view(-1, 1, 1)
+    fy = (dy - iy).to(torch.float32).view(-1, 1, 1)
+    ix, iy = ix.to(torch.long), iy.to(torch.long)
+    batch = torch.arange(b, device=planes.device).view(-1, 1, 1)
+    rows = torch.arange(h, device=planes.device).view(1, -1) + pad
+    cols = torch.arange(w, device=planes.device).view(1, -1) + pad
+
+    def at(ox: int, oy: int) -> torch.Tensor:
+        r = (rows - (iy + oy).view(-1, 1)).view(b, h, 1)
+        q = (cols - (ix + ox).view(-1, 1)).view(b, 1, w)
+        return big[batch, r, q]
+
+    top = at(0, 0) * (1.0 - fx) + at(1, 0) * fx
+    bottom = at(0, 1) * (1.0 - fx) + at(1, 1) * fx
+    return top * (1.0 - fy) + bottom * fy
 
 
 def surface_normals(
@@ -272,7 +284,7 @@ def _specular_glare_batch(
 ) -> torch.Tensor:
     """``specular_glare`` of a batch in one pass (the torch kernel): every field of the model
     for the whole batch, the lobe's floor and the clipping as masks."""
-    b, c, h, w = x.shape
+    _b, c, h, w = x.shape
     scale = min(h, w)
     _field, tissue = _host.view_masks(x, scenes)
     lin = _math.srgb_to_linear(x)
@@ -301,15 +313,17 @@ def _specular_glare_batch(
     )[:, 0]
     light = _host.gauss_t(overflow, BLOOM_SIGMA * scale) * BLOOM_GAIN + spec
     halo = _host.gauss_t(light.clamp(max=HALO_CAP), HALO_SIGMA * scale) * HALO_GAIN
-    offsets = [fringe_offsets({k: v[i] for k, v in p.items()}, scale) for i in range(b)]
+    grow = fringe_bound(scale) if c == 3 else 0
     if c == 3:
+        r = p["fringe"].to(torch.float64) * (scale / FRINGE_REF)
+        a = p["fringe_angle"].to(torch.float64)
+        dx, dy = r * torch.cos(a), r * torch.sin(a)
         fields = torch.stack(
-            [_shift_t(light, [o[ch] for o in offsets]) for ch in range(3)], dim=1
+            [_shift_t(light, dx, dy, grow), light, _shift_t(light, -dx, -dy, grow)], dim=1
         )
     else:
         fields = light.unsqueeze(1)
     support = (light > SPEC_FLOOR).to(torch.float32).unsqueeze(1)
-    grow = max(fringe_reach(o) for o in offsets) if c == 3 else 0
     if grow:
         support = torch.nn.functional.max_pool2d(support, 2 * grow + 1, stride=1, padding=grow)
     changed = ((support[:, 0] > 0) | (halo > SPEC_FLOOR)).unsqueeze(1) & tissue
@@ -383,7 +397,7 @@ def specular_glare(
     halo = _host.gauss(np.minimum(win, np.float32(HALO_CAP)), HALO_SIGMA * scale)
     halo *= np.float32(HALO_GAIN)
     # every pixel a shifted field may reach: the light's support grown by the largest offset
-    grow = fringe_reach(offsets)
+    grow = fringe_bound(scale) if c == 3 else 0
     support = (win > np.float32(SPEC_FLOOR)).view(np.uint8)
     if grow:
         support = np.asarray(
