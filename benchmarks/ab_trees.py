@@ -10,13 +10,17 @@ importing perturb from its own tree (``PYTHONPATH``), and times one job in it:
 * ``torch``: ``perturb.apply`` on the torch path (``use_backend("torch")``), 128x128 float32,
   severity 3, border not protected, one thread, at B=1 and B=32 for each op of ``--ops``, and
   the op's kernel alone on parameters collated beforehand: CPU-ms per sample (median of 5
-  timed loops after a warm-up call).
+  timed loops after a warm-up call);
+* ``frame``: ``perturb.apply`` of each op of ``--ops`` on one full-size real endoscopy frame
+  (``--frame``, uint8, the CPU path) at severities 3 and 5, one thread: CPU-ms per frame (median
+  of 5 calls, each under a new sample name, after a warm-up call).
 
 CPU time is what these runs compare: the machine they were written on is shared, so wall time
 follows the other users' load (recorded at each row). Run from the repository root:
 
     python -m benchmarks.ab_trees augment --baseline /path/to/other/checkout [--repeats 5]
     python -m benchmarks.ab_trees torch --baseline ... --ops brightness,gaussian_blur
+    python -m benchmarks.ab_trees frame --baseline ... --ops specular_glare
 """
 
 from __future__ import annotations
@@ -121,6 +125,34 @@ def job_torch(ops: list[str]) -> dict[str, Any]:
     return out
 
 
+def job_frame(ops: list[str], frame: str) -> dict[str, Any]:
+    """CPU-ms per full-size frame of ``perturb.apply`` on the CPU path, per op and severity."""
+    import cv2
+    import torch
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    import perturb
+
+    img = cv2.imread(frame, cv2.IMREAD_COLOR)
+    if img is None:
+        raise FileNotFoundError(frame)
+    x = torch.from_numpy(img[:, :, ::-1].copy()).permute(2, 0, 1).contiguous().unsqueeze(0)
+    out: dict[str, Any] = {"frame_hw": list(img.shape[:2])}
+    for op in ops:
+        row = {}
+        for sev in (3, 5):
+            perturb.apply(x, op, sev, ["bench-warm"])
+            times = []
+            for i in range(5):
+                start = time.process_time()
+                perturb.apply(x, op, sev, [f"bench-{i}"])
+                times.append(time.process_time() - start)
+            row[f"s{sev}_cpu_ms_per_frame"] = 1e3 * statistics.median(times)
+        out[op] = row
+    return out
+
+
 def _run_tree(tree: Path, args: list[str]) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     code = (  # this file's jobs, the tree's perturb (and its benchmarks' frame decoding)
@@ -145,6 +177,8 @@ def child(argv: list[str]) -> dict[str, Any]:
     """The job named by ``argv`` (run in a child process importing its tree's perturb)."""
     if argv[0] == "augment":
         return job_augment(int(argv[1]))
+    if argv[0] == "frame":
+        return job_frame(argv[1].split(","), argv[2])
     return job_torch(argv[1].split(","))
 
 
@@ -174,7 +208,7 @@ def _medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("job", choices=["augment", "torch"])
+    parser.add_argument("job", choices=["augment", "torch", "frame"])
     parser.add_argument("--baseline", type=Path, required=True, help="the other checkout (A)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=2)
@@ -182,12 +216,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--ops",
         default="brightness,contrast,gamma,saturation,hue_shift,gaussian_noise,gaussian_blur",
     )
+    parser.add_argument(
+        "--frame",
+        type=Path,
+        default=Path(os.environ.get("PERTURB_SAMPLES_DIR", "samples"))
+        / "endoscopy"
+        / "polypgen_C3_EndoCV2021_00277.jpg",
+        help="the frame of the frame job (1080x1440)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     from benchmarks.bench_torch_batching import cpu_model
 
     trees = {"baseline": args.baseline.resolve(), "this": HERE}
-    job = ["augment", str(args.epochs)] if args.job == "augment" else ["torch", args.ops]
+    job = {
+        "augment": ["augment", str(args.epochs)],
+        "torch": ["torch", args.ops],
+        "frame": ["frame", args.ops, str(args.frame.resolve())],
+    }[args.job]
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in trees}
     load_start = list(os.getloadavg())
     for r in range(args.repeats):
@@ -199,7 +245,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"repeat {r} {name:8s} {json.dumps(row)[:200]}", flush=True)
     result = {
         "benchmark": f"ab-{args.job}",
-        "what": __doc__.split("\n\n")[1].strip() if args.job == "augment" else "torch path",
+        "what": {
+            "augment": __doc__.split("\n\n")[1].strip(),
+            "torch": "torch path",
+            "frame": f"CPU path, one full-size frame ({args.frame.name}), ops {args.ops}",
+        }[args.job],
         "trees": {k: {"path": str(v), "commit": _git(v)} for k, v in trees.items()},
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),

@@ -1,30 +1,47 @@
-"""Specular highlights on wet mucosa from a physical model of the endoscope's illumination.
+"""Specular highlights on wet mucosa from a physical model of the endoscope's illumination,
+the mucus film and the colour-sequential video chain (v8).
 
-Model. The light guides sit beside the lens, so light source and camera are (nearly) co-located
-at the origin, looking along +z. Under such a light the diffuse image is
+Geometry. The light guides sit beside the lens, so light source and camera are (nearly)
+co-located at the origin, looking along +z. Under such a light the diffuse image is
 ``I = rho cos(theta) / d^2`` (Okatani & Deguchi, "Shape reconstruction from an endoscope image
 by shape from shading technique for a point light source at the projection center", CVIU 66(2),
 1997), so the smoothed luminance gives a relative distance ``d ~ I^(-1/2)``. Each pixel's
 surface point is ``P = d (u, v, 1)`` with ``(u, v)`` its normalised image coordinates (focal
 length about half the shorter side: wide-angle optics); the normal is ``P_u x P_v``. A keyed
-micro-relief (the mucus film and the crypt pattern, about 0.3 % of the shorter side) is added to
-``d`` before differentiation.
+micro-relief (mucus droplets and the crypt and villous pattern, cells of about 1.8 % of the
+shorter side, relative depth about 1 %) is added to ``d`` before differentiation: where the
+underlying surface nearly faces the camera (fold crests, polyp domes) its small facets break the
+highlight into clusters of specks of many sizes.
 
-The specular term follows the dichromatic model (Shafer, 1985; ``I = m_d D + m_s L``: the
-highlight has the colour of the illuminant ``L``) with a Blinn-Phong lobe (Blinn, SIGGRAPH 1977).
-With light and viewer co-located the half vector equals the view vector ``V = -P/|P|``, so the
-lobe is ``(N . V)^shininess``: highlights sit where the surface faces the camera (fold crests,
-polyp domes), not on walls seen edge-on. The irradiance falls off with the inverse square of the
-distance, ``1/d^2``, proportional to the smoothed diffuse luminance, so the far dark lumen gets
-almost none. Specular radiance ``wetness * (N.V)^shininess / d^2`` is added in linear light; the
-sensor clips at full well and the charge that overflows spreads in a short bloom (a narrow
-gaussian of the overflow). Highlights are drawn on the tissue only: they fade out within 1 % of
-the shorter side of the field's edge; the dark frame and anything drawn on it stay untouched.
+Reflection. The specular term follows the dichromatic model (Shafer, 1985; ``I = m_d D + m_s L``:
+the highlight has the colour of the illuminant ``L``) with a Blinn-Phong lobe (Blinn, SIGGRAPH
+1977). With light and viewer co-located the half vector equals the view vector ``V = -P/|P|``, so
+the lobe is ``(N . V)^shininess``: highlights sit where the surface faces the camera, not on walls
+seen edge-on. The irradiance falls off with the inverse square of the distance, ``1/d^2``,
+proportional to the smoothed diffuse luminance, so the far dark lumen gets almost none. The
+mucus film is not even: its specular albedo ``wetness`` is weighted by keyed wet patches (a
+smooth film-thickness noise of cells about 9 % of the shorter side, smoothstep over ``coverage``
+below its highest value on the tissue whose lobe reaches ``WET_SEED`` of the frame's peak), so the
+highlights of a frame gather in a few clusters on the surfaces facing the light instead of
+spreading evenly over the field.
 
-Severity raises the wetness (specular albedo of the fluid film) and the micro-relief (extent:
-more facets face the camera) and lowers the shininess (a rougher, wider lobe); calibrated so that
-highlight sizes stay those of real highlights on the same frames (median equivalent diameter
-about 0.5 % of the shorter side, 90th percentile under 2 %).
+Sensor and video chain. Specular radiance ``wetness (N.V)^shininess / d^2`` is blurred by the lens
+PSF and added in linear light; the sensor clips at full well and the charge that overflows spreads
+in a short bloom. Light entering the mucosa round a highlight is scattered and re-emitted with the
+tissue's diffuse colour: a halo (a gaussian of the highlight's light up to one full well, 0.4 % of
+the shorter side) tinted by the pixel's own linear colour. A colour-sequential scope exposes its
+R, G and B fields at successive instants, so scope or tissue motion moves them apart: the red
+and blue light of each highlight are the green light moved by +/- a keyed 1-3 px at 1080 lines
+(scaled with the frame) along a keyed direction, which leaves the clipped core white inside
+coloured fringes (a red/magenta edge on one side, a blue/green one on the other). Highlights are
+drawn on the tissue only: they fade out within 1 % of the shorter side of the field's edge; the
+dark frame and anything drawn on it stay untouched.
+
+Severity raises the wetness, the relief and the wet patches' extent and lowers the shininess (a
+wider lobe); severity 1 adds a few specks, severity 5 clusters of clipped specks and streaks
+along crests. On the real sample frames the new highlights' equivalent diameters stay within 2x
+of the real ones on the same frames, and the wet patches confine them to 0.25 / 0.40 / 0.54 (at
+severities 3 / 4 / 5) of the area an even film would light.
 """
 
 from __future__ import annotations
@@ -49,6 +66,13 @@ BLOOM_SIGMA = 0.0015  # blooming spread (shorter side)
 BLOOM_GAIN = 0.6
 EDGE_FADE = 0.01  # highlights fade out within this distance of the field's edge
 LOBE_FLOOR = 1e-7  # a lobe below this is left out (its light stays under SPEC_FLOOR / 30)
+WET_CELL = 0.09  # wet patches of the mucus film (shorter side): highlights come in clusters
+WET_SEED = 0.2  # the wettest patch is centred on tissue whose lobe reaches this share of the peak
+FRINGE_PX = (1.0, 3.0)  # R/B offset from G of a colour-sequential scope at 1080 lines (keyed)
+FRINGE_REF = 1080.0
+HALO_SIGMA = 0.004  # light scattered in the tissue round a highlight (shorter side)
+HALO_GAIN = 0.12
+HALO_CAP = 1.0  # full wells of a highlight that feed its halo
 SPEC_FLOOR = 1e-5  # specular light (fraction of full well) that moves no 8-bit level (1/30 of the darkest step)
 
 
@@ -59,6 +83,9 @@ def _glare_sampler(rng: np.random.Generator, level: Level) -> Params:
         "relief": draw(rng, level["relief"]),
         "shininess": draw(rng, level["shininess"]),
         "illuminant": [float(t / tint.max()) for t in tint],
+        "coverage": draw(rng, level["coverage"]),
+        "fringe": float(rng.uniform(*FRINGE_PX)),
+        "fringe_angle": float(rng.uniform(0.0, 2.0 * math.pi)),
     }
 
 
@@ -78,6 +105,100 @@ def _quantile(a: np.ndarray, q: float) -> float:
             pair = np.partition(band, [k - below, k + 1 - below])[[k - below, k + 1 - below]]
             return float(np.quantile(pair, virtual - k))
     return float(np.quantile(flat, q))
+
+
+def wet_patches(noise: np.ndarray, coverage: float, top: float) -> np.ndarray:
+    """Weight (H, W) in [0, 1] of the mucus film's wet patches: 1 where the film noise reaches
+    ``top`` (its highest value on the tissue that faces the light), falling to 0 at ``coverage``
+    below it (smoothstep), so that every frame has a patch where highlights can form and they
+    gather in a few clusters instead of spreading over the field."""
+    t = noise - np.float32(top - coverage)
+    t *= np.float32(1.0 / coverage)
+    np.clip(t, np.float32(0.0), np.float32(1.0), out=t)
+    return t * t * (np.float32(3.0) - np.float32(2.0) * t)
+
+
+def wet_patches_t(noise: torch.Tensor, coverage: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """``wet_patches`` of a (B, H, W) batch (``top``: (B,))."""
+    top = top - coverage
+    t = ((noise - top.view(-1, 1, 1)) * (1.0 / coverage).view(-1, 1, 1)).clamp(0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)
+
+
+def fringe_offsets(p: dict[str, Any], scale: int) -> list[tuple[float, float]]:
+    """(dx, dy) in pixels of the R, G and B fields of a colour-sequential scope: R and B one
+    field period before and after G along the keyed direction of the scope's motion."""
+    r = float(p["fringe"]) * scale / FRINGE_REF
+    a = float(p["fringe_angle"])
+    dx, dy = r * math.cos(a), r * math.sin(a)
+    return [(dx, dy), (0.0, 0.0), (-dx, -dy)]
+
+
+def fringe_reach(offsets: Sequence[tuple[float, float]]) -> int:
+    """Pixels (Chebyshev) by which the fields' offsets may move light: the bilinear taps of the
+    largest."""
+    return math.ceil(max(abs(v) for o in offsets for v in o))
+
+
+def _shifted_at(
+    plane: np.ndarray, offsets: Sequence[tuple[float, float]], ys: np.ndarray, xs: np.ndarray
+) -> np.ndarray:
+    """(len(offsets), N): ``plane`` (H, W) moved by each (dx, dy) in pixels (bilinear, zeros
+    shifted in), read at the pixels (ys, xs) only."""
+    h, w = plane.shape
+    pad = fringe_reach(offsets) + 1
+    big = np.zeros((h + 2 * pad, w + 2 * pad), dtype=np.float32)
+    big[pad : pad + h, pad : pad + w] = plane
+    flat = big.reshape(-1)
+    stride = w + 2 * pad
+    at_pixels = (ys + pad) * stride + (xs + pad)
+    out = np.empty((len(offsets), ys.size), dtype=np.float32)
+    for k, (dx, dy) in enumerate(offsets):
+        if dx == 0.0 and dy == 0.0:
+            out[k] = plane[ys, xs]
+            continue
+        ix, iy = math.floor(dx), math.floor(dy)
+        fx, fy = np.float32(dx - ix), np.float32(dy - iy)
+
+        def at(ox: int, oy: int) -> np.ndarray:
+            return np.take(flat, at_pixels - (oy * stride + ox))
+
+        top = at(ix, iy) * (np.float32(1.0) - fx) + at(ix + 1, iy) * fx
+        bottom = at(ix, iy + 1) * (np.float32(1.0) - fx) + at(ix + 1, iy + 1) * fx
+        out[k] = top * (np.float32(1.0) - fy) + bottom * fy
+    return out
+
+
+def fringe_bound(scale: int) -> int:
+    """Pixels (Chebyshev) a field's offset may move light at this frame size, for any key: the
+    bilinear taps of the largest offset ``FRINGE_PX`` allows. One bound for every sample, so a
+    sample's changed pixels do not depend on the batch it is in."""
+    return math.ceil(FRINGE_PX[1] * scale / FRINGE_REF)
+
+
+def _shift_t(planes: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor, reach: int) -> torch.Tensor:
+    """``_shifted_at`` of every (H, W) plane of a (B, H, W) batch by its own (dx, dy) ((B,)
+    float64, ``|dx|, |dy| <= reach``), for the whole plane: four gathers from one zero-padded
+    copy, whatever B."""
+    b, h, w = planes.shape
+    pad = reach + 1
+    big = torch.nn.functional.pad(planes, (pad, pad, pad, pad))
+    ix, iy = torch.floor(dx), torch.floor(dy)
+    fx = (dx - ix).to(torch.float32).view(-1, 1, 1)
+    fy = (dy - iy).to(torch.float32).view(-1, 1, 1)
+    ix, iy = ix.to(torch.long), iy.to(torch.long)
+    batch = torch.arange(b, device=planes.device).view(-1, 1, 1)
+    rows = torch.arange(h, device=planes.device).view(1, -1) + pad
+    cols = torch.arange(w, device=planes.device).view(1, -1) + pad
+
+    def at(ox: int, oy: int) -> torch.Tensor:
+        r = (rows - (iy + oy).view(-1, 1)).view(b, h, 1)
+        q = (cols - (ix + ox).view(-1, 1)).view(b, 1, w)
+        return big[batch, r, q]
+
+    top = at(0, 0) * (1.0 - fx) + at(1, 0) * fx
+    bottom = at(0, 1) * (1.0 - fx) + at(1, 1) * fx
+    return top * (1.0 - fy) + bottom * fy
 
 
 def surface_normals(
@@ -168,26 +289,47 @@ def _specular_glare_batch(
     _field, tissue = _host.view_masks(x, scenes)
     lin = _math.srgb_to_linear(x)
     n_dot_v, inv_d2 = surface_normals_t(_host.luma_t(lin), keys, p["relief"], scale)
+    film = _host.fractal_noise_t(keys, "glare-wet", h, w, WET_CELL * scale, 2, lin)
     shininess = p["shininess"].view(-1, 1, 1)
     floor = torch.exp(math.log(LOBE_FLOOR) / shininess.to(torch.float64)).to(torch.float32)
     facing = n_dot_v > floor
+    zero = torch.zeros((), device=x.device)
     lobe = (
         torch.exp(torch.log(n_dot_v.clamp(min=1e-30)) * shininess)
         * inv_d2
         * p["wetness"].view(-1, 1, 1)
     )
     lobe = lobe * _host.soft_mask_t(tissue, EDGE_FADE * scale)[:, 0]
-    lobe = torch.where(facing, lobe, torch.zeros((), device=x.device))
-    spec = _host.gauss_t(lobe, OPTICS_SIGMA * scale).unsqueeze(1)
+    lobe = torch.where(facing, lobe, zero)
+    peak = lobe.amax(dim=(1, 2), keepdim=True)
+    strong = facing & (lobe >= WET_SEED * peak)
+    top = torch.where(strong, film, torch.full((), -math.inf, device=x.device)).amax(dim=(1, 2))
+    lobe = lobe * wet_patches_t(film, p["coverage"], top)
+    spec = _host.gauss_t(lobe, OPTICS_SIGMA * scale)
     gains = p["illuminant"].view(-1, 3, 1, 1) if c == 3 else torch.ones(1, 1, 1, 1, device=x.device)
-    raw = lin + spec * gains
-    zero = torch.zeros((), device=x.device)
+    raw = lin + spec.unsqueeze(1) * gains
     overflow = torch.where(
-        spec > SPEC_FLOOR, (raw.amax(dim=1, keepdim=True) - 1.0).clamp(min=0.0), zero
-    )
-    bloom = _host.gauss_t(overflow, BLOOM_SIGMA * scale) * BLOOM_GAIN + spec
-    changed = (bloom > SPEC_FLOOR) & tissue
-    res = _math.linear_to_srgb((lin + bloom * gains).clamp(0.0, 1.0))
+        spec.unsqueeze(1) > SPEC_FLOOR, (raw.amax(dim=1, keepdim=True) - 1.0).clamp(min=0.0), zero
+    )[:, 0]
+    light = _host.gauss_t(overflow, BLOOM_SIGMA * scale) * BLOOM_GAIN + spec
+    halo = _host.gauss_t(light.clamp(max=HALO_CAP), HALO_SIGMA * scale) * HALO_GAIN
+    grow = fringe_bound(scale) if c == 3 else 0
+    if c == 3:
+        r = p["fringe"].to(torch.float64) * (scale / FRINGE_REF)
+        a = p["fringe_angle"].to(torch.float64)
+        dx, dy = r * torch.cos(a), r * torch.sin(a)
+        fields = torch.stack(
+            [_shift_t(light, dx, dy, grow), light, _shift_t(light, -dx, -dy, grow)], dim=1
+        )
+    else:
+        fields = light.unsqueeze(1)
+    support = (light > SPEC_FLOOR).to(torch.float32).unsqueeze(1)
+    if grow:
+        support = torch.nn.functional.max_pool2d(support, 2 * grow + 1, stride=1, padding=grow)
+    changed = ((support[:, 0] > 0) | (halo > SPEC_FLOOR)).unsqueeze(1) & tissue
+    tint = lin / lin.amax(dim=1, keepdim=True).clamp(min=1e-4)
+    out = lin + fields * gains + halo.unsqueeze(1) * tint
+    res = _math.linear_to_srgb(out.clamp(0.0, 1.0))
     return torch.where(changed, res, x).clamp(0.0, 1.0)
 
 
@@ -200,16 +342,18 @@ def _specular_glare_batch(
 def specular_glare(
     img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.View
 ) -> np.ndarray:
-    """Blinn-Phong highlights of a light at the camera on a surface from shading, inverse-square
-    fall-off, sensor clipping and a short bloom (module docstring). Pixels whose specular light
-    stays under ``SPEC_FLOOR`` keep their input values."""
+    """Blinn-Phong highlights of a light at the camera on a surface from shading, gathered in the
+    film's wet patches, inverse-square fall-off, sensor clipping, a short bloom, a tissue-tinted
+    scattering halo and colour-sequential R/B fringes (module docstring). Pixels no light
+    reaches (under ``SPEC_FLOOR``) keep their input values."""
     c, h, w = img.shape
     scale = _host.side(img)
     tissue = view.tissue
-    lum = _host.luma(_host.to_linear(img))
-    flat = img.reshape(c, -1)
+    lin = _host.to_linear(img)
+    lum = _host.luma(lin)
     n_dot_v, inv_d2 = surface_normals(lum, key, float(p["relief"]), scale)
-    # wetness (N . V)^shininess / d^2, where the lobe reaches LOBE_FLOOR (zero elsewhere)
+    film = _host.fractal_noise(key, "glare-wet", h, w, WET_CELL * scale, 2)
+    # wetness (N . V)^shininess / d^2 on the wet patches, where the lobe reaches LOBE_FLOOR
     shininess = np.float32(p["shininess"])
     facing = np.flatnonzero(
         n_dot_v.reshape(-1) > np.float32(math.exp(math.log(LOBE_FLOOR) / float(shininess)))
@@ -222,26 +366,53 @@ def specular_glare(
         lobe_at *= inv_d2.reshape(-1)[facing]
         lobe_at *= np.float32(p["wetness"])
         lobe_at *= _host.soft_mask(tissue, EDGE_FADE * scale).reshape(-1)[facing]
+        film_at = film.reshape(-1)[facing]
+        strong = lobe_at >= np.float32(WET_SEED * float(lobe_at.max()))
+        lobe_at *= wet_patches(film_at, float(p["coverage"]), float(film_at[strong].max()))
         lobe[facing] = lobe_at
-    lobe = lobe.reshape(h, w)
-    spec = _host.gauss(lobe, OPTICS_SIGMA * scale).reshape(
-        -1
-    )  # the lens PSF: hairline lobes stay below clipping
+    # the lens PSF: hairline lobes stay below clipping
+    spec = _host.gauss(lobe.reshape(h, w), OPTICS_SIGMA * scale)
     illuminant = np.asarray(p["illuminant"], dtype=np.float32)
     gains = illuminant[:, None] if c == 3 else np.ones((1, 1), np.float32)
-    lit = np.flatnonzero(spec > np.float32(SPEC_FLOOR))  # where the light may clip
-    raw = _linear_at(flat, lit)
-    raw += spec[lit] * gains
+    flat_spec = spec.reshape(-1)
+    lit = np.flatnonzero(flat_spec > np.float32(SPEC_FLOOR))  # where the light may clip
+    raw = lin.reshape(c, -1)[:, lit]
+    raw += flat_spec[lit] * gains
     overflow = np.zeros(h * w, dtype=np.float32)
     overflow[lit] = np.clip(raw.max(axis=0) - np.float32(1.0), np.float32(0.0), None)
-    bloom = _host.gauss(overflow.reshape(h, w), BLOOM_SIGMA * scale).reshape(-1)
-    bloom *= np.float32(BLOOM_GAIN)
-    bloom += spec
-    changed = np.flatnonzero((bloom > np.float32(SPEC_FLOOR)) & tissue.reshape(-1))
-    out = _linear_at(flat, changed)
-    out += bloom[changed] * gains
+    light = _host.gauss(overflow.reshape(h, w), BLOOM_SIGMA * scale)
+    light *= np.float32(BLOOM_GAIN)
+    light += spec
     res = img.copy()
-    if changed.size:
+    # the fringe and the halo within the box of the light (and their reach) only
+    rows = np.flatnonzero((light > np.float32(SPEC_FLOOR)).any(axis=1))
+    if rows.size == 0:
+        return res
+    cols = np.flatnonzero((light[rows[0] : rows[-1] + 1] > np.float32(SPEC_FLOOR)).any(axis=0))
+    offsets = fringe_offsets(p, scale) if c == 3 else [(0.0, 0.0)]
+    margin = math.ceil(4.0 * HALO_SIGMA * scale + max(abs(v) for o in offsets for v in o)) + 2
+    y0, y1 = max(0, int(rows[0]) - margin), min(h, int(rows[-1]) + 1 + margin)
+    x0, x1 = max(0, int(cols[0]) - margin), min(w, int(cols[-1]) + 1 + margin)
+    win = np.ascontiguousarray(light[y0:y1, x0:x1])
+    halo = _host.gauss(np.minimum(win, np.float32(HALO_CAP)), HALO_SIGMA * scale)
+    halo *= np.float32(HALO_GAIN)
+    # every pixel a shifted field may reach: the light's support grown by the largest offset
+    grow = fringe_bound(scale) if c == 3 else 0
+    support = (win > np.float32(SPEC_FLOOR)).view(np.uint8)
+    if grow:
+        support = np.asarray(
+            cv2.dilate(support, np.ones((2 * grow + 1, 2 * grow + 1), np.uint8)), dtype=np.uint8
+        )
+    inside = ((support > 0) | (halo > np.float32(SPEC_FLOOR))) & tissue[y0:y1, x0:x1]
+    ys, xs = np.nonzero(inside)
+    if ys.size:
+        flat_win = ys * (x1 - x0) + xs
+        changed = (ys + y0) * w + (xs + x0)
+        base = lin.reshape(c, -1)[:, changed]
+        tint = base / np.maximum(base.max(axis=0), np.float32(1e-4))
+        out = _shifted_at(win, offsets, ys, xs) * gains
+        out += halo.reshape(-1)[flat_win] * tint
+        out += base
         res.reshape(c, -1)[:, changed] = _host.to_display(
             np.clip(out, np.float32(0.0), np.float32(1.0))
         )

@@ -28,7 +28,7 @@ REFERENCE_CHECKS = {
     "gaussian_blur": "test_gaussian_blur_matches_opencv_and_keeps_mean",
     "defocus_blur": "test_disk_and_line_blur_act_on_linear_light",
     "motion_blur": "tests.ops.test_motion_physics::test_a_noise_free_frame_is_the_trajectory_blur_in_linear_light",
-    "specular_glare": "tests.ops.test_clinical_ops::test_glare_adds_illuminant_coloured_light_in_linear_light_on_tissue_only",
+    "specular_glare": "tests.ops.test_clinical_ops::test_glare_adds_light_on_tissue_only_with_clipped_cores",
     "surgical_smoke": "tests.ops.test_clinical_ops::test_smoke_follows_koschmieder_with_a_wispy_optical_depth",
     "bubbles": "tests.ops.test_clinical_ops::test_bubble_refracts_the_tissue_with_a_thin_film_rim_and_glints_off_centre",
     "fluid_occlusion": "tests.ops.test_clinical_ops::test_fluid_absorbs_by_beer_lambert_per_channel",

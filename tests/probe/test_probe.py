@@ -103,7 +103,13 @@ def test_answers_come_from_pixels() -> None:
         # frames by the calibration instead: field SSIM 0.60 at s5)
         ("hue_shift", ("polyp_count", "abnormality_color"), 0.1, 0.15, 0.05),
         ("saturation", ("abnormality_color",), 0.1, 0.15, 0.05),
-        ("specular_glare", ("polyp_count", "abnormality_location"), 0.1, 0.15, 0.05),
+        # specular_glare v8 puts clusters of small specks in wet patches (the real highlights'
+        # sizes) instead of v3's long streaks over every facing surface, which the probe took for
+        # extra polyps: over all questions 0.994 -> 0.967 at severity 5 (0.991 at severity 1),
+        # polyp_count 1.0 -> 0.958, abnormality_location unchanged; polyp_type 1.0 -> 0.842
+        # (specks on the polyp's dome). Even wet patches over the whole field (coverage 2.0-2.4)
+        # only reach 0.946 overall: the specks, not their spread, are what the probe ignores
+        ("specular_glare", ("polyp_type",), 0.02, 0.1, 0.02),
     ],
 )
 def test_degrades_at_severity_5(
