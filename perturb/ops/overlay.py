@@ -736,9 +736,13 @@ def _glyph(ch: str, cap: float, face: LeadFace) -> np.ndarray:
         canvas = np.asarray(cv2.dilate(canvas, disc), dtype=np.uint8)
     soft = cv2.GaussianBlur(canvas, (0, 0), max(0.5, 0.04 * cap))
     ink = np.where(soft >= 128, np.uint8(255), np.uint8(0)).astype(np.uint8)
+    if not ink.any():  # a few px high (a tiny film): the rounding leaves nothing, keep it sharp
+        ink = np.where(canvas > 0, np.uint8(255), np.uint8(0)).astype(np.uint8)
     rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
-    tight = ink[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
     height = max(1, round(cap))
+    if rows.size == 0:  # nothing drawn at all: a solid block of the cap height
+        return np.full((height, max(1, round(0.6 * height))), 255, dtype=np.uint8)
+    tight = ink[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
     width = max(1, round(tight.shape[1] * height / tight.shape[0] * face.condense))
     return np.asarray(cv2.resize(tight, (width, height), interpolation=cv2.INTER_AREA), np.uint8)
 
@@ -864,6 +868,7 @@ def _lead_layers(letter: str, style: MarkerStyle, g: np.random.Generator, cap: f
     upright = hy1 - hy0 >= hx1 - hx0
     grip_first = g.random() < 0.6  # the grip above (left of) the lead
     long_, short_ = max(hx1 - hx0, hy1 - hy0), min(hx1 - hx0, hy1 - hy0)
+    grip = 0.0
     if shape == "square":
         grow = max(0.0, (1.0 + 0.12 * float(g.random())) * long_ - short_) / 2
         if upright:
@@ -872,6 +877,7 @@ def _lead_layers(letter: str, style: MarkerStyle, g: np.random.Generator, cap: f
             hy0, hy1 = hy0 - grow, hy1 + grow
     elif shape == "plate":
         grip = max(0.0, (1.3 + 0.6 * float(g.random())) * short_ - long_)
+        grip = max(0.0, min(grip, short_))
         if upright:
             hy0, hy1 = (hy0 - grip, hy1) if grip_first else (hy0, hy1 + grip)
         else:
@@ -880,9 +886,11 @@ def _lead_layers(letter: str, style: MarkerStyle, g: np.random.Generator, cap: f
         hx0, hy0, hx1, hy1 = x0, y0, x1, y1
     # a metal disc or rivet on some: in the plate's grip, else a separate one beside the marker
     discs: list[tuple[float, float, float]] = []
+    in_grip = False
     if g.random() < 0.2:
         r = (0.16 + 0.3 * float(g.random())) * cap
         if holder and shape == "plate" and g.random() < 0.5:
+            in_grip = True
             if upright:
                 if grip_first:
                     hy0 = min(hy0, y0 - 2 * r - 2 * pad_y)
@@ -947,13 +955,22 @@ def _lead_layers(letter: str, style: MarkerStyle, g: np.random.Generator, cap: f
         box = (hx0 + ox, hy0 + oy, hx1 + ox, hy1 + oy)
         radius = (0.08 + 0.3 * float(g.random())) * min(hx1 - hx0, hy1 - hy0) / 2
         plate = np.zeros(layers.shape[:2], dtype=np.float32)
-        if g.random() < 0.5:  # a moulded holder: its edge a little denser than its face
-            rim = max(1, round(0.05 * cap))
-            _rounded_box(plate, box, radius, 1.25)
+        rim = max(1, round((0.04 + 0.04 * float(g.random())) * cap))
+        wall = 1.4 + 0.5 * float(g.random())
+        moulded = g.random() < 0.6
+        if moulded:  # a moulded holder: its walls denser than its face
+            _rounded_box(plate, box, radius, wall)
             inner = (box[0] + rim, box[1] + rim, box[2] - rim, box[3] - rim)
             _rounded_box(plate, inner, radius - rim, 1.0)
         else:
             _rounded_box(plate, box, radius, 1.0)
+        hole_r = (0.1 + 0.07 * float(g.random())) * cap
+        if shape == "plate" and not in_grip and grip >= 2 * hole_r + pad_y and g.random() < 0.35:
+            # a punched hole for a cord or key ring in the grip, its wall as dense as the rim
+            ax = (box[0] + box[2]) / 2 if upright else (box[0] + pad_x + hole_r if grip_first else box[2] - pad_x - hole_r)
+            ay = (box[1] + box[3]) / 2 if not upright else (box[1] + pad_y + hole_r if grip_first else box[3] - pad_y - hole_r)
+            cv2.circle(plate, (round(ax), round(ay)), round(hole_r + rim), wall if moulded else 1.0, -1)
+            cv2.circle(plate, (round(ax), round(ay)), round(hole_r), 0.0, -1)
         # the acrylic thicker towards one end (moulded, worn): its density graded by up to
         # +-35 % across it; its bevelled edge softer than the lead's
         phi = 2.0 * math.pi * float(g.random())
@@ -1061,8 +1078,8 @@ def _lead_marker(
     they sit (``ARRANGEMENTS``: under the letter, beside it, a narrow strip of slots with some
     characters turned, or a second tag of their own turned its own way); the holder (none on
     some; a narrow strip, a square block or an oblong plate with a grip at one end, keyed
-    margins and corner radius, a denser moulded rim on half, its density graded across it and
-    its bevelled edge soft); a metal disc or rivet on a fifth, in the plate's grip or
+    margins and corner radius, denser moulded walls on most, a punched hole in the grip of
+    some plates, its density graded across it and its bevelled edge soft); a metal disc or rivet on a fifth, in the plate's grip or
     separate beside, above or below the marker. The whole marker is tilted by ``style.angle``
     (near upright on most, sometimes on its side or upside down) and mirrored when placed face
     down. The lead attenuates almost all of the primary beam, but some of it and the patient's
@@ -1083,6 +1100,9 @@ def _lead_marker(
         layers = layers[:, ::-1].copy()
     rows = np.flatnonzero(layers.any(axis=(1, 2)))
     cols = np.flatnonzero(layers.any(axis=(0, 2)))
+    if rows.size == 0:  # nothing left at this size
+        empty = np.zeros((s, s), dtype=np.float32)
+        return empty, empty.copy(), empty.copy(), empty.copy(), empty.copy()
     hx0, hy0, hx1, hy1 = float(cols[0]), float(rows[0]), float(cols[-1] + 1), float(rows[-1] + 1)
     angle = math.radians(style.angle)
     blur_px = style.blur * side
@@ -1207,7 +1227,7 @@ def marker_tile(
 
 
 PLATE_FULL = 102  # level (of 255) under the marker from which the plate shows in full
-PLATE_LEAST = 0.2  # the plate's least share, on black air
+PLATE_LEAST = 0.3  # the plate's least share, on black air
 PLATE_MOST = 2.0  # its most, over bright tissue (where the display nears its white)
 
 
@@ -1297,9 +1317,10 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "initials": 0.0 if u[6] < 0.35 else (1.0 if u[6] < 0.45 else (2.0 if u[6] < 0.78 else 3.0)),
         "density": 0.45 + 0.5 * u[7],  # the disc's, relative to the lead's
         "blur": 0.0005 + 0.0007 * u[8],  # 0.5-1.2 px on a 1024 px film
-        # the holder on three quarters: 1.5-9 % of the way from the film to its white, most
-        # below 4 % (thin acrylic, faint on air; a few thick moulded ones stand out)
-        "holder": (0.015 + 0.075 * (u[9] / 0.75) ** 2.5) if u[9] < 0.75 else 0.0,
+        # the holder on three quarters: 3-12 % of the way from the film to its white at level
+        # 102, most below 6 % (thin acrylic: a few levels over black air, as on the reference
+        # films; a few thick moulded ones stand out)
+        "holder": (0.03 + 0.09 * (u[9] / 0.75) ** 2) if u[9] < 0.75 else 0.0,
         "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
         "level": 0.7 + 0.23 * u[14],  # the lead's share of the way from the film to its white
         "layout": u[15],  # how the initials sit (``ARRANGEMENTS``)

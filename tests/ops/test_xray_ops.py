@@ -474,8 +474,9 @@ def test_lead_marker_is_dense_lead_in_a_faint_holder_with_the_film_noise() -> No
     assert np.all(seen < white + 4 * sigma) and float(seen.mean()) > 0.7 * white
     holder = (mask > 0.02) & (mask < 0.1)  # the plastic round the letter
     assert holder.sum() > core.sum()
-    # on black air (level 13 of 255) the display's toe shows a fifth of the plate's 0.2
-    assert abs(float(np.median(mask[holder])) - 0.2 * PLATE_LEAST) < 0.005
+    # on black air (level 13 of 255) the display's toe shows PLATE_LEAST of the plate's 0.2
+    # (its density graded across it, its walls denser: the median within 15 %)
+    assert abs(float(np.median(mask[holder])) - 0.2 * PLATE_LEAST) < 0.15 * 0.2 * PLATE_LEAST
     plastic = paint[holder] / mask[holder]  # white + sigma * the keyed noise
     assert 0.7 * sigma < float(plastic.std()) < 1.3 * sigma
     # the blurred edge at 1024 px, for the sampler's blur range and a tilted letter
