@@ -663,6 +663,7 @@ LEAD_FACE_WEIGHTS = (0.35, 0.2, 0.25, 0.2)
 # the other (each in its own slot, some turned), or the initials on a second tag of their own
 ARRANGEMENTS = ("below", "row", "strip", "tag")
 ARRANGEMENT_WEIGHTS = (0.5, 0.15, 0.25, 0.1)  # as on the reference films: most under
+SLOT_HOLDER = 0.04  # the least density of the plastic of a strip of slots or a second tag
 FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
 LEAD_NOISE = 0.4  # of the film's noise sigma added under the lead (its scatter's own noise)
 WHITE_PIXELS = 4  # pixels at the film's white level (its maximum, robust to a stray pixel)
@@ -834,7 +835,8 @@ def _lead_parts(
     inks = [glyph]
     for ch in sub:
         u = float(g.random())
-        turn = 0.0 if u < 0.6 else 90.0 * (1 + int(3 * (u - 0.6) / 0.4))
+        # upright in its slot on most, else turned on its side, rarely upside down
+        turn = 0.0 if u < 0.7 else (90.0 if u < 0.82 else (270.0 if u < 0.94 else 180.0))
         turn += 5.0 * (2.0 * float(g.random()) - 1.0)
         inks.append(_turned(_glyph(ch, sub_cap * (1.05 + 0.25 * float(g.random())), sub_face), turn))
     if g.random() < 0.25:  # the letter at the strip's far end
@@ -856,7 +858,7 @@ def _lead_layers(letter: str, style: MarkerStyle, g: np.random.Generator, cap: f
     arrangement = ARRANGEMENTS[_pick(style.layout, ARRANGEMENT_WEIGHTS)] if sub else "alone"
     parts, second = _lead_parts(letter, sub, arrangement, cap, g)
     x0, y0, x1, y1 = _extent(parts)
-    holder = style.holder > 0
+    holder = style.holder > 0 or arrangement in ("strip", "tag")  # slots and tags: in plastic
     # the holder round the lead: a narrow strip round a strip of slots; else a square block
     # or an oblong plate (1.3-1.9 times as long as wide, the extra length a grip at one end)
     if arrangement == "strip":
@@ -1077,7 +1079,7 @@ def _lead_marker(
     another set on some, each character set by hand: uneven gaps, a slight wobble) and how
     they sit (``ARRANGEMENTS``: under the letter, beside it, a narrow strip of slots with some
     characters turned, or a second tag of their own turned its own way); the holder (none on
-    some; a narrow strip, a square block or an oblong plate with a grip at one end, keyed
+    some, but a strip of slots or a tag is always in its plastic; a narrow strip, a square block or an oblong plate with a grip at one end, keyed
     margins and corner radius, denser moulded walls on most, a punched hole in the grip of
     some plates, its density graded across it and its bevelled edge soft); a metal disc or rivet on a fifth, in the plate's grip or
     separate beside, above or below the marker. The whole marker is tilted by ``style.angle``
@@ -1121,7 +1123,10 @@ def _lead_marker(
         placed = cv2.GaussianBlur(placed, (0, 0), blur_px * ss)
     down = cv2.resize(placed, (s, s), interpolation=cv2.INTER_AREA)
     letter_a = np.clip(down[..., 0], 0.0, 1.0)
-    holder_a = np.clip(down[..., 1] * np.float32(style.holder), 0.0, 1.0)
+    # a strip of slots or a second tag is always in its plastic (``SLOT_HOLDER`` without one
+    # drawn: the holder layer is empty for the other markers without one)
+    density = style.holder if style.holder > 0 else SLOT_HOLDER
+    holder_a = np.clip(down[..., 1] * np.float32(density), 0.0, 1.0)
     bead_a = np.clip(down[..., 2] * np.float32(style.density * style.level), 0.0, 1.0)
     mask = np.zeros((s, s), dtype=np.float32)
     unit = np.zeros((s, s), dtype=np.float32)

@@ -515,11 +515,13 @@ def test_the_plate_is_a_fixed_display_step_over_tissue_flattened_on_black_air() 
     assert levels[1:] == [102, 178]
     plate = (grey > 0.05) & (grey < 0.15)
     assert plate.sum() > 50
-    assert abs(float(np.median(grey[plate])) - 0.1) < 0.005
-    assert abs(float(np.median(dark[plate])) - 0.1 * PLATE_LEAST) < 0.005
+    # the plastic's density is graded across it and its walls are denser: its median within
+    # 15 % of the parameter, and pixel by pixel the same plate on the three films
+    assert abs(float(np.median(grey[plate])) - 0.1) < 0.015
+    assert abs(float(np.median(dark[plate] / grey[plate])) - PLATE_LEAST) < 0.01
     # the step towards white: coverage x (1 - level), the same over bright tissue
-    step = float(np.median(bright[plate])) * (1 - 178 / 255)
-    assert abs(step - 0.1 * (1 - 102 / 255)) < 0.002
+    ratio = float(np.median(bright[plate] / grey[plate]))
+    assert abs(ratio * (1 - 178 / 255) - (1 - 102 / 255)) < 0.01
     core = grey > 0.7
     assert core.sum() > 20 and np.abs(dark[core] - grey[core]).max() < 0.1 * (1 - PLATE_LEAST)
 
