@@ -1470,6 +1470,18 @@ def collimation_shadow(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Ten
     return m.expand(x.shape[0], 1, h, w).float()
 
 
+def _each_std(v: torch.Tensor) -> torch.Tensor:
+    """(B,1,1,1): each sample's standard deviation, reduced one sample at a time (a reduction
+    over the last dims of a whole batch rounds differently from one sample's: the result would
+    depend on the batch)."""
+    return torch.stack([s.std() for s in v]).view(-1, 1, 1, 1)
+
+
+def _each_mean(v: torch.Tensor) -> torch.Tensor:
+    """(B,1,1,1): each sample's mean, one sample at a time (as ``_each_std``)."""
+    return torch.stack([s.mean() for s in v]).view(-1, 1, 1, 1)
+
+
 def _lumps(
     keys: Sequence[int], h: int, w: int, dev: torch.device, sigma: torch.Tensor, variant: str = ""
 ) -> torch.Tensor:
@@ -1478,7 +1490,7 @@ def _lumps(
     name = "xray_collimation/lumps" + (f"/{variant}" if variant else "")
     z = keyed_fields.normal_fields(keys, name, (h, w), dev).unsqueeze(1).double()
     s = _smooth(z, sigma)
-    return s / s.std(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+    return s / _each_std(s).clamp_min(1e-12)
 
 
 def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
@@ -1536,14 +1548,14 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     sigma, _ = _film_noise(x)
     grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1).double()
     grain = _smooth(grain, torch.full_like(sigma, 0.7))
-    grain = grain / grain.std(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+    grain = grain / _each_std(grain).clamp_min(1e-12)
     span = col("range")
     exposure = torch.exp(-span * low.clamp(0.0, 1.0))
     reach = (col("reach") * side).clamp_min(1.0)
     source = (1.0 - m) * 4.0 * exposure * (1.0 - exposure)
     scatter = col("scatter") * _smooth(source, reach)
     far = _smooth(source, torch.full_like(reach, FAR_REACH * side))
-    far = far / far.mean(dim=(-2, -1), keepdim=True).clamp_min(1e-6)
+    far = far / _each_mean(far).clamp_min(1e-6)
     floor = torch.exp(-span * col("deep")) * far.clamp(0.25, 4.0)
     ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5 - h / 2
     xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5 - w / 2
