@@ -10,10 +10,12 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
   annotations, never contradicting its detected markers nor doubling one beside it
   (``marker_spots``); ``SCENE_NOTES``
   gives the engine the note the record carries when the marker differs from its parameters.
-* ``xray_collimation``: collimation borders (white: the blades' shadow, filled by the body's
-  scatter and the low exposure's noise through the log display, the anatomy washed out;
-  black, on few films: an electronic shutter mask) behind a penumbra that widens off centre,
-  one to four tilted blades (most often one side or a corner), the field's corners rounded.
+* ``xray_collimation``: collimation borders (the blades' shadow: their transmission, the
+  body's scatter and the off-focal halo through the log display, brightening outwards, the
+  anatomy faint, the film's noise texture continued, the display's edge enhancement on the new
+  edge; on some films a scanned film's edge with a bright rim on the scanner's black) behind a
+  penumbra that widens off centre, one to four independently tilted blades (most often one side
+  or a corner) meeting at square corners, sometimes a second overlapping blade edge.
 
 The masks are rendered on the host (integer rasterisation, identical for CPU and CUDA); the CPU
 paths blend inside each mask's bounding box. The marker's spot, white level and noise are read
@@ -1608,135 +1610,158 @@ def _shoulder(y: torch.Tensor, knee: float, top: torch.Tensor) -> tuple[torch.Te
 SHOULDER_KNEE = 0.75  # display value where the LUT's shoulder starts rolling off
 
 
+BLADES = ("left", "right", "top", "bottom")
+
+
 def _blade_distances(
     h: int, w: int, col: Callable[[str], torch.Tensor], dev: torch.device
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The signed distances (px, positive under the blade) past each of the four blade edges
-    (left, right, top, bottom; a blade at 0 is open: a film's width outside), the blades tilted
-    together by ``tilt`` about the film's centre, and each pixel's distance from the centre over
-    the half diagonal."""
-    ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5
-    xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5
-    theta = torch.deg2rad(col("tilt"))
-    cos, sin = torch.cos(theta), torch.sin(theta)
-    u = (xs - w / 2) * cos + (ys - h / 2) * sin + w / 2
-    t = -(xs - w / 2) * sin + (ys - h / 2) * cos + h / 2
+    """The signed distances (px, positive under the blade) past each blade edge: the four
+    blades (left, right, top, bottom; a blade at 0 is open: a film's width outside), each
+    tilted about the film's centre by ``tilt`` plus its own ``skew_<side>`` (the leaves of a
+    collimator are never exactly parallel nor square to each other), and, where ``leaf`` is
+    1, a fifth edge on the side ``leaf_side`` (0-3) at ``leaf_depth`` of that side, tilted
+    ``leaf_angle`` degrees further (a second blade edge overlapping the first at a different
+    angle); and each pixel's distance from the centre over the half diagonal."""
+    ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5 - h / 2
+    xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5 - w / 2
     far = float(2 * max(h, w))
 
-    def edge(name: str, size: int, flip: bool) -> torch.Tensor:
-        frac = col(name)
-        at = (1.0 - frac) * size if flip else frac * size
-        return torch.where(frac > 0.0, at, torch.full_like(at, size + far if flip else -far))
+    def rotated(deg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        theta = torch.deg2rad(deg)
+        cos, sin = torch.cos(theta), torch.sin(theta)
+        return xs * cos + ys * sin + w / 2, -xs * sin + ys * cos + h / 2
 
-    dists = [
-        edge("left", w, False) - u,
-        u - edge("right", w, True),
-        edge("top", h, False) - t,
-        t - edge("bottom", h, True),
-    ]
-    off_centre = torch.sqrt((xs - w / 2) ** 2 + (ys - h / 2) ** 2) / (0.5 * math.hypot(h, w))
-    return dists, off_centre
+    def edge(frac: torch.Tensor, deg: torch.Tensor, i: int) -> torch.Tensor:
+        u, t = rotated(deg)
+        size, coord = (w, u) if i < 2 else (h, t)
+        at = (1.0 - frac) * size if i % 2 else frac * size
+        dist = coord - at if i % 2 else at - coord
+        return torch.where(frac > 0.0, dist, torch.full_like(dist, -far))
+
+    tilt = col("tilt")
+    dists = [edge(col(n), tilt + col(f"skew_{n}"), i) for i, n in enumerate(BLADES)]
+    side = col("leaf_side").round().clamp(0.0, 3.0)
+    leaf = torch.full_like(dists[0], -far)
+    for i, n in enumerate(BLADES):
+        frac = torch.where((col("leaf") > 0.5) & (side == i), col("leaf_depth"), 0.0)
+        leaf = torch.maximum(leaf, edge(frac, tilt + col(f"skew_{n}") + col("leaf_angle"), i))
+    off_centre = torch.sqrt(xs**2 + ys**2) / (0.5 * math.hypot(h, w))
+    return [*dists, leaf], off_centre
 
 
-def _blade_share(
-    h: int, w: int, col: Callable[[str], torch.Tensor], dev: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(the share of the beam the blades stop, the signed distance past the field's edge in px,
-    the local penumbra width in px). The field is the rectangle the blade lines bound, its
-    corners rounded to a radius of ``round`` of the shorter side (the two penumbrae crossing
-    and the display's low-pass of the shutter step fold the corner into an arc, as on real
-    films); its signed distance is the rounded rectangle's (outside a corner, the distance to
-    the arc). The blades stop the beam behind a penumbra (``penumbra`` of the shorter side at
-    the centre, widened by ``spread`` x the distance off centre; smoothstep), a ``tail`` of it
-    behind a penumbra ``TAIL_WIDTH`` times as wide (the tube's off-focal radiation, a faint
-    halo round the focal spot)."""
+def _blade_stop(
+    h: int, w: int, col: Callable[[str], torch.Tensor], dev: torch.device,
+    keys: Sequence[int] | None = None, inset: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(B,1,H,W) float64: the share of the beam the blades stop. Each blade edge stops its own
+    share behind its penumbra (``penumbra`` of the shorter side at the centre, widened by
+    ``spread`` x the distance off centre; smoothstep), a ``tail`` of it behind a penumbra
+    ``TAIL_WIDTH`` times as wide (the tube's off-focal radiation); the blades' transmissions
+    multiply, so a corner is the crossing of two independent tilted edges (square, not
+    rounded). On a scanned film's edge (``white`` 0) the edge is the film's cut edge: a one px
+    scanner blur and a keyed waviness of ``wobble`` px (``keys`` given). ``inset`` (px, per
+    sample) moves every edge that far into the field."""
     side = min(h, w)
     dists, off_centre = _blade_distances(h, w, col, dev)
+    scanned = col("white") < 0.5
     pen = (col("penumbra") * side * (1.0 + col("spread") * off_centre)).clamp_min(1.0)
-    radius = col("round").clamp_min(0.0) * side
-    across = torch.maximum(dists[0], dists[1]) + radius
-    along = torch.maximum(dists[2], dists[3]) + radius
-    past = torch.sqrt(across.clamp_min(0.0) ** 2 + along.clamp_min(0.0) ** 2)
-    edge = past + torch.maximum(across, along).clamp_max(0.0) - radius
-    tail = col("tail")
-    r = (0.5 + edge / pen).clamp(0.0, 1.0)
-    q = (0.5 + edge / (TAIL_WIDTH * pen)).clamp(0.0, 1.0)
-    stop = (1.0 - tail) * (r * r * (3.0 - 2.0 * r)) + tail * (q * q * (3.0 - 2.0 * q))
-    return stop, edge, pen
+    pen = torch.where(scanned, torch.ones_like(pen), pen)
+    tail = torch.where(scanned, 0.0, col("tail"))
+    shift = torch.zeros_like(off_centre) if inset is None else inset
+    if keys is not None:
+        wavy = _lumps(keys, h, w, dev, torch.full_like(col("wobble"), 0.02 * side), "edge")
+        shift = shift + torch.where(scanned, col("wobble"), 0.0) * wavy
+    passed = torch.ones_like(dists[0] + shift)
+    for d in dists:
+        e = d + shift
+        r = (0.5 + e / pen).clamp(0.0, 1.0)
+        q = (0.5 + e / (TAIL_WIDTH * pen)).clamp(0.0, 1.0)
+        passed = passed * (1.0 - (1.0 - tail) * (r * r * (3.0 - 2.0 * r)) - tail * (q * q * (3.0 - 2.0 * q)))
+    return 1.0 - passed
 
 
 TAIL_WIDTH = 4.0  # the off-focal halo's penumbra over the focal spot's
 FAR_REACH = 0.2  # fraction of the shorter side: the long-range scatter's low-pass sigma
 
 
-def _shutter(
-    rect: torch.Tensor, pen: torch.Tensor, col: Callable[[str], torch.Tensor]
-) -> torch.Tensor:
-    """The system's black shutter mask (``white`` 0): the field's rectangle shrunk by half the
-    local penumbra plus ``fringe`` penumbrae, so that the mask covers the whole bright
-    penumbra (no bright rim left between the field and the black), anti-aliased; 0 on a
-    film-like (white) display."""
-    cut = rect + (0.5 + col("fringe")) * pen
-    return torch.where(col("white") > 0.5, torch.zeros_like(cut), (0.5 + cut).clamp(0.0, 1.0))
-
-
 def collimation_shadow(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     """(B,1,H,W) float32 on ``x``'s device: where the collimation leaves the detector unexposed
-    (the blades' share of the beam) or the system masks it black: a lead marker lying there
-    could not have been imaged (the engine's annotation composite reads it)."""
+    (the blades' share of the beam), or, on a scanned film, beyond the film's edge: a lead
+    marker lying there could not have been imaged (the engine's annotation composite reads
+    it)."""
     h, w = x.shape[-2:]
     dev = x.device
 
     def col(name: str) -> torch.Tensor:
         return per_sample(p[name]).to(dev, torch.float64)
 
-    m, rect, pen = _blade_share(h, w, col, dev)
-    return torch.maximum(m, _shutter(rect, pen, col)).expand(x.shape[0], 1, h, w).float()
+    m = _blade_stop(h, w, col, dev)
+    return m.expand(x.shape[0], 1, h, w).float()
 
 
-def _lumps(keys: Sequence[int], h: int, w: int, dev: torch.device, sigma: torch.Tensor) -> torch.Tensor:
+def _each_std(v: torch.Tensor) -> torch.Tensor:
+    """(B,1,1,1): each sample's standard deviation, reduced one sample at a time (a reduction
+    over the last dims of a whole batch rounds differently from one sample's: the result would
+    depend on the batch)."""
+    return torch.stack([s.std() for s in v]).view(-1, 1, 1, 1)
+
+
+def _each_mean(v: torch.Tensor) -> torch.Tensor:
+    """(B,1,1,1): each sample's mean, one sample at a time (as ``_each_std``)."""
+    return torch.stack([s.mean() for s in v]).view(-1, 1, 1, 1)
+
+
+def _lumps(
+    keys: Sequence[int], h: int, w: int, dev: torch.device, sigma: torch.Tensor, variant: str = ""
+) -> torch.Tensor:
     """(B,1,H,W) float64: a keyed smooth field of unit spread (white noise low-passed over
     ``sigma`` px, divided by its own standard deviation)."""
-    z = keyed_fields.normal_fields(keys, "xray_collimation/lumps", (h, w), dev).unsqueeze(1).double()
+    name = "xray_collimation/lumps" + (f"/{variant}" if variant else "")
+    z = keyed_fields.normal_fields(keys, name, (h, w), dev).unsqueeze(1).double()
     s = _smooth(z, sigma)
-    return s / s.std(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+    return s / _each_std(s).clamp_min(1e-12)
 
 
 def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]) -> torch.Tensor:
     """The collimated film (B,C,H,W) float32, on ``x``'s device; the CPU path calls it too (one
     sample), so both give the same pixels. Three stages, as in the imaging chain:
 
-    1. Geometry. Up to four straight lead blades (``left`` ... fractions of the width/height; 0:
-       that blade open) rotated together by ``tilt`` degrees about the film's centre, their
-       shadow anti-aliased at sub-pixel positions. Each blade stops its share of the beam behind
-       its own penumbra (focal spot x (magnification - 1), smoothstep), ``penumbra`` of the
-       shorter side at the centre, widening by ``spread`` x the distance from the centre over
-       the half diagonal (farther off the central ray, the blade's edge is seen more obliquely
-       by the focal spot), a ``tail`` of it behind a penumbra four times as wide (the tube's
-       off-focal radiation); the field's corners rounded to ``round`` of the shorter side
-       (``_blade_share``).
-    2. Exposure. The display value v maps to a log exposure, E = exp(-``range`` v). Under the
-       blade a fraction ``transmission`` of the beam gets through, plus scatter from the
-       irradiated body beside it: ``scatter`` x the field's exposure low-passed over ``reach``
-       of the shorter side (strongest at the edge, fading over tens of px; its source the
-       body, 4 E (1 - E): none from the air), and the long-range scatter and off-focal floor
-       (at the display level ``deep``, more beside more body); the scatter, many times the
-       transmitted beam, washes the anatomy out, so the shadow is a smooth white graded by the
-       scatter (greyer near the field), the anatomy at most a trace. All are uneven: the anode heel effect (a log ramp of ``heel`` e-folds over the half side along
-       ``heel_dir`` degrees) and the blade's and the beam's unevenness (a keyed smooth field,
-       ``lumps`` e-folds, over a tenth of the shorter side). Back through the log and the
-       display LUT's shoulder (``_shoulder``, rolling off towards ``shade``): the shadow is white
-       on a chest film. Its quantum noise is that of its own low exposure E': the film's noise
-       (``_film_noise``, measured on its exposed half at exposure E0) scaled to sqrt(E0 / E'),
-       less the share the film's own signal still carries (at most 8x the film's), through
-       the shoulder's slope: continuous across the edge, relatively stronger in the shadow, never flat.
-    3. Display processing. The system's processing acts on the shutter's share of the step only
-       (the film's anatomy was processed already): a mild unsharp mask (gain ``enhance``, sigma
-       ``radius`` of the shorter side) and the wide-band equalisation (gain ``equalize``, sigma
-       ``band`` of the shorter side), a darker band inside the field fading away from the edge;
-       the noise is added last. ``white`` 0: the system then masks the shutter with a uniform,
-       noiseless digital black (``black``) from inside the penumbra (``_shutter``: no bright rim
-       left), anti-aliased, over everything the processing left there."""
+    1. Geometry (``_blade_stop``). Up to four straight lead blades (``left`` ... fractions of
+       the width/height; 0: that blade open), each tilted on its own about the film's centre,
+       and on some films a second blade edge overlapping one of them at a different angle.
+       Each stops its share of the beam behind its focal-spot penumbra (focal spot x
+       (magnification - 1), smoothstep), ``penumbra`` of the shorter side at the centre,
+       widening by ``spread`` x the distance off the central ray, plus a ``tail`` behind a
+       four times wider penumbra (off-focal radiation); the shares multiply, so corners are
+       square crossings of tilted edges.
+    2. Exposure. The film's low-pass (its anatomy; sigma 1 px) maps to a log exposure,
+       E = exp(-``range`` v). Under the blade a fraction ``transmission`` (a few %) of the beam
+       gets through, plus scatter from the irradiated body beside it: ``scatter`` x the field's
+       exposure low-passed over ``reach`` of the shorter side (its source the body, 4 E (1 - E):
+       none from the air), strongest at the edge and falling off away from the field, and the
+       long-range scatter and off-focal floor (at the display level ``deep``); all uneven with
+       the anode heel effect (``heel`` e-folds over the half side along ``heel_dir``) and the
+       beam's unevenness (``lumps``). Back through the log and the display LUT's shoulder
+       (``_shoulder``, towards ``shade``): the unexposed border is light, brightening outwards
+       as the scatter falls off, the anatomy attenuated but faintly there. The film's own
+       fine texture (its residual above the 1 px low-pass: its quantum noise, grain and
+       processing) carries on under the shadow at ``texture`` times its amplitude (the low
+       exposure's stronger relative noise, flattened by the shoulder's slope: on the NIH films
+       the border's noise is about the field's), plus a faint keyed grain of half the film's
+       noise sigma, correlated over 0.7 px, where the film has no texture of its own.
+    3. Display processing. The system's edge enhancement acts on the new step like on any
+       edge (the film's anatomy was processed already, so only the shutter's share of each
+       band-pass is added): an unsharp mask (gain ``enhance``, sigma ``radius`` of the shorter
+       side: a bright overshoot along the blade's side of the edge, a dark rebound just inside
+       the field) and the wide-band equalisation (gain ``equalize``, sigma ``band``).
+    ``white`` 0: a scanned film's edge instead (no collimation shadow): beyond the film's cut
+    edge, slightly wavy (``wobble`` px), the scanner's black surround (``black``, with a faint
+    scanner noise), and along the edge a thin bright rim (``rim`` of the shorter side wide, at
+    ``rim_level``: the unexposed film margin and the light the cut edge scatters into the
+    scanner). The film's own digital padding (``_padding``) is kept where no shadow reaches it;
+    a blade's shadow over it fills it (a padded strip inside a collimated border would be the
+    digitiser padding a film it had cropped)."""
     h, w = x.shape[-2:]
     dev = x.device
     side = min(h, w)
@@ -1744,22 +1769,23 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     def col(name: str) -> torch.Tensor:
         return per_sample(p[name]).to(dev, torch.float64)
 
-    m, rect, pen = _blade_share(h, w, col, dev)
+    m = _blade_stop(h, w, col, dev, keys)
+    white = col("white") > 0.5
     v = x.double()
+    v1 = v[:, :1]
+    low = _smooth(v1, torch.full_like(col("range"), 1.0))
+    detail = v1 - low
+    sigma, _ = _film_noise(x)
     grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1).double()
-    sigma, level = _film_noise(x)
+    grain = _smooth(grain, torch.full_like(sigma, 0.7))
+    grain = grain / _each_std(grain).clamp_min(1e-12)
     span = col("range")
-    exposure = torch.exp(-span * v[:, :1].clamp(0.0, 1.0))
-    typical = torch.exp(-span * level)  # the exposure the film's noise was measured at
+    exposure = torch.exp(-span * low.clamp(0.0, 1.0))
     reach = (col("reach") * side).clamp_min(1.0)
-    # the scatter comes from the irradiated body: the beam E that reached it times the share
-    # 1 - E it took out (none from the air beside the body, little from its densest parts)
     source = (1.0 - m) * 4.0 * exposure * (1.0 - exposure)
     scatter = col("scatter") * _smooth(source, reach)
-    # the scatter's long tails and the off-focal radiation: a smooth floor under the whole
-    # shadow, at the display level ``deep`` (before the shoulder), more beside more body
     far = _smooth(source, torch.full_like(reach, FAR_REACH * side))
-    far = far / far.mean(dim=(-2, -1), keepdim=True).clamp_min(1e-6)
+    far = far / _each_mean(far).clamp_min(1e-6)
     floor = torch.exp(-span * col("deep")) * far.clamp(0.25, 4.0)
     ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5 - h / 2
     xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5 - w / 2
@@ -1767,32 +1793,35 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     ramp = (xs * torch.cos(phi) + ys * torch.sin(phi)) / (0.5 * side)
     lumps = _lumps(keys, h, w, dev, torch.full_like(col("lumps"), 0.1 * side))
     uneven = torch.exp(col("heel") * ramp + col("lumps") * lumps)
-    # exposure at the detector (never below 1e-4 of the open beam's: a blade of finite lead)
-    behind = (col("transmission") * exposure + scatter + floor) * uneven
+    # the off-focal radiation's halo: the beam itself (not the body) reaching under the blade,
+    # falling off away from the field over ``halo_reach``, next to air as next to the body
+    halo = col("halo") * _smooth(1.0 - m, (col("halo_reach") * side).clamp_min(1.0))
+    behind = (col("transmission") * exposure + scatter + halo + floor) * uneven
     shadowed = torch.maximum(exposure * (1.0 - m) + m * behind, exposure * 1e-4)
-    lin = v - torch.log(shadowed / exposure) / span  # the log display, anatomy shifted
-    lut, slope = _shoulder(lin, SHOULDER_KNEE, col("shade"))
-    film = lin - m * (lin - lut)  # the shoulder acts on the shadow's share
-    # the film's own noise survives as its own signal's share of the detector's: only the rest
-    # of the low exposure's noise is added
-    own = exposure * (1.0 - m + m * col("transmission") * uneven) / shadowed
-    extra = (typical / shadowed - typical / exposure * own * own).clamp(0.0, 63.0)
-    noise = sigma * torch.sqrt(extra) * (1.0 - m + m * slope) * grain
-    out = film
-    # the film's anatomy is processed already: only the shutter's share of each band-pass (its
-    # high-pass minus the anatomy's own, where the anatomy still shows) is added
+    lin = low - torch.log(shadowed / exposure) / span  # the log display, anatomy shifted
+    lut, _ = _shoulder(lin, SHOULDER_KNEE, col("shade"))
+    base = lin + m * (lut - lin)  # the shoulder acts on the shadow's share
     for gain, scale, least in (("enhance", "radius", 0.5), ("equalize", "band", 1.0)):
         s = (col(scale) * side).clamp_min(least)
-        out = out + col(gain) * ((film - _smooth(film, s)) - (1.0 - m) * (v - _smooth(v, s)))
-    out = out + noise
-    # the system's black shutter: a uniform digital value over all of it
-    shutter = _shutter(rect, pen, col)
-    out = out * (1.0 - shutter) + col("black") * shutter
-    # the film's own digital padding (the digitiser's or the archive's, added after the
-    # exposure) stays as it is, but for the system's black shutter
-    pad = _padding(v[:, :1]) * (1.0 - shutter)
-    out = out + pad * (v - out)
-    return out.clamp_(0.0, 1.0).to(torch.float32)
+        base = base + col(gain) * ((base - _smooth(base, s)) - (1.0 - m) * (low - _smooth(low, s)))
+    # under the shadow the film's texture is its noise: its fine anatomy edges (residuals of
+    # several sigmas: bone cortex, wires, burned-in glyphs) fade like the rest of the anatomy
+    soft = detail * torch.exp(-0.5 * (detail / (2.5 * sigma)) ** 2)
+    texture = detail + m * (col("texture") * soft - detail + 0.5 * sigma * grain)
+    shot = base + texture
+    # a scanned film's edge: the film as it is, a thin bright rim inside its cut edge, the
+    # scanner's black beyond
+    rim_px = (col("rim") * side).clamp_min(0.5)
+    inner = _blade_stop(h, w, col, dev, keys, inset=rim_px)
+    rim = (inner - m).clamp(0.0, 1.0)
+    surround = col("black") + 0.25 * sigma * grain
+    scan = v1 + rim * (col("rim_level") + detail - v1)
+    scan = scan + m * (surround - scan)
+    out = torch.where(white, shot, scan)
+    # the film's own digital padding stays where no shadow reaches it
+    pad = _padding(v1) * (1.0 - m)
+    out = out + pad * (v1 - out)
+    return out.expand_as(v).clamp(0.0, 1.0).to(torch.float32)
 
 
 PADDING_BAND = 0.03  # fraction of the side: how far from the film's edge padding may reach
@@ -1829,12 +1858,12 @@ def _padding(v: torch.Tensor) -> torch.Tensor:
 
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
-    blades = {n: draw(rng_, level[n]) for n in ("left", "right", "top", "bottom")}
-    u = [float(rng_.random()) for _ in range(24)]
+    blades = {n: draw(rng_, level[n]) for n in BLADES}
+    u = [float(rng_.random()) for _ in range(40)]
     # which blades show on the film: most often one or a corner's two (the field coned down on
     # one side, the others open past the film's edge: their blade at 0), less often an opposite
     # pair, three, or all four
-    names = ("left", "right", "top", "bottom")
+    names = BLADES
     pick = min(3, int(4 * u[16]))
     if u[15] < 0.35:
         shown = {names[pick]}
@@ -1847,33 +1876,52 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     else:
         shown = set(names)
     blades = {n: (b if n in shown else 0.0) for n, b in blades.items()}
+    order = [i for i, n in enumerate(names) if n in shown]
+    leaf_side = order[min(len(order) - 1, int(len(order) * u[24]))]
+    scanned = u[0] < 0.2
     return {
         **blades,
-        # the shadow as the detector saw it (white) on most films; a system's black mask on few
-        "white": float(u[0] < 0.9),
-        # the collimator never sits exactly square to the detector: 0.3-3 degrees either way
+        # the collimator's shadow on most films; a scanned film's own edge on a black scanner
+        # surround on some (the films digitised from film archives)
+        "white": float(not scanned),
+        # the collimator never sits exactly square to the detector: 0.3-3 degrees either way,
+        # and each blade's edge a little off the others' (up to 0.8 degrees)
         "tilt": (0.3 + 2.7 * u[1]) * (1.0 if u[2] < 0.5 else -1.0),
-        "penumbra": 0.003 + 0.005 * u[3],  # 3-8 px of a 1024 px film at the centre
-        "spread": 0.3 + 0.8 * u[4],  # 1.3-2.1x as wide in the corners
-        "round": 0.003 + 0.025 * u[23] ** 1.5,  # the field corners' radius: 3-28 px of 1024
-        "tail": 0.05 + 0.2 * u[21],  # the off-focal halo's share of the blade's stop
-        "transmission": 0.0005 + 0.002 * u[5],  # the lead blades let 0.05-0.25 % through
-        "scatter": 0.02 + 0.1 * u[6],  # many times the transmitted beam
-        "reach": 0.03 + 0.05 * u[7],  # the scatter fades over 30-80 px of 1024
+        **{f"skew_{n}": 0.8 * (2.0 * u[25 + i] - 1.0) for i, n in enumerate(names)},
+        # a second blade edge overlapping one of the shown ones at 2-9 degrees to it, on a
+        # quarter of the films
+        "leaf": float(u[29] < 0.25 and not scanned),
+        "leaf_side": float(leaf_side),
+        "leaf_depth": blades[names[leaf_side]] * (0.6 + 0.6 * u[30]),
+        "leaf_angle": (2.0 + 7.0 * u[31]) * (1.0 if u[32] < 0.5 else -1.0),
+        "penumbra": 0.003 + 0.004 * u[3],  # 3-7 px of a 1024 px film at the centre
+        "spread": 0.2 + 0.5 * u[4],  # 1.2-1.7x as wide in the corners
+        "tail": 0.03 + 0.1 * u[21],  # the off-focal halo's share of the blade's stop
+        "transmission": 0.005 + 0.025 * u[5],  # the lead blades let 0.5-3 % through
+        "scatter": 0.05 + 0.25 * u[6],  # many times the transmitted beam beside the field
+        "reach": 0.01 + 0.03 * u[7],  # the scatter fades over 10-40 px of 1024
+        "halo": 0.03 + 0.1 * u[23],  # the off-focal halo's exposure beside the field
+        "halo_reach": 0.015 + 0.035 * u[36],  # over 15-50 px of 1024
         "range": 3.5 + 2.0 * u[8],  # log exposure range of the display (e-folds)
-        "shade": 0.88 + 0.12 * u[9],  # where the display's shoulder rolls off to
-        "black": 0.03 * u[10] ** 2,
-        "fringe": 0.2 + 0.8 * u[11],  # the system mask's reach into the field, in penumbrae
-        "enhance": 0.4 * u[12] ** 2,  # a mild unsharp mask of the display processing
-        "radius": 0.003 + 0.006 * u[13],  # its sigma: 3-9 px of a 1024 px film
-        "equalize": 0.25 * u[14] ** 2,  # wide-band equalisation gain (0: none)
-        "band": 0.02 + 0.05 * u[17],  # its sigma: 20-70 px of 1024
+        "shade": 0.93 + 0.09 * u[9],  # where the display's shoulder rolls off to
+        "texture": 0.8 + 0.6 * u[10],  # the film's texture's amplitude under the shadow
+        # the system's edge enhancement (unsharp mask): a bright overshoot and dark rebound
+        "enhance": 0.2 + 0.5 * u[12],
+        "radius": 0.003 + 0.005 * u[13],  # its sigma: 3-8 px of a 1024 px film
+        # the wide-band equalisation: a dark rebound band inside the field, light outside
+        "equalize": 0.1 + 0.3 * u[14],
+        "band": 0.015 + 0.035 * u[17],  # its sigma: 15-50 px of 1024
         "heel": 0.05 + 0.25 * u[18],  # e-folds of the heel ramp over the half side
         "heel_dir": 360.0 * u[19],
         "lumps": 0.05 + 0.2 * u[20],
         # the display level of the shadow's floor (long-range scatter, off-focal radiation)
-        # before the shoulder: just past its knee, where the white still shows its noise
-        "deep": 0.8 + 0.18 * u[22],
+        # before the shoulder
+        "deep": 0.9 + 0.25 * u[22],
+        # a scanned film's edge: the scanner's black, the rim's width and level, the waviness
+        "black": 0.04 * u[11] ** 2,
+        "rim": 0.001 + 0.003 * u[33],  # 1-4 px of a 1024 px film
+        "rim_level": 0.7 + 0.3 * u[34],
+        "wobble": 0.3 + 1.7 * u[35],  # px
     }
 
 
@@ -1881,29 +1929,27 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
 def xray_collimation(
     x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
 ) -> torch.Tensor:
-    """Collimator shutters, as the x-ray tube's lead blades make them: one to four straight
-    blades (which ones show varies per film: most often one side or a corner's two, at
-    independent depths, less often an opposite pair, three or all four) tilted together by
-    0.3-3 degrees (never square to the detector), behind a focal-spot penumbra of a few px
-    that widens off the central ray plus the faint wide halo of the tube's off-focal
-    radiation, the field's corners rounded to a keyed radius. Under the blades the detector
-    sees their 0.05-0.25 % transmission and, many times more, the scatter of the irradiated
-    body (strongest beside the body, fading over tens of px) and its long-range floor, uneven
-    with the anode heel effect and the beam's own unevenness: through the log display and its
-    shoulder the shadow is a smooth white, greyer next to the field, the anatomy washed out to
-    a trace, with the quantum noise of its low exposure (continuous with the film's across the
-    edge, relatively stronger, never flat); a mild display unsharp mask and wide-band
-    equalisation act on the shutter's step. On a few systems (``white`` 0) the shutter is
-    masked with a uniform, noiseless digital black from inside the penumbra, anti-aliased,
-    with no bright rim. The film's own digital padding is kept (``collimation``). A lead
-    marker the blades cover was never imaged: the engine's annotation composite does not
-    paste it back there (``collimation_shadow``). Refs: Bushberg et al., The Essential Physics
-    of Medical Imaging, ch. 5 (anode heel effect, off-focal radiation), ch. 7 (collimation,
-    penumbra = focal spot x (magnification - 1), scatter) and ch. 10 (CR/DR image processing:
-    log transform, LUT, unsharp masking and multi-frequency equalisation, electronic
-    shuttering); Boyle et al., PMB 2013 (scatter tails at field edges).
+    """Collimation as it shows on a real chest film: the x-ray tube's lead blades (which ones
+    show varies per film: most often one side or a corner's two, at independent depths, less
+    often an opposite pair, three or all four), each tilted on its own by 0.3-3 degrees, on a
+    quarter of the films a second blade edge overlapping at a different angle; square corners
+    where two tilted edges cross; behind a focal-spot penumbra of a few px that widens off
+    the central ray, plus the faint halo of the tube's off-focal radiation. Under the blades
+    the detector sees their few % transmission and the scatter of the irradiated body
+    (strongest beside the field, falling off away from it) over a long-range floor, uneven with
+    the anode heel effect: through the log display and its shoulder the border is light and
+    brightens outwards, the anatomy attenuated but faintly there, the film's own noise texture
+    continued. The system's edge enhancement acts on the new edge as on any: a bright overshoot
+    on the blade's side, a dark rebound just inside the field. On some films (``white`` 0) the
+    edge is instead a scanned film's own edge: slightly wavy, a thin bright rim, the scanner's
+    black beyond. A lead marker the blades cover was never imaged: the engine's annotation
+    composite does not paste it back there (``collimation_shadow``). Refs: Bushberg et al., The
+    Essential Physics of Medical Imaging, ch. 5 (anode heel effect, off-focal radiation), ch. 7
+    (collimation, penumbra = focal spot x (magnification - 1), scatter) and ch. 10 (CR/DR image
+    processing: log transform, LUT, unsharp masking and multi-frequency equalisation); Boyle et
+    al., PMB 2013 (scatter tails at field edges).
 
-    Kornia: own kernel: no Kornia equivalent (shutter geometry, scatter and unsharp-mask
+    Kornia: own kernel: no Kornia equivalent (blade geometry, scatter and unsharp-mask
     low-passes as per-sample box passes, keyed noise field and blend in one batched pass)."""
     return collimation(x, p, keys)
 

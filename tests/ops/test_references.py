@@ -71,7 +71,7 @@ REFERENCE_CHECKS = {
     "xray_monochrome1": "tests.ops.test_xray_ops::test_monochrome1_is_one_level_the_full_inversion",
     "xray_burned_text": "tests.ops.test_xray_ops::test_burned_text_is_as_soft_as_the_resized_film",
     "xray_laterality_marker": "tests.ops.test_xray_ops::test_lead_marker_is_dense_lead_in_a_faint_holder_with_the_film_noise",
-    "xray_collimation": "tests.ops.test_xray_ops::test_collimation_shadow_is_the_blade_transmission_plus_scatter_with_stronger_noise",
+    "xray_collimation": "tests.ops.test_xray_ops::test_collimation_shadow_is_the_blade_transmission_plus_scatter_and_the_films_texture",
     "xray_motion_blur": "tests.ops.test_xray_ops::test_motion_blur_is_a_line_psf_on_the_linear_signal",
     "xray_jpeg": "tests.ops.test_xray_ops::test_xray_jpeg_is_byte_identical_to_opencv_libjpeg",
     "xray_patient_rotation": "tests.ops.test_xray_radiographic::test_patient_rotation_shifts_the_anatomy_by_its_depth_in_front_of_the_spine",

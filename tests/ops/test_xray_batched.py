@@ -19,7 +19,8 @@ from perturb.ops.kernels import get_kernel
 
 
 def test_collimation_of_a_batch_is_each_sample_alone() -> None:
-    """The collimated films of a batch (blades, open blades, tilt, masks, penumbrae, scatter,
+    """The collimated films of a batch (blades, open blades, tilts, a second blade edge, scanned
+    film edges with their rims and waviness, penumbrae, scatter, off-focal halo,
     unsharp and equalisation low-passes at per-sample radii, transmission and its unevenness,
     display range, the film's noise level and the keyed grain) equal those of each sample run
     alone, bit for bit."""
@@ -39,7 +40,20 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
         "range": [3.0, 5.0, 4.0, 3.5],
         "shade": [0.88, 0.95, 0.98, 0.93],
         "black": [0.0, 0.02, 0.01, 0.03],
-        "fringe": [0.2, 1.0, 0.5, 0.0],
+        "skew_left": [0.5, -0.8, 0.0, 0.3],
+        "skew_right": [-0.2, 0.4, 0.8, 0.0],
+        "skew_top": [0.0, 0.1, -0.6, 0.7],
+        "skew_bottom": [0.3, 0.0, -0.3, -0.8],
+        "leaf": [1.0, 0.0, 1.0, 0.0],
+        "leaf_side": [3.0, 0.0, 2.0, 1.0],
+        "leaf_depth": [0.15, 0.1, 0.25, 0.0],
+        "leaf_angle": [5.0, -3.0, -8.0, 2.0],
+        "halo": [0.05, 0.1, 0.0, 0.13],
+        "halo_reach": [0.015, 0.05, 0.03, 0.02],
+        "texture": [0.8, 1.4, 1.0, 1.2],
+        "rim": [0.001, 0.004, 0.002, 0.03],
+        "rim_level": [0.7, 0.9, 1.0, 0.8],
+        "wobble": [0.3, 2.0, 1.0, 0.0],
         "enhance": [0.4, 1.2, 0.7, 0.5],
         "radius": [0.0015, 0.0055, 0.003, 0.004],
         "equalize": [0.0, 0.5, 0.2, 0.35],
@@ -48,7 +62,6 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
         "heel_dir": [0.0, 90.0, 200.0, 300.0],
         "lumps": [0.1, 0.4, 0.2, 0.3],
         "tail": [0.0, 0.2, 0.1, 0.05],
-        "round": [0.0, 0.02, 0.01, 0.005],
         "deep": [0.8, 0.95, 0.9, 5.0],
     }
     params = {k: torch.tensor(v) for k, v in p.items()}

@@ -340,8 +340,8 @@ def _annotation(kind: str, box: tuple[int, int, int, int], glyphs: int) -> dict[
 
 @pytest.mark.parametrize("backend", ["opencv", "torch"])
 def test_collimation_does_not_paste_a_lead_marker_back_over_its_shadow(backend: str) -> None:
-    """A lead marker is a physical object on the detector: where the collimator's blades (or
-    the system's black shutter over them) stopped the beam it was never imaged, so the
+    """A lead marker is a physical object on the detector: where the collimator's blades stopped
+    the beam (or beyond a scanned film's edge, on the scanner's black) it was never imaged, so the
     composite leaves the op's pixels there (those of the film with no scene at all); burned-in
     text is added after acquisition and is pasted back over the shadow, and a marker in the
     open field is pasted back as it was. The same on the CPU path and the torch kernel."""
@@ -365,7 +365,7 @@ def test_collimation_does_not_paste_a_lead_marker_back_over_its_shadow(backend: 
     if backend == "torch":
         x = x.float() / 255.0
     params = {"left": 0.0, "right": 0.0, "bottom": 0.0, "top": 0.2, "tilt": 0.0, "white": 0.0,
-              "black": 0.0, "fringe": 0.0, "penumbra": 0.005}
+              "black": 0.0, "wobble": 0.0, "penumbra": 0.005}
     with use_backend(backend):  # type: ignore[arg-type]
         _, records = perturb.apply(x, "xray_collimation", 4, ["m"], scenes=[desc])
         assert records[0].protect_border and records[0].extra["scene"] == desc
@@ -380,7 +380,7 @@ def test_collimation_does_not_paste_a_lead_marker_back_over_its_shadow(backend: 
         return a[b[1] : b[3], b[0] : b[2]]
 
     assert np.array_equal(box(out, shadowed), box(plain, shadowed))  # not pasted back
-    assert box(out, shadowed).max() < 0.1 * top  # the black shutter over it
+    assert box(out, shadowed).max() < 0.1 * top  # the scanner's black over it
     assert np.array_equal(box(out, text), box(clean, text))  # burned-in text stays
     assert np.array_equal(box(out, field), box(clean, field))  # the field's marker stays
     assert box(clean, shadowed).min() > 0.9 * top
