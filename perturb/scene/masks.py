@@ -149,7 +149,11 @@ def tissue_alpha(desc: dict[str, Any], key: str | None = None) -> np.ndarray:
 def _tissue_alpha(key: str) -> np.ndarray:
     desc = json.loads(key)
     alpha = field_alpha(desc).copy()
-    alpha[overlay_mask(desc)] = 0.0
+    # 0 on the overlay mask (the union of the overlays' rectangles, ``_overlay_mask``), set
+    # rectangle by rectangle: a boolean-mask assignment scans every pixel (about 0.5 ms at 512 px,
+    # paid by every scene a warp moves)
+    for x0, y0, x1, y1, _kind in desc["overlays"]:
+        alpha[y0:y1, x0:x1] = 0.0
     alpha.flags.writeable = False
     return alpha
 
