@@ -235,7 +235,11 @@ def soft_mask(mask: np.ndarray, inset_px: float) -> np.ndarray:
     if inset_px < 1.0:
         return mask.astype(np.float32)
     dist = cv2.distanceTransform(mask.astype(np.uint8), cv2.DIST_L2, 3)
-    return np.clip(dist / np.float32(inset_px) - 1.0, 0.0, 1.0).astype(np.float32)
+    # dist / inset - 1 clipped to [0, 1], in place in the transform's own float32 buffer (the
+    # same float32 operations as the expression, without its three temporary frames)
+    np.divide(dist, np.float32(inset_px), out=dist)
+    np.subtract(dist, np.float32(1.0), out=dist)
+    return np.clip(dist, np.float32(0.0), np.float32(1.0), out=dist)
 
 
 def field_geometry(mask: np.ndarray) -> tuple[float, float, float]:

@@ -122,18 +122,28 @@ def highlight_headroom(x: torch.Tensor) -> torch.Tensor:
     return torch.where(clipped, torch.pow(HEADROOM_MAX, power), torch.ones_like(power))
 
 
-def _headroom_fields(clipped: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+def _headroom_fields(
+    clipped: np.ndarray, box: tuple[int, int, int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray, float]:
     """(distance into the clipped area capped at the reach, its local maximum over the reach,
     the ramp's minimum depth) of a bool (H, W) clip mask: what ``headroom_np`` and
-    ``_headroom_at`` share."""
+    ``_headroom_at`` share. ``box`` (x0, y0, x1, y1): the local maximum only there (the
+    rectangle around every clipped pixel: the distance is 0 outside it, as the dilation's
+    constant border, so the maximum inside is the frame's); the distance is always computed
+    over the frame (OpenCV's distance transform of a crop differs in the last bit where two
+    paths tie)."""
     h, w = clipped.shape
     depth, reach = headroom_depth_px(h, w), headroom_reach_px(h, w)
     dist = np.minimum(
         cv2.distanceTransform(clipped.view(np.uint8), cv2.DIST_L2, 3), np.float32(reach)
     )
     size = 2 * round(reach) + 1
+    x0, y0, x1, y1 = (0, 0, w, h) if box is None else box
     half = cv2.dilate(
-        dist, np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0.0
+        dist[y0:y1, x0:x1],
+        np.ones((size, size), np.uint8),
+        borderType=cv2.BORDER_CONSTANT,
+        borderValue=0.0,
     )
     return dist, half, depth
 
@@ -176,9 +186,13 @@ def clipped_pixels(src: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 def _headroom_at(clipped: np.ndarray, ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
     """``headroom_np(clipped)[ys, xs]`` at the clipped pixels (ys, xs) alone: the distances over
     the frame, the ramp and the power at those pixels (the same float32 operations; the power
-    on a copy padded to whole 64-element blocks, as on a frame)."""
-    dist, half, depth = _headroom_fields(clipped)
-    ramp = np.maximum(np.float32(HEADROOM_SPREAD) * half[ys, xs], np.float32(depth))
+    on a copy padded to whole 64-element blocks, as on a frame); the local maximum of the
+    distance on the clipped pixels' bounding box alone (``_headroom_fields``). ``ys``: in
+    raster order (``cv2.findNonZero``)."""
+    x0, x1 = int(xs.min()), int(xs.max()) + 1
+    dist, half, depth = _headroom_fields(clipped, (x0, int(ys[0]), x1, int(ys[-1]) + 1))
+    at = half[ys - ys[0], xs - x0]
+    ramp = np.maximum(np.float32(HEADROOM_SPREAD) * at, np.float32(depth))
     power = np.zeros(-(-len(ys) // 64) * 64, np.float32)
     np.clip((dist[ys, xs] - np.float32(HEADROOM_START)) / ramp, 0.0, 1.0, out=power[: len(ys)])
     return torch.pow(HEADROOM_MAX, torch.from_numpy(power)).numpy()[: len(ys)]

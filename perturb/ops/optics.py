@@ -730,7 +730,9 @@ def distortion_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.n
     the frame's cached normalised coordinates). The frame's coordinates are exactly symmetric
     about its centre (``u`` of column j is minus that of column W-1-j), so the radial factor is
     computed on a quarter and mirrored, ``map_x`` on the top half (it repeats in mirrored rows)
-    and ``map_y`` on the left half: the same bits as the whole-frame arithmetic."""
+    and ``map_y`` on the left half: the same bits as the whole-frame arithmetic. On a square
+    frame ``v`` is ``u`` transposed and ``u u + v v`` symmetric (float addition commutes), so
+    ``map_y`` is ``map_x`` transposed, bit for bit, and is copied rather than computed."""
     cx, cy, radius = distortion_frame(width, height)
     u, v, r2 = _distortion_grid(width, height)
     rows, cols = (height + 1) // 2, (width + 1) // 2
@@ -739,14 +741,17 @@ def distortion_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.n
     factor /= 1.0 + k
     top = np.concatenate([factor, factor[:, : width // 2][:, ::-1]], axis=1)
     left = np.concatenate([factor, factor[: height // 2][::-1]], axis=0)
+    square = width == height
     halves = []
-    for centre, axis, half in ((cx, u, top), (cy, v, left)):
+    for centre, axis, half in ((cx, u, top), (cy, v, left))[: 1 if square else 2]:
         source = np.multiply(axis, half)
         source *= radius  # centre + u factor radius - 0.5
         np.add(centre, source, out=source)
         source -= 0.5
         halves.append(source.astype(np.float32))
     map_x = np.concatenate([halves[0], halves[0][: height // 2][::-1]], axis=0)
+    if square:
+        return map_x, np.ascontiguousarray(map_x.T)
     map_y = np.concatenate([halves[1], halves[1][:, : width // 2][:, ::-1]], axis=1)
     return map_x, map_y
 

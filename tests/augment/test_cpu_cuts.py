@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from perturb.ops import _host, backend, exposure, optics
+from perturb.scene import masks
+from tests.scene.frames import frames_with_overlays, small_frame
 
 
 def _reference_maps(k: float, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
@@ -125,6 +127,67 @@ def test_clipped_pixels_give_the_headroom_of_the_frame(seed: int) -> None:
     assert np.array_equal(ys, want_ys) and np.array_equal(xs, want_xs)
     assert np.array_equal(head, exposure.headroom_np(clipped)[want_ys, want_xs])
     assert head.max() > 1.0  # the cores of the larger highlights are above the clip
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_headroom_of_a_local_cluster_is_that_of_the_frame(seed: int) -> None:
+    """Highlights in one part of the frame (a corner, an edge, the middle): the local maximum
+    of the distance taken on their bounding box alone gives the frame's headroom."""
+    rng = np.random.default_rng(100 + seed)
+    h, w = 120, 160
+    clipped = np.zeros((h, w), bool)
+    x0, y0 = [(0, 0), (w - 40, h - 30), (50, 0), (0, 60), (60, 40), (w - 25, 0)][seed]
+    for _ in range(5):
+        cx, cy = x0 + int(rng.integers(0, 40)), y0 + int(rng.integers(0, 30))
+        r = int(rng.integers(1, 12))
+        cv2.circle(clipped.view(np.uint8), (cx, cy), r, 1, -1)
+    clipped |= (rng.random((h, w)) < 0.002) & (np.arange(w)[None, :] >= x0)
+    points = cv2.findNonZero(clipped.view(np.uint8)).reshape(-1, 2)
+    xs, ys = points[:, 0], points[:, 1]
+    got = exposure._headroom_at(clipped, ys, xs)
+    assert np.array_equal(got, exposure.headroom_np(clipped)[ys, xs])
+
+
+def test_median_of_levels_is_numpy_median() -> None:
+    """``masks._median`` (glyph_strokes' medians) against ``np.median`` on 8-bit levels and on
+    half and quarter levels (a difference of a median and a level), odd and even counts."""
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 4, 5, 10, 63, 64, 255, 1000):
+        for _ in range(20):
+            levels = rng.integers(0, 256, n).astype(np.uint8)
+            assert masks._median(levels) == float(np.median(levels))
+            assert int(masks._median(levels)) == int(np.median(levels))
+            halves = (levels.astype(np.float32) - np.float32(rng.integers(0, 512) / 4)).astype(
+                np.float32
+            )
+            assert masks._median(halves) == float(np.median(halves))
+            assert np.float32(masks._median(halves)) == np.float32(np.median(halves))
+
+
+def test_soft_mask_is_the_plain_ramp() -> None:
+    """``_host.soft_mask`` computed in place: the bits of ``clip(dist / inset - 1, 0, 1)``."""
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        h, w = (int(v) for v in rng.integers(8, 200, 2))
+        mask = cv2.dilate((rng.random((h, w)) < 0.2).astype(np.uint8), np.ones((5, 5), np.uint8))
+        inset = float(rng.uniform(1.0, 30.0))
+        dist = cv2.distanceTransform(mask, cv2.DIST_L2, 3)
+        want = np.clip(dist / np.float32(inset) - 1.0, 0.0, 1.0).astype(np.float32)
+        got = _host.soft_mask(mask.astype(bool), inset)
+        assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_tissue_alpha_is_the_field_alpha_off_the_overlay_mask() -> None:
+    """The tissue alpha, its overlays zeroed rectangle by rectangle, against the field alpha
+    with the whole overlay mask zeroed, on real frames with overlays."""
+    names = frames_with_overlays()
+    if not names:
+        pytest.skip("no real frame with overlays and a dark surround in the sample set")
+    for name in names:
+        desc = small_frame(name)[1].descriptor
+        want = masks.field_alpha(desc).copy()
+        want[masks.overlay_mask(desc)] = 0.0
+        assert np.array_equal(masks.tissue_alpha(desc), want)
 
 
 def test_no_clipped_pixels() -> None:
