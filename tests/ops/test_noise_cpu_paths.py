@@ -33,8 +33,10 @@ def reference_grain(pixel_fn, src: np.ndarray, p: dict[str, np.ndarray], key: in
     noisy = np.empty_like(small)
     pixel_fn(small, noisy, p, key)
     residual = noisy - small
-    rows, cols = grain.field_matrix(gh, h), grain.field_matrix(gw, w)
-    up = np.stack([rows @ residual[i] @ cols.T for i in range(c)])
+    rows = grain.field_matrix(gh, h).astype(np.float64)
+    cols = grain.field_matrix(gw, w).astype(np.float64)
+    # float64 sums rounded once to float32, plane by plane
+    up = np.stack([(rows @ residual[i].astype(np.float64) @ cols.T).astype(np.float32) for i in range(c)])
     out = np.clip(up + full, np.float32(0.0), np.float32(1.0))
     res = np.empty_like(src)
     backend.store_float(out, res)
