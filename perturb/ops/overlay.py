@@ -12,10 +12,11 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
   gives the engine the note the record carries when the marker differs from its parameters.
 * ``xray_collimation``: collimation borders (the blades' shadow: their transmission, the
   body's scatter and the off-focal halo through the log display, brightening outwards, the
-  anatomy faint, the film's noise texture continued, the display's edge enhancement on the new
-  edge; on some films a scanned film's edge with a bright rim on the scanner's black) behind a
-  penumbra that widens off centre, one to four independently tilted blades (most often one side
-  or a corner) meeting at square corners, sometimes a second overlapping blade edge.
+  anatomy a smooth trace, the film's noise texture continued, the display's edge enhancement on
+  the new edge; on a few films a scanned film's edge with a light rim on the scanner's dark
+  backing) behind a penumbra that widens off centre, one to four independently tilted blades
+  (most often one side or a corner) meeting at near-square or slightly rounded corners,
+  sometimes a second overlapping blade edge.
 
 The masks are rendered on the host (integer rasterisation, identical for CPU and CUDA); the CPU
 paths blend inside each mask's bounding box. The marker's spot, white level and noise are read
@@ -1657,28 +1658,49 @@ def _blade_stop(
     """(B,1,H,W) float64: the share of the beam the blades stop. Each blade edge stops its own
     share behind its penumbra (``penumbra`` of the shorter side at the centre, widened by
     ``spread`` x the distance off centre; smoothstep), a ``tail`` of it behind a penumbra
-    ``TAIL_WIDTH`` times as wide (the tube's off-focal radiation); the blades' transmissions
-    multiply, so a corner is the crossing of two independent tilted edges (square, not
-    rounded). On a scanned film's edge (``white`` 0) the edge is the film's cut edge: a one px
-    scanner blur and a keyed waviness of ``wobble`` px (``keys`` given). ``inset`` (px, per
-    sample) moves every edge that far into the field."""
+    ``TAIL_WIDTH`` times as wide (the tube's off-focal radiation). With ``corner`` 0 the
+    blades' transmissions multiply: a corner is the square crossing of two independent tilted
+    edges; with ``corner`` > 0 (of the shorter side) the field is the rounded intersection of
+    the edges' half planes (``_round_field``): the corner an arc of that radius behind the same
+    penumbra (the focal spot's blur of the crossing seen at display size). On a scanned film's
+    edge (``white`` 0) the edge is the film's cut edge: a ``scan_blur`` px scanner blur and a
+    keyed waviness of ``wobble`` px (``keys`` given). ``inset`` (px, per sample) moves every
+    edge that far into the field."""
     side = min(h, w)
     dists, off_centre = _blade_distances(h, w, col, dev)
     scanned = col("white") < 0.5
     pen = (col("penumbra") * side * (1.0 + col("spread") * off_centre)).clamp_min(1.0)
-    pen = torch.where(scanned, torch.ones_like(pen), pen)
+    pen = torch.where(scanned, col("scan_blur").clamp_min(0.5) + 0.0 * pen, pen)
     tail = torch.where(scanned, 0.0, col("tail"))
     shift = torch.zeros_like(off_centre) if inset is None else inset
     if keys is not None:
-        wavy = _lumps(keys, h, w, dev, torch.full_like(col("wobble"), 0.02 * side), "edge")
+        wavy = _lumps(keys, h, w, dev, torch.full_like(col("wobble"), 0.04 * side), "edge")
         shift = shift + torch.where(scanned, col("wobble"), 0.0) * wavy
-    passed = torch.ones_like(dists[0] + shift)
-    for d in dists:
-        e = d + shift
+
+    def stopped(e: torch.Tensor) -> torch.Tensor:
         r = (0.5 + e / pen).clamp(0.0, 1.0)
         q = (0.5 + e / (TAIL_WIDTH * pen)).clamp(0.0, 1.0)
-        passed = passed * (1.0 - (1.0 - tail) * (r * r * (3.0 - 2.0 * r)) - tail * (q * q * (3.0 - 2.0 * q)))
-    return 1.0 - passed
+        return (1.0 - tail) * (r * r * (3.0 - 2.0 * r)) + tail * (q * q * (3.0 - 2.0 * q))
+
+    passed = torch.ones_like(dists[0] + shift)
+    for d in dists:
+        passed = passed * (1.0 - stopped(d + shift))
+    radius = col("corner") * side
+    rounded = stopped(_round_field([d + shift for d in dists], radius))
+    return torch.where(radius > 0.0, rounded, 1.0 - passed)
+
+
+def _round_field(dists: list[torch.Tensor], radius: torch.Tensor) -> torch.Tensor:
+    """The signed distance (px, positive outside) of the field, the intersection of the half
+    planes ``d <= 0`` of ``dists``, with every corner rounded to an arc of ``radius`` px (per
+    sample): each pair of edges joined by the arc tangent to both, the straight edges away
+    from the corners as they were."""
+    out = dists[0]
+    for d in dists[1:]:
+        a = (radius + out).clamp_min(0.0)
+        b = (radius + d).clamp_min(0.0)
+        out = torch.minimum(-radius, torch.maximum(out, d)) + torch.sqrt(a * a + b * b)
+    return out
 
 
 TAIL_WIDTH = 4.0  # the off-focal halo's penumbra over the focal spot's
@@ -1734,9 +1756,11 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
        (magnification - 1), smoothstep), ``penumbra`` of the shorter side at the centre,
        widening by ``spread`` x the distance off the central ray, plus a ``tail`` behind a
        four times wider penumbra (off-focal radiation); the shares multiply, so corners are
-       square crossings of tilted edges.
+       square crossings of tilted edges, or (``corner`` > 0) the field's corner is rounded
+       to an arc behind the same penumbra (the focal spot's blur of the crossing as it shows
+       at display size).
     2. Exposure. The film's low-pass (its anatomy; sigma 1 px) maps to a log exposure,
-       E = exp(-``range`` v). Under the blade a fraction ``transmission`` (a few %) of the beam
+       E = exp(-``range`` v). Under the blade a fraction ``transmission`` (well under 1 %) of the beam
        gets through, plus scatter from the irradiated body beside it: ``scatter`` x the field's
        exposure low-passed over ``reach`` of the shorter side (its source the body, 4 E (1 - E):
        none from the air), strongest at the edge and falling off away from the field, and the
@@ -1756,10 +1780,11 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
        side: a bright overshoot along the blade's side of the edge, a dark rebound just inside
        the field) and the wide-band equalisation (gain ``equalize``, sigma ``band``).
     ``white`` 0: a scanned film's edge instead (no collimation shadow): beyond the film's cut
-    edge, slightly wavy (``wobble`` px), the scanner's black surround (``black``, with a faint
-    scanner noise), and along the edge a thin bright rim (``rim`` of the shorter side wide, at
-    ``rim_level``: the unexposed film margin and the light the cut edge scatters into the
-    scanner). The film's own digital padding (``_padding``) is kept where no shadow reaches it;
+    edge, slightly wavy (``wobble`` px) and blurred by the scanner's optics (``scan_blur``
+    px), the scanner's backing beyond (``black``, a few levels above 0, uneven, with a faint
+    scanner noise), and along the edge a thin rim lighter than the film beside it (``rim`` of
+    the shorter side wide, at ``rim_level``, both varying along the edge: the unexposed film
+    margin and the light the cut edge scatters into the scanner). The film's own digital padding (``_padding``) is kept where no shadow reaches it;
     a blade's shadow over it fills it (a padded strip inside a collimated border would be the
     digitiser padding a film it had cropped)."""
     h, w = x.shape[-2:]
@@ -1811,11 +1836,18 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     shot = base + texture
     # a scanned film's edge: the film as it is, a thin bright rim inside its cut edge, the
     # scanner's black beyond
-    rim_px = (col("rim") * side).clamp_min(0.5)
-    inner = _blade_stop(h, w, col, dev, keys, inset=rim_px)
+    # the rim's width and brightness vary along it (the margin's fog, the cut's angle), the
+    # scanner's backing beyond is a few levels above 0, uneven and noisy
+    along = torch.full_like(col("rim"), 0.03 * side)
+    rim_px = (col("rim") * side * (1.0 + 0.4 * _lumps(keys, h, w, dev, along, "rim")).clamp(0.3, 2.0))
+    inner = _blade_stop(h, w, col, dev, keys, inset=rim_px.clamp_min(0.5))
     rim = (inner - m).clamp(0.0, 1.0)
-    surround = col("black") + 0.25 * sigma * grain
-    scan = v1 + rim * (col("rim_level") + detail - v1)
+    rim_level = col("rim_level") * (1.0 + 0.06 * _lumps(keys, h, w, dev, along, "rim_level"))
+    backing = _lumps(keys, h, w, dev, torch.full_like(col("black"), 0.08 * side), "backing")
+    surround = col("black") * (1.0 + 0.3 * backing) + (0.25 * sigma + 0.004) * grain
+    # the unexposed margin is lighter than the film beside it, however light the film is
+    rim_level = torch.maximum(rim_level, (low + 0.06).clamp_max(1.0))
+    scan = v1 + rim * (rim_level + detail - v1)
     scan = scan + m * (surround - scan)
     out = torch.where(white, shot, scan)
     # the film's own digital padding stays where no shadow reaches it
@@ -1878,7 +1910,7 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     blades = {n: (b if n in shown else 0.0) for n, b in blades.items()}
     order = [i for i, n in enumerate(names) if n in shown]
     leaf_side = order[min(len(order) - 1, int(len(order) * u[24]))]
-    scanned = u[0] < 0.2
+    scanned = u[0] < 0.07
     return {
         **blades,
         # the collimator's shadow on most films; a scanned film's own edge on a black scanner
@@ -1897,7 +1929,12 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "penumbra": 0.003 + 0.004 * u[3],  # 3-7 px of a 1024 px film at the centre
         "spread": 0.2 + 0.5 * u[4],  # 1.2-1.7x as wide in the corners
         "tail": 0.03 + 0.1 * u[21],  # the off-focal halo's share of the blade's stop
-        "transmission": 0.005 + 0.025 * u[5],  # the lead blades let 0.5-3 % through
+        # the lead blades let 0.1-0.5 % through: under them the anatomy barely shows, what
+        # shows is the smooth scatter
+        "transmission": 0.001 + 0.004 * u[5],
+        # the field's corners: near square (the crossing blurred by the penumbra, a radius of
+        # 1-3 px of 1024) on 60 % of the films, slightly rounded (8-30 px of 1024) on the others
+        "corner": (0.001 + 0.002 * u[38]) if u[37] < 0.6 else (0.008 + 0.022 * u[38]),
         "scatter": 0.05 + 0.25 * u[6],  # many times the transmitted beam beside the field
         "reach": 0.01 + 0.03 * u[7],  # the scatter fades over 10-40 px of 1024
         "halo": 0.03 + 0.1 * u[23],  # the off-focal halo's exposure beside the field
@@ -1918,10 +1955,11 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         # before the shoulder
         "deep": 0.9 + 0.25 * u[22],
         # a scanned film's edge: the scanner's black, the rim's width and level, the waviness
-        "black": 0.04 * u[11] ** 2,
+        "black": 0.012 + 0.035 * u[11],  # 3-12 levels of 255, the scanner's backing
+        "scan_blur": 1.5 + 2.0 * u[39],  # the scanner optics' blur of the cut edge, px
         "rim": 0.001 + 0.003 * u[33],  # 1-4 px of a 1024 px film
         "rim_level": 0.7 + 0.3 * u[34],
-        "wobble": 0.3 + 1.7 * u[35],  # px
+        "wobble": 0.3 + 0.9 * u[35],  # px, over bends of about 40 px of 1024
     }
 
 
@@ -1932,17 +1970,17 @@ def xray_collimation(
     """Collimation as it shows on a real chest film: the x-ray tube's lead blades (which ones
     show varies per film: most often one side or a corner's two, at independent depths, less
     often an opposite pair, three or all four), each tilted on its own by 0.3-3 degrees, on a
-    quarter of the films a second blade edge overlapping at a different angle; square corners
-    where two tilted edges cross; behind a focal-spot penumbra of a few px that widens off
+    quarter of the films a second blade edge overlapping at a different angle; corners where
+    two tilted edges cross near square or slightly rounded (keyed); behind a focal-spot penumbra of a few px that widens off
     the central ray, plus the faint halo of the tube's off-focal radiation. Under the blades
-    the detector sees their few % transmission and the scatter of the irradiated body
+    the detector sees their transmission (well under 1 %: the anatomy barely there) and the scatter of the irradiated body
     (strongest beside the field, falling off away from it) over a long-range floor, uneven with
     the anode heel effect: through the log display and its shoulder the border is light and
-    brightens outwards, the anatomy attenuated but faintly there, the film's own noise texture
+    brightens outwards, the anatomy a smooth trace, the film's own noise texture
     continued. The system's edge enhancement acts on the new edge as on any: a bright overshoot
-    on the blade's side, a dark rebound just inside the field. On some films (``white`` 0) the
-    edge is instead a scanned film's own edge: slightly wavy, a thin bright rim, the scanner's
-    black beyond. A lead marker the blades cover was never imaged: the engine's annotation
+    on the blade's side, a dark rebound just inside the field. On a few films (``white`` 0) the
+    edge is instead a scanned film's own edge: slightly wavy, blurred by the scanner's optics,
+    a thin light rim varying along it, the scanner's dark, uneven backing beyond. A lead marker the blades cover was never imaged: the engine's annotation
     composite does not paste it back there (``collimation_shadow``). Refs: Bushberg et al., The
     Essential Physics of Medical Imaging, ch. 5 (anode heel effect, off-focal radiation), ch. 7
     (collimation, penumbra = focal spot x (magnification - 1), scatter) and ch. 10 (CR/DR image

@@ -20,7 +20,8 @@ from perturb.ops.kernels import get_kernel
 
 def test_collimation_of_a_batch_is_each_sample_alone() -> None:
     """The collimated films of a batch (blades, open blades, tilts, a second blade edge, scanned
-    film edges with their rims and waviness, penumbrae, scatter, off-focal halo,
+    film edges with their rims, blur and waviness, square and rounded corners, penumbrae,
+    scatter, off-focal halo,
     unsharp and equalisation low-passes at per-sample radii, transmission and its unevenness,
     display range, the film's noise level and the keyed grain) equal those of each sample run
     alone, bit for bit."""
@@ -54,6 +55,8 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
         "rim": [0.001, 0.004, 0.002, 0.03],
         "rim_level": [0.7, 0.9, 1.0, 0.8],
         "wobble": [0.3, 2.0, 1.0, 0.0],
+        "scan_blur": [1.5, 3.5, 2.0, 1.0],
+        "corner": [0.0, 0.02, 0.002, 0.01],
         "enhance": [0.4, 1.2, 0.7, 0.5],
         "radius": [0.0015, 0.0055, 0.003, 0.004],
         "equalize": [0.0, 0.5, 0.2, 0.35],
