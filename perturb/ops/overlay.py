@@ -1498,7 +1498,9 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
 
         return g(y1, x1) - g(by, x1) - g(y1, bx) + g(by, bx)
 
-    texture = box(across, w - lag, by + big, bx + big - lag) + box(down, w, by + big - lag, bx + big)
+    # (a film without a marker has no planning square: its empty boxes, never chosen)
+    x_in, y_in = torch.maximum(bx + big - lag, bx), torch.maximum(by + big - lag, by)
+    texture = box(across, w - lag, by + big, x_in) + box(down, w, y_in, bx + big)
     flat = texture < FLAT * 2 * big * (big - lag)
     # ``choose_spot``: the air squares (``is_air``) ranked by tier, then level sum; else the
     # textured squares by tier, then the most texture; else the least flat; either of those
