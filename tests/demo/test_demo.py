@@ -67,9 +67,12 @@ def test_strongest_perturbations_show_gaps_with_cis(demo_dir: tuple[Path, str, s
         deltas.append((d["estimate"], hi, op))
         assert by_sev["5"]["metrics"][primary]["delta"]["ci"] is not None
     deltas.sort()
-    strongest = deltas[:2]
-    assert all(est < 0 for est, _, _ in strongest), deltas
-    assert strongest[0][1] < 0, f"CI of the strongest gap should exclude 0: {deltas}"
+    # the strongest gap is negative and its CI excludes 0 (specular_glare v8's highlights, sized
+    # like real ones, no longer move the probe on the phantoms as v3's streaks did, so haze
+    # alone of the demo's five ops opens a gap at severity 5)
+    strongest = deltas[0]
+    assert strongest[0] < 0, deltas
+    assert strongest[1] < 0, f"CI of the strongest gap should exclude 0: {deltas}"
     overall = model["overall"]["metrics"]["exact_match"]
     assert overall["delta"]["estimate"] < 0 and overall["delta"]["ci"][1] < 0
 
