@@ -427,9 +427,8 @@ def marker_spots(
     each keeping half its size from every detected annotation and ``APART`` of the shorter
     side from the film's own marker (read or marker-like: a second marker is never a duplicate
     beside the first); the first corner (drawn top, other top, then the bottom ones, along
-    their edge) with a clear candidate comes first, the other clear corners' after it (a
-    film whose first corner is all flat padding or washed-out tissue: ``choose_spot``).
-    ``choose_spot`` picks one by the film's levels. The spots depend on the scene only, never the film's pixels."""
+    their edge) with a clear candidate gives them. ``choose_spot`` picks one by the
+    film's levels. The spots depend on the scene only, never the film's pixels."""
     side = min(h, w)
     margin = round(0.03 * side)
     s = max(2, round(size))
@@ -497,7 +496,6 @@ def marker_spots(
             and _clear(square, own, APART * side)  # type: ignore[arg-type]
         )
 
-    out: list[Spot] = []
     for k, (right, top) in enumerate(corners):
         # the tiers in the order ``choose_spot`` prefers them: the edge near the corner, the
         # same edge further along (nearer the neck), down the outer edge beside the body
@@ -509,15 +507,12 @@ def marker_spots(
         found_ = [(x, y, t) for t, sq in enumerate(tiers) for x, y in sq if clear(x, y)]
         if not found_:
             continue
-        if not out and (k or all(t == 1 for _, _, t in found_)):
+        if k or all(t == 1 for _, _, t in found_):
             moved = "moved clear of the film's annotations"
             why = moved if why is None else f"{why}; {moved}"
-        # the marker's square in the outer corner of the planned one; the corner's rank in
-        # the tier (``CORNER_TIERS`` a corner): the first clear corner's spots come first
+        # the marker's square in the outer corner of the planned one
         inner = (big - s if right else 0, 0 if top else big - s)
-        out += [(x, y, x + inner[0], y + inner[1], CORNER_TIERS * k + t) for x, y, t in found_]
-    if out:
-        return letter, out, big, why
+        return letter, [(x, y, x + inner[0], y + inner[1], t) for x, y, t in found_], big, why
     return None, [], 0, "no marker added: no corner of the film is clear of its annotations"
 
 
@@ -542,65 +537,31 @@ def at_edge(spot: Spot, s: int, h: int, w: int) -> Spot:
 
 
 TIER_SHIFT = 40  # a spot's rank: its tier above its square's level sum (below 2**40)
-TISSUE_RANK = 1 << 61  # a textured square of tissue: ranked after every air square
-NEVER_RANK = 1 << 62  # a flat square (digital padding, washed-out film): only where all are
-TEXTURE_TOP = (1 << TIER_SHIFT) - 1  # above any square's texture (``square_texture``)
-
-
-def texture_lag(h: int, w: int) -> int:
-    """The lag (px) at which a square's texture is read: an eighth of the planning square
-    (``PLAN_SIZE``), the scale of the marker's strokes, not the pixel noise."""
-    return max(1, round(PLAN_SIZE * min(h, w)) // 8)
-
-
-def square_texture(film: np.ndarray, x: int, y: int, big: int, lag: int) -> int:
-    """The integer sum of absolute level differences at ``lag`` px across and down within
-    the planning square (x, y, side ``big``) of ``film`` (the torch kernel's sums are the
-    same, from integral images)."""
-    q = film[y : y + big, x : x + big].astype(np.int32)
-    across = np.abs(q[:, lag:] - q[:, :-lag]).sum(dtype=np.int64)
-    down = np.abs(q[lag:] - q[:-lag]).sum(dtype=np.int64)
-    return int(across + down)
-
-
-def is_flat(texture: int, big: int, lag: int) -> bool:
-    """Whether a planning square of ``texture`` (``square_texture``) is flat: its mean
-    absolute difference below ``FLAT`` levels each way. Digital padding and washed-out film
-    (a burned-out arm, over-exposed soft tissue) are; the film's air carries its quantum
-    noise and the shoulder, clavicle and ribs their structure above it."""
-    return texture < FLAT * 2 * big * (big - lag)
 
 
 def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int, s: int) -> Spot:
-    """Of the spots whose planning square is not flat (``is_flat``: no digital padding, no
-    washed-out film), those whose square is air (``is_air``: the air beside the body or above
-    the shoulder, not the white collimation band, tissue or lung) first: the one of the first
-    tier (the first clear corner before the others; near the corner before further along the
-    top edge before down the outer edge: the marker stays near the shoulder) whose square
-    holds the film's lowest sum of levels (``film_levels``; the first on a tie); with no such
-    air, the textured square of tissue of the first tier with the most structure (the
-    shoulder, the clavicle, the body's edge, ``square_texture``), else with every square
-    flat the least flat, either pushed out to just inside the film's edge (``at_edge``: at
-    the very edge of the field, never on tissue further in); the first spot without the
-    film. Integer sums:
-    the torch kernel's choice (``_place_markers``) is the same."""
+    """Of the spots whose planning square is air (``is_air``: the air beside the body or above
+    the shoulder, not the white collimation band, tissue or lung), the one of the first tier
+    (near the corner before further along the top edge before down the outer edge: the
+    marker stays near the shoulder) whose square holds the film's lowest sum of levels
+    (``film_levels``; the first on a tie); with no air anywhere the marker may go, the first
+    spot (the drawn corner, else the nearest clear place on its top edge) pushed out to just
+    inside the film's edge (``at_edge``), never a square of tissue further in; the first
+    spot without the film. Integer sums: the torch kernel's choice (``_place_markers``) is
+    the same."""
     if film is None:
         return spots[0]
     total = int(film.sum(dtype=np.int64))
-    lag = texture_lag(*film.shape)
     ranks = []
     for x, y, _, _, tier in spots:
         square = int(film[y : y + big, x : x + big].sum(dtype=np.int64))
-        texture = square_texture(film, x, y, big, lag)
-        if is_flat(texture, big, lag):
-            ranks.append(NEVER_RANK + TEXTURE_TOP - texture)
-        elif is_air(square, big, total, film.size):
+        if is_air(square, big, total, film.size):
             ranks.append((tier << TIER_SHIFT) + square)
         else:
-            ranks.append(TISSUE_RANK + (tier << TIER_SHIFT) + TEXTURE_TOP - texture)
+            ranks.append(1 << 62)
     best = int(np.argmin(ranks))
-    if ranks[best] >= TISSUE_RANK:
-        return at_edge(spots[best], s, *film.shape)
+    if ranks[best] == 1 << 62:
+        return at_edge(spots[0], s, *film.shape)
     return spots[best]
 
 
@@ -628,8 +589,6 @@ DOWN_REACH = 0.7  # how far down the outer edge (fraction of the height) the mar
 APART = 0.25  # a film's own marker: the added one keeps this far from it (shorter side)
 EDGE = 0.005  # with no air: the marker's inset from the film's edge, shorter side
 AIR_OF_MEAN = (9, 20)  # air: a square's mean level at most 9/20 of the film's mean level
-CORNER_TIERS = 3  # a spot's tier: three tiers a corner (``marker_spots``), corner by corner
-FLAT = 5  # flat: mean absolute level difference at ``texture_lag`` below this, each way
 
 
 def _fits(scene: Any, h: int, w: int) -> bool:
@@ -879,9 +838,8 @@ def _lead_parts(
     inks = [glyph]
     for ch in sub:
         u = float(g.random())
-        # upright in its slot on most, else turned on its side (never upside down: a turned
-        # C or J under a mirrored letter would read as unmirrored, one object seen two ways)
-        turn = 0.0 if u < 0.76 else (90.0 if u < 0.88 else 270.0)
+        # upright in its slot on most, else turned on its side, rarely upside down
+        turn = 0.0 if u < 0.7 else (90.0 if u < 0.82 else (270.0 if u < 0.94 else 180.0))
         turn += 5.0 * (2.0 * float(g.random()) - 1.0)
         inks.append(_turned(_glyph(ch, sub_cap * (1.05 + 0.25 * float(g.random())), sub_face), turn))
     if g.random() < 0.25:  # the letter at the strip's far end
@@ -1018,22 +976,15 @@ def _lead_layers(letter: str, style: MarkerStyle, g: np.random.Generator, cap: f
             ay = (box[1] + box[3]) / 2 if not upright else (box[1] + pad_y + hole_r if grip_first else box[3] - pad_y - hole_r)
             cv2.circle(plate, (round(ax), round(ay)), round(hole_r + rim), wall if moulded else 1.0, -1)
             cv2.circle(plate, (round(ax), round(ay)), round(hole_r), 0.0, -1)
-        # the acrylic thicker towards one end (moulded, worn): its density graded by 15-45 %
-        # either way across it; it thins over its bevel towards the rim (its density fading
-        # from the face to a third at the edge over a keyed width), its edge softer than the
-        # lead's: no evenly brighter box
+        # the acrylic thicker towards one end (moulded, worn): its density graded by up to
+        # +-35 % across it; its bevelled edge softer than the lead's
         phi = 2.0 * math.pi * float(g.random())
-        slope = (0.15 + 0.3 * float(g.random())) / (max(hx1 - hx0, hy1 - hy0) / 2)
+        slope = (0.1 + 0.25 * float(g.random())) / (max(hx1 - hx0, hy1 - hy0) / 2)
         yy, xx = np.mgrid[0 : plate.shape[0], 0 : plate.shape[1]].astype(np.float32)
         mx, my = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
         ramp = 1.0 + slope * ((xx - mx) * math.cos(phi) + (yy - my) * math.sin(phi))
         plate *= np.clip(ramp, 0.0, 2.0).astype(np.float32)
-        fade = max(1.0, (0.08 + 0.17 * float(g.random())) * min(hx1 - hx0, hy1 - hy0))
-        inside = np.asarray(plate > 0, dtype=np.uint8)
-        dist = np.asarray(cv2.distanceTransform(inside, cv2.DIST_L2, 3), dtype=np.float32)
-        plate *= np.clip(np.float32(1 / 3) + np.float32(2 / 3) * dist / np.float32(fade), 0.0, 1.0)
-        soft = (0.03 + 0.04 * float(g.random())) * cap
-        layers[..., 1] = cv2.GaussianBlur(plate, (0, 0), max(1.0, soft))
+        layers[..., 1] = cv2.GaussianBlur(plate, (0, 0), max(1.0, 0.03 * cap))
     bead = np.zeros(layers.shape[:2], dtype=np.float32)
     for cx, cy, r in discs:
         cv2.circle(bead, (round(cx + ox), round(cy + oy)), round(r), 1.0, -1)
@@ -1133,7 +1084,7 @@ def _lead_marker(
     characters turned, or a second tag of their own turned its own way); the holder (none on
     some, but a strip of slots or a tag is always in its plastic; a narrow strip, a square block or an oblong plate with a grip at one end, keyed
     margins and corner radius, denser moulded walls on most, a punched hole in the grip of
-    some plates, its density graded across it and thinning over its bevel to its soft edge); a metal disc or rivet on a fifth, in the plate's grip or
+    some plates, its density graded across it and its bevelled edge soft); a metal disc or rivet on a fifth, in the plate's grip or
     separate beside, above or below the marker. The whole marker is tilted by ``style.angle``
     (near upright on most, sometimes on its side or upside down) and mirrored when placed face
     down. The lead attenuates almost all of the primary beam, but some of it and the patient's
@@ -1362,8 +1313,7 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
     # placed by hand: near upright on most (within 3 degrees), tilted further on some, a few
     # well askew, on their side or upside down
     turn = 180.0 if u[11] < 0.08 else (90.0 if u[11] < 0.14 else 0.0)
-    # (never exactly square to the film: at least a degree)
-    tilt = 1.0 + 2.5 * u[12] if u[13] < 0.45 else (3.0 + 9.0 * u[12] if u[13] < 0.85 else 12.0 + 18.0 * u[12])
+    tilt = 3.0 * u[12] if u[13] < 0.45 else (3.0 + 9.0 * u[12] if u[13] < 0.85 else 12.0 + 18.0 * u[12])
     return {
         "size": level["size"][0] + u[0] * (level["size"][1] - level["size"][0]),
         "letter_r": float(u[1] < 0.5),
@@ -1374,7 +1324,7 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         # the technologist's initials (or a number) on two thirds: mostly two or three
         "initials": 0.0 if u[6] < 0.35 else (1.0 if u[6] < 0.45 else (2.0 if u[6] < 0.78 else 3.0)),
         "density": 0.45 + 0.5 * u[7],  # the disc's, relative to the lead's
-        "blur": 0.0007 + 0.0006 * u[8],  # 0.7-1.3 px on a 1024 px film
+        "blur": 0.0005 + 0.0007 * u[8],  # 0.5-1.2 px on a 1024 px film
         # the holder on three quarters: 3-12 % of the way from the film to its white at level
         # 102, most below 6 % (thin acrylic: a few levels over black air, as on the reference
         # films; a few thick moulded ones stand out)
@@ -1484,40 +1434,18 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
         return integral.gather(1, yy * (w + 1) + xx)
 
     sums = at(by + big, bx + big) - at(by, bx + big) - at(by + big, bx) + at(by, bx)
-    # ``square_texture``: absolute differences at the lag across and down, from their own
-    # integral images (exact int64 sums)
-    lag = texture_lag(h, w)
-    part = levels[:, :reach].to(torch.int64)
-    across = (part[:, :, lag:] - part[:, :, :-lag]).abs().cumsum(1).cumsum(2)
-    across = F.pad(across, (1, 0, 1, 0)).view(b, -1)
-    down = (part[:, lag:] - part[:, :-lag]).abs().cumsum(1).cumsum(2)
-    down = F.pad(down, (1, 0, 1, 0)).view(b, -1)
-
-    def box(ii: torch.Tensor, cols: int, y1: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
-        def g(yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
-            return ii.gather(1, yy * (cols + 1) + xx)
-
-        return g(y1, x1) - g(by, x1) - g(y1, bx) + g(by, bx)
-
-    # (a film without a marker has no planning square: its empty boxes, never chosen)
-    x_in, y_in = torch.maximum(bx + big - lag, bx), torch.maximum(by + big - lag, by)
-    texture = box(across, w - lag, by + big, x_in) + box(down, w, y_in, bx + big)
-    flat = texture < FLAT * 2 * big * (big - lag)
-    # ``choose_spot``: the air squares (``is_air``) ranked by tier, then level sum; else the
-    # textured squares by tier, then the most texture; else the least flat; either of those
-    # pushed out to just inside the film's edge
+    # ``choose_spot``: the air squares (``is_air``) ranked by tier, then level sum; with none,
+    # the first spot, just inside the film's edge
     num, den = AIR_OF_MEAN
     film_sum = levels.sum(dim=(1, 2), dtype=torch.int64)
     sums64 = sums.to(torch.int64)
     is_air_ = den * sums64 * (h * w) <= num * film_sum.view(-1, 1) * big * big
-    never = NEVER_RANK
-    tier = spots_d[..., 4] << TIER_SHIFT
-    smooth = TEXTURE_TOP - texture
-    ranks = torch.where(is_air_, tier + sums64, TISSUE_RANK + tier + smooth)
-    ranks = torch.where(flat, never + smooth, ranks)
-    ranks = ranks.masked_fill(~valid_d, never + TEXTURE_TOP + 1)
+    never = 1 << 62
+    ranks = (spots_d[..., 4] << TIER_SHIFT) + sums64
+    ranks = ranks.masked_fill(~(is_air_ & valid_d), never)
     best = ranks.argmin(dim=1)
-    air = ranks.gather(1, best.view(-1, 1))[:, 0] < TISSUE_RANK
+    air = ranks.gather(1, best.view(-1, 1))[:, 0] < never
+    best = torch.where(air, best, torch.zeros_like(best))
     chosen = spots_d.gather(1, best.view(-1, 1, 1).expand(-1, 1, 5))[:, 0]
     x0, y0, s = chosen[:, 2], chosen[:, 3], sizes_d[:, 1]
     # ``at_edge``: pushed out to just inside the film's edge where there is no air
@@ -1600,11 +1528,8 @@ def xray_laterality_marker(
     edges blurred by the focal spot's geometric unsharpness and the detector's MTF by about a
     pixel, with the film's edge-enhancement undershoot round them on most, the plastic
     carrying the film's own noise); the rest are the
-    console's flat digital letter at display white, often ringed. Never on a flat square
-    (digital padding, washed-out film: ``is_flat``); with no air where it may go the marker
-    goes on the most textured square (shoulder, clavicle, the body's edge) pushed out to just
-    inside the film's edge (``choose_spot``). Never exactly square to the film (a degree of
-    tilt at least), letter, initials and holder one object, tilted and mirrored together. The
+    console's flat digital letter at display white, often ringed. With no air where it may go
+    the marker goes just inside the film's edge at its first place (``choose_spot``). The
     letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
     mode it probes), but it never contradicts a marker already on the film, is never a
     duplicate beside it (``APART``) and keeps clear of its annotations.

@@ -370,9 +370,8 @@ def _marker_call(
 def test_laterality_marker_goes_in_the_air_beside_the_body() -> None:
     """Technologists put the marker in the air outside the body near a top corner: on a film
     whose only air near the right top corner lies down its outer edge, the marker lands there,
-    not in the corner over the body; drawn for the left side (no air there, only tissue) it
-    goes to that air by the right top corner (version 9: air in any clear corner before
-    tissue), and with no air anywhere to the left top corner at the film's edge."""
+    not in the corner over the body; on the left side (no air) it goes to the top corner at
+    the film's edge."""
     from perturb.ops.overlay import film_levels, marker_plan
 
     v = _air_pocket_film()
@@ -385,12 +384,8 @@ def test_laterality_marker_goes_in_the_air_beside_the_body() -> None:
         assert rows.size > s
         assert rows.min() >= 40 and rows.max() < 80 and cols.min() >= 215  # in the air pocket
     _, x0, y0, _ = marker_plan(256, 256, "R", s, False, None, film_levels(v))
-    assert y0 >= 40 and y0 + s <= 80 and x0 >= 215  # the right corner's air pocket
-    tissue = v.copy()
-    tissue[40:80, 215:] += 0.55  # no air anywhere
-    _, x0, y0, _ = marker_plan(256, 256, "R", s, False, None, film_levels(tissue))
     margin, edge = round(0.03 * 256), round(0.005 * 256)
-    assert (x0, y0) == (edge, edge)  # the left top corner, at the film's edge
+    assert (x0, y0) == (edge, edge)  # no air there: the left top corner, at the film's edge
     # without the film (the default plan): the drawn top corner itself
     assert marker_plan(256, 256, "R", s, True, None)[1:3] == (256 - margin - s, margin)
 
@@ -398,49 +393,23 @@ def test_laterality_marker_goes_in_the_air_beside_the_body() -> None:
 def test_laterality_marker_goes_lower_down_in_air_else_stays_at_the_film_edge() -> None:
     """With no air near the top corners the marker goes to the air beside the body lower
     down the outer edge; where the only darker squares are tissue (not air: above 9/20 of the
-    film's mean level), it goes to the most textured square by the drawn corner pushed out
-    to just inside the film's top edge, never on that tissue further in. The torch kernel
-    places it where the plan (CPU path) does."""
+    film's mean level), it goes just inside the film's edge in the drawn corner, never on
+    that tissue further in. The torch kernel places it where the plan (CPU path) does."""
     from perturb.ops.overlay import film_levels, marker_plan
 
     s = round(float(np.float32(0.06)) * 256)
     for pocket, is_air in ((0.05, True), (0.4, False)):
         v = _air_pocket_film()
         v[40:80, 215:] = 0.6  # no air near the top corner
-        v[130:170, 215:] = pocket + (v[130:170, 215:] - 0.6)  # with its quantum noise
+        v[130:170, 215:] = pocket + np.float32(0.02) * (v[130:170, 215:] - 0.6)
         _, x0, y0, _ = marker_plan(256, 256, "R", s, True, None, film_levels(v))
         if is_air:
             assert y0 >= 130 and y0 + s <= 170 and x0 >= 215
         else:
-            assert y0 == round(0.005 * 256) and x0 >= 128 and x0 + s <= 256  # the top edge
+            assert (x0, y0) == (256 - round(0.005 * 256) - s, round(0.005 * 256))
         out, _ = _marker_call(v, size=0.06, right_corner=1.0, angle=-9.0, holder=0.05)
         rows, cols = np.nonzero(np.abs(out - v) > 1e-7)
         assert rows.min() >= y0 and rows.max() < y0 + s and cols.min() >= x0
-
-
-def test_laterality_marker_never_lands_on_flat_padding_or_washed_out_film() -> None:
-    """Digital padding (a flat, noiseless fill) dark enough to pass for air, in the top
-    corner, is never chosen (``is_flat``): the marker goes to the film's noisy air lower down
-    the outer edge instead; with a washed-out flat band over the whole right side, a
-    textured square wins over it. The torch kernel places it where the plan does."""
-    from perturb.ops.overlay import film_levels, marker_plan
-
-    s = round(float(np.float32(0.06)) * 256)
-    v = _air_pocket_film()
-    v[:80, :] = 0.05  # the top band: a flat fill (digital padding), no noise
-    v[130:170, 215:] = 0.05 + (v[130:170, 215:] - 0.6)  # real air lower down, its noise
-    _, x0, y0, _ = marker_plan(256, 256, "R", s, True, None, film_levels(v))
-    assert y0 >= 130 and y0 + s <= 170 and x0 >= 215
-    out, _ = _marker_call(v, size=0.06, right_corner=1.0, angle=-9.0, holder=0.05)
-    rows, cols = np.nonzero(np.abs(out - v) > 1e-7)
-    assert rows.min() >= y0 and rows.max() < y0 + s and cols.min() >= x0
-    washed = _air_pocket_film()
-    washed[:, 100:] = 0.85  # burned-out: flat and bright over the whole right side
-    _, x0, y0, _ = marker_plan(256, 256, "R", s, True, None, film_levels(washed))
-    assert x0 + s <= 100  # on the textured film left of the band (the other top corner)
-    out, _ = _marker_call(washed, size=0.06, right_corner=1.0, angle=-9.0, holder=0.05)
-    rows, cols = np.nonzero(np.abs(out - washed) > 1e-7)
-    assert rows.min() >= y0 and rows.max() < y0 + s and cols.min() >= x0 and cols.max() < 100
 
 
 def test_the_marker_stays_near_the_shoulder_before_darker_air_lower_down() -> None:
@@ -1095,21 +1064,3 @@ def test_collimation_keeps_the_films_padding_beside_the_shadow_but_fills_it_unde
     u = _np(under)
     assert u[100:250, :8].min() > 0.5  # filled by the shadow
     assert u[260:290, 10:40].mean() > 0.7  # as the shadow beside it
-
-
-def test_marker_sampler_never_squares_the_marker_to_the_film_and_blurs_it() -> None:
-    """A marker placed by hand is never exactly square to the film (its tilt off the nearest
-    quarter turn at least a degree, letter and holder together) and its edges are blurred
-    by the focal spot and detector by at least 0.7 px at 1024 px (``blur`` at least 0.0007
-    of the shorter side), at every severity."""
-    from perturb.ops.overlay import _marker_sampler
-
-    level = {"size": (0.03, 0.05)}
-    offs, blurs = [], []
-    for seed in range(400):
-        p = _marker_sampler(np.random.default_rng(seed), level)
-        offs.append(abs((p["angle"] + 45.0) % 90.0 - 45.0))
-        blurs.append(p["blur"])
-    assert min(offs) >= 1.0 - 1e-9
-    assert max(offs) > 10.0  # some tilted well over
-    assert min(blurs) >= 0.0007 and max(blurs) <= 0.0013
