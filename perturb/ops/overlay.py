@@ -5,7 +5,7 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
 * ``xray_burned_text``: one annotation set per film (patient, study, projection, site and
   technique lines), burned in at acquisition resolution and resized with the film, in the corners, clear of the annotations already burned into the film (its
   radiograph scene, ``annotation_boxes``).
-* ``xray_laterality_marker``: the lead L/R marker (keyed make: face, initials, holder) where technologists put
+* ``xray_laterality_marker``: the lead L/R marker on its plastic plate where technologists put
   it (near the shoulder: the film's air by a top corner, else the edge of the field), kept clear of the film's
   annotations, never contradicting its detected markers nor doubling one beside it
   (``marker_spots``); ``SCENE_NOTES``
@@ -606,9 +606,8 @@ class MarkerStyle:
     letter reaches the display's white); blur: the Gaussian sigma of the focal-spot penumbra
     and detector MTF, fraction of the shorter side; holder: the plastic holder's extra density
     over air (0: none); ring: the digital letter sits in a ring; level: the lead's coverage
-    (its level's share of the way from the film under it to the film's white level); layout:
-    the uniform draw that picks how the initials sit (``ARRANGEMENTS``); halo: the depth of the
-    film's edge-enhancement undershoot round the lead (0: none)."""
+    (its level's share of the way from the film under it to the film's white level); layout: the initials beside the
+    letter (> 0.5) rather than under it."""
 
     lead: bool = False
     angle: float = 0.0
@@ -620,7 +619,6 @@ class MarkerStyle:
     ring: bool = False
     level: float = 1.0
     layout: float = 0.0
-    halo: float = 0.0
 
     @classmethod
     def of(cls, p: Mapping[str, Any]) -> MarkerStyle:
@@ -637,7 +635,6 @@ class MarkerStyle:
             ring=f["ring"] > 0.5,
             level=f["level"],
             layout=f["layout"],
-            halo=f["halo"],
         )
 
 
@@ -652,51 +649,15 @@ MARKER_STYLE_PARAMS = (
     "ring",
     "level",
     "layout",
-    "halo",
 )
 INITIALS = "ABCDEFGHJKMNPSTVW"  # technologists' initials: never an L or an R beside the letter
 SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges anti-aliased)
-# the faces lead letters are cut in (marker sets from different makers): a heavy block sans, a
-# medium-weight sans, a wide stroke face with round ends and joins (Hershey duplex) and a
-# geometric face of even round strokes (OpenCV's thin "uni" face thickened by a disc)
-LEAD_FACES = ("block", "medium", "rounded", "geometric")
-LEAD_FACE_WEIGHTS = (0.35, 0.2, 0.25, 0.2)
-# how the letter and the initials (or number) sit, drawn by ``MarkerStyle.layout``: the
-# initials under the letter, beside it on one row, a narrow strip of single letters one above
-# the other (each in its own slot, some turned), or the initials on a second tag of their own
-ARRANGEMENTS = ("below", "row", "strip", "tag")
-ARRANGEMENT_WEIGHTS = (0.5, 0.15, 0.25, 0.1)  # as on the reference films: most under
-SLOT_HOLDER = 0.04  # the least density of the plastic of a strip of slots or a second tag
+# lead marker letters: a heavy block sans (most), and a wide stroke face drawn with round ends
+# and joins (the rounded letters cut from lead sheet)
+LEAD_FONTS = ("block", "rounded_wide")
 FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
 LEAD_NOISE = 0.4  # of the film's noise sigma added under the lead (its scatter's own noise)
 WHITE_PIXELS = 4  # pixels at the film's white level (its maximum, robust to a stray pixel)
-
-
-def _pick(u: float, weights: Sequence[float]) -> int:
-    """The index a uniform draw ``u`` picks from cumulative ``weights`` (summing to 1)."""
-    return min(len(weights) - 1, int(np.searchsorted(np.cumsum(weights), u, side="right")))
-
-
-@dataclass(frozen=True)
-class LeadFace:
-    """One set of lead letters: its ``LEAD_FACES`` family, its weight (the sans faces' weight,
-    the stroke faces' stroke over the cap height) and how much narrower than the face it is."""
-
-    family: str
-    weight: float
-    condense: float
-
-
-def _draw_face(g: np.random.Generator) -> LeadFace:
-    family = LEAD_FACES[_pick(float(g.random()), LEAD_FACE_WEIGHTS)]
-    r, c = float(g.random()), float(g.random())
-    weight = {
-        "block": 820.0 + 80.0 * r,
-        "medium": 560.0 + 160.0 * r,
-        "rounded": 0.2 + 0.1 * r,
-        "geometric": 0.15 + 0.09 * r,
-    }[family]
-    return LeadFace(family, weight, 0.72 + 0.3 * c)
 
 
 @lru_cache(maxsize=1)
@@ -716,282 +677,46 @@ def _letter(canvas: np.ndarray, text: str, cap: float, x: float, base: float, bo
     np.maximum(canvas, ink, out=canvas)
 
 
-def _glyph(ch: str, cap: float, face: LeadFace) -> np.ndarray:
-    """One lead character of ``face`` on its own tight uint8 canvas, ``cap`` px high and
-    ``face.condense`` of the face's width, its corners rounded by about 0.04 of its height
-    (letters stamped or cut from lead sheet have no sharp corners)."""
-    pad = round(0.6 * cap) + 4
-    canvas = np.zeros((round(1.6 * cap) + 2 * pad, round(1.6 * cap) + 2 * pad), dtype=np.uint8)
-    size = max(4, round(cap / CAP_PER_SIZE))
-    if face.family in ("block", "medium"):
-        cv2.putText(canvas, ch, (pad, pad + round(cap)), 255, cv2.FontFace("sans"), size, round(face.weight))
-    elif face.family == "rounded":
-        hershey = cv2.FONT_HERSHEY_DUPLEX
-        probe = np.zeros((200, 200), dtype=np.uint8)  # the face's height at scale 4
-        cv2.putText(probe, ch, (10, 150), hershey, 4.0, 255, 1)
+def _lead_text(text: str, cap: float, font: str, condense: float = 1.0) -> np.ndarray:
+    """``text`` as a lead-marker face would cut it, cap height ``cap`` px, on its own tight
+    uint8 canvas: a heavy block sans (OpenCV's sans at weight 900) or a wide stroke face drawn
+    with round caps and joins (Hershey duplex, stroke 0.28 of the cap height), narrowed to
+    ``condense`` of its width (faces of lead letters run from square to tall and narrow), its
+    corners rounded by about 0.06 of the cap height (letters stamped or cut from lead sheet
+    have no sharp corners)."""
+    pad = round(0.5 * cap) + 2
+    wide = round(len(text) * 1.3 * cap) + 2 * pad
+    canvas = np.zeros((round(cap) + 2 * pad, wide), dtype=np.uint8)
+    if font == "block":
+        size = max(4, round(cap / CAP_PER_SIZE))
+        cv2.putText(canvas, text, (pad, pad + round(cap)), 255, cv2.FontFace("sans"), size, 900)
+    else:
+        face = cv2.FONT_HERSHEY_DUPLEX
+        stroke = max(1, round(0.28 * cap))
+        probe = np.zeros((200, 400), dtype=np.uint8)  # the face's height at scale 4 (OpenCV's
+        cv2.putText(probe, text, (10, 150), face, 4.0, 255, 1)  # thick strokes keep it)
         rows = np.flatnonzero(probe.any(axis=1))
         scale = 4.0 * cap / max(1, int(rows[-1] - rows[0]))
-        stroke = max(1, round(face.weight * cap))
-        cv2.putText(canvas, ch, (pad, pad + round(cap)), hershey, scale, 255, stroke, cv2.LINE_AA)
-    else:  # the thin face thickened by a disc: even strokes with round ends
-        cv2.putText(canvas, ch, (pad, pad + round(cap)), 255, cv2.FontFace("uni"), size, 400)
-        d = max(1, round(face.weight * cap * 0.85))
-        disc = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (d, d))
-        canvas = np.asarray(cv2.dilate(canvas, disc), dtype=np.uint8)
+        base = pad + round(cap) - round((rows[-1] - 150) * scale / 4.0)
+        cv2.putText(canvas, text, (pad, base), face, scale, 255, stroke, cv2.LINE_AA)
     soft = cv2.GaussianBlur(canvas, (0, 0), max(0.5, 0.04 * cap))
     ink = np.where(soft >= 128, np.uint8(255), np.uint8(0)).astype(np.uint8)
-    if not ink.any():  # a few px high (a tiny film): the rounding leaves nothing, keep it sharp
-        ink = np.where(canvas > 0, np.uint8(255), np.uint8(0)).astype(np.uint8)
     rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
-    height = max(1, round(cap))
-    if rows.size == 0:  # nothing drawn at all: a solid block of the cap height
-        return np.full((height, max(1, round(0.6 * height))), 255, dtype=np.uint8)
     tight = ink[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
-    width = max(1, round(tight.shape[1] * height / tight.shape[0] * face.condense))
-    return np.asarray(cv2.resize(tight, (width, height), interpolation=cv2.INTER_AREA), np.uint8)
-
-
-def _turned(layer: np.ndarray, angle: float) -> np.ndarray:
-    """``layer`` (H, W or H, W, C) turned by ``angle`` degrees about its centre on a canvas
-    grown to hold it."""
-    if angle == 0.0:
-        return layer
-    h, w = layer.shape[:2]
-    a = math.radians(angle)
-    nw = math.ceil(abs(math.cos(a)) * w + abs(math.sin(a)) * h) + 2
-    nh = math.ceil(abs(math.sin(a)) * w + abs(math.cos(a)) * h) + 2
-    turn = np.asarray(cv2.getRotationMatrix2D((w / 2, h / 2), angle, 1.0), dtype=np.float64)
-    turn[0, 2] += nw / 2 - w / 2
-    turn[1, 2] += nh / 2 - h / 2
-    return np.asarray(cv2.warpAffine(layer, turn, (nw, nh), flags=cv2.INTER_LINEAR))
-
-
-def _word(text: str, cap: float, face: LeadFace, g: np.random.Generator, wobble: float) -> np.ndarray:
-    """``text`` as single lead characters set by hand in one row: each turned by up to
-    ``wobble`` degrees and raised or lowered by up to 4 % of the cap height, the gaps between
-    them uneven (6-16 % of the cap height)."""
-    glyphs = []
-    for ch in text:
-        ink = _turned(_glyph(ch, cap, face), wobble * (2.0 * float(g.random()) - 1.0))
-        glyphs.append((ink, 0.04 * cap * (2.0 * float(g.random()) - 1.0)))
-    gaps = [(0.06 + 0.1 * float(g.random())) * cap for _ in glyphs[1:]]
-    rise = math.ceil(0.04 * cap) + 1
-    height = max(ink.shape[0] for ink, _ in glyphs) + 2 * rise
-    width = sum(ink.shape[1] for ink, _ in glyphs) + round(sum(gaps))
-    canvas = np.zeros((height, width + 1), dtype=np.uint8)
-    x = 0.0
-    for i, (ink, dy) in enumerate(glyphs):
-        _paste(canvas, ink, x + ink.shape[1] / 2, height / 2 + dy - ink.shape[0] / 2)
-        x += ink.shape[1] + (gaps[i] if i < len(gaps) else 0.0)
-    return canvas
-
-
-def _paste(canvas: np.ndarray, ink: np.ndarray, cx: float, top: float) -> None:
-    """``ink`` onto ``canvas`` (maximum), centred on column ``cx``, its top row at ``top``
-    (the part of it inside the canvas)."""
-    y0, x0 = round(top), round(cx - ink.shape[1] / 2)
-    h, w = ink.shape[:2]
-    ys, xs = max(0, -y0), max(0, -x0)
-    region = canvas[max(0, y0) : y0 + h, max(0, x0) : x0 + w]
-    part = ink[ys : ys + region.shape[0], xs : xs + region.shape[1]]
-    np.maximum(region, part, out=region)
-
-
-Part = tuple[np.ndarray, float, float]  # an ink (uint8) and its centre (x, y)
-
-
-def _extent(parts: Sequence[Part]) -> tuple[float, float, float, float]:
-    """The box (x0, y0, x1, y1) the parts cover."""
-    return (
-        min(cx - ink.shape[1] / 2 for ink, cx, _ in parts),
-        min(cy - ink.shape[0] / 2 for ink, _, cy in parts),
-        max(cx + ink.shape[1] / 2 for ink, cx, _ in parts),
-        max(cy + ink.shape[0] / 2 for ink, _, cy in parts),
+    if condense == 1.0:
+        return tight
+    width = max(1, round(tight.shape[1] * condense))
+    return np.asarray(
+        cv2.resize(tight, (width, tight.shape[0]), interpolation=cv2.INTER_AREA), dtype=np.uint8
     )
 
 
-def _lead_parts(
-    letter: str, sub: str, arrangement: str, cap: float, g: np.random.Generator
-) -> tuple[list[Part], np.ndarray | None]:
-    """The lead characters of one marker (``ARRANGEMENTS``) in its own frame, and the second
-    tag's word (the ``tag`` arrangement) or None."""
-    face = _draw_face(g)
-    sub_face = face if g.random() < 0.7 else _draw_face(g)  # initials from another set on some
-    glyph = _word(letter, cap, face, g, 1.5)
-    gh, gw = glyph.shape
-    sub_cap = (0.5 + 0.3 * float(g.random())) * cap
-    gap = (0.06 + 0.16 * float(g.random())) * cap
-    if arrangement in ("alone", "tag"):
-        return [(glyph, 0.0, 0.0)], (_word(sub, sub_cap, sub_face, g, 3.0) if sub else None)
-    if arrangement in ("below", "row"):
-        small = _word(sub, sub_cap, sub_face, g, 3.0)
-        sh, sw = small.shape
-        if arrangement == "below":  # not always centred under the letter
-            total = gh + gap + sh
-            shift = (float(g.random()) - 0.5) * (0.5 * abs(gw - sw) + 0.15 * cap)
-            return [(glyph, 0.0, -total / 2 + gh / 2), (small, shift, total / 2 - sh / 2)], None
-        total = gw + gap + sw
-        low = g.random() < 0.7  # on the letter's baseline, else level with its top
-        dy = (gh - sh) / 2 if low else -(gh - sh) / 2
-        return [(glyph, -total / 2 + gw / 2, 0.0), (small, total / 2 - sw / 2, dy)], None
-    # a strip of slots, one character each, some turned in their slot (mixed orientations)
-    inks = [glyph]
-    for ch in sub:
-        u = float(g.random())
-        # upright in its slot on most, else turned on its side, rarely upside down
-        turn = 0.0 if u < 0.7 else (90.0 if u < 0.82 else (270.0 if u < 0.94 else 180.0))
-        turn += 5.0 * (2.0 * float(g.random()) - 1.0)
-        inks.append(_turned(_glyph(ch, sub_cap * (1.05 + 0.25 * float(g.random())), sub_face), turn))
-    if g.random() < 0.25:  # the letter at the strip's far end
-        inks = inks[1:] + inks[:1]
-    parts, y = [], 0.0
-    for ink in inks:
-        parts.append((ink, 0.06 * cap * (2.0 * float(g.random()) - 1.0), y + ink.shape[0] / 2))
-        y += ink.shape[0] + (0.05 + 0.09 * float(g.random())) * cap
-    return parts, None
-
-
-def _lead_layers(letter: str, style: MarkerStyle, g: np.random.Generator, cap: float) -> np.ndarray:
-    """(H, W, 3) float32 coverages of one lead marker before it is placed: the lead, its
-    acrylic holder (relative density, 0 without one) and a separate metal disc or rivet."""
-    if style.initials and g.random() < 0.25:  # a numbered marker instead of initials
-        sub = "".join(str(int(g.integers(10))) for _ in range(style.initials))
-    else:
-        sub = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
-    arrangement = ARRANGEMENTS[_pick(style.layout, ARRANGEMENT_WEIGHTS)] if sub else "alone"
-    parts, second = _lead_parts(letter, sub, arrangement, cap, g)
-    x0, y0, x1, y1 = _extent(parts)
-    holder = style.holder > 0 or arrangement in ("strip", "tag")  # slots and tags: in plastic
-    # the holder round the lead: a narrow strip round a strip of slots; else a square block
-    # or an oblong plate (1.3-1.9 times as long as wide, the extra length a grip at one end)
-    if arrangement == "strip":
-        pad_x = pad_y = (0.06 + 0.08 * float(g.random())) * cap
-    else:
-        pad_x, pad_y = (0.1 + 0.2 * float(g.random())) * cap, (0.08 + 0.18 * float(g.random())) * cap
-    hx0, hy0, hx1, hy1 = x0 - pad_x, y0 - pad_y, x1 + pad_x, y1 + pad_y
-    shape = "strip" if arrangement == "strip" else ("square" if g.random() < 0.35 else "plate")
-    upright = hy1 - hy0 >= hx1 - hx0
-    grip_first = g.random() < 0.6  # the grip above (left of) the lead
-    long_, short_ = max(hx1 - hx0, hy1 - hy0), min(hx1 - hx0, hy1 - hy0)
-    grip = 0.0
-    if shape == "square":
-        grow = max(0.0, (1.0 + 0.12 * float(g.random())) * long_ - short_) / 2
-        if upright:
-            hx0, hx1 = hx0 - grow, hx1 + grow
-        else:
-            hy0, hy1 = hy0 - grow, hy1 + grow
-    elif shape == "plate":
-        grip = max(0.0, (1.3 + 0.6 * float(g.random())) * short_ - long_)
-        grip = max(0.0, min(grip, short_))
-        if upright:
-            hy0, hy1 = (hy0 - grip, hy1) if grip_first else (hy0, hy1 + grip)
-        else:
-            hx0, hx1 = (hx0 - grip, hx1) if grip_first else (hx0, hx1 + grip)
-    if not holder:
-        hx0, hy0, hx1, hy1 = x0, y0, x1, y1
-    # a metal disc or rivet on some: in the plate's grip, else a separate one beside the marker
-    discs: list[tuple[float, float, float]] = []
-    in_grip = False
-    if g.random() < 0.2:
-        r = (0.16 + 0.3 * float(g.random())) * cap
-        if holder and shape == "plate" and g.random() < 0.5:
-            in_grip = True
-            if upright:
-                if grip_first:
-                    hy0 = min(hy0, y0 - 2 * r - 2 * pad_y)
-                    end = hy0 + pad_y + r
-                else:
-                    hy1 = max(hy1, y1 + 2 * r + 2 * pad_y)
-                    end = hy1 - pad_y - r
-                discs.append(((hx0 + hx1) / 2 + (float(g.random()) - 0.5) * 0.3 * (hx1 - hx0), end, r))
-            else:
-                if grip_first:
-                    hx0 = min(hx0, x0 - 2 * r - 2 * pad_x)
-                    end = hx0 + pad_x + r
-                else:
-                    hx1 = max(hx1, x1 + 2 * r + 2 * pad_x)
-                    end = hx1 - pad_x - r
-                discs.append((end, (hy0 + hy1) / 2 + (float(g.random()) - 0.5) * 0.3 * (hy1 - hy0), r))
-        else:
-            u, away = float(g.random()), r + (0.1 + 0.4 * float(g.random())) * cap
-            along = float(g.random()) - 0.5
-            if u < 0.4:  # above
-                discs.append(((hx0 + hx1) / 2 + along * (hx1 - hx0), hy0 - away, r))
-            elif u < 0.6:  # below
-                discs.append(((hx0 + hx1) / 2 + along * (hx1 - hx0), hy1 + away, r))
-            else:  # beside
-                side_x = hx0 - away if u < 0.8 else hx1 + away
-                discs.append((side_x, (hy0 + hy1) / 2 + along * (hy1 - hy0), r))
-    # the second tag: the initials on a small tag of their own, turned its own way
-    tag: np.ndarray | None = None
-    tag_at = (0.0, 0.0)
-    if second is not None:
-        tpad = (0.08 + 0.1 * float(g.random())) * cap
-        th, tw = second.shape[0] + 2 * round(tpad), second.shape[1] + 2 * round(tpad)
-        tag = np.zeros((th, tw, 3), dtype=np.float32)
-        _paste(tag[..., 0], second.astype(np.float32) / np.float32(255.0), tw / 2, round(tpad))
-        if holder:
-            tag_plate = np.zeros((th, tw), dtype=np.float32)
-            _rounded_box(tag_plate, (0, 0, tw - 1, th - 1), 0.2 * min(th, tw), 1.0)
-            tag[..., 1] = tag_plate
-        turn = math.copysign(8.0 + 22.0 * float(g.random()), float(g.random()) - 0.5)
-        tag = _turned(tag, turn)
-        gap = (0.15 + 0.35 * float(g.random())) * cap
-        if g.random() < 0.6:  # beside the letter's holder, else under it
-            tag_at = (hx1 + gap + tag.shape[1] / 2, (hy0 + hy1) / 2 + (float(g.random()) - 0.5) * (hy1 - hy0))
-        else:
-            tag_at = ((hx0 + hx1) / 2 + (float(g.random()) - 0.5) * (hx1 - hx0), hy1 + gap + tag.shape[0] / 2)
-    # the canvas holding it all
-    bx0 = min([hx0, x0] + [cx - r for cx, _, r in discs])
-    by0 = min([hy0, y0] + [cy - r for _, cy, r in discs])
-    bx1 = max([hx1, x1] + [cx + r for cx, _, r in discs])
-    by1 = max([hy1, y1] + [cy + r for _, cy, r in discs])
-    if tag is not None:
-        bx0, bx1 = min(bx0, tag_at[0] - tag.shape[1] / 2), max(bx1, tag_at[0] + tag.shape[1] / 2)
-        by0, by1 = min(by0, tag_at[1] - tag.shape[0] / 2), max(by1, tag_at[1] + tag.shape[0] / 2)
-    margin = 0.2 * cap + 4
-    ox, oy = margin - bx0, margin - by0
-    layers = np.zeros((math.ceil(by1 - by0 + 2 * margin), math.ceil(bx1 - bx0 + 2 * margin), 3), np.float32)
-    ink = np.zeros(layers.shape[:2], dtype=np.uint8)
-    for part, cx, cy in parts:
-        _paste(ink, part, cx + ox, cy + oy - part.shape[0] / 2)
-    layers[..., 0] = ink.astype(np.float32) / np.float32(255.0)
-    if holder:
-        box = (hx0 + ox, hy0 + oy, hx1 + ox, hy1 + oy)
-        radius = (0.08 + 0.3 * float(g.random())) * min(hx1 - hx0, hy1 - hy0) / 2
-        plate = np.zeros(layers.shape[:2], dtype=np.float32)
-        rim = max(1, round((0.04 + 0.04 * float(g.random())) * cap))
-        wall = 1.4 + 0.5 * float(g.random())
-        moulded = g.random() < 0.6
-        if moulded:  # a moulded holder: its walls denser than its face
-            _rounded_box(plate, box, radius, wall)
-            inner = (box[0] + rim, box[1] + rim, box[2] - rim, box[3] - rim)
-            _rounded_box(plate, inner, radius - rim, 1.0)
-        else:
-            _rounded_box(plate, box, radius, 1.0)
-        hole_r = (0.1 + 0.07 * float(g.random())) * cap
-        if shape == "plate" and not in_grip and grip >= 2 * hole_r + pad_y and g.random() < 0.35:
-            # a punched hole for a cord or key ring in the grip, its wall as dense as the rim
-            ax = (box[0] + box[2]) / 2 if upright else (box[0] + pad_x + hole_r if grip_first else box[2] - pad_x - hole_r)
-            ay = (box[1] + box[3]) / 2 if not upright else (box[1] + pad_y + hole_r if grip_first else box[3] - pad_y - hole_r)
-            cv2.circle(plate, (round(ax), round(ay)), round(hole_r + rim), wall if moulded else 1.0, -1)
-            cv2.circle(plate, (round(ax), round(ay)), round(hole_r), 0.0, -1)
-        # the acrylic thicker towards one end (moulded, worn): its density graded by up to
-        # +-35 % across it; its bevelled edge softer than the lead's
-        phi = 2.0 * math.pi * float(g.random())
-        slope = (0.1 + 0.25 * float(g.random())) / (max(hx1 - hx0, hy1 - hy0) / 2)
-        yy, xx = np.mgrid[0 : plate.shape[0], 0 : plate.shape[1]].astype(np.float32)
-        mx, my = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
-        ramp = 1.0 + slope * ((xx - mx) * math.cos(phi) + (yy - my) * math.sin(phi))
-        plate *= np.clip(ramp, 0.0, 2.0).astype(np.float32)
-        layers[..., 1] = cv2.GaussianBlur(plate, (0, 0), max(1.0, 0.03 * cap))
-    bead = np.zeros(layers.shape[:2], dtype=np.float32)
-    for cx, cy, r in discs:
-        cv2.circle(bead, (round(cx + ox), round(cy + oy)), round(r), 1.0, -1)
-    layers[..., 2] = bead
-    if tag is not None:
-        _paste(layers, tag, tag_at[0] + ox, tag_at[1] + oy - tag.shape[0] / 2)
-    return layers
+def _paste(canvas: np.ndarray, ink: np.ndarray, cx: float, top: float) -> None:
+    """``ink`` onto ``canvas`` (maximum), centred on column ``cx``, its top row at ``top``."""
+    y0, x0 = round(top), round(cx - ink.shape[1] / 2)
+    h, w = ink.shape
+    region = canvas[y0 : y0 + h, x0 : x0 + w]
+    np.maximum(region, ink[: region.shape[0], : region.shape[1]], out=region)
 
 
 def _rounded_box(
@@ -1070,66 +795,126 @@ def _lead_marker(
     s: int, letter: str, style: MarkerStyle, key: int, side: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A lead marker in its s x s square, as radiographed with the patient: (coverage, value
-    per unit white level, value per unit noise sigma) without its plastic holder, and the
-    holder's coverage (the same per unit white) and value per unit noise sigma; its value
-    ``white unit + sigma grain`` with the holder's share scaled by the film's ``plate_gain``
+    per unit white level, value per unit noise sigma) without its plastic plate, and the
+    plate's coverage (the same per unit white) and value per unit noise sigma; its value
+    ``white unit + sigma grain`` with the plate's share scaled by the film's ``plate_gain``
     (``marker_mask``, ``_place_markers``) for the film's white level and noise.
 
-    What varies from film to film (keyed, level-invariant), as marker sets from different
-    makers and technologists' own sets do: the letter's face (``LEAD_FACES``: block or medium
-    sans, a wide round-ended stroke face, a geometric face of even round strokes; square to
-    tall and narrow; corners rounded), the initials or number (none on about a third, from
-    another set on some, each character set by hand: uneven gaps, a slight wobble) and how
-    they sit (``ARRANGEMENTS``: under the letter, beside it, a narrow strip of slots with some
-    characters turned, or a second tag of their own turned its own way); the holder (none on
-    some, but a strip of slots or a tag is always in its plastic; a narrow strip, a square block or an oblong plate with a grip at one end, keyed
-    margins and corner radius, denser moulded walls on most, a punched hole in the grip of
-    some plates, its density graded across it and its bevelled edge soft); a metal disc or rivet on a fifth, in the plate's grip or
-    separate beside, above or below the marker. The whole marker is tilted by ``style.angle``
-    (near upright on most, sometimes on its side or upside down) and mirrored when placed face
-    down. The lead attenuates almost all of the primary beam, but some of it and the patient's
-    scatter still reach the detector under it: the lead covers the film by ``style.level``
-    (0.7-0.93, measured on the reference films' lead letters: their level between the film
-    round them and its white level), the film and its noise faintly showing through, plus a
-    little noise of its own (``LEAD_NOISE``); the disc covers it by ``style.density`` of that.
-    The focal spot's geometric unsharpness and the detector's MTF blur every edge by
-    ``style.blur``; the film's own edge enhancement (unsharp masking in the console's
-    processing) leaves a dark undershoot of ``style.halo`` round the lead (none on some); the
-    plastic carries the film's own noise."""
+    The lead letter (a keyed face of ``LEAD_FONTS``: chunky block letters, most of them, or a
+    wide rounded stroke face; square to tall and narrow; corners rounded) with the
+    technologist's initials or a number in smaller type of the same face in one row, under the
+    letter or beside it (``style.layout``), cut from the same sheet, in a radiolucent acrylic
+    holder on most (an oblong plate, 1.3-1.9 times as long as wide, longer at one end where a
+    metal disc or rivet sits on some, keyed margins and corner radius, a denser moulded rim on
+    half; some markers have none), tilted by ``style.angle`` (a few degrees, sometimes turned
+    on its side or upside down) and the whole marker mirrored when placed face down. The lead
+    attenuates almost all of the primary beam, but some of it and the patient's scatter still
+    reach the detector under it: the letter covers the film by ``style.level`` (0.7-0.93,
+    measured on the reference films' lead letters: their level between the film round them and
+    its white level), the film and its noise faintly showing through, plus a little noise of
+    its own (``LEAD_NOISE``); the disc covers it by ``style.density`` of that. The focal
+    spot's geometric unsharpness and the detector's MTF blur every edge by ``style.blur``
+    (about half a pixel to a pixel at 1024 px: a 1-3 px ramp), and the plastic carries the
+    film's own noise."""
     ss = SUPERSAMPLE
     big = s * ss
+    work = 3 * big
     cap = 0.62 * big
     g = rng.scalar_rng(rng.sub_key(key, "xray_marker"))
-    layers = _lead_layers(letter, style, g, cap)
+    font = LEAD_FONTS[int(g.random() >= 0.7)]  # the block face on most
+    condense = 0.72 + 0.3 * g.random()
+    if style.initials and g.random() < 0.25:  # a numbered marker instead of initials
+        sub = "".join(str(int(g.integers(10))) for _ in range(style.initials))
+    else:
+        sub = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
+    glyph = _lead_text(letter, cap, font, condense)
+    small = _lead_text(sub, (0.45 + 0.2 * g.random()) * cap, font, condense) if sub else None
+    gap = (0.08 + 0.1 * g.random()) * cap
+    beside = small is not None and style.layout > 0.5 and len(sub) <= 2
+    if small is None:
+        block_w, block_h = float(glyph.shape[1]), float(glyph.shape[0])
+    elif beside:  # one row: the letter, then the initials on its baseline
+        block_w = glyph.shape[1] + gap + small.shape[1]
+        block_h = float(glyph.shape[0])
+    else:  # the initials in a row under the letter
+        block_w = float(max(glyph.shape[1], small.shape[1]))
+        block_h = glyph.shape[0] + gap + small.shape[0]
+    # the plate round the lead (its box relative to the lead's centre): wider than the lead
+    # by keyed margins; oblong (about 1.3-1.9 times as long as wide, along the lead's longer
+    # side), the extra length the grip at one end, where a metal disc or rivet sits on some
+    pad_x, pad_y = (0.12 + 0.2 * g.random()) * cap, (0.1 + 0.18 * g.random()) * cap
+    px0, py0 = -block_w / 2 - pad_x, -block_h / 2 - pad_y
+    px1, py1 = block_w / 2 + pad_x, block_h / 2 + pad_y
+    aspect = 1.3 + 0.6 * g.random()
+    upright = py1 - py0 >= px1 - px0
+    grip = max(0.0, aspect * min(px1 - px0, py1 - py0) - max(px1 - px0, py1 - py0))
+    grip_top = g.random() < 0.6  # the grip above (or left of) the lead
+    r = (0.16 + 0.16 * g.random()) * cap
+    disc = style.holder > 0 and g.random() < 0.4
+    if disc:
+        grip = max(grip, 2.0 * r + 1.2 * (pad_y if upright else pad_x))
+    if style.holder <= 0:  # a bare lead letter: only the lead decides the size
+        px0, py0, px1, py1 = -block_w / 2, -block_h / 2, block_w / 2, block_h / 2
+    elif upright:
+        py0, py1 = (py0 - grip, py1) if grip_top else (py0, py1 + grip)
+    else:
+        px0, px1 = (px0 - grip, px1) if grip_top else (px0, px1 + grip)
+    # the plate's centre at the canvas's
+    cx, cy = work / 2 - (px0 + px1) / 2, work / 2 - (py0 + py1) / 2
+    hx0, hy0, hx1, hy1 = cx + px0, cy + py0, cx + px1, cy + py1
+    top, left = cy - block_h / 2, cx - block_w / 2
+    letter_ink = np.zeros((work, work), dtype=np.uint8)
+    if small is None:
+        _paste(letter_ink, glyph, cx, top)
+    elif beside:
+        _paste(letter_ink, glyph, left + glyph.shape[1] / 2, top)
+        _paste(letter_ink, small, left + block_w - small.shape[1] / 2, top + block_h - small.shape[0])
+    else:
+        _paste(letter_ink, glyph, cx, top)
+        _paste(letter_ink, small, cx, top + glyph.shape[0] + gap)
+    holder = np.zeros((work, work), dtype=np.float32)
+    bead = np.zeros((work, work), dtype=np.float32)
+    if style.holder > 0:
+        if disc:  # in the grip, off the lead's axis by a keyed shift
+            if upright:
+                by_ = hy0 + pad_y + r if grip_top else hy1 - pad_y - r
+                bx_ = cx + (g.random() - 0.5) * max(0.0, block_w - 2 * r)
+            else:
+                bx_ = hx0 + pad_x + r if grip_top else hx1 - pad_x - r
+                by_ = cy + (g.random() - 0.5) * max(0.0, block_h - 2 * r)
+            cv2.circle(bead, (round(bx_), round(by_)), round(r), 1.0, -1)
+        radius = (0.08 + 0.3 * g.random()) * min(hx1 - hx0, hy1 - hy0) / 2
+        if g.random() < 0.5:  # a moulded plate: its edge a little denser than its face
+            rim = max(1, round(0.05 * cap))
+            _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.25)
+            _rounded_box(holder, (hx0 + rim, hy0 + rim, hx1 - rim, hy1 - rim), radius - rim, 1.0)
+        else:
+            _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.0)
+    ink = letter_ink.astype(np.float32) / np.float32(255.0)
+    layers = np.stack([ink, holder, bead], axis=-1)
     if style.mirrored:
         layers = layers[:, ::-1].copy()
-    rows = np.flatnonzero(layers.any(axis=(1, 2)))
-    cols = np.flatnonzero(layers.any(axis=(0, 2)))
-    if rows.size == 0:  # nothing left at this size
-        empty = np.zeros((s, s), dtype=np.float32)
-        return empty, empty.copy(), empty.copy(), empty.copy(), empty.copy()
-    hx0, hy0, hx1, hy1 = float(cols[0]), float(rows[0]), float(cols[-1] + 1), float(rows[-1] + 1)
     angle = math.radians(style.angle)
     blur_px = style.blur * side
-    halo_px = (0.0012 + 0.0012 * float(g.random())) * side
     span_w = abs(math.cos(angle)) * (hx1 - hx0) + abs(math.sin(angle)) * (hy1 - hy0)
     span_h = abs(math.sin(angle)) * (hx1 - hx0) + abs(math.cos(angle)) * (hy1 - hy0)
-    reach = 2.0 * blur_px + 0.5 + (2.5 * halo_px if style.halo > 0 else 0.0)
-    room = big - 2 * reach * ss
+    room = big - 2 * (2.0 * blur_px + 0.5) * ss
     scale = min(1.0, max(room, 0.2 * big) / max(span_w, span_h))
-    mid_x, mid_y = (hx0 + hx1) / 2, (hy0 + hy1) / 2
-    turn = np.asarray(cv2.getRotationMatrix2D((mid_x, mid_y), style.angle, scale), np.float64)
-    turn[0, 2] += big / 2 - mid_x  # the marker's centre to the square's
-    turn[1, 2] += big / 2 - mid_y
+    mid_x = (hx0 + hx1) / 2  # the holder's centre (mirrored with it when placed face down)
+    if style.mirrored:
+        mid_x = work - mid_x
+    mid_y = (hy0 + hy1) / 2
+    turn = cv2.getRotationMatrix2D((mid_x, mid_y), style.angle, scale)
+    shift = np.zeros((2, 3))
+    shift[0, 2] = big / 2 - mid_x
+    shift[1, 2] = big / 2 - mid_y
+    turn = np.asarray(turn, dtype=np.float64) + shift  # the holder's centre to the square's
     placed = cv2.warpAffine(layers, turn, (big, big), flags=cv2.INTER_LINEAR)
     if blur_px > 0:
         placed = cv2.GaussianBlur(placed, (0, 0), blur_px * ss)
     down = cv2.resize(placed, (s, s), interpolation=cv2.INTER_AREA)
     letter_a = np.clip(down[..., 0], 0.0, 1.0)
-    # a strip of slots or a second tag is always in its plastic (``SLOT_HOLDER`` without one
-    # drawn: the holder layer is empty for the other markers without one)
-    density = style.holder if style.holder > 0 else SLOT_HOLDER
-    holder_a = np.clip(down[..., 1] * np.float32(density), 0.0, 1.0)
+    holder_a = np.clip(down[..., 1] * np.float32(style.holder), 0.0, 1.0)
     bead_a = np.clip(down[..., 2] * np.float32(style.density * style.level), 0.0, 1.0)
     mask = np.zeros((s, s), dtype=np.float32)
     unit = np.zeros((s, s), dtype=np.float32)
@@ -1140,13 +925,6 @@ def _lead_marker(
     plate = holder_a * (np.float32(1.0) - bead_a)
     grain += noise * bead_a
     _over(mask, unit, bead_a, 1.0)
-    if style.halo > 0:  # the undershoot of the film's unsharp mask round the dense parts
-        dense = np.maximum(letter_a * np.float32(style.level), bead_a)
-        spread = cv2.GaussianBlur(dense, (0, 0), halo_px)
-        halo = np.clip((spread - dense) * np.float32(style.halo), 0.0, 1.0).astype(np.float32)
-        plate *= np.float32(1.0) - halo
-        grain *= np.float32(1.0) - halo
-        _over(mask, unit, halo, 0.0)
     # the lead lets ``1 - level`` of the film through (thin lead at the tube's kV, plus the
     # patient's scatter under it), with a little of the film's noise of its own (LEAD_NOISE)
     lead_a = letter_a * np.float32(style.level)
@@ -1235,8 +1013,8 @@ def marker_tile(
 
 
 PLATE_FULL = 102  # level (of 255) under the marker from which the plate shows in full
-PLATE_LEAST = 0.3  # the plate's least share, on black air
-PLATE_MOST = 2.0  # its most, over bright tissue (where the display nears its white)
+PLATE_LEAST = 0.2  # the plate's least share, on black air
+PLATE_MOST = 3.0  # its most, over bright tissue (where the display nears its white)
 
 
 def plate_gain(level_sum: int, s: int) -> float:
@@ -1309,11 +1087,11 @@ SCENE_NOTES = {"xray_laterality_marker": laterality_note}
 
 
 def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
-    u = [float(rng_.random()) for _ in range(17)]
-    # placed by hand: near upright on most (within 3 degrees), tilted further on some, a few
-    # well askew, on their side or upside down
+    u = [float(rng_.random()) for _ in range(16)]
+    # placed by hand: tilted a few degrees (never exactly upright), some further, some on their
+    # side or upside down
     turn = 180.0 if u[11] < 0.08 else (90.0 if u[11] < 0.14 else 0.0)
-    tilt = 3.0 * u[12] if u[13] < 0.45 else (3.0 + 9.0 * u[12] if u[13] < 0.85 else 12.0 + 18.0 * u[12])
+    tilt = 2.0 + (13.0 * u[12] if u[13] < 0.7 else 13.0 + 20.0 * u[12])
     return {
         "size": level["size"][0] + u[0] * (level["size"][1] - level["size"][0]),
         "letter_r": float(u[1] < 0.5),
@@ -1321,19 +1099,15 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "lead": float(u[3] < 0.85),  # most films carry a radiographed lead marker
         "angle": turn + math.copysign(tilt, u[4] - 0.5),
         "mirrored": float(u[5] < 0.2),  # placed face down
-        # the technologist's initials (or a number) on two thirds: mostly two or three
-        "initials": 0.0 if u[6] < 0.35 else (1.0 if u[6] < 0.45 else (2.0 if u[6] < 0.78 else 3.0)),
+        "initials": float(min(3, int(4 * u[6]))),
         "density": 0.45 + 0.5 * u[7],  # the disc's, relative to the lead's
-        "blur": 0.0005 + 0.0007 * u[8],  # 0.5-1.2 px on a 1024 px film
-        # the holder on three quarters: 3-12 % of the way from the film to its white at level
-        # 102, most below 6 % (thin acrylic: a few levels over black air, as on the reference
-        # films; a few thick moulded ones stand out)
-        "holder": (0.03 + 0.09 * (u[9] / 0.75) ** 2) if u[9] < 0.75 else 0.0,
+        "blur": 0.00045 + 0.0005 * u[8],  # 0.45-0.95 px on a 1024 px film
+        # the plate on most: 2-18 % of the way from the film to its white, most below 6 %
+        # (thin acrylic, faint on air; a few thick moulded plates stand out)
+        "holder": (0.02 + 0.16 * (u[9] / 0.88) ** 2.5) if u[9] < 0.88 else 0.0,
         "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
         "level": 0.7 + 0.23 * u[14],  # the lead's share of the way from the film to its white
-        "layout": u[15],  # how the initials sit (``ARRANGEMENTS``)
-        # the film's edge enhancement: an undershoot round the lead on 60 %
-        "halo": 0.0 if u[16] < 0.4 else 0.1 + 0.3 * (u[16] - 0.4) / 0.6,
+        "layout": float(u[15] < 0.15),  # the initials beside the letter (most: under it)
     }
 
 
@@ -1516,18 +1290,14 @@ def xray_laterality_marker(
     """A laterality marker where technologists put it: near the shoulder, in the air by a top
     corner (else further along the top edge, else down the outer edge beside the body) or at
     the very edge of the field (``marker_spots``, chosen by the film's levels, ``choose_spot``).
-    Most are lead markers radiographed with the patient (``_lead_marker``), each film's made
-    its own way (keyed: the lead face, the initials or number and how they sit, the holder's
-    kind, a disc or not: no repeated template): lead L/R letters with or without the
-    technologist's initials (under the letter, beside it, in a strip of slots, on a second
-    tag), in a faint acrylic holder on most (a fixed step of the log display over tissue,
-    flattened by its toe on black air: ``plate_gain``), near upright on most, some tilted
-    further, on their side or upside down, the whole marker mirrored when face down; the lead
-    stops most of the beam, so letter and initials lie most of the way from the film to its
-    top level (the film and its noise faintly through them, the scatter's own noise), their
-    edges blurred by the focal spot's geometric unsharpness and the detector's MTF by about a
-    pixel, with the film's edge-enhancement undershoot round them on most, the plastic
-    carrying the film's own noise); the rest are the
+    Most are lead markers radiographed with the patient (``_lead_marker``: chunky lead L/R
+    letters on an oblong acrylic plate (on most; a fixed step of the log display over tissue,
+    flattened by its toe on black air: ``plate_gain``), sometimes with a metal disc in its
+    grip, with the technologist's initials or a number in one row, at a keyed tilt, sometimes
+    on its side or upside down, the whole marker mirrored when face down; the lead stops most of the beam, so letter and initials lie most of the way from the
+    film to its top level (the film and its noise faintly through them, the scatter's own
+    noise), their edges blurred by the focal spot's geometric unsharpness and the detector's
+    MTF by about a pixel, the plastic carrying the film's own noise); the rest are the
     console's flat digital letter at display white, often ringed. With no air where it may go
     the marker goes just inside the film's edge at its first place (``choose_spot``). The
     letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure

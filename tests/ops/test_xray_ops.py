@@ -337,7 +337,6 @@ def _marker_params(**style: float) -> dict[str, float]:
         "ring": 0.0,
         "level": 0.85,
         "layout": 0.0,
-        "halo": 0.0,
     }
     return {**base, **style}
 
@@ -451,7 +450,7 @@ def test_lead_marker_is_dense_lead_in_a_faint_holder_with_the_film_noise() -> No
     key = 11
     level = 0.8
     out, params = _marker_call(
-        v, key, size=0.1, initials=2.0, holder=0.2, blur=0.0003, density=0.9, level=level
+        v, key, size=0.1, initials=2.0, holder=0.2, blur=0.0003, density=1.0, level=level
     )
     film = film_levels(v)
     white = film_white(film)
@@ -474,9 +473,8 @@ def test_lead_marker_is_dense_lead_in_a_faint_holder_with_the_film_noise() -> No
     assert np.all(seen < white + 4 * sigma) and float(seen.mean()) > 0.7 * white
     holder = (mask > 0.02) & (mask < 0.1)  # the plastic round the letter
     assert holder.sum() > core.sum()
-    # on black air (level 13 of 255) the display's toe shows PLATE_LEAST of the plate's 0.2
-    # (its density graded across it, its walls denser: the median within 15 %)
-    assert abs(float(np.median(mask[holder])) - 0.2 * PLATE_LEAST) < 0.15 * 0.2 * PLATE_LEAST
+    # on black air (level 13 of 255) the display's toe shows a fifth of the plate's 0.2
+    assert abs(float(np.median(mask[holder])) - 0.2 * PLATE_LEAST) < 0.005
     plastic = paint[holder] / mask[holder]  # white + sigma * the keyed noise
     assert 0.7 * sigma < float(plastic.std()) < 1.3 * sigma
     # the blurred edge at 1024 px, for the sampler's blur range and a tilted letter
@@ -515,13 +513,11 @@ def test_the_plate_is_a_fixed_display_step_over_tissue_flattened_on_black_air() 
     assert levels[1:] == [102, 178]
     plate = (grey > 0.05) & (grey < 0.15)
     assert plate.sum() > 50
-    # the plastic's density is graded across it and its walls are denser: its median within
-    # 15 % of the parameter, and pixel by pixel the same plate on the three films
-    assert abs(float(np.median(grey[plate])) - 0.1) < 0.015
-    assert abs(float(np.median(dark[plate] / grey[plate])) - PLATE_LEAST) < 0.01
+    assert abs(float(np.median(grey[plate])) - 0.1) < 0.005
+    assert abs(float(np.median(dark[plate])) - 0.1 * PLATE_LEAST) < 0.005
     # the step towards white: coverage x (1 - level), the same over bright tissue
-    ratio = float(np.median(bright[plate] / grey[plate]))
-    assert abs(ratio * (1 - 178 / 255) - (1 - 102 / 255)) < 0.01
+    step = float(np.median(bright[plate])) * (1 - 178 / 255)
+    assert abs(step - 0.1 * (1 - 102 / 255)) < 0.002
     core = grey > 0.7
     assert core.sum() > 20 and np.abs(dark[core] - grey[core]).max() < 0.1 * (1 - PLATE_LEAST)
 
@@ -537,44 +533,6 @@ def test_a_reversed_lead_marker_is_the_mirror_image() -> None:
     box = a[:, cols[0] : cols[-1] + 1]
     assert np.abs(b[:, cols[0] : cols[-1] + 1] - box[:, ::-1]).max() < 0.05  # within a quarter px
     assert np.abs(b - a).max() > 0.5  # an R and its mirror image differ
-
-
-def _lead_shape(key: int, **style: float) -> tuple[np.ndarray, float, float]:
-    """One key's lead (coverage above half the lead's) on a 1024 px film without the film:
-    its mask, its box's height over width and how much of its box the lead fills."""
-    from perturb.ops.overlay import MarkerStyle, marker_mask
-
-    params = _marker_params(**{"initials": 2.0, "holder": 0.0, "level": 1.0, "blur": 0.0005, **style})
-    mask, _ = marker_mask(1024, 1024, "L", 100.0, True, None, MarkerStyle.of(params), key)
-    lead = mask > 0.5
-    rows, cols = np.flatnonzero(lead.any(axis=1)), np.flatnonzero(lead.any(axis=0))
-    tall = (rows[-1] - rows[0] + 1) / (cols[-1] - cols[0] + 1)
-    return lead, float(tall), float(lead.sum() / ((rows[-1] - rows[0] + 1) * (cols[-1] - cols[0] + 1)))
-
-
-def test_lead_markers_vary_in_layout_and_lettering_from_film_to_film() -> None:
-    """No repeated template (issue 32 round 7): how the initials sit follows ``layout``
-    (``ARRANGEMENTS``: under the letter, a taller marker on most; beside it on one row,
-    wider than tall; a strip of single slots, taller still), and with the same parameters the keyed
-    lettering differs from film to film: the faces' stroke weights (how much of its box a
-    lone letter fills) spread widely, and no two keys give the same lead shape."""
-    from perturb.ops.overlay import ARRANGEMENT_WEIGHTS, ARRANGEMENTS
-
-    edges = np.cumsum((0.0, *ARRANGEMENT_WEIGHTS))
-    mid = {name: float((edges[i] + edges[i + 1]) / 2) for i, name in enumerate(ARRANGEMENTS)}
-    belows = []
-    for key in range(6):
-        below = _lead_shape(key, layout=mid["below"])[1]
-        row = _lead_shape(key, layout=mid["row"])[1]
-        strip = _lead_shape(key, layout=mid["strip"])[1]
-        assert row < min(1.0, below) and below < strip and strip > 2.5
-        belows.append(below)
-    assert float(np.median(belows)) > 1.3  # initials under the letter: mostly taller than wide
-    fills = [_lead_shape(key, initials=0.0)[2] for key in range(16)]
-    assert max(fills) - min(fills) > 0.12  # heavy block letters and thin stroke faces
-    shapes = [_lead_shape(key, layout=mid["below"])[0] for key in range(8)]
-    for a, b in itertools.combinations(shapes, 2):
-        assert (a & b).sum() < 0.8 * (a | b).sum()
 
 
 def _collimation(**over: float) -> dict[str, float]:
@@ -949,7 +907,7 @@ def test_motion_blur_is_a_line_psf_on_the_linear_signal(backend: str) -> None:
     assert abs(_lin(_np(out)).mean() / lin.mean() - 1) < 0.01  # the PSF keeps the fluence
 
 
-_TOPS: dict[type, int] = {np.uint8: 255, np.uint16: 65535}
+_TOPS = {np.uint8: 255, np.uint16: 65535}
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
@@ -970,9 +928,7 @@ def test_motion_blur_host_path_matches_scipy_in_float64(
     linear values: float32 outputs within float32 error, integer ones within the rounding of the
     float64 result plus that error."""
     rng = np.random.default_rng(7)
-    src = np.asarray(
-        cv2.resize(_np(_real(256)).astype(np.float32), size[::-1], interpolation=cv2.INTER_AREA)
-    )
+    src = cv2.resize(_np(_real(256)).astype(np.float32), size[::-1], interpolation=cv2.INTER_AREA)
     src += rng.normal(0.0, 0.02, src.shape).astype(np.float32)  # texture at every pixel
     psf = line_psf(float(np.float32(length)) * min(size), float(np.float32(angle)))  # as recorded
     if dtype is np.float32:
