@@ -123,21 +123,32 @@ def test_glare_adds_light_on_tissue_only_with_clipped_cores() -> None:
         assert int(((out >= 0.999).all(1) & ~(x >= 0.999).all(1)).sum()) > 0, "no clipped cores"
 
 
-def _dome(h: int = 161, w: int = 161) -> np.ndarray:
-    """A reddish Lambertian dome under a light at the camera (I = rho cos(theta) / d^2), CHW
-    float32 sRGB: its centre faces the camera, so the op puts a highlight there."""
+def _sphere_seen_from_the_camera(
+    h: int, w: int, radius: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A sphere of ``radius`` centred 3 units in front of a pinhole camera (focal length half
+    the shorter side): per pixel whether its ray hits the sphere, the distance to the hit (10
+    where it misses) and the cosine between the surface normal and the ray back to the camera."""
     f = 0.5 * min(h, w)
     u = (np.arange(w) + 0.5 - w / 2) / f
     v = (np.arange(h) + 0.5 - h / 2) / f
     uu, vv = np.meshgrid(u, v)
     ray = np.stack([uu, vv, np.ones_like(uu)])
     ray /= np.linalg.norm(ray, axis=0)
-    centre, radius = np.array([0.0, 0.0, 3.0]), 2.5
+    centre = np.array([0.0, 0.0, 3.0])
     b = ray[2] * centre[2]
-    disc = np.maximum(b * b - (centre @ centre - radius**2), 0.0)
-    t = b - np.sqrt(disc)
+    disc = b * b - (centre @ centre - radius**2)
+    hit = disc > 0
+    t = np.where(hit, b - np.sqrt(np.maximum(disc, 0.0)), 10.0)
     normal = (ray * t - centre[:, None, None]) / radius
-    shade = np.clip(-(normal * ray).sum(0), 0, 1) / (t / t.min()) ** 2
+    return hit, t, np.clip(-(normal * ray).sum(0), 0, 1)
+
+
+def _dome(h: int = 161, w: int = 161) -> np.ndarray:
+    """A reddish Lambertian dome under a light at the camera (I = rho cos(theta) / d^2), CHW
+    float32 sRGB: its centre faces the camera, so the op puts a highlight there."""
+    _hit, t, cos_true = _sphere_seen_from_the_camera(h, w, 2.5)
+    shade = cos_true / (t / t.min()) ** 2
     albedo = np.array([0.55, 0.22, 0.16])[:, None, None]
     lin = albedo * shade
     srgb = np.where(lin <= 0.0031308, lin * 12.92, 1.055 * lin ** (1 / 2.4) - 0.055)
@@ -239,20 +250,7 @@ def test_shape_from_shading_finds_surfaces_facing_the_camera() -> None:
     """A Lambertian sphere lit by a point light at the camera (I = cos(theta) / d^2): the
     recovered N.V follows the true one (high at the centre facing the camera, low at the limb)."""
     h = w = 241
-    f = 0.5 * min(h, w)
-    u = (np.arange(w) + 0.5 - w / 2) / f
-    v = (np.arange(h) + 0.5 - h / 2) / f
-    uu, vv = np.meshgrid(u, v)
-    ray = np.stack([uu, vv, np.ones_like(uu)])
-    ray /= np.linalg.norm(ray, axis=0)
-    centre, radius = np.array([0.0, 0.0, 3.0]), 1.2
-    b = ray[2] * centre[2]
-    disc = b * b - (centre @ centre - radius**2)
-    hit = disc > 0
-    t = np.where(hit, b - np.sqrt(np.maximum(disc, 0)), 10.0)
-    point = ray * t
-    normal = (point - centre[:, None, None]) / radius
-    cos_true = np.clip(-(normal * ray).sum(0), 0, 1)
+    hit, t, cos_true = _sphere_seen_from_the_camera(h, w, 1.2)
     lum = np.where(hit, cos_true / t**2, 0.0).astype(np.float32)
     n_dot_v, inv_d2 = surface_normals(lum / lum.max(), key=0, relief=0.0, scale=min(h, w))
     core = hit & (cos_true > 0.2)
