@@ -47,6 +47,11 @@ class View:
         )
 
     @property
+    def scene(self) -> Any | None:
+        """The engine's scene of this frame (None: the masks are estimated from the pixels)."""
+        return self._scene
+
+    @property
     def has_scene(self) -> bool:
         """Whether the engine gave this frame's scene (its tissue layer: a border-protecting
         record), not an estimate from the pixels."""

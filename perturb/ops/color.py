@@ -427,23 +427,9 @@ def tissue_mean_luma(src: np.ndarray, scene: Any, weight: np.ndarray) -> np.floa
 
 
 def _contrast_mean(src: np.ndarray, scene: Any) -> np.float32:
-    """The kernel's mean luma of a sample: of the whole frame, or weighted by the tissue. With a
-    scene, kept on it per digest of the sample's pixels (``Scene.keep``): the mean does not
-    depend on the op's parameters, so a frame taken at several severities or variants computes
-    it once (measured: 2-5 ms instead of 5-26 ms per call on 1080x1350 frames)."""
-    if scene is None:
-        return _mean_luma(src)
-    from perturb.scene.analysis import _digest
-
-    pixels = np.ascontiguousarray(src)
-    slot = ("contrast_mean", src.dtype.str, _digest(pixels) + repr(src.shape).encode())
-
-    def compute() -> np.ndarray:
-        weight = tissue_weight(scene)
-        mean = _mean_luma(src) if weight is None else tissue_mean_luma(src, scene, weight)
-        return np.array(mean, dtype=np.float32)
-
-    return np.float32(scene.keep(slot, compute))
+    """The kernel's mean luma of a sample: of the whole frame, or weighted by the tissue."""
+    weight = None if scene is None else tissue_weight(scene)
+    return _mean_luma(src) if weight is None else tissue_mean_luma(src, scene, weight)
 
 
 def _contrast_affine(

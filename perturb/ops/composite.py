@@ -17,10 +17,7 @@ model: which pixels are tissue, overlay, glyph; this module is what an op does w
 
 from __future__ import annotations
 
-import hashlib
 import json
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +33,6 @@ from perturb.scene.masks import (
     bbox,
     glyph_strokes,
     glyph_window,
-    glyph_windows_bytes,
     text_boxes,
 )
 
@@ -164,13 +160,6 @@ def _blend_at_any(src: np.ndarray, dst: np.ndarray, index: np.ndarray, alpha: np
         dst[...] = d_flat.reshape(dst.shape)
 
 
-# Glyph covers of recent frames: keyed by the descriptor and a digest of the pixels the glyph
-# windows read, so the same frame under several ops or severities finds its text lines' cover.
-_TEXT_BLEND: OrderedDict[tuple[str, bytes], _TextCover] = OrderedDict()
-_TEXT_BLEND_SIZE = 256
-_TEXT_BLEND_LOCK = threading.Lock()
-
-
 @dataclass(frozen=True)
 class _TextCover:
     """The composite alpha of one image inside the rectangle of its text lines (``rect`` of
@@ -196,14 +185,7 @@ def _text_blend(
 def _text_cover(
     desc: dict[str, Any], key: str, image: np.ndarray, rect: tuple[int, int, int, int]
 ) -> _TextCover:
-    """The ``_TextCover`` of ``image`` (CHW NumPy) inside ``rect`` (cached per descriptor and
-    glyph window pixels)."""
-    slot = (key, image.dtype.str.encode() + glyph_windows_bytes(desc, image))
-    with _TEXT_BLEND_LOCK:
-        hit = _TEXT_BLEND.get(slot)
-        if hit is not None:
-            _TEXT_BLEND.move_to_end(slot)
-            return hit
+    """The ``_TextCover`` of ``image`` (CHW NumPy) inside ``rect``."""
     tx0, ty0, tx1, ty1 = rect
     alpha = _text_alpha(desc, key, image, rect)
     static = _alpha_without_text_cached(key)[ty0:ty1, tx0:tx1]
@@ -220,10 +202,6 @@ def _text_cover(
     )
     for arr in (value.flat, value.alpha, value.index, value.index_alpha):
         arr.flags.writeable = False
-    with _TEXT_BLEND_LOCK:
-        _TEXT_BLEND[slot] = value
-        while len(_TEXT_BLEND) > _TEXT_BLEND_SIZE:
-            _TEXT_BLEND.popitem(last=False)
     return value
 
 
@@ -469,10 +447,16 @@ def extend_numpy(
         extend_frame(src, dst, desc, key)
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
 def scene_extension_alpha(scene: Scene, image: np.ndarray | None) -> np.ndarray:
     """float32 (H, W), read-only: the weight of the clean pixels in the tissue extension of
     spatial ops (``extension_alpha``) of ``scene`` with its clean ``image`` (CHW NumPy, its own
-    dtype), computed once per image as ``Scene.composite_alpha``."""
+    dtype): kept on the scene where it follows from the descriptor alone, else (text lines)
+    computed on each call as ``Scene.composite_alpha``."""
     if scene.kind == "radiograph":
         return scene.derived("extension", radiograph.extension_alpha)
     if not text_boxes(scene.descriptor):
@@ -481,28 +465,18 @@ def scene_extension_alpha(scene: Scene, image: np.ndarray | None) -> np.ndarray:
         )
     if image is None:
         raise ValueError("this scene has text lines: its extension reads the clean image's glyph windows")
-    return scene.per_glyphs(
-        "extension", image, lambda: extension_alpha(scene.key, scene.composite_alpha(image))
-    )
+    return _read_only(extension_alpha(scene.key, scene.composite_alpha(image)))
 
 
 def scene_extension_fill(scene: Scene, image: np.ndarray) -> np.ndarray:
     """(C, H, W) of ``image``'s dtype, read-only: the fill of the tissue extension of the clean
-    ``image`` (``extension_fill``), computed once per image: kept per content of its coarse
-    samples (``extension_samples``, the only pixels it depends on); of a radiograph: the film
-    with its annotations filled from around them, computed each call (it reads only the pixels
-    around the annotations)."""
+    ``image`` (``extension_fill`` of its coarse samples, ``extension_samples``); of a
+    radiograph: the film with its annotations filled from around them."""
     check_fits(scene, image)
     if scene.kind == "radiograph":
         fill = radiograph.extension_fill(image, scene.descriptor, scene.key)
-        fill.flags.writeable = False
-        return fill
-    samples = extension_samples(image, scene.descriptor, scene.key)
-    slot = (
-        "fill",
-        image.dtype.str,
-        hashlib.blake2b(samples.tobytes(), digest_size=16).digest(),
-    )
-    return scene.keep(
-        slot, lambda: extension_fill(samples, scene.descriptor, image.dtype, scene.key)
-    )
+    else:
+        samples = extension_samples(image, scene.descriptor, scene.key)
+        fill = extension_fill(samples, scene.descriptor, image.dtype, scene.key)
+    fill.flags.writeable = False
+    return fill

@@ -960,9 +960,9 @@ def scope_roll(img: np.ndarray, p: dict[str, np.ndarray], key: int, view: _host.
     dy = np.arange(h, dtype=np.float64)[:, None] + 0.5 - cy
     map_x = (c * dx - s * dy + cx - 0.5).astype(np.float32)
     map_y = (s * dx + c * dy + cy - 0.5).astype(np.float32)
-    weight = optics.aperture_weight(view.field) * view.tissue  # 0 off the tissue: kept exactly
+    weight = optics.view_aperture(view) * view.tissue  # 0 off the tissue: kept exactly
     radiance = optics.tissue_radiance(
-        img, optics.aperture_weight(view.tissue, optics.RADIANCE_REACH, framed=True)
+        img, optics.view_aperture(view, "tissue", optics.RADIANCE_REACH, framed=True)
     )
     out = optics.remap_planes(radiance, map_x, map_y, cv2.BORDER_REFLECT_101)
     out -= radiance

@@ -34,9 +34,7 @@ and letterboxed fields.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -47,7 +45,7 @@ from scipy import sparse
 
 from perturb.ops import _host, _math, exact
 from perturb.ops.kernels import Geometry, Level, Params, as_float32, draw, draw_int, draw_sign
-from perturb.scene.analysis import _digest
+from perturb.scene import masks
 
 # ---------------------------------------------------------------------------------------------
 # Lens fog
@@ -333,12 +331,30 @@ def rim_px(h: int, w: int) -> float:
 def aperture_weight(field: np.ndarray, reach: float = 1.0, framed: bool = False) -> np.ndarray:
     """float32 (H, W) in [0, 1], read-only: the clear part of the aperture of the bool field
     ``field`` (its rim ``reach`` times ``rim_px`` wide). ``framed``: the image's border is an
-    edge too (frames often carry a dark line along it where the field touches it). A pure
-    function of the mask's bytes, kept in a small memo (``_WEIGHTS``): a frame's field and
-    tissue come back with every optics op on the same scene."""
-    mask = np.ascontiguousarray(field, dtype=bool)
-    slot = (_digest(mask.data), mask.shape, float(reach), bool(framed))
-    return _WEIGHTS.get(slot, lambda: _aperture_weight(mask, reach, framed))
+    edge too (frames often carry a dark line along it where the field touches it)."""
+    weight = _aperture_weight(np.ascontiguousarray(field, dtype=bool), reach, framed)
+    weight.flags.writeable = False
+    return weight
+
+
+def view_aperture(
+    view: _host.View, of: str = "field", reach: float = 1.0, framed: bool = False
+) -> np.ndarray:
+    """``aperture_weight`` of the frame's field of view (``of="field"``) or tissue
+    (``"tissue"``). Where the mask follows from the scene's descriptor alone (the field; the
+    tissue of a frame without text lines) it is derived data of the scene, kept with its masks
+    (``masks.derived``, keyed by the descriptor): a frame's weights come back with every optics
+    and geometric op on it. Otherwise (no scene, or glyph strokes read from the pixels) it is
+    computed."""
+    mask = view.field if of == "field" else view.tissue
+    scene = view.scene
+    if scene is None or (of != "field" and scene.reads_pixels):
+        return aperture_weight(mask, reach, framed)
+    return masks.derived(
+        f"aperture/{of}/{float(reach)!r}/{bool(framed)}",
+        scene.key,
+        lambda: aperture_weight(mask, reach, framed),
+    )
 
 
 def _aperture_weight(field: np.ndarray, reach: float, framed: bool) -> np.ndarray:
@@ -347,43 +363,6 @@ def _aperture_weight(field: np.ndarray, reach: float, framed: bool) -> np.ndarra
         padded = np.pad(field, 1, constant_values=False)
         return np.ascontiguousarray(_host.soft_mask(padded, reach * rim_px(h, w))[1:-1, 1:-1])
     return _host.soft_mask(field, reach * rim_px(h, w))
-
-
-class _ArrayMemo:
-    """Read-only arrays by slot, least recently used dropped beyond ``budget`` bytes;
-    thread-safe (the engine's pool runs samples on threads). A miss computes outside the lock."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self._entries: OrderedDict[Hashable, np.ndarray] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, slot: Hashable, compute: Callable[[], np.ndarray]) -> np.ndarray:
-        with self._lock:
-            hit = self._entries.get(slot)
-            if hit is not None:
-                self._entries.move_to_end(slot)
-                return hit
-        value = compute()
-        value.flags.writeable = False
-        with self._lock:
-            if slot not in self._entries and value.nbytes <= self.budget:
-                self._entries[slot] = value
-                self._bytes += value.nbytes
-                while self._bytes > self.budget:
-                    _, old = self._entries.popitem(last=False)
-                    self._bytes -= old.nbytes
-        return value
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
-
-
-# about the field and tissue weights of 24 frames at 512 x 512 (1 MiB each)
-_WEIGHTS = _ArrayMemo(48 << 20)
 
 
 def _fill_gauss(planes: np.ndarray, sigma_px: float) -> np.ndarray:
@@ -668,9 +647,9 @@ def chromatic_aberration(
         return img.copy()
     tissue = view.tissue
     cx, cy, _ = _host.field_geometry(view.field)
-    weight = aperture_weight(view.field) * tissue  # 0 off the tissue: those pixels stay exactly
+    weight = view_aperture(view) * tissue  # 0 off the tissue: those pixels stay exactly
     # the red and blue planes alone: green does not move, and each plane's fill is its own
-    red_blue = tissue_radiance(img[0::2], aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
+    red_blue = tissue_radiance(img[0::2], view_aperture(view, "tissue", RADIANCE_REACH, framed=True))
     k = float(p["shift"])
     out = img.copy()
     for channel, plane, m in ((0, red_blue[0], 1.0 + k), (2, red_blue[1], 1.0 - k)):
@@ -833,8 +812,8 @@ def lens_distortion(
     if view.has_scene:
         # the change enters through the aperture, on the tissue alone: a weight of 0 elsewhere
         # leaves those pixels exactly as they were (img + 0 * change)
-        weight = aperture_weight(view.field) * view.tissue
-        radiance = tissue_radiance(img, aperture_weight(view.tissue, RADIANCE_REACH, framed=True))
+        weight = view_aperture(view) * view.tissue
+        radiance = tissue_radiance(img, view_aperture(view, "tissue", RADIANCE_REACH, framed=True))
         change = remap_planes(radiance, map_x, map_y, cv2.BORDER_REFLECT_101)
         change -= radiance
         change *= weight[None]

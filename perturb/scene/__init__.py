@@ -50,17 +50,14 @@ def kind_of(descriptor: Any) -> str:
     return "radiograph" if radiograph.is_radiograph(descriptor) else "endoscopy"
 
 
-_GLYPH_SLOTS = 4  # per-image values a scene keeps per name (the images it was used with)
-
-
 @dataclass(frozen=True)
 class Scene:
     """The scene of one image; masks are rebuilt from ``descriptor`` (treat it as read-only).
 
-    A scene computes what it derives from its descriptor (and, for the composite of a text line,
-    from its clean image's pixels) once and keeps it in ``_memo``: the descriptor key, the
-    composite alpha the engine blends with, and what the ops' composite derives from them
-    (``perturb.ops.composite``: the extension alpha and fill of spatial ops)."""
+    A scene computes what it derives from its descriptor alone once and keeps it in ``_memo``:
+    the descriptor key, the composite alpha of a frame without text lines and the device
+    copies of such alphas (``held_on``). What also reads the clean image's pixels (a text
+    line's glyph strokes, the fill of spatial ops) is computed where it is used, not kept."""
 
     descriptor: dict[str, Any]
     highlight_: np.ndarray | None = field(default=None, repr=False, compare=False)
@@ -112,19 +109,19 @@ class Scene:
 
     def composite_alpha(self, image: np.ndarray | None) -> np.ndarray:
         """float32 (H, W), read-only: ``masks.composite_alpha`` of this scene with the clean
-        ``image`` (CHW NumPy, its own dtype), computed once per image: where the scene has text
-        lines it is kept per content of their glyph windows (the only pixels it reads); of a
-        radiograph: 0 on its annotations, 1 elsewhere (from the descriptor alone). ``image``
-        may be None for a scene that reads no pixels (``reads_pixels``)."""
+        ``image`` (CHW NumPy, its own dtype): from the descriptor alone (kept) unless the scene
+        has text lines, whose glyph strokes are read from ``image`` on each call; of a
+        radiograph: 0 on its annotations, 1 elsewhere. ``image`` may be None for a scene that
+        reads no pixels (``reads_pixels``)."""
         if self.kind == "radiograph":
             return self.derived("composite", radiograph.composite_alpha)
         if not masks.text_boxes(self.descriptor):
             return masks.tissue_alpha(self.descriptor, self.key)
         if image is None:
             raise ValueError("this scene has text lines: its composite reads the clean image's glyph windows")
-        return self.per_glyphs(
-            "composite", image, lambda: masks.composite_alpha(self.descriptor, image)
-        )
+        alpha = masks.composite_alpha(self.descriptor, image)
+        alpha.flags.writeable = False
+        return alpha
 
     @property
     def reads_pixels(self) -> bool:
@@ -157,28 +154,6 @@ class Scene:
             held = compute(self.descriptor, self.key)
             held.flags.writeable = False
             self._memo[name] = held
-        return np.asarray(held)
-
-    def per_glyphs(self, name: str, image: np.ndarray, compute: Any) -> np.ndarray:
-        """``compute()`` kept under ``name`` and the bytes of ``image``'s glyph windows."""
-        check_fits(self, image)
-        slot = (name, image.dtype.str, masks.glyph_windows_bytes(self.descriptor, image))
-        return self.keep(slot, compute)
-
-    def keep(self, slot: tuple[str, str, bytes], compute: Any) -> np.ndarray:
-        """``compute()`` kept under ``slot`` (its name, dtype and a digest of what it reads),
-        at most ``_GLYPH_SLOTS`` per name (a scene used with other images)."""
-        name = slot[0]
-        held = self._memo.get(slot)
-        if held is None:
-            held = compute()
-            held.flags.writeable = False
-            kept = [k for k in self._memo if isinstance(k, tuple) and k[0] == name]
-            for old in kept[
-                : max(0, len(kept) - _GLYPH_SLOTS + 1)
-            ]:  # a scene reused on other images
-                del self._memo[old]
-            self._memo[slot] = held
         return np.asarray(held)
 
     @property

@@ -21,10 +21,7 @@ that stores the descriptor replays bit for bit.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -730,55 +727,15 @@ def _text_lines(rgb: np.ndarray, hull: np.ndarray) -> list[tuple[int, int, int, 
     return out
 
 
-try:  # a fast non-cryptographic digest where installed (``datasets`` brings it), else BLAKE2
-    import xxhash
-
-    def _digest(buf: Any) -> bytes:
-        # the same digest either way; the streaming update releases the GIL (the one-shot call
-        # holds it), so the samples of a batch hash their frames in parallel on the worker pool
-        if memoryview(buf).nbytes >= 1 << 16:
-            return bytes(xxhash.xxh3_128(buf).digest())
-        return bytes(xxhash.xxh3_128_digest(buf))
-
-except ImportError:  # pragma: no cover - depends on the environment
-
-    def _digest(buf: Any) -> bytes:
-        return hashlib.blake2b(buf, digest_size=16).digest()
-
-
 Analysed = tuple[dict[str, Any], str, str]
 
 
-class DescriptorCache:
-    """The last ``size`` descriptors by pixel digest, thread-safe: each entry is (descriptor,
-    shared: read it, never change it; its JSON text; its sorted JSON, the key of the mask
-    caches). Used by the endoscopy and the radiograph scene analyses."""
-
-    def __init__(self, size: int = 64) -> None:
-        self.size = size
-        self._entries: OrderedDict[tuple[Any, ...], Analysed] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[Any, ...]) -> Analysed | None:
-        with self._lock:
-            hit = self._entries.get(key)
-            if hit is not None:
-                self._entries.move_to_end(key)
-            return hit
-
-    def put(self, key: tuple[Any, ...], desc: dict[str, Any]) -> Analysed:
-        """Store ``desc`` (copied through its JSON) under ``key``; return the entry."""
-        text = json.dumps(desc)
-        # the sorted JSON is masks.descriptor_key's, written here: masks imports this module
-        value = (json.loads(text), text, json.dumps(desc, sort_keys=True))
-        with self._lock:
-            self._entries[key] = value
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
-        return value
-
-
-_CACHE = DescriptorCache()
+def described(desc: dict[str, Any]) -> Analysed:
+    """(descriptor, its JSON text, its sorted JSON: the key of the mask caches) of a fresh
+    analysis, as ``analysed`` returns it. Used by the endoscopy and the radiograph analyses."""
+    text = json.dumps(desc)
+    # the sorted JSON is masks.descriptor_key's, written here: masks imports this module
+    return json.loads(text), text, json.dumps(desc, sort_keys=True)
 
 
 def _pixels(image: Any) -> tuple[str, np.ndarray]:
@@ -807,18 +764,16 @@ _NATIVE_NUMPY = frozenset({np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.
 
 def analyse(image: Any) -> dict[str, Any]:
     """The scene descriptor of one image (see the module docstring); JSON-able, deterministic.
-    Recent results are cached by a digest of the pixels as given (the same frame at five
-    severities, or under several ops, is analysed once; a hit costs one pass of a fast hash
-    over the input, no conversion)."""
+    Each call analyses the pixels: callers that need the scene of one image several times
+    analyse it once and pass it on (``perturb.apply(..., scenes=)``, ``Scene.of``)."""
     return dict(json.loads(analysed(image)[1]))
 
 
 def analysed(image: Any, chw: bool = False) -> tuple[dict[str, Any], str, str]:
-    """``analyse(image)`` as the cache holds it: (descriptor, shared with the cache: read it,
-    never change it; its JSON text, whose ``json.loads`` is what ``analyse`` returns; its
-    ``perturb.scene.masks.descriptor_key``, the sorted JSON the mask caches are keyed by).
-    ``chw``: ``image`` is a CHW NumPy array (uint8, uint16 or float32 in [0, 1]), as the engine
-    holds a batch on the host; it shares the cache slot of the same pixels as a CPU tensor."""
+    """``analyse(image)`` with its texts: (descriptor; its JSON text, whose ``json.loads`` is
+    what ``analyse`` returns; its ``perturb.scene.masks.descriptor_key``, the sorted JSON the
+    mask caches are keyed by). ``chw``: ``image`` is a CHW NumPy array (uint8, uint16 or
+    float32 in [0, 1]), as the engine holds a batch on the host."""
     if chw:
         arr = np.ascontiguousarray(image)
         layout = "chw"
@@ -828,17 +783,13 @@ def analysed(image: Any, chw: bool = False) -> tuple[dict[str, Any], str, str]:
             )
     else:
         layout, arr = _pixels(image)
-    cache_key = (layout, arr.shape, arr.dtype.str, _digest(arr.data))
-    hit = _CACHE.get(cache_key)
-    if hit is not None:
-        return hit
     if layout == "hwc":
         rgb = arr
     elif layout == "chw":
         rgb = to_hwc_u8(np.moveaxis(arr, 0, -1))
     else:
         rgb = to_hwc_u8(image)
-    return _CACHE.put(cache_key, _analyse(rgb))
+    return described(_analyse(rgb))
 
 
 def _analyse(rgb: np.ndarray) -> dict[str, Any]:

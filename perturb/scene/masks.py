@@ -4,7 +4,6 @@ perturbed layer back into the frame with them is :mod:`perturb.ops.composite`.""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from collections import OrderedDict
@@ -69,28 +68,35 @@ def _nbytes(value: Any) -> int:
     return 64
 
 
+def derived(name: str, key: str, compute: Callable[[], _T]) -> _T:
+    """``compute()`` kept under (``name``, ``key``) in the shared budgeted LRU of what scenes
+    derive: ``compute`` must be a pure function of the descriptor key ``key`` (and of what
+    ``name`` says, e.g. a parameter), never of pixels."""
+    slot = (name, key)
+    with _MEMO_LOCK:
+        hit = _MEMO.get(slot)
+        if hit is not None:
+            _MEMO.move_to_end(slot)
+            return cast(_T, hit[0])
+    value = compute()
+    size = _nbytes(value)
+    with _MEMO_LOCK:
+        if slot not in _MEMO:
+            _MEMO[slot] = (value, size)
+            _MEMO_STATE["bytes"] += size
+            while _MEMO_STATE["bytes"] > _MEMO_BUDGET and len(_MEMO) > 1:
+                _, (_, freed) = _MEMO.popitem(last=False)
+                _MEMO_STATE["bytes"] -= freed
+    return value
+
+
 def _memo(fn: Callable[[str], _T]) -> Callable[[str], _T]:
     """Cache ``fn(key)`` (a pure function of the descriptor key) in the shared budgeted LRU."""
     name = fn.__qualname__
 
     @wraps(fn)
     def cached(key: str) -> _T:
-        slot = (name, key)
-        with _MEMO_LOCK:
-            hit = _MEMO.get(slot)
-            if hit is not None:
-                _MEMO.move_to_end(slot)
-                return cast(_T, hit[0])
-        value = fn(key)
-        size = _nbytes(value)
-        with _MEMO_LOCK:
-            if slot not in _MEMO:
-                _MEMO[slot] = (value, size)
-                _MEMO_STATE["bytes"] += size
-                while _MEMO_STATE["bytes"] > _MEMO_BUDGET and len(_MEMO) > 1:
-                    _, (_, freed) = _MEMO.popitem(last=False)
-                    _MEMO_STATE["bytes"] -= freed
-        return value
+        return derived(name, key, lambda: fn(key))
 
     return cached
 
@@ -451,16 +457,6 @@ def composite_alpha(desc: dict[str, Any], image: Any) -> np.ndarray:
         cut = alpha[y0:y1, x0:x1]
         np.minimum(cut, np.float32(1.0) - glyph_strokes(np.asarray(window), desc, box), out=cut)
     return alpha
-
-
-def glyph_windows_bytes(desc: dict[str, Any], image: np.ndarray) -> bytes:
-    """A digest of the pixels of ``image`` (CHW NumPy) that the glyph cover of ``desc``'s text
-    lines reads (their ``glyph_window`` s): what a composite alpha with text depends on."""
-    digest = hashlib.blake2b(str(image.shape).encode(), digest_size=16)
-    for box in text_boxes(desc):
-        wx0, wy0, wx1, wy1, _ = glyph_window(desc, box)
-        digest.update(np.ascontiguousarray(image[:, wy0:wy1, wx0:wx1]).data)
-    return digest.digest()
 
 
 def overlay_of(desc: dict[str, Any], image: Any) -> np.ndarray:

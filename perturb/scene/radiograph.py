@@ -30,7 +30,6 @@ registry entry says they act before the annotation is burned in (``protects_bord
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import threading
 import zlib
@@ -41,7 +40,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from perturb.scene.analysis import DescriptorCache
+from perturb.scene.analysis import described
 
 KIND = "radiograph"
 RADIOGRAPH_VERSION = 1
@@ -641,18 +640,12 @@ def extend_numpy(
     np.copyto(dst, extension_fill(src, desc, key))
 
 
-_ANALYSED = DescriptorCache()
-
-
 def analysed(image: Any, chw: bool = False) -> tuple[dict[str, Any], str, str]:
-    """``analyse(image)`` as a small cache holds it, keyed by a digest of the pixels: (descriptor,
-    shared with the cache: read it, never change it; its JSON text; its sorted JSON, the key
+    """``analyse(image)`` with its texts: (descriptor; its JSON text; its sorted JSON, the key
     of the mask caches). ``image``: a CHW torch tensor, a CHW NumPy array (``chw``), or what
     ``gray_u8`` reads."""
     if hasattr(image, "detach"):
         image, chw = image.detach().cpu().numpy(), True
     arr = np.ascontiguousarray(image)
     plane = arr[0] if chw else arr
-    slot = (chw, arr.shape, arr.dtype.str, hashlib.blake2b(arr.data, digest_size=16).digest())
-    hit = _ANALYSED.get(slot)
-    return hit if hit is not None else _ANALYSED.put(slot, analyse(plane))
+    return described(analyse(plane))

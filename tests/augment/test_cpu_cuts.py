@@ -1,5 +1,5 @@
 """The CPU cuts of the augment policy's ops give the bytes of the plain computations they
-replace: the optics ops' cached aperture weights and distortion maps, the two-pass uint8
+replace: the optics ops' aperture weights kept with a scene, their distortion maps, the two-pass uint8
 store, the clipped highlights' headroom at the clipped pixels alone, and OpenCV's thread count
 set once per DataLoader worker."""
 
@@ -67,23 +67,23 @@ def _disk(h: int, w: int, r: float, shift: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("framed", [False, True])
-def test_aperture_weight_memo_returns_the_computed_weight(framed: bool) -> None:
-    optics._WEIGHTS.clear()
-    field = _disk(120, 160, 55)
-    first = optics.aperture_weight(field, 2.0, framed)
-    again = optics.aperture_weight(field.copy(), 2.0, framed)  # another array, the same bytes
-    assert again is first and not first.flags.writeable
-    assert np.array_equal(first, optics._aperture_weight(field, 2.0, framed))
-    other = optics.aperture_weight(_disk(120, 160, 55, shift=3), 2.0, framed)
-    assert not np.array_equal(other, first)  # a different mask is not served the cached one
-    assert not np.array_equal(optics.aperture_weight(field, 1.0, framed), first)
-
-
-def test_weight_memo_stays_within_its_budget() -> None:
-    memo = optics._ArrayMemo(3 * 400)
-    for i in range(6):
-        memo.get(i, lambda i=i: np.full(100, i, np.float32))  # 400 bytes each
-    assert memo._bytes <= 3 * 400 and list(memo._entries) == [3, 4, 5]
+def test_aperture_of_a_scene_is_kept_with_its_masks(framed: bool) -> None:
+    """The weights of a scene's field (and of the tissue of a frame without text lines) follow
+    from its descriptor: kept with its masks, equal to a fresh computation; a frame whose
+    tissue reads glyph strokes from the pixels computes its tissue weight each time."""
+    for name in frames_with_overlays():
+        small, scene = small_frame(name)
+        img = np.ascontiguousarray(small.transpose(2, 0, 1), dtype=np.float32) / np.float32(255)
+        view = _host.View(img, scene)
+        field = optics.view_aperture(view, "field", 2.0, framed)
+        assert np.array_equal(field, optics._aperture_weight(view.field, 2.0, framed))
+        assert not field.flags.writeable
+        assert optics.view_aperture(_host.View(img, scene), "field", 2.0, framed) is field
+        tissue = optics.view_aperture(view, "tissue", 2.0, framed)
+        assert np.array_equal(tissue, optics._aperture_weight(view.tissue, 2.0, framed))
+        again = optics.view_aperture(_host.View(img, scene), "tissue", 2.0, framed)
+        assert (again is tissue) == (not scene.reads_pixels)
+        assert not np.array_equal(optics.view_aperture(view, "field", 1.0, framed), field)
 
 
 def _reference_store(res: np.ndarray, dst: np.ndarray) -> None:

@@ -4,6 +4,7 @@ dataset index (checked against the pixels), moved with the crops and warps
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -74,6 +75,26 @@ def test_each_source_image_is_analysed_once(analyses: list[tuple[int, ...]]) -> 
     for epoch in (1, 2):  # later epochs: new crops and strengths, the same sources
         augment(x, [0, 1, 2, 3], epoch=epoch)
     assert len(analyses) == 4 and augment.scenes.hits == 8
+
+
+def test_scenes_analysed_before_the_loader_reach_its_workers(
+    analyses: list[tuple[int, ...]],
+) -> None:
+    """A DataLoader worker gets a pickled copy of the augment (every epoch when its workers are
+    not persistent): the scenes analysed in the main process come with it, and the copy's
+    outputs are the original's."""
+    x = _frames(3, salt=15)
+    augment = Augment(CROP_THEN_COLOUR, seed=2, carry_scenes=True)
+    for index, chw in enumerate(x.numpy()):
+        augment.scenes.scene(index, chw)
+    assert len(analyses) == 3
+    worker = pickle.loads(pickle.dumps(augment))
+    assert len(worker.scenes) == 3
+    out = worker(x, [0, 1, 2], epoch=4)
+    assert len(analyses) == 3 and worker.scenes.misses == 0
+    want = augment(x, [0, 1, 2], epoch=4)
+    assert isinstance(out, torch.Tensor) and isinstance(want, torch.Tensor)
+    assert torch.equal(out, want)
 
 
 def test_changed_pixels_at_an_index_are_analysed_again() -> None:
