@@ -477,7 +477,9 @@ def marker_spots(
         corners = [c for c in corners if c[0] == right_corner]
     along = range(0, 2 * big + 1, step)
     down = range(step, max(step, round(DOWN_REACH * h) - margin - big + 1), step)
-    far = range(2 * big + step, max(2 * big + step, w // 2 - big - margin), step)
+    # further along the top edge, but never over the neck, spine or mediastinum (the middle
+    # ``1 - 2 OUTER`` of the width): the square stays within the outer ``OUTER`` of the width
+    far = range(2 * big + step, max(2 * big + step, round(OUTER * w) - big - margin + 1), step)
 
     def squares(right: bool, top: bool, shifts: range, sides_too: bool) -> list[tuple[int, int]]:
         edge_x = w - margin - big if right else margin
@@ -536,32 +538,38 @@ def at_edge(spot: Spot, s: int, h: int, w: int) -> Spot:
     return px, py, x, y, tier
 
 
-TIER_SHIFT = 40  # a spot's rank: its tier above its square's level sum (below 2**40)
+def exposed(film: np.ndarray, x: int, y: int, big: int) -> bool:
+    """Whether the planning square at (x, y) of ``big`` px a side is real exposure: its
+    horizontal neighbour differences (within the square) average at least ``1 / FLAT_OF``
+    level, the film's quantum noise, never flat digital padding, a clipped black or white
+    band, or a flat fill (the torch kernel's test, ``_place_markers``, is the same integers)."""
+    patch = film[y : y + big, x : x + big].astype(np.int64)
+    rough = int(np.abs(patch[:, 1:] - patch[:, :-1]).sum())
+    return FLAT_OF * rough >= big * (big - 1)
 
 
 def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int, s: int) -> Spot:
-    """Of the spots whose planning square is air (``is_air``: the air beside the body or above
-    the shoulder, not the white collimation band, tissue or lung), the one of the first tier
-    (near the corner before further along the top edge before down the outer edge: the
-    marker stays near the shoulder) whose square holds the film's lowest sum of levels
-    (``film_levels``; the first on a tie); with no air anywhere the marker may go, the first
-    spot (the drawn corner, else the nearest clear place on its top edge) pushed out to just
-    inside the film's edge (``at_edge``), never a square of tissue further in; the first
-    spot without the film. Integer sums: the torch kernel's choice (``_place_markers``) is
-    the same."""
+    """Of the spots whose planning square is air (``is_air``: the unattenuated air beside the
+    body or above the shoulder, not the white collimation band, tissue or lung) and real
+    exposure (``exposed``: it carries the film's quantum noise, not digital padding), the one
+    whose square holds the film's lowest sum of levels (``film_levels``: the darkest, most
+    exposed air, beyond the skin line; the first on a tie, nearest the drawn corner); with no
+    such air where the marker may go, the least attenuated spot (the lowest sum; the body
+    fills the corner) pushed out to just inside the film's edge (``at_edge``); the first spot
+    without the film. The spots never cover the spine or mediastinum (``marker_spots``).
+    Integer sums: the torch kernel's choice (``_place_markers``) is the same."""
     if film is None:
         return spots[0]
     total = int(film.sum(dtype=np.int64))
-    ranks = []
-    for x, y, _, _, tier in spots:
+    sums, ranks = [], []
+    for x, y, _, _, _ in spots:
         square = int(film[y : y + big, x : x + big].sum(dtype=np.int64))
-        if is_air(square, big, total, film.size):
-            ranks.append((tier << TIER_SHIFT) + square)
-        else:
-            ranks.append(1 << 62)
+        sums.append(square)
+        air = is_air(square, big, total, film.size) and exposed(film, x, y, big)
+        ranks.append(square if air else NEVER + square)
     best = int(np.argmin(ranks))
-    if ranks[best] == 1 << 62:
-        return at_edge(spots[0], s, *film.shape)
+    if ranks[best] >= NEVER:
+        return at_edge(spots[best], s, *film.shape)
     return spots[best]
 
 
@@ -589,6 +597,9 @@ DOWN_REACH = 0.7  # how far down the outer edge (fraction of the height) the mar
 APART = 0.25  # a film's own marker: the added one keeps this far from it (shorter side)
 EDGE = 0.005  # with no air: the marker's inset from the film's edge, shorter side
 AIR_OF_MEAN = (9, 20)  # air: a square's mean level at most 9/20 of the film's mean level
+OUTER = 0.32  # the marker's square stays within this outer share of the width (off the spine)
+FLAT_OF = 5  # exposure: the mean neighbour difference in a square at least 1/5 level
+NEVER = 1 << 40  # a square that is not exposed air ranks above every air square
 
 
 def _fits(scene: Any, h: int, w: int) -> bool:
@@ -898,7 +909,11 @@ def _lead_marker(
     blur_px = style.blur * side
     span_w = abs(math.cos(angle)) * (hx1 - hx0) + abs(math.sin(angle)) * (hy1 - hy0)
     span_h = abs(math.sin(angle)) * (hx1 - hx0) + abs(math.cos(angle)) * (hy1 - hy0)
-    room = big - 2 * (2.0 * blur_px + 0.5) * ss
+    # the display's unsharp mask (CR/DR processing) leaves a dark halo round the dense lead:
+    # the film minus ``halo`` times its blurred excess, a keyed kernel of 1.5-3.5 px at 1024 px
+    halo_k = 0.12 + 0.2 * g.random()
+    halo_px = (0.0015 + 0.002 * g.random()) * side
+    room = big - 2 * (2.0 * blur_px + 1.5 * halo_px + 0.5) * ss
     scale = min(1.0, max(room, 0.2 * big) / max(span_w, span_h))
     mid_x = (hx0 + hx1) / 2  # the holder's centre (mirrored with it when placed face down)
     if style.mirrored:
@@ -932,6 +947,14 @@ def _lead_marker(
     grain *= np.float32(1.0) - lead_a
     grain += np.float32(LEAD_NOISE) * noise * lead_a
     _over(mask, unit, lead_a, 1.0)
+    # the unsharp mask's undershoot round the lead and disc: ``v - k (white - v) b`` where b is
+    # how far the wide blur of the dense coverage exceeds it; written as coverage and value,
+    # ``v (1 + k b) - k b white`` (a negative coverage: the film darkened, clipped at black)
+    dense = np.maximum(letter_a, bead_a)
+    wide = cv2.GaussianBlur(dense, (0, 0), max(0.5, halo_px))
+    under = np.float32(halo_k) * np.clip(wide - dense, 0.0, None)
+    mask -= under
+    unit -= under
     return mask, unit, grain, plate, noise * plate
 
 
@@ -1101,12 +1124,14 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "mirrored": float(u[5] < 0.2),  # placed face down
         "initials": float(min(3, int(4 * u[6]))),
         "density": 0.45 + 0.5 * u[7],  # the disc's, relative to the lead's
-        "blur": 0.00045 + 0.0005 * u[8],  # 0.45-0.95 px on a 1024 px film
+        "blur": 0.0007 + 0.0005 * u[8],  # 0.7-1.2 px on a 1024 px film
         # the plate on most: 2-18 % of the way from the film to its white, most below 6 %
         # (thin acrylic, faint on air; a few thick moulded plates stand out)
         "holder": (0.02 + 0.16 * (u[9] / 0.88) ** 2.5) if u[9] < 0.88 else 0.0,
         "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
-        "level": 0.7 + 0.23 * u[14],  # the lead's share of the way from the film to its white
+        # the lead's share of the way from the film to its white: nearly opaque, the film's
+        # unexposed level whatever lies under it (scatter lets a few % through)
+        "level": 0.95 + 0.04 * u[14],
         "layout": float(u[15] < 0.15),  # the initials beside the letter (most: under it)
     }
 
@@ -1208,18 +1233,28 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
         return integral.gather(1, yy * (w + 1) + xx)
 
     sums = at(by + big, bx + big) - at(by, bx + big) - at(by + big, bx) + at(by, bx)
-    # ``choose_spot``: the air squares (``is_air``) ranked by tier, then level sum; with none,
-    # the first spot, just inside the film's edge
+    # ``exposed``: the horizontal neighbour differences within each square, from their own
+    # integral image (pair j: columns j and j + 1; a square's pairs bx .. bx + big - 2)
+    rough = (levels[:, :reach, 1:] - levels[:, :reach, :-1]).abs()
+    rough_int = rough.cumsum(dim=1, dtype=wide).cumsum(dim=2, dtype=wide)
+    rough_int = F.pad(rough_int, (1, 0, 1, 0)).view(b, -1)
+
+    def at_r(yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
+        return rough_int.gather(1, yy * w + xx)
+
+    end = bx + big - 1
+    roughs = at_r(by + big, end) - at_r(by, end) - at_r(by + big, bx) + at_r(by, bx)
+    # ``choose_spot``: the exposed air squares (``is_air``, ``exposed``) ranked by level sum;
+    # with none, the least attenuated spot, just inside the film's edge
     num, den = AIR_OF_MEAN
     film_sum = levels.sum(dim=(1, 2), dtype=torch.int64)
     sums64 = sums.to(torch.int64)
     is_air_ = den * sums64 * (h * w) <= num * film_sum.view(-1, 1) * big * big
-    never = 1 << 62
-    ranks = (spots_d[..., 4] << TIER_SHIFT) + sums64
-    ranks = ranks.masked_fill(~(is_air_ & valid_d), never)
+    is_air_ &= FLAT_OF * roughs.to(torch.int64) >= big * (big - 1)
+    ranks = torch.where(is_air_, sums64, sums64 + NEVER)
+    ranks = ranks.masked_fill(~valid_d, 1 << 62)
     best = ranks.argmin(dim=1)
-    air = ranks.gather(1, best.view(-1, 1))[:, 0] < never
-    best = torch.where(air, best, torch.zeros_like(best))
+    air = ranks.gather(1, best.view(-1, 1))[:, 0] < NEVER
     chosen = spots_d.gather(1, best.view(-1, 1, 1).expand(-1, 1, 5))[:, 0]
     x0, y0, s = chosen[:, 2], chosen[:, 3], sizes_d[:, 1]
     # ``at_edge``: pushed out to just inside the film's edge where there is no air
