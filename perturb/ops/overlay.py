@@ -667,6 +667,7 @@ SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges a
 # and joins (the rounded letters cut from lead sheet)
 LEAD_FONTS = ("block", "rounded_wide")
 FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
+ROUGH = 0.12  # the lead letters' edge wander: the threshold's keyed shift, of the ink's range
 LEAD_NOISE = 0.4  # of the film's noise sigma added under the lead (its scatter's own noise)
 WHITE_PIXELS = 4  # pixels at the film's white level (its maximum, robust to a stray pixel)
 
@@ -901,7 +902,19 @@ def _lead_marker(
             _rounded_box(holder, (hx0 + rim, hy0 + rim, hx1 - rim, hy1 - rim), radius - rim, 1.0)
         else:
             _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.0)
-    ink = letter_ink.astype(np.float32) / np.float32(255.0)
+    # the display's unsharp mask (CR/DR processing) leaves a dark halo round the dense lead:
+    # the film minus ``halo_k`` times its blurred excess, a keyed kernel of 2.5-5 px at 1024 px
+    halo_k = 0.5 + 0.4 * g.random()
+    halo_px = (0.0025 + 0.0025 * g.random()) * side
+    # letters cut or stamped from lead sheet by hand: their edges wander by a fraction of a
+    # pixel (a keyed smooth field of about a tenth of the cap height moving the threshold)
+    cell = max(2, round(0.1 * cap))
+    field = g.standard_normal((work // cell + 2, work // cell + 2)).astype(np.float32)
+    field = cv2.resize(field, (work, work), interpolation=cv2.INTER_CUBIC)
+    soft = cv2.GaussianBlur(letter_ink.astype(np.float32), (0, 0), 0.5 * ss)
+    rough = soft + np.float32(ROUGH * 255.0) * field
+    ink = (rough >= np.float32(127.5)).astype(np.float32)
+    ink = cv2.GaussianBlur(ink, (0, 0), 0.35 * ss)  # the cut edge, not a pixel step
     layers = np.stack([ink, holder, bead], axis=-1)
     if style.mirrored:
         layers = layers[:, ::-1].copy()
@@ -909,10 +922,6 @@ def _lead_marker(
     blur_px = style.blur * side
     span_w = abs(math.cos(angle)) * (hx1 - hx0) + abs(math.sin(angle)) * (hy1 - hy0)
     span_h = abs(math.sin(angle)) * (hx1 - hx0) + abs(math.cos(angle)) * (hy1 - hy0)
-    # the display's unsharp mask (CR/DR processing) leaves a dark halo round the dense lead:
-    # the film minus ``halo`` times its blurred excess, a keyed kernel of 1.5-3.5 px at 1024 px
-    halo_k = 0.12 + 0.2 * g.random()
-    halo_px = (0.0015 + 0.002 * g.random()) * side
     room = big - 2 * (2.0 * blur_px + 1.5 * halo_px + 0.5) * ss
     scale = min(1.0, max(room, 0.2 * big) / max(span_w, span_h))
     mid_x = (hx0 + hx1) / 2  # the holder's centre (mirrored with it when placed face down)
