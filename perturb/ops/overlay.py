@@ -475,11 +475,12 @@ def marker_spots(
     ]
     if sides:  # only the detected marker's side of the film
         corners = [c for c in corners if c[0] == right_corner]
-    along = range(0, 2 * big + 1, step)
+    reach_x = round(OUTER * w) - big - margin  # the farthest shift off the spine
+    along = range(0, max(0, min(2 * big, reach_x)) + 1, step)
     down = range(step, max(step, round(DOWN_REACH * h) - margin - big + 1), step)
     # further along the top edge, but never over the neck, spine or mediastinum (the middle
     # ``1 - 2 OUTER`` of the width): the square stays within the outer ``OUTER`` of the width
-    far = range(2 * big + step, max(2 * big + step, round(OUTER * w) - big - margin + 1), step)
+    far = range(2 * big + step, max(2 * big + step, reach_x + 1), step)
 
     def squares(right: bool, top: bool, shifts: range, sides_too: bool) -> list[tuple[int, int]]:
         edge_x = w - margin - big if right else margin
@@ -597,7 +598,7 @@ DOWN_REACH = 0.7  # how far down the outer edge (fraction of the height) the mar
 APART = 0.25  # a film's own marker: the added one keeps this far from it (shorter side)
 EDGE = 0.005  # with no air: the marker's inset from the film's edge, shorter side
 AIR_OF_MEAN = (9, 20)  # air: a square's mean level at most 9/20 of the film's mean level
-OUTER = 0.32  # the marker's square stays within this outer share of the width (off the spine)
+OUTER = 0.35  # the marker's square stays within this outer share of the width (off the spine)
 FLAT_OF = 5  # exposure: the mean neighbour difference in a square at least 1/5 level
 NEVER = 1 << 40  # a square that is not exposed air ranks above every air square
 
