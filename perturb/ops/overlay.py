@@ -422,8 +422,9 @@ def marker_spots(
     Technologists put the marker in the air beside the body or at the very edge of the field,
     near a shoulder: the candidate squares (margin 3 % of the shorter side) run in three tiers
     from the drawn top corner: along the top edge (up to twice the marker's size), further
-    along it (to the film's middle: above the shoulder, clear of a marker the film shows in
-    its corner) and down the outer edge beside the body (to ``DOWN_REACH`` of the height),
+    along it (above the shoulder, clear of a marker the film shows in its corner, but never
+    over the neck, spine or mediastinum: every square within the outer ``OUTER`` of the
+    width) and down the outer edge beside the body (to ``DOWN_REACH`` of the height),
     each keeping half its size from every detected annotation and ``APART`` of the shorter
     side from the film's own marker (read or marker-like: a second marker is never a duplicate
     beside the first); the first corner (drawn top, other top, then the bottom ones, along
@@ -817,18 +818,20 @@ def _lead_marker(
     wide rounded stroke face; square to tall and narrow; corners rounded) with the
     technologist's initials or a number in smaller type of the same face in one row, under the
     letter or beside it (``style.layout``), cut from the same sheet, in a radiolucent acrylic
-    holder on most (an oblong plate, 1.3-1.9 times as long as wide, longer at one end where a
-    metal disc or rivet sits on some, keyed margins and corner radius, a denser moulded rim on
-    half; some markers have none), tilted by ``style.angle`` (a few degrees, sometimes turned
-    on its side or upside down) and the whole marker mirrored when placed face down. The lead
-    attenuates almost all of the primary beam, but some of it and the patient's scatter still
-    reach the detector under it: the letter covers the film by ``style.level`` (0.7-0.93,
-    measured on the reference films' lead letters: their level between the film round them and
-    its white level), the film and its noise faintly showing through, plus a little noise of
-    its own (``LEAD_NOISE``); the disc covers it by ``style.density`` of that. The focal
-    spot's geometric unsharpness and the detector's MTF blur every edge by ``style.blur``
-    (about half a pixel to a pixel at 1024 px: a 1-3 px ramp), and the plastic carries the
-    film's own noise."""
+    holder on most (a plate 1.1-1.5 times as long as wide that the lead mostly fills, longer
+    at one end where a metal disc or rivet sits on some, keyed margins and corner radius, a
+    denser moulded rim on half; some markers have none), tilted by ``style.angle`` (a few
+    degrees, sometimes turned on its side or upside down) and the whole marker mirrored when
+    placed face down; the letters' cut edges wander by a fraction of a pixel (``ROUGH``). Lead
+    stops almost all of the primary beam: the letter covers the film by ``style.level``
+    (0.95-0.99: the film's unexposed white whatever lies under it, the scatter letting a few %
+    through), with a little noise of its own (``LEAD_NOISE``); the disc covers it by
+    ``style.density`` of that. The focal spot's geometric unsharpness and the detector's MTF
+    blur every edge by ``style.blur`` (0.7-1.2 px at 1024 px), and the plastic carries the
+    film's own noise. The CR/DR display processing's unsharp mask then pulls the film round
+    the dense lead towards black: a dark halo of keyed gain (0.5-0.9) and width (2.5-5 px at
+    1024 px), ``v - k b (white - v)`` with ``b`` the wide blur's excess over the lead's
+    coverage (a negative coverage in the returned layers, clipped at black in the blend)."""
     ss = SUPERSAMPLE
     big = s * ss
     work = 3 * big
@@ -853,12 +856,13 @@ def _lead_marker(
         block_w = float(max(glyph.shape[1], small.shape[1]))
         block_h = glyph.shape[0] + gap + small.shape[0]
     # the plate round the lead (its box relative to the lead's centre): wider than the lead
-    # by keyed margins; oblong (about 1.3-1.9 times as long as wide, along the lead's longer
-    # side), the extra length the grip at one end, where a metal disc or rivet sits on some
-    pad_x, pad_y = (0.12 + 0.2 * g.random()) * cap, (0.1 + 0.18 * g.random()) * cap
+    # by keyed margins; oblong (1.1-1.5 times as long as wide, along the lead's longer side:
+    # the lead fills most of the plate, as on the reference films), the extra length the grip
+    # at one end, where a metal disc or rivet sits on some
+    pad_x, pad_y = (0.08 + 0.14 * g.random()) * cap, (0.07 + 0.12 * g.random()) * cap
     px0, py0 = -block_w / 2 - pad_x, -block_h / 2 - pad_y
     px1, py1 = block_w / 2 + pad_x, block_h / 2 + pad_y
-    aspect = 1.3 + 0.6 * g.random()
+    aspect = 1.1 + 0.4 * g.random()
     upright = py1 - py0 >= px1 - px0
     grip = max(0.0, aspect * min(px1 - px0, py1 - py0) - max(px1 - px0, py1 - py0))
     grip_top = g.random() < 0.6  # the grip above (or left of) the lead
@@ -911,11 +915,13 @@ def _lead_marker(
     # pixel (a keyed smooth field of about a tenth of the cap height moving the threshold)
     cell = max(2, round(0.1 * cap))
     field = g.standard_normal((work // cell + 2, work // cell + 2)).astype(np.float32)
-    field = cv2.resize(field, (work, work), interpolation=cv2.INTER_CUBIC)
+    field = np.asarray(
+        cv2.resize(field, (work, work), interpolation=cv2.INTER_CUBIC), dtype=np.float32
+    )
     soft = cv2.GaussianBlur(letter_ink.astype(np.float32), (0, 0), 0.5 * ss)
     rough = soft + np.float32(ROUGH * 255.0) * field
     ink = (rough >= np.float32(127.5)).astype(np.float32)
-    ink = cv2.GaussianBlur(ink, (0, 0), 0.35 * ss)  # the cut edge, not a pixel step
+    ink = np.asarray(cv2.GaussianBlur(ink, (0, 0), 0.35 * ss), dtype=np.float32)  # a cut edge
     layers = np.stack([ink, holder, bead], axis=-1)
     if style.mirrored:
         layers = layers[:, ::-1].copy()
@@ -923,7 +929,7 @@ def _lead_marker(
     blur_px = style.blur * side
     span_w = abs(math.cos(angle)) * (hx1 - hx0) + abs(math.sin(angle)) * (hy1 - hy0)
     span_h = abs(math.sin(angle)) * (hx1 - hx0) + abs(math.cos(angle)) * (hy1 - hy0)
-    room = big - 2 * (2.0 * blur_px + 1.5 * halo_px + 0.5) * ss
+    room = big - 2 * (2.0 * blur_px + halo_px + 0.5) * ss
     scale = min(1.0, max(room, 0.2 * big) / max(span_w, span_h))
     mid_x = (hx0 + hx1) / 2  # the holder's centre (mirrored with it when placed face down)
     if style.mirrored:
@@ -1332,19 +1338,22 @@ def xray_laterality_marker(
     host_params: Sequence[Mapping[str, Any]] | None = None,
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
-    """A laterality marker where technologists put it: near the shoulder, in the air by a top
-    corner (else further along the top edge, else down the outer edge beside the body) or at
-    the very edge of the field (``marker_spots``, chosen by the film's levels, ``choose_spot``).
+    """A laterality marker where technologists put it: in the unattenuated air beside the
+    body or above the shoulder, near a top corner, along the top edge (never over the neck,
+    spine or mediastinum) or down the outer edge (``marker_spots``): the darkest of those
+    squares that is real exposure (the film's quantum noise, not flat padding: ``choose_spot``).
     Most are lead markers radiographed with the patient (``_lead_marker``: chunky lead L/R
-    letters on an oblong acrylic plate (on most; a fixed step of the log display over tissue,
+    letters on an acrylic plate (on most; a fixed step of the log display over tissue,
     flattened by its toe on black air: ``plate_gain``), sometimes with a metal disc in its
     grip, with the technologist's initials or a number in one row, at a keyed tilt, sometimes
-    on its side or upside down, the whole marker mirrored when face down; the lead stops most of the beam, so letter and initials lie most of the way from the
-    film to its top level (the film and its noise faintly through them, the scatter's own
-    noise), their edges blurred by the focal spot's geometric unsharpness and the detector's
-    MTF by about a pixel, the plastic carrying the film's own noise); the rest are the
-    console's flat digital letter at display white, often ringed. With no air where it may go
-    the marker goes just inside the film's edge at its first place (``choose_spot``). The
+    on its side or upside down, the whole marker mirrored when face down; the lead stops
+    almost all of the beam, so letter and initials reach the film's unexposed white whatever
+    lies under them (the scatter's own noise), their edges blurred by the focal spot's
+    geometric unsharpness and the detector's MTF by about a pixel, the display's unsharp mask
+    leaving a dark halo round them, the plastic carrying the film's own noise); the rest are
+    the console's flat digital letter at display white, often ringed. With no exposed air
+    where it may go the marker goes to the least attenuated of its spots, just inside the
+    film's edge (``choose_spot``). The
     letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
     mode it probes), but it never contradicts a marker already on the film, is never a
     duplicate beside it (``APART``) and keeps clear of its annotations.
