@@ -1258,7 +1258,7 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
     def at_r(yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
         return rough_int.gather(1, yy * w + xx)
 
-    end = bx + big - 1
+    end = (bx + big - 1).clamp(min=0)  # (a film without a marker: big 0, no spots)
     roughs = at_r(by + big, end) - at_r(by, end) - at_r(by + big, bx) + at_r(by, bx)
     # ``choose_spot``: the exposed air squares (``is_air``, ``exposed``) ranked by level sum;
     # with none, the least attenuated spot, just inside the film's edge
