@@ -669,6 +669,7 @@ SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges a
 # and joins (the rounded letters cut from lead sheet)
 LEAD_FONTS = ("block", "rounded_wide")
 FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
+DISC_PLATE = 0.05  # the least plate density a disc sits on (a faint plate makes it a lone dot)
 ROUGH = 0.12  # the lead letters' edge wander: the threshold's keyed shift, of the ink's range
 LEAD_NOISE = 0.4  # of the film's noise sigma added under the lead (its scatter's own noise)
 WHITE_PIXELS = 4  # pixels at the film's white level (its maximum, robust to a stray pixel)
@@ -818,8 +819,9 @@ def _lead_marker(
     wide rounded stroke face; square to tall and narrow; corners rounded) with the
     technologist's initials or a number in smaller type of the same face in one row, under the
     letter or beside it (``style.layout``), cut from the same sheet, in a radiolucent acrylic
-    holder on most (a plate 1.1-1.5 times as long as wide that the lead mostly fills, longer
-    at one end where a metal disc or rivet sits on some, keyed margins and corner radius, a
+    holder on most (a plate 1.05-1.3 times as long as wide that the lead mostly fills, longer
+    at one end where a metal disc or rivet sits on some plates of at least ``DISC_PLATE``
+    density (never a lone dot on an unseen plate), keyed margins and corner radius, a
     denser moulded rim on half; some markers have none), tilted by ``style.angle`` (a few
     degrees, sometimes turned on its side or upside down) and the whole marker mirrored when
     placed face down; the letters' cut edges wander by a fraction of a pixel (``ROUGH``). Lead
@@ -844,7 +846,7 @@ def _lead_marker(
     else:
         sub = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
     glyph = _lead_text(letter, cap, font, condense)
-    small = _lead_text(sub, (0.45 + 0.2 * g.random()) * cap, font, condense) if sub else None
+    small = _lead_text(sub, (0.4 + 0.15 * g.random()) * cap, font, condense) if sub else None
     gap = (0.08 + 0.1 * g.random()) * cap
     beside = small is not None and style.layout > 0.5 and len(sub) <= 2
     if small is None:
@@ -856,18 +858,18 @@ def _lead_marker(
         block_w = float(max(glyph.shape[1], small.shape[1]))
         block_h = glyph.shape[0] + gap + small.shape[0]
     # the plate round the lead (its box relative to the lead's centre): wider than the lead
-    # by keyed margins; oblong (1.1-1.5 times as long as wide, along the lead's longer side:
+    # by keyed margins; oblong (1.05-1.3 times as long as wide, along the lead's longer side:
     # the lead fills most of the plate, as on the reference films), the extra length the grip
     # at one end, where a metal disc or rivet sits on some
     pad_x, pad_y = (0.08 + 0.14 * g.random()) * cap, (0.07 + 0.12 * g.random()) * cap
     px0, py0 = -block_w / 2 - pad_x, -block_h / 2 - pad_y
     px1, py1 = block_w / 2 + pad_x, block_h / 2 + pad_y
-    aspect = 1.1 + 0.4 * g.random()
+    aspect = 1.05 + 0.25 * g.random()
     upright = py1 - py0 >= px1 - px0
     grip = max(0.0, aspect * min(px1 - px0, py1 - py0) - max(px1 - px0, py1 - py0))
     grip_top = g.random() < 0.6  # the grip above (or left of) the lead
-    r = (0.16 + 0.16 * g.random()) * cap
-    disc = style.holder > 0 and g.random() < 0.4
+    r = (0.13 + 0.11 * g.random()) * cap
+    disc = g.random() < 0.4 and style.holder >= DISC_PLATE  # never a lone dot: on a plate that shows
     if disc:
         grip = max(grip, 2.0 * r + 1.2 * (pad_y if upright else pad_x))
     if style.holder <= 0:  # a bare lead letter: only the lead decides the size
