@@ -422,8 +422,9 @@ def marker_spots(
     Technologists put the marker in the air beside the body or at the very edge of the field,
     near a shoulder: the candidate squares (margin 3 % of the shorter side) run in three tiers
     from the drawn top corner: along the top edge (up to twice the marker's size), further
-    along it (to the film's middle: above the shoulder, clear of a marker the film shows in
-    its corner) and down the outer edge beside the body (to ``DOWN_REACH`` of the height),
+    along it (above the shoulder, clear of a marker the film shows in its corner, but never
+    over the neck, spine or mediastinum: every square within the outer ``OUTER`` of the
+    width) and down the outer edge beside the body (to ``DOWN_REACH`` of the height),
     each keeping half its size from every detected annotation and ``APART`` of the shorter
     side from the film's own marker (read or marker-like: a second marker is never a duplicate
     beside the first); the first corner (drawn top, other top, then the bottom ones, along
@@ -475,9 +476,12 @@ def marker_spots(
     ]
     if sides:  # only the detected marker's side of the film
         corners = [c for c in corners if c[0] == right_corner]
-    along = range(0, 2 * big + 1, step)
+    reach_x = round(OUTER * w) - big - margin  # the farthest shift off the spine
+    along = range(0, max(0, min(2 * big, reach_x)) + 1, step)
     down = range(step, max(step, round(DOWN_REACH * h) - margin - big + 1), step)
-    far = range(2 * big + step, max(2 * big + step, w // 2 - big - margin), step)
+    # further along the top edge, but never over the neck, spine or mediastinum (the middle
+    # ``1 - 2 OUTER`` of the width): the square stays within the outer ``OUTER`` of the width
+    far = range(2 * big + step, max(2 * big + step, reach_x + 1), step)
 
     def squares(right: bool, top: bool, shifts: range, sides_too: bool) -> list[tuple[int, int]]:
         edge_x = w - margin - big if right else margin
@@ -536,32 +540,38 @@ def at_edge(spot: Spot, s: int, h: int, w: int) -> Spot:
     return px, py, x, y, tier
 
 
-TIER_SHIFT = 40  # a spot's rank: its tier above its square's level sum (below 2**40)
+def exposed(film: np.ndarray, x: int, y: int, big: int) -> bool:
+    """Whether the planning square at (x, y) of ``big`` px a side is real exposure: its
+    horizontal neighbour differences (within the square) average at least ``1 / FLAT_OF``
+    level, the film's quantum noise, never flat digital padding, a clipped black or white
+    band, or a flat fill (the torch kernel's test, ``_place_markers``, is the same integers)."""
+    patch = film[y : y + big, x : x + big].astype(np.int64)
+    rough = int(np.abs(patch[:, 1:] - patch[:, :-1]).sum())
+    return FLAT_OF * rough >= big * (big - 1)
 
 
 def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int, s: int) -> Spot:
-    """Of the spots whose planning square is air (``is_air``: the air beside the body or above
-    the shoulder, not the white collimation band, tissue or lung), the one of the first tier
-    (near the corner before further along the top edge before down the outer edge: the
-    marker stays near the shoulder) whose square holds the film's lowest sum of levels
-    (``film_levels``; the first on a tie); with no air anywhere the marker may go, the first
-    spot (the drawn corner, else the nearest clear place on its top edge) pushed out to just
-    inside the film's edge (``at_edge``), never a square of tissue further in; the first
-    spot without the film. Integer sums: the torch kernel's choice (``_place_markers``) is
-    the same."""
+    """Of the spots whose planning square is air (``is_air``: the unattenuated air beside the
+    body or above the shoulder, not the white collimation band, tissue or lung) and real
+    exposure (``exposed``: it carries the film's quantum noise, not digital padding), the one
+    whose square holds the film's lowest sum of levels (``film_levels``: the darkest, most
+    exposed air, beyond the skin line; the first on a tie, nearest the drawn corner); with no
+    such air where the marker may go, the least attenuated spot (the lowest sum; the body
+    fills the corner) pushed out to just inside the film's edge (``at_edge``); the first spot
+    without the film. The spots never cover the spine or mediastinum (``marker_spots``).
+    Integer sums: the torch kernel's choice (``_place_markers``) is the same."""
     if film is None:
         return spots[0]
     total = int(film.sum(dtype=np.int64))
-    ranks = []
-    for x, y, _, _, tier in spots:
+    sums, ranks = [], []
+    for x, y, _, _, _ in spots:
         square = int(film[y : y + big, x : x + big].sum(dtype=np.int64))
-        if is_air(square, big, total, film.size):
-            ranks.append((tier << TIER_SHIFT) + square)
-        else:
-            ranks.append(1 << 62)
+        sums.append(square)
+        air = is_air(square, big, total, film.size) and exposed(film, x, y, big)
+        ranks.append(square if air else NEVER + square)
     best = int(np.argmin(ranks))
-    if ranks[best] == 1 << 62:
-        return at_edge(spots[0], s, *film.shape)
+    if ranks[best] >= NEVER:
+        return at_edge(spots[best], s, *film.shape)
     return spots[best]
 
 
@@ -589,6 +599,9 @@ DOWN_REACH = 0.7  # how far down the outer edge (fraction of the height) the mar
 APART = 0.25  # a film's own marker: the added one keeps this far from it (shorter side)
 EDGE = 0.005  # with no air: the marker's inset from the film's edge, shorter side
 AIR_OF_MEAN = (9, 20)  # air: a square's mean level at most 9/20 of the film's mean level
+OUTER = 0.35  # the marker's square stays within this outer share of the width (off the spine)
+FLAT_OF = 5  # exposure: the mean neighbour difference in a square at least 1/5 level
+NEVER = 1 << 40  # a square that is not exposed air ranks above every air square
 
 
 def _fits(scene: Any, h: int, w: int) -> bool:
@@ -656,6 +669,8 @@ SUPERSAMPLE = 4  # the marker is drawn at 4x and area-averaged down (its edges a
 # and joins (the rounded letters cut from lead sheet)
 LEAD_FONTS = ("block", "rounded_wide")
 FILM_NOISE = (0.002, 0.04)  # bounds of the film's own noise sigma read round the marker
+DISC_PLATE = 0.05  # the least plate density a disc sits on (a faint plate makes it a lone dot)
+ROUGH = 0.12  # the lead letters' edge wander: the threshold's keyed shift, of the ink's range
 LEAD_NOISE = 0.4  # of the film's noise sigma added under the lead (its scatter's own noise)
 WHITE_PIXELS = 4  # pixels at the film's white level (its maximum, robust to a stray pixel)
 
@@ -804,18 +819,21 @@ def _lead_marker(
     wide rounded stroke face; square to tall and narrow; corners rounded) with the
     technologist's initials or a number in smaller type of the same face in one row, under the
     letter or beside it (``style.layout``), cut from the same sheet, in a radiolucent acrylic
-    holder on most (an oblong plate, 1.3-1.9 times as long as wide, longer at one end where a
-    metal disc or rivet sits on some, keyed margins and corner radius, a denser moulded rim on
-    half; some markers have none), tilted by ``style.angle`` (a few degrees, sometimes turned
-    on its side or upside down) and the whole marker mirrored when placed face down. The lead
-    attenuates almost all of the primary beam, but some of it and the patient's scatter still
-    reach the detector under it: the letter covers the film by ``style.level`` (0.7-0.93,
-    measured on the reference films' lead letters: their level between the film round them and
-    its white level), the film and its noise faintly showing through, plus a little noise of
-    its own (``LEAD_NOISE``); the disc covers it by ``style.density`` of that. The focal
-    spot's geometric unsharpness and the detector's MTF blur every edge by ``style.blur``
-    (about half a pixel to a pixel at 1024 px: a 1-3 px ramp), and the plastic carries the
-    film's own noise."""
+    holder on most (a plate 1.05-1.3 times as long as wide that the lead mostly fills, longer
+    at one end where a metal disc or rivet sits on some plates of at least ``DISC_PLATE``
+    density (never a lone dot on an unseen plate), keyed margins and corner radius, a
+    denser moulded rim on half; some markers have none), tilted by ``style.angle`` (a few
+    degrees, sometimes turned on its side or upside down) and the whole marker mirrored when
+    placed face down; the letters' cut edges wander by a fraction of a pixel (``ROUGH``). Lead
+    stops almost all of the primary beam: the letter covers the film by ``style.level``
+    (0.95-0.99: the film's unexposed white whatever lies under it, the scatter letting a few %
+    through), with a little noise of its own (``LEAD_NOISE``); the disc covers it by
+    ``style.density`` of that. The focal spot's geometric unsharpness and the detector's MTF
+    blur every edge by ``style.blur`` (0.7-1.2 px at 1024 px), and the plastic carries the
+    film's own noise. The CR/DR display processing's unsharp mask then pulls the film round
+    the dense lead towards black: a dark halo of keyed gain (0.5-0.9) and width (2.5-5 px at
+    1024 px), ``v - k b (white - v)`` with ``b`` the wide blur's excess over the lead's
+    coverage (a negative coverage in the returned layers, clipped at black in the blend)."""
     ss = SUPERSAMPLE
     big = s * ss
     work = 3 * big
@@ -828,7 +846,7 @@ def _lead_marker(
     else:
         sub = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
     glyph = _lead_text(letter, cap, font, condense)
-    small = _lead_text(sub, (0.45 + 0.2 * g.random()) * cap, font, condense) if sub else None
+    small = _lead_text(sub, (0.4 + 0.15 * g.random()) * cap, font, condense) if sub else None
     gap = (0.08 + 0.1 * g.random()) * cap
     beside = small is not None and style.layout > 0.5 and len(sub) <= 2
     if small is None:
@@ -840,17 +858,18 @@ def _lead_marker(
         block_w = float(max(glyph.shape[1], small.shape[1]))
         block_h = glyph.shape[0] + gap + small.shape[0]
     # the plate round the lead (its box relative to the lead's centre): wider than the lead
-    # by keyed margins; oblong (about 1.3-1.9 times as long as wide, along the lead's longer
-    # side), the extra length the grip at one end, where a metal disc or rivet sits on some
-    pad_x, pad_y = (0.12 + 0.2 * g.random()) * cap, (0.1 + 0.18 * g.random()) * cap
+    # by keyed margins; oblong (1.05-1.3 times as long as wide, along the lead's longer side:
+    # the lead fills most of the plate, as on the reference films), the extra length the grip
+    # at one end, where a metal disc or rivet sits on some
+    pad_x, pad_y = (0.08 + 0.14 * g.random()) * cap, (0.07 + 0.12 * g.random()) * cap
     px0, py0 = -block_w / 2 - pad_x, -block_h / 2 - pad_y
     px1, py1 = block_w / 2 + pad_x, block_h / 2 + pad_y
-    aspect = 1.3 + 0.6 * g.random()
+    aspect = 1.05 + 0.25 * g.random()
     upright = py1 - py0 >= px1 - px0
     grip = max(0.0, aspect * min(px1 - px0, py1 - py0) - max(px1 - px0, py1 - py0))
     grip_top = g.random() < 0.6  # the grip above (or left of) the lead
-    r = (0.16 + 0.16 * g.random()) * cap
-    disc = style.holder > 0 and g.random() < 0.4
+    r = (0.13 + 0.11 * g.random()) * cap
+    disc = g.random() < 0.4 and style.holder >= DISC_PLATE  # never a lone dot: on a plate that shows
     if disc:
         grip = max(grip, 2.0 * r + 1.2 * (pad_y if upright else pad_x))
     if style.holder <= 0:  # a bare lead letter: only the lead decides the size
@@ -890,7 +909,21 @@ def _lead_marker(
             _rounded_box(holder, (hx0 + rim, hy0 + rim, hx1 - rim, hy1 - rim), radius - rim, 1.0)
         else:
             _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.0)
-    ink = letter_ink.astype(np.float32) / np.float32(255.0)
+    # the display's unsharp mask (CR/DR processing) leaves a dark halo round the dense lead:
+    # the film minus ``halo_k`` times its blurred excess, a keyed kernel of 2.5-5 px at 1024 px
+    halo_k = 0.5 + 0.4 * g.random()
+    halo_px = (0.0025 + 0.0025 * g.random()) * side
+    # letters cut or stamped from lead sheet by hand: their edges wander by a fraction of a
+    # pixel (a keyed smooth field of about a tenth of the cap height moving the threshold)
+    cell = max(2, round(0.1 * cap))
+    field = g.standard_normal((work // cell + 2, work // cell + 2)).astype(np.float32)
+    field = np.asarray(
+        cv2.resize(field, (work, work), interpolation=cv2.INTER_CUBIC), dtype=np.float32
+    )
+    soft = cv2.GaussianBlur(letter_ink.astype(np.float32), (0, 0), 0.5 * ss)
+    rough = soft + np.float32(ROUGH * 255.0) * field
+    ink = (rough >= np.float32(127.5)).astype(np.float32)
+    ink = np.asarray(cv2.GaussianBlur(ink, (0, 0), 0.35 * ss), dtype=np.float32)  # a cut edge
     layers = np.stack([ink, holder, bead], axis=-1)
     if style.mirrored:
         layers = layers[:, ::-1].copy()
@@ -898,7 +931,7 @@ def _lead_marker(
     blur_px = style.blur * side
     span_w = abs(math.cos(angle)) * (hx1 - hx0) + abs(math.sin(angle)) * (hy1 - hy0)
     span_h = abs(math.sin(angle)) * (hx1 - hx0) + abs(math.cos(angle)) * (hy1 - hy0)
-    room = big - 2 * (2.0 * blur_px + 0.5) * ss
+    room = big - 2 * (2.0 * blur_px + halo_px + 0.5) * ss
     scale = min(1.0, max(room, 0.2 * big) / max(span_w, span_h))
     mid_x = (hx0 + hx1) / 2  # the holder's centre (mirrored with it when placed face down)
     if style.mirrored:
@@ -932,6 +965,14 @@ def _lead_marker(
     grain *= np.float32(1.0) - lead_a
     grain += np.float32(LEAD_NOISE) * noise * lead_a
     _over(mask, unit, lead_a, 1.0)
+    # the unsharp mask's undershoot round the lead and disc: ``v - k (white - v) b`` where b is
+    # how far the wide blur of the dense coverage exceeds it; written as coverage and value,
+    # ``v (1 + k b) - k b white`` (a negative coverage: the film darkened, clipped at black)
+    dense = np.maximum(letter_a, bead_a)
+    wide = cv2.GaussianBlur(dense, (0, 0), max(0.5, halo_px))
+    under = np.float32(halo_k) * np.clip(wide - dense, 0.0, None)
+    mask -= under
+    unit -= under
     return mask, unit, grain, plate, noise * plate
 
 
@@ -1101,12 +1142,14 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "mirrored": float(u[5] < 0.2),  # placed face down
         "initials": float(min(3, int(4 * u[6]))),
         "density": 0.45 + 0.5 * u[7],  # the disc's, relative to the lead's
-        "blur": 0.00045 + 0.0005 * u[8],  # 0.45-0.95 px on a 1024 px film
+        "blur": 0.0007 + 0.0005 * u[8],  # 0.7-1.2 px on a 1024 px film
         # the plate on most: 2-18 % of the way from the film to its white, most below 6 %
         # (thin acrylic, faint on air; a few thick moulded plates stand out)
         "holder": (0.02 + 0.16 * (u[9] / 0.88) ** 2.5) if u[9] < 0.88 else 0.0,
         "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
-        "level": 0.7 + 0.23 * u[14],  # the lead's share of the way from the film to its white
+        # the lead's share of the way from the film to its white: nearly opaque, the film's
+        # unexposed level whatever lies under it (scatter lets a few % through)
+        "level": 0.95 + 0.04 * u[14],
         "layout": float(u[15] < 0.15),  # the initials beside the letter (most: under it)
     }
 
@@ -1208,18 +1251,28 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
         return integral.gather(1, yy * (w + 1) + xx)
 
     sums = at(by + big, bx + big) - at(by, bx + big) - at(by + big, bx) + at(by, bx)
-    # ``choose_spot``: the air squares (``is_air``) ranked by tier, then level sum; with none,
-    # the first spot, just inside the film's edge
+    # ``exposed``: the horizontal neighbour differences within each square, from their own
+    # integral image (pair j: columns j and j + 1; a square's pairs bx .. bx + big - 2)
+    rough = (levels[:, :reach, 1:] - levels[:, :reach, :-1]).abs()
+    rough_int = rough.cumsum(dim=1, dtype=wide).cumsum(dim=2, dtype=wide)
+    rough_int = F.pad(rough_int, (1, 0, 1, 0)).view(b, -1)
+
+    def at_r(yy: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
+        return rough_int.gather(1, yy * w + xx)
+
+    end = (bx + big - 1).clamp(min=0)  # (a film without a marker: big 0, no spots)
+    roughs = at_r(by + big, end) - at_r(by, end) - at_r(by + big, bx) + at_r(by, bx)
+    # ``choose_spot``: the exposed air squares (``is_air``, ``exposed``) ranked by level sum;
+    # with none, the least attenuated spot, just inside the film's edge
     num, den = AIR_OF_MEAN
     film_sum = levels.sum(dim=(1, 2), dtype=torch.int64)
     sums64 = sums.to(torch.int64)
     is_air_ = den * sums64 * (h * w) <= num * film_sum.view(-1, 1) * big * big
-    never = 1 << 62
-    ranks = (spots_d[..., 4] << TIER_SHIFT) + sums64
-    ranks = ranks.masked_fill(~(is_air_ & valid_d), never)
+    is_air_ &= FLAT_OF * roughs.to(torch.int64) >= big * (big - 1)
+    ranks = torch.where(is_air_, sums64, sums64 + NEVER)
+    ranks = ranks.masked_fill(~valid_d, 1 << 62)
     best = ranks.argmin(dim=1)
-    air = ranks.gather(1, best.view(-1, 1))[:, 0] < never
-    best = torch.where(air, best, torch.zeros_like(best))
+    air = ranks.gather(1, best.view(-1, 1))[:, 0] < NEVER
     chosen = spots_d.gather(1, best.view(-1, 1, 1).expand(-1, 1, 5))[:, 0]
     x0, y0, s = chosen[:, 2], chosen[:, 3], sizes_d[:, 1]
     # ``at_edge``: pushed out to just inside the film's edge where there is no air
@@ -1287,19 +1340,22 @@ def xray_laterality_marker(
     host_params: Sequence[Mapping[str, Any]] | None = None,
     scenes: Sequence[Any] | None = None,
 ) -> torch.Tensor:
-    """A laterality marker where technologists put it: near the shoulder, in the air by a top
-    corner (else further along the top edge, else down the outer edge beside the body) or at
-    the very edge of the field (``marker_spots``, chosen by the film's levels, ``choose_spot``).
+    """A laterality marker where technologists put it: in the unattenuated air beside the
+    body or above the shoulder, near a top corner, along the top edge (never over the neck,
+    spine or mediastinum) or down the outer edge (``marker_spots``): the darkest of those
+    squares that is real exposure (the film's quantum noise, not flat padding: ``choose_spot``).
     Most are lead markers radiographed with the patient (``_lead_marker``: chunky lead L/R
-    letters on an oblong acrylic plate (on most; a fixed step of the log display over tissue,
+    letters on an acrylic plate (on most; a fixed step of the log display over tissue,
     flattened by its toe on black air: ``plate_gain``), sometimes with a metal disc in its
     grip, with the technologist's initials or a number in one row, at a keyed tilt, sometimes
-    on its side or upside down, the whole marker mirrored when face down; the lead stops most of the beam, so letter and initials lie most of the way from the
-    film to its top level (the film and its noise faintly through them, the scatter's own
-    noise), their edges blurred by the focal spot's geometric unsharpness and the detector's
-    MTF by about a pixel, the plastic carrying the film's own noise); the rest are the
-    console's flat digital letter at display white, often ringed. With no air where it may go
-    the marker goes just inside the film's edge at its first place (``choose_spot``). The
+    on its side or upside down, the whole marker mirrored when face down; the lead stops
+    almost all of the beam, so letter and initials reach the film's unexposed white whatever
+    lies under them (the scatter's own noise), their edges blurred by the focal spot's
+    geometric unsharpness and the detector's MTF by about a pixel, the display's unsharp mask
+    leaving a dark halo round them, the plastic carrying the film's own noise); the rest are
+    the console's flat digital letter at display white, often ringed. With no exposed air
+    where it may go the marker goes to the least attenuated of its spots, just inside the
+    film's edge (``choose_spot``). The
     letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
     mode it probes), but it never contradicts a marker already on the film, is never a
     duplicate beside it (``APART``) and keeps clear of its annotations.
