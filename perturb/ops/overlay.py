@@ -1786,7 +1786,8 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "heel_dir": 360.0 * u[19],
         "lumps": 0.1 + 0.25 * u[20],  # e-folds: under the shoulder a few levels of 255
         # the display level of the shadow's floor (long-range scatter, off-focal radiation)
-        # before the shoulder
+        # before the shoulder: the band at about 160-230 of 255, as on the NIH films (their
+        # collimated borders 170-225), on the shoulder's slope, not pressed into its flat top
         "deep": 0.6 + 0.3 * u[22],
         # a scanned film's edge: the scanner's black, the rim's width and level, the waviness
         "black": 0.012 + 0.035 * u[11],  # 3-12 levels of 255, the scanner's backing
