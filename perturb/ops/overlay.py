@@ -12,7 +12,8 @@ Display-side masks composited over the MONOCHROME2 value ``v`` (perturb.ops.radi
   gives the engine the note the record carries when the marker differs from its parameters.
 * ``xray_collimation``: collimation borders (the blades' shadow: their transmission, the
   body's scatter and the off-focal halo through the log display, brightening outwards, the
-  anatomy a smooth trace, the film's noise texture continued, the display's edge enhancement on
+  anatomy a smooth trace, never darker than the film it covers, grainy with the quantum and
+  readout noise of its low dose, uneven along the band, the display's edge enhancement on
   the new edge; on a few films a scanned film's edge with a light rim on the scanner's dark
   backing) behind a penumbra that widens off centre, one to four independently tilted blades
   (most often one side or a corner) meeting at near-square or slightly rounded corners,
@@ -1531,6 +1532,8 @@ def _round_field(dists: list[torch.Tensor], radius: torch.Tensor) -> torch.Tenso
 
 TAIL_WIDTH = 4.0  # the off-focal halo's penumbra over the focal spot's
 FAR_REACH = 0.2  # fraction of the shorter side: the long-range scatter's low-pass sigma
+TOE = 0.04  # display level below which the display's toe halves a dark rebound
+QUANTUM_GAIN = 8.0  # the most the shadow's noise grows over the film's (before the shoulder)
 
 
 def collimation_shadow(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -1590,21 +1593,35 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
        gets through, plus scatter from the irradiated body beside it: ``scatter`` x the field's
        exposure low-passed over ``reach`` of the shorter side (its source the body, 4 E (1 - E):
        none from the air), strongest at the edge and falling off away from the field, and the
-       long-range scatter and off-focal floor (at the display level ``deep``); all uneven with
-       the anode heel effect (``heel`` e-folds over the half side along ``heel_dir``) and the
-       beam's unevenness (``lumps``). Back through the log and the display LUT's shoulder
-       (``_shoulder``, towards ``shade``): the unexposed border is light, brightening outwards
-       as the scatter falls off, the anatomy attenuated but faintly there. The film's own
-       fine texture (its residual above the 1 px low-pass: its quantum noise, grain and
-       processing) carries on under the shadow at ``texture`` times its amplitude (the low
-       exposure's stronger relative noise, flattened by the shoulder's slope: on the NIH films
-       the border's noise is about the field's), plus a faint keyed grain of half the film's
-       noise sigma, correlated over 0.7 px, where the film has no texture of its own.
+       long-range scatter and off-focal floor (at the display level ``deep``), and the tube's
+       off-focal halo (``halo`` of the beam beside the field, over ``halo_reach``; it crosses
+       the body like the primary beam, so the body attenuates it: the anatomy faintly shows
+       in it next to the edge); all uneven with the anode heel effect (``heel`` e-folds over
+       the half side along ``heel_dir``) and the beam's unevenness (``lumps``: broad, and
+       along the band at a fortieth of the side). The scatter under a blade is part of what
+       the body sends everywhere, so the shadow is never darker than the film it covers (a
+       soft cap at the film's exposure low-passed over ``reach``: no bar darker than the
+       soft tissue beside it, no marker or wire showing through). The film's digital
+       padding under a blade is filled with the film beside it. Back through the log and
+       the display LUT's shoulder (``_shoulder``, towards ``shade``): the unexposed border is
+       light, brightening outwards as the scatter falls off, the anatomy attenuated but
+       faintly there. Its noise is that of its dose: the film's own fine texture (its
+       residual above the 1 px low-pass, its fine anatomy edges faded) carries on at
+       ``texture`` times its amplitude, and a keyed grain (white noise through a binomial
+       [1 2 1] / 4 filter each way) brings the total to the film's own noise sigma (measured
+       at its median exposed level) times the dose's gain: sqrt(F (1 + ``readout`` F) /
+       (1 + ``readout``)), F = exp(``range`` (lin - level)) the exposure ratio (quantum
+       variance ~ 1 / E, the detector's readout and structure noise ~ 1 / E^2), at most
+       ``QUANTUM_GAIN``, times the shoulder's slope: grainier than the field where the
+       shoulder leaves it room.
     3. Display processing. The system's edge enhancement acts on the new step like on any
        edge (the film's anatomy was processed already, so only the shutter's share of each
        band-pass is added): an unsharp mask (gain ``enhance``, sigma ``radius`` of the shorter
        side: a bright overshoot along the blade's side of the edge, a dark rebound just inside
-       the field) and the wide-band equalisation (gain ``equalize``, sigma ``band``).
+       the field) and the wide-band equalisation (gain ``equalize``, sigma ``band``). A
+       rebound over the film's darkest parts shrinks with their level (the display's toe,
+       ``TOE``), so dark air beside the edge keeps its texture instead of clipping flat; the
+       field's own anatomy and noise are not touched.
     ``white`` 0: a scanned film's edge instead (no collimation shadow): beyond the film's cut
     edge, slightly wavy (``wobble`` px) and blurred by the scanner's optics (``scan_blur``
     px), the scanner's backing beyond (``black``, a few levels above 0, uneven, with a faint
@@ -1626,11 +1643,24 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     v1 = v[:, :1]
     low = _smooth(v1, torch.full_like(col("range"), 1.0))
     detail = v1 - low
-    sigma, _ = _film_noise(x)
-    grain = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1).double()
-    grain = _smooth(grain, torch.full_like(sigma, 0.7))
-    grain = grain / _each_std(grain).clamp_min(1e-12)
+    sigma, level = _film_noise(x)
+    # the grain: keyed white noise through a [1 2 1] / 4 binomial filter each way (correlated
+    # over about 0.7 px, as a film's quantum noise after the detector's and the resampling's
+    # blur), of unit spread
+    z = keyed_fields.normal_fields(keys, "xray_collimation", (h, w), dev).unsqueeze(1).double()
+    tap = torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64, device=dev)
+    z = F.conv2d(F.pad(z, (1, 1, 0, 0), mode="replicate"), tap.view(1, 1, 1, 3))
+    z = F.conv2d(F.pad(z, (0, 0, 1, 1), mode="replicate"), tap.view(1, 1, 3, 1))
+    grain = z / _each_std(z).clamp_min(1e-12)
     span = col("range")
+    # the film's digital padding was never exposed: under a blade it is filled with the film
+    # around it (its 0 would read as air the blade's transmission shows)
+    pad = _padding(v1)
+    near = F.max_pool2d(pad, 5, stride=1, padding=2)  # with the low-pass's reach past its edge
+    keep = 1.0 - near
+    fill = _smooth(low * keep, torch.full_like(span, 0.01 * side))
+    fill = fill / _smooth(keep, torch.full_like(span, 0.01 * side)).clamp_min(1e-9)
+    low = low + near * (fill - low)
     exposure = torch.exp(-span * low.clamp(0.0, 1.0))
     reach = (col("reach") * side).clamp_min(1.0)
     source = (1.0 - m) * 4.0 * exposure * (1.0 - exposure)
@@ -1642,23 +1672,56 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5 - w / 2
     phi = torch.deg2rad(col("heel_dir"))
     ramp = (xs * torch.cos(phi) + ys * torch.sin(phi)) / (0.5 * side)
+    # the beam's unevenness at two scales: broad (a tenth of the side) and along the band
+    # (a fortieth: the scatter of the body beside it varies from rib to rib)
     lumps = _lumps(keys, h, w, dev, torch.full_like(col("lumps"), 0.1 * side))
+    lumps = lumps + 0.4 * _lumps(keys, h, w, dev, torch.full_like(col("lumps"), 0.025 * side), "fine")
     uneven = torch.exp(col("heel") * ramp + col("lumps") * lumps)
-    # the off-focal radiation's halo: the beam itself (not the body) reaching under the blade,
-    # falling off away from the field over ``halo_reach``, next to air as next to the body
-    halo = col("halo") * _smooth(1.0 - m, (col("halo_reach") * side).clamp_min(1.0))
+    # the off-focal radiation's halo: the beam itself (not the body's scatter) reaching under
+    # the blade, falling off away from the field over ``halo_reach``, next to air as next to
+    # the body; it crosses the body like the primary beam, so the body attenuates it (blurred
+    # by the off-focal source's size)
+    halo_px = (col("halo_reach") * side).clamp_min(1.0)
+    halo = col("halo") * _smooth(1.0 - m, halo_px) * _smooth(exposure, 0.25 * halo_px)
     behind = (col("transmission") * exposure + scatter + halo + floor) * uneven
+    # the scatter under a blade is part of what the body beside it sends everywhere: the film
+    # there, had it been exposed, would have had at least as much; the shadow is never darker
+    # than the film it covers (a soft cap at its exposure, low-passed over the scatter's
+    # reach: a small dense object there, a marker or a wire, does not show through)
+    cover = _smooth(exposure, reach)
+    behind = behind / (1.0 + (behind / cover) ** 4) ** 0.25
     shadowed = torch.maximum(exposure * (1.0 - m) + m * behind, exposure * 1e-4)
     lin = low - torch.log(shadowed / exposure) / span  # the log display, anatomy shifted
-    lut, _ = _shoulder(lin, SHOULDER_KNEE, col("shade"))
+    lut, slope = _shoulder(lin, SHOULDER_KNEE, col("shade"))
     base = lin + m * (lut - lin)  # the shoulder acts on the shadow's share
+    # the film as shown is already past the shoulder: the shadow over a light film is not
+    # pressed below it (its level low-passed over ``reach``, like the cap above)
+    base = base + m * (_smooth(low, reach) - base).clamp_min(0.0)
     for gain, scale, least in (("enhance", "radius", 0.5), ("equalize", "band", 1.0)):
         s = (col(scale) * side).clamp_min(least)
-        base = base + col(gain) * ((base - _smooth(base, s)) - (1.0 - m) * (low - _smooth(low, s)))
+        step = col(gain) * ((base - _smooth(base, s)) - (1.0 - m) * (low - _smooth(low, s)))
+        # the display's toe: a dark rebound over the film's darkest parts (air) shrinks with
+        # their level, as a log display's toe compresses them, instead of clipping them flat
+        dim = base.clamp_min(0.0) ** 2
+        base = base + torch.where(step < 0.0, step * dim / (dim + TOE**2), step)
     # under the shadow the film's texture is its noise: its fine anatomy edges (residuals of
     # several sigmas: bone cortex, wires, burned-in glyphs) fade like the rest of the anatomy
+    # (and the padding's step is no texture)
     soft = detail * torch.exp(-0.5 * (detail / (2.5 * sigma)) ** 2)
-    texture = detail + m * (col("texture") * soft - detail + 0.5 * sigma * grain)
+    soft = soft * keep
+    # the shadow's own noise at its dose: the fewer quanta, the larger their relative spread
+    # (variance ~ 1 / E in the log display), and the detector's readout and structure noise,
+    # a small share of the film's noise at its exposure, grows as 1 / E^2 (``readout``: its
+    # variance over the quantum noise's at the film's exposure). From the film's own sigma at
+    # its median exposed level (``_film_noise``) the dose falls to exp(-range (lin - level))
+    # under the blade; the shoulder's slope flattens the result. What the film's texture
+    # (continued at ``texture``) does not already carry, a keyed grain adds (at least half
+    # the film's sigma)
+    fewer = torch.exp(span * (lin - level)).clamp(1.0, QUANTUM_GAIN**2)
+    dose = torch.sqrt(fewer * (1.0 + col("readout") * fewer) / (1.0 + col("readout")))
+    dose = dose.clamp_max(QUANTUM_GAIN) * slope
+    quantum = sigma * torch.sqrt((dose * dose - col("texture") ** 2).clamp_min(0.25))
+    texture = detail + m * (col("texture") * soft - detail + quantum * grain)
     shot = base + texture
     # a scanned film's edge: the film as it is, a thin bright rim inside its cut edge, the
     # scanner's black beyond
@@ -1677,8 +1740,7 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     scan = scan + m * (surround - scan)
     out = torch.where(white, shot, scan)
     # the film's own digital padding stays where no shadow reaches it
-    pad = _padding(v1) * (1.0 - m)
-    out = out + pad * (v1 - out)
+    out = out + pad * (1.0 - m) * (v1 - out)
     return out.expand_as(v).clamp(0.0, 1.0).to(torch.float32)
 
 
@@ -1717,7 +1779,7 @@ def _padding(v: torch.Tensor) -> torch.Tensor:
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     blades = {n: draw(rng_, level[n]) for n in BLADES}
-    u = [float(rng_.random()) for _ in range(40)]
+    u = [float(rng_.random()) for _ in range(41)]
     # which blades show on the film: most often one or a corner's two (the field coned down on
     # one side, the others open past the film's edge: their blade at 0), less often an opposite
     # pair, three, or all four
@@ -1768,6 +1830,8 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "range": 3.5 + 2.0 * u[8],  # log exposure range of the display (e-folds)
         "shade": 0.93 + 0.09 * u[9],  # where the display's shoulder rolls off to
         "texture": 0.8 + 0.6 * u[10],  # the film's texture's amplitude under the shadow
+        # the detector's readout noise variance over the quantum noise's at the film's level
+        "readout": 0.03 + 0.17 * u[40],
         # the system's edge enhancement (unsharp mask): a bright overshoot and dark rebound
         "enhance": 0.2 + 0.5 * u[12],
         "radius": 0.003 + 0.005 * u[13],  # its sigma: 3-8 px of a 1024 px film
@@ -1776,10 +1840,11 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "band": 0.015 + 0.035 * u[17],  # its sigma: 15-50 px of 1024
         "heel": 0.05 + 0.25 * u[18],  # e-folds of the heel ramp over the half side
         "heel_dir": 360.0 * u[19],
-        "lumps": 0.05 + 0.2 * u[20],
+        "lumps": 0.1 + 0.25 * u[20],  # e-folds: under the shoulder a few levels of 255
         # the display level of the shadow's floor (long-range scatter, off-focal radiation)
-        # before the shoulder
-        "deep": 0.9 + 0.25 * u[22],
+        # before the shoulder: the band at about 160-230 of 255, as on the NIH films (their
+        # collimated borders 170-225), on the shoulder's slope, not pressed into its flat top
+        "deep": 0.6 + 0.3 * u[22],
         # a scanned film's edge: the scanner's black, the rim's width and level, the waviness
         "black": 0.012 + 0.035 * u[11],  # 3-12 levels of 255, the scanner's backing
         "scan_blur": 1.5 + 2.0 * u[39],  # the scanner optics' blur of the cut edge, px
@@ -1802,8 +1867,9 @@ def xray_collimation(
     the detector sees their transmission (well under 1 %: the anatomy barely there) and the scatter of the irradiated body
     (strongest beside the field, falling off away from it) over a long-range floor, uneven with
     the anode heel effect: through the log display and its shoulder the border is light and
-    brightens outwards, the anatomy a smooth trace, the film's own noise texture
-    continued. The system's edge enhancement acts on the new edge as on any: a bright overshoot
+    brightens outwards, the anatomy a smooth trace, never darker than the film it covers, and
+    grainy with the detector's quantum and readout noise at its low dose (the fewer quanta, the
+    larger their relative spread), uneven along the band. The system's edge enhancement acts on the new edge as on any: a bright overshoot
     on the blade's side, a dark rebound just inside the field. On a few films (``white`` 0) the
     edge is instead a scanned film's own edge: slightly wavy, blurred by the scanner's optics,
     a thin light rim varying along it, the scanner's dark, uneven backing beyond. A lead marker the blades cover was never imaged: the engine's annotation

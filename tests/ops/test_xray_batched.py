@@ -52,6 +52,7 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
         "halo": [0.05, 0.1, 0.0, 0.13],
         "halo_reach": [0.015, 0.05, 0.03, 0.02],
         "texture": [0.8, 1.4, 1.0, 1.2],
+        "readout": [0.03, 0.2, 0.0, 0.1],
         "rim": [0.001, 0.004, 0.002, 0.03],
         "rim_level": [0.7, 0.9, 1.0, 0.8],
         "wobble": [0.3, 2.0, 1.0, 0.0],

@@ -614,6 +614,7 @@ def _collimation(**over: float) -> dict[str, float]:
         "range": 4.0,
         "shade": 0.95,
         "texture": 1.0,
+        "readout": 0.0,
         "enhance": 0.0,
         "radius": 0.004,
         "equalize": 0.0,
@@ -887,6 +888,49 @@ def test_collimation_shadow_noise_is_continuous_and_not_flat() -> None:
     assert abs(amplitude(shadow)) < 0.3 * amplitude(open_field)  # the anatomy a trace
 
 
+def test_collimation_shadow_noise_grows_as_its_dose_falls() -> None:
+    """The shadow's noise is that of its low dose: where the display's shoulder leaves it room
+    its fine residual is several times the field's (the film's sigma x the square root of the
+    exposure ratio, more with the detector's readout noise), not the field's grain carried
+    over; pressed into the shoulder's flat top it is flattened again."""
+    n = 300
+    rng_ = np.random.default_rng(11)
+    film = np.clip(0.3 + 0.005 * rng_.standard_normal((n, n)), 0, 1).astype(np.float32)
+    x = torch.from_numpy(film)[None, None]
+    sides = {"left": 0.0, "right": 0.0, "bottom": 0.0, "top": 0.2}
+
+    def band_over_field(**over: float) -> float:
+        out, _ = _with_params(x, "xray_collimation", 4, _collimation(**sides, **over))
+        o = _np(out)
+        r = o - scipy.ndimage.uniform_filter(o, 9)  # the noise (flat film, flat band)
+        return float(r[4:40, 20:280].std() / r[150:280, 20:280].std())
+
+    roomy = band_over_field(transmission=0.2, scatter=0.0)  # the band below the shoulder
+    assert roomy > 1.8  # grainier than the field: sqrt(5) x its sigma
+    assert band_over_field(transmission=0.2, scatter=0.0, readout=0.2) > 1.2 * roomy
+    assert band_over_field(scatter=0.0) < 0.7 * roomy  # the shoulder's flat top flattens it
+
+
+def test_collimation_shadow_is_never_darker_than_the_film_it_covers() -> None:
+    """Beside light soft tissue the scatter and the off-focal halo under the blade cannot make
+    the border darker than the film there (round 9's bar with a dark line inside the film's
+    light margin): the border is at least as light as the film, row by row."""
+    n = 300
+    x = torch.full((1, 1, n, n), 0.85)
+    x[..., 80:, :] = 0.25  # the dark lung below the light margin
+    x += 0.003 * torch.randn(1, 1, n, n, generator=torch.Generator().manual_seed(5))
+    sides = {"left": 0.0, "right": 0.0, "bottom": 0.0, "top": 0.2}
+    out, _ = _with_params(
+        x, "xray_collimation", 4,
+        _collimation(**sides, transmission=0.004, scatter=0.3, halo=0.15, halo_reach=0.05,
+                     deep=0.7, range=5.0),
+    )
+    o, v = _np(out)[:, 20:280].mean(axis=1), _np(x)[:, 20:280].mean(axis=1)
+    top = int(0.2 * n)
+    assert (o[: top - 2] >= v[: top - 2] - 0.005).all()
+    assert o[5] > v[5] + 0.02  # and lighter far from the edge
+
+
 def test_collimation_sampler_favours_one_side_or_a_corner_white_and_square() -> None:
     """Most films are coned down on one side or a corner (two adjacent blades), few on all four;
     a scanned film's edge and a second overlapping blade edge are the exception; the edge
@@ -1072,4 +1116,6 @@ def test_collimation_keeps_the_films_padding_beside_the_shadow_but_fills_it_unde
     under, _ = _with_params(x, "xray_collimation", 4, _collimation(left=0.2, top=0.2))
     u = _np(under)
     assert u[100:250, :8].min() > 0.5  # filled by the shadow
+    # as the shadow beside it: no trace of the padding's rectangle
+    assert abs(u[100:250, :8].mean() - u[100:250, 12:20].mean()) < 0.01
     assert u[260:290, 10:40].mean() > 0.7  # as the shadow beside it
