@@ -551,28 +551,42 @@ def test_the_plate_is_a_fixed_display_step_over_tissue_flattened_on_black_air() 
     bright tissue (level 178): its plate's coverage is the parameter itself at mid-grey,
     ``PLATE_LEAST`` of it on black air, and over bright tissue as much more as keeps its step
     towards white the same; the lead's core is the same on all."""
-    from perturb.ops.overlay import PLATE_LEAST, MarkerStyle, film_levels, marker_mask
+    from perturb.ops.overlay import (
+        PLATE_LEAST,
+        MarkerStyle,
+        film_levels,
+        marker_mask,
+        marker_plan,
+        marker_tile,
+    )
 
     style = MarkerStyle.of(_marker_params(initials=2.0, holder=0.1, angle=5.0))
-    covers, levels = [], []
+    tile = marker_tile(256, 256, "L", 25.6, True, None, style, 3)
+    assert tile is not None
+    face = np.abs(tile.plate - 0.1) < 0.005  # the plate's face (not its blurred edge)
+    assert face.sum() > 50
+    masks, plates, levels = [], [], []
     for level in (0.02, 0.4, 0.7):
         v = np.full((256, 256), level, dtype=np.float32)
         v[230:234, 20:26] = 1.0
         film = film_levels(v)
         mask, _ = marker_mask(256, 256, "L", 25.6, True, None, style, 3, film)
-        covers.append(mask)
+        _, x0, y0, _ = marker_plan(256, 256, "L", 25.6, True, None, film)
+        # the film's coverage less the tile's lead and halo layer (the display's dark halo
+        # round the lead overlaps the tight plate) leaves the plate's
+        placed = mask[y0 : y0 + tile.s, x0 : x0 + tile.s] - tile.mask
+        masks.append(mask)
+        plates.append(placed[face])
         levels.append(int(film[0, 0]))
-    dark, grey, bright = covers
+    dark, grey, bright = plates
     assert levels[1:] == [102, 178]
-    plate = (grey > 0.05) & (grey < 0.15)
-    assert plate.sum() > 50
-    assert abs(float(np.median(grey[plate])) - 0.1) < 0.005
-    assert abs(float(np.median(dark[plate])) - 0.1 * PLATE_LEAST) < 0.005
+    assert abs(float(np.median(grey)) - 0.1) < 0.005
+    assert abs(float(np.median(dark)) - 0.1 * PLATE_LEAST) < 0.005
     # the step towards white: coverage x (1 - level), the same over bright tissue
-    step = float(np.median(bright[plate])) * (1 - 178 / 255)
+    step = float(np.median(bright)) * (1 - 178 / 255)
     assert abs(step - 0.1 * (1 - 102 / 255)) < 0.002
-    core = grey > 0.7
-    assert core.sum() > 20 and np.abs(dark[core] - grey[core]).max() < 0.1 * (1 - PLATE_LEAST)
+    core = masks[1] > 0.7
+    assert core.sum() > 20 and np.abs(masks[0][core] - masks[1][core]).max() < 0.1 * (1 - PLATE_LEAST)
 
 
 def test_a_reversed_lead_marker_is_the_mirror_image() -> None:
