@@ -21,6 +21,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+
 from perturb.scene.analysis import SCENE_VERSION, analyse
 
 REPO = Path(__file__).resolve().parents[2]
