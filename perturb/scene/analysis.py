@@ -249,7 +249,7 @@ def _glyphs(
         else:
             if fill > 0.85 and w > 0.4 * h:  # a blob, unless a bar (I, 1, l)
                 continue
-            half = float(cv2.distanceTransform(comp, cv2.DIST_L2, 3).max())
+            half = cv2.minMaxLoc(cv2.distanceTransform(comp, cv2.DIST_L2, 3))[1]
             # a run of touching characters (wider than one) stands on the baseline and reaches
             # up to the x-height in most of its columns; bold strokes that touch may be wider
             run = w > 1.5 * h
@@ -258,7 +258,7 @@ def _glyphs(
             if half > (TEXT_RUN_HALF if run else 0.2) * h + 1.5:
                 continue
         # the ink of its stroke cores (the anti-aliased edge of a thin stroke is a mix)
-        pixels = luma[y : y + h, x : x + w][comp[1:-1, 1:-1] > 0]
+        pixels = luma[y : y + h, x : x + w][comp[1:-1, 1:-1].view(bool)]  # comp is 0/1
         ink = _percentile(pixels, 10 if dark else 90)
         chars = max(1, round(w / (0.7 * h)))
         out.append(_Glyph(x + ox, y + oy, x + ox + w, y + oy + h, half, ink, chars, blocks, fill))
