@@ -92,15 +92,13 @@ def _components(mask: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
 
 
 def _edge_connected(mask: np.ndarray) -> np.ndarray:
-    """Pixels of ``mask`` connected to the image edge."""
-    n, labels = cv2.connectedComponentsWithAlgorithm(
-        mask.astype(np.uint8), 8, cv2.CV_32S, cv2.CCL_GRANA
-    )
-    edge = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
-    keep = np.zeros(n, dtype=bool)
-    keep[edge] = True
-    keep[0] = False
-    return keep[labels] & mask.astype(bool)
+    """Pixels of ``mask`` connected to the image edge: filled (8-connected) from a frame of set
+    pixels around the image, which touches every pixel on the edge."""
+    h, w = mask.shape
+    framed = np.ones((h + 2, w + 2), np.uint8)
+    framed[1:-1, 1:-1] = mask
+    cv2.floodFill(framed, None, (0, 0), 2, flags=8)
+    return framed[1:-1, 1:-1] == 2
 
 
 def _rect(stats_row: np.ndarray) -> tuple[int, int, int, int]:
