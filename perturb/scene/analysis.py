@@ -294,11 +294,6 @@ def _spans(comp: np.ndarray) -> float:
     return float((top & bottom).sum()) / max(1, int(any_ink.sum()))
 
 
-def _overlap(a: _Glyph, b: _Glyph) -> bool:
-    """Whether the boxes of two glyph candidates overlap (one character found twice)."""
-    return min(a.x1, b.x1) > max(a.x0, b.x0) and min(a.y1, b.y1) > max(a.y0, b.y0)
-
-
 def _same_line(a: _Glyph, b: _Glyph) -> bool:
     """Two characters of one line: the same cap height and the same baseline or top line (within
     ``TEXT_HEIGHT_TOL`` of the height, at least 1 px), the same ink (within 40 levels), at most ``TEXT_GAP`` heights
@@ -322,7 +317,8 @@ def _boxes(glyphs: list[_Glyph]) -> np.ndarray:
 
 
 def _overlapping(new: list[_Glyph], old: list[_Glyph]) -> np.ndarray:
-    """Bool (len(new),): whether each of ``new`` overlaps (``_overlap``) any of ``old``."""
+    """Bool (len(new),): whether the box of each of ``new`` overlaps that of any of ``old`` (one
+    character found twice): both their column and their row ranges intersect."""
     if not new or not old:
         return np.zeros(len(new), bool)
     a, b = _boxes(new)[:, None, :], _boxes(old)[None, :, :]
@@ -332,15 +328,16 @@ def _overlapping(new: list[_Glyph], old: list[_Glyph]) -> np.ndarray:
 
 
 def _without_overlaps(new: list[_Glyph], old: list[_Glyph]) -> list[_Glyph]:
-    """``[g for g in new if not any(_overlap(g, o) for o in old)]``, all pairs at once."""
+    """The glyphs of ``new`` that overlap none of ``old`` (``_overlapping``), in their order."""
     hit = _overlapping(new, old)
     return [g for g, h in zip(new, hit, strict=True) if not h]
 
 
 def _lines_of(glyphs: list[_Glyph]) -> list[list[_Glyph]]:
     """Glyphs chained into lines (union of ``_same_line`` pairs). The pairs are tested all at
-    once: in the order of their left edges, each glyph against those after it up to the first
-    that starts more than ``TEXT_GAP`` heights (the larger of the two) past its right edge."""
+    once (``_same_line``'s rule on arrays): in the order of their left edges, each glyph against
+    those after it up to the first that starts more than ``TEXT_GAP`` heights (the larger of
+    the two) past its right edge."""
     n = len(glyphs)
     if n < 2:
         return [list(glyphs)] if glyphs else []
@@ -682,11 +679,13 @@ def _extended(
                 if left or right:
                     x0, x1 = min(x0, g.x0), max(x1, g.x1)
                     grown = True
-        added = [
-            g for g in found
-            if g.x0 >= x0 - 1 and g.x1 <= x1 + 1 and g.y0 >= ly0 - tol and g.y1 <= ly1 + tol
-            and not any(_overlap(g, o) for o in line)
-        ]
+        added = _without_overlaps(
+            [
+                g for g in found
+                if g.x0 >= x0 - 1 and g.x1 <= x1 + 1 and g.y0 >= ly0 - tol and g.y1 <= ly1 + tol
+            ],
+            line,
+        )
         line.extend(added)
         # other rows: lines of the block, left-aligned with this one
         rest = [g for g in full if g.y1 <= ly0 + tol or g.y0 >= ly1 - tol]
