@@ -109,18 +109,18 @@ def _rect(stats_row: np.ndarray) -> tuple[int, int, int, int]:
 def _scope_boxes(small: np.ndarray) -> list[tuple[int, int, int, int]]:
     """Saturated, flat, green-to-blue rectangles (scope-position / shape display boxes) on the grid."""
     hsv = cv2.cvtColor(small, cv2.COLOR_RGB2HSV)
-    hue, sat, val = hsv[..., 0], hsv[..., 1], hsv[..., 2]
-    colour = (hue >= 38) & (hue <= 135) & (sat >= 100) & (val >= 70)
-    if not colour.any():  # no box's colour anywhere (most frames): nothing to open or label
+    # hue 38-135, saturation and value at least 100 and 70 (0/255, one pass)
+    colour = cv2.inRange(hsv, (38, 100, 70), (135, 255, 255))
+    if not cv2.countNonZero(colour):  # no box's colour anywhere: nothing to open or label
         return []
     grad = cv2.morphologyEx(
         cv2.cvtColor(small, cv2.COLOR_RGB2GRAY), cv2.MORPH_GRADIENT, np.ones((3, 3), np.uint8)
     )
-    flat = grad <= 24
-    cand = cv2.morphologyEx(
-        (colour & flat).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8)
-    )
+    flat = (grad <= 24).view(np.uint8)  # 0/1: the mask below is 0/1 as before
+    cand = cv2.morphologyEx(cv2.bitwise_and(colour, flat), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
     cand = cv2.morphologyEx(cand, cv2.MORPH_CLOSE, np.ones((5, 5), np.uint8))
+    if not cv2.countNonZero(cand):
+        return []
     n, _, stats = _components(cand)
     area_min = 0.002 * small.shape[0] * small.shape[1]
     boxes = []
