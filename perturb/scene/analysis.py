@@ -333,6 +333,47 @@ def _without_overlaps(new: list[_Glyph], old: list[_Glyph]) -> list[_Glyph]:
     return [g for g, h in zip(new, hit, strict=True) if not h]
 
 
+_PAIR_ROWS = 256  # glyphs per block of rows of the pair tests (bounds their memory)
+
+
+def _same_line_pairs(
+    x0: np.ndarray,
+    y0: np.ndarray,
+    x1: np.ndarray,
+    y1: np.ndarray,
+    hgt: np.ndarray,
+    ink: np.ndarray,
+    block: np.ndarray,
+    rows: slice,
+    cols: slice,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (i, j) index pairs, i in ``rows``, j in ``cols``, of the glyphs (sorted by left edge)
+    that ``_same_line`` joins, each row i scanned over the later columns up to its first glyph
+    starting more than ``TEXT_GAP`` heights (the larger of the two) past its right edge
+    (``cols`` starts at or before ``rows`` and reaches that far for every row)."""
+    r, c = rows, cols
+    col = np.arange(c.start, c.stop)[None, :]
+    row = np.arange(r.start, r.stop)[:, None]
+    later = col > row
+    hmax = np.maximum(hgt[r, None], hgt[None, c]).astype(np.float64)
+    stop = later & ((x0[None, c] - x1[r, None]) > TEXT_GAP * hmax)
+    scanned = later & (np.cumsum(stop, axis=1) == 0)
+    tol = np.maximum(1.0, TEXT_HEIGHT_TOL * hmax)
+    dy1 = np.abs(y1[r, None] - y1[None, c])
+    dy0 = np.abs(y0[r, None] - y0[None, c])
+    hmin = np.minimum(hgt[r, None], hgt[None, c])
+    mixed = block[r, None] != block[None, c]
+    shape_ok = np.where(
+        mixed,
+        ~((dy1 > 0.3 * hmax) | (hmin < 0.5 * hmax)),
+        ~((np.abs(hgt[r, None] - hgt[None, c]) > tol) | (np.minimum(dy1, dy0) > tol)),
+    )
+    ink_ok = ~(np.abs(ink[r, None] - ink[None, c]) > 40)
+    gap = np.maximum(x0[r, None], x0[None, c]) - np.minimum(x1[r, None], x1[None, c])
+    p, q = np.nonzero(scanned & shape_ok & ink_ok & (gap <= TEXT_GAP * hmax))
+    return p + r.start, q + c.start
+
+
 def _lines_of(glyphs: list[_Glyph]) -> list[list[_Glyph]]:
     """Glyphs chained into lines (union of ``_same_line`` pairs). The pairs are tested all at
     once (``_same_line``'s rule on arrays): in the order of their left edges, each glyph against
@@ -347,24 +388,15 @@ def _lines_of(glyphs: list[_Glyph]) -> list[list[_Glyph]]:
     hgt = y1 - y0
     ink = np.array([g.ink for g in gs], np.float64)
     block = np.array([g.block for g in gs], bool)
-    hmax = np.maximum(hgt[:, None], hgt[None, :]).astype(np.float64)
-    later = np.triu(np.ones((n, n), bool), 1)
-    # the scan of each row stops at its first glyph starting too far right
-    stop = later & ((x0[None, :] - x1[:, None]) > TEXT_GAP * hmax)
-    scanned = later & (np.cumsum(stop, axis=1) == 0)
-    tol = np.maximum(1.0, TEXT_HEIGHT_TOL * hmax)
-    dy1 = np.abs(y1[:, None] - y1[None, :])
-    dy0 = np.abs(y0[:, None] - y0[None, :])
-    hmin = np.minimum(hgt[:, None], hgt[None, :])
-    mixed = block[:, None] != block[None, :]
-    shape_ok = np.where(
-        mixed,
-        ~((dy1 > 0.3 * hmax) | (hmin < 0.5 * hmax)),
-        ~((np.abs(hgt[:, None] - hgt[None, :]) > tol) | (np.minimum(dy1, dy0) > tol)),
-    )
-    ink_ok = ~(np.abs(ink[:, None] - ink[None, :]) > 40)
-    gap = np.maximum(x0[:, None], x0[None, :]) - np.minimum(x1[:, None], x1[None, :])
-    same = scanned & shape_ok & ink_ok & (gap <= TEXT_GAP * hmax)
+    # a row's scan never passes the first glyph starting beyond its right edge by TEXT_GAP of
+    # the tallest height: rows go in blocks, each against the columns its scans can reach
+    reach = np.searchsorted(x0, x1 + TEXT_GAP * float(hgt.max()), side="right")
+    pairs: list[tuple[np.ndarray, np.ndarray]] = []
+    for r0 in range(0, n, _PAIR_ROWS):
+        r1 = min(n, r0 + _PAIR_ROWS)
+        c1 = max(r0 + 2, int(reach[r0:r1].max()))
+        rows, cols = slice(r0, r1), slice(r0, min(n, c1))
+        pairs.append(_same_line_pairs(x0, y0, x1, y1, hgt, ink, block, rows, cols))
     parent = list(range(n))
 
     def root(i: int) -> int:
@@ -373,8 +405,9 @@ def _lines_of(glyphs: list[_Glyph]) -> list[list[_Glyph]]:
             i = parent[i]
         return i
 
-    for p, q in zip(*np.nonzero(same), strict=True):
-        parent[root(int(p))] = root(int(q))
+    for ps, qs in pairs:
+        for p, q in zip(ps.tolist(), qs.tolist(), strict=True):
+            parent[root(p)] = root(q)
     # groups in the order of their first glyph in the input, as the union of the pairs
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)

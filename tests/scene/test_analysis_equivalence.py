@@ -50,11 +50,27 @@ def _random_glyphs(rng: np.random.Generator, n: int) -> list[A._Glyph]:
     return out
 
 
+@pytest.mark.parametrize("block_rows", [A._PAIR_ROWS, 7])
 @pytest.mark.parametrize("seed", range(40))
-def test_lines_of_is_the_pairwise_chaining(seed: int) -> None:
+def test_lines_of_is_the_pairwise_chaining(
+    seed: int, block_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also with the pair tests in blocks of a few rows (as a frame with many glyphs has them)."""
+    monkeypatch.setattr(A, "_PAIR_ROWS", block_rows)
     rng = np.random.default_rng(seed)
     glyphs = _random_glyphs(rng, int(rng.integers(0, 90)))
     assert A._lines_of(glyphs) == _reference_lines(glyphs)
+
+
+def test_lines_of_many_glyphs() -> None:
+    rng = np.random.default_rng(7)
+    glyphs = [
+        A._Glyph(g.x0 * 8, g.y0, g.x0 * 8 + (g.x1 - g.x0), g.y1, g.half_width, g.ink, 1, g.block, g.fill)
+        for g in _random_glyphs(rng, 900)
+    ]
+    lines = A._lines_of(glyphs)
+    assert lines == _reference_lines(glyphs)
+    assert max(len(ln) for ln in lines) >= 3  # lines were chained, not only lone glyphs
 
 
 @pytest.mark.parametrize("seed", range(20))
