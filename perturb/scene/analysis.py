@@ -463,17 +463,19 @@ def _is_line(line: list[_Glyph], field: np.ndarray | None = None) -> bool:
     return bool(inside.size) and bool(inside.min() > 0)
 
 
-def _background(rgb: np.ndarray) -> np.ndarray:
-    """The tissue behind any text, per channel (uint8 (H, W, 3)): a median over a window of
+def _background(planes: list[np.ndarray]) -> list[np.ndarray]:
+    """The tissue behind any text, per channel (uint8 planes): a median over a window of
     ``TEXT_BACKGROUND`` of the shorter side (on a quarter-size copy), which thin strokes and
     their outlines do not move (a top-hat is pulled down by a dark outline, so the tissue
-    beside an outlined glyph stands out of it as ink does). The three channels go through each
-    filter at once, each filtered as on its own."""
-    h, w = rgb.shape[:2]
+    beside an outlined glyph stands out of it as ink does)."""
+    h, w = planes[0].shape
     qw, qh = max(2, w // 4), max(2, h // 4)
     k = max(5, round(TEXT_BACKGROUND * min(qh, qw))) | 1
-    q = cv2.medianBlur(cv2.resize(rgb, (qw, qh), interpolation=cv2.INTER_AREA), k)
-    return cv2.resize(q, (w, h), interpolation=cv2.INTER_LINEAR)
+    out = []
+    for plane in planes:
+        q = cv2.medianBlur(cv2.resize(plane, (qw, qh), interpolation=cv2.INTER_AREA), k)
+        out.append(cv2.resize(q, (w, h), interpolation=cv2.INTER_LINEAR))
+    return out
 
 
 def _ink_contrast(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -484,26 +486,17 @@ def _ink_contrast(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rim, lifted over a background that takes in the dark surround, is not ink; a step edge has
     no top-hat): burned-in ink is a flat colour that may differ from the tissue more in hue
     than in brightness (green on orange)."""
-    rgb = np.ascontiguousarray(rgb)
-    background = _background(rgb)
-    planes = [cv2.extractChannel(rgb, c) for c in range(3)]  # (cv2.split: several times slower)
-    behind = [cv2.extractChannel(background, c) for c in range(3)]
+    planes = [np.ascontiguousarray(rgb[..., c]) for c in range(3)]
+    backgrounds = _background(planes)
     k = max(5, round(TEXT_PEAK * min(rgb.shape[:2]))) | 1
     square = cv2.getStructuringElement(cv2.MORPH_RECT, (k, k))
     out = []
     for dark in (False, True):
-        acc: np.ndarray | None = None
-        for plane, bg in zip(planes, behind, strict=True):
-            # the excess over the background capped by the top-hat, min(x - bg, x - open), is
-            # x - max(bg, open) saturated at 0 (the deficit: min(bg, close) - x), a pass fewer
-            if dark:
-                closed = cv2.morphologyEx(plane, cv2.MORPH_CLOSE, square)
-                capped = cv2.subtract(cv2.min(bg, closed), plane)
-            else:
-                opened = cv2.morphologyEx(plane, cv2.MORPH_OPEN, square)
-                capped = cv2.subtract(plane, cv2.max(bg, opened))
-            acc = capped if acc is None else cv2.max(acc, capped, dst=acc)
-        assert acc is not None
+        op = cv2.MORPH_BLACKHAT if dark else cv2.MORPH_TOPHAT
+        acc = np.zeros(rgb.shape[:2], np.uint8)
+        for plane, bg in zip(planes, backgrounds, strict=True):
+            diff = cv2.subtract(bg, plane) if dark else cv2.subtract(plane, bg)
+            cv2.max(acc, cv2.min(diff, cv2.morphologyEx(plane, op, square)), dst=acc)
         out.append(acc)
     return out[0], out[1]
 
