@@ -69,7 +69,7 @@ class SceneCache:
     used dropped), per process. A copy sent to a DataLoader worker carries the entries it
     holds: scenes analysed in the main process before the loader starts (``scene(index,
     image)`` for each item) reach every worker, persistent or not, where otherwise each worker
-    analyses each source it meets (about 19 CPU-ms a 512x512 frame) and a non-persistent one
+    analyses each source it meets (about 13 CPU-ms a 512x512 frame) and a non-persistent one
     does so again every epoch. Each entry keeps the digest of the pixels it was analysed
     from; an index whose pixels changed (a random crop in the dataset, another dataset) is
     analysed again, so what a sample gets never depends on what the cache held."""
