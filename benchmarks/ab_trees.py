@@ -47,15 +47,19 @@ def job_augment(epochs: int) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
-    from benchmarks.bench_augment_dataloader import POLICY, _files, decode, fixed_batches
+    from benchmarks.bench_augment_dataloader import (
+        POLICY,
+        _files,
+        decode,
+        fixed_batches,
+        warm_scenes,
+    )
     from perturb.augment import Augment
 
     frames = [decode(f) for f in _files()]
     augment = Augment(POLICY, seed=0)
     batches = fixed_batches(frames)
-    for x, idx in batches:  # every item's scene analysed once, as a long training run holds them
-        for row, index in zip(x.numpy(), idx, strict=True):
-            augment.scenes.scene(index, row)
+    warm_scenes(augment, frames, 128)  # every item's scene, as a long training run holds them
     for x, idx in batches:
         augment(x, idx, epoch=0)
     cpu0, wall0 = time.process_time(), time.perf_counter()

@@ -227,16 +227,17 @@ def _single_threaded_opencv(_: int) -> None:
 SCENE_ANALYSIS_MS: dict[str, float] = {}  # per perturb pipeline: warm_scenes' CPU-ms per item
 
 
-def warm_scenes(augment: Any, files: list[str], items: int) -> float:
+def warm_scenes(augment: Any, frames: list[np.ndarray], items: int) -> float:
     """Analyse every item's scene once in this process (``Augment.scenes``), as a training run
     does before it builds its loader (the workers receive the filled cache with the augment):
     the timed epochs then measure the steady state of a long run, whatever each epoch's chains
     need. Returns the CPU-ms per item this took (the first epoch's extra cost when the scenes
-    are not analysed beforehand)."""
-    frames = [np.ascontiguousarray(decode(f).transpose(2, 0, 1)) for f in files]
+    are not analysed beforehand). ``frames``: the decoded source frames (HWC, ``decode``), item
+    ``i`` being ``frames[i % len(frames)]``."""
+    chw = [np.ascontiguousarray(f.transpose(2, 0, 1)) for f in frames]
     start = time.process_time()
     for index in range(items):
-        augment.scenes.scene(index, frames[index % len(frames)])
+        augment.scenes.scene(index, chw[index % len(chw)])
     return 1e3 * (time.process_time() - start) / items
 
 
@@ -250,7 +251,7 @@ def make_loader(kind: str, files: list[str], items: int) -> tuple[DataLoader, Ep
         if kind == "perturb-whole-frame":
             policy = policy.model_copy(update={"protect_border": False})
         augment = Augment(policy, seed=0, carry_scenes=True)
-        SCENE_ANALYSIS_MS[kind] = warm_scenes(augment, files, items)
+        SCENE_ANALYSIS_MS[kind] = warm_scenes(augment, [decode(f) for f in files], items)
     loader = DataLoader(
         Items(
             files,
@@ -381,7 +382,7 @@ def attribute(files: list[str], epochs: int = 3) -> dict[str, Any]:
     frames = [decode(f) for f in files]
     augment = Augment(POLICY, seed=0)
     batches = fixed_batches(frames)
-    warm_scenes(augment, files, 128)
+    warm_scenes(augment, frames, 128)
     spent: defaultdict[str, float] = defaultdict(float)
     samples: Counter[str] = Counter()
 

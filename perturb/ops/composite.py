@@ -478,5 +478,4 @@ def scene_extension_fill(scene: Scene, image: np.ndarray) -> np.ndarray:
     else:
         samples = extension_samples(image, scene.descriptor, scene.key)
         fill = extension_fill(samples, scene.descriptor, image.dtype, scene.key)
-    fill.flags.writeable = False
-    return fill
+    return _read_only(fill)

@@ -19,10 +19,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 from perturb.scene.analysis import SCENE_VERSION, analyse
+from tests.scene.frames import downscale
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "data" / "analysis_descriptors.json"
@@ -41,16 +41,8 @@ def _sample_dirs() -> list[Path]:
     return dirs
 
 
-def _downscale(img: np.ndarray, short: int) -> np.ndarray:
-    h, w = img.shape[:2]
-    s = short / min(h, w)
-    if s >= 1:
-        return img
-    return cv2.resize(img, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
-
-
 def _centre_crop(img: np.ndarray, size: int = 512) -> np.ndarray:
-    small = _downscale(img, size)
+    small = downscale(img, size)
     h, w = small.shape[:2]
     y, x = (h - min(h, size)) // 2, (w - min(w, size)) // 2
     return np.ascontiguousarray(small[y : y + size, x : x + size])
@@ -69,8 +61,8 @@ def cases(with_samples: bool = True) -> Iterator[tuple[str, np.ndarray]]:
                 continue
             seen.add(name)
             yield f"{name}@full", img
-            yield f"{name}@512", _downscale(img, 512)
-            yield f"{name}@288", _downscale(img, 288)
+            yield f"{name}@512", downscale(img, 512)
+            yield f"{name}@288", downscale(img, 288)
             yield f"{name}@crop512", _centre_crop(img)
     for name, img in phantom_images("endoscopy", PHANTOM_KEYS):
         yield f"{name}@640x480", img
