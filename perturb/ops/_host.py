@@ -206,12 +206,25 @@ def to_display(lin: np.ndarray) -> np.ndarray:
 def dark_frame(img: np.ndarray, threshold: float = DARK_LEVEL) -> np.ndarray:
     """Bool (H, W): the endoscope's dark frame: pixels darker than ``threshold`` in every
     channel reached by a straight dark run from an image edge."""
-    dark = (img.max(axis=0) < threshold).astype(np.uint8)
-    left = np.minimum.accumulate(dark, axis=1)
-    right = np.minimum.accumulate(dark[:, ::-1], axis=1)[:, ::-1]
-    top = np.minimum.accumulate(dark, axis=0)
-    bottom = np.minimum.accumulate(dark[::-1], axis=0)[::-1]
-    return (left | right | top | bottom).astype(bool)
+    return dark_runs_from_edges(img.max(axis=0) < threshold)
+
+
+def dark_runs_from_edges(dark: np.ndarray) -> np.ndarray:
+    """Bool (H, W): the pixels of ``dark`` joined to an image edge by a straight run of dark
+    pixels along their row or column: before a row's first lit pixel or after its last, above
+    a column's first or below its last (found by ``argmax``, one pass per direction)."""
+    h, w = dark.shape
+    lit = ~dark
+    lit_rows, lit_cols = lit.any(axis=1), lit.any(axis=0)
+    first_x = np.where(lit_rows, lit.argmax(axis=1), w)[:, None]
+    last_x = np.where(lit_rows, w - 1 - lit[:, ::-1].argmax(axis=1), -1)[:, None]
+    first_y = np.where(lit_cols, lit.argmax(axis=0), h)[None, :]
+    last_y = np.where(lit_cols, h - 1 - lit[::-1].argmax(axis=0), -1)[None, :]
+    xs, ys = np.arange(w)[None, :], np.arange(h)[:, None]
+    edge = (xs < first_x) | (xs > last_x)
+    edge |= ys < first_y
+    edge |= ys > last_y
+    return edge
 
 
 def tissue_mask(img: np.ndarray) -> np.ndarray:

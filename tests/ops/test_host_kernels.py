@@ -16,6 +16,9 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import perturb
 from perturb.ops import _host
@@ -244,3 +247,28 @@ def test_window_max_is_max_pool(size: int) -> None:
     pad = size // 2
     assert torch.equal(_host.window_max(x, size, 2), torch.nn.functional.max_pool2d(x, (size, 1), 1, (pad, 0)))
     assert torch.equal(_host.window_max(x, size, 3), torch.nn.functional.max_pool2d(x, (1, size), 1, (0, pad)))
+
+
+def _edge_runs_by_scans(dark: np.ndarray) -> np.ndarray:
+    """The definition: running minima of ``dark`` from each of the four edges."""
+    d = dark.astype(np.uint8)
+    left = np.minimum.accumulate(d, axis=1)
+    right = np.minimum.accumulate(d[:, ::-1], axis=1)[:, ::-1]
+    top = np.minimum.accumulate(d, axis=0)
+    bottom = np.minimum.accumulate(d[::-1], axis=0)[::-1]
+    return (left | right | top | bottom).astype(bool)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    hnp.arrays(
+        bool,
+        hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=24),
+        elements=st.booleans(),
+    )
+)
+def test_dark_runs_from_edges_are_the_running_minima_from_each_edge(dark: np.ndarray) -> None:
+    """``dark_runs_from_edges`` (first and last lit pixel per row and column) marks exactly the
+    pixels the four running minima from the edges mark, on any mask, all-dark and all-lit
+    rows and columns included."""
+    assert np.array_equal(_host.dark_runs_from_edges(dark), _edge_runs_by_scans(dark))
