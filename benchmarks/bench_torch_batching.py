@@ -137,6 +137,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--label", default="", help="free text recorded with the rows (e.g. a commit)"
     )
+    parser.add_argument(
+        "--tune-malloc",
+        action="store_true",
+        help="keep freed buffers in the heap (perturb.tune_malloc, as perturb generate's workers)",
+    )
     parser.add_argument("--out", type=Path, help="JSON file to write (printed either way)")
     args = parser.parse_args(argv)
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
@@ -145,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown ops: {unknown}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.tune_malloc:
+        perturb.tune_malloc()
     what = (
         "per-sample time on the torch path (CPU), batch 1 vs batch "
         f"{args.batch}, {args.size}x{args.size} float32, severity {args.severity}, median of "
@@ -156,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpu": cpu_model(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "tune_malloc": args.tune_malloc,
         "load_average_at_start": list(os.getloadavg()),
     }
     rows = []

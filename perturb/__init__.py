@@ -13,10 +13,11 @@ from perturb._version import __version__
 if TYPE_CHECKING:  # pragma: no cover
     from perturb.augment import Augment
     from perturb.contracts.record import Record
+    from perturb.engine.memory import tune_malloc
     from perturb.engine.run import apply, replay
     from perturb.export import load_split
 
-__all__ = ["Augment", "Record", "__version__", "apply", "load_split", "replay", "scene"]
+__all__ = ["Augment", "Record", "__version__", "apply", "load_split", "replay", "scene", "tune_malloc"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,6 +29,10 @@ def __getattr__(name: str) -> Any:
         from perturb.engine import run as engine
 
         return getattr(engine, name)
+    if name == "tune_malloc":
+        from perturb.engine.memory import tune_malloc
+
+        return tune_malloc
     if name == "scene":
         import importlib
 

@@ -28,6 +28,7 @@ from perturb._version import __version__
 from perturb.configs.suites import parse_suite
 from perturb.contracts.suite import Suite, Task
 from perturb.datasets import composite
+from perturb.engine.memory import release_memory, tune_malloc
 from perturb.generate.naming import resolve_inside
 from perturb.generate.output import (
     encode_bgr,
@@ -497,60 +498,6 @@ class _Writer:
                 stop = exc
         if stop is not None:
             raise stop
-
-
-# glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
-# an image's float32 planes and frames (a 1070x1348 RGB frame: 17 MB) come from the heap, not
-# from mmap: glibc's largest mmap threshold (HEAP_MAX_SIZE / 2 on 64-bit)
-MMAP_THRESHOLD = 32 << 20
-# freed memory the heap keeps for the next op instead of returning it at once (it is handed
-# back after each batch: ``release_memory``)
-TRIM_THRESHOLD = 1 << 30
-TOP_PAD = 64 << 20
-_MALLOC_TUNED = False
-
-
-def tune_malloc() -> None:
-    """Once per process: glibc keeps the freed buffers of one op for the next instead of
-    unmapping and re-faulting them. By default an allocation of an image's size is an mmap of
-    its own, unmapped when freed, and each of its pages faults in zeroed when next allocated:
-    the artifact suite on two frames (2 forked workers, ``/usr/bin/time``) took 1.95 M page
-    faults and 7 of its 48.5 CPU-seconds in the kernel, with this 0.53 M and 3 of 43.1 (the
-    round's A/B: ``benchmarks/results/end-to-end-cpu-r9-amd.json``). Outputs do not depend on
-    it; the heap still goes back to the system after each batch (``release_memory``)."""
-    global _MALLOC_TUNED
-    if _MALLOC_TUNED:
-        return
-    _MALLOC_TUNED = True
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-        libc.mallopt(_M_TOP_PAD, TOP_PAD)
-    except (OSError, AttributeError):  # not glibc
-        return
-
-
-def release_memory() -> None:
-    """Hand the heap's free pages back to the system after a batch (glibc keeps freed
-    arenas of the encoder threads otherwise, and the next batch's budget would not hold)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        return
 
 
 def encode_threads(cfg: WorkerConfig) -> int:
