@@ -28,13 +28,14 @@ def tune_malloc() -> None:
     """Once per process (glibc; elsewhere nothing): keep the freed buffers of one op for the
     next instead of unmapping and re-faulting them. By default an allocation of an image's size
     is an mmap of its own, unmapped when freed, and each of its pages faults in zeroed when next
-    allocated: the artifact suite on two frames (2 forked workers, ``/usr/bin/time``) took 1.95 M page
-    faults and 7 of its 48.5 CPU-seconds in the kernel, with this 0.53 M and 3 of 43.1 (the
-    round's A/B: ``benchmarks/results/end-to-end-cpu-r9-amd.json``). Outputs do not depend on
-    it; ``perturb generate`` still hands the heap back after each batch (``release_memory``).
-    The torch path on the CPU at 128x128, B=32 (``benchmarks/bench_torch_batching.py
-    --tune-malloc``): the ops whose kernels make several batch-sized temporaries run up to 2x
-    faster per sample (``benchmarks/results/torch-batching-cpu-128-r11-malloc.json``)."""
+    allocated: the artifact suite on two frames (2 forked workers, ``/usr/bin/time``) took
+    1.95 M page faults and 7 of its 48.5 CPU-seconds in the kernel, with this 0.53 M and 3 of
+    43.1 (the round's A/B: ``benchmarks/results/end-to-end-cpu-r9-amd.json``). Outputs do not
+    depend on it; ``perturb generate`` still hands the heap back after each batch
+    (``release_memory``). The torch path on the CPU at 128x128, B=32
+    (``benchmarks/bench_torch_batching.py --tune-malloc``): the ops whose kernels make several
+    batch-sized temporaries run up to 2x faster per sample
+    (``benchmarks/results/torch-batching-cpu-128-r11-malloc.json``)."""
     global _MALLOC_TUNED
     if _MALLOC_TUNED:
         return
