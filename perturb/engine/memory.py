@@ -12,6 +12,10 @@ depend on it."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+from functools import lru_cache
+
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 # an image's float32 planes and frames (a 1070x1348 RGB frame: 17 MB) come from the heap, not
@@ -22,6 +26,19 @@ MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 1 << 30
 TOP_PAD = 64 << 20
 _MALLOC_TUNED = False
+
+
+@lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL | None:
+    """The C library, looked up once per process (``find_library`` runs ``ldconfig``); None
+    where there is none to load."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
 
 
 def tune_malloc() -> None:
@@ -40,31 +57,24 @@ def tune_malloc() -> None:
     if _MALLOC_TUNED:
         return
     _MALLOC_TUNED = True
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
+    libc = _libc()
+    if libc is None:
         return
     try:
-        libc = ctypes.CDLL(name)
         libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
         libc.mallopt(_M_TOP_PAD, TOP_PAD)
-    except (OSError, AttributeError):  # not glibc
+    except AttributeError:  # not glibc
         return
 
 
 def release_memory() -> None:
     """Hand the heap's free pages back to the system after a batch (glibc keeps freed
     arenas of the encoder threads otherwise, and the next batch's budget would not hold)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
+    libc = _libc()
+    if libc is None:
         return
     try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
+        libc.malloc_trim(0)
+    except AttributeError:  # not glibc
         return

@@ -294,23 +294,6 @@ def _spans(comp: np.ndarray) -> float:
     return float((top & bottom).sum()) / max(1, int(any_ink.sum()))
 
 
-def _same_line(a: _Glyph, b: _Glyph) -> bool:
-    """Two characters of one line: the same cap height and the same baseline or top line (within
-    ``TEXT_HEIGHT_TOL`` of the height, at least 1 px), the same ink (within 40 levels), at most ``TEXT_GAP`` heights
-    apart (the space between the fields of a line: a date and a time)."""
-    h = max(a.height, b.height)
-    tol = max(1.0, TEXT_HEIGHT_TOL * h)
-    if a.block != b.block:  # a progress bar's cells may stand taller than its text
-        if abs(a.y1 - b.y1) > 0.3 * h or min(a.height, b.height) < 0.5 * h:
-            return False
-    elif abs(a.height - b.height) > tol or min(abs(a.y1 - b.y1), abs(a.y0 - b.y0)) > tol:
-        return False
-    if abs(a.ink - b.ink) > 40:
-        return False
-    gap = max(a.x0, b.x0) - min(a.x1, b.x1)
-    return gap <= TEXT_GAP * h  # boxes of kerned or merged characters may overlap
-
-
 def _boxes(glyphs: list[_Glyph]) -> np.ndarray:
     """int64 (n, 4): the boxes (x0, y0, x1, y1) of ``glyphs``."""
     return np.array([(g.x0, g.y0, g.x1, g.y1) for g in glyphs], np.int64).reshape(-1, 4)
@@ -348,9 +331,14 @@ def _same_line_pairs(
     cols: slice,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The (i, j) index pairs, i in ``rows``, j in ``cols``, of the glyphs (sorted by left edge)
-    that ``_same_line`` joins, each row i scanned over the later columns up to its first glyph
+    that stand on one line, each row i scanned over the later columns up to its first glyph
     starting more than ``TEXT_GAP`` heights (the larger of the two) past its right edge
-    (``cols`` starts at or before ``rows`` and reaches that far for every row)."""
+    (``cols`` starts at or before ``rows`` and reaches that far for every row). Two characters
+    of one line: the same cap height and the same baseline or top line (within
+    ``TEXT_HEIGHT_TOL`` of the height, at least 1 px; a progress bar's cells beside text: the
+    same baseline within 0.3 heights and at least half the height), the same ink (within 40
+    levels), at most ``TEXT_GAP`` heights apart (the space between the fields of a line: a date
+    and a time; boxes of kerned or merged characters may overlap)."""
     r, c = rows, cols
     col = np.arange(c.start, c.stop)[None, :]
     row = np.arange(r.start, r.stop)[:, None]
@@ -375,8 +363,8 @@ def _same_line_pairs(
 
 
 def _lines_of(glyphs: list[_Glyph]) -> list[list[_Glyph]]:
-    """Glyphs chained into lines (union of ``_same_line`` pairs). The pairs are tested all at
-    once (``_same_line``'s rule on arrays): in the order of their left edges, each glyph against
+    """Glyphs chained into lines (union of the pairs ``_same_line_pairs`` finds, all at
+    once): in the order of their left edges, each glyph against
     those after it up to the first that starts more than ``TEXT_GAP`` heights (the larger of
     the two) past its right edge."""
     n = len(glyphs)

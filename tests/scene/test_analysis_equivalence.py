@@ -1,5 +1,5 @@
 """The vectorised steps of the endoscopy scene analysis against their plain definitions, on
-random inputs: the line chaining (``_lines_of``: ``_same_line`` pairs scanned in the order of
+random inputs: the line chaining (``_lines_of``: the pair rule ``_same_line`` scanned in the order of
 the left edges), the overlap filter and the surround (pixels of a mask connected to the edge).
 The descriptors of real frames are pinned in ``test_analysis_fixture``."""
 
@@ -10,6 +10,21 @@ import numpy as np
 import pytest
 
 from perturb.scene import analysis as A
+
+
+def _same_line(a: A._Glyph, b: A._Glyph) -> bool:
+    """The line rule for one pair, as written before it was vectorised (``_same_line_pairs``)."""
+    h = max(a.height, b.height)
+    tol = max(1.0, A.TEXT_HEIGHT_TOL * h)
+    if a.block != b.block:  # a progress bar's cells may stand taller than its text
+        if abs(a.y1 - b.y1) > 0.3 * h or min(a.height, b.height) < 0.5 * h:
+            return False
+    elif abs(a.height - b.height) > tol or min(abs(a.y1 - b.y1), abs(a.y0 - b.y0)) > tol:
+        return False
+    if abs(a.ink - b.ink) > 40:
+        return False
+    gap = max(a.x0, b.x0) - min(a.x1, b.x1)
+    return gap <= A.TEXT_GAP * h  # boxes of kerned or merged characters may overlap
 
 
 def _reference_lines(glyphs: list[A._Glyph]) -> list[list[A._Glyph]]:
@@ -27,7 +42,7 @@ def _reference_lines(glyphs: list[A._Glyph]) -> list[list[A._Glyph]]:
             b = glyphs[j]
             if b.x0 - a.x1 > A.TEXT_GAP * max(a.height, b.height):
                 break
-            if A._same_line(a, b):
+            if _same_line(a, b):
                 parent[root(i)] = root(j)
     groups: dict[int, list[A._Glyph]] = {}
     for i, g in enumerate(glyphs):
