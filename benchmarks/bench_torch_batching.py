@@ -115,10 +115,17 @@ def op_row(op: str, batch: int, size: int, severity: int, repeats: int) -> dict[
 
 
 def _with_speedups(row: dict[str, Any], batch: int) -> dict[str, Any]:
+    """The speedups per sample, and ``apply_cpu_speedup_bound``: B=1's apply CPU time per sample
+    over batch ``batch``'s kernel CPU time per sample, the most any batching could give if
+    everything around the kernel (parameters, records, checks) cost nothing at that batch; an
+    op whose bound is under a target cannot reach it without cheaper arithmetic in its kernel."""
     for what in ("apply", "kernel", "apply_cpu", "kernel_cpu"):
         row[f"{what}_speedup_per_sample"] = round(
             row[f"b1_{what}_ms_per_sample"] / row[f"b{batch}_{what}_ms_per_sample"], 2
         )
+    row["apply_cpu_speedup_bound"] = round(
+        row["b1_apply_cpu_ms_per_sample"] / row[f"b{batch}_kernel_cpu_ms_per_sample"], 2
+    )
     return row
 
 
