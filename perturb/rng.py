@@ -271,7 +271,13 @@ def normal_numpy(key: int, stream: str, n: int, lut: np.ndarray | None = None) -
     return np.take(table, idx[:n])
 
 
-def _hash_torch(counter: torch.Tensor, k0: int, k1: int) -> torch.Tensor:
+def mix_torch(
+    counter: torch.Tensor, k0: int | torch.Tensor, k1: int | torch.Tensor
+) -> torch.Tensor:
+    """The two-round xorshift-multiply mixer of int64 ``counter`` values below 2^32 against
+    the stream key's 32-bit halves ``k0``, ``k1`` (ints, or int64 tensors broadcasting against
+    ``counter``: one key per sample of a batch); products of a 32-bit value and the 27-bit
+    constant fit in int64."""
     x = counter ^ k0
     x = x ^ (x >> 16)
     x = (x * _MULT) & _MASK32
@@ -291,7 +297,7 @@ def hash_bits(key: int, stream: str, n: int, device: torch.device | str = "cpu")
     if device.type == "cpu":
         return torch.from_numpy(hash_numpy(key, stream, n).astype(np.int64))
     counter = torch.arange(n, dtype=torch.int64, device=device)
-    return _hash_torch(counter, k0, k1)
+    return mix_torch(counter, k0, k1)
 
 
 def uniform_field(
@@ -304,7 +310,7 @@ def uniform_field(
     device = torch.device(device)
     if device.type == "cpu":
         return torch.from_numpy(uniform_numpy(key, stream, n)).reshape(shape)
-    bits = _hash_torch(torch.arange(n, dtype=torch.int64, device=device), k0, k1)
+    bits = mix_torch(torch.arange(n, dtype=torch.int64, device=device), k0, k1)
     u = (bits >> 8).to(torch.float32) * (2.0**-24) + 2.0**-25
     return u.reshape(shape)
 
@@ -336,6 +342,6 @@ def normal_field(
     device = torch.device(device)
     if device.type == "cpu":
         return torch.from_numpy(normal_numpy(key, stream, n)).reshape(shape)
-    bits = _hash_torch(torch.arange(m, dtype=torch.int64, device=device), k0, k1)
+    bits = mix_torch(torch.arange(m, dtype=torch.int64, device=device), k0, k1)
     idx = torch.cat([bits & 0xFFFF, bits >> 16])[:n]
     return _normal_lut(str(device))[idx].reshape(shape)

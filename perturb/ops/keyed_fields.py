@@ -52,20 +52,6 @@ def _mix_numpy(n: int, halves: np.ndarray) -> np.ndarray:
     return x
 
 
-def _mix(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
-    """``perturb.rng``'s two-round xorshift-multiply mixer on int64 values below 2^32 (products
-    of a 32-bit value and the 27-bit constant fit in int64)."""
-    x = counter ^ k0
-    x = x ^ (x >> 16)
-    x = (x * _MULT) & _MASK32
-    x = x ^ k1
-    x = x ^ (x >> 16)
-    x = (x * _MULT) & _MASK32
-    x = x ^ (x >> 16)
-    x = (x * _MULT) & _MASK32
-    return x ^ (x >> 16)
-
-
 def _on_host(device: torch.device, host: bool | None) -> bool:
     """Whether a field is computed by NumPy (``host``; default: on a CPU device) rather than by
     torch on ``device`` (what CUDA runs; ``host=False`` runs it on a CPU device too)."""
@@ -93,7 +79,7 @@ def _hash_torch(n: int, halves: np.ndarray, device: torch.device) -> torch.Tenso
     it gives the NumPy path's bits, tests/ops/test_keyed_fields.py)."""
     k = torch.from_numpy(halves.astype(np.int64)).to(device)
     counter = torch.arange(n, dtype=torch.int64, device=device).unsqueeze(0)
-    return _mix(counter, k[:, :1], k[:, 1:])
+    return rng.mix_torch(counter, k[:, :1], k[:, 1:])
 
 
 def uniform_fields(

@@ -129,7 +129,7 @@ def test_torch_integer_mixer_gives_the_same_bits() -> None:
     """The int64 torch mixer (the code path CUDA runs) on CPU: the same 32-bit values."""
     k = rng.sub_key(KEY, "noise")
     counter = torch.arange(6, dtype=torch.int64)
-    assert rng._hash_torch(counter, k & 0xFFFFFFFF, k >> 32).tolist() == NOISE_BITS
+    assert rng.mix_torch(counter, k & 0xFFFFFFFF, k >> 32).tolist() == NOISE_BITS
 
 
 def test_inverse_cdf_table() -> None:

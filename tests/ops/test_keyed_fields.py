@@ -50,7 +50,7 @@ def test_torch_hash_equals_the_numpy_hash(n: int) -> None:
         # perturb.rng's own device formula (what its per-sample fields run on CUDA)
         k = rng.sub_key(key, "stream/h")
         counter = torch.arange(n, dtype=torch.int64)
-        assert torch.equal(batched[b], rng._hash_torch(counter, k & 0xFFFFFFFF, k >> 32))
+        assert torch.equal(batched[b], rng.mix_torch(counter, k & 0xFFFFFFFF, k >> 32))
     assert int(on_torch.min()) >= 0 and int(on_torch.max()) < 2**32
 
 
