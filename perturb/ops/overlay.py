@@ -1863,7 +1863,7 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         # vary by 35-180 levels of 255 along the edge (the NIH films, real_bands in the catalog)
         "streak": 0.15 + 0.45 * u[41],
         # the anatomy's contrast under a blade as a share of the film's (scatter: a blurred trace)
-        "trace": 0.1 + 0.25 * u[42],
+        "trace": 0.25 + 0.25 * u[42],
         # the display level of the shadow's floor (long-range scatter, off-focal radiation)
         # before the shoulder: the band at about 160-230 of 255, as on the NIH films (their
         # collimated borders 170-225), on the shoulder's slope, not pressed into its flat top
