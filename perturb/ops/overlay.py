@@ -1534,6 +1534,7 @@ TAIL_WIDTH = 4.0  # the off-focal halo's penumbra over the focal spot's
 FAR_REACH = 0.2  # fraction of the shorter side: the long-range scatter's low-pass sigma
 TOE = 0.04  # display level below which the display's toe halves a dark rebound
 QUANTUM_GAIN = 8.0  # the most the shadow's noise grows over the film's (before the shoulder)
+WIDE = 4.0  # the scatter's broad low-pass under a blade, in units of its reach
 
 
 def collimation_shadow(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -1598,14 +1599,17 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
        the body like the primary beam, so the body attenuates it: the anatomy faintly shows
        in it next to the edge); all uneven with the anode heel effect (``heel`` e-folds over
        the half side along ``heel_dir``) and the beam's unevenness (``lumps``: broad, and
-       along the band at a fortieth of the side). The scatter under a blade is part of what
-       the body sends everywhere, so the shadow is never darker than the film it covers (a
-       soft cap at the film's exposure low-passed over ``reach``: no bar darker than the
-       soft tissue beside it, no marker or wire showing through). The film's digital
+       along the band at a fortieth of the side; ``streak``: over a sixteenth of the side).
+       The scatter under a blade is part of what the body sends everywhere, so the shadow is
+       never darker than the film it covers (a soft cap at the film's exposure low-passed
+       over ``WIDE`` times ``reach``, its detail at the ``reach`` scale kept at ``trace`` of
+       its contrast: no bar darker than the soft tissue beside it, no marker or wire showing
+       through, ribs and clavicle only a faint blurred trace). The film's digital
        padding under a blade is filled with the film beside it. Back through the log and
        the display LUT's shoulder (``_shoulder``, towards ``shade``): the unexposed border is
        light, brightening outwards as the scatter falls off, the anatomy attenuated but
-       faintly there. Its noise is that of its dose: the film's own fine texture (its
+       faintly there (not pressed below the film's level low-passed the same way as the
+       cap). Its noise is that of its dose: the film's own fine texture (its
        residual above the 1 px low-pass, its fine anatomy edges faded) carries on at
        ``texture`` times its amplitude, and a keyed grain (white noise through a binomial
        [1 2 1] / 4 filter each way) brings the total to the film's own noise sigma (measured
@@ -1682,13 +1686,26 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     # the body; it crosses the body like the primary beam, so the body attenuates it (blurred
     # by the off-focal source's size)
     halo_px = (col("halo_reach") * side).clamp_min(1.0)
-    halo = col("halo") * _smooth(1.0 - m, halo_px) * _smooth(exposure, 0.25 * halo_px)
+    # (blurred by the off-focal source's size: over the halo's own reach, so ribs and clavicle
+    # do not show through it, only the body's broad shape)
+    halo = col("halo") * _smooth(1.0 - m, halo_px) * _smooth(exposure, halo_px)
+    # along the band the beam is uneven on a third scale: the blade's own edge region (its
+    # bevel, the collimator's mirror and the off-focal source seen past it) lets a little more
+    # or less through over about a sixteenth of the side (a few shades within any crop of
+    # the band); ``streak`` e-folds
+    streak = _lumps(keys, h, w, dev, torch.full_like(col("lumps"), 0.06 * side), "streak")
+    uneven = uneven * torch.exp(col("streak") * streak)
     behind = (col("transmission") * exposure + scatter + halo + floor) * uneven
     # the scatter under a blade is part of what the body beside it sends everywhere: the film
     # there, had it been exposed, would have had at least as much; the shadow is never darker
     # than the film it covers (a soft cap at its exposure, low-passed over the scatter's
-    # reach: a small dense object there, a marker or a wire, does not show through)
-    cover = _smooth(exposure, reach)
+    # reach: a small dense object there, a marker or a wire, does not show through). Scatter
+    # carries the anatomy only as a blurred, low-contrast trace: the cap and the floor below
+    # follow the film low-passed over ``WIDE`` times the reach, its detail at the reach's
+    # scale kept at ``trace`` of its contrast (ribs and clavicle faint, not the film's own)
+    wide = reach * WIDE
+    broad = _smooth(exposure, wide)
+    cover = broad * (_smooth(exposure, reach) / broad.clamp_min(1e-12)) ** col("trace")
     behind = behind / (1.0 + (behind / cover) ** 4) ** 0.25
     shadowed = torch.maximum(exposure * (1.0 - m) + m * behind, exposure * 1e-4)
     lin = low - torch.log(shadowed / exposure) / span  # the log display, anatomy shifted
@@ -1696,7 +1713,8 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     base = lin + m * (lut - lin)  # the shoulder acts on the shadow's share
     # the film as shown is already past the shoulder: the shadow over a light film is not
     # pressed below it (its level low-passed over ``reach``, like the cap above)
-    base = base + m * (_smooth(low, reach) - base).clamp_min(0.0)
+    trace = _smooth(low, wide) + col("trace") * (_smooth(low, reach) - _smooth(low, wide))
+    base = base + m * (trace - base).clamp_min(0.0)
     for gain, scale, least in (("enhance", "radius", 0.5), ("equalize", "band", 1.0)):
         s = (col(scale) * side).clamp_min(least)
         step = col(gain) * ((base - _smooth(base, s)) - (1.0 - m) * (low - _smooth(low, s)))
@@ -1779,7 +1797,7 @@ def _padding(v: torch.Tensor) -> torch.Tensor:
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     blades = {n: draw(rng_, level[n]) for n in BLADES}
-    u = [float(rng_.random()) for _ in range(41)]
+    u = [float(rng_.random()) for _ in range(43)]
     # which blades show on the film: most often one or a corner's two (the field coned down on
     # one side, the others open past the film's edge: their blade at 0), less often an opposite
     # pair, three, or all four
@@ -1840,7 +1858,12 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "band": 0.015 + 0.035 * u[17],  # its sigma: 15-50 px of 1024
         "heel": 0.05 + 0.25 * u[18],  # e-folds of the heel ramp over the half side
         "heel_dir": 360.0 * u[19],
-        "lumps": 0.1 + 0.25 * u[20],  # e-folds: under the shoulder a few levels of 255
+        "lumps": 0.15 + 0.3 * u[20],  # e-folds: under the shoulder several levels of 255
+        # the band's unevenness along its length (over a sixteenth of the side): real bands
+        # vary by 35-180 levels of 255 along the edge (the NIH films, real_bands in the catalog)
+        "streak": 0.15 + 0.45 * u[41],
+        # the anatomy's contrast under a blade as a share of the film's (scatter: a blurred trace)
+        "trace": 0.25 + 0.25 * u[42],
         # the display level of the shadow's floor (long-range scatter, off-focal radiation)
         # before the shoulder: the band at about 160-230 of 255, as on the NIH films (their
         # collimated borders 170-225), on the shoulder's slope, not pressed into its flat top
@@ -1867,9 +1890,12 @@ def xray_collimation(
     the detector sees their transmission (well under 1 %: the anatomy barely there) and the scatter of the irradiated body
     (strongest beside the field, falling off away from it) over a long-range floor, uneven with
     the anode heel effect: through the log display and its shoulder the border is light and
-    brightens outwards, the anatomy a smooth trace, never darker than the film it covers, and
+    brightens outwards, the anatomy a scatter-blurred trace at a fraction of the film's
+    contrast, never darker than the film it covers, and
     grainy with the detector's quantum and readout noise at its low dose (the fewer quanta, the
-    larger their relative spread), uneven along the band. The system's edge enhancement acts on the new edge as on any: a bright overshoot
+    larger their relative spread), uneven along the band at three scales. The bands are
+    as thin as on real films (0.3-9 % of the side; the NIH/Hannover sample films' collimated
+    bands measure 0.4-5.6 %, median 1.3 %, see the catalog entry). The system's edge enhancement acts on the new edge as on any: a bright overshoot
     on the blade's side, a dark rebound just inside the field. On a few films (``white`` 0) the
     edge is instead a scanned film's own edge: slightly wavy, blurred by the scanner's optics,
     a thin light rim varying along it, the scanner's dark, uneven backing beyond. A lead marker the blades cover was never imaged: the engine's annotation

@@ -23,7 +23,8 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
     film edges with their rims, blur and waviness, square and rounded corners, penumbrae,
     scatter, off-focal halo,
     unsharp and equalisation low-passes at per-sample radii, transmission and its unevenness,
-    display range, the film's noise level and the keyed grain) equal those of each sample run
+    display range, the band's streaks, the anatomy's trace under the blade, the film's noise
+    level and the keyed grain) equal those of each sample run
     alone, bit for bit."""
     h, w = 41, 67
     p = {
@@ -65,6 +66,8 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
         "heel": [0.1, 0.5, 0.3, 0.2],
         "heel_dir": [0.0, 90.0, 200.0, 300.0],
         "lumps": [0.1, 0.4, 0.2, 0.3],
+        "streak": [0.15, 0.6, 0.0, 0.4],
+        "trace": [0.1, 0.35, 1.0, 0.2],
         "tail": [0.0, 0.2, 0.1, 0.05],
         "deep": [0.8, 0.95, 0.9, 5.0],
     }

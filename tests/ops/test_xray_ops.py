@@ -636,6 +636,8 @@ def _collimation(**over: float) -> dict[str, float]:
         "heel": 0.0,
         "heel_dir": 0.0,
         "lumps": 0.0,
+        "streak": 0.0,
+        "trace": 1.0,  # the film's contrast kept under the cap (v11); see the trace test
         "tail": 0.0,
         "deep": 5.0,  # the long-range scatter floor far below the transmitted beam
         "black": 0.01,
@@ -692,6 +694,29 @@ def test_collimation_shadow_is_the_blade_transmission_plus_scatter_and_the_films
         slice(int(40 + pen / 2) + 1, int(380 - pen / 2) - 1),
     )
     assert np.array_equal(o[field], v[field].astype(np.float32).astype(np.float64))
+
+
+def test_collimation_anatomy_under_a_blade_is_a_blurred_low_contrast_trace() -> None:
+    """Where the film is lighter than the shadow (bone beside the border), the shadow is lifted
+    to the film's level as the body's scatter carries it: low-passed over ``WIDE`` times the
+    reach, its detail at the reach's scale kept at ``trace`` of its contrast. Rib-like stripes
+    under the band show at a small fraction of the film's contrast, and a lower ``trace``
+    fades them further (round 10 pair_46: ribs through the band at the film's own contrast)."""
+    n = 400
+    x = torch.full((1, 1, n, n), 0.88)
+    stripes = torch.sin(torch.arange(n, dtype=torch.float32) / 6.0)  # a period of 38 px
+    x += 0.08 * stripes.view(1, 1, 1, n)
+    x += 0.01 * torch.randn(1, 1, n, n, generator=torch.Generator().manual_seed(4))
+    sides = {"left": 0.0, "right": 0.0, "bottom": 0.0, "top": 0.15, "transmission": 0.003}
+    ref = stripes.double().numpy()[40:360]
+    amp = {}
+    for trace in (1.0, 0.1):
+        params = _collimation(**sides, deep=0.6, scatter=0.05, trace=trace)
+        out, _ = _with_params(x, "xray_collimation", 4, params)
+        profile = _np(out)[5:40, 40:360].mean(axis=0)
+        amp[trace] = np.polyfit(ref, profile, 1)[0]  # the stripes' amplitude under the band
+    assert 0.0 < amp[1.0] < 0.2 * 0.08  # faint even at the full trace
+    assert amp[0.1] < 0.5 * amp[1.0]  # and fainter with a lower trace
 
 
 def test_collimation_off_focal_halo_brightens_the_border_outwards_beside_air() -> None:
