@@ -1713,7 +1713,8 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     base = lin + m * (lut - lin)  # the shoulder acts on the shadow's share
     # the film as shown is already past the shoulder: the shadow over a light film is not
     # pressed below it (its level low-passed over ``reach``, like the cap above)
-    trace = _smooth(low, wide) + col("trace") * (_smooth(low, reach) - _smooth(low, wide))
+    low_wide = _smooth(low, wide)
+    trace = low_wide + col("trace") * (_smooth(low, reach) - low_wide)
     base = base + m * (trace - base).clamp_min(0.0)
     for gain, scale, least in (("enhance", "radius", 0.5), ("equalize", "band", 1.0)):
         s = (col(scale) * side).clamp_min(least)
