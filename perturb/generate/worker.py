@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import threading
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from pathlib import Path
@@ -372,6 +374,36 @@ class Journal:
         os.close(self.fd)
 
 
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while the block runs (on the main thread, where Python delivers
+    them), then deliver a held one to the handler that was in place: the block is never cut
+    in the middle, so a commit is journaled once or not at all (a Ctrl-C between a group's
+    journal write and its bookkeeping journaled the group twice on the retry in ``close``)."""
+    numbers = (signal.SIGINT, signal.SIGTERM)
+    on_main = threading.current_thread() is threading.main_thread()
+    if not on_main or any(signal.getsignal(n) is None for n in numbers):  # None: set from C
+        yield
+        return
+    held: list[tuple[int, Any]] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append((signum, frame))
+
+    previous = {n: signal.signal(n, hold) for n in numbers}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for signum, frame in held[:1]:
+            was = previous[signal.Signals(signum)]
+            if callable(was):
+                was(signum, frame)
+            elif was == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
+
+
 class _Writer:
     """Encodes and writes outputs on a thread pool (OpenCV's encoders release the GIL) while
     the ops run on the calling thread; at most ``2 x threads`` outputs wait in memory. Each
@@ -436,20 +468,22 @@ class _Writer:
 
     def _take(self) -> None:
         """Move the finished writes (in submission order) into the group and the result; an
-        entry leaves ``finished`` only once it is taken, so a Ctrl-C meanwhile loses none."""
+        entry leaves ``finished`` as it is taken, with Ctrl-C held, so a stop loses none and
+        takes none twice."""
         with self.lock:
             entries = sorted(self.finished.items())
-        for number, (job, task, row, exc) in entries:
-            if row is None:
-                self.error(error_row(job, "write", f"{type(exc).__name__}: {exc}", task))
-            else:
-                clean = {k: v for k, v in row.items() if k != "_target"}
-                self.group.append((clean, Path(row["_target"])))
-                self.result.rows.append(clean)
-                if self.on_output is not None:
-                    self.on_output(1)
-            with self.lock:
-                del self.finished[number]
+        with _signals_held():  # an entry taken twice would be journaled twice
+            for number, (job, task, row, exc) in entries:
+                if row is None:
+                    self.error(error_row(job, "write", f"{type(exc).__name__}: {exc}", task))
+                else:
+                    clean = {k: v for k, v in row.items() if k != "_target"}
+                    self.group.append((clean, Path(row["_target"])))
+                    self.result.rows.append(clean)
+                    if self.on_output is not None:
+                        self.on_output(1)
+                with self.lock:
+                    del self.finished[number]
         if len(self.group) >= COMMIT_OUTPUTS:
             self.commit()
 
@@ -476,9 +510,10 @@ class _Writer:
         folders = sorted({p.parent for p in files})
         run = map if self.closed else self.pool.map  # the pool is shut down by ``close``
         list(run(fsync_path, [*files, *folders]))
-        if self.journal is not None:
-            self.journal.append([row for row, _ in self.group])
-        self.group = []
+        with _signals_held():
+            if self.journal is not None:
+                self.journal.append([row for row, _ in self.group])
+            self.group = []
 
     def close(self) -> None:
         """Wait for every write, take and commit them all; a Ctrl-C meanwhile is held until
