@@ -1564,6 +1564,23 @@ def _each_mean(v: torch.Tensor) -> torch.Tensor:
     return torch.stack([s.mean() for s in v]).view(-1, 1, 1, 1)
 
 
+AIR_SHARE = 0.005  # the share of the film's exposed pixels at or below its open beam's level
+DENSE_SHARE = 0.98  # the film's light end: the share of its pixels at or below it
+DENSE_LIFT = 0.03  # how far above the film's light end the shutter's floor shows at least
+
+
+def _film_quantile(low: torch.Tensor, keep: torch.Tensor, share: float) -> torch.Tensor:
+    """(B,1,1,1): each film's ``share`` quantile of its low-pass outside the digital padding,
+    one sample at a time (batch-independent)."""
+    levels = []
+    for v, k in zip(low, keep, strict=True):
+        vals = v[k > 0.5]
+        if vals.numel() == 0:
+            vals = v.flatten()
+        levels.append(vals.kthvalue(max(1, int(share * vals.numel()))).values)
+    return torch.stack(levels).view(-1, 1, 1, 1)
+
+
 def _lumps(
     keys: Sequence[int], h: int, w: int, dev: torch.device, sigma: torch.Tensor, variant: str = ""
 ) -> torch.Tensor:
@@ -1592,9 +1609,15 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     2. Exposure. The film's low-pass (its anatomy; sigma 1 px) maps to a log exposure,
        E = exp(-``range`` v). Under the blade a fraction ``transmission`` (well under 1 %) of the beam
        gets through, plus scatter from the irradiated body beside it: ``scatter`` x the field's
-       exposure low-passed over ``reach`` of the shorter side (its source the body, 4 E (1 - E):
-       none from the air), strongest at the edge and falling off away from the field, and the
-       long-range scatter and off-focal floor (at the display level ``deep``), and the tube's
+       exposure low-passed over ``reach`` of the shorter side (its source the body, E x mu t:
+       the primary times a scatter-to-primary ratio growing with the e-folds of attenuation
+       counted from the film's open-beam level, its darkest exposed level, so none from the air
+       however far above black the film shows it), strongest at the edge and falling off away
+       from the field, and the long-range scatter and off-focal floor (at the display level
+       ``deep``, but never below the film's own light end, ``DENSE_SHARE`` quantile, plus
+       ``DENSE_LIFT``: the system's LUT is set from the field's histogram, the shutter left
+       out, so the shutter, exposed less than any part of the body, shows lighter than the
+       densest anatomy beside it), and the tube's
        off-focal halo (``halo`` of the beam beside the field, over ``halo_reach``; it crosses
        the body like the primary beam, so the body attenuates it: the anatomy faintly shows
        in it next to the edge); all uneven with the anode heel effect (``heel`` e-folds over
@@ -1616,8 +1639,11 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
        at its median exposed level) times the dose's gain: sqrt(F (1 + ``readout`` F) /
        (1 + ``readout``)), F = exp(``range`` (lin - level)) the exposure ratio (quantum
        variance ~ 1 / E, the detector's readout and structure noise ~ 1 / E^2), at most
-       ``QUANTUM_GAIN``, times the shoulder's slope: grainier than the field where the
-       shoulder leaves it room.
+       ``QUANTUM_GAIN``, times the shoulder's slope, and at least ``band_noise`` (the real
+       bands' grain, whatever the field's: a dose-starved region the DR's noise reduction and
+       resampling did not smooth like the field). A blade only takes exposure away: no pixel
+       under it shows darker than the film did, so a lead marker (at the display's white)
+       carries on into the band instead of being cut by it.
     3. Display processing. The system's edge enhancement acts on the new step like on any
        edge (the film's anatomy was processed already, so only the shutter's share of each
        band-pass is added): an unsharp mask (gain ``enhance``, sigma ``radius`` of the shorter
@@ -1667,11 +1693,23 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     low = low + near * (fill - low)
     exposure = torch.exp(-span * low.clamp(0.0, 1.0))
     reach = (col("reach") * side).clamp_min(1.0)
-    source = (1.0 - m) * 4.0 * exposure * (1.0 - exposure)
+    # the scatter's source: the primary beam in the field times the share the body scatters,
+    # which grows with its thickness (the scatter-to-primary ratio ~ mu t, the e-folds of
+    # attenuation counted from the film's unattenuated beam, its darkest exposed level: the
+    # display maps the open beam near black, so the air beside the body scatters nothing
+    # however far above 0 the film shows it)
+    tau = (span * (low - _film_quantile(low, keep, AIR_SHARE))).clamp_min(0.0)
+    source = (1.0 - m) * exposure * tau
     scatter = col("scatter") * _smooth(source, reach)
     far = _smooth(source, torch.full_like(reach, FAR_REACH * side))
     far = far / _each_mean(far).clamp_min(1e-6)
-    floor = torch.exp(-span * col("deep")) * far.clamp(0.25, 4.0)
+    # the floor's display level: ``deep``, but never below the film's own light end (its
+    # ``DENSE_SHARE`` quantile) plus ``DENSE_LIFT``: the system sets its LUT from the field's
+    # histogram (the shutter left out), so the shutter's exposure, below the least any part of
+    # the body let through, shows lighter than the densest anatomy beside it (the real bands
+    # stand 130-190 levels of 255 above the field next to them)
+    deep = torch.maximum(col("deep"), _film_quantile(low, keep, DENSE_SHARE) + DENSE_LIFT)
+    floor = torch.exp(-span * deep) * far.clamp(0.25, 4.0)
     ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5 - h / 2
     xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5 - w / 2
     phi = torch.deg2rad(col("heel_dir"))
@@ -1740,8 +1778,18 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     dose = torch.sqrt(fewer * (1.0 + col("readout") * fewer) / (1.0 + col("readout")))
     dose = dose.clamp_max(QUANTUM_GAIN) * slope
     quantum = sigma * torch.sqrt((dose * dose - col("texture") ** 2).clamp_min(0.25))
+    # the shutter region is dose-starved whatever the film's own noise: on the real bands it
+    # stays grainy (the NIH bands' high-pass sigma 1.8-2.8 levels of 255 beside fields of 0-1.8,
+    # the DR's noise reduction and resampling having smoothed the field, not the band's few
+    # quanta): the grain at least ``band_noise`` (keyed; display units, its spread before the
+    # high-pass)
+    quantum = torch.maximum(quantum, col("band_noise"))
     texture = detail + m * (col("texture") * soft - detail + quantum * grain)
     shot = base + texture
+    # a blade only takes exposure away: under it no pixel shows darker than the film did (a
+    # lead marker or the densest bone, already at the display's white, stays there: the band
+    # cuts no marker in half, the marker lies on the detector and carries on into it)
+    shot = shot + m * (torch.maximum(shot, v1) - shot)
     # a scanned film's edge: the film as it is, a thin bright rim inside its cut edge, the
     # scanner's black beyond
     # the rim's width and brightness vary along it (the margin's fog, the cut's angle), the
@@ -1798,7 +1846,7 @@ def _padding(v: torch.Tensor) -> torch.Tensor:
 
 def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
     blades = {n: draw(rng_, level[n]) for n in BLADES}
-    u = [float(rng_.random()) for _ in range(43)]
+    u = [float(rng_.random()) for _ in range(44)]
     # which blades show on the film: most often one or a corner's two (the field coned down on
     # one side, the others open past the film's edge: their blade at 0), less often an opposite
     # pair, three, or all four
@@ -1865,6 +1913,9 @@ def _collimation_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "streak": 0.15 + 0.45 * u[41],
         # the anatomy's contrast under a blade as a share of the film's (scatter: a blurred trace)
         "trace": 0.25 + 0.25 * u[42],
+        # the least grain of the shutter region's own dose (2.5-3.9 levels of 255: a high-pass
+        # sigma of 1.8-2.8, as on the real NIH bands, see the catalog entry)
+        "band_noise": (2.5 + 1.4 * u[43]) / 255.0,
         # the display level of the shadow's floor (long-range scatter, off-focal radiation)
         # before the shoulder: the band at about 160-230 of 255, as on the NIH films (their
         # collimated borders 170-225), on the shoulder's slope, not pressed into its flat top
@@ -1894,7 +1945,10 @@ def xray_collimation(
     brightens outwards, the anatomy a scatter-blurred trace at a fraction of the film's
     contrast, never darker than the film it covers, and
     grainy with the detector's quantum and readout noise at its low dose (the fewer quanta, the
-    larger their relative spread), uneven along the band at three scales. The bands are
+    larger their relative spread; at least the grain measured on the real bands), lighter
+    than the densest anatomy beside it (the LUT set from the field, the shutter left out), no
+    pixel darker than the film was (a lead marker carries on into the band), uneven along the
+    band at three scales. The bands are
     as thin as on real films (0.3-9 % of the side; the NIH/Hannover sample films' collimated
     bands measure 0.4-5.6 %, median 1.3 %, see the catalog entry). The system's edge enhancement acts on the new edge as on any: a bright overshoot
     on the blade's side, a dark rebound just inside the field. On a few films (``white`` 0) the
