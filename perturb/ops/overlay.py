@@ -1567,6 +1567,7 @@ def _each_mean(v: torch.Tensor) -> torch.Tensor:
 AIR_SHARE = 0.005  # the share of the film's exposed pixels at or below its open beam's level
 DENSE_SHARE = 0.98  # the film's light end: the share of its pixels at or below it
 DENSE_LIFT = 0.03  # how far above the film's light end the shutter's floor shows at least
+LEAD_WHITE = (0.97, 0.99)  # display levels over which a film's pixel reads as lead (white)
 
 
 def _film_quantile(low: torch.Tensor, keep: torch.Tensor, share: float) -> torch.Tensor:
@@ -1641,9 +1642,9 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
        variance ~ 1 / E, the detector's readout and structure noise ~ 1 / E^2), at most
        ``QUANTUM_GAIN``, times the shoulder's slope, and at least ``band_noise`` (the real
        bands' grain, whatever the field's: a dose-starved region the DR's noise reduction and
-       resampling did not smooth like the field). A blade only takes exposure away: no pixel
-       under it shows darker than the film did, so a lead marker (at the display's white)
-       carries on into the band instead of being cut by it.
+       resampling did not smooth like the field). A blade only takes exposure away: a lead
+       marker on the detector, at the display's white on the film (``LEAD_WHITE``), stays
+       white under the shadow, carrying on into the band instead of being cut by it.
     3. Display processing. The system's edge enhancement acts on the new step like on any
        edge (the film's anatomy was processed already, so only the shutter's share of each
        band-pass is added): an unsharp mask (gain ``enhance``, sigma ``radius`` of the shorter
@@ -1786,10 +1787,12 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     quantum = torch.maximum(quantum, col("band_noise"))
     texture = detail + m * (col("texture") * soft - detail + quantum * grain)
     shot = base + texture
-    # a blade only takes exposure away: under it no pixel shows darker than the film did (a
-    # lead marker or the densest bone, already at the display's white, stays there: the band
-    # cuts no marker in half, the marker lies on the detector and carries on into it)
-    shot = shot + m * (torch.maximum(shot, v1) - shot)
+    # a blade only takes exposure away: a lead marker on the detector, at the display's white
+    # (``LEAD_WHITE`` and above) on the film, stays there under the shadow (the band cuts no
+    # marker in half: it carries on into it); lighter anatomy than that is left to the cap's
+    # blurred trace above (no ribs at their own contrast through the band)
+    lead = ((v1 - LEAD_WHITE[0]) / (LEAD_WHITE[1] - LEAD_WHITE[0])).clamp(0.0, 1.0)
+    shot = shot + m * lead * (torch.maximum(shot, v1) - shot)
     # a scanned film's edge: the film as it is, a thin bright rim inside its cut edge, the
     # scanner's black beyond
     # the rim's width and brightness vary along it (the margin's fog, the cut's angle), the
@@ -1946,8 +1949,8 @@ def xray_collimation(
     contrast, never darker than the film it covers, and
     grainy with the detector's quantum and readout noise at its low dose (the fewer quanta, the
     larger their relative spread; at least the grain measured on the real bands), lighter
-    than the densest anatomy beside it (the LUT set from the field, the shutter left out), no
-    pixel darker than the film was (a lead marker carries on into the band), uneven along the
+    than the densest anatomy beside it (the LUT set from the field, the shutter left out), a
+    lead marker on the detector white under it (carrying on into the band), uneven along the
     band at three scales. The bands are
     as thin as on real films (0.3-9 % of the side; the NIH/Hannover sample films' collimated
     bands measure 0.4-5.6 %, median 1.3 %, see the catalog entry). The system's edge enhancement acts on the new edge as on any: a bright overshoot
