@@ -59,6 +59,7 @@ def test_collimation_of_a_batch_is_each_sample_alone() -> None:
         "wobble": [0.3, 2.0, 1.0, 0.0],
         "scan_blur": [1.5, 3.5, 2.0, 1.0],
         "corner": [0.0, 0.02, 0.002, 0.01],
+        "band_noise": [0.0, 0.012, 0.01, 0.015],
         "enhance": [0.4, 1.2, 0.7, 0.5],
         "radius": [0.0015, 0.0055, 0.003, 0.004],
         "equalize": [0.0, 0.5, 0.2, 0.35],
