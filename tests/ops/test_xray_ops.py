@@ -544,6 +544,45 @@ def test_the_sampled_lead_is_nearly_opaque_and_blurred_by_the_focal_spot() -> No
         assert 0.0007 <= p["blur"] <= 0.0012
 
 
+def test_a_lead_marker_turns_and_flips_as_one_rigid_object() -> None:
+    """A lead marker is one rigid object: its letter, the initials in a row under it, the plate
+    and the disc share one tilt and one mirroring (face down), so turning it by 90 or 180
+    degrees, or laying it face down, moves the initials with the letter (under it upright,
+    above it and upside down when turned over, on its side when turned by 90) and never
+    rotates or mirrors them on their own. The same keyed marker at 0 degrees, turned 90 and
+    180, mirrored, and mirrored and turned 180 (a vertical flip): each tile is the upright
+    tile turned or flipped as a whole, lead, initials, disc and plate alike."""
+    from perturb.ops.overlay import MarkerStyle, marker_tile
+
+    def tile(angle: float, mirrored: float, holder: float = 0.15) -> np.ndarray:
+        style = MarkerStyle.of(
+            _marker_params(initials=3.0, holder=holder, angle=angle, mirrored=mirrored)
+        )
+        t = marker_tile(512, 512, "L", 64.0, True, None, style, 21)
+        assert t is not None
+        return np.stack([t.mask, t.plate])
+
+    lead = tile(0.0, 0.0, holder=0.0)[0] > 0.5  # no plate: no disc below the initials
+    rows = np.flatnonzero(lead.any(axis=1))
+    quarter = (rows[-1] - rows[0] + 1) // 4
+    # upright: the letter's stem alone on top, the three initials in a row under it
+    assert scipy.ndimage.label(lead[rows[0] : rows[0] + quarter])[1] == 1
+    assert scipy.ndimage.label(lead[rows[-1] + 1 - quarter : rows[-1] + 1])[1] >= 3
+    upright = tile(0.0, 0.0)  # on its plate, with its disc
+    cases = {
+        (90.0, 0.0): np.rot90(upright, 1, axes=(1, 2)),  # counter-clockwise on the film
+        (180.0, 0.0): np.rot90(upright, 2, axes=(1, 2)),
+        (0.0, 1.0): upright[:, :, ::-1],
+        (180.0, 1.0): upright[:, ::-1, :],  # face down and upside down: a vertical flip
+    }
+    for (angle, mirrored), expected in cases.items():
+        got = tile(angle, mirrored)
+        diff = np.abs(got - expected)
+        assert float(diff.mean()) < 0.01 and float(diff.max()) < 0.35, (angle, mirrored)
+        # a marker whose initials kept the upright orientation would differ by whole strokes
+        assert float(np.abs(got - upright).mean()) > 5 * float(diff.mean()) + 0.01
+
+
 def test_the_plate_is_a_fixed_display_step_over_tissue_flattened_on_black_air() -> None:
     """The acrylic plate removes a few % of the exposure: a fixed step of the log display over
     tissue, flattened by the display's toe in heavily exposed air (``plate_gain``). The same
