@@ -1570,16 +1570,20 @@ DENSE_LIFT = 0.03  # how far above the film's light end the shutter's floor show
 LEAD_WHITE = (0.97, 0.99)  # display levels over which a film's pixel reads as lead (white)
 
 
-def _film_quantile(low: torch.Tensor, keep: torch.Tensor, share: float) -> torch.Tensor:
-    """(B,1,1,1): each film's ``share`` quantile of its low-pass outside the digital padding,
-    one sample at a time (batch-independent)."""
-    levels = []
-    for v, k in zip(low, keep, strict=True):
-        vals = v[k > 0.5]
-        if vals.numel() == 0:
-            vals = v.flatten()
-        levels.append(vals.kthvalue(max(1, int(share * vals.numel()))).values)
-    return torch.stack(levels).view(-1, 1, 1, 1)
+def _film_quantiles(
+    low: torch.Tensor, keep: torch.Tensor, shares: Sequence[float]
+) -> list[torch.Tensor]:
+    """(B,1,1,1) each: every film's ``share`` quantile of its low-pass outside the digital
+    padding (the whole film where all of it is padding), the k-th smallest of its n values with
+    k = max(1, floor(share n)); one sort of the batch serves every share (exact: batch-independent)."""
+    use = keep > 0.5
+    use = use | ~use.flatten(1).any(dim=1).view(-1, 1, 1, 1)
+    ordered = torch.where(use, low, torch.inf).flatten(1).sort(dim=1).values
+    count = use.flatten(1).sum(dim=1, keepdim=True).double()
+    return [
+        ordered.gather(1, (count * share).floor().clamp_min(1).long() - 1).view(-1, 1, 1, 1)
+        for share in shares
+    ]
 
 
 def _lumps(
@@ -1699,7 +1703,8 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     # attenuation counted from the film's unattenuated beam, its darkest exposed level: the
     # display maps the open beam near black, so the air beside the body scatters nothing
     # however far above 0 the film shows it)
-    tau = (span * (low - _film_quantile(low, keep, AIR_SHARE))).clamp_min(0.0)
+    air, dense = _film_quantiles(low, keep, (AIR_SHARE, DENSE_SHARE))
+    tau = (span * (low - air)).clamp_min(0.0)
     source = (1.0 - m) * exposure * tau
     scatter = col("scatter") * _smooth(source, reach)
     far = _smooth(source, torch.full_like(reach, FAR_REACH * side))
@@ -1709,7 +1714,7 @@ def collimation(x: torch.Tensor, p: dict[str, torch.Tensor], keys: Sequence[int]
     # histogram (the shutter left out), so the shutter's exposure, below the least any part of
     # the body let through, shows lighter than the densest anatomy beside it (the real bands
     # stand 130-190 levels of 255 above the field next to them)
-    deep = torch.maximum(col("deep"), _film_quantile(low, keep, DENSE_SHARE) + DENSE_LIFT)
+    deep = torch.maximum(col("deep"), dense + DENSE_LIFT)
     floor = torch.exp(-span * deep) * far.clamp(0.25, 4.0)
     ys = torch.arange(h, dtype=torch.float64, device=dev).view(1, 1, h, 1) + 0.5 - h / 2
     xs = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, 1, w) + 0.5 - w / 2
