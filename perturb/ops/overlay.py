@@ -569,7 +569,8 @@ def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int, s: int
         square = int(film[y : y + big, x : x + big].sum(dtype=np.int64))
         sums.append(square)
         air = is_air(square, big, total, film.size) and exposed(film, x, y, big)
-        ranks.append(square if air else NEVER + square)
+        # with no air: the spot nearest the drawn corner (the order of ``spots``)
+        ranks.append(square if air else NEVER + len(ranks))
     best = int(np.argmin(ranks))
     if ranks[best] >= NEVER:
         return at_edge(spots[best], s, *film.shape)
@@ -597,7 +598,7 @@ def marker_plan(
 
 PLAN_SIZE = 0.104  # the largest marker (catalog: severity 5's upper size), shorter side
 DOWN_REACH = 0.7  # how far down the outer edge (fraction of the height) the marker may go
-APART = 0.25  # a film's own marker: the added one keeps this far from it (shorter side)
+APART = 0.18  # a film's own marker: the added one keeps this far from it (shorter side)
 EDGE = 0.005  # with no air: the marker's inset from the film's edge, shorter side
 AIR_OF_MEAN = (9, 20)  # air: a square's mean level at most 9/20 of the film's mean level
 OUTER = 0.35  # the marker's square stays within this outer share of the width (off the spine)
@@ -693,22 +694,27 @@ def _letter(canvas: np.ndarray, text: str, cap: float, x: float, base: float, bo
     np.maximum(canvas, ink, out=canvas)
 
 
-def _lead_text(text: str, cap: float, font: str, condense: float = 1.0) -> np.ndarray:
+def _lead_text(
+    text: str, cap: float, font: str, condense: float = 1.0, thin: bool = False
+) -> np.ndarray:
     """``text`` as a lead-marker face would cut it, cap height ``cap`` px, on its own tight
     uint8 canvas: a heavy block sans (OpenCV's sans at weight 900) or a wide stroke face drawn
     with round caps and joins (Hershey duplex, stroke 0.28 of the cap height), narrowed to
     ``condense`` of its width (faces of lead letters run from square to tall and narrow), its
     corners rounded by about 0.06 of the cap height (letters stamped or cut from lead sheet
-    have no sharp corners)."""
+    have no sharp corners). ``thin``: the initials' lighter strokes (weight 600, stroke 0.2 of
+    the cap height: the reference films' initials are thinner than their letter, and greyer
+    once the blur spreads them)."""
     pad = round(0.5 * cap) + 2
     wide = round(len(text) * 1.3 * cap) + 2 * pad
     canvas = np.zeros((round(cap) + 2 * pad, wide), dtype=np.uint8)
     if font == "block":
         size = max(4, round(cap / CAP_PER_SIZE))
-        cv2.putText(canvas, text, (pad, pad + round(cap)), 255, cv2.FontFace("sans"), size, 900)
+        weight = 600 if thin else 900
+        cv2.putText(canvas, text, (pad, pad + round(cap)), 255, cv2.FontFace("sans"), size, weight)
     else:
         face = cv2.FONT_HERSHEY_DUPLEX
-        stroke = max(1, round(0.28 * cap))
+        stroke = max(1, round((0.2 if thin else 0.28) * cap))
         probe = np.zeros((200, 400), dtype=np.uint8)  # the face's height at scale 4 (OpenCV's
         cv2.putText(probe, text, (10, 150), face, 4.0, 255, 1)  # thick strokes keep it)
         rows = np.flatnonzero(probe.any(axis=1))
@@ -847,7 +853,11 @@ def _lead_marker(
     else:
         sub = "".join(INITIALS[int(g.integers(len(INITIALS)))] for _ in range(style.initials))
     glyph = _lead_text(letter, cap, font, condense)
-    small = _lead_text(sub, (0.4 + 0.15 * g.random()) * cap, font, condense) if sub else None
+    small = (
+        _lead_text(sub, (0.4 + 0.15 * g.random()) * cap, font, condense, thin=True)
+        if sub
+        else None
+    )
     gap = (0.08 + 0.1 * g.random()) * cap
     beside = small is not None and style.layout > 0.5 and len(sub) <= 2
     if small is None:
@@ -912,7 +922,7 @@ def _lead_marker(
             _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.0)
     # the display's unsharp mask (CR/DR processing) leaves a dark halo round the dense lead:
     # the film minus ``halo_k`` times its blurred excess, a keyed kernel of 2.5-5 px at 1024 px
-    halo_k = 0.5 + 0.4 * g.random()
+    halo_k = 0.15 + 0.25 * g.random()
     halo_px = (0.0025 + 0.0025 * g.random()) * side
     # letters cut or stamped from lead sheet by hand: their edges wander by a fraction of a
     # pixel (a keyed smooth field of about a tenth of the cap height moving the threshold)
@@ -1150,7 +1160,7 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
         # the lead's share of the way from the film to its white: nearly opaque, the film's
         # unexposed level whatever lies under it (scatter lets a few % through)
-        "level": 0.95 + 0.04 * u[14],
+        "level": 0.75 + 0.22 * u[14],
         "layout": float(u[15] < 0.15),  # the initials beside the letter (most: under it)
     }
 
@@ -1270,7 +1280,8 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
     sums64 = sums.to(torch.int64)
     is_air_ = den * sums64 * (h * w) <= num * film_sum.view(-1, 1) * big * big
     is_air_ &= FLAT_OF * roughs.to(torch.int64) >= big * (big - 1)
-    ranks = torch.where(is_air_, sums64, sums64 + NEVER)
+    order = torch.arange(sums64.shape[1], device=dev).view(1, -1)  # with no air: the first spot
+    ranks = torch.where(is_air_, sums64, order + NEVER)
     ranks = ranks.masked_fill(~valid_d, 1 << 62)
     best = ranks.argmin(dim=1)
     air = ranks.gather(1, best.view(-1, 1))[:, 0] < NEVER

@@ -369,9 +369,10 @@ def _marker_call(
 def test_laterality_marker_goes_in_the_air_beside_the_body() -> None:
     """Technologists put the marker in the air outside the body near a top corner: on a film
     whose only air near the right top corner lies down its outer edge, the marker lands there,
-    not in the corner over the body; on the left side (no air: the body fills it) it goes to
-    the least attenuated place it may go (a thinner strip of tissue down the left edge), just
-    inside the film's edge."""
+    not in the corner over the body; on the left side (no air: the body fills it) it goes where
+    technologists put it when the body fills the field, the drawn top corner just inside the
+    film's edge, over the shoulder (not the thinner strip of tissue further down the left
+    edge)."""
     from perturb.ops.overlay import film_levels, marker_plan
 
     v = _air_pocket_film()
@@ -386,7 +387,7 @@ def test_laterality_marker_goes_in_the_air_beside_the_body() -> None:
         assert rows.min() >= 40 and rows.max() < 80 and cols.min() >= 215  # in the air pocket
     _, x0, y0, _ = marker_plan(256, 256, "R", s, False, None, film_levels(v))
     margin, edge = round(0.03 * 256), round(0.005 * 256)
-    assert x0 == edge and y0 >= 100 and y0 + s <= 150  # no air: the thinnest tissue, at the edge
+    assert (x0, y0) == (edge, edge)  # no air: the drawn corner, at the film's edge
     out, _ = _marker_call(v, size=0.06, right_corner=0.0, angle=-9.0, holder=0.05)
     rows, cols = np.nonzero(np.abs(out - v) > 1e-7)
     assert rows.min() >= y0 and rows.max() < y0 + s and cols.min() >= x0  # the kernel agrees
@@ -397,8 +398,9 @@ def test_laterality_marker_goes_in_the_air_beside_the_body() -> None:
 def test_laterality_marker_goes_lower_down_in_air_else_on_the_thinnest_tissue() -> None:
     """With no air near the top corners the marker goes to the air beside the body lower
     down the outer edge; where the only darker squares are tissue (not air: above 9/20 of the
-    film's mean level), it goes to the least attenuated of them, pushed out to just inside
-    the film's edge. The torch kernel places it where the plan (CPU path) does."""
+    film's mean level), it stays in the drawn top corner (the spot nearest it), pushed out to
+    just inside the film's edge, not down on the thinner tissue. The torch kernel places it
+    where the plan (CPU path) does."""
     from perturb.ops.overlay import film_levels, marker_plan
 
     s = round(float(np.float32(0.06)) * 256)
@@ -407,11 +409,10 @@ def test_laterality_marker_goes_lower_down_in_air_else_on_the_thinnest_tissue() 
         v[40:80, 215:] = 0.6  # no air near the top corner
         v[130:170, 215:] += np.float32(pocket - 0.6)  # with the film's noise
         _, x0, y0, _ = marker_plan(256, 256, "R", s, True, None, film_levels(v))
-        assert y0 >= 130 and y0 + s <= 170
         if is_air:
-            assert x0 >= 215
-        else:
-            assert x0 == 256 - round(0.005 * 256) - s  # at the film's edge
+            assert y0 >= 130 and y0 + s <= 170 and x0 >= 215
+        else:  # the corner at the film's edge
+            assert (x0, y0) == (256 - round(0.005 * 256) - s, round(0.005 * 256))
         out, _ = _marker_call(v, size=0.06, right_corner=1.0, angle=-9.0, holder=0.05)
         rows, cols = np.nonzero(np.abs(out - v) > 1e-7)
         assert rows.min() >= y0 and rows.max() < y0 + s and cols.min() >= x0
@@ -521,9 +522,9 @@ def test_lead_marker_is_dense_lead_in_a_faint_holder_with_the_film_noise() -> No
         solid = big_mask >= 0.9
         assert solid.sum() > 400
         ring1 = scipy.ndimage.binary_dilation(solid, np.ones((3, 3), bool))
-        ring3 = scipy.ndimage.binary_dilation(solid, np.ones((7, 7), bool))
+        ring4 = scipy.ndimage.binary_dilation(solid, np.ones((9, 9), bool))
         assert (big_mask[ring1 & ~solid] > 0.05).mean() > 0.5  # more than a pixel of rise
-        assert not (big_mask[~ring3] > 0.05).any()  # within three pixels of the core
+        assert not (big_mask[~ring4] > 0.05).any()  # within four pixels of the core
         # the display's unsharp mask: a dark halo (negative coverage: the film pulled towards
         # black by its distance to white) in a ring a few pixels round the lead, none beyond
         ring8 = scipy.ndimage.binary_dilation(solid, np.ones((17, 17), bool))
