@@ -616,7 +616,7 @@ class MarkerStyle:
 
     lead: a lead letter radiographed with the patient (else the console's digital letter);
     angle: its tilt on the detector, degrees; mirrored: placed reversed (seen mirrored);
-    initials: how many technologist's initials sit in a row with the letter (0-3, lead only);
+    initials: how many technologist's initials sit in a row with the letter (0, 2 or 3, lead only);
     density: the density of the bead beside a lead letter, relative to the lead (the digital
     letter reaches the display's white); blur: the Gaussian sigma of the focal-spot penumbra
     and detector MTF, fraction of the shorter side; holder: the plastic holder's extra density
@@ -827,7 +827,7 @@ def _lead_marker(
     technologist's initials or a number in smaller type of the same face in one row, under the
     letter or beside it (``style.layout``), cut from the same sheet, in a radiolucent acrylic
     holder on most (a plate 1.05-1.3 times as long as wide that the lead mostly fills, longer
-    at one end where a metal disc or rivet sits on some plates of at least ``DISC_PLATE``
+    at one end where a metal disc or rivet sits on a tenth of the plates of at least ``DISC_PLATE``
     density (never a lone dot on an unseen plate), keyed margins and corner radius, a
     denser moulded rim on half; some markers have none), tilted by ``style.angle`` (a few
     degrees, sometimes turned on its side or upside down) and the whole marker mirrored when
@@ -838,7 +838,7 @@ def _lead_marker(
     ``style.density`` of that. The focal spot's geometric unsharpness and the detector's MTF
     blur every edge by ``style.blur`` (0.7-1.2 px at 1024 px), and the plastic carries the
     film's own noise. The CR/DR display processing's unsharp mask then pulls the film round
-    the dense lead towards black: a dark halo of keyed gain (0.5-0.9) and width (2.5-5 px at
+    the dense lead towards black: a faint dark halo of keyed gain (0.05-0.15) and width (2.5-5 px at
     1024 px), ``v - k b (white - v)`` with ``b`` the wide blur's excess over the lead's
     coverage (a negative coverage in the returned layers, clipped at black in the blend)."""
     ss = SUPERSAMPLE
@@ -880,7 +880,7 @@ def _lead_marker(
     grip = max(0.0, aspect * min(px1 - px0, py1 - py0) - max(px1 - px0, py1 - py0))
     grip_top = g.random() < 0.6  # the grip above (or left of) the lead
     r = (0.13 + 0.11 * g.random()) * cap
-    disc = g.random() < 0.4 and style.holder >= DISC_PLATE  # never a lone dot: on a plate that shows
+    disc = g.random() < 0.1 and style.holder >= DISC_PLATE  # never a lone dot: on a plate that shows
     if disc:
         grip = max(grip, 2.0 * r + 1.2 * (pad_y if upright else pad_x))
     if style.holder <= 0:  # a bare lead letter: only the lead decides the size
@@ -922,7 +922,7 @@ def _lead_marker(
             _rounded_box(holder, (hx0, hy0, hx1, hy1), radius, 1.0)
     # the display's unsharp mask (CR/DR processing) leaves a dark halo round the dense lead:
     # the film minus ``halo_k`` times its blurred excess, a keyed kernel of 2.5-5 px at 1024 px
-    halo_k = 0.15 + 0.25 * g.random()
+    halo_k = 0.05 + 0.1 * g.random()
     halo_px = (0.0025 + 0.0025 * g.random()) * side
     # letters cut or stamped from lead sheet by hand: their edges wander by a fraction of a
     # pixel (a keyed smooth field of about a tenth of the cap height moving the threshold)
@@ -1151,7 +1151,8 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         "lead": float(u[3] < 0.85),  # most films carry a radiographed lead marker
         "angle": turn + math.copysign(tilt, u[4] - 0.5),
         "mirrored": float(u[5] < 0.2),  # placed face down
-        "initials": float(min(3, int(4 * u[6]))),
+        # none, two or three initials (a lone initial beside the letter read as a glyph)
+        "initials": 0.0 if u[6] < 0.3 else (2.0 if u[6] < 0.75 else 3.0),
         "density": 0.45 + 0.5 * u[7],  # the disc's, relative to the lead's
         "blur": 0.0007 + 0.0005 * u[8],  # 0.7-1.2 px on a 1024 px film
         # the plate on most: 2-18 % of the way from the film to its white, most below 6 %
