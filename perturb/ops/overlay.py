@@ -557,9 +557,10 @@ def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int, s: int
     exposure (``exposed``: it carries the film's quantum noise, not digital padding), the one
     whose square holds the film's lowest sum of levels (``film_levels``: the darkest, most
     exposed air, beyond the skin line; the first on a tie, nearest the drawn corner); with no
-    such air where the marker may go, the least attenuated spot (the lowest sum; the body
-    fills the corner) pushed out to just inside the film's edge (``at_edge``); the first spot
-    without the film. The spots never cover the spine or mediastinum (``marker_spots``).
+    such air where the marker may go (the body fills the corner), the spot nearest the drawn
+    corner (the first: where technologists put it over the shoulder, not the thinner tissue
+    further down the outer edge), pushed out to just inside the film's edge (``at_edge``); the
+    first spot without the film. The spots never cover the spine or mediastinum (``marker_spots``).
     Integer sums: the torch kernel's choice (``_place_markers``) is the same."""
     if film is None:
         return spots[0]
@@ -831,10 +832,12 @@ def _lead_marker(
     density (never a lone dot on an unseen plate), keyed margins and corner radius, a
     denser moulded rim on half; some markers have none), tilted by ``style.angle`` (a few
     degrees, sometimes turned on its side or upside down) and the whole marker mirrored when
-    placed face down; the letters' cut edges wander by a fraction of a pixel (``ROUGH``). Lead
-    stops almost all of the primary beam: the letter covers the film by ``style.level``
-    (0.95-0.99: the film's unexposed white whatever lies under it, the scatter letting a few %
-    through), with a little noise of its own (``LEAD_NOISE``); the disc covers it by
+    placed face down; the letters' cut edges wander by a fraction of a pixel (``ROUGH``); the
+    initials in lighter strokes than the letter (``_lead_text``'s ``thin``). Lead stops almost
+    all of the primary beam, but the patient's scatter reaches the detector under it: the
+    letter covers the film by ``style.level`` (0.75-0.97 of the way from the film to its white:
+    the reference films measure about 0.9 over air, 0.6-0.85 over tissue), with a little noise
+    of its own (``LEAD_NOISE``); the disc covers it by
     ``style.density`` of that. The focal spot's geometric unsharpness and the detector's MTF
     blur every edge by ``style.blur`` (0.7-1.2 px at 1024 px), and the plastic carries the
     film's own noise. The CR/DR display processing's unsharp mask then pulls the film round
@@ -871,7 +874,7 @@ def _lead_marker(
     # the plate round the lead (its box relative to the lead's centre): wider than the lead
     # by keyed margins; oblong (1.05-1.3 times as long as wide, along the lead's longer side:
     # the lead fills most of the plate, as on the reference films), the extra length the grip
-    # at one end, where a metal disc or rivet sits on some
+    # at one end, where a metal disc or rivet sits on a tenth
     pad_x, pad_y = (0.08 + 0.14 * g.random()) * cap, (0.07 + 0.12 * g.random()) * cap
     px0, py0 = -block_w / 2 - pad_x, -block_h / 2 - pad_y
     px1, py1 = block_w / 2 + pad_x, block_h / 2 + pad_y
@@ -1159,8 +1162,9 @@ def _marker_sampler(rng_: np.random.Generator, level: Level) -> Params:
         # (thin acrylic, faint on air; a few thick moulded plates stand out)
         "holder": (0.02 + 0.16 * (u[9] / 0.88) ** 2.5) if u[9] < 0.88 else 0.0,
         "ring": float(u[10] < 0.5),  # the console's letter (digital markers only) in a ring
-        # the lead's share of the way from the film to its white: nearly opaque, the film's
-        # unexposed level whatever lies under it (scatter lets a few % through)
+        # the lead's share of the way from the film to its white: the primary nearly stopped,
+        # the patient's scatter reaching the detector under it (reference films: about 0.9 over
+        # air, 0.6-0.85 over tissue)
         "level": 0.75 + 0.22 * u[14],
         "layout": float(u[15] < 0.15),  # the initials beside the letter (most: under it)
     }
@@ -1275,7 +1279,7 @@ def _place_markers(x: torch.Tensor, tiles: Sequence[MarkerTile | None]) -> torch
     end = (bx + big - 1).clamp(min=0)  # (a film without a marker: big 0, no spots)
     roughs = at_r(by + big, end) - at_r(by, end) - at_r(by + big, bx) + at_r(by, bx)
     # ``choose_spot``: the exposed air squares (``is_air``, ``exposed``) ranked by level sum;
-    # with none, the least attenuated spot, just inside the film's edge
+    # with none, the spot nearest the drawn corner, just inside the film's edge
     num, den = AIR_OF_MEAN
     film_sum = levels.sum(dim=(1, 2), dtype=torch.int64)
     sums64 = sums.to(torch.int64)
@@ -1362,13 +1366,13 @@ def xray_laterality_marker(
     flattened by its toe on black air: ``plate_gain``), sometimes with a metal disc in its
     grip, with the technologist's initials or a number in one row, at a keyed tilt, sometimes
     on its side or upside down, the whole marker mirrored when face down; the lead stops
-    almost all of the beam, so letter and initials reach the film's unexposed white whatever
-    lies under them (the scatter's own noise), their edges blurred by the focal spot's
-    geometric unsharpness and the detector's MTF by about a pixel, the display's unsharp mask
-    leaving a dark halo round them, the plastic carrying the film's own noise); the rest are
-    the console's flat digital letter at display white, often ringed. With no exposed air
-    where it may go the marker goes to the least attenuated of its spots, just inside the
-    film's edge (``choose_spot``). The
+    almost all of the primary beam, so letter and initials lie most of the way from the film
+    to its white, the patient's scatter under them (with its own noise), their edges blurred
+    by the focal spot's geometric unsharpness and the detector's MTF by about a pixel, the
+    display's unsharp mask leaving a faint dark halo round them, the plastic carrying the
+    film's own noise); the rest are the console's flat digital letter at display white, often
+    ringed. With no exposed air where it may go the marker goes to the spot nearest the drawn
+    corner, just inside the film's edge (``choose_spot``). The
     letter is keyed and need not match the anatomy (a wrong or misplaced marker is the failure
     mode it probes), but it never contradicts a marker already on the film, is never a
     duplicate beside it (``APART``) and keeps clear of its annotations.
