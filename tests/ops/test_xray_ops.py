@@ -533,15 +533,16 @@ def test_lead_marker_is_dense_lead_in_a_faint_holder_with_the_film_noise() -> No
         assert not (big_mask[~scipy.ndimage.binary_dilation(solid, np.ones((41, 41), bool))] < -0.005).any()
 
 
-def test_the_sampled_lead_is_nearly_opaque_and_blurred_by_the_focal_spot() -> None:
-    """Lead stops almost all of the beam: every sampled lead marker's letter lies at least
-    95 % of the way from the film to its white (never a semi-transparent grey), its edges
-    blurred by 0.7-1.2 px at 1024 px."""
+def test_the_sampled_lead_stops_most_of_the_beam_and_is_blurred_by_the_focal_spot() -> None:
+    """Lead stops almost all of the primary beam, the patient's scatter reaching the detector
+    under it: every sampled lead marker's letter lies 75-97 % of the way from the film to its
+    white (the reference films: about 0.9 over air, 0.6-0.85 over tissue; never a faint grey),
+    its edges blurred by 0.7-1.2 px at 1024 px."""
     from perturb.ops.overlay import _marker_sampler
 
     for k in range(200):
         p = _marker_sampler(np.random.default_rng(k), {"size": (0.06, 0.07)})
-        assert 0.95 <= p["level"] <= 0.99
+        assert 0.75 <= p["level"] <= 0.97  # the patient's scatter under the lead
         assert 0.0007 <= p["blur"] <= 0.0012
 
 
@@ -1272,3 +1273,14 @@ def test_collimation_keeps_the_films_padding_beside_the_shadow_but_fills_it_unde
     # as the shadow beside it: no trace of the padding's rectangle
     assert abs(u[100:250, :8].mean() - u[100:250, 12:20].mean()) < 0.01
     assert u[260:290, 10:40].mean() > 0.7  # as the shadow beside it
+
+
+def test_lead_marker_initials_are_none_two_or_three() -> None:
+    """Round 14's reviewers read a lone initial beside the letter as a glyph: the sampler draws
+    none, two or three initials (never one), each often."""
+    from perturb.ops.overlay import _marker_sampler
+
+    g = np.random.default_rng(7)
+    draws = [_marker_sampler(g, {"size": (0.09, 0.095)})["initials"] for _ in range(600)]
+    counts = {n: draws.count(n) for n in (0.0, 1.0, 2.0, 3.0)}
+    assert counts[1.0] == 0 and min(counts[0.0], counts[2.0], counts[3.0]) > 100
