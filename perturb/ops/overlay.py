@@ -565,10 +565,9 @@ def choose_spot(film: np.ndarray | None, spots: Sequence[Spot], big: int, s: int
     if film is None:
         return spots[0]
     total = int(film.sum(dtype=np.int64))
-    sums, ranks = [], []
+    ranks: list[int] = []
     for x, y, _, _, _ in spots:
         square = int(film[y : y + big, x : x + big].sum(dtype=np.int64))
-        sums.append(square)
         air = is_air(square, big, total, film.size) and exposed(film, x, y, big)
         # with no air: the spot nearest the drawn corner (the order of ``spots``)
         ranks.append(square if air else NEVER + len(ranks))
