@@ -93,4 +93,9 @@ def load_suite(path: str | Path) -> Suite:
         raise SuiteError(
             f"{p}: a training policy (for perturb.Augment), not a suite. {known_names_hint('suite')}"
         )
-    return parse_suite(data, str(p))
+    suite = parse_suite(data, str(p))
+    if suite.input is not None and suite.input.images is not None:
+        images = Path(suite.input.images).expanduser()
+        if not images.is_absolute():  # relative to the suite file, not to where perturb runs
+            suite.input.images = str((p.resolve().parent / images).resolve())
+    return suite

@@ -9,7 +9,8 @@
         severities: [1, 2, 3, 4, 5]
     input:                    # optional: a dataset adapter (perturb.datasets.adapters())
       adapter: <name>         # a registered dataset whose entry has an adapter
-      images: null            # folder the dataset's image paths start from (or --images)
+      images: null            # folder the dataset's image paths start from (or --images);
+                              # a relative one starts at the suite file's folder
     output:
       layout: "{op}/s{severity}/{img_id}.{ext}"
       format: png             # png (lossless, 8/16-bit) or jpg

@@ -164,6 +164,19 @@ def open_run_input(
 
     if suite.input is not None:
         from perturb.datasets import open_adapter
+
+        given = [
+            flag
+            for flag, value in (("--builtin-images", builtin_images), ("--image-column", image_column))
+            if value is not None
+        ]
+        if given:
+            raise DatasetError(
+                f"{' and '.join(given)}: not for suite {suite.suite}, which reads its dataset "
+                f"through the {suite.input.adapter} adapter (its own columns and images); pass "
+                "the dataset with --dataset (its image folder with --images), or use a suite "
+                "without an input section for the built-in phantoms (e.g. xray-artifacts)"
+            )
         from perturb.io.datasets import using_cache
 
         with using_cache(cache_dir):

@@ -234,3 +234,37 @@ def test_cli_adapter_suite_with_images(tmp_path: Path) -> None:
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.output)["outputs_written"] == 3
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+
+
+def test_suite_images_folder_starts_at_the_suite_file(tmp_path: Path) -> None:
+    """``input.images: ../ReXGradient-160K`` in configs/rex.yaml reads tmp/ReXGradient-160K,
+    wherever perturb runs (the test's working directory is the repository)."""
+    fx = make_rexvqa(tmp_path)
+    (tmp_path / "configs").mkdir()
+    suite = tmp_path / "configs" / "rex.yaml"
+    suite.write_text(
+        "suite: rex-mini\njobs:\n  - ops: [xray_gamma]\n    severities: [2]\n"
+        f"input:\n  adapter: rexvqa\n  images: ../{fx.images.name}\n"
+        "output:\n  layout: '{op}/{img_id}.{ext}'\n"
+    )
+    loaded = load_suite(suite)
+    assert loaded.input is not None and Path(loaded.input.images or "") == fx.images.resolve()
+    out = tmp_path / "out"
+    args = ["generate", str(suite), "--dataset", str(fx.json_file), "--out", str(out)]
+    ok = runner.invoke(app, [*args, "--quiet", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["outputs_written"] == 3
+
+
+@pytest.mark.parametrize("flag", [["--builtin-images", "2"], ["--image-column", "image"]])
+def test_phantom_and_column_flags_are_refused_for_adapter_suites(
+    tmp_path: Path, flag: list[str]
+) -> None:
+    """An adapter suite reads its own dataset: a flag it would ignore is an error naming the
+    fix, before anything is written (the ReXVQA suite would otherwise try the Hub)."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["generate", "rexvqa", "--out", str(out), *flag])
+    assert result.exit_code == 2, result.output
+    assert flag[0] in result.output and "--dataset" in result.output
+    assert "xray-artifacts" in result.output and "Traceback" not in result.output
+    assert not out.exists()
