@@ -12,9 +12,10 @@ text or None), ``perturbation``, ``severity``, ``variant``, ``image_path`` (the 
 ``_id_from_path`` (img_id derived from the image paths: a sample, not necessarily the
 manifest's image). Raw columns are found by their aliases
 (:data:`perturb.score.columns.ALIASES`). Without an id column a row with several images is
-keyed by their common folder (:func:`perturb.score.cells.sample_id_of_paths`): the study or
-case, not an image, is the sample. Rows that cannot be used are dropped and counted with a
-reason in the :class:`~perturb.score.read.ReadReport`; nothing is dropped silently.
+keyed by the study or case its paths name, else by its images' file stems
+(:func:`perturb.score.cells.sample_id_of_paths`): the sample, not an image, is the unit. Rows
+that cannot be used are dropped and counted with a reason in the
+:class:`~perturb.score.read.ReadReport`; nothing is dropped silently.
 """
 
 from __future__ import annotations

@@ -205,26 +205,22 @@ def _posix(path: str) -> PurePosixPath:
 
 def sample_id_of_paths(v: Any) -> str | None:
     """Sample id from image path(s), the same for clean images and the outputs ``perturb
-    generate`` wrote from them: a radiology study or case
-    (:func:`perturb.datasets.radiology.sample_of_image_paths`: ``studies/<uid>``, ``caseN``); else one
-    image -> its file stem (an encoded generated name decoded); several -> their deepest common
-    folder (as written), so the study, not an image, is the sample."""
+    generate`` wrote from them (any output folder and layout): a radiology study or case
+    (:func:`perturb.datasets.radiology.sample_of_image_paths`: ``studies/<uid>``, ``caseN``); else
+    each image's file stem (an encoded generated name decoded), several joined sorted with
+    ``|``. Not their common folder: the outputs of one sample sit in the layout's folders
+    (``{op}/s{severity}/``), not the dataset's, so a folder would never pair clean and perturbed
+    rows. ``perturb generate`` refuses stems that name two files, so within a split the stems
+    name the sample; rows of two samples with the same stems and question are reported as
+    duplicates by the pairing, never merged silently."""
     paths = paths_of(v)
     if not paths:
         return None
     sample = sample_of_image_paths(paths)
     if sample is not None:
         return sample
-    if len(set(paths)) == 1:
-        names = image_path_parts(paths[0])
-        return image_stem(names[-1]) if names else None
-    parents = [_posix(p).parent.parts for p in paths]
-    common: list[str] = []
-    for parts in zip(*parents, strict=False):
-        if len(set(parts)) != 1:
-            break
-        common.append(parts[0])
-    return str(PurePosixPath(*common)) if common else "|".join(sorted(image_stem(p) for p in paths))
+    stems = sorted({image_stem(names[-1]) for p in paths if (names := image_path_parts(p))})
+    return "|".join(stems) if stems else None
 
 
 def _num(v: Any) -> float | None:

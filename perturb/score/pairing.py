@@ -448,10 +448,20 @@ def _check_duplicates(
     if (counts > 1).any():
         dup_keys = uniq[counts > 1]
         rows = np.flatnonzero(np.isin(keys.clean, dup_keys[:3]))
+        derived = "_id_from_path" in clean.columns and bool(
+            clean["_id_from_path"].fillna(False).to_numpy(dtype=bool)[rows].any()
+        )
         raise InputError(
             f"{clean_source}: {int((counts - 1)[counts > 1].sum())} duplicate clean rows with "
-            f"the same {keys.name}: {examples(_where(clean, rows, 'clean'), 6)}. Keep one row per key "
-            "(or add a 'variant' column if the rows are different image variants)."
+            f"the same {keys.name}: {examples(_where(clean, rows, 'clean'), 6)}. "
+            + (
+                "Their img_id comes from the image file names (the rows carry no img_id or study "
+                "column), which several samples share here: add an 'img_id' column naming each "
+                "sample to both prediction files."
+                if derived
+                else "Keep one row per key (or add a 'variant' column if the rows are different "
+                "image variants)."
+            )
         )
     full = pd.DataFrame(
         {

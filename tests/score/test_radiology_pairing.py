@@ -210,3 +210,45 @@ def test_rexvqa_long_uids_pair_through_the_manifest(tmp_path: Path) -> None:
     assert {r["extra"]["param_key"] for r in records} == {
         f"deid_png/GRDN0123abcd/GRDN0123abcd_0001/studies/{uid}"
     }
+
+
+def test_own_multi_image_samples_pair_by_their_file_stems(tmp_path: Path) -> None:
+    """A user's own multi-view dataset (a folder per patient, no adapter, no id column): the
+    clean prompts name the dataset's paths, the perturbed ones the outputs in the layout's
+    folders; both key each sample by its views' file stems, so every prompt pairs."""
+    data = tmp_path / "data"
+    rng = np.random.default_rng(3)
+    views = {"p1": ["p1_frontal", "p1_lateral"], "p2": ["p2_frontal"]}
+    for patient, names in views.items():
+        for name in names:
+            write_png(data / patient / f"{name}.png", (rng.random((64, 48)) * 60000).astype(np.uint16))
+    out = tmp_path / "gen"
+    suite = parse_suite(
+        {
+            "suite": "own-views",
+            "seed": 1,
+            "jobs": [{"ops": ["xray_gamma"], "severities": [2]}],
+            "output": {"layout": "{op}/s{severity}/{img_id}.{ext}", "format": "png"},
+        },
+        "test",
+    )
+    summary = run(suite, out, data)
+    assert summary.errors == 0, (out / "errors.jsonl").read_text()
+    made = {r["img_id"]: r["path"] for r in pq.read_table(out / "manifest.parquet").to_pylist()}
+    question = "Is there a pleural effusion?"
+    clean = [_swift([str(data / p / f"{n}.png") for n in names], question, "no") for p, names in views.items()]
+    pert = [_swift([str(out / made[n]) for n in names], question, "no") for names in views.values()]
+    c, p = _write(tmp_path / "clean.jsonl", clean), _write(tmp_path / "pert.jsonl", pert)
+    _assert_paired(c, p, out, 2, 2, {"p1_frontal|p1_lateral", "p2_frontal"})
+
+
+def test_samples_sharing_file_stems_ask_for_an_id_column(tmp_path: Path) -> None:
+    """Two patients whose views share file names give one derived id: the scorer stops and
+    says to add an img_id column instead of merging their rows."""
+    rows = [
+        _swift([f"/d/{p}/frontal.png", f"/d/{p}/lateral.png"], "Is there a pleural effusion?", "no")
+        for p in ("p1", "p2")
+    ]
+    c = _write(tmp_path / "clean.jsonl", rows)
+    with pytest.raises(Exception, match="add an 'img_id' column"):
+        score_runs(c, c, bootstrap=0)

@@ -184,7 +184,7 @@ def test_boxes_of_formats() -> None:
 
 def test_sample_id_of_paths() -> None:
     assert sample_id_of_paths("a/b/img7.png") == "img7"
-    assert sample_id_of_paths(["s/1/x.png", "s/1/y.png"]) == "s/1"
+    assert sample_id_of_paths(["s/1/y.png", "s/1/x.png"]) == "x|y"
     assert sample_id_of_paths(["x.png", "y.png"]) == "x|y"
     assert sample_id_of_paths([]) is None
     # a generated output names the clean image's sample: decoded file name, study, case
@@ -194,7 +194,14 @@ def test_sample_id_of_paths() -> None:
     assert sample_id_of_paths(study) == sample_id_of_paths([made]) == "studies/1.2.3"
     assert sample_id_of_paths(["i/case7/a.jpg", "i/case7/b.jpg"]) == "case7"
     assert sample_id_of_paths(["o/blur/s3/case7_a.png", "o/blur/s3/case7_b.png"]) == "case7"
-    assert sample_id_of_paths(["o/case7_a.png", "o/case8_b.png"]) == "o"  # two cases: no case
+    assert sample_id_of_paths(["o/case7_a.png", "o/case8_b.png"]) == "case7_a|case8_b"
+    # any other multi-image sample: the same id from the dataset's folders and from the outputs
+    # in the layout's folders, named by stem or (--id-from path) by their encoded path
+    clean = ["data/p1/p1_frontal.png", "data/p1/p1_lateral.png"]
+    made = ["gen/xray_gamma/s2/p1_lateral.png", "gen/xray_gamma/s2/p1_frontal.png"]
+    by_path = ["gen/xray_gamma/s2/p1%2Fp1_frontal.png", "gen/xray_gamma/s2/p1%2Fp1_lateral.png"]
+    ids = {sample_id_of_paths(clean), sample_id_of_paths(made), sample_id_of_paths(by_path)}
+    assert ids == {"p1_frontal|p1_lateral"}
 
 
 def test_cli_scores_rexvqa_files(tmp_path: Path) -> None:
