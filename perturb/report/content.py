@@ -51,7 +51,8 @@ def headline_rows(model: Mapping[str, Any], metric: str, binary: bool) -> list[l
             row += [
                 pct(cell_scores["flip_correct_to_wrong"]["estimate"]),
                 pct(cell_scores["flip_wrong_to_correct"]["estimate"]),
-                f"{pval(cell_scores['mcnemar']['p_exact'])} / {pval(cell_scores['mcnemar']['p_mid'])}",
+                f"{pval(cell_scores['mcnemar']['p_exact'])} / {pval(cell_scores['mcnemar']['p_mid'])}"
+                f" / {pval(cell_scores['mcnemar'].get('p_clustered'))}",
             ]
         row.append(pct(cell["answer_changed_rate"]["estimate"]))
         rows.append(row)
@@ -186,7 +187,11 @@ def _summary_section(scores: Mapping[str, Any]) -> Section:
         f"Primary metric: {prim} ({defs.get(prim, {}).get('description', '')}). "
         f"Delta = perturbed - clean in percentage points; * marks a 95% CI that excludes 0. "
         f"CIs: paired cluster bootstrap over img_id, B = {cfg['bootstrap']['resamples']}, "
-        f"seed {cfg['bootstrap']['seed']}, level {cfg['bootstrap']['level']}."
+        f"seed {cfg['bootstrap']['seed']}, level {cfg['bootstrap']['level']}; a row of "
+        "one image has no CI (resampling one image gives it back every time). McNemar p: exact "
+        "and mid-p treat every pair as independent, which overstates the evidence when pairs "
+        "share an image (several questions, variants or views); clustered is Durkalski et "
+        "al.'s (2003) test on each image's net flips, the one to read then."
     )
     section.paragraphs.append(
         f"Input rows {counts['input_rows']} (clean {counts['clean_rows']}, perturbed "
@@ -293,7 +298,7 @@ def _headline_section(
     prim, binary = _primary(scores)
     header = ["perturbation", "n", "images", "clean", "perturbed", "delta (pp)", "relative drop %"]
     if binary:
-        header += ["correct->wrong %", "wrong->correct %", "McNemar p exact / mid"]
+        header += ["correct->wrong %", "wrong->correct %", "McNemar p exact / mid / clustered"]
     header.append("answer changed %")
     section = Section(f"Headline: {mname}", f"headline-{index}")
     section.tables.append(

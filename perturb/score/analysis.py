@@ -25,6 +25,7 @@ from perturb.score.bootstrap import Cell, CellEngine
 from perturb.score.metrics import METRICS, answers_differ, corpus_score
 from perturb.score.stats import (
     area_under_severity_curve,
+    clustered_mcnemar,
     effective_robustness,
     mcnemar,
     percentile_ci,
@@ -53,7 +54,8 @@ class Layout:
 
     Per item metric: ``m:n`` (1 where defined on both sides), ``m:clean``, ``m:perturbed``
     (the values), and for binary metrics ``m:correct_to_wrong`` / ``m:wrong_to_correct`` (flip
-    indicators); per corpus metric ``m:n`` and its sufficient statistics ``m:clean`` /
+    indicators) and ``m:net_loss`` (their difference, whose cluster totals the clustered
+    McNemar test weighs); per corpus metric ``m:n`` and its sufficient statistics ``m:clean`` /
     ``m:perturbed`` (``stats_width`` columns each).
     """
 
@@ -77,6 +79,7 @@ class Layout:
             if m in self.binary:
                 add(f"{m}:correct_to_wrong")
                 add(f"{m}:wrong_to_correct")
+                add(f"{m}:net_loss")
         for m in self.corpus:
             w = METRICS[m].stats_width
             add(f"{m}:n")
@@ -110,6 +113,10 @@ class Layout:
             if m in self.binary:
                 values[:, self.col(f"{m}:correct_to_wrong")] = ok & (c == 1) & (p == 0)
                 values[:, self.col(f"{m}:wrong_to_correct")] = ok & (c == 0) & (p == 1)
+                values[:, self.col(f"{m}:net_loss")] = (
+                    values[:, self.col(f"{m}:correct_to_wrong")]
+                    - values[:, self.col(f"{m}:wrong_to_correct")]
+                )
         for m in self.corpus:
             assert corpus_clean is not None and corpus_perturbed is not None and has_ref is not None
             values[:, self.col(f"{m}:n")] = has_ref
@@ -212,9 +219,14 @@ def summarize(cell: Cell, layout: Layout, intervals: _IntervalBatch) -> dict[str
                 _, gained_boot = _ratio(point, boot, gained_col, n_col)
             intervals.add(d, "flip_correct_to_wrong", lost / n, lost_boot)
             intervals.add(d, "flip_wrong_to_correct", gained / n, gained_boot)
+            net_col = layout.col(f"{m}:net_loss")
+            test: dict[str, float | int | None] = {**mcnemar(round(lost), round(gained))}
+            one_image = cell.n_clusters < 2 or cell.cluster_sq is None  # no spread to weigh
+            test["p_clustered"] = clustered_mcnemar(
+                point[net_col], None if one_image else cell.cluster_sq[net_col]  # type: ignore[index]
+            )
             d["mcnemar"] = {
-                k: (six_digits(v) if isinstance(v, float) else v)
-                for k, v in mcnemar(round(lost), round(gained)).items()
+                k: (six_digits(v) if isinstance(v, float) else v) for k, v in test.items()
             }
         out["metrics"][m] = d
     return out

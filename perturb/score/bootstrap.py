@@ -76,13 +76,16 @@ def resample_counts(n_clusters: int, n_boot: int, seed: int) -> np.ndarray:
 
 @dataclass
 class Cell:
-    """One group of pairs: point totals, resampled totals, sizes."""
+    """One group of pairs: point totals, resampled totals (None for a cell of one image),
+    sizes, and per column the sum over clusters of the squared cluster totals (``cluster_sq``:
+    the clustered McNemar's variance)."""
 
     key: tuple[Hashable, ...]
     point: np.ndarray
     n_rows: int
     n_clusters: int
     boot: np.ndarray | None = None
+    cluster_sq: np.ndarray | None = None
 
 
 @dataclass
@@ -128,6 +131,7 @@ class CellEngine:
                 point=cell_sums.sum(axis=0),
                 n_rows=int(rows_per[s:e].sum()),
                 n_clusters=int(e - s),
+                cluster_sq=np.einsum("ij,ij->j", cell_sums, cell_sums),
             )
             self._sums[key] = (g_clus[s:e], cell_sums)
 
@@ -164,4 +168,7 @@ class CellEngine:
         for start in range(0, self.n_boot, step):
             out[start : start + step] = W[start : start + step].astype(np.float64) @ D
         for key, o, w in zip(block, offsets[:-1], widths, strict=True):
-            self.cells[key].boot = out[:, o : o + w].copy()
+            # a cell of one image resamples to itself: a zero-width interval that would read
+            # as certainty, so it gets none
+            if self.cells[key].n_clusters >= 2:
+                self.cells[key].boot = out[:, o : o + w].copy()

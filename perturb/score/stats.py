@@ -4,7 +4,11 @@ McNemar on the discordant counts b (correct -> wrong) and c (wrong -> correct) o
 outcomes: the exact p-value is the two-sided binomial test of min(b, c) ~ Bin(b + c, 1/2)
 (as ``statsmodels.stats.contingency_tables.mcnemar(exact=True)``); the mid-p value subtracts the
 probability of the observed count (Fagerland, Lydersen & Laake 2013, BMC Med Res Methodol 13:91).
-Both treat pairs as independent; the cluster-bootstrap CI is the clustered analysis.
+Both treat pairs as independent. Pairs that share an image (several questions, variants or
+views of one sample) are correlated, which makes those p-values too small; the clustered test
+of Durkalski, Palesch, Lipsitz & Rust (2003, Stat Med 22:2417) takes each cluster's net count
+d_k = b_k - c_k: X^2 = (sum d_k)^2 / sum d_k^2 on 1 degree of freedom, which is McNemar's
+uncorrected chi-square when every cluster holds one pair.
 """
 
 from __future__ import annotations
@@ -23,6 +27,17 @@ def mcnemar(b: int, c: int) -> dict[str, float | int]:
     cdf = float(_st.binom.cdf(k, n, 0.5))
     pmf = float(_st.binom.pmf(k, n, 0.5))
     return {"b": b, "c": c, "p_exact": min(1.0, 2.0 * cdf), "p_mid": min(1.0, 2.0 * cdf - pmf)}
+
+
+def clustered_mcnemar(net_total: float, net_sq_total: float | None) -> float | None:
+    """Durkalski's clustered McNemar p-value from ``sum_k d_k`` and ``sum_k d_k^2`` (d_k a
+    cluster's correct->wrong minus wrong->correct count); None without the cluster totals, 1.0
+    when no cluster has a net change."""
+    if net_sq_total is None:
+        return None
+    if net_sq_total <= 0:
+        return 1.0
+    return float(_st.chi2.sf(float(net_total) ** 2 / float(net_sq_total), 1))
 
 
 def percentile_ci(samples: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
 from perturb.score.bootstrap import CellEngine, resample_counts
 from perturb.score.stats import (
     area_under_severity_curve,
+    clustered_mcnemar,
     effective_robustness,
     mcnemar,
     percentile_ci,
@@ -37,6 +38,39 @@ def test_mcnemar_exact_matches_statsmodels_and_mid_p_matches_scipy(b: int, c: in
         assert got["p_mid"] <= got["p_exact"]
     else:
         assert got["p_exact"] == 1.0 and got["p_mid"] == 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 400), st.integers(0, 400))
+def test_clustered_mcnemar_of_one_pair_per_image_is_mcnemars_chi_square(b: int, c: int) -> None:
+    """Every cluster one pair: d_k is +1 (b) or -1 (c), so sum d_k^2 = b + c and Durkalski's
+    statistic is McNemar's uncorrected chi-square (statsmodels, exact=False, correction=False)."""
+    got = clustered_mcnemar(b - c, b + c)
+    if b + c == 0:
+        assert got == 1.0
+        return
+    want = sm_mcnemar(np.array([[50, b], [c, 50]]), exact=False, correction=False).pvalue
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-300)
+
+
+def test_clustered_mcnemar_keeps_its_level_when_pairs_share_an_image() -> None:
+    """No true gap, but the pairs of one image flip together (each image leans one way, either
+    way with probability 1/2): McNemar on the pooled counts rejects far more often than 5%,
+    the clustered test about 5% of the time."""
+    rng = np.random.default_rng(11)
+    n_sets, n_images, per_image = 2000, 30, 10
+    lean = rng.random((n_sets, n_images)) < 0.5
+    flips = rng.random((n_sets, n_images, per_image)) < 0.3
+    to_wrong = rng.random((n_sets, n_images, per_image)) < np.where(lean, 0.85, 0.15)[..., None]
+    b_k = (flips & to_wrong).sum(axis=2)
+    c_k = (flips & ~to_wrong).sum(axis=2)
+    d_k = b_k - c_k
+    pooled = np.mean([mcnemar(b, c)["p_exact"] < 0.05 for b, c in zip(b_k.sum(1), c_k.sum(1), strict=True)])
+    clustered = np.mean(
+        [(clustered_mcnemar(d.sum(), (d**2).sum()) or 1.0) < 0.05 for d in d_k]
+    )
+    assert pooled > 0.12, pooled  # over twice the nominal 5%
+    assert 0.02 <= clustered <= 0.08, clustered
 
 
 def test_mcnemar_hand_example() -> None:
@@ -118,6 +152,8 @@ def test_engine_totals_equal_direct_sums() -> None:
         per_cluster = np.zeros((40, 4))
         np.add.at(per_cluster, cl[sel], vals[sel])
         assert cell.boot is not None and np.allclose(cell.boot, W @ per_cluster)
+        assert cell.cluster_sq is not None
+        assert np.allclose(cell.cluster_sq, (per_cluster**2).sum(axis=0))
 
 
 def test_effective_robustness_on_and_off_the_line() -> None:

@@ -1,0 +1,77 @@
+"""What the report claims from few images: no interval from one image, and McNemar's clustered
+p-value beside the pooled ones when the pairs of an image move together."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from perturb.cli import app
+from perturb.score import score_runs
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _runs(tmp_path: Path, wrong_after: dict[str, int], n_questions: int = 10) -> tuple[Path, Path]:
+    """Every clean answer right; on image ``img`` the first ``wrong_after[img]`` perturbed ones
+    wrong."""
+    clean, pert = [], []
+    for img, n_wrong in wrong_after.items():
+        for q in range(n_questions):
+            row = {"img_id": img, "question": f"Is there finding {q}?", "answer": "yes"}
+            clean.append({**row, "prediction": "yes"})
+            pert.append(
+                {**row, "prediction": "no" if q < n_wrong else "yes", "perturbation": "haze", "severity": 3}
+            )
+    return _write(tmp_path / "clean.jsonl", clean), _write(tmp_path / "pert.jsonl", pert)
+
+
+def test_one_image_gives_no_interval_and_no_star(tmp_path: Path) -> None:
+    c, p = _runs(tmp_path, {"a": 10})
+    out = tmp_path / "s"
+    result = CliRunner().invoke(app, ["score", "--clean", str(c), "--perturbed", str(p), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    intervals = _find(json.loads((out / "scores.json").read_text()), "ci")
+    assert intervals and all(d["ci"] is None for d in intervals)  # one image: no resampling
+    report = (out / "report.md").read_text()
+    haze_rows = [line for line in report.splitlines() if line.startswith("| haze | 10 | 1 |")]
+    assert haze_rows and all("*" not in line for line in haze_rows), haze_rows
+    # the pooled exact p of 10 flips one way is 0.002; on one image there is no clustered test
+    assert "0.00195 / 9.8e-04 / - |" in report
+    assert "treat every pair as independent" in report
+
+
+def test_clustered_p_is_larger_when_flips_sit_on_few_images(tmp_path: Path) -> None:
+    # 3 of 6 images lose 4 answers each, the other 3 none: 12 flips one way on 60 pairs
+    c, p = _runs(tmp_path, {"a": 4, "b": 4, "c": 4, "d": 0, "e": 0, "f": 0})
+    result = score_runs(c, p, bootstrap=200)
+    tests = [
+        d["mcnemar"]
+        for d in _find(result.scores, "mcnemar")
+        if d["mcnemar"]["b"] == 12 and d["mcnemar"]["c"] == 0
+    ]
+    assert tests
+    for t in tests:
+        # pooled: 2 * 0.5**12; clustered: X^2 = 12^2 / (3 * 4^2) = 3 on 1 df
+        assert t["p_exact"] < 0.001
+        assert abs(t["p_clustered"] - 0.0832645) < 1e-6
+
+
+def _find(node: Any, key: str) -> list[dict[str, Any]]:
+    """Every dict under ``node`` that has ``key``."""
+    found: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        if key in node:
+            found.append(node)
+        for v in node.values():
+            found += _find(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            found += _find(v, key)
+    return found
