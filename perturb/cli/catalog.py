@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -49,9 +49,13 @@ def catalog(
         bool, typer.Option("--suites", help="List the built-in suites and policies instead of the ops.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    retired: Annotated[
+        bool,
+        typer.Option("--retired", help="Also list the retired ops (kept only to replay older records)."),
+    ] = False,
 ) -> None:
     """List the registered ops with family, modalities, risk tags and severity tables
-    (--suites: the built-in suites and policies)."""
+    (--suites: the built-in suites and policies). Retired ops only with --retired."""
     from rich.console import Console
 
     if suites:
@@ -62,7 +66,11 @@ def catalog(
     if modality is not None and modality not in MODALITIES:
         _err().print(f"[red]unknown modality {modality!r}[/]; choose one of: {', '.join(sorted(MODALITIES))}")
         raise typer.Exit(2)
-    specs = [s for s in load_specs().values() if modality is None or modality in s.modalities]
+    specs = [
+        s
+        for s in load_specs().values()
+        if (modality is None or modality in s.modalities) and (retired or not s.retired)
+    ]
     if as_json:
         typer.echo(json.dumps([s.model_dump() for s in specs], indent=2))
         return
@@ -73,7 +81,7 @@ def catalog(
         console.print(title, soft_wrap=True)
         for s in specs:
             console.print()
-            console.print(f"[bold]{s.name}[/]", soft_wrap=True)
+            console.print(f"[bold]{_name(s)}[/]", soft_wrap=True)
             details = f"family {s.family}; modalities {', '.join(s.modalities)}; risk {_tags(s) or '-'}"
             console.print(_indented(details, console.width), markup=False, highlight=False, soft_wrap=True)
             console.print(
@@ -86,12 +94,17 @@ def catalog(
     from rich.table import Table
 
     table = Table(title=title)
-    table.add_column("op", no_wrap=True, min_width=max(len(s.name) for s in specs))
+    table.add_column("op", no_wrap=True, min_width=max(len(_name(s)) for s in specs))
     for col in ("family", "modalities", "risk tags", "severity 1 → 5"):
         table.add_column(col, overflow="fold")
     for s in specs:
-        table.add_row(s.name, s.family, ", ".join(s.modalities), _tags(s), _levels(s))
+        table.add_row(_name(s), s.family, ", ".join(s.modalities), _tags(s), _levels(s))
     console.print(table)
+
+
+def _name(spec: Any) -> str:
+    """The op's name, marked when it is retired."""
+    return f"{spec.name} (retired)" if spec.retired else spec.name
 
 
 def _indented(text: str, width: int, indent: int = 2) -> str:

@@ -25,6 +25,19 @@ def test_catalog_json_lists_the_endoscopy_ops() -> None:
     assert "occludes" in entry["risk_tags"] and entry["protects_border"] is True
 
 
+def test_catalog_lists_retired_ops_only_when_asked() -> None:
+    from perturb.catalog.specs import load_specs, op_names
+
+    retired = sorted(n for n, s in load_specs().items() if s.retired and "endoscopy" in s.modalities)
+    assert retired  # impulse_noise, speckle_noise: kept to replay older records
+    shown = json.loads(runner.invoke(app, ["catalog", "--modality", "endoscopy", "--json"]).output)
+    assert sorted(o["name"] for o in shown) == sorted(op_names("endoscopy"))
+    every = json.loads(runner.invoke(app, ["catalog", "--modality", "endoscopy", "--json", "--retired"]).output)
+    assert {o["name"] for o in every} - {o["name"] for o in shown} == set(retired)
+    table = runner.invoke(app, ["catalog", "--retired"], terminal_width=200)
+    assert f"{retired[0]} (retired)" in table.output
+
+
 def test_catalog_table_and_bad_modality() -> None:
     result = runner.invoke(app, ["catalog"])
     assert result.exit_code == 0 and "gaussian_blur" in result.output

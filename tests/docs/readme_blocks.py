@@ -199,7 +199,9 @@ def ops_block() -> str:
 
     specs = load_specs()
     lines = [
-        f"{len(specs)} ops (`perturb catalog` lists them with their severity tables).",
+        f"{sum(not s.retired for s in specs.values())} ops (`perturb catalog` lists them with their "
+        f"severity tables), and {sum(bool(s.retired) for s in specs.values())} retired, kept to replay "
+        "older records (`perturb catalog --retired`; marked below).",
         "",
         "| op | family | modalities | what it models | parameters | label risks |",
         "|---|---|---|---|---|---|",
@@ -210,7 +212,8 @@ def ops_block() -> str:
         mods = ", ".join(m for m in spec.modalities if m != "any") or "any"
         risks = ", ".join(spec.risk_tags) or "-"
         desc = " ".join(spec.description.split()).replace("|", "\\|")
-        lines.append(f"| `{name}` | {spec.family} | {mods} | {desc} | {params} | {risks} |")
+        shown = f"`{name}` (retired)" if spec.retired else f"`{name}`"
+        lines.append(f"| {shown} | {spec.family} | {mods} | {desc} | {params} | {risks} |")
     return "\n".join(lines)
 
 
