@@ -59,7 +59,9 @@ def generate(
     strict: Annotated[
         bool,
         typer.Option(
-            help="Exit 1 when any row, image or output failed (the default now; kept for scripts)."
+            help="Exit 1 when any row, image or output failed, even with --allow-errors "
+            "(without either flag a failure already exits 1; kept for older scripts).",
+            show_default=False,
         ),
     ] = False,
     allow_errors: Annotated[
