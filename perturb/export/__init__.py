@@ -25,10 +25,12 @@ the split folder (``perturb verify`` counts anything else there as an extra).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
-from collections.abc import Iterable, Mapping
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,7 +206,12 @@ def split_rows(
     mine, own = _column_names(qa.column_names)
     q_col = "question" if "question" in own else None
     if q_col is None:
-        raise InputError(f"{dataset_dir}: the split's rows have no 'question' column")
+        raise InputError(
+            f"{dataset_dir}: the split's rows have no 'question' column (it was made from "
+            "images without questions, e.g. an image folder); the prompt formats ms-swift, "
+            "jsonl, parquet and hf need a question per row. Use --format hub for the images "
+            "alone, perturb.load_split(DIR) to read them, or generate from a VQA dataset"
+        )
     a_col = next((c for c in ANSWER_COLUMNS if c in own), None)
     id_col = "img_id" if "img_id" in own else None
     perturbed: list[SplitRow] = []
@@ -394,7 +401,40 @@ def export_split(
             f"{target}: inside the split folder {root}; `perturb verify` would count the export "
             "as extra files. Choose a folder outside it (default: <DIR>-<format>)."
         )
+    with _removed_on_failure(target):
+        return _export_into(
+            root, target, fmt, dataset, dataset_split, builtin_images, builtin_modality,
+            absolute_paths, license_id, attribution,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _removed_on_failure(target: Path) -> Iterator[None]:
+    """Create ``target``; remove it again when the export fails and it did not exist before
+    (a failed export leaves no empty or half-written folder behind)."""
+    created = not target.exists()
     target.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if created:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+
+
+def _export_into(
+    root: Path,
+    target: Path,
+    fmt: str,
+    dataset: str | os.PathLike[str] | None,
+    dataset_split: str | None,
+    builtin_images: int | None,
+    builtin_modality: str,
+    absolute_paths: bool | None,
+    license_id: str | None,
+    attribution: str | None,
+) -> ExportResult:
+    """:func:`export_split` once the folders are checked: write into ``target``."""
     if fmt == "hub":  # the perturbed outputs as the Hub reads a dataset repository
         from perturb.datasets import BUILTIN_SOURCE
         from perturb.export.hub import export_hub

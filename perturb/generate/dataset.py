@@ -80,6 +80,10 @@ def qa_dataset(inp: Any, manifest: pa.Table) -> Any:
         features.update(added)
     arrays = list(joined.columns)
     fields = list(joined.column_names)
+    if "img_id" not in fields:  # ids derived from the image paths (a folder): say which image
+        arrays.insert(0, picked.column("img_id"))
+        fields.insert(0, "img_id")
+        features = {"img_id": datasets.Value("string"), **features}
     for src, dst in names.items():
         col = picked.column(src)
         arrays.append(col)

@@ -180,3 +180,29 @@ def test_export_refuses_the_split_folder_and_says_when_clean_rows_are_missing(
     assert res.rows["clean"] == 0 and "--dataset" in res.notes[0]
     r = CliRunner().invoke(app, ["export", str(split), "--format", "csv"])
     assert r.exit_code == 2
+
+
+def test_a_failed_export_leaves_no_folder_and_an_image_only_split_says_what_works(
+    tmp_path: Path,
+) -> None:
+    """A folder of images (no questions) generates a split whose dataset/ names each image;
+    the prompt formats refuse it naming --format hub, and neither that nor a folder that is
+    not a split, nor a hub export without a licence, leaves an output folder behind."""
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("RGB", (64, 48), (180, 90, 80)).save(images / "frame1.png")
+    split = tmp_path / "split"
+    r = CliRunner().invoke(
+        app, ["generate", "endoscopy-artifacts", "--dataset", str(images), "--out", str(split), "--quiet"]
+    )
+    assert r.exit_code == 0, r.output
+    assert set(perturb.load_split(split)["img_id"]) == {"frame1"}
+    failures = [
+        (["export", str(split), "--format", "jsonl"], "--format hub"),
+        (["export", str(images), "--format", "jsonl"], "not a `perturb generate` output"),
+        (["export", str(split), "--format", "hub"], "--license"),
+    ]
+    for args, says in failures:
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and says in r.output, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "split"]
