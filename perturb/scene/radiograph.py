@@ -116,15 +116,25 @@ def _strokes(img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         kept = _stroke(sub, comp, level, h * w, side)
         if kept is None:
             top = float(np.quantile(sub[comp], 0.99)) - 2 * CORE_SPREAD
-            m, parts = cv2.connectedComponents(
+            m, parts, part_stats, _ = cv2.connectedComponentsWithStats(
                 (comp & (sub >= top)).astype(np.uint8), connectivity=8
             )
             kept = np.zeros_like(comp), np.zeros_like(comp)
+            sh, sw = sub.shape
             for j in range(1, m):
-                part = _stroke(sub, parts == j, split_level, h * w, side)
+                px, py, pw, ph, part_area = (int(v) for v in part_stats[j])
+                if part_area < min_area or min(pw, ph) < 2:  # _stroke refuses it
+                    continue
+                # each part in its own window (its reach: OUTLINE_FAR), not the whole one: a
+                # noisy film splits one candidate into thousands of parts
+                qx0, qy0 = max(0, px - pad), max(0, py - pad)
+                qx1, qy1 = min(sw, px + pw + pad), min(sh, py + ph + pad)
+                part = _stroke(
+                    sub[qy0:qy1, qx0:qx1], parts[qy0:qy1, qx0:qx1] == j, split_level, h * w, side
+                )
                 if part is not None:
-                    kept[0][...] |= part[0]
-                    kept[1][...] |= part[1]
+                    kept[0][qy0:qy1, qx0:qx1] |= part[0]
+                    kept[1][qy0:qy1, qx0:qx1] |= part[1]
         ink_out[y0:y1, x0:x1] |= kept[0]
         full_out[y0:y1, x0:x1] |= kept[1]
     return ink_out, full_out
