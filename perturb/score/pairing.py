@@ -321,12 +321,23 @@ def pair_model(
         for r in reads:
             for reason, n in r.dropped.items():
                 why[reason] = why.get(reason, 0) + n
+        if side == "perturbed":  # and those the manifest did not know
+            for reason, n in report.dropped.items():
+                why[reason] = why.get(reason, 0) + n
         dropped = ", ".join(f"{k}={v}" for k, v in sorted(why.items())) or "none"
         hint = (
             "; inference_error: the model gave no answer (re-run `perturb predict` to retry)"
             if "inference_error" in why
             else ""
         )
+        if manifest is not None and why.get("no_manifest_match", 0) + why.get(
+            "ambiguous_manifest_match", 0
+        ) >= report.perturbed_rows > 0:
+            hint += (
+                f"; none of the perturbed rows' images is an output listed in {manifest.source}: "
+                "pass the manifest of the split these predictions were made on (or none: it is "
+                "found beside the images)"
+            )
         raise InputError(
             f"model {model!r}: no {side} rows left after reading (dropped: {dropped}){hint}"
         )

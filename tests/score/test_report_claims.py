@@ -1,5 +1,6 @@
-"""What the report claims from few images: no interval from one image, and McNemar's clustered
-p-value beside the pooled ones when the pairs of an image move together."""
+"""What the scorer claims and says: no interval from one image, McNemar's clustered p-value
+beside the pooled ones when the pairs of an image move together, and a wrong manifest named as
+the cause when no perturbed row is left."""
 
 from __future__ import annotations
 
@@ -75,3 +76,30 @@ def _find(node: Any, key: str) -> list[dict[str, Any]]:
         for v in node:
             found += _find(v, key)
     return found
+
+
+def test_a_manifest_of_another_split_is_named_as_the_cause(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    clean, pert = [], []
+    for q in range(3):
+        row = {"img_id": "a", "question": f"Is there finding {q}?", "answer": "yes"}
+        clean.append({**row, "prediction": "yes"})
+        pert.append({**row, "prediction": "no", "image": f"/runs/mine/haze/s3/a_{q}.png"})
+    c, p = _write(tmp_path / "clean.jsonl", clean), _write(tmp_path / "pert.jsonl", pert)
+    other = tmp_path / "other" / "manifest.parquet"
+    other.parent.mkdir()
+    pq.write_table(
+        pa.table(
+            {
+                "img_id": ["b"], "op": ["jpeg"], "severity": [2], "variant": [0],
+                "path": ["jpeg/s2/b.png"],
+            }
+        ),
+        other,
+    )  # fmt: skip
+    args = ["score", "--clean", str(c), "--perturbed", str(p), "--manifest", str(other)]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "s")])
+    assert result.exit_code == 2, result.output
+    assert "no_manifest_match=3" in result.output and "manifest of the split" in result.output
