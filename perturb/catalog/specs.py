@@ -342,10 +342,14 @@ def check_families(values: list[str]) -> list[str]:
 
 def check_op_names(names: list[str]) -> list[str]:
     """``names`` if each is a catalog op, else a ValueError listing the valid ops."""
+    import difflib
+
     known = load_specs()
     bad = [name for name in names if name not in known]
     if bad:
-        raise ValueError(f"unknown op(s) {bad}; valid ops: {', '.join(sorted(known))}")
+        guesses = [m[0] for b in bad if (m := difflib.get_close_matches(b, list(known), n=1))]
+        hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+        raise ValueError(f"unknown op(s) {bad}{hint}; valid ops: {', '.join(sorted(known))}")
     return names
 
 

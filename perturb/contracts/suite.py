@@ -145,9 +145,14 @@ class OpsJob(BaseModel):
             raise ValueError(f"severities must be a non-empty list of integers 1..5, got {v!r:.80}")
         bad = [s for s in v if type(s) is not int or s not in SEVERITIES]
         if bad:
+            why = (
+                "severities run from 1 to 5"
+                if type(bad[0]) is int
+                else "a boolean or text is not a severity"
+            )
             raise ValueError(
-                f"severities must be integers 1..5, got {bad[0]!r:.40} (a boolean or text is not "
-                "a severity): write e.g. severities: [1, 3, 5]"
+                f"severities must be integers 1..5, got {bad[0]!r:.40} ({why}): write e.g. "
+                "severities: [1, 3, 5]"
             )
         if len(set(v)) != len(v):
             raise ValueError(f"severities repeat: {v}")
@@ -169,6 +174,15 @@ class OpsJob(BaseModel):
                     "or add allow_modality_mismatch: true to the job to run it anyway"
                 )
         return self
+
+    @field_validator("ops", mode="before")
+    @classmethod
+    def _ops_shape(cls, v: Any) -> Any:
+        """One op name given without the list: say how to write it (pydantic's two union
+        errors do not)."""
+        if isinstance(v, str) and v != "all":
+            raise ValueError(f"ops is a list of op names or 'all', got {v!r}: write ops: [{v}]")
+        return v
 
     @field_validator("ops")
     @classmethod
@@ -444,14 +458,34 @@ class Task:
         return f"{self.op} severity {self.severity} variant {self.variant}"
 
 
+def _suite_keys() -> list[str]:
+    """Every key a suite may use, at any level (for "did you mean" on a misspelt one)."""
+    models = (Suite, OpsJob, CompositeJob, OutputSpec, InputSpec)
+    return sorted({name for model in models for name in model.model_fields})
+
+
 def _format_error(path: str, exc: ValidationError) -> str:
+    import difflib
+
+    errors = exc.errors()
+    misspelt = {
+        tuple(e["loc"][:-1])
+        for e in errors
+        if e["type"] == "extra_forbidden"
+        and difflib.get_close_matches(str(e["loc"][-1]), _suite_keys(), n=1)
+    }
     lines = []
-    for err in exc.errors():
+    for err in errors:
         parts = list(err["loc"])
+        if err["type"] == "missing" and tuple(parts[:-1]) in misspelt:
+            continue  # the misspelt key's own line says it
         if len(parts) > 2 and parts[0] == "jobs" and parts[2] in ("ops", "composite"):
             del parts[2]  # the union tag
         loc = ".".join(str(p) for p in parts)
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            guess = difflib.get_close_matches(str(parts[-1]), _suite_keys(), n=1)
+            msg = f"unknown key{f' (did you mean {guess[0]}?)' if guess else ''}"
         lines.append(f"{path}: field {loc}: {msg}" if loc else f"{path}: {msg}")
     return "\n".join(lines)
 

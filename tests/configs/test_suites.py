@@ -49,12 +49,14 @@ def test_shipped_suites() -> None:
 @pytest.mark.parametrize(
     ("change", "field", "message"),
     [
-        ({"jobs": [{"ops": ["gausian_blur"]}]}, "jobs.0.ops", "unknown op"),
-        ({"jobs": [{"ops": ["gaussian_blur"], "severities": [0, 6]}]}, "jobs.0.severities", "1..5"),
+        ({"jobs": [{"ops": ["gausian_blur"]}]}, "jobs.0.ops", "did you mean gaussian_blur?"),
+        ({"jobs": [{"ops": "gaussian_blur"}]}, "jobs.0.ops", "write ops: [gaussian_blur]"),
+        ({"jobs": [{"ops": ["gaussian_blur"], "severities": [0, 6]}]}, "jobs.0.severities", "run from 1 to 5"),
+        ({"jobs": [{"ops": ["gaussian_blur"], "severities": [True]}]}, "jobs.0.severities", "a boolean"),
         (
             {"jobs": [{"ops": ["gaussian_blur"], "severity": [1]}]},
             "jobs.0.severity",
-            "Extra inputs",
+            "unknown key (did you mean severities?)",
         ),
         (
             {"jobs": [{"composite": "kvasir_transformed", "params": {"degrees": [10, -10]}}]},
@@ -78,7 +80,8 @@ def test_shipped_suites() -> None:
         ),
         ({"output": None}, "output", ""),
         ({"suite": "has space"}, "suite", "pattern"),
-        ({"seeds": 3}, "seeds", "Extra inputs"),
+        ({"seeds": 3}, "seeds", "unknown key (did you mean seed?)"),
+        ({"zzz": 3}, "zzz", "unknown key"),
     ],
 )
 def test_invalid_suites_name_the_file_and_the_field(change: dict, field: str, message: str) -> None:
@@ -107,6 +110,12 @@ def test_missing_field_and_bad_yaml(tmp_path: Path) -> None:
     )
     with pytest.raises(SuiteError, match="exactly one of 'ops' or 'composite'"):
         load_suite(path)
+    # a misspelt key is named once: not also as the field it was meant to be, missing
+    path.write_text("suite: s\njobs:\n  - ops: [gaussian_blur]\noutptu: {layout: '{img_id}.{ext}'}\n")
+    with pytest.raises(SuiteError) as info:
+        load_suite(path)
+    assert "field outptu: unknown key (did you mean output?)" in str(info.value)
+    assert "Field required" not in str(info.value)
 
 
 def test_fingerprint_follows_what_changes_outputs() -> None:
