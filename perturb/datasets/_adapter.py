@@ -19,6 +19,8 @@ from perturb.io.datasets import (
     InputDataset,
     _looks_like_hub_id,
     _quiet,
+    offline_if_unreachable,
+    unreachable_error,
 )
 
 # Columns every adapter writes (the scorer groups image rows into samples with them).
@@ -116,8 +118,17 @@ def locate(source: str | os.PathLike[str] | None, hub_id: str, patterns: list[st
     try:
         from huggingface_hub import snapshot_download
 
-        with _quiet():
-            folder = snapshot_download(repo_id=text, repo_type="dataset", allow_patterns=patterns)
+        with _quiet(), offline_if_unreachable() as offline:
+            try:
+                folder = snapshot_download(
+                    repo_id=text, repo_type="dataset", allow_patterns=patterns
+                )
+            except Exception:
+                if offline:
+                    raise unreachable_error(text) from None
+                raise
+    except DatasetError:
+        raise
     except Exception as exc:  # network, auth (gated repos), missing repo
         raise DatasetError(
             f"{text}: cannot download from the Hugging Face hub: {type(exc).__name__}: {exc} "

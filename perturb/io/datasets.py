@@ -420,6 +420,48 @@ def _load_local(
     return ds, split, path.parent
 
 
+def hub_host() -> str:
+    """The host the Hugging Face hub is reached at (``HF_ENDPOINT``'s, else huggingface.co)."""
+    from urllib.parse import urlparse
+
+    return urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or ""
+
+
+@contextlib.contextmanager
+def offline_if_unreachable() -> Iterator[bool]:
+    """Hub calls in offline mode (the local cache, or a quick error) when the hub's host does
+    not resolve: without it ``datasets`` retries the network for about half a minute and
+    prints every retry before the same failure. Yields whether it switched to offline."""
+    import socket
+
+    import huggingface_hub.constants as hub_constants
+
+    host = hub_host()
+    if hub_constants.HF_HUB_OFFLINE or not host:
+        yield False
+        return
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:  # no DNS: no network
+        saved = hub_constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
+        hub_constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+        try:
+            yield True
+        finally:
+            hub_constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
+        return
+    yield False
+
+
+def unreachable_error(text: str) -> DatasetError:
+    """The error for a hub id that is neither reachable nor in the local cache."""
+    return DatasetError(
+        f"{text}: the Hugging Face hub is unreachable ({hub_host()} does not resolve: no "
+        "network?) and no copy is in the local cache; download it once where there is a "
+        "network and pass the local folder with --dataset"
+    )
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """No progress bars from ``datasets`` while loading (the run has its own)."""
@@ -500,7 +542,15 @@ def load_table(
             ds, used, base_dir = _load_local(path, split, cache_dir)
             return ds, str(path), f"local:{path.resolve()}:{used}", base_dir
         if _looks_like_hub_id(text):
-            obj = datasets.load_dataset(text, split=split or DEFAULT_SPLIT, **_cache_kw(cache_dir))
+            with offline_if_unreachable() as offline:
+                try:
+                    obj = datasets.load_dataset(
+                        text, split=split or DEFAULT_SPLIT, **_cache_kw(cache_dir)
+                    )
+                except ConnectionError:
+                    if offline:
+                        raise unreachable_error(text) from None
+                    raise
             ds, used = _as_dataset(obj, split, text)
             return ds, text, f"hub:{text}:{used or split or DEFAULT_SPLIT}", None
     except DatasetError:

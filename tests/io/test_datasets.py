@@ -174,3 +174,32 @@ def test_empty_ids_and_duplicate_rows(tmp_path: Path) -> None:
     ds.save_to_disk(str(tmp_path / "d"))
     groups, empty = open_input(str(tmp_path / "d")).groups()
     assert [(g.img_id, g.rows) for g in groups] == [("a", [0, 2])] and empty == [1, 3]
+
+
+def test_an_unreachable_hub_fails_at_once_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No DNS for the hub: the hub calls run offline (the local cache, here empty) instead of
+    retrying the network for half a minute, and the error says what to do; the hub's offline
+    switch is restored afterwards."""
+    import socket
+
+    import huggingface_hub.constants as hub_constants
+
+    from perturb.datasets._adapter import locate
+    from perturb.io.datasets import DatasetError, load_table
+
+    def no_dns(*args: object, **kwargs: object) -> None:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
+    for call in (
+        lambda: load_table("someone/no-such-set", "test", cache_dir=str(tmp_path / "cache")),
+        lambda: locate(None, "someone/no-such-set", ["*.json"]),
+    ):
+        with pytest.raises(DatasetError, match=r"hub is unreachable .* --dataset"):
+            call()
+    assert hub_constants.HF_HUB_OFFLINE is False
