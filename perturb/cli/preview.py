@@ -30,8 +30,12 @@ def preview(
         bool, typer.Option("--crop/--no-crop", help="Add a row of full-resolution crops (1 image px per grid px) under each op.")
     ] = True,
     crop_at: Annotated[
-        str, typer.Option(help="Centre of the crops as X,Y fractions of the width and height.")
-    ] = "0.5,0.5",
+        str,
+        typer.Option(
+            help="Centre of the crops as X,Y fractions of the width and height, or auto: for "
+            "each op, where its severity 5 changes the image most."
+        ),
+    ] = "auto",
     max_pixels: Annotated[
         int, typer.Option(min=4, help="Refuse images with more pixels than this (checked from the header, before decoding).")
     ] = DEFAULT_MAX_PIXELS,
@@ -85,14 +89,16 @@ def _load(image: Path | None, op: str | None, max_pixels: int = DEFAULT_MAX_PIXE
         fail(str(exc))
 
 
-def _crop_centre(crop_at: str) -> tuple[float, float]:
-    """``--crop-at X,Y`` as two fractions in [0, 1]."""
+def _crop_centre(crop_at: str) -> tuple[float, float] | None:
+    """``--crop-at X,Y`` as two fractions in [0, 1] (None for ``auto``)."""
+    if crop_at.strip().lower() == "auto":
+        return None
     try:
         cx, cy = (float(v) for v in crop_at.split(","))
         if not (0.0 <= cx <= 1.0 and 0.0 <= cy <= 1.0):
             raise ValueError
     except ValueError:
-        fail(f"--crop-at takes two fractions X,Y in [0, 1], e.g. 0.5,0.5; got {crop_at!r}")
+        fail(f"--crop-at takes auto or two fractions X,Y in [0, 1], e.g. 0.5,0.5; got {crop_at!r}")
     return cx, cy
 
 

@@ -45,6 +45,30 @@ def _label(canvas: np.ndarray, text: str, x: int, y: int) -> None:
     cv2.putText(canvas, text, (x + 4, y + 16), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (20, 20, 20), 1, cv2.LINE_AA)
 
 
+def most_changed(
+    clean: torch.Tensor, changed: torch.Tensor, width: int, height: int
+) -> tuple[float, float]:
+    """Centre (fractions of the width and height) of the ``width`` x ``height`` window where
+    ``changed`` differs most from ``clean`` (CHW), the middle when nothing changed: a 1:1 crop
+    that shows the op even where it acts on a small part of the frame (a highlight, a marker)."""
+    if changed.shape != clean.shape:  # a geometric op that changes the size: no common window
+        return 0.5, 0.5
+    diff = (changed.float() - clean.float()).abs().sum(0).numpy().astype(np.float32)
+    h, w = diff.shape
+    if not diff.any():
+        return 0.5, 0.5
+    kw, kh = min(width, w), min(height, h)
+    window = cv2.boxFilter(diff, -1, (kw, kh), normalize=False, borderType=cv2.BORDER_CONSTANT)
+    y, x = np.unravel_index(int(np.argmax(window)), window.shape)
+    # the change's centre of mass inside that window (many windows tie around a small change)
+    x0, y0 = max(0, int(x) - kw // 2), max(0, int(y) - kh // 2)
+    part = diff[y0 : y0 + kh, x0 : x0 + kw]
+    ys, xs = np.indices(part.shape)
+    total = float(part.sum())
+    cx, cy = float((xs * part).sum()) / total + x0, float((ys * part).sum()) / total + y0
+    return (cx + 0.5) / w, (cy + 0.5) / h
+
+
 def preview_grid(
     image: torch.Tensor,
     ops: Sequence[str] | None = None,
@@ -53,12 +77,12 @@ def preview_grid(
     seed: int = 0,
     thumb_width: int = 224,
     crop: bool = False,
-    crop_centre: tuple[float, float] = (0.5, 0.5),
+    crop_centre: tuple[float, float] | None = (0.5, 0.5),
 ) -> tuple[np.ndarray, list[str]]:
     """RGB uint8 grid of ``image`` (CHW float32) under each op at severities 1..5, and the ops
     skipped because they do not take the image's channel count. ``crop`` adds, under each op's
     thumbnails, full-resolution crops of the same size around ``crop_centre`` (fractions of the
-    width and height)."""
+    width and height; None: for each op, where its severity 5 changes the image most)."""
     if thumb_width < 16:
         raise ValueError(f"thumbnail width must be at least 16 px, got {thumb_width}")
     channels = image.shape[0]
@@ -84,7 +108,8 @@ def preview_grid(
         panels = [[clean, *[_thumb(o, thumb_width) for o in out]]]
         if crop:
             full = [image, *out]
-            panels.append([_crop(c, tw, th, crop_centre) for c in full])
+            centre = crop_centre or most_changed(image, out[-1], tw, th)
+            panels.append([_crop(c, tw, th, centre) for c in full])
             _label(canvas, "1:1 crop", 0, y + th + LABEL_HEIGHT + th // 2 - 8)
         for k, cells in enumerate(panels):
             yk = y + k * (th + LABEL_HEIGHT)

@@ -120,3 +120,18 @@ def test_preview_size_and_full_resolution_crop_panel(tmp_path: Path) -> None:
     assert np.array_equal(crop, src[y0 : y0 + th, x0 : x0 + 160]), "the crop is the clean image at full resolution"
     bad = runner.invoke(app, [*args[:-2], "--crop-at", "2,0", "--out", str(tmp_path / "bad.png")])
     assert bad.exit_code == 2 and "fractions" in bad.output
+
+
+def test_auto_crop_finds_where_the_op_acts() -> None:
+    """The default 1:1 crop sits on the window that changed most (a highlight in a corner),
+    not the middle; an unchanged image keeps the middle."""
+    import torch
+
+    from perturb.cli.preview_grid import most_changed
+
+    clean = torch.full((3, 300, 400), 0.4)
+    changed = clean.clone()
+    changed[:, 240:260, 20:50] = 1.0  # a small highlight near the bottom-left corner
+    cx, cy = most_changed(clean, changed, 100, 80)
+    assert 20 <= cx * 400 <= 90 and 210 <= cy * 300 <= 290, (cx * 400, cy * 300)
+    assert most_changed(clean, clean, 100, 80) == (0.5, 0.5)
