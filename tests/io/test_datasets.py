@@ -85,7 +85,10 @@ def test_hub_failure_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     def offline(*args: object, **kwargs: object) -> object:
         raise ConnectionError("Couldn't reach 'owner/name' on the Hub (LocalEntryNotFoundError)")
 
+    import socket
+
     monkeypatch.setattr(adapters.datasets, "load_dataset", offline)
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: [])  # the host resolves
     with pytest.raises(DatasetError, match=r"owner/name: cannot load the dataset.*offline\?"):
         open_input("owner/name")
     with pytest.raises(DatasetError, match="no such file or folder"):
