@@ -470,7 +470,9 @@ def test_bubbles_are_blurred_by_the_camera_like_the_frame() -> None:
     sel = view.tissue & (expect.max(0) < 0.98)
     assert np.abs(out[:, sel] - expect[:, sel]).max() < 2e-3
     sharp = np.abs(np.diff(np.clip(lin + layer, 0, 1), axis=2)).max()
-    assert np.abs(np.diff(out, axis=2))[:, view.tissue[:, 1:]].max() < sharp, "as sharp as unblurred"
+    # the frame's own sharpest edge may bound both (float32 output against the float64 sum:
+    # equal up to rounding on an AVX2 CPU), never the bubbles' unblurred rims
+    assert np.abs(np.diff(out, axis=2))[:, view.tissue[:, 1:]].max() < sharp + 1e-6, "as sharp as unblurred"
 
 
 def _pool_rows(p: dict[str, np.ndarray]) -> np.ndarray:
@@ -655,7 +657,8 @@ def test_foam_gathers_along_the_folds_not_on_flat_mucosa() -> None:
     assert rows.size > 0, "no bubble drawn on the fold"
     assert rows.min() > 60 and rows.max() < 180, (rows.min(), rows.max())
     flat = _flat(0.5, 240, 320)
-    assert np.array_equal(bubbles(flat, params, 4, _view(flat)), flat), "foam on a featureless frame"
+    # nothing drawn: only the round trip through linear light, an ulp on some CPUs (AVX2)
+    assert np.abs(bubbles(flat, params, 4, _view(flat)) - flat).max() < 1e-6, "foam on a featureless frame"
 
 
 DEEP_OPACITY = 2.5  # a severity 5 pool (its table: 2.3-2.8)
