@@ -25,12 +25,10 @@ the split folder (``perturb verify`` counts anything else there as an extra).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -401,25 +399,13 @@ def export_split(
             f"{target}: inside the split folder {root}; `perturb verify` would count the export "
             "as extra files. Choose a folder outside it (default: <DIR>-<format>)."
         )
-    with _removed_on_failure(target):
+    from perturb.io.images import undone_on_failure
+
+    with undone_on_failure(target):
         return _export_into(
             root, target, fmt, dataset, dataset_split, builtin_images, builtin_modality,
             absolute_paths, license_id, attribution,
         )  # fmt: skip
-
-
-@contextlib.contextmanager
-def _removed_on_failure(target: Path) -> Iterator[None]:
-    """Create ``target``; remove it again when the export fails and it did not exist before
-    (a failed export leaves no empty or half-written folder behind)."""
-    created = not target.exists()
-    target.mkdir(parents=True, exist_ok=True)
-    try:
-        yield
-    except BaseException:
-        if created:
-            shutil.rmtree(target, ignore_errors=True)
-        raise
 
 
 def _export_into(

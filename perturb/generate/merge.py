@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from perturb.generate.core import (
 )
 from perturb.generate.naming import UnsafePathError, resolve_inside
 from perturb.generate.shard import ShardError, parse_shard
-from perturb.io.images import write_atomic
+from perturb.io.images import undone_on_failure, write_atomic
 
 # summary counts that add up over the parts
 _SUMMED = (
@@ -275,17 +274,8 @@ def merge_parts(
     if len(set(paths)) != len(paths):
         raise MergeError("two parts list the same output file; they are not shards of one run")
     manifest = manifest_table(rows)
-    created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
+    with undone_on_failure(out_dir):  # leave no half-merged folder behind
         return _write(parts, settings, n, manifest, out_dir)
-    except BaseException:  # leave no half-merged folder behind
-        if created:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        else:
-            for child in out_dir.iterdir():
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-        raise
 
 
 def _write(

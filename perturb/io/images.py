@@ -6,8 +6,11 @@ torch is imported only by the tensor converters, so decoding and hashing stay li
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -328,6 +331,25 @@ def encode_image(img: np.ndarray, fmt: str = "png", *, jpeg_quality: int = 95) -
     if not ok:
         raise RuntimeError(f"OpenCV failed to encode {fmt}")
     return buf.tobytes()
+
+
+@contextlib.contextmanager
+def undone_on_failure(folder: Path) -> Iterator[None]:
+    """Create ``folder`` for a writer; when the writer fails, put it back as it was: removed
+    if it did not exist, emptied if it was empty (a folder that held files is left alone), so a
+    failed run leaves no empty or half-written output behind."""
+    created = not folder.exists()
+    was_empty = created or (folder.is_dir() and not any(folder.iterdir()))
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if created:
+            shutil.rmtree(folder, ignore_errors=True)
+        elif was_empty:
+            for child in folder.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        raise
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, *, sync: bool = True) -> None:
