@@ -39,6 +39,14 @@ def preview(
     max_pixels: Annotated[
         int, typer.Option(min=4, help="Refuse images with more pixels than this (checked from the header, before decoding).")
     ] = DEFAULT_MAX_PIXELS,
+    modality: Annotated[
+        str,
+        typer.Option(
+            help="Which ops the grid shows without --op: auto (a gray image is a radiograph: the X-ray "
+            "ops; a colour one an endoscopy frame: the endoscopy ops), all, or a modality "
+            "(endoscopy, xray, ultrasound, ...).",
+        ),
+    ] = "auto",
     scene: Annotated[
         bool,
         typer.Option(
@@ -63,10 +71,28 @@ def preview(
         typer.echo(f"wrote {out} (scene)")
         return
     centre = _crop_centre(crop_at)
-    grid, skipped = preview_grid(
-        tensor, [op] if op else None, sample_key=key, seed=seed, thumb_width=size, crop=crop, crop_centre=centre
-    )
+    shown = _shown_modality(modality, tensor.shape[0])
+    if op is not None:
+        _warn_if_not_for(op, tensor.shape[0])
+    try:
+        grid, skipped = preview_grid(
+            tensor,
+            [op] if op else None,
+            sample_key=key,
+            seed=seed,
+            thumb_width=size,
+            crop=crop,
+            crop_centre=centre,
+            modality=shown,
+        )
+    except ValueError as exc:
+        if op is not None:
+            raise
+        fail(f"{exc}: choose another --modality (auto picks the image's own)")
     write_atomic(out, encode_image(grid, "png"))
+    if op is None and modality == "auto":
+        kind = "a gray image: a radiograph" if shown == "xray" else "a colour image: an endoscopy frame"
+        typer.echo(f"showing the {shown} ops ({kind}); --modality all shows every op", err=True)
     if skipped:
         typer.echo(f"skipped (need another channel count): {', '.join(skipped)}", err=True)
     typer.echo(f"wrote {out} ({grid.shape[1]}x{grid.shape[0]})")
@@ -100,6 +126,35 @@ def _crop_centre(crop_at: str) -> tuple[float, float] | None:
     except ValueError:
         fail(f"--crop-at takes auto or two fractions X,Y in [0, 1], e.g. 0.5,0.5; got {crop_at!r}")
     return cx, cy
+
+
+def _shown_modality(modality: str, channels: int) -> str | None:
+    """The modality whose ops the grid shows without ``--op`` (None: every op)."""
+    from perturb.catalog.specs import MODALITIES
+
+    if modality == "auto":
+        return "xray" if channels == 1 else "endoscopy"
+    if modality == "all":
+        return None
+    if modality not in MODALITIES:
+        fail(f"--modality {modality!r}: use auto, all or one of {', '.join(sorted(MODALITIES))}")
+    return modality
+
+
+def _warn_if_not_for(op: str, channels: int) -> None:
+    """Say so when a named op is not made for the image's kind (an endoscopy op on a gray
+    radiograph, an X-ray op on a colour frame is refused by its channel count anyway)."""
+    from perturb.catalog.specs import load_specs
+
+    spec = load_specs().get(op)
+    if spec is None or channels != 1:
+        return
+    if "xray" not in spec.modalities and "any" not in spec.modalities:
+        typer.echo(
+            f"note: {op} is for {', '.join(spec.modalities)} images; this gray image is previewed "
+            "as it is, though the op does not model a radiograph",
+            err=True,
+        )
 
 
 def _xray_only(op: str) -> bool:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from perturb.catalog.ops import all_ops, get_op
+from perturb.catalog.specs import op_names
 from perturb.engine.run import apply
 from perturb.io.images import from_tensor
 
@@ -78,17 +79,25 @@ def preview_grid(
     thumb_width: int = 224,
     crop: bool = False,
     crop_centre: tuple[float, float] | None = (0.5, 0.5),
+    modality: str | None = None,
 ) -> tuple[np.ndarray, list[str]]:
     """RGB uint8 grid of ``image`` (CHW float32) under each op at severities 1..5, and the ops
-    skipped because they do not take the image's channel count. ``crop`` adds, under each op's
+    skipped because they do not take the image's channel count. Without ``ops``: every active op
+    tagged with ``modality`` (None: every active op) that takes the image's channel count; retired
+    ops are never shown unless named. ``crop`` adds, under each op's
     thumbnails, full-resolution crops of the same size around ``crop_centre`` (fractions of the
     width and height; None: for each op, where its severity 5 changes the image most)."""
     if thumb_width < 16:
         raise ValueError(f"thumbnail width must be at least 16 px, got {thumb_width}")
     channels = image.shape[0]
     if ops is None:
-        names = [n for n, op in all_ops().items() if channels in op.spec.channels]
-        skipped = [n for n, op in all_ops().items() if channels not in op.spec.channels]
+        shown = set(op_names(modality))
+        candidates = {n: op for n, op in all_ops().items() if n in shown}  # catalog order
+        names = [n for n, op in candidates.items() if channels in op.spec.channels]
+        skipped = [n for n, op in candidates.items() if channels not in op.spec.channels]
+        if not names:
+            of = f"{modality} op" if modality else "op"
+            raise ValueError(f"no {of} takes a {channels}-channel image")
     else:
         names, skipped = list(ops), []
         for name in names:

@@ -54,17 +54,67 @@ def test_preview_of_a_real_frame_writes_a_labelled_grid(tmp_path: Path) -> None:
     assert grid is not None and grid.shape[1] == 150 + 6 * 224  # label column + clean + 5 severities
 
 
-def test_preview_of_a_16_bit_gray_image_skips_colour_ops(tmp_path: Path) -> None:
+def _grid_rows(path: Path, source: Path, size: int = 224) -> int:
+    """Op rows of a --no-crop grid written from ``source`` at thumbnail width ``size``."""
+    from perturb.cli.preview_grid import LABEL_HEIGHT
+    from perturb.io.images import read_image
+
+    src = read_image(source)
+    thumb = round(src.shape[0] * size / src.shape[1])
+    height = cv2.imread(str(path), cv2.IMREAD_UNCHANGED).shape[0]
+    rows, rest = divmod(height - LABEL_HEIGHT, thumb + LABEL_HEIGHT)
+    assert rest == 0, (height, thumb)
+    return rows
+
+
+def test_preview_of_a_16_bit_gray_image_shows_the_xray_ops(tmp_path: Path) -> None:
+    """A gray image is previewed as a radiograph: its rows are the X-ray ops, no endoscopy op
+    (specular glare on a chest film) and no colour op; --modality names another set, whose
+    colour ops are then named as skipped."""
+    from perturb.catalog.specs import get_spec, op_names
+
     require_samples()
     gray8 = cv2.imread(str(XRAY[0]), cv2.IMREAD_GRAYSCALE)
-    gray16 = (gray8.astype(np.uint16) * 257)[:256, :256]
+    gray16 = (gray8.astype(np.uint16) * 257)[:128, :96]
     src = tmp_path / "gray16.png"
     cv2.imwrite(str(src), gray16)
     out = tmp_path / "grid.png"
-    result = runner.invoke(app, ["preview", str(src), "--out", str(out)])
+    result = runner.invoke(app, ["preview", str(src), "--no-crop", "--size", "32", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "hue_shift" in result.output  # named among the skipped ops
-    assert cv2.imread(str(out)) is not None
+    assert "showing the xray ops" in result.output and "skipped" not in result.output
+    assert _grid_rows(out, src, 32) == len(op_names("xray"))
+    endo = runner.invoke(app, ["preview", str(src), "--no-crop", "--size", "32", "--modality", "endoscopy", "--out", str(out)])
+    assert endo.exit_code == 0, endo.output
+    assert "hue_shift" in endo.output  # named among the skipped colour ops
+    one_channel = [n for n in op_names("endoscopy") if 1 in get_spec(n).channels]
+    assert "hue_shift" not in one_channel and _grid_rows(out, src, 32) == len(one_channel)
+
+
+def test_preview_of_a_colour_frame_leaves_out_xray_and_retired_ops(tmp_path: Path) -> None:
+    """A colour frame shows the active endoscopy ops in catalog order: no retired op (kept only
+    to replay records) and no X-ray op; asking for X-ray ops on it exits 2 naming the fix; a
+    named op made for another modality is previewed with a note."""
+    from perturb.catalog.specs import load_specs, op_names
+
+    src = tmp_path / "frame.png"
+    rng = np.random.default_rng(0)
+    cv2.imwrite(str(src), rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    out = tmp_path / "grid.png"
+    result = runner.invoke(app, ["preview", str(src), "--no-crop", "--size", "32", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "showing the endoscopy ops" in result.output
+    assert _grid_rows(out, src, 32) == len(op_names("endoscopy"))
+    assert any(s.retired and "endoscopy" in s.modalities for s in load_specs().values())
+    xray = runner.invoke(app, ["preview", str(src), "--modality", "xray", "--out", str(tmp_path / "x.png")])
+    assert xray.exit_code == 2 and "no xray op takes a 3-channel image" in xray.output and "--modality" in xray.output
+    assert not (tmp_path / "x.png").exists()
+    bogus = runner.invoke(app, ["preview", str(src), "--modality", "mri-ish", "--out", str(tmp_path / "y.png")])
+    assert bogus.exit_code == 2 and "use auto, all or one of" in bogus.output
+    gray = tmp_path / "gray.png"
+    cv2.imwrite(str(gray), rng.integers(0, 256, (40, 48), dtype=np.uint8))
+    named = runner.invoke(app, ["preview", str(gray), "--op", "specular_glare", "--no-crop", "--out", str(out)])
+    assert named.exit_code == 0, named.output
+    assert "note: specular_glare is for endoscopy images" in named.output
 
 
 def test_preview_errors_name_the_fix(tmp_path: Path) -> None:
