@@ -90,15 +90,21 @@ def small_batch(n: int, h: int = 40, w: int = 56, channels: int = 3) -> torch.Te
     return torch.stack(crops).contiguous()
 
 
+def cpuinfo_field(name: str) -> str | None:
+    """The first ``name`` field of /proc/cpuinfo (None where there is none, off Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.split(":", 1)[0].strip() == name), None)
+
+
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (``platform.processor()`` or the machine's
     architecture elsewhere): named beside golden digests and benchmark results."""
     import platform
 
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    model = cpuinfo_field("model name")
+    if model:
+        return model
     return platform.processor() or platform.machine()

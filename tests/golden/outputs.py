@@ -109,12 +109,10 @@ def cpu_class() -> str:
     the widest vector instruction set its numpy/torch kernels dispatch to."""
     import platform
 
+    from tests.helpers import cpuinfo_field
+
     arch = platform.machine() or "unknown"
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return arch
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    flags = (cpuinfo_field("flags") or "").split()
     if "avx512f" in flags:
         return f"{arch}-avx512"
     if "avx2" in flags:
