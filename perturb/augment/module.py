@@ -173,6 +173,18 @@ class AugmentResult(NamedTuple):
     records: list[list[Record]] | None
 
 
+def _shared_cell() -> torch.Tensor:
+    """A CPU int64 scalar in shared memory: DataLoader workers inherit it (fork) or receive
+    it by handle (spawn, torch's multiprocessing pickler), so a write in the main process reaches
+    them. Where shared memory is unavailable, a plain tensor (workers then keep the epoch they
+    started with)."""
+    cell = torch.zeros((), dtype=torch.int64)
+    try:
+        return cell.share_memory_()
+    except (RuntimeError, OSError):  # pragma: no cover - no /dev/shm
+        return cell
+
+
 def _indices(indices: object, n: int) -> list[int]:
     if isinstance(indices, torch.Tensor | np.ndarray):
         values = indices.reshape(-1).tolist()
@@ -226,13 +238,26 @@ class Augment(torch.nn.Module):
         self.policy = load_policy(policy)
         self.seed = int(seed)
         self.return_records = bool(return_records)
-        self.epoch = _check_index(epoch, "epoch")
+        self._epoch_cell = _shared_cell()
+        self.epoch = epoch
         self.variant = _check_index(variant, "variant")
         self.modality = check_modality(modality)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch whose draws ``forward`` applies (``set_epoch``)."""
+        return int(self._epoch_cell)
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._epoch_cell.fill_(_check_index(epoch, "epoch"))
+
     def set_epoch(self, epoch: int) -> None:
-        """Draw the next samples for ``epoch`` (call at the start of each epoch)."""
-        self.epoch = _check_index(epoch, "epoch")
+        """Draw the next samples for ``epoch`` (call at the start of each epoch). The epoch
+        lives in shared memory: DataLoader workers holding this module (in the dataset or the
+        collate_fn, persistent or not, fork or spawn) see it from their next batch on, as the
+        main process does. A copy made with ``pickle``/``copy.deepcopy`` has its own."""
+        self.epoch = epoch
 
     def plan(
         self,
@@ -310,8 +335,8 @@ class Augment(torch.nn.Module):
         self, plans: Sequence[Sequence[Record]], indices: list[int], epoch: int
     ) -> list[list[Record]]:
         """``plans`` if each record is this module's (seed, policy, variant) draw for its image's
-        index at ``epoch``: plans made in DataLoader workers whose copy of the module missed a
-        ``set_epoch`` (persistent workers) would otherwise repeat an old epoch's draws."""
+        index at ``epoch``: plans made by a copy of the module that missed a ``set_epoch`` (one
+        pickled by hand into a dataset) would otherwise repeat an old epoch's draws."""
         chains = [list(p) for p in plans]
         if len(chains) != len(indices):
             raise InputError(
@@ -341,8 +366,8 @@ class Augment(torch.nn.Module):
                     raise InputError(
                         f"plans do not belong to this batch: a record made with {got} for a module "
                         f"at {want}; make them with this module's plan(indices) after set_epoch "
-                        "(DataLoader workers keep the module as it was when they started: with "
-                        "persistent_workers pass the epoch to plan(indices, epoch=...))"
+                        "(a pickled or deep-copied module keeps its own epoch: call its set_epoch "
+                        "too, or pass the epoch to plan(indices, epoch=...))"
                     )
         return chains
 

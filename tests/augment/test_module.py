@@ -96,6 +96,42 @@ def test_same_pixels_when_augmenting_inside_workers(reference: dict[int, torch.T
     assert all(torch.equal(got[i], reference[i]) for i in range(N))
 
 
+def _stack(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, list[int]]:
+    return torch.stack([b[0] for b in batch]), [b[1] for b in batch]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_set_epoch_reaches_persistent_workers(context: str) -> None:
+    """A module held by the dataset, augmenting in persistent workers: set_epoch in the main
+    process reaches them (the epoch lives in shared memory), so epoch 1 is not epoch 0 again;
+    the pixels equal the main process's draws of each epoch. A pickled copy keeps its own."""
+    augment = Augment(POLICY, seed=5)
+    loader = DataLoader(
+        Frames(augment),
+        batch_size=5,
+        num_workers=2 if context == "fork" else 1,
+        persistent_workers=True,
+        multiprocessing_context=context,
+        collate_fn=_stack,
+    )
+    images = Frames().images
+    seen = []
+    for epoch in (0, 1, 2):
+        augment.set_epoch(epoch)
+        want = Augment(POLICY, seed=5, epoch=epoch)(images, list(range(N)))
+        assert isinstance(want, torch.Tensor)
+        got: dict[int, torch.Tensor] = {}
+        for batch, indices in loader:
+            got.update(zip(indices, batch, strict=True))
+        assert sorted(got) == list(range(N))
+        assert all(torch.equal(got[i], want[i]) for i in range(N)), f"epoch {epoch}"
+        seen.append(torch.stack([got[i] for i in range(N)]))
+    assert not torch.equal(seen[0], seen[1])
+    copy = pickle.loads(pickle.dumps(augment))
+    augment.set_epoch(7)
+    assert copy.epoch == 2 and augment.epoch == 7
+
+
 def test_epochs_and_seeds_change_the_draws(reference: dict[int, torch.Tensor]) -> None:
     images = Frames().images
     for augment in (Augment(POLICY, seed=5, epoch=4), Augment(POLICY, seed=6, epoch=3)):
