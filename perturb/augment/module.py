@@ -39,7 +39,7 @@ from perturb.augment.plan import _check_index, apply_plans, check_modality, plan
 from perturb.augment.policy import Policy, load_policy
 from perturb.augment.targets import BoxesIn, move_boxes, move_masks, move_scene
 from perturb.contracts.record import Record
-from perturb.engine.run import scene_kind, with_codecs
+from perturb.engine.run import SUPPORTED_DTYPES, check_images, scene_kind, with_codecs
 from perturb.errors import InputError
 from perturb.scene import Scene
 
@@ -81,8 +81,11 @@ class SceneCache:
         )
         self.hits = self.misses = 0
 
-    def scene(self, index: int, chw: np.ndarray) -> dict[str, Any]:
-        """The scene descriptor (a new dict) of the CHW image ``chw`` of dataset item ``index``."""
+    def scene(self, index: int, chw: np.ndarray | torch.Tensor) -> dict[str, Any]:
+        """The scene descriptor (a new dict) of the CHW image ``chw`` (a numpy array or a
+        tensor, as a Dataset yields it) of dataset item ``index``."""
+        if isinstance(chw, torch.Tensor):
+            chw = chw.detach().cpu().numpy()
         slot = (index, chw.shape, chw.dtype.str)
         digest = pixel_digest(np.ascontiguousarray(chw).data)
         hit = self._entries.get(slot)
@@ -208,7 +211,9 @@ class Augment(torch.nn.Module):
     ``seed`` keys the whole run; ``set_epoch`` (or ``forward(..., epoch=)``) moves to the
     next epoch's draws; ``variant`` gives independent draws of the same epoch (e.g. a second
     view). ``modality`` restricts the policy's ops per call of the module (e.g. a module for
-    the X-ray part of a mixed dataset). Colour-only ops are left out for 1-channel batches.
+    the X-ray part of a mixed dataset). Colour-only ops are left out for 1-channel batches;
+    1-channel (X-ray) ops are left out of 3-channel batches, with a warning naming them: augment
+    a gray film at 1 channel and repeat it to 3 after.
 
     ``carry_scenes``: analyse each source image's scene once and carry it through the chain
     (see the module docstring) instead of analysing the input of each border-protecting op;
@@ -301,8 +306,12 @@ class Augment(torch.nn.Module):
             raise InputError(
                 f"images must be a BCHW tensor, got {shape}; add a batch axis with unsqueeze(0)"
             )
+        if images.dtype not in SUPPORTED_DTYPES:  # before the scenes read the pixels
+            check_images(images)
         n = images.shape[0]
         idx = _indices(indices, n)
+        if n == 0:  # e.g. the X-ray part of a mixed batch that holds no radiograph
+            return self._empty(images, boxes, masks)
         chains: list[list[Record]]
         if not self.training:
             chains = [[] for _ in range(n)]
@@ -329,6 +338,23 @@ class Augment(torch.nn.Module):
             boxes=None if boxes is None else move_boxes(boxes, chains, (width, height)),
             masks=None if masks is None else move_masks(masks, chains),
             records=chains if self.return_records else None,
+        )
+
+    def _empty(
+        self, images: torch.Tensor, boxes: BoxesIn | None, masks: torch.Tensor | None
+    ) -> torch.Tensor | AugmentResult:
+        """What ``forward`` returns for a batch of no images: the batch itself."""
+        if boxes is not None and len(boxes):
+            raise InputError(f"boxes has {len(boxes)} entries for a batch of 0: pass one list per image")
+        if masks is not None and masks.shape[0]:
+            raise InputError(f"masks has {masks.shape[0]} entries for a batch of 0")
+        if boxes is None and masks is None and not self.return_records:
+            return images
+        return AugmentResult(
+            images=images,
+            boxes=None if boxes is None else [],
+            masks=masks,
+            records=[] if self.return_records else None,
         )
 
     def _check_plans(

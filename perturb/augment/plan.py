@@ -20,6 +20,7 @@ DataLoader worker or the device.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,8 +91,30 @@ def _candidates(policy: Policy, modality: str | None, channels: int | None) -> l
     if channels is not None:
         if channels not in (1, 3):
             raise InputError(f"channels must be 1 or 3, got {channels!r}")
-        pool = [e for e in pool if channels in e.spec.channels]
+        kept = [e for e in pool if channels in e.spec.channels]
+        if len(kept) < len(pool) and (channels == 3 or not kept):  # colour ops off gray: expected
+            _warn_left_out(policy.policy, channels, [e.op for e in pool if e not in kept])
+        pool = kept
     return pool
+
+
+def _warn_left_out(policy: str, channels: int, ops: list[str]) -> None:
+    """Say once per policy and channel count which of its ops a batch of ``channels``
+    channels cannot get (a gray film repeated to 3 channels for an ImageNet backbone loses
+    every X-ray op), and how to keep them."""
+    if channels == 3:
+        fix = (
+            "they take 1-channel (gray) images: augment the gray film (images[:, :1]) and repeat "
+            "it to 3 channels after (out.expand(-1, 3, -1, -1))"
+        )
+    else:
+        fix = "they take colour (3-channel) images, so no sample is augmented"
+    warnings.warn(
+        f"policy {policy!r} on {channels}-channel images leaves out {len(ops)} of its ops "
+        f"({', '.join(ops)}): {fix}",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def _quantile_int(u: float, lo: int, hi: int) -> int:

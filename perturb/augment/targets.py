@@ -66,6 +66,9 @@ def move_boxes(
         if len(arr) and plan:
             moved = transform_boxes(arr, list(plan), image_size)
             arr = np.array([r.box for r in moved], dtype=np.float64)
+        elif len(arr):  # clipped as a moved box is: the same box whether or not ops were drawn
+            width, height = image_size
+            arr = np.clip(arr, 0.0, [width, height, width, height])
         out.append(torch.from_numpy(arr.astype(np.float32)))
     return out
 

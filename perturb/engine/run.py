@@ -85,7 +85,7 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
             "(images.float()), uint8 or uint16"
         )
     if images.dtype == torch.float32:
-        lo, hi = torch.aminmax(images)
+        lo, hi = torch.aminmax(images.detach())
         lo_v, hi_v = float(lo), float(hi)
         if not (np.isfinite(lo_v) and np.isfinite(hi_v)):
             raise InputError(
@@ -94,7 +94,8 @@ def check_images(images: object, op: Op | None = None) -> torch.dtype:
         if lo_v < 0.0 or hi_v > 1.0:
             raise InputError(
                 f"float images must lie in [0, 1], got min {lo_v:.4g} and max {hi_v:.4g}; "
-                "scale them (e.g. images / 255) or clamp them"
+                "scale them (e.g. images / 255) or clamp them; normalised images (mean/std): "
+                "perturb before normalising"
             )
     return images.dtype
 

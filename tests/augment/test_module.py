@@ -187,7 +187,36 @@ def test_module_input_errors() -> None:
         augment(x, 3)  # type: ignore[arg-type]
     with pytest.raises(InputError, match="non-negative integer"):
         augment.set_epoch(-1)
+    with pytest.raises(InputError, match=r"bfloat16 is not supported; use float32"):
+        augment(x.bfloat16(), [0, 1])  # named before the scene analysis reads the pixels
+    normalised = (torch.rand(2, 3, 16, 16) - 0.485) / 0.229
+    with pytest.raises(InputError, match="perturb before normalising"):
+        augment(normalised, [0, 1])
     assert "mixed" in repr(augment) and perturb.Augment is Augment
+
+
+def test_an_empty_batch_comes_back_as_it_is() -> None:
+    """The X-ray part of a mixed batch may hold no radiograph: a module with modality=xray
+    returns the empty batch (and empty targets and records) instead of an error."""
+    augment = Augment("augment-xray", seed=0, modality="xray")
+    empty = torch.zeros(0, 1, 32, 32)
+    assert augment(empty, []) is empty
+    augment.return_records = True
+    result = augment(empty, torch.zeros(0, dtype=torch.int64), boxes=[])
+    assert isinstance(result, AugmentResult)
+    assert result.images is empty and result.boxes == [] and result.records == []
+    with pytest.raises(InputError, match="one dataset index per image"):
+        augment(empty, [0])
+
+
+def test_a_batch_that_requires_grad_is_augmented_without_warnings() -> None:
+    import warnings
+
+    x = torch.rand(2, 3, 16, 16, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = Augment(POLICY, seed=0)(x, [0, 1])
+    assert isinstance(out, torch.Tensor) and out.shape == x.shape
 
 
 def test_module_on_each_device(device: str) -> None:
@@ -263,6 +292,25 @@ def test_plans_of_another_epoch_or_variant_are_refused() -> None:
     other = Augment(POLICY, seed=5, epoch=4, variant=1)
     with pytest.raises(InputError, match="set_epoch"):
         other(images, [0, 1, 2, 3], plans=fresh)
+
+
+def test_ops_left_out_by_the_channel_count_are_named() -> None:
+    """A gray film repeated to 3 channels loses every X-ray op of augment-xray: a warning names
+    them and the fix (augment 1 channel, repeat after); the 1-channel film warns nothing, nor
+    does a mixed policy's colour ops left out of a gray batch (documented), unless none is left."""
+    import warnings
+
+    film = torch.rand(6, 1, 40, 32)
+    with pytest.warns(UserWarning, match=r"leaves out 10 of its ops \(xray_exposure.*images\[:, :1\]"):
+        Augment("augment-xray", seed=0)(film.expand(-1, 3, -1, -1).contiguous(), list(range(6)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Augment("augment-xray", seed=0)(film, list(range(6)))
+        Augment(POLICY, seed=0)(film, list(range(6)))
+    colour = load_policy({"policy": "colour", "ops": ["hue_shift", "saturation"], "probability": 1.0})
+    with pytest.warns(UserWarning, match="no sample is augmented"):
+        out = Augment(colour, seed=0)(film, list(range(6)))
+    assert torch.equal(out, film)
 
 
 def test_unknown_modality_is_refused() -> None:

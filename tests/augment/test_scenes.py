@@ -85,8 +85,10 @@ def test_scenes_analysed_before_the_loader_reach_its_workers(
     outputs are the original's."""
     x = _frames(3, salt=15)
     augment = Augment(CROP_THEN_COLOUR, seed=2, carry_scenes=True)
-    for index, chw in enumerate(x.numpy()):
+    for index, chw in enumerate(x):  # tensors, as a Dataset yields them (numpy arrays too)
         augment.scenes.scene(index, chw)
+    assert len(analyses) == 3
+    assert augment.scenes.scene(0, x[0].numpy()) == augment.scenes.scene(0, x[0])
     assert len(analyses) == 3
     worker = pickle.loads(pickle.dumps(augment))
     assert len(worker.scenes) == 3

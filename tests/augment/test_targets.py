@@ -180,6 +180,20 @@ def test_boxes_leaving_the_frame_are_empty_and_many_boxes_per_image() -> None:
     assert move_boxes([[]], plans, (W, H))[0].shape == (0, 4)
 
 
+def test_boxes_are_clipped_to_the_frame_whether_or_not_ops_were_drawn() -> None:
+    """A box reaching out of the frame comes back clipped by a photometric chain, by an empty
+    chain (a sample not augmented) and in eval() alike: never one form or the other by chance."""
+    box = [[-10.0, -5.0, W + 40.0, 30.0]]
+    clipped = torch.tensor([[0.0, 0.0, float(W), 30.0]])
+    photometric = plan_batch(load_policy({"ops": ["contrast"], "probability": 1.0}), seed=0, epoch=0, indices=[0])
+    assert photometric[0]
+    for plans in (photometric, [[]]):
+        assert torch.equal(move_boxes([box], plans, (W, H))[0], clipped)
+    augment = Augment(load_policy({"ops": ["contrast"], "probability": 0.5}), seed=0).eval()
+    result = augment(torch.zeros(1, 3, H, W), [0], boxes=[box])
+    assert result.boxes is not None and torch.equal(result.boxes[0], clipped)
+
+
 def test_target_errors() -> None:
     plans = _single_op_plans("rotation", 2, n=2)
     with pytest.raises(InputError, match="one list per image"):
