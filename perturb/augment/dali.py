@@ -14,8 +14,10 @@ The pipeline (``build_pipeline``):
    shard of ``num_shards`` takes every ``num_shards``-th item of it. The last batch is padded
    (index -1; ``DaliLoader`` drops the padding), so every item is seen once per epoch.
 2. ``fn.decoders.image``: ``device="cpu"`` decodes on the host (libjpeg-turbo / libpng through
-   nvImageCodec), ``device="gpu"`` uses the "mixed" decoder (nvJPEG on the GPU).
-3. ``fn.resize`` to (H, W) (linear, antialiased), uint8 HWC.
+   nvImageCodec), ``device="gpu"`` uses the "mixed" decoder (nvJPEG on the GPU); to uint8, or
+   with ``bit_depth=16`` to uint16 (a 16-bit PNG film keeps its 65,536 levels; an 8-bit file's
+   levels are scaled by 257).
+3. ``fn.resize`` to (H, W) (linear, antialiased), uint8 (uint16) HWC.
 4. The policy's ops, one chain position at a time (``policy.num_ops`` upper end positions).
    Each sample's chain is ``plan_sample(policy, seed=, epoch=, index=, channels=)``, the same
    keyed plan ``perturb.augment.Augment`` draws for that (epoch, index), so the DALI pipeline
@@ -60,8 +62,8 @@ The pipeline (``build_pipeline``):
    * ``fn.noise.*`` and ``fn.jpeg_compression_distortion``: DALI's own random generator and
      encoder settings, not the catalog's counter-hash fields and libjpeg-turbo 4:2:0 call.
 
-5. ``fn.crop_mirror_normalize``: float32, ``(x / 255 - mean) / std`` (``mean=0, std=1`` by
-   default: values in [0, 1]), CHW.
+5. ``fn.crop_mirror_normalize``: float32, ``(x / 255 - mean) / std`` (``x / 65535`` with
+   ``bit_depth=16``; ``mean=0, std=1`` by default: values in [0, 1]), CHW.
 
 ``fn.torch_python_function`` (DALI's torch plugin) is not used because it creates a CUDA stream
 even for CPU pipelines, which fails with CPU builds of torch; ``fn.dl_tensor_python_function``
@@ -368,6 +370,7 @@ class DaliOp:
     build: Callable[[Any, Any, int, int], Any]
     accepts: Callable[[Record], bool] = _always
     usable: Callable[[Policy], bool] = _always
+    bit_depths: tuple[int, ...] = (8, 16)  # decoded depths on which it equals the kernel
 
 
 def _translation_start(record: Record | None, height: int, width: int) -> np.ndarray:
@@ -412,6 +415,7 @@ DALI_OPS: dict[str, DaliOp] = {
         _brightness_add,
         accepts=lambda r: not r.protect_border,
         usable=lambda policy: policy.protect_border is False,
+        bit_depths=(8,),  # checked on the 256 uint8 levels; uint16 runs the torch kernel
     ),
 }
 
@@ -424,7 +428,7 @@ def _values(batch: Sequence[Any]) -> list[int]:
 
 class _TorchStage:
     """Chain position ``position`` of each sample through the torch kernels (``apply_plans``),
-    except records one of DALI's own ops runs; HWC uint8 DLPack samples in and out."""
+    except records one of DALI's own ops runs; HWC uint8 (uint16) DLPack samples in and out."""
 
     def __init__(self, planner: Planner, position: int, dali_steps: Sequence[DaliOp], cuda: bool):
         self.planner, self.position, self.cuda = planner, position, cuda
@@ -529,10 +533,14 @@ def build_pipeline(
     dali_ops: bool = True,
     image_column: str | None = None,
     prefetch_queue_depth: int = 2,
+    bit_depth: int = 8,
 ) -> Any:
     """A DALI pipeline (built) that decodes, resizes to ``size`` (H, W), augments with
     ``policy`` (None: no augmentation) keyed by (seed, epoch, dataset index), and normalises
-    to float32 CHW ``(x/255 - mean) / std``. Outputs: images, indices (int64, -1 for padding),
+    to float32 CHW ``(x/255 - mean) / std``. ``bit_depth=16`` decodes to uint16 and augments
+    and normalises from there (``x/65535``): 16-bit PNG films keep their levels (at 8, the
+    decoder reduces them to 256; checked on the CPU pipeline, not yet on a GPU). Outputs:
+    images, indices (int64, -1 for padding),
     epochs. ``device="gpu"`` decodes with the "mixed" decoder and runs the torch kernels on
     CUDA (``device_id`` defaults to 0 there). ``dali_ops=False`` runs every op through the
     torch kernels. See the module docstring for the graph."""
@@ -540,6 +548,8 @@ def build_pipeline(
     dev = _device(device)
     height, width = _size(size)
     _check_arguments(dev, channels, batch_size, num_threads, shard_id, num_shards)
+    if bit_depth not in (8, 16):
+        raise InputError(f"bit_depth must be 8 or 16, got {bit_depth!r}")
     mean_v, std_v = _norm(mean, channels, "mean"), _norm(std, channels, "std")
     images_in = _checked_source(source, image_column, num_shards)
     graph = _Graph(
@@ -560,6 +570,7 @@ def build_pipeline(
         ),
         policy=None if policy is None else load_policy(policy),
         dali_ops=dali_ops,
+        bit_depth=bit_depth,
     )
     if graph.policy is not None:
         graph.planner = Planner(
@@ -634,6 +645,12 @@ class _Graph:
     policy: Policy | None
     dali_ops: bool
     planner: Planner | None = None
+    bit_depth: int = 8
+
+    @property
+    def full_scale(self) -> float:
+        """The decoded images' white level."""
+        return 65535.0 if self.bit_depth == 16 else 255.0
 
     def define(self, dali: Any) -> tuple[Any, Any, Any]:
         fn: Any = dali.fn
@@ -648,6 +665,7 @@ class _Graph:
             encoded,
             device="mixed" if self.dev == "gpu" else "cpu",
             output_type=types.RGB if self.channels == 3 else types.GRAY,
+            dtype=types.UINT16 if self.bit_depth == 16 else types.UINT8,
         )
         images = fn.resize(images, resize_x=self.width, resize_y=self.height)
         if self.policy is not None and self.planner is not None:
@@ -656,8 +674,8 @@ class _Graph:
             images,
             dtype=types.FLOAT,
             output_layout="CHW",
-            mean=[255.0 * m for m in self.mean],
-            std=[255.0 * s for s in self.std],
+            mean=[self.full_scale * m for m in self.mean],
+            std=[self.full_scale * s for s in self.std],
         )
         return images, indices, epochs
 
@@ -670,7 +688,7 @@ class _Graph:
         dali_steps = [
             op
             for name, op in DALI_OPS.items()
-            if self.dali_ops and name in names and op.usable(pol)
+            if self.dali_ops and name in names and op.usable(pol) and self.bit_depth in op.bit_depths
         ]
         gpu = self.dev == "gpu"
         on_dev = (indices.gpu(), epochs.gpu()) if gpu else (indices, epochs)

@@ -216,6 +216,42 @@ def test_gray_png_xray_policy() -> None:
         assert torch.equal(_u8(image), result.images[i]), [r.op for r in records]
 
 
+def test_16_bit_png_films_keep_their_levels(tmp_path: Path) -> None:
+    """bit_depth=16 decodes 16-bit PNG films to uint16: at their own size the pipeline gives the
+    file's 65,536-level values back (x / 65535), where the default 8-bit decode keeps 256 levels;
+    augmented, the pixels equal the torch module's on the same uint16 images."""
+    import cv2
+
+    require_samples()
+    rng = np.random.default_rng(0)
+    files = []
+    for k, src in enumerate(XRAY[:3]):
+        gray = cv2.imread(str(src), cv2.IMREAD_GRAYSCALE)[: SIZE[0], : SIZE[1]]
+        film = (gray.astype(np.uint16) * 257 + rng.integers(0, 257, gray.shape)).astype(np.uint16)
+        files.append(tmp_path / f"film{k}.png")
+        cv2.imwrite(str(files[-1]), film)
+    (wide,) = list(dali_loader(files, None, size=SIZE, batch_size=3, channels=1, bit_depth=16))
+    u16 = (wide.images * 65535.0).round().to(torch.int64)
+    for k, path in enumerate(files):
+        want = torch.from_numpy(cv2.imread(str(path), cv2.IMREAD_UNCHANGED).astype(np.int64))
+        assert torch.equal(u16[k, 0], want)
+    assert torch.unique(u16).numel() > 4 * 256
+    (narrow,) = list(dali_loader(files, None, size=SIZE, batch_size=3, channels=1))
+    assert torch.unique(narrow.images).numel() <= 256
+    (aug,) = list(
+        dali_loader(
+            files, "augment-xray", seed=2, size=SIZE, batch_size=3, channels=1, bit_depth=16,
+            return_records=True,
+        )
+    )
+    module = Augment("augment-xray", seed=2, return_records=True)
+    result = module(u16.to(torch.uint16), list(range(3)), epoch=0)
+    assert aug.records == result.records and any(result.records)
+    assert torch.equal((aug.images * 65535.0).round().to(torch.uint16), result.images)
+    with pytest.raises(InputError, match="bit_depth must be 8 or 16"):
+        dali_loader(files, None, size=SIZE, bit_depth=12)
+
+
 def test_keyed_epoch_order() -> None:
     a = epoch_order(50, seed=3, epoch=2, shuffle=True)
     assert np.array_equal(a, epoch_order(50, seed=3, epoch=2, shuffle=True))
@@ -322,19 +358,17 @@ def test_gpu_pipeline_matches_torch_module_on_cuda(device: str, clean: dict) -> 
 def test_readme_example_runs(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    """The README's DALI example, run from the repo root (at 64x64 instead of 448 for speed)."""
-    require_samples()
+    """The README's DALI example, run from the repo root as a fresh clone has it (the frames
+    shipped in tests/data; at 64x64 instead of 448 for speed)."""
     root = Path(__file__).resolve().parents[2]
     text = (root / "README.md").read_text()
     section = text.split("## Training input with NVIDIA DALI", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert "size=448" in code and "(3, 448, 448)" in code
     code = code.replace("size=448", "size=64").replace("(3, 448, 448)", "(3, 64, 64)")
-    # the example reads ../shared/samples; the tests' samples may be tests/data instead
-    shared = 'Path("../shared/samples/endoscopy")'
-    assert shared in code
-    code = code.replace(shared, f"Path({str(ENDOSCOPY[0].parent)!r})")
+    shipped = sorted((root / "tests" / "data" / "endoscopy").glob("*.jpg"))
+    assert 'Path("tests/data/endoscopy")' in code and shipped
     monkeypatch.chdir(root)
     exec(compile(code, "README.md", "exec"), {})
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 * -(-len(ENDOSCOPY) // 8)  # batches of 8 over two epochs
+    assert len(lines) == 2 * -(-len(shipped) // 8)  # batches of 8 over two epochs
