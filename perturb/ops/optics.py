@@ -690,15 +690,28 @@ def distortion_forward(
     x: np.ndarray, y: np.ndarray, k: float, width: int, height: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Output coordinates of source points (x, y): the inverse of ``distortion_source``, solved
-    for the radius by Newton's method (the map is monotone for ``k > -1 / (3 rho^2)``)."""
+    for the radius by Newton's method (the map is monotone for ``k > -1 / (3 rho^2)``).
+
+    With ``k < 0`` the source radius an output radius reads peaks at the fold ``rho_f = 1 /
+    sqrt(-3 k)``: a source point beyond that peak appears nowhere in the output, so it is put
+    outside the frame along its own ray (twice the frame's corner radius out), where a box
+    reaching it is clipped to the frame edge in that direction only (it had no finite inverse:
+    Newton ran off to infinity, and a point on an axis came back as NaN)."""
     cx, cy, radius = distortion_frame(width, height)
     u, v = (np.asarray(x, np.float64) - cx) / radius, (np.asarray(y, np.float64) - cy) / radius
     s = np.sqrt(u * u + v * v)
-    rho = s.copy()
+    beyond = np.zeros(s.shape, dtype=bool)
+    if k < 0.0:
+        fold = 1.0 / math.sqrt(-3.0 * k)
+        beyond = s > fold * (1.0 + k * fold * fold) / (1.0 + k)
+    target = np.where(beyond, 0.0, s)
+    rho = target.copy()
     for _ in range(30):
-        f = rho * (1.0 + k * rho * rho) / (1.0 + k) - s
+        f = rho * (1.0 + k * rho * rho) / (1.0 + k) - target
         df = (1.0 + 3.0 * k * rho * rho) / (1.0 + k)
         rho = np.maximum(rho - f / np.maximum(df, 1e-9), 0.0)
+    outside = 2.0 * math.hypot(cx, cy) / radius  # beyond every corner of the output frame
+    rho = np.where(beyond, outside, rho)
     ratio = np.where(s > 1e-12, rho / np.maximum(s, 1e-12), 1.0 + k)
     return cx + u * ratio * radius, cy + v * ratio * radius
 

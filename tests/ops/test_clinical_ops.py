@@ -837,6 +837,37 @@ def test_optics_act_on_the_tissue_behind_a_fixed_aperture(op: str) -> None:
         assert np.abs(red - img[1])[near].max() > 0.1, "the check would see the old line"
 
 
+def test_lens_distortion_sends_source_points_past_the_barrel_fold_out_of_the_frame() -> None:
+    """With k < 0 no output pixel reads a source radius past the fold's peak: such points (a
+    wide frame's corners, a box reaching out of the frame) go outside the frame along their own
+    ray, finite and without warnings (they ran off to infinity, and to NaN on an axis, so a
+    narrow box above the frame came back the frame's whole width); points inside the fold still
+    invert the source map."""
+    import warnings
+
+    w, h, k = 640, 480, -0.2
+    fold = 1.0 / np.sqrt(-3.0 * k)
+    peak = fold * (1.0 + k * fold * fold) / (1.0 + k) * (h / 2)  # source radius, pixels
+    angles = np.linspace(0.0, 2.0 * np.pi, 16, endpoint=False)
+    far = np.array([w / 2, h / 2]) + 1.3 * peak * np.stack([np.cos(angles), np.sin(angles)], 1)
+    axis = np.array([[w / 2, h / 2 - 4.0 * peak], [w / 2 + 4.0 * peak, h / 2]])
+    points = np.concatenate([far, axis])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fx, fy = distortion_forward(points[:, 0], points[:, 1], k, w, h)
+    assert np.isfinite(fx).all() and np.isfinite(fy).all()
+    assert ((fx < 0) | (fx > w) | (fy < 0) | (fy > h)).all(), "past the fold: outside the frame"
+    direction = np.arctan2(fy - h / 2, fx - w / 2) - np.arctan2(points[:, 1] - h / 2, points[:, 0] - w / 2)
+    assert np.abs(np.angle(np.exp(1j * direction))).max() < 1e-9, "along its own ray"
+    assert fx[-2] == w / 2, "a point on the vertical axis stays on it (was NaN)"
+    xs, ys = np.meshgrid(np.linspace(1, w - 1, 17), np.linspace(1, h - 1, 13))
+    inside = np.hypot(xs - w / 2, ys - h / 2) < 0.95 * fold * (h / 2)  # the map's monotone part
+    xs, ys = xs[inside], ys[inside]
+    sx, sy = distortion_source(xs, ys, k, w, h)
+    bx, by = distortion_forward(sx, sy, k, w, h)
+    assert np.abs(bx - xs).max() < 1e-9 and np.abs(by - ys).max() < 1e-9
+
+
 def test_lens_distortion_is_the_radial_model_and_moves_boxes_and_masks() -> None:
     w, h = 160, 120
     k = 0.05
