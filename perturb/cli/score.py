@@ -114,7 +114,10 @@ def _print_result(result: Any) -> None:
     _print_summary(result.scores)
     for prob in result.problems:
         typer.echo(f"problem: {prob}", err=True)
-    for warn in result.scores.get("warnings", []):
+    from perturb.report.glance import sample_warning
+
+    small = sample_warning(result.scores)
+    for warn in [*result.scores.get("warnings", []), *([small] if small else [])]:
         typer.echo(f"warning: {warn}", err=True)
     for kind, path in result.files.items():
         typer.echo(f"wrote {kind}: {path}")

@@ -38,10 +38,14 @@ def takeaway(model: Mapping[str, Any], metric: str, k: int = 3) -> str:
         if not all_gaps:
             return f"No per-perturbation {metric} gaps."
         pert, scores = all_gaps[0]
-        return (
-            f"No significant drop of {metric} (95% CI); largest: {pert} "
-            f"{pct(scores['delta']['estimate'], signed=True)} pp."
-        )
+        largest = f"largest: {pert} {pct(scores['delta']['estimate'], signed=True)} pp."
+        overall = ((model.get("overall") or {}).get("metrics") or {}).get(metric)
+        if overall and excludes_zero(overall["delta"]) and overall["delta"]["estimate"] < 0:
+            return (
+                f"Overall drop of {metric} {est(overall['delta'], signed=True)} pp (95% CI), "
+                f"though no single perturbation's drop is significant on its own; {largest}"
+            )
+        return f"No significant drop of {metric} (95% CI); {largest}"
     parts = [
         f"{pert} {pct(scores['delta']['estimate'], signed=True)} pp" for pert, scores in drops[:k]
     ]
@@ -179,9 +183,14 @@ def glance_section(scores: Mapping[str, Any]) -> Section:
         f"{tested.get('perturbations', '-')} perturbation(s){coverage_text}."
     )
     uses = "all pairs" if head.get("uses") == "all_pairs" else "label-safe pairs"
+    unchecked = head.get("unchecked_pairs") or 0
+    if unchecked and head.get("uses") != "all_pairs":
+        uses = "pairs not flagged label-risk"
+    checked = f"; {unchecked} not checked (no question_class)" if unchecked else ""
     section.paragraphs.append(
         f"Headline: {prim} on {uses} ({head.get('headline_pairs', '-')} pairs; "
-        f"{head.get('at_risk_pairs', 0)} label-risk). Metric: {cfg.get('primary_reason', '')}."
+        f"{head.get('at_risk_pairs', 0)} label-risk{checked}). "
+        f"Metric: {cfg.get('primary_reason', '')}."
     )
     for name, model in sorted(scores["models"].items()):
         lead = f"{name}: " if len(scores["models"]) > 1 else ""

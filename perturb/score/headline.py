@@ -31,10 +31,13 @@ def choose_headline(pairs: Iterable[pd.DataFrame], include_at_risk: bool | None)
     by_class: Counter[str] = Counter()
     by_pert: Counter[str] = Counter()
     combos: Counter[tuple[str, str]] = Counter()
+    unchecked = 0
     for df in pairs:
         n += len(df)
         risk = df["at_risk"].to_numpy(dtype=bool)
         at_risk += int(risk.sum())
+        if "question_class" in df:
+            unchecked += sum(1 for c in df["question_class"] if not c)
         sub = df.loc[risk, ["perturbation", "classes_at_risk"]]
         for p, classes in zip(sub["perturbation"], sub["classes_at_risk"], strict=True):
             by_pert[str(p)] += 1
@@ -70,11 +73,21 @@ def choose_headline(pairs: Iterable[pd.DataFrame], include_at_risk: bool | None)
             f"Headline uses only {safe} label-safe pairs of {n} ({at_risk} label-risk pairs left "
             f"out: {top}): too few for tight intervals; --include-at-risk uses all pairs."
         )
+    if unchecked:
+        note = (
+            f"Label risk not checked for {unchecked} of {n} pairs: they have no question_class, "
+            "so a perturbation that may change their correct answer (a device question under "
+            "support devices, a side under a flip) goes unnoticed and they count as label-safe; "
+            "give the rows a question_class (README: Scoring predictions) or score a dataset "
+            "whose format names its question types (--format)"
+        )
+        warning = f"{warning} {note}" if warning else note
     return {
         "uses": "all_pairs" if use_all else "label_safe",
         "decided": how,
         "pairs": n,
         "at_risk_pairs": at_risk,
+        "unchecked_pairs": unchecked,
         "label_safe_pairs": safe,
         "headline_pairs": n if use_all else safe,
         "threshold": {"min_pairs": MIN_SAFE_PAIRS, "min_share": MIN_SAFE_SHARE},

@@ -103,3 +103,42 @@ def test_a_manifest_of_another_split_is_named_as_the_cause(tmp_path: Path) -> No
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "s")])
     assert result.exit_code == 2, result.output
     assert "no_manifest_match=3" in result.output and "manifest of the split" in result.output
+
+
+def test_takeaway_names_a_significant_overall_drop(tmp_path: Path) -> None:
+    """Two perturbations that each flip 3 of 40 images: neither drop is significant alone, the
+    overall one (6 images) is; the takeaway says so, not "no significant drop" under a starred
+    headline."""
+    from perturb.report.glance import takeaway
+
+    clean, pert = [], []
+    for i in range(40):
+        row = {"img_id": f"i{i}", "question": "Is there a polyp?", "answer": "yes"}
+        clean.append({**row, "prediction": "yes"})
+        for op, wrong in (("haze", i < 3), ("gaussian_blur", 3 <= i < 6)):
+            pert.append({**row, "prediction": "no" if wrong else "yes", "perturbation": op, "severity": 3})
+    result = score_runs(_write(tmp_path / "c.jsonl", clean), _write(tmp_path / "p.jsonl", pert), bootstrap=2000)
+    (model,) = result.scores["models"].values()
+    prim = result.scores["config"]["primary"]
+    overall = model["overall"]["metrics"][prim]["delta"]
+    assert overall["ci"][1] < 0, overall
+    cells = [c["metrics"][prim]["delta"] for c in model["by_perturbation"].values()]
+    assert all(c["ci"][1] >= 0 for c in cells), cells
+    line = takeaway(model, prim)
+    assert line.startswith(f"Overall drop of {prim} -7.5 ") and "no single perturbation" in line, line
+
+
+def test_pairs_without_question_class_are_not_called_label_safe(tmp_path: Path) -> None:
+    """Rows with no question_class cannot be checked for label risk: the headline counts them,
+    a warning says so and names the fix, and the report does not call them label-safe."""
+    c, p = _runs(tmp_path, {"a": 2, "b": 0, "c": 1})
+    out = tmp_path / "s"
+    result = CliRunner().invoke(app, ["score", "--clean", str(c), "--perturbed", str(p), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    scores = json.loads((out / "scores.json").read_text())
+    assert scores["headline"]["unchecked_pairs"] == 30 and scores["headline"]["at_risk_pairs"] == 0
+    assert any(w.startswith("Label risk not checked for 30 of 30 pairs") for w in scores["warnings"])
+    assert "Label risk not checked" in result.output and "Small sample: only 3 images" in result.output
+    report = (out / "report.md").read_text()
+    assert "on pairs not flagged label-risk (30 pairs; 0 label-risk; 30 not checked" in report
+    assert "on label-safe pairs" not in report
