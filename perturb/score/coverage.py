@@ -22,7 +22,7 @@ def manifest_coverage(man: Manifest, paired: Mapping[str, pd.DataFrame]) -> dict
     """Per model: manifest outputs with / without predictions, overall and per (op, severity).
 
     An output counts as "with predictions" when at least one of its perturbed rows was scored
-    (matched to the output and paired with a clean row).
+    (matched to the output, through any of the row's images, and paired with a clean row).
     """
     table = man.table
     n = len(table)
@@ -33,6 +33,10 @@ def manifest_coverage(man: Manifest, paired: Mapping[str, pd.DataFrame]) -> dict
         rows = pairs["manifest_row"].to_numpy(np.int64)
         covered = np.zeros(n, dtype=bool)
         covered[rows[rows >= 0]] = True
+        if "manifest_rows_other" in pairs.columns:  # a study's other views, matched too
+            for views in pairs["manifest_rows_other"].to_numpy(dtype=object):
+                if views:
+                    covered[list(views)] = True
         df = pd.DataFrame({"op": ops, "severity": sev, "covered": covered})
         g = df.groupby(["op", "severity"], sort=True)["covered"].agg(["sum", "size"])
         by = {

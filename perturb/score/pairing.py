@@ -169,6 +169,7 @@ def _fill_from_manifest(pert: pd.DataFrame, manifest: Manifest, report: PairRepo
         pert["variant"].to_numpy(),
     )
     _match_other_paths(manifest, pert, rows, reason)
+    pert["_manifest_rows_other"] = _other_views(manifest, pert)
     table = manifest.table
     hit = rows >= 0
     has_file_pert = pert["perturbation"].notna().to_numpy()
@@ -289,6 +290,35 @@ def _match_other_paths(
         if rows[i] < 0 and hit >= 0:
             rows[i] = hit
             reason[i] = ""
+
+
+def _other_views(manifest: Manifest, pert: pd.DataFrame) -> np.ndarray:
+    """Per perturbed row, the manifest rows of its images after the first (a study's other
+    views; empty for one image): outputs a prediction covers besides its ``manifest_row``."""
+    out = np.empty(len(pert), dtype=object)
+    out[:] = [()] * len(pert)
+    if "_paths" not in pert.columns:
+        return out
+    owner, paths = [], []
+    for i, row_paths in enumerate(pert["_paths"].to_numpy(dtype=object)):
+        if isinstance(row_paths, tuple) and len(row_paths) > 1:
+            owner += [i] * (len(row_paths) - 1)
+            paths += list(row_paths[1:])
+    if not paths:
+        return out
+    found, _ = match_rows(
+        manifest,
+        obj_array(paths),
+        np.full(len(paths), None, dtype=object),
+        np.full(len(paths), np.nan),
+    )
+    views: dict[int, list[int]] = {}
+    for i, hit in zip(owner, found, strict=True):
+        if hit >= 0:
+            views.setdefault(i, []).append(int(hit))
+    for i, hits in views.items():
+        out[i] = tuple(hits)
+    return out
 
 
 def pair_model(
@@ -657,6 +687,11 @@ def _pairs_frame(
             "image_clean": clean_col("image_path"),
             "image_pert": pert_col("image_path"),
             "manifest_row": pert["manifest_row"].to_numpy(np.int64),
+            "manifest_rows_other": (
+                pert["_manifest_rows_other"].to_numpy(dtype=object)
+                if "_manifest_rows_other" in pert.columns
+                else no_views(len(pert))
+            ),
             "clean_row": clean_row,
             "conf_clean": _floats(clean, "confidence")[clean_row],
             "conf_pert": _floats(pert, "confidence"),
@@ -666,6 +701,13 @@ def _pairs_frame(
             "bertscore_given_pert": _floats(pert, "bertscore"),
         }
     )
+
+
+def no_views(n: int) -> np.ndarray:
+    """``n`` empty tuples (rows with no other view in the manifest)."""
+    out = np.empty(n, dtype=object)
+    out[:] = [()] * n
+    return out
 
 
 GEOMETRIC_TAGS = ("moves_geometry", "flips_laterality")

@@ -152,6 +152,10 @@ def test_rexvqa_dataset_rows_plus_prediction(rex: dict[str, Any], tmp_path: Path
     (pairs,) = result.pairs.values()
     assert set(pairs["img_id"]) == {"GRDNA-study", "GRDNB-study"}  # study = bootstrap cluster
     assert result.scores["mcq_unparsed"][next(iter(result.pairs))]["perturbed"] == 0
+    # study A's second view is an output of its own: covered through the row's other image
+    (covered,) = result.scores["coverage"]["models"].values()
+    assert covered["without_predictions"] == 0 and covered["share"] == 1.0, covered
+    assert not any("manifest outputs" in w for w in result.scores["warnings"])
     # without --manifest the question ids still pair every row (cut file names do not
     # matter), and the split's manifest is found beside the perturbed images: its op names
     bare = score_runs(tmp_path / "clean.json", pert, bootstrap=0)
