@@ -2,7 +2,8 @@
 written for the dataset runs on it unchanged and ``perturb score`` reads the results as they
 come (pairing by the dataset's question ids, the op from the manifest through the image paths).
 
-One file per (op, severity, variant) under ``dest`` (default ``DIR/native``), image paths
+One file per (op, severity, variant) under ``dest`` (default ``DIR-native`` beside the split:
+inside it ``perturb verify`` would count the files as extra), image paths
 absolute (``os.path.join(root, p)`` keeps them):
 
 * ReXVQA: ``{op}_s{severity}_v{variant}.json`` = ``{question_id: {the question's fields,
@@ -36,9 +37,18 @@ def write_native(
 ) -> list[Path]:
     """Write the generated split ``out`` in ``adapter``'s own format (the dataset room's
     ``native_writer``); returns the files."""
+    from perturb.io.datasets import scratch_cache
+
     folder = Path(out)
-    target = Path(dest) if dest is not None else folder / "native"
+    target = Path(dest) if dest is not None else folder.resolve().with_name(f"{folder.resolve().name}-native")
+    root = folder.resolve()
+    if target.resolve() == root or root in target.resolve().parents:
+        raise DatasetError(
+            f"{target}: inside the split folder {root}; `perturb verify` would count the files "
+            "as extra. Choose a folder outside it (default: <DIR>-native)."
+        )
     writers = {name: e.native_writer for name, e in DATASETS.items() if e.native_writer}
     if adapter not in writers:
         raise DatasetError(f"unknown adapter {adapter!r}; known: {', '.join(sorted(writers))}")
-    return resolve(writers[adapter])(folder, target, source=source, images=images)
+    with scratch_cache():
+        return resolve(writers[adapter])(folder, target, source=source, images=images)

@@ -399,9 +399,10 @@ def export_split(
             f"{target}: inside the split folder {root}; `perturb verify` would count the export "
             "as extra files. Choose a folder outside it (default: <DIR>-<format>)."
         )
+    from perturb.io.datasets import scratch_cache
     from perturb.io.images import undone_on_failure
 
-    with undone_on_failure(target):
+    with undone_on_failure(target), scratch_cache():
         return _export_into(
             root, target, fmt, dataset, dataset_split, builtin_images, builtin_modality,
             absolute_paths, license_id, attribution,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -335,6 +336,7 @@ def _looks_like_hub_id(text: str) -> bool:
 
 
 _CACHE_DIR: contextvars.ContextVar[str | None] = contextvars.ContextVar("cache_dir", default=None)
+_SCRATCH_DIR: contextvars.ContextVar[str | None] = contextvars.ContextVar("scratch_dir", default=None)
 
 
 def _cache_kw(cache_dir: str | None = None) -> dict[str, str]:
@@ -342,6 +344,28 @@ def _cache_kw(cache_dir: str | None = None) -> dict[str, str]:
     adapter's load by ``using_cache``, else nothing (the ``datasets`` default)."""
     folder = cache_dir if cache_dir is not None else _CACHE_DIR.get()
     return {} if folder is None else {"cache_dir": folder}
+
+
+def _local_cache_kw(cache_dir: str | None = None) -> dict[str, str]:
+    """``_cache_kw`` for a load of local files: where no cache folder is set, the scratch
+    folder of an enclosing ``scratch_cache`` block (else the ``datasets`` default)."""
+    kw = _cache_kw(cache_dir)
+    scratch = _SCRATCH_DIR.get()
+    return kw if kw or scratch is None else {"cache_dir": scratch}
+
+
+@contextlib.contextmanager
+def scratch_cache() -> Iterator[None]:
+    """Within the block, ``datasets``' Arrow copies of local files (a JSONL or parquet given
+    to ``score --dataset`` or ``export --dataset``) go to a temporary folder removed after it,
+    not to the cache in the home folder: a command that owns no cache folder writes nothing
+    outside its output. Hub loads keep the user's cache (their files may be there offline)."""
+    with tempfile.TemporaryDirectory(prefix="perturb-datasets-") as tmp:
+        token = _SCRATCH_DIR.set(tmp)
+        try:
+            yield
+        finally:
+            _SCRATCH_DIR.reset(token)
 
 
 @contextlib.contextmanager
@@ -405,7 +429,7 @@ def _load_local(
             return ds, used, path
         if split in (None, "train") and (files := flat_image_files(path)) is not None:
             return _image_folder_dataset(files), "train", path
-        obj = datasets.load_dataset(str(path), **_cache_kw(cache_dir))
+        obj = datasets.load_dataset(str(path), **_local_cache_kw(cache_dir))
         ds, used = _as_dataset(obj, split, source)
         return ds, used, path
     builder = TABLE_SUFFIXES.get(path.suffix.lower())
@@ -416,7 +440,9 @@ def _load_local(
             f"{source}: unsupported file type {path.suffix!r}; pass a parquet, .jsonl, .json or .csv "
             "file, a save_to_disk folder, an image folder or a hub id"
         )
-    ds = datasets.load_dataset(builder, data_files=str(path), split="train", **_cache_kw(cache_dir))
+    ds = datasets.load_dataset(
+        builder, data_files=str(path), split="train", **_local_cache_kw(cache_dir)
+    )
     return ds, split, path.parent
 
 

@@ -18,6 +18,7 @@ Every stage reads the one :class:`~perturb.score.options.ScoreOptions` of the ru
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,13 +47,24 @@ def run(options: ScoreOptions, report_writer: ReportWriter | None = None) -> Sco
     """
     options.check()
     requested = resolve_metrics(options.metrics)
-    inputs = read_inputs(options)
-    paired = pair_runs(inputs, options)
-    measured = measure(inputs, paired, requested, options)
-    result = summarise(inputs, paired, measured, options)
-    if options.out_dir is not None:
-        write_outputs(result, options.out_dir, report_writer=report_writer)
+    with _scratch_cache(options):  # the report's thumbnails read the dataset too
+        inputs = read_inputs(options)
+        paired = pair_runs(inputs, options)
+        measured = measure(inputs, paired, requested, options)
+        result = summarise(inputs, paired, measured, options)
+        if options.out_dir is not None:
+            write_outputs(result, options.out_dir, report_writer=report_writer)
     return result
+
+
+def _scratch_cache(options: ScoreOptions) -> contextlib.AbstractContextManager[None]:
+    """Around reading ``--dataset``: ``datasets``' Arrow copy of a local file in a temporary
+    folder, not the home folder's cache (``perturb.io.datasets.scratch_cache``)."""
+    if options.dataset is None:
+        return contextlib.nullcontext()
+    from perturb.io.datasets import scratch_cache
+
+    return scratch_cache()
 
 
 def score_runs(

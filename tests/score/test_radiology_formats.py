@@ -164,6 +164,20 @@ def test_rexvqa_dataset_rows_plus_prediction(rex: dict[str, Any], tmp_path: Path
     assert any(i["role"] == "manifest" for i in bare.scores["inputs"])
 
 
+def test_native_files_go_beside_the_split_not_into_it(rex: dict[str, Any]) -> None:
+    """write_native's default folder is DIR-native: inside DIR, ``perturb verify`` counted its
+    files as extra and failed the split; a folder inside DIR is refused, naming the fix."""
+    from perturb.generate.verify import verify
+    from perturb.io.datasets import DatasetError
+
+    files = write_native(rex["out"], "rexvqa")
+    assert files and all(f.parent == rex["out"].with_name("gen-native") for f in files)
+    assert verify(rex["out"]).ok
+    with pytest.raises(DatasetError, match="inside the split folder"):
+        write_native(rex["out"], "rexvqa", rex["out"] / "native")
+    assert not (rex["out"] / "native").exists()
+
+
 @pytest.mark.slow
 def test_rexvqa_inference_results_with_errors_via_cli(rex: dict[str, Any], tmp_path: Path) -> None:
     """Public inference code's results: outer key = question id, inner question_id = study +

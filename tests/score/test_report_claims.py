@@ -142,3 +142,30 @@ def test_pairs_without_question_class_are_not_called_label_safe(tmp_path: Path) 
     report = (out / "report.md").read_text()
     assert "on pairs not flagged label-risk (30 pairs; 0 label-risk; 30 not checked" in report
     assert "on label-safe pairs" not in report
+
+
+def test_a_local_dataset_file_leaves_no_cache_outside_the_output(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``--dataset d.jsonl``: ``datasets`` copies the file to Arrow in a cache; that copy goes to a
+    scratch folder removed after the run, not to the home folder's cache."""
+    import tempfile
+
+    import datasets
+
+    home_cache, scratch = tmp_path / "home-cache", tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home_cache)
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    c, p = _runs(tmp_path, {"a": 2, "b": 0, "c": 1})
+    rows = [{"img_id": img, "question": f"Is there finding {q}?", "complexity": 1 + q % 3} for img in "abc" for q in range(10)]
+    data = _write(tmp_path / "dataset.jsonl", rows)
+    out = tmp_path / "s"
+    result = CliRunner().invoke(
+        app, ["score", "--clean", str(c), "--perturbed", str(p), "--dataset", str(data), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    joined = json.loads((out / "scores.json").read_text())["dataset"]
+    assert joined["matched"] == 60, joined  # the file was read: every clean and perturbed row
+    assert not home_cache.exists() or not any(home_cache.rglob("*"))
+    assert not any(scratch.iterdir()), sorted(scratch.iterdir())

@@ -40,7 +40,7 @@ from perturb.datasets._adapter import (
     sample_columns,
 )
 from perturb.datasets.medthinkvqa import HUB_ID
-from perturb.io.datasets import DEFAULT_SPLIT, DatasetError, InputDataset, _cache_kw, _quiet
+from perturb.io.datasets import DEFAULT_SPLIT, DatasetError, InputDataset, _local_cache_kw, _quiet
 
 MAX_IMAGES = 49
 IMAGE_FIELD = re.compile(r"^image_(\d{2})_(.+)$")
@@ -81,7 +81,7 @@ def _load_cases(
             files = parquet or files
             builder = "parquet" if files[0].suffix.lower() == ".parquet" else "json"
             ds = datasets.load_dataset(
-                builder, data_files=[str(f) for f in files], split="train", **_cache_kw()
+                builder, data_files=[str(f) for f in files], split="train", **_local_cache_kw()
             )
     except DatasetError:
         raise
