@@ -15,7 +15,7 @@ import pandas as pd
 
 from perturb.errors import InputError
 from perturb.score.canonical import canonicalize
-from perturb.score.manifest import Manifest, discover_manifest, load_manifest
+from perturb.score.manifest import DISCOVERY_SAMPLE, Manifest, discover_manifest, load_manifest
 from perturb.score.options import PerturbedArg, ScoreOptions
 from perturb.score.read import PredictionSource, ReadReport, read_table
 
@@ -63,6 +63,7 @@ class RunInputs:
     manifest: Manifest | None = None
     dataset_info: DatasetInfo | None = None  # with --dataset
     dataset_join: dict[str, Any] | None = None  # scores.json "dataset": the join counts
+    manifest_warning: str | None = None  # why no manifest was found, when that looks wrong
 
     def note_read(self, rep: ReadReport, role: str, model: str, src: PredictionSource) -> None:
         """Record one read file: its report, its identity (sha256) and its folder."""
@@ -183,6 +184,30 @@ def _sha256(src: PredictionSource) -> str | None:
     return h.hexdigest()
 
 
+def _unresolved_paths_warning(inputs: RunInputs, bases: list[Path]) -> str | None:
+    """A warning when the perturbed rows name images by relative paths that exist under none
+    of ``bases`` (an export's paths start at the export folder; predictions written elsewhere
+    lose them): no manifest then, so coverage and the suite go unchecked."""
+    sample = [
+        p
+        for tables in inputs.perturbed.values()
+        for table in tables
+        for p in table.rows["image_path"].tolist()[:DISCOVERY_SAMPLE]
+        if isinstance(p, str) and p.strip()
+    ]
+    relative = [p for p in sample if not Path(p.replace("\\", "/")).is_absolute()]
+    lost = [p for p in relative if not any((b / p.replace("\\", "/")).exists() for b in bases)]
+    if not lost:
+        return None
+    where = ", ".join(str(b) for b in dict.fromkeys(bases))
+    return (
+        f"no manifest: the perturbed rows' relative image paths (e.g. {lost[0]}) exist under "
+        f"none of {where}, so no generated split was found and coverage and the suite are not "
+        "checked; pass --manifest DIR/manifest.parquet, or keep the predictions in the export "
+        "folder (its paths start there)"
+    )
+
+
 def _found_manifest(inputs: RunInputs) -> Manifest | None:
     """The manifest of the generated split the perturbed images lie in (no --manifest given),
     recorded in scores.json "inputs"; None when their paths lead to none."""
@@ -192,8 +217,10 @@ def _found_manifest(inputs: RunInputs) -> Manifest | None:
         for table in tables
         for p in table.rows["image_path"].tolist()
     )
-    found = discover_manifest(paths, [*inputs.bases, Path.cwd()])
+    bases = [*inputs.bases, Path.cwd()]
+    found = discover_manifest(paths, bases)
     if found is None:
+        inputs.manifest_warning = _unresolved_paths_warning(inputs, bases)
         return None
     inputs.inputs.append(
         {

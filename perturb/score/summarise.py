@@ -84,7 +84,8 @@ def summarise(
         "headline": choice.headline,
         "coverage": coverage,
         "dataset": inputs.dataset_join,
-        "warnings": _warnings(choice.headline, coverage, inputs.dataset_join),
+        "warnings": _warnings(choice.headline, coverage, inputs.dataset_join)
+        + ([inputs.manifest_warning] if inputs.manifest_warning else []),
         "mcq_unparsed": measured.unparsed,
         "problems": problems,
         "notes": _notes(measured.unparsed, options.bootstrap),

@@ -206,3 +206,22 @@ def test_a_failed_export_leaves_no_folder_and_an_image_only_split_says_what_work
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 2 and says in r.output, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "split"]
+
+
+def test_predictions_away_from_the_export_say_why_no_manifest_was_found(split: Path, tmp_path: Path) -> None:
+    """A jsonl export's image paths start at the export folder: predictions written in another
+    folder lose them, so no manifest is found; a warning says so and names --manifest (with the
+    predictions inside the export folder the manifest is found, no warning)."""
+    res = export_split(split, "jsonl", tmp_path / "exp", builtin_images=IMAGES)
+    elsewhere = tmp_path / "preds" / "run-1"  # a level deeper than the export folder
+    elsewhere.mkdir(parents=True)
+    for folder in (elsewhere, res.out):
+        for role in ("clean", "perturbed"):
+            df = pd.read_json(res.files[role], lines=True).assign(prediction=lambda d: d["answer"])
+            df.to_json(folder / f"{role}_pred.jsonl", orient="records", lines=True)
+    lost = _score(elsewhere, elsewhere / "clean_pred.jsonl", elsewhere / "perturbed_pred.jsonl")
+    assert lost["coverage"] is None
+    (warning,) = [w for w in lost["warnings"] if w.startswith("no manifest")]
+    assert "--manifest" in warning and "../" in warning
+    found = _score(res.out, res.out / "clean_pred.jsonl", res.out / "perturbed_pred.jsonl")
+    assert found["coverage"] is not None and not any(w.startswith("no manifest") for w in found["warnings"])
