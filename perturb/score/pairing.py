@@ -173,6 +173,12 @@ def _fill_from_manifest(pert: pd.DataFrame, manifest: Manifest, report: PairRepo
     table = manifest.table
     hit = rows >= 0
     has_file_pert = pert["perturbation"].notna().to_numpy()
+    if len(pert) and not hit.any() and has_file_pert.any():  # kept by their own op column
+        raise InputError(
+            f"none of the perturbed rows' images is an output listed in {manifest.source}: it is "
+            "the manifest of another split; pass the manifest of the split these predictions "
+            "were made on (or none: it is found beside the images)"
+        )
     hit_idx = np.flatnonzero(hit)
     from_manifest = _ManifestFields(
         op=table["op"].to_numpy()[rows[hit_idx]],

@@ -103,6 +103,12 @@ def test_a_manifest_of_another_split_is_named_as_the_cause(tmp_path: Path) -> No
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "s")])
     assert result.exit_code == 2, result.output
     assert "no_manifest_match=3" in result.output and "manifest of the split" in result.output
+    # rows that name their own perturbation were kept, and the other split's suite and a 0%
+    # coverage reported with exit 0: now refused the same way
+    _write(p, [{**row, "perturbation": "haze", "severity": 3} for row in pert])
+    named = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "s2")])
+    assert named.exit_code == 2, named.output
+    assert "manifest of another split" in named.output and not (tmp_path / "s2").exists()
 
 
 def test_takeaway_names_a_significant_overall_drop(tmp_path: Path) -> None:
