@@ -255,13 +255,28 @@ class Augment(torch.nn.Module):
 
     @epoch.setter
     def epoch(self, epoch: int) -> None:
-        self._epoch_cell.fill_(_check_index(epoch, "epoch"))
+        value = _check_index(epoch, "epoch")
+        if value >= 1 << 63:
+            raise InputError(f"epoch must be below 2**63, got {value}")
+        self._epoch_cell.fill_(value)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickle; a module pickled before the epoch moved to shared memory (``epoch`` a
+        plain attribute) gets a cell holding that epoch."""
+        old_epoch = state.pop("epoch", None)
+        super().__setstate__(state)
+        if "_epoch_cell" not in self.__dict__:
+            self._epoch_cell = _shared_cell()
+            self.epoch = 0 if old_epoch is None else old_epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Draw the next samples for ``epoch`` (call at the start of each epoch). The epoch
-        lives in shared memory: DataLoader workers holding this module (in the dataset or the
-        collate_fn, persistent or not, fork or spawn) see it from their next batch on, as the
-        main process does. A copy made with ``pickle``/``copy.deepcopy`` has its own."""
+        """Draw the next samples for ``epoch`` (call at the start of each epoch, before the
+        loader's next pass: a worker reads the epoch when it makes a batch, so batches it
+        prefetched from one iterator that spans epochs may carry either). The epoch lives in
+        shared memory (one file descriptor per module): DataLoader workers holding this module
+        (in the dataset or the collate_fn, persistent or not, fork or spawn) see it from their
+        next batch on, as the main process does. A copy made with ``pickle``/``copy.deepcopy``
+        has its own."""
         self.epoch = epoch
 
     def plan(

@@ -98,10 +98,17 @@ def _candidates(policy: Policy, modality: str | None, channels: int | None) -> l
     return pool
 
 
+_WARNED: set[tuple[str, int, tuple[str, ...]]] = set()  # (policy, channels, ops) said
+
+
 def _warn_left_out(policy: str, channels: int, ops: list[str]) -> None:
     """Say once per policy and channel count which of its ops a batch of ``channels``
     channels cannot get (a gray film repeated to 3 channels for an ImageNet backbone loses
     every X-ray op), and how to keep them."""
+    key = (policy, channels, tuple(ops))
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
     if channels == 3:
         fix = (
             "they take 1-channel (gray) images: augment the gray film (images[:, :1]) and repeat "

@@ -59,10 +59,10 @@ def preview(
 ) -> None:
     """Write a labelled grid: the clean image and severities 1-5 of each op, with full-resolution
     crops under the thumbnails (or, with --scene, the image's scene masks)."""
-    from perturb.cli.preview_grid import preview_grid, scene_panel
+    from perturb.cli.preview_grid import NoOpForImage, preview_grid, scene_panel
     from perturb.io.images import encode_image, write_atomic
 
-    tensor, key = _load(image, op, max_pixels)
+    tensor, key = _load(image, op, max_pixels, xray=modality == "xray")
     if out.suffix.lower() != ".png":
         fail(f"--out must end in .png, got {out}")
     if scene:
@@ -85,9 +85,7 @@ def preview(
             crop_centre=centre,
             modality=shown,
         )
-    except ValueError as exc:
-        if op is not None:
-            raise
+    except NoOpForImage as exc:
         fail(f"{exc}: choose another --modality (auto picks the image's own)")
     write_atomic(out, encode_image(grid, "png"))
     if op is None and modality == "auto":
@@ -98,15 +96,17 @@ def preview(
     typer.echo(f"wrote {out} ({grid.shape[1]}x{grid.shape[0]})")
 
 
-def _load(image: Path | None, op: str | None, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[torch.Tensor, str]:
+def _load(
+    image: Path | None, op: str | None, max_pixels: int = DEFAULT_MAX_PIXELS, xray: bool = False
+) -> tuple[torch.Tensor, str]:
     """The image to preview (CHW float) and its sample key: the file, else a built-in phantom
-    (a chest phantom for an X-ray op)."""
+    (a chest phantom for an X-ray op or ``xray``: ``--modality xray``)."""
     from perturb.io.images import ImageDecodeError, read_image, to_tensor
 
     if image is None:
         from perturb.datasets import builtin
 
-        if op is not None and _xray_only(op):
+        if (op is not None and _xray_only(op)) or (op is None and xray):
             return builtin().make_image("preview", "xray"), "xray-phantom:preview"
         return builtin().make_image("preview", "endoscopy"), "phantom:preview"
     try:

@@ -15,6 +15,11 @@ from perturb.catalog.specs import op_names
 from perturb.engine.run import apply
 from perturb.io.images import from_tensor
 
+
+class NoOpForImage(ValueError):
+    """No op of the asked modality takes the image's channel count."""
+
+
 LABEL_HEIGHT = 22
 ROW_LABEL_WIDTH = 150
 
@@ -97,7 +102,7 @@ def preview_grid(
         skipped = [n for n, op in candidates.items() if channels not in op.spec.channels]
         if not names:
             of = f"{modality} op" if modality else "op"
-            raise ValueError(f"no {of} takes a {channels}-channel image")
+            raise NoOpForImage(f"no {of} takes a {channels}-channel image")
     else:
         names, skipped = list(ops), []
         for name in names:

@@ -346,20 +346,28 @@ def _cache_kw(cache_dir: str | None = None) -> dict[str, str]:
     return {} if folder is None else {"cache_dir": folder}
 
 
-def _local_cache_kw(cache_dir: str | None = None) -> dict[str, str]:
-    """``_cache_kw`` for a load of local files: where no cache folder is set, the scratch
-    folder of an enclosing ``scratch_cache`` block (else the ``datasets`` default)."""
+# builders whose Arrow copy is small and quick to redo (text tables): a parquet file may hold
+# gigabytes of images, whose copy stays in the cache (made once, not per run, not in $TMPDIR)
+SCRATCH_BUILDERS = frozenset({"json", "csv"})
+
+
+def _local_cache_kw(cache_dir: str | None = None, builder: str | None = None) -> dict[str, str]:
+    """``_cache_kw`` for a load of local files by ``builder``: where no cache folder is set,
+    a text table's copy goes to the scratch folder of an enclosing ``scratch_cache`` block
+    (else the ``datasets`` default)."""
     kw = _cache_kw(cache_dir)
     scratch = _SCRATCH_DIR.get()
-    return kw if kw or scratch is None else {"cache_dir": scratch}
+    if kw or scratch is None or builder not in SCRATCH_BUILDERS:
+        return kw
+    return {"cache_dir": scratch}
 
 
 @contextlib.contextmanager
 def scratch_cache() -> Iterator[None]:
-    """Within the block, ``datasets``' Arrow copies of local files (a JSONL or parquet given
+    """Within the block, ``datasets``' Arrow copies of local text tables (a JSONL or CSV given
     to ``score --dataset`` or ``export --dataset``) go to a temporary folder removed after it,
-    not to the cache in the home folder: a command that owns no cache folder writes nothing
-    outside its output. Hub loads keep the user's cache (their files may be there offline)."""
+    not to the cache in the home folder. Parquet files and hub loads keep the user's cache
+    (a large parquet is copied once there, not again each run; hub files may be there offline)."""
     with tempfile.TemporaryDirectory(prefix="perturb-datasets-") as tmp:
         token = _SCRATCH_DIR.set(tmp)
         try:
@@ -429,7 +437,7 @@ def _load_local(
             return ds, used, path
         if split in (None, "train") and (files := flat_image_files(path)) is not None:
             return _image_folder_dataset(files), "train", path
-        obj = datasets.load_dataset(str(path), **_local_cache_kw(cache_dir))
+        obj = datasets.load_dataset(str(path), **_cache_kw(cache_dir))
         ds, used = _as_dataset(obj, split, source)
         return ds, used, path
     builder = TABLE_SUFFIXES.get(path.suffix.lower())
@@ -441,7 +449,7 @@ def _load_local(
             "file, a save_to_disk folder, an image folder or a hub id"
         )
     ds = datasets.load_dataset(
-        builder, data_files=str(path), split="train", **_local_cache_kw(cache_dir)
+        builder, data_files=str(path), split="train", **_local_cache_kw(cache_dir, builder)
     )
     return ds, split, path.parent
 

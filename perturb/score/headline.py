@@ -36,8 +36,10 @@ def choose_headline(pairs: Iterable[pd.DataFrame], include_at_risk: bool | None)
         n += len(df)
         risk = df["at_risk"].to_numpy(dtype=bool)
         at_risk += int(risk.sum())
-        if "question_class" in df:
-            unchecked += sum(1 for c in df["question_class"] if not c)
+        if "question_class" in df and "risk_tags" in df:  # no class, under an op that may change answers
+            unchecked += sum(
+                1 for c, t in zip(df["question_class"], df["risk_tags"], strict=True) if not c and t
+            )
         sub = df.loc[risk, ["perturbation", "classes_at_risk"]]
         for p, classes in zip(sub["perturbation"], sub["classes_at_risk"], strict=True):
             by_pert[str(p)] += 1

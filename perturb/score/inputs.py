@@ -5,6 +5,7 @@ perturbed split (given, or found beside the perturbed images) and the ``--datase
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -195,9 +196,9 @@ def _unresolved_paths_warning(inputs: RunInputs, bases: list[Path]) -> str | Non
         for p in table.rows["image_path"].tolist()[:DISCOVERY_SAMPLE]
         if isinstance(p, str) and p.strip()
     ]
-    relative = [p for p in sample if not Path(p.replace("\\", "/")).is_absolute()]
-    lost = [p for p in relative if not any((b / p.replace("\\", "/")).exists() for b in bases)]
-    if not lost:
+    climbing = [p.replace("\\", "/") for p in sample if p.replace("\\", "/").startswith("../")]
+    lost = [p for p in climbing if not any(os.path.exists(b / p) for b in bases)]
+    if not lost:  # upstream's own relative layouts and URLs never climb out: no manifest to find
         return None
     where = ", ".join(str(b) for b in dict.fromkeys(bases))
     return (
@@ -231,7 +232,9 @@ def _found_manifest(inputs: RunInputs) -> Manifest | None:
             "sha256": _sha256(found),
         }
     )
-    return load_manifest(found)
+    manifest = load_manifest(found)
+    manifest.given = False
+    return manifest
 
 
 def _read_inputs(

@@ -35,6 +35,7 @@ class Manifest:
     root: Path | None
     source: str
     _tags: np.ndarray | None = field(default=None, repr=False)
+    given: bool = True  # named by the user (--manifest), not found beside the images
 
     def risk_tags(self, row: int) -> tuple[str, ...] | None:
         """Risk tags of manifest row ``row`` (None when the column is absent or null)."""

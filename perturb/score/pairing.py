@@ -173,7 +173,9 @@ def _fill_from_manifest(pert: pd.DataFrame, manifest: Manifest, report: PairRepo
     table = manifest.table
     hit = rows >= 0
     has_file_pert = pert["perturbation"].notna().to_numpy()
-    if len(pert) and not hit.any() and has_file_pert.any():  # kept by their own op column
+    with_paths = pert["image_path"].notna().to_numpy()
+    if manifest.given and with_paths.any() and not hit[with_paths].any() and has_file_pert.any():
+        # rows kept by their own op column would be scored under another split's suite
         raise InputError(
             f"none of the perturbed rows' images is an output listed in {manifest.source}: it is "
             "the manifest of another split; pass the manifest of the split these predictions "

@@ -130,6 +130,13 @@ def test_set_epoch_reaches_persistent_workers(context: str) -> None:
     copy = pickle.loads(pickle.dumps(augment))
     augment.set_epoch(7)
     assert copy.epoch == 2 and augment.epoch == 7
+    # a module pickled when the epoch was a plain attribute still unpickles, with its epoch
+    old = {k: v for k, v in augment.__dict__.items() if k != "_epoch_cell"} | {"epoch": 5}
+    legacy = Augment.__new__(Augment)
+    legacy.__setstate__(old)
+    assert legacy.epoch == 5
+    with pytest.raises(InputError, match="below 2"):
+        augment.set_epoch(1 << 63)
 
 
 def test_epochs_and_seeds_change_the_draws(reference: dict[int, torch.Tensor]) -> None:
@@ -294,12 +301,15 @@ def test_plans_of_another_epoch_or_variant_are_refused() -> None:
         other(images, [0, 1, 2, 3], plans=fresh)
 
 
-def test_ops_left_out_by_the_channel_count_are_named() -> None:
+def test_ops_left_out_by_the_channel_count_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """A gray film repeated to 3 channels loses every X-ray op of augment-xray: a warning names
     them and the fix (augment 1 channel, repeat after); the 1-channel film warns nothing, nor
     does a mixed policy's colour ops left out of a gray batch (documented), unless none is left."""
     import warnings
 
+    from perturb.augment import plan
+
+    monkeypatch.setattr(plan, "_WARNED", set())  # said once per process: not by earlier tests
     film = torch.rand(6, 1, 40, 32)
     with pytest.warns(UserWarning, match=r"leaves out 10 of its ops \(xray_exposure.*images\[:, :1\]"):
         Augment("augment-xray", seed=0)(film.expand(-1, 3, -1, -1).contiguous(), list(range(6)))
@@ -311,6 +321,10 @@ def test_ops_left_out_by_the_channel_count_are_named() -> None:
     with pytest.warns(UserWarning, match="no sample is augmented"):
         out = Augment(colour, seed=0)(film, list(range(6)))
     assert torch.equal(out, film)
+    with warnings.catch_warnings(record=True) as again:  # once per process, whatever the filters
+        warnings.simplefilter("always")
+        Augment("augment-xray", seed=0)(film.expand(-1, 3, -1, -1).contiguous(), list(range(6, 12)))
+    assert not [w for w in again if "leaves out" in str(w.message)]
 
 
 def test_unknown_modality_is_refused() -> None:

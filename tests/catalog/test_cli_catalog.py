@@ -108,6 +108,8 @@ def test_preview_of_a_colour_frame_leaves_out_xray_and_retired_ops(tmp_path: Pat
     xray = runner.invoke(app, ["preview", str(src), "--modality", "xray", "--out", str(tmp_path / "x.png")])
     assert xray.exit_code == 2 and "no xray op takes a 3-channel image" in xray.output and "--modality" in xray.output
     assert not (tmp_path / "x.png").exists()
+    chest = runner.invoke(app, ["preview", "--modality", "xray", "--no-crop", "--size", "32", "--out", str(out)])
+    assert chest.exit_code == 0, chest.output  # no image: the chest phantom, not the endoscopy one
     bogus = runner.invoke(app, ["preview", str(src), "--modality", "mri-ish", "--out", str(tmp_path / "y.png")])
     assert bogus.exit_code == 2 and "use auto, all or one of" in bogus.output
     gray = tmp_path / "gray.png"

@@ -81,7 +81,7 @@ def _load_cases(
             files = parquet or files
             builder = "parquet" if files[0].suffix.lower() == ".parquet" else "json"
             ds = datasets.load_dataset(
-                builder, data_files=[str(f) for f in files], split="train", **_local_cache_kw()
+                builder, data_files=[str(f) for f in files], split="train", **_local_cache_kw(None, builder)
             )
     except DatasetError:
         raise
