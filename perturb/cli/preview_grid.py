@@ -13,10 +13,11 @@ import torch
 from perturb.catalog.ops import all_ops, get_op
 from perturb.catalog.specs import op_names
 from perturb.engine.run import apply
+from perturb.errors import InputError
 from perturb.io.images import from_tensor
 
 
-class NoOpForImage(ValueError):
+class NoOpForImage(InputError):
     """No op of the asked modality takes the image's channel count."""
 
 
