@@ -168,8 +168,9 @@ def _fill_from_manifest(pert: pd.DataFrame, manifest: Manifest, report: PairRepo
         pert["img_id"].to_numpy(),
         pert["variant"].to_numpy(),
     )
-    _match_other_paths(manifest, pert, rows, reason)
-    pert["_manifest_rows_other"] = _other_views(manifest, pert)
+    views = _other_views(manifest, pert)
+    _match_other_paths(rows, reason, views)
+    pert["_manifest_rows_other"] = views
     table = manifest.table
     hit = rows >= 0
     has_file_pert = pert["perturbation"].notna().to_numpy()
@@ -268,35 +269,13 @@ def _check_manifest_conflicts(
     )
 
 
-def _match_other_paths(
-    manifest: Manifest, pert: pd.DataFrame, rows: np.ndarray, reason: np.ndarray
-) -> None:
-    """Rows of several images whose first image is not in the manifest: match through their
-    other images (in place). A MedThinkVQA case under an op of one modality keeps its other
-    images clean."""
-    if "_paths" not in pert.columns:
-        return
-    todo = [
-        i
-        for i in np.flatnonzero(rows < 0)
-        if isinstance(pert["_paths"].iat[i], tuple) and len(pert["_paths"].iat[i]) > 1
-    ]
-    if not todo:
-        return
-    owner, paths = [], []
-    for i in todo:
-        for p in pert["_paths"].iat[i][1:]:
-            owner.append(i)
-            paths.append(p)
-    found, _ = match_rows(
-        manifest,
-        obj_array(paths),
-        np.full(len(paths), None, dtype=object),
-        np.full(len(paths), np.nan),
-    )
-    for i, hit in zip(owner, found, strict=True):
-        if rows[i] < 0 and hit >= 0:
-            rows[i] = hit
+def _match_other_paths(rows: np.ndarray, reason: np.ndarray, views: np.ndarray) -> None:
+    """Rows of several images whose first image is not in the manifest: matched through their
+    other images (``views``, in place). A MedThinkVQA case under an op of one modality keeps its
+    other images clean."""
+    for i in np.flatnonzero(rows < 0):
+        if views[i]:
+            rows[i] = views[i][0]
             reason[i] = ""
 
 
